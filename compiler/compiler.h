@@ -1,0 +1,58 @@
+/* compiler.h — the compiler's front end, pipeline and emitter.
+ *
+ * Sections: ast.c (the syntax tree), lexer.l/parser.y (text -> AST), lower.c (AST -> forward
+ * IR), pipeline.c (the whole compiler in one function), emit.c (artifact + training binary). */
+#ifndef FP8C_COMPILER_H
+#define FP8C_COMPILER_H
+
+#include "ir.h"
+#include "passes.h"
+
+/* ---------------------------------------------------------------- lower.c */
+
+/* `-D name=value` from the command line. */
+typedef struct {
+    const char *name;
+    const char *value;
+} Define;
+
+typedef struct {
+    int64_t batch, seq;        /* bind the symbolic sizes B and T; 0 = not given */
+    const Define *defines;
+    int n_defines;
+} FrontOptions;
+
+/* Reads, parses and lowers a model file into a forward graph whose loss node is named "loss"
+ * (role ROLE_OUTPUT). Returns NULL after reporting every error it found through diag_error. */
+Graph *front_compile_file(Arena *a, const char *path, const FrontOptions *o);
+Graph *front_compile_text(Arena *a, const char *path, const char *text, const FrontOptions *o);
+
+/* ---------------------------------------------------------------- pipeline.c */
+
+typedef struct {
+    FrontOptions front;
+    PassOptions passes;
+    const char *stop_after;    /* run the pipeline up to and including this pass, NULL: all */
+} BuildOptions;
+
+/* Model file -> fully planned graph (forward, backward, update, formats, schedule, memory). */
+Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o);
+
+/* ---------------------------------------------------------------- plan.c */
+
+/* `fp8c plan`: the per-tensor precision and memory table of a compiled graph, totals per
+ * category, bytes per parameter of persistent state and the step's peak (the numbers the
+ * runtime allocates). plan_print_diff sets two plans side by side (a: baseline, b: new). */
+void plan_print(const Graph *g, bool json, FILE *out);
+void plan_print_diff(const Graph *a, const Graph *b, bool json, FILE *out);
+
+/* ---------------------------------------------------------------- emit.c */
+
+/* Writes a training binary at out_path: the runtime linked with the graph's textual IR
+ * embedded as its artifact. Returns false after printing one line naming what failed. */
+bool emit_training_binary(const Graph *g, const char *out_path);
+/* `fp8c train`: emits a training binary to a temporary path and runs it with run_args;
+ * returns the binary's exit status. */
+int emit_and_run(const Graph *g, char **run_args, int n_run_args);
+
+#endif

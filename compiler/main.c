@@ -1,0 +1,268 @@
+/* main.c — the fp8c command line.
+ *
+ *   fp8c plan  MODEL [build flags] [--json] [--vs -On | --vs-model M]   precision + memory table
+ *   fp8c build MODEL [build flags] -o NAME                               a training binary
+ *   fp8c train MODEL [build flags] [-- run flags]                        build, then run it
+ *   fp8c opt   FILE.ir --passes=a,b                                      run passes on textual IR
+ *   fp8c passes                                                          list the passes
+ *
+ * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --policy FILE,
+ * --precision PATTERN=FORMAT, --grad-release, --print-ir-after=PASS|all, --verify.
+ * Every flag is checked; a bad one is one line on stderr and exit status 2. */
+#include "compiler.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEFINES 64
+#define MAX_OVERRIDES 64
+
+static void usage(FILE *out)
+{
+    fputs("usage: fp8c plan  MODEL [build flags] [--json] [--vs -On]\n"
+          "       fp8c build MODEL [build flags] -o NAME\n"
+          "       fp8c train MODEL [build flags] [-- run flags]\n"
+          "       fp8c opt   FILE.ir --passes=a,b [--print-ir-after=PASS|all]\n"
+          "       fp8c passes\n"
+          "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
+          "             --precision PATTERN=FORMAT  --grad-release  --verify\n"
+          "             --print-ir-after=PASS|all  --stop-after=PASS\n",
+          out);
+}
+
+static _Noreturn void bad_flag(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "fp8c: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see fp8c --help)\n");
+    exit(2);
+}
+
+static int64_t parse_size(const char *flag, const char *s)
+{
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || errno || *end || v <= 0 || v > (1LL << 30)) {
+        fprintf(stderr, "fp8c: error: %s needs a positive integer, not '%s'\n", flag, s ? s : "");
+        exit(2);
+    }
+    return v;
+}
+
+typedef struct {
+    BuildOptions build;
+    Define defines[MAX_DEFINES];
+    const char *overrides[MAX_OVERRIDES];
+    const char *model;
+    const char *output;
+    bool json;
+    int vs_level;              /* --vs -On: compare with another level; -1 none */
+    const char *passes;        /* opt: --passes= */
+    char **run_args;           /* train: what follows -- */
+    int n_run_args;
+} Args;
+
+/* Parses the flags shared by plan, build, train and opt. */
+static void parse_args(int argc, char **argv, Args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->vs_level = -1;
+    a->build.passes.opt_level = 0;
+    a->build.front.defines = a->defines;
+    a->build.passes.overrides = a->overrides;
+#ifndef NDEBUG
+    a->build.passes.verify = true;
+#endif
+    for (int i = 0; i < argc; i++) {
+        char *s = argv[i];
+        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(s, "--")) {
+            a->run_args = argv + i + 1;
+            a->n_run_args = argc - i - 1;
+            break;
+        } else if (s[0] == '-' && s[1] == 'O' && s[2] >= '0' && s[2] <= '3' && !s[3]) {
+            a->build.passes.opt_level = s[2] - '0';
+        } else if (!strcmp(s, "--batch")) {
+            a->build.front.batch = parse_size(s, next), i++;
+        } else if (!strcmp(s, "--seq")) {
+            a->build.front.seq = parse_size(s, next), i++;
+        } else if (!strncmp(s, "-D", 2)) {
+            const char *def = s[2] ? s + 2 : next;
+            if (!s[2]) i++;
+            const char *eq = def ? strchr(def, '=') : NULL;
+            if (!eq || eq == def) bad_flag("-D needs name=value, not '%s'", def ? def : "");
+            if (a->build.front.n_defines == MAX_DEFINES) bad_flag("too many -D flags%s", "");
+            Define *d = &a->defines[a->build.front.n_defines++];
+            d->name = strndup(def, (size_t)(eq - def));
+            d->value = eq + 1;
+        } else if (!strcmp(s, "--policy")) {
+            if (!next) bad_flag("%s needs a file", s);
+            a->build.passes.policy_file = next, i++;
+        } else if (!strcmp(s, "--precision")) {
+            if (!next || !strchr(next, '=')) bad_flag("--precision needs PATTERN=FORMAT, not '%s'", next ? next : "");
+            if (a->build.passes.n_overrides == MAX_OVERRIDES) bad_flag("too many --precision flags%s", "");
+            a->overrides[a->build.passes.n_overrides++] = next, i++;
+        } else if (!strcmp(s, "--grad-release")) {
+            a->build.passes.grad_release = true;
+        } else if (!strcmp(s, "--verify")) {
+            a->build.passes.verify = true;
+        } else if (!strncmp(s, "--print-ir-after=", 17)) {
+            a->build.passes.print_after = s + 17;
+        } else if (!strcmp(s, "--print-ir-after-all")) {
+            a->build.passes.print_after = "all";
+        } else if (!strncmp(s, "--stop-after=", 13)) {
+            a->build.stop_after = s + 13;
+        } else if (!strncmp(s, "--passes=", 9)) {
+            a->passes = s + 9;
+        } else if (!strcmp(s, "-o")) {
+            if (!next) bad_flag("%s needs a file name", s);
+            a->output = next, i++;
+        } else if (!strcmp(s, "--json")) {
+            a->json = true;
+        } else if (!strcmp(s, "--vs")) {
+            if (!next || next[0] != '-' || next[1] != 'O' || next[2] < '0' || next[2] > '3' || next[3])
+                bad_flag("--vs needs a level such as -O0, not '%s'", next ? next : "");
+            a->vs_level = next[2] - '0', i++;
+        } else if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (s[0] == '-') {
+            bad_flag("unknown flag '%s'", s);
+        } else if (!a->model) {
+            a->model = s;
+        } else {
+            bad_flag("unexpected argument '%s'", s);
+        }
+    }
+    const char *pa = a->build.passes.print_after, *sa = a->build.stop_after;
+    if (pa && strcmp(pa, "all") && strcmp(pa, "front") && !pass_find(pa))
+        bad_flag("--print-ir-after names no pass: '%s' (fp8c passes lists them)", pa);
+    if (sa && strcmp(sa, "front") && !pass_find(sa))
+        bad_flag("--stop-after names no pass: '%s' (fp8c passes lists them)", sa);
+}
+
+static int cmd_passes(void)
+{
+    int n;
+    const PassInfo *t = pass_table(&n);
+    for (int i = 0; i < n; i++) printf("%-10s %s\n", t[i].name, t[i].summary);
+    return 0;
+}
+
+static char *read_whole_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (size_t k; buf && (k = fread(buf + len, 1, cap - len - 1, f)) > 0;) {
+        len += k;
+        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    fclose(f);
+    if (buf) buf[len] = 0;
+    return buf;
+}
+
+/* fp8c opt FILE.ir --passes=a,b: read textual IR, run the passes, print the result. */
+static int cmd_opt(Args *a)
+{
+    if (!a->model) bad_flag("opt needs an IR file%s", "");
+    char *text = read_whole_file(a->model);
+    if (!text) {
+        fprintf(stderr, "fp8c: error: cannot read '%s': %s\n", a->model, strerror(errno));
+        return 1;
+    }
+    Arena *arena = arena_new();
+    Graph *g = ir_read(arena, a->model, text);
+    if (!g) return 1;
+    a->build.passes.verify = true;
+    if (ir_verify(g, "reading")) return 1;
+    if (a->passes && *a->passes) {
+        char *list = strdup(a->passes);
+        for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {
+            const PassInfo *p = pass_find(name);
+            if (!p) bad_flag("--passes names no pass: '%s' (fp8c passes lists them)", name);
+            if (!pass_run(g, p, &a->build.passes)) return 1;
+        }
+        free(list);
+    }
+    if (!a->build.passes.print_after) ir_print(g, stdout);
+    free(text);
+    arena_free(arena);
+    return 0;
+}
+
+static Graph *compile_or_exit(Arena *arena, Args *a)
+{
+    if (!a->model) bad_flag("a model file is needed%s", "");
+    Graph *g = pipeline_compile(arena, a->model, &a->build);
+    if (!g || diag_error_count()) {
+        if (diag_error_count())
+            fprintf(stderr, "%d error%s.\n", diag_error_count(), diag_error_count() == 1 ? "" : "s");
+        exit(1);
+    }
+    return g;
+}
+
+static int cmd_plan(Args *a)
+{
+    Arena *arena = arena_new();
+    Graph *g = compile_or_exit(arena, a);
+    Graph *other = NULL;
+    if (a->vs_level >= 0) {
+        Args b = *a;
+        b.build.passes.opt_level = a->vs_level;
+        b.build.passes.print_after = NULL;
+        other = compile_or_exit(arena, &b);
+    }
+    if (other) plan_print_diff(other, g, a->json, stdout);
+    else plan_print(g, a->json, stdout);
+    arena_free(arena);
+    return 0;
+}
+
+static int cmd_build(Args *a)
+{
+    if (!a->output) bad_flag("build needs -o NAME%s", "");
+    Arena *arena = arena_new();
+    Graph *g = compile_or_exit(arena, a);
+    if (a->build.stop_after) return 0;
+    if (!emit_training_binary(g, a->output)) return 1;
+    MemSummary m;
+    memplan_summarize(g, &m);
+    fprintf(stderr, "fp8c: wrote %s (-O%d, batch %lld, seq %lld): %lld parameters, "
+                    "memory plan peak %.1f MiB (state %.1f MiB + step %.1f MiB)\n",
+            a->output, g->opt_level, (long long)g->batch, (long long)g->seq, (long long)m.n_params,
+            (double)(m.persistent + m.transient) / 1048576.0, (double)m.persistent / 1048576.0,
+            (double)m.transient / 1048576.0);
+    arena_free(arena);
+    return 0;
+}
+
+static int cmd_train(Args *a)
+{
+    Arena *arena = arena_new();
+    Graph *g = compile_or_exit(arena, a);
+    return emit_and_run(g, a->run_args, a->n_run_args);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "passes")) return cmd_passes();
+    Args a;
+    parse_args(argc - 2, argv + 2, &a);
+    if (!strcmp(cmd, "plan")) return cmd_plan(&a);
+    if (!strcmp(cmd, "build")) return cmd_build(&a);
+    if (!strcmp(cmd, "train")) return cmd_train(&a);
+    if (!strcmp(cmd, "opt")) return cmd_opt(&a);
+    fprintf(stderr, "fp8c: error: unknown command '%s' (plan, build, train, opt, passes)\n", cmd);
+    return 2;
+}

@@ -1,0 +1,212 @@
+/* plan.c — `fp8c plan`: what precision every tensor gets and what it costs, before anything runs.
+ *
+ * The table is read by people deciding between precision levels, so it is compact: tensors
+ * that differ only in their layer number (h.0.attn..., h.1.attn...) are one row with a count,
+ * and rows are grouped by role. Below it: bytes per category, the bytes per parameter of
+ * persistent training state (the figure O0..O3 are compared by), and the peak of the step —
+ * the persistent arena plus the step arena, exactly what the runtime allocates. `--json` gives
+ * every tensor uncollapsed, for scripts. */
+#include "compiler.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *pattern;    /* name with layer numbers replaced by '*' */
+    Role role;
+    const Tensor *t;        /* a representative */
+    int count;
+    int64_t bytes;          /* all of them together */
+} Row;
+
+/* "h.11.attn.c_attn.weight" -> "h.*.attn.c_attn.weight" */
+static const char *name_pattern(Arena *a, const char *name)
+{
+    char *out = arena_alloc(a, strlen(name) + 1), *o = out;
+    for (const char *p = name; *p;) {
+        bool component_start = p == name || p[-1] == '.';
+        if (component_start && isdigit((unsigned char)*p)) {
+            const char *q = p;
+            while (isdigit((unsigned char)*q)) q++;
+            if (*q == '.' || *q == 0 || *q == ':') {
+                *o++ = '*';
+                p = q;
+                continue;
+            }
+        }
+        *o++ = *p++;
+    }
+    *o = 0;
+    return out;
+}
+
+static int64_t tensor_bytes(const Tensor *t)
+{
+    return t->bytes > 0 ? t->bytes : ir_numel(t) * fmt_elem_bytes(t->fmt.elem);
+}
+
+static bool listed(const Node *n)
+{
+    if (n->t.fmt.elem == FMT_VOID) return false;
+    if (ir_role_is_persistent(n->t.role)) return n->n_in == 0;   /* the state, not its updates */
+    return n->t.role == ROLE_SAVED || n->t.role == ROLE_INPUT || n->t.role == ROLE_WORKSPACE;
+}
+
+static void format_text(const Format *f, char *buf, size_t size)
+{
+    int k = snprintf(buf, size, "%s", fmt_elem_name(f->elem));
+    if (f->scaling != SCALE_NONE) {
+        if (f->scaling == SCALE_PER_GROUP) k += snprintf(buf + k, size - (size_t)k, " 1x%d", f->group);
+        else k += snprintf(buf + k, size - (size_t)k, " /%s", fmt_scaling_name(f->scaling));
+    }
+    if (f->recipe != RECIPE_NONE) k += snprintf(buf + k, size - (size_t)k, " %s", fmt_recipe_name(f->recipe));
+    if (f->codec != CODEC_PLAIN) snprintf(buf + k, size - (size_t)k, " %s", fmt_codec_name(f->codec));
+}
+
+static void shape_text(const Tensor *t, char *buf, size_t size)
+{
+    int k = snprintf(buf, size, "[");
+    for (int i = 0; i < t->rank; i++) k += snprintf(buf + k, size - (size_t)k, i ? ",%lld" : "%lld", (long long)t->dims[i]);
+    snprintf(buf + k, size - (size_t)k, "]");
+}
+
+static bool same_format(const Format *a, const Format *b)
+{
+    return a->elem == b->elem && a->scaling == b->scaling && a->group == b->group &&
+           a->recipe == b->recipe && a->codec == b->codec;
+}
+
+static Row *collect_rows(const Graph *g, int *n_rows)
+{
+    Row *rows = arena_alloc(g->arena, sizeof *rows * (size_t)(g->n_nodes + 1));
+    int n = 0;
+    for (int r = 0; r < ROLE_COUNT; r++)
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *x = g->nodes[i];
+            if (x->t.role != (Role)r || !listed(x)) continue;
+            const char *pat = name_pattern(g->arena, x->t.name ? x->t.name : ir_op_info(x->op)->text);
+            int j = 0;
+            for (; j < n; j++)
+                if (rows[j].role == x->t.role && !strcmp(rows[j].pattern, pat) &&
+                    ir_same_shape(rows[j].t, &x->t) && same_format(&rows[j].t->fmt, &x->t.fmt))
+                    break;
+            if (j == n) rows[n++] = (Row){pat, x->t.role, &x->t, 0, 0};
+            rows[j].count++;
+            rows[j].bytes += tensor_bytes(&x->t);
+        }
+    *n_rows = n;
+    return rows;
+}
+
+static const char *human(int64_t bytes, char *buf)
+{
+    double b = (double)bytes;
+    if (b >= 1 << 30) sprintf(buf, "%.2f GiB", b / (1 << 30));
+    else if (b >= 1 << 20) sprintf(buf, "%.1f MiB", b / (1 << 20));
+    else if (b >= 1 << 10) sprintf(buf, "%.1f KiB", b / (1 << 10));
+    else sprintf(buf, "%lld B", (long long)bytes);
+    return buf;
+}
+
+/* The categories of DESIGN.md's level table, in the order people ask about them. */
+static const struct { const char *name; Role role; } categories[] = {
+    {"weights", ROLE_PARAM},          {"master weights", ROLE_MASTER},
+    {"gradients", ROLE_GRAD},         {"Adam m", ROLE_ADAM_M},
+    {"Adam v", ROLE_ADAM_V},          {"scales", ROLE_SCALE},
+    {"amax histories", ROLE_AMAX_HISTORY}, {"saved activations", ROLE_SAVED},
+    {"inputs", ROLE_INPUT},           {"workspace", ROLE_WORKSPACE},
+};
+
+void plan_print(const Graph *g, bool json, FILE *out)
+{
+    MemSummary m;
+    memplan_summarize(g, &m);
+    double per_param = m.n_params ? (double)m.persistent / (double)m.n_params : 0;
+    int64_t peak = m.persistent + m.transient;
+    if (json) {
+        fprintf(out, "{\"model\": \"%s\", \"opt_level\": %d, \"batch\": %lld, \"seq\": %lld, \"params\": %lld,\n",
+                g->model_name ? g->model_name : "", g->opt_level, (long long)g->batch, (long long)g->seq,
+                (long long)m.n_params);
+        fprintf(out, " \"tensors\": [\n");
+        bool first = true;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *x = g->nodes[i];
+            if (!listed(x)) continue;
+            char shape[128], fmt[96];
+            shape_text(&x->t, shape, sizeof shape);
+            format_text(&x->t.fmt, fmt, sizeof fmt);
+            fprintf(out, "%s  {\"name\": \"%s\", \"role\": \"%s\", \"shape\": %s, \"format\": \"%s\", "
+                         "\"elem\": \"%s\", \"scaling\": \"%s\", \"recipe\": \"%s\", \"codec\": \"%s\", \"bytes\": %lld}",
+                    first ? "" : ",\n", x->t.name ? x->t.name : ir_op_info(x->op)->text,
+                    ir_role_name(x->t.role), shape, fmt, fmt_elem_name(x->t.fmt.elem),
+                    fmt_scaling_name(x->t.fmt.scaling), fmt_recipe_name(x->t.fmt.recipe),
+                    fmt_codec_name(x->t.fmt.codec), (long long)tensor_bytes(&x->t));
+            first = false;
+        }
+        fprintf(out, "\n ],\n \"totals\": {");
+        for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++)
+            fprintf(out, "%s\"%s\": %lld", c ? ", " : "", categories[c].name,
+                    (long long)m.by_role[categories[c].role]);
+        fprintf(out, "},\n \"persistent_bytes\": %lld, \"step_bytes\": %lld, \"peak_bytes\": %lld,"
+                     " \"bytes_per_param\": %.3f}\n",
+                (long long)m.persistent, (long long)m.transient, (long long)peak, per_param);
+        return;
+    }
+    int n_rows;
+    Row *rows = collect_rows(g, &n_rows);
+    char b1[32], b2[32];
+    fprintf(out, "plan of %s at -O%d, batch %lld, seq %lld: %lld parameters\n\n",
+            g->model_name ? g->model_name : "model", g->opt_level, (long long)g->batch,
+            (long long)g->seq, (long long)m.n_params);
+    fprintf(out, "%-40s %-10s %-15s %-20s %11s\n", "tensor", "role", "shape", "format", "bytes");
+    for (int i = 0; i < n_rows; i++) {
+        char shape[64], fmt[64], name[80];
+        shape_text(rows[i].t, shape, sizeof shape);
+        format_text(&rows[i].t->fmt, fmt, sizeof fmt);
+        if (rows[i].count > 1) snprintf(name, sizeof name, "%s x%d", rows[i].pattern, rows[i].count);
+        else snprintf(name, sizeof name, "%s", rows[i].pattern);
+        fprintf(out, "%-40.40s %-10s %-15.15s %-20.20s %11s\n", name, ir_role_name(rows[i].role), shape,
+                fmt, human(rows[i].bytes, b1));
+    }
+    fprintf(out, "\n%-24s %12s %10s\n", "category", "bytes", "per param");
+    for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++) {
+        int64_t v = m.by_role[categories[c].role];
+        if (!v) continue;
+        fprintf(out, "%-24s %12s %10.2f\n", categories[c].name, human(v, b1),
+                m.n_params ? (double)v / (double)m.n_params : 0);
+    }
+    fprintf(out, "\npersistent training state  %s = %.2f bytes per parameter\n", human(m.persistent, b1), per_param);
+    fprintf(out, "step arena (peak live)     %s\n", human(m.transient, b1));
+    fprintf(out, "peak memory of the step    %s\n", human(peak, b2));
+}
+
+void plan_print_diff(const Graph *a, const Graph *b, bool json, FILE *out)
+{
+    MemSummary ma, mb;
+    memplan_summarize(a, &ma);
+    memplan_summarize(b, &mb);
+    int64_t pa = ma.persistent + ma.transient, pb = mb.persistent + mb.transient;
+    if (json) {
+        fprintf(out, "{\"a\": {\"opt_level\": %d, \"persistent_bytes\": %lld, \"peak_bytes\": %lld},"
+                     " \"b\": {\"opt_level\": %d, \"persistent_bytes\": %lld, \"peak_bytes\": %lld},"
+                     " \"peak_ratio\": %.4f}\n",
+                a->opt_level, (long long)ma.persistent, (long long)pa, b->opt_level,
+                (long long)mb.persistent, (long long)pb, pa ? (double)pb / (double)pa : 0);
+        return;
+    }
+    char x[32], y[32];
+    fprintf(out, "%-24s %14s %14s %8s\n", "category", "-O", "-O", "b/a");
+    fprintf(out, "%-24s %14d %14d\n", "", a->opt_level, b->opt_level);
+    for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++) {
+        int64_t va = ma.by_role[categories[c].role], vb = mb.by_role[categories[c].role];
+        if (!va && !vb) continue;
+        fprintf(out, "%-24s %14s %14s %8.2f\n", categories[c].name, human(va, x), human(vb, y),
+                va ? (double)vb / (double)va : 0);
+    }
+    fprintf(out, "%-24s %14.2f %14.2f\n", "bytes per parameter",
+            ma.n_params ? (double)ma.persistent / (double)ma.n_params : 0,
+            mb.n_params ? (double)mb.persistent / (double)mb.n_params : 0);
+    fprintf(out, "%-24s %14s %14s %8.2f\n", "peak of the step", human(pa, x), human(pb, y),
+            pa ? (double)pb / (double)pa : 0);
+}

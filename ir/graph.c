@@ -1,0 +1,302 @@
+/* graph.c — the op, format and role tables, and building and editing graphs.
+ *
+ * The tables come from the X-macro files (ops.def, formats.def) so that names, arities and
+ * attribute lists cannot drift from the enums; static_asserts keep the counts in step. Graph
+ * editing is deliberately small: append a node, replace uses, filter. Passes that reorder
+ * (schedule) rewrite Graph.nodes and call ir_renumber. */
+#include "ir.h"
+
+#include <string.h>
+
+/* ---------------------------------------------------------------- element types */
+
+static const struct {
+    const char *text;
+    int bytes;
+    bool is_float;
+} elem_table[] = {
+#define X(name, text, bytes, is_float) {text, bytes, is_float},
+#include "formats.def"
+#undef X
+};
+_Static_assert(sizeof elem_table / sizeof elem_table[0] == FMT_COUNT, "formats.def and ElemType");
+
+const char *fmt_elem_name(ElemType e) { return e < FMT_COUNT ? elem_table[e].text : "?"; }
+int fmt_elem_bytes(ElemType e) { return elem_table[e].bytes; }
+bool fmt_elem_is_float(ElemType e) { return elem_table[e].is_float; }
+
+bool fmt_elem_from_name(const char *s, ElemType *out)
+{
+    for (int i = 0; i < FMT_COUNT; i++)
+        if (strcmp(elem_table[i].text, s) == 0) {
+            *out = (ElemType)i;
+            return true;
+        }
+    return false;
+}
+
+static const char *const scaling_names[SCALE_COUNT] = {
+    "none", "tensor", "row", "group", "tile1x128", "block128"};
+static const char *const recipe_names[RECIPE_COUNT] = {"none", "current", "delayed", "static"};
+static const char *const codec_names[CODEC_COUNT] = {"plain", "expand", "compand", "sqrt", "split"};
+
+const char *fmt_scaling_name(Scaling s) { return s < SCALE_COUNT ? scaling_names[s] : "?"; }
+const char *fmt_recipe_name(Recipe r) { return r < RECIPE_COUNT ? recipe_names[r] : "?"; }
+const char *fmt_codec_name(Codec c) { return c < CODEC_COUNT ? codec_names[c] : "?"; }
+
+Format fmt_plain(ElemType e)
+{
+    Format f = {0};
+    f.elem = e;
+    return f;
+}
+
+/* ---------------------------------------------------------------- roles and phases */
+
+static const char *const role_names[ROLE_COUNT] = {
+    "activation", "saved", "grad_temp", "input", "param", "grad", "master",
+    "adam_m", "adam_v", "scale", "amax_history", "workspace", "output"};
+
+const char *ir_role_name(Role r) { return r < ROLE_COUNT ? role_names[r] : "?"; }
+
+bool ir_role_from_name(const char *s, Role *out)
+{
+    for (int i = 0; i < ROLE_COUNT; i++)
+        if (strcmp(role_names[i], s) == 0) {
+            *out = (Role)i;
+            return true;
+        }
+    return false;
+}
+
+bool ir_role_is_persistent(Role r)
+{
+    switch (r) {
+    case ROLE_PARAM: case ROLE_GRAD: case ROLE_MASTER: case ROLE_ADAM_M: case ROLE_ADAM_V:
+    case ROLE_SCALE: case ROLE_AMAX_HISTORY:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static const char *const phase_names[PHASE_COUNT] = {"forward", "backward", "update"};
+const char *ir_phase_name(Phase p) { return p < PHASE_COUNT ? phase_names[p] : "?"; }
+
+/* ---------------------------------------------------------------- ops */
+
+#define X(name, text, arity, iattrs, fattrs, summary) +1
+enum { OPS_IN_TABLE = 0
+#include "ops.def"
+};
+#undef X
+_Static_assert((int)OPS_IN_TABLE == (int)OP_COUNT, "ops.def and OpKind");
+
+static OpInfo op_table[OP_COUNT];
+static bool op_table_ready;
+
+/* Splits "a,b,c" into names; the strings are static literals, so keep pointers into copies. */
+static int split_names(const char *spec, const char **out, int max, char *buf, size_t bufsize)
+{
+    if (!*spec) return 0;
+    IR_ASSERT(strlen(spec) < bufsize);
+    strcpy(buf, spec);
+    int n = 0;
+    for (char *p = buf; p && *p;) {
+        IR_ASSERT(n < max);
+        out[n++] = p;
+        p = strchr(p, ',');
+        if (p) *p++ = 0;
+    }
+    return n;
+}
+
+static void op_table_init(void)
+{
+    static char names[OP_COUNT][2][64];
+    static const struct {
+        const char *text;
+        int arity;
+        const char *iattrs, *fattrs, *summary;
+    } raw[] = {
+#define X(name, text, arity, iattrs, fattrs, summary) {text, arity, iattrs, fattrs, summary},
+#include "ops.def"
+#undef X
+    };
+    for (int i = 0; i < OP_COUNT; i++) {
+        OpInfo *o = &op_table[i];
+        o->text = raw[i].text;
+        o->arity = raw[i].arity;
+        o->summary = raw[i].summary;
+        o->n_iattr = split_names(raw[i].iattrs, o->iattr_names, IR_MAX_IATTR, names[i][0], 64);
+        o->n_fattr = split_names(raw[i].fattrs, o->fattr_names, IR_MAX_FATTR, names[i][1], 64);
+    }
+    op_table_ready = true;
+}
+
+const OpInfo *ir_op_info(OpKind op)
+{
+    if (!op_table_ready) op_table_init();
+    IR_ASSERT(op < OP_COUNT);
+    return &op_table[op];
+}
+
+bool ir_op_from_name(const char *s, OpKind *out)
+{
+    for (int i = 0; i < OP_COUNT; i++)
+        if (strcmp(ir_op_info((OpKind)i)->text, s) == 0) {
+            *out = (OpKind)i;
+            return true;
+        }
+    return false;
+}
+
+bool ir_op_is_inplace(OpKind op) { return op == OP_ACCUMULATE || op == OP_ADAMW; }
+
+/* ---------------------------------------------------------------- graphs */
+
+Graph *ir_graph_new(Arena *a)
+{
+    Graph *g = arena_alloc(a, sizeof *g);
+    g->arena = a;
+    g->cap = 256;
+    g->nodes = arena_alloc(a, sizeof(Node *) * (size_t)g->cap);
+    return g;
+}
+
+static void graph_append(Graph *g, Node *n)
+{
+    if (g->n_nodes == g->cap) {
+        Node **bigger = arena_alloc(g->arena, sizeof(Node *) * (size_t)g->cap * 2);
+        memcpy(bigger, g->nodes, sizeof(Node *) * (size_t)g->n_nodes);
+        g->nodes = bigger;
+        g->cap *= 2;
+    }
+    n->index = g->n_nodes;
+    g->nodes[g->n_nodes++] = n;
+}
+
+Node *ir_add(Graph *g, OpKind op, int n_in, Node *const *in, SrcLoc loc)
+{
+    Node *n = arena_alloc(g->arena, sizeof *n);
+    n->op = op;
+    n->n_in = n_in;
+    n->in = n_in ? arena_alloc(g->arena, sizeof(Node *) * (size_t)n_in) : NULL;
+    for (int i = 0; i < n_in; i++) {
+        IR_ASSERT(in[i] != NULL);
+        n->in[i] = in[i];
+    }
+    n->loc = loc;
+    n->id = g->next_id++;
+    n->t.fmt = fmt_plain(FMT_F32);
+    n->t.offset = -1;
+    n->t.role = ROLE_ACTIVATION;
+    graph_append(g, n);
+    return n;
+}
+
+Node *ir_add1(Graph *g, OpKind op, Node *a, SrcLoc loc) { return ir_add(g, op, 1, &a, loc); }
+
+Node *ir_add2(Graph *g, OpKind op, Node *a, Node *b, SrcLoc loc)
+{
+    Node *in[2] = {a, b};
+    return ir_add(g, op, 2, in, loc);
+}
+
+Node *ir_leaf(Graph *g, OpKind op, const char *name, Role role, ElemType elem, int rank,
+              const int64_t *dims, SrcLoc loc)
+{
+    Node *n = ir_add(g, op, 0, NULL, loc);
+    n->t.name = name ? arena_strdup(g->arena, name) : NULL;
+    n->t.role = role;
+    n->t.fmt = fmt_plain(elem);
+    ir_set_shape(n, rank, dims);
+    return n;
+}
+
+void ir_set_shape(Node *n, int rank, const int64_t *dims)
+{
+    IR_ASSERT(rank >= 0 && rank <= IR_MAX_RANK);
+    n->t.rank = rank;
+    for (int i = 0; i < IR_MAX_RANK; i++) n->t.dims[i] = i < rank ? dims[i] : 0;
+}
+
+int64_t ir_numel(const Tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+    return n;
+}
+
+bool ir_same_shape(const Tensor *a, const Tensor *b)
+{
+    if (a->rank != b->rank) return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+Node *ir_find(const Graph *g, const char *name)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->t.name && strcmp(g->nodes[i]->t.name, name) == 0) return g->nodes[i];
+    return NULL;
+}
+
+void ir_renumber(Graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->index = i;
+}
+
+Uses *ir_fill_uses(const Graph *g)
+{
+    Uses *u = arena_alloc(g->arena, sizeof *u * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        for (int j = 0; j < n->n_in; j++) u[n->in[j]->index].n++;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        u[i].list = arena_alloc(g->arena, sizeof(Node *) * (size_t)(u[i].n ? u[i].n : 1));
+        u[i].n = 0;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        for (int j = 0; j < n->n_in; j++) {
+            Uses *x = &u[n->in[j]->index];
+            /* a node that reads the same input twice is one user */
+            if (x->n && x->list[x->n - 1] == n) continue;
+            x->list[x->n++] = n;
+        }
+    }
+    return u;
+}
+
+void ir_replace_uses(Graph *g, Node *from, Node *to)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (n == to) continue;
+        for (int j = 0; j < n->n_in; j++)
+            if (n->in[j] == from) n->in[j] = to;
+        if (n->t.fmt.scale == from) n->t.fmt.scale = to;
+        if (n->t.fmt.amax == from) n->t.fmt.amax = to;
+    }
+}
+
+void ir_filter(Graph *g, const bool *keep)
+{
+    int k = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (keep[i]) g->nodes[k++] = g->nodes[i];
+    g->n_nodes = k;
+    ir_renumber(g);
+}
+
+bool ir_mutates_input(const Node *n, int i)
+{
+    switch (n->op) {
+    case OP_ACCUMULATE: return i == 0;
+    case OP_ADAMW: return i <= 3 || i == 8;
+    default: return false;
+    }
+}

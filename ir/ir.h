@@ -1,0 +1,288 @@
+/* ir.h — the graph IR of fp8c: one graph holds the whole training step.
+ *
+ * A Graph is an ordered list of Nodes. Each Node is one op (ir/ops.def) applied to earlier
+ * nodes, and defines exactly one Tensor: its shape, its role in training and its storage
+ * format. Formats are data on tensors, not op kinds: the precision passes rewrite them and the
+ * executors read and write every tensor through its format, so a bf16 activation or an e4m3
+ * saved tensor is rounded exactly where it would be on the GPU.
+ *
+ * Memory: every compilation owns one Arena; nodes, names and arrays live there and are freed
+ * together. Nothing in the IR is freed one by one.
+ *
+ * Sections: arena, diagnostics, formats, nodes and graphs, shapes, verify, print/read. */
+#ifndef FP8C_IR_H
+#define FP8C_IR_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Internal invariants: a broken one is a compiler bug, reported with its place and aborted. */
+#define IR_ASSERT(cond)                                                                  \
+    do {                                                                                 \
+        if (!(cond)) ir_die(__FILE__, __LINE__, "assertion failed: %s", #cond);          \
+    } while (0)
+_Noreturn void ir_die(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---------------------------------------------------------------- arena.c */
+
+typedef struct Arena Arena;
+Arena *arena_new(void);
+void arena_free(Arena *a);
+void *arena_alloc(Arena *a, size_t bytes);            /* zeroed, 16-byte aligned */
+char *arena_strdup(Arena *a, const char *s);
+char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------- diag.c */
+
+/* A place in a source file. Line and column count from 1; line 0 means "no place". */
+typedef struct {
+    const char *file;
+    int line, col;
+} SrcLoc;
+
+/* User errors are collected and printed as `file:line:col: error: message`, the source line
+ * and a caret. The source text of a file is registered once so that the line can be shown. */
+void diag_register_source(const char *file, const char *text);
+void diag_error(SrcLoc loc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void diag_note(SrcLoc loc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int diag_error_count(void);
+void diag_reset(void);
+void diag_set_stream(FILE *out);                        /* default stderr; tests capture */
+
+/* ---------------------------------------------------------------- formats */
+
+typedef enum {
+#define X(name, text, bytes, is_float) FMT_##name,
+#include "formats.def"
+#undef X
+    FMT_COUNT
+} ElemType;
+
+/* How a scaled tensor's scale factors are laid out. The value stored is q = enc(x * scale);
+ * the value read back is dec(q) / scale. */
+typedef enum {
+    SCALE_NONE,
+    SCALE_PER_TENSOR,   /* one scale */
+    SCALE_PER_ROW,      /* one per row of the 2-D view (rows = leading dims) */
+    SCALE_PER_GROUP,    /* one per `group` consecutive elements of the last axis (1 x G) */
+    SCALE_TILE_1x128,   /* DeepSeek-V3 activation tiles: per-group with G = 128 */
+    SCALE_BLOCK_128,    /* 128 x 128 blocks of the 2-D view (weights) */
+    SCALE_COUNT
+} Scaling;
+
+/* Where the scale of a scaled tensor comes from. */
+typedef enum {
+    RECIPE_NONE,
+    RECIPE_CURRENT,     /* from this tensor's amax, found when it is produced */
+    RECIPE_DELAYED,     /* from an amax history of `history` steps (max or most recent), margin */
+    RECIPE_STATIC,      /* fixed, `static_scale` */
+    RECIPE_COUNT
+} Recipe;
+
+/* How an optimizer state is encoded in its element type. */
+typedef enum {
+    CODEC_PLAIN,        /* value (times scale) rounded to the element type */
+    CODEC_EXPAND,       /* COAT dynamic range expansion: sign(x)|x/c|^k per group, then FP8 */
+    CODEC_COMPAND,      /* FlashOptim: 2x/(1+|x|) of x/absmax into i8 (Adam m) */
+    CODEC_SQRT,         /* FlashOptim: sqrt(v)/absmax into u8 (Adam v) */
+    CODEC_SPLIT,        /* master weight as bf16 weight + i8 rounding error in bf16 ulps */
+    CODEC_COUNT
+} Codec;
+
+struct Node;
+
+typedef struct {
+    ElemType elem;
+    Scaling scaling;
+    int group;              /* SCALE_PER_GROUP: elements per group along the last axis */
+    Recipe recipe;
+    int history;            /* RECIPE_DELAYED: amax history length */
+    int margin;             /* RECIPE_DELAYED: scale = fmt_max / amax / 2^margin */
+    bool history_max;       /* RECIPE_DELAYED: true: max over history; false: most recent */
+    float static_scale;     /* RECIPE_STATIC */
+    Codec codec;
+    struct Node *scale;     /* the tensor of scale factors (f32), NULL when unscaled */
+    struct Node *amax;      /* where the producer records amax (f32), NULL when none */
+} Format;
+
+const char *fmt_elem_name(ElemType e);
+int fmt_elem_bytes(ElemType e);
+bool fmt_elem_is_float(ElemType e);
+bool fmt_elem_from_name(const char *s, ElemType *out);
+const char *fmt_scaling_name(Scaling s);
+const char *fmt_recipe_name(Recipe r);
+const char *fmt_codec_name(Codec c);
+Format fmt_plain(ElemType e);                          /* unscaled, plain codec */
+
+/* ---------------------------------------------------------------- numerics.c
+ * Exact conversions between f32 and the stored element types. Rounding is to nearest even;
+ * FP8 saturates to the largest finite value (CUDA's __NV_SATFINITE), NaN stays NaN. The GPU
+ * conversion and these agree bit for bit (tests/test_numerics.c, tests/gpu/). */
+uint16_t num_f32_to_bf16(float x);
+float num_bf16_to_f32(uint16_t h);
+uint16_t num_f32_to_f16(float x);
+float num_f16_to_f32(uint16_t h);
+uint8_t num_f32_to_e4m3(float x);
+float num_e4m3_to_f32(uint8_t q);
+uint8_t num_f32_to_e5m2(float x);
+float num_e5m2_to_f32(uint8_t q);
+float num_elem_max(ElemType e);                        /* largest finite value */
+float num_round(ElemType e, float x);                  /* x rounded to e and back */
+/* Bulk conversion of n elements; for integer types the values are rounded and clamped. */
+void num_encode(ElemType e, const float *src, void *dst, int64_t n);
+void num_decode(ElemType e, const void *src, float *dst, int64_t n);
+
+/* ---------------------------------------------------------------- nodes and graphs */
+
+typedef enum {
+#define X(name, text, arity, iattrs, fattrs, summary) OP_##name,
+#include "ops.def"
+#undef X
+    OP_COUNT
+} OpKind;
+
+typedef enum {
+    ROLE_ACTIVATION,    /* transient value of the forward pass */
+    ROLE_SAVED,         /* forward value that the backward reads (kept across the step) */
+    ROLE_GRAD_TEMP,     /* transient value of the backward pass */
+    ROLE_INPUT,         /* fed by the runtime: tokens, targets, lr, step */
+    ROLE_PARAM,         /* trained weight as the forward reads it */
+    ROLE_GRAD,          /* persistent gradient accumulator of a parameter */
+    ROLE_MASTER,        /* high-precision master copy of a parameter */
+    ROLE_ADAM_M,
+    ROLE_ADAM_V,
+    ROLE_SCALE,         /* scale factors of scaled tensors */
+    ROLE_AMAX_HISTORY,  /* delayed-scaling amax histories */
+    ROLE_WORKSPACE,
+    ROLE_OUTPUT,        /* read by the runtime after the step: loss, grad norm */
+    ROLE_COUNT
+} Role;
+
+/* When a node runs. Evaluation runs PHASE_FORWARD alone; a micro-step runs forward and
+ * backward (several times with gradient accumulation); then PHASE_UPDATE runs once. */
+typedef enum { PHASE_FORWARD, PHASE_BACKWARD, PHASE_UPDATE, PHASE_COUNT } Phase;
+
+const char *ir_role_name(Role r);
+bool ir_role_from_name(const char *s, Role *out);
+bool ir_role_is_persistent(Role r);                    /* lives across steps (and checkpoints) */
+const char *ir_phase_name(Phase p);
+
+#define IR_MAX_RANK 6
+#define IR_MAX_IATTR 4
+#define IR_MAX_FATTR 4
+
+typedef struct {
+    const char *name;       /* params: Hugging Face style, "h.3.attn.c_attn.weight"; may be NULL */
+    int rank;               /* 0 for scalars */
+    int64_t dims[IR_MAX_RANK];
+    Role role;
+    Format fmt;
+    int64_t offset;         /* byte offset in the arena of its memory class (memplan); -1: none */
+    int64_t bytes;          /* storage bytes (memplan), scales excluded */
+    void *data;             /* bound at run time: arena base + offset, or a test's buffer */
+} Tensor;
+
+typedef struct Node {
+    OpKind op;              /* what it computes; see ops.def for the attributes it uses */
+    int n_in;
+    struct Node **in;
+    int64_t iattr[IR_MAX_IATTR];
+    double fattr[IR_MAX_FATTR];
+    SrcLoc loc;             /* where in the model file it came from (diagnostics) */
+    Tensor t;               /* the tensor it defines */
+    Phase phase;
+    int id;                 /* stable number, printed as %id */
+    int index;              /* position in Graph.nodes (ir_renumber keeps it right) */
+    struct Node *grad_of;   /* ROLE_GRAD/MASTER/ADAM_*: the parameter this state belongs to */
+    void *pass_data;        /* scratch for the pass that runs now; nobody else reads it */
+} Node;
+
+/* The optimizer clause of the model file; the optimizer pass turns it into update nodes and
+ * the runtime uses lr as the default peak learning rate. */
+typedef struct {
+    bool present;
+    double lr, beta1, beta2, eps, weight_decay, clip;   /* clip 0: no clipping */
+} OptimSpec;
+
+typedef struct {
+    Arena *arena;
+    Node **nodes;           /* in order: topological, and after `schedule` the launch order */
+    int n_nodes, cap;
+    int next_id;
+    const char *model_name;
+    /* build configuration, recorded so that the artifact and the plan can show it */
+    int64_t batch, seq;
+    int opt_level;          /* -O0..-O3 */
+    OptimSpec optim;
+    int64_t persistent_bytes, transient_bytes;   /* memplan: the two arena sizes */
+} Graph;
+
+typedef struct {
+    const char *text;
+    int arity;                       /* -1: variadic */
+    int n_iattr, n_fattr;
+    const char *iattr_names[IR_MAX_IATTR];
+    const char *fattr_names[IR_MAX_FATTR];
+    const char *summary;
+} OpInfo;
+
+const OpInfo *ir_op_info(OpKind op);
+bool ir_op_from_name(const char *s, OpKind *out);
+bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW: write into their first inputs */
+/* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,
+ * master). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
+ * every other reader of a mutated operand must run before n. */
+bool ir_mutates_input(const Node *n, int i);
+
+Graph *ir_graph_new(Arena *a);
+/* Appends a node. Builders only set op, inputs and location; the caller then sets attributes
+ * and calls ir_infer_shape (or fills the tensor itself for leaves). */
+Node *ir_add(Graph *g, OpKind op, int n_in, Node *const *in, SrcLoc loc);
+Node *ir_add1(Graph *g, OpKind op, Node *a, SrcLoc loc);
+Node *ir_add2(Graph *g, OpKind op, Node *a, Node *b, SrcLoc loc);
+/* A leaf with its tensor filled: INPUT, PARAM, STATE, CONST. */
+Node *ir_leaf(Graph *g, OpKind op, const char *name, Role role, ElemType elem, int rank,
+              const int64_t *dims, SrcLoc loc);
+void ir_set_shape(Node *n, int rank, const int64_t *dims);
+int64_t ir_numel(const Tensor *t);
+bool ir_same_shape(const Tensor *a, const Tensor *b);
+Node *ir_find(const Graph *g, const char *name);      /* by tensor name, NULL if none */
+void ir_renumber(Graph *g);                            /* index = position in nodes */
+/* users[i] lists the nodes that read node i (by index); returned in the graph's arena. */
+typedef struct { int n; Node **list; } Uses;
+Uses *ir_fill_uses(const Graph *g);
+/* Replaces every use of `from` by `to` (in nodes after `from`). */
+void ir_replace_uses(Graph *g, Node *from, Node *to);
+/* Keeps the nodes for which keep[index] is true, preserving order. */
+void ir_filter(Graph *g, const bool *keep);
+
+/* ---------------------------------------------------------------- shapes.c */
+
+/* Infers n's result shape from its inputs and attributes. Returns NULL when fine, else a
+ * message naming the dimensions that disagree (for diag_error at n->loc). Element types of
+ * results default to f32 (i32 for nothing but leaves). */
+const char *ir_infer_shape(Node *n, Arena *a);
+
+/* ---------------------------------------------------------------- verify.c */
+
+/* Checks the invariants every pass must keep: inputs defined earlier, arity, shapes agree with
+ * inference, in-place ops ordered after every other reader, formats consistent. Returns the
+ * number of problems found (each printed to stderr with the node). */
+int ir_verify(const Graph *g, const char *after_pass);
+
+/* ---------------------------------------------------------------- print.c / read.c */
+
+/* Textual IR, one node a line:
+ *   %7 = matmul(%5, %6) trans_b=1 : bf16[8,64,768] role=activation phase=forward name="..." @file:12:5
+ * The reader accepts exactly what the printer writes (and comments starting with '#'). */
+void ir_print(const Graph *g, FILE *out);
+void ir_print_node(const Node *n, FILE *out);
+void ir_print_format(const Format *f, FILE *out);
+/* Returns NULL and reports diag errors (file:line:col) on malformed text. */
+Graph *ir_read(Arena *a, const char *file, const char *text);
+
+#endif

@@ -1,0 +1,330 @@
+/* shapes.c — shape inference: one rule per op.
+ *
+ * Shapes are static once --batch, --seq and -D are bound, so every tensor's dims are known
+ * at compile time and the memory plan can be exact. ir_infer_shape computes a node's result
+ * shape from its inputs and attributes and explains any disagreement in words that name the
+ * dims ("cannot add f32[8,64,768] and f32[512]: last dims 768 and 512 differ"); the front end
+ * turns the message into a diagnostic at the node's source location, and ir_verify uses the
+ * same rules to check that passes keep shapes right. */
+#include "ir.h"
+
+#include <string.h>
+
+static const char *shape_str(Arena *a, const Tensor *t)
+{
+    char buf[160];
+    int k = snprintf(buf, sizeof buf, "%s[", fmt_elem_name(t->fmt.elem));
+    for (int i = 0; i < t->rank; i++)
+        k += snprintf(buf + k, sizeof buf - (size_t)k, i ? ",%lld" : "%lld", (long long)t->dims[i]);
+    snprintf(buf + k, sizeof buf - (size_t)k, "]");
+    return arena_strdup(a, buf);
+}
+
+static int64_t last_dim(const Tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+static int64_t rows_of(const Tensor *t) { return t->rank ? ir_numel(t) / t->dims[t->rank - 1] : 1; }
+
+static void copy_shape(Node *n, const Tensor *from) { ir_set_shape(n, from->rank, from->dims); }
+static void set_scalar(Node *n) { ir_set_shape(n, 0, NULL); }
+
+static bool is_int_elem(ElemType e) { return e == FMT_I32 || e == FMT_I8 || e == FMT_U8; }
+
+/* b broadcasts onto a when b is a scalar or b's dims are a suffix of a's. */
+static const char *check_broadcast(Node *n, Arena *a, const char *verb)
+{
+    const Tensor *x = &n->in[0]->t, *y = &n->in[1]->t;
+    if (y->rank == 0) return NULL;
+    if (y->rank > x->rank)
+        return arena_printf(a, "cannot %s %s and %s: the second has more dims than the first",
+                            verb, shape_str(a, x), shape_str(a, y));
+    for (int i = 1; i <= y->rank; i++)
+        if (x->dims[x->rank - i] != y->dims[y->rank - i])
+            return arena_printf(a, "cannot %s %s and %s: dim %d is %lld and %lld", verb,
+                                shape_str(a, x), shape_str(a, y), x->rank - i,
+                                (long long)x->dims[x->rank - i], (long long)y->dims[y->rank - i]);
+    return NULL;
+}
+
+static const char *check_same(Node *n, Arena *a, int i, int j, const char *what)
+{
+    const Tensor *x = &n->in[i]->t, *y = &n->in[j]->t;
+    if (ir_same_shape(x, y)) return NULL;
+    return arena_printf(a, "%s: %s and %s must have the same shape", what, shape_str(a, x),
+                        shape_str(a, y));
+}
+
+static const char *check_vector(Node *n, Arena *a, int i, int64_t len, const char *what)
+{
+    const Tensor *t = &n->in[i]->t;
+    if (t->rank == 1 && t->dims[0] == len) return NULL;
+    return arena_printf(a, "%s must be a vector of %lld (the last dim of the input), not %s",
+                        what, (long long)len, shape_str(a, t));
+}
+
+static const char *check_scalar(Node *n, Arena *a, int i, const char *what)
+{
+    if (n->in[i]->t.rank == 0) return NULL;
+    return arena_printf(a, "%s must be a scalar, not %s", what, shape_str(a, &n->in[i]->t));
+}
+
+static const char *infer_matmul(Node *n, Arena *a)
+{
+    const Tensor *x = &n->in[0]->t, *y = &n->in[1]->t;
+    bool ta = n->iattr[0], tb = n->iattr[1];
+    if (x->rank < (ta ? 2 : 1))
+        return arena_printf(a, "matmul: the first operand %s has too few dims", shape_str(a, x));
+    if (y->rank < 2)
+        return arena_printf(a, "matmul: the second operand %s must have at least 2 dims", shape_str(a, y));
+    int64_t m = ta ? last_dim(x) : rows_of(x), k = ta ? rows_of(x) : last_dim(x);
+    int64_t k2 = tb ? last_dim(y) : rows_of(y), nn = tb ? rows_of(y) : last_dim(y);
+    if (k != k2)
+        return arena_printf(a, "matmul of %s%s and %s%s: inner dims %lld and %lld differ",
+                            shape_str(a, x), ta ? " (transposed)" : "", shape_str(a, y),
+                            tb ? " (transposed)" : "", (long long)k, (long long)k2);
+    if (ta) {
+        int64_t d[2] = {m, nn};
+        ir_set_shape(n, 2, d);
+    } else {
+        int64_t d[IR_MAX_RANK];
+        memcpy(d, x->dims, sizeof d);
+        d[x->rank - 1] = nn;
+        ir_set_shape(n, x->rank, d);
+    }
+    return NULL;
+}
+
+static const char *infer_attention(Node *n, Arena *a)
+{
+    const Tensor *q = &n->in[0]->t, *k = &n->in[1]->t, *v = &n->in[2]->t;
+    int64_t h = n->iattr[0], hk = n->iattr[1];
+    if (h <= 0 || hk <= 0) return arena_printf(a, "attention needs heads > 0 and kv_heads > 0");
+    if (h % hk) return arena_printf(a, "attention: heads (%lld) must be a multiple of kv_heads (%lld)",
+                                    (long long)h, (long long)hk);
+    static const char *const which[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++)
+        if (n->in[i]->t.rank != 3)
+            return arena_printf(a, "attention: %s must have 3 dims (batch, seq, heads*head_dim), not %s",
+                                which[i], shape_str(a, &n->in[i]->t));
+    if (q->dims[0] != k->dims[0] || q->dims[1] != k->dims[1] || !ir_same_shape(k, v))
+        return arena_printf(a, "attention: q %s, k %s and v %s disagree in batch or sequence dims",
+                            shape_str(a, q), shape_str(a, k), shape_str(a, v));
+    if (q->dims[2] % h)
+        return arena_printf(a, "attention: heads (%lld) does not divide the width of q (%lld)",
+                            (long long)h, (long long)q->dims[2]);
+    int64_t d = q->dims[2] / h;
+    if (k->dims[2] != hk * d)
+        return arena_printf(a, "attention: k and v have width %lld, but kv_heads %lld x head_dim %lld = %lld",
+                            (long long)k->dims[2], (long long)hk, (long long)d, (long long)(hk * d));
+    if (n->op == OP_ATTENTION) {
+        copy_shape(n, q);
+    } else {
+        int64_t dims[3] = {q->dims[0], q->dims[1], (h + 2 * hk) * d};
+        ir_set_shape(n, 3, dims);
+    }
+    return NULL;
+}
+
+static const char *infer_axis_op(Node *n, Arena *a)
+{
+    const Tensor *x = &n->in[0]->t;
+    int64_t axis = n->iattr[0], start = n->iattr[1], size = n->iattr[2];
+    if (axis < 0 || axis >= x->rank)
+        return arena_printf(a, "axis %lld is out of range for %s", (long long)axis, shape_str(a, x));
+    if (size <= 0 || start < 0) return arena_printf(a, "slice start must be >= 0 and size > 0");
+    int64_t d[IR_MAX_RANK];
+    memcpy(d, x->dims, sizeof d);
+    if (n->op == OP_SLICE) {
+        if (start + size > x->dims[axis])
+            return arena_printf(a, "slice [%lld, %lld) of axis %lld exceeds its length %lld in %s",
+                                (long long)start, (long long)(start + size), (long long)axis,
+                                (long long)x->dims[axis], shape_str(a, x));
+        d[axis] = size;
+    } else {
+        if (start + x->dims[axis] > size)
+            return arena_printf(a, "pad: %lld elements at %lld do not fit in %lld",
+                                (long long)x->dims[axis], (long long)start, (long long)size);
+        d[axis] = size;
+    }
+    ir_set_shape(n, x->rank, d);
+    return NULL;
+}
+
+static const char *infer_concat(Node *n, Arena *a)
+{
+    const Tensor *x = &n->in[0]->t;
+    int64_t axis = n->iattr[0];
+    if (axis < 0 || axis >= x->rank)
+        return arena_printf(a, "axis %lld is out of range for %s", (long long)axis, shape_str(a, x));
+    int64_t d[IR_MAX_RANK];
+    memcpy(d, x->dims, sizeof d);
+    d[axis] = 0;
+    for (int i = 0; i < n->n_in; i++) {
+        const Tensor *y = &n->in[i]->t;
+        bool ok = y->rank == x->rank;
+        for (int j = 0; ok && j < x->rank; j++) ok = j == axis || y->dims[j] == x->dims[j];
+        if (!ok)
+            return arena_printf(a, "concat along axis %lld: %s and %s differ elsewhere",
+                                (long long)axis, shape_str(a, x), shape_str(a, y));
+        d[axis] += y->dims[axis];
+    }
+    ir_set_shape(n, x->rank, d);
+    return NULL;
+}
+
+const char *ir_infer_shape(Node *n, Arena *a)
+{
+    const OpInfo *info = ir_op_info(n->op);
+    if (info->arity >= 0 && n->n_in != info->arity)
+        return arena_printf(a, "%s takes %d operand%s, not %d", info->text, info->arity,
+                            info->arity == 1 ? "" : "s", n->n_in);
+    if (info->arity < 0 && n->n_in < 1) return arena_printf(a, "%s needs at least one operand", info->text);
+    const Tensor *x = n->n_in ? &n->in[0]->t : NULL;
+    const char *err;
+
+    switch (n->op) {
+    case OP_INPUT: case OP_PARAM: case OP_STATE: case OP_CONST:
+        return NULL;
+    case OP_ADD: case OP_SUB: case OP_MUL:
+        if ((err = check_broadcast(n, a, n->op == OP_MUL ? "multiply" : n->op == OP_ADD ? "add" : "subtract")))
+            return err;
+        copy_shape(n, x);
+        return NULL;
+    case OP_SCALE: case OP_GELU: case OP_SILU: case OP_CAST: case OP_SOFTMAX:
+        copy_shape(n, x);
+        return NULL;
+    case OP_GELU_BWD: case OP_SILU_BWD: case OP_SOFTMAX_BWD:
+        if ((err = check_same(n, a, 0, 1, info->text))) return err;
+        copy_shape(n, x);
+        return NULL;
+    case OP_ADD_N:
+        for (int i = 1; i < n->n_in; i++)
+            if ((err = check_same(n, a, 0, i, "add_n"))) return err;
+        copy_shape(n, x);
+        return NULL;
+    case OP_RESHAPE:
+        if (ir_numel(&n->t) != ir_numel(x))
+            return arena_printf(a, "cannot reshape %s (%lld elements) to %s", shape_str(a, x),
+                                (long long)ir_numel(x), shape_str(a, &n->t));
+        return NULL;
+    case OP_SLICE: case OP_PAD:
+        return infer_axis_op(n, a);
+    case OP_CONCAT:
+        return infer_concat(n, a);
+    case OP_MATMUL:
+        return infer_matmul(n, a);
+    case OP_SUM_ROWS: {
+        if (!x->rank) return arena_printf(a, "sum_rows needs a tensor, not a scalar");
+        int64_t d = last_dim(x);
+        ir_set_shape(n, 1, &d);
+        return NULL;
+    }
+    case OP_SQNORM: case OP_CROSS_ENTROPY: case OP_CLIP_COEF: case OP_GRAD_NORM:
+        if (n->op == OP_CROSS_ENTROPY) {
+            const Tensor *tg = &n->in[1]->t;
+            bool ok = tg->rank == x->rank - 1 && x->rank >= 1;
+            for (int i = 0; ok && i < tg->rank; i++) ok = tg->dims[i] == x->dims[i];
+            if (!ok)
+                return arena_printf(a, "cross_entropy: targets %s must have the dims of logits %s without the last",
+                                    shape_str(a, tg), shape_str(a, x));
+            if (!is_int_elem(tg->fmt.elem))
+                return arena_printf(a, "cross_entropy: targets must be integers, not %s", shape_str(a, tg));
+        }
+        if (n->op == OP_CLIP_COEF || n->op == OP_GRAD_NORM)
+            for (int i = 0; i < n->n_in; i++)
+                if ((err = check_scalar(n, a, i, info->text))) return err;
+        set_scalar(n);
+        return NULL;
+    case OP_LAYERNORM: case OP_RMSNORM:
+        if (!x->rank) return arena_printf(a, "%s needs a tensor, not a scalar", info->text);
+        if ((err = check_vector(n, a, 1, last_dim(x), "the norm's weight"))) return err;
+        if (n->op == OP_LAYERNORM && (err = check_vector(n, a, 2, last_dim(x), "the norm's bias")))
+            return err;
+        copy_shape(n, x);
+        return NULL;
+    case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X:
+        if ((err = check_same(n, a, 0, 1, info->text))) return err;
+        if ((err = check_vector(n, a, 2, last_dim(x), "the norm's weight"))) return err;
+        copy_shape(n, x);
+        return NULL;
+    case OP_LAYERNORM_BWD_W: case OP_RMSNORM_BWD_W: {
+        if ((err = check_same(n, a, 0, 1, info->text))) return err;
+        int64_t d = last_dim(x);
+        ir_set_shape(n, 1, &d);
+        return NULL;
+    }
+    case OP_EMBEDDING: {
+        const Tensor *ids = &n->in[1]->t;
+        if (x->rank != 2) return arena_printf(a, "embedding: the table %s must have 2 dims", shape_str(a, x));
+        if (!is_int_elem(ids->fmt.elem))
+            return arena_printf(a, "embedding: ids must be integers, not %s", shape_str(a, ids));
+        if (ids->rank + 1 > IR_MAX_RANK) return arena_printf(a, "embedding: ids have too many dims");
+        int64_t d[IR_MAX_RANK];
+        memcpy(d, ids->dims, sizeof d);
+        d[ids->rank] = x->dims[1];
+        ir_set_shape(n, ids->rank + 1, d);
+        return NULL;
+    }
+    case OP_EMBEDDING_BWD: {
+        const Tensor *ids = &n->in[1]->t;
+        bool ok = x->rank == ids->rank + 1;
+        for (int i = 0; ok && i < ids->rank; i++) ok = x->dims[i] == ids->dims[i];
+        if (!ok) return arena_printf(a, "embedding_bwd: dy %s does not match ids %s", shape_str(a, x), shape_str(a, ids));
+        if (n->iattr[0] <= 0) return arena_printf(a, "embedding_bwd needs vocab > 0");
+        int64_t d[2] = {n->iattr[0], last_dim(x)};
+        ir_set_shape(n, 2, d);
+        return NULL;
+    }
+    case OP_CROSS_ENTROPY_BWD: {
+        if ((err = check_scalar(n, a, 0, "cross_entropy_bwd's dloss"))) return err;
+        const Tensor *lg = &n->in[1]->t, *tg = &n->in[2]->t;
+        bool ok = tg->rank == lg->rank - 1;
+        for (int i = 0; ok && i < tg->rank; i++) ok = tg->dims[i] == lg->dims[i];
+        if (!ok) return arena_printf(a, "cross_entropy_bwd: targets %s do not match logits %s",
+                                     shape_str(a, tg), shape_str(a, lg));
+        copy_shape(n, lg);
+        return NULL;
+    }
+    case OP_ROPE: {
+        int64_t hd = n->iattr[0];
+        if (x->rank != 3) return arena_printf(a, "rope needs (batch, seq, heads*head_dim), not %s", shape_str(a, x));
+        if (hd <= 0 || hd % 2 || x->dims[2] % hd)
+            return arena_printf(a, "rope: head_dim %lld must be even and divide the width %lld",
+                                (long long)hd, (long long)x->dims[2]);
+        copy_shape(n, x);
+        return NULL;
+    }
+    case OP_ATTENTION:
+        return infer_attention(n, a);
+    case OP_ATTENTION_BWD: {
+        Node *saved = n->in[0];
+        /* dy has q's shape; check it, then infer from (q, k, v) */
+        if (!ir_same_shape(&saved->t, &n->in[1]->t))
+            return arena_printf(a, "attention_bwd: dy %s must have q's shape %s",
+                                shape_str(a, &saved->t), shape_str(a, &n->in[1]->t));
+        Node tmp = *n;
+        tmp.in = n->in + 1;
+        tmp.n_in = 3;
+        err = infer_attention(&tmp, a);
+        if (!err) copy_shape(n, &tmp.t);
+        return err;
+    }
+    case OP_ACCUMULATE:
+        if ((err = check_same(n, a, 0, 1, "accumulate"))) return err;
+        copy_shape(n, x);
+        n->t.fmt = x->fmt;
+        return NULL;
+    case OP_ADAMW:
+        if (n->n_in != 8 && n->n_in != 9)
+            return arena_printf(a, "adamw takes 8 or 9 operands, not %d", n->n_in);
+        for (int i = 1; i < 4; i++)
+            if ((err = check_same(n, a, 0, i, "adamw"))) return err;
+        for (int i = 4; i < 8; i++)
+            if ((err = check_scalar(n, a, i, "adamw's lr, step, clip and grad_scale"))) return err;
+        if (n->n_in == 9 && (err = check_same(n, a, 0, 8, "adamw master"))) return err;
+        set_scalar(n);
+        n->t.fmt = fmt_plain(FMT_VOID);
+        return NULL;
+    case OP_COUNT:
+        break;
+    }
+    ir_die(__FILE__, __LINE__, "no shape rule for op %d", (int)n->op);
+}
