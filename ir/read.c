@@ -142,6 +142,7 @@ static Node *lookup(Reader *r, int id)
 /* "%12" resolved later (format references may point forward). */
 static void read_ref_later(Reader *r, Node **slot)
 {
+    skip_spaces(r);
     SrcLoc loc = here(r);
     expect(r, "%");
     int id = (int)read_int(r);
@@ -238,6 +239,7 @@ static void read_node(Reader *r, Graph *g)
         fail(r, "this node number is defined twice");
         return;
     }
+    skip_spaces(r);
     SrcLoc op_at = here(r);
     const char *opname = read_word(r);
     OpKind op;
@@ -253,11 +255,14 @@ static void read_node(Reader *r, Graph *g)
     expect(r, "(");
     while (!r->failed && !accept(r, ")")) {
         if (n_in) expect(r, ",");
+        skip_spaces(r);
+        const char *operand_at = r->p;
         expect(r, "%");
         int ref = (int)read_int(r);
         if (r->failed) return;
         Node *x = lookup(r, ref);
         if (!x) {
+            r->p = operand_at;
             fail(r, "this operand is not defined on an earlier line");
             return;
         }
@@ -291,9 +296,12 @@ static void read_node(Reader *r, Graph *g)
         if (!found) fail(r, arena_printf(r->a, "%s has no attribute '%s'", info->text, key));
     }
     /* element type and shape */
+    skip_spaces(r);
+    const char *elem_at = r->p;
     const char *elem = read_word(r);
     if (r->failed) return;
     if (!fmt_elem_from_name(elem, &n->t.fmt.elem)) {
+        r->p = elem_at;
         fail(r, "unknown element type");
         return;
     }
@@ -330,8 +338,9 @@ static void read_node(Reader *r, Graph *g)
         const char *key = read_word(r);
         expect(r, "=");
         if (r->failed) return;
+        const char *value_at = r->p;
         if (!strcmp(key, "role")) {
-            if (!ir_role_from_name(read_word(r), &n->t.role)) fail(r, "unknown role");
+            if (!ir_role_from_name(read_word(r), &n->t.role)) r->p = value_at, fail(r, "unknown role");
         } else if (!strcmp(key, "phase")) {
             const char *ph = read_word(r);
             int p = -1;

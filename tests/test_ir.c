@@ -1,0 +1,271 @@
+/* test_ir.c — the IR core: shape rules, the textual IR round trip, reader errors, verifier. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ir.h"
+
+static char *print_to_string(const Graph *g)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ir_print(g, f);
+    fclose(f);
+    return buf;
+}
+
+static const SrcLoc here = {"test.model", 3, 7};
+
+/* A small transformer-ish forward graph: embedding, layernorm, linear, attention, loss. */
+static Graph *build_sample(Arena *a)
+{
+    Graph *g = ir_graph_new(a);
+    g->model_name = "sample";
+    g->batch = 2, g->seq = 5;
+    int64_t bt[2] = {2, 5}, vd[2] = {11, 8}, c[1] = {8}, w3[2] = {24, 8};
+    Node *tok = ir_leaf(g, OP_INPUT, "tokens", ROLE_INPUT, FMT_I32, 2, bt, here);
+    Node *tgt = ir_leaf(g, OP_INPUT, "targets", ROLE_INPUT, FMT_I32, 2, bt, here);
+    Node *wte = ir_leaf(g, OP_PARAM, "wte.weight", ROLE_PARAM, FMT_F32, 2, vd, here);
+    wte->fattr[0] = 0.02;
+    wte->iattr[1] = 1;
+    Node *lw = ir_leaf(g, OP_PARAM, "ln.weight", ROLE_PARAM, FMT_F32, 1, c, here);
+    lw->iattr[0] = 2;
+    Node *lb = ir_leaf(g, OP_PARAM, "ln.bias", ROLE_PARAM, FMT_F32, 1, c, here);
+    lb->iattr[0] = 1;
+    Node *wq = ir_leaf(g, OP_PARAM, "attn.weight", ROLE_PARAM, FMT_F32, 2, w3, here);
+    Node *x = ir_add2(g, OP_EMBEDDING, wte, tok, here);
+    Node *ln_in[3] = {x, lw, lb};
+    Node *ln = ir_add(g, OP_LAYERNORM, 3, ln_in, here);
+    ln->fattr[0] = 1e-5;
+    Node *qkv = ir_add2(g, OP_MATMUL, ln, wq, here);
+    qkv->iattr[1] = 1;
+    Node *parts[3];
+    for (int i = 0; i < 3; i++) {
+        parts[i] = ir_add1(g, OP_SLICE, qkv, here);
+        parts[i]->iattr[0] = 2, parts[i]->iattr[1] = 8 * i, parts[i]->iattr[2] = 8;
+    }
+    Node *att = ir_add(g, OP_ATTENTION, 3, parts, here);
+    att->iattr[0] = 2, att->iattr[1] = 2, att->fattr[0] = 0.5;
+    Node *logits = ir_add2(g, OP_MATMUL, att, wte, here);
+    logits->iattr[1] = 1;
+    Node *loss = ir_add2(g, OP_CROSS_ENTROPY, logits, tgt, here);
+    loss->t.name = "loss";
+    loss->t.role = ROLE_OUTPUT;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const char *err = ir_infer_shape(g->nodes[i], a);
+        assert_null(err);
+    }
+    return g;
+}
+
+static void test_shapes(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = build_sample(a);
+    Node *logits = g->nodes[g->n_nodes - 2];
+    assert_int_equal(logits->t.rank, 3);
+    assert_int_equal(logits->t.dims[0], 2);
+    assert_int_equal(logits->t.dims[1], 5);
+    assert_int_equal(logits->t.dims[2], 11);
+    assert_int_equal(g->nodes[g->n_nodes - 1]->t.rank, 0);
+    assert_int_equal(ir_verify(g, NULL), 0);
+    arena_free(a);
+}
+
+static void test_shape_errors_name_dims(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = ir_graph_new(a);
+    int64_t x3[3] = {8, 64, 768}, b1[1] = {512}, w[2] = {100, 700};
+    Node *x = ir_leaf(g, OP_INPUT, "x", ROLE_INPUT, FMT_F32, 3, x3, here);
+    Node *b = ir_leaf(g, OP_PARAM, "b", ROLE_PARAM, FMT_F32, 1, b1, here);
+    Node *m = ir_leaf(g, OP_PARAM, "w", ROLE_PARAM, FMT_F32, 2, w, here);
+    const char *err = ir_infer_shape(ir_add2(g, OP_ADD, x, b, here), a);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "768"));
+    assert_non_null(strstr(err, "512"));
+    Node *mm = ir_add2(g, OP_MATMUL, x, m, here);
+    mm->iattr[1] = 1;
+    err = ir_infer_shape(mm, a);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "inner dims 768 and 700"));
+    Node *at_in[3] = {x, x, x};
+    Node *at = ir_add(g, OP_ATTENTION, 3, at_in, here);
+    at->iattr[0] = 7, at->iattr[1] = 7;
+    err = ir_infer_shape(at, a);
+    assert_non_null(err);
+    assert_non_null(strstr(err, "does not divide"));
+    arena_free(a);
+}
+
+static void test_roundtrip(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = build_sample(a);
+    g->optim = (OptimSpec){true, 6e-4, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    /* a scaled format with a forward reference, and a memory plan entry */
+    Node *sc = g->nodes[5];
+    sc->t.fmt.elem = FMT_E4M3;
+    sc->t.fmt.scaling = SCALE_PER_GROUP;
+    sc->t.fmt.group = 16;
+    sc->t.fmt.recipe = RECIPE_DELAYED;
+    sc->t.fmt.history = 16;
+    sc->t.fmt.history_max = true;
+    sc->t.fmt.scale = g->nodes[g->n_nodes - 1];
+    sc->t.offset = 4096;
+    sc->t.bytes = 192;
+    g->nodes[3]->grad_of = g->nodes[2];
+    char *first = print_to_string(g);
+    Arena *b = arena_new();
+    Graph *h = ir_read(b, "roundtrip.ir", first);
+    assert_non_null(h);
+    char *second = print_to_string(h);
+    assert_string_equal(first, second);
+    assert_int_equal(h->n_nodes, g->n_nodes);
+    assert_true(h->optim.present);
+    assert_true(h->optim.lr == 6e-4);
+    assert_ptr_equal(h->nodes[5]->t.fmt.scale, h->nodes[h->n_nodes - 1]);
+    free(first);
+    free(second);
+    arena_free(a);
+    arena_free(b);
+}
+
+/* Each malformed line must be reported at its line and column. */
+static void test_reader_errors(void **state)
+{
+    (void)state;
+    static const struct { const char *text; const char *expect; } cases[] = {
+        {"%0 = nosuchop() : f32[2] role=input phase=forward\n", "bad.ir:1:6: error: unknown op"},
+        {"%0 = add(%5, %6) : f32[2] role=activation phase=forward\n", "bad.ir:1:10: error: this operand is not defined"},
+        {"%0 = input() : f33[2] role=input phase=forward\n", "bad.ir:1:16: error: unknown element type"},
+        {"%0 = input() : f32[2 role=input\n", "bad.ir:1:22: error: expected ','"},
+        {"# ok\n%0 = input() : f32[2] role=nobody\n", "bad.ir:2:28: error: unknown role"},
+        {"%0 = input() : f32[0] role=input phase=forward\n", "bad.ir:1:21: error: dims must be positive"},
+        {"%0 = input() : f32[2] fmt{scale=%9} role=input phase=forward\n", "bad.ir:1:33: error: no node %9"},
+        {"%0 = input() : f32[2] role=input phase=forward\n%0 = input() : f32[2] role=input\n", "bad.ir:2:5: error: this node number is defined twice"},
+        {"%0 = gelu() : f32[2] role=input\n", "bad.ir:1:6: error: gelu takes 1 operands, not 0"},
+        {"hello\n", "bad.ir:1:1: error: expected a node"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        diag_set_stream(f);
+        diag_reset();
+        Arena *a = arena_new();
+        Graph *g = ir_read(a, "bad.ir", cases[i].text);
+        fclose(f);
+        diag_set_stream(NULL);
+        if (g != NULL || strstr(buf, cases[i].expect) == NULL || strchr(buf, '^') == NULL)
+            fail_msg("case %zu: expected '%s', got:\n%s", i, cases[i].expect, buf);
+        free(buf);
+        arena_free(a);
+    }
+    diag_reset();
+}
+
+static void test_verify_catches_inplace_order(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = ir_graph_new(a);
+    int64_t d[1] = {4};
+    Node *acc = ir_leaf(g, OP_STATE, "w:grad", ROLE_GRAD, FMT_F32, 1, d, here);
+    Node *gr = ir_leaf(g, OP_INPUT, "g", ROLE_INPUT, FMT_F32, 1, d, here);
+    Node *accum = ir_add2(g, OP_ACCUMULATE, acc, gr, here);
+    assert_null(ir_infer_shape(accum, a));
+    /* a reader of the raw state after the in-place update is an error */
+    Node *late = ir_add1(g, OP_SQNORM, acc, here);
+    assert_null(ir_infer_shape(late, a));
+    FILE *devnull = fopen("/dev/null", "w");
+    FILE *saved = stderr;
+    stderr = devnull;
+    int problems = ir_verify(g, "test");
+    stderr = saved;
+    fclose(devnull);
+    assert_int_equal(problems, 1);
+    /* reading through the update's result is fine */
+    late->in[0] = accum;
+    assert_int_equal(ir_verify(g, "test"), 0);
+    arena_free(a);
+}
+
+static void test_verify_catches_shape_change(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = build_sample(a);
+    g->nodes[6]->t.dims[2] = 9;   /* a pass "changed" the embedding's width */
+    FILE *devnull = fopen("/dev/null", "w");
+    FILE *saved = stderr;
+    stderr = devnull;
+    int problems = ir_verify(g, "test");
+    stderr = saved;
+    fclose(devnull);
+    assert_true(problems > 0);
+    arena_free(a);
+}
+
+static void test_uses_and_filter(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = build_sample(a);
+    Uses *u = ir_fill_uses(g);
+    Node *wte = ir_find(g, "wte.weight");
+    assert_non_null(wte);
+    assert_int_equal(u[wte->index].n, 2);   /* embedding and the tied head */
+    bool *keep = calloc((size_t)g->n_nodes, 1);
+    for (int i = 0; i < g->n_nodes; i++) keep[i] = g->nodes[i]->op != OP_INPUT || i == 0;
+    keep[1] = true;
+    ir_filter(g, keep);
+    for (int i = 0; i < g->n_nodes; i++) assert_int_equal(g->nodes[i]->index, i);
+    free(keep);
+    arena_free(a);
+}
+
+static void test_tables(void **state)
+{
+    (void)state;
+    OpKind op;
+    for (int i = 0; i < OP_COUNT; i++) {
+        assert_true(ir_op_from_name(ir_op_info((OpKind)i)->text, &op));
+        assert_int_equal(op, i);
+    }
+    ElemType e;
+    for (int i = 0; i < FMT_COUNT; i++) {
+        assert_true(fmt_elem_from_name(fmt_elem_name((ElemType)i), &e));
+        assert_int_equal(e, i);
+    }
+    assert_int_equal(fmt_elem_bytes(FMT_BF16), 2);
+    assert_int_equal(fmt_elem_bytes(FMT_E4M3), 1);
+    assert_true(ir_role_is_persistent(ROLE_ADAM_V));
+    assert_false(ir_role_is_persistent(ROLE_SAVED));
+    assert_int_equal(ir_op_info(OP_ADAMW)->n_fattr, 4);
+    assert_string_equal(ir_op_info(OP_MATMUL)->iattr_names[1], "trans_b");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_shapes),
+        cmocka_unit_test(test_shape_errors_name_dims),
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_reader_errors),
+        cmocka_unit_test(test_verify_catches_inplace_order),
+        cmocka_unit_test(test_verify_catches_shape_change),
+        cmocka_unit_test(test_uses_and_filter),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
