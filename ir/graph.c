@@ -151,7 +151,10 @@ bool ir_op_from_name(const char *s, OpKind *out)
     return false;
 }
 
-bool ir_op_is_inplace(OpKind op) { return op == OP_ACCUMULATE || op == OP_ADAMW; }
+bool ir_op_is_inplace(OpKind op)
+{
+    return op == OP_ACCUMULATE || op == OP_ADAMW || op == OP_AMAX_RECORD || op == OP_DELAYED_SCALE;
+}
 
 /* ---------------------------------------------------------------- graphs */
 
@@ -295,7 +298,7 @@ void ir_filter(Graph *g, const bool *keep)
 bool ir_mutates_input(const Node *n, int i)
 {
     switch (n->op) {
-    case OP_ACCUMULATE: return i == 0;
+    case OP_ACCUMULATE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: return i == 0;
     case OP_ADAMW: return i <= 3 || i == 8;
     default: return false;
     }

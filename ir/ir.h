@@ -232,7 +232,7 @@ typedef struct {
 
 const OpInfo *ir_op_info(OpKind op);
 bool ir_op_from_name(const char *s, OpKind *out);
-bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW: write into their first inputs */
+bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_SCALE */
 /* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,
  * master). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
  * every other reader of a mutated operand must run before n. */

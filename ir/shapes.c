@@ -323,6 +323,39 @@ const char *ir_infer_shape(Node *n, Arena *a)
         set_scalar(n);
         n->t.fmt = fmt_plain(FMT_VOID);
         return NULL;
+    case OP_QUANT_SCALE: {
+        int64_t rows = rows_of(x), cols = last_dim(x), g = n->iattr[2];
+        switch ((Scaling)n->iattr[1]) {
+        case SCALE_PER_TENSOR: set_scalar(n); return NULL;
+        case SCALE_PER_ROW: ir_set_shape(n, 1, &rows); return NULL;
+        case SCALE_TILE_1x128: g = 128; /* fall through */
+        case SCALE_PER_GROUP: {
+            if (g <= 0) return arena_printf(a, "per-group scaling needs a group size > 0");
+            int64_t d[2] = {rows, (cols + g - 1) / g};
+            ir_set_shape(n, 2, d);
+            return NULL;
+        }
+        case SCALE_BLOCK_128: {
+            int64_t d[2] = {(rows + 127) / 128, (cols + 127) / 128};
+            ir_set_shape(n, 2, d);
+            return NULL;
+        }
+        default: return arena_printf(a, "quant_scale needs a scaling granularity");
+        }
+    }
+    case OP_QUANTIZE:
+        copy_shape(n, x);
+        return NULL;
+    case OP_AMAX_RECORD:
+        if (x->rank != 1) return arena_printf(a, "an amax history must be a vector, not %s", shape_str(a, x));
+        copy_shape(n, x);
+        n->t.fmt = x->fmt;
+        return NULL;
+    case OP_DELAYED_SCALE:
+        if ((err = check_scalar(n, a, 0, "delayed_scale's scale"))) return err;
+        copy_shape(n, x);
+        n->t.fmt = x->fmt;
+        return NULL;
     case OP_COUNT:
         break;
     }
