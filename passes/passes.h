@@ -47,5 +47,11 @@ typedef struct {
     int64_t n_params;           /* parameter elements */
 } MemSummary;
 void memplan_summarize(const Graph *g, MemSummary *out);
+/* The node whose storage n's result shares, or NULL when n has storage of its own: the
+ * result of an in-place op with a value (ACCUMULATE, AMAX_RECORD, DELAYED_SCALE) is the
+ * operand it updates; a RESHAPE of an unscaled tensor into the same element type and memory
+ * class is a view of its input (an executor sees in and out at the same address and has
+ * nothing to copy). schedule and memplan agree through this. */
+Node *memplan_alias_of(const Node *n);
 
 #endif

@@ -1,0 +1,195 @@
+/* memplan.c — every tensor of the training step at an offset in one of two arenas.
+ *
+ * The runtime makes two allocations and nothing else: the persistent arena (parameters,
+ * gradient accumulators, master weights, Adam states, scales, amax histories — what survives
+ * from one step to the next and goes into checkpoints) and the step arena (activations, saved
+ * activations, backward temporaries, inputs, outputs). Tensor.offset is relative to the arena
+ * of the tensor's role (ir_role_is_persistent), Tensor.bytes is numel x element size; scale and
+ * amax tensors of scaled formats are nodes of their own and are planned like any other.
+ *
+ * Persistent tensors are laid out one after the other in schedule order, each at a multiple of
+ * 256 bytes: their lifetime is the whole run, so there is nothing to share.
+ *
+ * The step arena reuses memory. Over the schedule, each tensor lives from the node that makes
+ * it (an input: from the start) to the last node that reads it (an output: to the end). Two
+ * values that share storage — an in-place op's result and the operand it updates (ACCUMULATE
+ * and its accumulator), a RESHAPE and the tensor it views (memplan_alias_of) — are one
+ * allocation whose lifetime is the union of
+ * theirs. The allocations are then packed by the greedy-by-size heuristic of TFLite's arena
+ * planner and ggml-alloc: largest first, each placed in the smallest gap between the tensors
+ * already placed whose lifetimes overlap its own, or above them all. It is not optimal (the
+ * problem is NP-hard) but it is deterministic, fast for graphs of thousands of nodes, and on
+ * transformer steps lands close to the peak of live bytes, which is a lower bound. The step
+ * arena's size is the highest end of any placement. */
+#include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { MEM_ALIGN = 256 };
+
+static int64_t align_up(int64_t x) { return (x + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN; }
+
+Node *memplan_alias_of(const Node *n)
+{
+    /* ACCUMULATE, AMAX_RECORD, DELAYED_SCALE: the result is the updated first operand */
+    if (ir_op_is_inplace(n->op)) return n->t.fmt.elem == FMT_VOID ? NULL : n->in[0];
+    if (n->op != OP_RESHAPE) return NULL;
+    Node *x = n->in[0];
+    const Format *a = &x->t.fmt, *b = &n->t.fmt;
+    bool plain = a->scaling == SCALE_NONE && b->scaling == SCALE_NONE && a->codec == CODEC_PLAIN &&
+                 b->codec == CODEC_PLAIN && !a->scale && !b->scale && !a->amax && !b->amax;
+    if (!plain || a->elem != b->elem) return NULL;
+    if (ir_role_is_persistent(x->t.role) != ir_role_is_persistent(n->t.role)) return NULL;
+    return x;
+}
+
+static Node *alias_root(Node *n)
+{
+    Node *a;
+    while ((a = memplan_alias_of(n))) n = a;
+    return n;
+}
+
+typedef struct {
+    Node *node;             /* the allocation's root */
+    int64_t size;           /* aligned */
+    int first, last;        /* schedule indices, inclusive */
+} Block;
+
+static int compare_blocks(const void *pa, const void *pb)
+{
+    const Block *a = pa, *b = pb;
+    if (a->size != b->size) return (a->size < b->size) - (a->size > b->size);
+    if (a->first != b->first) return (a->first > b->first) - (a->first < b->first);
+    return (a->node->index > b->node->index) - (a->node->index < b->node->index);
+}
+
+static int compare_by_offset(const void *pa, const void *pb)
+{
+    const Block *a = *(Block *const *)pa, *b = *(Block *const *)pb;
+    return (a->node->t.offset > b->node->t.offset) - (a->node->t.offset < b->node->t.offset);
+}
+
+/* Greedy by size, best fit: returns the arena size. */
+static int64_t pack_blocks(Block *blocks, int n)
+{
+    qsort(blocks, (size_t)n, sizeof *blocks, compare_blocks);
+    Block **overlap = malloc(sizeof(Block *) * (size_t)(n + 1));
+    IR_ASSERT(overlap);
+    int64_t top = 0;
+    for (int i = 0; i < n; i++) {
+        Block *b = &blocks[i];
+        int k = 0;
+        for (int j = 0; j < i; j++)
+            if (blocks[j].first <= b->last && b->first <= blocks[j].last) overlap[k++] = &blocks[j];
+        qsort(overlap, (size_t)k, sizeof *overlap, compare_by_offset);
+        int64_t at = -1, best_gap = 0, prev_end = 0;
+        for (int j = 0; j < k; j++) {
+            int64_t gap = overlap[j]->node->t.offset - prev_end;
+            if (gap >= b->size && (at < 0 || gap < best_gap)) {
+                at = prev_end;
+                best_gap = gap;
+            }
+            int64_t end = overlap[j]->node->t.offset + overlap[j]->size;
+            if (end > prev_end) prev_end = end;
+        }
+        if (at < 0) at = prev_end;
+        b->node->t.offset = at;
+        if (at + b->size > top) top = at + b->size;
+    }
+    free(overlap);
+    return top;
+}
+
+bool pass_memplan(Graph *g, const PassOptions *opt)
+{
+    (void)opt;
+    int n = g->n_nodes;
+    ir_renumber(g);
+    for (int i = 0; i < n; i++) {
+        Tensor *t = &g->nodes[i]->t;
+        t->bytes = ir_numel(t) * fmt_elem_bytes(t->fmt.elem);
+        t->offset = -1;
+    }
+
+    /* persistent arena: in order, aligned */
+    int64_t persistent = 0;
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        if (memplan_alias_of(v) || !ir_role_is_persistent(v->t.role) || v->t.bytes == 0) continue;
+        v->t.offset = persistent;
+        persistent = align_up(persistent + v->t.bytes);
+    }
+
+    /* step arena: lifetimes of allocation roots over the schedule */
+    int *first = malloc(sizeof(int) * (size_t)(n + 1));
+    int *last = malloc(sizeof(int) * (size_t)(n + 1));
+    IR_ASSERT(first && last);
+    for (int i = 0; i < n; i++) {
+        first[i] = g->nodes[i]->op == OP_INPUT ? 0 : i;
+        last[i] = i;
+    }
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        int r = alias_root(v)->index;
+        if (first[i] < first[r]) first[r] = first[i];
+        if (v->t.role == ROLE_OUTPUT) last[r] = n - 1;
+        if (i > last[r]) last[r] = i;
+        for (int j = 0; j < v->n_in; j++) {
+            int x = alias_root(v->in[j])->index;
+            if (i > last[x]) last[x] = i;
+        }
+    }
+    /* a scaled tensor is read and written together with its scale and amax tensors */
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        Node *refs[2] = {v->t.fmt.scale, v->t.fmt.amax};
+        int r = alias_root(v)->index;
+        for (int k = 0; k < 2; k++) {
+            if (!refs[k]) continue;
+            int s = alias_root(refs[k])->index;
+            if (first[r] < first[s]) first[s] = first[r];
+            if (last[r] > last[s]) last[s] = last[r];
+        }
+    }
+    Block *blocks = malloc(sizeof(Block) * (size_t)(n + 1));
+    IR_ASSERT(blocks);
+    int n_blocks = 0;
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        if (memplan_alias_of(v) || ir_role_is_persistent(v->t.role) || v->t.bytes == 0) continue;
+        blocks[n_blocks++] = (Block){v, align_up(v->t.bytes), first[i], last[i]};
+    }
+    int64_t transient = pack_blocks(blocks, n_blocks);
+    free(blocks);
+    free(first);
+    free(last);
+
+    /* aliases take their root's place; schedule order makes roots come first */
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        if (!memplan_alias_of(v)) continue;
+        Node *r = alias_root(v);
+        if (ir_role_is_persistent(r->t.role) != ir_role_is_persistent(v->t.role))
+            ir_die(__FILE__, __LINE__, "memplan: node %%%d (%s) shares the storage of %%%d (%s)",
+                   v->id, ir_role_name(v->t.role), r->id, ir_role_name(r->t.role));
+        v->t.offset = r->t.offset;
+    }
+    g->persistent_bytes = persistent;
+    g->transient_bytes = transient;
+    return true;
+}
+
+void memplan_summarize(const Graph *g, MemSummary *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *v = g->nodes[i];
+        if (v->op == OP_PARAM) out->n_params += ir_numel(&v->t);
+        if (memplan_alias_of(v) || v->t.offset < 0) continue;
+        out->by_role[v->t.role] += v->t.bytes;
+    }
+    out->persistent = g->persistent_bytes;
+    out->transient = g->transient_bytes;
+}

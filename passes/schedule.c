@@ -1,0 +1,306 @@
+/* schedule.c — the launch order of the training step.
+ *
+ * The order has hard constraints and one soft goal. Hard: it is topological; leaves (INPUT,
+ * PARAM, STATE, CONST) come first, in the order they were made; then every forward node, then
+ * every backward node, then every update node (evaluation runs the forward alone, a
+ * micro-step forward and backward, the update once per step); and an in-place op (ACCUMULATE,
+ * ADAMW) runs after every other reader of the value it overwrites, including readers of a
+ * RESHAPE view of it, which shares its storage (memplan_alias_of). Soft: a lower peak of live
+ * step memory, because the step arena is sized by that peak.
+ *
+ * It is a list scheduler. Among the ready nodes of the current phase it takes the one that
+ * frees the most bytes net of what it allocates (a result's bytes against the inputs it reads
+ * last), ties going to the earlier node of the input order, which keeps the result
+ * deterministic and close to the order the graph was written in. Greedy choices can lose to
+ * the input order on some graphs, so the pass also lays out the input order under the same
+ * constraints, measures the peak of both with the liveness rules memplan uses, and keeps the
+ * greedy order only where it is strictly lower: the schedule never makes the plan worse than
+ * the graph as written. Each run is O(nodes x ready nodes). */
+#include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    Graph *g;
+    int n;
+    int *group;             /* 0: leaves; 1 + phase otherwise */
+    int *root;              /* storage root (alias chains followed), by index */
+    int64_t *bytes;         /* step-arena bytes the result adds: 0 for aliases, persistent, void */
+    bool *to_end;           /* per root: lives to the end (an output shares the storage) */
+    int *n_readers;         /* per root: distinct nodes that read its storage */
+    int *root_start, *roots;        /* per node: the distinct roots it reads (CSR) */
+    int *succ_start, *succ;         /* dependency edges, deduplicated (CSR) */
+    int *n_pred;
+} Sched;
+
+typedef struct { int from, to; } Edge;
+
+static int compare_edges(const void *pa, const void *pb)
+{
+    const Edge *a = pa, *b = pb;
+    if (a->from != b->from) return (a->from > b->from) - (a->from < b->from);
+    return (a->to > b->to) - (a->to < b->to);
+}
+
+static bool is_leaf(const Node *n)
+{
+    return n->op == OP_INPUT || n->op == OP_PARAM || n->op == OP_STATE || n->op == OP_CONST;
+}
+
+static int64_t step_bytes(const Node *n)
+{
+    if (ir_role_is_persistent(n->t.role) || memplan_alias_of(n)) return 0;
+    return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
+}
+
+/* A RESHAPE view reads the same storage as its input; ACCUMULATE's result is the next version
+ * of its accumulator. Two values with one storage root are the same bytes. */
+static int storage_root(const Node *n)
+{
+    const Node *a;
+    while ((a = memplan_alias_of(n))) n = a;
+    return n->index;
+}
+
+/* The version class of a value: itself and its RESHAPE views (not ACCUMULATE's result, which
+ * is a later version that readers see only after the write). */
+static int view_root(const Node *n)
+{
+    while (n->op == OP_RESHAPE && memplan_alias_of(n)) n = n->in[0];
+    return n->index;
+}
+
+static void *sched_alloc(Sched *s, size_t count, size_t size)
+{
+    return arena_alloc(s->g->arena, (count ? count : 1) * size);
+}
+
+/* Collects the distinct values of list[0..n) (small lists: quadratic is fine). */
+static int distinct(int *list, int n)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < k && !seen; j++) seen = list[j] == list[i];
+        if (!seen) list[k++] = list[i];
+    }
+    return k;
+}
+
+static void sched_init(Sched *s, Graph *g)
+{
+    int n = g->n_nodes;
+    s->g = g;
+    s->n = n;
+    s->group = sched_alloc(s, (size_t)n, sizeof(int));
+    s->root = sched_alloc(s, (size_t)n, sizeof(int));
+    s->bytes = sched_alloc(s, (size_t)n, sizeof(int64_t));
+    s->to_end = sched_alloc(s, (size_t)n, sizeof(bool));
+    s->n_readers = sched_alloc(s, (size_t)n, sizeof(int));
+    s->n_pred = sched_alloc(s, (size_t)n, sizeof(int));
+    s->root_start = sched_alloc(s, (size_t)n + 1, sizeof(int));
+
+    int n_edges = 0;
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        s->group[i] = is_leaf(v) ? 0 : 1 + (int)v->phase;
+        s->root[i] = storage_root(v);
+        s->bytes[i] = step_bytes(v);
+        n_edges += v->n_in + 2;
+    }
+    for (int i = 0; i < n; i++)
+        if (g->nodes[i]->t.role == ROLE_OUTPUT) s->to_end[s->root[i]] = true;
+
+    /* the distinct storage roots each node reads, and the readers of each root */
+    int total = 0;
+    for (int i = 0; i < n; i++) total += g->nodes[i]->n_in;
+    s->roots = sched_alloc(s, (size_t)total, sizeof(int));
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        s->root_start[i] = k;
+        for (int j = 0; j < v->n_in; j++) s->roots[k + j] = s->root[v->in[j]->index];
+        int m = distinct(s->roots + k, v->n_in);
+        for (int j = 0; j < m; j++) s->n_readers[s->roots[k + j]]++;
+        k += m;
+    }
+    s->root_start[n] = k;
+
+    /* readers of each version class, for the in-place constraints */
+    int *class_count = sched_alloc(s, (size_t)n + 1, sizeof(int));
+    int *class_of_in = sched_alloc(s, (size_t)total, sizeof(int));
+    k = 0;
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        for (int j = 0; j < v->n_in; j++) class_of_in[k + j] = view_root(v->in[j]);
+        int m = distinct(class_of_in + k, v->n_in);
+        for (int j = 0; j < m; j++) class_count[class_of_in[k + j]]++;
+        for (int j = m; j < v->n_in; j++) class_of_in[k + j] = -1;
+        k += v->n_in;
+    }
+    int *class_start = sched_alloc(s, (size_t)n + 1, sizeof(int));
+    for (int i = 0; i < n; i++) class_start[i + 1] = class_start[i] + class_count[i];
+    int *class_readers = sched_alloc(s, (size_t)class_start[n], sizeof(int));
+    int *fill = sched_alloc(s, (size_t)n, sizeof(int));
+    k = 0;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < g->nodes[i]->n_in; j++) {
+            int c = class_of_in[k + j];
+            if (c >= 0) class_readers[class_start[c] + fill[c]++] = i;
+        }
+        k += g->nodes[i]->n_in;
+    }
+    for (int i = 0; i < n; i++)
+        if (ir_op_is_inplace(g->nodes[i]->op))
+            for (int j = 0; j < g->nodes[i]->n_in; j++)
+                if (ir_mutates_input(g->nodes[i], j))
+                    n_edges += class_count[view_root(g->nodes[i]->in[j])];
+
+    /* dependency edges: operands, format tensors defined earlier, in-place ordering */
+    Edge *edges = sched_alloc(s, (size_t)n_edges, sizeof(Edge));
+    int e = 0;
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        for (int j = 0; j < v->n_in; j++) edges[e++] = (Edge){v->in[j]->index, i};
+        if (v->t.fmt.scale && v->t.fmt.scale->index < i) edges[e++] = (Edge){v->t.fmt.scale->index, i};
+        if (v->t.fmt.amax && v->t.fmt.amax->index < i) edges[e++] = (Edge){v->t.fmt.amax->index, i};
+        if (!ir_op_is_inplace(v->op)) continue;
+        for (int j = 0; j < v->n_in; j++) {
+            if (!ir_mutates_input(v, j)) continue;
+            int c = view_root(v->in[j]);
+            for (int r = class_start[c]; r < class_start[c + 1]; r++)
+                if (class_readers[r] != i) edges[e++] = (Edge){class_readers[r], i};
+        }
+    }
+    qsort(edges, (size_t)e, sizeof *edges, compare_edges);
+    int u = 0;
+    for (int i = 0; i < e; i++)
+        if (!u || edges[i].from != edges[u - 1].from || edges[i].to != edges[u - 1].to) edges[u++] = edges[i];
+    s->succ_start = sched_alloc(s, (size_t)n + 1, sizeof(int));
+    s->succ = sched_alloc(s, (size_t)u, sizeof(int));
+    for (int i = 0; i < u; i++) {
+        s->succ_start[edges[i].from + 1]++;
+        s->n_pred[edges[i].to]++;
+    }
+    for (int i = 0; i < n; i++) s->succ_start[i + 1] += s->succ_start[i];
+    memset(fill, 0, sizeof(int) * (size_t)n);
+    for (int i = 0; i < u; i++) s->succ[s->succ_start[edges[i].from] + fill[edges[i].from]++] = edges[i].to;
+}
+
+/* Bytes freed by running v now: roots whose last reader v is, and v's own result when nobody
+ * reads it. `left` counts the readers of each root not yet scheduled. */
+static int64_t freed_by(const Sched *s, const int *left, int v)
+{
+    int64_t freed = 0;
+    for (int k = s->root_start[v]; k < s->root_start[v + 1]; k++) {
+        int r = s->roots[k];
+        if (left[r] == 1 && !s->to_end[r]) freed += s->bytes[r];
+    }
+    if (s->n_readers[v] == 0 && !s->to_end[v]) freed += s->bytes[v];
+    return freed;
+}
+
+/* Fills order[] with a schedule; greedy picks by memory, otherwise by input order. Returns the
+ * number of nodes placed (less than n when the constraints form a cycle). */
+static int sched_list(const Sched *s, bool greedy, int *order)
+{
+    int n = s->n, placed = 0, n_ready = 0;
+    int *preds = malloc(sizeof(int) * (size_t)(n + 1));
+    int *left = malloc(sizeof(int) * (size_t)(n + 1));
+    int *ready = malloc(sizeof(int) * (size_t)(n + 1));
+    IR_ASSERT(preds && left && ready);
+    memcpy(preds, s->n_pred, sizeof(int) * (size_t)n);
+    memcpy(left, s->n_readers, sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        if (preds[i] == 0) ready[n_ready++] = i;
+    for (int group = 0; group <= PHASE_COUNT; group++) {
+        for (;;) {
+            int best = -1;
+            int64_t best_score = 0;
+            for (int k = 0; k < n_ready; k++) {
+                int v = ready[k];
+                if (s->group[v] != group) continue;
+                int64_t score = greedy ? freed_by(s, left, v) - s->bytes[v] : 0;
+                if (best < 0 || score > best_score || (score == best_score && v < ready[best])) {
+                    best = k;
+                    best_score = score;
+                }
+            }
+            if (best < 0) break;
+            int v = ready[best];
+            ready[best] = ready[--n_ready];
+            order[placed++] = v;
+            for (int k = s->root_start[v]; k < s->root_start[v + 1]; k++) left[s->roots[k]]--;
+            for (int k = s->succ_start[v]; k < s->succ_start[v + 1]; k++)
+                if (--preds[s->succ[k]] == 0) ready[n_ready++] = s->succ[k];
+        }
+    }
+    free(preds);
+    free(left);
+    free(ready);
+    return placed;
+}
+
+/* The peak of live step-arena bytes under `order`, with memplan's liveness: a value lives from
+ * the step that makes it (inputs: from the start) to its storage's last reader, outputs to the
+ * end. */
+static int64_t sched_peak(const Sched *s, const int *order)
+{
+    int n = s->n;
+    int *left = malloc(sizeof(int) * (size_t)(n + 1));
+    IR_ASSERT(left);
+    memcpy(left, s->n_readers, sizeof(int) * (size_t)n);
+    int64_t live = 0, peak = 0;
+    for (int i = 0; i < n; i++)
+        if (s->g->nodes[i]->op == OP_INPUT) live += s->bytes[i];
+    for (int t = 0; t < n; t++) {
+        int v = order[t];
+        if (s->g->nodes[v]->op != OP_INPUT) live += s->bytes[v];
+        if (live > peak) peak = live;
+        for (int k = s->root_start[v]; k < s->root_start[v + 1]; k++) {
+            int r = s->roots[k];
+            if (--left[r] == 0 && !s->to_end[r]) live -= s->bytes[r];
+        }
+        if (s->n_readers[v] == 0 && !s->to_end[v]) live -= s->bytes[v];
+    }
+    free(left);
+    return peak;
+}
+
+static void sched_fail(const Sched *s, const int *order, int placed)
+{
+    bool *done = calloc((size_t)s->n + 1, 1);
+    IR_ASSERT(done);
+    for (int i = 0; i < placed; i++) done[order[i]] = true;
+    for (int i = 0; i < s->n; i++)
+        if (!done[i]) {
+            fprintf(stderr, "fp8c: schedule: no order satisfies the constraints of\n    ");
+            ir_print_node(s->g->nodes[i], stderr);
+            break;
+        }
+    free(done);
+    ir_die(__FILE__, __LINE__, "schedule: a cycle of dependencies, phases or in-place updates");
+}
+
+bool pass_schedule(Graph *g, const PassOptions *opt)
+{
+    (void)opt;
+    if (g->n_nodes == 0) return true;
+    ir_renumber(g);
+    Sched s;
+    sched_init(&s, g);
+    int *greedy = sched_alloc(&s, (size_t)s.n, sizeof(int));
+    int *plain = sched_alloc(&s, (size_t)s.n, sizeof(int));
+    int placed = sched_list(&s, false, plain);
+    if (placed != s.n) sched_fail(&s, plain, placed);
+    placed = sched_list(&s, true, greedy);
+    IR_ASSERT(placed == s.n);
+    const int *order = sched_peak(&s, greedy) < sched_peak(&s, plain) ? greedy : plain;
+
+    Node **nodes = sched_alloc(&s, (size_t)s.n, sizeof(Node *));
+    for (int i = 0; i < s.n; i++) nodes[i] = g->nodes[order[i]];
+    memcpy(g->nodes, nodes, sizeof(Node *) * (size_t)s.n);
+    ir_renumber(g);
+    return true;
+}
