@@ -1,0 +1,135 @@
+/* log.c — what the training binary tells its user: errors, the progress line, JSON lines.
+ *
+ * Errors from the runtime are about bad input (a shard with the wrong magic, a truncated
+ * checkpoint, a flag with a nonsense value), never about the program itself, so each is one line
+ * that names the file and the problem, printed once by the function that found it. The last
+ * message is also kept, so that tests can check what a user would read without capturing
+ * stderr.
+ *
+ * Progress goes to stderr: on a terminal one line that is rewritten in place with '\r' (a long
+ * run does not scroll the screen away), anywhere else one plain line per step (a log file or a
+ * CI transcript keeps every step). The machine-readable record is a file of JSON lines, one
+ * object per step, written with "%.9g" so that every f32 value (loss, grad norm) round-trips
+ * exactly: resumed runs are compared with straight ones by these strings. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rt.h"
+
+static const char *log_program = "fp8c-train";
+static FILE *log_error_stream;          /* NULL: stderr */
+static char log_last_error[1024];
+
+void rt_set_program_name(const char *name) {
+    if (!name || !*name) return;
+    const char *slash = strrchr(name, '/');
+    log_program = slash ? slash + 1 : name;
+}
+
+void rt_set_error_stream(FILE *f) { log_error_stream = f; }
+
+const char *rt_last_error(void) { return log_last_error; }
+
+void rt_clear_error(void) { log_last_error[0] = 0; }
+
+void rt_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(log_last_error, sizeof log_last_error, fmt, ap);
+    va_end(ap);
+    FILE *out = log_error_stream ? log_error_stream : stderr;
+    fprintf(out, "%s: error: %s\n", log_program, log_last_error);
+    fflush(out);
+}
+
+void rt_note(const char *fmt, ...) {
+    FILE *out = log_error_stream ? log_error_stream : stderr;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(out, "%s: %s\n", log_program, buf);
+    fflush(out);
+}
+
+bool rt_log_open(RtLog *l, const char *path, bool append) {
+    memset(l, 0, sizeof *l);
+    l->tty = isatty(fileno(stderr));
+    if (!path) return true;
+    l->json = fopen(path, append ? "a" : "w");
+    if (!l->json) {
+        rt_error("%s: cannot open the log file: %s", path, strerror(errno));
+        return false;
+    }
+    l->path = path;
+    return true;
+}
+
+/* JSON has no NaN or infinity; a non-finite loss is logged as null with the reason beside it. */
+static void log_json_number(FILE *f, const char *key, double x) {
+    if (isfinite(x))
+        fprintf(f, ",\"%s\":%.9g", key, x);
+    else
+        fprintf(f, ",\"%s\":null", key);
+}
+
+static void log_progress_end(RtLog *l) {
+    if (l->progress_open) {
+        fputc('\n', stderr);
+        l->progress_open = false;
+    }
+}
+
+void rt_log_step(RtLog *l, const LogRecord *r) {
+    if (l->json) {
+        fprintf(l->json, "{\"step\":%lld", (long long)r->step);
+        log_json_number(l->json, "loss", r->loss);
+        if (r->has_val) log_json_number(l->json, "val_loss", r->val_loss);
+        log_json_number(l->json, "lr", r->lr);
+        log_json_number(l->json, "grad_norm", r->grad_norm);
+        log_json_number(l->json, "tokens_per_s", r->tokens_per_s);
+        log_json_number(l->json, "ms", r->ms);
+        fprintf(l->json, ",\"mem_bytes\":%lld", (long long)r->mem_bytes);
+        if (r->skipped) fprintf(l->json, ",\"skipped\":\"%s\"", r->skipped);
+        fputs("}\n", l->json);
+        fflush(l->json);
+    }
+
+    char line[256];
+    int k = snprintf(line, sizeof line, "step %*lld/%lld | loss %.4f", r->steps_width,
+                     (long long)r->step, (long long)r->steps, r->loss);
+    if (r->has_val) k += snprintf(line + k, sizeof line - k, " | val %.4f", r->val_loss);
+    snprintf(line + k, sizeof line - k, " | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms%s%s",
+             r->lr, r->grad_norm, r->tokens_per_s, r->ms, r->skipped ? " | skipped: " : "",
+             r->skipped ? r->skipped : "");
+    if (l->tty) {
+        /* \033[K clears what a longer previous line left behind. Lines with a validation loss
+         * or a skipped update are kept on the screen; the others are overwritten. */
+        fprintf(stderr, "\r%s\033[K", line);
+        l->progress_open = true;
+        if (r->has_val || r->skipped) log_progress_end(l);
+    } else {
+        fprintf(stderr, "%s\n", line);
+    }
+    fflush(stderr);
+}
+
+void rt_log_message(RtLog *l, const char *fmt, ...) {
+    log_progress_end(l);
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    rt_note("%s", buf);
+}
+
+void rt_log_close(RtLog *l) {
+    log_progress_end(l);
+    if (l->json) fclose(l->json);
+    l->json = NULL;
+}
