@@ -1,0 +1,685 @@
+/* checkpoint.c — training state to and from safetensors files.
+ *
+ * A checkpoint holds every persistent tensor of the plan (parameters under their model names,
+ * optimizer states as "P:adam_m", "P:master", scales, amax histories) in its storage dtype, so
+ * a resumed run starts from exactly the bits the straight run had: FP8 states are not widened
+ * and rounded again. The file is safetensors, readable by the Hugging Face tools: an 8-byte
+ * little-endian header length, a JSON header (per tensor: dtype, shape, data_offsets into the
+ * data block; "__metadata__": string to string), then the raw little-endian data. The header is
+ * padded with spaces to a multiple of 8 bytes so that the data is aligned.
+ *
+ * Saving never leaves a half-written file under a checkpoint's name: the bytes go to a temp file
+ * in the same directory, which is renamed over the target only once it is complete and synced.
+ * A failed save removes its temp file and leaves every existing file as it was.
+ *
+ * Loading checks everything before it writes a single byte into a tensor: the header length
+ * against the file, the JSON, the set of tensor names (none missing, none extra), each dtype
+ * and shape against the plan, and that the data offsets tile the data block exactly. A
+ * checkpoint that fails any check leaves the training state untouched. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rt.h"
+
+#define CKPT_MAX_HEADER (100 << 20)   /* safetensors' own limit on the JSON header */
+
+/* ---------------------------------------------------------------- dtypes */
+
+static const char *ckpt_dtype_name(ElemType e) {
+    switch (e) {
+    case FMT_F32: return "F32";
+    case FMT_BF16: return "BF16";
+    case FMT_F16: return "F16";
+    case FMT_E4M3: return "F8_E4M3";
+    case FMT_E5M2: return "F8_E5M2";
+    case FMT_I8: return "I8";
+    case FMT_U8: return "U8";
+    case FMT_I32: return "I32";
+    default: return NULL;
+    }
+}
+
+static int64_t ckpt_tensor_bytes(const Tensor *t) {
+    return ir_numel(t) * fmt_elem_bytes(t->fmt.elem);
+}
+
+static void ckpt_shape_text(char *buf, size_t n, int rank, const int64_t *dims) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < rank && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? "," : "", (long long)dims[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+const char *rt_ckpt_meta_get(const CkptMeta *m, int n, const char *key) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(m[i].key, key) == 0) return m[i].value;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- header writer */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    bool failed;
+} Text;
+
+static void text_putn(Text *t, const char *s, size_t n) {
+    if (t->failed) return;
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 4096;
+        while (t->len + n + 1 > cap) cap *= 2;
+        char *grown = realloc(t->buf, cap);
+        if (!grown) {
+            t->failed = true;
+            return;
+        }
+        t->buf = grown;
+        t->cap = cap;
+    }
+    memcpy(t->buf + t->len, s, n);
+    t->len += n;
+    t->buf[t->len] = 0;
+}
+
+static void text_printf(Text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text_printf(Text *t, const char *fmt, ...) {
+    char small[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < (int)sizeof small) {
+        text_putn(t, small, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        t->failed = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    text_putn(t, big, (size_t)n);
+    free(big);
+}
+
+static void text_json_string(Text *t, const char *s) {
+    text_putn(t, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            text_putn(t, esc, 2);
+        } else if (*p < 0x20) {
+            text_printf(t, "\\u%04x", *p);
+        } else {
+            text_putn(t, (const char *)p, 1);
+        }
+    }
+    text_putn(t, "\"", 1);
+}
+
+/* ---------------------------------------------------------------- save */
+
+static bool ckpt_write_all(FILE *f, const void *p, size_t n) {
+    return n == 0 || fwrite(p, 1, n, f) == n;
+}
+
+/* Makes a temp file next to `path`; returns its FILE and name (to free), NULL on failure. */
+static FILE *ckpt_temp_beside(const char *path, char **tmp_name) {
+    const char *slash = strrchr(path, '/');
+    size_t dir_len = slash ? (size_t)(slash - path + 1) : 0;
+    const char *base = slash ? slash + 1 : path;
+    size_t n = dir_len + strlen(base) + 16;
+    char *name = malloc(n);
+    if (!name) return NULL;
+    snprintf(name, n, "%.*s.%s.XXXXXX", (int)dir_len, path, base);
+    int fd = mkstemp(name);
+    if (fd < 0) {
+        free(name);
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        unlink(name);
+        free(name);
+        return NULL;
+    }
+    *tmp_name = name;
+    return f;
+}
+
+/* Writes the header and the tensors' data to `path` through a synced temp file and a rename. */
+static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const *ts, int n) {
+    char *tmp = NULL;
+    FILE *f = ckpt_temp_beside(path, &tmp);
+    if (!f) {
+        rt_error("%s: cannot create a temp file beside it: %s", path, strerror(errno));
+        return false;
+    }
+    bool ok = ckpt_write_all(f, head->buf, head->len);
+    for (int i = 0; ok && i < n; i++)
+        ok = ckpt_write_all(f, ts[i]->data, (size_t)ckpt_tensor_bytes(ts[i]));
+    int err = ok ? 0 : errno;
+    if (ok && fflush(f) != 0) ok = false, err = errno;
+    if (ok && fsync(fileno(f)) != 0) ok = false, err = errno;
+    if (fclose(f) != 0 && ok) ok = false, err = errno;
+    if (ok && rename(tmp, path) != 0) ok = false, err = errno;
+    if (!ok) {
+        rt_error("%s: cannot write: %s", path, strerror(err));
+        unlink(tmp);
+    }
+    free(tmp);
+    return ok;
+}
+
+bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *meta, int n_meta) {
+    for (int i = 0; i < n; i++) {
+        const Tensor *t = ts[i];
+        if (!t->name || !*t->name) {
+            rt_error("%s: cannot save a tensor without a name", path);
+            return false;
+        }
+        if (!ckpt_dtype_name(t->fmt.elem)) {
+            rt_error("%s: cannot save tensor %s: element type %s has no safetensors dtype", path,
+                     t->name, fmt_elem_name(t->fmt.elem));
+            return false;
+        }
+        if (!t->data && ckpt_tensor_bytes(t) > 0) {
+            rt_error("%s: cannot save tensor %s: it has no storage", path, t->name);
+            return false;
+        }
+        for (int j = 0; j < i; j++)
+            if (strcmp(ts[j]->name, t->name) == 0) {
+                rt_error("%s: cannot save two tensors named %s", path, t->name);
+                return false;
+            }
+    }
+
+    Text head = {0};
+    text_putn(&head, "01234567", 8);   /* the length, filled in below */
+    text_putn(&head, "{\"__metadata__\":{", 17);
+    for (int i = 0; i < n_meta; i++) {
+        if (i) text_putn(&head, ",", 1);
+        text_json_string(&head, meta[i].key);
+        text_putn(&head, ":", 1);
+        text_json_string(&head, meta[i].value);
+    }
+    text_putn(&head, "}", 1);
+    int64_t offset = 0;
+    for (int i = 0; i < n; i++) {
+        const Tensor *t = ts[i];
+        int64_t bytes = ckpt_tensor_bytes(t);
+        text_putn(&head, ",", 1);
+        text_json_string(&head, t->name);
+        text_printf(&head, ":{\"dtype\":\"%s\",\"shape\":[", ckpt_dtype_name(t->fmt.elem));
+        for (int d = 0; d < t->rank; d++)
+            text_printf(&head, "%s%lld", d ? "," : "", (long long)t->dims[d]);
+        text_printf(&head, "],\"data_offsets\":[%lld,%lld]}", (long long)offset,
+                    (long long)(offset + bytes));
+        offset += bytes;
+    }
+    text_putn(&head, "}", 1);
+    while (head.len % 8) text_putn(&head, " ", 1);
+    if (head.failed) {
+        free(head.buf);
+        rt_error("%s: out of memory writing the header", path);
+        return false;
+    }
+    uint64_t hlen = head.len - 8;
+    for (int b = 0; b < 8; b++) head.buf[b] = (char)(hlen >> (8 * b));
+    bool ok = ckpt_replace_file(path, &head, ts, n);
+    free(head.buf);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- header parser
+ * Only what safetensors headers use: objects, arrays, strings, non-negative integers. Every
+ * error names the byte offset in the header where it was found. */
+
+typedef struct {
+    const char *path;
+    const char *start, *p, *end;
+    bool failed;
+} Json;
+
+static bool json_fail(Json *j, const char *what) {
+    if (!j->failed)
+        rt_error("%s: bad checkpoint header: %s at byte %ld of the JSON header", j->path, what,
+                 (long)(j->p - j->start));
+    j->failed = true;
+    return false;
+}
+
+static void json_space(Json *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
+        j->p++;
+}
+
+static bool json_eat(Json *j, char c) {
+    json_space(j);
+    if (j->p < j->end && *j->p == c) {
+        j->p++;
+        return true;
+    }
+    return false;
+}
+
+static bool json_expect(Json *j, char c) {
+    if (json_eat(j, c)) return true;
+    char what[32];
+    snprintf(what, sizeof what, "expected '%c'", c);
+    return json_fail(j, what);
+}
+
+static int json_hex(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Parses a string into a malloc'ed copy with escapes decoded (\uXXXX as UTF-8). */
+static char *json_string(Json *j) {
+    json_space(j);
+    if (j->p >= j->end || *j->p != '"') return json_fail(j, "expected a string"), NULL;
+    j->p++;
+    char *out = malloc((size_t)(j->end - j->p) + 1);
+    if (!out) return json_fail(j, "out of memory"), NULL;
+    size_t k = 0;
+    while (j->p < j->end && *j->p != '"') {
+        unsigned char c = (unsigned char)*j->p++;
+        if (c < 0x20) {
+            free(out);
+            return json_fail(j, "control character in a string"), NULL;
+        }
+        if (c != '\\') {
+            out[k++] = (char)c;
+            continue;
+        }
+        if (j->p >= j->end) break;
+        char e = *j->p++;
+        switch (e) {
+        case '"': case '\\': case '/': out[k++] = e; break;
+        case 'b': out[k++] = '\b'; break;
+        case 'f': out[k++] = '\f'; break;
+        case 'n': out[k++] = '\n'; break;
+        case 'r': out[k++] = '\r'; break;
+        case 't': out[k++] = '\t'; break;
+        case 'u': {
+            unsigned u = 0;
+            for (int i = 0; i < 4; i++) {
+                int h = j->p < j->end ? json_hex(*j->p++) : -1;
+                if (h < 0) {
+                    free(out);
+                    return json_fail(j, "bad \\u escape"), NULL;
+                }
+                u = u << 4 | (unsigned)h;
+            }
+            if (u < 0x80) {
+                out[k++] = (char)u;
+            } else if (u < 0x800) {
+                out[k++] = (char)(0xc0 | u >> 6);
+                out[k++] = (char)(0x80 | (u & 0x3f));
+            } else {
+                out[k++] = (char)(0xe0 | u >> 12);
+                out[k++] = (char)(0x80 | ((u >> 6) & 0x3f));
+                out[k++] = (char)(0x80 | (u & 0x3f));
+            }
+            break;
+        }
+        default: free(out); return json_fail(j, "bad escape in a string"), NULL;
+        }
+    }
+    if (j->p >= j->end) {
+        free(out);
+        return json_fail(j, "unterminated string"), NULL;
+    }
+    j->p++;
+    out[k] = 0;
+    return out;
+}
+
+static bool json_int(Json *j, int64_t *out) {
+    json_space(j);
+    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return json_fail(j, "expected an integer");
+    int64_t v = 0;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+        if (v > (INT64_MAX - 9) / 10) return json_fail(j, "integer too large");
+        v = v * 10 + (*j->p++ - '0');
+    }
+    *out = v;
+    return true;
+}
+
+/* [n, n, ...] into out (at most max); *count receives the length. */
+static bool json_int_array(Json *j, int64_t *out, int max, int *count) {
+    if (!json_expect(j, '[')) return false;
+    *count = 0;
+    if (json_eat(j, ']')) return true;
+    do {
+        if (*count == max) return json_fail(j, "array too long");
+        if (!json_int(j, &out[(*count)++])) return false;
+    } while (json_eat(j, ','));
+    return json_expect(j, ']');
+}
+
+typedef struct {
+    char *name;
+    char *dtype;
+    int rank;
+    int64_t dims[IR_MAX_RANK];
+    int64_t begin, end;
+    bool used;
+} CkptEntry;
+
+static bool json_tensor(Json *j, CkptEntry *e) {
+    if (!json_expect(j, '{')) return false;
+    bool have_dtype = false, have_shape = false, have_offsets = false;
+    do {
+        char *key = json_string(j);
+        if (!key || !json_expect(j, ':')) {
+            free(key);
+            return false;
+        }
+        bool ok = true;
+        if (strcmp(key, "dtype") == 0 && !have_dtype) {
+            ok = (e->dtype = json_string(j)) != NULL;
+            have_dtype = true;
+        } else if (strcmp(key, "shape") == 0 && !have_shape) {
+            ok = json_int_array(j, e->dims, IR_MAX_RANK, &e->rank);
+            have_shape = true;
+        } else if (strcmp(key, "data_offsets") == 0 && !have_offsets) {
+            int64_t off[2];
+            int count = 0;
+            ok = json_int_array(j, off, 2, &count);
+            if (ok && count != 2) ok = json_fail(j, "data_offsets needs two numbers");
+            if (ok && off[1] < off[0]) ok = json_fail(j, "data_offsets end before they begin");
+            e->begin = off[0];
+            e->end = off[1];
+            have_offsets = true;
+        } else {
+            ok = json_fail(j, "unexpected or repeated key in a tensor entry");
+        }
+        free(key);
+        if (!ok) return false;
+    } while (json_eat(j, ','));
+    if (!json_expect(j, '}')) return false;
+    if (!have_dtype || !have_shape || !have_offsets)
+        return json_fail(j, "tensor entry lacks dtype, shape or data_offsets");
+    return true;
+}
+
+static bool json_metadata(Json *j, CkptMeta *meta, int max_meta, int *n_meta) {
+    if (!json_expect(j, '{')) return false;
+    if (json_eat(j, '}')) return true;
+    do {
+        char *key = json_string(j);
+        char *value = key && json_expect(j, ':') ? json_string(j) : NULL;
+        bool ok = value != NULL;
+        if (ok && *n_meta < max_meta) {
+            CkptMeta *m = &meta[(*n_meta)++];
+            snprintf(m->key, sizeof m->key, "%s", key);
+            snprintf(m->value, sizeof m->value, "%s", value);
+        }
+        free(key);
+        free(value);
+        if (!ok) return false;
+    } while (json_eat(j, ','));
+    return json_expect(j, '}');
+}
+
+static void ckpt_entries_free(CkptEntry *e, int n) {
+    for (int i = 0; i < n; i++) {
+        free(e[i].name);
+        free(e[i].dtype);
+    }
+    free(e);
+}
+
+/* The whole header: entries (malloc'ed) and metadata. */
+static bool json_header(Json *j, CkptEntry **entries, int *n_entries, CkptMeta *meta,
+                        int max_meta, int *n_meta) {
+    *entries = NULL;
+    *n_entries = 0;
+    int cap = 0;
+    if (!json_expect(j, '{')) return false;
+    if (json_eat(j, '}')) return true;
+    do {
+        char *key = json_string(j);
+        if (!key || !json_expect(j, ':')) {
+            free(key);
+            return false;
+        }
+        if (strcmp(key, "__metadata__") == 0) {
+            free(key);
+            if (!json_metadata(j, meta, max_meta, n_meta)) return false;
+            continue;
+        }
+        for (int i = 0; i < *n_entries; i++)
+            if (strcmp((*entries)[i].name, key) == 0) {
+                free(key);
+                return json_fail(j, "a tensor name appears twice");
+            }
+        if (*n_entries == cap) {
+            cap = cap ? 2 * cap : 64;
+            CkptEntry *grown = realloc(*entries, (size_t)cap * sizeof *grown);
+            if (!grown) {
+                free(key);
+                return json_fail(j, "out of memory");
+            }
+            *entries = grown;
+        }
+        CkptEntry *e = &(*entries)[(*n_entries)++];
+        memset(e, 0, sizeof *e);
+        e->name = key;
+        if (!json_tensor(j, e)) return false;
+    } while (json_eat(j, ','));
+    if (!json_expect(j, '}')) return false;
+    json_space(j);
+    if (j->p != j->end) return json_fail(j, "text after the header object");
+    return true;
+}
+
+/* ---------------------------------------------------------------- load */
+
+static int ckpt_cmp_begin(const void *a, const void *b) {
+    const CkptEntry *x = *(CkptEntry *const *)a, *y = *(CkptEntry *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Everything a checkpoint must satisfy against the plan, before any tensor is written. */
+static bool ckpt_check(const char *path, CkptEntry *entries, int n_entries, Tensor *const *ts,
+                       int n, int64_t data_bytes, CkptEntry **match) {
+    for (int i = 0; i < n; i++) {
+        const Tensor *t = ts[i];
+        CkptEntry *e = NULL;
+        for (int k = 0; k < n_entries && !e; k++)
+            if (!entries[k].used && strcmp(entries[k].name, t->name) == 0) e = &entries[k];
+        if (!e) {
+            rt_error("%s: checkpoint lacks tensor %s", path, t->name);
+            return false;
+        }
+        e->used = true;
+        match[i] = e;
+        const char *want = ckpt_dtype_name(t->fmt.elem);
+        if (!want || strcmp(e->dtype, want) != 0) {
+            rt_error("%s: tensor %s is %s in the checkpoint, the plan stores it as %s", path,
+                     t->name, e->dtype, want ? want : fmt_elem_name(t->fmt.elem));
+            return false;
+        }
+        bool same = e->rank == t->rank;
+        for (int d = 0; same && d < t->rank; d++) same = e->dims[d] == t->dims[d];
+        if (!same) {
+            char a[128], b[128];
+            ckpt_shape_text(a, sizeof a, e->rank, e->dims);
+            ckpt_shape_text(b, sizeof b, t->rank, t->dims);
+            rt_error("%s: tensor %s has shape %s in the checkpoint, the plan has %s", path,
+                     t->name, a, b);
+            return false;
+        }
+        if (e->end - e->begin != ckpt_tensor_bytes(t)) {
+            rt_error("%s: tensor %s has %lld data bytes, its shape and dtype need %lld", path,
+                     t->name, (long long)(e->end - e->begin), (long long)ckpt_tensor_bytes(t));
+            return false;
+        }
+        if (e->end > data_bytes) {
+            rt_error("%s: truncated: tensor %s ends at byte %lld of the data, the file holds %lld",
+                     path, t->name, (long long)e->end, (long long)data_bytes);
+            return false;
+        }
+    }
+    for (int k = 0; k < n_entries; k++)
+        if (!entries[k].used) {
+            rt_error("%s: checkpoint has tensor %s, which the plan does not have", path,
+                     entries[k].name);
+            return false;
+        }
+    /* the data block must be tiled exactly: no overlaps, no holes, nothing after */
+    CkptEntry **order = malloc((size_t)(n_entries ? n_entries : 1) * sizeof *order);
+    if (!order) {
+        rt_error("%s: out of memory", path);
+        return false;
+    }
+    for (int k = 0; k < n_entries; k++) order[k] = &entries[k];
+    qsort(order, (size_t)n_entries, sizeof *order, ckpt_cmp_begin);
+    int64_t at = 0;
+    bool ok = true;
+    for (int k = 0; k < n_entries && ok; k++) {
+        if (order[k]->begin != at) {
+            rt_error("%s: tensor %s's data starts at byte %lld, expected %lld (overlap or hole)",
+                     path, order[k]->name, (long long)order[k]->begin, (long long)at);
+            ok = false;
+        }
+        at = order[k]->end;
+    }
+    free(order);
+    if (ok && at != data_bytes) {
+        rt_error("%s: %lld bytes after the last tensor's data", path, (long long)(data_bytes - at));
+        ok = false;
+    }
+    return ok;
+}
+
+bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, int max_meta,
+                  int *n_meta) {
+    *n_meta = 0;
+    int64_t size = 0;
+    uint8_t *file = rt_read_file(path, &size);
+    if (!file) return false;
+    bool ok = false;
+    CkptEntry *entries = NULL;
+    int n_entries = 0;
+    CkptEntry **match = NULL;
+    if (size < 8) {
+        rt_error("%s: not a checkpoint: %lld bytes, too short for a safetensors header", path,
+                 (long long)size);
+        goto done;
+    }
+    uint64_t hlen = 0;
+    for (int b = 7; b >= 0; b--) hlen = hlen << 8 | file[b];
+    if (hlen < 2 || hlen > CKPT_MAX_HEADER || hlen > (uint64_t)(size - 8)) {
+        rt_error("%s: not a checkpoint or truncated: header length %llu, file size %lld", path,
+                 (unsigned long long)hlen, (long long)size);
+        goto done;
+    }
+    Json j = {.path = path, .start = (const char *)file + 8, .p = (const char *)file + 8,
+              .end = (const char *)file + 8 + hlen};
+    if (!json_header(&j, &entries, &n_entries, meta, max_meta, n_meta)) goto done;
+    match = malloc((size_t)(n ? n : 1) * sizeof *match);
+    if (!match) {
+        rt_error("%s: out of memory", path);
+        goto done;
+    }
+    int64_t data_bytes = size - 8 - (int64_t)hlen;
+    if (!ckpt_check(path, entries, n_entries, ts, n, data_bytes, match)) goto done;
+    const uint8_t *data = file + 8 + hlen;
+    for (int i = 0; i < n; i++)
+        if (match[i]->end > match[i]->begin)
+            memcpy(ts[i]->data, data + match[i]->begin, (size_t)(match[i]->end - match[i]->begin));
+    ok = true;
+done:
+    if (!ok) *n_meta = 0;
+    free(match);
+    ckpt_entries_free(entries, n_entries);
+    free(file);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- directories */
+
+static bool ckpt_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
+                       const CkptMeta *meta, int n_meta, char *written, size_t written_len) {
+    if (!ckpt_is_dir(dir) && mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        rt_error("%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
+        return false;
+    }
+    char name[64], path[4096];
+    snprintf(name, sizeof name, "step_%06lld.safetensors", (long long)step);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (!rt_ckpt_save(path, ts, n, meta, n_meta)) return false;
+    /* `latest` names the newest file; it is replaced by rename too, so a reader never sees it
+     * half-written or pointing at a checkpoint that is not complete */
+    char latest[4096];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    char *tmp = NULL;
+    FILE *f = ckpt_temp_beside(latest, &tmp);
+    bool ok = f != NULL;
+    if (f) {
+        ok = fprintf(f, "%s\n", name) > 0;
+        if (fclose(f) != 0) ok = false;
+        if (ok && rename(tmp, latest) != 0) ok = false;
+        if (!ok) unlink(tmp);
+        free(tmp);
+    }
+    if (!ok) {
+        rt_error("%s: cannot update: %s", latest, strerror(errno));
+        return false;
+    }
+    if (written) snprintf(written, written_len, "%s", path);
+    return true;
+}
+
+bool rt_ckpt_resolve(const char *path, char *out, size_t out_len) {
+    if (!ckpt_is_dir(path)) {
+        if (access(path, R_OK) != 0) {
+            rt_error("%s: cannot read the checkpoint: %s", path, strerror(errno));
+            return false;
+        }
+        snprintf(out, out_len, "%s", path);
+        return true;
+    }
+    char latest[4096];
+    snprintf(latest, sizeof latest, "%s/latest", path);
+    FILE *f = fopen(latest, "r");
+    if (!f) {
+        rt_error("%s: a checkpoint directory needs a file 'latest' naming its newest checkpoint: "
+                 "%s", path, strerror(errno));
+        return false;
+    }
+    char name[512] = {0};
+    bool ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = 0;
+    if (!ok || !*name || strchr(name, '/')) {
+        rt_error("%s: does not name a checkpoint file", latest);
+        return false;
+    }
+    snprintf(out, out_len, "%s/%s", path, name);
+    if (access(out, R_OK) != 0) {
+        rt_error("%s: names %s, which cannot be read: %s", latest, out, strerror(errno));
+        return false;
+    }
+    return true;
+}
