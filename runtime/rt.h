@@ -28,4 +28,134 @@ int ref_threads(void);
  * unrounded initial value). Everything is written through the tensors' formats. */
 void rt_init_params(Graph *g, uint64_t seed);
 
+/* ---------------------------------------------------------------- log.c
+ * Runtime errors are one line naming the file and the problem: "PROG: error: FILE: what".
+ * rt_error prints it at once and keeps it for rt_last_error (tests read it there). */
+void rt_set_program_name(const char *argv0);
+void rt_set_error_stream(FILE *f);                     /* NULL: stderr */
+void rt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void rt_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *rt_last_error(void);
+void rt_clear_error(void);
+
+/* One optimizer step as logged: a JSON line in the --log file, a progress line on stderr. */
+typedef struct {
+    int64_t step, steps;
+    int steps_width;            /* digits of `steps`, to keep the progress line still */
+    double loss, val_loss;      /* val_loss only when has_val */
+    bool has_val;
+    double lr, grad_norm, tokens_per_s, ms;
+    int64_t mem_bytes;          /* the plan's two arenas */
+    const char *skipped;        /* why the update was skipped (non-finite loss), or NULL */
+} LogRecord;
+
+typedef struct {
+    FILE *json;                 /* the --log file, NULL when none */
+    const char *path;
+    bool tty;                   /* stderr is a terminal: one progress line rewritten with \r */
+    bool progress_open;
+} RtLog;
+
+bool rt_log_open(RtLog *l, const char *path, bool append);   /* path NULL: no JSON file */
+void rt_log_step(RtLog *l, const LogRecord *r);
+void rt_log_message(RtLog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void rt_log_close(RtLog *l);
+
+/* ---------------------------------------------------------------- data.c
+ * Token sources: llm.c shards (256 x int32 header: magic, version, count; uint16 tokens) or
+ * plain text through the byte-level tokenizer (token = byte, vocabulary 256). */
+#define RT_SHARD_MAGIC 20240520u
+#define RT_SHARD_VERSION 1u
+#define RT_BYTE_VOCAB 256
+
+typedef struct {
+    char *path;
+    uint16_t *tok;              /* the tokens in use: a view into base */
+    int64_t n;
+    uint16_t *base;             /* the file's tokens as read (owned unless the source is a view) */
+    bool is_text;
+} TokenShard;
+
+typedef struct {
+    TokenShard *shards;
+    int n_shards;
+    int64_t n_tokens;
+    bool is_text;               /* every file was plain text */
+    bool is_view;               /* holds tails of another source's buffers (rt_data_split_tail) */
+} TokenData;
+
+uint8_t *rt_read_file(const char *path, int64_t *size);      /* malloc'ed; NULL after rt_error */
+void rt_byte_tokenize(const uint8_t *text, int64_t n, uint16_t *out);
+/* spec: a file, a glob, or a comma-separated list of them. */
+bool rt_data_open(TokenData *d, const char *spec);
+/* Moves the last `frac` of train's tokens (in file order) into val, a view of train's buffers:
+ * free val before train. */
+bool rt_data_split_tail(TokenData *train, TokenData *val, double frac);
+/* Every file must hold at least min_tokens tokens, all below vocab; `what` names the source
+ * in the message ("training data"). */
+bool rt_data_check(const TokenData *d, const char *what, int64_t min_tokens, int64_t vocab);
+void rt_data_free(TokenData *d);
+bool rt_data_write_shard(const char *path, const uint16_t *tok, int64_t n);
+/* Row r of a training batch: T+1 contiguous tokens from a position that is a hash of
+ * (seed, step, micro, r). tokens and targets are (B, T); targets are tokens shifted by one. */
+void rt_data_train_batch(const TokenData *d, uint64_t seed, int64_t step, int micro, int B, int T,
+                         int32_t *tokens, int32_t *targets);
+/* Fixed validation batch `index`: windows laid end to end, wrapping around. */
+void rt_data_val_batch(const TokenData *d, int64_t index, int B, int T, int32_t *tokens,
+                       int32_t *targets);
+
+/* ---------------------------------------------------------------- checkpoint.c
+ * safetensors files of the persistent tensors in their storage dtypes. Saves are atomic (temp
+ * file + rename); loads check the header, every name, dtype, shape and offset before writing
+ * into any tensor. */
+typedef struct {
+    char key[64];
+    char value[256];
+} CkptMeta;
+
+bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *meta, int n_meta);
+/* Fills ts[i]->data from the tensor of the same name; meta receives up to max_meta entries. */
+bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, int max_meta,
+                  int *n_meta);
+const char *rt_ckpt_meta_get(const CkptMeta *m, int n, const char *key);
+/* Writes DIR/step_NNNNNN.safetensors, then DIR/latest naming it; `written` gets the path. */
+bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
+                       const CkptMeta *meta, int n_meta, char *written, size_t written_len);
+/* A checkpoint file, or a directory -> the file its `latest` names. */
+bool rt_ckpt_resolve(const char *path, char *out, size_t out_len);
+
+/* ---------------------------------------------------------------- train.c
+ * The training program: flags, the two arenas, the step loop, evaluation, checkpoints. */
+typedef struct {
+    const char *data, *val;     /* token sources (rt_data_open specs) */
+    const char *log;            /* JSON lines file */
+    const char *out;            /* checkpoint directory */
+    const char *resume;         /* checkpoint file or directory */
+    const char *device;
+    int64_t steps, warmup, eval_every, eval_batches, save_every;
+    double lr, min_lr;          /* < 0: not given (defaults: the model's lr, lr / 10) */
+    int grad_accum, threads;
+    uint64_t seed;
+    bool seed_given;
+} TrainOptions;
+
+enum { RT_ARGS_OK, RT_ARGS_HELP, RT_ARGS_ERROR };
+/* Parses and validates the flags; RT_ARGS_ERROR after one rt_error line. */
+int rt_parse_args(int argc, char **argv, TrainOptions *o);
+void rt_usage(FILE *out, const char *prog);
+/* Linear warm-up to `peak` over `warmup` steps, then cosine decay to `floor` at `steps`;
+ * step counts from 0. */
+double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_t step);
+
+/* The plan's two arenas, every tensor bound to its offset. */
+typedef struct {
+    void *persistent, *step;
+    int64_t persistent_bytes, step_bytes;
+} RtMemory;
+bool rt_memory_bind(Graph *g, RtMemory *m);
+void rt_memory_free(RtMemory *m);
+
+/* Runs the whole training described by o on graph g; returns the exit status. */
+int rt_train(Graph *g, const TrainOptions *o);
+
 #endif

@@ -1,0 +1,49 @@
+/* main.c — the entry point of every training binary that `fp8c build` links.
+ *
+ * The compiler embeds the planned graph's textual IR between the symbols fp8c_artifact and
+ * fp8c_artifact_end (an assembler .incbin written by compiler/emit.c, NUL-terminated), so the
+ * binary carries its whole plan and needs no compiler, no model file and no other file at run
+ * time. This file only connects the pieces: flags first (a bad flag costs nothing), then the
+ * artifact, then the training program of train.c. It is kept out of libfp8c_rt so that tests
+ * link the runtime without an artifact. */
+#include <string.h>
+
+#include "rt.h"
+
+extern const char fp8c_artifact[];
+extern const char fp8c_artifact_end[];
+
+/* What --help adds about the model inside this binary. */
+static void main_describe(const Graph *g) {
+    printf("\nmodel %s, -O%d, batch %lld x %lld tokens, default lr %g, memory %lld bytes\n",
+           g->model_name ? g->model_name : "?", g->opt_level, (long long)g->batch,
+           (long long)g->seq, g->optim.lr, (long long)(g->persistent_bytes + g->transient_bytes));
+}
+
+int main(int argc, char **argv) {
+    rt_set_program_name(argv[0]);
+    TrainOptions o;
+    int args = rt_parse_args(argc, argv, &o);
+    if (args == RT_ARGS_ERROR) return 2;
+
+    Arena *arena = arena_new();
+    const char *text = fp8c_artifact;
+    if (strlen(text) != (size_t)(fp8c_artifact_end - fp8c_artifact - 1)) {
+        rt_error("the embedded artifact is damaged (a NUL byte inside its text)");
+        return 1;
+    }
+    Graph *g = ir_read(arena, "artifact", text);
+    if (!g) {
+        rt_error("the embedded artifact does not read back (%d errors above)", diag_error_count());
+        return 1;
+    }
+    if (args == RT_ARGS_HELP) {
+        rt_usage(stdout, argv[0]);
+        main_describe(g);
+        arena_free(arena);
+        return 0;
+    }
+    int status = rt_train(g, &o);
+    arena_free(arena);
+    return status;
+}

@@ -1,0 +1,728 @@
+/* train.c — the training program that a compiled binary runs.
+ *
+ * The graph read from the artifact already is the whole step: forward, backward and update
+ * nodes, a format for every tensor and an offset for every buffer in two arenas (persistent:
+ * parameters, accumulators, optimizer states, scales; step: everything else). What is left for
+ * the runtime is small and lives here: validate the flags, allocate the two arenas the plan
+ * asks for and bind every tensor to its offset, initialize or load the persistent state, then
+ * loop — feed a batch, run forward and backward once per micro-step, feed lr/step/grad_scale,
+ * run the update, log, evaluate, checkpoint.
+ *
+ * Two properties shape the loop. Resuming is exact: batches depend only on (seed, step,
+ * micro-step, row) (data.c), the checkpoint holds every persistent tensor in its storage bits,
+ * and the Adam step count is saved with it, so steps s+1.. of a resumed run are bit-identical
+ * to those of a straight run. And NaN never reaches the weights: a micro-step whose loss or
+ * accumulated gradient is not finite cancels the step's update (accumulators zeroed, logged);
+ * a run that keeps producing them stops with an error instead of spinning.
+ *
+ * Evaluation runs the forward phase alone. Forward nodes may record amax values or scales as
+ * they go (delayed scaling); those persistent bytes are saved before evaluation and put back
+ * after, so evaluating never changes what training computes. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rt.h"
+
+#define TRAIN_MAX_SKIPS 10      /* consecutive non-finite steps before giving up */
+#define TRAIN_VAL_FRACTION 0.05 /* held out of a text --data when there is no --val */
+#define TRAIN_MAX_META 32
+
+/* ---------------------------------------------------------------- flags */
+
+void rt_usage(FILE *out, const char *prog) {
+    fprintf(out,
+            "usage: %s --data FILE [options]\n"
+            "Trains the model compiled into this binary.\n"
+            "\n"
+            "data\n"
+            "  --data FILE         training tokens: an llm.c shard (.bin: 256 x int32 header,\n"
+            "                      magic 20240520, uint16 tokens) or any text file (byte-level\n"
+            "                      tokenizer: token = byte, vocabulary 256); a glob or a comma list\n"
+            "  --val FILE          validation tokens, same formats; without it, a text --data\n"
+            "                      keeps its last 5%% for validation, a shard --data has none\n"
+            "schedule\n"
+            "  --steps N           optimizer steps to train to (default 100)\n"
+            "  --lr X              peak learning rate (default: the model's optimizer lr)\n"
+            "  --warmup N          linear warm-up steps (default 0), then cosine decay\n"
+            "  --min-lr X          learning rate reached at the last step (default lr/10)\n"
+            "  --grad-accum N      micro-steps per optimizer step (default 1)\n"
+            "  --seed N            parameter init and batch order (default 1)\n"
+            "evaluation and output\n"
+            "  --eval-every N      evaluate every N steps and at the end (default 100; 0: end only)\n"
+            "  --eval-batches N    validation batches per evaluation (default 8)\n"
+            "  --log FILE          JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s,\n"
+            "                      ms, mem_bytes\n"
+            "  --out DIR           checkpoints DIR/step_NNNNNN.safetensors and DIR/latest\n"
+            "  --save-every N      checkpoint every N steps (default 0: at the end only)\n"
+            "  --resume PATH       continue from a checkpoint file, or DIR's latest\n"
+            "machine\n"
+            "  --device cpu        where to run (cpu is the only device of this runtime)\n"
+            "  --threads N         CPU threads (default: $FP8C_THREADS, else every online CPU;\n"
+            "                      results are bit-identical for any count)\n"
+            "  --help              this text\n",
+            prog);
+}
+
+static bool args_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi) {
+        if (hi == INT64_MAX)
+            rt_error("%s %s: expected an integer >= %lld", flag, s, (long long)lo);
+        else
+            rt_error("%s %s: expected an integer from %lld to %lld", flag, s, (long long)lo,
+                     (long long)hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool args_real(const char *flag, const char *s, bool allow_zero, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v) || v < 0 || (!allow_zero && v == 0)) {
+        rt_error("%s %s: expected a %s number", flag, s, allow_zero ? "non-negative" : "positive");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+int rt_parse_args(int argc, char **argv, TrainOptions *o) {
+    *o = (TrainOptions){.device = "cpu", .steps = 100, .eval_every = 100, .eval_batches = 8,
+                        .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) return RT_ARGS_HELP;
+        if (strncmp(arg, "--", 2) != 0) {
+            rt_error("%s: unexpected argument (flags start with --; see --help)", arg);
+            return RT_ARGS_ERROR;
+        }
+        /* --flag value or --flag=value */
+        char flag[64];
+        const char *value;
+        const char *eq = strchr(arg, '=');
+        if (eq) {
+            snprintf(flag, sizeof flag, "%.*s", (int)(eq - arg), arg);
+            value = eq + 1;
+        } else {
+            snprintf(flag, sizeof flag, "%s", arg);
+            if (i + 1 >= argc) {
+                rt_error("%s needs a value (see --help)", flag);
+                return RT_ARGS_ERROR;
+            }
+            value = argv[++i];
+        }
+        int64_t v = 0;
+        bool ok = true;
+        if (strcmp(flag, "--data") == 0) o->data = value;
+        else if (strcmp(flag, "--val") == 0) o->val = value;
+        else if (strcmp(flag, "--log") == 0) o->log = value;
+        else if (strcmp(flag, "--out") == 0) o->out = value;
+        else if (strcmp(flag, "--resume") == 0) o->resume = value;
+        else if (strcmp(flag, "--device") == 0) o->device = value;
+        else if (strcmp(flag, "--steps") == 0) ok = args_int(flag, value, 1, INT32_MAX, &o->steps);
+        else if (strcmp(flag, "--warmup") == 0) ok = args_int(flag, value, 0, INT32_MAX, &o->warmup);
+        else if (strcmp(flag, "--eval-every") == 0)
+            ok = args_int(flag, value, 0, INT32_MAX, &o->eval_every);
+        else if (strcmp(flag, "--eval-batches") == 0)
+            ok = args_int(flag, value, 1, 1 << 20, &o->eval_batches);
+        else if (strcmp(flag, "--save-every") == 0)
+            ok = args_int(flag, value, 0, INT32_MAX, &o->save_every);
+        else if (strcmp(flag, "--grad-accum") == 0) {
+            ok = args_int(flag, value, 1, 1 << 16, &v);
+            o->grad_accum = (int)v;
+        } else if (strcmp(flag, "--threads") == 0) {
+            ok = args_int(flag, value, 1, 4096, &v);
+            o->threads = (int)v;
+        } else if (strcmp(flag, "--seed") == 0) {
+            ok = args_int(flag, value, 0, INT64_MAX, &v);
+            o->seed = (uint64_t)v;
+            o->seed_given = true;
+        } else if (strcmp(flag, "--lr") == 0) ok = args_real(flag, value, false, &o->lr);
+        else if (strcmp(flag, "--min-lr") == 0) ok = args_real(flag, value, true, &o->min_lr);
+        else {
+            rt_error("%s: unknown flag (see --help)", flag);
+            return RT_ARGS_ERROR;
+        }
+        if (!ok) return RT_ARGS_ERROR;
+        if (!*value) {
+            rt_error("%s: empty value", flag);
+            return RT_ARGS_ERROR;
+        }
+    }
+    if (!o->data) {
+        rt_error("--data is required (see --help)");
+        return RT_ARGS_ERROR;
+    }
+    if (strcmp(o->device, "cpu") != 0) {
+        rt_error("--device %s: this runtime runs on the cpu only", o->device);
+        return RT_ARGS_ERROR;
+    }
+    if (o->save_every && !o->out) {
+        rt_error("--save-every needs --out DIR to write checkpoints to");
+        return RT_ARGS_ERROR;
+    }
+    if (o->warmup > o->steps) {
+        rt_error("--warmup %lld is longer than --steps %lld", (long long)o->warmup,
+                 (long long)o->steps);
+        return RT_ARGS_ERROR;
+    }
+    if (o->lr > 0 && o->min_lr > o->lr) {
+        rt_error("--min-lr %g is above --lr %g", o->min_lr, o->lr);
+        return RT_ARGS_ERROR;
+    }
+    return RT_ARGS_OK;
+}
+
+double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_t step) {
+    if (step < warmup) return peak * (double)(step + 1) / (double)warmup;
+    if (steps <= warmup + 1) return peak;
+    double ratio = (double)(step - warmup) / (double)(steps - warmup - 1);
+    if (ratio > 1) ratio = 1;
+    return floor + 0.5 * (1.0 + cos(M_PI * ratio)) * (peak - floor);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static int64_t train_storage_bytes(const Tensor *t) {
+    int64_t need = ir_numel(t) * fmt_elem_bytes(t->fmt.elem);
+    return t->bytes > need ? t->bytes : need;
+}
+
+static bool train_has_storage(const Node *n) {
+    return n->t.fmt.elem != FMT_VOID && !ir_op_is_inplace(n->op);
+}
+
+static void *train_arena_alloc(int64_t bytes, const char *which) {
+    size_t size = (size_t)((bytes + 63) / 64 * 64);
+    void *p = aligned_alloc(64, size ? size : 64);
+    if (!p) {
+        rt_error("cannot allocate the %s arena: the plan needs %lld bytes (%.1f MiB)", which,
+                 (long long)bytes, (double)bytes / (1 << 20));
+        return NULL;
+    }
+    memset(p, 0, size ? size : 64);   /* persistent states start at zero; steps stay repeatable */
+    return p;
+}
+
+bool rt_memory_bind(Graph *g, RtMemory *m) {
+    memset(m, 0, sizeof *m);
+    /* An artifact built without memplan has no offsets at all; then every tensor gets its own
+     * slice (no reuse). A plan that places some tensors but not others is broken. */
+    int placed = 0, unplaced = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (!train_has_storage(n)) continue;
+        if (n->t.offset >= 0) placed++;
+        else unplaced++;
+    }
+    if (placed && unplaced) {
+        for (int i = 0; i < g->n_nodes; i++) {
+            Node *n = g->nodes[i];
+            if (train_has_storage(n) && n->t.offset < 0) {
+                rt_error("artifact: tensor %%%d%s%s has no place in the memory plan", n->id,
+                         n->t.name ? " " : "", n->t.name ? n->t.name : "");
+                return false;
+            }
+        }
+    }
+    if (!placed && unplaced) {
+        int64_t at[2] = {0, 0};
+        for (int i = 0; i < g->n_nodes; i++) {
+            Node *n = g->nodes[i];
+            if (!train_has_storage(n)) continue;
+            int k = ir_role_is_persistent(n->t.role) ? 0 : 1;
+            n->t.offset = at[k];
+            at[k] += (train_storage_bytes(&n->t) + 63) / 64 * 64;
+        }
+        g->persistent_bytes = at[0];
+        g->transient_bytes = at[1];
+        rt_note("artifact has no memory plan: every tensor gets its own buffer (%lld + %lld bytes)",
+                (long long)at[0], (long long)at[1]);
+    }
+    m->persistent_bytes = g->persistent_bytes;
+    m->step_bytes = g->transient_bytes;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (!train_has_storage(n)) continue;
+        int64_t size = ir_role_is_persistent(n->t.role) ? m->persistent_bytes : m->step_bytes;
+        int64_t end = n->t.offset + train_storage_bytes(&n->t);
+        if (end > size) {
+            rt_error("artifact: tensor %%%d%s%s ends at byte %lld of its arena, which the plan "
+                     "sizes at %lld bytes", n->id, n->t.name ? " " : "",
+                     n->t.name ? n->t.name : "", (long long)end, (long long)size);
+            return false;
+        }
+    }
+    m->persistent = train_arena_alloc(m->persistent_bytes, "persistent");
+    m->step = m->persistent ? train_arena_alloc(m->step_bytes, "step") : NULL;
+    if (!m->step) {
+        rt_memory_free(m);
+        return false;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (n->t.fmt.elem == FMT_VOID)
+            n->t.data = NULL;
+        else if (ir_op_is_inplace(n->op))
+            n->t.data = n->in[0]->t.data;   /* the result is its accumulator */
+        else
+            n->t.data = (char *)(ir_role_is_persistent(n->t.role) ? m->persistent : m->step) +
+                        n->t.offset;
+    }
+    return true;
+}
+
+void rt_memory_free(RtMemory *m) {
+    free(m->persistent);
+    free(m->step);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---------------------------------------------------------------- the graph's interface */
+
+typedef struct {
+    Node *tokens, *targets;             /* (B, T) inputs */
+    Node *loss, *grad_norm;             /* scalar outputs */
+    Node *lr, *step, *grad_scale;       /* scalar inputs of the update */
+    int B, T;
+    int64_t vocab;
+    Node **saved;                       /* the persistent tensors a checkpoint holds */
+    int n_saved;
+    Node **grads;                       /* gradient accumulators */
+    int n_grads;
+    Node **eval_touched;                /* persistent tensors the forward phase writes */
+    int n_eval_touched;
+} Model;
+
+static Node *model_input(const Graph *g, const char *name, bool required) {
+    Node *n = ir_find(g, name);
+    if (n && n->op != OP_INPUT) n = NULL;
+    if (!n && required) rt_error("artifact: the graph has no input named \"%s\"", name);
+    return n;
+}
+
+static bool model_push(Node ***list, int *count, Node *n) {
+    for (int i = 0; i < *count; i++)
+        if ((*list)[i] == n) return true;
+    Node **grown = realloc(*list, (size_t)(*count + 1) * sizeof *grown);
+    if (!grown) return false;
+    *list = grown;
+    grown[(*count)++] = n;
+    return true;
+}
+
+/* A persistent tensor at the same offset as one already listed is a view of it (a reshape
+ * that memplan placed on its input): a checkpoint holds the bytes once. */
+static bool model_is_view(const Model *m, const Node *n) {
+    for (int i = 0; i < m->n_saved; i++)
+        if (n->t.offset >= 0 && m->saved[i]->t.offset == n->t.offset) return true;
+    return false;
+}
+
+/* Finds what the runtime feeds and reads, and which persistent tensors it saves. */
+static bool model_inspect(Graph *g, Model *m) {
+    memset(m, 0, sizeof *m);
+    m->tokens = model_input(g, "tokens", true);
+    m->targets = m->tokens ? model_input(g, "targets", true) : NULL;
+    if (!m->targets) return false;
+    m->loss = ir_find(g, "loss");
+    if (!m->loss || ir_numel(&m->loss->t) != 1) {
+        rt_error("artifact: the graph has no scalar output named \"loss\"");
+        return false;
+    }
+    if (m->tokens->t.rank != 2 || !ir_same_shape(&m->tokens->t, &m->targets->t)) {
+        rt_error("artifact: \"tokens\" and \"targets\" must both be (B, T)");
+        return false;
+    }
+    m->B = (int)m->tokens->t.dims[0];
+    m->T = (int)m->tokens->t.dims[1];
+    m->lr = model_input(g, "lr", false);
+    m->step = model_input(g, "step", false);
+    m->grad_scale = model_input(g, "grad_scale", false);
+    m->grad_norm = ir_find(g, "grad_norm");
+
+    /* the vocabulary: rows of the table the tokens index, classes of the loss */
+    m->vocab = INT64_MAX;
+    bool ok = true;
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (n->op == OP_EMBEDDING && n->in[1] == m->tokens && n->in[0]->t.dims[0] < m->vocab)
+            m->vocab = n->in[0]->t.dims[0];
+        if (n->op == OP_CROSS_ENTROPY && n->in[1] == m->targets) {
+            const Tensor *logits = &n->in[0]->t;
+            if (logits->dims[logits->rank - 1] < m->vocab) m->vocab = logits->dims[logits->rank - 1];
+        }
+        bool persistent = ir_role_is_persistent(n->t.role);
+        if (persistent && train_has_storage(n) && !model_is_view(m, n)) {
+            if (!n->t.name) n->t.name = arena_printf(g->arena, "node.%d", n->id);
+            ok &= model_push(&m->saved, &m->n_saved, n);
+            if (n->t.role == ROLE_GRAD) ok &= model_push(&m->grads, &m->n_grads, n);
+            if (n->t.role == ROLE_SCALE || n->t.role == ROLE_AMAX_HISTORY)
+                ok &= model_push(&m->eval_touched, &m->n_eval_touched, n);
+        }
+        if (n->phase == PHASE_FORWARD && n->op != OP_PARAM && n->op != OP_STATE) {
+            if (persistent && train_has_storage(n))
+                ok &= model_push(&m->eval_touched, &m->n_eval_touched, n);
+            if (ir_op_is_inplace(n->op))
+                ok &= model_push(&m->eval_touched, &m->n_eval_touched, n->in[0]);
+            if (n->t.fmt.amax) ok &= model_push(&m->eval_touched, &m->n_eval_touched, n->t.fmt.amax);
+        }
+    }
+    if (!ok) {
+        rt_error("out of memory");
+        return false;
+    }
+    if (m->vocab == INT64_MAX) {
+        rt_error("artifact: cannot tell the vocabulary: no embedding reads \"tokens\"");
+        return false;
+    }
+    return true;
+}
+
+static void model_free(Model *m) {
+    free(m->saved);
+    free(m->grads);
+    free(m->eval_touched);
+}
+
+static void model_feed_ids(Node *n, const int32_t *ids) {
+    int64_t count = ir_numel(&n->t);
+    if (n->t.fmt.elem == FMT_I32) {
+        memcpy(n->t.data, ids, (size_t)count * sizeof *ids);
+        return;
+    }
+    float *x = malloc((size_t)count * sizeof *x);
+    for (int64_t i = 0; i < count; i++) x[i] = (float)ids[i];
+    ref_store(&n->t, x);
+    free(x);
+}
+
+static void model_feed_scalar(Node *n, double v) {
+    if (!n) return;
+    float x = (float)v;
+    ref_store(&n->t, &x);
+}
+
+static float model_read_scalar(const Node *n) {
+    if (!n) return NAN;
+    float *x = ref_load(&n->t);
+    float v = x[0];
+    free(x);
+    return v;
+}
+
+static bool model_grads_finite(const Model *m) {
+    for (int i = 0; i < m->n_grads; i++) {
+        const Tensor *t = &m->grads[i]->t;
+        float *x = ref_load(t);
+        int64_t n = ir_numel(t);
+        bool finite = true;
+        for (int64_t k = 0; k < n && finite; k++) finite = isfinite(x[k]);
+        free(x);
+        if (!finite) return false;
+    }
+    return true;
+}
+
+static void model_zero_grads(const Model *m) {
+    /* zero is all-zero bits in every element type, scaled or not */
+    for (int i = 0; i < m->n_grads; i++)
+        memset(m->grads[i]->t.data, 0, (size_t)train_storage_bytes(&m->grads[i]->t));
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+typedef struct {
+    int64_t step;        /* optimizer steps done (the data position: batches are a function of it) */
+    int64_t opt_step;    /* updates applied (Adam's step count); less than step after skips */
+    uint64_t seed;
+} Progress;
+
+static int train_meta(const Graph *g, const TrainOptions *o, const Progress *p, CkptMeta *meta) {
+    int n = 0;
+#define META(k, ...) snprintf(meta[n].key, sizeof meta[n].key, "%s", k), \
+                     snprintf(meta[n].value, sizeof meta[n].value, __VA_ARGS__), n++
+    META("format", "fp8c");
+    META("format_version", "1");
+    META("model", "%s", g->model_name ? g->model_name : "");
+    META("step", "%lld", (long long)p->step);
+    META("opt_step", "%lld", (long long)p->opt_step);
+    META("seed", "%llu", (unsigned long long)p->seed);
+    META("data_step", "%lld", (long long)p->step);
+    META("data", "%s", o->data);
+    META("opt_level", "%d", g->opt_level);
+    META("batch", "%lld", (long long)g->batch);
+    META("seq", "%lld", (long long)g->seq);
+#undef META
+    return n;
+}
+
+static bool train_meta_int(const char *path, const CkptMeta *meta, int n, const char *key,
+                           int64_t *out) {
+    const char *s = rt_ckpt_meta_get(meta, n, key);
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : -1;
+    if (!s || !*s || *end || errno || v < 0) {
+        rt_error("%s: checkpoint metadata \"%s\" is %s", path, key, s ? "not a count" : "missing");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool train_resume(Graph *g, const Model *m, const TrainOptions *o, Progress *p) {
+    char path[4096];
+    if (!rt_ckpt_resolve(o->resume, path, sizeof path)) return false;
+    CkptMeta meta[TRAIN_MAX_META];
+    int n_meta = 0;
+    Tensor **ts = malloc((size_t)(m->n_saved ? m->n_saved : 1) * sizeof *ts);
+    if (!ts) return false;
+    for (int i = 0; i < m->n_saved; i++) ts[i] = &m->saved[i]->t;
+    bool ok = rt_ckpt_load(path, ts, m->n_saved, meta, TRAIN_MAX_META, &n_meta);
+    free(ts);
+    if (!ok) return false;
+    const char *format = rt_ckpt_meta_get(meta, n_meta, "format");
+    const char *version = rt_ckpt_meta_get(meta, n_meta, "format_version");
+    if (!format || strcmp(format, "fp8c") != 0 || !version || strcmp(version, "1") != 0) {
+        rt_error("%s: not an fp8c checkpoint of format version 1", path);
+        return false;
+    }
+    int64_t seed = 0;
+    if (!train_meta_int(path, meta, n_meta, "step", &p->step) ||
+        !train_meta_int(path, meta, n_meta, "opt_step", &p->opt_step) ||
+        !train_meta_int(path, meta, n_meta, "seed", &seed))
+        return false;
+    if (!o->seed_given)
+        p->seed = (uint64_t)seed;
+    else if (o->seed != (uint64_t)seed)
+        rt_note("--seed %llu differs from the checkpoint's seed %lld: batches will differ from "
+                "the original run", (unsigned long long)o->seed, (long long)seed);
+    const char *model = rt_ckpt_meta_get(meta, n_meta, "model");
+    if (model && g->model_name && strcmp(model, g->model_name) != 0)
+        rt_note("%s: checkpoint of model \"%s\" loaded into \"%s\" (every tensor matched)", path,
+                model, g->model_name);
+    rt_note("resumed from %s at step %lld", path, (long long)p->step);
+    return true;
+}
+
+static bool train_save(const Graph *g, const Model *m, const TrainOptions *o, const Progress *p,
+                       RtLog *log) {
+    CkptMeta meta[TRAIN_MAX_META];
+    int n_meta = train_meta(g, o, p, meta);
+    Tensor **ts = malloc((size_t)(m->n_saved ? m->n_saved : 1) * sizeof *ts);
+    if (!ts) return false;
+    for (int i = 0; i < m->n_saved; i++) ts[i] = &m->saved[i]->t;
+    char written[4096];
+    bool ok = rt_ckpt_save_step(o->out, p->step, ts, m->n_saved, meta, n_meta, written,
+                                sizeof written);
+    free(ts);
+    if (ok) rt_log_message(log, "saved %s", written);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- the loop */
+
+static double train_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Mean forward loss over the fixed validation batches, leaving the training state as it was. */
+static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int64_t batches,
+                             int32_t *tok, int32_t *tgt) {
+    void **saved = calloc((size_t)(m->n_eval_touched ? m->n_eval_touched : 1), sizeof *saved);
+    for (int i = 0; i < m->n_eval_touched; i++) {
+        const Tensor *t = &m->eval_touched[i]->t;
+        size_t bytes = (size_t)train_storage_bytes(t);
+        saved[i] = malloc(bytes);
+        memcpy(saved[i], t->data, bytes);
+    }
+    double sum = 0;
+    for (int64_t b = 0; b < batches; b++) {
+        rt_data_val_batch(val, b, m->B, m->T, tok, tgt);
+        model_feed_ids(m->tokens, tok);
+        model_feed_ids(m->targets, tgt);
+        ref_run_phase(g, PHASE_FORWARD);
+        sum += model_read_scalar(m->loss);
+    }
+    for (int i = 0; i < m->n_eval_touched; i++) {
+        Tensor *t = &m->eval_touched[i]->t;
+        memcpy(t->data, saved[i], (size_t)train_storage_bytes(t));
+        free(saved[i]);
+    }
+    free(saved);
+    return sum / (double)batches;
+}
+
+static int64_t train_params(const Graph *g) {
+    int64_t n = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_PARAM) n += ir_numel(&g->nodes[i]->t);
+    return n;
+}
+
+/* Opens --data and --val (or holds out the tail of a text --data) and checks them against the
+ * batch shape and the model's vocabulary. */
+static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *train,
+                            TokenData *val) {
+    memset(val, 0, sizeof *val);
+    if (!rt_data_open(train, o->data)) return false;
+    bool ok = true;
+    if (o->val) {
+        ok = rt_data_open(val, o->val);
+    } else if (train->is_text) {
+        ok = rt_data_split_tail(train, val, TRAIN_VAL_FRACTION);
+        if (ok)
+            rt_note("no --val: the last 5%% of %s (%lld tokens) is the validation set", o->data,
+                    (long long)val->n_tokens);
+    } else {
+        rt_note("no --val: evaluation is off");
+    }
+    int64_t batch_tokens = (int64_t)m->B * m->T + 1;
+    ok = ok && rt_data_check(train, "the training data", batch_tokens, m->vocab);
+    if (ok && val->n_shards)
+        ok = rt_data_check(val, "the validation data", (int64_t)m->T + 1, m->vocab);
+    if (!ok) {
+        rt_data_free(val);
+        rt_data_free(train);
+    }
+    return ok;
+}
+
+int rt_train(Graph *g, const TrainOptions *o) {
+    Model m;
+    if (!model_inspect(g, &m)) {
+        model_free(&m);
+        return 1;
+    }
+    double peak = o->lr > 0 ? o->lr : g->optim.lr;
+    if (!(peak > 0)) {
+        rt_error("the model sets no learning rate: give --lr");
+        model_free(&m);
+        return 1;
+    }
+    double floor = o->min_lr >= 0 ? o->min_lr : peak / 10;
+    if (floor > peak) {
+        rt_error("--min-lr %g is above the peak learning rate %g", floor, peak);
+        model_free(&m);
+        return 1;
+    }
+    if (o->threads) ref_set_threads(o->threads);
+
+    TokenData train, val;
+    RtMemory mem;
+    if (!train_open_data(o, &m, &train, &val)) {
+        model_free(&m);
+        return 1;
+    }
+    int status = 1;
+    RtLog log = {0};
+    int32_t *tok = NULL, *tgt = NULL;
+    if (!rt_memory_bind(g, &mem)) goto out;
+
+    Progress p = {.seed = o->seed};
+    if (o->resume) {
+        if (!train_resume(g, &m, o, &p)) goto out;
+    } else {
+        rt_init_params(g, o->seed);
+    }
+    if (p.step >= o->steps) {
+        rt_note("the checkpoint is at step %lld and --steps is %lld: nothing to train",
+                (long long)p.step, (long long)o->steps);
+        status = 0;
+        goto out;
+    }
+    if (!rt_log_open(&log, o->log, o->resume != NULL)) goto out;
+    tok = malloc((size_t)m.B * m.T * sizeof *tok);
+    tgt = malloc((size_t)m.B * m.T * sizeof *tgt);
+    if (!tok || !tgt) {
+        rt_error("out of memory");
+        goto out;
+    }
+    int64_t mem_bytes = mem.persistent_bytes + mem.step_bytes;
+    rt_note("model %s: %lld parameters, batch %d x %d, vocabulary %lld, memory %lld bytes "
+            "(persistent %lld, step %lld); %lld training tokens",
+            g->model_name ? g->model_name : "?", (long long)train_params(g), m.B, m.T,
+            (long long)m.vocab, (long long)mem_bytes, (long long)mem.persistent_bytes,
+            (long long)mem.step_bytes, (long long)train.n_tokens);
+
+    int width = snprintf(NULL, 0, "%lld", (long long)o->steps);
+    int skips = 0;
+    status = 0;
+    for (; p.step < o->steps; p.step++) {
+        double t0 = train_now_ms();
+        double lr = rt_lr_at(peak, floor, o->warmup, o->steps, p.step);
+        double loss_sum = 0;
+        bool finite = true;
+        for (int micro = 0; micro < o->grad_accum; micro++) {
+            rt_data_train_batch(&train, p.seed, p.step, micro, m.B, m.T, tok, tgt);
+            model_feed_ids(m.tokens, tok);
+            model_feed_ids(m.targets, tgt);
+            ref_run_phase(g, PHASE_FORWARD);
+            float loss = model_read_scalar(m.loss);   /* read before backward reuses its bytes */
+            finite &= isfinite(loss);
+            loss_sum += loss;
+            ref_run_phase(g, PHASE_BACKWARD);
+        }
+        LogRecord r = {.step = p.step + 1, .steps = o->steps, .steps_width = width,
+                       .loss = loss_sum / o->grad_accum, .lr = lr, .grad_norm = NAN,
+                       .mem_bytes = mem_bytes};
+        if (finite && !model_grads_finite(&m)) {
+            finite = false;
+            r.skipped = "non-finite gradient";
+        }
+        if (finite) {
+            model_feed_scalar(m.lr, lr);
+            model_feed_scalar(m.step, (double)(p.opt_step + 1));
+            model_feed_scalar(m.grad_scale, 1.0 / o->grad_accum);
+            ref_run_phase(g, PHASE_UPDATE);
+            r.grad_norm = model_read_scalar(m.grad_norm);
+            p.opt_step++;
+            skips = 0;
+        } else {
+            if (!r.skipped) r.skipped = "non-finite loss";
+            model_zero_grads(&m);
+            skips++;
+        }
+        r.ms = train_now_ms() - t0;
+        r.tokens_per_s = (double)m.B * m.T * o->grad_accum / (r.ms / 1e3);
+        bool last = p.step + 1 == o->steps;
+        if (val.n_shards && ((o->eval_every && (p.step + 1) % o->eval_every == 0) || last)) {
+            r.val_loss = train_evaluate(g, &m, &val, o->eval_batches, tok, tgt);
+            r.has_val = true;
+        }
+        rt_log_step(&log, &r);
+        if (skips >= TRAIN_MAX_SKIPS) {
+            rt_log_message(&log, "error: the last %d steps all had a non-finite loss or "
+                           "gradient; stopping (try a lower --lr)", skips);
+            status = 1;
+            break;
+        }
+        Progress done = p;
+        done.step++;
+        if (o->out && ((o->save_every && done.step % o->save_every == 0) || last) &&
+            !train_save(g, &m, o, &done, &log)) {
+            status = 1;
+            break;
+        }
+    }
+out:
+    rt_log_close(&log);
+    free(tok);
+    free(tgt);
+    rt_memory_free(&mem);
+    rt_data_free(&val);
+    rt_data_free(&train);
+    model_free(&m);
+    return status;
+}
