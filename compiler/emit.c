@@ -1,0 +1,239 @@
+/* emit.c — the last stage: a planned graph becomes a training binary.
+ *
+ * The artifact is the graph's textual IR (ir_print), the same text `fp8c opt` reads: it holds
+ * the nodes, every tensor's format and its place in the memory plan, so the runtime needs
+ * nothing else to run the step. Rather than turning that text into a C array (slow to compile
+ * for big graphs, and a second encoding to keep right), an assembler file pulls the bytes in
+ * with `.incbin` between two symbols, and the system C compiler links it with the runtime
+ * libraries built next to fp8c (libfp8c_train_main.a, libfp8c_rt.a, libfp8c_ir.a). The linked
+ * binary needs no compiler, no model file and no artifact file at run time.
+ *
+ * Where things are found: the C compiler is $FP8C_CC, else the one fp8c was built with, else
+ * `cc`; the libraries are in $FP8C_LIBDIR, else fp8c's build directory. A binary built under
+ * sanitizers is linked with them too (FP8C_LINK_FLAGS, set by CMake).
+ *
+ * The output appears only when the link succeeded: the linker writes a temp file beside it,
+ * which is renamed over the target, so a failed build never leaves a half-written binary (or
+ * destroys a working one). */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "compiler.h"
+
+#ifndef FP8C_BUILD_LIBDIR
+#define FP8C_BUILD_LIBDIR "."
+#endif
+#ifndef FP8C_C_COMPILER
+#define FP8C_C_COMPILER "cc"
+#endif
+#ifndef FP8C_LINK_FLAGS
+#define FP8C_LINK_FLAGS ""
+#endif
+
+#define EMIT_MAX_ARGS 64
+
+static const char *const emit_libs[] = {"libfp8c_train_main.a", "libfp8c_rt.a", "libfp8c_ir.a"};
+
+static const char *emit_compiler(void) {
+    const char *env = getenv("FP8C_CC");
+    if (env && *env) return env;
+    if (access(FP8C_C_COMPILER, X_OK) == 0) return FP8C_C_COMPILER;
+    return "cc";
+}
+
+static const char *emit_libdir(void) {
+    const char *env = getenv("FP8C_LIBDIR");
+    return env && *env ? env : FP8C_BUILD_LIBDIR;
+}
+
+/* A private directory for the build's intermediate files, NULL after the message. */
+static char *emit_tempdir(void) {
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base) base = "/tmp";
+    size_t n = strlen(base) + 32;
+    char *dir = malloc(n);
+    if (!dir) return NULL;
+    snprintf(dir, n, "%s/fp8c-XXXXXX", base);
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "fp8c: error: cannot create a temp directory in %s: %s\n", base,
+                strerror(errno));
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}
+
+static char *emit_join(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+/* The assembler file: the artifact's bytes, then a NUL, between two global symbols. */
+static bool emit_write_asm(const char *asm_path, const char *ir_path) {
+    FILE *f = fopen(asm_path, "w");
+    if (!f) return false;
+    fputs("\t.section .rodata\n\t.balign 16\n\t.global fp8c_artifact\n"
+          "\t.type fp8c_artifact, @object\nfp8c_artifact:\n\t.incbin \"", f);
+    for (const char *p = ir_path; *p; p++) {
+        if (*p == '"' || *p == '\\') fputc('\\', f);
+        fputc(*p, f);
+    }
+    fputs("\"\n\t.byte 0\n\t.global fp8c_artifact_end\nfp8c_artifact_end:\n"
+          "\t.section .note.GNU-stack,\"\",@progbits\n", f);
+    return fclose(f) == 0;
+}
+
+/* Runs argv[0] with argv and waits; returns its exit status, 128+signal, or -1. */
+static int emit_spawn(char *const *argv, bool shield_signals) {
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        execvp(argv[0], argv);
+        fprintf(stderr, "fp8c: error: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    /* Ctrl-C reaches the child through the terminal; the parent only waits for it */
+    struct sigaction ignore = {.sa_handler = SIG_IGN}, old_int, old_quit;
+    if (shield_signals) {
+        sigaction(SIGINT, &ignore, &old_int);
+        sigaction(SIGQUIT, &ignore, &old_quit);
+    }
+    int status = 0;
+    pid_t got;
+    do got = waitpid(pid, &status, 0);
+    while (got < 0 && errno == EINTR);
+    if (shield_signals) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGQUIT, &old_quit, NULL);
+    }
+    if (got < 0) return -1;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return -1;
+}
+
+static bool emit_link(const char *asm_path, const char *out_path) {
+    const char *libdir = emit_libdir();
+    char *lib_paths[3] = {0};
+    bool ok = true;
+    for (int i = 0; i < 3 && ok; i++) {
+        lib_paths[i] = emit_join(libdir, emit_libs[i]);
+        if (!lib_paths[i] || access(lib_paths[i], R_OK) != 0) {
+            fprintf(stderr, "fp8c: error: cannot find the runtime library %s in %s (set "
+                    "FP8C_LIBDIR to the directory fp8c was built in)\n", emit_libs[i], libdir);
+            ok = false;
+        }
+    }
+    /* the linker writes a temp file beside the target, renamed once complete */
+    char *tmp_out = NULL;
+    if (ok) {
+        size_t n = strlen(out_path) + 16;
+        tmp_out = malloc(n);
+        snprintf(tmp_out, n, "%s.XXXXXX", out_path);
+        int fd = mkstemp(tmp_out);
+        if (fd < 0) {
+            fprintf(stderr, "fp8c: error: %s: cannot create the output: %s\n", out_path,
+                    strerror(errno));
+            ok = false;
+        } else {
+            close(fd);
+        }
+    }
+    if (ok) {
+        char flags[] = FP8C_LINK_FLAGS;
+        char *argv[EMIT_MAX_ARGS];
+        int argc = 0;
+        argv[argc++] = (char *)emit_compiler();
+        argv[argc++] = "-o";
+        argv[argc++] = tmp_out;
+        argv[argc++] = (char *)asm_path;
+        for (int i = 0; i < 3; i++) argv[argc++] = lib_paths[i];
+        argv[argc++] = "-lm";
+        argv[argc++] = "-lpthread";
+        for (char *save = NULL, *w = strtok_r(flags, " ", &save); w && argc < EMIT_MAX_ARGS - 1;
+             w = strtok_r(NULL, " ", &save))
+            argv[argc++] = w;
+        argv[argc] = NULL;
+        int rc = emit_spawn(argv, false);
+        if (rc != 0) {
+            fprintf(stderr, "fp8c: error: linking %s failed (%s exited with status %d):", out_path,
+                    argv[0], rc);
+            for (int i = 0; i < argc; i++) fprintf(stderr, " %s", argv[i]);
+            fputc('\n', stderr);
+            ok = false;
+        } else if (rename(tmp_out, out_path) != 0) {
+            fprintf(stderr, "fp8c: error: %s: cannot write: %s\n", out_path, strerror(errno));
+            ok = false;
+        }
+    }
+    if (tmp_out && !ok) unlink(tmp_out);
+    free(tmp_out);
+    for (int i = 0; i < 3; i++) free(lib_paths[i]);
+    return ok;
+}
+
+bool emit_training_binary(const Graph *g, const char *out_path) {
+    char *dir = emit_tempdir();
+    if (!dir) return false;
+    char *ir_path = emit_join(dir, "artifact.ir");
+    char *asm_path = emit_join(dir, "artifact.s");
+    bool ok = ir_path && asm_path;
+    if (ok) {
+        FILE *f = fopen(ir_path, "w");
+        ok = f != NULL;
+        if (f) {
+            ir_print(g, f);
+            ok = !ferror(f);
+            if (fclose(f) != 0) ok = false;
+        }
+        if (!ok)
+            fprintf(stderr, "fp8c: error: %s: cannot write the artifact: %s\n", ir_path,
+                    strerror(errno));
+    }
+    if (ok && !emit_write_asm(asm_path, ir_path)) {
+        fprintf(stderr, "fp8c: error: %s: cannot write: %s\n", asm_path, strerror(errno));
+        ok = false;
+    }
+    if (ok) ok = emit_link(asm_path, out_path);
+    if (ir_path) unlink(ir_path);
+    if (asm_path) unlink(asm_path);
+    rmdir(dir);
+    free(ir_path);
+    free(asm_path);
+    free(dir);
+    return ok;
+}
+
+int emit_and_run(const Graph *g, char **run_args, int n_run_args) {
+    char *dir = emit_tempdir();
+    if (!dir) return 1;
+    const char *name = g->model_name && *g->model_name && !strchr(g->model_name, '/')
+                           ? g->model_name : "train";
+    char *bin = emit_join(dir, name);
+    int status = 1;
+    if (bin && emit_training_binary(g, bin)) {
+        char **args = calloc((size_t)n_run_args + 2, sizeof *args);
+        if (args) {
+            args[0] = bin;
+            for (int i = 0; i < n_run_args; i++) args[i + 1] = run_args[i];
+            status = emit_spawn(args, true);
+            if (status < 0) {
+                fprintf(stderr, "fp8c: error: cannot run %s: %s\n", bin, strerror(errno));
+                status = 1;
+            }
+            free(args);
+        }
+        unlink(bin);
+    }
+    rmdir(dir);
+    free(bin);
+    free(dir);
+    return status;
+}
