@@ -1,0 +1,120 @@
+/* init.c — initial values of parameters and persistent state.
+ *
+ * A parameter's initial values must not depend on anything but the seed and the parameter
+ * itself: not on node order (passes reorder), not on the thread count, not on which other
+ * parameters exist (a model with one more layer keeps the first layers' values). So each
+ * value is a pure function of (seed, hash of the parameter's name, element index): element i
+ * of a parameter takes outputs 2i and 2i+1 of a SplitMix64 stream whose start is keyed by the
+ * seed and the name, and turns them into one normal value by Box-Muller. A counter-based
+ * generator like this needs no state between elements, so the work splits across threads
+ * freely.
+ *
+ * Values go through ref_store, so a bf16 parameter holds the rounded value; its f32 master
+ * copy, when the optimizer made one, holds the unrounded value the parameter was rounded from.
+ * Other persistent state starts at zero (gradient accumulators, Adam moments, amax histories),
+ * except scale tensors, which start at 1: a zero scale would make every read of the scaled
+ * tensor infinite before its first amax is known. */
+#include "ref_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+enum { INIT_NORMAL = 0, INIT_ZEROS = 1, INIT_ONES = 2 };
+enum { INIT_CHUNK = 1 << 14 };
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* FNV-1a: names are short, the hash only needs to be stable and spread by splitmix64 */
+static uint64_t hash_name(const char *s)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001B3ull;
+    return h;
+}
+
+typedef struct {
+    uint64_t key;
+    double std;
+    float *x;
+    int64_t n;
+} InitJob;
+
+static void init_normal_task(void *ctx, int64_t c)
+{
+    InitJob *j = ctx;
+    int64_t lo = c * INIT_CHUNK, hi = lo + INIT_CHUNK < j->n ? lo + INIT_CHUNK : j->n;
+    const double two_pi = 6.283185307179586, ulp53 = 1.0 / 9007199254740992.0;
+    for (int64_t i = lo; i < hi; i++) {
+        /* the stream seeded at key, positions 2i and 2i+1: splitmix64 adds its own step */
+        uint64_t r1 = splitmix64(j->key + (uint64_t)(2 * i) * 0x9E3779B97F4A7C15ull);
+        uint64_t r2 = splitmix64(j->key + (uint64_t)(2 * i + 1) * 0x9E3779B97F4A7C15ull);
+        double u1 = ((double)(r1 >> 11) + 1.0) * ulp53;   /* (0, 1]: log stays finite */
+        double u2 = (double)(r2 >> 11) * ulp53;
+        j->x[i] = (float)(j->std * sqrt(-2.0 * log(u1)) * cos(two_pi * u2));
+    }
+}
+
+static float *alloc_values(int64_t n)
+{
+    float *x = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    IR_ASSERT(x);
+    return x;
+}
+
+static void fill_param(const Node *p, uint64_t seed, float *x, int64_t n)
+{
+    switch (p->iattr[0]) {
+    case INIT_NORMAL: {
+        /* unnamed parameters (hand-built graphs) fall back to their stable id */
+        uint64_t h = p->t.name ? hash_name(p->t.name) : splitmix64((uint64_t)p->id);
+        InitJob j = {.key = splitmix64(seed ^ splitmix64(h)), .std = p->fattr[0], .x = x, .n = n};
+        ref_parallel_for((n + INIT_CHUNK - 1) / INIT_CHUNK, init_normal_task, &j);
+        break;
+    }
+    case INIT_ZEROS:
+    case INIT_ONES:
+        for (int64_t i = 0; i < n; i++) x[i] = p->iattr[0] == INIT_ONES ? 1.0f : 0.0f;
+        break;
+    default:
+        ir_die(__FILE__, __LINE__, "parameter '%s': unknown init %lld",
+               p->t.name ? p->t.name : "unnamed", (long long)p->iattr[0]);
+    }
+}
+
+void rt_init_params(Graph *g, uint64_t seed)
+{
+    /* state first: scale tensors must hold their 1 before scaled parameters are stored */
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *s = g->nodes[i];
+        if (s->op != OP_STATE || s->t.fmt.elem == FMT_VOID) continue;
+        int64_t n = ir_numel(&s->t);
+        float *x = alloc_values(n);
+        for (int64_t k = 0; k < n; k++) x[k] = s->t.role == ROLE_SCALE ? 1.0f : 0.0f;
+        ref_store(&s->t, x);
+        free(x);
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *p = g->nodes[i];
+        if (p->op != OP_PARAM) continue;
+        int64_t n = ir_numel(&p->t);
+        float *x = alloc_values(n);
+        fill_param(p, seed, x, n);
+        ref_store(&p->t, x);
+        for (int k = 0; k < g->n_nodes; k++) {
+            Node *m = g->nodes[k];
+            if (m->op == OP_STATE && m->t.role == ROLE_MASTER && m->grad_of == p) {
+                if (ir_numel(&m->t) != n)
+                    ir_die(__FILE__, __LINE__, "master '%s' and parameter '%s' differ in size",
+                           m->t.name ? m->t.name : "unnamed", p->t.name ? p->t.name : "unnamed");
+                ref_store(&m->t, x);
+            }
+        }
+        free(x);
+    }
+}

@@ -1,0 +1,287 @@
+/* ref_exec.c — the reference executor: one node at a time, every value through its format.
+ *
+ * This is the ground truth the GPU and LLVM backends are compared with, and the engine of the
+ * CPU training run. Each node's inputs are decoded to f32 (ref_load), a kernel computes the
+ * result in f32 with f64 accumulation in its reductions, and the result is rounded into its
+ * storage format (ref_store). Keeping the rounding at the storage boundary, exactly where a
+ * GPU kernel would convert, is what makes a bf16 activation or an e4m3 saved tensor behave
+ * here as on the device.
+ *
+ * Scaled formats store q = enc(x * s) and read dec(q) / s, with one scale per tensor, per row
+ * of the 2-D view (rows = all leading dims), per group of G along the last axis (1x128 tiles
+ * are groups of 128), or per 128x128 block, the scales read from the format's scale tensor.
+ * Loads and stores never compute scales or amaxes: the scaling pass makes that explicit work
+ * (quant_scale, amax_record, delayed_scale in ref_quant.c), so the reference executes exactly
+ * the graph it is given. Codecs other than plain (range expansion, companding, split master) are not implemented in
+ * the reference yet and stop the run with a message rather than computing something else. */
+#include "ref_internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Noreturn void ref_die_node(const Node *n, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ir_die(__FILE__, __LINE__, "reference executor: %s %%%d (%s): %s", ir_op_info(n->op)->text,
+           n->id, n->t.name ? n->t.name : "unnamed", msg);
+}
+
+int64_t ref_rows(const Tensor *t)
+{
+    int64_t r = 1;
+    for (int i = 0; i + 1 < t->rank; i++) r *= t->dims[i];
+    return r;
+}
+
+int64_t ref_cols(const Tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+int64_t ref_id(const Node *n, float v, int64_t limit, const char *what)
+{
+    if (!(v >= 0 && v < (float)limit) || v != floorf(v))
+        ref_die_node(n, "%s %g out of range [0, %lld)", what, (double)v, (long long)limit);
+    return (int64_t)v;
+}
+
+static const char *tensor_label(const Tensor *t) { return t->name ? t->name : "unnamed"; }
+
+static void check_bound(const Tensor *t)
+{
+    if (!t->data && ir_numel(t) > 0)
+        ir_die(__FILE__, __LINE__, "reference executor: tensor '%s' %s[%d dims] is not bound",
+               tensor_label(t), fmt_elem_name(t->fmt.elem), t->rank);
+}
+
+/* ---------------------------------------------------------------- scale layout
+ * Where the scale of element (r, c) of the 2-D view lives, and how many scales there are. */
+
+RefScaleMap ref_scale_map(Scaling kind, int group, int64_t rows, int64_t cols)
+{
+    RefScaleMap m = {.kind = kind, .rows = rows, .cols = cols, .group = 1};
+    switch (kind) {
+    case SCALE_PER_TENSOR: m.count = 1; break;
+    case SCALE_PER_ROW: m.count = rows; break;
+    case SCALE_PER_GROUP:
+    case SCALE_TILE_1x128:
+        m.group = kind == SCALE_TILE_1x128 ? 128 : group;
+        IR_ASSERT(m.group > 0);
+        m.n_col_groups = (cols + m.group - 1) / m.group;
+        m.count = rows * m.n_col_groups;
+        break;
+    case SCALE_BLOCK_128:
+        m.group = 128;
+        m.n_col_groups = (cols + 127) / 128;
+        m.count = ((rows + 127) / 128) * m.n_col_groups;
+        break;
+    case SCALE_NONE:
+    case SCALE_COUNT:
+        IR_ASSERT(!"unscaled tensor has no scale map");
+    }
+    return m;
+}
+
+int64_t ref_scale_index(const RefScaleMap *m, int64_t r, int64_t c)
+{
+    switch (m->kind) {
+    case SCALE_PER_TENSOR: return 0;
+    case SCALE_PER_ROW: return r;
+    case SCALE_PER_GROUP:
+    case SCALE_TILE_1x128: return r * m->n_col_groups + c / m->group;
+    case SCALE_BLOCK_128: return (r / 128) * m->n_col_groups + c / 128;
+    default: IR_ASSERT(!"bad scaling");
+    }
+}
+
+static RefScaleMap scale_map(const Tensor *t)
+{
+    const Format *f = &t->fmt;
+    if ((f->scaling == SCALE_PER_GROUP) && f->group <= 0)
+        ir_die(__FILE__, __LINE__, "tensor '%s': per-group scaling with group %d",
+               tensor_label(t), f->group);
+    return ref_scale_map(f->scaling, f->group, ref_rows(t), ref_cols(t));
+}
+
+static bool is_scaled(const Format *f) { return f->scaling != SCALE_NONE; }
+
+static void check_codec(const Tensor *t)
+{
+    if (t->fmt.codec != CODEC_PLAIN)
+        ir_die(__FILE__, __LINE__,
+               "reference executor: tensor '%s' uses codec '%s', which the reference executor "
+               "does not implement yet", tensor_label(t), fmt_codec_name(t->fmt.codec));
+}
+
+/* The scale factors of t: read from its scale tensor, or the static scale when it has none. */
+static float *scales_read(const Tensor *t, const RefScaleMap *m)
+{
+    const Format *f = &t->fmt;
+    float *s;
+    if (f->scale) {
+        const Tensor *st = &f->scale->t;
+        if (is_scaled(&st->fmt) || ir_numel(st) != m->count)
+            ir_die(__FILE__, __LINE__,
+                   "reference executor: tensor '%s' (%s scaling) needs %lld plain scales, its "
+                   "scale tensor '%s' has %lld", tensor_label(t), fmt_scaling_name(f->scaling),
+                   (long long)m->count, tensor_label(st), (long long)ir_numel(st));
+        s = ref_load(st);
+    } else if (f->recipe == RECIPE_STATIC) {
+        s = malloc(sizeof(float) * (size_t)m->count);
+        IR_ASSERT(s);
+        for (int64_t i = 0; i < m->count; i++) s[i] = f->static_scale;
+    } else {
+        ir_die(__FILE__, __LINE__, "reference executor: tensor '%s' is scaled (%s) but has no "
+               "scale tensor", tensor_label(t), fmt_scaling_name(f->scaling));
+    }
+    return s;
+}
+
+/* ---------------------------------------------------------------- load and store */
+
+float *ref_load(const Tensor *t)
+{
+    int64_t n = ir_numel(t);
+    if (t->fmt.elem == FMT_VOID)
+        ir_die(__FILE__, __LINE__, "reference executor: reading void tensor '%s'", tensor_label(t));
+    check_bound(t);
+    check_codec(t);
+    float *x = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    IR_ASSERT(x);
+    num_decode(t->fmt.elem, t->data, x, n);
+    if (!is_scaled(&t->fmt)) return x;
+
+    RefScaleMap m = scale_map(t);
+    float *s = scales_read(t, &m);
+    for (int64_t r = 0; r < m.rows; r++)
+        for (int64_t c = 0; c < m.cols; c++) x[r * m.cols + c] /= s[ref_scale_index(&m, r, c)];
+    free(s);
+    return x;
+}
+
+void ref_store(Tensor *t, const float *x)
+{
+    const Format *f = &t->fmt;
+    int64_t n = ir_numel(t);
+    if (f->elem == FMT_VOID) return;
+    check_bound(t);
+    check_codec(t);
+    if (!is_scaled(f)) {
+        num_encode(f->elem, x, t->data, n);
+        return;
+    }
+    RefScaleMap m = scale_map(t);
+    float *s = scales_read(t, &m);
+    float *q = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    IR_ASSERT(q);
+    for (int64_t r = 0; r < m.rows; r++)
+        for (int64_t c = 0; c < m.cols; c++)
+            q[r * m.cols + c] = x[r * m.cols + c] * s[ref_scale_index(&m, r, c)];
+    num_encode(f->elem, q, t->data, n);
+    free(q);
+    free(s);
+}
+
+/* A read-only f32 view of t: its own storage when that is plain f32 (no copy), else a decoded
+ * copy returned through *owned for the caller to free. */
+static const float *load_view(const Tensor *t, float **owned)
+{
+    *owned = NULL;
+    if (t->fmt.elem == FMT_F32 && !is_scaled(&t->fmt) && t->fmt.codec == CODEC_PLAIN) {
+        check_bound(t);
+        return t->data;
+    }
+    return *owned = ref_load(t);
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static void exec_const(Node *n)
+{
+    int64_t count = ir_numel(&n->t);
+    float *y = malloc(sizeof(float) * (size_t)(count ? count : 1));
+    IR_ASSERT(y);
+    for (int64_t i = 0; i < count; i++) y[i] = (float)n->fattr[0];
+    ref_store(&n->t, y);
+    free(y);
+}
+
+void ref_exec_node(Node *n)
+{
+    switch (n->op) {
+    case OP_INPUT: case OP_PARAM: case OP_STATE: return;   /* hold their data already */
+    case OP_CONST: exec_const(n); return;
+    case OP_ACCUMULATE: ref_accumulate(n); return;         /* in place */
+    case OP_ADAMW: ref_adamw(n); return;
+    case OP_AMAX_RECORD: ref_amax_record(n); return;
+    case OP_DELAYED_SCALE: ref_delayed_scale(n); return;
+    default: break;
+    }
+
+    enum { MAX_STACK_INPUTS = 16 };
+    const float *stack_x[MAX_STACK_INPUTS];
+    float *stack_owned[MAX_STACK_INPUTS];
+    const float **x = stack_x;
+    float **owned = stack_owned;
+    if (n->n_in > MAX_STACK_INPUTS) {
+        x = malloc(sizeof *x * (size_t)n->n_in);
+        owned = malloc(sizeof *owned * (size_t)n->n_in);
+        IR_ASSERT(x && owned);
+    }
+    for (int i = 0; i < n->n_in; i++) x[i] = load_view(&n->in[i]->t, &owned[i]);
+    int64_t count = ir_numel(&n->t);
+    float *y = malloc(sizeof(float) * (size_t)(count ? count : 1));
+    IR_ASSERT(y);
+    const float *const *cx = x;
+
+    switch (n->op) {
+    case OP_ADD: case OP_SUB: case OP_MUL: ref_binary(n, cx, y); break;
+    case OP_SCALE: ref_scale(n, cx, y); break;
+    case OP_ADD_N: ref_add_n(n, cx, y); break;
+    case OP_GELU: case OP_GELU_BWD: case OP_SILU: case OP_SILU_BWD: ref_unary(n, cx, y); break;
+    case OP_CAST: case OP_RESHAPE: ref_copy(n, cx, y); break;
+    case OP_SLICE: case OP_PAD: ref_slice(n, cx, y); break;
+    case OP_CONCAT: ref_concat(n, cx, y); break;
+    case OP_MATMUL: ref_matmul(n, cx, y); break;
+    case OP_SUM_ROWS: ref_sum_rows(n, cx, y); break;
+    case OP_SQNORM: ref_sqnorm(n, cx, y); break;
+    case OP_LAYERNORM: case OP_LAYERNORM_BWD_X: case OP_LAYERNORM_BWD_W:
+    case OP_RMSNORM: case OP_RMSNORM_BWD_X: case OP_RMSNORM_BWD_W: ref_norm(n, cx, y); break;
+    case OP_SOFTMAX: case OP_SOFTMAX_BWD: ref_softmax(n, cx, y); break;
+    case OP_EMBEDDING: ref_embedding(n, cx, y); break;
+    case OP_EMBEDDING_BWD: ref_embedding_bwd(n, cx, y); break;
+    case OP_CROSS_ENTROPY: case OP_CROSS_ENTROPY_BWD: ref_cross_entropy(n, cx, y); break;
+    case OP_ROPE: ref_rope(n, cx, y); break;
+    case OP_ATTENTION: ref_attention(n, cx, y); break;
+    case OP_ATTENTION_BWD: ref_attention_bwd(n, cx, y); break;
+    case OP_CLIP_COEF: ref_clip_coef(n, cx, y); break;
+    case OP_GRAD_NORM: ref_grad_norm(n, cx, y); break;
+    case OP_QUANT_SCALE: ref_quant_scale(n, cx, y); break;
+    case OP_QUANTIZE:
+        /* the value is x; the result's format (scale = in[1]) does the quantizing */
+        if (is_scaled(&n->t.fmt) && n->t.fmt.scale != n->in[1])
+            ref_die_node(n, "the result's scale tensor is not its second operand");
+        ref_copy(n, cx, y);
+        break;
+    case OP_INPUT: case OP_PARAM: case OP_STATE: case OP_CONST:
+    case OP_ACCUMULATE: case OP_ADAMW: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_COUNT:
+        IR_ASSERT(!"handled above");
+    }
+
+    ref_store(&n->t, y);
+    free(y);
+    for (int i = 0; i < n->n_in; i++) free(owned[i]);
+    if (x != stack_x) {
+        free(x);
+        free(owned);
+    }
+}
+
+void ref_run_phase(Graph *g, Phase phase)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->phase == phase) ref_exec_node(g->nodes[i]);
+}

@@ -1,0 +1,135 @@
+/* ref_gemm.c — matrix multiplication for the reference executor.
+ *
+ * Most of a CPU training step is GEMM, so this is a small packed GEMM in the usual shape
+ * (GotoBLAS/BLIS): op(B) is packed once into column panels of NR, each task packs an MR-row
+ * panel of op(A), and a register-blocked micro-kernel computes an MR x NR tile of C over the
+ * whole K. Packing also absorbs the four transpose combinations, so the kernel sees one layout.
+ *
+ * Accumulation is in f64, in k order, one accumulator per output element. The product of two
+ * f32 values is exact in f64, so a fused multiply-add gives the same bits as a multiply and an
+ * add: the vector-width clones of the kernel (AVX2, AVX-512, baseline) and any thread count give
+ * identical results. Work is split by row panels of C; a tile never depends on another.
+ * Padding rows/columns of the panels are zeros and their outputs are dropped. */
+#include "ref_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { MR = 6, NR = 8 };
+
+typedef double v4d __attribute__((vector_size(32)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GEMM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define GEMM_CLONES
+#endif
+
+/* c (MR x NR) = sum over k of ap[k] (MR) outer bp[k] (NR). */
+GEMM_CLONES
+static void gemm_kernel(int64_t K, const double *restrict ap, const double *restrict bp,
+                        double *restrict c)
+{
+    v4d acc[MR][NR / 4];
+    memset(acc, 0, sizeof acc);
+    for (int64_t k = 0; k < K; k++) {
+        v4d b0, b1;
+        memcpy(&b0, bp + k * NR, sizeof b0);
+        memcpy(&b1, bp + k * NR + 4, sizeof b1);
+        for (int i = 0; i < MR; i++) {
+            double a = ap[k * MR + i];
+            acc[i][0] += a * b0;
+            acc[i][1] += a * b1;
+        }
+    }
+    memcpy(c, acc, sizeof acc);
+}
+
+typedef struct {
+    int64_t M, N, K, lda, ldb;
+    const float *A, *B;
+    bool ta, tb;
+    float *C;
+    double *bpack;          /* ceil(N/NR) panels of K x NR */
+    int64_t n_row_panels, n_col_panels, panels_per_task;
+} GemmJob;
+
+static double *alloc_doubles(int64_t n)
+{
+    size_t bytes = (sizeof(double) * (size_t)(n ? n : 1) + 63) & ~(size_t)63;
+    double *p = aligned_alloc(64, bytes);
+    IR_ASSERT(p);
+    return p;
+}
+
+static void gemm_pack_b(void *ctx, int64_t jp)
+{
+    GemmJob *j = ctx;
+    double *dst = j->bpack + jp * j->K * NR;
+    int64_t j0 = jp * NR, nj = j->N - j0 < NR ? j->N - j0 : NR;
+    for (int64_t k = 0; k < j->K; k++) {
+        double *row = dst + k * NR;
+        for (int64_t jj = 0; jj < nj; jj++)
+            row[jj] = j->tb ? j->B[(j0 + jj) * j->ldb + k] : j->B[k * j->ldb + j0 + jj];
+        for (int64_t jj = nj; jj < NR; jj++) row[jj] = 0;
+    }
+}
+
+static void gemm_rows(void *ctx, int64_t task)
+{
+    GemmJob *j = ctx;
+    double *ap = alloc_doubles(j->K * MR);
+    double tile[MR * NR];
+    int64_t p0 = task * j->panels_per_task;
+    int64_t p1 = p0 + j->panels_per_task < j->n_row_panels ? p0 + j->panels_per_task
+                                                           : j->n_row_panels;
+    for (int64_t ip = p0; ip < p1; ip++) {
+        int64_t i0 = ip * MR, ni = j->M - i0 < MR ? j->M - i0 : MR;
+        for (int64_t k = 0; k < j->K; k++) {
+            double *col = ap + k * MR;
+            for (int64_t ii = 0; ii < ni; ii++)
+                col[ii] = j->ta ? j->A[k * j->lda + i0 + ii] : j->A[(i0 + ii) * j->lda + k];
+            for (int64_t ii = ni; ii < MR; ii++) col[ii] = 0;
+        }
+        for (int64_t jp = 0; jp < j->n_col_panels; jp++) {
+            gemm_kernel(j->K, ap, j->bpack + jp * j->K * NR, tile);
+            int64_t j0 = jp * NR, nj = j->N - j0 < NR ? j->N - j0 : NR;
+            for (int64_t ii = 0; ii < ni; ii++)
+                for (int64_t jj = 0; jj < nj; jj++)
+                    j->C[(i0 + ii) * j->N + j0 + jj] = (float)tile[ii * NR + jj];
+        }
+    }
+    free(ap);
+}
+
+void ref_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
+              const float *B, int64_t ldb, bool tb, float *C)
+{
+    if (M == 0 || N == 0) return;
+    GemmJob j = {.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .A = A, .B = B,
+                 .ta = ta, .tb = tb, .C = C};
+    j.n_row_panels = (M + MR - 1) / MR;
+    j.n_col_panels = (N + NR - 1) / NR;
+    j.bpack = alloc_doubles(j.n_col_panels * K * NR);
+    ref_parallel_for(j.n_col_panels, gemm_pack_b, &j);
+    /* a few tasks per thread keep the threads balanced without tiny tasks */
+    int64_t want = (int64_t)ref_threads() * 4;
+    j.panels_per_task = (j.n_row_panels + want - 1) / want;
+    int64_t n_tasks = (j.n_row_panels + j.panels_per_task - 1) / j.panels_per_task;
+    ref_parallel_for(n_tasks, gemm_rows, &j);
+    free(j.bpack);
+}
+
+void ref_matmul(const Node *n, const float *const *x, float *y)
+{
+    const Tensor *a = &n->in[0]->t, *b = &n->in[1]->t;
+    bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
+    int64_t ar = ref_rows(a), ac = ref_cols(a), br = ref_rows(b), bc = ref_cols(b);
+    int64_t M = ta ? ac : ar, K = ta ? ar : ac;
+    int64_t KB = tb ? bc : br, N = tb ? br : bc;
+    if (K != KB) ref_die_node(n, "inner dimensions %lld and %lld differ", (long long)K, (long long)KB);
+    if (ir_numel(&n->t) != M * N)
+        ref_die_node(n, "result has %lld elements, expected %lld x %lld",
+                     (long long)ir_numel(&n->t), (long long)M, (long long)N);
+    ref_gemm(M, N, K, x[0], ac, ta, x[1], bc, tb, y);
+}

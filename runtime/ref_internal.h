@@ -1,0 +1,78 @@
+/* ref_internal.h — what the reference executor's files share; not part of the runtime's interface.
+ *
+ * The executor is split by concern: ref_exec.c (dispatch, loads and stores through formats),
+ * ref_pool.c (threads), ref_gemm.c (matmul), ref_attn.c (attention, rope), ref_ops.c
+ * (elementwise, shape, row and gather ops), ref_optim.c (accumulation, norms, AdamW),
+ * ref_quant.c (scales and amax histories).
+ *
+ * Kernels see decoded f32 arrays: `x[i]` is input i (numel(in[i]) floats, ids too: token ids
+ * and targets are exact in f32 below 2^24) and `y` receives numel(n->t) floats that the
+ * dispatcher then stores through the result's format. */
+#ifndef FP8C_REF_INTERNAL_H
+#define FP8C_REF_INTERNAL_H
+
+#include "rt.h"
+
+/* ---------------------------------------------------------------- ref_pool.c
+ * Runs fn(ctx, i) for every i in [0, n_tasks) on the pool's threads (the caller works too).
+ * Tasks are taken in any order by any thread, so a task must compute its outputs alone and in
+ * a fixed order: that is what makes results independent of the thread count. Calls from inside
+ * a task run serially. */
+typedef void (*RefTaskFn)(void *ctx, int64_t task);
+void ref_parallel_for(int64_t n_tasks, RefTaskFn fn, void *ctx);
+
+/* ---------------------------------------------------------------- ref_exec.c */
+_Noreturn void ref_die_node(const Node *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int64_t ref_rows(const Tensor *t);          /* product of all dims but the last (1 for rank 0) */
+int64_t ref_cols(const Tensor *t);          /* the last dim (1 for rank 0) */
+int64_t ref_id(const Node *n, float v, int64_t limit, const char *what);   /* checked index */
+/* Scales of a scaled (rows, cols) view: how many, and which one element (r, c) uses. Scale
+ * tensors are laid out row-major in this order: (1), (rows), (rows, cols/G), (rows/128,
+ * cols/128), rounding up. */
+typedef struct {
+    Scaling kind;
+    int64_t rows, cols, group, n_col_groups, count;
+} RefScaleMap;
+RefScaleMap ref_scale_map(Scaling kind, int group, int64_t rows, int64_t cols);
+int64_t ref_scale_index(const RefScaleMap *m, int64_t r, int64_t c);
+
+/* ---------------------------------------------------------------- ref_gemm.c */
+/* C (M, N) = op(A) @ op(B) with f64 accumulation; A is (M, K) or, when ta, (K, M), row-major
+ * with row stride lda; likewise B (K, N) or, when tb, (N, K). */
+void ref_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
+              const float *B, int64_t ldb, bool tb, float *C);
+void ref_matmul(const Node *n, const float *const *x, float *y);
+
+/* ---------------------------------------------------------------- ref_attn.c */
+void ref_attention(const Node *n, const float *const *x, float *y);
+void ref_attention_bwd(const Node *n, const float *const *x, float *y);
+void ref_rope(const Node *n, const float *const *x, float *y);
+
+/* ---------------------------------------------------------------- ref_ops.c */
+void ref_binary(const Node *n, const float *const *x, float *y);     /* ADD, SUB, MUL */
+void ref_scale(const Node *n, const float *const *x, float *y);
+void ref_add_n(const Node *n, const float *const *x, float *y);
+void ref_unary(const Node *n, const float *const *x, float *y);      /* GELU, SILU (+ _BWD) */
+void ref_copy(const Node *n, const float *const *x, float *y);       /* RESHAPE, CAST */
+void ref_slice(const Node *n, const float *const *x, float *y);      /* SLICE, PAD */
+void ref_concat(const Node *n, const float *const *x, float *y);
+void ref_sum_rows(const Node *n, const float *const *x, float *y);
+void ref_norm(const Node *n, const float *const *x, float *y);       /* LAYERNORM, RMSNORM (+ _BWD_*) */
+void ref_softmax(const Node *n, const float *const *x, float *y);    /* SOFTMAX (+ _BWD) */
+void ref_embedding(const Node *n, const float *const *x, float *y);
+void ref_embedding_bwd(const Node *n, const float *const *x, float *y);
+void ref_cross_entropy(const Node *n, const float *const *x, float *y);   /* (+ _BWD) */
+
+/* ---------------------------------------------------------------- ref_optim.c */
+void ref_sqnorm(const Node *n, const float *const *x, float *y);
+void ref_clip_coef(const Node *n, const float *const *x, float *y);
+void ref_grad_norm(const Node *n, const float *const *x, float *y);
+void ref_accumulate(Node *n);                /* in place: reads and writes its inputs itself */
+void ref_adamw(Node *n);
+
+/* ---------------------------------------------------------------- ref_quant.c */
+void ref_quant_scale(const Node *n, const float *const *x, float *y);
+void ref_amax_record(Node *n);               /* in place */
+void ref_delayed_scale(Node *n);             /* in place */
+
+#endif

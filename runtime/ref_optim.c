@@ -1,0 +1,155 @@
+/* ref_optim.c — gradient accumulation, norms and the AdamW update of the reference executor.
+ *
+ * These are the ops of the update phase (and ACCUMULATE, which ends each micro-step). Two of
+ * them write into their inputs: ACCUMULATE adds into the accumulator's storage, and ADAMW
+ * updates param, m, v (and master) and zeroes the gradient. They decode and encode every one
+ * of those tensors through its own format, so an e4m3 Adam moment or a bf16 gradient
+ * accumulator is rounded exactly where the GPU's fused update would round it; values inside
+ * one update (the new m and v feeding the step) stay unrounded, as in registers.
+ *
+ * SQNORM sums squares in f64 over fixed chunks and then adds the chunk sums in order, so the
+ * result is the same for any thread count (though not bit-equal to one long serial sum). */
+#include "ref_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { SQNORM_CHUNK = 1 << 16 };
+
+typedef struct {
+    const float *x;
+    int64_t n;
+    double *partial;
+} SqJob;
+
+static void sqnorm_task(void *ctx, int64_t c)
+{
+    SqJob *j = ctx;
+    int64_t lo = c * SQNORM_CHUNK, hi = lo + SQNORM_CHUNK < j->n ? lo + SQNORM_CHUNK : j->n;
+    double s = 0;
+    for (int64_t i = lo; i < hi; i++) s += (double)j->x[i] * j->x[i];
+    j->partial[c] = s;
+}
+
+void ref_sqnorm(const Node *n, const float *const *x, float *y)
+{
+    SqJob j = {.x = x[0], .n = ir_numel(&n->in[0]->t)};
+    int64_t chunks = (j.n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
+    j.partial = calloc((size_t)(chunks ? chunks : 1), sizeof(double));
+    IR_ASSERT(j.partial);
+    ref_parallel_for(chunks, sqnorm_task, &j);
+    double s = 0;
+    for (int64_t c = 0; c < chunks; c++) s += j.partial[c];
+    y[0] = (float)s;
+    free(j.partial);
+}
+
+void ref_clip_coef(const Node *n, const float *const *x, float *y)
+{
+    double max_norm = n->fattr[0], norm = x[0][0];
+    y[0] = max_norm > 0 ? (float)fmin(1.0, max_norm / (norm + 1e-6)) : 1.0f;
+}
+
+/* (grad_scale, sqnorms..) -> sqrt(sum of every element of the sqnorms) * grad_scale */
+void ref_grad_norm(const Node *n, const float *const *x, float *y)
+{
+    double s = 0;
+    for (int k = 1; k < n->n_in; k++) {
+        int64_t m = ir_numel(&n->in[k]->t);
+        for (int64_t i = 0; i < m; i++) s += x[k][i];
+    }
+    y[0] = (float)(sqrt(s) * x[0][0]);
+}
+
+void ref_accumulate(Node *n)
+{
+    Tensor *acc = &n->in[0]->t;
+    const Tensor *g = &n->in[1]->t;
+    int64_t count = ir_numel(acc);
+    if (ir_numel(g) != count || ir_numel(&n->t) != count)
+        ref_die_node(n, "accumulator has %lld elements, gradient %lld", (long long)count,
+                     (long long)ir_numel(g));
+    float *a = ref_load(acc), *d = ref_load(g);
+    for (int64_t i = 0; i < count; i++) a[i] += d[i];
+    ref_store(acc, a);
+    /* the result is the accumulator; a result bound to storage of its own gets the value too */
+    if (n->t.data && n->t.data != acc->data) ref_store(&n->t, a);
+    free(a);
+    free(d);
+}
+
+/* ---------------------------------------------------------------- AdamW */
+
+enum { A_PARAM, A_GRAD, A_M, A_V, A_LR, A_STEP, A_CLIP, A_GRAD_SCALE, A_MASTER };
+
+typedef struct {
+    float *w, *g, *m, *v;       /* decoded; w is the master when there is one */
+    double lr, gmul, b1, b2, eps, wd, bc1, bc2;
+    int64_t n;
+} AdamJob;
+
+static void adamw_task(void *ctx, int64_t c)
+{
+    AdamJob *j = ctx;
+    int64_t lo = c * 4096, hi = lo + 4096 < j->n ? lo + 4096 : j->n;
+    for (int64_t i = lo; i < hi; i++) {
+        double g = j->g[i] * j->gmul;
+        double m = j->b1 * j->m[i] + (1 - j->b1) * g;
+        double v = j->b2 * j->v[i] + (1 - j->b2) * g * g;
+        double mhat = m / j->bc1, vhat = v / j->bc2, w = j->w[i];
+        w -= j->lr * (mhat / (sqrt(vhat) + j->eps) + j->wd * w);
+        j->m[i] = (float)m;
+        j->v[i] = (float)v;
+        j->w[i] = (float)w;
+        j->g[i] = 0;
+    }
+}
+
+static double scalar_in(Node *n, int k)
+{
+    const Tensor *t = &n->in[k]->t;
+    if (ir_numel(t) != 1) ref_die_node(n, "input %d must be a scalar", k);
+    float *x = ref_load(t);
+    double v = x[0];
+    free(x);
+    return v;
+}
+
+void ref_adamw(Node *n)
+{
+    if (n->n_in != 8 && n->n_in != 9)
+        ref_die_node(n, "takes (param, grad, m, v, lr, step, clip, grad_scale[, master])");
+    Tensor *param = &n->in[A_PARAM]->t, *grad = &n->in[A_GRAD]->t;
+    Tensor *mt = &n->in[A_M]->t, *vt = &n->in[A_V]->t;
+    Tensor *master = n->n_in == 9 ? &n->in[A_MASTER]->t : NULL;
+    AdamJob j = {.n = ir_numel(param), .b1 = n->fattr[0], .b2 = n->fattr[1],
+                 .eps = n->fattr[2], .wd = n->fattr[3]};
+    const Tensor *same[] = {grad, mt, vt, master};
+    for (int k = 0; k < 4; k++)
+        if (same[k] && ir_numel(same[k]) != j.n)
+            ref_die_node(n, "'%s' has %lld elements, the parameter %lld",
+                         same[k]->name ? same[k]->name : "unnamed", (long long)ir_numel(same[k]),
+                         (long long)j.n);
+    double step = scalar_in(n, A_STEP);
+    if (!(step >= 1)) ref_die_node(n, "step %g: steps count from 1", step);
+    j.lr = scalar_in(n, A_LR);
+    j.gmul = scalar_in(n, A_GRAD_SCALE) * scalar_in(n, A_CLIP);
+    j.bc1 = 1 - pow(j.b1, step);
+    j.bc2 = 1 - pow(j.b2, step);
+
+    j.w = ref_load(master ? master : param);
+    j.g = ref_load(grad);
+    j.m = ref_load(mt);
+    j.v = ref_load(vt);
+    ref_parallel_for((j.n + 4095) / 4096, adamw_task, &j);
+    ref_store(mt, j.m);
+    ref_store(vt, j.v);
+    ref_store(grad, j.g);
+    if (master) ref_store(master, j.w);
+    ref_store(param, j.w);     /* through param's format: round(master) when there is one */
+    free(j.w);
+    free(j.g);
+    free(j.m);
+    free(j.v);
+}

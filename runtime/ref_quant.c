@@ -1,0 +1,86 @@
+/* ref_quant.c — scales and amax histories: the explicit scaling work of the step.
+ *
+ * The scaling pass turns each scaled format into ops: QUANT_SCALE finds a tensor's amax and the
+ * scales that fit it into its element type now (current scaling); AMAX_RECORD pushes a
+ * tensor's amax into a history and DELAYED_SCALE turns the history into the scale for the next
+ * step (delayed scaling, TransformerEngine). QUANTIZE needs no code of its own: its value is
+ * its input, and storing it through its scaled format is the quantization (ref_exec.c).
+ *
+ * Conventions, shared with the generated kernels:
+ *  - amax is the largest |x|, ignoring NaN (as CUDA's fmaxf does), keeping infinities;
+ *  - a QUANT_SCALE whose amax is 0 or not finite gives scale 1 (nothing to fit, or nothing
+ *    that can fit); DELAYED_SCALE in that case keeps the previous scale (TransformerEngine);
+ *  - a history holds the most recent amax at index 0, older ones after it. */
+#include "ref_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static double scale_for(ElemType e, double amax, int64_t margin)
+{
+    return (double)num_elem_max(e) / amax / ldexp(1.0, (int)margin);
+}
+
+static bool amax_usable(double amax) { return amax > 0 && isfinite(amax); }
+
+/* (x) attrs elem, scaling, group, margin -> the scales, laid out as ref_scale_map says */
+void ref_quant_scale(const Node *n, const float *const *x, float *y)
+{
+    const Tensor *t = &n->in[0]->t;
+    ElemType e = (ElemType)n->iattr[0];
+    Scaling kind = (Scaling)n->iattr[1];
+    if (e <= FMT_VOID || e >= FMT_COUNT) ref_die_node(n, "bad element type %lld", (long long)n->iattr[0]);
+    if (kind <= SCALE_NONE || kind >= SCALE_COUNT || (kind == SCALE_PER_GROUP && n->iattr[2] <= 0))
+        ref_die_node(n, "bad scaling %lld (group %lld)", (long long)n->iattr[1], (long long)n->iattr[2]);
+    RefScaleMap m = ref_scale_map(kind, (int)n->iattr[2], ref_rows(t), ref_cols(t));
+    if (ir_numel(&n->t) != m.count)
+        ref_die_node(n, "result has %lld elements, the %s scales %lld", (long long)ir_numel(&n->t),
+                     fmt_scaling_name(kind), (long long)m.count);
+    float *amax = calloc((size_t)m.count, sizeof(float));
+    IR_ASSERT(amax);
+    for (int64_t r = 0; r < m.rows; r++)
+        for (int64_t c = 0; c < m.cols; c++) {
+            int64_t k = ref_scale_index(&m, r, c);
+            amax[k] = fmaxf(amax[k], fabsf(x[0][r * m.cols + c]));
+        }
+    for (int64_t k = 0; k < m.count; k++)
+        y[k] = amax_usable(amax[k]) ? (float)scale_for(e, amax[k], n->iattr[3]) : 1.0f;
+    free(amax);
+}
+
+/* (history (H), x): history shifts by one and history[0] = amax(x); the result is history */
+void ref_amax_record(Node *n)
+{
+    Tensor *h = &n->in[0]->t;
+    const Tensor *xt = &n->in[1]->t;
+    int64_t H = ir_numel(h), count = ir_numel(xt);
+    if (H < 1) ref_die_node(n, "empty amax history");
+    float *hist = ref_load(h), *x = ref_load(xt);
+    float amax = 0;
+    for (int64_t i = 0; i < count; i++) amax = fmaxf(amax, fabsf(x[i]));
+    for (int64_t i = H - 1; i > 0; i--) hist[i] = hist[i - 1];
+    hist[0] = amax;
+    ref_store(h, hist);
+    if (n->t.data && n->t.data != h->data) ref_store(&n->t, hist);
+    free(hist);
+    free(x);
+}
+
+/* (scale state, history) attrs elem, margin, use_max: the scale from the history, in place */
+void ref_delayed_scale(Node *n)
+{
+    Tensor *st = &n->in[0]->t;
+    const Tensor *ht = &n->in[1]->t;
+    if (ir_numel(st) != 1) ref_die_node(n, "the scale must be a scalar");
+    int64_t H = ir_numel(ht);
+    if (H < 1) ref_die_node(n, "empty amax history");
+    float *hist = ref_load(ht), *s = ref_load(st);
+    double amax = hist[0];
+    if (n->iattr[2])
+        for (int64_t i = 1; i < H; i++) amax = fmax(amax, hist[i]);
+    if (amax_usable(amax)) s[0] = (float)scale_for((ElemType)n->iattr[0], amax, n->iattr[1]);
+    ref_store(st, s);
+    if (n->t.data && n->t.data != st->data) ref_store(&n->t, s);
+    free(hist);
+    free(s);
+}
