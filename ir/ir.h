@@ -281,8 +281,31 @@ int ir_verify(const Graph *g, const char *after_pass);
  * The reader accepts exactly what the printer writes (and comments starting with '#'). */
 void ir_print(const Graph *g, FILE *out);
 void ir_print_node(const Node *n, FILE *out);
-void ir_print_format(const Format *f, FILE *out);
+void ir_print_format(const char *key, const Format *f, FILE *out);   /* " key{...}" unless plain */
 /* Returns NULL and reports diag errors (file:line:col) on malformed text. */
 Graph *ir_read(Arena *a, const char *file, const char *text);
+
+/* ---------------------------------------------------------------- codecs.c
+ * Optimizer-state codecs (DESIGN.md §4). n f32 values are encoded in groups of
+ * codec_group_size() consecutive elements (the last group may be shorter) into
+ * codec_elem()-typed codes, with codec_params_per_group() f32 side values per group (the
+ * tensor Format.scale points at); see codecs.c for the definitions and docs/numerics.md for
+ * the measured errors.
+ *   CODEC_PLAIN    e4m3, groups of 128, param: scale = 448/amax   (the per-group FP8 baseline)
+ *   CODEC_EXPAND   e4m3, groups of 128, params: c = amax, k       (q = e4m3(448 sign(x)|x/c|^k))
+ *   CODEC_COMPAND  i8,   groups of 32,  param: amax               (q = round(127 2y/(1+|y|)))
+ *   CODEC_SQRT     u8,   groups of 32,  param: p = max sqrt(v)    (q = round(255 2y/(1+y)),
+ *                                                                  y = sqrt(v)/p; v > 0: q >= 1)
+ *   CODEC_SPLIT    i8 correction of a bf16 weight, no params: codec_split_encode/decode. */
+ElemType codec_elem(Codec c);
+int codec_group_size(Codec c);
+int codec_params_per_group(Codec c);
+int64_t codec_param_count(Codec c, int64_t n);      /* f32 side values for n elements */
+void codec_encode(Codec c, const float *src, void *dst, float *params, int64_t n);
+void codec_decode(Codec c, const void *src, const float *params, float *dst, int64_t n);
+/* Master weight w as hi = bf16(w) (the weight the forward reads) and lo, the rounding error
+ * in units of ulp(hi)/256; decoding gives w within 2^-16 relative (2^-15 at exact ties). */
+void codec_split_encode(const float *w, uint16_t *hi, int8_t *lo, int64_t n);
+void codec_split_decode(const uint16_t *hi, const int8_t *lo, float *w, int64_t n);
 
 #endif
