@@ -281,7 +281,7 @@ int ir_verify(const Graph *g, const char *after_pass);
  * The reader accepts exactly what the printer writes (and comments starting with '#'). */
 void ir_print(const Graph *g, FILE *out);
 void ir_print_node(const Node *n, FILE *out);
-void ir_print_format(const char *key, const Format *f, FILE *out);   /* " key{...}" unless plain */
+void ir_print_format(const Format *f, FILE *out);
 /* Returns NULL and reports diag errors (file:line:col) on malformed text. */
 Graph *ir_read(Arena *a, const char *file, const char *text);
 
