@@ -1,0 +1,567 @@
+/* test_runtime.c — the training binary's pieces without a model: token shards and the byte
+ * tokenizer, batch positions, safetensors checkpoints (round trips in every dtype, every kind
+ * of corruption, atomic saves), the flags, the learning-rate schedule and the arena binding.
+ * Every test writes fresh random files into its own temp directory. */
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "rt.h"
+
+static char tmp_dir[256];
+static uint64_t rng_state;
+
+static uint64_t rng_next(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/fp8c-test-runtime-XXXXXX");
+    assert_non_null(mkdtemp(tmp_dir));
+    rng_state = 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid() ^ (uint64_t)time(NULL);
+    static FILE *devnull;
+    if (!devnull) devnull = fopen("/dev/null", "w");
+    rt_set_error_stream(devnull);   /* the messages are checked through rt_last_error */
+    rt_clear_error();
+    return 0;
+}
+
+static void remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char child[1024];
+            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+            remove_tree(child);
+        }
+        if (d) closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove_tree(tmp_dir);
+    return 0;
+}
+
+static const char *tmp_path(const char *name) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", tmp_dir, name);
+    return buf[k];
+}
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+/* A shard header with chosen fields followed by n_tokens tokens (not necessarily count). */
+static void write_raw_shard(const char *path, uint32_t magic, uint32_t version, uint32_t count,
+                            int64_t n_tokens) {
+    size_t size = 1024 + 2 * (size_t)n_tokens;
+    uint8_t *buf = calloc(1, size);
+    uint32_t h[3] = {magic, version, count};
+    for (int i = 0; i < 3; i++)
+        for (int b = 0; b < 4; b++) buf[4 * i + b] = (uint8_t)(h[i] >> (8 * b));
+    for (int64_t i = 0; i < n_tokens; i++) buf[1024 + 2 * i] = (uint8_t)(rng_next() % 200);
+    write_bytes(path, buf, size);
+    free(buf);
+}
+
+static void assert_error_mentions(const char *a, const char *b) {
+    const char *msg = rt_last_error();
+    if (!strstr(msg, a) || (b && !strstr(msg, b)))
+        fail_msg("error \"%s\" should mention \"%s\"%s%s", msg, a, b ? " and " : "", b ? b : "");
+}
+
+/* ---------------------------------------------------------------- shards */
+
+static void test_shard_round_trip(void **state) {
+    (void)state;
+    int64_t n = 1000 + (int64_t)(rng_next() % 5000);
+    uint16_t *tok = malloc((size_t)n * sizeof *tok);
+    for (int64_t i = 0; i < n; i++) tok[i] = (uint16_t)rng_next();
+    const char *path = tmp_path("good.bin");
+    assert_true(rt_data_write_shard(path, tok, n));
+    TokenData d;
+    assert_true(rt_data_open(&d, path));
+    assert_int_equal(d.n_shards, 1);
+    assert_false(d.is_text);
+    assert_int_equal(d.n_tokens, n);
+    assert_memory_equal(d.shards[0].tok, tok, (size_t)n * sizeof *tok);
+    /* the vocabulary check finds the largest token */
+    uint16_t max = 0;
+    for (int64_t i = 0; i < n; i++) max = tok[i] > max ? tok[i] : max;
+    assert_true(rt_data_check(&d, "the training data", n, (int64_t)max + 1));
+    assert_false(rt_data_check(&d, "the training data", n, max));
+    assert_error_mentions(path, "outside the model's vocabulary");
+    assert_false(rt_data_check(&d, "the training data", n + 1, 65536));
+    assert_error_mentions(path, "fewer than");
+    rt_data_free(&d);
+    free(tok);
+}
+
+static void test_shard_errors(void **state) {
+    (void)state;
+    TokenData d;
+    struct { const char *name; uint32_t magic, version, count; int64_t held; const char *want; } cases[] = {
+        {"magic.bin", 20240519, 1, 100, 100, "magic"},
+        {"version.bin", RT_SHARD_MAGIC, 2, 100, 100, "version 2"},
+        {"truncated.bin", RT_SHARD_MAGIC, 1, 5000, 4999, "truncated"},
+        {"zero.bin", RT_SHARD_MAGIC, 1, 0, 0, "no tokens"},
+        {"trailing.bin", RT_SHARD_MAGIC, 1, 10, 12, "after its 10 tokens"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path = tmp_path(cases[i].name);
+        write_raw_shard(path, cases[i].magic, cases[i].version, cases[i].count, cases[i].held);
+        rt_clear_error();
+        assert_false(rt_data_open(&d, path));
+        assert_error_mentions(path, cases[i].want);
+    }
+    /* a header cut short, an empty file, a missing file, a glob matching nothing */
+    const char *short_path = tmp_path("short.bin");
+    write_bytes(short_path, "\x28\xd4\x34\x01", 4);
+    assert_false(rt_data_open(&d, short_path));
+    assert_error_mentions(short_path, "truncated");
+    const char *empty = tmp_path("empty.txt");
+    write_bytes(empty, "", 0);
+    assert_false(rt_data_open(&d, empty));
+    assert_error_mentions(empty, "empty");
+    assert_false(rt_data_open(&d, tmp_path("missing.bin")));
+    assert_error_mentions("missing.bin", "cannot open");
+    assert_false(rt_data_open(&d, tmp_path("nothing*.bin")));
+    assert_error_mentions("nothing*.bin", "no file matches");
+}
+
+static void test_byte_tokenizer_and_split(void **state) {
+    (void)state;
+    size_t n = 2000 + rng_next() % 3000;
+    uint8_t *text = malloc(n);
+    for (size_t i = 0; i < n; i++) text[i] = (uint8_t)rng_next();
+    text[0] = 'x';   /* not the shard magic */
+    const char *path = tmp_path("corpus.txt");
+    write_bytes(path, text, n);
+    TokenData d, val;
+    assert_true(rt_data_open(&d, path));
+    assert_true(d.is_text);
+    assert_int_equal(d.n_tokens, (int64_t)n);
+    for (size_t i = 0; i < n; i++) assert_int_equal(d.shards[0].tok[i], text[i]);
+    assert_true(rt_data_check(&d, "the training data", 2, RT_BYTE_VOCAB));
+
+    /* the last 5% becomes the validation set, the rest stays for training */
+    assert_true(rt_data_split_tail(&d, &val, 0.05));
+    int64_t hold = (int64_t)((double)n * 0.05);
+    assert_int_equal(val.n_tokens, hold);
+    assert_int_equal(d.n_tokens, (int64_t)n - hold);
+    assert_memory_equal(val.shards[0].tok, d.shards[0].base + n - hold, (size_t)hold * 2);
+    rt_data_free(&val);
+    rt_data_free(&d);
+
+    /* a comma list and a glob read every file in order */
+    const char *second = tmp_path("corpus2.txt");
+    write_bytes(second, text, n / 2);
+    char spec[1200];
+    snprintf(spec, sizeof spec, "%s,%s/corpus2*.txt", path, tmp_dir);
+    assert_true(rt_data_open(&d, spec));
+    assert_int_equal(d.n_shards, 2);
+    assert_int_equal(d.n_tokens, (int64_t)(n + n / 2));
+    rt_data_free(&d);
+    free(text);
+}
+
+/* Every row is T+1 contiguous tokens of the source, the same for the same (seed, step, micro),
+ * and rows of different steps differ. */
+static void test_batches(void **state) {
+    (void)state;
+    int64_t n = 5000;
+    uint16_t *tok = malloc((size_t)n * sizeof *tok);
+    for (int64_t i = 0; i < n; i++) tok[i] = (uint16_t)(rng_next() % 50000);
+    const char *path = tmp_path("batches.bin");
+    assert_true(rt_data_write_shard(path, tok, n));
+    TokenData d;
+    assert_true(rt_data_open(&d, path));
+    enum { B = 4, T = 16 };
+    int32_t a[B * T], at[B * T], b[B * T], bt[B * T];
+    uint64_t seed = rng_next();
+    rt_data_train_batch(&d, seed, 7, 1, B, T, a, at);
+    rt_data_train_batch(&d, seed, 7, 1, B, T, b, bt);
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_equal(at, bt, sizeof at);
+    for (int r = 0; r < B; r++) {
+        int64_t start = -1;
+        for (int64_t p = 0; p + T < n && start < 0; p++) {
+            bool match = true;
+            for (int t = 0; t < T && match; t++)
+                match = tok[p + t] == a[r * T + t] && tok[p + t + 1] == at[r * T + t];
+            if (match) start = p;
+        }
+        assert_true(start >= 0);
+    }
+    rt_data_train_batch(&d, seed, 8, 1, B, T, b, bt);
+    assert_memory_not_equal(a, b, sizeof a);
+    rt_data_train_batch(&d, seed, 7, 0, B, T, b, bt);
+    assert_memory_not_equal(a, b, sizeof a);
+    /* validation batches are fixed windows laid end to end */
+    rt_data_val_batch(&d, 2, B, T, a, at);
+    for (int r = 0; r < B; r++)
+        for (int t = 0; t < T; t++) {
+            assert_int_equal(a[r * T + t], tok[(2 * B + r) * T + t]);
+            assert_int_equal(at[r * T + t], tok[(2 * B + r) * T + t + 1]);
+        }
+    rt_data_free(&d);
+    free(tok);
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+enum { N_CKPT = 8 };
+static const ElemType ckpt_types[N_CKPT] = {FMT_F32, FMT_BF16, FMT_F16, FMT_E4M3,
+                                            FMT_E5M2, FMT_I8, FMT_U8, FMT_I32};
+
+typedef struct {
+    Tensor t[N_CKPT];
+    Tensor *ptr[N_CKPT];
+    char names[N_CKPT][32];
+} TensorSet;
+
+/* Tensors of random shapes in every dtype, filled with random bytes. */
+static void make_tensors(TensorSet *s, bool fill) {
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < N_CKPT; i++) {
+        Tensor *t = &s->t[i];
+        snprintf(s->names[i], sizeof s->names[i], i % 2 ? "h.%d.attn.weight:adam_m" : "w%d", i);
+        t->name = s->names[i];
+        t->rank = i % 3;                 /* scalars, vectors, matrices */
+        for (int d = 0; d < t->rank; d++) t->dims[d] = 1 + (int64_t)(rng_next() % 9);
+        t->fmt = fmt_plain(ckpt_types[i]);
+        t->role = ROLE_PARAM;
+        size_t bytes = (size_t)(ir_numel(t) * fmt_elem_bytes(t->fmt.elem));
+        t->data = malloc(bytes);
+        for (size_t k = 0; k < bytes; k++) ((uint8_t *)t->data)[k] = fill ? (uint8_t)rng_next() : 0xA5;
+        s->ptr[i] = t;
+    }
+}
+
+static void clone_shapes(TensorSet *dst, const TensorSet *src) {
+    memset(dst, 0, sizeof *dst);
+    for (int i = 0; i < N_CKPT; i++) {
+        dst->t[i] = src->t[i];
+        memcpy(dst->names[i], src->names[i], sizeof dst->names[i]);
+        dst->t[i].name = dst->names[i];
+        size_t bytes = (size_t)(ir_numel(&src->t[i]) * fmt_elem_bytes(src->t[i].fmt.elem));
+        dst->t[i].data = malloc(bytes);
+        memset(dst->t[i].data, 0x5A, bytes);
+        dst->ptr[i] = &dst->t[i];
+    }
+}
+
+static void free_tensors(TensorSet *s) {
+    for (int i = 0; i < N_CKPT; i++) free(s->t[i].data);
+}
+
+static size_t tensor_bytes(const Tensor *t) {
+    return (size_t)(ir_numel(t) * fmt_elem_bytes(t->fmt.elem));
+}
+
+static uint8_t *read_all(const char *path, int64_t *size) {
+    uint8_t *p = rt_read_file(path, size);
+    assert_non_null(p);
+    return p;
+}
+
+static void test_checkpoint_round_trip(void **state) {
+    (void)state;
+    TensorSet a, b;
+    make_tensors(&a, true);
+    clone_shapes(&b, &a);
+    CkptMeta meta[2] = {{"model", "tiny \"quoted\" \\ name"}, {"step", "42"}};
+    const char *path = tmp_path("round.safetensors");
+    assert_true(rt_ckpt_save(path, a.ptr, N_CKPT, meta, 2));
+    CkptMeta got[8];
+    int n_got = 0;
+    assert_true(rt_ckpt_load(path, b.ptr, N_CKPT, got, 8, &n_got));
+    for (int i = 0; i < N_CKPT; i++)
+        assert_memory_equal(a.t[i].data, b.t[i].data, tensor_bytes(&a.t[i]));
+    assert_int_equal(n_got, 2);
+    assert_string_equal(rt_ckpt_meta_get(got, n_got, "model"), meta[0].value);
+    assert_string_equal(rt_ckpt_meta_get(got, n_got, "step"), "42");
+
+    /* the layout is safetensors': 8-byte length, JSON padded to 8, data after */
+    int64_t size;
+    uint8_t *file = read_all(path, &size);
+    uint64_t hlen = 0;
+    for (int k = 7; k >= 0; k--) hlen = hlen << 8 | file[k];
+    assert_int_equal(hlen % 8, 0);
+    assert_int_equal(file[8], '{');
+    size_t total = 0;
+    for (int i = 0; i < N_CKPT; i++) total += tensor_bytes(&a.t[i]);
+    assert_int_equal((uint64_t)size, 8 + hlen + total);
+    assert_non_null(strstr((char *)file + 8, "\"F8_E4M3\""));
+    free(file);
+    free_tensors(&a);
+    free_tensors(&b);
+}
+
+/* Writes a variant of a good checkpoint and checks that loading it fails with `want` in the
+ * message and leaves the destination tensors untouched. */
+static void expect_load_fails(const char *name, const uint8_t *bytes, size_t n, TensorSet *dst,
+                              int n_dst, const char *want, const char *want2) {
+    const char *path = tmp_path(name);
+    write_bytes(path, bytes, n);
+    for (int i = 0; i < n_dst; i++) memset(dst->t[i].data, 0x5A, tensor_bytes(&dst->t[i]));
+    CkptMeta meta[8];
+    int n_meta = 0;
+    rt_clear_error();
+    assert_false(rt_ckpt_load(path, dst->ptr, n_dst, meta, 8, &n_meta));
+    assert_error_mentions(want, want2);
+    assert_error_mentions(name, NULL);
+    for (int i = 0; i < n_dst; i++) {
+        const uint8_t *p = dst->t[i].data;
+        for (size_t k = 0; k < tensor_bytes(&dst->t[i]); k++) assert_int_equal(p[k], 0x5A);
+    }
+}
+
+static void test_checkpoint_corruption(void **state) {
+    (void)state;
+    TensorSet a, b;
+    make_tensors(&a, true);
+    clone_shapes(&b, &a);
+    const char *path = tmp_path("good.safetensors");
+    assert_true(rt_ckpt_save(path, a.ptr, N_CKPT, NULL, 0));
+    int64_t size;
+    uint8_t *good = read_all(path, &size);
+    uint8_t *bad = malloc((size_t)size);
+
+    expect_load_fails("cut.safetensors", good, (size_t)size - 1, &b, N_CKPT, "truncated", NULL);
+    expect_load_fails("tiny.safetensors", good, 5, &b, N_CKPT, "too short", NULL);
+    memcpy(bad, good, (size_t)size);
+    bad[6] = 0x7f;   /* an absurd header length */
+    expect_load_fails("hlen.safetensors", bad, (size_t)size, &b, N_CKPT, "header length", NULL);
+    memcpy(bad, good, (size_t)size);
+    bad[8] = '[';    /* the header is not an object */
+    expect_load_fails("json.safetensors", bad, (size_t)size, &b, N_CKPT, "bad checkpoint header",
+                      "byte 0");
+    /* one tensor fewer expected: the checkpoint has an extra one */
+    expect_load_fails("extra.safetensors", good, (size_t)size, &b, N_CKPT - 1, "which the plan does not have",
+                      a.names[N_CKPT - 1]);
+    /* a tensor the checkpoint lacks */
+    b.t[2].name = "not.in.checkpoint";
+    expect_load_fails("lacks.safetensors", good, (size_t)size, &b, N_CKPT, "lacks tensor",
+                      "not.in.checkpoint");
+    b.t[2].name = b.names[2];
+    /* a different shape: both shapes are named */
+    int64_t old = b.t[1].dims[0];
+    b.t[1].dims[0] = old + 1;
+    char want_shape[64];
+    snprintf(want_shape, sizeof want_shape, "has shape [%lld]", (long long)old);
+    char plan_shape[64];
+    snprintf(plan_shape, sizeof plan_shape, "the plan has [%lld]", (long long)old + 1);
+    const char *shape_file = "shape.safetensors";
+    expect_load_fails(shape_file, good, (size_t)size, &b, N_CKPT, want_shape, plan_shape);
+    b.t[1].dims[0] = old;
+    /* a different dtype with the same byte size */
+    b.t[1].fmt.elem = FMT_F16;
+    expect_load_fails("dtype.safetensors", good, (size_t)size, &b, N_CKPT, "is BF16", "as F16");
+    b.t[1].fmt.elem = FMT_BF16;
+    /* the good file still loads */
+    CkptMeta meta[4];
+    int n_meta;
+    assert_true(rt_ckpt_load(path, b.ptr, N_CKPT, meta, 4, &n_meta));
+    free(good);
+    free(bad);
+    free_tensors(&a);
+    free_tensors(&b);
+}
+
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_checkpoint_failed_save(void **state) {
+    (void)state;
+    TensorSet a;
+    make_tensors(&a, true);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", tmp_path("ckpt"));
+    char written[1024];
+    CkptMeta meta[1] = {{"step", "1"}};
+    assert_true(rt_ckpt_save_step(dir, 1, a.ptr, N_CKPT, meta, 1, written, sizeof written));
+    char resolved[1024];
+    assert_true(rt_ckpt_resolve(dir, resolved, sizeof resolved));
+    assert_string_equal(resolved, written);
+    int64_t size0;
+    uint8_t *before = read_all(written, &size0);
+
+    /* a tensor that cannot be saved: nothing is written, the old file stays */
+    Format keep = a.t[3].fmt;
+    a.t[3].fmt.elem = FMT_VOID;
+    rt_clear_error();
+    assert_false(rt_ckpt_save(written, a.ptr, N_CKPT, meta, 1));
+    assert_error_mentions(a.names[3], "no safetensors dtype");
+    a.t[3].fmt = keep;
+    /* the target cannot be replaced (a directory of that name): the temp file is removed */
+    char blocked[1024];
+    snprintf(blocked, sizeof blocked, "%s/step_000002.safetensors", dir);
+    assert_int_equal(mkdir(blocked, 0777), 0);
+    char inside[1100];
+    snprintf(inside, sizeof inside, "%s/x", blocked);
+    write_bytes(inside, "x", 1);
+    rt_clear_error();
+    assert_false(rt_ckpt_save_step(dir, 2, a.ptr, N_CKPT, meta, 1, NULL, 0));
+    assert_error_mentions(blocked, "cannot write");
+    assert_int_equal(count_entries(dir), 3);   /* step_000001, latest, the blocking directory */
+    assert_true(rt_ckpt_resolve(dir, resolved, sizeof resolved));
+    assert_string_equal(resolved, written);
+    int64_t size1;
+    uint8_t *after = read_all(written, &size1);
+    assert_int_equal(size0, size1);
+    assert_memory_equal(before, after, (size_t)size0);
+    free(before);
+    free(after);
+    /* resolving a path that is not there names it */
+    assert_false(rt_ckpt_resolve(tmp_path("nope"), resolved, sizeof resolved));
+    assert_error_mentions("nope", "cannot read");
+    free_tensors(&a);
+}
+
+/* ---------------------------------------------------------------- flags and schedule */
+
+static int parse(TrainOptions *o, ...) {
+    char *argv[32] = {"train"};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, o);
+    for (char *a; (a = va_arg(ap, char *));) argv[argc++] = a;
+    va_end(ap);
+    rt_clear_error();
+    return rt_parse_args(argc, argv, o);
+}
+
+static void test_flags(void **state) {
+    (void)state;
+    TrainOptions o;
+    assert_int_equal(parse(&o, "--data", "x.bin", "--steps=12", "--lr", "3e-3", "--warmup", "2",
+                           "--grad-accum", "3", "--seed", "99", "--threads", "2", "--out", "d",
+                           "--save-every", "4", NULL), RT_ARGS_OK);
+    assert_int_equal(o.steps, 12);
+    assert_true(fabs(o.lr - 3e-3) < 1e-15);
+    assert_int_equal(o.grad_accum, 3);
+    assert_true(o.seed_given && o.seed == 99);
+    assert_int_equal(parse(&o, "--help", NULL), RT_ARGS_HELP);
+
+    struct { const char *flag, *value, *want; } bad[] = {
+        {"--steps", "0", "--steps 0"},          {"--steps", "12x", "--steps 12x"},
+        {"--lr", "-1", "--lr -1"},               {"--lr", "nan", "--lr nan"},
+        {"--lr", "0", "positive"},               {"--grad-accum", "0", "--grad-accum 0"},
+        {"--device", "cuda", "cpu only"},        {"--threads", "100000", "--threads"},
+        {"--eval-batches", "0", "--eval-batches"}, {"--bogus", "1", "unknown flag"},
+        {"--seed", "-3", "--seed -3"},           {"--min-lr", "-0.5", "--min-lr"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(parse(&o, "--data", "x.bin", bad[i].flag, bad[i].value, NULL),
+                         RT_ARGS_ERROR);
+        assert_error_mentions(bad[i].want, NULL);
+    }
+    assert_int_equal(parse(&o, "--steps", "5", NULL), RT_ARGS_ERROR);
+    assert_error_mentions("--data is required", NULL);
+    assert_int_equal(parse(&o, "--data", NULL), RT_ARGS_ERROR);
+    assert_error_mentions("needs a value", NULL);
+    assert_int_equal(parse(&o, "--data", "x", "--save-every", "3", NULL), RT_ARGS_ERROR);
+    assert_error_mentions("--out", NULL);
+    assert_int_equal(parse(&o, "--data", "x", "--steps", "5", "--warmup", "6", NULL), RT_ARGS_ERROR);
+    assert_error_mentions("--warmup 6", NULL);
+    assert_int_equal(parse(&o, "--data", "x", "--lr", "1e-3", "--min-lr", "1e-2", NULL),
+                     RT_ARGS_ERROR);
+    assert_int_equal(parse(&o, "--data", "x", "stray", NULL), RT_ARGS_ERROR);
+    assert_error_mentions("stray", NULL);
+}
+
+static void test_lr_schedule(void **state) {
+    (void)state;
+    double peak = 1e-3 * (1 + (double)(rng_next() % 100) / 10), floor = peak / 10;
+    int64_t warmup = 1 + (int64_t)(rng_next() % 20), steps = warmup + 10 + (int64_t)(rng_next() % 100);
+    for (int64_t s = 0; s < warmup; s++)
+        assert_true(fabs(rt_lr_at(peak, floor, warmup, steps, s) - peak * (s + 1) / warmup) < 1e-15);
+    assert_true(fabs(rt_lr_at(peak, floor, warmup, steps, warmup) - peak) < 1e-15);
+    for (int64_t s = warmup + 1; s < steps; s++)
+        assert_true(rt_lr_at(peak, floor, warmup, steps, s) <= rt_lr_at(peak, floor, warmup, steps, s - 1));
+    assert_true(fabs(rt_lr_at(peak, floor, warmup, steps, steps - 1) - floor) < 1e-15);
+}
+
+/* ---------------------------------------------------------------- arenas */
+
+static void test_memory_bind(void **state) {
+    (void)state;
+    Arena *arena = arena_new();
+    Graph *g = ir_graph_new(arena);
+    SrcLoc loc = {0};
+    int64_t dims[2] = {3 + (int64_t)(rng_next() % 5), 4};
+    Node *w = ir_leaf(g, OP_PARAM, "w", ROLE_PARAM, FMT_F32, 2, dims, loc);
+    Node *m = ir_leaf(g, OP_STATE, "w:adam_m", ROLE_ADAM_M, FMT_BF16, 2, dims, loc);
+    Node *x = ir_leaf(g, OP_INPUT, "x", ROLE_INPUT, FMT_F32, 2, dims, loc);
+    int64_t wb = dims[0] * dims[1] * 4;
+    w->t.offset = 0;
+    m->t.offset = wb;
+    x->t.offset = 0;
+    g->persistent_bytes = wb + dims[0] * dims[1] * 2;
+    g->transient_bytes = wb;
+    RtMemory mem;
+    assert_true(rt_memory_bind(g, &mem));
+    assert_ptr_equal(w->t.data, mem.persistent);
+    assert_ptr_equal(m->t.data, (char *)mem.persistent + wb);
+    assert_ptr_equal(x->t.data, mem.step);
+    rt_memory_free(&mem);
+    /* a plan whose arena is smaller than its tensors is refused with the tensor's name */
+    g->persistent_bytes -= 1;
+    rt_clear_error();
+    assert_false(rt_memory_bind(g, &mem));
+    assert_error_mentions("w:adam_m", "arena");
+    arena_free(arena);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_shard_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_byte_tokenizer_and_split, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_corruption, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_failed_save, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_memory_bind, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
