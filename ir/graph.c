@@ -303,3 +303,13 @@ bool ir_mutates_input(const Node *n, int i)
     default: return false;
     }
 }
+
+void ir_move_before(Graph *g, Node *n, Node *pos)
+{
+    IR_ASSERT(g->nodes[n->index] == n && g->nodes[pos->index] == pos);
+    int from = n->index, to = pos->index;
+    if (from < to) return;   /* already earlier */
+    memmove(g->nodes + to + 1, g->nodes + to, sizeof(Node *) * (size_t)(from - to));
+    g->nodes[to] = n;
+    for (int i = to; i <= from; i++) g->nodes[i]->index = i;
+}

@@ -172,7 +172,7 @@ bool ir_role_is_persistent(Role r);                    /* lives across steps (an
 const char *ir_phase_name(Phase p);
 
 #define IR_MAX_RANK 6
-#define IR_MAX_IATTR 4
+#define IR_MAX_IATTR 6
 #define IR_MAX_FATTR 4
 
 typedef struct {
@@ -181,6 +181,8 @@ typedef struct {
     int64_t dims[IR_MAX_RANK];
     Role role;
     Format fmt;
+    Format saved_as;        /* ROLE_SAVED: the format the backward's copy is kept in, as the
+                               precision pass asks; elem FMT_VOID: the value itself is kept */
     int64_t offset;         /* byte offset in the arena of its memory class (memplan); -1: none */
     int64_t bytes;          /* storage bytes (memplan), scales excluded */
     void *data;             /* bound at run time: arena base + offset, or a test's buffer */
@@ -257,6 +259,8 @@ typedef struct { int n; Node **list; } Uses;
 Uses *ir_fill_uses(const Graph *g);
 /* Replaces every use of `from` by `to` (in nodes after `from`). */
 void ir_replace_uses(Graph *g, Node *from, Node *to);
+/* Moves n (anywhere after pos) to just before pos; passes use it to insert new nodes. */
+void ir_move_before(Graph *g, Node *n, Node *pos);
 /* Keeps the nodes for which keep[index] is true, preserving order. */
 void ir_filter(Graph *g, const bool *keep);
 
@@ -281,7 +285,7 @@ int ir_verify(const Graph *g, const char *after_pass);
  * The reader accepts exactly what the printer writes (and comments starting with '#'). */
 void ir_print(const Graph *g, FILE *out);
 void ir_print_node(const Node *n, FILE *out);
-void ir_print_format(const Format *f, FILE *out);
+void ir_print_format(const char *key, const Format *f, FILE *out);   /* " key{...}" unless plain */
 /* Returns NULL and reports diag errors (file:line:col) on malformed text. */
 Graph *ir_read(Arena *a, const char *file, const char *text);
 

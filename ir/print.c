@@ -7,6 +7,7 @@
  *   %7 = matmul(%5, %6) trans_b=1 : bf16[8,64,768] role=activation phase=forward @"gpt2.model":21:9
  *
  * then, only where they are not the defaults: a format block fmt{scaling=... scale=%12}, the
+ * format a saved value's backward copy should have (saved_as=e4m3 saved_fmt{...}), the
  * tensor name, the parameter a state belongs to (of=%3), and the memory plan (mem=offset+bytes).
  * Floats are printed with enough digits to round-trip exactly. */
 #include "ir.h"
@@ -29,10 +30,10 @@ static bool format_is_plain(const Format *f)
            !f->scale && !f->amax && !f->group;
 }
 
-void ir_print_format(const Format *f, FILE *out)
+void ir_print_format(const char *key, const Format *f, FILE *out)
 {
     if (format_is_plain(f)) return;
-    fputs(" fmt{", out);
+    fprintf(out, " %s{", key);
     const char *sep = "";
     if (f->scaling != SCALE_NONE) { fprintf(out, "%sscaling=%s", sep, fmt_scaling_name(f->scaling)); sep = " "; }
     if (f->group) { fprintf(out, "%sgroup=%d", sep, f->group); sep = " "; }
@@ -61,7 +62,11 @@ void ir_print_node(const Node *n, FILE *out)
     fprintf(out, " : %s[", fmt_elem_name(n->t.fmt.elem));
     for (int i = 0; i < n->t.rank; i++) fprintf(out, i ? ",%lld" : "%lld", (long long)n->t.dims[i]);
     fputc(']', out);
-    ir_print_format(&n->t.fmt, out);
+    ir_print_format("fmt", &n->t.fmt, out);
+    if (n->t.saved_as.elem != FMT_VOID) {
+        fprintf(out, " saved_as=%s", fmt_elem_name(n->t.saved_as.elem));
+        ir_print_format("saved_fmt", &n->t.saved_as, out);
+    }
     fprintf(out, " role=%s phase=%s", ir_role_name(n->t.role), ir_phase_name(n->phase));
     if (n->t.name) {
         fputs(" name=", out);

@@ -348,6 +348,10 @@ static void read_node(Reader *r, Graph *g)
                 if (!strcmp(ir_phase_name((Phase)i), ph)) p = i;
             if (p < 0) fail(r, "unknown phase");
             else n->phase = (Phase)p;
+        } else if (!strcmp(key, "saved_as")) {
+            const char *e = read_word(r);
+            if (!fmt_elem_from_name(e, &n->t.saved_as.elem)) r->p = value_at, fail(r, "unknown element type");
+            else if (accept(r, "saved_fmt{")) read_format_block(r, &n->t.saved_as);
         } else if (!strcmp(key, "name")) {
             n->t.name = read_quoted(r);
         } else if (!strcmp(key, "of")) {

@@ -1,0 +1,391 @@
+/* precision.c — decides the storage format of every tensor.
+ *
+ * This pass is where fp8c differs from a framework: TransformerEngine, MS-AMP, COAT, FlashOptim
+ * and DeepSeek-V3 each hard-code one answer to "what precision does this tensor get"; here the
+ * answer is a table (the levels O0..O3 of DESIGN.md §4) plus user rules, applied to every tensor
+ * of the step, and the result is data on the tensors that `fp8c plan` prints and every later
+ * pass and backend obeys.
+ *
+ * What it decides (the scaling pass then makes it so, inserting scales and quantize nodes):
+ *   - parameters, master copies (it adds the master states), gradient accumulators, Adam m and v
+ *     (element type and codec);
+ *   - which GEMMs take FP8 operands (MATMUL fp8=1): all at O1+, except the head that produces
+ *     the logits of the loss, which stays bf16 as in TransformerEngine and torchao recipes;
+ *   - which forward values the backward reads (role saved), since the levels store those
+ *     differently; every other transient value is bf16, scalars and losses f32.
+ *
+ * Rules, from --precision flags and a --policy file (one rule a line, '#' comments), are
+ * PATTERN=FORMAT with shell globs over tensor names:
+ *   lm_head.weight=f32            a parameter (or state: "*:adam_v=f32") kept in this format
+ *   gemm:h.0.*=bf16               GEMMs whose weight matches run in bf16; =e5m2 means FP8 with
+ *                                 e4m3 forward and e5m2 gradients (the default), =e4m3 FP8 with
+ *                                 e4m3 everywhere (DeepSeek-V3); :row, :block128 (1x128
+ *                                 activation tiles, 128x128 weight blocks), :delayed16
+ *   saved:h.*.mlp.*=e4m3:group16  saved activations whose name matches, in this format
+ * FORMAT is an element type with optional modifiers: e4m3:tensor|row|group16|tile128|block128,
+ * :current|:delayed16 (amax history length), :expand|:compand|:sqrt (state codecs). Later
+ * rules win over earlier ones. */
+#include "passes.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED } RuleKind;
+
+typedef struct {
+    RuleKind kind;
+    const char *pattern;
+    Format fmt;
+} Rule;
+
+typedef struct {
+    Rule *rules;
+    int n_rules;
+} Policy;
+
+/* Parses "e4m3:group16:delayed16" into a Format. Returns NULL or an error message. */
+static const char *parse_format(Arena *a, const char *spec, Format *out)
+{
+    char buf[128];
+    if (strlen(spec) >= sizeof buf) return "format too long";
+    strcpy(buf, spec);
+    char *save = NULL, *part = strtok_r(buf, ":", &save);
+    if (!part || !fmt_elem_from_name(part, &out->elem) || out->elem == FMT_VOID)
+        return arena_printf(a, "unknown element type '%s' (f32, bf16, f16, e4m3, e5m2, i8, u8)", part ? part : "");
+    bool fp8 = out->elem == FMT_E4M3 || out->elem == FMT_E5M2;
+    if (fp8) {
+        out->scaling = SCALE_PER_TENSOR;
+        out->recipe = RECIPE_CURRENT;
+    }
+    while ((part = strtok_r(NULL, ":", &save))) {
+        int n = 0;
+        if (!strcmp(part, "tensor")) out->scaling = SCALE_PER_TENSOR;
+        else if (!strcmp(part, "row")) out->scaling = SCALE_PER_ROW;
+        else if (!strcmp(part, "tile128")) out->scaling = SCALE_TILE_1x128, out->group = 128;
+        else if (!strcmp(part, "block128")) out->scaling = SCALE_BLOCK_128;
+        else if (sscanf(part, "group%d", &n) == 1 && n > 0) out->scaling = SCALE_PER_GROUP, out->group = n;
+        else if (!strcmp(part, "current")) out->recipe = RECIPE_CURRENT;
+        else if (sscanf(part, "delayed%d", &n) == 1 && n > 0) out->recipe = RECIPE_DELAYED, out->history = n, out->history_max = true;
+        else if (!strcmp(part, "expand")) out->codec = CODEC_EXPAND;
+        else if (!strcmp(part, "compand")) out->codec = CODEC_COMPAND;
+        else if (!strcmp(part, "sqrt")) out->codec = CODEC_SQRT;
+        else return arena_printf(a, "unknown format modifier '%s'", part);
+    }
+    if (!fp8 && (out->scaling != SCALE_NONE || out->recipe != RECIPE_NONE) && out->codec == CODEC_PLAIN)
+        return arena_printf(a, "'%s': scaling applies to e4m3 and e5m2 only", spec);
+    return NULL;
+}
+
+/* Adds one "kind:pattern=format" rule; errors are reported at loc. */
+static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
+{
+    const char *eq = strchr(text, '=');
+    if (!eq || eq == text || !eq[1]) {
+        diag_error(loc, "a precision rule is PATTERN=FORMAT, not '%s'", text);
+        return;
+    }
+    Rule r = {RULE_TENSOR, NULL, {0}};
+    const char *pat = text;
+    if (!strncmp(text, "gemm:", 5)) r.kind = RULE_GEMM, pat += 5;
+    else if (!strncmp(text, "saved:", 6)) r.kind = RULE_SAVED, pat += 6;
+    r.pattern = arena_printf(a, "%.*s", (int)(eq - pat), pat);
+    const char *err = parse_format(a, eq + 1, &r.fmt);
+    if (err) {
+        diag_error(loc, "%s", err);
+        return;
+    }
+    Rule *bigger = arena_alloc(a, sizeof *bigger * (size_t)(p->n_rules + 1));
+    if (p->n_rules) memcpy(bigger, p->rules, sizeof *bigger * (size_t)p->n_rules);
+    bigger[p->n_rules++] = r;
+    p->rules = bigger;
+}
+
+static bool policy_load_file(Policy *p, Arena *a, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        diag_error((SrcLoc){path, 0, 0}, "cannot read the policy file: %s", strerror(errno));
+        return false;
+    }
+    char line[1024];
+    int lineno = 0;
+    size_t total = 0;
+    char *all = arena_alloc(a, 1 << 20);
+    while (fgets(line, sizeof line, f)) {
+        size_t len = strlen(line);
+        if (total + len < (1 << 20) - 1) memcpy(all + total, line, len), total += len;
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char *s = line;
+        while (isspace((unsigned char)*s)) s++;
+        char *e = s + strlen(s);
+        while (e > s && isspace((unsigned char)e[-1])) *--e = 0;
+        if (!*s) continue;
+        diag_register_source(path, all);
+        policy_add(p, a, s, (SrcLoc){path, lineno, (int)(s - line) + 1});
+    }
+    fclose(f);
+    return true;
+}
+
+/* The last matching rule of a kind, or NULL. */
+static const Rule *policy_match(const Policy *p, RuleKind kind, const char *name)
+{
+    if (!name) return NULL;
+    const Rule *found = NULL;
+    for (int i = 0; i < p->n_rules; i++)
+        if (p->rules[i].kind == kind && fnmatch(p->rules[i].pattern, name, 0) == 0) found = &p->rules[i];
+    return found;
+}
+
+/* ---------------------------------------------------------------- the level table */
+
+typedef struct {
+    ElemType param, grad, master;
+    Codec master_codec;
+    Format adam_m, adam_v;
+    bool fp8_gemms;
+} Level;
+
+static Level level_defaults(int opt)
+{
+    Level l = {FMT_BF16, FMT_F32, FMT_F32, CODEC_PLAIN, fmt_plain(FMT_F32), fmt_plain(FMT_F32), false};
+    if (opt >= 1) l.grad = FMT_BF16, l.fp8_gemms = true;
+    if (opt == 2) {
+        /* COAT: FP8 states with dynamic range expansion, groups of 128 */
+        l.adam_m = (Format){.elem = FMT_E4M3, .codec = CODEC_EXPAND, .scaling = SCALE_PER_GROUP, .group = 128};
+        l.adam_v = l.adam_m;
+    }
+    if (opt >= 3) {
+        /* FlashOptim: companded 8-bit states in groups of 32, bf16 + i8 split master */
+        l.adam_m = (Format){.elem = FMT_I8, .codec = CODEC_COMPAND, .scaling = SCALE_PER_GROUP, .group = 32};
+        l.adam_v = (Format){.elem = FMT_U8, .codec = CODEC_SQRT, .scaling = SCALE_PER_GROUP, .group = 32};
+        l.master = FMT_I8;
+        l.master_codec = CODEC_SPLIT;
+    }
+    return l;
+}
+
+/* Per-group parameters of a codec'd state live in a persistent f32 tensor next to it:
+ * EXPAND keeps (scale, exponent) per group, COMPAND and SQRT one absmax per group. */
+static void attach_codec_scales(Graph *g, Node *state, Node *before)
+{
+    Format *f = &state->t.fmt;
+    if (f->codec != CODEC_EXPAND && f->codec != CODEC_COMPAND && f->codec != CODEC_SQRT) return;
+    int64_t groups = (ir_numel(&state->t) + f->group - 1) / f->group;
+    int64_t dims[2] = {groups, f->codec == CODEC_EXPAND ? 2 : 1};
+    Node *s = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s.scale", state->t.name), ROLE_SCALE, FMT_F32,
+                      2, dims, state->loc);
+    s->grad_of = state->grad_of;
+    ir_move_before(g, s, before);
+    f->scale = s;
+}
+
+static void set_state_format(Graph *g, Node *state, Format fmt, const Policy *p, Node *before)
+{
+    const Rule *r = policy_match(p, RULE_TENSOR, state->t.name);
+    if (r) fmt = r->fmt;
+    if (fmt.codec != CODEC_PLAIN && fmt.group <= 0) fmt.group = fmt.codec == CODEC_EXPAND ? 128 : 32;
+    if (fmt.codec != CODEC_PLAIN) fmt.scaling = SCALE_PER_GROUP;
+    else if (fmt.scaling != SCALE_NONE) fmt.scaling = SCALE_NONE, fmt.recipe = RECIPE_NONE;  /* plain states are unscaled */
+    state->t.fmt = fmt;
+    attach_codec_scales(g, state, before);
+}
+
+/* Adds "P:master" as the 9th operand of P's AdamW update. */
+static Node *add_master(Graph *g, Node *adamw, const Level *l, const Policy *p)
+{
+    Node *param = adamw->in[0];
+    Node *m = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s:master", param->t.name), ROLE_MASTER,
+                      l->master, param->t.rank, param->t.dims, param->loc);
+    m->grad_of = param;
+    m->phase = PHASE_UPDATE;
+    ir_move_before(g, m, adamw);
+    Format f = fmt_plain(l->master);
+    f.codec = l->master_codec;
+    const Rule *r = policy_match(p, RULE_TENSOR, m->t.name);
+    if (r) f = r->fmt;
+    if (f.elem == FMT_I8 && f.codec == CODEC_PLAIN) f.codec = CODEC_SPLIT;
+    m->t.fmt = f;
+    Node **in = arena_alloc(g->arena, sizeof(Node *) * 9);
+    memcpy(in, adamw->in, sizeof(Node *) * 8);
+    in[8] = m;
+    adamw->in = in;
+    adamw->n_in = 9;
+    return m;
+}
+
+/* Forward values with a reader outside the forward pass are kept for the backward. */
+static void mark_saved(Graph *g)
+{
+    Uses *uses = ir_fill_uses(g);
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (n->phase != PHASE_FORWARD || n->n_in == 0 || n->t.role != ROLE_ACTIVATION) continue;
+        for (int k = 0; k < uses[i].n; k++)
+            if (uses[i].list[k]->phase != PHASE_FORWARD) {
+                n->t.role = ROLE_SAVED;
+                break;
+            }
+    }
+}
+
+static bool stays_f32(const Node *n)
+{
+    if (n->t.rank == 0) return true;   /* losses, norms, clip coefficients, scales */
+    switch (n->op) {
+    case OP_QUANT_SCALE: case OP_SQNORM: case OP_CROSS_ENTROPY: case OP_GRAD_NORM: case OP_CLIP_COEF:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* The weight operand of a GEMM, for gemm: rules: the first PARAM among its operands. */
+static const char *gemm_weight_name(const Node *mm)
+{
+    for (int i = 0; i < 2; i++) {
+        const Node *x = mm->in[i];
+        while ((x->op == OP_CAST || x->op == OP_RESHAPE) && x->n_in) x = x->in[0];
+        if (x->op == OP_PARAM) return x->t.name;
+    }
+    return NULL;
+}
+
+/* A GEMM whose result flows (through reshapes and casts) into the loss's cross-entropy, or the
+ * backward of such a GEMM: the output head. */
+static bool is_head_gemm(const Node *mm, const Uses *uses, const Graph *g)
+{
+    const Node *x = mm;
+    for (int depth = 0; depth < 4; depth++) {
+        const Uses *u = &uses[x->index];
+        for (int k = 0; k < u->n; k++)
+            if (u->list[k]->op == OP_CROSS_ENTROPY || u->list[k]->op == OP_CROSS_ENTROPY_BWD) return true;
+        if (u->n != 1 || (u->list[0]->op != OP_RESHAPE && u->list[0]->op != OP_CAST)) break;
+        x = u->list[0];
+    }
+    /* backward GEMMs of the head read the cross-entropy gradient directly */
+    for (int i = 0; i < mm->n_in; i++)
+        if (mm->in[i]->op == OP_CROSS_ENTROPY_BWD) return true;
+    (void)g;
+    return false;
+}
+
+/* O2/O3 default for a saved value, from who reads it in the backward. */
+static Format saved_default(const Node *x, const Uses *u)
+{
+    bool nonlinear = false, fp8_gemm = false;
+    for (int k = 0; k < u->n; k++) {
+        const Node *r = u->list[k];
+        if (r->phase == PHASE_FORWARD) continue;
+        switch (r->op) {
+        case OP_ATTENTION_BWD: case OP_CROSS_ENTROPY_BWD: case OP_EMBEDDING_BWD:
+            return fmt_plain(FMT_VOID);
+        case OP_MATMUL:
+            if (r->iattr[2]) fp8_gemm = true;
+            else return fmt_plain(FMT_VOID);   /* a bf16 GEMM wants its operand in bf16 */
+            break;
+        default:
+            nonlinear = true;
+        }
+    }
+    Format f = {.elem = FMT_E4M3, .scaling = SCALE_PER_TENSOR, .recipe = RECIPE_CURRENT};
+    if (nonlinear) f.scaling = SCALE_PER_GROUP, f.group = 16;
+    else if (!fp8_gemm) return fmt_plain(FMT_VOID);
+    return f;
+}
+
+bool pass_precision(Graph *g, const PassOptions *opt)
+{
+    Policy policy = {0};
+    int errors = diag_error_count();
+    if (opt->policy_file) policy_load_file(&policy, g->arena, opt->policy_file);
+    for (int i = 0; i < opt->n_overrides; i++)
+        policy_add(&policy, g->arena, opt->overrides[i], (SrcLoc){"<command line>", 0, 0});
+    if (diag_error_count() > errors) return false;
+
+    Level level = level_defaults(opt->opt_level);
+    g->opt_level = opt->opt_level;
+    mark_saved(g);
+
+    /* persistent state: parameters, masters, gradient accumulators, Adam moments */
+    int n = g->n_nodes;
+    Node **updates = arena_alloc(g->arena, sizeof(Node *) * (size_t)(n ? n : 1));
+    int n_updates = 0;
+    for (int i = 0; i < n; i++)
+        if (g->nodes[i]->op == OP_ADAMW) updates[n_updates++] = g->nodes[i];
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *x = g->nodes[i];
+        if (x->op == OP_PARAM) {
+            const Rule *r = policy_match(&policy, RULE_TENSOR, x->t.name);
+            x->t.fmt = fmt_plain(r ? r->fmt.elem : level.param);
+        }
+    }
+    for (int k = 0; k < n_updates; k++) {
+        Node *u = updates[k];
+        Node *param = u->in[0], *grad = u->in[1], *m = u->in[2], *v = u->in[3];
+        /* a master copy is needed when the parameter is stored coarser than f32 */
+        if (u->n_in == 8 && param->t.fmt.elem != FMT_F32) add_master(g, u, &level, &policy);
+        Node *acc = grad;
+        while (acc->op == OP_ACCUMULATE) acc = acc->in[0];
+        if (acc->op == OP_STATE) set_state_format(g, acc, fmt_plain(level.grad), &policy, u);
+        set_state_format(g, m, level.adam_m, &policy, u);
+        set_state_format(g, v, level.adam_v, &policy, u);
+    }
+
+    /* transient values: bf16, scalars and losses f32; integers stay as they are */
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *x = g->nodes[i];
+        if (x->n_in == 0 || x->op == OP_ADAMW || !fmt_elem_is_float(x->t.fmt.elem)) continue;
+        if (x->op == OP_ACCUMULATE || x->op == OP_AMAX_RECORD || x->op == OP_DELAYED_SCALE) {
+            x->t.fmt = x->in[0]->t.fmt;
+            continue;
+        }
+        if (x->op == OP_QUANTIZE) continue;
+        x->t.fmt = fmt_plain(stays_f32(x) ? FMT_F32 : FMT_BF16);
+        const Rule *r = x->t.role == ROLE_SAVED ? policy_match(&policy, RULE_SAVED, x->t.name) : NULL;
+        if (r && !(r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2)) x->t.fmt = fmt_plain(r->fmt.elem);
+    }
+
+    /* GEMMs: FP8 operands at O1 and above, except the output head; gemm: rules decide last */
+    Uses *uses = ir_fill_uses(g);
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *mm = g->nodes[i];
+        if (mm->op != OP_MATMUL) continue;
+        bool fp8 = level.fp8_gemms && !is_head_gemm(mm, uses, g);
+        const Rule *r = policy_match(&policy, RULE_GEMM, gemm_weight_name(mm));
+        mm->iattr[2] = fp8 ? 1 : 0;
+        mm->iattr[3] = mm->iattr[4] = 0;
+        if (r) {
+            fp8 = r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2;
+            mm->iattr[2] = !fp8 ? 0
+                         : r->fmt.scaling == SCALE_PER_ROW ? 2
+                         : r->fmt.scaling == SCALE_BLOCK_128 || r->fmt.scaling == SCALE_TILE_1x128 ? 3 : 1;
+            mm->iattr[3] = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;
+            mm->iattr[4] = fp8 && r->fmt.elem == FMT_E4M3;
+        }
+    }
+
+    /* saved activations (COAT's mixed granularity at O2 and O3): what FP8 GEMMs of the backward
+     * read is kept as the per-tensor e4m3 copy the forward GEMM made; what non-linear backward
+     * ops read is kept in e4m3 with a scale per 1x16 group. Attention's q, k, v and the logits
+     * stay as they are (the flash backward and the fused loss need them exact). */
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *x = g->nodes[i];
+        if (x->t.role != ROLE_SAVED || !fmt_elem_is_float(x->t.fmt.elem)) continue;
+        Format want = fmt_plain(FMT_VOID);
+        if (opt->opt_level >= 2) want = saved_default(x, &uses[i]);
+        const Rule *r = policy_match(&policy, RULE_SAVED, x->t.name);
+        if (r) want = r->fmt.elem == x->t.fmt.elem && r->fmt.scaling == SCALE_NONE ? fmt_plain(FMT_VOID) : r->fmt;
+        if (want.elem == FMT_E4M3 || want.elem == FMT_E5M2) {
+            if (want.scaling == SCALE_NONE) want.scaling = SCALE_PER_TENSOR;
+            if (want.recipe == RECIPE_NONE) want.recipe = RECIPE_CURRENT;
+        }
+        x->t.saved_as = want;
+    }
+    return true;
+}

@@ -1,0 +1,217 @@
+/* scaling.c — makes the precision pass's FP8 decisions real: scales, amax, quantize nodes.
+ *
+ * The precision pass only marks: GEMMs that take FP8 operands (MATMUL fp8=granularity, history=
+ * recipe) and saved values whose backward copy is FP8 (Tensor.saved_as). This pass inserts, for
+ * each such operand or copy,
+ *     s = quant_scale(x)        current scaling: max(format) / amax(x), per tensor, row, group
+ *     q = quantize(x, s)        or block; q's Format names s as its scale
+ * or, for delayed scaling (TransformerEngine), reads a persistent scale state instead, records
+ * amax(x) into a persistent history (amax_record) and recomputes the scale from the history in
+ * the update phase (delayed_scale). Forward operands are e4m3, gradients e5m2, or e4m3 too where
+ * the precision pass set grad_e4m3 (DeepSeek-V3's choice).
+ *
+ * Reuse is deliberate, because it decides what the backward keeps: a value quantized for a
+ * forward GEMM is reused by the backward GEMM that reads the same value only when the precision
+ * pass asked for the value to be saved in that FP8 format (O2+: the FP8 copy is what is kept,
+ * the bf16 original dies early); otherwise (O1) the backward quantizes the kept bf16 value
+ * again. Weights are quantized once per step and the copy reused, except at O3 where no FP8
+ * weight copy is kept across the step: each use quantizes afresh.
+ *
+ * Later passes fuse quant_scale and quantize into the producers (the GPU backend's norms, GELU
+ * and residual adds write FP8 and amax directly); here they stay separate so the reference
+ * executor can run them one by one. */
+#include "passes.h"
+
+#include <string.h>
+
+typedef struct {
+    Node *src;
+    ElemType elem;
+    Scaling scaling;
+    int group;
+    Phase phase;
+    Node *q;
+} Quantized;
+
+typedef struct {
+    Graph *g;
+    const PassOptions *opt;
+    Quantized *made;
+    int n_made, cap_made;
+} Ctx;
+
+/* MATMUL fp8 attribute values: the granularity its operands are scaled with. */
+enum { GEMM_BF16 = 0, GEMM_FP8_TENSOR = 1, GEMM_FP8_ROW = 2, GEMM_FP8_BLOCK = 3 };
+
+static const char *base_name(Ctx *c, const Node *x)
+{
+    return x->t.name ? x->t.name : arena_printf(c->g->arena, "t%d", x->id);
+}
+
+static Node *find_made(Ctx *c, Node *src, ElemType elem, Scaling sc, int group, Phase phase, bool any_phase)
+{
+    for (int i = 0; i < c->n_made; i++) {
+        Quantized *q = &c->made[i];
+        if (q->src == src && q->elem == elem && q->scaling == sc && q->group == group &&
+            (any_phase || q->phase == phase))
+            return q->q;
+    }
+    return NULL;
+}
+
+static void remember(Ctx *c, Quantized q)
+{
+    if (c->n_made == c->cap_made) {
+        int cap = c->cap_made ? c->cap_made * 2 : 256;
+        Quantized *bigger = arena_alloc(c->g->arena, sizeof *bigger * (size_t)cap);
+        if (c->n_made) memcpy(bigger, c->made, sizeof *bigger * (size_t)c->n_made);
+        c->made = bigger;
+        c->cap_made = cap;
+    }
+    c->made[c->n_made++] = q;
+}
+
+static void infer_or_die(Graph *g, Node *n)
+{
+    const char *err = ir_infer_shape(n, g->arena);
+    if (err) ir_die(__FILE__, __LINE__, "scaling: %s", err);
+}
+
+/* Emits the nodes that quantize src into (elem, scaling, group) before `before`, in `phase`. */
+static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int group, int history,
+                           Phase phase, Node *before)
+{
+    Graph *g = c->g;
+    Node *scale;
+    if (history > 0 && sc == SCALE_PER_TENSOR) {
+        /* delayed: last step's scale from the history; this step's amax goes into it */
+        const char *name = base_name(c, src);
+        Node *state = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s:%s.scale", name, fmt_elem_name(elem)),
+                              ROLE_SCALE, FMT_F32, 0, NULL, src->loc);
+        int64_t h = history;
+        Node *hist = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s:%s.amax_history", name, fmt_elem_name(elem)),
+                             ROLE_AMAX_HISTORY, FMT_F32, 1, &h, src->loc);
+        ir_move_before(g, state, before);
+        ir_move_before(g, hist, before);
+        Node *rec = ir_add2(g, OP_AMAX_RECORD, hist, src, src->loc);
+        rec->phase = phase;
+        infer_or_die(g, rec);
+        ir_move_before(g, rec, before);
+        Node *upd = ir_add2(g, OP_DELAYED_SCALE, state, rec, src->loc);
+        upd->iattr[0] = elem, upd->iattr[2] = 1;
+        upd->phase = PHASE_UPDATE;
+        infer_or_die(g, upd);   /* stays at the end of the graph: the update phase */
+        scale = state;
+    } else {
+        scale = ir_add1(g, OP_QUANT_SCALE, src, src->loc);
+        scale->iattr[0] = elem, scale->iattr[1] = sc, scale->iattr[2] = group;
+        scale->phase = phase;
+        scale->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
+        infer_or_die(g, scale);
+        ir_move_before(g, scale, before);
+    }
+    Node *q = ir_add2(g, OP_QUANTIZE, src, scale, src->loc);
+    q->phase = phase;
+    q->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
+    q->t.fmt = (Format){.elem = elem, .scaling = sc, .group = sc == SCALE_TILE_1x128 ? 128 : group,
+                        .recipe = history > 0 ? RECIPE_DELAYED : RECIPE_CURRENT, .history = history,
+                        .history_max = history > 0, .scale = scale};
+    if (src->t.name) q->t.name = arena_printf(g->arena, "%s:%s", src->t.name, fmt_elem_name(elem));
+    infer_or_die(g, q);
+    ir_move_before(g, q, before);
+    return q;
+}
+
+static bool is_gradient(const Node *x)
+{
+    return x->phase != PHASE_FORWARD && x->n_in > 0 && x->t.role == ROLE_GRAD_TEMP;
+}
+
+/* The operand of an FP8 GEMM: reuse a copy where the plan allows, else quantize here. */
+static Node *gemm_operand(Ctx *c, Node *mm, int i)
+{
+    Node *x = mm->in[i];
+    if (x->op == OP_QUANTIZE) return x;
+    int mode = (int)mm->iattr[2];
+    ElemType elem = is_gradient(x) && !mm->iattr[4] ? FMT_E5M2 : FMT_E4M3;
+    Scaling sc = SCALE_PER_TENSOR;
+    int group = 0;
+    if (mode == GEMM_FP8_ROW) sc = SCALE_PER_ROW;
+    if (mode == GEMM_FP8_BLOCK) sc = x->op == OP_PARAM ? SCALE_BLOCK_128 : SCALE_TILE_1x128, group = 128;
+
+    Node *q = find_made(c, x, elem, sc, group, mm->phase, false);
+    if (!q && mm->phase != PHASE_FORWARD) {
+        /* a forward copy may serve the backward: weights below O3, and values saved in FP8 */
+        Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
+        bool weight_copy = x->op == OP_PARAM && c->opt->opt_level < 3;
+        bool saved_fp8 = x->t.saved_as.elem == elem;
+        if (fwd && (weight_copy || saved_fp8)) {
+            q = fwd;
+            q->t.role = ROLE_SAVED;
+        }
+    }
+    if (!q) {
+        q = emit_quantize(c, x, elem, sc, group, (int)mm->iattr[3], mm->phase, mm);
+        remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
+    }
+    return q;
+}
+
+/* A saved value whose non-GEMM backward readers should read an FP8 copy made in the forward. */
+static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
+{
+    const Format *want = &x->t.saved_as;
+    Node *first_bwd = NULL;
+    for (int k = 0; k < u->n; k++) {
+        Node *r = u->list[k];
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        if (!first_bwd || r->index < first_bwd->index) first_bwd = r;
+    }
+    if (!first_bwd) return;
+    /* quantize right after x is produced, so the bf16 value can die with its last forward use */
+    Node *after = c->g->nodes[x->index + 1];
+    Node *q = emit_quantize(c, x, want->elem, want->scaling, want->group, want->history, PHASE_FORWARD, after);
+    q->t.role = ROLE_SAVED;
+    for (int k = 0; k < u->n; k++) {
+        Node *r = u->list[k];
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        for (int j = 0; j < r->n_in; j++)
+            if (r->in[j] == x) r->in[j] = q;
+    }
+}
+
+bool pass_scaling(Graph *g, const PassOptions *opt)
+{
+    Ctx c = {g, opt, NULL, 0, 0};
+    /* saved copies first, so that GEMM operand reuse sees the final readers */
+    Uses *uses = ir_fill_uses(g);
+    int n = g->n_nodes;
+    Node **snapshot = arena_alloc(g->arena, sizeof(Node *) * (size_t)(n ? n : 1));
+    memcpy(snapshot, g->nodes, sizeof(Node *) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        Node *x = snapshot[i];
+        if (x->t.role == ROLE_SAVED && (x->t.saved_as.elem == FMT_E4M3 || x->t.saved_as.elem == FMT_E5M2))
+            save_in_fp8(&c, x, &uses[i]);
+    }
+    n = g->n_nodes;
+    snapshot = arena_alloc(g->arena, sizeof(Node *) * (size_t)n);
+    memcpy(snapshot, g->nodes, sizeof(Node *) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        Node *mm = snapshot[i];
+        if (mm->op != OP_MATMUL || !mm->iattr[2]) continue;
+        Node *a = gemm_operand(&c, mm, 0);
+        Node *b = gemm_operand(&c, mm, 1);
+        mm->in[0] = a;
+        mm->in[1] = b;
+    }
+    /* a value is saved only while the backward still reads it */
+    uses = ir_fill_uses(g);
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *x = g->nodes[i];
+        if (x->t.role != ROLE_SAVED) continue;
+        bool read_later = false;
+        for (int k = 0; k < uses[i].n; k++) read_later |= uses[i].list[k]->phase != PHASE_FORWARD;
+        if (!read_later) x->t.role = ROLE_ACTIVATION;
+    }
+    return true;
+}
