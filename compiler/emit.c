@@ -119,6 +119,13 @@ static int emit_spawn(char *const *argv, bool shield_signals) {
     return -1;
 }
 
+/* mkstemp made the linker's output file 0600; a binary gets the usual 0777 less the umask. */
+static bool emit_make_executable(const char *path) {
+    mode_t mask = umask(0);
+    umask(mask);
+    return chmod(path, 0777 & ~mask) == 0;
+}
+
 static bool emit_link(const char *asm_path, const char *out_path) {
     const char *libdir = emit_libdir();
     char *lib_paths[3] = {0};
@@ -168,7 +175,7 @@ static bool emit_link(const char *asm_path, const char *out_path) {
             for (int i = 0; i < argc; i++) fprintf(stderr, " %s", argv[i]);
             fputc('\n', stderr);
             ok = false;
-        } else if (rename(tmp_out, out_path) != 0) {
+        } else if (!emit_make_executable(tmp_out) || rename(tmp_out, out_path) != 0) {
             fprintf(stderr, "fp8c: error: %s: cannot write: %s\n", out_path, strerror(errno));
             ok = false;
         }

@@ -581,10 +581,16 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
     if (o->val) {
         ok = rt_data_open(val, o->val);
     } else if (train->is_text) {
-        ok = rt_data_split_tail(train, val, TRAIN_VAL_FRACTION);
-        if (ok)
-            rt_note("no --val: the last 5%% of %s (%lld tokens) is the validation set", o->data,
-                    (long long)val->n_tokens);
+        int64_t hold = (int64_t)((double)train->n_tokens * TRAIN_VAL_FRACTION);
+        if (hold < (int64_t)m->T + 1) {
+            rt_note("no --val, and the last 5%% of %s (%lld tokens) is shorter than one sequence: "
+                    "evaluation is off", o->data, (long long)hold);
+        } else {
+            ok = rt_data_split_tail(train, val, TRAIN_VAL_FRACTION);
+            if (ok)
+                rt_note("no --val: the last 5%% of %s (%lld tokens) is the validation set",
+                        o->data, (long long)val->n_tokens);
+        }
     } else {
         rt_note("no --val: evaluation is off");
     }
