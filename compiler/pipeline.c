@@ -34,6 +34,7 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o)
     /* training: backward for every parameter, then the AdamW update with clipping */
     if (!run_named(g, "autodiff", o, &stop)) return NULL;
     if (!run_named(g, "optimizer", o, &stop)) return NULL;
+    if (!run_named(g, "release", o, &stop)) return NULL;   /* only with --grad-release */
     if (!run_named(g, "dce", o, &stop)) return NULL;
 
     /* precision: a format for every tensor, then scales and quantization where formats change */

@@ -55,7 +55,7 @@ Format fmt_plain(ElemType e)
 
 static const char *const role_names[ROLE_COUNT] = {
     "activation", "saved", "grad_temp", "input", "param", "grad", "master",
-    "adam_m", "adam_v", "scale", "amax_history", "workspace", "output"};
+    "adam_m", "adam_v", "scale", "amax_history", "workspace", "output", "optim_state"};
 
 const char *ir_role_name(Role r) { return r < ROLE_COUNT ? role_names[r] : "?"; }
 
@@ -73,7 +73,7 @@ bool ir_role_is_persistent(Role r)
 {
     switch (r) {
     case ROLE_PARAM: case ROLE_GRAD: case ROLE_MASTER: case ROLE_ADAM_M: case ROLE_ADAM_V:
-    case ROLE_SCALE: case ROLE_AMAX_HISTORY:
+    case ROLE_SCALE: case ROLE_AMAX_HISTORY: case ROLE_OPTIM_STATE:
         return true;
     default:
         return false;
@@ -153,7 +153,8 @@ bool ir_op_from_name(const char *s, OpKind *out)
 
 bool ir_op_is_inplace(OpKind op)
 {
-    return op == OP_ACCUMULATE || op == OP_ADAMW || op == OP_AMAX_RECORD || op == OP_DELAYED_SCALE;
+    return op == OP_ACCUMULATE || op == OP_ADAMW || op == OP_AMAX_RECORD || op == OP_DELAYED_SCALE ||
+           op == OP_ASSIGN;
 }
 
 /* ---------------------------------------------------------------- graphs */
@@ -298,7 +299,7 @@ void ir_filter(Graph *g, const bool *keep)
 bool ir_mutates_input(const Node *n, int i)
 {
     switch (n->op) {
-    case OP_ACCUMULATE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: return i == 0;
+    case OP_ACCUMULATE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN: return i == 0;
     case OP_ADAMW: return i <= 3 || i == 8;
     default: return false;
     }

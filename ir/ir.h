@@ -159,6 +159,7 @@ typedef enum {
     ROLE_AMAX_HISTORY,  /* delayed-scaling amax histories */
     ROLE_WORKSPACE,
     ROLE_OUTPUT,        /* read by the runtime after the step: loss, grad norm */
+    ROLE_OPTIM_STATE,   /* other persistent optimizer state: the previous step's grad norm */
     ROLE_COUNT
 } Role;
 
@@ -234,7 +235,7 @@ typedef struct {
 
 const OpInfo *ir_op_info(OpKind op);
 bool ir_op_from_name(const char *s, OpKind *out);
-bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_SCALE */
+bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_SCALE, ASSIGN */
 /* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,
  * master). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
  * every other reader of a mutated operand must run before n. */

@@ -307,8 +307,8 @@ const char *ir_infer_shape(Node *n, Arena *a)
         if (!err) copy_shape(n, &tmp.t);
         return err;
     }
-    case OP_ACCUMULATE:
-        if ((err = check_same(n, a, 0, 1, "accumulate"))) return err;
+    case OP_ACCUMULATE: case OP_ASSIGN:
+        if ((err = check_same(n, a, 0, 1, info->text))) return err;
         copy_shape(n, x);
         n->t.fmt = x->fmt;
         return NULL;

@@ -218,6 +218,12 @@ void ref_exec_node(Node *n)
     case OP_ADAMW: ref_adamw(n); return;
     case OP_AMAX_RECORD: ref_amax_record(n); return;
     case OP_DELAYED_SCALE: ref_delayed_scale(n); return;
+    case OP_ASSIGN: {                                      /* in place: state = value */
+        float *v = ref_load(&n->in[1]->t);
+        ref_store(&n->in[0]->t, v);
+        free(v);
+        return;
+    }
     default: break;
     }
 
@@ -267,7 +273,8 @@ void ref_exec_node(Node *n)
         ref_copy(n, cx, y);
         break;
     case OP_INPUT: case OP_PARAM: case OP_STATE: case OP_CONST:
-    case OP_ACCUMULATE: case OP_ADAMW: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_COUNT:
+    case OP_ACCUMULATE: case OP_ADAMW: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN:
+    case OP_COUNT:
         IR_ASSERT(!"handled above");
     }
 
