@@ -572,27 +572,28 @@ static int64_t train_params(const Graph *g) {
 }
 
 /* Opens --data and --val (or holds out the tail of a text --data) and checks them against the
- * batch shape and the model's vocabulary. */
+ * batch shape and the model's vocabulary. What was decided about validation is said only once
+ * the data is known to be good, so that a bad file gets its one line and nothing else. */
 static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *train,
                             TokenData *val) {
     memset(val, 0, sizeof *val);
     if (!rt_data_open(train, o->data)) return false;
     bool ok = true;
+    char note[512] = "";
     if (o->val) {
         ok = rt_data_open(val, o->val);
     } else if (train->is_text) {
         int64_t hold = (int64_t)((double)train->n_tokens * TRAIN_VAL_FRACTION);
         if (hold < (int64_t)m->T + 1) {
-            rt_note("no --val, and the last 5%% of %s (%lld tokens) is shorter than one sequence: "
-                    "evaluation is off", o->data, (long long)hold);
+            snprintf(note, sizeof note, "no --val, and the last 5%% of %s (%lld tokens) is "
+                     "shorter than one sequence: evaluation is off", o->data, (long long)hold);
         } else {
             ok = rt_data_split_tail(train, val, TRAIN_VAL_FRACTION);
-            if (ok)
-                rt_note("no --val: the last 5%% of %s (%lld tokens) is the validation set",
-                        o->data, (long long)val->n_tokens);
+            snprintf(note, sizeof note, "no --val: the last 5%% of %s (%lld tokens) is the "
+                     "validation set", o->data, (long long)val->n_tokens);
         }
     } else {
-        rt_note("no --val: evaluation is off");
+        snprintf(note, sizeof note, "no --val: evaluation is off");
     }
     int64_t batch_tokens = (int64_t)m->B * m->T + 1;
     ok = ok && rt_data_check(train, "the training data", batch_tokens, m->vocab);
@@ -601,8 +602,10 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
     if (!ok) {
         rt_data_free(val);
         rt_data_free(train);
+        return false;
     }
-    return ok;
+    if (*note) rt_note("%s", note);
+    return true;
 }
 
 int rt_train(Graph *g, const TrainOptions *o) {

@@ -1,0 +1,282 @@
+/* test_train.c — the training binary end to end, on the CPU: `fp8c build` a small GPT-2,
+ * run it on the bundled text, and check what a user relies on: the loss falls; a run resumed
+ * from a checkpoint reproduces the straight run bit for bit (losses, grad norms and the final
+ * checkpoint's bytes); bad flags and bad files end with one line and a non-zero status;
+ * `fp8c train` builds and runs in one go.
+ *
+ * The fp8c executable is $FP8C (set by CTest), else the one in the build directory. Each run
+ * uses a fresh temp directory and a random seed. */
+#include <dirent.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "rt.h"
+
+static char tmp_dir[256];
+static char fp8c[1024];
+static char model[1024];
+static unsigned seed;
+
+/* A 2-layer GPT-2 with a byte vocabulary: small enough for a few seconds of CPU training. */
+static const char *const model_flags =
+    "-D layers=2 -D dim=64 -D heads=4 -D vocab=256 -D max_seq=64 --batch 4 --seq 32";
+
+static void remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char child[1024];
+            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+            remove_tree(child);
+        }
+        if (d) closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/fp8c-test-train-XXXXXX");
+    assert_non_null(mkdtemp(tmp_dir));
+    const char *env = getenv("FP8C");
+    snprintf(fp8c, sizeof fp8c, "%s", env && *env ? env : FP8C_BINARY_DIR "/fp8c");
+    snprintf(model, sizeof model, "%s/models/gpt2.model", FP8C_SOURCE_DIR);
+    seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove_tree(tmp_dir);
+    return 0;
+}
+
+/* Runs a shell command with stdout and stderr into tmp/NAME.out; returns the exit status. */
+static int run(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run(const char *name, const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(cmd + n, sizeof cmd - (size_t)n, " >%s/%s.out 2>&1", tmp_dir, name);
+    int status = system(cmd);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static char *slurp(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    int64_t size = 0;
+    uint8_t *p = rt_read_file(path, &size);
+    if (!p) fail_msg("cannot read %s", path);
+    char *s = realloc(p, (size_t)size + 1);
+    s[size] = 0;
+    return s;
+}
+
+static void build(const char *opt, const char *bin) {
+    int rc = run("build", "%s build %s %s %s -o %s/%s", fp8c, model, opt, model_flags, tmp_dir, bin);
+    if (rc != 0) fail_msg("fp8c build failed (%d):\n%s", rc, slurp("build.out"));
+}
+
+/* The value after "key": in a JSON line, or NAN when absent. */
+static double json_get(const char *line, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+/* The JSON lines of a log, one string per line; returns the count. */
+static int log_lines(const char *name, char **lines, int max) {
+    char *text = slurp(name);
+    int n = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && n < max;
+         l = strtok_r(NULL, "\n", &save))
+        lines[n++] = strdup(l);
+    free(text);
+    return n;
+}
+
+static int count_lines(const char *text) {
+    int n = 0;
+    for (const char *p = text; *p; p++) n += *p == '\n';
+    return n;
+}
+
+static void test_loss_falls(void **state) {
+    (void)state;
+    build("-O0", "bin");
+    int rc = run("train", "%s/bin --data %s/data/gcide_sample.txt --steps 24 --warmup 4 --lr 3e-3 "
+                 "--seed %u --eval-every 12 --eval-batches 4 --log %s/log.jsonl", tmp_dir,
+                 FP8C_SOURCE_DIR, seed, tmp_dir);
+    if (rc != 0) fail_msg("training failed (%d):\n%s", rc, slurp("train.out"));
+    char *lines[64];
+    int n = log_lines("log.jsonl", lines, 64);
+    assert_int_equal(n, 24);
+    const char *keys[] = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "ms", "mem_bytes"};
+    for (int i = 0; i < n; i++) {
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            assert_true(isfinite(json_get(lines[i], keys[k])));
+        assert_int_equal((int)json_get(lines[i], "step"), i + 1);
+        assert_true(json_get(lines[i], "mem_bytes") > 0);
+    }
+    /* a byte-level model starts near ln(256) = 5.55 and must learn the byte statistics of
+     * English within 24 steps: mean of the last 4 steps well below the first step */
+    double first = json_get(lines[0], "loss"), last = 0;
+    for (int i = n - 4; i < n; i++) last += json_get(lines[i], "loss") / 4;
+    assert_true(fabs(first - log(256.0)) < 0.5);
+    if (!(last < first - 1.0)) fail_msg("loss did not fall: first %g, last 4 mean %g", first, last);
+    /* evaluation on the held-out tail at steps 12 and 24, and it improves too */
+    double v12 = json_get(lines[11], "val_loss"), v24 = json_get(lines[23], "val_loss");
+    assert_true(isnan(json_get(lines[10], "val_loss")));
+    assert_true(isfinite(v12) && isfinite(v24));
+    assert_true(v24 < v12);
+    for (int i = 0; i < n; i++) free(lines[i]);
+}
+
+/* Straight: 6 steps, checkpoints at 3 and 6. Resumed: from the step-3 checkpoint to 6. Steps 4..6
+ * must agree to the last bit, and so must the step-6 checkpoints. */
+static void test_resume_exact(void **state) {
+    (void)state;
+    build("-O1", "bin");
+    const char *common = "--steps 6 --warmup 2 --lr 2e-3 --grad-accum 2 --eval-every 3 "
+                         "--eval-batches 2 --save-every 3";
+    int rc = run("straight", "%s/bin --data %s/data/gcide_sample.txt %s --seed %u --out %s/a "
+                 "--log %s/a.jsonl", tmp_dir, FP8C_SOURCE_DIR, common, seed, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("straight run failed (%d):\n%s", rc, slurp("straight.out"));
+    rc = run("resumed", "%s/bin --data %s/data/gcide_sample.txt %s --out %s/b --log %s/b.jsonl "
+             "--resume %s/a/step_000003.safetensors", tmp_dir, FP8C_SOURCE_DIR, common, tmp_dir,
+             tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("resumed run failed (%d):\n%s", rc, slurp("resumed.out"));
+    char *a[16], *b[16];
+    assert_int_equal(log_lines("a.jsonl", a, 16), 6);
+    assert_int_equal(log_lines("b.jsonl", b, 16), 3);
+    for (int i = 0; i < 3; i++) {
+        /* compare the printed values: "%.9g" round-trips every f32 */
+        const char *keys[] = {"\"step\":", "\"loss\":", "\"grad_norm\":", "\"lr\":"};
+        for (size_t k = 0; k < 4; k++) {
+            const char *pa = strstr(a[i + 3], keys[k]), *pb = strstr(b[i], keys[k]);
+            assert_non_null(pa);
+            assert_non_null(pb);
+            size_t la = strcspn(pa, ",}"), lb = strcspn(pb, ",}");
+            if (la != lb || memcmp(pa, pb, la))
+                fail_msg("step %d differs: %.*s vs %.*s", i + 4, (int)la, pa, (int)lb, pb);
+        }
+    }
+    /* the seed came from the checkpoint, so the final states are the same bytes */
+    char *ca = slurp("a/step_000006.safetensors"), *cb = slurp("b/step_000006.safetensors");
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/a/step_000006.safetensors", tmp_dir);
+    snprintf(pb, sizeof pb, "%s/b/step_000006.safetensors", tmp_dir);
+    int64_t sa, sb;
+    free(rt_read_file(pa, &sa));
+    free(rt_read_file(pb, &sb));
+    assert_int_equal(sa, sb);
+    assert_memory_equal(ca, cb, (size_t)sa);
+    /* --resume DIR takes DIR/latest: at step 6 of 6, there is nothing left to do */
+    rc = run("again", "%s/bin --data %s/data/gcide_sample.txt %s --resume %s/a --out %s/a",
+             tmp_dir, FP8C_SOURCE_DIR, common, tmp_dir, tmp_dir);
+    assert_int_equal(rc, 0);
+    char *again = slurp("again.out");
+    assert_non_null(strstr(again, "nothing to train"));
+    free(again);
+    free(ca);
+    free(cb);
+    for (int i = 0; i < 6; i++) free(a[i]);
+    for (int i = 0; i < 3; i++) free(b[i]);
+}
+
+/* Each case: exit status and a word the single line of output must contain. */
+static void expect_one_line(const char *name, int want_rc, const char *want, int rc) {
+    char out[64];
+    snprintf(out, sizeof out, "%s.out", name);
+    char *text = slurp(out);
+    if (rc != want_rc || count_lines(text) != 1 || !strstr(text, want))
+        fail_msg("%s: status %d (want %d), output should be one line with \"%s\":\n%s", name, rc,
+                 want_rc, want, text);
+    free(text);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    build("-O0", "bin");
+    const char *data = FP8C_SOURCE_DIR "/data/gcide_sample.txt";
+    expect_one_line("flag", 2, "--nonsense", run("flag", "%s/bin --data %s --nonsense 3", tmp_dir, data));
+    expect_one_line("steps", 2, "--steps x", run("steps", "%s/bin --data %s --steps x", tmp_dir, data));
+    expect_one_line("lr", 2, "--lr -3", run("lr", "%s/bin --data %s --lr -3", tmp_dir, data));
+    expect_one_line("device", 2, "cuda", run("device", "%s/bin --data %s --device cuda", tmp_dir, data));
+    expect_one_line("nodata", 2, "--data", run("nodata", "%s/bin --steps 3", tmp_dir));
+
+    /* a shard with the wrong magic and one with tokens beyond the vocabulary */
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad.bin", tmp_dir);
+    FILE *f = fopen(path, "wb");
+    uint32_t header[256] = {20240521, 1, 300};
+    fwrite(header, sizeof header, 1, f);
+    for (int i = 0; i < 300; i++) fputc(i % 7, f), fputc(0, f);
+    fclose(f);
+    expect_one_line("magic", 1, "magic", run("magic", "%s/bin --data %s", tmp_dir, path));
+    uint16_t big[300];
+    for (int i = 0; i < 300; i++) big[i] = (uint16_t)(i == 200 ? 256 : i % 200);
+    snprintf(path, sizeof path, "%s/vocab.bin", tmp_dir);
+    assert_true(rt_data_write_shard(path, big, 300));
+    expect_one_line("vocab", 1, "token 256 at position 200",
+                    run("vocab", "%s/bin --data %s", tmp_dir, path));
+
+    /* a checkpoint of another shape: the tensor and both shapes are named */
+    int rc = run("wide", "%s build %s -O0 -D layers=2 -D dim=32 -D heads=4 -D vocab=256 "
+                 "-D max_seq=64 --batch 4 --seq 32 -o %s/wide", fp8c, model, tmp_dir);
+    assert_int_equal(rc, 0);
+    rc = run("save", "%s/wide --data %s --steps 1 --out %s/ck", tmp_dir, data, tmp_dir);
+    assert_int_equal(rc, 0);
+    rc = run("shape", "%s/bin --data %s/data/gcide_sample.txt --steps 2 --resume %s/ck",
+             tmp_dir, FP8C_SOURCE_DIR, tmp_dir);
+    char *text = slurp("shape.out");
+    if (rc != 1 || !strstr(text, "has shape [256,32] in the checkpoint, the plan has [256,64]"))
+        fail_msg("shape mismatch not reported (%d):\n%s", rc, text);
+    free(text);
+}
+
+/* `fp8c train MODEL -- FLAGS`: built in a temp directory, run, its status passed through. */
+static void test_fp8c_train(void **state) {
+    (void)state;
+    int rc = run("ok", "%s train %s -O0 %s -- --data %s/data/gcide_sample.txt --steps 2 "
+                 "--log %s/t.jsonl", fp8c, model, model_flags, FP8C_SOURCE_DIR, tmp_dir);
+    if (rc != 0) fail_msg("fp8c train failed (%d):\n%s", rc, slurp("ok.out"));
+    char *lines[4];
+    assert_int_equal(log_lines("t.jsonl", lines, 4), 2);
+    free(lines[0]);
+    free(lines[1]);
+    rc = run("bad", "%s train %s -O0 %s -- --steps 0", fp8c, model, model_flags);
+    assert_int_equal(rc, 2);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_loss_falls, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fp8c_train, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
