@@ -148,6 +148,11 @@ static Node *bw_reduce_to(Autodiff *ad, Node *d, const Tensor *b)
     return bw_reshape(ad, s, b->rank, b->dims);
 }
 
+static bool is_one(const Node *n)
+{
+    return n->op == OP_CONST && n->t.rank == 0 && n->fattr[0] == 1.0;
+}
+
 /* ---------------------------------------------------------------- gradient bookkeeping */
 
 static void give(Autodiff *ad, Node *x, Node *d)
@@ -325,8 +330,8 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
     case OP_SUM_ROWS:   /* broadcast dy (N) back over the rows */
         give(ad, a, bw2(ad, OP_ADD, bw_zeros(ad, &a->t), dy));
         return true;
-    case OP_SQNORM:
-        give(ad, a, bw2(ad, OP_MUL, bw_scale(ad, a, 2.0), dy));
+    case OP_SQNORM:   /* 2 a dy; dy is often the seed 1 itself */
+        give(ad, a, is_one(dy) ? bw_scale(ad, a, 2.0) : bw2(ad, OP_MUL, bw_scale(ad, a, 2.0), dy));
         return true;
     case OP_LAYERNORM:
         if (needs(ad, a)) give(ad, a, bw3(ad, OP_LAYERNORM_BWD_X, dy, a, b, n->fattr[0]));

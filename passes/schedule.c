@@ -221,7 +221,8 @@ static int sched_list(const Sched *s, bool greedy, int *order)
             for (int k = 0; k < n_ready; k++) {
                 int v = ready[k];
                 if (s->group[v] != group) continue;
-                int64_t score = greedy ? freed_by(s, left, v) - s->bytes[v] : 0;
+                /* leaves keep the order they were made in */
+                int64_t score = greedy && group > 0 ? freed_by(s, left, v) - s->bytes[v] : 0;
                 if (best < 0 || score > best_score || (score == best_score && v < ready[best])) {
                     best = k;
                     best_score = score;

@@ -1,0 +1,949 @@
+/* test_passes.c — the core passes: golden files on textual IR, and properties.
+ *
+ * Golden files. tests/golden/passes/NAME.ir is one file that keeps input and expected output
+ * side by side: the input IR, a comment line `# RUN: pass1,pass2` naming the passes to run
+ * (through pass_find/pass_run, with ir_verify after each), and after a line `# EXPECT:` the
+ * text ir_print writes once they ran, verbatim. Only the text before `# EXPECT:` is read as
+ * input (ir_read skips the `#` lines). With FP8C_UPDATE_GOLDEN=1 the expected part is
+ * rewritten from what the passes produce now; review that diff like code before committing.
+ *
+ * Properties, on fresh random data each run (the seed is printed; FP8C_TEST_SEED repeats it):
+ * - autodiff: every parameter's gradient, computed by the reference executor on the backward
+ *   graph, matches central finite differences of the loss (normalized error < 1e-2 per
+ *   parameter, f32 storage) on a tiny MLP and on two graphs that use every backward rule;
+ * - memplan: on a GPT-2-shaped training step no two tensors that are live at the same time
+ *   overlap, aliases share their root's place, offsets are aligned, the step arena is at most
+ *   the sum of its tensors and at least the peak of live bytes;
+ * - schedule: operands come first, leaves first, phases in order, every in-place op after the
+ *   other readers of what it overwrites, also from a shuffled order; and it never raises the
+ *   peak of live bytes over the order it was given;
+ * - dce keeps outputs, in-place ops, state and inputs, and removes dead nodes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "passes.h"
+#include "rt.h"
+
+#ifndef FP8C_SOURCE_DIR
+#define FP8C_SOURCE_DIR "."
+#endif
+
+static const SrcLoc here = {"test.model", 1, 1};
+
+/* ---------------------------------------------------------------- helpers */
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    assert_non_null(s);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = 0;
+    fclose(f);
+    return s;
+}
+
+static char *print_to_string(const Graph *g)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ir_print(g, f);
+    fclose(f);
+    return buf;
+}
+
+/* Runs "a,b,c" through the registry with verification; false if a pass failed. */
+static bool run_passes(Graph *g, const char *list)
+{
+    PassOptions opt = {.verify = true};
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *name = strtok(buf, ", \t"); name; name = strtok(NULL, ", \t")) {
+        const PassInfo *p = pass_find(name);
+        if (!p) {
+            fprintf(stderr, "unknown pass '%s'\n", name);
+            return false;
+        }
+        if (!pass_run(g, p, &opt)) return false;
+    }
+    return true;
+}
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1DULL;
+}
+
+static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
+
+static double rng_normal(void)
+{
+    return sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform());
+}
+
+static void seed_rng(void)
+{
+    static bool done;
+    if (done) return;
+    const char *env = getenv("FP8C_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
+    if (!seed) seed = 1;
+    printf("test_passes: seed %llu (FP8C_TEST_SEED repeats it)\n", (unsigned long long)seed);
+    rng_state = seed;
+    done = true;
+}
+
+/* ---- building graphs by hand */
+
+static Node *leaf(Graph *g, OpKind op, const char *name, Role role, ElemType e, int rank,
+                  const int64_t *dims)
+{
+    return ir_leaf(g, op, name, role, e, rank, dims, here);
+}
+
+static Node *param(Graph *g, const char *name, int rank, const int64_t *dims)
+{
+    Node *p = leaf(g, OP_PARAM, name, ROLE_PARAM, FMT_F32, rank, dims);
+    p->iattr[1] = rank >= 2;   /* decay matrices */
+    return p;
+}
+
+static Node *fin(Graph *g, Node *n)
+{
+    const char *err = ir_infer_shape(n, g->arena);
+    if (err) fail_msg("shape of %s: %s", ir_op_info(n->op)->text, err);
+    return n;
+}
+
+static Node *op1(Graph *g, OpKind k, Node *a) { return fin(g, ir_add1(g, k, a, here)); }
+static Node *op2(Graph *g, OpKind k, Node *a, Node *b) { return fin(g, ir_add2(g, k, a, b, here)); }
+
+static Node *op3(Graph *g, OpKind k, Node *a, Node *b, Node *c, double f0)
+{
+    Node *in[3] = {a, b, c};
+    Node *n = ir_add(g, k, 3, in, here);
+    n->fattr[0] = f0;
+    return fin(g, n);
+}
+
+static Node *matmul(Graph *g, Node *a, Node *b, int ta, int tb)
+{
+    Node *n = ir_add2(g, OP_MATMUL, a, b, here);
+    n->iattr[0] = ta;
+    n->iattr[1] = tb;
+    return fin(g, n);
+}
+
+static Node *slice(Graph *g, Node *a, int axis, int64_t start, int64_t size)
+{
+    Node *n = ir_add1(g, OP_SLICE, a, here);
+    n->iattr[0] = axis, n->iattr[1] = start, n->iattr[2] = size;
+    return fin(g, n);
+}
+
+static Node *scale(Graph *g, Node *a, double alpha)
+{
+    Node *n = ir_add1(g, OP_SCALE, a, here);
+    n->fattr[0] = alpha;
+    return fin(g, n);
+}
+
+static Node *reshape(Graph *g, Node *a, int rank, const int64_t *dims)
+{
+    Node *n = ir_add1(g, OP_RESHAPE, a, here);
+    ir_set_shape(n, rank, dims);
+    return fin(g, n);
+}
+
+static Node *attention(Graph *g, Node *q, Node *k, Node *v, int heads, int kv_heads, double sc)
+{
+    Node *in[3] = {q, k, v};
+    Node *n = ir_add(g, OP_ATTENTION, 3, in, here);
+    n->iattr[0] = heads, n->iattr[1] = kv_heads, n->fattr[0] = sc;
+    return fin(g, n);
+}
+
+static Node *rope(Graph *g, Node *a, int head_dim)
+{
+    Node *n = ir_add1(g, OP_ROPE, a, here);
+    n->iattr[0] = head_dim;
+    n->fattr[0] = 10000.0;
+    return fin(g, n);
+}
+
+static void set_loss(Node *n)
+{
+    n->t.name = "loss";
+    n->t.role = ROLE_OUTPUT;
+}
+
+static Node *linear(Graph *g, Node *x, const char *name, int64_t out, int64_t in, bool bias)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s.weight", name);
+    Node *w = param(g, buf, 2, (int64_t[]){out, in});
+    Node *y = matmul(g, x, w, 0, 1);
+    if (!bias) return y;
+    snprintf(buf, sizeof buf, "%s.bias", name);
+    return op2(g, OP_ADD, y, param(g, buf, 1, (int64_t[]){out}));
+}
+
+static Node *layernorm(Graph *g, Node *x, const char *name, int64_t c)
+{
+    char w[128], b[128];
+    snprintf(w, sizeof w, "%s.weight", name);
+    snprintf(b, sizeof b, "%s.bias", name);
+    return op3(g, OP_LAYERNORM, x, param(g, w, 1, &c), param(g, b, 1, &c), 1e-5);
+}
+
+/* A GPT-2 shaped training model: token and position embeddings, pre-norm blocks with a fused
+ * qkv projection cut by slices, causal attention, GELU MLP, final norm, tied lm head. */
+static Graph *build_gpt2(Arena *a, int layers, int64_t B, int64_t T, int64_t C, int heads, int64_t V)
+{
+    Graph *g = ir_graph_new(a);
+    g->model_name = "gpt2-tiny";
+    g->batch = B, g->seq = T;
+    g->optim = (OptimSpec){true, 6e-4, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    Node *tok = leaf(g, OP_INPUT, "tokens", ROLE_INPUT, FMT_I32, 2, (int64_t[]){B, T});
+    Node *tgt = leaf(g, OP_INPUT, "targets", ROLE_INPUT, FMT_I32, 2, (int64_t[]){B, T});
+    Node *wte = param(g, "wte.weight", 2, (int64_t[]){V, C});
+    Node *wpe = param(g, "wpe.weight", 2, (int64_t[]){2 * T, C});
+    Node *x = op2(g, OP_ADD, op2(g, OP_EMBEDDING, wte, tok), slice(g, wpe, 0, 0, T));
+    char name[64];
+    for (int l = 0; l < layers; l++) {
+        snprintf(name, sizeof name, "h.%d.ln_1", l);
+        Node *h = layernorm(g, x, name, C);
+        snprintf(name, sizeof name, "h.%d.attn.c_attn", l);
+        Node *qkv = linear(g, h, name, 3 * C, C, true);
+        Node *q = slice(g, qkv, 2, 0, C), *k = slice(g, qkv, 2, C, C), *v = slice(g, qkv, 2, 2 * C, C);
+        Node *att = attention(g, q, k, v, heads, heads, 1.0 / sqrt((double)(C / heads)));
+        snprintf(name, sizeof name, "h.%d.attn.c_proj", l);
+        x = op2(g, OP_ADD, x, linear(g, att, name, C, C, true));
+        snprintf(name, sizeof name, "h.%d.ln_2", l);
+        h = layernorm(g, x, name, C);
+        snprintf(name, sizeof name, "h.%d.mlp.c_fc", l);
+        Node *u = op1(g, OP_GELU, linear(g, h, name, 4 * C, C, true));
+        snprintf(name, sizeof name, "h.%d.mlp.c_proj", l);
+        x = op2(g, OP_ADD, x, linear(g, u, name, C, 4 * C, true));
+    }
+    Node *hf = layernorm(g, x, "ln_f", C);
+    Node *logits = matmul(g, hf, wte, 0, 1);
+    set_loss(op2(g, OP_CROSS_ENTROPY, logits, tgt));
+    return g;
+}
+
+/* ---- running graphs on the reference executor */
+
+static void bind_all(Graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        Tensor *t = &g->nodes[i]->t;
+        size_t bytes = (size_t)(ir_numel(t) * fmt_elem_bytes(t->fmt.elem));
+        t->data = bytes ? calloc(1, bytes) : NULL;
+    }
+}
+
+static void unbind_all(Graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        free(g->nodes[i]->t.data);
+        g->nodes[i]->t.data = NULL;
+    }
+}
+
+/* Parameters ~ normal(0, std), float inputs ~ normal(0, 1), integer inputs uniform in [0, limit). */
+static void fill_random(Graph *g, double std, int64_t id_limit)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (n->op != OP_PARAM && n->op != OP_INPUT) continue;
+        int64_t count = ir_numel(&n->t);
+        float *x = malloc(sizeof(float) * (size_t)count);
+        for (int64_t j = 0; j < count; j++) {
+            if (!fmt_elem_is_float(n->t.fmt.elem))
+                x[j] = (float)(rng_next() % (uint64_t)id_limit);
+            else
+                x[j] = (float)(rng_normal() * (n->op == OP_PARAM ? std : 1.0));
+        }
+        ref_store(&n->t, x);
+        free(x);
+    }
+}
+
+static double loss_now(Graph *g, Node *loss)
+{
+    ref_run_phase(g, PHASE_FORWARD);
+    float *l = ref_load(&loss->t);
+    double v = l[0];
+    free(l);
+    return v;
+}
+
+/* Differentiates g, runs the backward once, and compares every parameter's gradient with
+ * central differences of the loss. Returns the largest normalized error over the parameters
+ * and checks that every parameter got a gradient. */
+static double gradient_error(Graph *g, double std, int64_t id_limit, double h)
+{
+    int n_fwd = g->n_nodes;
+    assert_true(run_passes(g, "autodiff"));
+    bind_all(g);
+    fill_random(g, std, id_limit);
+    Node *loss = ir_find(g, "loss");
+    loss_now(g, loss);
+    ref_run_phase(g, PHASE_BACKWARD);
+
+    double worst = 0;
+    for (int i = 0; i < n_fwd; i++) {
+        Node *p = g->nodes[i];
+        if (p->op != OP_PARAM) continue;
+        char name[160];
+        snprintf(name, sizeof name, "%s.grad", p->t.name);
+        Node *d = ir_find(g, name);
+        if (!d) fail_msg("parameter %s got no gradient", p->t.name);
+        assert_ptr_equal(d->grad_of, p);
+        assert_true(ir_same_shape(&d->t, &p->t));
+        float *grad = ref_load(&d->t);
+        float *w = ref_load(&p->t);
+        int64_t count = ir_numel(&p->t);
+        double diff2 = 0, ref2 = 0;
+        for (int64_t j = 0; j < count; j++) {
+            float keep = w[j];
+            w[j] = keep + (float)h;
+            ref_store(&p->t, w);
+            double lp = loss_now(g, loss);
+            w[j] = keep - (float)h;
+            ref_store(&p->t, w);
+            double lm = loss_now(g, loss);
+            w[j] = keep;
+            ref_store(&p->t, w);
+            double fd = (lp - lm) / (2 * h);
+            diff2 += (grad[j] - fd) * (grad[j] - fd);
+            ref2 += fd * fd;
+        }
+        /* the floor keeps a parameter whose gradient is ~0 from dividing noise by noise */
+        double err = sqrt(diff2) / fmax(sqrt(ref2), 1e-3 * sqrt((double)count));
+        if (err > worst) worst = err;
+        printf("  %-22s |grad| %.4e  normalized error %.2e\n", p->t.name, sqrt(ref2), err);
+        free(grad);
+        free(w);
+    }
+    unbind_all(g);
+    return worst;
+}
+
+/* ---------------------------------------------------------------- golden files */
+
+static bool golden_one(const char *dir, const char *file, bool update)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    char *text = read_text(path);
+    assert_non_null(text);
+    char *expect = strstr(text, "\n# EXPECT:\n");
+    if (!expect) {
+        fprintf(stderr, "%s: no '# EXPECT:' line\n", path);
+        free(text);
+        return false;
+    }
+    expect[1] = 0;   /* text is now the input part, ending in a newline */
+    const char *expected = expect + strlen("\n# EXPECT:\n");
+    const char *run = strstr(text, "# RUN:");
+    if (!run) {
+        fprintf(stderr, "%s: no '# RUN:' line\n", path);
+        free(text);
+        return false;
+    }
+    char passes[256];
+    size_t len = strcspn(run + 6, "\n");
+    snprintf(passes, sizeof passes, "%.*s", (int)len, run + 6);
+
+    Arena *a = arena_new();
+    Graph *g = ir_read(a, file, text);
+    bool ok = g != NULL;
+    char *got = NULL;
+    if (!ok) fprintf(stderr, "%s: the input does not read\n", path);
+    if (ok && !run_passes(g, passes)) {
+        fprintf(stderr, "%s: a pass failed\n", path);
+        ok = false;
+    }
+    if (ok) got = print_to_string(g);
+    if (ok && update) {
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        fprintf(f, "%s# EXPECT:\n%s", text, got);
+        fclose(f);
+    } else if (ok && strcmp(got, expected) != 0) {
+        const char *x = got, *y = expected, *xl = got, *yl = expected;
+        int line = 1;
+        for (; *x && *x == *y; x++, y++)
+            if (*x == '\n') line++, xl = x + 1, yl = y + 1;
+        fprintf(stderr, "%s: output line %d differs from the expected one\n  got:      %.*s\n  expected: %.*s\n",
+                path, line, (int)strcspn(xl, "\n"), xl, (int)strcspn(yl, "\n"), yl);
+        fprintf(stderr, "--- full output ---\n%s", got);
+        ok = false;
+    }
+    free(got);
+    arena_free(a);
+    free(text);
+    return ok;
+}
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void test_golden(void **state)
+{
+    (void)state;
+    const char *dir = FP8C_SOURCE_DIR "/tests/golden/passes";
+    bool update = getenv("FP8C_UPDATE_GOLDEN") && strcmp(getenv("FP8C_UPDATE_GOLDEN"), "1") == 0;
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    char *names[256];
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len > 3 && strcmp(e->d_name + len - 3, ".ir") == 0 && n < 256) names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, compare_names);
+    int failed = 0;
+    for (int i = 0; i < n; i++) {
+        bool ok = golden_one(dir, names[i], update);
+        printf("  %-28s %s\n", names[i], ok ? (update ? "updated" : "ok") : "FAILED");
+        failed += !ok;
+        free(names[i]);
+    }
+    assert_true(n >= 9);
+    assert_int_equal(failed, 0);
+}
+
+/* ---------------------------------------------------------------- registry */
+
+static void test_registry(void **state)
+{
+    (void)state;
+    int count = 0;
+    const PassInfo *t = pass_table(&count);
+    assert_true(count >= 7);
+    for (int i = 0; i < count; i++) assert_ptr_equal(pass_find(t[i].name), &t[i]);
+    assert_null(pass_find("no-such-pass"));
+    assert_string_equal(pass_find("memplan")->requires, "schedule");
+
+    /* --print-ir-after: the IR goes to stdout after a header naming the pass */
+    Arena *a = arena_new();
+    Graph *g = build_gpt2(a, 1, 1, 4, 8, 2, 16);
+    fflush(stdout);
+    char tmpl[] = "/tmp/fp8c_passes_XXXXXX";
+    int fd = mkstemp(tmpl);
+    assert_true(fd >= 0);
+    int saved = dup(1);
+    dup2(fd, 1);
+    PassOptions opt = {.verify = true, .print_after = "autodiff"};
+    bool ok1 = pass_run(g, pass_find("autodiff"), &opt);
+    bool ok2 = pass_run(g, pass_find("optimizer"), &opt);
+    opt.print_after = "all";
+    bool ok3 = pass_run(g, pass_find("dce"), &opt);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    close(fd);
+    char *out = read_text(tmpl);
+    unlink(tmpl);
+    assert_true(ok1 && ok2 && ok3);
+    assert_non_null(out);
+    assert_true(strncmp(out, "# IR after autodiff\n# fp8c ir\n", 30) == 0);
+    assert_null(strstr(out, "# IR after optimizer"));
+    assert_non_null(strstr(out, "# IR after dce\n"));
+    assert_non_null(strstr(out, "name=\"wte.weight.grad\""));
+    free(out);
+    arena_free(a);
+}
+
+static char *capture_errors(Graph *g, const char *passes, bool *ok)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    diag_set_stream(f);
+    int before = diag_error_count();
+    *ok = run_passes(g, passes);
+    fclose(f);
+    diag_set_stream(NULL);
+    assert_true(*ok || diag_error_count() > before);
+    return buf;
+}
+
+static void test_user_errors(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    bool ok;
+
+    Graph *g = build_gpt2(a, 1, 1, 4, 8, 2, 16);
+    g->optim.present = false;
+    char *msg = capture_errors(g, "autodiff,optimizer", &ok);
+    assert_false(ok);
+    assert_non_null(strstr(msg, "error: the model has no optimizer clause"));
+    free(msg);
+
+    g = ir_graph_new(a);
+    Node *w = param(g, "w", 1, (int64_t[]){4});
+    op1(g, OP_GELU, w);
+    msg = capture_errors(g, "autodiff", &ok);
+    assert_false(ok);
+    assert_non_null(strstr(msg, "'loss'"));
+    free(msg);
+
+    g = ir_graph_new(a);
+    w = param(g, "w", 1, (int64_t[]){4});
+    set_loss(op1(g, OP_GELU, w));
+    msg = capture_errors(g, "autodiff", &ok);
+    assert_false(ok);
+    assert_non_null(strstr(msg, "test.model:1:1: error: the loss must be a scalar"));
+    free(msg);
+
+    g = ir_graph_new(a);
+    w = param(g, "w", 1, (int64_t[]){4});
+    Node *x = leaf(g, OP_INPUT, "x", ROLE_INPUT, FMT_F32, 1, (int64_t[]){4});
+    set_loss(op1(g, OP_SQNORM, op2(g, OP_GELU_BWD, x, w)));
+    msg = capture_errors(g, "autodiff", &ok);
+    assert_false(ok);
+    assert_non_null(strstr(msg, "cannot differentiate 'gelu_bwd'"));
+    free(msg);
+    arena_free(a);
+}
+
+/* ---------------------------------------------------------------- autodiff vs differences */
+
+static void test_autodiff_mlp_finite_differences(void **state)
+{
+    (void)state;
+    seed_rng();
+    Arena *a = arena_new();
+    Graph *g = ir_graph_new(a);
+    Node *x = leaf(g, OP_INPUT, "x", ROLE_INPUT, FMT_F32, 2, (int64_t[]){6, 5});
+    Node *t = leaf(g, OP_INPUT, "targets", ROLE_INPUT, FMT_I32, 1, (int64_t[]){6});
+    Node *h = op1(g, OP_GELU, linear(g, x, "fc1", 7, 5, true));
+    Node *logits = linear(g, h, "fc2", 4, 7, true);
+    set_loss(op2(g, OP_CROSS_ENTROPY, logits, t));
+    double err = gradient_error(g, 0.7, 4, 2e-3);
+    printf("  tiny MLP: worst normalized error %.2e (tolerance 1e-2)\n", err);
+    assert_true(err < 1e-2);
+    arena_free(a);
+}
+
+/* A small transformer block: embedding + (T,C) positions, layernorm, fused q|k|v with
+ * grouped-query heads and rope, attention, residuals, rmsnorm, a gated SiLU MLP whose two
+ * halves are slices of one projection, tied lm head. */
+static void test_autodiff_block_finite_differences(void **state)
+{
+    (void)state;
+    seed_rng();
+    Arena *a = arena_new();
+    Graph *g = ir_graph_new(a);
+    const int64_t B = 2, T = 4, C = 8, V = 11, D = 4;   /* heads 2, kv_heads 1 */
+    Node *tok = leaf(g, OP_INPUT, "tokens", ROLE_INPUT, FMT_I32, 2, (int64_t[]){B, T});
+    Node *tgt = leaf(g, OP_INPUT, "targets", ROLE_INPUT, FMT_I32, 2, (int64_t[]){B, T});
+    Node *wte = param(g, "wte", 2, (int64_t[]){V, C});
+    Node *wpe = param(g, "wpe", 2, (int64_t[]){T, C});
+    Node *x = op2(g, OP_ADD, op2(g, OP_EMBEDDING, wte, tok), wpe);
+    Node *h = layernorm(g, x, "ln", C);
+    Node *qkv = linear(g, h, "qkv", C + 2 * D, C, false);
+    Node *q = rope(g, slice(g, qkv, 2, 0, C), D);
+    Node *k = rope(g, slice(g, qkv, 2, C, D), D);
+    Node *v = slice(g, qkv, 2, C + D, D);
+    Node *att = attention(g, q, k, v, 2, 1, 0.5);
+    x = op2(g, OP_ADD, x, linear(g, att, "proj", C, C, true));
+    Node *r = op2(g, OP_RMSNORM, x, param(g, "rms", 1, (int64_t[]){C}));
+    r->fattr[0] = 1e-6;
+    Node *u = linear(g, r, "up", 2 * C, C, false);
+    Node *gate = op2(g, OP_MUL, op1(g, OP_SILU, slice(g, u, 2, 0, C)), slice(g, u, 2, C, C));
+    Node *down = matmul(g, gate, param(g, "down", 2, (int64_t[]){C, C}), 0, 0);
+    x = op2(g, OP_ADD, x, down);
+    set_loss(op2(g, OP_CROSS_ENTROPY, matmul(g, x, wte, 0, 1), tgt));
+    double err = gradient_error(g, 0.5, V, 2e-3);
+    printf("  transformer block: worst normalized error %.2e (tolerance 1e-2)\n", err);
+    assert_true(err < 1e-2);
+    arena_free(a);
+}
+
+/* The other rules: (T,C) and scalar broadcasting in mul/sub, softmax, reshape, concat, cast,
+ * matmul with every transpose combination, overlapping slices (pads), pad, sum_rows,
+ * add_n, scale and sqnorm. */
+static void test_autodiff_ops_finite_differences(void **state)
+{
+    (void)state;
+    seed_rng();
+    Arena *a = arena_new();
+    Graph *g = ir_graph_new(a);
+    Node *x = leaf(g, OP_INPUT, "x", ROLE_INPUT, FMT_F32, 3, (int64_t[]){2, 3, 4});
+    Node *p1 = param(g, "p1", 2, (int64_t[]){3, 4});
+    Node *s = param(g, "s", 0, NULL);
+    Node *y = op2(g, OP_SUB, op2(g, OP_MUL, x, p1), s);
+    y = op2(g, OP_MUL, op1(g, OP_SOFTMAX, y), s);
+    Node *r = reshape(g, y, 2, (int64_t[]){6, 4});
+    Node *z = matmul(g, r, param(g, "p2", 2, (int64_t[]){4, 5}), 0, 0);          /* (6, 5) */
+    Node *cin[2] = {z, op1(g, OP_CAST, scale(g, z, -0.5))};
+    Node *c = ir_add(g, OP_CONCAT, 2, cin, here);
+    c->iattr[0] = 1;
+    fin(g, c);                                                                    /* (6, 10) */
+    Node *w = matmul(g, c, param(g, "p3", 2, (int64_t[]){6, 3}), 1, 0);          /* (10, 3) */
+    Node *ww = matmul(g, param(g, "p4", 2, (int64_t[]){3, 7}), w, 1, 1);         /* (7, 10) */
+    Node *v = matmul(g, ww, param(g, "p5", 2, (int64_t[]){2, 10}), 0, 1);       /* (7, 2) */
+    Node *pad = ir_add1(g, OP_PAD, v, here);
+    pad->iattr[0] = 0, pad->iattr[1] = 1, pad->iattr[2] = 9;
+    fin(g, pad);                                                                  /* (9, 2) */
+    Node *o1 = slice(g, ww, 1, 0, 6), *o2 = slice(g, ww, 1, 4, 6);               /* overlap */
+    Node *sr = op1(g, OP_SUM_ROWS, op2(g, OP_MUL, o1, o2));                       /* (6) */
+    Node *parts[3] = {op1(g, OP_SQNORM, pad), op1(g, OP_SQNORM, sr), op1(g, OP_SQNORM, v)};
+    Node *sum = fin(g, ir_add(g, OP_ADD_N, 3, parts, here));
+    set_loss(scale(g, sum, 0.25));
+    double err = gradient_error(g, 0.5, 1, 2e-3);
+    printf("  op zoo: worst normalized error %.2e (tolerance 1e-2)\n", err);
+    assert_true(err < 1e-2);
+    arena_free(a);
+}
+
+/* ---------------------------------------------------------------- memory and order */
+
+static int64_t aligned(int64_t x) { return (x + 255) / 256 * 256; }
+
+static Node *root_of(Node *n)
+{
+    Node *a;
+    while ((a = memplan_alias_of(n))) n = a;
+    return n;
+}
+
+/* Lifetimes as memplan defines them, recomputed here: from the defining step (inputs: 0) to
+ * the last reader of any value sharing the storage (outputs: the end). */
+static void lifetimes(const Graph *g, int *first, int *last)
+{
+    int n = g->n_nodes;
+    for (int i = 0; i < n; i++) {
+        first[i] = g->nodes[i]->op == OP_INPUT ? 0 : i;
+        last[i] = i;
+    }
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        int r = root_of(v)->index;
+        if (first[i] < first[r]) first[r] = first[i];
+        if (i > last[r]) last[r] = i;
+        if (v->t.role == ROLE_OUTPUT) last[r] = n - 1;
+        for (int j = 0; j < v->n_in; j++) {
+            int x = root_of(v->in[j])->index;
+            if (i > last[x]) last[x] = i;
+        }
+    }
+}
+
+static bool in_step_arena(const Node *v)
+{
+    return !memplan_alias_of(v) && !ir_role_is_persistent(v->t.role) &&
+           ir_numel(&v->t) * fmt_elem_bytes(v->t.fmt.elem) > 0;
+}
+
+/* The largest sum of live step-arena bytes over the order: a lower bound of any packing. */
+static int64_t live_peak(const Graph *g)
+{
+    int n = g->n_nodes;
+    int *first = malloc(sizeof(int) * (size_t)n), *last = malloc(sizeof(int) * (size_t)n);
+    lifetimes(g, first, last);
+    int64_t peak = 0;
+    for (int t = 0; t < n; t++) {
+        int64_t live = 0;
+        for (int i = 0; i < n; i++)
+            if (in_step_arena(g->nodes[i]) && first[i] <= t && t <= last[i])
+                live += ir_numel(&g->nodes[i]->t) * fmt_elem_bytes(g->nodes[i]->t.fmt.elem);
+        if (live > peak) peak = live;
+    }
+    free(first);
+    free(last);
+    return peak;
+}
+
+static void check_schedule(const Graph *g)
+{
+    Phase phase = PHASE_FORWARD;
+    bool leaves_done = false;
+    Uses *uses = ir_fill_uses(g);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *v = g->nodes[i];
+        assert_int_equal(v->index, i);
+        for (int j = 0; j < v->n_in; j++) assert_true(v->in[j]->index < i);
+        bool is_leaf = v->op == OP_INPUT || v->op == OP_PARAM || v->op == OP_STATE || v->op == OP_CONST;
+        if (is_leaf) {
+            assert_false(leaves_done);
+            continue;
+        }
+        leaves_done = true;
+        assert_true(v->phase >= phase);
+        phase = v->phase;
+        if (!ir_op_is_inplace(v->op)) continue;
+        for (int j = 0; j < v->n_in; j++) {
+            if (!ir_mutates_input(v, j)) continue;
+            /* every other reader of the overwritten value, or of a view of it, comes first */
+            const Node *x = v->in[j];
+            const Uses *u = &uses[x->index];
+            for (int k = 0; k < u->n; k++) {
+                const Node *r = u->list[k];
+                if (r != v) assert_true(r->index < i);
+                if (r->op == OP_RESHAPE && memplan_alias_of(r) == x) {
+                    const Uses *ru = &uses[r->index];
+                    for (int m = 0; m < ru->n; m++) assert_true(ru->list[m]->index < i);
+                }
+            }
+        }
+    }
+    assert_int_equal(ir_verify(g, "test"), 0);
+}
+
+static void check_memplan(const Graph *g)
+{
+    int n = g->n_nodes;
+    int *first = malloc(sizeof(int) * (size_t)n), *last = malloc(sizeof(int) * (size_t)n);
+    lifetimes(g, first, last);
+    int64_t sum = 0, checked = 0;
+    for (int i = 0; i < n; i++) {
+        const Node *v = g->nodes[i];
+        int64_t bytes = ir_numel(&v->t) * fmt_elem_bytes(v->t.fmt.elem);
+        assert_int_equal(v->t.bytes, bytes);
+        if (memplan_alias_of(v)) {
+            assert_int_equal(v->t.offset, root_of((Node *)v)->t.offset);
+            continue;
+        }
+        if (bytes == 0) continue;
+        assert_true(v->t.offset >= 0);
+        assert_int_equal(v->t.offset % 256, 0);
+        bool pers = ir_role_is_persistent(v->t.role);
+        assert_true(v->t.offset + bytes <= (pers ? g->persistent_bytes : g->transient_bytes));
+        if (!pers) sum += aligned(bytes);
+        for (int j = 0; j < i; j++) {
+            const Node *w = g->nodes[j];
+            int64_t wb = ir_numel(&w->t) * fmt_elem_bytes(w->t.fmt.elem);
+            if (memplan_alias_of(w) || wb == 0 || ir_role_is_persistent(w->t.role) != pers) continue;
+            bool overlap_time = pers || (first[i] <= last[j] && first[j] <= last[i]);
+            if (!overlap_time) continue;
+            bool overlap_mem = v->t.offset < w->t.offset + wb && w->t.offset < v->t.offset + bytes;
+            if (overlap_mem)
+                fail_msg("%%%d [%lld,+%lld) live %d..%d overlaps %%%d [%lld,+%lld) live %d..%d", v->id,
+                         (long long)v->t.offset, (long long)bytes, first[i], last[i], w->id,
+                         (long long)w->t.offset, (long long)wb, first[j], last[j]);
+            checked++;
+        }
+    }
+    assert_true(checked > 0);
+    assert_true(g->transient_bytes <= sum);
+    assert_true(g->transient_bytes >= live_peak(g));
+    MemSummary m;
+    memplan_summarize(g, &m);
+    assert_int_equal(m.persistent, g->persistent_bytes);
+    assert_int_equal(m.transient, g->transient_bytes);
+    int64_t total_pers = 0;
+    for (int r = 0; r < ROLE_COUNT; r++)
+        if (ir_role_is_persistent((Role)r)) total_pers += m.by_role[r];
+    assert_true(total_pers <= m.persistent);
+    assert_int_equal(m.by_role[ROLE_ADAM_M], m.n_params * 4);
+    assert_int_equal(m.by_role[ROLE_GRAD], m.n_params * 4);
+    free(first);
+    free(last);
+}
+
+static void test_memplan_gpt2(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = build_gpt2(a, 2, 2, 16, 32, 4, 64);
+    assert_true(run_passes(g, "autodiff,optimizer,dce"));
+    int64_t before = live_peak(g);
+    assert_true(run_passes(g, "schedule"));
+    check_schedule(g);
+    int64_t after = live_peak(g);
+    assert_true(run_passes(g, "memplan"));
+    check_memplan(g);
+    MemSummary m;
+    memplan_summarize(g, &m);
+    printf("  gpt2-tiny: %d nodes, %lld params, persistent %lld B, step arena %lld B, live peak %lld B "
+           "(input order %lld B)\n",
+           g->n_nodes, (long long)m.n_params, (long long)g->persistent_bytes,
+           (long long)g->transient_bytes, (long long)after, (long long)before);
+    assert_true(after <= before);
+    /* Adam m and v of every parameter, f32 */
+    assert_int_equal(m.by_role[ROLE_ADAM_V], 4 * m.n_params);
+    arena_free(a);
+}
+
+/* The schedule also repairs an order that is only topological: shuffled, with in-place
+ * updates placed before other readers of what they overwrite. */
+static void test_schedule_from_shuffled_order(void **state)
+{
+    (void)state;
+    seed_rng();
+    Arena *a = arena_new();
+    Graph *g = build_gpt2(a, 2, 2, 8, 16, 2, 32);
+    assert_true(run_passes(g, "autodiff,optimizer"));
+    int n = g->n_nodes;
+    int *preds = calloc((size_t)n, sizeof(int));
+    Node **order = malloc(sizeof(Node *) * (size_t)n), **ready = malloc(sizeof(Node *) * (size_t)n);
+    Uses *uses = ir_fill_uses(g);
+    for (int i = 0; i < n; i++) {
+        Node *v = g->nodes[i];
+        for (int j = 0; j < v->n_in; j++)
+            if (j == 0 || v->in[j] != v->in[j - 1]) preds[i]++;
+    }
+    /* a random topological order (Kahn's algorithm picking a random ready node) */
+    int n_ready = 0, placed = 0;
+    for (int i = 0; i < n; i++)
+        if (!preds[i]) ready[n_ready++] = g->nodes[i];
+    while (n_ready) {
+        int k = (int)(rng_next() % (uint64_t)n_ready);
+        Node *v = ready[k];
+        ready[k] = ready[--n_ready];
+        order[placed++] = v;
+        const Uses *u = &uses[v->index];
+        for (int j = 0; j < u->n; j++) {
+            Node *r = u->list[j];
+            int times = 0;
+            for (int m = 0; m < r->n_in; m++)
+                if (r->in[m] == v && (m == 0 || r->in[m - 1] != v)) times++;
+            preds[r->index] -= times;
+            if (preds[r->index] == 0) ready[n_ready++] = r;
+        }
+    }
+    assert_int_equal(placed, n);
+    memcpy(g->nodes, order, sizeof(Node *) * (size_t)n);
+    ir_renumber(g);
+    assert_true(run_passes(g, "schedule,memplan"));
+    check_schedule(g);
+    check_memplan(g);
+    free(preds);
+    free(order);
+    free(ready);
+    arena_free(a);
+}
+
+static void test_dce_keeps_roots(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = build_gpt2(a, 1, 1, 4, 8, 2, 16);
+    assert_true(run_passes(g, "autodiff,optimizer"));
+    /* dead additions: an unread chain, an unread constant, an unread state */
+    Node *dead = op1(g, OP_GELU, ir_find(g, "wte.weight"));
+    dead = scale(g, dead, 3.0);
+    Node *cst = leaf(g, OP_CONST, NULL, ROLE_ACTIVATION, FMT_F32, 1, (int64_t[]){5});
+    Node *st = leaf(g, OP_STATE, "extra.state", ROLE_AMAX_HISTORY, FMT_F32, 1, (int64_t[]){4});
+    int before = g->n_nodes;
+    int n_roots = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *v = g->nodes[i];
+        v->pass_data = NULL;
+        if (v->t.role == ROLE_OUTPUT || ir_op_is_inplace(v->op) || v->op == OP_PARAM ||
+            v->op == OP_STATE || v->op == OP_INPUT) {
+            v->pass_data = v;   /* marks a root */
+            n_roots++;
+        }
+    }
+    assert_true(run_passes(g, "dce"));
+    int kept_roots = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        assert_ptr_not_equal(g->nodes[i], dead);
+        assert_ptr_not_equal(g->nodes[i], cst);
+        if (g->nodes[i]->pass_data) kept_roots++;
+    }
+    assert_int_equal(kept_roots, n_roots);
+    assert_int_equal(g->n_nodes, before - 3);
+    assert_non_null(ir_find(g, "extra.state"));
+    assert_ptr_equal(ir_find(g, "extra.state"), st);
+    assert_non_null(ir_find(g, "loss"));
+    assert_non_null(ir_find(g, "grad_norm"));
+    /* nothing left that nobody reads, apart from roots */
+    Uses *uses = ir_fill_uses(g);
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!g->nodes[i]->pass_data) assert_true(uses[i].n > 0);
+    arena_free(a);
+}
+
+/* The optimizer's structure on a real-shaped model: one accumulator, m and v per parameter
+ * with a gradient, weight decay on matrices only, clipping from the model's clause. */
+static void test_optimizer_states(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = build_gpt2(a, 2, 1, 4, 8, 2, 16);
+    int params = 0;
+    for (int i = 0; i < g->n_nodes; i++) params += g->nodes[i]->op == OP_PARAM;
+    assert_true(run_passes(g, "autodiff,optimizer"));
+    int adamw = 0, accum = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *v = g->nodes[i];
+        if (v->op == OP_ACCUMULATE) {
+            accum++;
+            assert_int_equal(v->phase, PHASE_BACKWARD);
+            assert_int_equal(v->in[0]->t.role, ROLE_GRAD);
+            assert_ptr_equal(v->in[1]->grad_of, v->grad_of);
+        }
+        if (v->op != OP_ADAMW) continue;
+        adamw++;
+        Node *p = v->in[0];
+        char name[160];
+        snprintf(name, sizeof name, "%s:adam_m", p->t.name);
+        assert_ptr_equal(v->in[2], ir_find(g, name));
+        snprintf(name, sizeof name, "%s:adam_v", p->t.name);
+        assert_ptr_equal(v->in[3], ir_find(g, name));
+        assert_int_equal(v->in[1]->op, OP_ACCUMULATE);
+        assert_ptr_equal(v->in[4], ir_find(g, "lr"));
+        assert_ptr_equal(v->in[7], ir_find(g, "grad_scale"));
+        assert_int_equal(v->in[6]->op, OP_CLIP_COEF);
+        assert_true(v->in[6]->fattr[0] == 1.0);
+        assert_true(v->fattr[3] == (p->t.rank >= 2 ? 0.1 : 0.0));
+        assert_int_equal(v->phase, PHASE_UPDATE);
+    }
+    assert_int_equal(adamw, params);
+    assert_int_equal(accum, params);
+    Node *norm = ir_find(g, "grad_norm");
+    assert_non_null(norm);
+    assert_int_equal(norm->t.role, ROLE_OUTPUT);
+    assert_int_equal(norm->n_in, params + 1);
+    arena_free(a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden),
+        cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_user_errors),
+        cmocka_unit_test(test_autodiff_mlp_finite_differences),
+        cmocka_unit_test(test_autodiff_block_finite_differences),
+        cmocka_unit_test(test_autodiff_ops_finite_differences),
+        cmocka_unit_test(test_optimizer_states),
+        cmocka_unit_test(test_memplan_gpt2),
+        cmocka_unit_test(test_schedule_from_shuffled_order),
+        cmocka_unit_test(test_dce_keeps_roots),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
