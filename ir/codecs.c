@@ -249,11 +249,13 @@ void codec_decode(Codec c, const void *src, const float *params, float *dst, int
 /* ---- SPLIT: w = hi + lo * ulp(hi) / 256
  *
  * hi = bf16(w) rounded to nearest even, so |w - hi| <= ulp(hi)/2 and the error in units of
- * ulp/256 lies in [-128, 128]; +128 (an exact tie rounded down to an even hi) is clamped to
- * 127. The difference w - hi is exact in f32 (Sterbenz), the scaling by a power of two is
- * exact, and hi + lo*ulp/256 needs 16 significant bits, so decoding is exact in f32: the only
- * loss is the rounding of the error to 1/256 ulp. ulp(hi)/|hi| <= 2^-7, hence
- * |w - decoded| / |w| <= 2^-7 * 2^-9 = 2^-16, or 2^-15 at clamped ties. */
+ * ulp/256 rounds into [-128, 128]. The +128 end (errors within 1/512 ulp of +ulp/2, exact ties
+ * rounded down to an even hi among them: about 0.2% of weights) is clamped to 127. The scale
+ * is a power of two on purpose: w - hi is exact in f32 (Sterbenz), scaling it is exact, and
+ * hi + lo*ulp/256 needs 16 significant bits, so decoding is exact in f32 and any GPU kernel
+ * reconstructs the same bits with or without FMA. Since ulp(hi)/|hi| <= 2^-7, the decoded
+ * weight is within 2^-7 * 2^-9 = 2^-16 of w relative, and within 2^-15 where lo was clamped.
+ * (A scale of 254 would avoid the clamp but make decoding inexact for 2^-16.0 instead.) */
 
 static int split_ulp_exp(uint16_t hi)                /* ulp(hi) = 2^split_ulp_exp(hi) */
 {

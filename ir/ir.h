@@ -309,7 +309,8 @@ int64_t codec_param_count(Codec c, int64_t n);      /* f32 side values for n ele
 void codec_encode(Codec c, const float *src, void *dst, float *params, int64_t n);
 void codec_decode(Codec c, const void *src, const float *params, float *dst, int64_t n);
 /* Master weight w as hi = bf16(w) (the weight the forward reads) and lo, the rounding error
- * in units of ulp(hi)/256; decoding gives w within 2^-16 relative (2^-15 at exact ties). */
+ * in units of ulp(hi)/256; decoding is exact in f32 and gives w within 2^-16 relative (2^-15
+ * for the ~0.2% of weights whose error is within 1/512 ulp of +ulp/2). */
 void codec_split_encode(const float *w, uint16_t *hi, int8_t *lo, int64_t n);
 void codec_split_decode(const uint16_t *hi, const int8_t *lo, float *w, int64_t n);
 
