@@ -47,6 +47,8 @@ bool pass_release(Graph *g, const PassOptions *opt)
     clip->phase = PHASE_BACKWARD;
     Node *remember = ir_add2(g, OP_ASSIGN, prev, norm, norm->loc);
     remember->phase = PHASE_UPDATE;
+    remember->t.role = ROLE_OPTIM_STATE;   /* it is the state, updated */
+    remember->t.name = prev->t.name;
     const char *err = ir_infer_shape(remember, g->arena);
     if (err) ir_die(__FILE__, __LINE__, "release: %s", err);
     /* the accumulators and their updates go */
