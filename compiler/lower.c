@@ -1122,6 +1122,8 @@ static void exec_param(Lower *L, Frame *f, const AstStmt *s)
         } else if (lower_error(L, s->loc, "duplicate parameter '%s'", full)) {
             diag_note(old->loc, "'%s' was first declared here", full);
         }
+        /* bound to an error value, so that its uses do not report "unknown name" */
+        if (!frame_find(f, s->name)) frame_bind(L, f, s->name, BIND_PARAM, val_error(), s->loc);
         return;
     }
     Binding *local = frame_find(f, s->name);

@@ -41,6 +41,7 @@ typedef struct {
     Arena *arena;
     const char *file;
     int line, col;          /* where the next token starts */
+    int last_eol_col;       /* the column of the last newline: where the line before ended */
     int nesting;            /* open ( and [: newlines inside them are white space */
     bool at_line_start;     /* the last token was a NEWLINE (or there was none yet) */
     SrcLoc braces[32];      /* where the open { are, innermost last, for "never closed" */
