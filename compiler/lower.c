@@ -425,7 +425,13 @@ static Value arith_numbers(Lower *L, SrcLoc loc, char op, Value a, Value b)
 
 static const char *op_verb(char op)
 {
-    return op == '+' ? "add" : op == '-' ? "subtract" : op == '*' ? "multiply" : op == '/' ? "divide" : "take the remainder of";
+    switch (op) {
+    case '+': return "add";
+    case '-': return "subtract";
+    case '*': return "multiply";
+    case '/': return "divide";
+    default: return "take the remainder of";
+    }
 }
 
 static Value arith_tensors(Lower *L, SrcLoc loc, char op, Value a, Value b)
@@ -588,9 +594,20 @@ static Value b_rmsnorm(Lower *L, const AstExpr *c, const Args *a)
     return node_done(L, n);
 }
 
-static Value b_gelu(Lower *L, const AstExpr *c, const Args *a) { return node_unary(L, OP_GELU, c->loc, a->v[0].node); }
-static Value b_silu(Lower *L, const AstExpr *c, const Args *a) { return node_unary(L, OP_SILU, c->loc, a->v[0].node); }
-static Value b_softmax(Lower *L, const AstExpr *c, const Args *a) { return node_unary(L, OP_SOFTMAX, c->loc, a->v[0].node); }
+static Value b_gelu(Lower *L, const AstExpr *c, const Args *a)
+{
+    return node_unary(L, OP_GELU, c->loc, a->v[0].node);
+}
+
+static Value b_silu(Lower *L, const AstExpr *c, const Args *a)
+{
+    return node_unary(L, OP_SILU, c->loc, a->v[0].node);
+}
+
+static Value b_softmax(Lower *L, const AstExpr *c, const Args *a)
+{
+    return node_unary(L, OP_SOFTMAX, c->loc, a->v[0].node);
+}
 
 static Value b_embedding(Lower *L, const AstExpr *c, const Args *a)
 {
@@ -685,11 +702,11 @@ static Value b_split(Lower *L, const AstExpr *c, const Args *a)
                         (long long)width, shape_text(L, &x->t), (long long)parts);
             return val_error();
         }
-        n = (int)parts > MAX_EXTRA_ARGS ? MAX_EXTRA_ARGS + 1 : (int)parts;
-        if (n > MAX_EXTRA_ARGS) {
+        if (parts > MAX_EXTRA_ARGS) {
             lower_error(L, a->extra_loc[0], "split into at most %d parts", MAX_EXTRA_ARGS);
             return val_error();
         }
+        n = (int)parts;
         for (int i = 0; i < n; i++) sizes[i] = width / parts;
     } else {
         int64_t sum = 0;
@@ -1239,12 +1256,10 @@ static void exec_for(Lower *L, Frame *f, const AstStmt *s)
             diag_note(var->loc, "'%s' is defined here", s->name);
         return;
     }
-    if (!var && frame_find(&L->top, s->name) && f != &L->top) {
-        Binding *g = frame_find(&L->top, s->name);
-        if (g->kind == BIND_CONFIG || g->kind == BIND_INPUT) {
-            lower_error(L, s->loc, "'%s' is already a %s", s->name, bind_words[g->kind]);
-            return;
-        }
+    Binding *global = f != &L->top ? frame_find(&L->top, s->name) : NULL;
+    if (!var && global && (global->kind == BIND_CONFIG || global->kind == BIND_INPUT)) {
+        lower_error(L, s->loc, "'%s' is already a %s", s->name, bind_words[global->kind]);
+        return;
     }
     if (!var) var = frame_bind(L, f, s->name, BIND_LOOP, val_int(from.i), s->loc);
     var->active = true;
@@ -1508,17 +1523,19 @@ static void scan_top(Lower *L, const AstVec *prog)
                 lower_error(L, s->loc, "block '%s' has the name of a builtin function", s->name);
                 break;
             }
-            for (int j = 0; j < s->items.n; j++)
+            for (int j = 0; j < s->items.n; j++) {
+                const AstName *pj = s->items.items[j];
                 for (int k = 0; k < j; k++)
-                    if (!strcmp(((AstName *)s->items.items[j])->text, ((AstName *)s->items.items[k])->text))
-                        lower_error(L, ((AstName *)s->items.items[j])->loc, "block '%s' has two parameters named '%s'",
-                                    s->name, ((AstName *)s->items.items[j])->text);
+                    if (!strcmp(pj->text, ((AstName *)s->items.items[k])->text))
+                        lower_error(L, pj->loc, "block '%s' has two parameters named '%s'", s->name, pj->text);
+            }
             L->blocks[L->n_blocks++] = s;
             scan_body(L, &s->body, s, true);
             break;
         }
         case STMT_CONFIG:
-            for (int j = 0; j < s->items.n; j++) L->configs[L->n_configs++] = ((AstBinding *)s->items.items[j])->name;
+            for (int j = 0; j < s->items.n; j++)
+                L->configs[L->n_configs++] = ((AstBinding *)s->items.items[j])->name;
             break;
         case STMT_FOR:
             scan_body(L, &s->body, NULL, false);
@@ -1583,8 +1600,13 @@ static void finish_decay(Lower *L, int errors_before)
     for (int i = 0; i < L->g->n_nodes; i++) {
         Node *n = L->g->nodes[i];
         if (n->op != OP_PARAM) continue;
-        if (!d) n->iattr[1] = n->t.rank >= 2;
-        else n->iattr[1] = decay_match(&d->items, n->t.name, used) && !decay_match(&d->except, n->t.name, used ? used + d->items.n : NULL);
+        if (!d) {
+            n->iattr[1] = n->t.rank >= 2;
+            continue;
+        }
+        bool in = decay_match(&d->items, n->t.name, used);
+        bool out = decay_match(&d->except, n->t.name, used + d->items.n);
+        n->iattr[1] = in && !out;
     }
     if (!d || !check_patterns) return;   /* after an error some parameters may be missing */
     for (int i = 0; i < d->items.n + d->except.n; i++)
