@@ -1,32 +1,33 @@
 /* ref_attn.c — causal attention (grouped-query) and rotary positions, forward and backward.
  *
- * Attention is computed row by row as its definition reads: scores of query t against keys
- * 0..t, a softmax, a weighted sum of values; the backward recomputes the probabilities from
- * q and k (the IR saves only q, k, v), as FlashAttention does. Nothing is tiled for the
- * softmax, so the reference has exactly one rounding story: f32 inputs, f64 scores, f64
- * softmax sums, f64 accumulation of every output, one rounding to f32 at the end.
+ * Attention is computed in blocks of query rows, as products with the packed GEMM (in f64,
+ * ref_gemm_f64): S = Q K^T over the keys up to the block's last row, a causal softmax per row
+ * in f64, O = P V. The backward recomputes P from q and k (the IR saves only q, k, v), as
+ * FlashAttention does, and forms dP = dO V^T, dS = P (dP - rowsum(P dP)) scale, dQ = dS K,
+ * dK += dS^T Q, dV += P^T dO. P and dS are rounded to f32 once, as the operands of the
+ * products; every sum is f64 and every result is rounded to f32 once at the end.
+ *
+ * Keys past a row's position get P = 0 exactly; adding 0 * v to an f64 sum leaves it as it
+ * was (for finite v), so a row's result does not depend on the block it was computed in.
  *
  * Layout: q (B, T, H*D), k and v (B, T, Hkv*D); query head h reads kv head h / (H / Hkv).
- * Keys and values are first transposed per (batch, kv head) to (D, T), so that the score
- * loops run over keys with unit stride and vectorize without reordering any sum.
  *
  * Threads: the forward splits by (batch, head, block of query rows): each output row is its
  * own. The backward splits by (batch, kv head): one task owns dk and dv of its kv head and dq
- * of the query heads that read it, and sums over heads and rows in a fixed order. */
+ * of the query heads that read it, and adds the blocks' contributions in a fixed order. */
 #include "ref_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { ROWS_PER_TASK = 32 };
+enum { QB = 64 };   /* query rows per block */
 
 typedef struct {
     const Node *n;
     int64_t B, T, H, Hkv, D, group;
     double scale;
     const float *q, *k, *v, *dy;
-    float *kt, *vt;         /* (B, Hkv, D, T): k and v transposed per kv head */
     float *y;
 } AttnJob;
 
@@ -61,70 +62,127 @@ static void attn_setup(AttnJob *a, const Node *n, const float *q, const float *k
     a->v = v;
 }
 
-static float *transpose_kv(const AttnJob *a, const float *src)
+/* Scratch of one block: S (or dP) in f64, P and dS in f32, a (rows, D) f64 result. */
+typedef struct {
+    double *s, *o;
+    float *p, *ds;
+} Block;
+
+static Block block_alloc(const AttnJob *a)
 {
-    int64_t T = a->T, D = a->D, cols = a->Hkv * D;
-    float *dst = malloc(sizeof(float) * (size_t)(a->B * T * cols > 0 ? a->B * T * cols : 1));
-    IR_ASSERT(dst);
-    for (int64_t b = 0; b < a->B; b++)
-        for (int64_t g = 0; g < a->Hkv; g++) {
-            float *out = dst + (b * a->Hkv + g) * D * T;
-            for (int64_t t = 0; t < T; t++) {
-                const float *row = src + (b * T + t) * cols + g * D;
-                for (int64_t d = 0; d < D; d++) out[d * T + t] = row[d];
-            }
-        }
-    return dst;
+    Block w;
+    w.s = malloc(sizeof(double) * (size_t)(QB * a->T + QB * a->D));
+    w.p = malloc(sizeof(float) * (size_t)(2 * QB * a->T));
+    IR_ASSERT(w.s && w.p);
+    w.o = w.s + QB * a->T;
+    w.ds = w.p + QB * a->T;
+    return w;
 }
 
-/* p[0..t] = softmax over keys 0..t of scale * q_t . k_j (kt: this kv head's (D, T)) */
-static void attn_probs(const AttnJob *a, const float *qrow, const float *kt, int64_t t,
-                       double *p)
+static void block_free(Block *w)
 {
-    int64_t T = a->T, n = t + 1;
-    for (int64_t j = 0; j < n; j++) p[j] = 0;
-    for (int64_t d = 0; d < a->D; d++) {
-        double qd = qrow[d];
-        const float *kd = kt + d * T;
-        for (int64_t j = 0; j < n; j++) p[j] += qd * kd[j];
+    free(w->s);
+    free(w->p);
+}
+
+/* exp(x) for x <= 0, to a few ulps: Cody-Waite reduction by ln 2 (k by the 1.5 * 2^52
+ * rounding trick), a Taylor polynomial of degree 13 on |r| <= ln2 / 2, and 2^k put together
+ * from its bits. Attention takes one exp per score, which made libm's exp a third of its time;
+ * four lanes at a time this is several times faster, exact enough for P (rounded to f32), and
+ * gives the same bits on every machine and libm. Below -110, exp(x) / sum rounds to 0 in f32,
+ * so 0 is returned there. */
+typedef double v4d __attribute__((vector_size(32)));
+typedef int64_t v4i __attribute__((vector_size(32)));
+
+/* x[0..8) = exp(x[0..8)), x <= 0: two vectors at a time, so that their Horner chains overlap */
+static inline __attribute__((always_inline)) void exp8_nonpositive(double *xs)
+{
+    const double shifter = 6755399441055744.0;          /* 1.5 * 2^52 */
+    const v4d lo = {-110.0, -110.0, -110.0, -110.0}, sh = {shifter, shifter, shifter, shifter};
+    v4d x[2], t[2], r[2], p[2];
+    v4i tiny[2];
+    memcpy(x, xs, sizeof x);
+#pragma GCC unroll 2
+    for (int u = 0; u < 2; u++) {
+        tiny[u] = x[u] < lo;
+        x[u] = (v4d)(((v4i)x[u] & ~tiny[u]) | ((v4i)lo & tiny[u]));
+        t[u] = x[u] * 1.4426950408889634 + shifter;
+        v4d k = t[u] - shifter;
+        r[u] = (x[u] - k * 0.6931471803691238) - k * 1.9082149292705877e-10;
+        p[u] = r[u] * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
     }
-    double m = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        p[j] *= a->scale;
-        m = p[j] > m ? p[j] : m;
+    static const double coef[12] = {1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                     1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
+                                     1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++)
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; u++) p[u] = p[u] * r[u] + coef[i];
+#pragma GCC unroll 2
+    for (int u = 0; u < 2; u++) {
+        v4i kbits = (v4i)t[u] - (v4i)sh;
+        v4d scale = (v4d)((kbits + 1023) << 52);
+        x[u] = (v4d)((v4i)(p[u] * scale) & ~tiny[u]);
     }
-    double s = 0;
-    for (int64_t j = 0; j < n; j++) {
-        p[j] = exp(p[j] - m);
-        s += p[j];
+    memcpy(xs, x, sizeof x);
+}
+
+/* x[0..n) = exp(x - m), returning their sum (in order). The AVX2 clone runs the same
+ * operations four lanes wide (AVX2 alone brings no FMA, so no contraction changes a bit). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static double exp_row(double *x, int64_t n, double m)
+{
+    double sum = 0, v[8];
+    for (int64_t j = 0; j < n; j += 8) {
+        int64_t w = n - j < 8 ? n - j : 8;
+        for (int64_t i = 0; i < 8; i++) v[i] = i < w ? x[j + i] - m : 0.0;
+        exp8_nonpositive(v);
+        for (int64_t i = 0; i < w; i++) {
+            x[j + i] = v[i];
+            sum += v[i];
+        }
     }
-    double inv = 1.0 / s;
-    for (int64_t j = 0; j < n; j++) p[j] *= inv;
+    return sum;
+}
+
+/* P (rows t0..t1-1, keys 0..t1-1) of query head h, kv head g, batch b */
+static void block_probs(const AttnJob *a, Block *w, int64_t b, int64_t h, int64_t t0, int64_t t1)
+{
+    int64_t T = a->T, D = a->D, n = t1, qcols = a->H * D, kvcols = a->Hkv * D;
+    int64_t g = h / a->group;
+    ref_gemm_f64(t1 - t0, n, D, a->q + (b * T + t0) * qcols + h * D, qcols, false,
+                 a->k + b * T * kvcols + g * D, kvcols, true, w->s, n, false);
+    for (int64_t i = 0; i < t1 - t0; i++) {
+        int64_t t = t0 + i;
+        double *s = w->s + i * n, m = -INFINITY, sum = 0;
+        float *p = w->p + i * n;
+        for (int64_t j = 0; j <= t; j++) {
+            s[j] *= a->scale;
+            m = s[j] > m ? s[j] : m;
+        }
+        sum = exp_row(s, t + 1, m);
+        for (int64_t j = 0; j <= t; j++) p[j] = (float)(s[j] / sum);
+        for (int64_t j = t + 1; j < n; j++) p[j] = 0;
+    }
 }
 
 static void attn_fwd_task(void *ctx, int64_t task)
 {
     const AttnJob *a = ctx;
-    int64_t T = a->T, D = a->D, blocks = (T + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-    int64_t bh = task / blocks, t0 = (task % blocks) * ROWS_PER_TASK;
+    int64_t T = a->T, D = a->D, blocks = (T + QB - 1) / QB;
+    int64_t bh = task / blocks, t0 = (task % blocks) * QB;
     int64_t b = bh / a->H, h = bh % a->H, g = h / a->group;
-    int64_t t1 = t0 + ROWS_PER_TASK < T ? t0 + ROWS_PER_TASK : T;
-    int64_t qcols = a->H * D, kvcols = a->Hkv * D;
-    const float *kt = a->kt + (b * a->Hkv + g) * D * T;
-    double *p = malloc(sizeof(double) * (size_t)(T + D));
-    IR_ASSERT(p);
-    double *acc = p + T;
-    for (int64_t t = t0; t < t1; t++) {
-        attn_probs(a, a->q + (b * T + t) * qcols + h * D, kt, t, p);
-        memset(acc, 0, sizeof(double) * (size_t)D);
-        for (int64_t j = 0; j <= t; j++) {
-            const float *vj = a->v + (b * T + j) * kvcols + g * D;
-            for (int64_t d = 0; d < D; d++) acc[d] += p[j] * vj[d];
-        }
-        float *out = a->y + (b * T + t) * qcols + h * D;
-        for (int64_t d = 0; d < D; d++) out[d] = (float)acc[d];
-    }
-    free(p);
+    int64_t t1 = t0 + QB < T ? t0 + QB : T, qcols = a->H * D, kvcols = a->Hkv * D;
+    Block w = block_alloc(a);
+    block_probs(a, &w, b, h, t0, t1);
+    ref_gemm_f64(t1 - t0, D, t1, w.p, t1, false, a->v + b * T * kvcols + g * D, kvcols, false,
+                 w.o, D, false);
+    for (int64_t i = 0; i < t1 - t0; i++)
+        for (int64_t d = 0; d < D; d++)
+            a->y[(b * T + t0 + i) * qcols + h * D + d] = (float)w.o[i * D + d];
+    block_free(&w);
 }
 
 void ref_attention(const Node *n, const float *const *x, float *y)
@@ -133,10 +191,7 @@ void ref_attention(const Node *n, const float *const *x, float *y)
     attn_setup(&a, n, x[0], x[1], x[2]);
     if (ir_numel(&n->t) != a.B * a.T * a.H * a.D) ref_die_node(n, "result is not q-shaped");
     a.y = y;
-    a.kt = transpose_kv(&a, a.k);
-    int64_t blocks = (a.T + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
-    ref_parallel_for(a.B * a.H * blocks, attn_fwd_task, &a);
-    free(a.kt);
+    ref_parallel_for(a.B * a.H * ((a.T + QB - 1) / QB), attn_fwd_task, &a);
 }
 
 /* One (batch, kv head): dk, dv of that head and dq of its query heads, packed into y. */
@@ -145,38 +200,34 @@ static void attn_bwd_task(void *ctx, int64_t task)
     const AttnJob *a = ctx;
     int64_t T = a->T, D = a->D, b = task / a->Hkv, g = task % a->Hkv;
     int64_t qcols = a->H * D, kvcols = a->Hkv * D, ycols = (a->H + 2 * a->Hkv) * D;
-    const float *kt = a->kt + (b * a->Hkv + g) * D * T, *vt = a->vt + (b * a->Hkv + g) * D * T;
-    double *buf = calloc((size_t)(2 * T * D + 2 * T + D), sizeof(double));
-    IR_ASSERT(buf);
-    double *dk = buf, *dv = dk + T * D, *p = dv + T * D, *ds = p + T, *dq = ds + T;
+    const float *kb = a->k + b * T * kvcols + g * D, *vb = a->v + b * T * kvcols + g * D;
+    double *dk = calloc((size_t)(2 * T * D), sizeof(double)), *dv = dk + T * D;
+    IR_ASSERT(dk);
+    Block w = block_alloc(a);
     for (int64_t h = g * a->group; h < (g + 1) * a->group; h++)
-        for (int64_t t = 0; t < T; t++) {
-            const float *qrow = a->q + (b * T + t) * qcols + h * D;
-            const float *dyrow = a->dy + (b * T + t) * qcols + h * D;
-            attn_probs(a, qrow, kt, t, p);
-            /* dp_j = dy_t . v_j;  ds_j = p_j (dp_j - sum_i p_i dp_i) */
-            for (int64_t j = 0; j <= t; j++) ds[j] = 0;
-            for (int64_t d = 0; d < D; d++) {
-                double dyd = dyrow[d];
-                const float *vd = vt + d * T;
-                for (int64_t j = 0; j <= t; j++) ds[j] += dyd * vd[j];
+        for (int64_t t0 = 0; t0 < T; t0 += QB) {
+            int64_t t1 = t0 + QB < T ? t0 + QB : T, rows = t1 - t0, n = t1;
+            const float *qb = a->q + (b * T + t0) * qcols + h * D;
+            const float *dyb = a->dy + (b * T + t0) * qcols + h * D;
+            block_probs(a, &w, b, h, t0, t1);
+            /* dP = dO V^T;  dS = P (dP - sum_j P dP) scale */
+            ref_gemm_f64(rows, n, D, dyb, qcols, false, vb, kvcols, true, w.s, n, false);
+            for (int64_t i = 0; i < rows; i++) {
+                const double *dp = w.s + i * n;
+                const float *p = w.p + i * n;
+                float *ds = w.ds + i * n;
+                double sum = 0;
+                for (int64_t j = 0; j <= t0 + i; j++) sum += (double)p[j] * dp[j];
+                for (int64_t j = 0; j <= t0 + i; j++) ds[j] = (float)(p[j] * (dp[j] - sum) * a->scale);
+                for (int64_t j = t0 + i + 1; j < n; j++) ds[j] = 0;
             }
-            double sum = 0;
-            for (int64_t j = 0; j <= t; j++) sum += p[j] * ds[j];
-            for (int64_t j = 0; j <= t; j++) ds[j] = p[j] * (ds[j] - sum) * a->scale;
-            /* dq_t = sum_j ds_j k_j;  dk_j += ds_j q_t;  dv_j += p_j dy_t */
-            memset(dq, 0, sizeof(double) * (size_t)D);
-            for (int64_t j = 0; j <= t; j++) {
-                const float *kj = a->k + (b * T + j) * kvcols + g * D;
-                double *dkj = dk + j * D, *dvj = dv + j * D;
-                for (int64_t d = 0; d < D; d++) {
-                    dq[d] += ds[j] * kj[d];
-                    dkj[d] += ds[j] * qrow[d];
-                    dvj[d] += p[j] * dyrow[d];
-                }
-            }
-            float *out = a->y + (b * T + t) * ycols + h * D;
-            for (int64_t d = 0; d < D; d++) out[d] = (float)dq[d];
+            /* dQ = dS K;  dK += dS^T Q;  dV += P^T dO */
+            ref_gemm_f64(rows, D, n, w.ds, n, false, kb, kvcols, false, w.o, D, false);
+            for (int64_t i = 0; i < rows; i++)
+                for (int64_t d = 0; d < D; d++)
+                    a->y[(b * T + t0 + i) * ycols + h * D + d] = (float)w.o[i * D + d];
+            ref_gemm_f64(n, D, rows, w.ds, n, true, qb, qcols, false, dk, D, true);
+            ref_gemm_f64(n, D, rows, w.p, n, true, dyb, qcols, false, dv, D, true);
         }
     for (int64_t t = 0; t < T; t++) {
         float *out = a->y + (b * T + t) * ycols + qcols + g * D;
@@ -185,7 +236,8 @@ static void attn_bwd_task(void *ctx, int64_t task)
             out[kvcols + d] = (float)dv[t * D + d];
         }
     }
-    free(buf);
+    block_free(&w);
+    free(dk);
 }
 
 void ref_attention_bwd(const Node *n, const float *const *x, float *y)
@@ -197,11 +249,7 @@ void ref_attention_bwd(const Node *n, const float *const *x, float *y)
         ref_die_node(n, "result is not (B, T, (heads + 2 kv_heads) head_dim)");
     a.dy = x[0];
     a.y = y;
-    a.kt = transpose_kv(&a, a.k);
-    a.vt = transpose_kv(&a, a.v);
     ref_parallel_for(a.B * a.Hkv, attn_bwd_task, &a);
-    free(a.kt);
-    free(a.vt);
 }
 
 /* ---------------------------------------------------------------- rope */

@@ -20,36 +20,42 @@ enum { MR = 6, NR = 8 };
 typedef double v4d __attribute__((vector_size(32)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GEMM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define GEMM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define GEMM_CLONES
 #endif
 
-/* c (MR x NR) = sum over k of ap[k] (MR) outer bp[k] (NR). */
+/* c (MR x NR) = sum over k of ap[k] (MR) outer bp[k] (NR). The twelve accumulators are
+ * spelled out so that they live in registers (GCC at -O2 keeps an accumulator array in memory). */
 GEMM_CLONES
 static void gemm_kernel(int64_t K, const double *restrict ap, const double *restrict bp,
                         double *restrict c)
 {
-    v4d acc[MR][NR / 4];
-    memset(acc, 0, sizeof acc);
+    v4d c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
+    v4d c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
     for (int64_t k = 0; k < K; k++) {
         v4d b0, b1;
         memcpy(&b0, bp + k * NR, sizeof b0);
         memcpy(&b1, bp + k * NR + 4, sizeof b1);
-        for (int i = 0; i < MR; i++) {
-            double a = ap[k * MR + i];
-            acc[i][0] += a * b0;
-            acc[i][1] += a * b1;
-        }
+        const double *a = ap + k * MR;
+        c00 += a[0] * b0, c01 += a[0] * b1;
+        c10 += a[1] * b0, c11 += a[1] * b1;
+        c20 += a[2] * b0, c21 += a[2] * b1;
+        c30 += a[3] * b0, c31 += a[3] * b1;
+        c40 += a[4] * b0, c41 += a[4] * b1;
+        c50 += a[5] * b0, c51 += a[5] * b1;
     }
+    v4d acc[MR][NR / 4] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
     memcpy(c, acc, sizeof acc);
 }
 
 typedef struct {
-    int64_t M, N, K, lda, ldb;
+    int64_t M, N, K, lda, ldb, ldc;
     const float *A, *B;
     bool ta, tb;
-    float *C;
+    float *C;               /* ref_gemm: f32 result */
+    double *Cd;             /* ref_gemm_f64: f64 result, added to when accumulate */
+    bool accumulate;
     double *bpack;          /* ceil(N/NR) panels of K x NR */
     int64_t n_row_panels, n_col_panels, panels_per_task;
 } GemmJob;
@@ -75,14 +81,10 @@ static void gemm_pack_b(void *ctx, int64_t jp)
     }
 }
 
-static void gemm_rows(void *ctx, int64_t task)
+/* Row panels [p0, p1) of C; ap is scratch for one packed A panel (K x MR). */
+static void gemm_panels(const GemmJob *j, int64_t p0, int64_t p1, double *ap)
 {
-    GemmJob *j = ctx;
-    double *ap = alloc_doubles(j->K * MR);
     double tile[MR * NR];
-    int64_t p0 = task * j->panels_per_task;
-    int64_t p1 = p0 + j->panels_per_task < j->n_row_panels ? p0 + j->panels_per_task
-                                                           : j->n_row_panels;
     for (int64_t ip = p0; ip < p1; ip++) {
         int64_t i0 = ip * MR, ni = j->M - i0 < MR ? j->M - i0 : MR;
         for (int64_t k = 0; k < j->K; k++) {
@@ -94,30 +96,84 @@ static void gemm_rows(void *ctx, int64_t task)
         for (int64_t jp = 0; jp < j->n_col_panels; jp++) {
             gemm_kernel(j->K, ap, j->bpack + jp * j->K * NR, tile);
             int64_t j0 = jp * NR, nj = j->N - j0 < NR ? j->N - j0 : NR;
-            for (int64_t ii = 0; ii < ni; ii++)
-                for (int64_t jj = 0; jj < nj; jj++)
-                    j->C[(i0 + ii) * j->N + j0 + jj] = (float)tile[ii * NR + jj];
+            for (int64_t ii = 0; ii < ni; ii++) {
+                const double *t = tile + ii * NR;
+                if (j->C) {
+                    float *c = j->C + (i0 + ii) * j->ldc + j0;
+                    for (int64_t jj = 0; jj < nj; jj++) c[jj] = (float)t[jj];
+                } else if (j->accumulate) {
+                    double *c = j->Cd + (i0 + ii) * j->ldc + j0;
+                    for (int64_t jj = 0; jj < nj; jj++) c[jj] += t[jj];
+                } else {
+                    double *c = j->Cd + (i0 + ii) * j->ldc + j0;
+                    for (int64_t jj = 0; jj < nj; jj++) c[jj] = t[jj];
+                }
+            }
         }
     }
+}
+
+static void gemm_rows_task(void *ctx, int64_t task)
+{
+    GemmJob *j = ctx;
+    double *ap = alloc_doubles(j->K * MR);
+    int64_t p0 = task * j->panels_per_task;
+    int64_t p1 = p0 + j->panels_per_task < j->n_row_panels ? p0 + j->panels_per_task
+                                                           : j->n_row_panels;
+    gemm_panels(j, p0, p1, ap);
     free(ap);
+}
+
+static GemmJob gemm_job(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
+                        const float *B, int64_t ldb, bool tb)
+{
+    GemmJob j = {.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .A = A, .B = B,
+                 .ta = ta, .tb = tb};
+    j.n_row_panels = (M + MR - 1) / MR;
+    j.n_col_panels = (N + NR - 1) / NR;
+    return j;
 }
 
 void ref_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
               const float *B, int64_t ldb, bool tb, float *C)
 {
     if (M == 0 || N == 0) return;
-    GemmJob j = {.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .A = A, .B = B,
-                 .ta = ta, .tb = tb, .C = C};
-    j.n_row_panels = (M + MR - 1) / MR;
-    j.n_col_panels = (N + NR - 1) / NR;
+    GemmJob j = gemm_job(M, N, K, A, lda, ta, B, ldb, tb);
+    j.C = C;
+    j.ldc = N;
     j.bpack = alloc_doubles(j.n_col_panels * K * NR);
     ref_parallel_for(j.n_col_panels, gemm_pack_b, &j);
     /* a few tasks per thread keep the threads balanced without tiny tasks */
     int64_t want = (int64_t)ref_threads() * 4;
     j.panels_per_task = (j.n_row_panels + want - 1) / want;
     int64_t n_tasks = (j.n_row_panels + j.panels_per_task - 1) / j.panels_per_task;
-    ref_parallel_for(n_tasks, gemm_rows, &j);
+    ref_parallel_for(n_tasks, gemm_rows_task, &j);
     free(j.bpack);
+}
+
+/* Per-thread packing buffers of the serial GEMM: attention calls it for every block, and a
+ * malloc of a few hundred KiB per call would cost page faults. They grow, and live as long
+ * as their thread. */
+static _Thread_local double *tls_buf;
+static _Thread_local int64_t tls_cap;
+
+void ref_gemm_f64(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
+                  const float *B, int64_t ldb, bool tb, double *C, int64_t ldc, bool accumulate)
+{
+    if (M == 0 || N == 0) return;
+    GemmJob j = gemm_job(M, N, K, A, lda, ta, B, ldb, tb);
+    j.Cd = C;
+    j.ldc = ldc;
+    j.accumulate = accumulate;
+    int64_t need = j.n_col_panels * K * NR + K * MR;
+    if (need > tls_cap) {
+        free(tls_buf);
+        tls_buf = alloc_doubles(need);
+        tls_cap = need;
+    }
+    j.bpack = tls_buf;
+    for (int64_t jp = 0; jp < j.n_col_panels; jp++) gemm_pack_b(&j, jp);
+    gemm_panels(&j, 0, j.n_row_panels, tls_buf + j.n_col_panels * K * NR);
 }
 
 void ref_matmul(const Node *n, const float *const *x, float *y)

@@ -41,6 +41,10 @@ int64_t ref_scale_index(const RefScaleMap *m, int64_t r, int64_t c);
  * with row stride lda; likewise B (K, N) or, when tb, (N, K). */
 void ref_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
               const float *B, int64_t ldb, bool tb, float *C);
+/* The same product computed serially into f64 (C has row stride ldc), overwriting C or adding
+ * to it; for callers inside a parallel task (attention's blocks). */
+void ref_gemm_f64(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
+                  const float *B, int64_t ldb, bool tb, double *C, int64_t ldc, bool accumulate);
 void ref_matmul(const Node *n, const float *const *x, float *y);
 
 /* ---------------------------------------------------------------- ref_attn.c */
