@@ -274,6 +274,10 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
         }
         return true;
     case OP_MUL:
+        if (a == b) {   /* x * x: one product, doubled */
+            give(ad, a, bw_scale(ad, bw2(ad, OP_MUL, dy, a), 2.0));
+            return true;
+        }
         if (needs(ad, a)) give(ad, a, bw2(ad, OP_MUL, dy, b));
         if (needs(ad, b)) give(ad, b, bw_reduce_to(ad, bw2(ad, OP_MUL, dy, a), &b->t));
         return true;

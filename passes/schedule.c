@@ -1,15 +1,19 @@
 /* schedule.c — the launch order of the training step.
  *
  * The order has hard constraints and one soft goal. Hard: it is topological; leaves (INPUT,
- * PARAM, STATE, CONST) come first, in the order they were made; then every forward node, then
- * every backward node, then every update node (evaluation runs the forward alone, a
- * micro-step forward and backward, the update once per step); and an in-place op
- * (ir_op_is_inplace: ACCUMULATE, ADAMW, amax and scale updates) runs after every other reader
- * of the value it overwrites, including readers of a RESHAPE view of it, which shares its
- * storage (memplan_alias_of). Soft: a lower peak of live
- * step memory, because the step arena is sized by that peak.
+ * PARAM, STATE, CONST) come first, in the order they were made; then the forward and backward
+ * nodes, which form one group, then every update node (a micro-step runs the forward and
+ * backward nodes in this order, the update runs once per step, evaluation runs the forward
+ * nodes alone, still in this order, which is safe because no forward node reads a backward
+ * value). Forward and backward are not kept apart so that a backward node can run as soon as
+ * its operands exist: with the loss in chunks (chunk_loss.c) each chunk's backward follows its
+ * forward and only one chunk of logits is ever live. And an in-place op (ir_op_is_inplace:
+ * ACCUMULATE, ADAMW, amax and scale updates) runs after every other reader of the value it
+ * overwrites, including readers of a RESHAPE view of it, which shares its storage
+ * (memplan_alias_of). Soft: a lower peak of live step memory, because the step arena is sized
+ * by that peak.
  *
- * It is a list scheduler: it repeatedly takes one ready node of the current phase. No single
+ * It is a list scheduler: it repeatedly takes one ready node of the current group. No single
  * rule for which one wins on every graph (on the bundled models each of the three below is
  * the best somewhere, by up to 2.6x on a two-layer Llama), so the pass lays out all
  * three under the same constraints, measures each one's peak of live step bytes with the
@@ -30,7 +34,7 @@
 typedef struct {
     Graph *g;
     int n;
-    int *group;             /* 0: leaves; 1 + phase otherwise */
+    int *group;             /* 0: leaves; 1: forward and backward; 2: update */
     int *root;              /* storage root (alias chains followed), by index */
     int64_t *bytes;         /* step-arena bytes the result adds: 0 for aliases, persistent, void */
     bool *to_end;           /* per root: lives to the end (an output shares the storage) */
@@ -110,7 +114,7 @@ static void sched_init(Sched *s, Graph *g)
     int n_edges = 0;
     for (int i = 0; i < n; i++) {
         Node *v = g->nodes[i];
-        s->group[i] = is_leaf(v) ? 0 : 1 + (int)v->phase;
+        s->group[i] = is_leaf(v) ? 0 : v->phase == PHASE_UPDATE ? 2 : 1;
         s->root[i] = storage_root(v);
         s->bytes[i] = step_bytes(v);
         n_edges += v->n_in + 2;
@@ -214,8 +218,8 @@ typedef enum {
     PICK_COUNT
 } Pick;
 
-/* Fills order[] with a schedule, choosing among ready nodes by `pick`. Returns the number of
- * nodes placed (less than n when the constraints form a cycle). */
+/* Fills order[] with a schedule, group by group, choosing among ready nodes by `pick`.
+ * Returns the number of nodes placed (less than n when the constraints form a cycle). */
 static int sched_list(const Sched *s, Pick pick, int *order)
 {
     int n = s->n, placed = 0, n_ready = 0;
@@ -227,7 +231,7 @@ static int sched_list(const Sched *s, Pick pick, int *order)
     memcpy(left, s->n_readers, sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++)
         if (preds[i] == 0) ready[n_ready++] = i;
-    for (int group = 0; group <= PHASE_COUNT; group++) {
+    for (int group = 0; group <= 2; group++) {
         for (;;) {
             int best = -1;
             int64_t best_score = 0;
