@@ -100,9 +100,13 @@ void rt_log_step(RtLog *l, const LogRecord *r) {
     }
 
     char line[256];
-    int k = snprintf(line, sizeof line, "step %*lld/%lld | loss %.4f", r->steps_width,
-                     (long long)r->step, (long long)r->steps, r->loss);
-    if (r->has_val) k += snprintf(line + k, sizeof line - k, " | val %.4f", r->val_loss);
+    /* a diverging loss prints as 3.1e+12, not as twenty digits */
+    const char *loss_fmt = fabs(r->loss) < 1e4 ? "%.4f" : "%.3e";
+    const char *val_fmt = fabs(r->val_loss) < 1e4 ? " | val %.4f" : " | val %.3e";
+    int k = snprintf(line, sizeof line, "step %*lld/%lld | loss ", r->steps_width,
+                     (long long)r->step, (long long)r->steps);
+    k += snprintf(line + k, sizeof line - k, loss_fmt, r->loss);
+    if (r->has_val) k += snprintf(line + k, sizeof line - k, val_fmt, r->val_loss);
     snprintf(line + k, sizeof line - k, " | lr %.2e | norm %.3f | %.0f tok/s | %.1f ms%s%s",
              r->lr, r->grad_norm, r->tokens_per_s, r->ms, r->skipped ? " | skipped: " : "",
              r->skipped ? r->skipped : "");

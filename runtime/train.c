@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "rt.h"
 
@@ -260,6 +261,17 @@ bool rt_memory_bind(Graph *g, RtMemory *m) {
                      n->t.name ? n->t.name : "", (long long)end, (long long)size);
             return false;
         }
+    }
+    /* Linux overcommits: a plan larger than the machine would "allocate" and then be killed
+     * while the arenas are zeroed. Say so before trying. */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    int64_t total = m->persistent_bytes + m->step_bytes;
+    if (pages > 0 && page > 0 && total > (int64_t)pages * page) {
+        rt_error("the plan needs %lld bytes (persistent %lld + step %lld), more than this "
+                 "machine's %lld bytes of memory", (long long)total,
+                 (long long)m->persistent_bytes, (long long)m->step_bytes,
+                 (long long)pages * page);
+        return false;
     }
     m->persistent = train_arena_alloc(m->persistent_bytes, "persistent");
     m->step = m->persistent ? train_arena_alloc(m->step_bytes, "step") : NULL;
@@ -673,15 +685,18 @@ int rt_train(Graph *g, const TrainOptions *o) {
         double lr = rt_lr_at(peak, floor, o->warmup, o->steps, p.step);
         double loss_sum = 0;
         bool finite = true;
+        /* the update's inputs first: with gradient release the updates run in the backward */
+        model_feed_scalar(m.lr, lr);
+        model_feed_scalar(m.step, (double)(p.opt_step + 1));
+        model_feed_scalar(m.grad_scale, 1.0 / o->grad_accum);
         for (int micro = 0; micro < o->grad_accum; micro++) {
             rt_data_train_batch(&train, p.seed, p.step, micro, m.B, m.T, tok, tgt);
             model_feed_ids(m.tokens, tok);
             model_feed_ids(m.targets, tgt);
-            ref_run_phase(g, PHASE_FORWARD);
-            float loss = model_read_scalar(m.loss);   /* read before backward reuses its bytes */
+            ref_run_micro_step(g);
+            float loss = model_read_scalar(m.loss);
             finite &= isfinite(loss);
             loss_sum += loss;
-            ref_run_phase(g, PHASE_BACKWARD);
         }
         LogRecord r = {.step = p.step + 1, .steps = o->steps, .steps_width = width,
                        .loss = loss_sum / o->grad_accum, .lr = lr, .grad_norm = NAN,
@@ -691,9 +706,6 @@ int rt_train(Graph *g, const TrainOptions *o) {
             r.skipped = "non-finite gradient";
         }
         if (finite) {
-            model_feed_scalar(m.lr, lr);
-            model_feed_scalar(m.step, (double)(p.opt_step + 1));
-            model_feed_scalar(m.grad_scale, 1.0 / o->grad_accum);
             ref_run_phase(g, PHASE_UPDATE);
             r.grad_norm = model_read_scalar(m.grad_norm);
             p.opt_step++;
