@@ -567,48 +567,66 @@ static bool ckpt_check(const char *path, CkptEntry *entries, int n_entries, Tens
     return ok;
 }
 
+/* The header is read and checked in memory; the data is then read straight into the tensors,
+ * so loading a checkpoint never needs a second copy of the model's state. */
 bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, int max_meta,
                   int *n_meta) {
     *n_meta = 0;
-    int64_t size = 0;
-    uint8_t *file = rt_read_file(path, &size);
-    if (!file) return false;
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        rt_error("%s: cannot read the checkpoint: %s", path, f ? "not a regular file" : strerror(errno));
+        if (f) fclose(f);
+        return false;
+    }
+    int64_t size = st.st_size;
     bool ok = false;
+    char *header = NULL;
     CkptEntry *entries = NULL;
     int n_entries = 0;
     CkptEntry **match = NULL;
-    if (size < 8) {
+    uint8_t len8[8];
+    if (size < 8 || fread(len8, 1, 8, f) != 8) {
         rt_error("%s: not a checkpoint: %lld bytes, too short for a safetensors header", path,
                  (long long)size);
         goto done;
     }
     uint64_t hlen = 0;
-    for (int b = 7; b >= 0; b--) hlen = hlen << 8 | file[b];
+    for (int b = 7; b >= 0; b--) hlen = hlen << 8 | len8[b];
     if (hlen < 2 || hlen > CKPT_MAX_HEADER || hlen > (uint64_t)(size - 8)) {
         rt_error("%s: not a checkpoint or truncated: header length %llu, file size %lld", path,
                  (unsigned long long)hlen, (long long)size);
         goto done;
     }
-    Json j = {.path = path, .start = (const char *)file + 8, .p = (const char *)file + 8,
-              .end = (const char *)file + 8 + hlen};
+    header = malloc(hlen);
+    if (!header || fread(header, 1, hlen, f) != hlen) {
+        rt_error("%s: cannot read the %llu-byte header", path, (unsigned long long)hlen);
+        goto done;
+    }
+    Json j = {.path = path, .start = header, .p = header, .end = header + hlen};
     if (!json_header(&j, &entries, &n_entries, meta, max_meta, n_meta)) goto done;
     match = malloc((size_t)(n ? n : 1) * sizeof *match);
     if (!match) {
         rt_error("%s: out of memory", path);
         goto done;
     }
-    int64_t data_bytes = size - 8 - (int64_t)hlen;
-    if (!ckpt_check(path, entries, n_entries, ts, n, data_bytes, match)) goto done;
-    const uint8_t *data = file + 8 + hlen;
-    for (int i = 0; i < n; i++)
-        if (match[i]->end > match[i]->begin)
-            memcpy(ts[i]->data, data + match[i]->begin, (size_t)(match[i]->end - match[i]->begin));
+    int64_t data_start = 8 + (int64_t)hlen;
+    if (!ckpt_check(path, entries, n_entries, ts, n, size - data_start, match)) goto done;
+    for (int i = 0; i < n; i++) {
+        size_t bytes = (size_t)(match[i]->end - match[i]->begin);
+        if (bytes && (fseeko(f, data_start + match[i]->begin, SEEK_SET) != 0 ||
+                      fread(ts[i]->data, 1, bytes, f) != bytes)) {
+            rt_error("%s: read error in tensor %s", path, ts[i]->name);
+            goto done;
+        }
+    }
     ok = true;
 done:
     if (!ok) *n_meta = 0;
     free(match);
     ckpt_entries_free(entries, n_entries);
-    free(file);
+    free(header);
+    fclose(f);
     return ok;
 }
 
