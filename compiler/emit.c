@@ -92,6 +92,7 @@ static bool emit_write_asm(const char *asm_path, const char *ir_path) {
 
 /* Runs argv[0] with argv and waits; returns its exit status, 128+signal, or -1. */
 static int emit_spawn(char *const *argv, bool shield_signals) {
+    fflush(NULL);   /* what fp8c printed so far comes before the child's output */
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
