@@ -12,7 +12,7 @@
  * are groups of 128), or per 128x128 block, the scales read from the format's scale tensor.
  * Loads and stores never compute scales or amaxes: the scaling pass makes that explicit work
  * (quant_scale, amax_record, delayed_scale in ref_quant.c), so the reference executes exactly
- * the graph it is given. Codecs other than plain (range expansion, companding, split master) are not implemented in
+ * the graph it is given. Optimizer-state codecs (range expansion, companding) are decoded and encoded with ir/codecs.c; a split master is handled by AdamW and init, next to its parameter. Not implemented in
  * the reference yet and stop the run with a message rather than computing something else. */
 #include "ref_internal.h"
 
@@ -108,12 +108,22 @@ static RefScaleMap scale_map(const Tensor *t)
 
 static bool is_scaled(const Format *f) { return f->scaling != SCALE_NONE; }
 
-static void check_codec(const Tensor *t)
+/* Optimizer-state codecs (ir/codecs.c) keep their per-group side values in the scale tensor.
+ * A split master is only meaningful next to its parameter: AdamW and init decode it there. */
+static bool is_group_codec(Codec c) { return c == CODEC_EXPAND || c == CODEC_COMPAND || c == CODEC_SQRT; }
+
+static Tensor *codec_params_tensor(const Tensor *t)
 {
-    if (t->fmt.codec != CODEC_PLAIN)
-        ir_die(__FILE__, __LINE__,
-               "reference executor: tensor '%s' uses codec '%s', which the reference executor "
-               "does not implement yet", tensor_label(t), fmt_codec_name(t->fmt.codec));
+    if (t->fmt.codec == CODEC_SPLIT)
+        ir_die(__FILE__, __LINE__, "reference executor: the split master '%s' is read only with its parameter",
+               tensor_label(t));
+    const Tensor *st = t->fmt.scale ? &t->fmt.scale->t : NULL;
+    int64_t want = codec_param_count(t->fmt.codec, ir_numel(t));
+    if (!st || st->fmt.elem != FMT_F32 || ir_numel(st) != want)
+        ir_die(__FILE__, __LINE__, "reference executor: '%s' (codec %s) needs %lld f32 side values in its scale tensor",
+               tensor_label(t), fmt_codec_name(t->fmt.codec), (long long)want);
+    check_bound(st);
+    return (Tensor *)st;
 }
 
 /* The scale factors of t: read from its scale tensor, or the static scale when it has none. */
@@ -148,9 +158,14 @@ float *ref_load(const Tensor *t)
     if (t->fmt.elem == FMT_VOID)
         ir_die(__FILE__, __LINE__, "reference executor: reading void tensor '%s'", tensor_label(t));
     check_bound(t);
-    check_codec(t);
     float *x = malloc(sizeof(float) * (size_t)(n ? n : 1));
     IR_ASSERT(x);
+    if (t->fmt.codec != CODEC_PLAIN) {
+        Tensor *params = codec_params_tensor(t);
+        IR_ASSERT(is_group_codec(t->fmt.codec));
+        codec_decode(t->fmt.codec, t->data, params->data, x, n);
+        return x;
+    }
     num_decode(t->fmt.elem, t->data, x, n);
     if (!is_scaled(&t->fmt)) return x;
 
@@ -168,7 +183,11 @@ void ref_store(Tensor *t, const float *x)
     int64_t n = ir_numel(t);
     if (f->elem == FMT_VOID) return;
     check_bound(t);
-    check_codec(t);
+    if (f->codec != CODEC_PLAIN) {
+        Tensor *params = codec_params_tensor(t);
+        codec_encode(f->codec, x, t->data, params->data, n);
+        return;
+    }
     if (!is_scaled(f)) {
         num_encode(f->elem, x, t->data, n);
         return;
@@ -291,4 +310,10 @@ void ref_run_phase(Graph *g, Phase phase)
 {
     for (int i = 0; i < g->n_nodes; i++)
         if (g->nodes[i]->phase == phase) ref_exec_node(g->nodes[i]);
+}
+
+void ref_run_micro_step(Graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->phase != PHASE_UPDATE) ref_exec_node(g->nodes[i]);
 }

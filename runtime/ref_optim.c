@@ -138,7 +138,16 @@ void ref_adamw(Node *n)
     j.bc1 = 1 - pow(j.b1, step);
     j.bc2 = 1 - pow(j.b2, step);
 
-    j.w = ref_load(master ? master : param);
+    bool split = master && master->fmt.codec == CODEC_SPLIT;
+    if (split && (param->fmt.elem != FMT_BF16 || master->fmt.elem != FMT_I8))
+        ref_die_node(n, "a split master needs a bf16 parameter and an i8 correction");
+    if (split) {
+        j.w = malloc(sizeof(float) * (size_t)(j.n ? j.n : 1));
+        IR_ASSERT(j.w);
+        codec_split_decode(param->data, master->data, j.w, j.n);
+    } else {
+        j.w = ref_load(master ? master : param);
+    }
     j.g = ref_load(grad);
     j.m = ref_load(mt);
     j.v = ref_load(vt);
@@ -146,8 +155,12 @@ void ref_adamw(Node *n)
     ref_store(mt, j.m);
     ref_store(vt, j.v);
     ref_store(grad, j.g);
-    if (master) ref_store(master, j.w);
-    ref_store(param, j.w);     /* through param's format: round(master) when there is one */
+    if (split) {
+        codec_split_encode(j.w, param->data, master->data, j.n);   /* hi = bf16(w) is the weight */
+    } else {
+        if (master) ref_store(master, j.w);
+        ref_store(param, j.w);     /* through param's format: round(master) when there is one */
+    }
     free(j.w);
     free(j.g);
     free(j.m);

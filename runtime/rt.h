@@ -14,6 +14,10 @@
  * must be bound (Tensor.data) before it runs. */
 void ref_exec_node(Node *n);
 void ref_run_phase(Graph *g, Phase phase);             /* every node of `phase`, in order */
+/* A micro-step: every FORWARD and BACKWARD node in list order, in one sweep. The schedule may
+ * interleave them (a chunk's loss backward right after its forward) and the memory plan counts
+ * on this order; evaluation runs the FORWARD nodes alone, which is safe in any plan. */
+void ref_run_micro_step(Graph *g);
 float *ref_load(const Tensor *t);                      /* decoded f32 copy; free() it */
 void ref_store(Tensor *t, const float *x);             /* encode through t's format */
 /* Threads the executor uses: FP8C_THREADS, else the online CPUs. Results are bit-identical

@@ -1,0 +1,93 @@
+/* chunk_loss.c — the output head and its loss in row chunks: no full logits tensor exists.
+ *
+ * With a 50k vocabulary the logits of one step are the largest tensor of a GPT-2 training step
+ * (batch 32 x 1024 x 50304 in bf16 is 3.3 GB, and its gradient as much again), larger than all
+ * the weights. Nothing needs them whole: cross-entropy is a mean over rows, so the head GEMM,
+ * the loss and, after autodiff, the loss's backward and the head's gradient GEMMs can run chunk
+ * by chunk (Liger's fused linear cross-entropy, llm.c's fused classifier). This pass rewrites,
+ * before autodiff,
+ *     loss = cross_entropy(matmul(x, W), targets)
+ * into
+ *     loss = sum_c (rows_c / rows) * cross_entropy(matmul(x[c], W), targets[c])
+ * over row slices c. The scheduler then runs each chunk's backward right after its forward
+ * (the backward of a chunk does not wait for the loss: its seed is a constant), so one chunk's
+ * logits are live at a time.
+ *
+ * Exactness: each chunk's mean is over its rows, weighted by its share of all rows; this equals
+ * the unchunked mean when no target is ignored (negative), which the runtime never produces.
+ * Chunks are sized so that a chunk of logits is at most 256 MiB in bf16; a head that small
+ * already is left alone. */
+#include "passes.h"
+
+#include <string.h>
+
+enum { CHUNK_BYTES = 256 << 20, CHUNK_ROW_ALIGN = 64 };
+
+static Node *add_checked(Graph *g, Node *n)
+{
+    const char *err = ir_infer_shape(n, g->arena);
+    if (err) ir_die(__FILE__, __LINE__, "chunk_loss: %s", err);
+    return n;
+}
+
+/* x (.., C) viewed as (rows, C) */
+static Node *flatten_rows(Graph *g, Node *x, int64_t rows, SrcLoc loc)
+{
+    Node *r = ir_add1(g, OP_RESHAPE, x, loc);
+    int64_t d[2] = {rows, x->t.dims[x->t.rank - 1]};
+    ir_set_shape(r, 2, d);
+    return add_checked(g, r);
+}
+
+static Node *row_slice(Graph *g, Node *x, int64_t start, int64_t size, SrcLoc loc)
+{
+    Node *s = ir_add1(g, OP_SLICE, x, loc);
+    s->iattr[0] = 0, s->iattr[1] = start, s->iattr[2] = size;
+    return add_checked(g, s);
+}
+
+bool pass_chunk_loss(Graph *g, const PassOptions *opt)
+{
+    (void)opt;
+    Node *loss = ir_find(g, "loss");
+    if (!loss || loss->op != OP_CROSS_ENTROPY) return true;
+    Node *head = loss->in[0], *targets = loss->in[1];
+    if (head->op != OP_MATMUL || head->iattr[0]) return true;
+    int64_t vocab = head->t.dims[head->t.rank - 1];
+    int64_t rows = ir_numel(&head->t) / vocab;
+    int64_t chunks = (rows * vocab * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES;
+    if (chunks <= 1) return true;
+    int64_t per = (rows + chunks - 1) / chunks;
+    per = (per + CHUNK_ROW_ALIGN - 1) / CHUNK_ROW_ALIGN * CHUNK_ROW_ALIGN;
+
+    SrcLoc loc = loss->loc;
+    Node *x = head->in[0], *w = head->in[1];
+    Node *x2 = flatten_rows(g, x, rows, loc);
+    Node *t1 = ir_add1(g, OP_RESHAPE, targets, loc);
+    ir_set_shape(t1, 1, &rows);
+    t1->t.fmt = targets->t.fmt;
+    add_checked(g, t1);
+    int n_parts = (int)((rows + per - 1) / per);
+    Node **parts = arena_alloc(g->arena, sizeof(Node *) * (size_t)n_parts);
+    for (int c = 0; c < n_parts; c++) {
+        int64_t start = c * per, size = start + per <= rows ? per : rows - start;
+        Node *xc = row_slice(g, x2, start, size, loc);
+        Node *tc = row_slice(g, t1, start, size, loc);
+        tc->t.fmt = targets->t.fmt;
+        Node *lc = ir_add2(g, OP_MATMUL, xc, w, head->loc);
+        memcpy(lc->iattr, head->iattr, sizeof lc->iattr);
+        add_checked(g, lc);
+        Node *ce = add_checked(g, ir_add2(g, OP_CROSS_ENTROPY, lc, tc, loc));
+        Node *sc = ir_add1(g, OP_SCALE, ce, loc);
+        sc->fattr[0] = (double)size / (double)rows;
+        parts[c] = add_checked(g, sc);
+    }
+    Node *sum = add_checked(g, ir_add(g, OP_ADD_N, n_parts, parts, loc));
+    sum->t.name = loss->t.name;
+    sum->t.role = ROLE_OUTPUT;
+    loss->t.name = NULL;
+    loss->t.role = ROLE_ACTIVATION;
+    ir_replace_uses(g, loss, sum);
+    /* the unchunked head and loss now reach nothing; dce removes them */
+    return true;
+}
