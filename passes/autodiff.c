@@ -3,11 +3,11 @@
  * The forward graph ends in a scalar node named "loss". This pass appends, in one sweep over
  * the forward nodes from the loss back to the first node, the nodes that compute the gradient
  * of the loss with respect to every parameter the loss depends on. Each forward node collects
- * the gradient contributions of its readers; when the sweep reaches it they are summed (one
- * ADD_N where there are several) and its backward rule turns that gradient into contributions
- * for its own operands. The new nodes run in PHASE_BACKWARD, are ROLE_GRAD_TEMP and carry the
- * source location of the forward node they differentiate, so that a later error about a
- * backward tensor points at the line of the model that caused it.
+ * the gradient contributions of its readers; when the sweep reaches it they are summed (ADD_N)
+ * and its backward rule turns that gradient into contributions for its own operands. The new
+ * nodes run in PHASE_BACKWARD, are ROLE_GRAD_TEMP and carry the source location of the forward
+ * node they differentiate, so that a later error about a backward tensor points at the line of
+ * the model that caused it.
  *
  * Why it is built this way:
  * - One sweep in reverse graph order is enough because the graph is topological: every reader
@@ -238,13 +238,20 @@ static Node *join_slice_grads(Autodiff *ad, Node *x)
     return bw_finish(ad, c);
 }
 
-/* The sum of x's contributions: NULL (none), the one, or their ADD_N. */
+/* The sum of x's contributions: NULL (none), the one, or a running sum of two-input ADD_Ns in
+ * the order the contributions are made. One ADD_N of all of them would keep every contribution
+ * live until the last exists: a tied embedding under a chunked loss gets one vocabulary-sized
+ * gradient per chunk, and the running sum holds two at a time instead of all. */
 static Node *total_grad(Autodiff *ad, Node *x)
 {
     NodeList *l = &ad->contrib[x->index];
     if (l->n == 0) return NULL;
-    if (l->n == 1) return l->items[0];
-    return bw_finish(ad, bw_node(ad, OP_ADD_N, l->n, l->items));
+    Node *sum = l->items[0];
+    for (int i = 1; i < l->n; i++) {
+        Node *pair[2] = {sum, l->items[i]};
+        sum = bw_finish(ad, bw_node(ad, OP_ADD_N, 2, pair));
+    }
+    return sum;
 }
 
 /* Names the gradient of parameter p. A node that already stands for another value (the seed,
@@ -376,11 +383,15 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
         return true;
     }
     case OP_ATTENTION: {
-        Node *in[4] = {dy, n->in[0], n->in[1], n->in[2]};
-        Node *p = bw_node(ad, OP_ATTENTION_BWD, 4, in);
+        Node *in[4] = {dy, n->in[0], n->n_in == 3 ? n->in[1] : NULL, n->n_in == 3 ? n->in[2] : NULL};
+        Node *p = bw_node(ad, OP_ATTENTION_BWD, 1 + n->n_in, in);
         memcpy(p->iattr, n->iattr, sizeof p->iattr);
         memcpy(p->fattr, n->fattr, sizeof p->fattr);
         bw_finish(ad, p);
+        if (n->n_in == 1) {   /* packed q|k|v: the packed gradient is its gradient */
+            if (needs(ad, n->in[0])) give(ad, n->in[0], p);
+            return true;
+        }
         int64_t start = 0;   /* dq | dk | dv along the last axis */
         for (int i = 0; i < 3; i++) {
             Node *x = n->in[i];
