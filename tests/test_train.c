@@ -257,6 +257,31 @@ static void test_bad_input(void **state) {
     free(text);
 }
 
+/* A learning rate far too large: the weights blow up, and from then on every step's update is
+ * cancelled (accumulators zeroed, logged as skipped) until the run gives up with status 1. No
+ * update is ever applied after a non-finite loss or gradient. */
+static void test_divergence_stops(void **state) {
+    (void)state;
+    build("-O0", "bin");
+    int rc = run("diverge", "%s/bin --data %s/data/gcide_sample.txt --steps 60 --lr 1e5 "
+                 "--seed %u --eval-every 0 --log %s/d.jsonl", tmp_dir, FP8C_SOURCE_DIR, seed,
+                 tmp_dir);
+    char *out = slurp("diverge.out");
+    if (rc != 1 || !strstr(out, "non-finite")) fail_msg("status %d:\n%s", rc, out);
+    free(out);
+    char *lines[64];
+    int n = log_lines("d.jsonl", lines, 64);
+    assert_true(n >= 10 && n < 60);
+    int skipped = 0;
+    for (int i = 0; i < n; i++) {
+        bool skip = strstr(lines[i], "\"skipped\":\"non-finite") != NULL;
+        skipped += skip;
+        if (!skip) assert_null(strstr(lines[i], "\"loss\":null"));   /* JSON's NaN */
+        free(lines[i]);
+    }
+    assert_true(skipped >= 10);
+}
+
 /* `fp8c train MODEL -- FLAGS`: built in a temp directory, run, its status passed through. */
 static void test_fp8c_train(void **state) {
     (void)state;
@@ -276,6 +301,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_divergence_stops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8c_train, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
