@@ -336,6 +336,22 @@ static Node *node_const(Lower *L, SrcLoc loc, double value)
     return n;
 }
 
+/* Names a computed tensor after the variable or the scope that first holds it: "h.3.attn.y"
+ * for `y = ...` in a block called as h[3].attn, "h.3" for the result of `layer(x) as h[3]`.
+ * Precision policies select activations by these names (saved:h.*.mlp.*=e4m3). Leaves keep
+ * their own names, and names that training gives to other tensors are not taken. */
+static void name_value(Lower *L, Value v, const char *scope, const char *var)
+{
+    static const char *const taken[] = {"lr", "step", "grad_scale", "grad_norm", "loss"};
+    if (v.kind != VAL_TENSOR || v.node->t.name || v.node->n_in == 0) return;
+    const char *name = !*scope ? var : var ? arena_printf(L->a, "%s.%s", scope, var) : scope;
+    size_t len = strlen(name);
+    if (param_get(&L->params, name) || (len > 5 && !strcmp(name + len - 5, ".grad"))) return;
+    for (size_t i = 0; i < sizeof taken / sizeof taken[0]; i++)
+        if (!strcmp(name, taken[i])) return;
+    v.node->t.name = name;
+}
+
 /* ---------------------------------------------------------------- expressions */
 
 static Value eval(Lower *L, Frame *f, const AstExpr *e);
@@ -967,7 +983,9 @@ static Value call_block(Lower *L, Frame *f, const AstStmt *blk, const AstExpr *c
         frame_bind(L, &inner, p->text, BIND_VAR, vals[j], p->loc);
     }
     exec_stmts(L, &inner, &blk->body);
-    return inner.returned ? inner.ret : val_error();
+    if (!inner.returned) return val_error();
+    if (call->scope) name_value(L, inner.ret, scope, NULL);
+    return inner.ret;
 }
 
 static Value eval_call(Lower *L, Frame *f, const AstExpr *e)
@@ -1167,6 +1185,9 @@ static void exec_param(Lower *L, Frame *f, const AstStmt *s)
         n->iattr[0] = init;
         n->fattr[0] = std;
         param_put(L->a, &L->params, n->t.name, n);
+        for (int i = 0; i < L->g->n_nodes - 1; i++)
+            if (L->g->nodes[i]->n_in && L->g->nodes[i]->t.name && !strcmp(L->g->nodes[i]->t.name, full))
+                L->g->nodes[i]->t.name = NULL;
         v = val_tensor(n);
     }
     /* bound even after an error, so that its uses do not report "unknown name" */
@@ -1200,6 +1221,7 @@ static void assign_name(Lower *L, Frame *f, const AstName *t, Value v)
     }
     if (b) b->val = v;
     else frame_bind(L, f, t->text, BIND_VAR, v, t->loc);
+    name_value(L, v, f->scope, t->text);
 }
 
 static void exec_assign(Lower *L, Frame *f, const AstStmt *s)

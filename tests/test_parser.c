@@ -216,6 +216,15 @@ static void test_gpt2_small(void **state)
     assert_ptr_equal(logits->in[1], param(c.g, "wte.weight"));
     assert_int_equal(logits->iattr[1], 1);
     assert_dims(logits, 3, 4, 64, 50304);
+    /* activations are named after the variable or the scope that holds them, for
+     * precision policies (saved:h.*.attn.y=...) */
+    assert_int_equal(ir_find(c.g, "h.4.attn.y")->op, OP_ATTENTION);
+    assert_int_equal(ir_find(c.g, "h.4.attn.k")->op, OP_SLICE);
+    assert_int_equal(ir_find(c.g, "h.4.attn.k")->iattr[1], 768);
+    assert_int_equal(ir_find(c.g, "h.11.ln_2")->op, OP_LAYERNORM);
+    Node *h11 = ir_find(c.g, "h.11");
+    assert_int_equal(h11->op, OP_ADD);
+    assert_ptr_equal(ir_find(c.g, "ln_f")->in[0], h11);
     assert_int_equal(count_op(c.g, OP_ATTENTION), 12);
     assert_int_equal(count_op(c.g, OP_GELU), 12);
     assert_int_equal(count_op(c.g, OP_LAYERNORM), 25);
