@@ -637,9 +637,23 @@ static bool ckpt_is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+/* mkdir -p: `--out runs/gpt2/ckpt` should not need its parents made by hand. */
+static bool ckpt_make_dirs(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; ; p++) {
+        if (*p != '/' && *p) continue;
+        char c = *p;
+        *p = 0;
+        if (!ckpt_is_dir(path) && mkdir(path, 0777) != 0 && errno != EEXIST) return false;
+        *p = c;
+        if (!c) return true;
+    }
+}
+
 bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
                        const CkptMeta *meta, int n_meta, char *written, size_t written_len) {
-    if (!ckpt_is_dir(dir) && mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    if (!ckpt_make_dirs(dir)) {
         rt_error("%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
         return false;
     }

@@ -414,7 +414,7 @@ static void test_checkpoint_failed_save(void **state) {
     TensorSet a;
     make_tensors(&a, true);
     char dir[512];
-    snprintf(dir, sizeof dir, "%s", tmp_path("ckpt"));
+    snprintf(dir, sizeof dir, "%s", tmp_path("runs/a/ckpt"));   /* parents made as needed */
     char written[1024];
     CkptMeta meta[1] = {{"step", "1"}};
     assert_true(rt_ckpt_save_step(dir, 1, a.ptr, N_CKPT, meta, 1, written, sizeof written));
