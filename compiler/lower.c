@@ -1523,7 +1523,6 @@ static void scan_body(Lower *L, const AstVec *body, const AstStmt *block, bool b
 static void scan_top(Lower *L, const AstVec *prog)
 {
     L->blocks = arena_alloc(L->a, sizeof(AstStmt *) * (size_t)(prog->n ? prog->n : 1));
-    L->configs = NULL;
     int n_config_names = 0;
     for (int i = 0; i < prog->n; i++) {
         const AstStmt *s = prog->items[i];
