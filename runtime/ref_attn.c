@@ -10,7 +10,8 @@
  * Keys past a row's position get P = 0 exactly; adding 0 * v to an f64 sum leaves it as it
  * was (for finite v), so a row's result does not depend on the block it was computed in.
  *
- * Layout: q (B, T, H*D), k and v (B, T, Hkv*D); query head h reads kv head h / (H / Hkv).
+ * Layout: q (B, T, H*D), k and v (B, T, Hkv*D), or the three packed side by side in one
+ * (B, T, (H + 2 Hkv) D) tensor; query head h reads kv head h / (H / Hkv).
  *
  * Threads: the forward splits by (batch, head, block of query rows): each output row is its
  * own. The backward splits by (batch, kv head): one task owns dk and dv of its kv head and dq
@@ -30,6 +31,37 @@ typedef struct {
     const float *q, *k, *v, *dy;
     float *y;
 } AttnJob;
+
+/* Shapes of a packed (B, T, (H + 2 Hkv) D) q|k|v; q, k, v are copied apart into *owned so
+ * that the kernels below see the three-operand layout (plainness over speed here). */
+static void attn_setup_packed(AttnJob *a, const Node *n, const float *qkv, float **owned)
+{
+    const Tensor *xt = &n->in[n->op == OP_ATTENTION ? 0 : 1]->t;
+    memset(a, 0, sizeof *a);
+    a->n = n;
+    a->H = n->iattr[0];
+    a->Hkv = n->iattr[1];
+    a->scale = n->fattr[0];
+    if (xt->rank != 3 || a->H <= 0 || a->Hkv <= 0 || a->H % a->Hkv || xt->dims[2] % (a->H + 2 * a->Hkv))
+        ref_die_node(n, "packed q|k|v must be (B, T, (heads + 2 kv_heads) head_dim)");
+    a->B = xt->dims[0];
+    a->T = xt->dims[1];
+    a->D = xt->dims[2] / (a->H + 2 * a->Hkv);
+    a->group = a->H / a->Hkv;
+    int64_t rows = a->B * a->T, w = xt->dims[2], qc = a->H * a->D, kc = a->Hkv * a->D;
+    float *buf = malloc(sizeof(float) * (size_t)(rows * w));
+    IR_ASSERT(buf);
+    float *q = buf, *k = buf + rows * qc, *v = k + rows * kc;
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(q + r * qc, qkv + r * w, sizeof(float) * (size_t)qc);
+        memcpy(k + r * kc, qkv + r * w + qc, sizeof(float) * (size_t)kc);
+        memcpy(v + r * kc, qkv + r * w + qc + kc, sizeof(float) * (size_t)kc);
+    }
+    a->q = q;
+    a->k = k;
+    a->v = v;
+    *owned = buf;
+}
 
 static void attn_setup(AttnJob *a, const Node *n, const float *q, const float *k,
                        const float *v)
@@ -85,68 +117,6 @@ static void block_free(Block *w)
     free(w->p);
 }
 
-/* exp(x) for x <= 0, to a few ulps: Cody-Waite reduction by ln 2 (k by the 1.5 * 2^52
- * rounding trick), a Taylor polynomial of degree 13 on |r| <= ln2 / 2, and 2^k put together
- * from its bits. Attention takes one exp per score, which made libm's exp a third of its time;
- * four lanes at a time this is several times faster, exact enough for P (rounded to f32), and
- * gives the same bits on every machine and libm. Below -110, exp(x) / sum rounds to 0 in f32,
- * so 0 is returned there. */
-typedef double v4d __attribute__((vector_size(32)));
-typedef int64_t v4i __attribute__((vector_size(32)));
-
-/* x[0..8) = exp(x[0..8)), x <= 0: two vectors at a time, so that their Horner chains overlap */
-static inline __attribute__((always_inline)) void exp8_nonpositive(double *xs)
-{
-    const double shifter = 6755399441055744.0;          /* 1.5 * 2^52 */
-    const v4d lo = {-110.0, -110.0, -110.0, -110.0}, sh = {shifter, shifter, shifter, shifter};
-    v4d x[2], t[2], r[2], p[2];
-    v4i tiny[2];
-    memcpy(x, xs, sizeof x);
-#pragma GCC unroll 2
-    for (int u = 0; u < 2; u++) {
-        tiny[u] = x[u] < lo;
-        x[u] = (v4d)(((v4i)x[u] & ~tiny[u]) | ((v4i)lo & tiny[u]));
-        t[u] = x[u] * 1.4426950408889634 + shifter;
-        v4d k = t[u] - shifter;
-        r[u] = (x[u] - k * 0.6931471803691238) - k * 1.9082149292705877e-10;
-        p[u] = r[u] * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
-    }
-    static const double coef[12] = {1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
-                                     1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0,
-                                     1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0};
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; i++)
-#pragma GCC unroll 2
-        for (int u = 0; u < 2; u++) p[u] = p[u] * r[u] + coef[i];
-#pragma GCC unroll 2
-    for (int u = 0; u < 2; u++) {
-        v4i kbits = (v4i)t[u] - (v4i)sh;
-        v4d scale = (v4d)((kbits + 1023) << 52);
-        x[u] = (v4d)((v4i)(p[u] * scale) & ~tiny[u]);
-    }
-    memcpy(xs, x, sizeof x);
-}
-
-/* x[0..n) = exp(x - m), returning their sum (in order). The AVX2 clone runs the same
- * operations four lanes wide (AVX2 alone brings no FMA, so no contraction changes a bit). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static double exp_row(double *x, int64_t n, double m)
-{
-    double sum = 0, v[8];
-    for (int64_t j = 0; j < n; j += 8) {
-        int64_t w = n - j < 8 ? n - j : 8;
-        for (int64_t i = 0; i < 8; i++) v[i] = i < w ? x[j + i] - m : 0.0;
-        exp8_nonpositive(v);
-        for (int64_t i = 0; i < w; i++) {
-            x[j + i] = v[i];
-            sum += v[i];
-        }
-    }
-    return sum;
-}
-
 /* P (rows t0..t1-1, keys 0..t1-1) of query head h, kv head g, batch b */
 static void block_probs(const AttnJob *a, Block *w, int64_t b, int64_t h, int64_t t0, int64_t t1)
 {
@@ -162,7 +132,9 @@ static void block_probs(const AttnJob *a, Block *w, int64_t b, int64_t h, int64_
             s[j] *= a->scale;
             m = s[j] > m ? s[j] : m;
         }
-        sum = exp_row(s, t + 1, m);
+        for (int64_t j = 0; j <= t; j++) s[j] -= m;
+        ref_exp_nonpositive(s, t + 1);
+        for (int64_t j = 0; j <= t; j++) sum += s[j];
         for (int64_t j = 0; j <= t; j++) p[j] = (float)(s[j] / sum);
         for (int64_t j = t + 1; j < n; j++) p[j] = 0;
     }
@@ -188,10 +160,13 @@ static void attn_fwd_task(void *ctx, int64_t task)
 void ref_attention(const Node *n, const float *const *x, float *y)
 {
     AttnJob a;
-    attn_setup(&a, n, x[0], x[1], x[2]);
+    float *owned = NULL;
+    if (n->n_in == 1) attn_setup_packed(&a, n, x[0], &owned);
+    else attn_setup(&a, n, x[0], x[1], x[2]);
     if (ir_numel(&n->t) != a.B * a.T * a.H * a.D) ref_die_node(n, "result is not q-shaped");
     a.y = y;
     ref_parallel_for(a.B * a.H * ((a.T + QB - 1) / QB), attn_fwd_task, &a);
+    free(owned);
 }
 
 /* One (batch, kv head): dk, dv of that head and dq of its query heads, packed into y. */
@@ -243,13 +218,16 @@ static void attn_bwd_task(void *ctx, int64_t task)
 void ref_attention_bwd(const Node *n, const float *const *x, float *y)
 {
     AttnJob a;
-    attn_setup(&a, n, x[1], x[2], x[3]);
+    float *owned = NULL;
+    if (n->n_in == 2) attn_setup_packed(&a, n, x[1], &owned);
+    else attn_setup(&a, n, x[1], x[2], x[3]);
     if (ir_numel(&n->in[0]->t) != a.B * a.T * a.H * a.D) ref_die_node(n, "dy is not q-shaped");
     if (ir_numel(&n->t) != a.B * a.T * (a.H + 2 * a.Hkv) * a.D)
         ref_die_node(n, "result is not (B, T, (heads + 2 kv_heads) head_dim)");
     a.dy = x[0];
     a.y = y;
     ref_parallel_for(a.B * a.Hkv, attn_bwd_task, &a);
+    free(owned);
 }
 
 /* ---------------------------------------------------------------- rope */

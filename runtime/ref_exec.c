@@ -12,14 +12,17 @@
  * are groups of 128), or per 128x128 block, the scales read from the format's scale tensor.
  * Loads and stores never compute scales or amaxes: the scaling pass makes that explicit work
  * (quant_scale, amax_record, delayed_scale in ref_quant.c), so the reference executes exactly
- * the graph it is given. Optimizer-state codecs (range expansion, companding) are decoded and encoded with ir/codecs.c; a split master is handled by AdamW and init, next to its parameter. Not implemented in
- * the reference yet and stop the run with a message rather than computing something else. */
+ * the graph it is given. Optimizer-state codecs (range expansion, companding) are decoded and
+ * encoded with ir/codecs.c, their per-group side values kept in the scale tensor; a split
+ * master is handled by AdamW and init, next to its parameter, and reading it alone stops the
+ * run with a message rather than computing something else. */
 #include "ref_internal.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 _Noreturn void ref_die_node(const Node *n, const char *fmt, ...)
 {
@@ -152,6 +155,67 @@ static float *scales_read(const Tensor *t, const RefScaleMap *m)
 
 /* ---------------------------------------------------------------- load and store */
 
+/* Conversions are elementwise and a training step converts every activation twice (stored,
+ * then read), so they are split across the threads in fixed chunks like any other op. */
+enum { CODEC_CHUNK = 1 << 15 };
+
+typedef struct {
+    ElemType elem;
+    const void *src;
+    void *dst;
+    int64_t n;
+    bool encode;
+} CodecJob;
+
+/* bf16 is the element type of every activation at -O0..-O2, so it gets loops the compiler can
+ * vectorize instead of a call per element. They are bit-identical to num_f32_to_bf16 and
+ * num_bf16_to_f32 (round to nearest even, overflow to infinity, NaN to 0x7FFF); test_ops
+ * compares them on every bf16 value and on edge and random f32 values. */
+void ref_bf16_encode(const float *src, uint16_t *dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, sizeof u);
+        uint32_t abs = u & 0x7FFFFFFFu;
+        uint32_t r = ((u >> 16) & 0x8000u) | ((abs + 0x7FFFu + ((abs >> 16) & 1u)) >> 16);
+        dst[i] = (uint16_t)(abs > 0x7F800000u ? 0x7FFFu : r);
+    }
+}
+
+void ref_bf16_decode(const uint16_t *src, float *dst, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(dst + i, &u, sizeof u);
+    }
+}
+
+static void codec_task(void *ctx, int64_t c)
+{
+    const CodecJob *j = ctx;
+    int64_t lo = c * CODEC_CHUNK, len = j->n - lo < CODEC_CHUNK ? j->n - lo : CODEC_CHUNK;
+    size_t eb = (size_t)fmt_elem_bytes(j->elem);
+    if (j->elem == FMT_BF16 && j->encode)
+        ref_bf16_encode((const float *)j->src + lo, (uint16_t *)j->dst + lo, len);
+    else if (j->elem == FMT_BF16)
+        ref_bf16_decode((const uint16_t *)j->src + lo, (float *)j->dst + lo, len);
+    else if (j->encode)
+        num_encode(j->elem, (const float *)j->src + lo, (char *)j->dst + (size_t)lo * eb, len);
+    else
+        num_decode(j->elem, (const char *)j->src + (size_t)lo * eb, (float *)j->dst + lo, len);
+}
+
+static void codec_run(ElemType e, const void *src, void *dst, int64_t n, bool encode)
+{
+    CodecJob j = {.elem = e, .src = src, .dst = dst, .n = n, .encode = encode};
+    if (e == FMT_F32) {
+        if (encode) num_encode(e, src, dst, n);
+        else num_decode(e, src, dst, n);
+        return;
+    }
+    ref_parallel_for((n + CODEC_CHUNK - 1) / CODEC_CHUNK, codec_task, &j);
+}
+
 float *ref_load(const Tensor *t)
 {
     int64_t n = ir_numel(t);
@@ -166,7 +230,7 @@ float *ref_load(const Tensor *t)
         codec_decode(t->fmt.codec, t->data, params->data, x, n);
         return x;
     }
-    num_decode(t->fmt.elem, t->data, x, n);
+    codec_run(t->fmt.elem, t->data, x, n, false);
     if (!is_scaled(&t->fmt)) return x;
 
     RefScaleMap m = scale_map(t);
@@ -189,7 +253,7 @@ void ref_store(Tensor *t, const float *x)
         return;
     }
     if (!is_scaled(f)) {
-        num_encode(f->elem, x, t->data, n);
+        codec_run(f->elem, x, t->data, n, true);
         return;
     }
     RefScaleMap m = scale_map(t);
@@ -199,7 +263,7 @@ void ref_store(Tensor *t, const float *x)
     for (int64_t r = 0; r < m.rows; r++)
         for (int64_t c = 0; c < m.cols; c++)
             q[r * m.cols + c] = x[r * m.cols + c] * s[ref_scale_index(&m, r, c)];
-    num_encode(f->elem, q, t->data, n);
+    codec_run(f->elem, q, t->data, n, true);
     free(q);
     free(s);
 }
@@ -306,14 +370,64 @@ void ref_exec_node(Node *n)
     }
 }
 
+/* FP8C_REF_PROFILE=1: wall time per op kind, printed to stderr at exit. The reference runs
+ * the CPU training, and this is the first thing to look at when a step is slow. */
+static struct {
+    bool on, checked;
+    double seconds[OP_COUNT];
+    int64_t calls[OP_COUNT];
+} profile;
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void profile_print(void)
+{
+    double total = 0;
+    for (int k = 0; k < OP_COUNT; k++) total += profile.seconds[k];
+    fprintf(stderr, "reference executor profile: %.3f s in ops\n", total);
+    for (;;) {
+        int best = -1;
+        for (int k = 0; k < OP_COUNT; k++)
+            if (profile.calls[k] && (best < 0 || profile.seconds[k] > profile.seconds[best])) best = k;
+        if (best < 0) break;
+        fprintf(stderr, "  %-18s %9.3f s %5.1f%% %8lld calls\n", ir_op_info((OpKind)best)->text,
+                profile.seconds[best], total > 0 ? 100 * profile.seconds[best] / total : 0.0,
+                (long long)profile.calls[best]);
+        profile.calls[best] = 0;
+    }
+}
+
+static void run_node(Node *n)
+{
+    if (!profile.checked) {
+        const char *env = getenv("FP8C_REF_PROFILE");
+        profile.on = env && *env && strcmp(env, "0") != 0;
+        profile.checked = true;
+        if (profile.on) atexit(profile_print);
+    }
+    if (!profile.on) {
+        ref_exec_node(n);
+        return;
+    }
+    double t0 = now_seconds();
+    ref_exec_node(n);
+    profile.seconds[n->op] += now_seconds() - t0;
+    profile.calls[n->op]++;
+}
+
 void ref_run_phase(Graph *g, Phase phase)
 {
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->phase == phase) ref_exec_node(g->nodes[i]);
+        if (g->nodes[i]->phase == phase) run_node(g->nodes[i]);
 }
 
 void ref_run_micro_step(Graph *g)
 {
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->phase != PHASE_UPDATE) ref_exec_node(g->nodes[i]);
+        if (g->nodes[i]->phase != PHASE_UPDATE) run_node(g->nodes[i]);
 }

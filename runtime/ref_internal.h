@@ -3,7 +3,7 @@
  * The executor is split by concern: ref_exec.c (dispatch, loads and stores through formats),
  * ref_pool.c (threads), ref_gemm.c (matmul), ref_attn.c (attention, rope), ref_ops.c
  * (elementwise, shape, row and gather ops), ref_optim.c (accumulation, norms, AdamW),
- * ref_quant.c (scales and amax histories).
+ * ref_quant.c (scales and amax histories), ref_math.c (exp).
  *
  * Kernels see decoded f32 arrays: `x[i]` is input i (numel(in[i]) floats, ids too: token ids
  * and targets are exact in f32 below 2^24) and `y` receives numel(n->t) floats that the
@@ -26,6 +26,9 @@ _Noreturn void ref_die_node(const Node *n, const char *fmt, ...) __attribute__((
 int64_t ref_rows(const Tensor *t);          /* product of all dims but the last (1 for rank 0) */
 int64_t ref_cols(const Tensor *t);          /* the last dim (1 for rank 0) */
 int64_t ref_id(const Node *n, float v, int64_t limit, const char *what);   /* checked index */
+/* bf16 conversions, bit-identical to num_f32_to_bf16 / num_bf16_to_f32, in vectorizable loops */
+void ref_bf16_encode(const float *src, uint16_t *dst, int64_t n);
+void ref_bf16_decode(const uint16_t *src, float *dst, int64_t n);
 /* Scales of a scaled (rows, cols) view: how many, and which one element (r, c) uses. Scale
  * tensors are laid out row-major in this order: (1), (rows), (rows, cols/G), (rows/128,
  * cols/128), rounding up. */
@@ -73,6 +76,9 @@ void ref_clip_coef(const Node *n, const float *const *x, float *y);
 void ref_grad_norm(const Node *n, const float *const *x, float *y);
 void ref_accumulate(Node *n);                /* in place: reads and writes its inputs itself */
 void ref_adamw(Node *n);
+
+/* ---------------------------------------------------------------- ref_math.c */
+void ref_exp_nonpositive(double *x, int64_t n);   /* x[i] = exp(x[i]) for x[i] <= 0, 1 ulp */
 
 /* ---------------------------------------------------------------- ref_quant.c */
 void ref_quant_scale(const Node *n, const float *const *x, float *y);

@@ -109,36 +109,39 @@ void ref_add_n(const Node *n, const float *const *x, float *y)
     }
 }
 
-static const float GELU_C = 0.7978845608028654f;   /* sqrt(2 / pi) */
-static const float GELU_A = 0.044715f;
+static const double GELU_C = 0.7978845608028654;   /* sqrt(2 / pi) */
+static const double GELU_A = 0.044715;
 
-/* GELU, SILU: y = f(x); GELU_BWD, SILU_BWD: y = dy * f'(x) with inputs (dy, x). */
+/* GELU, SILU: y = f(x); GELU_BWD, SILU_BWD: y = dy * f'(x) with inputs (dy, x). In f64 with
+ * one rounding: tanh(u) = sign(u) (1 - e) / (1 + e) and sigmoid from e, e = exp(-2|u|) or
+ * exp(-|x|), so that one vectorized exp (ref_math.c) does the transcendental work. */
 static void unary_range(const Job *j, int64_t lo, int64_t hi)
 {
-    const float *x0 = j->x[0], *x1 = j->n->n_in > 1 ? j->x[1] : NULL;
-    for (int64_t i = lo; i < hi; i++) {
-        switch (j->n->op) {
-        case OP_GELU: {
-            float v = x0[i];
-            j->y[i] = 0.5f * v * (1.0f + tanhf(GELU_C * (v + GELU_A * v * v * v)));
-            break;
+    enum { BLK = 256 };
+    OpKind op = j->n->op;
+    bool bwd = op == OP_GELU_BWD || op == OP_SILU_BWD, gelu = op == OP_GELU || op == OP_GELU_BWD;
+    const float *x = j->x[bwd ? 1 : 0], *dy = bwd ? j->x[0] : NULL;
+    double e[BLK];
+    for (int64_t b0 = lo; b0 < hi; b0 += BLK) {
+        int64_t w = hi - b0 < BLK ? hi - b0 : BLK;
+        for (int64_t i = 0; i < w; i++) {
+            double v = x[b0 + i], u = gelu ? GELU_C * (v + GELU_A * v * v * v) : v;
+            e[i] = -(gelu ? 2.0 : 1.0) * fabs(u);
         }
-        case OP_GELU_BWD: {
-            float v = x1[i], t = tanhf(GELU_C * (v + GELU_A * v * v * v));
-            float du = GELU_C * (1.0f + 3.0f * GELU_A * v * v);
-            j->y[i] = x0[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-            break;
-        }
-        case OP_SILU: {
-            float v = x0[i];
-            j->y[i] = v / (1.0f + expf(-v));
-            break;
-        }
-        default: {   /* OP_SILU_BWD */
-            float v = x1[i], s = 1.0f / (1.0f + expf(-v));
-            j->y[i] = x0[i] * s * (1.0f + v * (1.0f - s));
-            break;
-        }
+        ref_exp_nonpositive(e, w);
+        for (int64_t i = 0; i < w; i++) {
+            double v = x[b0 + i], r;
+            if (gelu) {
+                double u = GELU_C * (v + GELU_A * v * v * v);
+                double t = copysign((1.0 - e[i]) / (1.0 + e[i]), u);
+                r = op == OP_GELU ? 0.5 * v * (1.0 + t)
+                                  : 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * GELU_C *
+                                                          (1.0 + 3.0 * GELU_A * v * v);
+            } else {
+                double s = v >= 0 ? 1.0 / (1.0 + e[i]) : e[i] / (1.0 + e[i]);
+                r = op == OP_SILU ? v * s : s * (1.0 + v * (1.0 - s));
+            }
+            j->y[b0 + i] = (float)(bwd ? dy[b0 + i] * r : r);
         }
     }
 }
