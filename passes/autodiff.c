@@ -18,10 +18,12 @@
  *   gradient reduced onto their shape with SUM_ROWS, reshaping first so that the summed
  *   leading dims are exactly the broadcast ones: (B,T,C) -> (B, T*C) -> (T*C) -> (T,C); a
  *   scalar is the case (N, 1) -> (1) -> ().
- * - A tensor that is cut into consecutive SLICEs (GPT-2's fused q|k|v projection) gets the
- *   CONCAT of its slices' gradients instead of a sum of zero-PADded pieces; when those
- *   gradients are themselves consecutive slices of one tensor (ATTENTION_BWD's packed
- *   dq|dk|dv) the concat is that tensor, and no copy is made at all.
+ * - A tensor that is cut into consecutive SLICEs (a fused projection split into q|k|v or into
+ *   a gated MLP's halves, the row chunks of chunk_loss.c) gets the CONCAT of its slices'
+ *   gradients instead of a sum of zero-PADded pieces; when those gradients are themselves
+ *   consecutive slices of one tensor (ATTENTION_BWD's packed dq|dk|dv) the concat is that
+ *   tensor, and no copy is made at all. (Attention over a packed q|k|v operand, which
+ *   simplify.c makes of such slices, gets the packed gradient directly.)
  * - Forward values that a backward node reads become ROLE_SAVED: they must live until the
  *   backward has used them, and the precision levels store them differently.
  * - Backward nodes that turn out unread (slices made redundant by the fold above) are removed
