@@ -12,6 +12,7 @@
  * Padding rows/columns of the panels are zeros and their outputs are dropped. */
 #include "ref_internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,10 +153,15 @@ void ref_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool
 }
 
 /* Per-thread packing buffers of the serial GEMM: attention calls it for every block, and a
- * malloc of a few hundred KiB per call would cost page faults. They grow, and live as long
- * as their thread. */
+ * malloc of a few hundred KiB per call would cost page faults. They grow, and are freed when
+ * their thread ends (a key destructor: the pool's threads end when the count changes). */
 static _Thread_local double *tls_buf;
 static _Thread_local int64_t tls_cap;
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+
+static void tls_release(void *p) { free(p); }
+static void tls_key_create(void) { IR_ASSERT(pthread_key_create(&tls_key, tls_release) == 0); }
 
 void ref_gemm_f64(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
                   const float *B, int64_t ldb, bool tb, double *C, int64_t ldc, bool accumulate)
@@ -167,9 +173,11 @@ void ref_gemm_f64(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, 
     j.accumulate = accumulate;
     int64_t need = j.n_col_panels * K * NR + K * MR;
     if (need > tls_cap) {
+        pthread_once(&tls_once, tls_key_create);
         free(tls_buf);
         tls_buf = alloc_doubles(need);
         tls_cap = need;
+        pthread_setspecific(tls_key, tls_buf);
     }
     j.bpack = tls_buf;
     for (int64_t jp = 0; jp < j.n_col_panels; jp++) gemm_pack_b(&j, jp);
