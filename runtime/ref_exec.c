@@ -216,6 +216,43 @@ static void codec_run(ElemType e, const void *src, void *dst, int64_t n, bool en
     ref_parallel_for((n + CODEC_CHUNK - 1) / CODEC_CHUNK, codec_task, &j);
 }
 
+/* dst = src * scale (store) or src / scale (load), element by element with its own scale;
+ * split by rows, each row walked in runs that share a scale. */
+typedef struct {
+    const RefScaleMap *m;
+    const float *s, *src;
+    float *dst;
+    bool multiply;
+} ScaleJob;
+
+static void scale_rows_task(void *ctx, int64_t task)
+{
+    const ScaleJob *j = ctx;
+    const RefScaleMap *m = j->m;
+    int64_t run = m->kind == SCALE_PER_TENSOR || m->kind == SCALE_PER_ROW ? m->cols : m->group;
+    int64_t rows_per_task = 1 + (1 << 14) / (m->cols ? m->cols : 1);
+    int64_t r1 = (task + 1) * rows_per_task < m->rows ? (task + 1) * rows_per_task : m->rows;
+    for (int64_t r = task * rows_per_task; r < r1; r++)
+        for (int64_t c0 = 0; c0 < m->cols; c0 += run) {
+            float sc = j->s[ref_scale_index(m, r, c0)];
+            int64_t c1 = c0 + run < m->cols ? c0 + run : m->cols;
+            const float *a = j->src + r * m->cols;
+            float *b = j->dst + r * m->cols;
+            if (j->multiply)
+                for (int64_t c = c0; c < c1; c++) b[c] = a[c] * sc;
+            else
+                for (int64_t c = c0; c < c1; c++) b[c] = a[c] / sc;
+        }
+}
+
+static void apply_scales(const RefScaleMap *m, const float *s, const float *src, float *dst,
+                         bool multiply)
+{
+    ScaleJob j = {.m = m, .s = s, .src = src, .dst = dst, .multiply = multiply};
+    int64_t rows_per_task = 1 + (1 << 14) / (m->cols ? m->cols : 1);
+    ref_parallel_for((m->rows + rows_per_task - 1) / rows_per_task, scale_rows_task, &j);
+}
+
 float *ref_load(const Tensor *t)
 {
     int64_t n = ir_numel(t);
@@ -235,8 +272,7 @@ float *ref_load(const Tensor *t)
 
     RefScaleMap m = scale_map(t);
     float *s = scales_read(t, &m);
-    for (int64_t r = 0; r < m.rows; r++)
-        for (int64_t c = 0; c < m.cols; c++) x[r * m.cols + c] /= s[ref_scale_index(&m, r, c)];
+    apply_scales(&m, s, x, x, false);
     free(s);
     return x;
 }
@@ -260,9 +296,7 @@ void ref_store(Tensor *t, const float *x)
     float *s = scales_read(t, &m);
     float *q = malloc(sizeof(float) * (size_t)(n ? n : 1));
     IR_ASSERT(q);
-    for (int64_t r = 0; r < m.rows; r++)
-        for (int64_t c = 0; c < m.cols; c++)
-            q[r * m.cols + c] = x[r * m.cols + c] * s[ref_scale_index(&m, r, c)];
+    apply_scales(&m, s, x, q, true);
     codec_run(f->elem, q, t->data, n, true);
     free(q);
     free(s);
