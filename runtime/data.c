@@ -139,7 +139,7 @@ static bool data_parse(const char *path, uint8_t *buf, int64_t size, TokenShard 
         free(buf);
         return false;
     }
-    /* The tokens follow a 1024-byte header, so they are aligned for uint16 in place. */
+    /* decoded byte by byte: the file is little-endian whatever the host is */
     s->n = h[2];
     uint16_t *tok = malloc((size_t)s->n * sizeof *tok);
     if (!tok) {
