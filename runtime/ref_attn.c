@@ -29,12 +29,13 @@ typedef struct {
     int64_t B, T, H, Hkv, D, group;
     double scale;
     const float *q, *k, *v, *dy;
+    int64_t qs, ks, vs;     /* row strides of q, k, v: their widths, or the packed width */
     float *y;
 } AttnJob;
 
-/* Shapes of a packed (B, T, (H + 2 Hkv) D) q|k|v; q, k, v are copied apart into *owned so
- * that the kernels below see the three-operand layout (plainness over speed here). */
-static void attn_setup_packed(AttnJob *a, const Node *n, const float *qkv, float **owned)
+/* A packed (B, T, (H + 2 Hkv) D) q|k|v: q, k and v are column ranges of it, read in place
+ * with its width as their row stride. */
+static void attn_setup_packed(AttnJob *a, const Node *n, const float *qkv)
 {
     const Tensor *xt = &n->in[n->op == OP_ATTENTION ? 0 : 1]->t;
     memset(a, 0, sizeof *a);
@@ -42,25 +43,17 @@ static void attn_setup_packed(AttnJob *a, const Node *n, const float *qkv, float
     a->H = n->iattr[0];
     a->Hkv = n->iattr[1];
     a->scale = n->fattr[0];
-    if (xt->rank != 3 || a->H <= 0 || a->Hkv <= 0 || a->H % a->Hkv || xt->dims[2] % (a->H + 2 * a->Hkv))
+    if (xt->rank != 3 || a->H <= 0 || a->Hkv <= 0 || a->H % a->Hkv ||
+        xt->dims[2] % (a->H + 2 * a->Hkv))
         ref_die_node(n, "packed q|k|v must be (B, T, (heads + 2 kv_heads) head_dim)");
     a->B = xt->dims[0];
     a->T = xt->dims[1];
     a->D = xt->dims[2] / (a->H + 2 * a->Hkv);
     a->group = a->H / a->Hkv;
-    int64_t rows = a->B * a->T, w = xt->dims[2], qc = a->H * a->D, kc = a->Hkv * a->D;
-    float *buf = malloc(sizeof(float) * (size_t)(rows * w));
-    IR_ASSERT(buf);
-    float *q = buf, *k = buf + rows * qc, *v = k + rows * kc;
-    for (int64_t r = 0; r < rows; r++) {
-        memcpy(q + r * qc, qkv + r * w, sizeof(float) * (size_t)qc);
-        memcpy(k + r * kc, qkv + r * w + qc, sizeof(float) * (size_t)kc);
-        memcpy(v + r * kc, qkv + r * w + qc + kc, sizeof(float) * (size_t)kc);
-    }
-    a->q = q;
-    a->k = k;
-    a->v = v;
-    *owned = buf;
+    a->q = qkv;
+    a->k = qkv + a->H * a->D;
+    a->v = a->k + a->Hkv * a->D;
+    a->qs = a->ks = a->vs = xt->dims[2];
 }
 
 static void attn_setup(AttnJob *a, const Node *n, const float *q, const float *k,
@@ -92,6 +85,8 @@ static void attn_setup(AttnJob *a, const Node *n, const float *q, const float *k
     a->q = q;
     a->k = k;
     a->v = v;
+    a->qs = a->H * a->D;
+    a->ks = a->vs = a->Hkv * a->D;
 }
 
 /* Scratch of one block: S (or dP) in f64, P and dS in f32, a (rows, D) f64 result. */
@@ -120,10 +115,9 @@ static void block_free(Block *w)
 /* P (rows t0..t1-1, keys 0..t1-1) of query head h, kv head g, batch b */
 static void block_probs(const AttnJob *a, Block *w, int64_t b, int64_t h, int64_t t0, int64_t t1)
 {
-    int64_t T = a->T, D = a->D, n = t1, qcols = a->H * D, kvcols = a->Hkv * D;
-    int64_t g = h / a->group;
-    ref_gemm_f64(t1 - t0, n, D, a->q + (b * T + t0) * qcols + h * D, qcols, false,
-                 a->k + b * T * kvcols + g * D, kvcols, true, w->s, n, false);
+    int64_t T = a->T, D = a->D, n = t1, g = h / a->group;
+    ref_gemm_f64(t1 - t0, n, D, a->q + (b * T + t0) * a->qs + h * D, a->qs, false,
+                 a->k + b * T * a->ks + g * D, a->ks, true, w->s, n, false);
     for (int64_t i = 0; i < t1 - t0; i++) {
         int64_t t = t0 + i;
         double *s = w->s + i * n, m = -INFINITY, sum = 0;
@@ -146,10 +140,10 @@ static void attn_fwd_task(void *ctx, int64_t task)
     int64_t T = a->T, D = a->D, blocks = (T + QB - 1) / QB;
     int64_t bh = task / blocks, t0 = (task % blocks) * QB;
     int64_t b = bh / a->H, h = bh % a->H, g = h / a->group;
-    int64_t t1 = t0 + QB < T ? t0 + QB : T, qcols = a->H * D, kvcols = a->Hkv * D;
+    int64_t t1 = t0 + QB < T ? t0 + QB : T, qcols = a->H * D;
     Block w = block_alloc(a);
     block_probs(a, &w, b, h, t0, t1);
-    ref_gemm_f64(t1 - t0, D, t1, w.p, t1, false, a->v + b * T * kvcols + g * D, kvcols, false,
+    ref_gemm_f64(t1 - t0, D, t1, w.p, t1, false, a->v + b * T * a->vs + g * D, a->vs, false,
                  w.o, D, false);
     for (int64_t i = 0; i < t1 - t0; i++)
         for (int64_t d = 0; d < D; d++)
@@ -160,13 +154,11 @@ static void attn_fwd_task(void *ctx, int64_t task)
 void ref_attention(const Node *n, const float *const *x, float *y)
 {
     AttnJob a;
-    float *owned = NULL;
-    if (n->n_in == 1) attn_setup_packed(&a, n, x[0], &owned);
+    if (n->n_in == 1) attn_setup_packed(&a, n, x[0]);
     else attn_setup(&a, n, x[0], x[1], x[2]);
     if (ir_numel(&n->t) != a.B * a.T * a.H * a.D) ref_die_node(n, "result is not q-shaped");
     a.y = y;
     ref_parallel_for(a.B * a.H * ((a.T + QB - 1) / QB), attn_fwd_task, &a);
-    free(owned);
 }
 
 /* One (batch, kv head): dk, dv of that head and dq of its query heads, packed into y. */
@@ -175,33 +167,34 @@ static void attn_bwd_task(void *ctx, int64_t task)
     const AttnJob *a = ctx;
     int64_t T = a->T, D = a->D, b = task / a->Hkv, g = task % a->Hkv;
     int64_t qcols = a->H * D, kvcols = a->Hkv * D, ycols = (a->H + 2 * a->Hkv) * D;
-    const float *kb = a->k + b * T * kvcols + g * D, *vb = a->v + b * T * kvcols + g * D;
+    const float *kb = a->k + b * T * a->ks + g * D, *vb = a->v + b * T * a->vs + g * D;
     double *dk = calloc((size_t)(2 * T * D), sizeof(double)), *dv = dk + T * D;
     IR_ASSERT(dk);
     Block w = block_alloc(a);
     for (int64_t h = g * a->group; h < (g + 1) * a->group; h++)
         for (int64_t t0 = 0; t0 < T; t0 += QB) {
             int64_t t1 = t0 + QB < T ? t0 + QB : T, rows = t1 - t0, n = t1;
-            const float *qb = a->q + (b * T + t0) * qcols + h * D;
+            const float *qb = a->q + (b * T + t0) * a->qs + h * D;
             const float *dyb = a->dy + (b * T + t0) * qcols + h * D;
             block_probs(a, &w, b, h, t0, t1);
             /* dP = dO V^T;  dS = P (dP - sum_j P dP) scale */
-            ref_gemm_f64(rows, n, D, dyb, qcols, false, vb, kvcols, true, w.s, n, false);
+            ref_gemm_f64(rows, n, D, dyb, qcols, false, vb, a->vs, true, w.s, n, false);
             for (int64_t i = 0; i < rows; i++) {
                 const double *dp = w.s + i * n;
                 const float *p = w.p + i * n;
                 float *ds = w.ds + i * n;
                 double sum = 0;
                 for (int64_t j = 0; j <= t0 + i; j++) sum += (double)p[j] * dp[j];
-                for (int64_t j = 0; j <= t0 + i; j++) ds[j] = (float)(p[j] * (dp[j] - sum) * a->scale);
+                for (int64_t j = 0; j <= t0 + i; j++)
+                    ds[j] = (float)(p[j] * (dp[j] - sum) * a->scale);
                 for (int64_t j = t0 + i + 1; j < n; j++) ds[j] = 0;
             }
             /* dQ = dS K;  dK += dS^T Q;  dV += P^T dO */
-            ref_gemm_f64(rows, D, n, w.ds, n, false, kb, kvcols, false, w.o, D, false);
+            ref_gemm_f64(rows, D, n, w.ds, n, false, kb, a->ks, false, w.o, D, false);
             for (int64_t i = 0; i < rows; i++)
                 for (int64_t d = 0; d < D; d++)
                     a->y[(b * T + t0 + i) * ycols + h * D + d] = (float)w.o[i * D + d];
-            ref_gemm_f64(n, D, rows, w.ds, n, true, qb, qcols, false, dk, D, true);
+            ref_gemm_f64(n, D, rows, w.ds, n, true, qb, a->qs, false, dk, D, true);
             ref_gemm_f64(n, D, rows, w.p, n, true, dyb, qcols, false, dv, D, true);
         }
     for (int64_t t = 0; t < T; t++) {
@@ -218,8 +211,7 @@ static void attn_bwd_task(void *ctx, int64_t task)
 void ref_attention_bwd(const Node *n, const float *const *x, float *y)
 {
     AttnJob a;
-    float *owned = NULL;
-    if (n->n_in == 2) attn_setup_packed(&a, n, x[1], &owned);
+    if (n->n_in == 2) attn_setup_packed(&a, n, x[1]);
     else attn_setup(&a, n, x[1], x[2], x[3]);
     if (ir_numel(&n->in[0]->t) != a.B * a.T * a.H * a.D) ref_die_node(n, "dy is not q-shaped");
     if (ir_numel(&n->t) != a.B * a.T * (a.H + 2 * a.Hkv) * a.D)
@@ -227,7 +219,6 @@ void ref_attention_bwd(const Node *n, const float *const *x, float *y)
     a.dy = x[0];
     a.y = y;
     ref_parallel_for(a.B * a.Hkv, attn_bwd_task, &a);
-    free(owned);
 }
 
 /* ---------------------------------------------------------------- rope */
@@ -240,7 +231,8 @@ void ref_rope(const Node *n, const float *const *x, float *y)
     int64_t D = n->iattr[0];
     double sign = n->iattr[1] ? -1.0 : 1.0, theta = n->fattr[0];
     if (t->rank < 2) ref_die_node(n, "rope needs (.., T, heads * head_dim)");
-    int64_t C = t->dims[t->rank - 1], T = t->dims[t->rank - 2], B = ir_numel(t) / (C * T > 0 ? C * T : 1);
+    int64_t C = t->dims[t->rank - 1], T = t->dims[t->rank - 2];
+    int64_t B = ir_numel(t) / (C * T > 0 ? C * T : 1);
     if (D <= 0 || D % 2 != 0 || C % D != 0)
         ref_die_node(n, "head_dim %lld does not split %lld columns into even heads",
                      (long long)D, (long long)C);
