@@ -54,6 +54,7 @@ static int64_t parse_size(const char *flag, const char *s)
 typedef struct {
     BuildOptions build;
     Define defines[MAX_DEFINES];
+    char define_names[MAX_DEFINES][64];
     const char *overrides[MAX_OVERRIDES];
     const char *model;
     const char *output;
@@ -94,9 +95,11 @@ static void parse_args(int argc, char **argv, Args *a)
             const char *eq = def ? strchr(def, '=') : NULL;
             if (!eq || eq == def) bad_flag("-D needs name=value, not '%s'", def ? def : "");
             if (a->build.front.n_defines == MAX_DEFINES) bad_flag("too many -D flags%s", "");
-            Define *d = &a->defines[a->build.front.n_defines++];
-            d->name = strndup(def, (size_t)(eq - def));
-            d->value = eq + 1;
+            if (eq - def >= (ptrdiff_t)sizeof a->define_names[0]) bad_flag("-D name too long: '%s'", def);
+            int k = a->build.front.n_defines++;
+            memcpy(a->define_names[k], def, (size_t)(eq - def));
+            a->define_names[k][eq - def] = 0;
+            a->defines[k] = (Define){a->define_names[k], eq + 1};
         } else if (!strcmp(s, "--policy")) {
             if (!next) bad_flag("%s needs a file", s);
             a->build.passes.policy_file = next, i++;
@@ -246,7 +249,9 @@ static int cmd_train(Args *a)
 {
     Arena *arena = arena_new();
     Graph *g = compile_or_exit(arena, a);
-    return emit_and_run(g, a->run_args, a->n_run_args);
+    int status = emit_and_run(g, a->run_args, a->n_run_args);
+    arena_free(arena);
+    return status;
 }
 
 int main(int argc, char **argv)
