@@ -32,6 +32,7 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o)
     bool stop = o->stop_after && !strcmp(o->stop_after, "front");
 
     /* training: backward for every parameter, then the AdamW update with clipping */
+    if (!run_named(g, "simplify", o, &stop)) return NULL;
     if (!run_named(g, "chunk_loss", o, &stop)) return NULL;
     if (!run_named(g, "autodiff", o, &stop)) return NULL;
     if (!run_named(g, "optimizer", o, &stop)) return NULL;

@@ -92,8 +92,25 @@ static const char *infer_matmul(Node *n, Arena *a)
     return NULL;
 }
 
+/* Packed (B, T, (H + 2 Hkv) D): one tensor holding q, k and v side by side. */
+static const char *infer_attention_packed(Node *n, Arena *a, const Tensor *x)
+{
+    int64_t h = n->iattr[0], hk = n->iattr[1];
+    if (h <= 0 || hk <= 0 || h % hk)
+        return arena_printf(a, "attention needs heads > 0, kv_heads > 0 dividing heads");
+    if (x->rank != 3 || x->dims[2] % (h + 2 * hk))
+        return arena_printf(a, "packed attention: %s is not (batch, seq, (heads + 2 kv_heads) * head_dim)",
+                            shape_str(a, x));
+    int64_t d = x->dims[2] / (h + 2 * hk);
+    int64_t dims[3] = {x->dims[0], x->dims[1], n->op == OP_ATTENTION ? h * d : x->dims[2]};
+    ir_set_shape(n, 3, dims);
+    return NULL;
+}
+
 static const char *infer_attention(Node *n, Arena *a)
 {
+    if (n->n_in == 1) return infer_attention_packed(n, a, &n->in[0]->t);
+    if (n->n_in != 3) return arena_printf(a, "attention takes q, k, v or one packed tensor, not %d operands", n->n_in);
     const Tensor *q = &n->in[0]->t, *k = &n->in[1]->t, *v = &n->in[2]->t;
     int64_t h = n->iattr[0], hk = n->iattr[1];
     if (h <= 0 || hk <= 0) return arena_printf(a, "attention needs heads > 0 and kv_heads > 0");
@@ -296,6 +313,17 @@ const char *ir_infer_shape(Node *n, Arena *a)
         return infer_attention(n, a);
     case OP_ATTENTION_BWD: {
         Node *saved = n->in[0];
+        if (n->n_in == 2) {
+            const char *perr = infer_attention_packed(n, a, &n->in[1]->t);
+            if (perr) return perr;
+            int64_t w = n->in[1]->t.dims[2] / (n->iattr[0] + 2 * n->iattr[1]) * n->iattr[0];
+            if (saved->t.rank != 3 || saved->t.dims[0] != n->t.dims[0] || saved->t.dims[1] != n->t.dims[1] ||
+                saved->t.dims[2] != w)
+                return arena_printf(a, "attention_bwd: dy %s does not match the packed q|k|v %s",
+                                    shape_str(a, &saved->t), shape_str(a, &n->in[1]->t));
+            return NULL;
+        }
+        if (n->n_in != 4) return arena_printf(a, "attention_bwd takes (dy, q, k, v) or (dy, q|k|v)");
         /* dy has q's shape; check it, then infer from (q, k, v) */
         if (!ir_same_shape(&saved->t, &n->in[1]->t))
             return arena_printf(a, "attention_bwd: dy %s must have q's shape %s",
