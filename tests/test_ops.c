@@ -419,6 +419,15 @@ static void test_grad_attention(void **state)
     check_grad(t, y, dy, k, dk, "attention GQA dk");
     check_grad(t, y, dy, v, dv, "attention GQA dv");
 
+    /* the packed form (one (B, T, (H + 2 Hkv) D) operand) gives the same bits both ways */
+    Node *qkv = NODE(t, OP_CONCAT, IA(2), q, k, v);
+    Node *yp = NODE(t, OP_ATTENTION, at, qkv);
+    Node *gp = NODE(t, OP_ATTENTION_BWD, at, dy, qkv);
+    ref_run_phase(t->g, PHASE_FORWARD);
+    ref_run_phase(t->g, PHASE_BACKWARD);
+    assert_memory_equal(yp->t.data, y->t.data, sizeof(float) * (size_t)ir_numel(&y->t));
+    assert_memory_equal(gp->t.data, g->t.data, sizeof(float) * (size_t)ir_numel(&g->t));
+
     /* causality: the first row of each head is its first value row */
     ref_run_phase(t->g, PHASE_FORWARD);
     const float *yo = y->t.data, *vo = v->t.data;
