@@ -24,6 +24,9 @@
 #include <unistd.h>
 
 #include "compiler.h"
+#ifdef FP8C_HAVE_CUDA
+#include "gpu.h"
+#endif
 
 #ifndef FP8C_BUILD_LIBDIR
 #define FP8C_BUILD_LIBDIR "."
@@ -37,7 +40,13 @@
 
 #define EMIT_MAX_ARGS 64
 
+#ifdef FP8C_HAVE_CUDA
+static const char *const emit_libs[] = {"libfp8c_train_main.a", "libfp8c_cuda_rt.a", "libfp8c_rt.a",
+                                        "libfp8c_ir.a"};
+#else
 static const char *const emit_libs[] = {"libfp8c_train_main.a", "libfp8c_rt.a", "libfp8c_ir.a"};
+#endif
+#define EMIT_N_LIBS ((int)(sizeof emit_libs / sizeof emit_libs[0]))
 
 static const char *emit_compiler(void) {
     const char *env = getenv("FP8C_CC");
@@ -75,10 +84,24 @@ static char *emit_join(const char *dir, const char *name) {
     return p;
 }
 
-/* The assembler file: the artifact's bytes, then a NUL, between two global symbols. */
-static bool emit_write_asm(const char *asm_path, const char *ir_path) {
+static void emit_incbin(FILE *f, const char *path) {
+    fputs("\t.incbin \"", f);
+    for (const char *p = path; *p; p++) {
+        if (*p == '"' || *p == '\\') fputc('\\', f);
+        fputc(*p, f);
+    }
+    fputs("\"\n", f);
+}
+
+/* The assembler file: the artifact's bytes, then a NUL, between two global symbols; then
+ * the GPU kernels' cubin (possibly empty) between fp8c_cubin and fp8c_cubin_end. */
+static bool emit_write_asm(const char *asm_path, const char *ir_path, const char *cubin_path) {
     FILE *f = fopen(asm_path, "w");
     if (!f) return false;
+    fputs("\t.section .rodata\n\t.balign 16\n\t.global fp8c_cubin\n"
+          "\t.type fp8c_cubin, @object\nfp8c_cubin:\n", f);
+    if (cubin_path) emit_incbin(f, cubin_path);
+    fputs("\t.global fp8c_cubin_end\nfp8c_cubin_end:\n", f);
     fputs("\t.section .rodata\n\t.balign 16\n\t.global fp8c_artifact\n"
           "\t.type fp8c_artifact, @object\nfp8c_artifact:\n\t.incbin \"", f);
     for (const char *p = ir_path; *p; p++) {
@@ -129,9 +152,9 @@ static bool emit_make_executable(const char *path) {
 
 static bool emit_link(const char *asm_path, const char *out_path) {
     const char *libdir = emit_libdir();
-    char *lib_paths[3] = {0};
+    char *lib_paths[4] = {0};
     bool ok = true;
-    for (int i = 0; i < 3 && ok; i++) {
+    for (int i = 0; i < EMIT_N_LIBS && ok; i++) {
         lib_paths[i] = emit_join(libdir, emit_libs[i]);
         if (!lib_paths[i] || access(lib_paths[i], R_OK) != 0) {
             fprintf(stderr, "fp8c: error: cannot find the runtime library %s in %s (set "
@@ -162,8 +185,11 @@ static bool emit_link(const char *asm_path, const char *out_path) {
         argv[argc++] = "-o";
         argv[argc++] = tmp_out;
         argv[argc++] = (char *)asm_path;
-        for (int i = 0; i < 3; i++) argv[argc++] = lib_paths[i];
+        for (int i = 0; i < EMIT_N_LIBS; i++) argv[argc++] = lib_paths[i];
         argv[argc++] = "-lm";
+#ifdef FP8C_HAVE_CUDA
+        argv[argc++] = "-ldl";
+#endif
         argv[argc++] = "-lpthread";
         for (char *save = NULL, *w = strtok_r(flags, " ", &save); w && argc < EMIT_MAX_ARGS - 1;
              w = strtok_r(NULL, " ", &save))
@@ -183,8 +209,44 @@ static bool emit_link(const char *asm_path, const char *out_path) {
     }
     if (tmp_out && !ok) unlink(tmp_out);
     free(tmp_out);
-    for (int i = 0; i < 3; i++) free(lib_paths[i]);
+    for (int i = 0; i < EMIT_N_LIBS; i++) free(lib_paths[i]);
     return ok;
+}
+
+/* The GPU kernels of g (cuda/), compiled by NVRTC into a cubin file in dir; *path stays NULL
+ * when there are none: fp8c built without CUDA, FP8C_GPU=0, or a node the GPU backend cannot
+ * run yet (a note says which; the binary then trains on the CPU). False only when NVRTC
+ * rejected the generated module (its source and log are printed). */
+static bool emit_gpu_kernels(const Graph *g, const char *dir, char **path) {
+    *path = NULL;
+#ifdef FP8C_HAVE_CUDA
+    const char *want = getenv("FP8C_GPU");
+    if ((want && !strcmp(want, "0")) || !cuda_compiler_available()) return true;
+    CudaBinary bin;
+    bool skipped = false;
+    char why[512] = "";
+    if (!cuda_compile_graph(g, &bin, &skipped, why, sizeof why)) return false;
+    if (skipped) {
+        fprintf(stderr, "fp8c: note: no GPU kernels in this binary: %s\n", why);
+        return true;
+    }
+    char *p = emit_join(dir, "kernels.cubin");
+    FILE *f = p ? fopen(p, "wb") : NULL;
+    bool ok = f && fwrite(bin.cubin, 1, bin.cubin_size, f) == bin.cubin_size;
+    if (f && fclose(f) != 0) ok = false;
+    cuda_binary_free(&bin);
+    if (!ok) {
+        fprintf(stderr, "fp8c: error: %s: cannot write the GPU kernels: %s\n", p ? p : dir,
+                strerror(errno));
+        if (p) unlink(p);
+        free(p);
+        return false;
+    }
+    *path = p;
+#else
+    (void)g, (void)dir;
+#endif
+    return true;
 }
 
 bool emit_training_binary(const Graph *g, const char *out_path) {
@@ -205,13 +267,17 @@ bool emit_training_binary(const Graph *g, const char *out_path) {
             fprintf(stderr, "fp8c: error: %s: cannot write the artifact: %s\n", ir_path,
                     strerror(errno));
     }
-    if (ok && !emit_write_asm(asm_path, ir_path)) {
+    char *cubin_path = NULL;
+    if (ok) ok = emit_gpu_kernels(g, dir, &cubin_path);
+    if (ok && !emit_write_asm(asm_path, ir_path, cubin_path)) {
         fprintf(stderr, "fp8c: error: %s: cannot write: %s\n", asm_path, strerror(errno));
         ok = false;
     }
     if (ok) ok = emit_link(asm_path, out_path);
     if (ir_path) unlink(ir_path);
     if (asm_path) unlink(asm_path);
+    if (cubin_path) unlink(cubin_path);
+    free(cubin_path);
     rmdir(dir);
     free(ir_path);
     free(asm_path);

@@ -9,9 +9,18 @@
 #include <string.h>
 
 #include "rt.h"
+#ifdef FP8C_HAVE_CUDA
+#include "gpu.h"
+#endif
 
 extern const char fp8c_artifact[];
 extern const char fp8c_artifact_end[];
+#ifdef FP8C_HAVE_CUDA
+/* the GPU kernels (a cubin for sm_90a) that emit.c embeds beside the artifact; empty when the
+ * compiler had no NVRTC or the graph has nodes the GPU cannot run */
+extern const char fp8c_cubin[];
+extern const char fp8c_cubin_end[];
+#endif
 
 /* What --help adds about the model inside this binary. */
 static void main_describe(const Graph *g) {
@@ -22,9 +31,14 @@ static void main_describe(const Graph *g) {
 
 int main(int argc, char **argv) {
     rt_set_program_name(argv[0]);
+#ifdef FP8C_HAVE_CUDA
+    rt_device_register(cuda_rt_device(fp8c_cubin, (size_t)(fp8c_cubin_end - fp8c_cubin)));
+#endif
     TrainOptions o;
     int args = rt_parse_args(argc, argv, &o);
     if (args == RT_ARGS_ERROR) return 2;
+    /* a device asked for by name that cannot run here is a bad flag: say so before anything */
+    if (args == RT_ARGS_OK && strcmp(o.device, "auto") != 0 && !rt_device_select(o.device)) return 2;
 
     Arena *arena = arena_new();
     const char *text = fp8c_artifact;

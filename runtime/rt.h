@@ -162,4 +162,33 @@ void rt_memory_free(RtMemory *m);
 /* Runs the whole training described by o on graph g; returns the exit status. */
 int rt_train(Graph *g, const TrainOptions *o);
 
+/* ---------------------------------------------------------------- device.c
+ * Where the step runs. The "cpu" device is the reference executor working on the host
+ * arenas. Another device (the CUDA executor, cuda/device.c, registered by the binary's main)
+ * keeps its own copy of both arenas; the host arenas are then a mirror that the training
+ * program synchronizes at the few places where it touches tensor bytes itself: the inputs it
+ * feeds (push), the outputs it reads and the checkpoints it writes (pull), the states it
+ * saves around an evaluation (pull, then push). Every function returns false after one
+ * rt_error line. */
+typedef struct RtDevice {
+    const char *name;                                   /* "cpu", "cuda" */
+    bool (*probe)(char *why, size_t why_len);           /* usable here? else why not */
+    bool (*open)(Graph *g, RtMemory *host);             /* after rt_memory_bind and init */
+    void (*close)(void);
+    bool (*run_phase)(Graph *g, Phase p);               /* evaluation (forward), update */
+    bool (*run_micro_step)(Graph *g);                   /* forward and backward, one sweep */
+    bool (*push)(Tensor *const *ts, int n);             /* host mirror -> device */
+    bool (*pull)(Tensor *const *ts, int n);             /* device -> host mirror */
+    bool (*all_finite)(Tensor *const *ts, int n, bool *finite);
+    bool (*zero)(Tensor *const *ts, int n);             /* all-zero bits */
+    const char *(*describe)(void);                      /* for the start line */
+} RtDevice;
+
+extern const RtDevice rt_cpu_device;
+void rt_device_register(const RtDevice *d);
+bool rt_device_known(const char *name);                 /* "cpu", "auto" or registered */
+/* "cpu", a registered name (which must probe fine), or "auto": the first registered device
+ * that probes fine, else the cpu (with a note naming why). NULL after one rt_error line. */
+const RtDevice *rt_device_select(const char *name);
+
 #endif

@@ -60,7 +60,8 @@ void rt_usage(FILE *out, const char *prog) {
             "  --save-every N      checkpoint every N steps (default 0: at the end only)\n"
             "  --resume PATH       continue from a checkpoint file, or DIR's latest\n"
             "machine\n"
-            "  --device cpu        where to run (cpu is the only device of this runtime)\n"
+            "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
+            "                      kernels), or auto (default: the GPU if one is found, else cpu)\n"
             "  --threads N         CPU threads (default: $FP8C_THREADS, else every online CPU;\n"
             "                      results are bit-identical for any count)\n"
             "  --help              this text\n",
@@ -96,7 +97,7 @@ static bool args_real(const char *flag, const char *s, bool allow_zero, double *
 }
 
 int rt_parse_args(int argc, char **argv, TrainOptions *o) {
-    *o = (TrainOptions){.device = "cpu", .steps = 100, .eval_every = 100, .eval_batches = 8,
+    *o = (TrainOptions){.device = "auto", .steps = 100, .eval_every = 100, .eval_batches = 8,
                         .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -162,7 +163,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         rt_error("--data is required (see --help)");
         return RT_ARGS_ERROR;
     }
-    if (strcmp(o->device, "cpu") != 0) {
+    if (!rt_device_known(o->device)) {
         rt_error("--device %s: this runtime runs on the cpu only", o->device);
         return RT_ARGS_ERROR;
     }
@@ -405,6 +406,19 @@ static void model_free(Model *m) {
     free(m->eval_touched);
 }
 
+/* The device the step runs on (the cpu unless rt_train chose another). */
+static const RtDevice *train_dev = &rt_cpu_device;
+
+/* fn over the tensors of nodes ns (a device's push, pull, zero) */
+static bool train_dev_nodes(bool (*fn)(Tensor *const *, int), Node *const *ns, int n) {
+    Tensor *one[4] = {0}, **ts = n <= 4 ? one : malloc((size_t)n * sizeof *ts);
+    if (!ts) return false;
+    for (int i = 0; i < n; i++) ts[i] = &ns[i]->t;
+    bool ok = fn(ts, n);
+    if (ts != one) free(ts);
+    return ok;
+}
+
 static void model_feed_ids(Node *n, const int32_t *ids) {
     int64_t count = ir_numel(&n->t);
     if (n->t.fmt.elem == FMT_I32) {
@@ -421,10 +435,12 @@ static void model_feed_scalar(Node *n, double v) {
     if (!n) return;
     float x = (float)v;
     ref_store(&n->t, &x);
+    train_dev_nodes(train_dev->push, &n, 1);
 }
 
-static float model_read_scalar(const Node *n) {
+static float model_read_scalar(Node *n) {
     if (!n) return NAN;
+    if (!train_dev_nodes(train_dev->pull, &n, 1)) return NAN;
     float *x = ref_load(&n->t);
     float v = x[0];
     free(x);
@@ -432,6 +448,14 @@ static float model_read_scalar(const Node *n) {
 }
 
 static bool model_grads_finite(const Model *m) {
+    if (train_dev != &rt_cpu_device) {
+        Tensor **ts = malloc((size_t)(m->n_grads ? m->n_grads : 1) * sizeof *ts);
+        bool finite = false;
+        for (int i = 0; ts && i < m->n_grads; i++) ts[i] = &m->grads[i]->t;
+        if (ts && !train_dev->all_finite(ts, m->n_grads, &finite)) finite = false;
+        free(ts);
+        return finite;
+    }
     for (int i = 0; i < m->n_grads; i++) {
         const Tensor *t = &m->grads[i]->t;
         float *x = ref_load(t);
@@ -446,6 +470,10 @@ static bool model_grads_finite(const Model *m) {
 
 static void model_zero_grads(const Model *m) {
     /* zero is all-zero bits in every element type, scaled or not */
+    if (train_dev != &rt_cpu_device) {
+        train_dev_nodes(train_dev->zero, m->grads, m->n_grads);
+        return;
+    }
     for (int i = 0; i < m->n_grads; i++)
         memset(m->grads[i]->t.data, 0, (size_t)train_storage_bytes(&m->grads[i]->t));
 }
@@ -530,6 +558,7 @@ static bool train_save(const Graph *g, const Model *m, const TrainOptions *o, co
                        RtLog *log) {
     CkptMeta meta[TRAIN_MAX_META];
     int n_meta = train_meta(g, o, p, meta);
+    if (!train_dev_nodes(train_dev->pull, m->saved, m->n_saved)) return false;
     Tensor **ts = malloc((size_t)(m->n_saved ? m->n_saved : 1) * sizeof *ts);
     if (!ts) return false;
     for (int i = 0; i < m->n_saved; i++) ts[i] = &m->saved[i]->t;
@@ -553,6 +582,7 @@ static double train_now_ms(void) {
 static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int64_t batches,
                              int32_t *tok, int32_t *tgt) {
     void **saved = calloc((size_t)(m->n_eval_touched ? m->n_eval_touched : 1), sizeof *saved);
+    train_dev_nodes(train_dev->pull, m->eval_touched, m->n_eval_touched);
     for (int i = 0; i < m->n_eval_touched; i++) {
         const Tensor *t = &m->eval_touched[i]->t;
         size_t bytes = (size_t)train_storage_bytes(t);
@@ -564,7 +594,9 @@ static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int
         rt_data_val_batch(val, b, m->B, m->T, tok, tgt);
         model_feed_ids(m->tokens, tok);
         model_feed_ids(m->targets, tgt);
-        ref_run_phase(g, PHASE_FORWARD);
+        Node *io[2] = {m->tokens, m->targets};
+        train_dev_nodes(train_dev->push, io, 2);
+        train_dev->run_phase(g, PHASE_FORWARD);
         sum += model_read_scalar(m->loss);
     }
     for (int i = 0; i < m->n_eval_touched; i++) {
@@ -573,6 +605,7 @@ static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int
         free(saved[i]);
     }
     free(saved);
+    train_dev_nodes(train_dev->push, m->eval_touched, m->n_eval_touched);
     return sum / (double)batches;
 }
 
@@ -657,6 +690,11 @@ int rt_train(Graph *g, const TrainOptions *o) {
     } else {
         rt_init_params(g, o->seed);
     }
+    train_dev = rt_device_select(o->device);
+    if (!train_dev || !train_dev->open(g, &mem)) {
+        train_dev = NULL;
+        goto out;
+    }
     if (p.step >= o->steps) {
         rt_note("the checkpoint is at step %lld and --steps is %lld: nothing to train",
                 (long long)p.step, (long long)o->steps);
@@ -676,6 +714,7 @@ int rt_train(Graph *g, const TrainOptions *o) {
             g->model_name ? g->model_name : "?", (long long)train_params(g), m.B, m.T,
             (long long)m.vocab, (long long)mem_bytes, (long long)mem.persistent_bytes,
             (long long)mem.step_bytes, (long long)train.n_tokens);
+    if (train_dev != &rt_cpu_device) rt_note("device: %s", train_dev->describe());
 
     int width = snprintf(NULL, 0, "%lld", (long long)o->steps);
     int skips = 0;
@@ -693,7 +732,11 @@ int rt_train(Graph *g, const TrainOptions *o) {
             rt_data_train_batch(&train, p.seed, p.step, micro, m.B, m.T, tok, tgt);
             model_feed_ids(m.tokens, tok);
             model_feed_ids(m.targets, tgt);
-            ref_run_micro_step(g);
+            Node *io[2] = {m.tokens, m.targets};
+            if (!train_dev_nodes(train_dev->push, io, 2) || !train_dev->run_micro_step(g)) {
+                status = 1;
+                goto out;
+            }
             float loss = model_read_scalar(m.loss);
             finite &= isfinite(loss);
             loss_sum += loss;
@@ -706,7 +749,10 @@ int rt_train(Graph *g, const TrainOptions *o) {
             r.skipped = "non-finite gradient";
         }
         if (finite) {
-            ref_run_phase(g, PHASE_UPDATE);
+            if (!train_dev->run_phase(g, PHASE_UPDATE)) {
+                status = 1;
+                goto out;
+            }
             r.grad_norm = model_read_scalar(m.grad_norm);
             p.opt_step++;
             skips = 0;
@@ -738,6 +784,8 @@ int rt_train(Graph *g, const TrainOptions *o) {
         }
     }
 out:
+    if (train_dev) train_dev->close();
+    train_dev = &rt_cpu_device;
     rt_log_close(&log);
     free(tok);
     free(tgt);

@@ -1,0 +1,41 @@
+/* ck_args.h — the one argument block every generated GPU kernel takes.
+ *
+ * This header is read twice: by the host C code that fills the block for each launch
+ * (cuda/spec.c, cuda/exec.c) and, as text, by NVRTC at the top of every generated module, so
+ * the two sides can never disagree on a field's offset. It therefore uses only what both C11
+ * and CUDA C++ accept: plain structs, fixed-width fields, no includes.
+ *
+ * A tensor is seen by a kernel as its data pointer plus its 2-D view (rows = all leading dims,
+ * cols = the last dim) and, when scaled, its scale array laid out as ref_scale_map says. The
+ * element type and the scaling kind are template parameters of the kernel (they select code),
+ * the rest is data. Passing one block by value (about 1 KiB; Hopper takes 4 KiB of kernel
+ * parameters) keeps launches uniform: the executor fills blocks, a CUDA graph replays them. */
+#ifndef FP8C_CK_ARGS_H
+#define FP8C_CK_ARGS_H
+
+#define CK_MAX_TENSORS 12
+#define CK_MAX_IATTR 12
+#define CK_MAX_FATTR 6
+
+typedef struct {
+    void *p;                /* element data (device) */
+    const float *s;         /* scales (device), NULL: unscaled or static (sconst) */
+    long long n;            /* elements */
+    long long rows, cols;   /* the 2-D view */
+    long long ncg;          /* per-group and block scaling: scale columns per row (block: per
+                               block row) */
+    int group;              /* per-group: elements per group; 1x128 tiles and blocks: 128 */
+    float sconst;           /* RECIPE_STATIC without a scale tensor */
+} CkTensor;
+
+typedef struct {
+    CkTensor t[CK_MAX_TENSORS];   /* t[0]: the result (or the operand updated in place) */
+    long long i[CK_MAX_IATTR];    /* sizes and integer attributes, as the op's spec says */
+    double f[CK_MAX_FATTR];       /* float attributes */
+    void *scratch;                /* this launch's scratch in the workspace (device) */
+    const float *const *table;    /* variadic scalar inputs (grad_norm), device */
+    int n_in;
+    int pad_;
+} CkArgs;
+
+#endif

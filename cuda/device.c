@@ -1,0 +1,65 @@
+/* device.c — the training program's "cuda" device: the executor behind the RtDevice table.
+ *
+ * The training loop (runtime/train.c) speaks to devices through RtDevice only; this file
+ * adapts the CUDA executor to it and decides, in probe, whether a GPU run is possible here:
+ * the binary must carry kernels, the driver and cuBLASLt must load, and a GPU must answer.
+ * --device auto takes the GPU exactly when probe says yes. */
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu.h"
+
+static const void *dev_cubin;
+static size_t dev_cubin_size;
+static CudaExec *dev_exec;
+static char dev_desc[320];
+
+static bool dev_probe(char *why, size_t why_len) {
+    if (!dev_cubin_size) {
+        snprintf(why, why_len, "this binary carries no GPU kernels (fp8c was built without "
+                 "NVRTC, or the model has ops the GPU backend cannot run)");
+        return false;
+    }
+    return cuda_load(why, why_len);
+}
+
+static bool dev_open(Graph *g, RtMemory *host) {
+    dev_exec = cuda_exec_open(g, host, dev_cubin, dev_cubin_size);
+    if (!dev_exec) return false;
+    snprintf(dev_desc, sizeof dev_desc, "%s (cuda), %.2f GiB of device memory in use",
+             cuda_exec_device_name(dev_exec), (double)cuda_exec_device_bytes(dev_exec) / (1 << 30));
+    return true;
+}
+
+static void dev_close(void) {
+    cuda_exec_close(dev_exec);
+    dev_exec = NULL;
+}
+
+static bool dev_run_phase(Graph *g, Phase p) {
+    (void)g;
+    return cuda_exec_run_phase(dev_exec, p);
+}
+static bool dev_run_micro_step(Graph *g) {
+    (void)g;
+    return cuda_exec_run_micro_step(dev_exec);
+}
+static bool dev_push(Tensor *const *ts, int n) { return cuda_exec_push(dev_exec, ts, n); }
+static bool dev_pull(Tensor *const *ts, int n) { return cuda_exec_pull(dev_exec, ts, n); }
+static bool dev_all_finite(Tensor *const *ts, int n, bool *finite) {
+    return cuda_exec_all_finite(dev_exec, ts, n, finite);
+}
+static bool dev_zero(Tensor *const *ts, int n) { return cuda_exec_zero(dev_exec, ts, n); }
+static const char *dev_describe(void) { return dev_desc; }
+
+static const RtDevice cuda_device = {
+    .name = "cuda", .probe = dev_probe, .open = dev_open, .close = dev_close,
+    .run_phase = dev_run_phase, .run_micro_step = dev_run_micro_step, .push = dev_push,
+    .pull = dev_pull, .all_finite = dev_all_finite, .zero = dev_zero, .describe = dev_describe,
+};
+
+const RtDevice *cuda_rt_device(const void *cubin, size_t cubin_size) {
+    dev_cubin = cubin;
+    dev_cubin_size = cubin_size;
+    return &cuda_device;
+}

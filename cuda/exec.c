@@ -1,0 +1,559 @@
+/* exec.c — the CUDA executor: the plan's arenas on the device and each phase as a graph.
+ *
+ * Memory is two allocations, as the memory plan says (llm.c, ggml-alloc): the persistent
+ * arena and the step arena, whose tail holds the backend's workspace — cuBLASLt's workspace,
+ * the scratch the node plans ask for (one region, reused by every node, since nodes run one
+ * after another on one stream), and the pointer tables and flags the launches read. Free
+ * memory is checked before anything is allocated, and a plan that does not fit gets one line
+ * with the numbers. Every tensor keeps its arena offset on the device, so the host arenas
+ * mirror the device ones byte for byte and moving a tensor is one copy at the same offset.
+ *
+ * Each phase of the step (evaluation: the forward nodes; a micro-step: forward and backward
+ * in schedule order; the update) is a list of launches built once: library kernels with their
+ * argument blocks resolved to device pointers, and cuBLASLt matmuls whose algorithms were
+ * chosen by the heuristic at set-up. The first run of a phase captures the list in a CUDA
+ * graph; later runs replay it, so a step costs a handful of driver calls however many kernels
+ * it has. Inputs change between runs only in their bytes (the arenas never move), which is
+ * what makes replay valid. FP8C_CUDA_GRAPHS=0 launches directly; FP8C_CUDA_SYNC=1 also
+ * synchronizes after every launch and names the node of the first failing one. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_internal.h"
+
+#define CUBLAS_WORKSPACE (32 << 20)
+#define ALIGN 256
+
+typedef struct {
+    CuLaunchKind kind;
+    const Node *node;
+    const char *fn;
+    CUfunction f;
+    unsigned grid[2], block, smem;
+    CkArgs args;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    const void *A, *B;
+    void *D;
+} ExecLaunch;
+
+typedef struct {
+    ExecLaunch *l;
+    int n, cap;
+    CUgraph graph;
+    CUgraphExec exec;
+    bool captured;
+} ExecList;
+
+enum { LIST_EVAL, LIST_MICRO, LIST_UPDATE, LIST_FINITE, LIST_COUNT };
+
+struct CudaExec {
+    Graph *g;
+    RtMemory host;
+    Arena *arena;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream;
+    CUmodule module;
+    cublasLtHandle_t lt;
+    bool have_ctx, have_lt;
+    CUdeviceptr persistent, step;
+    int64_t step_alloc;                   /* step arena + workspace */
+    CUdeviceptr cublas_ws, scratch, aux;
+    int64_t scratch_bytes, aux_bytes, aux_used;
+    CuNodePlan *plans;
+    ExecList lists[LIST_COUNT];
+    int finite_flag_off;                  /* in aux */
+    const Node **finite_nodes;
+    int n_finite;
+    bool graphs, sync_each;
+    char name[256];
+};
+
+static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+
+static bool env_flag(const char *name, bool dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    return strcmp(v, "0") != 0;
+}
+
+/* ---------------------------------------------------------------- pointers */
+
+/* The device address of host mirror bytes p (inside one of the host arenas). */
+static bool exec_map(const CudaExec *e, const void *p, CUdeviceptr *out) {
+    const char *c = p;
+    const char *hp = e->host.persistent, *hs = e->host.step;
+    if (!p) {
+        *out = 0;
+        return true;
+    }
+    if (hp && c >= hp && c <= hp + e->host.persistent_bytes) {
+        *out = e->persistent + (CUdeviceptr)(c - hp);
+        return true;
+    }
+    if (hs && c >= hs && c <= hs + e->host.step_bytes) {
+        *out = e->step + (CUdeviceptr)(c - hs);
+        return true;
+    }
+    return false;
+}
+
+static bool exec_map_tensor(const CudaExec *e, const Tensor *t, CUdeviceptr *out) {
+    if (exec_map(e, t->data, out)) return true;
+    rt_error("CUDA executor: tensor '%s' is not in the plan's arenas", t->name ? t->name : "unnamed");
+    return false;
+}
+
+static int64_t tensor_bytes(const Tensor *t) { return ir_numel(t) * fmt_elem_bytes(t->fmt.elem); }
+
+static bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr scratch_base) {
+    *a = l->args;
+    for (int k = 0; k < CK_MAX_TENSORS; k++) {
+        const CuRef *r = &l->ref[k];
+        CUdeviceptr p = 0;
+        if (r->node) {
+            if (!exec_map_tensor(e, &r->node->t, &p)) return false;
+            if (l->ref_scale[k]) {
+                CUdeviceptr s;
+                if (!exec_map_tensor(e, &r->node->t.fmt.scale->t, &s)) return false;
+                a->t[k].s = (const float *)(uintptr_t)s;
+            }
+        } else if (r->scratch >= 0) {
+            p = scratch_base + (CUdeviceptr)r->scratch;
+        }
+        a->t[k].p = (void *)(uintptr_t)p;
+    }
+    a->scratch = l->scratch >= 0 ? (void *)(uintptr_t)(scratch_base + (CUdeviceptr)l->scratch) : NULL;
+    return true;
+}
+
+static CUdeviceptr ref_ptr(CudaExec *e, const CuRef *r, bool *ok) {
+    CUdeviceptr p = 0;
+    if (r->node) *ok &= exec_map_tensor(e, &r->node->t, &p);
+    else p = e->scratch + (CUdeviceptr)r->scratch;
+    return p;
+}
+
+/* ---------------------------------------------------------------- GEMMs */
+
+static cudaDataType_t lt_type(ElemType t) {
+    switch (t) {
+    case FMT_BF16: return CUDA_R_16BF;
+    case FMT_F16: return CUDA_R_16F;
+    case FMT_E4M3: return CUDA_R_8F_E4M3;
+    case FMT_E5M2: return CUDA_R_8F_E5M2;
+    default: return CUDA_R_32F;
+    }
+}
+
+static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x) {
+    const CuGemm *g = &l->gemm;
+    bool ok = true;
+    x->A = (const void *)(uintptr_t)ref_ptr(e, &g->a, &ok);
+    x->B = (const void *)(uintptr_t)ref_ptr(e, &g->b, &ok);
+    x->D = (void *)(uintptr_t)ref_ptr(e, &g->d, &ok);
+    if (!ok) return false;
+    cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (!LT_CHECK(CU(cublasLtMatmulDescCreate)(&x->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
+        !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
+        !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
+        return false;
+    if (g->scales >= 0) {
+        /* cuBLASLt multiplies by these: the dequantization scales 1/s */
+        const float *sa = (const float *)(uintptr_t)(e->scratch + (CUdeviceptr)g->scales);
+        const float *sb = sa + 1;
+        if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa)) ||
+            !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb)))
+            return false;
+    }
+    if (!LT_CHECK(CU(cublasLtMatrixLayoutCreate)(&x->la, lt_type(g->atype), (uint64_t)(g->ta ? g->k : g->m),
+                                                 (uint64_t)(g->ta ? g->m : g->k), g->lda)) ||
+        !LT_CHECK(CU(cublasLtMatrixLayoutCreate)(&x->lb, lt_type(g->btype), (uint64_t)(g->tb ? g->n : g->k),
+                                                 (uint64_t)(g->tb ? g->k : g->n), g->ldb)) ||
+        !LT_CHECK(CU(cublasLtMatrixLayoutCreate)(&x->ld, lt_type(g->dtype), (uint64_t)g->m,
+                                                 (uint64_t)g->n, g->ldd)))
+        return false;
+    cublasLtMatmulPreference_t pref;
+    uint64_t ws = CUBLAS_WORKSPACE;
+    if (!LT_CHECK(CU(cublasLtMatmulPreferenceCreate)(&pref))) return false;
+    ok = LT_CHECK(CU(cublasLtMatmulPreferenceSetAttribute)(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    memset(&res, 0, sizeof res);
+    ok = ok && LT_CHECK(CU(cublasLtMatmulAlgoGetHeuristic)(e->lt, x->desc, x->la, x->lb, x->ld, x->ld,
+                                                          pref, 1, &res, &found));
+    CU(cublasLtMatmulPreferenceDestroy)(pref);
+    if (ok && found < 1) {
+        const Node *n = l->gemm.d.node ? l->gemm.d.node : x->node;
+        rt_error("cuBLASLt has no algorithm for matmul %%%d %s (%s x %s -> %s, m %lld n %lld k %lld)",
+                 n->id, n->t.name ? n->t.name : "", fmt_elem_name(g->atype), fmt_elem_name(g->btype),
+                 fmt_elem_name(g->dtype), (long long)g->m, (long long)g->n, (long long)g->k);
+        ok = false;
+    }
+    x->algo = res.algo;
+    return ok;
+}
+
+/* ---------------------------------------------------------------- launch lists */
+
+static bool list_push(ExecList *L, ExecLaunch *x) {
+    if (L->n == L->cap) {
+        int cap = L->cap ? 2 * L->cap : 256;
+        ExecLaunch *grown = realloc(L->l, sizeof *grown * (size_t)cap);
+        if (!grown) return false;
+        L->l = grown;
+        L->cap = cap;
+    }
+    L->l[L->n++] = *x;
+    return true;
+}
+
+static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, ExecLaunch *x) {
+    memset(x, 0, sizeof *x);
+    x->kind = l->kind;
+    x->node = n;
+    x->fn = l->fn;
+    if (l->kind == CU_GEMM) return exec_setup_gemm(e, l, x);
+    if (!CU_CHECK(CU(cuModuleGetFunction)(&x->f, e->module, l->fn))) {
+        rt_error("the binary's GPU module has no kernel %s for %s %%%d: rebuild it with this fp8c",
+                 l->fn, ir_op_info(n->op)->text, n->id);
+        return false;
+    }
+    if (l->smem > 48 * 1024 &&
+        !CU_CHECK(CU(cuFuncSetAttribute)(x->f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)l->smem)))
+        return false;
+    x->grid[0] = l->grid[0];
+    x->grid[1] = l->grid[1];
+    x->block = l->block;
+    x->smem = l->smem;
+    if (!exec_resolve(e, l, &x->args, e->scratch)) return false;
+    if (l->table) {
+        /* the scalar inputs' device addresses, in aux */
+        int count = n->n_in - 1;
+        CUdeviceptr *ptrs = malloc(sizeof *ptrs * (size_t)(count ? count : 1));
+        bool ok = ptrs != NULL;
+        for (int i = 0; ok && i < count; i++) ok = exec_map_tensor(e, &n->in[1 + i]->t, &ptrs[i]);
+        int64_t bytes = (int64_t)sizeof *ptrs * count;
+        if (ok && e->aux_used + bytes > e->aux_bytes) {
+            rt_error("CUDA executor: pointer tables overflow the workspace");
+            ok = false;
+        }
+        if (ok) {
+            ok = CU_CHECK(CU(cuMemcpyHtoD_v2)(e->aux + (CUdeviceptr)e->aux_used, ptrs, (size_t)bytes));
+            x->args.table = (const float *const *)(uintptr_t)(e->aux + (CUdeviceptr)e->aux_used);
+            e->aux_used = align_up(e->aux_used + bytes);
+        }
+        free(ptrs);
+        if (!ok) return false;
+    }
+    return true;
+}
+
+static bool exec_add_node(CudaExec *e, ExecList *L, const Node *n, const CuNodePlan *p) {
+    for (int k = 0; k < p->n_launch; k++) {
+        ExecLaunch x;
+        if (!exec_prepare_launch(e, n, &p->launch[k], &x) || !list_push(L, &x)) return false;
+    }
+    return true;
+}
+
+static bool exec_launch(CudaExec *e, const ExecLaunch *x) {
+    if (x->kind == CU_GEMM) {
+        float alpha = 1.0f, beta = 0.0f;
+        if (!LT_CHECK(CU(cublasLtMatmul)(e->lt, x->desc, &alpha, x->A, x->la, x->B, x->lb, &beta,
+                                         x->D, x->ld, x->D, x->ld, &x->algo,
+                                         (void *)(uintptr_t)e->cublas_ws, CUBLAS_WORKSPACE,
+                                         (cudaStream_t)e->stream)))
+            return false;
+    } else {
+        void *params[] = {(void *)&x->args};
+        if (!CU_CHECK(CU(cuLaunchKernel)(x->f, x->grid[0], x->grid[1], 1, x->block, 1, 1, x->smem,
+                                          e->stream, params, NULL)))
+            return false;
+    }
+    if (e->sync_each) {
+        CUresult r = CU(cuStreamSynchronize)(e->stream);
+        if (r != CUDA_SUCCESS) {
+            const Node *n = x->node;
+            cuda_check_cu(r, "cuStreamSynchronize", __FILE__, __LINE__);
+            rt_error("CUDA executor: the failing launch was %s of %s %%%d %s", x->fn,
+                     ir_op_info(n->op)->text, n->id, n->t.name ? n->t.name : "");
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool exec_run_list(CudaExec *e, ExecList *L) {
+    if (!e->graphs || e->sync_each) {
+        for (int i = 0; i < L->n; i++)
+            if (!exec_launch(e, &L->l[i])) return false;
+        return true;
+    }
+    if (!L->captured) {
+        if (!CU_CHECK(CU(cuStreamBeginCapture_v2)(e->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)))
+            return false;
+        bool ok = true;
+        for (int i = 0; ok && i < L->n; i++) ok = exec_launch(e, &L->l[i]);
+        CUgraph graph = NULL;
+        bool ended = CU_CHECK(CU(cuStreamEndCapture)(e->stream, &graph));
+        if (!ok || !ended) return false;
+        if (!CU_CHECK(CU(cuGraphInstantiateWithFlags)(&L->exec, graph, 0))) return false;
+        L->graph = graph;
+        L->captured = true;
+    }
+    return CU_CHECK(CU(cuGraphLaunch)(L->exec, e->stream));
+}
+
+static bool exec_finish(CudaExec *e, const char *what) {
+    CUresult r = CU(cuStreamSynchronize)(e->stream);
+    if (r == CUDA_SUCCESS) return true;
+    cuda_check_cu(r, "cuStreamSynchronize", __FILE__, __LINE__);
+    rt_error("CUDA executor: the %s failed on the GPU (FP8C_CUDA_SYNC=1 names the kernel)", what);
+    return false;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+static void fmt_gib(char *out, size_t len, int64_t bytes) {
+    snprintf(out, len, "%.2f GiB", (double)bytes / (1 << 30));
+}
+
+CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size_t cubin_size) {
+    char why[512];
+    if (!cuda_load(why, sizeof why)) {
+        rt_error("--device cuda: %s", why);
+        return NULL;
+    }
+    CudaExec *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->g = g;
+    e->host = *host;
+    e->arena = arena_new();
+    e->graphs = env_flag("FP8C_CUDA_GRAPHS", true);
+    e->sync_each = env_flag("FP8C_CUDA_SYNC", false);
+    if (!CU_CHECK(CU(cuDeviceGet)(&e->dev, 0)) || !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&e->ctx, e->dev)))
+        goto fail;
+    e->have_ctx = true;
+    if (!CU_CHECK(CU(cuCtxSetCurrent)(e->ctx))) goto fail;
+    CU(cuDeviceGetName)(e->name, sizeof e->name, e->dev);
+    int major = 0, minor = 0;
+    CU(cuDeviceGetAttribute)(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, e->dev);
+    CU(cuDeviceGetAttribute)(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, e->dev);
+    if (major != 9 || minor != 0) {
+        rt_error("--device cuda: %s has compute capability %d.%d; the kernels are built for "
+                 "sm_90a (H100, H200)", e->name, major, minor);
+        goto fail;
+    }
+
+    /* every node's plan first: a node the GPU cannot run stops here, before any allocation */
+    e->plans = cuda_plan_graph(g, e->arena, why, sizeof why);
+    if (!e->plans) {
+        rt_error("--device cuda: the GPU backend cannot run %s", why);
+        goto fail;
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        if (e->plans[i].scratch_bytes > e->scratch_bytes) e->scratch_bytes = e->plans[i].scratch_bytes;
+    int n_tables = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < e->plans[i].n_launch; k++)
+            if (e->plans[i].launch[k].table) n_tables += g->nodes[i]->n_in;
+    e->aux_bytes = align_up(ALIGN + 8 * (int64_t)n_tables + ALIGN * 64);
+
+    /* memory: check, then one allocation per arena */
+    int64_t step_bytes = align_up(host->step_bytes);
+    int64_t ws_bytes = CUBLAS_WORKSPACE + align_up(e->scratch_bytes) + e->aux_bytes;
+    e->step_alloc = step_bytes + ws_bytes;
+    int64_t need = align_up(host->persistent_bytes) + e->step_alloc;
+    size_t free_b = 0, total_b = 0;
+    if (!CU_CHECK(CU(cuMemGetInfo_v2)(&free_b, &total_b))) goto fail;
+    if (need > (int64_t)free_b) {
+        char a[32], b[32], c[32], d[32], f[32], t[32];
+        fmt_gib(a, sizeof a, need);
+        fmt_gib(b, sizeof b, host->persistent_bytes);
+        fmt_gib(c, sizeof c, host->step_bytes);
+        fmt_gib(d, sizeof d, ws_bytes);
+        fmt_gib(f, sizeof f, (int64_t)free_b);
+        fmt_gib(t, sizeof t, (int64_t)total_b);
+        rt_error("--device cuda: the plan needs %s on the GPU (persistent %s + step peak %s + "
+                 "workspace %s), but %s has %s free of %s", a, b, c, d, e->name, f, t);
+        goto fail;
+    }
+    if (!CU_CHECK(CU(cuMemAlloc_v2)(&e->persistent, (size_t)(host->persistent_bytes ? host->persistent_bytes : ALIGN))) ||
+        !CU_CHECK(CU(cuMemAlloc_v2)(&e->step, (size_t)e->step_alloc)))
+        goto fail;
+    e->cublas_ws = e->step + (CUdeviceptr)step_bytes;
+    e->scratch = e->cublas_ws + CUBLAS_WORKSPACE;
+    e->aux = e->scratch + (CUdeviceptr)align_up(e->scratch_bytes);
+    e->finite_flag_off = 0;
+    e->aux_used = ALIGN;
+
+    if (!CU_CHECK(CU(cuStreamCreate)(&e->stream, CU_STREAM_DEFAULT))) goto fail;
+    if (!cubin_size) {
+        rt_error("--device cuda: this binary carries no GPU kernels (built without NVRTC)");
+        goto fail;
+    }
+    if (!CU_CHECK(CU(cuModuleLoadData)(&e->module, cubin))) goto fail;
+    if (!LT_CHECK(CU(cublasLtCreate)(&e->lt))) goto fail;
+    e->have_lt = true;
+
+    /* the launch lists: evaluation, micro-step, update; then the gradient checks */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (!e->plans[i].n_launch) continue;
+        if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, &e->plans[i])) goto fail;
+        if (n->phase != PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i])) goto fail;
+        if (n->phase == PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_UPDATE], n, &e->plans[i])) goto fail;
+    }
+    if (!cuda_exec_push_arenas(e)) goto fail;
+    return e;
+fail:
+    cuda_exec_close(e);
+    return NULL;
+}
+
+void cuda_exec_close(CudaExec *e) {
+    if (!e) return;
+    if (e->have_ctx) {
+        CU(cuCtxSetCurrent)(e->ctx);
+        if (e->stream) CU(cuStreamSynchronize)(e->stream);
+        for (int k = 0; k < LIST_COUNT; k++) {
+            ExecList *L = &e->lists[k];
+            for (int i = 0; i < L->n; i++)
+                if (L->l[i].kind == CU_GEMM) {
+                    if (L->l[i].la) CU(cublasLtMatrixLayoutDestroy)(L->l[i].la);
+                    if (L->l[i].lb) CU(cublasLtMatrixLayoutDestroy)(L->l[i].lb);
+                    if (L->l[i].ld) CU(cublasLtMatrixLayoutDestroy)(L->l[i].ld);
+                    if (L->l[i].desc) CU(cublasLtMatmulDescDestroy)(L->l[i].desc);
+                }
+            if (L->exec) CU(cuGraphExecDestroy)(L->exec);
+            if (L->graph) CU(cuGraphDestroy)(L->graph);
+            free(L->l);
+        }
+        if (e->have_lt) CU(cublasLtDestroy)(e->lt);
+        if (e->module) CU(cuModuleUnload)(e->module);
+        if (e->stream) CU(cuStreamDestroy_v2)(e->stream);
+        if (e->persistent) CU(cuMemFree_v2)(e->persistent);
+        if (e->step) CU(cuMemFree_v2)(e->step);
+        CU(cuDevicePrimaryCtxRelease_v2)(e->dev);
+    }
+    free(e->finite_nodes);
+    arena_free(e->arena);
+    free(e);
+}
+
+/* ---------------------------------------------------------------- running */
+
+bool cuda_exec_run_phase(CudaExec *e, Phase p) {
+    ExecList *L = &e->lists[p == PHASE_FORWARD ? LIST_EVAL : LIST_UPDATE];
+    return exec_run_list(e, L) && exec_finish(e, p == PHASE_FORWARD ? "forward" : "update");
+}
+
+bool cuda_exec_run_micro_step(CudaExec *e) {
+    return exec_run_list(e, &e->lists[LIST_MICRO]) && exec_finish(e, "micro-step");
+}
+
+bool cuda_exec_run_node(CudaExec *e, const Node *n) {
+    for (int i = 0; i < e->g->n_nodes; i++) {
+        if (e->g->nodes[i] != n) continue;
+        ExecList L = {0};
+        bool ok = exec_add_node(e, &L, n, &e->plans[i]);
+        for (int k = 0; ok && k < L.n; k++) ok = exec_launch(e, &L.l[k]);
+        ok = ok && exec_finish(e, ir_op_info(n->op)->text);
+        for (int k = 0; k < L.n; k++)
+            if (L.l[k].kind == CU_GEMM) {
+                CU(cublasLtMatrixLayoutDestroy)(L.l[k].la);
+                CU(cublasLtMatrixLayoutDestroy)(L.l[k].lb);
+                CU(cublasLtMatrixLayoutDestroy)(L.l[k].ld);
+                CU(cublasLtMatmulDescDestroy)(L.l[k].desc);
+            }
+        free(L.l);
+        e->aux_used = ALIGN;
+        return ok;
+    }
+    rt_error("CUDA executor: node %%%d is not in the graph", n->id);
+    return false;
+}
+
+bool cuda_exec_sync(CudaExec *e) { return CU_CHECK(CU(cuStreamSynchronize)(e->stream)); }
+
+bool cuda_exec_push(CudaExec *e, Tensor *const *ts, int n) {
+    if (!cuda_exec_sync(e)) return false;
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        int64_t bytes = tensor_bytes(ts[i]);
+        if (!bytes) continue;
+        if (!exec_map_tensor(e, ts[i], &p) || !CU_CHECK(CU(cuMemcpyHtoD_v2)(p, ts[i]->data, (size_t)bytes)))
+            return false;
+    }
+    return true;
+}
+
+bool cuda_exec_pull(CudaExec *e, Tensor *const *ts, int n) {
+    if (!cuda_exec_sync(e)) return false;
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        int64_t bytes = tensor_bytes(ts[i]);
+        if (!bytes) continue;
+        if (!exec_map_tensor(e, ts[i], &p) || !CU_CHECK(CU(cuMemcpyDtoH_v2)(ts[i]->data, p, (size_t)bytes)))
+            return false;
+    }
+    return true;
+}
+
+bool cuda_exec_push_arenas(CudaExec *e) {
+    if (!cuda_exec_sync(e)) return false;
+    if (e->host.persistent_bytes &&
+        !CU_CHECK(CU(cuMemcpyHtoD_v2)(e->persistent, e->host.persistent, (size_t)e->host.persistent_bytes)))
+        return false;
+    if (e->host.step_bytes && !CU_CHECK(CU(cuMemcpyHtoD_v2)(e->step, e->host.step, (size_t)e->host.step_bytes)))
+        return false;
+    return true;
+}
+
+bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n) {
+    for (int i = 0; i < n; i++) {
+        CUdeviceptr p;
+        int64_t bytes = tensor_bytes(ts[i]);
+        if (!bytes) continue;
+        if (!exec_map_tensor(e, ts[i], &p) || !CU_CHECK(CU(cuMemsetD8Async)(p, 0, (size_t)bytes, e->stream)))
+            return false;
+    }
+    return cuda_exec_sync(e);
+}
+
+/* One launch per tensor into one flag; the list is built (and captured) for the first set of
+ * tensors asked about, which is the training loop's gradient list every step. */
+bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite) {
+    ExecList *L = &e->lists[LIST_FINITE];
+    CUdeviceptr flag = e->aux + (CUdeviceptr)e->finite_flag_off;
+    if (!L->n && n) {
+        for (int i = 0; i < n; i++) {
+            const Node *node = NULL;
+            for (int k = 0; k < e->g->n_nodes && !node; k++)
+                if (&e->g->nodes[k]->t == ts[i]) node = e->g->nodes[k];
+            CuNodePlan p;
+            if (!node || !cuda_plan_finite(node, e->arena, &p)) {
+                rt_error("CUDA executor: cannot check tensor '%s' for non-finite values",
+                         ts[i]->name ? ts[i]->name : "unnamed");
+                return false;
+            }
+            ExecLaunch x;
+            if (!exec_prepare_launch(e, node, &p.launch[0], &x)) return false;
+            x.args.scratch = (void *)(uintptr_t)flag;
+            if (!list_push(L, &x)) return false;
+        }
+    }
+    int bad = 0;
+    if (!CU_CHECK(CU(cuMemsetD8Async)(flag, 0, sizeof bad, e->stream)) || !exec_run_list(e, L) ||
+        !exec_finish(e, "gradient check") || !CU_CHECK(CU(cuMemcpyDtoH_v2)(&bad, flag, sizeof bad)))
+        return false;
+    *finite = bad == 0;
+    return true;
+}
+
+int64_t cuda_exec_device_bytes(const CudaExec *e) { return e->host.persistent_bytes + e->step_alloc; }
+const char *cuda_exec_device_name(const CudaExec *e) { return e->name; }

@@ -1,0 +1,145 @@
+/* gpu.h — the GPU backend: what runs on an NVIDIA GPU and how it gets there.
+ *
+ * The compiler and the training binary share one description of the GPU's work: for every
+ * node of the scheduled graph, spec.c says which kernels of the kernel library
+ * (cuda/kernels/ (.cuh), CUDA C++ templates over tensor formats) run, with which template
+ * arguments, launch shape, argument block and scratch, or which cuBLASLt GEMM. At `fp8c build`
+ * render.c turns the set of kernels a graph needs into one CUDA C module and nvrtc.c compiles
+ * it for sm_90a (cubin, plus PTX) through NVRTC, with a cache keyed by the source and the
+ * options; emit.c embeds the cubin in the training binary. At run time the binary re-derives
+ * the same plan from its graph (no compiler), loads the cubin, and exec.c replays each
+ * phase's launch list as a CUDA graph. The binary does not link the CUDA driver or cuBLASLt:
+ * loader.c opens them with dlopen when the GPU is chosen, so the same binary starts on
+ * machines without a GPU and trains on the CPU there.
+ *
+ * Sections: spec.c (node -> launches), render.c (CUDA C module), nvrtc.c (compiler only),
+ * loader.c (driver and cuBLASLt entry points), exec.c (the executor), device.c (the training
+ * program's "cuda" device). */
+#ifndef FP8C_GPU_H
+#define FP8C_GPU_H
+
+#include "ck_args.h"
+#include "rt.h"
+
+/* ---------------------------------------------------------------- spec.c */
+
+/* A tensor an argument block refers to: a node's tensor, or a piece of the node's scratch. */
+typedef struct {
+    const Node *node;       /* NULL: scratch (or nothing, when scratch < 0) */
+    int64_t scratch;        /* byte offset in the node's scratch, -1: none */
+} CuRef;
+
+/* One cuBLASLt matmul in column-major terms: D (m, n) = op(A) (m, k) op(B) (k, n), with
+ * dequantization scales for FP8 operands. The row-major C = op(A_g) op(B_g) of the graph is
+ * D = C^T: m = N, n = M, A = B_g's side, B = A_g's side. */
+typedef struct {
+    int64_t m, n, k, lda, ldb, ldd;
+    bool ta, tb;            /* CUBLAS_OP_T for A, B */
+    ElemType atype, btype, dtype;
+    CuRef a, b, d;
+    int64_t scales;         /* scratch offset of {1/scale(A), 1/scale(B)}, -1: unscaled */
+} CuGemm;
+
+typedef enum { CU_KERNEL, CU_GEMM } CuLaunchKind;
+
+typedef struct {
+    CuLaunchKind kind;
+    char fn[64];            /* the module's function */
+    char body[512];         /* what it calls: "ck_binary<OP_ADD, F<2, 0>, ..>(a)" */
+    unsigned grid[2], block, smem;
+    CkArgs args;            /* everything but the pointers, which refs resolve */
+    CuRef ref[CK_MAX_TENSORS];
+    bool ref_scale[CK_MAX_TENSORS];   /* ref i is a node whose scale array goes in t[i].s */
+    int64_t scratch;        /* byte offset of args.scratch in the node's scratch, -1: none */
+    bool table;             /* args.table: the node's scalar inputs 1.. (grad_norm) */
+    CuGemm gemm;
+} CuLaunch;
+
+typedef struct {
+    const Node *node;
+    CuLaunch *launch;
+    int n_launch;
+    int64_t scratch_bytes;
+} CuNodePlan;
+
+/* The launches of node n (none for leaves and views). Returns false with a reason in why
+ * when the GPU backend cannot run n (an op or format it has no kernel for). Launches live in
+ * arena a. */
+bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len);
+/* Plans every node of g; the first node that cannot run is reported in why. */
+CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len);
+/* The check the training loop runs on gradient accumulators: one launch that sets the int
+ * at its scratch when n's tensor holds a NaN or an infinity. */
+bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);
+uint64_t cuda_hash(uint64_t h, const void *data, size_t n);      /* FNV-1a, 64 bits; h 0: start */
+
+/* ---------------------------------------------------------------- render.c */
+
+/* The CUDA C module for the kernels plans use: the library text, then one extern "C"
+ * function per distinct kernel. Returned in arena a; *n_kernels counts the functions. */
+char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int *n_kernels);
+/* The library text alone (prelude, ops, attention) with the enums it needs. */
+char *cuda_render_library(Arena *a);
+
+/* ---------------------------------------------------------------- nvrtc.c (compiler only) */
+
+typedef struct {
+    void *cubin;            /* malloc'ed */
+    size_t cubin_size;
+    char *ptx;              /* malloc'ed, NUL-terminated */
+    bool cached;            /* came from the cache */
+    double seconds;         /* compile time (0 when cached) */
+} CudaBinary;
+
+/* Whether this fp8c can compile GPU kernels (built with NVRTC). */
+bool cuda_compiler_available(void);
+/* Compiles src for sm_90a with NVRTC (cubin and PTX), or takes both from the cache
+ * ($FP8C_CACHE_DIR, else $XDG_CACHE_HOME/fp8c, else ~/.cache/fp8c; FP8C_NO_CACHE=1 skips
+ * it). On a compile error prints the numbered source and NVRTC's log, returns false. */
+bool cuda_compile_source(const char *src, const char *name, CudaBinary *out);
+void cuda_binary_free(CudaBinary *b);
+/* Plans and renders g and compiles the module. Returns false after a message on stderr when
+ * NVRTC rejects it; *skipped (with a reason) when the graph has nodes the GPU cannot run. */
+bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *why, size_t why_len);
+
+/* ---------------------------------------------------------------- loader.c */
+
+/* Opens libcuda.so.1 (and initializes the driver) and libcublasLt; false with a reason in
+ * why when either is missing or no device answers. Safe to call more than once. */
+bool cuda_load(char *why, size_t why_len);
+int cuda_device_count(void);
+
+/* ---------------------------------------------------------------- exec.c */
+
+typedef struct CudaExec CudaExec;
+
+/* Sets up g on GPU 0: plans every node, loads the module (cubin bytes), allocates the two
+ * arenas (sizes of host's, the step arena with the backend's workspace at its end) after
+ * checking the free memory, and prepares each phase's launch list. host is the bound host
+ * mirror (rt_memory_bind). NULL after one rt_error line. */
+CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size_t cubin_size);
+void cuda_exec_close(CudaExec *e);
+/* Runs every node of a phase; the first run of a phase captures it in a CUDA graph, later
+ * runs replay the graph (FP8C_CUDA_GRAPHS=0: plain launches every time). */
+bool cuda_exec_run_phase(CudaExec *e, Phase p);       /* PHASE_FORWARD alone, or the update */
+bool cuda_exec_run_micro_step(CudaExec *e);           /* forward and backward, one sweep */
+/* Copies between host mirror and device, tensor by tensor (same offsets). */
+bool cuda_exec_push(CudaExec *e, Tensor *const *ts, int n);
+bool cuda_exec_pull(CudaExec *e, Tensor *const *ts, int n);
+bool cuda_exec_push_arenas(CudaExec *e);       /* both whole arenas, host -> device */
+bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite);
+bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n);
+bool cuda_exec_sync(CudaExec *e);
+/* Runs only node n's launches (tests: one op against the reference). */
+bool cuda_exec_run_node(CudaExec *e, const Node *n);
+/* Device memory the executor holds: arenas and workspace. */
+int64_t cuda_exec_device_bytes(const CudaExec *e);
+const char *cuda_exec_device_name(const CudaExec *e);
+
+/* ---------------------------------------------------------------- device.c */
+
+/* The training program's "cuda" device over the cubin embedded in the binary (empty: the
+ * binary was built without GPU kernels, and the device says so). */
+const RtDevice *cuda_rt_device(const void *cubin, size_t cubin_size);
+
+#endif

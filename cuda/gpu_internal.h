@@ -1,0 +1,99 @@
+/* gpu_internal.h — what the GPU backend's runtime files share: the driver and cuBLASLt entry
+ * points (opened by loader.c) and the macros that check every call.
+ *
+ * The training binary never links libcuda or libcublasLt: these tables are filled with dlsym
+ * once the GPU is chosen. The types come from the CUDA headers at build time only. Every
+ * call goes through CU_CHECK / LT_CHECK, which name the call and the place in the source when
+ * it fails (one rt_error line) and yield false, so failures travel up as ordinary errors. */
+#ifndef FP8C_GPU_INTERNAL_H
+#define FP8C_GPU_INTERNAL_H
+
+#include <cuda.h>
+#include <cublasLt.h>
+
+#include "gpu.h"
+
+#define CU_FUNCS(X)                                                                          \
+    X(cuInit, CUresult, (unsigned))                                                          \
+    X(cuDriverGetVersion, CUresult, (int *))                                                 \
+    X(cuGetErrorName, CUresult, (CUresult, const char **))                                   \
+    X(cuGetErrorString, CUresult, (CUresult, const char **))                                 \
+    X(cuDeviceGetCount, CUresult, (int *))                                                   \
+    X(cuDeviceGet, CUresult, (CUdevice *, int))                                              \
+    X(cuDeviceGetName, CUresult, (char *, int, CUdevice))                                    \
+    X(cuDeviceGetAttribute, CUresult, (int *, CUdevice_attribute, CUdevice))                 \
+    X(cuDevicePrimaryCtxRetain, CUresult, (CUcontext *, CUdevice))                           \
+    X(cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice))                                    \
+    X(cuCtxSetCurrent, CUresult, (CUcontext))                                                \
+    X(cuCtxSynchronize, CUresult, (void))                                                    \
+    X(cuMemGetInfo_v2, CUresult, (size_t *, size_t *))                                       \
+    X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                      \
+    X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                 \
+    X(cuMemcpyHtoD_v2, CUresult, (CUdeviceptr, const void *, size_t))                        \
+    X(cuMemcpyDtoH_v2, CUresult, (void *, CUdeviceptr, size_t))                              \
+    X(cuMemsetD8Async, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))             \
+    X(cuModuleLoadData, CUresult, (CUmodule *, const void *))                                \
+    X(cuModuleUnload, CUresult, (CUmodule))                                                  \
+    X(cuModuleGetFunction, CUresult, (CUfunction *, CUmodule, const char *))                 \
+    X(cuFuncSetAttribute, CUresult, (CUfunction, CUfunction_attribute, int))                 \
+    X(cuLaunchKernel, CUresult, (CUfunction, unsigned, unsigned, unsigned, unsigned,         \
+                                 unsigned, unsigned, unsigned, CUstream, void **, void **))  \
+    X(cuStreamCreate, CUresult, (CUstream *, unsigned))                                      \
+    X(cuStreamDestroy_v2, CUresult, (CUstream))                                              \
+    X(cuStreamSynchronize, CUresult, (CUstream))                                             \
+    X(cuStreamBeginCapture_v2, CUresult, (CUstream, CUstreamCaptureMode))                    \
+    X(cuStreamEndCapture, CUresult, (CUstream, CUgraph *))                                   \
+    X(cuGraphInstantiateWithFlags, CUresult, (CUgraphExec *, CUgraph, unsigned long long))   \
+    X(cuGraphLaunch, CUresult, (CUgraphExec, CUstream))                                      \
+    X(cuGraphExecDestroy, CUresult, (CUgraphExec))                                           \
+    X(cuGraphDestroy, CUresult, (CUgraph))                                                   \
+    X(cuEventCreate, CUresult, (CUevent *, unsigned))                                        \
+    X(cuEventRecord, CUresult, (CUevent, CUstream))                                          \
+    X(cuEventSynchronize, CUresult, (CUevent))                                               \
+    X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))                             \
+    X(cuEventDestroy_v2, CUresult, (CUevent))
+
+#define LT_FUNCS(X)                                                                          \
+    X(cublasLtCreate, cublasStatus_t, (cublasLtHandle_t *))                                  \
+    X(cublasLtDestroy, cublasStatus_t, (cublasLtHandle_t))                                   \
+    X(cublasLtGetStatusString, const char *, (cublasStatus_t))                               \
+    X(cublasLtMatmulDescCreate, cublasStatus_t,                                              \
+      (cublasLtMatmulDesc_t *, cublasComputeType_t, cudaDataType_t))                         \
+    X(cublasLtMatmulDescDestroy, cublasStatus_t, (cublasLtMatmulDesc_t))                     \
+    X(cublasLtMatmulDescSetAttribute, cublasStatus_t,                                        \
+      (cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void *, size_t))          \
+    X(cublasLtMatrixLayoutCreate, cublasStatus_t,                                            \
+      (cublasLtMatrixLayout_t *, cudaDataType, uint64_t, uint64_t, int64_t))                 \
+    X(cublasLtMatrixLayoutDestroy, cublasStatus_t, (cublasLtMatrixLayout_t))                 \
+    X(cublasLtMatmulPreferenceCreate, cublasStatus_t, (cublasLtMatmulPreference_t *))        \
+    X(cublasLtMatmulPreferenceDestroy, cublasStatus_t, (cublasLtMatmulPreference_t))         \
+    X(cublasLtMatmulPreferenceSetAttribute, cublasStatus_t,                                  \
+      (cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *,       \
+       size_t))                                                                              \
+    X(cublasLtMatmulAlgoGetHeuristic, cublasStatus_t,                                        \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,                       \
+       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,               \
+       cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *))           \
+    X(cublasLtMatmul, cublasStatus_t,                                                        \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *,                   \
+       cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t, const void *,           \
+       const void *, cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t,                 \
+       const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t))
+
+typedef struct {
+#define X(name, ret, args) ret(*name) args;
+    CU_FUNCS(X)
+    LT_FUNCS(X)
+#undef X
+} CudaApi;
+
+extern CudaApi cuda_api;
+
+#define CU(name) (cuda_api.name)
+/* Checked calls: false (after one line naming the call and this place) on failure. */
+#define CU_CHECK(call) cuda_check_cu((call), #call, __FILE__, __LINE__)
+#define LT_CHECK(call) cuda_check_lt((call), #call, __FILE__, __LINE__)
+bool cuda_check_cu(CUresult r, const char *call, const char *file, int line);
+bool cuda_check_lt(cublasStatus_t r, const char *call, const char *file, int line);
+
+#endif

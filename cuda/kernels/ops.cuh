@@ -1,0 +1,632 @@
+/* ops.cuh — the kernel of every graph op that is not a GEMM or attention, one template each.
+ *
+ * Each template implements its op exactly as the reference executor defines it (runtime/ref_*.c):
+ * the same formulas, f32 where the reference computes in f32, f64 where it accumulates in f64,
+ * so that the only differences are the order of f64 sums and the last ulps of expf/tanhf.
+ * Kernels are written for three shapes of work:
+ *   elementwise   a grid-stride loop over the result's elements (any grid size works);
+ *   rows          one thread block per row, the row's sums as block reductions;
+ *   reductions    two launches: fixed partitions write partial results to the node's scratch,
+ *                 then one block adds them in a fixed order. No float atomics anywhere, so
+ *                 every run of a step gives the same bits.
+ * The argument block's tensors are t[0] = result (or the operand updated in place), then the
+ * node's inputs in order; the integer attributes i[] are filled by cuda/spec.c, which names
+ * their meaning next to each op. */
+
+/* ---------------------------------------------------------------- helpers over packs */
+
+/* X...[k]::ld(t[base + k], j) for a run-time k */
+template <int K, class... X> struct CkPick;
+template <int K> struct CkPick<K> {
+    static __device__ __forceinline__ float ld(const CkArgs &, int, i64) { return CK_NAN; }
+    static __device__ __forceinline__ double sum(const CkArgs &, int, i64) { return 0.0; }
+};
+template <int K, class X0, class... X> struct CkPick<K, X0, X...> {
+    static __device__ __forceinline__ float ld(const CkArgs &a, int k, i64 j) {
+        return k == K ? X0::ld(a.t[1 + K], j) : CkPick<K + 1, X...>::ld(a, k, j);
+    }
+    /* sum over every input, in input order, in f64 (ref_add_n) */
+    static __device__ __forceinline__ double sum(const CkArgs &a, double s, i64 j) {
+        s += (double)X0::ld(a.t[1 + K], j);
+        return CkPick<K + 1, X...>::sum(a, s, j);
+    }
+};
+
+/* ---------------------------------------------------------------- elementwise */
+
+template <class Y> __device__ void ck_const(const CkArgs &a) {
+    float v = (float)a.f[0];
+    CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, v);
+}
+
+/* ADD, SUB, MUL; b broadcasts as a suffix (b[i mod nb]) */
+template <int OP, class Y, class A, class B> __device__ void ck_binary(const CkArgs &a) {
+    i64 n = a.t[0].n, nb = a.t[2].n;
+    CK_GRID_STRIDE(i, n) {
+        float x = A::ld(a.t[1], i), y = B::ld(a.t[2], nb == n ? i : i % nb);
+        Y::st(a.t[0], i, OP == OP_ADD ? x + y : OP == OP_SUB ? x - y : x * y);
+    }
+}
+
+template <class Y, class X> __device__ void ck_scale(const CkArgs &a) {
+    float alpha = (float)a.f[0];
+    CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, alpha * X::ld(a.t[1], i));
+}
+
+template <class Y, class... X> __device__ void ck_add_n(const CkArgs &a) {
+    CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, (float)CkPick<0, X...>::sum(a, 0.0, i));
+}
+
+#define CK_GELU_C 0.7978845608028654f
+#define CK_GELU_A 0.044715f
+
+/* GELU, SILU: (x); GELU_BWD, SILU_BWD: (dy, x) */
+template <int OP, class Y, class X0, class X1> __device__ void ck_unary(const CkArgs &a) {
+    CK_GRID_STRIDE(i, a.t[0].n) {
+        float r;
+        if (OP == OP_GELU) {
+            float v = X0::ld(a.t[1], i);
+            r = 0.5f * v * (1.0f + tanhf(CK_GELU_C * (v + CK_GELU_A * v * v * v)));
+        } else if (OP == OP_GELU_BWD) {
+            float v = X1::ld(a.t[2], i), t = tanhf(CK_GELU_C * (v + CK_GELU_A * v * v * v));
+            float du = CK_GELU_C * (1.0f + 3.0f * CK_GELU_A * v * v);
+            r = X0::ld(a.t[1], i) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+        } else if (OP == OP_SILU) {
+            float v = X0::ld(a.t[1], i);
+            r = v / (1.0f + expf(-v));
+        } else {
+            float v = X1::ld(a.t[2], i), s = 1.0f / (1.0f + expf(-v));
+            r = X0::ld(a.t[1], i) * s * (1.0f + v * (1.0f - s));
+        }
+        Y::st(a.t[0], i, r);
+    }
+}
+
+/* CAST, RESHAPE, QUANTIZE (the store through Y's format is the quantization), ASSIGN
+ * (t[0] = the state, t[1] = x), and format conversions around library GEMMs */
+template <class Y, class X> __device__ void ck_copy(const CkArgs &a) {
+    CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, X::ld(a.t[1], i));
+}
+
+/* SLICE, PAD: i = {outer, len_y, len_x, inner, start} */
+template <int PADDING, class Y, class X> __device__ void ck_slice(const CkArgs &a) {
+    i64 ly = a.i[1], lx = a.i[2], inner = a.i[3], start = a.i[4];
+    CK_GRID_STRIDE(i, a.t[0].n) {
+        i64 o = i / (ly * inner), rem = i - o * ly * inner, l = rem / inner, in = rem - l * inner;
+        float v;
+        if (PADDING) {
+            i64 k = l - start;
+            v = k >= 0 && k < lx ? X::ld(a.t[1], (o * lx + k) * inner + in) : 0.0f;
+        } else {
+            v = X::ld(a.t[1], (o * lx + start + l) * inner + in);
+        }
+        Y::st(a.t[0], i, v);
+    }
+}
+
+/* CONCAT: i = {outer, len_y, inner, len_x of input 0, 1, ..} */
+template <class Y, class... X> __device__ void ck_concat(const CkArgs &a) {
+    i64 ly = a.i[1], inner = a.i[2];
+    CK_GRID_STRIDE(i, a.t[0].n) {
+        i64 o = i / (ly * inner), rem = i - o * ly * inner, l = rem / inner, in = rem - l * inner;
+        int k = 0;
+        i64 at = 0;
+        while (k + 1 < a.n_in && l >= at + a.i[3 + k]) at += a.i[3 + k++];
+        i64 lx = a.i[3 + k];
+        Y::st(a.t[0], i, CkPick<0, X...>::ld(a, k, (o * lx + (l - at)) * inner + in));
+    }
+}
+
+/* EMBEDDING (table (V, C), ids): an id out of range reads NaN (the runtime checks tokens
+ * against the vocabulary before they get here) */
+template <class Y, class T, class I> __device__ void ck_embedding(const CkArgs &a) {
+    i64 C = a.t[1].cols, V = a.t[1].rows;
+    CK_GRID_STRIDE(i, a.t[0].n) {
+        i64 r = i / C, c = i - r * C;
+        float v = I::ld(a.t[2], r);
+        bool ok = v >= 0.0f && v < (float)V && v == floorf(v);
+        Y::st(a.t[0], i, ok ? T::ld(a.t[1], (i64)v * C + c) : CK_NAN);
+    }
+}
+
+/* ROPE: i = {head_dim, inverse, C, T}, f = {theta}; over pairs (2j, 2j+1) */
+template <class Y, class X> __device__ void ck_rope(const CkArgs &a) {
+    i64 D = a.i[0], C = a.i[2], T = a.i[3];
+    double sign = a.i[1] ? -1.0 : 1.0, theta = a.f[0];
+    CK_GRID_STRIDE(j, a.t[0].n / 2) {
+        i64 e = 2 * j, c = e % C, p = (e / C) % T, k = (c % D) / 2;
+        double ang = (double)p * pow(theta, -2.0 * (double)k / (double)D);
+        double co = cos(ang), si = sign * sin(ang);
+        double x0 = X::ld(a.t[1], e), x1 = X::ld(a.t[1], e + 1);
+        Y::st(a.t[0], e, (float)(x0 * co - x1 * si));
+        Y::st(a.t[0], e + 1, (float)(x0 * si + x1 * co));
+    }
+}
+
+/* ACCUMULATE: t[0] = the accumulator, updated in place; t[1] = g */
+template <class A, class G> __device__ void ck_accumulate(const CkArgs &a) {
+    CK_GRID_STRIDE(i, a.t[0].n) A::st(a.t[0], i, A::ld(a.t[0], i) + G::ld(a.t[1], i));
+}
+
+/* ---------------------------------------------------------------- optimizer scalars */
+
+/* CLIP_COEF (grad_norm): f = {max_norm} */
+template <class Y, class X> __device__ void ck_clip_coef(const CkArgs &a) {
+    if (blockIdx.x || threadIdx.x) return;
+    double max_norm = a.f[0], norm = X::ld(a.t[1], 0);
+    Y::st(a.t[0], 0, max_norm > 0 ? (float)fmin(1.0, max_norm / (norm + 1e-6)) : 1.0f);
+}
+
+/* GRAD_NORM (grad_scale, sqnorms..): the sqnorms are plain f32 scalars listed in a.table */
+template <class Y, class S> __device__ void ck_grad_norm(const CkArgs &a) {
+    if (blockIdx.x || threadIdx.x) return;
+    double s = 0;
+    for (int k = 0; k < a.n_in - 1; k++) s += a.table[k][0];
+    Y::st(a.t[0], 0, (float)(sqrt(s) * S::ld(a.t[1], 0)));
+}
+
+/* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master]): f = {b1, b2, eps, wd} */
+template <class P, class G, class M, class V, class LR, class ST, class CL, class GS, class W,
+          int MASTER>
+__device__ void ck_adamw(const CkArgs &a) {
+    __shared__ double k[4];   /* lr, gmul, bc1, bc2 */
+    double b1 = a.f[0], b2 = a.f[1], eps = a.f[2], wd = a.f[3];
+    if (threadIdx.x == 0) {
+        double step = ST::ld(a.t[5], 0);
+        k[0] = LR::ld(a.t[4], 0);
+        k[1] = (double)GS::ld(a.t[7], 0) * (double)CL::ld(a.t[6], 0);
+        k[2] = 1 - pow(b1, step);
+        k[3] = 1 - pow(b2, step);
+    }
+    __syncthreads();
+    CK_GRID_STRIDE(i, a.t[0].n) {
+        double g = G::ld(a.t[1], i) * k[1];
+        double m = b1 * M::ld(a.t[2], i) + (1 - b1) * g;
+        double v = b2 * V::ld(a.t[3], i) + (1 - b2) * g * g;
+        double mhat = m / k[2], vhat = v / k[3];
+        double w = MASTER ? (double)W::ld(a.t[8], i) : (double)P::ld(a.t[0], i);
+        w -= k[0] * (mhat / (sqrt(vhat) + eps) + wd * w);
+        M::st(a.t[2], i, (float)m);
+        V::st(a.t[3], i, (float)v);
+        G::st(a.t[1], i, 0.0f);
+        if (MASTER) W::st(a.t[8], i, (float)w);
+        P::st(a.t[0], i, (float)w);
+    }
+}
+
+/* ---------------------------------------------------------------- rows */
+
+/* LAYERNORM (x, w, b) / RMSNORM (x, w): one block per row; i = {C}, f = {eps} */
+template <int LN, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
+    i64 C = a.i[0], r = blockIdx.x;
+    const CkTensor &x = a.t[1];
+    double s = 0;
+    if (LN) {
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x) s += X::ld(x, r * C + c);
+        s = ck_block_sum(s);
+    }
+    double mean = LN ? s / (double)C : 0.0, v = 0;
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+        double d = X::ld(x, r * C + c) - mean;
+        v += d * d;
+    }
+    v = ck_block_sum(v);
+    double rstd = 1.0 / sqrt(v / (double)C + a.f[0]);
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+        double y = (X::ld(x, r * C + c) - mean) * rstd * W::ld(a.t[2], c);
+        if (LN) y += B::ld(a.t[3], c);
+        Y::st(a.t[0], r * C + c, (float)y);
+    }
+}
+
+/* mean and rstd of row r of x (C columns), every thread gets them */
+template <int LN, class X> __device__ void ck_row_stats(const CkTensor &x, i64 r, i64 C, double eps,
+                                                        double *mean, double *rstd) {
+    double s = 0;
+    if (LN) {
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x) s += X::ld(x, r * C + c);
+        s = ck_block_sum(s);
+    }
+    double m = LN ? s / (double)C : 0.0, v = 0;
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+        double d = X::ld(x, r * C + c) - m;
+        v += d * d;
+    }
+    v = ck_block_sum(v);
+    *mean = m;
+    *rstd = 1.0 / sqrt(v / (double)C + eps);
+}
+
+/* *_BWD_X (dy, x, w): i = {C}, f = {eps} */
+template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_bwd_x(const CkArgs &a) {
+    i64 C = a.i[0], r = blockIdx.x;
+    double mean, rstd;
+    ck_row_stats<LN, X>(a.t[2], r, C, a.f[0], &mean, &rstd);
+    double sg = 0, sgx = 0;
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+        double g = (double)DY::ld(a.t[1], r * C + c) * W::ld(a.t[3], c);
+        double xh = (X::ld(a.t[2], r * C + c) - mean) * rstd;
+        sg += g;
+        sgx += g * xh;
+    }
+    sg = ck_block_sum(sg);
+    sgx = ck_block_sum(sgx);
+    double mg = LN ? sg / (double)C : 0.0, mgx = sgx / (double)C;
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+        double g = (double)DY::ld(a.t[1], r * C + c) * W::ld(a.t[3], c);
+        double xh = (X::ld(a.t[2], r * C + c) - mean) * rstd;
+        Y::st(a.t[0], r * C + c, (float)(rstd * (g - mg - xh * mgx)));
+    }
+}
+
+/* the statistics the weight gradient needs, into scratch: mean[R], rstd[R] (f64);
+ * inputs as *_BWD_W (dy, x); i = {C, R}, f = {eps} */
+template <int LN, class X> __device__ void ck_norm_stats(const CkArgs &a) {
+    i64 C = a.i[0], R = a.i[1], r = blockIdx.x;
+    double mean, rstd;
+    ck_row_stats<LN, X>(a.t[2], r, C, a.f[0], &mean, &rstd);
+    if (threadIdx.x == 0) {
+        ((double *)a.scratch)[r] = mean;
+        ((double *)a.scratch)[R + r] = rstd;
+    }
+}
+
+/* Column sums, first launch: grid (ceil(C/32), P), 256 threads as 32 columns x 8 row lanes.
+ * Partition p of P takes rows [p R / P, (p+1) R / P). MODE 0: sum_rows(x = t[1]);
+ * MODE 1: the norm weight gradient, dy (t[1]) * xhat of x (t[2]) with the statistics at the
+ * start of scratch. Partials go to scratch after the statistics: part[p][c] (f64).
+ * i = {C, R, P} */
+template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const CkArgs &a) {
+    __shared__ double acc[8][33];
+    i64 C = a.i[0], R = a.i[1], P = a.i[2], p = blockIdx.y;
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    i64 c = (i64)blockIdx.x * 32 + tx;
+    i64 r0 = p * R / P, r1 = (p + 1) * R / P;
+    const double *stats = (const double *)a.scratch;
+    double s = 0;
+    if (c < C)
+        for (i64 r = r0 + ty; r < r1; r += 8) {
+            if (MODE == 0) {
+                s += X::ld(a.t[1], r * C + c);
+            } else {
+                double xh = (X2::ld(a.t[2], r * C + c) - stats[r]) * stats[R + r];
+                s += (double)X::ld(a.t[1], r * C + c) * xh;
+            }
+        }
+    acc[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        for (int k = 1; k < 8; k++) s += acc[k][tx];
+        double *part = (double *)a.scratch + (MODE == 1 ? 2 * R : 0);
+        part[p * C + c] = s;
+    }
+}
+
+/* second launch: y[c] = sum over p of part[p][c], in order; i = {C, R, P} */
+template <int MODE, class Y> __device__ void ck_colsum_final(const CkArgs &a) {
+    i64 C = a.i[0], R = a.i[1], P = a.i[2];
+    const double *part = (const double *)a.scratch + (MODE == 1 ? 2 * R : 0);
+    CK_GRID_STRIDE(c, C) {
+        double s = 0;
+        for (i64 p = 0; p < P; p++) s += part[p * C + c];
+        Y::st(a.t[0], c, (float)s);
+    }
+}
+
+/* SOFTMAX (x) / SOFTMAX_BWD (dy, y): one block per row; i = {C} */
+template <int BWD, class Y, class X0, class X1> __device__ void ck_softmax(const CkArgs &a) {
+    i64 C = a.i[0], r = blockIdx.x;
+    if (BWD) {
+        double s = 0;
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x)
+            s += (double)X0::ld(a.t[1], r * C + c) * X1::ld(a.t[2], r * C + c);
+        s = ck_block_sum(s);
+        for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+            float p = X1::ld(a.t[2], r * C + c);
+            Y::st(a.t[0], r * C + c, (float)(p * (X0::ld(a.t[1], r * C + c) - s)));
+        }
+        return;
+    }
+    float m = -CK_INF;
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, X0::ld(a.t[1], r * C + c));
+    m = ck_block_max(m);
+    double s = 0;
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) s += exp((double)X0::ld(a.t[1], r * C + c) - m);
+    s = ck_block_sum(s);
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x)
+        Y::st(a.t[0], r * C + c, (float)(exp((double)X0::ld(a.t[1], r * C + c) - m) / s));
+}
+
+/* log-sum-exp of row r of logits l (V columns), every thread gets it */
+template <class L> __device__ double ck_row_lse(const CkTensor &l, i64 r, i64 V) {
+    float m = -CK_INF;
+    for (i64 c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, L::ld(l, r * V + c));
+    m = ck_block_max(m);
+    double s = 0;
+    for (i64 c = threadIdx.x; c < V; c += blockDim.x) s += (double)expf(L::ld(l, r * V + c) - m);
+    s = ck_block_sum(s);
+    return (double)m + log(s);
+}
+
+/* CROSS_ENTROPY (logits, targets), first launch: one block per row, the row's loss into
+ * scratch (f64; NaN for an ignored row, target < 0); i = {V, R} */
+template <class L, class T> __device__ void ck_ce_rows(const CkArgs &a) {
+    i64 V = a.i[0], r = blockIdx.x;
+    float t = T::ld(a.t[2], r);
+    double *loss = (double *)a.scratch;
+    if (t < 0.0f) {
+        if (threadIdx.x == 0) loss[r] = CK_NAN;
+        return;
+    }
+    double lse = ck_row_lse<L>(a.t[1], r, V);
+    i64 ti = (i64)t;
+    if (threadIdx.x == 0)
+        loss[r] = ti < V && t == floorf(t) ? lse - L::ld(a.t[1], r * V + ti) : (double)CK_NAN;
+}
+
+/* second launch, one block: the mean over valid rows */
+template <class Y, class T> __device__ void ck_ce_final(const CkArgs &a) {
+    i64 R = a.i[1];
+    const double *loss = (const double *)a.scratch;
+    double s = 0, n = 0;
+    for (i64 r = threadIdx.x; r < R; r += blockDim.x)
+        if (T::ld(a.t[2], r) >= 0.0f) {
+            s += loss[r];
+            n += 1;
+        }
+    s = ck_block_sum(s);
+    n = ck_block_sum(n);
+    if (threadIdx.x == 0) Y::st(a.t[0], 0, n > 0 ? (float)(s / n) : 0.0f);
+}
+
+/* CROSS_ENTROPY_BWD (dloss, logits, targets), first launch, one block: coef = dloss / valid
+ * rows into scratch[0]; i = {V, R} */
+template <class DL, class T> __device__ void ck_ce_bwd_coef(const CkArgs &a) {
+    i64 R = a.i[1];
+    double n = 0;
+    for (i64 r = threadIdx.x; r < R; r += blockDim.x) n += T::ld(a.t[3], r) >= 0.0f ? 1.0 : 0.0;
+    n = ck_block_sum(n);
+    if (threadIdx.x == 0) ((double *)a.scratch)[0] = n > 0 ? (double)DL::ld(a.t[1], 0) / n : 0.0;
+}
+
+/* second launch, one block per row: dlogits = coef (softmax - onehot(target)) */
+template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) {
+    i64 V = a.i[0], r = blockIdx.x;
+    double coef = ((const double *)a.scratch)[0];
+    float t = T::ld(a.t[3], r);
+    if (t < 0.0f) {
+        for (i64 c = threadIdx.x; c < V; c += blockDim.x) Y::st(a.t[0], r * V + c, 0.0f);
+        return;
+    }
+    double lse = ck_row_lse<L>(a.t[2], r, V);
+    i64 ti = (i64)t;
+    for (i64 c = threadIdx.x; c < V; c += blockDim.x) {
+        double p = (double)expf((float)((double)L::ld(a.t[2], r * V + c) - lse));
+        Y::st(a.t[0], r * V + c, (float)(coef * (p - (c == ti ? 1.0 : 0.0))));
+    }
+}
+
+/* ---------------------------------------------------------------- whole-tensor reductions */
+
+/* first launch of SQNORM, AMAX_RECORD and per-tensor QUANT_SCALE: block b of the grid
+ * writes its partial (sum of squares, f64; or amax, f32, NaN ignored as fmaxf does) to
+ * scratch[b]; x is t[X_AT] */
+template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkArgs &a) {
+    const CkTensor &x = a.t[X_AT];
+    if (SQ) {
+        double s = 0;
+        CK_GRID_STRIDE(i, x.n) {
+            double v = X::ld(x, i);
+            s += v * v;
+        }
+        s = ck_block_sum(s);
+        if (threadIdx.x == 0) ((double *)a.scratch)[blockIdx.x] = s;
+    } else {
+        float m = 0.0f;
+        CK_GRID_STRIDE(i, x.n) m = fmaxf(m, fabsf(X::ld(x, i)));
+        m = ck_block_max(m);
+        if (threadIdx.x == 0) ((float *)a.scratch)[blockIdx.x] = m;
+    }
+}
+
+/* one block over the partials; i = {n_partials, ..} */
+static __device__ double ck_partials_sum(const CkArgs &a) {
+    double s = 0;
+    for (i64 k = threadIdx.x; k < a.i[0]; k += blockDim.x) s += ((const double *)a.scratch)[k];
+    return ck_block_sum(s);
+}
+static __device__ float ck_partials_max(const CkArgs &a) {
+    float m = 0.0f;
+    for (i64 k = threadIdx.x; k < a.i[0]; k += blockDim.x) m = fmaxf(m, ((const float *)a.scratch)[k]);
+    return ck_block_max(m);
+}
+
+template <class Y> __device__ void ck_sqnorm_final(const CkArgs &a) {
+    double s = ck_partials_sum(a);
+    if (threadIdx.x == 0) Y::st(a.t[0], 0, (float)s);
+}
+
+static __device__ __forceinline__ bool ck_amax_usable(double amax) { return amax > 0 && isfinite(amax); }
+
+/* max(elem) / amax / 2^margin, computed in f64 and rounded once (ref_quant.c) */
+static __device__ __forceinline__ float ck_scale_for(double fmax, double amax, i64 margin) {
+    return (float)(fmax / amax / ldexp(1.0, (int)margin));
+}
+
+/* per-tensor QUANT_SCALE, final launch: i = {n_partials, margin}, f = {max of elem} */
+template <class Y> __device__ void ck_quant_scale_final(const CkArgs &a) {
+    float m = ck_partials_max(a);
+    if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+}
+
+/* AMAX_RECORD (history (H), x), final launch: shift the history, record amax at 0 */
+template <class H> __device__ void ck_amax_record_final(const CkArgs &a) {
+    float m = ck_partials_max(a);
+    if (threadIdx.x) return;
+    i64 n = a.t[0].n;
+    for (i64 k = n - 1; k > 0; k--) H::st(a.t[0], k, H::ld(a.t[0], k - 1));
+    H::st(a.t[0], 0, m);
+}
+
+/* DELAYED_SCALE (scale state, history): i = {use_max, margin}, f = {max of elem} */
+template <class S, class H> __device__ void ck_delayed_scale(const CkArgs &a) {
+    if (blockIdx.x || threadIdx.x) return;
+    double amax = H::ld(a.t[1], 0);
+    if (a.i[0])
+        for (i64 k = 1; k < a.t[1].n; k++) amax = fmax(amax, (double)H::ld(a.t[1], k));
+    if (ck_amax_usable(amax)) S::st(a.t[0], 0, ck_scale_for(a.f[0], amax, a.i[1]));
+}
+
+/* QUANT_SCALE per row (one block per row), per group and 1x128 tiles (one thread per
+ * group), per 128x128 block (one block per block); i = {n, margin, group}, f = {max} */
+template <class Y, class X> __device__ void ck_quant_scale_row(const CkArgs &a) {
+    const CkTensor &x = a.t[1];
+    i64 r = blockIdx.x, C = x.cols;
+    float m = 0.0f;
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) m = fmaxf(m, fabsf(X::ld(x, r * C + c)));
+    m = ck_block_max(m);
+    if (threadIdx.x == 0) Y::st(a.t[0], r, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+}
+template <class Y, class X> __device__ void ck_quant_scale_group(const CkArgs &a) {
+    const CkTensor &x = a.t[1];
+    i64 C = x.cols, G = a.i[2], ncg = (C + G - 1) / G;
+    CK_GRID_STRIDE(k, a.t[0].n) {
+        i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
+        float m = 0.0f;
+        for (i64 c = c0; c < c1; c++) m = fmaxf(m, fabsf(X::ld(x, r * C + c)));
+        Y::st(a.t[0], k, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+    }
+}
+template <class Y, class X> __device__ void ck_quant_scale_block(const CkArgs &a) {
+    const CkTensor &x = a.t[1];
+    i64 C = x.cols, R = x.rows, ncb = (C + 127) / 128, k = blockIdx.x;
+    i64 r0 = (k / ncb) * 128, c0 = (k % ncb) * 128;
+    float m = 0.0f;
+    for (int e = threadIdx.x; e < 128 * 128; e += blockDim.x) {
+        i64 r = r0 + e / 128, c = c0 + e % 128;
+        if (r < R && c < C) m = fmaxf(m, fabsf(X::ld(x, r * C + c)));
+    }
+    m = ck_block_max(m);
+    if (threadIdx.x == 0) Y::st(a.t[0], k, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+}
+
+/* ---------------------------------------------------------------- embedding backward
+ * dtable[v] = the sum of dy over the rows whose id is v, those rows in row order (as the
+ * reference sums them). The rows are bucketed by id with integer atomics (a counting sort
+ * whose order inside a bucket depends on timing), then each bucket is sorted by row index
+ * before its rows are summed, so the sum's order — and its bits — never change.
+ * Scratch (int): count[V + 1], first[V + 1], fill[V], order[R], sorted[R]; i = {V, C, R} */
+
+__device__ void ck_eb_zero(const CkArgs &a) {
+    int *count = (int *)a.scratch;
+    CK_GRID_STRIDE(v, a.i[0] + 1) count[v] = 0;
+}
+
+template <class I> __device__ void ck_eb_count(const CkArgs &a) {
+    i64 V = a.i[0];
+    int *count = (int *)a.scratch;
+    CK_GRID_STRIDE(r, a.i[2]) {
+        float id = I::ld(a.t[2], r);
+        if (id >= 0.0f && id < (float)V) atomicAdd(&count[(i64)id], 1);
+    }
+}
+
+/* one block of 1024: exclusive scan of count into first, fill = first */
+__device__ void ck_eb_scan(const CkArgs &a) {
+    __shared__ int carry;
+    __shared__ int warp_sums[32];
+    i64 V = a.i[0];
+    int *count = (int *)a.scratch, *first = count + V + 1, *fill = first + V + 1;
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (i64 base = 0; base <= V; base += blockDim.x) {
+        i64 v = base + threadIdx.x;
+        int x = v < V ? count[v] : 0, incl = x;
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        if (lane == 31) warp_sums[warp] = incl;
+        __syncthreads();
+        if (warp == 0) {
+            int w = lane < (int)(blockDim.x >> 5) ? warp_sums[lane] : 0;
+            for (int o = 1; o < 32; o <<= 1) {
+                int y = __shfl_up_sync(0xffffffffu, w, o);
+                if (lane >= o) w += y;
+            }
+            warp_sums[lane] = w;
+        }
+        __syncthreads();
+        int excl = carry + (warp ? warp_sums[warp - 1] : 0) + incl - x;
+        if (v <= V) first[v] = excl;
+        if (v < V) fill[v] = excl;
+        __syncthreads();
+        if (threadIdx.x == blockDim.x - 1) carry = excl + x;
+        __syncthreads();
+    }
+}
+
+template <class I> __device__ void ck_eb_scatter(const CkArgs &a) {
+    i64 V = a.i[0], R = a.i[2];
+    int *first = (int *)a.scratch + V + 1, *fill = first + V + 1, *order = fill + V;
+    CK_GRID_STRIDE(r, R) {
+        float id = I::ld(a.t[2], r);
+        if (id >= 0.0f && id < (float)V) order[atomicAdd(&fill[(i64)id], 1)] = (int)r;
+    }
+}
+
+/* one block per id: sort its bucket by row (ranks: the rows are distinct), then sum */
+template <class Y, class DY> __device__ void ck_eb_sum(const CkArgs &a) {
+    i64 V = a.i[0], C = a.i[1], R = a.i[2], v = blockIdx.x;
+    int *first = (int *)a.scratch + V + 1, *order = first + 2 * (V + 1) - 1, *sorted = order + R;
+    int lo = first[v], k = first[v + 1] - lo;
+    for (int e = threadIdx.x; e < k; e += blockDim.x) {
+        int row = order[lo + e], rank = 0;
+        for (int j = 0; j < k; j++) rank += order[lo + j] < row;
+        sorted[lo + rank] = row;
+    }
+    __syncthreads();
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+        double s = 0;
+        for (int j = 0; j < k; j++) s += DY::ld(a.t[1], (i64)sorted[lo + j] * C + c);
+        Y::st(a.t[0], v * C + c, (float)s);
+    }
+}
+
+/* ---------------------------------------------------------------- around library GEMMs */
+
+template <int B> struct CkBytes;
+template <> struct CkBytes<1> { typedef unsigned char T; };
+template <> struct CkBytes<2> { typedef unsigned short T; };
+template <> struct CkBytes<4> { typedef unsigned T; };
+
+/* out (cols, rows) = in (rows, cols), element bytes as they are (a per-tensor scale is the
+ * same for the transpose); t[0] out, t[1] in; 32 x 32 tiles, 256 threads */
+template <int BYTES> __device__ void ck_transpose(const CkArgs &a) {
+    typedef typename CkBytes<BYTES>::T T;
+    __shared__ T tile[32][33];
+    i64 R = a.t[1].rows, C = a.t[1].cols;
+    i64 c0 = (i64)blockIdx.x * 32, r0 = (i64)blockIdx.y * 32;
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const T *in = (const T *)a.t[1].p;
+    T *out = (T *)a.t[0].p;
+    for (int k = ty; k < 32; k += 8)
+        if (r0 + k < R && c0 + tx < C) tile[k][tx] = in[(r0 + k) * C + c0 + tx];
+    __syncthreads();
+    for (int k = ty; k < 32; k += 8)
+        if (c0 + k < C && r0 + tx < R) out[(c0 + k) * R + r0 + tx] = tile[tx][k];
+}
+
+/* the dequantization scales cuBLASLt multiplies by: scratch[k] = 1 / scale of t[1 + k] */
+__device__ void ck_inv_scales(const CkArgs &a) {
+    if (threadIdx.x < 2 && a.t[1 + threadIdx.x].p)
+        ((float *)a.scratch)[threadIdx.x] = 1.0f / ((const float *)a.t[1 + threadIdx.x].p)[0];
+}
+
+/* whether every element of t[0] is finite: scratch (an int flag, zeroed before) gets 1 if not */
+template <class X> __device__ void ck_all_finite(const CkArgs &a) {
+    int bad = 0;
+    CK_GRID_STRIDE(i, a.t[0].n) bad |= !isfinite(X::ld(a.t[0], i));
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr((int *)a.scratch, 1);
+}

@@ -1,0 +1,175 @@
+/* prelude.cuh — what every generated kernel module starts with: element types, scaled
+ * loads and stores, block reductions.
+ *
+ * Loads and stores are where the GPU must agree with the reference executor bit for bit:
+ * a load decodes the element exactly (every code of every format is an f32 value) and then
+ * divides by its scale with IEEE division, as ref_load does; a store multiplies by the scale
+ * and rounds with CUDA's own conversions (bf16 round-to-nearest-even, FP8 saturating to the
+ * largest finite value), which ir/numerics.c reproduces on the CPU. Everything else in the
+ * kernels is ordinary float math whose differences from the reference stay within the
+ * tolerances stated by the tests.
+ *
+ * Element type and scaling kind are template parameters (F<E, S>): the code for an
+ * unscaled bf16 tensor has no scale lookup at all. The enums FMT_* and SCALE_* are emitted by
+ * the renderer from ir/formats.def and ir.h ahead of this text. */
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+typedef long long i64;
+
+#define CK_INF __int_as_float(0x7f800000)
+#define CK_NAN __int_as_float(0x7fffffff)
+
+/* ---------------------------------------------------------------- element types */
+
+template <int E> struct Elem;
+template <> struct Elem<FMT_F32> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) { return ((const float *)p)[i]; }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) { ((float *)p)[i] = v; }
+};
+template <> struct Elem<FMT_BF16> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) {
+        return __uint_as_float((unsigned)((const unsigned short *)p)[i] << 16);
+    }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) {
+        __nv_bfloat16 h = __float2bfloat16_rn(v);
+        ((unsigned short *)p)[i] = *(unsigned short *)&h;
+    }
+};
+template <> struct Elem<FMT_F16> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) {
+        unsigned short b = ((const unsigned short *)p)[i];
+        return __half2float(*(__half *)&b);
+    }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) {
+        __half h = __float2half_rn(v);
+        ((unsigned short *)p)[i] = *(unsigned short *)&h;
+    }
+};
+template <> struct Elem<FMT_E4M3> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) {
+        __half_raw h = __nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)p)[i], __NV_E4M3);
+        return __half2float(*(__half *)&h);
+    }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) {
+        ((__nv_fp8_storage_t *)p)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    }
+};
+template <> struct Elem<FMT_E5M2> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) {
+        __half_raw h = __nv_cvt_fp8_to_halfraw(((const __nv_fp8_storage_t *)p)[i], __NV_E5M2);
+        return __half2float(*(__half *)&h);
+    }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) {
+        ((__nv_fp8_storage_t *)p)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+    }
+};
+
+/* Integer types round to nearest even after clamping; NaN stores 0 (num_encode). */
+static __device__ __forceinline__ float ck_round_int(float x, float lo, float hi) {
+    if (x != x) return 0.0f;
+    if (x <= lo) return lo;
+    if (x >= hi) return hi;
+    return rintf(x);
+}
+template <> struct Elem<FMT_I8> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) { return (float)((const signed char *)p)[i]; }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) {
+        ((signed char *)p)[i] = (signed char)ck_round_int(v, -128.0f, 127.0f);
+    }
+};
+template <> struct Elem<FMT_U8> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) { return (float)((const unsigned char *)p)[i]; }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) {
+        ((unsigned char *)p)[i] = (unsigned char)ck_round_int(v, 0.0f, 255.0f);
+    }
+};
+template <> struct Elem<FMT_I32> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) { return (float)((const int *)p)[i]; }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) {
+        int q;
+        if (v != v) q = 0;
+        else if (v >= 2147483648.0f) q = 2147483647;
+        else if (v <= -2147483648.0f) q = (int)0x80000000u;
+        else q = (int)rintf(v);
+        ((int *)p)[i] = q;
+    }
+};
+
+/* ---------------------------------------------------------------- scaled formats */
+
+/* Index of the scale of flat element i (ref_scale_index). */
+template <int S> static __device__ __forceinline__ i64 ck_scale_index(const CkTensor &t, i64 i) {
+    if (S == SCALE_PER_TENSOR) return 0;
+    i64 r = i / t.cols, c = i - r * t.cols;
+    if (S == SCALE_PER_ROW) return r;
+    if (S == SCALE_BLOCK_128) return (r / 128) * t.ncg + c / 128;
+    return r * t.ncg + c / t.group;   /* per group, 1x128 tiles */
+}
+
+template <int S> static __device__ __forceinline__ float ck_scale(const CkTensor &t, i64 i) {
+    return t.s ? t.s[ck_scale_index<S>(t, i)] : t.sconst;
+}
+
+/* F<E, S>: a tensor of element type E and scaling S. */
+template <int E, int S> struct F {
+    enum { elem = E, scaling = S };
+    static __device__ __forceinline__ float ld(const CkTensor &t, i64 i) {
+        float v = Elem<E>::ld(t.p, i);
+        if (S != SCALE_NONE) v = v / ck_scale<S>(t, i);
+        return v;
+    }
+    static __device__ __forceinline__ void st(const CkTensor &t, i64 i, float v) {
+        if (S != SCALE_NONE) v = v * ck_scale<S>(t, i);
+        Elem<E>::st(t.p, i, v);
+    }
+    /* what a load reads back after a store of v (nothing is written) */
+    static __device__ __forceinline__ float round(const CkTensor &t, i64 i, float v) {
+        float s = S != SCALE_NONE ? ck_scale<S>(t, i) : 1.0f;
+        if (S != SCALE_NONE) v = v * s;
+        unsigned char buf[4];
+        Elem<E>::st(buf, 0, v);
+        float r = Elem<E>::ld(buf, 0);
+        return S != SCALE_NONE ? r / s : r;
+    }
+};
+
+/* ---------------------------------------------------------------- reductions
+ * Fixed shapes, fixed order: a block reduction adds the same values in the same tree every
+ * run, so results are repeatable bit for bit. */
+
+template <class T> static __device__ __forceinline__ T ck_warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float ck_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
+template <class T> static __device__ T ck_block_sum(T v) {
+    __shared__ T part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = ck_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    T s = lane < nw ? part[lane] : (T)0;
+    return ck_warp_sum(s);
+}
+
+static __device__ float ck_block_max(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = ck_warp_max(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float s = lane < nw ? part[lane] : -CK_INF;
+    return ck_warp_max(s);
+}
+
+#define CK_GRID_STRIDE(i, n) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)

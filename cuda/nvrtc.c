@@ -1,0 +1,243 @@
+/* nvrtc.c — GPU kernels compiled at `fp8c build`, with NVRTC, once per distinct module.
+ *
+ * The training binary carries a cubin for sm_90a (Hopper, with its architecture-specific
+ * instructions) and must never compile anything at run time, so all compilation happens
+ * here, in the compiler, through NVRTC (no nvcc, no GPU needed). The PTX of the same module
+ * is kept beside the cubin in the cache for inspection. Compiling the kernel library takes
+ * seconds, so results are cached under a key that hashes the module text, the options and
+ * NVRTC's version: a rebuild of an unchanged model compiles nothing.
+ *
+ * Options: -std=c++17, --fmad=false (no contraction of a*b+c that the reference executor does
+ * not do; the attention kernels ask for fused multiply-adds explicitly with fmaf), the
+ * toolkit's include directory for cuda_fp8.h and friends. When NVRTC rejects a module the
+ * numbered source and NVRTC's log are printed: that is a compiler bug, and the two together
+ * are what it takes to fix it. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu.h"
+
+#ifdef FP8C_HAVE_NVRTC
+#include <nvrtc.h>
+#endif
+
+#ifndef FP8C_CUDA_INCLUDE
+#define FP8C_CUDA_INCLUDE "/usr/local/cuda/include"
+#endif
+
+#define NVRTC_ARCH "sm_90a"
+
+bool cuda_compiler_available(void) {
+#ifdef FP8C_HAVE_NVRTC
+    return true;
+#else
+    return false;
+#endif
+}
+
+void cuda_binary_free(CudaBinary *b) {
+    free(b->cubin);
+    free(b->ptx);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---------------------------------------------------------------- the cache */
+
+static bool cache_dir(char *out, size_t len) {
+    const char *no = getenv("FP8C_NO_CACHE");
+    if (no && *no && strcmp(no, "0") != 0) return false;
+    const char *d = getenv("FP8C_CACHE_DIR");
+    if (d && *d) snprintf(out, len, "%s", d);
+    else if ((d = getenv("XDG_CACHE_HOME")) && *d) snprintf(out, len, "%s/fp8c", d);
+    else if ((d = getenv("HOME")) && *d) snprintf(out, len, "%s/.cache/fp8c", d);
+    else return false;
+    /* mkdir -p */
+    for (char *p = out + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(out, 0777);
+        *p = '/';
+    }
+    return mkdir(out, 0777) == 0 || errno == EEXIST;
+}
+
+static void *read_all(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) buf[n] = 0, *size = (size_t)n;
+    return buf;
+}
+
+/* written to a temp file and renamed: a concurrent build never reads half a cubin */
+static void write_all(const char *path, const void *data, size_t size) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    bool ok = fwrite(data, 1, size, f) == size;
+    if (fclose(f) != 0) ok = false;
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+/* ---------------------------------------------------------------- compiling */
+
+#ifdef FP8C_HAVE_NVRTC
+static void print_numbered(const char *src) {
+    int line = 1;
+    fprintf(stderr, "%5d  ", line);
+    for (const char *p = src; *p; p++) {
+        fputc(*p, stderr);
+        if (*p == '\n' && p[1]) fprintf(stderr, "%5d  ", ++line);
+    }
+    fputc('\n', stderr);
+}
+
+#define NVRTC_CHECK(call)                                                                    \
+    do {                                                                                     \
+        nvrtcResult r_ = (call);                                                             \
+        if (r_ != NVRTC_SUCCESS) {                                                           \
+            fprintf(stderr, "fp8c: error: NVRTC: %s failed: %s at %s:%d\n", #call,           \
+                    nvrtcGetErrorString(r_), __FILE__, __LINE__);                            \
+            goto fail;                                                                       \
+        }                                                                                    \
+    } while (0)
+
+static bool nvrtc_run(const char *src, const char *name, const char *const *opts, int n_opts,
+                      bool want_cubin, void **out, size_t *out_size) {
+    nvrtcProgram prog = NULL;
+    char *log = NULL;
+    *out = NULL;
+    NVRTC_CHECK(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL));
+    nvrtcResult r = nvrtcCompileProgram(prog, n_opts, opts);
+    if (r != NVRTC_SUCCESS) {
+        size_t log_size = 0;
+        nvrtcGetProgramLogSize(prog, &log_size);
+        log = malloc(log_size + 1);
+        if (log) {
+            log[0] = 0;
+            nvrtcGetProgramLog(prog, log);
+        }
+        fprintf(stderr, "fp8c: error: NVRTC rejected the generated GPU module %s (%s); the "
+                "source follows, then NVRTC's log\n", name, nvrtcGetErrorString(r));
+        print_numbered(src);
+        fprintf(stderr, "---- NVRTC log (options:");
+        for (int i = 0; i < n_opts; i++) fprintf(stderr, " %s", opts[i]);
+        fprintf(stderr, ")\n%s\n", log ? log : "(no log)");
+        goto fail;
+    }
+    size_t size = 0;
+    if (want_cubin) {
+        NVRTC_CHECK(nvrtcGetCUBINSize(prog, &size));
+        *out = malloc(size ? size : 1);
+        if (!*out) goto fail;
+        NVRTC_CHECK(nvrtcGetCUBIN(prog, *out));
+    } else {
+        NVRTC_CHECK(nvrtcGetPTXSize(prog, &size));
+        *out = malloc(size + 1);
+        if (!*out) goto fail;
+        NVRTC_CHECK(nvrtcGetPTX(prog, *out));
+        ((char *)*out)[size] = 0;
+    }
+    *out_size = size;
+    nvrtcDestroyProgram(&prog);
+    return true;
+fail:
+    free(log);
+    free(*out);
+    *out = NULL;
+    if (prog) nvrtcDestroyProgram(&prog);
+    return false;
+}
+#endif
+
+bool cuda_compile_source(const char *src, const char *name, CudaBinary *out) {
+    memset(out, 0, sizeof *out);
+#ifndef FP8C_HAVE_NVRTC
+    (void)src, (void)name;
+    fprintf(stderr, "fp8c: error: this fp8c was built without NVRTC: it cannot compile GPU kernels\n");
+    return false;
+#else
+    const char *inc = getenv("FP8C_CUDA_INCLUDE");
+    char inc_opt[1100];
+    snprintf(inc_opt, sizeof inc_opt, "-I%s", inc && *inc ? inc : FP8C_CUDA_INCLUDE);
+    const char *opts_cubin[] = {"--gpu-architecture=" NVRTC_ARCH, "-std=c++17", "--fmad=false",
+                                "-default-device", inc_opt};
+    const char *opts_ptx[] = {"--gpu-architecture=compute_90a", "-std=c++17", "--fmad=false",
+                              "-default-device", inc_opt};
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    uint64_t h = cuda_hash(0, src, strlen(src));
+    for (size_t i = 0; i < sizeof opts_cubin / sizeof *opts_cubin; i++)
+        h = cuda_hash(h, opts_cubin[i], strlen(opts_cubin[i]) + 1);
+    h = cuda_hash(h, &major, sizeof major);
+    h = cuda_hash(h, &minor, sizeof minor);
+
+    char dir[4096], cubin_path[4200], ptx_path[4200];
+    bool cache = cache_dir(dir, sizeof dir);
+    if (cache) {
+        snprintf(cubin_path, sizeof cubin_path, "%s/cuda-%016llx.cubin", dir, (unsigned long long)h);
+        snprintf(ptx_path, sizeof ptx_path, "%s/cuda-%016llx.ptx", dir, (unsigned long long)h);
+        size_t size = 0, psize = 0;
+        out->cubin = read_all(cubin_path, &size);
+        out->ptx = read_all(ptx_path, &psize);
+        if (out->cubin && out->ptx && size > 0) {
+            out->cubin_size = size;
+            out->cached = true;
+            return true;
+        }
+        cuda_binary_free(out);
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    void *cubin = NULL, *ptx = NULL;
+    size_t cubin_size = 0, ptx_size = 0;
+    if (!nvrtc_run(src, name, opts_cubin, 5, true, &cubin, &cubin_size)) return false;
+    if (!nvrtc_run(src, name, opts_ptx, 5, false, &ptx, &ptx_size)) {
+        free(cubin);
+        return false;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    out->cubin = cubin;
+    out->cubin_size = cubin_size;
+    out->ptx = ptx;
+    out->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    if (cache) {
+        write_all(ptx_path, ptx, ptx_size);
+        write_all(cubin_path, cubin, cubin_size);
+    }
+    return true;
+#endif
+}
+
+bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *why, size_t why_len) {
+    memset(out, 0, sizeof *out);
+    *skipped = false;
+    Arena *a = arena_new();
+    CuNodePlan *plans = cuda_plan_graph(g, a, why, why_len);
+    if (!plans) {
+        *skipped = true;
+        arena_free(a);
+        return true;
+    }
+    int n_kernels = 0;
+    char *src = cuda_render_module(g, plans, a, &n_kernels);
+    char name[256];
+    snprintf(name, sizeof name, "%s.cu", g->model_name && *g->model_name ? g->model_name : "module");
+    bool ok = cuda_compile_source(src, name, out);
+    arena_free(a);
+    return ok;
+}

@@ -1,0 +1,868 @@
+/* spec.c — what the GPU runs for each node: kernels of the library, or a cuBLASLt GEMM.
+ *
+ * The compiler (to know which kernels to compile) and the training binary (to launch them)
+ * both call cuda_plan_node on the same scheduled graph, so the plan is never stored: it is a
+ * pure function of the node, its tensors' shapes and formats, and its attributes. A launch
+ * names the library template it instantiates ("ck_norm<1, F<FMT_BF16, SCALE_NONE>, ..>(a)")
+ * and its function is named after a hash of that text, so equal instantiations in different
+ * layers are one function in the module. The argument block is filled here except for the
+ * device pointers, which the executor resolves from the refs (a node's tensor and its scale
+ * array, or an offset into the node's scratch).
+ *
+ * Conventions of the argument block: t[0] is the result and t[1..] the inputs in order; for
+ * the in-place ops (accumulate, assign, adamw, amax_record, delayed_scale) t[k] is input k,
+ * the operand they update first. Reductions use the node's scratch for partial results;
+ * GEMMs use it for transposed FP8 copies, f32 copies of operands in formats cuBLASLt cannot
+ * read, and the dequantization scales. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu.h"
+
+_Static_assert(SCALE_COUNT == 6, "scaling names below follow ir.h");
+static const char *const scale_enum[SCALE_COUNT] = {
+    "SCALE_NONE", "SCALE_PER_TENSOR", "SCALE_PER_ROW", "SCALE_PER_GROUP", "SCALE_TILE_1x128",
+    "SCALE_BLOCK_128",
+};
+
+enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BLOCKS = 512 };
+
+typedef struct {
+    Arena *arena;
+    const Node *n;
+    CuNodePlan *plan;
+    int cap;
+    char *why;
+    size_t why_len;
+    bool failed;
+} Spec;
+
+uint64_t cuda_hash(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    if (!h) h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static bool spec_fail(Spec *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool spec_fail(Spec *s, const char *fmt, ...) {
+    if (!s->failed) {
+        char msg[384];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        const Node *n = s->n;
+        snprintf(s->why, s->why_len, "%s %%%d%s%s: %s", ir_op_info(n->op)->text, n->id,
+                 n->t.name ? " " : "", n->t.name ? n->t.name : "", msg);
+    }
+    s->failed = true;
+    return false;
+}
+
+static int64_t rows_of(const Tensor *t) {
+    int64_t r = 1;
+    for (int i = 0; i + 1 < t->rank; i++) r *= t->dims[i];
+    return r;
+}
+static int64_t cols_of(const Tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+static unsigned grid_elem(int64_t n) {
+    int64_t b = (n + ELEM_THREADS - 1) / ELEM_THREADS;
+    return (unsigned)(b < 1 ? 1 : b > ELEM_MAX_BLOCKS ? ELEM_MAX_BLOCKS : b);
+}
+
+static void elem_enum(ElemType e, char *out, size_t len) {
+    const char *name = fmt_elem_name(e);
+    size_t k = (size_t)snprintf(out, len, "FMT_");
+    for (const char *p = name; *p && k + 1 < len; p++) out[k++] = (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+    out[k] = 0;
+}
+
+/* The template argument for a tensor's format: F<FMT_BF16, SCALE_NONE>. */
+static const char *fmt_arg(Spec *s, const Tensor *t) {
+    char e[32];
+    elem_enum(t->fmt.elem, e, sizeof e);
+    return arena_printf(s->arena, "F<%s, %s>", e, scale_enum[t->fmt.scaling]);
+}
+static const char *F32_ARG = "F<FMT_F32, SCALE_NONE>";
+
+/* Whether the kernels can read and write t: storage, a plain codec, scales they can find. */
+static bool spec_check_tensor(Spec *s, const Tensor *t, const char *what) {
+    const Format *f = &t->fmt;
+    if (f->elem == FMT_VOID) return spec_fail(s, "%s has no storage", what);
+    if (f->codec != CODEC_PLAIN)
+        return spec_fail(s, "%s uses codec '%s', which the GPU kernels do not implement yet", what,
+                         fmt_codec_name(f->codec));
+    if (f->scaling != SCALE_NONE) {
+        if (f->scaling == SCALE_PER_GROUP && f->group <= 0)
+            return spec_fail(s, "%s: per-group scaling without a group size", what);
+        if (!f->scale && f->recipe != RECIPE_STATIC)
+            return spec_fail(s, "%s is scaled but has no scale tensor", what);
+        if (f->scale && (f->scale->t.fmt.elem != FMT_F32 || f->scale->t.fmt.scaling != SCALE_NONE))
+            return spec_fail(s, "%s: its scales are not plain f32", what);
+    }
+    return true;
+}
+
+static CkTensor ck_tensor_of(const Tensor *t) {
+    CkTensor c;
+    memset(&c, 0, sizeof c);
+    c.n = ir_numel(t);
+    c.rows = rows_of(t);
+    c.cols = cols_of(t);
+    c.sconst = 1.0f;
+    const Format *f = &t->fmt;
+    switch (f->scaling) {
+    case SCALE_PER_GROUP:
+        c.group = f->group;
+        c.ncg = (c.cols + f->group - 1) / f->group;
+        break;
+    case SCALE_TILE_1x128:
+    case SCALE_BLOCK_128:
+        c.group = 128;
+        c.ncg = (c.cols + 127) / 128;
+        break;
+    default: c.group = 1; break;
+    }
+    if (f->scaling != SCALE_NONE && !f->scale) c.sconst = f->static_scale;
+    return c;
+}
+
+/* Appends a launch of `body` (a call of a library template on the argument block a). */
+static CuLaunch *spec_launch(Spec *s, const char *tag, unsigned grid, unsigned block,
+                             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static CuLaunch *spec_launch(Spec *s, const char *tag, unsigned grid, unsigned block,
+                             const char *fmt, ...) {
+    CuNodePlan *p = s->plan;
+    if (p->n_launch == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 4;
+        CuLaunch *grown = arena_alloc(s->arena, sizeof *grown * (size_t)cap);
+        if (p->n_launch) memcpy(grown, p->launch, sizeof *grown * (size_t)p->n_launch);
+        p->launch = grown;
+        s->cap = cap;
+    }
+    CuLaunch *l = &p->launch[p->n_launch++];
+    memset(l, 0, sizeof *l);
+    l->kind = CU_KERNEL;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(l->body, sizeof l->body, fmt, ap);
+    va_end(ap);
+    uint64_t h = cuda_hash(0, l->body, strlen(l->body));
+    snprintf(l->fn, sizeof l->fn, "%s_%016llx", tag, (unsigned long long)h);
+    l->grid[0] = grid;
+    l->grid[1] = 1;
+    l->block = block;
+    l->scratch = -1;
+    for (int i = 0; i < CK_MAX_TENSORS; i++) l->ref[i].scratch = -1;
+    return l;
+}
+
+/* t[k] = node m's tensor */
+static void arg_node(CuLaunch *l, int k, const Node *m) {
+    l->args.t[k] = ck_tensor_of(&m->t);
+    l->ref[k].node = m;
+    l->ref[k].scratch = -1;
+    l->ref_scale[k] = m->t.fmt.scaling != SCALE_NONE && m->t.fmt.scale != NULL;
+}
+
+/* t[k] = a plain f32 (rows, cols) array at byte `off` of the node's scratch */
+static void arg_scratch(CuLaunch *l, int k, int64_t off, int64_t rows, int64_t cols) {
+    CkTensor c;
+    memset(&c, 0, sizeof c);
+    c.n = rows * cols;
+    c.rows = rows;
+    c.cols = cols;
+    c.group = 1;
+    c.sconst = 1.0f;
+    l->args.t[k] = c;
+    l->ref[k].node = NULL;
+    l->ref[k].scratch = off;
+}
+
+static void need_scratch(Spec *s, int64_t bytes) {
+    bytes = (bytes + 255) / 256 * 256;
+    if (bytes > s->plan->scratch_bytes) s->plan->scratch_bytes = bytes;
+}
+
+/* the node's result then every input, as t[0], t[1..] */
+static void args_result_inputs(CuLaunch *l, const Node *n) {
+    arg_node(l, 0, n);
+    for (int i = 0; i < n->n_in; i++) arg_node(l, 1 + i, n->in[i]);
+    l->args.n_in = n->n_in;
+}
+static void args_inputs(CuLaunch *l, const Node *n) {
+    for (int i = 0; i < n->n_in; i++) arg_node(l, i, n->in[i]);
+    l->args.n_in = n->n_in;
+}
+
+static bool check_io(Spec *s, const Node *n, bool result) {
+    if (result && !spec_check_tensor(s, &n->t, "the result")) return false;
+    for (int i = 0; i < n->n_in; i++) {
+        char what[32];
+        snprintf(what, sizeof what, "input %d", i);
+        if (!spec_check_tensor(s, &n->in[i]->t, what)) return false;
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- op groups */
+
+static bool plan_elementwise(Spec *s) {
+    const Node *n = s->n;
+    const Tensor *y = &n->t;
+    int64_t count = ir_numel(y);
+    CuLaunch *l;
+    const char *Y = fmt_arg(s, y);
+    switch (n->op) {
+    case OP_CONST:
+        if (!check_io(s, n, true)) return false;
+        l = spec_launch(s, "const", grid_elem(count), ELEM_THREADS, "ck_const<%s>(a)", Y);
+        arg_node(l, 0, n);
+        l->args.f[0] = n->fattr[0];
+        return true;
+    case OP_ADD: case OP_SUB: case OP_MUL: {
+        if (!check_io(s, n, true)) return false;
+        int64_t na = ir_numel(&n->in[0]->t), nb = ir_numel(&n->in[1]->t);
+        if (nb == 0 || na % nb || na != count) return spec_fail(s, "cannot broadcast");
+        l = spec_launch(s, "binary", grid_elem(count), ELEM_THREADS, "ck_binary<%s, %s, %s, %s>(a)",
+                        n->op == OP_ADD ? "OP_ADD" : n->op == OP_SUB ? "OP_SUB" : "OP_MUL", Y,
+                        fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        args_result_inputs(l, n);
+        return true;
+    }
+    case OP_SCALE:
+        if (!check_io(s, n, true)) return false;
+        l = spec_launch(s, "scale", grid_elem(count), ELEM_THREADS, "ck_scale<%s, %s>(a)", Y,
+                        fmt_arg(s, &n->in[0]->t));
+        args_result_inputs(l, n);
+        l->args.f[0] = n->fattr[0];
+        return true;
+    case OP_ADD_N: case OP_CONCAT: {
+        if (!check_io(s, n, true)) return false;
+        int max = n->op == OP_ADD_N ? CK_MAX_TENSORS - 1 : CK_MAX_IATTR - 3;
+        if (n->n_in > max) return spec_fail(s, "more than %d inputs", max);
+        char list[512] = "";
+        for (int i = 0; i < n->n_in; i++) {
+            size_t at = strlen(list);
+            snprintf(list + at, sizeof list - at, ", %s", fmt_arg(s, &n->in[i]->t));
+        }
+        if (n->op == OP_ADD_N) {
+            l = spec_launch(s, "add_n", grid_elem(count), ELEM_THREADS, "ck_add_n<%s%s>(a)", Y, list);
+            args_result_inputs(l, n);
+            return true;
+        }
+        int axis = (int)(n->iattr[0] < 0 ? n->iattr[0] + y->rank : n->iattr[0]);
+        if (axis < 0 || axis >= y->rank) return spec_fail(s, "bad axis");
+        int64_t outer = 1, inner = 1;
+        for (int i = 0; i < axis; i++) outer *= y->dims[i];
+        for (int i = axis + 1; i < y->rank; i++) inner *= y->dims[i];
+        l = spec_launch(s, "concat", grid_elem(count), ELEM_THREADS, "ck_concat<%s%s>(a)", Y, list);
+        args_result_inputs(l, n);
+        l->args.i[0] = outer;
+        l->args.i[1] = y->dims[axis];
+        l->args.i[2] = inner;
+        for (int i = 0; i < n->n_in; i++) l->args.i[3 + i] = n->in[i]->t.dims[axis];
+        return true;
+    }
+    case OP_GELU: case OP_SILU: case OP_GELU_BWD: case OP_SILU_BWD: {
+        if (!check_io(s, n, true)) return false;
+        const char *op = n->op == OP_GELU ? "OP_GELU" : n->op == OP_SILU ? "OP_SILU"
+                         : n->op == OP_GELU_BWD ? "OP_GELU_BWD" : "OP_SILU_BWD";
+        l = spec_launch(s, "unary", grid_elem(count), ELEM_THREADS, "ck_unary<%s, %s, %s, %s>(a)",
+                        op, Y, fmt_arg(s, &n->in[0]->t),
+                        n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
+        args_result_inputs(l, n);
+        return true;
+    }
+    case OP_CAST: case OP_RESHAPE: case OP_QUANTIZE:
+        if (!check_io(s, n, true)) return false;
+        if (ir_numel(&n->in[0]->t) != count) return spec_fail(s, "element counts differ");
+        l = spec_launch(s, "copy", grid_elem(count), ELEM_THREADS, "ck_copy<%s, %s>(a)", Y,
+                        fmt_arg(s, &n->in[0]->t));
+        arg_node(l, 0, n);
+        arg_node(l, 1, n->in[0]);
+        l->args.n_in = 1;
+        return true;
+    case OP_SLICE: case OP_PAD: {
+        if (!check_io(s, n, true)) return false;
+        const Tensor *x = &n->in[0]->t;
+        int axis = (int)(n->iattr[0] < 0 ? n->iattr[0] + y->rank : n->iattr[0]);
+        if (axis < 0 || axis >= y->rank || x->rank != y->rank) return spec_fail(s, "bad axis");
+        int64_t outer = 1, inner = 1;
+        for (int i = 0; i < axis; i++) outer *= y->dims[i];
+        for (int i = axis + 1; i < y->rank; i++) inner *= y->dims[i];
+        l = spec_launch(s, "slice", grid_elem(count), ELEM_THREADS, "ck_slice<%d, %s, %s>(a)",
+                        n->op == OP_PAD, Y, fmt_arg(s, x));
+        args_result_inputs(l, n);
+        l->args.i[0] = outer;
+        l->args.i[1] = y->dims[axis];
+        l->args.i[2] = x->dims[axis];
+        l->args.i[3] = inner;
+        l->args.i[4] = n->iattr[1];
+        return true;
+    }
+    case OP_EMBEDDING:
+        if (!check_io(s, n, true)) return false;
+        if (n->in[0]->t.rank != 2) return spec_fail(s, "the table is not (V, C)");
+        l = spec_launch(s, "embedding", grid_elem(count), ELEM_THREADS, "ck_embedding<%s, %s, %s>(a)",
+                        Y, fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        args_result_inputs(l, n);
+        return true;
+    case OP_ROPE: {
+        if (!check_io(s, n, true)) return false;
+        if (y->rank < 2 || n->iattr[0] <= 0 || n->iattr[0] % 2 || cols_of(y) % n->iattr[0])
+            return spec_fail(s, "head_dim does not split the columns into even heads");
+        l = spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%s, %s>(a)", Y,
+                        fmt_arg(s, &n->in[0]->t));
+        args_result_inputs(l, n);
+        l->args.i[0] = n->iattr[0];
+        l->args.i[1] = n->iattr[1];
+        l->args.i[2] = cols_of(y);
+        l->args.i[3] = y->dims[y->rank - 2];
+        l->args.f[0] = n->fattr[0];
+        return true;
+    }
+    default: break;
+    }
+    return spec_fail(s, "not an elementwise op");
+}
+
+/* t[x_at] reduced over the whole tensor: partial launch (SQ: sum of squares, else amax) */
+static CuLaunch *plan_partials(Spec *s, bool sq, int x_at, const Node *x) {
+    int64_t count = ir_numel(&x->t);
+    unsigned blocks = grid_elem(count);
+    if (blocks > PARTIAL_BLOCKS) blocks = PARTIAL_BLOCKS;
+    CuLaunch *l = spec_launch(s, sq ? "sqpart" : "amaxpart", blocks, ROW_THREADS,
+                              "ck_reduce_partial<%d, %d, %s>(a)", sq, x_at, fmt_arg(s, &x->t));
+    l->scratch = 0;
+    need_scratch(s, (int64_t)blocks * 8);
+    return l;
+}
+
+static bool plan_reductions(Spec *s) {
+    const Node *n = s->n;
+    CuLaunch *l;
+    switch (n->op) {
+    case OP_SQNORM: {
+        if (!check_io(s, n, true)) return false;
+        l = plan_partials(s, true, 1, n->in[0]);
+        args_result_inputs(l, n);
+        unsigned parts = l->grid[0];
+        l = spec_launch(s, "sqfinal", 1, ROW_THREADS, "ck_sqnorm_final<%s>(a)", fmt_arg(s, &n->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = parts;
+        return true;
+    }
+    case OP_QUANT_SCALE: {
+        if (!check_io(s, n, true)) return false;
+        ElemType e = (ElemType)n->iattr[0];
+        Scaling kind = (Scaling)n->iattr[1];
+        if (e <= FMT_VOID || e >= FMT_COUNT || kind <= SCALE_NONE || kind >= SCALE_COUNT)
+            return spec_fail(s, "bad element type or scaling");
+        const Tensor *x = &n->in[0]->t;
+        int64_t R = rows_of(x), C = cols_of(x);
+        const char *Y = fmt_arg(s, &n->t), *X = fmt_arg(s, x);
+        int64_t group = kind == SCALE_PER_GROUP ? n->iattr[2] : 128;
+        if (kind == SCALE_PER_TENSOR) {
+            l = plan_partials(s, false, 1, n->in[0]);
+            args_result_inputs(l, n);
+            unsigned parts = l->grid[0];
+            l = spec_launch(s, "qsfinal", 1, ROW_THREADS, "ck_quant_scale_final<%s>(a)", Y);
+            l->args.i[0] = parts;
+        } else if (kind == SCALE_PER_ROW) {
+            l = spec_launch(s, "qsrow", (unsigned)R, ROW_THREADS, "ck_quant_scale_row<%s, %s>(a)", Y, X);
+        } else if (kind == SCALE_BLOCK_128) {
+            l = spec_launch(s, "qsblock", (unsigned)(((R + 127) / 128) * ((C + 127) / 128)),
+                            ROW_THREADS, "ck_quant_scale_block<%s, %s>(a)", Y, X);
+        } else {
+            if (group <= 0) return spec_fail(s, "per-group scaling without a group size");
+            l = spec_launch(s, "qsgroup", grid_elem(ir_numel(&n->t)), ELEM_THREADS,
+                            "ck_quant_scale_group<%s, %s>(a)", Y, X);
+        }
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[1] = n->iattr[3];
+        l->args.i[2] = group;
+        l->args.f[0] = num_elem_max(e);
+        return true;
+    }
+    case OP_AMAX_RECORD: {
+        if (!check_io(s, n, false)) return false;
+        l = plan_partials(s, false, 1, n->in[1]);
+        args_inputs(l, n);
+        unsigned parts = l->grid[0];
+        l = spec_launch(s, "amaxrec", 1, ROW_THREADS, "ck_amax_record_final<%s>(a)",
+                        fmt_arg(s, &n->in[0]->t));
+        args_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = parts;
+        return true;
+    }
+    case OP_DELAYED_SCALE:
+        if (!check_io(s, n, false)) return false;
+        if (ir_numel(&n->in[0]->t) != 1) return spec_fail(s, "the scale must be a scalar");
+        l = spec_launch(s, "dscale", 1, 32, "ck_delayed_scale<%s, %s>(a)", fmt_arg(s, &n->in[0]->t),
+                        fmt_arg(s, &n->in[1]->t));
+        args_inputs(l, n);
+        l->args.i[0] = n->iattr[2];
+        l->args.i[1] = n->iattr[1];
+        l->args.f[0] = num_elem_max((ElemType)n->iattr[0]);
+        return true;
+    default: break;
+    }
+    return spec_fail(s, "not a reduction");
+}
+
+/* column sums: partials over P row partitions, then the sum of partials (MODE 0: sum_rows,
+ * MODE 1: a norm's weight gradient, whose statistics come first in scratch) */
+static void plan_colsum(Spec *s, int mode, int64_t R, int64_t C, const char *X, const char *X2) {
+    const Node *n = s->n;
+    int64_t P = R / 64;
+    P = P < 1 ? 1 : P > 256 ? 256 : P;
+    int64_t base = mode == 1 ? 2 * R * 8 : 0;
+    need_scratch(s, base + P * C * 8);
+    CuLaunch *l = spec_launch(s, "colpart", (unsigned)((C + 31) / 32), 256,
+                              "ck_colsum_partial<%d, %s, %s>(a)", mode, X, X2);
+    l->grid[1] = (unsigned)P;
+    args_result_inputs(l, n);
+    l->scratch = 0;
+    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
+    l = spec_launch(s, "colfinal", grid_elem(C), ELEM_THREADS, "ck_colsum_final<%d, %s>(a)", mode,
+                    fmt_arg(s, &n->t));
+    args_result_inputs(l, n);
+    l->scratch = 0;
+    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
+}
+
+static bool plan_rows(Spec *s) {
+    const Node *n = s->n;
+    CuLaunch *l;
+    if (!check_io(s, n, true)) return false;
+    const char *Y = fmt_arg(s, &n->t);
+    switch (n->op) {
+    case OP_SUM_ROWS: {
+        const Tensor *x = &n->in[0]->t;
+        plan_colsum(s, 0, rows_of(x), cols_of(x), fmt_arg(s, x), F32_ARG);
+        return true;
+    }
+    case OP_LAYERNORM: case OP_RMSNORM: {
+        const Tensor *x = &n->in[0]->t;
+        bool ln = n->op == OP_LAYERNORM;
+        l = spec_launch(s, "norm", (unsigned)rows_of(x), ROW_THREADS, "ck_norm<%d, %s, %s, %s, %s>(a)",
+                        ln, Y, fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+                        ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+        args_result_inputs(l, n);
+        l->args.i[0] = cols_of(x);
+        l->args.f[0] = n->fattr[0];
+        return true;
+    }
+    case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X: {
+        const Tensor *x = &n->in[1]->t;
+        l = spec_launch(s, "normbx", (unsigned)rows_of(x), ROW_THREADS,
+                        "ck_norm_bwd_x<%d, %s, %s, %s, %s>(a)", n->op == OP_LAYERNORM_BWD_X, Y,
+                        fmt_arg(s, &n->in[0]->t), fmt_arg(s, x), fmt_arg(s, &n->in[2]->t));
+        args_result_inputs(l, n);
+        l->args.i[0] = cols_of(x);
+        l->args.f[0] = n->fattr[0];
+        return true;
+    }
+    case OP_LAYERNORM_BWD_W: case OP_RMSNORM_BWD_W: {
+        const Tensor *x = &n->in[1]->t;
+        int64_t R = rows_of(x), C = cols_of(x);
+        l = spec_launch(s, "normstat", (unsigned)R, ROW_THREADS, "ck_norm_stats<%d, %s>(a)",
+                        n->op == OP_LAYERNORM_BWD_W, fmt_arg(s, x));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = C, l->args.i[1] = R;
+        l->args.f[0] = n->fattr[0];
+        plan_colsum(s, 1, R, C, fmt_arg(s, &n->in[0]->t), fmt_arg(s, x));
+        return true;
+    }
+    case OP_SOFTMAX: case OP_SOFTMAX_BWD:
+        l = spec_launch(s, "softmax", (unsigned)rows_of(&n->t), ROW_THREADS,
+                        "ck_softmax<%d, %s, %s, %s>(a)", n->op == OP_SOFTMAX_BWD, Y,
+                        fmt_arg(s, &n->in[0]->t), n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
+        args_result_inputs(l, n);
+        l->args.i[0] = cols_of(&n->t);
+        return true;
+    case OP_CROSS_ENTROPY: {
+        const Tensor *lg = &n->in[0]->t;
+        int64_t R = rows_of(lg), V = cols_of(lg);
+        need_scratch(s, R * 8);
+        l = spec_launch(s, "cerows", (unsigned)R, ROW_THREADS, "ck_ce_rows<%s, %s>(a)",
+                        fmt_arg(s, lg), fmt_arg(s, &n->in[1]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = R;
+        l = spec_launch(s, "cefinal", 1, 1024, "ck_ce_final<%s, %s>(a)", Y, fmt_arg(s, &n->in[1]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = R;
+        return true;
+    }
+    case OP_CROSS_ENTROPY_BWD: {
+        const Tensor *lg = &n->in[1]->t;
+        int64_t R = rows_of(lg), V = cols_of(lg);
+        need_scratch(s, 8);
+        l = spec_launch(s, "cecoef", 1, 1024, "ck_ce_bwd_coef<%s, %s>(a)", fmt_arg(s, &n->in[0]->t),
+                        fmt_arg(s, &n->in[2]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = R;
+        l = spec_launch(s, "cebwd", (unsigned)R, ROW_THREADS, "ck_ce_bwd<%s, %s, %s>(a)", Y,
+                        fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = R;
+        return true;
+    }
+    case OP_EMBEDDING_BWD: {
+        if (n->t.rank != 2) return spec_fail(s, "the result is not (V, C)");
+        int64_t V = n->t.dims[0], C = n->t.dims[1], R = ir_numel(&n->in[1]->t);
+        need_scratch(s, (3 * V + 2 + 2 * R) * 4);
+        const char *I = fmt_arg(s, &n->in[1]->t);
+        const char *bodies[4][3] = {
+            {"ebzero", "ck_eb_zero(a)", ""},
+            {"ebcount", "ck_eb_count<%s>(a)", I},
+            {"ebscan", "ck_eb_scan(a)", ""},
+            {"ebscatter", "ck_eb_scatter<%s>(a)", I},
+        };
+        for (int k = 0; k < 4; k++) {
+            unsigned grid = k == 0 ? grid_elem(V + 1) : k == 2 ? 1 : grid_elem(R);
+            l = spec_launch(s, bodies[k][0], grid, k == 2 ? 1024 : ELEM_THREADS, bodies[k][1], bodies[k][2]);
+            args_result_inputs(l, n);
+            l->scratch = 0;
+            l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;
+        }
+        l = spec_launch(s, "ebsum", (unsigned)V, ROW_THREADS, "ck_eb_sum<%s, %s>(a)", Y,
+                        fmt_arg(s, &n->in[0]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;
+        return true;
+    }
+    default: break;
+    }
+    return spec_fail(s, "not a row op");
+}
+
+/* the attention argument block: sizes, q/k/v strides and columns; t[] from the node, with a
+ * packed q|k|v passed as q, k and v (three views of one tensor) */
+static void attn_args(CuLaunch *l, const Node *n, bool packed, const int64_t *sz) {
+    bool bwd = n->op == OP_ATTENTION_BWD;
+    arg_node(l, 0, n);
+    int base = bwd ? 2 : 1;
+    if (bwd) arg_node(l, 1, n->in[0]);
+    for (int k = 0; k < 3; k++) arg_node(l, base + k, n->in[packed ? base - 1 : base - 1 + k]);
+    l->args.n_in = n->n_in;
+    for (int k = 0; k < 11; k++) l->args.i[k] = sz[k];
+    l->args.f[0] = n->fattr[0];
+}
+
+static bool plan_attention(Spec *s) {
+    const Node *n = s->n;
+    if (!check_io(s, n, true)) return false;
+    bool bwd = n->op == OP_ATTENTION_BWD;
+    int n_qkv = n->n_in - (bwd ? 1 : 0);
+    if (n_qkv != 1 && n_qkv != 3) return spec_fail(s, "takes q, k, v or a packed q|k|v");
+    bool packed = n_qkv == 1;
+    const Tensor *q = &n->in[bwd ? 1 : 0]->t;
+    if (q->rank != 3) return spec_fail(s, "q is not (B, T, H*D)");
+    int64_t B = q->dims[0], T = q->dims[1], H = n->iattr[0], Hkv = n->iattr[1];
+    int64_t width = packed ? q->dims[2] : 0;
+    if (H <= 0 || Hkv <= 0 || H % Hkv) return spec_fail(s, "heads do not divide into kv heads");
+    int64_t D = packed ? (q->dims[2] % (H + 2 * Hkv) ? 0 : q->dims[2] / (H + 2 * Hkv))
+                       : (q->dims[2] % H ? 0 : q->dims[2] / H);
+    if (D <= 0) return spec_fail(s, "heads %lld, kv_heads %lld do not divide q", (long long)H, (long long)Hkv);
+    if (D % 16 || D > 128) return spec_fail(s, "head dim %lld: the GPU kernel takes multiples of 16 up to 128", (long long)D);
+    int64_t sz[11] = {B, T, H, Hkv, D,
+                      packed ? width : H * D, 0,
+                      packed ? width : Hkv * D, packed ? H * D : 0,
+                      packed ? width : Hkv * D, packed ? (H + Hkv) * D : 0};
+    int64_t n_t = (T + 63) / 64;
+    int base = bwd ? 1 : 0;
+    const char *Y = fmt_arg(s, &n->t);
+    const char *Q = fmt_arg(s, &n->in[base]->t);
+    const char *K = fmt_arg(s, &n->in[packed ? base : base + 1]->t);
+    const char *V = fmt_arg(s, &n->in[packed ? base : base + 2]->t);
+    unsigned fwd_smem = (unsigned)((3 * 64 * (D + 1) + 64 * 65) * 4);
+    CuLaunch *l;
+    if (!bwd) {
+        l = spec_launch(s, "attn", (unsigned)(B * H * n_t), 256,
+                        "ck_attn_fwd<%lld, 0, %s, %s, %s, %s, %s>(a)", (long long)D, Y, Q, K, V, F32_ARG);
+        l->smem = fwd_smem;
+        attn_args(l, n, packed, sz);
+        return true;
+    }
+    const char *DY = fmt_arg(s, &n->in[0]->t);
+    need_scratch(s, 2 * B * H * T * 4);
+    l = spec_launch(s, "attnstat", (unsigned)(B * H * n_t), 256,
+                    "ck_attn_fwd<%lld, 1, %s, %s, %s, %s, %s>(a)", (long long)D, F32_ARG, Q, K, V, DY);
+    l->smem = fwd_smem;
+    l->scratch = 0;
+    attn_args(l, n, packed, sz);
+    l = spec_launch(s, "attndq", (unsigned)(B * H * n_t), 256,
+                    "ck_attn_dq<%lld, %s, %s, %s, %s, %s>(a)", (long long)D, Y, DY, Q, K, V);
+    l->smem = (unsigned)((4 * 64 * (D + 1) + 64 * 65) * 4);
+    l->scratch = 0;
+    attn_args(l, n, packed, sz);
+    l = spec_launch(s, "attndkv", (unsigned)(B * Hkv * n_t), 256,
+                    "ck_attn_dkv<%lld, %s, %s, %s, %s, %s>(a)", (long long)D, Y, DY, Q, K, V);
+    l->smem = (unsigned)((4 * 64 * (D + 1) + 2 * 64 * 65 + 2 * 64) * 4);
+    l->scratch = 0;
+    attn_args(l, n, packed, sz);
+    return true;
+}
+
+static bool plan_optimizer(Spec *s) {
+    const Node *n = s->n;
+    CuLaunch *l;
+    switch (n->op) {
+    case OP_ACCUMULATE:
+        if (!check_io(s, n, false)) return false;
+        if (ir_numel(&n->in[0]->t) != ir_numel(&n->in[1]->t)) return spec_fail(s, "sizes differ");
+        l = spec_launch(s, "accum", grid_elem(ir_numel(&n->in[0]->t)), ELEM_THREADS,
+                        "ck_accumulate<%s, %s>(a)", fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        args_inputs(l, n);
+        return true;
+    case OP_ASSIGN:
+        if (!check_io(s, n, false)) return false;
+        if (ir_numel(&n->in[0]->t) != ir_numel(&n->in[1]->t)) return spec_fail(s, "sizes differ");
+        l = spec_launch(s, "copy", grid_elem(ir_numel(&n->in[0]->t)), ELEM_THREADS,
+                        "ck_copy<%s, %s>(a)", fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        args_inputs(l, n);
+        return true;
+    case OP_CLIP_COEF:
+        if (!check_io(s, n, true)) return false;
+        l = spec_launch(s, "clip", 1, 32, "ck_clip_coef<%s, %s>(a)", fmt_arg(s, &n->t),
+                        fmt_arg(s, &n->in[0]->t));
+        args_result_inputs(l, n);
+        l->args.f[0] = n->fattr[0];
+        return true;
+    case OP_GRAD_NORM:
+        if (!spec_check_tensor(s, &n->t, "the result") || !spec_check_tensor(s, &n->in[0]->t, "grad_scale"))
+            return false;
+        for (int i = 1; i < n->n_in; i++) {
+            const Tensor *t = &n->in[i]->t;
+            if (t->fmt.elem != FMT_F32 || t->fmt.scaling != SCALE_NONE || ir_numel(t) != 1)
+                return spec_fail(s, "input %d is not a plain f32 scalar", i);
+        }
+        l = spec_launch(s, "gnorm", 1, 32, "ck_grad_norm<%s, %s>(a)", fmt_arg(s, &n->t),
+                        fmt_arg(s, &n->in[0]->t));
+        arg_node(l, 0, n);
+        arg_node(l, 1, n->in[0]);
+        l->args.n_in = n->n_in;
+        l->table = true;
+        return true;
+    case OP_ADAMW: {
+        if (n->n_in != 8 && n->n_in != 9) return spec_fail(s, "takes 8 or 9 inputs");
+        if (!check_io(s, n, false)) return false;
+        int64_t count = ir_numel(&n->in[0]->t);
+        for (int i = 1; i < 4; i++)
+            if (ir_numel(&n->in[i]->t) != count) return spec_fail(s, "input %d's size differs", i);
+        bool master = n->n_in == 9;
+        char list[1024] = "";
+        for (int i = 0; i < 9; i++) {
+            size_t at = strlen(list);
+            snprintf(list + at, sizeof list - at, "%s, ",
+                     i < n->n_in ? fmt_arg(s, &n->in[i]->t) : F32_ARG);
+        }
+        l = spec_launch(s, "adamw", grid_elem(count), ELEM_THREADS, "ck_adamw<%s%d>(a)", list, master);
+        args_inputs(l, n);
+        for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
+        return true;
+    }
+    default: break;
+    }
+    return spec_fail(s, "not an optimizer op");
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+typedef enum { OPD_BF16, OPD_F32, OPD_FP8, OPD_OTHER } OperandKind;
+
+static OperandKind operand_kind(const Tensor *t) {
+    const Format *f = &t->fmt;
+    if (f->codec != CODEC_PLAIN) return OPD_OTHER;
+    if (f->scaling == SCALE_NONE && f->elem == FMT_BF16) return OPD_BF16;
+    if (f->scaling == SCALE_NONE && f->elem == FMT_F32) return OPD_F32;
+    if ((f->elem == FMT_E4M3 || f->elem == FMT_E5M2) && f->scaling == SCALE_PER_TENSOR && f->scale)
+        return OPD_FP8;
+    return OPD_OTHER;
+}
+
+/* a row-major (r, c) operand copied to scratch as (c, r), element bytes as they are */
+static void plan_transpose(Spec *s, const Node *x, int64_t off) {
+    int64_t R = rows_of(&x->t), C = cols_of(&x->t);
+    CuLaunch *l = spec_launch(s, "transpose", (unsigned)((C + 31) / 32), 256, "ck_transpose<%d>(a)",
+                              fmt_elem_bytes(x->t.fmt.elem));
+    l->grid[1] = (unsigned)((R + 31) / 32);
+    arg_scratch(l, 0, off, C, R);
+    arg_node(l, 1, x);
+}
+
+/* an operand decoded to plain f32 in scratch */
+static void plan_decode(Spec *s, const Node *x, int64_t off) {
+    int64_t count = ir_numel(&x->t);
+    CuLaunch *l = spec_launch(s, "copy", grid_elem(count), ELEM_THREADS, "ck_copy<%s, %s>(a)",
+                              F32_ARG, fmt_arg(s, &x->t));
+    arg_scratch(l, 0, off, rows_of(&x->t), cols_of(&x->t));
+    arg_node(l, 1, x);
+}
+
+static bool plan_matmul(Spec *s) {
+    const Node *n = s->n;
+    if (!check_io(s, n, true)) return false;
+    const Node *A = n->in[0], *B = n->in[1];
+    bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
+    int64_t ar = rows_of(&A->t), ac = cols_of(&A->t), br = rows_of(&B->t), bc = cols_of(&B->t);
+    int64_t M = ta ? ac : ar, K = ta ? ar : ac, KB = tb ? bc : br, N = tb ? br : bc;
+    if (K != KB) return spec_fail(s, "inner dimensions %lld and %lld differ", (long long)K, (long long)KB);
+    if (ir_numel(&n->t) != M * N) return spec_fail(s, "the result is not (M, N)");
+    OperandKind ka = operand_kind(&A->t), kb = operand_kind(&B->t);
+    const Format *fy = &n->t.fmt;
+    bool y_direct = fy->codec == CODEC_PLAIN && fy->scaling == SCALE_NONE &&
+                    (fy->elem == FMT_BF16 || fy->elem == FMT_F32);
+    bool fp8 = ka == OPD_FP8 && kb == OPD_FP8 &&
+               !(A->t.fmt.elem == FMT_E5M2 && B->t.fmt.elem == FMT_E5M2) && K % 16 == 0 && N % 16 == 0 &&
+               M % 16 == 0;
+    bool bf16 = ka == OPD_BF16 && kb == OPD_BF16;
+    bool f32 = ka == OPD_F32 && kb == OPD_F32;
+
+    int64_t at = 0;   /* scratch bytes used so far */
+    CuGemm g;
+    memset(&g, 0, sizeof g);
+    g.m = N, g.n = M, g.k = K;
+    g.scales = -1;
+    g.a.scratch = g.b.scratch = g.d.scratch = -1;
+    if (fp8) {
+        /* Hopper's FP8 GEMM takes only TN: A (cuBLAS) = B_g as (N, K) row-major, B (cuBLAS) =
+         * A_g as (M, K) row-major; other layouts get a transposed copy */
+        g.ta = true, g.tb = false;
+        g.atype = B->t.fmt.elem, g.btype = A->t.fmt.elem;
+        g.lda = K, g.ldb = K;
+        g.scales = at;
+        at += 256;
+        if (tb) g.a.node = B;
+        else {
+            g.a.scratch = at;
+            plan_transpose(s, B, at);
+            at += (N * K + 255) / 256 * 256;
+        }
+        if (!ta) g.b.node = A;
+        else {
+            g.b.scratch = at;
+            plan_transpose(s, A, at);
+            at += (M * K + 255) / 256 * 256;
+        }
+        CuLaunch *l = spec_launch(s, "invscale", 1, 32, "ck_inv_scales(a)");
+        arg_node(l, 1, B->t.fmt.scale);
+        arg_node(l, 2, A->t.fmt.scale);
+        l->scratch = g.scales;
+    } else {
+        ElemType e = bf16 ? FMT_BF16 : FMT_F32;
+        g.atype = g.btype = e;
+        g.ta = tb, g.tb = ta;
+        g.lda = tb ? K : N;
+        g.ldb = ta ? M : K;
+        if (bf16 || f32) {
+            g.a.node = B, g.b.node = A;
+        } else {
+            g.a.scratch = at;
+            plan_decode(s, B, at);
+            at += (N * K * 4 + 255) / 256 * 256;
+            g.b.scratch = at;
+            plan_decode(s, A, at);
+            at += (M * K * 4 + 255) / 256 * 256;
+        }
+    }
+    g.ldd = N;
+    int64_t y_off = -1;
+    if (y_direct) {
+        g.d.node = n;
+        g.dtype = fy->elem;
+    } else {
+        y_off = at;
+        g.d.scratch = at;
+        g.dtype = FMT_F32;
+        at += (M * N * 4 + 255) / 256 * 256;
+    }
+    CuLaunch *l = spec_launch(s, "gemm", 0, 0, "gemm");
+    l->kind = CU_GEMM;
+    l->gemm = g;
+    snprintf(l->fn, sizeof l->fn, "cublasLt");
+    if (!y_direct) {
+        l = spec_launch(s, "copy", grid_elem(M * N), ELEM_THREADS, "ck_copy<%s, %s>(a)",
+                        fmt_arg(s, &n->t), F32_ARG);
+        arg_node(l, 0, n);
+        arg_scratch(l, 1, y_off, M, N);
+    }
+    need_scratch(s, at);
+    return true;
+}
+
+/* ---------------------------------------------------------------- nodes */
+
+/* A reshape that memplan placed on its input's bytes (same arena, offset and encoding) is
+ * a view: nothing to run. */
+static bool is_view(const Node *n) {
+    if (n->op != OP_RESHAPE) return false;
+    const Tensor *x = &n->in[0]->t, *y = &n->t;
+    return x->offset >= 0 && x->offset == y->offset &&
+           ir_role_is_persistent(x->role) == ir_role_is_persistent(y->role) &&
+           x->fmt.elem == y->fmt.elem && x->fmt.scaling == SCALE_NONE &&
+           y->fmt.scaling == SCALE_NONE;
+}
+
+bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
+    memset(out, 0, sizeof *out);
+    out->node = n;
+    Spec s = {.arena = a, .n = n, .plan = out, .why = why, .why_len = why_len};
+    switch (n->op) {
+    case OP_INPUT: case OP_PARAM: case OP_STATE: return true;
+    case OP_RESHAPE:
+        if (is_view(n)) return true;
+        return plan_elementwise(&s);
+    case OP_CONST: case OP_ADD: case OP_SUB: case OP_MUL: case OP_SCALE: case OP_ADD_N:
+    case OP_GELU: case OP_GELU_BWD: case OP_SILU: case OP_SILU_BWD: case OP_CAST:
+    case OP_SLICE: case OP_PAD: case OP_CONCAT: case OP_EMBEDDING: case OP_ROPE:
+    case OP_QUANTIZE:
+        return plan_elementwise(&s);
+    case OP_MATMUL: return plan_matmul(&s);
+    case OP_SQNORM: case OP_QUANT_SCALE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE:
+        return plan_reductions(&s);
+    case OP_SUM_ROWS: case OP_LAYERNORM: case OP_LAYERNORM_BWD_X: case OP_LAYERNORM_BWD_W:
+    case OP_RMSNORM: case OP_RMSNORM_BWD_X: case OP_RMSNORM_BWD_W: case OP_SOFTMAX:
+    case OP_SOFTMAX_BWD: case OP_CROSS_ENTROPY: case OP_CROSS_ENTROPY_BWD: case OP_EMBEDDING_BWD:
+        return plan_rows(&s);
+    case OP_ATTENTION: case OP_ATTENTION_BWD: return plan_attention(&s);
+    case OP_ACCUMULATE: case OP_ASSIGN: case OP_CLIP_COEF: case OP_GRAD_NORM: case OP_ADAMW:
+        return plan_optimizer(&s);
+    case OP_COUNT: break;
+    }
+    return spec_fail(&s, "no GPU kernel for this op");
+}
+
+bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out) {
+    memset(out, 0, sizeof *out);
+    out->node = n;
+    char why[256];
+    Spec s = {.arena = a, .n = n, .plan = out, .why = why, .why_len = sizeof why};
+    if (!spec_check_tensor(&s, &n->t, "the tensor")) return false;
+    CuLaunch *l = spec_launch(&s, "finite", grid_elem(ir_numel(&n->t)), ELEM_THREADS,
+                              "ck_all_finite<%s>(a)", fmt_arg(&s, &n->t));
+    arg_node(l, 0, n);
+    l->scratch = 0;
+    return true;
+}
+
+CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
+    CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
+    return plans;
+}
