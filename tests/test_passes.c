@@ -591,6 +591,33 @@ static void test_autodiff_block_finite_differences(void **state)
     arena_free(a);
 }
 
+/* Attention on one packed q|k|v operand (grouped-query: 2 heads, 1 kv head): its gradient is
+ * attention_bwd's packed result itself. */
+static void test_autodiff_packed_attention_finite_differences(void **state)
+{
+    (void)state;
+    seed_rng();
+    Arena *a = arena_new();
+    Graph *g = ir_graph_new(a);
+    const int64_t B = 2, T = 5, C = 8, D = 4;
+    Node *x = leaf(g, OP_INPUT, "x", ROLE_INPUT, FMT_F32, 3, (int64_t[]){B, T, C});
+    Node *tgt = leaf(g, OP_INPUT, "targets", ROLE_INPUT, FMT_I32, 2, (int64_t[]){B, T});
+    Node *qkv = linear(g, x, "qkv", C + 2 * D, C, true);
+    Node *att = ir_add1(g, OP_ATTENTION, qkv, here);
+    att->iattr[0] = 2, att->iattr[1] = 1, att->fattr[0] = 0.5;
+    fin(g, att);
+    set_loss(op2(g, OP_CROSS_ENTROPY, linear(g, att, "head", 6, C, false), tgt));
+    double err = gradient_error(g, 0.5, 6, 2e-3);
+    printf("  packed attention: worst normalized error %.2e (tolerance 1e-2)\n", err);
+    assert_true(err < 1e-2);
+    Node *bwd = NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ATTENTION_BWD) bwd = g->nodes[i];
+    assert_non_null(bwd);
+    assert_int_equal(bwd->n_in, 2);
+    arena_free(a);
+}
+
 /* The other rules: (T,C) and scalar broadcasting in mul/sub, softmax, reshape, concat, cast,
  * matmul with every transpose combination, overlapping slices (pads), pad, sum_rows,
  * add_n, scale and sqnorm. */
@@ -989,6 +1016,7 @@ int main(void)
         cmocka_unit_test(test_autodiff_mlp_finite_differences),
         cmocka_unit_test(test_autodiff_block_finite_differences),
         cmocka_unit_test(test_autodiff_ops_finite_differences),
+        cmocka_unit_test(test_autodiff_packed_attention_finite_differences),
         cmocka_unit_test(test_optimizer_states),
         cmocka_unit_test(test_memplan_gpt2),
         cmocka_unit_test(test_schedule_from_shuffled_order),
