@@ -1,22 +1,26 @@
 /* ref_gemm.c — matrix multiplication for the reference executor.
  *
  * Most of a CPU training step is GEMM, so this is a small packed GEMM in the usual shape
- * (GotoBLAS/BLIS): op(B) is packed once into column panels of NR, each task packs an MR-row
- * panel of op(A), and a register-blocked micro-kernel computes an MR x NR tile of C over the
- * whole K. Packing also absorbs the four transpose combinations, so the kernel sees one layout.
+ * (GotoBLAS/BLIS): for each block of KC along K, op(B) is packed into column panels of NR,
+ * each task packs an MR-row panel of op(A), and a register-blocked micro-kernel carries an
+ * MR x NR tile of C through the block. Packing absorbs the four transpose combinations, so the
+ * kernel sees one layout; blocking K keeps the packed B in cache when K is long (the weight
+ * gradients, where K is every token of the batch).
  *
- * Accumulation is in f64, in k order, one accumulator per output element. The product of two
- * f32 values is exact in f64, so a fused multiply-add gives the same bits as a multiply and an
- * add: the vector-width clones of the kernel (AVX2, AVX-512, baseline) and any thread count give
+ * Accumulation is in f64, one running sum per output element, in k order: a tile that spans
+ * several K blocks is parked in an f64 buffer between blocks and resumed, never summed from
+ * zero per block, so the result is exactly sum_k a_ik b_kj added left to right. The product of
+ * two f32 values is exact in f64, so a fused multiply-add gives the same bits as a multiply and
+ * an add: the ISA clones of the kernel (AVX-512, AVX2+FMA, baseline) and any thread count give
  * identical results. Work is split by row panels of C; a tile never depends on another.
- * Padding rows/columns of the panels are zeros and their outputs are dropped. */
+ * Padding rows and columns of the panels are zeros and their outputs are dropped. */
 #include "ref_internal.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { MR = 6, NR = 8 };
+enum { MR = 6, NR = 8, KC = 256 };
 
 typedef double v4d __attribute__((vector_size(32)));
 
@@ -26,14 +30,19 @@ typedef double v4d __attribute__((vector_size(32)));
 #define GEMM_CLONES
 #endif
 
-/* c (MR x NR) = sum over k of ap[k] (MR) outer bp[k] (NR). The twelve accumulators are
- * spelled out so that they live in registers (GCC at -O2 keeps an accumulator array in memory). */
+/* c (MR x NR) = (resume ? c : 0) + sum over k of ap[k] (MR) outer bp[k] (NR). The twelve
+ * accumulators are spelled out so that they live in registers (GCC at -O2 keeps an
+ * accumulator array in memory). */
 GEMM_CLONES
 static void gemm_kernel(int64_t K, const double *restrict ap, const double *restrict bp,
-                        double *restrict c)
+                        double *restrict c, bool resume)
 {
-    v4d c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0};
-    v4d c30 = {0}, c31 = {0}, c40 = {0}, c41 = {0}, c50 = {0}, c51 = {0};
+    v4d acc[MR][NR / 4];
+    if (resume) memcpy(acc, c, sizeof acc);
+    else memset(acc, 0, sizeof acc);
+    v4d c00 = acc[0][0], c01 = acc[0][1], c10 = acc[1][0], c11 = acc[1][1];
+    v4d c20 = acc[2][0], c21 = acc[2][1], c30 = acc[3][0], c31 = acc[3][1];
+    v4d c40 = acc[4][0], c41 = acc[4][1], c50 = acc[5][0], c51 = acc[5][1];
     for (int64_t k = 0; k < K; k++) {
         v4d b0, b1;
         memcpy(&b0, bp + k * NR, sizeof b0);
@@ -46,18 +55,21 @@ static void gemm_kernel(int64_t K, const double *restrict ap, const double *rest
         c40 += a[4] * b0, c41 += a[4] * b1;
         c50 += a[5] * b0, c51 += a[5] * b1;
     }
-    v4d acc[MR][NR / 4] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-    memcpy(c, acc, sizeof acc);
+    v4d out[MR][NR / 4] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    memcpy(c, out, sizeof out);
 }
 
 typedef struct {
-    int64_t M, N, K, lda, ldb, ldc;
+    int64_t M, N, K, lda, ldb;
     const float *A, *B;
     bool ta, tb;
-    float *C;               /* ref_gemm: f32 result */
-    double *Cd;             /* ref_gemm_f64: f64 result, added to when accumulate */
-    bool accumulate;
-    double *bpack;          /* ceil(N/NR) panels of K x NR */
+    int64_t k0, kl;         /* the block of K in work */
+    float *C;               /* ref_gemm: the f32 result (M, N), written after the last block */
+    double *sums;           /* ref_gemm with several K blocks: running sums (M, N) between them */
+    double *Cd;             /* ref_gemm_f64: the f64 result, row stride ldd, set or added to */
+    int64_t ldd;
+    bool add;
+    double *bpack;          /* ceil(N/NR) panels of kl x NR */
     int64_t n_row_panels, n_col_panels, panels_per_task;
 } GemmJob;
 
@@ -72,42 +84,52 @@ static double *alloc_doubles(int64_t n)
 static void gemm_pack_b(void *ctx, int64_t jp)
 {
     GemmJob *j = ctx;
-    double *dst = j->bpack + jp * j->K * NR;
+    double *dst = j->bpack + jp * j->kl * NR;
     int64_t j0 = jp * NR, nj = j->N - j0 < NR ? j->N - j0 : NR;
-    for (int64_t k = 0; k < j->K; k++) {
-        double *row = dst + k * NR;
+    for (int64_t kk = 0; kk < j->kl; kk++) {
+        int64_t k = j->k0 + kk;
+        double *row = dst + kk * NR;
         for (int64_t jj = 0; jj < nj; jj++)
             row[jj] = j->tb ? j->B[(j0 + jj) * j->ldb + k] : j->B[k * j->ldb + j0 + jj];
         for (int64_t jj = nj; jj < NR; jj++) row[jj] = 0;
     }
 }
 
-/* Row panels [p0, p1) of C; ap is scratch for one packed A panel (K x MR). */
+/* Row panels [p0, p1) of C through the current K block; ap is scratch for one packed A panel. */
 static void gemm_panels(const GemmJob *j, int64_t p0, int64_t p1, double *ap)
 {
+    bool first = j->k0 == 0, last = j->k0 + j->kl == j->K;
     double tile[MR * NR];
     for (int64_t ip = p0; ip < p1; ip++) {
         int64_t i0 = ip * MR, ni = j->M - i0 < MR ? j->M - i0 : MR;
-        for (int64_t k = 0; k < j->K; k++) {
-            double *col = ap + k * MR;
+        for (int64_t kk = 0; kk < j->kl; kk++) {
+            int64_t k = j->k0 + kk;
+            double *col = ap + kk * MR;
             for (int64_t ii = 0; ii < ni; ii++)
                 col[ii] = j->ta ? j->A[k * j->lda + i0 + ii] : j->A[(i0 + ii) * j->lda + k];
             for (int64_t ii = ni; ii < MR; ii++) col[ii] = 0;
         }
         for (int64_t jp = 0; jp < j->n_col_panels; jp++) {
-            gemm_kernel(j->K, ap, j->bpack + jp * j->K * NR, tile);
             int64_t j0 = jp * NR, nj = j->N - j0 < NR ? j->N - j0 : NR;
+            if (!first) {   /* resume the running sums parked after the previous block */
+                memset(tile, 0, sizeof tile);
+                for (int64_t ii = 0; ii < ni; ii++)
+                    memcpy(tile + ii * NR, j->sums + (i0 + ii) * j->N + j0,
+                           sizeof(double) * (size_t)nj);
+            }
+            gemm_kernel(j->kl, ap, j->bpack + jp * j->kl * NR, tile, !first);
             for (int64_t ii = 0; ii < ni; ii++) {
                 const double *t = tile + ii * NR;
-                if (j->C) {
-                    float *c = j->C + (i0 + ii) * j->ldc + j0;
+                if (!last) {
+                    memcpy(j->sums + (i0 + ii) * j->N + j0, t, sizeof(double) * (size_t)nj);
+                } else if (j->C) {
+                    float *c = j->C + (i0 + ii) * j->N + j0;
                     for (int64_t jj = 0; jj < nj; jj++) c[jj] = (float)t[jj];
-                } else if (j->accumulate) {
-                    double *c = j->Cd + (i0 + ii) * j->ldc + j0;
+                } else if (j->add) {
+                    double *c = j->Cd + (i0 + ii) * j->ldd + j0;
                     for (int64_t jj = 0; jj < nj; jj++) c[jj] += t[jj];
                 } else {
-                    double *c = j->Cd + (i0 + ii) * j->ldc + j0;
-                    for (int64_t jj = 0; jj < nj; jj++) c[jj] = t[jj];
+                    memcpy(j->Cd + (i0 + ii) * j->ldd + j0, t, sizeof(double) * (size_t)nj);
                 }
             }
         }
@@ -117,7 +139,7 @@ static void gemm_panels(const GemmJob *j, int64_t p0, int64_t p1, double *ap)
 static void gemm_rows_task(void *ctx, int64_t task)
 {
     GemmJob *j = ctx;
-    double *ap = alloc_doubles(j->K * MR);
+    double *ap = alloc_doubles(j->kl * MR);
     int64_t p0 = task * j->panels_per_task;
     int64_t p1 = p0 + j->panels_per_task < j->n_row_panels ? p0 + j->panels_per_task
                                                            : j->n_row_panels;
@@ -139,17 +161,25 @@ void ref_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool
               const float *B, int64_t ldb, bool tb, float *C)
 {
     if (M == 0 || N == 0) return;
+    if (K == 0) {
+        memset(C, 0, sizeof(float) * (size_t)(M * N));
+        return;
+    }
     GemmJob j = gemm_job(M, N, K, A, lda, ta, B, ldb, tb);
     j.C = C;
-    j.ldc = N;
-    j.bpack = alloc_doubles(j.n_col_panels * K * NR);
-    ref_parallel_for(j.n_col_panels, gemm_pack_b, &j);
+    j.sums = K > KC ? alloc_doubles(M * N) : NULL;
+    j.bpack = alloc_doubles(j.n_col_panels * (K < KC ? K : KC) * NR);
     /* a few tasks per thread keep the threads balanced without tiny tasks */
     int64_t want = (int64_t)ref_threads() * 4;
     j.panels_per_task = (j.n_row_panels + want - 1) / want;
     int64_t n_tasks = (j.n_row_panels + j.panels_per_task - 1) / j.panels_per_task;
-    ref_parallel_for(n_tasks, gemm_rows_task, &j);
+    for (j.k0 = 0; j.k0 < K; j.k0 += KC) {
+        j.kl = K - j.k0 < KC ? K - j.k0 : KC;
+        ref_parallel_for(j.n_col_panels, gemm_pack_b, &j);
+        ref_parallel_for(n_tasks, gemm_rows_task, &j);
+    }
     free(j.bpack);
+    free(j.sums);
 }
 
 /* Per-thread packing buffers of the serial GEMM: attention calls it for every block, and a
@@ -163,14 +193,22 @@ static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 static void tls_release(void *p) { free(p); }
 static void tls_key_create(void) { IR_ASSERT(pthread_key_create(&tls_key, tls_release) == 0); }
 
+/* Serial and unblocked along K: attention's products have K = head_dim or K <= seq. */
 void ref_gemm_f64(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
                   const float *B, int64_t ldb, bool tb, double *C, int64_t ldc, bool accumulate)
 {
     if (M == 0 || N == 0) return;
+    if (K == 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(double) * (size_t)N);
+        return;
+    }
     GemmJob j = gemm_job(M, N, K, A, lda, ta, B, ldb, tb);
     j.Cd = C;
-    j.ldc = ldc;
-    j.accumulate = accumulate;
+    j.ldd = ldc;
+    j.add = accumulate;
+    j.k0 = 0;
+    j.kl = K;
     int64_t need = j.n_col_panels * K * NR + K * MR;
     if (need > tls_cap) {
         pthread_once(&tls_once, tls_key_create);

@@ -674,8 +674,10 @@ static void test_threads_bit_identical(void **state)
 static void test_gemm_accuracy(void **state)
 {
     (void)state;
-    const int64_t sizes[][3] = {{1, 1, 1}, {6, 8, 3}, {13, 17, 29}, {64, 33, 200}, {5, 300, 2}};
-    for (int s = 0; s < 5; s++) {
+    /* M, N, K: below, at and across the 6 x 8 register tile and the 256-long K blocks */
+    const int64_t sizes[][3] = {{1, 1, 1}, {6, 8, 3}, {13, 17, 29}, {64, 33, 200}, {5, 300, 2},
+                                {7, 9, 256}, {19, 10, 700}};
+    for (int s = 0; s < 7; s++) {
         int64_t M = sizes[s][0], N = sizes[s][1], K = sizes[s][2];
         float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
         float *C = malloc(sizeof(float) * (size_t)(M * N));
