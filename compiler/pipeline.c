@@ -45,6 +45,7 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o)
 
     /* order and memory: the launch list, then one offset per tensor in two arenas */
     if (!run_named(g, "schedule", o, &stop)) return NULL;
+    if (!run_named(g, "sums", o, &stop)) return NULL;
     if (!run_named(g, "memplan", o, &stop)) return NULL;
     return g;
 }

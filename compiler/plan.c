@@ -77,15 +77,29 @@ static bool same_format(const Format *a, const Format *b)
            a->recipe == b->recipe && a->codec == b->codec;
 }
 
+/* A tensor without a name is shown by what made it and where: "gelu@gpt2.model:40"; a quantized
+ * copy as its source's label with the format's element type: "gelu@gpt2.model:40:e4m3". */
+static const char *label(Arena *a, const Node *x)
+{
+    if (x->t.name) return x->t.name;
+    if (x->op == OP_QUANTIZE) return arena_printf(a, "%s:%s", label(a, x->in[0]), fmt_elem_name(x->t.fmt.elem));
+    const char *file = x->loc.file ? strrchr(x->loc.file, '/') : NULL;
+    file = file ? file + 1 : x->loc.file;
+    if (file && x->loc.line > 0) return arena_printf(a, "%s@%s:%d", ir_op_info(x->op)->text, file, x->loc.line);
+    return ir_op_info(x->op)->text;
+}
+
+static int category_rank(Role r);
+
 static Row *collect_rows(const Graph *g, int *n_rows)
 {
     Row *rows = arena_alloc(g->arena, sizeof *rows * (size_t)(g->n_nodes + 1));
     int n = 0;
-    for (int r = 0; r < ROLE_COUNT; r++)
+    for (int rank = 0; rank <= ROLE_COUNT; rank++)
         for (int i = 0; i < g->n_nodes; i++) {
             const Node *x = g->nodes[i];
-            if (x->t.role != (Role)r || !listed(x)) continue;
-            const char *pat = name_pattern(g->arena, x->t.name ? x->t.name : ir_op_info(x->op)->text);
+            if (category_rank(x->t.role) != rank || !listed(x)) continue;
+            const char *pat = name_pattern(g->arena, label(g->arena, x));
             int j = 0;
             for (; j < n; j++)
                 if (rows[j].role == x->t.role && !strcmp(rows[j].pattern, pat) &&
@@ -115,8 +129,17 @@ static const struct { const char *name; Role role; } categories[] = {
     {"gradients", ROLE_GRAD},         {"Adam m", ROLE_ADAM_M},
     {"Adam v", ROLE_ADAM_V},          {"scales", ROLE_SCALE},
     {"amax histories", ROLE_AMAX_HISTORY}, {"saved activations", ROLE_SAVED},
-    {"inputs", ROLE_INPUT},           {"workspace", ROLE_WORKSPACE},
+    {"optimizer state", ROLE_OPTIM_STATE}, {"inputs", ROLE_INPUT},
+    {"workspace", ROLE_WORKSPACE},
 };
+
+/* Rows follow the categories' order; roles outside it come last. */
+static int category_rank(Role r)
+{
+    for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++)
+        if (categories[c].role == r) return (int)c;
+    return ROLE_COUNT;
+}
 
 void plan_print(const Graph *g, bool json, FILE *out)
 {
@@ -138,7 +161,7 @@ void plan_print(const Graph *g, bool json, FILE *out)
             format_text(&x->t.fmt, fmt, sizeof fmt);
             fprintf(out, "%s  {\"name\": \"%s\", \"role\": \"%s\", \"shape\": %s, \"format\": \"%s\", "
                          "\"elem\": \"%s\", \"scaling\": \"%s\", \"recipe\": \"%s\", \"codec\": \"%s\", \"bytes\": %lld}",
-                    first ? "" : ",\n", x->t.name ? x->t.name : ir_op_info(x->op)->text,
+                    first ? "" : ",\n", label(g->arena, x),
                     ir_role_name(x->t.role), shape, fmt, fmt_elem_name(x->t.fmt.elem),
                     fmt_scaling_name(x->t.fmt.scaling), fmt_recipe_name(x->t.fmt.recipe),
                     fmt_codec_name(x->t.fmt.codec), (long long)tensor_bytes(&x->t));
@@ -159,7 +182,7 @@ void plan_print(const Graph *g, bool json, FILE *out)
     fprintf(out, "plan of %s at -O%d, batch %lld, seq %lld: %lld parameters\n\n",
             g->model_name ? g->model_name : "model", g->opt_level, (long long)g->batch,
             (long long)g->seq, (long long)m.n_params);
-    fprintf(out, "%-40s %-10s %-15s %-20s %11s\n", "tensor", "role", "shape", "format", "bytes");
+    fprintf(out, "%-40s %-10s %-15s %-20s %11s\n", "tensor (x count)", "role", "shape", "format", "bytes");
     for (int i = 0; i < n_rows; i++) {
         char shape[64], fmt[64], name[80];
         shape_text(rows[i].t, shape, sizeof shape);

@@ -15,13 +15,13 @@
  *
  * Exactness: each chunk's mean is over its rows, weighted by its share of all rows; this equals
  * the unchunked mean when no target is ignored (negative), which the runtime never produces.
- * Chunks are sized so that a chunk of logits is at most 256 MiB in bf16; a head that small
+ * Chunks are sized so that a chunk of logits is at most 128 MiB in bf16; a head that small
  * already is left alone. */
 #include "passes.h"
 
 #include <string.h>
 
-enum { CHUNK_BYTES = 256 << 20, CHUNK_ROW_ALIGN = 64 };
+enum { CHUNK_BYTES = 128 << 20, CHUNK_ROW_ALIGN = 64 };
 
 static Node *add_checked(Graph *g, Node *n)
 {

@@ -219,18 +219,24 @@ static Node *add_master(Graph *g, Node *adamw, const Level *l, const Policy *p)
     return m;
 }
 
-/* Forward values with a reader outside the forward pass are kept for the backward. */
+/* Forward values with a reader outside the forward pass are kept for the backward. The loss's
+ * own backward does not count: it runs right after the loss (chunk by chunk, see chunk_loss.c),
+ * so the logits and targets it reads are never held across the step. */
 static void mark_saved(Graph *g)
 {
     Uses *uses = ir_fill_uses(g);
     for (int i = 0; i < g->n_nodes; i++) {
         Node *n = g->nodes[i];
-        if (n->phase != PHASE_FORWARD || n->n_in == 0 || n->t.role != ROLE_ACTIVATION) continue;
-        for (int k = 0; k < uses[i].n; k++)
-            if (uses[i].list[k]->phase != PHASE_FORWARD) {
+        if (n->phase != PHASE_FORWARD || n->n_in == 0) continue;
+        if (n->t.role != ROLE_ACTIVATION && n->t.role != ROLE_SAVED) continue;
+        n->t.role = ROLE_ACTIVATION;
+        for (int k = 0; k < uses[i].n; k++) {
+            const Node *r = uses[i].list[k];
+            if (r->phase != PHASE_FORWARD && r->op != OP_CROSS_ENTROPY_BWD) {
                 n->t.role = ROLE_SAVED;
                 break;
             }
+        }
     }
 }
 
