@@ -92,7 +92,8 @@ void rt_init_params(Graph *g, uint64_t seed)
     /* state first: scale tensors must hold their 1 before scaled parameters are stored */
     for (int i = 0; i < g->n_nodes; i++) {
         Node *s = g->nodes[i];
-        if (s->op != OP_STATE || s->t.fmt.elem == FMT_VOID || s->t.fmt.codec == CODEC_SPLIT) continue;
+        if (s->op != OP_STATE || s->t.fmt.elem == FMT_VOID || s->t.fmt.codec == CODEC_SPLIT)
+            continue;
         int64_t n = ir_numel(&s->t);
         float *x = alloc_values(n);
         for (int64_t k = 0; k < n; k++) x[k] = s->t.role == ROLE_SCALE ? 1.0f : 0.0f;

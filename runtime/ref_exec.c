@@ -113,17 +113,22 @@ static bool is_scaled(const Format *f) { return f->scaling != SCALE_NONE; }
 
 /* Optimizer-state codecs (ir/codecs.c) keep their per-group side values in the scale tensor.
  * A split master is only meaningful next to its parameter: AdamW and init decode it there. */
-static bool is_group_codec(Codec c) { return c == CODEC_EXPAND || c == CODEC_COMPAND || c == CODEC_SQRT; }
+static bool is_group_codec(Codec c)
+{
+    return c == CODEC_EXPAND || c == CODEC_COMPAND || c == CODEC_SQRT;
+}
 
 static Tensor *codec_params_tensor(const Tensor *t)
 {
     if (t->fmt.codec == CODEC_SPLIT)
-        ir_die(__FILE__, __LINE__, "reference executor: the split master '%s' is read only with its parameter",
+        ir_die(__FILE__, __LINE__,
+               "reference executor: the split master '%s' is read only with its parameter",
                tensor_label(t));
     const Tensor *st = t->fmt.scale ? &t->fmt.scale->t : NULL;
     int64_t want = codec_param_count(t->fmt.codec, ir_numel(t));
     if (!st || st->fmt.elem != FMT_F32 || ir_numel(st) != want)
-        ir_die(__FILE__, __LINE__, "reference executor: '%s' (codec %s) needs %lld f32 side values in its scale tensor",
+        ir_die(__FILE__, __LINE__,
+               "reference executor: '%s' (codec %s) needs %lld f32 side values in its scale tensor",
                tensor_label(t), fmt_codec_name(t->fmt.codec), (long long)want);
     check_bound(st);
     return (Tensor *)st;

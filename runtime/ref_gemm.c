@@ -229,7 +229,8 @@ void ref_matmul(const Node *n, const float *const *x, float *y)
     int64_t ar = ref_rows(a), ac = ref_cols(a), br = ref_rows(b), bc = ref_cols(b);
     int64_t M = ta ? ac : ar, K = ta ? ar : ac;
     int64_t KB = tb ? bc : br, N = tb ? br : bc;
-    if (K != KB) ref_die_node(n, "inner dimensions %lld and %lld differ", (long long)K, (long long)KB);
+    if (K != KB)
+        ref_die_node(n, "inner dimensions %lld and %lld differ", (long long)K, (long long)KB);
     if (ir_numel(&n->t) != M * N)
         ref_die_node(n, "result has %lld elements, expected %lld x %lld",
                      (long long)ir_numel(&n->t), (long long)M, (long long)N);

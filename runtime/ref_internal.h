@@ -1,4 +1,4 @@
-/* ref_internal.h — what the reference executor's files share; not part of the runtime's interface.
+/* ref_internal.h — what the reference executor's files share; not part of rt.h's interface.
  *
  * The executor is split by concern: ref_exec.c (dispatch, loads and stores through formats),
  * ref_pool.c (threads), ref_gemm.c (matmul), ref_attn.c (attention, rope), ref_ops.c
@@ -22,7 +22,8 @@ typedef void (*RefTaskFn)(void *ctx, int64_t task);
 void ref_parallel_for(int64_t n_tasks, RefTaskFn fn, void *ctx);
 
 /* ---------------------------------------------------------------- ref_exec.c */
-_Noreturn void ref_die_node(const Node *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+_Noreturn void ref_die_node(const Node *n, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 int64_t ref_rows(const Tensor *t);          /* product of all dims but the last (1 for rank 0) */
 int64_t ref_cols(const Tensor *t);          /* the last dim (1 for rank 0) */
 int64_t ref_id(const Node *n, float v, int64_t limit, const char *what);   /* checked index */
@@ -64,7 +65,7 @@ void ref_copy(const Node *n, const float *const *x, float *y);       /* RESHAPE,
 void ref_slice(const Node *n, const float *const *x, float *y);      /* SLICE, PAD */
 void ref_concat(const Node *n, const float *const *x, float *y);
 void ref_sum_rows(const Node *n, const float *const *x, float *y);
-void ref_norm(const Node *n, const float *const *x, float *y);       /* LAYERNORM, RMSNORM (+ _BWD_*) */
+void ref_norm(const Node *n, const float *const *x, float *y);       /* (LAYER|RMS)NORM(_BWD_*) */
 void ref_softmax(const Node *n, const float *const *x, float *y);    /* SOFTMAX (+ _BWD) */
 void ref_embedding(const Node *n, const float *const *x, float *y);
 void ref_embedding_bwd(const Node *n, const float *const *x, float *y);

@@ -186,7 +186,8 @@ void ref_slice(const Node *n, const float *const *x, float *y)
     int axis = norm_axis(n, n->iattr[0], n->t.rank);
     int64_t start = n->iattr[1], outer, inner, ly, lx, o2, i2;
     split_at(&n->t, axis, &outer, &ly, &inner);
-    if (in->rank != n->t.rank) ref_die_node(n, "input rank %d, result rank %d", in->rank, n->t.rank);
+    if (in->rank != n->t.rank)
+        ref_die_node(n, "input rank %d, result rank %d", in->rank, n->t.rank);
     split_at(in, axis, &o2, &lx, &i2);
     if (o2 != outer || i2 != inner) ref_die_node(n, "shapes differ off the axis");
     bool pad = n->op == OP_PAD;
@@ -217,7 +218,8 @@ void ref_concat(const Node *n, const float *const *x, float *y)
                    sizeof(float) * (size_t)(lx * inner));
         at += lx;
     }
-    if (at != ly) ref_die_node(n, "inputs fill %lld of %lld along the axis", (long long)at, (long long)ly);
+    if (at != ly)
+        ref_die_node(n, "inputs fill %lld of %lld along the axis", (long long)at, (long long)ly);
 }
 
 /* ---------------------------------------------------------------- column reductions */

@@ -29,9 +29,11 @@ void ref_quant_scale(const Node *n, const float *const *x, float *y)
     const Tensor *t = &n->in[0]->t;
     ElemType e = (ElemType)n->iattr[0];
     Scaling kind = (Scaling)n->iattr[1];
-    if (e <= FMT_VOID || e >= FMT_COUNT) ref_die_node(n, "bad element type %lld", (long long)n->iattr[0]);
+    if (e <= FMT_VOID || e >= FMT_COUNT)
+        ref_die_node(n, "bad element type %lld", (long long)n->iattr[0]);
     if (kind <= SCALE_NONE || kind >= SCALE_COUNT || (kind == SCALE_PER_GROUP && n->iattr[2] <= 0))
-        ref_die_node(n, "bad scaling %lld (group %lld)", (long long)n->iattr[1], (long long)n->iattr[2]);
+        ref_die_node(n, "bad scaling %lld (group %lld)", (long long)n->iattr[1],
+                     (long long)n->iattr[2]);
     RefScaleMap m = ref_scale_map(kind, (int)n->iattr[2], ref_rows(t), ref_cols(t));
     if (ir_numel(&n->t) != m.count)
         ref_die_node(n, "result has %lld elements, the %s scales %lld", (long long)ir_numel(&n->t),
