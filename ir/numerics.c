@@ -148,6 +148,7 @@ float num_elem_max(ElemType e)
     case FMT_I8: return 127.0f;
     case FMT_U8: return 255.0f;
     case FMT_I32: return 2147483647.0f;            /* as a float: 2^31 */
+    case FMT_E8M0: return 1.7014118e38f;           /* 2^127 */
     case FMT_VOID:
     case FMT_COUNT: break;
     }
@@ -156,6 +157,25 @@ float num_elem_max(ElemType e)
 
 /* Integer element types: round to nearest even (rintf in the default rounding mode, which
  * nothing in fp8c changes) after clamping to the type's range; NaN stores 0. */
+/* E8M0 (OCP microscaling scales): a bare exponent, 2^(q - 127); 255 is NaN. Encoding keeps the
+ * exponent of x, rounding down to a power of two (a scale rounded down never pushes a scaled
+ * value past its format's maximum); x <= 0 gives the smallest scale, 2^-127. */
+static uint8_t num_f32_to_e8m0(float x)
+{
+    if (x != x) return 255;
+    if (!(x > 0)) return 0;
+    if (x > 1.7014118e38f) return 254;          /* 2^127 and above */
+    int e;
+    frexpf(x, &e);                              /* x = m 2^e, m in [0.5, 1) */
+    e -= 1;                                     /* floor(log2 x) */
+    return (uint8_t)(e < -127 ? 0 : e + 127);
+}
+
+static float num_e8m0_to_f32(uint8_t q)
+{
+    return q == 255 ? NAN : ldexpf(1.0f, (int)q - 127);
+}
+
 static float num_round_int(float x, float lo, float hi)
 {
     if (x != x) return 0.0f;
@@ -183,6 +203,7 @@ float num_round(ElemType e, float x)
     case FMT_I8: return num_round_int(x, -128.0f, 127.0f);
     case FMT_U8: return num_round_int(x, 0.0f, 255.0f);
     case FMT_I32: return (float)num_to_i32(x);
+    case FMT_E8M0: return num_e8m0_to_f32(num_f32_to_e8m0(x));
     case FMT_VOID:
     case FMT_COUNT: break;
     }
@@ -229,6 +250,11 @@ void num_encode(ElemType e, const float *src, void *dst, int64_t n)
         for (int64_t i = 0; i < n; i++) d[i] = num_to_i32(src[i]);
         return;
     }
+    case FMT_E8M0: {
+        uint8_t *d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = num_f32_to_e8m0(src[i]);
+        return;
+    }
     case FMT_VOID:
     case FMT_COUNT: break;
     }
@@ -272,6 +298,11 @@ void num_decode(ElemType e, const void *src, float *dst, int64_t n)
     case FMT_I32: {
         const int32_t *s = src;
         for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+        return;
+    }
+    case FMT_E8M0: {
+        const uint8_t *s = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = num_e8m0_to_f32(s[i]);
         return;
     }
     case FMT_VOID:

@@ -79,7 +79,7 @@ static void infer_or_die(Graph *g, Node *n)
 
 /* Emits the nodes that quantize src into (elem, scaling, group) before `before`, in `phase`. */
 static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int group, int history,
-                           Phase phase, Node *before)
+                           ElemType scale_elem, Phase phase, Node *before)
 {
     Graph *g = c->g;
     Node *scale;
@@ -107,6 +107,7 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         scale->iattr[0] = elem, scale->iattr[1] = sc, scale->iattr[2] = group;
         scale->phase = phase;
         scale->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
+        scale->t.fmt = fmt_plain(scale_elem);
         infer_or_die(g, scale);
         ir_move_before(g, scale, before);
     }
@@ -151,7 +152,7 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
         }
     }
     if (!q) {
-        q = emit_quantize(c, x, elem, sc, group, (int)mm->iattr[3], mm->phase, mm);
+        q = emit_quantize(c, x, elem, sc, group, (int)mm->iattr[3], FMT_F32, mm->phase, mm);
         remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
     }
     return q;
@@ -170,7 +171,11 @@ static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
     if (!first_bwd) return;
     /* quantize right after x is produced, so the bf16 value can die with its last forward use */
     Node *after = c->g->nodes[x->index + 1];
-    Node *q = emit_quantize(c, x, want->elem, want->scaling, want->group, want->history, PHASE_FORWARD, after);
+    /* fine groups keep power-of-two scales in one byte (E8M0, as OCP microscaling formats do):
+     * a quarter of the bytes of f32 scales, and scaling by them is exact */
+    ElemType scale_elem = want->scaling == SCALE_PER_GROUP && want->group <= 32 ? FMT_E8M0 : FMT_F32;
+    Node *q = emit_quantize(c, x, want->elem, want->scaling, want->group, want->history, scale_elem,
+                            PHASE_FORWARD, after);
     q->t.role = ROLE_SAVED;
     for (int k = 0; k < u->n; k++) {
         Node *r = u->list[k];
@@ -204,7 +209,8 @@ bool pass_scaling(Graph *g, const PassOptions *opt)
         mm->in[0] = a;
         mm->in[1] = b;
     }
-    /* a value is saved only while the backward still reads it */
+    /* a value is saved only while the backward still reads it; a saved scaled value's scales
+     * are kept with it */
     uses = ir_fill_uses(g);
     for (int i = 0; i < g->n_nodes; i++) {
         Node *x = g->nodes[i];
@@ -212,6 +218,11 @@ bool pass_scaling(Graph *g, const PassOptions *opt)
         bool read_later = false;
         for (int k = 0; k < uses[i].n; k++) read_later |= uses[i].list[k]->phase != PHASE_FORWARD;
         if (!read_later) x->t.role = ROLE_ACTIVATION;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *x = g->nodes[i];
+        Node *s = x->t.fmt.scale;
+        if (x->t.role == ROLE_SAVED && s && !ir_role_is_persistent(s->t.role)) s->t.role = ROLE_SAVED;
     }
     return true;
 }

@@ -38,6 +38,7 @@ static const char *ckpt_dtype_name(ElemType e) {
     case FMT_E5M2: return "F8_E5M2";
     case FMT_I8: return "I8";
     case FMT_U8: return "U8";
+    case FMT_E8M0: return "F8_E8M0";
     case FMT_I32: return "I32";
     default: return NULL;
     }

@@ -471,6 +471,48 @@ static void print_err(const char *what, Err e)
 }
 
 /* Per-element bounds that follow from each codec's definition. */
+/* E8M0 scales: every code decodes to its power of two (255: NaN); encoding keeps the exponent,
+ * rounding down, so a power of two round-trips and anything between two powers goes to the
+ * lower; 0 and negatives give the smallest scale, overflow the largest. Checked against exp2
+ * and frexp-free arithmetic written here. */
+static void test_e8m0(void **state)
+{
+    (void)state;
+    uint8_t code[256];
+    float val[256];
+    for (int q = 0; q < 256; q++) code[q] = (uint8_t)q;
+    num_decode(FMT_E8M0, code, val, 256);
+    for (int q = 0; q < 255; q++) {
+        double want = 1.0;
+        for (int k = 127; k < q; k++) want *= 2.0;
+        for (int k = q; k < 127; k++) want /= 2.0;
+        assert_true((double)val[q] == want);
+    }
+    assert_true(val[255] != val[255]);
+    for (int q = 0; q < 255; q++) {
+        float x = val[q], up = x * 1.75f, out[3];
+        uint8_t enc[3];
+        float in[3] = {x, up, q < 254 ? val[q + 1] * 0.999f : x};
+        if (q >= 254) in[1] = x;
+        num_encode(FMT_E8M0, in, enc, 3);
+        num_decode(FMT_E8M0, enc, out, 3);
+        assert_int_equal(enc[0], q);
+        assert_int_equal(enc[1], q);        /* between q and q+1: down to q */
+        assert_int_equal(enc[2], q);
+        assert_true(out[0] == x);
+    }
+    float odd[5] = {0.0f, -3.0f, NAN, 3.0e38f, INFINITY};
+    uint8_t enc[5];
+    num_encode(FMT_E8M0, odd, enc, 5);
+    assert_int_equal(enc[0], 0);
+    assert_int_equal(enc[1], 0);
+    assert_int_equal(enc[2], 255);
+    assert_int_equal(enc[3], 254);
+    assert_int_equal(enc[4], 254);
+    assert_true(num_round(FMT_E8M0, 0.3f) == 0.25f);
+    assert_true(num_elem_max(FMT_E8M0) == val[254]);
+}
+
 static void test_codec_element_bounds(void **state)
 {
     (void)state;
@@ -685,6 +727,7 @@ int main(void)
         cmocka_unit_test(test_f16_against_compiler),
 #endif
         cmocka_unit_test(test_bulk_and_integers),
+        cmocka_unit_test(test_e8m0),
         cmocka_unit_test(test_codec_element_bounds),
         cmocka_unit_test(test_codec_errors),
         cmocka_unit_test(test_codec_edges),
