@@ -11,8 +11,9 @@
  * several K blocks is parked in an f64 buffer between blocks and resumed, never summed from
  * zero per block, so the result is exactly sum_k a_ik b_kj added left to right. The product of
  * two f32 values is exact in f64, so a fused multiply-add gives the same bits as a multiply and
- * an add: the ISA clones of the kernel (AVX-512, AVX2+FMA, baseline) and any thread count give
- * identical results. Work is split by row panels of C; a tile never depends on another.
+ * an add: the ISA clones of the kernel (AVX2+FMA, baseline) and any thread count give
+ * identical results, and so do the 6 x 8 and 12 x 8 tiles. Work is split by row panels of C;
+ * a tile never depends on another.
  * Padding rows and columns of the panels are zeros and their outputs are dropped. */
 #include "ref_internal.h"
 
@@ -20,12 +21,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MR = 6, NR = 8, KC = 256 };
+/* MR rows x NR columns per register tile: 6 x 8 in twelve 4-wide registers, or, where AVX-512
+ * is present, 12 x 8 in twelve 8-wide ones (chosen at run time; the sums are the same). */
+enum { MR = 6, MR_WIDE = 12, NR = 8, KC = 512 };
 
 typedef double v4d __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GEMM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define GEMM_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define GEMM_CLONES
 #endif
@@ -59,8 +63,55 @@ static void gemm_kernel(int64_t K, const double *restrict ap, const double *rest
     memcpy(c, out, sizeof out);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HAVE_WIDE_KERNEL 1
+/* The 12 x 8 kernel: each row of the tile is one 8-wide register. */
+__attribute__((target("arch=x86-64-v4")))
+static void gemm_kernel_wide(int64_t K, const double *restrict ap, const double *restrict bp,
+                             double *restrict c, bool resume)
+{
+    v8d acc[MR_WIDE];
+    if (resume) memcpy(acc, c, sizeof acc);
+    else memset(acc, 0, sizeof acc);
+    v8d c0 = acc[0], c1 = acc[1], c2 = acc[2], c3 = acc[3], c4 = acc[4], c5 = acc[5];
+    v8d c6 = acc[6], c7 = acc[7], c8 = acc[8], c9 = acc[9], c10 = acc[10], c11 = acc[11];
+    for (int64_t k = 0; k < K; k++) {
+        v8d b;
+        memcpy(&b, bp + k * NR, sizeof b);
+        const double *a = ap + k * MR_WIDE;
+        c0 += a[0] * b, c1 += a[1] * b, c2 += a[2] * b, c3 += a[3] * b;
+        c4 += a[4] * b, c5 += a[5] * b, c6 += a[6] * b, c7 += a[7] * b;
+        c8 += a[8] * b, c9 += a[9] * b, c10 += a[10] * b, c11 += a[11] * b;
+    }
+    v8d out[MR_WIDE] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};
+    memcpy(c, out, sizeof out);
+}
+
+static int forced_rows;
+
+static int gemm_rows_per_tile(void)
+{
+    static int mr;
+    if (!mr) mr = __builtin_cpu_supports("avx512f") ? MR_WIDE : MR;
+    return forced_rows == MR ? MR : mr;
+}
+
+void ref_gemm_set_tile_rows(int rows) { forced_rows = rows; }
+#else
+#define HAVE_WIDE_KERNEL 0
+static void gemm_kernel_wide(int64_t K, const double *ap, const double *bp, double *c,
+                             bool resume)
+{
+    (void)K, (void)ap, (void)bp, (void)c, (void)resume;
+    IR_ASSERT(!"no wide kernel");
+}
+static int gemm_rows_per_tile(void) { return MR; }
+void ref_gemm_set_tile_rows(int rows) { (void)rows; }
+#endif
+
 typedef struct {
     int64_t M, N, K, lda, ldb;
+    int64_t mr;             /* rows of the register tile: MR or MR_WIDE */
     const float *A, *B;
     bool ta, tb;
     int64_t k0, kl;         /* the block of K in work */
@@ -81,78 +132,117 @@ static double *alloc_doubles(int64_t n)
     return p;
 }
 
+/* Packs op(B)[k0 .. k0+kl, j0 .. j0+NR] as kl rows of NR, reading B along its rows. */
 static void gemm_pack_b(void *ctx, int64_t jp)
 {
     GemmJob *j = ctx;
     double *dst = j->bpack + jp * j->kl * NR;
     int64_t j0 = jp * NR, nj = j->N - j0 < NR ? j->N - j0 : NR;
-    for (int64_t kk = 0; kk < j->kl; kk++) {
-        int64_t k = j->k0 + kk;
-        double *row = dst + kk * NR;
-        for (int64_t jj = 0; jj < nj; jj++)
-            row[jj] = j->tb ? j->B[(j0 + jj) * j->ldb + k] : j->B[k * j->ldb + j0 + jj];
-        for (int64_t jj = nj; jj < NR; jj++) row[jj] = 0;
+    if (nj < NR) memset(dst, 0, sizeof(double) * (size_t)(j->kl * NR));
+    if (j->tb) {
+        for (int64_t jj = 0; jj < nj; jj++) {
+            const float *src = j->B + (j0 + jj) * j->ldb + j->k0;
+            for (int64_t kk = 0; kk < j->kl; kk++) dst[kk * NR + jj] = src[kk];
+        }
+    } else {
+        for (int64_t kk = 0; kk < j->kl; kk++) {
+            const float *src = j->B + (j->k0 + kk) * j->ldb + j0;
+            for (int64_t jj = 0; jj < nj; jj++) dst[kk * NR + jj] = src[jj];
+        }
     }
 }
 
-/* Row panels [p0, p1) of C through the current K block; ap is scratch for one packed A panel. */
-static void gemm_panels(const GemmJob *j, int64_t p0, int64_t p1, double *ap)
+/* Packs op(A)[i0 .. i0+mr, k0 .. k0+kl] as kl columns of mr, reading A along its rows. */
+static void gemm_pack_a(const GemmJob *j, int64_t ip, double *ap)
 {
-    bool first = j->k0 == 0, last = j->k0 + j->kl == j->K;
-    double tile[MR * NR];
-    for (int64_t ip = p0; ip < p1; ip++) {
-        int64_t i0 = ip * MR, ni = j->M - i0 < MR ? j->M - i0 : MR;
+    int64_t mr = j->mr, i0 = ip * mr, ni = j->M - i0 < mr ? j->M - i0 : mr;
+    if (ni < mr) memset(ap, 0, sizeof(double) * (size_t)(j->kl * mr));
+    if (j->ta) {
         for (int64_t kk = 0; kk < j->kl; kk++) {
-            int64_t k = j->k0 + kk;
-            double *col = ap + kk * MR;
-            for (int64_t ii = 0; ii < ni; ii++)
-                col[ii] = j->ta ? j->A[k * j->lda + i0 + ii] : j->A[(i0 + ii) * j->lda + k];
-            for (int64_t ii = ni; ii < MR; ii++) col[ii] = 0;
+            const float *src = j->A + (j->k0 + kk) * j->lda + i0;
+            for (int64_t ii = 0; ii < ni; ii++) ap[kk * mr + ii] = src[ii];
         }
-        for (int64_t jp = 0; jp < j->n_col_panels; jp++) {
-            int64_t j0 = jp * NR, nj = j->N - j0 < NR ? j->N - j0 : NR;
-            if (!first) {   /* resume the running sums parked after the previous block */
-                memset(tile, 0, sizeof tile);
-                for (int64_t ii = 0; ii < ni; ii++)
-                    memcpy(tile + ii * NR, j->sums + (i0 + ii) * j->N + j0,
-                           sizeof(double) * (size_t)nj);
-            }
-            gemm_kernel(j->kl, ap, j->bpack + jp * j->kl * NR, tile, !first);
-            for (int64_t ii = 0; ii < ni; ii++) {
-                const double *t = tile + ii * NR;
-                if (!last) {
-                    memcpy(j->sums + (i0 + ii) * j->N + j0, t, sizeof(double) * (size_t)nj);
-                } else if (j->C) {
-                    float *c = j->C + (i0 + ii) * j->N + j0;
-                    for (int64_t jj = 0; jj < nj; jj++) c[jj] = (float)t[jj];
-                } else if (j->add) {
-                    double *c = j->Cd + (i0 + ii) * j->ldd + j0;
-                    for (int64_t jj = 0; jj < nj; jj++) c[jj] += t[jj];
-                } else {
-                    memcpy(j->Cd + (i0 + ii) * j->ldd + j0, t, sizeof(double) * (size_t)nj);
-                }
-            }
+    } else {
+        for (int64_t ii = 0; ii < ni; ii++) {
+            const float *src = j->A + (i0 + ii) * j->lda + j->k0;
+            for (int64_t kk = 0; kk < j->kl; kk++) ap[kk * mr + ii] = src[kk];
         }
     }
+}
+
+/* One tile (row panel ip, column panel jp) through the current K block. */
+static void gemm_tile(const GemmJob *j, int64_t ip, int64_t jp, const double *ap)
+{
+    bool first = j->k0 == 0, last = j->k0 + j->kl == j->K;
+    int64_t mr = j->mr, i0 = ip * mr, ni = j->M - i0 < mr ? j->M - i0 : mr;
+    int64_t j0 = jp * NR, nj = j->N - j0 < NR ? j->N - j0 : NR;
+    double tile[MR_WIDE * NR];
+    if (!first) {   /* resume the running sums parked after the previous block */
+        memset(tile, 0, sizeof tile);
+        for (int64_t ii = 0; ii < ni; ii++)
+            memcpy(tile + ii * NR, j->sums + (i0 + ii) * j->N + j0, sizeof(double) * (size_t)nj);
+    }
+    if (mr == MR_WIDE)
+        gemm_kernel_wide(j->kl, ap, j->bpack + jp * j->kl * NR, tile, !first);
+    else
+        gemm_kernel(j->kl, ap, j->bpack + jp * j->kl * NR, tile, !first);
+    for (int64_t ii = 0; ii < ni; ii++) {
+        const double *t = tile + ii * NR;
+        if (!last) {
+            memcpy(j->sums + (i0 + ii) * j->N + j0, t, sizeof(double) * (size_t)nj);
+        } else if (j->C) {
+            float *c = j->C + (i0 + ii) * j->N + j0;
+            for (int64_t jj = 0; jj < nj; jj++) c[jj] = (float)t[jj];
+        } else if (j->add) {
+            double *c = j->Cd + (i0 + ii) * j->ldd + j0;
+            for (int64_t jj = 0; jj < nj; jj++) c[jj] += t[jj];
+        } else {
+            memcpy(j->Cd + (i0 + ii) * j->ldd + j0, t, sizeof(double) * (size_t)nj);
+        }
+    }
+}
+
+static bool gemm_b_fits(const GemmJob *j)
+{
+    return (int64_t)sizeof(double) * j->kl * NR * j->n_col_panels <= (512 << 10);
+}
+
+/* Row panels [p0, p1) through the current K block; apack has room for all of them packed.
+ * When the packed B block is small it stays in cache while each A panel meets every column
+ * panel; when it is large (long K times wide N, few rows) the A panels are the smaller side
+ * and each B panel meets every A panel instead. The order changes no sum. */
+static void gemm_panels(const GemmJob *j, int64_t p0, int64_t p1, double *apack)
+{
+    int64_t panel = j->kl * j->mr;
+    if (gemm_b_fits(j)) {
+        for (int64_t ip = p0; ip < p1; ip++) {
+            gemm_pack_a(j, ip, apack);
+            for (int64_t jp = 0; jp < j->n_col_panels; jp++) gemm_tile(j, ip, jp, apack);
+        }
+        return;
+    }
+    for (int64_t ip = p0; ip < p1; ip++) gemm_pack_a(j, ip, apack + (ip - p0) * panel);
+    for (int64_t jp = 0; jp < j->n_col_panels; jp++)
+        for (int64_t ip = p0; ip < p1; ip++) gemm_tile(j, ip, jp, apack + (ip - p0) * panel);
 }
 
 static void gemm_rows_task(void *ctx, int64_t task)
 {
     GemmJob *j = ctx;
-    double *ap = alloc_doubles(j->kl * MR);
     int64_t p0 = task * j->panels_per_task;
     int64_t p1 = p0 + j->panels_per_task < j->n_row_panels ? p0 + j->panels_per_task
                                                            : j->n_row_panels;
-    gemm_panels(j, p0, p1, ap);
-    free(ap);
+    double *apack = alloc_doubles((gemm_b_fits(j) ? 1 : p1 - p0) * j->kl * j->mr);
+    gemm_panels(j, p0, p1, apack);
+    free(apack);
 }
 
 static GemmJob gemm_job(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
                         const float *B, int64_t ldb, bool tb)
 {
     GemmJob j = {.M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .A = A, .B = B,
-                 .ta = ta, .tb = tb};
-    j.n_row_panels = (M + MR - 1) / MR;
+                 .ta = ta, .tb = tb, .mr = gemm_rows_per_tile()};
+    j.n_row_panels = (M + j.mr - 1) / j.mr;
     j.n_col_panels = (N + NR - 1) / NR;
     return j;
 }
@@ -209,7 +299,7 @@ void ref_gemm_f64(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, 
     j.add = accumulate;
     j.k0 = 0;
     j.kl = K;
-    int64_t need = j.n_col_panels * K * NR + K * MR;
+    int64_t need = j.n_col_panels * K * NR + j.n_row_panels * K * j.mr;
     if (need > tls_cap) {
         pthread_once(&tls_once, tls_key_create);
         free(tls_buf);

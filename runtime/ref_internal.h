@@ -50,6 +50,8 @@ void ref_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool
 void ref_gemm_f64(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
                   const float *B, int64_t ldb, bool tb, double *C, int64_t ldc, bool accumulate);
 void ref_matmul(const Node *n, const float *const *x, float *y);
+/* Tests: 6 forces the 6 x 8 register tile where the 12 x 8 one would run; 0 restores it. */
+void ref_gemm_set_tile_rows(int rows);
 
 /* ---------------------------------------------------------------- ref_attn.c */
 void ref_attention(const Node *n, const float *const *x, float *y);

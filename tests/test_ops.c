@@ -671,13 +671,13 @@ static void test_threads_bit_identical(void **state)
 }
 
 /* The packed GEMM against a plain triple loop in f64, on sizes around the register tiles. */
-static void test_gemm_accuracy(void **state)
+static void gemm_check_sizes(void)
 {
-    (void)state;
-    /* M, N, K: below, at and across the 6 x 8 register tile and the 256-long K blocks */
+    /* M, N, K: below, at and across the 6 x 8 and 12 x 8 register tiles and the 512-long K
+     * blocks; 300 x 300 x 40 makes the packed B large enough for the column-panel-outer order */
     const int64_t sizes[][3] = {{1, 1, 1}, {6, 8, 3}, {13, 17, 29}, {64, 33, 200}, {5, 300, 2},
-                                {7, 9, 256}, {19, 10, 700}};
-    for (int s = 0; s < 7; s++) {
+                                {7, 9, 512}, {25, 10, 1100}, {30, 300, 300}};
+    for (int s = 0; s < 8; s++) {
         int64_t M = sizes[s][0], N = sizes[s][1], K = sizes[s][2];
         float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
         float *C = malloc(sizeof(float) * (size_t)(M * N));
@@ -712,6 +712,16 @@ static void test_gemm_accuracy(void **state)
         free(B);
         free(C);
     }
+}
+
+/* ... with each register tile this machine has (12 x 8 needs AVX-512, 6 x 8 runs anywhere) */
+static void test_gemm_accuracy(void **state)
+{
+    (void)state;
+    gemm_check_sizes();
+    ref_gemm_set_tile_rows(6);
+    gemm_check_sizes();
+    ref_gemm_set_tile_rows(0);
 }
 
 /* ---------------------------------------------------------------- formats */
