@@ -618,6 +618,39 @@ static void test_adamw(void **state)
     }
 }
 
+/* ACCUMULATE adds into its accumulator through the accumulator's format (a bf16 accumulator
+ * holds round(acc + g)); ASSIGN stores a value into a state through the state's format. */
+static void test_inplace_ops(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    const int64_t dims[2] = {20, 15};
+    float acc0[N], g[N], v[N];
+    for (int i = 0; i < N; i++) acc0[i] = rng_normal(), g[i] = 1e-2f * rng_normal(), v[i] = rng_normal();
+    TG *t = tg_new();
+    Node *acc = leaf_fill(t, OP_STATE, "w:grad", ROLE_GRAD, FMT_BF16, 2, dims, acc0);
+    Node *gn = leaf_fill(t, OP_INPUT, "g", ROLE_INPUT, FMT_F32, 2, dims, g);
+    Node *st = leaf_fill(t, OP_STATE, "s", ROLE_SCALE, FMT_BF16, 2, dims, acc0);
+    Node *vn = leaf_fill(t, OP_INPUT, "v", ROLE_INPUT, FMT_F32, 2, dims, v);
+    float *before = ref_load(&acc->t);
+    Node *a = ir_add2(t->g, OP_ACCUMULATE, acc, gn, here);
+    assert_null(ir_infer_shape(a, t->arena));
+    a->t.data = acc->t.data;   /* the result aliases the accumulator, as the memory plan has it */
+    Node *as = ir_add2(t->g, OP_ASSIGN, st, vn, here);
+    assert_null(ir_infer_shape(as, t->arena));
+    as->t.data = st->t.data;
+    ref_run_phase(t->g, PHASE_FORWARD);
+    float *after = ref_load(&acc->t), *sv = ref_load(&st->t);
+    for (int i = 0; i < N; i++) {
+        assert_true(after[i] == num_round(FMT_BF16, before[i] + g[i]));
+        assert_true(sv[i] == num_round(FMT_BF16, v[i]));
+    }
+    free(before);
+    free(after);
+    free(sv);
+    tg_free(t);
+}
+
 /* ---------------------------------------------------------------- threads */
 
 static void *snapshot(const Node *n)
@@ -1095,6 +1128,7 @@ int main(void)
         cmocka_unit_test(test_grad_shape_ops),
         cmocka_unit_test(test_forward_values),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_inplace_ops),
         cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_gemm_accuracy),
         cmocka_unit_test(test_rounded_outputs),
