@@ -19,7 +19,8 @@
 
 typedef struct {
     void *p;                /* element data (device) */
-    const float *s;         /* scales (device), NULL: unscaled or static (sconst) */
+    const void *s;          /* scales (device; f32 or e8m0, as the template says), NULL:
+                               unscaled or static (sconst) */
     long long n;            /* elements */
     long long rows, cols;   /* the 2-D view */
     long long ncg;          /* per-group and block scaling: scale columns per row (block: per

@@ -119,7 +119,7 @@ static bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr 
             if (l->ref_scale[k]) {
                 CUdeviceptr s;
                 if (!exec_map_tensor(e, &r->node->t.fmt.scale->t, &s)) return false;
-                a->t[k].s = (const float *)(uintptr_t)s;
+                a->t[k].s = (const void *)(uintptr_t)s;
             }
         } else if (r->scratch >= 0) {
             p = scratch_base + (CUdeviceptr)r->scratch;
@@ -361,7 +361,8 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     for (int i = 0; i < g->n_nodes; i++)
         for (int k = 0; k < e->plans[i].n_launch; k++)
             if (e->plans[i].launch[k].table) n_tables += g->nodes[i]->n_in;
-    e->aux_bytes = align_up(ALIGN + 8 * (int64_t)n_tables + ALIGN * 64);
+    /* the phases' tables, and as much again for nodes run one at a time (tests) */
+    e->aux_bytes = align_up(ALIGN + 16 * (int64_t)n_tables + ALIGN * 64);
 
     /* memory: check, then one allocation per arena */
     int64_t step_bytes = align_up(host->step_bytes);
@@ -459,6 +460,7 @@ bool cuda_exec_run_micro_step(CudaExec *e) {
 bool cuda_exec_run_node(CudaExec *e, const Node *n) {
     for (int i = 0; i < e->g->n_nodes; i++) {
         if (e->g->nodes[i] != n) continue;
+        int64_t aux_at = e->aux_used;
         ExecList L = {0};
         bool ok = exec_add_node(e, &L, n, &e->plans[i]);
         for (int k = 0; ok && k < L.n; k++) ok = exec_launch(e, &L.l[k]);
@@ -471,7 +473,7 @@ bool cuda_exec_run_node(CudaExec *e, const Node *n) {
                 CU(cublasLtMatmulDescDestroy)(L.l[k].desc);
             }
         free(L.l);
-        e->aux_used = ALIGN;
+        e->aux_used = aux_at;   /* the tables of this run are not needed again */
         return ok;
     }
     rt_error("CUDA executor: node %%%d is not in the graph", n->id);

@@ -68,6 +68,8 @@ static void render_enums(Text *t) {
                 "SCALE_PER_GROUP = %d, SCALE_TILE_1x128 = %d, SCALE_BLOCK_128 = %d };\n",
                 SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_ROW, SCALE_PER_GROUP, SCALE_TILE_1x128,
                 SCALE_BLOCK_128);
+    text_printf(t, "enum { CODEC_PLAIN = %d, CODEC_EXPAND = %d, CODEC_COMPAND = %d, CODEC_SQRT = %d, "
+                "CODEC_SPLIT = %d };\n", CODEC_PLAIN, CODEC_EXPAND, CODEC_COMPAND, CODEC_SQRT, CODEC_SPLIT);
     text_add(t, "enum {");
     for (int op = 0; op < OP_COUNT; op++) {
         const char *name = ir_op_info((OpKind)op)->text;

@@ -82,8 +82,12 @@ static void elem_enum(ElemType e, char *out, size_t len) {
 
 /* The template argument for a tensor's format: F<FMT_BF16, SCALE_NONE>. */
 static const char *fmt_arg(Spec *s, const Tensor *t) {
-    char e[32];
+    char e[32], se[32];
     elem_enum(t->fmt.elem, e, sizeof e);
+    if (t->fmt.scaling != SCALE_NONE && t->fmt.scale && t->fmt.scale->t.fmt.elem != FMT_F32) {
+        elem_enum(t->fmt.scale->t.fmt.elem, se, sizeof se);
+        return arena_printf(s->arena, "F<%s, %s, %s>", e, scale_enum[t->fmt.scaling], se);
+    }
     return arena_printf(s->arena, "F<%s, %s>", e, scale_enum[t->fmt.scaling]);
 }
 static const char *F32_ARG = "F<FMT_F32, SCALE_NONE>";
@@ -100,8 +104,9 @@ static bool spec_check_tensor(Spec *s, const Tensor *t, const char *what) {
             return spec_fail(s, "%s: per-group scaling without a group size", what);
         if (!f->scale && f->recipe != RECIPE_STATIC)
             return spec_fail(s, "%s is scaled but has no scale tensor", what);
-        if (f->scale && (f->scale->t.fmt.elem != FMT_F32 || f->scale->t.fmt.scaling != SCALE_NONE))
-            return spec_fail(s, "%s: its scales are not plain f32", what);
+        if (f->scale && ((f->scale->t.fmt.elem != FMT_F32 && f->scale->t.fmt.elem != FMT_E8M0) ||
+                         f->scale->t.fmt.scaling != SCALE_NONE || f->scale->t.fmt.codec != CODEC_PLAIN))
+            return spec_fail(s, "%s: its scales are not plain f32 or e8m0", what);
     }
     return true;
 }
@@ -240,8 +245,60 @@ static bool plan_elementwise(Spec *s) {
         args_result_inputs(l, n);
         l->args.f[0] = n->fattr[0];
         return true;
-    case OP_ADD_N: case OP_CONCAT: {
+    case OP_ADD_N:
+        if (n->n_in > CK_MAX_TENSORS - 1) {
+            if (!check_io(s, n, true)) return false;
+            enum { PER = 10 };
+            need_scratch(s, count * 8);
+            for (int at = 0; at < n->n_in; at += PER) {
+                int k = n->n_in - at < PER ? n->n_in - at : PER;
+                char list[512] = "";
+                for (int i = 0; i < k; i++) {
+                    size_t len = strlen(list);
+                    snprintf(list + len, sizeof list - len, ", %s", fmt_arg(s, &n->in[at + i]->t));
+                }
+                l = spec_launch(s, "add_n", grid_elem(count), ELEM_THREADS, "ck_add_n_part<%d, %d, %s%s>(a)",
+                                at == 0, at + k == n->n_in, Y, list);
+                arg_node(l, 0, n);
+                for (int i = 0; i < k; i++) arg_node(l, 1 + i, n->in[at + i]);
+                l->args.n_in = k;
+                l->scratch = 0;
+            }
+            return true;
+        }
+        /* fall through */
+    case OP_CONCAT: {
         if (!check_io(s, n, true)) return false;
+        if (n->op == OP_CONCAT && n->n_in > CK_MAX_IATTR - 3) {
+            int axis = (int)(n->iattr[0] < 0 ? n->iattr[0] + y->rank : n->iattr[0]);
+            if (axis < 0 || axis >= y->rank) return spec_fail(s, "bad axis");
+            int64_t outer = 1, inner = 1, at = 0;
+            for (int i = 0; i < axis; i++) outer *= y->dims[i];
+            for (int i = axis + 1; i < y->rank; i++) inner *= y->dims[i];
+            enum { PER = CK_MAX_IATTR - 5 };
+            for (int k0 = 0; k0 < n->n_in; k0 += PER) {
+                int k = n->n_in - k0 < PER ? n->n_in - k0 : PER;
+                char list[512] = "";
+                int64_t lp = 0;
+                for (int i = 0; i < k; i++) {
+                    size_t len = strlen(list);
+                    snprintf(list + len, sizeof list - len, ", %s", fmt_arg(s, &n->in[k0 + i]->t));
+                    lp += n->in[k0 + i]->t.dims[axis];
+                }
+                l = spec_launch(s, "concat", grid_elem(outer * lp * inner), ELEM_THREADS,
+                                "ck_concat_part<%s%s>(a)", Y, list);
+                arg_node(l, 0, n);
+                for (int i = 0; i < k; i++) {
+                    arg_node(l, 1 + i, n->in[k0 + i]);
+                    l->args.i[5 + i] = n->in[k0 + i]->t.dims[axis];
+                }
+                l->args.n_in = k;
+                l->args.i[0] = outer, l->args.i[1] = y->dims[axis], l->args.i[2] = inner;
+                l->args.i[3] = at, l->args.i[4] = lp;
+                at += lp;
+            }
+            return true;
+        }
         int max = n->op == OP_ADD_N ? CK_MAX_TENSORS - 1 : CK_MAX_IATTR - 3;
         if (n->n_in > max) return spec_fail(s, "more than %d inputs", max);
         char list[512] = "";
@@ -660,18 +717,58 @@ static bool plan_optimizer(Spec *s) {
         return true;
     case OP_ADAMW: {
         if (n->n_in != 8 && n->n_in != 9) return spec_fail(s, "takes 8 or 9 inputs");
-        if (!check_io(s, n, false)) return false;
         int64_t count = ir_numel(&n->in[0]->t);
-        for (int i = 1; i < 4; i++)
-            if (ir_numel(&n->in[i]->t) != count) return spec_fail(s, "input %d's size differs", i);
-        bool master = n->n_in == 9;
-        char list[1024] = "";
-        for (int i = 0; i < 9; i++) {
-            size_t at = strlen(list);
-            snprintf(list + at, sizeof list - at, "%s, ",
-                     i < n->n_in ? fmt_arg(s, &n->in[i]->t) : F32_ARG);
+        for (int i = 1; i < n->n_in && i != 4; i++)
+            if (i < 4 && ir_numel(&n->in[i]->t) != count) return spec_fail(s, "input %d's size differs", i);
+        const Node *mn = n->in[2], *vn = n->in[3], *wn = n->n_in == 9 ? n->in[8] : NULL;
+        Codec mc = mn->t.fmt.codec, vc = vn->t.fmt.codec, wc = wn ? wn->t.fmt.codec : CODEC_PLAIN;
+        if (mc == CODEC_PLAIN && vc == CODEC_PLAIN && wc == CODEC_PLAIN) {
+            if (!check_io(s, n, false)) return false;
+            char list[1024] = "";
+            for (int i = 0; i < 9; i++) {
+                size_t at = strlen(list);
+                snprintf(list + at, sizeof list - at, "%s, ",
+                         i < n->n_in ? fmt_arg(s, &n->in[i]->t) : F32_ARG);
+            }
+            l = spec_launch(s, "adamw", grid_elem(count), ELEM_THREADS, "ck_adamw<%s%d>(a)", list, wn != NULL);
+            args_inputs(l, n);
+            for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
+            return true;
         }
-        l = spec_launch(s, "adamw", grid_elem(count), ELEM_THREADS, "ck_adamw<%s%d>(a)", list, master);
+        /* coded states: each one is plain, or a group codec with its side values */
+        const Node *st[2] = {mn, vn};
+        for (int k = 0; k < 2; k++) {
+            const Format *f = &st[k]->t.fmt;
+            if (f->codec == CODEC_PLAIN) {
+                if (!spec_check_tensor(s, &st[k]->t, k ? "v" : "m")) return false;
+                continue;
+            }
+            if (f->codec == CODEC_SPLIT || f->elem != codec_elem(f->codec) || !f->scale ||
+                f->scale->t.fmt.elem != FMT_F32 ||
+                ir_numel(&f->scale->t) != codec_param_count(f->codec, count))
+                return spec_fail(s, "%s: codec '%s' with elements %s and %lld side values", k ? "v" : "m",
+                                 fmt_codec_name(f->codec), fmt_elem_name(f->elem),
+                                 (long long)(f->scale ? ir_numel(&f->scale->t) : 0));
+        }
+        int mk = !wn ? 0 : wc == CODEC_SPLIT ? 2 : 1;
+        if (mk == 2 && (n->in[0]->t.fmt.elem != FMT_BF16 || n->in[0]->t.fmt.scaling != SCALE_NONE ||
+                        wn->t.fmt.elem != FMT_I8))
+            return spec_fail(s, "a split master needs a bf16 parameter and an i8 correction");
+        if (mk == 1 && !spec_check_tensor(s, &wn->t, "the master")) return false;
+        for (int i = 0; i < 8; i++)
+            if (i != 2 && i != 3 && !(i == 0 && mk == 2) && !spec_check_tensor(s, &n->in[i]->t, "an input"))
+                return false;
+        const char *codec_names[CODEC_COUNT] = {"CODEC_PLAIN", "CODEC_EXPAND", "CODEC_COMPAND", "CODEC_SQRT", "CODEC_SPLIT"};
+        int64_t chunks = (count + 127) / 128;
+        int64_t blocks = (chunks + 7) / 8;
+        l = spec_launch(s, "adamwc", (unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks), ELEM_THREADS,
+                        "ck_adamw_coded<%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, %s>(a)",
+                        mk == 2 ? "F<FMT_BF16, SCALE_NONE>" : fmt_arg(s, &n->in[0]->t),
+                        fmt_arg(s, &n->in[1]->t), fmt_arg(s, &n->in[4]->t), fmt_arg(s, &n->in[5]->t),
+                        fmt_arg(s, &n->in[6]->t), fmt_arg(s, &n->in[7]->t), codec_names[mc],
+                        mc == CODEC_PLAIN ? fmt_arg(s, &mn->t) : F32_ARG, codec_names[vc],
+                        vc == CODEC_PLAIN ? fmt_arg(s, &vn->t) : F32_ARG, mk,
+                        mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG);
         args_inputs(l, n);
         for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
         return true;
@@ -690,7 +787,8 @@ static OperandKind operand_kind(const Tensor *t) {
     if (f->codec != CODEC_PLAIN) return OPD_OTHER;
     if (f->scaling == SCALE_NONE && f->elem == FMT_BF16) return OPD_BF16;
     if (f->scaling == SCALE_NONE && f->elem == FMT_F32) return OPD_F32;
-    if ((f->elem == FMT_E4M3 || f->elem == FMT_E5M2) && f->scaling == SCALE_PER_TENSOR && f->scale)
+    if ((f->elem == FMT_E4M3 || f->elem == FMT_E5M2) && f->scaling == SCALE_PER_TENSOR && f->scale &&
+        f->scale->t.fmt.elem == FMT_F32)
         return OPD_FP8;
     return OPD_OTHER;
 }

@@ -57,6 +57,17 @@ template <class Y, class... X> __device__ void ck_add_n(const CkArgs &a) {
     CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, (float)CkPick<0, X...>::sum(a, 0.0, i));
 }
 
+/* ADD_N of more inputs than an argument block holds: launches of up to 10 inputs each carry
+ * the f64 running sum in scratch, so the sum is the same, in the same order, as one launch's */
+template <int FIRST, int LAST, class Y, class... X> __device__ void ck_add_n_part(const CkArgs &a) {
+    double *acc = (double *)a.scratch;
+    CK_GRID_STRIDE(i, a.t[0].n) {
+        double s = CkPick<0, X...>::sum(a, FIRST ? 0.0 : acc[i], i);
+        if (LAST) Y::st(a.t[0], i, (float)s);
+        else acc[i] = s;
+    }
+}
+
 #define CK_GELU_C 0.7978845608028654f
 #define CK_GELU_A 0.044715f
 
@@ -114,6 +125,21 @@ template <class Y, class... X> __device__ void ck_concat(const CkArgs &a) {
         while (k + 1 < a.n_in && l >= at + a.i[3 + k]) at += a.i[3 + k++];
         i64 lx = a.i[3 + k];
         Y::st(a.t[0], i, CkPick<0, X...>::ld(a, k, (o * lx + (l - at)) * inner + in));
+    }
+}
+
+/* CONCAT of more inputs than an argument block holds: each launch writes its inputs' part of
+ * the result; i = {outer, len_y, inner, at (the part's start on the axis), len of the part,
+ * len_x of its inputs ..} */
+template <class Y, class... X> __device__ void ck_concat_part(const CkArgs &a) {
+    i64 ly = a.i[1], inner = a.i[2], at0 = a.i[3], lp = a.i[4];
+    CK_GRID_STRIDE(j, a.i[0] * lp * inner) {
+        i64 o = j / (lp * inner), rem = j - o * lp * inner, l = rem / inner, in = rem - l * inner;
+        int k = 0;
+        i64 at = 0;
+        while (k + 1 < a.n_in && l >= at + a.i[5 + k]) at += a.i[5 + k++];
+        i64 lx = a.i[5 + k];
+        Y::st(a.t[0], (o * ly + at0 + l) * inner + in, CkPick<0, X...>::ld(a, k, (o * lx + (l - at)) * inner + in));
     }
 }
 
@@ -629,4 +655,206 @@ template <class X> __device__ void ck_all_finite(const CkArgs &a) {
     int bad = 0;
     CK_GRID_STRIDE(i, a.t[0].n) bad |= !isfinite(X::ld(a.t[0], i));
     if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr((int *)a.scratch, 1);
+}
+
+/* ---------------------------------------------------------------- AdamW with coded states
+ * Adam's m and v at O2/O3 are stored through the optimizer-state codecs of ir/codecs.c: per
+ * group of consecutive elements (128 for range expansion, 32 for companding), one byte per
+ * element and f32 side values (in the tensor's scale array) that depend on the whole group.
+ * A warp takes 128 elements (lane l holds l, l+32, l+64, l+96), so a 128-group is the warp and
+ * a 32-group is one of the lane's four slots: the group statistics are warp reductions, with
+ * no shared memory and no second pass. The master weight may be split (bf16 weight + i8
+ * rounding error). Encoding and decoding follow codecs.c line by line, in f64 where it is f64. */
+
+#define CK_EXPAND_TARGET_MIN (1.0 / 64.0)
+#define CK_EXPAND_K_MAX 16.0
+
+static __device__ __forceinline__ int ck_codec_group(int c) {
+    return c == CODEC_EXPAND ? 128 : 32;
+}
+
+/* NaN wins (codec_absmax) */
+static __device__ __forceinline__ float ck_absmax_nan(float m, float a) { return (a > m || a != a) ? a : m; }
+
+/* reduce v over the lanes of one group: 128-groups span the warp, 32-groups too (one slot) */
+static __device__ __forceinline__ float ck_warp_absmax_nan(float m) {
+    for (int o = 16; o > 0; o >>= 1) m = ck_absmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+static __device__ __forceinline__ double ck_warp_min(double m) {
+    for (int o = 16; o > 0; o >>= 1) m = fmin(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+/* decode element i of a coded state (codes q, side values p) */
+template <int C> static __device__ __forceinline__ float ck_codec_ld(const CkTensor &t, i64 i) {
+    const float *p = (const float *)t.s;
+    if (C == CODEC_EXPAND) {
+        const float *pg = p + (i / 128) * 2;
+        double c = pg[0], inv_k = 1.0 / (double)pg[1];
+        double d = Elem<FMT_E4M3>::ld(t.p, i);
+        double a = c * pow(fabs(d) / 448.0, inv_k);
+        return (float)(signbit(d) ? -a : a);
+    }
+    if (C == CODEC_COMPAND) {
+        double z = ((const signed char *)t.p)[i] / 127.0;
+        return (float)(p[i / 32] * (z / (2.0 - fabs(z))));
+    }
+    double z = ((const unsigned char *)t.p)[i] / 255.0;   /* CODEC_SQRT */
+    double s = z / (2.0 - z) * p[i / 32];
+    return (float)(s * s);
+}
+
+/* encode the warp's 128 values x[j] (element base + lane + 32 j, those < n) */
+template <int C> static __device__ void ck_codec_st(const CkTensor &t, i64 base, i64 n, const float *x) {
+    int lane = threadIdx.x & 31;
+    float *p = (float *)t.s;
+    if (C == CODEC_EXPAND) {
+        float m = 0.0f;
+        double lo = CK_INF;
+        for (int j = 0; j < 4; j++) {
+            if (base + lane + 32 * j >= n) continue;
+            m = ck_absmax_nan(m, fabsf(x[j]));
+            double a = fabs((double)x[j]);
+            if (a > 0.0 && a < lo) lo = a;
+        }
+        double c = ck_warp_absmax_nan(m);
+        lo = ck_warp_min(lo);
+        double k = 1.0;
+        if (c > 0.0 && c / lo > 1.0) k = log(448.0 / CK_EXPAND_TARGET_MIN) / log(c / lo);
+        if (k > CK_EXPAND_K_MAX) k = CK_EXPAND_K_MAX;
+        float cf = (float)c, kf = (float)k;
+        if (lane == 0) {
+            p[(base / 128) * 2] = cf;
+            p[(base / 128) * 2 + 1] = kf;
+        }
+        c = cf;
+        k = kf;
+        for (int j = 0; j < 4; j++) {
+            i64 i = base + lane + 32 * j;
+            if (i >= n) continue;
+            double y = c > 0.0 && isfinite(c) ? 448.0 * pow(fabs((double)x[j]) / c, k) : 0.0;
+            Elem<FMT_E4M3>::st(t.p, i, (float)(signbit(x[j]) ? -y : y));
+        }
+        return;
+    }
+    for (int j = 0; j < 4; j++) {   /* 32-groups: slot j of every lane */
+        i64 i = base + lane + 32 * j;
+        bool in = i < n;
+        if (C == CODEC_COMPAND) {
+            float m = ck_warp_absmax_nan(in ? fabsf(x[j]) : 0.0f);
+            double a = m;
+            if (lane == 0 && base + 32 * j < n) p[(base + 32 * j) / 32] = m;
+            if (!in) continue;
+            double y = a > 0.0 && isfinite(a) ? x[j] / a : 0.0;
+            ((signed char *)t.p)[i] = (signed char)rint(127.0 * (2.0 * y / (1.0 + fabs(y))));
+        } else {
+            float v = in ? x[j] : 0.0f;
+            /* max of sqrt(v) over the group in f64, NaN winning (sqrt_encode) */
+            double a = v > 0.0f ? sqrt((double)v) : v != v ? (double)CK_NAN : 0.0;
+            for (int o = 16; o > 0; o >>= 1) {
+                double b = __shfl_xor_sync(0xffffffffu, a, o);
+                a = (b > a || b != b) ? b : a;
+            }
+            float pf = (float)a;
+            if (lane == 0 && base + 32 * j < n) p[(base + 32 * j) / 32] = pf;
+            if (!in) continue;
+            a = pf;
+            double y = a > 0.0 && isfinite(a) && v > 0.0f ? sqrt((double)v) / a : 0.0;
+            double r = rint(255.0 * (2.0 * y / (1.0 + y)));
+            ((unsigned char *)t.p)[i] = (unsigned char)(r < 1.0 && y > 0.0 ? 1.0 : r);
+        }
+    }
+}
+
+/* a state element through its codec (C) or, plain, its format (X) */
+template <int C, class X> static __device__ __forceinline__ float ck_state_ld(const CkTensor &t, i64 i) {
+    if (C == CODEC_PLAIN) return X::ld(t, i);
+    return ck_codec_ld<C>(t, i);
+}
+
+/* the split master: w = hi + lo ulp(hi) / 256 (codec_split_decode / _encode) */
+static __device__ __forceinline__ int ck_split_ulp_exp(unsigned short hi) {
+    int biased = (hi >> 7) & 0xFF;
+    return (biased ? biased : 1) - 127 - 7;
+}
+
+/* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master]) with any state codecs:
+ * MC, VC the codecs of m and v (CODEC_PLAIN: through their formats M, V); MK the master: 0
+ * none, 1 plain (format W), 2 split. One warp per 128 elements. f = {b1, b2, eps, wd} */
+template <class P, class G, class LR, class ST, class CL, class GS, int MC, class M, int VC, class V,
+          int MK, class W>
+__device__ void ck_adamw_coded(const CkArgs &a) {
+    __shared__ double k[4];
+    double b1 = a.f[0], b2 = a.f[1], eps = a.f[2], wd = a.f[3];
+    if (threadIdx.x == 0) {
+        double step = ST::ld(a.t[5], 0);
+        k[0] = LR::ld(a.t[4], 0);
+        k[1] = (double)GS::ld(a.t[7], 0) * (double)CL::ld(a.t[6], 0);
+        k[2] = 1 - pow(b1, step);
+        k[3] = 1 - pow(b2, step);
+    }
+    __syncthreads();
+    i64 n = a.t[0].n, chunks = (n + 127) / 128;
+    int lane = threadIdx.x & 31;
+    i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5, warps = ((i64)gridDim.x * blockDim.x) >> 5;
+    for (i64 ch = warp; ch < chunks; ch += warps) {
+        i64 base = ch * 128;
+        float mf[4], vf[4], wf[4];
+        for (int j = 0; j < 4; j++) {
+            i64 i = base + lane + 32 * j;
+            mf[j] = vf[j] = wf[j] = 0.0f;
+            if (i >= n) continue;
+            double g = G::ld(a.t[1], i) * k[1];
+            double m = b1 * ck_state_ld<MC, M>(a.t[2], i) + (1 - b1) * g;
+            double v = b2 * ck_state_ld<VC, V>(a.t[3], i) + (1 - b2) * g * g;
+            double w;
+            if (MK == 2) {
+                unsigned short hi = ((const unsigned short *)a.t[0].p)[i];
+                signed char lo = ((const signed char *)a.t[8].p)[i];
+                w = (double)(Elem<FMT_BF16>::ld(a.t[0].p, i) + ldexpf((float)lo, ck_split_ulp_exp(hi) - 8));
+            } else {
+                w = MK == 1 ? (double)W::ld(a.t[8], i) : (double)P::ld(a.t[0], i);
+            }
+            double mhat = m / k[2], vhat = v / k[3];
+            w -= k[0] * (mhat / (sqrt(vhat) + eps) + wd * w);
+            mf[j] = (float)m;
+            vf[j] = (float)v;
+            wf[j] = (float)w;
+        }
+        /* every lane has read its old states before any group is re-encoded */
+        __syncwarp();
+        if (MC == CODEC_PLAIN) {
+            for (int j = 0; j < 4; j++)
+                if (base + lane + 32 * j < n) M::st(a.t[2], base + lane + 32 * j, mf[j]);
+        } else {
+            ck_codec_st<MC>(a.t[2], base, n, mf);
+        }
+        if (VC == CODEC_PLAIN) {
+            for (int j = 0; j < 4; j++)
+                if (base + lane + 32 * j < n) V::st(a.t[3], base + lane + 32 * j, vf[j]);
+        } else {
+            ck_codec_st<VC>(a.t[3], base, n, vf);
+        }
+        for (int j = 0; j < 4; j++) {
+            i64 i = base + lane + 32 * j;
+            if (i >= n) continue;
+            G::st(a.t[1], i, 0.0f);
+            if (MK == 2) {
+                __nv_bfloat16 hb = __float2bfloat16_rn(wf[j]);
+                unsigned short h = *(unsigned short *)&hb;
+                float hf = __uint_as_float((unsigned)h << 16);
+                ((unsigned short *)a.t[0].p)[i] = h;
+                signed char lo = 0;
+                if (isfinite(hf)) {
+                    float r = rintf(ldexpf(wf[j] - hf, 8 - ck_split_ulp_exp(h)));
+                    lo = (signed char)(r > 127.0f ? 127.0f : r < -128.0f ? -128.0f : r);
+                }
+                ((signed char *)a.t[8].p)[i] = lo;
+            } else {
+                if (MK == 1) W::st(a.t[8], i, wf[j]);
+                P::st(a.t[0], i, wf[j]);
+            }
+        }
+    }
 }

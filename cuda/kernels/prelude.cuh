@@ -66,6 +66,25 @@ template <> struct Elem<FMT_E5M2> {
     }
 };
 
+/* E8M0 (microscaling scales): 2^(q - 127), 255 NaN; a store keeps the exponent (rounds down
+ * to a power of two), x <= 0 gives 2^-127, beyond 2^127 gives 2^127 (num_f32_to_e8m0) */
+template <> struct Elem<FMT_E8M0> {
+    static __device__ __forceinline__ float ld(const void *p, i64 i) {
+        unsigned q = ((const unsigned char *)p)[i];
+        return q == 255 ? CK_NAN : q ? __uint_as_float(q << 23) : __uint_as_float(0x00400000u);
+    }
+    static __device__ __forceinline__ void st(void *p, i64 i, float v) {
+        unsigned q;
+        if (v != v) q = 255;
+        else if (!(v > 0.0f)) q = 0;
+        else {
+            q = (__float_as_uint(v) >> 23) & 0xff;
+            if (q > 254) q = 254;
+        }
+        ((unsigned char *)p)[i] = (unsigned char)q;
+    }
+};
+
 /* Integer types round to nearest even after clamping; NaN stores 0 (num_encode). */
 static __device__ __forceinline__ float ck_round_int(float x, float lo, float hi) {
     if (x != x) return 0.0f;
@@ -108,27 +127,27 @@ template <int S> static __device__ __forceinline__ i64 ck_scale_index(const CkTe
     return r * t.ncg + c / t.group;   /* per group, 1x128 tiles */
 }
 
-template <int S> static __device__ __forceinline__ float ck_scale(const CkTensor &t, i64 i) {
-    return t.s ? t.s[ck_scale_index<S>(t, i)] : t.sconst;
+template <int S, int SE> static __device__ __forceinline__ float ck_scale(const CkTensor &t, i64 i) {
+    return t.s ? Elem<SE>::ld(t.s, ck_scale_index<S>(t, i)) : t.sconst;
 }
 
-/* F<E, S>: a tensor of element type E and scaling S. */
-template <int E, int S> struct F {
+/* F<E, S, SE>: a tensor of element type E and scaling S, its scales stored as SE. */
+template <int E, int S, int SE = FMT_F32> struct F {
     enum { elem = E, scaling = S };
     static __device__ __forceinline__ float ld(const CkTensor &t, i64 i) {
         float v = Elem<E>::ld(t.p, i);
-        if (S != SCALE_NONE) v = v / ck_scale<S>(t, i);
+        if (S != SCALE_NONE) v = v / ck_scale<S, SE>(t, i);
         return v;
     }
     static __device__ __forceinline__ void st(const CkTensor &t, i64 i, float v) {
-        if (S != SCALE_NONE) v = v * ck_scale<S>(t, i);
+        if (S != SCALE_NONE) v = v * ck_scale<S, SE>(t, i);
         Elem<E>::st(t.p, i, v);
     }
     /* what a load reads back after a store of v (nothing is written) */
     static __device__ __forceinline__ float round(const CkTensor &t, i64 i, float v) {
-        float s = S != SCALE_NONE ? ck_scale<S>(t, i) : 1.0f;
+        float s = S != SCALE_NONE ? ck_scale<S, SE>(t, i) : 1.0f;
         if (S != SCALE_NONE) v = v * s;
-        unsigned char buf[4];
+        unsigned buf[1];
         Elem<E>::st(buf, 0, v);
         float r = Elem<E>::ld(buf, 0);
         return S != SCALE_NONE ? r / s : r;

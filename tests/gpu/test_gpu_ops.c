@@ -1,0 +1,528 @@
+/* test_gpu_ops.c — every GPU kernel against the reference executor, on fresh random data.
+ *
+ * All cases live in one graph, so that the kernel module is compiled once (NVRTC, cached).
+ * Each case is one node whose inputs are random leaves in the formats under test; the node
+ * runs on the GPU (its output poisoned first, so an unwritten element shows as NaN), then the
+ * same node runs in the reference executor from the same input bytes, and the results — the
+ * node's tensor and every operand it updates in place — are compared after decoding.
+ *
+ * Bounds (normalized error, see gpu_test.h), by what may legitimately differ:
+ *   0       copies, casts, quantization, slices, embeddings, f32 adds, in-place accumulation,
+ *           scales and amax histories: the same f32 operations in the same order, and the
+ *           conversions agree bit for bit (ir/numerics.c);
+ *   2e-5    f32 results of reductions and attention (f64 sums in another order; attention in
+ *           f32 with f32 exp against the reference's f64);
+ *   1e-2    bf16 results (a few elements one bf16 step, 2^-8 relative, apart), FP8 GEMMs
+ *           (cuBLASLt accumulates in f32, the reference in f64; then bf16);
+ *   0.1     FP8 results of computed values (one e4m3 step is 2^-3 relative).
+ * The gpu label keeps this out of CI; without a GPU it prints "skipped: no GPU" and passes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "gpu_test.h"
+
+enum { MAX_CASES = 160 };
+
+typedef struct {
+    const char *name;
+    Node *node;
+    double tol;         /* < 0: by the result's element type */
+    const char *group;
+} Case;
+
+static Arena *arena;
+static Graph *graph;
+static Case cases[MAX_CASES];
+static int n_cases;
+static RtMemory mem;
+static CudaExec *exec;
+static const char *group_now;
+static const SrcLoc here = {"test_gpu_ops.c", 1, 1};
+
+/* ---------------------------------------------------------------- building */
+
+static Node *leaf_fmt(const char *name, ElemType e, Scaling sc, int group, Node *scale, float mag,
+                      int rank, const int64_t *dims) {
+    Node *n = ir_leaf(graph, OP_INPUT, name, ROLE_INPUT, e, rank, dims, here);
+    n->t.fmt.scaling = sc;
+    n->t.fmt.group = group;
+    n->t.fmt.recipe = sc != SCALE_NONE ? RECIPE_CURRENT : RECIPE_NONE;
+    n->t.fmt.scale = scale;
+    n->fattr[0] = mag;   /* scratch: the magnitude to fill with */
+    return n;
+}
+
+#define DIMS(...) (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (const int64_t[]){__VA_ARGS__}
+
+static Node *leaf(ElemType e, float mag, int rank, const int64_t *dims) {
+    return leaf_fmt("x", e, SCALE_NONE, 0, NULL, mag, rank, dims);
+}
+
+/* token ids or targets in [0, hi), a fraction p_ignore of them -1 */
+static Node *ids(int64_t hi, double p_ignore, int rank, const int64_t *dims) {
+    Node *n = leaf(FMT_I32, 0, rank, dims);
+    n->iattr[0] = hi;
+    n->fattr[1] = p_ignore;
+    n->t.name = "ids";
+    return n;
+}
+
+/* a scale tensor of `count` positive values around 448 / (4 mag) */
+static Node *scales(int64_t rows, int64_t cols, float mag) {
+    Node *n = cols ? leaf(FMT_F32, 0, DIMS(rows, cols)) : rows ? leaf(FMT_F32, 0, DIMS(rows))
+                   : ir_leaf(graph, OP_INPUT, "s", ROLE_INPUT, FMT_F32, 0, NULL, here);
+    n->t.role = ROLE_SCALE;
+    n->t.name = "scale";
+    n->fattr[0] = mag;
+    return n;
+}
+
+static Node *op_v(OpKind op, ElemType e, const int64_t *ia, const double *fa, int n_in, Node *const *in) {
+    Node *n = ir_add(graph, op, n_in, in, here);
+    if (ia) memcpy(n->iattr, ia, sizeof n->iattr);
+    if (fa) memcpy(n->fattr, fa, sizeof n->fattr);
+    const char *err = ir_infer_shape(n, arena);
+    if (err) fail_msg("%s: %s", ir_op_info(op)->text, err);
+    if (n->t.fmt.elem != FMT_VOID) n->t.fmt = fmt_plain(e);
+    return n;
+}
+#define IN(...) (int)(sizeof((Node *[]){__VA_ARGS__}) / sizeof(Node *)), (Node *[]){__VA_ARGS__}
+#define I(...) ((const int64_t[IR_MAX_IATTR]){__VA_ARGS__})
+#define Fa(...) ((const double[IR_MAX_FATTR]){__VA_ARGS__})
+
+static Node *add_case(const char *name, double tol, Node *n) {
+    assert_true(n_cases < MAX_CASES);
+    cases[n_cases++] = (Case){name, n, tol, group_now};
+    n->t.name = name;
+    return n;
+}
+
+/* ---------------------------------------------------------------- the cases */
+
+static void build_elementwise(void) {
+    group_now = "elementwise";
+    int64_t B = gt_int(1, 4), T = gt_int(1, 70), C = 16 * gt_int(1, 12), H = 2, D = C / H;
+    Node *x = leaf(FMT_BF16, 1, DIMS(B, T, C)), *y = leaf(FMT_BF16, 1, DIMS(B, T, C));
+    Node *bias = leaf(FMT_BF16, 1, DIMS(C)), *xf = leaf(FMT_F32, 1, DIMS(B, T, C));
+    Node *yf = leaf(FMT_F32, 1, DIMS(B, T, C));
+    Node *s0 = ir_leaf(graph, OP_INPUT, "s0", ROLE_INPUT, FMT_F32, 0, NULL, here);
+    s0->fattr[0] = 1;
+    add_case("add bias bf16", 0, op_v(OP_ADD, FMT_BF16, NULL, NULL, IN(x, bias)));
+    add_case("sub f32", 0, op_v(OP_SUB, FMT_F32, NULL, NULL, IN(xf, yf)));
+    add_case("mul scalar bf16", 0, op_v(OP_MUL, FMT_BF16, NULL, NULL, IN(x, s0)));
+    add_case("scale f32->bf16", 0, op_v(OP_SCALE, FMT_BF16, NULL, Fa(0.37), IN(xf)));
+    add_case("add_n 3", 0, op_v(OP_ADD_N, FMT_BF16, NULL, NULL, IN(x, y, xf)));
+    Node *many[23];
+    for (int i = 0; i < 23; i++) many[i] = i % 3 ? x : leaf(FMT_F32, 1, DIMS(B, T, C));
+    add_case("add_n 23", 0, op_v(OP_ADD_N, FMT_F32, NULL, NULL, 23, many));
+    add_case("gelu bf16", 1e-2, op_v(OP_GELU, FMT_BF16, NULL, NULL, IN(x)));
+    add_case("gelu_bwd f32", 2e-5, op_v(OP_GELU_BWD, FMT_F32, NULL, NULL, IN(yf, xf)));
+    add_case("silu f32", 2e-5, op_v(OP_SILU, FMT_F32, NULL, NULL, IN(xf)));
+    add_case("silu_bwd bf16", 1e-2, op_v(OP_SILU_BWD, FMT_BF16, NULL, NULL, IN(y, x)));
+    add_case("cast f32->bf16", 0, op_v(OP_CAST, FMT_BF16, NULL, NULL, IN(xf)));
+    Node *st = scales(0, 0, 1);
+    Node *q = add_case("quantize e4m3 tensor", 0, op_v(OP_QUANTIZE, FMT_E4M3, NULL, NULL, IN(xf, st)));
+    q->t.fmt.scaling = SCALE_PER_TENSOR, q->t.fmt.recipe = RECIPE_CURRENT, q->t.fmt.scale = st;
+    Node *sr = scales(B * T, 0, 1);
+    q = add_case("quantize e5m2 row", 0, op_v(OP_QUANTIZE, FMT_E5M2, NULL, NULL, IN(x, sr)));
+    q->t.fmt.scaling = SCALE_PER_ROW, q->t.fmt.recipe = RECIPE_CURRENT, q->t.fmt.scale = sr;
+    Node *sg = scales(B * T, C / 16, 1);
+    q = add_case("quantize e4m3 group 16", 0, op_v(OP_QUANTIZE, FMT_E4M3, NULL, NULL, IN(x, sg)));
+    q->t.fmt.scaling = SCALE_PER_GROUP, q->t.fmt.group = 16, q->t.fmt.recipe = RECIPE_CURRENT,
+    q->t.fmt.scale = sg;
+    Node *st2 = scales(0, 0, 1);
+    Node *x8 = leaf_fmt("x8", FMT_E4M3, SCALE_PER_TENSOR, 0, st2, 1, DIMS(B, T, C));
+    add_case("cast e4m3->f32", 0, op_v(OP_CAST, FMT_F32, NULL, NULL, IN(x8)));
+    add_case("slice", 0, op_v(OP_SLICE, FMT_BF16, I(2, D / 2, D), NULL, IN(x)));
+    Node *sl = leaf(FMT_BF16, 1, DIMS(B, T, D));
+    add_case("pad", 0, op_v(OP_PAD, FMT_BF16, I(2, C - D, C), NULL, IN(sl)));
+    add_case("concat 3", 0, op_v(OP_CONCAT, FMT_F32, I(2), NULL, IN(x, xf, sl)));
+    Node *parts[17];
+    for (int i = 0; i < 17; i++) parts[i] = leaf(i % 2 ? FMT_BF16 : FMT_F32, 1, DIMS(gt_int(1, 9), C));
+    add_case("concat 17 rows", 0, op_v(OP_CONCAT, FMT_BF16, I(0), NULL, 17, parts));
+    int64_t V = gt_int(20, 300);
+    Node *table = leaf(FMT_BF16, 1, DIMS(V, C)), *tok = ids(V, 0, DIMS(B, T));
+    add_case("embedding", 0, op_v(OP_EMBEDDING, FMT_BF16, NULL, NULL, IN(table, tok)));
+    add_case("rope", 1e-6, op_v(OP_ROPE, FMT_F32, I(D, 0), Fa(10000.0), IN(xf)));
+    add_case("rope inverse bf16", 1e-2, op_v(OP_ROPE, FMT_BF16, I(D, 1), Fa(500000.0), IN(x)));
+    Node *c = op_v(OP_CONST, FMT_BF16, NULL, Fa(0.3), 0, NULL);
+    ir_set_shape(c, 2, (const int64_t[]){T, C});
+    add_case("const", 0, c);
+}
+
+static void build_rows(void) {
+    group_now = "rows";
+    int64_t R = gt_int(1, 300), C = gt_int(1, 200) + 64;
+    Node *x = leaf(FMT_BF16, 2, DIMS(R, C)), *dy = leaf(FMT_BF16, 1, DIMS(R, C));
+    Node *w = leaf(FMT_F32, 1, DIMS(C)), *b = leaf(FMT_F32, 1, DIMS(C));
+    add_case("layernorm", 1e-2, op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(x, w, b)));
+    add_case("rmsnorm f32", 2e-5, op_v(OP_RMSNORM, FMT_F32, NULL, Fa(1e-6), IN(x, w)));
+    add_case("layernorm_bwd_x", 1e-2, op_v(OP_LAYERNORM_BWD_X, FMT_BF16, NULL, Fa(1e-5), IN(dy, x, w)));
+    add_case("layernorm_bwd_w", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dy, x)));
+    add_case("rmsnorm_bwd_x f32", 2e-5, op_v(OP_RMSNORM_BWD_X, FMT_F32, NULL, Fa(1e-6), IN(dy, x, w)));
+    add_case("rmsnorm_bwd_w bf16", 1e-2, op_v(OP_RMSNORM_BWD_W, FMT_BF16, NULL, Fa(1e-6), IN(dy, x)));
+    Node *xs = leaf(FMT_F32, 3, DIMS(R, 77));
+    Node *sm = add_case("softmax", 2e-5, op_v(OP_SOFTMAX, FMT_F32, NULL, NULL, IN(xs)));
+    Node *dys = leaf(FMT_F32, 1, DIMS(R, 77));
+    add_case("softmax_bwd", 2e-5, op_v(OP_SOFTMAX_BWD, FMT_F32, NULL, NULL, IN(dys, sm)));
+    int64_t V = gt_int(2, 700);
+    Node *logits = leaf(FMT_BF16, 3, DIMS(R, V)), *tgt = ids(V, 0.1, DIMS(R));
+    add_case("cross_entropy", 2e-5, op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(logits, tgt)));
+    Node *dl = ir_leaf(graph, OP_INPUT, "dl", ROLE_INPUT, FMT_F32, 0, NULL, here);
+    dl->fattr[0] = 1;
+    add_case("cross_entropy_bwd", 1e-2, op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits, tgt)));
+    int64_t R2 = gt_int(1, 5000);
+    Node *big = leaf(FMT_BF16, 1, DIMS(R2, C));
+    add_case("sum_rows", 2e-5, op_v(OP_SUM_ROWS, FMT_F32, NULL, NULL, IN(big)));
+    add_case("sqnorm", 2e-5, op_v(OP_SQNORM, FMT_F32, NULL, NULL, IN(big)));
+    int64_t Ve = gt_int(2, 60);
+    Node *tk = ids(Ve, 0, DIMS(R2));
+    Node *dye = leaf(FMT_BF16, 1, DIMS(R2, C));
+    add_case("embedding_bwd", 2e-5, op_v(OP_EMBEDDING_BWD, FMT_F32, I(Ve), NULL, IN(dye, tk)));
+}
+
+static void build_quant(void) {
+    group_now = "scaling";
+    int64_t R = gt_int(1, 300), C = 16 * gt_int(1, 20);
+    Node *x = leaf(FMT_BF16, 3, DIMS(R, C));
+    add_case("quant_scale tensor", 0, op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(x)));
+    add_case("quant_scale row", 0, op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E5M2, SCALE_PER_ROW, 0, 1), NULL, IN(x)));
+    add_case("quant_scale group", 0, op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_GROUP, 16, 0), NULL, IN(x)));
+    add_case("quant_scale block", 0, op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_BLOCK_128, 0, 0), NULL, IN(x)));
+    Node *hist = leaf(FMT_F32, 1, DIMS(8));
+    hist->t.role = ROLE_AMAX_HISTORY;
+    add_case("amax_record", 0, op_v(OP_AMAX_RECORD, FMT_F32, NULL, NULL, IN(hist, x)));
+    Node *state = ir_leaf(graph, OP_INPUT, "state", ROLE_INPUT, FMT_F32, 0, NULL, here);
+    state->fattr[0] = 1;
+    Node *hist2 = leaf(FMT_F32, 1, DIMS(16));
+    add_case("delayed_scale", 0, op_v(OP_DELAYED_SCALE, FMT_F32, I(FMT_E4M3, 0, 1), NULL, IN(state, hist2)));
+}
+
+static void build_optimizer(void) {
+    group_now = "optimizer";
+    int64_t R = gt_int(1, 100), C = gt_int(1, 300);
+    Node *acc = leaf(FMT_BF16, 1, DIMS(R, C)), *g = leaf(FMT_BF16, 1, DIMS(R, C));
+    add_case("accumulate bf16", 0, op_v(OP_ACCUMULATE, FMT_BF16, NULL, NULL, IN(acc, g)));
+    Node *scal[4];
+    double vals[4] = {1e-3, 3, 0.7, 0.5};
+    for (int i = 0; i < 4; i++) {
+        scal[i] = ir_leaf(graph, OP_INPUT, "k", ROLE_INPUT, FMT_F32, 0, NULL, here);
+        scal[i]->fattr[0] = -(float)vals[i];   /* negative: a fixed value */
+    }
+    Node *p = leaf(FMT_BF16, 1, DIMS(R, C)), *gr = leaf(FMT_BF16, 1, DIMS(R, C));
+    Node *m = leaf(FMT_F32, 0.1f, DIMS(R, C)), *v = leaf(FMT_F32, 0.01f, DIMS(R, C));
+    v->iattr[1] = 1;   /* positive */
+    add_case("adamw", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.95, 1e-8, 0.1),
+                                 IN(p, gr, m, v, scal[0], scal[1], scal[2], scal[3])));
+    Node *p2 = leaf(FMT_BF16, 1, DIMS(C)), *g2 = leaf(FMT_F32, 1, DIMS(C));
+    Node *m2 = leaf(FMT_BF16, 0.1f, DIMS(C)), *v2 = leaf(FMT_F32, 0.01f, DIMS(C));
+    Node *w2 = leaf(FMT_F32, 1, DIMS(C));
+    v2->iattr[1] = 1;
+    add_case("adamw master", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.999, 1e-8, 0.0),
+                                        IN(p2, g2, m2, v2, scal[0], scal[1], scal[2], scal[3], w2)));
+    /* coded states (O2: range expansion; O3: companded m, sqrt v, split master) */
+    int64_t nc = gt_int(1, 1000);
+    Codec codecs[2][2] = {{CODEC_EXPAND, CODEC_EXPAND}, {CODEC_COMPAND, CODEC_SQRT}};
+    for (int c = 0; c < 2; c++) {
+        Node *st[2];
+        for (int k = 0; k < 2; k++) {
+            Codec cd = codecs[c][k];
+            Node *side = scales(codec_param_count(cd, nc), 0, 1);
+            st[k] = leaf_fmt(k ? "v" : "m", codec_elem(cd), SCALE_PER_GROUP, codec_group_size(cd), side,
+                             k ? 0.01f : 0.1f, DIMS(nc));
+            st[k]->t.fmt.codec = cd;
+            st[k]->t.fmt.recipe = RECIPE_NONE;
+            st[k]->iattr[1] = k;   /* v positive */
+        }
+        Node *pc = leaf(FMT_BF16, 1, DIMS(nc)), *gc = leaf(FMT_BF16, 1, DIMS(nc));
+        if (c == 0) {
+            Node *wc = leaf(FMT_F32, 1, DIMS(nc));
+            add_case("adamw expand states", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.95, 1e-8, 0.1),
+                     IN(pc, gc, st[0], st[1], scal[0], scal[1], scal[2], scal[3], wc)));
+        } else {
+            Node *lo = leaf(FMT_I8, 60, DIMS(nc));
+            lo->t.fmt.codec = CODEC_SPLIT;
+            add_case("adamw compand/sqrt, split master", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.95, 1e-8, 0.1),
+                     IN(pc, gc, st[0], st[1], scal[0], scal[1], scal[2], scal[3], lo)));
+        }
+    }
+    Node *norm = ir_leaf(graph, OP_INPUT, "norm", ROLE_INPUT, FMT_F32, 0, NULL, here);
+    norm->fattr[0] = 4;
+    norm->iattr[1] = 1;
+    add_case("clip_coef", 0, op_v(OP_CLIP_COEF, FMT_F32, NULL, Fa(1.0), IN(norm)));
+    Node *sq[6];
+    sq[0] = scal[3];
+    for (int i = 1; i < 6; i++) {
+        sq[i] = ir_leaf(graph, OP_INPUT, "sq", ROLE_INPUT, FMT_F32, 0, NULL, here);
+        sq[i]->fattr[0] = 2;
+        sq[i]->iattr[1] = 1;
+    }
+    add_case("grad_norm", 2e-5, op_v(OP_GRAD_NORM, FMT_F32, NULL, NULL, 6, sq));
+}
+
+static void build_gemm(void) {
+    group_now = "gemm";
+    int64_t M = 16 * gt_int(1, 20), N = 16 * gt_int(1, 20), K = 16 * gt_int(1, 20);
+    Node *a = leaf(FMT_BF16, 1, DIMS(M, K)), *bt = leaf(FMT_BF16, 1, DIMS(N, K));
+    Node *b = leaf(FMT_BF16, 1, DIMS(K, N)), *at = leaf(FMT_BF16, 1, DIMS(K, M));
+    add_case("matmul bf16 NT", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 1), NULL, IN(a, bt)));
+    add_case("matmul bf16 NN", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 0), NULL, IN(a, b)));
+    add_case("matmul bf16 TN->f32", 2e-5, op_v(OP_MATMUL, FMT_F32, I(1, 0), NULL, IN(at, b)));
+    add_case("matmul bf16 TT", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(1, 1), NULL, IN(at, bt)));
+    Node *af = leaf(FMT_F32, 1, DIMS(M, K)), *bf = leaf(FMT_F32, 1, DIMS(K, N));
+    add_case("matmul f32", 2e-5, op_v(OP_MATMUL, FMT_F32, I(0, 0), NULL, IN(af, bf)));
+    Node *sa = scales(0, 0, 1), *sb = scales(0, 0, 1), *sc = scales(0, 0, 1), *sd = scales(0, 0, 1);
+    Node *a8 = leaf_fmt("a8", FMT_E4M3, SCALE_PER_TENSOR, 0, sa, 1, DIMS(M, K));
+    Node *b8t = leaf_fmt("b8", FMT_E4M3, SCALE_PER_TENSOR, 0, sb, 1, DIMS(N, K));
+    add_case("matmul e4m3 x e4m3 (forward)", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 1, 1), NULL, IN(a8, b8t)));
+    Node *g8 = leaf_fmt("g8", FMT_E5M2, SCALE_PER_TENSOR, 0, sc, 1, DIMS(M, N));
+    Node *w8 = leaf_fmt("w8", FMT_E4M3, SCALE_PER_TENSOR, 0, sd, 1, DIMS(N, K));
+    add_case("matmul e5m2 x e4m3 (dgrad)", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 0, 1), NULL, IN(g8, w8)));
+    add_case("matmul e5m2^T x e4m3 (wgrad)", 2e-5, op_v(OP_MATMUL, FMT_F32, I(1, 0, 1), NULL, IN(g8, a8)));
+    int64_t m = gt_int(1, 40), k = gt_int(1, 40), n = gt_int(1, 40);
+    Node *sgr = scales(m, (k + 15) / 16, 1);
+    Node *ag = leaf_fmt("ag", FMT_E4M3, SCALE_PER_GROUP, 16, sgr, 1, DIMS(m, k));
+    Node *bo = leaf(FMT_BF16, 1, DIMS(n, k));
+    add_case("matmul e4m3 group x bf16 (fallback)", 2e-5, op_v(OP_MATMUL, FMT_F32, I(0, 1), NULL, IN(ag, bo)));
+    Node *so = scales(0, 0, 1);
+    Node *mo = add_case("matmul -> e4m3 (store)", 0.1, op_v(OP_MATMUL, FMT_E4M3, I(0, 1), NULL, IN(a, bt)));
+    mo->t.fmt.scaling = SCALE_PER_TENSOR, mo->t.fmt.recipe = RECIPE_STATIC, mo->t.fmt.scale = so;
+}
+
+static void build_attention(void) {
+    group_now = "attention";
+    struct { int64_t B, T, H, Hkv, D; ElemType e; bool packed; } cfg[] = {
+        {gt_int(1, 3), gt_int(1, 150), 4, 2, 64, FMT_BF16, false},
+        {1, gt_int(60, 200), 2, 2, 128, FMT_F32, false},
+        {2, gt_int(1, 130), 4, 4, 32, FMT_BF16, true},
+        {1, 64, 6, 1, 16, FMT_F32, true},
+    };
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        int64_t B = cfg[c].B, T = cfg[c].T, H = cfg[c].H, Hkv = cfg[c].Hkv, D = cfg[c].D;
+        ElemType e = cfg[c].e;
+        double tol = e == FMT_F32 ? 2e-5 : 1e-2;
+        double scale = 1.0 / sqrt((double)D);
+        Node *dy = leaf(e, 1, DIMS(B, T, H * D));
+        char *fw = arena_printf(arena, "attention T%lld H%lld/%lld D%lld %s%s", (long long)T,
+                                (long long)H, (long long)Hkv, (long long)D, fmt_elem_name(e),
+                                cfg[c].packed ? " packed" : "");
+        char *bw = arena_printf(arena, "attention_bwd T%lld H%lld/%lld D%lld %s%s", (long long)T,
+                                (long long)H, (long long)Hkv, (long long)D, fmt_elem_name(e),
+                                cfg[c].packed ? " packed" : "");
+        if (cfg[c].packed) {
+            Node *qkv = leaf(e, 1, DIMS(B, T, (H + 2 * Hkv) * D));
+            add_case(fw, tol, op_v(OP_ATTENTION, e, I(H, Hkv), Fa(scale), IN(qkv)));
+            add_case(bw, tol, op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, qkv)));
+        } else {
+            Node *q = leaf(e, 1, DIMS(B, T, H * D)), *k = leaf(e, 1, DIMS(B, T, Hkv * D));
+            Node *v = leaf(e, 1, DIMS(B, T, Hkv * D));
+            add_case(fw, tol, op_v(OP_ATTENTION, e, I(H, Hkv), Fa(scale), IN(q, k, v)));
+            add_case(bw, tol, op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v)));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- data */
+
+static void fill_leaf(Node *n) {
+    int64_t count = ir_numel(&n->t);
+    float *x = malloc(sizeof(float) * (size_t)(count ? count : 1));
+    assert_non_null(x);
+    float mag = (float)n->fattr[0];
+    for (int64_t i = 0; i < count; i++) {
+        if (n->t.fmt.elem == FMT_I32) {
+            x[i] = gt_uniform() < n->fattr[1] ? -1.0f : (float)gt_int(0, n->iattr[0]);
+        } else if (n->t.role == ROLE_SCALE) {
+            x[i] = (float)(448.0 / (4.0 * mag) * (0.5 + gt_uniform()));
+        } else if (n->t.fmt.codec == CODEC_SPLIT) {
+            x[i] = rintf(mag * gt_normal());
+        } else if (mag < 0) {
+            x[i] = -mag;                                  /* a fixed value */
+        } else {
+            float v = mag * gt_normal();
+            x[i] = n->iattr[1] ? fabsf(v) : v;            /* iattr[1]: positive values */
+        }
+    }
+    if (n->t.fmt.codec == CODEC_SPLIT) num_encode(FMT_I8, x, n->t.data, count);
+    else ref_store(&n->t, x);
+    free(x);
+}
+
+static int setup(void **state) {
+    (void)state;
+    gt_seed();
+    arena = arena_new();
+    graph = ir_graph_new(arena);
+    graph->model_name = "gpu_ops";
+    build_elementwise();
+    build_rows();
+    build_quant();
+    build_optimizer();
+    build_gemm();
+    build_attention();
+    if (!rt_memory_bind(graph, &mem)) return -1;
+    /* scales before the tensors stored through them */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < graph->n_nodes; i++) {
+            Node *n = graph->nodes[i];
+            if (n->op == OP_INPUT && (n->t.role == ROLE_SCALE) == (pass == 0)) fill_leaf(n);
+        }
+    CudaBinary bin;
+    bool skipped = false;
+    char why[512] = "";
+    if (!cuda_compile_graph(graph, &bin, &skipped, why, sizeof why)) return -1;
+    if (skipped) {
+        fprintf(stderr, "the GPU backend cannot run a case: %s\n", why);
+        return -1;
+    }
+    printf("kernel module: %zu bytes of cubin%s\n", bin.cubin_size, bin.cached ? " (cached)" : "");
+    exec = cuda_exec_open(graph, &mem, bin.cubin, bin.cubin_size);
+    cuda_binary_free(&bin);
+    return exec ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cuda_exec_close(exec);
+    rt_memory_free(&mem);
+    arena_free(arena);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- running */
+
+static double tol_for(const Case *c, const Tensor *t) {
+    if (c->tol >= 0) return c->tol;
+    return t->fmt.elem == FMT_F32 ? 2e-5 : t->fmt.elem == FMT_BF16 ? 1e-2 : 0.1;
+}
+
+/* The tensors a node writes: its result, and operands it updates in place (with the side
+ * values of coded states, which their re-encoding rewrites). */
+static int outputs_of(Node *n, Tensor **out) {
+    int k = 0;
+    if (n->t.fmt.elem != FMT_VOID && !ir_op_is_inplace(n->op)) out[k++] = &n->t;
+    for (int i = 0; i < n->n_in; i++)
+        if (ir_mutates_input(n, i)) {
+            out[k++] = &n->in[i]->t;
+            const Format *f = &n->in[i]->t.fmt;
+            if (f->codec != CODEC_PLAIN && f->codec != CODEC_SPLIT && f->scale) out[k++] = &f->scale->t;
+        }
+    return k;
+}
+
+/* decoded values of t's bytes `data`; a coded state reads its side values from the copy of
+ * the outputs it was written with (the same index in `side`), a split correction as i8 */
+static float *decode_as(Tensor *const *out, int n_out, void *const *copies, int k) {
+    Tensor t = *out[k];
+    t.data = copies[k];
+    Node side;
+    if (t.fmt.codec == CODEC_SPLIT) t.fmt = fmt_plain(FMT_I8);
+    if (t.fmt.codec != CODEC_PLAIN && t.fmt.scale) {
+        side = *t.fmt.scale;
+        for (int j = 0; j < n_out; j++)
+            if (out[j] == &t.fmt.scale->t) side.t.data = copies[j];
+        t.fmt.scale = &side;
+    }
+    return ref_load(&t);
+}
+
+static bool run_case(const Case *c) {
+    Node *n = c->node;
+    Tensor *out[16];
+    int n_out = outputs_of(n, out);
+    void *before[16], *gpu[16];
+    for (int k = 0; k < n_out; k++) {
+        size_t bytes = (size_t)gt_bytes(out[k]);
+        before[k] = malloc(bytes + 1);
+        gpu[k] = malloc(bytes + 1);
+        memcpy(before[k], out[k]->data, bytes);
+        /* poison what the node writes from scratch: an element it skips reads back as NaN */
+        if (out[k] == &n->t) memset(out[k]->data, 0xFF, bytes);
+    }
+    bool ok = cuda_exec_push(exec, out, n_out) && cuda_exec_run_node(exec, n) && cuda_exec_pull(exec, out, n_out);
+    for (int k = 0; k < n_out; k++) {
+        size_t bytes = (size_t)gt_bytes(out[k]);
+        memcpy(gpu[k], out[k]->data, bytes);
+        memcpy(out[k]->data, before[k], bytes);
+    }
+    if (ok) ref_exec_node(n);
+    for (int k = 0; ok && k < n_out; k++) {
+        void *now[16];
+        for (int j = 0; j < n_out; j++) now[j] = out[j]->data;
+        float *a = decode_as(out, n_out, gpu, k), *r = decode_as(out, n_out, now, k);
+        double max_abs, e = gt_norm_error(a, r, ir_numel(out[k]), &max_abs);
+        double tol = tol_for(c, out[k]);
+        bool pass = e >= 0 && (tol == 0 ? e == 0 : e <= tol);
+        printf("  %-40s %-10s %s[%lld] err %.2e (bound %.0e)%s\n", c->name,
+               out[k] == &n->t ? "result" : (out[k]->name ? out[k]->name : "operand"),
+               fmt_elem_name(out[k]->fmt.elem), (long long)ir_numel(out[k]), e, tol,
+               pass ? "" : "  FAIL");
+        if (!pass) {
+            for (int64_t i = 0, shown = 0; i < ir_numel(out[k]) && shown < 5; i++)
+                if (!(a[i] == r[i]) && !(a[i] != a[i] && r[i] != r[i])) {
+                    printf("      [%lld] gpu %.9g ref %.9g\n", (long long)i, a[i], r[i]);
+                    shown++;
+                }
+            ok = false;
+        }
+        free(a);
+        free(r);
+    }
+    /* the device goes on from the reference's state */
+    if (!cuda_exec_push(exec, out, n_out)) ok = false;
+    for (int k = 0; k < n_out; k++) {
+        free(before[k]);
+        free(gpu[k]);
+    }
+    return ok;
+}
+
+static void run_group(const char *group) {
+    int failed = 0, ran = 0;
+    for (int i = 0; i < n_cases; i++)
+        if (!strcmp(cases[i].group, group)) {
+            ran++;
+            if (!run_case(&cases[i])) failed++;
+        }
+    assert_true(ran > 0);
+    if (failed) fail_msg("%d of %d %s cases differ from the reference", failed, ran, group);
+}
+
+static void test_elementwise(void **s) { (void)s; run_group("elementwise"); }
+static void test_rows(void **s) { (void)s; run_group("rows"); }
+static void test_scaling(void **s) { (void)s; run_group("scaling"); }
+static void test_optimizer(void **s) { (void)s; run_group("optimizer"); }
+static void test_gemm(void **s) { (void)s; run_group("gemm"); }
+static void test_attention(void **s) { (void)s; run_group("attention"); }
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    /* FP8C_TEST_COMPILE_ONLY=1: build the cases and compile their module, no GPU needed */
+    const char *only = getenv("FP8C_TEST_COMPILE_ONLY");
+    if (only && !strcmp(only, "1")) {
+        gt_seed();
+        arena = arena_new();
+        graph = ir_graph_new(arena);
+        graph->model_name = "gpu_ops";
+        build_elementwise(), build_rows(), build_quant(), build_optimizer(), build_gemm(), build_attention();
+        CudaBinary bin;
+        bool skipped = false;
+        char why[512] = "";
+        if (!cuda_compile_graph(graph, &bin, &skipped, why, sizeof why) || skipped) {
+            printf("cannot compile the cases: %s\n", why);
+            return 1;
+        }
+        printf("%d cases, %zu bytes of cubin\n", n_cases, bin.cubin_size);
+        return 0;
+    }
+    gt_require_gpu("test_gpu_ops");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_scaling),     cmocka_unit_test(test_optimizer),
+        cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

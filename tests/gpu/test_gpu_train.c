@@ -1,0 +1,294 @@
+/* test_gpu_train.c — a whole training step on the GPU against the reference executor, and
+ * run-to-run determinism of the GPU step.
+ *
+ * The graphs are the compiler's own: the build writes each model's planned IR at -O0..-O3
+ * (tests/gpu/CMakeLists.txt runs `fp8c build --stop-after=memplan --print-ir-after=memplan`)
+ * and this test reads them back, so it links no compiler front end. For each graph: parameters
+ * initialized as the training binary does, random tokens, one micro-step and one update on the
+ * GPU (kernels compiled by NVRTC, cached), the same from the same bytes in the reference
+ * executor, then:
+ *   loss             |gpu - ref| / |ref|                                   <= 1e-2
+ *   gradients        ||gpu - ref|| / ||ref|| over every accumulator      <= 5e-2 (O0: 2e-2)
+ *   grad norm        relative                                            <= 5e-2
+ *   update           ||w_gpu - w_ref|| / ||w_ref - w_0|| over parameters <= 0.25
+ * The last bound is loose on purpose: Adam's first step is about lr * sign(g), so an element
+ * whose gradient is near zero can step either way on either side; a wrong update (sign,
+ * learning rate, missing element) lands at 1 or more. Determinism is bit for bit: the same
+ * step from the same bytes gives the same loss and the same persistent state. */
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "gpu_test.h"
+
+#ifndef GPU_IR_DIR
+#define GPU_IR_DIR "."
+#endif
+
+static bool compile_only;   /* FP8C_TEST_COMPILE_ONLY=1 */
+
+typedef struct {
+    Node *tokens, *targets, *loss, *grad_norm, *lr, *step, *grad_scale;
+    int64_t vocab;
+} Io;
+
+static void feed(Node *n, float v) {
+    if (n) ref_store(&n->t, &v);
+}
+
+static float read_scalar(Node *n) {
+    if (!n) return NAN;
+    float *x = ref_load(&n->t), v = x[0];
+    free(x);
+    return v;
+}
+
+static bool io_find(Graph *g, Io *io) {
+    memset(io, 0, sizeof *io);
+    io->tokens = ir_find(g, "tokens");
+    io->targets = ir_find(g, "targets");
+    io->loss = ir_find(g, "loss");
+    io->grad_norm = ir_find(g, "grad_norm");
+    io->lr = ir_find(g, "lr");
+    io->step = ir_find(g, "step");
+    io->grad_scale = ir_find(g, "grad_scale");
+    io->vocab = INT64_MAX;
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (n->op == OP_EMBEDDING && n->in[1] == io->tokens && n->in[0]->t.dims[0] < io->vocab)
+            io->vocab = n->in[0]->t.dims[0];
+    }
+    return io->tokens && io->targets && io->loss && io->vocab != INT64_MAX;
+}
+
+static void feed_batch(Io *io) {
+    int64_t n = ir_numel(&io->tokens->t);
+    float *t = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        t[i] = (float)gt_int(0, io->vocab);
+        y[i] = (float)gt_int(0, io->vocab);
+    }
+    ref_store(&io->tokens->t, t);
+    ref_store(&io->targets->t, y);
+    free(t);
+    free(y);
+    feed(io->lr, 1e-3f);
+    feed(io->step, 1.0f);
+    feed(io->grad_scale, 1.0f);
+}
+
+/* the sum over a class of tensors of ||a - b||^2 and ||b - base||^2 (base NULL: ||b||^2) */
+typedef struct {
+    double num, den;
+} Err;
+
+static void err_add(Err *e, const Tensor *t, const void *a_bytes, const void *b_bytes, const void *base_bytes) {
+    Tensor ta = *t, tb = *t, t0 = *t;
+    ta.data = (void *)a_bytes;
+    tb.data = (void *)b_bytes;
+    t0.data = (void *)base_bytes;
+    float *a = ref_load(&ta), *b = ref_load(&tb), *z = base_bytes ? ref_load(&t0) : NULL;
+    for (int64_t i = 0; i < ir_numel(t); i++) {
+        double d = (double)a[i] - b[i], r = z ? (double)b[i] - z[i] : b[i];
+        e->num += d != d ? INFINITY : d * d;
+        e->den += r * r;
+    }
+    free(a);
+    free(b);
+    free(z);
+}
+static double err_value(const Err *e) { return e->num == 0 ? 0 : sqrt(e->num) / sqrt(e->den > 0 ? e->den : 1e-300); }
+
+/* bytes of tensor t inside a saved copy of its arena */
+static const void *in_copy(const RtMemory *m, const Tensor *t, const char *pers, const char *step) {
+    const char *p = t->data;
+    if (p >= (const char *)m->persistent && p < (const char *)m->persistent + m->persistent_bytes)
+        return pers + (p - (const char *)m->persistent);
+    return step + (p - (const char *)m->step);
+}
+
+static bool is_state(const Node *n, Role r) {
+    return n->t.role == r && (n->op == OP_PARAM || n->op == OP_STATE) && n->t.fmt.elem != FMT_VOID;
+}
+
+static int check_graph(const char *path) {
+    int64_t size;
+    uint8_t *bytes = rt_read_file(path, &size);
+    char *text = bytes ? malloc((size_t)size + 1) : NULL;
+    if (!text) return 1;
+    memcpy(text, bytes, (size_t)size);
+    text[size] = 0;
+    free(bytes);
+    Arena *arena = arena_new();
+    Graph *g = ir_read(arena, path, text);
+    free(text);
+    if (!g) {
+        arena_free(arena);
+        return 1;
+    }
+    int level = g->opt_level;
+    Io io;
+    RtMemory mem;
+    if (!io_find(g, &io) || !rt_memory_bind(g, &mem)) {
+        printf("  %s: not a training graph\n", path);
+        arena_free(arena);
+        return 1;
+    }
+    rt_init_params(g, gt_next());
+    feed_batch(&io);
+    size_t pb = (size_t)mem.persistent_bytes, sb = (size_t)mem.step_bytes;
+    char *p0 = malloc(pb + 1), *s0 = malloc(sb + 1), *p_gpu = malloc(pb + 1), *s_gpu = malloc(sb + 1);
+    memcpy(p0, mem.persistent, pb);
+    memcpy(s0, mem.step, sb);
+
+    int failures = 0;
+    CudaBinary bin;
+    bool skipped = false;
+    char why[512] = "";
+    if (!cuda_compile_graph(g, &bin, &skipped, why, sizeof why) || skipped) {
+        printf("  %s: the GPU backend cannot run it: %s\n", path, skipped ? why : "NVRTC failed");
+        failures++;
+        goto done;
+    }
+    if (compile_only) {
+        printf("  %s: %zu bytes of cubin%s\n", path, bin.cubin_size, bin.cached ? " (cached)" : "");
+        cuda_binary_free(&bin);
+        goto done;
+    }
+    CudaExec *e = cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size);
+    cuda_binary_free(&bin);
+    if (!e) {
+        failures++;
+        goto done;
+    }
+    Tensor *scalars[2] = {&io.loss->t, io.grad_norm ? &io.grad_norm->t : &io.loss->t};
+    /* GPU: micro-step, gradients, update */
+    bool ok = cuda_exec_run_micro_step(e) && cuda_exec_pull(e, scalars, 2);
+    float loss_gpu = read_scalar(io.loss);
+    Tensor **grads = malloc(sizeof *grads * (size_t)g->n_nodes);
+    int n_grads = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (is_state(g->nodes[i], ROLE_GRAD)) grads[n_grads++] = &g->nodes[i]->t;
+    ok = ok && cuda_exec_pull(e, grads, n_grads);
+    char *grads_gpu = malloc(pb + 1);
+    memcpy(grads_gpu, mem.persistent, pb);
+    ok = ok && cuda_exec_run_phase(e, PHASE_UPDATE);
+    ok = ok && cuda_exec_pull(e, scalars, 2);
+    float gn_gpu = io.grad_norm ? read_scalar(io.grad_norm) : NAN;
+    Tensor **pers = malloc(sizeof *pers * (size_t)g->n_nodes);
+    int n_pers = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (ir_role_is_persistent(n->t.role) && n->t.fmt.elem != FMT_VOID && !ir_op_is_inplace(n->op))
+            pers[n_pers++] = &n->t;
+    }
+    ok = ok && cuda_exec_pull(e, pers, n_pers);
+    memcpy(p_gpu, mem.persistent, pb);
+
+    /* determinism: the same step again from the same bytes */
+    memcpy(mem.persistent, p0, pb);
+    memcpy(mem.step, s0, sb);
+    ok = ok && cuda_exec_push_arenas(e) && cuda_exec_run_micro_step(e) && cuda_exec_pull(e, scalars, 2);
+    float loss_again = read_scalar(io.loss);
+    ok = ok && cuda_exec_run_phase(e, PHASE_UPDATE) && cuda_exec_pull(e, pers, n_pers);
+    bool same = ok && memcmp(&loss_again, &loss_gpu, sizeof loss_gpu) == 0 &&
+                memcmp(mem.persistent, p_gpu, pb) == 0;
+    cuda_exec_close(e);
+    if (!ok) {
+        printf("  %s: the GPU step failed\n", path);
+        failures++;
+        free(grads);
+        free(pers);
+        free(grads_gpu);
+        goto done;
+    }
+
+    /* the reference, from the same bytes */
+    memcpy(mem.persistent, p0, pb);
+    memcpy(mem.step, s0, sb);
+    ref_run_micro_step(g);
+    float loss_ref = read_scalar(io.loss);
+    Err eg = {0};
+    for (int k = 0; k < n_grads; k++)
+        err_add(&eg, grads[k], in_copy(&mem, grads[k], grads_gpu, NULL), grads[k]->data, NULL);
+    ref_run_phase(g, PHASE_UPDATE);
+    float gn_ref = io.grad_norm ? read_scalar(io.grad_norm) : NAN;
+    Err ew = {0};
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (is_state(n, ROLE_PARAM))
+            err_add(&ew, &n->t, in_copy(&mem, &n->t, p_gpu, NULL), n->t.data, in_copy(&mem, &n->t, p0, NULL));
+    }
+    double e_loss = fabs((double)loss_gpu - loss_ref) / fabs((double)loss_ref);
+    double e_grad = err_value(&eg), e_upd = err_value(&ew);
+    double e_gn = io.grad_norm ? fabs((double)gn_gpu - gn_ref) / fabs((double)gn_ref) : 0;
+    double b_grad = level == 0 ? 2e-2 : 5e-2;
+    bool pass = e_loss <= 1e-2 && e_grad <= b_grad && e_gn <= 5e-2 && e_upd <= 0.25 && same;
+    printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e | grad norm err %.1e "
+           "| update err %.2f | deterministic %s%s\n", strrchr(path, '/') ? strrchr(path, '/') + 1 : path,
+           level, loss_gpu, loss_ref, e_loss, n_grads, e_grad, e_gn, e_upd, same ? "yes" : "NO",
+           pass ? "" : "  FAIL");
+    if (!pass) failures++;
+    free(grads);
+    free(pers);
+    free(grads_gpu);
+done:
+    free(p0);
+    free(s0);
+    free(p_gpu);
+    free(s_gpu);
+    rt_memory_free(&mem);
+    arena_free(arena);
+    return failures;
+}
+
+/* the IR directory: $FP8C_GPU_IR_DIR (a build carried to another machine), else the build's */
+static const char *ir_dir(void) {
+    const char *d = getenv("FP8C_GPU_IR_DIR");
+    return d && *d ? d : GPU_IR_DIR;
+}
+
+
+static void test_training_steps(void **state) {
+    (void)state;
+    DIR *d = opendir(ir_dir());
+    assert_non_null(d);
+    char *names[64];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 64) {
+        size_t len = strlen(de->d_name);
+        if (len > 3 && !strcmp(de->d_name + len - 3, ".ir")) names[n++] = strdup(de->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++)   /* in name order */
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(names[j], names[i]) < 0) {
+                char *t = names[i];
+                names[i] = names[j];
+                names[j] = t;
+            }
+    assert_true(n > 0);
+    int failures = 0;
+    for (int i = 0; i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", ir_dir(), names[i]);
+        failures += check_graph(path);
+        free(names[i]);
+    }
+    if (failures) fail_msg("%d of %d training graphs differ from the reference on the GPU", failures, n);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    /* FP8C_TEST_COMPILE_ONLY=1: compile every graph's module (fills the cache), no GPU needed */
+    const char *only = getenv("FP8C_TEST_COMPILE_ONLY");
+    compile_only = only && !strcmp(only, "1");
+    if (!compile_only) gt_require_gpu("test_gpu_train");
+    gt_seed();
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_training_steps)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

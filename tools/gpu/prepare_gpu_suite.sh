@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds, on a machine without a GPU, everything tools/gpu/run_gpu_suite.sh needs on the GPU
+# machine (which has CUDA, the driver and PyTorch, but no compiler front-end tools, cmocka or
+# LLVM, and nothing to install them with):
+#   BUILD/                the build tree: GPU tests (cmocka linked statically), the IR they read
+#   BUILD/fp8c-cache/     every GPU module those tests compile, already compiled by NVRTC here
+#   BUILD/gpu-suite/bin/  training binaries (GPU kernels embedded): gpt2_tiny and GPT-2 d12 at
+#                         -O0..-O3
+#   BUILD/gpu-suite/data/ the shared text corpus (gzip), decompressed on the GPU machine
+#
+# usage: tools/gpu/prepare_gpu_suite.sh [BUILD]      (default: build-gpu)
+# Then carry BUILD to the GPU machine (it is ignored by git: name it in the device tool's
+# `carry`) and run:  tools/gpu/run_gpu_suite.sh BUILD
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${1:-build-gpu}
+JOBS=${JOBS:-2}
+CORPUS=${CORPUS:-/work/shared/data/gcide.txt.gz}
+
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+make -C "$BUILD" -j"$JOBS" fp8c test_gpu_ops test_gpu_train gpu_test_graphs >/dev/null
+
+export FP8C_CACHE_DIR=$PWD/$BUILD/fp8c-cache
+echo "compiling the GPU tests' modules (NVRTC, cached in $FP8C_CACHE_DIR)"
+FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_ops" | tail -1
+FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_train" | grep -E "cubin|cannot" || true
+
+mkdir -p "$BUILD/gpu-suite/bin" "$BUILD/gpu-suite/data"
+for O in 0 1 2 3; do
+    "$BUILD/fp8c" build models/gpt2_tiny.model -O$O --batch 16 --seq 256 -o "$BUILD/gpu-suite/bin/gpt2_tiny_O$O"
+    "$BUILD/fp8c" build models/gpt2.model -O$O --batch ${D12_BATCH:-16} --seq 1024 -o "$BUILD/gpu-suite/bin/gpt2_d12_O$O"
+done
+if [ -f "$CORPUS" ]; then cp "$CORPUS" "$BUILD/gpu-suite/data/corpus.txt.gz"; fi
+cp data/gcide_sample.txt "$BUILD/gpu-suite/data/sample.txt"
+echo "git commit: $(git rev-parse --short HEAD)$(git diff --quiet -- cuda runtime compiler || echo ' (with local changes)')" > "$BUILD/gpu-suite/BUILD_INFO"
+du -sh "$BUILD"
+echo "ready: carry $BUILD, then run tools/gpu/run_gpu_suite.sh $BUILD on the GPU machine"

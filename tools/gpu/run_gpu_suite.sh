@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The GPU suite, in one command on the GPU machine, under ~8 minutes:
+#   1. ctest -L gpu: every kernel and whole training steps (-O0..-O3) against the reference
+#      executor, and run-to-run determinism;
+#   2. short trainings of gpt2_tiny and GPT-2 d12 at -O0..-O3 on the shared corpus (loss must
+#      fall), each on the GPU (--device cuda);
+#   3. throughput: PyTorch's GPT-2 d12 (tools/bench/torch_gpt.py, bf16 + torch.compile) and
+#      fp8c's d12 binaries on the same GPU in the same run, with the ratio.
+# Everything is written to OUT ($OUT when set, else BUILD/gpu-suite/out); a summary is printed
+# last. The build was made elsewhere by tools/gpu/prepare_gpu_suite.sh BUILD and carried here.
+#
+# usage: tools/gpu/run_gpu_suite.sh BUILD
+# knobs: TINY_STEPS (300), D12_STEPS (100), BENCH_STEPS (20), SKIP_TESTS=1, SKIP_TRAIN=1,
+#        SKIP_BENCH=1, LEVELS ("0 1 2 3")
+set -uo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$(cd "${1:?usage: run_gpu_suite.sh BUILD}" && pwd)
+OUT=${OUT:-$BUILD/gpu-suite/out}
+mkdir -p "$OUT"
+TINY_STEPS=${TINY_STEPS:-300}
+D12_STEPS=${D12_STEPS:-100}
+BENCH_STEPS=${BENCH_STEPS:-20}
+LEVELS=${LEVELS:-"0 1 2 3"}
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+say() { echo "$@" | tee -a "$SUMMARY"; }
+
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+export FP8C_CACHE_DIR=$BUILD/fp8c-cache
+export FP8C_GPU_IR_DIR=$BUILD/tests/gpu/ir
+export PYTHONUNBUFFERED=1
+T_START=$(date +%s)
+elapsed() { echo $(( $(date +%s) - T_START )); }
+
+say "fp8c GPU suite, $(date -u +%Y-%m-%dT%H:%MZ)"
+say "$(cat "$BUILD/gpu-suite/BUILD_INFO" 2>/dev/null)"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt" | sed 's/^/GPU: /' | tee -a "$SUMMARY"
+
+# ---- 1. the GPU tests (the build recorded its own absolute paths: point them here)
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    OLD_BUILD=$(sed -n 's/^# Build directory: //p' "$BUILD/CTestTestfile.cmake")
+    OLD_SRC=$(sed -n 's/^# Source directory: //p' "$BUILD/CTestTestfile.cmake")
+    if [ -n "$OLD_BUILD" ] && [ "$OLD_BUILD" != "$BUILD" ]; then
+        find "$BUILD" -name CTestTestfile.cmake -exec sed -i "s|$OLD_BUILD|$BUILD|g; s|$OLD_SRC|$REPO|g" {} +
+    fi
+    (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) > "$OUT/ctest_gpu.log" 2>&1
+    rc=$?
+    grep -E "tests passed|tests failed|Passed|Failed|\*\*\*" "$OUT/ctest_gpu.log" | tail -6 | tee -a "$SUMMARY"
+    say "ctest -L gpu: exit $rc ($(elapsed) s)"
+fi
+
+# ---- 2. trainings
+DATA=$BUILD/gpu-suite/data/corpus.txt
+if [ ! -f "$DATA" ] && [ -f "$DATA.gz" ]; then gzip -dc "$DATA.gz" > "$DATA"; fi
+[ -f "$DATA" ] || DATA=$BUILD/gpu-suite/data/sample.txt
+train() {   # name steps [flags]
+    local name=$1 steps=$2
+    shift 2
+    local bin=$BUILD/gpu-suite/bin/$name
+    [ -x "$bin" ] || { say "$name: no binary"; return; }
+    "$bin" --data "$DATA" --device cuda --steps "$steps" --eval-every "$steps" --eval-batches 8 \
+        --warmup $((steps / 10)) --log "$OUT/$name.jsonl" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    python3 - "$OUT/$name.jsonl" "$name" "$rc" <<'PY' | tee -a "$SUMMARY"
+import json, sys, statistics
+path, name, rc = sys.argv[1], sys.argv[2], sys.argv[3]
+try:
+    rows = [json.loads(l) for l in open(path) if l.strip().startswith("{")]
+except OSError:
+    rows = []
+steps = [r for r in rows if "loss" in r and "step" in r]
+if not steps:
+    print(f"{name}: exit {rc}, no steps logged"); sys.exit()
+tps = [r.get("tokens_per_s", 0) for r in steps[len(steps) // 4:]]
+val = [r["val_loss"] for r in steps if r.get("val_loss") is not None]
+print(f"{name}: exit {rc}, {len(steps)} steps, loss {steps[0]['loss']:.3f} -> {steps[-1]['loss']:.3f}"
+      f"{', val %.3f' % val[-1] if val else ''}, median {statistics.median(tps):,.0f} tok/s,"
+      f" {statistics.median([r.get('ms', 0) for r in steps[len(steps) // 4:]]):.1f} ms/step")
+PY
+}
+if [ "${SKIP_TRAIN:-0}" != 1 ]; then
+    for O in $LEVELS; do train gpt2_tiny_O$O "$TINY_STEPS"; done
+    say "gpt2_tiny trainings done ($(elapsed) s)"
+    for O in $LEVELS; do train gpt2_d12_O$O "$D12_STEPS"; done
+    say "d12 trainings done ($(elapsed) s)"
+fi
+
+# ---- 3. PyTorch on the same GPU, same run (fp8c's d12 figures are the trainings' above)
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    B=$(sed -n 's/.*batch \([0-9]*\) x.*/\1/p' "$OUT/gpt2_d12_O0.log" 2>/dev/null | head -1)
+    B=${B:-16}
+    python3 "$REPO/tools/bench/torch_gpt.py" d12 bf16 "$B" 1024 "$BENCH_STEPS" > "$OUT/torch_d12_bf16.log" 2>&1
+    say "PyTorch d12 bf16 compiled, batch $B: $(tail -1 "$OUT/torch_d12_bf16.log")"
+    python3 - "$OUT" "$LEVELS" <<'PY' | tee -a "$SUMMARY"
+import json, sys, statistics
+out, levels = sys.argv[1], sys.argv[2].split()
+try:
+    ref = json.loads(open(f"{out}/torch_d12_bf16.log").read().strip().splitlines()[-1])["tokens_per_s"]
+except Exception:
+    ref = None
+for O in levels:
+    try:
+        rows = [json.loads(l) for l in open(f"{out}/gpt2_d12_O{O}.jsonl") if l.startswith("{")]
+        tps = statistics.median(r["tokens_per_s"] for r in rows[len(rows) // 4:] if "tokens_per_s" in r)
+    except Exception:
+        print(f"fp8c d12 -O{O}: no figures"); continue
+    ratio = f" = {tps / ref:.2f}x PyTorch bf16" if ref else ""
+    print(f"fp8c d12 -O{O}: {tps:,.0f} tok/s{ratio}")
+PY
+fi
+say "total $(elapsed) s; logs in $OUT"
