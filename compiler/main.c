@@ -59,6 +59,7 @@ typedef struct {
     const char *model;
     const char *output;
     bool json;
+    bool level_given;          /* -On was on the command line (opt: overrides the IR's opt=) */
     int vs_level;              /* --vs -On: compare with another level; -1 none */
     const char *passes;        /* opt: --passes= */
     char **run_args;           /* train: what follows -- */
@@ -85,6 +86,7 @@ static void parse_args(int argc, char **argv, Args *a)
             break;
         } else if (s[0] == '-' && s[1] == 'O' && s[2] >= '0' && s[2] <= '3' && !s[3]) {
             a->build.passes.opt_level = s[2] - '0';
+            a->level_given = true;
         } else if (!strcmp(s, "--batch")) {
             a->build.front.batch = parse_size(s, next), i++;
         } else if (!strcmp(s, "--seq")) {
@@ -183,6 +185,7 @@ static int cmd_opt(Args *a)
     if (!g) return 1;
     a->build.passes.verify = true;
     if (ir_verify(g, "reading")) return 1;
+    if (a->level_given) g->opt_level = a->build.passes.opt_level;
     if (a->passes && *a->passes) {
         char *list = strdup(a->passes);
         for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {

@@ -314,8 +314,8 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         policy_add(&policy, g->arena, opt->overrides[i], (SrcLoc){"<command line>", 0, 0});
     if (diag_error_count() > errors) return false;
 
-    Level level = level_defaults(opt->opt_level);
-    g->opt_level = opt->opt_level;
+    /* the level is the graph's (the driver sets it from -O; textual IR carries it as opt=) */
+    Level level = level_defaults(g->opt_level);
     mark_saved(g);
 
     /* persistent state: parameters, masters, gradient accumulators, Adam moments */
@@ -384,7 +384,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         Node *x = g->nodes[i];
         if (x->t.role != ROLE_SAVED || !fmt_elem_is_float(x->t.fmt.elem)) continue;
         Format want = fmt_plain(FMT_VOID);
-        if (opt->opt_level >= 2) want = saved_default(x, &uses[i]);
+        if (g->opt_level >= 2) want = saved_default(x, &uses[i]);
         const Rule *r = policy_match(&policy, RULE_SAVED, x->t.name);
         if (r) want = r->fmt.elem == x->t.fmt.elem && r->fmt.scaling == SCALE_NONE ? fmt_plain(FMT_VOID) : r->fmt;
         if (want.elem == FMT_E4M3 || want.elem == FMT_E5M2) {

@@ -95,11 +95,15 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         ir_move_before(g, hist, before);
         Node *rec = ir_add2(g, OP_AMAX_RECORD, hist, src, src->loc);
         rec->phase = phase;
+        rec->t.role = ROLE_AMAX_HISTORY;   /* it is the history, updated */
+        rec->t.name = hist->t.name;
         infer_or_die(g, rec);
         ir_move_before(g, rec, before);
         Node *upd = ir_add2(g, OP_DELAYED_SCALE, state, rec, src->loc);
         upd->iattr[0] = elem, upd->iattr[2] = 1;
         upd->phase = PHASE_UPDATE;
+        upd->t.role = ROLE_SCALE;
+        upd->t.name = state->t.name;
         infer_or_die(g, upd);   /* stays at the end of the graph: the update phase */
         scale = state;
     } else {
@@ -144,7 +148,7 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
     if (!q && mm->phase != PHASE_FORWARD) {
         /* a forward copy may serve the backward: weights below O3, and values saved in FP8 */
         Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
-        bool weight_copy = x->op == OP_PARAM && c->opt->opt_level < 3;
+        bool weight_copy = x->op == OP_PARAM && c->g->opt_level < 3;
         bool saved_fp8 = x->t.saved_as.elem == elem;
         if (fwd && (weight_copy || saved_fp8)) {
             q = fwd;

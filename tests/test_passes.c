@@ -2,7 +2,9 @@
  *
  * Golden files. tests/golden/passes/NAME.ir is one file that keeps input and expected output
  * side by side: the input IR, a comment line `# RUN: pass1,pass2` naming the passes to run
- * (through pass_find/pass_run, with ir_verify after each), and after a line `# EXPECT:` the
+ * (through pass_find/pass_run, with ir_verify after each; `+grad_release` among them turns that
+ * option on for the passes after it; the level is the graph's opt=; a line `# RULES: r1 r2`
+ * gives precision rules as --precision flags would), and after a line `# EXPECT:` the
  * text ir_print writes once they ran, verbatim. Only the text before `# EXPECT:` is read as
  * input (ir_read skips the `#` lines). With FP8C_UPDATE_GOLDEN=1 the expected part is
  * rewritten from what the passes produce now; review that diff like code before committing.
@@ -70,12 +72,26 @@ static char *print_to_string(const Graph *g)
 }
 
 /* Runs "a,b,c" through the registry with verification; false if a pass failed. */
-static bool run_passes(Graph *g, const char *list)
+/* Runs the named passes; `rules`, when not NULL, is a space-separated list of precision rules
+ * (a golden file's `# RULES:` line), given to the passes as --precision flags would be. */
+static bool run_passes_with(Graph *g, const char *list, const char *rules)
 {
     PassOptions opt = {.verify = true};
+    const char *overrides[16];
+    char rule_buf[512];
+    if (rules) {
+        snprintf(rule_buf, sizeof rule_buf, "%s", rules);
+        for (char *r = strtok(rule_buf, " \t"); r && opt.n_overrides < 16; r = strtok(NULL, " \t"))
+            overrides[opt.n_overrides++] = r;
+        opt.overrides = overrides;
+    }
     char buf[256];
     snprintf(buf, sizeof buf, "%s", list);
     for (char *name = strtok(buf, ", \t"); name; name = strtok(NULL, ", \t")) {
+        if (!strcmp(name, "+grad_release")) {   /* an option for the passes that follow */
+            opt.grad_release = true;
+            continue;
+        }
         const PassInfo *p = pass_find(name);
         if (!p) {
             fprintf(stderr, "unknown pass '%s'\n", name);
@@ -85,6 +101,8 @@ static bool run_passes(Graph *g, const char *list)
     }
     return true;
 }
+
+static bool run_passes(Graph *g, const char *list) { return run_passes_with(g, list, NULL); }
 
 static uint64_t rng_state;
 
@@ -379,12 +397,16 @@ static bool golden_one(const char *dir, const char *file, bool update)
     size_t len = strcspn(run + 6, "\n");
     snprintf(passes, sizeof passes, "%.*s", (int)len, run + 6);
 
+    char rules[512] = "";
+    const char *rl = strstr(text, "# RULES:");
+    if (rl) snprintf(rules, sizeof rules, "%.*s", (int)strcspn(rl + 8, "\n"), rl + 8);
+
     Arena *a = arena_new();
     Graph *g = ir_read(a, file, text);
     bool ok = g != NULL;
     char *got = NULL;
     if (!ok) fprintf(stderr, "%s: the input does not read\n", path);
-    if (ok && !run_passes(g, passes)) {
+    if (ok && !run_passes_with(g, passes, rl ? rules : NULL)) {
         fprintf(stderr, "%s: a pass failed\n", path);
         ok = false;
     }
