@@ -173,7 +173,7 @@ bool ir_role_is_persistent(Role r);                    /* lives across steps (an
 const char *ir_phase_name(Phase p);
 
 #define IR_MAX_RANK 6
-#define IR_MAX_IATTR 6
+#define IR_MAX_IATTR 8
 #define IR_MAX_FATTR 4
 
 typedef struct {

@@ -23,8 +23,9 @@
  *                                 activation tiles, 128x128 weight blocks), :delayed16
  *   saved:h.*.mlp.*=e4m3:group16  saved activations whose name matches, in this format
  * FORMAT is an element type with optional modifiers: e4m3:tensor|row|group16|tile128|block128,
- * :current|:delayed16 (amax history length), :expand|:compand|:sqrt (state codecs). Later
- * rules win over earlier ones. */
+ * :current|:delayed16 (amax history length) with :recent (the latest amax, not the history's
+ * max) and :margin1 (scales / 2^margin), :static0.5 (a fixed scale), :expand|:compand|:sqrt
+ * (state codecs). Later rules win over earlier ones. */
 #include "passes.h"
 
 #include <ctype.h>
@@ -69,6 +70,9 @@ static const char *parse_format(Arena *a, const char *spec, Format *out)
         else if (sscanf(part, "group%d", &n) == 1 && n > 0) out->scaling = SCALE_PER_GROUP, out->group = n;
         else if (!strcmp(part, "current")) out->recipe = RECIPE_CURRENT;
         else if (sscanf(part, "delayed%d", &n) == 1 && n > 0) out->recipe = RECIPE_DELAYED, out->history = n, out->history_max = true;
+        else if (!strcmp(part, "recent")) out->history_max = false;
+        else if (sscanf(part, "margin%d", &n) == 1 && n >= 0 && n < 32) out->margin = n;
+        else if (!strncmp(part, "static", 6) && (out->static_scale = strtof(part + 6, NULL)) > 0) out->recipe = RECIPE_STATIC;
         else if (!strcmp(part, "expand")) out->codec = CODEC_EXPAND;
         else if (!strcmp(part, "compand")) out->codec = CODEC_COMPAND;
         else if (!strcmp(part, "sqrt")) out->codec = CODEC_SQRT;
@@ -365,7 +369,8 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         bool fp8 = level.fp8_gemms && !is_head_gemm(mm, uses, g);
         const Rule *r = policy_match(&policy, RULE_GEMM, gemm_weight_name(mm));
         mm->iattr[2] = fp8 ? 1 : 0;
-        mm->iattr[3] = mm->iattr[4] = 0;
+        mm->iattr[3] = mm->iattr[4] = mm->iattr[5] = mm->iattr[6] = 0;
+        mm->fattr[0] = 0;
         if (r) {
             fp8 = r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2;
             mm->iattr[2] = !fp8 ? 0
@@ -373,6 +378,9 @@ bool pass_precision(Graph *g, const PassOptions *opt)
                          : r->fmt.scaling == SCALE_BLOCK_128 || r->fmt.scaling == SCALE_TILE_1x128 ? 3 : 1;
             mm->iattr[3] = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;
             mm->iattr[4] = fp8 && r->fmt.elem == FMT_E4M3;
+            mm->iattr[5] = fp8 && r->fmt.recipe == RECIPE_DELAYED && !r->fmt.history_max;
+            mm->iattr[6] = fp8 ? r->fmt.margin : 0;
+            mm->fattr[0] = fp8 && r->fmt.recipe == RECIPE_STATIC ? r->fmt.static_scale : 0;
         }
     }
 

@@ -78,12 +78,29 @@ static void infer_or_die(Graph *g, Node *n)
 }
 
 /* Emits the nodes that quantize src into (elem, scaling, group) before `before`, in `phase`. */
-static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int group, int history,
+/* How an operand's scale is found: current (history 0, static_scale 0), delayed (history > 0,
+ * from the max or the most recent amax of it), or a fixed static scale; margin divides by 2^m. */
+typedef struct {
+    int history;
+    bool recent;
+    int margin;
+    float static_scale;
+} ScaleRecipe;
+
+static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int group, ScaleRecipe rc,
                            ElemType scale_elem, Phase phase, Node *before)
 {
     Graph *g = c->g;
     Node *scale;
-    if (history > 0 && sc == SCALE_PER_TENSOR) {
+    int history = rc.history;
+    if (rc.static_scale > 0) {
+        scale = ir_leaf(g, OP_CONST, NULL, phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP,
+                        FMT_F32, 0, NULL, src->loc);
+        scale->fattr[0] = rc.static_scale;
+        scale->phase = phase;
+        ir_move_before(g, scale, before);
+        history = 0;
+    } else if (history > 0 && sc == SCALE_PER_TENSOR) {
         /* delayed: last step's scale from the history; this step's amax goes into it */
         const char *name = base_name(c, src);
         Node *state = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s:%s.scale", name, fmt_elem_name(elem)),
@@ -100,7 +117,7 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         infer_or_die(g, rec);
         ir_move_before(g, rec, before);
         Node *upd = ir_add2(g, OP_DELAYED_SCALE, state, rec, src->loc);
-        upd->iattr[0] = elem, upd->iattr[2] = 1;
+        upd->iattr[0] = elem, upd->iattr[1] = rc.margin, upd->iattr[2] = !rc.recent;
         upd->phase = PHASE_UPDATE;
         upd->t.role = ROLE_SCALE;
         upd->t.name = state->t.name;
@@ -108,7 +125,7 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         scale = state;
     } else {
         scale = ir_add1(g, OP_QUANT_SCALE, src, src->loc);
-        scale->iattr[0] = elem, scale->iattr[1] = sc, scale->iattr[2] = group;
+        scale->iattr[0] = elem, scale->iattr[1] = sc, scale->iattr[2] = group, scale->iattr[3] = rc.margin;
         scale->phase = phase;
         scale->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
         scale->t.fmt = fmt_plain(scale_elem);
@@ -119,8 +136,9 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
     q->phase = phase;
     q->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
     q->t.fmt = (Format){.elem = elem, .scaling = sc, .group = sc == SCALE_TILE_1x128 ? 128 : group,
-                        .recipe = history > 0 ? RECIPE_DELAYED : RECIPE_CURRENT, .history = history,
-                        .history_max = history > 0, .scale = scale};
+                        .recipe = rc.static_scale > 0 ? RECIPE_STATIC : history > 0 ? RECIPE_DELAYED : RECIPE_CURRENT,
+                        .history = history, .history_max = history > 0 && !rc.recent, .margin = rc.margin,
+                        .static_scale = rc.static_scale, .scale = scale};
     if (src->t.name) q->t.name = arena_printf(g->arena, "%s:%s", src->t.name, fmt_elem_name(elem));
     infer_or_die(g, q);
     ir_move_before(g, q, before);
@@ -156,7 +174,8 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
         }
     }
     if (!q) {
-        q = emit_quantize(c, x, elem, sc, group, (int)mm->iattr[3], FMT_F32, mm->phase, mm);
+        ScaleRecipe rc = {(int)mm->iattr[3], mm->iattr[5] != 0, (int)mm->iattr[6], (float)mm->fattr[0]};
+        q = emit_quantize(c, x, elem, sc, group, rc, FMT_F32, mm->phase, mm);
         remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
     }
     return q;
@@ -178,7 +197,9 @@ static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
     /* fine groups keep power-of-two scales in one byte (E8M0, as OCP microscaling formats do):
      * a quarter of the bytes of f32 scales, and scaling by them is exact */
     ElemType scale_elem = want->scaling == SCALE_PER_GROUP && want->group <= 32 ? FMT_E8M0 : FMT_F32;
-    Node *q = emit_quantize(c, x, want->elem, want->scaling, want->group, want->history, scale_elem,
+    ScaleRecipe rc = {want->recipe == RECIPE_DELAYED ? want->history : 0, !want->history_max, want->margin,
+                  want->recipe == RECIPE_STATIC ? want->static_scale : 0};
+    Node *q = emit_quantize(c, x, want->elem, want->scaling, want->group, rc, scale_elem,
                             PHASE_FORWARD, after);
     q->t.role = ROLE_SAVED;
     for (int k = 0; k < u->n; k++) {
