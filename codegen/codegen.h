@@ -167,15 +167,18 @@ typedef struct {
     double f;           /* FCONST value (an f32 value), LOCAL initial value */
 } CgInst;
 
-/* A kernel parameter: one graph tensor (node != NULL) or one scratch array of the program. */
+/* A kernel parameter: one graph tensor (node != NULL), one scratch array of the program (f32,
+ * read and written by kernels: partial sums, GEMM operands widened to f32), or one constant
+ * table of the program (f32, read-only, filled when the program is lowered: rope's cos/sin). */
 typedef struct {
     const char *name;       /* for listings and generated comments */
-    Node *node;             /* the tensor; NULL for scratch */
+    Node *node;             /* the tensor; NULL for scratch and constants */
     int scratch;            /* index into CgProgram.scratch, or CG_NONE */
+    int constant;           /* index into CgProgram.consts, or CG_NONE */
     ElemType elem;          /* scratch: FMT_F32 */
     Scaling scaling;
     int group;              /* SCALE_PER_GROUP: elements per group (TILE_1x128: 128) */
-    int scale_buf;          /* the buffer holding the scales (plain f32), CG_NONE: static */
+    int scale_buf;          /* the buffer holding the scales (unscaled f32 or e8m0), CG_NONE: static */
     float static_scale;     /* RECIPE_STATIC without a scale tensor */
     int64_t numel, rows, cols;   /* the 2-D view the scales refer to */
     bool read, written;
@@ -208,7 +211,15 @@ typedef struct {
     Node **nodes;           /* the graph nodes this kernel (with its siblings) computes */
     int n_nodes;
     int func;               /* CG_KERNEL_LOOP: index into CgProgram.funcs */
+    Arena *arena;           /* the program's: where the arrays above grow */
 } CgKernel;
+
+/* A constant table: executors pass `data` itself as the buffer (the runtime re-lowers the
+ * program, so it has the same numbers the compiler had). */
+typedef struct {
+    int64_t n;
+    float *data;
+} CgConst;
 
 /* A unique kernel body: kernels whose text (without names) is equal share one function. */
 typedef struct {
@@ -224,6 +235,8 @@ typedef struct {
     int n_kernels, cap_kernels;
     int64_t *scratch;       /* f32 elements of each scratch array */
     int n_scratch, cap_scratch;
+    CgConst *consts;
+    int n_consts, cap_consts;
     CgFunc *funcs;
     int n_funcs;
     uint64_t hash;          /* of every kernel's text and buffer binding: a build and the
@@ -235,9 +248,11 @@ typedef struct {
 CgProgram *cg_program_new(Arena *a, const Graph *g);
 CgKernel *cg_kernel_new(CgProgram *p, CgKernelKind kind, const char *name, Phase phase);
 int cg_scratch_new(CgProgram *p, int64_t floats);
+int cg_const_new(CgProgram *p, const float *data, int64_t n);     /* copies data */
 /* A buffer for node n's tensor (its scale tensor is added as another buffer when scaled). */
 int cg_buf_tensor(CgKernel *k, Node *n, bool read, bool written);
 int cg_buf_scratch(CgKernel *k, int scratch, int64_t floats, bool read, bool written);
+int cg_buf_const(CgKernel *k, int constant, int64_t n);
 int cg_emit(CgKernel *k, CgOp op, int a0, int a1, int a2, int a3);
 int cg_fconst(CgKernel *k, double f);
 int cg_iconst(CgKernel *k, int64_t i);
@@ -269,6 +284,15 @@ uint64_t cg_hash_bytes(uint64_t h, const void *data, size_t n);   /* FNV-1a, 64 
 int *fuse_plan(const Graph *g, Arena *a);
 
 /* ---------------------------------------------------------------- lower_kernels.c */
+
+/* What the lowering can fuse (fuse.c asks): elementwise ops compute one output element from
+ * the same element of their inputs (broadcast operands aside) and can be computed inline in a
+ * consumer's kernel; a head is an op whose kernel produces each output element exactly once,
+ * at a point where an elementwise epilogue can take it over (GEMM, norms, softmax, ...). */
+bool cg_op_is_elementwise(OpKind op);
+bool cg_op_is_head(OpKind op);
+/* A RESHAPE that the memory plan placed on its input's storage: no kernel, nothing to copy. */
+bool cg_node_is_view(const Node *n);
 
 typedef struct {
     bool fuse;              /* use fuse_plan's groups (false: one kernel per node) */

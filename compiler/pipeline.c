@@ -47,5 +47,9 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o)
     if (!run_named(g, "schedule", o, &stop)) return NULL;
     if (!run_named(g, "sums", o, &stop)) return NULL;
     if (!run_named(g, "memplan", o, &stop)) return NULL;
+
+    /* kernels: which nodes run as one (after memplan, which decides whether delaying a node
+     * into its consumer's kernel is safe; the planned graph itself stays unchanged) */
+    if (!run_named(g, "fuse", o, &stop)) return NULL;
     return g;
 }

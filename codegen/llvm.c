@@ -1,0 +1,869 @@
+/* llvm.c — kernels to native code through the LLVM C API.
+ *
+ * Every unique kernel body of a program (CgProgram.funcs) becomes one function
+ *     void fp8c_kN(i8** bufs, i64 lo, i64 hi)
+ * whose body is the kernel's prologue followed by a loop over the items lo..hi-1. The module
+ * also gets the table the runtime binds (fp8c_cpu_kernel_hash/_count/_fns, codegen.h). LLVM's
+ * -O2/-O3 pipeline then does the work a hand-written CPU kernel would: SROA turns the allocas
+ * below into registers, the loop vectorizer vectorizes the item loop of elementwise kernels
+ * and the CG_LOOP_ROW loops of row kernels, and the object is emitted for the host CPU (or the
+ * one asked for).
+ *
+ * Rendering choices, and why:
+ *  - Every loop-carried value (induction variables, reductions, locals) lives in an alloca made
+ *    in the entry block; mem2reg/SROA turns them into phis. This keeps the renderer a single
+ *    forward walk over the instructions.
+ *  - Row loops carry `llvm.loop.vectorize.enable`: the kernel IR says their iterations are
+ *    independent and their sums may be reordered (codegen.h), and this hint is how LLVM 14 is
+ *    told that an f32 reduction may be reassociated (its C API has no fast-math flags). The
+ *    vectorizer then also accepts more runtime alias checks than by default, which matters
+ *    because buffers are plain pointers that may alias (an in-place accumulator).
+ *  - Conversions are integer code, not libcalls: the encoders are numerics.c's rounding
+ *    (round to nearest even in a format with the target's mantissa width, then the format's
+ *    overflow rule) written with selects, so they vectorize and are bit-identical to
+ *    num_encode by construction; FP8 decodes are a 256-entry table filled from num_*_to_f32.
+ *  - exp and tanh are inline polynomials (Cephes' expf and tanhf, within 2 ulp) so that loops
+ *    containing them vectorize; log stays the C library's logf (it only appears once per row).
+ *
+ * Objects are cached by a hash of the unoptimized module text, the CPU, its features and the
+ * optimization level: a rebuild of the same plan costs a file copy. */
+#include "codegen.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/DebugInfo.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+
+#ifndef FP8C_LLVM_VERSION
+#define FP8C_LLVM_VERSION "14"
+#endif
+
+enum { MAX_DEPTH = 16 };
+
+typedef struct {
+    int inst;
+    LLVMBasicBlockRef header, exit;
+    LLVMValueRef slot;      /* i64 induction variable */
+    LLVMValueRef hi;
+    bool row;
+} Loop;
+
+typedef struct {
+    LLVMContextRef ctx;
+    LLVMModuleRef mod;
+    LLVMBuilderRef b;
+    LLVMTypeRef f32, f64, i64, i32, i16, i8, i1, i8p, fn_type;
+    LLVMValueRef table_e4m3, table_e5m2;
+    unsigned md_loop;
+    /* per function */
+    const CgKernel *k;
+    LLVMValueRef fn;
+    LLVMValueRef *val;          /* per instruction */
+    LLVMValueRef *slot;         /* per instruction: REDUCE accumulator, LOCAL array */
+    int *red_loop;              /* per REDUCE instruction: its loop's instruction */
+    LLVMValueRef *ptr;          /* per buffer: i8* base */
+    LLVMValueRef *scale0;       /* per buffer: the per-tensor scale, hoisted; NULL otherwise */
+    Loop loops[MAX_DEPTH];
+    int depth;
+} R;
+
+/* ---------------------------------------------------------------- small helpers */
+
+static LLVMValueRef cf(R *r, double v) { return LLVMConstReal(r->f32, v); }
+static LLVMValueRef ci32(R *r, long long v) { return LLVMConstInt(r->i32, (unsigned long long)v, 1); }
+static LLVMValueRef ci64(R *r, long long v) { return LLVMConstInt(r->i64, (unsigned long long)v, 1); }
+
+static LLVMValueRef intrinsic(R *r, const char *name, LLVMTypeRef *types, int n_types,
+                              LLVMValueRef *args, int n_args)
+{
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    IR_ASSERT(id != 0);
+    LLVMValueRef f = LLVMGetIntrinsicDeclaration(r->mod, id, types, (size_t)n_types);
+    LLVMTypeRef t = LLVMIntrinsicGetType(r->ctx, id, types, (size_t)n_types);
+    return LLVMBuildCall2(r->b, t, f, args, (unsigned)n_args, "");
+}
+
+static LLVMValueRef call1f(R *r, const char *name, LLVMValueRef x)
+{
+    return intrinsic(r, name, &r->f32, 1, &x, 1);
+}
+
+static LLVMValueRef call2f(R *r, const char *name, LLVMValueRef x, LLVMValueRef y)
+{
+    LLVMValueRef args[2] = {x, y};
+    return intrinsic(r, name, &r->f32, 1, args, 2);
+}
+
+static LLVMValueRef fma3(R *r, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c)
+{
+    LLVMValueRef args[3] = {a, b, c};
+    return intrinsic(r, "llvm.fma", &r->f32, 1, args, 3);
+}
+
+static LLVMValueRef bits_of(R *r, LLVMValueRef x) { return LLVMBuildBitCast(r->b, x, r->i32, ""); }
+static LLVMValueRef float_of(R *r, LLVMValueRef u) { return LLVMBuildBitCast(r->b, u, r->f32, ""); }
+
+static LLVMValueRef alloca_entry(R *r, LLVMTypeRef t, const char *name)
+{
+    LLVMBasicBlockRef entry = LLVMGetEntryBasicBlock(r->fn);
+    LLVMBuilderRef b = LLVMCreateBuilderInContext(r->ctx);
+    LLVMValueRef first = LLVMGetFirstInstruction(entry);
+    if (first) LLVMPositionBuilderBefore(b, first);
+    else LLVMPositionBuilderAtEnd(b, entry);
+    LLVMValueRef a = LLVMBuildAlloca(b, t, name);
+    LLVMDisposeBuilder(b);
+    return a;
+}
+
+/* ---------------------------------------------------------------- math */
+
+/* Cephes expf: e^x = 2^n e^r, r = x - n ln2 in two parts, e^r by a degree-5 polynomial;
+ * 2^n applied in two halves so that subnormal results and n = 128 come out right. */
+static LLVMValueRef emit_exp(R *r, LLVMValueRef x)
+{
+    LLVMBuilderRef b = r->b;
+    LLVMValueRef xc = call2f(r, "llvm.minnum", call2f(r, "llvm.maxnum", x, cf(r, -104.0)), cf(r, 89.0));
+    LLVMValueRef n = call1f(r, "llvm.rint", LLVMBuildFMul(b, xc, cf(r, 1.44269504088896341), ""));
+    LLVMValueRef t = fma3(r, n, cf(r, -0.693359375), xc);
+    t = fma3(r, n, cf(r, 2.12194440e-4), t);
+    static const double c[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                               4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
+    LLVMValueRef p = cf(r, c[0]);
+    for (int i = 1; i < 6; i++) p = fma3(r, p, t, cf(r, c[i]));
+    LLVMValueRef y = fma3(r, LLVMBuildFMul(b, p, t, ""), t, LLVMBuildFAdd(b, t, cf(r, 1.0), ""));
+    LLVMValueRef ni = LLVMBuildFPToSI(b, n, r->i32, "");
+    LLVMValueRef n1 = LLVMBuildAShr(b, ni, ci32(r, 1), ""), n2 = LLVMBuildSub(b, ni, n1, "");
+    LLVMValueRef s1 = float_of(r, LLVMBuildShl(b, LLVMBuildAdd(b, n1, ci32(r, 127), ""), ci32(r, 23), ""));
+    LLVMValueRef s2 = float_of(r, LLVMBuildShl(b, LLVMBuildAdd(b, n2, ci32(r, 127), ""), ci32(r, 23), ""));
+    y = LLVMBuildFMul(b, LLVMBuildFMul(b, y, s1, ""), s2, "");
+    /* beyond the clamp: 0 and inf exactly; NaN stays NaN */
+    y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, x, cf(r, -103.9), ""), cf(r, 0.0), y, "");
+    y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, x, cf(r, 88.7228394), ""), cf(r, INFINITY), y, "");
+    return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUNO, x, x, ""), x, y, "");
+}
+
+/* Cephes tanhf: an odd polynomial below 0.625, 1 - 2/(e^2|x| + 1) above, with the sign. */
+static LLVMValueRef emit_tanh(R *r, LLVMValueRef x)
+{
+    LLVMBuilderRef b = r->b;
+    LLVMValueRef ax = call1f(r, "llvm.fabs", x);
+    LLVMValueRef z = LLVMBuildFMul(b, x, x, "");
+    static const double c[] = {-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2,
+                               1.33314422036e-1, -3.33332819422e-1};
+    LLVMValueRef p = cf(r, c[0]);
+    for (int i = 1; i < 5; i++) p = fma3(r, p, z, cf(r, c[i]));
+    LLVMValueRef small = fma3(r, LLVMBuildFMul(b, p, z, ""), x, x);
+    LLVMValueRef e = emit_exp(r, LLVMBuildFAdd(b, ax, ax, ""));
+    LLVMValueRef big = LLVMBuildFSub(b, cf(r, 1.0),
+                                     LLVMBuildFDiv(b, cf(r, 2.0), LLVMBuildFAdd(b, e, cf(r, 1.0), ""), ""), "");
+    big = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, ax, cf(r, 9.0), ""), cf(r, 1.0), big, "");
+    LLVMValueRef sign = LLVMBuildAnd(b, bits_of(r, x), ci32(r, (long long)0x80000000u), "");
+    big = float_of(r, LLVMBuildOr(b, bits_of(r, big), sign, ""));
+    LLVMValueRef y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, ax, cf(r, 0.625), ""), small, big, "");
+    return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUNO, x, x, ""), x, y, "");
+}
+
+/* ---------------------------------------------------------------- conversions */
+
+/* numerics.c's num_round_magnitude on i32 lanes: abs (f32 bits, sign clear, not NaN) rounded
+ * to nearest even with man_bits mantissa bits and exponent bias `bias`; codes above the
+ * format's largest finite value come back as they are. */
+static LLVMValueRef round_magnitude(R *r, LLVMValueRef abs, int man_bits, int bias)
+{
+    LLVMBuilderRef b = r->b;
+    LLVMValueRef biased = LLVMBuildLShr(b, abs, ci32(r, 23), "");
+    LLVMValueRef m = LLVMBuildAnd(b, abs, ci32(r, 0x7FFFFF), "");
+    LLVMValueRef normal = LLVMBuildICmp(b, LLVMIntNE, biased, ci32(r, 0), "");
+    m = LLVMBuildSelect(b, normal, LLVMBuildOr(b, m, ci32(r, 0x800000), ""), m, "");
+    biased = LLVMBuildSelect(b, normal, biased, ci32(r, 1), "");
+    /* below = (1 - bias) - (biased - 127) */
+    LLVMValueRef below = LLVMBuildSub(b, ci32(r, 1 - bias + 127), biased, "");
+    LLVMValueRef pos = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSGT, below, ci32(r, 0), ""), below, ci32(r, 0), "");
+    LLVMValueRef shift = LLVMBuildAdd(b, ci32(r, 23 - man_bits), pos, "");
+    LLVMValueRef zero = LLVMBuildICmp(b, LLVMIntSGT, shift, ci32(r, 25), "");
+    LLVMValueRef sh = LLVMBuildSelect(b, zero, ci32(r, 25), shift, "");
+    LLVMValueRef up = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, below, ci32(r, 0), ""),
+                                      LLVMBuildShl(b, LLVMBuildNeg(b, below, ""), ci32(r, man_bits), ""),
+                                      ci32(r, 0), "");
+    LLVMValueRef q = LLVMBuildAdd(b, LLVMBuildLShr(b, m, sh, ""), up, "");
+    LLVMValueRef one = ci32(r, 1);
+    LLVMValueRef mask = LLVMBuildSub(b, LLVMBuildShl(b, one, sh, ""), one, "");
+    LLVMValueRef rem = LLVMBuildAnd(b, m, mask, "");
+    LLVMValueRef half = LLVMBuildShl(b, one, LLVMBuildSub(b, sh, one, ""), "");
+    LLVMValueRef gt = LLVMBuildICmp(b, LLVMIntUGT, rem, half, "");
+    LLVMValueRef tie = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, rem, half, ""),
+                                    LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, q, one, ""), ci32(r, 0), ""), "");
+    q = LLVMBuildAdd(b, q, LLVMBuildZExt(b, LLVMBuildOr(b, gt, tie, ""), r->i32, ""), "");
+    return LLVMBuildSelect(b, zero, ci32(r, 0), q, "");
+}
+
+/* f32 -> the element type's code, as num_encode does (an i32 holding the code's bits). */
+static LLVMValueRef encode(R *r, ElemType e, LLVMValueRef x)
+{
+    LLVMBuilderRef b = r->b;
+    LLVMValueRef isnan = LLVMBuildFCmp(b, LLVMRealUNO, x, x, "");
+    switch (e) {
+    case FMT_F32: return bits_of(r, x);
+    case FMT_BF16: {
+        LLVMValueRef u = bits_of(r, x);
+        LLVMValueRef lsb = LLVMBuildAnd(b, LLVMBuildLShr(b, u, ci32(r, 16), ""), ci32(r, 1), "");
+        LLVMValueRef q = LLVMBuildLShr(b, LLVMBuildAdd(b, LLVMBuildAdd(b, u, ci32(r, 0x7FFF), ""), lsb, ""), ci32(r, 16), "");
+        return LLVMBuildSelect(b, isnan, ci32(r, 0x7FFF), q, "");
+    }
+    case FMT_F16: case FMT_E4M3: case FMT_E5M2: {
+        int man = e == FMT_F16 ? 10 : e == FMT_E4M3 ? 3 : 2;
+        int bias = e == FMT_E4M3 ? 7 : 15;
+        unsigned max_code = e == FMT_F16 ? 0x7C00 : e == FMT_E4M3 ? 0x7E : 0x7B;
+        unsigned nan_code = e == FMT_F16 ? 0x7FFF : 0x7F;
+        int sign_shift = e == FMT_F16 ? 16 : 24;
+        LLVMValueRef u = bits_of(r, x);
+        LLVMValueRef abs = LLVMBuildAnd(b, u, ci32(r, 0x7FFFFFFF), "");
+        LLVMValueRef q = round_magnitude(r, abs, man, bias);
+        /* f16 overflows to infinity (0x7C00 is its code); FP8 saturates, infinities too */
+        q = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, q, ci32(r, max_code), ""), ci32(r, max_code), q, "");
+        LLVMValueRef inf = LLVMBuildICmp(b, LLVMIntEQ, abs, ci32(r, 0x7F800000), "");
+        q = LLVMBuildSelect(b, inf, ci32(r, max_code), q, "");
+        LLVMValueRef sign = LLVMBuildAnd(b, LLVMBuildLShr(b, u, ci32(r, sign_shift), ""),
+                                         ci32(r, e == FMT_F16 ? 0x8000 : 0x80), "");
+        q = LLVMBuildOr(b, q, sign, "");
+        return LLVMBuildSelect(b, isnan, ci32(r, nan_code), q, "");
+    }
+    case FMT_I8: case FMT_U8: {
+        double lo = e == FMT_I8 ? -128.0 : 0.0, hi = e == FMT_I8 ? 127.0 : 255.0;
+        LLVMValueRef v = call1f(r, "llvm.rint", x);
+        v = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLE, x, cf(r, lo), ""), cf(r, lo), v, "");
+        v = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGE, x, cf(r, hi), ""), cf(r, hi), v, "");
+        v = LLVMBuildSelect(b, isnan, cf(r, 0.0), v, "");
+        return LLVMBuildFPToSI(b, v, r->i32, "");
+    }
+    case FMT_I32: {
+        LLVMTypeRef types[2] = {r->i32, r->f32};
+        LLVMValueRef v = call1f(r, "llvm.rint", x);
+        return intrinsic(r, "llvm.fptosi.sat", types, 2, &v, 1);
+    }
+    case FMT_E8M0: {
+        /* the exponent field, rounding down to a power of two: subnormals and x <= 0 give 0,
+         * everything from 2^127 up (infinity too) 254, NaN 255 */
+        LLVMValueRef biased = LLVMBuildLShr(b, bits_of(r, x), ci32(r, 23), "");
+        LLVMValueRef q = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, biased, ci32(r, 254), ""), ci32(r, 254), biased, "");
+        q = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, x, cf(r, 0.0), ""), q, ci32(r, 0), "");
+        return LLVMBuildSelect(b, isnan, ci32(r, 255), q, "");
+    }
+    default: IR_ASSERT(!"encode: no values in this element type");
+    }
+    return NULL;
+}
+
+/* The code (i32 holding its bits) -> f32, exactly. */
+static LLVMValueRef decode(R *r, ElemType e, LLVMValueRef q)
+{
+    LLVMBuilderRef b = r->b;
+    switch (e) {
+    case FMT_F32: return float_of(r, q);
+    case FMT_BF16: return float_of(r, LLVMBuildShl(b, q, ci32(r, 16), ""));
+    case FMT_F16: {
+        LLVMValueRef sign = LLVMBuildShl(b, LLVMBuildAnd(b, q, ci32(r, 0x8000), ""), ci32(r, 16), "");
+        LLVMValueRef ex = LLVMBuildAnd(b, LLVMBuildLShr(b, q, ci32(r, 10), ""), ci32(r, 0x1F), "");
+        LLVMValueRef m = LLVMBuildAnd(b, q, ci32(r, 0x3FF), "");
+        LLVMValueRef normal = LLVMBuildOr(b, LLVMBuildShl(b, LLVMBuildAdd(b, ex, ci32(r, 112), ""), ci32(r, 23), ""),
+                                          LLVMBuildShl(b, m, ci32(r, 13), ""), "");
+        LLVMValueRef top = LLVMBuildOr(b, ci32(r, 0x7F800000),
+                                       LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntNE, m, ci32(r, 0), ""),
+                                                       LLVMBuildOr(b, ci32(r, 0x400000), LLVMBuildShl(b, m, ci32(r, 13), ""), ""),
+                                                       ci32(r, 0), ""), "");
+        LLVMValueRef sub = bits_of(r, LLVMBuildFMul(b, LLVMBuildSIToFP(b, m, r->f32, ""), cf(r, ldexp(1.0, -24)), ""));
+        LLVMValueRef v = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, ex, ci32(r, 31), ""), top,
+                                         LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, ex, ci32(r, 0), ""), sub, normal, ""), "");
+        return float_of(r, LLVMBuildOr(b, v, sign, ""));
+    }
+    case FMT_E4M3: case FMT_E5M2: {
+        LLVMValueRef table = e == FMT_E4M3 ? r->table_e4m3 : r->table_e5m2;
+        LLVMValueRef idx[2] = {ci64(r, 0), LLVMBuildZExt(b, LLVMBuildAnd(b, q, ci32(r, 0xFF), ""), r->i64, "")};
+        LLVMValueRef p = LLVMBuildInBoundsGEP2(b, LLVMArrayType(r->f32, 256), table, idx, 2, "");
+        return LLVMBuildLoad2(b, r->f32, p, "");
+    }
+    case FMT_I8: return LLVMBuildSIToFP(b, LLVMBuildTrunc(b, q, r->i8, ""), r->f32, "");
+    case FMT_U8: return LLVMBuildUIToFP(b, LLVMBuildTrunc(b, q, r->i8, ""), r->f32, "");
+    case FMT_I32: return LLVMBuildSIToFP(b, q, r->f32, "");
+    case FMT_E8M0: {
+        LLVMValueRef c = LLVMBuildAnd(b, q, ci32(r, 0xFF), "");
+        LLVMValueRef v = LLVMBuildShl(b, c, ci32(r, 23), "");
+        v = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, c, ci32(r, 0), ""), ci32(r, 0x00400000), v, "");
+        v = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, c, ci32(r, 255), ""), ci32(r, 0x7FC00000), v, "");
+        return float_of(r, v);
+    }
+    default: IR_ASSERT(!"decode: no values in this element type");
+    }
+    return NULL;
+}
+
+static LLVMTypeRef storage_type(R *r, ElemType e)
+{
+    switch (fmt_elem_bytes(e)) {
+    case 1: return r->i8;
+    case 2: return r->i16;
+    default: return r->i32;
+    }
+}
+
+static LLVMValueRef elem_ptr(R *r, int buf, LLVMValueRef idx)
+{
+    ElemType e = r->k->bufs[buf].elem;
+    LLVMTypeRef t = e == FMT_F32 ? r->f32 : storage_type(r, e);
+    LLVMValueRef base = LLVMBuildBitCast(r->b, r->ptr[buf], LLVMPointerType(t, 0), "");
+    return LLVMBuildInBoundsGEP2(r->b, t, base, &idx, 1, "");
+}
+
+static LLVMValueRef load_raw(R *r, int buf, LLVMValueRef idx)
+{
+    ElemType e = r->k->bufs[buf].elem;
+    LLVMValueRef p = elem_ptr(r, buf, idx);
+    if (e == FMT_F32) return LLVMBuildLoad2(r->b, r->f32, p, "");
+    LLVMValueRef v = LLVMBuildLoad2(r->b, storage_type(r, e), p, "");
+    return decode(r, e, fmt_elem_bytes(e) == 4 ? v : LLVMBuildZExt(r->b, v, r->i32, ""));
+}
+
+static void store_raw(R *r, int buf, LLVMValueRef idx, LLVMValueRef x)
+{
+    ElemType e = r->k->bufs[buf].elem;
+    LLVMValueRef p = elem_ptr(r, buf, idx);
+    if (e == FMT_F32) {
+        LLVMBuildStore(r->b, x, p);
+        return;
+    }
+    LLVMValueRef q = encode(r, e, x);
+    if (fmt_elem_bytes(e) < 4) q = LLVMBuildTrunc(r->b, q, storage_type(r, e), "");
+    LLVMBuildStore(r->b, q, p);
+}
+
+/* The scale of element idx (row, col given or derived) of a scaled buffer, NULL if unscaled. */
+static LLVMValueRef scale_of(R *r, int buf, LLVMValueRef idx, LLVMValueRef row, LLVMValueRef col)
+{
+    const CgBuf *bf = &r->k->bufs[buf];
+    if (bf->scaling == SCALE_NONE) return NULL;
+    if (r->scale0[buf]) return r->scale0[buf];
+    if (bf->scale_buf == CG_NONE) return cf(r, bf->static_scale);
+    LLVMBuilderRef b = r->b;
+    if (bf->scaling == SCALE_PER_TENSOR) return load_raw(r, bf->scale_buf, ci64(r, 0));
+    if (!row) {
+        row = LLVMBuildUDiv(b, idx, ci64(r, bf->cols), "");
+        col = LLVMBuildSub(b, idx, LLVMBuildMul(b, row, ci64(r, bf->cols), ""), "");
+    }
+    LLVMValueRef k;
+    int64_t G = bf->group > 0 ? bf->group : 1;
+    int64_t ncg = (bf->cols + G - 1) / G;
+    switch (bf->scaling) {
+    case SCALE_PER_ROW: k = row; break;
+    case SCALE_PER_GROUP:
+    case SCALE_TILE_1x128:
+        k = LLVMBuildAdd(b, LLVMBuildMul(b, row, ci64(r, ncg), ""), LLVMBuildUDiv(b, col, ci64(r, G), ""), "");
+        break;
+    case SCALE_BLOCK_128:
+        k = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildUDiv(b, row, ci64(r, 128), ""), ci64(r, (bf->cols + 127) / 128), ""),
+                         LLVMBuildUDiv(b, col, ci64(r, 128), ""), "");
+        break;
+    default: IR_ASSERT(!"bad scaling");
+    }
+    return load_raw(r, bf->scale_buf, k);
+}
+
+static LLVMValueRef opt_val(R *r, int a) { return a == CG_NONE ? NULL : r->val[a]; }
+
+/* ---------------------------------------------------------------- the walk */
+
+static void loop_metadata(R *r, LLVMValueRef branch)
+{
+    LLVMMetadataRef tmp = LLVMTemporaryMDNode(r->ctx, NULL, 0);
+    LLVMMetadataRef name = LLVMMDStringInContext2(r->ctx, "llvm.loop.vectorize.enable", 26);
+    LLVMMetadataRef one = LLVMValueAsMetadata(LLVMConstInt(r->i1, 1, 0));
+    LLVMMetadataRef pair[2] = {name, one};
+    LLVMMetadataRef hint = LLVMMDNodeInContext2(r->ctx, pair, 2);
+    LLVMMetadataRef ops[2] = {tmp, hint};
+    LLVMMetadataRef node = LLVMMDNodeInContext2(r->ctx, ops, 2);
+    LLVMMetadataReplaceAllUsesWith(tmp, node);
+    LLVMSetMetadata(branch, r->md_loop, LLVMMetadataAsValue(r->ctx, node));
+}
+
+static void open_loop(R *r, int inst, LLVMValueRef lo, LLVMValueRef hi, bool row)
+{
+    IR_ASSERT(r->depth < MAX_DEPTH);
+    Loop *l = &r->loops[r->depth++];
+    l->inst = inst;
+    l->row = row;
+    l->hi = hi;
+    l->slot = alloca_entry(r, r->i64, "iv");
+    LLVMBuildStore(r->b, lo, l->slot);
+    /* reductions of this loop start at their identity */
+    for (int i = inst + 1; i < r->k->n_insts; i++)
+        if (r->k->insts[i].op == CG_REDUCE && r->red_loop[i] == inst)
+            LLVMBuildStore(r->b, cf(r, r->k->insts[i].i == CG_RED_SUM ? 0.0 : -INFINITY), r->slot[i]);
+    l->header = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "loop");
+    LLVMBasicBlockRef bodyb = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "body");
+    l->exit = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "exit");
+    LLVMBuildBr(r->b, l->header);
+    LLVMPositionBuilderAtEnd(r->b, l->header);
+    LLVMValueRef iv = LLVMBuildLoad2(r->b, r->i64, l->slot, "i");
+    LLVMBuildCondBr(r->b, LLVMBuildICmp(r->b, LLVMIntSLT, iv, hi, ""), bodyb, l->exit);
+    LLVMPositionBuilderAtEnd(r->b, bodyb);
+    r->val[inst] = iv;
+}
+
+static void close_loop(R *r)
+{
+    IR_ASSERT(r->depth > 0);
+    Loop *l = &r->loops[--r->depth];
+    LLVMValueRef iv = LLVMBuildLoad2(r->b, r->i64, l->slot, "");
+    LLVMBuildStore(r->b, LLVMBuildAdd(r->b, iv, ci64(r, 1), ""), l->slot);
+    LLVMValueRef br = LLVMBuildBr(r->b, l->header);
+    if (l->row) loop_metadata(r, br);
+    LLVMPositionBuilderAtEnd(r->b, l->exit);
+    for (int i = l->inst + 1; i < r->k->n_insts; i++)
+        if (r->k->insts[i].op == CG_REDUCE && r->red_loop[i] == l->inst)
+            r->val[i] = LLVMBuildLoad2(r->b, r->f32, r->slot[i], "");
+}
+
+static LLVMValueRef local_elem(R *r, int local, LLVMValueRef idx)
+{
+    LLVMTypeRef at = LLVMArrayType(r->f32, (unsigned)r->k->insts[local].i);
+    LLVMValueRef ix[2] = {ci64(r, 0), idx};
+    return LLVMBuildInBoundsGEP2(r->b, at, r->slot[local], ix, 2, "");
+}
+
+static void emit_inst(R *r, int i)
+{
+    const CgInst *in = &r->k->insts[i];
+    LLVMBuilderRef b = r->b;
+    LLVMValueRef a0 = in->a[0] >= 0 ? r->val[in->a[0]] : NULL;
+    LLVMValueRef a1 = in->a[1] >= 0 ? r->val[in->a[1]] : NULL;
+    LLVMValueRef a2 = in->a[2] >= 0 ? r->val[in->a[2]] : NULL;
+    LLVMValueRef v = NULL;
+    switch (in->op) {
+    case CG_BODY: case CG_ITEM: break;   /* handled by the caller */
+    case CG_FCONST: v = cf(r, in->f); break;
+    case CG_ICONST: v = ci64(r, in->i); break;
+    case CG_IADD: v = LLVMBuildAdd(b, a0, a1, ""); break;
+    case CG_ISUB: v = LLVMBuildSub(b, a0, a1, ""); break;
+    case CG_IMUL: v = LLVMBuildMul(b, a0, a1, ""); break;
+    case CG_IDIV: v = LLVMBuildUDiv(b, a0, a1, ""); break;
+    case CG_IMOD: v = LLVMBuildURem(b, a0, a1, ""); break;
+    case CG_IMIN: v = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, a0, a1, ""), a0, a1, ""); break;
+    case CG_IMAX: v = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSGT, a0, a1, ""), a0, a1, ""); break;
+    case CG_ITOF: v = LLVMBuildSIToFP(b, a0, r->f32, ""); break;
+    case CG_FTOI: {
+        LLVMTypeRef types[2] = {r->i64, r->f32};
+        v = intrinsic(r, "llvm.fptosi.sat", types, 2, &a0, 1);
+        break;
+    }
+    case CG_FADD: v = LLVMBuildFAdd(b, a0, a1, ""); break;
+    case CG_FSUB: v = LLVMBuildFSub(b, a0, a1, ""); break;
+    case CG_FMUL: v = LLVMBuildFMul(b, a0, a1, ""); break;
+    case CG_FDIV: v = LLVMBuildFDiv(b, a0, a1, ""); break;
+    case CG_FMA: v = fma3(r, a0, a1, a2); break;
+    case CG_FMAX: v = call2f(r, "llvm.maxnum", a0, a1); break;
+    case CG_FMIN: v = call2f(r, "llvm.minnum", a0, a1); break;
+    case CG_FNEG: v = LLVMBuildFNeg(b, a0, ""); break;
+    case CG_FABS: v = call1f(r, "llvm.fabs", a0); break;
+    case CG_EXP: v = emit_exp(r, a0); break;
+    case CG_LOG: v = call1f(r, "llvm.log", a0); break;
+    case CG_TANH: v = emit_tanh(r, a0); break;
+    case CG_SQRT: v = call1f(r, "llvm.sqrt", a0); break;
+    case CG_FLT: v = LLVMBuildFCmp(b, LLVMRealOLT, a0, a1, ""); break;
+    case CG_FLE: v = LLVMBuildFCmp(b, LLVMRealOLE, a0, a1, ""); break;
+    case CG_FEQ: v = LLVMBuildFCmp(b, LLVMRealOEQ, a0, a1, ""); break;
+    case CG_ILT: v = LLVMBuildICmp(b, LLVMIntSLT, a0, a1, ""); break;
+    case CG_IEQ: v = LLVMBuildICmp(b, LLVMIntEQ, a0, a1, ""); break;
+    case CG_AND: v = LLVMBuildAnd(b, a0, a1, ""); break;
+    case CG_NOT: v = LLVMBuildNot(b, a0, ""); break;
+    case CG_SELECT: v = LLVMBuildSelect(b, a0, a1, a2, ""); break;
+    case CG_LOAD: {
+        v = load_raw(r, in->buf, a0);
+        LLVMValueRef s = scale_of(r, in->buf, a0, a1, a2);
+        if (s) v = LLVMBuildFDiv(b, v, s, "");
+        break;
+    }
+    case CG_STORE: case CG_ROUND: {
+        LLVMValueRef x = a1;
+        LLVMValueRef s = scale_of(r, in->buf, a0, a2, opt_val(r, in->a[3]));
+        if (s) x = LLVMBuildFMul(b, x, s, "");
+        if (in->op == CG_STORE) {
+            store_raw(r, in->buf, a0, x);
+        } else {
+            ElemType e = r->k->bufs[in->buf].elem;
+            v = e == FMT_F32 ? x : decode(r, e, encode(r, e, x));
+            if (s) v = LLVMBuildFDiv(b, v, s, "");
+        }
+        break;
+    }
+    case CG_LOOP: open_loop(r, i, a0, a1, in->i == CG_LOOP_ROW); return;
+    case CG_END: close_loop(r); return;
+    case CG_REDUCE: {
+        LLVMValueRef acc = LLVMBuildLoad2(b, r->f32, r->slot[i], "");
+        LLVMValueRef nv = in->i == CG_RED_SUM ? LLVMBuildFAdd(b, acc, a0, "") : call2f(r, "llvm.maxnum", acc, a0);
+        LLVMBuildStore(b, nv, r->slot[i]);
+        return;   /* the value is read after the loop */
+    }
+    case CG_LOCAL: {
+        int64_t n = in->i;
+        if (in->f == 0.0 && !signbit(in->f)) {
+            LLVMBuildMemSet(b, r->slot[i], LLVMConstInt(r->i8, 0, 0), ci64(r, n * 4), 4);
+        } else if (n <= 16) {
+            for (int64_t j = 0; j < n; j++) LLVMBuildStore(b, cf(r, in->f), local_elem(r, i, ci64(r, j)));
+        } else {
+            /* a small loop of its own */
+            LLVMValueRef slot = alloca_entry(r, r->i64, "li");
+            LLVMBuildStore(b, ci64(r, 0), slot);
+            LLVMBasicBlockRef h = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "init");
+            LLVMBasicBlockRef bd = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "initb");
+            LLVMBasicBlockRef ex = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "inite");
+            LLVMBuildBr(b, h);
+            LLVMPositionBuilderAtEnd(b, h);
+            LLVMValueRef j = LLVMBuildLoad2(b, r->i64, slot, "");
+            LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, j, ci64(r, n), ""), bd, ex);
+            LLVMPositionBuilderAtEnd(b, bd);
+            LLVMBuildStore(b, cf(r, in->f), local_elem(r, i, j));
+            LLVMBuildStore(b, LLVMBuildAdd(b, j, ci64(r, 1), ""), slot);
+            LLVMBuildBr(b, h);
+            LLVMPositionBuilderAtEnd(b, ex);
+        }
+        return;
+    }
+    case CG_LGET: v = LLVMBuildLoad2(b, r->f32, local_elem(r, in->a[0], a1), ""); break;
+    case CG_LSET: LLVMBuildStore(b, a2, local_elem(r, in->a[0], a1)); return;
+    case CG_OP_COUNT: IR_ASSERT(!"bad op");
+    }
+    r->val[i] = v;
+}
+
+/* The function of one kernel body. */
+static void render_kernel(R *r, const CgKernel *k, const char *name)
+{
+    r->k = k;
+    r->fn = LLVMAddFunction(r->mod, name, r->fn_type);
+    LLVMAddAttributeAtIndex(r->fn, LLVMAttributeFunctionIndex,
+                            LLVMCreateEnumAttribute(r->ctx, LLVMGetEnumAttributeKindForName("nounwind", 8), 0));
+    LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "entry");
+    LLVMPositionBuilderAtEnd(r->b, entry);
+    int n = k->n_insts;
+    r->val = calloc((size_t)n + 1, sizeof *r->val);
+    r->slot = calloc((size_t)n + 1, sizeof *r->slot);
+    r->red_loop = calloc((size_t)n + 1, sizeof *r->red_loop);
+    r->ptr = calloc((size_t)k->n_bufs + 1, sizeof *r->ptr);
+    r->scale0 = calloc((size_t)k->n_bufs + 1, sizeof *r->scale0);
+    IR_ASSERT(r->val && r->slot && r->red_loop && r->ptr && r->scale0);
+    r->depth = 0;
+
+    /* slots: reductions and locals */
+    int open[MAX_DEPTH], depth = 0;
+    for (int i = 0; i < n; i++) {
+        const CgInst *in = &k->insts[i];
+        if (in->op == CG_LOOP) open[depth++] = i;
+        else if (in->op == CG_END) depth--;
+        else if (in->op == CG_REDUCE) {
+            r->red_loop[i] = open[depth - 1];
+            r->slot[i] = LLVMBuildAlloca(r->b, r->f32, "acc");
+        } else if (in->op == CG_LOCAL) {
+            r->slot[i] = LLVMBuildAlloca(r->b, LLVMArrayType(r->f32, (unsigned)in->i), "local");
+            LLVMSetAlignment(r->slot[i], 64);
+        }
+    }
+    /* buffer pointers, and per-tensor scales the kernel does not write */
+    LLVMValueRef bufs = LLVMGetParam(r->fn, 0);
+    for (int i = 0; i < k->n_bufs; i++) {
+        LLVMValueRef ix = ci64(r, i);
+        LLVMValueRef p = LLVMBuildInBoundsGEP2(r->b, r->i8p, bufs, &ix, 1, "");
+        r->ptr[i] = LLVMBuildLoad2(r->b, r->i8p, p, k->bufs[i].name ? "" : "");
+    }
+    for (int i = 0; i < k->n_bufs; i++) {
+        const CgBuf *bf = &k->bufs[i];
+        if (bf->scaling == SCALE_PER_TENSOR && bf->scale_buf != CG_NONE && !k->bufs[bf->scale_buf].written)
+            r->scale0[i] = load_raw(r, bf->scale_buf, ci64(r, 0));
+    }
+    /* prologue */
+    int i = 0;
+    for (; i < n && k->insts[i].op != CG_BODY; i++) emit_inst(r, i);
+    /* the item loop */
+    LLVMValueRef islot = LLVMBuildAlloca(r->b, r->i64, "item");
+    LLVMBuildStore(r->b, LLVMGetParam(r->fn, 1), islot);
+    LLVMBasicBlockRef header = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "items");
+    LLVMBasicBlockRef bodyb = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "item");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "done");
+    LLVMBuildBr(r->b, header);
+    LLVMPositionBuilderAtEnd(r->b, header);
+    LLVMValueRef it = LLVMBuildLoad2(r->b, r->i64, islot, "");
+    LLVMBuildCondBr(r->b, LLVMBuildICmp(r->b, LLVMIntSLT, it, LLVMGetParam(r->fn, 2), ""), bodyb, done);
+    LLVMPositionBuilderAtEnd(r->b, bodyb);
+    bool has_loops = false;
+    for (int j = i; j < n; j++) {
+        if (k->insts[j].op == CG_ITEM) r->val[j] = it;
+        else if (k->insts[j].op != CG_BODY) emit_inst(r, j);
+        has_loops |= k->insts[j].op == CG_LOOP;
+    }
+    LLVMValueRef cur = LLVMBuildLoad2(r->b, r->i64, islot, "");
+    LLVMBuildStore(r->b, LLVMBuildAdd(r->b, cur, ci64(r, 1), ""), islot);
+    LLVMValueRef br = LLVMBuildBr(r->b, header);
+    if (!has_loops) loop_metadata(r, br);
+    LLVMPositionBuilderAtEnd(r->b, done);
+    LLVMBuildRetVoid(r->b);
+    free(r->val);
+    free(r->slot);
+    free(r->red_loop);
+    free(r->ptr);
+    free(r->scale0);
+}
+
+static LLVMValueRef fp8_table(R *r, const char *name, float (*dec)(uint8_t))
+{
+    LLVMValueRef vals[256];
+    for (int i = 0; i < 256; i++) vals[i] = LLVMConstReal(r->f32, dec((uint8_t)i));
+    LLVMTypeRef t = LLVMArrayType(r->f32, 256);
+    LLVMValueRef g = LLVMAddGlobal(r->mod, t, name);
+    LLVMSetInitializer(g, LLVMConstArray(r->f32, vals, 256));
+    LLVMSetGlobalConstant(g, 1);
+    LLVMSetLinkage(g, LLVMPrivateLinkage);
+    LLVMSetAlignment(g, 64);
+    return g;
+}
+
+static void diag_handler(LLVMDiagnosticInfoRef di, void *ctx)
+{
+    (void)ctx;
+    if (LLVMGetDiagInfoSeverity(di) != LLVMDSError) return;   /* missed-vectorization notes */
+    char *msg = LLVMGetDiagInfoDescription(di);
+    fprintf(stderr, "fp8c: error: LLVM: %s\n", msg);
+    LLVMDisposeMessage(msg);
+}
+
+/* The module of a program: one function per unique body, and the runtime's table. */
+static void render_module(R *r, const CgProgram *p)
+{
+    r->ctx = LLVMContextCreate();
+    LLVMContextSetDiagnosticHandler(r->ctx, diag_handler, NULL);
+    r->mod = LLVMModuleCreateWithNameInContext("fp8c_kernels", r->ctx);
+    r->b = LLVMCreateBuilderInContext(r->ctx);
+    r->f32 = LLVMFloatTypeInContext(r->ctx);
+    r->f64 = LLVMDoubleTypeInContext(r->ctx);
+    r->i64 = LLVMInt64TypeInContext(r->ctx);
+    r->i32 = LLVMInt32TypeInContext(r->ctx);
+    r->i16 = LLVMInt16TypeInContext(r->ctx);
+    r->i8 = LLVMInt8TypeInContext(r->ctx);
+    r->i1 = LLVMInt1TypeInContext(r->ctx);
+    r->i8p = LLVMPointerType(r->i8, 0);
+    LLVMTypeRef params[3] = {LLVMPointerType(r->i8p, 0), r->i64, r->i64};
+    r->fn_type = LLVMFunctionType(LLVMVoidTypeInContext(r->ctx), params, 3, 0);
+    r->md_loop = LLVMGetMDKindIDInContext(r->ctx, "llvm.loop", 9);
+    r->table_e4m3 = fp8_table(r, "fp8c_e4m3_table", num_e4m3_to_f32);
+    r->table_e5m2 = fp8_table(r, "fp8c_e5m2_table", num_e5m2_to_f32);
+
+    LLVMValueRef *fns = calloc((size_t)p->n_funcs + 1, sizeof *fns);
+    IR_ASSERT(fns);
+    for (int f = 0; f < p->n_funcs; f++) {
+        char name[32];
+        snprintf(name, sizeof name, "fp8c_k%d", f);
+        render_kernel(r, p->funcs[f].first, name);
+        fns[f] = r->fn;
+    }
+    LLVMTypeRef fnp = LLVMPointerType(r->fn_type, 0);
+    LLVMValueRef *entries = calloc((size_t)p->n_kernels + 1, sizeof *entries);
+    IR_ASSERT(entries);
+    for (int i = 0; i < p->n_kernels; i++) {
+        const CgKernel *k = p->kernels[i];
+        entries[i] = k->func == CG_NONE ? LLVMConstNull(fnp) : fns[k->func];
+    }
+    LLVMValueRef table = LLVMAddGlobal(r->mod, LLVMArrayType(fnp, (unsigned)p->n_kernels), "fp8c_cpu_kernel_fns");
+    LLVMSetInitializer(table, LLVMConstArray(fnp, entries, (unsigned)p->n_kernels));
+    LLVMSetGlobalConstant(table, 1);
+    LLVMValueRef hash = LLVMAddGlobal(r->mod, r->i64, "fp8c_cpu_kernel_hash");
+    LLVMSetInitializer(hash, LLVMConstInt(r->i64, p->hash, 0));
+    LLVMSetGlobalConstant(hash, 1);
+    LLVMValueRef count = LLVMAddGlobal(r->mod, r->i32, "fp8c_cpu_kernel_count");
+    LLVMSetInitializer(count, LLVMConstInt(r->i32, (unsigned long long)p->n_kernels, 0));
+    LLVMSetGlobalConstant(count, 1);
+    free(fns);
+    free(entries);
+}
+
+static void dispose(R *r)
+{
+    if (r->b) LLVMDisposeBuilder(r->b);
+    if (r->mod) LLVMDisposeModule(r->mod);
+    if (r->ctx) LLVMContextDispose(r->ctx);
+}
+
+char *cg_llvm_module_text(const CgProgram *p)
+{
+    R r = {0};
+    render_module(&r, p);
+    char *t = LLVMPrintModuleToString(r.mod);
+    char *copy = strdup(t);
+    LLVMDisposeMessage(t);
+    dispose(&r);
+    return copy;
+}
+
+/* ---------------------------------------------------------------- the object cache */
+
+static char *cache_dir(void)
+{
+    const char *env = getenv("FP8C_CACHE_DIR");
+    char buf[4096];
+    if (env && *env) {
+        snprintf(buf, sizeof buf, "%s", env);
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+        if (xdg && *xdg) snprintf(buf, sizeof buf, "%s/fp8c", xdg);
+        else if (home && *home) snprintf(buf, sizeof buf, "%s/.cache/fp8c", home);
+        else return NULL;
+    }
+    /* mkdir -p, quietly: no cache is slower, not wrong */
+    for (char *s = buf + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            mkdir(buf, 0755);
+            *s = '/';
+        }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return NULL;
+    return strdup(buf);
+}
+
+static bool copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb");
+    if (!in) return false;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", to, (int)getpid());
+    FILE *out = fopen(tmp, "wb");
+    bool ok = out != NULL;
+    char buf[65536];
+    size_t got;
+    while (ok && (got = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, got, out) == got;
+    fclose(in);
+    if (out && fclose(out) != 0) ok = false;
+    if (ok) ok = rename(tmp, to) == 0;
+    if (!ok) unlink(tmp);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- compile */
+
+bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj_path)
+{
+    static const CgLlvmOptions defaults = {.opt_level = 2};
+    if (!o) o = &defaults;
+    LLVMInitializeNativeTarget();
+    LLVMInitializeNativeAsmPrinter();
+    char *triple = LLVMGetDefaultTargetTriple();
+    bool native = !o->cpu || !*o->cpu || !strcmp(o->cpu, "native");
+    char *cpu = native ? LLVMGetHostCPUName() : NULL;
+    char *features = native ? LLVMGetHostCPUFeatures() : NULL;
+    const char *cpu_name = native ? cpu : o->cpu;
+    int level = o->opt_level > 0 ? o->opt_level : 2;
+
+    R r = {0};
+    render_module(&r, p);
+    char *err = NULL;
+    bool ok = true;
+    if (LLVMVerifyModule(r.mod, LLVMReturnStatusAction, &err)) {
+        fprintf(stderr, "fp8c: internal error: the kernel module does not verify: %s\n", err);
+        ok = false;
+    }
+    LLVMDisposeMessage(err);
+    err = NULL;
+
+    /* the cache key: what was rendered and how it is to be compiled */
+    char *text = ok ? LLVMPrintModuleToString(r.mod) : NULL;
+    uint64_t key = 0;
+    if (text) {
+        key = cg_hash_bytes(0, text, strlen(text));
+        char opts[512];
+        snprintf(opts, sizeof opts, "llvm%s|%s|%s|%s|O%d", FP8C_LLVM_VERSION, triple, cpu_name,
+                 features ? features : "", level);
+        key = cg_hash_bytes(key, opts, strlen(opts));
+        LLVMDisposeMessage(text);
+    }
+    char *dir = ok && !o->no_cache ? cache_dir() : NULL;
+    char cached[4200] = "";
+    if (dir) {
+        snprintf(cached, sizeof cached, "%s/%016llx.o", dir, (unsigned long long)key);
+        if (access(cached, R_OK) == 0 && !o->dump_ir && copy_file(cached, obj_path)) {
+            free(dir);
+            dispose(&r);
+            LLVMDisposeMessage(triple);
+            if (cpu) LLVMDisposeMessage(cpu);
+            if (features) LLVMDisposeMessage(features);
+            return true;
+        }
+    }
+
+    LLVMTargetRef target = NULL;
+    LLVMTargetMachineRef tm = NULL;
+    if (ok && LLVMGetTargetFromTriple(triple, &target, &err)) {
+        fprintf(stderr, "fp8c: error: LLVM has no target for %s: %s\n", triple, err);
+        ok = false;
+    }
+    if (ok) {
+        tm = LLVMCreateTargetMachine(target, triple, cpu_name, features ? features : "",
+                                     level >= 3 ? LLVMCodeGenLevelAggressive : LLVMCodeGenLevelDefault,
+                                     LLVMRelocPIC, LLVMCodeModelDefault);
+        if (!tm) {
+            fprintf(stderr, "fp8c: error: LLVM cannot make code for CPU '%s'\n", cpu_name);
+            ok = false;
+        }
+    }
+    if (ok) {
+        LLVMSetTarget(r.mod, triple);
+        LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
+        LLVMSetModuleDataLayout(r.mod, dl);
+        LLVMDisposeTargetData(dl);
+        /* target attributes on every function, so that the vectorizer costs for this CPU */
+        for (LLVMValueRef f = LLVMGetFirstFunction(r.mod); f; f = LLVMGetNextFunction(f)) {
+            if (LLVMIsDeclaration(f)) continue;
+            LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                                    LLVMCreateStringAttribute(r.ctx, "target-cpu", 10, cpu_name, (unsigned)strlen(cpu_name)));
+            if (features && *features)
+                LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                                        LLVMCreateStringAttribute(r.ctx, "target-features", 15, features, (unsigned)strlen(features)));
+        }
+        LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+        LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
+        LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
+        LLVMPassBuilderOptionsSetLoopUnrolling(po, 1);
+        LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
+        char pipeline[32];
+        snprintf(pipeline, sizeof pipeline, "default<O%d>", level);
+        LLVMErrorRef e = LLVMRunPasses(r.mod, pipeline, tm, po);
+        LLVMDisposePassBuilderOptions(po);
+        if (e) {
+            char *m = LLVMGetErrorMessage(e);
+            fprintf(stderr, "fp8c: error: LLVM passes failed: %s\n", m);
+            LLVMDisposeErrorMessage(m);
+            ok = false;
+        }
+    }
+    if (ok && o->dump_ir) {
+        char *t = LLVMPrintModuleToString(r.mod);
+        fputs(t, stderr);
+        LLVMDisposeMessage(t);
+    }
+    if (ok && LLVMTargetMachineEmitToFile(tm, r.mod, (char *)obj_path, LLVMObjectFile, &err)) {
+        fprintf(stderr, "fp8c: error: %s: LLVM cannot write the object: %s\n", obj_path, err);
+        LLVMDisposeMessage(err);
+        ok = false;
+    }
+    if (ok && dir) copy_file(obj_path, cached);
+    if (tm) LLVMDisposeTargetMachine(tm);
+    free(dir);
+    dispose(&r);
+    LLVMDisposeMessage(triple);
+    if (cpu) LLVMDisposeMessage(cpu);
+    if (features) LLVMDisposeMessage(features);
+    return ok;
+}

@@ -1,0 +1,1492 @@
+/* lower_kernels.c — graph nodes become kernels.
+ *
+ * Every node that computes something becomes one or a few kernels of the kernel IR
+ * (codegen.h), in schedule order, so that an executor running the kernels of a phase in order
+ * runs the step the graph describes. The shapes of the kernels follow the reference executor's
+ * split of the work, which is also how a GPU splits it:
+ *   elementwise ops   one item per element (or per row when an operand broadcasts, so that the
+ *                     broadcast index is the column, not a division per element);
+ *   row ops           one item per row (norms, softmax, cross entropy, embedding, rope), the
+ *                     columns in CG_LOOP_ROW loops with their sums and maxima as CG_REDUCE;
+ *   column sums       one item per block of 64 columns, rows in a sequential loop, summed in
+ *                     chunks of 64 rows (bias and norm-weight gradients);
+ *   whole-tensor      partial results per chunk into a scratch array, then one item that
+ *   reductions        combines them in order (squared norms, amax, the mean loss);
+ *   attention         one item per query row (online softmax over the keys); its backward
+ *                     in three kernels: per-row statistics, dq per query row, dk and dv per
+ *                     key row;
+ *   GEMM              a call (CG_KERNEL_GEMM), with f32 conversions around it when asked.
+ *
+ * Fusion (passes/fuse.c) is applied here: a group is lowered from its head (the one non-
+ * elementwise node, if any), and wherever the head's kernel has an output element, the
+ * group's elementwise nodes compute the root's element from it inline (emit_out, value_at);
+ * a group of elementwise nodes alone is one elementwise kernel for the root.
+ *
+ * Numerics follow the reference executor op by op (the same formulas, in f32; the reference
+ * accumulates reductions in f64, which is where the stated tolerances come from). Loads and
+ * stores go through each tensor's format. A node that touches a format without a kernel yet
+ * (optimizer-state codecs) becomes a CG_KERNEL_REF kernel: the reference executor runs it. */
+#include "codegen.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NONE CG_NONE
+
+enum { COL_BLOCK = 64, ROW_CHUNK = 64, REDUCE_CHUNK = 4096, MEMO_MAX = 64 };
+
+static const float GELU_C = 0.7978845608028654f;   /* sqrt(2 / pi), as the reference */
+static const float GELU_A = 0.044715f;
+
+typedef struct {
+    const Graph *g;
+    CgProgram *p;
+    const CgLowerOptions *o;
+    int *group;             /* node index -> root index, -1 none */
+    /* the group being lowered */
+    int root;
+    Node *head;
+    Node *memo_node[MEMO_MAX];
+    int memo_val[MEMO_MAX];
+    int n_memo;
+} Lower;
+
+/* A position in the output view of the kernel: flat index, and row and column when known. */
+typedef struct {
+    int idx, row, col;
+    int64_t cols;
+} At;
+
+/* ---------------------------------------------------------------- what can be fused */
+
+bool cg_op_is_elementwise(OpKind op)
+{
+    switch (op) {
+    case OP_ADD: case OP_SUB: case OP_MUL: case OP_SCALE: case OP_ADD_N: case OP_GELU:
+    case OP_GELU_BWD: case OP_SILU: case OP_SILU_BWD: case OP_CAST: case OP_QUANTIZE:
+    case OP_RESHAPE: case OP_ACCUMULATE:
+        return true;
+    default: return false;
+    }
+}
+
+bool cg_op_is_head(OpKind op)
+{
+    switch (op) {
+    case OP_MATMUL: case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X:
+    case OP_RMSNORM_BWD_X: case OP_SOFTMAX: case OP_SOFTMAX_BWD: case OP_EMBEDDING:
+    case OP_CROSS_ENTROPY_BWD: case OP_ROPE: case OP_ATTENTION: case OP_SLICE: case OP_PAD:
+        return true;
+    default: return false;
+    }
+}
+
+static bool format_is_plain(const Format *f)
+{
+    return f->scaling == SCALE_NONE && f->codec == CODEC_PLAIN;
+}
+
+bool cg_node_is_view(const Node *n)
+{
+    if (n->op != OP_RESHAPE) return false;
+    const Node *x = n->in[0];
+    return n->t.offset >= 0 && n->t.offset == x->t.offset &&
+           ir_role_is_persistent(n->t.role) == ir_role_is_persistent(x->t.role) &&
+           n->t.fmt.elem == x->t.fmt.elem && format_is_plain(&n->t.fmt) &&
+           format_is_plain(&x->t.fmt);
+}
+
+static bool runs_kernel(const Node *n)
+{
+    switch (n->op) {
+    case OP_INPUT: case OP_PARAM: case OP_STATE: return false;
+    default: return !cg_node_is_view(n);
+    }
+}
+
+/* ---------------------------------------------------------------- emission shorthands */
+
+static int e1(CgKernel *k, CgOp op, int a) { return cg_emit(k, op, a, NONE, NONE, NONE); }
+static int e2(CgKernel *k, CgOp op, int a, int b) { return cg_emit(k, op, a, b, NONE, NONE); }
+static int e3(CgKernel *k, CgOp op, int a, int b, int c) { return cg_emit(k, op, a, b, c, NONE); }
+static int fc(CgKernel *k, double f) { return cg_fconst(k, f); }
+static int ic(CgKernel *k, int64_t i) { return cg_iconst(k, i); }
+static void body(CgKernel *k) { e1(k, CG_BODY, NONE); }
+static int item(CgKernel *k) { return e1(k, CG_ITEM, NONE); }
+static void end(CgKernel *k) { e1(k, CG_END, NONE); }
+static int row_loop(CgKernel *k, int lo, int hi) { return cg_loop(k, CG_LOOP_ROW, lo, hi); }
+static int seq_loop(CgKernel *k, int lo, int hi) { return cg_loop(k, CG_LOOP_SEQ, lo, hi); }
+static int iadd(CgKernel *k, int a, int b) { return e2(k, CG_IADD, a, b); }
+static int imul(CgKernel *k, int a, int b) { return e2(k, CG_IMUL, a, b); }
+static int fadd(CgKernel *k, int a, int b) { return e2(k, CG_FADD, a, b); }
+static int fsub(CgKernel *k, int a, int b) { return e2(k, CG_FSUB, a, b); }
+static int fmul(CgKernel *k, int a, int b) { return e2(k, CG_FMUL, a, b); }
+static int fdiv(CgKernel *k, int a, int b) { return e2(k, CG_FDIV, a, b); }
+static int lget(CgKernel *k, int l, int i) { return e2(k, CG_LGET, l, i); }
+static void lset(CgKernel *k, int l, int i, int v) { e3(k, CG_LSET, l, i, v); }
+static int ld(CgKernel *k, int buf, int idx) { return cg_load(k, buf, idx, NONE, NONE); }
+
+static int64_t rows_of(const Tensor *t)
+{
+    int64_t r = 1;
+    for (int i = 0; i + 1 < t->rank; i++) r *= t->dims[i];
+    return r;
+}
+
+static int64_t cols_of(const Tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+static const char *node_label(const Lower *L, const Node *n)
+{
+    if (n->t.name) return n->t.name;
+    return arena_printf(L->p->arena, "%s.%d", ir_op_info(n->op)->text, n->id);
+}
+
+static CgKernel *kernel(Lower *L, CgKernelKind kind, const Node *n, const char *suffix)
+{
+    const char *name = node_label(L, n);
+    if (suffix) name = arena_printf(L->p->arena, "%s:%s", name, suffix);
+    return cg_kernel_new(L->p, kind, name, n->phase);
+}
+
+/* Rows of work for `items` items of about `cost` scalar operations each. */
+static void shape(CgKernel *k, CgParallel par, int64_t items, int64_t cost)
+{
+    k->par = par;
+    k->items = items;
+    k->cost = cost > 0 ? cost : 1;
+}
+
+/* The tensor a node's value is stored in: in-place ops write their first operand. */
+static Node *store_target(Node *n)
+{
+    return n->op == OP_ACCUMULATE || n->op == OP_ASSIGN ? n->in[0] : n;
+}
+
+/* Row and column hints for a buffer whose view is the kernel's view (else none). */
+static void hints(CgKernel *k, int buf, At at, int *row, int *col)
+{
+    const CgBuf *b = &k->bufs[buf];
+    bool same = at.row != NONE && b->cols == at.cols;
+    *row = same ? at.row : NONE;
+    *col = same ? at.col : NONE;
+}
+
+static int load_at(CgKernel *k, int buf, At at)
+{
+    int r, c;
+    hints(k, buf, at, &r, &c);
+    return cg_load(k, buf, at.idx, r, c);
+}
+
+static void store_at(CgKernel *k, int buf, At at, int v)
+{
+    int r, c;
+    hints(k, buf, at, &r, &c);
+    cg_store(k, buf, at.idx, v, r, c);
+}
+
+/* The index of a broadcast operand of nb elements at position `at` (nb divides the numel). */
+static int bcast_index(CgKernel *k, int64_t nb, At at)
+{
+    if (nb == 1) return ic(k, 0);
+    if (at.row != NONE) {
+        if (nb == at.cols) return at.col;
+        if (at.cols % nb == 0) return e2(k, CG_IMOD, at.col, ic(k, nb));
+        if (nb % at.cols == 0)
+            return iadd(k, imul(k, e2(k, CG_IMOD, at.row, ic(k, nb / at.cols)), ic(k, at.cols)), at.col);
+    }
+    return e2(k, CG_IMOD, at.idx, ic(k, nb));
+}
+
+/* ---------------------------------------------------------------- elementwise values */
+
+static int value_at(Lower *L, CgKernel *k, Node *n, At at);
+
+static bool in_group(const Lower *L, const Node *n)
+{
+    return n->index >= 0 && n->index < L->g->n_nodes && L->g->nodes[n->index] == n &&
+           L->group[n->index] == L->root;
+}
+
+/* Input j of an elementwise node at `at`: inline when it is the same size, else broadcast. */
+static int operand(Lower *L, CgKernel *k, Node *n, int j, At at)
+{
+    Node *x = n->in[j];
+    int64_t nb = ir_numel(&x->t), na = ir_numel(&n->t);
+    if (nb == na) return value_at(L, k, x, at);
+    IR_ASSERT(!in_group(L, x));
+    int buf = cg_buf_tensor(k, x, true, false);
+    return ld(k, buf, bcast_index(k, nb, at));
+}
+
+static int elementwise_math(Lower *L, CgKernel *k, Node *n, At at)
+{
+    switch (n->op) {
+    case OP_ADD: return fadd(k, operand(L, k, n, 0, at), operand(L, k, n, 1, at));
+    case OP_SUB: return fsub(k, operand(L, k, n, 0, at), operand(L, k, n, 1, at));
+    case OP_MUL: return fmul(k, operand(L, k, n, 0, at), operand(L, k, n, 1, at));
+    case OP_SCALE: return fmul(k, fc(k, (float)n->fattr[0]), operand(L, k, n, 0, at));
+    case OP_ADD_N: {
+        int s = operand(L, k, n, 0, at);
+        for (int j = 1; j < n->n_in; j++) s = fadd(k, s, operand(L, k, n, j, at));
+        return s;
+    }
+    case OP_GELU: {
+        /* 0.5f * v * (1.0f + tanhf(GELU_C * (v + GELU_A * v * v * v))), in this order */
+        int v = operand(L, k, n, 0, at);
+        int cube = fmul(k, fmul(k, fmul(k, fc(k, GELU_A), v), v), v);
+        int t = e1(k, CG_TANH, fmul(k, fc(k, GELU_C), fadd(k, v, cube)));
+        return fmul(k, fmul(k, fc(k, 0.5f), v), fadd(k, fc(k, 1.0f), t));
+    }
+    case OP_GELU_BWD: {
+        int dy = operand(L, k, n, 0, at), v = operand(L, k, n, 1, at);
+        int cube = fmul(k, fmul(k, fmul(k, fc(k, GELU_A), v), v), v);
+        int t = e1(k, CG_TANH, fmul(k, fc(k, GELU_C), fadd(k, v, cube)));
+        int du = fmul(k, fc(k, GELU_C),
+                      fadd(k, fc(k, 1.0f), fmul(k, fmul(k, fc(k, 3.0f * GELU_A), v), v)));
+        int left = fmul(k, fc(k, 0.5f), fadd(k, fc(k, 1.0f), t));
+        int right = fmul(k, fmul(k, fmul(k, fc(k, 0.5f), v), fsub(k, fc(k, 1.0f), fmul(k, t, t))), du);
+        return fmul(k, dy, fadd(k, left, right));
+    }
+    case OP_SILU: {
+        int v = operand(L, k, n, 0, at);
+        return fdiv(k, v, fadd(k, fc(k, 1.0f), e1(k, CG_EXP, e1(k, CG_FNEG, v))));
+    }
+    case OP_SILU_BWD: {
+        int dy = operand(L, k, n, 0, at), v = operand(L, k, n, 1, at);
+        int s = fdiv(k, fc(k, 1.0f), fadd(k, fc(k, 1.0f), e1(k, CG_EXP, e1(k, CG_FNEG, v))));
+        int d = fadd(k, fc(k, 1.0f), fmul(k, v, fsub(k, fc(k, 1.0f), s)));
+        return fmul(k, fmul(k, dy, s), d);
+    }
+    case OP_CAST: case OP_QUANTIZE: case OP_RESHAPE: return operand(L, k, n, 0, at);
+    case OP_ACCUMULATE: {
+        int acc = cg_buf_tensor(k, n->in[0], true, true);
+        return fadd(k, load_at(k, acc, at), operand(L, k, n, 1, at));
+    }
+    default: IR_ASSERT(!"not an elementwise op");
+    }
+    return NONE;
+}
+
+/* The value of n at `at`: computed inline for members of the group being lowered (rounded to
+ * n's format, as storing and reloading it would), loaded for everything else. */
+static int value_at(Lower *L, CgKernel *k, Node *n, At at)
+{
+    for (int i = 0; i < L->n_memo; i++)
+        if (L->memo_node[i] == n) return L->memo_val[i];
+    int v;
+    if (in_group(L, n) && n != L->head) {
+        v = elementwise_math(L, k, n, at);
+        if (n->index != L->root && !(n->t.fmt.elem == FMT_F32 && format_is_plain(&n->t.fmt))) {
+            int buf = cg_buf_tensor(k, n, false, false);
+            int r, c;
+            hints(k, buf, at, &r, &c);
+            v = cg_round(k, buf, at.idx, v, r, c);
+        }
+    } else {
+        IR_ASSERT(n != L->head);   /* a head's value is set by emit_out */
+        v = load_at(k, cg_buf_tensor(k, n, true, false), at);
+    }
+    IR_ASSERT(L->n_memo < MEMO_MAX);
+    L->memo_node[L->n_memo] = n;
+    L->memo_val[L->n_memo++] = v;
+    return v;
+}
+
+/* A head has computed its value v at `at`: store it, or hand it to the group's elementwise
+ * nodes and store the root's value instead. */
+static void emit_out(Lower *L, CgKernel *k, Node *head, int v, At at)
+{
+    Node *root = L->g->nodes[L->root];
+    L->n_memo = 0;
+    if (root != head) {
+        /* the consumers see the head's value as the plan stores it */
+        if (!(head->t.fmt.elem == FMT_F32 && format_is_plain(&head->t.fmt))) {
+            int hb = cg_buf_tensor(k, head, false, false), r, c;
+            hints(k, hb, at, &r, &c);
+            v = cg_round(k, hb, at.idx, v, r, c);
+        }
+        L->memo_node[0] = head;
+        L->memo_val[0] = v;
+        L->n_memo = 1;
+        v = value_at(L, k, root, at);
+    }
+    int buf = cg_buf_tensor(k, store_target(root), root->op == OP_ACCUMULATE, true);
+    store_at(k, buf, at, v);
+    L->n_memo = 0;
+}
+
+/* A group of elementwise nodes alone (a root with inline producers, or one node). */
+static void lower_elementwise(Lower *L, Node *root)
+{
+    int64_t n = ir_numel(&root->t), cols = cols_of(&root->t), rows = rows_of(&root->t);
+    /* broadcasting anywhere in the group: one item per row, the operand index is the column */
+    bool bcast = false;
+    int members = 0;
+    for (int i = 0; i <= L->root; i++) {
+        Node *m = L->g->nodes[i];
+        if (L->group[i] != L->root) continue;
+        members++;
+        for (int j = 0; j < m->n_in; j++)
+            if (ir_numel(&m->in[j]->t) != ir_numel(&m->t) && !(m->op == OP_QUANTIZE && j == 1))
+                bcast = true;
+    }
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, root, NULL);
+    body(k);
+    At at = {.row = NONE, .col = NONE, .cols = cols};
+    if (bcast && cols > 1) {
+        shape(k, CG_PAR_BLOCK, rows, cols * 4 * members);
+        at.row = item(k);
+        at.col = row_loop(k, ic(k, 0), ic(k, cols));
+        at.idx = iadd(k, imul(k, at.row, ic(k, cols)), at.col);
+    } else {
+        shape(k, CG_PAR_THREAD, n, 4 * members);
+        at.idx = item(k);
+    }
+    L->n_memo = 0;
+    int v = value_at(L, k, root, at);
+    int buf = cg_buf_tensor(k, store_target(root), root->op == OP_ACCUMULATE, true);
+    store_at(k, buf, at, v);
+    if (bcast && cols > 1) end(k);
+}
+
+/* ---------------------------------------------------------------- rows: norms, softmax */
+
+/* Opens the row loop of a row kernel: returns the column; *at gets the position. */
+static int open_cols(CgKernel *k, int row, int64_t C, At *at)
+{
+    int c = row_loop(k, ic(k, 0), ic(k, C));
+    *at = (At){.idx = iadd(k, imul(k, row, ic(k, C)), c), .row = row, .col = c, .cols = C};
+    return c;
+}
+
+static int reduce_sum(CgKernel *k, int v) { return cg_reduce(k, CG_RED_SUM, v); }
+static int reduce_max(CgKernel *k, int v) { return cg_reduce(k, CG_RED_MAX, v); }
+
+/* mean (0 for rmsnorm) and rstd = 1 / sqrt(var + eps) of row `row` of x (C columns). */
+static void norm_stats(CgKernel *k, int xb, int row, int64_t C, bool centered, double eps,
+                       int *mean, int *rstd)
+{
+    At at;
+    int m = fc(k, 0.0f);
+    if (centered) {
+        open_cols(k, row, C, &at);
+        int s = reduce_sum(k, load_at(k, xb, at));
+        end(k);
+        m = fdiv(k, s, fc(k, (float)C));
+    }
+    open_cols(k, row, C, &at);
+    int d = fsub(k, load_at(k, xb, at), m);
+    int ss = reduce_sum(k, fmul(k, d, d));
+    end(k);
+    int var = fadd(k, fdiv(k, ss, fc(k, (float)C)), fc(k, (float)eps));
+    *mean = m;
+    *rstd = fdiv(k, fc(k, 1.0f), e1(k, CG_SQRT, var));
+}
+
+static bool is_layernorm(OpKind op)
+{
+    return op == OP_LAYERNORM || op == OP_LAYERNORM_BWD_X || op == OP_LAYERNORM_BWD_W;
+}
+
+static void lower_norm(Lower *L, Node *n)
+{
+    bool ln = is_layernorm(n->op), fwd = n->op == OP_LAYERNORM || n->op == OP_RMSNORM;
+    Node *xn = n->in[fwd ? 0 : 1];
+    int64_t R = rows_of(&xn->t), C = cols_of(&xn->t);
+    double eps = n->fattr[0];
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_BLOCK, R, 6 * C);
+    body(k);
+    int row = item(k);
+    int xb = cg_buf_tensor(k, xn, true, false);
+    int mean, rstd;
+    norm_stats(k, xb, row, C, ln, eps, &mean, &rstd);
+    At at;
+    if (fwd) {
+        int wb = cg_buf_tensor(k, n->in[1], true, false);
+        int bb = ln ? cg_buf_tensor(k, n->in[2], true, false) : NONE;
+        int c = open_cols(k, row, C, &at);
+        int y = fmul(k, fmul(k, fsub(k, load_at(k, xb, at), mean), rstd), ld(k, wb, c));
+        if (ln) y = fadd(k, y, ld(k, bb, c));
+        emit_out(L, k, n, y, at);
+        end(k);
+        return;
+    }
+    /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (no mean(g) for rms) */
+    int dyb = cg_buf_tensor(k, n->in[0], true, false), wb = cg_buf_tensor(k, n->in[2], true, false);
+    int c = open_cols(k, row, C, &at);
+    int g = fmul(k, load_at(k, dyb, at), ld(k, wb, c));
+    int xh = fmul(k, fsub(k, load_at(k, xb, at), mean), rstd);
+    int sg = reduce_sum(k, g), sgx = reduce_sum(k, fmul(k, g, xh));
+    end(k);
+    int mg = ln ? fdiv(k, sg, fc(k, (float)C)) : fc(k, 0.0f);
+    int mgx = fdiv(k, sgx, fc(k, (float)C));
+    c = open_cols(k, row, C, &at);
+    g = fmul(k, load_at(k, dyb, at), ld(k, wb, c));
+    xh = fmul(k, fsub(k, load_at(k, xb, at), mean), rstd);
+    int dx = fmul(k, rstd, fsub(k, fsub(k, g, mg), fmul(k, xh, mgx)));
+    emit_out(L, k, n, dx, at);
+    end(k);
+}
+
+/* Column sums of f(r, c) over rows, for blocks of COL_BLOCK columns: one item per block, rows
+ * summed in order in chunks of ROW_CHUNK whose sums are then added in order. The callback
+ * emits f inside the column loop. */
+typedef int (*ColTermFn)(Lower *L, CgKernel *k, void *ctx, int row, int col, int64_t cols);
+
+static void column_sums(Lower *L, CgKernel *k, Node *out, int64_t R, int64_t C, ColTermFn term,
+                        void *ctx)
+{
+    int64_t blocks = (C + COL_BLOCK - 1) / COL_BLOCK;
+    shape(k, CG_PAR_THREAD, blocks, R * COL_BLOCK * 3);
+    body(k);
+    int c0 = imul(k, item(k), ic(k, COL_BLOCK));
+    int w = e2(k, CG_IMIN, ic(k, COL_BLOCK), e2(k, CG_ISUB, ic(k, C), c0));
+    int total = cg_local(k, COL_BLOCK, 0.0), part = cg_local(k, COL_BLOCK, 0.0);
+    int64_t chunks = (R + ROW_CHUNK - 1) / ROW_CHUNK;
+    int ch = seq_loop(k, ic(k, 0), ic(k, chunks));
+    int cc = row_loop(k, ic(k, 0), w);
+    lset(k, part, cc, fc(k, 0.0f));
+    end(k);
+    int r0 = imul(k, ch, ic(k, ROW_CHUNK));
+    int r1 = e2(k, CG_IMIN, iadd(k, r0, ic(k, ROW_CHUNK)), ic(k, R));
+    int r = seq_loop(k, r0, r1);
+    cc = row_loop(k, ic(k, 0), w);
+    int col = iadd(k, c0, cc);
+    lset(k, part, cc, fadd(k, lget(k, part, cc), term(L, k, ctx, r, col, C)));
+    end(k);
+    end(k);
+    cc = row_loop(k, ic(k, 0), w);
+    lset(k, total, cc, fadd(k, lget(k, total, cc), lget(k, part, cc)));
+    end(k);
+    end(k);
+    int ob = cg_buf_tensor(k, out, false, true);
+    cc = row_loop(k, ic(k, 0), w);
+    cg_store(k, ob, iadd(k, c0, cc), lget(k, total, cc), NONE, NONE);
+    end(k);
+}
+
+static int sum_rows_term(Lower *L, CgKernel *k, void *ctx, int row, int col, int64_t C)
+{
+    (void)L;
+    Node *x = ctx;
+    int xb = cg_buf_tensor(k, x, true, false);
+    return cg_load(k, xb, iadd(k, imul(k, row, ic(k, C)), col), row, col);
+}
+
+static void lower_sum_rows(Lower *L, Node *n)
+{
+    Node *x = n->in[0];
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    column_sums(L, k, n, rows_of(&x->t), cols_of(&x->t), sum_rows_term, x);
+}
+
+typedef struct {
+    Node *dy, *x;
+    int stats;              /* scratch: mean, rstd per row */
+    int64_t R;
+} NormW;
+
+static int norm_w_term(Lower *L, CgKernel *k, void *ctx, int row, int col, int64_t C)
+{
+    (void)L;
+    NormW *w = ctx;
+    int dyb = cg_buf_tensor(k, w->dy, true, false), xb = cg_buf_tensor(k, w->x, true, false);
+    int sb = cg_buf_scratch(k, w->stats, 2 * w->R, true, false);
+    int idx = iadd(k, imul(k, row, ic(k, C)), col);
+    int mean = ld(k, sb, imul(k, row, ic(k, 2)));
+    int rstd = ld(k, sb, iadd(k, imul(k, row, ic(k, 2)), ic(k, 1)));
+    int xh = fmul(k, fsub(k, cg_load(k, xb, idx, row, col), mean), rstd);
+    return fmul(k, cg_load(k, dyb, idx, row, col), xh);
+}
+
+/* dw = sum over rows of dy * xhat: the row statistics first, then column sums. */
+static void lower_norm_w(Lower *L, Node *n)
+{
+    NormW w = {.dy = n->in[0], .x = n->in[1]};
+    int64_t R = rows_of(&w.x->t), C = cols_of(&w.x->t);
+    w.R = R;
+    w.stats = cg_scratch_new(L->p, 2 * R);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "stats");
+    shape(k, CG_PAR_BLOCK, R, 3 * C);
+    body(k);
+    int row = item(k);
+    int xb = cg_buf_tensor(k, w.x, true, false), sb = cg_buf_scratch(k, w.stats, 2 * R, false, true);
+    int mean, rstd;
+    norm_stats(k, xb, row, C, is_layernorm(n->op), n->fattr[0], &mean, &rstd);
+    cg_store(k, sb, imul(k, row, ic(k, 2)), mean, NONE, NONE);
+    cg_store(k, sb, iadd(k, imul(k, row, ic(k, 2)), ic(k, 1)), rstd, NONE, NONE);
+    k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    column_sums(L, k, n, R, C, norm_w_term, &w);
+}
+
+static void lower_softmax(Lower *L, Node *n)
+{
+    int64_t R = rows_of(&n->t), C = cols_of(&n->t);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_BLOCK, R, 20 * C);
+    body(k);
+    int row = item(k);
+    At at;
+    if (n->op == OP_SOFTMAX_BWD) {
+        int dyb = cg_buf_tensor(k, n->in[0], true, false), yb = cg_buf_tensor(k, n->in[1], true, false);
+        open_cols(k, row, C, &at);
+        int s = reduce_sum(k, fmul(k, load_at(k, dyb, at), load_at(k, yb, at)));
+        end(k);
+        open_cols(k, row, C, &at);
+        int dx = fmul(k, load_at(k, yb, at), fsub(k, load_at(k, dyb, at), s));
+        emit_out(L, k, n, dx, at);
+        end(k);
+        return;
+    }
+    int xb = cg_buf_tensor(k, n->in[0], true, false);
+    open_cols(k, row, C, &at);
+    int m = reduce_max(k, load_at(k, xb, at));
+    end(k);
+    open_cols(k, row, C, &at);
+    int s = reduce_sum(k, e1(k, CG_EXP, fsub(k, load_at(k, xb, at), m)));
+    end(k);
+    open_cols(k, row, C, &at);
+    int y = fdiv(k, e1(k, CG_EXP, fsub(k, load_at(k, xb, at), m)), s);
+    emit_out(L, k, n, y, at);
+    end(k);
+}
+
+/* ---------------------------------------------------------------- gathers */
+
+/* An id loaded as f32, truncated and clamped into [0, limit): bad ids never read outside a
+ * tensor (the runtime checks its data against the vocabulary before it trains). */
+static int clamp_id(CgKernel *k, int f, int64_t limit)
+{
+    return e2(k, CG_IMAX, ic(k, 0), e2(k, CG_IMIN, e1(k, CG_FTOI, f), ic(k, limit - 1)));
+}
+
+static void lower_embedding(Lower *L, Node *n)
+{
+    Node *table = n->in[0], *ids = n->in[1];
+    int64_t V = table->t.dims[0], C = table->t.dims[1], R = ir_numel(&ids->t);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_BLOCK, R, 2 * C);
+    body(k);
+    int row = item(k);
+    int tb = cg_buf_tensor(k, table, true, false), idb = cg_buf_tensor(k, ids, true, false);
+    int id = clamp_id(k, ld(k, idb, row), V);
+    At at;
+    int c = open_cols(k, row, C, &at);
+    int v = cg_load(k, tb, iadd(k, imul(k, id, ic(k, C)), c), id, c);
+    emit_out(L, k, n, v, at);
+    end(k);
+}
+
+/* dtable[v] = sum of dy over the rows whose id is v, in row order: a counting sort of the rows
+ * by id (one sequential item), then one item per vocabulary row. The sort's arrays are f32
+ * scratch holding integers (exact below 2^24). */
+static void lower_embedding_bwd(Lower *L, Node *n)
+{
+    Node *dy = n->in[0], *ids = n->in[1];
+    int64_t V = n->t.dims[0], C = n->t.dims[1], R = ir_numel(&ids->t);
+    int first = cg_scratch_new(L->p, V + 1), order = cg_scratch_new(L->p, R);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "sort");
+    shape(k, CG_PAR_THREAD, 1, 3 * (R + V));
+    body(k);
+    int fb = cg_buf_scratch(k, first, V + 1, true, true), ob = cg_buf_scratch(k, order, R, false, true);
+    int idb = cg_buf_tensor(k, ids, true, false);
+    int v = seq_loop(k, ic(k, 0), ic(k, V + 1));
+    cg_store(k, fb, v, fc(k, 0.0f), NONE, NONE);
+    end(k);
+    int r = seq_loop(k, ic(k, 0), ic(k, R));           /* counts, shifted by one */
+    int slot = iadd(k, clamp_id(k, ld(k, idb, r), V), ic(k, 1));
+    cg_store(k, fb, slot, fadd(k, ld(k, fb, slot), fc(k, 1.0f)), NONE, NONE);
+    end(k);
+    v = seq_loop(k, ic(k, 0), ic(k, V));                /* prefix sums: first[v] */
+    int next = iadd(k, v, ic(k, 1));
+    cg_store(k, fb, next, fadd(k, ld(k, fb, next), ld(k, fb, v)), NONE, NONE);
+    end(k);
+    r = seq_loop(k, ic(k, 0), ic(k, R));                /* stable placement, first[] as fill */
+    slot = clamp_id(k, ld(k, idb, r), V);
+    int at = ld(k, fb, slot);
+    cg_store(k, ob, e1(k, CG_FTOI, at), e1(k, CG_ITOF, r), NONE, NONE);
+    cg_store(k, fb, slot, fadd(k, at, fc(k, 1.0f)), NONE, NONE);
+    end(k);
+    /* first[v] is now the end of v's rows, i.e. the start of v+1's: shift back by one */
+    v = seq_loop(k, ic(k, 0), ic(k, V));
+    int w = e2(k, CG_ISUB, ic(k, V), v);                /* V .. 1 */
+    cg_store(k, fb, w, ld(k, fb, e2(k, CG_ISUB, w, ic(k, 1))), NONE, NONE);
+    end(k);
+    cg_store(k, fb, ic(k, 0), fc(k, 0.0f), NONE, NONE);
+
+    k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_BLOCK, V, 4 * C + 2 * C * (R / (V ? V : 1) + 1));
+    body(k);
+    int vv = item(k);
+    fb = cg_buf_scratch(k, first, V + 1, true, false);
+    ob = cg_buf_scratch(k, order, R, true, false);
+    int dyb = cg_buf_tensor(k, dy, true, false), yb = cg_buf_tensor(k, n, false, true);
+    int acc = cg_local(k, C, 0.0);
+    int lo = e1(k, CG_FTOI, ld(k, fb, vv)), hi = e1(k, CG_FTOI, ld(k, fb, iadd(k, vv, ic(k, 1))));
+    int j = seq_loop(k, lo, hi);
+    int rr = e1(k, CG_FTOI, ld(k, ob, j));
+    int c = row_loop(k, ic(k, 0), ic(k, C));
+    lset(k, acc, c, fadd(k, lget(k, acc, c), cg_load(k, dyb, iadd(k, imul(k, rr, ic(k, C)), c), rr, c)));
+    end(k);
+    end(k);
+    c = row_loop(k, ic(k, 0), ic(k, C));
+    cg_store(k, yb, iadd(k, imul(k, vv, ic(k, C)), c), lget(k, acc, c), vv, c);
+    end(k);
+}
+
+/* ---------------------------------------------------------------- cross entropy */
+
+/* Number of valid targets (>= 0) into scratch[0]. */
+static int count_valid(Lower *L, Node *n, Node *targets, int64_t R)
+{
+    int cnt = cg_scratch_new(L->p, 1);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "count");
+    shape(k, CG_PAR_THREAD, 1, 2 * R);
+    body(k);
+    int tb = cg_buf_tensor(k, targets, true, false), cb = cg_buf_scratch(k, cnt, 1, false, true);
+    int r = seq_loop(k, ic(k, 0), ic(k, R));
+    int valid = e2(k, CG_FLE, fc(k, 0.0f), ld(k, tb, r));
+    int s = reduce_sum(k, e3(k, CG_SELECT, valid, fc(k, 1.0f), fc(k, 0.0f)));
+    end(k);
+    cg_store(k, cb, ic(k, 0), s, NONE, NONE);
+    return cnt;
+}
+
+/* log-sum-exp of row `row` of the logits (V columns) */
+static int row_lse(CgKernel *k, int lb, int row, int64_t V)
+{
+    At at;
+    open_cols(k, row, V, &at);
+    int m = reduce_max(k, load_at(k, lb, at));
+    end(k);
+    open_cols(k, row, V, &at);
+    int s = reduce_sum(k, e1(k, CG_EXP, fsub(k, load_at(k, lb, at), m)));
+    end(k);
+    return fadd(k, m, e1(k, CG_LOG, s));
+}
+
+static void lower_cross_entropy(Lower *L, Node *n)
+{
+    bool bwd = n->op == OP_CROSS_ENTROPY_BWD;
+    Node *logits = n->in[bwd ? 1 : 0], *targets = n->in[bwd ? 2 : 1];
+    int64_t R = rows_of(&logits->t), V = cols_of(&logits->t);
+    if (bwd) {
+        int cnt = count_valid(L, n, targets, R);
+        CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+        shape(k, CG_PAR_BLOCK, R, 30 * V);
+        int cb = cg_buf_scratch(k, cnt, 1, true, false), db = cg_buf_tensor(k, n->in[0], true, false);
+        int count = ld(k, cb, ic(k, 0));
+        int coef = e3(k, CG_SELECT, e2(k, CG_FLT, fc(k, 0.0f), count),
+                      fdiv(k, ld(k, db, ic(k, 0)), count), fc(k, 0.0f));
+        body(k);
+        int row = item(k);
+        int lb = cg_buf_tensor(k, logits, true, false), tb = cg_buf_tensor(k, targets, true, false);
+        int tv = ld(k, tb, row);
+        int valid = e2(k, CG_FLE, fc(k, 0.0f), tv);
+        int t = clamp_id(k, tv, V);
+        int lse = row_lse(k, lb, row, V);
+        At at;
+        int c = open_cols(k, row, V, &at);
+        int p = e1(k, CG_EXP, fsub(k, load_at(k, lb, at), lse));
+        int hot = e3(k, CG_SELECT, e2(k, CG_IEQ, c, t), fc(k, 1.0f), fc(k, 0.0f));
+        int d = fmul(k, coef, fsub(k, p, hot));
+        emit_out(L, k, n, e3(k, CG_SELECT, valid, d, fc(k, 0.0f)), at);
+        end(k);
+        return;
+    }
+    /* per-row losses (0 for ignored rows) and validity, then their mean in one item */
+    int losses = cg_scratch_new(L->p, 2 * R);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "rows");
+    shape(k, CG_PAR_BLOCK, R, 20 * V);
+    body(k);
+    int row = item(k);
+    int lb = cg_buf_tensor(k, logits, true, false), tb = cg_buf_tensor(k, targets, true, false);
+    int sb = cg_buf_scratch(k, losses, 2 * R, false, true);
+    int tv = ld(k, tb, row);
+    int valid = e2(k, CG_FLE, fc(k, 0.0f), tv);
+    int t = clamp_id(k, tv, V);
+    int lse = row_lse(k, lb, row, V);
+    int loss = fsub(k, lse, cg_load(k, lb, iadd(k, imul(k, row, ic(k, V)), t), row, t));
+    cg_store(k, sb, imul(k, row, ic(k, 2)), e3(k, CG_SELECT, valid, loss, fc(k, 0.0f)), NONE, NONE);
+    cg_store(k, sb, iadd(k, imul(k, row, ic(k, 2)), ic(k, 1)),
+             e3(k, CG_SELECT, valid, fc(k, 1.0f), fc(k, 0.0f)), NONE, NONE);
+
+    k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_THREAD, 1, 4 * R);
+    body(k);
+    sb = cg_buf_scratch(k, losses, 2 * R, true, false);
+    int yb = cg_buf_tensor(k, n, false, true);
+    int64_t chunks = (R + ROW_CHUNK - 1) / ROW_CHUNK;
+    int ch = seq_loop(k, ic(k, 0), ic(k, chunks));
+    int r0 = imul(k, ch, ic(k, ROW_CHUNK));
+    int r = seq_loop(k, r0, e2(k, CG_IMIN, iadd(k, r0, ic(k, ROW_CHUNK)), ic(k, R)));
+    int ls = reduce_sum(k, ld(k, sb, imul(k, r, ic(k, 2))));
+    int vs = reduce_sum(k, ld(k, sb, iadd(k, imul(k, r, ic(k, 2)), ic(k, 1))));
+    end(k);
+    int total = reduce_sum(k, ls), count = reduce_sum(k, vs);
+    end(k);
+    int mean = e3(k, CG_SELECT, e2(k, CG_FLT, fc(k, 0.0f), count), fdiv(k, total, count), fc(k, 0.0f));
+    cg_store(k, yb, ic(k, 0), mean, NONE, NONE);
+}
+
+/* ---------------------------------------------------------------- whole-tensor reductions */
+
+/* Partial reductions of f(x[i]) over chunks of REDUCE_CHUNK elements into a scratch array;
+ * returns the scratch, *chunks its length. */
+static int chunk_partials(Lower *L, Node *n, Node *x, bool square, int *chunks_out)
+{
+    int64_t N = ir_numel(&x->t), chunks = (N + REDUCE_CHUNK - 1) / REDUCE_CHUNK;
+    if (chunks < 1) chunks = 1;
+    int part = cg_scratch_new(L->p, chunks);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "partial");
+    shape(k, CG_PAR_BLOCK, chunks, 2 * REDUCE_CHUNK);
+    body(k);
+    int it = item(k);
+    int xb = cg_buf_tensor(k, x, true, false), pb = cg_buf_scratch(k, part, chunks, false, true);
+    int lo = imul(k, it, ic(k, REDUCE_CHUNK));
+    int hi = e2(k, CG_IMIN, iadd(k, lo, ic(k, REDUCE_CHUNK)), ic(k, N));
+    int i = row_loop(k, lo, hi);
+    int v = ld(k, xb, i);
+    int r = square ? reduce_sum(k, fmul(k, v, v)) : reduce_max(k, e1(k, CG_FABS, v));
+    end(k);
+    cg_store(k, pb, it, r, NONE, NONE);
+    *chunks_out = (int)chunks;
+    return part;
+}
+
+/* A kernel of one item that combines the partials in order; returns it, positioned after the
+ * combined value *v was emitted. */
+static CgKernel *combine_partials(Lower *L, Node *n, int part, int chunks, bool sum, int *v)
+{
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_THREAD, 1, 2 * chunks);
+    body(k);
+    int pb = cg_buf_scratch(k, part, chunks, true, false);
+    int c = seq_loop(k, ic(k, 0), ic(k, chunks));
+    int r = sum ? reduce_sum(k, ld(k, pb, c)) : reduce_max(k, ld(k, pb, c));
+    end(k);
+    *v = r;
+    return k;
+}
+
+static void lower_sqnorm(Lower *L, Node *n)
+{
+    int chunks, v;
+    int part = chunk_partials(L, n, n->in[0], true, &chunks);
+    CgKernel *k = combine_partials(L, n, part, chunks, true, &v);
+    cg_store(k, cg_buf_tensor(k, n, false, true), ic(k, 0), v, NONE, NONE);
+}
+
+/* max(elem) / amax / 2^margin, or `otherwise` when amax is 0 or not finite */
+static int scale_from_amax(CgKernel *k, ElemType e, int64_t margin, int amax, int otherwise)
+{
+    int usable = e2(k, CG_AND, e2(k, CG_FLT, fc(k, 0.0f), amax), e2(k, CG_FLT, amax, fc(k, INFINITY)));
+    int s = fmul(k, fdiv(k, fc(k, num_elem_max(e)), amax), fc(k, ldexp(1.0, -(int)margin)));
+    return e3(k, CG_SELECT, usable, s, otherwise);
+}
+
+static void lower_quant_scale(Lower *L, Node *n)
+{
+    Node *x = n->in[0];
+    ElemType e = (ElemType)n->iattr[0];
+    Scaling kind = (Scaling)n->iattr[1];
+    int64_t margin = n->iattr[3], R = rows_of(&x->t), C = cols_of(&x->t);
+    if (kind == SCALE_PER_TENSOR) {
+        int chunks, amax;
+        int part = chunk_partials(L, n, x, false, &chunks);
+        CgKernel *k = combine_partials(L, n, part, chunks, false, &amax);
+        cg_store(k, cg_buf_tensor(k, n, false, true), ic(k, 0),
+                 scale_from_amax(k, e, margin, amax, fc(k, 1.0f)), NONE, NONE);
+        return;
+    }
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    body(k);
+    int xb = cg_buf_tensor(k, x, true, false), yb = cg_buf_tensor(k, n, false, true);
+    int it = item(k), amax;
+    if (kind == SCALE_PER_ROW) {
+        shape(k, CG_PAR_BLOCK, R, 2 * C);
+        At at;
+        open_cols(k, it, C, &at);
+        amax = reduce_max(k, e1(k, CG_FABS, load_at(k, xb, at)));
+        end(k);
+    } else if (kind == SCALE_PER_GROUP || kind == SCALE_TILE_1x128) {
+        int64_t G = kind == SCALE_TILE_1x128 ? 128 : n->iattr[2], ncg = (C + G - 1) / G;
+        shape(k, CG_PAR_BLOCK, R * ncg, 2 * G);
+        int r = e2(k, CG_IDIV, it, ic(k, ncg)), gi = e2(k, CG_IMOD, it, ic(k, ncg));
+        int c0 = imul(k, gi, ic(k, G));
+        int c = row_loop(k, c0, e2(k, CG_IMIN, iadd(k, c0, ic(k, G)), ic(k, C)));
+        amax = reduce_max(k, e1(k, CG_FABS, cg_load(k, xb, iadd(k, imul(k, r, ic(k, C)), c), r, c)));
+        end(k);
+    } else {
+        IR_ASSERT(kind == SCALE_BLOCK_128);
+        int64_t nrb = (R + 127) / 128, ncb = (C + 127) / 128;
+        shape(k, CG_PAR_BLOCK, nrb * ncb, 2 * 128 * 128);
+        int rb = e2(k, CG_IDIV, it, ic(k, ncb)), cb = e2(k, CG_IMOD, it, ic(k, ncb));
+        int m = cg_local(k, 1, 0.0);
+        int r0 = imul(k, rb, ic(k, 128)), c0 = imul(k, cb, ic(k, 128));
+        int r = seq_loop(k, r0, e2(k, CG_IMIN, iadd(k, r0, ic(k, 128)), ic(k, R)));
+        int c = row_loop(k, c0, e2(k, CG_IMIN, iadd(k, c0, ic(k, 128)), ic(k, C)));
+        int rm = reduce_max(k, e1(k, CG_FABS, cg_load(k, xb, iadd(k, imul(k, r, ic(k, C)), c), r, c)));
+        end(k);
+        lset(k, m, ic(k, 0), e2(k, CG_FMAX, lget(k, m, ic(k, 0)), rm));
+        end(k);
+        amax = lget(k, m, ic(k, 0));
+    }
+    cg_store(k, yb, it, scale_from_amax(k, e, margin, amax, fc(k, 1.0f)), NONE, NONE);
+}
+
+/* (history (H), x): the history shifts by one and history[0] = amax(x), in place */
+static void lower_amax_record(Lower *L, Node *n)
+{
+    Node *h = n->in[0];
+    int64_t H = ir_numel(&h->t);
+    int chunks, amax;
+    int part = chunk_partials(L, n, n->in[1], false, &chunks);
+    CgKernel *k = combine_partials(L, n, part, chunks, false, &amax);
+    k->cost += H;
+    int hb = cg_buf_tensor(k, h, true, true);
+    int i = seq_loop(k, ic(k, 0), ic(k, H - 1));
+    int to = e2(k, CG_ISUB, ic(k, H - 1), i);
+    cg_store(k, hb, to, ld(k, hb, e2(k, CG_ISUB, to, ic(k, 1))), NONE, NONE);
+    end(k);
+    cg_store(k, hb, ic(k, 0), amax, NONE, NONE);
+}
+
+static void lower_delayed_scale(Lower *L, Node *n)
+{
+    Node *st = n->in[0], *h = n->in[1];
+    int64_t H = ir_numel(&h->t);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_THREAD, 1, H + 10);
+    body(k);
+    int sb = cg_buf_tensor(k, st, true, true), hb = cg_buf_tensor(k, h, true, false);
+    int amax;
+    if (n->iattr[2]) {
+        int i = seq_loop(k, ic(k, 0), ic(k, H));
+        amax = reduce_max(k, ld(k, hb, i));
+        end(k);
+        /* the reference starts from history[0], so a NaN there wins as it does there */
+        int h0 = ld(k, hb, ic(k, 0));
+        amax = e3(k, CG_SELECT, e2(k, CG_FEQ, h0, h0), amax, h0);
+    } else {
+        amax = ld(k, hb, ic(k, 0));
+    }
+    int old = ld(k, sb, ic(k, 0));
+    cg_store(k, sb, ic(k, 0), scale_from_amax(k, (ElemType)n->iattr[0], n->iattr[1], amax, old),
+             NONE, NONE);
+}
+
+/* ---------------------------------------------------------------- shape ops */
+
+/* The tensor as (outer, len, inner) around `axis`. */
+static void split_at(const Tensor *t, int64_t axis, int64_t *outer, int64_t *len, int64_t *inner)
+{
+    if (axis < 0) axis += t->rank;
+    *outer = *inner = 1;
+    for (int i = 0; i < axis; i++) *outer *= t->dims[i];
+    for (int i = (int)axis + 1; i < t->rank; i++) *inner *= t->dims[i];
+    *len = t->dims[axis];
+}
+
+/* SLICE and PAD: rows of `len * inner` contiguous elements per outer index. */
+static void lower_slice(Lower *L, Node *n)
+{
+    bool pad = n->op == OP_PAD;
+    Node *x = n->in[0];
+    int64_t outer, ly, inner, o2, lx, i2, start = n->iattr[1];
+    split_at(&n->t, n->iattr[0], &outer, &ly, &inner);
+    split_at(&x->t, n->iattr[0], &o2, &lx, &i2);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    int64_t span = ly * inner;   /* output elements per outer index */
+    shape(k, CG_PAR_BLOCK, outer, 2 * span);
+    body(k);
+    int o = item(k);
+    int xb = cg_buf_tensor(k, x, true, false);
+    int j = row_loop(k, ic(k, 0), ic(k, span));
+    At at = {.idx = iadd(k, imul(k, o, ic(k, span)), j), .row = NONE, .col = NONE,
+             .cols = cols_of(&n->t)};
+    int v;
+    if (!pad) {
+        v = ld(k, xb, iadd(k, imul(k, o, ic(k, lx * inner)), iadd(k, j, ic(k, start * inner))));
+    } else {
+        int rel = e2(k, CG_ISUB, j, ic(k, start * inner));
+        int inside = e2(k, CG_AND, e2(k, CG_ILT, ic(k, -1), rel), e2(k, CG_ILT, rel, ic(k, lx * inner)));
+        int src = e2(k, CG_IMAX, ic(k, 0), e2(k, CG_IMIN, rel, ic(k, lx * inner - 1)));
+        v = e3(k, CG_SELECT, inside, ld(k, xb, iadd(k, imul(k, o, ic(k, lx * inner)), src)), fc(k, 0.0f));
+    }
+    emit_out(L, k, n, v, at);
+    end(k);
+}
+
+/* CONCAT: one copy kernel per input, each writing its part of the result. */
+static void lower_concat(Lower *L, Node *n)
+{
+    int64_t outer, ly, inner, at = 0;
+    split_at(&n->t, n->iattr[0], &outer, &ly, &inner);
+    for (int q = 0; q < n->n_in; q++) {
+        Node *x = n->in[q];
+        int64_t o2, lx, i2;
+        split_at(&x->t, n->iattr[0], &o2, &lx, &i2);
+        CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, arena_printf(L->p->arena, "part%d", q));
+        shape(k, CG_PAR_BLOCK, outer, 2 * lx * inner);
+        body(k);
+        int o = item(k);
+        int xb = cg_buf_tensor(k, x, true, false), yb = cg_buf_tensor(k, n, false, true);
+        int j = row_loop(k, ic(k, 0), ic(k, lx * inner));
+        int v = ld(k, xb, iadd(k, imul(k, o, ic(k, lx * inner)), j));
+        cg_store(k, yb, iadd(k, imul(k, o, ic(k, ly * inner)), iadd(k, j, ic(k, at * inner))), v,
+                 NONE, NONE);
+        end(k);
+        at += lx;
+    }
+}
+
+static void lower_const(Lower *L, Node *n)
+{
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_THREAD, ir_numel(&n->t), 1);
+    int v = fc(k, (float)n->fattr[0]);
+    body(k);
+    cg_store(k, cg_buf_tensor(k, n, false, true), item(k), v, NONE, NONE);
+}
+
+static void lower_assign(Lower *L, Node *n)
+{
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_THREAD, ir_numel(&n->in[0]->t), 2);
+    body(k);
+    int i = item(k);
+    int v = ld(k, cg_buf_tensor(k, n->in[1], true, false), i);
+    cg_store(k, cg_buf_tensor(k, n->in[0], false, true), i, v, NONE, NONE);
+}
+
+/* ---------------------------------------------------------------- rope and attention */
+
+/* Pairs (2i, 2i+1) of each head turn by p * theta^(-2i/D); the cos/sin table is computed here
+ * in double, as the reference does, and rounded once to f32. */
+static void lower_rope(Lower *L, Node *n)
+{
+    int64_t D = n->iattr[0], C = cols_of(&n->t), T = n->t.dims[n->t.rank - 2];
+    int64_t R = rows_of(&n->t), half = D / 2;
+    double sign = n->iattr[1] ? -1.0 : 1.0, theta = n->fattr[0];
+    float *cs = malloc(sizeof(float) * (size_t)(T * D > 0 ? T * D : 1));
+    IR_ASSERT(cs);
+    for (int64_t p = 0; p < T; p++)
+        for (int64_t i = 0; i < half; i++) {
+            double ang = (double)p * pow(theta, -2.0 * (double)i / (double)D);
+            cs[(p * half + i) * 2] = (float)cos(ang);
+            cs[(p * half + i) * 2 + 1] = (float)(sign * sin(ang));
+        }
+    int table = cg_const_new(L->p, cs, T * D);
+    free(cs);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_BLOCK, R, 6 * C);
+    body(k);
+    int row = item(k);
+    int xb = cg_buf_tensor(k, n->in[0], true, false), tb = cg_buf_const(k, table, T * D);
+    int pos = e2(k, CG_IMOD, row, ic(k, T));
+    int i2 = row_loop(k, ic(k, 0), ic(k, C / 2));
+    int c = imul(k, i2, ic(k, 2));
+    int ti = imul(k, iadd(k, imul(k, pos, ic(k, half)), e2(k, CG_IMOD, i2, ic(k, half))), ic(k, 2));
+    int co = ld(k, tb, ti), si = ld(k, tb, iadd(k, ti, ic(k, 1)));
+    At a0 = {.idx = iadd(k, imul(k, row, ic(k, C)), c), .row = row, .col = c, .cols = C};
+    int c1 = iadd(k, c, ic(k, 1));
+    At a1 = {.idx = iadd(k, a0.idx, ic(k, 1)), .row = row, .col = c1, .cols = C};
+    int x0 = load_at(k, xb, a0), x1 = load_at(k, xb, a1);
+    emit_out(L, k, n, fsub(k, fmul(k, x0, co), fmul(k, x1, si)), a0);
+    emit_out(L, k, n, fadd(k, fmul(k, x0, si), fmul(k, x1, co)), a1);
+    end(k);
+}
+
+/* q, k, v as separate tensors (q (B, T, H D), k and v (B, T, Hkv D)) or packed in one
+ * (B, T, (H + 2 Hkv) D): each is a node, a column offset and a row stride. */
+typedef struct {
+    int64_t B, T, H, Hkv, D, group;
+    float scale;
+    Node *q, *k, *v;
+    int64_t qoff, koff, voff, qstride, kvstride;
+} AttnShape;
+
+static AttnShape attn_shape(Node *n, int first)
+{
+    AttnShape s = {.H = n->iattr[0], .Hkv = n->iattr[1], .scale = (float)n->fattr[0]};
+    bool packed = n->n_in == first + 1;
+    s.q = n->in[first];
+    s.B = s.q->t.dims[0];
+    s.T = s.q->t.dims[1];
+    s.D = packed ? s.q->t.dims[2] / (s.H + 2 * s.Hkv) : s.q->t.dims[2] / s.H;
+    s.group = s.H / s.Hkv;
+    if (packed) {
+        s.k = s.v = s.q;
+        s.qstride = s.kvstride = (s.H + 2 * s.Hkv) * s.D;
+        s.koff = s.H * s.D;
+        s.voff = (s.H + s.Hkv) * s.D;
+    } else {
+        s.k = n->in[first + 1];
+        s.v = n->in[first + 2];
+        s.qstride = s.H * s.D;
+        s.kvstride = s.Hkv * s.D;
+    }
+    return s;
+}
+
+/* a local of D elements filled from buf at base + d */
+static int load_row_local(CgKernel *k, int buf, int base, int64_t D)
+{
+    int l = cg_local(k, D, 0.0);
+    int d = row_loop(k, ic(k, 0), ic(k, D));
+    lset(k, l, d, ld(k, buf, iadd(k, base, d)));
+    end(k);
+    return l;
+}
+
+/* sum over d of local[d] * buf[base + d] */
+static int dot_local(CgKernel *k, int local, int buf, int base, int64_t D)
+{
+    int d = row_loop(k, ic(k, 0), ic(k, D));
+    int s = reduce_sum(k, fmul(k, lget(k, local, d), ld(k, buf, iadd(k, base, d))));
+    end(k);
+    return s;
+}
+
+/* A query-row item (b, h, t) of a (B, H, T) grid. */
+typedef struct {
+    int b, h, t, g;
+    int row;                /* b T + t: the row of (B T, ..) views */
+    int q;                  /* q's element (row, h, 0) */
+    int y;                  /* element (row, h, 0) of a (B, T, H D) tensor: dy, the output */
+} QueryRow;
+
+static QueryRow query_row(CgKernel *k, const AttnShape *s, int it)
+{
+    QueryRow r;
+    int bh = e2(k, CG_IDIV, it, ic(k, s->T));
+    r.t = e2(k, CG_IMOD, it, ic(k, s->T));
+    r.b = e2(k, CG_IDIV, bh, ic(k, s->H));
+    r.h = e2(k, CG_IMOD, bh, ic(k, s->H));
+    r.g = e2(k, CG_IDIV, r.h, ic(k, s->group));
+    r.row = iadd(k, imul(k, r.b, ic(k, s->T)), r.t);
+    int hd = imul(k, r.h, ic(k, s->D));
+    r.q = iadd(k, iadd(k, imul(k, r.row, ic(k, s->qstride)), ic(k, s->qoff)), hd);
+    r.y = iadd(k, imul(k, r.row, ic(k, s->H * s->D)), hd);
+    return r;
+}
+
+/* The element (b, j, g, 0) of k or v: the base of key j without k's or v's column offset. */
+static int kv_row(CgKernel *k, const AttnShape *s, int b, int g, int j)
+{
+    return iadd(k, imul(k, iadd(k, imul(k, b, ic(k, s->T)), j), ic(k, s->kvstride)),
+                imul(k, g, ic(k, s->D)));
+}
+
+/* causal softmax(q k^T * scale) v, one query row per item, online softmax over the keys */
+static void lower_attention(Lower *L, Node *n)
+{
+    AttnShape s = attn_shape(n, 0);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_BLOCK, s.B * s.H * s.T, (s.T / 2 + 1) * (4 * s.D + 30));
+    int scale = fc(k, s.scale);
+    body(k);
+    QueryRow r = query_row(k, &s, item(k));
+    int qb = cg_buf_tensor(k, s.q, true, false), kb = cg_buf_tensor(k, s.k, true, false);
+    int vb = cg_buf_tensor(k, s.v, true, false);
+    int q = load_row_local(k, qb, r.q, s.D);
+    int acc = cg_local(k, s.D, 0.0), m = cg_local(k, 1, -INFINITY), l = cg_local(k, 1, 0.0);
+    int zero = ic(k, 0);
+    int j = seq_loop(k, zero, iadd(k, r.t, ic(k, 1)));
+    int kv = kv_row(k, &s, r.b, r.g, j);
+    int sc = fmul(k, dot_local(k, q, kb, iadd(k, kv, ic(k, s.koff)), s.D), scale);
+    int m_old = lget(k, m, zero), m_new = e2(k, CG_FMAX, m_old, sc);
+    int corr = e1(k, CG_EXP, fsub(k, m_old, m_new)), p = e1(k, CG_EXP, fsub(k, sc, m_new));
+    lset(k, l, zero, fadd(k, fmul(k, lget(k, l, zero), corr), p));
+    lset(k, m, zero, m_new);
+    int vbase = iadd(k, kv, ic(k, s.voff));
+    int d = row_loop(k, zero, ic(k, s.D));
+    lset(k, acc, d, fadd(k, fmul(k, lget(k, acc, d), corr), fmul(k, p, ld(k, vb, iadd(k, vbase, d)))));
+    end(k);
+    end(k);
+    int lsum = lget(k, l, zero);
+    d = row_loop(k, zero, ic(k, s.D));
+    At at = {.idx = iadd(k, r.y, d), .row = r.row, .col = iadd(k, imul(k, r.h, ic(k, s.D)), d),
+             .cols = s.H * s.D};
+    emit_out(L, k, n, fdiv(k, lget(k, acc, d), lsum), at);
+    end(k);
+}
+
+/* The backward recomputes the probabilities from q and k (the IR keeps no softmax):
+ *   stats  per query row: lse = log sum_j exp(s_j), D = sum_j p_j (dy . v_j)
+ *   dq     per query row: dq = scale * sum_j p_j (dy . v_j - D) k_j
+ *   dk dv  per key row j: over the query heads of its kv head and the rows t >= j,
+ *          dk_j = scale * sum p (dy_t . v_j - D_t) q_t,  dv_j = sum p dy_t
+ * and writes dq | dk | dv into the packed result. */
+static void lower_attention_bwd(Lower *L, Node *n)
+{
+    AttnShape s = attn_shape(n, 1);
+    Node *dyn = n->in[0];
+    int64_t rows = s.B * s.H * s.T, Y = (s.H + 2 * s.Hkv) * s.D;
+    int stats = cg_scratch_new(L->p, 2 * rows);
+    int64_t cost = (s.T / 2 + 1) * (4 * s.D + 30);
+
+    /* stats */
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "stats");
+    shape(k, CG_PAR_BLOCK, rows, 2 * cost);
+    int scale = fc(k, s.scale);
+    body(k);
+    int it = item(k);
+    QueryRow r = query_row(k, &s, it);
+    int qb = cg_buf_tensor(k, s.q, true, false), kb = cg_buf_tensor(k, s.k, true, false);
+    int vb = cg_buf_tensor(k, s.v, true, false), dyb = cg_buf_tensor(k, dyn, true, false);
+    int sb = cg_buf_scratch(k, stats, 2 * rows, false, true);
+    int q = load_row_local(k, qb, r.q, s.D), dy = load_row_local(k, dyb, r.y, s.D);
+    int zero = ic(k, 0);
+    int m = cg_local(k, 1, -INFINITY), l = cg_local(k, 1, 0.0);
+    int j = seq_loop(k, zero, iadd(k, r.t, ic(k, 1)));
+    int kv = kv_row(k, &s, r.b, r.g, j);
+    int sc = fmul(k, dot_local(k, q, kb, iadd(k, kv, ic(k, s.koff)), s.D), scale);
+    int m_old = lget(k, m, zero), m_new = e2(k, CG_FMAX, m_old, sc);
+    lset(k, l, zero, fadd(k, fmul(k, lget(k, l, zero), e1(k, CG_EXP, fsub(k, m_old, m_new))),
+                          e1(k, CG_EXP, fsub(k, sc, m_new))));
+    lset(k, m, zero, m_new);
+    end(k);
+    int lse = fadd(k, lget(k, m, zero), e1(k, CG_LOG, lget(k, l, zero)));
+    j = seq_loop(k, zero, iadd(k, r.t, ic(k, 1)));
+    kv = kv_row(k, &s, r.b, r.g, j);
+    sc = fmul(k, dot_local(k, q, kb, iadd(k, kv, ic(k, s.koff)), s.D), scale);
+    int p = e1(k, CG_EXP, fsub(k, sc, lse));
+    int dsum = reduce_sum(k, fmul(k, p, dot_local(k, dy, vb, iadd(k, kv, ic(k, s.voff)), s.D)));
+    end(k);
+    cg_store(k, sb, imul(k, it, ic(k, 2)), lse, NONE, NONE);
+    cg_store(k, sb, iadd(k, imul(k, it, ic(k, 2)), ic(k, 1)), dsum, NONE, NONE);
+
+    /* dq */
+    k = kernel(L, CG_KERNEL_LOOP, n, "dq");
+    shape(k, CG_PAR_BLOCK, rows, cost);
+    scale = fc(k, s.scale);
+    body(k);
+    it = item(k);
+    r = query_row(k, &s, it);
+    qb = cg_buf_tensor(k, s.q, true, false);
+    kb = cg_buf_tensor(k, s.k, true, false);
+    vb = cg_buf_tensor(k, s.v, true, false);
+    dyb = cg_buf_tensor(k, dyn, true, false);
+    sb = cg_buf_scratch(k, stats, 2 * rows, true, false);
+    int yb = cg_buf_tensor(k, n, false, true);
+    zero = ic(k, 0);
+    q = load_row_local(k, qb, r.q, s.D);
+    dy = load_row_local(k, dyb, r.y, s.D);
+    lse = ld(k, sb, imul(k, it, ic(k, 2)));
+    int dt = ld(k, sb, iadd(k, imul(k, it, ic(k, 2)), ic(k, 1)));
+    int acc = cg_local(k, s.D, 0.0);
+    j = seq_loop(k, zero, iadd(k, r.t, ic(k, 1)));
+    kv = kv_row(k, &s, r.b, r.g, j);
+    int kbase = iadd(k, kv, ic(k, s.koff));
+    sc = fmul(k, dot_local(k, q, kb, kbase, s.D), scale);
+    p = e1(k, CG_EXP, fsub(k, sc, lse));
+    int ds = fmul(k, fmul(k, p, fsub(k, dot_local(k, dy, vb, iadd(k, kv, ic(k, s.voff)), s.D), dt)), scale);
+    int d = row_loop(k, zero, ic(k, s.D));
+    lset(k, acc, d, fadd(k, lget(k, acc, d), fmul(k, ds, ld(k, kb, iadd(k, kbase, d)))));
+    end(k);
+    end(k);
+    d = row_loop(k, zero, ic(k, s.D));
+    int col = iadd(k, imul(k, r.h, ic(k, s.D)), d);
+    cg_store(k, yb, iadd(k, imul(k, r.row, ic(k, Y)), col), lget(k, acc, d), r.row, col);
+    end(k);
+
+    /* dk, dv: one item per (b, kv head, key row j) */
+    k = kernel(L, CG_KERNEL_LOOP, n, "dkv");
+    shape(k, CG_PAR_BLOCK, s.B * s.Hkv * s.T, cost * s.group * 2);
+    scale = fc(k, s.scale);
+    body(k);
+    it = item(k);
+    int bg = e2(k, CG_IDIV, it, ic(k, s.T));
+    int jj = e2(k, CG_IMOD, it, ic(k, s.T));
+    int b = e2(k, CG_IDIV, bg, ic(k, s.Hkv));
+    int g = e2(k, CG_IMOD, bg, ic(k, s.Hkv));
+    qb = cg_buf_tensor(k, s.q, true, false);
+    kb = cg_buf_tensor(k, s.k, true, false);
+    vb = cg_buf_tensor(k, s.v, true, false);
+    dyb = cg_buf_tensor(k, dyn, true, false);
+    sb = cg_buf_scratch(k, stats, 2 * rows, true, false);
+    yb = cg_buf_tensor(k, n, false, true);
+    zero = ic(k, 0);
+    kv = kv_row(k, &s, b, g, jj);
+    int kk = load_row_local(k, kb, iadd(k, kv, ic(k, s.koff)), s.D);
+    int vv = load_row_local(k, vb, iadd(k, kv, ic(k, s.voff)), s.D);
+    int dk = cg_local(k, s.D, 0.0), dv = cg_local(k, s.D, 0.0);
+    int hh = seq_loop(k, zero, ic(k, s.group));
+    int h = iadd(k, imul(k, g, ic(k, s.group)), hh);
+    int t = seq_loop(k, jj, ic(k, s.T));
+    int trow = iadd(k, imul(k, b, ic(k, s.T)), t);
+    int hd = imul(k, h, ic(k, s.D));
+    int qbase = iadd(k, iadd(k, imul(k, trow, ic(k, s.qstride)), ic(k, s.qoff)), hd);
+    int ybase = iadd(k, imul(k, trow, ic(k, s.H * s.D)), hd);
+    int srow = iadd(k, imul(k, iadd(k, imul(k, b, ic(k, s.H)), h), ic(k, s.T)), t);
+    lse = ld(k, sb, imul(k, srow, ic(k, 2)));
+    dt = ld(k, sb, iadd(k, imul(k, srow, ic(k, 2)), ic(k, 1)));
+    sc = fmul(k, dot_local(k, kk, qb, qbase, s.D), scale);
+    p = e1(k, CG_EXP, fsub(k, sc, lse));
+    ds = fmul(k, fmul(k, p, fsub(k, dot_local(k, vv, dyb, ybase, s.D), dt)), scale);
+    d = row_loop(k, zero, ic(k, s.D));
+    lset(k, dk, d, fadd(k, lget(k, dk, d), fmul(k, ds, ld(k, qb, iadd(k, qbase, d)))));
+    lset(k, dv, d, fadd(k, lget(k, dv, d), fmul(k, p, ld(k, dyb, iadd(k, ybase, d)))));
+    end(k);
+    end(k);
+    end(k);
+    int yrow = iadd(k, imul(k, b, ic(k, s.T)), jj);
+    d = row_loop(k, zero, ic(k, s.D));
+    col = iadd(k, ic(k, s.H * s.D), iadd(k, imul(k, g, ic(k, s.D)), d));
+    cg_store(k, yb, iadd(k, imul(k, yrow, ic(k, Y)), col), lget(k, dk, d), yrow, col);
+    int col2 = iadd(k, col, ic(k, s.Hkv * s.D));
+    cg_store(k, yb, iadd(k, imul(k, yrow, ic(k, Y)), col2), lget(k, dv, d), yrow, col2);
+    end(k);
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+static void lower_clip_coef(Lower *L, Node *n)
+{
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_THREAD, 1, 10);
+    body(k);
+    double max_norm = n->fattr[0];
+    int y = fc(k, 1.0f);
+    if (max_norm > 0) {
+        int norm = ld(k, cg_buf_tensor(k, n->in[0], true, false), ic(k, 0));
+        y = e2(k, CG_FMIN, fc(k, 1.0f), fdiv(k, fc(k, (float)max_norm), fadd(k, norm, fc(k, 1e-6f))));
+    }
+    cg_store(k, cg_buf_tensor(k, n, false, true), ic(k, 0), y, NONE, NONE);
+}
+
+static void lower_grad_norm(Lower *L, Node *n)
+{
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_THREAD, 1, 2 * n->n_in);
+    body(k);
+    int s = fc(k, 0.0f);
+    for (int j = 1; j < n->n_in; j++) {
+        int64_t m = ir_numel(&n->in[j]->t);
+        int xb = cg_buf_tensor(k, n->in[j], true, false);
+        for (int64_t i = 0; i < m; i++) s = fadd(k, s, ld(k, xb, ic(k, i)));
+    }
+    int gs = ld(k, cg_buf_tensor(k, n->in[0], true, false), ic(k, 0));
+    cg_store(k, cg_buf_tensor(k, n, false, true), ic(k, 0), fmul(k, e1(k, CG_SQRT, s), gs), NONE, NONE);
+}
+
+enum { A_PARAM, A_GRAD, A_M, A_V, A_LR, A_STEP, A_CLIP, A_GRAD_SCALE, A_MASTER };
+
+/* AdamW, elementwise, in f32; the scalars and bias corrections in the prologue. */
+static void lower_adamw(Lower *L, Node *n)
+{
+    Node *master = n->n_in == 9 ? n->in[A_MASTER] : NULL;
+    double b1 = n->fattr[0], b2 = n->fattr[1], eps = n->fattr[2], wd = n->fattr[3];
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_THREAD, ir_numel(&n->in[A_PARAM]->t), 30);
+    int lr = ld(k, cg_buf_tensor(k, n->in[A_LR], true, false), ic(k, 0));
+    int step = ld(k, cg_buf_tensor(k, n->in[A_STEP], true, false), ic(k, 0));
+    int clip = ld(k, cg_buf_tensor(k, n->in[A_CLIP], true, false), ic(k, 0));
+    int gsc = ld(k, cg_buf_tensor(k, n->in[A_GRAD_SCALE], true, false), ic(k, 0));
+    int gmul = fmul(k, gsc, clip);
+    /* 1 - beta^step as exp(step * log(beta)), log taken here in double */
+    int bc1 = fsub(k, fc(k, 1.0f), e1(k, CG_EXP, fmul(k, step, fc(k, (float)log(b1)))));
+    int bc2 = fsub(k, fc(k, 1.0f), e1(k, CG_EXP, fmul(k, step, fc(k, (float)log(b2)))));
+    if (b1 == 0) bc1 = fc(k, 1.0f);
+    if (b2 == 0) bc2 = fc(k, 1.0f);
+    body(k);
+    int i = item(k);
+    int pb = cg_buf_tensor(k, n->in[A_PARAM], !master, true);
+    int gb = cg_buf_tensor(k, n->in[A_GRAD], true, true);
+    int mb = cg_buf_tensor(k, n->in[A_M], true, true), vb = cg_buf_tensor(k, n->in[A_V], true, true);
+    int wb = master ? cg_buf_tensor(k, master, true, true) : pb;
+    int g = fmul(k, ld(k, gb, i), gmul);
+    int m = fadd(k, fmul(k, fc(k, (float)b1), ld(k, mb, i)), fmul(k, fc(k, (float)(1 - b1)), g));
+    int v = fadd(k, fmul(k, fc(k, (float)b2), ld(k, vb, i)), fmul(k, fmul(k, fc(k, (float)(1 - b2)), g), g));
+    int mhat = fdiv(k, m, bc1), vhat = fdiv(k, v, bc2);
+    int w = ld(k, wb, i);
+    int upd = fadd(k, fdiv(k, mhat, fadd(k, e1(k, CG_SQRT, vhat), fc(k, (float)eps))),
+                   fmul(k, fc(k, (float)wd), w));
+    w = fsub(k, w, fmul(k, lr, upd));
+    cg_store(k, mb, i, m, NONE, NONE);
+    cg_store(k, vb, i, v, NONE, NONE);
+    cg_store(k, gb, i, fc(k, 0.0f), NONE, NONE);
+    if (master) cg_store(k, wb, i, w, NONE, NONE);
+    cg_store(k, pb, i, w, NONE, NONE);
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+/* A copy of x decoded into f32 scratch: one elementwise kernel. */
+static int widen(Lower *L, Node *n, Node *x, const char *what)
+{
+    int64_t N = ir_numel(&x->t);
+    int s = cg_scratch_new(L->p, N);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, what);
+    shape(k, CG_PAR_THREAD, N, 2);
+    body(k);
+    int i = item(k);
+    int v = ld(k, cg_buf_tensor(k, x, true, false), i);
+    cg_store(k, cg_buf_scratch(k, s, N, false, true), i, v, NONE, NONE);
+    return s;
+}
+
+static bool plain_f32(const Node *n)
+{
+    return n->t.fmt.elem == FMT_F32 && format_is_plain(&n->t.fmt);
+}
+
+static void lower_matmul(Lower *L, Node *n)
+{
+    Node *A = n->in[0], *B = n->in[1], *root = L->g->nodes[L->root];
+    bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
+    int64_t ar = rows_of(&A->t), ac = cols_of(&A->t), br = rows_of(&B->t), bc = cols_of(&B->t);
+    CgGemm gm = {.M = ta ? ac : ar, .K = ta ? ar : ac, .N = tb ? br : bc, .trans_a = ta,
+                 .trans_b = tb};
+    bool f32 = L->o->gemm_f32;
+    int sa = f32 && !plain_f32(A) ? widen(L, n, A, "a") : NONE;
+    int sb = f32 && !plain_f32(B) ? widen(L, n, B, "b") : NONE;
+    /* where C goes: the tensor itself, straight into a plain f32 accumulator, or scratch
+     * followed by the group's epilogue */
+    bool alone = root == n;
+    bool into_acc = root->op == OP_ACCUMULATE && root->in[1] == n && plain_f32(root->in[0]) &&
+                    plain_f32(n);
+    int sc = NONE;
+    if (f32 && !(alone && plain_f32(n)) && !into_acc) sc = cg_scratch_new(L->p, gm.M * gm.N);
+    if (!f32 && !alone && !into_acc) sc = cg_scratch_new(L->p, gm.M * gm.N);
+
+    CgKernel *k = kernel(L, CG_KERNEL_GEMM, n, NULL);
+    shape(k, CG_PAR_THREAD, 1, 2 * gm.M * gm.N * gm.K);
+    gm.a = sa != NONE ? cg_buf_scratch(k, sa, ir_numel(&A->t), true, false) : cg_buf_tensor(k, A, true, false);
+    gm.b = sb != NONE ? cg_buf_scratch(k, sb, ir_numel(&B->t), true, false) : cg_buf_tensor(k, B, true, false);
+    if (into_acc) {
+        gm.accumulate = true;
+        gm.c = cg_buf_tensor(k, root->in[0], true, true);
+    } else if (sc != NONE) {
+        gm.c = cg_buf_scratch(k, sc, gm.M * gm.N, false, true);
+    } else {
+        gm.c = cg_buf_tensor(k, n, false, true);
+    }
+    k->gemm = gm;
+    if (sc == NONE) return;
+
+    /* the epilogue: C's rows through the group's elementwise nodes into the root */
+    k = kernel(L, CG_KERNEL_LOOP, n, "epilogue");
+    shape(k, CG_PAR_BLOCK, gm.M, 4 * gm.N);
+    body(k);
+    int row = item(k);
+    int cb = cg_buf_scratch(k, sc, gm.M * gm.N, true, false);
+    At at;
+    open_cols(k, row, gm.N, &at);
+    emit_out(L, k, n, ld(k, cb, at.idx), at);
+    end(k);
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+/* Formats the kernels handle: plain codecs everywhere (the optimizer-state codecs have no
+ * kernel yet). */
+static bool node_supported(const Node *n)
+{
+    if (n->t.fmt.codec != CODEC_PLAIN) return false;
+    for (int j = 0; j < n->n_in; j++)
+        if (n->in[j]->t.fmt.codec != CODEC_PLAIN) return false;
+    return true;
+}
+
+static void lower_ref(Lower *L, Node *root)
+{
+    CgKernel *k = kernel(L, CG_KERNEL_REF, root, NULL);
+    for (int i = 0; i <= L->root; i++)
+        if (L->group[i] == L->root) k->n_nodes++;
+    k->nodes = arena_alloc(L->p->arena, sizeof(Node *) * (size_t)k->n_nodes);
+    k->n_nodes = 0;
+    for (int i = 0; i <= L->root; i++)
+        if (L->group[i] == L->root) k->nodes[k->n_nodes++] = L->g->nodes[i];
+}
+
+static void lower_head(Lower *L, Node *h)
+{
+    switch (h->op) {
+    case OP_MATMUL: lower_matmul(L, h); return;
+    case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X:
+        lower_norm(L, h);
+        return;
+    case OP_LAYERNORM_BWD_W: case OP_RMSNORM_BWD_W: lower_norm_w(L, h); return;
+    case OP_SOFTMAX: case OP_SOFTMAX_BWD: lower_softmax(L, h); return;
+    case OP_EMBEDDING: lower_embedding(L, h); return;
+    case OP_EMBEDDING_BWD: lower_embedding_bwd(L, h); return;
+    case OP_CROSS_ENTROPY: case OP_CROSS_ENTROPY_BWD: lower_cross_entropy(L, h); return;
+    case OP_SUM_ROWS: lower_sum_rows(L, h); return;
+    case OP_SQNORM: lower_sqnorm(L, h); return;
+    case OP_QUANT_SCALE: lower_quant_scale(L, h); return;
+    case OP_AMAX_RECORD: lower_amax_record(L, h); return;
+    case OP_DELAYED_SCALE: lower_delayed_scale(L, h); return;
+    case OP_SLICE: case OP_PAD: lower_slice(L, h); return;
+    case OP_CONCAT: lower_concat(L, h); return;
+    case OP_CONST: lower_const(L, h); return;
+    case OP_ASSIGN: lower_assign(L, h); return;
+    case OP_ROPE: lower_rope(L, h); return;
+    case OP_ATTENTION: lower_attention(L, h); return;
+    case OP_ATTENTION_BWD: lower_attention_bwd(L, h); return;
+    case OP_CLIP_COEF: lower_clip_coef(L, h); return;
+    case OP_GRAD_NORM: lower_grad_norm(L, h); return;
+    case OP_ADAMW: lower_adamw(L, h); return;
+    default: IR_ASSERT(!"lower_head: not a head op");
+    }
+}
+
+static void lower_group(Lower *L, int root_index)
+{
+    Node *root = L->g->nodes[root_index];
+    L->root = root_index;
+    L->head = NULL;
+    L->n_memo = 0;
+    bool supported = true;
+    for (int i = 0; i <= root_index; i++) {
+        if (L->group[i] != root_index) continue;
+        Node *m = L->g->nodes[i];
+        supported &= node_supported(m);
+        if (!cg_op_is_elementwise(m->op)) {
+            IR_ASSERT(L->head == NULL);
+            L->head = m;
+        }
+    }
+    int first = L->p->n_kernels;
+    if (!supported) lower_ref(L, root);
+    else if (!L->head) lower_elementwise(L, root);
+    else lower_head(L, L->head);
+    /* every kernel of the group runs in the root's phase and lists the group's nodes */
+    int n_nodes = 0;
+    for (int i = 0; i <= root_index; i++) n_nodes += L->group[i] == root_index;
+    for (int q = first; q < L->p->n_kernels; q++) {
+        CgKernel *k = L->p->kernels[q];
+        k->phase = root->phase;
+        if (k->kind == CG_KERNEL_REF) continue;
+        k->nodes = arena_alloc(L->p->arena, sizeof(Node *) * (size_t)n_nodes);
+        k->n_nodes = 0;
+        for (int i = 0; i <= root_index; i++)
+            if (L->group[i] == root_index) k->nodes[k->n_nodes++] = L->g->nodes[i];
+    }
+}
+
+CgProgram *cg_lower(const Graph *g, Arena *a, const CgLowerOptions *o)
+{
+    static const CgLowerOptions defaults = {.fuse = true, .gemm_f32 = true};
+    if (!o) o = &defaults;
+    for (int i = 0; i < g->n_nodes; i++) IR_ASSERT(g->nodes[i]->index == i);
+    Lower L = {.g = g, .o = o, .p = cg_program_new(a, g)};
+    if (o->fuse) {
+        L.group = fuse_plan(g, a);
+    } else {
+        L.group = arena_alloc(a, sizeof(int) * (size_t)(g->n_nodes + 1));
+        for (int i = 0; i < g->n_nodes; i++) L.group[i] = runs_kernel(g->nodes[i]) ? i : -1;
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        if (L.group[i] == i) lower_group(&L, i);
+    int bad = 0;
+    for (int i = 0; i < L.p->n_kernels; i++) bad += cg_kernel_verify(L.p->kernels[i]);
+    if (bad) return NULL;
+    cg_program_finish(L.p);
+    return L.p;
+}

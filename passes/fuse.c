@@ -1,0 +1,233 @@
+/* fuse.c — which nodes run together as one kernel.
+ *
+ * A kernel that reads a value from memory, applies one elementwise op and writes it back spends
+ * its time on memory, not on the op. Fusion keeps such values in registers: a group is a root
+ * node plus the elementwise nodes it can compute inline — producers whose only use is the
+ * group (a bias add feeding a GELU), and consumers of a head (a GEMM, a norm, softmax,
+ * embedding, attention: an op whose kernel yields each output element once) that take the
+ * head's value before it is stored (the bias add after a GEMM, the accumulation of a weight
+ * gradient into its accumulator). A group becomes one kernel (or a head's kernels followed by
+ * nothing else); its intermediates are never written.
+ *
+ * Fused intermediates keep their format: the kernel rounds a value the plan stores in bf16 or
+ * e4m3 exactly as a store and a load would (CG_ROUND), so fusion changes speed, never results.
+ *
+ * Where this runs, and why: after memplan, as the last pass. The schedule fixes the launch
+ * order that fusion must respect, and the memory plan is what makes delaying a computation
+ * safe or not: a group runs at its root's place in the schedule, so every input a member
+ * reads must still hold its value there — memplan may already have given a dead input's bytes
+ * to a tensor made in between, or to the root's own result. The pass checks exactly that
+ * against the offsets. Fusing first and planning after would free the intermediates' memory
+ * as well, but would need memplan to know about groups; as it is, the planned graph stays a
+ * complete program that the reference executor runs unchanged (`--device ref`), and fused
+ * intermediates simply leave their slots unused.
+ *
+ * The grouping is a pure function of the planned graph (fuse_plan), not stored in the IR: the
+ * training binary re-lowers the artifact it carries and gets the same groups, and a hash of
+ * the kernels checks that it did. The pass itself only reports the groups
+ * (--print-ir-after=fuse prints them as comments after the IR). */
+#include "codegen.h"
+#include "passes.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const Graph *g;
+    int *group;             /* node index -> root index (itself when alone), -1 no kernel */
+    Uses *uses;
+    int *n_members;         /* per root: nodes in its group */
+    bool *has_head;         /* per root: the group holds a head */
+} Fuse;
+
+/* The bytes a node's result occupies: [lo, hi) in arena `persistent`; empty when it has none. */
+typedef struct {
+    bool persistent;
+    int64_t lo, hi;
+} Span;
+
+static Span node_span(const Node *n)
+{
+    Span s = {ir_role_is_persistent(n->t.role), 0, 0};
+    if (n->t.offset < 0 || n->t.fmt.elem == FMT_VOID) return s;
+    s.lo = n->t.offset;
+    s.hi = n->t.offset + ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
+    return s;
+}
+
+static bool spans_overlap(Span a, Span b)
+{
+    return a.persistent == b.persistent && a.lo < b.hi && b.lo < a.hi;
+}
+
+/* Whether node j writes bytes of x: its own result, or an operand it updates in place. */
+static bool writes_over(const Node *j, Span x)
+{
+    if (spans_overlap(node_span(j), x)) return true;
+    for (int i = 0; i < j->n_in; i++)
+        if (ir_mutates_input(j, i) && spans_overlap(node_span(j->in[i]), x)) return true;
+    return false;
+}
+
+/* x keeps its value from just after position `from` through position `to` (exclusive):
+ * no node scheduled in between writes over it. */
+static bool survives(const Fuse *f, const Node *x, int from, int to)
+{
+    Span s = node_span(x);
+    if (s.hi == s.lo) return true;
+    for (int j = from + 1; j < to; j++)
+        if (writes_over(f->g->nodes[j], s)) return false;
+    return true;
+}
+
+/* Whether the value of p (a member or the head of root's group, in place of the group's
+ * consumer c) may be delayed from p's position to c's: every input p reads from outside the
+ * group must survive until c, and the group's own stores must not land on them. */
+static bool inputs_survive(const Fuse *f, int root, int c)
+{
+    const Graph *g = f->g;
+    Span out = node_span(g->nodes[c]);
+    for (int i = 0; i <= c; i++) {
+        const Node *m = g->nodes[i];
+        if (i != c && f->group[i] != root) continue;
+        for (int k = 0; k < m->n_in; k++) {
+            const Node *x = m->in[k];
+            if (x->index >= 0 && (f->group[x->index] == root || x->index == c)) continue;
+            if (i != c && !survives(f, x, i, c)) return false;
+            /* the root's store may share bytes with an input only element for element */
+            Span xs = node_span(x);
+            if (m->op != OP_MATMUL && spans_overlap(out, xs) &&
+                !(xs.lo == out.lo && xs.hi == out.hi &&
+                  fmt_elem_bytes(x->t.fmt.elem) == fmt_elem_bytes(g->nodes[c]->t.fmt.elem)))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Operand slot k of an elementwise consumer c reads its producer element for element. */
+static bool same_element_operand(const Node *c, int k)
+{
+    const Node *p = c->in[k];
+    if (ir_numel(&p->t) != ir_numel(&c->t)) return false;   /* broadcast operands */
+    if (c->op == OP_QUANTIZE && k != 0) return false;        /* the scale */
+    if (c->op == OP_ACCUMULATE && k != 1) return false;      /* the accumulator itself */
+    return true;
+}
+
+/* A node whose value other tensors depend on by reference (a scale, an amax) must be stored. */
+static bool referenced_by_format(const Graph *g, const Node *p)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Format *f = &g->nodes[i]->t.fmt;
+        if (f->scale == p || f->amax == p) return true;
+    }
+    return false;
+}
+
+/* Tries to put p (root of its own group so far) into the group of its consumer c. */
+static bool try_merge(Fuse *f, Node *p, Node *c)
+{
+    const Graph *g = f->g;
+    int pi = p->index, ci = c->index, croot = f->group[ci];
+    if (f->group[pi] != pi || p->phase != c->phase || pi >= ci) return false;
+    bool p_elementwise = cg_op_is_elementwise(p->op) && p->op != OP_ACCUMULATE;
+    if (!p_elementwise && !cg_op_is_head(p->op)) return false;
+    if (f->has_head[pi] && f->has_head[croot]) return false;   /* one head per group */
+    if (ir_role_is_persistent(p->t.role) || p->t.role == ROLE_OUTPUT) return false;
+    if (referenced_by_format(g, p)) return false;
+    /* every use of p is c (values the group does not store are read nowhere else) */
+    const Uses *u = &f->uses[pi];
+    for (int i = 0; i < u->n; i++)
+        if (u->list[i] != c) return false;
+    for (int k = 0; k < c->n_in; k++)
+        if (c->in[k] == p && !same_element_operand(c, k)) return false;
+
+    /* tentatively join, then check the memory; undo when it is not safe */
+    int *saved = malloc(sizeof(int) * (size_t)g->n_nodes);
+    IR_ASSERT(saved);
+    memcpy(saved, f->group, sizeof(int) * (size_t)g->n_nodes);
+    for (int i = 0; i <= pi; i++)
+        if (f->group[i] == pi) f->group[i] = croot;
+    bool ok = inputs_survive(f, croot, ci);
+    if (ok) {
+        f->n_members[croot] += f->n_members[pi];
+        f->has_head[croot] |= f->has_head[pi];
+    } else {
+        memcpy(f->group, saved, sizeof(int) * (size_t)g->n_nodes);
+    }
+    free(saved);
+    return ok;
+}
+
+static bool runs_kernel(const Node *n)
+{
+    switch (n->op) {
+    case OP_INPUT: case OP_PARAM: case OP_STATE: return false;
+    default: return !cg_node_is_view(n);
+    }
+}
+
+int *fuse_plan(const Graph *g, Arena *a)
+{
+    int n = g->n_nodes;
+    Fuse f = {.g = g};
+    f.group = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
+    f.n_members = calloc((size_t)n + 1, sizeof(int));
+    f.has_head = calloc((size_t)n + 1, sizeof(bool));
+    IR_ASSERT(f.n_members && f.has_head);
+    for (int i = 0; i < n; i++) {
+        IR_ASSERT(g->nodes[i]->index == i);
+        f.group[i] = runs_kernel(g->nodes[i]) ? i : -1;
+        f.n_members[i] = 1;
+        f.has_head[i] = cg_op_is_head(g->nodes[i]->op);
+    }
+    f.uses = ir_fill_uses(g);
+    /* consumers in schedule order pull in their producers; a producer's own group is complete
+     * by then (its producers come earlier still) */
+    for (int ci = 0; ci < n; ci++) {
+        Node *c = g->nodes[ci];
+        if (f.group[ci] != ci || !cg_op_is_elementwise(c->op)) continue;
+        for (int k = 0; k < c->n_in; k++) {
+            Node *p = c->in[k];
+            if (p->index < 0 || f.group[p->index] != p->index) continue;
+            try_merge(&f, p, c);
+        }
+    }
+    free(f.n_members);
+    free(f.has_head);
+    return f.group;
+}
+
+/* ---------------------------------------------------------------- the pass */
+
+static void fuse_print(const Graph *g, const int *group, FILE *out)
+{
+    int kernels = 0, fused = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (group[i] < 0) continue;
+        if (group[i] == i) kernels++;
+        else fused++;
+    }
+    fprintf(out, "# fuse: %d kernel groups; %d nodes computed inside another node's kernel\n",
+            kernels, fused);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (group[i] != i) continue;
+        int members = 0;
+        for (int j = 0; j < i; j++) members += group[j] == i;
+        if (!members) continue;
+        fprintf(out, "# group %%%d:", g->nodes[i]->id);
+        for (int j = 0; j <= i; j++)
+            if (group[j] == i) fprintf(out, " %%%d %s", g->nodes[j]->id, ir_op_info(g->nodes[j]->op)->text);
+        fputc('\n', out);
+    }
+}
+
+bool pass_fuse(Graph *g, const PassOptions *opt)
+{
+    ir_renumber(g);
+    int *group = fuse_plan(g, g->arena);
+    if (opt && opt->print_after && (!strcmp(opt->print_after, "fuse") || !strcmp(opt->print_after, "all")))
+        fuse_print(g, group, stdout);
+    return true;
+}
