@@ -25,6 +25,38 @@ void ref_store(Tensor *t, const float *x);             /* encode through t's for
 void ref_set_threads(int n);
 int ref_threads(void);
 
+/* ---------------------------------------------------------------- cpu_gemm.c, cpu_exec.c
+ * The CPU backend (docs/cpu-backend.md): the kernels `fp8c build` compiled through LLVM and
+ * linked into the binary, run per phase in schedule order, each over its items on the
+ * reference executor's threads; GEMMs go to rt_cpu_gemm. Results do not depend on the thread
+ * count. --device ref runs the reference executor instead. */
+/* C (M, N, row stride ldc) = or += op(A) @ op(B), f32; A is (M, K) or (K, M) when ta, B is
+ * (K, N) or (N, K) when tb, row-major with row strides lda, ldb. */
+void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
+                 const float *B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate);
+
+typedef void (*RtCpuKernelFn)(void *const *bufs, int64_t lo, int64_t hi);
+/* A compiled program's table (the symbols codegen/llvm.c defines in the kernel object). */
+typedef struct {
+    uint64_t hash;
+    int32_t count;
+    const RtCpuKernelFn *fns;
+} RtCpuKernels;
+/* The kernels linked into this binary; NULL when it was built without them. */
+const RtCpuKernels *rt_cpu_builtin_kernels(void);
+typedef struct RtCpuExec RtCpuExec;
+/* Re-lowers g (scheduled and planned; its tensors bound before each run) into the kernels
+ * that were compiled, checks that they are the same (hash), allocates scratch. NULL after
+ * rt_error. */
+RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *k);
+void rt_cpu_run_phase(RtCpuExec *x, Phase phase);
+void rt_cpu_exec_free(RtCpuExec *x);
+/* One kernel at a time (tests replay a step kernel by kernel): how many, the node whose value
+ * kernel i completes (its group's root), and running it alone. */
+int rt_cpu_kernel_count(const RtCpuExec *x);
+Node *rt_cpu_kernel_root(const RtCpuExec *x, int i);
+void rt_cpu_run_kernel(RtCpuExec *x, int i);
+
 /* ---------------------------------------------------------------- init.c
  * Fills every PARAM per its init attribute (normal(0, std), zeros, ones) from a counter-based
  * generator keyed by (seed, parameter name, element index): values do not depend on node order
@@ -137,6 +169,7 @@ typedef struct {
     const char *resume;         /* checkpoint file or directory */
     const char *device;
     int64_t steps, warmup, eval_every, eval_batches, save_every;
+    int64_t stop_at;            /* stop (with a checkpoint) after this step; 0: at --steps */
     double lr, min_lr;          /* < 0: not given (defaults: the model's lr, lr / 10) */
     int grad_accum, threads;
     uint64_t seed;

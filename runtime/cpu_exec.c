@@ -1,0 +1,183 @@
+/* cpu_exec.c — the CPU backend's executor: compiled kernels, in schedule order.
+ *
+ * `fp8c build` lowered the planned graph to kernels (codegen/lower_kernels.c), compiled them
+ * through LLVM and linked the object into the binary, with a table of one function pointer per
+ * kernel. The binary carries the graph, not the kernel list: at start-up this file lowers the
+ * graph again with the same code and checks that the result hashes to what was compiled, so
+ * the kernel list, the buffers each kernel binds and the compiled code cannot drift apart (a
+ * mismatch is one error line, not a wrong result).
+ *
+ * Running a phase is then a walk over its kernels: bind each buffer (a tensor's data, a scratch
+ * array, a constant table), split the items into ranges of roughly equal work and hand them
+ * to the reference executor's thread pool. A kernel's items are independent by construction
+ * (codegen.h), so any split gives the same bits: results do not depend on the thread count.
+ * GEMM kernels call rt_cpu_gemm; reference kernels (formats without a kernel yet) call the
+ * reference executor on their nodes. */
+#include "codegen.h"
+#include "ref_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The table the kernel object defines (codegen/llvm.c); absent when none was linked. */
+extern const uint64_t fp8c_cpu_kernel_hash __attribute__((weak));
+extern const int32_t fp8c_cpu_kernel_count __attribute__((weak));
+extern const RtCpuKernelFn fp8c_cpu_kernel_fns[] __attribute__((weak));
+
+const RtCpuKernels *rt_cpu_builtin_kernels(void)
+{
+    static RtCpuKernels k;
+    if (!&fp8c_cpu_kernel_count || !&fp8c_cpu_kernel_hash || !fp8c_cpu_kernel_fns) return NULL;
+    k = (RtCpuKernels){fp8c_cpu_kernel_hash, fp8c_cpu_kernel_count, fp8c_cpu_kernel_fns};
+    return &k;
+}
+
+struct RtCpuExec {
+    Arena *arena;
+    Graph *g;
+    CgProgram *p;
+    const RtCpuKernels *table;
+    float **scratch;            /* per scratch array */
+    void ***bufs;               /* per kernel: its buffer pointers (tensors refreshed per run) */
+};
+
+/* Items per task: about WORK scalar operations each, so that small kernels stay on one thread
+ * and big ones spread over all of them. */
+enum { WORK = 1 << 15 };
+
+typedef struct {
+    RtCpuKernelFn fn;
+    void *const *bufs;
+    int64_t items, grain;
+} Launch;
+
+static void launch_task(void *ctx, int64_t t)
+{
+    const Launch *l = ctx;
+    int64_t lo = t * l->grain, hi = lo + l->grain < l->items ? lo + l->grain : l->items;
+    l->fn(l->bufs, lo, hi);
+}
+
+RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *table)
+{
+    RtCpuExec *x = calloc(1, sizeof *x);
+    if (!x) {
+        rt_error("out of memory");
+        return NULL;
+    }
+    x->arena = arena_new();
+    x->g = g;
+    x->table = table;
+    ir_renumber(g);
+    CgLowerOptions lo = {.fuse = true, .gemm_f32 = true};
+    x->p = cg_lower(g, x->arena, &lo);
+    if (!x->p) {
+        rt_error("the CPU backend cannot lower this artifact's graph");
+        rt_cpu_exec_free(x);
+        return NULL;
+    }
+    if (x->p->hash != table->hash || x->p->n_kernels != table->count) {
+        rt_error("the compiled CPU kernels do not belong to this artifact (%d kernels, hash "
+                 "%016llx; compiled: %d, %016llx): rebuild the binary with this fp8c",
+                 x->p->n_kernels, (unsigned long long)x->p->hash, (int)table->count,
+                 (unsigned long long)table->hash);
+        rt_cpu_exec_free(x);
+        return NULL;
+    }
+    for (int i = 0; i < x->p->n_kernels; i++) {
+        const CgKernel *k = x->p->kernels[i];
+        if (k->kind == CG_KERNEL_LOOP && !table->fns[i]) {
+            rt_error("the compiled CPU kernels lack kernel %d (%s)", i, k->name);
+            rt_cpu_exec_free(x);
+            return NULL;
+        }
+    }
+    x->scratch = calloc((size_t)x->p->n_scratch + 1, sizeof *x->scratch);
+    x->bufs = calloc((size_t)x->p->n_kernels + 1, sizeof *x->bufs);
+    if (!x->scratch || !x->bufs) {
+        rt_error("out of memory");
+        rt_cpu_exec_free(x);
+        return NULL;
+    }
+    for (int i = 0; i < x->p->n_scratch; i++) {
+        size_t bytes = ((size_t)x->p->scratch[i] * sizeof(float) + 63) & ~(size_t)63;
+        x->scratch[i] = aligned_alloc(64, bytes);
+        if (!x->scratch[i]) {
+            rt_error("cannot allocate %zu bytes of CPU kernel scratch", bytes);
+            rt_cpu_exec_free(x);
+            return NULL;
+        }
+        memset(x->scratch[i], 0, bytes);
+    }
+    for (int i = 0; i < x->p->n_kernels; i++) {
+        const CgKernel *k = x->p->kernels[i];
+        x->bufs[i] = arena_alloc(x->arena, sizeof(void *) * (size_t)(k->n_bufs + 1));
+        for (int b = 0; b < k->n_bufs; b++) {
+            const CgBuf *bf = &k->bufs[b];
+            if (bf->scratch != CG_NONE) x->bufs[i][b] = x->scratch[bf->scratch];
+            else if (bf->constant != CG_NONE) x->bufs[i][b] = x->p->consts[bf->constant].data;
+        }
+    }
+    return x;
+}
+
+void rt_cpu_exec_free(RtCpuExec *x)
+{
+    if (!x) return;
+    if (x->scratch && x->p)
+        for (int i = 0; i < x->p->n_scratch; i++) free(x->scratch[i]);
+    free(x->scratch);
+    free(x->bufs);
+    arena_free(x->arena);
+    free(x);
+}
+
+static void run_gemm(const CgKernel *k, void **bufs)
+{
+    const CgGemm *m = &k->gemm;
+    const float *A = bufs[m->a], *B = bufs[m->b];
+    float *C = bufs[m->c];
+    int64_t lda = m->trans_a ? m->M : m->K, ldb = m->trans_b ? m->K : m->N;
+    rt_cpu_gemm(m->M, m->N, m->K, A, lda, m->trans_a, B, ldb, m->trans_b, C, m->N, m->accumulate);
+}
+
+int rt_cpu_kernel_count(const RtCpuExec *x) { return x->p->n_kernels; }
+
+Node *rt_cpu_kernel_root(const RtCpuExec *x, int i)
+{
+    const CgKernel *k = x->p->kernels[i];
+    return k->n_nodes ? k->nodes[k->n_nodes - 1] : NULL;
+}
+
+void rt_cpu_run_kernel(RtCpuExec *x, int i)
+{
+    const CgKernel *k = x->p->kernels[i];
+    if (k->kind == CG_KERNEL_REF) {
+        for (int j = 0; j < k->n_nodes; j++) ref_exec_node(k->nodes[j]);
+        return;
+    }
+    void **bufs = x->bufs[i];
+    for (int b = 0; b < k->n_bufs; b++)
+        if (k->bufs[b].node) bufs[b] = k->bufs[b].node->t.data;
+    if (k->kind == CG_KERNEL_GEMM) {
+        run_gemm(k, bufs);
+        return;
+    }
+    Launch l = {.fn = x->table->fns[i], .bufs = bufs, .items = k->items};
+    if (l.items <= 0) return;
+    l.grain = k->cost >= WORK ? 1 : WORK / k->cost;
+    int64_t tasks = (l.items + l.grain - 1) / l.grain;
+    int threads = ref_threads();
+    if (tasks < threads && l.items >= threads && l.items * k->cost > WORK) {   /* spread medium kernels over every thread */
+        l.grain = (l.items + threads - 1) / threads;
+        tasks = (l.items + l.grain - 1) / l.grain;
+    }
+    if (tasks == 1) l.fn(bufs, 0, l.items);
+    else ref_parallel_for(tasks, launch_task, &l);
+}
+
+void rt_cpu_run_phase(RtCpuExec *x, Phase phase)
+{
+    for (int i = 0; i < x->p->n_kernels; i++)
+        if (x->p->kernels[i]->phase == phase) rt_cpu_run_kernel(x, i);
+}

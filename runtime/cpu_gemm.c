@@ -1,0 +1,228 @@
+/* cpu_gemm.c — the CPU backend's matrix multiplication: f32, cache-blocked, multithreaded.
+ *
+ * GEMMs are most of a training step's arithmetic, so this is the one routine of the CPU
+ * backend written by hand rather than generated (DESIGN.md §5). It has the shape every fast
+ * CPU GEMM has (GotoBLAS, BLIS): K is cut into blocks of KC so that a packed panel of op(B)
+ * (KC x NR, contiguous) stays in L1/L2 while a register-blocked micro-kernel sweeps MR rows of
+ * packed op(A) over it; packing also absorbs the four transpose combinations, so the
+ * micro-kernel sees one layout. The micro-kernel keeps an MR x NR tile of C in vector
+ * registers: 8 x 32 floats in 16 zmm registers with AVX-512, 6 x 16 in 12 ymm with AVX2
+ * (chosen when the program starts, by what the CPU supports), and a plain C loop elsewhere.
+ *
+ * Results are independent of the thread count: work is split by tiles of C, and every tile
+ * sums its K blocks in order, each block in k order. They are not the reference's bits (that
+ * one accumulates in f64); the CPU backend's tests state the tolerance.
+ *
+ * Operands arrive as f32: the kernel lowering widens bf16 or FP8 operands (with their scales)
+ * into f32 scratch first, which is exactly the reference's semantics of a GEMM on stored
+ * values. */
+#include "ref_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { KC = 384, MC = 96, NC_TASK = 256 };
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+
+typedef void (*MicroFn)(int64_t kc, const float *restrict a, const float *restrict b,
+                        float *restrict c, int64_t ldc, bool add);
+
+/* C (MR x NR at c, row stride ldc) = or += sum over k of a[k] (MR) outer b[k] (NR). */
+__attribute__((target("avx512f,fma"))) static void micro_8x32(int64_t kc, const float *restrict a,
+                                                              const float *restrict b,
+                                                              float *restrict c, int64_t ldc,
+                                                              bool add)
+{
+    v16 acc[8][2];
+    memset(acc, 0, sizeof acc);
+    for (int64_t k = 0; k < kc; k++) {
+        v16 b0, b1;
+        memcpy(&b0, b + k * 32, sizeof b0);
+        memcpy(&b1, b + k * 32 + 16, sizeof b1);
+        const float *ak = a + k * 8;
+        for (int i = 0; i < 8; i++) {
+            acc[i][0] += ak[i] * b0;
+            acc[i][1] += ak[i] * b1;
+        }
+    }
+    for (int i = 0; i < 8; i++) {
+        float *ci = c + i * ldc;
+        if (add) {
+            v16 c0, c1;
+            memcpy(&c0, ci, sizeof c0);
+            memcpy(&c1, ci + 16, sizeof c1);
+            acc[i][0] += c0;
+            acc[i][1] += c1;
+        }
+        memcpy(ci, &acc[i][0], sizeof acc[i][0]);
+        memcpy(ci + 16, &acc[i][1], sizeof acc[i][1]);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void micro_6x16(int64_t kc, const float *restrict a,
+                                                           const float *restrict b,
+                                                           float *restrict c, int64_t ldc, bool add)
+{
+    v8 acc[6][2];
+    memset(acc, 0, sizeof acc);
+    for (int64_t k = 0; k < kc; k++) {
+        v8 b0, b1;
+        memcpy(&b0, b + k * 16, sizeof b0);
+        memcpy(&b1, b + k * 16 + 8, sizeof b1);
+        const float *ak = a + k * 6;
+        for (int i = 0; i < 6; i++) {
+            acc[i][0] += ak[i] * b0;
+            acc[i][1] += ak[i] * b1;
+        }
+    }
+    for (int i = 0; i < 6; i++) {
+        float *ci = c + i * ldc;
+        if (add) {
+            v8 c0, c1;
+            memcpy(&c0, ci, sizeof c0);
+            memcpy(&c1, ci + 8, sizeof c1);
+            acc[i][0] += c0;
+            acc[i][1] += c1;
+        }
+        memcpy(ci, &acc[i][0], sizeof acc[i][0]);
+        memcpy(ci + 8, &acc[i][1], sizeof acc[i][1]);
+    }
+}
+
+static void micro_4x8(int64_t kc, const float *restrict a, const float *restrict b,
+                      float *restrict c, int64_t ldc, bool add)
+{
+    float acc[4][8] = {{0}};
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 8; j++) acc[i][j] += a[k * 4 + i] * b[k * 8 + j];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 8; j++) c[i * ldc + j] = add ? c[i * ldc + j] + acc[i][j] : acc[i][j];
+}
+
+typedef struct {
+    int mr, nr;
+    MicroFn fn;
+} Micro;
+
+static Micro micro_pick(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return (Micro){8, 32, micro_8x32};
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (Micro){6, 16, micro_6x16};
+#endif
+    return (Micro){4, 8, micro_4x8};
+}
+
+typedef struct {
+    Micro u;
+    int64_t M, N, K, lda, ldb, ldc;
+    const float *A, *B;
+    bool ta, tb, accumulate;
+    float *C;
+    /* the current K block */
+    int64_t k0, kc;
+    float *bpack;           /* ceil(N/NR) panels of kc x NR */
+    int64_t n_col_panels, n_row_blocks, n_col_groups, panels_per_group;
+} Gemm;
+
+static float *alloc_floats(int64_t n)
+{
+    size_t bytes = (sizeof(float) * (size_t)(n > 0 ? n : 1) + 63) & ~(size_t)63;
+    float *p = aligned_alloc(64, bytes);
+    IR_ASSERT(p);
+    return p;
+}
+
+static void pack_b(void *ctx, int64_t jp)
+{
+    Gemm *g = ctx;
+    int nr = g->u.nr;
+    float *dst = g->bpack + jp * g->kc * nr;
+    int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
+    for (int64_t k = 0; k < g->kc; k++) {
+        float *row = dst + k * nr;
+        int64_t kk = g->k0 + k;
+        if (g->tb) {
+            for (int64_t j = 0; j < nj; j++) row[j] = g->B[(j0 + j) * g->ldb + kk];
+        } else {
+            memcpy(row, g->B + kk * g->ldb + j0, sizeof(float) * (size_t)nj);
+        }
+        for (int64_t j = nj; j < nr; j++) row[j] = 0;
+    }
+}
+
+/* One task: rows [i0, i0 + MC) x column panels of one group, for the current K block. */
+static void gemm_task(void *ctx, int64_t task)
+{
+    Gemm *g = ctx;
+    int mr = g->u.mr, nr = g->u.nr;
+    int64_t ib = task / g->n_col_groups, jg = task % g->n_col_groups;
+    int64_t i0 = ib * MC, i1 = i0 + MC < g->M ? i0 + MC : g->M;
+    int64_t p0 = jg * g->panels_per_group;
+    int64_t p1 = p0 + g->panels_per_group < g->n_col_panels ? p0 + g->panels_per_group : g->n_col_panels;
+    int64_t kc = g->kc;
+    bool add = g->accumulate || g->k0 > 0;
+    float *ap = alloc_floats(kc * mr);
+    float tile[8 * 32];
+    for (int64_t i = i0; i < i1; i += mr) {
+        int64_t ni = i1 - i < mr ? i1 - i : mr;
+        for (int64_t k = 0; k < kc; k++) {
+            float *col = ap + k * mr;
+            int64_t kk = g->k0 + k;
+            for (int64_t r = 0; r < ni; r++)
+                col[r] = g->ta ? g->A[kk * g->lda + i + r] : g->A[(i + r) * g->lda + kk];
+            for (int64_t r = ni; r < mr; r++) col[r] = 0;
+        }
+        for (int64_t jp = p0; jp < p1; jp++) {
+            int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
+            const float *bp = g->bpack + jp * kc * nr;
+            if (ni == mr && nj == nr) {
+                g->u.fn(kc, ap, bp, g->C + i * g->ldc + j0, g->ldc, add);
+                continue;
+            }
+            g->u.fn(kc, ap, bp, tile, nr, false);
+            for (int64_t r = 0; r < ni; r++)
+                for (int64_t j = 0; j < nj; j++) {
+                    float *c = g->C + (i + r) * g->ldc + j0 + j;
+                    *c = add ? *c + tile[r * nr + j] : tile[r * nr + j];
+                }
+        }
+    }
+    free(ap);
+}
+
+void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
+                 const float *B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
+        return;
+    }
+    static Micro u;
+    if (!u.fn) u = micro_pick();
+    Gemm g = {.u = u, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A,
+              .B = B, .ta = ta, .tb = tb, .accumulate = accumulate, .C = C};
+    g.n_col_panels = (N + u.nr - 1) / u.nr;
+    g.n_row_blocks = (M + MC - 1) / MC;
+    g.panels_per_group = NC_TASK / u.nr;
+    /* enough tasks to keep every thread busy: narrower column groups when M is short */
+    int64_t want = (int64_t)ref_threads() * 4;
+    while (g.panels_per_group > 1 &&
+           g.n_row_blocks * ((g.n_col_panels + g.panels_per_group - 1) / g.panels_per_group) < want)
+        g.panels_per_group /= 2;
+    g.n_col_groups = (g.n_col_panels + g.panels_per_group - 1) / g.panels_per_group;
+    int64_t kc_max = K < KC ? K : KC;
+    g.bpack = alloc_floats(g.n_col_panels * kc_max * u.nr);
+    for (g.k0 = 0; g.k0 < K; g.k0 += KC) {
+        g.kc = K - g.k0 < KC ? K - g.k0 : KC;
+        ref_parallel_for(g.n_col_panels, pack_b, &g);
+        ref_parallel_for(g.n_row_blocks * g.n_col_groups, gemm_task, &g);
+    }
+    free(g.bpack);
+}
