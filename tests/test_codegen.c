@@ -1,0 +1,965 @@
+/* test_codegen.c — the CPU backend against the reference executor.
+ *
+ * Every kernel kind is built as a small graph, lowered (with fusion), rendered through LLVM
+ * into an object, linked into a shared library and run by the CPU executor (runtime/
+ * cpu_exec.c) — the path a training binary takes — on fresh random data; the same graph runs
+ * on the reference executor from identical bytes, and the results are compared:
+ *   - FP8 and other encodes of the same values (quantize, cast, scales): bit-identical;
+ *   - copies (slice, pad, concat, reshape, embedding): bit-identical;
+ *   - f32 math: normalized error ||cpu - ref|| / ||ref|| < 1e-5 (the reference accumulates
+ *     in f64; the kernels in f32 with exp/tanh within 2 ulp);
+ *   - values stored in bf16 after f32 math: < 2e-3 (one bf16 ulp is 2^-8 relative; the two
+ *     f32 results round to different neighbours only where they straddle a rounding point).
+ * Then a whole training step of models/gpt2_tiny.model at -O0..-O3 on the CPU backend against
+ * the reference: the loss, the gradient norm and every persistent tensor after the update.
+ * The seed is printed; FP8C_TEST_SEED=n repeats a run. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codegen.h"
+#include "compiler.h"
+#include "ref_internal.h"
+
+static const SrcLoc here = {"test_codegen.c", 1, 1};
+
+#define TOL_F32 1e-5
+#define TOL_BF16 2e-3
+#define EXACT 0.0
+
+/* ---------------------------------------------------------------- random numbers */
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
+
+static float rng_normal(void)
+{
+    return (float)(sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform()));
+}
+
+/* ---------------------------------------------------------------- compiling a program */
+
+static char workdir[256];
+
+/* Object -> shared library -> the table a training binary would link. */
+typedef struct {
+    void *so;
+    RtCpuKernels table;
+} Compiled;
+
+static bool compile_program(const CgProgram *p, Compiled *c, int opt)
+{
+    static int serial;
+    char obj[512], so[512], cmd[1200];
+    snprintf(obj, sizeof obj, "%s/k%d.o", workdir, serial);
+    snprintf(so, sizeof so, "%s/k%d.so", workdir, serial++);
+    CgLlvmOptions o = {.opt_level = opt};   /* cached in workdir: the replay and the step share */
+    if (!cg_llvm_compile(p, &o, obj)) return false;
+    snprintf(cmd, sizeof cmd, "cc -shared -o %s %s", so, obj);
+    if (system(cmd) != 0) return false;
+    c->so = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    if (!c->so) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return false;
+    }
+    const uint64_t *hash = dlsym(c->so, "fp8c_cpu_kernel_hash");
+    const int32_t *count = dlsym(c->so, "fp8c_cpu_kernel_count");
+    const RtCpuKernelFn *fns = dlsym(c->so, "fp8c_cpu_kernel_fns");
+    if (!hash || !count || !fns) return false;
+    c->table = (RtCpuKernels){*hash, *count, fns};
+    unlink(obj);
+    unlink(so);
+    return true;
+}
+
+/* ---------------------------------------------------------------- test graphs */
+
+enum { FILL_NORMAL, FILL_IDS, FILL_POSITIVE, FILL_VALUE };
+
+typedef struct {
+    Arena *arena;
+    Graph *g;
+    int fill[512];          /* per node index: how a leaf is filled */
+    double fill_arg[512];   /* FILL_IDS: exclusive limit (-1 allowed when negative); value */
+    double tol[512];        /* per node: tolerance of its comparison; < 0 unchecked */
+    void *set[2][512];      /* per node: its storage in the reference run (0) and the CPU run (1) */
+} TG;
+
+static TG *tg_new(void)
+{
+    TG *t = calloc(1, sizeof *t);
+    t->arena = arena_new();
+    t->g = ir_graph_new(t->arena);
+    for (int i = 0; i < 512; i++) t->tol[i] = -1;
+    return t;
+}
+
+static void tg_free(TG *t)
+{
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < 512; i++) free(t->set[s][i]);
+    arena_free(t->arena);
+    free(t);
+}
+
+static Node *leaf(TG *t, OpKind op, ElemType e, int rank, int64_t d0, int64_t d1, int64_t d2)
+{
+    int64_t dims[3] = {d0, d1, d2};
+    Role role = op == OP_PARAM ? ROLE_PARAM : op == OP_STATE ? ROLE_OPTIM_STATE : ROLE_INPUT;
+    Node *n = ir_leaf(t->g, op, NULL, role, e, rank, dims, here);
+    n->phase = PHASE_FORWARD;
+    t->fill[n->id] = FILL_NORMAL;
+    return n;
+}
+
+static Node *input(TG *t, ElemType e, int rank, int64_t d0, int64_t d1, int64_t d2)
+{
+    return leaf(t, OP_INPUT, e, rank, d0, d1, d2);
+}
+
+static Node *ids(TG *t, int rank, int64_t d0, int64_t d1, int64_t limit, bool negatives)
+{
+    Node *n = input(t, FMT_I32, rank, d0, d1, 0);
+    t->fill[n->id] = FILL_IDS;
+    t->fill_arg[n->id] = negatives ? -(double)limit : (double)limit;
+    return n;
+}
+
+static Node *scalar(TG *t, double v)
+{
+    Node *n = input(t, FMT_F32, 0, 0, 0, 0);
+    t->fill[n->id] = FILL_VALUE;
+    t->fill_arg[n->id] = v;
+    return n;
+}
+
+/* An op node with attributes set by the caller afterwards through the returned pointer,
+ * finished by done(). */
+static Node *op(TG *t, OpKind k, int n_in, Node *const *in)
+{
+    Node *n = ir_add(t->g, k, n_in, in, here);
+    n->phase = PHASE_FORWARD;
+    return n;
+}
+
+static Node *done(TG *t, Node *n, ElemType e, double tol)
+{
+    const char *err = ir_infer_shape(n, t->arena);
+    if (err) fail_msg("shape: %s", err);
+    if (e != FMT_VOID) n->t.fmt.elem = e;
+    n->t.role = ROLE_ACTIVATION;
+    t->tol[n->id] = tol;
+    return n;
+}
+
+#define OP(t, k, ...) op(t, k, (int)(sizeof((Node *[]){__VA_ARGS__}) / sizeof(Node *)), (Node *[]){__VA_ARGS__})
+
+static void fill_leaf(TG *t, Node *n)
+{
+    int64_t count = ir_numel(&n->t);
+    float *x = malloc(sizeof(float) * (size_t)(count ? count : 1));
+    for (int64_t i = 0; i < count; i++) {
+        switch (t->fill[n->id]) {
+        case FILL_IDS: {
+            double lim = fabs(t->fill_arg[n->id]);
+            x[i] = (float)(rng_next() % (uint64_t)lim);
+            if (t->fill_arg[n->id] < 0 && rng_next() % 5 == 0) x[i] = -1;
+            break;
+        }
+        case FILL_POSITIVE: x[i] = (float)(rng_uniform() * 2); break;
+        case FILL_VALUE: x[i] = (float)t->fill_arg[n->id]; break;
+        default: x[i] = rng_normal(); break;
+        }
+    }
+    ref_store(&n->t, x);
+    free(x);
+}
+
+static void bind_set(TG *t, int s)
+{
+    for (int i = 0; i < t->g->n_nodes; i++) {
+        Node *n = t->g->nodes[i];
+        n->t.data = ir_op_is_inplace(n->op) && n->t.fmt.elem != FMT_VOID ? t->set[s][n->in[0]->id]
+                                                                           : t->set[s][n->id];
+    }
+}
+
+static bool is_read(const Graph *g, const Node *n)
+{
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int j = 0; j < g->nodes[i]->n_in; j++)
+            if (g->nodes[i]->in[j] == n) return true;
+    return false;
+}
+
+/* ||a - b|| / ||b|| over decoded values, NaN where only one is NaN */
+static double norm_error(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) != isnan(b[i])) return NAN;
+        if (isnan(a[i]) || (isinf(a[i]) && a[i] == b[i])) continue;
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int64_t storage_bytes(const Tensor *t) { return ir_numel(t) * fmt_elem_bytes(t->fmt.elem); }
+
+/* Compares node n's tensor (or the operand it updates) between the two runs. */
+static void compare(TG *t, const char *label, Node *n, double tol)
+{
+    Node *tn = ir_op_is_inplace(n->op) ? n->in[0] : n;
+    if (tn->t.fmt.elem == FMT_VOID) return;
+    int64_t bytes = storage_bytes(&tn->t);
+    const char *name = tn->t.name ? tn->t.name : ir_op_info(n->op)->text;
+    if (tol == EXACT) {
+        if (memcmp(t->set[0][tn->id], t->set[1][tn->id], (size_t)bytes) != 0) {
+            const uint8_t *a = t->set[0][tn->id], *b = t->set[1][tn->id];
+            int64_t i = 0;
+            while (a[i] == b[i]) i++;
+            fail_msg("%s: %s %%%d differs from the reference at byte %lld of %lld (%02x vs %02x)",
+                     label, name, tn->id, (long long)i, (long long)bytes, b[i], a[i]);
+        }
+        return;
+    }
+    bind_set(t, 0);
+    float *ref = ref_load(&tn->t);
+    bind_set(t, 1);
+    float *cpu = ref_load(&tn->t);
+    double err = norm_error(cpu, ref, ir_numel(&tn->t));
+    if (!(err < tol))
+        fail_msg("%s: %s %%%d: normalized error %.3g (tolerance %.3g)", label, name, tn->id, err, tol);
+    free(ref);
+    free(cpu);
+}
+
+/* Runs t's graph on both executors from the same random bytes and compares every node that
+ * has a tolerance and is not fused away (a sink, an in-place update, or asked for). */
+static void run_case(TG *t, const char *label)
+{
+    Graph *g = t->g;
+    ir_renumber(g);
+    IR_ASSERT(g->n_nodes < 512);
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (n->t.fmt.elem == FMT_VOID || ir_op_is_inplace(n->op)) continue;
+        int64_t bytes = storage_bytes(&n->t);
+        for (int s = 0; s < 2; s++) t->set[s][n->id] = calloc(1, (size_t)(bytes ? bytes : 1));
+    }
+    bind_set(t, 0);
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (n->op == OP_INPUT || n->op == OP_PARAM || n->op == OP_STATE) fill_leaf(t, n);
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (t->set[0][n->id]) memcpy(t->set[1][n->id], t->set[0][n->id], (size_t)storage_bytes(&n->t));
+    }
+    ref_run_phase(g, PHASE_FORWARD);
+
+    Arena *a = arena_new();
+    CgProgram *p = cg_lower(g, a, NULL);
+    assert_non_null(p);
+    Compiled c;
+    if (!compile_program(p, &c, 2)) fail_msg("%s: the kernels do not compile", label);
+    bind_set(t, 1);
+    RtCpuExec *x = rt_cpu_exec_new(g, &c.table);
+    assert_non_null(x);
+    rt_cpu_run_phase(x, PHASE_FORWARD);
+    rt_cpu_exec_free(x);
+    dlclose(c.so);
+    arena_free(a);
+
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *n = g->nodes[i];
+        if (t->tol[n->id] < 0) continue;
+        bool sink = !is_read(g, n) || ir_op_is_inplace(n->op);
+        if (sink) compare(t, label, n, t->tol[n->id]);
+        if (n->op == OP_ADAMW)   /* every state it updates */
+            for (int j = 0; j < n->n_in; j++)
+                if (ir_mutates_input(n, j)) {
+                    Node fake = {.op = OP_ACCUMULATE, .n_in = 1, .in = &n->in[j]};
+                    compare(t, label, &fake, t->tol[n->id]);
+                }
+    }
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    Node *x = input(t, FMT_F32, 3, 2, 5, 48), *y = input(t, FMT_BF16, 3, 2, 5, 48);
+    Node *bias = input(t, FMT_F32, 1, 48, 0, 0), *pos = input(t, FMT_F32, 2, 5, 48, 0);
+    Node *s = scalar(t, 0.75);
+    done(t, OP(t, OP_ADD, x, bias), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_SUB, y, pos), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_MUL, x, s), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_MUL, x, y), FMT_BF16, TOL_BF16);
+    Node *sc = OP(t, OP_SCALE, y);
+    sc->fattr[0] = -1.5;
+    done(t, sc, FMT_F32, TOL_F32);
+    done(t, OP(t, OP_ADD_N, x, y, x), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_GELU, x), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_GELU_BWD, y, x), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_SILU, x), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_SILU_BWD, y, x), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_GELU, y), FMT_BF16, TOL_BF16);
+    run_case(t, "elementwise");
+    tg_free(t);
+}
+
+/* Casts and quantization of the same values: bit for bit, FP8 included. */
+static void test_encodes_exact(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    Node *x = input(t, FMT_F32, 2, 64, 256, 0);
+    ElemType to[] = {FMT_BF16, FMT_F16, FMT_E4M3, FMT_E5M2, FMT_I8, FMT_U8, FMT_I32};
+    for (int i = 0; i < 7; i++) {
+        Node *big = OP(t, OP_SCALE, x);
+        big->fattr[0] = i == 3 ? 3e4 : i >= 4 ? 90.0 : 300.0;   /* reach the saturation ranges */
+        done(t, big, FMT_F32, -1);
+        done(t, OP(t, OP_CAST, big), to[i], EXACT);
+    }
+    Scaling kinds[] = {SCALE_PER_TENSOR, SCALE_PER_ROW, SCALE_PER_GROUP, SCALE_TILE_1x128, SCALE_BLOCK_128};
+    for (int i = 0; i < 5; i++) {
+        Node *qs = OP(t, OP_QUANT_SCALE, x);
+        qs->iattr[0] = i % 2 ? FMT_E5M2 : FMT_E4M3;
+        qs->iattr[1] = kinds[i];
+        qs->iattr[2] = 32;
+        qs->iattr[3] = i == 0 ? 1 : 0;
+        done(t, qs, FMT_F32, EXACT);
+        Node *q = OP(t, OP_QUANTIZE, x, qs);
+        done(t, q, (ElemType)qs->iattr[0], EXACT);
+        q->t.fmt.scaling = kinds[i];
+        q->t.fmt.group = 32;
+        q->t.fmt.scale = qs;
+        /* and read back through the scales: a scaled load feeding f32 math */
+        done(t, OP(t, OP_GELU, q), FMT_F32, TOL_F32);
+    }
+    run_case(t, "encodes");
+    tg_free(t);
+}
+
+/* ---------------------------------------------------------------- shapes and gathers */
+
+static void test_copies_exact(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    Node *x = input(t, FMT_BF16, 3, 3, 4, 40);
+    Node *sl = OP(t, OP_SLICE, x);
+    sl->iattr[0] = 2, sl->iattr[1] = 8, sl->iattr[2] = 24;
+    done(t, sl, FMT_BF16, EXACT);
+    Node *sl0 = OP(t, OP_SLICE, x);
+    sl0->iattr[0] = 1, sl0->iattr[1] = 1, sl0->iattr[2] = 2;
+    done(t, sl0, FMT_F32, EXACT);
+    Node *pd = OP(t, OP_PAD, x);
+    pd->iattr[0] = 1, pd->iattr[1] = 2, pd->iattr[2] = 7;
+    done(t, pd, FMT_BF16, EXACT);
+    Node *y = input(t, FMT_F32, 3, 3, 4, 8);
+    Node *cc = OP(t, OP_CONCAT, x, y, x);
+    cc->iattr[0] = 2;
+    done(t, cc, FMT_F32, EXACT);
+    Node *rs = OP(t, OP_RESHAPE, x);
+    int64_t d[2] = {12, 40};
+    ir_set_shape(rs, 2, d);
+    done(t, rs, FMT_BF16, EXACT);
+    Node *table = input(t, FMT_BF16, 2, 50, 24, 0), *tok = ids(t, 2, 3, 7, 50, false);
+    done(t, OP(t, OP_EMBEDDING, table, tok), FMT_BF16, EXACT);
+    Node *cst = op(t, OP_CONST, 0, NULL);
+    cst->fattr[0] = 2.5;
+    ir_set_shape(cst, 2, d);
+    cst->t.fmt = fmt_plain(FMT_BF16);
+    t->tol[cst->id] = EXACT;
+    cst->t.role = ROLE_ACTIVATION;
+    run_case(t, "copies");
+    tg_free(t);
+}
+
+static void test_rows(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    int64_t B = 3, T = 5, C = 96;
+    Node *x = input(t, FMT_F32, 3, B, T, C), *dy = input(t, FMT_F32, 3, B, T, C);
+    Node *w = input(t, FMT_F32, 1, C, 0, 0), *b = input(t, FMT_F32, 1, C, 0, 0);
+    Node *xb = input(t, FMT_BF16, 3, B, T, C);
+    Node *ln = OP(t, OP_LAYERNORM, x, w, b);
+    ln->fattr[0] = 1e-5;
+    done(t, ln, FMT_F32, TOL_F32);
+    Node *ln2 = OP(t, OP_LAYERNORM, xb, w, b);
+    ln2->fattr[0] = 1e-5;
+    done(t, ln2, FMT_BF16, TOL_BF16);
+    Node *lnx = OP(t, OP_LAYERNORM_BWD_X, dy, x, w);
+    lnx->fattr[0] = 1e-5;
+    done(t, lnx, FMT_F32, TOL_F32);
+    Node *lnw = OP(t, OP_LAYERNORM_BWD_W, dy, x);
+    lnw->fattr[0] = 1e-5;
+    done(t, lnw, FMT_F32, TOL_F32);
+    Node *rms = OP(t, OP_RMSNORM, x, w);
+    rms->fattr[0] = 1e-6;
+    done(t, rms, FMT_F32, TOL_F32);
+    Node *rx = OP(t, OP_RMSNORM_BWD_X, dy, x, w);
+    rx->fattr[0] = 1e-6;
+    done(t, rx, FMT_F32, TOL_F32);
+    Node *rw = OP(t, OP_RMSNORM_BWD_W, dy, x);
+    rw->fattr[0] = 1e-6;
+    done(t, rw, FMT_F32, TOL_F32);
+    Node *sm = done(t, OP(t, OP_SOFTMAX, x), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_SOFTMAX_BWD, dy, sm), FMT_F32, TOL_F32);
+    Node *big = input(t, FMT_F32, 2, 200, 130, 0);
+    done(t, OP(t, OP_SUM_ROWS, big), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_SQNORM, big), FMT_F32, TOL_F32);
+    Node *big2 = input(t, FMT_F32, 1, 10000, 0, 0);
+    done(t, OP(t, OP_SQNORM, big2), FMT_F32, TOL_F32);
+    run_case(t, "rows");
+    tg_free(t);
+}
+
+static void test_losses_and_gathers(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    int64_t R = 37, V = 300, C = 24;
+    Node *logits = input(t, FMT_BF16, 2, R, V, 0), *tgt = ids(t, 1, R, 0, V, true);
+    done(t, OP(t, OP_CROSS_ENTROPY, logits, tgt), FMT_F32, TOL_F32);
+    Node *dl = scalar(t, 0.37);
+    done(t, OP(t, OP_CROSS_ENTROPY_BWD, dl, logits, tgt), FMT_F32, TOL_F32);
+    Node *dy = input(t, FMT_F32, 2, R, C, 0), *tok = ids(t, 1, R, 0, 20, false);
+    Node *eb = OP(t, OP_EMBEDDING_BWD, dy, tok);
+    eb->iattr[0] = 20;
+    done(t, eb, FMT_F32, TOL_F32);
+    run_case(t, "losses");
+    tg_free(t);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    for (int packed = 0; packed < 2; packed++) {
+        TG *t = tg_new();
+        int64_t B = 2, T = 19, H = 4, Hkv = 2, D = 16;
+        Node *q, *k, *v, *qkv = NULL;
+        Node *dy = input(t, FMT_F32, 3, B, T, H * D);
+        Node *att, *bwd;
+        if (packed) {
+            qkv = input(t, FMT_BF16, 3, B, T, (H + 2 * Hkv) * D);
+            att = OP(t, OP_ATTENTION, qkv);
+            bwd = OP(t, OP_ATTENTION_BWD, dy, qkv);
+        } else {
+            q = input(t, FMT_F32, 3, B, T, H * D);
+            k = input(t, FMT_F32, 3, B, T, Hkv * D);
+            v = input(t, FMT_BF16, 3, B, T, Hkv * D);
+            att = OP(t, OP_ATTENTION, q, k, v);
+            bwd = OP(t, OP_ATTENTION_BWD, dy, q, k, v);
+        }
+        Node *ops[2] = {att, bwd};
+        for (int i = 0; i < 2; i++) {
+            ops[i]->iattr[0] = H;
+            ops[i]->iattr[1] = Hkv;
+            ops[i]->fattr[0] = 1.0 / sqrt((double)D);
+            done(t, ops[i], FMT_F32, TOL_F32);
+        }
+        Node *x = input(t, FMT_F32, 3, B, T, H * D);
+        for (int inv = 0; inv < 2; inv++) {
+            Node *r = OP(t, OP_ROPE, x);
+            r->iattr[0] = D;
+            r->iattr[1] = inv;
+            r->fattr[0] = 10000.0;
+            done(t, r, FMT_F32, TOL_F32);
+        }
+        run_case(t, packed ? "attention (packed q|k|v)" : "attention");
+        tg_free(t);
+    }
+}
+
+/* ---------------------------------------------------------------- GEMM and fusion */
+
+static void test_gemm(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    int64_t M = 45, K = 70, N = 53;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            Node *a = ta ? input(t, FMT_F32, 2, K, M, 0) : input(t, FMT_BF16, 2, M, K, 0);
+            Node *b = tb ? input(t, FMT_F32, 2, N, K, 0) : input(t, FMT_F32, 2, K, N, 0);
+            Node *m = OP(t, OP_MATMUL, a, b);
+            m->iattr[0] = ta, m->iattr[1] = tb;
+            done(t, m, ta ? FMT_F32 : FMT_BF16, ta ? TOL_F32 : TOL_BF16);
+        }
+    /* a linear layer with GELU: matmul + bias fused into the GEMM's epilogue */
+    Node *x = input(t, FMT_F32, 3, 2, 33, 64), *w = input(t, FMT_F32, 2, 96, 64, 0);
+    Node *b = input(t, FMT_F32, 1, 96, 0, 0);
+    Node *m = OP(t, OP_MATMUL, x, w);
+    m->iattr[1] = 1;
+    done(t, m, FMT_F32, -1);
+    Node *h = done(t, OP(t, OP_ADD, m, b), FMT_F32, -1);
+    done(t, OP(t, OP_GELU, h), FMT_F32, TOL_F32);
+    /* a weight gradient accumulated straight into its f32 accumulator, and into a bf16 one */
+    for (int bf = 0; bf < 2; bf++) {
+        Node *acc = leaf(t, OP_STATE, bf ? FMT_BF16 : FMT_F32, 2, 96, 64, 0);
+        Node *dw = OP(t, OP_MATMUL, m, x);
+        dw->iattr[0] = 1;
+        done(t, dw, FMT_F32, -1);
+        done(t, OP(t, OP_ACCUMULATE, acc, dw), FMT_VOID, bf ? TOL_BF16 : TOL_F32);
+    }
+    run_case(t, "gemm");
+    tg_free(t);
+}
+
+/* A chain of elementwise nodes becomes one kernel whose intermediates are rounded to their
+ * formats in registers: the result equals the unfused reference. */
+static void test_fused_chain(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    Node *x = input(t, FMT_F32, 2, 64, 80, 0), *b = input(t, FMT_F32, 1, 80, 0, 0);
+    Node *a1 = done(t, OP(t, OP_ADD, x, b), FMT_BF16, -1);
+    Node *g = done(t, OP(t, OP_GELU, a1), FMT_BF16, -1);
+    Node *s = OP(t, OP_SCALE, g);
+    s->fattr[0] = 0.5;
+    done(t, s, FMT_E4M3, -1);
+    Node *out = done(t, OP(t, OP_SUB, s, x), FMT_F32, TOL_F32);
+    ir_renumber(t->g);
+    int *group = fuse_plan(t->g, t->arena);
+    assert_int_equal(group[a1->index], out->index);
+    assert_int_equal(group[g->index], out->index);
+    assert_int_equal(group[s->index], out->index);
+    run_case(t, "fused chain");
+    tg_free(t);
+}
+
+/* ---------------------------------------------------------------- optimizer and scales */
+
+static void test_optimizer(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    int64_t n = 1000;
+    Node *lr = scalar(t, 1e-3), *step = scalar(t, 3), *clip = scalar(t, 0.8), *gs = scalar(t, 0.5);
+    for (int master = 0; master < 2; master++) {
+        Node *p = leaf(t, OP_PARAM, master ? FMT_BF16 : FMT_F32, 1, n, 0, 0);
+        Node *g = leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0);
+        Node *m = leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0), *v = leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0);
+        t->fill[v->id] = FILL_POSITIVE;
+        Node *in[9] = {p, g, m, v, lr, step, clip, gs, NULL};
+        if (master) in[8] = leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0);
+        Node *a = op(t, OP_ADAMW, master ? 9 : 8, in);
+        a->fattr[0] = 0.9, a->fattr[1] = 0.95, a->fattr[2] = 1e-8, a->fattr[3] = 0.1;
+        done(t, a, FMT_VOID, master ? TOL_BF16 : TOL_F32);
+    }
+    Node *sq1 = scalar(t, 2.0), *sq2 = scalar(t, 7.0);
+    Node *gn = done(t, OP(t, OP_GRAD_NORM, gs, sq1, sq2), FMT_F32, TOL_F32);
+    Node *cc = OP(t, OP_CLIP_COEF, gn);
+    cc->fattr[0] = 1.0;
+    done(t, cc, FMT_F32, TOL_F32);
+    /* amax history and delayed scale, in place */
+    Node *hist = leaf(t, OP_STATE, FMT_F32, 1, 8, 0, 0);
+    t->fill[hist->id] = FILL_POSITIVE;
+    Node *x = input(t, FMT_F32, 2, 30, 500, 0);
+    Node *rec = done(t, OP(t, OP_AMAX_RECORD, hist, x), FMT_VOID, EXACT);
+    Node *st = leaf(t, OP_STATE, FMT_F32, 0, 0, 0, 0);
+    for (int use_max = 0; use_max < 2; use_max++) {
+        Node *ds = OP(t, OP_DELAYED_SCALE, st, rec);
+        ds->iattr[0] = FMT_E4M3, ds->iattr[1] = 1, ds->iattr[2] = use_max;
+        done(t, ds, FMT_VOID, EXACT);
+    }
+    Node *dst = leaf(t, OP_STATE, FMT_BF16, 2, 30, 500, 0);
+    done(t, OP(t, OP_ASSIGN, dst, x), FMT_VOID, EXACT);
+    run_case(t, "optimizer");
+    tg_free(t);
+}
+
+/* ---------------------------------------------------------------- a whole training step */
+
+typedef struct {
+    float loss, grad_norm;
+    void *after_backward;       /* the persistent arena after forward and backward */
+    void *after_update;         /* and after the update */
+} StepResult;
+
+static void feed(Graph *g, const char *name, double v)
+{
+    Node *n = ir_find(g, name);
+    if (!n) return;
+    float x = (float)v;
+    ref_store(&n->t, &x);
+}
+
+static float read_scalar(Graph *g, const char *name)
+{
+    Node *n = ir_find(g, name);
+    float *x = ref_load(&n->t), v = x[0];
+    free(x);
+    return v;
+}
+
+static void *snapshot(const RtMemory *mem)
+{
+    void *p = malloc((size_t)mem->persistent_bytes);
+    memcpy(p, mem->persistent, (size_t)mem->persistent_bytes);
+    return p;
+}
+
+static void run_phase(Graph *g, RtCpuExec *x, Phase p)
+{
+    if (x) rt_cpu_run_phase(x, p);
+    else ref_run_phase(g, p);
+}
+
+static void step_once(Graph *g, RtCpuExec *x, StepResult *r, RtMemory *mem)
+{
+    run_phase(g, x, PHASE_FORWARD);
+    r->loss = read_scalar(g, "loss");
+    run_phase(g, x, PHASE_BACKWARD);
+    r->after_backward = snapshot(mem);
+    feed(g, "lr", 1e-3);
+    feed(g, "step", 1);
+    feed(g, "grad_scale", 1);
+    run_phase(g, x, PHASE_UPDATE);
+    r->grad_norm = read_scalar(g, "grad_norm");
+    r->after_update = snapshot(mem);
+}
+
+/* Node n's decoded values in the persistent arena image `image` (mem is the live arena). */
+static float *decode_in(Node *n, const RtMemory *mem, void *image)
+{
+    void *live = n->t.data;
+    n->t.data = (char *)image + ((char *)live - (char *)mem->persistent);
+    /* scaled and codec'd tensors read their scales from the same image */
+    Node *sc = n->t.fmt.scale;
+    void *live_s = sc ? sc->t.data : NULL;
+    if (sc) sc->t.data = (char *)image + ((char *)live_s - (char *)mem->persistent);
+    float *x = ref_load(&n->t);
+    n->t.data = live;
+    if (sc) sc->t.data = live_s;
+    return x;
+}
+
+/* gpt2_tiny's planned step at -O<level>; with all_f32, every bf16 tensor of the plan made f32
+ * (the FP8 levels keep their FP8 tensors) before the schedule and memory plan. */
+static Graph *tiny_step(Arena *a, int level, bool all_f32, RtMemory *mem)
+{
+    BuildOptions bo = {.front = {.batch = 2, .seq = 32}, .passes = {.opt_level = level}};
+    if (all_f32) bo.stop_after = "scaling";
+    Graph *g = pipeline_compile(a, "models/gpt2_tiny.model", &bo);
+    assert_non_null(g);
+    if (all_f32) {
+        for (int i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i]->t.fmt.elem == FMT_BF16) g->nodes[i]->t.fmt.elem = FMT_F32;
+        const char *rest[] = {"schedule", "memplan", "fuse"};
+        for (int i = 0; i < 3; i++) assert_true(pass_run(g, pass_find(rest[i]), NULL));
+    }
+    assert_true(rt_memory_bind(g, mem));
+    rt_init_params(g, 7);
+    Node *tok = ir_find(g, "tokens"), *tgt = ir_find(g, "targets");
+    int64_t n = ir_numel(&tok->t);
+    float *ids = malloc(sizeof(float) * (size_t)n);
+    for (int which = 0; which < 2; which++) {
+        for (int64_t i = 0; i < n; i++) ids[i] = (float)(rng_next() % 256);
+        ref_store(which ? &tgt->t : &tok->t, ids);
+    }
+    free(ids);
+    return g;
+}
+
+/* The whole step on both executors from the same state: loss, gradient norm, every gradient
+ * accumulator after the backward, every parameter after the update. */
+static void train_step(int level, bool all_f32)
+{
+    Arena *a = arena_new();
+    RtMemory mem;
+    Graph *g = tiny_step(a, level, all_f32, &mem);
+    void *p0 = snapshot(&mem), *s0 = malloc((size_t)mem.step_bytes);
+    memcpy(s0, mem.step, (size_t)mem.step_bytes);
+
+    StepResult ref, cpu;
+    step_once(g, NULL, &ref, &mem);
+    memcpy(mem.persistent, p0, (size_t)mem.persistent_bytes);
+    memcpy(mem.step, s0, (size_t)mem.step_bytes);
+    Arena *ka = arena_new();
+    CgProgram *p = cg_lower(g, ka, NULL);
+    assert_non_null(p);
+    Compiled c;
+    assert_true(compile_program(p, &c, 2));
+    RtCpuExec *x = rt_cpu_exec_new(g, &c.table);
+    assert_non_null(x);
+    step_once(g, x, &cpu, &mem);
+    rt_cpu_exec_free(x);
+    dlclose(c.so);
+    arena_free(ka);
+
+    /* f32 activations: only f32-vs-f64 arithmetic differs. bf16 and FP8 activations turn
+     * those last-bit differences into occasional one-step roundings (2^-8, 2^-3 relative) that
+     * the following layers carry on, so the end-to-end bounds are wider; the replay test below
+     * checks every kernel of those plans on identical inputs instead. */
+    double tol_loss = all_f32 ? 2e-6 : level ? 2e-3 : 2e-4;
+    double tol_grad = all_f32 ? 1e-5 : level ? 0.5 : 5e-2;
+    const char *what = all_f32 ? "f32" : "";
+    printf("  -O%d%s: loss %.7f (reference %.7f), grad norm %.7g (%.7g)\n", level, what, cpu.loss,
+           ref.loss, cpu.grad_norm, ref.grad_norm);
+    if (!(fabs(cpu.loss - ref.loss) <= tol_loss * fabs(ref.loss)))
+        fail_msg("-O%d%s: loss %.8g, reference %.8g", level, what, cpu.loss, ref.loss);
+    if (isfinite(ref.grad_norm) || isfinite(cpu.grad_norm))
+        if (!(fabs(cpu.grad_norm - ref.grad_norm) <= tol_grad * fabs(ref.grad_norm)))
+            fail_msg("-O%d%s: grad norm %.8g, reference %.8g", level, what, cpu.grad_norm, ref.grad_norm);
+
+    double worst_g = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *nd = g->nodes[i];
+        if (nd->t.role != ROLE_GRAD || nd->t.offset < 0 || nd->op != OP_STATE) continue;
+        int64_t cnt = ir_numel(&nd->t);
+        float *gr = decode_in(nd, &mem, ref.after_backward), *gc = decode_in(nd, &mem, cpu.after_backward);
+        double err = norm_error(gc, gr, cnt);
+        if (!(err <= worst_g)) {
+            worst_g = err;
+            worst_name = nd->t.name;
+        }
+        free(gr);
+        free(gc);
+    }
+    printf("  -O%d%s: gradients: largest normalized difference %.3g (%s)\n", level, what, worst_g, worst_name);
+    if (!(worst_g < tol_grad)) fail_msg("-O%d%s: gradient %s differs: %.3g", level, what, worst_name, worst_g);
+
+    /* The update. Adam moves a parameter by about lr * sign(gradient) on the first step, so
+     * where a gradient is rounding noise (the key bias: softmax ignores a shift of all scores)
+     * either sign is right; those elements (|g| below 1e-4 of the tensor's rms, or within 100
+     * eps of 0 where g / (|g| + eps) still follows |g|) are left out; every other update must
+     * agree within 0.1% of lr and two ulps of the parameter. */
+    if (all_f32) {
+        int64_t bad = 0, total = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            Node *gn = g->nodes[i];
+            if (gn->t.role != ROLE_GRAD || gn->op != OP_STATE || !gn->grad_of) continue;
+            Node *pn = gn->grad_of;
+            int64_t cnt = ir_numel(&pn->t);
+            float *gr = decode_in(gn, &mem, ref.after_backward);
+            float *w0 = decode_in(pn, &mem, p0), *wr = decode_in(pn, &mem, ref.after_update);
+            float *wc = decode_in(pn, &mem, cpu.after_update);
+            double rms = 0;
+            for (int64_t k = 0; k < cnt; k++) rms += (double)gr[k] * gr[k];
+            rms = sqrt(rms / (double)(cnt ? cnt : 1));
+            for (int64_t k = 0; k < cnt; k++) {
+                if (fabs(gr[k]) < 1e-4 * rms || fabs(gr[k]) < 1e-6) continue;
+                double dr = (double)wr[k] - w0[k], dc = (double)wc[k] - w0[k];
+                total++;
+                bad += fabs(dc - dr) > 1e-3 * 1e-3 + 2 * fabs(w0[k]) * ldexp(1.0, -23);
+            }
+            free(gr);
+            free(w0);
+            free(wr);
+            free(wc);
+        }
+        printf("  -O%d%s: %lld of %lld updates differ\n", level, what, (long long)bad, (long long)total);
+        assert_true(total > 100000);
+        if (bad) fail_msg("-O%d%s: %lld parameters updated differently", level, what, (long long)bad);
+    }
+    free(p0);
+    free(s0);
+    free(ref.after_backward);
+    free(ref.after_update);
+    free(cpu.after_backward);
+    free(cpu.after_update);
+    rt_memory_free(&mem);
+    arena_free(a);
+}
+
+static void test_train_step_f32(void **state)
+{
+    (void)state;
+    train_step(0, true);
+}
+
+static void test_train_step_levels(void **state)
+{
+    (void)state;
+    for (int level = 0; level <= 3; level++) train_step(level, false);
+}
+
+/* The number of mantissa bits of a stored float type (a one-step rounding difference is
+ * 2^-bits relative). */
+static int mantissa_bits(ElemType e)
+{
+    switch (e) {
+    case FMT_BF16: return 7;
+    case FMT_F16: return 10;
+    case FMT_E4M3: return 3;
+    case FMT_E5M2: return 2;
+    default: return 23;
+    }
+}
+
+/* Every kernel of the -O<level> plan, each on the reference's own state at its place in the
+ * step: the reference runs node by node; at each group's root the CPU kernels of that group
+ * run first from the same bytes, and their results are compared with the reference's for the
+ * root. All-f32 groups: normalized error < 1e-5. A group whose result or fused intermediates
+ * are narrower: at most 1% of the elements differ by more than 1e-6 (of the value and the
+ * tensor's rms), each by at most one rounding step of the result plus one of the narrowest
+ * intermediate, at the value's size or the tensor's rms (a value that straddles a rounding
+ * point before a sum that may cancel). */
+static void replay_level(int level)
+{
+    Arena *a = arena_new();
+    RtMemory mem;
+    Graph *g = tiny_step(a, level, false, &mem);
+    feed(g, "lr", 1e-3);
+    feed(g, "step", 1);
+    feed(g, "grad_scale", 1);
+    Arena *ka = arena_new();
+    CgProgram *p = cg_lower(g, ka, NULL);
+    assert_non_null(p);
+    Compiled c;
+    assert_true(compile_program(p, &c, 2));
+    RtCpuExec *x = rt_cpu_exec_new(g, &c.table);
+    assert_non_null(x);
+    int nk = rt_cpu_kernel_count(x);
+    int *group = fuse_plan(g, ka);
+    void *ps = malloc((size_t)mem.persistent_bytes), *ss = malloc((size_t)mem.step_bytes);
+    int checked = 0, worst_id = -1;
+    double worst = 0;
+    for (int phase = 0; phase < PHASE_COUNT; phase++)
+        for (int i = 0; i < g->n_nodes; i++) {
+            Node *n = g->nodes[i];
+            if (n->phase != (Phase)phase) continue;
+            int first = -1, last = -1;
+            for (int k = 0; k < nk; k++)
+                if (rt_cpu_kernel_root(x, k) == n) {
+                    if (first < 0) first = k;
+                    last = k;
+                }
+            if (first < 0) {
+                ref_exec_node(n);
+                continue;
+            }
+            /* what the group writes: its root's tensor, or the operands it updates */
+            IR_ASSERT(group[i] == i);
+            Node *targets[16];
+            int nt = 0;
+            if (ir_op_is_inplace(n->op)) {
+                for (int j = 0; j < n->n_in; j++)   /* a split master reads only with its param */
+                    if (ir_mutates_input(n, j) && n->in[j]->t.fmt.codec != CODEC_SPLIT)
+                        targets[nt++] = n->in[j];
+            } else if (n->t.fmt.elem != FMT_VOID) {
+                targets[nt++] = n;
+            }
+            memcpy(ps, mem.persistent, (size_t)mem.persistent_bytes);
+            memcpy(ss, mem.step, (size_t)mem.step_bytes);
+            for (int k = first; k <= last; k++) rt_cpu_run_kernel(x, k);
+            float *cv[16];
+            for (int t = 0; t < nt; t++) cv[t] = ref_load(&targets[t]->t);
+            memcpy(mem.persistent, ps, (size_t)mem.persistent_bytes);
+            memcpy(mem.step, ss, (size_t)mem.step_bytes);
+            ref_exec_node(n);
+            /* the narrowest format a value of the group passes through */
+            int bits_in = 23;
+            for (int j = 0; j <= i; j++)
+                if (group[j] == i && j != i) {
+                    int b = mantissa_bits(g->nodes[j]->t.fmt.elem);
+                    if (b < bits_in) bits_in = b;
+                }
+            for (int t = 0; t < nt; t++) {
+                Tensor *tt = &targets[t]->t;
+                float *rv = ref_load(tt);
+                int64_t cnt = ir_numel(tt), off = 0;
+                int bits = mantissa_bits(tt->fmt.elem);
+                const char *name = tt->name ? tt->name : ir_op_info(n->op)->text;
+                if (bits == 23 && bits_in == 23) {
+                    double err = norm_error(cv[t], rv, cnt);
+                    if (!(err < 1e-5))
+                        fail_msg("-O%d: kernel of %%%d %s (%s): normalized error %.3g", level, n->id,
+                                 ir_op_info(n->op)->text, name, err);
+                    if (err > worst) worst = err, worst_id = n->id;
+                } else {
+                    double rms = 0;
+                    for (int64_t k = 0; k < cnt; k++) rms += isfinite(rv[k]) ? (double)rv[k] * rv[k] : 0;
+                    rms = sqrt(rms / (double)(cnt ? cnt : 1));
+                    for (int64_t k = 0; k < cnt; k++) {
+                        float r = rv[k], cc = cv[t][k];
+                        double d = fabs((double)cc - r);
+                        if (r == cc || (isnan(r) && isnan(cc)) || d <= 1e-6 * (fabs(r) + rms)) continue;
+                        off++;
+                        /* one rounding step of the result, and one of a fused intermediate */
+                        if (!(d <= 1.01 * (ldexp(fabs(r), -bits) + ldexp(fabs(r) + rms, -bits_in)) + 1e-5 * rms))
+                            fail_msg("-O%d: kernel of %%%d %s (%s) [%lld]: %.9g, reference %.9g", level,
+                                     n->id, ir_op_info(n->op)->text, name, (long long)k, cc, r);
+                    }
+                    if (off > 1 + cnt / 100)
+                        fail_msg("-O%d: kernel of %%%d %s (%s): %lld of %lld elements one step off",
+                                 level, n->id, ir_op_info(n->op)->text, name, (long long)off, (long long)cnt);
+                }
+                free(rv);
+                free(cv[t]);
+            }
+            checked++;
+        }
+    printf("  -O%d: %d kernel groups replayed; largest f32 error %.3g (%%%d)\n", level, checked, worst, worst_id);
+    assert_true(checked > 100);
+    free(ps);
+    free(ss);
+    rt_cpu_exec_free(x);
+    dlclose(c.so);
+    arena_free(ka);
+    rt_memory_free(&mem);
+    arena_free(a);
+}
+
+static void test_replay_levels(void **state)
+{
+    (void)state;
+    for (int level = 0; level <= 3; level++) replay_level(level);
+}
+
+int main(void)
+{
+    const char *seed = getenv("FP8C_TEST_SEED");
+    rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
+    printf("test_codegen: seed %llu\n", (unsigned long long)rng_state);
+    const char *tmp = getenv("TMPDIR");
+    snprintf(workdir, sizeof workdir, "%s/fp8c-cg-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(workdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_elementwise),      cmocka_unit_test(test_encodes_exact),
+        cmocka_unit_test(test_copies_exact),     cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_losses_and_gathers), cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_gemm),             cmocka_unit_test(test_fused_chain),
+        cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_replay_levels),
+        cmocka_unit_test(test_train_step_f32),   cmocka_unit_test(test_train_step_levels),
+    };
+    char cache[300];
+    snprintf(cache, sizeof cache, "%s/cache", workdir);
+    setenv("FP8C_CACHE_DIR", cache, 1);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
+    if (system(cmd) != 0) fprintf(stderr, "test_codegen: could not remove %s\n", workdir);
+    return failed;
+}
