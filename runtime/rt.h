@@ -56,6 +56,10 @@ void rt_cpu_exec_free(RtCpuExec *x);
 int rt_cpu_kernel_count(const RtCpuExec *x);
 Node *rt_cpu_kernel_root(const RtCpuExec *x, int i);
 void rt_cpu_run_kernel(RtCpuExec *x, int i);
+/* The device "cpu" of a binary that carries compiled kernels (register it with
+ * rt_device_register); NULL when it carries none, and "cpu" is the reference executor. */
+struct RtDevice;
+const struct RtDevice *rt_cpu_kernels_device(void);
 
 /* ---------------------------------------------------------------- init.c
  * Fills every PARAM per its init attribute (normal(0, std), zeros, ones) from a counter-based

@@ -58,10 +58,13 @@ void rt_usage(FILE *out, const char *prog) {
             "                      ms, mem_bytes\n"
             "  --out DIR           checkpoints DIR/step_NNNNNN.safetensors and DIR/latest\n"
             "  --save-every N      checkpoint every N steps (default 0: at the end only)\n"
+            "  --stop-at N         end this run after step N with a checkpoint; the schedule still\n"
+            "                      runs to --steps, and --resume continues it exactly\n"
             "  --resume PATH       continue from a checkpoint file, or DIR's latest\n"
             "machine\n"
             "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
-            "                      kernels), or auto (default: the GPU if one is found, else cpu)\n"
+            "                      kernels), or auto (default: the GPU if one is found, else cpu);\n"
+            "                      ref: the reference executor (the ground truth, slow)\n"
             "  --threads N         CPU threads (default: $FP8C_THREADS, else every online CPU;\n"
             "                      results are bit-identical for any count)\n"
             "  --help              this text\n",
@@ -137,6 +140,8 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
             ok = args_int(flag, value, 1, 1 << 20, &o->eval_batches);
         else if (strcmp(flag, "--save-every") == 0)
             ok = args_int(flag, value, 0, INT32_MAX, &o->save_every);
+        else if (strcmp(flag, "--stop-at") == 0)
+            ok = args_int(flag, value, 1, INT32_MAX, &o->stop_at);
         else if (strcmp(flag, "--grad-accum") == 0) {
             ok = args_int(flag, value, 1, 1 << 16, &v);
             o->grad_accum = (int)v;
@@ -719,7 +724,8 @@ int rt_train(Graph *g, const TrainOptions *o) {
     int width = snprintf(NULL, 0, "%lld", (long long)o->steps);
     int skips = 0;
     status = 0;
-    for (; p.step < o->steps; p.step++) {
+    int64_t end = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
+    for (; p.step < end; p.step++) {
         double t0 = train_now_ms();
         double lr = rt_lr_at(peak, floor, o->warmup, o->steps, p.step);
         double loss_sum = 0;
@@ -777,7 +783,7 @@ int rt_train(Graph *g, const TrainOptions *o) {
         }
         Progress done = p;
         done.step++;
-        if (o->out && ((o->save_every && done.step % o->save_every == 0) || last) &&
+        if (o->out && ((o->save_every && done.step % o->save_every == 0) || last || done.step == end) &&
             !train_save(g, &m, o, &done, &log)) {
             status = 1;
             break;
