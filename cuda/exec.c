@@ -39,6 +39,13 @@ typedef struct {
     void *D;
 } ExecLaunch;
 
+/* FP8C_CUDA_PROFILE=1: every launch timed with events (no graphs), summed by kernel */
+typedef struct {
+    char key[96];
+    double ms;
+    long calls;
+} ProfRow;
+
 typedef struct {
     ExecLaunch *l;
     int n, cap;
@@ -68,7 +75,10 @@ struct CudaExec {
     int finite_flag_off;                  /* in aux */
     const Node **finite_nodes;
     int n_finite;
-    bool graphs, sync_each;
+    bool graphs, sync_each, profile;
+    ProfRow *prof;
+    int n_prof, cap_prof;
+    double prof_total;
     char name[256];
 };
 
@@ -164,7 +174,7 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x) {
     if (g->scales >= 0) {
         /* cuBLASLt multiplies by these: the dequantization scales 1/s */
         const float *sa = (const float *)(uintptr_t)(e->scratch + (CUdeviceptr)g->scales);
-        const float *sb = sa + 1;
+        const float *sb = sa + 16;
         if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa)) ||
             !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb)))
             return false;
@@ -180,6 +190,17 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x) {
     uint64_t ws = CUBLAS_WORKSPACE;
     if (!LT_CHECK(CU(cublasLtMatmulPreferenceCreate)(&pref))) return false;
     ok = LT_CHECK(CU(cublasLtMatmulPreferenceSetAttribute)(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    /* the heuristic assumes 256-byte aligned matrices unless told otherwise; an algorithm
+     * chosen for alignment the pointers do not have fails at launch */
+    const void *ptrs[4] = {x->A, x->B, x->D, x->D};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; ok && i < 4; i++) {
+        uint32_t align = 256;
+        while (align > 1 && (uintptr_t)ptrs[i] % align) align /= 2;
+        ok = LT_CHECK(CU(cublasLtMatmulPreferenceSetAttribute)(pref, which[i], &align, sizeof align));
+    }
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     memset(&res, 0, sizeof res);
@@ -287,7 +308,64 @@ static bool exec_launch(CudaExec *e, const ExecLaunch *x) {
     return true;
 }
 
+static void prof_add(CudaExec *e, const ExecLaunch *x, double ms) {
+    char key[96];
+    const char *us = strrchr(x->fn, '_');
+    int len = us && x->kind == CU_KERNEL ? (int)(us - x->fn) : (int)strlen(x->fn);
+    snprintf(key, sizeof key, "%-14s %.*s", ir_op_info(x->node->op)->text, len, x->fn);
+    e->prof_total += ms;
+    for (int i = 0; i < e->n_prof; i++)
+        if (!strcmp(e->prof[i].key, key)) {
+            e->prof[i].ms += ms;
+            e->prof[i].calls++;
+            return;
+        }
+    if (e->n_prof == e->cap_prof) {
+        int cap = e->cap_prof ? 2 * e->cap_prof : 64;
+        ProfRow *grown = realloc(e->prof, sizeof *grown * (size_t)cap);
+        if (!grown) return;
+        e->prof = grown;
+        e->cap_prof = cap;
+    }
+    ProfRow *r = &e->prof[e->n_prof++];
+    snprintf(r->key, sizeof r->key, "%s", key);
+    r->ms = ms;
+    r->calls = 1;
+}
+
+static int prof_cmp(const void *a, const void *b) {
+    double x = ((const ProfRow *)a)->ms, y = ((const ProfRow *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void prof_print(CudaExec *e) {
+    if (!e->n_prof) return;
+    qsort(e->prof, (size_t)e->n_prof, sizeof *e->prof, prof_cmp);
+    fprintf(stderr, "GPU profile (FP8C_CUDA_PROFILE): %.1f ms in kernels and GEMMs\n", e->prof_total);
+    fprintf(stderr, "  %%     ms  calls  op / kernel\n");
+    for (int i = 0; i < e->n_prof && i < 30; i++)
+        fprintf(stderr, "%5.1f %8.2f %6ld  %s\n", 100 * e->prof[i].ms / e->prof_total, e->prof[i].ms,
+                e->prof[i].calls, e->prof[i].key);
+}
+
+static bool exec_run_profiled(CudaExec *e, ExecList *L) {
+    CUevent ev[2];
+    if (!CU_CHECK(CU(cuEventCreate)(&ev[0], 0)) || !CU_CHECK(CU(cuEventCreate)(&ev[1], 0))) return false;
+    bool ok = true;
+    for (int i = 0; ok && i < L->n; i++) {
+        float ms = 0;
+        ok = CU_CHECK(CU(cuEventRecord)(ev[0], e->stream)) && exec_launch(e, &L->l[i]) &&
+             CU_CHECK(CU(cuEventRecord)(ev[1], e->stream)) && CU_CHECK(CU(cuEventSynchronize)(ev[1])) &&
+             CU_CHECK(CU(cuEventElapsedTime)(&ms, ev[0], ev[1]));
+        if (ok) prof_add(e, &L->l[i], ms);
+    }
+    CU(cuEventDestroy_v2)(ev[0]);
+    CU(cuEventDestroy_v2)(ev[1]);
+    return ok;
+}
+
 static bool exec_run_list(CudaExec *e, ExecList *L) {
+    if (e->profile) return exec_run_profiled(e, L);
     if (!e->graphs || e->sync_each) {
         for (int i = 0; i < L->n; i++)
             if (!exec_launch(e, &L->l[i])) return false;
@@ -335,6 +413,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->arena = arena_new();
     e->graphs = env_flag("FP8C_CUDA_GRAPHS", true);
     e->sync_each = env_flag("FP8C_CUDA_SYNC", false);
+    e->profile = env_flag("FP8C_CUDA_PROFILE", false);
     if (!CU_CHECK(CU(cuDeviceGet)(&e->dev, 0)) || !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&e->ctx, e->dev)))
         goto fail;
     e->have_ctx = true;
@@ -418,6 +497,8 @@ fail:
 
 void cuda_exec_close(CudaExec *e) {
     if (!e) return;
+    prof_print(e);
+    free(e->prof);
     if (e->have_ctx) {
         CU(cuCtxSetCurrent)(e->ctx);
         if (e->stream) CU(cuStreamSynchronize)(e->stream);

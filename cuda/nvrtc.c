@@ -151,6 +151,7 @@ static bool nvrtc_run(const char *src, const char *name, const char *const *opts
         if (!*out) goto fail;
         NVRTC_CHECK(nvrtcGetPTX(prog, *out));
         ((char *)*out)[size] = 0;
+        while (size && !((char *)*out)[size - 1]) size--;   /* the size counts the NUL */
     }
     *out_size = size;
     nvrtcDestroyProgram(&prog);

@@ -19,7 +19,7 @@
 template <int K, class... X> struct CkPick;
 template <int K> struct CkPick<K> {
     static __device__ __forceinline__ float ld(const CkArgs &, int, i64) { return CK_NAN; }
-    static __device__ __forceinline__ double sum(const CkArgs &, int, i64) { return 0.0; }
+    static __device__ __forceinline__ double sum(const CkArgs &, double s, i64) { return s; }
 };
 template <int K, class X0, class... X> struct CkPick<K, X0, X...> {
     static __device__ __forceinline__ float ld(const CkArgs &a, int k, i64 j) {
@@ -644,10 +644,11 @@ template <int BYTES> __device__ void ck_transpose(const CkArgs &a) {
         if (c0 + k < C && r0 + tx < R) out[(c0 + k) * R + r0 + tx] = tile[tx][k];
 }
 
-/* the dequantization scales cuBLASLt multiplies by: scratch[k] = 1 / scale of t[1 + k] */
+/* the dequantization scales cuBLASLt multiplies by: scratch[16 k] = 1 / scale of t[1 + k]
+ * (each on its own 64-byte line) */
 __device__ void ck_inv_scales(const CkArgs &a) {
     if (threadIdx.x < 2 && a.t[1 + threadIdx.x].p)
-        ((float *)a.scratch)[threadIdx.x] = 1.0f / ((const float *)a.t[1 + threadIdx.x].p)[0];
+        ((float *)a.scratch)[16 * threadIdx.x] = 1.0f / ((const float *)a.t[1 + threadIdx.x].p)[0];
 }
 
 /* whether every element of t[0] is finite: scratch (an int flag, zeroed before) gets 1 if not */

@@ -11,7 +11,8 @@
 #
 # usage: tools/gpu/run_gpu_suite.sh BUILD
 # knobs: TINY_STEPS (300), D12_STEPS (100), BENCH_STEPS (20), SKIP_TESTS=1, SKIP_TRAIN=1,
-#        SKIP_BENCH=1, LEVELS ("0 1 2 3")
+#        SKIP_BENCH=1, LEVELS ("0 1 2 3"), PROFILE=1 (per-kernel GPU times of 3 d12 steps at
+#        each level, FP8C_CUDA_PROFILE)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${1:?usage: run_gpu_suite.sh BUILD}" && pwd)
@@ -83,6 +84,16 @@ if [ "${SKIP_TRAIN:-0}" != 1 ]; then
     say "gpt2_tiny trainings done ($(elapsed) s)"
     for O in $LEVELS; do train gpt2_d12_O$O "$D12_STEPS"; done
     say "d12 trainings done ($(elapsed) s)"
+fi
+
+# ---- per-kernel times (launches timed one by one: slower than the graph replay above)
+if [ "${PROFILE:-0}" = 1 ]; then
+    for O in $LEVELS; do
+        FP8C_CUDA_PROFILE=1 "$BUILD/gpu-suite/bin/gpt2_d12_O$O" --data "$DATA" --device cuda --steps 3 \
+            --eval-every 0 > "$OUT/profile_d12_O$O.txt" 2>&1
+        say "profile d12 -O$O (3 steps), top kernels:"
+        grep -A9 "GPU profile" "$OUT/profile_d12_O$O.txt" | tee -a "$SUMMARY"
+    done
 fi
 
 # ---- 3. PyTorch on the same GPU, same run (fp8c's d12 figures are the trainings' above)
