@@ -51,6 +51,9 @@ void plan_print_diff(const Graph *a, const Graph *b, bool json, FILE *out);
 /* Writes a training binary at out_path: the runtime linked with the graph's textual IR
  * embedded as its artifact. Returns false after printing one line naming what failed. */
 bool emit_training_binary(const Graph *g, const char *out_path);
+/* The CPU the binary's kernels are compiled for (an LLVM CPU name such as "x86-64-v3");
+ * NULL or "native": this machine's (the default, or $FP8C_CPU). */
+void emit_set_cpu(const char *cpu);
 /* `fp8c train`: emits a training binary to a temporary path and runs it with run_args;
  * returns the binary's exit status. */
 int emit_and_run(const Graph *g, char **run_args, int n_run_args);

@@ -27,6 +27,9 @@
 #ifdef FP8C_HAVE_CUDA
 #include "gpu.h"
 #endif
+#ifdef FP8C_HAVE_LLVM
+#include "codegen.h"
+#endif
 
 #ifndef FP8C_BUILD_LIBDIR
 #define FP8C_BUILD_LIBDIR "."
@@ -42,9 +45,10 @@
 
 #ifdef FP8C_HAVE_CUDA
 static const char *const emit_libs[] = {"libfp8c_train_main.a", "libfp8c_cuda_rt.a", "libfp8c_rt.a",
-                                        "libfp8c_ir.a"};
+                                        "libfp8c_kernels.a", "libfp8c_ir.a"};
 #else
-static const char *const emit_libs[] = {"libfp8c_train_main.a", "libfp8c_rt.a", "libfp8c_ir.a"};
+static const char *const emit_libs[] = {"libfp8c_train_main.a", "libfp8c_rt.a", "libfp8c_kernels.a",
+                                        "libfp8c_ir.a"};
 #endif
 #define EMIT_N_LIBS ((int)(sizeof emit_libs / sizeof emit_libs[0]))
 
@@ -150,9 +154,9 @@ static bool emit_make_executable(const char *path) {
     return chmod(path, 0777 & ~mask) == 0;
 }
 
-static bool emit_link(const char *asm_path, const char *out_path) {
+static bool emit_link(const char *asm_path, const char *obj_path, const char *out_path) {
     const char *libdir = emit_libdir();
-    char *lib_paths[4] = {0};
+    char *lib_paths[EMIT_N_LIBS] = {0};
     bool ok = true;
     for (int i = 0; i < EMIT_N_LIBS && ok; i++) {
         lib_paths[i] = emit_join(libdir, emit_libs[i]);
@@ -185,6 +189,7 @@ static bool emit_link(const char *asm_path, const char *out_path) {
         argv[argc++] = "-o";
         argv[argc++] = tmp_out;
         argv[argc++] = (char *)asm_path;
+        if (obj_path) argv[argc++] = (char *)obj_path;
         for (int i = 0; i < EMIT_N_LIBS; i++) argv[argc++] = lib_paths[i];
         argv[argc++] = "-lm";
 #ifdef FP8C_HAVE_CUDA
@@ -249,6 +254,49 @@ static bool emit_gpu_kernels(const Graph *g, const char *dir, char **path) {
     return true;
 }
 
+/* The CPU kernels (codegen/), rendered by LLVM into an object file in dir; *path stays NULL
+ * when fp8c was built without LLVM or FP8C_CPU_KERNELS=0 (the binary then runs the reference
+ * executor). They are lowered from the artifact as read back, exactly as the training binary
+ * re-lowers it at start-up, so the two agree (the binary checks the kernels' hash). */
+static const char *emit_cpu_name;
+
+void emit_set_cpu(const char *cpu) { emit_cpu_name = cpu; }
+
+static bool emit_cpu_kernels(const char *ir_path, const char *dir, char **path) {
+    *path = NULL;
+#ifdef FP8C_HAVE_LLVM
+    const char *want = getenv("FP8C_CPU_KERNELS");
+    if (want && !strcmp(want, "0")) return true;
+    FILE *f = fopen(ir_path, "rb");
+    char *text = NULL;
+    size_t len = 0;
+    if (f) {
+        FILE *m = open_memstream(&text, &len);
+        char buf[65536];
+        size_t got;
+        while (m && (got = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, got, m);
+        if (m) fclose(m);
+        fclose(f);
+    }
+    Arena *a = arena_new();
+    Graph *g = text ? ir_read(a, "artifact", text) : NULL;
+    CgProgram *p = g ? (ir_renumber(g), cg_lower(g, a, NULL)) : NULL;
+    char *obj = emit_join(dir, "kernels.o");
+    const char *cpu = emit_cpu_name ? emit_cpu_name : getenv("FP8C_CPU");
+    CgLlvmOptions o = {.cpu = cpu, .opt_level = 3};
+    bool ok = p && obj && cg_llvm_compile(p, &o, obj);
+    if (!ok) fprintf(stderr, "fp8c: error: the CPU kernels of this plan did not compile\n");
+    if (ok) *path = obj;
+    else free(obj);
+    free(text);
+    arena_free(a);
+    return ok;
+#else
+    (void)ir_path, (void)dir;
+    return true;
+#endif
+}
+
 bool emit_training_binary(const Graph *g, const char *out_path) {
     char *dir = emit_tempdir();
     if (!dir) return false;
@@ -267,13 +315,16 @@ bool emit_training_binary(const Graph *g, const char *out_path) {
             fprintf(stderr, "fp8c: error: %s: cannot write the artifact: %s\n", ir_path,
                     strerror(errno));
     }
-    char *cubin_path = NULL;
+    char *cubin_path = NULL, *obj_path = NULL;
     if (ok) ok = emit_gpu_kernels(g, dir, &cubin_path);
+    if (ok) ok = emit_cpu_kernels(ir_path, dir, &obj_path);
     if (ok && !emit_write_asm(asm_path, ir_path, cubin_path)) {
         fprintf(stderr, "fp8c: error: %s: cannot write: %s\n", asm_path, strerror(errno));
         ok = false;
     }
-    if (ok) ok = emit_link(asm_path, out_path);
+    if (ok) ok = emit_link(asm_path, obj_path, out_path);
+    if (obj_path) unlink(obj_path);
+    free(obj_path);
     if (ir_path) unlink(ir_path);
     if (asm_path) unlink(asm_path);
     if (cubin_path) unlink(cubin_path);

@@ -27,7 +27,8 @@ static void usage(FILE *out)
           "       fp8c passes\n"
           "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
           "             --precision PATTERN=FORMAT  --grad-release  --verify\n"
-          "             --print-ir-after=PASS|all  --stop-after=PASS\n",
+          "             --print-ir-after=PASS|all  --stop-after=PASS\n"
+          "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n",
           out);
 }
 
@@ -121,6 +122,9 @@ static void parse_args(int argc, char **argv, Args *a)
             a->build.stop_after = s + 13;
         } else if (!strncmp(s, "--passes=", 9)) {
             a->passes = s + 9;
+        } else if (!strncmp(s, "--cpu=", 6)) {
+            if (!s[6]) bad_flag("--cpu= needs an LLVM CPU name such as x86-64-v3%s", "");
+            emit_set_cpu(s + 6);
         } else if (!strcmp(s, "-o")) {
             if (!next) bad_flag("%s needs a file name", s);
             a->output = next, i++;

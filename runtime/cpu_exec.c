@@ -13,11 +13,15 @@
  * (codegen.h), so any split gives the same bits: results do not depend on the thread count.
  * GEMM kernels call rt_cpu_gemm; reference kernels (formats without a kernel yet) call the
  * reference executor on their nodes. */
+#define _GNU_SOURCE
 #include "codegen.h"
 #include "ref_internal.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The table the kernel object defines (codegen/llvm.c); absent when none was linked. */
 extern const uint64_t fp8c_cpu_kernel_hash __attribute__((weak));
@@ -34,6 +38,7 @@ const RtCpuKernels *rt_cpu_builtin_kernels(void)
 
 struct RtCpuExec {
     Arena *arena;
+    double *ms;                 /* FP8C_PROFILE: time per kernel, printed when freed */
     Graph *g;
     CgProgram *p;
     const RtCpuKernels *table;
@@ -109,6 +114,8 @@ RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *table)
         }
         memset(x->scratch[i], 0, bytes);
     }
+    const char *prof = getenv("FP8C_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") != 0) x->ms = calloc((size_t)x->p->n_kernels + 1, sizeof(double));
     for (int i = 0; i < x->p->n_kernels; i++) {
         const CgKernel *k = x->p->kernels[i];
         x->bufs[i] = arena_alloc(x->arena, sizeof(void *) * (size_t)(k->n_bufs + 1));
@@ -121,9 +128,48 @@ RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *table)
     return x;
 }
 
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* FP8C_PROFILE=1: where the time went, by kernel, the largest first. */
+static int by_time_desc(const void *a, const void *b, void *ctx)
+{
+    const double *ms = ctx;
+    double x = ms[*(const int *)a], y = ms[*(const int *)b];
+    return (x < y) - (x > y);
+}
+
+static void print_profile(const RtCpuExec *x)
+{
+    int n = x->p->n_kernels;
+    int *order = malloc(sizeof(int) * (size_t)(n + 1));
+    double total = 0, by_kind[3] = {0};
+    for (int i = 0; i < n; i++) {
+        order[i] = i;
+        total += x->ms[i];
+        by_kind[x->p->kernels[i]->kind] += x->ms[i];
+    }
+    qsort_r(order, (size_t)n, sizeof(int), by_time_desc, x->ms);
+    fprintf(stderr, "cpu kernels: %.1f ms in all: generated %.1f, gemm %.1f, reference %.1f\n",
+            total, by_kind[CG_KERNEL_LOOP], by_kind[CG_KERNEL_GEMM], by_kind[CG_KERNEL_REF]);
+    for (int j = 0; j < n && j < 25; j++) {
+        const CgKernel *k = x->p->kernels[order[j]];
+        fprintf(stderr, "  %8.2f ms  k%-4d %-5s items %-8lld %s\n", x->ms[order[j]], k->id,
+                k->kind == CG_KERNEL_GEMM ? "gemm" : k->kind == CG_KERNEL_REF ? "ref" : "loop",
+                (long long)k->items, k->name);
+    }
+    free(order);
+}
+
 void rt_cpu_exec_free(RtCpuExec *x)
 {
     if (!x) return;
+    if (x->ms && x->p) print_profile(x);
+    free(x->ms);
     if (x->scratch && x->p)
         for (int i = 0; i < x->p->n_scratch; i++) free(x->scratch[i]);
     free(x->scratch);
@@ -149,7 +195,20 @@ Node *rt_cpu_kernel_root(const RtCpuExec *x, int i)
     return k->n_nodes ? k->nodes[k->n_nodes - 1] : NULL;
 }
 
+static void run_kernel(RtCpuExec *x, int i);
+
 void rt_cpu_run_kernel(RtCpuExec *x, int i)
+{
+    if (!x->ms) {
+        run_kernel(x, i);
+        return;
+    }
+    double t0 = now_ms();
+    run_kernel(x, i);
+    x->ms[i] += now_ms() - t0;
+}
+
+static void run_kernel(RtCpuExec *x, int i)
 {
     const CgKernel *k = x->p->kernels[i];
     if (k->kind == CG_KERNEL_REF) {
@@ -180,4 +239,91 @@ void rt_cpu_run_phase(RtCpuExec *x, Phase phase)
 {
     for (int i = 0; i < x->p->n_kernels; i++)
         if (x->p->kernels[i]->phase == phase) rt_cpu_run_kernel(x, i);
+}
+
+/* ---------------------------------------------------------------- the "cpu" device
+ * The training program talks to devices (device.c); this one works on the host arenas
+ * themselves, so its transfers are nothing and only running the step differs from the
+ * reference's device. */
+
+static RtCpuExec *device_exec;
+static char device_text[160];
+
+static bool device_probe(char *why, size_t why_len)
+{
+    if (rt_cpu_builtin_kernels()) return true;
+    snprintf(why, why_len, "this binary carries no compiled CPU kernels");
+    return false;
+}
+
+static bool device_open(Graph *g, RtMemory *host)
+{
+    (void)host;
+    device_exec = rt_cpu_exec_new(g, rt_cpu_builtin_kernels());
+    if (!device_exec) return false;
+    int funcs = device_exec->p->n_funcs;
+    snprintf(device_text, sizeof device_text, "cpu (%d compiled kernels, %d functions), %d threads",
+             device_exec->p->n_kernels, funcs, ref_threads());
+    return true;
+}
+
+static void device_close(void)
+{
+    rt_cpu_exec_free(device_exec);
+    device_exec = NULL;
+}
+
+static bool device_run_phase(Graph *g, Phase p)
+{
+    (void)g;
+    rt_cpu_run_phase(device_exec, p);
+    return true;
+}
+
+/* forward and backward in one sweep of the schedule, as ref_run_micro_step */
+static bool device_run_micro_step(Graph *g)
+{
+    (void)g;
+    for (int i = 0; i < device_exec->p->n_kernels; i++)
+        if (device_exec->p->kernels[i]->phase != PHASE_UPDATE) rt_cpu_run_kernel(device_exec, i);
+    return true;
+}
+
+static bool device_sync(Tensor *const *ts, int n)
+{
+    (void)ts, (void)n;
+    return true;
+}
+
+static bool device_all_finite(Tensor *const *ts, int n, bool *finite)
+{
+    *finite = true;
+    for (int i = 0; i < n && *finite; i++) {
+        float *v = ref_load(ts[i]);
+        int64_t count = ir_numel(ts[i]);
+        for (int64_t k = 0; k < count && *finite; k++) *finite = isfinite(v[k]);
+        free(v);
+    }
+    return true;
+}
+
+static bool device_zero(Tensor *const *ts, int n)
+{
+    for (int i = 0; i < n; i++)
+        memset(ts[i]->data, 0, (size_t)(ir_numel(ts[i]) * fmt_elem_bytes(ts[i]->fmt.elem)));
+    return true;
+}
+
+static const char *device_describe(void) { return device_text; }
+
+static const RtDevice cpu_kernels_device = {
+    .name = "cpu", .probe = device_probe, .open = device_open, .close = device_close,
+    .run_phase = device_run_phase, .run_micro_step = device_run_micro_step, .push = device_sync,
+    .pull = device_sync, .all_finite = device_all_finite, .zero = device_zero,
+    .describe = device_describe,
+};
+
+const struct RtDevice *rt_cpu_kernels_device(void)
+{
+    return rt_cpu_builtin_kernels() ? &cpu_kernels_device : NULL;
 }

@@ -77,12 +77,15 @@ static const RtDevice *device_find(const char *name) {
 }
 
 bool rt_device_known(const char *name) {
-    return !strcmp(name, "cpu") || !strcmp(name, "auto") || device_find(name);
+    return !strcmp(name, "cpu") || !strcmp(name, "ref") || !strcmp(name, "auto") || device_find(name);
 }
 
+/* "ref" is always the reference executor; "cpu" is the compiled CPU kernels when the binary
+ * registered them (cpu_exec.c), else the reference too. */
 const RtDevice *rt_device_select(const char *name) {
     char why[512] = "";
-    if (!strcmp(name, "cpu")) return &rt_cpu_device;
+    if (!strcmp(name, "ref")) return &rt_cpu_device;
+    if (!strcmp(name, "cpu") && !device_find("cpu")) return &rt_cpu_device;
     if (!strcmp(name, "auto")) {
         for (int i = 0; i < device_count; i++) {
             why[0] = 0;

@@ -34,6 +34,8 @@ int main(int argc, char **argv) {
 #ifdef FP8C_HAVE_CUDA
     rt_device_register(cuda_rt_device(fp8c_cubin, (size_t)(fp8c_cubin_end - fp8c_cubin)));
 #endif
+    /* the CPU kernels fp8c compiled into this binary, when it did: "cpu" runs them */
+    if (rt_cpu_kernels_device()) rt_device_register(rt_cpu_kernels_device());
     TrainOptions o;
     int args = rt_parse_args(argc, argv, &o);
     if (args == RT_ARGS_ERROR) return 2;
