@@ -13,7 +13,9 @@
  *   2e-5    f32 results of reductions and attention (f64 sums in another order; attention in
  *           f32 with f32 exp against the reference's f64);
  *   1e-2    bf16 results (a few elements one bf16 step, 2^-8 relative, apart), FP8 GEMMs
- *           (cuBLASLt accumulates in f32, the reference in f64; then bf16);
+ *           (cuBLASLt accumulates in f32, the reference in f64; then bf16), and the
+ *           tensor-core attention (P and dS are bf16 operands there: 2-3e-3 measured);
+ *   5e-4    an FP8 GEMM with an f32 result (the FP8 tensor cores' accumulation);
  *   0.1     FP8 results of computed values (one e4m3 step is 2^-3 relative).
  * The gpu label keeps this out of CI; without a GPU it prints "skipped: no GPU" and passes. */
 #include <setjmp.h>
@@ -281,7 +283,9 @@ static void build_gemm(void) {
     Node *g8 = leaf_fmt("g8", FMT_E5M2, SCALE_PER_TENSOR, 0, sc, 1, DIMS(M, N));
     Node *w8 = leaf_fmt("w8", FMT_E4M3, SCALE_PER_TENSOR, 0, sd, 1, DIMS(N, K));
     add_case("matmul e5m2 x e4m3 (dgrad)", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 0, 1), NULL, IN(g8, w8)));
-    add_case("matmul e5m2^T x e4m3 (wgrad)", 2e-5, op_v(OP_MATMUL, FMT_F32, I(1, 0, 1), NULL, IN(g8, a8)));
+    /* Hopper's FP8 MMA accumulates with fewer bits than f32 (measured 8.6e-5 on an H100 here,
+     * 2026-11-22); the f64 reference sees the difference through an f32 result */
+    add_case("matmul e5m2^T x e4m3 (wgrad)", 5e-4, op_v(OP_MATMUL, FMT_F32, I(1, 0, 1), NULL, IN(g8, a8)));
     int64_t m = gt_int(1, 40), k = gt_int(1, 40), n = gt_int(1, 40);
     Node *sgr = scales(m, (k + 15) / 16, 1);
     Node *ag = leaf_fmt("ag", FMT_E4M3, SCALE_PER_GROUP, 16, sgr, 1, DIMS(m, k));

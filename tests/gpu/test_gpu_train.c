@@ -6,15 +6,21 @@
  * and this test reads them back, so it links no compiler front end. For each graph: parameters
  * initialized as the training binary does, random tokens, one micro-step and one update on the
  * GPU (kernels compiled by NVRTC, cached), the same from the same bytes in the reference
- * executor, then:
- *   loss             |gpu - ref| / |ref|                                   <= 1e-2
- *   gradients        ||gpu - ref|| / ||ref|| over every accumulator      <= 5e-2 (O0: 2e-2)
- *   grad norm        relative                                            <= 5e-2
- *   update           ||w_gpu - w_ref|| / ||w_ref - w_0|| over parameters <= 0.25
- * The last bound is loose on purpose: Adam's first step is about lr * sign(g), so an element
- * whose gradient is near zero can step either way on either side; a wrong update (sign,
- * learning rate, missing element) lands at 1 or more. Determinism is bit for bit: the same
- * step from the same bytes gives the same loss and the same persistent state. */
+ * executor, then (bounds for -O0 / for the FP8 levels):
+ *   loss             |gpu - ref| / |ref|                                   1e-3 / 2e-3
+ *   grad norm        relative                                              1e-3 / 1e-2
+ *   gradients        ||gpu - ref|| / ||ref|| over every accumulator        2e-2 / 0.15
+ *   update           ||w_gpu - w_ref|| / ||w_ref - w_0|| over parameters   0.25 / 0.5
+ * Measured on an H100 (2026-11-22): loss 1.4e-5 / <= 2.2e-4, grad norm 1.8e-5 / <= 3.5e-3,
+ * gradients 7.5e-3 / <= 9.7e-2, update 0.10 / <= 0.37. The FP8 levels' gradient bound is wide
+ * because FP8 rounding is discontinuous: a bf16 activation one ulp apart on the two sides can
+ * move its e5m2 gradient a whole step (25%), and those flips compound through the backward;
+ * the loss and the gradient norm, which such noise averages out of, stay tight, so a
+ * systematic error (a wrong scale, a transposed operand) still fails. The update bound is
+ * loose for the same reason: Adam's first step is about lr * sign(g), so an element whose
+ * gradient is near zero can step either way on either side; a wrong update (sign, learning
+ * rate, missing element) lands at 1 or more. Determinism is bit for bit: the same step from
+ * the same bytes gives the same loss and the same persistent state. */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -225,8 +231,9 @@ static int check_graph(const char *path) {
     double e_loss = fabs((double)loss_gpu - loss_ref) / fabs((double)loss_ref);
     double e_grad = err_value(&eg), e_upd = err_value(&ew);
     double e_gn = io.grad_norm ? fabs((double)gn_gpu - gn_ref) / fabs((double)gn_ref) : 0;
-    double b_grad = level == 0 ? 2e-2 : 5e-2;
-    bool pass = e_loss <= 1e-2 && e_grad <= b_grad && e_gn <= 5e-2 && e_upd <= 0.25 && same;
+    bool fp8 = level > 0;
+    bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 1e-2 : 1e-3) &&
+                e_grad <= (fp8 ? 0.15 : 2e-2) && e_upd <= (fp8 ? 0.5 : 0.25) && same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e | grad norm err %.1e "
            "| update err %.2f | deterministic %s%s\n", strrchr(path, '/') ? strrchr(path, '/') + 1 : path,
            level, loss_gpu, loss_ref, e_loss, n_grads, e_grad, e_gn, e_upd, same ? "yes" : "NO",
