@@ -79,9 +79,11 @@
  *
  * Kernels that are not loop nests:
  *   CG_KERNEL_GEMM  C = op(A) @ op(B) (CgGemm), a library call on both targets (cuBLASLt on
- *                   the GPU; cpu_gemm on the CPU). With CgLowerOptions.gemm_f32 the lowering
- *                   converts non-f32 operands into f32 scratch first and the result after, so
- *                   the call sees plain f32 buffers only.
+ *                   the GPU; rt_cpu_gemm_mixed on the CPU). With CgLowerOptions.gemm_f32 the
+ *                   lowering keeps A and B as they are when the CPU GEMM reads them (f32,
+ *                   bf16, f16, e4m3, e5m2; unscaled or one scale per tensor), converts other
+ *                   operands into f32 scratch first, and has C written as f32 (to its tensor,
+ *                   an f32 accumulator, or scratch that an epilogue kernel stores).
  *   CG_KERNEL_REF   the nodes are run by the reference executor (ops or formats that have no
  *                   kernel yet); an executor that has no reference reports them.
  *
@@ -296,7 +298,7 @@ bool cg_node_is_view(const Node *n);
 
 typedef struct {
     bool fuse;              /* use fuse_plan's groups (false: one kernel per node) */
-    bool gemm_f32;          /* GEMM operands and result plain f32 (CPU); false: any format */
+    bool gemm_f32;          /* GEMM operands the CPU GEMM reads, result f32; false: any format */
 } CgLowerOptions;
 
 /* Graph (scheduled and memory-planned) -> kernels in launch order; NULL after a message on

@@ -1043,13 +1043,27 @@ static int load_row_local(CgKernel *k, int buf, int base, int64_t D)
     return l;
 }
 
-/* sum over d of local[d] * buf[base + d] */
-static int dot_local(CgKernel *k, int local, int buf, int base, int64_t D)
+/* x's heads transposed into f32 scratch: (B, heads, D, T) from rows of x at column offset
+ * `off` with row stride `stride`. Score loops then run over keys (or queries) with unit
+ * stride and vectorize, and bf16 or FP8 inputs are decoded once instead of once per use. */
+static int transpose_heads(Lower *L, Node *n, Node *x, const char *what, const AttnShape *s,
+                           int64_t heads, int64_t off, int64_t stride)
 {
-    int d = row_loop(k, ic(k, 0), ic(k, D));
-    int s = reduce_sum(k, fmul(k, lget(k, local, d), ld(k, buf, iadd(k, base, d))));
+    int64_t size = s->B * heads * s->D * s->T;
+    int t = cg_scratch_new(L->p, size);
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, what);
+    shape(k, CG_PAR_BLOCK, s->B * heads * s->D, 3 * s->T);
+    body(k);
+    int it = item(k);
+    int bh = e2(k, CG_IDIV, it, ic(k, s->D)), d = e2(k, CG_IMOD, it, ic(k, s->D));
+    int b = e2(k, CG_IDIV, bh, ic(k, heads)), h = e2(k, CG_IMOD, bh, ic(k, heads));
+    int xb = cg_buf_tensor(k, x, true, false), tb = cg_buf_scratch(k, t, size, false, true);
+    int col = iadd(k, ic(k, off), iadd(k, imul(k, h, ic(k, s->D)), d));
+    int j = row_loop(k, ic(k, 0), ic(k, s->T));
+    int v = ld(k, xb, iadd(k, imul(k, iadd(k, imul(k, b, ic(k, s->T)), j), ic(k, stride)), col));
+    cg_store(k, tb, iadd(k, imul(k, it, ic(k, s->T)), j), v, NONE, NONE);
     end(k);
-    return s;
+    return t;
 }
 
 /* A query-row item (b, h, t) of a (B, H, T) grid. */
@@ -1058,6 +1072,7 @@ typedef struct {
     int row;                /* b T + t: the row of (B T, ..) views */
     int q;                  /* q's element (row, h, 0) */
     int y;                  /* element (row, h, 0) of a (B, T, H D) tensor: dy, the output */
+    int kt;                 /* the (D, T) block of this row's kv head in a transposed k or v */
 } QueryRow;
 
 static QueryRow query_row(CgKernel *k, const AttnShape *s, int it)
@@ -1072,6 +1087,7 @@ static QueryRow query_row(CgKernel *k, const AttnShape *s, int it)
     int hd = imul(k, r.h, ic(k, s->D));
     r.q = iadd(k, iadd(k, imul(k, r.row, ic(k, s->qstride)), ic(k, s->qoff)), hd);
     r.y = iadd(k, imul(k, r.row, ic(k, s->H * s->D)), hd);
+    r.kt = imul(k, iadd(k, imul(k, r.b, ic(k, s->Hkv)), r.g), ic(k, s->D * s->T));
     return r;
 }
 
@@ -1082,110 +1098,124 @@ static int kv_row(CgKernel *k, const AttnShape *s, int b, int g, int j)
                 imul(k, g, ic(k, s->D)));
 }
 
-/* causal softmax(q k^T * scale) v, one query row per item, online softmax over the keys */
+/* sc[j] = scale * sum over d of vec[d] * tb[base + d T + j], for j in [lo, hi): a row of
+ * scores (or of dot products) against a transposed (D, T) block, vectorized over j */
+static void scores(CgKernel *k, int sc, int vec, int tb, int base, int lo, int hi, int64_t D,
+                   int64_t T, int scale)
+{
+    int j = row_loop(k, lo, hi);
+    lset(k, sc, j, fc(k, 0.0f));
+    end(k);
+    int d = seq_loop(k, ic(k, 0), ic(k, D));
+    int vd = lget(k, vec, d);
+    int rowb = iadd(k, base, imul(k, d, ic(k, T)));
+    j = row_loop(k, lo, hi);
+    lset(k, sc, j, fadd(k, lget(k, sc, j), fmul(k, vd, ld(k, tb, iadd(k, rowb, j)))));
+    end(k);
+    end(k);
+    if (scale != NONE) {
+        j = row_loop(k, lo, hi);
+        lset(k, sc, j, fmul(k, lget(k, sc, j), scale));
+        end(k);
+    }
+}
+
+/* causal softmax(q k^T * scale) v: k transposed per kv head, then one query row per item:
+ * its scores, their softmax and the weighted sum of v (the reference's two passes) */
 static void lower_attention(Lower *L, Node *n)
 {
     AttnShape s = attn_shape(n, 0);
+    int kt = transpose_heads(L, n, s.k, "kt", &s, s.Hkv, s.koff, s.kvstride);
+    int64_t ktn = s.B * s.Hkv * s.D * s.T;
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
-    shape(k, CG_PAR_BLOCK, s.B * s.H * s.T, (s.T / 2 + 1) * (4 * s.D + 30));
+    shape(k, CG_PAR_BLOCK, s.B * s.H * s.T, (s.T / 2 + 1) * (3 * s.D + 20));
     int scale = fc(k, s.scale);
     body(k);
     QueryRow r = query_row(k, &s, item(k));
-    int qb = cg_buf_tensor(k, s.q, true, false), kb = cg_buf_tensor(k, s.k, true, false);
-    int vb = cg_buf_tensor(k, s.v, true, false);
+    int qb = cg_buf_tensor(k, s.q, true, false), vb = cg_buf_tensor(k, s.v, true, false);
+    int ktb = cg_buf_scratch(k, kt, ktn, true, false);
+    int zero = ic(k, 0), hi = iadd(k, r.t, ic(k, 1));
     int q = load_row_local(k, qb, r.q, s.D);
-    int acc = cg_local(k, s.D, 0.0), m = cg_local(k, 1, -INFINITY), l = cg_local(k, 1, 0.0);
-    int zero = ic(k, 0);
-    int j = seq_loop(k, zero, iadd(k, r.t, ic(k, 1)));
-    int kv = kv_row(k, &s, r.b, r.g, j);
-    int sc = fmul(k, dot_local(k, q, kb, iadd(k, kv, ic(k, s.koff)), s.D), scale);
-    int m_old = lget(k, m, zero), m_new = e2(k, CG_FMAX, m_old, sc);
-    int corr = e1(k, CG_EXP, fsub(k, m_old, m_new)), p = e1(k, CG_EXP, fsub(k, sc, m_new));
-    lset(k, l, zero, fadd(k, fmul(k, lget(k, l, zero), corr), p));
-    lset(k, m, zero, m_new);
-    int vbase = iadd(k, kv, ic(k, s.voff));
+    int sc = cg_local(k, s.T, 0.0);
+    scores(k, sc, q, ktb, r.kt, zero, hi, s.D, s.T, scale);
+    int j = row_loop(k, zero, hi);
+    int m = reduce_max(k, lget(k, sc, j));
+    end(k);
+    j = row_loop(k, zero, hi);
+    int p = e1(k, CG_EXP, fsub(k, lget(k, sc, j), m));
+    lset(k, sc, j, p);
+    int l = reduce_sum(k, p);
+    end(k);
+    int acc = cg_local(k, s.D, 0.0);
+    j = seq_loop(k, zero, hi);
+    int pj = lget(k, sc, j), vbase = iadd(k, kv_row(k, &s, r.b, r.g, j), ic(k, s.voff));
     int d = row_loop(k, zero, ic(k, s.D));
-    lset(k, acc, d, fadd(k, fmul(k, lget(k, acc, d), corr), fmul(k, p, ld(k, vb, iadd(k, vbase, d)))));
+    lset(k, acc, d, fadd(k, lget(k, acc, d), fmul(k, pj, ld(k, vb, iadd(k, vbase, d)))));
     end(k);
     end(k);
-    int lsum = lget(k, l, zero);
     d = row_loop(k, zero, ic(k, s.D));
     At at = {.idx = iadd(k, r.y, d), .row = r.row, .col = iadd(k, imul(k, r.h, ic(k, s.D)), d),
              .cols = s.H * s.D};
-    emit_out(L, k, n, fdiv(k, lget(k, acc, d), lsum), at);
+    emit_out(L, k, n, fdiv(k, lget(k, acc, d), l), at);
     end(k);
 }
 
-/* The backward recomputes the probabilities from q and k (the IR keeps no softmax):
- *   stats  per query row: lse = log sum_j exp(s_j), D = sum_j p_j (dy . v_j)
- *   dq     per query row: dq = scale * sum_j p_j (dy . v_j - D) k_j
+/* The backward recomputes the probabilities from q and k (the IR keeps no softmax), after
+ * transposing k, v, q and dy per head:
+ *   dq     per query row t: p = softmax(s), dp_j = dy . v_j, D = sum_j p_j dp_j,
+ *          ds_j = p_j (dp_j - D) scale, dq = sum_j ds_j k_j; lse and D kept for
  *   dk dv  per key row j: over the query heads of its kv head and the rows t >= j,
- *          dk_j = scale * sum p (dy_t . v_j - D_t) q_t,  dv_j = sum p dy_t
+ *          p_t = exp(s_t - lse_t), dk_j = sum ds_t q_t, dv_j = sum p_t dy_t
  * and writes dq | dk | dv into the packed result. */
 static void lower_attention_bwd(Lower *L, Node *n)
 {
     AttnShape s = attn_shape(n, 1);
     Node *dyn = n->in[0];
     int64_t rows = s.B * s.H * s.T, Y = (s.H + 2 * s.Hkv) * s.D;
-    int stats = cg_scratch_new(L->p, 2 * rows);
-    int64_t cost = (s.T / 2 + 1) * (4 * s.D + 30);
+    int64_t ktn = s.B * s.Hkv * s.D * s.T, qtn = rows * s.D;
+    int kt = transpose_heads(L, n, s.k, "kt", &s, s.Hkv, s.koff, s.kvstride);
+    int vt = transpose_heads(L, n, s.v, "vt", &s, s.Hkv, s.voff, s.kvstride);
+    int qt = transpose_heads(L, n, s.q, "qt", &s, s.H, s.qoff, s.qstride);
+    int dyt = transpose_heads(L, n, dyn, "dyt", &s, s.H, 0, s.H * s.D);
+    int lse_s = cg_scratch_new(L->p, rows), dt_s = cg_scratch_new(L->p, rows);
+    int64_t cost = (s.T / 2 + 1) * (5 * s.D + 30);
 
-    /* stats */
-    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "stats");
-    shape(k, CG_PAR_BLOCK, rows, 2 * cost);
+    /* dq, with each row's lse and D */
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "dq");
+    shape(k, CG_PAR_BLOCK, rows, cost);
     int scale = fc(k, s.scale);
     body(k);
     int it = item(k);
     QueryRow r = query_row(k, &s, it);
     int qb = cg_buf_tensor(k, s.q, true, false), kb = cg_buf_tensor(k, s.k, true, false);
-    int vb = cg_buf_tensor(k, s.v, true, false), dyb = cg_buf_tensor(k, dyn, true, false);
-    int sb = cg_buf_scratch(k, stats, 2 * rows, false, true);
+    int dyb = cg_buf_tensor(k, dyn, true, false), yb = cg_buf_tensor(k, n, false, true);
+    int ktb = cg_buf_scratch(k, kt, ktn, true, false), vtb = cg_buf_scratch(k, vt, ktn, true, false);
+    int lb = cg_buf_scratch(k, lse_s, rows, false, true), db = cg_buf_scratch(k, dt_s, rows, false, true);
+    int zero = ic(k, 0), hi = iadd(k, r.t, ic(k, 1));
     int q = load_row_local(k, qb, r.q, s.D), dy = load_row_local(k, dyb, r.y, s.D);
-    int zero = ic(k, 0);
-    int m = cg_local(k, 1, -INFINITY), l = cg_local(k, 1, 0.0);
-    int j = seq_loop(k, zero, iadd(k, r.t, ic(k, 1)));
-    int kv = kv_row(k, &s, r.b, r.g, j);
-    int sc = fmul(k, dot_local(k, q, kb, iadd(k, kv, ic(k, s.koff)), s.D), scale);
-    int m_old = lget(k, m, zero), m_new = e2(k, CG_FMAX, m_old, sc);
-    lset(k, l, zero, fadd(k, fmul(k, lget(k, l, zero), e1(k, CG_EXP, fsub(k, m_old, m_new))),
-                          e1(k, CG_EXP, fsub(k, sc, m_new))));
-    lset(k, m, zero, m_new);
+    int p = cg_local(k, s.T, 0.0), dp = cg_local(k, s.T, 0.0);
+    scores(k, p, q, ktb, r.kt, zero, hi, s.D, s.T, scale);
+    int j = row_loop(k, zero, hi);
+    int m = reduce_max(k, lget(k, p, j));
     end(k);
-    int lse = fadd(k, lget(k, m, zero), e1(k, CG_LOG, lget(k, l, zero)));
-    j = seq_loop(k, zero, iadd(k, r.t, ic(k, 1)));
-    kv = kv_row(k, &s, r.b, r.g, j);
-    sc = fmul(k, dot_local(k, q, kb, iadd(k, kv, ic(k, s.koff)), s.D), scale);
-    int p = e1(k, CG_EXP, fsub(k, sc, lse));
-    int dsum = reduce_sum(k, fmul(k, p, dot_local(k, dy, vb, iadd(k, kv, ic(k, s.voff)), s.D)));
+    j = row_loop(k, zero, hi);
+    int e = e1(k, CG_EXP, fsub(k, lget(k, p, j), m));
+    lset(k, p, j, e);
+    int l = reduce_sum(k, e);
     end(k);
-    cg_store(k, sb, imul(k, it, ic(k, 2)), lse, NONE, NONE);
-    cg_store(k, sb, iadd(k, imul(k, it, ic(k, 2)), ic(k, 1)), dsum, NONE, NONE);
-
-    /* dq */
-    k = kernel(L, CG_KERNEL_LOOP, n, "dq");
-    shape(k, CG_PAR_BLOCK, rows, cost);
-    scale = fc(k, s.scale);
-    body(k);
-    it = item(k);
-    r = query_row(k, &s, it);
-    qb = cg_buf_tensor(k, s.q, true, false);
-    kb = cg_buf_tensor(k, s.k, true, false);
-    vb = cg_buf_tensor(k, s.v, true, false);
-    dyb = cg_buf_tensor(k, dyn, true, false);
-    sb = cg_buf_scratch(k, stats, 2 * rows, true, false);
-    int yb = cg_buf_tensor(k, n, false, true);
-    zero = ic(k, 0);
-    q = load_row_local(k, qb, r.q, s.D);
-    dy = load_row_local(k, dyb, r.y, s.D);
-    lse = ld(k, sb, imul(k, it, ic(k, 2)));
-    int dt = ld(k, sb, iadd(k, imul(k, it, ic(k, 2)), ic(k, 1)));
+    int inv = fdiv(k, fc(k, 1.0f), l);
+    scores(k, dp, dy, vtb, r.kt, zero, hi, s.D, s.T, NONE);
+    j = row_loop(k, zero, hi);
+    int pj = fmul(k, lget(k, p, j), inv);
+    lset(k, p, j, pj);
+    int dsum = reduce_sum(k, fmul(k, pj, lget(k, dp, j)));
+    end(k);
+    j = row_loop(k, zero, hi);
+    lset(k, dp, j, fmul(k, fmul(k, lget(k, p, j), fsub(k, lget(k, dp, j), dsum)), scale));
+    end(k);
     int acc = cg_local(k, s.D, 0.0);
-    j = seq_loop(k, zero, iadd(k, r.t, ic(k, 1)));
-    kv = kv_row(k, &s, r.b, r.g, j);
-    int kbase = iadd(k, kv, ic(k, s.koff));
-    sc = fmul(k, dot_local(k, q, kb, kbase, s.D), scale);
-    p = e1(k, CG_EXP, fsub(k, sc, lse));
-    int ds = fmul(k, fmul(k, p, fsub(k, dot_local(k, dy, vb, iadd(k, kv, ic(k, s.voff)), s.D), dt)), scale);
+    j = seq_loop(k, zero, hi);
+    int ds = lget(k, dp, j), kbase = iadd(k, kv_row(k, &s, r.b, r.g, j), ic(k, s.koff));
     int d = row_loop(k, zero, ic(k, s.D));
     lset(k, acc, d, fadd(k, lget(k, acc, d), fmul(k, ds, ld(k, kb, iadd(k, kbase, d)))));
     end(k);
@@ -1194,10 +1224,12 @@ static void lower_attention_bwd(Lower *L, Node *n)
     int col = iadd(k, imul(k, r.h, ic(k, s.D)), d);
     cg_store(k, yb, iadd(k, imul(k, r.row, ic(k, Y)), col), lget(k, acc, d), r.row, col);
     end(k);
+    cg_store(k, lb, it, fadd(k, m, e1(k, CG_LOG, l)), NONE, NONE);
+    cg_store(k, db, it, dsum, NONE, NONE);
 
     /* dk, dv: one item per (b, kv head, key row j) */
     k = kernel(L, CG_KERNEL_LOOP, n, "dkv");
-    shape(k, CG_PAR_BLOCK, s.B * s.Hkv * s.T, cost * s.group * 2);
+    shape(k, CG_PAR_BLOCK, s.B * s.Hkv * s.T, cost * s.group);
     scale = fc(k, s.scale);
     body(k);
     it = item(k);
@@ -1207,31 +1239,41 @@ static void lower_attention_bwd(Lower *L, Node *n)
     int g = e2(k, CG_IMOD, bg, ic(k, s.Hkv));
     qb = cg_buf_tensor(k, s.q, true, false);
     kb = cg_buf_tensor(k, s.k, true, false);
-    vb = cg_buf_tensor(k, s.v, true, false);
+    int vb = cg_buf_tensor(k, s.v, true, false);
     dyb = cg_buf_tensor(k, dyn, true, false);
-    sb = cg_buf_scratch(k, stats, 2 * rows, true, false);
     yb = cg_buf_tensor(k, n, false, true);
+    int qtb = cg_buf_scratch(k, qt, qtn, true, false), dytb = cg_buf_scratch(k, dyt, qtn, true, false);
+    lb = cg_buf_scratch(k, lse_s, rows, true, false);
+    db = cg_buf_scratch(k, dt_s, rows, true, false);
     zero = ic(k, 0);
-    kv = kv_row(k, &s, b, g, jj);
+    int tend = ic(k, s.T);
+    int kv = kv_row(k, &s, b, g, jj);
     int kk = load_row_local(k, kb, iadd(k, kv, ic(k, s.koff)), s.D);
     int vv = load_row_local(k, vb, iadd(k, kv, ic(k, s.voff)), s.D);
     int dk = cg_local(k, s.D, 0.0), dv = cg_local(k, s.D, 0.0);
+    p = cg_local(k, s.T, 0.0);
+    dp = cg_local(k, s.T, 0.0);
     int hh = seq_loop(k, zero, ic(k, s.group));
     int h = iadd(k, imul(k, g, ic(k, s.group)), hh);
-    int t = seq_loop(k, jj, ic(k, s.T));
+    int bh = iadd(k, imul(k, b, ic(k, s.H)), h);
+    int tbase = imul(k, bh, ic(k, s.D * s.T));      /* this head's (D, T) block */
+    int sbase = imul(k, bh, ic(k, s.T));            /* its rows of lse and D */
+    scores(k, p, kk, qtb, tbase, jj, tend, s.D, s.T, scale);
+    scores(k, dp, vv, dytb, tbase, jj, tend, s.D, s.T, NONE);
+    int t = row_loop(k, jj, tend);
+    int pt = e1(k, CG_EXP, fsub(k, lget(k, p, t), ld(k, lb, iadd(k, sbase, t))));
+    lset(k, p, t, pt);
+    lset(k, dp, t, fmul(k, fmul(k, pt, fsub(k, lget(k, dp, t), ld(k, db, iadd(k, sbase, t)))), scale));
+    end(k);
+    t = seq_loop(k, jj, tend);
     int trow = iadd(k, imul(k, b, ic(k, s.T)), t);
     int hd = imul(k, h, ic(k, s.D));
     int qbase = iadd(k, iadd(k, imul(k, trow, ic(k, s.qstride)), ic(k, s.qoff)), hd);
     int ybase = iadd(k, imul(k, trow, ic(k, s.H * s.D)), hd);
-    int srow = iadd(k, imul(k, iadd(k, imul(k, b, ic(k, s.H)), h), ic(k, s.T)), t);
-    lse = ld(k, sb, imul(k, srow, ic(k, 2)));
-    dt = ld(k, sb, iadd(k, imul(k, srow, ic(k, 2)), ic(k, 1)));
-    sc = fmul(k, dot_local(k, kk, qb, qbase, s.D), scale);
-    p = e1(k, CG_EXP, fsub(k, sc, lse));
-    ds = fmul(k, fmul(k, p, fsub(k, dot_local(k, vv, dyb, ybase, s.D), dt)), scale);
+    int dst = lget(k, dp, t), ptv = lget(k, p, t);
     d = row_loop(k, zero, ic(k, s.D));
-    lset(k, dk, d, fadd(k, lget(k, dk, d), fmul(k, ds, ld(k, qb, iadd(k, qbase, d)))));
-    lset(k, dv, d, fadd(k, lget(k, dv, d), fmul(k, p, ld(k, dyb, iadd(k, ybase, d)))));
+    lset(k, dk, d, fadd(k, lget(k, dk, d), fmul(k, dst, ld(k, qb, iadd(k, qbase, d)))));
+    lset(k, dv, d, fadd(k, lget(k, dv, d), fmul(k, ptv, ld(k, dyb, iadd(k, ybase, d)))));
     end(k);
     end(k);
     end(k);
@@ -1336,6 +1378,17 @@ static bool plain_f32(const Node *n)
     return n->t.fmt.elem == FMT_F32 && format_is_plain(&n->t.fmt);
 }
 
+/* Operands the CPU GEMM widens itself while packing (rt_cpu_gemm_mixed): float types,
+ * unscaled or with one scale per tensor. */
+static bool gemm_reads(const Node *x)
+{
+    const Format *f = &x->t.fmt;
+    bool elem = f->elem == FMT_F32 || f->elem == FMT_BF16 || f->elem == FMT_F16 ||
+                f->elem == FMT_E4M3 || f->elem == FMT_E5M2;
+    return elem && f->codec == CODEC_PLAIN &&
+           (f->scaling == SCALE_NONE || f->scaling == SCALE_PER_TENSOR);
+}
+
 static void lower_matmul(Lower *L, Node *n)
 {
     Node *A = n->in[0], *B = n->in[1], *root = L->g->nodes[L->root];
@@ -1344,8 +1397,8 @@ static void lower_matmul(Lower *L, Node *n)
     CgGemm gm = {.M = ta ? ac : ar, .K = ta ? ar : ac, .N = tb ? br : bc, .trans_a = ta,
                  .trans_b = tb};
     bool f32 = L->o->gemm_f32;
-    int sa = f32 && !plain_f32(A) ? widen(L, n, A, "a") : NONE;
-    int sb = f32 && !plain_f32(B) ? widen(L, n, B, "b") : NONE;
+    int sa = f32 && !gemm_reads(A) ? widen(L, n, A, "a") : NONE;
+    int sb = f32 && !gemm_reads(B) ? widen(L, n, B, "b") : NONE;
     /* where C goes: the tensor itself, straight into a plain f32 accumulator, or scratch
      * followed by the group's epilogue */
     bool alone = root == n;

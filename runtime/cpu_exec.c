@@ -11,7 +11,7 @@
  * array, a constant table), split the items into ranges of roughly equal work and hand them
  * to the reference executor's thread pool. A kernel's items are independent by construction
  * (codegen.h), so any split gives the same bits: results do not depend on the thread count.
- * GEMM kernels call rt_cpu_gemm; reference kernels (formats without a kernel yet) call the
+ * GEMM kernels call rt_cpu_gemm_mixed; reference kernels (formats without a kernel yet) call the
  * reference executor on their nodes. */
 #define _GNU_SOURCE
 #include "codegen.h"
@@ -156,7 +156,24 @@ static void print_profile(const RtCpuExec *x)
     qsort_r(order, (size_t)n, sizeof(int), by_time_desc, x->ms);
     fprintf(stderr, "cpu kernels: %.1f ms in all: generated %.1f, gemm %.1f, reference %.1f\n",
             total, by_kind[CG_KERNEL_LOOP], by_kind[CG_KERNEL_GEMM], by_kind[CG_KERNEL_REF]);
-    for (int j = 0; j < n && j < 25; j++) {
+    /* by kind of work: the suffix of the kernel's name (":a", ":epilogue", ...) or its op */
+    enum { MAXC = 64 };
+    const char *cls[MAXC];
+    double cms[MAXC] = {0};
+    int nc = 0;
+    for (int i = 0; i < n; i++) {
+        const CgKernel *k = x->p->kernels[i];
+        const char *c = strrchr(k->name, ':');
+        c = c ? c + 1 : k->nodes && k->n_nodes ? ir_op_info(k->nodes[k->n_nodes - 1]->op)->text : k->name;
+        if (k->kind == CG_KERNEL_GEMM) c = "gemm";
+        int j = 0;
+        while (j < nc && strcmp(cls[j], c) != 0) j++;
+        if (j == nc && nc < MAXC) cls[nc++] = c;
+        if (j < MAXC) cms[j] += x->ms[i];
+    }
+    for (int i = 0; i < nc; i++)
+        if (cms[i] >= 0.01 * total) fprintf(stderr, "  %8.2f ms  %s (all)\n", cms[i], cls[i]);
+    for (int j = 0; j < n && j < 12; j++) {
         const CgKernel *k = x->p->kernels[order[j]];
         fprintf(stderr, "  %8.2f ms  k%-4d %-5s items %-8lld %s\n", x->ms[order[j]], k->id,
                 k->kind == CG_KERNEL_GEMM ? "gemm" : k->kind == CG_KERNEL_REF ? "ref" : "loop",
@@ -178,13 +195,30 @@ void rt_cpu_exec_free(RtCpuExec *x)
     free(x);
 }
 
+/* A GEMM operand as stored: its data, element type and per-tensor scale. */
+static RtGemmOperand gemm_operand(const CgKernel *k, void **bufs, int b)
+{
+    const CgBuf *bf = &k->bufs[b];
+    RtGemmOperand o = {bufs[b], bf->elem, 1.0f};
+    if (bf->scaling == SCALE_PER_TENSOR) {
+        if (bf->scale_buf == CG_NONE) {
+            o.scale = bf->static_scale;
+        } else {
+            float s;
+            num_decode(k->bufs[bf->scale_buf].elem, bufs[bf->scale_buf], &s, 1);
+            o.scale = s;
+        }
+    }
+    return o;
+}
+
 static void run_gemm(const CgKernel *k, void **bufs)
 {
     const CgGemm *m = &k->gemm;
-    const float *A = bufs[m->a], *B = bufs[m->b];
     float *C = bufs[m->c];
     int64_t lda = m->trans_a ? m->M : m->K, ldb = m->trans_b ? m->K : m->N;
-    rt_cpu_gemm(m->M, m->N, m->K, A, lda, m->trans_a, B, ldb, m->trans_b, C, m->N, m->accumulate);
+    rt_cpu_gemm_mixed(m->M, m->N, m->K, gemm_operand(k, bufs, m->a), lda, m->trans_a,
+                      gemm_operand(k, bufs, m->b), ldb, m->trans_b, C, m->N, m->accumulate);
 }
 
 int rt_cpu_kernel_count(const RtCpuExec *x) { return x->p->n_kernels; }

@@ -13,9 +13,10 @@
  * sums its K blocks in order, each block in k order. They are not the reference's bits (that
  * one accumulates in f64); the CPU backend's tests state the tolerance.
  *
- * Operands arrive as f32: the kernel lowering widens bf16 or FP8 operands (with their scales)
- * into f32 scratch first, which is exactly the reference's semantics of a GEMM on stored
- * values. */
+ * Operands are read in their stored formats (f32, bf16, f16, e4m3, e5m2, unscaled or with one
+ * scale per tensor) and widened to f32 while they are packed — exactly the values the
+ * reference reads (decoded, divided by the scale) — so a bf16 or FP8 GEMM costs no separate
+ * conversion pass; the kernel lowering widens other formats into f32 scratch first. */
 #include "ref_internal.h"
 
 #include <stdlib.h>
@@ -29,66 +30,87 @@ typedef float v8 __attribute__((vector_size(32)));
 typedef void (*MicroFn)(int64_t kc, const float *restrict a, const float *restrict b,
                         float *restrict c, int64_t ldc, bool add);
 
-/* C (MR x NR at c, row stride ldc) = or += sum over k of a[k] (MR) outer b[k] (NR). */
+/* C (MR x NR at c, row stride ldc) = or += sum over k of a[k] (MR) outer b[k] (NR).
+ * The tile lives in named vector variables so that the compiler keeps it in registers (an
+ * array indexed in a loop ends up on the stack); ROW(i) is one row of the tile. */
+#define TILE_LOAD(v, p) memcpy(&(v), (p), sizeof(v))
+#define TILE_STORE(p, v) memcpy((p), &(v), sizeof(v))
+
 __attribute__((target("avx512f,fma"))) static void micro_8x32(int64_t kc, const float *restrict a,
                                                               const float *restrict b,
                                                               float *restrict c, int64_t ldc,
                                                               bool add)
 {
-    v16 acc[8][2];
-    memset(acc, 0, sizeof acc);
+    v16 z = {0};
+    v16 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z;
+    v16 c40 = z, c41 = z, c50 = z, c51 = z, c60 = z, c61 = z, c70 = z, c71 = z;
     for (int64_t k = 0; k < kc; k++) {
         v16 b0, b1;
-        memcpy(&b0, b + k * 32, sizeof b0);
-        memcpy(&b1, b + k * 32 + 16, sizeof b1);
+        TILE_LOAD(b0, b + k * 32);
+        TILE_LOAD(b1, b + k * 32 + 16);
         const float *ak = a + k * 8;
-        for (int i = 0; i < 8; i++) {
-            acc[i][0] += ak[i] * b0;
-            acc[i][1] += ak[i] * b1;
-        }
+#define ROW(i)                                                                                 \
+    do {                                                                                       \
+        float ai = ak[i];                                                                      \
+        c##i##0 += ai * b0;                                                                    \
+        c##i##1 += ai * b1;                                                                    \
+    } while (0)
+        ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5); ROW(6); ROW(7);
+#undef ROW
     }
-    for (int i = 0; i < 8; i++) {
-        float *ci = c + i * ldc;
-        if (add) {
-            v16 c0, c1;
-            memcpy(&c0, ci, sizeof c0);
-            memcpy(&c1, ci + 16, sizeof c1);
-            acc[i][0] += c0;
-            acc[i][1] += c1;
-        }
-        memcpy(ci, &acc[i][0], sizeof acc[i][0]);
-        memcpy(ci + 16, &acc[i][1], sizeof acc[i][1]);
-    }
+#define OUT(i)                                                                                 \
+    do {                                                                                       \
+        float *ci = c + i * ldc;                                                               \
+        if (add) {                                                                             \
+            v16 o0, o1;                                                                        \
+            TILE_LOAD(o0, ci);                                                                 \
+            TILE_LOAD(o1, ci + 16);                                                            \
+            c##i##0 += o0;                                                                     \
+            c##i##1 += o1;                                                                     \
+        }                                                                                      \
+        TILE_STORE(ci, c##i##0);                                                               \
+        TILE_STORE(ci + 16, c##i##1);                                                          \
+    } while (0)
+    OUT(0); OUT(1); OUT(2); OUT(3); OUT(4); OUT(5); OUT(6); OUT(7);
+#undef OUT
 }
 
 __attribute__((target("avx2,fma"))) static void micro_6x16(int64_t kc, const float *restrict a,
                                                            const float *restrict b,
                                                            float *restrict c, int64_t ldc, bool add)
 {
-    v8 acc[6][2];
-    memset(acc, 0, sizeof acc);
+    v8 z = {0};
+    v8 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z,
+       c50 = z, c51 = z;
     for (int64_t k = 0; k < kc; k++) {
         v8 b0, b1;
-        memcpy(&b0, b + k * 16, sizeof b0);
-        memcpy(&b1, b + k * 16 + 8, sizeof b1);
+        TILE_LOAD(b0, b + k * 16);
+        TILE_LOAD(b1, b + k * 16 + 8);
         const float *ak = a + k * 6;
-        for (int i = 0; i < 6; i++) {
-            acc[i][0] += ak[i] * b0;
-            acc[i][1] += ak[i] * b1;
-        }
+#define ROW(i)                                                                                 \
+    do {                                                                                       \
+        float ai = ak[i];                                                                      \
+        c##i##0 += ai * b0;                                                                    \
+        c##i##1 += ai * b1;                                                                    \
+    } while (0)
+        ROW(0); ROW(1); ROW(2); ROW(3); ROW(4); ROW(5);
+#undef ROW
     }
-    for (int i = 0; i < 6; i++) {
-        float *ci = c + i * ldc;
-        if (add) {
-            v8 c0, c1;
-            memcpy(&c0, ci, sizeof c0);
-            memcpy(&c1, ci + 8, sizeof c1);
-            acc[i][0] += c0;
-            acc[i][1] += c1;
-        }
-        memcpy(ci, &acc[i][0], sizeof acc[i][0]);
-        memcpy(ci + 8, &acc[i][1], sizeof acc[i][1]);
-    }
+#define OUT(i)                                                                                 \
+    do {                                                                                       \
+        float *ci = c + i * ldc;                                                               \
+        if (add) {                                                                             \
+            v8 o0, o1;                                                                         \
+            TILE_LOAD(o0, ci);                                                                 \
+            TILE_LOAD(o1, ci + 8);                                                             \
+            c##i##0 += o0;                                                                     \
+            c##i##1 += o1;                                                                     \
+        }                                                                                      \
+        TILE_STORE(ci, c##i##0);                                                               \
+        TILE_STORE(ci + 8, c##i##1);                                                           \
+    } while (0)
+    OUT(0); OUT(1); OUT(2); OUT(3); OUT(4); OUT(5);
+#undef OUT
 }
 
 static void micro_4x8(int64_t kc, const float *restrict a, const float *restrict b,
@@ -120,7 +142,7 @@ static Micro micro_pick(void)
 typedef struct {
     Micro u;
     int64_t M, N, K, lda, ldb, ldc;
-    const float *A, *B;
+    RtGemmOperand A, B;
     bool ta, tb, accumulate;
     float *C;
     /* the current K block */
@@ -137,20 +159,43 @@ static float *alloc_floats(int64_t n)
     return p;
 }
 
+/* n consecutive elements of operand o from element `at`, as f32: decoded exactly and divided
+ * by the operand's scale, which is what the reference reads (ref_load). */
+static void decode_run(const RtGemmOperand *o, int64_t at, int64_t n, float *dst)
+{
+    switch (o->elem) {
+    case FMT_F32: memcpy(dst, (const float *)o->data + at, sizeof(float) * (size_t)n); break;
+    case FMT_BF16: {
+        const uint16_t *src = (const uint16_t *)o->data + at;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(&dst[i], &u, sizeof u);
+        }
+        break;
+    }
+    default: num_decode(o->elem, (const char *)o->data + at * fmt_elem_bytes(o->elem), dst, n); break;
+    }
+    if (o->scale != 1.0f)
+        for (int64_t i = 0; i < n; i++) dst[i] /= o->scale;
+}
+
 static void pack_b(void *ctx, int64_t jp)
 {
     Gemm *g = ctx;
     int nr = g->u.nr;
     float *dst = g->bpack + jp * g->kc * nr;
     int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
+    float run[KC];
+    if (g->tb) {   /* rows of B are columns of op(B): read them along, write across */
+        for (int64_t j = 0; j < nr; j++) {
+            if (j < nj) decode_run(&g->B, (j0 + j) * g->ldb + g->k0, g->kc, run);
+            for (int64_t k = 0; k < g->kc; k++) dst[k * nr + j] = j < nj ? run[k] : 0;
+        }
+        return;
+    }
     for (int64_t k = 0; k < g->kc; k++) {
         float *row = dst + k * nr;
-        int64_t kk = g->k0 + k;
-        if (g->tb) {
-            for (int64_t j = 0; j < nj; j++) row[j] = g->B[(j0 + j) * g->ldb + kk];
-        } else {
-            memcpy(row, g->B + kk * g->ldb + j0, sizeof(float) * (size_t)nj);
-        }
+        decode_run(&g->B, (g->k0 + k) * g->ldb + j0, nj, row);
         for (int64_t j = nj; j < nr; j++) row[j] = 0;
     }
 }
@@ -170,12 +215,18 @@ static void gemm_task(void *ctx, int64_t task)
     float tile[8 * 32];
     for (int64_t i = i0; i < i1; i += mr) {
         int64_t ni = i1 - i < mr ? i1 - i : mr;
-        for (int64_t k = 0; k < kc; k++) {
-            float *col = ap + k * mr;
-            int64_t kk = g->k0 + k;
-            for (int64_t r = 0; r < ni; r++)
-                col[r] = g->ta ? g->A[kk * g->lda + i + r] : g->A[(i + r) * g->lda + kk];
-            for (int64_t r = ni; r < mr; r++) col[r] = 0;
+        if (g->ta) {
+            for (int64_t k = 0; k < kc; k++) {
+                float *col = ap + k * mr;
+                decode_run(&g->A, (g->k0 + k) * g->lda + i, ni, col);
+                for (int64_t r = ni; r < mr; r++) col[r] = 0;
+            }
+        } else {   /* rows of A: read along, write across */
+            float run[KC];
+            for (int64_t r = 0; r < mr; r++) {
+                if (r < ni) decode_run(&g->A, (i + r) * g->lda + g->k0, kc, run);
+                for (int64_t k = 0; k < kc; k++) ap[k * mr + r] = r < ni ? run[k] : 0;
+            }
         }
         for (int64_t jp = p0; jp < p1; jp++) {
             int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
@@ -195,8 +246,8 @@ static void gemm_task(void *ctx, int64_t task)
     free(ap);
 }
 
-void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
-                 const float *B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate)
+void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
+                       RtGemmOperand B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate)
 {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
@@ -225,4 +276,11 @@ void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, b
         ref_parallel_for(g.n_row_blocks * g.n_col_groups, gemm_task, &g);
     }
     free(g.bpack);
+}
+
+void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
+                 const float *B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate)
+{
+    RtGemmOperand a = {A, FMT_F32, 1.0f}, b = {B, FMT_F32, 1.0f};
+    rt_cpu_gemm_mixed(M, N, K, a, lda, ta, b, ldb, tb, C, ldc, accumulate);
 }

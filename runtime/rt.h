@@ -34,6 +34,15 @@ int ref_threads(void);
  * (K, N) or (N, K) when tb, row-major with row strides lda, ldb. */
 void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
                  const float *B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate);
+/* The same with operands in a stored format: each element decoded and divided by `scale` (1
+ * when unscaled), as ref_load reads it. elem: f32, bf16, f16, e4m3 or e5m2. */
+typedef struct {
+    const void *data;
+    ElemType elem;
+    float scale;
+} RtGemmOperand;
+void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
+                       RtGemmOperand B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate);
 
 typedef void (*RtCpuKernelFn)(void *const *bufs, int64_t lo, int64_t hi);
 /* A compiled program's table (the symbols codegen/llvm.c defines in the kernel object). */
