@@ -18,6 +18,16 @@
 #define MAX_DEFINES 64
 #define MAX_OVERRIDES 64
 
+/* One arena for the command. It is reachable from here until main returns, also when a user
+ * error ends the run early through exit(), so leak checkers see no lost compilation. */
+static Arena *the_arena;
+
+static Arena *session_arena(void)
+{
+    if (!the_arena) the_arena = arena_new();
+    return the_arena;
+}
+
 static void usage(FILE *out)
 {
     fputs("usage: fp8c plan  MODEL [build flags] [--json] [--vs -On]\n"
@@ -184,24 +194,24 @@ static int cmd_opt(Args *a)
         fprintf(stderr, "fp8c: error: cannot read '%s': %s\n", a->model, strerror(errno));
         return 1;
     }
-    Arena *arena = arena_new();
-    Graph *g = ir_read(arena, a->model, text);
+    /* the text and the pass list live in the arena, so every way out leaves nothing behind */
+    Arena *arena = session_arena();
+    char *source = arena_strdup(arena, text);
+    free(text);
+    Graph *g = ir_read(arena, a->model, source);
     if (!g) return 1;
     a->build.passes.verify = true;
     if (ir_verify(g, "reading")) return 1;
     if (a->level_given) g->opt_level = a->build.passes.opt_level;
     if (a->passes && *a->passes) {
-        char *list = strdup(a->passes);
-        for (char *name = strtok(list, ","); name; name = strtok(NULL, ",")) {
+        char *list = arena_strdup(arena, a->passes), *save = NULL;
+        for (char *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
             const PassInfo *p = pass_find(name);
             if (!p) bad_flag("--passes names no pass: '%s' (fp8c passes lists them)", name);
             if (!pass_run(g, p, &a->build.passes)) return 1;
         }
-        free(list);
     }
     if (!a->build.passes.print_after) ir_print(g, stdout);
-    free(text);
-    arena_free(arena);
     return 0;
 }
 
@@ -219,7 +229,7 @@ static Graph *compile_or_exit(Arena *arena, Args *a)
 
 static int cmd_plan(Args *a)
 {
-    Arena *arena = arena_new();
+    Arena *arena = session_arena();
     Graph *g = compile_or_exit(arena, a);
     Graph *other = NULL;
     if (a->vs_level >= 0) {
@@ -230,14 +240,13 @@ static int cmd_plan(Args *a)
     }
     if (other) plan_print_diff(other, g, a->json, stdout);
     else plan_print(g, a->json, stdout);
-    arena_free(arena);
     return 0;
 }
 
 static int cmd_build(Args *a)
 {
     if (!a->output) bad_flag("build needs -o NAME%s", "");
-    Arena *arena = arena_new();
+    Arena *arena = session_arena();
     Graph *g = compile_or_exit(arena, a);
     if (a->build.stop_after) return 0;
     if (!emit_training_binary(g, a->output)) return 1;
@@ -248,20 +257,27 @@ static int cmd_build(Args *a)
             a->output, g->opt_level, (long long)g->batch, (long long)g->seq, (long long)m.n_params,
             (double)(m.persistent + m.transient) / 1048576.0, (double)m.persistent / 1048576.0,
             (double)m.transient / 1048576.0);
-    arena_free(arena);
     return 0;
 }
 
 static int cmd_train(Args *a)
 {
-    Arena *arena = arena_new();
+    Arena *arena = session_arena();
     Graph *g = compile_or_exit(arena, a);
     int status = emit_and_run(g, a->run_args, a->n_run_args);
-    arena_free(arena);
     return status;
 }
 
+static int dispatch(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    int status = dispatch(argc, argv);
+    arena_free(the_arena);
+    return status;
+}
+
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
