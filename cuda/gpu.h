@@ -19,6 +19,7 @@
 #define FP8C_GPU_H
 
 #include "ck_args.h"
+#include "codegen.h"
 #include "rt.h"
 
 /* ---------------------------------------------------------------- spec.c */
@@ -81,6 +82,13 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
 /* The library text alone (prelude, ops, attention) with the enums it needs. */
 char *cuda_render_library(Arena *a);
 
+/* ---------------------------------------------------------------- cg_render.c
+ * The kernel IR (codegen.h) to CUDA C: one function fp8c_gN(CgCudaArgs) per unique loop
+ * kernel body N of the program (GEMM and reference kernels have none). */
+char *cuda_render_cg_program(const CgProgram *p, Arena *a);
+/* Grid and block of a loop kernel (false for the other kinds). */
+bool cuda_cg_launch_shape(const CgKernel *k, unsigned *grid, unsigned *block);
+
 /* ---------------------------------------------------------------- nvrtc.c (compiler only) */
 
 typedef struct {
@@ -132,6 +140,13 @@ bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n);
 bool cuda_exec_sync(CudaExec *e);
 /* Runs only node n's launches (tests: one op against the reference). */
 bool cuda_exec_run_node(CudaExec *e, const Node *n);
+/* Kernel-IR programs (cuda/cg_render.c) on the executor's arenas: the module of the
+ * program's rendered loop kernels, its scratch and constant tables on the device; a kernel
+ * runs synchronously (tests compare each with the reference). */
+typedef struct CudaCg CudaCg;
+CudaCg *cuda_cg_open(CudaExec *e, const CgProgram *p, const void *cubin, size_t cubin_size);
+bool cuda_cg_run_kernel(CudaCg *c, const CgKernel *k);   /* GEMM and reference kernels: nothing */
+void cuda_cg_close(CudaCg *c);
 /* Device memory the executor holds: arenas and workspace. */
 int64_t cuda_exec_device_bytes(const CudaExec *e);
 const char *cuda_exec_device_name(const CudaExec *e);

@@ -976,3 +976,18 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
         if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
     return plans;
 }
+
+/* Loop kernels of the kernel IR (cuda/cg_render.c): a thread per item in a grid-stride loop,
+ * or a block per item. */
+bool cuda_cg_launch_shape(const CgKernel *k, unsigned *grid, unsigned *block) {
+    if (k->kind != CG_KERNEL_LOOP) return false;
+    int64_t items = k->items > 0 ? k->items : 1;
+    *block = 256;
+    if (k->par == CG_PAR_BLOCK) {
+        *grid = (unsigned)(items < (1 << 20) ? items : (1 << 20));
+    } else {
+        int64_t g = (items + 255) / 256;
+        *grid = (unsigned)(g < 1 ? 1 : g > 8192 ? 8192 : g);
+    }
+    return true;
+}

@@ -5,7 +5,9 @@
  * module fails the test with NVRTC's log and the numbered source (nvrtc.c prints both); a
  * graph with a node the GPU backend cannot plan fails too, naming the node. Shapes are small
  * (batch 2, sequence 64): kernels depend on formats and ops, not on sizes, except attention's
- * head dimension, which is the model's own. Compiled modules are cached in the build tree. */
+ * head dimension, which is the model's own. The same graphs lowered to the kernel IR
+ * (codegen.h, fused) and rendered by cuda/cg_render.c must compile too. Compiled modules are
+ * cached in the build tree. */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -62,6 +64,23 @@ static void test_every_model_every_level(void **state) {
                        bin.cubin_size, bin.cached ? " (cached)" : "");
             }
             cuda_binary_free(&bin);
+            CgLowerOptions lo = {.fuse = true, .gemm_f32 = false};
+            CgProgram *prog = cg_lower(g, a, &lo);
+            if (!prog) {
+                printf("  %-20s O%d: the kernel IR lowering failed\n", de->d_name, level);
+                failures++;
+            } else {
+                char *src = cuda_render_cg_program(prog, a);
+                if (!cuda_compile_source(src, "kernel-ir.cu", &bin)) {
+                    printf("  %-20s O%d: NVRTC rejected the kernel IR module (source and log above)\n",
+                           de->d_name, level);
+                    failures++;
+                } else {
+                    printf("  %-20s O%d: kernel IR, %d kernels, %d bodies: %zu bytes of cubin%s\n", de->d_name,
+                           level, prog->n_kernels, prog->n_funcs, bin.cubin_size, bin.cached ? " (cached)" : "");
+                }
+                cuda_binary_free(&bin);
+            }
             arena_free(a);
         }
     }

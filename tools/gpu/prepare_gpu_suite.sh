@@ -18,12 +18,13 @@ JOBS=${JOBS:-2}
 CORPUS=${CORPUS:-/work/shared/data/gcide.txt.gz}
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-make -C "$BUILD" -j"$JOBS" fp8c test_gpu_ops test_gpu_train gpu_test_graphs >/dev/null
+make -C "$BUILD" -j"$JOBS" fp8c test_gpu_ops test_gpu_train test_gpu_cg gpu_test_graphs >/dev/null
 
 export FP8C_CACHE_DIR=$PWD/$BUILD/fp8c-cache
 echo "compiling the GPU tests' modules (NVRTC, cached in $FP8C_CACHE_DIR)"
 FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_ops" | tail -1
 FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_train" | grep -E "cubin|cannot" || true
+FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_cg" | grep -E "kernel IR" || true
 
 mkdir -p "$BUILD/gpu-suite/bin" "$BUILD/gpu-suite/data"
 for O in 0 1 2 3; do
