@@ -18,6 +18,7 @@
 #include "ref_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +47,9 @@ struct RtCpuExec {
     void ***bufs;               /* per kernel: its buffer pointers (tensors refreshed per run) */
 };
 
-/* Items per task: about WORK scalar operations each, so that small kernels stay on one thread
- * and big ones spread over all of them. */
-enum { WORK = 1 << 15 };
+/* Items per task: at least about WORK scalar operations each, so that small kernels stay on
+ * one thread and big ones spread over all of them. */
+enum { WORK = 1 << 16 };
 
 typedef struct {
     RtCpuKernelFn fn;
@@ -258,13 +259,12 @@ static void run_kernel(RtCpuExec *x, int i)
     }
     Launch l = {.fn = x->table->fns[i], .bufs = bufs, .items = k->items};
     if (l.items <= 0) return;
+    /* tasks of at least WORK operations, and no more than a few per thread; a parallel_for
+     * wakes every thread of the pool, so small kernels are cheaper on the calling thread */
     l.grain = k->cost >= WORK ? 1 : WORK / k->cost;
+    int64_t most = 4 * (int64_t)ref_threads();
+    if ((l.items + l.grain - 1) / l.grain > most) l.grain = (l.items + most - 1) / most;
     int64_t tasks = (l.items + l.grain - 1) / l.grain;
-    int threads = ref_threads();
-    if (tasks < threads && l.items >= threads && l.items * k->cost > WORK) {   /* spread medium kernels over every thread */
-        l.grain = (l.items + threads - 1) / threads;
-        tasks = (l.items + l.grain - 1) / l.grain;
-    }
     if (tasks == 1) l.fn(bufs, 0, l.items);
     else ref_parallel_for(tasks, launch_task, &l);
 }
@@ -329,14 +329,62 @@ static bool device_sync(Tensor *const *ts, int n)
     return true;
 }
 
+/* Whether stored values are finite, from their bits: an all-ones exponent field (the
+ * infinity/NaN codes; e4m3 has only the NaN code 0x7F) — no decoding, split across threads.
+ * The training loop asks this of every gradient accumulator each step. */
+typedef struct {
+    const Tensor *t;
+    int64_t n;
+    atomic_bool bad;
+} FiniteJob;
+
+enum { FINITE_CHUNK = 1 << 18 };
+
+static void finite_task(void *ctx, int64_t c)
+{
+    FiniteJob *j = ctx;
+    if (atomic_load(&j->bad)) return;
+    int64_t lo = c * FINITE_CHUNK, hi = lo + FINITE_CHUNK < j->n ? lo + FINITE_CHUNK : j->n;
+    bool bad = false;
+    switch (j->t->fmt.elem) {
+    case FMT_F32: {
+        const uint32_t *x = j->t->data;
+        for (int64_t i = lo; i < hi; i++) bad |= (x[i] & 0x7F800000u) == 0x7F800000u;
+        break;
+    }
+    case FMT_BF16: case FMT_F16: {
+        const uint16_t *x = j->t->data;
+        uint16_t e = j->t->fmt.elem == FMT_BF16 ? 0x7F80 : 0x7C00;
+        for (int64_t i = lo; i < hi; i++) bad |= (x[i] & e) == e;
+        break;
+    }
+    case FMT_E4M3: case FMT_E5M2: {
+        const uint8_t *x = j->t->data;
+        uint8_t e = j->t->fmt.elem == FMT_E4M3 ? 0x7F : 0x7C;
+        for (int64_t i = lo; i < hi; i++) bad |= (x[i] & e) == e;
+        break;
+    }
+    default: break;   /* integer codes are always finite */
+    }
+    if (bad) atomic_store(&j->bad, true);
+}
+
 static bool device_all_finite(Tensor *const *ts, int n, bool *finite)
 {
     *finite = true;
     for (int i = 0; i < n && *finite; i++) {
-        float *v = ref_load(ts[i]);
-        int64_t count = ir_numel(ts[i]);
-        for (int64_t k = 0; k < count && *finite; k++) *finite = isfinite(v[k]);
-        free(v);
+        const Tensor *t = ts[i];
+        int64_t count = ir_numel(t);
+        if (t->fmt.codec != CODEC_PLAIN || t->fmt.scaling != SCALE_NONE) {
+            float *v = ref_load(t);   /* through its codec or scales */
+            for (int64_t k = 0; k < count && *finite; k++) *finite = isfinite(v[k]);
+            free(v);
+            continue;
+        }
+        FiniteJob j = {.t = t, .n = count};
+        atomic_init(&j.bad, false);
+        ref_parallel_for((count + FINITE_CHUNK - 1) / FINITE_CHUNK, finite_task, &j);
+        *finite = !atomic_load(&j.bad);
     }
     return true;
 }

@@ -262,8 +262,12 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
     g.n_col_panels = (N + u.nr - 1) / u.nr;
     g.n_row_blocks = (M + MC - 1) / MC;
     g.panels_per_group = NC_TASK / u.nr;
-    /* enough tasks to keep every thread busy: narrower column groups when M is short */
+    /* enough tasks to keep every thread busy (narrower column groups when M is short), but
+     * none much under a million multiply-adds: waking the pool costs more than that */
+    double flops = 2.0 * (double)M * (double)N * (double)K;
     int64_t want = (int64_t)ref_threads() * 4;
+    if ((double)want > flops / 2e6) want = (int64_t)(flops / 2e6) + 1;
+    bool serial = want == 1;
     while (g.panels_per_group > 1 &&
            g.n_row_blocks * ((g.n_col_panels + g.panels_per_group - 1) / g.panels_per_group) < want)
         g.panels_per_group /= 2;
@@ -272,8 +276,14 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
     g.bpack = alloc_floats(g.n_col_panels * kc_max * u.nr);
     for (g.k0 = 0; g.k0 < K; g.k0 += KC) {
         g.kc = K - g.k0 < KC ? K - g.k0 : KC;
-        ref_parallel_for(g.n_col_panels, pack_b, &g);
-        ref_parallel_for(g.n_row_blocks * g.n_col_groups, gemm_task, &g);
+        int64_t tasks = g.n_row_blocks * g.n_col_groups;
+        if (serial) {
+            for (int64_t j = 0; j < g.n_col_panels; j++) pack_b(&g, j);
+            for (int64_t t = 0; t < tasks; t++) gemm_task(&g, t);
+        } else {
+            ref_parallel_for(g.n_col_panels, pack_b, &g);
+            ref_parallel_for(tasks, gemm_task, &g);
+        }
     }
     free(g.bpack);
 }
