@@ -148,7 +148,8 @@ typedef struct {
     /* the current K block */
     int64_t k0, kc;
     float *bpack;           /* ceil(N/NR) panels of kc x NR */
-    int64_t n_col_panels, n_row_blocks, n_col_groups, panels_per_group;
+    float *apack;           /* ceil(M/MR) panels of kc x MR */
+    int64_t n_col_panels, n_row_panels, n_row_blocks, n_col_groups, panels_per_group;
 } Gemm;
 
 static float *alloc_floats(int64_t n)
@@ -201,6 +202,31 @@ static void pack_b(void *ctx, int64_t jp)
 }
 
 /* One task: rows [i0, i0 + MC) x column panels of one group, for the current K block. */
+/* Row panel ip of op(A) for the current K block: kc x MR, zero rows past M. Packed once per K
+ * block and shared by every task, so narrow column groups (short M, many threads) do not
+ * repeat it. */
+static void pack_a(void *ctx, int64_t ip)
+{
+    Gemm *g = ctx;
+    int mr = g->u.mr;
+    int64_t kc = g->kc, i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
+    float *ap = g->apack + ip * kc * mr;
+    if (g->ta) {
+        for (int64_t k = 0; k < kc; k++) {
+            float *col = ap + k * mr;
+            decode_run(&g->A, (g->k0 + k) * g->lda + i, ni, col);
+            for (int64_t r = ni; r < mr; r++) col[r] = 0;
+        }
+        return;
+    }
+    float run[KC];   /* rows of A: read along, write across */
+    for (int64_t r = 0; r < mr; r++) {
+        if (r < ni) decode_run(&g->A, (i + r) * g->lda + g->k0, kc, run);
+        for (int64_t k = 0; k < kc; k++) ap[k * mr + r] = r < ni ? run[k] : 0;
+    }
+}
+
+/* One task: rows [i0, i0 + MC) x column panels of one group, for the current K block. */
 static void gemm_task(void *ctx, int64_t task)
 {
     Gemm *g = ctx;
@@ -211,23 +237,10 @@ static void gemm_task(void *ctx, int64_t task)
     int64_t p1 = p0 + g->panels_per_group < g->n_col_panels ? p0 + g->panels_per_group : g->n_col_panels;
     int64_t kc = g->kc;
     bool add = g->accumulate || g->k0 > 0;
-    float *ap = alloc_floats(kc * mr);
     float tile[8 * 32];
     for (int64_t i = i0; i < i1; i += mr) {
         int64_t ni = i1 - i < mr ? i1 - i : mr;
-        if (g->ta) {
-            for (int64_t k = 0; k < kc; k++) {
-                float *col = ap + k * mr;
-                decode_run(&g->A, (g->k0 + k) * g->lda + i, ni, col);
-                for (int64_t r = ni; r < mr; r++) col[r] = 0;
-            }
-        } else {   /* rows of A: read along, write across */
-            float run[KC];
-            for (int64_t r = 0; r < mr; r++) {
-                if (r < ni) decode_run(&g->A, (i + r) * g->lda + g->k0, kc, run);
-                for (int64_t k = 0; k < kc; k++) ap[k * mr + r] = r < ni ? run[k] : 0;
-            }
-        }
+        const float *ap = g->apack + (i / mr) * kc * mr;
         for (int64_t jp = p0; jp < p1; jp++) {
             int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
             const float *bp = g->bpack + jp * kc * nr;
@@ -243,7 +256,6 @@ static void gemm_task(void *ctx, int64_t task)
                 }
         }
     }
-    free(ap);
 }
 
 void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
@@ -274,18 +286,23 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
     g.n_col_groups = (g.n_col_panels + g.panels_per_group - 1) / g.panels_per_group;
     int64_t kc_max = K < KC ? K : KC;
     g.bpack = alloc_floats(g.n_col_panels * kc_max * u.nr);
+    g.n_row_panels = (M + u.mr - 1) / u.mr;
+    g.apack = alloc_floats(g.n_row_panels * kc_max * u.mr);
     for (g.k0 = 0; g.k0 < K; g.k0 += KC) {
         g.kc = K - g.k0 < KC ? K - g.k0 : KC;
         int64_t tasks = g.n_row_blocks * g.n_col_groups;
         if (serial) {
             for (int64_t j = 0; j < g.n_col_panels; j++) pack_b(&g, j);
+            for (int64_t i = 0; i < g.n_row_panels; i++) pack_a(&g, i);
             for (int64_t t = 0; t < tasks; t++) gemm_task(&g, t);
         } else {
             ref_parallel_for(g.n_col_panels, pack_b, &g);
+            ref_parallel_for(g.n_row_panels, pack_a, &g);
             ref_parallel_for(tasks, gemm_task, &g);
         }
     }
     free(g.bpack);
+    free(g.apack);
 }
 
 void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
