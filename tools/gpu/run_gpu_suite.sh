@@ -6,8 +6,9 @@
 #      fall), each on the GPU (--device cuda);
 #   3. throughput: PyTorch's GPT-2 d12 (tools/bench/torch_gpt.py, bf16 + torch.compile) and
 #      fp8c's d12 binaries on the same GPU in the same run, with the ratio.
-# Everything is written to OUT ($OUT when set, else BUILD/gpu-suite/out); a summary is printed
-# last. The build was made elsewhere by tools/gpu/prepare_gpu_suite.sh BUILD and carried here.
+# OUT ($OUT when set, else BUILD/gpu-suite/out) receives three files: summary.txt (also printed
+# as it goes), ctest_gpu.log and logs.tgz (every log, JSON log and profile). The build was made
+# elsewhere by tools/gpu/prepare_gpu_suite.sh BUILD and carried here.
 #
 # usage: tools/gpu/run_gpu_suite.sh BUILD
 # knobs: TINY_STEPS (300), D12_STEPS (100), BENCH_STEPS (20), SKIP_TESTS=1, SKIP_TRAIN=1,
@@ -16,8 +17,9 @@
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${1:?usage: run_gpu_suite.sh BUILD}" && pwd)
-OUT=${OUT:-$BUILD/gpu-suite/out}
-mkdir -p "$OUT"
+RESULTS=${OUT:-$BUILD/gpu-suite/out}
+mkdir -p "$RESULTS"
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/fp8c-gpu-suite.XXXXXX")   # the logs, packed at the end
 TINY_STEPS=${TINY_STEPS:-300}
 D12_STEPS=${D12_STEPS:-100}
 BENCH_STEPS=${BENCH_STEPS:-20}
@@ -35,7 +37,9 @@ elapsed() { echo $(( $(date +%s) - T_START )); }
 
 say "fp8c GPU suite, $(date -u +%Y-%m-%dT%H:%MZ)"
 say "$(cat "$BUILD/gpu-suite/BUILD_INFO" 2>/dev/null)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt" | sed 's/^/GPU: /' | tee -a "$SUMMARY"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1 ||
+    echo "no nvidia-smi" > "$OUT/gpu.txt"
+sed 's/^/GPU: /' "$OUT/gpu.txt" | tee -a "$SUMMARY"
 
 # ---- 1. the GPU tests (the build recorded its own absolute paths: point them here)
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
@@ -51,9 +55,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 
 # ---- 2. trainings
-DATA=$BUILD/gpu-suite/data/corpus.txt
-if [ ! -f "$DATA" ] && [ -f "$DATA.gz" ]; then gzip -dc "$DATA.gz" > "$DATA"; fi
-[ -f "$DATA" ] || DATA=$BUILD/gpu-suite/data/sample.txt
+DATA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/fp8c-gpu-data.XXXXXX")
+trap 'rm -rf "$DATA_DIR"' EXIT
+DATA=$DATA_DIR/corpus.txt
+if [ -f "$BUILD/gpu-suite/data/corpus.txt.gz" ]; then gzip -dc "$BUILD/gpu-suite/data/corpus.txt.gz" > "$DATA"; fi
+[ -s "$DATA" ] || DATA=$BUILD/gpu-suite/data/sample.txt
 train() {   # name steps [flags]
     local name=$1 steps=$2
     shift 2
@@ -119,4 +125,7 @@ for O in levels:
     print(f"fp8c d12 -O{O}: {tps:,.0f} tok/s{ratio}")
 PY
 fi
-say "total $(elapsed) s; logs in $OUT"
+say "total $(elapsed) s"
+cp "$SUMMARY" "$RESULTS/summary.txt"
+[ -f "$OUT/ctest_gpu.log" ] && cp "$OUT/ctest_gpu.log" "$RESULTS/ctest_gpu.log"
+tar czf "$RESULTS/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" && echo "logs: $RESULTS/logs.tgz"
