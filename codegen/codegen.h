@@ -49,7 +49,7 @@
  *                  values carried across iterations go through CG_REDUCE only (sum: init 0;
  *                  max: init -inf, NaN ignored as by fmaxf). Stores in different iterations
  *                  go to different elements. The summation order is the renderer's choice.
- *     CG_LOOP_SEQ  iterations run in order (online softmax over keys, rows of a column sum);
+ *     CG_LOOP_SEQ  iterations run in order (a counting sort, the rows of a column sum);
  *                  values are carried in locals (CG_LOCAL). A CG_REDUCE directly in a SEQ loop
  *                  accumulates in iteration order.
  * - Locals: CG_LOCAL declares a per-item array of `i` f32 elements (i <= CG_MAX_LOCAL),

@@ -12,9 +12,11 @@
  *                     chunks of 64 rows (bias and norm-weight gradients);
  *   whole-tensor      partial results per chunk into a scratch array, then one item that
  *   reductions        combines them in order (squared norms, amax, the mean loss);
- *   attention         one item per query row (online softmax over the keys); its backward
- *                     in three kernels: per-row statistics, dq per query row, dk and dv per
- *                     key row;
+ *   attention         k (and for the backward v, q, dy) transposed per head into f32
+ *                     scratch, then one item per query row: its scores against the
+ *                     transposed keys (vectorized over keys), softmax, the weighted sum of
+ *                     v; the backward in two such kernels: dq per query row (keeping each
+ *                     row's log-sum-exp and dy.o), dk and dv per key row;
  *   GEMM              a call (CG_KERNEL_GEMM), with f32 conversions around it when asked.
  *
  * Fusion (passes/fuse.c) is applied here: a group is lowered from its head (the one non-

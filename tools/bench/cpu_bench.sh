@@ -33,7 +33,8 @@ d12_b1_t128 models/gpt2.model 1 128 8 4"
 build() {
     mkdir -p "$BENCH_DIR"
     echo "$CONFIGS" | while read -r name model batch seq _ _; do
-        "$BUILD/fp8c" build "$ROOT/$model" -O0 --batch "$batch" --seq "$seq" -o "$BENCH_DIR/$name" >/dev/null
+        "$BUILD/fp8c" build "$ROOT/$model" -O0 --batch "$batch" --seq "$seq" -o "$BENCH_DIR/$name" \
+            >"$BENCH_DIR/build.log" 2>&1 || { cat "$BENCH_DIR/build.log" >&2; exit 1; }
     done
     blas_inc=$(ls -d /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas 2>/dev/null | head -1 || true)
     if [ -n "$blas_inc" ]; then
