@@ -554,6 +554,36 @@ static void test_fused_chain(void **state)
     tg_free(t);
 }
 
+/* A binary whose compiled kernels are not the ones its artifact lowers to refuses to run. */
+static void test_table_mismatch(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    Node *x = input(t, FMT_F32, 1, 100, 0, 0);
+    done(t, OP(t, OP_GELU, x), FMT_BF16, -1);
+    ir_renumber(t->g);
+    Arena *a = arena_new();
+    CgProgram *p = cg_lower(t->g, a, NULL);
+    assert_non_null(p);
+    Compiled c;
+    assert_true(compile_program(p, &c, 1));
+    RtCpuKernels wrong = c.table;
+    wrong.hash ^= 1;
+    FILE *quiet = fopen("/dev/null", "w");
+    rt_set_error_stream(quiet);
+    rt_clear_error();
+    assert_null(rt_cpu_exec_new(t->g, &wrong));
+    assert_non_null(strstr(rt_last_error(), "do not belong to this artifact"));
+    RtCpuExec *ok = rt_cpu_exec_new(t->g, &c.table);
+    assert_non_null(ok);
+    rt_cpu_exec_free(ok);
+    rt_set_error_stream(NULL);
+    if (quiet) fclose(quiet);
+    dlclose(c.so);
+    arena_free(a);
+    tg_free(t);
+}
+
 /* ---------------------------------------------------------------- optimizer and scales */
 
 static void test_optimizer(void **state)
@@ -951,7 +981,8 @@ int main(void)
         cmocka_unit_test(test_copies_exact),     cmocka_unit_test(test_rows),
         cmocka_unit_test(test_losses_and_gathers), cmocka_unit_test(test_attention),
         cmocka_unit_test(test_gemm),             cmocka_unit_test(test_fused_chain),
-        cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_replay_levels),
+        cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_table_mismatch),
+        cmocka_unit_test(test_replay_levels),
         cmocka_unit_test(test_train_step_f32),   cmocka_unit_test(test_train_step_levels),
     };
     char cache[300];
