@@ -4,8 +4,9 @@
  * that differ only in their layer number (h.0.attn..., h.1.attn...) are one row with a count,
  * and rows are grouped by role. Below it: bytes per category, the bytes per parameter of
  * persistent training state (the figure O0..O3 are compared by), and the peak of the step —
- * the persistent arena plus the step arena, exactly what the runtime allocates. `--json` gives
- * every tensor uncollapsed, for scripts. */
+ * the persistent arena plus the step arena, exactly what the runtime allocates. A quantized copy
+ * is labelled by the value it was quantized from ("h.*.ln_2:e4m3"). `--json` gives every tensor
+ * uncollapsed, with the value it was quantized from, for scripts. */
 #include "compiler.h"
 
 #include <ctype.h>
@@ -159,12 +160,14 @@ void plan_print(const Graph *g, bool json, FILE *out)
             char shape[128], fmt[96];
             shape_text(&x->t, shape, sizeof shape);
             format_text(&x->t.fmt, fmt, sizeof fmt);
+            const char *from = x->op == OP_QUANTIZE ? label(g->arena, x->in[0]) : "";
             fprintf(out, "%s  {\"name\": \"%s\", \"role\": \"%s\", \"shape\": %s, \"format\": \"%s\", "
-                         "\"elem\": \"%s\", \"scaling\": \"%s\", \"recipe\": \"%s\", \"codec\": \"%s\", \"bytes\": %lld}",
+                         "\"elem\": \"%s\", \"scaling\": \"%s\", \"recipe\": \"%s\", \"codec\": \"%s\", "
+                         "\"quantized_from\": \"%s\", \"bytes\": %lld}",
                     first ? "" : ",\n", label(g->arena, x),
                     ir_role_name(x->t.role), shape, fmt, fmt_elem_name(x->t.fmt.elem),
                     fmt_scaling_name(x->t.fmt.scaling), fmt_recipe_name(x->t.fmt.recipe),
-                    fmt_codec_name(x->t.fmt.codec), (long long)tensor_bytes(&x->t));
+                    fmt_codec_name(x->t.fmt.codec), from, (long long)tensor_bytes(&x->t));
             first = false;
         }
         fprintf(out, "\n ],\n \"totals\": {");
@@ -199,6 +202,10 @@ void plan_print(const Graph *g, bool json, FILE *out)
         fprintf(out, "%-24s %12s %10.2f\n", categories[c].name, human(v, b1),
                 m.n_params ? (double)v / (double)m.n_params : 0);
     }
+    if (ir_find(g, "optim:grad_norm_prev"))
+        fprintf(out, "\ngradient release: each update runs in the backward as soon as its gradient is\n"
+                     "complete; global-norm clipping uses the previous step's norm (the first step is\n"
+                     "not clipped); --grad-accum above 1 is refused.\n");
     fprintf(out, "\npersistent training state  %s = %.2f bytes per parameter\n", human(m.persistent, b1), per_param);
     fprintf(out, "step arena (peak live)     %s\n", human(m.transient, b1));
     fprintf(out, "peak memory of the step    %s\n", human(peak, b2));

@@ -670,6 +670,13 @@ int rt_train(Graph *g, const TrainOptions *o) {
         model_free(&m);
         return 1;
     }
+    if (o->grad_accum > 1 && ir_find(g, "optim:grad_norm_prev")) {
+        /* built with --grad-release: there are no accumulators to sum micro-steps into */
+        rt_error("this binary was built with --grad-release, which updates each parameter as soon "
+                 "as its gradient exists: --grad-accum must be 1, not %d", o->grad_accum);
+        model_free(&m);
+        return 2;
+    }
     double floor = o->min_lr >= 0 ? o->min_lr : peak / 10;
     if (floor > peak) {
         rt_error("--min-lr %g is above the peak learning rate %g", floor, peak);
