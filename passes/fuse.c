@@ -82,7 +82,9 @@ static bool survives(const Fuse *f, const Node *x, int from, int to)
 
 /* Whether the value of p (a member or the head of root's group, in place of the group's
  * consumer c) may be delayed from p's position to c's: every input p reads from outside the
- * group must survive until c, and the group's own stores must not land on them. */
+ * group must survive until c, and the group's own stores must not land on them. A scaled
+ * input's kernel reads its scale tensor as well (a group's e8m0 scales are a tensor of their
+ * own), so the scale must survive too, and the root may not share a byte with it. */
 static bool inputs_survive(const Fuse *f, int root, int c)
 {
     const Graph *g = f->g;
@@ -94,6 +96,9 @@ static bool inputs_survive(const Fuse *f, int root, int c)
             const Node *x = m->in[k];
             if (x->index >= 0 && (f->group[x->index] == root || x->index == c)) continue;
             if (i != c && !survives(f, x, i, c)) return false;
+            const Node *xs_scale = x->t.fmt.scale;
+            if (xs_scale && i != c && !survives(f, xs_scale, i, c)) return false;
+            if (xs_scale && spans_overlap(out, node_span(xs_scale))) return false;
             /* the root's store may share bytes with an input only element for element */
             Span xs = node_span(x);
             if (m->op != OP_MATMUL && spans_overlap(out, xs) &&
