@@ -702,6 +702,15 @@ void cuda_cg_close(CudaCg *c) {
     free(c);
 }
 
+bool cuda_cg_write_scratch(CudaCg *c, int scratch, const float *data, int64_t n) {
+    if (scratch < 0 || scratch >= c->p->n_scratch || n < 0 || n > c->p->scratch[scratch]) {
+        rt_error("scratch %d of the kernel-IR program cannot take %lld floats", scratch, (long long)n);
+        return false;
+    }
+    if (!cuda_exec_sync(c->e)) return false;
+    return !n || CU_CHECK(CU(cuMemcpyHtoD_v2)(c->scratch[scratch], data, (size_t)n * 4));
+}
+
 bool cuda_cg_run_kernel(CudaCg *c, const CgKernel *k) {
     unsigned grid, block;
     if (!cuda_cg_launch_shape(k, &grid, &block)) return true;

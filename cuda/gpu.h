@@ -146,6 +146,9 @@ bool cuda_exec_run_node(CudaExec *e, const Node *n);
 typedef struct CudaCg CudaCg;
 CudaCg *cuda_cg_open(CudaExec *e, const CgProgram *p, const void *cubin, size_t cubin_size);
 bool cuda_cg_run_kernel(CudaCg *c, const CgKernel *k);   /* GEMM and reference kernels: nothing */
+/* Copies n floats from the host into scratch array `scratch` of the program (a test that
+ * computes a GEMM kernel's result on the host hands it to the epilogue that reads it). */
+bool cuda_cg_write_scratch(CudaCg *c, int scratch, const float *data, int64_t n);
 void cuda_cg_close(CudaCg *c);
 /* Device memory the executor holds: arenas and workspace. */
 int64_t cuda_exec_device_bytes(const CudaExec *e);

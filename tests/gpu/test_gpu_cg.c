@@ -6,8 +6,14 @@
  * its loop kernels are rendered and compiled by NVRTC. Then the step runs kernel by kernel in
  * program order: each loop kernel on the GPU, its graph nodes in the reference executor from
  * the same bytes, and every graph tensor the kernel writes is compared (normalized error,
- * gpu_test.h). GEMM and reference kernels run in the reference only. After each kernel the
- * device takes the reference's bytes, so an error is charged to the kernel that made it.
+ * gpu_test.h). GEMM and reference kernels run in the reference only; a GEMM whose result goes
+ * to scratch (for its group's epilogue kernel) is computed on the host as the reference
+ * computes the matmul (ref_gemm on the decoded operands) and copied into the device's scratch,
+ * so the epilogue reads the product the reference reads. The GPU's results are copied aside
+ * and the host mirror gets its own bytes back before the reference runs: an output may share
+ * storage with an input (in-place accumulation, a planned reuse), and the reference must not
+ * read the GPU's result there. After each kernel the device takes the reference's bytes, so
+ * an error is charged to the kernel that made it.
  * Bounds by the written tensor's format: f32 1e-4 (f32 sums in the kernel, f64 in the
  * reference), bf16 2e-2, FP8 and 8-bit codes 0.15, i32 exact. */
 #include <dirent.h>
@@ -18,6 +24,7 @@
 #include <cmocka.h>
 
 #include "gpu_test.h"
+#include "ref_internal.h"
 
 #ifndef GPU_IR_DIR
 #define GPU_IR_DIR "."
@@ -46,6 +53,31 @@ static void feed_inputs(Graph *g) {
         ref_store(&n->t, x);
         free(x);
     }
+}
+
+/* A GEMM kernel that writes scratch: C = op(A) @ op(B) in f32 from the host's operands, as
+ * ref_matmul computes it, into the device's copy of that scratch array. */
+static bool gemm_to_scratch(CudaCg *c, const CgKernel *k) {
+    const CgGemm *m = &k->gemm;
+    const CgBuf *ab = &k->bufs[m->a], *bb = &k->bufs[m->b], *cb = &k->bufs[m->c];
+    if (cb->node || cb->scratch == CG_NONE) return true;   /* the reference writes the tensor */
+    if (!ab->node || !bb->node || m->accumulate) {
+        printf("  kernel %s: GEMM operands in scratch or accumulating into scratch: not checked here\n", k->name);
+        return false;
+    }
+    float *a = ref_load(&ab->node->t), *b = ref_load(&bb->node->t);
+    int64_t count = m->M * m->N;
+    float *out = malloc(sizeof(float) * (size_t)(count > 0 ? count : 1));
+    bool ok = a && b && out;
+    if (ok) {
+        ref_gemm(m->M, m->N, m->K, a, m->trans_a ? m->M : m->K, m->trans_a, b, m->trans_b ? m->K : m->N,
+                 m->trans_b, out);
+        ok = cuda_cg_write_scratch(c, cb->scratch, out, count);
+    }
+    free(a);
+    free(b);
+    free(out);
+    return ok;
 }
 
 static bool compile_only;   /* FP8C_TEST_COMPILE_ONLY=1: compile the modules (fill the cache) */
@@ -120,27 +152,55 @@ static int check_graph(const char *path) {
         for (int b = 0; b < kern->n_bufs && n_out < 64; b++)
             if (kern->bufs[b].node && kern->bufs[b].written && kern->bufs[b].node->t.fmt.elem != FMT_VOID)
                 out[n_out++] = &kern->bufs[b].node->t;
-        void *gpu[64] = {0};
+        void *gpu[64] = {0}, *host[64] = {0};
         bool loop = kern->kind == CG_KERNEL_LOOP;
+        if (kern->kind == CG_KERNEL_GEMM && !gemm_to_scratch(c, kern)) {
+            printf("  %s: GEMM kernel %s: cannot hand its result to the GPU\n", path, kern->name);
+            failures++;
+            break;
+        }
         if (loop) {
-            if (!cuda_cg_run_kernel(c, kern) || !cuda_exec_pull(e, out, n_out)) {
-                printf("  %s: kernel %s failed on the GPU\n", path, kern->name);
-                failures++;
-                break;
+            for (int j = 0; j < n_out; j++) {
+                host[j] = malloc((size_t)gt_bytes(out[j]) + 1);
+                memcpy(host[j], out[j]->data, (size_t)gt_bytes(out[j]));
             }
+            bool ran_ok = cuda_cg_run_kernel(c, kern) && cuda_exec_pull(e, out, n_out);
             for (int j = 0; j < n_out; j++) {
                 gpu[j] = malloc((size_t)gt_bytes(out[j]) + 1);
                 memcpy(gpu[j], out[j]->data, (size_t)gt_bytes(out[j]));
             }
+            for (int j = n_out - 1; j >= 0; j--) {   /* the host's bytes back for the reference */
+                memcpy(out[j]->data, host[j], (size_t)gt_bytes(out[j]));
+                free(host[j]);
+            }
+            if (!ran_ok) {
+                printf("  %s: kernel %s failed on the GPU\n", path, kern->name);
+                for (int j = 0; j < n_out; j++) free(gpu[j]);
+                failures++;
+                break;
+            }
         }
-        /* the reference for the nodes this kernel completes, then the device takes its bytes */
+        /* the reference for the nodes this kernel completes, then the device takes its bytes.
+         * The group runs at its root's place: its fused intermediates (every member but the
+         * root, read only inside the group) get private storage, because the memory plan may
+         * have handed their slots to tensors made since (which the group still reads). */
         Tensor *touched[256];
         int n_touched = 0;
+        Node *root = kern->n_nodes ? kern->nodes[kern->n_nodes - 1] : NULL;
+        void *slot[256] = {0};
+        for (int j = 0; j < kern->n_nodes && j < 256; j++) {
+            Node *n = kern->nodes[j];
+            if (last[n->index] != k || n == root || n->t.fmt.elem == FMT_VOID || !n->t.data ||
+                n->t.fmt.codec != CODEC_PLAIN)
+                continue;
+            slot[j] = n->t.data;
+            n->t.data = calloc(1, (size_t)gt_bytes(&n->t) + 16);
+        }
         for (int j = 0; j < kern->n_nodes; j++) {
             Node *n = kern->nodes[j];
             if (last[n->index] != k) continue;
             ref_exec_node(n);
-            if (n->t.fmt.elem != FMT_VOID && n_touched < 256) touched[n_touched++] = &n->t;
+            if (n->t.fmt.elem != FMT_VOID && n_touched < 256 && !(j < 256 && slot[j])) touched[n_touched++] = &n->t;
             for (int i = 0; i < n->n_in && n_touched < 256; i++)
                 if (ir_mutates_input(n, i)) {
                     touched[n_touched++] = &n->in[i]->t;
@@ -149,6 +209,11 @@ static int check_graph(const char *path) {
                         touched[n_touched++] = &f->scale->t;
                 }
         }
+        for (int j = 0; j < kern->n_nodes && j < 256; j++)
+            if (slot[j]) {
+                free(kern->nodes[j]->t.data);
+                kern->nodes[j]->t.data = slot[j];
+            }
         for (int j = 0; loop && j < n_out; j++) {
             bool ran = false;   /* compare only what the reference computed here */
             for (int t = 0; t < n_touched; t++) ran |= touched[t] == out[j];
