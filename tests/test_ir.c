@@ -174,6 +174,18 @@ static void test_reader_errors(void **state)
     diag_reset();
 }
 
+/* ir_verify's count of problems, with its report (on stderr) kept out of the test output */
+static int verify_quietly(const Graph *g)
+{
+    FILE *devnull = fopen("/dev/null", "w");
+    FILE *saved = stderr;
+    stderr = devnull;
+    int problems = ir_verify(g, "test");
+    stderr = saved;
+    fclose(devnull);
+    return problems;
+}
+
 static void test_verify_catches_inplace_order(void **state)
 {
     (void)state;
@@ -187,13 +199,7 @@ static void test_verify_catches_inplace_order(void **state)
     /* a reader of the raw state after the in-place update is an error */
     Node *late = ir_add1(g, OP_SQNORM, acc, here);
     assert_null(ir_infer_shape(late, a));
-    FILE *devnull = fopen("/dev/null", "w");
-    FILE *saved = stderr;
-    stderr = devnull;
-    int problems = ir_verify(g, "test");
-    stderr = saved;
-    fclose(devnull);
-    assert_int_equal(problems, 1);
+    assert_int_equal(verify_quietly(g), 1);
     /* reading through the update's result is fine */
     late->in[0] = accum;
     assert_int_equal(ir_verify(g, "test"), 0);
@@ -206,13 +212,7 @@ static void test_verify_catches_shape_change(void **state)
     Arena *a = arena_new();
     Graph *g = build_sample(a);
     g->nodes[6]->t.dims[2] = 9;   /* a pass "changed" the embedding's width */
-    FILE *devnull = fopen("/dev/null", "w");
-    FILE *saved = stderr;
-    stderr = devnull;
-    int problems = ir_verify(g, "test");
-    stderr = saved;
-    fclose(devnull);
-    assert_true(problems > 0);
+    assert_true(verify_quietly(g) > 0);
     arena_free(a);
 }
 
