@@ -202,10 +202,13 @@ void plan_print(const Graph *g, bool json, FILE *out)
         fprintf(out, "%-24s %12s %10.2f\n", categories[c].name, human(v, b1),
                 m.n_params ? (double)v / (double)m.n_params : 0);
     }
-    if (ir_find(g, "optim:grad_norm_prev"))
+    bool released = false;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE) released = true;
+    if (released)
         fprintf(out, "\ngradient release: each update runs in the backward as soon as its gradient is\n"
-                     "complete; global-norm clipping uses the previous step's norm (the first step is\n"
-                     "not clipped); --grad-accum above 1 is refused.\n");
+                     "complete; instead of global-norm clipping each gradient is clipped to its share\n"
+                     "of the bound, max_norm * sqrt(its elements / all); --grad-accum above 1 is refused.\n");
     fprintf(out, "\npersistent training state  %s = %.2f bytes per parameter\n", human(m.persistent, b1), per_param);
     fprintf(out, "step arena (peak live)     %s\n", human(m.transient, b1));
     fprintf(out, "peak memory of the step    %s\n", human(peak, b2));

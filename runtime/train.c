@@ -670,7 +670,10 @@ int rt_train(Graph *g, const TrainOptions *o) {
         model_free(&m);
         return 1;
     }
-    if (o->grad_accum > 1 && ir_find(g, "optim:grad_norm_prev")) {
+    bool released = false;   /* built with --grad-release: updates read gradients, not accumulators */
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE) released = true;
+    if (o->grad_accum > 1 && released) {
         /* built with --grad-release: there are no accumulators to sum micro-steps into */
         rt_error("this binary was built with --grad-release, which updates each parameter as soon "
                  "as its gradient exists: --grad-accum must be 1, not %d", o->grad_accum);
