@@ -147,15 +147,7 @@ static bool lower_error(Lower *L, SrcLoc loc, const char *fmt, ...)
     return true;
 }
 
-static const char *shape_text(Lower *L, const Tensor *t)
-{
-    char buf[160];
-    int k = snprintf(buf, sizeof buf, "%s[", fmt_elem_name(t->fmt.elem));
-    for (int i = 0; i < t->rank; i++)
-        k += snprintf(buf + k, sizeof buf - (size_t)k, i ? ",%lld" : "%lld", (long long)t->dims[i]);
-    snprintf(buf + k, sizeof buf - (size_t)k, "]");
-    return arena_strdup(L->a, buf);
-}
+static const char *shape_text(Lower *L, const Tensor *t) { return ir_shape_text(L->a, t); }
 
 /* What a value is, for "must be a tensor, not ..." */
 static const char *val_text(Lower *L, Value v)

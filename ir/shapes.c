@@ -10,7 +10,7 @@
 
 #include <string.h>
 
-static const char *shape_str(Arena *a, const Tensor *t)
+const char *ir_shape_text(Arena *a, const Tensor *t)
 {
     char buf[160];
     int k = snprintf(buf, sizeof buf, "%s[", fmt_elem_name(t->fmt.elem));
@@ -35,11 +35,11 @@ static const char *check_broadcast(Node *n, Arena *a, const char *verb)
     if (y->rank == 0) return NULL;
     if (y->rank > x->rank)
         return arena_printf(a, "cannot %s %s and %s: the second has more dims than the first",
-                            verb, shape_str(a, x), shape_str(a, y));
+                            verb, ir_shape_text(a, x), ir_shape_text(a, y));
     for (int i = 1; i <= y->rank; i++)
         if (x->dims[x->rank - i] != y->dims[y->rank - i])
             return arena_printf(a, "cannot %s %s and %s: dim %d is %lld and %lld", verb,
-                                shape_str(a, x), shape_str(a, y), x->rank - i,
+                                ir_shape_text(a, x), ir_shape_text(a, y), x->rank - i,
                                 (long long)x->dims[x->rank - i], (long long)y->dims[y->rank - i]);
     return NULL;
 }
@@ -48,8 +48,8 @@ static const char *check_same(Node *n, Arena *a, int i, int j, const char *what)
 {
     const Tensor *x = &n->in[i]->t, *y = &n->in[j]->t;
     if (ir_same_shape(x, y)) return NULL;
-    return arena_printf(a, "%s: %s and %s must have the same shape", what, shape_str(a, x),
-                        shape_str(a, y));
+    return arena_printf(a, "%s: %s and %s must have the same shape", what, ir_shape_text(a, x),
+                        ir_shape_text(a, y));
 }
 
 static const char *check_vector(Node *n, Arena *a, int i, int64_t len, const char *what)
@@ -57,13 +57,13 @@ static const char *check_vector(Node *n, Arena *a, int i, int64_t len, const cha
     const Tensor *t = &n->in[i]->t;
     if (t->rank == 1 && t->dims[0] == len) return NULL;
     return arena_printf(a, "%s must be a vector of %lld (the last dim of the input), not %s",
-                        what, (long long)len, shape_str(a, t));
+                        what, (long long)len, ir_shape_text(a, t));
 }
 
 static const char *check_scalar(Node *n, Arena *a, int i, const char *what)
 {
     if (n->in[i]->t.rank == 0) return NULL;
-    return arena_printf(a, "%s must be a scalar, not %s", what, shape_str(a, &n->in[i]->t));
+    return arena_printf(a, "%s must be a scalar, not %s", what, ir_shape_text(a, &n->in[i]->t));
 }
 
 static const char *infer_matmul(Node *n, Arena *a)
@@ -71,14 +71,14 @@ static const char *infer_matmul(Node *n, Arena *a)
     const Tensor *x = &n->in[0]->t, *y = &n->in[1]->t;
     bool ta = n->iattr[0], tb = n->iattr[1];
     if (x->rank < (ta ? 2 : 1))
-        return arena_printf(a, "matmul: the first operand %s has too few dims", shape_str(a, x));
+        return arena_printf(a, "matmul: the first operand %s has too few dims", ir_shape_text(a, x));
     if (y->rank < 2)
-        return arena_printf(a, "matmul: the second operand %s must have at least 2 dims", shape_str(a, y));
+        return arena_printf(a, "matmul: the second operand %s must have at least 2 dims", ir_shape_text(a, y));
     int64_t m = ta ? last_dim(x) : rows_of(x), k = ta ? rows_of(x) : last_dim(x);
     int64_t k2 = tb ? last_dim(y) : rows_of(y), nn = tb ? rows_of(y) : last_dim(y);
     if (k != k2)
         return arena_printf(a, "matmul of %s%s and %s%s: inner dims %lld and %lld differ",
-                            shape_str(a, x), ta ? " (transposed)" : "", shape_str(a, y),
+                            ir_shape_text(a, x), ta ? " (transposed)" : "", ir_shape_text(a, y),
                             tb ? " (transposed)" : "", (long long)k, (long long)k2);
     if (ta) {
         int64_t d[2] = {m, nn};
@@ -100,7 +100,7 @@ static const char *infer_attention_packed(Node *n, Arena *a, const Tensor *x)
         return arena_printf(a, "attention needs heads > 0, kv_heads > 0 dividing heads");
     if (x->rank != 3 || x->dims[2] % (h + 2 * hk))
         return arena_printf(a, "packed attention: %s is not (batch, seq, (heads + 2 kv_heads) * head_dim)",
-                            shape_str(a, x));
+                            ir_shape_text(a, x));
     int64_t d = x->dims[2] / (h + 2 * hk);
     int64_t dims[3] = {x->dims[0], x->dims[1], n->op == OP_ATTENTION ? h * d : x->dims[2]};
     ir_set_shape(n, 3, dims);
@@ -120,10 +120,10 @@ static const char *infer_attention(Node *n, Arena *a)
     for (int i = 0; i < 3; i++)
         if (n->in[i]->t.rank != 3)
             return arena_printf(a, "attention: %s must have 3 dims (batch, seq, heads*head_dim), not %s",
-                                which[i], shape_str(a, &n->in[i]->t));
+                                which[i], ir_shape_text(a, &n->in[i]->t));
     if (q->dims[0] != k->dims[0] || q->dims[1] != k->dims[1] || !ir_same_shape(k, v))
         return arena_printf(a, "attention: q %s, k %s and v %s disagree in batch or sequence dims",
-                            shape_str(a, q), shape_str(a, k), shape_str(a, v));
+                            ir_shape_text(a, q), ir_shape_text(a, k), ir_shape_text(a, v));
     if (q->dims[2] % h)
         return arena_printf(a, "attention: heads (%lld) does not divide the width of q (%lld)",
                             (long long)h, (long long)q->dims[2]);
@@ -145,7 +145,7 @@ static const char *infer_axis_op(Node *n, Arena *a)
     const Tensor *x = &n->in[0]->t;
     int64_t axis = n->iattr[0], start = n->iattr[1], size = n->iattr[2];
     if (axis < 0 || axis >= x->rank)
-        return arena_printf(a, "axis %lld is out of range for %s", (long long)axis, shape_str(a, x));
+        return arena_printf(a, "axis %lld is out of range for %s", (long long)axis, ir_shape_text(a, x));
     if (size <= 0 || start < 0) return arena_printf(a, "slice start must be >= 0 and size > 0");
     int64_t d[IR_MAX_RANK];
     memcpy(d, x->dims, sizeof d);
@@ -153,7 +153,7 @@ static const char *infer_axis_op(Node *n, Arena *a)
         if (start + size > x->dims[axis])
             return arena_printf(a, "slice [%lld, %lld) of axis %lld exceeds its length %lld in %s",
                                 (long long)start, (long long)(start + size), (long long)axis,
-                                (long long)x->dims[axis], shape_str(a, x));
+                                (long long)x->dims[axis], ir_shape_text(a, x));
         d[axis] = size;
     } else {
         if (start + x->dims[axis] > size)
@@ -170,7 +170,7 @@ static const char *infer_concat(Node *n, Arena *a)
     const Tensor *x = &n->in[0]->t;
     int64_t axis = n->iattr[0];
     if (axis < 0 || axis >= x->rank)
-        return arena_printf(a, "axis %lld is out of range for %s", (long long)axis, shape_str(a, x));
+        return arena_printf(a, "axis %lld is out of range for %s", (long long)axis, ir_shape_text(a, x));
     int64_t d[IR_MAX_RANK];
     memcpy(d, x->dims, sizeof d);
     d[axis] = 0;
@@ -180,7 +180,7 @@ static const char *infer_concat(Node *n, Arena *a)
         for (int j = 0; ok && j < x->rank; j++) ok = j == axis || y->dims[j] == x->dims[j];
         if (!ok)
             return arena_printf(a, "concat along axis %lld: %s and %s differ elsewhere",
-                                (long long)axis, shape_str(a, x), shape_str(a, y));
+                                (long long)axis, ir_shape_text(a, x), ir_shape_text(a, y));
         d[axis] += y->dims[axis];
     }
     ir_set_shape(n, x->rank, d);
@@ -219,8 +219,8 @@ const char *ir_infer_shape(Node *n, Arena *a)
         return NULL;
     case OP_RESHAPE:
         if (ir_numel(&n->t) != ir_numel(x))
-            return arena_printf(a, "cannot reshape %s (%lld elements) to %s", shape_str(a, x),
-                                (long long)ir_numel(x), shape_str(a, &n->t));
+            return arena_printf(a, "cannot reshape %s (%lld elements) to %s", ir_shape_text(a, x),
+                                (long long)ir_numel(x), ir_shape_text(a, &n->t));
         return NULL;
     case OP_SLICE: case OP_PAD:
         return infer_axis_op(n, a);
@@ -241,9 +241,9 @@ const char *ir_infer_shape(Node *n, Arena *a)
             for (int i = 0; ok && i < tg->rank; i++) ok = tg->dims[i] == x->dims[i];
             if (!ok)
                 return arena_printf(a, "cross_entropy: targets %s must have the dims of logits %s without the last",
-                                    shape_str(a, tg), shape_str(a, x));
+                                    ir_shape_text(a, tg), ir_shape_text(a, x));
             if (!is_int_elem(tg->fmt.elem))
-                return arena_printf(a, "cross_entropy: targets must be integers, not %s", shape_str(a, tg));
+                return arena_printf(a, "cross_entropy: targets must be integers, not %s", ir_shape_text(a, tg));
         }
         if (n->op == OP_CLIP_COEF || n->op == OP_GRAD_NORM)
             for (int i = 0; i < n->n_in; i++)
@@ -270,9 +270,9 @@ const char *ir_infer_shape(Node *n, Arena *a)
     }
     case OP_EMBEDDING: {
         const Tensor *ids = &n->in[1]->t;
-        if (x->rank != 2) return arena_printf(a, "embedding: the table %s must have 2 dims", shape_str(a, x));
+        if (x->rank != 2) return arena_printf(a, "embedding: the table %s must have 2 dims", ir_shape_text(a, x));
         if (!is_int_elem(ids->fmt.elem))
-            return arena_printf(a, "embedding: ids must be integers, not %s", shape_str(a, ids));
+            return arena_printf(a, "embedding: ids must be integers, not %s", ir_shape_text(a, ids));
         if (ids->rank + 1 > IR_MAX_RANK) return arena_printf(a, "embedding: ids have too many dims");
         int64_t d[IR_MAX_RANK];
         memcpy(d, ids->dims, sizeof d);
@@ -284,7 +284,7 @@ const char *ir_infer_shape(Node *n, Arena *a)
         const Tensor *ids = &n->in[1]->t;
         bool ok = x->rank == ids->rank + 1;
         for (int i = 0; ok && i < ids->rank; i++) ok = x->dims[i] == ids->dims[i];
-        if (!ok) return arena_printf(a, "embedding_bwd: dy %s does not match ids %s", shape_str(a, x), shape_str(a, ids));
+        if (!ok) return arena_printf(a, "embedding_bwd: dy %s does not match ids %s", ir_shape_text(a, x), ir_shape_text(a, ids));
         if (n->iattr[0] <= 0) return arena_printf(a, "embedding_bwd needs vocab > 0");
         int64_t d[2] = {n->iattr[0], last_dim(x)};
         ir_set_shape(n, 2, d);
@@ -296,13 +296,13 @@ const char *ir_infer_shape(Node *n, Arena *a)
         bool ok = tg->rank == lg->rank - 1;
         for (int i = 0; ok && i < tg->rank; i++) ok = tg->dims[i] == lg->dims[i];
         if (!ok) return arena_printf(a, "cross_entropy_bwd: targets %s do not match logits %s",
-                                     shape_str(a, tg), shape_str(a, lg));
+                                     ir_shape_text(a, tg), ir_shape_text(a, lg));
         copy_shape(n, lg);
         return NULL;
     }
     case OP_ROPE: {
         int64_t hd = n->iattr[0];
-        if (x->rank != 3) return arena_printf(a, "rope needs (batch, seq, heads*head_dim), not %s", shape_str(a, x));
+        if (x->rank != 3) return arena_printf(a, "rope needs (batch, seq, heads*head_dim), not %s", ir_shape_text(a, x));
         if (hd <= 0 || hd % 2 || x->dims[2] % hd)
             return arena_printf(a, "rope: head_dim %lld must be even and divide the width %lld",
                                 (long long)hd, (long long)x->dims[2]);
@@ -320,14 +320,14 @@ const char *ir_infer_shape(Node *n, Arena *a)
             if (saved->t.rank != 3 || saved->t.dims[0] != n->t.dims[0] || saved->t.dims[1] != n->t.dims[1] ||
                 saved->t.dims[2] != w)
                 return arena_printf(a, "attention_bwd: dy %s does not match the packed q|k|v %s",
-                                    shape_str(a, &saved->t), shape_str(a, &n->in[1]->t));
+                                    ir_shape_text(a, &saved->t), ir_shape_text(a, &n->in[1]->t));
             return NULL;
         }
         if (n->n_in != 4) return arena_printf(a, "attention_bwd takes (dy, q, k, v) or (dy, q|k|v)");
         /* dy has q's shape; check it, then infer from (q, k, v) */
         if (!ir_same_shape(&saved->t, &n->in[1]->t))
             return arena_printf(a, "attention_bwd: dy %s must have q's shape %s",
-                                shape_str(a, &saved->t), shape_str(a, &n->in[1]->t));
+                                ir_shape_text(a, &saved->t), ir_shape_text(a, &n->in[1]->t));
         Node tmp = *n;
         tmp.in = n->in + 1;
         tmp.n_in = 3;
@@ -375,7 +375,7 @@ const char *ir_infer_shape(Node *n, Arena *a)
         copy_shape(n, x);
         return NULL;
     case OP_AMAX_RECORD:
-        if (x->rank != 1) return arena_printf(a, "an amax history must be a vector, not %s", shape_str(a, x));
+        if (x->rank != 1) return arena_printf(a, "an amax history must be a vector, not %s", ir_shape_text(a, x));
         copy_shape(n, x);
         n->t.fmt = x->fmt;
         return NULL;
