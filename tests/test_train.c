@@ -147,9 +147,11 @@ static void test_loss_falls(void **state) {
     assert_true(fabs(first - log(256.0)) < 0.5);
     if (!(last < first - 1.0)) fail_msg("loss did not fall: first %g, last 4 mean %g", first, last);
     /* evaluation on the held-out tail at steps 12 and 24, below chance (ln 256 = 5.55) at 12 and
-     * far below it at 24. With 128-token batches the seed decides a lot: at step 12 we have seen
-     * 3.26 to 4.62, at step 24 3.17 to 3.58, and 24 below 12 in only 3 of 5 seeds, so the bounds
-     * are these margins, not an order between the two. */
+     * far below it at 24. The learning rate is 1e-3 because 128-token batches at 2e-3 or more
+     * spike: the reference executor and the CPU backend alike jump to a loss near 10 around step
+     * 11 in about one seed of six, then recover. At 1e-3, 120 seeds gave step-12 values of 3.72
+     * to 3.96, step-24 values up to 3.61, no step above the first loss, and a last-4 mean at
+     * least 1.63 below the first step; the bounds keep a margin of one nat over those. */
     double v12 = json_get(lines[11], "val_loss"), v24 = json_get(lines[23], "val_loss");
     assert_true(isnan(json_get(lines[10], "val_loss")));
     assert_true(isfinite(v12) && isfinite(v24));
