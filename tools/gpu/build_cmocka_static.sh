@@ -19,7 +19,8 @@ SRC
 opts="-oDir::Etc::SourceList=/dev/null -oDir::Etc::SourceParts=$WORK/parts -oDir::State::Lists=$WORK/lists"
 apt-get $opts update >/dev/null
 (cd "$WORK" && apt-get $opts source --download-only cmocka >/dev/null)
-tar xf "$WORK"/cmocka_*.orig.tar.* -C "$WORK"
+# the orig tarball, not its detached signature (cmocka_*.orig.tar.xz.asc)
+tar xf "$(ls "$WORK"/cmocka_*.orig.tar.* | grep -v '\.asc$' | head -1)" -C "$WORK"
 src=$(find "$WORK" -maxdepth 1 -type d -name 'cmocka-*' | head -1)
 cmake -S "$src" -B "$WORK/build" -DWITH_STATIC_LIB=ON -DWITH_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_POSITION_INDEPENDENT_CODE=ON >/dev/null

@@ -19,6 +19,13 @@ CORPUS=${CORPUS:-/work/shared/data/gcide.txt.gz}
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 make -C "$BUILD" -j"$JOBS" fp8c test_gpu_ops test_gpu_train test_gpu_cg gpu_test_graphs >/dev/null
+for t in test_gpu_ops test_gpu_train test_gpu_cg; do
+    if ldd "$BUILD/tests/gpu/$t" | grep -q libcmocka; then
+        echo "$BUILD/tests/gpu/$t links the shared libcmocka, which the GPU machine lacks:" \
+             "run tools/gpu/build_cmocka_static.sh, then this again" >&2
+        exit 1
+    fi
+done
 
 export FP8C_CACHE_DIR=$PWD/$BUILD/fp8c-cache
 echo "compiling the GPU tests' modules (NVRTC, cached in $FP8C_CACHE_DIR)"
