@@ -22,6 +22,10 @@
  *                                 e4m3 everywhere (DeepSeek-V3); :row, :block128 (1x128
  *                                 activation tiles, 128x128 weight blocks), :delayed16
  *   saved:h.*.mlp.*=e4m3:group16  saved activations whose name matches, in this format
+ *   value:*=f32                   transient values (activations, their gradients; unnamed ones
+ *                                 match "*") kept in this 16- or 32-bit format instead of bf16:
+ *                                 with "*=f32" it makes a step with no reduced precision at all,
+ *                                 the one to compare with an f32 framework
  * FORMAT is an element type with optional modifiers: e4m3:tensor|row|group16|tile128|block128,
  * :current|:delayed16 (amax history length) with :recent (the latest amax, not the history's
  * max) and :margin1 (scales / 2^margin), :static0.5 (a fixed scale), :expand|:compand|:sqrt
@@ -34,7 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED } RuleKind;
+typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED, RULE_VALUE } RuleKind;
 
 typedef struct {
     RuleKind kind;
@@ -95,8 +99,11 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
     const char *pat = text;
     if (!strncmp(text, "gemm:", 5)) r.kind = RULE_GEMM, pat += 5;
     else if (!strncmp(text, "saved:", 6)) r.kind = RULE_SAVED, pat += 6;
+    else if (!strncmp(text, "value:", 6)) r.kind = RULE_VALUE, pat += 6;
     r.pattern = arena_printf(a, "%.*s", (int)(eq - pat), pat);
     const char *err = parse_format(a, eq + 1, &r.fmt);
+    if (!err && r.kind == RULE_VALUE && !(r.fmt.elem == FMT_F32 || r.fmt.elem == FMT_BF16 || r.fmt.elem == FMT_F16))
+        err = "a value: rule takes f32, bf16 or f16 (FP8 values are made by gemm: and saved: rules)";
     if (err) {
         diag_error(loc, "%s", err);
         return;
@@ -357,6 +364,8 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         }
         if (x->op == OP_QUANTIZE) continue;
         x->t.fmt = fmt_plain(stays_f32(x) ? FMT_F32 : FMT_BF16);
+        const Rule *v = stays_f32(x) ? NULL : policy_match(&policy, RULE_VALUE, x->t.name ? x->t.name : "");
+        if (v) x->t.fmt = fmt_plain(v->fmt.elem);
         const Rule *r = x->t.role == ROLE_SAVED ? policy_match(&policy, RULE_SAVED, x->t.name) : NULL;
         if (r && !(r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2)) x->t.fmt = fmt_plain(r->fmt.elem);
     }

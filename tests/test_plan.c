@@ -139,6 +139,38 @@ static void test_rules_reach_tensors(void **s)
     arena_free(a);
 }
 
+/* "*=f32" with "value:*=f32" leaves no reduced precision anywhere at -O0: every floating-point
+ * tensor of the step is f32 (no master copies either, the parameters being f32 already). A
+ * value: rule with bf16 for one block brings bf16 back there only. */
+static void test_value_rules(void **s)
+{
+    (void)s;
+    for (int variant = 0; variant < 2; variant++) {
+        Arena *a = arena_new();
+        BuildOptions o = {0};
+        o.front.batch = 2, o.front.seq = 16;
+        o.passes.verify = true;
+        const char *rules[] = {"*=f32", "value:*=f32", "value:h.1.*=bf16"};
+        o.passes.overrides = rules;
+        o.passes.n_overrides = variant ? 3 : 2;
+        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o);
+        assert_non_null(g);
+        int bf16 = 0, bf16_outside_h1 = 0, masters = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Tensor *t = &g->nodes[i]->t;
+            if (t->fmt.elem == FMT_BF16) {
+                bf16++;
+                bf16_outside_h1 += !t->name || strncmp(t->name, "h.1.", 4) != 0;
+            }
+            masters += t->role == ROLE_MASTER;
+        }
+        assert_int_equal(masters, 0);
+        if (variant == 0) assert_int_equal(bf16, 0);
+        else assert_true(bf16 > 0 && bf16_outside_h1 == 0);
+        arena_free(a);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -149,6 +181,7 @@ int main(void)
         cmocka_unit_test(test_bytes_per_param_release),
         cmocka_unit_test(test_peak_falls),
         cmocka_unit_test(test_rules_reach_tensors),
+        cmocka_unit_test(test_value_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
