@@ -182,7 +182,7 @@ typedef struct {
     const char *resume;         /* checkpoint file or directory */
     const char *device;
     int64_t steps, warmup, eval_every, eval_batches, save_every;
-    int64_t stop_at;            /* stop (with a checkpoint) after this step; 0: at --steps */
+    int64_t stop_at;            /* stop (with a checkpoint) after this step; -1: at --steps */
     double lr, min_lr;          /* < 0: not given (defaults: the model's lr, lr / 10) */
     int grad_accum, threads;
     uint64_t seed;

@@ -59,7 +59,8 @@ void rt_usage(FILE *out, const char *prog) {
             "  --out DIR           checkpoints DIR/step_NNNNNN.safetensors and DIR/latest\n"
             "  --save-every N      checkpoint every N steps (default 0: at the end only)\n"
             "  --stop-at N         end this run after step N with a checkpoint; the schedule still\n"
-            "                      runs to --steps, and --resume continues it exactly\n"
+            "                      runs to --steps, and --resume continues it exactly; 0 writes\n"
+            "                      the initial state (step_000000) and trains nothing\n"
             "  --resume PATH       continue from a checkpoint file, or DIR's latest\n"
             "machine\n"
             "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
@@ -101,7 +102,7 @@ static bool args_real(const char *flag, const char *s, bool allow_zero, double *
 
 int rt_parse_args(int argc, char **argv, TrainOptions *o) {
     *o = (TrainOptions){.device = "auto", .steps = 100, .eval_every = 100, .eval_batches = 8,
-                        .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1};
+                        .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1, .stop_at = -1};
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) return RT_ARGS_HELP;
@@ -141,7 +142,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         else if (strcmp(flag, "--save-every") == 0)
             ok = args_int(flag, value, 0, INT32_MAX, &o->save_every);
         else if (strcmp(flag, "--stop-at") == 0)
-            ok = args_int(flag, value, 1, INT32_MAX, &o->stop_at);
+            ok = args_int(flag, value, 0, INT32_MAX, &o->stop_at);
         else if (strcmp(flag, "--grad-accum") == 0) {
             ok = args_int(flag, value, 1, 1 << 16, &v);
             o->grad_accum = (int)v;
@@ -170,6 +171,10 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
     }
     if (!rt_device_known(o->device)) {
         rt_error("--device %s: this runtime runs on the cpu only", o->device);
+        return RT_ARGS_ERROR;
+    }
+    if (o->stop_at == 0 && !o->out) {
+        rt_error("--stop-at 0 writes the initial state: it needs --out DIR");
         return RT_ARGS_ERROR;
     }
     if (o->save_every && !o->out) {
@@ -734,7 +739,17 @@ int rt_train(Graph *g, const TrainOptions *o) {
     int width = snprintf(NULL, 0, "%lld", (long long)o->steps);
     int skips = 0;
     status = 0;
-    int64_t end = o->stop_at && o->stop_at < o->steps ? o->stop_at : o->steps;
+    int64_t end = o->stop_at >= 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
+    if (end <= p.step) {
+        if (p.step == 0) {   /* --stop-at 0: the state before any step, to start another tool from */
+            if (!train_save(g, &m, o, &p, &log)) status = 1;
+        } else {
+            rt_error("--stop-at %lld: the checkpoint is already at step %lld", (long long)end,
+                     (long long)p.step);
+            status = 1;
+        }
+        goto out;
+    }
     for (; p.step < end; p.step++) {
         double t0 = train_now_ms();
         double lr = rt_lr_at(peak, floor, o->warmup, o->steps, p.step);

@@ -160,6 +160,20 @@ static void test_loss_falls(void **state) {
     for (int i = 0; i < n; i++) free(lines[i]);
 }
 
+/* Two log lines of the same step agree to the last printed digit ("%.9g" round-trips every
+ * f32) in step, loss, gradient norm and learning rate. */
+static void same_step(const char *a, const char *b, int step) {
+    const char *keys[] = {"\"step\":", "\"loss\":", "\"grad_norm\":", "\"lr\":"};
+    for (size_t k = 0; k < 4; k++) {
+        const char *pa = strstr(a, keys[k]), *pb = strstr(b, keys[k]);
+        assert_non_null(pa);
+        assert_non_null(pb);
+        size_t la = strcspn(pa, ",}"), lb = strcspn(pb, ",}");
+        if (la != lb || memcmp(pa, pb, la))
+            fail_msg("step %d differs: %.*s vs %.*s", step, (int)la, pa, (int)lb, pb);
+    }
+}
+
 /* Straight: 6 steps, checkpoints at 3 and 6. Resumed: from the step-3 checkpoint to 6. Steps 4..6
  * must agree to the last bit, and so must the step-6 checkpoints. -O2 keeps Adam's states in
  * e4m3 with group scales, -O3 in companded i8/u8 with split bf16 + i8 masters: every byte of
@@ -178,18 +192,7 @@ static void check_resume_exact(const char *opt) {
     char *a[16], *b[16];
     assert_int_equal(log_lines("a.jsonl", a, 16), 6);
     assert_int_equal(log_lines("b.jsonl", b, 16), 3);
-    for (int i = 0; i < 3; i++) {
-        /* compare the printed values: "%.9g" round-trips every f32 */
-        const char *keys[] = {"\"step\":", "\"loss\":", "\"grad_norm\":", "\"lr\":"};
-        for (size_t k = 0; k < 4; k++) {
-            const char *pa = strstr(a[i + 3], keys[k]), *pb = strstr(b[i], keys[k]);
-            assert_non_null(pa);
-            assert_non_null(pb);
-            size_t la = strcspn(pa, ",}"), lb = strcspn(pb, ",}");
-            if (la != lb || memcmp(pa, pb, la))
-                fail_msg("step %d differs: %.*s vs %.*s", i + 4, (int)la, pa, (int)lb, pb);
-        }
-    }
+    for (int i = 0; i < 3; i++) same_step(a[i + 3], b[i], i + 4);
     /* the seed came from the checkpoint, so the final states are the same bytes */
     char *ca = slurp("a/step_000006.safetensors"), *cb = slurp("b/step_000006.safetensors");
     char pa[512], pb[512];
@@ -221,6 +224,35 @@ static void test_resume_exact_o2(void **state) {
 static void test_resume_exact_o3(void **state) {
     (void)state;
     check_resume_exact("-O3");
+}
+
+/* --stop-at 0 writes the initial state (step_000000) and trains nothing; a run resumed from it
+ * is the straight run, step for step. Outside tools start from that file (the PyTorch
+ * cross-check loads its parameters). */
+static void test_initial_state(void **state) {
+    (void)state;
+    build("-O0", "bin");
+    const char *common = "--steps 3 --warmup 1 --lr 1e-3 --eval-every 0";
+    int rc = run("init", "%s/bin --data %s/data/gcide_sample.txt %s --seed %u --stop-at 0 --out %s/i",
+                 tmp_dir, FP8C_SOURCE_DIR, common, seed, tmp_dir);
+    if (rc != 0) fail_msg("--stop-at 0 failed (%d):\n%s", rc, slurp("init.out"));
+    char path[512];
+    snprintf(path, sizeof path, "%s/i/step_000001.safetensors", tmp_dir);
+    assert_int_equal(access(path, F_OK), -1);
+    rc = run("straight", "%s/bin --data %s/data/gcide_sample.txt %s --seed %u --log %s/a.jsonl",
+             tmp_dir, FP8C_SOURCE_DIR, common, seed, tmp_dir);
+    assert_int_equal(rc, 0);
+    rc = run("resumed", "%s/bin --data %s/data/gcide_sample.txt %s --resume %s/i/step_000000.safetensors "
+             "--log %s/b.jsonl", tmp_dir, FP8C_SOURCE_DIR, common, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("resume from step 0 failed (%d):\n%s", rc, slurp("resumed.out"));
+    char *a[8], *b[8];
+    assert_int_equal(log_lines("a.jsonl", a, 8), 3);
+    assert_int_equal(log_lines("b.jsonl", b, 8), 3);
+    for (int i = 0; i < 3; i++) same_step(a[i], b[i], i + 1);
+    for (int i = 0; i < 3; i++) free(a[i]), free(b[i]);
+    /* without a directory to write to, it is a flag error */
+    rc = run("noout", "%s/bin --data %s/data/gcide_sample.txt --stop-at 0", tmp_dir, FP8C_SOURCE_DIR);
+    assert_int_equal(rc, 2);
 }
 
 /* Each case: exit status and a word the single line of output must contain. */
@@ -318,6 +350,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_initial_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_stops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8c_train, setup, teardown),
