@@ -5,7 +5,9 @@
 #   BUILD/                the build tree: GPU tests (cmocka linked statically), the IR they read
 #   BUILD/fp8c-cache/     every GPU module those tests compile, already compiled by NVRTC here
 #   BUILD/gpu-suite/bin/  training binaries (GPU kernels embedded): gpt2_tiny and GPT-2 d12 at
-#                         -O0..-O3
+#                         -O0..-O3 for the trainings (TRAIN_BINS=0: none), GPT-2 d12 batch 32
+#                         and d48 batch 8 at BENCH_LEVELS for the benchmark (BENCH_BINS=0: none),
+#                         GPT-2 d12 in f32 and bf16 for the PyTorch cross-check (XCHECK_BINS=0)
 #   BUILD/gpu-suite/data/ the shared text corpus (gzip), decompressed on the GPU machine
 #
 # usage: tools/gpu/prepare_gpu_suite.sh [BUILD]      (default: build-gpu)
@@ -34,10 +36,26 @@ FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_train" | grep -E "cubin|cann
 FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_cg" | grep -E "kernel IR" || true
 
 mkdir -p "$BUILD/gpu-suite/bin" "$BUILD/gpu-suite/data"
-for O in 0 1 2 3; do
-    "$BUILD/fp8c" build models/gpt2_tiny.model -O$O --batch 16 --seq 256 -o "$BUILD/gpu-suite/bin/gpt2_tiny_O$O"
-    "$BUILD/fp8c" build models/gpt2.model -O$O --batch ${D12_BATCH:-16} --seq 1024 -o "$BUILD/gpu-suite/bin/gpt2_d12_O$O"
-done
+rm -f "$BUILD"/gpu-suite/bin/*
+BIN=$BUILD/gpu-suite/bin
+D48="-D layers=48 -D dim=1600 -D heads=25"
+if [ "${TRAIN_BINS:-1}" = 1 ]; then          # the suite's trainings
+    for O in 0 1 2 3; do
+        "$BUILD/fp8c" build models/gpt2_tiny.model -O$O --batch 16 --seq 256 -o "$BIN/gpt2_tiny_O$O"
+        "$BUILD/fp8c" build models/gpt2.model -O$O --batch ${D12_BATCH:-16} --seq 1024 -o "$BIN/gpt2_d12_O$O"
+    done
+fi
+if [ "${BENCH_BINS:-1}" = 1 ]; then          # tools/bench/gpu_bench.py: d12 batch 32, d48 batch 8
+    for O in ${BENCH_LEVELS:-0 1 2 3}; do
+        "$BUILD/fp8c" build models/gpt2.model -O$O --batch 32 --seq 1024 -o "$BIN/gpt2_d12_b32_O$O"
+        "$BUILD/fp8c" build models/gpt2.model -O$O --batch 8 --seq 1024 $D48 -o "$BIN/gpt2_d48_b8_O$O"
+    done
+fi
+if [ "${XCHECK_BINS:-1}" = 1 ]; then         # tools/torch_crosscheck.py: GPT-2 d12, f32 and bf16
+    "$BUILD/fp8c" build models/gpt2.model -O0 --batch 8 --seq 512 --precision '*=f32' \
+        --precision 'value:*=f32' -o "$BIN/xcheck_d12_f32"
+    "$BUILD/fp8c" build models/gpt2.model -O0 --batch 8 --seq 512 -o "$BIN/xcheck_d12_bf16"
+fi
 # the PTX beside each cubin is for reading only; the carried tree stays under the size limit
 rm -f "$FP8C_CACHE_DIR"/*.ptx
 

@@ -5,14 +5,16 @@
 #   2. short trainings of gpt2_tiny and GPT-2 d12 at -O0..-O3 on the shared corpus (loss must
 #      fall), each on the GPU (--device cuda);
 #   3. throughput: PyTorch's GPT-2 d12 (tools/bench/torch_gpt.py, bf16 + torch.compile) and
-#      fp8c's d12 binaries on the same GPU in the same run, with the ratio.
+#      fp8c's d12 binaries on the same GPU in the same run, with the ratio;
+#   4. the PyTorch cross-check (tools/torch_crosscheck.py) of GPT-2 d12 in f32 and bf16;
+#   5. the benchmark (tools/bench/gpu_bench.py): d12 batch 32, d48 batch 8, every level.
 # OUT ($OUT when set, else BUILD/gpu-suite/out) receives three files: summary.txt (also printed
 # as it goes), ctest_gpu.log and logs.tgz (every log, JSON log and profile). The build was made
 # elsewhere by tools/gpu/prepare_gpu_suite.sh BUILD and carried here.
 #
 # usage: tools/gpu/run_gpu_suite.sh BUILD
 # knobs: TINY_STEPS (300), D12_STEPS (100), BENCH_STEPS (20), SKIP_TESTS=1, SKIP_TRAIN=1,
-#        SKIP_BENCH=1, LEVELS ("0 1 2 3"), PROFILE=1 (per-kernel GPU times of 3 d12 steps at
+#        SKIP_BENCH=1, SKIP_XCHECK=1, SKIP_GPU_BENCH=1, BENCH_CONFIGS, BENCH_LEVELS (comma lists), LEVELS ("0 1 2 3"), PROFILE=1 (per-kernel GPU times of 3 d12 steps at
 #        each level, FP8C_CUDA_PROFILE)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -112,7 +114,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
 import json, sys, statistics
 out, levels = sys.argv[1], sys.argv[2].split()
 try:
-    ref = json.loads(open(f"{out}/torch_d12_bf16.log").read().strip().splitlines()[-1])["tokens_per_s"]
+    ref = json.loads(open(f"{out}/torch_d12_bf16.log").read().strip().splitlines()[-1])["tok_per_s"]
 except Exception:
     ref = None
 for O in levels:
@@ -124,6 +126,26 @@ for O in levels:
     ratio = f" = {tps / ref:.2f}x PyTorch bf16" if ref else ""
     print(f"fp8c d12 -O{O}: {tps:,.0f} tok/s{ratio}")
 PY
+fi
+# ---- 4. PyTorch as an outside judge: 20 steps of GPT-2 d12 from the same state, same batches
+if [ "${SKIP_XCHECK:-0}" != 1 ] && [ -x "$BUILD/gpu-suite/bin/xcheck_d12_f32" ]; then
+    "$BUILD/fp8c-tokenize" --val-fraction 0.01 "$DATA" "$DATA_DIR/tok" > /dev/null 2>&1 ||
+        say "cross-check: no tokenizer output"
+    for mode in f32 bf16; do
+        python3 "$REPO/tools/torch_crosscheck.py" "$BUILD/gpu-suite/bin/xcheck_d12_$mode" \
+            "$DATA_DIR/tok_train_000000.bin" --heads 12 --mode $mode --steps 20 \
+            --binary-device cuda --work "$OUT/xcheck_$mode" > "$OUT/xcheck_$mode.log" 2>&1
+        say "cross-check d12 $mode: exit $? -- $(tail -1 "$OUT/xcheck_$mode.log")"
+    done
+fi
+
+# ---- 5. the benchmark: d12 batch 32 and d48 batch 8 at every level against PyTorch
+if [ "${SKIP_GPU_BENCH:-0}" != 1 ] && ls "$BUILD"/gpu-suite/bin/gpt2_d*_b*_O* > /dev/null 2>&1; then
+    python3 "$REPO/tools/bench/gpu_bench.py" --bins "$BUILD/gpu-suite/bin" --data "$DATA" \
+        --configs "${BENCH_CONFIGS:-d12:32,d48:8}" --levels "${BENCH_LEVELS:-0,1,2,3}" \
+        --steps "${GPU_BENCH_STEPS:-30}" --work "$OUT/bench" --json "$OUT/bench.json" \
+        > "$OUT/bench.log" 2>&1
+    sed -n '/^| config/,$p' "$OUT/bench.log" | tee -a "$SUMMARY"
 fi
 say "total $(elapsed) s"
 cp "$SUMMARY" "$RESULTS/summary.txt"
