@@ -196,6 +196,10 @@ void rt_usage(FILE *out, const char *prog);
 /* Linear warm-up to `peak` over `warmup` steps, then cosine decay to `floor` at `steps`;
  * step counts from 0. */
 double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_t step);
+/* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
+ * (host copies). Each scale is halved and each non-finite history entry becomes twice the
+ * history's largest finite one, so the next scales leave room for what overflowed. */
+void rt_scales_back_off(Tensor *const *pairs, int n_pairs);
 
 /* The plan's two arenas, every tensor bound to its offset. */
 typedef struct {

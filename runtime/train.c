@@ -323,6 +323,8 @@ typedef struct {
     int n_grads;
     Node **eval_touched;                /* persistent tensors the forward phase writes */
     int n_eval_touched;
+    Node **delayed;                     /* delayed scales and their amax histories, in pairs */
+    int n_delayed;
 } Model;
 
 static Node *model_input(const Graph *g, const char *name, bool required) {
@@ -391,6 +393,12 @@ static bool model_inspect(Graph *g, Model *m) {
             if (n->t.role == ROLE_SCALE || n->t.role == ROLE_AMAX_HISTORY)
                 ok &= model_push(&m->eval_touched, &m->n_eval_touched, n);
         }
+        if (n->op == OP_DELAYED_SCALE) {
+            Node *hist = n->in[1]->op == OP_AMAX_RECORD ? n->in[1]->in[0] : n->in[1];
+            Node **grown = realloc(m->delayed, (size_t)(m->n_delayed + 2) * sizeof *grown);
+            ok &= grown != NULL;
+            if (grown) m->delayed = grown, grown[m->n_delayed++] = n->in[0], grown[m->n_delayed++] = hist;
+        }
         if (n->phase == PHASE_FORWARD && n->op != OP_PARAM && n->op != OP_STATE) {
             if (persistent && train_has_storage(n))
                 ok &= model_push(&m->eval_touched, &m->n_eval_touched, n);
@@ -414,6 +422,7 @@ static void model_free(Model *m) {
     free(m->saved);
     free(m->grads);
     free(m->eval_touched);
+    free(m->delayed);
 }
 
 /* The device the step runs on (the cpu unless rt_train chose another). */
@@ -455,6 +464,39 @@ static float model_read_scalar(Node *n) {
     float v = x[0];
     free(x);
     return v;
+}
+
+void rt_scales_back_off(Tensor *const *pairs, int n_pairs) {
+    for (int i = 0; i < n_pairs; i++) {
+        Tensor *scale = pairs[2 * i], *hist = pairs[2 * i + 1];
+        float *s = ref_load(scale), *h = ref_load(hist);
+        int64_t n = ir_numel(hist);
+        float finite_max = 0;
+        for (int64_t k = 0; k < n; k++)
+            if (isfinite(h[k]) && h[k] > finite_max) finite_max = h[k];
+        for (int64_t k = 0; k < n; k++)
+            if (!isfinite(h[k])) h[k] = 2 * finite_max;
+        s[0] *= 0.5f;
+        ref_store(scale, s);
+        ref_store(hist, h);
+        free(s);
+        free(h);
+    }
+}
+
+/* A skipped step under delayed scaling: the amax it recorded may be infinite, which would hold
+ * the scale where it overflowed for the history's length; back the scales off instead (as a
+ * dynamic loss scaler does). Returns the number of scales changed, -1 on a device error. */
+static int model_back_off_scales(const Model *m) {
+    if (!m->n_delayed) return 0;
+    if (!train_dev_nodes(train_dev->pull, m->delayed, m->n_delayed)) return -1;
+    Tensor **ts = malloc((size_t)m->n_delayed * sizeof *ts);
+    if (!ts) return -1;
+    for (int i = 0; i < m->n_delayed; i++) ts[i] = &m->delayed[i]->t;
+    rt_scales_back_off(ts, m->n_delayed / 2);
+    free(ts);
+    if (!train_dev_nodes(train_dev->push, m->delayed, m->n_delayed)) return -1;
+    return m->n_delayed / 2;
 }
 
 static bool model_grads_finite(const Model *m) {
@@ -738,6 +780,7 @@ int rt_train(Graph *g, const TrainOptions *o) {
 
     int width = snprintf(NULL, 0, "%lld", (long long)o->steps);
     int skips = 0;
+    char skip_note[128];
     status = 0;
     int64_t end = o->stop_at >= 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
     if (end <= p.step) {
@@ -790,6 +833,15 @@ int rt_train(Graph *g, const TrainOptions *o) {
         } else {
             if (!r.skipped) r.skipped = "non-finite loss";
             model_zero_grads(&m);
+            int backed = model_back_off_scales(&m);
+            if (backed < 0) {
+                status = 1;
+                goto out;
+            }
+            if (backed > 0) {
+                snprintf(skip_note, sizeof skip_note, "%s; %d delayed scales halved", r.skipped, backed);
+                r.skipped = skip_note;
+            }
             skips++;
         }
         r.ms = train_now_ms() - t0;

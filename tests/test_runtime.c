@@ -508,6 +508,26 @@ static void test_flags(void **state) {
     assert_error_mentions("stray", NULL);
 }
 
+/* A skipped step under delayed scaling halves every delayed scale and replaces the non-finite
+ * amax entries of its history by twice the largest finite one; finite entries stay. */
+static void test_scales_back_off(void **state) {
+    (void)state;
+    float s0 = 0.5f + (float)(rng_next() % 1000), s1 = 3.0f;
+    float h0[4] = {INFINITY, 3.0f, 5.0f, NAN}, h1[3] = {0.25f, 0.5f, 0.125f};
+    Tensor t[4] = {
+        {.rank = 0, .fmt = fmt_plain(FMT_F32), .data = &s0},
+        {.rank = 1, .dims = {4}, .fmt = fmt_plain(FMT_F32), .data = h0},
+        {.rank = 0, .fmt = fmt_plain(FMT_F32), .data = &s1},
+        {.rank = 1, .dims = {3}, .fmt = fmt_plain(FMT_F32), .data = h1},
+    };
+    float want_s0 = s0 / 2;
+    Tensor *pairs[4] = {&t[0], &t[1], &t[2], &t[3]};
+    rt_scales_back_off(pairs, 2);
+    assert_true(s0 == want_s0 && s1 == 1.5f);
+    assert_true(h0[0] == 10.0f && h0[1] == 3.0f && h0[2] == 5.0f && h0[3] == 10.0f);
+    assert_true(h1[0] == 0.25f && h1[1] == 0.5f && h1[2] == 0.125f);
+}
+
 static void test_lr_schedule(void **state) {
     (void)state;
     double peak = 1e-3 * (1 + (double)(rng_next() % 100) / 10), floor = peak / 10;
@@ -562,6 +582,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_checkpoint_failed_save, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scales_back_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_bind, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -331,6 +331,27 @@ static void test_divergence_stops(void **state) {
     assert_true(skipped >= 10);
 }
 
+/* The same divergence with delayed scaling on every GEMM: each skipped step says that it backed
+ * the delayed scales off, and the run still ends with the clear error. */
+static void test_divergence_backs_off_delayed_scales(void **state) {
+    (void)state;
+    int rc = run("build", "%s build %s -O1 %s --precision 'gemm:*=e5m2:delayed4' -o %s/bin", fp8c,
+                 model, model_flags, tmp_dir);
+    if (rc != 0) fail_msg("fp8c build failed (%d):\n%s", rc, slurp("build.out"));
+    rc = run("diverge", "%s/bin --data %s/data/gcide_sample.txt --steps 60 --lr 1e5 --seed %u "
+             "--eval-every 0 --log %s/d.jsonl", tmp_dir, FP8C_SOURCE_DIR, seed, tmp_dir);
+    assert_int_equal(rc, 1);
+    char *lines[64];
+    int n = log_lines("d.jsonl", lines, 64), halved = 0, skipped = 0;
+    for (int i = 0; i < n; i++) {
+        skipped += strstr(lines[i], "\"skipped\":") != NULL;
+        halved += strstr(lines[i], "delayed scales halved") != NULL;
+        free(lines[i]);
+    }
+    assert_true(skipped >= 10);
+    assert_int_equal(halved, skipped);
+}
+
 /* `fp8c train MODEL -- FLAGS`: built in a temp directory, run, its status passed through. */
 static void test_fp8c_train(void **state) {
     (void)state;
@@ -353,6 +374,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_initial_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_stops, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_divergence_backs_off_delayed_scales, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8c_train, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
