@@ -653,33 +653,35 @@ static bool plan_attention(Spec *s) {
         const Format *f = &n->in[i]->t.fmt;
         if (f->elem != FMT_BF16 || f->scaling != SCALE_NONE) tc = false;
     }
-    int64_t H2 = 64 * (D + 8) * 2, S2 = 64 * 68 * 4, P2 = 64 * 72 * 2, O2 = 64 * (D + 4) * 4;
-    int64_t SO = 2 * S2 > O2 ? 2 * S2 : O2;
-    unsigned fwd_smem = (unsigned)(tc ? 3 * H2 + S2 + P2 + O2 + 4 * 64 * 4 : (3 * 64 * (D + 1) + 64 * 65) * 4);
-    unsigned dq_smem = (unsigned)(tc ? 4 * H2 + SO + P2 + 2 * 64 * 4 : (4 * 64 * (D + 1) + 64 * 65) * 4);
-    unsigned dkv_smem = (unsigned)(tc ? 4 * H2 + SO + 2 * P2 + 2 * 64 * 4
-                                      : (4 * 64 * (D + 1) + 2 * 64 * 65 + 2 * 64) * 4);
+    /* tensor cores: 128 threads, shared memory as CkTc<D> in attn_tc.cuh (bf16 tiles of row
+     * stride D + 8: q and double-buffered k, v forward; q, dy and double-buffered k, v for dq;
+     * k, v and double-buffered q, dy, lse, Dt for dk/dv) */
+    int64_t tile = 64 * (D + 8) * 2;
+    unsigned threads = tc ? 128 : 256;
+    unsigned fwd_smem = (unsigned)(tc ? 5 * tile : (3 * 64 * (D + 1) + 64 * 65) * 4);
+    unsigned dq_smem = (unsigned)(tc ? 6 * tile : (4 * 64 * (D + 1) + 64 * 65) * 4);
+    unsigned dkv_smem = (unsigned)(tc ? 6 * tile + 4 * 64 * 4 : (4 * 64 * (D + 1) + 2 * 64 * 65 + 2 * 64) * 4);
     const char *fwd = tc ? "ck_attn_tc_fwd" : "ck_attn_fwd";
     CuLaunch *l;
     if (!bwd) {
-        l = spec_launch(s, "attn", (unsigned)(B * H * n_t), 256, "%s<%lld, 0, %s, %s, %s, %s, %s>(a)", fwd,
+        l = spec_launch(s, "attn", (unsigned)(B * H * n_t), threads, "%s<%lld, 0, %s, %s, %s, %s, %s>(a)", fwd,
                         (long long)D, Y, Q, K, V, F32_ARG);
         l->smem = fwd_smem;
         attn_args(l, n, packed, sz);
         return true;
     }
     need_scratch(s, 2 * B * H * T * 4);
-    l = spec_launch(s, "attnstat", (unsigned)(B * H * n_t), 256, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
+    l = spec_launch(s, "attnstat", (unsigned)(B * H * n_t), threads, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
                     (long long)D, F32_ARG, Q, K, V, DY);
     l->smem = fwd_smem;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
-    l = spec_launch(s, "attndq", (unsigned)(B * H * n_t), 256, "%s<%lld, %s, %s, %s, %s, %s>(a)",
+    l = spec_launch(s, "attndq", (unsigned)(B * H * n_t), threads, "%s<%lld, %s, %s, %s, %s, %s>(a)",
                     tc ? "ck_attn_tc_dq" : "ck_attn_dq", (long long)D, Y, DY, Q, K, V);
     l->smem = dq_smem;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
-    l = spec_launch(s, "attndkv", (unsigned)(B * Hkv * n_t), 256, "%s<%lld, %s, %s, %s, %s, %s>(a)",
+    l = spec_launch(s, "attndkv", (unsigned)(B * Hkv * n_t), threads, "%s<%lld, %s, %s, %s, %s, %s>(a)",
                     tc ? "ck_attn_tc_dkv" : "ck_attn_dkv", (long long)D, Y, DY, Q, K, V);
     l->smem = dkv_smem;
     l->scratch = 0;

@@ -1,107 +1,130 @@
-/* attn_tc.cuh — the same attention on the tensor cores (bf16 q, k, v; WMMA 16x16x16).
+/* attn_tc.cuh — the same attention on the tensor cores (bf16 q, k, v; mma.sync m16n8k16).
  *
  * The algorithm is attn.cuh's — 64 x 64 tiles, online softmax forward, a statistics rerun and
- * separate dq and dk/dv passes backward, each output written by one block — with every tile
- * product on the tensor cores: S = Q K^T, O += P V, dP = dY V^T, dQ += dS K, dV += P^T dY,
- * dK += dS^T Q, bf16 operands, f32 accumulation. WMMA leaves the layout of an accumulator
- * fragment to the hardware, so whatever needs elements by row (the softmax, the rescaling of
- * the output when the running max grows, dS) goes through shared memory: S and dP are stored
- * as f32, P and dS written back as bf16 for the next product. The forward keeps O in
- * registers, element e of the tile in thread e mod 256, and adds each tile's P V (stored to
- * shared memory) after rescaling; dQ, dK and dV are pure sums over tiles and stay in
- * accumulator fragments.
+ * separate dq and dk/dv passes backward, each output written by one block — laid out as
+ * FlashAttention-2 lays it out, so that only the bf16 operand tiles (and the dk/dv pass's lse and
+ * Dt) go through shared memory. A block is four warps and owns 64 rows; each warp owns 16 of them.
+ * A tile product such as S = Q K^T leaves, in each thread, the elements of two rows (groupID and
+ * groupID + 8) in the accumulator fragment of m16n8k16, so a row's max and sum are the thread's
+ * own values plus two shuffles over the four threads of a quad, and the output's rescaling is a
+ * multiply in registers. That accumulator layout is also the layout of the A operand of the next
+ * product (pairs of f32 become bf16x2), so P = exp(S - m) feeds O += P V, and dS feeds dQ += dS K,
+ * without leaving registers.
  *
- * Precision: P and dS are rounded to bf16 as the operands of their products (FlashAttention
- * does the same); everything else is as attn.cuh. The tests bound the result against the
- * reference's f64. Used when q, k, v (and dy) are plain bf16 and the head dim is a multiple
- * of 16 up to 128; other formats take attn.cuh. */
-#include <mma.h>
+ * The dk/dv pass computes S^T = K Q^T (keys as rows) as attn.cuh does, so that P^T and dS^T come
+ * out as A operands of dV += P^T dY and dK += dS^T Q; the operands that must be read along the
+ * other axis (V and K for P V and dS K, dY and Q there) are loaded transposed by ldmatrix.trans
+ * from the same row-major tiles. Tiles are copied with 16-byte cp.async into rows padded by 16
+ * bytes (a row then starts four banks after the previous one, so the eight row addresses of an
+ * ldmatrix hit distinct banks), double-buffered: the next key (or query) tile is in flight while
+ * the current one is multiplied. The causal mask costs work only in the tiles that meet the
+ * diagonal (or T). Heavy blocks (late query tiles, early key tiles) are numbered first, for every
+ * head at once, so that none of them starts last and trails the grid.
+ *
+ * Precision: P and dS are rounded to bf16 as the operands of their products (FlashAttention does
+ * the same); the softmax's row sums add the f32 values before that rounding, exp is expf on f32,
+ * every product accumulates in f32. Each output element is written by one thread of one block and
+ * every sum runs in a fixed order, so results repeat bit for bit. The tests bound the result
+ * against the reference's f64. Used when q, k, v (and dy) are plain bf16 and the head dim is a
+ * multiple of 16 up to 128; other formats take attn.cuh.
+ *
+ * Fragments of mma.m16n8k16 (PTX ISA; lane = 4 groupID + tig, pairs packed low element
+ * first):
+ *   A (16 x 16, row-major): a0 (groupID, 2 tig + {0,1}), a1 (groupID + 8, 2 tig + {0,1}),
+ *                           a2 (groupID, 2 tig + 8 + {0,1}), a3 (groupID + 8, 2 tig + 8 + {0,1})
+ *   B (16 x 8, k by n):     b0 (k = 2 tig + {0,1}, n = groupID), b1 (k = 2 tig + 8 + {0,1}, n)
+ *   C (16 x 8, f32):        c0, c1 (groupID, 2 tig + {0,1}), c2, c3 (groupID + 8, 2 tig + {0,1})
+ * ldmatrix.x4 reads four 8 x 8 b16 matrices; lanes 8 i .. 8 i + 7 give the row addresses of
+ * matrix i, and register i of a lane receives (row groupID, columns 2 tig + {0,1}) of matrix i,
+ * or with .trans (rows 2 tig + {0,1}, column groupID). Hence, for a 16 x 16 block at (r0, c0)
+ * of a row-major tile:
+ *   A operand, or B operand from a (k, n) tile with .trans: lane gives row r0 + lane % 16,
+ *     column c0 + 8 (lane / 16); registers a0..a3, or b0 b1 of n-block 0 then of n-block 1;
+ *   B operand from an (n, k) tile (K for Q K^T): lane gives row r0 + lane % 8 + 8 (lane / 16),
+ *     column c0 + 8 (lane / 8 % 2); registers b0 b1 of n-block 0 (rows r0..), then of n-block 1.
+ * The C fragments of two adjacent n-blocks j = 2 kk, 2 kk + 1 are the A fragment of k-chunk
+ * kk: {c0 c1, c2 c3} of block 2 kk become a0, a1, those of block 2 kk + 1 a2, a3. */
 
-#define CK_TC_LDS 68           /* f32 row stride of S tiles */
-#define CK_TC_LDP 72           /* bf16 row stride of P tiles */
+#define CK_TC_THREADS 128      /* four warps, 16 rows each */
 
-/* shared memory layout: offsets in bytes, every region 128-byte aligned */
+/* shared memory, in bytes; cuda/spec.c computes the same sizes */
 template <int D> struct CkTc {
     enum {
-        LDH = D + 8,                       /* bf16 row stride of q, k, v, dy tiles */
-        LDO = D + 4,                       /* f32 row stride of output tiles */
-        H = 64 * LDH * 2,                  /* one bf16 (64, D) tile */
-        S = 64 * CK_TC_LDS * 4,            /* one f32 (64, 64) tile */
-        P = 64 * CK_TC_LDP * 2,            /* one bf16 (64, 64) tile */
-        O = 64 * LDO * 4,                  /* one f32 (64, D) tile */
-        FWD = 3 * H + S + P + O + 4 * 64 * 4,
-        DQ = 4 * H + (2 * S > O ? 2 * S : O) + P + 2 * 64 * 4,
-        DKV = 4 * H + (2 * S > O ? 2 * S : O) + 2 * P + 2 * 64 * 4,
-        FRAGS = (D / 4 + 7) / 8            /* (64, D) output fragments per warp */
+        LD = D + 8,                        /* bf16 row stride of every tile (16 bytes of padding) */
+        TILE = 64 * LD * 2,                /* one bf16 (64, D) tile */
+        FWD = 5 * TILE,                    /* q; k, v twice */
+        DQ = 6 * TILE,                     /* q, dy; k, v twice */
+        DKV = 6 * TILE + 4 * 64 * 4,       /* k, v; q, dy, lse, Dt twice */
+        NC = 32                            /* query columns per step of dk/dv: S^T, dP^T, P^T and
+                                              dS^T beside dK and dV in few enough registers for
+                                              three blocks on an SM at D = 64 */
     };
 };
 
-typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> CkAcc;
-typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> CkFragA;
-typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> CkFragBr;
-typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major> CkFragBc;
+static __device__ __forceinline__ unsigned ck_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-/* rows [t0, t0 + 64) of one head into a bf16 tile (zeros past T) */
-template <int D, class X>
-__device__ __forceinline__ void ck_tc_load(__nv_bfloat16 *s, const CkTensor &x, i64 b, i64 T, i64 t0,
-                                           i64 stride, i64 col0) {
-    for (int e = threadIdx.x; e < 64 * D; e += blockDim.x) {
-        int r = e / D, d = e - r * D;
-        i64 t = t0 + r;
-        s[r * (D + 8) + d] = __float2bfloat16_rn(t < T ? X::ld(x, (b * T + t) * stride + col0 + d) : 0.0f);
-    }
+/* 16 bytes global -> shared, zeros when !in (nothing is read then) */
+static __device__ __forceinline__ void ck_cp16(void *dst, const void *src, bool in) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ck_smem(dst)), "l"(src), "r"(in ? 16 : 0));
+}
+static __device__ __forceinline__ void ck_cp4(void *dst, const void *src, bool in) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(ck_smem(dst)), "l"(src), "r"(in ? 4 : 0));
+}
+static __device__ __forceinline__ void ck_cp_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+static __device__ __forceinline__ void ck_ldm(unsigned *r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+static __device__ __forceinline__ void ck_ldm_t(unsigned *r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
-/* C (64 x 64, f32, stride CK_TC_LDS) = A (64 x D) B^T, B (64 x D) both row-major bf16:
- * 16 fragments, two per warp */
+/* c (16 x 8, f32) += a (16 x 16) b (16 x 8), bf16 operands */
+static __device__ __forceinline__ void ck_mma(float *c, const unsigned *a, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* two f32 as a bf16x2 operand register, lo in the low half (round to nearest even) */
+static __device__ __forceinline__ unsigned ck_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(unsigned *)&v;
+}
+
+/* the lane's element offset into a tile for ldmatrix, see the head of the file */
+template <int D> static __device__ __forceinline__ int ck_off_a() {
+    int lane = threadIdx.x & 31;
+    return (lane & 15) * (D + 8) + (lane >> 4) * 8;
+}
+template <int D> static __device__ __forceinline__ int ck_off_b() {
+    int lane = threadIdx.x & 31;
+    return ((lane & 7) + ((lane >> 4) << 3)) * (D + 8) + ((lane >> 3) & 1) * 8;
+}
+
+/* Rows [t0, t0 + 64) of one head (D bf16 columns from col0, rows stride apart) into a tile of
+ * row stride D + 8, zeros past T; asynchronous until ck_cp_wait. With D a multiple of 16 (the
+ * only head dims spec.c sends here), strides and column offsets are multiples of 16 elements,
+ * so every 16-byte chunk is aligned when the tensor's base is (the memory plan aligns to 256
+ * bytes); a base that is not takes element copies. */
 template <int D>
-__device__ __forceinline__ void ck_tc_abt(float *c, const __nv_bfloat16 *A, const __nv_bfloat16 *B) {
-    int warp = threadIdx.x >> 5;
-    for (int f = warp; f < 16; f += 8) {
-        int i = f >> 2, j = f & 3;
-        CkAcc acc;
-        nvcuda::wmma::fill_fragment(acc, 0.0f);
+static __device__ __forceinline__ void ck_tc_load(__nv_bfloat16 *s, const CkTensor &x, i64 b, i64 T, i64 t0,
+                                                  i64 stride, i64 col0) {
+    const __nv_bfloat16 *p = (const __nv_bfloat16 *)x.p;
+    bool vec = ((size_t)p & 15) == 0;
+    const int CH = D / 8;   /* 16-byte chunks per row */
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            CkFragA fa;
-            CkFragBc fb;
-            nvcuda::wmma::load_matrix_sync(fa, A + i * 16 * (D + 8) + kk * 16, D + 8);
-            nvcuda::wmma::load_matrix_sync(fb, B + j * 16 * (D + 8) + kk * 16, D + 8);
-            nvcuda::wmma::mma_sync(acc, fa, fb, acc);
-        }
-        nvcuda::wmma::store_matrix_sync(c + i * 16 * CK_TC_LDS + j * 16, acc, CK_TC_LDS, nvcuda::wmma::mem_row_major);
-    }
-}
-
-/* acc[f] += P (64 x 64 bf16, stride CK_TC_LDP) V (64 x D bf16 row-major) for the warp's
- * output fragments f (fragment index warp + 8 f of the (64, D) tile) */
-template <int D>
-__device__ __forceinline__ void ck_tc_pv(CkAcc *acc, const __nv_bfloat16 *P, const __nv_bfloat16 *V) {
-    int warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int f = 0; f < CkTc<D>::FRAGS; f++) {
-        int idx = warp + 8 * f;
-        if (idx >= D / 4) break;
-        int i = idx / (D / 16), j = idx % (D / 16);
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
-            CkFragA fa;
-            CkFragBr fb;
-            nvcuda::wmma::load_matrix_sync(fa, P + i * 16 * CK_TC_LDP + kk * 16, CK_TC_LDP);
-            nvcuda::wmma::load_matrix_sync(fb, V + kk * 16 * (D + 8) + j * 16, D + 8);
-            nvcuda::wmma::mma_sync(acc[f], fa, fb, acc[f]);
-        }
-    }
-}
-
-template <int D> __device__ __forceinline__ void ck_tc_store(float *o, CkAcc *acc) {
-    int warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int f = 0; f < CkTc<D>::FRAGS; f++) {
-        int idx = warp + 8 * f;
-        if (idx >= D / 4) break;
-        int i = idx / (D / 16), j = idx % (D / 16);
-        nvcuda::wmma::store_matrix_sync(o + i * 16 * (D + 4) + j * 16, acc[f], D + 4, nvcuda::wmma::mem_row_major);
+    for (int k = 0; k < 64 * CH / CK_TC_THREADS; k++) {
+        int e = threadIdx.x + k * CK_TC_THREADS, r = e / CH, c = e - r * CH;
+        bool in = t0 + r < T;
+        const __nv_bfloat16 *src = p + (b * T + (in ? t0 + r : 0)) * stride + col0 + c * 8;
+        __nv_bfloat16 *dst = s + r * (D + 8) + c * 8;
+        if (vec) ck_cp16(dst, src, in);
+        else
+            for (int j = 0; j < 8; j++) dst[j] = in ? src[j] : __float2bfloat16_rn(0.0f);
     }
 }
 
@@ -110,102 +133,151 @@ template <int D, int MODE, class Y, class Q, class K, class V, class DY>
 __device__ void ck_attn_tc_fwd(const CkArgs &a) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     typedef CkTc<D> L;
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem_raw, *sK = (__nv_bfloat16 *)(smem_raw + L::H);
-    __nv_bfloat16 *sV = (__nv_bfloat16 *)(smem_raw + 2 * L::H);
-    float *sS = (float *)(smem_raw + 3 * L::H);
-    __nv_bfloat16 *sP = (__nv_bfloat16 *)(smem_raw + 3 * L::H + L::S);
-    float *sPV = (float *)(smem_raw + 3 * L::H + L::S + L::P);
-    float *sC = (float *)(smem_raw + 3 * L::H + L::S + L::P + L::O), *sM = sC + 64, *sL = sM + 64;
+    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem_raw, *sKV = sQ + 64 * L::LD;   /* [buffer][k, v] tiles */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
     float scale = (float)a.f[0];
     i64 n_qt = (T + 63) / 64;
-    i64 bh = blockIdx.x / n_qt, qt = blockIdx.x % n_qt, b = bh / H, h = bh % H, g = h / (H / Hkv);
-    i64 q0 = qt * 64;
-    int r = threadIdx.x >> 2, qd = threadIdx.x & 3;
+    i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
+    int q0 = (int)qt * 64, Ti = (int)T;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    int row0 = q0 + warp * 16 + gid;   /* this thread's rows: row0, row0 + 8 */
     const CkTensor &tq = a.t[MODE + 1], &tk = a.t[MODE + 2], &tv = a.t[MODE + 3];
 
-    ck_tc_load<D, Q>(sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
-    const int NO = D / 4;   /* output elements per thread: 64 D / 256 */
-    float o[NO];
-#pragma unroll
-    for (int k = 0; k < NO; k++) o[k] = 0.0f;
-    float m = -CK_INF, l = 0.0f;
-    i64 last = q0 + 63 < T - 1 ? q0 + 63 : T - 1;
-    for (i64 k0 = 0; k0 <= last; k0 += 64) {
-        __syncthreads();
-        ck_tc_load<D, K>(sK, tk, b, T, k0, a.i[7], a.i[8] + g * D);
-        ck_tc_load<D, V>(sV, tv, b, T, k0, a.i[9], a.i[10] + g * D);
-        __syncthreads();
-        ck_tc_abt<D>(sS, sQ, sK);
-        __syncthreads();
-        /* the softmax of row r, columns 16 qd .. 16 qd + 15 */
-        i64 tq_ = q0 + r;
-        float s[16], mx = -CK_INF;
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            i64 tk_ = k0 + qd * 16 + c;
-            s[c] = tk_ <= tq_ && tk_ < T ? sS[r * CK_TC_LDS + qd * 16 + c] * scale : -CK_INF;
-            mx = fmaxf(mx, s[c]);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float mnew = fmaxf(m, mx), muse = mnew == -CK_INF ? 0.0f : mnew;
-        float corr = expf(m - muse), rs = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            float p = expf(s[c] - muse);
-            sP[r * CK_TC_LDP + qd * 16 + c] = __float2bfloat16_rn(p);
-            rs += p;
-        }
-        rs += __shfl_xor_sync(0xffffffffu, rs, 1);
-        rs += __shfl_xor_sync(0xffffffffu, rs, 2);
-        l = l * corr + rs;
-        m = mnew;
-        if (qd == 0) sC[r] = corr;
-        __syncthreads();
-        CkAcc acc[L::FRAGS];
-#pragma unroll
-        for (int f = 0; f < L::FRAGS; f++) nvcuda::wmma::fill_fragment(acc[f], 0.0f);
-        ck_tc_pv<D>(acc, sP, sV);
-        ck_tc_store<D>(sPV, acc);
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < NO; k++) {
-            int e = threadIdx.x + 256 * k, row = e / D, col = e - row * D;
-            o[k] = o[k] * sC[row] + sPV[row * L::LDO + col];
-        }
-    }
-    if (qd == 0) {
-        sM[r] = m;
-        sL[r] = l;
-    }
+    int n_kt = ((q0 + 63 < Ti - 1 ? q0 + 63 : Ti - 1) >> 6) + 1;
+    ck_tc_load<D>(sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
+    ck_tc_load<D>(sKV, tk, b, T, 0, a.i[7], a.i[8] + g * D);
+    ck_tc_load<D>(sKV + 64 * L::LD, tv, b, T, 0, a.i[9], a.i[10] + g * D);
+    ck_cp_wait();
     __syncthreads();
+    unsigned qf[D / 16][4];
+    unsigned aq = ck_smem(sQ + warp * 16 * L::LD + ck_off_a<D>());
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) ck_ldm(qf[kk], aq + kk * 32);
+
+    float o[D / 8][4], m[2] = {-CK_INF, -CK_INF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int j = 0; j < n_kt; j++) {
+        if (j > 0) {
+            ck_cp_wait();
+            __syncthreads();   /* tile j is in, and every warp is done with buffer (j + 1) & 1 */
+        }
+        if (j + 1 < n_kt) {
+            __nv_bfloat16 *nk = sKV + ((j + 1) & 1) * 128 * L::LD;
+            ck_tc_load<D>(nk, tk, b, T, (j + 1) * 64, a.i[7], a.i[8] + g * D);
+            ck_tc_load<D>(nk + 64 * L::LD, tv, b, T, (j + 1) * 64, a.i[9], a.i[10] + g * D);
+        }
+        const __nv_bfloat16 *sK = sKV + (j & 1) * 128 * L::LD, *sV = sK + 64 * L::LD;
+        int k0 = j * 64;
+
+        /* S = Q K^T, 16 x 64 per warp: n-block n holds keys k0 + 8 n .. */
+        float s[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        unsigned bk = ck_smem(sK + ck_off_b<D>());
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                unsigned f[4];
+                ck_ldm(f, bk + (p * 16 * L::LD + kk * 16) * 2);
+                ck_mma(s[2 * p], qf[kk], f[0], f[1]);
+                ck_mma(s[2 * p + 1], qf[kk], f[2], f[3]);
+            }
+
+        /* online softmax on the fragments; the mask only where the tile meets the diagonal or T */
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[n][i] *= scale;
+        if (k0 + 63 > q0 + warp * 16 || k0 + 64 > Ti)
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
+                    if (col > row || col >= Ti) s[n][i] = -CK_INF;
+                }
+        float mx[2] = {-CK_INF, -CK_INF};
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+        float muse[2], corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mnew = fmaxf(m[r], mx[r]);
+            muse[r] = mnew == -CK_INF ? 0.0f : mnew;
+            corr[r] = expf(m[r] - muse[r]);
+            m[r] = mnew;
+        }
+        unsigned pf[4][4];
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float p0 = expf(s[n][0] - muse[0]), p1 = expf(s[n][1] - muse[0]);
+            float p2 = expf(s[n][2] - muse[1]), p3 = expf(s[n][3] - muse[1]);
+            rs[0] += p0 + p1;
+            rs[1] += p2 + p3;
+            pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
+            pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p2, p3);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+            l[r] = l[r] * corr[r] + rs[r];
+        }
+
+        /* O = O corr + P V: V is (keys, d), read transposed as the B operand */
+        unsigned bv = ck_smem(sV + ck_off_a<D>());
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= corr[0], o[n][1] *= corr[0];
+            o[n][2] *= corr[1], o[n][3] *= corr[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int p = 0; p < D / 16; p++) {
+                unsigned f[4];
+                ck_ldm_t(f, bv + (kk * 16 * L::LD + p * 16) * 2);
+                ck_mma(o[2 * p], pf[kk], f[0], f[1]);
+                ck_mma(o[2 * p + 1], pf[kk], f[2], f[3]);
+            }
+    }
+
     if (MODE == 0) {
 #pragma unroll
-        for (int k = 0; k < NO; k++) {
-            int e = threadIdx.x + 256 * k, row = e / D, col = e - row * D;
-            i64 t = q0 + row;
-            if (t < T) Y::st(a.t[0], (b * T + t) * H * D + h * D + col, o[k] / sL[row]);
-        }
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+                if (row < Ti) Y::st(a.t[0], (b * T + row) * H * D + h * D + col, o[n][i] / l[i >> 1]);
+            }
         return;
     }
+    float dsum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int k = 0; k < NO; k++) {
-        int e = threadIdx.x + 256 * k, row = e / D, col = e - row * D;
-        sPV[row * L::LDO + col] = o[k] / sL[row];
-    }
-    __syncthreads();
-    i64 t = q0 + r;
-    float dsum = 0.0f;
-    if (t < T)
-        for (int d = qd * (D / 4); d < (qd + 1) * (D / 4); d++)
-            dsum = fmaf(DY::ld(a.t[1], (b * T + t) * H * D + h * D + d), sPV[r * L::LDO + d], dsum);
-    dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);
-    dsum += __shfl_xor_sync(0xffffffffu, dsum, 2);
-    if (t < T && qd == 0) {
-        float *lse = (float *)a.scratch, *dd = lse + B * H * T;
-        lse[(b * H + h) * T + t] = sM[r] + logf(sL[r]);
-        dd[(b * H + h) * T + t] = dsum;
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+            if (row < Ti)
+                dsum[i >> 1] = fmaf(DY::ld(a.t[1], (b * T + row) * H * D + h * D + col), o[n][i] / l[i >> 1], dsum[i >> 1]);
+        }
+    float *lse = (float *)a.scratch, *dd = lse + B * H * T;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 1);
+        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 2);
+        int row = row0 + r * 8;
+        if (row < Ti && tig == 0) {
+            lse[(b * H + h) * T + row] = m[r] + logf(l[r]);
+            dd[(b * H + h) * T + row] = dsum[r];
+        }
     }
 }
 
@@ -214,125 +286,247 @@ template <int D, class Y, class DY, class Q, class K, class V>
 __device__ void ck_attn_tc_dq(const CkArgs &a) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     typedef CkTc<D> L;
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem_raw, *sDY = (__nv_bfloat16 *)(smem_raw + L::H);
-    __nv_bfloat16 *sK = (__nv_bfloat16 *)(smem_raw + 2 * L::H), *sV = (__nv_bfloat16 *)(smem_raw + 3 * L::H);
-    float *sS = (float *)(smem_raw + 4 * L::H), *sDP = sS + 64 * CK_TC_LDS, *sOut = sS;
-    const int SO = 2 * L::S > L::O ? 2 * L::S : L::O;
-    __nv_bfloat16 *sDS = (__nv_bfloat16 *)(smem_raw + 4 * L::H + SO);
-    float *sL = (float *)(smem_raw + 4 * L::H + SO + L::P), *sDt = sL + 64;
+    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem_raw, *sDY = sQ + 64 * L::LD;
+    __nv_bfloat16 *sKV = sDY + 64 * L::LD;   /* [buffer][k, v] tiles */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
     i64 ycols = (H + 2 * Hkv) * D;
     float scale = (float)a.f[0];
     i64 n_qt = (T + 63) / 64;
-    i64 bh = blockIdx.x / n_qt, qt = blockIdx.x % n_qt, b = bh / H, h = bh % H, g = h / (H / Hkv);
-    i64 q0 = qt * 64;
-    int r = threadIdx.x >> 2, qd = threadIdx.x & 3;
+    i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
+    int q0 = (int)qt * 64, Ti = (int)T;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    int row0 = q0 + warp * 16 + gid;
     const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
 
-    ck_tc_load<D, Q>(sQ, a.t[2], b, T, q0, a.i[5], a.i[6] + h * D);
-    ck_tc_load<D, DY>(sDY, a.t[1], b, T, q0, H * D, h * D);
-    for (int k = threadIdx.x; k < 64; k += blockDim.x) {
-        i64 t = q0 + k;
-        sL[k] = t < T ? lse[(b * H + h) * T + t] : 0.0f;
-        sDt[k] = t < T ? dd[(b * H + h) * T + t] : 0.0f;
+    int n_kt = ((q0 + 63 < Ti - 1 ? q0 + 63 : Ti - 1) >> 6) + 1;
+    ck_tc_load<D>(sQ, a.t[2], b, T, q0, a.i[5], a.i[6] + h * D);
+    ck_tc_load<D>(sDY, a.t[1], b, T, q0, H * D, h * D);
+    ck_tc_load<D>(sKV, a.t[3], b, T, 0, a.i[7], a.i[8] + g * D);
+    ck_tc_load<D>(sKV + 64 * L::LD, a.t[4], b, T, 0, a.i[9], a.i[10] + g * D);
+    float ls[2], dt[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + r * 8;
+        ls[r] = row < Ti ? lse[(b * H + h) * T + row] : 0.0f;
+        dt[r] = row < Ti ? dd[(b * H + h) * T + row] : 0.0f;
     }
-    CkAcc acc[L::FRAGS];
+    float dq[D / 8][4];
 #pragma unroll
-    for (int f = 0; f < L::FRAGS; f++) nvcuda::wmma::fill_fragment(acc[f], 0.0f);
-    i64 last = q0 + 63 < T - 1 ? q0 + 63 : T - 1;
-    for (i64 k0 = 0; k0 <= last; k0 += 64) {
-        __syncthreads();
-        ck_tc_load<D, K>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
-        ck_tc_load<D, V>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
-        __syncthreads();
-        ck_tc_abt<D>(sS, sQ, sK);
-        ck_tc_abt<D>(sDP, sDY, sV);
-        __syncthreads();
-        i64 tq_ = q0 + r;
-#pragma unroll
-        for (int c = 0; c < 16; c++) {
-            int col = qd * 16 + c;
-            i64 tk_ = k0 + col;
-            float p = tk_ <= tq_ && tq_ < T ? expf(sS[r * CK_TC_LDS + col] * scale - sL[r]) : 0.0f;
-            sDS[r * CK_TC_LDP + col] = __float2bfloat16_rn(p * (sDP[r * CK_TC_LDS + col] - sDt[r]) * scale);
+    for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    unsigned aq = ck_smem(sQ + warp * 16 * L::LD + ck_off_a<D>());
+    unsigned ay = ck_smem(sDY + warp * 16 * L::LD + ck_off_a<D>());
+    for (int j = 0; j < n_kt; j++) {
+        ck_cp_wait();
+        __syncthreads();   /* tile j is in, and every warp is done with buffer (j + 1) & 1 */
+        if (j + 1 < n_kt) {
+            __nv_bfloat16 *nk = sKV + ((j + 1) & 1) * 128 * L::LD;
+            ck_tc_load<D>(nk, a.t[3], b, T, (j + 1) * 64, a.i[7], a.i[8] + g * D);
+            ck_tc_load<D>(nk + 64 * L::LD, a.t[4], b, T, (j + 1) * 64, a.i[9], a.i[10] + g * D);
         }
-        __syncthreads();
-        ck_tc_pv<D>(acc, sDS, sK);
+        const __nv_bfloat16 *sK = sKV + (j & 1) * 128 * L::LD, *sV = sK + 64 * L::LD;
+        int k0 = j * 64;
+
+        /* S = Q K^T and dP = dY V^T, 16 x 64 per warp */
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[n][i] = dp[n][i] = 0.0f;
+        unsigned bk = ck_smem(sK + ck_off_b<D>()), bv = ck_smem(sV + ck_off_b<D>());
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned fq[4], fy[4];
+            ck_ldm(fq, aq + kk * 32);
+            ck_ldm(fy, ay + kk * 32);
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                unsigned f[4];
+                ck_ldm(f, bk + (p * 16 * L::LD + kk * 16) * 2);
+                ck_mma(s[2 * p], fq, f[0], f[1]);
+                ck_mma(s[2 * p + 1], fq, f[2], f[3]);
+                ck_ldm(f, bv + (p * 16 * L::LD + kk * 16) * 2);
+                ck_mma(dp[2 * p], fy, f[0], f[1]);
+                ck_mma(dp[2 * p + 1], fy, f[2], f[3]);
+            }
+        }
+
+        /* P = exp(S scale - lse), dS = P (dP - Dt) scale, as bf16 A operands; masked S is -inf
+         * (P = 0) only where the tile meets the diagonal or T */
+        if (k0 + 63 > q0 + warp * 16 || q0 + warp * 16 + 16 > Ti)
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
+                    if (col > row || row >= Ti) s[n][i] = -CK_INF;
+                }
+        unsigned df[4][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float ds[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float p = expf(s[n][i] * scale - ls[i >> 1]);
+                ds[i] = p * (dp[n][i] - dt[i >> 1]) * scale;
+            }
+            df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
+            df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
+        }
+
+        /* dQ += dS K: K is (keys, d), read transposed as the B operand */
+        unsigned bkt = ck_smem(sK + ck_off_a<D>());
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int p = 0; p < D / 16; p++) {
+                unsigned f[4];
+                ck_ldm_t(f, bkt + (kk * 16 * L::LD + p * 16) * 2);
+                ck_mma(dq[2 * p], df[kk], f[0], f[1]);
+                ck_mma(dq[2 * p + 1], df[kk], f[2], f[3]);
+            }
     }
-    __syncthreads();
-    ck_tc_store<D>(sOut, acc);
-    __syncthreads();
-    for (int e = threadIdx.x; e < 64 * D; e += blockDim.x) {
-        int row = e / D, col = e - row * D;
-        i64 t = q0 + row;
-        if (t < T) Y::st(a.t[0], (b * T + t) * ycols + h * D + col, sOut[row * L::LDO + col]);
-    }
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+            if (row < Ti) Y::st(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][i]);
+        }
 }
 
-/* dk, dv: one block per (b, kv head, key tile) */
+/* dk, dv: one block per (b, kv head, key tile), over the heads of the group and the query
+ * tiles at and after the key tile; t[1..4] = dy, q, k, v */
 template <int D, class Y, class DY, class Q, class K, class V>
 __device__ void ck_attn_tc_dkv(const CkArgs &a) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     typedef CkTc<D> L;
-    __nv_bfloat16 *sK = (__nv_bfloat16 *)smem_raw, *sV = (__nv_bfloat16 *)(smem_raw + L::H);
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)(smem_raw + 2 * L::H), *sDY = (__nv_bfloat16 *)(smem_raw + 3 * L::H);
-    float *sS = (float *)(smem_raw + 4 * L::H), *sDP = sS + 64 * CK_TC_LDS, *sOut = sS;
-    const int SO = 2 * L::S > L::O ? 2 * L::S : L::O;
-    __nv_bfloat16 *sP = (__nv_bfloat16 *)(smem_raw + 4 * L::H + SO);
-    __nv_bfloat16 *sDS = (__nv_bfloat16 *)(smem_raw + 4 * L::H + SO + L::P);
-    float *sL = (float *)(smem_raw + 4 * L::H + SO + 2 * L::P), *sDt = sL + 64;
+    const int NC = L::NC;
+    __nv_bfloat16 *sK = (__nv_bfloat16 *)smem_raw, *sV = sK + 64 * L::LD;
+    __nv_bfloat16 *sQY = sV + 64 * L::LD;                       /* [buffer][q, dy] tiles */
+    float *sStat = (float *)(smem_raw + 6 * L::TILE);           /* [buffer][lse, Dt][64] */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], grp = H / Hkv;
     i64 ycols = (H + 2 * Hkv) * D;
     float scale = (float)a.f[0];
     i64 n_kt = (T + 63) / 64;
-    i64 bg = blockIdx.x / n_kt, kt = blockIdx.x % n_kt, b = bg / Hkv, g = bg % Hkv;
-    i64 k0 = kt * 64;
-    int r = threadIdx.x >> 2, qd = threadIdx.x & 3;
+    i64 bg = blockIdx.x % (B * Hkv), kt = blockIdx.x / (B * Hkv), b = bg / Hkv, g = bg % Hkv;
+    int k0 = (int)kt * 64, Ti = (int)T;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    int key0 = k0 + warp * 16 + gid;   /* this thread's keys: key0, key0 + 8 */
     const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
+    int nq = (int)(n_kt - kt), total = (int)grp * nq;   /* (head, query tile) steps */
 
-    ck_tc_load<D, K>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
-    ck_tc_load<D, V>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
-    CkAcc dk[L::FRAGS], dv[L::FRAGS];
+    /* q, dy, lse and Dt of step `it` into buffer `buf` */
+    auto stage = [&](int it, int buf) {
+        i64 hh = g * grp + it / nq;
+        int q0 = k0 + (it % nq) * 64;
+        __nv_bfloat16 *q = sQY + buf * 128 * L::LD;
+        ck_tc_load<D>(q, a.t[2], b, T, q0, a.i[5], a.i[6] + hh * D);
+        ck_tc_load<D>(q + 64 * L::LD, a.t[1], b, T, q0, H * D, hh * D);
+        int x = threadIdx.x & 63, t = q0 + x;
+        const float *src = (threadIdx.x < 64 ? lse : dd) + (b * H + hh) * T + (t < Ti ? t : 0);
+        ck_cp4(sStat + buf * 128 + threadIdx.x, src, t < Ti);
+    };
+    ck_tc_load<D>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
+    ck_tc_load<D>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
+    stage(0, 0);
+
+    float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
-    for (int f = 0; f < L::FRAGS; f++) {
-        nvcuda::wmma::fill_fragment(dk[f], 0.0f);
-        nvcuda::wmma::fill_fragment(dv[f], 0.0f);
-    }
-    for (i64 h = g * grp; h < (g + 1) * grp; h++)
-        for (i64 q0 = k0; q0 < T; q0 += 64) {
-            __syncthreads();
-            ck_tc_load<D, Q>(sQ, a.t[2], b, T, q0, a.i[5], a.i[6] + h * D);
-            ck_tc_load<D, DY>(sDY, a.t[1], b, T, q0, H * D, h * D);
-            for (int k = threadIdx.x; k < 64; k += blockDim.x) {
-                i64 t = q0 + k;
-                sL[k] = t < T ? lse[(b * H + h) * T + t] : 0.0f;
-                sDt[k] = t < T ? dd[(b * H + h) * T + t] : 0.0f;
-            }
-            __syncthreads();
-            ck_tc_abt<D>(sS, sK, sQ);     /* S^T: keys x queries */
-            ck_tc_abt<D>(sDP, sV, sDY);   /* dP^T */
-            __syncthreads();
-            i64 tk_ = k0 + r;
+    for (int n = 0; n < D / 8; n++)
 #pragma unroll
-            for (int c = 0; c < 16; c++) {
-                int qc = qd * 16 + c;
-                i64 tq_ = q0 + qc;
-                float p = tk_ <= tq_ && tq_ < T && tk_ < T ? expf(sS[r * CK_TC_LDS + qc] * scale - sL[qc]) : 0.0f;
-                sP[r * CK_TC_LDP + qc] = __float2bfloat16_rn(p);
-                sDS[r * CK_TC_LDP + qc] = __float2bfloat16_rn(p * (sDP[r * CK_TC_LDS + qc] - sDt[qc]) * scale);
+        for (int i = 0; i < 4; i++) dk[n][i] = dv[n][i] = 0.0f;
+    unsigned ak = ck_smem(sK + warp * 16 * L::LD + ck_off_a<D>());
+    unsigned av = ck_smem(sV + warp * 16 * L::LD + ck_off_a<D>());
+    for (int it = 0; it < total; it++) {
+        ck_cp_wait();
+        __syncthreads();   /* step it is in, and every warp is done with buffer (it + 1) & 1 */
+        if (it + 1 < total) stage(it + 1, (it + 1) & 1);
+        if (k0 + warp * 16 >= Ti) continue;   /* all of the warp's keys are past T */
+        int q0 = k0 + (it % nq) * 64;
+        const __nv_bfloat16 *sQ = sQY + (it & 1) * 128 * L::LD, *sDY = sQ + 64 * L::LD;
+        const float *sL = sStat + (it & 1) * 128, *sDt = sL + 64;
+#pragma unroll
+        for (int c = 0; c < 64 / NC; c++) {
+            int qc = q0 + c * NC;
+            if (qc + NC - 1 < k0 + warp * 16) continue;   /* every query before every key */
+
+            /* S^T = K Q^T and dP^T = V dY^T, 16 keys x NC queries per warp */
+            float st[NC / 8][4], dpt[NC / 8][4];
+#pragma unroll
+            for (int n = 0; n < NC / 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) st[n][i] = dpt[n][i] = 0.0f;
+            unsigned bq = ck_smem(sQ + c * NC * L::LD + ck_off_b<D>());
+            unsigned by = ck_smem(sDY + c * NC * L::LD + ck_off_b<D>());
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                unsigned fk[4], fv[4];
+                ck_ldm(fk, ak + kk * 32);
+                ck_ldm(fv, av + kk * 32);
+#pragma unroll
+                for (int p = 0; p < NC / 16; p++) {
+                    unsigned f[4];
+                    ck_ldm(f, bq + (p * 16 * L::LD + kk * 16) * 2);
+                    ck_mma(st[2 * p], fk, f[0], f[1]);
+                    ck_mma(st[2 * p + 1], fk, f[2], f[3]);
+                    ck_ldm(f, by + (p * 16 * L::LD + kk * 16) * 2);
+                    ck_mma(dpt[2 * p], fv, f[0], f[1]);
+                    ck_mma(dpt[2 * p + 1], fv, f[2], f[3]);
+                }
             }
-            __syncthreads();
-            ck_tc_pv<D>(dv, sP, sDY);
-            ck_tc_pv<D>(dk, sDS, sQ);
-        }
-    for (int pass = 0; pass < 2; pass++) {
-        __syncthreads();
-        ck_tc_store<D>(sOut, pass ? dv : dk);
-        __syncthreads();
-        for (int e = threadIdx.x; e < 64 * D; e += blockDim.x) {
-            int row = e / D, col = e - row * D;
-            i64 t = k0 + row;
-            if (t < T) Y::st(a.t[0], (b * T + t) * ycols + (H + pass * Hkv) * D + g * D + col, sOut[row * L::LDO + col]);
+
+            /* P^T and dS^T (queries are columns: lse and Dt per column) as bf16 A operands;
+             * masked S^T is -inf (P = 0) only where the step meets the diagonal or T */
+            if (qc < k0 + warp * 16 + 15 || qc + NC > Ti)
+#pragma unroll
+                for (int n = 0; n < NC / 8; n++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        int key = key0 + (i >> 1) * 8, tq = qc + n * 8 + tig * 2 + (i & 1);
+                        if (key > tq || tq >= Ti) st[n][i] = -CK_INF;
+                    }
+            unsigned pf[NC / 16][4], df[NC / 16][4];
+#pragma unroll
+            for (int n = 0; n < NC / 8; n++) {
+                int cl = c * NC + n * 8 + tig * 2;   /* column in the tile */
+                float2 lq = *(const float2 *)(sL + cl), dtq = *(const float2 *)(sDt + cl);
+                float p[4], ds[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    p[i] = expf(st[n][i] * scale - (i & 1 ? lq.y : lq.x));
+                    ds[i] = p[i] * (dpt[n][i] - (i & 1 ? dtq.y : dtq.x)) * scale;
+                }
+                pf[n >> 1][(n & 1) * 2] = ck_pack(p[0], p[1]);
+                pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p[2], p[3]);
+                df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
+                df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
+            }
+
+            /* dV += P^T dY, dK += dS^T Q: dY and Q are (queries, d), read transposed */
+            unsigned byt = ck_smem(sDY + c * NC * L::LD + ck_off_a<D>());
+            unsigned bqt = ck_smem(sQ + c * NC * L::LD + ck_off_a<D>());
+#pragma unroll
+            for (int kk = 0; kk < NC / 16; kk++)
+#pragma unroll
+                for (int p = 0; p < D / 16; p++) {
+                    unsigned f[4];
+                    ck_ldm_t(f, byt + (kk * 16 * L::LD + p * 16) * 2);
+                    ck_mma(dv[2 * p], pf[kk], f[0], f[1]);
+                    ck_mma(dv[2 * p + 1], pf[kk], f[2], f[3]);
+                    ck_ldm_t(f, bqt + (kk * 16 * L::LD + p * 16) * 2);
+                    ck_mma(dk[2 * p], df[kk], f[0], f[1]);
+                    ck_mma(dk[2 * p + 1], df[kk], f[2], f[3]);
+                }
         }
     }
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int key = key0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+            if (key < Ti) {
+                Y::st(a.t[0], (b * T + key) * ycols + H * D + g * D + col, dk[n][i]);
+                Y::st(a.t[0], (b * T + key) * ycols + (H + Hkv) * D + g * D + col, dv[n][i]);
+            }
+        }
 }

@@ -303,6 +303,9 @@ static void build_attention(void) {
         {1, gt_int(60, 200), 2, 2, 128, FMT_F32, false},
         {2, gt_int(1, 130), 4, 4, 32, FMT_BF16, true},
         {1, 64, 6, 1, 16, FMT_F32, true},
+        /* tensor cores at the largest head dim, T past a whole tile, GQA over a packed q|k|v */
+        {gt_int(1, 3), 64 * gt_int(1, 4) + gt_int(1, 64), 6, 2, 128, FMT_BF16, true},
+        {1, gt_int(1, 260), 3, 1, 96, FMT_BF16, false},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         int64_t B = cfg[c].B, T = cfg[c].T, H = cfg[c].H, Hkv = cfg[c].Hkv, D = cfg[c].D;
