@@ -16,11 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build-gpu}
+mkdir -p "$BUILD" && BUILD=$(cd "$BUILD" && pwd)
 JOBS=${JOBS:-2}
 CORPUS=${CORPUS:-/work/shared/data/gcide.txt.gz}
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-make -C "$BUILD" -j"$JOBS" fp8c test_gpu_ops test_gpu_train test_gpu_cg gpu_test_graphs >/dev/null
+make -C "$BUILD" -j"$JOBS" fp8c fp8c-tokenize test_gpu_ops test_gpu_train test_gpu_cg gpu_test_graphs >/dev/null
 for t in test_gpu_ops test_gpu_train test_gpu_cg; do
     if ldd "$BUILD/tests/gpu/$t" | grep -q libcmocka; then
         echo "$BUILD/tests/gpu/$t links the shared libcmocka, which the GPU machine lacks:" \
@@ -29,7 +30,7 @@ for t in test_gpu_ops test_gpu_train test_gpu_cg; do
     fi
 done
 
-export FP8C_CACHE_DIR=$PWD/$BUILD/fp8c-cache
+export FP8C_CACHE_DIR=$BUILD/fp8c-cache
 echo "compiling the GPU tests' modules (NVRTC, cached in $FP8C_CACHE_DIR)"
 FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_ops" | tail -1
 FP8C_TEST_COMPILE_ONLY=1 "$BUILD/tests/gpu/test_gpu_train" | grep -E "cubin|cannot" || true
@@ -56,10 +57,13 @@ if [ "${XCHECK_BINS:-1}" = 1 ]; then         # tools/torch_crosscheck.py: GPT-2 
         --precision 'value:*=f32' -o "$BIN/xcheck_d12_f32"
     "$BUILD/fp8c" build models/gpt2.model -O0 --batch 8 --seq 512 -o "$BIN/xcheck_d12_bf16"
 fi
-# the PTX beside each cubin is for reading only; the carried tree stays under the size limit
+# the PTX beside each cubin and the binaries' debug information are for reading only; the
+# carried tree stays under the size limit
 rm -f "$FP8C_CACHE_DIR"/*.ptx
+for b in "$BIN"/*; do [ -f "$b" ] && strip --strip-debug "$b"; done
 
-if [ -f "$CORPUS" ]; then cp "$CORPUS" "$BUILD/gpu-suite/data/corpus.txt.gz"; fi
+rm -f "$BUILD/gpu-suite/data/corpus.txt.gz"
+if [ -f "$CORPUS" ]; then cp "$CORPUS" "$BUILD/gpu-suite/data/corpus.txt.gz"; fi   # CORPUS=none: the sample only
 cp data/gcide_sample.txt "$BUILD/gpu-suite/data/sample.txt"
 echo "git commit: $(git rev-parse --short HEAD)$(git diff --quiet -- cuda runtime compiler || echo ' (with local changes)')" > "$BUILD/gpu-suite/BUILD_INFO"
 du -sh "$BUILD"

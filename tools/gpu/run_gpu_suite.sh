@@ -47,10 +47,15 @@ sed 's/^/GPU: /' "$OUT/gpu.txt" | tee -a "$SUMMARY"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
     OLD_BUILD=$(sed -n 's/^# Build directory: //p' "$BUILD/CTestTestfile.cmake")
     OLD_SRC=$(sed -n 's/^# Source directory: //p' "$BUILD/CTestTestfile.cmake")
+    # the two independently: the build may have been made from another checkout of the source
     if [ -n "$OLD_BUILD" ] && [ "$OLD_BUILD" != "$BUILD" ]; then
-        find "$BUILD" -name CTestTestfile.cmake -exec sed -i "s|$OLD_BUILD|$BUILD|g; s|$OLD_SRC|$REPO|g" {} +
+        find "$BUILD" -name CTestTestfile.cmake -exec sed -i "s|$OLD_BUILD|$BUILD|g" {} +
     fi
-    (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) > "$OUT/ctest_gpu.log" 2>&1
+    if [ -n "$OLD_SRC" ] && [ "$OLD_SRC" != "$REPO" ]; then
+        find "$BUILD" -name CTestTestfile.cmake -exec sed -i "s|$OLD_SRC|$REPO|g" {} +
+    fi
+    # -V: the tests' own lines (cases, errors against their bounds) are the record
+    (cd "$BUILD" && ctest -L gpu -V --timeout 300) > "$OUT/ctest_gpu.log" 2>&1
     rc=$?
     grep -E "tests passed|tests failed|Passed|Failed|\*\*\*" "$OUT/ctest_gpu.log" | tail -6 | tee -a "$SUMMARY"
     say "ctest -L gpu: exit $rc ($(elapsed) s)"
