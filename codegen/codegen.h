@@ -71,11 +71,21 @@
  *   touched): fused intermediates go through it so that fusion never changes a value the
  *   plan rounds.
  *   Integer tensors (token ids, targets) load as f32 (exact below 2^24), like the reference.
+ *   A tensor stored through an optimizer-state codec (range expansion, companding, split
+ *   master: ir/codecs.c) has no element-wise meaning, since its groups share side values that
+ *   depend on every element. Kernels see it as codes (CgBuf.codes, cg_buf_codes): LOAD and
+ *   STORE convert between f32 and the code's element type like any unscaled buffer (e4m3
+ *   values; i8/u8 integers, rounded and clamped), and the lowering writes the codec's
+ *   decode, group statistics and encode in the instructions below, with the side values in
+ *   an f32 buffer of their own (Format.scale's tensor).
  * - Math is f32 (IEEE, round to nearest), i64 for indices, bool for conditions. Renderers may
  *   contract a*b+c into an FMA only where CG_FMA says so. CG_EXP, CG_LOG, CG_TANH may be off by
  *   a few ulps (CUDA's expf/logf/tanhf are within 2); everything else is correctly rounded.
  *   CG_FMAX / CG_FMIN are fmaxf / fminf (a NaN operand is ignored). CG_IDIV / CG_IMOD take
- *   non-negative operands. CG_FTOI truncates toward zero.
+ *   non-negative operands. CG_FTOI truncates toward zero. CG_LOG(0) is -inf, of a negative
+ *   number NaN; CG_EXP(-inf) is 0. CG_FBITS and CG_BITSF reinterpret an f32's IEEE bits as
+ *   an integer and back (exponent fields, exact powers of two: a split master's bf16 ulp);
+ *   subnormals are kept, never flushed to zero, by every operation.
  *
  * Kernels that are not loop nests:
  *   CG_KERNEL_GEMM  C = op(A) @ op(B) (CgGemm), a library call on both targets (cuBLASLt on
@@ -85,7 +95,8 @@
  *                   operands into f32 scratch first, and has C written as f32 (to its tensor,
  *                   an f32 accumulator, or scratch that an epilogue kernel stores).
  *   CG_KERNEL_REF   the nodes are run by the reference executor (ops or formats that have no
- *                   kernel yet); an executor that has no reference reports them.
+ *                   kernel); an executor that has no reference reports them. The models of
+ *                   models/ lower to none at any level.
  *
  * Names: generated functions are "fp8c_k<N>" where N indexes the program's unique kernel
  * bodies (CgProgram.funcs), so layers with the same shapes share one function. The CPU calling
@@ -130,6 +141,8 @@ typedef enum { CG_VOID, CG_F32, CG_I64, CG_BOOL } CgType;
     X(LOG,    "log",     1, CG_F32)                                                          \
     X(TANH,   "tanh",    1, CG_F32)                                                          \
     X(SQRT,   "sqrt",    1, CG_F32)                                                          \
+    X(FBITS,  "fbits",   1, CG_I64)  /* the 32 bits of f32 a0, as an i64 in [0, 2^32) */       \
+    X(BITSF,  "bitsf",   1, CG_F32)  /* the f32 whose bits are a0 (in [0, 2^32)) */            \
     X(FLT,    "flt",     2, CG_BOOL) /* ordered comparisons: false when either is NaN */     \
     X(FLE,    "fle",     2, CG_BOOL)                                                         \
     X(FEQ,    "feq",     2, CG_BOOL)                                                         \
@@ -183,6 +196,7 @@ typedef struct {
     int scale_buf;          /* the buffer holding the scales (unscaled f32 or e8m0), CG_NONE: static */
     float static_scale;     /* RECIPE_STATIC without a scale tensor */
     int64_t numel, rows, cols;   /* the 2-D view the scales refer to */
+    bool codes;             /* an optimizer-state codec's codes, seen as plain elements */
     bool read, written;
 } CgBuf;
 
@@ -253,6 +267,10 @@ int cg_scratch_new(CgProgram *p, int64_t floats);
 int cg_const_new(CgProgram *p, const float *data, int64_t n);     /* copies data */
 /* A buffer for node n's tensor (its scale tensor is added as another buffer when scaled). */
 int cg_buf_tensor(CgKernel *k, Node *n, bool read, bool written);
+/* The codes of a tensor stored through an optimizer-state codec (Format.codec, ir/codecs.c)
+ * as plain unscaled elements of its element type: the kernel does the codec's math itself and
+ * reads and writes the side values through a buffer of Format.scale's tensor. */
+int cg_buf_codes(CgKernel *k, Node *n, bool read, bool written);
 int cg_buf_scratch(CgKernel *k, int scratch, int64_t floats, bool read, bool written);
 int cg_buf_const(CgKernel *k, int constant, int64_t n);
 int cg_emit(CgKernel *k, CgOp op, int a0, int a1, int a2, int a3);

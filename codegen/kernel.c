@@ -109,7 +109,7 @@ static int buf_add(CgKernel *k, CgBuf b)
     /* a tensor already bound gets its access flags merged, not a second slot */
     for (int i = 0; i < k->n_bufs; i++) {
         CgBuf *o = &k->bufs[i];
-        if ((b.node && o->node == b.node) ||
+        if ((b.node && o->node == b.node && o->codes == b.codes) ||
             (!b.node && !o->node && o->scratch == b.scratch && o->constant == b.constant)) {
             o->read |= b.read;
             o->written |= b.written;
@@ -143,6 +143,17 @@ int cg_buf_tensor(CgKernel *k, Node *n, bool read, bool written)
         if (f->scale) b.scale_buf = cg_buf_tensor(k, f->scale, true, false);
         else b.static_scale = f->static_scale;
     }
+    return buf_add(k, b);
+}
+
+int cg_buf_codes(CgKernel *k, Node *n, bool read, bool written)
+{
+    const Tensor *t = &n->t;
+    IR_ASSERT(t->fmt.codec != CODEC_PLAIN);
+    CgBuf b = {.name = t->name ? t->name : ir_op_info(n->op)->text, .node = n,
+               .scratch = CG_NONE, .constant = CG_NONE, .elem = t->fmt.elem, .scaling = SCALE_NONE,
+               .scale_buf = CG_NONE, .static_scale = 1.0f, .numel = ir_numel(t), .rows = 1,
+               .cols = ir_numel(t), .codes = true, .read = read, .written = written};
     return buf_add(k, b);
 }
 
@@ -347,10 +358,13 @@ int cg_kernel_verify(const CgKernel *k)
         CgType want = CG_VOID;
         switch (in->op) {
         case CG_IADD: case CG_ISUB: case CG_IMUL: case CG_IDIV: case CG_IMOD: case CG_IMIN:
-        case CG_IMAX: case CG_ITOF: case CG_ILT: case CG_IEQ: case CG_LOOP: want = CG_I64; break;
+        case CG_IMAX: case CG_ITOF: case CG_ILT: case CG_IEQ: case CG_LOOP: case CG_BITSF:
+            want = CG_I64;
+            break;
         case CG_FTOI: case CG_FADD: case CG_FSUB: case CG_FMUL: case CG_FDIV: case CG_FMA:
         case CG_FMAX: case CG_FMIN: case CG_FNEG: case CG_FABS: case CG_EXP: case CG_LOG:
         case CG_TANH: case CG_SQRT: case CG_FLT: case CG_FLE: case CG_FEQ: case CG_REDUCE:
+        case CG_FBITS:
             want = CG_F32;
             break;
         case CG_AND: case CG_NOT: want = CG_BOOL; break;
@@ -396,6 +410,7 @@ static void print_buf(const CgBuf *b, int i, bool with_names, FILE *out)
     fprintf(out, " %s[%lld] view %lldx%lld%s%s", fmt_elem_name(b->elem), (long long)b->numel,
             (long long)b->rows, (long long)b->cols, b->read ? " read" : "",
             b->written ? " write" : "");
+    if (b->codes) fprintf(out, " codes=%s", fmt_codec_name(b->node->t.fmt.codec));
     if (b->scaling != SCALE_NONE) {
         fprintf(out, " scaling=%s", fmt_scaling_name(b->scaling));
         if (b->group) fprintf(out, " group=%d", b->group);

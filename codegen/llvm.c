@@ -22,8 +22,10 @@
  *    (round to nearest even in a format with the target's mantissa width, then the format's
  *    overflow rule) written with selects, so they vectorize and are bit-identical to
  *    num_encode by construction; FP8 decodes are a 256-entry table filled from num_*_to_f32.
- *  - exp and tanh are inline polynomials (Cephes' expf and tanhf, within 2 ulp) so that loops
- *    containing them vectorize; log stays the C library's logf (it only appears once per row).
+ *  - exp, log and tanh are inline polynomials (Cephes' expf, logf and tanhf, within 2 ulp) so
+ *    that loops containing them vectorize: the optimizer-state codecs take a power (an exp of
+ *    a log) of every element they decode or encode, and a libm call would keep those loops
+ *    scalar.
  *
  * Objects are cached by a hash of the unoptimized module text, the CPU, its features and the
  * optimization level: a rebuild of the same plan costs a file copy. */
@@ -149,6 +151,40 @@ static LLVMValueRef emit_exp(R *r, LLVMValueRef x)
     y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, x, cf(r, -103.9), ""), cf(r, 0.0), y, "");
     y = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, x, cf(r, 88.7228394), ""), cf(r, INFINITY), y, "");
     return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUNO, x, x, ""), x, y, "");
+}
+
+/* Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) = f - f^2/2 + f^3 P(f) for
+ * f = m - 1, and e ln2 added in two parts. Subnormal x is scaled by 2^23 first; 0 gives -inf,
+ * negative x NaN, +inf and NaN themselves. */
+static LLVMValueRef emit_log(R *r, LLVMValueRef x)
+{
+    LLVMBuilderRef b = r->b;
+    LLVMValueRef sub = LLVMBuildFCmp(b, LLVMRealOLT, x, cf(r, 0x1p-126), "");
+    LLVMValueRef xs = LLVMBuildSelect(b, sub, LLVMBuildFMul(b, x, cf(r, 0x1p23), ""), x, "");
+    LLVMValueRef u = bits_of(r, xs);
+    /* frexp: xs = m 2^e, m in [0.5, 1) */
+    LLVMValueRef e = LLVMBuildSub(b, LLVMBuildLShr(b, u, ci32(r, 23), ""), ci32(r, 126), "");
+    e = LLVMBuildSub(b, e, LLVMBuildSelect(b, sub, ci32(r, 23), ci32(r, 0), ""), "");
+    LLVMValueRef m = float_of(r, LLVMBuildOr(b, LLVMBuildAnd(b, u, ci32(r, 0x7FFFFF), ""), ci32(r, 0x3F000000), ""));
+    LLVMValueRef low = LLVMBuildFCmp(b, LLVMRealOLT, m, cf(r, 0.707106781186547524), "");
+    LLVMValueRef f = LLVMBuildFSub(b, LLVMBuildSelect(b, low, LLVMBuildFAdd(b, m, m, ""), m, ""), cf(r, 1.0), "");
+    e = LLVMBuildSub(b, e, LLVMBuildZExt(b, low, r->i32, ""), "");
+    LLVMValueRef z = LLVMBuildFMul(b, f, f, "");
+    static const double c[] = {7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
+                               1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
+                               3.3333331174e-1};
+    LLVMValueRef p = cf(r, c[0]);
+    for (int i = 1; i < 9; i++) p = fma3(r, p, f, cf(r, c[i]));
+    LLVMValueRef y = LLVMBuildFMul(b, LLVMBuildFMul(b, p, f, ""), z, "");
+    LLVMValueRef fe = LLVMBuildSIToFP(b, e, r->f32, "");
+    y = fma3(r, fe, cf(r, -2.12194440e-4), y);
+    y = fma3(r, z, cf(r, -0.5), y);
+    LLVMValueRef v = LLVMBuildFAdd(b, f, y, "");
+    v = fma3(r, fe, cf(r, 0.693359375), v);
+    v = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOEQ, x, cf(r, 0.0), ""), cf(r, -INFINITY), v, "");
+    v = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, x, cf(r, 0.0), ""), cf(r, NAN), v, "");
+    /* +inf and NaN come back as they are */
+    return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUGE, x, cf(r, INFINITY), ""), x, v, "");
 }
 
 /* Cephes tanhf: an odd polynomial below 0.625, 1 - 2/(e^2|x| + 1) above, with the sign. */
@@ -473,9 +509,11 @@ static void emit_inst(R *r, int i)
     case CG_FNEG: v = LLVMBuildFNeg(b, a0, ""); break;
     case CG_FABS: v = call1f(r, "llvm.fabs", a0); break;
     case CG_EXP: v = emit_exp(r, a0); break;
-    case CG_LOG: v = call1f(r, "llvm.log", a0); break;
+    case CG_LOG: v = emit_log(r, a0); break;
     case CG_TANH: v = emit_tanh(r, a0); break;
     case CG_SQRT: v = call1f(r, "llvm.sqrt", a0); break;
+    case CG_FBITS: v = LLVMBuildZExt(b, bits_of(r, a0), r->i64, ""); break;
+    case CG_BITSF: v = float_of(r, LLVMBuildTrunc(b, a0, r->i32, "")); break;
     case CG_FLT: v = LLVMBuildFCmp(b, LLVMRealOLT, a0, a1, ""); break;
     case CG_FLE: v = LLVMBuildFCmp(b, LLVMRealOLE, a0, a1, ""); break;
     case CG_FEQ: v = LLVMBuildFCmp(b, LLVMRealOEQ, a0, a1, ""); break;

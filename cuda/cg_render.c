@@ -19,8 +19,9 @@
  *                  outside spread loops (stores and lset) are done by thread 0 between two
  *                  barriers, so that no thread sees half an update.
  * Math is plain f32 (--fmad=false keeps a*b+c unfused unless CG_FMA asks), expf/logf/tanhf
- * for the transcendental ops, sqrtf correctly rounded; f32 sums in spread loops are added in
- * a fixed tree, so results repeat bit for bit. */
+ * for the transcendental ops, sqrtf correctly rounded, subnormals kept (no --ftz: the powers
+ * of two of a split master's correction go down to 2^-141); f32 sums in spread loops are
+ * added in a fixed tree, so results repeat bit for bit. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -193,6 +194,8 @@ static void emit_inst(R *r, int i) {
     case CG_LOG: out_line(o, "const float v%d = logf(v%d);", i, a0); return;
     case CG_TANH: out_line(o, "const float v%d = tanhf(v%d);", i, a0); return;
     case CG_SQRT: out_line(o, "const float v%d = sqrtf(v%d);", i, a0); return;
+    case CG_FBITS: out_line(o, "const long long v%d = (long long)__float_as_uint(v%d);", i, a0); return;
+    case CG_BITSF: out_line(o, "const float v%d = __uint_as_float((unsigned)v%d);", i, a0); return;
     case CG_FLT: out_line(o, "const bool v%d = v%d < v%d;", i, a0, a1); return;
     case CG_FLE: out_line(o, "const bool v%d = v%d <= v%d;", i, a0, a1); return;
     case CG_FEQ: out_line(o, "const bool v%d = v%d == v%d;", i, a0, a1); return;

@@ -9,8 +9,13 @@
  *   - f32 math: normalized error ||cpu - ref|| / ||ref|| < 1e-5 (the reference accumulates
  *     in f64; the kernels in f32 with exp/tanh within 2 ulp);
  *   - values stored in bf16 after f32 math: < 2e-3 (one bf16 ulp is 2^-8 relative; the two
- *     f32 results round to different neighbours only where they straddle a rounding point).
- * Then a whole training step of models/gpt2_tiny.model at -O0..-O3 on the CPU backend against
+ *     f32 results round to different neighbours only where they straddle a rounding point);
+ *   - AdamW over the optimizer-state codecs: codes, side values and weights with the bounds
+ *     stated at test_adamw_codec_encoders.
+ * The renderer's inline exp and log are checked against libm's f64 functions over their
+ * whole range (within 2 ulp, special values exact), and every model of models/ at every
+ * level lowers without reference kernels. Then a whole training step of
+ * models/gpt2_tiny.model at -O0..-O3, kernel by kernel and whole, on the CPU backend against
  * the reference: the loss, the gradient norm and every persistent tensor after the update.
  * The seed is printed; FP8C_TEST_SEED=n repeats a run. */
 #include <setjmp.h>
@@ -89,6 +94,65 @@ static bool compile_program(const CgProgram *p, Compiled *c, int opt)
     unlink(obj);
     unlink(so);
     return true;
+}
+
+/* ---------------------------------------------------------------- math functions */
+
+/* ulps of f32 between x and the exact value y (0 when both are the same special value) */
+static double ulps(float x, double y)
+{
+    if (isnan(x) || isnan(y)) return isnan(x) && isnan(y) ? 0 : INFINITY;
+    if (isinf((float)y) || isinf(x)) return x == (float)y ? 0 : INFINITY;   /* beyond f32's range */
+    double u = ldexp(1.0, (fabs(y) < 0x1p-126 ? -126 : ilogb(y)) - 23);
+    return fabs((double)x - y) / u;
+}
+
+/* The LLVM renderer's inline exp and log (Cephes polynomials, vectorizable) against libm's
+ * f64 functions: within 2 ulp over the whole range (subnormal results in absolute ulps of
+ * the subnormal grid), 0, infinities, NaN and negative arguments exact. */
+static void test_math_functions(void **state)
+{
+    (void)state;
+    enum { N = 1 << 16, SPECIAL = 8 };
+    Arena *a = arena_new();
+    CgProgram *p = cg_program_new(a, NULL);
+    int sx = cg_scratch_new(p, N), se = cg_scratch_new(p, N), sl = cg_scratch_new(p, N);
+    CgKernel *k = cg_kernel_new(p, CG_KERNEL_LOOP, "math", PHASE_FORWARD);
+    k->items = N;
+    cg_emit(k, CG_BODY, CG_NONE, CG_NONE, CG_NONE, CG_NONE);
+    int i = cg_emit(k, CG_ITEM, CG_NONE, CG_NONE, CG_NONE, CG_NONE);
+    int bx = cg_buf_scratch(k, sx, N, true, false), be = cg_buf_scratch(k, se, N, false, true);
+    int bl = cg_buf_scratch(k, sl, N, false, true);
+    int x = cg_load(k, bx, i, CG_NONE, CG_NONE);
+    cg_store(k, be, i, cg_emit(k, CG_EXP, x, CG_NONE, CG_NONE, CG_NONE), CG_NONE, CG_NONE);
+    cg_store(k, bl, i, cg_emit(k, CG_LOG, x, CG_NONE, CG_NONE, CG_NONE), CG_NONE, CG_NONE);
+    assert_int_equal(cg_kernel_verify(k), 0);
+    cg_program_finish(p);
+    Compiled c;
+    assert_true(compile_program(p, &c, 2));
+    float *xs = malloc(sizeof(float) * 3 * N), *ex = xs + N, *lg = xs + 2 * N;
+    static const float special[SPECIAL] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -1.0f, 1.0f, 0x1p-149f};
+    for (int j = 0; j < N; j++) {
+        if (j < SPECIAL) xs[j] = special[j];
+        else if (j % 2) xs[j] = (float)((rng_uniform() * 2 - 1) * 104);      /* exp's range */
+        else {                                                               /* any positive f32 */
+            uint32_t u = (uint32_t)(rng_next() % 0x7F800000u);
+            memcpy(&xs[j], &u, 4);
+        }
+    }
+    void *bufs[3] = {xs, ex, lg};
+    c.table.fns[0](bufs, 0, N);
+    double worst_e = 0, worst_l = 0;
+    for (int j = 0; j < N; j++) {
+        double ue = ulps(ex[j], exp((double)xs[j])), ul = ulps(lg[j], log((double)xs[j]));
+        if (!(ue <= 2)) fail_msg("exp(%.9g) = %.9g, exactly %.17g", xs[j], ex[j], exp((double)xs[j]));
+        if (!(ul <= 2)) fail_msg("log(%.9g) = %.9g, exactly %.17g", xs[j], lg[j], log((double)xs[j]));
+        if (j >= SPECIAL) worst_e = fmax(worst_e, ue), worst_l = fmax(worst_l, ul);
+    }
+    printf("  exp within %.2f ulp, log within %.2f ulp\n", worst_e, worst_l);
+    free(xs);
+    dlclose(c.so);
+    arena_free(a);
 }
 
 /* ---------------------------------------------------------------- test graphs */
@@ -625,6 +689,382 @@ static void test_optimizer(void **state)
     tg_free(t);
 }
 
+/* ---------------------------------------------------------------- AdamW over coded states
+ *
+ * The optimizer-state codecs (ir/codecs.c) as AdamW updates them at O2 (range-expanded e4m3
+ * m and v, f32 master), O3 (companded i8 m, sqrt-companded u8 v, split master) and in
+ * mixtures (a chunk of 128 holding four groups of 32; tensors whose last chunk and group are
+ * short), on fresh random data. The kernels compute in f32 what codecs.c and ref_adamw
+ * compute in f64, which sets what can be asked of them:
+ *
+ * - The encoders, on new moments that are the same f32 values in both (the first step from
+ *   zero states with beta1 = 1/2, beta2 = 3/4, where m = g/2 and v = g^2/4 round alike in f32
+ *   and f64): the side values that are a group's maximum (c, amax, p) bit for bit; k, from
+ *   f32 logs, within 2^-20 relative; no code more than one step from the reference's, and at
+ *   most 0.2% (+4) one step off, where the f32 and f64 values straddle a rounding point of
+ *   the code. A NaN and two infinities among the gradients check the non-finite paths: their
+ *   groups must come out exactly as codecs.c's.
+ * - Six steps of the real update (beta 0.9, 0.95, clipping) from Adam-like states: per group a
+ *   scale spread over six decades, m with heavy tails, v at least 5 m^2 (as Adam's own history
+ *   makes it), m^2-like or smooth, exact zeros, all-zero groups, and gradients whose scale
+ *   jumps 100x in some groups and vanishes in others, so that the groups' statistics move.
+ *   Each step starts both executors from the reference's state, so a difference is one
+ *   step's. The new m and v already differ in their last bits here (beta1 = 0.9 is not an f32
+ *   value), most where m's two terms cancel, and a group's extreme elements carry that into
+ *   its statistics. Groups whose side values agree (the max within 1e-5, k within 1e-4
+ *   relative) have codes at most one step apart, at most 1% (+4) of them; the others (a k
+ *   from a smallest element that cancelled; at most 5% (+2) of the groups) are encoded with
+ *   another exponent and compare decoded.
+ * - In both, every group decodes within a normalized error of 0.1 of the reference's: one
+ *   code step of the element that dominates it, up to 6%/k of it for e4m3, 1.6% for the
+ *   companded codes (the group's max itself always gets the top code, exactly). An f32
+ *   master within 1e-5 normalized. The bf16 weights within one bf16
+ *   step plus the f32 step's rounding, 2^-20 (|w| + 4 lr), of the reference's (a weight that
+ *   the step brings near zero has bf16 steps finer than that rounding), at most 1% of them
+ *   different; a split master (decoded: exact in both) within one correction unit
+ *   ulp(hi)/256 plus the same rounding. The gradient zeroed bit for bit.
+ * The replay of gpt2_tiny's step below checks its AdamW kernels with the second set of
+ * bounds. */
+
+typedef struct {
+    const char *label;
+    Codec m, v;             /* CODEC_PLAIN: f32 */
+    int master;             /* 0 none (f32 param), 1 f32 master (bf16 param), 2 split (bf16 param) */
+    int64_t n;
+} CodedCase;
+
+typedef struct {
+    double c, k;            /* side values that agree: a group's maximum, and k; relative */
+    double moved;           /* fraction of groups whose side values do not */
+    double off;             /* fraction of codes one step off (in groups that agree) */
+    double group_err;       /* normalized error of a group's decoded values */
+} CodedBounds;
+
+static const CodedBounds ENCODE_BOUNDS = {0.0, 0x1p-20, 0.0, 0.002, 0.1};
+static const CodedBounds STEP_BOUNDS = {1e-5, 1e-4, 0.05, 0.01, 0.1};
+
+typedef struct {
+    int64_t codes, off, groups, moved;
+    double c, k, err;       /* largest relative side differences, normalized error */
+} CodedStats;
+
+/* A moment tensor of n elements through codec c, with its side values. */
+static Node *coded_state(TG *t, Codec c, int64_t n)
+{
+    if (c == CODEC_PLAIN) return leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0);
+    Node *side = leaf(t, OP_STATE, FMT_F32, 1, codec_param_count(c, n), 0, 0);
+    Node *s = leaf(t, OP_STATE, codec_elem(c), 1, n, 0, 0);
+    s->t.fmt.scaling = SCALE_PER_GROUP;
+    s->t.fmt.group = codec_group_size(c);
+    s->t.fmt.codec = c;
+    s->t.fmt.scale = side;
+    return s;
+}
+
+static double heavy_normal(void) { return rng_uniform() < 0.9 ? rng_normal() : 5.0 * rng_normal(); }
+
+/* Adam-like moments for groups of 32 of scales[g]: m heavy-tailed; v >= m^2 / 0.2, m^2-like
+ * in odd groups (many decades), smooth in even ones. */
+static void moments_fill(const double *scales, float *m, float *v, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double s = scales[i / 32], x = s * heavy_normal(), w = 0;
+        for (int r = 0; r < 8; r++) w += s * s * rng_normal() * rng_normal() / 8;
+        m[i] = (float)x;
+        v[i] = (float)(x * x / 0.2 * (1 + 3 * rng_uniform()) + ((i / 32) % 2 ? 0 : fabs(w)));
+    }
+}
+
+/* A step's gradient: ~10x the moments' scale; at step s > 1, one group in seven 100x and one
+ * in eleven zero (a different seven and eleven each step); 2% exact zeros. */
+static void grads_fill(const double *scales, float *g, int64_t n, int s)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double x = scales[i / 32] * 10 * heavy_normal();
+        if (s > 1 && (i / 32 + s) % 7 == 0) x *= 100;
+        if (s > 1 && (i / 32 + s) % 11 == 0) x = 0;
+        if (rng_next() % 50 == 0) x = 0;
+        g[i] = (float)x;
+    }
+}
+
+/* The position of a sign-magnitude code in value order (both zeros at 0). */
+static int64_t sm_order(uint32_t code, int bits)
+{
+    uint32_t mag = code & ((1u << (bits - 1)) - 1);
+    return code >> (bits - 1) & 1 ? -(int64_t)mag : (int64_t)mag;
+}
+
+/* How many code steps apart element i of two arrays of codes of type e is. */
+static int64_t code_steps(ElemType e, const void *a, const void *b, int64_t i)
+{
+    switch (e) {
+    case FMT_E4M3: return llabs(sm_order(((const uint8_t *)a)[i], 8) - sm_order(((const uint8_t *)b)[i], 8));
+    case FMT_I8: return llabs((int64_t)((const int8_t *)a)[i] - ((const int8_t *)b)[i]);
+    case FMT_U8: return llabs((int64_t)((const uint8_t *)a)[i] - ((const uint8_t *)b)[i]);
+    default: IR_ASSERT(!"code_steps: not a code type");
+    }
+    return 0;
+}
+
+/* A coded tensor t: the CPU's codes cq and side values cs against the reference's rq, rs.
+ * Group by group: where the side values agree, the codes are at most one step apart; a group
+ * whose side values do not (a k from a smallest element that the f32 step computed with
+ * cancellation) is encoded with a different exponent, and only its decoded values compare. */
+static void coded_check(const char *what, const Tensor *t, const void *cq, const float *cs,
+                        const void *rq, const float *rs, const CodedBounds *b, CodedStats *st)
+{
+    Codec codec = t->fmt.codec;
+    int64_t n = ir_numel(t), G = codec_group_size(codec), groups = (n + G - 1) / G, off = 0, moved = 0;
+    int per = codec_params_per_group(codec);
+    float *c = malloc(sizeof(float) * (size_t)n), *r = malloc(sizeof(float) * (size_t)n);
+    codec_decode(codec, cq, cs, c, n);
+    codec_decode(codec, rq, rs, r, n);
+    for (int64_t gi = 0; gi < groups; gi++) {
+        int64_t lo = gi * G, hi = lo + G < n ? lo + G : n;
+        bool agree = true;
+        for (int j = 0; j < per; j++) {
+            float x = cs[gi * per + j], y = rs[gi * per + j];
+            bool is_k = j == 1;
+            double d = x == y || (isnan(x) && isnan(y)) ? 0 : fabs((double)x - y) / fabs(y);
+            if (is_k) st->k = fmax(st->k, d);
+            else st->c = fmax(st->c, d);
+            agree &= d <= (is_k ? b->k : b->c);
+        }
+        moved += !agree;
+        for (int64_t i = lo; agree && i < hi; i++) {
+            int64_t d = code_steps(t->fmt.elem, cq, rq, i);
+            if (d > 1)
+                fail_msg("%s[%lld]: code %lld steps from the reference's (group %lld: %.9g %.9g, reference "
+                         "%.9g %.9g)", what, (long long)i, (long long)d, (long long)gi, cs[gi * per],
+                         cs[gi * per + per - 1], rs[gi * per], rs[gi * per + per - 1]);
+            off += d;
+        }
+        double ge = norm_error(c + lo, r + lo, hi - lo);
+        if (!(ge <= b->group_err))
+            fail_msg("%s: group %lld decoded: normalized error %.3g", what, (long long)gi, ge);
+    }
+    if (moved > (b->moved > 0 ? 2 : 0) + (int64_t)(b->moved * (double)groups))
+        fail_msg("%s: side values of %lld of %lld groups differ", what, (long long)moved, (long long)groups);
+    if (off > 4 + (int64_t)(b->off * (double)n))
+        fail_msg("%s: %lld of %lld codes one step off", what, (long long)off, (long long)n);
+    st->err = fmax(st->err, norm_error(c, r, n));
+    st->codes += n;
+    st->off += off;
+    st->groups += groups;
+    st->moved += moved;
+    free(c);
+    free(r);
+}
+
+/* A moment of the test graph, set 1 (CPU) against set 0 (reference). */
+static void moment_check(TG *t, const char *what, Node *s, const CodedBounds *b, CodedStats *st)
+{
+    if (s->t.fmt.codec == CODEC_PLAIN) {    /* f32: f32 against f64 arithmetic */
+        double err = norm_error(t->set[1][s->id], t->set[0][s->id], ir_numel(&s->t));
+        if (!(err < TOL_F32)) fail_msg("%s: normalized error %.3g", what, err);
+        st->err = fmax(st->err, err);
+        return;
+    }
+    Node *side = s->t.fmt.scale;
+    coded_check(what, &s->t, t->set[1][s->id], t->set[1][side->id], t->set[0][s->id], t->set[0][side->id], b, st);
+}
+
+/* Runs `steps` updates of case cc; `encode`: one step from zero states with beta1 = 1/2,
+ * beta2 = 3/4 (identical new moments: the encoders alone). */
+static void coded_run(const CodedCase *cc, int steps, bool encode)
+{
+    TG *t = tg_new();
+    int64_t n = cc->n;
+    const CodedBounds *bounds = encode ? &ENCODE_BOUNDS : &STEP_BOUNDS;
+    Node *lr = scalar(t, 1e-3), *step = scalar(t, 1), *clip = scalar(t, encode ? 1.0 : 0.7), *gs = scalar(t, 1.0);
+    Node *p = leaf(t, OP_PARAM, cc->master ? FMT_BF16 : FMT_F32, 1, n, 0, 0);
+    Node *g = leaf(t, OP_STATE, FMT_BF16, 1, n, 0, 0);
+    Node *m = coded_state(t, cc->m, n), *v = coded_state(t, cc->v, n), *ms = NULL;
+    Node *in[9] = {p, g, m, v, lr, step, clip, gs, NULL};
+    if (cc->master) {
+        ms = in[8] = leaf(t, OP_STATE, cc->master == 2 ? FMT_I8 : FMT_F32, 1, n, 0, 0);
+        if (cc->master == 2) ms->t.fmt.codec = CODEC_SPLIT;
+    }
+    Node *a = op(t, OP_ADAMW, cc->master ? 9 : 8, in);
+    a->fattr[0] = encode ? 0.5 : 0.9, a->fattr[1] = encode ? 0.75 : 0.95, a->fattr[2] = 1e-8, a->fattr[3] = 0.1;
+    done(t, a, FMT_VOID, -1);
+    Graph *gr = t->g;
+    ir_renumber(gr);
+    for (int i = 0; i < gr->n_nodes; i++) {
+        Node *x = gr->nodes[i];
+        if (x->t.fmt.elem == FMT_VOID) continue;
+        int64_t bytes = storage_bytes(&x->t);
+        for (int s = 0; s < 2; s++) t->set[s][x->id] = calloc(1, (size_t)(bytes ? bytes : 1));
+    }
+    bind_set(t, 0);
+    fill_leaf(t, lr);
+    fill_leaf(t, clip);
+    fill_leaf(t, gs);
+    /* per group of 32, for the whole run: 1e-3 exp(2 N(0,1)), six decades; one group in 16
+     * all zero */
+    int64_t groups = (n + 31) / 32;
+    double *scales = malloc(sizeof(double) * (size_t)groups);
+    for (int64_t i = 0; i < groups; i++) scales[i] = rng_next() % 16 == 0 ? 0.0 : 1e-3 * exp(2.0 * rng_normal());
+    float *mf = calloc((size_t)n, sizeof(float)), *vf = calloc((size_t)n, sizeof(float));
+    float *gf = malloc(sizeof(float) * (size_t)n), *wf = malloc(sizeof(float) * (size_t)n);
+    if (!encode) moments_fill(scales, mf, vf, n);
+    ref_store(&m->t, mf);
+    ref_store(&v->t, vf);
+    for (int64_t i = 0; i < n; i++) wf[i] = (float)(0.02 * rng_normal());
+    if (cc->master == 2) codec_split_encode(wf, t->set[0][p->id], t->set[0][ms->id], n);
+    else if (ms) ref_store(&ms->t, wf), ref_store(&p->t, wf);
+    else ref_store(&p->t, wf);
+
+    Arena *ka = arena_new();
+    CgProgram *prog = cg_lower(gr, ka, NULL);
+    assert_non_null(prog);
+    for (int i = 0; i < prog->n_kernels; i++)
+        if (prog->kernels[i]->kind != CG_KERNEL_LOOP) fail_msg("%s: kernel %d is not a loop kernel", cc->label, i);
+    Compiled c;
+    if (!compile_program(prog, &c, 2)) fail_msg("%s: the kernels do not compile", cc->label);
+    RtCpuExec *x = rt_cpu_exec_new(gr, &c.table);
+    assert_non_null(x);
+
+    CodedStats sm = {0}, sv = {0};
+    int64_t w_off = 0;
+    double w_err = 0;
+    char what[200];
+    for (int s = 1; s <= steps; s++) {
+        bind_set(t, 0);
+        float sf = (float)s;
+        ref_store(&step->t, &sf);
+        grads_fill(scales, gf, n, s);
+        if (encode)     /* a NaN and infinities: their groups decode to NaN in both */
+            gf[3] = NAN, gf[300] = INFINITY, gf[600] = -INFINITY;
+        ref_store(&g->t, gf);
+        float *w0 = ref_load(&(ms && cc->master == 1 ? ms : p)->t);
+        for (int i = 0; i < gr->n_nodes; i++) {
+            Node *y = gr->nodes[i];
+            if (t->set[0][y->id]) memcpy(t->set[1][y->id], t->set[0][y->id], (size_t)storage_bytes(&y->t));
+        }
+        ref_exec_node(a);
+        bind_set(t, 1);
+        rt_cpu_run_phase(x, PHASE_FORWARD);
+
+        if (memcmp(t->set[0][g->id], t->set[1][g->id], (size_t)storage_bytes(&g->t)) != 0)
+            fail_msg("%s step %d: the gradient is not zeroed", cc->label, s);
+        snprintf(what, sizeof what, "%s step %d: m", cc->label, s);
+        moment_check(t, what, m, bounds, &sm);
+        snprintf(what, sizeof what, "%s step %d: v", cc->label, s);
+        moment_check(t, what, v, bounds, &sv);
+        if (ms) {   /* the bf16 weight: one bf16 step apart, plus the f32 step's rounding */
+            const uint16_t *hc = t->set[1][p->id], *hr = t->set[0][p->id];
+            int64_t off = 0;
+            for (int64_t i = 0; i < n; i++) {
+                float wa = num_bf16_to_f32(hc[i]), wb = num_bf16_to_f32(hr[i]);
+                int b = hr[i] >> 7 & 0xFF;
+                double bound = 1.01 * ldexp(1.0, (b ? b : 1) - 134) + 0x1p-20 * (fabs(w0[i]) + 4e-3);
+                if (!(fabs((double)wa - wb) <= bound) && !(isnan(wa) && isnan(wb)))
+                    fail_msg("%s step %d: bf16 weight %lld: %.9g, reference %.9g", cc->label, s, (long long)i, wa, wb);
+                off += hc[i] != hr[i];
+            }
+            w_off += off;
+            if (off > 1 + n / 100)
+                fail_msg("%s step %d: %lld of %lld bf16 weights differ", cc->label, s, (long long)off, (long long)n);
+        }
+        if (cc->master == 2) {
+            float *wc = malloc(sizeof(float) * (size_t)n), *wr = malloc(sizeof(float) * (size_t)n);
+            codec_split_decode(t->set[1][p->id], t->set[1][ms->id], wc, n);
+            codec_split_decode(t->set[0][p->id], t->set[0][ms->id], wr, n);
+            const uint16_t *hr = t->set[0][p->id];
+            int64_t off = 0;
+            for (int64_t i = 0; i < n; i++) {
+                int b = hr[i] >> 7 & 0xFF;
+                double bound = 1.01 * ldexp(1.0, (b ? b : 1) - 142) + 0x1p-20 * (fabs(w0[i]) + 4e-3);
+                if (isnan(wc[i]) && isnan(wr[i])) continue;
+                off += wc[i] != wr[i];
+                if (!(fabs((double)wc[i] - wr[i]) <= bound))
+                    fail_msg("%s step %d: split weight %lld: %.9g, reference %.9g", cc->label, s,
+                             (long long)i, wc[i], wr[i]);
+            }
+            if (off > 1 + n / 100)
+                fail_msg("%s step %d: %lld of %lld split weights differ", cc->label, s, (long long)off, (long long)n);
+            w_err = fmax(w_err, norm_error(wc, wr, n));
+            free(wc);
+            free(wr);
+        } else {
+            Node *w = ms ? ms : p;
+            bind_set(t, 1);
+            float *wc = ref_load(&w->t);
+            bind_set(t, 0);
+            float *wr = ref_load(&w->t);
+            double err = norm_error(wc, wr, n);
+            if (!(err < TOL_F32)) fail_msg("%s step %d: weight: normalized error %.3g", cc->label, s, err);
+            w_err = fmax(w_err, err);
+            free(wc);
+            free(wr);
+        }
+        free(w0);
+    }
+    const CodedStats *both_st[2] = {&sm, &sv};
+    for (int q = 0; q < 2; q++)
+        printf("  %-34s %s: %lld/%lld codes one step off, side values: max %.2g, k %.2g, %lld/%lld groups "
+               "apart; err %.2g\n", q ? "" : cc->label, q ? "v" : "m", (long long)both_st[q]->off,
+               (long long)both_st[q]->codes, both_st[q]->c, both_st[q]->k, (long long)both_st[q]->moved,
+               (long long)both_st[q]->groups, both_st[q]->err);
+    printf("  %-34s weights: %.2g%% of bf16 one step off, normalized error %.2g\n", "",
+           100.0 * (double)w_off / (double)(n * steps), w_err);
+    rt_cpu_exec_free(x);
+    dlclose(c.so);
+    arena_free(ka);
+    free(scales);
+    free(mf);
+    free(vf);
+    free(gf);
+    free(wf);
+    tg_free(t);
+}
+
+static const CodedCase coded_cases[] = {
+    {"O2: expand m, v, f32 master", CODEC_EXPAND, CODEC_EXPAND, 1, 128 * 48},
+    {"O3: compand m, sqrt v, split master", CODEC_COMPAND, CODEC_SQRT, 2, 32 * 160},
+    {"expand m, sqrt v, short end", CODEC_EXPAND, CODEC_SQRT, 0, 128 * 37 + 77},
+    {"compand m, expand v, split, short", CODEC_COMPAND, CODEC_EXPAND, 2, 128 * 29 + 45},
+    {"f32 m, v, split master", CODEC_PLAIN, CODEC_PLAIN, 2, 3000},
+};
+
+static void test_adamw_codec_encoders(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof coded_cases / sizeof coded_cases[0]; i++) coded_run(&coded_cases[i], 1, true);
+}
+
+static void test_adamw_coded_steps(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof coded_cases / sizeof coded_cases[0]; i++) coded_run(&coded_cases[i], 6, false);
+}
+
+/* Every model of models/ at every level, and -O3 with gradient release, lowers to loop and
+ * GEMM kernels only: nothing is left to the reference executor. */
+static void test_no_reference_kernels(void **state)
+{
+    (void)state;
+    static const char *models[] = {"models/gpt2_tiny.model", "models/gpt2.model", "models/llama.model",
+                                   "models/mlp.model"};
+    for (int i = 0; i < 4; i++)
+        for (int level = 0; level <= 4; level++) {
+            Arena *a = arena_new();
+            BuildOptions bo = {.front = {.batch = 2, .seq = 32},
+                               .passes = {.opt_level = level < 3 ? level : 3, .grad_release = level == 4}};
+            Graph *g = pipeline_compile(a, models[i], &bo);
+            assert_non_null(g);
+            CgProgram *p = cg_lower(g, a, NULL);
+            assert_non_null(p);
+            for (int k = 0; k < p->n_kernels; k++)
+                if (p->kernels[k]->kind == CG_KERNEL_REF)
+                    fail_msg("%s -O%d%s: kernel %d (%s) runs on the reference executor", models[i],
+                             bo.passes.opt_level, level == 4 ? " --grad-release" : "", k, p->kernels[k]->name);
+            arena_free(a);
+        }
+}
+
 /* ---------------------------------------------------------------- a whole training step */
 
 typedef struct {
@@ -873,6 +1313,7 @@ static void replay_level(int level)
     void *ps = malloc((size_t)mem.persistent_bytes), *ss = malloc((size_t)mem.step_bytes);
     int checked = 0, worst_id = -1;
     double worst = 0;
+    CodedStats coded = {0};
     for (int phase = 0; phase < PHASE_COUNT; phase++)
         for (int i = 0; i < g->n_nodes; i++) {
             Node *n = g->nodes[i];
@@ -901,8 +1342,24 @@ static void replay_level(int level)
             memcpy(ps, mem.persistent, (size_t)mem.persistent_bytes);
             memcpy(ss, mem.step, (size_t)mem.step_bytes);
             for (int k = first; k <= last; k++) rt_cpu_run_kernel(x, k);
+            /* decoded values; coded optimizer states (AdamW's m and v at -O2/-O3): their codes
+             * and side values as they are */
             float *cv[16];
-            for (int t = 0; t < nt; t++) cv[t] = ref_load(&targets[t]->t);
+            void *codes[16] = {0};
+            float *sides[16] = {0};
+            for (int t = 0; t < nt; t++) {
+                Tensor *tt = &targets[t]->t;
+                if (tt->fmt.codec == CODEC_PLAIN) {
+                    cv[t] = ref_load(tt);
+                    continue;
+                }
+                int64_t sb = sizeof(float) * codec_param_count(tt->fmt.codec, ir_numel(tt));
+                codes[t] = malloc((size_t)storage_bytes(tt));
+                sides[t] = malloc((size_t)sb);
+                memcpy(codes[t], tt->data, (size_t)storage_bytes(tt));
+                memcpy(sides[t], tt->fmt.scale->t.data, (size_t)sb);
+                cv[t] = NULL;
+            }
             memcpy(mem.persistent, ps, (size_t)mem.persistent_bytes);
             memcpy(mem.step, ss, (size_t)mem.step_bytes);
             ref_exec_node(n);
@@ -915,6 +1372,14 @@ static void replay_level(int level)
                 }
             for (int t = 0; t < nt; t++) {
                 Tensor *tt = &targets[t]->t;
+                if (codes[t]) {
+                    char what[200];
+                    snprintf(what, sizeof what, "-O%d: kernel of %%%d adamw (%s)", level, n->id, tt->name);
+                    coded_check(what, tt, codes[t], sides[t], tt->data, tt->fmt.scale->t.data, &STEP_BOUNDS, &coded);
+                    free(codes[t]);
+                    free(sides[t]);
+                    continue;
+                }
                 float *rv = ref_load(tt);
                 int64_t cnt = ir_numel(tt), off = 0;
                 int bits = mantissa_bits(tt->fmt.elem);
@@ -949,6 +1414,10 @@ static void replay_level(int level)
             checked++;
         }
     printf("  -O%d: %d kernel groups replayed; largest f32 error %.3g (%%%d)\n", level, checked, worst, worst_id);
+    if (coded.codes)
+        printf("  -O%d: coded states: %lld/%lld codes one step off, %lld/%lld groups' side values apart, "
+               "largest normalized error %.3g\n", level, (long long)coded.off, (long long)coded.codes,
+               (long long)coded.moved, (long long)coded.groups, coded.err);
     assert_true(checked > 100);
     free(ps);
     free(ss);
@@ -977,11 +1446,14 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_elementwise),      cmocka_unit_test(test_encodes_exact),
+        cmocka_unit_test(test_math_functions),   cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_encodes_exact),
         cmocka_unit_test(test_copies_exact),     cmocka_unit_test(test_rows),
         cmocka_unit_test(test_losses_and_gathers), cmocka_unit_test(test_attention),
         cmocka_unit_test(test_gemm),             cmocka_unit_test(test_fused_chain),
-        cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_table_mismatch),
+        cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_adamw_codec_encoders),
+        cmocka_unit_test(test_adamw_coded_steps), cmocka_unit_test(test_no_reference_kernels),
+        cmocka_unit_test(test_table_mismatch),
         cmocka_unit_test(test_replay_levels),
         cmocka_unit_test(test_train_step_f32),   cmocka_unit_test(test_train_step_levels),
     };
