@@ -363,9 +363,9 @@ bool pass_precision(Graph *g, const PassOptions *opt)
             continue;
         }
         if (x->op == OP_QUANTIZE) continue;
-        x->t.fmt = fmt_plain(stays_f32(x) ? FMT_F32 : FMT_BF16);
-        const Rule *v = stays_f32(x) ? NULL : policy_match(&policy, RULE_VALUE, x->t.name ? x->t.name : "");
-        if (v) x->t.fmt = fmt_plain(v->fmt.elem);
+        bool f32 = stays_f32(x);
+        const Rule *v = f32 ? NULL : policy_match(&policy, RULE_VALUE, x->t.name ? x->t.name : "");
+        x->t.fmt = fmt_plain(f32 ? FMT_F32 : v ? v->fmt.elem : FMT_BF16);
         const Rule *r = x->t.role == ROLE_SAVED ? policy_match(&policy, RULE_SAVED, x->t.name) : NULL;
         if (r && !(r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2)) x->t.fmt = fmt_plain(r->fmt.elem);
     }
