@@ -126,7 +126,7 @@ static int count_lines(const char *text) {
 static void test_loss_falls(void **state) {
     (void)state;
     build("-O0", "bin");
-    int rc = run("train", "%s/bin --data %s/data/gcide_sample.txt --steps 24 --warmup 4 --lr 3e-3 "
+    int rc = run("train", "%s/bin --data %s/data/gcide_sample.txt --steps 24 --warmup 4 --lr 1e-3 "
                  "--seed %u --eval-every 12 --eval-batches 16 --log %s/log.jsonl", tmp_dir,
                  FP8C_SOURCE_DIR, seed, tmp_dir);
     if (rc != 0) fail_msg("training failed (%d):\n%s", rc, slurp("train.out"));
