@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { INIT_NORMAL = 0, INIT_ZEROS = 1, INIT_ONES = 2 };
 enum { INIT_CHUNK = 1 << 14 };
@@ -87,6 +88,18 @@ static void fill_param(const Node *p, uint64_t seed, float *x, int64_t n)
     }
 }
 
+/* Zero bytes, writing only the pages that are not zero already: a fresh arena is untouched
+ * anonymous memory, and writing its Adam moments would make the kernel build gigabytes of
+ * pages that reading leaves shared. */
+static void clear_bytes(unsigned char *p, int64_t n)
+{
+    static const unsigned char zeros[4096];
+    for (int64_t at = 0; at < n; at += 4096) {
+        size_t len = (size_t)(n - at < 4096 ? n - at : 4096);
+        if (memcmp(p + at, zeros, len)) memset(p + at, 0, len);
+    }
+}
+
 void rt_init_params(Graph *g, uint64_t seed)
 {
     /* state first: scale tensors must hold their 1 before scaled parameters are stored */
@@ -94,6 +107,11 @@ void rt_init_params(Graph *g, uint64_t seed)
         Node *s = g->nodes[i];
         if (s->op != OP_STATE || s->t.fmt.elem == FMT_VOID || s->t.fmt.codec == CODEC_SPLIT)
             continue;
+        if (s->t.role != ROLE_SCALE && s->t.fmt.codec == CODEC_PLAIN) {
+            /* zero in every plain format, scaled or not, is all-zero bytes */
+            clear_bytes(s->t.data, ir_numel(&s->t) * fmt_elem_bytes(s->t.fmt.elem));
+            continue;
+        }
         int64_t n = ir_numel(&s->t);
         float *x = alloc_values(n);
         for (int64_t k = 0; k < n; k++) x[k] = s->t.role == ROLE_SCALE ? 1.0f : 0.0f;

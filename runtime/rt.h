@@ -205,6 +205,7 @@ void rt_scales_back_off(Tensor *const *pairs, int n_pairs);
 typedef struct {
     void *persistent, *step;
     int64_t persistent_bytes, step_bytes;
+    size_t persistent_mapped, step_mapped;   /* what rt_memory_free unmaps */
 } RtMemory;
 bool rt_memory_bind(Graph *g, RtMemory *m);
 void rt_memory_free(RtMemory *m);
