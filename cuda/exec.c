@@ -35,8 +35,9 @@ typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
-    const void *A, *B;
+    const void *A, *B, *C;
     void *D;
+    float beta;
 } ExecLaunch;
 
 /* FP8C_CUDA_PROFILE=1: every launch timed with events (no graphs), summed by kernel */
@@ -70,7 +71,9 @@ struct CudaExec {
     int64_t step_alloc;                   /* step arena + workspace */
     CUdeviceptr cublas_ws, scratch, aux;
     int64_t scratch_bytes, aux_bytes, aux_used;
-    CuNodePlan *plans;
+    CuNodePlan *node_plans;               /* one node each (cuda_exec_run_node) */
+    CuNodePlan *plans;                    /* the phases': GEMM epilogues fused */
+    int n_epilogues;                      /* GEMMs in plans with a fused epilogue */
     ExecList lists[LIST_COUNT];
     int finite_flag_off;                  /* in aux */
     const Node **finite_nodes;
@@ -159,18 +162,40 @@ static cudaDataType_t lt_type(ElemType t) {
     }
 }
 
-static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x) {
+static void exec_free_gemm(ExecLaunch *x) {
+    if (x->la) CU(cublasLtMatrixLayoutDestroy)(x->la);
+    if (x->lb) CU(cublasLtMatrixLayoutDestroy)(x->lb);
+    if (x->ld) CU(cublasLtMatrixLayoutDestroy)(x->ld);
+    if (x->desc) CU(cublasLtMatmulDescDestroy)(x->desc);
+    x->la = x->lb = x->ld = NULL;
+    x->desc = NULL;
+}
+
+/* Sets up one cuBLASLt matmul and picks its algorithm. *no_algo (when given) says that the
+ * heuristic had none, without a message: the caller falls back to plain GEMMs. */
+static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo) {
     const CuGemm *g = &l->gemm;
     bool ok = true;
     x->A = (const void *)(uintptr_t)ref_ptr(e, &g->a, &ok);
     x->B = (const void *)(uintptr_t)ref_ptr(e, &g->b, &ok);
     x->D = (void *)(uintptr_t)ref_ptr(e, &g->d, &ok);
+    x->C = g->c.node ? (const void *)(uintptr_t)ref_ptr(e, &g->c, &ok) : x->D;
+    x->beta = g->c.node ? 1.0f : 0.0f;
+    const void *bias = g->bias.node ? (const void *)(uintptr_t)ref_ptr(e, &g->bias, &ok) : NULL;
     if (!ok) return false;
     cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (!LT_CHECK(CU(cublasLtMatmulDescCreate)(&x->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
         !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
         !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
         return false;
+    if (bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cudaDataType_t bt = lt_type(g->biastype);
+        if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
+            !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)) ||
+            !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)))
+            return false;
+    }
     if (g->scales >= 0) {
         /* cuBLASLt multiplies by these: the dequantization scales 1/s */
         const float *sa = (const float *)(uintptr_t)(e->scratch + (CUdeviceptr)g->scales);
@@ -192,7 +217,7 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x) {
     ok = LT_CHECK(CU(cublasLtMatmulPreferenceSetAttribute)(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     /* the heuristic assumes 256-byte aligned matrices unless told otherwise; an algorithm
      * chosen for alignment the pointers do not have fails at launch */
-    const void *ptrs[4] = {x->A, x->B, x->D, x->D};
+    const void *ptrs[4] = {x->A, x->B, x->C, x->D};
     const cublasLtMatmulPreferenceAttributes_t which[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -204,10 +229,17 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x) {
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     memset(&res, 0, sizeof res);
-    ok = ok && LT_CHECK(CU(cublasLtMatmulAlgoGetHeuristic)(e->lt, x->desc, x->la, x->lb, x->ld, x->ld,
-                                                          pref, 1, &res, &found));
+    if (ok) {
+        cublasStatus_t r = CU(cublasLtMatmulAlgoGetHeuristic)(e->lt, x->desc, x->la, x->lb, x->ld, x->ld,
+                                                             pref, 1, &res, &found);
+        if (r == CUBLAS_STATUS_NOT_SUPPORTED && no_algo) found = 0;   /* an epilogue it lacks */
+        else ok = LT_CHECK(r);
+    }
     CU(cublasLtMatmulPreferenceDestroy)(pref);
-    if (ok && found < 1) {
+    if (ok && found < 1 && no_algo) {
+        *no_algo = true;
+        ok = false;
+    } else if (ok && found < 1) {
         const Node *n = l->gemm.d.node ? l->gemm.d.node : x->node;
         rt_error("cuBLASLt has no algorithm for matmul %%%d %s (%s x %s -> %s, m %lld n %lld k %lld)",
                  n->id, n->t.name ? n->t.name : "", fmt_elem_name(g->atype), fmt_elem_name(g->btype),
@@ -237,7 +269,7 @@ static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, E
     x->kind = l->kind;
     x->node = n;
     x->fn = l->fn;
-    if (l->kind == CU_GEMM) return exec_setup_gemm(e, l, x);
+    if (l->kind == CU_GEMM) return exec_setup_gemm(e, l, x, NULL);
     if (!CU_CHECK(CU(cuModuleGetFunction)(&x->f, e->module, l->fn))) {
         rt_error("the binary's GPU module has no kernel %s for %s %%%d: rebuild it with this fp8c",
                  l->fn, ir_op_info(n->op)->text, n->id);
@@ -283,9 +315,9 @@ static bool exec_add_node(CudaExec *e, ExecList *L, const Node *n, const CuNodeP
 
 static bool exec_launch(CudaExec *e, const ExecLaunch *x) {
     if (x->kind == CU_GEMM) {
-        float alpha = 1.0f, beta = 0.0f;
-        if (!LT_CHECK(CU(cublasLtMatmul)(e->lt, x->desc, &alpha, x->A, x->la, x->B, x->lb, &beta,
-                                         x->D, x->ld, x->D, x->ld, &x->algo,
+        float alpha = 1.0f;
+        if (!LT_CHECK(CU(cublasLtMatmul)(e->lt, x->desc, &alpha, x->A, x->la, x->B, x->lb, &x->beta,
+                                         x->C, x->ld, x->D, x->ld, &x->algo,
                                          (void *)(uintptr_t)e->cublas_ws, CUBLAS_WORKSPACE,
                                          (cudaStream_t)e->stream)))
             return false;
@@ -396,6 +428,41 @@ static bool exec_finish(CudaExec *e, const char *what) {
 
 /* ---------------------------------------------------------------- set-up */
 
+/* A fused GEMM for which cuBLASLt has no algorithm (an epilogue it does not offer for these
+ * types) goes back to its group's plain plans, each node at its own place. */
+static bool exec_check_epilogues(CudaExec *e) {
+    int plain = 0;
+    for (int i = 0; i < e->g->n_nodes; i++) {
+        CuNodePlan *p = &e->plans[i];
+        bool no_algo = false;
+        for (int k = 0; p->members && !no_algo && k < p->n_launch; k++) {
+            if (p->launch[k].kind != CU_GEMM) continue;
+            ExecLaunch x;
+            memset(&x, 0, sizeof x);
+            x.node = p->node;
+            bool ok = exec_setup_gemm(e, &p->launch[k], &x, &no_algo);
+            exec_free_gemm(&x);
+            if (!ok && !no_algo) return false;
+        }
+        if (no_algo) {
+            for (int m = 0; m < p->n_members; m++) {
+                int j = p->members[m]->index;
+                e->plans[j] = e->node_plans[j];
+            }
+            e->plans[i] = e->node_plans[i];
+            plain++;
+        } else if (p->members) {
+            e->n_epilogues++;
+        }
+    }
+    if (getenv("FP8C_CUDA_VERBOSE"))
+        fprintf(stderr, "CUDA executor: %d GEMMs with epilogues, %d left plain (no cuBLASLt algorithm)\n",
+                e->n_epilogues, plain);
+    return true;
+}
+
+int cuda_exec_epilogues(const CudaExec *e) { return e->n_epilogues; }
+
 static void fmt_gib(char *out, size_t len, int64_t bytes) {
     snprintf(out, len, "%.2f GiB", (double)bytes / (1 << 30));
 }
@@ -429,13 +496,17 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     }
 
     /* every node's plan first: a node the GPU cannot run stops here, before any allocation */
-    e->plans = cuda_plan_graph(g, e->arena, why, sizeof why);
-    if (!e->plans) {
+    e->node_plans = cuda_plan_graph(g, e->arena, why, sizeof why);
+    if (!e->node_plans) {
         rt_error("--device cuda: the GPU backend cannot run %s", why);
         goto fail;
     }
-    for (int i = 0; i < g->n_nodes; i++)
+    e->plans = env_flag("FP8C_CUDA_EPILOGUES", true) ? cuda_plan_epilogues(g, e->node_plans, e->arena)
+                                                     : e->node_plans;
+    for (int i = 0; i < g->n_nodes; i++) {
         if (e->plans[i].scratch_bytes > e->scratch_bytes) e->scratch_bytes = e->plans[i].scratch_bytes;
+        if (e->node_plans[i].scratch_bytes > e->scratch_bytes) e->scratch_bytes = e->node_plans[i].scratch_bytes;
+    }
     int n_tables = 0;
     for (int i = 0; i < g->n_nodes; i++)
         for (int k = 0; k < e->plans[i].n_launch; k++)
@@ -480,6 +551,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     if (!LT_CHECK(CU(cublasLtCreate)(&e->lt))) goto fail;
     e->have_lt = true;
 
+    if (!exec_check_epilogues(e)) goto fail;
     /* the launch lists: evaluation, micro-step, update; then the gradient checks */
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
@@ -505,12 +577,7 @@ void cuda_exec_close(CudaExec *e) {
         for (int k = 0; k < LIST_COUNT; k++) {
             ExecList *L = &e->lists[k];
             for (int i = 0; i < L->n; i++)
-                if (L->l[i].kind == CU_GEMM) {
-                    if (L->l[i].la) CU(cublasLtMatrixLayoutDestroy)(L->l[i].la);
-                    if (L->l[i].lb) CU(cublasLtMatrixLayoutDestroy)(L->l[i].lb);
-                    if (L->l[i].ld) CU(cublasLtMatrixLayoutDestroy)(L->l[i].ld);
-                    if (L->l[i].desc) CU(cublasLtMatmulDescDestroy)(L->l[i].desc);
-                }
+                if (L->l[i].kind == CU_GEMM) exec_free_gemm(&L->l[i]);
             if (L->exec) CU(cuGraphExecDestroy)(L->exec);
             if (L->graph) CU(cuGraphDestroy)(L->graph);
             free(L->l);
@@ -543,16 +610,11 @@ bool cuda_exec_run_node(CudaExec *e, const Node *n) {
         if (e->g->nodes[i] != n) continue;
         int64_t aux_at = e->aux_used;
         ExecList L = {0};
-        bool ok = exec_add_node(e, &L, n, &e->plans[i]);
+        bool ok = exec_add_node(e, &L, n, &e->node_plans[i]);
         for (int k = 0; ok && k < L.n; k++) ok = exec_launch(e, &L.l[k]);
         ok = ok && exec_finish(e, ir_op_info(n->op)->text);
         for (int k = 0; k < L.n; k++)
-            if (L.l[k].kind == CU_GEMM) {
-                CU(cublasLtMatrixLayoutDestroy)(L.l[k].la);
-                CU(cublasLtMatrixLayoutDestroy)(L.l[k].lb);
-                CU(cublasLtMatrixLayoutDestroy)(L.l[k].ld);
-                CU(cublasLtMatmulDescDestroy)(L.l[k].desc);
-            }
+            if (L.l[k].kind == CU_GEMM) exec_free_gemm(&L.l[k]);
         free(L.l);
         e->aux_used = aux_at;   /* the tables of this run are not needed again */
         return ok;

@@ -39,6 +39,9 @@ typedef struct {
     ElemType atype, btype, dtype;
     CuRef a, b, d;
     int64_t scales;         /* scratch offset of {1/scale(A), 1/scale(B)}, -1: unscaled */
+    CuRef bias, c;          /* epilogue: bias vector of length m (node NULL: none); C added
+                               with beta = 1, same type and layout as D (node NULL: none) */
+    ElemType biastype;
 } CuGemm;
 
 typedef enum { CU_KERNEL, CU_GEMM } CuLaunchKind;
@@ -61,6 +64,9 @@ typedef struct {
     CuLaunch *launch;
     int n_launch;
     int64_t scratch_bytes;
+    const Node **members;   /* cuda_plan_epilogues: the group this GEMM computes (matmul
+                               first), whose other nodes have empty plans; NULL otherwise */
+    int n_members;
 } CuNodePlan;
 
 /* The launches of node n (none for leaves and views). Returns false with a reason in why
@@ -69,6 +75,11 @@ typedef struct {
 bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len);
 /* Plans every node of g; the first node that cannot run is reported in why. */
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len);
+/* The plans the phases run: node_plans (cuda_plan_graph's), except that a matmul whose fuse
+ * group (passes/fuse.c) is a bias add, a residual or gradient-sum add, or an accumulation
+ * into a gradient becomes one GEMM with a cuBLASLt epilogue at the group's place; its other
+ * nodes get empty plans. Renumbers g. */
+CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a);
 /* The check the training loop runs on gradient accumulators: one launch that sets the int
  * at its scratch when n's tensor holds a NaN or an infinity. */
 bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);
@@ -150,6 +161,9 @@ bool cuda_cg_run_kernel(CudaCg *c, const CgKernel *k);   /* GEMM and reference k
  * computes a GEMM kernel's result on the host hands it to the epilogue that reads it). */
 bool cuda_cg_write_scratch(CudaCg *c, int scratch, const float *data, int64_t n);
 void cuda_cg_close(CudaCg *c);
+/* How many GEMMs of the phases run with a fused epilogue (cuda_plan_epilogues; 0 with
+ * FP8C_CUDA_EPILOGUES=0). */
+int cuda_exec_epilogues(const CudaExec *e);
 /* Device memory the executor holds: arenas and workspace. */
 int64_t cuda_exec_device_bytes(const CudaExec *e);
 const char *cuda_exec_device_name(const CudaExec *e);

@@ -826,19 +826,27 @@ static void plan_decode(Spec *s, const Node *x, int64_t off) {
     arg_node(l, 1, x);
 }
 
-static bool plan_matmul(Spec *s) {
-    const Node *n = s->n;
-    if (!check_io(s, n, true)) return false;
+/* What cuBLASLt adds to a GEMM's product before its one rounding: a bias broadcast over the
+ * rows, a same-shaped C (beta = 1), or both; the result goes to d's tensor. For a plain
+ * matmul: nothing, and d is the matmul itself. */
+typedef struct {
+    const Node *d, *bias, *c;
+} GemmEpilogue;
+
+static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
+    const Node *n = s->n, *y = ep ? ep->d : n;
+    if (!check_io(s, n, true) || !spec_check_tensor(s, &y->t, "the result")) return false;
     const Node *A = n->in[0], *B = n->in[1];
     bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
     int64_t ar = rows_of(&A->t), ac = cols_of(&A->t), br = rows_of(&B->t), bc = cols_of(&B->t);
     int64_t M = ta ? ac : ar, K = ta ? ar : ac, KB = tb ? bc : br, N = tb ? br : bc;
     if (K != KB) return spec_fail(s, "inner dimensions %lld and %lld differ", (long long)K, (long long)KB);
-    if (ir_numel(&n->t) != M * N) return spec_fail(s, "the result is not (M, N)");
+    if (ir_numel(&n->t) != M * N || ir_numel(&y->t) != M * N) return spec_fail(s, "the result is not (M, N)");
     OperandKind ka = operand_kind(&A->t), kb = operand_kind(&B->t);
-    const Format *fy = &n->t.fmt;
+    const Format *fy = &y->t.fmt;
     bool y_direct = fy->codec == CODEC_PLAIN && fy->scaling == SCALE_NONE &&
                     (fy->elem == FMT_BF16 || fy->elem == FMT_F32);
+    if (ep && !y_direct) return spec_fail(s, "an epilogue needs a plain bf16 or f32 result");
     bool fp8 = ka == OPD_FP8 && kb == OPD_FP8 &&
                !(A->t.fmt.elem == FMT_E5M2 && B->t.fmt.elem == FMT_E5M2) && K % 16 == 0 && N % 16 == 0 &&
                M % 16 == 0;
@@ -850,7 +858,7 @@ static bool plan_matmul(Spec *s) {
     memset(&g, 0, sizeof g);
     g.m = N, g.n = M, g.k = K;
     g.scales = -1;
-    g.a.scratch = g.b.scratch = g.d.scratch = -1;
+    g.a.scratch = g.b.scratch = g.d.scratch = g.c.scratch = g.bias.scratch = -1;
     if (fp8) {
         /* Hopper's FP8 GEMM takes only TN: A (cuBLAS) = B_g as (N, K) row-major, B (cuBLAS) =
          * A_g as (M, K) row-major; other layouts get a transposed copy */
@@ -895,7 +903,7 @@ static bool plan_matmul(Spec *s) {
     g.ldd = N;
     int64_t y_off = -1;
     if (y_direct) {
-        g.d.node = n;
+        g.d.node = y;
         g.dtype = fy->elem;
     } else {
         y_off = at;
@@ -903,6 +911,11 @@ static bool plan_matmul(Spec *s) {
         g.dtype = FMT_F32;
         at += (M * N * 4 + 255) / 256 * 256;
     }
+    if (ep && ep->bias) {
+        g.bias.node = ep->bias;
+        g.biastype = ep->bias->t.fmt.elem;
+    }
+    if (ep && ep->c) g.c.node = ep->c;
     CuLaunch *l = spec_launch(s, "gemm", 0, 0, "gemm");
     l->kind = CU_GEMM;
     l->gemm = g;
@@ -914,6 +927,78 @@ static bool plan_matmul(Spec *s) {
         arg_scratch(l, 1, y_off, M, N);
     }
     need_scratch(s, at);
+    return true;
+}
+
+/* ---------------------------------------------------------------- GEMM epilogues
+ *
+ * The fuse pass (passes/fuse.c) puts a matmul and the elementwise nodes that consume its
+ * product into one group that runs at the place of the group's last node, having checked
+ * against the memory plan that every input survives until then. Where the group is a chain
+ * cuBLASLt's epilogue computes — the product plus a bias row (y = x W^T + b), plus a
+ * same-shaped tensor (a residual: y = x W^T + b + r; one term of a gradient sum; or an
+ * accumulator updated in place: g += x^T dy) — the GEMM writes the chain's last value
+ * directly and the adds run no kernel of their own. Unlike the kernel IR's fusion this does
+ * change results a little: the sum is rounded once, from f32, where the unfused nodes round
+ * the product to its format first. */
+
+static bool plain_direct(const Tensor *t) {
+    return t->fmt.codec == CODEC_PLAIN && t->fmt.scaling == SCALE_NONE &&
+           (t->fmt.elem == FMT_BF16 || t->fmt.elem == FMT_F32);
+}
+
+/* [lo, hi) of t in its arena, and whether two tensors' bytes meet */
+static bool tensors_overlap(const Tensor *a, const Tensor *b) {
+    if (ir_role_is_persistent(a->role) != ir_role_is_persistent(b->role)) return false;
+    int64_t alo = a->offset, ahi = alo + ir_numel(a) * fmt_elem_bytes(a->fmt.elem);
+    int64_t blo = b->offset, bhi = blo + ir_numel(b) * fmt_elem_bytes(b->fmt.elem);
+    return alo < bhi && blo < ahi;
+}
+
+/* The epilogue of the group members[0..n) (a matmul first, in schedule order), or false. */
+static bool epilogue_of(const Node *const *members, int n, GemmEpilogue *ep) {
+    const Node *m = members[0];
+    memset(ep, 0, sizeof *ep);
+    if (m->op != OP_MATMUL || n < 2) return false;
+    int64_t N = m->iattr[1] ? rows_of(&m->in[1]->t) : cols_of(&m->in[1]->t);
+    for (int i = 1; i < n; i++) {
+        const Node *c = members[i], *prev = members[i - 1], *other = NULL;
+        bool last = i == n - 1;
+        if (c->op == OP_ADD || (c->op == OP_ADD_N && c->n_in == 2)) {
+            if ((c->in[0] == prev) == (c->in[1] == prev)) return false;
+            other = c->in[0] == prev ? c->in[1] : c->in[0];
+            if (c->op == OP_ADD && c->in[1] == other && other->t.rank == 1 && ir_numel(&other->t) == N &&
+                i == 1 && N != ir_numel(&c->t)) {
+                ep->bias = other;
+            } else if (ir_numel(&other->t) == ir_numel(&c->t) && !ep->c) {
+                ep->c = other;
+            } else {
+                return false;
+            }
+            ep->d = c;
+        } else if (c->op == OP_ACCUMULATE && last && !ep->c && c->in[1] == prev && c->in[0] != prev) {
+            ep->c = ep->d = c->in[0];
+        } else {
+            return false;
+        }
+    }
+    /* formats cuBLASLt reads and writes as they are; the result must not land on an operand
+     * (or its scale) that the GEMM is still reading; C may be the result itself */
+    const Tensor *d = &ep->d->t;
+    if (!plain_direct(d) || d->offset < 0) return false;
+    if (ep->c && (!plain_direct(&ep->c->t) || ep->c->t.fmt.elem != d->fmt.elem || ep->c->t.offset < 0))
+        return false;
+    if (ep->c && ep->c != ep->d && tensors_overlap(&ep->c->t, d) &&
+        !(ep->c->t.offset == d->offset && ir_role_is_persistent(ep->c->t.role) == ir_role_is_persistent(d->role)))
+        return false;
+    if (ep->bias && (!plain_direct(&ep->bias->t) || ep->bias->t.offset < 0 || tensors_overlap(&ep->bias->t, d)))
+        return false;
+    for (int k = 0; k < 2; k++) {
+        const Node *x = m->in[k];
+        if (x->t.offset < 0 || tensors_overlap(&x->t, d)) return false;
+        if (x->t.fmt.scale && (x->t.fmt.scale->t.offset < 0 || tensors_overlap(&x->t.fmt.scale->t, d)))
+            return false;
+    }
     return true;
 }
 
@@ -944,7 +1029,7 @@ bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t 
     case OP_SLICE: case OP_PAD: case OP_CONCAT: case OP_EMBEDDING: case OP_ROPE:
     case OP_QUANTIZE:
         return plan_elementwise(&s);
-    case OP_MATMUL: return plan_matmul(&s);
+    case OP_MATMUL: return plan_matmul(&s, NULL);
     case OP_SQNORM: case OP_QUANT_SCALE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE:
         return plan_reductions(&s);
     case OP_SUM_ROWS: case OP_LAYERNORM: case OP_LAYERNORM_BWD_X: case OP_LAYERNORM_BWD_W:
@@ -976,6 +1061,37 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
         if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
+    return plans;
+}
+
+CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a) {
+    CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    memcpy(plans, node_plans, sizeof *plans * (size_t)g->n_nodes);
+    ir_renumber(g);
+    int *group = fuse_plan(g, a);
+    const Node **members = arena_alloc(a, sizeof *members * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int r = 0; r < g->n_nodes; r++) {
+        int n = 0;
+        for (int j = 0; j <= r; j++)
+            if (group[j] == r) members[n++] = g->nodes[j];
+        GemmEpilogue ep;
+        if (n < 2 || !epilogue_of(members, n, &ep)) continue;
+        CuNodePlan fused;
+        memset(&fused, 0, sizeof fused);
+        fused.node = g->nodes[r];
+        char why[256];
+        Spec s = {.arena = a, .n = members[0], .plan = &fused, .why = why, .why_len = sizeof why};
+        if (!plan_matmul(&s, &ep)) continue;
+        fused.members = arena_alloc(a, sizeof *fused.members * (size_t)n);
+        memcpy(fused.members, members, sizeof *members * (size_t)n);
+        fused.n_members = n;
+        for (int k = 0; k < n; k++) {
+            const Node *m = members[k];
+            memset(&plans[m->index], 0, sizeof plans[m->index]);
+            plans[m->index].node = m;
+        }
+        plans[r] = fused;
+    }
     return plans;
 }
 

@@ -22,6 +22,32 @@
 #include "compiler.h"
 #include "gpu.h"
 
+/* GEMMs that cuda_plan_epilogues gives a fused epilogue: with a bias, with a C term, and
+ * with C the tensor written (an accumulation in place) */
+typedef struct {
+    int gemms, bias, c, in_place;
+} EpilogueCount;
+
+static EpilogueCount count_epilogues(Graph *g, Arena *a) {
+    EpilogueCount n = {0};
+    char why[512];
+    CuNodePlan *plain = cuda_plan_graph(g, a, why, sizeof why);
+    if (!plain) return n;
+    CuNodePlan *fused = cuda_plan_epilogues(g, plain, a);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!fused[i].members) continue;
+        for (int k = 0; k < fused[i].n_launch; k++) {
+            const CuGemm *gm = &fused[i].launch[k].gemm;
+            if (fused[i].launch[k].kind != CU_GEMM) continue;
+            n.gemms++;
+            n.bias += gm->bias.node != NULL;
+            n.c += gm->c.node != NULL;
+            n.in_place += gm->c.node != NULL && gm->c.node == gm->d.node;
+        }
+    }
+    return n;
+}
+
 static void test_every_model_every_level(void **state) {
     (void)state;
     char dir[4096];
@@ -64,6 +90,15 @@ static void test_every_model_every_level(void **state) {
                        bin.cubin_size, bin.cached ? " (cached)" : "");
             }
             cuda_binary_free(&bin);
+            /* GPT-2's linear layers carry biases, two of them feed residual adds, and weight
+             * gradients accumulate: each kind must reach cuBLASLt's epilogue */
+            EpilogueCount ec = count_epilogues(g, a);
+            printf("  %-20s O%d: %d GEMM epilogues (%d bias, %d C, %d in place)\n", de->d_name, level,
+                   ec.gemms, ec.bias, ec.c, ec.in_place);
+            if (!strncmp(de->d_name, "gpt2", 4) && (ec.bias == 0 || ec.c == ec.in_place || ec.in_place == 0)) {
+                printf("  %-20s O%d: expected bias, residual and accumulating epilogues\n", de->d_name, level);
+                failures++;
+            }
             CgLowerOptions lo = {.fuse = true, .gemm_f32 = false};
             CgProgram *prog = cg_lower(g, a, &lo);
             if (!prog) {
