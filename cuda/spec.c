@@ -810,9 +810,11 @@ static OperandKind operand_kind(const Tensor *t) {
 /* a row-major (r, c) operand copied to scratch as (c, r), element bytes as they are */
 static void plan_transpose(Spec *s, const Node *x, int64_t off) {
     int64_t R = rows_of(&x->t), C = cols_of(&x->t);
-    CuLaunch *l = spec_launch(s, "transpose", (unsigned)((C + 31) / 32), 256, "ck_transpose<%d>(a)",
-                              fmt_elem_bytes(x->t.fmt.elem));
-    l->grid[1] = (unsigned)((R + 31) / 32);
+    int bytes = fmt_elem_bytes(x->t.fmt.elem), tile = bytes == 1 ? 64 : 32;
+    CuLaunch *l = bytes == 1 ? spec_launch(s, "transpose", (unsigned)((C + tile - 1) / tile), 256, "ck_transpose_b1(a)")
+                             : spec_launch(s, "transpose", (unsigned)((C + tile - 1) / tile), 256,
+                                           "ck_transpose<%d>(a)", bytes);
+    l->grid[1] = (unsigned)((R + tile - 1) / tile);
     arg_scratch(l, 0, off, C, R);
     arg_node(l, 1, x);
 }

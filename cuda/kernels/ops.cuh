@@ -40,8 +40,22 @@ template <class Y> __device__ void ck_const(const CkArgs &a) {
 }
 
 /* ADD, SUB, MUL; b broadcasts as a suffix (b[i mod nb]) */
+template <int OP> static __device__ __forceinline__ float ck_binop(float x, float y) {
+    return OP == OP_ADD ? x + y : OP == OP_SUB ? x - y : x * y;
+}
 template <int OP, class Y, class A, class B> __device__ void ck_binary(const CkArgs &a) {
     i64 n = a.t[0].n, nb = a.t[2].n;
+    if (Y::vec_ok(a.t[0]) && A::vec_ok(a.t[1]) && B::vec_ok(a.t[2])) {
+        CK_GRID_STRIDE(c, n / CK_VEC) {
+            float x[CK_VEC], y[CK_VEC];
+            A::ld_vec(a.t[1], c * CK_VEC, x);
+            B::ld_vec(a.t[2], nb == n ? c * CK_VEC : c * CK_VEC % nb, y);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) x[j] = ck_binop<OP>(x[j], y[j]);
+            Y::st_vec(a.t[0], c * CK_VEC, x);
+        }
+        return;
+    }
     CK_GRID_STRIDE(i, n) {
         float x = A::ld(a.t[1], i), y = B::ld(a.t[2], nb == n ? i : i % nb);
         Y::st(a.t[0], i, OP == OP_ADD ? x + y : OP == OP_SUB ? x - y : x * y);
@@ -72,30 +86,47 @@ template <int FIRST, int LAST, class Y, class... X> __device__ void ck_add_n_par
 #define CK_GELU_A 0.044715f
 
 /* GELU, SILU: (x); GELU_BWD, SILU_BWD: (dy, x) */
+template <int OP> static __device__ __forceinline__ float ck_unop(float x0, float x1) {
+    if (OP == OP_GELU) return 0.5f * x0 * (1.0f + tanhf(CK_GELU_C * (x0 + CK_GELU_A * x0 * x0 * x0)));
+    if (OP == OP_GELU_BWD) {
+        float v = x1, t = tanhf(CK_GELU_C * (v + CK_GELU_A * v * v * v));
+        float du = CK_GELU_C * (1.0f + 3.0f * CK_GELU_A * v * v);
+        return x0 * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+    if (OP == OP_SILU) return x0 / (1.0f + expf(-x0));
+    float s = 1.0f / (1.0f + expf(-x1));
+    return x0 * s * (1.0f + x1 * (1.0f - s));
+}
 template <int OP, class Y, class X0, class X1> __device__ void ck_unary(const CkArgs &a) {
-    CK_GRID_STRIDE(i, a.t[0].n) {
-        float r;
-        if (OP == OP_GELU) {
-            float v = X0::ld(a.t[1], i);
-            r = 0.5f * v * (1.0f + tanhf(CK_GELU_C * (v + CK_GELU_A * v * v * v)));
-        } else if (OP == OP_GELU_BWD) {
-            float v = X1::ld(a.t[2], i), t = tanhf(CK_GELU_C * (v + CK_GELU_A * v * v * v));
-            float du = CK_GELU_C * (1.0f + 3.0f * CK_GELU_A * v * v);
-            r = X0::ld(a.t[1], i) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-        } else if (OP == OP_SILU) {
-            float v = X0::ld(a.t[1], i);
-            r = v / (1.0f + expf(-v));
-        } else {
-            float v = X1::ld(a.t[2], i), s = 1.0f / (1.0f + expf(-v));
-            r = X0::ld(a.t[1], i) * s * (1.0f + v * (1.0f - s));
+    const bool two = OP == OP_GELU_BWD || OP == OP_SILU_BWD;
+    if (Y::vec_ok(a.t[0]) && X0::vec_ok(a.t[1]) && (!two || X1::vec_ok(a.t[2]))) {
+        CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
+            float x0[CK_VEC], x1[CK_VEC];
+            X0::ld_vec(a.t[1], c * CK_VEC, x0);
+            if (two) X1::ld_vec(a.t[2], c * CK_VEC, x1);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) x0[j] = ck_unop<OP>(x0[j], two ? x1[j] : 0.0f);
+            Y::st_vec(a.t[0], c * CK_VEC, x0);
         }
-        Y::st(a.t[0], i, r);
+        return;
+    }
+    CK_GRID_STRIDE(i, a.t[0].n) {
+        float x0 = X0::ld(a.t[1], i), x1 = two ? X1::ld(a.t[2], i) : 0.0f;
+        Y::st(a.t[0], i, ck_unop<OP>(x0, x1));
     }
 }
 
 /* CAST, RESHAPE, QUANTIZE (the store through Y's format is the quantization), ASSIGN
  * (t[0] = the state, t[1] = x), and format conversions around library GEMMs */
 template <class Y, class X> __device__ void ck_copy(const CkArgs &a) {
+    if (Y::vec_ok(a.t[0]) && X::vec_ok(a.t[1])) {
+        CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
+            float v[CK_VEC];
+            X::ld_vec(a.t[1], c * CK_VEC, v);
+            Y::st_vec(a.t[0], c * CK_VEC, v);
+        }
+        return;
+    }
     CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, X::ld(a.t[1], i));
 }
 
@@ -205,6 +236,34 @@ __device__ void ck_adamw(const CkArgs &a) {
         k[3] = 1 - pow(b2, step);
     }
     __syncthreads();
+    if (P::vec_ok(a.t[0]) && G::vec_ok(a.t[1]) && M::vec_ok(a.t[2]) && V::vec_ok(a.t[3]) &&
+        (!MASTER || W::vec_ok(a.t[8]))) {
+        CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
+            i64 i = c * CK_VEC;
+            float g[CK_VEC], m[CK_VEC], v[CK_VEC], w[CK_VEC];
+            G::ld_vec(a.t[1], i, g);
+            M::ld_vec(a.t[2], i, m);
+            V::ld_vec(a.t[3], i, v);
+            if (MASTER) W::ld_vec(a.t[8], i, w);
+            else P::ld_vec(a.t[0], i, w);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                double gj = g[j] * k[1];
+                double mj = b1 * m[j] + (1 - b1) * gj;
+                double vj = b2 * v[j] + (1 - b2) * gj * gj;
+                double mhat = mj / k[2], vhat = vj / k[3];
+                double wj = w[j];
+                wj -= k[0] * (mhat / (sqrt(vhat) + eps) + wd * wj);
+                m[j] = (float)mj, v[j] = (float)vj, w[j] = (float)wj, g[j] = 0.0f;
+            }
+            M::st_vec(a.t[2], i, m);
+            V::st_vec(a.t[3], i, v);
+            G::st_vec(a.t[1], i, g);
+            if (MASTER) W::st_vec(a.t[8], i, w);
+            P::st_vec(a.t[0], i, w);
+        }
+        return;
+    }
     CK_GRID_STRIDE(i, a.t[0].n) {
         double g = G::ld(a.t[1], i) * k[1];
         double m = b1 * M::ld(a.t[2], i) + (1 - b1) * g;
@@ -439,17 +498,36 @@ template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) 
  * scratch[b]; x is t[X_AT] */
 template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkArgs &a) {
     const CkTensor &x = a.t[X_AT];
+    const bool vec = X::vec_ok(x);
     if (SQ) {
         double s = 0;
-        CK_GRID_STRIDE(i, x.n) {
-            double v = X::ld(x, i);
-            s += v * v;
+        if (vec) {
+            CK_GRID_STRIDE(c, x.n / CK_VEC) {
+                float v[CK_VEC];
+                X::ld_vec(x, c * CK_VEC, v);
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) s += (double)v[j] * v[j];
+            }
+        } else {
+            CK_GRID_STRIDE(i, x.n) {
+                double v = X::ld(x, i);
+                s += v * v;
+            }
         }
         s = ck_block_sum(s);
         if (threadIdx.x == 0) ((double *)a.scratch)[blockIdx.x] = s;
     } else {
         float m = 0.0f;
-        CK_GRID_STRIDE(i, x.n) m = fmaxf(m, fabsf(X::ld(x, i)));
+        if (vec) {
+            CK_GRID_STRIDE(c, x.n / CK_VEC) {
+                float v[CK_VEC];
+                X::ld_vec(x, c * CK_VEC, v);
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(v[j]));
+            }
+        } else {
+            CK_GRID_STRIDE(i, x.n) m = fmaxf(m, fabsf(X::ld(x, i)));
+        }
         m = ck_block_max(m);
         if (threadIdx.x == 0) ((float *)a.scratch)[blockIdx.x] = m;
     }
@@ -644,6 +722,45 @@ template <int BYTES> __device__ void ck_transpose(const CkArgs &a) {
         if (c0 + k < C && r0 + tx < R) out[(c0 + k) * R + r0 + tx] = tile[tx][k];
 }
 
+/* The same for 1-byte elements (the FP8 operands of the backward GEMMs), where a thread per
+ * byte would leave the bandwidth idle: 64 x 64 tiles, each thread moving 4-byte words (rows
+ * and columns multiples of 4; single bytes otherwise); 256 threads. The tile's rows are 65
+ * bytes apart, so the transposed reads of one warp fall in different banks. */
+__device__ void ck_transpose_b1(const CkArgs &a) {
+    __shared__ unsigned char tile[64][65];
+    i64 R = a.t[1].rows, C = a.t[1].cols;
+    i64 c0 = (i64)blockIdx.x * 64, r0 = (i64)blockIdx.y * 64;
+    const unsigned char *in = (const unsigned char *)a.t[1].p;
+    unsigned char *out = (unsigned char *)a.t[0].p;
+    bool words = C % 4 == 0 && R % 4 == 0 && (unsigned long long)in % 4 == 0 && (unsigned long long)out % 4 == 0;
+    for (int k = threadIdx.x; k < 64 * 16; k += blockDim.x) {
+        int row = k >> 4, w = (k & 15) * 4;
+        i64 r = r0 + row, c = c0 + w;
+        if (r >= R) continue;
+        if (words && c + 3 < C) {
+            unsigned v = *(const unsigned *)(in + r * C + c);
+            for (int b = 0; b < 4; b++) tile[row][w + b] = (unsigned char)(v >> (8 * b));
+        } else {
+            for (int b = 0; b < 4; b++)
+                if (c + b < C) tile[row][w + b] = in[r * C + c + b];
+        }
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < 64 * 16; k += blockDim.x) {
+        int orow = k & 63, w = (k >> 6) * 4;   /* output row c0 + orow, columns r0 + w .. + 3 */
+        i64 c = c0 + orow, r = r0 + w;
+        if (c >= C) continue;
+        if (words && r + 3 < R) {
+            unsigned v = 0;
+            for (int b = 0; b < 4; b++) v |= (unsigned)tile[w + b][orow] << (8 * b);
+            *(unsigned *)(out + c * R + r) = v;
+        } else {
+            for (int b = 0; b < 4; b++)
+                if (r + b < R) out[c * R + r + b] = tile[w + b][orow];
+        }
+    }
+}
+
 /* the dequantization scales cuBLASLt multiplies by: scratch[16 k] = 1 / scale of t[1 + k]
  * (each on its own 64-byte line) */
 __device__ void ck_inv_scales(const CkArgs &a) {
@@ -654,7 +771,16 @@ __device__ void ck_inv_scales(const CkArgs &a) {
 /* whether every element of t[0] is finite: scratch (an int flag, zeroed before) gets 1 if not */
 template <class X> __device__ void ck_all_finite(const CkArgs &a) {
     int bad = 0;
-    CK_GRID_STRIDE(i, a.t[0].n) bad |= !isfinite(X::ld(a.t[0], i));
+    if (X::vec_ok(a.t[0])) {
+        CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
+            float v[CK_VEC];
+            X::ld_vec(a.t[0], c * CK_VEC, v);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) bad |= !isfinite(v[j]);
+        }
+    } else {
+        CK_GRID_STRIDE(i, a.t[0].n) bad |= !isfinite(X::ld(a.t[0], i));
+    }
     if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr((int *)a.scratch, 1);
 }
 

@@ -66,6 +66,14 @@ template <> struct Elem<FMT_E5M2> {
     }
 };
 
+/* Storage bytes of an element type with a vector path (ElemBytes<E>::n; 0: none). */
+template <int E> struct ElemBytes { enum { n = 0 }; };
+template <> struct ElemBytes<FMT_F32> { enum { n = 4 }; };
+template <> struct ElemBytes<FMT_BF16> { enum { n = 2 }; };
+template <> struct ElemBytes<FMT_F16> { enum { n = 2 }; };
+template <> struct ElemBytes<FMT_E4M3> { enum { n = 1 }; };
+template <> struct ElemBytes<FMT_E5M2> { enum { n = 1 }; };
+
 /* E8M0 (microscaling scales): 2^(q - 127), 255 NaN; a store keeps the exponent (rounds down
  * to a power of two), x <= 0 gives 2^-127, beyond 2^127 gives 2^127 (num_f32_to_e8m0) */
 template <> struct Elem<FMT_E8M0> {
@@ -131,9 +139,41 @@ template <int S, int SE> static __device__ __forceinline__ float ck_scale(const 
     return t.s ? Elem<SE>::ld(t.s, ck_scale_index<S>(t, i)) : t.sconst;
 }
 
+/* ---------------------------------------------------------------- vector access
+ * Elementwise kernels are bound by memory, and a thread that moves one 2-byte element per load
+ * leaves most of the bandwidth unused. Where a tensor allows it (an element type of 1, 2 or 4
+ * bytes, no scale or one per tensor, its storage aligned to the vector), a thread takes CK_VEC
+ * consecutive elements with one wide load into registers and decodes them there with the same
+ * Elem code and the same scale, so every value is bit-identical to the scalar path's. */
+#define CK_VEC 8
+template <int N> struct alignas(N < 16 ? N : 16) CkRaw { unsigned char b[N]; };
+
 /* F<E, S, SE>: a tensor of element type E and scaling S, its scales stored as SE. */
 template <int E, int S, int SE = FMT_F32> struct F {
     enum { elem = E, scaling = S };
+    enum { vbytes = ElemBytes<E>::n * CK_VEC };
+    /* whether t can be read and written CK_VEC elements at a time (at multiples of CK_VEC) */
+    static __device__ __forceinline__ bool vec_ok(const CkTensor &t) {
+        const int align = vbytes < 16 ? vbytes : 16;
+        return ElemBytes<E>::n && (S == SCALE_NONE || S == SCALE_PER_TENSOR) && t.n % CK_VEC == 0 &&
+               (unsigned long long)t.p % (align ? align : 1) == 0;
+    }
+    static __device__ __forceinline__ void ld_vec(const CkTensor &t, i64 i, float *v) {
+        CkRaw<vbytes ? vbytes : 1> r = ((const CkRaw<vbytes ? vbytes : 1> *)t.p)[i / CK_VEC];
+        float s = S != SCALE_NONE ? ck_scale<S, SE>(t, i) : 1.0f;
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) {
+            v[j] = Elem<E>::ld(r.b, j);
+            if (S != SCALE_NONE) v[j] = v[j] / s;
+        }
+    }
+    static __device__ __forceinline__ void st_vec(const CkTensor &t, i64 i, const float *v) {
+        CkRaw<vbytes ? vbytes : 1> r;
+        float s = S != SCALE_NONE ? ck_scale<S, SE>(t, i) : 1.0f;
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) Elem<E>::st(r.b, j, S != SCALE_NONE ? v[j] * s : v[j]);
+        ((CkRaw<vbytes ? vbytes : 1> *)t.p)[i / CK_VEC] = r;
+    }
     static __device__ __forceinline__ float ld(const CkTensor &t, i64 i) {
         float v = Elem<E>::ld(t.p, i);
         if (S != SCALE_NONE) v = v / ck_scale<S, SE>(t, i);
