@@ -14,12 +14,13 @@
  * forward GEMM is reused by the backward GEMM that reads the same value only when the precision
  * pass asked for the value to be saved in that FP8 format (O2+: the FP8 copy is what is kept,
  * the bf16 original dies early); otherwise (O1) the backward quantizes the kept bf16 value
- * again. Weights are quantized once per step and the copy reused, except at O3 where no FP8
+ * again, with the scale the forward found for it (kept: four bytes), since the value and so
+ * its amax have not changed. Weights are quantized once per step and the copy reused, except at O3 where no FP8
  * weight copy is kept across the step: each use quantizes afresh.
  *
- * Later passes fuse quant_scale and quantize into the producers (the GPU backend's norms, GELU
- * and residual adds write FP8 and amax directly); here they stay separate so the reference
- * executor can run them one by one. */
+ * quant_scale and quantize stay nodes of their own, so that the reference executor runs them
+ * one by one; the kernel IR fuses a quantize with an elementwise producer read by nothing else,
+ * and the GPU backend runs each as its own (vectorized) kernel. */
 #include "passes.h"
 
 #include <string.h>
@@ -88,12 +89,14 @@ typedef struct {
 } ScaleRecipe;
 
 static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int group, ScaleRecipe rc,
-                           ElemType scale_elem, Phase phase, Node *before)
+                           ElemType scale_elem, Phase phase, Node *before, Node *known_scale)
 {
     Graph *g = c->g;
     Node *scale;
     int history = rc.history;
-    if (rc.static_scale > 0) {
+    if (known_scale) {
+        scale = known_scale;   /* current scaling of an unchanged value: found once already */
+    } else if (rc.static_scale > 0) {
         scale = ir_leaf(g, OP_CONST, NULL, phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP,
                         FMT_F32, 0, NULL, src->loc);
         scale->fattr[0] = rc.static_scale;
@@ -173,9 +176,22 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
             q->t.role = ROLE_SAVED;
         }
     }
+    /* a backward copy of a kept value takes the forward copy's current scale: the value has
+     * not changed, so neither has its amax (four bytes kept instead of a second pass) */
+    Node *known_scale = NULL;
+    if (!q && mm->phase != PHASE_FORWARD) {
+        Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
+        Node *fs = fwd ? fwd->t.fmt.scale : NULL;
+        bool current_here = mm->iattr[3] == 0 && !(mm->fattr[0] > 0);
+        if (fs && fs->op == OP_QUANT_SCALE && fwd->t.fmt.recipe == RECIPE_CURRENT && current_here &&
+            fs->iattr[3] == mm->iattr[6]) {
+            known_scale = fs;
+            fs->t.role = ROLE_SAVED;
+        }
+    }
     if (!q) {
         ScaleRecipe rc = {(int)mm->iattr[3], mm->iattr[5] != 0, (int)mm->iattr[6], (float)mm->fattr[0]};
-        q = emit_quantize(c, x, elem, sc, group, rc, FMT_F32, mm->phase, mm);
+        q = emit_quantize(c, x, elem, sc, group, rc, FMT_F32, mm->phase, mm, known_scale);
         remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
     }
     return q;
@@ -200,7 +216,7 @@ static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
     ScaleRecipe rc = {want->recipe == RECIPE_DELAYED ? want->history : 0, !want->history_max, want->margin,
                   want->recipe == RECIPE_STATIC ? want->static_scale : 0};
     Node *q = emit_quantize(c, x, want->elem, want->scaling, want->group, rc, scale_elem,
-                            PHASE_FORWARD, after);
+                            PHASE_FORWARD, after, NULL);
     q->t.role = ROLE_SAVED;
     for (int k = 0; k < u->n; k++) {
         Node *r = u->list[k];
