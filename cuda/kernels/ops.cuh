@@ -281,8 +281,64 @@ __device__ void ck_adamw(const CkArgs &a) {
 
 /* ---------------------------------------------------------------- rows */
 
-/* LAYERNORM (x, w, b) / RMSNORM (x, w): one block per row; i = {C}, f = {eps} */
+/* LAYERNORM (x, w, b) / RMSNORM (x, w): one block per row; i = {C}, f = {eps}. Rows of up to
+ * CK_NORM_VECS x CK_VEC x blockDim.x elements in whole vectors are held in registers: read once,
+ * written once. */
+#define CK_NORM_VECS 2
+template <int LN, class Y, class X, class W, class B> __device__ bool ck_norm_in_registers(const CkArgs &a) {
+    i64 C = a.i[0], r = blockIdx.x;
+    const CkTensor &x = a.t[1], &y = a.t[0];
+    if (C % CK_VEC || C > (i64)CK_NORM_VECS * CK_VEC * blockDim.x || !X::vec_ok(x) || !Y::vec_ok(y) ||
+        !W::vec_ok(a.t[2]) || (LN && !B::vec_ok(a.t[3])))
+        return false;
+    float v[CK_NORM_VECS][CK_VEC];
+    double s = 0;
+    #pragma unroll
+    for (int k = 0; k < CK_NORM_VECS; k++) {
+        i64 c = ((i64)k * blockDim.x + threadIdx.x) * CK_VEC;
+        if (c < C) {
+            X::ld_vec(x, r * C + c, v[k]);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) s += v[k][j];
+        }
+    }
+    double mean = 0;
+    if (LN) mean = ck_block_sum(s) / (double)C;
+    double q = 0;
+    #pragma unroll
+    for (int k = 0; k < CK_NORM_VECS; k++) {
+        i64 c = ((i64)k * blockDim.x + threadIdx.x) * CK_VEC;
+        if (c < C) {
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                double d = v[k][j] - mean;
+                q += d * d;
+            }
+        }
+    }
+    q = ck_block_sum(q);
+    double rstd = 1.0 / sqrt(q / (double)C + a.f[0]);
+    #pragma unroll
+    for (int k = 0; k < CK_NORM_VECS; k++) {
+        i64 c = ((i64)k * blockDim.x + threadIdx.x) * CK_VEC;
+        if (c < C) {
+            float w[CK_VEC], bias[CK_VEC], out[CK_VEC];
+            W::ld_vec(a.t[2], c, w);
+            if (LN) B::ld_vec(a.t[3], c, bias);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                double t = (v[k][j] - mean) * rstd * w[j];
+                if (LN) t += bias[j];
+                out[j] = (float)t;
+            }
+            Y::st_vec(y, r * C + c, out);
+        }
+    }
+    return true;
+}
+
 template <int LN, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
+    if (ck_norm_in_registers<LN, Y, X, W, B>(a)) return;
     i64 C = a.i[0], r = blockIdx.x;
     const CkTensor &x = a.t[1];
     double s = 0;
@@ -724,8 +780,9 @@ template <int BYTES> __device__ void ck_transpose(const CkArgs &a) {
 
 /* The same for 1-byte elements (the FP8 operands of the backward GEMMs), where a thread per
  * byte would leave the bandwidth idle: 64 x 64 tiles, each thread moving 4-byte words (rows
- * and columns multiples of 4; single bytes otherwise); 256 threads. The tile's rows are 65
- * bytes apart, so the transposed reads of one warp fall in different banks. */
+ * and columns multiples of 4; single bytes otherwise); 256 threads. Both global reads and
+ * writes go a row at a time (16 threads, 64 bytes); the tile's rows are 65 bytes apart, so the
+ * transposed reads of one warp fall in different banks. */
 __device__ void ck_transpose_b1(const CkArgs &a) {
     __shared__ unsigned char tile[64][65];
     i64 R = a.t[1].rows, C = a.t[1].cols;
@@ -747,7 +804,8 @@ __device__ void ck_transpose_b1(const CkArgs &a) {
     }
     __syncthreads();
     for (int k = threadIdx.x; k < 64 * 16; k += blockDim.x) {
-        int orow = k & 63, w = (k >> 6) * 4;   /* output row c0 + orow, columns r0 + w .. + 3 */
+        int orow = k >> 4, w = (k & 15) * 4;   /* output row c0 + orow, columns r0 + w .. + 3:
+                                                  16 threads write one row's 64 bytes */
         i64 c = c0 + orow, r = r0 + w;
         if (c >= C) continue;
         if (words && r + 3 < R) {

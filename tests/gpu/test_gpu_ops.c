@@ -161,6 +161,11 @@ static void build_rows(void) {
     Node *x = leaf(FMT_BF16, 2, DIMS(R, C)), *dy = leaf(FMT_BF16, 1, DIMS(R, C));
     Node *w = leaf(FMT_F32, 1, DIMS(C)), *b = leaf(FMT_F32, 1, DIMS(C));
     add_case("layernorm", 1e-2, op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(x, w, b)));
+    /* rows in whole vectors, up to 2 x 8 x 256 elements: held in registers */
+    int64_t C8 = 8 * gt_int(1, 512);
+    Node *x8 = leaf(FMT_BF16, 2, DIMS(R, C8)), *w8 = leaf(FMT_BF16, 1, DIMS(C8)), *b8 = leaf(FMT_BF16, 1, DIMS(C8));
+    add_case("layernorm, vector rows", 1e-2, op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(x8, w8, b8)));
+    add_case("rmsnorm f32, vector rows", 2e-5, op_v(OP_RMSNORM, FMT_F32, NULL, Fa(1e-6), IN(x8, w8)));
     add_case("rmsnorm f32", 2e-5, op_v(OP_RMSNORM, FMT_F32, NULL, Fa(1e-6), IN(x, w)));
     add_case("layernorm_bwd_x", 1e-2, op_v(OP_LAYERNORM_BWD_X, FMT_BF16, NULL, Fa(1e-5), IN(dy, x, w)));
     add_case("layernorm_bwd_w", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dy, x)));
