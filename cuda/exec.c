@@ -196,6 +196,11 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
             !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)))
             return false;
     }
+    if (g->fast_accum) {
+        int8_t fast = 1;
+        if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)))
+            return false;
+    }
     if (g->scales >= 0) {
         /* cuBLASLt multiplies by these: the dequantization scales 1/s */
         const float *sa = (const float *)(uintptr_t)(e->scratch + (CUdeviceptr)g->scales);

@@ -42,6 +42,7 @@ typedef struct {
     CuRef bias, c;          /* epilogue: bias vector of length m (node NULL: none); C added
                                with beta = 1, same type and layout as D (node NULL: none) */
     ElemType biastype;
+    bool fast_accum;        /* FP8 forward GEMMs: Hopper's fast accumulation (no promotion) */
 } CuGemm;
 
 typedef enum { CU_KERNEL, CU_GEMM } CuLaunchKind;

@@ -866,6 +866,9 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
          * A_g as (M, K) row-major; other layouts get a transposed copy */
         g.ta = true, g.tb = false;
         g.atype = B->t.fmt.elem, g.btype = A->t.fmt.elem;
+        /* as TransformerEngine does: forward products accumulate in the tensor cores' fast
+         * mode, gradients (long sums over tokens, small values) with f32 promotion */
+        g.fast_accum = n->phase == PHASE_FORWARD;
         g.lda = K, g.ldb = K;
         g.scales = at;
         at += 256;
