@@ -11,7 +11,8 @@
  * Each phase of the step (evaluation: the forward nodes; a micro-step: forward and backward
  * in schedule order; the update) is a list of launches built once: library kernels with their
  * argument blocks resolved to device pointers, and cuBLASLt matmuls whose algorithms were
- * chosen by the heuristic at set-up. The first run of a phase captures the list in a CUDA
+ * chosen by the heuristic at set-up (a GEMM whose fuse group its epilogue computes replaces the
+ * group's adds: spec.c's cuda_plan_epilogues). The first run of a phase captures the list in a CUDA
  * graph; later runs replay it, so a step costs a handful of driver calls however many kernels
  * it has. Inputs change between runs only in their bytes (the arenas never move), which is
  * what makes replay valid. FP8C_CUDA_GRAPHS=0 launches directly; FP8C_CUDA_SYNC=1 also

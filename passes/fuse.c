@@ -11,6 +11,8 @@
  *
  * Fused intermediates keep their format: the kernel rounds a value the plan stores in bf16 or
  * e4m3 exactly as a store and a load would (CG_ROUND), so fusion changes speed, never results.
+ * (The GPU backend also runs a GEMM's group as one cuBLASLt call with an epilogue, which rounds
+ * the sum once: the one exception, cuda/spec.c.)
  *
  * Where this runs, and why: after memplan, as the last pass. The schedule fixes the launch
  * order that fusion must respect, and the memory plan is what makes delaying a computation

@@ -20,7 +20,9 @@
  * already placed whose lifetimes overlap its own, or above them all. It is not optimal (the
  * problem is NP-hard) but it is deterministic, fast for graphs of thousands of nodes, and on
  * transformer steps lands close to the peak of live bytes, which is a lower bound. The step
- * arena's size is the highest end of any placement. */
+ * arena's size is the highest end of any placement. A forward GEMM's operands stay alive until
+ * the adds that take its product are done, because the GPU backend computes those adds in the
+ * GEMM's epilogue and writes their result while it still reads the operands. */
 #include "passes.h"
 
 #include <stdlib.h>
