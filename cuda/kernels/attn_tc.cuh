@@ -110,6 +110,22 @@ template <int D> static __device__ __forceinline__ int ck_off_b() {
  * only head dims spec.c sends here), strides and column offsets are multiples of 16 elements,
  * so every 16-byte chunk is aligned when the tensor's base is (the memory plan aligns to 256
  * bytes); a base that is not takes element copies. */
+/* acc (16 x D per warp) += a (16 x 16 KC: the A fragments of KC k-chunks) times the (16 KC, D)
+ * row-major tile at shared address base, which ldmatrix.trans reads as the B operand: O += P V,
+ * dQ += dS K, dV += P^T dY, dK += dS^T Q. */
+template <int D, int KC>
+static __device__ __forceinline__ void ck_mma_tile_t(float (*acc)[4], const unsigned (*a)[4], unsigned base) {
+#pragma unroll
+    for (int kk = 0; kk < KC; kk++)
+#pragma unroll
+        for (int p = 0; p < D / 16; p++) {
+            unsigned f[4];
+            ck_ldm_t(f, base + (kk * 16 * CkTc<D>::LD + p * 16) * 2);
+            ck_mma(acc[2 * p], a[kk], f[0], f[1]);
+            ck_mma(acc[2 * p + 1], a[kk], f[2], f[3]);
+        }
+}
+
 template <int D>
 static __device__ __forceinline__ void ck_tc_load(__nv_bfloat16 *s, const CkTensor &x, i64 b, i64 T, i64 t0,
                                                   i64 stride, i64 col0) {
@@ -238,15 +254,7 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
             o[n][0] *= corr[0], o[n][1] *= corr[0];
             o[n][2] *= corr[1], o[n][3] *= corr[1];
         }
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-            for (int p = 0; p < D / 16; p++) {
-                unsigned f[4];
-                ck_ldm_t(f, bv + (kk * 16 * L::LD + p * 16) * 2);
-                ck_mma(o[2 * p], pf[kk], f[0], f[1]);
-                ck_mma(o[2 * p + 1], pf[kk], f[2], f[3]);
-            }
+        ck_mma_tile_t<D, 4>(o, pf, bv);
     }
 
     if (MODE == 0) {
@@ -374,16 +382,7 @@ __device__ void ck_attn_tc_dq(const CkArgs &a) {
         }
 
         /* dQ += dS K: K is (keys, d), read transposed as the B operand */
-        unsigned bkt = ck_smem(sK + ck_off_a<D>());
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-            for (int p = 0; p < D / 16; p++) {
-                unsigned f[4];
-                ck_ldm_t(f, bkt + (kk * 16 * L::LD + p * 16) * 2);
-                ck_mma(dq[2 * p], df[kk], f[0], f[1]);
-                ck_mma(dq[2 * p + 1], df[kk], f[2], f[3]);
-            }
+        ck_mma_tile_t<D, 4>(dq, df, ck_smem(sK + ck_off_a<D>()));
     }
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
@@ -503,20 +502,8 @@ __device__ void ck_attn_tc_dkv(const CkArgs &a) {
             }
 
             /* dV += P^T dY, dK += dS^T Q: dY and Q are (queries, d), read transposed */
-            unsigned byt = ck_smem(sDY + c * NC * L::LD + ck_off_a<D>());
-            unsigned bqt = ck_smem(sQ + c * NC * L::LD + ck_off_a<D>());
-#pragma unroll
-            for (int kk = 0; kk < NC / 16; kk++)
-#pragma unroll
-                for (int p = 0; p < D / 16; p++) {
-                    unsigned f[4];
-                    ck_ldm_t(f, byt + (kk * 16 * L::LD + p * 16) * 2);
-                    ck_mma(dv[2 * p], pf[kk], f[0], f[1]);
-                    ck_mma(dv[2 * p + 1], pf[kk], f[2], f[3]);
-                    ck_ldm_t(f, bqt + (kk * 16 * L::LD + p * 16) * 2);
-                    ck_mma(dk[2 * p], df[kk], f[0], f[1]);
-                    ck_mma(dk[2 * p + 1], df[kk], f[2], f[3]);
-                }
+            ck_mma_tile_t<D, NC / 16>(dv, pf, ck_smem(sDY + c * NC * L::LD + ck_off_a<D>()));
+            ck_mma_tile_t<D, NC / 16>(dk, df, ck_smem(sQ + c * NC * L::LD + ck_off_a<D>()));
         }
     }
 #pragma unroll
