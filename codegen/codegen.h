@@ -302,6 +302,8 @@ uint64_t cg_hash_bytes(uint64_t h, const void *data, size_t n);   /* FNV-1a, 64 
  * kernel. The grouping is a pure function of the scheduled graph, so the compiler and the
  * runtime that re-lowers the artifact compute the same one. */
 int *fuse_plan(const Graph *g, Arena *a);
+/* Whether the results of a and b share bytes in the memory plan (false for unplaced ones). */
+bool fuse_nodes_overlap(const Node *a, const Node *b);
 
 /* ---------------------------------------------------------------- lower_kernels.c */
 

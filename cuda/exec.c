@@ -453,9 +453,8 @@ static bool exec_check_epilogues(CudaExec *e) {
         if (no_algo) {
             for (int m = 0; m < p->n_members; m++) {
                 int j = p->members[m]->index;
-                e->plans[j] = e->node_plans[j];
+                e->plans[j] = e->node_plans[j];   /* the root (i) is the last member */
             }
-            e->plans[i] = e->node_plans[i];
             plain++;
         } else if (p->members) {
             e->n_epilogues++;

@@ -952,14 +952,6 @@ static bool plain_direct(const Tensor *t) {
            (t->fmt.elem == FMT_BF16 || t->fmt.elem == FMT_F32);
 }
 
-/* [lo, hi) of t in its arena, and whether two tensors' bytes meet */
-static bool tensors_overlap(const Tensor *a, const Tensor *b) {
-    if (ir_role_is_persistent(a->role) != ir_role_is_persistent(b->role)) return false;
-    int64_t alo = a->offset, ahi = alo + ir_numel(a) * fmt_elem_bytes(a->fmt.elem);
-    int64_t blo = b->offset, bhi = blo + ir_numel(b) * fmt_elem_bytes(b->fmt.elem);
-    return alo < bhi && blo < ahi;
-}
-
 /* The epilogue of the group members[0..n) (a matmul first, in schedule order), or false. */
 static bool epilogue_of(const Node *const *members, int n, GemmEpilogue *ep) {
     const Node *m = members[0];
@@ -993,15 +985,15 @@ static bool epilogue_of(const Node *const *members, int n, GemmEpilogue *ep) {
     if (!plain_direct(d) || d->offset < 0) return false;
     if (ep->c && (!plain_direct(&ep->c->t) || ep->c->t.fmt.elem != d->fmt.elem || ep->c->t.offset < 0))
         return false;
-    if (ep->c && ep->c != ep->d && tensors_overlap(&ep->c->t, d) &&
+    if (ep->c && ep->c != ep->d && fuse_nodes_overlap(ep->c, ep->d) &&
         !(ep->c->t.offset == d->offset && ir_role_is_persistent(ep->c->t.role) == ir_role_is_persistent(d->role)))
         return false;
-    if (ep->bias && (!plain_direct(&ep->bias->t) || ep->bias->t.offset < 0 || tensors_overlap(&ep->bias->t, d)))
+    if (ep->bias && (!plain_direct(&ep->bias->t) || ep->bias->t.offset < 0 || fuse_nodes_overlap(ep->bias, ep->d)))
         return false;
     for (int k = 0; k < 2; k++) {
         const Node *x = m->in[k];
-        if (x->t.offset < 0 || tensors_overlap(&x->t, d)) return false;
-        if (x->t.fmt.scale && (x->t.fmt.scale->t.offset < 0 || tensors_overlap(&x->t.fmt.scale->t, d)))
+        if (x->t.offset < 0 || fuse_nodes_overlap(x, ep->d)) return false;
+        if (x->t.fmt.scale && (x->t.fmt.scale->t.offset < 0 || fuse_nodes_overlap(x->t.fmt.scale, ep->d)))
             return false;
     }
     return true;

@@ -62,6 +62,11 @@ static bool spans_overlap(Span a, Span b)
     return a.persistent == b.persistent && a.lo < b.hi && b.lo < a.hi;
 }
 
+bool fuse_nodes_overlap(const Node *a, const Node *b)
+{
+    return spans_overlap(node_span(a), node_span(b));
+}
+
 /* Whether node j writes bytes of x: its own result, or an operand it updates in place. */
 static bool writes_over(const Node *j, Span x)
 {

@@ -143,16 +143,16 @@ bool pass_memplan(Graph *g, const PassOptions *opt)
             if (i > last[x]) last[x] = i;
         }
     }
-    /* a GEMM's operands are read until the end of the chain of adds that takes its product
+    /* a forward GEMM's operands are read until the end of the chain of adds that takes its product
      * (its only reader, then that one's only reader): the GPU backend runs such a chain as
      * one GEMM whose epilogue writes the chain's last result (cuda/spec.c), which must not
      * land on an operand the GEMM is still reading */
     Uses *uses = ir_fill_uses(g);
     for (int i = 0; i < n; i++) {
         Node *m = g->nodes[i];
-        if (m->op != OP_MATMUL) continue;
+        if (m->op != OP_MATMUL || m->phase != PHASE_FORWARD) continue;
         Node *end = m;
-        for (int k = 0; k < 3 && uses[end->index].n == 1 && m->phase == PHASE_FORWARD; k++) {
+        for (int k = 0; k < 3 && uses[end->index].n == 1; k++) {
             Node *c = uses[end->index].list[0];
             if ((c->op != OP_ADD && c->op != OP_ADD_N && c->op != OP_ACCUMULATE) || c->phase != m->phase) break;
             end = c;

@@ -15,8 +15,8 @@
  * pass asked for the value to be saved in that FP8 format (O2+: the FP8 copy is what is kept,
  * the bf16 original dies early); otherwise (O1) the backward quantizes the kept bf16 value
  * again, with the scale the forward found for it (kept: four bytes), since the value and so
- * its amax have not changed. Weights are quantized once per step and the copy reused, except at O3 where no FP8
- * weight copy is kept across the step: each use quantizes afresh.
+ * its amax have not changed. Weights are quantized once per step and the copy reused, except
+ * at O3 where no FP8 weight copy is kept across the step: each use quantizes afresh.
  *
  * quant_scale and quantize stay nodes of their own, so that the reference executor runs them
  * one by one; the kernel IR fuses a quantize with an elementwise producer read by nothing else,
@@ -176,21 +176,19 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
             q->t.role = ROLE_SAVED;
         }
     }
+    ScaleRecipe rc = {(int)mm->iattr[3], mm->iattr[5] != 0, (int)mm->iattr[6], (float)mm->fattr[0]};
     /* a backward copy of a kept value takes the forward copy's current scale: the value has
      * not changed, so neither has its amax (four bytes kept instead of a second pass) */
     Node *known_scale = NULL;
-    if (!q && mm->phase != PHASE_FORWARD) {
+    if (!q && mm->phase != PHASE_FORWARD && rc.history == 0 && !(rc.static_scale > 0)) {
         Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
         Node *fs = fwd ? fwd->t.fmt.scale : NULL;
-        bool current_here = mm->iattr[3] == 0 && !(mm->fattr[0] > 0);
-        if (fs && fs->op == OP_QUANT_SCALE && fwd->t.fmt.recipe == RECIPE_CURRENT && current_here &&
-            fs->iattr[3] == mm->iattr[6]) {
+        if (fs && fs->op == OP_QUANT_SCALE && fwd->t.fmt.recipe == RECIPE_CURRENT && fs->iattr[3] == rc.margin) {
             known_scale = fs;
             fs->t.role = ROLE_SAVED;
         }
     }
     if (!q) {
-        ScaleRecipe rc = {(int)mm->iattr[3], mm->iattr[5] != 0, (int)mm->iattr[6], (float)mm->fattr[0]};
         q = emit_quantize(c, x, elem, sc, group, rc, FMT_F32, mm->phase, mm, known_scale);
         remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
     }
