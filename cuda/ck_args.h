@@ -9,7 +9,9 @@
  * cols = the last dim) and, when scaled, its scale array laid out as ref_scale_map says. The
  * element type and the scaling kind are template parameters of the kernel (they select code),
  * the rest is data. Passing one block by value (about 1 KiB; Hopper takes 4 KiB of kernel
- * parameters) keeps launches uniform: the executor fills blocks, a CUDA graph replays them. */
+ * parameters) keeps launches uniform: the executor fills blocks, a CUDA graph replays them.
+ * Where many small nodes run the same kernel (the update's one node per parameter), their
+ * blocks go to device memory and one launch runs them all (CkBatch). */
 #ifndef FP8C_CK_ARGS_H
 #define FP8C_CK_ARGS_H
 
@@ -35,8 +37,21 @@ typedef struct {
     double f[CK_MAX_FATTR];       /* float attributes */
     void *scratch;                /* this launch's scratch in the workspace (device) */
     const float *const *table;    /* variadic scalar inputs (grad_norm), device */
+    unsigned *ticket;             /* a counter at zero, for the block that finishes last (device) */
     int n_in;
+    unsigned grid_base;           /* batched launches: this block's first block in the launch */
+    unsigned grid_size;           /* batched launches: its blocks (0: the whole grid) */
     int pad_;
 } CkArgs;
+
+/* A batched launch: one launch of a kernel over n argument blocks in device memory. Block b
+ * of the launch runs entry j, first[j] <= b < first[j + 1], and sees the grid of its entry
+ * (grid_base, grid_size). */
+typedef struct {
+    const CkArgs *args;
+    const unsigned *first;
+    int n;
+    int pad_;
+} CkBatch;
 
 #endif

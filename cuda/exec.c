@@ -33,6 +33,8 @@ typedef struct {
     CUfunction f;
     unsigned grid[2], block, smem;
     CkArgs args;
+    bool batched;                         /* runs batch (below) instead of args */
+    CkBatch batch;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
@@ -76,9 +78,9 @@ struct CudaExec {
     CuNodePlan *plans;                    /* the phases': GEMM epilogues fused */
     int n_epilogues;                      /* GEMMs in plans with a fused epilogue */
     ExecList lists[LIST_COUNT];
+    int *batch_run;                       /* per node: nodes in the batched run it starts, else 0 */
     int finite_flag_off;                  /* in aux */
-    const Node **finite_nodes;
-    int n_finite;
+    int ticket_off;                       /* in aux: the kernels' last-block counter */
     bool graphs, sync_each, profile;
     ProfRow *prof;
     int n_prof, cap_prof;
@@ -141,6 +143,7 @@ static bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr 
         a->t[k].p = (void *)(uintptr_t)p;
     }
     a->scratch = l->scratch >= 0 ? (void *)(uintptr_t)(scratch_base + (CUdeviceptr)l->scratch) : NULL;
+    a->ticket = (unsigned *)(uintptr_t)(e->aux + (CUdeviceptr)e->ticket_off);
     return true;
 }
 
@@ -270,20 +273,34 @@ static bool list_push(ExecList *L, ExecLaunch *x) {
     return true;
 }
 
+/* bytes of aux for the launches' tables (copied from host when given) */
+static bool aux_take(CudaExec *e, const void *host, int64_t bytes, CUdeviceptr *out) {
+    if (e->aux_used + bytes > e->aux_bytes) {
+        rt_error("CUDA executor: pointer tables overflow the workspace");
+        return false;
+    }
+    *out = e->aux + (CUdeviceptr)e->aux_used;
+    e->aux_used = align_up(e->aux_used + bytes);
+    return !host || !bytes || CU_CHECK(CU(cuMemcpyHtoD_v2)(*out, host, (size_t)bytes));
+}
+
+static bool exec_get_function(CudaExec *e, const Node *n, const char *fn, unsigned smem, CUfunction *f) {
+    if (!CU_CHECK(CU(cuModuleGetFunction)(f, e->module, fn))) {
+        rt_error("the binary's GPU module has no kernel %s for %s %%%d: rebuild it with this fp8c",
+                 fn, ir_op_info(n->op)->text, n->id);
+        return false;
+    }
+    return smem <= 48 * 1024 ||
+           CU_CHECK(CU(cuFuncSetAttribute)(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
+}
+
 static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, ExecLaunch *x) {
     memset(x, 0, sizeof *x);
     x->kind = l->kind;
     x->node = n;
     x->fn = l->fn;
     if (l->kind == CU_GEMM) return exec_setup_gemm(e, l, x, NULL);
-    if (!CU_CHECK(CU(cuModuleGetFunction)(&x->f, e->module, l->fn))) {
-        rt_error("the binary's GPU module has no kernel %s for %s %%%d: rebuild it with this fp8c",
-                 l->fn, ir_op_info(n->op)->text, n->id);
-        return false;
-    }
-    if (l->smem > 48 * 1024 &&
-        !CU_CHECK(CU(cuFuncSetAttribute)(x->f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)l->smem)))
-        return false;
+    if (!exec_get_function(e, n, l->fn, l->smem, &x->f)) return false;
     x->grid[0] = l->grid[0];
     x->grid[1] = l->grid[1];
     x->block = l->block;
@@ -295,16 +312,9 @@ static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, E
         CUdeviceptr *ptrs = malloc(sizeof *ptrs * (size_t)(count ? count : 1));
         bool ok = ptrs != NULL;
         for (int i = 0; ok && i < count; i++) ok = exec_map_tensor(e, &n->in[1 + i]->t, &ptrs[i]);
-        int64_t bytes = (int64_t)sizeof *ptrs * count;
-        if (ok && e->aux_used + bytes > e->aux_bytes) {
-            rt_error("CUDA executor: pointer tables overflow the workspace");
-            ok = false;
-        }
-        if (ok) {
-            ok = CU_CHECK(CU(cuMemcpyHtoD_v2)(e->aux + (CUdeviceptr)e->aux_used, ptrs, (size_t)bytes));
-            x->args.table = (const float *const *)(uintptr_t)(e->aux + (CUdeviceptr)e->aux_used);
-            e->aux_used = align_up(e->aux_used + bytes);
-        }
+        CUdeviceptr table = 0;
+        ok = ok && aux_take(e, ptrs, (int64_t)sizeof *ptrs * count, &table);
+        x->args.table = (const float *const *)(uintptr_t)table;
         free(ptrs);
         if (!ok) return false;
     }
@@ -319,6 +329,174 @@ static bool exec_add_node(CudaExec *e, ExecList *L, const Node *n, const CuNodeP
     return true;
 }
 
+/* ---------------------------------------------------------------- batched launches
+ *
+ * The update has one AdamW node per parameter and, for the gradient norm, one sum of squares
+ * per gradient; the training loop checks each gradient for non-finite values. GPT-2 d48 has
+ * 580 parameters, and most of them (biases, norm weights) are so small that a launch per node
+ * costs more in gaps between kernels than in work. A run of consecutive nodes of one op whose
+ * plans launch the same batchable kernels (spec.c's `batch`), none of which writes storage
+ * another one reads or writes, runs as one launch per kernel: the nodes' argument blocks go
+ * to aux, each block of the launch finds its own (CkBatch), and each node gets scratch of its
+ * own in aux, so a partial-sums launch and its final launch work as they do alone. */
+
+typedef struct {
+    const Node *node;
+    const CuNodePlan *plan;
+    CUdeviceptr scratch;      /* the node's scratch */
+} BatchItem;
+
+enum { BATCH_MIN = 2 };
+
+static bool batch_same_kernels(const CuNodePlan *a, const CuNodePlan *b) {
+    if (a->n_launch != b->n_launch || !a->n_launch || a->members || b->members) return false;
+    for (int k = 0; k < a->n_launch; k++) {
+        const CuLaunch *x = &a->launch[k], *y = &b->launch[k];
+        if (x->kind != CU_KERNEL || y->kind != CU_KERNEL || !x->batch || !y->batch || x->table ||
+            strcmp(x->fn, y->fn) || x->block != y->block || x->smem != y->smem || x->grid[1] != 1 ||
+            y->grid[1] != 1)
+            return false;
+    }
+    return true;
+}
+
+typedef struct {
+    uintptr_t lo, hi;
+    int owner;
+    bool write;
+} Span;
+
+static void span_add(Span *s, int *n, const Tensor *t, int owner, bool write) {
+    int64_t bytes = tensor_bytes(t);
+    if (!t->data || bytes <= 0) return;
+    s[(*n)++] = (Span){(uintptr_t)t->data, (uintptr_t)t->data + (uintptr_t)bytes, owner, write};
+    const Node *sc = t->fmt.scale;
+    if (sc && sc->t.data && tensor_bytes(&sc->t) > 0)
+        s[(*n)++] = (Span){(uintptr_t)sc->t.data, (uintptr_t)sc->t.data + (uintptr_t)tensor_bytes(&sc->t),
+                           owner, write};
+}
+
+/* whether no node of the run writes storage that another one reads or writes */
+static bool batch_independent(const Graph *g, int from, int count) {
+    int cap = 0;
+    for (int j = 0; j < count; j++) cap += 2 * (g->nodes[from + j]->n_in + 1);
+    Span *s = malloc(sizeof *s * (size_t)(cap ? cap : 1));
+    if (!s) return false;
+    int n = 0;
+    for (int j = 0; j < count; j++) {
+        const Node *m = g->nodes[from + j];
+        span_add(s, &n, &m->t, j, true);
+        for (int i = 0; i < m->n_in; i++) span_add(s, &n, &m->in[i]->t, j, ir_mutates_input(m, i));
+    }
+    bool ok = true;
+    for (int a = 0; ok && a < n; a++) {
+        if (!s[a].write) continue;
+        for (int b = 0; ok && b < n; b++)
+            ok = s[b].owner == s[a].owner || s[b].hi <= s[a].lo || s[a].hi <= s[b].lo;
+    }
+    free(s);
+    return ok;
+}
+
+/* aux bytes that exec_add_batch takes for n nodes that launch n_launch kernels each */
+static int64_t batch_aux_bytes(int n_launch, int n) {
+    return n_launch * (align_up((int64_t)sizeof(CkArgs) * n) + align_up(4 * (int64_t)(n + 1)));
+}
+
+/* The runs of the update: batch_run[i] = the length of the run node i starts (0: none). The
+ * nodes between a run's members have no launches. Returns the aux bytes the runs need. */
+static int64_t exec_find_batches(CudaExec *e) {
+    const Graph *g = e->g;
+    int64_t aux = 0;
+    e->batch_run = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *e->batch_run);
+    if (!e->batch_run) return -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->phase != PHASE_UPDATE || !batch_same_kernels(&e->plans[i], &e->plans[i])) continue;
+        int j = i + 1, members = 1;
+        int64_t scratch = align_up(e->plans[i].scratch_bytes);   /* each member's own */
+        while (j < g->n_nodes) {
+            const Node *m = g->nodes[j];
+            if (m->phase == PHASE_UPDATE && !e->plans[j].n_launch) {
+                j++;
+                continue;
+            }
+            if (m->phase != PHASE_UPDATE || m->op != n->op || !batch_same_kernels(&e->plans[i], &e->plans[j]))
+                break;
+            members++;
+            scratch += align_up(e->plans[j].scratch_bytes);
+            j++;
+        }
+        if (members >= BATCH_MIN && batch_independent(g, i, j - i)) {
+            e->batch_run[i] = j - i;
+            aux += scratch + batch_aux_bytes(e->plans[i].n_launch, members);
+        }
+        i = j - 1;
+    }
+    return aux;
+}
+
+/* One launch for each of the items' kernels (their plans launch the same batchable ones). */
+static bool exec_add_batch(CudaExec *e, ExecList *L, const BatchItem *it, int n) {
+    CkArgs *args = malloc(sizeof *args * (size_t)n);
+    unsigned *first = malloc(sizeof *first * (size_t)(n + 1));
+    bool ok = args && first;
+    for (int k = 0; ok && k < it[0].plan->n_launch; k++) {
+        const CuLaunch *l0 = &it[0].plan->launch[k];
+        uint64_t total = 0;
+        for (int j = 0; ok && j < n; j++) {
+            const CuLaunch *l = &it[j].plan->launch[k];
+            ok = exec_resolve(e, l, &args[j], it[j].scratch);
+            first[j] = (unsigned)total;
+            args[j].grid_base = (unsigned)total;
+            args[j].grid_size = l->grid[0];
+            total += l->grid[0];
+        }
+        first[n] = (unsigned)total;
+        if (ok && total >= (1u << 31)) {
+            rt_error("CUDA executor: a batched launch of %s needs %llu blocks", l0->fn, (unsigned long long)total);
+            ok = false;
+        }
+        ExecLaunch x;
+        memset(&x, 0, sizeof x);
+        x.kind = CU_KERNEL;
+        x.node = it[0].node;
+        x.fn = arena_printf(e->arena, "batch_%s", l0->fn);
+        x.grid[0] = (unsigned)total;
+        x.grid[1] = 1;
+        x.block = l0->block;
+        x.smem = l0->smem;
+        x.batched = true;
+        x.batch.n = n;
+        CUdeviceptr a_dev = 0, f_dev = 0;
+        ok = ok && exec_get_function(e, it[0].node, x.fn, x.smem, &x.f) &&
+             aux_take(e, args, (int64_t)sizeof *args * n, &a_dev) &&
+             aux_take(e, first, (int64_t)sizeof *first * (n + 1), &f_dev);
+        x.batch.args = (const CkArgs *)(uintptr_t)a_dev;
+        x.batch.first = (const unsigned *)(uintptr_t)f_dev;
+        ok = ok && list_push(L, &x);
+    }
+    free(args);
+    free(first);
+    return ok;
+}
+
+/* the run of nodes that starts at index i, each with scratch of its own in aux */
+static bool exec_add_run(CudaExec *e, ExecList *L, int i) {
+    int n = 0;
+    BatchItem *it = malloc(sizeof *it * (size_t)e->batch_run[i]);
+    bool ok = it != NULL;
+    for (int j = i; ok && j < i + e->batch_run[i]; j++) {
+        if (!e->plans[j].n_launch) continue;
+        it[n] = (BatchItem){e->g->nodes[j], &e->plans[j], 0};
+        ok = aux_take(e, NULL, e->plans[j].scratch_bytes, &it[n].scratch);
+        n++;
+    }
+    ok = ok && exec_add_batch(e, L, it, n);
+    free(it);
+    return ok;
+}
+
 static bool exec_launch(CudaExec *e, const ExecLaunch *x) {
     if (x->kind == CU_GEMM) {
         float alpha = 1.0f;
@@ -328,7 +506,7 @@ static bool exec_launch(CudaExec *e, const ExecLaunch *x) {
                                          (cudaStream_t)e->stream)))
             return false;
     } else {
-        void *params[] = {(void *)&x->args};
+        void *params[] = {x->batched ? (void *)&x->batch : (void *)&x->args};
         if (!CU_CHECK(CU(cuLaunchKernel)(x->f, x->grid[0], x->grid[1], 1, x->block, 1, 1, x->smem,
                                           e->stream, params, NULL)))
             return false;
@@ -468,6 +646,13 @@ static bool exec_check_epilogues(CudaExec *e) {
 
 int cuda_exec_epilogues(const CudaExec *e) { return e->n_epilogues; }
 
+int cuda_exec_batched_launches(const CudaExec *e) {
+    int n = 0;
+    for (int k = 0; k < LIST_COUNT; k++)
+        for (int i = 0; i < e->lists[k].n; i++) n += e->lists[k].l[i].batched;
+    return n;
+}
+
 static void fmt_gib(char *out, size_t len, int64_t bytes) {
     snprintf(out, len, "%.2f GiB", (double)bytes / (1 << 30));
 }
@@ -518,6 +703,12 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
             if (e->plans[i].launch[k].table) n_tables += g->nodes[i]->n_in;
     /* the phases' tables, and as much again for nodes run one at a time (tests) */
     e->aux_bytes = align_up(ALIGN + 16 * (int64_t)n_tables + ALIGN * 64);
+    int64_t batch_aux = exec_find_batches(e);
+    if (batch_aux < 0) goto fail;
+    /* and the batched finite checks of the gradients */
+    int n_grads = 0;
+    for (int i = 0; i < g->n_nodes; i++) n_grads += g->nodes[i]->t.role == ROLE_GRAD;
+    e->aux_bytes += batch_aux + batch_aux_bytes(1, n_grads);
 
     /* memory: check, then one allocation per arena */
     int64_t step_bytes = align_up(host->step_bytes);
@@ -545,9 +736,11 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->scratch = e->cublas_ws + CUBLAS_WORKSPACE;
     e->aux = e->scratch + (CUdeviceptr)align_up(e->scratch_bytes);
     e->finite_flag_off = 0;
+    e->ticket_off = 64;
     e->aux_used = ALIGN;
 
     if (!CU_CHECK(CU(cuStreamCreate)(&e->stream, CU_STREAM_DEFAULT))) goto fail;
+    if (!CU_CHECK(CU(cuMemsetD8Async)(e->aux, 0, ALIGN, e->stream))) goto fail;   /* flag, ticket */
     if (!cubin_size) {
         rt_error("--device cuda: this binary carries no GPU kernels (built without NVRTC)");
         goto fail;
@@ -558,12 +751,19 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
 
     if (!exec_check_epilogues(e)) goto fail;
     /* the launch lists: evaluation, micro-step, update; then the gradient checks */
+    bool batches = env_flag("FP8C_CUDA_BATCH", true);
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         if (!e->plans[i].n_launch) continue;
         if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, &e->plans[i])) goto fail;
         if (n->phase != PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i])) goto fail;
-        if (n->phase == PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_UPDATE], n, &e->plans[i])) goto fail;
+        if (n->phase != PHASE_UPDATE) continue;
+        if (batches && e->batch_run[i]) {
+            if (!exec_add_run(e, &e->lists[LIST_UPDATE], i)) goto fail;
+            i += e->batch_run[i] - 1;
+        } else if (!exec_add_node(e, &e->lists[LIST_UPDATE], n, &e->plans[i])) {
+            goto fail;
+        }
     }
     if (!cuda_exec_push_arenas(e)) goto fail;
     return e;
@@ -594,7 +794,7 @@ void cuda_exec_close(CudaExec *e) {
         if (e->step) CU(cuMemFree_v2)(e->step);
         CU(cuDevicePrimaryCtxRelease_v2)(e->dev);
     }
-    free(e->finite_nodes);
+    free(e->batch_run);
     arena_free(e->arena);
     free(e);
 }
@@ -675,27 +875,43 @@ bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n) {
     return cuda_exec_sync(e);
 }
 
-/* One launch per tensor into one flag; the list is built (and captured) for the first set of
- * tensors asked about, which is the training loop's gradient list every step. */
+/* The checks of all tensors into one flag, batched where they share a kernel; the list is
+ * built (and captured) for the first set of tensors asked about, which is the training loop's
+ * gradient list every step. */
 bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite) {
     ExecList *L = &e->lists[LIST_FINITE];
     CUdeviceptr flag = e->aux + (CUdeviceptr)e->finite_flag_off;
     if (!L->n && n) {
-        for (int i = 0; i < n; i++) {
+        CuNodePlan *plans = arena_alloc(e->arena, sizeof *plans * (size_t)n);
+        BatchItem *it = malloc(sizeof *it * (size_t)n);
+        if (!it) return false;
+        bool ok = true;
+        for (int i = 0; ok && i < n; i++) {
             const Node *node = NULL;
             for (int k = 0; k < e->g->n_nodes && !node; k++)
                 if (&e->g->nodes[k]->t == ts[i]) node = e->g->nodes[k];
-            CuNodePlan p;
-            if (!node || !cuda_plan_finite(node, e->arena, &p)) {
+            if (!node || !cuda_plan_finite(node, e->arena, &plans[i])) {
                 rt_error("CUDA executor: cannot check tensor '%s' for non-finite values",
                          ts[i]->name ? ts[i]->name : "unnamed");
-                return false;
+                ok = false;
+            }
+            it[i] = (BatchItem){node, &plans[i], flag};
+        }
+        /* the checks only read their tensors: any run of one kernel can be batched */
+        bool batches = env_flag("FP8C_CUDA_BATCH", true);
+        for (int i = 0, j; ok && i < n; i = j) {
+            for (j = i + 1; batches && j < n && batch_same_kernels(it[i].plan, it[j].plan);) j++;
+            if (j - i >= BATCH_MIN) {
+                ok = exec_add_batch(e, L, it + i, j - i);
+                continue;
             }
             ExecLaunch x;
-            if (!exec_prepare_launch(e, node, &p.launch[0], &x)) return false;
+            ok = exec_prepare_launch(e, it[i].node, &plans[i].launch[0], &x);
             x.args.scratch = (void *)(uintptr_t)flag;
-            if (!list_push(L, &x)) return false;
+            ok = ok && list_push(L, &x);
         }
+        free(it);
+        if (!ok) return false;
     }
     int bad = 0;
     if (!CU_CHECK(CU(cuMemsetD8Async)(flag, 0, sizeof bad, e->stream)) || !exec_run_list(e, L) ||

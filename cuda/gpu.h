@@ -57,6 +57,8 @@ typedef struct {
     bool ref_scale[CK_MAX_TENSORS];   /* ref i is a node whose scale array goes in t[i].s */
     int64_t scratch;        /* byte offset of args.scratch in the node's scratch, -1: none */
     bool table;             /* args.table: the node's scalar inputs 1.. (grad_norm) */
+    bool batch;             /* its code reads the grid as CK_BLOCK / CK_BLOCKS: launches of it
+                               for independent nodes may run as one (render.c's batch_ entry) */
     CuGemm gemm;
 } CuLaunch;
 
@@ -165,6 +167,9 @@ void cuda_cg_close(CudaCg *c);
 /* How many GEMMs of the phases run with a fused epilogue (cuda_plan_epilogues; 0 with
  * FP8C_CUDA_EPILOGUES=0). */
 int cuda_exec_epilogues(const CudaExec *e);
+/* How many launches of the phases run several nodes at once (exec.c's batched launches; 0
+ * with FP8C_CUDA_BATCH=0). */
+int cuda_exec_batched_launches(const CudaExec *e);
 /* Device memory the executor holds: arenas and workspace. */
 int64_t cuda_exec_device_bytes(const CudaExec *e);
 const char *cuda_exec_device_name(const CudaExec *e);

@@ -2,7 +2,8 @@
  *
  * The library (cuda/kernels/ (.cuh) and ck_args.h, embedded in the compiler at build time) is
  * written once as templates over tensor formats; a graph's module is that text followed by
- * one `extern "C"` function for each distinct instantiation its plans use. Enum values the
+ * one `extern "C"` function for each distinct instantiation its plans use (and for a kernel
+ * that can run batched, a second one, batch_NAME, over a CkBatch of argument blocks). Enum values the
  * templates test (element types, scalings, ops) are written out here from the compiler's own
  * tables, so the device code can never drift from ir.h. The module is deterministic for a
  * given graph: same text, same cache key, same cubin. */
@@ -116,7 +117,7 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
             cuda_plan_finite(m, a, &checks[i]))
             total += checks[i].n_launch;
     }
-    const char **lines = malloc(sizeof *lines * (size_t)(total ? total : 1));
+    const char **lines = malloc(sizeof *lines * (size_t)(2 * total + 1));
     IR_ASSERT(lines);
     int n = 0;
     for (int i = 0; i < 2 * g->n_nodes; i++)
@@ -125,6 +126,11 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
             if (l->kind != CU_KERNEL) continue;
             lines[n++] = arena_printf(a, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const CkArgs a) { %s; }\n",
                                       l->block, l->fn, l->body);
+            if (l->batch)
+                lines[n++] = arena_printf(a,
+                                          "extern \"C\" __global__ void __launch_bounds__(%u) batch_%s(const CkBatch b) "
+                                          "{ __shared__ CkArgs a_; ck_batch_load(b, &a_); const CkArgs &a = a_; %s; }\n",
+                                          l->block, l->fn, l->body);
         }
     qsort(lines, (size_t)n, sizeof *lines, compare_str);
     Text t = {0};

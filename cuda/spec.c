@@ -395,6 +395,7 @@ static CuLaunch *plan_partials(Spec *s, bool sq, int x_at, const Node *x) {
     CuLaunch *l = spec_launch(s, sq ? "sqpart" : "amaxpart", blocks, ROW_THREADS,
                               "ck_reduce_partial<%d, %d, %s>(a)", sq, x_at, fmt_arg(s, &x->t));
     l->scratch = 0;
+    l->batch = true;
     need_scratch(s, (int64_t)blocks * 8);
     return l;
 }
@@ -411,6 +412,7 @@ static bool plan_reductions(Spec *s) {
         l = spec_launch(s, "sqfinal", 1, ROW_THREADS, "ck_sqnorm_final<%s>(a)", fmt_arg(s, &n->t));
         args_result_inputs(l, n);
         l->scratch = 0;
+        l->batch = true;
         l->args.i[0] = parts;
         return true;
     }
@@ -425,11 +427,11 @@ static bool plan_reductions(Spec *s) {
         const char *Y = fmt_arg(s, &n->t), *X = fmt_arg(s, x);
         int64_t group = kind == SCALE_PER_GROUP ? n->iattr[2] : 128;
         if (kind == SCALE_PER_TENSOR) {
-            l = plan_partials(s, false, 1, n->in[0]);
-            args_result_inputs(l, n);
-            unsigned parts = l->grid[0];
-            l = spec_launch(s, "qsfinal", 1, ROW_THREADS, "ck_quant_scale_final<%s>(a)", Y);
-            l->args.i[0] = parts;
+            unsigned blocks = grid_elem(ir_numel(x));
+            if (blocks > PARTIAL_BLOCKS) blocks = PARTIAL_BLOCKS;
+            l = spec_launch(s, "qscale", blocks, ROW_THREADS, "ck_quant_scale_tensor<%s, %s>(a)", Y, X);
+            need_scratch(s, (int64_t)blocks * 8);
+            l->args.i[0] = blocks;
         } else if (kind == SCALE_PER_ROW) {
             l = spec_launch(s, "qsrow", (unsigned)R, ROW_THREADS, "ck_quant_scale_row<%s, %s>(a)", Y, X);
         } else if (kind == SCALE_BLOCK_128) {
@@ -482,13 +484,13 @@ static void plan_colsum(Spec *s, int mode, int64_t R, int64_t C, const char *X, 
     P = P < 1 ? 1 : P > 256 ? 256 : P;
     int64_t base = mode == 1 ? 2 * R * 8 : 0;
     need_scratch(s, base + P * C * 8);
-    CuLaunch *l = spec_launch(s, "colpart", (unsigned)((C + 31) / 32), 256,
+    CuLaunch *l = spec_launch(s, "colpart", (unsigned)((C + 255) / 256), 256,
                               "ck_colsum_partial<%d, %s, %s>(a)", mode, X, X2);
     l->grid[1] = (unsigned)P;
     args_result_inputs(l, n);
     l->scratch = 0;
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
-    l = spec_launch(s, "colfinal", grid_elem(C), ELEM_THREADS, "ck_colsum_final<%d, %s>(a)", mode,
+    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), 256, "ck_colsum_final<%d, %s>(a)", mode,
                     fmt_arg(s, &n->t));
     args_result_inputs(l, n);
     l->scratch = 0;
@@ -746,6 +748,7 @@ static bool plan_optimizer(Spec *s) {
             }
             l = spec_launch(s, "adamw", grid_elem(count), ELEM_THREADS, "ck_adamw<%s%d>(a)", list, wn != NULL);
             args_inputs(l, n);
+            l->batch = true;
             for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
             return true;
         }
@@ -784,6 +787,7 @@ static bool plan_optimizer(Spec *s) {
                         vc == CODEC_PLAIN ? fmt_arg(s, &vn->t) : F32_ARG, mk,
                         mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG);
         args_inputs(l, n);
+        l->batch = true;
         for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
         return true;
     }
@@ -1051,6 +1055,7 @@ bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out) {
                               "ck_all_finite<%s>(a)", fmt_arg(&s, &n->t));
     arg_node(l, 0, n);
     l->scratch = 0;
+    l->batch = true;
     return true;
 }
 

@@ -505,23 +505,25 @@ static int model_back_off_scales(const Model *m) {
     return m->n_delayed / 2;
 }
 
-static bool model_grads_finite(const Model *m) {
+/* Whether every gradient element is finite (*finite); false when the device could not check
+ * (an error, already reported: training stops rather than skip steps it cannot judge). */
+static bool model_grads_finite(const Model *m, bool *finite) {
+    *finite = true;
     if (train_dev != &rt_cpu_device) {
         Tensor **ts = malloc((size_t)(m->n_grads ? m->n_grads : 1) * sizeof *ts);
-        bool finite = false;
-        for (int i = 0; ts && i < m->n_grads; i++) ts[i] = &m->grads[i]->t;
-        if (ts && !train_dev->all_finite(ts, m->n_grads, &finite)) finite = false;
+        bool ok = ts != NULL;
+        for (int i = 0; ok && i < m->n_grads; i++) ts[i] = &m->grads[i]->t;
+        ok = ok && train_dev->all_finite(ts, m->n_grads, finite);
         free(ts);
-        return finite;
+        return ok;
     }
     for (int i = 0; i < m->n_grads; i++) {
         const Tensor *t = &m->grads[i]->t;
         float *x = ref_load(t);
         int64_t n = ir_numel(t);
-        bool finite = true;
-        for (int64_t k = 0; k < n && finite; k++) finite = isfinite(x[k]);
+        for (int64_t k = 0; k < n && *finite; k++) *finite = isfinite(x[k]);
         free(x);
-        if (!finite) return false;
+        if (!*finite) return true;
     }
     return true;
 }
@@ -824,7 +826,12 @@ int rt_train(Graph *g, const TrainOptions *o) {
         LogRecord r = {.step = p.step + 1, .steps = o->steps, .steps_width = width,
                        .loss = loss_sum / o->grad_accum, .lr = lr, .grad_norm = NAN,
                        .mem_bytes = mem_bytes};
-        if (finite && !model_grads_finite(&m)) {
+        bool grads_finite = true;
+        if (finite && !model_grads_finite(&m, &grads_finite)) {
+            status = 1;
+            goto out;
+        }
+        if (finite && !grads_finite) {
             finite = false;
             r.skipped = "non-finite gradient";
         }

@@ -412,44 +412,75 @@ template <int LN, class X> __device__ void ck_norm_stats(const CkArgs &a) {
     }
 }
 
-/* Column sums, first launch: grid (ceil(C/32), P), 256 threads as 32 columns x 8 row lanes.
- * Partition p of P takes rows [p R / P, (p+1) R / P). MODE 0: sum_rows(x = t[1]);
- * MODE 1: the norm weight gradient, dy (t[1]) * xhat of x (t[2]) with the statistics at the
- * start of scratch. Partials go to scratch after the statistics: part[p][c] (f64).
- * i = {C, R, P} */
+/* Column sums, first launch: grid (ceil(C/256), P), 256 threads as 32 column lanes x 8 row
+ * lanes. A block takes 256 columns: where the tensors allow wide loads a column lane holds
+ * CK_VEC consecutive columns (one load per row), else columns tx, tx + 32, ... Partition p of P
+ * takes rows [p R / P, (p+1) R / P). MODE 0: sum_rows(x = t[1]); MODE 1: the norm weight
+ * gradient, dy (t[1]) * xhat of x (t[2]) with the statistics at the start of scratch. Partials
+ * go to scratch after the statistics: part[p][c] (f64), each the sum of its rows in order of
+ * row lane, then over the 8 lanes in order. i = {C, R, P} */
 template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const CkArgs &a) {
-    __shared__ double acc[8][33];
+    __shared__ double acc[8][8 * 32 + 1];
     i64 C = a.i[0], R = a.i[1], P = a.i[2], p = blockIdx.y;
     int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    i64 c = (i64)blockIdx.x * 32 + tx;
+    i64 base = (i64)blockIdx.x * 256;
     i64 r0 = p * R / P, r1 = (p + 1) * R / P;
     const double *stats = (const double *)a.scratch;
-    double s = 0;
-    if (c < C)
-        for (i64 r = r0 + ty; r < r1; r += 8) {
-            if (MODE == 0) {
-                s += X::ld(a.t[1], r * C + c);
-            } else {
-                double xh = (X2::ld(a.t[2], r * C + c) - stats[r]) * stats[R + r];
-                s += (double)X::ld(a.t[1], r * C + c) * xh;
+    double s[CK_VEC];
+    #pragma unroll
+    for (int j = 0; j < CK_VEC; j++) s[j] = 0;
+    bool vec = C % CK_VEC == 0 && X::vec_ok(a.t[1]) && (MODE == 0 || X2::vec_ok(a.t[2]));
+    if (vec) {
+        i64 c = base + tx * CK_VEC;
+        if (c < C)
+            for (i64 r = r0 + ty; r < r1; r += 8) {
+                float v[CK_VEC], x[CK_VEC];
+                X::ld_vec(a.t[1], r * C + c, v);
+                if (MODE == 1) X2::ld_vec(a.t[2], r * C + c, x);
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++)
+                    s[j] += MODE == 0 ? (double)v[j] : (double)v[j] * ((x[j] - stats[r]) * stats[R + r]);
             }
-        }
-    acc[ty][tx] = s;
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) acc[ty][tx * CK_VEC + j] = s[j];
+    } else {
+        for (i64 r = r0 + ty; r < r1; r += 8)
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                i64 c = base + tx + 32 * j;
+                if (c >= C) break;
+                if (MODE == 0) s[j] += X::ld(a.t[1], r * C + c);
+                else s[j] += (double)X::ld(a.t[1], r * C + c) * ((X2::ld(a.t[2], r * C + c) - stats[r]) * stats[R + r]);
+            }
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) acc[ty][tx + 32 * j] = s[j];
+    }
     __syncthreads();
-    if (ty == 0 && c < C) {
-        for (int k = 1; k < 8; k++) s += acc[k][tx];
-        double *part = (double *)a.scratch + (MODE == 1 ? 2 * R : 0);
-        part[p * C + c] = s;
+    double *part = (double *)a.scratch + (MODE == 1 ? 2 * R : 0);
+    for (int k = threadIdx.x; k < 256; k += blockDim.x) {
+        if (base + k >= C) continue;
+        double t = acc[0][k];
+        for (int l = 1; l < 8; l++) t += acc[l][k];
+        part[p * C + base + k] = t;
     }
 }
 
-/* second launch: y[c] = sum over p of part[p][c], in order; i = {C, R, P} */
+/* second launch: grid ceil(C/32), 256 threads as 32 columns x 8 lanes; lane l adds the
+ * partials p = l, l + 8, .. in order, then the 8 lanes are added in order.
+ * y[c] = sum over p of part[p][c]; i = {C, R, P} */
 template <int MODE, class Y> __device__ void ck_colsum_final(const CkArgs &a) {
+    __shared__ double acc[8][33];
     i64 C = a.i[0], R = a.i[1], P = a.i[2];
     const double *part = (const double *)a.scratch + (MODE == 1 ? 2 * R : 0);
-    CK_GRID_STRIDE(c, C) {
-        double s = 0;
-        for (i64 p = 0; p < P; p++) s += part[p * C + c];
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    i64 c = (i64)blockIdx.x * 32 + tx;
+    double s = 0;
+    if (c < C)
+        for (i64 p = ty; p < P; p += 8) s += part[p * C + c];
+    acc[ty][tx] = s;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        for (int l = 1; l < 8; l++) s += acc[l][tx];
         Y::st(a.t[0], c, (float)s);
     }
 }
@@ -571,7 +602,7 @@ template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkA
             }
         }
         s = ck_block_sum(s);
-        if (threadIdx.x == 0) ((double *)a.scratch)[blockIdx.x] = s;
+        if (threadIdx.x == 0) ((double *)a.scratch)[CK_BLOCK] = s;
     } else {
         float m = 0.0f;
         if (vec) {
@@ -585,20 +616,36 @@ template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkA
             CK_GRID_STRIDE(i, x.n) m = fmaxf(m, fabsf(X::ld(x, i)));
         }
         m = ck_block_max(m);
-        if (threadIdx.x == 0) ((float *)a.scratch)[blockIdx.x] = m;
+        if (threadIdx.x == 0) ((float *)a.scratch)[CK_BLOCK] = m;
     }
 }
 
-/* one block over the partials; i = {n_partials, ..} */
+/* one block over the partials (read past L1: other blocks of the same launch may have
+ * written them); i = {n_partials, ..} */
 static __device__ double ck_partials_sum(const CkArgs &a) {
     double s = 0;
-    for (i64 k = threadIdx.x; k < a.i[0]; k += blockDim.x) s += ((const double *)a.scratch)[k];
+    for (i64 k = threadIdx.x; k < a.i[0]; k += blockDim.x) s += __ldcg((const double *)a.scratch + k);
     return ck_block_sum(s);
 }
 static __device__ float ck_partials_max(const CkArgs &a) {
     float m = 0.0f;
-    for (i64 k = threadIdx.x; k < a.i[0]; k += blockDim.x) m = fmaxf(m, ((const float *)a.scratch)[k]);
+    for (i64 k = threadIdx.x; k < a.i[0]; k += blockDim.x) m = fmaxf(m, __ldcg((const float *)a.scratch + k));
     return ck_block_max(m);
+}
+
+/* Whether this block is the last of the launch to finish, after the partial result it wrote
+ * (thread 0) is visible to all: blocks take tickets from a.ticket, and the last one sets it
+ * back to zero for the next launch. */
+static __device__ bool ck_last_block(const CkArgs &a) {
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(a.ticket, 1u) == gridDim.x - 1;
+        if (last) atomicExch(a.ticket, 0u);
+    }
+    __syncthreads();
+    return last;
 }
 
 template <class Y> __device__ void ck_sqnorm_final(const CkArgs &a) {
@@ -617,6 +664,13 @@ static __device__ __forceinline__ float ck_scale_for(double fmax, double amax, i
 template <class Y> __device__ void ck_quant_scale_final(const CkArgs &a) {
     float m = ck_partials_max(a);
     if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+}
+
+/* per-tensor QUANT_SCALE in one launch: the amax partials, then the last block's final;
+ * i = {n_partials = the grid, margin}, f = {max of elem} */
+template <class Y, class X> __device__ void ck_quant_scale_tensor(const CkArgs &a) {
+    ck_reduce_partial<0, 1, X>(a);
+    if (ck_last_block(a)) ck_quant_scale_final<Y>(a);
 }
 
 /* AMAX_RECORD (history (H), x), final launch: shift the history, record amax at 0 */
@@ -982,7 +1036,7 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
     __syncthreads();
     i64 n = a.t[0].n, chunks = (n + 127) / 128;
     int lane = threadIdx.x & 31;
-    i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5, warps = ((i64)gridDim.x * blockDim.x) >> 5;
+    i64 warp = (CK_BLOCK * blockDim.x + threadIdx.x) >> 5, warps = (CK_BLOCKS * blockDim.x) >> 5;
     for (i64 ch = warp; ch < chunks; ch += warps) {
         i64 base = ch * 128;
         float mf[4], vf[4], wf[4];

@@ -230,5 +230,26 @@ static __device__ float ck_block_max(float v) {
     return ck_warp_max(s);
 }
 
+/* The block's index and the grid's size as the argument block a sees them: in a batched
+ * launch, those of a's own entry. */
+#define CK_BLOCK ((i64)blockIdx.x - (i64)a.grid_base)
+#define CK_BLOCKS (a.grid_size ? (i64)a.grid_size : (i64)gridDim.x)
 #define CK_GRID_STRIDE(i, n) \
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+    for (i64 i = CK_BLOCK * blockDim.x + threadIdx.x; i < (n); i += CK_BLOCKS * blockDim.x)
+
+/* Entry of a batched launch: the block finds its argument block (binary search over the
+ * first blocks) and copies it to shared memory. */
+static __device__ __forceinline__ void ck_batch_load(const CkBatch &b, CkArgs *out) {
+    int lo = 0, hi = b.n - 1;
+    unsigned bid = blockIdx.x;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (b.first[mid] <= bid) lo = mid;
+        else hi = mid - 1;
+    }
+    static_assert(sizeof(CkArgs) % 8 == 0, "argument blocks copy as 8-byte words");
+    const unsigned long long *src = (const unsigned long long *)&b.args[lo];
+    unsigned long long *dst = (unsigned long long *)out;
+    for (int k = threadIdx.x; k < (int)(sizeof(CkArgs) / 8); k += blockDim.x) dst[k] = src[k];
+    __syncthreads();
+}

@@ -171,6 +171,8 @@ static void build_rows(void) {
     add_case("layernorm_bwd_w", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dy, x)));
     add_case("rmsnorm_bwd_x f32", 2e-5, op_v(OP_RMSNORM_BWD_X, FMT_F32, NULL, Fa(1e-6), IN(dy, x, w)));
     add_case("rmsnorm_bwd_w bf16", 1e-2, op_v(OP_RMSNORM_BWD_W, FMT_BF16, NULL, Fa(1e-6), IN(dy, x)));
+    Node *dy8 = leaf(FMT_BF16, 1, DIMS(R, C8));
+    add_case("layernorm_bwd_w, vector columns", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dy8, x8)));
     Node *xs = leaf(FMT_F32, 3, DIMS(R, 77));
     Node *sm = add_case("softmax", 2e-5, op_v(OP_SOFTMAX, FMT_F32, NULL, NULL, IN(xs)));
     Node *dys = leaf(FMT_F32, 1, DIMS(R, 77));
@@ -184,6 +186,8 @@ static void build_rows(void) {
     int64_t R2 = gt_int(1, 5000);
     Node *big = leaf(FMT_BF16, 1, DIMS(R2, C));
     add_case("sum_rows", 2e-5, op_v(OP_SUM_ROWS, FMT_F32, NULL, NULL, IN(big)));
+    Node *big8 = leaf(FMT_BF16, 1, DIMS(R2, C8));
+    add_case("sum_rows, vector columns", 2e-5, op_v(OP_SUM_ROWS, FMT_F32, NULL, NULL, IN(big8)));
     add_case("sqnorm", 2e-5, op_v(OP_SQNORM, FMT_F32, NULL, NULL, IN(big)));
     int64_t Ve = gt_int(2, 60);
     Node *tk = ids(Ve, 0, DIMS(R2));

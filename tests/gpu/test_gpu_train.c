@@ -209,6 +209,31 @@ static int check_graph(const char *path) {
     ok = ok && cuda_exec_run_phase(e, PHASE_UPDATE) && cuda_exec_pull(e, pers, n_pers);
     bool same = ok && memcmp(&loss_again, &loss_gpu, sizeof loss_gpu) == 0 &&
                 memcmp(mem.persistent, p_gpu, pb) == 0;
+    /* the update's one-node-per-parameter launches run batched (FP8C_CUDA_BATCH=0: not) */
+    int batched = cuda_exec_batched_launches(e);
+    if (n_grads > 2 && !getenv("FP8C_CUDA_BATCH") && batched == 0) {
+        printf("  %s: the update runs no batched launch\n", path);
+        failures++;
+    }
+    /* the gradient check (batched over all gradients): finite after the update zeroed them,
+     * not finite once one element of one gradient is NaN, then +inf in another */
+    bool finite = false, with_nan = true, with_inf = true;
+    ok = ok && cuda_exec_pull(e, grads, n_grads) && cuda_exec_all_finite(e, grads, n_grads, &finite);
+    float bad[2] = {NAN, INFINITY};
+    for (int k = 0; ok && k < 2 && n_grads; k++) {
+        Tensor *t = grads[k ? 0 : n_grads - 1 - (n_grads > 1)];
+        num_encode(t->fmt.elem, &bad[k], (char *)t->data + (ir_numel(t) - 1) * fmt_elem_bytes(t->fmt.elem), 1);
+        ok = cuda_exec_push(e, &t, 1) && cuda_exec_all_finite(e, grads, n_grads, k ? &with_inf : &with_nan);
+        float zero = 0;
+        num_encode(t->fmt.elem, &zero, (char *)t->data + (ir_numel(t) - 1) * fmt_elem_bytes(t->fmt.elem), 1);
+        ok = ok && cuda_exec_push(e, &t, 1);
+    }
+    bool checks = ok && finite && !with_nan && !with_inf;
+    if (ok && !checks) {
+        printf("  %s: the gradient check says finite %d, with a NaN %d, with an inf %d\n", path, finite,
+               with_nan, with_inf);
+        failures++;
+    }
     cuda_exec_close(e);
     if (!ok) {
         printf("  %s: the GPU step failed\n", path);
@@ -242,9 +267,9 @@ static int check_graph(const char *path) {
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 1e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_upd <= (fp8 ? 0.5 : 0.25) && same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e | grad norm err %.1e "
-           "| update err %.2f | deterministic %s | %d GEMM epilogues%s\n", strrchr(path, '/') ? strrchr(path, '/') + 1 : path,
+           "| update err %.2f | deterministic %s | %d GEMM epilogues, %d batched launches%s\n", strrchr(path, '/') ? strrchr(path, '/') + 1 : path,
            level, loss_gpu, loss_ref, e_loss, n_grads, e_grad, e_gn, e_upd, same ? "yes" : "NO",
-           epilogues, pass ? "" : "  FAIL");
+           epilogues, batched, pass ? "" : "  FAIL");
     if (!pass) failures++;
     free(grads);
     free(pers);
