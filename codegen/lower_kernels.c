@@ -1017,7 +1017,7 @@ typedef struct {
 static AttnShape attn_shape(Node *n, int first)
 {
     AttnShape s = {.H = n->iattr[0], .Hkv = n->iattr[1], .scale = (float)n->fattr[0]};
-    bool packed = n->n_in == first + 1;
+    bool packed = n->n_in - ir_attention_bwd_reads_y(n) == first + 1;
     s.q = n->in[first];
     s.B = s.q->t.dims[0];
     s.T = s.q->t.dims[1];

@@ -626,7 +626,8 @@ static bool plan_attention(Spec *s) {
     const Node *n = s->n;
     if (!check_io(s, n, true)) return false;
     bool bwd = n->op == OP_ATTENTION_BWD;
-    int n_qkv = n->n_in - (bwd ? 1 : 0);
+    const Node *ysaved = ir_attention_bwd_reads_y(n) ? n->in[n->n_in - 1] : NULL;
+    int n_qkv = n->n_in - (bwd ? 1 : 0) - (ysaved != NULL);
     if (n_qkv != 1 && n_qkv != 3) return spec_fail(s, "takes q, k, v or a packed q|k|v");
     bool packed = n_qkv == 1;
     const Tensor *q = &n->in[bwd ? 1 : 0]->t;
@@ -670,14 +671,24 @@ static bool plan_attention(Spec *s) {
                         (long long)D, Y, Q, K, V, F32_ARG);
         l->smem = fwd_smem;
         attn_args(l, n, packed, sz);
+        l->args.i[11] = ir_attention_lse_offset(n);
         return true;
     }
     need_scratch(s, 2 * B * H * T * 4);
-    l = spec_launch(s, "attnstat", (unsigned)(B * H * n_t), threads, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
-                    (long long)D, F32_ARG, Q, K, V, DY);
-    l->smem = fwd_smem;
+    if (ysaved && ir_attention_lse_offset(ysaved)) {
+        /* the forward stored lse after y: the statistics are Dt = dy . y and a copy */
+        l = spec_launch(s, "attnsaved", (unsigned)((B * T * H + 7) / 8), 256, "ck_attn_saved_stats<%s, %s>(a)", DY,
+                        fmt_arg(s, &ysaved->t));
+        attn_args(l, n, packed, sz);
+        arg_node(l, 5, ysaved);
+        l->args.i[11] = ir_attention_lse_offset(ysaved);
+    } else {
+        l = spec_launch(s, "attnstat", (unsigned)(B * H * n_t), threads, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
+                        (long long)D, F32_ARG, Q, K, V, DY);
+        l->smem = fwd_smem;
+        attn_args(l, n, packed, sz);
+    }
     l->scratch = 0;
-    attn_args(l, n, packed, sz);
     l = spec_launch(s, "attndq", (unsigned)(B * H * n_t), threads, "%s<%lld, %s, %s, %s, %s, %s>(a)",
                     tc ? "ck_attn_tc_dq" : "ck_attn_dq", (long long)D, Y, DY, Q, K, V);
     l->smem = dq_smem;

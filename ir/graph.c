@@ -151,6 +151,24 @@ bool ir_op_from_name(const char *s, OpKind *out)
     return false;
 }
 
+bool ir_attention_bwd_reads_y(const Node *n)
+{
+    return n->op == OP_ATTENTION_BWD && (n->n_in == 3 || n->n_in == 5);
+}
+
+int64_t ir_attention_lse_offset(const Node *n)
+{
+    if (n->op != OP_ATTENTION || !n->iattr[2]) return 0;
+    return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 15) / 16 * 16;
+}
+
+int64_t ir_storage_bytes(const Node *n)
+{
+    int64_t lse = ir_attention_lse_offset(n);
+    if (lse && n->t.rank == 3) return lse + n->t.dims[0] * n->iattr[0] * n->t.dims[1] * 4;
+    return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
+}
+
 bool ir_op_is_inplace(OpKind op)
 {
     return op == OP_ACCUMULATE || op == OP_ADAMW || op == OP_AMAX_RECORD || op == OP_DELAYED_SCALE ||

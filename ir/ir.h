@@ -236,6 +236,13 @@ typedef struct {
 const OpInfo *ir_op_info(OpKind op);
 bool ir_op_from_name(const char *s, OpKind *out);
 bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_SCALE, ASSIGN */
+/* ATTENTION_BWD: whether it reads the forward's result y (its last input) besides dy and q, k, v
+ * or q|k|v; the forward's inputs then start at in[1] and number n_in - 2. */
+bool ir_attention_bwd_reads_y(const Node *n);
+/* Storage bytes of n's tensor: numel x element size, and for an ATTENTION with lse=1 the
+ * logsumexp of its rows after the result (from ir_attention_lse_offset). */
+int64_t ir_storage_bytes(const Node *n);
+int64_t ir_attention_lse_offset(const Node *n);   /* bytes from the result's start; 0: none */
 /* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,
  * master). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
  * every other reader of a mutated operand must run before n. */

@@ -313,6 +313,16 @@ const char *ir_infer_shape(Node *n, Arena *a)
         return infer_attention(n, a);
     case OP_ATTENTION_BWD: {
         Node *saved = n->in[0];
+        if (ir_attention_bwd_reads_y(n)) {   /* y has dy's shape; the rest as without it */
+            if (!ir_same_shape(&saved->t, &n->in[n->n_in - 1]->t))
+                return arena_printf(a, "attention_bwd: y %s must have dy's shape %s",
+                                    ir_shape_text(a, &n->in[n->n_in - 1]->t), ir_shape_text(a, &saved->t));
+            Node tmp = *n;
+            tmp.n_in = n->n_in - 1;
+            err = ir_infer_shape(&tmp, a);
+            if (!err) copy_shape(n, &tmp.t);
+            return err;
+        }
         if (n->n_in == 2) {
             const char *perr = infer_attention_packed(n, a, &n->in[1]->t);
             if (perr) return perr;
@@ -323,7 +333,7 @@ const char *ir_infer_shape(Node *n, Arena *a)
                                     ir_shape_text(a, &saved->t), ir_shape_text(a, &n->in[1]->t));
             return NULL;
         }
-        if (n->n_in != 4) return arena_printf(a, "attention_bwd takes (dy, q, k, v) or (dy, q|k|v)");
+        if (n->n_in != 4) return arena_printf(a, "attention_bwd takes (dy, q, k, v[, y]) or (dy, q|k|v[, y])");
         /* dy has q's shape; check it, then infer from (q, k, v) */
         if (!ir_same_shape(&saved->t, &n->in[1]->t))
             return arena_printf(a, "attention_bwd: dy %s must have q's shape %s",

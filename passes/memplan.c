@@ -4,7 +4,8 @@
  * gradient accumulators, master weights, Adam states, scales, amax histories — what survives
  * from one step to the next and goes into checkpoints) and the step arena (activations, saved
  * activations, backward temporaries, inputs, outputs). Tensor.offset is relative to the arena
- * of the tensor's role (ir_role_is_persistent), Tensor.bytes is numel x element size; scale and
+ * of the tensor's role (ir_role_is_persistent), Tensor.bytes is numel x element size (an
+ * attention's storage also holds the logsumexp of its rows: ir_storage_bytes); scale and
  * amax tensors of scaled formats are nodes of their own and are planned like any other.
  *
  * Persistent tensors are laid out one after the other in schedule order, each at a multiple of
@@ -111,7 +112,7 @@ bool pass_memplan(Graph *g, const PassOptions *opt)
     ir_renumber(g);
     for (int i = 0; i < n; i++) {
         Tensor *t = &g->nodes[i]->t;
-        t->bytes = ir_numel(t) * fmt_elem_bytes(t->fmt.elem);
+        t->bytes = ir_storage_bytes(g->nodes[i]);
         t->offset = -1;
     }
 

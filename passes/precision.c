@@ -12,7 +12,9 @@
  *   - which GEMMs take FP8 operands (MATMUL fp8=1): all at O1+, except the head that produces
  *     the logits of the loss, which stays bf16 as in TransformerEngine and torchao recipes;
  *   - which forward values the backward reads (role saved), since the levels store those
- *     differently; every other transient value is bf16, scalars and losses f32.
+ *     differently; every other transient value is bf16, scalars and losses f32;
+ *   - whether attention's backward reads the forward's result and logsumexp (where the result
+ *     is kept as it is anyway) or recomputes them.
  *
  * Rules, from --precision flags and a --policy file (one rule a line, '#' comments), are
  * PATTERN=FORMAT with shell globs over tensor names:
@@ -316,6 +318,45 @@ static Format saved_default(const Node *x, const Uses *u)
     return f;
 }
 
+/* The forward attention whose backward p is: same inputs, same heads. */
+static Node *attention_of(Node *p, const Uses *uses)
+{
+    const Uses *u = &uses[p->in[1]->index];
+    for (int k = 0; k < u->n; k++) {
+        Node *a = u->list[k];
+        if (a->op != OP_ATTENTION || a->n_in != p->n_in - 1 || a->iattr[0] != p->iattr[0] ||
+            a->iattr[1] != p->iattr[1])
+            continue;
+        bool same = true;
+        for (int i = 0; i < a->n_in; i++) same &= a->in[i] == p->in[1 + i];
+        if (same) return a;
+    }
+    return NULL;
+}
+
+/* Where the backward keeps an attention's result y in its own format anyway (other backward
+ * nodes read it, and it is saved as itself: O0, O1), attention_bwd reads y too, and the forward
+ * stores the logsumexp of each row after y (lse=1): the backward then needs neither the
+ * forward's probabilities' statistics nor its output again, only rowsum(dy * y), instead of
+ * rerunning the forward. At O2/O3 y is kept as an FP8 copy and the backward recomputes. */
+static void attention_reads_y(Graph *g, const Uses *uses)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *p = g->nodes[i];
+        if (p->op != OP_ATTENTION_BWD || ir_attention_bwd_reads_y(p)) continue;
+        Node *y = attention_of(p, uses);
+        if (!y || y->t.role != ROLE_SAVED || y->t.saved_as.elem != FMT_VOID || y->t.fmt.codec != CODEC_PLAIN ||
+            y->t.fmt.scaling != SCALE_NONE || !fmt_elem_is_float(y->t.fmt.elem))
+            continue;
+        Node **in = arena_alloc(g->arena, sizeof *in * (size_t)(p->n_in + 1));
+        memcpy(in, p->in, sizeof *in * (size_t)p->n_in);
+        in[p->n_in] = y;
+        p->in = in;
+        p->n_in++;
+        y->iattr[2] = 1;
+    }
+}
+
 bool pass_precision(Graph *g, const PassOptions *opt)
 {
     Policy policy = {0};
@@ -410,5 +451,6 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         }
         x->t.saved_as = want;
     }
+    attention_reads_y(g, uses);
     return true;
 }

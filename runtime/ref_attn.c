@@ -211,7 +211,8 @@ static void attn_bwd_task(void *ctx, int64_t task)
 void ref_attention_bwd(const Node *n, const float *const *x, float *y)
 {
     AttnJob a;
-    if (n->n_in == 2) attn_setup_packed(&a, n, x[1]);
+    /* y (ir_attention_bwd_reads_y) is not needed: the probabilities are recomputed */
+    if (n->n_in - ir_attention_bwd_reads_y(n) == 2) attn_setup_packed(&a, n, x[1]);
     else attn_setup(&a, n, x[1], x[2], x[3]);
     if (ir_numel(&n->in[0]->t) != a.B * a.T * a.H * a.D) ref_die_node(n, "dy is not q-shaped");
     if (ir_numel(&n->t) != a.B * a.T * (a.H + 2 * a.Hkv) * a.D)

@@ -204,9 +204,9 @@ double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_
 
 /* ---------------------------------------------------------------- memory */
 
-static int64_t train_storage_bytes(const Tensor *t) {
-    int64_t need = ir_numel(t) * fmt_elem_bytes(t->fmt.elem);
-    return t->bytes > need ? t->bytes : need;
+static int64_t train_storage_bytes(const Node *n) {
+    int64_t need = ir_storage_bytes(n);
+    return n->t.bytes > need ? n->t.bytes : need;
 }
 
 static bool train_has_storage(const Node *n) {
@@ -258,7 +258,7 @@ bool rt_memory_bind(Graph *g, RtMemory *m) {
             if (!train_has_storage(n)) continue;
             int k = ir_role_is_persistent(n->t.role) ? 0 : 1;
             n->t.offset = at[k];
-            at[k] += (train_storage_bytes(&n->t) + 63) / 64 * 64;
+            at[k] += (train_storage_bytes(n) + 63) / 64 * 64;
         }
         g->persistent_bytes = at[0];
         g->transient_bytes = at[1];
@@ -271,7 +271,7 @@ bool rt_memory_bind(Graph *g, RtMemory *m) {
         const Node *n = g->nodes[i];
         if (!train_has_storage(n)) continue;
         int64_t size = ir_role_is_persistent(n->t.role) ? m->persistent_bytes : m->step_bytes;
-        int64_t end = n->t.offset + train_storage_bytes(&n->t);
+        int64_t end = n->t.offset + train_storage_bytes(n);
         if (end > size) {
             rt_error("artifact: tensor %%%d%s%s ends at byte %lld of its arena, which the plan "
                      "sizes at %lld bytes", n->id, n->t.name ? " " : "",
@@ -535,7 +535,7 @@ static void model_zero_grads(const Model *m) {
         return;
     }
     for (int i = 0; i < m->n_grads; i++)
-        memset(m->grads[i]->t.data, 0, (size_t)train_storage_bytes(&m->grads[i]->t));
+        memset(m->grads[i]->t.data, 0, (size_t)train_storage_bytes(m->grads[i]));
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -645,7 +645,7 @@ static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int
     train_dev_nodes(train_dev->pull, m->eval_touched, m->n_eval_touched);
     for (int i = 0; i < m->n_eval_touched; i++) {
         const Tensor *t = &m->eval_touched[i]->t;
-        size_t bytes = (size_t)train_storage_bytes(t);
+        size_t bytes = (size_t)train_storage_bytes(m->eval_touched[i]);
         saved[i] = malloc(bytes);
         memcpy(saved[i], t->data, bytes);
     }
@@ -661,7 +661,7 @@ static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int
     }
     for (int i = 0; i < m->n_eval_touched; i++) {
         Tensor *t = &m->eval_touched[i]->t;
-        memcpy(t->data, saved[i], (size_t)train_storage_bytes(t));
+        memcpy(t->data, saved[i], (size_t)train_storage_bytes(m->eval_touched[i]));
         free(saved[i]);
     }
     free(saved);

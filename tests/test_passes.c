@@ -791,7 +791,10 @@ static void check_memplan(const Graph *g)
     int64_t sum = 0, checked = 0;
     for (int i = 0; i < n; i++) {
         const Node *v = g->nodes[i];
+        /* numel x element size; an attention that keeps its logsumexp stores it after y */
         int64_t bytes = ir_numel(&v->t) * fmt_elem_bytes(v->t.fmt.elem);
+        if (v->op == OP_ATTENTION && v->iattr[2])
+            bytes = (bytes + 15) / 16 * 16 + v->t.dims[0] * v->iattr[0] * v->t.dims[1] * 4;
         assert_int_equal(v->t.bytes, bytes);
         if (memplan_alias_of(v)) {
             assert_int_equal(v->t.offset, root_of((Node *)v)->t.offset);
@@ -1022,6 +1025,18 @@ static void test_pipeline_models(void **state)
                              level == 4 ? " --grad-release" : "");
             check_schedule(g);
             check_memplan(g);
+            /* attention's backward reads y and the forward's logsumexp where y is kept as it is
+             * (O0, O1), and recomputes them where the backward keeps an FP8 copy (O2, O3) */
+            for (int i = 0; i < g->n_nodes; i++) {
+                const Node *p = g->nodes[i];
+                if (p->op != OP_ATTENTION_BWD) continue;
+                assert_int_equal(ir_attention_bwd_reads_y(p), o.passes.opt_level <= 1);
+                if (!ir_attention_bwd_reads_y(p)) continue;
+                const Node *y = p->in[p->n_in - 1];
+                assert_int_equal(y->op, OP_ATTENTION);
+                assert_int_equal(y->iattr[2], 1);
+                assert_true(ir_attention_lse_offset(y) >= ir_numel(&y->t) * fmt_elem_bytes(y->t.fmt.elem));
+            }
             printf("  %-9s -O%d%-15s %5d nodes  persistent %9lld B  step arena %9lld B (live peak %lld B)\n", models[m],
                    o.passes.opt_level, level == 4 ? " --grad-release" : "", g->n_nodes,
                    (long long)g->persistent_bytes, (long long)g->transient_bytes, (long long)live_peak(g));

@@ -43,6 +43,32 @@ __device__ __forceinline__ void ck_attn_load(float *s, const CkTensor &x, i64 b,
     }
 }
 
+/* where an attention with lse=1 stores the logsumexp of its rows: i[11] bytes after y */
+static __device__ __forceinline__ float *ck_attn_lse_out(const CkArgs &a) {
+    return (float *)((char *)a.t[0].p + a.i[11]);
+}
+
+/* The backward's statistics from the forward's (attention_bwd reading y): lse as the forward
+ * stored it after y (t[5], i[11] bytes on), and Dt = dy . y per row and head, into scratch as
+ * ck_attn_fwd's MODE 1 puts them. One warp per (b, t, h); i as the attention's. */
+template <class DY, class YS> __device__ void ck_attn_saved_stats(const CkArgs &a) {
+    i64 B = a.i[0], T = a.i[1], H = a.i[2], D = a.i[4];
+    i64 r = CK_BLOCK * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= B * T * H) return;
+    i64 h = r % H, t = (r / H) % T, b = r / (H * T);
+    i64 base = (b * T + t) * H * D + h * D;
+    float s = 0.0f;
+    for (i64 d = lane; d < D; d += 32) s = fmaf(DY::ld(a.t[1], base + d), YS::ld(a.t[5], base + d), s);
+    s = ck_warp_sum(s);
+    if (lane == 0) {
+        float *lse = (float *)a.scratch, *dd = lse + B * H * T;
+        i64 at = (b * H + h) * T + t;
+        lse[at] = ((const float *)((const char *)a.t[5].p + a.i[11]))[at];
+        dd[at] = s;
+    }
+}
+
 /* MODE 0: y = attention(q, k, v); MODE 1 (t[1] = dy, t[2..4] = q, k, v): lse and Dt into
  * scratch ([B*H*T] each, f32) */
 template <int D, int MODE, class Y, class Q, class K, class V, class DY>
@@ -121,6 +147,7 @@ __device__ void ck_attn_fwd(const CkArgs &a) {
             if (t < T)
                 for (int j = 0; j < NJ; j++)
                     Y::st(a.t[0], ((b * T + t) * H + h) * D + tx + 16 * j, o[i][j] * inv);
+            if (t < T && tx == 0 && a.i[11]) ck_attn_lse_out(a)[(b * H + h) * T + t] = m[i] + logf(l[i]);
         } else {
             float dsum = 0.0f;
             for (int j = 0; j < NJ; j++)

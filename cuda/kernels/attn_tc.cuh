@@ -265,6 +265,12 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
                 int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
                 if (row < Ti) Y::st(a.t[0], (b * T + row) * H * D + h * D + col, o[n][i] / l[i >> 1]);
             }
+        if (a.i[11])
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int row = row0 + r * 8;
+                if (row < Ti && tig == 0) ck_attn_lse_out(a)[(b * H + h) * T + row] = m[r] + logf(l[r]);
+            }
         return;
     }
     float dsum[2] = {0.0f, 0.0f};

@@ -328,15 +328,27 @@ static void build_attention(void) {
         char *bw = arena_printf(arena, "attention_bwd T%lld H%lld/%lld D%lld %s%s", (long long)T,
                                 (long long)H, (long long)Hkv, (long long)D, fmt_elem_name(e),
                                 cfg[c].packed ? " packed" : "");
-        if (cfg[c].packed) {
-            Node *qkv = leaf(e, 1, DIMS(B, T, (H + 2 * Hkv) * D));
-            add_case(fw, tol, op_v(OP_ATTENTION, e, I(H, Hkv), Fa(scale), IN(qkv)));
-            add_case(bw, tol, op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, qkv)));
-        } else {
-            Node *q = leaf(e, 1, DIMS(B, T, H * D)), *k = leaf(e, 1, DIMS(B, T, Hkv * D));
-            Node *v = leaf(e, 1, DIMS(B, T, Hkv * D));
-            add_case(fw, tol, op_v(OP_ATTENTION, e, I(H, Hkv), Fa(scale), IN(q, k, v)));
-            add_case(bw, tol, op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v)));
+        /* each configuration twice: the backward recomputing the forward's statistics, and
+         * (lse=1) reading the logsumexp the forward stored after y, with y itself */
+        for (int lse = 0; lse < 2; lse++) {
+            const char *how = lse ? ", lse saved" : "";
+            Node *y;
+            if (cfg[c].packed) {
+                Node *qkv = leaf(e, 1, DIMS(B, T, (H + 2 * Hkv) * D));
+                y = add_case(arena_printf(arena, "%s%s", fw, how), tol,
+                             op_v(OP_ATTENTION, e, I(H, Hkv, lse), Fa(scale), IN(qkv)));
+                add_case(arena_printf(arena, "%s%s", bw, how), tol,
+                         lse ? op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, qkv, y))
+                             : op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, qkv)));
+            } else {
+                Node *q = leaf(e, 1, DIMS(B, T, H * D)), *k = leaf(e, 1, DIMS(B, T, Hkv * D));
+                Node *v = leaf(e, 1, DIMS(B, T, Hkv * D));
+                y = add_case(arena_printf(arena, "%s%s", fw, how), tol,
+                             op_v(OP_ATTENTION, e, I(H, Hkv, lse), Fa(scale), IN(q, k, v)));
+                add_case(arena_printf(arena, "%s%s", bw, how), tol,
+                         lse ? op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v, y))
+                             : op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v)));
+            }
         }
     }
 }
