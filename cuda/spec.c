@@ -26,7 +26,7 @@ static const char *const scale_enum[SCALE_COUNT] = {
     "SCALE_BLOCK_128",
 };
 
-enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BLOCKS = 512 };
+enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BLOCKS = 1024 };
 
 typedef struct {
     Arena *arena;
@@ -677,8 +677,10 @@ static bool plan_attention(Spec *s) {
     need_scratch(s, 2 * B * H * T * 4);
     if (ysaved && ir_attention_lse_offset(ysaved)) {
         /* the forward stored lse after y: the statistics are Dt = dy . y and a copy */
-        l = spec_launch(s, "attnsaved", (unsigned)((B * T * H + 7) / 8), 256, "ck_attn_saved_stats<%s, %s>(a)", DY,
-                        fmt_arg(s, &ysaved->t));
+        /* as ck_attn_stat_lanes: 32 / lanes rows per warp, 8 warps */
+        int64_t lanes = D % 8 == 0 && 32 % (D / 8) == 0 ? D / 8 : 32, rows = 8 * (32 / lanes);
+        l = spec_launch(s, "attnsaved", (unsigned)((B * T * H + rows - 1) / rows), 256,
+                        "ck_attn_saved_stats<%s, %s>(a)", DY, fmt_arg(s, &ysaved->t));
         attn_args(l, n, packed, sz);
         arg_node(l, 5, ysaved);
         l->args.i[11] = ir_attention_lse_offset(ysaved);

@@ -85,7 +85,7 @@ enum { A_PARAM, A_GRAD, A_M, A_V, A_LR, A_STEP, A_CLIP, A_GRAD_SCALE, A_MASTER }
 
 typedef struct {
     float *w, *g, *m, *v;       /* decoded; w is the master when there is one */
-    double lr, gmul, b1, b2, eps, wd, bc1, bc2;
+    double lr, gmul, b1, b2, eps, wd, inv_bc1, inv_bc2;   /* 1 / (1 - beta^step) */
     int64_t n;
 } AdamJob;
 
@@ -97,7 +97,7 @@ static void adamw_task(void *ctx, int64_t c)
         double g = j->g[i] * j->gmul;
         double m = j->b1 * j->m[i] + (1 - j->b1) * g;
         double v = j->b2 * j->v[i] + (1 - j->b2) * g * g;
-        double mhat = m / j->bc1, vhat = v / j->bc2, w = j->w[i];
+        double mhat = m * j->inv_bc1, vhat = v * j->inv_bc2, w = j->w[i];
         w -= j->lr * (mhat / (sqrt(vhat) + j->eps) + j->wd * w);
         j->m[i] = (float)m;
         j->v[i] = (float)v;
@@ -135,8 +135,8 @@ void ref_adamw(Node *n)
     if (!(step >= 1)) ref_die_node(n, "step %g: steps count from 1", step);
     j.lr = scalar_in(n, A_LR);
     j.gmul = scalar_in(n, A_GRAD_SCALE) * scalar_in(n, A_CLIP);
-    j.bc1 = 1 - pow(j.b1, step);
-    j.bc2 = 1 - pow(j.b2, step);
+    j.inv_bc1 = 1 / (1 - pow(j.b1, step));
+    j.inv_bc2 = 1 / (1 - pow(j.b2, step));
 
     bool split = master && master->fmt.codec == CODEC_SPLIT;
     if (split && (param->fmt.elem != FMT_BF16 || master->fmt.elem != FMT_I8))

@@ -48,20 +48,35 @@ static __device__ __forceinline__ float *ck_attn_lse_out(const CkArgs &a) {
     return (float *)((char *)a.t[0].p + a.i[11]);
 }
 
+/* Lanes of a warp that take one row of ck_attn_saved_stats: D / CK_VEC where that many lanes
+ * hold a row in whole vectors, else the warp (spec.c sizes the grid by the same rule). */
+static __device__ __forceinline__ int ck_attn_stat_lanes(long long D) {
+    return D % 8 == 0 && D / 8 <= 32 && 32 % (D / 8) == 0 ? (int)(D / 8) : 32;
+}
+
 /* The backward's statistics from the forward's (attention_bwd reading y): lse as the forward
  * stored it after y (t[5], i[11] bytes on), and Dt = dy . y per row and head, into scratch as
- * ck_attn_fwd's MODE 1 puts them. One warp per (b, t, h); i as the attention's. */
+ * ck_attn_fwd's MODE 1 puts them. ck_attn_stat_lanes lanes per (b, t, h); i as the
+ * attention's. */
 template <class DY, class YS> __device__ void ck_attn_saved_stats(const CkArgs &a) {
     i64 B = a.i[0], T = a.i[1], H = a.i[2], D = a.i[4];
-    i64 r = CK_BLOCK * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (r >= B * T * H) return;
+    int per = ck_attn_stat_lanes(D), lane = threadIdx.x & 31, sub = lane % per;
+    i64 r = (CK_BLOCK * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / per) + lane / per;
+    bool live = r < B * T * H;
     i64 h = r % H, t = (r / H) % T, b = r / (H * T);
     i64 base = (b * T + t) * H * D + h * D;
     float s = 0.0f;
-    for (i64 d = lane; d < D; d += 32) s = fmaf(DY::ld(a.t[1], base + d), YS::ld(a.t[5], base + d), s);
-    s = ck_warp_sum(s);
-    if (lane == 0) {
+    if (live && per * CK_VEC == D && DY::vec_ok(a.t[1]) && YS::vec_ok(a.t[5])) {
+        float u[CK_VEC], v[CK_VEC];
+        DY::ld_vec(a.t[1], base + sub * CK_VEC, u);
+        YS::ld_vec(a.t[5], base + sub * CK_VEC, v);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) s = fmaf(u[j], v[j], s);
+    } else if (live) {
+        for (i64 d = sub; d < D; d += per) s = fmaf(DY::ld(a.t[1], base + d), YS::ld(a.t[5], base + d), s);
+    }
+    for (int o = per / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (live && sub == 0) {
         float *lse = (float *)a.scratch, *dd = lse + B * H * T;
         i64 at = (b * H + h) * T + t;
         lse[at] = ((const float *)((const char *)a.t[5].p + a.i[11]))[at];

@@ -226,14 +226,14 @@ template <class Y, class S> __device__ void ck_grad_norm(const CkArgs &a) {
 template <class P, class G, class M, class V, class LR, class ST, class CL, class GS, class W,
           int MASTER>
 __device__ void ck_adamw(const CkArgs &a) {
-    __shared__ double k[4];   /* lr, gmul, bc1, bc2 */
+    __shared__ double k[4];   /* lr, gmul, 1 / bc1, 1 / bc2 (the divisions once per block) */
     double b1 = a.f[0], b2 = a.f[1], eps = a.f[2], wd = a.f[3];
     if (threadIdx.x == 0) {
         double step = ST::ld(a.t[5], 0);
         k[0] = LR::ld(a.t[4], 0);
         k[1] = (double)GS::ld(a.t[7], 0) * (double)CL::ld(a.t[6], 0);
-        k[2] = 1 - pow(b1, step);
-        k[3] = 1 - pow(b2, step);
+        k[2] = 1 / (1 - pow(b1, step));
+        k[3] = 1 / (1 - pow(b2, step));
     }
     __syncthreads();
     if (P::vec_ok(a.t[0]) && G::vec_ok(a.t[1]) && M::vec_ok(a.t[2]) && V::vec_ok(a.t[3]) &&
@@ -251,7 +251,7 @@ __device__ void ck_adamw(const CkArgs &a) {
                 double gj = g[j] * k[1];
                 double mj = b1 * m[j] + (1 - b1) * gj;
                 double vj = b2 * v[j] + (1 - b2) * gj * gj;
-                double mhat = mj / k[2], vhat = vj / k[3];
+                double mhat = mj * k[2], vhat = vj * k[3];
                 double wj = w[j];
                 wj -= k[0] * (mhat / (sqrt(vhat) + eps) + wd * wj);
                 m[j] = (float)mj, v[j] = (float)vj, w[j] = (float)wj, g[j] = 0.0f;
@@ -268,7 +268,7 @@ __device__ void ck_adamw(const CkArgs &a) {
         double g = G::ld(a.t[1], i) * k[1];
         double m = b1 * M::ld(a.t[2], i) + (1 - b1) * g;
         double v = b2 * V::ld(a.t[3], i) + (1 - b2) * g * g;
-        double mhat = m / k[2], vhat = v / k[3];
+        double mhat = m * k[2], vhat = v * k[3];
         double w = MASTER ? (double)W::ld(a.t[8], i) : (double)P::ld(a.t[0], i);
         w -= k[0] * (mhat / (sqrt(vhat) + eps) + wd * w);
         M::st(a.t[2], i, (float)m);
@@ -589,6 +589,7 @@ template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkA
     if (SQ) {
         double s = 0;
         if (vec) {
+            #pragma unroll 4
             CK_GRID_STRIDE(c, x.n / CK_VEC) {
                 float v[CK_VEC];
                 X::ld_vec(x, c * CK_VEC, v);
@@ -606,6 +607,7 @@ template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkA
     } else {
         float m = 0.0f;
         if (vec) {
+            #pragma unroll 4
             CK_GRID_STRIDE(c, x.n / CK_VEC) {
                 float v[CK_VEC];
                 X::ld_vec(x, c * CK_VEC, v);
@@ -1030,8 +1032,8 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
         double step = ST::ld(a.t[5], 0);
         k[0] = LR::ld(a.t[4], 0);
         k[1] = (double)GS::ld(a.t[7], 0) * (double)CL::ld(a.t[6], 0);
-        k[2] = 1 - pow(b1, step);
-        k[3] = 1 - pow(b2, step);
+        k[2] = 1 / (1 - pow(b1, step));
+        k[3] = 1 / (1 - pow(b2, step));
     }
     __syncthreads();
     i64 n = a.t[0].n, chunks = (n + 127) / 128;
@@ -1055,7 +1057,7 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
             } else {
                 w = MK == 1 ? (double)W::ld(a.t[8], i) : (double)P::ld(a.t[0], i);
             }
-            double mhat = m / k[2], vhat = v / k[3];
+            double mhat = m * k[2], vhat = v * k[3];
             w -= k[0] * (mhat / (sqrt(vhat) + eps) + wd * w);
             mf[j] = (float)m;
             vf[j] = (float)v;
