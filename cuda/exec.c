@@ -11,9 +11,11 @@
  * Each phase of the step (evaluation: the forward nodes; a micro-step: forward and backward
  * in schedule order; the update) is a list of launches built once: library kernels with their
  * argument blocks resolved to device pointers, and cuBLASLt matmuls whose algorithms were
- * chosen by the heuristic at set-up (a GEMM whose fuse group its epilogue computes replaces the
- * group's adds: spec.c's cuda_plan_epilogues). The first run of a phase captures the list in a CUDA
- * graph; later runs replay it, so a step costs a handful of driver calls however many kernels
+ * chosen at set-up: the heuristic's candidates are timed on the arenas before they are filled,
+ * once per shape (FP8C_CUDA_TUNE=0: its first choice). A GEMM whose fuse group its epilogue
+ * computes replaces the group's adds (spec.c's cuda_plan_epilogues); one launch runs a run of
+ * small update nodes (batched launches, below). The first run of a phase captures the list in
+ * a CUDA graph; later runs replay it, so a step costs a handful of driver calls however many kernels
  * it has. Inputs change between runs only in their bytes (the arenas never move), which is
  * what makes replay valid. FP8C_CUDA_GRAPHS=0 launches directly; FP8C_CUDA_SYNC=1 also
  * synchronizes after every launch and names the node of the first failing one. */
@@ -25,6 +27,8 @@
 
 #define CUBLAS_WORKSPACE (32 << 20)
 #define ALIGN 256
+#define GEMM_CANDIDATES 8       /* algorithms the heuristic offers for timing */
+#define GEMM_TUNE_RUNS 5
 
 typedef struct {
     CuLaunchKind kind;
@@ -42,6 +46,13 @@ typedef struct {
     void *D;
     float beta;
 } ExecLaunch;
+
+/* A GEMM's algorithm, timed once for every GEMM with the same key (shapes, types, layouts,
+ * epilogue and alignments): the layers of a model share a handful of keys. */
+typedef struct {
+    uint64_t key;
+    cublasLtMatmulAlgo_t algo;
+} TunedGemm;
 
 /* FP8C_CUDA_PROFILE=1: every launch timed with events (no graphs), summed by kernel */
 typedef struct {
@@ -82,6 +93,10 @@ struct CudaExec {
     int finite_flag_off;                  /* in aux */
     int ticket_off;                       /* in aux: the kernels' last-block counter */
     bool graphs, sync_each, profile;
+    bool tune;                            /* time the heuristic's candidates (set-up only) */
+    bool fast_accum_all;                  /* FP8C_CUDA_FAST_ACCUM=all: gradient GEMMs too */
+    TunedGemm *tuned;
+    int n_tuned, cap_tuned;
     ProfRow *prof;
     int n_prof, cap_prof;
     double prof_total;
@@ -175,6 +190,56 @@ static void exec_free_gemm(ExecLaunch *x) {
     x->desc = NULL;
 }
 
+static bool exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo) {
+    float alpha = 1.0f;
+    return CU(cublasLtMatmul)(e->lt, x->desc, &alpha, x->A, x->la, x->B, x->lb, &x->beta, x->C, x->ld, x->D,
+                              x->ld, algo, (void *)(uintptr_t)e->cublas_ws, CUBLAS_WORKSPACE,
+                              (cudaStream_t)e->stream) == CUBLAS_STATUS_SUCCESS;
+}
+
+/* The fastest of the heuristic's candidates for x, timed on the arenas (set-up only: the runs
+ * write D, and the arenas are filled from the host afterwards), once per key. */
+static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const void *const *ptrs,
+                           const cublasLtMatmulHeuristicResult_t *res, int found) {
+    int64_t what[20] = {g->m, g->n, g->k, g->lda, g->ldb, g->ldd, g->ta, g->tb, g->atype, g->btype,
+                        g->dtype, g->bias.node != NULL, g->biastype, g->c.node != NULL, g->scales >= 0,
+                        g->fast_accum};
+    for (int i = 0; i < 4; i++) what[16 + i] = (int64_t)((uintptr_t)ptrs[i] & 255);
+    uint64_t key = cuda_hash(0, what, sizeof what);
+    for (int i = 0; i < e->n_tuned; i++)
+        if (e->tuned[i].key == key) {
+            x->algo = e->tuned[i].algo;
+            return true;
+        }
+    CUevent ev[2];
+    if (!CU_CHECK(CU(cuEventCreate)(&ev[0], 0)) || !CU_CHECK(CU(cuEventCreate)(&ev[1], 0))) return false;
+    float best = -1;
+    for (int c = 0; c < found; c++) {
+        float ms = 0;
+        bool ran = exec_run_gemm(e, x, &res[c].algo) && CU(cuStreamSynchronize)(e->stream) == CUDA_SUCCESS;
+        if (!ran) continue;   /* a candidate that does not run is not chosen */
+        bool timed = CU_CHECK(CU(cuEventRecord)(ev[0], e->stream));
+        for (int r = 0; timed && r < GEMM_TUNE_RUNS; r++) timed = exec_run_gemm(e, x, &res[c].algo);
+        timed = timed && CU_CHECK(CU(cuEventRecord)(ev[1], e->stream)) && CU_CHECK(CU(cuEventSynchronize)(ev[1])) &&
+                CU_CHECK(CU(cuEventElapsedTime)(&ms, ev[0], ev[1]));
+        if (timed && (best < 0 || ms < best)) {
+            best = ms;
+            x->algo = res[c].algo;
+        }
+    }
+    CU(cuEventDestroy_v2)(ev[0]);
+    CU(cuEventDestroy_v2)(ev[1]);
+    if (e->n_tuned == e->cap_tuned) {
+        int cap = e->cap_tuned ? 2 * e->cap_tuned : 32;
+        TunedGemm *grown = realloc(e->tuned, sizeof *grown * (size_t)cap);
+        if (!grown) return false;
+        e->tuned = grown;
+        e->cap_tuned = cap;
+    }
+    e->tuned[e->n_tuned++] = (TunedGemm){key, x->algo};
+    return CU_CHECK(CU(cuStreamSynchronize)(e->stream));
+}
+
 /* Sets up one cuBLASLt matmul and picks its algorithm. *no_algo (when given) says that the
  * heuristic had none, without a message: the caller falls back to plain GEMMs. */
 static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo) {
@@ -200,7 +265,7 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
             !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)))
             return false;
     }
-    if (g->fast_accum) {
+    if (g->fast_accum || (e->fast_accum_all && g->scales >= 0)) {
         int8_t fast = 1;
         if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)))
             return false;
@@ -235,12 +300,13 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
         while (align > 1 && (uintptr_t)ptrs[i] % align) align /= 2;
         ok = LT_CHECK(CU(cublasLtMatmulPreferenceSetAttribute)(pref, which[i], &align, sizeof align));
     }
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[GEMM_CANDIDATES];
     int found = 0;
-    memset(&res, 0, sizeof res);
+    memset(res, 0, sizeof res);
     if (ok) {
+        int want = e->tune && !no_algo ? GEMM_CANDIDATES : 1;
         cublasStatus_t r = CU(cublasLtMatmulAlgoGetHeuristic)(e->lt, x->desc, x->la, x->lb, x->ld, x->ld,
-                                                             pref, 1, &res, &found);
+                                                             pref, want, res, &found);
         if (r == CUBLAS_STATUS_NOT_SUPPORTED && no_algo) found = 0;   /* an epilogue it lacks */
         else ok = LT_CHECK(r);
     }
@@ -255,7 +321,8 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
                  fmt_elem_name(g->dtype), (long long)g->m, (long long)g->n, (long long)g->k);
         ok = false;
     }
-    x->algo = res.algo;
+    x->algo = res[0].algo;
+    if (ok && found > 1 && e->tune && !no_algo) ok = exec_tune_gemm(e, x, g, ptrs, res, found);
     return ok;
 }
 
@@ -671,6 +738,8 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->graphs = env_flag("FP8C_CUDA_GRAPHS", true);
     e->sync_each = env_flag("FP8C_CUDA_SYNC", false);
     e->profile = env_flag("FP8C_CUDA_PROFILE", false);
+    const char *fa = getenv("FP8C_CUDA_FAST_ACCUM");
+    e->fast_accum_all = fa && !strcmp(fa, "all");
     if (!CU_CHECK(CU(cuDeviceGet)(&e->dev, 0)) || !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&e->ctx, e->dev)))
         goto fail;
     e->have_ctx = true;
@@ -752,6 +821,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     if (!exec_check_epilogues(e)) goto fail;
     /* the launch lists: evaluation, micro-step, update; then the gradient checks */
     bool batches = env_flag("FP8C_CUDA_BATCH", true);
+    e->tune = env_flag("FP8C_CUDA_TUNE", true);
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         if (!e->plans[i].n_launch) continue;
@@ -765,6 +835,8 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
             goto fail;
         }
     }
+    e->tune = false;   /* from here on the arenas hold data */
+    if (getenv("FP8C_CUDA_VERBOSE")) fprintf(stderr, "CUDA executor: %d GEMM shapes timed\n", e->n_tuned);
     if (!cuda_exec_push_arenas(e)) goto fail;
     return e;
 fail:
@@ -795,6 +867,7 @@ void cuda_exec_close(CudaExec *e) {
         CU(cuDevicePrimaryCtxRelease_v2)(e->dev);
     }
     free(e->batch_run);
+    free(e->tuned);
     arena_free(e->arena);
     free(e);
 }
