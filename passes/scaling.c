@@ -10,13 +10,15 @@
  * the update phase (delayed_scale). Forward operands are e4m3, gradients e5m2, or e4m3 too where
  * the precision pass set grad_e4m3 (DeepSeek-V3's choice).
  *
- * Reuse is deliberate, because it decides what the backward keeps: a value quantized for a
- * forward GEMM is reused by the backward GEMM that reads the same value only when the precision
- * pass asked for the value to be saved in that FP8 format (O2+: the FP8 copy is what is kept,
- * the bf16 original dies early); otherwise (O1) the backward quantizes the kept bf16 value
- * again, with the scale the forward found for it (kept: four bytes), since the value and so
- * its amax have not changed. Weights are quantized once per step and the copy reused, except
- * at O3 where no FP8 weight copy is kept across the step: each use quantizes afresh.
+ * Reuse decides what the backward keeps. A value quantized for a forward GEMM is reused by the
+ * backward GEMM that reads the same value (the weight gradient's x^T dy): the FP8 copy is what
+ * the backward keeps, and the bf16 original dies with its last other reader. Quantizing the
+ * kept value again in the backward would give the same bytes (same value, same scale) for
+ * twice the memory traffic. Where there is no forward copy in that format, the backward
+ * quantizes with the scale the forward found for the value where it has one (four bytes
+ * kept), since the value and so its amax have not changed. Weights are quantized once per step
+ * and the copy reused, except at O3 where no FP8 weight copy is kept across the step: each
+ * use quantizes afresh.
  *
  * quant_scale and quantize stay nodes of their own, so that the reference executor runs them
  * one by one; the kernel IR fuses a quantize with an elementwise producer read by nothing else,
@@ -40,6 +42,9 @@ typedef struct {
     Quantized *made;
     int n_made, cap_made;
 } Ctx;
+
+/* Node.pass_data of this pass: a value that a backward node other than an FP8 GEMM reads */
+static char read_in_backward;
 
 /* MATMUL fp8 attribute values: the granularity its operands are scaled with. */
 enum { GEMM_BF16 = 0, GEMM_FP8_TENSOR = 1, GEMM_FP8_ROW = 2, GEMM_FP8_BLOCK = 3 };
@@ -153,6 +158,19 @@ static bool is_gradient(const Node *x)
     return x->phase != PHASE_FORWARD && x->n_in > 0 && x->t.role == ROLE_GRAD_TEMP;
 }
 
+/* Marks (pass_data) the values that a backward node other than an FP8 GEMM reads. */
+static void mark_read_in_backward(Graph *g)
+{
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->pass_data = NULL;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *r = g->nodes[i];
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        for (int j = 0; j < r->n_in; j++) r->in[j]->pass_data = &read_in_backward;
+    }
+}
+
+static bool only_fp8_gemms_read(const Node *x) { return x->pass_data != &read_in_backward; }
+
 /* The operand of an FP8 GEMM: reuse a copy where the plan allows, else quantize here. */
 static Node *gemm_operand(Ctx *c, Node *mm, int i)
 {
@@ -167,11 +185,14 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
 
     Node *q = find_made(c, x, elem, sc, group, mm->phase, false);
     if (!q && mm->phase != PHASE_FORWARD) {
-        /* a forward copy may serve the backward: weights below O3, and values saved in FP8 */
+        /* a forward copy serves the backward: weights below O3; values saved in FP8; and
+         * values kept as they are that only FP8 GEMMs of the backward read, whose copy would
+         * be the same bytes again (one that others read stays, and is quantized late) */
         Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
         bool weight_copy = x->op == OP_PARAM && c->g->opt_level < 3;
         bool saved_fp8 = x->t.saved_as.elem == elem;
-        if (fwd && (weight_copy || saved_fp8)) {
+        bool kept = x->op != OP_PARAM && x->t.saved_as.elem == FMT_VOID && only_fp8_gemms_read(x);
+        if (fwd && (weight_copy || saved_fp8 || kept)) {
             q = fwd;
             q->t.role = ROLE_SAVED;
         }
@@ -240,6 +261,7 @@ bool pass_scaling(Graph *g, const PassOptions *opt)
     n = g->n_nodes;
     snapshot = arena_alloc(g->arena, sizeof(Node *) * (size_t)n);
     memcpy(snapshot, g->nodes, sizeof(Node *) * (size_t)n);
+    mark_read_in_backward(g);
     for (int i = 0; i < n; i++) {
         Node *mm = snapshot[i];
         if (mm->op != OP_MATMUL || !mm->iattr[2]) continue;
