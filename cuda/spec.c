@@ -73,6 +73,12 @@ static unsigned grid_elem(int64_t n) {
     return (unsigned)(b < 1 ? 1 : b > ELEM_MAX_BLOCKS ? ELEM_MAX_BLOCKS : b);
 }
 
+/* a warp per row, ROW_THREADS / 32 rows a block (the norms) */
+static unsigned grid_warp_rows(int64_t rows) {
+    int64_t per = ROW_THREADS / 32, b = (rows + per - 1) / per;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
 static void elem_enum(ElemType e, char *out, size_t len) {
     const char *name = fmt_elem_name(e);
     size_t k = (size_t)snprintf(out, len, "FMT_");
@@ -511,28 +517,28 @@ static bool plan_rows(Spec *s) {
     case OP_LAYERNORM: case OP_RMSNORM: {
         const Tensor *x = &n->in[0]->t;
         bool ln = n->op == OP_LAYERNORM;
-        l = spec_launch(s, "norm", (unsigned)rows_of(x), ROW_THREADS, "ck_norm<%d, %s, %s, %s, %s>(a)",
+        l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %s, %s, %s, %s>(a)",
                         ln, Y, fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
                         ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
         args_result_inputs(l, n);
-        l->args.i[0] = cols_of(x);
+        l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
         l->args.f[0] = n->fattr[0];
         return true;
     }
     case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X: {
         const Tensor *x = &n->in[1]->t;
-        l = spec_launch(s, "normbx", (unsigned)rows_of(x), ROW_THREADS,
+        l = spec_launch(s, "normbx", grid_warp_rows(rows_of(x)), ROW_THREADS,
                         "ck_norm_bwd_x<%d, %s, %s, %s, %s>(a)", n->op == OP_LAYERNORM_BWD_X, Y,
                         fmt_arg(s, &n->in[0]->t), fmt_arg(s, x), fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
-        l->args.i[0] = cols_of(x);
+        l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
         l->args.f[0] = n->fattr[0];
         return true;
     }
     case OP_LAYERNORM_BWD_W: case OP_RMSNORM_BWD_W: {
         const Tensor *x = &n->in[1]->t;
         int64_t R = rows_of(x), C = cols_of(x);
-        l = spec_launch(s, "normstat", (unsigned)R, ROW_THREADS, "ck_norm_stats<%d, %s>(a)",
+        l = spec_launch(s, "normstat", grid_warp_rows(R), ROW_THREADS, "ck_norm_stats<%d, %s>(a)",
                         n->op == OP_LAYERNORM_BWD_W, fmt_arg(s, x));
         args_result_inputs(l, n);
         l->scratch = 0;

@@ -20,6 +20,8 @@ template <int K, class... X> struct CkPick;
 template <int K> struct CkPick<K> {
     static __device__ __forceinline__ float ld(const CkArgs &, int, i64) { return CK_NAN; }
     static __device__ __forceinline__ double sum(const CkArgs &, double s, i64) { return s; }
+    static __device__ __forceinline__ bool vec_ok(const CkArgs &) { return true; }
+    static __device__ __forceinline__ void sum_vec(const CkArgs &, double *, i64) {}
 };
 template <int K, class X0, class... X> struct CkPick<K, X0, X...> {
     static __device__ __forceinline__ float ld(const CkArgs &a, int k, i64 j) {
@@ -29,6 +31,17 @@ template <int K, class X0, class... X> struct CkPick<K, X0, X...> {
     static __device__ __forceinline__ double sum(const CkArgs &a, double s, i64 j) {
         s += (double)X0::ld(a.t[1 + K], j);
         return CkPick<K + 1, X...>::sum(a, s, j);
+    }
+    /* the same for CK_VEC elements from i, read as one vector per input */
+    static __device__ __forceinline__ bool vec_ok(const CkArgs &a) {
+        return X0::vec_ok(a.t[1 + K]) && CkPick<K + 1, X...>::vec_ok(a);
+    }
+    static __device__ __forceinline__ void sum_vec(const CkArgs &a, double *s, i64 i) {
+        float v[CK_VEC];
+        X0::ld_vec(a.t[1 + K], i, v);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) s[j] += (double)v[j];
+        CkPick<K + 1, X...>::sum_vec(a, s, i);
     }
 };
 
@@ -68,6 +81,19 @@ template <class Y, class X> __device__ void ck_scale(const CkArgs &a) {
 }
 
 template <class Y, class... X> __device__ void ck_add_n(const CkArgs &a) {
+    if (Y::vec_ok(a.t[0]) && CkPick<0, X...>::vec_ok(a)) {
+        CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
+            double s[CK_VEC];
+            float out[CK_VEC];
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) s[j] = 0.0;
+            CkPick<0, X...>::sum_vec(a, s, c * CK_VEC);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) out[j] = (float)s[j];
+            Y::st_vec(a.t[0], c * CK_VEC, out);
+        }
+        return;
+    }
     CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, (float)CkPick<0, X...>::sum(a, 0.0, i));
 }
 
@@ -281,121 +307,154 @@ __device__ void ck_adamw(const CkArgs &a) {
 
 /* ---------------------------------------------------------------- rows */
 
-/* LAYERNORM (x, w, b) / RMSNORM (x, w): one block per row; i = {C}, f = {eps}. Rows of up to
- * CK_NORM_VECS x CK_VEC x blockDim.x elements in whole vectors are held in registers: read once,
- * written once. */
-#define CK_NORM_VECS 2
-template <int LN, class Y, class X, class W, class B> __device__ bool ck_norm_in_registers(const CkArgs &a) {
-    i64 C = a.i[0], r = blockIdx.x;
-    const CkTensor &x = a.t[1], &y = a.t[0];
-    if (C % CK_VEC || C > (i64)CK_NORM_VECS * CK_VEC * blockDim.x || !X::vec_ok(x) || !Y::vec_ok(y) ||
-        !W::vec_ok(a.t[2]) || (LN && !B::vec_ok(a.t[3])))
-        return false;
-    float v[CK_NORM_VECS][CK_VEC];
-    double s = 0;
+/* ---------------------------------------------------------------- norms
+ * A warp per row (8 rows a block of 256 threads): the row's sums are warp reductions, with no
+ * shared memory and no block barrier, which a row of a few thousand elements cannot afford.
+ * Where the row is whole vectors of at most CK_ROW_VECS x 32 x CK_VEC elements and every
+ * operand allows wide loads, a lane holds its part of x in registers (read once) and works in
+ * f32 (f64 conversions cost more than the row's memory traffic; the errors stay far inside
+ * the tests' bounds); otherwise lanes step through the row an element at a time in f64. Sums
+ * are in a fixed order.
+ * LAYERNORM (x, w, b) / RMSNORM (x, w): i = {C, R}, f = {eps} */
+#define CK_ROW_VECS 8
+#define CK_ROW_OF_WARP ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5))
+
+/* x's part of row r held by this lane, and mean and rstd of the row (every lane gets them) */
+template <int LN, class X> __device__ __forceinline__ void ck_row_load_stats(
+    const CkTensor &x, i64 r, i64 C, double eps, float (&v)[CK_ROW_VECS][CK_VEC], float *mean, float *rstd) {
+    int lane = threadIdx.x & 31;
+    float s = 0;
     #pragma unroll
-    for (int k = 0; k < CK_NORM_VECS; k++) {
-        i64 c = ((i64)k * blockDim.x + threadIdx.x) * CK_VEC;
+    for (int k = 0; k < CK_ROW_VECS; k++) {
+        i64 c = ((i64)k * 32 + lane) * CK_VEC;
         if (c < C) {
             X::ld_vec(x, r * C + c, v[k]);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) s += v[k][j];
         }
     }
-    double mean = 0;
-    if (LN) mean = ck_block_sum(s) / (double)C;
-    double q = 0;
+    float m = LN ? (float)(ck_warp_sum((double)s) / (double)C) : 0.0f, q = 0;
     #pragma unroll
-    for (int k = 0; k < CK_NORM_VECS; k++) {
-        i64 c = ((i64)k * blockDim.x + threadIdx.x) * CK_VEC;
-        if (c < C) {
+    for (int k = 0; k < CK_ROW_VECS; k++) {
+        i64 c = ((i64)k * 32 + lane) * CK_VEC;
+        if (c < C)
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
-                double d = v[k][j] - mean;
-                q += d * d;
+                float d = v[k][j] - m;
+                q = fmaf(d, d, q);
             }
-        }
     }
-    q = ck_block_sum(q);
-    double rstd = 1.0 / sqrt(q / (double)C + a.f[0]);
-    #pragma unroll
-    for (int k = 0; k < CK_NORM_VECS; k++) {
-        i64 c = ((i64)k * blockDim.x + threadIdx.x) * CK_VEC;
-        if (c < C) {
+    *mean = m;
+    *rstd = (float)(1.0 / sqrt(ck_warp_sum((double)q) / (double)C + eps));
+}
+
+/* the same, an element at a time (any row length and format) */
+template <int LN, class X> __device__ void ck_row_stats(const CkTensor &x, i64 r, i64 C, double eps,
+                                                        double *mean, double *rstd) {
+    int lane = threadIdx.x & 31;
+    double s = 0;
+    if (LN)
+        for (i64 c = lane; c < C; c += 32) s += X::ld(x, r * C + c);
+    double m = LN ? ck_warp_sum(s) / (double)C : 0.0, q = 0;
+    for (i64 c = lane; c < C; c += 32) {
+        double d = X::ld(x, r * C + c) - m;
+        q += d * d;
+    }
+    *mean = m;
+    *rstd = 1.0 / sqrt(ck_warp_sum(q) / (double)C + eps);
+}
+
+static __device__ __forceinline__ bool ck_row_in_registers(i64 C) {
+    return C % CK_VEC == 0 && C <= (i64)CK_ROW_VECS * 32 * CK_VEC;
+}
+
+template <int LN, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
+    i64 C = a.i[0], R = a.i[1], r = CK_ROW_OF_WARP;
+    if (r >= R) return;
+    int lane = threadIdx.x & 31;
+    const CkTensor &x = a.t[1], &y = a.t[0];
+    if (ck_row_in_registers(C) && X::vec_ok(x) && Y::vec_ok(y) && W::vec_ok(a.t[2]) && (!LN || B::vec_ok(a.t[3]))) {
+        float v[CK_ROW_VECS][CK_VEC], mean, rstd;
+        ck_row_load_stats<LN, X>(x, r, C, a.f[0], v, &mean, &rstd);
+        #pragma unroll
+        for (int k = 0; k < CK_ROW_VECS; k++) {
+            i64 c = ((i64)k * 32 + lane) * CK_VEC;
+            if (c >= C) continue;
             float w[CK_VEC], bias[CK_VEC], out[CK_VEC];
             W::ld_vec(a.t[2], c, w);
             if (LN) B::ld_vec(a.t[3], c, bias);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
-                double t = (v[k][j] - mean) * rstd * w[j];
-                if (LN) t += bias[j];
-                out[j] = (float)t;
+                float t = (v[k][j] - mean) * rstd * w[j];
+                out[j] = LN ? t + bias[j] : t;
             }
             Y::st_vec(y, r * C + c, out);
         }
+        return;
     }
-    return true;
-}
-
-template <int LN, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
-    if (ck_norm_in_registers<LN, Y, X, W, B>(a)) return;
-    i64 C = a.i[0], r = blockIdx.x;
-    const CkTensor &x = a.t[1];
-    double s = 0;
-    if (LN) {
-        for (i64 c = threadIdx.x; c < C; c += blockDim.x) s += X::ld(x, r * C + c);
-        s = ck_block_sum(s);
-    }
-    double mean = LN ? s / (double)C : 0.0, v = 0;
-    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
-        double d = X::ld(x, r * C + c) - mean;
-        v += d * d;
-    }
-    v = ck_block_sum(v);
-    double rstd = 1.0 / sqrt(v / (double)C + a.f[0]);
-    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
-        double y = (X::ld(x, r * C + c) - mean) * rstd * W::ld(a.t[2], c);
-        if (LN) y += B::ld(a.t[3], c);
-        Y::st(a.t[0], r * C + c, (float)y);
-    }
-}
-
-/* mean and rstd of row r of x (C columns), every thread gets them */
-template <int LN, class X> __device__ void ck_row_stats(const CkTensor &x, i64 r, i64 C, double eps,
-                                                        double *mean, double *rstd) {
-    double s = 0;
-    if (LN) {
-        for (i64 c = threadIdx.x; c < C; c += blockDim.x) s += X::ld(x, r * C + c);
-        s = ck_block_sum(s);
-    }
-    double m = LN ? s / (double)C : 0.0, v = 0;
-    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
-        double d = X::ld(x, r * C + c) - m;
-        v += d * d;
-    }
-    v = ck_block_sum(v);
-    *mean = m;
-    *rstd = 1.0 / sqrt(v / (double)C + eps);
-}
-
-/* *_BWD_X (dy, x, w): i = {C}, f = {eps} */
-template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_bwd_x(const CkArgs &a) {
-    i64 C = a.i[0], r = blockIdx.x;
     double mean, rstd;
-    ck_row_stats<LN, X>(a.t[2], r, C, a.f[0], &mean, &rstd);
-    double sg = 0, sgx = 0;
-    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
-        double g = (double)DY::ld(a.t[1], r * C + c) * W::ld(a.t[3], c);
-        double xh = (X::ld(a.t[2], r * C + c) - mean) * rstd;
+    ck_row_stats<LN, X>(x, r, C, a.f[0], &mean, &rstd);
+    for (i64 c = lane; c < C; c += 32) {
+        double t = (X::ld(x, r * C + c) - mean) * rstd * W::ld(a.t[2], c);
+        if (LN) t += B::ld(a.t[3], c);
+        Y::st(y, r * C + c, (float)t);
+    }
+}
+
+/* *_BWD_X (dy, x, w): dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (LN; RMS without
+ * the first mean); i = {C, R}, f = {eps} */
+template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_bwd_x(const CkArgs &a) {
+    i64 C = a.i[0], R = a.i[1], r = CK_ROW_OF_WARP;
+    if (r >= R) return;
+    int lane = threadIdx.x & 31;
+    const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
+    if (ck_row_in_registers(C) && DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0])) {
+        float v[CK_ROW_VECS][CK_VEC], mean, rstd, sgf = 0, sgxf = 0;
+        ck_row_load_stats<LN, X>(x, r, C, a.f[0], v, &mean, &rstd);
+        #pragma unroll
+        for (int k = 0; k < CK_ROW_VECS; k++) {
+            i64 c = ((i64)k * 32 + lane) * CK_VEC;
+            if (c >= C) continue;
+            float d[CK_VEC], wv[CK_VEC];
+            DY::ld_vec(dy, r * C + c, d);
+            W::ld_vec(w, c, wv);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                float g = d[j] * wv[j];
+                sgf += g;
+                sgxf = fmaf(g, (v[k][j] - mean) * rstd, sgxf);
+            }
+        }
+        float mg = LN ? (float)(ck_warp_sum((double)sgf) / (double)C) : 0.0f;
+        float mgx = (float)(ck_warp_sum((double)sgxf) / (double)C);
+        #pragma unroll
+        for (int k = 0; k < CK_ROW_VECS; k++) {
+            i64 c = ((i64)k * 32 + lane) * CK_VEC;
+            if (c >= C) continue;
+            float d[CK_VEC], wv[CK_VEC], out[CK_VEC];
+            DY::ld_vec(dy, r * C + c, d);   /* again: the row was just read, it is in cache */
+            W::ld_vec(w, c, wv);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                float g = d[j] * wv[j], xh = (v[k][j] - mean) * rstd;
+                out[j] = rstd * (g - mg - xh * mgx);
+            }
+            Y::st_vec(a.t[0], r * C + c, out);
+        }
+        return;
+    }
+    double mean, rstd, sg = 0, sgx = 0;
+    ck_row_stats<LN, X>(x, r, C, a.f[0], &mean, &rstd);
+    for (i64 c = lane; c < C; c += 32) {
+        double g = (double)DY::ld(dy, r * C + c) * W::ld(w, c);
+        double xh = (X::ld(x, r * C + c) - mean) * rstd;
         sg += g;
         sgx += g * xh;
     }
-    sg = ck_block_sum(sg);
-    sgx = ck_block_sum(sgx);
-    double mg = LN ? sg / (double)C : 0.0, mgx = sgx / (double)C;
-    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
-        double g = (double)DY::ld(a.t[1], r * C + c) * W::ld(a.t[3], c);
-        double xh = (X::ld(a.t[2], r * C + c) - mean) * rstd;
+    double mg = LN ? ck_warp_sum(sg) / (double)C : 0.0, mgx = ck_warp_sum(sgx) / (double)C;
+    for (i64 c = lane; c < C; c += 32) {
+        double g = (double)DY::ld(dy, r * C + c) * W::ld(w, c);
+        double xh = (X::ld(x, r * C + c) - mean) * rstd;
         Y::st(a.t[0], r * C + c, (float)(rstd * (g - mg - xh * mgx)));
     }
 }
@@ -403,10 +462,17 @@ template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_b
 /* the statistics the weight gradient needs, into scratch: mean[R], rstd[R] (f64);
  * inputs as *_BWD_W (dy, x); i = {C, R}, f = {eps} */
 template <int LN, class X> __device__ void ck_norm_stats(const CkArgs &a) {
-    i64 C = a.i[0], R = a.i[1], r = blockIdx.x;
+    i64 C = a.i[0], R = a.i[1], r = CK_ROW_OF_WARP;
+    if (r >= R) return;
     double mean, rstd;
-    ck_row_stats<LN, X>(a.t[2], r, C, a.f[0], &mean, &rstd);
-    if (threadIdx.x == 0) {
+    if (ck_row_in_registers(C) && X::vec_ok(a.t[2])) {
+        float v[CK_ROW_VECS][CK_VEC], m, rs;
+        ck_row_load_stats<LN, X>(a.t[2], r, C, a.f[0], v, &m, &rs);
+        mean = m, rstd = rs;
+    } else {
+        ck_row_stats<LN, X>(a.t[2], r, C, a.f[0], &mean, &rstd);
+    }
+    if ((threadIdx.x & 31) == 0) {
         ((double *)a.scratch)[r] = mean;
         ((double *)a.scratch)[R + r] = rstd;
     }
@@ -426,7 +492,7 @@ template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const C
     i64 base = (i64)blockIdx.x * 256;
     i64 r0 = p * R / P, r1 = (p + 1) * R / P;
     const double *stats = (const double *)a.scratch;
-    double s[CK_VEC];
+    float s[CK_VEC];   /* a thread's rows (R / P / 8 of them) in f32; the rest in f64 */
     #pragma unroll
     for (int j = 0; j < CK_VEC; j++) s[j] = 0;
     bool vec = C % CK_VEC == 0 && X::vec_ok(a.t[1]) && (MODE == 0 || X2::vec_ok(a.t[2]));
@@ -437,9 +503,9 @@ template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const C
                 float v[CK_VEC], x[CK_VEC];
                 X::ld_vec(a.t[1], r * C + c, v);
                 if (MODE == 1) X2::ld_vec(a.t[2], r * C + c, x);
+                float mean = MODE == 1 ? (float)stats[r] : 0.0f, rstd = MODE == 1 ? (float)stats[R + r] : 0.0f;
                 #pragma unroll
-                for (int j = 0; j < CK_VEC; j++)
-                    s[j] += MODE == 0 ? (double)v[j] : (double)v[j] * ((x[j] - stats[r]) * stats[R + r]);
+                for (int j = 0; j < CK_VEC; j++) s[j] += MODE == 0 ? v[j] : v[j] * ((x[j] - mean) * rstd);
             }
         #pragma unroll
         for (int j = 0; j < CK_VEC; j++) acc[ty][tx * CK_VEC + j] = s[j];
@@ -450,7 +516,7 @@ template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const C
                 i64 c = base + tx + 32 * j;
                 if (c >= C) break;
                 if (MODE == 0) s[j] += X::ld(a.t[1], r * C + c);
-                else s[j] += (double)X::ld(a.t[1], r * C + c) * ((X2::ld(a.t[2], r * C + c) - stats[r]) * stats[R + r]);
+                else s[j] += X::ld(a.t[1], r * C + c) * (float)((X2::ld(a.t[2], r * C + c) - stats[r]) * stats[R + r]);
             }
         #pragma unroll
         for (int j = 0; j < CK_VEC; j++) acc[ty][tx + 32 * j] = s[j];
@@ -839,12 +905,43 @@ template <int BYTES> __device__ void ck_transpose(const CkArgs &a) {
  * and columns multiples of 4; single bytes otherwise); 256 threads. Both global reads and
  * writes go a row at a time (16 threads, 64 bytes); the tile's rows are 65 bytes apart, so the
  * transposed reads of one warp fall in different banks. */
+/* rows and columns multiples of 16 (the FP8 GEMM operands): 16-byte global loads and stores,
+ * a thread taking a quarter of a tile row; the tile's rows are 68 bytes apart (at most two
+ * threads of a warp on one bank either way) */
+static __device__ void ck_transpose_b1_x16(const unsigned char *in, unsigned char *out, i64 R, i64 C, i64 r0, i64 c0) {
+    __shared__ unsigned tile[64][17];
+    for (int k = threadIdx.x; k < 64 * 4; k += blockDim.x) {
+        int row = k >> 2, q = k & 3;
+        if (r0 + row >= R || c0 + q * 16 >= C) continue;
+        uint4 v = *(const uint4 *)(in + (r0 + row) * C + c0 + q * 16);
+        tile[row][q * 4] = v.x, tile[row][q * 4 + 1] = v.y, tile[row][q * 4 + 2] = v.z, tile[row][q * 4 + 3] = v.w;
+    }
+    __syncthreads();
+    const unsigned char *bytes = (const unsigned char *)tile;
+    for (int k = threadIdx.x; k < 64 * 4; k += blockDim.x) {
+        int orow = k >> 2, q = k & 3;   /* output row c0 + orow, columns r0 + 16 q .. + 15 */
+        if (c0 + orow >= C || r0 + q * 16 >= R) continue;
+        unsigned w[4];
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            w[j] = 0;
+            #pragma unroll
+            for (int b = 0; b < 4; b++) w[j] |= (unsigned)bytes[(q * 16 + j * 4 + b) * 68 + orow] << (8 * b);
+        }
+        *(uint4 *)(out + (c0 + orow) * R + r0 + q * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
 __device__ void ck_transpose_b1(const CkArgs &a) {
     __shared__ unsigned char tile[64][65];
     i64 R = a.t[1].rows, C = a.t[1].cols;
     i64 c0 = (i64)blockIdx.x * 64, r0 = (i64)blockIdx.y * 64;
     const unsigned char *in = (const unsigned char *)a.t[1].p;
     unsigned char *out = (unsigned char *)a.t[0].p;
+    if (C % 16 == 0 && R % 16 == 0 && (unsigned long long)in % 16 == 0 && (unsigned long long)out % 16 == 0) {
+        ck_transpose_b1_x16(in, out, R, C, r0, c0);
+        return;
+    }
     bool words = C % 4 == 0 && R % 4 == 0 && (unsigned long long)in % 4 == 0 && (unsigned long long)out % 4 == 0;
     for (int k = threadIdx.x; k < 64 * 16; k += blockDim.x) {
         int row = k >> 4, w = (k & 15) * 4;
