@@ -105,6 +105,17 @@ struct CudaExec {
 
 static int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
+/* room for one more item in a growing array of n items (capacity *cap, doubled when full) */
+static bool grow(void **items, int *cap, int n, size_t size) {
+    if (n < *cap) return true;
+    int more = *cap ? 2 * *cap : 64;
+    void *grown = realloc(*items, size * (size_t)more);
+    if (!grown) return false;
+    *items = grown;
+    *cap = more;
+    return true;
+}
+
 static bool env_flag(const char *name, bool dflt) {
     const char *v = getenv(name);
     if (!v || !*v) return dflt;
@@ -229,13 +240,7 @@ static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const vo
     }
     CU(cuEventDestroy_v2)(ev[0]);
     CU(cuEventDestroy_v2)(ev[1]);
-    if (e->n_tuned == e->cap_tuned) {
-        int cap = e->cap_tuned ? 2 * e->cap_tuned : 32;
-        TunedGemm *grown = realloc(e->tuned, sizeof *grown * (size_t)cap);
-        if (!grown) return false;
-        e->tuned = grown;
-        e->cap_tuned = cap;
-    }
+    if (!grow((void **)&e->tuned, &e->cap_tuned, e->n_tuned, sizeof *e->tuned)) return false;
     e->tuned[e->n_tuned++] = (TunedGemm){key, x->algo};
     return CU_CHECK(CU(cuStreamSynchronize)(e->stream));
 }
@@ -329,13 +334,7 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
 /* ---------------------------------------------------------------- launch lists */
 
 static bool list_push(ExecList *L, ExecLaunch *x) {
-    if (L->n == L->cap) {
-        int cap = L->cap ? 2 * L->cap : 256;
-        ExecLaunch *grown = realloc(L->l, sizeof *grown * (size_t)cap);
-        if (!grown) return false;
-        L->l = grown;
-        L->cap = cap;
-    }
+    if (!grow((void **)&L->l, &L->cap, L->n, sizeof *L->l)) return false;
     L->l[L->n++] = *x;
     return true;
 }
@@ -603,13 +602,7 @@ static void prof_add(CudaExec *e, const ExecLaunch *x, double ms) {
             e->prof[i].calls++;
             return;
         }
-    if (e->n_prof == e->cap_prof) {
-        int cap = e->cap_prof ? 2 * e->cap_prof : 64;
-        ProfRow *grown = realloc(e->prof, sizeof *grown * (size_t)cap);
-        if (!grown) return;
-        e->prof = grown;
-        e->cap_prof = cap;
-    }
+    if (!grow((void **)&e->prof, &e->cap_prof, e->n_prof, sizeof *e->prof)) return;
     ProfRow *r = &e->prof[e->n_prof++];
     snprintf(r->key, sizeof r->key, "%s", key);
     r->ms = ms;
