@@ -201,11 +201,12 @@ static void exec_free_gemm(ExecLaunch *x) {
     x->desc = NULL;
 }
 
-static bool exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo) {
+/* x's matmul with algorithm algo, on the stream */
+static cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo) {
     float alpha = 1.0f;
     return CU(cublasLtMatmul)(e->lt, x->desc, &alpha, x->A, x->la, x->B, x->lb, &x->beta, x->C, x->ld, x->D,
                               x->ld, algo, (void *)(uintptr_t)e->cublas_ws, CUBLAS_WORKSPACE,
-                              (cudaStream_t)e->stream) == CUBLAS_STATUS_SUCCESS;
+                              (cudaStream_t)e->stream);
 }
 
 /* The fastest of the heuristic's candidates for x, timed on the arenas (set-up only: the runs
@@ -227,10 +228,12 @@ static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const vo
     float best = -1;
     for (int c = 0; c < found; c++) {
         float ms = 0;
-        bool ran = exec_run_gemm(e, x, &res[c].algo) && CU(cuStreamSynchronize)(e->stream) == CUDA_SUCCESS;
+        bool ran = exec_run_gemm(e, x, &res[c].algo) == CUBLAS_STATUS_SUCCESS &&
+                   CU(cuStreamSynchronize)(e->stream) == CUDA_SUCCESS;
         if (!ran) continue;   /* a candidate that does not run is not chosen */
         bool timed = CU_CHECK(CU(cuEventRecord)(ev[0], e->stream));
-        for (int r = 0; timed && r < GEMM_TUNE_RUNS; r++) timed = exec_run_gemm(e, x, &res[c].algo);
+        for (int r = 0; timed && r < GEMM_TUNE_RUNS; r++)
+            timed = exec_run_gemm(e, x, &res[c].algo) == CUBLAS_STATUS_SUCCESS;
         timed = timed && CU_CHECK(CU(cuEventRecord)(ev[1], e->stream)) && CU_CHECK(CU(cuEventSynchronize)(ev[1])) &&
                 CU_CHECK(CU(cuEventElapsedTime)(&ms, ev[0], ev[1]));
         if (timed && (best < 0 || ms < best)) {
@@ -565,12 +568,7 @@ static bool exec_add_run(CudaExec *e, ExecList *L, int i) {
 
 static bool exec_launch(CudaExec *e, const ExecLaunch *x) {
     if (x->kind == CU_GEMM) {
-        float alpha = 1.0f;
-        if (!LT_CHECK(CU(cublasLtMatmul)(e->lt, x->desc, &alpha, x->A, x->la, x->B, x->lb, &x->beta,
-                                         x->C, x->ld, x->D, x->ld, &x->algo,
-                                         (void *)(uintptr_t)e->cublas_ws, CUBLAS_WORKSPACE,
-                                         (cudaStream_t)e->stream)))
-            return false;
+        if (!LT_CHECK(exec_run_gemm(e, x, &x->algo))) return false;
     } else {
         void *params[] = {x->batched ? (void *)&x->batch : (void *)&x->args};
         if (!CU_CHECK(CU(cuLaunchKernel)(x->f, x->grid[0], x->grid[1], 1, x->block, 1, 1, x->smem,

@@ -649,40 +649,29 @@ template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) 
 /* first launch of SQNORM, AMAX_RECORD and per-tensor QUANT_SCALE: block b of the grid
  * writes its partial (sum of squares, f64; or amax, f32, NaN ignored as fmaxf does) to
  * scratch[b]; x is t[X_AT] */
+template <int SQ> static __device__ __forceinline__ void ck_fold(double &s, float &m, float v) {
+    if (SQ) s += (double)v * v;
+    else m = fmaxf(m, fabsf(v));
+}
 template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkArgs &a) {
     const CkTensor &x = a.t[X_AT];
-    const bool vec = X::vec_ok(x);
-    if (SQ) {
-        double s = 0;
-        if (vec) {
-            #pragma unroll 4
-            CK_GRID_STRIDE(c, x.n / CK_VEC) {
-                float v[CK_VEC];
-                X::ld_vec(x, c * CK_VEC, v);
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++) s += (double)v[j] * v[j];
-            }
-        } else {
-            CK_GRID_STRIDE(i, x.n) {
-                double v = X::ld(x, i);
-                s += v * v;
-            }
+    double s = 0;
+    float m = 0.0f;
+    if (X::vec_ok(x)) {
+        #pragma unroll 4
+        CK_GRID_STRIDE(c, x.n / CK_VEC) {
+            float v[CK_VEC];
+            X::ld_vec(x, c * CK_VEC, v);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) ck_fold<SQ>(s, m, v[j]);
         }
+    } else {
+        CK_GRID_STRIDE(i, x.n) ck_fold<SQ>(s, m, X::ld(x, i));
+    }
+    if (SQ) {
         s = ck_block_sum(s);
         if (threadIdx.x == 0) ((double *)a.scratch)[CK_BLOCK] = s;
     } else {
-        float m = 0.0f;
-        if (vec) {
-            #pragma unroll 4
-            CK_GRID_STRIDE(c, x.n / CK_VEC) {
-                float v[CK_VEC];
-                X::ld_vec(x, c * CK_VEC, v);
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(v[j]));
-            }
-        } else {
-            CK_GRID_STRIDE(i, x.n) m = fmaxf(m, fabsf(X::ld(x, i)));
-        }
         m = ck_block_max(m);
         if (threadIdx.x == 0) ((float *)a.scratch)[CK_BLOCK] = m;
     }
