@@ -18,6 +18,10 @@
 #define CK_MAX_TENSORS 12
 #define CK_MAX_IATTR 12
 #define CK_MAX_FATTR 6
+/* a producer's block maxima (ops.def amax=1): CK_AMAX_PARTS slots at byte i[CK_AMAX_AT] of
+ * t[0]; the slot count is ir.h's IR_AMAX_PARTS */
+#define CK_AMAX_AT (CK_MAX_IATTR - 1)
+#define CK_AMAX_PARTS 1024
 
 typedef struct {
     void *p;                /* element data (device) */

@@ -86,6 +86,9 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
 /* The check the training loop runs on gradient accumulators: one launch that sets the int
  * at its scratch when n's tensor holds a NaN or an infinity. */
 bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);
+/* The pass that leaves the block maxima of an amax=1 value (ops.def) where a GEMM's epilogue,
+ * not the value's own kernel, writes it; false when n keeps none. */
+bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out);
 uint64_t cuda_hash(uint64_t h, const void *data, size_t n);      /* FNV-1a, 64 bits; h 0: start */
 
 /* ---------------------------------------------------------------- render.c */

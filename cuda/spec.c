@@ -36,6 +36,7 @@ typedef struct {
     char *why;
     size_t why_len;
     bool failed;
+    bool amax_written;   /* a launch of the node's own writes its block maxima (amax=1) */
 } Spec;
 
 uint64_t cuda_hash(uint64_t h, const void *data, size_t n) {
@@ -221,6 +222,26 @@ static bool check_io(Spec *s, const Node *n, bool result) {
 
 /* ---------------------------------------------------------------- op groups */
 
+/* ops.def amax=1: this launch of n's own kernel also leaves the block maxima after n's result
+ * (ck_amax_out), its grid kept within their slots (the kernels stride over the rest) */
+static void arg_amax_parts(Spec *s, CuLaunch *l, const Node *n) {
+    int64_t off = ir_amax_parts_offset(n);
+    if (!off) return;
+    l->args.i[CK_AMAX_AT] = off;
+    if (l->grid[0] > CK_AMAX_PARTS) l->grid[0] = CK_AMAX_PARTS;
+    s->amax_written = true;
+}
+
+/* the block maxima of d by a pass over it, where no kernel of its producer writes them (a
+ * GEMM's epilogue wrote d, or an ADD_N of more inputs than one launch takes) */
+static void plan_amax_pass(Spec *s, const Node *d) {
+    unsigned grid = grid_elem(ir_numel(&d->t));
+    CuLaunch *l = spec_launch(s, "amaxparts", grid < CK_AMAX_PARTS ? grid : CK_AMAX_PARTS, ELEM_THREADS,
+                              "ck_amax_parts<%s>(a)", fmt_arg(s, &d->t));
+    arg_node(l, 0, d);
+    l->args.i[CK_AMAX_AT] = ir_amax_parts_offset(d);
+}
+
 static bool plan_elementwise(Spec *s) {
     const Node *n = s->n;
     const Tensor *y = &n->t;
@@ -315,6 +336,7 @@ static bool plan_elementwise(Spec *s) {
         if (n->op == OP_ADD_N) {
             l = spec_launch(s, "add_n", grid_elem(count), ELEM_THREADS, "ck_add_n<%s%s>(a)", Y, list);
             args_result_inputs(l, n);
+            arg_amax_parts(s, l, n);
             return true;
         }
         int axis = (int)(n->iattr[0] < 0 ? n->iattr[0] + y->rank : n->iattr[0]);
@@ -338,6 +360,7 @@ static bool plan_elementwise(Spec *s) {
                         op, Y, fmt_arg(s, &n->in[0]->t),
                         n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
         args_result_inputs(l, n);
+        arg_amax_parts(s, l, n);
         return true;
     }
     case OP_CAST: case OP_RESHAPE: case OP_QUANTIZE:
@@ -432,7 +455,11 @@ static bool plan_reductions(Spec *s) {
         int64_t R = rows_of(x), C = cols_of(x);
         const char *Y = fmt_arg(s, &n->t), *X = fmt_arg(s, x);
         int64_t group = kind == SCALE_PER_GROUP ? n->iattr[2] : 128;
-        if (kind == SCALE_PER_TENSOR) {
+        if (kind == SCALE_PER_TENSOR && ir_amax_parts_offset(n->in[0])) {
+            /* the producer left its block maxima: one block over them */
+            l = spec_launch(s, "qsparts", 1, ROW_THREADS, "ck_quant_scale_parts<%s>(a)", Y);
+            l->args.i[CK_AMAX_AT] = ir_amax_parts_offset(n->in[0]);
+        } else if (kind == SCALE_PER_TENSOR) {
             unsigned blocks = grid_elem(ir_numel(x));
             if (blocks > PARTIAL_BLOCKS) blocks = PARTIAL_BLOCKS;
             l = spec_launch(s, "qscale", blocks, ROW_THREADS, "ck_quant_scale_tensor<%s, %s>(a)", Y, X);
@@ -523,6 +550,7 @@ static bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
         l->args.f[0] = n->fattr[0];
+        arg_amax_parts(s, l, n);
         return true;
     }
     case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X: {
@@ -533,6 +561,7 @@ static bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
         l->args.f[0] = n->fattr[0];
+        arg_amax_parts(s, l, n);
         return true;
     }
     case OP_LAYERNORM_BWD_W: case OP_RMSNORM_BWD_W: {
@@ -1035,33 +1064,50 @@ static bool is_view(const Node *n) {
            y->fmt.scaling == SCALE_NONE;
 }
 
-bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
-    memset(out, 0, sizeof *out);
-    out->node = n;
-    Spec s = {.arena = a, .n = n, .plan = out, .why = why, .why_len = why_len};
+static bool plan_node(Spec *s) {
+    const Node *n = s->n;
     switch (n->op) {
     case OP_INPUT: case OP_PARAM: case OP_STATE: return true;
     case OP_RESHAPE:
         if (is_view(n)) return true;
-        return plan_elementwise(&s);
+        return plan_elementwise(s);
     case OP_CONST: case OP_ADD: case OP_SUB: case OP_MUL: case OP_SCALE: case OP_ADD_N:
     case OP_GELU: case OP_GELU_BWD: case OP_SILU: case OP_SILU_BWD: case OP_CAST:
     case OP_SLICE: case OP_PAD: case OP_CONCAT: case OP_EMBEDDING: case OP_ROPE:
     case OP_QUANTIZE:
-        return plan_elementwise(&s);
-    case OP_MATMUL: return plan_matmul(&s, NULL);
+        return plan_elementwise(s);
+    case OP_MATMUL: return plan_matmul(s, NULL);
     case OP_SQNORM: case OP_QUANT_SCALE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE:
-        return plan_reductions(&s);
+        return plan_reductions(s);
     case OP_SUM_ROWS: case OP_LAYERNORM: case OP_LAYERNORM_BWD_X: case OP_LAYERNORM_BWD_W:
     case OP_RMSNORM: case OP_RMSNORM_BWD_X: case OP_RMSNORM_BWD_W: case OP_SOFTMAX:
     case OP_SOFTMAX_BWD: case OP_CROSS_ENTROPY: case OP_CROSS_ENTROPY_BWD: case OP_EMBEDDING_BWD:
-        return plan_rows(&s);
-    case OP_ATTENTION: case OP_ATTENTION_BWD: return plan_attention(&s);
+        return plan_rows(s);
+    case OP_ATTENTION: case OP_ATTENTION_BWD: return plan_attention(s);
     case OP_ACCUMULATE: case OP_ASSIGN: case OP_CLIP_COEF: case OP_GRAD_NORM: case OP_ADAMW:
-        return plan_optimizer(&s);
+        return plan_optimizer(s);
     case OP_COUNT: break;
     }
-    return spec_fail(&s, "no GPU kernel for this op");
+    return spec_fail(s, "no GPU kernel for this op");
+}
+
+bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
+    memset(out, 0, sizeof *out);
+    out->node = n;
+    Spec s = {.arena = a, .n = n, .plan = out, .why = why, .why_len = why_len};
+    if (!plan_node(&s)) return false;
+    if (ir_amax_parts_offset(n) && !s.amax_written) plan_amax_pass(&s, n);
+    return true;
+}
+
+bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out) {
+    memset(out, 0, sizeof *out);
+    out->node = n;
+    char why[256];
+    Spec s = {.arena = a, .n = n, .plan = out, .why = why, .why_len = sizeof why};
+    if (!ir_amax_parts_offset(n) || !spec_check_tensor(&s, &n->t, "the tensor")) return false;
+    plan_amax_pass(&s, n);
+    return true;
 }
 
 bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out) {
@@ -1103,6 +1149,7 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
         char why[256];
         Spec s = {.arena = a, .n = members[0], .plan = &fused, .why = why, .why_len = sizeof why};
         if (!plan_matmul(&s, &ep)) continue;
+        if (ir_amax_parts_offset(ep.d)) plan_amax_pass(&s, ep.d);   /* the GEMM wrote d */
         fused.members = arena_alloc(a, sizeof *fused.members * (size_t)n);
         memcpy(fused.members, members, sizeof *members * (size_t)n);
         fused.n_members = n;

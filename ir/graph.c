@@ -162,10 +162,30 @@ int64_t ir_attention_lse_offset(const Node *n)
     return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 15) / 16 * 16;
 }
 
+bool ir_op_keeps_amax(OpKind op)
+{
+    const OpInfo *info = ir_op_info(op);
+    return info->n_iattr > 0 && strcmp(info->iattr_names[0], "amax") == 0;
+}
+
+void ir_set_keeps_amax(Node *n)
+{
+    IR_ASSERT(ir_op_keeps_amax(n->op));
+    n->iattr[0] = 1;
+}
+
+int64_t ir_amax_parts_offset(const Node *n)
+{
+    if (!ir_op_keeps_amax(n->op) || !n->iattr[0]) return 0;
+    return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 255) / 256 * 256;
+}
+
 int64_t ir_storage_bytes(const Node *n)
 {
     int64_t lse = ir_attention_lse_offset(n);
     if (lse && n->t.rank == 3) return lse + n->t.dims[0] * n->iattr[0] * n->t.dims[1] * 4;
+    int64_t parts = ir_amax_parts_offset(n);
+    if (parts) return parts + IR_AMAX_PARTS * 4;
     return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
 }
 

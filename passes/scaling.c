@@ -83,6 +83,16 @@ static void infer_or_die(Graph *g, Node *n)
     if (err) ir_die(__FILE__, __LINE__, "scaling: %s", err);
 }
 
+/* Whether the kernel that makes src can hand its per-tensor scale the maxima of its blocks
+ * (ops.def's amax=1), sparing the scale a pass over the whole value: an elementwise or norm
+ * op with a result of its own (not a view) in a plain unscaled format. */
+static bool producer_keeps_amax(const Node *src)
+{
+    const Format *f = &src->t.fmt;
+    return ir_op_keeps_amax(src->op) && !ir_role_is_persistent(src->t.role) && f->codec == CODEC_PLAIN &&
+           f->scaling == SCALE_NONE && (f->elem == FMT_BF16 || f->elem == FMT_F16 || f->elem == FMT_F32);
+}
+
 /* Emits the nodes that quantize src into (elem, scaling, group) before `before`, in `phase`. */
 /* How an operand's scale is found: current (history 0, static_scale 0), delayed (history > 0,
  * from the max or the most recent amax of it), or a fixed static scale; margin divides by 2^m. */
@@ -134,6 +144,7 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
     } else {
         scale = ir_add1(g, OP_QUANT_SCALE, src, src->loc);
         scale->iattr[0] = elem, scale->iattr[1] = sc, scale->iattr[2] = group, scale->iattr[3] = rc.margin;
+        if (sc == SCALE_PER_TENSOR && producer_keeps_amax(src)) ir_set_keeps_amax(src);
         scale->phase = phase;
         scale->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
         scale->t.fmt = fmt_plain(scale_elem);

@@ -791,10 +791,12 @@ static void check_memplan(const Graph *g)
     int64_t sum = 0, checked = 0;
     for (int i = 0; i < n; i++) {
         const Node *v = g->nodes[i];
-        /* numel x element size; an attention that keeps its logsumexp stores it after y */
+        /* numel x element size; an attention that keeps its logsumexp stores it after y, a
+         * value with amax=1 the 1024 block maxima of its producer after 256-byte alignment */
         int64_t bytes = ir_numel(&v->t) * fmt_elem_bytes(v->t.fmt.elem);
         if (v->op == OP_ATTENTION && v->iattr[2])
             bytes = (bytes + 15) / 16 * 16 + v->t.dims[0] * v->iattr[0] * v->t.dims[1] * 4;
+        if (ir_op_keeps_amax(v->op) && v->iattr[0]) bytes = (bytes + 255) / 256 * 256 + 1024 * 4;
         assert_int_equal(v->t.bytes, bytes);
         if (memplan_alias_of(v)) {
             assert_int_equal(v->t.offset, root_of((Node *)v)->t.offset);

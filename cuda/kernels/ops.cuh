@@ -45,6 +45,23 @@ template <int K, class X0, class... X> struct CkPick<K, X0, X...> {
     }
 };
 
+/* ---------------------------------------------------------------- block maxima
+ * A value whose per-tensor scale comes next (ops.def amax=1) leaves the scale the largest |x|
+ * of each block of its producer, so that the scale reads CK_AMAX_PARTS floats instead of the
+ * value. Block b of the launch writes slot b; block 0 zeros the slots past the grid (the spec
+ * keeps the grid within them). The maximum is taken of the values before their rounding to
+ * Y and rounded once: rounding is monotonic, so that is the maximum of the stored values.
+ * i[CK_AMAX_AT]: the slots' byte offset from t[0], 0: none. Every thread of the block calls
+ * it, after its last store. */
+template <class Y> static __device__ void ck_amax_out(const CkArgs &a, float m) {
+    if (!a.i[CK_AMAX_AT]) return;
+    m = ck_block_max(m);
+    float *parts = (float *)((char *)a.t[0].p + a.i[CK_AMAX_AT]);
+    if (threadIdx.x == 0) parts[CK_BLOCK] = Y::round(a.t[0], 0, m);
+    if (CK_BLOCK == 0)
+        for (i64 k = CK_BLOCKS + threadIdx.x; k < CK_AMAX_PARTS; k += blockDim.x) parts[k] = 0.0f;
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 template <class Y> __device__ void ck_const(const CkArgs &a) {
@@ -81,6 +98,7 @@ template <class Y, class X> __device__ void ck_scale(const CkArgs &a) {
 }
 
 template <class Y, class... X> __device__ void ck_add_n(const CkArgs &a) {
+    float m = 0.0f;
     if (Y::vec_ok(a.t[0]) && CkPick<0, X...>::vec_ok(a)) {
         CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
             double s[CK_VEC];
@@ -89,12 +107,20 @@ template <class Y, class... X> __device__ void ck_add_n(const CkArgs &a) {
             for (int j = 0; j < CK_VEC; j++) s[j] = 0.0;
             CkPick<0, X...>::sum_vec(a, s, c * CK_VEC);
             #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) out[j] = (float)s[j];
+            for (int j = 0; j < CK_VEC; j++) {
+                out[j] = (float)s[j];
+                m = fmaxf(m, fabsf(out[j]));
+            }
             Y::st_vec(a.t[0], c * CK_VEC, out);
         }
-        return;
+    } else {
+        CK_GRID_STRIDE(i, a.t[0].n) {
+            float v = (float)CkPick<0, X...>::sum(a, 0.0, i);
+            m = fmaxf(m, fabsf(v));
+            Y::st(a.t[0], i, v);
+        }
     }
-    CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, (float)CkPick<0, X...>::sum(a, 0.0, i));
+    ck_amax_out<Y>(a, m);
 }
 
 /* ADD_N of more inputs than an argument block holds: launches of up to 10 inputs each carry
@@ -125,21 +151,28 @@ template <int OP> static __device__ __forceinline__ float ck_unop(float x0, floa
 }
 template <int OP, class Y, class X0, class X1> __device__ void ck_unary(const CkArgs &a) {
     const bool two = OP == OP_GELU_BWD || OP == OP_SILU_BWD;
+    float m = 0.0f;
     if (Y::vec_ok(a.t[0]) && X0::vec_ok(a.t[1]) && (!two || X1::vec_ok(a.t[2]))) {
         CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
             float x0[CK_VEC], x1[CK_VEC];
             X0::ld_vec(a.t[1], c * CK_VEC, x0);
             if (two) X1::ld_vec(a.t[2], c * CK_VEC, x1);
             #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) x0[j] = ck_unop<OP>(x0[j], two ? x1[j] : 0.0f);
+            for (int j = 0; j < CK_VEC; j++) {
+                x0[j] = ck_unop<OP>(x0[j], two ? x1[j] : 0.0f);
+                m = fmaxf(m, fabsf(x0[j]));
+            }
             Y::st_vec(a.t[0], c * CK_VEC, x0);
         }
-        return;
+    } else {
+        CK_GRID_STRIDE(i, a.t[0].n) {
+            float x0 = X0::ld(a.t[1], i), x1 = two ? X1::ld(a.t[2], i) : 0.0f;
+            float v = ck_unop<OP>(x0, x1);
+            m = fmaxf(m, fabsf(v));
+            Y::st(a.t[0], i, v);
+        }
     }
-    CK_GRID_STRIDE(i, a.t[0].n) {
-        float x0 = X0::ld(a.t[1], i), x1 = two ? X1::ld(a.t[2], i) : 0.0f;
-        Y::st(a.t[0], i, ck_unop<OP>(x0, x1));
-    }
+    ck_amax_out<Y>(a, m);
 }
 
 /* CAST, RESHAPE, QUANTIZE (the store through Y's format is the quantization), ASSIGN
@@ -368,11 +401,12 @@ static __device__ __forceinline__ bool ck_row_in_registers(i64 C) {
     return C % CK_VEC == 0 && C <= (i64)CK_ROW_VECS * 32 * CK_VEC;
 }
 
-template <int LN, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
-    i64 C = a.i[0], R = a.i[1], r = CK_ROW_OF_WARP;
-    if (r >= R) return;
+/* row r of LAYERNORM / RMSNORM; returns the largest |result| before rounding */
+template <int LN, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row(const CkArgs &a, i64 r) {
+    i64 C = a.i[0];
     int lane = threadIdx.x & 31;
     const CkTensor &x = a.t[1], &y = a.t[0];
+    float m = 0.0f;
     if (ck_row_in_registers(C) && X::vec_ok(x) && Y::vec_ok(y) && W::vec_ok(a.t[2]) && (!LN || B::vec_ok(a.t[3]))) {
         float v[CK_ROW_VECS][CK_VEC], mean, rstd;
         ck_row_load_stats<LN, X>(x, r, C, a.f[0], v, &mean, &rstd);
@@ -387,25 +421,38 @@ template <int LN, class Y, class X, class W, class B> __device__ void ck_norm(co
             for (int j = 0; j < CK_VEC; j++) {
                 float t = (v[k][j] - mean) * rstd * w[j];
                 out[j] = LN ? t + bias[j] : t;
+                m = fmaxf(m, fabsf(out[j]));
             }
             Y::st_vec(y, r * C + c, out);
         }
-        return;
+        return m;
     }
     double mean, rstd;
     ck_row_stats<LN, X>(x, r, C, a.f[0], &mean, &rstd);
     for (i64 c = lane; c < C; c += 32) {
         double t = (X::ld(x, r * C + c) - mean) * rstd * W::ld(a.t[2], c);
         if (LN) t += B::ld(a.t[3], c);
+        m = fmaxf(m, fabsf((float)t));
         Y::st(y, r * C + c, (float)t);
     }
+    return m;
+}
+
+/* a warp per row, striding by the grid's warps when the grid is capped (amax=1) */
+#define CK_ROWS_OF_WARP(r, R) for (i64 r = CK_ROW_OF_WARP; r < (R); r += (i64)gridDim.x * (blockDim.x >> 5))
+
+template <int LN, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
+    float m = 0.0f;
+    CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_row<LN, Y, X, W, B>(a, r));
+    ck_amax_out<Y>(a, m);
 }
 
 /* *_BWD_X (dy, x, w): dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (LN; RMS without
  * the first mean); i = {C, R}, f = {eps} */
-template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_bwd_x(const CkArgs &a) {
-    i64 C = a.i[0], R = a.i[1], r = CK_ROW_OF_WARP;
-    if (r >= R) return;
+template <int LN, class Y, class DY, class X, class W>
+__device__ __forceinline__ float ck_norm_bwd_x_row(const CkArgs &a, i64 r) {
+    i64 C = a.i[0];
+    float m = 0.0f;
     int lane = threadIdx.x & 31;
     const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
     if (ck_row_in_registers(C) && DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0])) {
@@ -438,10 +485,11 @@ template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_b
             for (int j = 0; j < CK_VEC; j++) {
                 float g = d[j] * wv[j], xh = (v[k][j] - mean) * rstd;
                 out[j] = rstd * (g - mg - xh * mgx);
+                m = fmaxf(m, fabsf(out[j]));
             }
             Y::st_vec(a.t[0], r * C + c, out);
         }
-        return;
+        return m;
     }
     double mean, rstd, sg = 0, sgx = 0;
     ck_row_stats<LN, X>(x, r, C, a.f[0], &mean, &rstd);
@@ -455,8 +503,17 @@ template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_b
     for (i64 c = lane; c < C; c += 32) {
         double g = (double)DY::ld(dy, r * C + c) * W::ld(w, c);
         double xh = (X::ld(x, r * C + c) - mean) * rstd;
-        Y::st(a.t[0], r * C + c, (float)(rstd * (g - mg - xh * mgx)));
+        float v = (float)(rstd * (g - mg - xh * mgx));
+        m = fmaxf(m, fabsf(v));
+        Y::st(a.t[0], r * C + c, v);
     }
+    return m;
+}
+
+template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_bwd_x(const CkArgs &a) {
+    float m = 0.0f;
+    CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_bwd_x_row<LN, Y, DY, X, W>(a, r));
+    ck_amax_out<Y>(a, m);
 }
 
 /* the statistics the weight gradient needs, into scratch: mean[R], rstd[R] (f64);
@@ -653,10 +710,9 @@ template <int SQ> static __device__ __forceinline__ void ck_fold(double &s, floa
     if (SQ) s += (double)v * v;
     else m = fmaxf(m, fabsf(v));
 }
-template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkArgs &a) {
-    const CkTensor &x = a.t[X_AT];
-    double s = 0;
-    float m = 0.0f;
+/* this thread's share of a grid-wide fold of x */
+template <int SQ, class X> static __device__ __forceinline__ void ck_fold_tensor(const CkArgs &a, const CkTensor &x,
+                                                                                double &s, float &m) {
     if (X::vec_ok(x)) {
         #pragma unroll 4
         CK_GRID_STRIDE(c, x.n / CK_VEC) {
@@ -668,6 +724,11 @@ template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkA
     } else {
         CK_GRID_STRIDE(i, x.n) ck_fold<SQ>(s, m, X::ld(x, i));
     }
+}
+template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkArgs &a) {
+    double s = 0;
+    float m = 0.0f;
+    ck_fold_tensor<SQ, X>(a, a.t[X_AT], s, m);
     if (SQ) {
         s = ck_block_sum(s);
         if (threadIdx.x == 0) ((double *)a.scratch)[CK_BLOCK] = s;
@@ -721,6 +782,25 @@ static __device__ __forceinline__ float ck_scale_for(double fmax, double amax, i
 template <class Y> __device__ void ck_quant_scale_final(const CkArgs &a) {
     float m = ck_partials_max(a);
     if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+}
+
+/* per-tensor QUANT_SCALE of a value whose producer left its block maxima (amax=1): one block
+ * over the CK_AMAX_PARTS slots at byte i[CK_AMAX_AT] of t[1]; i = {.., margin}, f = {max} */
+template <class Y> __device__ void ck_quant_scale_parts(const CkArgs &a) {
+    const float *parts = (const float *)((const char *)a.t[1].p + a.i[CK_AMAX_AT]);
+    float m = 0.0f;
+    for (int k = threadIdx.x; k < CK_AMAX_PARTS; k += blockDim.x) m = fmaxf(m, parts[k]);
+    m = ck_block_max(m);
+    if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+}
+
+/* the block maxima of t[0] (amax=1) where its producer does not write them (a GEMM epilogue,
+ * an ADD_N of many inputs): a pass over the stored value */
+template <class X> __device__ void ck_amax_parts(const CkArgs &a) {
+    double s = 0;
+    float m = 0.0f;
+    ck_fold_tensor<0, X>(a, a.t[0], s, m);
+    ck_amax_out<X>(a, m);
 }
 
 /* per-tensor QUANT_SCALE in one launch: the amax partials, then the last block's final;

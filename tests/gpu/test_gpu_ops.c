@@ -212,6 +212,94 @@ static void build_quant(void) {
     add_case("delayed_scale", 0, op_v(OP_DELAYED_SCALE, FMT_F32, I(FMT_E4M3, 0, 1), NULL, IN(state, hist2)));
 }
 
+/* ---------------------------------------------------------------- block maxima
+ * A value with amax=1 (ops.def) gets its per-tensor scale from the block maxima its producer
+ * left after it. Each pair runs the producer and then the scale on the GPU: the value must
+ * match the reference's within its format's bound, and the scale must equal, bit for bit, the
+ * reference's scale of the value the GPU stored. The pairs cover the vector and scalar paths,
+ * grids capped at the slot count (more blocks of work than slots: the kernels stride), and the
+ * pass that writes the maxima after an ADD_N of more inputs than one launch takes. */
+typedef struct {
+    const char *name;
+    Node *producer, *scale;
+} AmaxPair;
+static AmaxPair amax_pairs[16];
+static int n_amax_pairs;
+
+static void amax_pair(const char *name, Node *p, ElemType e) {
+    assert_true(n_amax_pairs < 16);
+    ir_set_keeps_amax(p);
+    p->t.name = name;
+    Node *q = op_v(OP_QUANT_SCALE, FMT_F32, I(e, SCALE_PER_TENSOR, 0, 0), NULL, IN(p));
+    amax_pairs[n_amax_pairs++] = (AmaxPair){name, p, q};
+}
+
+static void build_amax(void) {
+    int64_t R = gt_int(1, 300), C = 8 * gt_int(1, 40);
+    Node *x = leaf(FMT_BF16, 2, DIMS(R, C)), *y = leaf(FMT_BF16, 2, DIMS(R, C));
+    Node *xf = leaf(FMT_F32, 2, DIMS(R, C)), *wf = leaf(FMT_F32, 1, DIMS(C));
+    amax_pair("gelu", op_v(OP_GELU, FMT_BF16, NULL, NULL, IN(x)), FMT_E4M3);
+    int64_t Ro = gt_int(1, 50), Co = 2 * gt_int(1, 50) + 1;   /* odd rows: the scalar path */
+    Node *xo = leaf(FMT_BF16, 2, DIMS(Ro, Co)), *yo = leaf(FMT_BF16, 2, DIMS(Ro, Co));
+    amax_pair("gelu_bwd, odd columns", op_v(OP_GELU_BWD, FMT_BF16, NULL, NULL, IN(yo, xo)), FMT_E5M2);
+    Node *big = leaf(FMT_BF16, 2, DIMS(1100, 2048));
+    amax_pair("gelu, 2.25M elements", op_v(OP_GELU, FMT_BF16, NULL, NULL, IN(big)), FMT_E4M3);
+    int64_t Rn = 8192 + gt_int(1, 2000), Cn = 8 * gt_int(1, 16);   /* more warps than slots */
+    Node *xn = leaf(FMT_BF16, 1, DIMS(Rn, Cn)), *dyn = leaf(FMT_BF16, 1, DIMS(Rn, Cn));
+    Node *w = leaf(FMT_BF16, 1, DIMS(Cn)), *b = leaf(FMT_BF16, 1, DIMS(Cn));
+    amax_pair("layernorm, 8K+ rows", op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(xn, w, b)), FMT_E4M3);
+    amax_pair("layernorm_bwd_x, 8K+ rows", op_v(OP_LAYERNORM_BWD_X, FMT_BF16, NULL, Fa(1e-5), IN(dyn, xn, w)),
+              FMT_E5M2);
+    amax_pair("rmsnorm f32", op_v(OP_RMSNORM, FMT_F32, NULL, Fa(1e-6), IN(xf, wf)), FMT_E4M3);
+    amax_pair("add_n 3", op_v(OP_ADD_N, FMT_BF16, NULL, NULL, IN(x, y, xf)), FMT_E5M2);
+    Node *many[23];
+    for (int i = 0; i < 23; i++) many[i] = i % 2 ? x : y;
+    amax_pair("add_n 23 (a pass after it)", op_v(OP_ADD_N, FMT_BF16, NULL, NULL, 23, many), FMT_E5M2);
+}
+
+static bool run_amax_pair(const AmaxPair *c) {
+    Tensor *t[2] = {&c->producer->t, &c->scale->t};
+    int64_t nb = gt_bytes(t[0]);
+    void *gpu_value = malloc((size_t)nb);
+    float gpu_scale;
+    memset(t[0]->data, 0xFF, (size_t)nb);
+    bool ok = cuda_exec_push(exec, t, 1) && cuda_exec_run_node(exec, c->producer) &&
+              cuda_exec_run_node(exec, c->scale) && cuda_exec_pull(exec, t, 2);
+    if (!ok) {
+        free(gpu_value);
+        return false;
+    }
+    memcpy(gpu_value, t[0]->data, (size_t)nb);
+    memcpy(&gpu_scale, t[1]->data, 4);
+    ref_exec_node(c->producer);
+    Tensor as_gpu = *t[0];
+    as_gpu.data = gpu_value;
+    float *a = ref_load(&as_gpu), *r = ref_load(t[0]);
+    double max_abs, e = gt_norm_error(a, r, ir_numel(t[0]), &max_abs);
+    double tol = t[0]->fmt.elem == FMT_F32 ? 2e-5 : 1e-2;
+    bool value_ok = e >= 0 && e <= tol;
+    free(a);
+    free(r);
+    memcpy(t[0]->data, gpu_value, (size_t)nb);   /* the reference's scale of the GPU's value */
+    ref_exec_node(c->scale);
+    float ref_scale;
+    memcpy(&ref_scale, t[1]->data, 4);
+    bool scale_ok = memcmp(&gpu_scale, &ref_scale, 4) == 0;
+    printf("  %-40s value err %.2e (bound %.0e), scale gpu %.9g ref %.9g%s\n", c->name, e, tol,
+           (double)gpu_scale, (double)ref_scale, value_ok && scale_ok ? "" : "  FAIL");
+    free(gpu_value);
+    return value_ok && scale_ok;
+}
+
+static void test_amax_parts(void **s) {
+    (void)s;
+    int failed = 0;
+    for (int i = 0; i < n_amax_pairs; i++)
+        if (!run_amax_pair(&amax_pairs[i])) failed++;
+    assert_true(n_amax_pairs > 0);
+    if (failed) fail_msg("%d of %d block-maxima scales differ from the reference", failed, n_amax_pairs);
+}
+
 static void build_optimizer(void) {
     group_now = "optimizer";
     int64_t R = gt_int(1, 100), C = gt_int(1, 300);
@@ -388,6 +476,7 @@ static int setup(void **state) {
     build_elementwise();
     build_rows();
     build_quant();
+    build_amax();
     build_optimizer();
     build_gemm();
     build_attention();
@@ -535,7 +624,8 @@ int main(void) {
         arena = arena_new();
         graph = ir_graph_new(arena);
         graph->model_name = "gpu_ops";
-        build_elementwise(), build_rows(), build_quant(), build_optimizer(), build_gemm(), build_attention();
+        build_elementwise(), build_rows(), build_quant(), build_amax(), build_optimizer(), build_gemm(),
+            build_attention();
         CudaBinary bin;
         bool skipped = false;
         char why[512] = "";
@@ -551,6 +641,7 @@ int main(void) {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows),
         cmocka_unit_test(test_scaling),     cmocka_unit_test(test_optimizer),
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_amax_parts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
