@@ -214,8 +214,8 @@ static cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cubl
 static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const void *const *ptrs,
                            const cublasLtMatmulHeuristicResult_t *res, int found) {
     int64_t what[20] = {g->m, g->n, g->k, g->lda, g->ldb, g->ldd, g->ta, g->tb, g->atype, g->btype,
-                        g->dtype, g->bias.node != NULL, g->biastype, g->c.node != NULL, g->scales >= 0,
-                        g->fast_accum};
+                        g->dtype, g->bias.node != NULL, g->biastype, g->c.node != NULL,
+                        g->scales >= 0 ? 1 + g->scale_a * 4 + g->scale_b : 0, g->fast_accum};
     for (int i = 0; i < 4; i++) what[16 + i] = (int64_t)((uintptr_t)ptrs[i] & 255);
     uint64_t key = cuda_hash(0, what, sizeof what);
     for (int i = 0; i < e->n_tuned; i++)
@@ -273,7 +273,8 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
             !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)))
             return false;
     }
-    if (g->fast_accum || (e->fast_accum_all && g->scales >= 0)) {
+    bool per_tensor = g->scale_a == CU_SCALE_TENSOR && g->scale_b == CU_SCALE_TENSOR;
+    if (g->fast_accum || (e->fast_accum_all && g->scales >= 0 && per_tensor)) {
         int8_t fast = 1;
         if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)))
             return false;
@@ -281,10 +282,20 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
     if (g->scales >= 0) {
         /* cuBLASLt multiplies by these: the dequantization scales 1/s */
         const float *sa = (const float *)(uintptr_t)(e->scratch + (CUdeviceptr)g->scales);
-        const float *sb = sa + 16;
+        const float *sb = (const float *)(uintptr_t)(e->scratch + (CUdeviceptr)g->scales_b);
         if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa)) ||
             !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb)))
             return false;
+        if (!per_tensor) {
+            /* grouped scales (cuBLAS 12.9 and later, Hopper) */
+            static const cublasLtMatmulMatrixScale_t lt_mode[] = {
+                CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F,
+                CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F};
+            cublasLtMatmulMatrixScale_t ma = lt_mode[g->scale_a], mb = lt_mode[g->scale_b];
+            if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma)) ||
+                !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb)))
+                return false;
+        }
     }
     if (!LT_CHECK(CU(cublasLtMatrixLayoutCreate)(&x->la, lt_type(g->atype), (uint64_t)(g->ta ? g->k : g->m),
                                                  (uint64_t)(g->ta ? g->m : g->k), g->lda)) ||

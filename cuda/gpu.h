@@ -30,6 +30,12 @@ typedef struct {
     int64_t scratch;        /* byte offset in the node's scratch, -1: none */
 } CuRef;
 
+/* How a cuBLASLt FP8 operand is scaled (cublasLtMatmulMatrixScale_t on Hopper). For an
+ * operand stored (outer, k) with k contiguous, its dequantization scales are: TENSOR one f32;
+ * OUTER one per outer row; VEC128 one per 1 x 128 run along k, laid out [k / 128][outer];
+ * BLK128 one per 128 x 128 block, laid out [outer / 128][k / 128 rounded up to 4]. */
+typedef enum { CU_SCALE_TENSOR, CU_SCALE_OUTER, CU_SCALE_VEC128, CU_SCALE_BLK128 } CuScaleMode;
+
 /* One cuBLASLt matmul in column-major terms: D (m, n) = op(A) (m, k) op(B) (k, n), with
  * dequantization scales for FP8 operands. The row-major C = op(A_g) op(B_g) of the graph is
  * D = C^T: m = N, n = M, A = B_g's side, B = A_g's side. */
@@ -38,7 +44,10 @@ typedef struct {
     bool ta, tb;            /* CUBLAS_OP_T for A, B */
     ElemType atype, btype, dtype;
     CuRef a, b, d;
-    int64_t scales;         /* scratch offset of {1/scale(A), 1/scale(B)}, -1: unscaled */
+    /* FP8: scratch offsets of A's and B's dequantization scales (1/s, laid out as their modes
+     * say); scales -1: unscaled */
+    int64_t scales, scales_b;
+    CuScaleMode scale_a, scale_b;
     CuRef bias, c;          /* epilogue: bias vector of length m (node NULL: none); C added
                                with beta = 1, same type and layout as D (node NULL: none) */
     ElemType biastype;

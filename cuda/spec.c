@@ -848,15 +848,61 @@ static bool plan_optimizer(Spec *s) {
 
 typedef enum { OPD_BF16, OPD_F32, OPD_FP8, OPD_OTHER } OperandKind;
 
+/* OPD_FP8: e4m3 or e5m2 with f32 scales, per tensor, row, 1x128 tile or 128x128 block */
 static OperandKind operand_kind(const Tensor *t) {
     const Format *f = &t->fmt;
     if (f->codec != CODEC_PLAIN) return OPD_OTHER;
     if (f->scaling == SCALE_NONE && f->elem == FMT_BF16) return OPD_BF16;
     if (f->scaling == SCALE_NONE && f->elem == FMT_F32) return OPD_F32;
-    if ((f->elem == FMT_E4M3 || f->elem == FMT_E5M2) && f->scaling == SCALE_PER_TENSOR && f->scale &&
-        f->scale->t.fmt.elem == FMT_F32)
+    bool grouping = f->scaling == SCALE_PER_TENSOR || f->scaling == SCALE_PER_ROW ||
+                    f->scaling == SCALE_TILE_1x128 || f->scaling == SCALE_BLOCK_128;
+    if ((f->elem == FMT_E4M3 || f->elem == FMT_E5M2) && grouping && f->scale && f->scale->t.fmt.elem == FMT_F32 &&
+        (f->scaling != SCALE_TILE_1x128 || f->group == 128))
         return OPD_FP8;
     return OPD_OTHER;
+}
+
+/* The cuBLASLt scale mode of an FP8 operand whose contraction runs along its columns
+ * (k_cols) or along its rows (it is read through a transposed copy); -1: none fits. Rows and
+ * 1x128 tiles are scales along the stored rows, which cuBLASLt takes only when k runs along
+ * them; a 128x128 block is the same block either way. */
+static int fp8_scale_mode(const Tensor *t, bool k_cols) {
+    switch (t->fmt.scaling) {
+    case SCALE_PER_TENSOR: return CU_SCALE_TENSOR;
+    case SCALE_PER_ROW: return k_cols ? CU_SCALE_OUTER : -1;
+    case SCALE_TILE_1x128: return k_cols ? CU_SCALE_VEC128 : -1;
+    case SCALE_BLOCK_128: return CU_SCALE_BLK128;
+    default: return -1;
+    }
+}
+
+/* The pairs of scale modes Hopper's cuBLASLt multiplies (cuBLAS 12.9 and later for all but
+ * per-tensor): both per tensor; both per row; 1x128 tiles with 1x128 tiles or with 128x128
+ * blocks. The grouped modes take e4m3 operands, as DeepSeek-V3's recipe uses them. */
+static bool fp8_scale_pair(int a, int b, ElemType ea, ElemType eb) {
+    if (a < 0 || b < 0) return false;
+    if (a == CU_SCALE_TENSOR || b == CU_SCALE_TENSOR) return a == b;
+    if (ea != FMT_E4M3 || eb != FMT_E4M3) return false;
+    if (a == CU_SCALE_OUTER || b == CU_SCALE_OUTER) return a == b;
+    return !(a == CU_SCALE_BLK128 && b == CU_SCALE_BLK128);
+}
+
+/* Bytes of an operand's dequantization scales in mode m, stored (outer, k). */
+static int64_t fp8_scale_bytes(int m, int64_t outer, int64_t k) {
+    int64_t kb = (k + 127) / 128;
+    int64_t n = m == CU_SCALE_TENSOR ? 16 : m == CU_SCALE_OUTER ? outer
+              : m == CU_SCALE_VEC128 ? kb * outer : (outer + 127) / 128 * ((kb + 3) / 4 * 4);
+    return (n * 4 + 255) / 256 * 256;
+}
+
+/* The launch that writes a grouped operand's dequantization scales in cuBLASLt's layout. */
+static void plan_gemm_scales(Spec *s, const Node *x, int mode, bool k_rows, int64_t off) {
+    int64_t R = rows_of(&x->t), C = cols_of(&x->t);
+    int64_t n = fp8_scale_bytes(mode, k_rows ? C : R, k_rows ? R : C) / 4;
+    CuLaunch *l = spec_launch(s, "gemmscales", grid_elem(n), ELEM_THREADS, "ck_gemm_scales(a)");
+    arg_node(l, 1, x->t.fmt.scale);
+    l->args.i[0] = mode, l->args.i[1] = R, l->args.i[2] = C, l->args.i[3] = k_rows;
+    l->scratch = off;
 }
 
 /* a row-major (r, c) operand copied to scratch as (c, r), element bytes as they are */
@@ -901,9 +947,19 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
     bool y_direct = fy->codec == CODEC_PLAIN && fy->scaling == SCALE_NONE &&
                     (fy->elem == FMT_BF16 || fy->elem == FMT_F32);
     if (ep && !y_direct) return spec_fail(s, "an epilogue needs a plain bf16 or f32 result");
-    bool fp8 = ka == OPD_FP8 && kb == OPD_FP8 &&
+    /* cuBLAS's A is B_g, its k along B_g's columns when tb; cuBLAS's B is A_g (k along its
+     * columns unless ta) */
+    int mode_a = kb == OPD_FP8 ? fp8_scale_mode(&B->t, tb) : -1;
+    int mode_b = ka == OPD_FP8 ? fp8_scale_mode(&A->t, !ta) : -1;
+    bool grouped = mode_a > CU_SCALE_TENSOR || mode_b > CU_SCALE_TENSOR;
+    bool fp8 = fp8_scale_pair(mode_a, mode_b, B->t.fmt.elem, A->t.fmt.elem) &&
                !(A->t.fmt.elem == FMT_E5M2 && B->t.fmt.elem == FMT_E5M2) && K % 16 == 0 && N % 16 == 0 &&
                M % 16 == 0;
+    /* grouped scales: a plain product into bf16 (the combinations cuBLASLt is known to run) */
+    if (grouped && (ep || !y_direct || fy->elem != FMT_BF16)) {
+        if (ep) return spec_fail(s, "no epilogue with grouped FP8 scales");
+        fp8 = false;
+    }
     bool bf16 = ka == OPD_BF16 && kb == OPD_BF16;
     bool f32 = ka == OPD_F32 && kb == OPD_F32;
 
@@ -920,10 +976,13 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
         g.atype = B->t.fmt.elem, g.btype = A->t.fmt.elem;
         /* as TransformerEngine does: forward products accumulate in the tensor cores' fast
          * mode, gradients (long sums over tokens, small values) with f32 promotion */
-        g.fast_accum = n->phase == PHASE_FORWARD;
+        g.fast_accum = n->phase == PHASE_FORWARD && !grouped;
         g.lda = K, g.ldb = K;
+        g.scale_a = (CuScaleMode)mode_a, g.scale_b = (CuScaleMode)mode_b;
         g.scales = at;
-        at += 256;
+        at += fp8_scale_bytes(mode_a, N, K);
+        g.scales_b = grouped ? at : g.scales + 64;
+        if (grouped) at += fp8_scale_bytes(mode_b, M, K);
         if (tb) g.a.node = B;
         else {
             g.a.scratch = at;
@@ -936,10 +995,15 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
             plan_transpose(s, A, at);
             at += (M * K + 255) / 256 * 256;
         }
-        CuLaunch *l = spec_launch(s, "invscale", 1, 32, "ck_inv_scales(a)");
-        arg_node(l, 1, B->t.fmt.scale);
-        arg_node(l, 2, A->t.fmt.scale);
-        l->scratch = g.scales;
+        if (grouped) {
+            plan_gemm_scales(s, B, mode_a, !tb, g.scales);
+            plan_gemm_scales(s, A, mode_b, ta, g.scales_b);
+        } else {
+            CuLaunch *l = spec_launch(s, "invscale", 1, 32, "ck_inv_scales(a)");
+            arg_node(l, 1, B->t.fmt.scale);
+            arg_node(l, 2, A->t.fmt.scale);
+            l->scratch = g.scales;
+        }
     } else {
         ElemType e = bf16 ? FMT_BF16 : FMT_F32;
         g.atype = g.btype = e;

@@ -1048,6 +1048,34 @@ __device__ void ck_inv_scales(const CkArgs &a) {
         ((float *)a.scratch)[16 * threadIdx.x] = 1.0f / ((const float *)a.t[1 + threadIdx.x].p)[0];
 }
 
+/* The dequantization scales cuBLASLt reads for an FP8 operand with grouped scales, in the
+ * layout of its mode (gpu.h's CuScaleMode: 1 per row, 2 1x128 tiles, 3 128x128 blocks), into
+ * scratch. t[1]: the operand's scales as the IR lays them out (ref_scale_map: per row [R],
+ * tiles [R][C/128], blocks [R/128][C/128]) for the operand stored (R, C); i = {mode, R, C,
+ * k_rows: the contraction runs along the stored rows (a block operand read transposed)}. */
+__device__ void ck_gemm_scales(const CkArgs &a) {
+    const float *s = (const float *)a.t[1].p;
+    float *out = (float *)a.scratch;
+    i64 mode = a.i[0], R = a.i[1], C = a.i[2];
+    bool k_rows = a.i[3] != 0;
+    if (mode == 1) {
+        CK_GRID_STRIDE(r, R) out[r] = 1.0f / s[r];
+    } else if (mode == 2) {   /* [k / 128][outer], outer = R */
+        i64 ncg = (C + 127) / 128;
+        CK_GRID_STRIDE(j, R * ncg) {
+            i64 kb = j / R, r = j - kb * R;
+            out[j] = 1.0f / s[r * ncg + kb];
+        }
+    } else {                  /* [outer / 128][k / 128 rounded up to 4] */
+        i64 nrb = (R + 127) / 128, ncb = (C + 127) / 128;
+        i64 nob = k_rows ? ncb : nrb, nkb = k_rows ? nrb : ncb, ld = (nkb + 3) / 4 * 4;
+        CK_GRID_STRIDE(j, nob * ld) {
+            i64 ob = j / ld, kb = j - ob * ld;
+            out[j] = kb < nkb ? 1.0f / (k_rows ? s[kb * ncb + ob] : s[ob * ncb + kb]) : 1.0f;
+        }
+    }
+}
+
 /* whether every element of t[0] is finite: scratch (an int flag, zeroed before) gets 1 if not */
 template <class X> __device__ void ck_all_finite(const CkArgs &a) {
     int bad = 0;

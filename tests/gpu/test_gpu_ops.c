@@ -388,6 +388,26 @@ static void build_gemm(void) {
     Node *ag = leaf_fmt("ag", FMT_E4M3, SCALE_PER_GROUP, 16, sgr, 1, DIMS(m, k));
     Node *bo = leaf(FMT_BF16, 1, DIMS(n, k));
     add_case("matmul e4m3 group x bf16 (fallback)", 2e-5, op_v(OP_MATMUL, FMT_F32, I(0, 1), NULL, IN(ag, bo)));
+    /* grouped scales through cuBLASLt (rows; DeepSeek-V3's 1x128 tiles and 128x128 blocks),
+     * k past a whole 128 at random; the product in bf16 */
+    int64_t gm = 16 * gt_int(2, 20), gn = 16 * gt_int(2, 20), gk = 16 * gt_int(9, 30);
+    int64_t kb = (gk + 127) / 128, nb = (gn + 127) / 128, mb = (gm + 127) / 128;
+    Node *xr = leaf_fmt("xr", FMT_E4M3, SCALE_PER_ROW, 0, scales(gm, 0, 1), 1, DIMS(gm, gk));
+    Node *wr = leaf_fmt("wr", FMT_E4M3, SCALE_PER_ROW, 0, scales(gn, 0, 1), 1, DIMS(gn, gk));
+    add_case("matmul e4m3 rows x rows", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 1), NULL, IN(xr, wr)));
+    Node *xt = leaf_fmt("xt", FMT_E4M3, SCALE_TILE_1x128, 128, scales(gm, kb, 1), 1, DIMS(gm, gk));
+    Node *wb = leaf_fmt("wb", FMT_E4M3, SCALE_BLOCK_128, 128, scales(nb, kb, 1), 1, DIMS(gn, gk));
+    Node *wt = leaf_fmt("wt", FMT_E4M3, SCALE_TILE_1x128, 128, scales(gn, kb, 1), 1, DIMS(gn, gk));
+    Node *xb = leaf_fmt("xb", FMT_E4M3, SCALE_BLOCK_128, 128, scales(mb, kb, 1), 1, DIMS(gm, gk));
+    add_case("matmul e4m3 1x128 x 128x128 (forward)", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 1), NULL, IN(xt, wb)));
+    add_case("matmul e4m3 1x128 x 1x128", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 1), NULL, IN(xt, wt)));
+    add_case("matmul e4m3 128x128 x 1x128", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 1), NULL, IN(xb, wt)));
+    /* dgrad: dy (m, n) in tiles along n times w (n, k) in blocks, w read transposed */
+    Node *gt = leaf_fmt("gt", FMT_E4M3, SCALE_TILE_1x128, 128, scales(gm, nb, 1), 1, DIMS(gm, gn));
+    Node *wbk = leaf_fmt("wbk", FMT_E4M3, SCALE_BLOCK_128, 128, scales(nb, kb, 1), 1, DIMS(gn, gk));
+    add_case("matmul e4m3 1x128 x 128x128^T (dgrad)", 1e-2, op_v(OP_MATMUL, FMT_BF16, I(0, 0), NULL, IN(gt, wbk)));
+    /* wgrad: tiles across the contraction, which cuBLASLt cannot scale: the f32 fallback */
+    add_case("matmul e4m3 1x128^T x 1x128 (fallback)", 2e-5, op_v(OP_MATMUL, FMT_F32, I(1, 0), NULL, IN(gt, xt)));
     Node *so = scales(0, 0, 1);
     Node *mo = add_case("matmul -> e4m3 (store)", 0.1, op_v(OP_MATMUL, FMT_E4M3, I(0, 1), NULL, IN(a, bt)));
     mo->t.fmt.scaling = SCALE_PER_TENSOR, mo->t.fmt.recipe = RECIPE_STATIC, mo->t.fmt.scale = so;
