@@ -124,12 +124,78 @@ static void test_every_model_every_level(void **state) {
     if (failures) fail_msg("%d of %d model graphs have GPU kernels that do not compile", failures, graphs);
 }
 
+/* FP8 GEMMs with grouped scales: forward GEMMs (rows, or 1x128 tiles against 128x128 weight
+ * blocks) and, with blocks, the input gradient's (tiles along the output features against the
+ * weight's blocks read transposed) run on cuBLASLt with its scale modes; the precision pass
+ * gives the weight gradient per-tensor operands; an input gradient against row-scaled weights
+ * (scales across its contraction) decodes both operands to f32. */
+typedef struct {
+    int fp8_gemms, grouped_fwd, grouped_bwd, per_tensor, decoded;
+} GroupedCount;
+
+static GroupedCount count_grouped(const char *rule) {
+    GroupedCount c = {0};
+    Arena *a = arena_new();
+    BuildOptions o;
+    memset(&o, 0, sizeof o);
+    o.front.batch = 2;
+    o.front.seq = 64;
+    o.passes.opt_level = 1;
+    const char *rules[1] = {rule};
+    o.passes.overrides = rules;
+    o.passes.n_overrides = 1;
+    char path[4500], why[512];
+    snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+    diag_reset();
+    Graph *g = pipeline_compile(a, path, &o);
+    assert_non_null(g);
+    CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+    assert_non_null(plans);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->op != OP_MATMUL || !n->iattr[2]) continue;
+        c.fp8_gemms++;
+        bool grouped = false, fp8 = false;
+        for (int k = 0; k < plans[i].n_launch; k++) {
+            const CuLaunch *l = &plans[i].launch[k];
+            if (l->kind != CU_GEMM || l->gemm.scales < 0) continue;
+            fp8 = true;
+            grouped = l->gemm.scale_a != CU_SCALE_TENSOR && l->gemm.scale_b != CU_SCALE_TENSOR;
+        }
+        c.grouped_fwd += grouped && n->phase == PHASE_FORWARD;
+        c.grouped_bwd += grouped && n->phase != PHASE_FORWARD;
+        c.per_tensor += fp8 && !grouped;
+        c.decoded += !fp8;
+    }
+    printf("  %-28s %d FP8 GEMMs: cuBLASLt scale modes %d forward, %d backward; %d per tensor; "
+           "%d decoded\n", rule, c.fp8_gemms, c.grouped_fwd, c.grouped_bwd, c.per_tensor, c.decoded);
+    arena_free(a);
+    return c;
+}
+
+static void test_grouped_scales_plan(void **state) {
+    (void)state;
+    /* gpt2_tiny: 4 layers of 4 linear layers and the output head (a gemm: rule covers it):
+     * 17 forward GEMMs, 17 input gradients, 16 weight gradients in FP8 (the head's in bf16) */
+    GroupedCount blk = count_grouped("gemm:*=e4m3:block128");
+    assert_int_equal(blk.fp8_gemms, 50);
+    assert_int_equal(blk.grouped_fwd, 17);
+    assert_int_equal(blk.grouped_bwd, 17);
+    assert_int_equal(blk.per_tensor, 16);
+    assert_int_equal(blk.decoded, 0);
+    GroupedCount row = count_grouped("gemm:*=e4m3:row");
+    assert_int_equal(row.grouped_fwd, 17);
+    assert_int_equal(row.grouped_bwd, 0);
+    assert_int_equal(row.decoded, 17);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!cuda_compiler_available()) {
         printf("test_gpu_nvrtc: skipped: fp8c was built without NVRTC\n");
         return 0;
     }
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_every_model_every_level)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_grouped_scales_plan),
+                                       cmocka_unit_test(test_every_model_every_level)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
