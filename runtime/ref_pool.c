@@ -1,9 +1,12 @@
 /* ref_pool.c — the reference executor's threads.
  *
  * The CPU training run goes through the reference executor, so its GEMMs, attention and row
- * ops are split across cores. A persistent pool (started on first use) costs a condition
- * variable broadcast per parallel op instead of a thread creation per thread per op, which
- * matters when a step runs hundreds of small ops.
+ * ops are split across cores. A persistent pool (started on first use) hands each parallel op
+ * to its workers by bumping a generation counter. A step runs hundreds of small ops back to
+ * back, so a worker that has finished one spins on the counter for a while (tens of
+ * microseconds) before it sleeps on a condition variable, and the caller spins the same way for
+ * the workers to finish: a sleeping thread takes a futex wake-up per op, which at sixteen
+ * threads costs more than the op itself. The spins are bounded, so idle threads sleep.
  *
  * Determinism is not the pool's job but its contract: tasks are claimed dynamically (an atomic
  * counter, so uneven tasks such as causal attention rows balance), hence a task must own its
@@ -21,9 +24,12 @@ static struct {
     pthread_cond_t wake, done;
     pthread_t *threads;
     int n_workers;          /* threads besides the caller */
-    bool started, quit;
-    uint64_t generation;    /* bumped for each parallel_for; workers wait for a new one */
-    int busy;               /* workers still inside the current generation */
+    bool started;
+    atomic_bool quit;
+    atomic_uint_fast64_t generation;   /* bumped for each parallel_for; workers wait for a new one */
+    atomic_int busy;        /* workers still inside the current generation */
+    int sleepers;           /* workers waiting on `wake` (under mu) */
+    bool caller_sleeps;     /* the caller waits on `done` (under mu) */
     RefTaskFn fn;
     void *ctx;
     int64_t n_tasks;
@@ -35,6 +41,18 @@ static struct {
 static _Thread_local bool in_task;
 static atomic_flag running = ATOMIC_FLAG_INIT;
 static int wanted_threads;  /* 0: not decided yet */
+
+/* about 20-100 microseconds of pause instructions, depending on the CPU */
+enum { POOL_SPINS = 4000 };
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 static void pool_drain(RefTaskFn fn, void *ctx, int64_t n_tasks)
 {
@@ -50,20 +68,29 @@ static void *pool_worker(void *arg)
     (void)arg;
     in_task = true;
     uint64_t seen = 0;
-    pthread_mutex_lock(&pool.mu);
     for (;;) {
-        while (pool.generation == seen && !pool.quit) pthread_cond_wait(&pool.wake, &pool.mu);
-        if (pool.quit) break;
-        seen = pool.generation;
-        RefTaskFn fn = pool.fn;
-        void *ctx = pool.ctx;
-        int64_t n = pool.n_tasks;
-        pthread_mutex_unlock(&pool.mu);
-        pool_drain(fn, ctx, n);
-        pthread_mutex_lock(&pool.mu);
-        if (--pool.busy == 0) pthread_cond_signal(&pool.done);
+        for (int k = 0; k < POOL_SPINS && atomic_load_explicit(&pool.generation, memory_order_acquire) == seen &&
+                        !atomic_load(&pool.quit);
+             k++)
+            cpu_relax();
+        if (atomic_load_explicit(&pool.generation, memory_order_acquire) == seen && !atomic_load(&pool.quit)) {
+            pthread_mutex_lock(&pool.mu);
+            while (atomic_load(&pool.generation) == seen && !atomic_load(&pool.quit)) {
+                pool.sleepers++;
+                pthread_cond_wait(&pool.wake, &pool.mu);
+                pool.sleepers--;
+            }
+            pthread_mutex_unlock(&pool.mu);
+        }
+        if (atomic_load(&pool.quit)) break;
+        seen = atomic_load_explicit(&pool.generation, memory_order_acquire);
+        pool_drain(pool.fn, pool.ctx, pool.n_tasks);
+        if (atomic_fetch_sub_explicit(&pool.busy, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool.mu);
+            if (pool.caller_sleeps) pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.mu);
+        }
     }
-    pthread_mutex_unlock(&pool.mu);
     return NULL;
 }
 
@@ -83,7 +110,7 @@ static void pool_stop(void)
 {
     if (!pool.started) return;
     pthread_mutex_lock(&pool.mu);
-    pool.quit = true;
+    atomic_store(&pool.quit, true);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.mu);
     for (int i = 0; i < pool.n_workers; i++) pthread_join(pool.threads[i], NULL);
@@ -91,7 +118,8 @@ static void pool_stop(void)
     pool.threads = NULL;
     pool.n_workers = 0;
     pool.started = false;
-    pool.quit = false;
+    atomic_store(&pool.quit, false);
+    atomic_store(&pool.generation, 0);
 }
 
 static void pool_start(void)
@@ -136,22 +164,27 @@ void ref_parallel_for(int64_t n_tasks, RefTaskFn fn, void *ctx)
         atomic_flag_clear(&running);
         return;
     }
-    pthread_mutex_lock(&pool.mu);
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
     atomic_store(&pool.next, 0);
-    pool.busy = pool.n_workers;
-    pool.generation++;
-    pthread_cond_broadcast(&pool.wake);
+    atomic_store(&pool.busy, pool.n_workers);
+    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    pthread_mutex_lock(&pool.mu);
+    if (pool.sleepers) pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.mu);
 
     in_task = true;
     pool_drain(fn, ctx, n_tasks);
     in_task = false;
 
-    pthread_mutex_lock(&pool.mu);
-    while (pool.busy > 0) pthread_cond_wait(&pool.done, &pool.mu);
-    pthread_mutex_unlock(&pool.mu);
+    for (int k = 0; k < POOL_SPINS && atomic_load_explicit(&pool.busy, memory_order_acquire) > 0; k++) cpu_relax();
+    if (atomic_load_explicit(&pool.busy, memory_order_acquire) > 0) {
+        pthread_mutex_lock(&pool.mu);
+        pool.caller_sleeps = true;
+        while (atomic_load(&pool.busy) > 0) pthread_cond_wait(&pool.done, &pool.mu);
+        pool.caller_sleeps = false;
+        pthread_mutex_unlock(&pool.mu);
+    }
     atomic_flag_clear(&running);
 }

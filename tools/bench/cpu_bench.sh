@@ -4,6 +4,7 @@
 #   tools/bench/cpu_bench.sh [BUILD_DIR]          build the binaries, then run everything
 #   tools/bench/cpu_bench.sh --build BUILD_DIR    only build (into $BENCH_DIR, default
 #                                                 /tmp/fp8c-cpu-bench), e.g. to run elsewhere
+#                                                 (CPU_TARGET=x86-64-v3: kernels for any AVX2 CPU)
 #   tools/bench/cpu_bench.sh --run                only run what --build left in $BENCH_DIR
 #
 # Training steps: gpt2_tiny (-O0, batch 1 x 128 and 4 x 64) and GPT-2 d12 (-O0, batch 1 x 128)
@@ -33,7 +34,8 @@ d12_b1_t128 models/gpt2.model 1 128 8 4"
 build() {
     mkdir -p "$BENCH_DIR"
     echo "$CONFIGS" | while read -r name model batch seq _ _; do
-        "$BUILD/fp8c" build "$ROOT/$model" -O0 --batch "$batch" --seq "$seq" -o "$BENCH_DIR/$name" \
+        "$BUILD/fp8c" build "$ROOT/$model" -O0 --batch "$batch" --seq "$seq" ${CPU_TARGET:+--cpu=$CPU_TARGET} \
+            -o "$BENCH_DIR/$name" \
             >"$BENCH_DIR/build.log" 2>&1 || { cat "$BENCH_DIR/build.log" >&2; exit 1; }
     done
     blas_inc=$(ls -d /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas 2>/dev/null | head -1 || true)
