@@ -47,9 +47,21 @@ struct RtCpuExec {
     void ***bufs;               /* per kernel: its buffer pointers (tensors refreshed per run) */
 };
 
-/* Items per task: at least about WORK scalar operations each, so that small kernels stay on
- * one thread and big ones spread over all of them. */
-enum { WORK = 1 << 16 };
+/* Items per task: at least about WORK scalar operations each (FP8C_CPU_TASK_WORK overrides
+ * it), so that small kernels stay on one thread and big ones spread over all of them. */
+enum { WORK = 1 << 14 };
+
+static int64_t task_work(void)
+{
+    static int64_t work;
+    if (!work) {
+        const char *s = getenv("FP8C_CPU_TASK_WORK");
+        char *end = NULL;
+        long long v = s && *s ? strtoll(s, &end, 10) : 0;
+        work = end && *end == 0 && v >= 1 ? v : WORK;
+    }
+    return work;
+}
 
 typedef struct {
     RtCpuKernelFn fn;
@@ -260,8 +272,10 @@ static void run_kernel(RtCpuExec *x, int i)
     Launch l = {.fn = x->table->fns[i], .bufs = bufs, .items = k->items};
     if (l.items <= 0) return;
     /* tasks of at least WORK operations, and no more than a few per thread; a parallel_for
-     * wakes every thread of the pool, so small kernels are cheaper on the calling thread */
-    l.grain = k->cost >= WORK ? 1 : WORK / k->cost;
+     * hands the op to every thread of the pool, so small kernels are cheaper on the calling
+     * thread */
+    int64_t work = task_work();
+    l.grain = k->cost >= work ? 1 : work / k->cost;
     int64_t most = 4 * (int64_t)ref_threads();
     if ((l.items + l.grain - 1) / l.grain > most) l.grain = (l.items + most - 1) / most;
     int64_t tasks = (l.items + l.grain - 1) / l.grain;
