@@ -1155,30 +1155,31 @@ static bool plan_node(Spec *s) {
     return spec_fail(s, "no GPU kernel for this op");
 }
 
-bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
+/* an empty plan for n, and the spec that fills it */
+static Spec spec_for(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
     memset(out, 0, sizeof *out);
     out->node = n;
-    Spec s = {.arena = a, .n = n, .plan = out, .why = why, .why_len = why_len};
+    return (Spec){.arena = a, .n = n, .plan = out, .why = why, .why_len = why_len};
+}
+
+bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
+    Spec s = spec_for(n, a, out, why, why_len);
     if (!plan_node(&s)) return false;
     if (ir_amax_parts_offset(n) && !s.amax_written) plan_amax_pass(&s, n);
     return true;
 }
 
 bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out) {
-    memset(out, 0, sizeof *out);
-    out->node = n;
     char why[256];
-    Spec s = {.arena = a, .n = n, .plan = out, .why = why, .why_len = sizeof why};
+    Spec s = spec_for(n, a, out, why, sizeof why);
     if (!ir_amax_parts_offset(n) || !spec_check_tensor(&s, &n->t, "the tensor")) return false;
     plan_amax_pass(&s, n);
     return true;
 }
 
 bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out) {
-    memset(out, 0, sizeof *out);
-    out->node = n;
     char why[256];
-    Spec s = {.arena = a, .n = n, .plan = out, .why = why, .why_len = sizeof why};
+    Spec s = spec_for(n, a, out, why, sizeof why);
     if (!spec_check_tensor(&s, &n->t, "the tensor")) return false;
     CuLaunch *l = spec_launch(&s, "finite", grid_elem(ir_numel(&n->t)), ELEM_THREADS,
                               "ck_all_finite<%s>(a)", fmt_arg(&s, &n->t));
