@@ -175,8 +175,12 @@ static bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr 
 
 static CUdeviceptr ref_ptr(CudaExec *e, const CuRef *r, bool *ok) {
     CUdeviceptr p = 0;
-    if (r->node) *ok &= exec_map_tensor(e, &r->node->t, &p);
-    else p = e->scratch + (CUdeviceptr)r->scratch;
+    if (r->node) {
+        *ok &= exec_map_tensor(e, &r->node->t, &p);
+        p += (CUdeviceptr)r->offset;
+    } else {
+        p = e->scratch + (CUdeviceptr)r->scratch;
+    }
     return p;
 }
 

@@ -28,6 +28,7 @@
 typedef struct {
     const Node *node;       /* NULL: scratch (or nothing, when scratch < 0) */
     int64_t scratch;        /* byte offset in the node's scratch, -1: none */
+    int64_t offset;         /* with node: bytes into its storage (a transposed copy kept there) */
 } CuRef;
 
 /* How a cuBLASLt FP8 operand is scaled (cublasLtMatmulMatrixScale_t on Hopper). For an

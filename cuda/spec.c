@@ -366,6 +366,19 @@ static bool plan_elementwise(Spec *s) {
     case OP_CAST: case OP_RESHAPE: case OP_QUANTIZE:
         if (!check_io(s, n, true)) return false;
         if (ir_numel(&n->in[0]->t) != count) return spec_fail(s, "element counts differ");
+        if (ir_transposed_offset(n)) {
+            /* both layouts at once (ops.def transposed=1): 64 x 64 tiles */
+            if (fmt_elem_bytes(y->fmt.elem) != 1) return spec_fail(s, "a transposed copy of a wider element type");
+            int64_t R = rows_of(y), C = cols_of(y);
+            l = spec_launch(s, "quantt", (unsigned)((C + 63) / 64), 256, "ck_quantize_t<%s, %s>(a)", Y,
+                            fmt_arg(s, &n->in[0]->t));
+            l->grid[1] = (unsigned)((R + 63) / 64);
+            arg_node(l, 0, n);
+            arg_node(l, 1, n->in[0]);
+            l->args.n_in = 1;
+            l->args.i[0] = ir_transposed_offset(n);
+            return true;
+        }
         l = spec_launch(s, "copy", grid_elem(count), ELEM_THREADS, "ck_copy<%s, %s>(a)", Y,
                         fmt_arg(s, &n->in[0]->t));
         arg_node(l, 0, n);
@@ -983,13 +996,17 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
         at += fp8_scale_bytes(mode_a, N, K);
         g.scales_b = grouped ? at : g.scales + 64;
         if (grouped) at += fp8_scale_bytes(mode_b, M, K);
+        /* an operand read transposed: the copy its quantize kept (transposed=1), or one made
+         * here in scratch */
         if (tb) g.a.node = B;
+        else if (ir_transposed_offset(B)) g.a.node = B, g.a.offset = ir_transposed_offset(B);
         else {
             g.a.scratch = at;
             plan_transpose(s, B, at);
             at += (N * K + 255) / 256 * 256;
         }
         if (!ta) g.b.node = A;
+        else if (ir_transposed_offset(A)) g.b.node = A, g.b.offset = ir_transposed_offset(A);
         else {
             g.b.scratch = at;
             plan_transpose(s, A, at);

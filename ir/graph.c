@@ -180,12 +180,20 @@ int64_t ir_amax_parts_offset(const Node *n)
     return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 255) / 256 * 256;
 }
 
+int64_t ir_transposed_offset(const Node *n)
+{
+    if (n->op != OP_QUANTIZE || !n->iattr[0]) return 0;
+    return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 255) / 256 * 256;
+}
+
 int64_t ir_storage_bytes(const Node *n)
 {
     int64_t lse = ir_attention_lse_offset(n);
     if (lse && n->t.rank == 3) return lse + n->t.dims[0] * n->iattr[0] * n->t.dims[1] * 4;
     int64_t parts = ir_amax_parts_offset(n);
     if (parts) return parts + IR_AMAX_PARTS * 4;
+    int64_t tr = ir_transposed_offset(n);
+    if (tr) return tr + ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
     return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
 }
 

@@ -240,8 +240,9 @@ bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_S
  * or q|k|v; the forward's inputs then start at in[1] and number n_in - 2. */
 bool ir_attention_bwd_reads_y(const Node *n);
 /* Storage bytes of n's tensor: numel x element size, and for an ATTENTION with lse=1 the
- * logsumexp of its rows after the result (from ir_attention_lse_offset), or with amax=1 the
- * partial maxima (ir_amax_parts_offset). */
+ * logsumexp of its rows after the result (from ir_attention_lse_offset), with amax=1 the
+ * partial maxima (ir_amax_parts_offset), for a QUANTIZE with transposed=1 the transposed copy
+ * (ir_transposed_offset). */
 int64_t ir_storage_bytes(const Node *n);
 int64_t ir_attention_lse_offset(const Node *n);   /* bytes from the result's start; 0: none */
 /* The amax=1 attribute (ops.def): where n's storage keeps the partial maxima of |result| that
@@ -250,6 +251,9 @@ int64_t ir_attention_lse_offset(const Node *n);   /* bytes from the result's sta
 bool ir_op_keeps_amax(OpKind op);   /* whether op has the attribute */
 int64_t ir_amax_parts_offset(const Node *n);
 void ir_set_keeps_amax(Node *n);    /* n->op must have the attribute */
+/* QUANTIZE with transposed=1 (ops.def): where its storage keeps the transposed copy of the
+ * result (the last dim first, the others flattened after it); 0: it keeps none. */
+int64_t ir_transposed_offset(const Node *n);
 /* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,
  * master). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
  * every other reader of a mutated operand must run before n. */

@@ -977,15 +977,9 @@ template <int BYTES> __device__ void ck_transpose(const CkArgs &a) {
 /* rows and columns multiples of 16 (the FP8 GEMM operands): 16-byte global loads and stores,
  * a thread taking a quarter of a tile row; the tile's rows are 68 bytes apart (at most two
  * threads of a warp on one bank either way) */
-static __device__ void ck_transpose_b1_x16(const unsigned char *in, unsigned char *out, i64 R, i64 C, i64 r0, i64 c0) {
-    __shared__ unsigned tile[64][17];
-    for (int k = threadIdx.x; k < 64 * 4; k += blockDim.x) {
-        int row = k >> 2, q = k & 3;
-        if (r0 + row >= R || c0 + q * 16 >= C) continue;
-        uint4 v = *(const uint4 *)(in + (r0 + row) * C + c0 + q * 16);
-        tile[row][q * 4] = v.x, tile[row][q * 4 + 1] = v.y, tile[row][q * 4 + 2] = v.z, tile[row][q * 4 + 3] = v.w;
-    }
-    __syncthreads();
+/* the 64 x 64 byte tile (rows of 68 bytes in shared memory) at (r0, c0) of an (R, C) matrix,
+ * written transposed into out (C, R), 16 bytes a thread (R and C multiples of 16) */
+static __device__ void ck_tile_store_t(const unsigned (*tile)[17], unsigned char *out, i64 R, i64 C, i64 r0, i64 c0) {
     const unsigned char *bytes = (const unsigned char *)tile;
     for (int k = threadIdx.x; k < 64 * 4; k += blockDim.x) {
         int orow = k >> 2, q = k & 3;   /* output row c0 + orow, columns r0 + 16 q .. + 15 */
@@ -998,6 +992,68 @@ static __device__ void ck_transpose_b1_x16(const unsigned char *in, unsigned cha
             for (int b = 0; b < 4; b++) w[j] |= (unsigned)bytes[(q * 16 + j * 4 + b) * 68 + orow] << (8 * b);
         }
         *(uint4 *)(out + (c0 + orow) * R + r0 + q * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+static __device__ void ck_transpose_b1_x16(const unsigned char *in, unsigned char *out, i64 R, i64 C, i64 r0, i64 c0) {
+    __shared__ unsigned tile[64][17];
+    for (int k = threadIdx.x; k < 64 * 4; k += blockDim.x) {
+        int row = k >> 2, q = k & 3;
+        if (r0 + row >= R || c0 + q * 16 >= C) continue;
+        uint4 v = *(const uint4 *)(in + (r0 + row) * C + c0 + q * 16);
+        tile[row][q * 4] = v.x, tile[row][q * 4 + 1] = v.y, tile[row][q * 4 + 2] = v.z, tile[row][q * 4 + 3] = v.w;
+    }
+    __syncthreads();
+    ck_tile_store_t(tile, out, R, C, r0, c0);
+}
+
+/* QUANTIZE with transposed=1 (ops.def): the block quantizes the 64 x 64 tile at (r0, c0) of x
+ * (R, C) into the 1-byte result y and, through shared memory, into its transposed copy
+ * (C, R) at byte i[0] of y's storage; the bytes are ck_copy's (the same Y store). Eight
+ * elements a thread where the formats and sizes allow, else one. */
+template <class Y, class X> __device__ void ck_quantize_t(const CkArgs &a) {
+    __shared__ unsigned tile[64][17];
+    unsigned char *bytes = (unsigned char *)tile;
+    const CkTensor &x = a.t[1];
+    i64 R = x.rows, C = x.cols;
+    i64 c0 = (i64)blockIdx.x * 64, r0 = (i64)blockIdx.y * 64;
+    unsigned char *y = (unsigned char *)a.t[0].p, *yt = y + a.i[0];
+    CkTensor local = a.t[0];   /* Y's scale, stored into a register or shared memory */
+    bool wide = C % 16 == 0 && R % 16 == 0 && (unsigned long long)y % 16 == 0 && a.i[0] % 16 == 0 &&
+                X::vec_ok(x) && Y::vec_ok(a.t[0]);
+    if (wide) {
+        for (int k = threadIdx.x; k < 64 * 8; k += blockDim.x) {
+            int row = k >> 3, g = k & 7;
+            i64 r = r0 + row, c = c0 + g * 8;
+            if (r >= R || c >= C) continue;
+            float v[CK_VEC];
+            X::ld_vec(x, r * C + c, v);
+            union {
+                CkRaw<8> raw;
+                unsigned w[2];
+            } q;
+            local.p = &q;
+            Y::st_vec(local, 0, v);
+            *(uint2 *)(y + r * C + c) = make_uint2(q.w[0], q.w[1]);
+            tile[row][2 * g] = q.w[0], tile[row][2 * g + 1] = q.w[1];
+        }
+        __syncthreads();
+        ck_tile_store_t(tile, yt, R, C, r0, c0);
+        return;
+    }
+    for (int k = threadIdx.x; k < 64 * 64; k += blockDim.x) {
+        int row = k >> 6, col = k & 63;
+        i64 r = r0 + row, c = c0 + col;
+        if (r >= R || c >= C) continue;
+        local.p = bytes + row * 68 + col;
+        Y::st(local, 0, X::ld(x, r * C + c));
+        y[r * C + c] = bytes[row * 68 + col];
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < 64 * 64; k += blockDim.x) {
+        int orow = k >> 6, ocol = k & 63;   /* y^T row c0 + orow, column r0 + ocol */
+        i64 c = c0 + orow, r = r0 + ocol;
+        if (c < C && r < R) yt[c * R + r] = bytes[ocol * 68 + orow];
     }
 }
 

@@ -257,6 +257,63 @@ static void build_amax(void) {
     amax_pair("add_n 23 (a pass after it)", op_v(OP_ADD_N, FMT_BF16, NULL, NULL, 23, many), FMT_E5M2);
 }
 
+/* ---------------------------------------------------------------- transposed copies
+ * A QUANTIZE with transposed=1 writes its result and, after it, the transposed copy that the
+ * FP8 GEMMs reading it transposed take. The result must equal the reference's bytes, the copy
+ * must be the result's bytes transposed (a wide shape, 16-byte path; an odd one, element
+ * path), and a weight-gradient GEMM reading the copy must match the reference. */
+static Node *quant_t[2];
+
+static void build_quant_transposed(void) {
+    int64_t M = 16 * gt_int(2, 20), N = 16 * gt_int(2, 20), K = 16 * gt_int(2, 20);
+    int64_t shapes[2][2] = {{M, N}, {2 * gt_int(1, 60) + 1, 2 * gt_int(1, 60) + 1}};
+    for (int k = 0; k < 2; k++) {
+        Node *x = leaf(FMT_BF16, 1, DIMS(shapes[k][0], shapes[k][1]));
+        Node *st = scales(0, 0, 1);
+        Node *q = op_v(OP_QUANTIZE, FMT_E5M2, I(1), NULL, IN(x, st));
+        q->t.fmt.scaling = SCALE_PER_TENSOR, q->t.fmt.recipe = RECIPE_CURRENT, q->t.fmt.scale = st;
+        q->t.name = k ? "quantize e5m2, odd shape, transposed kept" : "quantize e5m2, transposed kept";
+        quant_t[k] = q;
+    }
+    group_now = "gemm";
+    Node *sx = scales(0, 0, 1);
+    Node *x8 = leaf_fmt("x8", FMT_E4M3, SCALE_PER_TENSOR, 0, sx, 1, DIMS(M, K));
+    add_case("matmul e5m2^T (kept copy) x e4m3", 5e-4, op_v(OP_MATMUL, FMT_F32, I(1, 0), NULL, IN(quant_t[0], x8)));
+}
+
+static void test_quantize_transposed(void **s) {
+    (void)s;
+    int failed = 0;
+    for (int k = 0; k < 2; k++) {
+        Node *q = quant_t[k];
+        int64_t R = q->t.dims[0], C = q->t.dims[1], off = ir_transposed_offset(q);
+        assert_true(off > 0);
+        Tensor copy = q->t;   /* the host mirror's bytes of the transposed copy */
+        copy.data = (char *)q->t.data + off;
+        Tensor *out[2] = {&q->t, &copy};
+        unsigned char *gpu = malloc((size_t)(2 * R * C));
+        bool ok = cuda_exec_run_node(exec, q) && cuda_exec_pull(exec, out, 2);
+        if (ok) {
+            memcpy(gpu, q->t.data, (size_t)(R * C));
+            memcpy(gpu + R * C, copy.data, (size_t)(R * C));
+            ref_exec_node(q);
+        }
+        int64_t bad_y = 0, bad_t = 0;
+        for (int64_t r = 0; ok && r < R; r++)
+            for (int64_t c = 0; c < C; c++) {
+                bad_y += gpu[r * C + c] != ((unsigned char *)q->t.data)[r * C + c];
+                bad_t += gpu[R * C + c * R + r] != gpu[r * C + c];
+            }
+        printf("  %-40s [%lld x %lld] result bytes differing %lld, copy bytes not transposed %lld%s\n",
+               q->t.name, (long long)R, (long long)C, (long long)bad_y, (long long)bad_t,
+               ok && !bad_y && !bad_t ? "" : "  FAIL");
+        failed += !ok || bad_y || bad_t;
+        free(gpu);
+        if (!cuda_exec_push(exec, out, 1)) failed++;
+    }
+    if (failed) fail_msg("%d transposed quantizations differ", failed);
+}
+
 static bool run_amax_pair(const AmaxPair *c) {
     Tensor *t[2] = {&c->producer->t, &c->scale->t};
     int64_t nb = gt_bytes(t[0]);
@@ -499,6 +556,7 @@ static int setup(void **state) {
     build_amax();
     build_optimizer();
     build_gemm();
+    build_quant_transposed();
     build_attention();
     if (!rt_memory_bind(graph, &mem)) return -1;
     /* scales before the tensors stored through them */
@@ -645,7 +703,7 @@ int main(void) {
         graph = ir_graph_new(arena);
         graph->model_name = "gpu_ops";
         build_elementwise(), build_rows(), build_quant(), build_amax(), build_optimizer(), build_gemm(),
-            build_attention();
+            build_quant_transposed(), build_attention();
         CudaBinary bin;
         bool skipped = false;
         char why[512] = "";
@@ -659,7 +717,8 @@ int main(void) {
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows),
-        cmocka_unit_test(test_scaling),     cmocka_unit_test(test_optimizer),
+        cmocka_unit_test(test_scaling),     cmocka_unit_test(test_quantize_transposed),
+        cmocka_unit_test(test_optimizer),
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_amax_parts),
     };
