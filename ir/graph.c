@@ -174,27 +174,28 @@ void ir_set_keeps_amax(Node *n)
     n->iattr[0] = 1;
 }
 
+static int64_t result_bytes(const Node *n) { return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem); }
+
+/* where what a node keeps after its result starts: the next multiple of 256 bytes */
+static int64_t after_result(const Node *n) { return (result_bytes(n) + 255) / 256 * 256; }
+
 int64_t ir_amax_parts_offset(const Node *n)
 {
-    if (!ir_op_keeps_amax(n->op) || !n->iattr[0]) return 0;
-    return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 255) / 256 * 256;
+    return ir_op_keeps_amax(n->op) && n->iattr[0] ? after_result(n) : 0;
 }
 
 int64_t ir_transposed_offset(const Node *n)
 {
-    if (n->op != OP_QUANTIZE || !n->iattr[0]) return 0;
-    return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 255) / 256 * 256;
+    return n->op == OP_QUANTIZE && n->iattr[0] ? after_result(n) : 0;
 }
 
 int64_t ir_storage_bytes(const Node *n)
 {
     int64_t lse = ir_attention_lse_offset(n);
     if (lse && n->t.rank == 3) return lse + n->t.dims[0] * n->iattr[0] * n->t.dims[1] * 4;
-    int64_t parts = ir_amax_parts_offset(n);
-    if (parts) return parts + IR_AMAX_PARTS * 4;
-    int64_t tr = ir_transposed_offset(n);
-    if (tr) return tr + ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
-    return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
+    if (ir_amax_parts_offset(n)) return after_result(n) + IR_AMAX_PARTS * 4;
+    if (ir_transposed_offset(n)) return after_result(n) + result_bytes(n);
+    return result_bytes(n);
 }
 
 bool ir_op_is_inplace(OpKind op)

@@ -745,11 +745,12 @@ static __device__ double ck_partials_sum(const CkArgs &a) {
     for (i64 k = threadIdx.x; k < a.i[0]; k += blockDim.x) s += __ldcg((const double *)a.scratch + k);
     return ck_block_sum(s);
 }
-static __device__ float ck_partials_max(const CkArgs &a) {
+static __device__ float ck_partials_max(const float *parts, i64 n) {
     float m = 0.0f;
-    for (i64 k = threadIdx.x; k < a.i[0]; k += blockDim.x) m = fmaxf(m, __ldcg((const float *)a.scratch + k));
+    for (i64 k = threadIdx.x; k < n; k += blockDim.x) m = fmaxf(m, __ldcg(parts + k));
     return ck_block_max(m);
 }
+static __device__ float ck_partials_max(const CkArgs &a) { return ck_partials_max((const float *)a.scratch, a.i[0]); }
 
 /* Whether this block is the last of the launch to finish, after the partial result it wrote
  * (thread 0) is visible to all: blocks take tickets from a.ticket, and the last one sets it
@@ -779,19 +780,16 @@ static __device__ __forceinline__ float ck_scale_for(double fmax, double amax, i
 }
 
 /* per-tensor QUANT_SCALE, final launch: i = {n_partials, margin}, f = {max of elem} */
-template <class Y> __device__ void ck_quant_scale_final(const CkArgs &a) {
-    float m = ck_partials_max(a);
-    if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+template <class Y> static __device__ void ck_store_scale(const CkArgs &a, float amax) {
+    if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(amax) ? ck_scale_for(a.f[0], amax, a.i[1]) : 1.0f);
 }
+template <class Y> __device__ void ck_quant_scale_final(const CkArgs &a) { ck_store_scale<Y>(a, ck_partials_max(a)); }
 
 /* per-tensor QUANT_SCALE of a value whose producer left its block maxima (amax=1): one block
  * over the CK_AMAX_PARTS slots at byte i[CK_AMAX_AT] of t[1]; i = {.., margin}, f = {max} */
 template <class Y> __device__ void ck_quant_scale_parts(const CkArgs &a) {
     const float *parts = (const float *)((const char *)a.t[1].p + a.i[CK_AMAX_AT]);
-    float m = 0.0f;
-    for (int k = threadIdx.x; k < CK_AMAX_PARTS; k += blockDim.x) m = fmaxf(m, parts[k]);
-    m = ck_block_max(m);
-    if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+    ck_store_scale<Y>(a, ck_partials_max(parts, CK_AMAX_PARTS));
 }
 
 /* the block maxima of t[0] (amax=1) where its producer does not write them (a GEMM epilogue,
