@@ -26,6 +26,8 @@ enum { KC = 384, MC = 96, NC_TASK = 256 };
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 typedef void (*MicroFn)(int64_t kc, const float *restrict a, const float *restrict b,
                         float *restrict c, int64_t ldc, bool add);
@@ -160,15 +162,42 @@ static float *alloc_floats(int64_t n)
     return p;
 }
 
+/* the 256 values of each FP8 format (numerics.c's decoders), filled before the first GEMM */
+static float fp8_values[2][256];
+
+static void fill_fp8_values(void)
+{
+    for (int q = 0; q < 256; q++) {
+        fp8_values[0][q] = num_e4m3_to_f32((uint8_t)q);
+        fp8_values[1][q] = num_e5m2_to_f32((uint8_t)q);
+    }
+}
+
 /* n consecutive elements of operand o from element `at`, as f32: decoded exactly and divided
  * by the operand's scale, which is what the reference reads (ref_load). */
 static void decode_run(const RtGemmOperand *o, int64_t at, int64_t n, float *dst)
 {
     switch (o->elem) {
     case FMT_F32: memcpy(dst, (const float *)o->data + at, sizeof(float) * (size_t)n); break;
+    case FMT_E4M3: case FMT_E5M2: {
+        const float *values = fp8_values[o->elem == FMT_E5M2];
+        const uint8_t *src = (const uint8_t *)o->data + at;
+        for (int64_t i = 0; i < n; i++) dst[i] = values[src[i]];
+        break;
+    }
     case FMT_BF16: {
+        /* sixteen at a time in vector registers: packing runs are short (a panel's width), so
+         * the per-element loop, which the compiler does not vectorize, cost as much as the
+         * multiplication on small GEMMs */
         const uint16_t *src = (const uint16_t *)o->data + at;
-        for (int64_t i = 0; i < n; i++) {
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            u16x16 h;
+            memcpy(&h, src + i, sizeof h);
+            u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+            memcpy(dst + i, &w, sizeof w);
+        }
+        for (; i < n; i++) {
             uint32_t u = (uint32_t)src[i] << 16;
             memcpy(&dst[i], &u, sizeof u);
         }
@@ -176,8 +205,18 @@ static void decode_run(const RtGemmOperand *o, int64_t at, int64_t n, float *dst
     }
     default: num_decode(o->elem, (const char *)o->data + at * fmt_elem_bytes(o->elem), dst, n); break;
     }
-    if (o->scale != 1.0f)
-        for (int64_t i = 0; i < n; i++) dst[i] /= o->scale;
+    if (o->scale != 1.0f) {
+        int64_t i = 0;
+        v16 s = {0};
+        s += o->scale;
+        for (; i + 16 <= n; i += 16) {
+            v16 x;
+            memcpy(&x, dst + i, sizeof x);
+            x /= s;
+            memcpy(dst + i, &x, sizeof x);
+        }
+        for (; i < n; i++) dst[i] /= o->scale;
+    }
 }
 
 static void pack_b(void *ctx, int64_t jp)
@@ -268,7 +307,10 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
         return;
     }
     static Micro u;
-    if (!u.fn) u = micro_pick();
+    if (!u.fn) {
+        fill_fp8_values();
+        u = micro_pick();
+    }
     Gemm g = {.u = u, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A,
               .B = B, .ta = ta, .tb = tb, .accumulate = accumulate, .C = C};
     g.n_col_panels = (N + u.nr - 1) / u.nr;
