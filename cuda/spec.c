@@ -645,8 +645,12 @@ static bool plan_rows(Spec *s) {
             l->scratch = 0;
             l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;
         }
-        l = spec_launch(s, "ebsum", (unsigned)V, ROW_THREADS, "ck_eb_sum<%s, %s>(a)", Y,
-                        fmt_arg(s, &n->in[0]->t));
+        l = spec_launch(s, "ebsort", (unsigned)V, ROW_THREADS, "ck_eb_sort(a)");
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;
+        l = spec_launch(s, "ebsum", (unsigned)(V * ((C + ROW_THREADS - 1) / ROW_THREADS)), ROW_THREADS,
+                        "ck_eb_sum<%s, %s>(a)", Y, fmt_arg(s, &n->in[0]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;

@@ -632,15 +632,46 @@ template <int BWD, class Y, class X0, class X1> __device__ void ck_softmax(const
         Y::st(a.t[0], r * C + c, (float)(exp((double)X0::ld(a.t[1], r * C + c) - m) / s));
 }
 
+/* One pass over a row for its log-sum-exp: each thread keeps the largest value it has seen, m,
+ * and the sum of exp(x - m) over its values, brought to a new m when a larger value comes
+ * (s exp(m_old - m_new)); the block then brings every thread's sum to the row's maximum and adds
+ * them. A row of GPT-2's 50304 logits is then read once, eight elements a load where the row
+ * allows, instead of once for the maximum and again for the sum. The sum differs from the
+ * two-pass sum by the rounding of the rescalings (relative 1e-7). As in the reference, a NaN
+ * or +inf logit makes the row's result NaN and a -inf logit adds nothing. */
+static __device__ __forceinline__ void ck_lse_fold(float &m, double &s, const float *v, int n) {
+    float mx = m;
+    for (int j = 0; j < n; j++) mx = fmaxf(mx, v[j]);
+    if (mx > m) {
+        s *= exp((double)m - mx);
+        m = mx;
+    }
+    float t = 0;
+    for (int j = 0; j < n; j++) t += expf(v[j] - m);
+    s += t;
+}
+
 /* log-sum-exp of row r of logits l (V columns), every thread gets it */
 template <class L> __device__ double ck_row_lse(const CkTensor &l, i64 r, i64 V) {
     float m = -CK_INF;
-    for (i64 c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, L::ld(l, r * V + c));
-    m = ck_block_max(m);
     double s = 0;
-    for (i64 c = threadIdx.x; c < V; c += blockDim.x) s += (double)expf(L::ld(l, r * V + c) - m);
+    if (L::vec_ok(l) && V % CK_VEC == 0) {
+        #pragma unroll 2
+        for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
+            float v[CK_VEC];
+            L::ld_vec(l, r * V + c, v);
+            ck_lse_fold(m, s, v, CK_VEC);
+        }
+    } else {
+        for (i64 c = threadIdx.x; c < V; c += blockDim.x) {
+            float v = L::ld(l, r * V + c);
+            ck_lse_fold(m, s, &v, 1);
+        }
+    }
+    float M = ck_block_max(m);
+    if (m != M) s *= m == -CK_INF ? 0.0 : exp((double)m - M);   /* a thread without values: 0 */
     s = ck_block_sum(s);
-    return (double)m + log(s);
+    return (double)M + log(s);
 }
 
 /* CROSS_ENTROPY (logits, targets), first launch: one block per row, the row's loss into
@@ -695,6 +726,19 @@ template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) 
     }
     double lse = ck_row_lse<L>(a.t[2], r, V);
     i64 ti = (i64)t;
+    if (L::vec_ok(a.t[2]) && Y::vec_ok(a.t[0]) && V % CK_VEC == 0) {
+        for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
+            float v[CK_VEC];
+            L::ld_vec(a.t[2], r * V + c, v);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                double p = (double)expf((float)((double)v[j] - lse));
+                v[j] = (float)(coef * (p - (c + j == ti ? 1.0 : 0.0)));
+            }
+            Y::st_vec(a.t[0], r * V + c, v);
+        }
+        return;
+    }
     for (i64 c = threadIdx.x; c < V; c += blockDim.x) {
         double p = (double)expf((float)((double)L::ld(a.t[2], r * V + c) - lse));
         Y::st(a.t[0], r * V + c, (float)(coef * (p - (c == ti ? 1.0 : 0.0))));
@@ -925,22 +969,79 @@ template <class I> __device__ void ck_eb_scatter(const CkArgs &a) {
     }
 }
 
-/* one block per id: sort its bucket by row (ranks: the rows are distinct), then sum */
-template <class Y, class DY> __device__ void ck_eb_sum(const CkArgs &a) {
-    i64 V = a.i[0], C = a.i[1], R = a.i[2], v = blockIdx.x;
-    int *first = (int *)a.scratch + V + 1, *order = first + 2 * (V + 1) - 1, *sorted = order + R;
-    int lo = first[v], k = first[v + 1] - lo;
-    for (int e = threadIdx.x; e < k; e += blockDim.x) {
-        int row = order[lo + e], rank = 0;
-        for (int j = 0; j < k; j++) rank += order[lo + j] < row;
-        sorted[lo + rank] = row;
+/* exclusive prefix sum over the block of one int a thread (blockDim.x a multiple of 32) */
+static __device__ int ck_block_excl_scan(int x) {
+    __shared__ int warp_sums[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, incl = x;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
     }
     __syncthreads();
-    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
-        double s = 0;
-        for (int j = 0; j < k; j++) s += DY::ld(a.t[1], (i64)sorted[lo + j] * C + c);
-        Y::st(a.t[0], v * C + c, (float)s);
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    int before = 0;
+    for (int w = 0; w < warp; w++) before += warp_sums[w];
+    return before + incl - x;
+}
+
+enum { CK_EB_SMALL = 64, CK_EB_WORDS = 4096 };
+
+/* one block per id: its bucket of rows, in the scatter's order (which atomics make arbitrary),
+ * sorted by row, so that the sums add in row order and every run gives the same bits. A bucket
+ * of at most 64 rows ranks each row by counting the smaller ones. A larger one (a frequent
+ * token, for which k^2 comparisons take milliseconds) sets its rows' bits in a bitmap of all R
+ * rows in shared memory and reads them back in order; batches of more than 32 x 4096 rows,
+ * whose bitmap would not fit, rank. */
+__device__ void ck_eb_sort(const CkArgs &a) {
+    __shared__ unsigned bits[CK_EB_WORDS];
+    i64 V = a.i[0], R = a.i[2], v = blockIdx.x;
+    int *first = (int *)a.scratch + V + 1, *order = first + 2 * (V + 1) - 1, *sorted = order + R;
+    int lo = first[v], k = first[v + 1] - lo;
+    if (k <= CK_EB_SMALL || R > 32 * (i64)CK_EB_WORDS) {
+        for (int e = threadIdx.x; e < k; e += blockDim.x) {
+            int row = order[lo + e], rank = 0;
+            for (int j = 0; j < k; j++) rank += order[lo + j] < row;
+            sorted[lo + rank] = row;
+        }
+        return;
     }
+    int words = (int)((R + 31) / 32);
+    for (int w = threadIdx.x; w < words; w += blockDim.x) bits[w] = 0;
+    __syncthreads();
+    for (int e = threadIdx.x; e < k; e += blockDim.x) {
+        int row = order[lo + e];
+        atomicOr(&bits[row >> 5], 1u << (row & 31));
+    }
+    __syncthreads();
+    int per = (words + (int)blockDim.x - 1) / (int)blockDim.x;
+    int w0 = min((int)threadIdx.x * per, words), w1 = min(w0 + per, words), n = 0;
+    for (int w = w0; w < w1; w++) n += __popc(bits[w]);
+    int at = lo + ck_block_excl_scan(n);
+    for (int w = w0; w < w1; w++)
+        for (unsigned b = bits[w]; b; b &= b - 1) sorted[at++] = w * 32 + __ffs(b) - 1;
+}
+
+/* grid V x ceil(C / blockDim.x): row v of the result, one slice of its columns a block, the
+ * sum of bucket v's dy rows in row order (zero for an id no row has) */
+template <class Y, class DY> __device__ void ck_eb_sum(const CkArgs &a) {
+    i64 V = a.i[0], C = a.i[1], R = a.i[2], slices = (C + blockDim.x - 1) / blockDim.x;
+    i64 v = blockIdx.x / slices, c = (blockIdx.x % slices) * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int *first = (const int *)a.scratch + V + 1, *sorted = first + 2 * (V + 1) - 1 + R;
+    int lo = first[v], k = first[v + 1] - lo, j = 0;
+    double s = 0;
+    /* sixteen rows' loads in flight at a time, added in row order: a frequent id's bucket
+     * (thousands of rows) is otherwise a chain of dependent index and value loads */
+    for (; j + 16 <= k; j += 16) {
+        float x[16];
+        #pragma unroll
+        for (int u = 0; u < 16; u++) x[u] = DY::ld(a.t[1], (i64)sorted[lo + j + u] * C + c);
+        #pragma unroll
+        for (int u = 0; u < 16; u++) s += x[u];
+    }
+    for (; j < k; j++) s += DY::ld(a.t[1], (i64)sorted[lo + j] * C + c);
+    Y::st(a.t[0], v * C + c, (float)s);
 }
 
 /* ---------------------------------------------------------------- around library GEMMs */

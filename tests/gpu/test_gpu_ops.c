@@ -183,6 +183,12 @@ static void build_rows(void) {
     Node *dl = ir_leaf(graph, OP_INPUT, "dl", ROLE_INPUT, FMT_F32, 0, NULL, here);
     dl->fattr[0] = 1;
     add_case("cross_entropy_bwd", 1e-2, op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits, tgt)));
+    /* rows of a multiple of 8 logits: read (and the gradient written) 8 elements a load */
+    int64_t V8 = 8 * gt_int(2, 300);
+    Node *logits8 = leaf(FMT_BF16, 3, DIMS(R, V8)), *tgt8 = ids(V8, 0.1, DIMS(R));
+    add_case("cross_entropy, vector rows", 2e-5, op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(logits8, tgt8)));
+    add_case("cross_entropy_bwd, vector rows", 1e-2,
+             op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits8, tgt8)));
     int64_t R2 = gt_int(1, 5000);
     Node *big = leaf(FMT_BF16, 1, DIMS(R2, C));
     add_case("sum_rows", 2e-5, op_v(OP_SUM_ROWS, FMT_F32, NULL, NULL, IN(big)));
@@ -193,6 +199,16 @@ static void build_rows(void) {
     Node *tk = ids(Ve, 0, DIMS(R2));
     Node *dye = leaf(FMT_BF16, 1, DIMS(R2, C));
     add_case("embedding_bwd", 2e-5, op_v(OP_EMBEDDING_BWD, FMT_F32, I(Ve), NULL, IN(dye, tk)));
+    /* a few ids of thousands of rows each (sorted through the bitmap), rows wider than a block */
+    int64_t R3 = gt_int(2000, 6000), C3 = gt_int(257, 700);
+    Node *tk3 = ids(3, 0, DIMS(R3));
+    add_case("embedding_bwd, frequent ids", 2e-5,
+             op_v(OP_EMBEDDING_BWD, FMT_F32, I(3), NULL, IN(leaf(FMT_BF16, 1, DIMS(R3, C3)), tk3)));
+    /* more rows than the bitmap holds: every bucket ranked */
+    int64_t R4 = 32 * 4096 + gt_int(1, 3000);
+    Node *tk4 = ids(40, 0, DIMS(R4));
+    add_case("embedding_bwd, rows past the bitmap", 2e-5,
+             op_v(OP_EMBEDDING_BWD, FMT_F32, I(40), NULL, IN(leaf(FMT_BF16, 1, DIMS(R4, 8)), tk4)));
 }
 
 static void build_quant(void) {
