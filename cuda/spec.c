@@ -543,6 +543,14 @@ static void plan_colsum(Spec *s, int mode, int64_t R, int64_t C, const char *X, 
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
 }
 
+/* the vectors of CK_VEC elements a lane of a norm's warp holds of a row of C (ops.cuh's NV;
+ * 0: the row does not fit in registers and goes element by element) */
+static int row_vectors(int64_t C) {
+    enum { ROW_VECS_MAX = 8 };   /* ops.cuh's CK_ROW_VECS */
+    if (C % 8 || C > ROW_VECS_MAX * 32 * 8) return 0;
+    return (int)((C + 32 * 8 - 1) / (32 * 8));
+}
+
 static bool plan_rows(Spec *s) {
     const Node *n = s->n;
     CuLaunch *l;
@@ -557,8 +565,8 @@ static bool plan_rows(Spec *s) {
     case OP_LAYERNORM: case OP_RMSNORM: {
         const Tensor *x = &n->in[0]->t;
         bool ln = n->op == OP_LAYERNORM;
-        l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %s, %s, %s, %s>(a)",
-                        ln, Y, fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+        l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
+                        ln, row_vectors(cols_of(x)), Y, fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
                         ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
@@ -569,7 +577,8 @@ static bool plan_rows(Spec *s) {
     case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X: {
         const Tensor *x = &n->in[1]->t;
         l = spec_launch(s, "normbx", grid_warp_rows(rows_of(x)), ROW_THREADS,
-                        "ck_norm_bwd_x<%d, %s, %s, %s, %s>(a)", n->op == OP_LAYERNORM_BWD_X, Y,
+                        "ck_norm_bwd_x<%d, %d, %s, %s, %s, %s>(a)", n->op == OP_LAYERNORM_BWD_X,
+                        row_vectors(cols_of(x)), Y,
                         fmt_arg(s, &n->in[0]->t), fmt_arg(s, x), fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
@@ -580,8 +589,8 @@ static bool plan_rows(Spec *s) {
     case OP_LAYERNORM_BWD_W: case OP_RMSNORM_BWD_W: {
         const Tensor *x = &n->in[1]->t;
         int64_t R = rows_of(x), C = cols_of(x);
-        l = spec_launch(s, "normstat", grid_warp_rows(R), ROW_THREADS, "ck_norm_stats<%d, %s>(a)",
-                        n->op == OP_LAYERNORM_BWD_W, fmt_arg(s, x));
+        l = spec_launch(s, "normstat", grid_warp_rows(R), ROW_THREADS, "ck_norm_stats<%d, %d, %s>(a)",
+                        n->op == OP_LAYERNORM_BWD_W, row_vectors(C), fmt_arg(s, x));
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = C, l->args.i[1] = R;

@@ -357,18 +357,20 @@ __device__ void ck_adamw(const CkArgs &a) {
  * operand allows wide loads, a lane holds its part of x in registers (read once) and works in
  * f32 (f64 conversions cost more than the row's memory traffic; the errors stay far inside
  * the tests' bounds); otherwise lanes step through the row an element at a time in f64. Sums
- * are in a fixed order.
+ * are in a fixed order. NV, the vectors a lane holds, is the row's own (spec.c: ceil(C / 256),
+ * 0 for rows that do not fit): registers sized for the longest row would leave a row of 768
+ * with a third of the warps an SM can hold, and the norms latency-bound.
  * LAYERNORM (x, w, b) / RMSNORM (x, w): i = {C, R}, f = {eps} */
 #define CK_ROW_VECS 8
 #define CK_ROW_OF_WARP ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5))
 
 /* x's part of row r held by this lane, and mean and rstd of the row (every lane gets them) */
-template <int LN, class X> __device__ __forceinline__ void ck_row_load_stats(
-    const CkTensor &x, i64 r, i64 C, double eps, float (&v)[CK_ROW_VECS][CK_VEC], float *mean, float *rstd) {
+template <int LN, int NV, class X> __device__ __forceinline__ void ck_row_load_stats(
+    const CkTensor &x, i64 r, i64 C, double eps, float (&v)[NV][CK_VEC], float *mean, float *rstd) {
     int lane = threadIdx.x & 31;
     float s = 0;
     #pragma unroll
-    for (int k = 0; k < CK_ROW_VECS; k++) {
+    for (int k = 0; k < NV; k++) {
         i64 c = ((i64)k * 32 + lane) * CK_VEC;
         if (c < C) {
             X::ld_vec(x, r * C + c, v[k]);
@@ -378,7 +380,7 @@ template <int LN, class X> __device__ __forceinline__ void ck_row_load_stats(
     }
     float m = LN ? (float)(ck_warp_sum((double)s) / (double)C) : 0.0f, q = 0;
     #pragma unroll
-    for (int k = 0; k < CK_ROW_VECS; k++) {
+    for (int k = 0; k < NV; k++) {
         i64 c = ((i64)k * 32 + lane) * CK_VEC;
         if (c < C)
             #pragma unroll
@@ -407,21 +409,21 @@ template <int LN, class X> __device__ void ck_row_stats(const CkTensor &x, i64 r
     *rstd = 1.0 / sqrt(ck_warp_sum(q) / (double)C + eps);
 }
 
-static __device__ __forceinline__ bool ck_row_in_registers(i64 C) {
-    return C % CK_VEC == 0 && C <= (i64)CK_ROW_VECS * 32 * CK_VEC;
+template <int NV> static __device__ __forceinline__ bool ck_row_in_registers(i64 C) {
+    return NV > 0 && C % CK_VEC == 0 && C <= (i64)NV * 32 * CK_VEC;
 }
 
 /* row r of LAYERNORM / RMSNORM; returns the largest |result| before rounding */
-template <int LN, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row(const CkArgs &a, i64 r) {
+template <int LN, int NV, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row(const CkArgs &a, i64 r) {
     i64 C = a.i[0];
     int lane = threadIdx.x & 31;
     const CkTensor &x = a.t[1], &y = a.t[0];
     float m = 0.0f;
-    if (ck_row_in_registers(C) && X::vec_ok(x) && Y::vec_ok(y) && W::vec_ok(a.t[2]) && (!LN || B::vec_ok(a.t[3]))) {
-        float v[CK_ROW_VECS][CK_VEC], mean, rstd;
-        ck_row_load_stats<LN, X>(x, r, C, a.f[0], v, &mean, &rstd);
+    if (ck_row_in_registers<NV>(C) && X::vec_ok(x) && Y::vec_ok(y) && W::vec_ok(a.t[2]) && (!LN || B::vec_ok(a.t[3]))) {
+        float v[NV > 0 ? NV : 1][CK_VEC], mean, rstd;
+        ck_row_load_stats<LN, (NV > 0 ? NV : 1), X>(x, r, C, a.f[0], v, &mean, &rstd);
         #pragma unroll
-        for (int k = 0; k < CK_ROW_VECS; k++) {
+        for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
             float w[CK_VEC], bias[CK_VEC], out[CK_VEC];
@@ -451,25 +453,25 @@ template <int LN, class Y, class X, class W, class B> __device__ __forceinline__
 /* a warp per row, striding by the grid's warps when the grid is capped (amax=1) */
 #define CK_ROWS_OF_WARP(r, R) for (i64 r = CK_ROW_OF_WARP; r < (R); r += (i64)gridDim.x * (blockDim.x >> 5))
 
-template <int LN, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
+template <int LN, int NV, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
     float m = 0.0f;
-    CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_row<LN, Y, X, W, B>(a, r));
+    CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_row<LN, NV, Y, X, W, B>(a, r));
     ck_amax_out<Y>(a, m);
 }
 
 /* *_BWD_X (dy, x, w): dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (LN; RMS without
  * the first mean); i = {C, R}, f = {eps} */
-template <int LN, class Y, class DY, class X, class W>
+template <int LN, int NV, class Y, class DY, class X, class W>
 __device__ __forceinline__ float ck_norm_bwd_x_row(const CkArgs &a, i64 r) {
     i64 C = a.i[0];
     float m = 0.0f;
     int lane = threadIdx.x & 31;
     const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
-    if (ck_row_in_registers(C) && DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0])) {
-        float v[CK_ROW_VECS][CK_VEC], mean, rstd, sgf = 0, sgxf = 0;
-        ck_row_load_stats<LN, X>(x, r, C, a.f[0], v, &mean, &rstd);
+    if (ck_row_in_registers<NV>(C) && DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0])) {
+        float v[NV > 0 ? NV : 1][CK_VEC], mean, rstd, sgf = 0, sgxf = 0;
+        ck_row_load_stats<LN, (NV > 0 ? NV : 1), X>(x, r, C, a.f[0], v, &mean, &rstd);
         #pragma unroll
-        for (int k = 0; k < CK_ROW_VECS; k++) {
+        for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
             float d[CK_VEC], wv[CK_VEC];
@@ -485,7 +487,7 @@ __device__ __forceinline__ float ck_norm_bwd_x_row(const CkArgs &a, i64 r) {
         float mg = LN ? (float)(ck_warp_sum((double)sgf) / (double)C) : 0.0f;
         float mgx = (float)(ck_warp_sum((double)sgxf) / (double)C);
         #pragma unroll
-        for (int k = 0; k < CK_ROW_VECS; k++) {
+        for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
             float d[CK_VEC], wv[CK_VEC], out[CK_VEC];
@@ -520,21 +522,21 @@ __device__ __forceinline__ float ck_norm_bwd_x_row(const CkArgs &a, i64 r) {
     return m;
 }
 
-template <int LN, class Y, class DY, class X, class W> __device__ void ck_norm_bwd_x(const CkArgs &a) {
+template <int LN, int NV, class Y, class DY, class X, class W> __device__ void ck_norm_bwd_x(const CkArgs &a) {
     float m = 0.0f;
-    CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_bwd_x_row<LN, Y, DY, X, W>(a, r));
+    CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_bwd_x_row<LN, NV, Y, DY, X, W>(a, r));
     ck_amax_out<Y>(a, m);
 }
 
 /* the statistics the weight gradient needs, into scratch: mean[R], rstd[R] (f64);
  * inputs as *_BWD_W (dy, x); i = {C, R}, f = {eps} */
-template <int LN, class X> __device__ void ck_norm_stats(const CkArgs &a) {
+template <int LN, int NV, class X> __device__ void ck_norm_stats(const CkArgs &a) {
     i64 C = a.i[0], R = a.i[1], r = CK_ROW_OF_WARP;
     if (r >= R) return;
     double mean, rstd;
-    if (ck_row_in_registers(C) && X::vec_ok(a.t[2])) {
-        float v[CK_ROW_VECS][CK_VEC], m, rs;
-        ck_row_load_stats<LN, X>(a.t[2], r, C, a.f[0], v, &m, &rs);
+    if (ck_row_in_registers<NV>(C) && X::vec_ok(a.t[2])) {
+        float v[NV > 0 ? NV : 1][CK_VEC], m, rs;
+        ck_row_load_stats<LN, (NV > 0 ? NV : 1), X>(a.t[2], r, C, a.f[0], v, &m, &rs);
         mean = m, rstd = rs;
     } else {
         ck_row_stats<LN, X>(a.t[2], r, C, a.f[0], &mean, &rstd);

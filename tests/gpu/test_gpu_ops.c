@@ -173,6 +173,7 @@ static void build_rows(void) {
     add_case("rmsnorm_bwd_w bf16", 1e-2, op_v(OP_RMSNORM_BWD_W, FMT_BF16, NULL, Fa(1e-6), IN(dy, x)));
     Node *dy8 = leaf(FMT_BF16, 1, DIMS(R, C8));
     add_case("layernorm_bwd_w, vector columns", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dy8, x8)));
+    add_case("layernorm_bwd_x, vector rows", 1e-2, op_v(OP_LAYERNORM_BWD_X, FMT_BF16, NULL, Fa(1e-5), IN(dy8, x8, w8)));
     Node *xs = leaf(FMT_F32, 3, DIMS(R, 77));
     Node *sm = add_case("softmax", 2e-5, op_v(OP_SOFTMAX, FMT_F32, NULL, NULL, IN(xs)));
     Node *dys = leaf(FMT_F32, 1, DIMS(R, 77));
