@@ -304,6 +304,9 @@ uint64_t cg_hash_bytes(uint64_t h, const void *data, size_t n);   /* FNV-1a, 64 
 int *fuse_plan(const Graph *g, Arena *a);
 /* Whether the results of a and b share bytes in the memory plan (false for unplaced ones). */
 bool fuse_nodes_overlap(const Node *a, const Node *b);
+/* Whether x holds its value from just after schedule position `from` through position `to`
+ * (exclusive): no node in between writes over its bytes. */
+bool fuse_value_survives(const Graph *g, const Node *x, int from, int to);
 
 /* ---------------------------------------------------------------- lower_kernels.c */
 

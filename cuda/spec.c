@@ -37,6 +37,10 @@ typedef struct {
     size_t why_len;
     bool failed;
     bool amax_written;   /* a launch of the node's own writes its block maxima (amax=1) */
+    /* how a producer that may be fused with the quantize of its value stores its result
+     * (fuse_producer_quantizes): as itself, only its block maxima, or quantized into `through` */
+    enum { RESULT_STORED, RESULT_AMAX_ONLY, RESULT_THROUGH } result;
+    const Node *through;
 } Spec;
 
 uint64_t cuda_hash(uint64_t h, const void *data, size_t n) {
@@ -242,6 +246,19 @@ static void plan_amax_pass(Spec *s, const Node *d) {
     l->args.i[CK_AMAX_AT] = ir_amax_parts_offset(d);
 }
 
+/* The format argument of a producer's result, and t[0] with its block maxima, as s->result
+ * says (ops.cuh's CkAmaxOnly and CkThrough) */
+static const char *producer_fmt(Spec *s) {
+    const char *Y = fmt_arg(s, &s->n->t);
+    if (s->result == RESULT_AMAX_ONLY) return arena_printf(s->arena, "CkAmaxOnly<%s>", Y);
+    if (s->result == RESULT_THROUGH) return arena_printf(s->arena, "CkThrough<%s, %s>", Y, fmt_arg(s, &s->through->t));
+    return Y;
+}
+static void producer_result(Spec *s, CuLaunch *l) {
+    if (s->result == RESULT_THROUGH) arg_node(l, 0, s->through);
+    else arg_amax_parts(s, l, s->n);
+}
+
 static bool plan_elementwise(Spec *s) {
     const Node *n = s->n;
     const Tensor *y = &n->t;
@@ -357,10 +374,10 @@ static bool plan_elementwise(Spec *s) {
         const char *op = n->op == OP_GELU ? "OP_GELU" : n->op == OP_SILU ? "OP_SILU"
                          : n->op == OP_GELU_BWD ? "OP_GELU_BWD" : "OP_SILU_BWD";
         l = spec_launch(s, "unary", grid_elem(count), ELEM_THREADS, "ck_unary<%s, %s, %s, %s>(a)",
-                        op, Y, fmt_arg(s, &n->in[0]->t),
+                        op, producer_fmt(s), fmt_arg(s, &n->in[0]->t),
                         n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
         args_result_inputs(l, n);
-        arg_amax_parts(s, l, n);
+        producer_result(s, l);
         return true;
     }
     case OP_CAST: case OP_RESHAPE: case OP_QUANTIZE:
@@ -566,24 +583,24 @@ static bool plan_rows(Spec *s) {
         const Tensor *x = &n->in[0]->t;
         bool ln = n->op == OP_LAYERNORM;
         l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
-                        ln, row_vectors(cols_of(x)), Y, fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+                        ln, row_vectors(cols_of(x)), producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
                         ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
         l->args.f[0] = n->fattr[0];
-        arg_amax_parts(s, l, n);
+        producer_result(s, l);
         return true;
     }
     case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X: {
         const Tensor *x = &n->in[1]->t;
         l = spec_launch(s, "normbx", grid_warp_rows(rows_of(x)), ROW_THREADS,
                         "ck_norm_bwd_x<%d, %d, %s, %s, %s, %s>(a)", n->op == OP_LAYERNORM_BWD_X,
-                        row_vectors(cols_of(x)), Y,
+                        row_vectors(cols_of(x)), producer_fmt(s),
                         fmt_arg(s, &n->in[0]->t), fmt_arg(s, x), fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
         l->args.f[0] = n->fattr[0];
-        arg_amax_parts(s, l, n);
+        producer_result(s, l);
         return true;
     }
     case OP_LAYERNORM_BWD_W: case OP_RMSNORM_BWD_W: {
@@ -1219,10 +1236,73 @@ bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out) {
     return true;
 }
 
+/* ---------------------------------------------------------------- producers fused with quantizes */
+
+/* ops whose one kernel launch computes the value and may store it through CkAmaxOnly or
+ * CkThrough (plan_rows, plan_elementwise: producer_fmt) */
+static bool producer_can_rerun(const Node *y) {
+    switch (y->op) {
+    case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X:
+    case OP_GELU: case OP_SILU: case OP_GELU_BWD: case OP_SILU_BWD: return true;
+    default: return false;
+    }
+}
+
+/* Whether the quantize q (at schedule position qi) may run y's kernel again instead of reading
+ * y: y is a transient, unscaled value made only for q and for q's own per-tensor scale (which
+ * reads y's block maxima), q keeps no transposed copy, and everything y's kernel reads still
+ * holds its value at q's place and shares no byte with q's result. */
+static bool quantize_can_rerun(const Graph *g, const Uses *uses, const Node *q, int qi) {
+    const Node *y = q->in[0], *scale = q->t.fmt.scale;
+    if (q->op != OP_QUANTIZE || ir_transposed_offset(q) || q->t.fmt.scaling != SCALE_PER_TENSOR ||
+        q->t.fmt.recipe != RECIPE_CURRENT || !scale || scale->op != OP_QUANT_SCALE || scale->in[0] != y)
+        return false;
+    if (!producer_can_rerun(y) || !ir_amax_parts_offset(y) || y->t.fmt.scaling != SCALE_NONE ||
+        ir_role_is_persistent(y->t.role) || y->t.role == ROLE_OUTPUT || y->index < 0 || y->index >= qi ||
+        g->nodes[y->index] != y || y->t.offset % 16 || q->t.offset % 16 || ir_numel(&y->t) != ir_numel(&q->t))
+        return false;
+    const Uses *u = &uses[y->index];
+    for (int i = 0; i < u->n; i++)
+        if (u->list[i] != q && u->list[i] != scale) return false;
+    for (int k = 0; k < y->n_in; k++) {
+        const Node *x = y->in[k], *xs = x->t.fmt.scale;
+        if (!fuse_value_survives(g, x, y->index, qi) || fuse_nodes_overlap(q, x)) return false;
+        if (xs && (!fuse_value_survives(g, xs, y->index, qi) || fuse_nodes_overlap(q, xs))) return false;
+    }
+    return true;
+}
+
+/* A layernorm or GELU whose value only an FP8 copy of it reads (its one quantize) writes that
+ * copy itself: its kernel runs at its own place storing only the block maxima that the copy's
+ * scale reads, and again at the quantize's place storing FP8 (ops.cuh, CkAmaxOnly and
+ * CkThrough). The value is never written or read back: per element, 2 bytes written and 2 read
+ * become 2 read again (the producer's input). The bits are those of the unfused pair. */
+static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->index != i) return;   /* positions are indices below */
+    Uses *uses = ir_fill_uses(g);
+    for (int qi = 0; qi < g->n_nodes; qi++) {
+        const Node *q = g->nodes[qi];
+        if (q->op != OP_QUANTIZE || !quantize_can_rerun(g, uses, q, qi)) continue;
+        const Node *y = q->in[0];
+        char why[256];
+        CuNodePlan amax_only, through;
+        Spec s1 = spec_for(y, a, &amax_only, why, sizeof why), s2 = spec_for(y, a, &through, why, sizeof why);
+        s1.result = RESULT_AMAX_ONLY;
+        s2.result = RESULT_THROUGH;
+        s2.through = q;
+        if (!plan_node(&s1) || !s1.amax_written || amax_only.n_launch != 1 || !plan_node(&s2)) continue;
+        through.node = q;
+        plans[y->index] = amax_only;
+        plans[qi] = through;
+    }
+}
+
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
         if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
+    fuse_producer_quantizes(g, plans, a);
     return plans;
 }
 

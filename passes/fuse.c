@@ -78,13 +78,18 @@ static bool writes_over(const Node *j, Span x)
 
 /* x keeps its value from just after position `from` through position `to` (exclusive):
  * no node scheduled in between writes over it. */
-static bool survives(const Fuse *f, const Node *x, int from, int to)
+bool fuse_value_survives(const Graph *g, const Node *x, int from, int to)
 {
     Span s = node_span(x);
     if (s.hi == s.lo) return true;
     for (int j = from + 1; j < to; j++)
-        if (writes_over(f->g->nodes[j], s)) return false;
+        if (writes_over(g->nodes[j], s)) return false;
     return true;
+}
+
+static bool survives(const Fuse *f, const Node *x, int from, int to)
+{
+    return fuse_value_survives(f->g, x, from, to);
 }
 
 /* Whether the value of p (a member or the head of root's group, in place of the group's

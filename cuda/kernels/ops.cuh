@@ -45,6 +45,34 @@ template <int K, class X0, class... X> struct CkPick<K, X0, X...> {
     }
 };
 
+/* ---------------------------------------------------------------- a producer fused with its quantize
+ * Where a value is made only to be quantized with a per-tensor scale of its own (a layernorm
+ * or a GELU feeding an FP8 GEMM), spec.c runs its producer's kernel twice instead of storing
+ * the value and reading it back: at the producer's place with CkAmaxOnly<Y>, which stores
+ * nothing but the block maxima (ck_amax_out) that the scale reads, and at the quantize's place
+ * with CkThrough<Y, Q>, which stores each value rounded to Y, the value's own format, then
+ * quantized into Q: the bits the quantize would have written from the stored value. Both
+ * passes take the same path through the kernel (they agree on vec_ok), so they compute the
+ * same values. */
+template <class Y> struct CkAmaxOnly {
+    static __device__ __forceinline__ bool vec_ok(const CkTensor &t) { return Y::vec_ok(t); }
+    static __device__ __forceinline__ void st(const CkTensor &, i64, float) {}
+    static __device__ __forceinline__ void st_vec(const CkTensor &, i64, const float *) {}
+    static __device__ __forceinline__ float round(const CkTensor &t, i64 i, float v) { return Y::round(t, i, v); }
+};
+template <class Y, class Q> struct CkThrough {
+    /* Y has no scale (spec.c fuses only such values), so its rounding reads nothing of t */
+    static __device__ __forceinline__ bool vec_ok(const CkTensor &t) { return Y::vec_ok(t) && Q::vec_ok(t); }
+    static __device__ __forceinline__ void st(const CkTensor &t, i64 i, float v) { Q::st(t, i, Y::round(t, i, v)); }
+    static __device__ __forceinline__ void st_vec(const CkTensor &t, i64 i, const float *v) {
+        float r[CK_VEC];
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) r[j] = Y::round(t, i + j, v[j]);
+        Q::st_vec(t, i, r);
+    }
+    static __device__ __forceinline__ float round(const CkTensor &t, i64 i, float v) { return Q::round(t, i, Y::round(t, i, v)); }
+};
+
 /* ---------------------------------------------------------------- block maxima
  * A value whose per-tensor scale comes next (ops.def amax=1) leaves the scale the largest |x|
  * of each block of its producer, so that the scale reads CK_AMAX_PARTS floats instead of the

@@ -189,6 +189,64 @@ static void test_grouped_scales_plan(void **state) {
     assert_int_equal(row.decoded, 17);
 }
 
+/* Producers fused with the quantize of their value (spec.c, fuse_producer_quantizes): the
+ * producer's plan stores only block maxima (CkAmaxOnly), its quantize's plan runs the same
+ * kernel into the FP8 copy (CkThrough), reading the producer's own inputs. In gpt2_tiny every
+ * layer's two layernorms and its GELU feed an FP8 GEMM alone: 12 pairs at each FP8 level. */
+static bool plan_calls(const CuNodePlan *p, const char *what) {
+    for (int k = 0; k < p->n_launch; k++)
+        if (p->launch[k].kind == CU_KERNEL && strstr(p->launch[k].body, what)) return true;
+    return false;
+}
+
+static void test_producer_quantize_plan(void **state) {
+    (void)state;
+    for (int level = 1; level <= 3; level++) {
+        Arena *a = arena_new();
+        BuildOptions o;
+        memset(&o, 0, sizeof o);
+        o.front.batch = 2;
+        o.front.seq = 64;
+        o.passes.opt_level = level;
+        char path[4500], why[512];
+        snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+        diag_reset();
+        Graph *g = pipeline_compile(a, path, &o);
+        assert_non_null(g);
+        CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+        assert_non_null(plans);
+        int pairs = 0, lone = 0, norms = 0, gelus = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *n = g->nodes[i];
+            if (plan_calls(&plans[i], "CkAmaxOnly<")) lone++;
+            if (!plan_calls(&plans[i], "CkThrough<")) continue;
+            const Node *y = n->in[0];
+            assert_int_equal(n->op, OP_QUANTIZE);
+            assert_true(plan_calls(&plans[y->index], "CkAmaxOnly<"));
+            /* t[0] is the FP8 copy, the inputs are the producer's */
+            const CuLaunch *l = &plans[i].launch[0];
+            assert_ptr_equal(l->ref[0].node, n);
+            for (int k = 0; k < y->n_in; k++) assert_ptr_equal(l->ref[1 + k].node, y->in[k]);
+            pairs++;
+            norms += y->op == OP_LAYERNORM;
+            gelus += y->op == OP_GELU;
+        }
+        printf("  gpt2_tiny O%d: %d producers write their FP8 copy (%d layernorms, %d GELUs)\n", level, pairs,
+               norms, gelus);
+        assert_int_equal(pairs, 12);
+        assert_int_equal(norms, 8);
+        assert_int_equal(gelus, 4);
+        assert_int_equal(lone, pairs);
+        /* the module with the fused kernels compiles */
+        CudaBinary bin;
+        bool skipped = false;
+        assert_true(cuda_compile_graph(g, &bin, &skipped, why, sizeof why));
+        assert_false(skipped);
+        cuda_binary_free(&bin);
+        arena_free(a);
+    }
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!cuda_compiler_available()) {
@@ -196,6 +254,7 @@ int main(void) {
         return 0;
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_grouped_scales_plan),
+                                       cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_every_model_every_level)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
