@@ -22,7 +22,8 @@
  * head at once, so that none of them starts last and trails the grid.
  *
  * Precision: P and dS are rounded to bf16 as the operands of their products (FlashAttention does
- * the same); the softmax's row sums add the f32 values before that rounding, exp is expf on f32,
+ * the same); the softmax's row sums add the f32 values before that rounding, exp is ex2.approx of
+ * f32 scores scaled to base 2 (ck_ex2),
  * every product accumulates in f32. Each output element is written by one thread of one block and
  * every sum runs in a fixed order, so results repeat bit for bit. The tests bound the result
  * against the reference's f64. Used when q, k, v (and dy) are plain bf16 and the head dim is a
@@ -95,6 +96,18 @@ static __device__ __forceinline__ unsigned ck_pack(float lo, float hi) {
     return *(unsigned *)&v;
 }
 
+/* 2^x by the SFU (ex2.approx: relative error about 2^-22; 0 for -inf). The softmax works in
+ * base 2, its scores multiplied by scale log2(e) once, so that each probability is one
+ * subtraction (or multiply-add) and one ex2, where expf wraps the same ex2 in a range reduction
+ * of its own; the lse kept for the backward stays a natural logarithm. */
+#define CK_LOG2E 1.4426950408889634f
+#define CK_LN2 0.6931471805599453f
+static __device__ __forceinline__ float ck_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* the lane's element offset into a tile for ldmatrix, see the head of the file */
 template <int D> static __device__ __forceinline__ int ck_off_a() {
     int lane = threadIdx.x & 31;
@@ -151,7 +164,7 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
     typedef CkTc<D> L;
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem_raw, *sKV = sQ + 64 * L::LD;   /* [buffer][k, v] tiles */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
-    float scale = (float)a.f[0];
+    float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 n_qt = (T + 63) / 64;
     i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
     int q0 = (int)qt * 64, Ti = (int)T;
@@ -205,7 +218,7 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
 #pragma unroll
         for (int n = 0; n < 8; n++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) s[n][i] *= scale;
+            for (int i = 0; i < 4; i++) s[n][i] *= scale2;
         if (k0 + 63 > q0 + warp * 16 || k0 + 64 > Ti)
 #pragma unroll
             for (int n = 0; n < 8; n++)
@@ -226,15 +239,15 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             float mnew = fmaxf(m[r], mx[r]);
             muse[r] = mnew == -CK_INF ? 0.0f : mnew;
-            corr[r] = expf(m[r] - muse[r]);
+            corr[r] = ck_ex2(m[r] - muse[r]);
             m[r] = mnew;
         }
         unsigned pf[4][4];
         float rs[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int n = 0; n < 8; n++) {
-            float p0 = expf(s[n][0] - muse[0]), p1 = expf(s[n][1] - muse[0]);
-            float p2 = expf(s[n][2] - muse[1]), p3 = expf(s[n][3] - muse[1]);
+            float p0 = ck_ex2(s[n][0] - muse[0]), p1 = ck_ex2(s[n][1] - muse[0]);
+            float p2 = ck_ex2(s[n][2] - muse[1]), p3 = ck_ex2(s[n][3] - muse[1]);
             rs[0] += p0 + p1;
             rs[1] += p2 + p3;
             pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
@@ -269,7 +282,7 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 int row = row0 + r * 8;
-                if (row < Ti && tig == 0) ck_attn_lse_out(a)[(b * H + h) * T + row] = m[r] + logf(l[r]);
+                if (row < Ti && tig == 0) ck_attn_lse_out(a)[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
             }
         return;
     }
@@ -289,7 +302,7 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
         dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 2);
         int row = row0 + r * 8;
         if (row < Ti && tig == 0) {
-            lse[(b * H + h) * T + row] = m[r] + logf(l[r]);
+            lse[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
             dd[(b * H + h) * T + row] = dsum[r];
         }
     }
@@ -304,7 +317,7 @@ __device__ void ck_attn_tc_dq(const CkArgs &a) {
     __nv_bfloat16 *sKV = sDY + 64 * L::LD;   /* [buffer][k, v] tiles */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
     i64 ycols = (H + 2 * Hkv) * D;
-    float scale = (float)a.f[0];
+    float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 n_qt = (T + 63) / 64;
     i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
     int q0 = (int)qt * 64, Ti = (int)T;
@@ -321,7 +334,7 @@ __device__ void ck_attn_tc_dq(const CkArgs &a) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = row0 + r * 8;
-        ls[r] = row < Ti ? lse[(b * H + h) * T + row] : 0.0f;
+        ls[r] = row < Ti ? lse[(b * H + h) * T + row] * CK_LOG2E : 0.0f;   /* base 2 */
         dt[r] = row < Ti ? dd[(b * H + h) * T + row] : 0.0f;
     }
     float dq[D / 8][4];
@@ -380,7 +393,7 @@ __device__ void ck_attn_tc_dq(const CkArgs &a) {
             float ds[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                float p = expf(s[n][i] * scale - ls[i >> 1]);
+                float p = ck_ex2(fmaf(s[n][i], scale2, -ls[i >> 1]));
                 ds[i] = p * (dp[n][i] - dt[i >> 1]) * scale;
             }
             df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
@@ -411,7 +424,7 @@ __device__ void ck_attn_tc_dkv(const CkArgs &a) {
     float *sStat = (float *)(smem_raw + 6 * L::TILE);           /* [buffer][lse, Dt][64] */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], grp = H / Hkv;
     i64 ycols = (H + 2 * Hkv) * D;
-    float scale = (float)a.f[0];
+    float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 n_kt = (T + 63) / 64;
     i64 bg = blockIdx.x % (B * Hkv), kt = blockIdx.x / (B * Hkv), b = bg / Hkv, g = bg % Hkv;
     int k0 = (int)kt * 64, Ti = (int)T;
@@ -498,7 +511,7 @@ __device__ void ck_attn_tc_dkv(const CkArgs &a) {
                 float p[4], ds[4];
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    p[i] = expf(st[n][i] * scale - (i & 1 ? lq.y : lq.x));
+                    p[i] = ck_ex2(fmaf(st[n][i], scale2, -(i & 1 ? lq.y : lq.x) * CK_LOG2E));
                     ds[i] = p[i] * (dpt[n][i] - (i & 1 ? dtq.y : dtq.x)) * scale;
                 }
                 pf[n >> 1][(n & 1) * 2] = ck_pack(p[0], p[1]);
