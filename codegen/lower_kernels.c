@@ -13,10 +13,16 @@
  *   whole-tensor      partial results per chunk into a scratch array, then one item that
  *   reductions        combines them in order (squared norms, amax, the mean loss);
  *   attention         k (and for the backward v, q, dy) transposed per head into f32
- *                     scratch, then one item per query row: its scores against the
- *                     transposed keys (vectorized over keys), softmax, the weighted sum of
- *                     v; the backward in two such kernels: dq per query row (keeping each
- *                     row's log-sum-exp and dy.o), dk and dv per key row;
+ *                     scratch padded with zeros to whole blocks of 16 keys, then one item
+ *                     per block of up to 8 query rows of a head: scores against the
+ *                     transposed keys in whole blocks (keys past a row masked to -inf), each
+ *                     key loaded once for all the rows; softmax; the weighted sum of v, each
+ *                     v row loaded once for all the rows. The backward in two such kernels:
+ *                     dq per block of query rows (keeping each row's log-sum-exp and dy.o),
+ *                     dk and dv per block of key rows. One row per item, over keys 0..t,
+ *                     left vectorized loops of variable length with scalar remainders and
+ *                     loaded every key once per row: blocks run 2.4x to 2.9x faster (gpt2_tiny
+ *                     and GPT-2 d12 at T = 128, one thread);
  *   GEMM              a call (CG_KERNEL_GEMM), with f32 conversions around it when asked.
  *
  * Fusion (passes/fuse.c) is applied here: a group is lowered from its head (the one non-
@@ -39,6 +45,10 @@
 #define NONE CG_NONE
 
 enum { COL_BLOCK = 64, ROW_CHUNK = 64, REDUCE_CHUNK = 4096, MEMO_MAX = 64 };
+
+/* attention: keys (or queries) in blocks of KEY_BLOCK; up to ATTN_ROWS rows per item, with
+ * at most ATTN_LOCALS f32 of locals per item, summed into at most ATTN_ACC f32 per pass */
+enum { KEY_BLOCK = 16, ATTN_ROWS = 8, ATTN_ACC = 128, ATTN_LOCALS = 10240 };
 
 static const float GELU_C = 0.7978845608028654f;   /* sqrt(2 / pi), as the reference */
 static const float GELU_A = 0.044715f;
@@ -130,6 +140,12 @@ static int fdiv(CgKernel *k, int a, int b) { return e2(k, CG_FDIV, a, b); }
 static int lget(CgKernel *k, int l, int i) { return e2(k, CG_LGET, l, i); }
 static void lset(CgKernel *k, int l, int i, int v) { e3(k, CG_LSET, l, i, v); }
 static int ld(CgKernel *k, int buf, int idx) { return cg_load(k, buf, idx, NONE, NONE); }
+static int flt(CgKernel *k, int a, int b) { return e2(k, CG_FLT, a, b); }
+static int fabs_of(CgKernel *k, int a) { return e1(k, CG_FABS, a); }
+static int fneg(CgKernel *k, int a) { return e1(k, CG_FNEG, a); }
+static int select_of(CgKernel *k, int c, int a, int b) { return e3(k, CG_SELECT, c, a, b); }
+static int both(CgKernel *k, int a, int b) { return e2(k, CG_AND, a, b); }
+static int ilt(CgKernel *k, int a, int b) { return e2(k, CG_ILT, a, b); }
 
 static int64_t rows_of(const Tensor *t)
 {
@@ -1009,6 +1025,7 @@ static void lower_rope(Lower *L, Node *n)
  * (B, T, (H + 2 Hkv) D): each is a node, a column offset and a row stride. */
 typedef struct {
     int64_t B, T, H, Hkv, D, group;
+    int64_t Tp;             /* T rounded up to KEY_BLOCK: the row length of transposed scratch */
     float scale;
     Node *q, *k, *v;
     int64_t qoff, koff, voff, qstride, kvstride;
@@ -1021,6 +1038,7 @@ static AttnShape attn_shape(Node *n, int first)
     s.q = n->in[first];
     s.B = s.q->t.dims[0];
     s.T = s.q->t.dims[1];
+    s.Tp = (s.T + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
     s.D = packed ? s.q->t.dims[2] / (s.H + 2 * s.Hkv) : s.q->t.dims[2] / s.H;
     s.group = s.H / s.Hkv;
     if (packed) {
@@ -1037,62 +1055,102 @@ static AttnShape attn_shape(Node *n, int first)
     return s;
 }
 
-/* a local of D elements filled from buf at base + d */
-static int load_row_local(CgKernel *k, int buf, int base, int64_t D)
+/* Rows per item: ATTN_ROWS, fewer when the item's locals (`locals` f32 per row) would pass
+ * ATTN_LOCALS (40 KiB), which keeps a GPU block's locals within its 48 KiB of shared memory. */
+static int64_t rows_per_item(int64_t locals)
 {
-    int l = cg_local(k, D, 0.0);
-    int d = row_loop(k, ic(k, 0), ic(k, D));
-    lset(k, l, d, ld(k, buf, iadd(k, base, d)));
-    end(k);
-    return l;
+    int64_t R = ATTN_ROWS;
+    while (R > 1 && R * locals > ATTN_LOCALS) R /= 2;
+    return R;
 }
 
-/* x's heads transposed into f32 scratch: (B, heads, D, T) from rows of x at column offset
- * `off` with row stride `stride`. Score loops then run over keys (or queries) with unit
- * stride and vectorize, and bf16 or FP8 inputs are decoded once instead of once per use. */
+/* Rows per pass of a weighted sum of rows of D: their sums (G D f32) stay in the 16 vector
+ * registers that ATTN_ACC f32 take at 256 bits; more spill and shuffle registers in the inner
+ * loop (seen in GPT-2 d12's forward at 4 rows of 64). At least two rows: with one, LLVM
+ * unrolls gpt2_tiny's loop over d completely and leaves it scalar (3x slower kernels). */
+static int64_t rows_per_pass(int64_t R, int64_t D)
+{
+    int64_t G = R;
+    while (G > 2 && G * D > ATTN_ACC) G /= 2;
+    return G;
+}
+
+/* x's heads transposed into f32 scratch: (B, heads, D, Tp) from rows of x at column offset
+ * `off` with row stride `stride`, the columns T..Tp-1 zero. Score loops then run over keys
+ * (or queries) with unit stride, in whole blocks of KEY_BLOCK without reading past the
+ * scratch, and bf16 or FP8 inputs are decoded once instead of once per use. */
 static int transpose_heads(Lower *L, Node *n, Node *x, const char *what, const AttnShape *s,
                            int64_t heads, int64_t off, int64_t stride)
 {
-    int64_t size = s->B * heads * s->D * s->T;
+    int64_t size = s->B * heads * s->D * s->Tp;
     int t = cg_scratch_new(L->p, size);
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, what);
-    shape(k, CG_PAR_BLOCK, s->B * heads * s->D, 3 * s->T);
+    shape(k, CG_PAR_BLOCK, s->B * heads * s->D, 3 * s->Tp);
+    int zero = fc(k, 0.0f);
     body(k);
     int it = item(k);
     int bh = e2(k, CG_IDIV, it, ic(k, s->D)), d = e2(k, CG_IMOD, it, ic(k, s->D));
     int b = e2(k, CG_IDIV, bh, ic(k, heads)), h = e2(k, CG_IMOD, bh, ic(k, heads));
     int xb = cg_buf_tensor(k, x, true, false), tb = cg_buf_scratch(k, t, size, false, true);
     int col = iadd(k, ic(k, off), iadd(k, imul(k, h, ic(k, s->D)), d));
-    int j = row_loop(k, ic(k, 0), ic(k, s->T));
-    int v = ld(k, xb, iadd(k, imul(k, iadd(k, imul(k, b, ic(k, s->T)), j), ic(k, stride)), col));
-    cg_store(k, tb, iadd(k, imul(k, it, ic(k, s->T)), j), v, NONE, NONE);
+    int j = row_loop(k, ic(k, 0), ic(k, s->Tp));
+    int jx = s->Tp > s->T ? e2(k, CG_IMIN, j, ic(k, s->T - 1)) : j;
+    int v = ld(k, xb, iadd(k, imul(k, iadd(k, imul(k, b, ic(k, s->T)), jx), ic(k, stride)), col));
+    if (s->Tp > s->T) v = select_of(k, ilt(k, j, ic(k, s->T)), v, zero);
+    cg_store(k, tb, iadd(k, imul(k, it, ic(k, s->Tp)), j), v, NONE, NONE);
     end(k);
     return t;
 }
 
-/* A query-row item (b, h, t) of a (B, H, T) grid. */
+/* An item's block of rows: rows t0 .. t0 + R - 1 of one (b, head) of a (B, heads, T) grid.
+ * When R does not divide T, the last block's rows past T repeat row T - 1 and store nothing
+ * (their stores run in loops of live() iterations), so every index stays in bounds.
+ * Items take a head's blocks in turn, so that its transposed block stays in cache (block-
+ * major order made gpt2_tiny's dq 1.2x slower at one thread), and the costliest block first
+ * (`last_first` when the last rows see the most keys): the pool's threads take tasks in item
+ * order, so they then finish together. */
 typedef struct {
-    int b, h, t, g;
-    int row;                /* b T + t: the row of (B T, ..) views */
-    int q;                  /* q's element (row, h, 0) */
-    int y;                  /* element (row, h, 0) of a (B, T, H D) tensor: dy, the output */
-    int kt;                 /* the (D, T) block of this row's kv head in a transposed k or v */
-} QueryRow;
+    int64_t R, T;
+    int b, h, t0;
+    int t[ATTN_ROWS];       /* min(t0 + r, T - 1) */
+    int end;                /* min(t0 + R, T): one past the block's last row */
+} RowBlock;
 
-static QueryRow query_row(CgKernel *k, const AttnShape *s, int it)
+static RowBlock row_block(CgKernel *k, const AttnShape *s, int it, int64_t heads, int64_t R,
+                          bool last_first)
 {
-    QueryRow r;
-    int bh = e2(k, CG_IDIV, it, ic(k, s->T));
-    r.t = e2(k, CG_IMOD, it, ic(k, s->T));
-    r.b = e2(k, CG_IDIV, bh, ic(k, s->H));
-    r.h = e2(k, CG_IMOD, bh, ic(k, s->H));
-    r.g = e2(k, CG_IDIV, r.h, ic(k, s->group));
-    r.row = iadd(k, imul(k, r.b, ic(k, s->T)), r.t);
-    int hd = imul(k, r.h, ic(k, s->D));
-    r.q = iadd(k, iadd(k, imul(k, r.row, ic(k, s->qstride)), ic(k, s->qoff)), hd);
-    r.y = iadd(k, imul(k, r.row, ic(k, s->H * s->D)), hd);
-    r.kt = imul(k, iadd(k, imul(k, r.b, ic(k, s->Hkv)), r.g), ic(k, s->D * s->T));
+    int64_t blocks = (s->T + R - 1) / R;
+    RowBlock r = {.R = R, .T = s->T};
+    int bh = e2(k, CG_IDIV, it, ic(k, blocks)), blk = e2(k, CG_IMOD, it, ic(k, blocks));
+    if (last_first) blk = e2(k, CG_ISUB, ic(k, blocks - 1), blk);
+    r.t0 = imul(k, blk, ic(k, R));
+    r.b = e2(k, CG_IDIV, bh, ic(k, heads));
+    r.h = e2(k, CG_IMOD, bh, ic(k, heads));
+    bool whole = s->T % R == 0;
+    for (int64_t i = 0; i < R; i++) {
+        int t = iadd(k, r.t0, ic(k, i));
+        r.t[i] = whole ? t : e2(k, CG_IMIN, t, ic(k, s->T - 1));
+    }
+    int end = iadd(k, r.t0, ic(k, R));
+    r.end = whole ? end : e2(k, CG_IMIN, end, ic(k, s->T));
     return r;
+}
+
+/* `len` when row i of the block exists, else 0 */
+static int live(CgKernel *k, const RowBlock *r, int64_t i, int64_t len)
+{
+    if (r->T % r->R == 0) return ic(k, len);
+    int left = e2(k, CG_ISUB, ic(k, r->T), iadd(k, r->t0, ic(k, i)));
+    int one = e2(k, CG_IMIN, e2(k, CG_IMAX, left, ic(k, 0)), ic(k, 1));
+    return imul(k, one, ic(k, len));
+}
+
+/* D values buf[base + d], as separate values: the score loops use them as constants */
+static int *load_row(Lower *L, CgKernel *k, int buf, int base, int64_t D)
+{
+    int *v = arena_alloc(L->p->arena, sizeof *v * (size_t)D);
+    for (int64_t d = 0; d < D; d++) v[d] = ld(k, buf, iadd(k, base, ic(k, d)));
+    return v;
 }
 
 /* The element (b, j, g, 0) of k or v: the base of key j without k's or v's column offset. */
@@ -1102,145 +1160,244 @@ static int kv_row(CgKernel *k, const AttnShape *s, int b, int g, int j)
                 imul(k, g, ic(k, s->D)));
 }
 
-/* sc[j] = scale * sum over d of vec[d] * tb[base + d T + j], for j in [lo, hi): a row of
- * scores (or of dot products) against a transposed (D, T) block, vectorized over j */
-static void scores(CgKernel *k, int sc, int vec, int tb, int base, int lo, int hi, int64_t D,
-                   int64_t T, int scale)
+/* Opens a sequential loop over the blocks [b0, b1) of KEY_BLOCK keys and a row loop over a
+ * block's keys, and returns the key; two ends close them. The row loop's trip count is the
+ * constant KEY_BLOCK, so LLVM vectorizes it whole, with no scalar remainder. */
+static int open_blocks(CgKernel *k, int b0, int b1)
 {
-    int j = row_loop(k, lo, hi);
-    lset(k, sc, j, fc(k, 0.0f));
+    int jb = seq_loop(k, b0, b1);
+    int lo = imul(k, jb, ic(k, KEY_BLOCK));
+    return row_loop(k, lo, iadd(k, lo, ic(k, KEY_BLOCK)));
+}
+
+/* out[i] = sum over d of x[i][d] tb[base + d Tp + j] for the R rows, inside a loop over j:
+ * dot products against column j of a transposed (D, Tp) block, unrolled over d so that the
+ * sums stay in registers, and each element loaded once for all R rows. */
+static void dots(CgKernel *k, int64_t R, int **x, int tb, int base, int j, int64_t D,
+                 int64_t Tp, int *out)
+{
+    int at = iadd(k, base, j);
+    for (int64_t d = 0; d < D; d++) {
+        int y = ld(k, tb, iadd(k, at, ic(k, d * Tp)));
+        for (int64_t i = 0; i < R; i++)
+            out[i] = d ? e3(k, CG_FMA, x[i][d], y, out[i]) : fmul(k, x[i][d], y);
+    }
+}
+
+/* acc[i][d] += w[i] buf[base + d] for the R rows: one row of v (or k, q, dy) loaded once for
+ * all R rows (the loop is over d, vectorized; the caller's loop over keys is sequential) */
+static void accumulate(CgKernel *k, int64_t R, const int *acc, const int *w, int buf, int base,
+                       int64_t D)
+{
+    int d = row_loop(k, ic(k, 0), ic(k, D));
+    int y = ld(k, buf, iadd(k, base, d));
+    for (int64_t i = 0; i < R; i++) lset(k, acc[i], d, e3(k, CG_FMA, w[i], y, lget(k, acc[i], d)));
     end(k);
-    int d = seq_loop(k, ic(k, 0), ic(k, D));
-    int vd = lget(k, vec, d);
-    int rowb = iadd(k, base, imul(k, d, ic(k, T)));
-    j = row_loop(k, lo, hi);
-    lset(k, sc, j, fadd(k, lget(k, sc, j), fmul(k, vd, ld(k, tb, iadd(k, rowb, j)))));
+}
+
+/* m[i] = the max of sc[i][j] over the keys j of `blocks` KEY_BLOCKs: fmaxf into KEY_BLOCK
+ * lanes, then over the lanes. An elementwise max vectorizes; a max reduction over the keys
+ * would not (LLVM 14 vectorizes maxnum reductions only under no-NaNs flags, which its C API
+ * cannot set), and it would keep the score loop around it scalar too. */
+static void row_max(CgKernel *k, int64_t R, const int *sc, int blocks, int *m)
+{
+    int lane[ATTN_ROWS];
+    for (int64_t i = 0; i < R; i++) lane[i] = cg_local(k, KEY_BLOCK, -INFINITY);
+    int jb = seq_loop(k, ic(k, 0), blocks);
+    int base = imul(k, jb, ic(k, KEY_BLOCK));
+    int jj = row_loop(k, ic(k, 0), ic(k, KEY_BLOCK));
+    for (int64_t i = 0; i < R; i++)
+        lset(k, lane[i], jj, e2(k, CG_FMAX, lget(k, lane[i], jj), lget(k, sc[i], iadd(k, base, jj))));
     end(k);
     end(k);
-    if (scale != NONE) {
-        j = row_loop(k, lo, hi);
-        lset(k, sc, j, fmul(k, lget(k, sc, j), scale));
+    jj = row_loop(k, ic(k, 0), ic(k, KEY_BLOCK));
+    for (int64_t i = 0; i < R; i++) m[i] = reduce_max(k, lget(k, lane[i], jj));
+    end(k);
+}
+
+/* causal softmax(q k^T * scale) v: k transposed per kv head, then one item per block of R
+ * query rows of a head (the top of the file says why blocks):
+ *   scores   s_ij = scale q_i . k_j for the keys of the block's whole KEY_BLOCKs, j past row
+ *            i set to -inf (their exp is exactly 0), and each row's max;
+ *   softmax  p_ij = exp(s_ij - m_i) and l_i = sum_j p_ij;
+ *   output   sum_j p_ij v_j / l_i, keys up to the block's last row, each v_j loaded once. */
+static void lower_attention(Lower *L, Node *n)
+{
+    AttnShape s = attn_shape(n, 0);
+    int64_t R = rows_per_item(s.Tp + s.D + KEY_BLOCK), G = rows_per_pass(R, s.D);
+    int kt = transpose_heads(L, n, s.k, "kt", &s, s.Hkv, s.koff, s.kvstride);
+    int64_t ktn = s.B * s.Hkv * s.D * s.Tp;
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_BLOCK, s.B * s.H * ((s.T + R - 1) / R), R * (s.T / 2 + KEY_BLOCK) * (2 * s.D + 20));
+    int scale = fc(k, s.scale), ninf = fc(k, -INFINITY);
+    body(k);
+    RowBlock r = row_block(k, &s, item(k), s.H, R, true);
+    int g = e2(k, CG_IDIV, r.h, ic(k, s.group));
+    int qb = cg_buf_tensor(k, s.q, true, false), vb = cg_buf_tensor(k, s.v, true, false);
+    int ktb = cg_buf_scratch(k, kt, ktn, true, false);
+    int zero = ic(k, 0);
+    int blocks = e2(k, CG_IDIV, iadd(k, r.end, ic(k, KEY_BLOCK - 1)), ic(k, KEY_BLOCK));
+    int kbase = imul(k, iadd(k, imul(k, r.b, ic(k, s.Hkv)), g), ic(k, s.D * s.Tp));
+    int *q[ATTN_ROWS], sc[ATTN_ROWS], part[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS];
+    int row[ATTN_ROWS], acc[ATTN_ROWS], w[ATTN_ROWS], dot[ATTN_ROWS];
+    for (int64_t i = 0; i < R; i++) {
+        row[i] = iadd(k, imul(k, r.b, ic(k, s.T)), r.t[i]);
+        int base = iadd(k, imul(k, row[i], ic(k, s.qstride)), ic(k, s.qoff));
+        q[i] = load_row(L, k, qb, iadd(k, base, imul(k, r.h, ic(k, s.D))), s.D);
+        sc[i] = cg_local(k, s.Tp, 0.0);
+    }
+    int j = open_blocks(k, zero, blocks);
+    dots(k, R, q, ktb, kbase, j, s.D, s.Tp, dot);
+    for (int64_t i = 0; i < R; i++) {
+        int v = select_of(k, ilt(k, r.t[i], j), ninf, fmul(k, dot[i], scale));
+        lset(k, sc[i], j, v);
+    }
+    end(k);
+    end(k);
+    row_max(k, R, sc, blocks, m);
+    j = open_blocks(k, zero, blocks);
+    for (int64_t i = 0; i < R; i++) {
+        int p = e1(k, CG_EXP, fsub(k, lget(k, sc[i], j), m[i]));
+        lset(k, sc[i], j, p);
+        part[i] = reduce_sum(k, p);
+    }
+    end(k);
+    for (int64_t i = 0; i < R; i++) l[i] = reduce_sum(k, part[i]);
+    end(k);
+    for (int64_t i = 0; i < R; i++) acc[i] = cg_local(k, s.D, 0.0);
+    for (int64_t i0 = 0; i0 < R; i0 += G) {
+        j = seq_loop(k, zero, r.end);
+        for (int64_t i = i0; i < i0 + G; i++) w[i] = lget(k, sc[i], j);
+        accumulate(k, G, acc + i0, w + i0, vb, iadd(k, kv_row(k, &s, r.b, g, j), ic(k, s.voff)), s.D);
+        end(k);
+    }
+    for (int64_t i = 0; i < R; i++) {
+        int d = row_loop(k, zero, live(k, &r, i, s.D));
+        int col = iadd(k, imul(k, r.h, ic(k, s.D)), d);
+        At at = {.idx = iadd(k, imul(k, row[i], ic(k, s.H * s.D)), col), .row = row[i], .col = col,
+                 .cols = s.H * s.D};
+        emit_out(L, k, n, fdiv(k, lget(k, acc[i], d), l[i]), at);
         end(k);
     }
 }
 
-/* causal softmax(q k^T * scale) v: k transposed per kv head, then one query row per item:
- * its scores, their softmax and the weighted sum of v (the reference's two passes) */
-static void lower_attention(Lower *L, Node *n)
-{
-    AttnShape s = attn_shape(n, 0);
-    int kt = transpose_heads(L, n, s.k, "kt", &s, s.Hkv, s.koff, s.kvstride);
-    int64_t ktn = s.B * s.Hkv * s.D * s.T;
-    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
-    shape(k, CG_PAR_BLOCK, s.B * s.H * s.T, (s.T / 2 + 1) * (3 * s.D + 20));
-    int scale = fc(k, s.scale);
-    body(k);
-    QueryRow r = query_row(k, &s, item(k));
-    int qb = cg_buf_tensor(k, s.q, true, false), vb = cg_buf_tensor(k, s.v, true, false);
-    int ktb = cg_buf_scratch(k, kt, ktn, true, false);
-    int zero = ic(k, 0), hi = iadd(k, r.t, ic(k, 1));
-    int q = load_row_local(k, qb, r.q, s.D);
-    int sc = cg_local(k, s.T, 0.0);
-    scores(k, sc, q, ktb, r.kt, zero, hi, s.D, s.T, scale);
-    int j = row_loop(k, zero, hi);
-    int m = reduce_max(k, lget(k, sc, j));
-    end(k);
-    j = row_loop(k, zero, hi);
-    int p = e1(k, CG_EXP, fsub(k, lget(k, sc, j), m));
-    lset(k, sc, j, p);
-    int l = reduce_sum(k, p);
-    end(k);
-    int acc = cg_local(k, s.D, 0.0);
-    j = seq_loop(k, zero, hi);
-    int pj = lget(k, sc, j), vbase = iadd(k, kv_row(k, &s, r.b, r.g, j), ic(k, s.voff));
-    int d = row_loop(k, zero, ic(k, s.D));
-    lset(k, acc, d, fadd(k, lget(k, acc, d), fmul(k, pj, ld(k, vb, iadd(k, vbase, d)))));
-    end(k);
-    end(k);
-    d = row_loop(k, zero, ic(k, s.D));
-    At at = {.idx = iadd(k, r.y, d), .row = r.row, .col = iadd(k, imul(k, r.h, ic(k, s.D)), d),
-             .cols = s.H * s.D};
-    emit_out(L, k, n, fdiv(k, lget(k, acc, d), l), at);
-    end(k);
-}
-
 /* The backward recomputes the probabilities from q and k (the IR keeps no softmax), after
- * transposing k, v, q and dy per head:
- *   dq     per query row t: p = softmax(s), dp_j = dy . v_j, D = sum_j p_j dp_j,
- *          ds_j = p_j (dp_j - D) scale, dq = sum_j ds_j k_j; lse and D kept for
- *   dk dv  per key row j: over the query heads of its kv head and the rows t >= j,
- *          p_t = exp(s_t - lse_t), dk_j = sum ds_t q_t, dv_j = sum p_t dy_t
+ * transposing k, v, q and dy per head, in two kernels of row blocks like the forward's:
+ *   dq     per block of R query rows i: s_ij and dp_ij = dy_i . v_j in one pass over the keys
+ *          (masked as in the forward), p_ij = exp(s_ij - m_i) / l_i, D_i = sum_j p_ij dp_ij,
+ *          ds_ij = p_ij (dp_ij - D_i) scale, dq_i = sum_j ds_ij k_j; lse_i = m_i + log l_i
+ *          and D_i kept for
+ *   dk dv  per block of R key rows j of a kv head: over the query heads of its kv head and the
+ *          query rows t >= j (whole KEY_BLOCKs from the block's first row, t < j or t >= T
+ *          set to 0), p_jt = exp(s_jt - lse_t), ds_jt = p_jt (dp_jt - D_t) scale,
+ *          dk_j = sum_t ds_jt q_t, dv_j = sum_t p_jt dy_t
  * and writes dq | dk | dv into the packed result. */
 static void lower_attention_bwd(Lower *L, Node *n)
 {
     AttnShape s = attn_shape(n, 1);
     Node *dyn = n->in[0];
     int64_t rows = s.B * s.H * s.T, Y = (s.H + 2 * s.Hkv) * s.D;
-    int64_t ktn = s.B * s.Hkv * s.D * s.T, qtn = rows * s.D;
+    int64_t ktn = s.B * s.Hkv * s.D * s.Tp, qtn = s.B * s.H * s.D * s.Tp;
     int kt = transpose_heads(L, n, s.k, "kt", &s, s.Hkv, s.koff, s.kvstride);
     int vt = transpose_heads(L, n, s.v, "vt", &s, s.Hkv, s.voff, s.kvstride);
     int qt = transpose_heads(L, n, s.q, "qt", &s, s.H, s.qoff, s.qstride);
     int dyt = transpose_heads(L, n, dyn, "dyt", &s, s.H, 0, s.H * s.D);
     int lse_s = cg_scratch_new(L->p, rows), dt_s = cg_scratch_new(L->p, rows);
-    int64_t cost = (s.T / 2 + 1) * (5 * s.D + 30);
+    int *x[ATTN_ROWS], *y[ATTN_ROWS], p[ATTN_ROWS], dp[ATTN_ROWS], part[ATTN_ROWS];
+    int part2[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS], dsum[ATTN_ROWS], inv[ATTN_ROWS];
+    int row[ATTN_ROWS], acc[ATTN_ROWS], acc2[ATTN_ROWS], w[ATTN_ROWS], w2[ATTN_ROWS];
+    int dot[ATTN_ROWS], dot2[ATTN_ROWS];
 
     /* dq, with each row's lse and D */
+    int64_t R = rows_per_item(2 * s.Tp + s.D + KEY_BLOCK), G = rows_per_pass(R, s.D);
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, "dq");
-    shape(k, CG_PAR_BLOCK, rows, cost);
-    int scale = fc(k, s.scale);
+    shape(k, CG_PAR_BLOCK, s.B * s.H * ((s.T + R - 1) / R), R * (s.T / 2 + KEY_BLOCK) * (3 * s.D + 30));
+    int scale = fc(k, s.scale), ninf = fc(k, -INFINITY);
     body(k);
-    int it = item(k);
-    QueryRow r = query_row(k, &s, it);
+    RowBlock r = row_block(k, &s, item(k), s.H, R, true);
+    int g = e2(k, CG_IDIV, r.h, ic(k, s.group));
     int qb = cg_buf_tensor(k, s.q, true, false), kb = cg_buf_tensor(k, s.k, true, false);
     int dyb = cg_buf_tensor(k, dyn, true, false), yb = cg_buf_tensor(k, n, false, true);
     int ktb = cg_buf_scratch(k, kt, ktn, true, false), vtb = cg_buf_scratch(k, vt, ktn, true, false);
     int lb = cg_buf_scratch(k, lse_s, rows, false, true), db = cg_buf_scratch(k, dt_s, rows, false, true);
-    int zero = ic(k, 0), hi = iadd(k, r.t, ic(k, 1));
-    int q = load_row_local(k, qb, r.q, s.D), dy = load_row_local(k, dyb, r.y, s.D);
-    int p = cg_local(k, s.T, 0.0), dp = cg_local(k, s.T, 0.0);
-    scores(k, p, q, ktb, r.kt, zero, hi, s.D, s.T, scale);
-    int j = row_loop(k, zero, hi);
-    int m = reduce_max(k, lget(k, p, j));
-    end(k);
-    j = row_loop(k, zero, hi);
-    int e = e1(k, CG_EXP, fsub(k, lget(k, p, j), m));
-    lset(k, p, j, e);
-    int l = reduce_sum(k, e);
-    end(k);
-    int inv = fdiv(k, fc(k, 1.0f), l);
-    scores(k, dp, dy, vtb, r.kt, zero, hi, s.D, s.T, NONE);
-    j = row_loop(k, zero, hi);
-    int pj = fmul(k, lget(k, p, j), inv);
-    lset(k, p, j, pj);
-    int dsum = reduce_sum(k, fmul(k, pj, lget(k, dp, j)));
-    end(k);
-    j = row_loop(k, zero, hi);
-    lset(k, dp, j, fmul(k, fmul(k, lget(k, p, j), fsub(k, lget(k, dp, j), dsum)), scale));
-    end(k);
-    int acc = cg_local(k, s.D, 0.0);
-    j = seq_loop(k, zero, hi);
-    int ds = lget(k, dp, j), kbase = iadd(k, kv_row(k, &s, r.b, r.g, j), ic(k, s.koff));
-    int d = row_loop(k, zero, ic(k, s.D));
-    lset(k, acc, d, fadd(k, lget(k, acc, d), fmul(k, ds, ld(k, kb, iadd(k, kbase, d)))));
+    int zero = ic(k, 0);
+    int blocks = e2(k, CG_IDIV, iadd(k, r.end, ic(k, KEY_BLOCK - 1)), ic(k, KEY_BLOCK));
+    int kbase = imul(k, iadd(k, imul(k, r.b, ic(k, s.Hkv)), g), ic(k, s.D * s.Tp));
+    int hd = imul(k, r.h, ic(k, s.D));
+    for (int64_t i = 0; i < R; i++) {
+        row[i] = iadd(k, imul(k, r.b, ic(k, s.T)), r.t[i]);
+        int qrow = iadd(k, imul(k, row[i], ic(k, s.qstride)), ic(k, s.qoff));
+        x[i] = load_row(L, k, qb, iadd(k, qrow, hd), s.D);
+        y[i] = load_row(L, k, dyb, iadd(k, imul(k, row[i], ic(k, s.H * s.D)), hd), s.D);
+        p[i] = cg_local(k, s.Tp, 0.0);
+        dp[i] = cg_local(k, s.Tp, 0.0);
+    }
+    int j = open_blocks(k, zero, blocks);
+    dots(k, R, x, ktb, kbase, j, s.D, s.Tp, dot);
+    dots(k, R, y, vtb, kbase, j, s.D, s.Tp, dot2);
+    for (int64_t i = 0; i < R; i++) {
+        int v = select_of(k, ilt(k, r.t[i], j), ninf, fmul(k, dot[i], scale));
+        lset(k, p[i], j, v);
+        lset(k, dp[i], j, dot2[i]);
+    }
     end(k);
     end(k);
-    d = row_loop(k, zero, ic(k, s.D));
-    int col = iadd(k, imul(k, r.h, ic(k, s.D)), d);
-    cg_store(k, yb, iadd(k, imul(k, r.row, ic(k, Y)), col), lget(k, acc, d), r.row, col);
+    row_max(k, R, p, blocks, m);
+    j = open_blocks(k, zero, blocks);
+    for (int64_t i = 0; i < R; i++) {
+        int e = e1(k, CG_EXP, fsub(k, lget(k, p[i], j), m[i]));
+        lset(k, p[i], j, e);
+        part[i] = reduce_sum(k, e);
+        part2[i] = reduce_sum(k, fmul(k, e, lget(k, dp[i], j)));
+    }
     end(k);
-    cg_store(k, lb, it, fadd(k, m, e1(k, CG_LOG, l)), NONE, NONE);
-    cg_store(k, db, it, dsum, NONE, NONE);
+    for (int64_t i = 0; i < R; i++) {
+        l[i] = reduce_sum(k, part[i]);
+        part2[i] = reduce_sum(k, part2[i]);
+    }
+    end(k);
+    for (int64_t i = 0; i < R; i++) {
+        inv[i] = fdiv(k, fc(k, 1.0f), l[i]);
+        dsum[i] = fmul(k, part2[i], inv[i]);
+    }
+    j = open_blocks(k, zero, blocks);
+    for (int64_t i = 0; i < R; i++) {
+        int pj = fmul(k, lget(k, p[i], j), inv[i]);
+        lset(k, dp[i], j, fmul(k, fmul(k, pj, fsub(k, lget(k, dp[i], j), dsum[i])), scale));
+    }
+    end(k);
+    end(k);
+    for (int64_t i = 0; i < R; i++) acc[i] = cg_local(k, s.D, 0.0);
+    for (int64_t i0 = 0; i0 < R; i0 += G) {
+        j = seq_loop(k, zero, r.end);
+        for (int64_t i = i0; i < i0 + G; i++) w[i] = lget(k, dp[i], j);
+        accumulate(k, G, acc + i0, w + i0, kb, iadd(k, kv_row(k, &s, r.b, g, j), ic(k, s.koff)), s.D);
+        end(k);
+    }
+    int sbase = imul(k, iadd(k, imul(k, r.b, ic(k, s.H)), r.h), ic(k, s.T));
+    for (int64_t i = 0; i < R; i++) {
+        int d = row_loop(k, zero, live(k, &r, i, s.D));
+        int col = iadd(k, hd, d);
+        cg_store(k, yb, iadd(k, imul(k, row[i], ic(k, Y)), col), lget(k, acc[i], d), row[i], col);
+        end(k);
+        int one = row_loop(k, zero, live(k, &r, i, 1));
+        int at = iadd(k, iadd(k, sbase, r.t[i]), one);
+        cg_store(k, lb, at, fadd(k, m[i], e1(k, CG_LOG, l[i])), NONE, NONE);
+        cg_store(k, db, at, dsum[i], NONE, NONE);
+        end(k);
+    }
 
-    /* dk, dv: one item per (b, kv head, key row j) */
+    /* dk, dv: one item per block of R key rows of a kv head */
+    R = rows_per_item(2 * s.Tp + 2 * s.D);
+    G = rows_per_pass(R, s.D);
     k = kernel(L, CG_KERNEL_LOOP, n, "dkv");
-    shape(k, CG_PAR_BLOCK, s.B * s.Hkv * s.T, cost * s.group);
+    shape(k, CG_PAR_BLOCK, s.B * s.Hkv * ((s.T + R - 1) / R),
+          R * s.group * (s.T / 2 + KEY_BLOCK) * (4 * s.D + 40));
     scale = fc(k, s.scale);
+    int fzero = fc(k, 0.0f);
     body(k);
-    it = item(k);
-    int bg = e2(k, CG_IDIV, it, ic(k, s.T));
-    int jj = e2(k, CG_IMOD, it, ic(k, s.T));
-    int b = e2(k, CG_IDIV, bg, ic(k, s.Hkv));
-    int g = e2(k, CG_IMOD, bg, ic(k, s.Hkv));
+    r = row_block(k, &s, item(k), s.Hkv, R, false);
+    g = r.h;
     qb = cg_buf_tensor(k, s.q, true, false);
     kb = cg_buf_tensor(k, s.k, true, false);
     int vb = cg_buf_tensor(k, s.v, true, false);
@@ -1251,43 +1408,63 @@ static void lower_attention_bwd(Lower *L, Node *n)
     db = cg_buf_scratch(k, dt_s, rows, true, false);
     zero = ic(k, 0);
     int tend = ic(k, s.T);
-    int kv = kv_row(k, &s, b, g, jj);
-    int kk = load_row_local(k, kb, iadd(k, kv, ic(k, s.koff)), s.D);
-    int vv = load_row_local(k, vb, iadd(k, kv, ic(k, s.voff)), s.D);
-    int dk = cg_local(k, s.D, 0.0), dv = cg_local(k, s.D, 0.0);
-    p = cg_local(k, s.T, 0.0);
-    dp = cg_local(k, s.T, 0.0);
+    int first = e2(k, CG_IDIV, r.t0, ic(k, KEY_BLOCK)), last = ic(k, s.Tp / KEY_BLOCK);
+    for (int64_t i = 0; i < R; i++) {
+        int kv = kv_row(k, &s, r.b, g, r.t[i]);
+        x[i] = load_row(L, k, kb, iadd(k, kv, ic(k, s.koff)), s.D);
+        y[i] = load_row(L, k, vb, iadd(k, kv, ic(k, s.voff)), s.D);
+        acc[i] = cg_local(k, s.D, 0.0);
+        acc2[i] = cg_local(k, s.D, 0.0);
+        p[i] = cg_local(k, s.Tp, 0.0);
+        dp[i] = cg_local(k, s.Tp, 0.0);
+    }
     int hh = seq_loop(k, zero, ic(k, s.group));
     int h = iadd(k, imul(k, g, ic(k, s.group)), hh);
-    int bh = iadd(k, imul(k, b, ic(k, s.H)), h);
-    int tbase = imul(k, bh, ic(k, s.D * s.T));      /* this head's (D, T) block */
-    int sbase = imul(k, bh, ic(k, s.T));            /* its rows of lse and D */
-    scores(k, p, kk, qtb, tbase, jj, tend, s.D, s.T, scale);
-    scores(k, dp, vv, dytb, tbase, jj, tend, s.D, s.T, NONE);
-    int t = row_loop(k, jj, tend);
-    int pt = e1(k, CG_EXP, fsub(k, lget(k, p, t), ld(k, lb, iadd(k, sbase, t))));
-    lset(k, p, t, pt);
-    lset(k, dp, t, fmul(k, fmul(k, pt, fsub(k, lget(k, dp, t), ld(k, db, iadd(k, sbase, t)))), scale));
-    end(k);
-    t = seq_loop(k, jj, tend);
-    int trow = iadd(k, imul(k, b, ic(k, s.T)), t);
-    int hd = imul(k, h, ic(k, s.D));
-    int qbase = iadd(k, iadd(k, imul(k, trow, ic(k, s.qstride)), ic(k, s.qoff)), hd);
-    int ybase = iadd(k, imul(k, trow, ic(k, s.H * s.D)), hd);
-    int dst = lget(k, dp, t), ptv = lget(k, p, t);
-    d = row_loop(k, zero, ic(k, s.D));
-    lset(k, dk, d, fadd(k, lget(k, dk, d), fmul(k, dst, ld(k, qb, iadd(k, qbase, d)))));
-    lset(k, dv, d, fadd(k, lget(k, dv, d), fmul(k, ptv, ld(k, dyb, iadd(k, ybase, d)))));
+    int bh = iadd(k, imul(k, r.b, ic(k, s.H)), h);
+    int tbase = imul(k, bh, ic(k, s.D * s.Tp));     /* this head's (D, Tp) block */
+    sbase = imul(k, bh, ic(k, s.T));                /* its rows of lse and D */
+    int t = open_blocks(k, first, last);
+    dots(k, R, x, qtb, tbase, t, s.D, s.Tp, dot);
+    dots(k, R, y, dytb, tbase, t, s.D, s.Tp, dot2);
+    int inside = s.Tp > s.T ? ilt(k, t, tend) : NONE;
+    int tx = s.Tp > s.T ? e2(k, CG_IMIN, t, ic(k, s.T - 1)) : t;
+    int lse = ld(k, lb, iadd(k, sbase, tx)), dt = ld(k, db, iadd(k, sbase, tx));
+    for (int64_t i = 0; i < R; i++) {
+        int pt = e1(k, CG_EXP, fsub(k, fmul(k, dot[i], scale), lse));
+        int dst = fmul(k, fmul(k, pt, fsub(k, dot2[i], dt)), scale);
+        int keep = e1(k, CG_NOT, ilt(k, t, r.t[i]));
+        if (inside != NONE) keep = both(k, keep, inside);
+        lset(k, p[i], t, select_of(k, keep, pt, fzero));
+        lset(k, dp[i], t, select_of(k, keep, dst, fzero));
+    }
     end(k);
     end(k);
+    hd = imul(k, h, ic(k, s.D));
+    for (int64_t i0 = 0; i0 < R; i0 += G) {
+        t = seq_loop(k, r.t0, tend);
+        int trow = iadd(k, imul(k, r.b, ic(k, s.T)), t);
+        for (int64_t i = i0; i < i0 + G; i++) w[i] = lget(k, dp[i], t);
+        int qrow = iadd(k, imul(k, trow, ic(k, s.qstride)), ic(k, s.qoff));
+        accumulate(k, G, acc + i0, w + i0, qb, iadd(k, qrow, hd), s.D);
+        end(k);
+    }
+    for (int64_t i0 = 0; i0 < R; i0 += G) {
+        t = seq_loop(k, r.t0, tend);
+        int trow = iadd(k, imul(k, r.b, ic(k, s.T)), t);
+        for (int64_t i = i0; i < i0 + G; i++) w2[i] = lget(k, p[i], t);
+        accumulate(k, G, acc2 + i0, w2 + i0, dyb, iadd(k, imul(k, trow, ic(k, s.H * s.D)), hd), s.D);
+        end(k);
+    }
     end(k);
-    int yrow = iadd(k, imul(k, b, ic(k, s.T)), jj);
-    d = row_loop(k, zero, ic(k, s.D));
-    col = iadd(k, ic(k, s.H * s.D), iadd(k, imul(k, g, ic(k, s.D)), d));
-    cg_store(k, yb, iadd(k, imul(k, yrow, ic(k, Y)), col), lget(k, dk, d), yrow, col);
-    int col2 = iadd(k, col, ic(k, s.Hkv * s.D));
-    cg_store(k, yb, iadd(k, imul(k, yrow, ic(k, Y)), col2), lget(k, dv, d), yrow, col2);
-    end(k);
+    for (int64_t i = 0; i < R; i++) {
+        int yrow = iadd(k, imul(k, r.b, ic(k, s.T)), r.t[i]);
+        int d = row_loop(k, zero, live(k, &r, i, s.D));
+        int col = iadd(k, ic(k, s.H * s.D), iadd(k, imul(k, g, ic(k, s.D)), d));
+        cg_store(k, yb, iadd(k, imul(k, yrow, ic(k, Y)), col), lget(k, acc[i], d), yrow, col);
+        int col2 = iadd(k, col, ic(k, s.Hkv * s.D));
+        cg_store(k, yb, iadd(k, imul(k, yrow, ic(k, Y)), col2), lget(k, acc2[i], d), yrow, col2);
+        end(k);
+    }
 }
 
 /* ---------------------------------------------------------------- optimizer */
@@ -1375,11 +1552,6 @@ typedef struct {
     Moment m, v;
 } Adam;
 
-static int flt(CgKernel *k, int a, int b) { return e2(k, CG_FLT, a, b); }
-static int fabs_of(CgKernel *k, int a) { return e1(k, CG_FABS, a); }
-static int fneg(CgKernel *k, int a) { return e1(k, CG_FNEG, a); }
-static int select_of(CgKernel *k, int c, int a, int b) { return e3(k, CG_SELECT, c, a, b); }
-static int both(CgKernel *k, int a, int b) { return e2(k, CG_AND, a, b); }
 
 /* signbit(x), -0 and NaNs with the sign set included */
 static int sign_bit(CgKernel *k, int x) { return e2(k, CG_ILT, ic(k, 0x7FFFFFFF), e1(k, CG_FBITS, x)); }
