@@ -48,6 +48,24 @@ static EpilogueCount count_epilogues(Graph *g, Arena *a) {
     return n;
 }
 
+/* The model at `path` through the whole pipeline at batch 2 x 64 and -O`level`, with
+ * `rule` (a --precision rule) when given; NULL on errors */
+static Graph *compile_model(Arena *a, const char *path, int level, const char *rule) {
+    BuildOptions o;
+    memset(&o, 0, sizeof o);
+    o.front.batch = 2;
+    o.front.seq = 64;
+    o.passes.opt_level = level;
+    const char *rules[1] = {rule};
+    if (rule) {
+        o.passes.overrides = rules;
+        o.passes.n_overrides = 1;
+    }
+    diag_reset();
+    Graph *g = pipeline_compile(a, path, &o);
+    return g && !diag_error_count() ? g : NULL;
+}
+
 static void test_every_model_every_level(void **state) {
     (void)state;
     char dir[4096];
@@ -63,14 +81,8 @@ static void test_every_model_every_level(void **state) {
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         for (int level = 0; level <= 3; level++) {
             Arena *a = arena_new();
-            BuildOptions o;
-            memset(&o, 0, sizeof o);
-            o.front.batch = 2;
-            o.front.seq = 64;
-            o.passes.opt_level = level;
-            diag_reset();
-            Graph *g = pipeline_compile(a, path, &o);
-            if (!g || diag_error_count()) {
+            Graph *g = compile_model(a, path, level, NULL);
+            if (!g) {
                 printf("  %-20s O%d: the pipeline failed\n", de->d_name, level);
                 failures++;
                 arena_free(a);
@@ -136,18 +148,9 @@ typedef struct {
 static GroupedCount count_grouped(const char *rule) {
     GroupedCount c = {0};
     Arena *a = arena_new();
-    BuildOptions o;
-    memset(&o, 0, sizeof o);
-    o.front.batch = 2;
-    o.front.seq = 64;
-    o.passes.opt_level = 1;
-    const char *rules[1] = {rule};
-    o.passes.overrides = rules;
-    o.passes.n_overrides = 1;
     char path[4500], why[512];
     snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
-    diag_reset();
-    Graph *g = pipeline_compile(a, path, &o);
+    Graph *g = compile_model(a, path, 1, rule);
     assert_non_null(g);
     CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
     assert_non_null(plans);
@@ -203,15 +206,9 @@ static void test_producer_quantize_plan(void **state) {
     (void)state;
     for (int level = 1; level <= 3; level++) {
         Arena *a = arena_new();
-        BuildOptions o;
-        memset(&o, 0, sizeof o);
-        o.front.batch = 2;
-        o.front.seq = 64;
-        o.passes.opt_level = level;
         char path[4500], why[512];
         snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
-        diag_reset();
-        Graph *g = pipeline_compile(a, path, &o);
+        Graph *g = compile_model(a, path, level, NULL);
         assert_non_null(g);
         CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
         assert_non_null(plans);
