@@ -162,6 +162,23 @@ static float *alloc_floats(int64_t n)
     return p;
 }
 
+/* The packed panels of a GEMM, kept for the next one of the calling thread: a step runs
+ * hundreds of small GEMMs, and allocating their panels anew each time cost a page fault per
+ * page (the allocator maps blocks of this size afresh and unmaps them on free). Grown as
+ * needed, never shrunk. */
+static _Thread_local float *pack_store[2];
+static _Thread_local int64_t pack_floats[2];
+
+static float *pack_space(int which, int64_t n)
+{
+    if (n > pack_floats[which]) {
+        free(pack_store[which]);
+        pack_store[which] = alloc_floats(n);
+        pack_floats[which] = n;
+    }
+    return pack_store[which];
+}
+
 /* the 256 values of each FP8 format (numerics.c's decoders), filled before the first GEMM */
 static float fp8_values[2][256];
 
@@ -327,9 +344,9 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
         g.panels_per_group /= 2;
     g.n_col_groups = (g.n_col_panels + g.panels_per_group - 1) / g.panels_per_group;
     int64_t kc_max = K < KC ? K : KC;
-    g.bpack = alloc_floats(g.n_col_panels * kc_max * u.nr);
+    g.bpack = pack_space(0, g.n_col_panels * kc_max * u.nr);
     g.n_row_panels = (M + u.mr - 1) / u.mr;
-    g.apack = alloc_floats(g.n_row_panels * kc_max * u.mr);
+    g.apack = pack_space(1, g.n_row_panels * kc_max * u.mr);
     for (g.k0 = 0; g.k0 < K; g.k0 += KC) {
         g.kc = K - g.k0 < KC ? K - g.k0 : KC;
         int64_t tasks = g.n_row_blocks * g.n_col_groups;
@@ -343,8 +360,6 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
             ref_parallel_for(tasks, gemm_task, &g);
         }
     }
-    free(g.bpack);
-    free(g.apack);
 }
 
 void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
