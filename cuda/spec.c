@@ -1,8 +1,10 @@
 /* spec.c — what the GPU runs for each node: kernels of the library, or a cuBLASLt GEMM.
  *
  * The compiler (to know which kernels to compile) and the training binary (to launch them)
- * both call cuda_plan_node on the same scheduled graph, so the plan is never stored: it is a
- * pure function of the node, its tensors' shapes and formats, and its attributes. A launch
+ * both call cuda_plan_graph on the same scheduled graph, so the plan is never stored: it is a
+ * pure function of the node, its tensors' shapes and formats, and its attributes, except where
+ * a producer writes the FP8 copy of its value itself (fuse_producer_quantizes: a function of
+ * the node, its uses and the memory plan's offsets). A launch
  * names the library template it instantiates ("ck_norm<1, F<FMT_BF16, SCALE_NONE>, ..>(a)")
  * and its function is named after a hash of that text, so equal instantiations in different
  * layers are one function in the module. The argument block is filled here except for the
