@@ -28,6 +28,8 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
 
 typedef void (*MicroFn)(int64_t kc, const float *restrict a, const float *restrict b,
                         float *restrict c, int64_t ldc, bool add);
@@ -213,6 +215,13 @@ static void decode_run(const RtGemmOperand *o, int64_t at, int64_t n, float *dst
             memcpy(&h, src + i, sizeof h);
             u32x16 w = __builtin_convertvector(h, u32x16) << 16;
             memcpy(dst + i, &w, sizeof w);
+        }
+        if (i + 8 <= n) {   /* a row panel's 8 rows, read across a transposed operand */
+            u16x8 h;
+            memcpy(&h, src + i, sizeof h);
+            u32x8 w = __builtin_convertvector(h, u32x8) << 16;
+            memcpy(dst + i, &w, sizeof w);
+            i += 8;
         }
         for (; i < n; i++) {
             uint32_t u = (uint32_t)src[i] << 16;
