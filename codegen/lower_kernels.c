@@ -1215,6 +1215,29 @@ static void row_max(CgKernel *k, int64_t R, const int *sc, int blocks, int *m)
     end(k);
 }
 
+/* The unnormalized softmax of R rows of masked scores, in place: m_i = max_j p[i][j], then
+ * p[i][j] = exp(p[i][j] - m_i) over the blocks, l_i = sum_j p[i][j] and, where dp is given,
+ * dsum_i = sum_j p[i][j] dp[i][j] (the backward's dy . o before normalizing). */
+static void exp_rows(CgKernel *k, int64_t R, const int *p, int blocks, const int *dp, int *m, int *l,
+                     int *dsum)
+{
+    int part[ATTN_ROWS], part2[ATTN_ROWS];
+    row_max(k, R, p, blocks, m);
+    int j = open_blocks(k, ic(k, 0), blocks);
+    for (int64_t i = 0; i < R; i++) {
+        int e = e1(k, CG_EXP, fsub(k, lget(k, p[i], j), m[i]));
+        lset(k, p[i], j, e);
+        part[i] = reduce_sum(k, e);
+        if (dp) part2[i] = reduce_sum(k, fmul(k, e, lget(k, dp[i], j)));
+    }
+    end(k);
+    for (int64_t i = 0; i < R; i++) {
+        l[i] = reduce_sum(k, part[i]);
+        if (dp) dsum[i] = reduce_sum(k, part2[i]);
+    }
+    end(k);
+}
+
 /* causal softmax(q k^T * scale) v: k transposed per kv head, then one item per block of R
  * query rows of a head (the top of the file says why blocks):
  *   scores   s_ij = scale q_i . k_j for the keys of the block's whole KEY_BLOCKs, j past row
@@ -1238,7 +1261,7 @@ static void lower_attention(Lower *L, Node *n)
     int zero = ic(k, 0);
     int blocks = e2(k, CG_IDIV, iadd(k, r.end, ic(k, KEY_BLOCK - 1)), ic(k, KEY_BLOCK));
     int kbase = imul(k, iadd(k, imul(k, r.b, ic(k, s.Hkv)), g), ic(k, s.D * s.Tp));
-    int *q[ATTN_ROWS], sc[ATTN_ROWS], part[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS];
+    int *q[ATTN_ROWS], sc[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS];
     int row[ATTN_ROWS], acc[ATTN_ROWS], w[ATTN_ROWS], dot[ATTN_ROWS];
     for (int64_t i = 0; i < R; i++) {
         row[i] = iadd(k, imul(k, r.b, ic(k, s.T)), r.t[i]);
@@ -1254,16 +1277,7 @@ static void lower_attention(Lower *L, Node *n)
     }
     end(k);
     end(k);
-    row_max(k, R, sc, blocks, m);
-    j = open_blocks(k, zero, blocks);
-    for (int64_t i = 0; i < R; i++) {
-        int p = e1(k, CG_EXP, fsub(k, lget(k, sc[i], j), m[i]));
-        lset(k, sc[i], j, p);
-        part[i] = reduce_sum(k, p);
-    }
-    end(k);
-    for (int64_t i = 0; i < R; i++) l[i] = reduce_sum(k, part[i]);
-    end(k);
+    exp_rows(k, R, sc, blocks, NULL, m, l, NULL);
     for (int64_t i = 0; i < R; i++) acc[i] = cg_local(k, s.D, 0.0);
     for (int64_t i0 = 0; i0 < R; i0 += G) {
         j = seq_loop(k, zero, r.end);
@@ -1303,8 +1317,8 @@ static void lower_attention_bwd(Lower *L, Node *n)
     int qt = transpose_heads(L, n, s.q, "qt", &s, s.H, s.qoff, s.qstride);
     int dyt = transpose_heads(L, n, dyn, "dyt", &s, s.H, 0, s.H * s.D);
     int lse_s = cg_scratch_new(L->p, rows), dt_s = cg_scratch_new(L->p, rows);
-    int *x[ATTN_ROWS], *y[ATTN_ROWS], p[ATTN_ROWS], dp[ATTN_ROWS], part[ATTN_ROWS];
-    int part2[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS], dsum[ATTN_ROWS], inv[ATTN_ROWS];
+    int *x[ATTN_ROWS], *y[ATTN_ROWS], p[ATTN_ROWS], dp[ATTN_ROWS];
+    int m[ATTN_ROWS], l[ATTN_ROWS], dsum[ATTN_ROWS], inv[ATTN_ROWS];
     int row[ATTN_ROWS], acc[ATTN_ROWS], acc2[ATTN_ROWS], w[ATTN_ROWS], w2[ATTN_ROWS];
     int dot[ATTN_ROWS], dot2[ATTN_ROWS];
 
@@ -1342,23 +1356,10 @@ static void lower_attention_bwd(Lower *L, Node *n)
     }
     end(k);
     end(k);
-    row_max(k, R, p, blocks, m);
-    j = open_blocks(k, zero, blocks);
-    for (int64_t i = 0; i < R; i++) {
-        int e = e1(k, CG_EXP, fsub(k, lget(k, p[i], j), m[i]));
-        lset(k, p[i], j, e);
-        part[i] = reduce_sum(k, e);
-        part2[i] = reduce_sum(k, fmul(k, e, lget(k, dp[i], j)));
-    }
-    end(k);
-    for (int64_t i = 0; i < R; i++) {
-        l[i] = reduce_sum(k, part[i]);
-        part2[i] = reduce_sum(k, part2[i]);
-    }
-    end(k);
+    exp_rows(k, R, p, blocks, dp, m, l, dsum);
     for (int64_t i = 0; i < R; i++) {
         inv[i] = fdiv(k, fc(k, 1.0f), l[i]);
-        dsum[i] = fmul(k, part2[i], inv[i]);
+        dsum[i] = fmul(k, dsum[i], inv[i]);
     }
     j = open_blocks(k, zero, blocks);
     for (int64_t i = 0; i < R; i++) {
