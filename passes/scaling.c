@@ -22,7 +22,8 @@
  *
  * quant_scale and quantize stay nodes of their own, so that the reference executor runs them
  * one by one; the kernel IR fuses a quantize with an elementwise producer read by nothing else,
- * and the GPU backend runs each as its own (vectorized) kernel. A per-tensor scale of a value
+ * and the GPU backend runs each as its own (vectorized) kernel, except that a layernorm or GELU
+ * whose value only its FP8 copy reads writes that copy itself (cuda/spec.c). A per-tensor scale of a value
  * made by an elementwise or norm kernel marks that producer amax=1 (ops.def): its storage then
  * also holds the maxima its GPU blocks saw, and the scale reads those instead of the value. */
 #include "passes.h"
