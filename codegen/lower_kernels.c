@@ -941,6 +941,23 @@ static void lower_slice(Lower *L, Node *n)
     end(k);
 }
 
+/* TRANSPOSE: x as (R, C) -> (C, R), one item per result row (a column of x). Loads decode
+ * and the store encodes in the same format and scale, which gives back each code. */
+static void lower_transpose(Lower *L, Node *n)
+{
+    Node *x = n->in[0];
+    int64_t C = n->t.dims[0], R = n->t.dims[1];
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
+    shape(k, CG_PAR_BLOCK, C, 2 * R);
+    body(k);
+    int o = item(k);
+    int xb = cg_buf_tensor(k, x, true, false);
+    int j = row_loop(k, ic(k, 0), ic(k, R));
+    At at = {.idx = iadd(k, imul(k, o, ic(k, R)), j), .row = NONE, .col = NONE, .cols = R};
+    emit_out(L, k, n, ld(k, xb, iadd(k, imul(k, j, ic(k, C)), o)), at);
+    end(k);
+}
+
 /* CONCAT: one copy kernel per input, each writing its part of the result. */
 static void lower_concat(Lower *L, Node *n)
 {
@@ -1958,6 +1975,7 @@ static void lower_head(Lower *L, Node *h)
     case OP_DELAYED_SCALE: lower_delayed_scale(L, h); return;
     case OP_SLICE: case OP_PAD: lower_slice(L, h); return;
     case OP_CONCAT: lower_concat(L, h); return;
+    case OP_TRANSPOSE: lower_transpose(L, h); return;
     case OP_CONST: lower_const(L, h); return;
     case OP_ASSIGN: lower_assign(L, h); return;
     case OP_ROPE: lower_rope(L, h); return;

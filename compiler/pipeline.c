@@ -42,6 +42,7 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o)
     /* precision: a format for every tensor, then scales and quantization where formats change */
     if (!run_named(g, "precision", o, &stop)) return NULL;
     if (!run_named(g, "scaling", o, &stop)) return NULL;
+    if (!run_named(g, "layout", o, &stop)) return NULL;   /* transposed FP8 copies */
 
     /* order and memory: the launch list, then one offset per tensor in two arenas */
     if (!run_named(g, "schedule", o, &stop)) return NULL;

@@ -5,8 +5,9 @@
  * and rows are grouped by role. Below it: bytes per category, the bytes per parameter of
  * persistent training state (the figure O0..O3 are compared by), and the peak of the step —
  * the persistent arena plus the step arena, exactly what the runtime allocates. A quantized copy
- * is labelled by the value it was quantized from ("h.*.ln_2:e4m3"). `--json` gives every tensor
- * uncollapsed, with the value it was quantized from, for scripts. */
+ * is labelled by the value it was quantized from ("h.*.ln_2:e4m3"). A second table lists the
+ * transposed FP8 copies the layout pass decided on, and how each is made. `--json` gives every
+ * tensor uncollapsed, with the value it was quantized from, for scripts. */
 #include "compiler.h"
 
 #include <ctype.h>
@@ -142,6 +143,53 @@ static int category_rank(Role r)
     return ROLE_COUNT;
 }
 
+/* The layout pass's transposed FP8 copies (passes/layout.c): a TRANSPOSE node, or the copy a
+ * QUANTIZE with transposed=1 keeps after its result. Rows collapse over layers as above. */
+typedef struct {
+    const char *pattern, *made_by;
+    int64_t dims[2];
+    const char *phase;
+    int count;
+    int64_t bytes;
+} CopyRow;
+
+static bool transposed_copy_of(const Node *x, const char **made_by)
+{
+    if (x->op == OP_TRANSPOSE) *made_by = "a transpose";
+    else if (x->op == OP_QUANTIZE && ir_transposed_offset(x)) *made_by = "its quantize, both layouts";
+    else return false;
+    return true;
+}
+
+static CopyRow *collect_copies(const Graph *g, int *n_rows)
+{
+    CopyRow *rows = arena_alloc(g->arena, sizeof *rows * (size_t)(g->n_nodes + 1));
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *x = g->nodes[i];
+        const char *made_by;
+        if (!transposed_copy_of(x, &made_by)) continue;
+        const Tensor *t = &x->t;
+        int64_t C = t->rank ? t->dims[t->rank - 1] : 1;
+        int64_t dims[2] = {C, C ? ir_numel(t) / C : 0};   /* a quantize's copy: (C, rows) */
+        if (x->op == OP_TRANSPOSE) dims[0] = t->dims[0], dims[1] = t->dims[1];
+        const char *label_of = x->op == OP_TRANSPOSE && !x->t.name
+                                   ? arena_printf(g->arena, "%s:T", label(g->arena, x->in[0]))
+                                   : label(g->arena, x);
+        const char *pat = name_pattern(g->arena, label_of);
+        int j = 0;
+        for (; j < n; j++)
+            if (!strcmp(rows[j].pattern, pat) && rows[j].made_by == made_by && rows[j].dims[0] == dims[0] &&
+                rows[j].dims[1] == dims[1])
+                break;
+        if (j == n) rows[n++] = (CopyRow){pat, made_by, {dims[0], dims[1]}, ir_phase_name(x->phase), 0, 0};
+        rows[j].count++;
+        rows[j].bytes += ir_numel(t) * fmt_elem_bytes(t->fmt.elem);
+    }
+    *n_rows = n;
+    return rows;
+}
+
 void plan_print(const Graph *g, bool json, FILE *out)
 {
     MemSummary m;
@@ -170,7 +218,15 @@ void plan_print(const Graph *g, bool json, FILE *out)
                     fmt_codec_name(x->t.fmt.codec), from, (long long)tensor_bytes(&x->t));
             first = false;
         }
-        fprintf(out, "\n ],\n \"totals\": {");
+        fprintf(out, "\n ],\n \"transposed_copies\": [");
+        int n_copies;
+        CopyRow *copies = collect_copies(g, &n_copies);
+        for (int i = 0; i < n_copies; i++)
+            fprintf(out, "%s\n  {\"name\": \"%s\", \"count\": %d, \"made_by\": \"%s\", \"phase\": \"%s\", "
+                         "\"shape\": [%lld,%lld], \"bytes\": %lld}",
+                    i ? "," : "", copies[i].pattern, copies[i].count, copies[i].made_by, copies[i].phase,
+                    (long long)copies[i].dims[0], (long long)copies[i].dims[1], (long long)copies[i].bytes);
+        fprintf(out, "%s],\n \"totals\": {", n_copies ? "\n " : "");
         for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++)
             fprintf(out, "%s\"%s\": %lld", c ? ", " : "", categories[c].name,
                     (long long)m.by_role[categories[c].role]);
@@ -194,6 +250,20 @@ void plan_print(const Graph *g, bool json, FILE *out)
         else snprintf(name, sizeof name, "%s", rows[i].pattern);
         fprintf(out, "%-40.40s %-10s %-15.15s %-20.20s %11s\n", name, ir_role_name(rows[i].role), shape,
                 fmt, human(rows[i].bytes, b1));
+    }
+    int n_copies;
+    CopyRow *copies = collect_copies(g, &n_copies);
+    if (n_copies) {
+        fprintf(out, "\ntransposed FP8 copies (an FP8 GEMM reads both operands k-contiguous; made in the step arena)\n");
+        fprintf(out, "%-40s %-27s %-9s %-15s %11s\n", "copy (x count)", "made by", "phase", "shape", "bytes");
+        for (int i = 0; i < n_copies; i++) {
+            char name[80], shape[64];
+            if (copies[i].count > 1) snprintf(name, sizeof name, "%s x%d", copies[i].pattern, copies[i].count);
+            else snprintf(name, sizeof name, "%s", copies[i].pattern);
+            snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)copies[i].dims[0], (long long)copies[i].dims[1]);
+            fprintf(out, "%-40.40s %-27s %-9s %-15.15s %11s\n", name, copies[i].made_by, copies[i].phase, shape,
+                    human(copies[i].bytes, b1));
+        }
     }
     fprintf(out, "\n%-24s %12s %10s\n", "category", "bytes", "per param");
     for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++) {

@@ -950,15 +950,17 @@ static void plan_gemm_scales(Spec *s, const Node *x, int mode, bool k_rows, int6
     l->scratch = off;
 }
 
-/* a row-major (r, c) operand copied to scratch as (c, r), element bytes as they are */
-static void plan_transpose(Spec *s, const Node *x, int64_t off) {
+/* a row-major (r, c) operand copied as (c, r), element bytes as they are: into the tensor of
+ * node `to` (a TRANSPOSE), or without one into scratch at byte off */
+static void plan_transpose(Spec *s, const Node *x, const Node *to, int64_t off) {
     int64_t R = rows_of(&x->t), C = cols_of(&x->t);
     int bytes = fmt_elem_bytes(x->t.fmt.elem), tile = bytes == 1 ? 64 : 32;
     CuLaunch *l = bytes == 1 ? spec_launch(s, "transpose", (unsigned)((C + tile - 1) / tile), 256, "ck_transpose_b1(a)")
                              : spec_launch(s, "transpose", (unsigned)((C + tile - 1) / tile), 256,
                                            "ck_transpose<%d>(a)", bytes);
     l->grid[1] = (unsigned)((R + tile - 1) / tile);
-    arg_scratch(l, 0, off, C, R);
+    if (to) arg_node(l, 0, to);
+    else arg_scratch(l, 0, off, C, R);
     arg_node(l, 1, x);
 }
 
@@ -1034,14 +1036,14 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
         else if (ir_transposed_offset(B)) g.a.node = B, g.a.offset = ir_transposed_offset(B);
         else {
             g.a.scratch = at;
-            plan_transpose(s, B, at);
+            plan_transpose(s, B, NULL, at);
             at += (N * K + 255) / 256 * 256;
         }
         if (!ta) g.b.node = A;
         else if (ir_transposed_offset(A)) g.b.node = A, g.b.offset = ir_transposed_offset(A);
         else {
             g.b.scratch = at;
-            plan_transpose(s, A, at);
+            plan_transpose(s, A, NULL, at);
             at += (M * K + 255) / 256 * 256;
         }
         if (grouped) {
@@ -1190,6 +1192,15 @@ static bool plan_node(Spec *s) {
     case OP_QUANTIZE:
         return plan_elementwise(s);
     case OP_MATMUL: return plan_matmul(s, NULL);
+    case OP_TRANSPOSE:
+        if (!check_io(s, n, true)) return false;
+        if (n->t.fmt.elem != n->in[0]->t.fmt.elem || n->t.fmt.scaling != n->in[0]->t.fmt.scaling ||
+            n->t.fmt.scale != n->in[0]->t.fmt.scale)
+            return spec_fail(s, "a transpose that changes the format");
+        if (n->t.fmt.scaling != SCALE_NONE && n->t.fmt.scaling != SCALE_PER_TENSOR)
+            return spec_fail(s, "a transpose of grouped scales");
+        plan_transpose(s, n->in[0], n, 0);
+        return true;
     case OP_SQNORM: case OP_QUANT_SCALE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE:
         return plan_reductions(s);
     case OP_SUM_ROWS: case OP_LAYERNORM: case OP_LAYERNORM_BWD_X: case OP_LAYERNORM_BWD_W:

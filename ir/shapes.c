@@ -226,6 +226,12 @@ const char *ir_infer_shape(Node *n, Arena *a)
         return infer_axis_op(n, a);
     case OP_CONCAT:
         return infer_concat(n, a);
+    case OP_TRANSPOSE: {
+        if (x->rank < 2) return arena_printf(a, "transpose needs at least 2 dims, not %s", ir_shape_text(a, x));
+        int64_t d[2] = {last_dim(x), rows_of(x)};
+        ir_set_shape(n, 2, d);
+        return NULL;
+    }
     case OP_MATMUL:
         return infer_matmul(n, a);
     case OP_SUM_ROWS: {

@@ -259,35 +259,6 @@ static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
     }
 }
 
-/* Whether GEMM mm reads its operand k in the layout Hopper's FP8 GEMM takes (k contiguous:
- * A as (M, K), B as (N, K)) or needs it transposed. */
-static bool reads_transposed(const Node *mm, int k) { return k == 0 ? mm->iattr[0] != 0 : mm->iattr[1] == 0; }
-
-/* Layout. A per-tensor FP8 copy that FP8 GEMMs read both as it is and transposed (a gradient
- * dy: as it is by dx = dy W, transposed by dW = dy^T x) is quantized into both layouts at once
- * (transposed=1): one read of the value instead of a quantize and then a transpose of its
- * result. Only transient copies: a copy kept across the step would double its bytes. */
-static void keep_transposed_copies(Graph *g, const Uses *uses)
-{
-    for (int i = 0; i < g->n_nodes; i++) {
-        Node *q = g->nodes[i];
-        if (q->op != OP_QUANTIZE || q->t.fmt.scaling != SCALE_PER_TENSOR || q->t.rank < 2 ||
-            (q->t.role != ROLE_ACTIVATION && q->t.role != ROLE_GRAD_TEMP))
-            continue;
-        bool direct = false, transposed = false;
-        for (int k = 0; k < uses[i].n; k++) {
-            const Node *r = uses[i].list[k];
-            if (r->op != OP_MATMUL || !r->iattr[2]) continue;
-            for (int j = 0; j < 2; j++)
-                if (r->in[j] == q) {
-                    if (reads_transposed(r, j)) transposed = true;
-                    else direct = true;
-                }
-        }
-        if (direct && transposed) q->iattr[0] = 1;
-    }
-}
-
 bool pass_scaling(Graph *g, const PassOptions *opt)
 {
     Ctx c = {g, opt, NULL, 0, 0};
@@ -316,7 +287,6 @@ bool pass_scaling(Graph *g, const PassOptions *opt)
     /* a value is saved only while the backward still reads it; a saved scaled value's scales
      * are kept with it */
     uses = ir_fill_uses(g);
-    keep_transposed_copies(g, uses);
     for (int i = 0; i < g->n_nodes; i++) {
         Node *x = g->nodes[i];
         if (x->t.role != ROLE_SAVED) continue;

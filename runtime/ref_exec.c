@@ -391,6 +391,7 @@ void ref_exec_node(Node *n)
     case OP_CAST: case OP_RESHAPE: ref_copy(n, cx, y); break;
     case OP_SLICE: case OP_PAD: ref_slice(n, cx, y); break;
     case OP_CONCAT: ref_concat(n, cx, y); break;
+    case OP_TRANSPOSE: ref_transpose(n, cx, y); break;
     case OP_MATMUL: ref_matmul(n, cx, y); break;
     case OP_SUM_ROWS: ref_sum_rows(n, cx, y); break;
     case OP_SQNORM: ref_sqnorm(n, cx, y); break;

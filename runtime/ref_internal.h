@@ -66,6 +66,7 @@ void ref_unary(const Node *n, const float *const *x, float *y);      /* GELU, SI
 void ref_copy(const Node *n, const float *const *x, float *y);       /* RESHAPE, CAST */
 void ref_slice(const Node *n, const float *const *x, float *y);      /* SLICE, PAD */
 void ref_concat(const Node *n, const float *const *x, float *y);
+void ref_transpose(const Node *n, const float *const *x, float *y);
 void ref_sum_rows(const Node *n, const float *const *x, float *y);
 void ref_norm(const Node *n, const float *const *x, float *y);       /* (LAYER|RMS)NORM(_BWD_*) */
 void ref_softmax(const Node *n, const float *const *x, float *y);    /* SOFTMAX (+ _BWD) */

@@ -246,6 +246,18 @@ void ref_concat(const Node *n, const float *const *x, float *y)
         ref_die_node(n, "inputs fill %lld of %lld along the axis", (long long)at, (long long)ly);
 }
 
+/* TRANSPOSE: x as (rows, C) -> (C, rows). The result's format is x's (a scaled copy shares x's
+ * scale), so the stored codes are x's, moved. */
+void ref_transpose(const Node *n, const float *const *x, float *y)
+{
+    const Tensor *in = &n->in[0]->t;
+    int64_t C = in->rank ? in->dims[in->rank - 1] : 1, R = C ? ir_numel(in) / C : 0;
+    if (n->t.rank != 2 || n->t.dims[0] != C || n->t.dims[1] != R)
+        ref_die_node(n, "the result is not (%lld, %lld)", (long long)C, (long long)R);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < C; c++) y[c * R + r] = x[0][r * C + c];
+}
+
 /* ---------------------------------------------------------------- column reductions */
 
 /* y[c] = sum over rows of x[r, c], for a range of columns. */

@@ -5,7 +5,7 @@
  * cpu_exec.c) — the path a training binary takes — on fresh random data; the same graph runs
  * on the reference executor from identical bytes, and the results are compared:
  *   - FP8 and other encodes of the same values (quantize, cast, scales): bit-identical;
- *   - copies (slice, pad, concat, reshape, embedding): bit-identical;
+ *   - copies (slice, pad, concat, reshape, transpose, embedding): bit-identical;
  *   - f32 math: normalized error ||cpu - ref|| / ||ref|| < 1e-5 (the reference accumulates
  *     in f64; the kernels in f32 with exp/tanh within 2 ulp);
  *   - values stored in bf16 after f32 math: < 2e-3 (one bf16 ulp is 2^-8 relative; the two
@@ -423,6 +423,12 @@ static void test_encodes_exact(void **state)
         q->t.fmt.scale = qs;
         /* and read back through the scales: a scaled load feeding f32 math */
         done(t, OP(t, OP_GELU, q), FMT_F32, TOL_F32);
+        if (kinds[i] == SCALE_PER_TENSOR) {
+            /* the layout pass's transposed copy: the same codes under the same scale */
+            Node *qt = OP(t, OP_TRANSPOSE, q);
+            done(t, qt, (ElemType)qs->iattr[0], EXACT);
+            qt->t.fmt = q->t.fmt;
+        }
     }
     run_case(t, "encodes");
     tg_free(t);
@@ -452,6 +458,7 @@ static void test_copies_exact(void **state)
     int64_t d[2] = {12, 40};
     ir_set_shape(rs, 2, d);
     done(t, rs, FMT_BF16, EXACT);
+    done(t, OP(t, OP_TRANSPOSE, x), FMT_BF16, EXACT);   /* (3, 4, 40) -> (40, 12) */
     Node *table = input(t, FMT_BF16, 2, 50, 24, 0), *tok = ids(t, 2, 3, 7, 50, false);
     done(t, OP(t, OP_EMBEDDING, table, tok), FMT_BF16, EXACT);
     Node *cst = op(t, OP_CONST, 0, NULL);
@@ -1136,7 +1143,7 @@ static float *decode_in(Node *n, const RtMemory *mem, void *image)
 static Graph *tiny_step(Arena *a, int level, bool all_f32, RtMemory *mem)
 {
     BuildOptions bo = {.front = {.batch = 2, .seq = 32}, .passes = {.opt_level = level}};
-    if (all_f32) bo.stop_after = "scaling";
+    if (all_f32) bo.stop_after = "layout";
     Graph *g = pipeline_compile(a, "models/gpt2_tiny.model", &bo);
     assert_non_null(g);
     if (all_f32) {

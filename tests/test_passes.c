@@ -1003,6 +1003,34 @@ static void test_optimizer_states(void **state)
 /* The same properties on what the whole compiler makes of the bundled models, at every
  * precision level (scaled FP8 formats with their scale and amax tensors, in-place amax and
  * scale updates, gradient release). */
+/* The layout pass's promise: every GEMM with per-tensor FP8 operands reads both k-contiguous
+ * (A as (M, K), B as (N, K)), directly, through a transposed copy its quantize keeps, or through
+ * a TRANSPOSE of the backward; returns how many TRANSPOSE nodes the graph has. */
+static int check_fp8_gemm_layouts(const Graph *g)
+{
+    int transposes = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->op == OP_TRANSPOSE) {
+            transposes++;
+            const Node *x = n->in[0];
+            assert_int_equal(n->t.fmt.elem, x->t.fmt.elem);
+            assert_ptr_equal(n->t.fmt.scale, x->t.fmt.scale);
+            assert_int_equal(n->t.dims[0], x->t.dims[x->t.rank - 1]);
+            assert_int_equal(n->t.role, ROLE_GRAD_TEMP);   /* never kept across the step */
+        }
+        if (n->op != OP_MATMUL || n->iattr[2] != 1) continue;
+        for (int j = 0; j < 2; j++) {
+            const Node *x = n->in[j];
+            if (x->t.fmt.scaling != SCALE_PER_TENSOR) continue;
+            bool transposed = j == 0 ? n->iattr[0] != 0 : n->iattr[1] == 0;
+            if (transposed && !(x->op == OP_QUANTIZE && x->iattr[0]))
+                fail_msg("node %%%d reads operand %d (%%%d) transposed without a copy", n->id, j, x->id);
+        }
+    }
+    return transposes;
+}
+
 static void test_pipeline_models(void **state)
 {
     (void)state;
@@ -1029,6 +1057,10 @@ static void test_pipeline_models(void **state)
                              level == 4 ? " --grad-release" : "");
             check_schedule(g);
             check_memplan(g);
+            /* FP8 levels: each layer's weight copies and saved inputs are transposed for dx and dW */
+            int transposes = check_fp8_gemm_layouts(g);
+            if (o.passes.opt_level == 0) assert_int_equal(transposes, 0);
+            else if (m == 0) assert_true(transposes >= 4 * 4);
             /* attention's backward reads y and the forward's logsumexp where y is kept as it is
              * (O0, O1), and recomputes them where the backward keeps an FP8 copy (O2, O3) */
             for (int i = 0; i < g->n_nodes; i++) {

@@ -138,6 +138,10 @@ static void build_elementwise(void) {
     Node *st2 = scales(0, 0, 1);
     Node *x8 = leaf_fmt("x8", FMT_E4M3, SCALE_PER_TENSOR, 0, st2, 1, DIMS(B, T, C));
     add_case("cast e4m3->f32", 0, op_v(OP_CAST, FMT_F32, NULL, NULL, IN(x8)));
+    /* the layout pass's copies: FP8 codes moved under their scale, and a wider element type */
+    Node *x8t = add_case("transpose e4m3 tensor", 0, op_v(OP_TRANSPOSE, FMT_E4M3, NULL, NULL, IN(x8)));
+    x8t->t.fmt = x8->t.fmt;
+    add_case("transpose bf16", 0, op_v(OP_TRANSPOSE, FMT_BF16, NULL, NULL, IN(x)));
     add_case("slice", 0, op_v(OP_SLICE, FMT_BF16, I(2, D / 2, D), NULL, IN(x)));
     Node *sl = leaf(FMT_BF16, 1, DIMS(B, T, D));
     add_case("pad", 0, op_v(OP_PAD, FMT_BF16, I(2, C - D, C), NULL, IN(sl)));

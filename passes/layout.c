@@ -1,0 +1,114 @@
+/* layout.c — the transposed FP8 copies that GEMMs need, made explicit in the graph.
+ *
+ * Hopper's FP8 tensor cores multiply only one layout ("TN"): both operands k-contiguous, A as
+ * (M, K) and B as (N, K) row-major. A forward GEMM y = x W^T reads both that way, but the
+ * backward's dx = dy W reads W along its rows and dW = dy^T x reads dy and x along theirs:
+ * each needs a transposed copy. Where that copy comes from is a memory and bandwidth decision,
+ * so it is made here, once, for every backend, and `fp8c plan` shows it:
+ *
+ *   - A transient FP8 value that GEMMs read both ways (a gradient dy, read as it is by dx = dy W
+ *     and transposed by dW = dy^T x) is quantized into both layouts at once (QUANTIZE
+ *     transposed=1): one read of the bf16 value instead of a quantize and a transpose of its
+ *     result (TransformerEngine's cast-transpose).
+ *   - Any other FP8 operand read transposed — the forward's saved copies (x, read by dW) and
+ *     the weights' copies (W, read by dx) — gets a TRANSPOSE node just before its first such
+ *     reader, in the reader's phase, and the GEMM reads the copy with its flag flipped. Its
+ *     bytes live only in the step arena, from there to the last reader. Quantizing these in
+ *     both layouts in the forward instead would keep twice the FP8 bytes across the step.
+ *
+ * Only per-tensor scales are moved this way: a transposed copy shares the original's one
+ * scale. Row and 1x128 scales lie along the stored rows and would not survive the transpose,
+ * and a 128x128 block's scale grid would have to move with it; the GPU backend handles those
+ * operands itself (cuda/spec.c). The reference executor and the CPU backend multiply any
+ * layout, so for them the copies change nothing but the work; they run them all the same, and
+ * all three backends execute one graph. */
+#include "passes.h"
+
+#include <string.h>
+
+/* MATMUL iattr[2] (fp8): 1 = FP8 operands with one scale per tensor */
+enum { GEMM_FP8_TENSOR = 1 };
+
+/* Whether GEMM mm reads its operand k in the layout Hopper's FP8 GEMM takes (k contiguous:
+ * A as (M, K), B as (N, K)) or needs it transposed. */
+static bool reads_transposed(const Node *mm, int k) { return k == 0 ? mm->iattr[0] != 0 : mm->iattr[1] == 0; }
+
+static bool is_fp8_per_tensor(const Tensor *t)
+{
+    return (t->fmt.elem == FMT_E4M3 || t->fmt.elem == FMT_E5M2) && t->fmt.scaling == SCALE_PER_TENSOR &&
+           t->rank >= 2;
+}
+
+/* A transient per-tensor FP8 copy that FP8 GEMMs read both as it is and transposed is
+ * quantized into both layouts at once. */
+static void keep_transposed_copies(Graph *g, const Uses *uses)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *q = g->nodes[i];
+        if (q->op != OP_QUANTIZE || !is_fp8_per_tensor(&q->t) ||
+            (q->t.role != ROLE_ACTIVATION && q->t.role != ROLE_GRAD_TEMP))
+            continue;
+        bool direct = false, transposed = false;
+        for (int k = 0; k < uses[i].n; k++) {
+            const Node *r = uses[i].list[k];
+            if (r->op != OP_MATMUL || r->iattr[2] != GEMM_FP8_TENSOR) continue;
+            for (int j = 0; j < 2; j++)
+                if (r->in[j] == q) {
+                    if (reads_transposed(r, j)) transposed = true;
+                    else direct = true;
+                }
+        }
+        if (direct && transposed) q->iattr[0] = 1;
+    }
+}
+
+static const char *copy_name(Graph *g, const Node *x)
+{
+    return x->t.name ? arena_printf(g->arena, "%s:T", x->t.name) : NULL;
+}
+
+/* x's transposed copy, made just before `first` (its first reader in that phase that wants it) */
+static Node *transposed_copy(Graph *g, Node *x, Node *first)
+{
+    Node *t = ir_add1(g, OP_TRANSPOSE, x, x->loc);
+    t->phase = first->phase;
+    t->t.role = first->phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
+    t->t.fmt = x->t.fmt;   /* the same codes and the same scale tensor */
+    t->t.name = copy_name(g, x);
+    const char *err = ir_infer_shape(t, g->arena);
+    if (err) ir_die(__FILE__, __LINE__, "layout: %s", err);
+    ir_move_before(g, t, first);
+    return t;
+}
+
+bool pass_layout(Graph *g, const PassOptions *opt)
+{
+    (void)opt;
+    Uses *uses = ir_fill_uses(g);
+    keep_transposed_copies(g, uses);
+
+    /* every other per-tensor FP8 operand read transposed: one TRANSPOSE per value and phase,
+     * before its first such reader there (the graph is in topological order, so that is the
+     * earliest); a copy is never carried from one phase into the next */
+    int n = g->n_nodes;
+    Node **snapshot = arena_alloc(g->arena, sizeof(Node *) * (size_t)(n ? n : 1));
+    memcpy(snapshot, g->nodes, sizeof(Node *) * (size_t)n);
+    int ids = g->next_id;   /* copies by the value's id and the reader's phase */
+    Node **copies = arena_alloc(g->arena, sizeof(Node *) * (size_t)(ids ? ids : 1) * PHASE_COUNT);
+    memset(copies, 0, sizeof(Node *) * (size_t)(ids ? ids : 1) * PHASE_COUNT);
+    for (int i = 0; i < n; i++) {
+        Node *mm = snapshot[i];
+        if (mm->op != OP_MATMUL || mm->iattr[2] != GEMM_FP8_TENSOR) continue;
+        for (int j = 0; j < 2; j++) {
+            Node *x = mm->in[j];
+            if (!reads_transposed(mm, j) || !is_fp8_per_tensor(&x->t)) continue;
+            if (x->op == OP_QUANTIZE && x->iattr[0]) continue;   /* it keeps both layouts */
+            IR_ASSERT(x->id >= 0 && x->id < ids);
+            Node **copy = &copies[(size_t)x->id * PHASE_COUNT + mm->phase];
+            if (!*copy) *copy = transposed_copy(g, x, mm);
+            mm->in[j] = *copy;
+            mm->iattr[j] = !mm->iattr[j];
+        }
+    }
+    return true;
+}
