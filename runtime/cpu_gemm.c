@@ -9,9 +9,10 @@
  * registers: 8 x 32 floats in 16 zmm registers with AVX-512, 6 x 16 in 12 ymm with AVX2
  * (chosen when the program starts, by what the CPU supports), and a plain C loop elsewhere.
  *
- * Results are independent of the thread count: work is split by tiles of C, and every tile
- * sums its K blocks in order, each block in k order. They are not the reference's bits (that
- * one accumulates in f64); the CPU backend's tests state the tolerance.
+ * Results are independent of the thread count: work is split by tiles of C (how finely
+ * depends on the shape and the threads, gemm_split), and every tile sums its K blocks in
+ * order, each block in k order. They are not the reference's bits (that one accumulates in
+ * f64); the CPU backend's tests state the tolerance.
  *
  * Operands are read in their stored formats (f32, bf16, f16, e4m3, e5m2, unscaled or with one
  * scale per tensor) and widened to f32 while they are packed — exactly the values the
@@ -22,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { KC = 384, MC = 96, NC_TASK = 256 };
+enum { KC = 384, MC = 96, NC_TASK = 256, PACK_FLOATS = 1 << 21, LOAD_COST = 4 };
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
@@ -149,11 +150,13 @@ typedef struct {
     RtGemmOperand A, B;
     bool ta, tb, accumulate;
     float *C;
-    /* the current K block */
-    int64_t k0, kc;
-    float *bpack;           /* ceil(N/NR) panels of kc x NR */
-    float *apack;           /* ceil(M/MR) panels of kc x MR */
-    int64_t n_col_panels, n_row_panels, n_row_blocks, n_col_groups, panels_per_group;
+    int64_t n_col_panels, n_row_panels;     /* ceil(N / NR), ceil(M / MR) */
+    /* a task: a block of row panels x a group of column panels (gemm_split) */
+    int64_t block_panels, group_panels, n_row_blocks, n_col_groups;
+    /* the K blocks packed now: [kb0, kb0 + n_kb), each KC deep but the last */
+    int64_t kb0, n_kb, kc_max;  /* kc_max: min(K, KC), the depth a packed panel is given */
+    float *bpack;           /* n_kb x n_col_panels panels of kc_max x NR */
+    float *apack;           /* n_kb x n_row_panels panels of kc_max x MR */
 } Gemm;
 
 static float *alloc_floats(int64_t n)
@@ -245,82 +248,140 @@ static void decode_run(const RtGemmOperand *o, int64_t at, int64_t n, float *dst
     }
 }
 
-static void pack_b(void *ctx, int64_t jp)
+/* Depth of K block kb: KC, or what is left of K. */
+static int64_t kblock_depth(const Gemm *g, int64_t kb)
 {
-    Gemm *g = ctx;
+    int64_t k0 = kb * KC;
+    return g->K - k0 < KC ? g->K - k0 : KC;
+}
+
+/* Column panel jp of op(B) for K block kb: kc x NR, zero columns past N. */
+static void pack_b(const Gemm *g, int64_t kb, int64_t jp)
+{
     int nr = g->u.nr;
-    float *dst = g->bpack + jp * g->kc * nr;
+    int64_t k0 = kb * KC, kc = kblock_depth(g, kb);
+    float *dst = g->bpack + ((kb - g->kb0) * g->n_col_panels + jp) * g->kc_max * nr;
     int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
     float run[KC];
     if (g->tb) {   /* rows of B are columns of op(B): read them along, write across */
         for (int64_t j = 0; j < nr; j++) {
-            if (j < nj) decode_run(&g->B, (j0 + j) * g->ldb + g->k0, g->kc, run);
-            for (int64_t k = 0; k < g->kc; k++) dst[k * nr + j] = j < nj ? run[k] : 0;
+            if (j < nj) decode_run(&g->B, (j0 + j) * g->ldb + k0, kc, run);
+            for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = j < nj ? run[k] : 0;
         }
         return;
     }
-    for (int64_t k = 0; k < g->kc; k++) {
+    for (int64_t k = 0; k < kc; k++) {
         float *row = dst + k * nr;
-        decode_run(&g->B, (g->k0 + k) * g->ldb + j0, nj, row);
+        decode_run(&g->B, (k0 + k) * g->ldb + j0, nj, row);
         for (int64_t j = nj; j < nr; j++) row[j] = 0;
     }
 }
 
-/* One task: rows [i0, i0 + MC) x column panels of one group, for the current K block. */
-/* Row panel ip of op(A) for the current K block: kc x MR, zero rows past M. Packed once per K
- * block and shared by every task, so narrow column groups (short M, many threads) do not
- * repeat it. */
-static void pack_a(void *ctx, int64_t ip)
+/* Row panel ip of op(A) for K block kb: kc x MR, zero rows past M. Packed once and shared by
+ * every task of its rows, so that narrow column groups (short M, many threads) do not repeat
+ * it. */
+static void pack_a(const Gemm *g, int64_t kb, int64_t ip)
 {
-    Gemm *g = ctx;
     int mr = g->u.mr;
-    int64_t kc = g->kc, i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
-    float *ap = g->apack + ip * kc * mr;
+    int64_t k0 = kb * KC, kc = kblock_depth(g, kb), i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
+    float *ap = g->apack + ((kb - g->kb0) * g->n_row_panels + ip) * g->kc_max * mr;
     if (g->ta) {
         for (int64_t k = 0; k < kc; k++) {
             float *col = ap + k * mr;
-            decode_run(&g->A, (g->k0 + k) * g->lda + i, ni, col);
+            decode_run(&g->A, (k0 + k) * g->lda + i, ni, col);
             for (int64_t r = ni; r < mr; r++) col[r] = 0;
         }
         return;
     }
     float run[KC];   /* rows of A: read along, write across */
     for (int64_t r = 0; r < mr; r++) {
-        if (r < ni) decode_run(&g->A, (i + r) * g->lda + g->k0, kc, run);
+        if (r < ni) decode_run(&g->A, (i + r) * g->lda + k0, kc, run);
         for (int64_t k = 0; k < kc; k++) ap[k * mr + r] = r < ni ? run[k] : 0;
     }
 }
 
-/* One task: rows [i0, i0 + MC) x column panels of one group, for the current K block. */
+/* One packing item: for each K block, its column panels of B, then its row panels of A. */
+static void pack_task(void *ctx, int64_t item)
+{
+    Gemm *g = ctx;
+    int64_t per_kb = g->n_col_panels + g->n_row_panels;
+    int64_t kb = g->kb0 + item / per_kb, p = item % per_kb;
+    if (p < g->n_col_panels) pack_b(g, kb, p);
+    else pack_a(g, kb, p - g->n_col_panels);
+}
+
+/* One task: a block of row panels x a group of column panels, summed over the packed K blocks
+ * in order. */
 static void gemm_task(void *ctx, int64_t task)
 {
     Gemm *g = ctx;
     int mr = g->u.mr, nr = g->u.nr;
     int64_t ib = task / g->n_col_groups, jg = task % g->n_col_groups;
-    int64_t i0 = ib * MC, i1 = i0 + MC < g->M ? i0 + MC : g->M;
-    int64_t p0 = jg * g->panels_per_group;
-    int64_t p1 = p0 + g->panels_per_group < g->n_col_panels ? p0 + g->panels_per_group : g->n_col_panels;
-    int64_t kc = g->kc;
-    bool add = g->accumulate || g->k0 > 0;
+    int64_t ip0 = ib * g->block_panels, jp0 = jg * g->group_panels;
+    int64_t ip1 = ip0 + g->block_panels < g->n_row_panels ? ip0 + g->block_panels : g->n_row_panels;
+    int64_t jp1 = jp0 + g->group_panels < g->n_col_panels ? jp0 + g->group_panels : g->n_col_panels;
     float tile[8 * 32];
-    for (int64_t i = i0; i < i1; i += mr) {
-        int64_t ni = i1 - i < mr ? i1 - i : mr;
-        const float *ap = g->apack + (i / mr) * kc * mr;
-        for (int64_t jp = p0; jp < p1; jp++) {
-            int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
-            const float *bp = g->bpack + jp * kc * nr;
-            if (ni == mr && nj == nr) {
-                g->u.fn(kc, ap, bp, g->C + i * g->ldc + j0, g->ldc, add);
-                continue;
-            }
-            g->u.fn(kc, ap, bp, tile, nr, false);
-            for (int64_t r = 0; r < ni; r++)
-                for (int64_t j = 0; j < nj; j++) {
-                    float *c = g->C + (i + r) * g->ldc + j0 + j;
-                    *c = add ? *c + tile[r * nr + j] : tile[r * nr + j];
+    for (int64_t q = 0; q < g->n_kb; q++) {
+        int64_t kb = g->kb0 + q, kc = kblock_depth(g, kb);
+        bool add = g->accumulate || kb > 0;
+        for (int64_t ip = ip0; ip < ip1; ip++) {
+            int64_t i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
+            const float *ap = g->apack + (q * g->n_row_panels + ip) * g->kc_max * mr;
+            for (int64_t jp = jp0; jp < jp1; jp++) {
+                int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
+                const float *bp = g->bpack + (q * g->n_col_panels + jp) * g->kc_max * nr;
+                if (ni == mr && nj == nr) {
+                    g->u.fn(kc, ap, bp, g->C + i * g->ldc + j0, g->ldc, add);
+                    continue;
                 }
+                g->u.fn(kc, ap, bp, tile, nr, false);
+                for (int64_t r = 0; r < ni; r++)
+                    for (int64_t j = 0; j < nj; j++) {
+                        float *c = g->C + (i + r) * g->ldc + j0 + j;
+                        *c = add ? *c + tile[r * nr + j] : tile[r * nr + j];
+                    }
+            }
         }
     }
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* How C is cut into tasks for `threads` threads. A task is at most MC rows by NC_TASK columns
+ * (what the caches hold), in whole panels, and costs its multiply-adds plus the loading of its
+ * packed panels from the shared cache (LOAD_COST multiply-adds a float, per k: a task one
+ * panel high rereads as much B as it multiplies). Tasks are claimed dynamically, so a split
+ * takes about ceil(tasks / threads) rounds of its largest task, plus up to one more: a thread
+ * that wakes late or runs slow leaves its last task for the others to wait on. The search
+ * takes the quickest split, and of equally quick ones the fewest tasks, and cuts no finer than
+ * four tasks a thread unless the cache limits alone make more. With short M and many threads
+ * this gives narrow column groups, down to one panel, and row blocks of equal height (128
+ * rows: two blocks of 64, not 96 and 32). The split decides which thread computes a tile,
+ * never the order in which it is summed. */
+static void gemm_split(Gemm *g, int64_t threads)
+{
+    int mr = g->u.mr, nr = g->u.nr;
+    int64_t most = ceil_div(g->n_row_panels, MC / mr) * ceil_div(g->n_col_panels, NC_TASK / nr);
+    if (most < 4 * threads) most = 4 * threads;
+    int64_t best_time = INT64_MAX, best_tasks = 0, blocks = 1, groups = 1;
+    for (int64_t rp = MC / mr; rp >= 1; rp--)
+        for (int64_t cp = NC_TASK / nr; cp >= 1; cp--) {
+            int64_t b = ceil_div(g->n_row_panels, rp), c = ceil_div(g->n_col_panels, cp);
+            if (b * c > most) continue;
+            int64_t rows = (rp < g->n_row_panels ? rp : g->n_row_panels) * mr;
+            int64_t cols = (cp < g->n_col_panels ? cp : g->n_col_panels) * nr;
+            int64_t time = (ceil_div(b * c, threads) + 1) * (rows * cols + LOAD_COST * (rows + cols));
+            if (time < best_time || (time == best_time && b * c < best_tasks)) {
+                best_time = time;
+                best_tasks = b * c;
+                blocks = b;
+                groups = c;
+            }
+        }
+    g->block_panels = ceil_div(g->n_row_panels, blocks);
+    g->group_panels = ceil_div(g->n_col_panels, groups);
+    g->n_row_blocks = ceil_div(g->n_row_panels, g->block_panels);
+    g->n_col_groups = ceil_div(g->n_col_panels, g->group_panels);
 }
 
 void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
@@ -339,33 +400,34 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
     }
     Gemm g = {.u = u, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A,
               .B = B, .ta = ta, .tb = tb, .accumulate = accumulate, .C = C};
-    g.n_col_panels = (N + u.nr - 1) / u.nr;
-    g.n_row_blocks = (M + MC - 1) / MC;
-    g.panels_per_group = NC_TASK / u.nr;
-    /* enough tasks to keep every thread busy (narrower column groups when M is short), but
-     * none much under a million multiply-adds: waking the pool costs more than that */
+    g.n_col_panels = ceil_div(N, u.nr);
+    g.n_row_panels = ceil_div(M, u.mr);
+    /* no thread gets much under a million multiply-adds: waking the pool costs more */
     double flops = 2.0 * (double)M * (double)N * (double)K;
-    int64_t want = (int64_t)ref_threads() * 4;
-    if ((double)want > flops / 2e6) want = (int64_t)(flops / 2e6) + 1;
-    bool serial = want == 1;
-    while (g.panels_per_group > 1 &&
-           g.n_row_blocks * ((g.n_col_panels + g.panels_per_group - 1) / g.panels_per_group) < want)
-        g.panels_per_group /= 2;
-    g.n_col_groups = (g.n_col_panels + g.panels_per_group - 1) / g.panels_per_group;
-    int64_t kc_max = K < KC ? K : KC;
-    g.bpack = pack_space(0, g.n_col_panels * kc_max * u.nr);
-    g.n_row_panels = (M + u.mr - 1) / u.mr;
-    g.apack = pack_space(1, g.n_row_panels * kc_max * u.mr);
-    for (g.k0 = 0; g.k0 < K; g.k0 += KC) {
-        g.kc = K - g.k0 < KC ? K - g.k0 : KC;
-        int64_t tasks = g.n_row_blocks * g.n_col_groups;
+    int64_t threads = ref_threads();
+    if ((double)threads > flops / 2e6) threads = (int64_t)(flops / 2e6) + 1;
+    bool serial = threads == 1;
+    gemm_split(&g, threads);
+    /* As many K blocks packed at once as PACK_FLOATS holds, so that a short GEMM packs
+     * everything in one round: each round of packing and each round of tasks ends in a
+     * barrier, and at sixteen threads a barrier costs about as much as a K block of a short
+     * GEMM. */
+    int64_t n_kblocks = ceil_div(K, KC);
+    g.kc_max = K < KC ? K : KC;
+    int64_t kb_floats = (g.n_col_panels * u.nr + g.n_row_panels * u.mr) * g.kc_max;
+    int64_t fit = PACK_FLOATS / kb_floats > 1 ? PACK_FLOATS / kb_floats : 1;
+    int64_t chunk = ceil_div(n_kblocks, ceil_div(n_kblocks, fit));   /* rounds of equal size */
+    g.bpack = pack_space(0, chunk * g.n_col_panels * g.kc_max * u.nr);
+    g.apack = pack_space(1, chunk * g.n_row_panels * g.kc_max * u.mr);
+    int64_t tasks = g.n_row_blocks * g.n_col_groups;
+    for (g.kb0 = 0; g.kb0 < n_kblocks; g.kb0 += chunk) {
+        g.n_kb = n_kblocks - g.kb0 < chunk ? n_kblocks - g.kb0 : chunk;
+        int64_t items = g.n_kb * (g.n_col_panels + g.n_row_panels);
         if (serial) {
-            for (int64_t j = 0; j < g.n_col_panels; j++) pack_b(&g, j);
-            for (int64_t i = 0; i < g.n_row_panels; i++) pack_a(&g, i);
+            for (int64_t t = 0; t < items; t++) pack_task(&g, t);
             for (int64_t t = 0; t < tasks; t++) gemm_task(&g, t);
         } else {
-            ref_parallel_for(g.n_col_panels, pack_b, &g);
-            ref_parallel_for(g.n_row_panels, pack_a, &g);
+            ref_parallel_for(items, pack_task, &g);
             ref_parallel_for(tasks, gemm_task, &g);
         }
     }
