@@ -194,6 +194,19 @@ static void build_rows(void) {
     add_case("cross_entropy, vector rows", 2e-5, op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(logits8, tgt8)));
     add_case("cross_entropy_bwd, vector rows", 1e-2,
              op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits8, tgt8)));
+    /* vocabulary-sized rows (blocks of 1024 threads): GPT-2's 50304 bf16 logits, kept in shared
+     * memory by the backward; f32 rows that fit (80 KB) and that do not (128 KB, read twice) */
+    int64_t RV = gt_int(1, 40);
+    Node *tgtv = ids(50304, 0.1, DIMS(RV));
+    Node *lv = leaf(FMT_BF16, 3, DIMS(RV, 50304));
+    add_case("cross_entropy, 50304 logits", 2e-5, op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(lv, tgtv)));
+    add_case("cross_entropy_bwd, 50304 logits", 1e-2, op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, lv, tgtv)));
+    Node *tgt20 = ids(20000, 0.1, DIMS(RV)), *tgt32 = ids(32768, 0.1, DIMS(RV));
+    Node *l20 = leaf(FMT_F32, 3, DIMS(RV, 20000)), *l32 = leaf(FMT_F32, 3, DIMS(RV, 32768));
+    add_case("cross_entropy_bwd, 20000 f32 logits", 2e-5,
+             op_v(OP_CROSS_ENTROPY_BWD, FMT_F32, NULL, NULL, IN(dl, l20, tgt20)));
+    add_case("cross_entropy_bwd, 32768 f32 logits", 2e-5,
+             op_v(OP_CROSS_ENTROPY_BWD, FMT_F32, NULL, NULL, IN(dl, l32, tgt32)));
     int64_t R2 = gt_int(1, 5000);
     Node *big = leaf(FMT_BF16, 1, DIMS(R2, C));
     add_case("sum_rows", 2e-5, op_v(OP_SUM_ROWS, FMT_F32, NULL, NULL, IN(big)));
