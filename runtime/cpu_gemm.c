@@ -23,6 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 enum { KC = 384, MC = 96, NC_TASK = 256, PACK_FLOATS = 1 << 21, LOAD_COST = 4 };
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -132,16 +136,18 @@ static void micro_4x8(int64_t kc, const float *restrict a, const float *restrict
 typedef struct {
     int mr, nr;
     MicroFn fn;
+    bool avx, avx2;   /* packing moves 8 x 8 blocks in ymm registers (pack_across) */
 } Micro;
 
 static Micro micro_pick(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return (Micro){8, 32, micro_8x32};
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (Micro){6, 16, micro_6x16};
+    bool avx = __builtin_cpu_supports("avx"), avx2 = __builtin_cpu_supports("avx2");
+    if (__builtin_cpu_supports("avx512f")) return (Micro){8, 32, micro_8x32, avx, avx2};
+    if (avx2 && __builtin_cpu_supports("fma")) return (Micro){6, 16, micro_6x16, avx, avx2};
 #endif
-    return (Micro){4, 8, micro_4x8};
+    return (Micro){4, 8, micro_4x8, false, false};
 }
 
 typedef struct {
@@ -186,6 +192,7 @@ static float *pack_space(int which, int64_t n)
 
 /* the 256 values of each FP8 format (numerics.c's decoders), filled before the first GEMM */
 static float fp8_values[2][256];
+static bool runs_avx2;   /* decode_run widens bf16 with AVX2 */
 
 static void fill_fp8_values(void)
 {
@@ -194,6 +201,70 @@ static void fill_fp8_values(void)
         fp8_values[1][q] = num_e5m2_to_f32((uint8_t)q);
     }
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* dst[c * ldd + r] = row r's element c, for r, c < 8: the classic three rounds of shuffles
+ * (pairs of rows interleaved, then pairs of pairs, then the 128-bit halves swapped). */
+__attribute__((target("avx"), always_inline)) static inline void
+transpose_rows(__m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256 r4, __m256 r5, __m256 r6,
+               __m256 r7, float *dst, int64_t ldd)
+{
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+           t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
+           t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+           s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+           s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+           s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(s0, s4, 0x20));
+    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(s1, s5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(s2, s6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(s3, s7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(s0, s4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(s1, s5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(s2, s6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+/* 8 x n f32 (row stride lds) transposed into dst (row stride ldd), n a multiple of 8 */
+__attribute__((target("avx"))) static void transpose_f32(const float *src, int64_t lds, int64_t n,
+                                                         float *dst, int64_t ldd)
+{
+    for (int64_t c = 0; c < n; c += 8, src += 8, dst += 8 * ldd)
+        transpose_rows(_mm256_loadu_ps(src), _mm256_loadu_ps(src + lds),
+                       _mm256_loadu_ps(src + 2 * lds), _mm256_loadu_ps(src + 3 * lds),
+                       _mm256_loadu_ps(src + 4 * lds), _mm256_loadu_ps(src + 5 * lds),
+                       _mm256_loadu_ps(src + 6 * lds), _mm256_loadu_ps(src + 7 * lds), dst, ldd);
+}
+
+/* The same from bf16, widened on the way (a bf16 is the top half of its f32) */
+__attribute__((target("avx2"), always_inline)) static inline __m256 widen_bf16(const uint16_t *p)
+{
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+__attribute__((target("avx2"))) static void transpose_bf16(const uint16_t *src, int64_t lds,
+                                                           int64_t n, float *dst, int64_t ldd)
+{
+    for (int64_t c = 0; c < n; c += 8, src += 8, dst += 8 * ldd)
+        transpose_rows(widen_bf16(src), widen_bf16(src + lds), widen_bf16(src + 2 * lds),
+                       widen_bf16(src + 3 * lds), widen_bf16(src + 4 * lds),
+                       widen_bf16(src + 5 * lds), widen_bf16(src + 6 * lds),
+                       widen_bf16(src + 7 * lds), dst, ldd);
+}
+
+/* n bf16 widened to f32, eight at a time (decode_run's loop, built for AVX2: the baseline
+ * build moves its 64-byte vectors through the stack) */
+__attribute__((target("avx2"))) static int64_t widen_bf16_run(const uint16_t *src, int64_t n,
+                                                              float *dst)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, widen_bf16(src + i));
+    return i;
+}
+#endif
 
 /* n consecutive elements of operand o from element `at`, as f32: decoded exactly and divided
  * by the operand's scale, which is what the reference reads (ref_load). */
@@ -213,6 +284,9 @@ static void decode_run(const RtGemmOperand *o, int64_t at, int64_t n, float *dst
          * multiplication on small GEMMs */
         const uint16_t *src = (const uint16_t *)o->data + at;
         int64_t i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (runs_avx2) i = widen_bf16_run(src, n, dst);
+#endif
         for (; i + 16 <= n; i += 16) {
             u16x16 h;
             memcpy(&h, src + i, sizeof h);
@@ -248,6 +322,55 @@ static void decode_run(const RtGemmOperand *o, int64_t at, int64_t n, float *dst
     }
 }
 
+/* A panel `width` wide whose lines are rows of the operand (A's rows, or B's rows when op(B)
+ * reads it transposed): dst[c * width + r] = element (r, c) of the operand from `at` (row
+ * stride ld) for r < rows, 0 for rows <= r < width, c < n. Read along the rows, written across.
+ * Writing element by element (one store per float, each to another line of the panel) held
+ * the forward x @ W^T GEMMs, whose whole weight is packed this way, to 0.67 of OpenBLAS; so
+ * eight rows at a time move as 8 x 8 blocks transposed in vector registers, read in place
+ * when f32 or bf16 (widened in the same registers), else first decoded into `stage`. Values
+ * are only moved: the result is the element loop's, bit for bit. */
+static void pack_across(const Gemm *g, const RtGemmOperand *o, int64_t at, int64_t ld,
+                        int64_t rows, int width, int64_t n, float *dst)
+{
+    float stage[8 * KC];
+    for (int r0 = 0; r0 < width; r0 += 8) {
+        int h = width - r0 < 8 ? width - r0 : 8;
+        int64_t live = rows - r0 < 0 ? 0 : rows - r0 < h ? rows - r0 : h;
+        int64_t c = 0, whole = h == 8 ? n / 8 * 8 : 0;
+        const float *src = stage;
+        int64_t lds = KC;
+        bool in_place = live == 8 && o->scale == 1.0f && (o->elem == FMT_F32 || o->elem == FMT_BF16);
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (in_place && o->elem == FMT_F32 && g->u.avx) {
+            transpose_f32((const float *)o->data + at + r0 * ld, ld, whole, dst + r0, width);
+            c = whole;
+        } else if (in_place && o->elem == FMT_BF16 && g->u.avx2) {
+            transpose_bf16((const uint16_t *)o->data + at + r0 * ld, ld, whole, dst + r0, width);
+            c = whole;
+        }
+#endif
+        if (c == n) continue;
+        if (in_place && o->elem == FMT_F32) {
+            src = (const float *)o->data + at + r0 * ld;
+            lds = ld;
+        } else {
+            for (int r = 0; r < h; r++) {
+                if (r < live) decode_run(o, at + (r0 + r) * ld + c, n - c, stage + r * KC + c);
+                else memset(stage + r * KC + c, 0, sizeof(float) * (size_t)(n - c));
+            }
+        }
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (c < whole && g->u.avx) {
+            transpose_f32(src + c, lds, whole - c, dst + c * width + r0, width);
+            c = whole;
+        }
+#endif
+        for (; c < n; c++)
+            for (int r = 0; r < h; r++) dst[c * width + r0 + r] = src[r * lds + c];
+    }
+}
+
 /* Depth of K block kb: KC, or what is left of K. */
 static int64_t kblock_depth(const Gemm *g, int64_t kb)
 {
@@ -262,12 +385,8 @@ static void pack_b(const Gemm *g, int64_t kb, int64_t jp)
     int64_t k0 = kb * KC, kc = kblock_depth(g, kb);
     float *dst = g->bpack + ((kb - g->kb0) * g->n_col_panels + jp) * g->kc_max * nr;
     int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
-    float run[KC];
-    if (g->tb) {   /* rows of B are columns of op(B): read them along, write across */
-        for (int64_t j = 0; j < nr; j++) {
-            if (j < nj) decode_run(&g->B, (j0 + j) * g->ldb + k0, kc, run);
-            for (int64_t k = 0; k < kc; k++) dst[k * nr + j] = j < nj ? run[k] : 0;
-        }
+    if (g->tb) {   /* rows of B are columns of op(B) */
+        pack_across(g, &g->B, j0 * g->ldb + k0, g->ldb, nj, nr, kc, dst);
         return;
     }
     for (int64_t k = 0; k < kc; k++) {
@@ -293,11 +412,7 @@ static void pack_a(const Gemm *g, int64_t kb, int64_t ip)
         }
         return;
     }
-    float run[KC];   /* rows of A: read along, write across */
-    for (int64_t r = 0; r < mr; r++) {
-        if (r < ni) decode_run(&g->A, (i + r) * g->lda + k0, kc, run);
-        for (int64_t k = 0; k < kc; k++) ap[k * mr + r] = r < ni ? run[k] : 0;
-    }
+    pack_across(g, &g->A, i * g->lda + k0, g->lda, ni, mr, kc, ap);
 }
 
 /* One packing item: for each K block, its column panels of B, then its row panels of A. */
@@ -397,6 +512,7 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
     if (!u.fn) {
         fill_fp8_values();
         u = micro_pick();
+        runs_avx2 = u.avx2;
     }
     Gemm g = {.u = u, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A,
               .B = B, .ta = ta, .tb = tb, .accumulate = accumulate, .C = C};
