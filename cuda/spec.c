@@ -176,7 +176,9 @@ static CuLaunch *spec_launch(Spec *s, const char *tag, unsigned grid, unsigned b
     va_start(ap, fmt);
     vsnprintf(l->body, sizeof l->body, fmt, ap);
     va_end(ap);
+    /* the entry point is named by its body and its block size: its __launch_bounds__ */
     uint64_t h = cuda_hash(0, l->body, strlen(l->body));
+    h = cuda_hash(h, &block, sizeof block);
     snprintf(l->fn, sizeof l->fn, "%s_%016llx", tag, (unsigned long long)h);
     l->grid[0] = grid;
     l->grid[1] = 1;
