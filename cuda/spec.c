@@ -981,6 +981,20 @@ static void plan_transpose(Spec *s, const Node *x, const Node *to, int64_t off) 
     arg_node(l, 1, x);
 }
 
+/* Whether TRANSPOSE n moves x's codes as they are: unscaled, the same per-tensor scale, or
+ * 128 x 128 blocks whose grid of scales is the transpose of x's (the layout pass's second
+ * TRANSPOSE). */
+static bool transpose_keeps_values(const Node *n) {
+    const Format *fx = &n->in[0]->t.fmt, *fy = &n->t.fmt;
+    if (fy->elem != fx->elem || fy->scaling != fx->scaling || fy->codec != fx->codec) return false;
+    switch (fy->scaling) {
+    case SCALE_NONE: return true;
+    case SCALE_PER_TENSOR: return fy->scale == fx->scale;
+    case SCALE_BLOCK_128: return fy->scale && fy->scale->op == OP_TRANSPOSE && fy->scale->in[0] == fx->scale;
+    default: return false;
+    }
+}
+
 /* an operand decoded to plain f32 in scratch */
 static void plan_decode(Spec *s, const Node *x, int64_t off) {
     int64_t count = ir_numel(&x->t);
@@ -1211,11 +1225,7 @@ static bool plan_node(Spec *s) {
     case OP_MATMUL: return plan_matmul(s, NULL);
     case OP_TRANSPOSE:
         if (!check_io(s, n, true)) return false;
-        if (n->t.fmt.elem != n->in[0]->t.fmt.elem || n->t.fmt.scaling != n->in[0]->t.fmt.scaling ||
-            n->t.fmt.scale != n->in[0]->t.fmt.scale)
-            return spec_fail(s, "a transpose that changes the format");
-        if (n->t.fmt.scaling != SCALE_NONE && n->t.fmt.scaling != SCALE_PER_TENSOR)
-            return spec_fail(s, "a transpose of grouped scales");
+        if (!transpose_keeps_values(n)) return spec_fail(s, "a transpose that changes the values");
         plan_transpose(s, n->in[0], n, 0);
         return true;
     case OP_SQNORM: case OP_QUANT_SCALE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE:

@@ -16,18 +16,19 @@
  *     bytes live only in the step arena, from there to the last reader. Quantizing these in
  *     both layouts in the forward instead would keep twice the FP8 bytes across the step.
  *
- * Only per-tensor scales are moved this way: a transposed copy shares the original's one
- * scale. Row and 1x128 scales lie along the stored rows and would not survive the transpose,
- * and a 128x128 block's scale grid would have to move with it; the GPU backend handles those
- * operands itself (cuda/spec.c). The reference executor and the CPU backend multiply any
+ * A per-tensor copy shares the original's one scale; a copy in 128 x 128 blocks gets its grid
+ * of block scales transposed too (a second, small TRANSPOSE). Row and 1x128 scales lie along the
+ * stored rows and do not survive a transpose: such operands read transposed are left as they
+ * are (the GPU backend decodes them to f32, cuda/spec.c). The reference executor and the CPU backend multiply any
  * layout, so for them the copies change nothing but the work; they run them all the same, and
  * all three backends execute one graph. */
 #include "passes.h"
 
 #include <string.h>
 
-/* MATMUL iattr[2] (fp8): 1 = FP8 operands with one scale per tensor */
-enum { GEMM_FP8_TENSOR = 1 };
+/* MATMUL iattr[2] (fp8): FP8 operands with one scale per tensor, or in 1x128 tiles and
+ * 128x128 blocks (DeepSeek-V3's recipe) */
+enum { GEMM_FP8_TENSOR = 1, GEMM_FP8_BLOCK = 3 };
 
 /* Whether GEMM mm reads its operand k in the layout Hopper's FP8 GEMM takes (k contiguous:
  * A as (M, K), B as (N, K)) or needs it transposed. */
@@ -37,6 +38,15 @@ static bool is_fp8_per_tensor(const Tensor *t)
 {
     return (t->fmt.elem == FMT_E4M3 || t->fmt.elem == FMT_E5M2) && t->fmt.scaling == SCALE_PER_TENSOR &&
            t->rank >= 2;
+}
+
+/* An FP8 operand whose transposed copy reads the same values: one scale per tensor (shared), or
+ * 128 x 128 blocks (the block grid transposed with it). */
+static bool is_transposable(const Tensor *t)
+{
+    if (is_fp8_per_tensor(t)) return true;
+    return (t->fmt.elem == FMT_E4M3 || t->fmt.elem == FMT_E5M2) && t->fmt.scaling == SCALE_BLOCK_128 &&
+           t->rank >= 2 && t->fmt.scale && t->fmt.scale->t.rank == 2;
 }
 
 /* A transient per-tensor FP8 copy that FP8 GEMMs read both as it is and transposed is
@@ -67,17 +77,19 @@ static const char *copy_name(Graph *g, const Node *x)
     return x->t.name ? arena_printf(g->arena, "%s:T", x->t.name) : NULL;
 }
 
-/* x's transposed copy, made just before `first` (its first reader in that phase that wants it) */
+/* x's transposed copy, made just before `first` (its first reader in that phase that wants it);
+ * a 128 x 128-block copy gets its block grid transposed the same way */
 static Node *transposed_copy(Graph *g, Node *x, Node *first)
 {
     Node *t = ir_add1(g, OP_TRANSPOSE, x, x->loc);
     t->phase = first->phase;
     t->t.role = first->phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
-    t->t.fmt = x->t.fmt;   /* the same codes and the same scale tensor */
+    t->t.fmt = x->t.fmt;   /* the same codes and, per tensor, the same scale tensor */
     t->t.name = copy_name(g, x);
     const char *err = ir_infer_shape(t, g->arena);
     if (err) ir_die(__FILE__, __LINE__, "layout: %s", err);
     ir_move_before(g, t, first);
+    if (x->t.fmt.scaling == SCALE_BLOCK_128) t->t.fmt.scale = transposed_copy(g, x->t.fmt.scale, t);
     return t;
 }
 
@@ -98,10 +110,10 @@ bool pass_layout(Graph *g, const PassOptions *opt)
     memset(copies, 0, sizeof(Node *) * (size_t)(ids ? ids : 1) * PHASE_COUNT);
     for (int i = 0; i < n; i++) {
         Node *mm = snapshot[i];
-        if (mm->op != OP_MATMUL || mm->iattr[2] != GEMM_FP8_TENSOR) continue;
+        if (mm->op != OP_MATMUL || (mm->iattr[2] != GEMM_FP8_TENSOR && mm->iattr[2] != GEMM_FP8_BLOCK)) continue;
         for (int j = 0; j < 2; j++) {
             Node *x = mm->in[j];
-            if (!reads_transposed(mm, j) || !is_fp8_per_tensor(&x->t)) continue;
+            if (!reads_transposed(mm, j) || !is_transposable(&x->t)) continue;
             if (x->op == OP_QUANTIZE && x->iattr[0]) continue;   /* it keeps both layouts */
             IR_ASSERT(x->id >= 0 && x->id < ids);
             Node **copy = &copies[(size_t)x->id * PHASE_COUNT + mm->phase];

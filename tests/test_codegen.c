@@ -423,11 +423,13 @@ static void test_encodes_exact(void **state)
         q->t.fmt.scale = qs;
         /* and read back through the scales: a scaled load feeding f32 math */
         done(t, OP(t, OP_GELU, q), FMT_F32, TOL_F32);
-        if (kinds[i] == SCALE_PER_TENSOR) {
-            /* the layout pass's transposed copy: the same codes under the same scale */
+        if (kinds[i] == SCALE_PER_TENSOR || kinds[i] == SCALE_BLOCK_128) {
+            /* the layout pass's transposed copy: the same codes under the same scale, or under
+             * the transposed grid of block scales */
             Node *qt = OP(t, OP_TRANSPOSE, q);
             done(t, qt, (ElemType)qs->iattr[0], EXACT);
             qt->t.fmt = q->t.fmt;
+            if (kinds[i] == SCALE_BLOCK_128) qt->t.fmt.scale = done(t, OP(t, OP_TRANSPOSE, qs), FMT_F32, EXACT);
         }
     }
     run_case(t, "encodes");

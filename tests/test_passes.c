@@ -1003,7 +1003,7 @@ static void test_optimizer_states(void **state)
 /* The same properties on what the whole compiler makes of the bundled models, at every
  * precision level (scaled FP8 formats with their scale and amax tensors, in-place amax and
  * scale updates, gradient release). */
-/* The layout pass's promise: every GEMM with per-tensor FP8 operands reads both k-contiguous
+/* The layout pass's promise: every FP8 GEMM reads its per-tensor and 128 x 128-block operands k-contiguous
  * (A as (M, K), B as (N, K)), directly, through a transposed copy its quantize keeps, or through
  * a TRANSPOSE of the backward; returns how many TRANSPOSE nodes the graph has. */
 static int check_fp8_gemm_layouts(const Graph *g)
@@ -1015,14 +1015,19 @@ static int check_fp8_gemm_layouts(const Graph *g)
             transposes++;
             const Node *x = n->in[0];
             assert_int_equal(n->t.fmt.elem, x->t.fmt.elem);
-            assert_ptr_equal(n->t.fmt.scale, x->t.fmt.scale);
+            if (n->t.fmt.scaling == SCALE_BLOCK_128) {   /* its block grid transposed with it */
+                assert_int_equal(n->t.fmt.scale->op, OP_TRANSPOSE);
+                assert_ptr_equal(n->t.fmt.scale->in[0], x->t.fmt.scale);
+            } else {
+                assert_ptr_equal(n->t.fmt.scale, x->t.fmt.scale);
+            }
             assert_int_equal(n->t.dims[0], x->t.dims[x->t.rank - 1]);
             assert_int_equal(n->t.role, ROLE_GRAD_TEMP);   /* never kept across the step */
         }
-        if (n->op != OP_MATMUL || n->iattr[2] != 1) continue;
+        if (n->op != OP_MATMUL || !n->iattr[2]) continue;
         for (int j = 0; j < 2; j++) {
             const Node *x = n->in[j];
-            if (x->t.fmt.scaling != SCALE_PER_TENSOR) continue;
+            if (x->t.fmt.scaling != SCALE_PER_TENSOR && x->t.fmt.scaling != SCALE_BLOCK_128) continue;
             bool transposed = j == 0 ? n->iattr[0] != 0 : n->iattr[1] == 0;
             if (transposed && !(x->op == OP_QUANTIZE && x->iattr[0]))
                 fail_msg("node %%%d reads operand %d (%%%d) transposed without a copy", n->id, j, x->id);
@@ -1078,6 +1083,27 @@ static void test_pipeline_models(void **state)
                    (long long)g->persistent_bytes, (long long)g->transient_bytes, (long long)live_peak(g));
             arena_free(a);
         }
+    /* DeepSeek-V3's recipe: the input gradient reads each weight's 128 x 128 blocks transposed,
+     * through a transposed copy whose block grid is transposed with it */
+    char path[512];
+    snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+    static const char *block_rule[] = {"gemm:*=e4m3:block128"};
+    BuildOptions o = {0};
+    o.front.batch = 2;
+    o.front.seq = 128;
+    o.passes.opt_level = 1;
+    o.passes.overrides = block_rule;
+    o.passes.n_overrides = 1;
+    o.passes.verify = true;
+    Arena *a = arena_new();
+    Graph *g = pipeline_compile(a, path, &o);
+    assert_non_null(g);
+    check_fp8_gemm_layouts(g);
+    int block_copies = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        block_copies += g->nodes[i]->op == OP_TRANSPOSE && g->nodes[i]->t.fmt.scaling == SCALE_BLOCK_128;
+    assert_true(block_copies >= 4 * 4);   /* four weights a layer, four layers (and the head) */
+    arena_free(a);
 }
 
 int main(void)
