@@ -20,6 +20,8 @@
  * conversion pass; the kernel lowering widens other formats into f32 scratch first. */
 #include "ref_internal.h"
 
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,6 +165,7 @@ typedef struct {
     int64_t kb0, n_kb, kc_max;  /* kc_max: min(K, KC), the depth a packed panel is given */
     float *bpack;           /* n_kb x n_col_panels panels of kc_max x NR */
     float *apack;           /* n_kb x n_row_panels panels of kc_max x MR */
+    atomic_uchar *state;    /* per packing item (pack_item) of the round: PANEL_FREE, ... */
 } Gemm;
 
 static float *alloc_floats(int64_t n)
@@ -177,8 +180,8 @@ static float *alloc_floats(int64_t n)
  * hundreds of small GEMMs, and allocating their panels anew each time cost a page fault per
  * page (the allocator maps blocks of this size afresh and unmaps them on free). Grown as
  * needed, never shrunk. */
-static _Thread_local float *pack_store[2];
-static _Thread_local int64_t pack_floats[2];
+static _Thread_local float *pack_store[3];
+static _Thread_local int64_t pack_floats[3];
 
 static float *pack_space(int which, int64_t n)
 {
@@ -416,13 +419,41 @@ static void pack_a(const Gemm *g, int64_t kb, int64_t ip)
 }
 
 /* One packing item: for each K block, its column panels of B, then its row panels of A. */
-static void pack_task(void *ctx, int64_t item)
+static void pack_item(const Gemm *g, int64_t item)
 {
-    Gemm *g = ctx;
     int64_t per_kb = g->n_col_panels + g->n_row_panels;
     int64_t kb = g->kb0 + item / per_kb, p = item % per_kb;
     if (p < g->n_col_panels) pack_b(g, kb, p);
     else pack_a(g, kb, p - g->n_col_panels);
+}
+
+/* Panels are packed by the first task that needs them, not in a parallel pass of their own:
+ * that pass ended in a barrier, one more per GEMM, and a step runs hundreds of small GEMMs.
+ * A task claims the free panels of its K block and packs them, then waits for those that
+ * other tasks claimed first (they are being packed, so the wait is short; never a cycle, as
+ * packing waits for nothing). Who packs a panel changes nothing in it. */
+enum { PANEL_FREE, PANEL_PACKING, PANEL_READY };
+
+static void panel_claim(const Gemm *g, int64_t item)
+{
+    atomic_uchar *s = &g->state[item];
+    unsigned char free_state = PANEL_FREE;
+    if (atomic_load_explicit(s, memory_order_relaxed) == PANEL_FREE &&
+        atomic_compare_exchange_strong_explicit(s, &free_state, PANEL_PACKING, memory_order_relaxed,
+                                                memory_order_relaxed)) {
+        pack_item(g, item);
+        atomic_store_explicit(s, PANEL_READY, memory_order_release);
+    }
+}
+
+static void panel_wait(const Gemm *g, int64_t item)
+{
+    for (int spins = 0; atomic_load_explicit(&g->state[item], memory_order_acquire) != PANEL_READY; spins++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (spins >= 256) sched_yield();   /* the packer may be off the CPU (more threads than cores) */
+    }
 }
 
 /* One task: a block of row panels x a group of column panels, summed over the packed K blocks
@@ -435,13 +466,18 @@ static void gemm_task(void *ctx, int64_t task)
     int64_t ip0 = ib * g->block_panels, jp0 = jg * g->group_panels;
     int64_t ip1 = ip0 + g->block_panels < g->n_row_panels ? ip0 + g->block_panels : g->n_row_panels;
     int64_t jp1 = jp0 + g->group_panels < g->n_col_panels ? jp0 + g->group_panels : g->n_col_panels;
+    int64_t per_kb = g->n_col_panels + g->n_row_panels;
     float tile[8 * 32];
     for (int64_t q = 0; q < g->n_kb; q++) {
-        int64_t kb = g->kb0 + q, kc = kblock_depth(g, kb);
+        int64_t kb = g->kb0 + q, kc = kblock_depth(g, kb), items = q * per_kb;
         bool add = g->accumulate || kb > 0;
+        for (int64_t jp = jp0; jp < jp1; jp++) panel_claim(g, items + jp);
+        for (int64_t ip = ip0; ip < ip1; ip++) panel_claim(g, items + g->n_col_panels + ip);
+        for (int64_t jp = jp0; jp < jp1; jp++) panel_wait(g, items + jp);
         for (int64_t ip = ip0; ip < ip1; ip++) {
             int64_t i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
             const float *ap = g->apack + (q * g->n_row_panels + ip) * g->kc_max * mr;
+            panel_wait(g, items + g->n_col_panels + ip);
             for (int64_t jp = jp0; jp < jp1; jp++) {
                 int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
                 const float *bp = g->bpack + (q * g->n_col_panels + jp) * g->kc_max * nr;
@@ -525,9 +561,8 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
     bool serial = threads == 1;
     gemm_split(&g, threads);
     /* As many K blocks packed at once as PACK_FLOATS holds, so that a short GEMM packs
-     * everything in one round: each round of packing and each round of tasks ends in a
-     * barrier, and at sixteen threads a barrier costs about as much as a K block of a short
-     * GEMM. */
+     * everything in one round: each round ends in a barrier, and at sixteen threads a
+     * barrier costs about as much as a K block of a short GEMM. */
     int64_t n_kblocks = ceil_div(K, KC);
     g.kc_max = K < KC ? K : KC;
     int64_t kb_floats = (g.n_col_panels * u.nr + g.n_row_panels * u.mr) * g.kc_max;
@@ -535,17 +570,16 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
     int64_t chunk = ceil_div(n_kblocks, ceil_div(n_kblocks, fit));   /* rounds of equal size */
     g.bpack = pack_space(0, chunk * g.n_col_panels * g.kc_max * u.nr);
     g.apack = pack_space(1, chunk * g.n_row_panels * g.kc_max * u.mr);
+    g.state = (atomic_uchar *)pack_space(2, ceil_div(chunk * (g.n_col_panels + g.n_row_panels), 4));
     int64_t tasks = g.n_row_blocks * g.n_col_groups;
     for (g.kb0 = 0; g.kb0 < n_kblocks; g.kb0 += chunk) {
         g.n_kb = n_kblocks - g.kb0 < chunk ? n_kblocks - g.kb0 : chunk;
         int64_t items = g.n_kb * (g.n_col_panels + g.n_row_panels);
-        if (serial) {
-            for (int64_t t = 0; t < items; t++) pack_task(&g, t);
+        for (int64_t t = 0; t < items; t++) atomic_init(&g.state[t], PANEL_FREE);
+        if (serial)
             for (int64_t t = 0; t < tasks; t++) gemm_task(&g, t);
-        } else {
-            ref_parallel_for(items, pack_task, &g);
+        else
             ref_parallel_for(tasks, gemm_task, &g);
-        }
     }
 }
 
