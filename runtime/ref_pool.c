@@ -8,6 +8,11 @@
  * the workers to finish: a sleeping thread takes a futex wake-up per op, which at sixteen
  * threads costs more than the op itself. The spins are bounded, so idle threads sleep.
  *
+ * The caller waits for the op's tasks, not for the workers: a worker that wakes late (or not
+ * at all, asleep) finds nothing left to claim, and the caller, which takes tasks like any
+ * worker, has long gone on. Waiting for every worker to check in cost each op the slowest
+ * worker's wake-up, which grows with the thread count.
+ *
  * Determinism is not the pool's job but its contract: tasks are claimed dynamically (an atomic
  * counter, so uneven tasks such as causal attention rows balance), hence a task must own its
  * outputs and compute each of them in a fixed order. Then the thread count changes only speed.
@@ -27,13 +32,17 @@ static struct {
     bool started;
     atomic_bool quit;
     atomic_uint_fast64_t generation;   /* bumped for each parallel_for; workers wait for a new one */
-    atomic_int busy;        /* workers still inside the current generation */
+    /* the tasks left to claim: the generation's low 32 bits over the count left, so that a
+     * worker still looking at an earlier generation claims nothing of this one */
+    atomic_uint_fast64_t left;
+    atomic_int_fast64_t finished;      /* tasks of this generation done */
     int sleepers;           /* workers waiting on `wake` (under mu) */
     bool caller_sleeps;     /* the caller waits on `done` (under mu) */
+    /* the op: written by the caller before it publishes `left`, read by a worker only while it
+     * holds an unfinished task (so the op cannot have ended and the next one begun) */
     RefTaskFn fn;
     void *ctx;
     int64_t n_tasks;
-    atomic_int_fast64_t next;
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER,
           .wake = PTHREAD_COND_INITIALIZER,
           .done = PTHREAD_COND_INITIALIZER};
@@ -54,13 +63,23 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static void pool_drain(RefTaskFn fn, void *ctx, int64_t n_tasks)
+/* Claims and runs tasks of generation `gen` until none is left; adds what it ran to
+ * `finished` and returns whether that completed the op. */
+static bool pool_drain(uint64_t gen)
 {
+    uint64_t tag = (gen & 0xFFFFFFFFu) << 32;
+    int64_t ran = 0, n = 0;
     for (;;) {
-        int64_t i = atomic_fetch_add(&pool.next, 1);
-        if (i >= n_tasks) return;
-        fn(ctx, i);
+        uint64_t w = atomic_load_explicit(&pool.left, memory_order_relaxed);
+        if ((w & ~(uint64_t)0xFFFFFFFFu) != tag || (w & 0xFFFFFFFFu) == 0) break;
+        if (!atomic_compare_exchange_weak_explicit(&pool.left, &w, w - 1, memory_order_acquire,
+                                                   memory_order_relaxed))
+            continue;
+        n = pool.n_tasks;
+        pool.fn(pool.ctx, n - (int64_t)(w & 0xFFFFFFFFu));
+        ran++;
     }
+    return ran && atomic_fetch_add_explicit(&pool.finished, ran, memory_order_acq_rel) + ran == n;
 }
 
 static void *pool_worker(void *arg)
@@ -84,8 +103,7 @@ static void *pool_worker(void *arg)
         }
         if (atomic_load(&pool.quit)) break;
         seen = atomic_load_explicit(&pool.generation, memory_order_acquire);
-        pool_drain(pool.fn, pool.ctx, pool.n_tasks);
-        if (atomic_fetch_sub_explicit(&pool.busy, 1, memory_order_acq_rel) == 1) {
+        if (pool_drain(seen)) {
             pthread_mutex_lock(&pool.mu);
             if (pool.caller_sleeps) pthread_cond_signal(&pool.done);
             pthread_mutex_unlock(&pool.mu);
@@ -120,6 +138,7 @@ static void pool_stop(void)
     pool.started = false;
     atomic_store(&pool.quit, false);
     atomic_store(&pool.generation, 0);
+    atomic_store(&pool.left, 0);
 }
 
 static void pool_start(void)
@@ -164,25 +183,28 @@ void ref_parallel_for(int64_t n_tasks, RefTaskFn fn, void *ctx)
         atomic_flag_clear(&running);
         return;
     }
+    IR_ASSERT(n_tasks < ((int64_t)1 << 32));
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
-    atomic_store(&pool.next, 0);
-    atomic_store(&pool.busy, pool.n_workers);
-    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    atomic_store_explicit(&pool.finished, 0, memory_order_relaxed);
+    uint64_t gen = atomic_load_explicit(&pool.generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&pool.left, ((gen & 0xFFFFFFFFu) << 32) | (uint64_t)n_tasks, memory_order_release);
+    atomic_store_explicit(&pool.generation, gen, memory_order_release);
     pthread_mutex_lock(&pool.mu);
     if (pool.sleepers) pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.mu);
 
     in_task = true;
-    pool_drain(fn, ctx, n_tasks);
+    pool_drain(gen);
     in_task = false;
 
-    for (int k = 0; k < POOL_SPINS && atomic_load_explicit(&pool.busy, memory_order_acquire) > 0; k++) cpu_relax();
-    if (atomic_load_explicit(&pool.busy, memory_order_acquire) > 0) {
+    for (int k = 0; k < POOL_SPINS && atomic_load_explicit(&pool.finished, memory_order_acquire) < n_tasks; k++)
+        cpu_relax();
+    if (atomic_load_explicit(&pool.finished, memory_order_acquire) < n_tasks) {
         pthread_mutex_lock(&pool.mu);
         pool.caller_sleeps = true;
-        while (atomic_load(&pool.busy) > 0) pthread_cond_wait(&pool.done, &pool.mu);
+        while (atomic_load(&pool.finished) < n_tasks) pthread_cond_wait(&pool.done, &pool.mu);
         pool.caller_sleeps = false;
         pthread_mutex_unlock(&pool.mu);
     }
