@@ -258,6 +258,15 @@ __attribute__((target("avx2"))) static void transpose_bf16(const uint16_t *src, 
                        widen_bf16(src + 7 * lds), dst, ldd);
 }
 
+/* `lines` runs of `width` bf16 (a multiple of 8; run r at src + r * lds) widened into
+ * consecutive lines of dst */
+__attribute__((target("avx2"))) static void widen_bf16_lines(const uint16_t *src, int64_t lds,
+                                                             int64_t lines, int width, float *dst)
+{
+    for (int64_t r = 0; r < lines; r++, src += lds, dst += width)
+        for (int c = 0; c < width; c += 8) _mm256_storeu_ps(dst + c, widen_bf16(src + c));
+}
+
 /* n bf16 widened to f32, eight at a time (decode_run's loop, built for AVX2: the baseline
  * build moves its 64-byte vectors through the stack) */
 __attribute__((target("avx2"))) static int64_t widen_bf16_run(const uint16_t *src, int64_t n,
@@ -374,6 +383,27 @@ static void pack_across(const Gemm *g, const RtGemmOperand *o, int64_t at, int64
     }
 }
 
+/* A panel `width` wide whose lines are runs of the operand (op(B) not transposed, op(A)
+ * transposed): line r of dst = n elements of the operand from at + r * ld, then zeros up to
+ * `width`, for r < lines. A full line of bf16 is widened in place, without decode_run's call
+ * and checks per line: a panel has hundreds of lines of 32 floats, and those per-line costs
+ * were most of the packing of gpt2_tiny's bf16 operands. */
+static void pack_along(const Gemm *g, const RtGemmOperand *o, int64_t at, int64_t ld,
+                       int64_t lines, int width, int64_t n, float *dst)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (n == width && width % 8 == 0 && o->elem == FMT_BF16 && o->scale == 1.0f && g->u.avx2) {
+        widen_bf16_lines((const uint16_t *)o->data + at, ld, lines, width, dst);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < lines; r++) {
+        float *line = dst + r * width;
+        decode_run(o, at + r * ld, n, line);
+        for (int64_t c = n; c < width; c++) line[c] = 0;
+    }
+}
+
 /* Depth of K block kb: KC, or what is left of K. */
 static int64_t kblock_depth(const Gemm *g, int64_t kb)
 {
@@ -392,11 +422,7 @@ static void pack_b(const Gemm *g, int64_t kb, int64_t jp)
         pack_across(g, &g->B, j0 * g->ldb + k0, g->ldb, nj, nr, kc, dst);
         return;
     }
-    for (int64_t k = 0; k < kc; k++) {
-        float *row = dst + k * nr;
-        decode_run(&g->B, (k0 + k) * g->ldb + j0, nj, row);
-        for (int64_t j = nj; j < nr; j++) row[j] = 0;
-    }
+    pack_along(g, &g->B, k0 * g->ldb + j0, g->ldb, kc, nr, nj, dst);
 }
 
 /* Row panel ip of op(A) for K block kb: kc x MR, zero rows past M. Packed once and shared by
@@ -408,11 +434,7 @@ static void pack_a(const Gemm *g, int64_t kb, int64_t ip)
     int64_t k0 = kb * KC, kc = kblock_depth(g, kb), i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
     float *ap = g->apack + ((kb - g->kb0) * g->n_row_panels + ip) * g->kc_max * mr;
     if (g->ta) {
-        for (int64_t k = 0; k < kc; k++) {
-            float *col = ap + k * mr;
-            decode_run(&g->A, (k0 + k) * g->lda + i, ni, col);
-            for (int64_t r = ni; r < mr; r++) col[r] = 0;
-        }
+        pack_along(g, &g->A, k0 * g->lda + i, g->lda, kc, mr, ni, ap);
         return;
     }
     pack_across(g, &g->A, i * g->lda + k0, g->lda, ni, mr, kc, ap);
