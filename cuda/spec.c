@@ -80,14 +80,6 @@ static unsigned grid_elem(int64_t n) {
     return (unsigned)(b < 1 ? 1 : b > ELEM_MAX_BLOCKS ? ELEM_MAX_BLOCKS : b);
 }
 
-/* Cross entropy gives a row to a block. A vocabulary's row is long (GPT-2's 50304 logits),
- * and a grid of one chunk's rows (a few thousand) in blocks of 256 threads fills the GPU in
- * about one and a quarter waves; blocks of 1024 threads make shorter, more even waves and put
- * more loads in flight. A row kept in shared memory (the backward) takes at most this many
- * bytes: two blocks an SM on Hopper. */
-enum { CE_KEPT_ROW_BYTES = 110 * 1024 };
-static unsigned ce_threads(int64_t V) { return V >= 16384 ? 1024 : ROW_THREADS; }
-
 /* a warp per row, ROW_THREADS / 32 rows a block (the norms) */
 static unsigned grid_warp_rows(int64_t rows) {
     int64_t per = ROW_THREADS / 32, b = (rows + per - 1) / per;
@@ -638,7 +630,7 @@ static bool plan_rows(Spec *s) {
         const Tensor *lg = &n->in[0]->t;
         int64_t R = rows_of(lg), V = cols_of(lg);
         need_scratch(s, R * 8);
-        l = spec_launch(s, "cerows", (unsigned)R, ce_threads(V), "ck_ce_rows<%s, %s>(a)",
+        l = spec_launch(s, "cerows", (unsigned)R, ROW_THREADS, "ck_ce_rows<%s, %s>(a)",
                         fmt_arg(s, lg), fmt_arg(s, &n->in[1]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
@@ -658,15 +650,8 @@ static bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = R;
-        /* a row that fits in shared memory is read from global memory once (ck_ce_bwd_kept) */
-        int64_t row_bytes = V * fmt_elem_bytes(lg->fmt.elem);
-        bool kept = lg->fmt.scaling == SCALE_NONE && lg->fmt.codec == CODEC_PLAIN && V % 8 == 0 &&
-                    (lg->fmt.elem == FMT_BF16 || lg->fmt.elem == FMT_F16 || lg->fmt.elem == FMT_F32) &&
-                    row_bytes <= CE_KEPT_ROW_BYTES;
-        l = spec_launch(s, "cebwd", (unsigned)R, ce_threads(V), kept ? "ck_ce_bwd_kept<%s, %s, %s>(a)"
-                                                                     : "ck_ce_bwd<%s, %s, %s>(a)",
-                        Y, fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t));
-        if (kept) l->smem = (unsigned)row_bytes;
+        l = spec_launch(s, "cebwd", (unsigned)R, ROW_THREADS, "ck_ce_bwd<%s, %s, %s>(a)", Y,
+                        fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = R;

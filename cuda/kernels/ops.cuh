@@ -691,14 +691,6 @@ static __device__ __forceinline__ void ck_lse_fold(float &m, double &s, const fl
     s += t;
 }
 
-/* the block's log-sum-exp from each thread's running maximum m and sum s (ck_lse_fold) */
-static __device__ double ck_block_lse(float m, double s) {
-    float M = ck_block_max(m);
-    if (m != M) s *= m == -CK_INF ? 0.0 : exp((double)m - M);   /* a thread without values: 0 */
-    s = ck_block_sum(s);
-    return (double)M + log(s);
-}
-
 /* log-sum-exp of row r of logits l (V columns), every thread gets it */
 template <class L> __device__ double ck_row_lse(const CkTensor &l, i64 r, i64 V) {
     float m = -CK_INF;
@@ -716,7 +708,10 @@ template <class L> __device__ double ck_row_lse(const CkTensor &l, i64 r, i64 V)
             ck_lse_fold(m, s, &v, 1);
         }
     }
-    return ck_block_lse(m, s);
+    float M = ck_block_max(m);
+    if (m != M) s *= m == -CK_INF ? 0.0 : exp((double)m - M);   /* a thread without values: 0 */
+    s = ck_block_sum(s);
+    return (double)M + log(s);
 }
 
 /* CROSS_ENTROPY (logits, targets), first launch: one block per row, the row's loss into
@@ -787,52 +782,6 @@ template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) 
     for (i64 c = threadIdx.x; c < V; c += blockDim.x) {
         double p = (double)expf((float)((double)L::ld(a.t[2], r * V + c) - lse));
         Y::st(a.t[0], r * V + c, (float)(coef * (p - (c == ti ? 1.0 : 0.0))));
-    }
-}
-
-/* The same, with the row kept in shared memory where it fits (unscaled logits, V a multiple
- * of CK_VEC, V x bytes given as the launch's dynamic shared memory): the row comes from
- * global memory once, for its log-sum-exp, and its gradient is computed from the copy, where
- * the kernel above reads the row twice. The values and the order of every sum are those of
- * ck_row_lse, so the two agree bit for bit at the same block size. */
-template <class Y, class L, class T> __device__ void ck_ce_bwd_kept(const CkArgs &a) {
-    extern __shared__ __align__(16) unsigned char ck_kept_row[];
-    typedef CkRaw<L::vbytes> Raw;
-    i64 V = a.i[0], r = blockIdx.x, nv = V / CK_VEC;
-    double coef = ((const double *)a.scratch)[0];
-    float t = T::ld(a.t[3], r);
-    if (t < 0.0f) {
-        for (i64 c = threadIdx.x; c < V; c += blockDim.x) Y::st(a.t[0], r * V + c, 0.0f);
-        return;
-    }
-    const Raw *src = (const Raw *)a.t[2].p + r * nv;
-    Raw *kept = (Raw *)ck_kept_row;
-    float m = -CK_INF;
-    double s = 0;
-    #pragma unroll 2
-    for (i64 k = threadIdx.x; k < nv; k += blockDim.x) {
-        Raw raw = src[k];
-        kept[k] = raw;
-        float v[CK_VEC];
-        #pragma unroll
-        for (int j = 0; j < CK_VEC; j++) v[j] = Elem<L::elem>::ld(raw.b, j);
-        ck_lse_fold(m, s, v, CK_VEC);
-    }
-    double lse = ck_block_lse(m, s);   /* its barriers also publish the copy */
-    i64 ti = (i64)t;
-    bool vec = Y::vec_ok(a.t[0]);
-    for (i64 k = threadIdx.x; k < nv; k += blockDim.x) {
-        Raw raw = kept[k];
-        float v[CK_VEC];
-        i64 c = k * CK_VEC;
-        #pragma unroll
-        for (int j = 0; j < CK_VEC; j++) {
-            double p = (double)expf((float)((double)Elem<L::elem>::ld(raw.b, j) - lse));
-            v[j] = (float)(coef * (p - (c + j == ti ? 1.0 : 0.0)));
-        }
-        if (vec) Y::st_vec(a.t[0], r * V + c, v);
-        else
-            for (int j = 0; j < CK_VEC; j++) Y::st(a.t[0], r * V + c + j, v[j]);
     }
 }
 

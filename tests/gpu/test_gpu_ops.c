@@ -194,8 +194,7 @@ static void build_rows(void) {
     add_case("cross_entropy, vector rows", 2e-5, op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(logits8, tgt8)));
     add_case("cross_entropy_bwd, vector rows", 1e-2,
              op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits8, tgt8)));
-    /* vocabulary-sized rows (blocks of 1024 threads): GPT-2's 50304 bf16 logits, kept in shared
-     * memory by the backward; f32 rows that fit (80 KB) and that do not (128 KB, read twice) */
+    /* vocabulary-sized rows: GPT-2's 50304 bf16 logits, and long f32 rows (80 and 128 KB) */
     int64_t RV = gt_int(1, 40);
     Node *tgtv = ids(50304, 0.1, DIMS(RV));
     Node *lv = leaf(FMT_BF16, 3, DIMS(RV, 50304));
