@@ -1047,7 +1047,8 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
         g.scales_b = grouped ? at : g.scales + 64;
         if (grouped) at += fp8_scale_bytes(mode_b, M, K);
         /* an operand read transposed: the copy its quantize kept (transposed=1), or one made
-         * here in scratch */
+         * here in scratch — for graphs that did not go through the layout pass, which gives
+         * every per-tensor and 128x128-block operand a k-contiguous copy (passes/layout.c) */
         if (tb) g.a.node = B;
         else if (ir_transposed_offset(B)) g.a.node = B, g.a.offset = ir_transposed_offset(B);
         else {

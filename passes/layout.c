@@ -19,9 +19,9 @@
  * A per-tensor copy shares the original's one scale; a copy in 128 x 128 blocks gets its grid
  * of block scales transposed too (a second, small TRANSPOSE). Row and 1x128 scales lie along the
  * stored rows and do not survive a transpose: such operands read transposed are left as they
- * are (the GPU backend decodes them to f32, cuda/spec.c). The reference executor and the CPU backend multiply any
- * layout, so for them the copies change nothing but the work; they run them all the same, and
- * all three backends execute one graph. */
+ * are (the GPU backend decodes them to f32, cuda/spec.c). The reference executor and the CPU
+ * backend multiply any layout, so for them the copies change nothing but the work; they run
+ * them all the same, and all three backends execute one graph. */
 #include "passes.h"
 
 #include <string.h>
