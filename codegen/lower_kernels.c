@@ -911,7 +911,10 @@ static void split_at(const Tensor *t, int64_t axis, int64_t *outer, int64_t *len
     *len = t->dims[axis];
 }
 
-/* SLICE and PAD: rows of `len * inner` contiguous elements per outer index. */
+/* SLICE and PAD: rows of `len * inner` contiguous elements per outer index. Few long rows (the
+ * position table's gradient, a pad along axis 0, is one row of every position) are cut into
+ * parts of at least SLICE_PART elements, so that the threads share them. */
+enum { SLICE_PART = 4096, SLICE_ITEMS = 64 };
 static void lower_slice(Lower *L, Node *n)
 {
     bool pad = n->op == OP_PAD;
@@ -921,11 +924,20 @@ static void lower_slice(Lower *L, Node *n)
     split_at(&x->t, n->iattr[0], &o2, &lx, &i2);
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
     int64_t span = ly * inner;   /* output elements per outer index */
-    shape(k, CG_PAR_BLOCK, outer, 2 * span);
+    int64_t parts = outer >= SLICE_ITEMS ? 1 : (SLICE_ITEMS + outer - 1) / outer;
+    if (parts > (span + SLICE_PART - 1) / SLICE_PART) parts = (span + SLICE_PART - 1) / SLICE_PART;
+    if (parts < 1) parts = 1;
+    int64_t part = (span + parts - 1) / parts;
+    shape(k, CG_PAR_BLOCK, outer * parts, 2 * part);
     body(k);
-    int o = item(k);
+    int it = item(k), o = it, lo = ic(k, 0), hi = ic(k, span);
+    if (parts > 1) {
+        o = e2(k, CG_IDIV, it, ic(k, parts));
+        lo = imul(k, e2(k, CG_IMOD, it, ic(k, parts)), ic(k, part));
+        hi = e2(k, CG_IMIN, iadd(k, lo, ic(k, part)), ic(k, span));
+    }
     int xb = cg_buf_tensor(k, x, true, false);
-    int j = row_loop(k, ic(k, 0), ic(k, span));
+    int j = row_loop(k, lo, hi);
     At at = {.idx = iadd(k, imul(k, o, ic(k, span)), j), .row = NONE, .col = NONE,
              .cols = cols_of(&n->t)};
     int v;

@@ -452,6 +452,14 @@ static void test_copies_exact(void **state)
     Node *pd = OP(t, OP_PAD, x);
     pd->iattr[0] = 1, pd->iattr[1] = 2, pd->iattr[2] = 7;
     done(t, pd, FMT_BF16, EXACT);
+    /* one long row, cut into parts (a position table's gradient): a pad and a slice on axis 0 */
+    Node *pos = input(t, FMT_BF16, 2, 60, 128, 0);
+    Node *pd0 = OP(t, OP_PAD, pos);
+    pd0->iattr[0] = 0, pd0->iattr[1] = 0, pd0->iattr[2] = 256;
+    done(t, pd0, FMT_F32, EXACT);
+    Node *sl1 = OP(t, OP_SLICE, pd0);
+    sl1->iattr[0] = 0, sl1->iattr[1] = 3, sl1->iattr[2] = 200;
+    done(t, sl1, FMT_BF16, EXACT);
     Node *y = input(t, FMT_F32, 3, 3, 4, 8);
     Node *cc = OP(t, OP_CONCAT, x, y, x);
     cc->iattr[0] = 2;
