@@ -438,28 +438,25 @@ static void test_encodes_exact(void **state)
 
 /* ---------------------------------------------------------------- shapes and gathers */
 
+/* SLICE or PAD of x along axis (start, size), compared exactly */
+static Node *axis_copy(TG *t, OpKind kind, Node *x, int64_t axis, int64_t start, int64_t size, ElemType e)
+{
+    Node *n = OP(t, kind, x);
+    n->iattr[0] = axis, n->iattr[1] = start, n->iattr[2] = size;
+    return done(t, n, e, EXACT);
+}
+
 static void test_copies_exact(void **state)
 {
     (void)state;
     TG *t = tg_new();
     Node *x = input(t, FMT_BF16, 3, 3, 4, 40);
-    Node *sl = OP(t, OP_SLICE, x);
-    sl->iattr[0] = 2, sl->iattr[1] = 8, sl->iattr[2] = 24;
-    done(t, sl, FMT_BF16, EXACT);
-    Node *sl0 = OP(t, OP_SLICE, x);
-    sl0->iattr[0] = 1, sl0->iattr[1] = 1, sl0->iattr[2] = 2;
-    done(t, sl0, FMT_F32, EXACT);
-    Node *pd = OP(t, OP_PAD, x);
-    pd->iattr[0] = 1, pd->iattr[1] = 2, pd->iattr[2] = 7;
-    done(t, pd, FMT_BF16, EXACT);
+    axis_copy(t, OP_SLICE, x, 2, 8, 24, FMT_BF16);
+    axis_copy(t, OP_SLICE, x, 1, 1, 2, FMT_F32);
+    axis_copy(t, OP_PAD, x, 1, 2, 7, FMT_BF16);
     /* one long row, cut into parts (a position table's gradient): a pad and a slice on axis 0 */
     Node *pos = input(t, FMT_BF16, 2, 60, 128, 0);
-    Node *pd0 = OP(t, OP_PAD, pos);
-    pd0->iattr[0] = 0, pd0->iattr[1] = 0, pd0->iattr[2] = 256;
-    done(t, pd0, FMT_F32, EXACT);
-    Node *sl1 = OP(t, OP_SLICE, pd0);
-    sl1->iattr[0] = 0, sl1->iattr[1] = 3, sl1->iattr[2] = 200;
-    done(t, sl1, FMT_BF16, EXACT);
+    axis_copy(t, OP_SLICE, axis_copy(t, OP_PAD, pos, 0, 0, 256, FMT_F32), 0, 3, 200, FMT_BF16);
     Node *y = input(t, FMT_F32, 3, 3, 4, 8);
     Node *cc = OP(t, OP_CONCAT, x, y, x);
     cc->iattr[0] = 2;
