@@ -1224,6 +1224,22 @@ static void accumulate(CgKernel *k, int64_t R, const int *acc, const int *w, int
     end(k);
 }
 
+/* acc[i] = sum over the block's keys j of p[i][j] times kv head g's row j (at column off of
+ * buf: v in the forward's P V, k in dq's dS K), for the R rows of r, G rows at a time: locals
+ * of s->D floats that the caller reads and stores. */
+static void weighted_kv_rows(CgKernel *k, const AttnShape *s, const RowBlock *r, int g, int64_t G,
+                             const int *p, int buf, int64_t off, int *acc)
+{
+    int w[ATTN_ROWS];
+    for (int64_t i = 0; i < r->R; i++) acc[i] = cg_local(k, s->D, 0.0);
+    for (int64_t i0 = 0; i0 < r->R; i0 += G) {
+        int j = seq_loop(k, ic(k, 0), r->end);
+        for (int64_t i = i0; i < i0 + G; i++) w[i] = lget(k, p[i], j);
+        accumulate(k, G, acc + i0, w + i0, buf, iadd(k, kv_row(k, s, r->b, g, j), ic(k, off)), s->D);
+        end(k);
+    }
+}
+
 /* m[i] = the max of sc[i][j] over the keys j of `blocks` KEY_BLOCKs: fmaxf into KEY_BLOCK
  * lanes, then over the lanes. An elementwise max vectorizes; a max reduction over the keys
  * would not (LLVM 14 vectorizes maxnum reductions only under no-NaNs flags, which its C API
@@ -1291,7 +1307,7 @@ static void lower_attention(Lower *L, Node *n)
     int blocks = e2(k, CG_IDIV, iadd(k, r.end, ic(k, KEY_BLOCK - 1)), ic(k, KEY_BLOCK));
     int kbase = imul(k, iadd(k, imul(k, r.b, ic(k, s.Hkv)), g), ic(k, s.D * s.Tp));
     int *q[ATTN_ROWS], sc[ATTN_ROWS], m[ATTN_ROWS], l[ATTN_ROWS];
-    int row[ATTN_ROWS], acc[ATTN_ROWS], w[ATTN_ROWS], dot[ATTN_ROWS];
+    int row[ATTN_ROWS], acc[ATTN_ROWS], dot[ATTN_ROWS];
     for (int64_t i = 0; i < R; i++) {
         row[i] = iadd(k, imul(k, r.b, ic(k, s.T)), r.t[i]);
         int base = iadd(k, imul(k, row[i], ic(k, s.qstride)), ic(k, s.qoff));
@@ -1307,13 +1323,7 @@ static void lower_attention(Lower *L, Node *n)
     end(k);
     end(k);
     exp_rows(k, R, sc, blocks, NULL, m, l, NULL);
-    for (int64_t i = 0; i < R; i++) acc[i] = cg_local(k, s.D, 0.0);
-    for (int64_t i0 = 0; i0 < R; i0 += G) {
-        j = seq_loop(k, zero, r.end);
-        for (int64_t i = i0; i < i0 + G; i++) w[i] = lget(k, sc[i], j);
-        accumulate(k, G, acc + i0, w + i0, vb, iadd(k, kv_row(k, &s, r.b, g, j), ic(k, s.voff)), s.D);
-        end(k);
-    }
+    weighted_kv_rows(k, &s, &r, g, G, sc, vb, s.voff, acc);
     for (int64_t i = 0; i < R; i++) {
         int d = row_loop(k, zero, live(k, &r, i, s.D));
         int col = iadd(k, imul(k, r.h, ic(k, s.D)), d);
@@ -1397,13 +1407,7 @@ static void lower_attention_bwd(Lower *L, Node *n)
     }
     end(k);
     end(k);
-    for (int64_t i = 0; i < R; i++) acc[i] = cg_local(k, s.D, 0.0);
-    for (int64_t i0 = 0; i0 < R; i0 += G) {
-        j = seq_loop(k, zero, r.end);
-        for (int64_t i = i0; i < i0 + G; i++) w[i] = lget(k, dp[i], j);
-        accumulate(k, G, acc + i0, w + i0, kb, iadd(k, kv_row(k, &s, r.b, g, j), ic(k, s.koff)), s.D);
-        end(k);
-    }
+    weighted_kv_rows(k, &s, &r, g, G, dp, kb, s.koff, acc);
     int sbase = imul(k, iadd(k, imul(k, r.b, ic(k, s.H)), r.h), ic(k, s.T));
     for (int64_t i = 0; i < R; i++) {
         int d = row_loop(k, zero, live(k, &r, i, s.D));
