@@ -1583,6 +1583,7 @@ typedef struct {
     int param, grad;
     int master;                 /* a plain master's tensor, a split master's codes, or NONE */
     bool split;
+    int copy;                   /* the weights' FP8 copy for the next step, or NONE */
     Moment m, v;
 } Adam;
 
@@ -1734,10 +1735,13 @@ static void weight_store(CgKernel *k, const Adam *A, int i, int w)
         int r = fdiv(k, fsub(k, w, hi), split_unit(k, hi));
         cg_store(k, A->param, i, w, NONE, NONE);
         cg_store(k, A->master, i, select_of(k, flt(k, fabs_of(k, hi), fc(k, INFINITY)), r, fc(k, 0.0)), NONE, NONE);
+        if (A->copy != NONE) cg_store(k, A->copy, i, hi, NONE, NONE);
         return;
     }
     if (A->master != NONE) cg_store(k, A->master, i, w, NONE, NONE);
     cg_store(k, A->param, i, w, NONE, NONE);   /* through param's format: round(master) */
+    /* the copy quantizes the weight as stored, as the forward would */
+    if (A->copy != NONE) cg_store(k, A->copy, i, cg_round(k, A->param, i, w, NONE, NONE), NONE, NONE);
 }
 
 /* The step of element i from its old moments: stores the weight and a zero gradient and
@@ -1762,7 +1766,8 @@ static void adamw_element(CgKernel *k, const Adam *A, int i, int m_old, int v_ol
 static bool adamw_codecs_supported(const Node *n)
 {
     for (int j = 0; j < n->n_in; j++)
-        if (j != A_M && j != A_V && j != A_MASTER && n->in[j]->t.fmt.codec != CODEC_PLAIN) return false;
+        if (j != A_M && j != A_V && j != ir_adamw_master_index(n) && n->in[j]->t.fmt.codec != CODEC_PLAIN)
+            return false;
     int64_t gm = 1, gv = 1;
     for (int j = A_M; j <= A_V; j++) {
         const Format *f = &n->in[j]->t.fmt;
@@ -1776,18 +1781,22 @@ static bool adamw_codecs_supported(const Node *n)
     }
     int64_t C = gm > gv ? gm : gv;
     if (C % gm || C % gv) return false;
-    if (n->n_in == 9 && n->in[A_MASTER]->t.fmt.codec != CODEC_PLAIN) {
-        const Format *f = &n->in[A_MASTER]->t.fmt;
+    int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
+    if (at_copy >= 0 && !format_is_plain(&n->in[at_copy + 2]->t.fmt)) return false;
+    if (at_master >= 0 && n->in[at_master]->t.fmt.codec != CODEC_PLAIN) {
+        const Format *f = &n->in[at_master]->t.fmt;
         return f->codec == CODEC_SPLIT && f->elem == FMT_I8 && f->scaling == SCALE_NONE &&
                n->in[A_PARAM]->t.fmt.elem == FMT_BF16 && format_is_plain(&n->in[A_PARAM]->t.fmt);
     }
     return true;
 }
 
-static void lower_adamw(Lower *L, Node *n)
+static void lower_adamw_update(Lower *L, Node *n)
 {
-    Node *master = n->n_in == 9 ? n->in[A_MASTER] : NULL;
-    Adam A = {.b1 = n->fattr[0], .b2 = n->fattr[1], .eps = n->fattr[2], .wd = n->fattr[3], .master = NONE};
+    int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
+    Node *master = at_master >= 0 ? n->in[at_master] : NULL;
+    Adam A = {.b1 = n->fattr[0], .b2 = n->fattr[1], .eps = n->fattr[2], .wd = n->fattr[3], .master = NONE,
+              .copy = NONE};
     A.split = master && master->t.fmt.codec == CODEC_SPLIT;
     int64_t N = ir_numel(&n->in[A_PARAM]->t);
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
@@ -1805,6 +1814,7 @@ static void lower_adamw(Lower *L, Node *n)
     A.m = moment_of(k, n->in[A_M]);
     A.v = moment_of(k, n->in[A_V]);
     if (master) A.master = A.split ? cg_buf_codes(k, master, true, true) : cg_buf_tensor(k, master, true, true);
+    if (at_copy >= 0) A.copy = cg_buf_tensor(k, n->in[at_copy], false, true);
     int m, v;
 
     if (A.m.group == 1 && A.v.group == 1) {
@@ -1868,6 +1878,19 @@ static void lower_adamw(Lower *L, Node *n)
         moment_encode(k, x, base, lo, hi, iadd(k, imul(k, it, ic(k, C / G)), sg));
         end(k);
     }
+}
+
+/* AdamW's update, then, where it writes the weights' FP8 copy, their amax for the next step's
+ * scale (in chunks, combined in order, as AMAX_RECORD does). */
+static void lower_adamw(Lower *L, Node *n)
+{
+    lower_adamw_update(L, n);
+    int at_copy = ir_adamw_copy_index(n);
+    if (at_copy < 0) return;
+    int chunks, amax;
+    int part = chunk_partials(L, n, n->in[A_PARAM], false, &chunks);
+    CgKernel *k = combine_partials(L, n, part, chunks, false, &amax);
+    cg_store(k, cg_buf_tensor(k, n->in[at_copy + 2], false, true), ic(k, 0), amax, NONE, NONE);
 }
 
 /* ---------------------------------------------------------------- GEMM */
@@ -1955,7 +1978,7 @@ static void lower_matmul(Lower *L, Node *n)
 static bool node_supported(const Node *n)
 {
     if (n->t.fmt.codec != CODEC_PLAIN) return false;
-    if (n->op == OP_ADAMW && (n->n_in == 8 || n->n_in == 9)) return adamw_codecs_supported(n);
+    if (n->op == OP_ADAMW) return adamw_codecs_supported(n);
     for (int j = 0; j < n->n_in; j++)
         if (n->in[j]->t.fmt.codec != CODEC_PLAIN) return false;
     return true;

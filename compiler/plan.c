@@ -130,7 +130,8 @@ static const struct { const char *name; Role role; } categories[] = {
     {"weights", ROLE_PARAM},          {"master weights", ROLE_MASTER},
     {"gradients", ROLE_GRAD},         {"Adam m", ROLE_ADAM_M},
     {"Adam v", ROLE_ADAM_V},          {"scales", ROLE_SCALE},
-    {"amax histories", ROLE_AMAX_HISTORY}, {"saved activations", ROLE_SAVED},
+    {"amax histories", ROLE_AMAX_HISTORY}, {"FP8 weight copies", ROLE_WEIGHT_COPY},
+    {"saved activations", ROLE_SAVED},
     {"optimizer state", ROLE_OPTIM_STATE}, {"inputs", ROLE_INPUT},
     {"workspace", ROLE_WORKSPACE},
 };

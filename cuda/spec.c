@@ -786,6 +786,21 @@ static bool plan_attention(Spec *s) {
     return true;
 }
 
+
+/* An update that writes the weights' FP8 copy leaves each block's largest |new weight| in its
+ * scratch (the update launch `l`); one block then stores their maximum as the copy's amax
+ * (ck_amax_record_final over a history of one). */
+static void plan_copy_amax(Spec *s, const Node *n, CuLaunch *l) {
+    const Node *amax = n->in[ir_adamw_copy_index(n) + 2];
+    unsigned parts = l->grid[0];
+    l->scratch = 0;
+    need_scratch(s, (int64_t)parts * 4);
+    l = spec_launch(s, "copyamax", 1, ROW_THREADS, "ck_amax_record_final<%s>(a)", fmt_arg(s, &amax->t));
+    arg_node(l, 0, amax);
+    l->scratch = 0;
+    l->batch = true;
+    l->args.i[0] = parts;
+}
 static bool plan_optimizer(Spec *s) {
     const Node *n = s->n;
     CuLaunch *l;
@@ -827,11 +842,19 @@ static bool plan_optimizer(Spec *s) {
         l->table = true;
         return true;
     case OP_ADAMW: {
-        if (n->n_in != 8 && n->n_in != 9) return spec_fail(s, "takes 8 or 9 inputs");
+        int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
+        if (n->n_in - (at_copy >= 0 ? 3 : 0) != 8 + (at_master >= 0)) return spec_fail(s, "takes 8 or 9 inputs");
         int64_t count = ir_numel(&n->in[0]->t);
         for (int i = 1; i < n->n_in && i != 4; i++)
             if (i < 4 && ir_numel(&n->in[i]->t) != count) return spec_fail(s, "input %d's size differs", i);
-        const Node *mn = n->in[2], *vn = n->in[3], *wn = n->n_in == 9 ? n->in[8] : NULL;
+        const Node *mn = n->in[2], *vn = n->in[3], *wn = at_master >= 0 ? n->in[at_master] : NULL;
+        const Node *cn = at_copy >= 0 ? n->in[at_copy] : NULL;
+        if (cn && (!spec_check_tensor(s, &cn->t, "the FP8 copy") || cn->t.fmt.scaling != SCALE_PER_TENSOR ||
+                   !spec_check_tensor(s, &n->in[at_copy + 2]->t, "the copy's amax")))
+            return false;
+        /* the copy's template argument and its place: t[at_copy], after it the scale and amax */
+        const char *copy_arg = cn ? fmt_arg(s, &cn->t) : F32_ARG;
+        int copy_at = cn ? at_copy : 0;
         Codec mc = mn->t.fmt.codec, vc = vn->t.fmt.codec, wc = wn ? wn->t.fmt.codec : CODEC_PLAIN;
         if (mc == CODEC_PLAIN && vc == CODEC_PLAIN && wc == CODEC_PLAIN) {
             if (!check_io(s, n, false)) return false;
@@ -839,12 +862,14 @@ static bool plan_optimizer(Spec *s) {
             for (int i = 0; i < 9; i++) {
                 size_t at = strlen(list);
                 snprintf(list + at, sizeof list - at, "%s, ",
-                         i < n->n_in ? fmt_arg(s, &n->in[i]->t) : F32_ARG);
+                         i < 8 || wn ? fmt_arg(s, &n->in[i]->t) : F32_ARG);
             }
-            l = spec_launch(s, "adamw", grid_elem(count), ELEM_THREADS, "ck_adamw<%s%d>(a)", list, wn != NULL);
+            l = spec_launch(s, "adamw", grid_elem(count), ELEM_THREADS, "ck_adamw<%s%d, %s, %d>(a)", list,
+                            wn != NULL, copy_arg, copy_at);
             args_inputs(l, n);
             l->batch = true;
             for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
+            if (cn) plan_copy_amax(s, n, l);
             return true;
         }
         /* coded states: each one is plain, or a group codec with its side values */
@@ -874,16 +899,17 @@ static bool plan_optimizer(Spec *s) {
         int64_t chunks = (count + 127) / 128;
         int64_t blocks = (chunks + 7) / 8;
         l = spec_launch(s, "adamwc", (unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks), ELEM_THREADS,
-                        "ck_adamw_coded<%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, %s>(a)",
+                        "ck_adamw_coded<%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, %s, %s, %d>(a)",
                         mk == 2 ? "F<FMT_BF16, SCALE_NONE>" : fmt_arg(s, &n->in[0]->t),
                         fmt_arg(s, &n->in[1]->t), fmt_arg(s, &n->in[4]->t), fmt_arg(s, &n->in[5]->t),
                         fmt_arg(s, &n->in[6]->t), fmt_arg(s, &n->in[7]->t), codec_names[mc],
                         mc == CODEC_PLAIN ? fmt_arg(s, &mn->t) : F32_ARG, codec_names[vc],
                         vc == CODEC_PLAIN ? fmt_arg(s, &vn->t) : F32_ARG, mk,
-                        mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG);
+                        mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG, copy_arg, copy_at);
         args_inputs(l, n);
         l->batch = true;
         for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
+        if (cn) plan_copy_amax(s, n, l);
         return true;
     }
     default: break;

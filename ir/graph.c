@@ -55,7 +55,7 @@ Format fmt_plain(ElemType e)
 
 static const char *const role_names[ROLE_COUNT] = {
     "activation", "saved", "grad_temp", "input", "param", "grad", "master",
-    "adam_m", "adam_v", "scale", "amax_history", "workspace", "output", "optim_state"};
+    "adam_m", "adam_v", "scale", "amax_history", "workspace", "output", "optim_state", "weight_copy"};
 
 const char *ir_role_name(Role r) { return r < ROLE_COUNT ? role_names[r] : "?"; }
 
@@ -73,7 +73,7 @@ bool ir_role_is_persistent(Role r)
 {
     switch (r) {
     case ROLE_PARAM: case ROLE_GRAD: case ROLE_MASTER: case ROLE_ADAM_M: case ROLE_ADAM_V:
-    case ROLE_SCALE: case ROLE_AMAX_HISTORY: case ROLE_OPTIM_STATE:
+    case ROLE_SCALE: case ROLE_AMAX_HISTORY: case ROLE_OPTIM_STATE: case ROLE_WEIGHT_COPY:
         return true;
     default:
         return false;
@@ -343,13 +343,37 @@ void ir_filter(Graph *g, const bool *keep)
     ir_renumber(g);
 }
 
+int ir_adamw_copy_index(const Node *n)
+{
+    IR_ASSERT(n->op == OP_ADAMW);
+    return n->iattr[0] ? n->n_in - 3 : -1;
+}
+
+int ir_adamw_master_index(const Node *n)
+{
+    IR_ASSERT(n->op == OP_ADAMW);
+    return n->n_in - (n->iattr[0] ? 3 : 0) == 9 ? 8 : -1;
+}
+
 bool ir_mutates_input(const Node *n, int i)
 {
     switch (n->op) {
     case OP_ACCUMULATE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN: return i == 0;
-    case OP_ADAMW: return i <= 3 || i == 8;
+    case OP_ADAMW: {
+        int c = ir_adamw_copy_index(n);
+        return i <= 3 || i == ir_adamw_master_index(n) || (c >= 0 && (i == c || i == c + 2));
+    }
     default: return false;
     }
+}
+
+void ir_move_to_end(Graph *g, Node *n)
+{
+    IR_ASSERT(g->nodes[n->index] == n);
+    int from = n->index;
+    memmove(g->nodes + from, g->nodes + from + 1, sizeof(Node *) * (size_t)(g->n_nodes - 1 - from));
+    g->nodes[g->n_nodes - 1] = n;
+    for (int i = from; i < g->n_nodes; i++) g->nodes[i]->index = i;
 }
 
 void ir_move_before(Graph *g, Node *n, Node *pos)

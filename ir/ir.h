@@ -160,6 +160,7 @@ typedef enum {
     ROLE_WORKSPACE,
     ROLE_OUTPUT,        /* read by the runtime after the step: loss, grad norm */
     ROLE_OPTIM_STATE,   /* other persistent optimizer state: the previous step's grad norm */
+    ROLE_WEIGHT_COPY,   /* a parameter's FP8 copy, written by its update for the next step */
     ROLE_COUNT
 } Role;
 
@@ -254,8 +255,12 @@ void ir_set_keeps_amax(Node *n);    /* n->op must have the attribute */
 /* QUANTIZE with transposed=1 (ops.def): where its storage keeps the transposed copy of the
  * result (the last dim first, the others flattened after it); 0: it keeps none. */
 int64_t ir_transposed_offset(const Node *n);
+/* ADAMW's optional operands (ops.def): the index of the master, of the FP8 copy (then its scale
+ * and its amax state follow it); -1 where there is none. */
+int ir_adamw_master_index(const Node *n);
+int ir_adamw_copy_index(const Node *n);
 /* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,
- * master). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
+ * master, FP8 copy and its amax). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
  * every other reader of a mutated operand must run before n. */
 bool ir_mutates_input(const Node *n, int i);
 
@@ -280,6 +285,7 @@ Uses *ir_fill_uses(const Graph *g);
 void ir_replace_uses(Graph *g, Node *from, Node *to);
 /* Moves n (anywhere after pos) to just before pos; passes use it to insert new nodes. */
 void ir_move_before(Graph *g, Node *n, Node *pos);
+void ir_move_to_end(Graph *g, Node *n);   /* after every other node (nothing may read it) */
 /* Keeps the nodes for which keep[index] is true, preserving order. */
 void ir_filter(Graph *g, const bool *keep);
 

@@ -356,17 +356,31 @@ const char *ir_infer_shape(Node *n, Arena *a)
         copy_shape(n, x);
         n->t.fmt = x->fmt;
         return NULL;
-    case OP_ADAMW:
-        if (n->n_in != 8 && n->n_in != 9)
-            return arena_printf(a, "adamw takes 8 or 9 operands, not %d", n->n_in);
+    case OP_ADAMW: {
+        int copies = n->iattr[0] ? 3 : 0;
+        if (n->n_in - copies != 8 && n->n_in - copies != 9)
+            return arena_printf(a, "adamw takes 8 or 9 operands%s, not %d", copies ? " and an FP8 copy's 3" : "",
+                                n->n_in);
         for (int i = 1; i < 4; i++)
             if ((err = check_same(n, a, 0, i, "adamw"))) return err;
         for (int i = 4; i < 8; i++)
             if ((err = check_scalar(n, a, i, "adamw's lr, step, clip and grad_scale"))) return err;
-        if (n->n_in == 9 && (err = check_same(n, a, 0, 8, "adamw master"))) return err;
+        int master = ir_adamw_master_index(n), copy = ir_adamw_copy_index(n);
+        if (master >= 0 && (err = check_same(n, a, 0, master, "adamw master"))) return err;
+        if (copy >= 0) {
+            const Format *f = &n->in[copy]->t.fmt;
+            if ((err = check_same(n, a, 0, copy, "adamw's FP8 copy"))) return err;
+            if ((err = check_scalar(n, a, copy + 1, "adamw's copy scale"))) return err;
+            if ((err = check_scalar(n, a, copy + 2, "adamw's copy amax"))) return err;
+            const Node *sc = n->in[copy + 1];
+            bool given = sc == f->scale || (ir_op_is_inplace(sc->op) && sc->n_in && sc->in[0] == f->scale);
+            if (f->scaling != SCALE_PER_TENSOR || !f->scale || !given)
+                return arena_printf(a, "adamw's FP8 copy must be scaled per tensor by the scale it is given");
+        }
         set_scalar(n);
         n->t.fmt = fmt_plain(FMT_VOID);
         return NULL;
+    }
     case OP_QUANT_SCALE: {
         int64_t rows = rows_of(x), cols = last_dim(x), g = n->iattr[2];
         switch ((Scaling)n->iattr[1]) {

@@ -167,6 +167,68 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
     return q;
 }
 
+/* The update of parameter p, where the optimizer pass made one and it runs in the update phase
+ * (not released into the backward by --grad-release). */
+static Node *update_of(Graph *g, const Node *p)
+{
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        Node *u = g->nodes[i];
+        if (u->op == OP_ADAMW && u->in[0] == p) return u->phase == PHASE_UPDATE ? u : NULL;
+    }
+    return NULL;
+}
+
+/* The FP8 copy of weight p that its update writes for the next step, in place of quantizing p
+ * in every forward. The copy, its scale and the amax of the weights it was made from are
+ * persistent:
+ *     scale = delayed_scale(scale, amax)      update phase: from the weights the step read
+ *     adamw(.., copy, scale, amax)            new weights, their copy through that scale, and
+ *                                             their amax for the next update's scale
+ * so the forward of step t reads weights quantized with the amax of step t-1's weights
+ * (delayed scaling, one step of history), which the update finds as it writes them: no pass
+ * over the weights is left in the step. The runtime makes the first copy (init.c) with current
+ * scaling. Below O3 only, where a weight's copy is kept across the step anyway (the backward
+ * reads it): O3 quantizes at every use and keeps no copy. */
+static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node *mm)
+{
+    Graph *g = c->g;
+    Node *u = update_of(g, p);
+    if (!u || u->iattr[0] || g->opt_level >= 3 || rc.history > 0 || rc.static_scale > 0) return NULL;
+    Node *first_update = NULL;
+    for (int i = 0; i < g->n_nodes && !first_update; i++)
+        if (g->nodes[i]->phase == PHASE_UPDATE && g->nodes[i]->n_in) first_update = g->nodes[i];
+    const char *name = arena_printf(g->arena, "%s:%s", base_name(c, p), fmt_elem_name(elem));
+    Node *scale = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s.scale", name), ROLE_SCALE, FMT_F32, 0, NULL, p->loc);
+    Node *amax = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s.amax", name), ROLE_AMAX_HISTORY, FMT_F32, 0,
+                         NULL, p->loc);
+    Node *copy = ir_leaf(g, OP_STATE, name, ROLE_WEIGHT_COPY, elem, p->t.rank, p->t.dims, p->loc);
+    copy->t.fmt = (Format){.elem = elem, .scaling = SCALE_PER_TENSOR, .recipe = RECIPE_DELAYED, .history = 1,
+                           .margin = rc.margin, .scale = scale};
+    copy->grad_of = p;
+    scale->grad_of = amax->grad_of = p;
+    ir_move_before(g, scale, mm);
+    ir_move_before(g, amax, mm);
+    ir_move_before(g, copy, mm);
+
+    Node *upd = ir_add2(g, OP_DELAYED_SCALE, scale, amax, p->loc);
+    upd->iattr[0] = elem, upd->iattr[1] = rc.margin, upd->iattr[2] = 0;
+    upd->phase = PHASE_UPDATE;
+    upd->t.role = ROLE_SCALE;
+    upd->t.name = scale->t.name;
+    infer_or_die(g, upd);
+    ir_move_before(g, upd, first_update);   /* the scales first, the updates together after */
+
+    Node **in = arena_alloc(g->arena, sizeof(Node *) * (size_t)(u->n_in + 3));
+    memcpy(in, u->in, sizeof(Node *) * (size_t)u->n_in);
+    in[u->n_in] = copy, in[u->n_in + 1] = upd, in[u->n_in + 2] = amax;
+    u->in = in;
+    u->n_in += 3;
+    u->iattr[0] = 1;
+    infer_or_die(g, u);
+    ir_move_to_end(g, u);   /* the updates that write copies together: the GPU runs them as one batch */
+    return copy;
+}
+
 static bool is_gradient(const Node *x)
 {
     return x->phase != PHASE_FORWARD && x->n_in > 0 && x->t.role == ROLE_GRAD_TEMP;
@@ -208,10 +270,13 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
         bool kept = x->op != OP_PARAM && x->t.saved_as.elem == FMT_VOID && only_fp8_gemms_read(x);
         if (fwd && (weight_copy || saved_fp8 || kept)) {
             q = fwd;
-            q->t.role = ROLE_SAVED;
+            if (q->t.role != ROLE_WEIGHT_COPY) q->t.role = ROLE_SAVED;
         }
     }
     ScaleRecipe rc = {(int)mm->iattr[3], mm->iattr[5] != 0, (int)mm->iattr[6], (float)mm->fattr[0]};
+    if (!q && x->op == OP_PARAM && sc == SCALE_PER_TENSOR && mm->phase == PHASE_FORWARD &&
+        (q = optimizer_copy(c, x, elem, rc, mm)))
+        remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
     /* a backward copy of a kept value takes the forward copy's current scale: the value has
      * not changed, so neither has its amax (four bytes kept instead of a second pass) */
     Node *known_scale = NULL;

@@ -13,7 +13,8 @@
  * copy, when the optimizer made one, holds the unrounded value the parameter was rounded from.
  * Other persistent state starts at zero (gradient accumulators, Adam moments, amax histories),
  * except scale tensors, which start at 1: a zero scale would make every read of the scaled
- * tensor infinite before its first amax is known. */
+ * tensor infinite before its first amax is known. A weight's FP8 copy that its update writes
+ * for the next step is made once here, from the initial weights, with current scaling. */
 #include "ref_internal.h"
 
 #include <math.h>
@@ -139,4 +140,7 @@ void rt_init_params(Graph *g, uint64_t seed)
         }
         free(x);
     }
+    /* the FP8 copies that updates write for the next step: the first from the initial weights */
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ADAMW) ref_adamw_first_copy(g->nodes[i]);
 }

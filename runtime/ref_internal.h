@@ -80,6 +80,9 @@ void ref_clip_coef(const Node *n, const float *const *x, float *y);
 void ref_grad_norm(const Node *n, const float *const *x, float *y);
 void ref_accumulate(Node *n);                /* in place: reads and writes its inputs itself */
 void ref_adamw(Node *n);
+/* An update's first FP8 weight copy (where it has one), before any step: the amax of the
+ * weights as they are, the scale from it, the copy through that scale (current scaling). */
+void ref_adamw_first_copy(Node *n);
 
 /* ---------------------------------------------------------------- ref_math.c */
 void ref_exp_nonpositive(double *x, int64_t n);   /* x[i] = exp(x[i]) for x[i] <= 0, 1 ulp */

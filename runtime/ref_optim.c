@@ -2,8 +2,9 @@
  *
  * These are the ops of the update phase (and ACCUMULATE, which ends each micro-step). Two of
  * them write into their inputs: ACCUMULATE adds into the accumulator's storage, and ADAMW
- * updates param, m, v (and master) and zeroes the gradient. They decode and encode every one
- * of those tensors through its own format, so an e4m3 Adam moment or a bf16 gradient
+ * updates param, m, v (and master) and zeroes the gradient (and, where the scaling pass gave it
+ * the weight's FP8 copy, writes next step's copy and the weights' amax). They decode and encode
+ * every one of those tensors through its own format, so an e4m3 Adam moment or a bf16 gradient
  * accumulator is rounded exactly where the GPU's fused update would round it; values inside
  * one update (the new m and v feeding the step) stay unrounded, as in registers.
  *
@@ -106,6 +107,37 @@ static void adamw_task(void *ctx, int64_t c)
     }
 }
 
+/* The FP8 copy of the weights just stored, as the forward would quantize them (through the
+ * copy's format and scale), and their amax for the next update's scale. */
+static void store_copy(const Node *n, const Tensor *param, Tensor *copy, Tensor *amax_state)
+{
+    if (ir_numel(amax_state) != 1) ref_die_node(n, "the copy's amax must be a scalar");
+    float *w = ref_load(param);
+    float amax = 0;
+    int64_t count = ir_numel(param);
+    for (int64_t i = 0; i < count; i++) amax = fmaxf(amax, fabsf(w[i]));
+    ref_store(copy, w);
+    ref_store(amax_state, &amax);
+    free(w);
+}
+
+void ref_adamw_first_copy(Node *n)
+{
+    int at = ir_adamw_copy_index(n);
+    if (at < 0) return;
+    Node *scale = n->in[at + 1];
+    Tensor *amax = &n->in[at + 2]->t;
+    if (scale->op != OP_DELAYED_SCALE || scale->in[1]->t.data != amax->data)
+        ref_die_node(n, "the copy's scale is not made from its amax");
+    float *w = ref_load(&n->in[A_PARAM]->t);
+    float m = 0;
+    for (int64_t i = 0, count = ir_numel(&n->in[A_PARAM]->t); i < count; i++) m = fmaxf(m, fabsf(w[i]));
+    free(w);
+    ref_store(amax, &m);
+    ref_delayed_scale(scale);
+    store_copy(n, &n->in[A_PARAM]->t, &n->in[at]->t, amax);
+}
+
 static double scalar_in(Node *n, int k)
 {
     const Tensor *t = &n->in[k]->t;
@@ -118,15 +150,18 @@ static double scalar_in(Node *n, int k)
 
 void ref_adamw(Node *n)
 {
-    if (n->n_in != 8 && n->n_in != 9)
-        ref_die_node(n, "takes (param, grad, m, v, lr, step, clip, grad_scale[, master])");
+    int copies = n->iattr[0] ? 3 : 0;
+    if (n->n_in - copies != 8 && n->n_in - copies != 9)
+        ref_die_node(n, "takes (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax])");
     Tensor *param = &n->in[A_PARAM]->t, *grad = &n->in[A_GRAD]->t;
     Tensor *mt = &n->in[A_M]->t, *vt = &n->in[A_V]->t;
-    Tensor *master = n->n_in == 9 ? &n->in[A_MASTER]->t : NULL;
+    int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
+    Tensor *master = at_master >= 0 ? &n->in[at_master]->t : NULL;
+    Tensor *copy = at_copy >= 0 ? &n->in[at_copy]->t : NULL;
     AdamJob j = {.n = ir_numel(param), .b1 = n->fattr[0], .b2 = n->fattr[1],
                  .eps = n->fattr[2], .wd = n->fattr[3]};
-    const Tensor *same[] = {grad, mt, vt, master};
-    for (int k = 0; k < 4; k++)
+    const Tensor *same[] = {grad, mt, vt, master, copy};
+    for (int k = 0; k < 5; k++)
         if (same[k] && ir_numel(same[k]) != j.n)
             ref_die_node(n, "'%s' has %lld elements, the parameter %lld",
                          same[k]->name ? same[k]->name : "unnamed", (long long)ir_numel(same[k]),
@@ -161,6 +196,7 @@ void ref_adamw(Node *n)
         if (master) ref_store(master, j.w);
         ref_store(param, j.w);     /* through param's format: round(master) when there is one */
     }
+    if (copy) store_copy(n, param, copy, &n->in[at_copy + 2]->t);
     free(j.w);
     free(j.g);
     free(j.m);

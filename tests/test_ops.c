@@ -618,6 +618,76 @@ static void test_adamw(void **state)
     }
 }
 
+/* AdamW that writes the weight's FP8 copy for the next step (scaling.c): the update phase first
+ * turns the amax of the weights the step read into the copy's scale (448 / amax), then AdamW
+ * stores the new bf16 weights, their e4m3 copy through that scale, and their amax. The first
+ * copy, before any step, is current scaling of the initial weights. */
+static void test_adamw_fp8_copy(void **state)
+{
+    (void)state;
+    enum { N = 301 };
+    const int64_t dims[1] = {N};
+    float w[N], g[N], zero[N] = {0};
+    for (int i = 0; i < N; i++) w[i] = 0.05f * rng_normal(), g[i] = rng_normal();
+    float lr = 1e-3f, step = 1, clip = 1, gs = 1, amax_read = 0.2f + 0.1f * (float)rng_uniform(), one = 1;
+    TG *t = tg_new();
+    t->phase = PHASE_UPDATE;
+    Node *param = leaf_fill(t, OP_PARAM, "w", ROLE_PARAM, FMT_BF16, 1, dims, w);
+    Node *scale = leaf_fill(t, OP_STATE, "w:e4m3.scale", ROLE_SCALE, FMT_F32, 0, NULL, &one);
+    Node *amax = leaf_fill(t, OP_STATE, "w:e4m3.amax", ROLE_AMAX_HISTORY, FMT_F32, 0, NULL, &amax_read);
+    Node *copy = ir_leaf(t->g, OP_STATE, "w:e4m3", ROLE_WEIGHT_COPY, FMT_E4M3, 1, dims, here);
+    copy->t.fmt = (Format){.elem = FMT_E4M3, .scaling = SCALE_PER_TENSOR, .recipe = RECIPE_DELAYED, .history = 1,
+                           .scale = scale};
+    tg_bind(t, copy);
+    Node *ds = NODE(t, OP_DELAYED_SCALE, IA(FMT_E4M3, 0, 0), scale, amax);
+    ds->t.data = scale->t.data;   /* in place, as the memory plan has it */
+    Node *in[12] = {
+        param,
+        leaf_fill(t, OP_STATE, "w:grad", ROLE_GRAD, FMT_F32, 1, dims, g),
+        leaf_fill(t, OP_STATE, "w:adam_m", ROLE_ADAM_M, FMT_F32, 1, dims, zero),
+        leaf_fill(t, OP_STATE, "w:adam_v", ROLE_ADAM_V, FMT_F32, 1, dims, zero),
+        leaf_fill(t, OP_INPUT, "lr", ROLE_INPUT, FMT_F32, 0, NULL, &lr),
+        leaf_fill(t, OP_INPUT, "step", ROLE_INPUT, FMT_F32, 0, NULL, &step),
+        leaf_fill(t, OP_INPUT, "clip", ROLE_INPUT, FMT_F32, 0, NULL, &clip),
+        leaf_fill(t, OP_INPUT, "grad_scale", ROLE_INPUT, FMT_F32, 0, NULL, &gs),
+        leaf_fill(t, OP_STATE, "w:master", ROLE_MASTER, FMT_F32, 1, dims, w),
+        copy, ds, amax,
+    };
+    Node *up = tg_node_v(t, OP_ADAMW, ((Attrs){.i = {1}, .f = {0.9, 0.95, 1e-8, 0}}), 12, in);
+    assert_int_equal(ir_adamw_master_index(up), 8);
+    assert_int_equal(ir_adamw_copy_index(up), 9);
+    for (int i = 0; i < 12; i++)
+        assert_int_equal(ir_mutates_input(up, i), i <= 3 || i == 8 || i == 9 || i == 11);
+
+    for (int first = 0; first < 2; first++) {
+        if (first) {
+            ref_adamw_first_copy(up);   /* from the weights as they are now */
+        } else {
+            ref_exec_node(ds);
+            ref_exec_node(up);
+        }
+        float *nw = ref_load(&param->t), *q = ref_load(&copy->t), *sv = ref_load(&scale->t), *am = ref_load(&amax->t);
+        float biggest = 0;
+        for (int i = 0; i < N; i++) biggest = fmaxf(biggest, fabsf(nw[i]));
+        /* the step: the scale from the amax read before it; the first copy: from these weights */
+        float want_scale = (float)(448.0 / (first ? biggest : amax_read));
+        assert_float_equal(sv[0], want_scale, 1e-6 * want_scale);
+        assert_true(am[0] == biggest);
+        int moved = 0;
+        for (int i = 0; i < N; i++) {
+            if (!first) moved += fabsf(nw[i] - w[i]) > 0.5e-3f;   /* lr-sized Adam steps */
+            double want = num_round(FMT_E4M3, nw[i] * sv[0]) / sv[0];
+            assert_float_equal(q[i], want, 1e-6 * fabs(want));
+        }
+        if (!first) assert_true(moved > N / 2);
+        if (first)   /* current scaling: the largest weight takes e4m3's largest value */
+            for (int i = 0; i < N; i++)
+                if (fabsf(nw[i]) == biggest) assert_float_equal(fabsf(q[i]) * sv[0], 448.0, 448.0 * 1e-6);
+        free(nw), free(q), free(sv), free(am);
+    }
+    tg_free(t);
+}
+
 /* ACCUMULATE adds into its accumulator through the accumulator's format (a bf16 accumulator
  * holds round(acc + g)); ASSIGN stores a value into a state through the state's format. */
 static void test_inplace_ops(void **state)
@@ -1128,6 +1198,7 @@ int main(void)
         cmocka_unit_test(test_grad_shape_ops),
         cmocka_unit_test(test_forward_values),
         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_adamw_fp8_copy),
         cmocka_unit_test(test_inplace_ops),
         cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_gemm_accuracy),

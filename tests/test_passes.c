@@ -1036,6 +1036,48 @@ static int check_fp8_gemm_layouts(const Graph *g)
     return transposes;
 }
 
+/* The FP8 copies that updates write for the next step (scaling.c): where the level has them
+ * (O1, O2 without gradient release), every forward FP8 GEMM that reads a trained weight per
+ * tensor reads its copy, a persistent e4m3 state whose scale the update phase makes from the
+ * weights' amax before the weight's AdamW writes the copy and the next amax; no pass over a
+ * weight remains. Elsewhere there are none. Returns the number of copies. */
+static int check_weight_copies(const Graph *g, bool expected)
+{
+    int copies = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->op == OP_QUANT_SCALE && n->in[0]->op == OP_PARAM && expected && n->iattr[1] == SCALE_PER_TENSOR)
+            fail_msg("%%%d: a pass over weight %s remains", n->id, n->in[0]->t.name);
+        if (n->op == OP_ADAMW && n->iattr[0]) {
+            assert_true(expected);
+            int c = ir_adamw_copy_index(n);
+            const Node *copy = n->in[c], *scale = n->in[c + 1], *amax = n->in[c + 2];
+            assert_int_equal(copy->t.role, ROLE_WEIGHT_COPY);
+            assert_ptr_equal(copy->grad_of, n->in[0]);
+            assert_int_equal(copy->t.fmt.elem, FMT_E4M3);
+            assert_int_equal(copy->t.fmt.scaling, SCALE_PER_TENSOR);
+            assert_int_equal(scale->op, OP_DELAYED_SCALE);
+            assert_int_equal(scale->phase, PHASE_UPDATE);
+            assert_ptr_equal(scale->in[0], copy->t.fmt.scale);
+            assert_ptr_equal(scale->in[1], amax);
+            assert_true(scale->index < n->index);
+            assert_true(ir_role_is_persistent(amax->t.role) && ir_role_is_persistent(copy->t.fmt.scale->t.role));
+            copies++;
+        }
+        if (n->op != OP_MATMUL || !n->iattr[2] || n->phase != PHASE_FORWARD) continue;
+        for (int j = 0; j < 2; j++) {
+            const Node *x = n->in[j];
+            const Node *w = x->op == OP_QUANTIZE ? x->in[0] : x->t.role == ROLE_WEIGHT_COPY ? x->grad_of : NULL;
+            if (!w || w->op != OP_PARAM || x->t.fmt.scaling != SCALE_PER_TENSOR) continue;
+            if (expected && x->t.role != ROLE_WEIGHT_COPY)
+                fail_msg("%%%d reads weight %s quantized in the forward", n->id, w->t.name);
+            if (!expected) assert_int_equal(x->op, OP_QUANTIZE);
+        }
+    }
+    if (expected) assert_true(copies > 0);
+    return copies;
+}
+
 static void test_pipeline_models(void **state)
 {
     (void)state;
@@ -1062,6 +1104,7 @@ static void test_pipeline_models(void **state)
                              level == 4 ? " --grad-release" : "");
             check_schedule(g);
             check_memplan(g);
+            check_weight_copies(g, level == 1 || level == 2);
             /* FP8 levels: each layer's weight copies and saved inputs are transposed for dx and dW */
             int transposes = check_fp8_gemm_layouts(g);
             if (o.passes.opt_level == 0) assert_int_equal(transposes, 0);
@@ -1099,6 +1142,7 @@ static void test_pipeline_models(void **state)
     Graph *g = pipeline_compile(a, path, &o);
     assert_non_null(g);
     check_fp8_gemm_layouts(g);
+    assert_int_equal(check_weight_copies(g, false), 0);   /* 128 x 128 blocks: quantized in the forward */
     int block_copies = 0;
     for (int i = 0; i < g->n_nodes; i++)
         block_copies += g->nodes[i]->op == OP_TRANSPOSE && g->nodes[i]->t.fmt.scaling == SCALE_BLOCK_128;

@@ -319,9 +319,27 @@ template <class Y, class S> __device__ void ck_grad_norm(const CkArgs &a) {
     Y::st(a.t[0], 0, (float)(sqrt(s) * S::ld(a.t[1], 0)));
 }
 
-/* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master]): f = {b1, b2, eps, wd} */
+/* AdamW's FP8 weight copy (COPY_AT > 0: the copy is t[COPY_AT], format CP): the weight as
+ * stored, quantized through the copy's scale, and the block's largest |weight| so far in m */
+template <int COPY_AT, class P, class CP>
+static __device__ __forceinline__ void ck_adamw_copy(const CkArgs &a, i64 i, float w, float &m) {
+    if (!COPY_AT) return;
+    float stored = P::round(a.t[0], i, w);
+    CP::st(a.t[COPY_AT], i, stored);
+    m = fmaxf(m, fabsf(stored));
+}
+
+/* every block leaves its maximum in the scratch (plan_copy_amax); all threads call it */
+template <int COPY_AT> static __device__ __forceinline__ void ck_adamw_copy_amax(const CkArgs &a, float m) {
+    if (!COPY_AT) return;
+    m = ck_block_max(m);
+    if (threadIdx.x == 0) ((float *)a.scratch)[CK_BLOCK] = m;
+}
+
+/* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax]):
+ * f = {b1, b2, eps, wd} */
 template <class P, class G, class M, class V, class LR, class ST, class CL, class GS, class W,
-          int MASTER>
+          int MASTER, class CP, int COPY_AT>
 __device__ void ck_adamw(const CkArgs &a) {
     __shared__ double k[4];   /* lr, gmul, 1 / bc1, 1 / bc2 (the divisions once per block) */
     double b1 = a.f[0], b2 = a.f[1], eps = a.f[2], wd = a.f[3];
@@ -333,6 +351,7 @@ __device__ void ck_adamw(const CkArgs &a) {
         k[3] = 1 / (1 - pow(b2, step));
     }
     __syncthreads();
+    float copy_max = 0.0f;
     if (P::vec_ok(a.t[0]) && G::vec_ok(a.t[1]) && M::vec_ok(a.t[2]) && V::vec_ok(a.t[3]) &&
         (!MASTER || W::vec_ok(a.t[8]))) {
         CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
@@ -358,7 +377,10 @@ __device__ void ck_adamw(const CkArgs &a) {
             G::st_vec(a.t[1], i, g);
             if (MASTER) W::st_vec(a.t[8], i, w);
             P::st_vec(a.t[0], i, w);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) ck_adamw_copy<COPY_AT, P, CP>(a, i + j, w[j], copy_max);
         }
+        ck_adamw_copy_amax<COPY_AT>(a, copy_max);
         return;
     }
     CK_GRID_STRIDE(i, a.t[0].n) {
@@ -373,7 +395,9 @@ __device__ void ck_adamw(const CkArgs &a) {
         G::st(a.t[1], i, 0.0f);
         if (MASTER) W::st(a.t[8], i, (float)w);
         P::st(a.t[0], i, (float)w);
+        ck_adamw_copy<COPY_AT, P, CP>(a, i, (float)w, copy_max);
     }
+    ck_adamw_copy_amax<COPY_AT>(a, copy_max);
 }
 
 /* ---------------------------------------------------------------- rows */
@@ -1409,11 +1433,12 @@ static __device__ __forceinline__ int ck_split_ulp_exp(unsigned short hi) {
     return (biased ? biased : 1) - 127 - 7;
 }
 
-/* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master]) with any state codecs:
- * MC, VC the codecs of m and v (CODEC_PLAIN: through their formats M, V); MK the master: 0
- * none, 1 plain (format W), 2 split. One warp per 128 elements. f = {b1, b2, eps, wd} */
+/* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax]) with any
+ * state codecs: MC, VC the codecs of m and v (CODEC_PLAIN: through their formats M, V); MK the
+ * master: 0 none, 1 plain (format W), 2 split; the copy as in ck_adamw. One warp per 128
+ * elements. f = {b1, b2, eps, wd} */
 template <class P, class G, class LR, class ST, class CL, class GS, int MC, class M, int VC, class V,
-          int MK, class W>
+          int MK, class W, class CP, int COPY_AT>
 __device__ void ck_adamw_coded(const CkArgs &a) {
     __shared__ double k[4];
     double b1 = a.f[0], b2 = a.f[1], eps = a.f[2], wd = a.f[3];
@@ -1428,6 +1453,7 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
     i64 n = a.t[0].n, chunks = (n + 127) / 128;
     int lane = threadIdx.x & 31;
     i64 warp = (CK_BLOCK * blockDim.x + threadIdx.x) >> 5, warps = (CK_BLOCKS * blockDim.x) >> 5;
+    float copy_max = 0.0f;
     for (i64 ch = warp; ch < chunks; ch += warps) {
         i64 base = ch * 128;
         float mf[4], vf[4], wf[4];
@@ -1485,6 +1511,8 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
                 if (MK == 1) W::st(a.t[8], i, wf[j]);
                 P::st(a.t[0], i, wf[j]);
             }
+            ck_adamw_copy<COPY_AT, P, CP>(a, i, wf[j], copy_max);
         }
     }
+    ck_adamw_copy_amax<COPY_AT>(a, copy_max);
 }

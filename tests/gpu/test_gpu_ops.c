@@ -412,6 +412,16 @@ static void build_optimizer(void) {
     v2->iattr[1] = 1;
     add_case("adamw master", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.999, 1e-8, 0.0),
                                         IN(p2, g2, m2, v2, scal[0], scal[1], scal[2], scal[3], w2)));
+    /* the weights' e4m3 copy for the next step (O1, O2): through a given scale, e4m3's
+     * saturation included (|w| up to about 4 x 112), and the new weights' amax */
+    Node *cs = scales(0, 0, 1), *amax = leaf(FMT_F32, 1, 0, NULL);
+    Node *copy = leaf_fmt("copy", FMT_E4M3, SCALE_PER_TENSOR, 0, cs, 1, DIMS(R, C));
+    Node *p3 = leaf(FMT_BF16, 1, DIMS(R, C)), *m3 = leaf(FMT_F32, 0.1f, DIMS(R, C));
+    Node *v3 = leaf(FMT_F32, 0.01f, DIMS(R, C)), *w3 = leaf(FMT_F32, 1, DIMS(R, C));
+    Node *g3 = leaf(FMT_BF16, 1, DIMS(R, C));   /* the cases zero their gradients: one of its own */
+    v3->iattr[1] = 1;
+    add_case("adamw master, FP8 copy", 2e-5, op_v(OP_ADAMW, FMT_VOID, I(1), Fa(0.9, 0.95, 1e-8, 0.1),
+             IN(p3, g3, m3, v3, scal[0], scal[1], scal[2], scal[3], w3, copy, cs, amax)));
     /* coded states (O2: range expansion; O3: companded m, sqrt v, split master) */
     int64_t nc = gt_int(1, 1000);
     Codec codecs[2][2] = {{CODEC_EXPAND, CODEC_EXPAND}, {CODEC_COMPAND, CODEC_SQRT}};
@@ -431,6 +441,11 @@ static void build_optimizer(void) {
             Node *wc = leaf(FMT_F32, 1, DIMS(nc));
             add_case("adamw expand states", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.95, 1e-8, 0.1),
                      IN(pc, gc, st[0], st[1], scal[0], scal[1], scal[2], scal[3], wc)));
+            Node *cc = leaf_fmt("copy", FMT_E4M3, SCALE_PER_TENSOR, 0, cs, 1, DIMS(nc));
+            Node *pc2 = leaf(FMT_BF16, 1, DIMS(nc)), *wc2 = leaf(FMT_F32, 1, DIMS(nc));
+            Node *amax2 = leaf(FMT_F32, 1, 0, NULL), *gc2 = leaf(FMT_BF16, 1, DIMS(nc));
+            add_case("adamw expand states, FP8 copy", 2e-5, op_v(OP_ADAMW, FMT_VOID, I(1), Fa(0.9, 0.95, 1e-8, 0.1),
+                     IN(pc2, gc2, st[0], st[1], scal[0], scal[1], scal[2], scal[3], wc2, cc, cs, amax2)));
         } else {
             Node *lo = leaf(FMT_I8, 60, DIMS(nc));
             lo->t.fmt.codec = CODEC_SPLIT;
