@@ -565,6 +565,19 @@ static Node *leaf_fill(TG *t, OpKind op, const char *name, Role role, ElemType e
     return n;
 }
 
+/* AdamW's first eight operands: param, grad, m, v (f32 states of 1-D dims) and the scalars
+ * lr, step, clip, grad_scale (k[0..3]) */
+static void adamw_operands(TG *t, Node *param, const int64_t *dims, const float *g, const float *m,
+                           const float *v, const float k[4], Node **in)
+{
+    static const char *const scalars[4] = {"lr", "step", "clip", "grad_scale"};
+    in[0] = param;
+    in[1] = leaf_fill(t, OP_STATE, "w:grad", ROLE_GRAD, FMT_F32, 1, dims, g);
+    in[2] = leaf_fill(t, OP_STATE, "w:adam_m", ROLE_ADAM_M, FMT_F32, 1, dims, m);
+    in[3] = leaf_fill(t, OP_STATE, "w:adam_v", ROLE_ADAM_V, FMT_F32, 1, dims, v);
+    for (int i = 0; i < 4; i++) in[4 + i] = leaf_fill(t, OP_INPUT, scalars[i], ROLE_INPUT, FMT_F32, 0, NULL, &k[i]);
+}
+
 static void test_adamw(void **state)
 {
     (void)state;
@@ -582,17 +595,9 @@ static void test_adamw(void **state)
         TG *t = tg_new();
         ElemType pe = with_master ? FMT_BF16 : FMT_F32;
         Node *param = leaf_fill(t, OP_PARAM, "w", ROLE_PARAM, pe, 1, dims, w);
-        Node *in[9] = {
-            param,
-            leaf_fill(t, OP_STATE, "w:grad", ROLE_GRAD, FMT_F32, 1, dims, g),
-            leaf_fill(t, OP_STATE, "w:adam_m", ROLE_ADAM_M, FMT_F32, 1, dims, m),
-            leaf_fill(t, OP_STATE, "w:adam_v", ROLE_ADAM_V, FMT_F32, 1, dims, v),
-            leaf_fill(t, OP_INPUT, "lr", ROLE_INPUT, FMT_F32, 0, NULL, &lr),
-            leaf_fill(t, OP_INPUT, "step", ROLE_INPUT, FMT_F32, 0, NULL, &step),
-            leaf_fill(t, OP_INPUT, "clip", ROLE_INPUT, FMT_F32, 0, NULL, &clip),
-            leaf_fill(t, OP_INPUT, "grad_scale", ROLE_INPUT, FMT_F32, 0, NULL, &gs),
-            with_master ? leaf_fill(t, OP_STATE, "w:master", ROLE_MASTER, FMT_F32, 1, dims, w) : NULL,
-        };
+        Node *in[9];
+        adamw_operands(t, param, dims, g, m, v, (float[4]){lr, step, clip, gs}, in);
+        in[8] = with_master ? leaf_fill(t, OP_STATE, "w:master", ROLE_MASTER, FMT_F32, 1, dims, w) : NULL;
         Node *up = tg_node_v(t, OP_ADAMW, ((Attrs){.f = {b1, b2, eps, wd}}), 8 + with_master, in);
         ref_exec_node(up);
         const float *pw = NULL;
@@ -641,18 +646,10 @@ static void test_adamw_fp8_copy(void **state)
     tg_bind(t, copy);
     Node *ds = NODE(t, OP_DELAYED_SCALE, IA(FMT_E4M3, 0, 0), scale, amax);
     ds->t.data = scale->t.data;   /* in place, as the memory plan has it */
-    Node *in[12] = {
-        param,
-        leaf_fill(t, OP_STATE, "w:grad", ROLE_GRAD, FMT_F32, 1, dims, g),
-        leaf_fill(t, OP_STATE, "w:adam_m", ROLE_ADAM_M, FMT_F32, 1, dims, zero),
-        leaf_fill(t, OP_STATE, "w:adam_v", ROLE_ADAM_V, FMT_F32, 1, dims, zero),
-        leaf_fill(t, OP_INPUT, "lr", ROLE_INPUT, FMT_F32, 0, NULL, &lr),
-        leaf_fill(t, OP_INPUT, "step", ROLE_INPUT, FMT_F32, 0, NULL, &step),
-        leaf_fill(t, OP_INPUT, "clip", ROLE_INPUT, FMT_F32, 0, NULL, &clip),
-        leaf_fill(t, OP_INPUT, "grad_scale", ROLE_INPUT, FMT_F32, 0, NULL, &gs),
-        leaf_fill(t, OP_STATE, "w:master", ROLE_MASTER, FMT_F32, 1, dims, w),
-        copy, ds, amax,
-    };
+    Node *in[12];
+    adamw_operands(t, param, dims, g, zero, zero, (float[4]){lr, step, clip, gs}, in);
+    in[8] = leaf_fill(t, OP_STATE, "w:master", ROLE_MASTER, FMT_F32, 1, dims, w);
+    in[9] = copy, in[10] = ds, in[11] = amax;
     Node *up = tg_node_v(t, OP_ADAMW, ((Attrs){.i = {1}, .f = {0.9, 0.95, 1e-8, 0}}), 12, in);
     assert_int_equal(ir_adamw_master_index(up), 8);
     assert_int_equal(ir_adamw_copy_index(up), 9);
