@@ -43,6 +43,10 @@ typedef struct {
      * (fuse_producer_quantizes): as itself, only its block maxima, or quantized into `through` */
     enum { RESULT_STORED, RESULT_AMAX_ONLY, RESULT_THROUGH } result;
     const Node *through;
+    /* a QUANTIZE with transposed=1 that also sums its input's rows for this SUM_ROWS, and
+     * adds the sum into the accumulator of bias_acc (an ACCUMULATE) where that is set
+     * (fuse_bias_grads) */
+    const Node *bias_grad, *bias_acc;
 } Spec;
 
 uint64_t cuda_hash(uint64_t h, const void *data, size_t n) {
@@ -390,14 +394,32 @@ static bool plan_elementwise(Spec *s) {
         if (ir_transposed_offset(n)) {
             /* both layouts at once (ops.def transposed=1): 64 x 64 tiles */
             if (fmt_elem_bytes(y->fmt.elem) != 1) return spec_fail(s, "a transposed copy of a wider element type");
-            int64_t R = rows_of(y), C = cols_of(y);
-            l = spec_launch(s, "quantt", (unsigned)((C + 63) / 64), 256, "ck_quantize_t<%s, %s>(a)", Y,
-                            fmt_arg(s, &n->in[0]->t));
-            l->grid[1] = (unsigned)((R + 63) / 64);
+            int64_t R = rows_of(y), C = cols_of(y), P = (R + 63) / 64;
+            l = spec_launch(s, "quantt", (unsigned)((C + 63) / 64), 256, "ck_quantize_t<%s, %s, %d>(a)", Y,
+                            fmt_arg(s, &n->in[0]->t), s->bias_grad != NULL);
+            l->grid[1] = (unsigned)P;
             arg_node(l, 0, n);
             arg_node(l, 1, n->in[0]);
             l->args.n_in = 1;
             l->args.i[0] = ir_transposed_offset(n);
+            if (s->bias_grad) {   /* the tiles' column sums, then their sum over the P row tiles */
+                const Node *b = s->bias_grad, *acc = s->bias_acc;
+                l->scratch = 0;
+                need_scratch(s, P * C * 8);
+                if (acc) {
+                    l = spec_launch(s, "colacc", (unsigned)((C + 31) / 32), 256, "ck_colsum_final_acc<%s, %s>(a)",
+                                    fmt_arg(s, &acc->in[0]->t), fmt_arg(s, &b->t));
+                    arg_node(l, 0, acc->in[0]);
+                    arg_node(l, 1, b);
+                    l->args.n_in = 1;
+                } else {
+                    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), 256, "ck_colsum_final<0, %s>(a)",
+                                    fmt_arg(s, &b->t));
+                    args_result_inputs(l, b);
+                }
+                l->scratch = 0;
+                l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
+            }
             return true;
         }
         l = spec_launch(s, "copy", grid_elem(count), ELEM_THREADS, "ck_copy<%s, %s>(a)", Y,
@@ -1350,11 +1372,79 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
     }
 }
 
+/* A bias gradient, the sum over rows of a gradient dy, where dy is also quantized with its
+ * transposed copy for the GEMMs (the weight's input and weight gradients): the quantize's tiles
+ * sum their columns as they go, and a last launch at the quantize's place adds the tiles' sums
+ * (TransformerEngine's cast-transpose-dbias). dy is read once instead of twice. The schedule
+ * puts the sum, and the accumulation of the sum into the bias's gradient accumulator, before
+ * the quantize; they move to the quantize's place where nothing reads them before it:
+ *  - a sum that only later nodes read keeps its bytes until then (the memory plan holds them
+ *    for its readers), and the last launch stores it;
+ *  - a sum that only its accumulation reads, accumulated into an accumulator that nothing in
+ *    between reads or writes and that only later nodes read: the last launch adds the sum,
+ *    rounded to its format, into the accumulator, as the accumulation would have, and the sum
+ *    is never stored.
+ * Their own places then run nothing. */
+static bool read_only_after(const Uses *uses, const Node *x, int at) {
+    const Uses *u = &uses[x->index];
+    for (int k = 0; k < u->n; k++)
+        if (u->list[k]->index <= at) return false;
+    return true;
+}
+
+static const Node *bias_grad_accumulation(const Graph *g, const Uses *uses, const Node *q, const Node *sum) {
+    const Uses *u = &uses[sum->index];
+    const Node *acc = u->n == 1 ? u->list[0] : NULL;
+    if (!acc || acc->op != OP_ACCUMULATE || acc->in[1] != sum || acc->in[0] == sum || acc->index >= q->index ||
+        !plain_direct(&acc->t) || !plain_direct(&acc->in[0]->t) || !read_only_after(uses, acc, q->index))
+        return NULL;
+    const Node *state = acc->in[0];
+    if (!fuse_value_survives(g, state, acc->index, q->index)) return NULL;
+    for (int j = acc->index + 1; j < q->index; j++)
+        for (int k = 0; k < g->nodes[j]->n_in; k++)
+            if (fuse_nodes_overlap(state, g->nodes[j]->in[k])) return NULL;
+    return acc;
+}
+
+static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->index != i) return;   /* positions are indices below */
+    Uses *uses = ir_fill_uses(g);
+    for (int si = 0; si < g->n_nodes; si++) {
+        const Node *sum = g->nodes[si], *x = sum->op == OP_SUM_ROWS ? sum->in[0] : NULL;
+        if (!x || x->index < 0 || !plain_direct(&sum->t) || !plain_direct(&x->t) || sum->t.role == ROLE_OUTPUT ||
+            ir_numel(&sum->t) != cols_of(&x->t))
+            continue;
+        const Uses *u = &uses[x->index];
+        const Node *q = NULL;
+        for (int k = 0; k < u->n && !q; k++)
+            if (u->list[k]->op == OP_QUANTIZE && ir_transposed_offset(u->list[k])) q = u->list[k];
+        if (!q || q->index <= si || plans[q->index].n_launch != 1) continue;
+        const Node *acc = NULL;
+        if (!read_only_after(uses, sum, q->index) && !(acc = bias_grad_accumulation(g, uses, q, sum))) continue;
+        if (acc && plans[acc->index].n_launch != 1) continue;
+        char why[256];
+        CuNodePlan fused;
+        Spec s = spec_for(q, a, &fused, why, sizeof why);
+        s.bias_grad = sum;
+        s.bias_acc = acc;
+        if (!plan_node(&s) || fused.n_launch != 2) continue;
+        plans[q->index] = fused;
+        memset(&plans[si], 0, sizeof plans[si]);
+        plans[si].node = sum;
+        if (acc) {
+            memset(&plans[acc->index], 0, sizeof plans[acc->index]);
+            plans[acc->index].node = acc;
+        }
+    }
+}
+
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
         if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
     fuse_producer_quantizes(g, plans, a);
+    fuse_bias_grads(g, plans, a);
     return plans;
 }
 

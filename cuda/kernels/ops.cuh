@@ -655,7 +655,7 @@ template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const C
 /* second launch: grid ceil(C/32), 256 threads as 32 columns x 8 lanes; lane l adds the
  * partials p = l, l + 8, .. in order, then the 8 lanes are added in order.
  * y[c] = sum over p of part[p][c]; i = {C, R, P} */
-template <int MODE, class Y> __device__ void ck_colsum_final(const CkArgs &a) {
+template <int MODE> static __device__ bool ck_colsum_total(const CkArgs &a, i64 *col, double *total) {
     __shared__ double acc[8][33];
     i64 C = a.i[0], R = a.i[1], P = a.i[2];
     const double *part = (const double *)a.scratch + (MODE == 1 ? 2 * R : 0);
@@ -666,10 +666,24 @@ template <int MODE, class Y> __device__ void ck_colsum_final(const CkArgs &a) {
         for (i64 p = ty; p < P; p += 8) s += part[p * C + c];
     acc[ty][tx] = s;
     __syncthreads();
-    if (ty == 0 && c < C) {
-        for (int l = 1; l < 8; l++) s += acc[l][tx];
-        Y::st(a.t[0], c, (float)s);
-    }
+    if (ty != 0 || c >= C) return false;
+    for (int l = 1; l < 8; l++) s += acc[l][tx];
+    *col = c, *total = s;
+    return true;
+}
+template <int MODE, class Y> __device__ void ck_colsum_final(const CkArgs &a) {
+    i64 c;
+    double s;
+    if (ck_colsum_total<MODE>(a, &c, &s)) Y::st(a.t[0], c, (float)s);
+}
+
+/* The sum of a bias gradient, rounded as its own format S stores it (t[1]), added into its
+ * accumulator (t[0], format A) as ck_accumulate adds: the sum and its accumulation in the
+ * launch after a quantize that summed the tiles (spec.c, fuse_bias_grads). i = {C, R, P} */
+template <class A, class S> __device__ void ck_colsum_final_acc(const CkArgs &a) {
+    i64 c;
+    double s;
+    if (ck_colsum_total<0>(a, &c, &s)) A::st(a.t[0], c, A::ld(a.t[0], c) + S::round(a.t[1], c, (float)s));
 }
 
 /* SOFTMAX (x) / SOFTMAX_BWD (dy, y): one block per row; i = {C} */
@@ -1170,11 +1184,31 @@ static __device__ void ck_transpose_b1_x16(const unsigned char *in, unsigned cha
     ck_tile_store_t(tile, out, R, C, r0, c0);
 }
 
+/* BGRAD: the tile's column sums of x, for the sum over rows that a bias gradient is (spec.c,
+ * fuse_bias_grads): four quarters of 16 rows each summed in order in f64, then the quarters in
+ * order, stored as partial blockIdx.y of column c in scratch (ck_colsum_final's layout). */
+template <int BGRAD, class X>
+static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, const CkTensor &x, i64 R, i64 C, i64 r0,
+                                                      i64 c0) {
+    if (!BGRAD) return;
+    __shared__ double part[4][64];
+    int col = threadIdx.x & 63, quarter = threadIdx.x >> 6;   /* 256 threads */
+    i64 c = c0 + col, lo = r0 + quarter * 16, hi = lo + 16 < R ? lo + 16 : R;
+    double s = 0;
+    if (c < C)
+        for (i64 r = lo; r < hi; r++) s += X::ld(x, r * C + c);
+    part[quarter][col] = s;
+    __syncthreads();
+    if (quarter == 0 && c < C)
+        ((double *)a.scratch)[(i64)blockIdx.y * C + c] = part[0][col] + part[1][col] + part[2][col] + part[3][col];
+}
+
 /* QUANTIZE with transposed=1 (ops.def): the block quantizes the 64 x 64 tile at (r0, c0) of x
  * (R, C) into the 1-byte result y and, through shared memory, into its transposed copy
  * (C, R) at byte i[0] of y's storage; the bytes are ck_copy's (the same Y store). Eight
- * elements a thread where the formats and sizes allow, else one. */
-template <class Y, class X> __device__ void ck_quantize_t(const CkArgs &a) {
+ * elements a thread where the formats and sizes allow, else one. BGRAD: also the tile's
+ * column sums of x (ck_tile_colsum). */
+template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArgs &a) {
     __shared__ unsigned tile[64][17];
     unsigned char *bytes = (unsigned char *)tile;
     const CkTensor &x = a.t[1];
@@ -1202,6 +1236,7 @@ template <class Y, class X> __device__ void ck_quantize_t(const CkArgs &a) {
         }
         __syncthreads();
         ck_tile_store_t(tile, yt, R, C, r0, c0);
+        ck_tile_colsum<BGRAD, X>(a, x, R, C, r0, c0);
         return;
     }
     for (int k = threadIdx.x; k < 64 * 64; k += blockDim.x) {
@@ -1218,6 +1253,7 @@ template <class Y, class X> __device__ void ck_quantize_t(const CkArgs &a) {
         i64 c = c0 + orow, r = r0 + ocol;
         if (c < C && r < R) yt[c * R + r] = bytes[ocol * 68 + orow];
     }
+    ck_tile_colsum<BGRAD, X>(a, x, R, C, r0, c0);
 }
 
 __device__ void ck_transpose_b1(const CkArgs &a) {

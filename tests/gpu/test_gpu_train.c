@@ -260,15 +260,26 @@ static int check_graph(const char *path) {
         if (is_state(n, ROLE_PARAM))
             err_add(&ew, &n->t, in_copy(&mem, &n->t, p_gpu, NULL), n->t.data, in_copy(&mem, &n->t, p0, NULL));
     }
+    /* each bias's gradient on its own (at -O1..-O3 its sum runs with its gradient's quantize,
+     * spec.c's fuse_bias_grads): the worst normalized difference among 1-D accumulators, bound
+     * 0.25 (a sum lost or added twice is 1) */
+    double e_bias = 0;
+    for (int k = 0; k < n_grads; k++) {
+        if (grads[k]->rank != 1) continue;
+        Err one = {0};
+        err_add(&one, grads[k], in_copy(&mem, grads[k], grads_gpu, NULL), grads[k]->data, NULL);
+        if (err_value(&one) > e_bias || err_value(&one) != err_value(&one)) e_bias = err_value(&one);
+    }
     double e_loss = fabs((double)loss_gpu - loss_ref) / fabs((double)loss_ref);
     double e_grad = err_value(&eg), e_upd = err_value(&ew);
     double e_gn = io.grad_norm ? fabs((double)gn_gpu - gn_ref) / fabs((double)gn_ref) : 0;
     bool fp8 = level > 0;
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 1e-2 : 1e-3) &&
-                e_grad <= (fp8 ? 0.15 : 2e-2) && e_upd <= (fp8 ? 0.5 : 0.25) && same;
-    printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e | grad norm err %.1e "
+                e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
+                same;
+    printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
            "| update err %.2f | deterministic %s | %d GEMM epilogues, %d batched launches%s\n", strrchr(path, '/') ? strrchr(path, '/') + 1 : path,
-           level, loss_gpu, loss_ref, e_loss, n_grads, e_grad, e_gn, e_upd, same ? "yes" : "NO",
+           level, loss_gpu, loss_ref, e_loss, n_grads, e_grad, e_bias, e_gn, e_upd, same ? "yes" : "NO",
            epilogues, batched, pass ? "" : "  FAIL");
     if (!pass) failures++;
     free(grads);
