@@ -204,11 +204,16 @@ typedef enum { CG_PAR_THREAD, CG_PAR_BLOCK } CgParallel;
 typedef enum { CG_KERNEL_LOOP, CG_KERNEL_GEMM, CG_KERNEL_REF } CgKernelKind;
 
 /* CG_KERNEL_GEMM: C (M, N) = op(A) @ op(B), row-major; A is (M, K) or (K, M) when trans_a,
- * B is (K, N) or (N, K) when trans_b; with accumulate, C += instead of C =. */
+ * B is (K, N) or (N, K) when trans_b; with accumulate, C += instead of C =. `epilogue` is the
+ * kernel that stores C (scratch) through the group's elementwise nodes, one item a row of C
+ * (CG_NONE: none). It comes right after the GEMM, and an executor may run it on each block of
+ * C's rows as soon as the GEMM has finished them, while those rows are still in cache,
+ * provided nothing the epilogue writes is an operand the GEMM is still reading. */
 typedef struct {
     int64_t M, N, K;
     bool trans_a, trans_b, accumulate;
     int a, b, c;            /* buffer indices */
+    int epilogue;           /* kernel id, or CG_NONE */
 } CgGemm;
 
 typedef struct {

@@ -67,7 +67,7 @@ CgKernel *cg_kernel_new(CgProgram *p, CgKernelKind kind, const char *name, Phase
     k->items = 1;
     k->cost = 1;
     k->func = CG_NONE;
-    k->gemm.a = k->gemm.b = k->gemm.c = CG_NONE;
+    k->gemm.a = k->gemm.b = k->gemm.c = k->gemm.epilogue = CG_NONE;
     k->arena = p->arena;
     p->kernels[p->n_kernels++] = k;
     return k;
@@ -435,8 +435,10 @@ void cg_kernel_print(const CgKernel *k, bool with_names, FILE *out)
     if (k->kind == CG_KERNEL_GEMM) {
         const CgGemm *m = &k->gemm;
         fprintf(out, "  gemm M=%lld N=%lld K=%lld trans_a=%d trans_b=%d accumulate=%d a=buf%d "
-                "b=buf%d c=buf%d\n", (long long)m->M, (long long)m->N, (long long)m->K,
+                "b=buf%d c=buf%d", (long long)m->M, (long long)m->N, (long long)m->K,
                 m->trans_a, m->trans_b, m->accumulate, m->a, m->b, m->c);
+        if (m->epilogue != CG_NONE) fprintf(out, " epilogue=+%d", m->epilogue - k->id);
+        fputc('\n', out);
     }
     int depth = 0;
     for (int i = 0; i < k->n_insts; i++) {

@@ -1931,7 +1931,7 @@ static void lower_matmul(Lower *L, Node *n)
     bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
     int64_t ar = rows_of(&A->t), ac = cols_of(&A->t), br = rows_of(&B->t), bc = cols_of(&B->t);
     CgGemm gm = {.M = ta ? ac : ar, .K = ta ? ar : ac, .N = tb ? br : bc, .trans_a = ta,
-                 .trans_b = tb};
+                 .trans_b = tb, .epilogue = NONE};
     bool f32 = L->o->gemm_f32;
     int sa = f32 && !gemm_reads(A) ? widen(L, n, A, "a") : NONE;
     int sb = f32 && !gemm_reads(B) ? widen(L, n, B, "b") : NONE;
@@ -1960,7 +1960,9 @@ static void lower_matmul(Lower *L, Node *n)
     if (sc == NONE) return;
 
     /* the epilogue: C's rows through the group's elementwise nodes into the root */
+    CgKernel *gemm = k;
     k = kernel(L, CG_KERNEL_LOOP, n, "epilogue");
+    gemm->gemm.epilogue = k->id;
     shape(k, CG_PAR_BLOCK, gm.M, 4 * gm.N);
     body(k);
     int row = item(k);

@@ -45,6 +45,7 @@ struct RtCpuExec {
     const RtCpuKernels *table;
     float **scratch;            /* per scratch array */
     void ***bufs;               /* per kernel: its buffer pointers (tensors refreshed per run) */
+    bool *ran_with_gemm;        /* per epilogue kernel: its GEMM has run it on C's row blocks */
 };
 
 /* Items per task: at least about WORK scalar operations each (FP8C_CPU_TASK_WORK overrides
@@ -112,7 +113,8 @@ RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *table)
     }
     x->scratch = calloc((size_t)x->p->n_scratch + 1, sizeof *x->scratch);
     x->bufs = calloc((size_t)x->p->n_kernels + 1, sizeof *x->bufs);
-    if (!x->scratch || !x->bufs) {
+    x->ran_with_gemm = calloc((size_t)x->p->n_kernels + 1, sizeof *x->ran_with_gemm);
+    if (!x->scratch || !x->bufs || !x->ran_with_gemm) {
         rt_error("out of memory");
         rt_cpu_exec_free(x);
         return NULL;
@@ -148,7 +150,8 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-/* FP8C_PROFILE=1: where the time went, by kernel, the largest first. */
+/* FP8C_PROFILE=1: where the time went, by kind of work and by kernel, the largest twelve
+ * first (FP8C_PROFILE=N, N > 12: the largest N). */
 static int by_time_desc(const void *a, const void *b, void *ctx)
 {
     const double *ms = ctx;
@@ -186,10 +189,14 @@ static void print_profile(const RtCpuExec *x)
     }
     for (int i = 0; i < nc; i++)
         if (cms[i] >= 0.01 * total) fprintf(stderr, "  %8.2f ms  %s (all)\n", cms[i], cls[i]);
-    for (int j = 0; j < n && j < 12; j++) {
+    const char *prof = getenv("FP8C_PROFILE");
+    int shown = prof && atoi(prof) > 12 ? atoi(prof) : 12;
+    for (int j = 0; j < n && j < shown; j++) {
         const CgKernel *k = x->p->kernels[order[j]];
-        fprintf(stderr, "  %8.2f ms  k%-4d %-5s items %-8lld %s\n", x->ms[order[j]], k->id,
-                k->kind == CG_KERNEL_GEMM ? "gemm" : k->kind == CG_KERNEL_REF ? "ref" : "loop",
+        char fn[16] = "";   /* the compiled function (fp8c_kN in a profiler's listing) */
+        if (k->kind == CG_KERNEL_LOOP) snprintf(fn, sizeof fn, "fp8c_k%d", k->func);
+        fprintf(stderr, "  %8.2f ms  k%-4d %-5s %-10s items %-8lld %s\n", x->ms[order[j]], k->id,
+                k->kind == CG_KERNEL_GEMM ? "gemm" : k->kind == CG_KERNEL_REF ? "ref" : "loop", fn,
                 (long long)k->items, k->name);
     }
     free(order);
@@ -204,6 +211,7 @@ void rt_cpu_exec_free(RtCpuExec *x)
         for (int i = 0; i < x->p->n_scratch; i++) free(x->scratch[i]);
     free(x->scratch);
     free(x->bufs);
+    free(x->ran_with_gemm);
     arena_free(x->arena);
     free(x);
 }
@@ -225,13 +233,52 @@ static RtGemmOperand gemm_operand(const CgKernel *k, void **bufs, int b)
     return o;
 }
 
-static void run_gemm(const CgKernel *k, void **bufs)
+/* Whether buffer b of kernel k (a tensor) shares a byte with buffer c of kernel j. */
+static bool buffers_overlap(const CgKernel *k, void *const *kb, int b, const CgKernel *j,
+                            void *const *jb, int c)
+{
+    const Node *x = k->bufs[b].node, *y = j->bufs[c].node;
+    if (!x || !y) return false;
+    const char *p = kb[b], *q = jb[c];
+    return p < q + ir_storage_bytes(y) && q < p + ir_storage_bytes(x);
+}
+
+typedef struct {
+    RtCpuKernelFn fn;
+    void *const *bufs;
+} RowsEpilogue;
+
+static void epilogue_rows(void *ctx, int64_t lo, int64_t hi)
+{
+    const RowsEpilogue *e = ctx;
+    e->fn(e->bufs, lo, hi);
+}
+
+/* The GEMM, and its epilogue on each block of C's rows as soon as they are final (still in
+ * cache), unless the epilogue writes bytes of an operand the GEMM reads (the memory plan may
+ * put the group's result where an operand whose last reader is this GEMM lay): then after. */
+static void run_gemm(RtCpuExec *x, const CgKernel *k, void **bufs)
 {
     const CgGemm *m = &k->gemm;
     float *C = bufs[m->c];
     int64_t lda = m->trans_a ? m->M : m->K, ldb = m->trans_b ? m->K : m->N;
-    rt_cpu_gemm_mixed(m->M, m->N, m->K, gemm_operand(k, bufs, m->a), lda, m->trans_a,
-                      gemm_operand(k, bufs, m->b), ldb, m->trans_b, C, m->N, m->accumulate);
+    RowsEpilogue e = {0};
+    if (m->epilogue != CG_NONE) {
+        const CgKernel *ep = x->p->kernels[m->epilogue];
+        void **ebufs = x->bufs[m->epilogue];
+        bool apart = true;
+        for (int b = 0; b < ep->n_bufs; b++) {
+            if (ep->bufs[b].node) ebufs[b] = ep->bufs[b].node->t.data;
+            if (ep->bufs[b].written)
+                apart = apart && !buffers_overlap(ep, ebufs, b, k, bufs, m->a) &&
+                        !buffers_overlap(ep, ebufs, b, k, bufs, m->b);
+        }
+        if (apart) e = (RowsEpilogue){x->table->fns[m->epilogue], ebufs};
+        x->ran_with_gemm[m->epilogue] = apart;
+    }
+    rt_cpu_gemm_rows(m->M, m->N, m->K, gemm_operand(k, bufs, m->a), lda, m->trans_a,
+                     gemm_operand(k, bufs, m->b), ldb, m->trans_b, C, m->N, m->accumulate,
+                     e.fn ? epilogue_rows : NULL, &e);
 }
 
 int rt_cpu_kernel_count(const RtCpuExec *x) { return x->p->n_kernels; }
@@ -266,7 +313,11 @@ static void run_kernel(RtCpuExec *x, int i)
     for (int b = 0; b < k->n_bufs; b++)
         if (k->bufs[b].node) bufs[b] = k->bufs[b].node->t.data;
     if (k->kind == CG_KERNEL_GEMM) {
-        run_gemm(k, bufs);
+        run_gemm(x, k, bufs);
+        return;
+    }
+    if (x->ran_with_gemm[i]) {
+        x->ran_with_gemm[i] = false;
         return;
     }
     Launch l = {.fn = x->table->fns[i], .bufs = bufs, .items = k->items};

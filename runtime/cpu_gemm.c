@@ -30,6 +30,8 @@
 #endif
 
 enum { KC = 384, MC = 96, NC_TASK = 256, PACK_FLOATS = 1 << 21, LOAD_COST = 4 };
+/* The tile path's K block: panels of 32 lines x 1024 bf16 (64 KiB) stay in L2. */
+enum { KC_AMX = 1024 };
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
@@ -153,18 +155,27 @@ static Micro micro_pick(void)
 }
 
 typedef struct {
-    Micro u;
+    Micro u;                /* the tile path: mr = nr = AMX_LINES, no fn */
+    bool amx;               /* bf16 tiles (cpu_gemm_amx.c) instead of f32 micro-kernels */
+    float alpha;            /* amx: 1 / (A's scale x B's scale), applied to each block's sum */
+    int64_t kc;             /* K block depth: KC, or KC_AMX on the tile path */
     int64_t M, N, K, lda, ldb, ldc;
     RtGemmOperand A, B;
     bool ta, tb, accumulate;
     float *C;
+    RtRowsDoneFn rows_done;     /* called per finished block of rows, in the last round */
+    void *rows_ctx;
+    atomic_int *pending;        /* per row block: its tasks not yet finished this round */
+    bool last_round;
     int64_t n_col_panels, n_row_panels;     /* ceil(N / NR), ceil(M / MR) */
     /* a task: a block of row panels x a group of column panels (gemm_split) */
     int64_t block_panels, group_panels, n_row_blocks, n_col_groups;
     /* the K blocks packed now: [kb0, kb0 + n_kb), each KC deep but the last */
-    int64_t kb0, n_kb, kc_max;  /* kc_max: min(K, KC), the depth a packed panel is given */
-    float *bpack;           /* n_kb x n_col_panels panels of kc_max x NR */
-    float *apack;           /* n_kb x n_row_panels panels of kc_max x MR */
+    int64_t kb0, n_kb, kc_max;  /* kc_max: min(K, kc), the depth a packed panel is given */
+    int64_t a_panel, b_panel;   /* floats a packed panel takes: kc_max x MR (NR), or on the
+                                   tile path kc_max rounded up to 32 x 32 bf16 */
+    float *bpack;           /* n_kb x n_col_panels panels of b_panel floats */
+    float *apack;           /* n_kb x n_row_panels panels of a_panel floats */
     atomic_uchar *state;    /* per packing item (pack_item) of the round: PANEL_FREE, ... */
 } Gemm;
 
@@ -180,8 +191,8 @@ static float *alloc_floats(int64_t n)
  * hundreds of small GEMMs, and allocating their panels anew each time cost a page fault per
  * page (the allocator maps blocks of this size afresh and unmaps them on free). Grown as
  * needed, never shrunk. */
-static _Thread_local float *pack_store[3];
-static _Thread_local int64_t pack_floats[3];
+static _Thread_local float *pack_store[4];
+static _Thread_local int64_t pack_floats[4];
 
 static float *pack_space(int which, int64_t n)
 {
@@ -404,20 +415,25 @@ static void pack_along(const Gemm *g, const RtGemmOperand *o, int64_t at, int64_
     }
 }
 
-/* Depth of K block kb: KC, or what is left of K. */
+/* Depth of K block kb: kc, or what is left of K. */
 static int64_t kblock_depth(const Gemm *g, int64_t kb)
 {
-    int64_t k0 = kb * KC;
-    return g->K - k0 < KC ? g->K - k0 : KC;
+    int64_t k0 = kb * g->kc;
+    return g->K - k0 < g->kc ? g->K - k0 : g->kc;
 }
 
 /* Column panel jp of op(B) for K block kb: kc x NR, zero columns past N. */
 static void pack_b(const Gemm *g, int64_t kb, int64_t jp)
 {
     int nr = g->u.nr;
-    int64_t k0 = kb * KC, kc = kblock_depth(g, kb);
-    float *dst = g->bpack + ((kb - g->kb0) * g->n_col_panels + jp) * g->kc_max * nr;
+    int64_t k0 = kb * g->kc, kc = kblock_depth(g, kb);
+    float *dst = g->bpack + ((kb - g->kb0) * g->n_col_panels + jp) * g->b_panel;
     int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
+    if (g->amx) {
+        int64_t at = g->tb ? j0 * g->ldb + k0 : k0 * g->ldb + j0;
+        cpu_amx_pack(&g->B, at, g->ldb, g->tb, nj, kc, true, (uint32_t *)dst);
+        return;
+    }
     if (g->tb) {   /* rows of B are columns of op(B) */
         pack_across(g, &g->B, j0 * g->ldb + k0, g->ldb, nj, nr, kc, dst);
         return;
@@ -431,8 +447,13 @@ static void pack_b(const Gemm *g, int64_t kb, int64_t jp)
 static void pack_a(const Gemm *g, int64_t kb, int64_t ip)
 {
     int mr = g->u.mr;
-    int64_t k0 = kb * KC, kc = kblock_depth(g, kb), i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
-    float *ap = g->apack + ((kb - g->kb0) * g->n_row_panels + ip) * g->kc_max * mr;
+    int64_t k0 = kb * g->kc, kc = kblock_depth(g, kb), i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
+    float *ap = g->apack + ((kb - g->kb0) * g->n_row_panels + ip) * g->a_panel;
+    if (g->amx) {
+        int64_t at = g->ta ? k0 * g->lda + i : i * g->lda + k0;
+        cpu_amx_pack(&g->A, at, g->lda, !g->ta, ni, kc, false, (uint32_t *)ap);
+        return;
+    }
     if (g->ta) {
         pack_along(g, &g->A, k0 * g->lda + i, g->lda, kc, mr, ni, ap);
         return;
@@ -489,7 +510,8 @@ static void gemm_task(void *ctx, int64_t task)
     int64_t ip1 = ip0 + g->block_panels < g->n_row_panels ? ip0 + g->block_panels : g->n_row_panels;
     int64_t jp1 = jp0 + g->group_panels < g->n_col_panels ? jp0 + g->group_panels : g->n_col_panels;
     int64_t per_kb = g->n_col_panels + g->n_row_panels;
-    float tile[8 * 32];
+    float tile[AMX_LINES * AMX_LINES] __attribute__((aligned(64)));
+    if (g->amx) cpu_amx_begin();
     for (int64_t q = 0; q < g->n_kb; q++) {
         int64_t kb = g->kb0 + q, kc = kblock_depth(g, kb), items = q * per_kb;
         bool add = g->accumulate || kb > 0;
@@ -498,11 +520,16 @@ static void gemm_task(void *ctx, int64_t task)
         for (int64_t jp = jp0; jp < jp1; jp++) panel_wait(g, items + jp);
         for (int64_t ip = ip0; ip < ip1; ip++) {
             int64_t i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
-            const float *ap = g->apack + (q * g->n_row_panels + ip) * g->kc_max * mr;
+            const float *ap = g->apack + (q * g->n_row_panels + ip) * g->a_panel;
             panel_wait(g, items + g->n_col_panels + ip);
             for (int64_t jp = jp0; jp < jp1; jp++) {
                 int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
-                const float *bp = g->bpack + (q * g->n_col_panels + jp) * g->kc_max * nr;
+                const float *bp = g->bpack + (q * g->n_col_panels + jp) * g->b_panel;
+                if (g->amx) {
+                    cpu_amx_block((kc + 31) / 32, (const uint32_t *)ap, (const uint32_t *)bp, tile);
+                    cpu_amx_store(tile, g->C + i * g->ldc + j0, g->ldc, ni, nj, g->alpha, add);
+                    continue;
+                }
                 if (ni == mr && nj == nr) {
                     g->u.fn(kc, ap, bp, g->C + i * g->ldc + j0, g->ldc, add);
                     continue;
@@ -516,6 +543,12 @@ static void gemm_task(void *ctx, int64_t task)
             }
         }
     }
+    if (g->amx) cpu_amx_end();
+    /* the last task of a row block to finish hands its rows on (acq_rel: it sees the others'
+     * stores to C) */
+    if (g->rows_done && g->last_round &&
+        atomic_fetch_sub_explicit(&g->pending[ib], 1, memory_order_acq_rel) == 1)
+        g->rows_done(g->rows_ctx, ip0 * mr, ip1 * mr < g->M ? ip1 * mr : g->M);
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -560,10 +593,18 @@ static void gemm_split(Gemm *g, int64_t threads)
 void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
                        RtGemmOperand B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate)
 {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        if (!accumulate)
+    rt_cpu_gemm_rows(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, accumulate, NULL, NULL);
+}
+
+void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
+                      RtGemmOperand B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate,
+                      RtRowsDoneFn rows_done, void *ctx)
+{
+    if (M <= 0) return;
+    if (N <= 0 || K <= 0) {
+        if (!accumulate && N > 0)
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, sizeof(float) * (size_t)N);
+        if (rows_done) rows_done(ctx, 0, M);
         return;
     }
     static Micro u;
@@ -572,30 +613,44 @@ void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t
         u = micro_pick();
         runs_avx2 = u.avx2;
     }
-    Gemm g = {.u = u, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc, .A = A,
-              .B = B, .ta = ta, .tb = tb, .accumulate = accumulate, .C = C};
-    g.n_col_panels = ceil_div(N, u.nr);
-    g.n_row_panels = ceil_div(M, u.mr);
-    /* no thread gets much under a million multiply-adds: waking the pool costs more */
-    double flops = 2.0 * (double)M * (double)N * (double)K;
+    Gemm g = {.u = u, .kc = KC, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
+              .A = A, .B = B, .ta = ta, .tb = tb, .accumulate = accumulate, .C = C,
+              .rows_done = rows_done, .rows_ctx = ctx};
+    /* operands whose values bf16 holds go to the tile unit where there is one */
+    if (cpu_amx_operand(A.elem) && cpu_amx_operand(B.elem) && cpu_amx_usable()) {
+        g.amx = true;
+        g.u = (Micro){AMX_LINES, AMX_LINES, NULL, u.avx, u.avx2};
+        g.kc = KC_AMX;
+        g.alpha = (float)(1.0 / ((double)A.scale * (double)B.scale));
+    }
+    g.n_col_panels = ceil_div(N, g.u.nr);
+    g.n_row_panels = ceil_div(M, g.u.mr);
+    /* no thread gets much under a million multiply-adds (on the tile unit, eight million):
+     * waking the pool costs more */
+    double flops = 2.0 * (double)M * (double)N * (double)K, least = g.amx ? 16e6 : 2e6;
     int64_t threads = ref_threads();
-    if ((double)threads > flops / 2e6) threads = (int64_t)(flops / 2e6) + 1;
+    if ((double)threads > flops / least) threads = (int64_t)(flops / least) + 1;
     bool serial = threads == 1;
     gemm_split(&g, threads);
     /* As many K blocks packed at once as PACK_FLOATS holds, so that a short GEMM packs
      * everything in one round: each round ends in a barrier, and at sixteen threads a
      * barrier costs about as much as a K block of a short GEMM. */
-    int64_t n_kblocks = ceil_div(K, KC);
-    g.kc_max = K < KC ? K : KC;
-    int64_t kb_floats = (g.n_col_panels * u.nr + g.n_row_panels * u.mr) * g.kc_max;
+    int64_t n_kblocks = ceil_div(K, g.kc);
+    g.kc_max = K < g.kc ? K : g.kc;
+    g.a_panel = g.amx ? ceil_div(g.kc_max, 32) * AMX_STEP_WORDS : g.kc_max * g.u.mr;
+    g.b_panel = g.amx ? ceil_div(g.kc_max, 32) * AMX_STEP_WORDS : g.kc_max * g.u.nr;
+    int64_t kb_floats = g.n_col_panels * g.b_panel + g.n_row_panels * g.a_panel;
     int64_t fit = PACK_FLOATS / kb_floats > 1 ? PACK_FLOATS / kb_floats : 1;
     int64_t chunk = ceil_div(n_kblocks, ceil_div(n_kblocks, fit));   /* rounds of equal size */
-    g.bpack = pack_space(0, chunk * g.n_col_panels * g.kc_max * u.nr);
-    g.apack = pack_space(1, chunk * g.n_row_panels * g.kc_max * u.mr);
+    g.bpack = pack_space(0, chunk * g.n_col_panels * g.b_panel);
+    g.apack = pack_space(1, chunk * g.n_row_panels * g.a_panel);
     g.state = (atomic_uchar *)pack_space(2, ceil_div(chunk * (g.n_col_panels + g.n_row_panels), 4));
+    g.pending = (atomic_int *)pack_space(3, g.n_row_blocks);
+    for (int64_t b = 0; b < g.n_row_blocks; b++) atomic_init(&g.pending[b], (int)g.n_col_groups);
     int64_t tasks = g.n_row_blocks * g.n_col_groups;
     for (g.kb0 = 0; g.kb0 < n_kblocks; g.kb0 += chunk) {
         g.n_kb = n_kblocks - g.kb0 < chunk ? n_kblocks - g.kb0 : chunk;
+        g.last_round = g.kb0 + g.n_kb >= n_kblocks;
         int64_t items = g.n_kb * (g.n_col_panels + g.n_row_panels);
         for (int64_t t = 0; t < items; t++) atomic_init(&g.state[t], PANEL_FREE);
         if (serial)

@@ -53,6 +53,26 @@ void ref_matmul(const Node *n, const float *const *x, float *y);
 /* Tests: 6 forces the 6 x 8 register tile where the 12 x 8 one would run; 0 restores it. */
 void ref_gemm_set_tile_rows(int rows);
 
+/* ---------------------------------------------------------------- cpu_gemm_amx.c
+ * The CPU GEMM's bf16 tile path (Intel AMX) for operands stored as bf16, e4m3 or e5m2. Panels
+ * are 32 lines by a K block, in steps of 32 k of AMX_STEP_WORDS pairs of bf16 (the layouts
+ * are in the file's essay). */
+enum { AMX_LINES = 32, AMX_STEP_WORDS = 32 * 16 };
+bool cpu_amx_usable(void);          /* the CPU has it, the OS allows it, FP8C_CPU_AMX != 0 */
+bool cpu_amx_operand(ElemType e);   /* values exact in bf16: bf16, e4m3, e5m2 */
+/* Tests and benchmarks: turn the tile path on or off; returns whether it is on. */
+bool cpu_gemm_use_amx(bool on);
+/* A panel of `lines` (<= 32) lines x kc of o, from `at`: element (line l, k) at at + l * ld + k
+ * when k_fast, else at + k * ld + l; as a B panel with as_b. */
+void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
+                  int64_t kc, bool as_b, uint32_t *dst);
+void cpu_amx_begin(void);           /* load the tile configuration (per thread, per task) */
+void cpu_amx_end(void);
+/* out (32 x 32 f32) = A panel times B panel, over `steps` steps of 32 k */
+void cpu_amx_block(int64_t steps, const uint32_t *a, const uint32_t *b, float *out);
+/* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add */
+void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add);
+
 /* ---------------------------------------------------------------- ref_attn.c */
 void ref_attention(const Node *n, const float *const *x, float *y);
 void ref_attention_bwd(const Node *n, const float *const *x, float *y);

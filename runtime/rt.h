@@ -43,6 +43,12 @@ typedef struct {
 } RtGemmOperand;
 void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
                        RtGemmOperand B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate);
+/* The same, calling rows_done(ctx, lo, hi) as soon as rows [lo, hi) of C are final: every row
+ * once, from whichever thread finished the last of its columns, before the GEMM returns. */
+typedef void (*RtRowsDoneFn)(void *ctx, int64_t lo, int64_t hi);
+void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
+                      RtGemmOperand B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate,
+                      RtRowsDoneFn rows_done, void *ctx);
 
 typedef void (*RtCpuKernelFn)(void *const *bufs, int64_t lo, int64_t hi);
 /* A compiled program's table (the symbols codegen/llvm.c defines in the kernel object). */

@@ -610,6 +610,91 @@ static void test_gemm(void **state)
     tg_free(t);
 }
 
+/* The GEMM itself (rt_cpu_gemm_mixed) on both of its paths — f32 micro-kernels, and bf16 tiles
+ * (AMX) where the CPU has them — against an f64 product of the decoded operands: every pair of
+ * stored formats the tile path takes (and f32 x bf16, which it leaves to the f32 path), per-
+ * tensor scales, the four transpose combinations, accumulation, and shapes that end inside a
+ * tile, a pair of k and a K block. Bound: normalized error < 1e-5 (f32 sums of exact products,
+ * K up to 1100). Results must not depend on the thread count. */
+typedef struct {
+    ElemType elem;
+    float scale;
+    void *data;
+    double *value;          /* decoded / scale */
+} GemmInput;
+
+static GemmInput gemm_input(ElemType e, float scale, int64_t n)
+{
+    GemmInput in = {e, scale, malloc((size_t)n * 4), malloc((size_t)n * sizeof(double))};
+    float *x = calloc((size_t)n, sizeof(float)), *back = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = rng_normal() * (e == FMT_F32 || e == FMT_BF16 ? 1.0f : 40.0f);
+    num_encode(e, x, in.data, n);
+    num_decode(e, in.data, back, n);
+    for (int64_t i = 0; i < n; i++) in.value[i] = (double)back[i] / scale;
+    free(x);
+    free(back);
+    return in;
+}
+
+static double gemm_error(int64_t M, int64_t N, int64_t K, const GemmInput *a, bool ta,
+                         const GemmInput *b, bool tb, bool accumulate, float *C)
+{
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double sum = accumulate ? 1.0 : 0.0;   /* C starts at ones */
+            for (int64_t k = 0; k < K; k++)
+                sum += a->value[ta ? k * M + i : i * K + k] * b->value[tb ? j * K + k : k * N + j];
+            diff += (C[i * N + j] - sum) * (C[i * N + j] - sum);
+            norm += sum * sum;
+        }
+    return sqrt(diff / (norm > 0 ? norm : 1));
+}
+
+static void test_gemm_paths(void **state)
+{
+    (void)state;
+    static const struct { ElemType a, b; float sa, sb; } pairs[] = {
+        {FMT_BF16, FMT_BF16, 1.0f, 1.0f}, {FMT_E4M3, FMT_E4M3, 37.5f, 0.21f},
+        {FMT_E5M2, FMT_E4M3, 1.0f, 64.0f}, {FMT_BF16, FMT_E5M2, 1.0f, 3.0f},
+        {FMT_F32, FMT_BF16, 1.0f, 1.0f},
+    };
+    static const int64_t shapes[][3] = {{45, 53, 70}, {128, 96, 128}, {33, 70, 1100}, {1, 1, 1},
+                                        {97, 31, 3}};
+    bool tiles = cpu_gemm_use_amx(true);
+    print_message("gemm paths: f32%s\n", tiles ? " and bf16 tiles (AMX)" : " (no AMX here)");
+    int threads = ref_threads();
+    for (int path = 0; path < (tiles ? 2 : 1); path++) {
+        cpu_gemm_use_amx(path == 1);
+        for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (int tr = 0; tr < 4; tr++) {
+                    int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                    bool ta = tr & 1, tb = tr >> 1, acc = (p + s + (size_t)tr) % 2;
+                    GemmInput a = gemm_input(pairs[p].a, pairs[p].sa, M * K);
+                    GemmInput b = gemm_input(pairs[p].b, pairs[p].sb, K * N);
+                    RtGemmOperand oa = {a.data, a.elem, a.scale}, ob = {b.data, b.elem, b.scale};
+                    float *C[2];
+                    for (int run = 0; run < 2; run++) {   /* all threads, then one */
+                        ref_set_threads(run ? 1 : threads);
+                        C[run] = malloc((size_t)(M * N) * sizeof(float));
+                        for (int64_t i = 0; i < M * N; i++) C[run][i] = 1.0f;
+                        rt_cpu_gemm_mixed(M, N, K, oa, ta ? M : K, ta, ob, tb ? K : N, tb, C[run], N, acc);
+                    }
+                    ref_set_threads(threads);
+                    double err = gemm_error(M, N, K, &a, ta, &b, tb, acc, C[0]);
+                    if (!(err < 1e-5) || memcmp(C[0], C[1], sizeof(float) * (size_t)(M * N)) != 0)
+                        fail_msg("gemm %s x %s (%s path) %lldx%lldx%lld ta=%d tb=%d acc=%d: error "
+                                 "%.3g, thread counts %s", fmt_elem_name(a.elem),
+                                 fmt_elem_name(b.elem), path ? "tile" : "f32", (long long)M,
+                                 (long long)N, (long long)K, ta, tb, acc, err,
+                                 memcmp(C[0], C[1], sizeof(float) * (size_t)(M * N)) ? "differ" : "agree");
+                    free(C[0]), free(C[1]), free(a.data), free(a.value), free(b.data), free(b.value);
+                }
+    }
+    cpu_gemm_use_amx(true);
+}
+
 /* A chain of elementwise nodes becomes one kernel whose intermediates are rounded to their
  * formats in registers: the result equals the unfused reference. */
 static void test_fused_chain(void **state)
@@ -1475,7 +1560,8 @@ int main(void)
         cmocka_unit_test(test_encodes_exact),
         cmocka_unit_test(test_copies_exact),     cmocka_unit_test(test_rows),
         cmocka_unit_test(test_losses_and_gathers), cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_gemm),             cmocka_unit_test(test_fused_chain),
+        cmocka_unit_test(test_gemm),             cmocka_unit_test(test_gemm_paths),
+        cmocka_unit_test(test_fused_chain),
         cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_adamw_codec_encoders),
         cmocka_unit_test(test_adamw_coded_steps), cmocka_unit_test(test_no_reference_kernels),
         cmocka_unit_test(test_table_mismatch),
