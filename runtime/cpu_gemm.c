@@ -525,9 +525,16 @@ static void gemm_task(void *ctx, int64_t task)
             for (int64_t jp = jp0; jp < jp1; jp++) {
                 int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
                 const float *bp = g->bpack + (q * g->n_col_panels + jp) * g->b_panel;
-                if (g->amx) {
-                    cpu_amx_block((kc + 31) / 32, (const uint32_t *)ap, (const uint32_t *)bp, tile);
-                    cpu_amx_store(tile, g->C + i * g->ldc + j0, g->ldc, ni, nj, g->alpha, add);
+                if (g->amx) {   /* a whole unscaled block goes to C and back in the tiles */
+                    int64_t steps = (kc + 31) / 32;
+                    const uint32_t *a32 = (const uint32_t *)ap, *b32 = (const uint32_t *)bp;
+                    float *c = g->C + i * g->ldc + j0;
+                    if (ni == mr && nj == nr && g->alpha == 1.0f) {
+                        cpu_amx_block(steps, a32, b32, c, g->ldc, add);
+                    } else {
+                        cpu_amx_block(steps, a32, b32, tile, AMX_LINES, false);
+                        cpu_amx_store(tile, c, g->ldc, ni, nj, g->alpha, add);
+                    }
                     continue;
                 }
                 if (ni == mr && nj == nr) {

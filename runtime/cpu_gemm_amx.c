@@ -27,6 +27,7 @@
 #define _GNU_SOURCE
 #include "ref_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,8 +38,10 @@
 #define HAVE_AMX 1
 #endif
 
-/* bf16 codes of every e4m3 and e5m2 value (exact; numerics.c's decoders, top halves) */
-static uint16_t fp8_bf16[2][256];
+/* bf16 codes of every e4m3 and e5m2 value (exact; numerics.c's decoders, top halves). Both
+ * formats are sign and magnitude, so a negative code's bf16 is its magnitude's with the sign
+ * bit set, and the vector lookup (bf16_run) needs only the first 128 entries. */
+static uint16_t fp8_bf16[2][256] __attribute__((aligned(64)));
 
 static void fill_fp8_bf16(void)
 {
@@ -50,6 +53,10 @@ static void fill_fp8_bf16(void)
             IR_ASSERT((u & 0xFFFF) == 0);   /* the value is a bf16 */
             fp8_bf16[f][q] = (uint16_t)(u >> 16);
         }
+    for (int q = 0; q < 128; q++)
+        for (int f = 0; f < 2; f++)
+            if (!isnan(num_bf16_to_f32(fp8_bf16[f][q])))
+                IR_ASSERT(fp8_bf16[f][q | 0x80] == (fp8_bf16[f][q] | 0x8000));
 }
 
 bool cpu_amx_operand(ElemType e) { return e == FMT_BF16 || e == FMT_E4M3 || e == FMT_E5M2; }
@@ -65,7 +72,7 @@ static bool amx_probe(void)
     unsigned a, b, c, d;
     __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
     if (!(d & (1u << 22)) || !(d & (1u << 24)) || !__builtin_cpu_supports("avx512f") ||
-        !__builtin_cpu_supports("avx512bw"))
+        !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl"))
         return false;
     enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
@@ -94,18 +101,28 @@ bool cpu_gemm_use_amx(bool on)
 
 #ifdef HAVE_AMX
 /* n (<= 32) consecutive elements of o from `at` as bf16 codes, zeros after them up to 32 */
-__attribute__((target("avx512f,avx512bw"))) static void bf16_run(const RtGemmOperand *o, int64_t at,
-                                                                 int64_t n, uint16_t *dst)
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void
+bf16_run(const RtGemmOperand *o, int64_t at, int64_t n, uint16_t *dst)
 {
     if (o->elem == FMT_BF16) {
         __mmask32 live = n >= 32 ? ~0u : (1u << n) - 1;
         _mm512_storeu_si512(dst, _mm512_maskz_loadu_epi16(live, (const uint16_t *)o->data + at));
         return;
     }
+    /* FP8: the magnitude's 7 bits look up one of four 32-entry quarters of the table (two
+     * two-register permutes, then a blend on bit 6), and the sign bit moves to bit 15; a NaN
+     * code stays a NaN (its sign aside). Lanes past n load zero, which decodes to +0. */
     const uint16_t *table = fp8_bf16[o->elem == FMT_E5M2];
-    const uint8_t *src = (const uint8_t *)o->data + at;
-    for (int64_t i = 0; i < n; i++) dst[i] = table[src[i]];
-    if (n < 32) memset(dst + n, 0, sizeof(uint16_t) * (size_t)(32 - n));
+    __m512i q0 = _mm512_load_si512(table), q1 = _mm512_load_si512(table + 32);
+    __m512i q2 = _mm512_load_si512(table + 64), q3 = _mm512_load_si512(table + 96);
+    __mmask32 live = n >= 32 ? ~0u : (1u << n) - 1;
+    __m512i code = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(live, (const uint8_t *)o->data + at));
+    __m512i mag = _mm512_and_si512(code, _mm512_set1_epi16(0x7F));
+    __m512i low = _mm512_permutex2var_epi16(q0, mag, q1), high = _mm512_permutex2var_epi16(q2, mag, q3);
+    __mmask32 upper = _mm512_test_epi16_mask(mag, _mm512_set1_epi16(0x40));
+    __m512i v = _mm512_mask_blend_epi16(upper, low, high);
+    __m512i sign = _mm512_slli_epi16(_mm512_and_si512(code, _mm512_set1_epi16(0x80)), 8);
+    _mm512_storeu_si512(dst, _mm512_or_si512(v, sign));
 }
 
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add; out is a
@@ -175,9 +192,9 @@ __attribute__((target("avx512f,avx512bw"))) static void interleave(const uint16_
 #endif
 
 #ifdef HAVE_AMX
-__attribute__((target("avx512f,avx512bw"))) void cpu_amx_pack(const RtGemmOperand *o, int64_t at,
-                                                               int64_t ld, bool k_fast, int64_t lines,
-                                                               int64_t kc, bool as_b, uint32_t *dst)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void
+cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines, int64_t kc,
+             bool as_b, uint32_t *dst)
 {
     uint32_t stage[32 * 16] __attribute__((aligned(64)));
     for (int64_t k0 = 0; k0 < kc; k0 += 32, dst += AMX_STEP_WORDS) {
@@ -234,15 +251,25 @@ __attribute__((target("amx-tile"))) void cpu_amx_begin(void) { _tile_loadconfig(
 
 __attribute__((target("amx-tile"))) void cpu_amx_end(void) { _tile_release(); }
 
-/* out (32 x 32 f32, row-major) = the product of an A panel and a B panel over `steps` steps
- * of 32 k: C tiles 0-3 (rows 0-15 | 16-31 x columns 0-15 | 16-31), A tiles 4-5, B tiles 6-7. */
+/* c (32 x 32 f32, row stride ldc) = (or += with add) the product of an A panel and a B panel
+ * over `steps` steps of 32 k: C tiles 0-3 (rows 0-15 | 16-31 x columns 0-15 | 16-31), A tiles
+ * 4-5, B tiles 6-7. */
 __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, const uint32_t *a,
-                                                                const uint32_t *b, float *out)
+                                                                const uint32_t *b, float *c,
+                                                                int64_t ldc, bool add)
 {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    int64_t stride = ldc * (int64_t)sizeof(float);
+    if (add) {
+        _tile_loadd(0, c, stride);
+        _tile_loadd(1, c + 16, stride);
+        _tile_loadd(2, c + 16 * ldc, stride);
+        _tile_loadd(3, c + 16 * ldc + 16, stride);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
     for (int64_t s = 0; s < steps; s++, a += AMX_STEP_WORDS, b += AMX_STEP_WORDS) {
         _tile_loadd(4, a, 64);
         _tile_loadd(5, a + 16 * 16, 64);
@@ -253,10 +280,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, c
         _tile_dpbf16ps(2, 5, 6);
         _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, out, 128);
-    _tile_stored(1, out + 16, 128);
-    _tile_stored(2, out + 16 * 32, 128);
-    _tile_stored(3, out + 16 * 32 + 16, 128);
+    _tile_stored(0, c, stride);
+    _tile_stored(1, c + 16, stride);
+    _tile_stored(2, c + 16 * ldc, stride);
+    _tile_stored(3, c + 16 * ldc + 16, stride);
 }
 #else
 void cpu_amx_begin(void) { IR_ASSERT(!"AMX without AMX"); }
@@ -266,9 +293,9 @@ void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t 
     IR_ASSERT(!"AMX without AMX");
 }
 void cpu_amx_end(void) {}
-void cpu_amx_block(int64_t steps, const uint32_t *a, const uint32_t *b, float *out)
+void cpu_amx_block(int64_t steps, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, bool add)
 {
-    (void)steps, (void)a, (void)b, (void)out;
+    (void)steps, (void)a, (void)b, (void)c, (void)ldc, (void)add;
     IR_ASSERT(!"AMX without AMX");
 }
 #endif

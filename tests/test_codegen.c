@@ -663,6 +663,29 @@ static void test_gemm_paths(void **state)
                                         {97, 31, 3}};
     bool tiles = cpu_gemm_use_amx(true);
     print_message("gemm paths: f32%s\n", tiles ? " and bf16 tiles (AMX)" : " (no AMX here)");
+    /* every finite FP8 code times the identity: exactly its value, on both paths (the tile
+     * path decodes FP8 through a vector table lookup) */
+    for (int path = 0; path < (tiles ? 2 : 1); path++)
+        for (int f = 0; f < 2; f++) {
+            cpu_gemm_use_amx(path == 1);
+            ElemType e = f ? FMT_E5M2 : FMT_E4M3;
+            uint8_t codes[256];
+            uint16_t eye[16 * 16] = {0};
+            float C[256];
+            for (int q = 0; q < 256; q++) {
+                float v = f ? num_e5m2_to_f32((uint8_t)q) : num_e4m3_to_f32((uint8_t)q);
+                codes[q] = isfinite(v) ? (uint8_t)q : 0;
+            }
+            for (int i = 0; i < 16; i++) eye[i * 16 + i] = num_f32_to_bf16(1.0f);
+            RtGemmOperand a = {codes, e, 1.0f}, b = {eye, FMT_BF16, 1.0f};
+            rt_cpu_gemm_mixed(16, 16, 16, a, 16, false, b, 16, false, C, 16, false);
+            for (int q = 0; q < 256; q++) {
+                float want = f ? num_e5m2_to_f32(codes[q]) : num_e4m3_to_f32(codes[q]);
+                if (C[q] != want)   /* -0 sums to +0 */
+                    fail_msg("%s code 0x%02x through the %s path: %g, not %g", fmt_elem_name(e), q,
+                             path ? "tile" : "f32", C[q], want);
+            }
+        }
     int threads = ref_threads();
     for (int path = 0; path < (tiles ? 2 : 1); path++) {
         cpu_gemm_use_amx(path == 1);
