@@ -1,4 +1,4 @@
-/* cpu_gemm.c — the CPU backend's matrix multiplication: f32, cache-blocked, multithreaded.
+/* cpu_gemm.c — the CPU backend's matrix multiplication: cache-blocked, multithreaded, f32 sums.
  *
  * GEMMs are most of a training step's arithmetic, so this is the one routine of the CPU
  * backend written by hand rather than generated (DESIGN.md §5). It has the shape every fast
@@ -17,7 +17,18 @@
  * Operands are read in their stored formats (f32, bf16, f16, e4m3, e5m2, unscaled or with one
  * scale per tensor) and widened to f32 while they are packed — exactly the values the
  * reference reads (decoded, divided by the scale) — so a bf16 or FP8 GEMM costs no separate
- * conversion pass; the kernel lowering widens other formats into f32 scratch first. */
+ * conversion pass; the kernel lowering widens other formats into f32 scratch first.
+ *
+ * Where both operands are stored as bf16, e4m3 or e5m2 (values bf16 holds exactly) and the CPU
+ * has AMX, the same driver — tasks, K blocks, panels packed by the first task that needs them
+ * — packs bf16 panels of 32 lines instead and multiplies 32 x 32 blocks of C on the tile unit
+ * (cpu_gemm_amx.c, whose essay says how its numerics differ). That is what a -O0 to -O3 step's
+ * GEMMs mostly are; f32 and f16 operands keep the f32 path.
+ *
+ * rt_cpu_gemm_rows hands each block of C's rows on as soon as the last task covering its
+ * columns has finished it (a counter per row block), so the executor runs the GEMM's epilogue
+ * — bias, residual, GELU's backward, the rounding and accumulation of a weight gradient — on
+ * rows still in cache, from the thread that finished them. */
 #include "ref_internal.h"
 
 #include <sched.h>
