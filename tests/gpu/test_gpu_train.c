@@ -252,6 +252,17 @@ static int check_graph(const char *path) {
     Err eg = {0};
     for (int k = 0; k < n_grads; k++)
         err_add(&eg, grads[k], in_copy(&mem, grads[k], grads_gpu, NULL), grads[k]->data, NULL);
+    /* each bias's gradient on its own (at -O1..-O3 its sum runs with its gradient's quantize,
+     * spec.c's fuse_bias_grads): the worst normalized difference among 1-D accumulators, bound
+     * 0.25 (a sum lost or added twice is 1); taken before the reference's update, which zeroes
+     * its gradients */
+    double e_bias = 0;
+    for (int k = 0; k < n_grads; k++) {
+        if (grads[k]->rank != 1) continue;
+        Err one = {0};
+        err_add(&one, grads[k], in_copy(&mem, grads[k], grads_gpu, NULL), grads[k]->data, NULL);
+        if (err_value(&one) > e_bias || err_value(&one) != err_value(&one)) e_bias = err_value(&one);
+    }
     ref_run_phase(g, PHASE_UPDATE);
     float gn_ref = io.grad_norm ? read_scalar(io.grad_norm) : NAN;
     Err ew = {0};
@@ -259,16 +270,6 @@ static int check_graph(const char *path) {
         Node *n = g->nodes[i];
         if (is_state(n, ROLE_PARAM))
             err_add(&ew, &n->t, in_copy(&mem, &n->t, p_gpu, NULL), n->t.data, in_copy(&mem, &n->t, p0, NULL));
-    }
-    /* each bias's gradient on its own (at -O1..-O3 its sum runs with its gradient's quantize,
-     * spec.c's fuse_bias_grads): the worst normalized difference among 1-D accumulators, bound
-     * 0.25 (a sum lost or added twice is 1) */
-    double e_bias = 0;
-    for (int k = 0; k < n_grads; k++) {
-        if (grads[k]->rank != 1) continue;
-        Err one = {0};
-        err_add(&one, grads[k], in_copy(&mem, grads[k], grads_gpu, NULL), grads[k]->data, NULL);
-        if (err_value(&one) > e_bias || err_value(&one) != err_value(&one)) e_bias = err_value(&one);
     }
     double e_loss = fabs((double)loss_gpu - loss_ref) / fabs((double)loss_ref);
     double e_grad = err_value(&eg), e_upd = err_value(&ew);
