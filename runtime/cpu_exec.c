@@ -69,14 +69,30 @@ static int64_t task_work(void)
 typedef struct {
     RtCpuKernelFn fn;
     void *const *bufs;
-    int64_t items, grain;
+    int64_t first, items, grain;   /* items [first, first + items) */
 } Launch;
 
 static void launch_task(void *ctx, int64_t t)
 {
     const Launch *l = ctx;
     int64_t lo = t * l->grain, hi = lo + l->grain < l->items ? lo + l->grain : l->items;
-    l->fn(l->bufs, lo, hi);
+    l->fn(l->bufs, l->first + lo, l->first + hi);
+}
+
+/* Items [lo, hi) of loop kernel k: tasks of at least WORK operations, and no more than a few
+ * per thread; a parallel_for hands the op to every thread of the pool, so small kernels are
+ * cheaper on the calling thread (and inside a pool's task, a parallel_for runs serially) */
+static void launch(const CgKernel *k, RtCpuKernelFn fn, void *const *bufs, int64_t lo, int64_t hi)
+{
+    Launch l = {.fn = fn, .bufs = bufs, .first = lo, .items = hi - lo};
+    if (l.items <= 0) return;
+    int64_t work = task_work();
+    l.grain = k->cost >= work ? 1 : work / k->cost;
+    int64_t most = 4 * (int64_t)ref_threads();
+    if ((l.items + l.grain - 1) / l.grain > most) l.grain = (l.items + most - 1) / most;
+    int64_t tasks = (l.items + l.grain - 1) / l.grain;
+    if (tasks == 1) fn(bufs, lo, hi);
+    else ref_parallel_for(tasks, launch_task, &l);
 }
 
 RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *table)
@@ -251,14 +267,16 @@ static bool buffers_overlap(const CgKernel *k, void *const *kb, int b, const CgK
 }
 
 typedef struct {
+    const CgKernel *k;
     RtCpuKernelFn fn;
     void *const *bufs;
 } RowsEpilogue;
 
+/* inside a GEMM's task: serially; after a GEMM that ran on the calling thread: on the pool */
 static void epilogue_rows(void *ctx, int64_t lo, int64_t hi)
 {
     const RowsEpilogue *e = ctx;
-    e->fn(e->bufs, lo, hi);
+    launch(e->k, e->fn, e->bufs, lo, hi);
 }
 
 /* The GEMM, and its epilogue on each block of C's rows as soon as they are final (still in
@@ -280,7 +298,7 @@ static void run_gemm(RtCpuExec *x, const CgKernel *k, void **bufs)
                 apart = apart && !buffers_overlap(ep, ebufs, b, k, bufs, m->a) &&
                         !buffers_overlap(ep, ebufs, b, k, bufs, m->b);
         }
-        if (apart) e = (RowsEpilogue){x->table->fns[m->epilogue], ebufs};
+        if (apart) e = (RowsEpilogue){ep, x->table->fns[m->epilogue], ebufs};
         x->ran_with_gemm[m->epilogue] = apart;
     }
     rt_cpu_gemm_rows(m->M, m->N, m->K, gemm_operand(k, bufs, m->a), lda, m->trans_a,
@@ -328,18 +346,7 @@ static void run_kernel(RtCpuExec *x, int i)
         x->ran_with_gemm[i] = false;
         return;
     }
-    Launch l = {.fn = x->table->fns[i], .bufs = bufs, .items = k->items};
-    if (l.items <= 0) return;
-    /* tasks of at least WORK operations, and no more than a few per thread; a parallel_for
-     * hands the op to every thread of the pool, so small kernels are cheaper on the calling
-     * thread */
-    int64_t work = task_work();
-    l.grain = k->cost >= work ? 1 : work / k->cost;
-    int64_t most = 4 * (int64_t)ref_threads();
-    if ((l.items + l.grain - 1) / l.grain > most) l.grain = (l.items + most - 1) / most;
-    int64_t tasks = (l.items + l.grain - 1) / l.grain;
-    if (tasks == 1) l.fn(bufs, 0, l.items);
-    else ref_parallel_for(tasks, launch_task, &l);
+    launch(k, x->table->fns[i], bufs, 0, k->items);
 }
 
 void rt_cpu_run_phase(RtCpuExec *x, Phase phase)

@@ -666,6 +666,9 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
     g.pending = (atomic_int *)pack_space(3, g.n_row_blocks);
     for (int64_t b = 0; b < g.n_row_blocks; b++) atomic_init(&g.pending[b], (int)g.n_col_groups);
     int64_t tasks = g.n_row_blocks * g.n_col_groups;
+    /* on one thread, the rows go on together at the end, from outside any task: the epilogue
+     * then spreads over the pool instead of running on this thread alone */
+    if (serial) g.rows_done = NULL;
     for (g.kb0 = 0; g.kb0 < n_kblocks; g.kb0 += chunk) {
         g.n_kb = n_kblocks - g.kb0 < chunk ? n_kblocks - g.kb0 : chunk;
         g.last_round = g.kb0 + g.n_kb >= n_kblocks;
@@ -676,6 +679,7 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
         else
             ref_parallel_for(tasks, gemm_task, &g);
     }
+    if (serial && rows_done) rows_done(ctx, 0, M);
 }
 
 void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,
