@@ -28,7 +28,9 @@
  * rt_cpu_gemm_rows hands each block of C's rows on as soon as the last task covering its
  * columns has finished it (a counter per row block), so the executor runs the GEMM's epilogue
  * — bias, residual, GELU's backward, the rounding and accumulation of a weight gradient — on
- * rows still in cache, from the thread that finished them. */
+ * rows still in cache, from the thread that finished them; where the GEMM has fewer row blocks
+ * than threads, it hands all rows on at the end instead, so that the epilogue is not left to
+ * a thread or two. */
 #include "ref_internal.h"
 
 #include <sched.h>
@@ -666,9 +668,12 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
     g.pending = (atomic_int *)pack_space(3, g.n_row_blocks);
     for (int64_t b = 0; b < g.n_row_blocks; b++) atomic_init(&g.pending[b], (int)g.n_col_groups);
     int64_t tasks = g.n_row_blocks * g.n_col_groups;
-    /* on one thread, the rows go on together at the end, from outside any task: the epilogue
-     * then spreads over the pool instead of running on this thread alone */
-    if (serial) g.rows_done = NULL;
+    /* Rows go on block by block only where there are blocks enough for the threads: a row
+     * block's epilogue runs on the one thread that finished the block, and a short GEMM cut
+     * into column groups has only a block or two. Otherwise they go on together at the end,
+     * from outside any task, and the epilogue spreads over the pool. */
+    bool by_block = !serial && g.n_row_blocks >= threads;
+    if (!by_block) g.rows_done = NULL;
     for (g.kb0 = 0; g.kb0 < n_kblocks; g.kb0 += chunk) {
         g.n_kb = n_kblocks - g.kb0 < chunk ? n_kblocks - g.kb0 : chunk;
         g.last_round = g.kb0 + g.n_kb >= n_kblocks;
@@ -679,7 +684,7 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
         else
             ref_parallel_for(tasks, gemm_task, &g);
     }
-    if (serial && rows_done) rows_done(ctx, 0, M);
+    if (!by_block && rows_done) rows_done(ctx, 0, M);
 }
 
 void rt_cpu_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, bool ta,

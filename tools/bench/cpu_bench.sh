@@ -7,7 +7,8 @@
 #                                                 (CPU_TARGET=x86-64-v3: kernels for any AVX2 CPU)
 #   tools/bench/cpu_bench.sh --run                only run what --build left in $BENCH_DIR
 #
-# Training steps: gpt2_tiny (-O0, batch 1 x 128 and 4 x 64) and GPT-2 d12 (-O0, batch 1 x 128)
+# Training steps: gpt2_tiny (-O0, batch 1 x 128, 4 x 64 and 16 x 128, the README's first
+# command's) and GPT-2 d12 (-O0, batch 1 x 128)
 # on --device cpu (the compiled kernels) and --device ref, with the same thread count
 # ($FP8C_THREADS, default: every online CPU). The figure is the median step time over the
 # steps after the first two (warm-up), from the binaries' JSON log. GEMM: cpu_gemm_bench at
@@ -29,6 +30,7 @@ BUILD=${1:-$ROOT/build}
 # name model batch seq steps(cpu) steps(ref)
 CONFIGS="tiny_b1_t128 models/gpt2_tiny.model 1 128 30 12
 tiny_b4_t64 models/gpt2_tiny.model 4 64 30 12
+tiny_b16_t128 models/gpt2_tiny.model 16 128 12 6
 d12_b1_t128 models/gpt2.model 1 128 8 4"
 
 build() {
