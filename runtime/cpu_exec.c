@@ -376,8 +376,11 @@ static bool device_open(Graph *g, RtMemory *host)
     device_exec = rt_cpu_exec_new(g, rt_cpu_builtin_kernels());
     if (!device_exec) return false;
     int funcs = device_exec->p->n_funcs;
-    snprintf(device_text, sizeof device_text, "cpu (%d compiled kernels, %d functions), %d threads",
-             device_exec->p->n_kernels, funcs, ref_threads());
+    int64_t scratch = 0;   /* beyond the memory plan's arenas */
+    for (int i = 0; i < device_exec->p->n_scratch; i++) scratch += 4 * device_exec->p->scratch[i];
+    snprintf(device_text, sizeof device_text,
+             "cpu (%d compiled kernels, %d functions, %.1f MiB of kernel scratch), %d threads",
+             device_exec->p->n_kernels, funcs, (double)scratch / (1 << 20), ref_threads());
     return true;
 }
 
