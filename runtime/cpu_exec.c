@@ -11,8 +11,10 @@
  * array, a constant table), split the items into ranges of roughly equal work and hand them
  * to the reference executor's thread pool. A kernel's items are independent by construction
  * (codegen.h), so any split gives the same bits: results do not depend on the thread count.
- * GEMM kernels call rt_cpu_gemm_mixed; reference kernels (nodes no kernel handles; the models
- * of models/ have none) call the reference executor on their nodes. */
+ * GEMM kernels call rt_cpu_gemm_rows, which hands blocks of C's rows to the GEMM's epilogue
+ * kernel (the next one) as it finishes them, so that the epilogue reads C while it is in cache;
+ * reference kernels (nodes no kernel handles; the models of models/ have none) call the
+ * reference executor on their nodes. */
 #define _GNU_SOURCE
 #include "codegen.h"
 #include "ref_internal.h"

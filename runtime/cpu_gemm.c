@@ -183,7 +183,7 @@ typedef struct {
     int64_t n_col_panels, n_row_panels;     /* ceil(N / NR), ceil(M / MR) */
     /* a task: a block of row panels x a group of column panels (gemm_split) */
     int64_t block_panels, group_panels, n_row_blocks, n_col_groups;
-    /* the K blocks packed now: [kb0, kb0 + n_kb), each KC deep but the last */
+    /* the K blocks packed now: [kb0, kb0 + n_kb), each kc deep but the last */
     int64_t kb0, n_kb, kc_max;  /* kc_max: min(K, kc), the depth a packed panel is given */
     int64_t a_panel, b_panel;   /* floats a packed panel takes: kc_max x MR (NR), or on the
                                    tile path kc_max rounded up to 32 x 32 bf16 */
@@ -204,7 +204,7 @@ static float *alloc_floats(int64_t n)
  * hundreds of small GEMMs, and allocating their panels anew each time cost a page fault per
  * page (the allocator maps blocks of this size afresh and unmaps them on free). Grown as
  * needed, never shrunk. */
-static _Thread_local float *pack_store[4];
+static _Thread_local float *pack_store[4];   /* B panels, A panels, their states, row counters */
 static _Thread_local int64_t pack_floats[4];
 
 static float *pack_space(int which, int64_t n)
