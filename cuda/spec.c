@@ -1346,15 +1346,22 @@ static bool quantize_can_rerun(const Graph *g, const Uses *uses, const Node *q, 
     return true;
 }
 
+/* The uses of g's nodes, for passes that read a node's position as its index; NULL where the
+ * positions are not the indices (nothing is fused then). */
+static Uses *uses_by_position(const Graph *g) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->index != i) return NULL;
+    return ir_fill_uses(g);
+}
+
 /* A layernorm or GELU whose value only an FP8 copy of it reads (its one quantize) writes that
  * copy itself: its kernel runs at its own place storing only the block maxima that the copy's
  * scale reads, and again at the quantize's place storing FP8 (ops.cuh, CkAmaxOnly and
  * CkThrough). The value is never written or read back: per element, 2 bytes written and 2 read
  * become 2 read again (the producer's input). The bits are those of the unfused pair. */
 static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->index != i) return;   /* positions are indices below */
-    Uses *uses = ir_fill_uses(g);
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
     for (int qi = 0; qi < g->n_nodes; qi++) {
         const Node *q = g->nodes[qi];
         if (q->op != OP_QUANTIZE || !quantize_can_rerun(g, uses, q, qi)) continue;
@@ -1407,9 +1414,8 @@ static const Node *bias_grad_accumulation(const Graph *g, const Uses *uses, cons
 }
 
 static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->index != i) return;   /* positions are indices below */
-    Uses *uses = ir_fill_uses(g);
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
     for (int si = 0; si < g->n_nodes; si++) {
         const Node *sum = g->nodes[si], *x = sum->op == OP_SUM_ROWS ? sum->in[0] : NULL;
         if (!x || x->index < 0 || !plain_direct(&sum->t) || !plain_direct(&x->t) || sum->t.role == ROLE_OUTPUT ||

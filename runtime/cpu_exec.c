@@ -258,6 +258,13 @@ static RtGemmOperand gemm_operand(const CgKernel *k, void **bufs, int b)
     return o;
 }
 
+/* Points k's tensor buffers at their tensors' data (bound anew before each run). */
+static void bind_tensors(const CgKernel *k, void **bufs)
+{
+    for (int b = 0; b < k->n_bufs; b++)
+        if (k->bufs[b].node) bufs[b] = k->bufs[b].node->t.data;
+}
+
 /* Whether buffer b of kernel k (a tensor) shares a byte with buffer c of kernel j. */
 static bool buffers_overlap(const CgKernel *k, void *const *kb, int b, const CgKernel *j,
                             void *const *jb, int c)
@@ -294,8 +301,8 @@ static void run_gemm(RtCpuExec *x, const CgKernel *k, void **bufs)
         const CgKernel *ep = x->p->kernels[m->epilogue];
         void **ebufs = x->bufs[m->epilogue];
         bool apart = true;
+        bind_tensors(ep, ebufs);
         for (int b = 0; b < ep->n_bufs; b++) {
-            if (ep->bufs[b].node) ebufs[b] = ep->bufs[b].node->t.data;
             if (ep->bufs[b].written)
                 apart = apart && !buffers_overlap(ep, ebufs, b, k, bufs, m->a) &&
                         !buffers_overlap(ep, ebufs, b, k, bufs, m->b);
@@ -338,8 +345,7 @@ static void run_kernel(RtCpuExec *x, int i)
         return;
     }
     void **bufs = x->bufs[i];
-    for (int b = 0; b < k->n_bufs; b++)
-        if (k->bufs[b].node) bufs[b] = k->bufs[b].node->t.data;
+    bind_tensors(k, bufs);
     if (k->kind == CG_KERNEL_GEMM) {
         run_gemm(x, k, bufs);
         return;

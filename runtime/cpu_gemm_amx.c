@@ -143,9 +143,7 @@ __attribute__((target("avx512f"))) void cpu_amx_store(const float *out, float *c
         _mm512_mask_storeu_ps(c + 16, m1, x1);
     }
 }
-#endif
 
-#ifdef HAVE_AMX
 /* dst[c * ldd + r] = src[r * lds + c] for r, c < 16, 32-bit elements: the rows interleaved in
  * pairs, then pairs of pairs, then 128-bit lanes in two rounds. */
 __attribute__((target("avx512f"))) static void transpose16(const uint32_t *src, int64_t lds,
@@ -189,9 +187,7 @@ __attribute__((target("avx512f,avx512bw"))) static void interleave(const uint16_
     _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, first, b));
     _mm512_storeu_si512(dst + 16, _mm512_permutex2var_epi16(a, second, b));
 }
-#endif
 
-#ifdef HAVE_AMX
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void
 cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines, int64_t kc,
              bool as_b, uint32_t *dst)
@@ -223,16 +219,7 @@ cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_
         }
     }
 }
-#else
-void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
-                  int64_t kc, bool as_b, uint32_t *dst)
-{
-    (void)o, (void)at, (void)ld, (void)k_fast, (void)lines, (void)kc, (void)as_b, (void)dst;
-    IR_ASSERT(!"AMX packing without AMX");
-}
-#endif
 
-#ifdef HAVE_AMX
 /* The tile configuration (palette 1): eight tiles of 16 rows x 64 bytes. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -285,7 +272,13 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, c
     _tile_stored(2, c + 16 * ldc, stride);
     _tile_stored(3, c + 16 * ldc + 16, stride);
 }
-#else
+#else   /* cpu_amx_usable() is false: the driver never calls these */
+void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
+                  int64_t kc, bool as_b, uint32_t *dst)
+{
+    (void)o, (void)at, (void)ld, (void)k_fast, (void)lines, (void)kc, (void)as_b, (void)dst;
+    IR_ASSERT(!"AMX without AMX");
+}
 void cpu_amx_begin(void) { IR_ASSERT(!"AMX without AMX"); }
 void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add)
 {
