@@ -54,6 +54,7 @@ bool emit_training_binary(const Graph *g, const char *out_path);
 /* The CPU the binary's kernels are compiled for (an LLVM CPU name such as "x86-64-v3");
  * NULL or "native": this machine's (the default, or $FP8C_CPU). */
 void emit_set_cpu(const char *cpu);
+void emit_set_print_kernels(bool on);   /* build: print the CPU kernel IR to stdout */
 /* `fp8c train`: emits a training binary to a temporary path and runs it with run_args;
  * returns the binary's exit status. */
 int emit_and_run(const Graph *g, char **run_args, int n_run_args);

@@ -259,8 +259,10 @@ static bool emit_gpu_kernels(const Graph *g, const char *dir, char **path) {
  * executor). They are lowered from the artifact as read back, exactly as the training binary
  * re-lowers it at start-up, so the two agree (the binary checks the kernels' hash). */
 static const char *emit_cpu_name;
+static bool emit_print_kernels;
 
 void emit_set_cpu(const char *cpu) { emit_cpu_name = cpu; }
+void emit_set_print_kernels(bool on) { emit_print_kernels = on; }
 
 static bool emit_cpu_kernels(const char *ir_path, const char *dir, char **path) {
     *path = NULL;
@@ -281,6 +283,7 @@ static bool emit_cpu_kernels(const char *ir_path, const char *dir, char **path) 
     Arena *a = arena_new();
     Graph *g = text ? ir_read(a, "artifact", text) : NULL;
     CgProgram *p = g ? (ir_renumber(g), cg_lower(g, a, NULL)) : NULL;
+    if (p && emit_print_kernels) cg_program_print(p, stdout);
     char *obj = emit_join(dir, "kernels.o");
     const char *cpu = emit_cpu_name ? emit_cpu_name : getenv("FP8C_CPU");
     CgLlvmOptions o = {.cpu = cpu, .opt_level = 3};

@@ -38,7 +38,8 @@ static void usage(FILE *out)
           "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
           "             --precision PATTERN=FORMAT  --grad-release  --verify\n"
           "             --print-ir-after=PASS|all  --stop-after=PASS\n"
-          "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n",
+          "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n"
+          "             --print-kernels (build: the CPU kernels, as the binary runs them, to stdout)\n",
           out);
 }
 
@@ -135,6 +136,8 @@ static void parse_args(int argc, char **argv, Args *a)
         } else if (!strncmp(s, "--cpu=", 6)) {
             if (!s[6]) bad_flag("--cpu= needs an LLVM CPU name such as x86-64-v3%s", "");
             emit_set_cpu(s + 6);
+        } else if (!strcmp(s, "--print-kernels")) {
+            emit_set_print_kernels(true);
         } else if (!strcmp(s, "-o")) {
             if (!next) bad_flag("%s needs a file name", s);
             a->output = next, i++;

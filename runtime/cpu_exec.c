@@ -43,7 +43,7 @@ struct RtCpuExec {
     Arena *arena;
     double *ms;                 /* FP8C_PROFILE: time per kernel, printed when freed, of
                                    every run but the first (page faults on first touch) */
-    bool *ran_once;
+    int64_t *runs;              /* runs per kernel, the first included */
     Graph *g;
     CgProgram *p;
     const RtCpuKernels *table;
@@ -152,7 +152,7 @@ RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *table)
     const char *prof = getenv("FP8C_PROFILE");
     if (prof && *prof && strcmp(prof, "0") != 0) {
         x->ms = calloc((size_t)x->p->n_kernels + 1, sizeof(double));
-        x->ran_once = calloc((size_t)x->p->n_kernels + 1, sizeof(bool));
+        x->runs = calloc((size_t)x->p->n_kernels + 1, sizeof(int64_t));
     }
     for (int i = 0; i < x->p->n_kernels; i++) {
         const CgKernel *k = x->p->kernels[i];
@@ -174,7 +174,8 @@ static double now_ms(void)
 }
 
 /* FP8C_PROFILE=1: where the time went, by kind of work and by kernel, the largest twelve
- * first (FP8C_PROFILE=N, N > 12: the largest N). */
+ * first (FP8C_PROFILE=N, N > 12: the largest N), each with its time per run and how many runs
+ * were timed (eval batches run the forward's kernels more often than the backward's). */
 static int by_time_desc(const void *a, const void *b, void *ctx)
 {
     const double *ms = ctx;
@@ -219,9 +220,17 @@ static void print_profile(const RtCpuExec *x)
         const CgKernel *k = x->p->kernels[order[j]];
         char fn[16] = "";   /* the compiled function (fp8c_kN in a profiler's listing) */
         if (k->kind == CG_KERNEL_LOOP) snprintf(fn, sizeof fn, "fp8c_k%d", k->func);
-        fprintf(stderr, "  %8.2f ms  k%-4d %-5s %-10s items %-8lld %s\n", x->ms[order[j]], k->id,
-                k->kind == CG_KERNEL_GEMM ? "gemm" : k->kind == CG_KERNEL_REF ? "ref" : "loop", fn,
-                (long long)k->items, k->name);
+        char size[48];      /* a GEMM's M x N x K and transposes, a loop's items */
+        if (k->kind == CG_KERNEL_GEMM)
+            snprintf(size, sizeof size, "%lldx%lldx%lld %s%s", (long long)k->gemm.M,
+                     (long long)k->gemm.N, (long long)k->gemm.K, k->gemm.trans_a ? "T" : "N",
+                     k->gemm.trans_b ? "T" : "N");
+        else snprintf(size, sizeof size, "items %lld", (long long)k->items);
+        int64_t timed = x->runs[order[j]] - 1;
+        fprintf(stderr, "  %8.2f ms  %7.3f ms x %-4lld k%-4d %-5s %-10s %-18s %s\n",
+                x->ms[order[j]], timed > 0 ? x->ms[order[j]] / (double)timed : 0.0, (long long)timed,
+                k->id, k->kind == CG_KERNEL_GEMM ? "gemm" : k->kind == CG_KERNEL_REF ? "ref" : "loop",
+                fn, size, k->name);
     }
     free(order);
 }
@@ -231,7 +240,7 @@ void rt_cpu_exec_free(RtCpuExec *x)
     if (!x) return;
     if (x->ms && x->p) print_profile(x);
     free(x->ms);
-    free(x->ran_once);
+    free(x->runs);
     if (x->scratch && x->p)
         for (int i = 0; i < x->p->n_scratch; i++) free(x->scratch[i]);
     free(x->scratch);
@@ -333,8 +342,7 @@ void rt_cpu_run_kernel(RtCpuExec *x, int i)
     }
     double t0 = now_ms();
     run_kernel(x, i);
-    if (x->ran_once[i]) x->ms[i] += now_ms() - t0;
-    x->ran_once[i] = true;
+    if (x->runs[i]++) x->ms[i] += now_ms() - t0;
 }
 
 static void run_kernel(RtCpuExec *x, int i)
