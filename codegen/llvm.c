@@ -15,9 +15,13 @@
  *    forward walk over the instructions.
  *  - Row loops carry `llvm.loop.vectorize.enable`: the kernel IR says their iterations are
  *    independent and their sums may be reordered (codegen.h), and this hint is how LLVM 14 is
- *    told that an f32 reduction may be reassociated (its C API has no fast-math flags). The
- *    vectorizer then also accepts more runtime alias checks than by default, which matters
- *    because buffers are plain pointers that may alias (an in-place accumulator).
+ *    told that an f32 reduction may be reassociated (its C API has no fast-math flags).
+ *  - Row loops (and item loops without inner loops) are also `llvm.loop.parallel_accesses`
+ *    loops: every load and store inside carries their access groups, which tells LLVM what the
+ *    kernel IR guarantees, that no iteration reads what another writes. Buffers are plain
+ *    pointers that may alias; without this, an in-place kernel (a gradient summed into its
+ *    accumulator, memory the plan reuses) failed the vectorizer's runtime overlap check on
+ *    every run and ran its scalar loop (layernorm's backward in gpt2_tiny: 3.4x slower).
  *  - Conversions are integer code, not libcalls: the encoders are numerics.c's rounding
  *    (round to nearest even in a format with the target's mantissa width, then the format's
  *    overflow rule) written with selects, so they vectorize and are bit-identical to
@@ -41,6 +45,7 @@
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>
 #include <llvm-c/DebugInfo.h>
+#include <llvm-c/IRReader.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
@@ -57,6 +62,7 @@ typedef struct {
     LLVMValueRef slot;      /* i64 induction variable */
     LLVMValueRef hi;
     bool row;
+    LLVMValueRef group;     /* a row loop's access group (NULL: a sequential loop) */
 } Loop;
 
 typedef struct {
@@ -65,7 +71,10 @@ typedef struct {
     LLVMBuilderRef b;
     LLVMTypeRef f32, f64, i64, i32, i16, i8, i1, i8p, fn_type;
     LLVMValueRef table_e4m3, table_e5m2;
-    unsigned md_loop;
+    unsigned md_loop, md_access_group;
+    LLVMModuleRef groups_mod;   /* holds the access groups (distinct nodes) until disposal */
+    LLVMValueRef *group;        /* access groups not yet given to a loop */
+    int n_groups, next_group;
     /* per function */
     const CgKernel *k;
     LLVMValueRef fn;
@@ -76,6 +85,8 @@ typedef struct {
     LLVMValueRef *scale0;       /* per buffer: the per-tensor scale, hoisted; NULL otherwise */
     Loop loops[MAX_DEPTH];
     int depth;
+    LLVMValueRef item_group;    /* the item loop's access group, when it is vectorized */
+    LLVMValueRef groups;        /* the access groups of what is emitted now; NULL: none */
 } R;
 
 /* ---------------------------------------------------------------- small helpers */
@@ -124,6 +135,13 @@ static LLVMValueRef alloca_entry(R *r, LLVMTypeRef t, const char *name)
     LLVMValueRef a = LLVMBuildAlloca(b, t, name);
     LLVMDisposeBuilder(b);
     return a;
+}
+
+/* A memory access (or memset) emitted inside parallel loops joins their access groups. */
+static LLVMValueRef grouped(R *r, LLVMValueRef inst)
+{
+    if (r->groups) LLVMSetMetadata(inst, r->md_access_group, r->groups);
+    return inst;
 }
 
 /* ---------------------------------------------------------------- math */
@@ -325,7 +343,7 @@ static LLVMValueRef decode(R *r, ElemType e, LLVMValueRef q)
         LLVMValueRef table = e == FMT_E4M3 ? r->table_e4m3 : r->table_e5m2;
         LLVMValueRef idx[2] = {ci64(r, 0), LLVMBuildZExt(b, LLVMBuildAnd(b, q, ci32(r, 0xFF), ""), r->i64, "")};
         LLVMValueRef p = LLVMBuildInBoundsGEP2(b, LLVMArrayType(r->f32, 256), table, idx, 2, "");
-        return LLVMBuildLoad2(b, r->f32, p, "");
+        return grouped(r, LLVMBuildLoad2(b, r->f32, p, ""));
     }
     case FMT_I8: return LLVMBuildSIToFP(b, LLVMBuildTrunc(b, q, r->i8, ""), r->f32, "");
     case FMT_U8: return LLVMBuildUIToFP(b, LLVMBuildTrunc(b, q, r->i8, ""), r->f32, "");
@@ -363,8 +381,8 @@ static LLVMValueRef load_raw(R *r, int buf, LLVMValueRef idx)
 {
     ElemType e = r->k->bufs[buf].elem;
     LLVMValueRef p = elem_ptr(r, buf, idx);
-    if (e == FMT_F32) return LLVMBuildLoad2(r->b, r->f32, p, "");
-    LLVMValueRef v = LLVMBuildLoad2(r->b, storage_type(r, e), p, "");
+    if (e == FMT_F32) return grouped(r, LLVMBuildLoad2(r->b, r->f32, p, ""));
+    LLVMValueRef v = grouped(r, LLVMBuildLoad2(r->b, storage_type(r, e), p, ""));
     return decode(r, e, fmt_elem_bytes(e) == 4 ? v : LLVMBuildZExt(r->b, v, r->i32, ""));
 }
 
@@ -373,12 +391,12 @@ static void store_raw(R *r, int buf, LLVMValueRef idx, LLVMValueRef x)
     ElemType e = r->k->bufs[buf].elem;
     LLVMValueRef p = elem_ptr(r, buf, idx);
     if (e == FMT_F32) {
-        LLVMBuildStore(r->b, x, p);
+        grouped(r, LLVMBuildStore(r->b, x, p));
         return;
     }
     LLVMValueRef q = encode(r, e, x);
     if (fmt_elem_bytes(e) < 4) q = LLVMBuildTrunc(r->b, q, storage_type(r, e), "");
-    LLVMBuildStore(r->b, q, p);
+    grouped(r, LLVMBuildStore(r->b, q, p));
 }
 
 /* The scale of element idx (row, col given or derived) of a scaled buffer, NULL if unscaled. */
@@ -416,17 +434,39 @@ static LLVMValueRef opt_val(R *r, int a) { return a == CG_NONE ? NULL : r->val[a
 
 /* ---------------------------------------------------------------- the walk */
 
-static void loop_metadata(R *r, LLVMValueRef branch)
+/* A parallel loop's latch: vectorize, and its accesses (access group `group`) are independent
+ * between iterations. */
+static void loop_metadata(R *r, LLVMValueRef branch, LLVMValueRef group)
 {
     LLVMMetadataRef tmp = LLVMTemporaryMDNode(r->ctx, NULL, 0);
     LLVMMetadataRef name = LLVMMDStringInContext2(r->ctx, "llvm.loop.vectorize.enable", 26);
     LLVMMetadataRef one = LLVMValueAsMetadata(LLVMConstInt(r->i1, 1, 0));
     LLVMMetadataRef pair[2] = {name, one};
-    LLVMMetadataRef hint = LLVMMDNodeInContext2(r->ctx, pair, 2);
-    LLVMMetadataRef ops[2] = {tmp, hint};
-    LLVMMetadataRef node = LLVMMDNodeInContext2(r->ctx, ops, 2);
+    LLVMMetadataRef pa[2] = {LLVMMDStringInContext2(r->ctx, "llvm.loop.parallel_accesses", 27),
+                             LLVMValueAsMetadata(group)};
+    LLVMMetadataRef ops[3] = {tmp, LLVMMDNodeInContext2(r->ctx, pair, 2), LLVMMDNodeInContext2(r->ctx, pa, 2)};
+    LLVMMetadataRef node = LLVMMDNodeInContext2(r->ctx, ops, 3);
     LLVMMetadataReplaceAllUsesWith(tmp, node);
     LLVMSetMetadata(branch, r->md_loop, LLVMMetadataAsValue(r->ctx, node));
+}
+
+/* An access group for the next parallel loop (made by make_access_groups). */
+static LLVMValueRef take_group(R *r)
+{
+    IR_ASSERT(r->next_group < r->n_groups);
+    return r->group[r->next_group++];
+}
+
+/* r->groups: the groups of the parallel loops open now (one node, or a list of them). */
+static void update_groups(R *r)
+{
+    LLVMMetadataRef g[MAX_DEPTH + 1];
+    size_t n = 0;
+    if (r->item_group) g[n++] = LLVMValueAsMetadata(r->item_group);
+    for (int i = 0; i < r->depth; i++)
+        if (r->loops[i].group) g[n++] = LLVMValueAsMetadata(r->loops[i].group);
+    r->groups = n == 0 ? NULL : n == 1 ? LLVMMetadataAsValue(r->ctx, g[0])
+                                       : LLVMMetadataAsValue(r->ctx, LLVMMDNodeInContext2(r->ctx, g, n));
 }
 
 static void open_loop(R *r, int inst, LLVMValueRef lo, LLVMValueRef hi, bool row)
@@ -451,6 +491,8 @@ static void open_loop(R *r, int inst, LLVMValueRef lo, LLVMValueRef hi, bool row
     LLVMBuildCondBr(r->b, LLVMBuildICmp(r->b, LLVMIntSLT, iv, hi, ""), bodyb, l->exit);
     LLVMPositionBuilderAtEnd(r->b, bodyb);
     r->val[inst] = iv;
+    l->group = row ? take_group(r) : NULL;
+    update_groups(r);
 }
 
 static void close_loop(R *r)
@@ -460,7 +502,8 @@ static void close_loop(R *r)
     LLVMValueRef iv = LLVMBuildLoad2(r->b, r->i64, l->slot, "");
     LLVMBuildStore(r->b, LLVMBuildAdd(r->b, iv, ci64(r, 1), ""), l->slot);
     LLVMValueRef br = LLVMBuildBr(r->b, l->header);
-    if (l->row) loop_metadata(r, br);
+    if (l->row) loop_metadata(r, br, l->group);
+    update_groups(r);
     LLVMPositionBuilderAtEnd(r->b, l->exit);
     for (int i = l->inst + 1; i < r->k->n_insts; i++)
         if (r->k->insts[i].op == CG_REDUCE && r->red_loop[i] == l->inst)
@@ -552,9 +595,9 @@ static void emit_inst(R *r, int i)
     case CG_LOCAL: {
         int64_t n = in->i;
         if (in->f == 0.0 && !signbit(in->f)) {
-            LLVMBuildMemSet(b, r->slot[i], LLVMConstInt(r->i8, 0, 0), ci64(r, n * 4), 4);
+            grouped(r, LLVMBuildMemSet(b, r->slot[i], LLVMConstInt(r->i8, 0, 0), ci64(r, n * 4), 4));
         } else if (n <= 16) {
-            for (int64_t j = 0; j < n; j++) LLVMBuildStore(b, cf(r, in->f), local_elem(r, i, ci64(r, j)));
+            for (int64_t j = 0; j < n; j++) grouped(r, LLVMBuildStore(b, cf(r, in->f), local_elem(r, i, ci64(r, j))));
         } else {
             /* a small loop of its own */
             LLVMValueRef slot = alloca_entry(r, r->i64, "li");
@@ -567,15 +610,15 @@ static void emit_inst(R *r, int i)
             LLVMValueRef j = LLVMBuildLoad2(b, r->i64, slot, "");
             LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, j, ci64(r, n), ""), bd, ex);
             LLVMPositionBuilderAtEnd(b, bd);
-            LLVMBuildStore(b, cf(r, in->f), local_elem(r, i, j));
+            grouped(r, LLVMBuildStore(b, cf(r, in->f), local_elem(r, i, j)));
             LLVMBuildStore(b, LLVMBuildAdd(b, j, ci64(r, 1), ""), slot);
             LLVMBuildBr(b, h);
             LLVMPositionBuilderAtEnd(b, ex);
         }
         return;
     }
-    case CG_LGET: v = LLVMBuildLoad2(b, r->f32, local_elem(r, in->a[0], a1), ""); break;
-    case CG_LSET: LLVMBuildStore(b, a2, local_elem(r, in->a[0], a1)); return;
+    case CG_LGET: v = grouped(r, LLVMBuildLoad2(b, r->f32, local_elem(r, in->a[0], a1), "")); break;
+    case CG_LSET: grouped(r, LLVMBuildStore(b, a2, local_elem(r, in->a[0], a1))); return;
     case CG_OP_COUNT: IR_ASSERT(!"bad op");
     }
     r->val[i] = v;
@@ -598,6 +641,8 @@ static void render_kernel(R *r, const CgKernel *k, const char *name)
     r->scale0 = calloc((size_t)k->n_bufs + 1, sizeof *r->scale0);
     IR_ASSERT(r->val && r->slot && r->red_loop && r->ptr && r->scale0);
     r->depth = 0;
+    r->item_group = NULL;
+    update_groups(r);
 
     /* slots: reductions and locals */
     int open[MAX_DEPTH], depth = 0;
@@ -639,16 +684,22 @@ static void render_kernel(R *r, const CgKernel *k, const char *name)
     LLVMValueRef it = LLVMBuildLoad2(r->b, r->i64, islot, "");
     LLVMBuildCondBr(r->b, LLVMBuildICmp(r->b, LLVMIntSLT, it, LLVMGetParam(r->fn, 2), ""), bodyb, done);
     LLVMPositionBuilderAtEnd(r->b, bodyb);
+    /* an item loop without inner loops is the one to vectorize */
     bool has_loops = false;
+    for (int j = i; j < n; j++) has_loops |= k->insts[j].op == CG_LOOP;
+    LLVMValueRef item_group = has_loops ? NULL : take_group(r);
+    r->item_group = item_group;
+    update_groups(r);
     for (int j = i; j < n; j++) {
         if (k->insts[j].op == CG_ITEM) r->val[j] = it;
         else if (k->insts[j].op != CG_BODY) emit_inst(r, j);
-        has_loops |= k->insts[j].op == CG_LOOP;
     }
+    r->item_group = NULL;
+    update_groups(r);
     LLVMValueRef cur = LLVMBuildLoad2(r->b, r->i64, islot, "");
     LLVMBuildStore(r->b, LLVMBuildAdd(r->b, cur, ci64(r, 1), ""), islot);
     LLVMValueRef br = LLVMBuildBr(r->b, header);
-    if (!has_loops) loop_metadata(r, br);
+    if (!has_loops) loop_metadata(r, br, item_group);
     LLVMPositionBuilderAtEnd(r->b, done);
     LLVMBuildRetVoid(r->b);
     free(r->val);
@@ -680,6 +731,36 @@ static void diag_handler(LLVMDiagnosticInfoRef di, void *ctx)
     LLVMDisposeMessage(msg);
 }
 
+/* n access groups, for the parallel loops of the module. An access group is a distinct
+ * metadata node without operands, which LLVM 14's C API cannot make; a parsed module can, in
+ * the same context, and the nodes belong to the context. */
+static void make_access_groups(R *r, int n)
+{
+    size_t cap = 200 + (size_t)n * 96;
+    char *text = malloc(cap);
+    IR_ASSERT(text);
+    size_t len = (size_t)snprintf(text, cap, "define void @fp8c_access_groups(i8* %%p) {\n");
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(text + len, cap - len, "  %%v%d = load i8, i8* %%p, !llvm.access.group !%d\n", i, i);
+    len += (size_t)snprintf(text + len, cap - len, "  ret void\n}\n");
+    for (int i = 0; i < n; i++) len += (size_t)snprintf(text + len, cap - len, "!%d = distinct !{}\n", i);
+    LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(text, len, "access_groups");
+    free(text);
+    char *err = NULL;
+    if (LLVMParseIRInContext(r->ctx, mb, &r->groups_mod, &err)) {   /* takes mb */
+        fprintf(stderr, "fp8c: internal error: access groups: %s\n", err ? err : "?");
+        IR_ASSERT(!"access groups do not parse");
+    }
+    r->group = calloc((size_t)n + 1, sizeof *r->group);
+    IR_ASSERT(r->group);
+    LLVMValueRef f = LLVMGetNamedFunction(r->groups_mod, "fp8c_access_groups");
+    LLVMValueRef in = LLVMGetFirstInstruction(LLVMGetFirstBasicBlock(f));
+    for (int i = 0; i < n; i++, in = LLVMGetNextInstruction(in))
+        r->group[i] = LLVMGetMetadata(in, r->md_access_group);
+    r->n_groups = n;
+    r->next_group = 0;
+}
+
 /* The module of a program: one function per unique body, and the runtime's table. */
 static void render_module(R *r, const CgProgram *p)
 {
@@ -698,6 +779,14 @@ static void render_module(R *r, const CgProgram *p)
     LLVMTypeRef params[3] = {LLVMPointerType(r->i8p, 0), r->i64, r->i64};
     r->fn_type = LLVMFunctionType(LLVMVoidTypeInContext(r->ctx), params, 3, 0);
     r->md_loop = LLVMGetMDKindIDInContext(r->ctx, "llvm.loop", 9);
+    r->md_access_group = LLVMGetMDKindIDInContext(r->ctx, "llvm.access.group", 17);
+    int groups = 0;     /* one per row loop, and one per item loop */
+    for (int f = 0; f < p->n_funcs; f++) {
+        const CgKernel *k = p->funcs[f].first;
+        groups++;
+        for (int i = 0; i < k->n_insts; i++) groups += k->insts[i].op == CG_LOOP && k->insts[i].i == CG_LOOP_ROW;
+    }
+    make_access_groups(r, groups);
     r->table_e4m3 = fp8_table(r, "fp8c_e4m3_table", num_e4m3_to_f32);
     r->table_e5m2 = fp8_table(r, "fp8c_e5m2_table", num_e5m2_to_f32);
 
@@ -733,6 +822,8 @@ static void dispose(R *r)
 {
     if (r->b) LLVMDisposeBuilder(r->b);
     if (r->mod) LLVMDisposeModule(r->mod);
+    if (r->groups_mod) LLVMDisposeModule(r->groups_mod);
+    free(r->group);
     if (r->ctx) LLVMContextDispose(r->ctx);
 }
 
@@ -869,6 +960,11 @@ bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj
             if (features && *features)
                 LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
                                         LLVMCreateStringAttribute(r.ctx, "target-features", 15, features, (unsigned)strlen(features)));
+            /* LLVM prefers 256-bit vectors on AVX-512 CPUs unless told otherwise; these loops
+             * are long and regular, and at 512 bits gpt2_tiny's step took 7% less time (its
+             * attention 25% less) on a Xeon with AMX. On CPUs without AVX-512 this is moot. */
+            LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
+                                    LLVMCreateStringAttribute(r.ctx, "prefer-vector-width", 19, "512", 3));
         }
         LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
         LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
