@@ -385,6 +385,38 @@ static int open_cols(CgKernel *k, int row, int64_t C, At *at)
 static int reduce_sum(CgKernel *k, int v) { return cg_reduce(k, CG_RED_SUM, v); }
 static int reduce_max(CgKernel *k, int v) { return cg_reduce(k, CG_RED_MAX, v); }
 
+enum { MAX_LANES = 16 };
+
+/* lane[j] = fmaxf(lane[j], buf[row, base + j]) for j < n (n <= MAX_LANES) */
+static void max_into_lanes(CgKernel *k, int lane, int buf, int row, int64_t C, int base, int64_t n)
+{
+    int j = row_loop(k, ic(k, 0), ic(k, n));
+    int c = iadd(k, base, j);
+    At at = {.idx = iadd(k, imul(k, row, ic(k, C)), c), .row = row, .col = c, .cols = C};
+    lset(k, lane, j, e2(k, CG_FMAX, lget(k, lane, j), load_at(k, buf, at)));
+    end(k);
+}
+
+/* The max of row `row` of buf (C columns), as fmaxf over MAX_LANES lanes and then over the
+ * lanes: an elementwise max vectorizes, a max reduction does not (LLVM 14 vectorizes maxnum
+ * reductions only under no-NaNs flags, which its C API cannot set), and a scalar max loop
+ * was a third of a cross-entropy row's time over gpt2_tiny's 256 logits. */
+static int row_max_in_lanes(CgKernel *k, int buf, int row, int64_t C)
+{
+    int lane = cg_local(k, MAX_LANES, -INFINITY);
+    int64_t whole = C / MAX_LANES * MAX_LANES;
+    if (whole) {
+        int base = imul(k, seq_loop(k, ic(k, 0), ic(k, whole / MAX_LANES)), ic(k, MAX_LANES));
+        max_into_lanes(k, lane, buf, row, C, base, MAX_LANES);
+        end(k);
+    }
+    if (C > whole) max_into_lanes(k, lane, buf, row, C, ic(k, whole), C - whole);
+    int j = row_loop(k, ic(k, 0), ic(k, MAX_LANES));
+    int m = reduce_max(k, lget(k, lane, j));
+    end(k);
+    return m;
+}
+
 /* mean (0 for rmsnorm) and rstd = 1 / sqrt(var + eps) of row `row` of x (C columns). */
 static void norm_stats(CgKernel *k, int xb, int row, int64_t C, bool centered, double eps,
                        int *mean, int *rstd)
@@ -563,9 +595,7 @@ static void lower_softmax(Lower *L, Node *n)
         return;
     }
     int xb = cg_buf_tensor(k, n->in[0], true, false);
-    open_cols(k, row, C, &at);
-    int m = reduce_max(k, load_at(k, xb, at));
-    end(k);
+    int m = row_max_in_lanes(k, xb, row, C);
     open_cols(k, row, C, &at);
     int s = reduce_sum(k, e1(k, CG_EXP, fsub(k, load_at(k, xb, at), m)));
     end(k);
@@ -680,9 +710,7 @@ static int count_valid(Lower *L, Node *n, Node *targets, int64_t R)
 static int row_lse(CgKernel *k, int lb, int row, int64_t V)
 {
     At at;
-    open_cols(k, row, V, &at);
-    int m = reduce_max(k, load_at(k, lb, at));
-    end(k);
+    int m = row_max_in_lanes(k, lb, row, V);
     open_cols(k, row, V, &at);
     int s = reduce_sum(k, e1(k, CG_EXP, fsub(k, load_at(k, lb, at), m)));
     end(k);

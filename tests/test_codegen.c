@@ -509,6 +509,9 @@ static void test_rows(void **state)
     done(t, rw, FMT_F32, TOL_F32);
     Node *sm = done(t, OP(t, OP_SOFTMAX, x), FMT_F32, TOL_F32);
     done(t, OP(t, OP_SOFTMAX_BWD, dy, sm), FMT_F32, TOL_F32);
+    /* row maxima go over lanes of 16 columns: rows shorter than one, and a partial last one */
+    done(t, OP(t, OP_SOFTMAX, input(t, FMT_F32, 2, 11, 7, 0)), FMT_F32, TOL_F32);
+    done(t, OP(t, OP_SOFTMAX, input(t, FMT_BF16, 2, 11, 40, 0)), FMT_F32, TOL_F32);
     Node *big = input(t, FMT_F32, 2, 200, 130, 0);
     done(t, OP(t, OP_SUM_ROWS, big), FMT_F32, TOL_F32);
     done(t, OP(t, OP_SQNORM, big), FMT_F32, TOL_F32);
