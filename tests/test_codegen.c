@@ -107,7 +107,7 @@ static double ulps(float x, double y)
     return fabs((double)x - y) / u;
 }
 
-/* The LLVM renderer's inline exp and log (Cephes polynomials, vectorizable) against libm's
+/* The LLVM renderer's inline exp, log and tanh (Cephes polynomials, vectorizable) against libm's
  * f64 functions: within 2 ulp over the whole range (subnormal results in absolute ulps of
  * the subnormal grid), 0, infinities, NaN and negative arguments exact. */
 static void test_math_functions(void **state)
@@ -117,20 +117,22 @@ static void test_math_functions(void **state)
     Arena *a = arena_new();
     CgProgram *p = cg_program_new(a, NULL);
     int sx = cg_scratch_new(p, N), se = cg_scratch_new(p, N), sl = cg_scratch_new(p, N);
+    int st = cg_scratch_new(p, N);
     CgKernel *k = cg_kernel_new(p, CG_KERNEL_LOOP, "math", PHASE_FORWARD);
     k->items = N;
     cg_emit(k, CG_BODY, CG_NONE, CG_NONE, CG_NONE, CG_NONE);
     int i = cg_emit(k, CG_ITEM, CG_NONE, CG_NONE, CG_NONE, CG_NONE);
     int bx = cg_buf_scratch(k, sx, N, true, false), be = cg_buf_scratch(k, se, N, false, true);
-    int bl = cg_buf_scratch(k, sl, N, false, true);
+    int bl = cg_buf_scratch(k, sl, N, false, true), bt = cg_buf_scratch(k, st, N, false, true);
     int x = cg_load(k, bx, i, CG_NONE, CG_NONE);
     cg_store(k, be, i, cg_emit(k, CG_EXP, x, CG_NONE, CG_NONE, CG_NONE), CG_NONE, CG_NONE);
     cg_store(k, bl, i, cg_emit(k, CG_LOG, x, CG_NONE, CG_NONE, CG_NONE), CG_NONE, CG_NONE);
+    cg_store(k, bt, i, cg_emit(k, CG_TANH, x, CG_NONE, CG_NONE, CG_NONE), CG_NONE, CG_NONE);
     assert_int_equal(cg_kernel_verify(k), 0);
     cg_program_finish(p);
     Compiled c;
     assert_true(compile_program(p, &c, 2));
-    float *xs = malloc(sizeof(float) * 3 * N), *ex = xs + N, *lg = xs + 2 * N;
+    float *xs = malloc(sizeof(float) * 4 * N), *ex = xs + N, *lg = xs + 2 * N, *th = xs + 3 * N;
     static const float special[SPECIAL] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -1.0f, 1.0f, 0x1p-149f};
     for (int j = 0; j < N; j++) {
         if (j < SPECIAL) xs[j] = special[j];
@@ -140,16 +142,29 @@ static void test_math_functions(void **state)
             memcpy(&xs[j], &u, 4);
         }
     }
-    void *bufs[3] = {xs, ex, lg};
+    void *bufs[4] = {xs, ex, lg, th};
     c.table.fns[0](bufs, 0, N);
-    double worst_e = 0, worst_l = 0;
+    double worst_e = 0, worst_l = 0, worst_t = 0;
     for (int j = 0; j < N; j++) {
         double ue = ulps(ex[j], exp((double)xs[j])), ul = ulps(lg[j], log((double)xs[j]));
         if (!(ue <= 2)) fail_msg("exp(%.9g) = %.9g, exactly %.17g", xs[j], ex[j], exp((double)xs[j]));
         if (!(ul <= 2)) fail_msg("log(%.9g) = %.9g, exactly %.17g", xs[j], lg[j], log((double)xs[j]));
         if (j >= SPECIAL) worst_e = fmax(worst_e, ue), worst_l = fmax(worst_l, ul);
     }
-    printf("  exp within %.2f ulp, log within %.2f ulp\n", worst_e, worst_l);
+    /* tanh on its own arguments: both branches (|x| below and above 0.625), saturation past 9,
+     * and tiny ones, each sign */
+    for (int j = SPECIAL; j < N; j++) {
+        double u = rng_uniform();
+        xs[j] = (float)(j % 3 == 0 ? u * 0.625 : j % 3 == 1 ? 0.625 + u * 9.4 : ldexp(u, -(int)(rng_next() % 120)));
+        if (rng_next() % 2) xs[j] = -xs[j];
+    }
+    c.table.fns[0](bufs, 0, N);
+    for (int j = 0; j < N; j++) {
+        double ut = ulps(th[j], tanh((double)xs[j]));
+        if (!(ut <= 2)) fail_msg("tanh(%.9g) = %.9g, exactly %.17g", xs[j], th[j], tanh((double)xs[j]));
+        if (j >= SPECIAL) worst_t = fmax(worst_t, ut);
+    }
+    printf("  exp within %.2f ulp, log within %.2f ulp, tanh within %.2f ulp\n", worst_e, worst_l, worst_t);
     free(xs);
     dlclose(c.so);
     arena_free(a);
