@@ -55,7 +55,8 @@
  * - Locals: CG_LOCAL declares a per-item array of `i` f32 elements (i <= CG_MAX_LOCAL),
  *   every element set to `f` at that point; CG_LGET / CG_LSET read and write element a[1]
  *   (an i64 value) of local a[0]. Inside a CG_LOOP_ROW, a local may be written only at the
- *   loop's induction variable (so a block can keep each thread's elements to itself).
+ *   loop's induction variable, or at it plus a value defined before the loop (so a block can
+ *   keep each thread's elements to itself).
  * - Buffers are the kernel's parameters (CgBuf): a graph tensor, seen through its Format, or
  *   a scratch array of f32 owned by the program. CG_LOAD reads element a[0] (flat index, i64)
  *   and returns f32: decoded from the element type (exactly: every code is an f32) and then
