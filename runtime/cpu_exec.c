@@ -288,13 +288,31 @@ typedef struct {
     const CgKernel *k;
     RtCpuKernelFn fn;
     void *const *bufs;
+    int c_buf;              /* the epilogue's buffer that is the GEMM's C */
+    int64_t ldc;
 } RowsEpilogue;
 
-/* inside a GEMM's task: serially; after a GEMM that ran on the calling thread: on the pool */
-static void epilogue_rows(void *ctx, int64_t lo, int64_t hi)
+enum { EPILOGUE_BUFS = 64 };
+
+/* inside a GEMM's task: serially; after a GEMM that ran on the calling thread: on the pool.
+ * The rows are read from c (row lo), in C or in the task's buffer: the epilogue's C pointer
+ * is moved so that its row lo is c (it reads no other rows). */
+static void epilogue_rows(void *ctx, int64_t lo, int64_t hi, const float *c)
 {
     const RowsEpilogue *e = ctx;
-    launch(e->k, e->fn, e->bufs, lo, hi);
+    void *bufs[EPILOGUE_BUFS];
+    memcpy(bufs, e->bufs, sizeof(void *) * (size_t)e->k->n_bufs);
+    bufs[e->c_buf] = (void *)((uintptr_t)c - (uintptr_t)lo * (uintptr_t)e->ldc * sizeof(float));
+    launch(e->k, e->fn, bufs, lo, hi);
+}
+
+/* The buffer of epilogue ep that is GEMM k's C (their shared scratch array). */
+static int epilogue_c_buffer(const CgKernel *ep, const CgKernel *k)
+{
+    int scratch = k->bufs[k->gemm.c].scratch;
+    for (int b = 0; b < ep->n_bufs; b++)
+        if (scratch != CG_NONE && ep->bufs[b].scratch == scratch) return b;
+    return -1;
 }
 
 /* The GEMM, and its epilogue on each block of C's rows as soon as they are final (still in
@@ -316,7 +334,9 @@ static void run_gemm(RtCpuExec *x, const CgKernel *k, void **bufs)
                 apart = apart && !buffers_overlap(ep, ebufs, b, k, bufs, m->a) &&
                         !buffers_overlap(ep, ebufs, b, k, bufs, m->b);
         }
-        if (apart) e = (RowsEpilogue){ep, x->table->fns[m->epilogue], ebufs};
+        int c_buf = epilogue_c_buffer(ep, k);
+        apart = apart && c_buf >= 0 && ep->n_bufs <= EPILOGUE_BUFS;
+        if (apart) e = (RowsEpilogue){ep, x->table->fns[m->epilogue], ebufs, c_buf, m->N};
         x->ran_with_gemm[m->epilogue] = apart;
     }
     rt_cpu_gemm_rows(m->M, m->N, m->K, gemm_operand(k, bufs, m->a), lda, m->trans_a,

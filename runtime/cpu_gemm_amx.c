@@ -20,7 +20,9 @@
  * An operand stored with k along its rows (A, or B read transposed) gives the first order as
  * it lies; one stored with k down its columns gives the second by interleaving two rows. The
  * other combination is a 16 x 16 transpose of 32-bit pairs in vector registers. Lines and k
- * past the operand's edge are zeros, so a block is always whole.
+ * past the operand's edge are zeros, so a block is always whole. A bf16 A with k along its
+ * rows is not packed at all where a panel has its 32 rows and K comes in steps of 32: a tile
+ * load takes any row stride, so its tiles load from where A lies.
  *
  * The tile unit needs the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM), asked once;
  * without it, without the CPU feature or with FP8C_CPU_AMX=0 the driver uses its f32 path. */
@@ -238,14 +240,18 @@ __attribute__((target("amx-tile"))) void cpu_amx_begin(void) { _tile_loadconfig(
 
 __attribute__((target("amx-tile"))) void cpu_amx_end(void) { _tile_release(); }
 
-/* c (32 x 32 f32, row stride ldc) = (or += with add) the product of an A panel and a B panel
- * over `steps` steps of 32 k: C tiles 0-3 (rows 0-15 | 16-31 x columns 0-15 | 16-31), A tiles
- * 4-5, B tiles 6-7. */
-__attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, const uint32_t *a,
-                                                                const uint32_t *b, float *c,
-                                                                int64_t ldc, bool add)
+/* c (32 x 32 f32, row stride ldc) = (or += with add) the product of A and a B panel over
+ * `steps` steps of 32 k: C tiles 0-3 (rows 0-15 | 16-31 x columns 0-15 | 16-31), A tiles 4-5,
+ * B tiles 6-7. A tile is 16 rows of 32 bf16 (64 bytes) at any row stride: a packed A panel's
+ * rows are 64 bytes apart and its steps AMX_STEP_WORDS words; bf16 rows of A itself (a_ld
+ * elements apart) are loaded where they lie, a step 32 elements along them. */
+__attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, const void *a,
+                                                                int64_t a_ld, const uint32_t *b,
+                                                                float *c, int64_t ldc, bool add)
 {
     int64_t stride = ldc * (int64_t)sizeof(float);
+    int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : AMX_STEP_WORDS * 4;
+    const char *ab = a;
     if (add) {
         _tile_loadd(0, c, stride);
         _tile_loadd(1, c + 16, stride);
@@ -257,9 +263,9 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, c
         _tile_zero(2);
         _tile_zero(3);
     }
-    for (int64_t s = 0; s < steps; s++, a += AMX_STEP_WORDS, b += AMX_STEP_WORDS) {
-        _tile_loadd(4, a, 64);
-        _tile_loadd(5, a + 16 * 16, 64);
+    for (int64_t s = 0; s < steps; s++, ab += a_step, b += AMX_STEP_WORDS) {
+        _tile_loadd(4, ab, a_stride);
+        _tile_loadd(5, ab + 16 * a_stride, a_stride);
         _tile_loadd(6, b, 128);
         _tile_loadd(7, b + 16, 128);
         _tile_dpbf16ps(0, 4, 6);
@@ -286,9 +292,10 @@ void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t 
     IR_ASSERT(!"AMX without AMX");
 }
 void cpu_amx_end(void) {}
-void cpu_amx_block(int64_t steps, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, bool add)
+void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c,
+                   int64_t ldc, bool add)
 {
-    (void)steps, (void)a, (void)b, (void)c, (void)ldc, (void)add;
+    (void)steps, (void)a, (void)a_ld, (void)b, (void)c, (void)ldc, (void)add;
     IR_ASSERT(!"AMX without AMX");
 }
 #endif

@@ -68,9 +68,11 @@ void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, i
                   int64_t kc, bool as_b, uint32_t *dst);
 void cpu_amx_begin(void);           /* load the tile configuration (per thread, per task) */
 void cpu_amx_end(void);
-/* c (32 x 32 f32, row stride ldc) = A panel times B panel over `steps` steps of 32 k; with
- * add, c += */
-void cpu_amx_block(int64_t steps, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, bool add);
+/* c (32 x 32 f32, row stride ldc) = A times B panel over `steps` steps of 32 k; with add,
+ * c +=. A is a packed panel (a_ld = 0), or 32 rows of bf16 with k along them, a_ld elements
+ * apart, read as they lie. */
+void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c,
+                   int64_t ldc, bool add);
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add */
 void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add);
 

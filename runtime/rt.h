@@ -43,11 +43,13 @@ typedef struct {
 } RtGemmOperand;
 void rt_cpu_gemm_mixed(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
                        RtGemmOperand B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate);
-/* The same, calling rows_done(ctx, lo, hi) as soon as rows [lo, hi) of C are final: every row
- * once, before the GEMM returns; from the pool's task that finished the last of their columns
- * where the GEMM has a block of rows for each of its threads, else once for all rows at the
- * end, from the calling thread. */
-typedef void (*RtRowsDoneFn)(void *ctx, int64_t lo, int64_t hi);
+/* The same, calling rows_done(ctx, lo, hi, c) as soon as rows [lo, hi) of C are final: every
+ * row once, before the GEMM returns; from the pool's task that finished the last of their
+ * columns where the GEMM has a block of rows for each of its threads, else once for all rows
+ * at the end, from the calling thread. c points at row lo, with C's row stride: in C, or in
+ * the task's own buffer where a task makes whole rows (C itself is then never written; a
+ * caller that passes rows_done reads C only through c). */
+typedef void (*RtRowsDoneFn)(void *ctx, int64_t lo, int64_t hi, const float *c);
 void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t lda, bool ta,
                       RtGemmOperand B, int64_t ldb, bool tb, float *C, int64_t ldc, bool accumulate,
                       RtRowsDoneFn rows_done, void *ctx);

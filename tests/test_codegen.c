@@ -738,6 +738,64 @@ static void test_gemm_paths(void **state)
 
 /* A chain of elementwise nodes becomes one kernel whose intermediates are rounded to their
  * formats in registers: the result equals the unfused reference. */
+/* rt_cpu_gemm_rows: every row of C handed on exactly once, with the values rt_cpu_gemm_mixed
+ * writes into C, whether a task's rows were made in C or in its thread's buffer (the
+ * callback sees which), on both paths and at several thread counts. */
+typedef struct {
+    int64_t M, N;
+    const float *C;         /* the GEMM's own C */
+    float *out;             /* the rows as handed on */
+    int *times;             /* per row: how often it was handed on */
+    int local;              /* blocks handed on from outside C */
+} RowsSeen;
+
+static void rows_seen(void *ctx, int64_t lo, int64_t hi, const float *c)
+{
+    RowsSeen *r = ctx;
+    if (c < r->C || c >= r->C + r->M * r->N) __atomic_fetch_add(&r->local, 1, __ATOMIC_RELAXED);
+    for (int64_t i = lo; i < hi; i++) {
+        memcpy(r->out + i * r->N, c + (i - lo) * r->N, sizeof(float) * (size_t)r->N);
+        __atomic_fetch_add(&r->times[i], 1, __ATOMIC_RELAXED);
+    }
+}
+
+static void test_gemm_rows(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {{512, 96, 64}, {640, 200, 128}, {300, 70, 1100}, {64, 512, 128}};
+    bool tiles = cpu_gemm_use_amx(true);
+    int threads = ref_threads(), local = 0;
+    for (int path = 0; path < (tiles ? 2 : 1); path++) {
+        cpu_gemm_use_amx(path == 1);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int nt = 2; nt <= 8; nt *= 2) {
+                int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                bool ta = s == 1, tb = s != 2;
+                GemmInput a = gemm_input(FMT_BF16, 1.0f, M * K), b = gemm_input(FMT_BF16, 1.0f, K * N);
+                RtGemmOperand oa = {a.data, a.elem, a.scale}, ob = {b.data, b.elem, b.scale};
+                float *want = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * N));
+                RowsSeen r = {.M = M, .N = N, .C = C, .out = malloc(sizeof(float) * (size_t)(M * N)),
+                              .times = calloc((size_t)M, sizeof(int))};
+                ref_set_threads(nt);
+                rt_cpu_gemm_mixed(M, N, K, oa, ta ? M : K, ta, ob, tb ? K : N, tb, want, N, false);
+                rt_cpu_gemm_rows(M, N, K, oa, ta ? M : K, ta, ob, tb ? K : N, tb, C, N, false, rows_seen, &r);
+                for (int64_t i = 0; i < M; i++)
+                    if (r.times[i] != 1) fail_msg("gemm rows %lldx%lldx%lld, %d threads: row %lld handed on %d times",
+                                                  (long long)M, (long long)N, (long long)K, nt, (long long)i, r.times[i]);
+                if (memcmp(r.out, want, sizeof(float) * (size_t)(M * N)) != 0)
+                    fail_msg("gemm rows %lldx%lldx%lld (%s path), %d threads: rows differ from C",
+                             (long long)M, (long long)N, (long long)K, path ? "tile" : "f32", nt);
+                local += r.local;
+                free(want), free(C), free(r.out), free(r.times);
+                free(a.data), free(a.value), free(b.data), free(b.value);
+            }
+    }
+    ref_set_threads(threads);
+    cpu_gemm_use_amx(true);
+    print_message("gemm rows: %d blocks handed on from the tasks' own buffers\n", local);
+    assert_true(local > 0);
+}
+
 static void test_fused_chain(void **state)
 {
     (void)state;
@@ -1602,6 +1660,7 @@ int main(void)
         cmocka_unit_test(test_copies_exact),     cmocka_unit_test(test_rows),
         cmocka_unit_test(test_losses_and_gathers), cmocka_unit_test(test_attention),
         cmocka_unit_test(test_gemm),             cmocka_unit_test(test_gemm_paths),
+        cmocka_unit_test(test_gemm_rows),
         cmocka_unit_test(test_fused_chain),
         cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_adamw_codec_encoders),
         cmocka_unit_test(test_adamw_coded_steps), cmocka_unit_test(test_no_reference_kernels),
