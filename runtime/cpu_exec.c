@@ -12,7 +12,9 @@
  * to the reference executor's thread pool. A kernel's items are independent by construction
  * (codegen.h), so any split gives the same bits: results do not depend on the thread count.
  * GEMM kernels call rt_cpu_gemm_rows, which hands blocks of C's rows to the GEMM's epilogue
- * kernel (the next one) as it finishes them, so that the epilogue reads C while it is in cache;
+ * kernel (the next one) as it finishes them, so that the epilogue reads C while it is in cache.
+ * An attention node alone in its group, with bf16 operands, runs on the AMX tiles where the CPU
+ * has them (cpu_attn_amx.c) in place of its kernels: at the first of them, the others skipped;
  * reference kernels (nodes no kernel handles; the models of models/ have none) call the
  * reference executor on their nodes. */
 #define _GNU_SOURCE
@@ -50,6 +52,8 @@ struct RtCpuExec {
     float **scratch;            /* per scratch array */
     void ***bufs;               /* per kernel: its buffer pointers (tensors refreshed per run) */
     bool *ran_with_gemm;        /* per epilogue kernel: its GEMM has run it on C's row blocks */
+    signed char *attention;     /* per kernel of an attention node alone in its group: 1 the
+                                   first (the tile path runs the node there), 2 the others */
 };
 
 /* Items per task: at least about WORK scalar operations each (FP8C_CPU_TASK_WORK overrides
@@ -134,7 +138,8 @@ RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *table)
     x->scratch = calloc((size_t)x->p->n_scratch + 1, sizeof *x->scratch);
     x->bufs = calloc((size_t)x->p->n_kernels + 1, sizeof *x->bufs);
     x->ran_with_gemm = calloc((size_t)x->p->n_kernels + 1, sizeof *x->ran_with_gemm);
-    if (!x->scratch || !x->bufs || !x->ran_with_gemm) {
+    x->attention = calloc((size_t)x->p->n_kernels + 1, sizeof *x->attention);
+    if (!x->scratch || !x->bufs || !x->ran_with_gemm || !x->attention) {
         rt_error("out of memory");
         rt_cpu_exec_free(x);
         return NULL;
@@ -148,6 +153,14 @@ RtCpuExec *rt_cpu_exec_new(Graph *g, const RtCpuKernels *table)
             return NULL;
         }
         memset(x->scratch[i], 0, bytes);
+    }
+    const Node *seen = NULL;
+    for (int i = 0; i < x->p->n_kernels; i++) {
+        const CgKernel *k = x->p->kernels[i];
+        const Node *n = k->n_nodes == 1 ? k->nodes[0] : NULL;
+        if (!n || (n->op != OP_ATTENTION && n->op != OP_ATTENTION_BWD)) continue;
+        x->attention[i] = n == seen ? 2 : 1;
+        seen = n;
     }
     const char *prof = getenv("FP8C_PROFILE");
     if (prof && *prof && strcmp(prof, "0") != 0) {
@@ -246,6 +259,7 @@ void rt_cpu_exec_free(RtCpuExec *x)
     free(x->scratch);
     free(x->bufs);
     free(x->ran_with_gemm);
+    free(x->attention);
     arena_free(x->arena);
     free(x);
 }
@@ -365,9 +379,52 @@ void rt_cpu_run_kernel(RtCpuExec *x, int i)
     if (x->runs[i]++) x->ms[i] += now_ms() - t0;
 }
 
+/* A plain bf16 or f32 tensor (no scale, no codec), or with bf16_only, a plain bf16 one. */
+static bool plain_tensor(const Node *n, bool bf16_only)
+{
+    const Format *f = &n->t.fmt;
+    return f->scaling == SCALE_NONE && f->codec == CODEC_PLAIN && n->t.data &&
+           (f->elem == FMT_BF16 || (!bf16_only && f->elem == FMT_F32));
+}
+
+/* The tile path's job for attention node n (forward, or backward into dq | dk | dv), where its
+ * q, k, v (and dy) are plain bf16 and its result plain bf16 or f32; else false. */
+static bool attention_job(const Node *n, RtAttention *a)
+{
+    bool bwd = n->op == OP_ATTENTION_BWD;
+    int first = bwd ? 1 : 0, inputs = n->n_in - first - (ir_attention_bwd_reads_y(n) ? 1 : 0);
+    if (inputs != 1 && inputs != 3) return false;
+    for (int j = 0; j < first + inputs; j++)
+        if (!plain_tensor(n->in[j], true)) return false;
+    if (!plain_tensor(n, false)) return false;
+    const Tensor *q = &n->in[first]->t;
+    *a = (RtAttention){.B = q->dims[0], .T = q->dims[1], .H = n->iattr[0], .Hkv = n->iattr[1],
+                       .scale = (float)n->fattr[0], .out = n->t.data, .out_elem = n->t.fmt.elem};
+    a->D = q->dims[2] / (inputs == 1 ? a->H + 2 * a->Hkv : a->H);
+    a->q = q->data;
+    if (inputs == 1) {
+        a->qs = a->ks = a->vs = q->dims[2];
+        a->k = a->q + a->H * a->D;
+        a->v = a->k + a->Hkv * a->D;
+    } else {
+        a->k = n->in[first + 1]->t.data;
+        a->v = n->in[first + 2]->t.data;
+        a->qs = a->H * a->D;
+        a->ks = a->vs = a->Hkv * a->D;
+    }
+    a->dy = bwd ? n->in[0]->t.data : NULL;
+    a->out_stride = bwd ? (a->H + 2 * a->Hkv) * a->D : a->H * a->D;
+    return true;
+}
+
 static void run_kernel(RtCpuExec *x, int i)
 {
     const CgKernel *k = x->p->kernels[i];
+    RtAttention a;
+    if (x->attention[i] && attention_job(k->nodes[0], &a) && cpu_attention_amx_usable(a.D)) {
+        if (x->attention[i] == 1) cpu_attention_amx(&a);
+        return;
+    }
     if (k->kind == CG_KERNEL_REF) {
         for (int j = 0; j < k->n_nodes; j++) ref_exec_node(k->nodes[j]);
         return;

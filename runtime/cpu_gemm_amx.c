@@ -278,7 +278,66 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, c
     _tile_stored(2, c + 16 * ldc, stride);
     _tile_stored(3, c + 16 * ldc + 16, stride);
 }
+/* A row of 32 x 32 blocks: block p of c (c + 32 p) = (or += with add) A times B panel p (b +
+ * p b_panel), over `steps` steps of 32 k, for p < panels. A is bf16 rows where they lie (a_ld
+ * apart) and may come as `terms` planes (a_plane elements apart) whose products are summed in
+ * the tiles: attention's three-term split operands. With one step of one term the A tiles stay
+ * loaded across the blocks. */
+__attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_panels(int64_t panels, int64_t steps,
+                                                                 const void *a, int64_t a_ld,
+                                                                 int64_t a_plane, int terms,
+                                                                 const uint32_t *b, int64_t b_panel,
+                                                                 float *c, int64_t ldc, bool add)
+{
+    int64_t stride = ldc * (int64_t)sizeof(float), a_stride = a_ld * 2;
+    const char *ab = a;
+    bool keep_a = steps == 1 && terms == 1;
+    if (keep_a) {
+        _tile_loadd(4, ab, a_stride);
+        _tile_loadd(5, ab + 16 * a_stride, a_stride);
+    }
+    for (int64_t p = 0; p < panels; p++, b += b_panel, c += AMX_LINES) {
+        if (add) {
+            _tile_loadd(0, c, stride);
+            _tile_loadd(1, c + 16, stride);
+            _tile_loadd(2, c + 16 * ldc, stride);
+            _tile_loadd(3, c + 16 * ldc + 16, stride);
+        } else {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+        const uint32_t *bs = b;
+        for (int64_t s = 0; s < steps; s++, bs += AMX_STEP_WORDS) {
+            _tile_loadd(6, bs, 128);
+            _tile_loadd(7, bs + 16, 128);
+            for (int t = 0; t < terms; t++) {
+                if (!keep_a) {
+                    const char *at = ab + 2 * t * a_plane + 64 * s;
+                    _tile_loadd(4, at, a_stride);
+                    _tile_loadd(5, at + 16 * a_stride, a_stride);
+                }
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        _tile_stored(0, c, stride);
+        _tile_stored(1, c + 16, stride);
+        _tile_stored(2, c + 16 * ldc, stride);
+        _tile_stored(3, c + 16 * ldc + 16, stride);
+    }
+}
 #else   /* cpu_amx_usable() is false: the driver never calls these */
+void cpu_amx_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
+                    int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add)
+{
+    (void)panels, (void)steps, (void)a, (void)a_ld, (void)a_plane, (void)terms, (void)b,
+        (void)b_panel, (void)c, (void)ldc, (void)add;
+    IR_ASSERT(!"AMX without AMX");
+}
 void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
                   int64_t kc, bool as_b, uint32_t *dst)
 {

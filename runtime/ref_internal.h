@@ -73,8 +73,32 @@ void cpu_amx_end(void);
  * apart, read as they lie. */
 void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c,
                    int64_t ldc, bool add);
+/* Blocks p < panels of c (c + 32 p) = (or += with add) A times B panel p (b + p b_panel):
+ * A bf16 rows a_ld apart, as `terms` planes a_plane elements apart whose products add up */
+void cpu_amx_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
+                    int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add);
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add */
 void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add);
+
+/* ---------------------------------------------------------------- cpu_attn_amx.c
+ * Causal grouped-query attention on the tile unit, forward or backward (dy set), for bf16 q,
+ * k, v and dy: q's element (b, t, h, d) at q[(b T + t) qs + h D + d], k and v likewise with
+ * kv heads (ks, vs), dy (B, T, H D). The forward writes y (B, T, H D) into out; the backward
+ * writes dq | dk | dv, (B, T, (H + 2 Hkv) D). out's rows are out_stride elements apart, stored
+ * as out_elem (bf16 or f32, unscaled). */
+typedef struct {
+    int64_t B, T, H, Hkv, D;
+    float scale;
+    const uint16_t *q, *k, *v, *dy;
+    int64_t qs, ks, vs;
+    void *out;
+    ElemType out_elem;
+    int64_t out_stride;
+} RtAttention;
+bool cpu_attention_amx_usable(int64_t head_dim);   /* AMX usable, D a multiple of 32 up to 256 */
+bool cpu_attention_use_amx(bool on);               /* tests: returns whether the path is usable */
+int64_t cpu_attention_amx_runs(void);              /* tests: attentions the tile path has run */
+void cpu_attention_amx(const RtAttention *a);
 
 /* ---------------------------------------------------------------- ref_attn.c */
 void ref_attention(const Node *n, const float *const *x, float *y);

@@ -40,6 +40,8 @@ static const SrcLoc here = {"test_codegen.c", 1, 1};
 
 #define TOL_F32 1e-5
 #define TOL_BF16 2e-3
+/* bf16 operands whose products are exact in f32 (attention's on the tiles, or on vectors) */
+#define TOL_EXACT_PRODUCTS 5e-7
 #define EXACT 0.0
 
 /* ---------------------------------------------------------------- random numbers */
@@ -553,33 +555,36 @@ static void test_losses_and_gathers(void **state)
     tg_free(t);
 }
 
-static void test_attention(void **state)
+/* Attention forward and backward against the reference: q, k, v apart or packed, grouped
+ * query heads, sequences that end inside a block. The f32 cases run the kernel IR's kernels;
+ * the bf16 ones (head sizes 32 and 64, the tile path's) run on the AMX tiles where the CPU has
+ * them, and then again on the kernel IR's kernels. */
+static void attention_case(ElemType in, ElemType out, int64_t T, int64_t D, bool packed, bool rope)
 {
-    (void)state;
-    for (int packed = 0; packed < 2; packed++) {
-        TG *t = tg_new();
-        int64_t B = 2, T = 19, H = 4, Hkv = 2, D = 16;
-        Node *q, *k, *v, *qkv = NULL;
-        Node *dy = input(t, FMT_F32, 3, B, T, H * D);
-        Node *att, *bwd;
-        if (packed) {
-            qkv = input(t, FMT_BF16, 3, B, T, (H + 2 * Hkv) * D);
-            att = OP(t, OP_ATTENTION, qkv);
-            bwd = OP(t, OP_ATTENTION_BWD, dy, qkv);
-        } else {
-            q = input(t, FMT_F32, 3, B, T, H * D);
-            k = input(t, FMT_F32, 3, B, T, Hkv * D);
-            v = input(t, FMT_BF16, 3, B, T, Hkv * D);
-            att = OP(t, OP_ATTENTION, q, k, v);
-            bwd = OP(t, OP_ATTENTION_BWD, dy, q, k, v);
-        }
-        Node *ops[2] = {att, bwd};
-        for (int i = 0; i < 2; i++) {
-            ops[i]->iattr[0] = H;
-            ops[i]->iattr[1] = Hkv;
-            ops[i]->fattr[0] = 1.0 / sqrt((double)D);
-            done(t, ops[i], FMT_F32, TOL_F32);
-        }
+    TG *t = tg_new();
+    int64_t B = 2, H = 4, Hkv = 2;
+    Node *q, *k, *v, *qkv = NULL;
+    Node *dy = input(t, in == FMT_BF16 ? FMT_BF16 : FMT_F32, 3, B, T, H * D);
+    Node *att, *bwd;
+    if (packed) {
+        qkv = input(t, FMT_BF16, 3, B, T, (H + 2 * Hkv) * D);
+        att = OP(t, OP_ATTENTION, qkv);
+        bwd = OP(t, OP_ATTENTION_BWD, dy, qkv);
+    } else {
+        q = input(t, in, 3, B, T, H * D);
+        k = input(t, in, 3, B, T, Hkv * D);
+        v = input(t, FMT_BF16, 3, B, T, Hkv * D);
+        att = OP(t, OP_ATTENTION, q, k, v);
+        bwd = OP(t, OP_ATTENTION_BWD, dy, q, k, v);
+    }
+    Node *ops[2] = {att, bwd};
+    for (int i = 0; i < 2; i++) {
+        ops[i]->iattr[0] = H;
+        ops[i]->iattr[1] = Hkv;
+        ops[i]->fattr[0] = 1.0 / sqrt((double)D);
+        done(t, ops[i], out, out == FMT_BF16 ? TOL_BF16 : in == FMT_BF16 ? TOL_EXACT_PRODUCTS : TOL_F32);
+    }
+    if (rope) {
         Node *x = input(t, FMT_F32, 3, B, T, H * D);
         for (int inv = 0; inv < 2; inv++) {
             Node *r = OP(t, OP_ROPE, x);
@@ -588,9 +593,33 @@ static void test_attention(void **state)
             r->fattr[0] = 10000.0;
             done(t, r, FMT_F32, TOL_F32);
         }
-        run_case(t, packed ? "attention (packed q|k|v)" : "attention");
-        tg_free(t);
     }
+    char label[96];
+    snprintf(label, sizeof label, "attention (%s%s in, %s out, T %lld, D %lld)", packed ? "packed " : "",
+             fmt_elem_name(in), fmt_elem_name(out), (long long)T, (long long)D);
+    run_case(t, label);
+    tg_free(t);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    for (int packed = 0; packed < 2; packed++) attention_case(FMT_F32, FMT_F32, 19, 16, packed, true);
+    static const struct { int64_t T, D; bool packed; ElemType out; } tile[] = {
+        {19, 32, false, FMT_F32}, {70, 32, true, FMT_F32}, {45, 64, false, FMT_BF16}, {32, 64, true, FMT_F32},
+    };
+    bool tiles = cpu_attention_use_amx(true);
+    for (int on = tiles ? 1 : 0; on >= 0; on--) {
+        cpu_attention_use_amx(on);
+        int64_t runs = cpu_attention_amx_runs();
+        for (size_t i = 0; i < sizeof tile / sizeof tile[0]; i++)
+            attention_case(FMT_BF16, tile[i].out, tile[i].T, tile[i].D, tile[i].packed, false);
+        /* each case is a forward and a backward */
+        assert_int_equal(cpu_attention_amx_runs() - runs, on ? 2 * (int64_t)(sizeof tile / sizeof tile[0]) : 0);
+    }
+    cpu_attention_use_amx(true);
+    print_message("attention: bf16 cases on the %s\n", tiles ? "AMX tiles and on the kernel IR's kernels"
+                                                               : "kernel IR's kernels (no AMX here)");
 }
 
 /* ---------------------------------------------------------------- GEMM and fusion */

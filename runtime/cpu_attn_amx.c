@@ -1,0 +1,455 @@
+/* cpu_attn_amx.c — causal attention on AMX tiles, for q, k, v (and dy) stored as bf16.
+ *
+ * The kernel IR's attention (codegen/lower_kernels.c) computes its products with f32 vector
+ * FMAs: at a head size of 32 to 128 that is most of a training step's time on a CPU whose
+ * GEMMs run on the tile unit. Where the CPU has AMX and the operands are bf16, the executor
+ * (cpu_exec.c) runs an attention node here instead, as FlashAttention does on a GPU: in blocks
+ * of 32 query (or key) rows, the scores and their products on the tiles, the softmax in f32
+ * vectors between them. The kernel IR's kernels stay what runs everywhere else
+ * (FP8C_CPU_AMX=0, other CPUs, operands in other formats, a group with fused elementwise
+ * nodes), and the tests run both against the reference executor.
+ *
+ * Numerics. q, k, v and dy are bf16, so their products are exact in f32 and the scores and
+ * dP = dy v^T are f32 sums of exact products, as on the vector path. P and dS are f32; as the
+ * left operand of P V, dS K, P^T dy and dS^T q each is split into three bf16 terms whose sum is
+ * exactly the f32 value (the top 8 bits of the significand, the next 8, the last 8: each
+ * remainder is exact), so those products too are f32 sums of exact products; only the order of
+ * the additions differs, and the tile unit flushes subnormal terms (below 2^-126) to zero.
+ * exp is Cephes' expf (within 2 ulp), as the LLVM renderer's.
+ *
+ * Work: operands are first packed into the tiles' layouts (cpu_amx_pack), once per call:
+ *   "rows" layout   panels of 32 rows (keys or queries), steps of 32 columns of the head: the
+ *                   right operand of a product over the head dimension (q k^T, dy v^T, k q^T)
+ *   "cols" layout   panels of 32 columns of the head, steps of 32 rows: the right operand of a
+ *                   product over rows (P v, dS k, P^T dy, dS^T q)
+ * then
+ *   forward   one task per (batch, head, block of 32 queries): S = q k^T, the causal softmax
+ *             in place, O = P v, y = O / l;
+ *   dq        one task per (batch, head, block of 32 queries): S and dP = dy v^T, P, D_i =
+ *             sum_j P_ij dP_ij, dS = P (dP - D) scale, dq = dS k, and each row's log-sum-exp
+ *             and D kept for
+ *   dk dv     one task per (batch, kv head, block of 32 keys): for the query heads of the kv
+ *             head and the blocks of queries at or after the keys, S^T = k q^T and dP^T =
+ *             v dy^T, P^T and dS^T from the kept rows, dv += P^T dy, dk += dS^T q.
+ * Each task writes its own rows only, and sums in a fixed order: the results do not depend
+ * on the thread count. */
+#define _GNU_SOURCE
+#include "ref_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#include <immintrin.h>
+#define HAVE_AMX_ATTN 1
+#endif
+
+enum { BLK = AMX_LINES, STEP = AMX_STEP_WORDS, MAX_HEAD = 256 };
+
+static bool attn_amx_on = true;
+static int64_t attn_amx_runs;
+
+int64_t cpu_attention_amx_runs(void) { return attn_amx_runs; }
+
+bool cpu_attention_use_amx(bool on)
+{
+    attn_amx_on = on;
+    return on && cpu_amx_usable();
+}
+
+bool cpu_attention_amx_usable(int64_t head_dim)
+{
+#ifdef HAVE_AMX_ATTN
+    return attn_amx_on && cpu_amx_usable() && head_dim % 32 == 0 && head_dim <= MAX_HEAD;
+#else
+    (void)head_dim;
+    return false;
+#endif
+}
+
+#ifdef HAVE_AMX_ATTN
+
+static int64_t blocks_of(int64_t n) { return (n + BLK - 1) / BLK; }
+
+/* ---------------------------------------------------------------- per-thread scratch */
+
+static _Thread_local char *scratch_store;
+static _Thread_local size_t scratch_bytes;
+
+static void *thread_scratch(size_t bytes)
+{
+    if (bytes > scratch_bytes) {
+        free(scratch_store);
+        scratch_store = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        IR_ASSERT(scratch_store);
+        scratch_bytes = bytes;
+    }
+    return scratch_store;
+}
+
+/* the packed operands of one call (the caller runs one attention at a time) */
+static uint32_t *packed_store;
+static size_t packed_words;
+
+static uint32_t *packed_space(size_t words)
+{
+    if (words > packed_words) {
+        free(packed_store);
+        packed_store = aligned_alloc(64, words * 4);
+        IR_ASSERT(packed_store);
+        packed_words = words;
+    }
+    return packed_store;
+}
+
+/* ---------------------------------------------------------------- packing */
+
+/* A (B, T, heads x D) matrix seen per (batch, head): element (b, t, h, d) at
+ * base[(b T + t) stride + h D + d]. */
+typedef struct {
+    const uint16_t *base;
+    int64_t stride, heads;
+} Heads;
+
+/* Words one (batch, head) takes in either layout: ceil(T / 32) x D / 32 steps. */
+static int64_t head_words(const RtAttention *a) { return blocks_of(a->T) * (a->D / 32) * STEP; }
+
+typedef struct {
+    const RtAttention *a;
+    Heads x;
+    uint32_t *rows, *cols;      /* either may be NULL */
+} PackJob;
+
+static void pack_task(void *ctx, int64_t task)
+{
+    const PackJob *p = ctx;
+    const RtAttention *a = p->a;
+    int64_t b = task / p->x.heads, h = task % p->x.heads, nb = blocks_of(a->T), ds = a->D / 32;
+    RtGemmOperand o = {p->x.base, FMT_BF16, 1.0f};
+    int64_t at = b * a->T * p->x.stride + h * a->D;
+    if (p->rows) {
+        uint32_t *dst = p->rows + task * head_words(a);
+        for (int64_t jb = 0; jb < nb; jb++) {
+            int64_t lines = a->T - jb * BLK < BLK ? a->T - jb * BLK : BLK;
+            cpu_amx_pack(&o, at + jb * BLK * p->x.stride, p->x.stride, true, lines, a->D, true,
+                         dst + jb * ds * STEP);
+        }
+    }
+    if (p->cols) {
+        uint32_t *dst = p->cols + task * head_words(a);
+        for (int64_t dp = 0; dp < ds; dp++)
+            cpu_amx_pack(&o, at + dp * BLK, p->x.stride, false, BLK, a->T, true, dst + dp * nb * STEP);
+    }
+}
+
+static void pack_heads(const RtAttention *a, Heads x, uint32_t *rows, uint32_t *cols)
+{
+    PackJob p = {a, x, rows, cols};
+    ref_parallel_for(a->B * x.heads, pack_task, &p);
+}
+
+/* rows [t0, t0 + 32) of head h of batch b into dst (32 x D bf16), zeros past T */
+static void copy_block(const RtAttention *a, Heads x, int64_t b, int64_t h, int64_t t0, uint16_t *dst)
+{
+    for (int64_t r = 0; r < BLK; r++) {
+        if (t0 + r < a->T)
+            memcpy(dst + r * a->D, x.base + (b * a->T + t0 + r) * x.stride + h * a->D, 2 * (size_t)a->D);
+        else
+            memset(dst + r * a->D, 0, 2 * (size_t)a->D);
+    }
+}
+
+/* ---------------------------------------------------------------- vector math */
+
+/* Cephes expf on 16 lanes (as codegen/llvm.c's emit_exp): within 2 ulp; -inf gives 0 */
+__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x)
+{
+    __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(89.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 t = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), xc);
+    t = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), t);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, t), t, _mm512_add_ps(t, _mm512_set1_ps(1.0f)));
+    __m512i ni = _mm512_cvtps_epi32(n);
+    __m512i n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
+    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
+    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
+    y = _mm512_mul_ps(_mm512_mul_ps(y, s1), s2);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.9f), _CMP_GE_OQ), y);
+}
+
+/* x as three bf16 terms whose sum is x exactly: the significand's top 8 bits, the next, the
+ * last (truncations, so each remainder is exact), written to the three planes at `at` */
+__attribute__((target("avx512f,avx512bw"))) static inline void split3(__m512 x, uint16_t *p1, uint16_t *p2,
+                                                                      uint16_t *p3)
+{
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 t1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), top));
+    __m512 r1 = _mm512_sub_ps(x, t1);
+    __m512 t2 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), top));
+    __m512 r2 = _mm512_sub_ps(r1, t2);
+    _mm256_storeu_si256((__m256i *)p1, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(t1), 16)));
+    _mm256_storeu_si256((__m256i *)p2, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(t2), 16)));
+    _mm256_storeu_si256((__m256i *)p3, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r2), 16)));
+}
+
+__attribute__((target("avx512f"))) static inline float hmax16(__m512 x) { return _mm512_reduce_max_ps(x); }
+__attribute__((target("avx512f"))) static inline float hsum16(__m512 x) { return _mm512_reduce_add_ps(x); }
+
+/* C (32 x D: D / 32 blocks at c, row stride ldc) = (or += with add) the three-term A (32 rows
+ * of lda bf16, planes `plane` elements apart) times a packed B over `steps` steps, B's panel
+ * for each 32 columns of D b_panel words after the last */
+static void product3(const uint16_t *a3, int64_t lda, int64_t plane, const uint32_t *b, int64_t b_panel,
+                     int64_t panels, int64_t steps, float *c, int64_t ldc, bool add)
+{
+    cpu_amx_panels(panels, steps, a3, lda, plane, 3, b, b_panel, c, ldc, add);
+}
+
+/* bf16 codes of 16 f32 lanes, as num_f32_to_bf16 (round to nearest even, NaN to 0x7FFF) */
+__attribute__((target("avx512f,avx512bw"))) static inline __m256i bf16_of16(__m512 x)
+{
+    __m512i u = _mm512_castps_si512(x), abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(abs, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(abs, _mm512_set1_epi32(0x7FFF)), odd), 16);
+    r = _mm512_or_si512(r, _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000)));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FFF));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* stores rows [t0, t0 + n) of a 32 x D f32 block into the output (bf16 rounded as
+ * num_encode does, or f32) */
+__attribute__((target("avx512f,avx512bw"))) static void store_rows(const RtAttention *a, const float *o,
+                                                                  int64_t b, int64_t t0, int64_t n,
+                                                                  int64_t col)
+{
+    for (int64_t r = 0; r < n; r++) {
+        int64_t at = (b * a->T + t0 + r) * a->out_stride + col;
+        if (a->out_elem == FMT_BF16) {
+            for (int64_t d = 0; d < a->D; d += 16)
+                _mm256_storeu_si256((__m256i *)((uint16_t *)a->out + at + d), bf16_of16(_mm512_loadu_ps(o + r * a->D + d)));
+        } else {
+            memcpy((float *)a->out + at, o + r * a->D, sizeof(float) * (size_t)a->D);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- forward */
+
+typedef struct {
+    const RtAttention *a;
+    const uint32_t *k_rows, *v_cols;
+    int64_t nb;
+} Fwd;
+
+__attribute__((target("avx512f,avx512bw"))) static void fwd_task(void *ctx, int64_t task)
+{
+    const Fwd *f = ctx;
+    const RtAttention *a = f->a;
+    int64_t nb = f->nb, qb = task % nb, bh = task / nb, b = bh / a->H, h = bh % a->H;
+    int64_t g = h / (a->H / a->Hkv), t0 = qb * BLK, keys = (qb + 1) * BLK, D = a->D;
+    size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 3 * 2 * BLK * (size_t)keys;
+    char *mem = thread_scratch(s_bytes + p_bytes + sizeof(float) * BLK * (size_t)D + 2 * BLK * (size_t)D + 64 * BLK);
+    float *S = (float *)mem, *O = (float *)(mem + s_bytes + p_bytes);
+    uint16_t *P = (uint16_t *)(mem + s_bytes), *q = (uint16_t *)(O + BLK * D);
+    float *inv = (float *)(q + BLK * D);
+    int64_t plane = BLK * keys;
+    Heads qh = {a->q, a->qs, a->H};
+    copy_block(a, qh, b, h, t0, q);
+    cpu_amx_begin();
+    const uint32_t *kr = f->k_rows + (b * a->Hkv + g) * nb * (D / 32) * STEP;
+    cpu_amx_panels(qb + 1, D / 32, q, D, 0, 1, kr, (D / 32) * STEP, S, keys, false);
+    __m512 scale = _mm512_set1_ps(a->scale);
+    for (int64_t r = 0; r < BLK; r++) {
+        float *s = S + r * keys;
+        int64_t i = t0 + r;     /* keys 0..i are seen */
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < keys; j += 16) {
+            __mmask16 live = j > i ? 0 : i - j >= 15 ? 0xFFFF : (__mmask16)((1u << (i - j + 1)) - 1);
+            __m512 x = _mm512_maskz_mov_ps(live, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
+            x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, x);
+            _mm512_storeu_ps(s + j, x);
+            m = _mm512_max_ps(m, x);
+        }
+        float mx = hmax16(m);
+        __m512 mv = _mm512_set1_ps(mx), l = _mm512_setzero_ps();
+        for (int64_t j = 0; j < keys; j += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+            l = _mm512_add_ps(l, e);
+            split3(e, P + r * keys + j, P + plane + r * keys + j, P + 2 * plane + r * keys + j);
+        }
+        inv[r] = 1.0f / hsum16(l);
+    }
+    product3(P, keys, plane, f->v_cols + (b * a->Hkv + g) * (D / 32) * nb * STEP, nb * STEP, D / 32,
+             qb + 1, O, D, false);
+    cpu_amx_end();
+    int64_t n = a->T - t0 < BLK ? a->T - t0 : BLK;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < D; d++) O[r * D + d] = O[r * D + d] * inv[r];
+    store_rows(a, O, b, t0, n, h * D);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+typedef struct {
+    const RtAttention *a;
+    int64_t nb;
+    const uint32_t *k_rows, *v_rows, *k_cols;       /* dq */
+    const uint32_t *q_rows, *dy_rows, *q_cols, *dy_cols;   /* dk dv */
+    float *lse, *dsum;      /* per (b, h, t) */
+} Bwd;
+
+__attribute__((target("avx512f,avx512bw"))) static void dq_task(void *ctx, int64_t task)
+{
+    const Bwd *w = ctx;
+    const RtAttention *a = w->a;
+    int64_t nb = w->nb, qb = task % nb, bh = task / nb, b = bh / a->H, h = bh % a->H;
+    int64_t g = h / (a->H / a->Hkv), t0 = qb * BLK, keys = (qb + 1) * BLK, D = a->D;
+    size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 3 * 2 * BLK * (size_t)keys;
+    char *mem = thread_scratch(2 * s_bytes + p_bytes + sizeof(float) * BLK * (size_t)D + 4 * BLK * (size_t)D);
+    float *S = (float *)mem, *dP = (float *)(mem + s_bytes), *dQ = (float *)(mem + 2 * s_bytes + p_bytes);
+    uint16_t *dS = (uint16_t *)(mem + 2 * s_bytes), *q = (uint16_t *)(dQ + BLK * D), *dy = q + BLK * D;
+    int64_t plane = BLK * keys, ds = D / 32, kv = b * a->Hkv + g;
+    copy_block(a, (Heads){a->q, a->qs, a->H}, b, h, t0, q);
+    copy_block(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, dy);
+    cpu_amx_begin();
+    cpu_amx_panels(qb + 1, ds, q, D, 0, 1, w->k_rows + kv * nb * ds * STEP, ds * STEP, S, keys, false);
+    cpu_amx_panels(qb + 1, ds, dy, D, 0, 1, w->v_rows + kv * nb * ds * STEP, ds * STEP, dP, keys, false);
+    __m512 scale = _mm512_set1_ps(a->scale);
+    for (int64_t r = 0; r < BLK; r++) {
+        float *s = S + r * keys, *dp = dP + r * keys;
+        int64_t i = t0 + r;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < keys; j += 16) {
+            __mmask16 live = j > i ? 0 : i - j >= 15 ? 0xFFFF : (__mmask16)((1u << (i - j + 1)) - 1);
+            __m512 x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
+            _mm512_storeu_ps(s + j, x);
+            m = _mm512_max_ps(m, x);
+        }
+        float mx = hmax16(m);
+        __m512 mv = _mm512_set1_ps(mx), l = _mm512_setzero_ps(), pd = _mm512_setzero_ps();
+        for (int64_t j = 0; j < keys; j += 16) {
+            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+            _mm512_storeu_ps(s + j, e);
+            l = _mm512_add_ps(l, e);
+            pd = _mm512_fmadd_ps(e, _mm512_loadu_ps(dp + j), pd);
+        }
+        float lsum = hsum16(l), inv = 1.0f / lsum, dsum = hsum16(pd) * inv;
+        __m512 iv = _mm512_set1_ps(inv), dv = _mm512_set1_ps(dsum);
+        for (int64_t j = 0; j < keys; j += 16) {
+            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(s + j), iv);
+            __m512 d = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + j), dv)), scale);
+            split3(d, dS + r * keys + j, dS + plane + r * keys + j, dS + 2 * plane + r * keys + j);
+        }
+        if (i < a->T) {
+            w->lse[bh * a->T + i] = mx + logf(lsum);
+            w->dsum[bh * a->T + i] = dsum;
+        }
+    }
+    product3(dS, keys, plane, w->k_cols + kv * ds * nb * STEP, nb * STEP, ds, qb + 1, dQ, D, false);
+    cpu_amx_end();
+    store_rows(a, dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D);
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void dkv_task(void *ctx, int64_t task)
+{
+    const Bwd *w = ctx;
+    const RtAttention *a = w->a;
+    int64_t nb = w->nb, kb = task % nb, kv = task / nb, b = kv / a->Hkv, g = kv % a->Hkv;
+    int64_t group = a->H / a->Hkv, j0 = kb * BLK, D = a->D, ds = D / 32;
+    size_t blk = sizeof(float) * BLK * BLK;
+    char *mem = thread_scratch(2 * blk + 3 * 2 * 2 * BLK * BLK + 2 * sizeof(float) * BLK * (size_t)D +
+                               4 * BLK * (size_t)D);
+    float *ST = (float *)mem, *dPT = (float *)(mem + blk);
+    uint16_t *P3 = (uint16_t *)(mem + 2 * blk), *dS3 = P3 + 3 * BLK * BLK;
+    float *dK = (float *)(dS3 + 3 * BLK * BLK), *dV = dK + BLK * D;
+    uint16_t *k = (uint16_t *)(dV + BLK * D), *v = k + BLK * D;
+    copy_block(a, (Heads){a->k, a->ks, a->Hkv}, b, g, j0, k);
+    copy_block(a, (Heads){a->v, a->vs, a->Hkv}, b, g, j0, v);
+    memset(dK, 0, sizeof(float) * BLK * (size_t)D);
+    memset(dV, 0, sizeof(float) * BLK * (size_t)D);
+    __m512 scale = _mm512_set1_ps(a->scale);
+    cpu_amx_begin();
+    for (int64_t hh = 0; hh < group; hh++) {
+        int64_t h = g * group + hh, bh = b * a->H + h;
+        const float *lse = w->lse + bh * a->T, *dsum = w->dsum + bh * a->T;
+        for (int64_t qb = kb; qb < nb; qb++) {
+            int64_t t0 = qb * BLK;
+            cpu_amx_panels(1, ds, k, D, 0, 1, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
+            cpu_amx_panels(1, ds, v, D, 0, 1, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
+            for (int64_t r = 0; r < BLK; r++) {   /* key j0 + r against queries t0 .. t0 + 31 */
+                int64_t j = j0 + r;
+                for (int64_t c = 0; c < BLK; c += 16) {
+                    int64_t i0 = t0 + c;        /* lanes: queries i0 .. i0 + 15 */
+                    __mmask16 live = 0xFFFF;
+                    if (i0 < j) live = j - i0 >= 16 ? 0 : (__mmask16)(0xFFFFu << (j - i0));
+                    if (i0 + 16 > a->T) live &= a->T <= i0 ? 0 : (__mmask16)((1u << (a->T - i0)) - 1);
+                    if (j >= a->T) live = 0;
+                    __m512 lv = _mm512_maskz_loadu_ps(live, lse + i0), dv = _mm512_maskz_loadu_ps(live, dsum + i0);
+                    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(ST + r * BLK + c), scale);
+                    __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, lv)));
+                    __m512 d = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dPT + r * BLK + c), dv)), scale);
+                    d = _mm512_maskz_mov_ps(live, d);
+                    int64_t at = r * BLK + c;
+                    split3(p, P3 + at, P3 + BLK * BLK + at, P3 + 2 * BLK * BLK + at);
+                    split3(d, dS3 + at, dS3 + BLK * BLK + at, dS3 + 2 * BLK * BLK + at);
+                }
+            }
+            const uint32_t *dyc = w->dy_cols + bh * ds * nb * STEP + qb * STEP;
+            const uint32_t *qc = w->q_cols + bh * ds * nb * STEP + qb * STEP;
+            product3(P3, BLK, BLK * BLK, dyc, nb * STEP, ds, 1, dV, D, true);
+            product3(dS3, BLK, BLK * BLK, qc, nb * STEP, ds, 1, dK, D, true);
+        }
+    }
+    cpu_amx_end();
+    int64_t n = a->T - j0 < BLK ? a->T - j0 : BLK;
+    store_rows(a, dK, b, j0, n, a->H * D + g * D);
+    store_rows(a, dV, b, j0, n, a->H * D + a->Hkv * D + g * D);
+}
+
+/* ---------------------------------------------------------------- entry points */
+
+void cpu_attention_amx(const RtAttention *a)
+{
+    attn_amx_runs++;
+    int64_t nb = blocks_of(a->T), hw = head_words(a);
+    Heads k = {a->k, a->ks, a->Hkv}, v = {a->v, a->vs, a->Hkv};
+    if (!a->dy) {
+        uint32_t *mem = packed_space((size_t)(2 * a->B * a->Hkv * hw));
+        Fwd f = {a, mem, mem + a->B * a->Hkv * hw, nb};
+        pack_heads(a, k, mem, NULL);
+        pack_heads(a, v, NULL, mem + a->B * a->Hkv * hw);
+        ref_parallel_for(a->B * a->H * nb, fwd_task, &f);
+        return;
+    }
+    int64_t kvw = a->B * a->Hkv * hw, qw = a->B * a->H * hw, rows = a->B * a->H * a->T;
+    uint32_t *mem = packed_space((size_t)(3 * kvw + 4 * qw + 2 * rows));
+    Bwd w = {.a = a, .nb = nb};
+    uint32_t *k_rows = mem, *k_cols = mem + kvw, *v_rows = mem + 2 * kvw;
+    uint32_t *q_rows = mem + 3 * kvw, *q_cols = q_rows + qw, *dy_rows = q_cols + qw, *dy_cols = dy_rows + qw;
+    w.k_rows = k_rows, w.k_cols = k_cols, w.v_rows = v_rows;
+    w.q_rows = q_rows, w.q_cols = q_cols, w.dy_rows = dy_rows, w.dy_cols = dy_cols;
+    w.lse = (float *)(dy_cols + qw);
+    w.dsum = w.lse + rows;
+    pack_heads(a, k, k_rows, k_cols);
+    pack_heads(a, v, v_rows, NULL);
+    pack_heads(a, (Heads){a->q, a->qs, a->H}, q_rows, q_cols);
+    pack_heads(a, (Heads){a->dy, a->H * a->D, a->H}, dy_rows, dy_cols);
+    ref_parallel_for(a->B * a->H * nb, dq_task, &w);
+    ref_parallel_for(a->B * a->Hkv * nb, dkv_task, &w);
+}
+
+#else
+void cpu_attention_amx(const RtAttention *a)
+{
+    (void)a;
+    IR_ASSERT(!"AMX attention without AMX");
+}
+#endif
