@@ -177,11 +177,7 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x)
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(5.0000001201e-1f));
     __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(p, t), t, _mm512_add_ps(t, _mm512_set1_ps(1.0f)));
-    __m512i ni = _mm512_cvtps_epi32(n);
-    __m512i n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
-    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
-    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
-    y = _mm512_mul_ps(_mm512_mul_ps(y, s1), s2);
+    y = _mm512_scalef_ps(y, n);     /* y 2^n, one rounding where the result is subnormal */
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.9f), _CMP_GE_OQ), y);
 }
 
@@ -384,15 +380,15 @@ __attribute__((target("avx512f,avx512bw"))) static void dkv_task(void *ctx, int6
             int64_t t0 = qb * BLK;
             cpu_amx_panels(1, ds, k, D, 0, 1, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
             cpu_amx_panels(1, ds, v, D, 0, 1, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
-            for (int64_t r = 0; r < BLK; r++) {   /* key j0 + r against queries t0 .. t0 + 31 */
-                int64_t j = j0 + r;
-                for (int64_t c = 0; c < BLK; c += 16) {
-                    int64_t i0 = t0 + c;        /* lanes: queries i0 .. i0 + 15 */
-                    __mmask16 live = 0xFFFF;
-                    if (i0 < j) live = j - i0 >= 16 ? 0 : (__mmask16)(0xFFFFu << (j - i0));
-                    if (i0 + 16 > a->T) live &= a->T <= i0 ? 0 : (__mmask16)((1u << (a->T - i0)) - 1);
+            for (int64_t c = 0; c < BLK; c += 16) {
+                int64_t i0 = t0 + c;            /* lanes: queries i0 .. i0 + 15 */
+                __mmask16 inside = i0 + 16 <= a->T ? 0xFFFF : a->T <= i0 ? 0 : (__mmask16)((1u << (a->T - i0)) - 1);
+                __m512 lv = _mm512_maskz_loadu_ps(inside, lse + i0), dv = _mm512_maskz_loadu_ps(inside, dsum + i0);
+                for (int64_t r = 0; r < BLK; r++) {   /* key j0 + r */
+                    int64_t j = j0 + r;
+                    __mmask16 live = inside;
+                    if (i0 < j) live &= j - i0 >= 16 ? 0 : (__mmask16)(0xFFFFu << (j - i0));
                     if (j >= a->T) live = 0;
-                    __m512 lv = _mm512_maskz_loadu_ps(live, lse + i0), dv = _mm512_maskz_loadu_ps(live, dsum + i0);
                     __m512 x = _mm512_mul_ps(_mm512_loadu_ps(ST + r * BLK + c), scale);
                     __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, lv)));
                     __m512 d = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dPT + r * BLK + c), dv)), scale);
