@@ -61,7 +61,12 @@ bool cpu_attention_use_amx(bool on)
 bool cpu_attention_amx_usable(int64_t head_dim)
 {
 #ifdef HAVE_AMX_ATTN
-    return attn_amx_on && cpu_amx_usable() && head_dim % 32 == 0 && head_dim <= MAX_HEAD;
+    static int bf16 = -1;   /* AVX512-BF16 (every CPU with AMX-BF16 has it) packs the splits */
+    if (bf16 < 0) {
+        __builtin_cpu_init();
+        bf16 = __builtin_cpu_supports("avx512bf16");
+    }
+    return attn_amx_on && bf16 && cpu_amx_usable() && head_dim % 32 == 0 && head_dim <= MAX_HEAD;
 #else
     (void)head_dim;
     return false;
@@ -181,19 +186,29 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x)
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.9f), _CMP_GE_OQ), y);
 }
 
-/* x as three bf16 terms whose sum is x exactly: the significand's top 8 bits, the next, the
- * last (truncations, so each remainder is exact), written to the three planes at `at` */
-__attribute__((target("avx512f,avx512bw"))) static inline void split3(__m512 x, uint16_t *p1, uint16_t *p2,
-                                                                      uint16_t *p3)
+/* 32 consecutive values (x0, then x1) as three bf16 terms whose sum is each value exactly:
+ * the significand's top 8 bits, the next 8, the last 8 (truncations, so each remainder is
+ * exact and the last term a bf16), written to the three planes at p1, p2, p3 */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline void split3(__m512 x0, __m512 x1,
+                                                                                 uint16_t *p1, uint16_t *p2,
+                                                                                 uint16_t *p3)
 {
     const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
-    __m512 t1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), top));
-    __m512 r1 = _mm512_sub_ps(x, t1);
-    __m512 t2 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), top));
-    __m512 r2 = _mm512_sub_ps(r1, t2);
-    _mm256_storeu_si256((__m256i *)p1, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(t1), 16)));
-    _mm256_storeu_si256((__m256i *)p2, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(t2), 16)));
-    _mm256_storeu_si256((__m256i *)p3, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(r2), 16)));
+    __m512 a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), top));
+    __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), top));
+    __m512 r0 = _mm512_sub_ps(x0, a0), r1 = _mm512_sub_ps(x1, a1);
+    __m512 b0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r0), top));
+    __m512 b1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), top));
+    /* each pair of vectors is bf16 values already: the conversion only packs them */
+    _mm512_storeu_si512(p1, (__m512i)_mm512_cvtne2ps_pbh(a1, a0));
+    _mm512_storeu_si512(p2, (__m512i)_mm512_cvtne2ps_pbh(b1, b0));
+    _mm512_storeu_si512(p3, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(r1, b1), _mm512_sub_ps(r0, b0)));
+}
+
+/* lanes j .. j + 15 that key positions up to i see */
+static inline __mmask16 seen(int64_t j, int64_t i)
+{
+    return j > i ? 0 : i - j >= 15 ? 0xFFFF : (__mmask16)((1u << (i - j + 1)) - 1);
 }
 
 __attribute__((target("avx512f"))) static inline float hmax16(__m512 x) { return _mm512_reduce_max_ps(x); }
@@ -245,7 +260,7 @@ typedef struct {
     int64_t nb;
 } Fwd;
 
-__attribute__((target("avx512f,avx512bw"))) static void fwd_task(void *ctx, int64_t task)
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void *ctx, int64_t task)
 {
     const Fwd *f = ctx;
     const RtAttention *a = f->a;
@@ -267,19 +282,15 @@ __attribute__((target("avx512f,avx512bw"))) static void fwd_task(void *ctx, int6
         float *s = S + r * keys;
         int64_t i = t0 + r;     /* keys 0..i are seen */
         __m512 m = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < keys; j += 16) {
-            __mmask16 live = j > i ? 0 : i - j >= 15 ? 0xFFFF : (__mmask16)((1u << (i - j + 1)) - 1);
-            __m512 x = _mm512_maskz_mov_ps(live, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
-            x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, x);
-            _mm512_storeu_ps(s + j, x);
-            m = _mm512_max_ps(m, x);
-        }
-        float mx = hmax16(m);
-        __m512 mv = _mm512_set1_ps(mx), l = _mm512_setzero_ps();
-        for (int64_t j = 0; j < keys; j += 16) {
-            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
-            l = _mm512_add_ps(l, e);
-            split3(e, P + r * keys + j, P + plane + r * keys + j, P + 2 * plane + r * keys + j);
+        for (int64_t j = 0; j < keys && j <= i; j += 16)
+            m = _mm512_mask_max_ps(m, seen(j, i), m, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
+        __m512 mv = _mm512_set1_ps(hmax16(m)), l = _mm512_setzero_ps();
+        for (int64_t j = 0; j < keys; j += 32) {
+            __m512 e0 = _mm512_maskz_mov_ps(seen(j, i), exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), scale), mv)));
+            __m512 e1 = _mm512_maskz_mov_ps(seen(j + 16, i),
+                                            exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j + 16), scale), mv)));
+            l = _mm512_add_ps(l, _mm512_add_ps(e0, e1));
+            split3(e0, e1, P + r * keys + j, P + plane + r * keys + j, P + 2 * plane + r * keys + j);
         }
         inv[r] = 1.0f / hsum16(l);
     }
@@ -302,7 +313,7 @@ typedef struct {
     float *lse, *dsum;      /* per (b, h, t) */
 } Bwd;
 
-__attribute__((target("avx512f,avx512bw"))) static void dq_task(void *ctx, int64_t task)
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dq_task(void *ctx, int64_t task)
 {
     const Bwd *w = ctx;
     const RtAttention *a = w->a;
@@ -323,26 +334,25 @@ __attribute__((target("avx512f,avx512bw"))) static void dq_task(void *ctx, int64
         float *s = S + r * keys, *dp = dP + r * keys;
         int64_t i = t0 + r;
         __m512 m = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < keys; j += 16) {
-            __mmask16 live = j > i ? 0 : i - j >= 15 ? 0xFFFF : (__mmask16)((1u << (i - j + 1)) - 1);
-            __m512 x = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), live, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
-            _mm512_storeu_ps(s + j, x);
-            m = _mm512_max_ps(m, x);
-        }
+        for (int64_t j = 0; j < keys && j <= i; j += 16)
+            m = _mm512_mask_max_ps(m, seen(j, i), m, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
         float mx = hmax16(m);
         __m512 mv = _mm512_set1_ps(mx), l = _mm512_setzero_ps(), pd = _mm512_setzero_ps();
         for (int64_t j = 0; j < keys; j += 16) {
-            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+            __m512 e = _mm512_maskz_mov_ps(seen(j, i), exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), scale), mv)));
             _mm512_storeu_ps(s + j, e);
             l = _mm512_add_ps(l, e);
             pd = _mm512_fmadd_ps(e, _mm512_loadu_ps(dp + j), pd);
         }
         float lsum = hsum16(l), inv = 1.0f / lsum, dsum = hsum16(pd) * inv;
         __m512 iv = _mm512_set1_ps(inv), dv = _mm512_set1_ps(dsum);
-        for (int64_t j = 0; j < keys; j += 16) {
-            __m512 p = _mm512_mul_ps(_mm512_loadu_ps(s + j), iv);
-            __m512 d = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + j), dv)), scale);
-            split3(d, dS + r * keys + j, dS + plane + r * keys + j, dS + 2 * plane + r * keys + j);
+        for (int64_t j = 0; j < keys; j += 32) {
+            __m512 d[2];
+            for (int u = 0; u < 2; u++) {
+                __m512 p = _mm512_mul_ps(_mm512_loadu_ps(s + j + 16 * u), iv);
+                d[u] = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + j + 16 * u), dv)), scale);
+            }
+            split3(d[0], d[1], dS + r * keys + j, dS + plane + r * keys + j, dS + 2 * plane + r * keys + j);
         }
         if (i < a->T) {
             w->lse[bh * a->T + i] = mx + logf(lsum);
@@ -354,7 +364,7 @@ __attribute__((target("avx512f,avx512bw"))) static void dq_task(void *ctx, int64
     store_rows(a, dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D);
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void dkv_task(void *ctx, int64_t task)
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void *ctx, int64_t task)
 {
     const Bwd *w = ctx;
     const RtAttention *a = w->a;
@@ -380,23 +390,28 @@ __attribute__((target("avx512f,avx512bw"))) static void dkv_task(void *ctx, int6
             int64_t t0 = qb * BLK;
             cpu_amx_panels(1, ds, k, D, 0, 1, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
             cpu_amx_panels(1, ds, v, D, 0, 1, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
-            for (int64_t c = 0; c < BLK; c += 16) {
-                int64_t i0 = t0 + c;            /* lanes: queries i0 .. i0 + 15 */
-                __mmask16 inside = i0 + 16 <= a->T ? 0xFFFF : a->T <= i0 ? 0 : (__mmask16)((1u << (a->T - i0)) - 1);
-                __m512 lv = _mm512_maskz_loadu_ps(inside, lse + i0), dv = _mm512_maskz_loadu_ps(inside, dsum + i0);
-                for (int64_t r = 0; r < BLK; r++) {   /* key j0 + r */
-                    int64_t j = j0 + r;
-                    __mmask16 live = inside;
+            __mmask16 inside[2];        /* the two halves' queries before T */
+            __m512 lv[2], dv[2];        /* their log-sum-exp and D */
+            for (int u = 0; u < 2; u++) {
+                int64_t i0 = t0 + 16 * u;
+                inside[u] = i0 + 16 <= a->T ? 0xFFFF : a->T <= i0 ? 0 : (__mmask16)((1u << (a->T - i0)) - 1);
+                lv[u] = _mm512_maskz_loadu_ps(inside[u], lse + i0);
+                dv[u] = _mm512_maskz_loadu_ps(inside[u], dsum + i0);
+            }
+            for (int64_t r = 0; r < BLK; r++) {   /* key j0 + r against queries t0 .. t0 + 31 */
+                int64_t j = j0 + r;
+                __m512 p[2], d[2];
+                for (int u = 0; u < 2; u++) {
+                    int64_t i0 = t0 + 16 * u;
+                    __mmask16 live = inside[u];
                     if (i0 < j) live &= j - i0 >= 16 ? 0 : (__mmask16)(0xFFFFu << (j - i0));
                     if (j >= a->T) live = 0;
-                    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(ST + r * BLK + c), scale);
-                    __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, lv)));
-                    __m512 d = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dPT + r * BLK + c), dv)), scale);
-                    d = _mm512_maskz_mov_ps(live, d);
-                    int64_t at = r * BLK + c;
-                    split3(p, P3 + at, P3 + BLK * BLK + at, P3 + 2 * BLK * BLK + at);
-                    split3(d, dS3 + at, dS3 + BLK * BLK + at, dS3 + 2 * BLK * BLK + at);
+                    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(ST + r * BLK + 16 * u), scale);
+                    p[u] = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, lv[u])));
+                    d[u] = _mm512_mul_ps(_mm512_mul_ps(p[u], _mm512_sub_ps(_mm512_loadu_ps(dPT + r * BLK + 16 * u), dv[u])), scale);
                 }
+                split3(p[0], p[1], P3 + r * BLK, P3 + BLK * BLK + r * BLK, P3 + 2 * BLK * BLK + r * BLK);
+                split3(d[0], d[1], dS3 + r * BLK, dS3 + BLK * BLK + r * BLK, dS3 + 2 * BLK * BLK + r * BLK);
             }
             const uint32_t *dyc = w->dy_cols + bh * ds * nb * STEP + qb * STEP;
             const uint32_t *qc = w->q_cols + bh * ds * nb * STEP + qb * STEP;
