@@ -37,6 +37,7 @@
 #include "ref_internal.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,6 +83,19 @@ static int64_t blocks_of(int64_t n) { return (n + BLK - 1) / BLK; }
 static _Thread_local char *scratch_store;
 static _Thread_local size_t scratch_bytes;
 
+/* freed when a pool thread ends (the pool shrinks when asked for fewer threads) */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_key_once = PTHREAD_ONCE_INIT;
+
+static void free_scratch(void *p)
+{
+    free(p);
+    scratch_store = NULL;
+    scratch_bytes = 0;
+}
+
+static void make_scratch_key(void) { IR_ASSERT(pthread_key_create(&scratch_key, free_scratch) == 0); }
+
 static void *thread_scratch(size_t bytes)
 {
     if (bytes > scratch_bytes) {
@@ -89,6 +103,8 @@ static void *thread_scratch(size_t bytes)
         scratch_store = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
         IR_ASSERT(scratch_store);
         scratch_bytes = bytes;
+        pthread_once(&scratch_key_once, make_scratch_key);
+        pthread_setspecific(scratch_key, scratch_store);
     }
     return scratch_store;
 }

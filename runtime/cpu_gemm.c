@@ -35,6 +35,7 @@
  * never written. */
 #include "ref_internal.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -212,12 +213,26 @@ static _Thread_local float *pack_store[5];   /* B panels, A panels, their states
                                                 a task's rows of C (c_local) */
 static _Thread_local int64_t pack_floats[5];
 
+/* a pool thread's buffers are freed when it ends (the pool shrinks when asked for fewer) */
+static pthread_key_t pack_key;
+static pthread_once_t pack_key_once = PTHREAD_ONCE_INIT;
+
+static void free_pack_store(void *store)
+{
+    float **p = store;
+    for (int i = 0; i < 5; i++) free(p[i]), p[i] = NULL, pack_floats[i] = 0;
+}
+
+static void make_pack_key(void) { IR_ASSERT(pthread_key_create(&pack_key, free_pack_store) == 0); }
+
 static float *pack_space(int which, int64_t n)
 {
     if (n > pack_floats[which]) {
         free(pack_store[which]);
         pack_store[which] = alloc_floats(n);
         pack_floats[which] = n;
+        pthread_once(&pack_key_once, make_pack_key);
+        pthread_setspecific(pack_key, pack_store);
     }
     return pack_store[which];
 }
