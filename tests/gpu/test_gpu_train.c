@@ -8,7 +8,7 @@
  * GPU (kernels compiled by NVRTC, cached), the same from the same bytes in the reference
  * executor, then (bounds for -O0 / for the FP8 levels):
  *   loss             |gpu - ref| / |ref|                                   1e-3 / 2e-3
- *   grad norm        relative                                              1e-3 / 1e-2
+ *   grad norm        relative                                              1e-3 / 5e-2
  *   gradients        ||gpu - ref|| / ||ref|| over every accumulator        2e-2 / 0.15
  *   update           ||w_gpu - w_ref|| / ||w_ref - w_0|| over parameters   0.25 / 0.5
  * Measured on an H100 (2026-11-22): loss 1.4e-5 / <= 2.2e-4, grad norm 1.8e-5 / <= 3.5e-3,
@@ -16,7 +16,14 @@
  * because FP8 rounding is discontinuous: a bf16 activation one ulp apart on the two sides can
  * move its e5m2 gradient a whole step (25%), and those flips compound through the backward;
  * the loss and the gradient norm, which such noise averages out of, stay tight, so a
- * systematic error (a wrong scale, a transposed operand) still fails. The update bound is
+ * systematic error (a wrong scale, a transposed operand) still fails. The norm cannot be
+ * further off than the gradients together (the triangle inequality), and in a small step it
+ * averages less than that suggests: Llama at -O1 (192 tokens) over sixteen seeds on an H100
+ * (2026-11-25) had its gradient norm off by -1.6% to +0.64%, a mean of -0.14% and a spread of
+ * 0.7% — an FP8 rounding difference in one layer's input gradient carries, with its sign, into
+ * every layer below (FP8C_TEST_VERBOSE=1 prints each accumulator's norm against the
+ * reference's) — so the bound is 5e-2 (7 spreads; a wrong scale is off by 25% or more), not
+ * the 1e-2 that three of seventeen seeds failed. The update bound is
  * loose for the same reason: Adam's first step is about lr * sign(g), so an element whose
  * gradient is near zero can step either way on either side; a wrong update (sign, learning
  * rate, missing element) lands at 1 or more. Determinism is bit for bit: the same step from
@@ -114,6 +121,38 @@ static const void *in_copy(const RtMemory *m, const Tensor *t, const char *pers,
     if (p >= (const char *)m->persistent && p < (const char *)m->persistent + m->persistent_bytes)
         return pers + (p - (const char *)m->persistent);
     return step + (p - (const char *)m->step);
+}
+
+/* ||t||^2 of a tensor's bytes, decoded */
+static double sq_norm(const Tensor *t, const void *bytes) {
+    Tensor c = *t;
+    c.data = (void *)bytes;
+    float *x = ref_load(&c);
+    double s = 0;
+    for (int64_t i = 0; i < ir_numel(t); i++) s += (double)x[i] * x[i];
+    free(x);
+    return s;
+}
+
+/* A failed graph's gradients one by one: each accumulator's norm on the GPU against the
+ * reference's, and the norm of all of them against the two grad_norm values (both sides from
+ * copies of the persistent arena taken before the updates, which zero the gradients). */
+static void report_grads(const RtMemory *mem, Tensor **grads, int n, const char *gpu_pers,
+                         const char *ref_pers, float gn_gpu, float gn_ref) {
+    double all_gpu = 0, all_ref = 0;
+    for (int k = 0; k < n; k++) {
+        const Tensor *t = grads[k];
+        Err one = {0};
+        const void *ga = in_copy(mem, t, gpu_pers, NULL), *rb = in_copy(mem, t, ref_pers, NULL);
+        err_add(&one, t, ga, rb, NULL);
+        double a = sq_norm(t, ga), b = sq_norm(t, rb);
+        all_gpu += a;
+        all_ref += b;
+        printf("      %-36s %-5s norm gpu/ref - 1 %+.2e, err %.1e\n", t->name ? t->name : "?",
+               fmt_elem_name(t->fmt.elem), sqrt(a) / sqrt(b > 0 ? b : 1e-300) - 1, err_value(&one));
+    }
+    printf("      all gradients: norm gpu %.6g ref %.6g; grad_norm gpu %.6g ref %.6g\n", sqrt(all_gpu),
+           sqrt(all_ref), gn_gpu, gn_ref);
 }
 
 static bool is_state(const Node *n, Role r) {
@@ -263,6 +302,8 @@ static int check_graph(const char *path) {
         err_add(&one, grads[k], in_copy(&mem, grads[k], grads_gpu, NULL), grads[k]->data, NULL);
         if (err_value(&one) > e_bias || err_value(&one) != err_value(&one)) e_bias = err_value(&one);
     }
+    char *p_ref = malloc(pb);   /* the reference's gradients, for a failed graph's report */
+    if (p_ref) memcpy(p_ref, mem.persistent, pb);
     ref_run_phase(g, PHASE_UPDATE);
     float gn_ref = io.grad_norm ? read_scalar(io.grad_norm) : NAN;
     Err ew = {0};
@@ -275,7 +316,7 @@ static int check_graph(const char *path) {
     double e_grad = err_value(&eg), e_upd = err_value(&ew);
     double e_gn = io.grad_norm ? fabs((double)gn_gpu - gn_ref) / fabs((double)gn_ref) : 0;
     bool fp8 = level > 0;
-    bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 1e-2 : 1e-3) &&
+    bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 5e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
                 same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
@@ -283,6 +324,9 @@ static int check_graph(const char *path) {
            level, loss_gpu, loss_ref, e_loss, n_grads, e_grad, e_bias, e_gn, e_upd, same ? "yes" : "NO",
            epilogues, batched, pass ? "" : "  FAIL");
     if (!pass) failures++;
+    if ((!pass || getenv("FP8C_TEST_VERBOSE")) && p_ref)
+        report_grads(&mem, grads, n_grads, grads_gpu, p_ref, gn_gpu, gn_ref);
+    free(p_ref);
     free(grads);
     free(pers);
     free(grads_gpu);
