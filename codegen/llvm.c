@@ -146,20 +146,28 @@ static LLVMValueRef grouped(R *r, LLVMValueRef inst)
 
 /* ---------------------------------------------------------------- math */
 
-/* Cephes expf: e^x = 2^n e^r, r = x - n ln2 in two parts, e^r by a degree-5 polynomial;
- * 2^n applied in two halves so that subnormal results and n = 128 come out right. */
-static LLVMValueRef emit_exp(R *r, LLVMValueRef x)
+/* Cephes expf's core: e^x = 2^n e^t for n = rint(x / ln2), t = x - n ln2 in two parts, e^t by
+ * a degree-5 polynomial; returns e^t and sets *n (x finite and clamped by the caller). */
+static LLVMValueRef exp_reduced(R *r, LLVMValueRef x, LLVMValueRef *n)
 {
     LLVMBuilderRef b = r->b;
-    LLVMValueRef xc = call2f(r, "llvm.minnum", call2f(r, "llvm.maxnum", x, cf(r, -104.0)), cf(r, 89.0));
-    LLVMValueRef n = call1f(r, "llvm.rint", LLVMBuildFMul(b, xc, cf(r, 1.44269504088896341), ""));
-    LLVMValueRef t = fma3(r, n, cf(r, -0.693359375), xc);
-    t = fma3(r, n, cf(r, 2.12194440e-4), t);
+    *n = call1f(r, "llvm.rint", LLVMBuildFMul(b, x, cf(r, 1.44269504088896341), ""));
+    LLVMValueRef t = fma3(r, *n, cf(r, -0.693359375), x);
+    t = fma3(r, *n, cf(r, 2.12194440e-4), t);
     static const double c[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
                                4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
     LLVMValueRef p = cf(r, c[0]);
     for (int i = 1; i < 6; i++) p = fma3(r, p, t, cf(r, c[i]));
-    LLVMValueRef y = fma3(r, LLVMBuildFMul(b, p, t, ""), t, LLVMBuildFAdd(b, t, cf(r, 1.0), ""));
+    return fma3(r, LLVMBuildFMul(b, p, t, ""), t, LLVMBuildFAdd(b, t, cf(r, 1.0), ""));
+}
+
+/* Cephes expf: exp_reduced on x clamped to [-104, 89], 2^n applied in two halves so that
+ * subnormal results and n = 128 come out right. */
+static LLVMValueRef emit_exp(R *r, LLVMValueRef x)
+{
+    LLVMBuilderRef b = r->b;
+    LLVMValueRef xc = call2f(r, "llvm.minnum", call2f(r, "llvm.maxnum", x, cf(r, -104.0)), cf(r, 89.0));
+    LLVMValueRef n, y = exp_reduced(r, xc, &n);
     LLVMValueRef ni = LLVMBuildFPToSI(b, n, r->i32, "");
     LLVMValueRef n1 = LLVMBuildAShr(b, ni, ci32(r, 1), ""), n2 = LLVMBuildSub(b, ni, n1, "");
     LLVMValueRef s1 = float_of(r, LLVMBuildShl(b, LLVMBuildAdd(b, n1, ci32(r, 127), ""), ci32(r, 23), ""));
@@ -205,8 +213,8 @@ static LLVMValueRef emit_log(R *r, LLVMValueRef x)
     return LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealUGE, x, cf(r, INFINITY), ""), x, v, "");
 }
 
-/* exp(2 a) for tanh's large branch, a = |x| in [0.625, 9] where it is used: emit_exp's steps
- * without its clamps and special cases (the argument is capped at 18 so that every lane's
+/* exp(2 a) for tanh's large branch, a = |x| in [0.625, 9] where it is used: exp_reduced
+ * without emit_exp's clamps and special cases (the argument is capped at 18 so that every lane's
  * conversion is defined), and 2^n applied in one multiply (n <= 26). For those arguments the
  * result is emit_exp's, bit for bit; GELU's forward and backward spend most of their time in
  * tanh. */
@@ -215,14 +223,7 @@ static LLVMValueRef exp_of_twice(R *r, LLVMValueRef a)
     LLVMBuilderRef b = r->b;
     LLVMValueRef t = LLVMBuildFAdd(b, a, a, "");
     t = LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOLT, t, cf(r, 18.0), ""), t, cf(r, 18.0), "");
-    LLVMValueRef n = call1f(r, "llvm.rint", LLVMBuildFMul(b, t, cf(r, 1.44269504088896341), ""));
-    LLVMValueRef u = fma3(r, n, cf(r, -0.693359375), t);
-    u = fma3(r, n, cf(r, 2.12194440e-4), u);
-    static const double c[] = {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
-                               4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1};
-    LLVMValueRef p = cf(r, c[0]);
-    for (int i = 1; i < 6; i++) p = fma3(r, p, u, cf(r, c[i]));
-    LLVMValueRef y = fma3(r, LLVMBuildFMul(b, p, u, ""), u, LLVMBuildFAdd(b, u, cf(r, 1.0), ""));
+    LLVMValueRef n, y = exp_reduced(r, t, &n);
     LLVMValueRef ni = LLVMBuildFPToSI(b, n, r->i32, "");
     LLVMValueRef scale = float_of(r, LLVMBuildShl(b, LLVMBuildAdd(b, ni, ci32(r, 127), ""), ci32(r, 23), ""));
     return LLVMBuildFMul(b, y, scale, "");

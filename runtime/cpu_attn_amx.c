@@ -268,6 +268,31 @@ __attribute__((target("avx512f,avx512bw"))) static void store_rows(const RtAtten
     }
 }
 
+/* The block of 32 query rows a forward or dq task takes: task = (b H + h) nb + qb. */
+typedef struct {
+    int64_t qb, b, h, bh, g, t0, keys;  /* keys: those up to the block's last row, in blocks */
+} QueryBlock;
+
+static QueryBlock query_block(const RtAttention *a, int64_t nb, int64_t task)
+{
+    QueryBlock q = {.qb = task % nb, .bh = task / nb};
+    q.b = q.bh / a->H;
+    q.h = q.bh % a->H;
+    q.g = q.h / (a->H / a->Hkv);
+    q.t0 = q.qb * BLK;
+    q.keys = (q.qb + 1) * BLK;
+    return q;
+}
+
+/* The maximum of scale s[j] over the keys j <= i of a row of scores */
+__attribute__((target("avx512f"))) static float row_max(const float *s, int64_t keys, int64_t i, __m512 scale)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < keys && j <= i; j += 16)
+        m = _mm512_mask_max_ps(m, seen(j, i), m, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
+    return hmax16(m);
+}
+
 /* ---------------------------------------------------------------- forward */
 
 typedef struct {
@@ -280,8 +305,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
 {
     const Fwd *f = ctx;
     const RtAttention *a = f->a;
-    int64_t nb = f->nb, qb = task % nb, bh = task / nb, b = bh / a->H, h = bh % a->H;
-    int64_t g = h / (a->H / a->Hkv), t0 = qb * BLK, keys = (qb + 1) * BLK, D = a->D;
+    QueryBlock z = query_block(a, f->nb, task);
+    int64_t nb = f->nb, qb = z.qb, b = z.b, h = z.h, g = z.g, t0 = z.t0, keys = z.keys, D = a->D;
     size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 3 * 2 * BLK * (size_t)keys;
     char *mem = thread_scratch(s_bytes + p_bytes + sizeof(float) * BLK * (size_t)D + 2 * BLK * (size_t)D + 64 * BLK);
     float *S = (float *)mem, *O = (float *)(mem + s_bytes + p_bytes);
@@ -297,10 +322,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
     for (int64_t r = 0; r < BLK; r++) {
         float *s = S + r * keys;
         int64_t i = t0 + r;     /* keys 0..i are seen */
-        __m512 m = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < keys && j <= i; j += 16)
-            m = _mm512_mask_max_ps(m, seen(j, i), m, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
-        __m512 mv = _mm512_set1_ps(hmax16(m)), l = _mm512_setzero_ps();
+        __m512 mv = _mm512_set1_ps(row_max(s, keys, i, scale)), l = _mm512_setzero_ps();
         for (int64_t j = 0; j < keys; j += 32) {
             __m512 e0 = _mm512_maskz_mov_ps(seen(j, i), exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), scale), mv)));
             __m512 e1 = _mm512_maskz_mov_ps(seen(j + 16, i),
@@ -333,8 +355,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dq_task(void 
 {
     const Bwd *w = ctx;
     const RtAttention *a = w->a;
-    int64_t nb = w->nb, qb = task % nb, bh = task / nb, b = bh / a->H, h = bh % a->H;
-    int64_t g = h / (a->H / a->Hkv), t0 = qb * BLK, keys = (qb + 1) * BLK, D = a->D;
+    QueryBlock z = query_block(a, w->nb, task);
+    int64_t nb = w->nb, qb = z.qb, bh = z.bh, b = z.b, h = z.h, g = z.g, t0 = z.t0, keys = z.keys, D = a->D;
     size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 3 * 2 * BLK * (size_t)keys;
     char *mem = thread_scratch(2 * s_bytes + p_bytes + sizeof(float) * BLK * (size_t)D + 4 * BLK * (size_t)D);
     float *S = (float *)mem, *dP = (float *)(mem + s_bytes), *dQ = (float *)(mem + 2 * s_bytes + p_bytes);
@@ -349,10 +371,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dq_task(void 
     for (int64_t r = 0; r < BLK; r++) {
         float *s = S + r * keys, *dp = dP + r * keys;
         int64_t i = t0 + r;
-        __m512 m = _mm512_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < keys && j <= i; j += 16)
-            m = _mm512_mask_max_ps(m, seen(j, i), m, _mm512_mul_ps(_mm512_loadu_ps(s + j), scale));
-        float mx = hmax16(m);
+        float mx = row_max(s, keys, i, scale);
         __m512 mv = _mm512_set1_ps(mx), l = _mm512_setzero_ps(), pd = _mm512_setzero_ps();
         for (int64_t j = 0; j < keys; j += 16) {
             __m512 e = _mm512_maskz_mov_ps(seen(j, i), exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), scale), mv)));

@@ -128,7 +128,7 @@ bf16_run(const RtGemmOperand *o, int64_t at, int64_t n, uint16_t *dst)
 }
 
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add; out is a
- * 32 x 32 block from cpu_amx_block */
+ * 32 x 32 block from cpu_amx_panels */
 __attribute__((target("avx512f"))) void cpu_amx_store(const float *out, float *c, int64_t ldc,
                                                       int64_t ni, int64_t nj, float alpha, bool add)
 {
@@ -240,18 +240,10 @@ __attribute__((target("amx-tile"))) void cpu_amx_begin(void) { _tile_loadconfig(
 
 __attribute__((target("amx-tile"))) void cpu_amx_end(void) { _tile_release(); }
 
-/* c (32 x 32 f32, row stride ldc) = (or += with add) the product of A and a B panel over
- * `steps` steps of 32 k: C tiles 0-3 (rows 0-15 | 16-31 x columns 0-15 | 16-31), A tiles 4-5,
- * B tiles 6-7. A tile is 16 rows of 32 bf16 (64 bytes) at any row stride: a packed A panel's
- * rows are 64 bytes apart and its steps AMX_STEP_WORDS words; bf16 rows of A itself (a_ld
- * elements apart) are loaded where they lie, a step 32 elements along them. */
-__attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, const void *a,
-                                                                int64_t a_ld, const uint32_t *b,
-                                                                float *c, int64_t ldc, bool add)
+/* The four C tiles of a 32 x 32 block at c (row stride ldc): loaded (add) or zeroed; stored. */
+__attribute__((target("amx-tile"), always_inline)) static inline void c_tiles_begin(float *c, int64_t ldc, bool add)
 {
     int64_t stride = ldc * (int64_t)sizeof(float);
-    int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : AMX_STEP_WORDS * 4;
-    const char *ab = a;
     if (add) {
         _tile_loadd(0, c, stride);
         _tile_loadd(1, c + 16, stride);
@@ -263,33 +255,32 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, c
         _tile_zero(2);
         _tile_zero(3);
     }
-    for (int64_t s = 0; s < steps; s++, ab += a_step, b += AMX_STEP_WORDS) {
-        _tile_loadd(4, ab, a_stride);
-        _tile_loadd(5, ab + 16 * a_stride, a_stride);
-        _tile_loadd(6, b, 128);
-        _tile_loadd(7, b + 16, 128);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
+}
+
+__attribute__((target("amx-tile"), always_inline)) static inline void c_tiles_store(float *c, int64_t ldc)
+{
+    int64_t stride = ldc * (int64_t)sizeof(float);
     _tile_stored(0, c, stride);
     _tile_stored(1, c + 16, stride);
     _tile_stored(2, c + 16 * ldc, stride);
     _tile_stored(3, c + 16 * ldc + 16, stride);
 }
-/* A row of 32 x 32 blocks: block p of c (c + 32 p) = (or += with add) A times B panel p (b +
- * p b_panel), over `steps` steps of 32 k, for p < panels. A is bf16 rows where they lie (a_ld
- * apart) and may come as `terms` planes (a_plane elements apart) whose products are summed in
- * the tiles: attention's three-term split operands. With one step of one term the A tiles stay
- * loaded across the blocks. */
+
+/* A row of 32 x 32 blocks: block p of c (c + 32 p, row stride ldc) = (or += with add) A times
+ * B panel p (b + p b_panel), over `steps` steps of 32 k, for p < panels: C tiles 0-3 (rows
+ * 0-15 | 16-31 x columns 0-15 | 16-31), A tiles 4-5, B tiles 6-7. A tile is 16 rows of 32
+ * bf16 (64 bytes) at any row stride: a packed A panel (a_ld = 0) has its rows 64 bytes apart
+ * and its steps AMX_STEP_WORDS words apart; bf16 rows of A itself (a_ld elements apart) are
+ * loaded where they lie, a step 32 elements along them. A may come as `terms` planes (a_plane
+ * elements apart) whose products add up in the tiles: attention's three-term split operands.
+ * With one step of one term the A tiles stay loaded across the blocks. */
 __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_panels(int64_t panels, int64_t steps,
                                                                  const void *a, int64_t a_ld,
                                                                  int64_t a_plane, int terms,
                                                                  const uint32_t *b, int64_t b_panel,
                                                                  float *c, int64_t ldc, bool add)
 {
-    int64_t stride = ldc * (int64_t)sizeof(float), a_stride = a_ld * 2;
+    int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : AMX_STEP_WORDS * 4;
     const char *ab = a;
     bool keep_a = steps == 1 && terms == 1;
     if (keep_a) {
@@ -297,24 +288,14 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_panels(int64_t panels,
         _tile_loadd(5, ab + 16 * a_stride, a_stride);
     }
     for (int64_t p = 0; p < panels; p++, b += b_panel, c += AMX_LINES) {
-        if (add) {
-            _tile_loadd(0, c, stride);
-            _tile_loadd(1, c + 16, stride);
-            _tile_loadd(2, c + 16 * ldc, stride);
-            _tile_loadd(3, c + 16 * ldc + 16, stride);
-        } else {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-        }
+        c_tiles_begin(c, ldc, add);
         const uint32_t *bs = b;
         for (int64_t s = 0; s < steps; s++, bs += AMX_STEP_WORDS) {
             _tile_loadd(6, bs, 128);
             _tile_loadd(7, bs + 16, 128);
             for (int t = 0; t < terms; t++) {
                 if (!keep_a) {
-                    const char *at = ab + 2 * t * a_plane + 64 * s;
+                    const char *at = ab + 2 * t * a_plane + a_step * s;
                     _tile_loadd(4, at, a_stride);
                     _tile_loadd(5, at + 16 * a_stride, a_stride);
                 }
@@ -324,10 +305,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_panels(int64_t panels,
                 _tile_dpbf16ps(3, 5, 7);
             }
         }
-        _tile_stored(0, c, stride);
-        _tile_stored(1, c + 16, stride);
-        _tile_stored(2, c + 16 * ldc, stride);
-        _tile_stored(3, c + 16 * ldc + 16, stride);
+        c_tiles_store(c, ldc);
     }
 }
 #else   /* cpu_amx_usable() is false: the driver never calls these */
@@ -351,10 +329,4 @@ void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t 
     IR_ASSERT(!"AMX without AMX");
 }
 void cpu_amx_end(void) {}
-void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c,
-                   int64_t ldc, bool add)
-{
-    (void)steps, (void)a, (void)a_ld, (void)b, (void)c, (void)ldc, (void)add;
-    IR_ASSERT(!"AMX without AMX");
-}
 #endif

@@ -68,13 +68,10 @@ void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, i
                   int64_t kc, bool as_b, uint32_t *dst);
 void cpu_amx_begin(void);           /* load the tile configuration (per thread, per task) */
 void cpu_amx_end(void);
-/* c (32 x 32 f32, row stride ldc) = A times B panel over `steps` steps of 32 k; with add,
- * c +=. A is a packed panel (a_ld = 0), or 32 rows of bf16 with k along them, a_ld elements
- * apart, read as they lie. */
-void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c,
-                   int64_t ldc, bool add);
-/* Blocks p < panels of c (c + 32 p) = (or += with add) A times B panel p (b + p b_panel):
- * A bf16 rows a_ld apart, as `terms` planes a_plane elements apart whose products add up */
+/* Blocks p < panels of c (c + 32 p, 32 x 32 f32, row stride ldc) = (or += with add) A times B
+ * panel p (b + p b_panel) over `steps` steps of 32 k. A is a packed panel (a_ld = 0) or 32
+ * bf16 rows a_ld elements apart read where they lie, as `terms` planes a_plane elements apart
+ * whose products add up. */
 void cpu_amx_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
                     int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add);
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add */
