@@ -585,9 +585,9 @@ static void gemm_task(void *ctx, int64_t task)
                     }
                     float *c = C + (i - row0) * g->ldc + j0;
                     if (ni == mr && nj == nr && g->alpha == 1.0f) {
-                        cpu_amx_panels(1, steps, a, a_ld, 0, 1, b32, 0, c, g->ldc, add);
+                        cpu_amx_block(steps, a, a_ld, b32, c, g->ldc, add);
                     } else {
-                        cpu_amx_panels(1, steps, a, a_ld, 0, 1, b32, 0, tile, AMX_LINES, false);
+                        cpu_amx_block(steps, a, a_ld, b32, tile, AMX_LINES, false);
                         cpu_amx_store(tile, c, g->ldc, ni, nj, g->alpha, add);
                     }
                     continue;

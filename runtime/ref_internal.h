@@ -68,6 +68,10 @@ void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, i
                   int64_t kc, bool as_b, uint32_t *dst);
 void cpu_amx_begin(void);           /* load the tile configuration (per thread, per task) */
 void cpu_amx_end(void);
+/* c (32 x 32 f32, row stride ldc) = (or += with add) A times B panel over `steps` steps of 32
+ * k; A a packed panel (a_ld = 0) or 32 bf16 rows a_ld elements apart read where they lie */
+void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
+                   bool add);
 /* Blocks p < panels of c (c + 32 p, 32 x 32 f32, row stride ldc) = (or += with add) A times B
  * panel p (b + p b_panel) over `steps` steps of 32 k. A is a packed panel (a_ld = 0) or 32
  * bf16 rows a_ld elements apart read where they lie, as `terms` planes a_plane elements apart
