@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -366,6 +367,28 @@ static void test_fp8c_train(void **state) {
     assert_int_equal(rc, 2);
 }
 
+/* fp8c build --print-kernels: the kernel IR of the object it builds, on stdout, and the binary
+ * as without the flag */
+static void test_print_kernels(void **state) {
+    (void)state;
+    int rc = run("kernels", "%s build %s -O0 %s --print-kernels -o %s/k.bin", fp8c, model, model_flags, tmp_dir);
+    char *out = slurp("kernels.out");
+    if (rc != 0) fail_msg("fp8c build --print-kernels failed (%d):\n%s", rc, out);
+    int kernels = 0;
+    long long listed = -1;
+    const char *head = strstr(out, "# ");   /* the program's first line: "# N kernels, ..." */
+    if (head) sscanf(head, "# %lld kernels", &listed);
+    for (const char *p = out; (p = strstr(p, "\nkernel k")); p++) kernels++;
+    assert_true(kernels > 0);
+    assert_int_equal(kernels, listed);
+    assert_non_null(strstr(out, "# fp8c_k0\n"));
+    assert_non_null(strstr(out, " gemm M="));
+    free(out);
+    char path[512];
+    snprintf(path, sizeof path, "%s/k.bin", tmp_dir);
+    assert_int_equal(access(path, X_OK), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_loss_falls, setup, teardown),
@@ -376,6 +399,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_divergence_stops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_backs_off_delayed_scales, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8c_train, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_print_kernels, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
