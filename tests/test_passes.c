@@ -607,7 +607,11 @@ static void test_autodiff_block_finite_differences(void **state)
     Node *down = matmul(g, gate, param(g, "down", 2, (int64_t[]){C, C}), 0, 0);
     x = op2(g, OP_ADD, x, down);
     set_loss(op2(g, OP_CROSS_ENTROPY, matmul(g, x, wte, 0, 1), tgt));
-    double err = gradient_error(g, 0.5, V, 2e-3);
+    /* h = 1e-2: the loss is stored as f32, and its rounding (about 1e-7 of 2.4) over 2h is
+     * noise of 5e-5 in each difference, 2% of the small gated-MLP gradients at h = 2e-3 (two
+     * seeds in two hundred passed 1e-2); at 1e-2 two hundred seeds stay under 2.4e-3 and the
+     * differences' own error (h^2) is far below that */
+    double err = gradient_error(g, 0.5, V, 1e-2);
     printf("  transformer block: worst normalized error %.2e (tolerance 1e-2)\n", err);
     assert_true(err < 1e-2);
     arena_free(a);
