@@ -12,12 +12,13 @@
  *     f32 results round to different neighbours only where they straddle a rounding point);
  *   - AdamW over the optimizer-state codecs: codes, side values and weights with the bounds
  *     stated at test_adamw_codec_encoders.
- * The renderer's inline exp and log are checked against libm's f64 functions over their
+ * The renderer's inline exp, log and tanh are checked against libm's f64 functions over their
  * whole range (within 2 ulp, special values exact), and every model of models/ at every
  * level lowers without reference kernels. Then a whole training step of
  * models/gpt2_tiny.model at -O0..-O3, kernel by kernel and whole, on the CPU backend against
  * the reference: the loss, the gradient norm and every persistent tensor after the update.
- * The seed is printed; FP8C_TEST_SEED=n repeats a run. */
+ * The seed is printed; FP8C_TEST_SEED=n repeats a run, FP8C_TEST_FILTER=name runs the tests
+ * whose names match (cmocka's pattern: test_attention, test_gemm*). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,8 +41,9 @@ static const SrcLoc here = {"test_codegen.c", 1, 1};
 
 #define TOL_F32 1e-5
 #define TOL_BF16 2e-3
-/* bf16 operands whose products are exact in f32 (attention's on the tiles, or on vectors) */
-#define TOL_EXACT_PRODUCTS 5e-7
+/* bf16 operands whose products are exact in f32 (attention's on the tiles, or on vectors):
+ * sixty seeds stayed under 2.6e-7; the tile path with two split terms instead of three is 4.6e-6 */
+#define TOL_EXACT_PRODUCTS 1.5e-6
 #define EXACT 0.0
 
 /* ---------------------------------------------------------------- random numbers */
@@ -1697,6 +1699,7 @@ int main(void)
         cmocka_unit_test(test_replay_levels),
         cmocka_unit_test(test_train_step_f32),   cmocka_unit_test(test_train_step_levels),
     };
+    if (getenv("FP8C_TEST_FILTER")) cmocka_set_test_filter(getenv("FP8C_TEST_FILTER"));
     char cache[300];
     snprintf(cache, sizeof cache, "%s/cache", workdir);
     setenv("FP8C_CACHE_DIR", cache, 1);
