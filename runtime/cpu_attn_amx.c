@@ -37,7 +37,6 @@
 #include "ref_internal.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,35 +77,10 @@ bool cpu_attention_amx_usable(int64_t head_dim)
 
 static int64_t blocks_of(int64_t n) { return (n + BLK - 1) / BLK; }
 
-/* ---------------------------------------------------------------- per-thread scratch */
-
-static _Thread_local char *scratch_store;
-static _Thread_local size_t scratch_bytes;
-
-/* freed when a pool thread ends (the pool shrinks when asked for fewer threads) */
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_key_once = PTHREAD_ONCE_INIT;
-
-static void free_scratch(void *p)
-{
-    free(p);
-    scratch_store = NULL;
-    scratch_bytes = 0;
-}
-
-static void make_scratch_key(void) { IR_ASSERT(pthread_key_create(&scratch_key, free_scratch) == 0); }
-
+/* a task's scratch: its thread's buffer (cpu_gemm.c keeps them) */
 static void *thread_scratch(size_t bytes)
 {
-    if (bytes > scratch_bytes) {
-        free(scratch_store);
-        scratch_store = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-        IR_ASSERT(scratch_store);
-        scratch_bytes = bytes;
-        pthread_once(&scratch_key_once, make_scratch_key);
-        pthread_setspecific(scratch_key, scratch_store);
-    }
-    return scratch_store;
+    return cpu_thread_floats(CPU_BUF_ATTENTION, (int64_t)((bytes + 3) / 4));
 }
 
 /* the packed operands of one call (the caller runs one attention at a time) */

@@ -208,33 +208,31 @@ static float *alloc_floats(int64_t n)
 /* The packed panels of a GEMM, kept for the next one of the calling thread: a step runs
  * hundreds of small GEMMs, and allocating their panels anew each time cost a page fault per
  * page (the allocator maps blocks of this size afresh and unmaps them on free). Grown as
- * needed, never shrunk. */
-static _Thread_local float *pack_store[5];   /* B panels, A panels, their states, row counters,
-                                                a task's rows of C (c_local) */
-static _Thread_local int64_t pack_floats[5];
+ * needed, never shrunk; a pool thread's are freed when it ends (the pool shrinks when asked
+ * for fewer threads). The tile attention keeps its scratch here too (ref_internal.h). */
+static _Thread_local float *thread_store[CPU_BUF_COUNT];
+static _Thread_local int64_t thread_floats[CPU_BUF_COUNT];
+static pthread_key_t thread_key;
+static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
 
-/* a pool thread's buffers are freed when it ends (the pool shrinks when asked for fewer) */
-static pthread_key_t pack_key;
-static pthread_once_t pack_key_once = PTHREAD_ONCE_INIT;
-
-static void free_pack_store(void *store)
+static void free_thread_store(void *store)
 {
     float **p = store;
-    for (int i = 0; i < 5; i++) free(p[i]), p[i] = NULL, pack_floats[i] = 0;
+    for (int i = 0; i < CPU_BUF_COUNT; i++) free(p[i]), p[i] = NULL, thread_floats[i] = 0;
 }
 
-static void make_pack_key(void) { IR_ASSERT(pthread_key_create(&pack_key, free_pack_store) == 0); }
+static void make_thread_key(void) { IR_ASSERT(pthread_key_create(&thread_key, free_thread_store) == 0); }
 
-static float *pack_space(int which, int64_t n)
+float *cpu_thread_floats(CpuThreadBuffer which, int64_t n)
 {
-    if (n > pack_floats[which]) {
-        free(pack_store[which]);
-        pack_store[which] = alloc_floats(n);
-        pack_floats[which] = n;
-        pthread_once(&pack_key_once, make_pack_key);
-        pthread_setspecific(pack_key, pack_store);
+    if (n > thread_floats[which]) {
+        free(thread_store[which]);
+        thread_store[which] = alloc_floats(n);
+        thread_floats[which] = n;
+        pthread_once(&thread_key_once, make_thread_key);
+        pthread_setspecific(thread_key, thread_store);
     }
-    return pack_store[which];
+    return thread_store[which];
 }
 
 /* the 256 values of each FP8 format (numerics.c's decoders), filled before the first GEMM */
@@ -558,7 +556,7 @@ static void gemm_task(void *ctx, int64_t task)
     int64_t row0 = 0;
     if (g->c_local) {
         row0 = ip0 * mr;
-        C = pack_space(4, (ip1 - ip0) * mr * g->ldc);
+        C = cpu_thread_floats(CPU_BUF_ROWS, (ip1 - ip0) * mr * g->ldc);
     }
     if (g->amx) cpu_amx_begin();
     for (int64_t q = 0; q < g->n_kb; q++) {
@@ -706,10 +704,10 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
     int64_t kb_floats = g.n_col_panels * g.b_panel + g.n_row_panels * g.a_panel;
     int64_t fit = PACK_FLOATS / kb_floats > 1 ? PACK_FLOATS / kb_floats : 1;
     int64_t chunk = ceil_div(n_kblocks, ceil_div(n_kblocks, fit));   /* rounds of equal size */
-    g.bpack = pack_space(0, chunk * g.n_col_panels * g.b_panel);
-    g.apack = pack_space(1, chunk * g.n_row_panels * g.a_panel);
-    g.state = (atomic_uchar *)pack_space(2, ceil_div(chunk * (g.n_col_panels + g.n_row_panels), 4));
-    g.pending = (atomic_int *)pack_space(3, g.n_row_blocks);
+    g.bpack = cpu_thread_floats(CPU_BUF_B_PANELS, chunk * g.n_col_panels * g.b_panel);
+    g.apack = cpu_thread_floats(CPU_BUF_A_PANELS, chunk * g.n_row_panels * g.a_panel);
+    g.state = (atomic_uchar *)cpu_thread_floats(CPU_BUF_PANEL_STATES, ceil_div(chunk * (g.n_col_panels + g.n_row_panels), 4));
+    g.pending = (atomic_int *)cpu_thread_floats(CPU_BUF_ROW_COUNTERS, g.n_row_blocks);
     for (int64_t b = 0; b < g.n_row_blocks; b++) atomic_init(&g.pending[b], (int)g.n_col_groups);
     int64_t tasks = g.n_row_blocks * g.n_col_groups;
     /* Rows go on block by block only where there are blocks enough for the threads: a row

@@ -53,6 +53,16 @@ void ref_matmul(const Node *n, const float *const *x, float *y);
 /* Tests: 6 forces the 6 x 8 register tile where the 12 x 8 one would run; 0 restores it. */
 void ref_gemm_set_tile_rows(int rows);
 
+/* ---------------------------------------------------------------- cpu_gemm.c
+ * A thread's grow-only buffers of f32 (64-byte aligned), kept between calls and freed when the
+ * thread ends: the GEMM's packed panels and bookkeeping, a task's rows of C, the tile
+ * attention's scratch. */
+typedef enum {
+    CPU_BUF_B_PANELS, CPU_BUF_A_PANELS, CPU_BUF_PANEL_STATES, CPU_BUF_ROW_COUNTERS, CPU_BUF_ROWS,
+    CPU_BUF_ATTENTION, CPU_BUF_COUNT
+} CpuThreadBuffer;
+float *cpu_thread_floats(CpuThreadBuffer which, int64_t n);
+
 /* ---------------------------------------------------------------- cpu_gemm_amx.c
  * The CPU GEMM's bf16 tile path (Intel AMX) for operands stored as bf16, e4m3 or e5m2. Panels
  * are 32 lines by a K block, in steps of 32 k of AMX_STEP_WORDS pairs of bf16 (the layouts
