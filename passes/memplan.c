@@ -22,8 +22,9 @@
  * problem is NP-hard) but it is deterministic, fast for graphs of thousands of nodes, and on
  * transformer steps lands close to the peak of live bytes, which is a lower bound. The step
  * arena's size is the highest end of any placement. A forward GEMM's operands stay alive until
- * the adds that take its product are done, because the GPU backend computes those adds in the
- * GEMM's epilogue and writes their result while it still reads the operands. */
+ * the adds that take its product are done (and a GELU of their result, with its FP8 copy under
+ * delayed scaling), because the GPU backend computes those in the GEMM's epilogue and writes
+ * their result while it still reads the operands. */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -147,7 +148,10 @@ bool pass_memplan(Graph *g, const PassOptions *opt)
     /* a forward GEMM's operands are read until the end of the chain of adds that takes its product
      * (its only reader, then that one's only reader): the GPU backend runs such a chain as
      * one GEMM whose epilogue writes the chain's last result (cuda/spec.c), which must not
-     * land on an operand the GEMM is still reading */
+     * land on an operand the GEMM is still reading. The epilogue may also apply a GELU that
+     * reads the chain's result, and write the GELU's value, or under delayed scaling the
+     * value's FP8 copy (whose amax record and quantize are then all that read the GELU):
+     * the operands are then read until those too. */
     Uses *uses = ir_fill_uses(g);
     for (int i = 0; i < n; i++) {
         Node *m = g->nodes[i];
@@ -158,9 +162,23 @@ bool pass_memplan(Graph *g, const PassOptions *opt)
             if ((c->op != OP_ADD && c->op != OP_ADD_N && c->op != OP_ACCUMULATE) || c->phase != m->phase) break;
             end = c;
         }
+        int until = end->index;
+        for (int k = 0; end != m && k < uses[end->index].n; k++) {
+            Node *y = uses[end->index].list[k];
+            if (y->op != OP_GELU || y->phase != m->phase) continue;
+            const Uses *u = &uses[y->index];
+            bool copy_only = u->n == 2;
+            for (int j = 0; j < u->n; j++)
+                copy_only &= u->list[j]->op == OP_QUANTIZE || u->list[j]->op == OP_AMAX_RECORD;
+            /* a GELU whose value keeps block maxima for a current scale stays a kernel of its own */
+            if (!copy_only && ir_amax_parts_offset(y)) continue;
+            if (y->index > until) until = y->index;
+            for (int j = 0; copy_only && j < u->n; j++)
+                if (u->list[j]->index > until) until = u->list[j]->index;
+        }
         for (int j = 0; j < m->n_in; j++) {
             int x = alias_root(m->in[j])->index;
-            if (end->index > last[x]) last[x] = end->index;
+            if (until > last[x]) last[x] = until;
         }
     }
     /* a scaled tensor is read and written together with its scale and amax tensors */
