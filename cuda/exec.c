@@ -41,6 +41,7 @@ typedef struct {
     CkBatch batch;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayout_t lc;            /* C's own layout where it differs from D's: an FP8 D */
     cublasLtMatmulAlgo_t algo;
     const void *A, *B, *C;
     void *D;
@@ -88,6 +89,7 @@ struct CudaExec {
     CuNodePlan *node_plans;               /* one node each (cuda_exec_run_node) */
     CuNodePlan *plans;                    /* the phases': GEMM epilogues fused */
     int n_epilogues;                      /* GEMMs in plans with a fused epilogue */
+    int n_gelu, n_dgelu, n_fp8_results;   /* of them: GELU, GELU's backward, an FP8 D */
     ExecList lists[LIST_COUNT];
     int *batch_run;                       /* per node: nodes in the batched run it starts, else 0 */
     int finite_flag_off;                  /* in aux */
@@ -200,15 +202,16 @@ static void exec_free_gemm(ExecLaunch *x) {
     if (x->la) CU(cublasLtMatrixLayoutDestroy)(x->la);
     if (x->lb) CU(cublasLtMatrixLayoutDestroy)(x->lb);
     if (x->ld) CU(cublasLtMatrixLayoutDestroy)(x->ld);
+    if (x->lc) CU(cublasLtMatrixLayoutDestroy)(x->lc);
     if (x->desc) CU(cublasLtMatmulDescDestroy)(x->desc);
-    x->la = x->lb = x->ld = NULL;
+    x->la = x->lb = x->ld = x->lc = NULL;
     x->desc = NULL;
 }
 
 /* x's matmul with algorithm algo, on the stream */
 static cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo) {
     float alpha = 1.0f;
-    return CU(cublasLtMatmul)(e->lt, x->desc, &alpha, x->A, x->la, x->B, x->lb, &x->beta, x->C, x->ld, x->D,
+    return CU(cublasLtMatmul)(e->lt, x->desc, &alpha, x->A, x->la, x->B, x->lb, &x->beta, x->C, x->lc ? x->lc : x->ld, x->D,
                               x->ld, algo, (void *)(uintptr_t)e->cublas_ws, CUBLAS_WORKSPACE,
                               (cudaStream_t)e->stream);
 }
@@ -217,10 +220,11 @@ static cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cubl
  * write D, and the arenas are filled from the host afterwards), once per key. */
 static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const void *const *ptrs,
                            const cublasLtMatmulHeuristicResult_t *res, int found) {
-    int64_t what[20] = {g->m, g->n, g->k, g->lda, g->ldb, g->ldd, g->ta, g->tb, g->atype, g->btype,
+    int64_t what[24] = {g->m, g->n, g->k, g->lda, g->ldb, g->ldd, g->ta, g->tb, g->atype, g->btype,
                         g->dtype, g->bias.node != NULL, g->biastype, g->c.node != NULL,
-                        g->scales >= 0 ? 1 + g->scale_a * 4 + g->scale_b : 0, g->fast_accum};
-    for (int i = 0; i < 4; i++) what[16 + i] = (int64_t)((uintptr_t)ptrs[i] & 255);
+                        g->scales >= 0 ? 1 + g->scale_a * 4 + g->scale_b : 0, g->fast_accum,
+                        g->act, g->act ? g->auxtype : 0, g->dscale.node != NULL, g->amax >= 0};
+    for (int i = 0; i < 4; i++) what[20 + i] = (int64_t)((uintptr_t)ptrs[i] & 255);
     uint64_t key = cuda_hash(0, what, sizeof what);
     for (int i = 0; i < e->n_tuned; i++)
         if (e->tuned[i].key == key) {
@@ -263,20 +267,49 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
     x->C = g->c.node ? (const void *)(uintptr_t)ref_ptr(e, &g->c, &ok) : x->D;
     x->beta = g->c.node ? 1.0f : 0.0f;
     const void *bias = g->bias.node ? (const void *)(uintptr_t)ref_ptr(e, &g->bias, &ok) : NULL;
+    const void *aux = g->act ? (const void *)(uintptr_t)ref_ptr(e, &g->aux, &ok) : NULL;
+    const void *dscale = g->dscale.node ? (const void *)(uintptr_t)ref_ptr(e, &g->dscale, &ok) : NULL;
+    const void *amax = g->amax >= 0 ? (const void *)(uintptr_t)(e->scratch + (CUdeviceptr)g->amax) : NULL;
+    bool d_fp8 = g->dtype == FMT_E4M3 || g->dtype == FMT_E5M2;
+    /* An FP8 D takes a bf16 C, which with beta = 0 is never read, but cuBLASLt runs none of its
+     * algorithms when C's pointer is D's (seen with cuBLAS 13.1): the aux matrix stands in. */
+    if (d_fp8 && !g->c.node) x->C = aux;
     if (!ok) return false;
+    if (d_fp8 && !x->C) {
+        rt_error("an FP8 GEMM result without a bf16 matrix for C (node %%%d)", x->node->id);
+        return false;
+    }
     cublasOperation_t ta = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (!LT_CHECK(CU(cublasLtMatmulDescCreate)(&x->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) ||
         !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
         !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)))
         return false;
+    cublasLtEpilogue_t epi = g->act == CU_ACT_GELU ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                           : g->act == CU_ACT_DGELU ? CUBLASLT_EPILOGUE_DGELU
+                           : bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT &&
+        !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)))
+        return false;
     if (bias) {
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         cudaDataType_t bt = lt_type(g->biastype);
-        if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
-            !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)) ||
+        if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias)) ||
             !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)))
             return false;
     }
+    if (aux) {
+        int64_t ld = g->m;
+        cudaDataType_t at = lt_type(g->auxtype);
+        if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux)) ||
+            !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld)) ||
+            !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof at)))
+            return false;
+    }
+    if (dscale && !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &dscale,
+                                                                sizeof dscale)))
+        return false;
+    if (amax && !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &amax,
+                                                              sizeof amax)))
+        return false;
     bool per_tensor = g->scale_a == CU_SCALE_TENSOR && g->scale_b == CU_SCALE_TENSOR;
     if (g->fast_accum || (e->fast_accum_all && g->scales >= 0 && per_tensor)) {
         int8_t fast = 1;
@@ -308,6 +341,8 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
         !LT_CHECK(CU(cublasLtMatrixLayoutCreate)(&x->ld, lt_type(g->dtype), (uint64_t)g->m,
                                                  (uint64_t)g->n, g->ldd)))
         return false;
+    if (d_fp8 && !LT_CHECK(CU(cublasLtMatrixLayoutCreate)(&x->lc, CUDA_R_16BF, (uint64_t)g->m, (uint64_t)g->n, g->ldd)))
+        return false;
     cublasLtMatmulPreference_t pref;
     uint64_t ws = CUBLAS_WORKSPACE;
     if (!LT_CHECK(CU(cublasLtMatmulPreferenceCreate)(&pref))) return false;
@@ -328,9 +363,10 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
     memset(res, 0, sizeof res);
     if (ok) {
         int want = e->tune && !no_algo ? GEMM_CANDIDATES : 1;
-        cublasStatus_t r = CU(cublasLtMatmulAlgoGetHeuristic)(e->lt, x->desc, x->la, x->lb, x->ld, x->ld,
-                                                             pref, want, res, &found);
-        if (r == CUBLAS_STATUS_NOT_SUPPORTED && no_algo) found = 0;   /* an epilogue it lacks */
+        cublasStatus_t r = CU(cublasLtMatmulAlgoGetHeuristic)(e->lt, x->desc, x->la, x->lb, x->lc ? x->lc : x->ld,
+                                                             x->ld, pref, want, res, &found);
+        /* an epilogue it lacks (cuBLAS 13.1 answers INVALID_VALUE for some) */
+        if ((r == CUBLAS_STATUS_NOT_SUPPORTED || r == CUBLAS_STATUS_INVALID_VALUE) && no_algo) found = 0;
         else ok = LT_CHECK(r);
     }
     CU(cublasLtMatmulPreferenceDestroy)(pref);
@@ -709,15 +745,29 @@ static bool exec_check_epilogues(CudaExec *e) {
             plain++;
         } else if (p->members) {
             e->n_epilogues++;
+            for (int k = 0; k < p->n_launch; k++) {
+                const CuGemm *gm = &p->launch[k].gemm;
+                if (p->launch[k].kind != CU_GEMM) continue;
+                e->n_gelu += gm->act == CU_ACT_GELU;
+                e->n_dgelu += gm->act == CU_ACT_DGELU;
+                e->n_fp8_results += gm->dscale.node != NULL;
+            }
         }
     }
     if (getenv("FP8C_CUDA_VERBOSE"))
-        fprintf(stderr, "CUDA executor: %d GEMMs with epilogues, %d left plain (no cuBLASLt algorithm)\n",
-                e->n_epilogues, plain);
+        fprintf(stderr, "CUDA executor: %d GEMMs with epilogues (%d with a GELU, %d of them into its FP8 copy; "
+                "%d with GELU's backward), %d left plain (no cuBLASLt algorithm)\n",
+                e->n_epilogues, e->n_gelu, e->n_fp8_results, e->n_dgelu, plain);
     return true;
 }
 
 int cuda_exec_epilogues(const CudaExec *e) { return e->n_epilogues; }
+
+void cuda_exec_gelu_epilogues(const CudaExec *e, int *gelu, int *dgelu, int *fp8_results) {
+    *gelu = e->n_gelu;
+    *dgelu = e->n_dgelu;
+    *fp8_results = e->n_fp8_results;
+}
 
 int cuda_exec_batched_launches(const CudaExec *e) {
     int n = 0;

@@ -37,6 +37,12 @@ typedef struct {
  * BLK128 one per 128 x 128 block, laid out [outer / 128][k / 128 rounded up to 4]. */
 typedef enum { CU_SCALE_TENSOR, CU_SCALE_OUTER, CU_SCALE_VEC128, CU_SCALE_BLK128 } CuScaleMode;
 
+/* The activation a cuBLASLt epilogue applies after the bias: GELU (tanh approximation, as the
+ * GELU op) writes D = gelu(product + bias) and the pre-activation product + bias to aux
+ * (CUBLASLT_EPILOGUE_GELU_AUX[_BIAS]); DGELU writes D = product * gelu'(aux), the backward of
+ * a GELU whose input aux holds (CUBLASLT_EPILOGUE_DGELU). */
+typedef enum { CU_ACT_NONE, CU_ACT_GELU, CU_ACT_DGELU } CuActivation;
+
 /* One cuBLASLt matmul in column-major terms: D (m, n) = op(A) (m, k) op(B) (k, n), with
  * dequantization scales for FP8 operands. The row-major C = op(A_g) op(B_g) of the graph is
  * D = C^T: m = N, n = M, A = B_g's side, B = A_g's side. */
@@ -53,6 +59,13 @@ typedef struct {
                                with beta = 1, same type and layout as D (node NULL: none) */
     ElemType biastype;
     bool fast_accum;        /* FP8 forward GEMMs: Hopper's fast accumulation (no promotion) */
+    CuActivation act;       /* with aux: (m, n) like D, leading dimension m, in auxtype */
+    CuRef aux;
+    ElemType auxtype;
+    /* an FP8 D (e4m3, e5m2): D = dscale's scalar x the value (a delayed per-tensor scale), and
+     * cuBLASLt leaves amax(value) as one f32 at scratch offset `amax` (AMAX_D; -1: none) */
+    CuRef dscale;
+    int64_t amax;
 } CuGemm;
 
 typedef enum { CU_KERNEL, CU_GEMM } CuLaunchKind;
@@ -89,9 +102,10 @@ bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t 
 /* Plans every node of g; the first node that cannot run is reported in why. */
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len);
 /* The plans the phases run: node_plans (cuda_plan_graph's), except that a matmul whose fuse
- * group (passes/fuse.c) is a bias add, a residual or gradient-sum add, or an accumulation
- * into a gradient becomes one GEMM with a cuBLASLt epilogue at the group's place; its other
- * nodes get empty plans. Renumbers g. */
+ * group (passes/fuse.c) is a bias add, a residual or gradient-sum add, an accumulation into a
+ * gradient, or GELU's backward becomes one GEMM with a cuBLASLt epilogue at the group's place,
+ * and so does a GELU of its result with, under delayed scaling, the GELU's FP8 copy and amax
+ * record; the other nodes get empty plans. Renumbers g. */
 CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a);
 /* The check the training loop runs on gradient accumulators: one launch that sets the int
  * at its scratch when n's tensor holds a NaN or an infinity. */
@@ -180,6 +194,9 @@ void cuda_cg_close(CudaCg *c);
 /* How many GEMMs of the phases run with a fused epilogue (cuda_plan_epilogues; 0 with
  * FP8C_CUDA_EPILOGUES=0). */
 int cuda_exec_epilogues(const CudaExec *e);
+/* Of those: how many apply a GELU, how many of these write its FP8 copy, and how many apply
+ * GELU's backward. */
+void cuda_exec_gelu_epilogues(const CudaExec *e, int *gelu, int *dgelu, int *fp8_results);
 /* How many launches of the phases run several nodes at once (exec.c's batched launches; 0
  * with FP8C_CUDA_BATCH=0). */
 int cuda_exec_batched_launches(const CudaExec *e);

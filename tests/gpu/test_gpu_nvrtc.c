@@ -254,6 +254,114 @@ static void test_producer_quantize_plan(void **state) {
     }
 }
 
+/* GELU in cuBLASLt's epilogues (spec.c, gemm_gelu and epilogue_of). gpt2_tiny has one GELU a
+ * layer, four layers:
+ *  - -O0: each c_fc GEMM computes its GELU (GELU_AUX_BIAS: D the GELU, aux the bias add that the
+ *    backward keeps), and each GELU backward runs in the GEMM that makes its dy (DGELU,
+ *    reading the kept input);
+ *  - -O1: the GELU's value is quantized with its current amax (the GELU kernel writes the
+ *    copy itself) and the GEMMs of the backward are FP8: neither is fused;
+ *  - -O1 with delayed scaling: the c_fc GEMM writes the GELU's e4m3 copy through the delayed
+ *    scale and leaves its amax for the history, whose record runs right after it over that
+ *    one value; the GELU, its copy and its record run nothing of their own.
+ * FP8C_CUDA_GELU_EPILOGUES=0 turns all of it off. */
+typedef struct {
+    int gelu, dgelu, fp8_result;
+} GeluCount;
+
+static GeluCount count_gelu_epilogues(int level, const char *rule) {
+    GeluCount c = {0};
+    Arena *a = arena_new();
+    char path[4500], why[512];
+    snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+    Graph *g = compile_model(a, path, level, rule);
+    assert_non_null(g);
+    CuNodePlan *plain = cuda_plan_graph(g, a, why, sizeof why);
+    assert_non_null(plain);
+    CuNodePlan *fused = cuda_plan_epilogues(g, plain, a);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const CuNodePlan *p = &fused[i];
+        int at = 0;
+        while (p->members && at < p->n_launch && p->launch[at].kind != CU_GEMM) at++;
+        if (!p->members || at == p->n_launch) continue;
+        const CuGemm *gm = &p->launch[at].gemm;
+        const Node *last = p->members[p->n_members - 1];
+        if (gm->act == CU_ACT_DGELU) {
+            /* the group is the matmul and GELU's backward, which reads the kept input */
+            assert_int_equal(p->n_members, 2);
+            assert_int_equal(last->op, OP_GELU_BWD);
+            assert_ptr_equal(gm->d.node, last);
+            assert_ptr_equal(gm->aux.node, last->in[1]);
+            assert_ptr_equal(last->in[0], p->members[0]);
+            c.dgelu++;
+        }
+        if (gm->act != CU_ACT_GELU) continue;
+        c.gelu++;
+        /* aux is the bias add, read by the GELU and kept for the backward */
+        const Node *h = gm->aux.node;
+        assert_non_null(h);
+        assert_int_equal(h->op, OP_ADD);
+        assert_non_null(gm->bias.node);
+        int y_at = -1;
+        for (int k = 0; k < p->n_members; k++)
+            if (p->members[k]->op == OP_GELU) y_at = k;
+        assert_true(y_at > 0);
+        const Node *y = p->members[y_at];
+        assert_ptr_equal(y->in[0], h);
+        for (int k = 0; k < p->n_members; k++)   /* every other member runs nothing */
+            if (p->members[k]->index != i) assert_int_equal(fused[p->members[k]->index].n_launch, 0);
+        if (gm->dscale.node) {
+            /* D is the GELU's delayed FP8 copy; the record takes the amax over one part */
+            const Node *q = gm->d.node;
+            assert_int_equal(q->op, OP_QUANTIZE);
+            assert_ptr_equal(q->in[0], y);
+            assert_int_equal(q->t.fmt.recipe, RECIPE_DELAYED);
+            assert_int_equal(gm->dtype, q->t.fmt.elem);
+            assert_ptr_equal(gm->dscale.node, q->t.fmt.scale);
+            assert_true(gm->amax >= 0);
+            assert_int_equal(p->n_launch >= 2, true);
+            const CuLaunch *rec = &p->launch[p->n_launch - 1];
+            assert_non_null(strstr(rec->body, "ck_amax_record_final"));
+            assert_int_equal(rec->scratch, gm->amax);
+            assert_int_equal(rec->args.i[0], 1);
+            assert_int_equal(p->n_members, y_at + 3);
+            c.fp8_result++;
+        } else {
+            assert_ptr_equal(gm->d.node, y);
+            assert_int_equal(gm->dtype, FMT_BF16);
+        }
+    }
+    printf("  gpt2_tiny O%d%s%s: %d GEMMs compute a GELU (%d of them into its FP8 copy), %d GELU backwards\n", level,
+           rule ? " " : "", rule ? rule : "", c.gelu, c.fp8_result, c.dgelu);
+    /* the module compiles (the fused plans use the kernels of the nodes' own plans) */
+    CudaBinary bin;
+    bool skipped = false;
+    assert_true(cuda_compile_graph(g, &bin, &skipped, why, sizeof why));
+    assert_false(skipped);
+    cuda_binary_free(&bin);
+    arena_free(a);
+    return c;
+}
+
+static void test_gelu_epilogue_plan(void **state) {
+    (void)state;
+    GeluCount o0 = count_gelu_epilogues(0, NULL);
+    assert_int_equal(o0.gelu, 4);
+    assert_int_equal(o0.fp8_result, 0);
+    assert_int_equal(o0.dgelu, 4);
+    GeluCount o1 = count_gelu_epilogues(1, NULL);
+    assert_int_equal(o1.gelu, 0);
+    assert_int_equal(o1.dgelu, 0);
+    GeluCount delayed = count_gelu_epilogues(1, "gemm:*=e4m3:delayed16");
+    assert_int_equal(delayed.gelu, 4);
+    assert_int_equal(delayed.fp8_result, 4);
+    assert_int_equal(delayed.dgelu, 0);
+    setenv("FP8C_CUDA_GELU_EPILOGUES", "0", 1);
+    GeluCount off = count_gelu_epilogues(0, NULL);
+    unsetenv("FP8C_CUDA_GELU_EPILOGUES");
+    assert_int_equal(off.gelu + off.dgelu, 0);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!cuda_compiler_available()) {
@@ -262,6 +370,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_grouped_scales_plan),
                                        cmocka_unit_test(test_producer_quantize_plan),
+                                       cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_every_model_every_level)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
