@@ -289,6 +289,7 @@ static bool plan_elementwise(Spec *s) {
                         n->op == OP_ADD ? "OP_ADD" : n->op == OP_SUB ? "OP_SUB" : "OP_MUL", Y,
                         fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
         args_result_inputs(l, n);
+        arg_amax_parts(s, l, n);
         return true;
     }
     case OP_SCALE:

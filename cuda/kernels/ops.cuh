@@ -103,21 +103,27 @@ template <int OP> static __device__ __forceinline__ float ck_binop(float x, floa
 }
 template <int OP, class Y, class A, class B> __device__ void ck_binary(const CkArgs &a) {
     i64 n = a.t[0].n, nb = a.t[2].n;
+    float m = 0.0f;
     if (Y::vec_ok(a.t[0]) && A::vec_ok(a.t[1]) && B::vec_ok(a.t[2])) {
         CK_GRID_STRIDE(c, n / CK_VEC) {
             float x[CK_VEC], y[CK_VEC];
             A::ld_vec(a.t[1], c * CK_VEC, x);
             B::ld_vec(a.t[2], nb == n ? c * CK_VEC : c * CK_VEC % nb, y);
             #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) x[j] = ck_binop<OP>(x[j], y[j]);
+            for (int j = 0; j < CK_VEC; j++) {
+                x[j] = ck_binop<OP>(x[j], y[j]);
+                m = fmaxf(m, fabsf(x[j]));
+            }
             Y::st_vec(a.t[0], c * CK_VEC, x);
         }
-        return;
+    } else {
+        CK_GRID_STRIDE(i, n) {
+            float v = ck_binop<OP>(A::ld(a.t[1], i), B::ld(a.t[2], nb == n ? i : i % nb));
+            m = fmaxf(m, fabsf(v));
+            Y::st(a.t[0], i, v);
+        }
     }
-    CK_GRID_STRIDE(i, n) {
-        float x = A::ld(a.t[1], i), y = B::ld(a.t[2], nb == n ? i : i % nb);
-        Y::st(a.t[0], i, OP == OP_ADD ? x + y : OP == OP_SUB ? x - y : x * y);
-    }
+    ck_amax_out<Y>(a, m);
 }
 
 template <class Y, class X> __device__ void ck_scale(const CkArgs &a) {

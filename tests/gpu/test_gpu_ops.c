@@ -250,8 +250,9 @@ static void build_quant(void) {
  * left after it. Each pair runs the producer and then the scale on the GPU: the value must
  * match the reference's within its format's bound, and the scale must equal, bit for bit, the
  * reference's scale of the value the GPU stored. The pairs cover the vector and scalar paths,
- * grids capped at the slot count (more blocks of work than slots: the kernels stride), and the
- * pass that writes the maxima after an ADD_N of more inputs than one launch takes. */
+ * grids capped at the slot count (more blocks of work than slots: the kernels stride), the
+ * pass that writes the maxima after an ADD_N of more inputs than one launch takes, and the
+ * binary ops (SwiGLU's product, a residual or bias add). */
 typedef struct {
     const char *name;
     Node *producer, *scale;
@@ -285,6 +286,12 @@ static void build_amax(void) {
               FMT_E5M2);
     amax_pair("rmsnorm f32", op_v(OP_RMSNORM, FMT_F32, NULL, Fa(1e-6), IN(xf, wf)), FMT_E4M3);
     amax_pair("add_n 3", op_v(OP_ADD_N, FMT_BF16, NULL, NULL, IN(x, y, xf)), FMT_E5M2);
+    /* SwiGLU's product and residual adds: binary ops, vector path, and scalar with a bias */
+    amax_pair("mul (SwiGLU's product)", op_v(OP_MUL, FMT_BF16, NULL, NULL, IN(x, y)), FMT_E4M3);
+    Node *bo = leaf(FMT_BF16, 1, DIMS(Co));
+    amax_pair("add of a bias, odd columns", op_v(OP_ADD, FMT_BF16, NULL, NULL, IN(xo, bo)), FMT_E4M3);
+    Node *big2 = leaf(FMT_BF16, 2, DIMS(1100, 2048));
+    amax_pair("sub, 2.25M elements", op_v(OP_SUB, FMT_BF16, NULL, NULL, IN(big, big2)), FMT_E5M2);
     Node *many[23];
     for (int i = 0; i < 23; i++) many[i] = i % 2 ? x : y;
     amax_pair("add_n 23 (a pass after it)", op_v(OP_ADD_N, FMT_BF16, NULL, NULL, 23, many), FMT_E5M2);
