@@ -71,6 +71,25 @@ static Graph *compile_model(Arena *a, const char *path, int level, const char *r
     return g && !diag_error_count() ? g : NULL;
 }
 
+/* gpt2_tiny through the whole pipeline (compile_model), asserted to compile */
+static Graph *tiny_model(Arena *a, int level, const char *rule) {
+    char path[4500];
+    snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+    Graph *g = compile_model(a, path, level, rule);
+    assert_non_null(g);
+    return g;
+}
+
+/* g's GPU module goes through NVRTC */
+static void assert_module_compiles(const Graph *g) {
+    CudaBinary bin;
+    bool skipped = false;
+    char why[512];
+    assert_true(cuda_compile_graph(g, &bin, &skipped, why, sizeof why));
+    assert_false(skipped);
+    cuda_binary_free(&bin);
+}
+
 static void test_every_model_every_level(void **state) {
     (void)state;
     char dir[4096];
@@ -158,10 +177,8 @@ typedef struct {
 static GroupedCount count_grouped(const char *rule) {
     GroupedCount c = {0};
     Arena *a = arena_new();
-    char path[4500], why[512];
-    snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
-    Graph *g = compile_model(a, path, 1, rule);
-    assert_non_null(g);
+    char why[512];
+    Graph *g = tiny_model(a, 1, rule);
     CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
     assert_non_null(plans);
     for (int i = 0; i < g->n_nodes; i++) {
@@ -216,10 +233,8 @@ static void test_producer_quantize_plan(void **state) {
     (void)state;
     for (int level = 1; level <= 3; level++) {
         Arena *a = arena_new();
-        char path[4500], why[512];
-        snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
-        Graph *g = compile_model(a, path, level, NULL);
-        assert_non_null(g);
+        char why[512];
+        Graph *g = tiny_model(a, level, NULL);
         CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
         assert_non_null(plans);
         int pairs = 0, lone = 0, norms = 0, gelus = 0;
@@ -244,12 +259,7 @@ static void test_producer_quantize_plan(void **state) {
         assert_int_equal(norms, 8);
         assert_int_equal(gelus, 4);
         assert_int_equal(lone, pairs);
-        /* the module with the fused kernels compiles */
-        CudaBinary bin;
-        bool skipped = false;
-        assert_true(cuda_compile_graph(g, &bin, &skipped, why, sizeof why));
-        assert_false(skipped);
-        cuda_binary_free(&bin);
+        assert_module_compiles(g);   /* with the fused kernels */
         arena_free(a);
     }
 }
@@ -272,10 +282,8 @@ typedef struct {
 static GeluCount count_gelu_epilogues(int level, const char *rule) {
     GeluCount c = {0};
     Arena *a = arena_new();
-    char path[4500], why[512];
-    snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
-    Graph *g = compile_model(a, path, level, rule);
-    assert_non_null(g);
+    char why[512];
+    Graph *g = tiny_model(a, level, rule);
     CuNodePlan *plain = cuda_plan_graph(g, a, why, sizeof why);
     assert_non_null(plain);
     CuNodePlan *fused = cuda_plan_epilogues(g, plain, a);
@@ -333,12 +341,7 @@ static GeluCount count_gelu_epilogues(int level, const char *rule) {
     }
     printf("  gpt2_tiny O%d%s%s: %d GEMMs compute a GELU (%d of them into its FP8 copy), %d GELU backwards\n", level,
            rule ? " " : "", rule ? rule : "", c.gelu, c.fp8_result, c.dgelu);
-    /* the module compiles (the fused plans use the kernels of the nodes' own plans) */
-    CudaBinary bin;
-    bool skipped = false;
-    assert_true(cuda_compile_graph(g, &bin, &skipped, why, sizeof why));
-    assert_false(skipped);
-    cuda_binary_free(&bin);
+    assert_module_compiles(g);   /* the fused plans use the kernels of the nodes' own plans */
     arena_free(a);
     return c;
 }
