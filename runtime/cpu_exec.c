@@ -14,7 +14,7 @@
  * GEMM kernels call rt_cpu_gemm_rows, which hands blocks of C's rows to the GEMM's epilogue
  * kernel (the next one) as it finishes them, so that the epilogue reads C while it is in cache.
  * An attention node alone in its group, with bf16 operands, runs on the AMX tiles where the CPU
- * has them (cpu_attn_amx.c) in place of its kernels: at the first of them, the others skipped;
+ * has them (cpu_attn_tile.c) in place of its kernels: at the first of them, the others skipped;
  * reference kernels (nodes no kernel handles; the models of models/ have none) call the
  * reference executor on their nodes. */
 #define _GNU_SOURCE
@@ -421,8 +421,8 @@ static void run_kernel(RtCpuExec *x, int i)
 {
     const CgKernel *k = x->p->kernels[i];
     RtAttention a;
-    if (x->attention[i] && attention_job(k->nodes[0], &a) && cpu_attention_amx_usable(a.D)) {
-        if (x->attention[i] == 1) cpu_attention_amx(&a);
+    if (x->attention[i] && attention_job(k->nodes[0], &a) && cpu_attention_tile_usable(a.D)) {
+        if (x->attention[i] == 1) cpu_attention_tile(&a);
         return;
     }
     if (k->kind == CG_KERNEL_REF) {

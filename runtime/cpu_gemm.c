@@ -22,7 +22,7 @@
  * Where both operands are stored as bf16, e4m3 or e5m2 (values bf16 holds exactly) and the CPU
  * has AMX, the same driver — tasks, K blocks, panels packed by the first task that needs them
  * — packs bf16 panels of 32 lines instead and multiplies 32 x 32 blocks of C on the tile unit
- * (cpu_gemm_amx.c, whose essay says how its numerics differ). That is what a -O0 to -O3 step's
+ * (cpu_gemm_tile.c, whose essay says how its numerics differ). That is what a -O0 to -O3 step's
  * GEMMs mostly are; f32 and f16 operands keep the f32 path.
  *
  * rt_cpu_gemm_rows hands each block of C's rows on as soon as the last task covering its
@@ -47,7 +47,7 @@
 
 enum { KC = 384, MC = 96, NC_TASK = 256, PACK_FLOATS = 1 << 21, LOAD_COST = 4 };
 /* The tile path's K block: panels of 32 lines x 1024 bf16 (64 KiB) stay in L2. */
-enum { KC_AMX = 1024 };
+enum { KC_TILE = 1024 };
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
@@ -171,11 +171,11 @@ static Micro micro_pick(void)
 }
 
 typedef struct {
-    Micro u;                /* the tile path: mr = nr = AMX_LINES, no fn */
-    bool amx;               /* bf16 tiles (cpu_gemm_amx.c) instead of f32 micro-kernels */
-    bool a_direct;          /* amx: whole row panels of A are read where they lie (a_panel_direct) */
-    float alpha;            /* amx: 1 / (A's scale x B's scale), applied to each block's sum */
-    int64_t kc;             /* K block depth: KC, or KC_AMX on the tile path */
+    Micro u;                /* the tile path: mr = nr = TILE_LINES, no fn */
+    bool tiles;             /* bf16 tiles (cpu_gemm_tile.c) instead of f32 micro-kernels */
+    bool a_direct;          /* tiles: whole row panels of A are read where they lie (a_panel_direct) */
+    float alpha;            /* tiles: 1 / (A's scale x B's scale), applied to each block's sum */
+    int64_t kc;             /* K block depth: KC, or KC_TILE on the tile path */
     int64_t M, N, K, lda, ldb, ldc;
     RtGemmOperand A, B;
     bool ta, tb, accumulate;
@@ -460,9 +460,9 @@ static void pack_b(const Gemm *g, int64_t kb, int64_t jp)
     int64_t k0 = kb * g->kc, kc = kblock_depth(g, kb);
     float *dst = g->bpack + ((kb - g->kb0) * g->n_col_panels + jp) * g->b_panel;
     int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
-    if (g->amx) {
+    if (g->tiles) {
         int64_t at = g->tb ? j0 * g->ldb + k0 : k0 * g->ldb + j0;
-        cpu_amx_pack(&g->B, at, g->ldb, g->tb, nj, kc, true, (uint32_t *)dst);
+        cpu_tile_pack(&g->B, at, g->ldb, g->tb, nj, kc, true, (uint32_t *)dst);
         return;
     }
     if (g->tb) {   /* rows of B are columns of op(B) */
@@ -477,7 +477,7 @@ static void pack_b(const Gemm *g, int64_t kb, int64_t jp)
  * only copied it, and the copy made a K = 128 GEMM's panels a third of its time. */
 static bool a_panel_direct(const Gemm *g, int64_t ip)
 {
-    return g->a_direct && (ip + 1) * AMX_LINES <= g->M;
+    return g->a_direct && (ip + 1) * TILE_LINES <= g->M;
 }
 
 /* Row panel ip of op(A) for K block kb: kc x MR, zero rows past M. Packed once and shared by
@@ -489,9 +489,9 @@ static void pack_a(const Gemm *g, int64_t kb, int64_t ip)
     int64_t k0 = kb * g->kc, kc = kblock_depth(g, kb), i = ip * mr, ni = g->M - i < mr ? g->M - i : mr;
     if (a_panel_direct(g, ip)) return;
     float *ap = g->apack + ((kb - g->kb0) * g->n_row_panels + ip) * g->a_panel;
-    if (g->amx) {
+    if (g->tiles) {
         int64_t at = g->ta ? k0 * g->lda + i : i * g->lda + k0;
-        cpu_amx_pack(&g->A, at, g->lda, !g->ta, ni, kc, false, (uint32_t *)ap);
+        cpu_tile_pack(&g->A, at, g->lda, !g->ta, ni, kc, false, (uint32_t *)ap);
         return;
     }
     if (g->ta) {
@@ -550,7 +550,7 @@ static void gemm_task(void *ctx, int64_t task)
     int64_t ip1 = ip0 + g->block_panels < g->n_row_panels ? ip0 + g->block_panels : g->n_row_panels;
     int64_t jp1 = jp0 + g->group_panels < g->n_col_panels ? jp0 + g->group_panels : g->n_col_panels;
     int64_t per_kb = g->n_col_panels + g->n_row_panels;
-    float tile[AMX_LINES * AMX_LINES] __attribute__((aligned(64)));
+    float tile[TILE_LINES * TILE_LINES] __attribute__((aligned(64)));
     /* where this task's rows of C go: C, or its thread's buffer (row ip0 * mr at its start) */
     float *C = g->C;
     int64_t row0 = 0;
@@ -558,7 +558,7 @@ static void gemm_task(void *ctx, int64_t task)
         row0 = ip0 * mr;
         C = cpu_thread_floats(CPU_BUF_ROWS, (ip1 - ip0) * mr * g->ldc);
     }
-    if (g->amx) cpu_amx_begin();
+    if (g->tiles) cpu_tile_begin();
     for (int64_t q = 0; q < g->n_kb; q++) {
         int64_t kb = g->kb0 + q, kc = kblock_depth(g, kb), items = q * per_kb;
         bool add = g->accumulate || kb > 0;
@@ -572,7 +572,7 @@ static void gemm_task(void *ctx, int64_t task)
             for (int64_t jp = jp0; jp < jp1; jp++) {
                 int64_t j0 = jp * nr, nj = g->N - j0 < nr ? g->N - j0 : nr;
                 const float *bp = g->bpack + (q * g->n_col_panels + jp) * g->b_panel;
-                if (g->amx) {   /* a whole unscaled block goes to C and back in the tiles */
+                if (g->tiles) {   /* a whole unscaled block goes to C and back in the tiles */
                     int64_t steps = (kc + 31) / 32;
                     const uint32_t *b32 = (const uint32_t *)bp;
                     const void *a = ap;
@@ -583,10 +583,10 @@ static void gemm_task(void *ctx, int64_t task)
                     }
                     float *c = C + (i - row0) * g->ldc + j0;
                     if (ni == mr && nj == nr && g->alpha == 1.0f) {
-                        cpu_amx_block(steps, a, a_ld, b32, c, g->ldc, add);
+                        cpu_tile_block(steps, a, a_ld, b32, c, g->ldc, add);
                     } else {
-                        cpu_amx_block(steps, a, a_ld, b32, tile, AMX_LINES, false);
-                        cpu_amx_store(tile, c, g->ldc, ni, nj, g->alpha, add);
+                        cpu_tile_block(steps, a, a_ld, b32, tile, TILE_LINES, false);
+                        cpu_tile_store(tile, c, g->ldc, ni, nj, g->alpha, add);
                     }
                     continue;
                 }
@@ -603,7 +603,7 @@ static void gemm_task(void *ctx, int64_t task)
             }
         }
     }
-    if (g->amx) cpu_amx_end();
+    if (g->tiles) cpu_tile_end();
     /* the last task of a row block to finish hands its rows on (acq_rel: it sees the others'
      * stores to C) */
     if (g->rows_done && g->last_round &&
@@ -678,10 +678,10 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
               .A = A, .B = B, .ta = ta, .tb = tb, .accumulate = accumulate, .C = C,
               .rows_done = rows_done, .rows_ctx = ctx};
     /* operands whose values bf16 holds go to the tile unit where there is one */
-    if (cpu_amx_operand(A.elem) && cpu_amx_operand(B.elem) && cpu_amx_usable()) {
-        g.amx = true;
-        g.u = (Micro){AMX_LINES, AMX_LINES, NULL, u.avx, u.avx2};
-        g.kc = KC_AMX;
+    if (cpu_tile_operand(A.elem) && cpu_tile_operand(B.elem) && cpu_tile_usable()) {
+        g.tiles = true;
+        g.u = (Micro){TILE_LINES, TILE_LINES, NULL, u.avx, u.avx2};
+        g.kc = KC_TILE;
         g.alpha = (float)(1.0 / ((double)A.scale * (double)B.scale));
         g.a_direct = A.elem == FMT_BF16 && !ta && K % 32 == 0;
     }
@@ -689,7 +689,7 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
     g.n_row_panels = ceil_div(M, g.u.mr);
     /* no thread gets much under a million multiply-adds (on the tile unit, eight million):
      * waking the pool costs more */
-    double flops = 2.0 * (double)M * (double)N * (double)K, least = g.amx ? 16e6 : 2e6;
+    double flops = 2.0 * (double)M * (double)N * (double)K, least = g.tiles ? 16e6 : 2e6;
     int64_t threads = ref_threads();
     if ((double)threads > flops / least) threads = (int64_t)(flops / least) + 1;
     bool serial = threads == 1;
@@ -699,8 +699,8 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
      * barrier costs about as much as a K block of a short GEMM. */
     int64_t n_kblocks = ceil_div(K, g.kc);
     g.kc_max = K < g.kc ? K : g.kc;
-    g.a_panel = g.amx ? ceil_div(g.kc_max, 32) * AMX_STEP_WORDS : g.kc_max * g.u.mr;
-    g.b_panel = g.amx ? ceil_div(g.kc_max, 32) * AMX_STEP_WORDS : g.kc_max * g.u.nr;
+    g.a_panel = g.tiles ? ceil_div(g.kc_max, 32) * TILE_STEP_WORDS : g.kc_max * g.u.mr;
+    g.b_panel = g.tiles ? ceil_div(g.kc_max, 32) * TILE_STEP_WORDS : g.kc_max * g.u.nr;
     int64_t kb_floats = g.n_col_panels * g.b_panel + g.n_row_panels * g.a_panel;
     int64_t fit = PACK_FLOATS / kb_floats > 1 ? PACK_FLOATS / kb_floats : 1;
     int64_t chunk = ceil_div(n_kblocks, ceil_div(n_kblocks, fit));   /* rounds of equal size */

@@ -63,35 +63,35 @@ typedef enum {
 } CpuThreadBuffer;
 float *cpu_thread_floats(CpuThreadBuffer which, int64_t n);
 
-/* ---------------------------------------------------------------- cpu_gemm_amx.c
+/* ---------------------------------------------------------------- cpu_gemm_tile.c
  * The CPU GEMM's bf16 tile path (Intel AMX) for operands stored as bf16, e4m3 or e5m2. Panels
- * are 32 lines by a K block, in steps of 32 k of AMX_STEP_WORDS pairs of bf16 (the layouts
+ * are 32 lines by a K block, in steps of 32 k of TILE_STEP_WORDS pairs of bf16 (the layouts
  * are in the file's essay). */
-enum { AMX_LINES = 32, AMX_STEP_WORDS = 32 * 16 };
-bool cpu_amx_usable(void);          /* the CPU has it, the OS allows it, FP8C_CPU_AMX != 0 */
-bool cpu_amx_operand(ElemType e);   /* values exact in bf16: bf16, e4m3, e5m2 */
+enum { TILE_LINES = 32, TILE_STEP_WORDS = 32 * 16 };
+bool cpu_tile_usable(void);         /* the CPU has it, the OS allows it, FP8C_CPU_AMX != 0 */
+bool cpu_tile_operand(ElemType e);  /* values exact in bf16: bf16, e4m3, e5m2 */
 /* Tests and benchmarks: turn the tile path on or off; returns whether it is on. */
 bool cpu_gemm_use_amx(bool on);
 /* A panel of `lines` (<= 32) lines x kc of o, from `at`: element (line l, k) at at + l * ld + k
  * when k_fast, else at + k * ld + l; as a B panel with as_b. */
-void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
-                  int64_t kc, bool as_b, uint32_t *dst);
-void cpu_amx_begin(void);           /* load the tile configuration (per thread, per task) */
-void cpu_amx_end(void);
+void cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
+                   int64_t kc, bool as_b, uint32_t *dst);
+void cpu_tile_begin(void);          /* load the tile configuration (per thread, per task) */
+void cpu_tile_end(void);
 /* c (32 x 32 f32, row stride ldc) = (or += with add) A times B panel over `steps` steps of 32
  * k; A a packed panel (a_ld = 0) or 32 bf16 rows a_ld elements apart read where they lie */
-void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
-                   bool add);
+void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
+                    bool add);
 /* Blocks p < panels of c (c + 32 p, 32 x 32 f32, row stride ldc) = (or += with add) A times B
  * panel p (b + p b_panel) over `steps` steps of 32 k. A is a packed panel (a_ld = 0) or 32
  * bf16 rows a_ld elements apart read where they lie, as `terms` planes a_plane elements apart
  * whose products add up. */
-void cpu_amx_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
-                    int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add);
+void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
+                     int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add);
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add */
-void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add);
+void cpu_tile_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add);
 
-/* ---------------------------------------------------------------- cpu_attn_amx.c
+/* ---------------------------------------------------------------- cpu_attn_tile.c
  * Causal grouped-query attention on the tile unit, forward or backward (dy set), for bf16 q,
  * k, v and dy: q's element (b, t, h, d) at q[(b T + t) qs + h D + d], k and v likewise with
  * kv heads (ks, vs), dy (B, T, H D). The forward writes y (B, T, H D) into out; the backward
@@ -106,10 +106,10 @@ typedef struct {
     ElemType out_elem;
     int64_t out_stride;
 } RtAttention;
-bool cpu_attention_amx_usable(int64_t head_dim);   /* AMX usable, D a multiple of 32 up to 256 */
+bool cpu_attention_tile_usable(int64_t head_dim);  /* AMX usable, D a multiple of 32 up to 256 */
 bool cpu_attention_use_amx(bool on);               /* tests: returns whether the path is usable */
-int64_t cpu_attention_amx_runs(void);              /* tests: attentions the tile path has run */
-void cpu_attention_amx(const RtAttention *a);
+int64_t cpu_attention_tile_runs(void);             /* tests: attentions the tile path has run */
+void cpu_attention_tile(const RtAttention *a);
 
 /* ---------------------------------------------------------------- ref_attn.c */
 void ref_attention(const Node *n, const float *const *x, float *y);

@@ -613,11 +613,11 @@ static void test_attention(void **state)
     bool tiles = cpu_attention_use_amx(true);
     for (int on = tiles ? 1 : 0; on >= 0; on--) {
         cpu_attention_use_amx(on);
-        int64_t runs = cpu_attention_amx_runs();
+        int64_t runs = cpu_attention_tile_runs();
         for (size_t i = 0; i < sizeof tile / sizeof tile[0]; i++)
             attention_case(FMT_BF16, tile[i].out, tile[i].T, tile[i].D, tile[i].packed, false);
         /* each case is a forward and a backward */
-        assert_int_equal(cpu_attention_amx_runs() - runs, on ? 2 * (int64_t)(sizeof tile / sizeof tile[0]) : 0);
+        assert_int_equal(cpu_attention_tile_runs() - runs, on ? 2 * (int64_t)(sizeof tile / sizeof tile[0]) : 0);
     }
     cpu_attention_use_amx(true);
     print_message("attention: bf16 cases on the %s\n", tiles ? "AMX tiles and on the kernel IR's kernels"

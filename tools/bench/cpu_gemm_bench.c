@@ -99,7 +99,7 @@ int main(int argc, char **argv)
     int threads = ref_threads();
     openblas_set_num_threads(threads);
     static const int64_t dims[][2] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}};
-    bool tiles = cpu_amx_usable();
+    bool tiles = cpu_tile_usable();
     printf("GEMM GFLOP/s, M = %lld rows, %d threads (fp8c rt_cpu_gemm on f32 and on bf16 operands%s, "
            "vs OpenBLAS sgemm)\n", (long long)M, threads, tiles ? " (AMX tiles)" : "");
     printf("%-34s %10s %10s %10s %7s %7s  %s\n", "shape (M x K) @ (K x N)", "fp8c f32", "fp8c bf16",

@@ -1,4 +1,4 @@
-/* cpu_gemm_amx.c — the CPU GEMM on Intel AMX tiles, for operands whose values bf16 holds.
+/* cpu_gemm_tile.c — the CPU GEMM on Intel AMX tiles, for operands whose values bf16 holds.
  *
  * bf16, e4m3 and e5m2 values are all exact in bf16 (FP8's few mantissa bits and narrow
  * exponents fit inside bf16's), so a GEMM whose operands are stored in those formats can run
@@ -61,7 +61,7 @@ static void fill_fp8_bf16(void)
                 IR_ASSERT(fp8_bf16[f][q | 0x80] == (fp8_bf16[f][q] | 0x8000));
 }
 
-bool cpu_amx_operand(ElemType e) { return e == FMT_BF16 || e == FMT_E4M3 || e == FMT_E5M2; }
+bool cpu_tile_operand(ElemType e) { return e == FMT_BF16 || e == FMT_E4M3 || e == FMT_E5M2; }
 
 static int amx_state = -1;   /* -1 not yet asked, 0 off, 1 on */
 static bool amx_granted;
@@ -83,7 +83,7 @@ static bool amx_probe(void)
 #endif
 }
 
-bool cpu_amx_usable(void)
+bool cpu_tile_usable(void)
 {
     if (amx_state < 0) {
         amx_granted = amx_probe();
@@ -96,7 +96,7 @@ bool cpu_amx_usable(void)
 
 bool cpu_gemm_use_amx(bool on)
 {
-    cpu_amx_usable();
+    cpu_tile_usable();
     amx_state = on && amx_granted;
     return amx_state == 1;
 }
@@ -127,14 +127,14 @@ bf16_load(const RtGemmOperand *o, int64_t at, int64_t n)
 }
 
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add; out is a
- * 32 x 32 block from cpu_amx_block */
-__attribute__((target("avx512f"))) void cpu_amx_store(const float *out, float *c, int64_t ldc,
-                                                      int64_t ni, int64_t nj, float alpha, bool add)
+ * 32 x 32 block from cpu_tile_block */
+__attribute__((target("avx512f"))) void cpu_tile_store(const float *out, float *c, int64_t ldc,
+                                                       int64_t ni, int64_t nj, float alpha, bool add)
 {
     __m512 a = _mm512_set1_ps(alpha);
     __mmask16 m0 = nj >= 16 ? 0xFFFF : (__mmask16)((1u << nj) - 1);
     __mmask16 m1 = nj >= 32 ? 0xFFFF : nj <= 16 ? 0 : (__mmask16)((1u << (nj - 16)) - 1);
-    for (int64_t r = 0; r < ni; r++, c += ldc, out += AMX_LINES) {
+    for (int64_t r = 0; r < ni; r++, c += ldc, out += TILE_LINES) {
         __m512 x0 = _mm512_mul_ps(a, _mm512_load_ps(out)), x1 = _mm512_mul_ps(a, _mm512_load_ps(out + 16));
         if (add) {
             x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, c));
@@ -190,11 +190,11 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) static inline void in
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl"))) void
-cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines, int64_t kc,
-             bool as_b, uint32_t *dst)
+cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines, int64_t kc,
+              bool as_b, uint32_t *dst)
 {
     uint32_t stage[32 * 16] __attribute__((aligned(64)));
-    for (int64_t k0 = 0; k0 < kc; k0 += 32, dst += AMX_STEP_WORDS) {
+    for (int64_t k0 = 0; k0 < kc; k0 += 32, dst += TILE_STEP_WORDS) {
         int64_t depth = kc - k0 < 32 ? kc - k0 : 32;
         if (k_fast) {   /* line l's 32 k lie together: [line][pair] */
             uint32_t *out = as_b ? stage : dst;
@@ -233,9 +233,9 @@ static const TileConfig tile_config = {
     .rows = {16, 16, 16, 16, 16, 16, 16, 16},
 };
 
-__attribute__((target("amx-tile"))) void cpu_amx_begin(void) { _tile_loadconfig(&tile_config); }
+__attribute__((target("amx-tile"))) void cpu_tile_begin(void) { _tile_loadconfig(&tile_config); }
 
-__attribute__((target("amx-tile"))) void cpu_amx_end(void) { _tile_release(); }
+__attribute__((target("amx-tile"))) void cpu_tile_end(void) { _tile_release(); }
 
 /* The four C tiles of a 32 x 32 block at c (row stride ldc): loaded (add) or zeroed; stored. */
 __attribute__((target("amx-tile"), always_inline)) static inline void c_tiles_begin(float *c, int64_t ldc, bool add)
@@ -265,16 +265,16 @@ __attribute__((target("amx-tile"), always_inline)) static inline void c_tiles_st
 
 /* c (32 x 32 f32, row stride ldc) = (or += with add) A times a B panel over `steps` steps of 32
  * k: the GEMM's block, its loop over k kept to its loads and products (through
- * cpu_amx_panels' general loop a K = 2048 GEMM ran 7% slower). A is a packed panel (a_ld = 0)
- * or bf16 rows a_ld elements apart, read where they lie (cpu_amx_panels says how). */
-__attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld,
-                                                                const uint32_t *b, float *c, int64_t ldc,
-                                                                bool add)
+ * cpu_tile_panels' general loop a K = 2048 GEMM ran 7% slower). A is a packed panel (a_ld = 0)
+ * or bf16 rows a_ld elements apart, read where they lie (cpu_tile_panels says how). */
+__attribute__((target("amx-tile,amx-bf16"))) void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld,
+                                                                 const uint32_t *b, float *c, int64_t ldc,
+                                                                 bool add)
 {
-    int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : AMX_STEP_WORDS * 4;
+    int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : TILE_STEP_WORDS * 4;
     const char *ab = a;
     c_tiles_begin(c, ldc, add);
-    for (int64_t s = 0; s < steps; s++, ab += a_step, b += AMX_STEP_WORDS) {
+    for (int64_t s = 0; s < steps; s++, ab += a_step, b += TILE_STEP_WORDS) {
         _tile_loadd(4, ab, a_stride);
         _tile_loadd(5, ab + 16 * a_stride, a_stride);
         _tile_loadd(6, b, 128);
@@ -291,28 +291,28 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_block(int64_t steps, c
  * B panel p (b + p b_panel), over `steps` steps of 32 k, for p < panels: C tiles 0-3 (rows
  * 0-15 | 16-31 x columns 0-15 | 16-31), A tiles 4-5, B tiles 6-7. A tile is 16 rows of 32
  * bf16 (64 bytes) at any row stride: a packed A panel (a_ld = 0) has its rows 64 bytes apart
- * and its steps AMX_STEP_WORDS words apart; bf16 rows of A itself (a_ld elements apart) are
+ * and its steps TILE_STEP_WORDS words apart; bf16 rows of A itself (a_ld elements apart) are
  * loaded where they lie, a step 32 elements along them. A may come as `terms` planes (a_plane
  * elements apart) whose products add up in the tiles: attention's three-term split operands.
  * With one step of one term the A tiles stay loaded across the blocks. */
-__attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_panels(int64_t panels, int64_t steps,
-                                                                 const void *a, int64_t a_ld,
-                                                                 int64_t a_plane, int terms,
-                                                                 const uint32_t *b, int64_t b_panel,
-                                                                 float *c, int64_t ldc, bool add)
+__attribute__((target("amx-tile,amx-bf16"))) void cpu_tile_panels(int64_t panels, int64_t steps,
+                                                                  const void *a, int64_t a_ld,
+                                                                  int64_t a_plane, int terms,
+                                                                  const uint32_t *b, int64_t b_panel,
+                                                                  float *c, int64_t ldc, bool add)
 {
-    int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : AMX_STEP_WORDS * 4;
+    int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : TILE_STEP_WORDS * 4;
     const char *ab = a;
     bool keep_a = steps == 1 && terms == 1;
     if (keep_a) {
         _tile_loadd(4, ab, a_stride);
         _tile_loadd(5, ab + 16 * a_stride, a_stride);
     }
-    for (int64_t p = 0; p < panels; p++, b += b_panel, c += AMX_LINES) {
+    for (int64_t p = 0; p < panels; p++, b += b_panel, c += TILE_LINES) {
         c_tiles_begin(c, ldc, add);
         const uint32_t *bs = b;
         const char *as = ab;
-        for (int64_t s = 0; s < steps; s++, bs += AMX_STEP_WORDS, as += a_step) {
+        for (int64_t s = 0; s < steps; s++, bs += TILE_STEP_WORDS, as += a_step) {
             _tile_loadd(6, bs, 128);
             _tile_loadd(7, bs + 16, 128);
             for (int t = 0; t < terms; t++) {
@@ -330,31 +330,31 @@ __attribute__((target("amx-tile,amx-bf16"))) void cpu_amx_panels(int64_t panels,
         c_tiles_store(c, ldc);
     }
 }
-#else   /* cpu_amx_usable() is false: the driver never calls these */
-void cpu_amx_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
-                   bool add)
+#else   /* cpu_tile_usable() is false: the driver never calls these */
+void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
+                    bool add)
 {
     (void)steps, (void)a, (void)a_ld, (void)b, (void)c, (void)ldc, (void)add;
     IR_ASSERT(!"AMX without AMX");
 }
-void cpu_amx_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
-                    int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add)
+void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
+                     int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add)
 {
     (void)panels, (void)steps, (void)a, (void)a_ld, (void)a_plane, (void)terms, (void)b,
         (void)b_panel, (void)c, (void)ldc, (void)add;
     IR_ASSERT(!"AMX without AMX");
 }
-void cpu_amx_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
-                  int64_t kc, bool as_b, uint32_t *dst)
+void cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
+                   int64_t kc, bool as_b, uint32_t *dst)
 {
     (void)o, (void)at, (void)ld, (void)k_fast, (void)lines, (void)kc, (void)as_b, (void)dst;
     IR_ASSERT(!"AMX without AMX");
 }
-void cpu_amx_begin(void) { IR_ASSERT(!"AMX without AMX"); }
-void cpu_amx_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add)
+void cpu_tile_begin(void) { IR_ASSERT(!"AMX without AMX"); }
+void cpu_tile_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add)
 {
     (void)out, (void)c, (void)ldc, (void)ni, (void)nj, (void)alpha, (void)add;
     IR_ASSERT(!"AMX without AMX");
 }
-void cpu_amx_end(void) {}
+void cpu_tile_end(void) {}
 #endif

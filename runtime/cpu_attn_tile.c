@@ -1,4 +1,4 @@
-/* cpu_attn_amx.c — causal attention on AMX tiles, for q, k, v (and dy) stored as bf16.
+/* cpu_attn_tile.c — causal attention on AMX tiles, for q, k, v (and dy) stored as bf16.
  *
  * The kernel IR's attention (codegen/lower_kernels.c) computes its products with f32 vector
  * FMAs: at a head size of 32 to 128 that is most of a training step's time on a CPU whose
@@ -17,7 +17,7 @@
  * the additions differs, and the tile unit flushes subnormal terms (below 2^-126) to zero.
  * exp is Cephes' expf (within 2 ulp), as the LLVM renderer's.
  *
- * Work: operands are first packed into the tiles' layouts (cpu_amx_pack), once per call:
+ * Work: operands are first packed into the tiles' layouts (cpu_tile_pack), once per call:
  *   "rows" layout   panels of 32 rows (keys or queries), steps of 32 columns of the head: the
  *                   right operand of a product over the head dimension (q k^T, dy v^T, k q^T)
  *   "cols" layout   panels of 32 columns of the head, steps of 32 rows: the right operand of a
@@ -45,20 +45,20 @@
 #define HAVE_AMX_ATTN 1
 #endif
 
-enum { BLK = AMX_LINES, STEP = AMX_STEP_WORDS, MAX_HEAD = 256 };
+enum { BLK = TILE_LINES, STEP = TILE_STEP_WORDS, MAX_HEAD = 256 };
 
 static bool attn_amx_on = true;
 static int64_t attn_amx_runs;
 
-int64_t cpu_attention_amx_runs(void) { return attn_amx_runs; }
+int64_t cpu_attention_tile_runs(void) { return attn_amx_runs; }
 
 bool cpu_attention_use_amx(bool on)
 {
     attn_amx_on = on;
-    return on && cpu_amx_usable();
+    return on && cpu_tile_usable();
 }
 
-bool cpu_attention_amx_usable(int64_t head_dim)
+bool cpu_attention_tile_usable(int64_t head_dim)
 {
 #ifdef HAVE_AMX_ATTN
     static int bf16 = -1;   /* AVX512-BF16 (every CPU with AMX-BF16 has it) packs the splits */
@@ -66,7 +66,7 @@ bool cpu_attention_amx_usable(int64_t head_dim)
         __builtin_cpu_init();
         bf16 = __builtin_cpu_supports("avx512bf16");
     }
-    return attn_amx_on && bf16 && cpu_amx_usable() && head_dim % 32 == 0 && head_dim <= MAX_HEAD;
+    return attn_amx_on && bf16 && cpu_tile_usable() && head_dim % 32 == 0 && head_dim <= MAX_HEAD;
 #else
     (void)head_dim;
     return false;
@@ -127,14 +127,14 @@ static void pack_task(void *ctx, int64_t task)
         uint32_t *dst = p->rows + task * head_words(a);
         for (int64_t jb = 0; jb < nb; jb++) {
             int64_t lines = a->T - jb * BLK < BLK ? a->T - jb * BLK : BLK;
-            cpu_amx_pack(&o, at + jb * BLK * p->x.stride, p->x.stride, true, lines, a->D, true,
-                         dst + jb * ds * STEP);
+            cpu_tile_pack(&o, at + jb * BLK * p->x.stride, p->x.stride, true, lines, a->D, true,
+                          dst + jb * ds * STEP);
         }
     }
     if (p->cols) {
         uint32_t *dst = p->cols + task * head_words(a);
         for (int64_t dp = 0; dp < ds; dp++)
-            cpu_amx_pack(&o, at + dp * BLK, p->x.stride, false, BLK, a->T, true, dst + dp * nb * STEP);
+            cpu_tile_pack(&o, at + dp * BLK, p->x.stride, false, BLK, a->T, true, dst + dp * nb * STEP);
     }
 }
 
@@ -210,7 +210,7 @@ __attribute__((target("avx512f"))) static inline float hsum16(__m512 x) { return
 static void product3(const uint16_t *a3, int64_t lda, int64_t plane, const uint32_t *b, int64_t b_panel,
                      int64_t panels, int64_t steps, float *c, int64_t ldc, bool add)
 {
-    cpu_amx_panels(panels, steps, a3, lda, plane, 3, b, b_panel, c, ldc, add);
+    cpu_tile_panels(panels, steps, a3, lda, plane, 3, b, b_panel, c, ldc, add);
 }
 
 /* bf16 codes of 16 f32 lanes, as num_f32_to_bf16 (round to nearest even, NaN to 0x7FFF) */
@@ -289,9 +289,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
     int64_t plane = BLK * keys;
     Heads qh = {a->q, a->qs, a->H};
     copy_block(a, qh, b, h, t0, q);
-    cpu_amx_begin();
+    cpu_tile_begin();
     const uint32_t *kr = f->k_rows + (b * a->Hkv + g) * nb * (D / 32) * STEP;
-    cpu_amx_panels(qb + 1, D / 32, q, D, 0, 1, kr, (D / 32) * STEP, S, keys, false);
+    cpu_tile_panels(qb + 1, D / 32, q, D, 0, 1, kr, (D / 32) * STEP, S, keys, false);
     __m512 scale = _mm512_set1_ps(a->scale);
     for (int64_t r = 0; r < BLK; r++) {
         float *s = S + r * keys;
@@ -308,7 +308,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
     }
     product3(P, keys, plane, f->v_cols + (b * a->Hkv + g) * (D / 32) * nb * STEP, nb * STEP, D / 32,
              qb + 1, O, D, false);
-    cpu_amx_end();
+    cpu_tile_end();
     int64_t n = a->T - t0 < BLK ? a->T - t0 : BLK;
     for (int64_t r = 0; r < n; r++)
         for (int64_t d = 0; d < D; d++) O[r * D + d] = O[r * D + d] * inv[r];
@@ -338,9 +338,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dq_task(void 
     int64_t plane = BLK * keys, ds = D / 32, kv = b * a->Hkv + g;
     copy_block(a, (Heads){a->q, a->qs, a->H}, b, h, t0, q);
     copy_block(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, dy);
-    cpu_amx_begin();
-    cpu_amx_panels(qb + 1, ds, q, D, 0, 1, w->k_rows + kv * nb * ds * STEP, ds * STEP, S, keys, false);
-    cpu_amx_panels(qb + 1, ds, dy, D, 0, 1, w->v_rows + kv * nb * ds * STEP, ds * STEP, dP, keys, false);
+    cpu_tile_begin();
+    cpu_tile_panels(qb + 1, ds, q, D, 0, 1, w->k_rows + kv * nb * ds * STEP, ds * STEP, S, keys, false);
+    cpu_tile_panels(qb + 1, ds, dy, D, 0, 1, w->v_rows + kv * nb * ds * STEP, ds * STEP, dP, keys, false);
     __m512 scale = _mm512_set1_ps(a->scale);
     for (int64_t r = 0; r < BLK; r++) {
         float *s = S + r * keys, *dp = dP + r * keys;
@@ -369,7 +369,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dq_task(void 
         }
     }
     product3(dS, keys, plane, w->k_cols + kv * ds * nb * STEP, nb * STEP, ds, qb + 1, dQ, D, false);
-    cpu_amx_end();
+    cpu_tile_end();
     store_rows(a, dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D);
 }
 
@@ -391,14 +391,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
     memset(dK, 0, sizeof(float) * BLK * (size_t)D);
     memset(dV, 0, sizeof(float) * BLK * (size_t)D);
     __m512 scale = _mm512_set1_ps(a->scale);
-    cpu_amx_begin();
+    cpu_tile_begin();
     for (int64_t hh = 0; hh < group; hh++) {
         int64_t h = g * group + hh, bh = b * a->H + h;
         const float *lse = w->lse + bh * a->T, *dsum = w->dsum + bh * a->T;
         for (int64_t qb = kb; qb < nb; qb++) {
             int64_t t0 = qb * BLK;
-            cpu_amx_panels(1, ds, k, D, 0, 1, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
-            cpu_amx_panels(1, ds, v, D, 0, 1, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
+            cpu_tile_panels(1, ds, k, D, 0, 1, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
+            cpu_tile_panels(1, ds, v, D, 0, 1, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
             __mmask16 inside[2];        /* the two halves' queries before T */
             __m512 lv[2], dv[2];        /* their log-sum-exp and D */
             for (int u = 0; u < 2; u++) {
@@ -428,7 +428,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
             product3(dS3, BLK, BLK * BLK, qc, nb * STEP, ds, 1, dK, D, true);
         }
     }
-    cpu_amx_end();
+    cpu_tile_end();
     int64_t n = a->T - j0 < BLK ? a->T - j0 : BLK;
     store_rows(a, dK, b, j0, n, a->H * D + g * D);
     store_rows(a, dV, b, j0, n, a->H * D + a->Hkv * D + g * D);
@@ -436,7 +436,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
 
 /* ---------------------------------------------------------------- entry points */
 
-void cpu_attention_amx(const RtAttention *a)
+void cpu_attention_tile(const RtAttention *a)
 {
     attn_amx_runs++;
     int64_t nb = blocks_of(a->T), hw = head_words(a);
@@ -467,7 +467,7 @@ void cpu_attention_amx(const RtAttention *a)
 }
 
 #else
-void cpu_attention_amx(const RtAttention *a)
+void cpu_attention_tile(const RtAttention *a)
 {
     (void)a;
     IR_ASSERT(!"AMX attention without AMX");
