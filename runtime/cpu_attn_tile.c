@@ -1,20 +1,22 @@
-/* cpu_attn_tile.c — causal attention on AMX tiles, for q, k, v (and dy) stored as bf16.
+/* cpu_attn_tile.c — causal attention on the tile path, for q, k, v (and dy) stored as bf16.
  *
  * The kernel IR's attention (codegen/lower_kernels.c) computes its products with f32 vector
  * FMAs: at a head size of 32 to 128 that is most of a training step's time on a CPU whose
- * GEMMs run on the tile unit. Where the CPU has AMX and the operands are bf16, the executor
- * (cpu_exec.c) runs an attention node here instead, as FlashAttention does on a GPU: in blocks
- * of 32 query (or key) rows, the scores and their products on the tiles, the softmax in f32
- * vectors between them. The kernel IR's kernels stay what runs everywhere else
- * (FP8C_CPU_AMX=0, other CPUs, operands in other formats, a group with fused elementwise
- * nodes), and the tests run both against the reference executor.
+ * GEMMs run on the tile path. Where the GEMM has its tile path (AMX's tiles, or AVX512-BF16's
+ * dot products: cpu_gemm_tile.c; this file calls its block operations and does not care
+ * which) and the operands are bf16, the executor (cpu_exec.c) runs an attention node here
+ * instead, as FlashAttention does on a GPU: in blocks of 32 query (or key) rows, the scores
+ * and their products as 32 x 32 blocks, the softmax in f32 vectors between them. The kernel
+ * IR's kernels stay what runs everywhere else (FP8C_CPU_TILES=off, other CPUs, operands in
+ * other formats, a group with fused elementwise nodes), and the tests run every path the CPU
+ * has against the reference executor.
  *
  * Numerics. q, k, v and dy are bf16, so their products are exact in f32 and the scores and
  * dP = dy v^T are f32 sums of exact products, as on the vector path. P and dS are f32; as the
  * left operand of P V, dS K, P^T dy and dS^T q each is split into three bf16 terms whose sum is
  * exactly the f32 value (the top 8 bits of the significand, the next 8, the last 8: each
  * remainder is exact), so those products too are f32 sums of exact products; only the order of
- * the additions differs, and the tile unit flushes subnormal terms (below 2^-126) to zero.
+ * the additions differs, and both implementations flush subnormal terms (below 2^-126) to zero.
  * exp is Cephes' expf (within 2 ulp), as the LLVM renderer's.
  *
  * Work: operands are first packed into the tiles' layouts (cpu_tile_pack), once per call:
@@ -40,40 +42,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define HAVE_AMX_ATTN 1
+#define HAVE_TILE_ATTN 1
 #endif
 
 enum { BLK = TILE_LINES, STEP = TILE_STEP_WORDS, MAX_HEAD = 256 };
 
-static bool attn_amx_on = true;
-static int64_t attn_amx_runs;
+static int64_t attn_tile_runs;
 
-int64_t cpu_attention_tile_runs(void) { return attn_amx_runs; }
-
-bool cpu_attention_use_amx(bool on)
-{
-    attn_amx_on = on;
-    return on && cpu_tile_usable();
-}
+int64_t cpu_attention_tile_runs(void) { return attn_tile_runs; }
 
 bool cpu_attention_tile_usable(int64_t head_dim)
 {
-#ifdef HAVE_AMX_ATTN
-    static int bf16 = -1;   /* AVX512-BF16 (every CPU with AMX-BF16 has it) packs the splits */
+#ifdef HAVE_TILE_ATTN
+    static int bf16 = -1;   /* AVX512-BF16 packs the splits (every CPU with AMX-BF16 has it) */
     if (bf16 < 0) {
         __builtin_cpu_init();
         bf16 = __builtin_cpu_supports("avx512bf16");
     }
-    return attn_amx_on && bf16 && cpu_tile_usable() && head_dim % 32 == 0 && head_dim <= MAX_HEAD;
+    return bf16 && cpu_tile_usable() && head_dim % 32 == 0 && head_dim <= MAX_HEAD;
 #else
     (void)head_dim;
     return false;
 #endif
 }
 
-#ifdef HAVE_AMX_ATTN
+#ifdef HAVE_TILE_ATTN
 
 static int64_t blocks_of(int64_t n) { return (n + BLK - 1) / BLK; }
 
@@ -438,7 +433,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
 
 void cpu_attention_tile(const RtAttention *a)
 {
-    attn_amx_runs++;
+    attn_tile_runs++;
     int64_t nb = blocks_of(a->T), hw = head_words(a);
     Heads k = {a->k, a->ks, a->Hkv}, v = {a->v, a->vs, a->Hkv};
     if (!a->dy) {
@@ -470,6 +465,6 @@ void cpu_attention_tile(const RtAttention *a)
 void cpu_attention_tile(const RtAttention *a)
 {
     (void)a;
-    IR_ASSERT(!"AMX attention without AMX");
+    IR_ASSERT(!"tile attention without the tile path");
 }
 #endif

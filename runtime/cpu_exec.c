@@ -13,9 +13,9 @@
  * (codegen.h), so any split gives the same bits: results do not depend on the thread count.
  * GEMM kernels call rt_cpu_gemm_rows, which hands blocks of C's rows to the GEMM's epilogue
  * kernel (the next one) as it finishes them, so that the epilogue reads C while it is in cache.
- * An attention node alone in its group, with bf16 operands, runs on the AMX tiles where the CPU
- * has them (cpu_attn_tile.c) in place of its kernels: at the first of them, the others skipped;
- * reference kernels (nodes no kernel handles; the models of models/ have none) call the
+ * An attention node alone in its group, with bf16 operands, runs on the GEMM's tile path where
+ * the CPU has one (cpu_attn_tile.c) in place of its kernels: at the first of them, the others
+ * skipped; reference kernels (nodes no kernel handles; the models of models/ have none) call the
  * reference executor on their nodes. */
 #define _GNU_SOURCE
 #include "codegen.h"

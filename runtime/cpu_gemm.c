@@ -20,9 +20,10 @@
  * conversion pass; the kernel lowering widens other formats into f32 scratch first.
  *
  * Where both operands are stored as bf16, e4m3 or e5m2 (values bf16 holds exactly) and the CPU
- * has AMX, the same driver — tasks, K blocks, panels packed by the first task that needs them
- * — packs bf16 panels of 32 lines instead and multiplies 32 x 32 blocks of C on the tile unit
- * (cpu_gemm_tile.c, whose essay says how its numerics differ). That is what a -O0 to -O3 step's
+ * has AMX or AVX512-BF16, the same driver — tasks, K blocks, panels packed by the first task
+ * that needs them — packs bf16 panels of 32 lines instead and multiplies 32 x 32 blocks of C
+ * on AMX's tiles or with AVX512-BF16's dot products (the tile path, cpu_gemm_tile.c, whose
+ * essay says how its numerics differ). That is what a -O0 to -O3 step's
  * GEMMs mostly are; f32 and f16 operands keep the f32 path.
  *
  * rt_cpu_gemm_rows hands each block of C's rows on as soon as the last task covering its
@@ -687,9 +688,10 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
     }
     g.n_col_panels = ceil_div(N, g.u.nr);
     g.n_row_panels = ceil_div(M, g.u.mr);
-    /* no thread gets much under a million multiply-adds (on the tile unit, eight million):
-     * waking the pool costs more */
-    double flops = 2.0 * (double)M * (double)N * (double)K, least = g.tiles ? 16e6 : 2e6;
+    /* no thread gets much under a million multiply-adds (on AMX's tiles eight million, with
+     * AVX512-BF16's dot products, twice the f32 rate, two million): waking the pool costs more */
+    double flops = 2.0 * (double)M * (double)N * (double)K;
+    double least = !g.tiles ? 2e6 : cpu_tiles() == CPU_TILES_AMX ? 16e6 : 4e6;
     int64_t threads = ref_threads();
     if ((double)threads > flops / least) threads = (int64_t)(flops / least) + 1;
     bool serial = threads == 1;

@@ -64,19 +64,26 @@ typedef enum {
 float *cpu_thread_floats(CpuThreadBuffer which, int64_t n);
 
 /* ---------------------------------------------------------------- cpu_gemm_tile.c
- * The CPU GEMM's bf16 tile path (Intel AMX) for operands stored as bf16, e4m3 or e5m2. Panels
- * are 32 lines by a K block, in steps of 32 k of TILE_STEP_WORDS pairs of bf16 (the layouts
- * are in the file's essay). */
+ * The CPU GEMM's bf16 tile path for operands stored as bf16, e4m3 or e5m2: 32 x 32 blocks of C
+ * on Intel AMX's tiles or on AVX512-BF16 dot products, over the same panels, 32 lines by a K
+ * block, in steps of 32 k of TILE_STEP_WORDS pairs of bf16 (the layouts are in the file's
+ * essay). */
 enum { TILE_LINES = 32, TILE_STEP_WORDS = 32 * 16 };
-bool cpu_tile_usable(void);         /* the CPU has it, the OS allows it, FP8C_CPU_AMX != 0 */
+typedef enum { CPU_TILES_OFF, CPU_TILES_BF16DOT, CPU_TILES_AMX } CpuTiles;
+/* The implementation in use: the fastest the CPU has, or FP8C_CPU_TILES=amx|bf16dot|off
+ * (FP8C_CPU_AMX=0: off); CPU_TILES_OFF leaves every GEMM and attention to the f32 path. */
+CpuTiles cpu_tiles(void);
+bool cpu_tile_usable(void);         /* cpu_tiles() != CPU_TILES_OFF */
+/* Tests and benchmarks: use t where the CPU has it, else the f32 path; returns whether t is
+ * now in use. */
+bool cpu_tiles_select(CpuTiles t);
+const char *cpu_tiles_name(CpuTiles t);     /* "off", "bf16dot", "amx" */
 bool cpu_tile_operand(ElemType e);  /* values exact in bf16: bf16, e4m3, e5m2 */
-/* Tests and benchmarks: turn the tile path on or off; returns whether it is on. */
-bool cpu_gemm_use_amx(bool on);
 /* A panel of `lines` (<= 32) lines x kc of o, from `at`: element (line l, k) at at + l * ld + k
  * when k_fast, else at + k * ld + l; as a B panel with as_b. */
 void cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
                    int64_t kc, bool as_b, uint32_t *dst);
-void cpu_tile_begin(void);          /* load the tile configuration (per thread, per task) */
+void cpu_tile_begin(void);          /* amx: load the tile configuration (per thread, per task) */
 void cpu_tile_end(void);
 /* c (32 x 32 f32, row stride ldc) = (or += with add) A times B panel over `steps` steps of 32
  * k; A a packed panel (a_ld = 0) or 32 bf16 rows a_ld elements apart read where they lie */
@@ -92,7 +99,7 @@ void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld,
 void cpu_tile_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add);
 
 /* ---------------------------------------------------------------- cpu_attn_tile.c
- * Causal grouped-query attention on the tile unit, forward or backward (dy set), for bf16 q,
+ * Causal grouped-query attention on the GEMM's tile path, forward or backward (dy set), for bf16 q,
  * k, v and dy: q's element (b, t, h, d) at q[(b T + t) qs + h D + d], k and v likewise with
  * kv heads (ks, vs), dy (B, T, H D). The forward writes y (B, T, H D) into out; the backward
  * writes dq | dk | dv, (B, T, (H + 2 Hkv) D). out's rows are out_stride elements apart, stored
@@ -106,8 +113,7 @@ typedef struct {
     ElemType out_elem;
     int64_t out_stride;
 } RtAttention;
-bool cpu_attention_tile_usable(int64_t head_dim);  /* AMX usable, D a multiple of 32 up to 256 */
-bool cpu_attention_use_amx(bool on);               /* tests: returns whether the path is usable */
+bool cpu_attention_tile_usable(int64_t head_dim);  /* tile path on, D a multiple of 32 up to 256 */
 int64_t cpu_attention_tile_runs(void);             /* tests: attentions the tile path has run */
 void cpu_attention_tile(const RtAttention *a);
 

@@ -559,8 +559,8 @@ static void test_losses_and_gathers(void **state)
 
 /* Attention forward and backward against the reference: q, k, v apart or packed, grouped
  * query heads, sequences that end inside a block. The f32 cases run the kernel IR's kernels;
- * the bf16 ones (head sizes 32 and 64, the tile path's) run on the AMX tiles where the CPU has
- * them, and then again on the kernel IR's kernels. */
+ * the bf16 ones (head sizes 32 and 64, the tile path's) run on each implementation of the tile
+ * path the CPU has (AMX, AVX512-BF16 dot products), and then on the kernel IR's kernels. */
 static void attention_case(ElemType in, ElemType out, int64_t T, int64_t D, bool packed, bool rope)
 {
     TG *t = tg_new();
@@ -610,18 +610,23 @@ static void test_attention(void **state)
     static const struct { int64_t T, D; bool packed; ElemType out; } tile[] = {
         {19, 32, false, FMT_F32}, {70, 32, true, FMT_F32}, {45, 64, false, FMT_BF16}, {32, 64, true, FMT_F32},
     };
-    bool tiles = cpu_attention_use_amx(true);
-    for (int on = tiles ? 1 : 0; on >= 0; on--) {
-        cpu_attention_use_amx(on);
+    CpuTiles was = cpu_tiles();
+    static const CpuTiles paths[] = {CPU_TILES_AMX, CPU_TILES_BF16DOT, CPU_TILES_OFF};
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (!cpu_tiles_select(paths[p])) {
+            print_message("attention: tile path %s skipped: not on this CPU\n", cpu_tiles_name(paths[p]));
+            continue;
+        }
+        bool on = paths[p] != CPU_TILES_OFF;
+        print_message("attention: bf16 cases %s%s\n", on ? "on the tile path " : "on the kernel IR's kernels",
+                      on ? cpu_tiles_name(paths[p]) : "");
         int64_t runs = cpu_attention_tile_runs();
         for (size_t i = 0; i < sizeof tile / sizeof tile[0]; i++)
             attention_case(FMT_BF16, tile[i].out, tile[i].T, tile[i].D, tile[i].packed, false);
         /* each case is a forward and a backward */
         assert_int_equal(cpu_attention_tile_runs() - runs, on ? 2 * (int64_t)(sizeof tile / sizeof tile[0]) : 0);
     }
-    cpu_attention_use_amx(true);
-    print_message("attention: bf16 cases on the %s\n", tiles ? "AMX tiles and on the kernel IR's kernels"
-                                                               : "kernel IR's kernels (no AMX here)");
+    cpu_tiles_select(was);
 }
 
 /* ---------------------------------------------------------------- GEMM and fusion */
@@ -659,8 +664,9 @@ static void test_gemm(void **state)
     tg_free(t);
 }
 
-/* The GEMM itself (rt_cpu_gemm_mixed) on both of its paths — f32 micro-kernels, and bf16 tiles
- * (AMX) where the CPU has them — against an f64 product of the decoded operands: every pair of
+/* The GEMM itself (rt_cpu_gemm_mixed) on each of its paths the CPU has — f32 micro-kernels,
+ * and the bf16 tile path on AVX512-BF16 dot products and on AMX's tiles — against an f64
+ * product of the decoded operands: every pair of
  * stored formats the tile path takes (and f32 x bf16, which it leaves to the f32 path), per-
  * tensor scales, the four transpose combinations, accumulation, and shapes that end inside a
  * tile, a pair of k and a K block. Bound: normalized error < 1e-5 (f32 sums of exact products,
@@ -710,13 +716,20 @@ static void test_gemm_paths(void **state)
     };
     static const int64_t shapes[][3] = {{45, 53, 70}, {128, 96, 128}, {33, 70, 1100}, {1, 1, 1},
                                         {97, 31, 3}};
-    bool tiles = cpu_gemm_use_amx(true);
-    print_message("gemm paths: f32%s\n", tiles ? " and bf16 tiles (AMX)" : " (no AMX here)");
-    /* every finite FP8 code times the identity: exactly its value, on both paths (the tile
+    CpuTiles was = cpu_tiles();
+    static const CpuTiles paths[] = {CPU_TILES_OFF, CPU_TILES_BF16DOT, CPU_TILES_AMX};
+    enum { N_PATHS = sizeof paths / sizeof paths[0] };
+    bool ran[N_PATHS];
+    for (int path = 0; path < N_PATHS; path++) {
+        ran[path] = cpu_tiles_select(paths[path]);
+        print_message("gemm paths: %s%s%s\n", path ? "tile path " : "f32", path ? cpu_tiles_name(paths[path]) : "",
+                      ran[path] ? "" : " skipped: not on this CPU");
+    }
+    /* every finite FP8 code times the identity: exactly its value, on every path (the tile
      * path decodes FP8 through a vector table lookup) */
-    for (int path = 0; path < (tiles ? 2 : 1); path++)
-        for (int f = 0; f < 2; f++) {
-            cpu_gemm_use_amx(path == 1);
+    for (int path = 0; path < N_PATHS; path++)
+        for (int f = 0; f < 2 && ran[path]; f++) {
+            cpu_tiles_select(paths[path]);
             ElemType e = f ? FMT_E5M2 : FMT_E4M3;
             uint8_t codes[256];
             uint16_t eye[16 * 16] = {0};
@@ -732,12 +745,13 @@ static void test_gemm_paths(void **state)
                 float want = f ? num_e5m2_to_f32(codes[q]) : num_e4m3_to_f32(codes[q]);
                 if (C[q] != want)   /* -0 sums to +0 */
                     fail_msg("%s code 0x%02x through the %s path: %g, not %g", fmt_elem_name(e), q,
-                             path ? "tile" : "f32", C[q], want);
+                             path ? cpu_tiles_name(paths[path]) : "f32", C[q], want);
             }
         }
     int threads = ref_threads();
-    for (int path = 0; path < (tiles ? 2 : 1); path++) {
-        cpu_gemm_use_amx(path == 1);
+    for (int path = 0; path < N_PATHS; path++) {
+        if (!ran[path]) continue;
+        cpu_tiles_select(paths[path]);
         for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                 for (int tr = 0; tr < 4; tr++) {
@@ -758,13 +772,13 @@ static void test_gemm_paths(void **state)
                     if (!(err < 1e-5) || memcmp(C[0], C[1], sizeof(float) * (size_t)(M * N)) != 0)
                         fail_msg("gemm %s x %s (%s path) %lldx%lldx%lld ta=%d tb=%d acc=%d: error "
                                  "%.3g, thread counts %s", fmt_elem_name(a.elem),
-                                 fmt_elem_name(b.elem), path ? "tile" : "f32", (long long)M,
+                                 fmt_elem_name(b.elem), path ? cpu_tiles_name(paths[path]) : "f32", (long long)M,
                                  (long long)N, (long long)K, ta, tb, acc, err,
                                  memcmp(C[0], C[1], sizeof(float) * (size_t)(M * N)) ? "differ" : "agree");
                     free(C[0]), free(C[1]), free(a.data), free(a.value), free(b.data), free(b.value);
                 }
     }
-    cpu_gemm_use_amx(true);
+    cpu_tiles_select(was);
 }
 
 /* A chain of elementwise nodes becomes one kernel whose intermediates are rounded to their
@@ -794,10 +808,11 @@ static void test_gemm_rows(void **state)
 {
     (void)state;
     static const int64_t shapes[][3] = {{512, 96, 64}, {640, 200, 128}, {300, 70, 1100}, {64, 512, 128}};
-    bool tiles = cpu_gemm_use_amx(true);
+    CpuTiles was = cpu_tiles();
+    static const CpuTiles paths[] = {CPU_TILES_OFF, CPU_TILES_BF16DOT, CPU_TILES_AMX};
     int threads = ref_threads(), local = 0;
-    for (int path = 0; path < (tiles ? 2 : 1); path++) {
-        cpu_gemm_use_amx(path == 1);
+    for (size_t path = 0; path < sizeof paths / sizeof paths[0]; path++) {
+        if (!cpu_tiles_select(paths[path])) continue;
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int nt = 2; nt <= 8; nt *= 2) {
                 int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
@@ -815,14 +830,14 @@ static void test_gemm_rows(void **state)
                                                   (long long)M, (long long)N, (long long)K, nt, (long long)i, r.times[i]);
                 if (memcmp(r.out, want, sizeof(float) * (size_t)(M * N)) != 0)
                     fail_msg("gemm rows %lldx%lldx%lld (%s path), %d threads: rows differ from C",
-                             (long long)M, (long long)N, (long long)K, path ? "tile" : "f32", nt);
+                             (long long)M, (long long)N, (long long)K, path ? cpu_tiles_name(paths[path]) : "f32", nt);
                 local += r.local;
                 free(want), free(C), free(r.out), free(r.times);
                 free(a.data), free(a.value), free(b.data), free(b.value);
             }
     }
     ref_set_threads(threads);
-    cpu_gemm_use_amx(true);
+    cpu_tiles_select(was);
     print_message("gemm rows: %d blocks handed on from the tasks' own buffers\n", local);
     assert_true(local > 0);
 }

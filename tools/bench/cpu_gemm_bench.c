@@ -6,8 +6,9 @@
  * the best of several runs after a warm-up, with the same thread count for both libraries
  * (FP8C_THREADS; OpenBLAS is told the same through openblas_set_num_threads). Two fp8c
  * columns: f32 operands (the f32 micro-kernels, what sgemm computes), and the same values
- * stored as bf16 (rt_cpu_gemm_mixed, what a -O0 step's GEMMs read; on the AMX tiles where the
- * CPU has them). Built and run by tools/bench/cpu_bench.sh. */
+ * stored as bf16 (rt_cpu_gemm_mixed, what a -O0 step's GEMMs read; on the tile path, AMX or
+ * AVX512-BF16, where the CPU has one; FP8C_CPU_TILES picks it). Built and run by
+ * tools/bench/cpu_bench.sh. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -99,9 +100,8 @@ int main(int argc, char **argv)
     int threads = ref_threads();
     openblas_set_num_threads(threads);
     static const int64_t dims[][2] = {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}};
-    bool tiles = cpu_tile_usable();
-    printf("GEMM GFLOP/s, M = %lld rows, %d threads (fp8c rt_cpu_gemm on f32 and on bf16 operands%s, "
-           "vs OpenBLAS sgemm)\n", (long long)M, threads, tiles ? " (AMX tiles)" : "");
+    printf("GEMM GFLOP/s, M = %lld rows, %d threads (fp8c rt_cpu_gemm on f32 and on bf16 operands, tile "
+           "path %s, vs OpenBLAS sgemm)\n", (long long)M, threads, cpu_tiles_name(cpu_tiles()));
     printf("%-34s %10s %10s %10s %7s %7s  %s\n", "shape (M x K) @ (K x N)", "fp8c f32", "fp8c bf16",
            "OpenBLAS", "f32/BL", "bf16/BL", "norm. diff f32, bf16");
     double sum_ratio = 0, sum_ratio16 = 0;
