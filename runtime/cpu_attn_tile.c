@@ -12,12 +12,15 @@
  * has against the reference executor.
  *
  * Numerics. q, k, v and dy are bf16, so their products are exact in f32 and the scores and
- * dP = dy v^T are f32 sums of exact products, as on the vector path. P and dS are f32; as the
- * left operand of P V, dS K, P^T dy and dS^T q each is split into three bf16 terms whose sum is
- * exactly the f32 value (the top 8 bits of the significand, the next 8, the last 8: each
- * remainder is exact), so those products too are f32 sums of exact products; only the order of
- * the additions differs, and both implementations flush subnormal terms (below 2^-126) to zero.
- * exp is Cephes' expf (within 2 ulp), as the LLVM renderer's.
+ * dP = dy v^T are f32 sums of exact products, as on the vector path. P and dS are f32, the left
+ * operand of P V, dS K, P^T dy and dS^T q. AMX multiplies bf16 alone, so there each value is
+ * split into three bf16 terms whose sum is exactly the f32 value (the top 8 bits of the
+ * significand, the next 8, the last 8: each remainder is exact), and those products too are
+ * f32 sums of exact products, with subnormal terms (below 2^-126) flushed to zero. The dot
+ * path multiplies the f32 values with f32 FMAs instead (each product rounded once, as on the
+ * vector path): against three terms' dot products that is two thirds of the instructions, and
+ * a fifth of the backward's time at gpt2_tiny's shapes. exp is Cephes' expf (within 2 ulp), as
+ * the LLVM renderer's.
  *
  * Work: operands are first packed into the tiles' layouts (cpu_tile_pack), once per call:
  *   "rows" layout   panels of 32 rows (keys or queries), steps of 32 columns of the head: the
@@ -199,13 +202,43 @@ static inline __mmask16 seen(int64_t j, int64_t i)
 __attribute__((target("avx512f"))) static inline float hmax16(__m512 x) { return _mm512_reduce_max_ps(x); }
 __attribute__((target("avx512f"))) static inline float hsum16(__m512 x) { return _mm512_reduce_add_ps(x); }
 
-/* C (32 x D: D / 32 blocks at c, row stride ldc) = (or += with add) the three-term A (32 rows
- * of lda bf16, planes `plane` elements apart) times a packed B over `steps` steps, B's panel
- * for each 32 columns of D b_panel words after the last */
-static void product3(const uint16_t *a3, int64_t lda, int64_t plane, const uint32_t *b, int64_t b_panel,
-                     int64_t panels, int64_t steps, float *c, int64_t ldc, bool add)
+/* The left operand of a product over rows: P or dS, f32, 32 rows `ld` values apart. AMX
+ * multiplies bf16 alone, so there each value is kept as its three bf16 terms (split3, planes
+ * `plane` elements apart) and multiplied as three products; the dot path keeps the f32 values
+ * and multiplies them with f32 FMAs (cpu_tile_panels_f32): one FMA a value, where its terms
+ * would cost one and a half dot products. The space is the terms': 6 bytes a value. */
+typedef struct {
+    void *base;         /* uint16_t planes (split), or float rows */
+    int64_t ld, plane;
+    bool split;
+} Left;
+
+static Left left_at(void *base, int64_t ld, int64_t plane)
 {
-    cpu_tile_panels(panels, steps, a3, lda, plane, 3, b, b_panel, c, ldc, add);
+    return (Left){base, ld, plane, !cpu_tile_f32_products()};
+}
+
+/* values j .. j + 31 of row r: x0, then x1 */
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) static inline void
+left_store(const Left *l, int64_t r, int64_t j, __m512 x0, __m512 x1)
+{
+    int64_t at = r * l->ld + j;
+    if (l->split) {
+        uint16_t *p = (uint16_t *)l->base + at;
+        split3(x0, x1, p, p + l->plane, p + 2 * l->plane);
+    } else {
+        _mm512_storeu_ps((float *)l->base + at, x0);
+        _mm512_storeu_ps((float *)l->base + at + 16, x1);
+    }
+}
+
+/* C (32 x D: D / 32 blocks at c, row stride ldc) = (or += with add) the operand times a packed
+ * B over `steps` steps, B's panel for each 32 columns of D b_panel words after the last */
+static void left_product(const Left *l, const uint32_t *b, int64_t b_panel, int64_t panels, int64_t steps, float *c,
+                         int64_t ldc, bool add)
+{
+    if (l->split) cpu_tile_panels(panels, steps, l->base, l->ld, l->plane, 3, b, b_panel, c, ldc, add);
+    else cpu_tile_panels_f32(panels, steps, l->base, l->ld, b, b_panel, c, ldc, add);
 }
 
 /* bf16 codes of 16 f32 lanes, as num_f32_to_bf16 (round to nearest even, NaN to 0x7FFF) */
@@ -279,9 +312,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
     size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 3 * 2 * BLK * (size_t)keys;
     char *mem = thread_scratch(s_bytes + p_bytes + sizeof(float) * BLK * (size_t)D + 2 * BLK * (size_t)D + 64 * BLK);
     float *S = (float *)mem, *O = (float *)(mem + s_bytes + p_bytes);
-    uint16_t *P = (uint16_t *)(mem + s_bytes), *q = (uint16_t *)(O + BLK * D);
+    uint16_t *q = (uint16_t *)(O + BLK * D);
     float *inv = (float *)(q + BLK * D);
-    int64_t plane = BLK * keys;
+    Left P = left_at(mem + s_bytes, keys, BLK * keys);
     Heads qh = {a->q, a->qs, a->H};
     copy_block(a, qh, b, h, t0, q);
     cpu_tile_begin();
@@ -297,12 +330,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
             __m512 e1 = _mm512_maskz_mov_ps(seen(j + 16, i),
                                             exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j + 16), scale), mv)));
             l = _mm512_add_ps(l, _mm512_add_ps(e0, e1));
-            split3(e0, e1, P + r * keys + j, P + plane + r * keys + j, P + 2 * plane + r * keys + j);
+            left_store(&P, r, j, e0, e1);
         }
         inv[r] = 1.0f / hsum16(l);
     }
-    product3(P, keys, plane, f->v_cols + (b * a->Hkv + g) * (D / 32) * nb * STEP, nb * STEP, D / 32,
-             qb + 1, O, D, false);
+    left_product(&P, f->v_cols + (b * a->Hkv + g) * (D / 32) * nb * STEP, nb * STEP, D / 32, qb + 1, O, D, false);
     cpu_tile_end();
     int64_t n = a->T - t0 < BLK ? a->T - t0 : BLK;
     for (int64_t r = 0; r < n; r++)
@@ -329,8 +361,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dq_task(void 
     size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 3 * 2 * BLK * (size_t)keys;
     char *mem = thread_scratch(2 * s_bytes + p_bytes + sizeof(float) * BLK * (size_t)D + 4 * BLK * (size_t)D);
     float *S = (float *)mem, *dP = (float *)(mem + s_bytes), *dQ = (float *)(mem + 2 * s_bytes + p_bytes);
-    uint16_t *dS = (uint16_t *)(mem + 2 * s_bytes), *q = (uint16_t *)(dQ + BLK * D), *dy = q + BLK * D;
-    int64_t plane = BLK * keys, ds = D / 32, kv = b * a->Hkv + g;
+    uint16_t *q = (uint16_t *)(dQ + BLK * D), *dy = q + BLK * D;
+    Left dS = left_at(mem + 2 * s_bytes, keys, BLK * keys);
+    int64_t ds = D / 32, kv = b * a->Hkv + g;
     copy_block(a, (Heads){a->q, a->qs, a->H}, b, h, t0, q);
     copy_block(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, dy);
     cpu_tile_begin();
@@ -356,14 +389,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dq_task(void 
                 __m512 p = _mm512_mul_ps(_mm512_loadu_ps(s + j + 16 * u), iv);
                 d[u] = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + j + 16 * u), dv)), scale);
             }
-            split3(d[0], d[1], dS + r * keys + j, dS + plane + r * keys + j, dS + 2 * plane + r * keys + j);
+            left_store(&dS, r, j, d[0], d[1]);
         }
         if (i < a->T) {
             w->lse[bh * a->T + i] = mx + logf(lsum);
             w->dsum[bh * a->T + i] = dsum;
         }
     }
-    product3(dS, keys, plane, w->k_cols + kv * ds * nb * STEP, nb * STEP, ds, qb + 1, dQ, D, false);
+    left_product(&dS, w->k_cols + kv * ds * nb * STEP, nb * STEP, ds, qb + 1, dQ, D, false);
     cpu_tile_end();
     store_rows(a, dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D);
 }
@@ -379,6 +412,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
                                4 * BLK * (size_t)D);
     float *ST = (float *)mem, *dPT = (float *)(mem + blk);
     uint16_t *P3 = (uint16_t *)(mem + 2 * blk), *dS3 = P3 + 3 * BLK * BLK;
+    Left PT = left_at(P3, BLK, BLK * BLK), dST = left_at(dS3, BLK, BLK * BLK);
     float *dK = (float *)(dS3 + 3 * BLK * BLK), *dV = dK + BLK * D;
     uint16_t *k = (uint16_t *)(dV + BLK * D), *v = k + BLK * D;
     copy_block(a, (Heads){a->k, a->ks, a->Hkv}, b, g, j0, k);
@@ -414,13 +448,13 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
                     p[u] = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(x, lv[u])));
                     d[u] = _mm512_mul_ps(_mm512_mul_ps(p[u], _mm512_sub_ps(_mm512_loadu_ps(dPT + r * BLK + 16 * u), dv[u])), scale);
                 }
-                split3(p[0], p[1], P3 + r * BLK, P3 + BLK * BLK + r * BLK, P3 + 2 * BLK * BLK + r * BLK);
-                split3(d[0], d[1], dS3 + r * BLK, dS3 + BLK * BLK + r * BLK, dS3 + 2 * BLK * BLK + r * BLK);
+                left_store(&PT, r, 0, p[0], p[1]);
+                left_store(&dST, r, 0, d[0], d[1]);
             }
             const uint32_t *dyc = w->dy_cols + bh * ds * nb * STEP + qb * STEP;
             const uint32_t *qc = w->q_cols + bh * ds * nb * STEP + qb * STEP;
-            product3(P3, BLK, BLK * BLK, dyc, nb * STEP, ds, 1, dV, D, true);
-            product3(dS3, BLK, BLK * BLK, qc, nb * STEP, ds, 1, dK, D, true);
+            left_product(&PT, dyc, nb * STEP, ds, 1, dV, D, true);
+            left_product(&dST, qc, nb * STEP, ds, 1, dK, D, true);
         }
     }
     cpu_tile_end();

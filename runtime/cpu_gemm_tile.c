@@ -43,7 +43,10 @@
  * rows (24 sums in registers, two for B's pair, one for the broadcast), each over the whole
  * depth of the call, as a BLIS micro-kernel sweeps its panel: B's panel is read three times
  * from L1 or L2, and each pair's two loads feed 24 dot products. That runs at the unit's rate
- * (230 GFLOP/s a core measured on Zen 4 in the loop alone, against 117 for f32 FMAs).
+ * (230 GFLOP/s a core measured on Zen 4 in the loop alone, against 117 for f32 FMAs). The
+ * tile attention's f32 operands (P, dS), which AMX takes as three bf16 terms, the dot path
+ * multiplies as they are with f32 FMAs against B's pairs made f32 (cpu_tile_panels_f32): one
+ * FMA a k instead of one and a half dot products.
  *
  * The tile unit needs the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM), asked once.
  * The implementation is chosen once, by CPUID: AMX where the CPU has it and the kernel grants
@@ -478,6 +481,53 @@ __attribute__((target("avx512f,avx512bf16"))) static void dot_panels(int64_t pan
         dot_sweep(steps, a, a_stride, a_step, terms, 2 * a_plane, b, c, ldc, add);
 }
 
+/* Rows 0 .. R - 1 of a block, as dot_rows, of f32 A (rows a_ld floats apart, steps of 32 k)
+ * times B's bf16 pairs with f32 FMAs: pair p's two k are its words' low and high halves, which
+ * a shift and a mask make f32. An f32 operand then costs one FMA a k where its three bf16
+ * terms cost one and a half dot products; its products round once each, as the f32 path's. */
+__attribute__((target("avx512f"), always_inline)) static inline void
+f32_rows(const int R, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc, bool add)
+{
+    __m512 acc[DOT_CHUNK][2];
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++) {
+        acc[i][0] = add ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+        acc[i][1] = add ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
+    }
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    for (int64_t s = 0; s < steps; s++, a += 32, b += TILE_STEP_WORDS)
+        for (int p = 0; p < 16; p++) {
+            __m512i w0 = _mm512_load_si512(b + 32 * p), w1 = _mm512_load_si512(b + 32 * p + 16);
+            __m512 even0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+            __m512 even1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+            __m512 odd0 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
+            __m512 odd1 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
+#pragma GCC unroll 12
+            for (int i = 0; i < R; i++) {
+                __m512 x = _mm512_set1_ps(a[i * a_ld + 2 * p]), y = _mm512_set1_ps(a[i * a_ld + 2 * p + 1]);
+                acc[i][0] = _mm512_fmadd_ps(y, odd0, _mm512_fmadd_ps(x, even0, acc[i][0]));
+                acc[i][1] = _mm512_fmadd_ps(y, odd1, _mm512_fmadd_ps(x, even1, acc[i][1]));
+            }
+        }
+#pragma GCC unroll 12
+    for (int i = 0; i < R; i++) {
+        _mm512_storeu_ps(c + i * ldc, acc[i][0]);
+        _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
+    }
+}
+
+__attribute__((target("avx512f"))) static void f32_panels(int64_t panels, int64_t steps, const float *a, int64_t a_ld,
+                                                           const uint32_t *b, int64_t b_panel, float *c, int64_t ldc,
+                                                           bool add)
+{
+    for (int64_t p = 0; p < panels; p++, b += b_panel, c += TILE_LINES) {
+        f32_rows(DOT_CHUNK, steps, a, a_ld, b, c, ldc, add);
+        f32_rows(DOT_CHUNK, steps, a + DOT_CHUNK * a_ld, a_ld, b, c + DOT_CHUNK * ldc, ldc, add);
+        f32_rows(TILE_LINES - 2 * DOT_CHUNK, steps, a + 2 * DOT_CHUNK * a_ld, a_ld, b, c + 2 * DOT_CHUNK * ldc, ldc,
+                 add);
+    }
+}
+
 /* ---------------------------------------------------------------- the block operations */
 
 void cpu_tile_begin(void)
@@ -503,6 +553,15 @@ void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld,
     if (tiles_on == CPU_TILES_AMX) amx_panels(panels, steps, a, a_ld, a_plane, terms, b, b_panel, c, ldc, add);
     else dot_panels(panels, steps, a, a_ld, a_plane, terms, b, b_panel, c, ldc, add);
 }
+
+bool cpu_tile_f32_products(void) { return tiles_on == CPU_TILES_BF16DOT; }
+
+void cpu_tile_panels_f32(int64_t panels, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b,
+                         int64_t b_panel, float *c, int64_t ldc, bool add)
+{
+    IR_ASSERT(tiles_on == CPU_TILES_BF16DOT);
+    f32_panels(panels, steps, a, a_ld, b, b_panel, c, ldc, add);
+}
 #else   /* cpu_tile_usable() is false: the driver never calls these */
 void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
                     bool add)
@@ -521,6 +580,13 @@ void cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, 
                    int64_t kc, bool as_b, uint32_t *dst)
 {
     (void)o, (void)at, (void)ld, (void)k_fast, (void)lines, (void)kc, (void)as_b, (void)dst;
+    IR_ASSERT(!"the tile path without its instructions");
+}
+bool cpu_tile_f32_products(void) { return false; }
+void cpu_tile_panels_f32(int64_t panels, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b,
+                         int64_t b_panel, float *c, int64_t ldc, bool add)
+{
+    (void)panels, (void)steps, (void)a, (void)a_ld, (void)b, (void)b_panel, (void)c, (void)ldc, (void)add;
     IR_ASSERT(!"the tile path without its instructions");
 }
 void cpu_tile_begin(void) { IR_ASSERT(!"the tile path without its instructions"); }

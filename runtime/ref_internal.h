@@ -95,6 +95,13 @@ void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *
  * whose products add up. */
 void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
                      int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add);
+/* Whether cpu_tile_panels_f32 runs here: on the dot path, not on AMX (which multiplies bf16
+ * only: an f32 A goes to it as bf16 terms, cpu_tile_panels' planes). */
+bool cpu_tile_f32_products(void);
+/* As cpu_tile_panels with one plane of f32 A (32 rows a_ld floats apart, steps of 32 k), each
+ * product an f32 FMA */
+void cpu_tile_panels_f32(int64_t panels, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b,
+                         int64_t b_panel, float *c, int64_t ldc, bool add);
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add */
 void cpu_tile_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add);
 
