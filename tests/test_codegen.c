@@ -666,11 +666,11 @@ static void test_gemm(void **state)
 
 /* The GEMM itself (rt_cpu_gemm_mixed) on each of its paths the CPU has — f32 micro-kernels,
  * and the bf16 tile path on AVX512-BF16 dot products and on AMX's tiles — against an f64
- * product of the decoded operands: every pair of
- * stored formats the tile path takes (and f32 x bf16, which it leaves to the f32 path), per-
- * tensor scales, the four transpose combinations, accumulation, and shapes that end inside a
- * tile, a pair of k and a K block. Bound: normalized error < 1e-5 (f32 sums of exact products,
- * K up to 1100). Results must not depend on the thread count. */
+ * product of the decoded operands: every pair of stored formats the tile path takes (and f32
+ * x bf16, which it leaves to the f32 path), per-tensor scales, the four transpose
+ * combinations, accumulation, and shapes that end inside a tile, a pair of k and a K block.
+ * Bound: normalized error < 1e-5 (f32 sums of exact products, K up to 1100). Results must not
+ * depend on the thread count. */
 typedef struct {
     ElemType elem;
     float scale;
