@@ -1,0 +1,225 @@
+/* test_cpu_gemm.c — the CPU backend's GEMM (runtime/cpu_gemm.c, cpu_gemm_tile.c) on each of
+ * its paths the CPU has, against f64 products of the decoded operands.
+ *
+ * The GEMM is the one routine of the CPU backend written by hand, with three implementations
+ * chosen by CPUID (f32 micro-kernels; the bf16 tile path on AVX512-BF16 dot products or on
+ * AMX tiles) that a machine can run only some of. These tests need nothing but the runtime —
+ * no LLVM, no compiler — so the executable runs on machines that have a path the development
+ * machine lacks (a GPU machine's Xeon with AMX) as well as in CI. The kernels that call the
+ * GEMM are tested with the rest of the CPU backend in test_codegen.c. FP8C_TEST_SEED repeats
+ * a run's random data. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ref_internal.h"
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
+
+static float rng_normal(void)
+{
+    return (float)(sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform()));
+}
+
+/* The GEMM itself (rt_cpu_gemm_mixed) on each of its paths the CPU has — f32 micro-kernels,
+ * and the bf16 tile path on AVX512-BF16 dot products and on AMX's tiles — against an f64
+ * product of the decoded operands: every pair of stored formats the tile path takes (and f32
+ * x bf16, which it leaves to the f32 path), per-tensor scales, the four transpose
+ * combinations, accumulation, and shapes that end inside a tile, a pair of k and a K block.
+ * Bound: normalized error < 1e-5 (f32 sums of exact products, K up to 1100). Results must not
+ * depend on the thread count. */
+typedef struct {
+    ElemType elem;
+    float scale;
+    void *data;
+    double *value;          /* decoded / scale */
+} GemmInput;
+
+static GemmInput gemm_input(ElemType e, float scale, int64_t n)
+{
+    GemmInput in = {e, scale, malloc((size_t)n * 4), malloc((size_t)n * sizeof(double))};
+    float *x = calloc((size_t)n, sizeof(float)), *back = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = rng_normal() * (e == FMT_F32 || e == FMT_BF16 ? 1.0f : 40.0f);
+    num_encode(e, x, in.data, n);
+    num_decode(e, in.data, back, n);
+    for (int64_t i = 0; i < n; i++) in.value[i] = (double)back[i] / scale;
+    free(x);
+    free(back);
+    return in;
+}
+
+static double gemm_error(int64_t M, int64_t N, int64_t K, const GemmInput *a, bool ta,
+                         const GemmInput *b, bool tb, bool accumulate, float *C)
+{
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double sum = accumulate ? 1.0 : 0.0;   /* C starts at ones */
+            for (int64_t k = 0; k < K; k++)
+                sum += a->value[ta ? k * M + i : i * K + k] * b->value[tb ? j * K + k : k * N + j];
+            diff += (C[i * N + j] - sum) * (C[i * N + j] - sum);
+            norm += sum * sum;
+        }
+    return sqrt(diff / (norm > 0 ? norm : 1));
+}
+
+static void test_gemm_paths(void **state)
+{
+    (void)state;
+    static const struct { ElemType a, b; float sa, sb; } pairs[] = {
+        {FMT_BF16, FMT_BF16, 1.0f, 1.0f}, {FMT_E4M3, FMT_E4M3, 37.5f, 0.21f},
+        {FMT_E5M2, FMT_E4M3, 1.0f, 64.0f}, {FMT_BF16, FMT_E5M2, 1.0f, 3.0f},
+        {FMT_F32, FMT_BF16, 1.0f, 1.0f},
+    };
+    static const int64_t shapes[][3] = {{45, 53, 70}, {128, 96, 128}, {33, 70, 1100}, {1, 1, 1},
+                                        {97, 31, 3}};
+    CpuTiles was = cpu_tiles();
+    static const CpuTiles paths[] = {CPU_TILES_OFF, CPU_TILES_BF16DOT, CPU_TILES_AMX};
+    enum { N_PATHS = sizeof paths / sizeof paths[0] };
+    bool ran[N_PATHS];
+    for (int path = 0; path < N_PATHS; path++) {
+        ran[path] = cpu_tiles_select(paths[path]);
+        print_message("gemm paths: %s%s%s\n", path ? "tile path " : "f32", path ? cpu_tiles_name(paths[path]) : "",
+                      ran[path] ? "" : " skipped: not on this CPU");
+    }
+    /* every finite FP8 code times the identity: exactly its value, on every path (the tile
+     * path decodes FP8 through a vector table lookup) */
+    for (int path = 0; path < N_PATHS; path++)
+        for (int f = 0; f < 2 && ran[path]; f++) {
+            cpu_tiles_select(paths[path]);
+            ElemType e = f ? FMT_E5M2 : FMT_E4M3;
+            uint8_t codes[256];
+            uint16_t eye[16 * 16] = {0};
+            float C[256];
+            for (int q = 0; q < 256; q++) {
+                float v = f ? num_e5m2_to_f32((uint8_t)q) : num_e4m3_to_f32((uint8_t)q);
+                codes[q] = isfinite(v) ? (uint8_t)q : 0;
+            }
+            for (int i = 0; i < 16; i++) eye[i * 16 + i] = num_f32_to_bf16(1.0f);
+            RtGemmOperand a = {codes, e, 1.0f}, b = {eye, FMT_BF16, 1.0f};
+            rt_cpu_gemm_mixed(16, 16, 16, a, 16, false, b, 16, false, C, 16, false);
+            for (int q = 0; q < 256; q++) {
+                float want = f ? num_e5m2_to_f32(codes[q]) : num_e4m3_to_f32(codes[q]);
+                if (C[q] != want)   /* -0 sums to +0 */
+                    fail_msg("%s code 0x%02x through the %s path: %g, not %g", fmt_elem_name(e), q,
+                             path ? cpu_tiles_name(paths[path]) : "f32", C[q], want);
+            }
+        }
+    int threads = ref_threads();
+    for (int path = 0; path < N_PATHS; path++) {
+        if (!ran[path]) continue;
+        cpu_tiles_select(paths[path]);
+        for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (int tr = 0; tr < 4; tr++) {
+                    int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                    bool ta = tr & 1, tb = tr >> 1, acc = (p + s + (size_t)tr) % 2;
+                    GemmInput a = gemm_input(pairs[p].a, pairs[p].sa, M * K);
+                    GemmInput b = gemm_input(pairs[p].b, pairs[p].sb, K * N);
+                    RtGemmOperand oa = {a.data, a.elem, a.scale}, ob = {b.data, b.elem, b.scale};
+                    float *C[2];
+                    for (int run = 0; run < 2; run++) {   /* all threads, then one */
+                        ref_set_threads(run ? 1 : threads);
+                        C[run] = malloc((size_t)(M * N) * sizeof(float));
+                        for (int64_t i = 0; i < M * N; i++) C[run][i] = 1.0f;
+                        rt_cpu_gemm_mixed(M, N, K, oa, ta ? M : K, ta, ob, tb ? K : N, tb, C[run], N, acc);
+                    }
+                    ref_set_threads(threads);
+                    double err = gemm_error(M, N, K, &a, ta, &b, tb, acc, C[0]);
+                    if (!(err < 1e-5) || memcmp(C[0], C[1], sizeof(float) * (size_t)(M * N)) != 0)
+                        fail_msg("gemm %s x %s (%s path) %lldx%lldx%lld ta=%d tb=%d acc=%d: error "
+                                 "%.3g, thread counts %s", fmt_elem_name(a.elem),
+                                 fmt_elem_name(b.elem), path ? cpu_tiles_name(paths[path]) : "f32", (long long)M,
+                                 (long long)N, (long long)K, ta, tb, acc, err,
+                                 memcmp(C[0], C[1], sizeof(float) * (size_t)(M * N)) ? "differ" : "agree");
+                    free(C[0]), free(C[1]), free(a.data), free(a.value), free(b.data), free(b.value);
+                }
+    }
+    cpu_tiles_select(was);
+}
+
+/* rt_cpu_gemm_rows: every row of C handed on exactly once, with the values rt_cpu_gemm_mixed
+ * writes into C, whether a task's rows were made in C or in its thread's buffer (the
+ * callback sees which), on both paths and at several thread counts. */
+typedef struct {
+    int64_t M, N;
+    const float *C;         /* the GEMM's own C */
+    float *out;             /* the rows as handed on */
+    int *times;             /* per row: how often it was handed on */
+    int local;              /* blocks handed on from outside C */
+} RowsSeen;
+
+static void rows_seen(void *ctx, int64_t lo, int64_t hi, const float *c)
+{
+    RowsSeen *r = ctx;
+    if (c < r->C || c >= r->C + r->M * r->N) __atomic_fetch_add(&r->local, 1, __ATOMIC_RELAXED);
+    for (int64_t i = lo; i < hi; i++) {
+        memcpy(r->out + i * r->N, c + (i - lo) * r->N, sizeof(float) * (size_t)r->N);
+        __atomic_fetch_add(&r->times[i], 1, __ATOMIC_RELAXED);
+    }
+}
+
+static void test_gemm_rows(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][3] = {{512, 96, 64}, {640, 200, 128}, {300, 70, 1100}, {64, 512, 128}};
+    CpuTiles was = cpu_tiles();
+    static const CpuTiles paths[] = {CPU_TILES_OFF, CPU_TILES_BF16DOT, CPU_TILES_AMX};
+    int threads = ref_threads(), local = 0;
+    for (size_t path = 0; path < sizeof paths / sizeof paths[0]; path++) {
+        if (!cpu_tiles_select(paths[path])) continue;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (int nt = 2; nt <= 8; nt *= 2) {
+                int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                bool ta = s == 1, tb = s != 2;
+                GemmInput a = gemm_input(FMT_BF16, 1.0f, M * K), b = gemm_input(FMT_BF16, 1.0f, K * N);
+                RtGemmOperand oa = {a.data, a.elem, a.scale}, ob = {b.data, b.elem, b.scale};
+                float *want = malloc(sizeof(float) * (size_t)(M * N)), *C = malloc(sizeof(float) * (size_t)(M * N));
+                RowsSeen r = {.M = M, .N = N, .C = C, .out = malloc(sizeof(float) * (size_t)(M * N)),
+                              .times = calloc((size_t)M, sizeof(int))};
+                ref_set_threads(nt);
+                rt_cpu_gemm_mixed(M, N, K, oa, ta ? M : K, ta, ob, tb ? K : N, tb, want, N, false);
+                rt_cpu_gemm_rows(M, N, K, oa, ta ? M : K, ta, ob, tb ? K : N, tb, C, N, false, rows_seen, &r);
+                for (int64_t i = 0; i < M; i++)
+                    if (r.times[i] != 1) fail_msg("gemm rows %lldx%lldx%lld, %d threads: row %lld handed on %d times",
+                                                  (long long)M, (long long)N, (long long)K, nt, (long long)i, r.times[i]);
+                if (memcmp(r.out, want, sizeof(float) * (size_t)(M * N)) != 0)
+                    fail_msg("gemm rows %lldx%lldx%lld (%s path), %d threads: rows differ from C",
+                             (long long)M, (long long)N, (long long)K, path ? cpu_tiles_name(paths[path]) : "f32", nt);
+                local += r.local;
+                free(want), free(C), free(r.out), free(r.times);
+                free(a.data), free(a.value), free(b.data), free(b.value);
+            }
+    }
+    ref_set_threads(threads);
+    cpu_tiles_select(was);
+    print_message("gemm rows: %d blocks handed on from the tasks' own buffers\n", local);
+    assert_true(local > 0);
+}
+
+int main(void)
+{
+    const char *seed = getenv("FP8C_TEST_SEED");
+    rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
+    printf("test_cpu_gemm: seed %llu\n", (unsigned long long)rng_state);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gemm_paths), cmocka_unit_test(test_gemm_rows)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
