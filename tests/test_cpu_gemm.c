@@ -44,8 +44,8 @@ static float rng_normal(void)
  * product of the decoded operands: every pair of stored formats the tile path takes (and f32
  * x bf16, which it leaves to the f32 path), per-tensor scales, the four transpose
  * combinations, accumulation, and shapes that end inside a tile, a pair of k and a K block.
- * Bound: normalized error < 1e-5 (f32 sums of exact products, K up to 1100). Results must not
- * depend on the thread count. */
+ * Bound: error < 1e-5 of the terms' magnitudes (gemm_error; f32 sums of exact products, K up
+ * to 1100). Results must not depend on the thread count. */
 typedef struct {
     ElemType elem;
     float scale;
@@ -66,17 +66,24 @@ static GemmInput gemm_input(ElemType e, float scale, int64_t n)
     return in;
 }
 
+/* ||C - sum|| over ||magnitude||, the magnitude of an element being |C's start| + sum |a b|:
+ * an f32 sum's rounding is bounded by its terms' magnitudes, not by the sum, which can cancel
+ * (1 + a b with a b near -1: one rounding of a b, 1.5e-5 of the cancelled sum, failed a
+ * normalization by the sum on a 1 x 1 x 1 GEMM). A wrong term is off by its own size. */
 static double gemm_error(int64_t M, int64_t N, int64_t K, const GemmInput *a, bool ta,
                          const GemmInput *b, bool tb, bool accumulate, float *C)
 {
     double diff = 0, norm = 0;
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
-            double sum = accumulate ? 1.0 : 0.0;   /* C starts at ones */
-            for (int64_t k = 0; k < K; k++)
-                sum += a->value[ta ? k * M + i : i * K + k] * b->value[tb ? j * K + k : k * N + j];
+            double sum = accumulate ? 1.0 : 0.0, mag = fabs(sum);   /* C starts at ones */
+            for (int64_t k = 0; k < K; k++) {
+                double t = a->value[ta ? k * M + i : i * K + k] * b->value[tb ? j * K + k : k * N + j];
+                sum += t;
+                mag += fabs(t);
+            }
             diff += (C[i * N + j] - sum) * (C[i * N + j] - sum);
-            norm += sum * sum;
+            norm += mag * mag;
         }
     return sqrt(diff / (norm > 0 ? norm : 1));
 }
