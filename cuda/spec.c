@@ -1065,7 +1065,7 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
     const Format *fy = &y->t.fmt;
     bool y_direct = fy->codec == CODEC_PLAIN && fy->scaling == SCALE_NONE &&
                     (fy->elem == FMT_BF16 || fy->elem == FMT_F32);
-    bool y_fp8 = ep && ep->record;   /* the value's delayed FP8 copy (gemm_fp8_result) */
+    bool y_fp8 = ep && ep->record;   /* a GELU's delayed FP8 copy (gemm_gelu) */
     if (ep && !y_direct && !y_fp8) return spec_fail(s, "an epilogue needs a plain bf16 or f32 result");
     /* cuBLAS's A is B_g, its k along B_g's columns when tb; cuBLAS's B is A_g (k along its
      * columns unless ta) */
@@ -1345,7 +1345,8 @@ static bool gemm_gelu(const Graph *g, const Uses *uses, int r, const Node **memb
     } else {
         return false;
     }
-    if (!gemm_aux_fits(h, e.d) || !gemm_reads_clear(members[0], e.d)) return false;
+    if (!gemm_aux_fits(h, e.d) || !gemm_reads_clear(members[0], e.d) || (e.bias && fuse_nodes_overlap(e.bias, e.d)))
+        return false;
     *ep = e;
     members[(*n)++] = y;
     for (int k = r + 2; record && k <= r + 3; k++) members[(*n)++] = g->nodes[k];
