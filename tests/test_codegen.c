@@ -36,6 +36,7 @@
 #include "codegen.h"
 #include "compiler.h"
 #include "ref_internal.h"
+#include "test_rng.h"
 
 static const SrcLoc here = {"test_codegen.c", 1, 1};
 
@@ -45,25 +46,6 @@ static const SrcLoc here = {"test_codegen.c", 1, 1};
  * sixty seeds stayed under 2.6e-7; the tile path with two split terms instead of three is 4.6e-6 */
 #define TOL_EXACT_PRODUCTS 1.5e-6
 #define EXACT 0.0
-
-/* ---------------------------------------------------------------- random numbers */
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
-
-static float rng_normal(void)
-{
-    return (float)(sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform()));
-}
 
 /* ---------------------------------------------------------------- compiling a program */
 

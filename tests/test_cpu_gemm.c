@@ -21,23 +21,8 @@
 #include <time.h>
 
 #include "ref_internal.h"
+#include "test_rng.h"
 
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
-
-static float rng_normal(void)
-{
-    return (float)(sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform()));
-}
 
 /* The GEMM itself (rt_cpu_gemm_mixed) on each of its paths the CPU has — f32 micro-kernels,
  * and the bf16 tile path on AVX512-BF16 dot products and on AMX's tiles — against an f64

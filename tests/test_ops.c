@@ -24,32 +24,12 @@
 #include <unistd.h>
 
 #include "ref_internal.h"
+#include "test_rng.h"
 
 #define FD_STEP 1e-2
 #define FD_TOL 1e-2
 
 static const SrcLoc here = {"test_ops.c", 1, 1};
-
-/* ---------------------------------------------------------------- random numbers */
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double rng_uniform(void) { return ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0; }
-
-static float rng_normal(void)
-{
-    return (float)(sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform()));
-}
-
-static int64_t rng_int(int64_t lo, int64_t hi) { return lo + (int64_t)(rng_next() % (uint64_t)(hi - lo)); }
 
 /* ---------------------------------------------------------------- building test graphs */
 
