@@ -327,7 +327,7 @@ static GeluCount count_gelu_epilogues(int level, const char *rule) {
             assert_int_equal(gm->dtype, q->t.fmt.elem);
             assert_ptr_equal(gm->dscale.node, q->t.fmt.scale);
             assert_true(gm->amax >= 0);
-            assert_int_equal(p->n_launch >= 2, true);
+            assert_true(p->n_launch >= 2);
             const CuLaunch *rec = &p->launch[p->n_launch - 1];
             assert_non_null(strstr(rec->body, "ck_amax_record_final"));
             assert_int_equal(rec->scratch, gm->amax);
