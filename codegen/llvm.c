@@ -26,6 +26,11 @@
  *    (round to nearest even in a format with the target's mantissa width, then the format's
  *    overflow rule) written with selects, so they vectorize and are bit-identical to
  *    num_encode by construction; FP8 decodes are a 256-entry table filled from num_*_to_f32.
+ *  - A max reduction is carried as an integer: each f32 as the i32 whose signed order is the
+ *    floats' order (the bits, with the magnitude bits flipped for negative values), a NaN as
+ *    the smallest i32 so that it is ignored as llvm.maxnum ignores it, and the result turned
+ *    back at the loop's exit. LLVM 14 vectorizes an integer max reduction but not an f32
+ *    one without no-NaN flags; amax passes over whole tensors ran scalar, at ~2 G elements/s.
  *  - exp, log and tanh are inline polynomials (Cephes' expf, logf and tanhf, within 2 ulp) so
  *    that loops containing them vectorize: the optimizer-state codecs take a power (an exp of
  *    a log) of every element they decode or encode, and a libm call would keep those loops
@@ -124,6 +129,20 @@ static LLVMValueRef fma3(R *r, LLVMValueRef a, LLVMValueRef b, LLVMValueRef c)
 
 static LLVMValueRef bits_of(R *r, LLVMValueRef x) { return LLVMBuildBitCast(r->b, x, r->i32, ""); }
 static LLVMValueRef float_of(R *r, LLVMValueRef u) { return LLVMBuildBitCast(r->b, u, r->f32, ""); }
+
+/* An f32's max-reduction key and back: signed i32 order is float order, a NaN is INT32_MIN.
+ * The map flips the magnitude bits of negative values, so it is its own inverse. */
+static LLVMValueRef flip_negative(R *r, LLVMValueRef u)
+{
+    LLVMValueRef sign = LLVMBuildAShr(r->b, u, LLVMConstInt(r->i32, 31, 0), "");
+    return LLVMBuildXor(r->b, u, LLVMBuildAnd(r->b, sign, LLVMConstInt(r->i32, 0x7fffffff, 0), ""), "");
+}
+static LLVMValueRef max_key(R *r, LLVMValueRef x)
+{
+    LLVMValueRef nan = LLVMBuildFCmp(r->b, LLVMRealUNO, x, x, "");
+    return LLVMBuildSelect(r->b, nan, LLVMConstInt(r->i32, 0x80000000u, 0), flip_negative(r, bits_of(r, x)), "");
+}
+static LLVMValueRef key_float(R *r, LLVMValueRef key) { return float_of(r, flip_negative(r, key)); }
 
 static LLVMValueRef alloca_entry(R *r, LLVMTypeRef t, const char *name)
 {
@@ -505,7 +524,8 @@ static void open_loop(R *r, int inst, LLVMValueRef lo, LLVMValueRef hi, bool row
     /* reductions of this loop start at their identity */
     for (int i = inst + 1; i < r->k->n_insts; i++)
         if (r->k->insts[i].op == CG_REDUCE && r->red_loop[i] == inst)
-            LLVMBuildStore(r->b, cf(r, r->k->insts[i].i == CG_RED_SUM ? 0.0 : -INFINITY), r->slot[i]);
+            LLVMBuildStore(r->b, r->k->insts[i].i == CG_RED_SUM ? cf(r, 0.0) : max_key(r, cf(r, -INFINITY)),
+                           r->slot[i]);
     l->header = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "loop");
     LLVMBasicBlockRef bodyb = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "body");
     l->exit = LLVMAppendBasicBlockInContext(r->ctx, r->fn, "exit");
@@ -531,7 +551,8 @@ static void close_loop(R *r)
     LLVMPositionBuilderAtEnd(r->b, l->exit);
     for (int i = l->inst + 1; i < r->k->n_insts; i++)
         if (r->k->insts[i].op == CG_REDUCE && r->red_loop[i] == l->inst)
-            r->val[i] = LLVMBuildLoad2(r->b, r->f32, r->slot[i], "");
+            r->val[i] = r->k->insts[i].i == CG_RED_SUM ? LLVMBuildLoad2(r->b, r->f32, r->slot[i], "")
+                                                      : key_float(r, LLVMBuildLoad2(r->b, r->i32, r->slot[i], ""));
 }
 
 static LLVMValueRef local_elem(R *r, int local, LLVMValueRef idx)
@@ -611,9 +632,13 @@ static void emit_inst(R *r, int i)
     case CG_LOOP: open_loop(r, i, a0, a1, in->i == CG_LOOP_ROW); return;
     case CG_END: close_loop(r); return;
     case CG_REDUCE: {
-        LLVMValueRef acc = LLVMBuildLoad2(b, r->f32, r->slot[i], "");
-        LLVMValueRef nv = in->i == CG_RED_SUM ? LLVMBuildFAdd(b, acc, a0, "") : call2f(r, "llvm.maxnum", acc, a0);
-        LLVMBuildStore(b, nv, r->slot[i]);
+        if (in->i == CG_RED_SUM) {
+            LLVMValueRef acc = LLVMBuildLoad2(b, r->f32, r->slot[i], "");
+            LLVMBuildStore(b, LLVMBuildFAdd(b, acc, a0, ""), r->slot[i]);
+        } else {
+            LLVMValueRef acc = LLVMBuildLoad2(b, r->i32, r->slot[i], ""), key = max_key(r, a0);
+            LLVMBuildStore(b, LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSGT, key, acc, ""), key, acc, ""), r->slot[i]);
+        }
         return;   /* the value is read after the loop */
     }
     case CG_LOCAL: {
@@ -676,7 +701,7 @@ static void render_kernel(R *r, const CgKernel *k, const char *name)
         else if (in->op == CG_END) depth--;
         else if (in->op == CG_REDUCE) {
             r->red_loop[i] = open[depth - 1];
-            r->slot[i] = LLVMBuildAlloca(r->b, r->f32, "acc");
+            r->slot[i] = LLVMBuildAlloca(r->b, in->i == CG_RED_SUM ? r->f32 : r->i32, "acc");
         } else if (in->op == CG_LOCAL) {
             r->slot[i] = LLVMBuildAlloca(r->b, LLVMArrayType(r->f32, (unsigned)in->i), "local");
             LLVMSetAlignment(r->slot[i], 64);

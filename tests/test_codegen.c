@@ -158,7 +158,7 @@ static void test_math_functions(void **state)
 
 /* ---------------------------------------------------------------- test graphs */
 
-enum { FILL_NORMAL, FILL_IDS, FILL_POSITIVE, FILL_VALUE };
+enum { FILL_NORMAL, FILL_IDS, FILL_POSITIVE, FILL_VALUE, FILL_SPECIAL };
 
 typedef struct {
     Arena *arena;
@@ -252,6 +252,13 @@ static void fill_leaf(TG *t, Node *n)
         }
         case FILL_POSITIVE: x[i] = (float)(rng_uniform() * 2); break;
         case FILL_VALUE: x[i] = (float)t->fill_arg[n->id]; break;
+        case FILL_SPECIAL: {   /* normal values among NaNs of either sign, -inf, -0 and one +inf
+                                * when fill_arg is 1; the first row all NaN */
+            int64_t cols = n->t.dims[n->t.rank - 1];
+            x[i] = i < cols || i % 97 == 3 ? NAN : i % 1031 == 5 ? -NAN : i % 50 == 7 ? -INFINITY
+                 : i % 61 == 9 ? -0.0f : i == 777 && t->fill_arg[n->id] == 1 ? INFINITY : rng_normal();
+            break;
+        }
         default: x[i] = rng_normal(); break;
         }
     }
@@ -434,6 +441,33 @@ static void test_encodes_exact(void **state)
         }
     }
     run_case(t, "encodes");
+    tg_free(t);
+}
+
+/* Maxima with NaNs (ignored), infinities (kept), -0 and negative values among the data: the
+ * scales and amax histories bit for bit, the softmax's row maxima through its values. */
+static void test_amax_special_values(void **state)
+{
+    (void)state;
+    TG *t = tg_new();
+    for (int with_inf = 0; with_inf < 2; with_inf++) {
+        Node *x = input(t, FMT_F32, 2, 40, 300, 0);
+        t->fill[x->id] = FILL_SPECIAL;
+        t->fill_arg[x->id] = with_inf;
+        Scaling kinds[] = {SCALE_PER_TENSOR, SCALE_PER_ROW, SCALE_PER_GROUP, SCALE_BLOCK_128};
+        for (int i = 0; i < 4; i++) {
+            Node *qs = OP(t, OP_QUANT_SCALE, x);
+            qs->iattr[0] = FMT_E4M3;
+            qs->iattr[1] = kinds[i];
+            qs->iattr[2] = 32;
+            done(t, qs, FMT_F32, EXACT);
+        }
+        Node *hist = leaf(t, OP_STATE, FMT_F32, 1, 4, 0, 0);
+        t->fill[hist->id] = FILL_POSITIVE;
+        done(t, OP(t, OP_AMAX_RECORD, hist, x), FMT_F32, EXACT);
+        done(t, OP(t, OP_SOFTMAX, x), FMT_F32, TOL_F32);
+    }
+    run_case(t, "amax");
     tg_free(t);
 }
 
@@ -1508,7 +1542,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_math_functions),   cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_encodes_exact),
+        cmocka_unit_test(test_encodes_exact),    cmocka_unit_test(test_amax_special_values),
         cmocka_unit_test(test_copies_exact),     cmocka_unit_test(test_rows),
         cmocka_unit_test(test_losses_and_gathers), cmocka_unit_test(test_attention),
         cmocka_unit_test(test_gemm),             cmocka_unit_test(test_fused_chain),
