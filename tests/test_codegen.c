@@ -680,6 +680,51 @@ static void test_gemm(void **state)
     tg_free(t);
 }
 
+/* Whether some kernel of the program computes node n. */
+static bool has_kernel_for(Graph *g, const Node *n)
+{
+    ir_renumber(g);
+    Arena *a = arena_new();
+    CgProgram *p = cg_lower(g, a, NULL);
+    assert_non_null(p);
+    bool found = false;
+    for (int q = 0; q < p->n_kernels; q++)
+        for (int j = 0; j < p->kernels[q]->n_nodes; j++) found |= p->kernels[q]->nodes[j] == n;
+    arena_free(a);
+    return found;
+}
+
+/* A transpose that only GEMMs read is not made on the CPU: the GEMM reads its input with the
+ * flag flipped (e4m3 operands under a per-tensor scale, in A and in B), unless the memory plan
+ * gives the input's bytes to a node between the transpose and the GEMM. */
+static void test_gemm_reads_transposes(void **state)
+{
+    (void)state;
+    for (int clobber = 0; clobber < 2; clobber++) {
+        TG *t = tg_new();
+        Node *xf = input(t, FMT_F32, 2, 48, 32, 0), *y = input(t, FMT_BF16, 2, 48, 40, 0);
+        Node *qs = OP(t, OP_QUANT_SCALE, xf);
+        qs->iattr[0] = FMT_E4M3, qs->iattr[1] = SCALE_PER_TENSOR;
+        done(t, qs, FMT_F32, -1);
+        Node *x = done(t, OP(t, OP_QUANTIZE, xf, qs), FMT_E4M3, -1);   /* (48, 32) */
+        x->t.fmt.scaling = SCALE_PER_TENSOR, x->t.fmt.scale = qs;
+        Node *xt = done(t, OP(t, OP_TRANSPOSE, x), FMT_E4M3, -1);      /* (32, 48) */
+        xt->t.fmt = x->t.fmt;
+        Node *w = done(t, OP(t, OP_GELU, y), FMT_BF16, TOL_BF16);     /* between them */
+        Node *m = done(t, OP(t, OP_MATMUL, xt, y), FMT_F32, TOL_F32);  /* xt as A: (32, 40) */
+        Node *m2 = OP(t, OP_MATMUL, y, xt);                            /* xt as B, transposed */
+        m2->iattr[0] = 1, m2->iattr[1] = 1;
+        done(t, m2, FMT_F32, TOL_F32);                                  /* (40, 32) */
+        /* a memory plan: x, the GELU and the results apart, or the GELU over x's bytes */
+        x->t.offset = 0;
+        w->t.offset = clobber ? 256 : 8192;
+        m->t.offset = 16384, m2->t.offset = 32768, xt->t.offset = 49152;
+        assert_true(has_kernel_for(t->g, xt) == (clobber == 1));
+        if (!clobber) run_case(t, "transposes read through");
+        tg_free(t);
+    }
+}
+
 /* A chain of elementwise nodes becomes one kernel whose intermediates are rounded to their
  * formats in registers: the result equals the unfused reference. */
 static void test_fused_chain(void **state)
@@ -1545,7 +1590,8 @@ int main(void)
         cmocka_unit_test(test_encodes_exact),    cmocka_unit_test(test_amax_special_values),
         cmocka_unit_test(test_copies_exact),     cmocka_unit_test(test_rows),
         cmocka_unit_test(test_losses_and_gathers), cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_gemm),             cmocka_unit_test(test_fused_chain),
+        cmocka_unit_test(test_gemm),             cmocka_unit_test(test_gemm_reads_transposes),
+        cmocka_unit_test(test_fused_chain),
         cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_adamw_codec_encoders),
         cmocka_unit_test(test_adamw_coded_steps), cmocka_unit_test(test_no_reference_kernels),
         cmocka_unit_test(test_table_mismatch),
