@@ -273,34 +273,28 @@ static LLVMValueRef emit_tanh(R *r, LLVMValueRef x)
 
 /* numerics.c's num_round_magnitude on i32 lanes: abs (f32 bits, sign clear, not NaN) rounded
  * to nearest even with man_bits mantissa bits and exponent bias `bias`; codes above the
- * format's largest finite value come back as they are. */
+ * format's largest finite value come back as they are. Two cheap paths and a select:
+ *  - below the format's smallest normal 2^(1-bias), the code is the number of subnormal steps
+ *    2^(1-bias-man_bits): adding 2^(that exponent + 23) makes f32's own round-to-nearest-even
+ *    round at exactly that step (the sum stays in the binade whose ulp it is), and the code is
+ *    the sum's bits less the constant's (f32 subnormal inputs, which a flush-to-zero mode
+ *    would zero, are far below half a step of every format here);
+ *  - from there up, the f32 bits rounded to man_bits mantissa bits (ties to even, carries
+ *    into the exponent) and re-biased.
+ * A general shift-and-compare rounding took twice as many vector instructions, and FP8
+ * quantization is most of the elementwise work of a step at -O1 and above. */
 static LLVMValueRef round_magnitude(R *r, LLVMValueRef abs, int man_bits, int bias)
 {
     LLVMBuilderRef b = r->b;
-    LLVMValueRef biased = LLVMBuildLShr(b, abs, ci32(r, 23), "");
-    LLVMValueRef m = LLVMBuildAnd(b, abs, ci32(r, 0x7FFFFF), "");
-    LLVMValueRef normal = LLVMBuildICmp(b, LLVMIntNE, biased, ci32(r, 0), "");
-    m = LLVMBuildSelect(b, normal, LLVMBuildOr(b, m, ci32(r, 0x800000), ""), m, "");
-    biased = LLVMBuildSelect(b, normal, biased, ci32(r, 1), "");
-    /* below = (1 - bias) - (biased - 127) */
-    LLVMValueRef below = LLVMBuildSub(b, ci32(r, 1 - bias + 127), biased, "");
-    LLVMValueRef pos = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSGT, below, ci32(r, 0), ""), below, ci32(r, 0), "");
-    LLVMValueRef shift = LLVMBuildAdd(b, ci32(r, 23 - man_bits), pos, "");
-    LLVMValueRef zero = LLVMBuildICmp(b, LLVMIntSGT, shift, ci32(r, 25), "");
-    LLVMValueRef sh = LLVMBuildSelect(b, zero, ci32(r, 25), shift, "");
-    LLVMValueRef up = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntSLT, below, ci32(r, 0), ""),
-                                      LLVMBuildShl(b, LLVMBuildNeg(b, below, ""), ci32(r, man_bits), ""),
-                                      ci32(r, 0), "");
-    LLVMValueRef q = LLVMBuildAdd(b, LLVMBuildLShr(b, m, sh, ""), up, "");
-    LLVMValueRef one = ci32(r, 1);
-    LLVMValueRef mask = LLVMBuildSub(b, LLVMBuildShl(b, one, sh, ""), one, "");
-    LLVMValueRef rem = LLVMBuildAnd(b, m, mask, "");
-    LLVMValueRef half = LLVMBuildShl(b, one, LLVMBuildSub(b, sh, one, ""), "");
-    LLVMValueRef gt = LLVMBuildICmp(b, LLVMIntUGT, rem, half, "");
-    LLVMValueRef tie = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, rem, half, ""),
-                                    LLVMBuildICmp(b, LLVMIntNE, LLVMBuildAnd(b, q, one, ""), ci32(r, 0), ""), "");
-    q = LLVMBuildAdd(b, q, LLVMBuildZExt(b, LLVMBuildOr(b, gt, tie, ""), r->i32, ""), "");
-    return LLVMBuildSelect(b, zero, ci32(r, 0), q, "");
+    int min_exp = 1 - bias, step_exp = min_exp - man_bits, drop = 23 - man_bits;
+    LLVMValueRef magic = cf(r, ldexp(1.0, step_exp + 23));
+    LLVMValueRef sum = LLVMBuildFAdd(b, float_of(r, abs), magic, "");
+    LLVMValueRef sub = LLVMBuildSub(b, bits_of(r, sum), bits_of(r, magic), "");
+    LLVMValueRef odd = LLVMBuildAnd(b, LLVMBuildLShr(b, abs, ci32(r, drop), ""), ci32(r, 1), "");
+    LLVMValueRef up = LLVMBuildAdd(b, LLVMBuildAdd(b, abs, ci32(r, (1 << (drop - 1)) - 1), ""), odd, "");
+    LLVMValueRef normal = LLVMBuildSub(b, LLVMBuildLShr(b, up, ci32(r, drop), ""), ci32(r, (127 - bias) << man_bits), "");
+    LLVMValueRef small = LLVMBuildICmp(b, LLVMIntULT, abs, ci32(r, (127 + min_exp) << 23), "");
+    return LLVMBuildSelect(b, small, sub, normal, "");
 }
 
 /* f32 -> the element type's code, as num_encode does (an i32 holding the code's bits). */

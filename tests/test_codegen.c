@@ -158,7 +158,7 @@ static void test_math_functions(void **state)
 
 /* ---------------------------------------------------------------- test graphs */
 
-enum { FILL_NORMAL, FILL_IDS, FILL_POSITIVE, FILL_VALUE, FILL_SPECIAL };
+enum { FILL_NORMAL, FILL_IDS, FILL_POSITIVE, FILL_VALUE, FILL_SPECIAL, FILL_ROUNDING };
 
 typedef struct {
     Arena *arena;
@@ -238,6 +238,36 @@ static Node *done(TG *t, Node *n, ElemType e, double tol)
 
 #define OP(t, k, ...) op(t, k, (int)(sizeof((Node *[]){__VA_ARGS__}) / sizeof(Node *)), (Node *[]){__VA_ARGS__})
 
+/* Values where an encoder can go wrong: any f32 bits (NaN, infinities, f32 subnormals), exact
+ * ties of bf16, f16, e4m3 and e5m2 normals and their neighbours, ties between subnormal steps
+ * of f16, e4m3 and e5m2, and values around each format's largest finite value. */
+static float rounding_case(int64_t i)
+{
+    uint32_t r = (uint32_t)rng_next(), sign = r & 0x80000000u, u;
+    int64_t kind = i % 8;
+    if (kind == 0) {
+        u = (uint32_t)(rng_next() >> 32);
+    } else if (kind <= 4) {
+        static const int drop[5] = {0, 16, 13, 20, 21};   /* bf16, f16, e4m3, e5m2 */
+        uint32_t exp = 90 + (uint32_t)(rng_next() % 56), half = 1u << (drop[kind] - 1);
+        u = sign | exp << 23 | ((r & 0x7FFFFFu & ~((half << 1) - 1)) | half);
+        u += (uint32_t)(rng_next() % 3) - 1;              /* the tie, or one ulp either side */
+    } else if (kind <= 6) {
+        static const int step[3] = {-24, -9, -16};        /* f16, e4m3, e5m2 subnormal steps */
+        float v = ldexpf((float)(rng_next() % 2048) + 0.5f, step[kind - 5]);
+        memcpy(&u, &v, 4);
+        u = (u + (uint32_t)(rng_next() % 3) - 1) | sign;
+    } else {
+        static const float top[6] = {448, 464, 57344, 61440, 65504, 65520};   /* max, first overflow */
+        float v = top[rng_next() % 6];
+        memcpy(&u, &v, 4);
+        u = (u + (uint32_t)(rng_next() % 5) - 2) | sign;
+    }
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 static void fill_leaf(TG *t, Node *n)
 {
     int64_t count = ir_numel(&n->t);
@@ -252,6 +282,7 @@ static void fill_leaf(TG *t, Node *n)
         }
         case FILL_POSITIVE: x[i] = (float)(rng_uniform() * 2); break;
         case FILL_VALUE: x[i] = (float)t->fill_arg[n->id]; break;
+        case FILL_ROUNDING: x[i] = rounding_case(i); break;
         case FILL_SPECIAL: {   /* normal values among NaNs of either sign, -inf, -0 and one +inf
                                 * when fill_arg is 1; the first row all NaN */
             int64_t cols = n->t.dims[n->t.rank - 1];
@@ -440,6 +471,10 @@ static void test_encodes_exact(void **state)
             if (kinds[i] == SCALE_BLOCK_128) qt->t.fmt.scale = done(t, OP(t, OP_TRANSPOSE, qs), FMT_F32, EXACT);
         }
     }
+    /* the encoders' rounding and overflow cases, element by element */
+    Node *cases = input(t, FMT_F32, 1, 1 << 18, 0, 0);
+    t->fill[cases->id] = FILL_ROUNDING;
+    for (int i = 0; i < 4; i++) done(t, OP(t, OP_CAST, cases), to[i], EXACT);
     run_case(t, "encodes");
     tg_free(t);
 }
