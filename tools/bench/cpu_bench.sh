@@ -7,8 +7,8 @@
 #                                                 (CPU_TARGET=x86-64-v3: kernels for any AVX2 CPU)
 #   tools/bench/cpu_bench.sh --run                only run what --build left in $BENCH_DIR
 #
-# Training steps: gpt2_tiny (-O0, batch 1 x 128, 4 x 64 and 16 x 128, the README's first
-# command's) and GPT-2 d12 (-O0, batch 1 x 128)
+# Training steps: gpt2_tiny (batch 1 x 128, 4 x 64 and 16 x 128, the README's first
+# command's) at each level of $LEVELS (default "0 1 2 3") and GPT-2 d12 (-O0, batch 1 x 128)
 # on --device cpu (the compiled kernels) and --device ref, with the same thread count
 # ($FP8C_THREADS, default: every online CPU). The figure is the median step time over the
 # steps after the first two (warm-up), from the binaries' JSON log. GEMM: cpu_gemm_bench at
@@ -20,6 +20,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BENCH_DIR=${BENCH_DIR:-/tmp/fp8c-cpu-bench}
 THREADS=${FP8C_THREADS:-$(nproc)}
 export FP8C_THREADS=$THREADS
+LEVELS=${LEVELS:-0 1 2 3}
 mode=all
 case "${1:-}" in
 --build) mode=build; shift ;;
@@ -27,16 +28,17 @@ case "${1:-}" in
 esac
 BUILD=${1:-$ROOT/build}
 
-# name model batch seq steps(cpu) steps(ref)
-CONFIGS="tiny_b1_t128 models/gpt2_tiny.model 1 128 30 12
-tiny_b4_t64 models/gpt2_tiny.model 4 64 30 12
-tiny_b16_t128 models/gpt2_tiny.model 16 128 12 6
-d12_b1_t128 models/gpt2.model 1 128 8 4"
+# name model level batch seq steps(cpu) steps(ref)
+CONFIGS=$(for level in $LEVELS; do
+    echo "tiny_b1_t128_O$level models/gpt2_tiny.model $level 1 128 30 12"
+    echo "tiny_b4_t64_O$level models/gpt2_tiny.model $level 4 64 30 12"
+    echo "tiny_b16_t128_O$level models/gpt2_tiny.model $level 16 128 12 6"
+done; echo "d12_b1_t128_O0 models/gpt2.model 0 1 128 8 4")
 
 build() {
     mkdir -p "$BENCH_DIR"
-    echo "$CONFIGS" | while read -r name model batch seq _ _; do
-        "$BUILD/fp8c" build "$ROOT/$model" -O0 --batch "$batch" --seq "$seq" ${CPU_TARGET:+--cpu=$CPU_TARGET} \
+    echo "$CONFIGS" | while read -r name model level batch seq _ _; do
+        "$BUILD/fp8c" build "$ROOT/$model" -O"$level" --batch "$batch" --seq "$seq" ${CPU_TARGET:+--cpu=$CPU_TARGET} \
             -o "$BENCH_DIR/$name" \
             >"$BENCH_DIR/build.log" 2>&1 || { cat "$BENCH_DIR/build.log" >&2; exit 1; }
     done
@@ -61,8 +63,8 @@ print("%.1f" % statistics.median(ms))' "$1"
 
 run() {
     echo "CPU backend benchmark: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $THREADS threads"
-    printf '%-14s %12s %12s %8s\n' config "cpu ms/step" "ref ms/step" speedup
-    echo "$CONFIGS" | while read -r name _ _ _ steps_cpu steps_ref; do
+    printf '%-17s %12s %12s %8s\n' config "cpu ms/step" "ref ms/step" speedup
+    echo "$CONFIGS" | while read -r name _ _ _ _ steps_cpu steps_ref; do
         for dev in cpu ref; do
             steps=$steps_cpu
             [ "$dev" = ref ] && steps=$steps_ref
@@ -73,7 +75,7 @@ run() {
         done
         c=$(median_ms "$BENCH_DIR/$name.cpu.jsonl")
         r=$(median_ms "$BENCH_DIR/$name.ref.jsonl")
-        printf '%-14s %12s %12s %7.1fx\n' "$name" "$c" "$r" "$(python3 -c "print($r / $c)")"
+        printf '%-17s %12s %12s %7.1fx\n' "$name" "$c" "$r" "$(python3 -c "print($r / $c)")"
     done
     if [ -x "$BENCH_DIR/cpu_gemm_bench" ]; then
         echo
