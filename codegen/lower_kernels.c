@@ -2143,8 +2143,9 @@ static void find_read_through(Lower *L)
     if (!L->o->gemm_f32) return;
     Uses *uses = NULL;
     for (int i = 0; i < g->n_nodes; i++) {
-        Node *t = g->nodes[i], *x = t->in[0];
-        if (t->op != OP_TRANSPOSE || L->group[i] != i || !gemm_reads(x)) continue;
+        Node *t = g->nodes[i];
+        if (t->op != OP_TRANSPOSE || L->group[i] != i || !gemm_reads(t->in[0])) continue;
+        Node *x = t->in[0];
         const Format *ft = &t->t.fmt, *fx = &x->t.fmt;
         if (ft->elem != fx->elem || ft->codec != fx->codec || ft->scaling != fx->scaling || ft->scale != fx->scale ||
             ir_role_is_persistent(t->t.role) || t->t.role == ROLE_OUTPUT)
