@@ -134,13 +134,13 @@ static LLVMValueRef float_of(R *r, LLVMValueRef u) { return LLVMBuildBitCast(r->
  * The map flips the magnitude bits of negative values, so it is its own inverse. */
 static LLVMValueRef flip_negative(R *r, LLVMValueRef u)
 {
-    LLVMValueRef sign = LLVMBuildAShr(r->b, u, LLVMConstInt(r->i32, 31, 0), "");
-    return LLVMBuildXor(r->b, u, LLVMBuildAnd(r->b, sign, LLVMConstInt(r->i32, 0x7fffffff, 0), ""), "");
+    LLVMValueRef sign = LLVMBuildAShr(r->b, u, ci32(r, 31), "");
+    return LLVMBuildXor(r->b, u, LLVMBuildAnd(r->b, sign, ci32(r, 0x7fffffff), ""), "");
 }
 static LLVMValueRef max_key(R *r, LLVMValueRef x)
 {
     LLVMValueRef nan = LLVMBuildFCmp(r->b, LLVMRealUNO, x, x, "");
-    return LLVMBuildSelect(r->b, nan, LLVMConstInt(r->i32, 0x80000000u, 0), flip_negative(r, bits_of(r, x)), "");
+    return LLVMBuildSelect(r->b, nan, ci32(r, INT32_MIN), flip_negative(r, bits_of(r, x)), "");
 }
 static LLVMValueRef key_float(R *r, LLVMValueRef key) { return float_of(r, flip_negative(r, key)); }
 
