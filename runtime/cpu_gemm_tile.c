@@ -216,8 +216,8 @@ __attribute__((target("avx512f"))) void cpu_tile_store(const float *out, float *
 
 /* dst[c * ldd + r] = src[r * lds + c] for r, c < 16, 32-bit elements: the rows interleaved in
  * pairs, then pairs of pairs, then 128-bit lanes in two rounds. */
-__attribute__((target("avx512f"))) static void transpose16(const uint32_t *src, int64_t lds,
-                                                           uint32_t *dst, int64_t ldd)
+__attribute__((target("avx512f"))) void cpu_tile_transpose16(const uint32_t *src, int64_t lds, uint32_t *dst,
+                                                            int64_t ldd)
 {
     __m512i r[16], t[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + i * lds);
@@ -270,8 +270,8 @@ cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64
             for (int64_t l = 0; l < 32; l++)
                 _mm512_storeu_si512(out + l * 16, bf16_load(o, at + l * ld + k0, l < lines ? depth : 0));
             if (as_b) {
-                transpose16(stage, 16, dst, 32);
-                transpose16(stage + 16 * 16, 16, dst + 16, 32);
+                cpu_tile_transpose16(stage, 16, dst, 32);
+                cpu_tile_transpose16(stage + 16 * 16, 16, dst + 16, 32);
             }
         } else {        /* each k's 32 lines lie together: rows 2p and 2p + 1 make [pair][line] */
             uint32_t *out = as_b ? dst : stage;
@@ -281,8 +281,8 @@ cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64
                            bf16_load(o, at + (k + 1) * ld, 2 * p + 1 < depth ? lines : 0), out + p * 32);
             }
             if (!as_b) {
-                transpose16(stage, 32, dst, 16);
-                transpose16(stage + 16, 32, dst + 16 * 16, 16);
+                cpu_tile_transpose16(stage, 32, dst, 16);
+                cpu_tile_transpose16(stage + 16, 32, dst + 16 * 16, 16);
             }
         }
     }

@@ -102,6 +102,8 @@ bool cpu_tile_f32_products(void);
  * product an f32 FMA */
 void cpu_tile_panels_f32(int64_t panels, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b,
                          int64_t b_panel, float *c, int64_t ldc, bool add);
+/* dst[c ldd + r] = src[r lds + c] for r, c < 16, 32-bit elements (x86-64 with AVX-512 only) */
+void cpu_tile_transpose16(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd);
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add */
 void cpu_tile_store(const float *out, float *c, int64_t ldc, int64_t ni, int64_t nj, float alpha, bool add);
 
@@ -122,6 +124,13 @@ typedef struct {
 } RtAttention;
 bool cpu_attention_tile_usable(int64_t head_dim);  /* tile path on, D a multiple of 32 up to 256 */
 int64_t cpu_attention_tile_runs(void);             /* tests: attentions the tile path has run */
+/* How a backward is cut into tasks: whole (batch, kv head) pairs, each computing S and dP of
+ * a block of queries once for dq, dk and dv (HEADS); or blocks of 32 rows, queries for dq and
+ * then keys for dk and dv, each pass recomputing them (BLOCKS), which keeps more threads busy
+ * when pairs are few. AUTO chooses by the threads; the others are for tests. */
+typedef enum { CPU_ATTN_BWD_AUTO, CPU_ATTN_BWD_HEADS, CPU_ATTN_BWD_BLOCKS } CpuAttnBwd;
+void cpu_attention_bwd_select(CpuAttnBwd how);
+int64_t cpu_attention_bwd_head_runs(void);         /* tests: backwards run by whole heads */
 void cpu_attention_tile(const RtAttention *a);
 
 /* ---------------------------------------------------------------- ref_attn.c */

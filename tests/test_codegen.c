@@ -669,14 +669,23 @@ static void test_attention(void **state)
             continue;
         }
         bool on = paths[p] != CPU_TILES_OFF;
-        print_message("attention: bf16 cases %s%s\n", on ? "on the tile path " : "on the kernel IR's kernels",
-                      on ? cpu_tiles_name(paths[p]) : "");
-        int64_t runs = cpu_attention_tile_runs();
-        for (size_t i = 0; i < sizeof tile / sizeof tile[0]; i++)
-            attention_case(FMT_BF16, tile[i].out, tile[i].T, tile[i].D, tile[i].packed, false);
-        /* each case is a forward and a backward */
-        assert_int_equal(cpu_attention_tile_runs() - runs, on ? 2 * (int64_t)(sizeof tile / sizeof tile[0]) : 0);
+        /* the backward cut by whole heads, then by blocks of rows */
+        static const CpuAttnBwd hows[] = {CPU_ATTN_BWD_HEADS, CPU_ATTN_BWD_BLOCKS};
+        for (int how = 0; how < (on ? 2 : 1); how++) {
+            print_message("attention: bf16 cases %s%s%s\n", on ? "on the tile path " : "on the kernel IR's kernels",
+                          on ? cpu_tiles_name(paths[p]) : "",
+                          on ? (how == 0 ? ", backward by heads" : ", backward by blocks") : "");
+            cpu_attention_bwd_select(hows[how]);
+            int64_t runs = cpu_attention_tile_runs(), head_runs = cpu_attention_bwd_head_runs();
+            for (size_t i = 0; i < sizeof tile / sizeof tile[0]; i++)
+                attention_case(FMT_BF16, tile[i].out, tile[i].T, tile[i].D, tile[i].packed, false);
+            /* each case is a forward and a backward */
+            int64_t cases = (int64_t)(sizeof tile / sizeof tile[0]);
+            assert_int_equal(cpu_attention_tile_runs() - runs, on ? 2 * cases : 0);
+            assert_int_equal(cpu_attention_bwd_head_runs() - head_runs, on && how == 0 ? cases : 0);
+        }
     }
+    cpu_attention_bwd_select(CPU_ATTN_BWD_AUTO);
     cpu_tiles_select(was);
 }
 

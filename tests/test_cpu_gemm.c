@@ -5,8 +5,9 @@
  * chosen by CPUID (f32 micro-kernels; the bf16 tile path on AVX512-BF16 dot products or on
  * AMX tiles) that a machine can run only some of. These tests need nothing but the runtime —
  * no LLVM, no compiler — so the executable runs on machines that have a path the development
- * machine lacks (a GPU machine's Xeon with AMX) as well as in CI. The kernels that call the
- * GEMM are tested with the rest of the CPU backend in test_codegen.c. FP8C_TEST_SEED repeats
+ * machine lacks (a GPU machine's Xeon with AMX) as well as in CI. The tile attention, which
+ * runs on the GEMM's block operations, is tested here too. The kernels that call the GEMM are
+ * tested with the rest of the CPU backend in test_codegen.c. FP8C_TEST_SEED repeats
  * a run's random data. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -207,11 +208,149 @@ static void test_gemm_rows(void **state)
     assert_true(local > 0);
 }
 
+/* The tile attention (runtime/cpu_attn_tile.c) on each tile path the CPU has, forward and
+ * backward, against f64 sums over the same bf16 values: grouped query heads, sequences that
+ * end inside a block of 32, head sizes 32 and 64. Bound: the largest difference under 1e-5
+ * of the output's largest magnitude (products of bf16 are exact; f32 sums, an exp within 2
+ * ulp). The backward's two cuts (by whole heads, by blocks of rows) must give the same bits,
+ * and so must one thread and several. */
+typedef struct {
+    int64_t B, T, H, Hkv, D;
+    uint16_t *q, *k, *v, *dy;           /* bf16, q (B, T, H D), k and v (B, T, Hkv D), dy as q */
+    double *y, *dq, *dk, *dv;           /* f64 results */
+} AttnCase;
+
+static double bf16_value(uint16_t h) { return (double)num_bf16_to_f32(h); }
+
+static uint16_t *bf16_random(int64_t n)
+{
+    uint16_t *x = malloc(sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) x[i] = num_f32_to_bf16(rng_normal());
+    return x;
+}
+
+static void attention_f64(AttnCase *c)
+{
+    int64_t B = c->B, T = c->T, H = c->H, Hkv = c->Hkv, D = c->D, G = H / Hkv;
+    double scale = 1.0 / sqrt((double)D);
+    c->y = calloc((size_t)(B * T * H * D), sizeof(double));
+    c->dq = calloc((size_t)(B * T * H * D), sizeof(double));
+    c->dk = calloc((size_t)(B * T * Hkv * D), sizeof(double));
+    c->dv = calloc((size_t)(B * T * Hkv * D), sizeof(double));
+    double *p = malloc(sizeof(double) * (size_t)T), *dp = malloc(sizeof(double) * (size_t)T);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                int64_t g = h / G, qi = (b * T + i) * H * D + h * D;
+                double mx = -INFINITY, sum = 0, dsum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    int64_t kj = (b * T + j) * Hkv * D + g * D;
+                    double s = 0, t = 0;
+                    for (int64_t d = 0; d < D; d++) {
+                        s += bf16_value(c->q[qi + d]) * bf16_value(c->k[kj + d]);
+                        t += bf16_value(c->dy[qi + d]) * bf16_value(c->v[kj + d]);
+                    }
+                    p[j] = s * scale;
+                    dp[j] = t;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int64_t j = 0; j <= i; j++) dsum += (p[j] /= sum) * dp[j];
+                for (int64_t j = 0; j <= i; j++) {
+                    int64_t kj = (b * T + j) * Hkv * D + g * D;
+                    double ds = p[j] * (dp[j] - dsum) * scale;
+                    for (int64_t d = 0; d < D; d++) {
+                        c->y[qi + d] += p[j] * bf16_value(c->v[kj + d]);
+                        c->dq[qi + d] += ds * bf16_value(c->k[kj + d]);
+                        c->dk[kj + d] += ds * bf16_value(c->q[qi + d]);
+                        c->dv[kj + d] += p[j] * bf16_value(c->dy[qi + d]);
+                    }
+                }
+            }
+    free(p);
+    free(dp);
+}
+
+/* max |got - want| over max |want|, got's rows `stride` floats apart from column col */
+static double attention_error(const float *got, int64_t stride, int64_t col, const double *want, int64_t rows,
+                              int64_t width)
+{
+    double diff = 0, mag = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t x = 0; x < width; x++) {
+            diff = fmax(diff, fabs(got[r * stride + col + x] - want[r * width + x]));
+            mag = fmax(mag, fabs(want[r * width + x]));
+        }
+    return diff / (mag > 0 ? mag : 1);
+}
+
+static void test_attention_tiles(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][5] = {{2, 19, 4, 2, 32}, {2, 70, 4, 2, 32}, {1, 128, 4, 4, 64}, {3, 45, 2, 1, 64}};
+    static const CpuTiles paths[] = {CPU_TILES_BF16DOT, CPU_TILES_AMX};
+    CpuTiles was = cpu_tiles();
+    int threads = ref_threads(), ran = 0;
+    for (size_t path = 0; path < sizeof paths / sizeof paths[0]; path++) {
+        if (!cpu_tiles_select(paths[path]) || !cpu_attention_tile_usable(32)) {
+            print_message("attention tiles: %s skipped: not on this CPU\n", cpu_tiles_name(paths[path]));
+            continue;
+        }
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            AttnCase c = {.B = shapes[s][0], .T = shapes[s][1], .H = shapes[s][2], .Hkv = shapes[s][3], .D = shapes[s][4]};
+            int64_t B = c.B, T = c.T, H = c.H, Hkv = c.Hkv, D = c.D, wide = (H + 2 * Hkv) * D;
+            c.q = bf16_random(B * T * H * D), c.dy = bf16_random(B * T * H * D);
+            c.k = bf16_random(B * T * Hkv * D), c.v = bf16_random(B * T * Hkv * D);
+            attention_f64(&c);
+            RtAttention a = {.B = B, .T = T, .H = H, .Hkv = Hkv, .D = D, .scale = (float)(1.0 / sqrt((double)D)),
+                             .q = c.q, .k = c.k, .v = c.v, .qs = H * D, .ks = Hkv * D, .vs = Hkv * D,
+                             .out_elem = FMT_F32};
+            float *y = malloc(sizeof(float) * (size_t)(B * T * H * D));
+            a.out = y, a.out_stride = H * D;
+            cpu_attention_tile(&a);
+            double err = attention_error(y, H * D, 0, c.y, B * T, H * D);
+            /* the backward by heads and by blocks, with every thread and with one */
+            float *grads[3];
+            static const CpuAttnBwd hows[3] = {CPU_ATTN_BWD_HEADS, CPU_ATTN_BWD_BLOCKS, CPU_ATTN_BWD_HEADS};
+            a.dy = c.dy, a.out_stride = wide;
+            for (int run = 0; run < 3; run++) {
+                grads[run] = malloc(sizeof(float) * (size_t)(B * T * wide));
+                cpu_attention_bwd_select(hows[run]);
+                ref_set_threads(run == 2 ? 1 : threads);
+                int64_t heads = cpu_attention_bwd_head_runs();
+                a.out = grads[run];
+                cpu_attention_tile(&a);
+                assert_int_equal(cpu_attention_bwd_head_runs() - heads, hows[run] == CPU_ATTN_BWD_HEADS);
+            }
+            ref_set_threads(threads);
+            cpu_attention_bwd_select(CPU_ATTN_BWD_AUTO);
+            double err_dq = attention_error(grads[0], wide, 0, c.dq, B * T, H * D);
+            double err_dk = attention_error(grads[0], wide, H * D, c.dk, B * T, Hkv * D);
+            double err_dv = attention_error(grads[0], wide, (H + Hkv) * D, c.dv, B * T, Hkv * D);
+            bool same = true;
+            for (int64_t r = 0; r < B * T; r++)     /* rows' whole width: dq | dk | dv */
+                for (int run = 1; run < 3; run++)
+                    same = same && memcmp(grads[0] + r * wide, grads[run] + r * wide, sizeof(float) * (size_t)wide) == 0;
+            print_message("attention tiles (%s) B %lld T %lld H %lld/%lld D %lld: y %.2g, dq %.2g, dk %.2g, dv %.2g%s\n",
+                          cpu_tiles_name(paths[path]), (long long)B, (long long)T, (long long)H, (long long)Hkv,
+                          (long long)D, err, err_dq, err_dk, err_dv, same ? "" : "; the cuts differ");
+            if (!(err < 1e-5 && err_dq < 1e-5 && err_dk < 1e-5 && err_dv < 1e-5) || !same)
+                fail_msg("attention tiles: out of bounds or cuts differ");
+            ran++;
+            free(y), free(grads[0]), free(grads[1]), free(grads[2]);
+            free(c.q), free(c.k), free(c.v), free(c.dy), free(c.y), free(c.dq), free(c.dk), free(c.dv);
+        }
+    }
+    cpu_tiles_select(was);
+    if (!ran) skip();
+}
+
 int main(void)
 {
     const char *seed = getenv("FP8C_TEST_SEED");
     rng_state = seed ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
     printf("test_cpu_gemm: seed %llu\n", (unsigned long long)rng_state);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gemm_paths), cmocka_unit_test(test_gemm_rows)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gemm_paths), cmocka_unit_test(test_gemm_rows),
+                                       cmocka_unit_test(test_attention_tiles)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
