@@ -313,6 +313,8 @@ bool fuse_nodes_overlap(const Node *a, const Node *b);
 /* Whether x holds its value from just after schedule position `from` through position `to`
  * (exclusive): no node in between writes over its bytes. */
 bool fuse_value_survives(const Graph *g, const Node *x, int from, int to);
+/* Whether some tensor's format names p as its scale or its amax (so p must be stored). */
+bool fuse_referenced_by_format(const Graph *g, const Node *p);
 
 /* ---------------------------------------------------------------- lower_kernels.c */
 

@@ -2150,11 +2150,8 @@ static void find_read_through(Lower *L)
         if (ft->elem != fx->elem || ft->codec != fx->codec || ft->scaling != fx->scaling || ft->scale != fx->scale ||
             ir_role_is_persistent(t->t.role) || t->t.role == ROLE_OUTPUT)
             continue;
-        bool ok = true;
-        for (int j = 0; j < g->n_nodes && ok; j++) {
-            const Node *m = g->nodes[j];
-            ok = !(j < i && L->group[j] == i) && m->t.fmt.scale != t && m->t.fmt.amax != t;
-        }
+        bool ok = !fuse_referenced_by_format(g, t);
+        for (int j = 0; j < i && ok; j++) ok = L->group[j] != i;   /* nothing fused into it */
         if (!ok) continue;
         if (!uses) uses = ir_fill_uses(g);
         const Uses *u = &uses[i];

@@ -133,7 +133,7 @@ static bool same_element_operand(const Node *c, int k)
 }
 
 /* A node whose value other tensors depend on by reference (a scale, an amax) must be stored. */
-static bool referenced_by_format(const Graph *g, const Node *p)
+bool fuse_referenced_by_format(const Graph *g, const Node *p)
 {
     for (int i = 0; i < g->n_nodes; i++) {
         const Format *f = &g->nodes[i]->t.fmt;
@@ -152,7 +152,7 @@ static bool try_merge(Fuse *f, Node *p, Node *c)
     if (!p_elementwise && !cg_op_is_head(p->op)) return false;
     if (f->has_head[pi] && f->has_head[croot]) return false;   /* one head per group */
     if (ir_role_is_persistent(p->t.role) || p->t.role == ROLE_OUTPUT) return false;
-    if (referenced_by_format(g, p)) return false;
+    if (fuse_referenced_by_format(g, p)) return false;
     /* every use of p is c (values the group does not store are read nowhere else) */
     const Uses *u = &f->uses[pi];
     for (int i = 0; i < u->n; i++)
