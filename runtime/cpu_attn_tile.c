@@ -434,29 +434,62 @@ static void transpose32(const float *src, int64_t ld, float *dst)
             cpu_tile_transpose16((const uint32_t *)(src + r0 * ld + c0), ld, (uint32_t *)(dst + c0 * BLK + r0), BLK);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dq_task(void *ctx, int64_t task)
+/* A block of 32 queries' scratch for rows of up to `span` keys: S and dP, the space of a left
+ * operand made of them (left_of: 6 bytes a value), dq's block, the block's q and dy rows */
+typedef struct {
+    float *S, *dP, *dQ;
+    void *left;
+    uint16_t *q, *dy;
+} QueryScratch;
+
+static size_t query_scratch_bytes(int64_t span, int64_t D)
+{
+    return (2 * sizeof(float) + 6) * BLK * (size_t)span + (sizeof(float) + 4) * BLK * (size_t)D;
+}
+
+static QueryScratch query_scratch(char *mem, int64_t span, int64_t D)
+{
+    QueryScratch x = {.S = (float *)mem};
+    x.dP = x.S + BLK * span;
+    x.left = x.dP + BLK * span;
+    x.dQ = (float *)((char *)x.left + 6 * BLK * span);
+    x.q = (uint16_t *)(x.dQ + BLK * D);
+    x.dy = x.q + BLK * D;
+    return x;
+}
+
+/* Block qb of query head h (batch b): S = q k^T and dP = dy v^T, P and dS over them
+ * (softmax_grad_rows, the rows kept where keep is given), and dq's rows = dS k, stored. Both
+ * cuts of the backward start a block of queries with this. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void query_block_backward(const Bwd *w, int64_t b,
+                                                                                      int64_t h, int64_t qb,
+                                                                                      const QueryScratch *x,
+                                                                                      const RowsKept *keep)
+{
+    const RtAttention *a = w->a;
+    int64_t nb = w->nb, D = a->D, ds = D / 32, kv = b * a->Hkv + h / (a->H / a->Hkv);
+    int64_t t0 = qb * BLK, keys = (qb + 1) * BLK;
+    copy_block(a, (Heads){a->q, a->qs, a->H}, b, h, t0, x->q);
+    copy_block(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, x->dy);
+    cpu_tile_panels(qb + 1, ds, x->q, D, 0, 1, w->k_rows + kv * nb * ds * STEP, ds * STEP, x->S, keys, false);
+    cpu_tile_panels(qb + 1, ds, x->dy, D, 0, 1, w->v_rows + kv * nb * ds * STEP, ds * STEP, x->dP, keys, false);
+    softmax_grad_rows(a, x->S, x->dP, keys, t0, keep);
+    Left dS = left_of(x->dP, keys, keys, x->left);
+    left_product(&dS, w->k_cols + kv * ds * nb * STEP, nb * STEP, ds, qb + 1, x->dQ, D, false);
+    store_rows(a, x->dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D);
+}
+
+static void dq_task(void *ctx, int64_t task)
 {
     const Bwd *w = ctx;
     const RtAttention *a = w->a;
     QueryBlock z = query_block(a, w->nb, task);
-    int64_t nb = w->nb, qb = z.qb, bh = z.bh, b = z.b, h = z.h, g = z.g, t0 = z.t0, keys = z.keys, D = a->D;
-    size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 3 * 2 * BLK * (size_t)keys;
-    char *mem = thread_scratch(2 * s_bytes + p_bytes + sizeof(float) * BLK * (size_t)D + 4 * BLK * (size_t)D);
-    float *S = (float *)mem, *dP = (float *)(mem + s_bytes), *dQ = (float *)(mem + 2 * s_bytes + p_bytes);
-    uint16_t *q = (uint16_t *)(dQ + BLK * D), *dy = q + BLK * D;
-    int64_t ds = D / 32, kv = b * a->Hkv + g;
-    copy_block(a, (Heads){a->q, a->qs, a->H}, b, h, t0, q);
-    copy_block(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, dy);
+    QueryScratch x = query_scratch(thread_scratch(query_scratch_bytes(z.keys, a->D)), z.keys, a->D);
+    int64_t rows = a->B * a->H * a->T, at = z.bh * a->T;
+    RowsKept keep = {w->kept + at, w->kept + rows + at, w->kept + 2 * rows + at};
     cpu_tile_begin();
-    cpu_tile_panels(qb + 1, ds, q, D, 0, 1, w->k_rows + kv * nb * ds * STEP, ds * STEP, S, keys, false);
-    cpu_tile_panels(qb + 1, ds, dy, D, 0, 1, w->v_rows + kv * nb * ds * STEP, ds * STEP, dP, keys, false);
-    int64_t rows = a->B * a->H * a->T;
-    RowsKept keep = {w->kept + bh * a->T, w->kept + rows + bh * a->T, w->kept + 2 * rows + bh * a->T};
-    softmax_grad_rows(a, S, dP, keys, t0, &keep);
-    Left dS = left_of(dP, keys, keys, mem + 2 * s_bytes);
-    left_product(&dS, w->k_cols + kv * ds * nb * STEP, nb * STEP, ds, qb + 1, dQ, D, false);
+    query_block_backward(w, z.b, z.h, z.qb, &x, &keep);
     cpu_tile_end();
-    store_rows(a, dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void *ctx, int64_t task)
@@ -533,39 +566,25 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void head_bwd_task
     const RtAttention *a = w->a;
     int64_t nb = w->nb, kv = task, b = kv / a->Hkv, g = kv % a->Hkv, group = a->H / a->Hkv;
     int64_t D = a->D, ds = D / 32, span = nb * BLK;  /* span: the keys, padded to whole blocks */
-    size_t s_bytes = sizeof(float) * BLK * (size_t)span, left_bytes = 3 * 2 * BLK * (size_t)span;
-    size_t kv_bytes = sizeof(float) * (size_t)(span * D);
-    char *mem = thread_scratch(2 * s_bytes + left_bytes + 2 * kv_bytes + sizeof(float) * BLK * BLK +
-                               sizeof(float) * BLK * (size_t)D + 4 * BLK * (size_t)D);
-    float *S = (float *)mem, *dP = (float *)(mem + s_bytes);
-    void *left_space = mem + 2 * s_bytes;
-    float *dK = (float *)(mem + 2 * s_bytes + left_bytes), *dV = dK + span * D, *tr = dV + span * D;
-    float *dQ = tr + BLK * BLK;
-    uint16_t *q = (uint16_t *)(dQ + BLK * D), *dy = q + BLK * D;
+    size_t kv_bytes = sizeof(float) * (size_t)(span * D), x_bytes = query_scratch_bytes(span, D);
+    char *mem = thread_scratch(x_bytes + 2 * kv_bytes + sizeof(float) * BLK * BLK);
+    QueryScratch x = query_scratch(mem, span, D);
+    float *dK = (float *)(mem + x_bytes), *dV = dK + span * D, *tr = dV + span * D;
     memset(dK, 0, 2 * kv_bytes);
-    const uint32_t *k_rows = w->k_rows + kv * nb * ds * STEP, *v_rows = w->v_rows + kv * nb * ds * STEP;
-    const uint32_t *k_cols = w->k_cols + kv * ds * nb * STEP;
     cpu_tile_begin();
     for (int64_t hh = 0; hh < group; hh++) {
         int64_t h = g * group + hh, bh = b * a->H + h;
         for (int64_t qb = 0; qb < nb; qb++) {
-            int64_t t0 = qb * BLK, keys = (qb + 1) * BLK;
-            copy_block(a, (Heads){a->q, a->qs, a->H}, b, h, t0, q);
-            copy_block(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, dy);
-            cpu_tile_panels(qb + 1, ds, q, D, 0, 1, k_rows, ds * STEP, S, keys, false);
-            cpu_tile_panels(qb + 1, ds, dy, D, 0, 1, v_rows, ds * STEP, dP, keys, false);
-            softmax_grad_rows(a, S, dP, keys, t0, NULL);
-            Left dS = left_of(dP, keys, keys, left_space);
-            left_product(&dS, k_cols, nb * STEP, ds, qb + 1, dQ, D, false);
-            store_rows(a, dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D);
+            int64_t keys = (qb + 1) * BLK;
+            query_block_backward(w, b, h, qb, &x, NULL);
             const uint32_t *dyc = w->dy_cols + bh * ds * nb * STEP + qb * STEP;
             const uint32_t *qc = w->q_cols + bh * ds * nb * STEP + qb * STEP;
             for (int64_t kb = 0; kb <= qb; kb++) {
-                transpose32(S + kb * BLK, keys, tr);
-                Left PT = left_of(tr, BLK, BLK, left_space);
+                transpose32(x.S + kb * BLK, keys, tr);
+                Left PT = left_of(tr, BLK, BLK, x.left);
                 left_product(&PT, dyc, nb * STEP, ds, 1, dV + kb * BLK * D, D, true);
-                transpose32(dP + kb * BLK, keys, tr);
-                Left dST = left_of(tr, BLK, BLK, left_space);
+                transpose32(x.dP + kb * BLK, keys, tr);
+                Left dST = left_of(tr, BLK, BLK, x.left);
                 left_product(&dST, qc, nb * STEP, ds, 1, dK + kb * BLK * D, D, true);
             }
         }
