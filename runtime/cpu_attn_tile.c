@@ -104,6 +104,7 @@ static size_t packed_words;
 static uint32_t *packed_space(size_t words)
 {
     if (words > packed_words) {
+        words = (words + 15) & ~(size_t)15;     /* aligned_alloc takes whole 64-byte lines */
         free(packed_store);
         packed_store = aligned_alloc(64, words * 4);
         IR_ASSERT(packed_store);
