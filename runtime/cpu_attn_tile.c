@@ -597,7 +597,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void head_bwd_task
 
 /* Whole heads a task where that keeps the threads busy: at least a (batch, kv head) pair a
  * thread, and the last round at least three quarters full. Else blocks of rows, whose two
- * passes recompute S and dP (a third more work) but make nb times the tasks. */
+ * passes recompute S and dP (seven block products where one pass takes five) but make nb
+ * times the tasks. */
 static bool bwd_by_heads(const RtAttention *a)
 {
     if (bwd_how != CPU_ATTN_BWD_AUTO) return bwd_how == CPU_ATTN_BWD_HEADS;
