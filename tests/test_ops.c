@@ -11,6 +11,7 @@
  * values each run; the seed is printed (FP8C_TEST_SEED=n repeats a run). */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -1093,6 +1094,68 @@ static void die_bad_id(void)
     ref_exec_node(NODE(t, OP_EMBEDDING, NOATTR, table, ids));
 }
 
+/* The pool runs every task of an op exactly once, and all of them before ref_parallel_for
+ * returns: ops of many sizes back to back (fewer tasks than threads, more, many more), with
+ * tasks of uneven length so that threads take from each other's ranges, at thread counts up
+ * to more than this machine has cores (where some are off the CPU mid-op). A task nested in a
+ * task runs serially, on the calling thread. */
+typedef struct {
+    int64_t n;
+    _Atomic int *runs;          /* per task: times it ran in this op */
+    const int *spin;            /* per task: how long it works */
+    _Atomic int nested_runs;
+} PoolOp;
+
+static void pool_nested_task(void *ctx, int64_t i)
+{
+    (void)i;
+    atomic_fetch_add(&((PoolOp *)ctx)->nested_runs, 1);
+}
+
+static void pool_task(void *ctx, int64_t i)
+{
+    PoolOp *op = ctx;
+    assert_true(i >= 0 && i < op->n);
+    volatile float x = 1;
+    for (int k = 0; k < op->spin[i]; k++) x = x * 1.0000001f;
+    if (i == op->n - 1) ref_parallel_for(3, pool_nested_task, op);
+    atomic_fetch_add(&op->runs[i], 1);
+}
+
+static void test_pool_runs_each_task_once(void **state)
+{
+    (void)state;
+    int saved = ref_threads();
+    enum { MOST = 4000 };
+    _Atomic int *runs = calloc(MOST, sizeof *runs);
+    int *spin = malloc(MOST * sizeof *spin);
+    assert_non_null(runs);
+    assert_non_null(spin);
+    const int threads[] = {2, 3, 8, 17};
+    const int64_t sizes[] = {2, 3, 5, 16, 17, 64, 100, 1000, MOST};
+    for (int t = 0; t < 4; t++) {
+        ref_set_threads(threads[t]);
+        for (int rep = 0; rep < 40; rep++)
+            for (int s = 0; s < 9; s++) {
+                PoolOp op = {.n = sizes[s], .runs = runs, .spin = spin};
+                atomic_init(&op.nested_runs, 0);
+                for (int64_t i = 0; i < op.n; i++) {
+                    atomic_store(&runs[i], 0);
+                    spin[i] = rng_uniform() < 0.1 ? (int)rng_int(0, 20000) : (int)rng_int(0, 50);
+                }
+                ref_parallel_for(op.n, pool_task, &op);
+                for (int64_t i = 0; i < op.n; i++)
+                    if (atomic_load(&runs[i]) != 1)
+                        fail_msg("%d threads, op of %lld tasks: task %lld ran %d times", threads[t],
+                                 (long long)op.n, (long long)i, atomic_load(&runs[i]));
+                assert_int_equal(atomic_load(&op.nested_runs), 3);
+            }
+    }
+    free(runs);
+    free(spin);
+    ref_set_threads(saved);
+}
+
 static void test_loud_failures(void **state)
 {
     (void)state;
@@ -1184,6 +1247,7 @@ int main(void)
         cmocka_unit_test(test_bf16_fast_path),
         cmocka_unit_test(test_quant_ops),
         cmocka_unit_test(test_init_params),
+        cmocka_unit_test(test_pool_runs_each_task_once),
         cmocka_unit_test(test_loud_failures),
         cmocka_unit_test(test_bench),
     };
