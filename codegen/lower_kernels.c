@@ -9,7 +9,9 @@
  *   row ops           one item per row (norms, softmax, cross entropy, embedding, rope), the
  *                     columns in CG_LOOP_ROW loops with their sums and maxima as CG_REDUCE;
  *   column sums       one item per block of 64 columns, rows in a sequential loop, summed in
- *                     chunks of 64 rows (bias and norm-weight gradients);
+ *                     chunks of 64 rows (bias and norm-weight gradients); with four chunks
+ *                     or more, the chunks' sums first, one item per (chunk, block), then
+ *                     added in order per block;
  *   whole-tensor      partial results per chunk into a scratch array, then one item that
  *   reductions        combines them in order (squared norms, amax, the mean loss);
  *   attention         k (and for the backward v, q, dy) transposed per head into f32
@@ -485,36 +487,74 @@ static void lower_norm(Lower *L, Node *n)
     end(k);
 }
 
-/* Column sums of f(r, c) over rows, for blocks of COL_BLOCK columns: one item per block, rows
- * summed in order in chunks of ROW_CHUNK whose sums are then added in order. The callback
- * emits f inside the column loop. */
+/* Column sums of f(r, c) over rows, for blocks of COL_BLOCK columns: rows summed in order in
+ * chunks of ROW_CHUNK whose sums are then added in order. The callback emits f inside the
+ * column loop; the kernels are kernel(L, LOOP, n, NULL) and, when split, n's "chunks" first.
+ *
+ * Few column blocks would leave most threads idle (a norm's weight gradient at C = 128 has
+ * two), so where there are SPLIT_CHUNKS chunks or more, one kernel writes each (chunk, block)
+ * sum to scratch, one item each, and a second adds a block's chunk sums in order: the same
+ * additions in the same order as one item per block, so the same bits, with parallelism
+ * along the rows. The cut depends on the shape alone, never on the thread count. */
+enum { SPLIT_CHUNKS = 4 };
+
 typedef int (*ColTermFn)(Lower *L, CgKernel *k, void *ctx, int row, int col, int64_t cols);
 
-static void column_sums(Lower *L, CgKernel *k, Node *out, int64_t R, int64_t C, ColTermFn term,
-                        void *ctx)
+static void column_sums(Lower *L, Node *out, int64_t R, int64_t C, ColTermFn term, void *ctx)
 {
-    int64_t blocks = (C + COL_BLOCK - 1) / COL_BLOCK;
-    shape(k, CG_PAR_THREAD, blocks, R * COL_BLOCK * 3);
+    int64_t blocks = (C + COL_BLOCK - 1) / COL_BLOCK, chunks = (R + ROW_CHUNK - 1) / ROW_CHUNK;
+    bool split = chunks >= SPLIT_CHUNKS;
+    int sums = NONE;
+    if (split) {
+        sums = cg_scratch_new(L->p, chunks * C);
+        CgKernel *k = kernel(L, CG_KERNEL_LOOP, out, "chunks");
+        shape(k, CG_PAR_THREAD, chunks * blocks, ROW_CHUNK * COL_BLOCK * 3);
+        body(k);
+        int ch = e2(k, CG_IDIV, item(k), ic(k, blocks));
+        int c0 = imul(k, e2(k, CG_ISUB, item(k), imul(k, ch, ic(k, blocks))), ic(k, COL_BLOCK));
+        int w = e2(k, CG_IMIN, ic(k, COL_BLOCK), e2(k, CG_ISUB, ic(k, C), c0));
+        int part = cg_local(k, COL_BLOCK, 0.0);
+        int r0 = imul(k, ch, ic(k, ROW_CHUNK));
+        int r = seq_loop(k, r0, e2(k, CG_IMIN, iadd(k, r0, ic(k, ROW_CHUNK)), ic(k, R)));
+        int cc = row_loop(k, ic(k, 0), w);
+        lset(k, part, cc, fadd(k, lget(k, part, cc), term(L, k, ctx, r, iadd(k, c0, cc), C)));
+        end(k);
+        end(k);
+        int sb = cg_buf_scratch(k, sums, chunks * C, false, true);
+        cc = row_loop(k, ic(k, 0), w);
+        cg_store(k, sb, iadd(k, imul(k, ch, ic(k, C)), iadd(k, c0, cc)), lget(k, part, cc), NONE, NONE);
+        end(k);
+    }
+    CgKernel *k = kernel(L, CG_KERNEL_LOOP, out, NULL);
+    shape(k, CG_PAR_THREAD, blocks, split ? chunks * COL_BLOCK * 2 : R * COL_BLOCK * 3);
     body(k);
     int c0 = imul(k, item(k), ic(k, COL_BLOCK));
     int w = e2(k, CG_IMIN, ic(k, COL_BLOCK), e2(k, CG_ISUB, ic(k, C), c0));
-    int total = cg_local(k, COL_BLOCK, 0.0), part = cg_local(k, COL_BLOCK, 0.0);
-    int64_t chunks = (R + ROW_CHUNK - 1) / ROW_CHUNK;
+    int total = cg_local(k, COL_BLOCK, 0.0), part = split ? NONE : cg_local(k, COL_BLOCK, 0.0);
+    int sb = split ? cg_buf_scratch(k, sums, chunks * C, true, false) : NONE;
     int ch = seq_loop(k, ic(k, 0), ic(k, chunks));
-    int cc = row_loop(k, ic(k, 0), w);
-    lset(k, part, cc, fc(k, 0.0f));
-    end(k);
-    int r0 = imul(k, ch, ic(k, ROW_CHUNK));
-    int r1 = e2(k, CG_IMIN, iadd(k, r0, ic(k, ROW_CHUNK)), ic(k, R));
-    int r = seq_loop(k, r0, r1);
-    cc = row_loop(k, ic(k, 0), w);
-    int col = iadd(k, c0, cc);
-    lset(k, part, cc, fadd(k, lget(k, part, cc), term(L, k, ctx, r, col, C)));
-    end(k);
-    end(k);
-    cc = row_loop(k, ic(k, 0), w);
-    lset(k, total, cc, fadd(k, lget(k, total, cc), lget(k, part, cc)));
-    end(k);
+    int cc;
+    if (split) {
+        cc = row_loop(k, ic(k, 0), w);
+        int at = iadd(k, imul(k, ch, ic(k, C)), iadd(k, c0, cc));
+        lset(k, total, cc, fadd(k, lget(k, total, cc), ld(k, sb, at)));
+        end(k);
+    } else {
+        cc = row_loop(k, ic(k, 0), w);
+        lset(k, part, cc, fc(k, 0.0f));
+        end(k);
+        int r0 = imul(k, ch, ic(k, ROW_CHUNK));
+        int r1 = e2(k, CG_IMIN, iadd(k, r0, ic(k, ROW_CHUNK)), ic(k, R));
+        int r = seq_loop(k, r0, r1);
+        cc = row_loop(k, ic(k, 0), w);
+        int col = iadd(k, c0, cc);
+        lset(k, part, cc, fadd(k, lget(k, part, cc), term(L, k, ctx, r, col, C)));
+        end(k);
+        end(k);
+        cc = row_loop(k, ic(k, 0), w);
+        lset(k, total, cc, fadd(k, lget(k, total, cc), lget(k, part, cc)));
+        end(k);
+    }
     end(k);
     int ob = cg_buf_tensor(k, out, false, true);
     cc = row_loop(k, ic(k, 0), w);
@@ -533,8 +573,7 @@ static int sum_rows_term(Lower *L, CgKernel *k, void *ctx, int row, int col, int
 static void lower_sum_rows(Lower *L, Node *n)
 {
     Node *x = n->in[0];
-    CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
-    column_sums(L, k, n, rows_of(&x->t), cols_of(&x->t), sum_rows_term, x);
+    column_sums(L, n, rows_of(&x->t), cols_of(&x->t), sum_rows_term, x);
 }
 
 typedef struct {
@@ -572,8 +611,7 @@ static void lower_norm_w(Lower *L, Node *n)
     norm_stats(k, xb, row, C, is_layernorm(n->op), n->fattr[0], &mean, &rstd);
     cg_store(k, sb, imul(k, row, ic(k, 2)), mean, NONE, NONE);
     cg_store(k, sb, iadd(k, imul(k, row, ic(k, 2)), ic(k, 1)), rstd, NONE, NONE);
-    k = kernel(L, CG_KERNEL_LOOP, n, NULL);
-    column_sums(L, k, n, R, C, norm_w_term, &w);
+    column_sums(L, n, R, C, norm_w_term, &w);
 }
 
 static void lower_softmax(Lower *L, Node *n)

@@ -584,6 +584,14 @@ static void test_rows(void **state)
     done(t, OP(t, OP_SOFTMAX, input(t, FMT_BF16, 2, 11, 40, 0)), FMT_F32, TOL_F32);
     Node *big = input(t, FMT_F32, 2, 200, 130, 0);
     done(t, OP(t, OP_SUM_ROWS, big), FMT_F32, TOL_F32);
+    /* column sums of 4 row chunks or more are summed per chunk first, then per column */
+    Node *tall_x = input(t, FMT_F32, 3, 2, 150, 96), *tall_dy = input(t, FMT_BF16, 3, 2, 150, 96);
+    Node *tall_lnw = OP(t, OP_LAYERNORM_BWD_W, tall_dy, tall_x);
+    tall_lnw->fattr[0] = 1e-5;
+    done(t, tall_lnw, FMT_F32, TOL_F32);
+    Node *tall_rw = OP(t, OP_RMSNORM_BWD_W, tall_dy, tall_x);
+    tall_rw->fattr[0] = 1e-6;
+    done(t, tall_rw, FMT_BF16, TOL_BF16);
     done(t, OP(t, OP_SQNORM, big), FMT_F32, TOL_F32);
     Node *big2 = input(t, FMT_F32, 1, 10000, 0, 0);
     done(t, OP(t, OP_SQNORM, big2), FMT_F32, TOL_F32);
