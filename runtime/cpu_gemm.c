@@ -698,10 +698,13 @@ void rt_cpu_gemm_rows(int64_t M, int64_t N, int64_t K, RtGemmOperand A, int64_t 
     }
     g.n_col_panels = ceil_div(N, g.u.nr);
     g.n_row_panels = ceil_div(M, g.u.mr);
-    /* no thread gets much under a million multiply-adds (on AMX's tiles eight million, with
-     * AVX512-BF16's dot products, twice the f32 rate, two million): waking the pool costs more */
+    /* no thread gets much under a million multiply-adds (on the tile path, AMX's or
+     * AVX512-BF16's, two million): waking the pool costs more. AMX had eight million until the
+     * pool's dispatch got cheaper; at two, gpt2_tiny's batch-1 GEMMs (128 rows) spread over
+     * three or four threads instead of one, and the -O0 step on a 16-core Xeon went from
+     * 3.6 - 3.9 ms to 2.4 - 2.8 (docs/cpu-backend.md). */
     double flops = 2.0 * (double)M * (double)N * (double)K;
-    double least = !g.tiles ? 2e6 : cpu_tiles() == CPU_TILES_AMX ? 16e6 : 4e6;
+    double least = !g.tiles ? 2e6 : 4e6;
     int64_t threads = ref_threads();
     if ((double)threads > flops / least) threads = (int64_t)(flops / least) + 1;
     bool serial = threads == 1;
