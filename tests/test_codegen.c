@@ -548,6 +548,13 @@ static void test_copies_exact(void **state)
     tg_free(t);
 }
 
+/* n, with its epsilon (a norm's) set */
+static Node *with_eps(Node *n, double eps)
+{
+    n->fattr[0] = eps;
+    return n;
+}
+
 static void test_rows(void **state)
 {
     (void)state;
@@ -556,27 +563,13 @@ static void test_rows(void **state)
     Node *x = input(t, FMT_F32, 3, B, T, C), *dy = input(t, FMT_F32, 3, B, T, C);
     Node *w = input(t, FMT_F32, 1, C, 0, 0), *b = input(t, FMT_F32, 1, C, 0, 0);
     Node *xb = input(t, FMT_BF16, 3, B, T, C);
-    Node *ln = OP(t, OP_LAYERNORM, x, w, b);
-    ln->fattr[0] = 1e-5;
-    done(t, ln, FMT_F32, TOL_F32);
-    Node *ln2 = OP(t, OP_LAYERNORM, xb, w, b);
-    ln2->fattr[0] = 1e-5;
-    done(t, ln2, FMT_BF16, TOL_BF16);
-    Node *lnx = OP(t, OP_LAYERNORM_BWD_X, dy, x, w);
-    lnx->fattr[0] = 1e-5;
-    done(t, lnx, FMT_F32, TOL_F32);
-    Node *lnw = OP(t, OP_LAYERNORM_BWD_W, dy, x);
-    lnw->fattr[0] = 1e-5;
-    done(t, lnw, FMT_F32, TOL_F32);
-    Node *rms = OP(t, OP_RMSNORM, x, w);
-    rms->fattr[0] = 1e-6;
-    done(t, rms, FMT_F32, TOL_F32);
-    Node *rx = OP(t, OP_RMSNORM_BWD_X, dy, x, w);
-    rx->fattr[0] = 1e-6;
-    done(t, rx, FMT_F32, TOL_F32);
-    Node *rw = OP(t, OP_RMSNORM_BWD_W, dy, x);
-    rw->fattr[0] = 1e-6;
-    done(t, rw, FMT_F32, TOL_F32);
+    done(t, with_eps(OP(t, OP_LAYERNORM, x, w, b), 1e-5), FMT_F32, TOL_F32);
+    done(t, with_eps(OP(t, OP_LAYERNORM, xb, w, b), 1e-5), FMT_BF16, TOL_BF16);
+    done(t, with_eps(OP(t, OP_LAYERNORM_BWD_X, dy, x, w), 1e-5), FMT_F32, TOL_F32);
+    done(t, with_eps(OP(t, OP_LAYERNORM_BWD_W, dy, x), 1e-5), FMT_F32, TOL_F32);
+    done(t, with_eps(OP(t, OP_RMSNORM, x, w), 1e-6), FMT_F32, TOL_F32);
+    done(t, with_eps(OP(t, OP_RMSNORM_BWD_X, dy, x, w), 1e-6), FMT_F32, TOL_F32);
+    done(t, with_eps(OP(t, OP_RMSNORM_BWD_W, dy, x), 1e-6), FMT_F32, TOL_F32);
     Node *sm = done(t, OP(t, OP_SOFTMAX, x), FMT_F32, TOL_F32);
     done(t, OP(t, OP_SOFTMAX_BWD, dy, sm), FMT_F32, TOL_F32);
     /* row maxima go over lanes of 16 columns: rows shorter than one, and a partial last one */
@@ -586,12 +579,8 @@ static void test_rows(void **state)
     done(t, OP(t, OP_SUM_ROWS, big), FMT_F32, TOL_F32);
     /* column sums of 4 row chunks or more are summed per chunk first, then per column */
     Node *tall_x = input(t, FMT_F32, 3, 2, 150, 96), *tall_dy = input(t, FMT_BF16, 3, 2, 150, 96);
-    Node *tall_lnw = OP(t, OP_LAYERNORM_BWD_W, tall_dy, tall_x);
-    tall_lnw->fattr[0] = 1e-5;
-    done(t, tall_lnw, FMT_F32, TOL_F32);
-    Node *tall_rw = OP(t, OP_RMSNORM_BWD_W, tall_dy, tall_x);
-    tall_rw->fattr[0] = 1e-6;
-    done(t, tall_rw, FMT_BF16, TOL_BF16);
+    done(t, with_eps(OP(t, OP_LAYERNORM_BWD_W, tall_dy, tall_x), 1e-5), FMT_F32, TOL_F32);
+    done(t, with_eps(OP(t, OP_RMSNORM_BWD_W, tall_dy, tall_x), 1e-6), FMT_BF16, TOL_BF16);
     done(t, OP(t, OP_SQNORM, big), FMT_F32, TOL_F32);
     Node *big2 = input(t, FMT_F32, 1, 10000, 0, 0);
     done(t, OP(t, OP_SQNORM, big2), FMT_F32, TOL_F32);
