@@ -500,6 +500,18 @@ enum { SPLIT_CHUNKS = 4 };
 
 typedef int (*ColTermFn)(Lower *L, CgKernel *k, void *ctx, int row, int col, int64_t cols);
 
+/* part[c] += f(r, c0 + c) for the rows of chunk ch in order, c < w */
+static void add_chunk(Lower *L, CgKernel *k, int part, int ch, int c0, int w, int64_t R, int64_t C,
+                      ColTermFn term, void *ctx)
+{
+    int r0 = imul(k, ch, ic(k, ROW_CHUNK));
+    int r = seq_loop(k, r0, e2(k, CG_IMIN, iadd(k, r0, ic(k, ROW_CHUNK)), ic(k, R)));
+    int cc = row_loop(k, ic(k, 0), w);
+    lset(k, part, cc, fadd(k, lget(k, part, cc), term(L, k, ctx, r, iadd(k, c0, cc), C)));
+    end(k);
+    end(k);
+}
+
 static void column_sums(Lower *L, Node *out, int64_t R, int64_t C, ColTermFn term, void *ctx)
 {
     int64_t blocks = (C + COL_BLOCK - 1) / COL_BLOCK, chunks = (R + ROW_CHUNK - 1) / ROW_CHUNK;
@@ -514,14 +526,9 @@ static void column_sums(Lower *L, Node *out, int64_t R, int64_t C, ColTermFn ter
         int c0 = imul(k, e2(k, CG_ISUB, item(k), imul(k, ch, ic(k, blocks))), ic(k, COL_BLOCK));
         int w = e2(k, CG_IMIN, ic(k, COL_BLOCK), e2(k, CG_ISUB, ic(k, C), c0));
         int part = cg_local(k, COL_BLOCK, 0.0);
-        int r0 = imul(k, ch, ic(k, ROW_CHUNK));
-        int r = seq_loop(k, r0, e2(k, CG_IMIN, iadd(k, r0, ic(k, ROW_CHUNK)), ic(k, R)));
-        int cc = row_loop(k, ic(k, 0), w);
-        lset(k, part, cc, fadd(k, lget(k, part, cc), term(L, k, ctx, r, iadd(k, c0, cc), C)));
-        end(k);
-        end(k);
+        add_chunk(L, k, part, ch, c0, w, R, C, term, ctx);
         int sb = cg_buf_scratch(k, sums, chunks * C, false, true);
-        cc = row_loop(k, ic(k, 0), w);
+        int cc = row_loop(k, ic(k, 0), w);
         cg_store(k, sb, iadd(k, imul(k, ch, ic(k, C)), iadd(k, c0, cc)), lget(k, part, cc), NONE, NONE);
         end(k);
     }
@@ -543,14 +550,7 @@ static void column_sums(Lower *L, Node *out, int64_t R, int64_t C, ColTermFn ter
         cc = row_loop(k, ic(k, 0), w);
         lset(k, part, cc, fc(k, 0.0f));
         end(k);
-        int r0 = imul(k, ch, ic(k, ROW_CHUNK));
-        int r1 = e2(k, CG_IMIN, iadd(k, r0, ic(k, ROW_CHUNK)), ic(k, R));
-        int r = seq_loop(k, r0, r1);
-        cc = row_loop(k, ic(k, 0), w);
-        int col = iadd(k, c0, cc);
-        lset(k, part, cc, fadd(k, lget(k, part, cc), term(L, k, ctx, r, col, C)));
-        end(k);
-        end(k);
+        add_chunk(L, k, part, ch, c0, w, R, C, term, ctx);
         cc = row_loop(k, ic(k, 0), w);
         lset(k, total, cc, fadd(k, lget(k, total, cc), lget(k, part, cc)));
         end(k);
