@@ -66,7 +66,8 @@ typedef struct {
     Node *memo_node[MEMO_MAX];
     int memo_val[MEMO_MAX];
     int n_memo;
-    int gemm_c;             /* the scratch every GEMM's C shares (NONE: none yet) */
+    int transient;          /* the scratch that values passed from one kernel to the next share:
+                               GEMMs' C, column sums' chunk sums (NONE: none yet) */
     bool *read_through;     /* per node: a TRANSPOSE its GEMMs read through (no kernel) */
 } Lower;
 
@@ -487,6 +488,18 @@ static void lower_norm(Lower *L, Node *n)
     end(k);
 }
 
+/* Scratch of `floats` elements for a value that one kernel writes and the next one reads: a
+ * GEMM's C (read by its epilogue kernel) or a column sum's chunk sums. Kernels run in order,
+ * so all such values share one array, as large as the largest: a step's GEMMs then write into
+ * memory the last one left in cache, and the scratch a step needs is one C, not one per GEMM
+ * (gpt2_tiny at batch 16 x 128: the 4 MiB of its largest C). */
+static int transient_scratch(Lower *L, int64_t floats)
+{
+    if (L->transient == NONE) L->transient = cg_scratch_new(L->p, floats);
+    if (L->p->scratch[L->transient] < floats) L->p->scratch[L->transient] = floats;
+    return L->transient;
+}
+
 /* Column sums of f(r, c) over rows, for blocks of COL_BLOCK columns: rows summed in order in
  * chunks of ROW_CHUNK whose sums are then added in order. The callback emits f inside the
  * column loop; the kernels are kernel(L, LOOP, n, NULL) and, when split, n's "chunks" first.
@@ -518,7 +531,7 @@ static void column_sums(Lower *L, Node *out, int64_t R, int64_t C, ColTermFn ter
     bool split = chunks >= SPLIT_CHUNKS;
     int sums = NONE;
     if (split) {
-        sums = cg_scratch_new(L->p, chunks * C);
+        sums = transient_scratch(L, chunks * C);
         CgKernel *k = kernel(L, CG_KERNEL_LOOP, out, "chunks");
         shape(k, CG_PAR_THREAD, chunks * blocks, ROW_CHUNK * COL_BLOCK * 3);
         body(k);
@@ -2006,17 +2019,6 @@ static bool gemm_reads(const Node *x)
            (f->scaling == SCALE_NONE || f->scaling == SCALE_PER_TENSOR);
 }
 
-/* Scratch for a GEMM's C of `floats` elements. C lives from its GEMM to the epilogue kernel
- * right after it, and kernels run in order, so every GEMM's C shares one array, as large as
- * the largest: a step's GEMMs then write into memory the last one left in cache, and the
- * scratch a step needs is one C, not one per GEMM (gpt2_tiny at batch 16 x 128: the 4 MiB of
- * its largest C). */
-static int gemm_c_scratch(Lower *L, int64_t floats)
-{
-    if (L->gemm_c == NONE) L->gemm_c = cg_scratch_new(L->p, floats);
-    if (L->p->scratch[L->gemm_c] < floats) L->p->scratch[L->gemm_c] = floats;
-    return L->gemm_c;
-}
 
 /* A GEMM operand: a transpose read through is its input with the operand's flag flipped. */
 static Node *gemm_operand(const Lower *L, Node *x, bool *trans)
@@ -2042,8 +2044,8 @@ static void lower_matmul(Lower *L, Node *n)
     bool into_acc = root->op == OP_ACCUMULATE && root->in[1] == n && plain_f32(root->in[0]) &&
                     plain_f32(n);
     int sc = NONE;
-    if (f32 && !(alone && plain_f32(n)) && !into_acc) sc = gemm_c_scratch(L, gm.M * gm.N);
-    if (!f32 && !alone && !into_acc) sc = gemm_c_scratch(L, gm.M * gm.N);
+    if (f32 && !(alone && plain_f32(n)) && !into_acc) sc = transient_scratch(L, gm.M * gm.N);
+    if (!f32 && !alone && !into_acc) sc = transient_scratch(L, gm.M * gm.N);
 
     CgKernel *k = kernel(L, CG_KERNEL_GEMM, n, NULL);
     shape(k, CG_PAR_THREAD, 1, 2 * gm.M * gm.N * gm.K);
@@ -2214,7 +2216,7 @@ CgProgram *cg_lower(const Graph *g, Arena *a, const CgLowerOptions *o)
     static const CgLowerOptions defaults = {.fuse = true, .gemm_f32 = true};
     if (!o) o = &defaults;
     for (int i = 0; i < g->n_nodes; i++) IR_ASSERT(g->nodes[i]->index == i);
-    Lower L = {.g = g, .o = o, .p = cg_program_new(a, g), .gemm_c = NONE};
+    Lower L = {.g = g, .o = o, .p = cg_program_new(a, g), .transient = NONE};
     if (o->fuse) {
         L.group = fuse_plan(g, a);
     } else {
