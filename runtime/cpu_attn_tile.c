@@ -12,15 +12,15 @@
  * has against the reference executor.
  *
  * Numerics. q, k, v and dy are bf16, so their products are exact in f32 and the scores and
- * dP = dy v^T are f32 sums of exact products, as on the vector path. P and dS are f32, the left
- * operand of P V, dS K, P^T dy and dS^T q. AMX multiplies bf16 alone, so there each value is
- * split into three bf16 terms whose sum is exactly the f32 value (the top 8 bits of the
- * significand, the next 8, the last 8: each remainder is exact), and those products too are
- * f32 sums of exact products, with subnormal terms (below 2^-126) flushed to zero. The dot
- * path multiplies the f32 values with f32 FMAs instead (each product rounded once, as on the
- * vector path): against three terms' dot products that is two thirds of the instructions, and
- * a fifth of the backward's time at gpt2_tiny's shapes. exp is Cephes' expf (within 2 ulp), as
- * the LLVM renderer's.
+ * dP = dy v^T are f32 sums of exact products, as on the vector path. P and dS, computed in f32,
+ * are rounded to bf16 (to nearest even) as the left operands of P V, dS k, P^T dy and dS^T q,
+ * as FlashAttention and the GPU's tensor-core attention (cuda/kernels/attn_tc.cuh) round them;
+ * the softmax's row sums add the f32 values before that rounding. The rounding costs about
+ * 2^-9 of each weight, and against the reference's f64 the results move from 1e-7 to a few
+ * 1e-4 (normalized error; the tests bound them). What it buys: every product of the attention
+ * is one bf16 product, where an exact f32 operand cost three bf16 terms' products on AMX or
+ * f32 FMAs at half the dot product's rate. exp is Cephes' expf (within 2 ulp), as the LLVM
+ * renderer's.
  *
  * Work: operands are first packed into the tiles' layouts (cpu_tile_pack), once per call:
  *   "rows" layout   panels of 32 rows (keys or queries), steps of 32 columns of the head: the
@@ -75,7 +75,7 @@ int64_t cpu_attention_bwd_head_runs(void) { return head_runs; }
 bool cpu_attention_tile_usable(int64_t head_dim)
 {
 #ifdef HAVE_TILE_ATTN
-    static int bf16 = -1;   /* AVX512-BF16 packs the splits (every CPU with AMX-BF16 has it) */
+    static int bf16 = -1;   /* AVX512-BF16 rounds P and dS to bf16 (every CPU with AMX-BF16 has it) */
     if (bf16 < 0) {
         __builtin_cpu_init();
         bf16 = __builtin_cpu_supports("avx512bf16");
@@ -191,25 +191,6 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x)
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-103.9f), _CMP_GE_OQ), y);
 }
 
-/* 32 consecutive values (x0, then x1) as three bf16 terms whose sum is each value exactly:
- * the significand's top 8 bits, the next 8, the last 8 (truncations, so each remainder is
- * exact and the last term a bf16), written to the three planes at p1, p2, p3 */
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline void split3(__m512 x0, __m512 x1,
-                                                                                 uint16_t *p1, uint16_t *p2,
-                                                                                 uint16_t *p3)
-{
-    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
-    __m512 a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x0), top));
-    __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x1), top));
-    __m512 r0 = _mm512_sub_ps(x0, a0), r1 = _mm512_sub_ps(x1, a1);
-    __m512 b0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r0), top));
-    __m512 b1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), top));
-    /* each pair of vectors is bf16 values already: the conversion only packs them */
-    _mm512_storeu_si512(p1, (__m512i)_mm512_cvtne2ps_pbh(a1, a0));
-    _mm512_storeu_si512(p2, (__m512i)_mm512_cvtne2ps_pbh(b1, b0));
-    _mm512_storeu_si512(p3, (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(r1, b1), _mm512_sub_ps(r0, b0)));
-}
-
 /* lanes j .. j + 15 that key positions up to i see */
 static inline __mmask16 seen(int64_t j, int64_t i)
 {
@@ -219,34 +200,17 @@ static inline __mmask16 seen(int64_t j, int64_t i)
 __attribute__((target("avx512f"))) static inline float hmax16(__m512 x) { return _mm512_reduce_max_ps(x); }
 __attribute__((target("avx512f"))) static inline float hsum16(__m512 x) { return _mm512_reduce_add_ps(x); }
 
-/* The left operand of a product over rows: P or dS, f32, 32 rows `ld` values apart. AMX
- * multiplies bf16 alone, so there each value is kept as its three bf16 terms (split3, planes
- * `plane` elements apart) and multiplied as three products; the dot path keeps the f32 values
- * and multiplies them with f32 FMAs (cpu_tile_panels_f32): one FMA a value, where its terms
- * would cost one and a half dot products. The space is the terms': 6 bytes a value. */
+/* The left operand of a product over rows: P or dS as bf16, 32 rows `ld` values apart. */
 typedef struct {
-    void *base;         /* uint16_t planes (split), or float rows */
-    int64_t ld, plane;
-    bool split;
+    uint16_t *base;
+    int64_t ld;
 } Left;
 
-static Left left_at(void *base, int64_t ld, int64_t plane)
-{
-    return (Left){base, ld, plane, !cpu_tile_f32_products()};
-}
-
-/* values j .. j + 31 of row r: x0, then x1 */
+/* values j .. j + 31 of row r: x0, then x1, rounded to bf16 (to nearest even) */
 __attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) static inline void
 left_store(const Left *l, int64_t r, int64_t j, __m512 x0, __m512 x1)
 {
-    int64_t at = r * l->ld + j;
-    if (l->split) {
-        uint16_t *p = (uint16_t *)l->base + at;
-        split3(x0, x1, p, p + l->plane, p + 2 * l->plane);
-    } else {
-        _mm512_storeu_ps((float *)l->base + at, x0);
-        _mm512_storeu_ps((float *)l->base + at + 16, x1);
-    }
+    _mm512_storeu_si512(l->base + r * l->ld + j, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
 }
 
 /* C (32 x D: D / 32 blocks at c, row stride ldc) = (or += with add) the operand times a packed
@@ -254,8 +218,7 @@ left_store(const Left *l, int64_t r, int64_t j, __m512 x0, __m512 x1)
 static void left_product(const Left *l, const uint32_t *b, int64_t b_panel, int64_t panels, int64_t steps, float *c,
                          int64_t ldc, bool add)
 {
-    if (l->split) cpu_tile_panels(panels, steps, l->base, l->ld, l->plane, 3, b, b_panel, c, ldc, add);
-    else cpu_tile_panels_f32(panels, steps, l->base, l->ld, b, b_panel, c, ldc, add);
+    cpu_tile_panels(panels, steps, l->base, l->ld, b, b_panel, c, ldc, add);
 }
 
 /* bf16 codes of 16 f32 lanes, as num_f32_to_bf16 (round to nearest even, NaN to 0x7FFF) */
@@ -326,17 +289,17 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
     const RtAttention *a = f->a;
     QueryBlock z = query_block(a, f->nb, task);
     int64_t nb = f->nb, qb = z.qb, b = z.b, h = z.h, g = z.g, t0 = z.t0, keys = z.keys, D = a->D;
-    size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 3 * 2 * BLK * (size_t)keys;
+    size_t s_bytes = sizeof(float) * BLK * (size_t)keys, p_bytes = 2 * BLK * (size_t)keys;
     char *mem = thread_scratch(s_bytes + p_bytes + sizeof(float) * BLK * (size_t)D + 2 * BLK * (size_t)D + 64 * BLK);
     float *S = (float *)mem, *O = (float *)(mem + s_bytes + p_bytes);
     uint16_t *q = (uint16_t *)(O + BLK * D);
     float *inv = (float *)(q + BLK * D);
-    Left P = left_at(mem + s_bytes, keys, BLK * keys);
+    Left P = {(uint16_t *)(mem + s_bytes), keys};
     Heads qh = {a->q, a->qs, a->H};
     copy_block(a, qh, b, h, t0, q);
     cpu_tile_begin();
     const uint32_t *kr = f->k_rows + (b * a->Hkv + g) * nb * (D / 32) * STEP;
-    cpu_tile_panels(qb + 1, D / 32, q, D, 0, 1, kr, (D / 32) * STEP, S, keys, false);
+    cpu_tile_panels(qb + 1, D / 32, q, D, kr, (D / 32) * STEP, S, keys, false);
     __m512 scale = _mm512_set1_ps(a->scale);
     for (int64_t r = 0; r < BLK; r++) {
         float *s = S + r * keys;
@@ -414,13 +377,12 @@ __attribute__((target("avx512f"))) static void softmax_grad_rows(const RtAttenti
     }
 }
 
-/* 32 rows of f32 values (`cols` of them, rows ld apart) as a Left: where they lie on the dot
- * path, as their bf16 terms in `space` (6 bytes a value) on AMX */
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) static Left left_of(float *x, int64_t ld, int64_t cols,
-                                                                         void *space)
+/* 32 rows of f32 values (`cols` of them, rows ld apart, cols a multiple of 32) as a Left of
+ * their bf16 roundings in `space` */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static Left left_of(const float *x, int64_t ld, int64_t cols,
+                                                                         uint16_t *space)
 {
-    if (cpu_tile_f32_products()) return (Left){x, ld, 0, false};
-    Left l = {space, cols, BLK * cols, true};
+    Left l = {space, cols};
     for (int64_t r = 0; r < BLK; r++)
         for (int64_t j = 0; j < cols; j += 32)
             left_store(&l, r, j, _mm512_loadu_ps(x + r * ld + j), _mm512_loadu_ps(x + r * ld + j + 16));
@@ -436,24 +398,23 @@ static void transpose32(const float *src, int64_t ld, float *dst)
 }
 
 /* A block of 32 queries' scratch for rows of up to `span` keys: S and dP, the space of a left
- * operand made of them (left_of: 6 bytes a value), dq's block, the block's q and dy rows */
+ * operand made of them (left_of: 2 bytes a value), dq's block, the block's q and dy rows */
 typedef struct {
     float *S, *dP, *dQ;
-    void *left;
-    uint16_t *q, *dy;
+    uint16_t *left, *q, *dy;
 } QueryScratch;
 
 static size_t query_scratch_bytes(int64_t span, int64_t D)
 {
-    return (2 * sizeof(float) + 6) * BLK * (size_t)span + (sizeof(float) + 4) * BLK * (size_t)D;
+    return (2 * sizeof(float) + 2) * BLK * (size_t)span + (sizeof(float) + 4) * BLK * (size_t)D;
 }
 
 static QueryScratch query_scratch(char *mem, int64_t span, int64_t D)
 {
     QueryScratch x = {.S = (float *)mem};
     x.dP = x.S + BLK * span;
-    x.left = x.dP + BLK * span;
-    x.dQ = (float *)((char *)x.left + 6 * BLK * span);
+    x.left = (uint16_t *)(x.dP + BLK * span);
+    x.dQ = (float *)(x.left + BLK * span);
     x.q = (uint16_t *)(x.dQ + BLK * D);
     x.dy = x.q + BLK * D;
     return x;
@@ -472,8 +433,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void query_block_b
     int64_t t0 = qb * BLK, keys = (qb + 1) * BLK;
     copy_block(a, (Heads){a->q, a->qs, a->H}, b, h, t0, x->q);
     copy_block(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, x->dy);
-    cpu_tile_panels(qb + 1, ds, x->q, D, 0, 1, w->k_rows + kv * nb * ds * STEP, ds * STEP, x->S, keys, false);
-    cpu_tile_panels(qb + 1, ds, x->dy, D, 0, 1, w->v_rows + kv * nb * ds * STEP, ds * STEP, x->dP, keys, false);
+    cpu_tile_panels(qb + 1, ds, x->q, D, w->k_rows + kv * nb * ds * STEP, ds * STEP, x->S, keys, false);
+    cpu_tile_panels(qb + 1, ds, x->dy, D, w->v_rows + kv * nb * ds * STEP, ds * STEP, x->dP, keys, false);
     softmax_grad_rows(a, x->S, x->dP, keys, t0, keep);
     Left dS = left_of(x->dP, keys, keys, x->left);
     left_product(&dS, w->k_cols + kv * ds * nb * STEP, nb * STEP, ds, qb + 1, x->dQ, D, false);
@@ -500,12 +461,12 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
     int64_t nb = w->nb, kb = task % nb, kv = task / nb, b = kv / a->Hkv, g = kv % a->Hkv;
     int64_t group = a->H / a->Hkv, j0 = kb * BLK, D = a->D, ds = D / 32;
     size_t blk = sizeof(float) * BLK * BLK;
-    char *mem = thread_scratch(2 * blk + 3 * 2 * 2 * BLK * BLK + 2 * sizeof(float) * BLK * (size_t)D +
+    char *mem = thread_scratch(2 * blk + 2 * 2 * BLK * BLK + 2 * sizeof(float) * BLK * (size_t)D +
                                4 * BLK * (size_t)D);
     float *ST = (float *)mem, *dPT = (float *)(mem + blk);
-    uint16_t *P3 = (uint16_t *)(mem + 2 * blk), *dS3 = P3 + 3 * BLK * BLK;
-    Left PT = left_at(P3, BLK, BLK * BLK), dST = left_at(dS3, BLK, BLK * BLK);
-    float *dK = (float *)(dS3 + 3 * BLK * BLK), *dV = dK + BLK * D;
+    uint16_t *pt = (uint16_t *)(mem + 2 * blk), *dst = pt + BLK * BLK;
+    Left PT = {pt, BLK}, dST = {dst, BLK};
+    float *dK = (float *)(dst + BLK * BLK), *dV = dK + BLK * D;
     uint16_t *k = (uint16_t *)(dV + BLK * D), *v = k + BLK * D;
     copy_block(a, (Heads){a->k, a->ks, a->Hkv}, b, g, j0, k);
     copy_block(a, (Heads){a->v, a->vs, a->Hkv}, b, g, j0, v);
@@ -519,8 +480,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
         const float *max = w->kept + bh * a->T, *inv = max + rows, *dsum = inv + rows;
         for (int64_t qb = kb; qb < nb; qb++) {
             int64_t t0 = qb * BLK;
-            cpu_tile_panels(1, ds, k, D, 0, 1, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
-            cpu_tile_panels(1, ds, v, D, 0, 1, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
+            cpu_tile_panels(1, ds, k, D, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
+            cpu_tile_panels(1, ds, v, D, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
             __mmask16 inside[2];        /* the two halves' queries before T */
             __m512 mv[2], iv[2], dv[2]; /* their max, 1 / sum and D */
             for (int u = 0; u < 2; u++) {

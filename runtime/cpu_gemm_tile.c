@@ -44,10 +44,7 @@
  * depth of the call, as a BLIS micro-kernel sweeps its panel: B's panel is read three times
  * from L1 or L2, and each pair's two loads feed 24 dot products. That runs near the unit's
  * rate: on Zen 4, whole GEMMs of gpt2_tiny's shapes (2048 x 512 x 128, 2048 x 128 x 512) at
- * 218 - 229 GFLOP/s a core, against 109 - 113 on the f32 path. The tile attention's f32
- * operands (P, dS), which AMX takes as three bf16 terms, the dot path multiplies as they are
- * with f32 FMAs against B's pairs made f32 (cpu_tile_panels_f32): one FMA a k instead of one
- * and a half dot products.
+ * 218 - 229 GFLOP/s a core, against 109 - 113 on the f32 path.
  *
  * The tile unit needs the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM), asked once.
  * The implementation is chosen once, by CPUID: AMX where the CPU has it and the kernel grants
@@ -363,18 +360,16 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_block(int64_t steps
  * 0-15 | 16-31 x columns 0-15 | 16-31), A tiles 4-5, B tiles 6-7. A tile is 16 rows of 32
  * bf16 (64 bytes) at any row stride: a packed A panel (a_ld = 0) has its rows 64 bytes apart
  * and its steps TILE_STEP_WORDS words apart; bf16 rows of A itself (a_ld elements apart) are
- * loaded where they lie, a step 32 elements along them. A may come as `terms` planes (a_plane
- * elements apart) whose products add up in the tiles: attention's three-term split operands.
- * With one step of one term the A tiles stay loaded across the blocks. */
+ * loaded where they lie, a step 32 elements along them. With one step the A tiles stay loaded
+ * across the blocks. */
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(int64_t panels, int64_t steps,
                                                                     const void *a, int64_t a_ld,
-                                                                    int64_t a_plane, int terms,
                                                                     const uint32_t *b, int64_t b_panel,
                                                                     float *c, int64_t ldc, bool add)
 {
     int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : TILE_STEP_WORDS * 4;
     const char *ab = a;
-    bool keep_a = steps == 1 && terms == 1;
+    bool keep_a = steps == 1;
     if (keep_a) {
         _tile_loadd(4, ab, a_stride);
         _tile_loadd(5, ab + 16 * a_stride, a_stride);
@@ -386,17 +381,14 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(int64_t pane
         for (int64_t s = 0; s < steps; s++, bs += TILE_STEP_WORDS, as += a_step) {
             _tile_loadd(6, bs, 128);
             _tile_loadd(7, bs + 16, 128);
-            for (int t = 0; t < terms; t++) {
-                if (!keep_a) {
-                    const char *at = as + 2 * t * a_plane;
-                    _tile_loadd(4, at, a_stride);
-                    _tile_loadd(5, at + 16 * a_stride, a_stride);
-                }
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+            if (!keep_a) {
+                _tile_loadd(4, as, a_stride);
+                _tile_loadd(5, as + 16 * a_stride, a_stride);
             }
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
         }
         c_tiles_store(c, ldc);
     }
@@ -408,14 +400,13 @@ enum { DOT_CHUNK = 12 };   /* rows a chunk: 24 sums, B's pair and a broadcast in
 
 /* Rows 0 .. R - 1 of a block (R <= DOT_CHUNK, a constant wherever this is inlined, so that the
  * sums are registers: an array indexed in a loop would live on the stack): c (row stride ldc)
- * = (or += with add) the sum over `steps` steps of 32 k and `terms` planes of A of A's pairs
- * times B's. Row i's pair p of step s, plane t, is the 32-bit word at a + s a_step + t t_bytes
- * + i a_stride + 4 p (bytes); B's pair p of step s the 32 columns at b + s TILE_STEP_WORDS +
- * 32 p. A's pair is the operand VDPBF16PS can broadcast from memory (GCC 12 broadcasts it with
+ * = (or += with add) the sum over `steps` steps of 32 k of A's pairs times B's. Row i's
+ * pair p of step s is the 32-bit word at a + s a_step + i a_stride + 4 p (bytes); B's pair p
+ * of step s the 32 columns at b + s TILE_STEP_WORDS + 32 p. A's pair is the operand VDPBF16PS can broadcast from memory (GCC 12 broadcasts it with
  * an instruction of its own, which the loop's rate does not show). */
 __attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
-dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_step, int terms, int64_t t_bytes,
-         const uint32_t *b, float *c, int64_t ldc, bool add)
+dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_step, const uint32_t *b, float *c,
+         int64_t ldc, bool add)
 {
     __m512 acc[DOT_CHUNK][2];
 #pragma GCC unroll 12
@@ -428,16 +419,14 @@ dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_
         for (int p = 0; p < 16; p++) {
             __m512bh b0 = (__m512bh)_mm512_load_si512(b + 32 * p);
             __m512bh b1 = (__m512bh)_mm512_load_si512(b + 32 * p + 16);
-            for (int t = 0; t < terms; t++) {
-                const char *at = a + t * t_bytes + 4 * p;
+            const char *at = a + 4 * p;
 #pragma GCC unroll 12
-                for (int i = 0; i < R; i++) {
-                    int32_t w;
-                    memcpy(&w, at + i * a_stride, sizeof w);
-                    __m512bh ai = (__m512bh)_mm512_set1_epi32(w);
-                    acc[i][0] = _mm512_dpbf16_ps(acc[i][0], b0, ai);
-                    acc[i][1] = _mm512_dpbf16_ps(acc[i][1], b1, ai);
-                }
+            for (int i = 0; i < R; i++) {
+                int32_t w;
+                memcpy(&w, at + i * a_stride, sizeof w);
+                __m512bh ai = (__m512bh)_mm512_set1_epi32(w);
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], b0, ai);
+                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], b1, ai);
             }
         }
     }
@@ -450,14 +439,13 @@ dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_
 
 /* A whole 32 x 32 block: rows 0-11, 12-23 and 24-31, each over the whole depth */
 __attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
-dot_sweep(int64_t steps, const char *a, int64_t a_stride, int64_t a_step, int terms, int64_t t_bytes,
-          const uint32_t *b, float *c, int64_t ldc, bool add)
+dot_sweep(int64_t steps, const char *a, int64_t a_stride, int64_t a_step, const uint32_t *b, float *c, int64_t ldc,
+          bool add)
 {
-    dot_rows(DOT_CHUNK, steps, a, a_stride, a_step, terms, t_bytes, b, c, ldc, add);
-    dot_rows(DOT_CHUNK, steps, a + DOT_CHUNK * a_stride, a_stride, a_step, terms, t_bytes, b,
-             c + DOT_CHUNK * ldc, ldc, add);
-    dot_rows(TILE_LINES - 2 * DOT_CHUNK, steps, a + 2 * DOT_CHUNK * a_stride, a_stride, a_step, terms,
-             t_bytes, b, c + 2 * DOT_CHUNK * ldc, ldc, add);
+    dot_rows(DOT_CHUNK, steps, a, a_stride, a_step, b, c, ldc, add);
+    dot_rows(DOT_CHUNK, steps, a + DOT_CHUNK * a_stride, a_stride, a_step, b, c + DOT_CHUNK * ldc, ldc, add);
+    dot_rows(TILE_LINES - 2 * DOT_CHUNK, steps, a + 2 * DOT_CHUNK * a_stride, a_stride, a_step, b,
+             c + 2 * DOT_CHUNK * ldc, ldc, add);
 }
 
 /* amx_block's contract. A packed panel's rows are 64 bytes apart, a constant the addressing
@@ -466,67 +454,19 @@ __attribute__((target("avx512f,avx512bf16"))) static void dot_block(int64_t step
                                                                   const uint32_t *b, float *c, int64_t ldc,
                                                                   bool add)
 {
-    if (a_ld) dot_sweep(steps, a, 2 * a_ld, 64, 1, 0, b, c, ldc, add);
-    else dot_sweep(steps, a, 64, TILE_STEP_WORDS * 4, 1, 0, b, c, ldc, add);
+    if (a_ld) dot_sweep(steps, a, 2 * a_ld, 64, b, c, ldc, add);
+    else dot_sweep(steps, a, 64, TILE_STEP_WORDS * 4, b, c, ldc, add);
 }
 
-/* amx_panels' contract: the blocks one after another, the terms of A added pair by pair */
+/* amx_panels' contract: the blocks one after another */
 __attribute__((target("avx512f,avx512bf16"))) static void dot_panels(int64_t panels, int64_t steps,
                                                                    const void *a, int64_t a_ld,
-                                                                   int64_t a_plane, int terms,
                                                                    const uint32_t *b, int64_t b_panel,
                                                                    float *c, int64_t ldc, bool add)
 {
     int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : TILE_STEP_WORDS * 4;
     for (int64_t p = 0; p < panels; p++, b += b_panel, c += TILE_LINES)
-        dot_sweep(steps, a, a_stride, a_step, terms, 2 * a_plane, b, c, ldc, add);
-}
-
-/* Rows 0 .. R - 1 of a block, as dot_rows, of f32 A (rows a_ld floats apart, steps of 32 k)
- * times B's bf16 pairs with f32 FMAs: pair p's two k are its words' low and high halves, which
- * a shift and a mask make f32. An f32 operand then costs one FMA a k where its three bf16
- * terms cost one and a half dot products; its products round once each, as the f32 path's. */
-__attribute__((target("avx512f"), always_inline)) static inline void
-f32_rows(const int R, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc, bool add)
-{
-    __m512 acc[DOT_CHUNK][2];
-#pragma GCC unroll 12
-    for (int i = 0; i < R; i++) {
-        acc[i][0] = add ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
-        acc[i][1] = add ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
-    }
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-    for (int64_t s = 0; s < steps; s++, a += 32, b += TILE_STEP_WORDS)
-        for (int p = 0; p < 16; p++) {
-            __m512i w0 = _mm512_load_si512(b + 32 * p), w1 = _mm512_load_si512(b + 32 * p + 16);
-            __m512 even0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
-            __m512 even1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
-            __m512 odd0 = _mm512_castsi512_ps(_mm512_and_si512(w0, high));
-            __m512 odd1 = _mm512_castsi512_ps(_mm512_and_si512(w1, high));
-#pragma GCC unroll 12
-            for (int i = 0; i < R; i++) {
-                __m512 x = _mm512_set1_ps(a[i * a_ld + 2 * p]), y = _mm512_set1_ps(a[i * a_ld + 2 * p + 1]);
-                acc[i][0] = _mm512_fmadd_ps(y, odd0, _mm512_fmadd_ps(x, even0, acc[i][0]));
-                acc[i][1] = _mm512_fmadd_ps(y, odd1, _mm512_fmadd_ps(x, even1, acc[i][1]));
-            }
-        }
-#pragma GCC unroll 12
-    for (int i = 0; i < R; i++) {
-        _mm512_storeu_ps(c + i * ldc, acc[i][0]);
-        _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
-    }
-}
-
-__attribute__((target("avx512f"))) static void f32_panels(int64_t panels, int64_t steps, const float *a, int64_t a_ld,
-                                                           const uint32_t *b, int64_t b_panel, float *c, int64_t ldc,
-                                                           bool add)
-{
-    for (int64_t p = 0; p < panels; p++, b += b_panel, c += TILE_LINES) {
-        f32_rows(DOT_CHUNK, steps, a, a_ld, b, c, ldc, add);
-        f32_rows(DOT_CHUNK, steps, a + DOT_CHUNK * a_ld, a_ld, b, c + DOT_CHUNK * ldc, ldc, add);
-        f32_rows(TILE_LINES - 2 * DOT_CHUNK, steps, a + 2 * DOT_CHUNK * a_ld, a_ld, b, c + 2 * DOT_CHUNK * ldc, ldc,
-                 add);
-    }
+        dot_sweep(steps, a, a_stride, a_step, b, c, ldc, add);
 }
 
 /* ---------------------------------------------------------------- the block operations */
@@ -548,20 +488,11 @@ void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *
     else dot_block(steps, a, a_ld, b, c, ldc, add);
 }
 
-void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
-                     int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add)
+void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, int64_t b_panel,
+                     float *c, int64_t ldc, bool add)
 {
-    if (tiles_on == CPU_TILES_AMX) amx_panels(panels, steps, a, a_ld, a_plane, terms, b, b_panel, c, ldc, add);
-    else dot_panels(panels, steps, a, a_ld, a_plane, terms, b, b_panel, c, ldc, add);
-}
-
-bool cpu_tile_f32_products(void) { return tiles_on == CPU_TILES_BF16DOT; }
-
-void cpu_tile_panels_f32(int64_t panels, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b,
-                         int64_t b_panel, float *c, int64_t ldc, bool add)
-{
-    IR_ASSERT(tiles_on == CPU_TILES_BF16DOT);
-    f32_panels(panels, steps, a, a_ld, b, b_panel, c, ldc, add);
+    if (tiles_on == CPU_TILES_AMX) amx_panels(panels, steps, a, a_ld, b, b_panel, c, ldc, add);
+    else dot_panels(panels, steps, a, a_ld, b, b_panel, c, ldc, add);
 }
 #else   /* cpu_tile_usable() is false: the driver never calls these */
 void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
@@ -570,24 +501,16 @@ void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *
     (void)steps, (void)a, (void)a_ld, (void)b, (void)c, (void)ldc, (void)add;
     IR_ASSERT(!"the tile path without its instructions");
 }
-void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
-                     int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add)
+void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, int64_t b_panel,
+                     float *c, int64_t ldc, bool add)
 {
-    (void)panels, (void)steps, (void)a, (void)a_ld, (void)a_plane, (void)terms, (void)b,
-        (void)b_panel, (void)c, (void)ldc, (void)add;
+    (void)panels, (void)steps, (void)a, (void)a_ld, (void)b, (void)b_panel, (void)c, (void)ldc, (void)add;
     IR_ASSERT(!"the tile path without its instructions");
 }
 void cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
                    int64_t kc, bool as_b, uint32_t *dst)
 {
     (void)o, (void)at, (void)ld, (void)k_fast, (void)lines, (void)kc, (void)as_b, (void)dst;
-    IR_ASSERT(!"the tile path without its instructions");
-}
-bool cpu_tile_f32_products(void) { return false; }
-void cpu_tile_panels_f32(int64_t panels, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b,
-                         int64_t b_panel, float *c, int64_t ldc, bool add)
-{
-    (void)panels, (void)steps, (void)a, (void)a_ld, (void)b, (void)b_panel, (void)c, (void)ldc, (void)add;
     IR_ASSERT(!"the tile path without its instructions");
 }
 void cpu_tile_begin(void) { IR_ASSERT(!"the tile path without its instructions"); }

@@ -91,17 +91,9 @@ void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *
                     bool add);
 /* Blocks p < panels of c (c + 32 p, 32 x 32 f32, row stride ldc) = (or += with add) A times B
  * panel p (b + p b_panel) over `steps` steps of 32 k. A is a packed panel (a_ld = 0) or 32
- * bf16 rows a_ld elements apart read where they lie, as `terms` planes a_plane elements apart
- * whose products add up. */
-void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, int64_t a_plane,
-                     int terms, const uint32_t *b, int64_t b_panel, float *c, int64_t ldc, bool add);
-/* Whether cpu_tile_panels_f32 runs here: on the dot path, not on AMX (which multiplies bf16
- * only: an f32 A goes to it as bf16 terms, cpu_tile_panels' planes). */
-bool cpu_tile_f32_products(void);
-/* As cpu_tile_panels with one plane of f32 A (32 rows a_ld floats apart, steps of 32 k), each
- * product an f32 FMA */
-void cpu_tile_panels_f32(int64_t panels, int64_t steps, const float *a, int64_t a_ld, const uint32_t *b,
-                         int64_t b_panel, float *c, int64_t ldc, bool add);
+ * bf16 rows a_ld elements apart read where they lie. */
+void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, int64_t b_panel,
+                     float *c, int64_t ldc, bool add);
 /* dst[c ldd + r] = src[r lds + c] for r, c < 16, 32-bit elements (x86-64 with AVX-512 only) */
 void cpu_tile_transpose16(const uint32_t *src, int64_t lds, uint32_t *dst, int64_t ldd);
 /* C's block (ni x nj at c, row stride ldc) = alpha out, or += alpha out with add */

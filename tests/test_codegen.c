@@ -42,9 +42,13 @@ static const SrcLoc here = {"test_codegen.c", 1, 1};
 
 #define TOL_F32 1e-5
 #define TOL_BF16 2e-3
-/* bf16 operands whose products are exact in f32 (attention's on the tiles, or on vectors):
- * sixty seeds stayed under 2.6e-7; the tile path with two split terms instead of three is 4.6e-6 */
+/* bf16 operands whose products are exact in f32 (attention's on the kernel IR's vectors):
+ * sixty seeds stayed under 2.6e-7 */
 #define TOL_EXACT_PRODUCTS 1.5e-6
+/* attention on the tile path, whose P and dS are rounded to bf16 as the operands of their
+ * products (as on the GPU's tensor cores): at most 1.7e-3 over thirty seeds, with an f32 or a
+ * bf16 result */
+#define TOL_BF16_WEIGHTS 4e-3
 #define EXACT 0.0
 
 /* ---------------------------------------------------------------- compiling a program */
@@ -608,8 +612,9 @@ static void test_losses_and_gathers(void **state)
 /* Attention forward and backward against the reference: q, k, v apart or packed, grouped
  * query heads, sequences that end inside a block. The f32 cases run the kernel IR's kernels;
  * the bf16 ones (head sizes 32 and 64, the tile path's) run on each implementation of the tile
- * path the CPU has (AMX, AVX512-BF16 dot products), and then on the kernel IR's kernels. */
-static void attention_case(ElemType in, ElemType out, int64_t T, int64_t D, bool packed, bool rope)
+ * path the CPU has (AMX, AVX512-BF16 dot products: `tiles`), and then on the kernel IR's
+ * kernels. */
+static void attention_case(ElemType in, ElemType out, int64_t T, int64_t D, bool packed, bool rope, bool tiles)
 {
     TG *t = tg_new();
     int64_t B = 2, H = 4, Hkv = 2;
@@ -632,7 +637,7 @@ static void attention_case(ElemType in, ElemType out, int64_t T, int64_t D, bool
         ops[i]->iattr[0] = H;
         ops[i]->iattr[1] = Hkv;
         ops[i]->fattr[0] = 1.0 / sqrt((double)D);
-        done(t, ops[i], out, out == FMT_BF16 ? TOL_BF16 : in == FMT_BF16 ? TOL_EXACT_PRODUCTS : TOL_F32);
+        done(t, ops[i], out, tiles ? TOL_BF16_WEIGHTS : out == FMT_BF16 ? TOL_BF16 : in == FMT_BF16 ? TOL_EXACT_PRODUCTS : TOL_F32);
     }
     if (rope) {
         Node *x = input(t, FMT_F32, 3, B, T, H * D);
@@ -654,7 +659,7 @@ static void attention_case(ElemType in, ElemType out, int64_t T, int64_t D, bool
 static void test_attention(void **state)
 {
     (void)state;
-    for (int packed = 0; packed < 2; packed++) attention_case(FMT_F32, FMT_F32, 19, 16, packed, true);
+    for (int packed = 0; packed < 2; packed++) attention_case(FMT_F32, FMT_F32, 19, 16, packed, true, false);
     static const struct { int64_t T, D; bool packed; ElemType out; } tile[] = {
         {19, 32, false, FMT_F32}, {70, 32, true, FMT_F32}, {45, 64, false, FMT_BF16}, {32, 64, true, FMT_F32},
     };
@@ -675,7 +680,7 @@ static void test_attention(void **state)
             cpu_attention_bwd_select(hows[how]);
             int64_t runs = cpu_attention_tile_runs(), head_runs = cpu_attention_bwd_head_runs();
             for (size_t i = 0; i < sizeof tile / sizeof tile[0]; i++)
-                attention_case(FMT_BF16, tile[i].out, tile[i].T, tile[i].D, tile[i].packed, false);
+                attention_case(FMT_BF16, tile[i].out, tile[i].T, tile[i].D, tile[i].packed, false, on);
             /* each case is a forward and a backward */
             int64_t cases = (int64_t)(sizeof tile / sizeof tile[0]);
             assert_int_equal(cpu_attention_tile_runs() - runs, on ? 2 * cases : 0);
@@ -1463,7 +1468,9 @@ static int mantissa_bits(ElemType e)
  * tensor's rms), each by at most one rounding step of the result plus one of the narrowest
  * intermediate, at the value's size or the tensor's rms (a value that straddles a rounding
  * point before a sum that may cancel); an FP8 result's step is at least its subnormal step
- * (AdamW's FP8 weight copy of a weight one bf16 step apart). */
+ * (AdamW's FP8 weight copy of a weight one bf16 step apart). An attention that ran on the tile
+ * path, whose P and dS are rounded to bf16 inside it, is held to TOL_BF16_WEIGHTS (normalized
+ * error) instead. */
 static void replay_level(int level)
 {
     Arena *a = arena_new();
@@ -1512,7 +1519,9 @@ static void replay_level(int level)
             }
             memcpy(ps, mem.persistent, (size_t)mem.persistent_bytes);
             memcpy(ss, mem.step, (size_t)mem.step_bytes);
+            int64_t tile_runs = cpu_attention_tile_runs();
             for (int k = first; k <= last; k++) rt_cpu_run_kernel(x, k);
+            bool bf16_weights = cpu_attention_tile_runs() > tile_runs;
             /* decoded values; coded optimizer states (AdamW's m and v at -O2/-O3): their codes
              * and side values as they are */
             float *cv[16];
@@ -1564,7 +1573,12 @@ static void replay_level(int level)
                     free(sc);
                 }
                 const char *name = tt->name ? tt->name : ir_op_info(n->op)->text;
-                if (bits == 23 && bits_in == 23) {
+                if (bf16_weights) {
+                    double err = norm_error(cv[t], rv, cnt);
+                    if (!(err < TOL_BF16_WEIGHTS))
+                        fail_msg("-O%d: kernel of %%%d %s (%s) on the tile path: normalized error %.3g", level,
+                                 n->id, ir_op_info(n->op)->text, name, err);
+                } else if (bits == 23 && bits_in == 23) {
                     double err = norm_error(cv[t], rv, cnt);
                     if (!(err < 1e-5))
                         fail_msg("-O%d: kernel of %%%d %s (%s): normalized error %.3g", level, n->id,

@@ -210,10 +210,12 @@ static void test_gemm_rows(void **state)
 
 /* The tile attention (runtime/cpu_attn_tile.c) on each tile path the CPU has, forward and
  * backward, against f64 sums over the same bf16 values: grouped query heads, sequences that
- * end inside a block of 32, head sizes 32 and 64. Bound: the largest difference under 1e-5
- * of the output's largest magnitude (products of bf16 are exact; f32 sums, an exp within 2
- * ulp). The backward's two cuts (by whole heads, by blocks of rows) must give the same bits,
- * and so must one thread and several. */
+ * end inside a block of 32, head sizes 32 and 64. Bound: the largest difference under 1e-2
+ * of the output's largest magnitude, as the GPU's tensor-core attention is held to: P and dS
+ * are rounded to bf16 as the operands of their products (2^-9 of each weight); forty-eight
+ * cases measured 1.4e-3 (y) to 3.8e-3 (dq). A lost block or a wrong scale is off by tenths.
+ * The backward's two cuts (by whole heads, by blocks of rows) must give the same bits, and so
+ * must one thread and several. */
 typedef struct {
     int64_t B, T, H, Hkv, D;
     uint16_t *q, *k, *v, *dy;           /* bf16, q (B, T, H D), k and v (B, T, Hkv D), dy as q */
@@ -334,7 +336,7 @@ static void test_attention_tiles(void **state)
             print_message("attention tiles (%s) B %lld T %lld H %lld/%lld D %lld: y %.2g, dq %.2g, dk %.2g, dv %.2g%s\n",
                           cpu_tiles_name(paths[path]), (long long)B, (long long)T, (long long)H, (long long)Hkv,
                           (long long)D, err, err_dq, err_dk, err_dv, same ? "" : "; the cuts differ");
-            if (!(err < 1e-5 && err_dq < 1e-5 && err_dk < 1e-5 && err_dv < 1e-5) || !same)
+            if (!(err < 1e-2 && err_dq < 1e-2 && err_dk < 1e-2 && err_dv < 1e-2) || !same)
                 fail_msg("attention tiles: out of bounds or cuts differ");
             ran++;
             free(y), free(grads[0]), free(grads[1]), free(grads[2]);
