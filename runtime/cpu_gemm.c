@@ -579,7 +579,7 @@ static void gemm_task(void *ctx, int64_t task)
                     int64_t steps = (kc + 31) / 32;
                     const uint32_t *b32 = (const uint32_t *)bp;
                     const void *a = ap;
-                    int64_t a_ld = 0;
+                    int64_t a_ld = cpu_tile_a_layout(!g->ta);
                     if (a_panel_direct(g, ip)) {
                         a = (const uint16_t *)g->A.data + i * g->lda + kb * g->kc;
                         a_ld = g->lda;

@@ -30,11 +30,12 @@
  *   B panel, step s: [pair 0..15][line 0..31]  — two B tiles, columns 0-15 and 16-31
  * An operand stored with k along its rows (A, or B read transposed) gives the first order as
  * it lies; one stored with k down its columns gives the second by interleaving two rows. The
- * other combination is a 16 x 16 transpose of 32-bit pairs in vector registers. Lines and k
- * past the operand's edge are zeros, so a block is always whole. A bf16 A with k along its
- * rows is not packed at all where a panel has its 32 rows and K comes in steps of 32: a tile
- * load takes any row stride, and the dot path reads A one pair at a time anyway, so both load
- * A from where it lies.
+ * other combination is a 16 x 16 transpose of 32-bit pairs in vector registers, for an A
+ * panel on AMX only: the dot path reads A a word at a time, and takes such a panel in the
+ * second order as it comes (TILE_A_PAIRS). Lines and k past the operand's edge are zeros, so
+ * a block is always whole. A bf16 A with k along its rows is not packed at all where a panel
+ * has its 32 rows and K comes in steps of 32: a tile load takes any row stride, and the dot
+ * path reads A one pair at a time anyway, so both load A from where it lies.
  *
  * The same layout suits the dot path as it is: a B panel's pair p is two vector registers
  * (its 32 columns), and A's pair (i, p) one 32-bit word broadcast to 16 lanes, so a block is
@@ -91,6 +92,16 @@ static void fill_fp8_bf16(void)
 }
 
 bool cpu_tile_operand(ElemType e) { return e == FMT_BF16 || e == FMT_E4M3 || e == FMT_E5M2; }
+
+/* An A panel packed from an operand with k along its lines lies [line][pair], as both units
+ * read it. One packed from an operand with k down its columns comes out of the pairing of two
+ * rows as [pair][line]; AMX's tile loads need it transposed, the dot path broadcasts A's words
+ * from wherever they are and takes it as it is (a weight gradient's dy^T: the transposes were
+ * about half of its packing). */
+int64_t cpu_tile_a_layout(bool k_fast)
+{
+    return k_fast || cpu_tiles() == CPU_TILES_AMX ? TILE_A_PACKED : TILE_A_PAIRS;
+}
 
 /* ---------------------------------------------------------------- which implementation */
 
@@ -271,13 +282,14 @@ cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64
                 cpu_tile_transpose16(stage + 16 * 16, 16, dst + 16, 32);
             }
         } else {        /* each k's 32 lines lie together: rows 2p and 2p + 1 make [pair][line] */
-            uint32_t *out = as_b ? dst : stage;
+            bool pairs = as_b || cpu_tile_a_layout(false) == TILE_A_PAIRS;
+            uint32_t *out = pairs ? dst : stage;
             for (int64_t p = 0; p < 16; p++) {
                 int64_t k = k0 + 2 * p;
                 interleave(bf16_load(o, at + k * ld, 2 * p < depth ? lines : 0),
                            bf16_load(o, at + (k + 1) * ld, 2 * p + 1 < depth ? lines : 0), out + p * 32);
             }
-            if (!as_b) {
+            if (!pairs) {
                 cpu_tile_transpose16(stage, 32, dst, 16);
                 cpu_tile_transpose16(stage + 16, 32, dst + 16 * 16, 16);
             }
@@ -405,8 +417,8 @@ enum { DOT_CHUNK = 12 };   /* rows a chunk: 24 sums, B's pair and a broadcast in
  * of step s the 32 columns at b + s TILE_STEP_WORDS + 32 p. A's pair is the operand VDPBF16PS can broadcast from memory (GCC 12 broadcasts it with
  * an instruction of its own, which the loop's rate does not show). */
 __attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
-dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_step, const uint32_t *b, float *c,
-         int64_t ldc, bool add)
+dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_pair, int64_t a_step, const uint32_t *b,
+         float *c, int64_t ldc, bool add)
 {
     __m512 acc[DOT_CHUNK][2];
 #pragma GCC unroll 12
@@ -419,7 +431,7 @@ dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_
         for (int p = 0; p < 16; p++) {
             __m512bh b0 = (__m512bh)_mm512_load_si512(b + 32 * p);
             __m512bh b1 = (__m512bh)_mm512_load_si512(b + 32 * p + 16);
-            const char *at = a + 4 * p;
+            const char *at = a + p * a_pair;
 #pragma GCC unroll 12
             for (int i = 0; i < R; i++) {
                 int32_t w;
@@ -439,23 +451,31 @@ dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_
 
 /* A whole 32 x 32 block: rows 0-11, 12-23 and 24-31, each over the whole depth */
 __attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
-dot_sweep(int64_t steps, const char *a, int64_t a_stride, int64_t a_step, const uint32_t *b, float *c, int64_t ldc,
-          bool add)
+dot_sweep(int64_t steps, const char *a, int64_t a_stride, int64_t a_pair, int64_t a_step, const uint32_t *b, float *c,
+          int64_t ldc, bool add)
 {
-    dot_rows(DOT_CHUNK, steps, a, a_stride, a_step, b, c, ldc, add);
-    dot_rows(DOT_CHUNK, steps, a + DOT_CHUNK * a_stride, a_stride, a_step, b, c + DOT_CHUNK * ldc, ldc, add);
-    dot_rows(TILE_LINES - 2 * DOT_CHUNK, steps, a + 2 * DOT_CHUNK * a_stride, a_stride, a_step, b,
+    dot_rows(DOT_CHUNK, steps, a, a_stride, a_pair, a_step, b, c, ldc, add);
+    dot_rows(DOT_CHUNK, steps, a + DOT_CHUNK * a_stride, a_stride, a_pair, a_step, b, c + DOT_CHUNK * ldc, ldc, add);
+    dot_rows(TILE_LINES - 2 * DOT_CHUNK, steps, a + 2 * DOT_CHUNK * a_stride, a_stride, a_pair, a_step, b,
              c + 2 * DOT_CHUNK * ldc, ldc, add);
 }
 
-/* amx_block's contract. A packed panel's rows are 64 bytes apart, a constant the addressing
- * folds in; A read where it lies has them a_ld elements apart. */
+/* dot_sweep over A in any of its layouts (cpu_tile_block's a_ld): the strides are constants in
+ * each call, which the addressing folds in */
+__attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
+dot_sweep_any(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc, bool add)
+{
+    if (a_ld == TILE_A_PACKED) dot_sweep(steps, a, 64, 4, TILE_STEP_WORDS * 4, b, c, ldc, add);
+    else if (a_ld == TILE_A_PAIRS) dot_sweep(steps, a, 4, 4 * TILE_LINES, TILE_STEP_WORDS * 4, b, c, ldc, add);
+    else dot_sweep(steps, a, 2 * a_ld, 4, 64, b, c, ldc, add);
+}
+
+/* amx_block's contract, and A may also be a [pair][line] panel (TILE_A_PAIRS) */
 __attribute__((target("avx512f,avx512bf16"))) static void dot_block(int64_t steps, const void *a, int64_t a_ld,
                                                                   const uint32_t *b, float *c, int64_t ldc,
                                                                   bool add)
 {
-    if (a_ld) dot_sweep(steps, a, 2 * a_ld, 64, b, c, ldc, add);
-    else dot_sweep(steps, a, 64, TILE_STEP_WORDS * 4, b, c, ldc, add);
+    dot_sweep_any(steps, a, a_ld, b, c, ldc, add);
 }
 
 /* amx_panels' contract: the blocks one after another */
@@ -464,9 +484,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void dot_panels(int64_t pan
                                                                    const uint32_t *b, int64_t b_panel,
                                                                    float *c, int64_t ldc, bool add)
 {
-    int64_t a_stride = a_ld ? a_ld * 2 : 64, a_step = a_ld ? 64 : TILE_STEP_WORDS * 4;
-    for (int64_t p = 0; p < panels; p++, b += b_panel, c += TILE_LINES)
-        dot_sweep(steps, a, a_stride, a_step, b, c, ldc, add);
+    for (int64_t p = 0; p < panels; p++, b += b_panel, c += TILE_LINES) dot_sweep_any(steps, a, a_ld, b, c, ldc, add);
 }
 
 /* ---------------------------------------------------------------- the block operations */
@@ -484,6 +502,7 @@ void cpu_tile_end(void)
 void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
                     bool add)
 {
+    IR_ASSERT(a_ld >= 0 || tiles_on != CPU_TILES_AMX);
     if (tiles_on == CPU_TILES_AMX) amx_block(steps, a, a_ld, b, c, ldc, add);
     else dot_block(steps, a, a_ld, b, c, ldc, add);
 }
@@ -491,6 +510,7 @@ void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *
 void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, int64_t b_panel,
                      float *c, int64_t ldc, bool add)
 {
+    IR_ASSERT(a_ld >= 0 || tiles_on != CPU_TILES_AMX);
     if (tiles_on == CPU_TILES_AMX) amx_panels(panels, steps, a, a_ld, b, b_panel, c, ldc, add);
     else dot_panels(panels, steps, a, a_ld, b, b_panel, c, ldc, add);
 }

@@ -79,6 +79,13 @@ bool cpu_tile_usable(void);         /* cpu_tiles() != CPU_TILES_OFF */
 bool cpu_tiles_select(CpuTiles t);
 const char *cpu_tiles_name(CpuTiles t);     /* "off", "bf16dot", "amx" */
 bool cpu_tile_operand(ElemType e);  /* values exact in bf16: bf16, e4m3, e5m2 */
+/* How A is laid out for cpu_tile_block and cpu_tile_panels (their a_ld): a packed panel
+ * [line][pair] (TILE_A_PACKED), a packed panel [pair][line] (TILE_A_PAIRS, the dot path only),
+ * or, a_ld > 0, bf16 rows a_ld elements apart read where they lie. */
+enum { TILE_A_PACKED = 0, TILE_A_PAIRS = -1 };
+/* The layout cpu_tile_pack gives an A panel of an operand with k along its lines (k_fast) or
+ * down its columns */
+int64_t cpu_tile_a_layout(bool k_fast);
 /* A panel of `lines` (<= 32) lines x kc of o, from `at`: element (line l, k) at at + l * ld + k
  * when k_fast, else at + k * ld + l; as a B panel with as_b. */
 void cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64_t lines,
@@ -86,12 +93,11 @@ void cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, 
 void cpu_tile_begin(void);          /* amx: load the tile configuration (per thread, per task) */
 void cpu_tile_end(void);
 /* c (32 x 32 f32, row stride ldc) = (or += with add) A times B panel over `steps` steps of 32
- * k; A a packed panel (a_ld = 0) or 32 bf16 rows a_ld elements apart read where they lie */
+ * k; A as a_ld says (TILE_A_PACKED, TILE_A_PAIRS, or the row stride of bf16 rows) */
 void cpu_tile_block(int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, float *c, int64_t ldc,
                     bool add);
 /* Blocks p < panels of c (c + 32 p, 32 x 32 f32, row stride ldc) = (or += with add) A times B
- * panel p (b + p b_panel) over `steps` steps of 32 k. A is a packed panel (a_ld = 0) or 32
- * bf16 rows a_ld elements apart read where they lie. */
+ * panel p (b + p b_panel) over `steps` steps of 32 k, A as for cpu_tile_block. */
 void cpu_tile_panels(int64_t panels, int64_t steps, const void *a, int64_t a_ld, const uint32_t *b, int64_t b_panel,
                      float *c, int64_t ldc, bool add);
 /* dst[c ldd + r] = src[r lds + c] for r, c < 16, 32-bit elements (x86-64 with AVX-512 only) */
