@@ -159,15 +159,23 @@ static void pack_heads(const RtAttention *a, Heads x, uint32_t *rows, uint32_t *
     ref_parallel_for(a->B * x.heads, pack_task, &p);
 }
 
-/* rows [t0, t0 + 32) of head h of batch b into dst (32 x D bf16), zeros past T */
-static void copy_block(const RtAttention *a, Heads x, int64_t b, int64_t h, int64_t t0, uint16_t *dst)
+/* Rows [t0, t0 + 32) of head h of batch b as a left operand (32 bf16 rows, *ld elements
+ * apart): where they lie when all 32 are before T, else copied into spare (32 x D) with zeros
+ * past T. */
+static const uint16_t *block_rows(const RtAttention *a, Heads x, int64_t b, int64_t h, int64_t t0, uint16_t *spare,
+                                  int64_t *ld)
 {
-    for (int64_t r = 0; r < BLK; r++) {
-        if (t0 + r < a->T)
-            memcpy(dst + r * a->D, x.base + (b * a->T + t0 + r) * x.stride + h * a->D, 2 * (size_t)a->D);
-        else
-            memset(dst + r * a->D, 0, 2 * (size_t)a->D);
+    const uint16_t *at = x.base + (b * a->T + t0) * x.stride + h * a->D;
+    if (t0 + BLK <= a->T) {
+        *ld = x.stride;
+        return at;
     }
+    for (int64_t r = 0; r < BLK; r++) {
+        if (t0 + r < a->T) memcpy(spare + r * a->D, at + r * x.stride, 2 * (size_t)a->D);
+        else memset(spare + r * a->D, 0, 2 * (size_t)a->D);
+    }
+    *ld = a->D;
+    return spare;
 }
 
 /* ---------------------------------------------------------------- vector math */
@@ -233,19 +241,30 @@ __attribute__((target("avx512f,avx512bw"))) static inline __m256i bf16_of16(__m5
     return _mm512_cvtepi32_epi16(r);
 }
 
-/* stores rows [t0, t0 + n) of a 32 x D f32 block into the output (bf16 rounded as
- * num_encode does, or f32) */
-__attribute__((target("avx512f,avx512bw"))) static void store_rows(const RtAttention *a, const float *o,
-                                                                  int64_t b, int64_t t0, int64_t n,
-                                                                  int64_t col)
+/* bf16_of16 by the conversion instruction, where it agrees: it rounds to nearest even too, but
+ * takes f32 subnormals as zero and keeps a NaN's sign and payload, so lanes of either kind
+ * take bf16_of16 */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static inline __m256i bf16_fast16(__m512 x)
 {
-    for (int64_t r = 0; r < n; r++) {
+    __m512i abs = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7FFFFFFF));
+    __mmask16 odd = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(abs, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x007FFFFF)) |
+                    _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F800000));
+    return odd ? bf16_of16(x) : (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+/* stores rows [t0, t0 + n) of a 32 x D f32 block into the output (bf16 rounded as
+ * num_encode does, or f32), each row times its row_scale where that is given */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void store_rows(const RtAttention *a, const float *o,
+                                                                             int64_t b, int64_t t0, int64_t n,
+                                                                             int64_t col, const float *row_scale)
+{
+    for (int64_t r = 0; r < n; r++, o += a->D) {
+        __m512 f = _mm512_set1_ps(row_scale ? row_scale[r] : 1.0f);
         int64_t at = (b * a->T + t0 + r) * a->out_stride + col;
-        if (a->out_elem == FMT_BF16) {
-            for (int64_t d = 0; d < a->D; d += 16)
-                _mm256_storeu_si256((__m256i *)((uint16_t *)a->out + at + d), bf16_of16(_mm512_loadu_ps(o + r * a->D + d)));
-        } else {
-            memcpy((float *)a->out + at, o + r * a->D, sizeof(float) * (size_t)a->D);
+        for (int64_t d = 0; d < a->D; d += 16) {
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), f);
+            if (a->out_elem == FMT_BF16) _mm256_storeu_si256((__m256i *)((uint16_t *)a->out + at + d), bf16_fast16(x));
+            else _mm512_storeu_ps((float *)a->out + at + d, x);
         }
     }
 }
@@ -295,11 +314,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
     uint16_t *q = (uint16_t *)(O + BLK * D);
     float *inv = (float *)(q + BLK * D);
     Left P = {(uint16_t *)(mem + s_bytes), keys};
-    Heads qh = {a->q, a->qs, a->H};
-    copy_block(a, qh, b, h, t0, q);
+    int64_t q_ld;
+    const uint16_t *qr = block_rows(a, (Heads){a->q, a->qs, a->H}, b, h, t0, q, &q_ld);
     cpu_tile_begin();
     const uint32_t *kr = f->k_rows + (b * a->Hkv + g) * nb * (D / 32) * STEP;
-    cpu_tile_panels(qb + 1, D / 32, q, D, kr, (D / 32) * STEP, S, keys, false);
+    cpu_tile_panels(qb + 1, D / 32, qr, q_ld, kr, (D / 32) * STEP, S, keys, false);
     __m512 scale = _mm512_set1_ps(a->scale);
     for (int64_t r = 0; r < BLK; r++) {
         float *s = S + r * keys;
@@ -316,10 +335,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void fwd_task(void
     }
     left_product(&P, f->v_cols + (b * a->Hkv + g) * (D / 32) * nb * STEP, nb * STEP, D / 32, qb + 1, O, D, false);
     cpu_tile_end();
-    int64_t n = a->T - t0 < BLK ? a->T - t0 : BLK;
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t d = 0; d < D; d++) O[r * D + d] = O[r * D + d] * inv[r];
-    store_rows(a, O, b, t0, n, h * D);
+    store_rows(a, O, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D, inv);
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -431,14 +447,15 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void query_block_b
     const RtAttention *a = w->a;
     int64_t nb = w->nb, D = a->D, ds = D / 32, kv = b * a->Hkv + h / (a->H / a->Hkv);
     int64_t t0 = qb * BLK, keys = (qb + 1) * BLK;
-    copy_block(a, (Heads){a->q, a->qs, a->H}, b, h, t0, x->q);
-    copy_block(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, x->dy);
-    cpu_tile_panels(qb + 1, ds, x->q, D, w->k_rows + kv * nb * ds * STEP, ds * STEP, x->S, keys, false);
-    cpu_tile_panels(qb + 1, ds, x->dy, D, w->v_rows + kv * nb * ds * STEP, ds * STEP, x->dP, keys, false);
+    int64_t q_ld, dy_ld;
+    const uint16_t *q = block_rows(a, (Heads){a->q, a->qs, a->H}, b, h, t0, x->q, &q_ld);
+    const uint16_t *dy = block_rows(a, (Heads){a->dy, a->H * D, a->H}, b, h, t0, x->dy, &dy_ld);
+    cpu_tile_panels(qb + 1, ds, q, q_ld, w->k_rows + kv * nb * ds * STEP, ds * STEP, x->S, keys, false);
+    cpu_tile_panels(qb + 1, ds, dy, dy_ld, w->v_rows + kv * nb * ds * STEP, ds * STEP, x->dP, keys, false);
     softmax_grad_rows(a, x->S, x->dP, keys, t0, keep);
     Left dS = left_of(x->dP, keys, keys, x->left);
     left_product(&dS, w->k_cols + kv * ds * nb * STEP, nb * STEP, ds, qb + 1, x->dQ, D, false);
-    store_rows(a, x->dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D);
+    store_rows(a, x->dQ, b, t0, a->T - t0 < BLK ? a->T - t0 : BLK, h * D, NULL);
 }
 
 static void dq_task(void *ctx, int64_t task)
@@ -468,8 +485,9 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
     Left PT = {pt, BLK}, dST = {dst, BLK};
     float *dK = (float *)(dst + BLK * BLK), *dV = dK + BLK * D;
     uint16_t *k = (uint16_t *)(dV + BLK * D), *v = k + BLK * D;
-    copy_block(a, (Heads){a->k, a->ks, a->Hkv}, b, g, j0, k);
-    copy_block(a, (Heads){a->v, a->vs, a->Hkv}, b, g, j0, v);
+    int64_t k_ld, v_ld;
+    const uint16_t *kr = block_rows(a, (Heads){a->k, a->ks, a->Hkv}, b, g, j0, k, &k_ld);
+    const uint16_t *vr = block_rows(a, (Heads){a->v, a->vs, a->Hkv}, b, g, j0, v, &v_ld);
     memset(dK, 0, sizeof(float) * BLK * (size_t)D);
     memset(dV, 0, sizeof(float) * BLK * (size_t)D);
     __m512 scale = _mm512_set1_ps(a->scale);
@@ -480,8 +498,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
         const float *max = w->kept + bh * a->T, *inv = max + rows, *dsum = inv + rows;
         for (int64_t qb = kb; qb < nb; qb++) {
             int64_t t0 = qb * BLK;
-            cpu_tile_panels(1, ds, k, D, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
-            cpu_tile_panels(1, ds, v, D, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
+            cpu_tile_panels(1, ds, kr, k_ld, w->q_rows + (bh * nb + qb) * ds * STEP, 0, ST, BLK, false);
+            cpu_tile_panels(1, ds, vr, v_ld, w->dy_rows + (bh * nb + qb) * ds * STEP, 0, dPT, BLK, false);
             __mmask16 inside[2];        /* the two halves' queries before T */
             __m512 mv[2], iv[2], dv[2]; /* their max, 1 / sum and D */
             for (int u = 0; u < 2; u++) {
@@ -514,8 +532,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
     }
     cpu_tile_end();
     int64_t n = a->T - j0 < BLK ? a->T - j0 : BLK;
-    store_rows(a, dK, b, j0, n, a->H * D + g * D);
-    store_rows(a, dV, b, j0, n, a->H * D + a->Hkv * D + g * D);
+    store_rows(a, dK, b, j0, n, a->H * D + g * D, NULL);
+    store_rows(a, dV, b, j0, n, a->H * D + a->Hkv * D + g * D, NULL);
 }
 
 /* The whole backward of one (batch, kv head) pair: for each query head of its group and each
@@ -552,8 +570,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void head_bwd_task
         }
     }
     cpu_tile_end();
-    store_rows(a, dK, b, 0, a->T, a->H * D + g * D);
-    store_rows(a, dV, b, 0, a->T, a->H * D + a->Hkv * D + g * D);
+    store_rows(a, dK, b, 0, a->T, a->H * D + g * D, NULL);
+    store_rows(a, dV, b, 0, a->T, a->H * D + a->Hkv * D + g * D, NULL);
 }
 
 /* Whole heads a task where that keeps the threads busy: at least a (batch, kv head) pair a
