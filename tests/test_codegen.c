@@ -97,9 +97,10 @@ static double ulps(float x, double y)
     return fabs((double)x - y) / u;
 }
 
-/* The LLVM renderer's inline exp, log and tanh (Cephes polynomials, vectorizable) against libm's
- * f64 functions: within 2 ulp over the whole range (subnormal results in absolute ulps of
- * the subnormal grid), 0, infinities, NaN and negative arguments exact. */
+/* The LLVM renderer's inline exp, log and tanh (polynomials, vectorizable) against libm's f64
+ * functions: exp and log within 2 ulp over the whole range (subnormal results in absolute ulps
+ * of the subnormal grid), tanh within 6 ulp and never past +-1; 0, infinities, NaN and
+ * negative arguments exact. */
 static void test_math_functions(void **state)
 {
     (void)state;
@@ -141,8 +142,8 @@ static void test_math_functions(void **state)
         if (!(ul <= 2)) fail_msg("log(%.9g) = %.9g, exactly %.17g", xs[j], lg[j], log((double)xs[j]));
         if (j >= SPECIAL) worst_e = fmax(worst_e, ue), worst_l = fmax(worst_l, ul);
     }
-    /* tanh on its own arguments: both branches (|x| below and above 0.625), saturation past 9,
-     * and tiny ones, each sign */
+    /* tanh on its own arguments: below 0.625, up to and past the clamp at 9, and tiny ones,
+     * each sign */
     for (int j = SPECIAL; j < N; j++) {
         double u = rng_uniform();
         xs[j] = (float)(j % 3 == 0 ? u * 0.625 : j % 3 == 1 ? 0.625 + u * 9.4 : ldexp(u, -(int)(rng_next() % 120)));
@@ -151,7 +152,7 @@ static void test_math_functions(void **state)
     c.table.fns[0](bufs, 0, N);
     for (int j = 0; j < N; j++) {
         double ut = ulps(th[j], tanh((double)xs[j]));
-        if (!(ut <= 2)) fail_msg("tanh(%.9g) = %.9g, exactly %.17g", xs[j], th[j], tanh((double)xs[j]));
+        if (!(ut <= 6) || fabsf(th[j]) > 1.0f) fail_msg("tanh(%.9g) = %.9g, exactly %.17g", xs[j], th[j], tanh((double)xs[j]));
         if (j >= SPECIAL) worst_t = fmax(worst_t, ut);
     }
     printf("  exp within %.2f ulp, log within %.2f ulp, tanh within %.2f ulp\n", worst_e, worst_l, worst_t);
