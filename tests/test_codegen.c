@@ -7,14 +7,14 @@
  *   - FP8 and other encodes of the same values (quantize, cast, scales): bit-identical;
  *   - copies (slice, pad, concat, reshape, transpose, embedding): bit-identical;
  *   - f32 math: normalized error ||cpu - ref|| / ||ref|| < 1e-5 (the reference accumulates
- *     in f64; the kernels in f32 with exp/tanh within 2 ulp);
+ *     in f64; the kernels in f32 with exp within 2 ulp, tanh within 6);
  *   - values stored in bf16 after f32 math: < 2e-3 (one bf16 ulp is 2^-8 relative; the two
  *     f32 results round to different neighbours only where they straddle a rounding point);
  *   - AdamW over the optimizer-state codecs: codes, side values and weights with the bounds
  *     stated at test_adamw_codec_encoders.
  * The renderer's inline exp, log and tanh are checked against libm's f64 functions over their
- * whole range (within 2 ulp, special values exact), and every model of models/ at every
- * level lowers without reference kernels. Then a whole training step of
+ * whole range (exp and log within 2 ulp, tanh within 6; special values exact), and every model
+ * of models/ at every level lowers without reference kernels. Then a whole training step of
  * models/gpt2_tiny.model at -O0..-O3, kernel by kernel and whole, on the CPU backend against
  * the reference: the loss, the gradient norm and every persistent tensor after the update.
  * The seed is printed; FP8C_TEST_SEED=n repeats a run, FP8C_TEST_FILTER=name runs the tests
