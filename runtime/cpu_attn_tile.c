@@ -129,6 +129,7 @@ typedef struct {
     const RtAttention *a;
     Heads x;
     uint32_t *rows, *cols;      /* either may be NULL */
+    bool cols_as_a;             /* cols as A panels of x^T (cpu_tile_a_layout(false)) */
 } PackJob;
 
 static void pack_task(void *ctx, int64_t task)
@@ -149,13 +150,13 @@ static void pack_task(void *ctx, int64_t task)
     if (p->cols) {
         uint32_t *dst = p->cols + task * head_words(a);
         for (int64_t dp = 0; dp < ds; dp++)
-            cpu_tile_pack(&o, at + dp * BLK, p->x.stride, false, BLK, a->T, true, dst + dp * nb * STEP);
+            cpu_tile_pack(&o, at + dp * BLK, p->x.stride, false, BLK, a->T, !p->cols_as_a, dst + dp * nb * STEP);
     }
 }
 
-static void pack_heads(const RtAttention *a, Heads x, uint32_t *rows, uint32_t *cols)
+static void pack_heads(const RtAttention *a, Heads x, uint32_t *rows, uint32_t *cols, bool cols_as_a)
 {
-    PackJob p = {a, x, rows, cols};
+    PackJob p = {a, x, rows, cols, cols_as_a};
     ref_parallel_for(a->B * x.heads, pack_task, &p);
 }
 
@@ -347,7 +348,8 @@ typedef struct {
     const RtAttention *a;
     int64_t nb;
     const uint32_t *k_rows, *v_rows, *k_cols;       /* dq */
-    const uint32_t *q_rows, *dy_rows, *q_cols, *dy_cols;   /* dk dv */
+    const uint32_t *q_rows, *dy_rows, *q_cols, *dy_cols;   /* dk dv, by blocks */
+    const uint32_t *q_t, *dy_t;     /* dk dv, by heads: A panels of q^T and dy^T */
     float *kept;            /* softmax_grad_rows' rows: B H T each of max, inv, dsum */
 } Bwd;
 
@@ -406,14 +408,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static Left left_of(const
         for (int64_t j = 0; j < cols; j += 32)
             left_store(&l, r, j, _mm512_loadu_ps(x + r * ld + j), _mm512_loadu_ps(x + r * ld + j + 16));
     return l;
-}
-
-/* dst (32 x 32, rows 32 apart) = the transpose of the 32 x 32 block at src (rows ld apart) */
-static void transpose32(const float *src, int64_t ld, float *dst)
-{
-    for (int r0 = 0; r0 < BLK; r0 += 16)
-        for (int c0 = 0; c0 < BLK; c0 += 16)
-            cpu_tile_transpose16((const uint32_t *)(src + r0 * ld + c0), ld, (uint32_t *)(dst + c0 * BLK + r0), BLK);
 }
 
 /* A block of 32 queries' scratch for rows of up to `span` keys: S and dP, the space of a left
@@ -539,40 +533,74 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dkv_task(void
     store_rows(a, dV, b, j0, n, a->H * D + a->Hkv * D + g * D, NULL);
 }
 
+/* Values j .. j + 31 of two consecutive rows r0 and r1 of f32 as one pair of a B panel
+ * ([pair][line], 32 words): word l is bf16(r0[l]) | bf16(r1[l]) << 16, rounded to nearest
+ * even as left_store rounds */
+__attribute__((target("avx512f,avx512bw,avx512bf16"), always_inline)) static inline void
+pair_store(const float *r0, const float *r1, uint32_t *dst)
+{
+    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int h = 0; h < 2; h++) {
+        __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(r1 + 16 * h), _mm512_loadu_ps(r0 + 16 * h));
+        _mm512_storeu_si512(dst + 16 * h, _mm512_permutexvar_epi16(mix, both));
+    }
+}
+
+/* 32 rows of f32 (row stride ld) as `blocks` B panels of one step, one per 32 columns:
+ * pairs of rows (queries) by lines (keys) */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void pair_panels(const float *x, int64_t ld,
+                                                                             int64_t blocks, uint32_t *dst)
+{
+    for (int64_t kb = 0; kb < blocks; kb++, dst += STEP)
+        for (int64_t p = 0; p < BLK / 2; p++)
+            pair_store(x + 2 * p * ld + kb * BLK, x + (2 * p + 1) * ld + kb * BLK, dst + p * BLK);
+}
+
 /* The whole backward of one (batch, kv head) pair: for each query head of its group and each
  * block of 32 queries, S and dP once; from them P and dS (softmax_grad_rows), dq's block
- * (dS k), and the block's share of dk and dv (dS^T q, P^T dy, through 32 x 32 transposes),
- * which the task sums over its queries in its own buffers, in a fixed order. */
+ * (dS k), and the block's share of dk and dv, computed transposed: dv^T += dy^T P and dk^T +=
+ * q^T dS, with dy^T and q^T packed once per call as A panels and P and dS made B panels by
+ * pairing their rows, so that no block of P or dS is transposed. The task sums dk^T and dv^T
+ * over its queries in its own buffers, in a fixed order (the same products in the same order
+ * as the blocks cut's P^T dy and dS^T q, hence the same bits), and transposes them once at
+ * the end. */
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void head_bwd_task(void *ctx, int64_t task)
 {
     const Bwd *w = ctx;
     const RtAttention *a = w->a;
     int64_t nb = w->nb, kv = task, b = kv / a->Hkv, g = kv % a->Hkv, group = a->H / a->Hkv;
     int64_t D = a->D, ds = D / 32, span = nb * BLK;  /* span: the keys, padded to whole blocks */
+    int64_t a_layout = cpu_tile_a_layout(false);
     size_t kv_bytes = sizeof(float) * (size_t)(span * D), x_bytes = query_scratch_bytes(span, D);
-    char *mem = thread_scratch(x_bytes + 2 * kv_bytes + sizeof(float) * BLK * BLK);
+    size_t pair_bytes = sizeof(uint32_t) * (size_t)(nb * STEP);
+    char *mem = thread_scratch(x_bytes + 4 * kv_bytes + 2 * pair_bytes);
     QueryScratch x = query_scratch(mem, span, D);
-    float *dK = (float *)(mem + x_bytes), *dV = dK + span * D, *tr = dV + span * D;
-    memset(dK, 0, 2 * kv_bytes);
+    float *dKT = (float *)(mem + x_bytes), *dVT = dKT + span * D;   /* (D, span) */
+    float *dK = dVT + span * D, *dV = dK + span * D;                 /* (span, D) */
+    uint32_t *pp = (uint32_t *)(dV + span * D), *dsp = pp + nb * STEP;
+    memset(dKT, 0, 2 * kv_bytes);
     cpu_tile_begin();
     for (int64_t hh = 0; hh < group; hh++) {
         int64_t h = g * group + hh, bh = b * a->H + h;
         for (int64_t qb = 0; qb < nb; qb++) {
             int64_t keys = (qb + 1) * BLK;
             query_block_backward(w, b, h, qb, &x, NULL);
-            const uint32_t *dyc = w->dy_cols + bh * ds * nb * STEP + qb * STEP;
-            const uint32_t *qc = w->q_cols + bh * ds * nb * STEP + qb * STEP;
-            for (int64_t kb = 0; kb <= qb; kb++) {
-                transpose32(x.S + kb * BLK, keys, tr);
-                Left PT = left_of(tr, BLK, BLK, x.left);
-                left_product(&PT, dyc, nb * STEP, ds, 1, dV + kb * BLK * D, D, true);
-                transpose32(x.dP + kb * BLK, keys, tr);
-                Left dST = left_of(tr, BLK, BLK, x.left);
-                left_product(&dST, qc, nb * STEP, ds, 1, dK + kb * BLK * D, D, true);
+            pair_panels(x.S, keys, qb + 1, pp);
+            pair_panels(x.dP, keys, qb + 1, dsp);
+            for (int64_t dp = 0; dp < ds; dp++) {
+                int64_t at = (bh * ds + dp) * nb * STEP + qb * STEP;
+                cpu_tile_panels(qb + 1, 1, w->dy_t + at, a_layout, pp, STEP, dVT + dp * BLK * span, span, true);
+                cpu_tile_panels(qb + 1, 1, w->q_t + at, a_layout, dsp, STEP, dKT + dp * BLK * span, span, true);
             }
         }
     }
     cpu_tile_end();
+    for (int64_t r0 = 0; r0 < D; r0 += 16)
+        for (int64_t c0 = 0; c0 < span; c0 += 16) {
+            cpu_tile_transpose16((const uint32_t *)(dKT + r0 * span + c0), span, (uint32_t *)(dK + c0 * D + r0), D);
+            cpu_tile_transpose16((const uint32_t *)(dVT + r0 * span + c0), span, (uint32_t *)(dV + c0 * D + r0), D);
+        }
     store_rows(a, dK, b, 0, a->T, a->H * D + g * D, NULL);
     store_rows(a, dV, b, 0, a->T, a->H * D + a->Hkv * D + g * D, NULL);
 }
@@ -599,8 +627,8 @@ void cpu_attention_tile(const RtAttention *a)
     if (!a->dy) {
         uint32_t *mem = packed_space((size_t)(2 * a->B * a->Hkv * hw));
         Fwd f = {a, mem, mem + a->B * a->Hkv * hw, nb};
-        pack_heads(a, k, mem, NULL);
-        pack_heads(a, v, NULL, mem + a->B * a->Hkv * hw);
+        pack_heads(a, k, mem, NULL, false);
+        pack_heads(a, v, NULL, mem + a->B * a->Hkv * hw, false);
         ref_parallel_for(a->B * a->H * nb, fwd_task, &f);
         return;
     }
@@ -611,12 +639,15 @@ void cpu_attention_tile(const RtAttention *a)
     uint32_t *q_rows = mem + 3 * kvw, *q_cols = q_rows + qw, *dy_rows = q_cols + qw, *dy_cols = dy_rows + qw;
     w.k_rows = k_rows, w.k_cols = k_cols, w.v_rows = v_rows;
     w.q_rows = q_rows, w.q_cols = q_cols, w.dy_rows = dy_rows, w.dy_cols = dy_cols;
+    w.q_t = q_cols, w.dy_t = dy_cols;   /* the same space: one cut or the other packs it */
     w.kept = (float *)(dy_cols + qw);
-    bool by_heads = bwd_by_heads(a);    /* which reads q and dy as left operands, in place */
-    pack_heads(a, k, k_rows, k_cols);
-    pack_heads(a, v, v_rows, NULL);
-    pack_heads(a, (Heads){a->q, a->qs, a->H}, by_heads ? NULL : q_rows, q_cols);
-    pack_heads(a, (Heads){a->dy, a->H * a->D, a->H}, by_heads ? NULL : dy_rows, dy_cols);
+    /* by heads: q and dy are read as left operands in place, and their transposes as A
+     * panels; by blocks: q and dy as right operands, by rows and by columns */
+    bool by_heads = bwd_by_heads(a);
+    pack_heads(a, k, k_rows, k_cols, false);
+    pack_heads(a, v, v_rows, NULL, false);
+    pack_heads(a, (Heads){a->q, a->qs, a->H}, by_heads ? NULL : q_rows, q_cols, by_heads);
+    pack_heads(a, (Heads){a->dy, a->H * a->D, a->H}, by_heads ? NULL : dy_rows, dy_cols, by_heads);
     if (by_heads) {
         head_runs++;
         ref_parallel_for(a->B * a->Hkv, head_bwd_task, &w);
