@@ -26,15 +26,17 @@
  *   "rows" layout   panels of 32 rows (keys or queries), steps of 32 columns of the head: the
  *                   right operand of a product over the head dimension (q k^T, dy v^T, k q^T)
  *   "cols" layout   panels of 32 columns of the head, steps of 32 rows: the right operand of a
- *                   product over rows (P v, dS k, P^T dy, dS^T q)
+ *                   product over rows (P v, dS k, P^T dy, dS^T q), or, packed as a left
+ *                   operand, the left operand of the transposed products (dy^T P, q^T dS)
  * then
  *   forward   one task per (batch, head, block of 32 queries): S = q k^T, the causal softmax
  *             in place, O = P v, y = O / l;
  *   backward  by heads, one task per (batch, kv head): for each of its query heads and each
  *             block of 32 queries, S and dP = dy v^T, P, D_i = sum_j P_ij dP_ij, dS = P (dP -
- *             D) scale, dq = dS k; then for each block of keys the block sees, dv += P^T dy
- *             and dk += dS^T q, P^T and dS^T by 32 x 32 transposes, dk and dv summed in the
- *             task's own buffers;
+ *             D) scale, dq = dS k; then for the blocks of keys the block sees, dv^T += dy^T P
+ *             and dk^T += q^T dS, P and dS as right operands made by pairing their rows (no
+ *             transposes), dk^T and dv^T summed in the task's own buffers and transposed at
+ *             its end;
  *             or by blocks, where there are too few (batch, kv head) pairs to keep every
  *             thread busy (batch 1 on many cores), in two passes:
  *   dq        one task per (batch, head, block of 32 queries): S, dP, P, D, dS, dq as above,
