@@ -659,10 +659,26 @@ void cpu_attention_tile(const RtAttention *a)
     ref_parallel_for(a->B * a->Hkv * nb, dkv_task, &w);
 }
 
+__attribute__((target("avx512f"))) void cpu_attention_softmax_exp(const float *s, int64_t n, float c, float m2,
+                                                                   float *out)
+{
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 live = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = softmax_exp(_mm512_maskz_loadu_ps(live, s + i), _mm512_set1_ps(c), _mm512_set1_ps(m2));
+        _mm512_mask_storeu_ps(out + i, live, e);
+    }
+}
+
 #else
 void cpu_attention_tile(const RtAttention *a)
 {
     (void)a;
+    IR_ASSERT(!"tile attention without the tile path");
+}
+
+void cpu_attention_softmax_exp(const float *s, int64_t n, float c, float m2, float *out)
+{
+    (void)s, (void)n, (void)c, (void)m2, (void)out;
     IR_ASSERT(!"tile attention without the tile path");
 }
 #endif

@@ -130,6 +130,9 @@ typedef enum { CPU_ATTN_BWD_AUTO, CPU_ATTN_BWD_HEADS, CPU_ATTN_BWD_BLOCKS } CpuA
 void cpu_attention_bwd_select(CpuAttnBwd how);
 int64_t cpu_attention_bwd_head_runs(void);         /* tests: backwards run by whole heads */
 void cpu_attention_tile(const RtAttention *a);
+/* tests: out[i] = the tile attention's exp of (s[i] c - m2) in base 2, as its softmax computes
+ * it (needs AVX-512: where cpu_attention_tile_usable) */
+void cpu_attention_softmax_exp(const float *s, int64_t n, float c, float m2, float *out);
 
 /* ---------------------------------------------------------------- ref_attn.c */
 void ref_attention(const Node *n, const float *const *x, float *y);
