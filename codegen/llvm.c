@@ -32,9 +32,9 @@
  *    back at the loop's exit. LLVM 14 vectorizes an integer max reduction but not an f32
  *    one without no-NaN flags; amax passes over whole tensors ran scalar, at ~2 G elements/s.
  *  - exp, log and tanh are inline polynomials (Cephes' expf and logf, within 2 ulp; a rational
- *    minimax tanh, within 6 ulp) so that loops containing them vectorize: the optimizer-state codecs take a power (an exp of
- *    a log) of every element they decode or encode, and a libm call would keep those loops
- *    scalar.
+ *    minimax tanh, within 6 ulp) so that loops containing them vectorize: the optimizer-state
+ *    codecs take a power (an exp of a log) of every element they decode or encode, and a libm
+ *    call would keep those loops scalar.
  *
  * Objects are cached by a hash of the unoptimized module text, the CPU, its features and the
  * optimization level: a rebuild of the same plan costs a file copy. */

@@ -576,11 +576,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void head_bwd_task
     int64_t a_layout = cpu_tile_a_layout(false);
     size_t kv_bytes = sizeof(float) * (size_t)(span * D), x_bytes = query_scratch_bytes(span, D);
     size_t pair_bytes = sizeof(uint32_t) * (size_t)(nb * STEP);
-    char *mem = thread_scratch(x_bytes + 4 * kv_bytes + 2 * pair_bytes);
+    char *mem = thread_scratch(x_bytes + 3 * kv_bytes + 2 * pair_bytes);
     QueryScratch x = query_scratch(mem, span, D);
     float *dKT = (float *)(mem + x_bytes), *dVT = dKT + span * D;   /* (D, span) */
-    float *dK = dVT + span * D, *dV = dK + span * D;                 /* (span, D) */
-    uint32_t *pp = (uint32_t *)(dV + span * D), *dsp = pp + nb * STEP;
+    float *rows = dVT + span * D;                                    /* (span, D): dk, then dv */
+    uint32_t *pp = (uint32_t *)(rows + span * D), *dsp = pp + nb * STEP;
     memset(dKT, 0, 2 * kv_bytes);
     cpu_tile_begin();
     for (int64_t hh = 0; hh < group; hh++) {
@@ -598,13 +598,14 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void head_bwd_task
         }
     }
     cpu_tile_end();
-    for (int64_t r0 = 0; r0 < D; r0 += 16)
-        for (int64_t c0 = 0; c0 < span; c0 += 16) {
-            cpu_tile_transpose16((const uint32_t *)(dKT + r0 * span + c0), span, (uint32_t *)(dK + c0 * D + r0), D);
-            cpu_tile_transpose16((const uint32_t *)(dVT + r0 * span + c0), span, (uint32_t *)(dV + c0 * D + r0), D);
-        }
-    store_rows(a, dK, b, 0, a->T, a->H * D + g * D, NULL);
-    store_rows(a, dV, b, 0, a->T, a->H * D + a->Hkv * D + g * D, NULL);
+    const float *sums[2] = {dKT, dVT};
+    for (int which = 0; which < 2; which++) {   /* dk, then dv: transposed into rows, stored */
+        for (int64_t r0 = 0; r0 < D; r0 += 16)
+            for (int64_t c0 = 0; c0 < span; c0 += 16)
+                cpu_tile_transpose16((const uint32_t *)(sums[which] + r0 * span + c0), span,
+                                     (uint32_t *)(rows + c0 * D + r0), D);
+        store_rows(a, rows, b, 0, a->T, a->H * D + which * a->Hkv * D + g * D, NULL);
+    }
 }
 
 /* Whole heads a task where that keeps the threads busy: at least a (batch, kv head) pair a

@@ -271,6 +271,8 @@ cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64
               bool as_b, uint32_t *dst)
 {
     uint32_t stage[32 * 16] __attribute__((aligned(64)));
+    /* pairs of rows of k (k down the columns) go out as [pair][line] as they are made */
+    bool pairs = as_b || cpu_tile_a_layout(false) == TILE_A_PAIRS;
     for (int64_t k0 = 0; k0 < kc; k0 += 32, dst += TILE_STEP_WORDS) {
         int64_t depth = kc - k0 < 32 ? kc - k0 : 32;
         if (k_fast) {   /* line l's 32 k lie together: [line][pair] */
@@ -282,7 +284,6 @@ cpu_tile_pack(const RtGemmOperand *o, int64_t at, int64_t ld, bool k_fast, int64
                 cpu_tile_transpose16(stage + 16 * 16, 16, dst + 16, 32);
             }
         } else {        /* each k's 32 lines lie together: rows 2p and 2p + 1 make [pair][line] */
-            bool pairs = as_b || cpu_tile_a_layout(false) == TILE_A_PAIRS;
             uint32_t *out = pairs ? dst : stage;
             for (int64_t p = 0; p < 16; p++) {
                 int64_t k = k0 + 2 * p;
@@ -414,7 +415,8 @@ enum { DOT_CHUNK = 12 };   /* rows a chunk: 24 sums, B's pair and a broadcast in
  * sums are registers: an array indexed in a loop would live on the stack): c (row stride ldc)
  * = (or += with add) the sum over `steps` steps of 32 k of A's pairs times B's. Row i's
  * pair p of step s is the 32-bit word at a + s a_step + i a_stride + 4 p (bytes); B's pair p
- * of step s the 32 columns at b + s TILE_STEP_WORDS + 32 p. A's pair is the operand VDPBF16PS can broadcast from memory (GCC 12 broadcasts it with
+ * of step s the 32 columns at b + s TILE_STEP_WORDS + 32 p. A's pair is the operand VDPBF16PS
+ * can broadcast from memory (GCC 12 broadcasts it with
  * an instruction of its own, which the loop's rate does not show). */
 __attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
 dot_rows(const int R, int64_t steps, const char *a, int64_t a_stride, int64_t a_pair, int64_t a_step, const uint32_t *b,
