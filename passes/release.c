@@ -14,7 +14,7 @@
  * same per-element norm. Clipping by the previous step's global norm was tried first: on
  * gpt2_tiny it left validation loss 16% worse than global clipping, because while the norm
  * falls each update is scaled by a stale, too large norm; per-tensor clipping matched the
- * global kind within noise (docs/results-cpu.md). The plan and the log still report this step's
+ * global kind within noise (docs/results.md). The plan and the log still report this step's
  * global norm. Gradient accumulation over micro-steps needs accumulators, so a binary built
  * with release refuses --grad-accum above 1. */
 #include "passes.h"
