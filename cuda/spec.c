@@ -48,6 +48,9 @@ typedef struct {
      * adds the sum into the accumulator of bias_acc (an ACCUMULATE) where that is set
      * (fuse_bias_grads) */
     const Node *bias_grad, *bias_acc;
+    /* a QUANTIZE into per-group scales that also makes them: the QUANT_SCALE (of the same x)
+     * whose launch moves here (fuse_group_quantizes) */
+    const Node *group_scale;
 } Spec;
 
 uint64_t cuda_hash(uint64_t h, const void *data, size_t n) {
@@ -424,6 +427,18 @@ static bool plan_elementwise(Spec *s) {
             }
             return true;
         }
+        if (s->group_scale) {   /* the group scales made here too: a thread per vector of x */
+            const Node *sc = s->group_scale;
+            l = spec_launch(s, "qgroup", grid_elem((count + 7) / 8), ELEM_THREADS, "ck_quantize_group<%s, %s>(a)",
+                            Y, fmt_arg(s, &n->in[0]->t));
+            arg_node(l, 0, n);
+            arg_node(l, 1, n->in[0]);
+            l->args.n_in = 1;
+            l->args.i[1] = sc->iattr[3];
+            l->args.i[2] = l->args.t[0].group;
+            l->args.f[0] = num_elem_max((ElemType)sc->iattr[0]);
+            return true;
+        }
         l = spec_launch(s, "copy", grid_elem(count), ELEM_THREADS, "ck_copy<%s, %s>(a)", Y,
                         fmt_arg(s, &n->in[0]->t));
         arg_node(l, 0, n);
@@ -530,7 +545,9 @@ static bool plan_reductions(Spec *s) {
                             ROW_THREADS, "ck_quant_scale_block<%s, %s>(a)", Y, X);
         } else {
             if (group <= 0) return spec_fail(s, "per-group scaling without a group size");
-            l = spec_launch(s, "qsgroup", grid_elem(ir_numel(&n->t)), ELEM_THREADS,
+            /* a thread per group, or per vector of x where groups are whole vectors */
+            int64_t groups = ir_numel(&n->t), vectors = (ir_numel(x) + 7) / 8;
+            l = spec_launch(s, "qsgroup", grid_elem(groups > vectors ? groups : vectors), ELEM_THREADS,
                             "ck_quant_scale_group<%s, %s>(a)", Y, X);
         }
         args_result_inputs(l, n);
@@ -1567,12 +1584,53 @@ static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
     }
 }
 
+/* A quantize into per-group (or 1 x 128 tile) scales, and the QUANT_SCALE that makes those
+ * scales from the same x, run as one launch at the quantize's place: each group's scale is
+ * stored and its elements quantized through it while x is in registers (ops.cuh,
+ * ck_quantize_group), one read of x instead of two. The scale's place then runs nothing. It
+ * may move later because nothing before the quantize reads it (every use of the scale is the
+ * quantize or after it), the memory plan keeps its bytes from its own place on, and x, which
+ * the quantize reads, still holds its value there. The bits are those of the two launches. */
+static bool group_quantize_fusable(const Uses *uses, const Node *q) {
+    const Node *sc = q->op == OP_QUANTIZE && q->n_in == 2 ? q->in[1] : NULL;
+    Scaling kind = q->t.fmt.scaling;
+    if (!sc || ir_transposed_offset(q) || (kind != SCALE_PER_GROUP && kind != SCALE_TILE_1x128) ||
+        q->t.fmt.recipe != RECIPE_CURRENT || q->t.fmt.scale != sc || sc->op != OP_QUANT_SCALE ||
+        sc->in[0] != q->in[0] || sc->iattr[0] != q->t.fmt.elem || sc->iattr[1] != kind ||
+        (kind == SCALE_PER_GROUP && sc->iattr[2] != q->t.fmt.group) || sc->index < 0 || sc->index >= q->index ||
+        ir_role_is_persistent(sc->t.role) || ir_role_is_persistent(q->in[0]->t.role))
+        return false;
+    const Uses *u = &uses[sc->index];
+    for (int k = 0; k < u->n; k++)
+        if (u->list[k]->index < q->index) return false;
+    return true;
+}
+
+static void fuse_group_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
+    for (int qi = 0; qi < g->n_nodes; qi++) {
+        const Node *q = g->nodes[qi];
+        if (!group_quantize_fusable(uses, q) || plans[qi].n_launch != 1 || plans[q->in[1]->index].n_launch != 1)
+            continue;
+        char why[256];
+        CuNodePlan fused;
+        Spec s = spec_for(q, a, &fused, why, sizeof why);
+        s.group_scale = q->in[1];
+        if (!plan_node(&s) || fused.n_launch != 1) continue;
+        plans[qi] = fused;
+        memset(&plans[q->in[1]->index], 0, sizeof plans[0]);
+        plans[q->in[1]->index].node = q->in[1];
+    }
+}
+
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
         if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
     fuse_producer_quantizes(g, plans, a);
     fuse_bias_grads(g, plans, a);
+    fuse_group_quantizes(g, plans, a);
     return plans;
 }
 

@@ -964,14 +964,83 @@ template <class Y, class X> __device__ void ck_quant_scale_row(const CkArgs &a) 
     m = ck_block_max(m);
     if (threadIdx.x == 0) Y::st(a.t[0], r, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
 }
+/* the scale of group k of x (G elements of a row, the last one of a row possibly shorter),
+ * from its largest |x| */
+template <class X> static __device__ __forceinline__ float ck_group_scale(const CkArgs &a, const CkTensor &x,
+                                                                          i64 k, i64 G) {
+    i64 C = x.cols, ncg = (C + G - 1) / G;
+    i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
+    float m = 0.0f;
+    for (i64 c = c0; c < c1; c++) m = fmaxf(m, fabsf(X::ld(x, r * C + c)));
+    return ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f;
+}
+
+/* Groups of whole vectors: G a multiple of CK_VEC, G / CK_VEC lanes a power of two within a
+ * warp, rows of whole groups, x readable in vectors. A thread then takes one vector, and the
+ * lanes of a group (adjacent in their warp) take its maximum by shuffles: one wide load per
+ * thread instead of G narrow ones. The maximum is exact in any order, so the scale is the
+ * scalar loop's bit for bit. */
+template <class X> static __device__ __forceinline__ bool ck_group_vec_ok(const CkTensor &x, i64 G) {
+    i64 L = G / CK_VEC;
+    return G % CK_VEC == 0 && L <= 32 && (L & (L - 1)) == 0 && x.cols % G == 0 && X::vec_ok(x);
+}
+
+/* The vectors of x, a thread each, in a grid-stride loop that every lane of a warp runs the same
+ * number of times (the shuffles need whole warps; a group is wholly in range or out of it):
+ * f(vector index, its values, whether it is in range, its group's scale) */
+template <class X, class Fn> static __device__ __forceinline__ void ck_group_vectors(const CkArgs &a, const CkTensor &x,
+                                                                                   i64 G, Fn f) {
+    int L = (int)(G / CK_VEC), lane = threadIdx.x & 31;
+    i64 nv = x.n / CK_VEC;
+    for (i64 c = CK_BLOCK * blockDim.x + threadIdx.x; c - lane < nv; c += CK_BLOCKS * blockDim.x) {
+        bool live = c < nv;
+        float v[CK_VEC], m = 0.0f;
+        if (live) {
+            X::ld_vec(x, c * CK_VEC, v);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(v[j]));
+        }
+        for (int o = L / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        f(c, v, live && (lane & (L - 1)) == 0, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+    }
+}
+
 template <class Y, class X> __device__ void ck_quant_scale_group(const CkArgs &a) {
     const CkTensor &x = a.t[1];
-    i64 C = x.cols, G = a.i[2], ncg = (C + G - 1) / G;
-    CK_GRID_STRIDE(k, a.t[0].n) {
+    i64 G = a.i[2];
+    if (ck_group_vec_ok<X>(x, G)) {
+        int L = (int)(G / CK_VEC);
+        ck_group_vectors<X>(a, x, G, [&](i64 c, const float *, bool first, float sc) {
+            if (first) Y::st(a.t[0], c / L, sc);
+        });
+        return;
+    }
+    CK_GRID_STRIDE(k, a.t[0].n) Y::st(a.t[0], k, ck_group_scale<X>(a, x, k, G));
+}
+
+/* QUANTIZE into per-group (or 1x128 tile) scales together with the QUANT_SCALE that makes
+ * them, at the quantize's place (spec.c: fuse_group_quantizes): the group's scale goes to the
+ * result's scale array and its elements are stored through it, as read back. One pass over x
+ * instead of two; the bits of the unfused pair. t[0] = the result (its scale array written
+ * here), t[1] = x; i = {.., margin, group}, f = {max of elem} */
+template <class Y, class X> __device__ void ck_quantize_group(const CkArgs &a) {
+    const CkTensor &x = a.t[1], &y = a.t[0];
+    i64 G = a.i[2];
+    void *sp = (void *)y.s;
+    if (ck_group_vec_ok<X>(x, G) && Y::vec_ok(y)) {
+        int L = (int)(G / CK_VEC);
+        ck_group_vectors<X>(a, x, G, [&](i64 c, const float *v, bool first, float sc) {
+            if (first) Elem<Y::scale_elem>::st(sp, c / L, sc);
+            if (c < x.n / CK_VEC) Y::st_vec_scaled(y, c * CK_VEC, v, Y::scale_round(sc));
+        });
+        return;
+    }
+    i64 C = x.cols, ncg = (C + G - 1) / G;
+    CK_GRID_STRIDE(k, x.rows * ncg) {
+        float raw = ck_group_scale<X>(a, x, k, G), sc = Y::scale_round(raw);
+        Elem<Y::scale_elem>::st(sp, k, raw);
         i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
-        float m = 0.0f;
-        for (i64 c = c0; c < c1; c++) m = fmaxf(m, fabsf(X::ld(x, r * C + c)));
-        Y::st(a.t[0], k, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+        for (i64 c = c0; c < c1; c++) Elem<Y::elem>::st(y.p, r * C + c, X::ld(x, r * C + c) * sc);
     }
 }
 template <class Y, class X> __device__ void ck_quant_scale_block(const CkArgs &a) {
@@ -1222,7 +1291,8 @@ template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArg
     i64 c0 = (i64)blockIdx.x * 64, r0 = (i64)blockIdx.y * 64;
     unsigned char *y = (unsigned char *)a.t[0].p, *yt = y + a.i[0];
     CkTensor local = a.t[0];   /* Y's scale, stored into a register or shared memory */
-    bool wide = C % 16 == 0 && R % 16 == 0 && (unsigned long long)y % 16 == 0 && a.i[0] % 16 == 0 &&
+    /* local's element 0 stands for any element: one scale for the whole tensor */
+    bool wide = (Y::scaling == SCALE_NONE || Y::scaling == SCALE_PER_TENSOR) && C % 16 == 0 && R % 16 == 0 && (unsigned long long)y % 16 == 0 && a.i[0] % 16 == 0 &&
                 X::vec_ok(x) && Y::vec_ok(a.t[0]);
     if (wide) {
         for (int k = threadIdx.x; k < 64 * 8; k += blockDim.x) {

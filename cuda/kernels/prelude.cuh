@@ -142,20 +142,31 @@ template <int S, int SE> static __device__ __forceinline__ float ck_scale(const 
 /* ---------------------------------------------------------------- vector access
  * Elementwise kernels are bound by memory, and a thread that moves one 2-byte element per load
  * leaves most of the bandwidth unused. Where a tensor allows it (an element type of 1, 2 or 4
- * bytes, no scale or one per tensor, its storage aligned to the vector), a thread takes CK_VEC
- * consecutive elements with one wide load into registers and decodes them there with the same
- * Elem code and the same scale, so every value is bit-identical to the scalar path's. */
+ * bytes, its storage aligned to the vector, and one scale for the whole vector), a thread takes
+ * CK_VEC consecutive elements with one wide load into registers and decodes them there with the
+ * same Elem code and the same scale, so every value is bit-identical to the scalar path's.
+ * A vector starts at a multiple of CK_VEC, so it holds one scale when the scale is per tensor,
+ * or per row, per group (of a multiple of CK_VEC) or per 128 x 128 block of rows of whole
+ * vectors: the saved activations of -O2 and -O3 (1 x 16 groups) take the wide path too, and
+ * look their scale up once per vector instead of once per element. */
 #define CK_VEC 8
 template <int N> struct alignas(N < 16 ? N : 16) CkRaw { unsigned char b[N]; };
 
+/* whether every CK_VEC-aligned vector of t lies under one scale of kind S */
+template <int S> static __device__ __forceinline__ bool ck_scale_vec_ok(const CkTensor &t) {
+    if (S == SCALE_NONE || S == SCALE_PER_TENSOR) return true;
+    if (t.cols % CK_VEC) return false;
+    return S == SCALE_PER_ROW || S == SCALE_BLOCK_128 || t.group % CK_VEC == 0;
+}
+
 /* F<E, S, SE>: a tensor of element type E and scaling S, its scales stored as SE. */
 template <int E, int S, int SE = FMT_F32> struct F {
-    enum { elem = E, scaling = S };
+    enum { elem = E, scaling = S, scale_elem = SE };
     enum { vbytes = ElemBytes<E>::n * CK_VEC };
     /* whether t can be read and written CK_VEC elements at a time (at multiples of CK_VEC) */
     static __device__ __forceinline__ bool vec_ok(const CkTensor &t) {
         const int align = vbytes < 16 ? vbytes : 16;
-        return ElemBytes<E>::n && (S == SCALE_NONE || S == SCALE_PER_TENSOR) && t.n % CK_VEC == 0 &&
+        return ElemBytes<E>::n && ck_scale_vec_ok<S>(t) && t.n % CK_VEC == 0 &&
                (unsigned long long)t.p % (align ? align : 1) == 0;
     }
     static __device__ __forceinline__ void ld_vec(const CkTensor &t, i64 i, float *v) {
@@ -168,11 +179,20 @@ template <int E, int S, int SE = FMT_F32> struct F {
         }
     }
     static __device__ __forceinline__ void st_vec(const CkTensor &t, i64 i, const float *v) {
+        st_vec_scaled(t, i, v, S != SCALE_NONE ? ck_scale<S, SE>(t, i) : 1.0f);
+    }
+    /* the same through scale s, which the caller holds (what t's scale array has, or will have) */
+    static __device__ __forceinline__ void st_vec_scaled(const CkTensor &t, i64 i, const float *v, float s) {
         CkRaw<vbytes ? vbytes : 1> r;
-        float s = S != SCALE_NONE ? ck_scale<S, SE>(t, i) : 1.0f;
         #pragma unroll
         for (int j = 0; j < CK_VEC; j++) Elem<E>::st(r.b, j, S != SCALE_NONE ? v[j] * s : v[j]);
         ((CkRaw<vbytes ? vbytes : 1> *)t.p)[i / CK_VEC] = r;
+    }
+    /* scale s as a load of it from t's scale array reads it back after a store */
+    static __device__ __forceinline__ float scale_round(float s) {
+        unsigned buf[1];
+        Elem<SE>::st(buf, 0, s);
+        return Elem<SE>::ld(buf, 0);
     }
     static __device__ __forceinline__ float ld(const CkTensor &t, i64 i) {
         float v = Elem<E>::ld(t.p, i);

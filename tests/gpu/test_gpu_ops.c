@@ -354,6 +354,75 @@ static void test_quantize_transposed(void **s) {
     if (failed) fail_msg("%d transposed quantizations differ", failed);
 }
 
+/* ---------------------------------------------------------------- group scales made by the quantize
+ * A QUANTIZE into per-group (or 1 x 128 tile) scales whose QUANT_SCALE reads the same x runs
+ * both as one launch at the quantize's place (spec.c, fuse_group_quantizes): the scale's own
+ * run does nothing, the quantize's writes the scales and the codes. Both must be the
+ * reference's bytes: whole-vector groups (a thread per vector, shuffles), a 1 x 128 tile, and
+ * rows whose last group is short (a thread per group). */
+typedef struct {
+    const char *name;
+    Node *scale, *q;
+} GroupPair;
+static GroupPair group_pairs[3];
+
+static void build_quant_group_fused(void) {
+    int64_t R = gt_int(1, 300);
+    struct { const char *name; Scaling kind; int G; int64_t C; ElemType se; } p[3] = {
+        {"group 16, e8m0 scales", SCALE_PER_GROUP, 16, 16 * gt_int(1, 100), FMT_E8M0},
+        {"1x128 tiles, f32 scales", SCALE_TILE_1x128, 128, 128 * gt_int(1, 8), FMT_F32},
+        {"group 16, short last group", SCALE_PER_GROUP, 16, 16 * gt_int(1, 40) + 8, FMT_E8M0},
+    };
+    for (int k = 0; k < 3; k++) {
+        Node *x = leaf(FMT_BF16, 3, DIMS(R, p[k].C));
+        Node *sc = op_v(OP_QUANT_SCALE, p[k].se, I(FMT_E4M3, p[k].kind, p[k].G, 1), NULL, IN(x));
+        Node *q = op_v(OP_QUANTIZE, FMT_E4M3, NULL, NULL, IN(x, sc));
+        q->t.fmt.scaling = p[k].kind, q->t.fmt.group = p[k].kind == SCALE_PER_GROUP ? p[k].G : 0;
+        q->t.fmt.recipe = RECIPE_CURRENT, q->t.fmt.scale = sc;
+        group_pairs[k] = (GroupPair){p[k].name, sc, q};
+    }
+}
+
+static void test_quantize_group_fused(void **s) {
+    (void)s;
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < 3; k++) {
+        GroupPair *c = &group_pairs[k];
+        const CuNodePlan *ps = &plans[c->scale->index], *pq = &plans[c->q->index];
+        bool fused = ps->n_launch == 0 && pq->n_launch == 1 && !strncmp(pq->launch[0].fn, "qgroup", 6);
+        Tensor *out[2] = {&c->q->t, &c->scale->t};
+        int64_t nb[2] = {gt_bytes(out[0]), gt_bytes(out[1])};
+        unsigned char *gpu[2];
+        for (int j = 0; j < 2; j++) {
+            gpu[j] = malloc((size_t)nb[j]);
+            memset(out[j]->data, 0xFF, (size_t)nb[j]);   /* poisoned: every byte must be written */
+        }
+        bool ok = cuda_exec_push(exec, out, 2) && cuda_exec_run_node(exec, c->scale) &&
+                  cuda_exec_run_node(exec, c->q) && cuda_exec_pull(exec, out, 2);
+        int64_t bad[2] = {0, 0};
+        if (ok) {
+            for (int j = 0; j < 2; j++) memcpy(gpu[j], out[j]->data, (size_t)nb[j]);
+            ref_exec_node(c->scale);
+            ref_exec_node(c->q);
+            for (int j = 0; j < 2; j++)
+                for (int64_t i = 0; i < nb[j]; i++) bad[j] += gpu[j][i] != ((unsigned char *)out[j]->data)[i];
+        }
+        bool pass = ok && fused && !bad[0] && !bad[1];
+        printf("  %-40s [%lld x %lld] %s, code bytes differing %lld, scale bytes differing %lld%s\n", c->name,
+               (long long)c->q->t.dims[0], (long long)c->q->t.dims[1], fused ? "one launch" : "NOT FUSED",
+               (long long)bad[0], (long long)bad[1], pass ? "" : "  FAIL");
+        failed += !pass;
+        for (int j = 0; j < 2; j++) free(gpu[j]);
+        if (!cuda_exec_push(exec, out, 2)) failed++;
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d fused group quantizations differ from the reference", failed);
+}
+
 static bool run_amax_pair(const AmaxPair *c) {
     Tensor *t[2] = {&c->producer->t, &c->scale->t};
     int64_t nb = gt_bytes(t[0]);
@@ -612,6 +681,7 @@ static int setup(void **state) {
     build_optimizer();
     build_gemm();
     build_quant_transposed();
+    build_quant_group_fused();
     build_attention();
     if (!rt_memory_bind(graph, &mem)) return -1;
     /* scales before the tensors stored through them */
@@ -758,7 +828,7 @@ int main(void) {
         graph = ir_graph_new(arena);
         graph->model_name = "gpu_ops";
         build_elementwise(), build_rows(), build_quant(), build_amax(), build_optimizer(), build_gemm(),
-            build_quant_transposed(), build_attention();
+            build_quant_transposed(), build_quant_group_fused(), build_attention();
         CudaBinary bin;
         bool skipped = false;
         char why[512] = "";
@@ -773,6 +843,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows),
         cmocka_unit_test(test_scaling),     cmocka_unit_test(test_quantize_transposed),
+        cmocka_unit_test(test_quantize_group_fused),
         cmocka_unit_test(test_optimizer),
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_amax_parts),
