@@ -573,14 +573,9 @@ static bool ckpt_check(const char *path, CkptEntry *entries, int n_entries, Tens
 bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, int max_meta,
                   int *n_meta) {
     *n_meta = 0;
-    FILE *f = fopen(path, "rb");
-    struct stat st;
-    if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rt_error("%s: cannot read the checkpoint: %s", path, f ? "not a regular file" : strerror(errno));
-        if (f) fclose(f);
-        return false;
-    }
-    int64_t size = st.st_size;
+    int64_t size = 0;
+    FILE *f = rt_open_regular(path, "cannot read the checkpoint", &size);
+    if (!f) return false;
     bool ok = false;
     char *header = NULL;
     CkptEntry *entries = NULL;
@@ -686,21 +681,21 @@ bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
 
 bool rt_ckpt_resolve(const char *path, char *out, size_t out_len) {
     if (!ckpt_is_dir(path)) {
-        if (access(path, R_OK) != 0) {
-            rt_error("%s: cannot read the checkpoint: %s", path, strerror(errno));
-            return false;
-        }
+        FILE *f = rt_open_regular(path, "cannot read the checkpoint", NULL);
+        if (!f) return false;
+        fclose(f);
         snprintf(out, out_len, "%s", path);
         return true;
     }
     char latest[4096];
     snprintf(latest, sizeof latest, "%s/latest", path);
-    FILE *f = fopen(latest, "r");
-    if (!f) {
+    if (access(latest, F_OK) != 0) {
         rt_error("%s: a checkpoint directory needs a file 'latest' naming its newest checkpoint: "
                  "%s", path, strerror(errno));
         return false;
     }
+    FILE *f = rt_open_regular(latest, "cannot read", NULL);
+    if (!f) return false;
     char name[512] = {0};
     bool ok = fgets(name, sizeof name, f) != NULL;
     fclose(f);
@@ -710,9 +705,10 @@ bool rt_ckpt_resolve(const char *path, char *out, size_t out_len) {
         return false;
     }
     snprintf(out, out_len, "%s/%s", path, name);
-    if (access(out, R_OK) != 0) {
-        rt_error("%s: names %s, which cannot be read: %s", latest, out, strerror(errno));
-        return false;
-    }
+    char what[4200];
+    snprintf(what, sizeof what, "named by %s, cannot be read", latest);
+    FILE *named = rt_open_regular(out, what, NULL);
+    if (!named) return false;
+    fclose(named);
     return true;
 }

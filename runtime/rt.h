@@ -144,6 +144,9 @@ typedef struct {
 } TokenData;
 
 uint8_t *rt_read_file(const char *path, int64_t *size);      /* malloc'ed; NULL after rt_error */
+/* Opens a regular file for reading ("rb"); a FIFO, directory or device is refused before it is
+ * opened, so nothing blocks. NULL after one rt_error line "PATH: WHAT: why"; size may be NULL. */
+FILE *rt_open_regular(const char *path, const char *what, int64_t *size);
 void rt_byte_tokenize(const uint8_t *text, int64_t n, uint16_t *out);
 /* spec: a file, a glob, or a comma-separated list of them. */
 bool rt_data_open(TokenData *d, const char *spec);

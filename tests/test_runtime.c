@@ -158,6 +158,50 @@ static void test_shard_errors(void **state) {
     assert_error_mentions("nothing*.bin", "no file matches");
 }
 
+/* A FIFO, a directory or a device named as data or as a checkpoint is refused by one line
+ * before it is opened: opening a FIFO for reading would wait for a writer forever (the alarm
+ * turns such a wait into a failure). */
+static void test_non_regular_files(void **state) {
+    (void)state;
+    alarm(20);
+    const char *fifo = tmp_path("fifo.bin");
+    assert_int_equal(mkfifo(fifo, 0666), 0);
+    TokenData d;
+    rt_clear_error();
+    assert_false(rt_data_open(&d, fifo));
+    assert_error_mentions(fifo, "FIFO");
+    assert_false(rt_data_open(&d, tmp_dir));
+    assert_error_mentions(tmp_dir, "directory");
+    assert_false(rt_data_open(&d, "/dev/null"));
+    assert_error_mentions("/dev/null", "device");
+    char resolved[1024];
+    assert_false(rt_ckpt_resolve(fifo, resolved, sizeof resolved));
+    assert_error_mentions(fifo, "FIFO");
+    Tensor t = {.name = "w", .rank = 0, .fmt = fmt_plain(FMT_F32)};
+    float x = 0;
+    t.data = &x;
+    Tensor *ts[1] = {&t};
+    CkptMeta meta[4];
+    int n_meta;
+    assert_false(rt_ckpt_load(fifo, ts, 1, meta, 4, &n_meta));
+    assert_error_mentions(fifo, "FIFO");
+    /* a checkpoint directory whose latest is a FIFO, and one whose latest names a FIFO */
+    char dir[512], latest[600];
+    snprintf(dir, sizeof dir, "%s", tmp_path("ck"));
+    assert_int_equal(mkdir(dir, 0777), 0);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    assert_int_equal(mkfifo(latest, 0666), 0);
+    assert_false(rt_ckpt_resolve(dir, resolved, sizeof resolved));
+    assert_error_mentions(latest, "FIFO");
+    unlink(latest);
+    write_bytes(latest, "step_000001.safetensors\n", 24);
+    snprintf(latest, sizeof latest, "%s/step_000001.safetensors", dir);
+    assert_int_equal(mkfifo(latest, 0666), 0);
+    assert_false(rt_ckpt_resolve(dir, resolved, sizeof resolved));
+    assert_error_mentions(latest, "FIFO");
+    alarm(0);
+}
+
 static void test_byte_tokenizer_and_split(void **state) {
     (void)state;
     size_t n = 2000 + rng_next() % 3000;
@@ -575,6 +619,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_shard_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_tokenizer_and_split, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),

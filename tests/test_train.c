@@ -293,15 +293,26 @@ static void test_bad_input(void **state) {
     expect_one_line("vocab", 1, "token 256 at position 200",
                     run("vocab", "%s/bin --data %s", tmp_dir, path));
 
+    /* a FIFO as data, validation data or checkpoint is refused at once, never waited on */
+    snprintf(path, sizeof path, "%s/fifo.txt", tmp_dir);
+    assert_int_equal(mkfifo(path, 0666), 0);
+    expect_one_line("fifo", 1, "FIFO", run("fifo", "timeout 20 %s/bin --data %s", tmp_dir, path));
+    expect_one_line("fifoval", 1, "FIFO",
+                    run("fifoval", "timeout 20 %s/bin --data %s --val %s", tmp_dir, data, path));
+    int rc = run("fiforesume", "timeout 20 %s/bin --data %s --resume %s", tmp_dir, data, path);
+    char *text = slurp("fiforesume.out");
+    if (rc != 1 || !strstr(text, "FIFO")) fail_msg("FIFO --resume (%d):\n%s", rc, text);
+    free(text);
+
     /* a checkpoint of another shape: the tensor and both shapes are named */
-    int rc = run("narrow", "%s build %s -O0 -D dim=64 %s -o %s/narrow", fp8c, model, model_flags,
+    rc = run("narrow", "%s build %s -O0 -D dim=64 %s -o %s/narrow", fp8c, model, model_flags,
                  tmp_dir);
     assert_int_equal(rc, 0);
     rc = run("save", "%s/narrow --data %s --steps 1 --out %s/ck", tmp_dir, data, tmp_dir);
     assert_int_equal(rc, 0);
     rc = run("shape", "%s/bin --data %s/data/gcide_sample.txt --steps 2 --resume %s/ck",
              tmp_dir, FP8C_SOURCE_DIR, tmp_dir);
-    char *text = slurp("shape.out");
+    text = slurp("shape.out");
     if (rc != 1 || !strstr(text, "has shape [256,64] in the checkpoint, the plan has [256,128]"))
         fail_msg("shape mismatch not reported (%d):\n%s", rc, text);
     free(text);
