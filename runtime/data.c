@@ -285,16 +285,19 @@ bool rt_data_split_tail(TokenData *train, TokenData *val, double frac) {
     return true;
 }
 
-bool rt_data_check(const TokenData *d, const char *what, int64_t min_tokens, int64_t vocab) {
+/* A batch row is `window` contiguous tokens of one file, drawn from the windows of every file,
+ * so what must hold a batch is the set, not each file: two files of half a batch each are fine
+ * together. A file shorter than one window adds no window (no row ever reads it); that is said
+ * in a note rather than refused, since a glob's last shard is often short. */
+bool rt_data_check(const TokenData *d, const char *what, int64_t window, int64_t min_tokens,
+                   int64_t vocab) {
     int64_t usable = 0;
+    int first = -1, files = 0;
     for (int i = 0; i < d->n_shards; i++) {
         const TokenShard *s = &d->shards[i];
         if (s->n == 0) continue;        /* emptied by the validation split */
-        if (s->n < min_tokens) {
-            rt_error("%s: %s has %lld tokens, fewer than the %lld that one batch needs", s->path,
-                     what, (long long)s->n, (long long)min_tokens);
-            return false;
-        }
+        if (first < 0) first = i;
+        files++;
         for (int64_t j = 0; j < s->n; j++) {
             if (s->tok[j] >= vocab) {
                 rt_error("%s: token %u at position %lld is outside the model's vocabulary of %lld",
@@ -302,11 +305,26 @@ bool rt_data_check(const TokenData *d, const char *what, int64_t min_tokens, int
                 return false;
             }
         }
-        usable += s->n;
+        if (s->n >= window) usable += s->n;
     }
-    if (usable == 0) {
-        rt_error("%s: %s holds no tokens", d->n_shards ? d->shards[0].path : "(none)", what);
+    char name[1100];
+    if (first < 0)
+        snprintf(name, sizeof name, "%s", d->n_shards ? d->shards[0].path : "(none)");
+    else if (files == 1)
+        snprintf(name, sizeof name, "%s", d->shards[first].path);
+    else
+        snprintf(name, sizeof name, "%.1000s and %d more files", d->shards[first].path, files - 1);
+    if (usable < min_tokens) {
+        rt_error("%s: %s has %lld tokens in files of at least one sequence (%lld tokens), fewer "
+                 "than the %lld that one batch needs", name, what, (long long)usable,
+                 (long long)window, (long long)min_tokens);
         return false;
+    }
+    for (int i = 0; i < d->n_shards; i++) {
+        const TokenShard *s = &d->shards[i];
+        if (s->n > 0 && s->n < window)
+            rt_note("%s: %lld tokens, fewer than one sequence (%lld): no batch of %s reads it",
+                    s->path, (long long)s->n, (long long)window, what);
     }
     return true;
 }

@@ -153,9 +153,11 @@ bool rt_data_open(TokenData *d, const char *spec);
 /* Moves the last `frac` of train's tokens (in file order) into val, a view of train's buffers:
  * free val before train. */
 bool rt_data_split_tail(TokenData *train, TokenData *val, double frac);
-/* Every file must hold at least min_tokens tokens, all below vocab; `what` names the source
- * in the message ("training data"). */
-bool rt_data_check(const TokenData *d, const char *what, int64_t min_tokens, int64_t vocab);
+/* Every token must be below vocab, and the files that hold at least one window (T+1 tokens:
+ * a batch row) must hold min_tokens between them; `what` names the source in the message
+ * ("the training data"). */
+bool rt_data_check(const TokenData *d, const char *what, int64_t window, int64_t min_tokens,
+                   int64_t vocab);
 void rt_data_free(TokenData *d);
 bool rt_data_write_shard(const char *path, const uint16_t *tok, int64_t n);
 /* Row r of a training batch: T+1 contiguous tokens from a position that is a hash of

@@ -701,9 +701,9 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
         snprintf(note, sizeof note, "no --val: evaluation is off");
     }
     int64_t batch_tokens = (int64_t)m->B * m->T + 1;
-    ok = ok && rt_data_check(train, "the training data", batch_tokens, m->vocab);
-    if (ok && val->n_shards)
-        ok = rt_data_check(val, "the validation data", (int64_t)m->T + 1, m->vocab);
+    int64_t window = (int64_t)m->T + 1;
+    ok = ok && rt_data_check(train, "the training data", window, batch_tokens, m->vocab);
+    if (ok && val->n_shards) ok = rt_data_check(val, "the validation data", window, window, m->vocab);
     if (!ok) {
         rt_data_free(val);
         rt_data_free(train);

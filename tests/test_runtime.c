@@ -117,13 +117,46 @@ static void test_shard_round_trip(void **state) {
     /* the vocabulary check finds the largest token */
     uint16_t max = 0;
     for (int64_t i = 0; i < n; i++) max = tok[i] > max ? tok[i] : max;
-    assert_true(rt_data_check(&d, "the training data", n, (int64_t)max + 1));
-    assert_false(rt_data_check(&d, "the training data", n, max));
+    assert_true(rt_data_check(&d, "the training data", 17, n, (int64_t)max + 1));
+    assert_false(rt_data_check(&d, "the training data", 17, n, max));
     assert_error_mentions(path, "outside the model's vocabulary");
-    assert_false(rt_data_check(&d, "the training data", n + 1, 65536));
+    assert_false(rt_data_check(&d, "the training data", 17, n + 1, 65536));
     assert_error_mentions(path, "fewer than");
     rt_data_free(&d);
     free(tok);
+}
+
+/* Several files hold a batch together when none does alone: rows are drawn from windows of
+ * every file. A file shorter than one window adds no window, and a set of only such files holds
+ * no batch whatever its total. */
+static void test_shard_set_holds_batch(void **state) {
+    (void)state;
+    enum { WINDOW = 17, BATCH = 4 * 16 + 1 };
+    int64_t n = BATCH / 2 + 1 + (int64_t)(rng_next() % 8);
+    uint16_t tok[BATCH];
+    for (int64_t i = 0; i < BATCH; i++) tok[i] = (uint16_t)(rng_next() % 200);
+    assert_true(rt_data_write_shard(tmp_path("half_a.bin"), tok, n));
+    assert_true(rt_data_write_shard(tmp_path("half_b.bin"), tok, n));
+    char spec[1200];
+    snprintf(spec, sizeof spec, "%s/half_*.bin", tmp_dir);
+    TokenData d;
+    assert_true(rt_data_open(&d, spec));
+    rt_clear_error();
+    if (!rt_data_check(&d, "the training data", WINDOW, BATCH, 256))
+        fail_msg("two files of %lld tokens refused for a batch of %d: %s", (long long)n, BATCH,
+                 rt_last_error());
+    rt_data_free(&d);
+    /* short files: BATCH tokens in all, none holding a window */
+    for (int i = 0; i < 5; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "short_%d.bin", i);
+        assert_true(rt_data_write_shard(tmp_path(name), tok, WINDOW - 1));
+    }
+    snprintf(spec, sizeof spec, "%s/short_*.bin", tmp_dir);
+    assert_true(rt_data_open(&d, spec));
+    assert_false(rt_data_check(&d, "the training data", WINDOW, BATCH, 256));
+    assert_error_mentions("short_0.bin", "fewer than");
+    rt_data_free(&d);
 }
 
 static void test_shard_errors(void **state) {
@@ -215,7 +248,7 @@ static void test_byte_tokenizer_and_split(void **state) {
     assert_true(d.is_text);
     assert_int_equal(d.n_tokens, (int64_t)n);
     for (size_t i = 0; i < n; i++) assert_int_equal(d.shards[0].tok[i], text[i]);
-    assert_true(rt_data_check(&d, "the training data", 2, RT_BYTE_VOCAB));
+    assert_true(rt_data_check(&d, "the training data", 2, 2, RT_BYTE_VOCAB));
 
     /* the last 5% becomes the validation set, the rest stays for training */
     assert_true(rt_data_split_tail(&d, &val, 0.05));
@@ -619,6 +652,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_shard_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_set_holds_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_tokenizer_and_split, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
