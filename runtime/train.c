@@ -19,6 +19,7 @@
  * they go (delayed scaling); those persistent bytes are saved before evaluation and put back
  * after, so evaluating never changes what training computes. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,12 +90,20 @@ static bool args_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
     return true;
 }
 
+/* A real-valued hyper-parameter. The step is fed f32 scalars, so the value must be finite as
+ * an f32, not only as a double: --lr 1e308 would reach the update as infinity and --lr 1e-50
+ * as zero. */
 static bool args_real(const char *flag, const char *s, bool allow_zero, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
     if (!*s || *end || errno || !isfinite(v) || v < 0 || (!allow_zero && v == 0)) {
         rt_error("%s %s: expected a %s number", flag, s, allow_zero ? "non-negative" : "positive");
+        return false;
+    }
+    if (!isfinite((float)v) || (!allow_zero && (float)v == 0)) {
+        rt_error("%s %s: expected a %s number within f32's range (%g to %g)", flag, s,
+                 allow_zero ? "non-negative" : "positive", (double)FLT_TRUE_MIN, (double)FLT_MAX);
         return false;
     }
     *out = v;
@@ -722,6 +731,11 @@ int rt_train(Graph *g, const TrainOptions *o) {
     double peak = o->lr > 0 ? o->lr : g->optim.lr;
     if (!(peak > 0)) {
         rt_error("the model sets no learning rate: give --lr");
+        model_free(&m);
+        return 1;
+    }
+    if (!isfinite((float)peak) || (float)peak == 0) {
+        rt_error("artifact: the model's learning rate %g is outside f32's range: give --lr", peak);
         model_free(&m);
         return 1;
     }

@@ -565,6 +565,9 @@ static void test_flags(void **state) {
         {"--device", "cuda", "cpu only"},        {"--threads", "100000", "--threads"},
         {"--eval-batches", "0", "--eval-batches"}, {"--bogus", "1", "unknown flag"},
         {"--seed", "-3", "--seed -3"},           {"--min-lr", "-0.5", "--min-lr"},
+        /* finite as doubles, not as the f32 the step is fed */
+        {"--lr", "1e308", "--lr 1e308"},         {"--min-lr", "1e39", "--min-lr 1e39"},
+        {"--lr", "1e-50", "--lr 1e-50"},         {"--lr", "inf", "--lr inf"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(parse(&o, "--data", "x.bin", bad[i].flag, bad[i].value, NULL),
