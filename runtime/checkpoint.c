@@ -14,8 +14,9 @@
  *
  * Loading checks everything before it writes a single byte into a tensor: the header length
  * against the file, the JSON, the set of tensor names (none missing, none extra), each dtype
- * and shape against the plan, and that the data offsets tile the data block exactly. A
- * checkpoint that fails any check leaves the training state untouched. */
+ * and shape against the plan, that the data offsets tile the data block exactly, and that no
+ * floating-point tensor holds a NaN or an infinity. A checkpoint that fails any check leaves the
+ * training state untouched. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -568,6 +569,81 @@ static bool ckpt_check(const char *path, CkptEntry *entries, int n_entries, Tens
     return ok;
 }
 
+/* What a stored element is when it is not finite ("NaN", "infinity"), else NULL; the data is
+ * little-endian. e4m3 has no infinity (0x7f/0xff are NaN), e8m0's only non-finite code is
+ * 0xff, and integer types are always finite. */
+static const char *ckpt_non_finite(ElemType e, const uint8_t *p) {
+    switch (e) {
+    case FMT_F32: {
+        uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        if ((u >> 23 & 0xff) != 0xff) return NULL;
+        return u & 0x7fffff ? "NaN" : "infinity";
+    }
+    case FMT_BF16: {
+        unsigned u = p[0] | p[1] << 8;
+        if ((u >> 7 & 0xff) != 0xff) return NULL;
+        return u & 0x7f ? "NaN" : "infinity";
+    }
+    case FMT_F16: {
+        unsigned u = p[0] | p[1] << 8;
+        if ((u >> 10 & 0x1f) != 0x1f) return NULL;
+        return u & 0x3ff ? "NaN" : "infinity";
+    }
+    case FMT_E4M3: return (p[0] & 0x7f) == 0x7f ? "NaN" : NULL;
+    case FMT_E5M2:
+        if ((p[0] >> 2 & 0x1f) != 0x1f) return NULL;
+        return p[0] & 3 ? "NaN" : "infinity";
+    case FMT_E8M0: return p[0] == 0xff ? "NaN" : NULL;
+    default: return NULL;
+    }
+}
+
+/* A training state holds only finite values: the runtime never applies an update after a
+ * non-finite loss or gradient, and it backs non-finite amax entries off before it saves. A NaN
+ * or infinity in a checkpoint therefore means a damaged or foreign file, and resuming from it
+ * would only train into NaN. The data of every floating-point tensor is read once in chunks to
+ * check it before any tensor is written (the read that fills the tensors then comes from the
+ * page cache). */
+static bool ckpt_check_finite(const char *path, FILE *f, int64_t data_start, Tensor *const *ts,
+                              int n, CkptEntry *const *match) {
+    enum { CHUNK = 1 << 20 };
+    uint8_t *buf = NULL;
+    bool ok = true;
+    for (int i = 0; ok && i < n; i++) {
+        ElemType e = ts[i]->fmt.elem;
+        int64_t size = fmt_elem_bytes(e);
+        if (e == FMT_I8 || e == FMT_U8 || e == FMT_I32) continue;
+        int64_t bytes = match[i]->end - match[i]->begin, chunk = CHUNK / size * size;
+        if (!buf && bytes && !(buf = malloc(CHUNK))) {
+            rt_error("%s: out of memory", path);
+            return false;
+        }
+        if (bytes && fseeko(f, data_start + match[i]->begin, SEEK_SET) != 0) {
+            rt_error("%s: read error in tensor %s", path, ts[i]->name);
+            ok = false;
+        }
+        for (int64_t at = 0; ok && at < bytes; at += chunk) {
+            size_t want = (size_t)(bytes - at < chunk ? bytes - at : chunk);
+            if (fread(buf, 1, want, f) != want) {
+                rt_error("%s: read error in tensor %s", path, ts[i]->name);
+                ok = false;
+                break;
+            }
+            for (size_t k = 0; k < want; k += (size_t)size) {
+                const char *what = ckpt_non_finite(e, buf + k);
+                if (what) {
+                    rt_error("%s: tensor %s holds %s at element %lld: a training state is finite",
+                             path, ts[i]->name, what, (long long)((at + (int64_t)k) / size));
+                    ok = false;
+                    break;
+                }
+            }
+        }
+    }
+    free(buf);
+    return ok;
+}
+
 /* The header is read and checked in memory; the data is then read straight into the tensors,
  * so loading a checkpoint never needs a second copy of the model's state. */
 bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, int max_meta,
@@ -608,6 +684,7 @@ bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, in
     }
     int64_t data_start = 8 + (int64_t)hlen;
     if (!ckpt_check(path, entries, n_entries, ts, n, size - data_start, match)) goto done;
+    if (!ckpt_check_finite(path, f, data_start, ts, n, match)) goto done;
     for (int i = 0; i < n; i++) {
         size_t bytes = (size_t)(match[i]->end - match[i]->begin);
         if (bytes && (fseeko(f, data_start + match[i]->begin, SEEK_SET) != 0 ||

@@ -327,7 +327,40 @@ typedef struct {
     size_t bytes[N_CKPT];        /* as allocated (tests change shapes and dtypes afterwards) */
 } TensorSet;
 
-/* Tensors of random shapes in every dtype, filled with random bytes. */
+/* Element k of t set to a NaN (nan) or an infinity of its dtype (e4m3 has no infinity: NaN). */
+static void poke_non_finite(Tensor *t, int64_t k, bool nan) {
+    uint8_t *p = t->data;
+    switch (t->fmt.elem) {
+    case FMT_F32: {
+        uint32_t u = nan ? 0x7fc00000u : 0xff800000u;
+        memcpy(p + 4 * k, &u, 4);
+        break;
+    }
+    case FMT_BF16: p[2 * k] = nan ? 0xc1 : 0x80, p[2 * k + 1] = 0x7f; break;
+    case FMT_F16: p[2 * k] = nan ? 0x01 : 0x00, p[2 * k + 1] = 0xfc; break;
+    case FMT_E4M3: p[k] = nan ? 0x7f : 0xff; break;
+    case FMT_E5M2: p[k] = nan ? 0x7e : 0x7c; break;
+    default: fail_msg("no non-finite value in %s", fmt_elem_name(t->fmt.elem));
+    }
+}
+
+/* Random bytes made finite: a NaN or infinity code has its top exponent bit cleared. */
+static void make_finite(Tensor *t) {
+    uint8_t *p = t->data;
+    int64_t n = ir_numel(t);
+    for (int64_t k = 0; k < n; k++) {
+        switch (t->fmt.elem) {
+        case FMT_F32: if ((p[4 * k + 3] & 0x7f) == 0x7f && (p[4 * k + 2] & 0x80)) p[4 * k + 3] &= 0xbf; break;
+        case FMT_BF16: if ((p[2 * k + 1] & 0x7f) == 0x7f && (p[2 * k] & 0x80)) p[2 * k + 1] &= 0xbf; break;
+        case FMT_F16: if ((p[2 * k + 1] & 0x7c) == 0x7c) p[2 * k + 1] &= 0xbf; break;
+        case FMT_E4M3: if ((p[k] & 0x7f) == 0x7f) p[k] &= 0xfe; break;
+        case FMT_E5M2: if ((p[k] & 0x7c) == 0x7c) p[k] &= 0xbf; break;
+        default: break;
+        }
+    }
+}
+
+/* Tensors of random shapes in every dtype, filled with random bytes (finite values). */
 static void make_tensors(TensorSet *s, bool fill) {
     memset(s, 0, sizeof *s);
     for (int i = 0; i < N_CKPT; i++) {
@@ -341,6 +374,7 @@ static void make_tensors(TensorSet *s, bool fill) {
         size_t bytes = s->bytes[i] = (size_t)(ir_numel(t) * fmt_elem_bytes(t->fmt.elem));
         t->data = malloc(bytes);
         for (size_t k = 0; k < bytes; k++) ((uint8_t *)t->data)[k] = fill ? (uint8_t)rng_next() : 0xA5;
+        make_finite(t);
         s->ptr[i] = t;
     }
 }
@@ -472,6 +506,42 @@ static void test_checkpoint_corruption(void **state) {
     assert_true(rt_ckpt_load(path, b.ptr, N_CKPT, meta, 4, &n_meta));
     free(good);
     free(bad);
+    free_tensors(&a);
+    free_tensors(&b);
+}
+
+/* A NaN or an infinity anywhere in a floating-point tensor is refused at load, naming the
+ * tensor, before any tensor is written: such a state would only train into NaN. */
+static void test_checkpoint_non_finite(void **state) {
+    (void)state;
+    TensorSet a, b;
+    make_tensors(&a, true);
+    clone_shapes(&b, &a);
+    for (int i = 0; i < N_CKPT; i++) {
+        ElemType e = a.t[i].fmt.elem;
+        if (e != FMT_F32 && e != FMT_BF16 && e != FMT_F16 && e != FMT_E4M3 && e != FMT_E5M2)
+            continue;
+        for (int nan = 0; nan < 2; nan++) {
+            Tensor *t = &a.t[i];
+            uint8_t *keep = malloc(a.bytes[i]);
+            memcpy(keep, t->data, a.bytes[i]);
+            int64_t k = (int64_t)(rng_next() % (uint64_t)ir_numel(t));
+            poke_non_finite(t, k, nan);
+            const char *path = tmp_path("nonfinite.safetensors");
+            assert_true(rt_ckpt_save(path, a.ptr, N_CKPT, NULL, 0));
+            int64_t size;
+            uint8_t *bytes = read_all(path, &size);
+            char name[64];
+            snprintf(name, sizeof name, "nonfinite_%d_%d.safetensors", i, nan);
+            char want[96];
+            snprintf(want, sizeof want, "tensor %s holds", a.names[i]);
+            expect_load_fails(name, bytes, (size_t)size, &b, N_CKPT, want,
+                              nan || e == FMT_E4M3 ? "NaN" : "infinity");
+            free(bytes);
+            memcpy(t->data, keep, a.bytes[i]);
+            free(keep);
+        }
+    }
     free_tensors(&a);
     free_tensors(&b);
 }
@@ -661,6 +731,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_corruption, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_non_finite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_failed_save, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
