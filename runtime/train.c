@@ -610,6 +610,13 @@ static bool train_resume(Graph *g, const Model *m, const TrainOptions *o, Progre
         !train_meta_int(path, meta, n_meta, "opt_step", &p->opt_step) ||
         !train_meta_int(path, meta, n_meta, "seed", &seed))
         return false;
+    /* updates are counted among steps (a skipped step counts as a step, not an update): more
+     * updates than steps is a damaged file, and Adam's bias correction would start wrong */
+    if (p->opt_step > p->step) {
+        rt_error("%s: checkpoint metadata opt_step %lld is greater than step %lld", path,
+                 (long long)p->opt_step, (long long)p->step);
+        return false;
+    }
     if (!o->seed_given)
         p->seed = (uint64_t)seed;
     else if (o->seed != (uint64_t)seed)

@@ -304,6 +304,30 @@ static void test_bad_input(void **state) {
     if (rc != 1 || !strstr(text, "FIFO")) fail_msg("FIFO --resume (%d):\n%s", rc, text);
     free(text);
 
+    /* a checkpoint that claims more updates (opt_step) than steps is refused */
+    rc = run("one", "%s/bin --data %s --steps 1 --eval-every 0 --out %s/one", tmp_dir, data, tmp_dir);
+    assert_int_equal(rc, 0);
+    char one[512];
+    snprintf(one, sizeof one, "%s/one/step_000001.safetensors", tmp_dir);
+    int64_t size = 0;
+    uint8_t *bytes = rt_read_file(one, &size);
+    assert_non_null(bytes);
+    const char *key = "\"opt_step\":\"1\"";
+    int64_t at = 0;
+    while (at + 14 <= size && memcmp(bytes + at, key, 14) != 0) at++;
+    assert_true(at + 14 <= size);
+    bytes[at + 12] = '9';
+    snprintf(path, sizeof path, "%s/opt_step.safetensors", tmp_dir);
+    f = fopen(path, "wb");
+    assert_int_equal(fwrite(bytes, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    free(bytes);
+    rc = run("optstep", "%s/bin --data %s --steps 3 --resume %s", tmp_dir, data, path);
+    text = slurp("optstep.out");
+    if (rc != 1 || !strstr(text, "opt_step 9") || !strstr(text, "opt_step.safetensors"))
+        fail_msg("opt_step > step not refused (%d):\n%s", rc, text);
+    free(text);
+
     /* a checkpoint of another shape: the tensor and both shapes are named */
     rc = run("narrow", "%s build %s -O0 -D dim=64 %s -o %s/narrow", fp8c, model, model_flags,
                  tmp_dir);
