@@ -9,8 +9,10 @@
  * padded with spaces to a multiple of 8 bytes so that the data is aligned.
  *
  * Saving never leaves a half-written file under a checkpoint's name: the bytes go to a temp file
- * in the same directory, which is renamed over the target only once it is complete and synced.
- * A failed save removes its temp file and leaves every existing file as it was.
+ * in the same directory, which is renamed over the target only once it is complete and synced,
+ * and the directory is synced after the rename; `latest` is replaced the same way. A save that
+ * returns has reached the disk, and a power cut at any point leaves either the old files or the
+ * new ones. A failed save removes its temp file and leaves every existing file as it was.
  *
  * Loading checks everything before it writes a single byte into a tensor: the header length
  * against the file, the JSON, the set of tensor names (none missing, none extra), each dtype
@@ -18,10 +20,12 @@
  * floating-point tensor holds a NaN or an infinity. A checkpoint that fails any check leaves the
  * training state untouched. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rt.h"
@@ -132,29 +136,69 @@ static bool ckpt_write_all(FILE *f, const void *p, size_t n) {
     return n == 0 || fwrite(p, 1, n, f) == n;
 }
 
-/* Makes a temp file next to `path`; returns its FILE and name (to free), NULL on failure. */
+/* Makes a temp file next to `path`, named ".BASE.XXXXXX" (six letters or digits; the next
+ * start in the directory removes such files that a crash left behind, rt_ckpt_open_dir).
+ * Created with mode 0666 so that the umask applies, as to any file a tool writes: mkstemp's
+ * 0600 would hide checkpoints from the group that shares a run directory. Returns its FILE and
+ * name (to free), NULL on failure with errno set. */
 static FILE *ckpt_temp_beside(const char *path, char **tmp_name) {
+    static const char letters[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    static uint64_t counter;
     const char *slash = strrchr(path, '/');
     size_t dir_len = slash ? (size_t)(slash - path + 1) : 0;
     const char *base = slash ? slash + 1 : path;
     size_t n = dir_len + strlen(base) + 16;
     char *name = malloc(n);
     if (!name) return NULL;
-    snprintf(name, n, "%.*s.%s.XXXXXX", (int)dir_len, path, base);
-    int fd = mkstemp(name);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t x = (uint64_t)now.tv_nsec ^ (uint64_t)now.tv_sec << 30 ^ (uint64_t)getpid() << 16;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        char suffix[7];
+        /* splitmix64's steps: distinct suffixes for successive attempts and calls */
+        uint64_t h = x + ++counter * 0x9e3779b97f4a7c15ull;
+        h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+        h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+        h ^= h >> 31;
+        for (int i = 0; i < 6; i++, h /= 62) suffix[i] = letters[h % 62];
+        suffix[6] = 0;
+        snprintf(name, n, "%.*s.%s.%s", (int)dir_len, path, base, suffix);
+        int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno == EEXIST) continue;
+        if (fd < 0) break;
+        FILE *f = fdopen(fd, "wb");
+        if (!f) {
+            int err = errno;
+            close(fd);
+            unlink(name);
+            errno = err;
+            break;
+        }
+        *tmp_name = name;
+        return f;
+    }
+    free(name);
+    return NULL;
+}
+
+/* fsync of the directory holding `path`: a rename is durable only once its directory is. A file
+ * system that cannot sync directories (EINVAL) has nothing more to offer and is not an error. */
+static bool ckpt_sync_dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
-        free(name);
-        return NULL;
+        rt_error("%s: cannot open the directory to sync it: %s", dir, strerror(errno));
+        return false;
     }
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        close(fd);
-        unlink(name);
-        free(name);
-        return NULL;
-    }
-    *tmp_name = name;
-    return f;
+    bool ok = fsync(fd) == 0 || errno == EINVAL;
+    int err = errno;
+    close(fd);
+    if (!ok) rt_error("%s: cannot sync the directory: %s", dir, strerror(err));
+    return ok;
 }
 
 /* Writes the header and the tensors' data to `path` through a synced temp file and a rename. */
@@ -178,7 +222,7 @@ static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const 
         unlink(tmp);
     }
     free(tmp);
-    return ok;
+    return ok && ckpt_sync_dir_of(path);
 }
 
 bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *meta, int n_meta) {
@@ -741,17 +785,21 @@ bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
     char *tmp = NULL;
     FILE *f = ckpt_temp_beside(latest, &tmp);
     bool ok = f != NULL;
+    int err = errno;
     if (f) {
-        ok = fprintf(f, "%s\n", name) > 0;
-        if (fclose(f) != 0) ok = false;
-        if (ok && rename(tmp, latest) != 0) ok = false;
+        /* synced before the rename, or a crash could publish an empty `latest` */
+        ok = fprintf(f, "%s\n", name) > 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+        err = errno;
+        if (fclose(f) != 0 && ok) ok = false, err = errno;
+        if (ok && rename(tmp, latest) != 0) ok = false, err = errno;
         if (!ok) unlink(tmp);
         free(tmp);
     }
     if (!ok) {
-        rt_error("%s: cannot update: %s", latest, strerror(errno));
+        rt_error("%s: cannot update: %s", latest, strerror(err));
         return false;
     }
+    if (!ckpt_sync_dir_of(latest)) return false;
     if (written) snprintf(written, written_len, "%s", path);
     return true;
 }

@@ -3,6 +3,7 @@
  * of corruption, atomic saves), the flags, the learning-rate schedule and the arena binding.
  * Every test writes fresh random files into its own temp directory. */
 #include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,8 +16,25 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sys/syscall.h>
 
 #include "rt.h"
+
+/* Every fsync the runtime makes is recorded here (by the path of its file descriptor) and then
+ * made: this definition takes the place of libc's in this executable. */
+static char synced[64][512];
+static int n_synced;
+
+int fsync(int fd) {
+    char link[64];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    if (n_synced < 64) {
+        ssize_t k = readlink(link, synced[n_synced], sizeof synced[n_synced] - 1);
+        synced[n_synced][k > 0 ? k : 0] = 0;
+        n_synced++;
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
 
 static char tmp_dir[256];
 static uint64_t rng_state;
@@ -603,6 +621,60 @@ static void test_checkpoint_failed_save(void **state) {
     free_tensors(&a);
 }
 
+/* Checkpoint files are created 0666 less the umask, like any file a tool writes (mkstemp's
+ * 0600 made them unreadable to the group that shares a run directory). */
+static void test_checkpoint_umask(void **state) {
+    (void)state;
+    TensorSet a;
+    make_tensors(&a, true);
+    CkptMeta meta[1] = {{"step", "1"}};
+    mode_t masks[2] = {022, 027};
+    for (int i = 0; i < 2; i++) {
+        mode_t old = umask(masks[i]);
+        char dir[512], path[600];
+        snprintf(dir, sizeof dir, "%s/umask%d", tmp_dir, i);
+        assert_true(rt_ckpt_save_step(dir, 1, a.ptr, N_CKPT, meta, 1, path, sizeof path));
+        struct stat st;
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0666 & ~masks[i]);
+        snprintf(path, sizeof path, "%s/latest", dir);
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0666 & ~masks[i]);
+        umask(old);
+    }
+    free_tensors(&a);
+}
+
+/* A save is durable once it returns: the checkpoint and `latest` are synced before their
+ * renames, and the directory after each, so a power cut cannot leave `latest` empty or naming
+ * a file whose directory entry was lost. */
+static void test_checkpoint_synced(void **state) {
+    (void)state;
+    TensorSet a;
+    make_tensors(&a, true);
+    CkptMeta meta[1] = {{"step", "1"}};
+    char dir[512], path[600], real[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", tmp_path("durable"));
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_non_null(realpath(dir, real));
+    n_synced = 0;
+    assert_true(rt_ckpt_save_step(dir, 7, a.ptr, N_CKPT, meta, 1, path, sizeof path));
+    int dirs = 0, temps = 0, latest = 0;
+    for (int i = 0; i < n_synced; i++) {
+        dirs += strcmp(synced[i], real) == 0;
+        temps += strstr(synced[i], "/.step_000007.safetensors.") != NULL;
+        latest += strstr(synced[i], "/.latest.") != NULL;
+    }
+    if (dirs != 2 || temps != 1 || latest != 1) {
+        for (int i = 0; i < n_synced; i++) print_message("synced %s\n", synced[i]);
+        fail_msg("want the directory synced twice, the checkpoint and latest once each: %d %d %d",
+                 dirs, temps, latest);
+    }
+    /* the last sync is the directory's, after latest's rename */
+    assert_string_equal(synced[n_synced - 1], real);
+    free_tensors(&a);
+}
+
 /* ---------------------------------------------------------------- flags and schedule */
 
 static int parse(TrainOptions *o, ...) {
@@ -733,6 +805,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_checkpoint_corruption, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_non_finite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_failed_save, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_umask, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_synced, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scales_back_off, setup, teardown),
