@@ -19,6 +19,7 @@
  * and shape against the plan, that the data offsets tile the data block exactly, and that no
  * floating-point tensor holds a NaN or an infinity. A checkpoint that fails any check leaves the
  * training state untouched. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -766,6 +767,77 @@ static bool ckpt_make_dirs(const char *dir) {
         *p = c;
         if (!c) return true;
     }
+}
+
+/* Whether `name` is one of the temp files this file makes: ".BASE.XXXXXX", BASE being
+ * "latest", "probe" or "step_DIGITS.safetensors", XXXXXX six letters or digits. Nothing else is
+ * ever removed. */
+static bool ckpt_is_temp_name(const char *name) {
+    size_t n = strlen(name);
+    if (n < 9 || name[0] != '.' || name[n - 7] != '.') return false;
+    for (size_t i = n - 6; i < n; i++)
+        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+              (name[i] >= '0' && name[i] <= '9')))
+            return false;
+    const char *base = name + 1;
+    size_t len = n - 8;
+    if ((len == 6 && strncmp(base, "latest", 6) == 0) || (len == 5 && strncmp(base, "probe", 5) == 0))
+        return true;
+    const char *ext = ".safetensors";
+    size_t digits = len > 5 + strlen(ext) ? len - 5 - strlen(ext) : 0;
+    if (!digits || strncmp(base, "step_", 5) != 0 || strncmp(base + 5 + digits, ext, strlen(ext)) != 0)
+        return false;
+    for (size_t i = 0; i < digits; i++)
+        if (base[5 + i] < '0' || base[5 + i] > '9') return false;
+    return true;
+}
+
+/* Run once before training, so that a directory the run cannot write to is found before step 1
+ * rather than at the first save, hours later: make DIR, then create and remove a probe file in
+ * it. A save killed mid-write leaves its temp file behind (the rename never came); those are
+ * removed here, as nothing but a save in progress owns them. */
+bool rt_ckpt_open_dir(const char *dir, int *removed) {
+    *removed = 0;
+    if (!ckpt_make_dirs(dir)) {
+        rt_error("%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
+        return false;
+    }
+    char probe[4096], *tmp = NULL;
+    snprintf(probe, sizeof probe, "%s/probe", dir);
+    FILE *f = ckpt_temp_beside(probe, &tmp);
+    if (!f) {
+        rt_error("%s: cannot create a file in the checkpoint directory: %s", dir, strerror(errno));
+        return false;
+    }
+    bool ok = fclose(f) == 0;
+    int err = errno;
+    if (unlink(tmp) != 0 && ok) ok = false, err = errno;
+    free(tmp);
+    if (!ok) {
+        rt_error("%s: cannot write in the checkpoint directory: %s", dir, strerror(err));
+        return false;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        rt_error("%s: cannot list the checkpoint directory: %s", dir, strerror(errno));
+        return false;
+    }
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!ckpt_is_temp_name(e->d_name)) continue;
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (unlink(path) != 0) {
+            rt_error("%s: cannot remove this temp file of an interrupted save: %s", path,
+                     strerror(errno));
+            closedir(d);
+            return false;
+        }
+        (*removed)++;
+    }
+    closedir(d);
+    return true;
 }
 
 bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,

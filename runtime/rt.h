@@ -185,6 +185,9 @@ const char *rt_ckpt_meta_get(const CkptMeta *m, int n, const char *key);
 /* Writes DIR/step_NNNNNN.safetensors, then DIR/latest naming it; `written` gets the path. */
 bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
                        const CkptMeta *meta, int n_meta, char *written, size_t written_len);
+/* Gets DIR ready before training: makes it (and its parents), creates and removes a probe file
+ * in it, and removes the temp files of saves a crash interrupted (*removed counts them). */
+bool rt_ckpt_open_dir(const char *dir, int *removed);
 /* A checkpoint file, or a directory -> the file its `latest` names. */
 bool rt_ckpt_resolve(const char *path, char *out, size_t out_len);
 

@@ -773,6 +773,12 @@ int rt_train(Graph *g, const TrainOptions *o) {
     int status = 1;
     RtLog log = {0};
     int32_t *tok = NULL, *tgt = NULL;
+    memset(&mem, 0, sizeof mem);
+    int removed = 0;
+    if (o->out && !rt_ckpt_open_dir(o->out, &removed)) goto out;
+    if (removed)
+        rt_note("%s: removed %d temp file%s left by interrupted saves", o->out, removed,
+                removed == 1 ? "" : "s");
     if (!rt_memory_bind(g, &mem)) goto out;
 
     Progress p = {.seed = o->seed};

@@ -675,6 +675,45 @@ static void test_checkpoint_synced(void **state) {
     free_tensors(&a);
 }
 
+/* Before training, --out is made (with its parents) and proven writable by a probe file, and the
+ * temp files that interrupted saves left there are removed; nothing else in it is touched. */
+static void test_checkpoint_open_dir(void **state) {
+    (void)state;
+    char dir[512], path[700];
+    snprintf(dir, sizeof dir, "%s", tmp_path("runs/x/ckpt"));
+    int removed = -1;
+    assert_true(rt_ckpt_open_dir(dir, &removed));
+    assert_int_equal(removed, 0);
+    assert_int_equal(count_entries(dir), 0);
+    const char *stale[] = {".step_000003.safetensors.Ab12Cd", ".latest.XyZ123", ".probe.aaaaaa"};
+    const char *kept[] = {".hidden", "notes.txt", ".latest.toolong1", "step_000001.safetensors",
+                          ".step_x.safetensors.Ab12Cd", "latest"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, stale[i]);
+        write_bytes(path, "x", 1);
+    }
+    for (size_t i = 0; i < 6; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, kept[i]);
+        write_bytes(path, "x", 1);
+    }
+    assert_true(rt_ckpt_open_dir(dir, &removed));
+    assert_int_equal(removed, 3);
+    assert_int_equal(count_entries(dir), 6);
+    for (size_t i = 0; i < 6; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, kept[i]);
+        assert_int_equal(access(path, F_OK), 0);
+    }
+    /* a directory that cannot be made, and one where no file can be created */
+    write_bytes(tmp_path("plain"), "x", 1);
+    snprintf(path, sizeof path, "%s/ckpt", tmp_path("plain"));
+    rt_clear_error();
+    assert_false(rt_ckpt_open_dir(path, &removed));
+    assert_error_mentions(path, "Not a directory");
+    rt_clear_error();
+    assert_false(rt_ckpt_open_dir("/proc/self", &removed));
+    assert_error_mentions("/proc/self", "cannot create a file");
+}
+
 /* ---------------------------------------------------------------- flags and schedule */
 
 static int parse(TrainOptions *o, ...) {
@@ -807,6 +846,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_checkpoint_failed_save, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_umask, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_synced, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_open_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scales_back_off, setup, teardown),

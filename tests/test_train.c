@@ -304,6 +304,14 @@ static void test_bad_input(void **state) {
     if (rc != 1 || !strstr(text, "FIFO")) fail_msg("FIFO --resume (%d):\n%s", rc, text);
     free(text);
 
+    /* an --out that cannot be written is found before step 1, not at the first save */
+    rc = run("outfile", "%s/bin --data %s --steps 2 --eval-every 0 --out %s/flag.out/ck", tmp_dir,
+             data, tmp_dir);
+    text = slurp("outfile.out");
+    if (rc != 1 || !strstr(text, "flag.out/ck") || strstr(text, "step 1/"))
+        fail_msg("unwritable --out not refused before training (%d):\n%s", rc, text);
+    free(text);
+
     /* a checkpoint that claims more updates (opt_step) than steps is refused */
     rc = run("one", "%s/bin --data %s --steps 1 --eval-every 0 --out %s/one", tmp_dir, data, tmp_dir);
     assert_int_equal(rc, 0);
