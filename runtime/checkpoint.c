@@ -840,6 +840,26 @@ bool rt_ckpt_open_dir(const char *dir, int *removed) {
     return true;
 }
 
+bool rt_ckpt_dir_holds_run(const char *dir, char *found, size_t found_len) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool holds = false;
+    for (struct dirent *e; !holds && (e = readdir(d));) {
+        const char *name = e->d_name;
+        size_t n = strlen(name), digits = 0;
+        if (strcmp(name, "latest") == 0) {
+            holds = true;
+        } else if (strncmp(name, "step_", 5) == 0 && n > 17 &&
+                   strcmp(name + n - 12, ".safetensors") == 0) {
+            while (name[5 + digits] >= '0' && name[5 + digits] <= '9') digits++;
+            holds = 5 + digits + 12 == n;
+        }
+        if (holds) snprintf(found, found_len, "%s", name);
+    }
+    closedir(d);
+    return holds;
+}
+
 bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
                        const CkptMeta *meta, int n_meta, char *written, size_t written_len) {
     if (!ckpt_make_dirs(dir)) {

@@ -188,6 +188,9 @@ bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
 /* Gets DIR ready before training: makes it (and its parents), creates and removes a probe file
  * in it, and removes the temp files of saves a crash interrupted (*removed counts them). */
 bool rt_ckpt_open_dir(const char *dir, int *removed);
+/* Whether DIR holds a run's checkpoints: `latest` or a step_N.safetensors (its name into
+ * found). False when DIR does not exist. */
+bool rt_ckpt_dir_holds_run(const char *dir, char *found, size_t found_len);
 /* A checkpoint file, or a directory -> the file its `latest` names. */
 bool rt_ckpt_resolve(const char *path, char *out, size_t out_len);
 
@@ -205,6 +208,7 @@ typedef struct {
     int grad_accum, threads;
     uint64_t seed;
     bool seed_given;
+    bool overwrite;             /* a fresh run may write over another run's --out and --log */
 } TrainOptions;
 
 enum { RT_ARGS_OK, RT_ARGS_HELP, RT_ARGS_ERROR };

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -64,6 +65,9 @@ void rt_usage(FILE *out, const char *prog) {
             "                      runs to --steps, and --resume continues it exactly; 0 writes\n"
             "                      the initial state (step_000000) and trains nothing\n"
             "  --resume PATH       continue from a checkpoint file, or DIR's latest\n"
+            "  --overwrite         let a run that does not resume write into an --out that holds\n"
+            "                      another run's checkpoints (its latest is removed at the start)\n"
+            "                      and start a non-empty --log afresh; without it both are refused\n"
             "machine\n"
             "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
             "                      kernels), or auto (default: the GPU if one is found, else cpu);\n"
@@ -119,6 +123,15 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         if (strncmp(arg, "--", 2) != 0) {
             rt_error("%s: unexpected argument (flags start with --; see --help)", arg);
             return RT_ARGS_ERROR;
+        }
+        /* the one flag without a value */
+        if (strncmp(arg, "--overwrite", 11) == 0 && (!arg[11] || arg[11] == '=')) {
+            if (arg[11]) {
+                rt_error("--overwrite takes no value: %s", arg);
+                return RT_ARGS_ERROR;
+            }
+            o->overwrite = true;
+            continue;
         }
         /* --flag value or --flag=value */
         char flag[64];
@@ -729,7 +742,43 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
     return true;
 }
 
+/* Nothing a previous run wrote is lost by mistake. A run that does not resume would write
+ * step_000001... and `latest` over another run's checkpoints in --out and start --log afresh,
+ * so both are refused unless --overwrite says that is meant, before anything is read or
+ * written. A resumed run is meant to share them. Exit status 2, as for a flag: the fix is one. */
+static bool train_check_fresh(const TrainOptions *o) {
+    if (o->resume || o->overwrite) return true;
+    char found[256];
+    if (o->out && rt_ckpt_dir_holds_run(o->out, found, sizeof found)) {
+        rt_error("%s: holds another run's checkpoints (%s): give --resume %s to continue that "
+                 "run, or --overwrite to start a new one there", o->out, found, o->out);
+        return false;
+    }
+    struct stat st;
+    if (o->log && stat(o->log, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        rt_error("%s: the log file holds another run's lines: give --resume to continue that "
+                 "run, or --overwrite to start the log afresh", o->log);
+        return false;
+    }
+    return true;
+}
+
+/* --overwrite: the old run's `latest` goes at the start, so that until this run saves, DIR
+ * names no checkpoint as the one to resume (it would be the other run's). Its step files stay
+ * until this run writes the same steps. */
+static bool train_forget_latest(const char *dir) {
+    char latest[4096];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    if (unlink(latest) != 0 && errno != ENOENT) {
+        rt_error("%s: cannot remove the other run's latest (--overwrite): %s", latest,
+                 strerror(errno));
+        return false;
+    }
+    return true;
+}
+
 int rt_train(Graph *g, const TrainOptions *o) {
+    if (!train_check_fresh(o)) return 2;
     Model m;
     if (!model_inspect(g, &m)) {
         model_free(&m);
@@ -776,6 +825,7 @@ int rt_train(Graph *g, const TrainOptions *o) {
     memset(&mem, 0, sizeof mem);
     int removed = 0;
     if (o->out && !rt_ckpt_open_dir(o->out, &removed)) goto out;
+    if (o->out && o->overwrite && !o->resume && !train_forget_latest(o->out)) goto out;
     if (removed)
         rt_note("%s: removed %d temp file%s left by interrupted saves", o->out, removed,
                 removed == 1 ? "" : "s");

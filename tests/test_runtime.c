@@ -738,6 +738,13 @@ static void test_flags(void **state) {
     assert_int_equal(o.grad_accum, 3);
     assert_true(o.seed_given && o.seed == 99);
     assert_int_equal(parse(&o, "--help", NULL), RT_ARGS_HELP);
+    assert_false(o.overwrite);
+    /* --overwrite takes no value */
+    assert_int_equal(parse(&o, "--data", "x.bin", "--overwrite", "--steps", "3", NULL), RT_ARGS_OK);
+    assert_true(o.overwrite);
+    assert_int_equal(o.steps, 3);
+    assert_int_equal(parse(&o, "--data", "x.bin", "--overwrite=yes", NULL), RT_ARGS_ERROR);
+    assert_error_mentions("--overwrite", "no value");
 
     struct { const char *flag, *value, *want; } bad[] = {
         {"--steps", "0", "--steps 0"},          {"--steps", "12x", "--steps 12x"},

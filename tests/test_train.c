@@ -350,6 +350,58 @@ static void test_bad_input(void **state) {
     free(text);
 }
 
+/* Nothing already written is lost: a fresh run refuses an --out that holds another run's
+ * checkpoints (or only its `latest`) and a non-empty --log, with one line naming the path and
+ * the flags that would proceed, touching neither; --overwrite starts over, --resume continues. */
+static void test_refuses_another_run(void **state) {
+    (void)state;
+    build("-O0", "bin");
+    const char *data = FP8C_SOURCE_DIR "/data/gcide_sample.txt";
+    const char *common = "--steps 1 --eval-every 0";
+    int rc = run("first", "%s/bin --data %s %s --out %s/o --log %s/l.jsonl", tmp_dir, data, common,
+                 tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("first run failed (%d):\n%s", rc, slurp("first.out"));
+    char *ckpt = slurp("o/step_000001.safetensors"), *log = slurp("l.jsonl");
+    expect_one_line("again", 2, "--overwrite",
+                    run("again", "%s/bin --data %s %s --out %s/o --log %s/m.jsonl", tmp_dir, data,
+                        common, tmp_dir, tmp_dir));
+    char *text = slurp("again.out");
+    assert_non_null(strstr(text, "/o:"));
+    free(text);
+    expect_one_line("log", 2, "--overwrite",
+                    run("log", "%s/bin --data %s %s --out %s/p --log %s/l.jsonl", tmp_dir, data,
+                        common, tmp_dir, tmp_dir));
+    text = slurp("log.out");
+    assert_non_null(strstr(text, "l.jsonl"));
+    free(text);
+    /* nothing was touched: not the checkpoint, not the log, no new directory or log */
+    char *ckpt2 = slurp("o/step_000001.safetensors"), *log2 = slurp("l.jsonl");
+    assert_string_equal(log, log2);
+    assert_memory_equal(ckpt, ckpt2, 64);
+    char path[512];
+    snprintf(path, sizeof path, "%s/p", tmp_dir);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof path, "%s/m.jsonl", tmp_dir);
+    assert_int_equal(access(path, F_OK), -1);
+    /* a directory holding only `latest` is another run's too */
+    snprintf(path, sizeof path, "%s/q", tmp_dir);
+    assert_int_equal(mkdir(path, 0777), 0);
+    snprintf(path, sizeof path, "%s/q/latest", tmp_dir);
+    FILE *f = fopen(path, "w");
+    fputs("step_000001.safetensors\n", f);
+    fclose(f);
+    expect_one_line("latest", 2, "--overwrite",
+                    run("latest", "%s/bin --data %s %s --out %s/q", tmp_dir, data, common, tmp_dir));
+    /* --overwrite starts over: the log holds this run's one line, not two */
+    rc = run("over", "%s/bin --data %s %s --out %s/o --log %s/l.jsonl --overwrite", tmp_dir, data,
+             common, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("--overwrite run failed (%d):\n%s", rc, slurp("over.out"));
+    char *lines[4];
+    assert_int_equal(log_lines("l.jsonl", lines, 4), 1);
+    free(lines[0]);
+    free(ckpt), free(ckpt2), free(log), free(log2);
+}
+
 /* A learning rate far too large: the weights blow up, and from then on every step's update is
  * cancelled (accumulators zeroed, logged as skipped) until the run gives up with status 1. No
  * update is ever applied after a non-finite loss or gradient. */
@@ -439,6 +491,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_initial_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refuses_another_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_stops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_backs_off_delayed_scales, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8c_train, setup, teardown),
