@@ -70,11 +70,9 @@ bool rt_log_open(RtLog *l, const char *path, bool append) {
 }
 
 /* JSON has no NaN or infinity; a non-finite loss is logged as null with the reason beside it. */
-static void log_json_number(FILE *f, const char *key, double x) {
-    if (isfinite(x))
-        fprintf(f, ",\"%s\":%.9g", key, x);
-    else
-        fprintf(f, ",\"%s\":null", key);
+static bool log_json_number(FILE *f, const char *key, double x) {
+    if (isfinite(x)) return fprintf(f, ",\"%s\":%.9g", key, x) >= 0;
+    return fprintf(f, ",\"%s\":null", key) >= 0;
 }
 
 static void log_progress_end(RtLog *l) {
@@ -84,19 +82,35 @@ static void log_progress_end(RtLog *l) {
     }
 }
 
-void rt_log_step(RtLog *l, const LogRecord *r) {
-    if (l->json) {
-        fprintf(l->json, "{\"step\":%lld", (long long)r->step);
-        log_json_number(l->json, "loss", r->loss);
-        if (r->has_val) log_json_number(l->json, "val_loss", r->val_loss);
-        log_json_number(l->json, "lr", r->lr);
-        log_json_number(l->json, "grad_norm", r->grad_norm);
-        log_json_number(l->json, "tokens_per_s", r->tokens_per_s);
-        log_json_number(l->json, "ms", r->ms);
-        fprintf(l->json, ",\"mem_bytes\":%lld", (long long)r->mem_bytes);
-        if (r->skipped) fprintf(l->json, ",\"skipped\":\"%s\"", r->skipped);
-        fputs("}\n", l->json);
-        fflush(l->json);
+/* A log that silently stops recording is a run whose record is lost, found out only when the
+ * file is read; so every write is checked and a failure (a full disk, a quota, an I/O error) is
+ * one line, after which the caller stops the run. The line is flushed at every step: a crash
+ * loses no step already logged, and a failure shows at the step it happened. */
+static bool log_failed(RtLog *l, int err) {
+    if (!l->failed) rt_error("%s: cannot write the log: %s", l->path, strerror(err));
+    l->failed = true;
+    return false;
+}
+
+bool rt_log_step(RtLog *l, const LogRecord *r) {
+    if (l->json && !l->failed) {
+        FILE *f = l->json;
+        errno = 0;
+        bool ok = fprintf(f, "{\"step\":%lld", (long long)r->step) >= 0;
+        ok = ok && log_json_number(f, "loss", r->loss);
+        if (r->has_val) ok = ok && log_json_number(f, "val_loss", r->val_loss);
+        ok = ok && log_json_number(f, "lr", r->lr);
+        ok = ok && log_json_number(f, "grad_norm", r->grad_norm);
+        ok = ok && log_json_number(f, "tokens_per_s", r->tokens_per_s);
+        ok = ok && log_json_number(f, "ms", r->ms);
+        ok = ok && fprintf(f, ",\"mem_bytes\":%lld", (long long)r->mem_bytes) >= 0;
+        if (r->skipped) ok = ok && fprintf(f, ",\"skipped\":\"%s\"", r->skipped) >= 0;
+        ok = ok && fputs("}\n", f) >= 0;
+        ok = ok && fflush(f) == 0;
+        if (!ok) {
+            log_progress_end(l);
+            return log_failed(l, errno ? errno : EIO);
+        }
     }
 
     char line[256];
@@ -120,6 +134,7 @@ void rt_log_step(RtLog *l, const LogRecord *r) {
         fprintf(stderr, "%s\n", line);
     }
     fflush(stderr);
+    return !l->failed;
 }
 
 void rt_log_message(RtLog *l, const char *fmt, ...) {
@@ -132,8 +147,10 @@ void rt_log_message(RtLog *l, const char *fmt, ...) {
     rt_note("%s", buf);
 }
 
-void rt_log_close(RtLog *l) {
+bool rt_log_close(RtLog *l) {
     log_progress_end(l);
-    if (l->json) fclose(l->json);
+    bool ok = !l->failed;
+    if (l->json && fclose(l->json) != 0) ok = log_failed(l, errno);
     l->json = NULL;
+    return ok;
 }

@@ -113,12 +113,15 @@ typedef struct {
     const char *path;
     bool tty;                   /* stderr is a terminal: one progress line rewritten with \r */
     bool progress_open;
+    bool failed;                /* a write failed (reported once); nothing more is written */
 } RtLog;
 
 bool rt_log_open(RtLog *l, const char *path, bool append);   /* path NULL: no JSON file */
-void rt_log_step(RtLog *l, const LogRecord *r);
+/* Writes the JSON line (flushed) and the progress line; false after one rt_error line when the
+ * JSON line could not be written: the caller stops the run. */
+bool rt_log_step(RtLog *l, const LogRecord *r);
 void rt_log_message(RtLog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void rt_log_close(RtLog *l);
+bool rt_log_close(RtLog *l);                                 /* false: fclose failed (reported) */
 
 /* ---------------------------------------------------------------- data.c
  * Token sources: llm.c shards (256 x int32 header: magic, version, count; uint16 tokens) or

@@ -941,7 +941,10 @@ int rt_train(Graph *g, const TrainOptions *o) {
             r.val_loss = train_evaluate(g, &m, &val, o->eval_batches, tok, tgt);
             r.has_val = true;
         }
-        rt_log_step(&log, &r);
+        if (!rt_log_step(&log, &r)) {
+            status = 1;
+            break;
+        }
         if (skips >= TRAIN_MAX_SKIPS) {
             rt_log_message(&log, "error: the last %d steps all had a non-finite loss or "
                            "gradient; stopping (try a lower --lr)", skips);
@@ -959,7 +962,7 @@ int rt_train(Graph *g, const TrainOptions *o) {
 out:
     if (train_dev) train_dev->close();
     train_dev = &rt_cpu_device;
-    rt_log_close(&log);
+    if (!rt_log_close(&log)) status = 1;
     free(tok);
     free(tgt);
     rt_memory_free(&mem);

@@ -3,6 +3,7 @@
  * of corruption, atomic saves), the flags, the learning-rate schedule and the arena binding.
  * Every test writes fresh random files into its own temp directory. */
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <setjmp.h>
@@ -714,6 +715,33 @@ static void test_checkpoint_open_dir(void **state) {
     assert_error_mentions("/proc/self", "cannot create a file");
 }
 
+/* ---------------------------------------------------------------- the log */
+
+/* Every write of the log is checked: a full disk (/dev/full) stops the run with one line naming
+ * the file and the reason, at the step whose line was lost, not never. A log file is created
+ * 0666 less the umask. */
+static void test_log_write_errors(void **state) {
+    (void)state;
+    LogRecord r = {.step = 1, .steps = 2, .steps_width = 1, .loss = 5.5, .lr = 1e-3,
+                   .grad_norm = 1.0, .tokens_per_s = 1000, .ms = 10, .mem_bytes = 1 << 20};
+    RtLog l;
+    mode_t old = umask(027);
+    const char *path = tmp_path("log.jsonl");
+    assert_true(rt_log_open(&l, path, false));
+    assert_true(rt_log_step(&l, &r));
+    assert_true(rt_log_close(&l));
+    umask(old);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0640);
+
+    assert_true(rt_log_open(&l, "/dev/full", false));
+    rt_clear_error();
+    assert_false(rt_log_step(&l, &r));
+    assert_error_mentions("/dev/full", strerror(ENOSPC));
+    rt_log_close(&l);
+}
+
 /* ---------------------------------------------------------------- flags and schedule */
 
 static int parse(TrainOptions *o, ...) {
@@ -854,6 +882,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_checkpoint_umask, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_synced, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_open_dir, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_write_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scales_back_off, setup, teardown),

@@ -312,6 +312,13 @@ static void test_bad_input(void **state) {
         fail_msg("unwritable --out not refused before training (%d):\n%s", rc, text);
     free(text);
 
+    /* a log that cannot be written stops the run with the file and the reason */
+    rc = run("full", "%s/bin --data %s --steps 3 --eval-every 0 --log /dev/full", tmp_dir, data);
+    text = slurp("full.out");
+    if (rc != 1 || !strstr(text, "/dev/full") || !strstr(text, "No space left"))
+        fail_msg("--log /dev/full not reported (%d):\n%s", rc, text);
+    free(text);
+
     /* a checkpoint that claims more updates (opt_step) than steps is refused */
     rc = run("one", "%s/bin --data %s --steps 1 --eval-every 0 --out %s/one", tmp_dir, data, tmp_dir);
     assert_int_equal(rc, 0);
