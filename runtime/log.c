@@ -10,11 +10,15 @@
  * run does not scroll the screen away), anywhere else one plain line per step (a log file or a
  * CI transcript keeps every step). The machine-readable record is a file of JSON lines, one
  * object per step, written with "%.9g" so that every f32 value (loss, grad norm) round-trips
- * exactly: resumed runs are compared with straight ones by these strings. */
+ * exactly: resumed runs are compared with straight ones by these strings. A resumed run first
+ * drops the log's lines of the steps it is about to repeat (rt_log_trim), so that the file holds
+ * each step once, in order. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "rt.h"
@@ -66,6 +70,50 @@ bool rt_log_open(RtLog *l, const char *path, bool append) {
         return false;
     }
     l->path = path;
+    return true;
+}
+
+/* A run resumed from the checkpoint of step s repeats steps s+1..., and a log it shares with
+ * the run it continues already has lines for those (the earlier run got further than its last
+ * checkpoint), perhaps ending in a line a crash cut short. Appending would log those steps
+ * twice; instead the log is made to say what the checkpoint says: it is cut at the first line
+ * that is incomplete (no newline) or whose step is beyond s, and everything from there on is
+ * dropped, since the log is written in step order. The resumed run then appends its own lines
+ * for those steps, bit-identical in loss and gradient norm to the ones dropped when the data and
+ * flags are the same. The file is truncated in place (it keeps its owner, mode and links); a
+ * line without a leading "step" is kept. */
+bool rt_log_trim(const char *path, int64_t step, int *dropped) {
+    *dropped = 0;
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return true;
+    int64_t size = 0;
+    uint8_t *text = rt_read_file(path, &size);
+    if (!text) return false;
+    int64_t cut = -1;
+    for (int64_t at = 0; at < size;) {
+        const uint8_t *nl = memchr(text + at, '\n', (size_t)(size - at));
+        if (!nl) {
+            if (cut < 0) cut = at;
+            (*dropped)++;
+            break;
+        }
+        int64_t end = nl - text + 1;
+        long long s;
+        char head[40];
+        size_t k = (size_t)(end - at) < sizeof head - 1 ? (size_t)(end - at) : sizeof head - 1;
+        memcpy(head, text + at, k);
+        head[k] = 0;
+        if (cut < 0 && sscanf(head, "{\"step\":%lld", &s) == 1 && s > step) cut = at;
+        if (cut >= 0) (*dropped)++;
+        at = end;
+    }
+    free(text);
+    if (cut < 0) return true;
+    if (truncate(path, (off_t)cut) != 0) {
+        rt_error("%s: cannot drop the log's lines of steps after %lld: %s", path,
+                 (long long)step, strerror(errno));
+        return false;
+    }
     return true;
 }
 

@@ -117,6 +117,10 @@ typedef struct {
 } RtLog;
 
 bool rt_log_open(RtLog *l, const char *path, bool append);   /* path NULL: no JSON file */
+/* Before a run resumed at `step` appends to the log at path: drops the lines from the first one
+ * whose step is beyond it, or that a crash cut short, to the end (*dropped counts them). A
+ * missing or non-regular file is left alone. False after rt_error. */
+bool rt_log_trim(const char *path, int64_t step, int *dropped);
 /* Writes the JSON line (flushed) and the progress line; false after one rt_error line when the
  * JSON line could not be written: the caller stops the run. */
 bool rt_log_step(RtLog *l, const LogRecord *r);

@@ -64,7 +64,8 @@ void rt_usage(FILE *out, const char *prog) {
             "  --stop-at N         end this run after step N with a checkpoint; the schedule still\n"
             "                      runs to --steps, and --resume continues it exactly; 0 writes\n"
             "                      the initial state (step_000000) and trains nothing\n"
-            "  --resume PATH       continue from a checkpoint file, or DIR's latest\n"
+            "  --resume PATH       continue from a checkpoint file, or DIR's latest; --log is\n"
+            "                      appended to, less its lines of the steps this run repeats\n"
             "  --overwrite         let a run that does not resume write into an --out that holds\n"
             "                      another run's checkpoints (its latest is removed at the start)\n"
             "                      and start a non-empty --log afresh; without it both are refused\n"
@@ -847,6 +848,13 @@ int rt_train(Graph *g, const TrainOptions *o) {
                 (long long)p.step, (long long)o->steps);
         status = 0;
         goto out;
+    }
+    if (o->log && o->resume) {
+        int dropped = 0;
+        if (!rt_log_trim(o->log, p.step, &dropped)) goto out;
+        if (dropped)
+            rt_note("%s: dropped %d line%s of steps after %lld, which this run repeats", o->log,
+                    dropped, dropped == 1 ? "" : "s", (long long)p.step);
     }
     if (!rt_log_open(&log, o->log, o->resume != NULL)) goto out;
     tok = malloc((size_t)m.B * m.T * sizeof *tok);

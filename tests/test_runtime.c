@@ -742,6 +742,40 @@ static void test_log_write_errors(void **state) {
     rt_log_close(&l);
 }
 
+/* A resumed run repeats the steps after its checkpoint, so the log loses its lines of those
+ * steps (and a line a crash cut short) before the run appends: each step is then logged once,
+ * in order. */
+static void test_log_trim(void **state) {
+    (void)state;
+    const char *path = tmp_path("resume.jsonl");
+    char text[4096];
+    size_t n = 0, keep = 0;
+    int64_t at = 1 + (int64_t)(rng_next() % 5);
+    for (int step = 1; step <= 6; step++) {
+        n += (size_t)snprintf(text + n, sizeof text - n, "{\"step\":%d,\"loss\":%.9g}\n", step,
+                              (double)(rng_next() % 1000) / 7);
+        if (step == at) keep = n;
+    }
+    n += (size_t)snprintf(text + n, sizeof text - n, "{\"step\":7,\"lo");   /* cut by a crash */
+    write_bytes(path, text, n);
+    int dropped = -1;
+    assert_true(rt_log_trim(path, at, &dropped));
+    assert_int_equal(dropped, 7 - at);
+    int64_t size;
+    uint8_t *got = read_all(path, &size);
+    assert_int_equal(size, (int64_t)keep);
+    assert_memory_equal(got, text, keep);
+    free(got);
+    /* nothing to drop, no file, not a regular file: nothing changes */
+    assert_true(rt_log_trim(path, at, &dropped));
+    assert_int_equal(dropped, 0);
+    assert_true(rt_log_trim(tmp_path("none.jsonl"), 3, &dropped));
+    assert_int_equal(dropped, 0);
+    assert_int_equal(access(tmp_path("none.jsonl"), F_OK), -1);
+    assert_true(rt_log_trim("/dev/full", 3, &dropped));
+    assert_int_equal(dropped, 0);
+}
+
 /* ---------------------------------------------------------------- flags and schedule */
 
 static int parse(TrainOptions *o, ...) {
@@ -883,6 +917,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_checkpoint_synced, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_open_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_write_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scales_back_off, setup, teardown),

@@ -357,6 +357,46 @@ static void test_bad_input(void **state) {
     free(text);
 }
 
+/* A run resumed into its own --log drops the lines of the steps it repeats (and a line a crash
+ * cut short), so the log holds every step once, in order, and the repeated steps' lines are the
+ * straight run's to the last digit. */
+static void test_resume_log(void **state) {
+    (void)state;
+    build("-O0", "bin");
+    const char *common = "--warmup 1 --lr 1e-3 --eval-every 2 --eval-batches 2 --save-every 2";
+    int rc = run("straight", "%s/bin --data %s/data/gcide_sample.txt %s --steps 4 --seed %u "
+                 "--out %s/a --log %s/a.jsonl", tmp_dir, FP8C_SOURCE_DIR, common, seed, tmp_dir,
+                 tmp_dir);
+    if (rc != 0) fail_msg("straight run failed (%d):\n%s", rc, slurp("straight.out"));
+    char *a[8], *b[8];
+    assert_int_equal(log_lines("a.jsonl", a, 8), 4);
+    rc = run("resumed", "%s/bin --data %s/data/gcide_sample.txt %s --steps 4 --out %s/a "
+             "--log %s/a.jsonl --resume %s/a/step_000002.safetensors", tmp_dir, FP8C_SOURCE_DIR,
+             common, tmp_dir, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("resumed run failed (%d):\n%s", rc, slurp("resumed.out"));
+    int n = log_lines("a.jsonl", b, 8);
+    if (n != 4) fail_msg("the log has %d lines after the resumed run, want 4", n);
+    for (int i = 0; i < 4; i++) same_step(a[i], b[i], i + 1);
+    for (int i = 0; i < 4; i++) free(b[i]);
+    /* a line cut short by a crash goes too; the next run's line starts a line of its own */
+    char path[512];
+    snprintf(path, sizeof path, "%s/a.jsonl", tmp_dir);
+    FILE *f = fopen(path, "a");
+    fputs("{\"step\":5,\"lo", f);
+    fclose(f);
+    rc = run("more", "%s/bin --data %s/data/gcide_sample.txt %s --steps 5 --out %s/a "
+             "--log %s/a.jsonl --resume %s/a", tmp_dir, FP8C_SOURCE_DIR, common, tmp_dir, tmp_dir,
+             tmp_dir);
+    if (rc != 0) fail_msg("second resumed run failed (%d):\n%s", rc, slurp("more.out"));
+    n = log_lines("a.jsonl", b, 8);
+    assert_int_equal(n, 5);
+    for (int i = 0; i < 4; i++) same_step(a[i], b[i], i + 1);
+    assert_int_equal((int)json_get(b[4], "step"), 5);
+    assert_true(isfinite(json_get(b[4], "loss")));
+    for (int i = 0; i < 5; i++) free(b[i]);
+    for (int i = 0; i < 4; i++) free(a[i]);
+}
+
 /* Nothing already written is lost: a fresh run refuses an --out that holds another run's
  * checkpoints (or only its `latest`) and a non-empty --log, with one line naming the path and
  * the flags that would proceed, touching neither; --overwrite starts over, --resume continues. */
@@ -498,6 +538,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_initial_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_log, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_another_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_stops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_backs_off_delayed_scales, setup, teardown),
