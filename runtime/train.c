@@ -17,7 +17,12 @@
  *
  * Evaluation runs the forward phase alone. Forward nodes may record amax values or scales as
  * they go (delayed scaling); those persistent bytes are saved before evaluation and put back
- * after, so evaluating never changes what training computes. */
+ * after, so evaluating never changes what training computes.
+ *
+ * Nothing already written is lost. A run that does not resume refuses an --out or --log holding
+ * another run unless told --overwrite; --out is proven writable before step 1 rather than at the
+ * first save; every log write is checked and a failed one stops the run; a resumed run drops
+ * the log lines of the steps it repeats, so each step is logged once. */
 #include <errno.h>
 #include <float.h>
 #include <math.h>
