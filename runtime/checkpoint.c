@@ -9,18 +9,24 @@
  * padded with spaces to a multiple of 8 bytes so that the data is aligned.
  *
  * Saving never leaves a half-written file under a checkpoint's name: the bytes go to a temp file
- * in the same directory, which is renamed over the target only once it is complete and synced.
- * A failed save removes its temp file and leaves every existing file as it was.
+ * in the same directory, which is renamed over the target only once it is complete and synced,
+ * and the directory is synced after the rename; `latest` is replaced the same way. A save that
+ * returns has reached the disk, and a power cut at any point leaves either the old files or the
+ * new ones. A failed save removes its temp file and leaves every existing file as it was.
  *
  * Loading checks everything before it writes a single byte into a tensor: the header length
  * against the file, the JSON, the set of tensor names (none missing, none extra), each dtype
- * and shape against the plan, and that the data offsets tile the data block exactly. A
- * checkpoint that fails any check leaves the training state untouched. */
+ * and shape against the plan, that the data offsets tile the data block exactly, and that no
+ * floating-point tensor holds a NaN or an infinity. A checkpoint that fails any check leaves the
+ * training state untouched. */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rt.h"
@@ -131,29 +137,69 @@ static bool ckpt_write_all(FILE *f, const void *p, size_t n) {
     return n == 0 || fwrite(p, 1, n, f) == n;
 }
 
-/* Makes a temp file next to `path`; returns its FILE and name (to free), NULL on failure. */
+/* Makes a temp file next to `path`, named ".BASE.XXXXXX" (six letters or digits; the next
+ * start in the directory removes such files that a crash left behind, rt_ckpt_open_dir).
+ * Created with mode 0666 so that the umask applies, as to any file a tool writes: mkstemp's
+ * 0600 would hide checkpoints from the group that shares a run directory. Returns its FILE and
+ * name (to free), NULL on failure with errno set. */
 static FILE *ckpt_temp_beside(const char *path, char **tmp_name) {
+    static const char letters[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    static uint64_t counter;
     const char *slash = strrchr(path, '/');
     size_t dir_len = slash ? (size_t)(slash - path + 1) : 0;
     const char *base = slash ? slash + 1 : path;
     size_t n = dir_len + strlen(base) + 16;
     char *name = malloc(n);
     if (!name) return NULL;
-    snprintf(name, n, "%.*s.%s.XXXXXX", (int)dir_len, path, base);
-    int fd = mkstemp(name);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t x = (uint64_t)now.tv_nsec ^ (uint64_t)now.tv_sec << 30 ^ (uint64_t)getpid() << 16;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        char suffix[7];
+        /* splitmix64's steps: distinct suffixes for successive attempts and calls */
+        uint64_t h = x + ++counter * 0x9e3779b97f4a7c15ull;
+        h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+        h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+        h ^= h >> 31;
+        for (int i = 0; i < 6; i++, h /= 62) suffix[i] = letters[h % 62];
+        suffix[6] = 0;
+        snprintf(name, n, "%.*s.%s.%s", (int)dir_len, path, base, suffix);
+        int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno == EEXIST) continue;
+        if (fd < 0) break;
+        FILE *f = fdopen(fd, "wb");
+        if (!f) {
+            int err = errno;
+            close(fd);
+            unlink(name);
+            errno = err;
+            break;
+        }
+        *tmp_name = name;
+        return f;
+    }
+    free(name);
+    return NULL;
+}
+
+/* fsync of the directory holding `path`: a rename is durable only once its directory is. A file
+ * system that cannot sync directories (EINVAL) has nothing more to offer and is not an error. */
+static bool ckpt_sync_dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) {
-        free(name);
-        return NULL;
+        rt_error("%s: cannot open the directory to sync it: %s", dir, strerror(errno));
+        return false;
     }
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        close(fd);
-        unlink(name);
-        free(name);
-        return NULL;
-    }
-    *tmp_name = name;
-    return f;
+    bool ok = fsync(fd) == 0 || errno == EINVAL;
+    int err = errno;
+    close(fd);
+    if (!ok) rt_error("%s: cannot sync the directory: %s", dir, strerror(err));
+    return ok;
 }
 
 /* Writes the header and the tensors' data to `path` through a synced temp file and a rename. */
@@ -177,7 +223,7 @@ static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const 
         unlink(tmp);
     }
     free(tmp);
-    return ok;
+    return ok && ckpt_sync_dir_of(path);
 }
 
 bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *meta, int n_meta) {
@@ -568,19 +614,89 @@ static bool ckpt_check(const char *path, CkptEntry *entries, int n_entries, Tens
     return ok;
 }
 
+/* What a stored element is when it is not finite ("NaN", "infinity"), else NULL; the data is
+ * little-endian. e4m3 has no infinity (0x7f/0xff are NaN), e8m0's only non-finite code is
+ * 0xff, and integer types are always finite. */
+static const char *ckpt_non_finite(ElemType e, const uint8_t *p) {
+    switch (e) {
+    case FMT_F32: {
+        uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        if ((u >> 23 & 0xff) != 0xff) return NULL;
+        return u & 0x7fffff ? "NaN" : "infinity";
+    }
+    case FMT_BF16: {
+        unsigned u = p[0] | p[1] << 8;
+        if ((u >> 7 & 0xff) != 0xff) return NULL;
+        return u & 0x7f ? "NaN" : "infinity";
+    }
+    case FMT_F16: {
+        unsigned u = p[0] | p[1] << 8;
+        if ((u >> 10 & 0x1f) != 0x1f) return NULL;
+        return u & 0x3ff ? "NaN" : "infinity";
+    }
+    case FMT_E4M3: return (p[0] & 0x7f) == 0x7f ? "NaN" : NULL;
+    case FMT_E5M2:
+        if ((p[0] >> 2 & 0x1f) != 0x1f) return NULL;
+        return p[0] & 3 ? "NaN" : "infinity";
+    case FMT_E8M0: return p[0] == 0xff ? "NaN" : NULL;
+    default: return NULL;
+    }
+}
+
+/* A training state holds only finite values: the runtime never applies an update after a
+ * non-finite loss or gradient, and it backs non-finite amax entries off before it saves. A NaN
+ * or infinity in a checkpoint therefore means a damaged or foreign file, and resuming from it
+ * would only train into NaN. The data of every floating-point tensor is read once in chunks to
+ * check it before any tensor is written (the read that fills the tensors then comes from the
+ * page cache). */
+static bool ckpt_check_finite(const char *path, FILE *f, int64_t data_start, Tensor *const *ts,
+                              int n, CkptEntry *const *match) {
+    enum { CHUNK = 1 << 20 };
+    uint8_t *buf = NULL;
+    bool ok = true;
+    for (int i = 0; ok && i < n; i++) {
+        ElemType e = ts[i]->fmt.elem;
+        int64_t size = fmt_elem_bytes(e);
+        if (e == FMT_I8 || e == FMT_U8 || e == FMT_I32) continue;
+        int64_t bytes = match[i]->end - match[i]->begin, chunk = CHUNK / size * size;
+        if (!buf && bytes && !(buf = malloc(CHUNK))) {
+            rt_error("%s: out of memory", path);
+            return false;
+        }
+        if (bytes && fseeko(f, data_start + match[i]->begin, SEEK_SET) != 0) {
+            rt_error("%s: read error in tensor %s", path, ts[i]->name);
+            ok = false;
+        }
+        for (int64_t at = 0; ok && at < bytes; at += chunk) {
+            size_t want = (size_t)(bytes - at < chunk ? bytes - at : chunk);
+            if (fread(buf, 1, want, f) != want) {
+                rt_error("%s: read error in tensor %s", path, ts[i]->name);
+                ok = false;
+                break;
+            }
+            for (size_t k = 0; k < want; k += (size_t)size) {
+                const char *what = ckpt_non_finite(e, buf + k);
+                if (what) {
+                    rt_error("%s: tensor %s holds %s at element %lld: a training state is finite",
+                             path, ts[i]->name, what, (long long)((at + (int64_t)k) / size));
+                    ok = false;
+                    break;
+                }
+            }
+        }
+    }
+    free(buf);
+    return ok;
+}
+
 /* The header is read and checked in memory; the data is then read straight into the tensors,
  * so loading a checkpoint never needs a second copy of the model's state. */
 bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, int max_meta,
                   int *n_meta) {
     *n_meta = 0;
-    FILE *f = fopen(path, "rb");
-    struct stat st;
-    if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rt_error("%s: cannot read the checkpoint: %s", path, f ? "not a regular file" : strerror(errno));
-        if (f) fclose(f);
-        return false;
-    }
-    int64_t size = st.st_size;
+    int64_t size = 0;
+    FILE *f = rt_open_regular(path, "cannot read the checkpoint", &size);
+    if (!f) return false;
     bool ok = false;
     char *header = NULL;
     CkptEntry *entries = NULL;
@@ -613,6 +729,7 @@ bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, in
     }
     int64_t data_start = 8 + (int64_t)hlen;
     if (!ckpt_check(path, entries, n_entries, ts, n, size - data_start, match)) goto done;
+    if (!ckpt_check_finite(path, f, data_start, ts, n, match)) goto done;
     for (int i = 0; i < n; i++) {
         size_t bytes = (size_t)(match[i]->end - match[i]->begin);
         if (bytes && (fseeko(f, data_start + match[i]->begin, SEEK_SET) != 0 ||
@@ -652,6 +769,97 @@ static bool ckpt_make_dirs(const char *dir) {
     }
 }
 
+/* Whether `name` is one of the temp files this file makes: ".BASE.XXXXXX", BASE being
+ * "latest", "probe" or "step_DIGITS.safetensors", XXXXXX six letters or digits. Nothing else is
+ * ever removed. */
+static bool ckpt_is_temp_name(const char *name) {
+    size_t n = strlen(name);
+    if (n < 9 || name[0] != '.' || name[n - 7] != '.') return false;
+    for (size_t i = n - 6; i < n; i++)
+        if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+              (name[i] >= '0' && name[i] <= '9')))
+            return false;
+    const char *base = name + 1;
+    size_t len = n - 8;
+    if ((len == 6 && strncmp(base, "latest", 6) == 0) || (len == 5 && strncmp(base, "probe", 5) == 0))
+        return true;
+    const char *ext = ".safetensors";
+    size_t digits = len > 5 + strlen(ext) ? len - 5 - strlen(ext) : 0;
+    if (!digits || strncmp(base, "step_", 5) != 0 || strncmp(base + 5 + digits, ext, strlen(ext)) != 0)
+        return false;
+    for (size_t i = 0; i < digits; i++)
+        if (base[5 + i] < '0' || base[5 + i] > '9') return false;
+    return true;
+}
+
+/* Run once before training, so that a directory the run cannot write to is found before step 1
+ * rather than at the first save, hours later: make DIR, then create and remove a probe file in
+ * it. A save killed mid-write leaves its temp file behind (the rename never came); those are
+ * removed here, as nothing but a save in progress owns them. */
+bool rt_ckpt_open_dir(const char *dir, int *removed) {
+    *removed = 0;
+    if (!ckpt_make_dirs(dir)) {
+        rt_error("%s: cannot create the checkpoint directory: %s", dir, strerror(errno));
+        return false;
+    }
+    char probe[4096], *tmp = NULL;
+    snprintf(probe, sizeof probe, "%s/probe", dir);
+    FILE *f = ckpt_temp_beside(probe, &tmp);
+    if (!f) {
+        rt_error("%s: cannot create a file in the checkpoint directory: %s", dir, strerror(errno));
+        return false;
+    }
+    bool ok = fclose(f) == 0;
+    int err = errno;
+    if (unlink(tmp) != 0 && ok) ok = false, err = errno;
+    free(tmp);
+    if (!ok) {
+        rt_error("%s: cannot write in the checkpoint directory: %s", dir, strerror(err));
+        return false;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        rt_error("%s: cannot list the checkpoint directory: %s", dir, strerror(errno));
+        return false;
+    }
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!ckpt_is_temp_name(e->d_name)) continue;
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (unlink(path) != 0) {
+            rt_error("%s: cannot remove this temp file of an interrupted save: %s", path,
+                     strerror(errno));
+            closedir(d);
+            return false;
+        }
+        (*removed)++;
+    }
+    closedir(d);
+    return true;
+}
+
+bool rt_ckpt_dir_holds_run(const char *dir, char *found, size_t found_len) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    bool holds = false;
+    for (struct dirent *e; !holds && (e = readdir(d));) {
+        const char *name = e->d_name;
+        size_t n = strlen(name), digits = 0;
+        if (strcmp(name, "latest") == 0) {
+            holds = true;
+        } else if (strncmp(name, "step_", 5) == 0 && n > 17 &&
+                   strcmp(name + n - 12, ".safetensors") == 0) {
+            while (name[5 + digits] >= '0' && name[5 + digits] <= '9') digits++;
+            holds = 5 + digits + 12 == n;
+        }
+        if (holds) snprintf(found, found_len, "%s", name);
+    }
+    closedir(d);
+    return holds;
+}
+
 bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
                        const CkptMeta *meta, int n_meta, char *written, size_t written_len) {
     if (!ckpt_make_dirs(dir)) {
@@ -669,38 +877,42 @@ bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
     char *tmp = NULL;
     FILE *f = ckpt_temp_beside(latest, &tmp);
     bool ok = f != NULL;
+    int err = errno;
     if (f) {
-        ok = fprintf(f, "%s\n", name) > 0;
-        if (fclose(f) != 0) ok = false;
-        if (ok && rename(tmp, latest) != 0) ok = false;
+        /* synced before the rename, or a crash could publish an empty `latest` */
+        ok = fprintf(f, "%s\n", name) > 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+        err = errno;
+        if (fclose(f) != 0 && ok) ok = false, err = errno;
+        if (ok && rename(tmp, latest) != 0) ok = false, err = errno;
         if (!ok) unlink(tmp);
         free(tmp);
     }
     if (!ok) {
-        rt_error("%s: cannot update: %s", latest, strerror(errno));
+        rt_error("%s: cannot update: %s", latest, strerror(err));
         return false;
     }
+    if (!ckpt_sync_dir_of(latest)) return false;
     if (written) snprintf(written, written_len, "%s", path);
     return true;
 }
 
 bool rt_ckpt_resolve(const char *path, char *out, size_t out_len) {
     if (!ckpt_is_dir(path)) {
-        if (access(path, R_OK) != 0) {
-            rt_error("%s: cannot read the checkpoint: %s", path, strerror(errno));
-            return false;
-        }
+        FILE *f = rt_open_regular(path, "cannot read the checkpoint", NULL);
+        if (!f) return false;
+        fclose(f);
         snprintf(out, out_len, "%s", path);
         return true;
     }
     char latest[4096];
     snprintf(latest, sizeof latest, "%s/latest", path);
-    FILE *f = fopen(latest, "r");
-    if (!f) {
+    if (access(latest, F_OK) != 0) {
         rt_error("%s: a checkpoint directory needs a file 'latest' naming its newest checkpoint: "
                  "%s", path, strerror(errno));
         return false;
     }
+    FILE *f = rt_open_regular(latest, "cannot read", NULL);
+    if (!f) return false;
     char name[512] = {0};
     bool ok = fgets(name, sizeof name, f) != NULL;
     fclose(f);
@@ -710,9 +922,10 @@ bool rt_ckpt_resolve(const char *path, char *out, size_t out_len) {
         return false;
     }
     snprintf(out, out_len, "%s/%s", path, name);
-    if (access(out, R_OK) != 0) {
-        rt_error("%s: names %s, which cannot be read: %s", latest, out, strerror(errno));
-        return false;
-    }
+    char what[4200];
+    snprintf(what, sizeof what, "named by %s, cannot be read", latest);
+    FILE *named = rt_open_regular(out, what, NULL);
+    if (!named) return false;
+    fclose(named);
     return true;
 }

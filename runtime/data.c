@@ -18,10 +18,12 @@
  * validation batch i reads the (i*B + r)-th window of T+1 tokens, windows laid end to end over
  * the validation tokens and wrapping around when there are fewer than asked for. */
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "rt.h"
 
@@ -44,33 +46,70 @@ static uint32_t data_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+static const char *data_file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "something other than a file";
+}
+
+/* Every file the binary reads (data, checkpoints, `latest`) is a regular file, and anything
+ * else is refused before it is opened: opening a FIFO for reading waits for a writer, so a
+ * mistyped path could otherwise hang the run with nothing said. stat() decides; the open itself
+ * is non-blocking and checked again with fstat(), so a path swapped for a FIFO in between
+ * cannot block either. */
+FILE *rt_open_regular(const char *path, const char *what, int64_t *size) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        rt_error("%s: %s: %s", path, what, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rt_error("%s: %s: it is %s, not a regular file", path, what, data_file_kind(st.st_mode));
+        return NULL;
+    }
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        rt_error("%s: %s: %s", path, what, strerror(errno));
+        return NULL;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rt_error("%s: %s: it is %s, not a regular file", path, what, data_file_kind(st.st_mode));
+        close(fd);
+        return NULL;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    FILE *f = flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 ? NULL : fdopen(fd, "rb");
+    if (!f) {
+        rt_error("%s: %s: %s", path, what, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (size) *size = st.st_size;
+    return f;
+}
+
 /* Reads a whole file. Returns NULL after rt_error on failure; *size may be 0. */
 uint8_t *rt_read_file(const char *path, int64_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        rt_error("%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rt_error("%s: not a regular file", path);
-        fclose(f);
-        return NULL;
-    }
-    uint8_t *buf = malloc(st.st_size ? (size_t)st.st_size : 1);
+    int64_t bytes = 0;
+    FILE *f = rt_open_regular(path, "cannot open", &bytes);
+    if (!f) return NULL;
+    uint8_t *buf = malloc(bytes ? (size_t)bytes : 1);
     if (!buf) {
-        rt_error("%s: cannot allocate %lld bytes to read it", path, (long long)st.st_size);
+        rt_error("%s: cannot allocate %lld bytes to read it", path, (long long)bytes);
         fclose(f);
         return NULL;
     }
-    size_t got = fread(buf, 1, (size_t)st.st_size, f);
+    size_t got = fread(buf, 1, (size_t)bytes, f);
     fclose(f);
-    if (got != (size_t)st.st_size) {
-        rt_error("%s: read %zu of %lld bytes", path, got, (long long)st.st_size);
+    if (got != (size_t)bytes) {
+        rt_error("%s: read %zu of %lld bytes", path, got, (long long)bytes);
         free(buf);
         return NULL;
     }
-    *size = st.st_size;
+    *size = bytes;
     return buf;
 }
 
@@ -246,16 +285,19 @@ bool rt_data_split_tail(TokenData *train, TokenData *val, double frac) {
     return true;
 }
 
-bool rt_data_check(const TokenData *d, const char *what, int64_t min_tokens, int64_t vocab) {
+/* A batch row is `window` contiguous tokens of one file, drawn from the windows of every file,
+ * so what must hold a batch is the set, not each file: two files of half a batch each are fine
+ * together. A file shorter than one window adds no window (no row ever reads it); that is said
+ * in a note rather than refused, since a glob's last shard is often short. */
+bool rt_data_check(const TokenData *d, const char *what, int64_t window, int64_t min_tokens,
+                   int64_t vocab) {
     int64_t usable = 0;
+    int first = -1, files = 0;
     for (int i = 0; i < d->n_shards; i++) {
         const TokenShard *s = &d->shards[i];
         if (s->n == 0) continue;        /* emptied by the validation split */
-        if (s->n < min_tokens) {
-            rt_error("%s: %s has %lld tokens, fewer than the %lld that one batch needs", s->path,
-                     what, (long long)s->n, (long long)min_tokens);
-            return false;
-        }
+        if (first < 0) first = i;
+        files++;
         for (int64_t j = 0; j < s->n; j++) {
             if (s->tok[j] >= vocab) {
                 rt_error("%s: token %u at position %lld is outside the model's vocabulary of %lld",
@@ -263,11 +305,26 @@ bool rt_data_check(const TokenData *d, const char *what, int64_t min_tokens, int
                 return false;
             }
         }
-        usable += s->n;
+        if (s->n >= window) usable += s->n;
     }
-    if (usable == 0) {
-        rt_error("%s: %s holds no tokens", d->n_shards ? d->shards[0].path : "(none)", what);
+    char name[1100];
+    if (first < 0)
+        snprintf(name, sizeof name, "%s", d->n_shards ? d->shards[0].path : "(none)");
+    else if (files == 1)
+        snprintf(name, sizeof name, "%s", d->shards[first].path);
+    else
+        snprintf(name, sizeof name, "%.1000s and %d more files", d->shards[first].path, files - 1);
+    if (usable < min_tokens) {
+        rt_error("%s: %s has %lld tokens in files of at least one sequence (%lld tokens), fewer "
+                 "than the %lld that one batch needs", name, what, (long long)usable,
+                 (long long)window, (long long)min_tokens);
         return false;
+    }
+    for (int i = 0; i < d->n_shards; i++) {
+        const TokenShard *s = &d->shards[i];
+        if (s->n > 0 && s->n < window)
+            rt_note("%s: %lld tokens, fewer than one sequence (%lld): no batch of %s reads it",
+                    s->path, (long long)s->n, (long long)window, what);
     }
     return true;
 }

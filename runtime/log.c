@@ -10,11 +10,15 @@
  * run does not scroll the screen away), anywhere else one plain line per step (a log file or a
  * CI transcript keeps every step). The machine-readable record is a file of JSON lines, one
  * object per step, written with "%.9g" so that every f32 value (loss, grad norm) round-trips
- * exactly: resumed runs are compared with straight ones by these strings. */
+ * exactly: resumed runs are compared with straight ones by these strings. A resumed run first
+ * drops the log's lines of the steps it is about to repeat (rt_log_trim), so that the file holds
+ * each step once, in order. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "rt.h"
@@ -69,12 +73,54 @@ bool rt_log_open(RtLog *l, const char *path, bool append) {
     return true;
 }
 
+/* A run resumed from the checkpoint of step s repeats steps s+1..., and a log it shares with
+ * the run it continues already has lines for those (the earlier run got further than its last
+ * checkpoint), perhaps ending in a line a crash cut short. Appending would log those steps
+ * twice; instead the log is made to say what the checkpoint says: it is cut at the first line
+ * that is incomplete (no newline) or whose step is beyond s, and everything from there on is
+ * dropped, since the log is written in step order. The resumed run then appends its own lines
+ * for those steps, bit-identical in loss and gradient norm to the ones dropped when the data and
+ * flags are the same. The file is truncated in place (it keeps its owner, mode and links); a
+ * line without a leading "step" is kept. */
+bool rt_log_trim(const char *path, int64_t step, int *dropped) {
+    *dropped = 0;
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return true;
+    int64_t size = 0;
+    uint8_t *text = rt_read_file(path, &size);
+    if (!text) return false;
+    int64_t cut = -1;
+    for (int64_t at = 0; at < size;) {
+        const uint8_t *nl = memchr(text + at, '\n', (size_t)(size - at));
+        if (!nl) {
+            if (cut < 0) cut = at;
+            (*dropped)++;
+            break;
+        }
+        int64_t end = nl - text + 1;
+        long long s;
+        char head[40];
+        size_t k = (size_t)(end - at) < sizeof head - 1 ? (size_t)(end - at) : sizeof head - 1;
+        memcpy(head, text + at, k);
+        head[k] = 0;
+        if (cut < 0 && sscanf(head, "{\"step\":%lld", &s) == 1 && s > step) cut = at;
+        if (cut >= 0) (*dropped)++;
+        at = end;
+    }
+    free(text);
+    if (cut < 0) return true;
+    if (truncate(path, (off_t)cut) != 0) {
+        rt_error("%s: cannot drop the log's lines of steps after %lld: %s", path,
+                 (long long)step, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
 /* JSON has no NaN or infinity; a non-finite loss is logged as null with the reason beside it. */
-static void log_json_number(FILE *f, const char *key, double x) {
-    if (isfinite(x))
-        fprintf(f, ",\"%s\":%.9g", key, x);
-    else
-        fprintf(f, ",\"%s\":null", key);
+static bool log_json_number(FILE *f, const char *key, double x) {
+    if (isfinite(x)) return fprintf(f, ",\"%s\":%.9g", key, x) >= 0;
+    return fprintf(f, ",\"%s\":null", key) >= 0;
 }
 
 static void log_progress_end(RtLog *l) {
@@ -84,19 +130,35 @@ static void log_progress_end(RtLog *l) {
     }
 }
 
-void rt_log_step(RtLog *l, const LogRecord *r) {
-    if (l->json) {
-        fprintf(l->json, "{\"step\":%lld", (long long)r->step);
-        log_json_number(l->json, "loss", r->loss);
-        if (r->has_val) log_json_number(l->json, "val_loss", r->val_loss);
-        log_json_number(l->json, "lr", r->lr);
-        log_json_number(l->json, "grad_norm", r->grad_norm);
-        log_json_number(l->json, "tokens_per_s", r->tokens_per_s);
-        log_json_number(l->json, "ms", r->ms);
-        fprintf(l->json, ",\"mem_bytes\":%lld", (long long)r->mem_bytes);
-        if (r->skipped) fprintf(l->json, ",\"skipped\":\"%s\"", r->skipped);
-        fputs("}\n", l->json);
-        fflush(l->json);
+/* A log that silently stops recording is a run whose record is lost, found out only when the
+ * file is read; so every write is checked and a failure (a full disk, a quota, an I/O error) is
+ * one line, after which the caller stops the run. The line is flushed at every step: a crash
+ * loses no step already logged, and a failure shows at the step it happened. */
+static bool log_failed(RtLog *l, int err) {
+    if (!l->failed) rt_error("%s: cannot write the log: %s", l->path, strerror(err));
+    l->failed = true;
+    return false;
+}
+
+bool rt_log_step(RtLog *l, const LogRecord *r) {
+    if (l->json && !l->failed) {
+        FILE *f = l->json;
+        errno = 0;
+        bool ok = fprintf(f, "{\"step\":%lld", (long long)r->step) >= 0;
+        ok = ok && log_json_number(f, "loss", r->loss);
+        if (r->has_val) ok = ok && log_json_number(f, "val_loss", r->val_loss);
+        ok = ok && log_json_number(f, "lr", r->lr);
+        ok = ok && log_json_number(f, "grad_norm", r->grad_norm);
+        ok = ok && log_json_number(f, "tokens_per_s", r->tokens_per_s);
+        ok = ok && log_json_number(f, "ms", r->ms);
+        ok = ok && fprintf(f, ",\"mem_bytes\":%lld", (long long)r->mem_bytes) >= 0;
+        if (r->skipped) ok = ok && fprintf(f, ",\"skipped\":\"%s\"", r->skipped) >= 0;
+        ok = ok && fputs("}\n", f) >= 0;
+        ok = ok && fflush(f) == 0;
+        if (!ok) {
+            log_progress_end(l);
+            return log_failed(l, errno ? errno : EIO);
+        }
     }
 
     char line[256];
@@ -120,6 +182,7 @@ void rt_log_step(RtLog *l, const LogRecord *r) {
         fprintf(stderr, "%s\n", line);
     }
     fflush(stderr);
+    return !l->failed;
 }
 
 void rt_log_message(RtLog *l, const char *fmt, ...) {
@@ -132,8 +195,10 @@ void rt_log_message(RtLog *l, const char *fmt, ...) {
     rt_note("%s", buf);
 }
 
-void rt_log_close(RtLog *l) {
+bool rt_log_close(RtLog *l) {
     log_progress_end(l);
-    if (l->json) fclose(l->json);
+    bool ok = !l->failed;
+    if (l->json && fclose(l->json) != 0) ok = log_failed(l, errno);
     l->json = NULL;
+    return ok;
 }

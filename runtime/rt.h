@@ -113,12 +113,19 @@ typedef struct {
     const char *path;
     bool tty;                   /* stderr is a terminal: one progress line rewritten with \r */
     bool progress_open;
+    bool failed;                /* a write failed (reported once); nothing more is written */
 } RtLog;
 
 bool rt_log_open(RtLog *l, const char *path, bool append);   /* path NULL: no JSON file */
-void rt_log_step(RtLog *l, const LogRecord *r);
+/* Before a run resumed at `step` appends to the log at path: drops the lines from the first one
+ * whose step is beyond it, or that a crash cut short, to the end (*dropped counts them). A
+ * missing or non-regular file is left alone. False after rt_error. */
+bool rt_log_trim(const char *path, int64_t step, int *dropped);
+/* Writes the JSON line (flushed) and the progress line; false after one rt_error line when the
+ * JSON line could not be written: the caller stops the run. */
+bool rt_log_step(RtLog *l, const LogRecord *r);
 void rt_log_message(RtLog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void rt_log_close(RtLog *l);
+bool rt_log_close(RtLog *l);                                 /* false: fclose failed (reported) */
 
 /* ---------------------------------------------------------------- data.c
  * Token sources: llm.c shards (256 x int32 header: magic, version, count; uint16 tokens) or
@@ -144,15 +151,20 @@ typedef struct {
 } TokenData;
 
 uint8_t *rt_read_file(const char *path, int64_t *size);      /* malloc'ed; NULL after rt_error */
+/* Opens a regular file for reading ("rb"); a FIFO, directory or device is refused before it is
+ * opened, so nothing blocks. NULL after one rt_error line "PATH: WHAT: why"; size may be NULL. */
+FILE *rt_open_regular(const char *path, const char *what, int64_t *size);
 void rt_byte_tokenize(const uint8_t *text, int64_t n, uint16_t *out);
 /* spec: a file, a glob, or a comma-separated list of them. */
 bool rt_data_open(TokenData *d, const char *spec);
 /* Moves the last `frac` of train's tokens (in file order) into val, a view of train's buffers:
  * free val before train. */
 bool rt_data_split_tail(TokenData *train, TokenData *val, double frac);
-/* Every file must hold at least min_tokens tokens, all below vocab; `what` names the source
- * in the message ("training data"). */
-bool rt_data_check(const TokenData *d, const char *what, int64_t min_tokens, int64_t vocab);
+/* Every token must be below vocab, and the files that hold at least one window (T+1 tokens:
+ * a batch row) must hold min_tokens between them; `what` names the source in the message
+ * ("the training data"). */
+bool rt_data_check(const TokenData *d, const char *what, int64_t window, int64_t min_tokens,
+                   int64_t vocab);
 void rt_data_free(TokenData *d);
 bool rt_data_write_shard(const char *path, const uint16_t *tok, int64_t n);
 /* Row r of a training batch: T+1 contiguous tokens from a position that is a hash of
@@ -180,6 +192,12 @@ const char *rt_ckpt_meta_get(const CkptMeta *m, int n, const char *key);
 /* Writes DIR/step_NNNNNN.safetensors, then DIR/latest naming it; `written` gets the path. */
 bool rt_ckpt_save_step(const char *dir, int64_t step, Tensor *const *ts, int n,
                        const CkptMeta *meta, int n_meta, char *written, size_t written_len);
+/* Gets DIR ready before training: makes it (and its parents), creates and removes a probe file
+ * in it, and removes the temp files of saves a crash interrupted (*removed counts them). */
+bool rt_ckpt_open_dir(const char *dir, int *removed);
+/* Whether DIR holds a run's checkpoints: `latest` or a step_N.safetensors (its name into
+ * found). False when DIR does not exist. */
+bool rt_ckpt_dir_holds_run(const char *dir, char *found, size_t found_len);
 /* A checkpoint file, or a directory -> the file its `latest` names. */
 bool rt_ckpt_resolve(const char *path, char *out, size_t out_len);
 
@@ -197,6 +215,7 @@ typedef struct {
     int grad_accum, threads;
     uint64_t seed;
     bool seed_given;
+    bool overwrite;             /* a fresh run may write over another run's --out and --log */
 } TrainOptions;
 
 enum { RT_ARGS_OK, RT_ARGS_HELP, RT_ARGS_ERROR };

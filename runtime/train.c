@@ -17,12 +17,19 @@
  *
  * Evaluation runs the forward phase alone. Forward nodes may record amax values or scales as
  * they go (delayed scaling); those persistent bytes are saved before evaluation and put back
- * after, so evaluating never changes what training computes. */
+ * after, so evaluating never changes what training computes.
+ *
+ * Nothing already written is lost. A run that does not resume refuses an --out or --log holding
+ * another run unless told --overwrite; --out is proven writable before step 1 rather than at the
+ * first save; every log write is checked and a failed one stops the run; a resumed run drops
+ * the log lines of the steps it repeats, so each step is logged once. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,7 +69,11 @@ void rt_usage(FILE *out, const char *prog) {
             "  --stop-at N         end this run after step N with a checkpoint; the schedule still\n"
             "                      runs to --steps, and --resume continues it exactly; 0 writes\n"
             "                      the initial state (step_000000) and trains nothing\n"
-            "  --resume PATH       continue from a checkpoint file, or DIR's latest\n"
+            "  --resume PATH       continue from a checkpoint file, or DIR's latest; --log is\n"
+            "                      appended to, less its lines of the steps this run repeats\n"
+            "  --overwrite         let a run that does not resume write into an --out that holds\n"
+            "                      another run's checkpoints (its latest is removed at the start)\n"
+            "                      and start a non-empty --log afresh; without it both are refused\n"
             "machine\n"
             "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
             "                      kernels), or auto (default: the GPU if one is found, else cpu);\n"
@@ -89,12 +100,20 @@ static bool args_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
     return true;
 }
 
+/* A real-valued hyper-parameter. The step is fed f32 scalars, so the value must be finite as
+ * an f32, not only as a double: --lr 1e308 would reach the update as infinity and --lr 1e-50
+ * as zero. */
 static bool args_real(const char *flag, const char *s, bool allow_zero, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
     if (!*s || *end || errno || !isfinite(v) || v < 0 || (!allow_zero && v == 0)) {
         rt_error("%s %s: expected a %s number", flag, s, allow_zero ? "non-negative" : "positive");
+        return false;
+    }
+    if (!isfinite((float)v) || (!allow_zero && (float)v == 0)) {
+        rt_error("%s %s: expected a %s number within f32's range (%g to %g)", flag, s,
+                 allow_zero ? "non-negative" : "positive", (double)FLT_TRUE_MIN, (double)FLT_MAX);
         return false;
     }
     *out = v;
@@ -110,6 +129,15 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         if (strncmp(arg, "--", 2) != 0) {
             rt_error("%s: unexpected argument (flags start with --; see --help)", arg);
             return RT_ARGS_ERROR;
+        }
+        /* the one flag without a value */
+        if (strncmp(arg, "--overwrite", 11) == 0 && (!arg[11] || arg[11] == '=')) {
+            if (arg[11]) {
+                rt_error("--overwrite takes no value: %s", arg);
+                return RT_ARGS_ERROR;
+            }
+            o->overwrite = true;
+            continue;
         }
         /* --flag value or --flag=value */
         char flag[64];
@@ -601,6 +629,13 @@ static bool train_resume(Graph *g, const Model *m, const TrainOptions *o, Progre
         !train_meta_int(path, meta, n_meta, "opt_step", &p->opt_step) ||
         !train_meta_int(path, meta, n_meta, "seed", &seed))
         return false;
+    /* updates are counted among steps (a skipped step counts as a step, not an update): more
+     * updates than steps is a damaged file, and Adam's bias correction would start wrong */
+    if (p->opt_step > p->step) {
+        rt_error("%s: checkpoint metadata opt_step %lld is greater than step %lld", path,
+                 (long long)p->opt_step, (long long)p->step);
+        return false;
+    }
     if (!o->seed_given)
         p->seed = (uint64_t)seed;
     else if (o->seed != (uint64_t)seed)
@@ -701,9 +736,9 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
         snprintf(note, sizeof note, "no --val: evaluation is off");
     }
     int64_t batch_tokens = (int64_t)m->B * m->T + 1;
-    ok = ok && rt_data_check(train, "the training data", batch_tokens, m->vocab);
-    if (ok && val->n_shards)
-        ok = rt_data_check(val, "the validation data", (int64_t)m->T + 1, m->vocab);
+    int64_t window = (int64_t)m->T + 1;
+    ok = ok && rt_data_check(train, "the training data", window, batch_tokens, m->vocab);
+    if (ok && val->n_shards) ok = rt_data_check(val, "the validation data", window, window, m->vocab);
     if (!ok) {
         rt_data_free(val);
         rt_data_free(train);
@@ -713,7 +748,43 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
     return true;
 }
 
+/* Nothing a previous run wrote is lost by mistake. A run that does not resume would write
+ * step_000001... and `latest` over another run's checkpoints in --out and start --log afresh,
+ * so both are refused unless --overwrite says that is meant, before anything is read or
+ * written. A resumed run is meant to share them. Exit status 2, as for a flag: the fix is one. */
+static bool train_check_fresh(const TrainOptions *o) {
+    if (o->resume || o->overwrite) return true;
+    char found[256];
+    if (o->out && rt_ckpt_dir_holds_run(o->out, found, sizeof found)) {
+        rt_error("%s: holds another run's checkpoints (%s): give --resume %s to continue that "
+                 "run, or --overwrite to start a new one there", o->out, found, o->out);
+        return false;
+    }
+    struct stat st;
+    if (o->log && stat(o->log, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        rt_error("%s: the log file holds another run's lines: give --resume to continue that "
+                 "run, or --overwrite to start the log afresh", o->log);
+        return false;
+    }
+    return true;
+}
+
+/* --overwrite: the old run's `latest` goes at the start, so that until this run saves, DIR
+ * names no checkpoint as the one to resume (it would be the other run's). Its step files stay
+ * until this run writes the same steps. */
+static bool train_forget_latest(const char *dir) {
+    char latest[4096];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    if (unlink(latest) != 0 && errno != ENOENT) {
+        rt_error("%s: cannot remove the other run's latest (--overwrite): %s", latest,
+                 strerror(errno));
+        return false;
+    }
+    return true;
+}
+
 int rt_train(Graph *g, const TrainOptions *o) {
+    if (!train_check_fresh(o)) return 2;
     Model m;
     if (!model_inspect(g, &m)) {
         model_free(&m);
@@ -722,6 +793,11 @@ int rt_train(Graph *g, const TrainOptions *o) {
     double peak = o->lr > 0 ? o->lr : g->optim.lr;
     if (!(peak > 0)) {
         rt_error("the model sets no learning rate: give --lr");
+        model_free(&m);
+        return 1;
+    }
+    if (!isfinite((float)peak) || (float)peak == 0) {
+        rt_error("artifact: the model's learning rate %g is outside f32's range: give --lr", peak);
         model_free(&m);
         return 1;
     }
@@ -752,6 +828,13 @@ int rt_train(Graph *g, const TrainOptions *o) {
     int status = 1;
     RtLog log = {0};
     int32_t *tok = NULL, *tgt = NULL;
+    memset(&mem, 0, sizeof mem);
+    int removed = 0;
+    if (o->out && !rt_ckpt_open_dir(o->out, &removed)) goto out;
+    if (o->out && o->overwrite && !o->resume && !train_forget_latest(o->out)) goto out;
+    if (removed)
+        rt_note("%s: removed %d temp file%s left by interrupted saves", o->out, removed,
+                removed == 1 ? "" : "s");
     if (!rt_memory_bind(g, &mem)) goto out;
 
     Progress p = {.seed = o->seed};
@@ -770,6 +853,13 @@ int rt_train(Graph *g, const TrainOptions *o) {
                 (long long)p.step, (long long)o->steps);
         status = 0;
         goto out;
+    }
+    if (o->log && o->resume) {
+        int dropped = 0;
+        if (!rt_log_trim(o->log, p.step, &dropped)) goto out;
+        if (dropped)
+            rt_note("%s: dropped %d line%s of steps after %lld, which this run repeats", o->log,
+                    dropped, dropped == 1 ? "" : "s", (long long)p.step);
     }
     if (!rt_log_open(&log, o->log, o->resume != NULL)) goto out;
     tok = malloc((size_t)m.B * m.T * sizeof *tok);
@@ -864,7 +954,10 @@ int rt_train(Graph *g, const TrainOptions *o) {
             r.val_loss = train_evaluate(g, &m, &val, o->eval_batches, tok, tgt);
             r.has_val = true;
         }
-        rt_log_step(&log, &r);
+        if (!rt_log_step(&log, &r)) {
+            status = 1;
+            break;
+        }
         if (skips >= TRAIN_MAX_SKIPS) {
             rt_log_message(&log, "error: the last %d steps all had a non-finite loss or "
                            "gradient; stopping (try a lower --lr)", skips);
@@ -882,7 +975,7 @@ int rt_train(Graph *g, const TrainOptions *o) {
 out:
     if (train_dev) train_dev->close();
     train_dev = &rt_cpu_device;
-    rt_log_close(&log);
+    if (!rt_log_close(&log)) status = 1;
     free(tok);
     free(tgt);
     rt_memory_free(&mem);

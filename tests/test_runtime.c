@@ -3,6 +3,8 @@
  * of corruption, atomic saves), the flags, the learning-rate schedule and the arena binding.
  * Every test writes fresh random files into its own temp directory. */
 #include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,8 +17,25 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sys/syscall.h>
 
 #include "rt.h"
+
+/* Every fsync the runtime makes is recorded here (by the path of its file descriptor) and then
+ * made: this definition takes the place of libc's in this executable. */
+static char synced[64][512];
+static int n_synced;
+
+int fsync(int fd) {
+    char link[64];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    if (n_synced < 64) {
+        ssize_t k = readlink(link, synced[n_synced], sizeof synced[n_synced] - 1);
+        synced[n_synced][k > 0 ? k : 0] = 0;
+        n_synced++;
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
 
 static char tmp_dir[256];
 static uint64_t rng_state;
@@ -117,13 +136,46 @@ static void test_shard_round_trip(void **state) {
     /* the vocabulary check finds the largest token */
     uint16_t max = 0;
     for (int64_t i = 0; i < n; i++) max = tok[i] > max ? tok[i] : max;
-    assert_true(rt_data_check(&d, "the training data", n, (int64_t)max + 1));
-    assert_false(rt_data_check(&d, "the training data", n, max));
+    assert_true(rt_data_check(&d, "the training data", 17, n, (int64_t)max + 1));
+    assert_false(rt_data_check(&d, "the training data", 17, n, max));
     assert_error_mentions(path, "outside the model's vocabulary");
-    assert_false(rt_data_check(&d, "the training data", n + 1, 65536));
+    assert_false(rt_data_check(&d, "the training data", 17, n + 1, 65536));
     assert_error_mentions(path, "fewer than");
     rt_data_free(&d);
     free(tok);
+}
+
+/* Several files hold a batch together when none does alone: rows are drawn from windows of
+ * every file. A file shorter than one window adds no window, and a set of only such files holds
+ * no batch whatever its total. */
+static void test_shard_set_holds_batch(void **state) {
+    (void)state;
+    enum { WINDOW = 17, BATCH = 4 * 16 + 1 };
+    int64_t n = BATCH / 2 + 1 + (int64_t)(rng_next() % 8);
+    uint16_t tok[BATCH];
+    for (int64_t i = 0; i < BATCH; i++) tok[i] = (uint16_t)(rng_next() % 200);
+    assert_true(rt_data_write_shard(tmp_path("half_a.bin"), tok, n));
+    assert_true(rt_data_write_shard(tmp_path("half_b.bin"), tok, n));
+    char spec[1200];
+    snprintf(spec, sizeof spec, "%s/half_*.bin", tmp_dir);
+    TokenData d;
+    assert_true(rt_data_open(&d, spec));
+    rt_clear_error();
+    if (!rt_data_check(&d, "the training data", WINDOW, BATCH, 256))
+        fail_msg("two files of %lld tokens refused for a batch of %d: %s", (long long)n, BATCH,
+                 rt_last_error());
+    rt_data_free(&d);
+    /* short files: BATCH tokens in all, none holding a window */
+    for (int i = 0; i < 5; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "short_%d.bin", i);
+        assert_true(rt_data_write_shard(tmp_path(name), tok, WINDOW - 1));
+    }
+    snprintf(spec, sizeof spec, "%s/short_*.bin", tmp_dir);
+    assert_true(rt_data_open(&d, spec));
+    assert_false(rt_data_check(&d, "the training data", WINDOW, BATCH, 256));
+    assert_error_mentions("short_0.bin", "fewer than");
+    rt_data_free(&d);
 }
 
 static void test_shard_errors(void **state) {
@@ -158,6 +210,50 @@ static void test_shard_errors(void **state) {
     assert_error_mentions("nothing*.bin", "no file matches");
 }
 
+/* A FIFO, a directory or a device named as data or as a checkpoint is refused by one line
+ * before it is opened: opening a FIFO for reading would wait for a writer forever (the alarm
+ * turns such a wait into a failure). */
+static void test_non_regular_files(void **state) {
+    (void)state;
+    alarm(20);
+    const char *fifo = tmp_path("fifo.bin");
+    assert_int_equal(mkfifo(fifo, 0666), 0);
+    TokenData d;
+    rt_clear_error();
+    assert_false(rt_data_open(&d, fifo));
+    assert_error_mentions(fifo, "FIFO");
+    assert_false(rt_data_open(&d, tmp_dir));
+    assert_error_mentions(tmp_dir, "directory");
+    assert_false(rt_data_open(&d, "/dev/null"));
+    assert_error_mentions("/dev/null", "device");
+    char resolved[1024];
+    assert_false(rt_ckpt_resolve(fifo, resolved, sizeof resolved));
+    assert_error_mentions(fifo, "FIFO");
+    Tensor t = {.name = "w", .rank = 0, .fmt = fmt_plain(FMT_F32)};
+    float x = 0;
+    t.data = &x;
+    Tensor *ts[1] = {&t};
+    CkptMeta meta[4];
+    int n_meta;
+    assert_false(rt_ckpt_load(fifo, ts, 1, meta, 4, &n_meta));
+    assert_error_mentions(fifo, "FIFO");
+    /* a checkpoint directory whose latest is a FIFO, and one whose latest names a FIFO */
+    char dir[512], latest[600];
+    snprintf(dir, sizeof dir, "%s", tmp_path("ck"));
+    assert_int_equal(mkdir(dir, 0777), 0);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    assert_int_equal(mkfifo(latest, 0666), 0);
+    assert_false(rt_ckpt_resolve(dir, resolved, sizeof resolved));
+    assert_error_mentions(latest, "FIFO");
+    unlink(latest);
+    write_bytes(latest, "step_000001.safetensors\n", 24);
+    snprintf(latest, sizeof latest, "%s/step_000001.safetensors", dir);
+    assert_int_equal(mkfifo(latest, 0666), 0);
+    assert_false(rt_ckpt_resolve(dir, resolved, sizeof resolved));
+    assert_error_mentions(latest, "FIFO");
+    alarm(0);
+}
+
 static void test_byte_tokenizer_and_split(void **state) {
     (void)state;
     size_t n = 2000 + rng_next() % 3000;
@@ -171,7 +267,7 @@ static void test_byte_tokenizer_and_split(void **state) {
     assert_true(d.is_text);
     assert_int_equal(d.n_tokens, (int64_t)n);
     for (size_t i = 0; i < n; i++) assert_int_equal(d.shards[0].tok[i], text[i]);
-    assert_true(rt_data_check(&d, "the training data", 2, RT_BYTE_VOCAB));
+    assert_true(rt_data_check(&d, "the training data", 2, 2, RT_BYTE_VOCAB));
 
     /* the last 5% becomes the validation set, the rest stays for training */
     assert_true(rt_data_split_tail(&d, &val, 0.05));
@@ -250,7 +346,40 @@ typedef struct {
     size_t bytes[N_CKPT];        /* as allocated (tests change shapes and dtypes afterwards) */
 } TensorSet;
 
-/* Tensors of random shapes in every dtype, filled with random bytes. */
+/* Element k of t set to a NaN (nan) or an infinity of its dtype (e4m3 has no infinity: NaN). */
+static void poke_non_finite(Tensor *t, int64_t k, bool nan) {
+    uint8_t *p = t->data;
+    switch (t->fmt.elem) {
+    case FMT_F32: {
+        uint32_t u = nan ? 0x7fc00000u : 0xff800000u;
+        memcpy(p + 4 * k, &u, 4);
+        break;
+    }
+    case FMT_BF16: p[2 * k] = nan ? 0xc1 : 0x80, p[2 * k + 1] = 0x7f; break;
+    case FMT_F16: p[2 * k] = nan ? 0x01 : 0x00, p[2 * k + 1] = 0xfc; break;
+    case FMT_E4M3: p[k] = nan ? 0x7f : 0xff; break;
+    case FMT_E5M2: p[k] = nan ? 0x7e : 0x7c; break;
+    default: fail_msg("no non-finite value in %s", fmt_elem_name(t->fmt.elem));
+    }
+}
+
+/* Random bytes made finite: a NaN or infinity code has its top exponent bit cleared. */
+static void make_finite(Tensor *t) {
+    uint8_t *p = t->data;
+    int64_t n = ir_numel(t);
+    for (int64_t k = 0; k < n; k++) {
+        switch (t->fmt.elem) {
+        case FMT_F32: if ((p[4 * k + 3] & 0x7f) == 0x7f && (p[4 * k + 2] & 0x80)) p[4 * k + 3] &= 0xbf; break;
+        case FMT_BF16: if ((p[2 * k + 1] & 0x7f) == 0x7f && (p[2 * k] & 0x80)) p[2 * k + 1] &= 0xbf; break;
+        case FMT_F16: if ((p[2 * k + 1] & 0x7c) == 0x7c) p[2 * k + 1] &= 0xbf; break;
+        case FMT_E4M3: if ((p[k] & 0x7f) == 0x7f) p[k] &= 0xfe; break;
+        case FMT_E5M2: if ((p[k] & 0x7c) == 0x7c) p[k] &= 0xbf; break;
+        default: break;
+        }
+    }
+}
+
+/* Tensors of random shapes in every dtype, filled with random bytes (finite values). */
 static void make_tensors(TensorSet *s, bool fill) {
     memset(s, 0, sizeof *s);
     for (int i = 0; i < N_CKPT; i++) {
@@ -264,6 +393,7 @@ static void make_tensors(TensorSet *s, bool fill) {
         size_t bytes = s->bytes[i] = (size_t)(ir_numel(t) * fmt_elem_bytes(t->fmt.elem));
         t->data = malloc(bytes);
         for (size_t k = 0; k < bytes; k++) ((uint8_t *)t->data)[k] = fill ? (uint8_t)rng_next() : 0xA5;
+        make_finite(t);
         s->ptr[i] = t;
     }
 }
@@ -399,6 +529,42 @@ static void test_checkpoint_corruption(void **state) {
     free_tensors(&b);
 }
 
+/* A NaN or an infinity anywhere in a floating-point tensor is refused at load, naming the
+ * tensor, before any tensor is written: such a state would only train into NaN. */
+static void test_checkpoint_non_finite(void **state) {
+    (void)state;
+    TensorSet a, b;
+    make_tensors(&a, true);
+    clone_shapes(&b, &a);
+    for (int i = 0; i < N_CKPT; i++) {
+        ElemType e = a.t[i].fmt.elem;
+        if (e != FMT_F32 && e != FMT_BF16 && e != FMT_F16 && e != FMT_E4M3 && e != FMT_E5M2)
+            continue;
+        for (int nan = 0; nan < 2; nan++) {
+            Tensor *t = &a.t[i];
+            uint8_t *keep = malloc(a.bytes[i]);
+            memcpy(keep, t->data, a.bytes[i]);
+            int64_t k = (int64_t)(rng_next() % (uint64_t)ir_numel(t));
+            poke_non_finite(t, k, nan);
+            const char *path = tmp_path("nonfinite.safetensors");
+            assert_true(rt_ckpt_save(path, a.ptr, N_CKPT, NULL, 0));
+            int64_t size;
+            uint8_t *bytes = read_all(path, &size);
+            char name[64];
+            snprintf(name, sizeof name, "nonfinite_%d_%d.safetensors", i, nan);
+            char want[96];
+            snprintf(want, sizeof want, "tensor %s holds", a.names[i]);
+            expect_load_fails(name, bytes, (size_t)size, &b, N_CKPT, want,
+                              nan || e == FMT_E4M3 ? "NaN" : "infinity");
+            free(bytes);
+            memcpy(t->data, keep, a.bytes[i]);
+            free(keep);
+        }
+    }
+    free_tensors(&a);
+    free_tensors(&b);
+}
+
 static int count_entries(const char *dir) {
     DIR *d = opendir(dir);
     int n = 0;
@@ -456,6 +622,160 @@ static void test_checkpoint_failed_save(void **state) {
     free_tensors(&a);
 }
 
+/* Checkpoint files are created 0666 less the umask, like any file a tool writes (mkstemp's
+ * 0600 made them unreadable to the group that shares a run directory). */
+static void test_checkpoint_umask(void **state) {
+    (void)state;
+    TensorSet a;
+    make_tensors(&a, true);
+    CkptMeta meta[1] = {{"step", "1"}};
+    mode_t masks[2] = {022, 027};
+    for (int i = 0; i < 2; i++) {
+        mode_t old = umask(masks[i]);
+        char dir[512], path[600];
+        snprintf(dir, sizeof dir, "%s/umask%d", tmp_dir, i);
+        assert_true(rt_ckpt_save_step(dir, 1, a.ptr, N_CKPT, meta, 1, path, sizeof path));
+        struct stat st;
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0666 & ~masks[i]);
+        snprintf(path, sizeof path, "%s/latest", dir);
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0666 & ~masks[i]);
+        umask(old);
+    }
+    free_tensors(&a);
+}
+
+/* A save is durable once it returns: the checkpoint and `latest` are synced before their
+ * renames, and the directory after each, so a power cut cannot leave `latest` empty or naming
+ * a file whose directory entry was lost. */
+static void test_checkpoint_synced(void **state) {
+    (void)state;
+    TensorSet a;
+    make_tensors(&a, true);
+    CkptMeta meta[1] = {{"step", "1"}};
+    char dir[512], path[600], real[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", tmp_path("durable"));
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_non_null(realpath(dir, real));
+    n_synced = 0;
+    assert_true(rt_ckpt_save_step(dir, 7, a.ptr, N_CKPT, meta, 1, path, sizeof path));
+    int dirs = 0, temps = 0, latest = 0;
+    for (int i = 0; i < n_synced; i++) {
+        dirs += strcmp(synced[i], real) == 0;
+        temps += strstr(synced[i], "/.step_000007.safetensors.") != NULL;
+        latest += strstr(synced[i], "/.latest.") != NULL;
+    }
+    if (dirs != 2 || temps != 1 || latest != 1) {
+        for (int i = 0; i < n_synced; i++) print_message("synced %s\n", synced[i]);
+        fail_msg("want the directory synced twice, the checkpoint and latest once each: %d %d %d",
+                 dirs, temps, latest);
+    }
+    /* the last sync is the directory's, after latest's rename */
+    assert_string_equal(synced[n_synced - 1], real);
+    free_tensors(&a);
+}
+
+/* Before training, --out is made (with its parents) and proven writable by a probe file, and the
+ * temp files that interrupted saves left there are removed; nothing else in it is touched. */
+static void test_checkpoint_open_dir(void **state) {
+    (void)state;
+    char dir[512], path[700];
+    snprintf(dir, sizeof dir, "%s", tmp_path("runs/x/ckpt"));
+    int removed = -1;
+    assert_true(rt_ckpt_open_dir(dir, &removed));
+    assert_int_equal(removed, 0);
+    assert_int_equal(count_entries(dir), 0);
+    const char *stale[] = {".step_000003.safetensors.Ab12Cd", ".latest.XyZ123", ".probe.aaaaaa"};
+    const char *kept[] = {".hidden", "notes.txt", ".latest.toolong1", "step_000001.safetensors",
+                          ".step_x.safetensors.Ab12Cd", "latest"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, stale[i]);
+        write_bytes(path, "x", 1);
+    }
+    for (size_t i = 0; i < 6; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, kept[i]);
+        write_bytes(path, "x", 1);
+    }
+    assert_true(rt_ckpt_open_dir(dir, &removed));
+    assert_int_equal(removed, 3);
+    assert_int_equal(count_entries(dir), 6);
+    for (size_t i = 0; i < 6; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, kept[i]);
+        assert_int_equal(access(path, F_OK), 0);
+    }
+    /* a directory that cannot be made, and one where no file can be created */
+    write_bytes(tmp_path("plain"), "x", 1);
+    snprintf(path, sizeof path, "%s/ckpt", tmp_path("plain"));
+    rt_clear_error();
+    assert_false(rt_ckpt_open_dir(path, &removed));
+    assert_error_mentions(path, "Not a directory");
+    rt_clear_error();
+    assert_false(rt_ckpt_open_dir("/proc/self", &removed));
+    assert_error_mentions("/proc/self", "cannot create a file");
+}
+
+/* ---------------------------------------------------------------- the log */
+
+/* Every write of the log is checked: a full disk (/dev/full) stops the run with one line naming
+ * the file and the reason, at the step whose line was lost, not never. A log file is created
+ * 0666 less the umask. */
+static void test_log_write_errors(void **state) {
+    (void)state;
+    LogRecord r = {.step = 1, .steps = 2, .steps_width = 1, .loss = 5.5, .lr = 1e-3,
+                   .grad_norm = 1.0, .tokens_per_s = 1000, .ms = 10, .mem_bytes = 1 << 20};
+    RtLog l;
+    mode_t old = umask(027);
+    const char *path = tmp_path("log.jsonl");
+    assert_true(rt_log_open(&l, path, false));
+    assert_true(rt_log_step(&l, &r));
+    assert_true(rt_log_close(&l));
+    umask(old);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0640);
+
+    assert_true(rt_log_open(&l, "/dev/full", false));
+    rt_clear_error();
+    assert_false(rt_log_step(&l, &r));
+    assert_error_mentions("/dev/full", strerror(ENOSPC));
+    rt_log_close(&l);
+}
+
+/* A resumed run repeats the steps after its checkpoint, so the log loses its lines of those
+ * steps (and a line a crash cut short) before the run appends: each step is then logged once,
+ * in order. */
+static void test_log_trim(void **state) {
+    (void)state;
+    const char *path = tmp_path("resume.jsonl");
+    char text[4096];
+    size_t n = 0, keep = 0;
+    int64_t at = 1 + (int64_t)(rng_next() % 5);
+    for (int step = 1; step <= 6; step++) {
+        n += (size_t)snprintf(text + n, sizeof text - n, "{\"step\":%d,\"loss\":%.9g}\n", step,
+                              (double)(rng_next() % 1000) / 7);
+        if (step == at) keep = n;
+    }
+    n += (size_t)snprintf(text + n, sizeof text - n, "{\"step\":7,\"lo");   /* cut by a crash */
+    write_bytes(path, text, n);
+    int dropped = -1;
+    assert_true(rt_log_trim(path, at, &dropped));
+    assert_int_equal(dropped, 7 - at);
+    int64_t size;
+    uint8_t *got = read_all(path, &size);
+    assert_int_equal(size, (int64_t)keep);
+    assert_memory_equal(got, text, keep);
+    free(got);
+    /* nothing to drop, no file, not a regular file: nothing changes */
+    assert_true(rt_log_trim(path, at, &dropped));
+    assert_int_equal(dropped, 0);
+    assert_true(rt_log_trim(tmp_path("none.jsonl"), 3, &dropped));
+    assert_int_equal(dropped, 0);
+    assert_int_equal(access(tmp_path("none.jsonl"), F_OK), -1);
+    assert_true(rt_log_trim("/dev/full", 3, &dropped));
+    assert_int_equal(dropped, 0);
+}
+
 /* ---------------------------------------------------------------- flags and schedule */
 
 static int parse(TrainOptions *o, ...) {
@@ -480,6 +800,13 @@ static void test_flags(void **state) {
     assert_int_equal(o.grad_accum, 3);
     assert_true(o.seed_given && o.seed == 99);
     assert_int_equal(parse(&o, "--help", NULL), RT_ARGS_HELP);
+    assert_false(o.overwrite);
+    /* --overwrite takes no value */
+    assert_int_equal(parse(&o, "--data", "x.bin", "--overwrite", "--steps", "3", NULL), RT_ARGS_OK);
+    assert_true(o.overwrite);
+    assert_int_equal(o.steps, 3);
+    assert_int_equal(parse(&o, "--data", "x.bin", "--overwrite=yes", NULL), RT_ARGS_ERROR);
+    assert_error_mentions("--overwrite", "no value");
 
     struct { const char *flag, *value, *want; } bad[] = {
         {"--steps", "0", "--steps 0"},          {"--steps", "12x", "--steps 12x"},
@@ -488,6 +815,9 @@ static void test_flags(void **state) {
         {"--device", "cuda", "cpu only"},        {"--threads", "100000", "--threads"},
         {"--eval-batches", "0", "--eval-batches"}, {"--bogus", "1", "unknown flag"},
         {"--seed", "-3", "--seed -3"},           {"--min-lr", "-0.5", "--min-lr"},
+        /* finite as doubles, not as the f32 the step is fed */
+        {"--lr", "1e308", "--lr 1e308"},         {"--min-lr", "1e39", "--min-lr 1e39"},
+        {"--lr", "1e-50", "--lr 1e-50"},         {"--lr", "inf", "--lr inf"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(parse(&o, "--data", "x.bin", bad[i].flag, bad[i].value, NULL),
@@ -575,11 +905,19 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_shard_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_set_holds_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_tokenizer_and_split, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_corruption, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_non_finite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_failed_save, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_umask, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_synced, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_open_dir, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_write_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_log_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scales_back_off, setup, teardown),

@@ -293,18 +293,160 @@ static void test_bad_input(void **state) {
     expect_one_line("vocab", 1, "token 256 at position 200",
                     run("vocab", "%s/bin --data %s", tmp_dir, path));
 
+    /* a FIFO as data, validation data or checkpoint is refused at once, never waited on */
+    snprintf(path, sizeof path, "%s/fifo.txt", tmp_dir);
+    assert_int_equal(mkfifo(path, 0666), 0);
+    expect_one_line("fifo", 1, "FIFO", run("fifo", "timeout 20 %s/bin --data %s", tmp_dir, path));
+    expect_one_line("fifoval", 1, "FIFO",
+                    run("fifoval", "timeout 20 %s/bin --data %s --val %s", tmp_dir, data, path));
+    int rc = run("fiforesume", "timeout 20 %s/bin --data %s --resume %s", tmp_dir, data, path);
+    char *text = slurp("fiforesume.out");
+    if (rc != 1 || !strstr(text, "FIFO")) fail_msg("FIFO --resume (%d):\n%s", rc, text);
+    free(text);
+
+    /* an --out that cannot be written is found before step 1, not at the first save */
+    rc = run("outfile", "%s/bin --data %s --steps 2 --eval-every 0 --out %s/flag.out/ck", tmp_dir,
+             data, tmp_dir);
+    text = slurp("outfile.out");
+    if (rc != 1 || !strstr(text, "flag.out/ck") || strstr(text, "step 1/"))
+        fail_msg("unwritable --out not refused before training (%d):\n%s", rc, text);
+    free(text);
+
+    /* a log that cannot be written stops the run with the file and the reason */
+    rc = run("full", "%s/bin --data %s --steps 3 --eval-every 0 --log /dev/full", tmp_dir, data);
+    text = slurp("full.out");
+    if (rc != 1 || !strstr(text, "/dev/full") || !strstr(text, "No space left"))
+        fail_msg("--log /dev/full not reported (%d):\n%s", rc, text);
+    free(text);
+
+    /* a checkpoint that claims more updates (opt_step) than steps is refused */
+    rc = run("one", "%s/bin --data %s --steps 1 --eval-every 0 --out %s/one", tmp_dir, data, tmp_dir);
+    assert_int_equal(rc, 0);
+    char one[512];
+    snprintf(one, sizeof one, "%s/one/step_000001.safetensors", tmp_dir);
+    int64_t size = 0;
+    uint8_t *bytes = rt_read_file(one, &size);
+    assert_non_null(bytes);
+    const char *key = "\"opt_step\":\"1\"";
+    int64_t at = 0;
+    while (at + 14 <= size && memcmp(bytes + at, key, 14) != 0) at++;
+    assert_true(at + 14 <= size);
+    bytes[at + 12] = '9';
+    snprintf(path, sizeof path, "%s/opt_step.safetensors", tmp_dir);
+    f = fopen(path, "wb");
+    assert_int_equal(fwrite(bytes, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    free(bytes);
+    rc = run("optstep", "%s/bin --data %s --steps 3 --resume %s", tmp_dir, data, path);
+    text = slurp("optstep.out");
+    if (rc != 1 || !strstr(text, "opt_step 9") || !strstr(text, "opt_step.safetensors"))
+        fail_msg("opt_step > step not refused (%d):\n%s", rc, text);
+    free(text);
+
     /* a checkpoint of another shape: the tensor and both shapes are named */
-    int rc = run("narrow", "%s build %s -O0 -D dim=64 %s -o %s/narrow", fp8c, model, model_flags,
+    rc = run("narrow", "%s build %s -O0 -D dim=64 %s -o %s/narrow", fp8c, model, model_flags,
                  tmp_dir);
     assert_int_equal(rc, 0);
     rc = run("save", "%s/narrow --data %s --steps 1 --out %s/ck", tmp_dir, data, tmp_dir);
     assert_int_equal(rc, 0);
     rc = run("shape", "%s/bin --data %s/data/gcide_sample.txt --steps 2 --resume %s/ck",
              tmp_dir, FP8C_SOURCE_DIR, tmp_dir);
-    char *text = slurp("shape.out");
+    text = slurp("shape.out");
     if (rc != 1 || !strstr(text, "has shape [256,64] in the checkpoint, the plan has [256,128]"))
         fail_msg("shape mismatch not reported (%d):\n%s", rc, text);
     free(text);
+}
+
+/* A run resumed into its own --log drops the lines of the steps it repeats (and a line a crash
+ * cut short), so the log holds every step once, in order, and the repeated steps' lines are the
+ * straight run's to the last digit. */
+static void test_resume_log(void **state) {
+    (void)state;
+    build("-O0", "bin");
+    const char *common = "--warmup 1 --lr 1e-3 --eval-every 2 --eval-batches 2 --save-every 2";
+    int rc = run("straight", "%s/bin --data %s/data/gcide_sample.txt %s --steps 4 --seed %u "
+                 "--out %s/a --log %s/a.jsonl", tmp_dir, FP8C_SOURCE_DIR, common, seed, tmp_dir,
+                 tmp_dir);
+    if (rc != 0) fail_msg("straight run failed (%d):\n%s", rc, slurp("straight.out"));
+    char *a[8], *b[8];
+    assert_int_equal(log_lines("a.jsonl", a, 8), 4);
+    rc = run("resumed", "%s/bin --data %s/data/gcide_sample.txt %s --steps 4 --out %s/a "
+             "--log %s/a.jsonl --resume %s/a/step_000002.safetensors", tmp_dir, FP8C_SOURCE_DIR,
+             common, tmp_dir, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("resumed run failed (%d):\n%s", rc, slurp("resumed.out"));
+    int n = log_lines("a.jsonl", b, 8);
+    if (n != 4) fail_msg("the log has %d lines after the resumed run, want 4", n);
+    for (int i = 0; i < 4; i++) same_step(a[i], b[i], i + 1);
+    for (int i = 0; i < 4; i++) free(b[i]);
+    /* a line cut short by a crash goes too; the next run's line starts a line of its own */
+    char path[512];
+    snprintf(path, sizeof path, "%s/a.jsonl", tmp_dir);
+    FILE *f = fopen(path, "a");
+    fputs("{\"step\":5,\"lo", f);
+    fclose(f);
+    rc = run("more", "%s/bin --data %s/data/gcide_sample.txt %s --steps 5 --out %s/a "
+             "--log %s/a.jsonl --resume %s/a", tmp_dir, FP8C_SOURCE_DIR, common, tmp_dir, tmp_dir,
+             tmp_dir);
+    if (rc != 0) fail_msg("second resumed run failed (%d):\n%s", rc, slurp("more.out"));
+    n = log_lines("a.jsonl", b, 8);
+    assert_int_equal(n, 5);
+    for (int i = 0; i < 4; i++) same_step(a[i], b[i], i + 1);
+    assert_int_equal((int)json_get(b[4], "step"), 5);
+    assert_true(isfinite(json_get(b[4], "loss")));
+    for (int i = 0; i < 5; i++) free(b[i]);
+    for (int i = 0; i < 4; i++) free(a[i]);
+}
+
+/* Nothing already written is lost: a fresh run refuses an --out that holds another run's
+ * checkpoints (or only its `latest`) and a non-empty --log, with one line naming the path and
+ * the flags that would proceed, touching neither; --overwrite starts over, --resume continues. */
+static void test_refuses_another_run(void **state) {
+    (void)state;
+    build("-O0", "bin");
+    const char *data = FP8C_SOURCE_DIR "/data/gcide_sample.txt";
+    const char *common = "--steps 1 --eval-every 0";
+    int rc = run("first", "%s/bin --data %s %s --out %s/o --log %s/l.jsonl", tmp_dir, data, common,
+                 tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("first run failed (%d):\n%s", rc, slurp("first.out"));
+    char *ckpt = slurp("o/step_000001.safetensors"), *log = slurp("l.jsonl");
+    expect_one_line("again", 2, "--overwrite",
+                    run("again", "%s/bin --data %s %s --out %s/o --log %s/m.jsonl", tmp_dir, data,
+                        common, tmp_dir, tmp_dir));
+    char *text = slurp("again.out");
+    assert_non_null(strstr(text, "/o:"));
+    free(text);
+    expect_one_line("log", 2, "--overwrite",
+                    run("log", "%s/bin --data %s %s --out %s/p --log %s/l.jsonl", tmp_dir, data,
+                        common, tmp_dir, tmp_dir));
+    text = slurp("log.out");
+    assert_non_null(strstr(text, "l.jsonl"));
+    free(text);
+    /* nothing was touched: not the checkpoint, not the log, no new directory or log */
+    char *ckpt2 = slurp("o/step_000001.safetensors"), *log2 = slurp("l.jsonl");
+    assert_string_equal(log, log2);
+    assert_memory_equal(ckpt, ckpt2, 64);
+    char path[512];
+    snprintf(path, sizeof path, "%s/p", tmp_dir);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof path, "%s/m.jsonl", tmp_dir);
+    assert_int_equal(access(path, F_OK), -1);
+    /* a directory holding only `latest` is another run's too */
+    snprintf(path, sizeof path, "%s/q", tmp_dir);
+    assert_int_equal(mkdir(path, 0777), 0);
+    snprintf(path, sizeof path, "%s/q/latest", tmp_dir);
+    FILE *f = fopen(path, "w");
+    fputs("step_000001.safetensors\n", f);
+    fclose(f);
+    expect_one_line("latest", 2, "--overwrite",
+                    run("latest", "%s/bin --data %s %s --out %s/q", tmp_dir, data, common, tmp_dir));
+    /* --overwrite starts over: the log holds this run's one line, not two */
+    rc = run("over", "%s/bin --data %s %s --out %s/o --log %s/l.jsonl --overwrite", tmp_dir, data,
+             common, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("--overwrite run failed (%d):\n%s", rc, slurp("over.out"));
+    char *lines[4];
+    assert_int_equal(log_lines("l.jsonl", lines, 4), 1);
+    free(lines[0]);
+    free(ckpt), free(ckpt2), free(log), free(log2);
 }
 
 /* A learning rate far too large: the weights blow up, and from then on every step's update is
@@ -396,6 +538,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_initial_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_log, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refuses_another_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_stops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_divergence_backs_off_delayed_scales, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8c_train, setup, teardown),

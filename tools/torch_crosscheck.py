@@ -146,7 +146,8 @@ def main():
               "--lr", repr(a.lr), "--warmup", str(a.warmup), "--eval-every", "0"]
     if a.binary_device:
         common += ["--device", a.binary_device]
-    subprocess.run(common + ["--stop-at", "0", "--out", f"{work}/init"], check=True,
+    # --overwrite: a --work reused from an earlier check holds that check's initial state
+    subprocess.run(common + ["--stop-at", "0", "--out", f"{work}/init", "--overwrite"], check=True,
                    stdout=subprocess.DEVNULL)
     log = f"{work}/fp8c.jsonl"
     if os.path.exists(log):

@@ -23,7 +23,7 @@ for lv in "${levels[@]}"; do
   start=$(date +%s)
   "$out/tiny_$lv" --data "$out/gcide_train_*.bin" --val "$out/gcide_val.bin" --steps "$steps" \
     --warmup $((steps / 20)) --lr ${LR:-3e-3} --seed 1 --eval-every $((steps / 4)) --eval-batches 32 \
-    --log "$out/log_$lv.jsonl" ${THREADS:+--threads $THREADS} 2> "$out/train_$lv.txt"
+    --log "$out/log_$lv.jsonl" --overwrite ${THREADS:+--threads $THREADS} 2> "$out/train_$lv.txt"
   echo "$lv $(( $(date +%s) - start ))" >> "$out/seconds.txt"
 done
 python3 - "$out" "${levels[@]}" <<'PY'
