@@ -33,6 +33,10 @@ typedef struct {
                                block row) */
     int group;              /* per-group: elements per group; 1x128 tiles and blocks: 128 */
     float sconst;           /* RECIPE_STATIC without a scale tensor */
+    int gshift;             /* per-group and 1x128 tiles: log2(group) where group is a power of
+                               two that divides cols (element i's scale is then i >> gshift);
+                               -1 otherwise */
+    int pad_;
 } CkTensor;
 
 typedef struct {

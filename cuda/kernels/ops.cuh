@@ -904,7 +904,7 @@ static __device__ __forceinline__ bool ck_amax_usable(double amax) { return amax
 
 /* max(elem) / amax / 2^margin, computed in f64 and rounded once (ref_quant.c) */
 static __device__ __forceinline__ float ck_scale_for(double fmax, double amax, i64 margin) {
-    return (float)(fmax / amax / ldexp(1.0, (int)margin));
+    return (float)(fmax / amax * ldexp(1.0, -(int)margin));   /* x / 2^m, exactly: one division */
 }
 
 /* per-tensor QUANT_SCALE, final launch: i = {n_partials, margin}, f = {max of elem} */
@@ -1009,9 +1009,9 @@ template <class Y, class X> __device__ void ck_quant_scale_group(const CkArgs &a
     const CkTensor &x = a.t[1];
     i64 G = a.i[2];
     if (ck_group_vec_ok<X>(x, G)) {
-        int L = (int)(G / CK_VEC);
+        int shift = __ffs((int)(G / CK_VEC)) - 1;
         ck_group_vectors<X>(a, x, G, [&](i64 c, const float *, bool first, float sc) {
-            if (first) Y::st(a.t[0], c / L, sc);
+            if (first) Y::st(a.t[0], c >> shift, sc);
         });
         return;
     }
@@ -1028,9 +1028,9 @@ template <class Y, class X> __device__ void ck_quantize_group(const CkArgs &a) {
     i64 G = a.i[2];
     void *sp = (void *)y.s;
     if (ck_group_vec_ok<X>(x, G) && Y::vec_ok(y)) {
-        int L = (int)(G / CK_VEC);
+        int shift = __ffs((int)(G / CK_VEC)) - 1;
         ck_group_vectors<X>(a, x, G, [&](i64 c, const float *v, bool first, float sc) {
-            if (first) Elem<Y::scale_elem>::st(sp, c / L, sc);
+            if (first) Elem<Y::scale_elem>::st(sp, c >> shift, sc);
             if (c < x.n / CK_VEC) Y::st_vec_scaled(y, c * CK_VEC, v, Y::scale_round(sc));
         });
         return;

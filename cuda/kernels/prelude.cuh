@@ -129,6 +129,8 @@ template <> struct Elem<FMT_I32> {
 /* Index of the scale of flat element i (ref_scale_index). */
 template <int S> static __device__ __forceinline__ i64 ck_scale_index(const CkTensor &t, i64 i) {
     if (S == SCALE_PER_TENSOR) return 0;
+    /* whole groups a row: group k of the flattened tensor, a shift (no 64-bit division) */
+    if ((S == SCALE_PER_GROUP || S == SCALE_TILE_1x128) && t.gshift >= 0) return i >> t.gshift;
     i64 r = i / t.cols, c = i - r * t.cols;
     if (S == SCALE_PER_ROW) return r;
     if (S == SCALE_BLOCK_128) return (r / 128) * t.ncg + c / 128;
