@@ -258,7 +258,7 @@ static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const vo
 
 /* Sets up one cuBLASLt matmul and picks its algorithm. *no_algo (when given) says that the
  * heuristic had none, without a message: the caller falls back to plain GEMMs. */
-static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo) {
+static bool exec_setup_gemm_of(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo) {
     const CuGemm *g = &l->gemm;
     bool ok = true;
     x->A = (const void *)(uintptr_t)ref_ptr(e, &g->a, &ok);
@@ -383,6 +383,22 @@ static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool 
     x->algo = res[0].algo;
     if (ok && found > 1 && e->tune && !no_algo) ok = exec_tune_gemm(e, x, g, ptrs, res, found);
     return ok;
+}
+
+/* exec_setup_gemm_of, and when a library call fails, a line naming the GEMM it was for: the
+ * node, where the model file made it, its operand formats and shape */
+static bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo) {
+    if (exec_setup_gemm_of(e, l, x, no_algo)) return true;
+    if (no_algo && *no_algo) return false;   /* not an error: the caller plans plain GEMMs */
+    const CuGemm *g = &l->gemm;
+    const Node *n = g->d.node ? g->d.node : x->node;
+    if (!n) return false;
+    char at[256] = "";
+    if (n->loc.file && n->loc.line > 0) snprintf(at, sizeof at, " at %s:%d:%d", n->loc.file, n->loc.line, n->loc.col);
+    rt_error("  in the GEMM of %s %%%d %s%s: %s x %s -> %s, m %lld n %lld k %lld", ir_op_info(n->op)->text, n->id,
+             n->t.name ? n->t.name : "", at, fmt_elem_name(g->atype), fmt_elem_name(g->btype),
+             fmt_elem_name(g->dtype), (long long)g->m, (long long)g->n, (long long)g->k);
+    return false;
 }
 
 /* ---------------------------------------------------------------- launch lists */
@@ -617,14 +633,28 @@ static bool exec_add_run(CudaExec *e, ExecList *L, int i) {
     return ok;
 }
 
+/* the node a failed launch was for, after the library's own line */
+static void exec_name_launch(const ExecLaunch *x) {
+    const Node *n = x->node;
+    char at[256] = "";
+    if (n->loc.file && n->loc.line > 0) snprintf(at, sizeof at, " at %s:%d:%d", n->loc.file, n->loc.line, n->loc.col);
+    rt_error("  in %s of %s %%%d %s%s", x->kind == CU_GEMM ? "the GEMM" : x->fn, ir_op_info(n->op)->text, n->id,
+             n->t.name ? n->t.name : "", at);
+}
+
 static bool exec_launch(CudaExec *e, const ExecLaunch *x) {
     if (x->kind == CU_GEMM) {
-        if (!LT_CHECK(exec_run_gemm(e, x, &x->algo))) return false;
+        if (!LT_CHECK(exec_run_gemm(e, x, &x->algo))) {
+            exec_name_launch(x);
+            return false;
+        }
     } else {
         void *params[] = {x->batched ? (void *)&x->batch : (void *)&x->args};
         if (!CU_CHECK(CU(cuLaunchKernel)(x->f, x->grid[0], x->grid[1], 1, x->block, 1, 1, x->smem,
-                                          e->stream, params, NULL)))
+                                          e->stream, params, NULL))) {
+            exec_name_launch(x);
             return false;
+        }
     }
     if (e->sync_each) {
         CUresult r = CU(cuStreamSynchronize)(e->stream);
