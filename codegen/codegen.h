@@ -297,6 +297,8 @@ int cg_kernel_verify(const CgKernel *k);
  * bodies print equal (what CgFunc dedups on and the object cache hashes). */
 void cg_kernel_print(const CgKernel *k, bool with_names, FILE *out);
 void cg_program_print(const CgProgram *p, FILE *out);
+/* The program as a table: a line per kernel (phase, kind, nodes, bytes, FLOPs), phase totals. */
+void cg_program_print_table(const CgProgram *p, FILE *out);
 /* Fills funcs (dedup of equal kernel bodies), each kernel's func, and p->hash. */
 void cg_program_finish(CgProgram *p);
 uint64_t cg_hash_bytes(uint64_t h, const void *data, size_t n);   /* FNV-1a, 64 bits */

@@ -473,6 +473,44 @@ void cg_program_print(const CgProgram *p, FILE *out)
     }
 }
 
+/* One line per kernel: phase, kind, name, the nodes it computes, the bytes of the tensors and
+ * scratch arrays it reads and writes (each once), a GEMM's FLOPs; then totals per phase
+ * (`fp8c plan --kernels --device cpu`). */
+void cg_program_print_table(const CgProgram *p, FILE *out)
+{
+    static const char *const kinds[] = {"loop", "gemm", "ref"};
+    double bytes_of[PHASE_COUNT] = {0}, flops_of[PHASE_COUNT] = {0};
+    int count[PHASE_COUNT] = {0}, gemms[PHASE_COUNT] = {0};
+    fprintf(out, "CPU kernel program (LLVM): one line per kernel, in launch order\n");
+    fprintf(out, "%6s  %-8s  %-4s  %-30s  %-36s %10s %10s\n", "#", "phase", "kind", "kernel", "computes", "MiB",
+            "GFLOP");
+    for (int i = 0; i < p->n_kernels; i++) {
+        const CgKernel *k = p->kernels[i];
+        char ops[256] = "";
+        size_t at = 0;
+        for (int j = 0; j < k->n_nodes && at + 1 < sizeof ops; j++)
+            at += (size_t)snprintf(ops + at, sizeof ops - at, "%s%s", j ? "+" : "", ir_op_info(k->nodes[j]->op)->text);
+        double bytes = 0;
+        for (int b = 0; b < k->n_bufs; b++) {
+            const CgBuf *u = &k->bufs[b];
+            if (u->read || u->written) bytes += (double)u->numel * fmt_elem_bytes(u->elem);
+        }
+        double flops = k->kind == CG_KERNEL_GEMM ? 2.0 * (double)k->gemm.M * (double)k->gemm.N * (double)k->gemm.K : 0;
+        char gf[32] = "-";
+        if (flops > 0) snprintf(gf, sizeof gf, "%.4g", flops / 1e9);
+        fprintf(out, "%6d  %-8s  %-4s  %-30.30s  %-36.36s %10.1f %10s\n", i + 1, ir_phase_name(k->phase),
+                kinds[k->kind], k->name ? k->name : "", ops, bytes / (1 << 20), gf);
+        bytes_of[k->phase] += bytes;
+        flops_of[k->phase] += flops;
+        count[k->phase]++;
+        gemms[k->phase] += k->kind == CG_KERNEL_GEMM;
+    }
+    fprintf(out, "\n%-8s %9s %7s %12s %12s\n", "phase", "kernels", "GEMMs", "GiB moved", "TFLOP");
+    for (int ph = 0; ph < PHASE_COUNT; ph++)
+        fprintf(out, "%-8s %9d %7d %12.2f %12.3f\n", ir_phase_name((Phase)ph), count[ph], gemms[ph],
+                bytes_of[ph] / (1 << 30), flops_of[ph] / 1e12);
+}
+
 /* ---------------------------------------------------------------- identity */
 
 /* The hash of a kernel's body: its printed text without names. Printing into a memory stream

@@ -45,6 +45,10 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o);
  * runtime allocates). plan_print_diff sets two plans side by side (a: baseline, b: new). */
 void plan_print(const Graph *g, bool json, FILE *out);
 void plan_print_diff(const Graph *a, const Graph *b, bool json, FILE *out);
+/* `fp8c plan --kernels --device cuda|cpu`: the kernel program the training binary runs on that
+ * device, a line per kernel (cuda/program.c, codegen's cg_program_print_table). False after a
+ * message on stderr when this fp8c has no such backend or the graph cannot run there. */
+bool plan_print_kernels(const Graph *g, const char *device, FILE *out);
 
 /* ---------------------------------------------------------------- emit.c */
 

@@ -1,6 +1,7 @@
 /* main.c — the fp8c command line.
  *
  *   fp8c plan  MODEL [build flags] [--json] [--vs -On | --vs-model M]   precision + memory table
+ *   fp8c plan  MODEL [build flags] --kernels [--device cuda|cpu]        the kernel program
  *   fp8c build MODEL [build flags] -o NAME                               a training binary
  *   fp8c train MODEL [build flags] [-- run flags]                        build, then run it
  *   fp8c opt   FILE.ir --passes=a,b                                      run passes on textual IR
@@ -30,7 +31,7 @@ static Arena *session_arena(void)
 
 static void usage(FILE *out)
 {
-    fputs("usage: fp8c plan  MODEL [build flags] [--json] [--vs -On]\n"
+    fputs("usage: fp8c plan  MODEL [build flags] [--json] [--vs -On] [--kernels [--device cuda|cpu]]\n"
           "       fp8c build MODEL [build flags] -o NAME\n"
           "       fp8c train MODEL [build flags] [-- run flags]\n"
           "       fp8c opt   FILE.ir --passes=a,b [--print-ir-after=PASS|all]\n"
@@ -73,6 +74,8 @@ typedef struct {
     bool json;
     bool level_given;          /* -On was on the command line (opt: overrides the IR's opt=) */
     int vs_level;              /* --vs -On: compare with another level; -1 none */
+    bool kernels;              /* plan --kernels: the kernel program instead of the table */
+    const char *device;        /* plan --kernels --device cuda|cpu (default cuda) */
     const char *passes;        /* opt: --passes= */
     char **run_args;           /* train: what follows -- */
     int n_run_args;
@@ -143,6 +146,12 @@ static void parse_args(int argc, char **argv, Args *a)
             a->output = next, i++;
         } else if (!strcmp(s, "--json")) {
             a->json = true;
+        } else if (!strcmp(s, "--kernels")) {
+            a->kernels = true;
+        } else if (!strcmp(s, "--device")) {
+            if (!next || (strcmp(next, "cuda") && strcmp(next, "cpu")))
+                bad_flag("--device needs cuda or cpu, not '%s'", next ? next : "");
+            a->device = next, i++;
         } else if (!strcmp(s, "--vs")) {
             if (!next || next[0] != '-' || next[1] != 'O' || next[2] < '0' || next[2] > '3' || next[3])
                 bad_flag("--vs needs a level such as -O0, not '%s'", next ? next : "");
@@ -232,8 +241,11 @@ static Graph *compile_or_exit(Arena *arena, Args *a)
 
 static int cmd_plan(Args *a)
 {
+    if (a->device && !a->kernels) bad_flag("--device %s goes with --kernels", a->device);
+    if (a->kernels && (a->json || a->vs_level >= 0)) bad_flag("--kernels lists one plan's program: no --json or --vs%s", "");
     Arena *arena = session_arena();
     Graph *g = compile_or_exit(arena, a);
+    if (a->kernels) return plan_print_kernels(g, a->device ? a->device : "cuda", stdout) ? 0 : 1;
     Graph *other = NULL;
     if (a->vs_level >= 0) {
         Args b = *a;

@@ -9,6 +9,10 @@
  * transposed FP8 copies the layout pass decided on, and how each is made. `--json` gives every
  * tensor uncollapsed, with the value it was quantized from, for scripts. */
 #include "compiler.h"
+#include "codegen.h"
+#ifdef FP8C_HAVE_CUDA
+#include "gpu.h"
+#endif
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -313,4 +317,47 @@ void plan_print_diff(const Graph *a, const Graph *b, bool json, FILE *out)
             mb.n_params ? (double)mb.persistent / (double)mb.n_params : 0);
     fprintf(out, "%-24s %14s %14s %8.2f\n", "peak of the step", human(pa, x), human(pb, y),
             pa ? (double)pb / (double)pa : 0);
+}
+
+/* ---------------------------------------------------------------- the kernel program */
+
+/* The graph as the training binary holds it: its artifact text read back and renumbered, so
+ * the program listed is the one that binary lowers at start-up. */
+static Graph *as_artifact(const Graph *g, Arena *a)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    if (!m) return NULL;
+    ir_print(g, m);
+    fclose(m);
+    Graph *back = ir_read(a, "artifact", text);
+    free(text);
+    if (back) ir_renumber(back);
+    return back;
+}
+
+bool plan_print_kernels(const Graph *g, const char *device, FILE *out)
+{
+    Arena *a = arena_new();
+    Graph *h = as_artifact(g, a);
+    bool ok = h != NULL;
+    if (!ok) fprintf(stderr, "fp8c: error: the plan's artifact did not read back\n");
+    if (ok && !strcmp(device, "cpu")) {
+        CgProgram *p = cg_lower(h, a, NULL);
+        ok = p != NULL;
+        if (ok) cg_program_print_table(p, out);
+        else fprintf(stderr, "fp8c: error: the CPU kernel program of this plan could not be made\n");
+    } else if (ok) {
+#ifdef FP8C_HAVE_CUDA
+        char why[512] = "";
+        ok = cuda_print_program(h, a, out, why, sizeof why);
+        if (!ok) fprintf(stderr, "fp8c: error: the GPU cannot run this plan: %s\n", why);
+#else
+        fprintf(stderr, "fp8c: error: --device cuda: this fp8c was built without the CUDA toolkit\n");
+        ok = false;
+#endif
+    }
+    arena_free(a);
+    return ok;
 }

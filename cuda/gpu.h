@@ -93,6 +93,11 @@ typedef struct {
     const Node **members;   /* cuda_plan_epilogues: the group this GEMM computes (matmul
                                first), whose other nodes have empty plans; NULL otherwise */
     int n_members;
+    /* the other fusions (a producer writing its quantize, a cast-transpose summing a bias
+     * gradient, a quantize making its group scales): the nodes whose work these launches do
+     * besides `node`'s, for listings only */
+    const Node *absorbed[3];
+    int n_absorbed;
 } CuNodePlan;
 
 /* The launches of node n (none for leaves and views). Returns false with a reason in why
@@ -114,6 +119,13 @@ bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);
  * not the value's own kernel, writes it; false when n keeps none. */
 bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out);
 uint64_t cuda_hash(uint64_t h, const void *data, size_t n);      /* FNV-1a, 64 bits; h 0: start */
+
+/* ---------------------------------------------------------------- program.c */
+/* The GPU kernel program of g as the training binary runs it (cuda_plan_graph, then
+ * cuda_plan_epilogues; renumbers g): one line per launch, in launch order, with the nodes it
+ * computes, the bytes of the tensors it reads and writes, and the FLOPs of GEMMs and
+ * attention; totals per phase. False with a reason in why when a node has no GPU kernel. */
+bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len);
 
 /* ---------------------------------------------------------------- render.c */
 

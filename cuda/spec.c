@@ -1523,6 +1523,7 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
         s2.through = q;
         if (!plan_node(&s1) || !s1.amax_written || amax_only.n_launch != 1 || !plan_node(&s2)) continue;
         through.node = q;
+        through.absorbed[through.n_absorbed++] = y;
         plans[y->index] = amax_only;
         plans[qi] = through;
     }
@@ -1584,6 +1585,8 @@ static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.bias_grad = sum;
         s.bias_acc = acc;
         if (!plan_node(&s) || fused.n_launch != 2) continue;
+        fused.absorbed[fused.n_absorbed++] = sum;
+        if (acc) fused.absorbed[fused.n_absorbed++] = acc;
         plans[q->index] = fused;
         memset(&plans[si], 0, sizeof plans[si]);
         plans[si].node = sum;
@@ -1628,6 +1631,7 @@ static void fuse_group_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
         Spec s = spec_for(q, a, &fused, why, sizeof why);
         s.group_scale = q->in[1];
         if (!plan_node(&s) || fused.n_launch != 1) continue;
+        fused.absorbed[fused.n_absorbed++] = q->in[1];
         plans[qi] = fused;
         memset(&plans[q->in[1]->index], 0, sizeof plans[0]);
         plans[q->in[1]->index].node = q->in[1];

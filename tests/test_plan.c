@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "compiler.h"
@@ -192,6 +195,65 @@ static void test_value_rules(void **s)
     }
 }
 
+/* ---------------------------------------------------------------- the kernel program
+ * `fp8c plan --kernels` lists the program each device runs. Its GEMM lines, summed per phase,
+ * must carry the products of every matmul of the graph: 2 M N K from the nodes' shapes
+ * (K = sqrt(|A| |B| / |C|)), counted here, not by the listing's code. */
+static double listed_gemm_gflop(const char *text, const char *phase)
+{
+    double sum = 0;
+    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        int idx;
+        char ph[16], kind[16], gf[32];
+        if (sscanf(line, "%d %15s %15s", &idx, ph, kind) != 3 || strcmp(ph, phase) || strcmp(kind, "gemm")) continue;
+        const char *end = strchr(line, '\n');
+        const char *last = end ? end : line + strlen(line);
+        while (last > line && last[-1] == ' ') last--;
+        const char *first = last;
+        while (first > line && first[-1] != ' ') first--;
+        snprintf(gf, sizeof gf, "%.*s", (int)(last - first), first);
+        sum += atof(gf);
+    }
+    return sum;
+}
+
+static void test_kernel_program_flops(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = compile_level(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", 1, false, 4, 64);
+    double want[PHASE_COUNT] = {0};
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *m = g->nodes[i];
+        if (m->op != OP_MATMUL) continue;
+        double c = (double)ir_numel(&m->t), k = sqrt((double)ir_numel(&m->in[0]->t) * (double)ir_numel(&m->in[1]->t) / c);
+        assert_true(fabs(k - rint(k)) < 1e-9);
+        want[m->phase] += 2 * c * k / 1e9;
+    }
+    assert_true(want[PHASE_FORWARD] > 0 && want[PHASE_BACKWARD] > 0);
+    const char *devices[] = {"cpu", "cuda"};
+    for (int d = 0; d < 2; d++) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        bool ok = plan_print_kernels(g, devices[d], f);
+        fclose(f);
+        if (!ok && d == 1) {   /* built without the CUDA toolkit: said so, and nothing to check */
+            free(text);
+            continue;
+        }
+        assert_true(ok);
+        for (int ph = PHASE_FORWARD; ph <= PHASE_BACKWARD; ph++) {
+            double got = listed_gemm_gflop(text, ir_phase_name((Phase)ph));
+            printf("  %-4s %-8s GEMM GFLOP listed %.6g, counted %.6g\n", devices[d], ir_phase_name((Phase)ph), got,
+                   want[ph]);
+            assert_true(fabs(got - want[ph]) <= 1e-3 * want[ph]);
+        }
+        free(text);
+    }
+    arena_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -201,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_bytes_per_param_o3),
         cmocka_unit_test(test_bytes_per_param_release),
         cmocka_unit_test(test_peak_falls),
+        cmocka_unit_test(test_kernel_program_flops),
         cmocka_unit_test(test_rules_reach_tensors),
         cmocka_unit_test(test_value_rules),
     };
