@@ -51,6 +51,10 @@ typedef struct {
     /* a QUANTIZE into per-group scales that also makes them: the QUANT_SCALE (of the same x)
      * whose launch moves here (fuse_group_quantizes) */
     const Node *group_scale;
+    /* a CROSS_ENTROPY and the CROSS_ENTROPY_BWD right after it, of the same logits
+     * (fuse_ce_lse): the forward leaves each row's logsumexp in the scratch at this byte
+     * offset, and the backward reads it there instead of reading its row once more; 0: none */
+    int64_t ce_lse_at;
 } Spec;
 
 uint64_t cuda_hash(uint64_t h, const void *data, size_t n) {
@@ -675,12 +679,12 @@ static bool plan_rows(Spec *s) {
     case OP_CROSS_ENTROPY: {
         const Tensor *lg = &n->in[0]->t;
         int64_t R = rows_of(lg), V = cols_of(lg);
-        need_scratch(s, R * 8);
+        need_scratch(s, s->ce_lse_at ? s->ce_lse_at + R * 8 : R * 8);
         l = spec_launch(s, "cerows", (unsigned)R, ROW_THREADS, "ck_ce_rows<%s, %s>(a)",
                         fmt_arg(s, lg), fmt_arg(s, &n->in[1]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
-        l->args.i[0] = V, l->args.i[1] = R;
+        l->args.i[0] = V, l->args.i[1] = R, l->args.i[2] = s->ce_lse_at;
         l = spec_launch(s, "cefinal", 1, 1024, "ck_ce_final<%s, %s>(a)", Y, fmt_arg(s, &n->in[1]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
@@ -690,7 +694,7 @@ static bool plan_rows(Spec *s) {
     case OP_CROSS_ENTROPY_BWD: {
         const Tensor *lg = &n->in[1]->t;
         int64_t R = rows_of(lg), V = cols_of(lg);
-        need_scratch(s, 8);
+        need_scratch(s, s->ce_lse_at ? s->ce_lse_at + R * 8 : 8);
         l = spec_launch(s, "cecoef", 1, 1024, "ck_ce_bwd_coef<%s, %s>(a)", fmt_arg(s, &n->in[0]->t),
                         fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
@@ -700,7 +704,7 @@ static bool plan_rows(Spec *s) {
                         fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
-        l->args.i[0] = V, l->args.i[1] = R;
+        l->args.i[0] = V, l->args.i[1] = R, l->args.i[2] = s->ce_lse_at;
         return true;
     }
     case OP_EMBEDDING_BWD: {
@@ -1638,6 +1642,28 @@ static void fuse_group_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
     }
 }
 
+/* A cross entropy's backward right after its forward (the loss chunks of chunk_loss.c run
+ * so): both read every row of the logits for its logsumexp, the same computation in the same
+ * order (ck_row_lse, one block of ROW_THREADS a row). The forward leaves it in the scratch,
+ * after the row losses and the backward's coefficient, and the backward reads it there: a read
+ * of the logits less, the same bits. Nothing runs between them, so nothing else uses the
+ * scratch (which every node's launches share) in between. */
+static void fuse_ce_lse(const Graph *g, CuNodePlan *plans, Arena *a) {
+    for (int j = 1; j < g->n_nodes; j++) {
+        const Node *b = g->nodes[j], *f = g->nodes[j - 1];
+        if (b->op != OP_CROSS_ENTROPY_BWD || f->op != OP_CROSS_ENTROPY || b->in[1] != f->in[0] ||
+            b->in[2] != f->in[1] || plans[j - 1].n_launch != 2 || plans[j].n_launch != 2)
+            continue;
+        char why[256];
+        CuNodePlan pf, pb;
+        Spec sf = spec_for(f, a, &pf, why, sizeof why), sb = spec_for(b, a, &pb, why, sizeof why);
+        sf.ce_lse_at = sb.ce_lse_at = 8 * (rows_of(&f->in[0]->t) + 1);
+        if (!plan_node(&sf) || !plan_node(&sb) || pf.n_launch != 2 || pb.n_launch != 2) continue;
+        plans[j - 1] = pf;
+        plans[j] = pb;
+    }
+}
+
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
@@ -1645,6 +1671,7 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
     fuse_producer_quantizes(g, plans, a);
     fuse_bias_grads(g, plans, a);
     fuse_group_quantizes(g, plans, a);
+    fuse_ce_lse(g, plans, a);
     return plans;
 }
 

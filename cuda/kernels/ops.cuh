@@ -759,7 +759,8 @@ template <class L> __device__ double ck_row_lse(const CkTensor &l, i64 r, i64 V)
 }
 
 /* CROSS_ENTROPY (logits, targets), first launch: one block per row, the row's loss into
- * scratch (f64; NaN for an ignored row, target < 0); i = {V, R} */
+ * scratch (f64; NaN for an ignored row, target < 0), and where i[2] is not 0 its logsumexp
+ * at byte i[2] of the scratch, for the backward (spec.c, fuse_ce_lse); i = {V, R, lse at} */
 template <class L, class T> __device__ void ck_ce_rows(const CkArgs &a) {
     i64 V = a.i[0], r = blockIdx.x;
     float t = T::ld(a.t[2], r);
@@ -770,8 +771,10 @@ template <class L, class T> __device__ void ck_ce_rows(const CkArgs &a) {
     }
     double lse = ck_row_lse<L>(a.t[1], r, V);
     i64 ti = (i64)t;
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
         loss[r] = ti < V && t == floorf(t) ? lse - L::ld(a.t[1], r * V + ti) : (double)CK_NAN;
+        if (a.i[2]) ((double *)((char *)a.scratch + a.i[2]))[r] = lse;
+    }
 }
 
 /* second launch, one block: the mean over valid rows */
@@ -799,34 +802,33 @@ template <class DL, class T> __device__ void ck_ce_bwd_coef(const CkArgs &a) {
     if (threadIdx.x == 0) ((double *)a.scratch)[0] = n > 0 ? (double)DL::ld(a.t[1], 0) / n : 0.0;
 }
 
-/* second launch, one block per row: dlogits = coef (softmax - onehot(target)) */
+/* second launch, one block per row: dlogits = coef (softmax - onehot(target)), the row's
+ * logsumexp from the forward's scratch where i[2] says (else computed here); per element in
+ * f32 (the f64 conversions of every logit cost more than the row's memory traffic; the result
+ * moves by about 1e-6 relative, far inside the bounds); i = {V, R, lse at} */
 template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) {
     i64 V = a.i[0], r = blockIdx.x;
-    double coef = ((const double *)a.scratch)[0];
+    float coef = (float)((const double *)a.scratch)[0];
     float t = T::ld(a.t[3], r);
     if (t < 0.0f) {
         for (i64 c = threadIdx.x; c < V; c += blockDim.x) Y::st(a.t[0], r * V + c, 0.0f);
         return;
     }
-    double lse = ck_row_lse<L>(a.t[2], r, V);
+    float lse = (float)(a.i[2] ? ((const double *)((const char *)a.scratch + a.i[2]))[r] : ck_row_lse<L>(a.t[2], r, V));
     i64 ti = (i64)t;
     if (L::vec_ok(a.t[2]) && Y::vec_ok(a.t[0]) && V % CK_VEC == 0) {
+        #pragma unroll 2
         for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
             float v[CK_VEC];
             L::ld_vec(a.t[2], r * V + c, v);
             #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) {
-                double p = (double)expf((float)((double)v[j] - lse));
-                v[j] = (float)(coef * (p - (c + j == ti ? 1.0 : 0.0)));
-            }
+            for (int j = 0; j < CK_VEC; j++) v[j] = coef * (expf(v[j] - lse) - (c + j == ti ? 1.0f : 0.0f));
             Y::st_vec(a.t[0], r * V + c, v);
         }
         return;
     }
-    for (i64 c = threadIdx.x; c < V; c += blockDim.x) {
-        double p = (double)expf((float)((double)L::ld(a.t[2], r * V + c) - lse));
-        Y::st(a.t[0], r * V + c, (float)(coef * (p - (c == ti ? 1.0 : 0.0))));
-    }
+    for (i64 c = threadIdx.x; c < V; c += blockDim.x)
+        Y::st(a.t[0], r * V + c, coef * (expf(L::ld(a.t[2], r * V + c) - lse) - (c == ti ? 1.0f : 0.0f)));
 }
 
 /* ---------------------------------------------------------------- whole-tensor reductions */
