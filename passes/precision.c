@@ -19,7 +19,8 @@
  * Rules, from --precision flags and a --policy file (one rule a line, '#' comments), are
  * PATTERN=FORMAT with shell globs over tensor names:
  *   lm_head.weight=f32            a parameter (or state: "*:adam_v=f32") kept in this format
- *   gemm:h.0.*=bf16               GEMMs whose weight matches run in bf16; =e5m2 means FP8 with
+ *   gemm:h.0.*=bf16               GEMMs whose weight matches run in bf16 (all three of a linear
+ *                                 layer; gemm.fwd:, gemm.dgrad:, gemm.wgrad: one); =e5m2 means FP8 with
  *                                 e4m3 forward and e5m2 gradients (the default), =e4m3 FP8 with
  *                                 e4m3 everywhere (DeepSeek-V3); :row, :block128 (1x128
  *                                 activation tiles, 128x128 weight blocks), :delayed16
@@ -42,10 +43,17 @@
 
 typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED, RULE_VALUE } RuleKind;
 
+/* The three GEMMs of a linear layer y = x W: the forward, the input gradient dx = dy W^T
+ * (dgrad) and the weight gradient dW = x^T dy (wgrad). A gemm: rule reaches all three,
+ * gemm.fwd:, gemm.dgrad: and gemm.wgrad: one each. */
+enum { GEMM_FWD = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 4, GEMM_ALL = 7 };
+
 typedef struct {
     RuleKind kind;
+    int gemms;              /* RULE_GEMM: which of the three (GEMM_*) */
     const char *pattern;
     Format fmt;
+    SrcLoc loc;             /* where it was written, for errors found when it is applied */
 } Rule;
 
 typedef struct {
@@ -97,11 +105,21 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
         diag_error(loc, "a precision rule is PATTERN=FORMAT, not '%s'", text);
         return;
     }
-    Rule r = {RULE_TENSOR, NULL, {0}};
+    Rule r = {RULE_TENSOR, 0, NULL, {0}, loc};
     const char *pat = text;
-    if (!strncmp(text, "gemm:", 5)) r.kind = RULE_GEMM, pat += 5;
-    else if (!strncmp(text, "saved:", 6)) r.kind = RULE_SAVED, pat += 6;
-    else if (!strncmp(text, "value:", 6)) r.kind = RULE_VALUE, pat += 6;
+    static const struct { const char *prefix; int gemms; } gemm_prefixes[] = {
+        {"gemm:", GEMM_ALL}, {"gemm.fwd:", GEMM_FWD}, {"gemm.dgrad:", GEMM_DGRAD}, {"gemm.wgrad:", GEMM_WGRAD},
+    };
+    for (size_t k = 0; k < sizeof gemm_prefixes / sizeof gemm_prefixes[0]; k++)
+        if (!strncmp(text, gemm_prefixes[k].prefix, strlen(gemm_prefixes[k].prefix)))
+            r.kind = RULE_GEMM, r.gemms = gemm_prefixes[k].gemms, pat += strlen(gemm_prefixes[k].prefix);
+    if (r.kind != RULE_GEMM && !strncmp(text, "gemm.", 5)) {
+        diag_error(loc, "'%.*s': a GEMM rule starts gemm:, gemm.fwd:, gemm.dgrad: or gemm.wgrad:",
+                   (int)strcspn(text, ":="), text);
+        return;
+    }
+    if (r.kind == RULE_TENSOR && !strncmp(text, "saved:", 6)) r.kind = RULE_SAVED, pat += 6;
+    if (r.kind == RULE_TENSOR && !strncmp(text, "value:", 6)) r.kind = RULE_VALUE, pat += 6;
     r.pattern = arena_printf(a, "%.*s", (int)(eq - pat), pat);
     const char *err = parse_format(a, eq + 1, &r.fmt);
     if (!err && r.kind == RULE_VALUE && !(r.fmt.elem == FMT_F32 || r.fmt.elem == FMT_BF16 || r.fmt.elem == FMT_F16))
@@ -145,14 +163,21 @@ static bool policy_load_file(Policy *p, Arena *a, const char *path)
     return true;
 }
 
-/* The last matching rule of a kind, or NULL. */
-static const Rule *policy_match(const Policy *p, RuleKind kind, const char *name)
+/* The last matching rule of a kind, or NULL; gemm: rules must also cover the GEMM kind. */
+static const Rule *policy_match_gemm(const Policy *p, RuleKind kind, int gemm, const char *name)
 {
     if (!name) return NULL;
     const Rule *found = NULL;
     for (int i = 0; i < p->n_rules; i++)
-        if (p->rules[i].kind == kind && fnmatch(p->rules[i].pattern, name, 0) == 0) found = &p->rules[i];
+        if (p->rules[i].kind == kind && (!gemm || (p->rules[i].gemms & gemm)) &&
+            fnmatch(p->rules[i].pattern, name, 0) == 0)
+            found = &p->rules[i];
     return found;
+}
+
+static const Rule *policy_match(const Policy *p, RuleKind kind, const char *name)
+{
+    return policy_match_gemm(p, kind, 0, name);
 }
 
 /* ---------------------------------------------------------------- the level table */
@@ -264,15 +289,57 @@ static bool stays_f32(const Node *n)
     }
 }
 
-/* The weight operand of a GEMM, for gemm: rules: the first PARAM among its operands. */
-static const char *gemm_weight_name(const Node *mm)
+/* The parameter whose gradient the weight-gradient GEMM mm computes, or NULL. dW = x^T dy has
+ * no parameter among its operands; its result flows, through the reshapes, casts, transposes,
+ * sums and concats autodiff joins contributions with, into the node that autodiff names P.grad
+ * (grad_of = P), or into P's gradient accumulator. A few steps suffice: autodiff puts at most
+ * a reshape, a sum of tied uses and a concat of slices between them. */
+static const Node *wgrad_param(const Node *mm, const Uses *uses)
+{
+    const Node *frontier[16], *next[16];
+    int n = 1;
+    frontier[0] = mm;
+    for (int depth = 0; depth < 6 && n; depth++) {
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            const Node *x = frontier[i];
+            if (x->grad_of && x->grad_of->op == OP_PARAM) return x->grad_of;
+            if (x->op == OP_ACCUMULATE && x->in[0]->grad_of && x->in[0]->grad_of->op == OP_PARAM)
+                return x->in[0]->grad_of;
+            const Uses *u = &uses[x->index];
+            for (int k = 0; k < u->n && m < 16; k++) {
+                const Node *r = u->list[k];
+                if (r->op == OP_RESHAPE || r->op == OP_CAST || r->op == OP_TRANSPOSE || r->op == OP_ADD_N ||
+                    r->op == OP_ADD || r->op == OP_CONCAT || r->op == OP_ACCUMULATE || r->op == OP_SCALE)
+                    next[m++] = r;
+            }
+        }
+        memcpy(frontier, next, sizeof *next * (size_t)m);
+        n = m;
+    }
+    return NULL;
+}
+
+/* Which of a linear layer's GEMMs mm is (GEMM_FWD, _DGRAD, _WGRAD) and the name gemm: rules
+ * match it by: its weight's (the parameter among its operands, or for a weight gradient the
+ * parameter it is the gradient of). A GEMM of two values (no weight) matches by its result's
+ * name, "" when it has none, so that "*" reaches every GEMM. */
+static int gemm_kind(const Node *mm, const Uses *uses, const char **name)
 {
     for (int i = 0; i < 2; i++) {
         const Node *x = mm->in[i];
         while ((x->op == OP_CAST || x->op == OP_RESHAPE) && x->n_in) x = x->in[0];
-        if (x->op == OP_PARAM) return x->t.name;
+        if (x->op == OP_PARAM) {
+            *name = x->t.name;
+            return mm->phase == PHASE_FORWARD ? GEMM_FWD : GEMM_DGRAD;
+        }
     }
-    return NULL;
+    *name = mm->t.name ? mm->t.name : "";
+    if (mm->phase == PHASE_FORWARD) return GEMM_FWD;
+    const Node *p = wgrad_param(mm, uses);
+    if (!p) return GEMM_DGRAD;
+    *name = p->t.name;
+    return GEMM_WGRAD;
 }
 
 /* A GEMM whose result flows (through reshapes and casts) into the loss's cross-entropy, or the
@@ -417,7 +484,9 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         Node *mm = g->nodes[i];
         if (mm->op != OP_MATMUL) continue;
         bool fp8 = level.fp8_gemms && !is_head_gemm(mm, uses, g);
-        const Rule *r = policy_match(&policy, RULE_GEMM, gemm_weight_name(mm));
+        const char *name;
+        int kind = gemm_kind(mm, uses, &name);
+        const Rule *r = policy_match_gemm(&policy, RULE_GEMM, kind, name);
         mm->iattr[2] = fp8 ? 1 : 0;
         mm->iattr[3] = mm->iattr[4] = mm->iattr[5] = mm->iattr[6] = 0;
         mm->fattr[0] = 0;

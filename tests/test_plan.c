@@ -11,9 +11,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "compiler.h"
+#include "rt.h"
 
 static Graph *compile_level(Arena *a, const char *model, int level, bool release, int64_t batch, int64_t seq)
 {
@@ -192,6 +196,149 @@ static void test_value_rules(void **s)
     }
 }
 
+
+/* ---------------------------------------------------------------- rules, executed */
+
+/* gpt2_tiny's step at -O<level> under rules, run once (forward, backward, update) on the
+ * reference executor from its initial parameters; NULL when the rules are refused, with the
+ * diagnostics in errors (if given). */
+static Graph *step_with_rules(Arena *a, int level, const char **rules, int n_rules, RtMemory *mem,
+                              char *errors, size_t errors_size)
+{
+    BuildOptions o = {0};
+    o.front.batch = 2, o.front.seq = 16;
+    o.passes.opt_level = level;
+    o.passes.verify = true;
+    o.passes.overrides = rules;
+    o.passes.n_overrides = n_rules;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *capture = open_memstream(&text, &size);
+    diag_reset();
+    diag_set_stream(capture);
+    Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o);
+    diag_set_stream(NULL);
+    fclose(capture);
+    if (errors) snprintf(errors, errors_size, "%s", text ? text : "");
+    free(text);
+    if (!g) return NULL;
+    assert_true(rt_memory_bind(g, mem));
+    rt_init_params(g, 11);
+    Node *ids[2] = {ir_find(g, "tokens"), ir_find(g, "targets")};
+    for (int k = 0; k < 2; k++) {
+        int64_t n = ir_numel(&ids[k]->t);
+        float *x = malloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) x[i] = (float)((i * 37 + k * 11) % 256);
+        ref_store(&ids[k]->t, x);
+        free(x);
+    }
+    ref_run_phase(g, PHASE_FORWARD);
+    ref_run_phase(g, PHASE_BACKWARD);
+    const char *scalars[] = {"lr", "step", "grad_scale"};
+    const float values[] = {1e-3f, 1, 1};
+    for (int k = 0; k < 3; k++) {
+        Node *n = ir_find(g, scalars[k]);
+        if (n) ref_store(&n->t, &values[k]);
+    }
+    ref_run_phase(g, PHASE_UPDATE);
+    return g;
+}
+
+/* What a GEMM operand is made from: through quantize, transpose, cast and reshape nodes to
+ * the parameter (a weight copy stands for its parameter), or the value itself. */
+static const Node *operand_source(const Node *x)
+{
+    while ((x->op == OP_QUANTIZE || x->op == OP_TRANSPOSE || x->op == OP_CAST || x->op == OP_RESHAPE) && x->n_in)
+        x = x->in[0];
+    if (x->op == OP_STATE && x->t.role == ROLE_WEIGHT_COPY) x = x->grad_of;
+    return x;
+}
+
+static bool is_fp8(ElemType e) { return e == FMT_E4M3 || e == FMT_E5M2; }
+
+/* FP8 GEMMs of the step by kind (0 forward, 1 input gradient, 2 weight gradient), each checked
+ * against the formats of the operands the reference executor read: FP8 exactly where the plan
+ * says so; with delayed, every FP8 operand scaled from an amax history that the step filled;
+ * with all_e4m3, no e5m2 operand. */
+typedef struct { int fp8[3], all[3]; } GemmCount;
+
+static GemmCount count_executed_gemms(const Graph *g, bool delayed, bool all_e4m3)
+{
+    GemmCount c = {{0}, {0}};
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *mm = g->nodes[i];
+        if (mm->op != OP_MATMUL) continue;
+        int kind = 2;
+        if (mm->phase == PHASE_FORWARD) kind = 0;
+        else
+            for (int j = 0; j < 2; j++)
+                if (operand_source(mm->in[j])->op == OP_PARAM) kind = 1;
+        c.all[kind]++;
+        c.fp8[kind] += mm->iattr[2] != 0;
+        for (int j = 0; j < 2; j++) {
+            const Node *x = mm->in[j];
+            assert_int_equal(is_fp8(x->t.fmt.elem), mm->iattr[2] != 0);
+            if (!is_fp8(x->t.fmt.elem)) continue;
+            if (all_e4m3) assert_int_equal(x->t.fmt.elem, FMT_E4M3);
+            while (x->op == OP_TRANSPOSE) x = x->in[0];
+            if (!delayed) continue;
+            assert_int_equal(x->op, OP_QUANTIZE);
+            assert_int_equal(x->t.fmt.recipe, RECIPE_DELAYED);
+            const Node *s = x->in[1];
+            assert_int_equal(s->op, OP_STATE);
+            const Node *hist = NULL;
+            for (int k = 0; k < g->n_nodes && !hist; k++)
+                if (g->nodes[k]->op == OP_DELAYED_SCALE && g->nodes[k]->in[0] == s) hist = g->nodes[k]->in[1];
+            assert_non_null(hist);
+            float *h = ref_load(&hist->t);
+            assert_true(h[0] > 0);   /* this step's amax, recorded */
+            free(h);
+        }
+    }
+    return c;
+}
+
+/* gemm: rules reach all three GEMMs of a linear layer (forward, input gradient, weight
+ * gradient); gemm.fwd:, gemm.dgrad: and gemm.wgrad: reach one each. gpt2_tiny has 16 linear
+ * layers and the head, whose weight is the embedding: 17 GEMMs of each kind. */
+static void test_gemm_rules_reach_every_gemm(void **s)
+{
+    (void)s;
+    struct {
+        const char *rules[2];
+        int level;
+        int fp8[3];
+        bool delayed, e4m3;
+    } cases[] = {
+        {{"gemm:h.0.*=bf16"}, 1, {12, 12, 12}, false, false},
+        {{"gemm:*=bf16"}, 1, {0, 0, 0}, false, false},
+        {{"gemm:*=e4m3:delayed16"}, 1, {17, 17, 17}, true, true},
+        {{"gemm:*=e4m3:delayed16"}, 0, {17, 17, 17}, true, true},
+        {{"gemm:*=e4m3:delayed16"}, 3, {17, 17, 17}, true, true},
+        {{"gemm.wgrad:*=bf16"}, 1, {16, 16, 0}, false, false},
+        {{"gemm:*=e5m2", "gemm.dgrad:h.1.*=bf16"}, 0, {17, 13, 17}, false, false},
+        {{"gemm.fwd:h.*.mlp.*=bf16", "gemm.wgrad:wte.weight=e4m3"}, 1, {8, 16, 17}, false, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        int n_rules = cases[k].rules[1] ? 2 : 1;
+        char errors[1024];
+        Graph *g = step_with_rules(a, cases[k].level, cases[k].rules, n_rules, &mem, errors, sizeof errors);
+        if (!g) fail_msg("%s: %s", cases[k].rules[0], errors);
+        GemmCount c = count_executed_gemms(g, cases[k].delayed, cases[k].e4m3);
+        print_message("-O%d %s %s: FP8 GEMMs %d/%d forward, %d/%d dgrad, %d/%d wgrad\n", cases[k].level,
+                      cases[k].rules[0], n_rules > 1 ? cases[k].rules[1] : "", c.fp8[0], c.all[0], c.fp8[1],
+                      c.all[1], c.fp8[2], c.all[2]);
+        for (int kind = 0; kind < 3; kind++) {
+            assert_int_equal(c.all[kind], 17);
+            assert_int_equal(c.fp8[kind], cases[k].fp8[kind]);
+        }
+        rt_memory_free(&mem);
+        arena_free(a);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -203,6 +350,7 @@ int main(void)
         cmocka_unit_test(test_peak_falls),
         cmocka_unit_test(test_rules_reach_tensors),
         cmocka_unit_test(test_value_rules),
+        cmocka_unit_test(test_gemm_rules_reach_every_gemm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
