@@ -54,6 +54,8 @@ typedef struct {
     const char *pattern;
     Format fmt;
     SrcLoc loc;             /* where it was written, for errors found when it is applied */
+    const char *text;
+    bool refused;           /* reported once; the tensors it matched keep their defaults */
 } Rule;
 
 typedef struct {
@@ -105,7 +107,7 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
         diag_error(loc, "a precision rule is PATTERN=FORMAT, not '%s'", text);
         return;
     }
-    Rule r = {RULE_TENSOR, 0, NULL, {0}, loc};
+    Rule r = {RULE_TENSOR, 0, NULL, {0}, loc, arena_strdup(a, text), false};
     const char *pat = text;
     static const struct { const char *prefix; int gemms; } gemm_prefixes[] = {
         {"gemm:", GEMM_ALL}, {"gemm.fwd:", GEMM_FWD}, {"gemm.dgrad:", GEMM_DGRAD}, {"gemm.wgrad:", GEMM_WGRAD},
@@ -164,10 +166,10 @@ static bool policy_load_file(Policy *p, Arena *a, const char *path)
 }
 
 /* The last matching rule of a kind, or NULL; gemm: rules must also cover the GEMM kind. */
-static const Rule *policy_match_gemm(const Policy *p, RuleKind kind, int gemm, const char *name)
+static Rule *policy_match_gemm(const Policy *p, RuleKind kind, int gemm, const char *name)
 {
     if (!name) return NULL;
-    const Rule *found = NULL;
+    Rule *found = NULL;
     for (int i = 0; i < p->n_rules; i++)
         if (p->rules[i].kind == kind && (!gemm || (p->rules[i].gemms & gemm)) &&
             fnmatch(p->rules[i].pattern, name, 0) == 0)
@@ -175,9 +177,68 @@ static const Rule *policy_match_gemm(const Policy *p, RuleKind kind, int gemm, c
     return found;
 }
 
-static const Rule *policy_match(const Policy *p, RuleKind kind, const char *name)
+static Rule *policy_match(const Policy *p, RuleKind kind, const char *name)
 {
     return policy_match_gemm(p, kind, 0, name);
+}
+
+/* Why a tensor of this role cannot be stored as fmt says, or NULL. The update and the executors
+ * store parameters, gradients and masters plainly (a master in i8 is the split codec), and Adam
+ * states plainly or through a codec of ir/codecs.c, whose element type and group are fixed
+ * (the GPU kernels have them built in): an FP8 state without a codec would be stored unscaled,
+ * where almost all of Adam's m underflows to zero, so the rule is refused rather than obeyed in
+ * name only. */
+static const char *stored_format_error(Arena *a, const Format *f, Role role)
+{
+    bool wide = f->elem == FMT_F32 || f->elem == FMT_BF16 || f->elem == FMT_F16;
+    bool fp8 = f->elem == FMT_E4M3 || f->elem == FMT_E5M2;
+    switch (role) {
+    case ROLE_PARAM:
+        if (wide && f->codec == CODEC_PLAIN) return NULL;
+        return "a parameter is stored in f32, bf16 or f16 (FP8 GEMMs read FP8 copies of it, with "
+               "scales: gemm: rules choose them)";
+    case ROLE_GRAD:
+        if (wide && f->codec == CODEC_PLAIN) return NULL;
+        return "a gradient accumulator is stored in f32, bf16 or f16";
+    case ROLE_MASTER:
+        if ((wide || f->elem == FMT_I8) && (f->codec == CODEC_PLAIN || f->codec == CODEC_SPLIT)) return NULL;
+        return "a master copy is stored in f32, bf16, f16 or i8 (bf16 weight + i8 correction)";
+    case ROLE_ADAM_M:
+    case ROLE_ADAM_V:
+        if (f->codec == CODEC_PLAIN) {
+            if (wide) return NULL;
+            if (fp8)
+                return "an FP8 optimizer state needs a scale per group, which the update keeps "
+                       "through the range-expansion codec: e4m3:expand (groups of 128)";
+            return "an 8-bit integer state needs its codec: i8:compand or u8:sqrt (groups of 32)";
+        }
+        if (f->codec == CODEC_SPLIT) return "the split codec is for master copies";
+        if (f->elem != codec_elem(f->codec))
+            return arena_printf(a, "the :%s codec stores %s codes", fmt_codec_name(f->codec),
+                                fmt_elem_name(codec_elem(f->codec)));
+        if ((f->group > 0 && f->group != codec_group_size(f->codec)) ||
+            (f->scaling != SCALE_NONE && f->scaling != SCALE_PER_GROUP && f->scaling != SCALE_PER_TENSOR))
+            return arena_printf(a, "the :%s codec scales groups of %d", fmt_codec_name(f->codec),
+                                codec_group_size(f->codec));
+        if (f->recipe == RECIPE_DELAYED || f->recipe == RECIPE_STATIC)
+            return "a state's scales are found as the update stores it: :delayedN and :static do not apply";
+        return NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* The tensor rule for a stored tensor of this role, or NULL when none matches or the one that
+ * does cannot be honoured (reported once, at the rule). */
+static const Rule *stored_rule(Arena *a, const Policy *p, const char *name, Role role)
+{
+    Rule *r = policy_match(p, RULE_TENSOR, name);
+    if (!r || r->refused) return NULL;
+    const char *err = stored_format_error(a, &r->fmt, role);
+    if (!err) return r;
+    diag_error(r->loc, "'%s' matches '%s' (%s): %s", r->text, name, ir_role_name(role), err);
+    r->refused = true;
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- the level table */
@@ -225,7 +286,7 @@ static void attach_codec_scales(Graph *g, Node *state, Node *before)
 
 static void set_state_format(Graph *g, Node *state, Format fmt, const Policy *p, Node *before)
 {
-    const Rule *r = policy_match(p, RULE_TENSOR, state->t.name);
+    const Rule *r = stored_rule(g->arena, p, state->t.name, state->t.role);
     if (r) fmt = r->fmt;
     if (fmt.codec != CODEC_PLAIN && fmt.group <= 0) fmt.group = fmt.codec == CODEC_EXPAND ? 128 : 32;
     if (fmt.codec != CODEC_PLAIN) fmt.scaling = SCALE_PER_GROUP;
@@ -245,7 +306,7 @@ static Node *add_master(Graph *g, Node *adamw, const Level *l, const Policy *p)
     ir_move_before(g, m, adamw);
     Format f = fmt_plain(l->master);
     f.codec = l->master_codec;
-    const Rule *r = policy_match(p, RULE_TENSOR, m->t.name);
+    const Rule *r = stored_rule(g->arena, p, m->t.name, ROLE_MASTER);
     if (r) f = r->fmt;
     if (f.elem == FMT_I8 && f.codec == CODEC_PLAIN) f.codec = CODEC_SPLIT;
     m->t.fmt = f;
@@ -446,7 +507,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
     for (int i = 0; i < g->n_nodes; i++) {
         Node *x = g->nodes[i];
         if (x->op == OP_PARAM) {
-            const Rule *r = policy_match(&policy, RULE_TENSOR, x->t.name);
+            const Rule *r = stored_rule(g->arena, &policy, x->t.name, ROLE_PARAM);
             x->t.fmt = fmt_plain(r ? r->fmt.elem : level.param);
         }
     }
@@ -461,6 +522,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         set_state_format(g, m, level.adam_m, &policy, u);
         set_state_format(g, v, level.adam_v, &policy, u);
     }
+    if (diag_error_count() > errors) return false;
 
     /* transient values: bf16, scalars and losses f32; integers stay as they are */
     for (int i = 0; i < g->n_nodes; i++) {

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "compiler.h"
 #include "rt.h"
@@ -339,6 +340,94 @@ static void test_gemm_rules_reach_every_gemm(void **s)
     }
 }
 
+/* Rules for stored tensors either hold on the reference executor's tensors after a step or are
+ * refused where they are written: an FP8 Adam state keeps a scale for each group of 128 (the
+ * range-expansion codec, whose side values the update wrote), and forms the update cannot
+ * store as labelled are errors naming the rule, not formats that differ from their label. */
+static void test_state_rules_hold_or_are_refused(void **s)
+{
+    (void)s;
+    const char *refused[][2] = {
+        {"*:adam_m=e4m3", "scale"},
+        {"*:adam_m=e4m3:tensor", "scale"},
+        {"*:adam_m=e4m3:group128", "scale"},
+        {"*:adam_v=e5m2:expand", "e4m3"},
+        {"*:adam_m=e4m3:expand:group64", "128"},
+        {"*:adam_m=u8:compand", "i8"},
+        {"*:adam_v=i8", "codec"},
+        {"h.*.weight=e4m3", "parameter"},
+        {"*:grad=e5m2", "gradient"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        char errors[2048];
+        const char *rules[] = {refused[k][0]};
+        Graph *g = step_with_rules(a, 1, rules, 1, &mem, errors, sizeof errors);
+        print_message("%s: %s", refused[k][0], errors);
+        assert_null(g);
+        assert_non_null(strstr(errors, "<command line>: error:"));
+        assert_non_null(strstr(errors, refused[k][0]));
+        assert_non_null(strstr(errors, refused[k][1]));
+        assert_int_equal(diag_error_count(), 1);   /* once per rule, not once per tensor */
+        arena_free(a);
+    }
+    /* in a policy file, the error points at the rule's line and column */
+    char path[] = "/tmp/fp8c-test-policy-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *pf = fdopen(fd, "w");
+    fprintf(pf, "# states\n  *:adam_m=e4m3:group128   # COAT without its codec\n");
+    fclose(pf);
+    Arena *pa = arena_new();
+    BuildOptions o = {0};
+    o.front.batch = 2, o.front.seq = 16;
+    o.passes.opt_level = 2;
+    o.passes.policy_file = path;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *capture = open_memstream(&text, &size);
+    diag_reset();
+    diag_set_stream(capture);
+    assert_null(pipeline_compile(pa, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o));
+    diag_set_stream(NULL);
+    fclose(capture);
+    char want[256];
+    snprintf(want, sizeof want, "%s:2:3: error: '*:adam_m=e4m3:group128'", path);
+    print_message("%s", text);
+    assert_non_null(strstr(text, want));
+    free(text);
+    unlink(path);
+    arena_free(pa);
+
+    /* what is accepted is what the step stores */
+    const char *accepted[] = {"*:adam_m=e4m3:expand", "*:adam_v=e4m3:expand:group128", "*:adam_m=i8:compand"};
+    for (size_t k = 0; k < sizeof accepted / sizeof accepted[0]; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        const char *rules[] = {accepted[k]};
+        Graph *g = step_with_rules(a, 1, rules, 1, &mem, NULL, 0);
+        assert_non_null(g);
+        const Node *m = ir_find(g, k == 1 ? "h.0.mlp.c_fc.weight:adam_v" : "h.0.mlp.c_fc.weight:adam_m");
+        const Format *f = &m->t.fmt;
+        assert_int_equal(f->elem, codec_elem(f->codec));
+        assert_int_equal(f->group, codec_group_size(f->codec));
+        assert_non_null(f->scale);
+        int64_t n = ir_numel(&m->t);
+        float *x = ref_load(&m->t), *p = ref_load(&f->scale->t);
+        int64_t zero = 0;
+        for (int64_t i = 0; i < n; i++) zero += x[i] == 0;
+        print_message("%s: %s %s, %lld of %lld zero after a step, first group's side value %g\n", accepted[k],
+                      fmt_elem_name(f->elem), fmt_codec_name(f->codec), (long long)zero, (long long)n, p[0]);
+        assert_true(p[0] > 0);
+        assert_true(zero < n / 100);   /* the scale keeps m and v off zero */
+        free(x);
+        free(p);
+        rt_memory_free(&mem);
+        arena_free(a);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -351,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_rules_reach_tensors),
         cmocka_unit_test(test_value_rules),
         cmocka_unit_test(test_gemm_rules_reach_every_gemm),
+        cmocka_unit_test(test_state_rules_hold_or_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
