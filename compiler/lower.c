@@ -1035,6 +1035,13 @@ static int eval_dims(Lower *L, Frame *f, const AstType *t, const char *what, int
             dims[i] = v.i;
         }
     }
+    if (ok && !ir_shape_fits(t->dims.n, dims)) {
+        char text[160] = "";
+        for (int i = 0; i < t->dims.n; i++)
+            snprintf(text + strlen(text), sizeof text - strlen(text), "%s%lld", i ? " x " : "", (long long)dims[i]);
+        lower_error(L, t->loc, "%s has %s elements, more than 2^40", what, text);
+        ok = false;
+    }
     return ok ? t->dims.n : -1;
 }
 

@@ -274,6 +274,12 @@ Node *ir_add2(Graph *g, OpKind op, Node *a, Node *b, SrcLoc loc);
 Node *ir_leaf(Graph *g, OpKind op, const char *name, Role role, ElemType elem, int rank,
               const int64_t *dims, SrcLoc loc);
 void ir_set_shape(Node *n, int rank, const int64_t *dims);
+/* The most elements a tensor may have: 2^40 (4 TiB in f32), far beyond any device, and small
+ * enough that byte counts, their sums over a graph's tensors and products of a few such counts
+ * stay inside int64. The front end refuses larger shapes (ir_infer_shape, ir_shape_fits) with
+ * an error at their place in the model, so that no pass meets an overflowing count. */
+#define IR_MAX_NUMEL ((int64_t)1 << 40)
+bool ir_shape_fits(int rank, const int64_t *dims);   /* dims >= 0, product <= IR_MAX_NUMEL */
 int64_t ir_numel(const Tensor *t);
 bool ir_same_shape(const Tensor *a, const Tensor *b);
 Node *ir_find(const Graph *g, const char *name);      /* by tensor name, NULL if none */
