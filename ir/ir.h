@@ -301,6 +301,8 @@ void ir_filter(Graph *g, const bool *keep);
  * message naming the dimensions that disagree (for diag_error at n->loc). Element types of
  * results default to f32 (i32 for nothing but leaves). */
 const char *ir_infer_shape(Node *n, Arena *a);
+/* A MATMUL's sizes: op(A) is M x K and op(B) K x N, on the operands' 2-D views. */
+void ir_matmul_dims(const Node *mm, int64_t *m, int64_t *n, int64_t *k);
 /* "bf16[8,64,768]": a tensor's element type and dims, for messages; in the arena. */
 const char *ir_shape_text(Arena *a, const Tensor *t);
 

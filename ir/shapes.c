@@ -187,6 +187,17 @@ static const char *infer_concat(Node *n, Arena *a)
     return NULL;
 }
 
+void ir_matmul_dims(const Node *mm, int64_t *m, int64_t *n, int64_t *k)
+{
+    IR_ASSERT(mm->op == OP_MATMUL && mm->n_in == 2);
+    const Tensor *a = &mm->in[0]->t, *b = &mm->in[1]->t;
+    int64_t ca = a->rank ? a->dims[a->rank - 1] : 1, ra = ca ? ir_numel(a) / ca : 0;
+    int64_t cb = b->rank ? b->dims[b->rank - 1] : 1, rb = cb ? ir_numel(b) / cb : 0;
+    *m = mm->iattr[0] ? ca : ra;
+    *k = mm->iattr[0] ? ra : ca;
+    *n = mm->iattr[1] ? rb : cb;
+}
+
 static const char *infer_shape(Node *n, Arena *a);
 
 /* Every result shape is bounded here (IR_MAX_NUMEL): the front end reports a model whose

@@ -48,6 +48,8 @@ typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED, RULE_VALUE } RuleKind;
  * gemm.fwd:, gemm.dgrad: and gemm.wgrad: one each. */
 enum { GEMM_FWD = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 4, GEMM_ALL = 7 };
 
+enum { MATMUL_UNALIGNED = 7 };   /* MATMUL's iattr "unaligned" (ops.def) */
+
 typedef struct {
     RuleKind kind;
     int gemms;              /* RULE_GEMM: which of the three (GEMM_*) */
@@ -403,6 +405,12 @@ static int gemm_kind(const Node *mm, const Uses *uses, const char **name)
     return GEMM_WGRAD;
 }
 
+const char *precision_gemm_kind(const Node *mm, const Uses *uses, const char **weight)
+{
+    int kind = gemm_kind(mm, uses, weight);
+    return kind == GEMM_FWD ? "fwd" : kind == GEMM_DGRAD ? "dgrad" : "wgrad";
+}
+
 /* A GEMM whose result flows (through reshapes and casts) into the loss's cross-entropy, or the
  * backward of such a GEMM: the output head. */
 static bool is_head_gemm(const Node *mm, const Uses *uses, const Graph *g)
@@ -562,6 +570,20 @@ bool pass_precision(Graph *g, const PassOptions *opt)
             mm->iattr[5] = fp8 && r->fmt.recipe == RECIPE_DELAYED && !r->fmt.history_max;
             mm->iattr[6] = fp8 ? r->fmt.margin : 0;
             mm->fattr[0] = fp8 && r->fmt.recipe == RECIPE_STATIC ? r->fmt.static_scale : 0;
+        }
+        /* cuBLASLt's FP8 GEMMs need K and N (the operands' and the result's leading dims, both
+         * operands being k-contiguous) to be multiples of 16; M may be anything. Such a GEMM
+         * runs in bf16 on every device, so that the one kernel program is the same on all of
+         * them, and `fp8c plan` lists it (unaligned=1). */
+        int64_t m_dim, n_dim, k_dim;
+        ir_matmul_dims(mm, &m_dim, &n_dim, &k_dim);
+        if (mm->iattr[2] && !opt->fp8_any_shape &&
+            (k_dim % PRECISION_FP8_GEMM_ALIGN || n_dim % PRECISION_FP8_GEMM_ALIGN)) {
+            for (int a = 2; a <= 6; a++) mm->iattr[a] = 0;
+            mm->fattr[0] = 0;
+            mm->iattr[MATMUL_UNALIGNED] = 1;
+        } else {
+            mm->iattr[MATMUL_UNALIGNED] = 0;
         }
     }
 

@@ -3,7 +3,8 @@
  * Golden files. tests/golden/passes/NAME.ir is one file that keeps input and expected output
  * side by side: the input IR, a comment line `# RUN: pass1,pass2` naming the passes to run
  * (through pass_find/pass_run, with ir_verify after each; `+grad_release` among them turns that
- * option on for the passes after it; the level is the graph's opt=; a line `# RULES: r1 r2`
+ * option on for the passes after it, `+fp8_any_shape` keeps FP8 GEMMs whose K or N are not
+ * multiples of 16 (the golden graphs are 8 wide); the level is the graph's opt=; a line `# RULES: r1 r2`
  * gives precision rules as --precision flags would), and after a line `# EXPECT:` the
  * text ir_print writes once they ran, verbatim. Only the text before `# EXPECT:` is read as
  * input (ir_read skips the `#` lines). With FP8C_UPDATE_GOLDEN=1 the expected part is
@@ -90,6 +91,10 @@ static bool run_passes_with(Graph *g, const char *list, const char *rules)
     for (char *name = strtok(buf, ", \t"); name; name = strtok(NULL, ", \t")) {
         if (!strcmp(name, "+grad_release")) {   /* an option for the passes that follow */
             opt.grad_release = true;
+            continue;
+        }
+        if (!strcmp(name, "+fp8_any_shape")) {   /* FP8 GEMMs on shapes below 16 (precision.c) */
+            opt.fp8_any_shape = true;
             continue;
         }
         const PassInfo *p = pass_find(name);

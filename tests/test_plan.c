@@ -428,6 +428,80 @@ static void test_state_rules_hold_or_are_refused(void **s)
     }
 }
 
+/* op(A) (M x K) times op(B) (K x N) of a GEMM, from its operands' 2-D views. */
+static void gemm_mnk(const Node *mm, int64_t *M, int64_t *N, int64_t *K)
+{
+    const Tensor *a = &mm->in[0]->t, *b = &mm->in[1]->t;
+    int64_t ca = a->dims[a->rank - 1], ra = ir_numel(a) / ca;
+    int64_t cb = b->dims[b->rank - 1], rb = ir_numel(b) / cb;
+    *M = mm->iattr[0] ? ca : ra;
+    *K = mm->iattr[0] ? ra : ca;
+    *N = mm->iattr[1] ? rb : cb;
+}
+
+/* cuBLASLt's FP8 GEMMs need K and N to be multiples of 16 (M may be anything: batch 3 x 1000 is
+ * fine): an FP8 GEMM the plan would make with another K or N is planned in bf16, and the plan
+ * says which and why. mlp.model with hidden = 200 at -O1: the hidden layer's forward, both its
+ * input gradients and the second layer's weight gradient fall back (5 of 6 GEMMs a layer), the
+ * first layer's weight gradient (K = 32 tokens, N = 64) stays FP8; at 3 x 5 tokens every weight
+ * gradient falls back too; with hidden = 256 nothing does at 2 x 16, and at 3 x 1000 the four
+ * weight gradients do (their K is the 3,000 tokens), the forward and input gradients, whose M
+ * is the tokens, do not. (The head's forward, N = 256, is
+ * FP8 in all four: mlp's head has a bias, and only its gradients count as the head's.) */
+static void test_unaligned_gemms_fall_back(void **s)
+{
+    (void)s;
+    struct { const char *hidden; int64_t batch, seq; int fallbacks, fp8; } cases[] = {
+        {"200", 2, 16, 10, 3}, {"200", 3, 5, 12, 1}, {"256", 2, 16, 0, 13}, {"256", 3, 1000, 4, 9},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Arena *a = arena_new();
+        Define d = {"hidden", cases[k].hidden};
+        BuildOptions o = {0};
+        o.front.batch = cases[k].batch, o.front.seq = cases[k].seq;
+        o.front.defines = &d, o.front.n_defines = 1;
+        o.passes.opt_level = 1;
+        o.passes.verify = true;
+        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/mlp.model", &o);
+        assert_non_null(g);
+        int fallbacks = 0, fp8 = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *mm = g->nodes[i];
+            if (mm->op != OP_MATMUL) continue;
+            int64_t M, N, K;
+            gemm_mnk(mm, &M, &N, &K);
+            bool aligned = K % 16 == 0 && N % 16 == 0;
+            bool unaligned_attr = mm->iattr[7] != 0;
+            fallbacks += unaligned_attr;
+            fp8 += mm->iattr[2] != 0;
+            if (mm->iattr[2]) assert_true(aligned);
+            bool head_gradient = mm->in[0]->op == OP_CROSS_ENTROPY_BWD || mm->in[1]->op == OP_CROSS_ENTROPY_BWD;
+            assert_int_equal(unaligned_attr, !aligned && !head_gradient);   /* those are bf16 anyway */
+            for (int j = 0; j < 2 && !mm->iattr[2]; j++) assert_false(is_fp8(mm->in[j]->t.fmt.elem));
+        }
+        char *text = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&text, &size);
+        plan_print(g, false, f);
+        fclose(f);
+        print_message("hidden %s at %lld x %lld: %d GEMMs fell back to bf16, %d FP8\n", cases[k].hidden,
+                      (long long)cases[k].batch, (long long)cases[k].seq, fallbacks, fp8);
+        assert_int_equal(fallbacks, cases[k].fallbacks);
+        assert_int_equal(fp8, cases[k].fp8);
+        const char *section = strstr(text, "GEMMs planned in bf16");
+        if (cases[k].fallbacks) {
+            assert_non_null(section);
+            assert_non_null(strstr(section, "layers.*.fc1.weight"));
+            assert_non_null(strstr(section, cases[k].hidden[1] == '0' ? "x 200" : "K = 3000"));
+        } else {
+            assert_null(section);
+        }
+        if (k == 0) print_message("%s", section);
+        free(text);
+        arena_free(a);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -441,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_value_rules),
         cmocka_unit_test(test_gemm_rules_reach_every_gemm),
         cmocka_unit_test(test_state_rules_hold_or_are_refused),
+        cmocka_unit_test(test_unaligned_gemms_fall_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
