@@ -411,8 +411,16 @@ const char *precision_gemm_kind(const Node *mm, const Uses *uses, const char **w
     return kind == GEMM_FWD ? "fwd" : kind == GEMM_DGRAD ? "dgrad" : "wgrad";
 }
 
-/* A GEMM whose result flows (through reshapes and casts) into the loss's cross-entropy, or the
- * backward of such a GEMM: the output head. */
+/* The add of a bias to x: the other operand is broadcast over x's rows. */
+static bool is_bias_add(const Node *add, const Node *x)
+{
+    if (add->op != OP_ADD || add->n_in != 2) return false;
+    const Node *b = add->in[0] == x ? add->in[1] : add->in[0];
+    return b->t.rank < x->t.rank;
+}
+
+/* A GEMM whose result flows (through reshapes, casts and the add of a bias) into the loss's
+ * cross-entropy, or the backward of such a GEMM: the output head. */
 static bool is_head_gemm(const Node *mm, const Uses *uses, const Graph *g)
 {
     const Node *x = mm;
@@ -420,8 +428,10 @@ static bool is_head_gemm(const Node *mm, const Uses *uses, const Graph *g)
         const Uses *u = &uses[x->index];
         for (int k = 0; k < u->n; k++)
             if (u->list[k]->op == OP_CROSS_ENTROPY || u->list[k]->op == OP_CROSS_ENTROPY_BWD) return true;
-        if (u->n != 1 || (u->list[0]->op != OP_RESHAPE && u->list[0]->op != OP_CAST)) break;
-        x = u->list[0];
+        if (u->n != 1) break;
+        const Node *r = u->list[0];
+        if (r->op != OP_RESHAPE && r->op != OP_CAST && !is_bias_add(r, x)) break;
+        x = r;
     }
     /* backward GEMMs of the head read the cross-entropy gradient directly */
     for (int i = 0; i < mm->n_in; i++)
