@@ -572,7 +572,10 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         mm->fattr[0] = 0;
         if (r) {
             fp8 = r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2;
+            /* rows and 1x128 tiles run along the features; the weight gradient x^T dy contracts
+             * over the tokens, across them, so its operands are scaled per tensor */
             mm->iattr[2] = !fp8 ? 0
+                         : kind == GEMM_WGRAD ? 1
                          : r->fmt.scaling == SCALE_PER_ROW ? 2
                          : r->fmt.scaling == SCALE_BLOCK_128 || r->fmt.scaling == SCALE_TILE_1x128 ? 3 : 1;
             mm->iattr[3] = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;

@@ -340,6 +340,38 @@ static void test_gemm_rules_reach_every_gemm(void **s)
     }
 }
 
+/* Grouped scales (:row, :block128) reach the forward and input-gradient GEMMs; the weight
+ * gradient x^T dy contracts over the tokens, across which rows and tiles are laid out, so the
+ * rule gives it per-tensor scales (docs/precision.md), also the head's. */
+static void test_grouped_rules_give_wgrad_per_tensor(void **s)
+{
+    (void)s;
+    const char *rules[][1] = {{"gemm:*=e4m3:block128"}, {"gemm:*=e4m3:row"}};
+    const int grouped[] = {3, 2};
+    for (int k = 0; k < 2; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        Graph *g = step_with_rules(a, 1, rules[k], 1, &mem, NULL, 0);
+        assert_non_null(g);
+        int modes[3][4] = {{0}};
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *mm = g->nodes[i];
+            if (mm->op != OP_MATMUL) continue;
+            int kind = mm->phase == PHASE_FORWARD ? 0 : 2;
+            for (int j = 0; j < 2 && kind == 2; j++)
+                if (operand_source(mm->in[j])->op == OP_PARAM) kind = 1;
+            modes[kind][mm->iattr[2]]++;
+        }
+        print_message("%s: forward %d grouped, dgrad %d grouped, wgrad %d per tensor\n", rules[k][0],
+                      modes[0][grouped[k]], modes[1][grouped[k]], modes[2][1]);
+        assert_int_equal(modes[0][grouped[k]], 17);
+        assert_int_equal(modes[1][grouped[k]], 17);
+        assert_int_equal(modes[2][1], 17);
+        rt_memory_free(&mem);
+        arena_free(a);
+    }
+}
+
 /* Rules for stored tensors either hold on the reference executor's tensors after a step or are
  * refused where they are written: an FP8 Adam state keeps a scale for each group of 128 (the
  * range-expansion codec, whose side values the update wrote), and forms the update cannot
@@ -547,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_rules_reach_tensors),
         cmocka_unit_test(test_value_rules),
         cmocka_unit_test(test_gemm_rules_reach_every_gemm),
+        cmocka_unit_test(test_grouped_rules_give_wgrad_per_tensor),
         cmocka_unit_test(test_state_rules_hold_or_are_refused),
         cmocka_unit_test(test_unaligned_gemms_fall_back),
         cmocka_unit_test(test_head_with_bias_stays_bf16),
