@@ -38,6 +38,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,18 @@ typedef struct {
     int n_rules;
 } Policy;
 
+/* "groupN", "delayedN", "marginN": N in [lo, hi] with nothing after it. */
+static bool modifier_int(const char *part, const char *name, long lo, long hi, int *n)
+{
+    size_t len = strlen(name);
+    if (strncmp(part, name, len) || !isdigit((unsigned char)part[len])) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(part + len, &end, 10);
+    *n = *end || errno || v < lo || v > hi ? -1 : (int)v;
+    return true;
+}
+
 /* Parses "e4m3:group16:delayed16" into a Format. Returns NULL or an error message. */
 static const char *parse_format(Arena *a, const char *spec, Format *out)
 {
@@ -85,12 +98,27 @@ static const char *parse_format(Arena *a, const char *spec, Format *out)
         else if (!strcmp(part, "row")) out->scaling = SCALE_PER_ROW;
         else if (!strcmp(part, "tile128")) out->scaling = SCALE_TILE_1x128, out->group = 128;
         else if (!strcmp(part, "block128")) out->scaling = SCALE_BLOCK_128;
-        else if (sscanf(part, "group%d", &n) == 1 && n > 0) out->scaling = SCALE_PER_GROUP, out->group = n;
+        else if (modifier_int(part, "group", 1, 1 << 20, &n)) {
+            if (n < 0) return arena_printf(a, "'%s': a group holds 1 to 1048576 elements", part);
+            out->scaling = SCALE_PER_GROUP, out->group = n;
+        }
         else if (!strcmp(part, "current")) out->recipe = RECIPE_CURRENT;
-        else if (sscanf(part, "delayed%d", &n) == 1 && n > 0) out->recipe = RECIPE_DELAYED, out->history = n, out->history_max = true;
+        else if (modifier_int(part, "delayed", 1, 1024, &n)) {
+            if (n < 0) return arena_printf(a, "'%s': an amax history holds 1 to 1024 steps", part);
+            out->recipe = RECIPE_DELAYED, out->history = n, out->history_max = true;
+        }
         else if (!strcmp(part, "recent")) out->history_max = false;
-        else if (sscanf(part, "margin%d", &n) == 1 && n >= 0 && n < 32) out->margin = n;
-        else if (!strncmp(part, "static", 6) && (out->static_scale = strtof(part + 6, NULL)) > 0) out->recipe = RECIPE_STATIC;
+        else if (modifier_int(part, "margin", 0, 31, &n)) {
+            if (n < 0) return arena_printf(a, "'%s': a margin is 0 to 31 (scales / 2^margin)", part);
+            out->margin = n;
+        }
+        else if (!strncmp(part, "static", 6)) {
+            char *end;
+            float v = strtof(part + 6, &end);
+            if (end == part + 6 || *end || !(v > 0) || !isfinite(v))
+                return arena_printf(a, "'%s': a static scale is a positive finite number", part);
+            out->static_scale = v, out->recipe = RECIPE_STATIC;
+        }
         else if (!strcmp(part, "expand")) out->codec = CODEC_EXPAND;
         else if (!strcmp(part, "compand")) out->codec = CODEC_COMPAND;
         else if (!strcmp(part, "sqrt")) out->codec = CODEC_SQRT;
@@ -128,6 +156,15 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
     const char *err = parse_format(a, eq + 1, &r.fmt);
     if (!err && r.kind == RULE_VALUE && !(r.fmt.elem == FMT_F32 || r.fmt.elem == FMT_BF16 || r.fmt.elem == FMT_F16))
         err = "a value: rule takes f32, bf16 or f16 (FP8 values are made by gemm: and saved: rules)";
+    /* a GEMM runs in bf16 or FP8 with per-tensor, row or 1x128/128x128 block scales: a format
+     * it would run otherwise is refused, not approximated */
+    bool gemm_fp8 = r.fmt.elem == FMT_E4M3 || r.fmt.elem == FMT_E5M2;
+    if (!err && r.kind == RULE_GEMM && !gemm_fp8 && r.fmt.elem != FMT_BF16)
+        err = "a gemm: rule takes bf16 (a bf16 GEMM), e4m3 or e5m2 (FP8 operands); the formats of a "
+              "bf16 GEMM's values come from value: rules";
+    if (!err && r.kind == RULE_GEMM && (r.fmt.scaling == SCALE_PER_GROUP || r.fmt.codec != CODEC_PLAIN))
+        err = "a gemm: rule scales operands :tensor, :row, :tile128 or :block128 (groups and state "
+              "codecs are for saved: rules and optimizer states)";
     if (err) {
         diag_error(loc, "%s", err);
         return;

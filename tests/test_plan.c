@@ -404,6 +404,30 @@ static void test_state_rules_hold_or_are_refused(void **s)
         assert_int_equal(diag_error_count(), 1);   /* once per rule, not once per tensor */
         arena_free(a);
     }
+    /* GEMM rules: what a GEMM cannot do, and numbers out of range, are refused too */
+    const char *refused_forms[][2] = {
+        {"gemm:*=e4m3:group128", "gemm: rule"},
+        {"gemm:*=e4m3:expand", "gemm: rule"},
+        {"gemm:*=f32", "bf16"},
+        {"gemm:*=e4m3:delayed2000000000", "1024"},
+        {"saved:*=e4m3:group99999999999", "group"},
+        {"gemm:*=e4m3:static1e40", "finite"},
+        {"gemm:*=e4m3:margin40", "margin"},
+    };
+    for (size_t k = 0; k < sizeof refused_forms / sizeof refused_forms[0]; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        char errors[2048];
+        const char *rules[] = {refused_forms[k][0]};
+        Graph *g = step_with_rules(a, 1, rules, 1, &mem, errors, sizeof errors);
+        print_message("%s: %s", refused_forms[k][0], errors);
+        assert_null(g);
+        assert_non_null(strstr(errors, "<command line>: error:"));
+        assert_non_null(strstr(errors, refused_forms[k][1]));
+        assert_int_equal(diag_error_count(), 1);
+        arena_free(a);
+    }
+
     /* in a policy file, the error points at the rule's line and column */
     char path[] = "/tmp/fp8c-test-policy-XXXXXX";
     int fd = mkstemp(path);
