@@ -10,7 +10,9 @@
  *   - parameters, master copies (it adds the master states), gradient accumulators, Adam m and v
  *     (element type and codec);
  *   - which GEMMs take FP8 operands (MATMUL fp8=1): all at O1+, except the head that produces
- *     the logits of the loss, which stays bf16 as in TransformerEngine and torchao recipes;
+ *     the logits of the loss, which stays bf16 as in TransformerEngine and torchao recipes, and
+ *     GEMMs whose K or N is not a multiple of 16, which cuBLASLt cannot run in FP8 (bf16,
+ *     marked unaligned=1 for the plan);
  *   - which forward values the backward reads (role saved), since the levels store those
  *     differently; every other transient value is bf16, scalars and losses f32;
  *   - whether attention's backward reads the forward's result and logsumexp (where the result
@@ -32,7 +34,11 @@
  * FORMAT is an element type with optional modifiers: e4m3:tensor|row|group16|tile128|block128,
  * :current|:delayed16 (amax history length) with :recent (the latest amax, not the history's
  * max) and :margin1 (scales / 2^margin), :static0.5 (a fixed scale), :expand|:compand|:sqrt
- * (state codecs). Later rules win over earlier ones. */
+ * (state codecs). Later rules win over earlier ones.
+ *
+ * Every rule does what it says or is an error at its place: a format the update or a GEMM
+ * cannot honour (an unscaled FP8 state, an e5m2 range-expanded one, an FP8 parameter, a GEMM
+ * in groups) is refused when it is read or first matched, not approximated. */
 #include "passes.h"
 
 #include <ctype.h>
