@@ -167,6 +167,12 @@ static void parse_args(int argc, char **argv, Args *a)
             bad_flag("unexpected argument '%s'", s);
         }
     }
+    int64_t b = a->build.front.batch, t = a->build.front.seq;   /* each at most 2^30 */
+    if (b && t && b * t > IR_MAX_NUMEL) {
+        fprintf(stderr, "fp8c: error: --batch %lld x --seq %lld is %lld tokens a step; at most 2^40\n",
+                (long long)b, (long long)t, (long long)(b * t));
+        exit(2);
+    }
     const char *pa = a->build.passes.print_after, *sa = a->build.stop_after;
     if (pa && strcmp(pa, "all") && strcmp(pa, "front") && !pass_find(pa))
         bad_flag("--print-ir-after names no pass: '%s' (fp8c passes lists them)", pa);

@@ -195,6 +195,46 @@ static CopyRow *collect_copies(const Graph *g, int *n_rows)
     return rows;
 }
 
+/* GEMMs the precision pass planned in bf16 where FP8 was asked for, because cuBLASLt cannot
+ * run them in FP8 (MATMUL unaligned=1): one row per weight pattern, kind and shape. */
+typedef struct {
+    const char *pattern, *kind;
+    int64_t m, n, k;
+    int count;
+} FallbackRow;
+
+static FallbackRow *collect_fallbacks(const Graph *g, int *n_rows)
+{
+    FallbackRow *rows = arena_alloc(g->arena, sizeof *rows * (size_t)(g->n_nodes + 1));
+    int n = 0;
+    Uses *uses = NULL;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *mm = g->nodes[i];
+        if (mm->op != OP_MATMUL || !mm->iattr[7]) continue;   /* unaligned */
+        if (!uses) uses = ir_fill_uses(g);
+        const char *weight;
+        const char *kind = precision_gemm_kind(mm, uses, &weight);
+        FallbackRow r = {name_pattern(g->arena, *weight ? weight : "(no weight)"), kind, 0, 0, 0, 0};
+        ir_matmul_dims(mm, &r.m, &r.n, &r.k);
+        int j = 0;
+        for (; j < n; j++)
+            if (!strcmp(rows[j].pattern, r.pattern) && rows[j].kind == r.kind && rows[j].m == r.m &&
+                rows[j].n == r.n && rows[j].k == r.k)
+                break;
+        if (j == n) rows[n++] = r;
+        rows[j].count++;
+    }
+    *n_rows = n;
+    return rows;
+}
+
+static const char *fallback_why(Arena *a, const FallbackRow *r)
+{
+    bool k = r->k % PRECISION_FP8_GEMM_ALIGN != 0, n = r->n % PRECISION_FP8_GEMM_ALIGN != 0;
+    if (k && n) return arena_printf(a, "K = %lld and N = %lld", (long long)r->k, (long long)r->n);
+    return arena_printf(a, "%s = %lld", k ? "K" : "N", (long long)(k ? r->k : r->n));
+}
+
 void plan_print(const Graph *g, bool json, FILE *out)
 {
     MemSummary m;
@@ -231,7 +271,15 @@ void plan_print(const Graph *g, bool json, FILE *out)
                          "\"shape\": [%lld,%lld], \"bytes\": %lld}",
                     i ? "," : "", copies[i].pattern, copies[i].count, copies[i].made_by, copies[i].phase,
                     (long long)copies[i].dims[0], (long long)copies[i].dims[1], (long long)copies[i].bytes);
-        fprintf(out, "%s],\n \"totals\": {", n_copies ? "\n " : "");
+        fprintf(out, "%s],\n \"bf16_gemms\": [", n_copies ? "\n " : "");
+        int n_fallbacks;
+        FallbackRow *fb = collect_fallbacks(g, &n_fallbacks);
+        for (int i = 0; i < n_fallbacks; i++)
+            fprintf(out, "%s\n  {\"weight\": \"%s\", \"kind\": \"%s\", \"count\": %d, \"m\": %lld, "
+                         "\"n\": %lld, \"k\": %lld, \"why\": \"%s not a multiple of %d\"}",
+                    i ? "," : "", fb[i].pattern, fb[i].kind, fb[i].count, (long long)fb[i].m, (long long)fb[i].n,
+                    (long long)fb[i].k, fallback_why(g->arena, &fb[i]), PRECISION_FP8_GEMM_ALIGN);
+        fprintf(out, "%s],\n \"totals\": {", n_fallbacks ? "\n " : "");
         for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++)
             fprintf(out, "%s\"%s\": %lld", c ? ", " : "", categories[c].name,
                     (long long)m.by_role[categories[c].role]);
@@ -268,6 +316,20 @@ void plan_print(const Graph *g, bool json, FILE *out)
             snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)copies[i].dims[0], (long long)copies[i].dims[1]);
             fprintf(out, "%-40.40s %-27s %-9s %-15.15s %11s\n", name, copies[i].made_by, copies[i].phase, shape,
                     human(copies[i].bytes, b1));
+        }
+    }
+    int n_fallbacks;
+    FallbackRow *fb = collect_fallbacks(g, &n_fallbacks);
+    if (n_fallbacks) {
+        fprintf(out, "\nGEMMs planned in bf16 instead of FP8: cuBLASLt's FP8 GEMMs need K and N to be "
+                     "multiples of %d\n", PRECISION_FP8_GEMM_ALIGN);
+        fprintf(out, "%-40s %-6s %-26s %s\n", "weight (x count)", "GEMM", "M x N x K", "why");
+        for (int i = 0; i < n_fallbacks; i++) {
+            char name[80], dims[64];
+            if (fb[i].count > 1) snprintf(name, sizeof name, "%s x%d", fb[i].pattern, fb[i].count);
+            else snprintf(name, sizeof name, "%s", fb[i].pattern);
+            snprintf(dims, sizeof dims, "%lld x %lld x %lld", (long long)fb[i].m, (long long)fb[i].n, (long long)fb[i].k);
+            fprintf(out, "%-40.40s %-6s %-26s %s\n", name, fb[i].kind, dims, fallback_why(g->arena, &fb[i]));
         }
     }
     fprintf(out, "\n%-24s %12s %10s\n", "category", "bytes", "per param");

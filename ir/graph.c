@@ -272,10 +272,22 @@ void ir_set_shape(Node *n, int rank, const int64_t *dims)
     for (int i = 0; i < IR_MAX_RANK; i++) n->t.dims[i] = i < rank ? dims[i] : 0;
 }
 
+bool ir_shape_fits(int rank, const int64_t *dims)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        if (dims[i] < 0 || __builtin_mul_overflow(n, dims[i], &n) || n > IR_MAX_NUMEL) return false;
+    return true;
+}
+
+/* Shapes are checked where they are made (ir_infer_shape, the front end), so an overflow here
+ * is a compiler bug, not a user error. */
 int64_t ir_numel(const Tensor *t)
 {
     int64_t n = 1;
-    for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+    for (int i = 0; i < t->rank; i++)
+        if (__builtin_mul_overflow(n, t->dims[i], &n))
+            ir_die(__FILE__, __LINE__, "element count of '%s' overflows", t->name ? t->name : "a tensor");
     return n;
 }
 

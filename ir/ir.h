@@ -274,6 +274,12 @@ Node *ir_add2(Graph *g, OpKind op, Node *a, Node *b, SrcLoc loc);
 Node *ir_leaf(Graph *g, OpKind op, const char *name, Role role, ElemType elem, int rank,
               const int64_t *dims, SrcLoc loc);
 void ir_set_shape(Node *n, int rank, const int64_t *dims);
+/* The most elements a tensor may have: 2^40 (4 TiB in f32), far beyond any device, and small
+ * enough that byte counts, their sums over a graph's tensors and products of a few such counts
+ * stay inside int64. The front end refuses larger shapes (ir_infer_shape, ir_shape_fits) with
+ * an error at their place in the model, so that no pass meets an overflowing count. */
+#define IR_MAX_NUMEL ((int64_t)1 << 40)
+bool ir_shape_fits(int rank, const int64_t *dims);   /* dims >= 0, product <= IR_MAX_NUMEL */
 int64_t ir_numel(const Tensor *t);
 bool ir_same_shape(const Tensor *a, const Tensor *b);
 Node *ir_find(const Graph *g, const char *name);      /* by tensor name, NULL if none */
@@ -295,6 +301,8 @@ void ir_filter(Graph *g, const bool *keep);
  * message naming the dimensions that disagree (for diag_error at n->loc). Element types of
  * results default to f32 (i32 for nothing but leaves). */
 const char *ir_infer_shape(Node *n, Arena *a);
+/* A MATMUL's sizes: op(A) is M x K and op(B) K x N, on the operands' 2-D views. */
+void ir_matmul_dims(const Node *mm, int64_t *m, int64_t *n, int64_t *k);
 /* "bf16[8,64,768]": a tensor's element type and dims, for messages; in the arena. */
 const char *ir_shape_text(Arena *a, const Tensor *t);
 

@@ -4,11 +4,15 @@
  * embed, so it is strict: anything print.c would not write is an error with file:line:col and a
  * caret, and the graph is only returned when the whole text was good. Nodes may refer only to
  * earlier nodes; format references (scale=, amax=) and of= may name any node, and are resolved
- * after the last line. Shapes are not re-inferred here (ir_verify does that on request). */
+ * after the last line. Shapes are not re-inferred here (ir_verify does that on request), but
+ * they are bounded like the front end's (IR_MAX_NUMEL). Node numbers are names: they are kept in
+ * a hash map, so a text with %2000000000 costs what one with %0 does, and they run from 0 to
+ * INT_MAX - 1 (Graph.next_id stays an int). */
 #include "ir.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,9 +23,9 @@ typedef struct {
     const char *line_start;
     int line;
     bool failed;           /* an error in this line: skip to the next */
-    /* id -> node */
+    /* id -> node: open addressing, at most half full */
     Node **by_id;
-    int cap_id;
+    int cap_id, n_id;
     /* forward references resolved at the end */
     struct Fixup { Node **slot; int id; SrcLoc loc; } *fix;
     int n_fix, cap_fix;
@@ -122,21 +126,56 @@ static double read_float(Reader *r)
     return v;
 }
 
+static size_t id_slot(const Reader *r, int id)
+{
+    size_t mask = (size_t)r->cap_id - 1, h = ((uint32_t)id * 2654435761u) & mask;
+    while (r->by_id[h] && r->by_id[h]->id != id) h = (h + 1) & mask;
+    return h;
+}
+
 static void remember(Reader *r, Node *n)
 {
-    while (n->id >= r->cap_id) {
-        int cap = r->cap_id ? r->cap_id * 2 : 1024;
-        Node **bigger = arena_alloc(r->a, sizeof(Node *) * (size_t)cap);
-        if (r->cap_id) memcpy(bigger, r->by_id, sizeof(Node *) * (size_t)r->cap_id);
-        r->by_id = bigger;
-        r->cap_id = cap;
+    if (2 * (r->n_id + 1) > r->cap_id) {
+        Node **old = r->by_id;
+        int old_cap = r->cap_id;
+        r->cap_id = old_cap ? old_cap * 2 : 1024;
+        r->by_id = arena_alloc(r->a, sizeof(Node *) * (size_t)r->cap_id);
+        for (int i = 0; i < old_cap; i++)
+            if (old[i]) r->by_id[id_slot(r, old[i]->id)] = old[i];
     }
-    r->by_id[n->id] = n;
+    r->by_id[id_slot(r, n->id)] = n;
+    r->n_id++;
 }
 
 static Node *lookup(Reader *r, int id)
 {
-    return id >= 0 && id < r->cap_id ? r->by_id[id] : NULL;
+    return r->cap_id ? r->by_id[id_slot(r, id)] : NULL;
+}
+
+/* An integer in [lo, hi], for fields that are ints in the IR. */
+static int read_int_in(Reader *r, long long lo, long long hi)
+{
+    skip_spaces(r);
+    const char *at = r->p;
+    long long v = read_int(r);
+    if (!r->failed && (v < lo || v > hi)) {
+        r->p = at;
+        fail(r, arena_printf(r->a, "expected an integer from %lld to %lld", lo, hi));
+    }
+    return r->failed ? (int)lo : (int)v;
+}
+
+/* "%N"'s N: a node number, 0 .. INT_MAX - 1. */
+static int read_id(Reader *r)
+{
+    skip_spaces(r);
+    const char *at = r->p;
+    long long v = read_int(r);
+    if (!r->failed && (v < 0 || v >= INT_MAX)) {
+        r->p = at;
+        fail(r, "node numbers run from 0 to 2147483646");
+    }
+    return r->failed ? -1 : (int)v;
 }
 
 /* "%12" resolved later (format references may point forward). */
@@ -145,7 +184,7 @@ static void read_ref_later(Reader *r, Node **slot)
     skip_spaces(r);
     SrcLoc loc = here(r);
     expect(r, "%");
-    int id = (int)read_int(r);
+    int id = read_id(r);
     if (r->failed) return;
     if (r->n_fix == r->cap_fix) {
         int cap = r->cap_fix ? r->cap_fix * 2 : 64;
@@ -181,11 +220,11 @@ static void read_format_block(Reader *r, Format *f)
         } else if (!strcmp(key, "codec")) {
             if ((v = name_index(read_word(r), codec_of, CODEC_COUNT)) >= 0) f->codec = (Codec)v;
         } else if (!strcmp(key, "group")) {
-            f->group = (int)read_int(r);
+            f->group = read_int_in(r, 0, 1 << 30);
         } else if (!strcmp(key, "history")) {
-            f->history = (int)read_int(r);
+            f->history = read_int_in(r, 0, 1 << 20);
         } else if (!strcmp(key, "margin")) {
-            f->margin = (int)read_int(r);
+            f->margin = read_int_in(r, 0, 31);
         } else if (!strcmp(key, "history_max")) {
             f->history_max = read_int(r) != 0;
         } else if (!strcmp(key, "static_scale")) {
@@ -205,11 +244,11 @@ static void read_graph_header(Reader *r, Graph *g)
 {
     g->model_name = read_quoted(r);
     expect(r, "batch=");
-    g->batch = read_int(r);
+    g->batch = read_int_in(r, 0, 1 << 30);
     expect(r, "seq=");
-    g->seq = read_int(r);
+    g->seq = read_int_in(r, 0, 1 << 30);
     expect(r, "opt=");
-    g->opt_level = (int)read_int(r);
+    g->opt_level = read_int_in(r, 0, 3);
     expect(r, "persistent=");
     g->persistent_bytes = read_int(r);
     expect(r, "transient=");
@@ -232,7 +271,7 @@ static void read_node(Reader *r, Graph *g)
 {
     SrcLoc at = here(r);
     expect(r, "%");
-    int id = (int)read_int(r);
+    int id = read_id(r);
     expect(r, "=");
     if (r->failed) return;
     if (lookup(r, id)) {
@@ -258,7 +297,7 @@ static void read_node(Reader *r, Graph *g)
         skip_spaces(r);
         const char *operand_at = r->p;
         expect(r, "%");
-        int ref = (int)read_int(r);
+        int ref = read_id(r);
         if (r->failed) return;
         Node *x = lookup(r, ref);
         if (!x) {
@@ -320,6 +359,11 @@ static void read_node(Reader *r, Graph *g)
     }
     if (r->failed) return;
     ir_set_shape(n, rank, dims);
+    if (!ir_shape_fits(rank, dims)) {
+        r->p = elem_at;
+        fail(r, arena_printf(r->a, "%s has more than 2^40 elements", ir_shape_text(r->a, &n->t)));
+        return;
+    }
     if (accept(r, "fmt{")) read_format_block(r, &n->t.fmt);
 
     /* the rest: key=value until the end of the line */
@@ -329,9 +373,9 @@ static void read_node(Reader *r, Graph *g)
         if (accept(r, "@")) {
             const char *file = read_quoted(r);
             expect(r, ":");
-            int line = (int)read_int(r);
+            int line = read_int_in(r, 0, INT_MAX);
             expect(r, ":");
-            int col = (int)read_int(r);
+            int col = read_int_in(r, 0, INT_MAX);
             n->loc = (SrcLoc){file, line, col};
             continue;
         }

@@ -187,7 +187,41 @@ static const char *infer_concat(Node *n, Arena *a)
     return NULL;
 }
 
+void ir_matmul_dims(const Node *mm, int64_t *m, int64_t *n, int64_t *k)
+{
+    IR_ASSERT(mm->op == OP_MATMUL && mm->n_in == 2);
+    const Tensor *a = &mm->in[0]->t, *b = &mm->in[1]->t;
+    int64_t ca = a->rank ? a->dims[a->rank - 1] : 1, ra = ca ? ir_numel(a) / ca : 0;
+    int64_t cb = b->rank ? b->dims[b->rank - 1] : 1, rb = cb ? ir_numel(b) / cb : 0;
+    *m = mm->iattr[0] ? ca : ra;
+    *k = mm->iattr[0] ? ra : ca;
+    *n = mm->iattr[1] ? rb : cb;
+}
+
+static const char *infer_shape(Node *n, Arena *a);
+
+/* Every result shape is bounded here (IR_MAX_NUMEL): the front end reports a model whose
+ * GEMM or reshape would make a larger tensor at its place, and no later count overflows. */
 const char *ir_infer_shape(Node *n, Arena *a)
+{
+    const char *err = NULL;
+    if (n->op == OP_RESHAPE || n->n_in == 0) {   /* shapes set by their builders */
+        if (!ir_shape_fits(n->t.rank, n->t.dims))
+            return arena_printf(a, "%s's shape %s has more than 2^40 elements", ir_op_info(n->op)->text,
+                                ir_shape_text(a, &n->t));
+    }
+    for (int i = 0; i < n->n_in; i++)
+        if (!ir_shape_fits(n->in[i]->t.rank, n->in[i]->t.dims))
+            return arena_printf(a, "%s reads %s, which has more than 2^40 elements", ir_op_info(n->op)->text,
+                                ir_shape_text(a, &n->in[i]->t));
+    if ((err = infer_shape(n, a))) return err;
+    if (!ir_shape_fits(n->t.rank, n->t.dims))
+        return arena_printf(a, "%s's result %s has more than 2^40 elements", ir_op_info(n->op)->text,
+                            ir_shape_text(a, &n->t));
+    return NULL;
+}
+
+static const char *infer_shape(Node *n, Arena *a)
 {
     const OpInfo *info = ir_op_info(n->op);
     if (info->arity >= 0 && n->n_in != info->arity)

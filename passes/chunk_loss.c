@@ -16,12 +16,16 @@
  * Exactness: each chunk's mean is over its rows, weighted by its share of all rows; this equals
  * the unchunked mean when no target is ignored (negative), which the runtime never produces.
  * Chunks are sized so that a chunk of logits is at most 128 MiB in bf16; a head that small
- * already is left alone. */
+ * already is left alone. There are at most 256 chunks: past that (more than 2.7M rows of a 50k
+ * vocabulary) the chunks grow instead. Every chunk adds a dozen nodes and two values that
+ * live until all chunks are done (its share of the loss, its part of the input's gradient),
+ * so an unbounded count made the graph, and the memory plan's work, grow with the batch; at
+ * 256 chunks a chunk's logits are a small part of a step that large. */
 #include "passes.h"
 
 #include <string.h>
 
-enum { CHUNK_BYTES = 128 << 20, CHUNK_ROW_ALIGN = 64 };
+enum { CHUNK_BYTES = 128 << 20, CHUNK_ROW_ALIGN = 64, MAX_CHUNKS = 256 };
 
 static Node *add_checked(Graph *g, Node *n)
 {
@@ -57,6 +61,7 @@ bool pass_chunk_loss(Graph *g, const PassOptions *opt)
     int64_t rows = ir_numel(&head->t) / vocab;
     int64_t chunks = (rows * vocab * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES;
     if (chunks <= 1) return true;
+    if (chunks > MAX_CHUNKS) chunks = MAX_CHUNKS;
     int64_t per = (rows + chunks - 1) / chunks;
     per = (per + CHUNK_ROW_ALIGN - 1) / CHUNK_ROW_ALIGN * CHUNK_ROW_ALIGN;
 

@@ -40,6 +40,8 @@ typedef struct {
     Uses *uses;
     int *n_members;         /* per root: nodes in its group */
     bool *has_head;         /* per root: the group holds a head */
+    int *first, *last, *next;   /* per root: its members as a list (first, last), per node: next */
+    bool *referenced;       /* per node: a format names it (fuse_referenced_by_format) */
 } Fuse;
 
 /* The bytes a node's result occupies: [lo, hi) in arena `persistent`; empty when it has none. */
@@ -101,9 +103,9 @@ static bool inputs_survive(const Fuse *f, int root, int c)
 {
     const Graph *g = f->g;
     Span out = node_span(g->nodes[c]);
-    for (int i = 0; i <= c; i++) {
+    IR_ASSERT(f->group[c] == root);   /* c is a member: the list holds it */
+    for (int i = f->first[root]; i >= 0; i = f->next[i]) {
         const Node *m = g->nodes[i];
-        if (i != c && f->group[i] != root) continue;
         for (int k = 0; k < m->n_in; k++) {
             const Node *x = m->in[k];
             if (x->index >= 0 && (f->group[x->index] == root || x->index == c)) continue;
@@ -145,14 +147,13 @@ bool fuse_referenced_by_format(const Graph *g, const Node *p)
 /* Tries to put p (root of its own group so far) into the group of its consumer c. */
 static bool try_merge(Fuse *f, Node *p, Node *c)
 {
-    const Graph *g = f->g;
     int pi = p->index, ci = c->index, croot = f->group[ci];
     if (f->group[pi] != pi || p->phase != c->phase || pi >= ci) return false;
     bool p_elementwise = cg_op_is_elementwise(p->op) && p->op != OP_ACCUMULATE;
     if (!p_elementwise && !cg_op_is_head(p->op)) return false;
     if (f->has_head[pi] && f->has_head[croot]) return false;   /* one head per group */
     if (ir_role_is_persistent(p->t.role) || p->t.role == ROLE_OUTPUT) return false;
-    if (fuse_referenced_by_format(g, p)) return false;
+    if (f->referenced[pi]) return false;
     /* every use of p is c (values the group does not store are read nowhere else) */
     const Uses *u = &f->uses[pi];
     for (int i = 0; i < u->n; i++)
@@ -160,20 +161,21 @@ static bool try_merge(Fuse *f, Node *p, Node *c)
     for (int k = 0; k < c->n_in; k++)
         if (c->in[k] == p && !same_element_operand(c, k)) return false;
 
-    /* tentatively join, then check the memory; undo when it is not safe */
-    int *saved = malloc(sizeof(int) * (size_t)g->n_nodes);
-    IR_ASSERT(saved);
-    memcpy(saved, f->group, sizeof(int) * (size_t)g->n_nodes);
-    for (int i = 0; i <= pi; i++)
-        if (f->group[i] == pi) f->group[i] = croot;
+    /* tentatively join, then check the memory; undo when it is not safe. The members are
+     * walked as lists, not found by a scan of the graph: fusion stays linear in its size. */
+    for (int i = f->first[pi]; i >= 0; i = f->next[i]) f->group[i] = croot;
+    f->next[f->last[pi]] = f->first[croot];   /* pi's members, then croot's */
+    int croot_first = f->first[croot];
+    f->first[croot] = f->first[pi];
     bool ok = inputs_survive(f, croot, ci);
     if (ok) {
         f->n_members[croot] += f->n_members[pi];
         f->has_head[croot] |= f->has_head[pi];
     } else {
-        memcpy(f->group, saved, sizeof(int) * (size_t)g->n_nodes);
+        f->first[croot] = croot_first;
+        f->next[f->last[pi]] = -1;
+        for (int i = f->first[pi]; i >= 0; i = f->next[i]) f->group[i] = pi;
     }
-    free(saved);
     return ok;
 }
 
@@ -192,12 +194,25 @@ int *fuse_plan(const Graph *g, Arena *a)
     f.group = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
     f.n_members = calloc((size_t)n + 1, sizeof(int));
     f.has_head = calloc((size_t)n + 1, sizeof(bool));
-    IR_ASSERT(f.n_members && f.has_head);
+    f.first = malloc(sizeof(int) * ((size_t)n + 1));
+    f.last = malloc(sizeof(int) * ((size_t)n + 1));
+    f.next = malloc(sizeof(int) * ((size_t)n + 1));
+    f.referenced = calloc((size_t)n + 1, sizeof(bool));
+    IR_ASSERT(f.n_members && f.has_head && f.first && f.last && f.next && f.referenced);
     for (int i = 0; i < n; i++) {
         IR_ASSERT(g->nodes[i]->index == i);
         f.group[i] = runs_kernel(g->nodes[i]) ? i : -1;
         f.n_members[i] = 1;
         f.has_head[i] = cg_op_is_head(g->nodes[i]->op);
+        f.first[i] = f.last[i] = i;
+        f.next[i] = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const Format *fm = &g->nodes[i]->t.fmt;
+        const Node *refs[2] = {fm->scale, fm->amax};
+        for (int k = 0; k < 2; k++)
+            if (refs[k] && refs[k]->index >= 0 && refs[k]->index < n && g->nodes[refs[k]->index] == refs[k])
+                f.referenced[refs[k]->index] = true;
     }
     f.uses = ir_fill_uses(g);
     /* consumers in schedule order pull in their producers; a producer's own group is complete
@@ -213,6 +228,10 @@ int *fuse_plan(const Graph *g, Arena *a)
     }
     free(f.n_members);
     free(f.has_head);
+    free(f.first);
+    free(f.last);
+    free(f.next);
+    free(f.referenced);
     return f.group;
 }
 

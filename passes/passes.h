@@ -16,6 +16,9 @@ typedef struct {
     int n_overrides;
     bool grad_release;          /* O3: release gradients as soon as their update ran */
     bool verify;                /* run ir_verify after every pass */
+    bool fp8_any_shape;         /* keep FP8 GEMMs whose K or N is not a multiple of 16, which
+                                   cuBLASLt cannot run (the reference and CPU can): for tests
+                                   of the FP8 passes on small graphs */
     const char *print_after;    /* pass name, "all", or NULL */
 } PassOptions;
 
@@ -36,6 +39,15 @@ const PassInfo *pass_find(const char *name);          /* NULL if unknown */
 const PassInfo *pass_table(int *count);
 /* Runs one pass by name, then ir_verify (if opt->verify) and --print-ir-after. */
 bool pass_run(Graph *g, const PassInfo *p, const PassOptions *opt);
+
+/* ---------------------------------------------------------------- precision.c */
+
+/* Which of a linear layer's three GEMMs mm is, and the name gemm: rules match it by (its
+ * weight's; for a weight gradient, the parameter it is the gradient of): "fwd", "dgrad" or
+ * "wgrad". uses: ir_fill_uses of mm's graph. */
+const char *precision_gemm_kind(const Node *mm, const Uses *uses, const char **weight);
+/* cuBLASLt runs FP8 GEMMs whose K and N are multiples of this; others are planned in bf16 */
+#define PRECISION_FP8_GEMM_ALIGN 16
 
 /* ---------------------------------------------------------------- memplan.c */
 

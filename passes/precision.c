@@ -10,7 +10,9 @@
  *   - parameters, master copies (it adds the master states), gradient accumulators, Adam m and v
  *     (element type and codec);
  *   - which GEMMs take FP8 operands (MATMUL fp8=1): all at O1+, except the head that produces
- *     the logits of the loss, which stays bf16 as in TransformerEngine and torchao recipes;
+ *     the logits of the loss, which stays bf16 as in TransformerEngine and torchao recipes, and
+ *     GEMMs whose K or N is not a multiple of 16, which cuBLASLt cannot run in FP8 (bf16,
+ *     marked unaligned=1 for the plan);
  *   - which forward values the backward reads (role saved), since the levels store those
  *     differently; every other transient value is bf16, scalars and losses f32;
  *   - whether attention's backward reads the forward's result and logsumexp (where the result
@@ -19,7 +21,8 @@
  * Rules, from --precision flags and a --policy file (one rule a line, '#' comments), are
  * PATTERN=FORMAT with shell globs over tensor names:
  *   lm_head.weight=f32            a parameter (or state: "*:adam_v=f32") kept in this format
- *   gemm:h.0.*=bf16               GEMMs whose weight matches run in bf16; =e5m2 means FP8 with
+ *   gemm:h.0.*=bf16               GEMMs whose weight matches run in bf16 (all three of a linear
+ *                                 layer; gemm.fwd:, gemm.dgrad:, gemm.wgrad: one); =e5m2 means FP8 with
  *                                 e4m3 forward and e5m2 gradients (the default), =e4m3 FP8 with
  *                                 e4m3 everywhere (DeepSeek-V3); :row, :block128 (1x128
  *                                 activation tiles, 128x128 weight blocks), :delayed16
@@ -31,27 +34,55 @@
  * FORMAT is an element type with optional modifiers: e4m3:tensor|row|group16|tile128|block128,
  * :current|:delayed16 (amax history length) with :recent (the latest amax, not the history's
  * max) and :margin1 (scales / 2^margin), :static0.5 (a fixed scale), :expand|:compand|:sqrt
- * (state codecs). Later rules win over earlier ones. */
+ * (state codecs). Later rules win over earlier ones.
+ *
+ * Every rule does what it says or is an error at its place: a format the update or a GEMM
+ * cannot honour (an unscaled FP8 state, an e5m2 range-expanded one, an FP8 parameter, a GEMM
+ * in groups) is refused when it is read or first matched, not approximated. */
 #include "passes.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED, RULE_VALUE } RuleKind;
 
+/* The three GEMMs of a linear layer y = x W: the forward, the input gradient dx = dy W^T
+ * (dgrad) and the weight gradient dW = x^T dy (wgrad). A gemm: rule reaches all three,
+ * gemm.fwd:, gemm.dgrad: and gemm.wgrad: one each. */
+enum { GEMM_FWD = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 4, GEMM_ALL = 7 };
+
+enum { MATMUL_UNALIGNED = 7 };   /* MATMUL's iattr "unaligned" (ops.def) */
+
 typedef struct {
     RuleKind kind;
+    int gemms;              /* RULE_GEMM: which of the three (GEMM_*) */
     const char *pattern;
     Format fmt;
+    SrcLoc loc;             /* where it was written, for errors found when it is applied */
+    const char *text;
+    bool refused;           /* reported once; the tensors it matched keep their defaults */
 } Rule;
 
 typedef struct {
     Rule *rules;
     int n_rules;
 } Policy;
+
+/* "groupN", "delayedN", "marginN": N in [lo, hi] with nothing after it. */
+static bool modifier_int(const char *part, const char *name, long lo, long hi, int *n)
+{
+    size_t len = strlen(name);
+    if (strncmp(part, name, len) || !isdigit((unsigned char)part[len])) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(part + len, &end, 10);
+    *n = *end || errno || v < lo || v > hi ? -1 : (int)v;
+    return true;
+}
 
 /* Parses "e4m3:group16:delayed16" into a Format. Returns NULL or an error message. */
 static const char *parse_format(Arena *a, const char *spec, Format *out)
@@ -73,12 +104,27 @@ static const char *parse_format(Arena *a, const char *spec, Format *out)
         else if (!strcmp(part, "row")) out->scaling = SCALE_PER_ROW;
         else if (!strcmp(part, "tile128")) out->scaling = SCALE_TILE_1x128, out->group = 128;
         else if (!strcmp(part, "block128")) out->scaling = SCALE_BLOCK_128;
-        else if (sscanf(part, "group%d", &n) == 1 && n > 0) out->scaling = SCALE_PER_GROUP, out->group = n;
+        else if (modifier_int(part, "group", 1, 1 << 20, &n)) {
+            if (n < 0) return arena_printf(a, "'%s': a group holds 1 to 1048576 elements", part);
+            out->scaling = SCALE_PER_GROUP, out->group = n;
+        }
         else if (!strcmp(part, "current")) out->recipe = RECIPE_CURRENT;
-        else if (sscanf(part, "delayed%d", &n) == 1 && n > 0) out->recipe = RECIPE_DELAYED, out->history = n, out->history_max = true;
+        else if (modifier_int(part, "delayed", 1, 1024, &n)) {
+            if (n < 0) return arena_printf(a, "'%s': an amax history holds 1 to 1024 steps", part);
+            out->recipe = RECIPE_DELAYED, out->history = n, out->history_max = true;
+        }
         else if (!strcmp(part, "recent")) out->history_max = false;
-        else if (sscanf(part, "margin%d", &n) == 1 && n >= 0 && n < 32) out->margin = n;
-        else if (!strncmp(part, "static", 6) && (out->static_scale = strtof(part + 6, NULL)) > 0) out->recipe = RECIPE_STATIC;
+        else if (modifier_int(part, "margin", 0, 31, &n)) {
+            if (n < 0) return arena_printf(a, "'%s': a margin is 0 to 31 (scales / 2^margin)", part);
+            out->margin = n;
+        }
+        else if (!strncmp(part, "static", 6)) {
+            char *end;
+            float v = strtof(part + 6, &end);
+            if (end == part + 6 || *end || !(v > 0) || !isfinite(v))
+                return arena_printf(a, "'%s': a static scale is a positive finite number", part);
+            out->static_scale = v, out->recipe = RECIPE_STATIC;
+        }
         else if (!strcmp(part, "expand")) out->codec = CODEC_EXPAND;
         else if (!strcmp(part, "compand")) out->codec = CODEC_COMPAND;
         else if (!strcmp(part, "sqrt")) out->codec = CODEC_SQRT;
@@ -97,15 +143,34 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
         diag_error(loc, "a precision rule is PATTERN=FORMAT, not '%s'", text);
         return;
     }
-    Rule r = {RULE_TENSOR, NULL, {0}};
+    Rule r = {RULE_TENSOR, 0, NULL, {0}, loc, arena_strdup(a, text), false};
     const char *pat = text;
-    if (!strncmp(text, "gemm:", 5)) r.kind = RULE_GEMM, pat += 5;
-    else if (!strncmp(text, "saved:", 6)) r.kind = RULE_SAVED, pat += 6;
-    else if (!strncmp(text, "value:", 6)) r.kind = RULE_VALUE, pat += 6;
+    static const struct { const char *prefix; int gemms; } gemm_prefixes[] = {
+        {"gemm:", GEMM_ALL}, {"gemm.fwd:", GEMM_FWD}, {"gemm.dgrad:", GEMM_DGRAD}, {"gemm.wgrad:", GEMM_WGRAD},
+    };
+    for (size_t k = 0; k < sizeof gemm_prefixes / sizeof gemm_prefixes[0]; k++)
+        if (!strncmp(text, gemm_prefixes[k].prefix, strlen(gemm_prefixes[k].prefix)))
+            r.kind = RULE_GEMM, r.gemms = gemm_prefixes[k].gemms, pat += strlen(gemm_prefixes[k].prefix);
+    if (r.kind != RULE_GEMM && !strncmp(text, "gemm.", 5)) {
+        diag_error(loc, "'%.*s': a GEMM rule starts gemm:, gemm.fwd:, gemm.dgrad: or gemm.wgrad:",
+                   (int)strcspn(text, ":="), text);
+        return;
+    }
+    if (r.kind == RULE_TENSOR && !strncmp(text, "saved:", 6)) r.kind = RULE_SAVED, pat += 6;
+    if (r.kind == RULE_TENSOR && !strncmp(text, "value:", 6)) r.kind = RULE_VALUE, pat += 6;
     r.pattern = arena_printf(a, "%.*s", (int)(eq - pat), pat);
     const char *err = parse_format(a, eq + 1, &r.fmt);
     if (!err && r.kind == RULE_VALUE && !(r.fmt.elem == FMT_F32 || r.fmt.elem == FMT_BF16 || r.fmt.elem == FMT_F16))
         err = "a value: rule takes f32, bf16 or f16 (FP8 values are made by gemm: and saved: rules)";
+    /* a GEMM runs in bf16 or FP8 with per-tensor, row or 1x128/128x128 block scales: a format
+     * it would run otherwise is refused, not approximated */
+    bool gemm_fp8 = r.fmt.elem == FMT_E4M3 || r.fmt.elem == FMT_E5M2;
+    if (!err && r.kind == RULE_GEMM && !gemm_fp8 && r.fmt.elem != FMT_BF16)
+        err = "a gemm: rule takes bf16 (a bf16 GEMM), e4m3 or e5m2 (FP8 operands); the formats of a "
+              "bf16 GEMM's values come from value: rules";
+    if (!err && r.kind == RULE_GEMM && (r.fmt.scaling == SCALE_PER_GROUP || r.fmt.codec != CODEC_PLAIN))
+        err = "a gemm: rule scales operands :tensor, :row, :tile128 or :block128 (groups and state "
+              "codecs are for saved: rules and optimizer states)";
     if (err) {
         diag_error(loc, "%s", err);
         return;
@@ -145,14 +210,80 @@ static bool policy_load_file(Policy *p, Arena *a, const char *path)
     return true;
 }
 
-/* The last matching rule of a kind, or NULL. */
-static const Rule *policy_match(const Policy *p, RuleKind kind, const char *name)
+/* The last matching rule of a kind, or NULL; gemm: rules must also cover the GEMM kind. */
+static Rule *policy_match_gemm(const Policy *p, RuleKind kind, int gemm, const char *name)
 {
     if (!name) return NULL;
-    const Rule *found = NULL;
+    Rule *found = NULL;
     for (int i = 0; i < p->n_rules; i++)
-        if (p->rules[i].kind == kind && fnmatch(p->rules[i].pattern, name, 0) == 0) found = &p->rules[i];
+        if (p->rules[i].kind == kind && (!gemm || (p->rules[i].gemms & gemm)) &&
+            fnmatch(p->rules[i].pattern, name, 0) == 0)
+            found = &p->rules[i];
     return found;
+}
+
+static Rule *policy_match(const Policy *p, RuleKind kind, const char *name)
+{
+    return policy_match_gemm(p, kind, 0, name);
+}
+
+/* Why a tensor of this role cannot be stored as fmt says, or NULL. The update and the executors
+ * store parameters, gradients and masters plainly (a master in i8 is the split codec), and Adam
+ * states plainly or through a codec of ir/codecs.c, whose element type and group are fixed
+ * (the GPU kernels have them built in): an FP8 state without a codec would be stored unscaled,
+ * where almost all of Adam's m underflows to zero, so the rule is refused rather than obeyed in
+ * name only. */
+static const char *stored_format_error(Arena *a, const Format *f, Role role)
+{
+    bool wide = f->elem == FMT_F32 || f->elem == FMT_BF16 || f->elem == FMT_F16;
+    bool fp8 = f->elem == FMT_E4M3 || f->elem == FMT_E5M2;
+    switch (role) {
+    case ROLE_PARAM:
+        if (wide && f->codec == CODEC_PLAIN) return NULL;
+        return "a parameter is stored in f32, bf16 or f16 (FP8 GEMMs read FP8 copies of it, with "
+               "scales: gemm: rules choose them)";
+    case ROLE_GRAD:
+        if (wide && f->codec == CODEC_PLAIN) return NULL;
+        return "a gradient accumulator is stored in f32, bf16 or f16";
+    case ROLE_MASTER:
+        if ((wide || f->elem == FMT_I8) && (f->codec == CODEC_PLAIN || f->codec == CODEC_SPLIT)) return NULL;
+        return "a master copy is stored in f32, bf16, f16 or i8 (bf16 weight + i8 correction)";
+    case ROLE_ADAM_M:
+    case ROLE_ADAM_V:
+        if (f->codec == CODEC_PLAIN) {
+            if (wide) return NULL;
+            if (fp8)
+                return "an FP8 optimizer state needs a scale per group, which the update keeps "
+                       "through the range-expansion codec: e4m3:expand (groups of 128)";
+            return "an 8-bit integer state needs its codec: i8:compand or u8:sqrt (groups of 32)";
+        }
+        if (f->codec == CODEC_SPLIT) return "the split codec is for master copies";
+        if (f->elem != codec_elem(f->codec))
+            return arena_printf(a, "the :%s codec stores %s codes", fmt_codec_name(f->codec),
+                                fmt_elem_name(codec_elem(f->codec)));
+        if ((f->group > 0 && f->group != codec_group_size(f->codec)) ||
+            (f->scaling != SCALE_NONE && f->scaling != SCALE_PER_GROUP && f->scaling != SCALE_PER_TENSOR))
+            return arena_printf(a, "the :%s codec scales groups of %d", fmt_codec_name(f->codec),
+                                codec_group_size(f->codec));
+        if (f->recipe == RECIPE_DELAYED || f->recipe == RECIPE_STATIC)
+            return "a state's scales are found as the update stores it: :delayedN and :static do not apply";
+        return NULL;
+    default:
+        return NULL;
+    }
+}
+
+/* The tensor rule for a stored tensor of this role, or NULL when none matches or the one that
+ * does cannot be honoured (reported once, at the rule). */
+static const Rule *stored_rule(Arena *a, const Policy *p, const char *name, Role role)
+{
+    Rule *r = policy_match(p, RULE_TENSOR, name);
+    if (!r || r->refused) return NULL;
+    const char *err = stored_format_error(a, &r->fmt, role);
+    if (!err) return r;
+    diag_error(r->loc, "'%s' matches '%s' (%s): %s", r->text, name, ir_role_name(role), err);
+    r->refused = true;
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- the level table */
@@ -200,7 +331,7 @@ static void attach_codec_scales(Graph *g, Node *state, Node *before)
 
 static void set_state_format(Graph *g, Node *state, Format fmt, const Policy *p, Node *before)
 {
-    const Rule *r = policy_match(p, RULE_TENSOR, state->t.name);
+    const Rule *r = stored_rule(g->arena, p, state->t.name, state->t.role);
     if (r) fmt = r->fmt;
     if (fmt.codec != CODEC_PLAIN && fmt.group <= 0) fmt.group = fmt.codec == CODEC_EXPAND ? 128 : 32;
     if (fmt.codec != CODEC_PLAIN) fmt.scaling = SCALE_PER_GROUP;
@@ -220,7 +351,7 @@ static Node *add_master(Graph *g, Node *adamw, const Level *l, const Policy *p)
     ir_move_before(g, m, adamw);
     Format f = fmt_plain(l->master);
     f.codec = l->master_codec;
-    const Rule *r = policy_match(p, RULE_TENSOR, m->t.name);
+    const Rule *r = stored_rule(g->arena, p, m->t.name, ROLE_MASTER);
     if (r) f = r->fmt;
     if (f.elem == FMT_I8 && f.codec == CODEC_PLAIN) f.codec = CODEC_SPLIT;
     m->t.fmt = f;
@@ -264,19 +395,75 @@ static bool stays_f32(const Node *n)
     }
 }
 
-/* The weight operand of a GEMM, for gemm: rules: the first PARAM among its operands. */
-static const char *gemm_weight_name(const Node *mm)
+/* The parameter whose gradient the weight-gradient GEMM mm computes, or NULL. dW = x^T dy has
+ * no parameter among its operands; its result flows, through the reshapes, casts, transposes,
+ * sums and concats autodiff joins contributions with, into the node that autodiff names P.grad
+ * (grad_of = P), or into P's gradient accumulator. A few steps suffice: autodiff puts at most
+ * a reshape, a sum of tied uses and a concat of slices between them. */
+static const Node *wgrad_param(const Node *mm, const Uses *uses)
 {
-    for (int i = 0; i < 2; i++) {
-        const Node *x = mm->in[i];
-        while ((x->op == OP_CAST || x->op == OP_RESHAPE) && x->n_in) x = x->in[0];
-        if (x->op == OP_PARAM) return x->t.name;
+    const Node *frontier[16], *next[16];
+    int n = 1;
+    frontier[0] = mm;
+    for (int depth = 0; depth < 6 && n; depth++) {
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            const Node *x = frontier[i];
+            if (x->grad_of && x->grad_of->op == OP_PARAM) return x->grad_of;
+            if (x->op == OP_ACCUMULATE && x->in[0]->grad_of && x->in[0]->grad_of->op == OP_PARAM)
+                return x->in[0]->grad_of;
+            const Uses *u = &uses[x->index];
+            for (int k = 0; k < u->n && m < 16; k++) {
+                const Node *r = u->list[k];
+                if (r->op == OP_RESHAPE || r->op == OP_CAST || r->op == OP_TRANSPOSE || r->op == OP_ADD_N ||
+                    r->op == OP_ADD || r->op == OP_CONCAT || r->op == OP_ACCUMULATE || r->op == OP_SCALE)
+                    next[m++] = r;
+            }
+        }
+        memcpy(frontier, next, sizeof *next * (size_t)m);
+        n = m;
     }
     return NULL;
 }
 
-/* A GEMM whose result flows (through reshapes and casts) into the loss's cross-entropy, or the
- * backward of such a GEMM: the output head. */
+/* Which of a linear layer's GEMMs mm is (GEMM_FWD, _DGRAD, _WGRAD) and the name gemm: rules
+ * match it by: its weight's (the parameter among its operands, or for a weight gradient the
+ * parameter it is the gradient of). A GEMM of two values (no weight) matches by its result's
+ * name, "" when it has none, so that "*" reaches every GEMM. */
+static int gemm_kind(const Node *mm, const Uses *uses, const char **name)
+{
+    for (int i = 0; i < 2; i++) {
+        const Node *x = mm->in[i];
+        while ((x->op == OP_CAST || x->op == OP_RESHAPE) && x->n_in) x = x->in[0];
+        if (x->op == OP_PARAM) {
+            *name = x->t.name;
+            return mm->phase == PHASE_FORWARD ? GEMM_FWD : GEMM_DGRAD;
+        }
+    }
+    *name = mm->t.name ? mm->t.name : "";
+    if (mm->phase == PHASE_FORWARD) return GEMM_FWD;
+    const Node *p = wgrad_param(mm, uses);
+    if (!p) return GEMM_DGRAD;
+    *name = p->t.name;
+    return GEMM_WGRAD;
+}
+
+const char *precision_gemm_kind(const Node *mm, const Uses *uses, const char **weight)
+{
+    int kind = gemm_kind(mm, uses, weight);
+    return kind == GEMM_FWD ? "fwd" : kind == GEMM_DGRAD ? "dgrad" : "wgrad";
+}
+
+/* The add of a bias to x: the other operand is broadcast over x's rows. */
+static bool is_bias_add(const Node *add, const Node *x)
+{
+    if (add->op != OP_ADD || add->n_in != 2) return false;
+    const Node *b = add->in[0] == x ? add->in[1] : add->in[0];
+    return b->t.rank < x->t.rank;
+}
+
+/* A GEMM whose result flows (through reshapes, casts and the add of a bias) into the loss's
+ * cross-entropy, or the backward of such a GEMM: the output head. */
 static bool is_head_gemm(const Node *mm, const Uses *uses, const Graph *g)
 {
     const Node *x = mm;
@@ -284,8 +471,10 @@ static bool is_head_gemm(const Node *mm, const Uses *uses, const Graph *g)
         const Uses *u = &uses[x->index];
         for (int k = 0; k < u->n; k++)
             if (u->list[k]->op == OP_CROSS_ENTROPY || u->list[k]->op == OP_CROSS_ENTROPY_BWD) return true;
-        if (u->n != 1 || (u->list[0]->op != OP_RESHAPE && u->list[0]->op != OP_CAST)) break;
-        x = u->list[0];
+        if (u->n != 1) break;
+        const Node *r = u->list[0];
+        if (r->op != OP_RESHAPE && r->op != OP_CAST && !is_bias_add(r, x)) break;
+        x = r;
     }
     /* backward GEMMs of the head read the cross-entropy gradient directly */
     for (int i = 0; i < mm->n_in; i++)
@@ -379,7 +568,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
     for (int i = 0; i < g->n_nodes; i++) {
         Node *x = g->nodes[i];
         if (x->op == OP_PARAM) {
-            const Rule *r = policy_match(&policy, RULE_TENSOR, x->t.name);
+            const Rule *r = stored_rule(g->arena, &policy, x->t.name, ROLE_PARAM);
             x->t.fmt = fmt_plain(r ? r->fmt.elem : level.param);
         }
     }
@@ -394,6 +583,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         set_state_format(g, m, level.adam_m, &policy, u);
         set_state_format(g, v, level.adam_v, &policy, u);
     }
+    if (diag_error_count() > errors) return false;
 
     /* transient values: bf16, scalars and losses f32; integers stay as they are */
     for (int i = 0; i < g->n_nodes; i++) {
@@ -417,13 +607,18 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         Node *mm = g->nodes[i];
         if (mm->op != OP_MATMUL) continue;
         bool fp8 = level.fp8_gemms && !is_head_gemm(mm, uses, g);
-        const Rule *r = policy_match(&policy, RULE_GEMM, gemm_weight_name(mm));
+        const char *name;
+        int kind = gemm_kind(mm, uses, &name);
+        const Rule *r = policy_match_gemm(&policy, RULE_GEMM, kind, name);
         mm->iattr[2] = fp8 ? 1 : 0;
         mm->iattr[3] = mm->iattr[4] = mm->iattr[5] = mm->iattr[6] = 0;
         mm->fattr[0] = 0;
         if (r) {
             fp8 = r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2;
+            /* rows and 1x128 tiles run along the features; the weight gradient x^T dy contracts
+             * over the tokens, across them, so its operands are scaled per tensor */
             mm->iattr[2] = !fp8 ? 0
+                         : kind == GEMM_WGRAD ? 1
                          : r->fmt.scaling == SCALE_PER_ROW ? 2
                          : r->fmt.scaling == SCALE_BLOCK_128 || r->fmt.scaling == SCALE_TILE_1x128 ? 3 : 1;
             mm->iattr[3] = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;
@@ -431,6 +626,20 @@ bool pass_precision(Graph *g, const PassOptions *opt)
             mm->iattr[5] = fp8 && r->fmt.recipe == RECIPE_DELAYED && !r->fmt.history_max;
             mm->iattr[6] = fp8 ? r->fmt.margin : 0;
             mm->fattr[0] = fp8 && r->fmt.recipe == RECIPE_STATIC ? r->fmt.static_scale : 0;
+        }
+        /* cuBLASLt's FP8 GEMMs need K and N (the operands' and the result's leading dims, both
+         * operands being k-contiguous) to be multiples of 16; M may be anything. Such a GEMM
+         * runs in bf16 on every device, so that the one kernel program is the same on all of
+         * them, and `fp8c plan` lists it (unaligned=1). */
+        int64_t m_dim, n_dim, k_dim;
+        ir_matmul_dims(mm, &m_dim, &n_dim, &k_dim);
+        if (mm->iattr[2] && !opt->fp8_any_shape &&
+            (k_dim % PRECISION_FP8_GEMM_ALIGN || n_dim % PRECISION_FP8_GEMM_ALIGN)) {
+            for (int a = 2; a <= 6; a++) mm->iattr[a] = 0;
+            mm->fattr[0] = 0;
+            mm->iattr[MATMUL_UNALIGNED] = 1;
+        } else {
+            mm->iattr[MATMUL_UNALIGNED] = 0;
         }
     }
 

@@ -123,7 +123,11 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         history = 0;
     } else if (history > 0 && sc == SCALE_PER_TENSOR) {
         /* delayed: last step's scale from the history; this step's amax goes into it */
-        const char *name = base_name(c, src);
+        /* a value quantized again in the backward (with a recipe of its own) has its own
+         * history */
+        const char *name = phase == PHASE_FORWARD || src->phase != PHASE_FORWARD
+                               ? base_name(c, src)
+                               : arena_printf(g->arena, "%s:bwd", base_name(c, src));
         Node *state = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s:%s.scale", name, fmt_elem_name(elem)),
                               ROLE_SCALE, FMT_F32, 0, NULL, src->loc);
         int64_t h = history;
@@ -277,16 +281,22 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
     if (!q && x->op == OP_PARAM && sc == SCALE_PER_TENSOR && mm->phase == PHASE_FORWARD &&
         (q = optimizer_copy(c, x, elem, rc, mm)))
         remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
-    /* a backward copy of a kept value takes the forward copy's current scale: the value has
-     * not changed, so neither has its amax (four bytes kept instead of a second pass) */
+    /* a backward copy of a kept value takes the forward copy's scale: the value has not
+     * changed, so neither has its amax (four bytes kept instead of a second pass). Under
+     * delayed scaling that is the forward's scale state, whose history the forward fills. */
     Node *known_scale = NULL;
-    if (!q && mm->phase != PHASE_FORWARD && rc.history == 0 && !(rc.static_scale > 0)) {
+    if (!q && mm->phase != PHASE_FORWARD && !(rc.static_scale > 0)) {
         Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
         Node *fs = fwd ? fwd->t.fmt.scale : NULL;
-        if (fs && fs->op == OP_QUANT_SCALE && fwd->t.fmt.recipe == RECIPE_CURRENT && fs->iattr[3] == rc.margin) {
+        if (rc.history == 0 && fs && fs->op == OP_QUANT_SCALE && fwd->t.fmt.recipe == RECIPE_CURRENT &&
+            fs->iattr[3] == rc.margin) {
             known_scale = fs;
             fs->t.role = ROLE_SAVED;
         }
+        if (rc.history > 0 && fs && fs->op == OP_STATE && fwd->t.fmt.recipe == RECIPE_DELAYED &&
+            fwd->t.fmt.history == rc.history && fwd->t.fmt.margin == rc.margin &&
+            fwd->t.fmt.history_max == !rc.recent)
+            known_scale = fs;
     }
     if (!q) {
         q = emit_quantize(c, x, elem, sc, group, rc, FMT_F32, mm->phase, mm, known_scale);

@@ -25,7 +25,8 @@
  *     allocations before big ones).
  * Ties go to the earliest node, so every order is deterministic. When the graph as written
  * already keeps the constraints the first rule reproduces it, so the schedule never makes the
- * peak worse than that order. Each run is O(nodes x ready nodes). */
+ * peak worse than that order. Each run keeps the ready nodes of each group in a heap and is
+ * O(edges x log nodes). */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -40,6 +41,7 @@ typedef struct {
     bool *to_end;           /* per root: lives to the end (an output shares the storage) */
     int *n_readers;         /* per root: distinct nodes that read its storage */
     int *root_start, *roots;        /* per node: the distinct roots it reads (CSR) */
+    int *reader_start, *readers;    /* per root: the nodes that read it (CSR, the inverse) */
     int *succ_start, *succ;         /* dependency edges, deduplicated (CSR) */
     int *n_pred;
 } Sched;
@@ -136,6 +138,15 @@ static void sched_init(Sched *s, Graph *g)
         k += m;
     }
     s->root_start[n] = k;
+    s->reader_start = sched_alloc(s, (size_t)n + 1, sizeof(int));
+    s->readers = sched_alloc(s, (size_t)k, sizeof(int));
+    for (int r = 0; r < n; r++) s->reader_start[r + 1] = s->reader_start[r] + s->n_readers[r];
+    int *filled = sched_alloc(s, (size_t)n, sizeof(int));
+    for (int i = 0; i < n; i++)
+        for (int j = s->root_start[i]; j < s->root_start[i + 1]; j++) {
+            int r = s->roots[j];
+            s->readers[s->reader_start[r] + filled[r]++] = i;
+        }
 
     /* readers of each version class, for the in-place constraints */
     int *class_count = sched_alloc(s, (size_t)n + 1, sizeof(int));
@@ -218,49 +229,104 @@ typedef enum {
     PICK_COUNT
 } Pick;
 
+/* Ready nodes of one group in a heap, best first: the highest score, then the earliest node.
+ * A node's score only grows while it waits (more of the values it reads get down to it as
+ * their last reader), so a rise pushes a new entry and the old one is skipped when it comes
+ * up (its score is no longer the node's). The pick is the one a scan of all ready nodes would
+ * make, at log cost: a scan made scheduling quadratic where thousands of nodes wait at once
+ * (the leaves; the gradient accumulations of a deep model's backward). */
+typedef struct {
+    int64_t score;
+    int v;
+} Cand;
+
+typedef struct {
+    Cand *a;
+    int n;
+} Heap;
+
+static bool cand_before(Cand x, Cand y) { return x.score > y.score || (x.score == y.score && x.v < y.v); }
+
+static void heap_push(Heap *h, Cand c)
+{
+    int i = h->n++;
+    while (i > 0 && cand_before(c, h->a[(i - 1) / 2])) {
+        h->a[i] = h->a[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->a[i] = c;
+}
+
+static Cand heap_pop(Heap *h)
+{
+    Cand top = h->a[0], last = h->a[--h->n];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && cand_before(h->a[c + 1], h->a[c])) c++;
+        if (!cand_before(h->a[c], last)) break;
+        h->a[i] = h->a[c];
+        i = c;
+    }
+    if (h->n) h->a[i] = last;
+    return top;
+}
+
+static int64_t score_of(const Sched *s, const int *left, Pick pick, int v)
+{
+    if (s->group[v] == 0 || pick == PICK_INPUT_ORDER) return 0;   /* leaves keep their order */
+    int64_t score = freed_by(s, left, v) - s->bytes[v];
+    return pick == PICK_FREE_FIRST && score < 0 ? 0 : score;
+}
+
 /* Fills order[] with a schedule, group by group, choosing among ready nodes by `pick`.
  * Returns the number of nodes placed (less than n when the constraints form a cycle). */
 static int sched_list(const Sched *s, Pick pick, int *order)
 {
-    int n = s->n, placed = 0, n_ready = 0;
+    int n = s->n, placed = 0, n_roots = s->root_start[n];
     int *preds = malloc(sizeof(int) * (size_t)(n + 1));
     int *left = malloc(sizeof(int) * (size_t)(n + 1));
-    int *ready = malloc(sizeof(int) * (size_t)(n + 1));
-    IR_ASSERT(preds && left && ready);
+    bool *done = calloc((size_t)n + 1, sizeof(bool));
+    Heap heaps[3];
+    for (int gr = 0; gr < 3; gr++) {
+        heaps[gr].a = malloc(sizeof(Cand) * (size_t)(n + n_roots + 1));
+        heaps[gr].n = 0;
+        IR_ASSERT(heaps[gr].a);
+    }
+    IR_ASSERT(preds && left && done);
     memcpy(preds, s->n_pred, sizeof(int) * (size_t)n);
     memcpy(left, s->n_readers, sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++)
-        if (preds[i] == 0) ready[n_ready++] = i;
+        if (preds[i] == 0) heap_push(&heaps[s->group[i]], (Cand){score_of(s, left, pick, i), i});
     for (int group = 0; group <= 2; group++) {
-        for (;;) {
-            int best = -1;
-            int64_t best_score = 0;
-            for (int k = 0; k < n_ready; k++) {
-                int v = ready[k];
-                if (s->group[v] != group) continue;
-                /* leaves keep the order they were made in */
-                int64_t score = 0;
-                if (group > 0 && pick != PICK_INPUT_ORDER) {
-                    score = freed_by(s, left, v) - s->bytes[v];
-                    if (pick == PICK_FREE_FIRST && score < 0) score = 0;
-                }
-                if (best < 0 || score > best_score || (score == best_score && v < ready[best])) {
-                    best = k;
-                    best_score = score;
+        Heap *h = &heaps[group];
+        while (h->n) {
+            Cand c = heap_pop(h);
+            int v = c.v;
+            if (done[v] || c.score != score_of(s, left, pick, v)) continue;   /* a stale entry */
+            done[v] = true;
+            order[placed++] = v;
+            for (int k = s->root_start[v]; k < s->root_start[v + 1]; k++) {
+                int r = s->roots[k];
+                if (--left[r] != 1 || pick == PICK_INPUT_ORDER) continue;
+                /* r's last reader, if it waits ready, now frees r: its score rose */
+                for (int j = s->reader_start[r]; j < s->reader_start[r + 1]; j++) {
+                    int w = s->readers[j];
+                    if (!done[w] && preds[w] == 0 && s->group[w] > 0)
+                        heap_push(&heaps[s->group[w]], (Cand){score_of(s, left, pick, w), w});
                 }
             }
-            if (best < 0) break;
-            int v = ready[best];
-            ready[best] = ready[--n_ready];
-            order[placed++] = v;
-            for (int k = s->root_start[v]; k < s->root_start[v + 1]; k++) left[s->roots[k]]--;
-            for (int k = s->succ_start[v]; k < s->succ_start[v + 1]; k++)
-                if (--preds[s->succ[k]] == 0) ready[n_ready++] = s->succ[k];
+            for (int k = s->succ_start[v]; k < s->succ_start[v + 1]; k++) {
+                int w = s->succ[k];
+                if (--preds[w] == 0) heap_push(&heaps[s->group[w]], (Cand){score_of(s, left, pick, w), w});
+            }
         }
     }
     free(preds);
     free(left);
-    free(ready);
+    free(done);
+    for (int gr = 0; gr < 3; gr++) free(heaps[gr].a);
     return placed;
 }
 

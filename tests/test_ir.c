@@ -155,6 +155,12 @@ static void test_reader_errors(void **state)
         {"%0 = input() : f32[2] role=input phase=forward\n%0 = input() : f32[2] role=input\n", "bad.ir:2:5: error: this node number is defined twice"},
         {"%0 = gelu() : f32[2] role=input\n", "bad.ir:1:6: error: gelu takes 1 operands, not 0"},
         {"hello\n", "bad.ir:1:1: error: expected a node"},
+        {"%99999999999 = input() : f32[2] role=input phase=forward\n", "bad.ir:1:2: error: node numbers run from 0 to 2147483646"},
+        {"%-1 = input() : f32[2] role=input phase=forward\n", "bad.ir:1:2: error: node numbers run from 0"},
+        {"%0 = input() : f32[2] role=input phase=forward\n%1 = gelu(%4294967296) : f32[2] role=activation phase=forward\n",
+         "bad.ir:2:12: error: node numbers run from 0"},
+        {"%0 = input() : f32[2] fmt{scale=%4294967296} role=input phase=forward\n", "bad.ir:1:34: error: node numbers run from 0"},
+        {"%0 = input() : f32[99999999999,99999999999] role=input phase=forward\n", "bad.ir:1:16: error: f32[99999999999,99999999999] has more than 2^40 elements"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *buf = NULL;
@@ -172,6 +178,24 @@ static void test_reader_errors(void **state)
         arena_free(a);
     }
     diag_reset();
+}
+
+/* Node numbers are names, not sizes: a graph whose numbers are sparse and large reads like any
+ * other (the reader keeps them in a map, not in a table as long as the largest). */
+static void test_reader_large_ids(void **state)
+{
+    (void)state;
+    const char *text = "%2000000000 = input() : f32[2] role=input phase=forward\n"
+                       "%7 = gelu(%2000000000) : f32[2] role=activation phase=forward\n"
+                       "%2147483646 = gelu(%7) : f32[2] role=activation phase=forward\n";
+    Arena *a = arena_new();
+    Graph *g = ir_read(a, "ids.ir", text);
+    assert_non_null(g);
+    assert_int_equal(g->n_nodes, 3);
+    assert_ptr_equal(g->nodes[2]->in[0], g->nodes[1]);
+    assert_ptr_equal(g->nodes[1]->in[0], g->nodes[0]);
+    assert_int_equal(g->next_id, 2147483647);
+    arena_free(a);
 }
 
 /* ir_verify's count of problems, with its report (on stderr) kept out of the test output */
@@ -263,6 +287,7 @@ int main(void)
         cmocka_unit_test(test_shape_errors_name_dims),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_reader_errors),
+        cmocka_unit_test(test_reader_large_ids),
         cmocka_unit_test(test_verify_catches_inplace_order),
         cmocka_unit_test(test_verify_catches_shape_change),
         cmocka_unit_test(test_uses_and_filter),

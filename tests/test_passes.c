@@ -3,7 +3,8 @@
  * Golden files. tests/golden/passes/NAME.ir is one file that keeps input and expected output
  * side by side: the input IR, a comment line `# RUN: pass1,pass2` naming the passes to run
  * (through pass_find/pass_run, with ir_verify after each; `+grad_release` among them turns that
- * option on for the passes after it; the level is the graph's opt=; a line `# RULES: r1 r2`
+ * option on for the passes after it, `+fp8_any_shape` keeps FP8 GEMMs whose K or N are not
+ * multiples of 16 (the golden graphs are 8 wide); the level is the graph's opt=; a line `# RULES: r1 r2`
  * gives precision rules as --precision flags would), and after a line `# EXPECT:` the
  * text ir_print writes once they ran, verbatim. Only the text before `# EXPECT:` is read as
  * input (ir_read skips the `#` lines). With FP8C_UPDATE_GOLDEN=1 the expected part is
@@ -90,6 +91,10 @@ static bool run_passes_with(Graph *g, const char *list, const char *rules)
     for (char *name = strtok(buf, ", \t"); name; name = strtok(NULL, ", \t")) {
         if (!strcmp(name, "+grad_release")) {   /* an option for the passes that follow */
             opt.grad_release = true;
+            continue;
+        }
+        if (!strcmp(name, "+fp8_any_shape")) {   /* FP8 GEMMs on shapes below 16 (precision.c) */
+            opt.fp8_any_shape = true;
             continue;
         }
         const PassInfo *p = pass_find(name);
@@ -869,6 +874,47 @@ static void test_memplan_gpt2(void **state)
     arena_free(a);
 }
 
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The whole pipeline's work follows the graph, not the batch: GPT-2 at batch 8388608 x 1 (a
+ * 2.7 TB step, whose loss once split into 6,283 chunks and 80,000 nodes and took minutes to
+ * schedule and plan) has at most 256 loss chunks more than at 32 x 1024 and plans in seconds;
+ * a 96-layer GPT-2 plans in seconds too. Both plans keep the schedule's and memplan's rules. */
+static void test_plan_time_follows_the_graph(void **state)
+{
+    (void)state;
+    struct { int64_t batch, seq; const char *layers; double limit; } cases[] = {
+        {32, 1024, NULL, 30}, {8388608, 1, NULL, 30}, {4, 64, "96", 30},
+    };
+    int n_nodes[3];
+    for (int k = 0; k < 3; k++) {
+        Arena *a = arena_new();
+        Define d = {"layers", cases[k].layers};
+        BuildOptions o = {0};
+        o.front.batch = cases[k].batch, o.front.seq = cases[k].seq;
+        o.front.defines = &d, o.front.n_defines = cases[k].layers ? 1 : 0;
+        o.passes.opt_level = 1;
+        double t0 = seconds_now();
+        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2.model", &o);
+        double t = seconds_now() - t0;
+        assert_non_null(g);
+        n_nodes[k] = g->n_nodes;
+        printf("  gpt2%s%s at %lld x %lld: %d nodes, planned in %.2f s\n", cases[k].layers ? " layers=" : "",
+               cases[k].layers ? cases[k].layers : "", (long long)cases[k].batch, (long long)cases[k].seq,
+               g->n_nodes, t);
+        assert_true(t < cases[k].limit);
+        check_schedule(g);
+        if (k == 1) check_memplan(g);
+        arena_free(a);
+    }
+    assert_true(n_nodes[1] <= n_nodes[0] + 256 * 16);
+}
+
 /* The schedule also repairs an order that is only topological: shuffled, with in-place
  * updates placed before other readers of what they overwrite. */
 static void test_schedule_from_shuffled_order(void **state)
@@ -1166,6 +1212,7 @@ int main(void)
         cmocka_unit_test(test_autodiff_packed_attention_finite_differences),
         cmocka_unit_test(test_optimizer_states),
         cmocka_unit_test(test_memplan_gpt2),
+        cmocka_unit_test(test_plan_time_follows_the_graph),
         cmocka_unit_test(test_schedule_from_shuffled_order),
         cmocka_unit_test(test_dce_keeps_roots),
         cmocka_unit_test(test_pipeline_models),

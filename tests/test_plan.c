@@ -15,8 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "compiler.h"
+#include "rt.h"
 
 static Graph *compile_level(Arena *a, const char *model, int level, bool release, int64_t batch, int64_t seq)
 {
@@ -254,6 +256,399 @@ static void test_kernel_program_flops(void **state)
     arena_free(a);
 }
 
+/* ---------------------------------------------------------------- rules, executed */
+
+/* gpt2_tiny's step at -O<level> under rules, run once (forward, backward, update) on the
+ * reference executor from its initial parameters; NULL when the rules are refused, with the
+ * diagnostics in errors (if given). */
+static Graph *step_with_rules(Arena *a, int level, const char **rules, int n_rules, RtMemory *mem,
+                              char *errors, size_t errors_size)
+{
+    BuildOptions o = {0};
+    o.front.batch = 2, o.front.seq = 16;
+    o.passes.opt_level = level;
+    o.passes.verify = true;
+    o.passes.overrides = rules;
+    o.passes.n_overrides = n_rules;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *capture = open_memstream(&text, &size);
+    diag_reset();
+    diag_set_stream(capture);
+    Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o);
+    diag_set_stream(NULL);
+    fclose(capture);
+    if (errors) snprintf(errors, errors_size, "%s", text ? text : "");
+    free(text);
+    if (!g) return NULL;
+    assert_true(rt_memory_bind(g, mem));
+    rt_init_params(g, 11);
+    Node *ids[2] = {ir_find(g, "tokens"), ir_find(g, "targets")};
+    for (int k = 0; k < 2; k++) {
+        int64_t n = ir_numel(&ids[k]->t);
+        float *x = malloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) x[i] = (float)((i * 37 + k * 11) % 256);
+        ref_store(&ids[k]->t, x);
+        free(x);
+    }
+    ref_run_phase(g, PHASE_FORWARD);
+    ref_run_phase(g, PHASE_BACKWARD);
+    const char *scalars[] = {"lr", "step", "grad_scale"};
+    const float values[] = {1e-3f, 1, 1};
+    for (int k = 0; k < 3; k++) {
+        Node *n = ir_find(g, scalars[k]);
+        if (n) ref_store(&n->t, &values[k]);
+    }
+    ref_run_phase(g, PHASE_UPDATE);
+    return g;
+}
+
+/* What a GEMM operand is made from: through quantize, transpose, cast and reshape nodes to
+ * the parameter (a weight copy stands for its parameter), or the value itself. */
+static const Node *operand_source(const Node *x)
+{
+    while ((x->op == OP_QUANTIZE || x->op == OP_TRANSPOSE || x->op == OP_CAST || x->op == OP_RESHAPE) && x->n_in)
+        x = x->in[0];
+    if (x->op == OP_STATE && x->t.role == ROLE_WEIGHT_COPY) x = x->grad_of;
+    return x;
+}
+
+static bool is_fp8(ElemType e) { return e == FMT_E4M3 || e == FMT_E5M2; }
+
+/* FP8 GEMMs of the step by kind (0 forward, 1 input gradient, 2 weight gradient), each checked
+ * against the formats of the operands the reference executor read: FP8 exactly where the plan
+ * says so; with delayed, every FP8 operand scaled from an amax history that the step filled;
+ * with all_e4m3, no e5m2 operand. */
+typedef struct { int fp8[3], all[3]; } GemmCount;
+
+static GemmCount count_executed_gemms(const Graph *g, bool delayed, bool all_e4m3)
+{
+    GemmCount c = {{0}, {0}};
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *mm = g->nodes[i];
+        if (mm->op != OP_MATMUL) continue;
+        int kind = 2;
+        if (mm->phase == PHASE_FORWARD) kind = 0;
+        else
+            for (int j = 0; j < 2; j++)
+                if (operand_source(mm->in[j])->op == OP_PARAM) kind = 1;
+        c.all[kind]++;
+        c.fp8[kind] += mm->iattr[2] != 0;
+        for (int j = 0; j < 2; j++) {
+            const Node *x = mm->in[j];
+            assert_int_equal(is_fp8(x->t.fmt.elem), mm->iattr[2] != 0);
+            if (!is_fp8(x->t.fmt.elem)) continue;
+            if (all_e4m3) assert_int_equal(x->t.fmt.elem, FMT_E4M3);
+            while (x->op == OP_TRANSPOSE) x = x->in[0];
+            if (!delayed) continue;
+            assert_int_equal(x->op, OP_QUANTIZE);
+            assert_int_equal(x->t.fmt.recipe, RECIPE_DELAYED);
+            const Node *s = x->in[1];
+            assert_int_equal(s->op, OP_STATE);
+            const Node *hist = NULL;
+            for (int k = 0; k < g->n_nodes && !hist; k++)
+                if (g->nodes[k]->op == OP_DELAYED_SCALE && g->nodes[k]->in[0] == s) hist = g->nodes[k]->in[1];
+            assert_non_null(hist);
+            float *h = ref_load(&hist->t);
+            assert_true(h[0] > 0);   /* this step's amax, recorded */
+            free(h);
+        }
+    }
+    return c;
+}
+
+/* gemm: rules reach all three GEMMs of a linear layer (forward, input gradient, weight
+ * gradient); gemm.fwd:, gemm.dgrad: and gemm.wgrad: reach one each. gpt2_tiny has 16 linear
+ * layers and the head, whose weight is the embedding: 17 GEMMs of each kind. */
+static void test_gemm_rules_reach_every_gemm(void **s)
+{
+    (void)s;
+    struct {
+        const char *rules[2];
+        int level;
+        int fp8[3];
+        bool delayed, e4m3;
+    } cases[] = {
+        {{"gemm:h.0.*=bf16"}, 1, {12, 12, 12}, false, false},
+        {{"gemm:*=bf16"}, 1, {0, 0, 0}, false, false},
+        {{"gemm:*=e4m3:delayed16"}, 1, {17, 17, 17}, true, true},
+        {{"gemm:*=e4m3:delayed16"}, 0, {17, 17, 17}, true, true},
+        {{"gemm:*=e4m3:delayed16"}, 3, {17, 17, 17}, true, true},
+        {{"gemm.wgrad:*=bf16"}, 1, {16, 16, 0}, false, false},
+        {{"gemm:*=e5m2", "gemm.dgrad:h.1.*=bf16"}, 0, {17, 13, 17}, false, false},
+        {{"gemm.fwd:h.*.mlp.*=bf16", "gemm.wgrad:wte.weight=e4m3"}, 1, {8, 16, 17}, false, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        int n_rules = cases[k].rules[1] ? 2 : 1;
+        char errors[1024];
+        Graph *g = step_with_rules(a, cases[k].level, cases[k].rules, n_rules, &mem, errors, sizeof errors);
+        if (!g) fail_msg("%s: %s", cases[k].rules[0], errors);
+        GemmCount c = count_executed_gemms(g, cases[k].delayed, cases[k].e4m3);
+        print_message("-O%d %s %s: FP8 GEMMs %d/%d forward, %d/%d dgrad, %d/%d wgrad\n", cases[k].level,
+                      cases[k].rules[0], n_rules > 1 ? cases[k].rules[1] : "", c.fp8[0], c.all[0], c.fp8[1],
+                      c.all[1], c.fp8[2], c.all[2]);
+        for (int kind = 0; kind < 3; kind++) {
+            assert_int_equal(c.all[kind], 17);
+            assert_int_equal(c.fp8[kind], cases[k].fp8[kind]);
+        }
+        rt_memory_free(&mem);
+        arena_free(a);
+    }
+}
+
+/* Grouped scales (:row, :block128) reach the forward and input-gradient GEMMs; the weight
+ * gradient x^T dy contracts over the tokens, across which rows and tiles are laid out, so the
+ * rule gives it per-tensor scales (docs/precision.md), also the head's. */
+static void test_grouped_rules_give_wgrad_per_tensor(void **s)
+{
+    (void)s;
+    const char *rules[][1] = {{"gemm:*=e4m3:block128"}, {"gemm:*=e4m3:row"}};
+    const int grouped[] = {3, 2};
+    for (int k = 0; k < 2; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        Graph *g = step_with_rules(a, 1, rules[k], 1, &mem, NULL, 0);
+        assert_non_null(g);
+        int modes[3][4] = {{0}};
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *mm = g->nodes[i];
+            if (mm->op != OP_MATMUL) continue;
+            int kind = mm->phase == PHASE_FORWARD ? 0 : 2;
+            for (int j = 0; j < 2 && kind == 2; j++)
+                if (operand_source(mm->in[j])->op == OP_PARAM) kind = 1;
+            modes[kind][mm->iattr[2]]++;
+        }
+        print_message("%s: forward %d grouped, dgrad %d grouped, wgrad %d per tensor\n", rules[k][0],
+                      modes[0][grouped[k]], modes[1][grouped[k]], modes[2][1]);
+        assert_int_equal(modes[0][grouped[k]], 17);
+        assert_int_equal(modes[1][grouped[k]], 17);
+        assert_int_equal(modes[2][1], 17);
+        rt_memory_free(&mem);
+        arena_free(a);
+    }
+}
+
+/* Rules for stored tensors either hold on the reference executor's tensors after a step or are
+ * refused where they are written: an FP8 Adam state keeps a scale for each group of 128 (the
+ * range-expansion codec, whose side values the update wrote), and forms the update cannot
+ * store as labelled are errors naming the rule, not formats that differ from their label. */
+static void test_state_rules_hold_or_are_refused(void **s)
+{
+    (void)s;
+    const char *refused[][2] = {
+        {"*:adam_m=e4m3", "scale"},
+        {"*:adam_m=e4m3:tensor", "scale"},
+        {"*:adam_m=e4m3:group128", "scale"},
+        {"*:adam_v=e5m2:expand", "e4m3"},
+        {"*:adam_m=e4m3:expand:group64", "128"},
+        {"*:adam_m=u8:compand", "i8"},
+        {"*:adam_v=i8", "codec"},
+        {"h.*.weight=e4m3", "parameter"},
+        {"*:grad=e5m2", "gradient"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        char errors[2048];
+        const char *rules[] = {refused[k][0]};
+        Graph *g = step_with_rules(a, 1, rules, 1, &mem, errors, sizeof errors);
+        print_message("%s: %s", refused[k][0], errors);
+        assert_null(g);
+        assert_non_null(strstr(errors, "<command line>: error:"));
+        assert_non_null(strstr(errors, refused[k][0]));
+        assert_non_null(strstr(errors, refused[k][1]));
+        assert_int_equal(diag_error_count(), 1);   /* once per rule, not once per tensor */
+        arena_free(a);
+    }
+    /* GEMM rules: what a GEMM cannot do, and numbers out of range, are refused too */
+    const char *refused_forms[][2] = {
+        {"gemm:*=e4m3:group128", "gemm: rule"},
+        {"gemm:*=e4m3:expand", "gemm: rule"},
+        {"gemm:*=f32", "bf16"},
+        {"gemm:*=e4m3:delayed2000000000", "1024"},
+        {"saved:*=e4m3:group99999999999", "group"},
+        {"gemm:*=e4m3:static1e40", "finite"},
+        {"gemm:*=e4m3:margin40", "margin"},
+    };
+    for (size_t k = 0; k < sizeof refused_forms / sizeof refused_forms[0]; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        char errors[2048];
+        const char *rules[] = {refused_forms[k][0]};
+        Graph *g = step_with_rules(a, 1, rules, 1, &mem, errors, sizeof errors);
+        print_message("%s: %s", refused_forms[k][0], errors);
+        assert_null(g);
+        assert_non_null(strstr(errors, "<command line>: error:"));
+        assert_non_null(strstr(errors, refused_forms[k][1]));
+        assert_int_equal(diag_error_count(), 1);
+        arena_free(a);
+    }
+
+    /* in a policy file, the error points at the rule's line and column */
+    char path[] = "/tmp/fp8c-test-policy-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *pf = fdopen(fd, "w");
+    fprintf(pf, "# states\n  *:adam_m=e4m3:group128   # COAT without its codec\n");
+    fclose(pf);
+    Arena *pa = arena_new();
+    BuildOptions o = {0};
+    o.front.batch = 2, o.front.seq = 16;
+    o.passes.opt_level = 2;
+    o.passes.policy_file = path;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *capture = open_memstream(&text, &size);
+    diag_reset();
+    diag_set_stream(capture);
+    assert_null(pipeline_compile(pa, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o));
+    diag_set_stream(NULL);
+    fclose(capture);
+    char want[256];
+    snprintf(want, sizeof want, "%s:2:3: error: '*:adam_m=e4m3:group128'", path);
+    print_message("%s", text);
+    assert_non_null(strstr(text, want));
+    free(text);
+    unlink(path);
+    arena_free(pa);
+
+    /* what is accepted is what the step stores */
+    const char *accepted[] = {"*:adam_m=e4m3:expand", "*:adam_v=e4m3:expand:group128", "*:adam_m=i8:compand"};
+    for (size_t k = 0; k < sizeof accepted / sizeof accepted[0]; k++) {
+        Arena *a = arena_new();
+        RtMemory mem;
+        const char *rules[] = {accepted[k]};
+        Graph *g = step_with_rules(a, 1, rules, 1, &mem, NULL, 0);
+        assert_non_null(g);
+        const Node *m = ir_find(g, k == 1 ? "h.0.mlp.c_fc.weight:adam_v" : "h.0.mlp.c_fc.weight:adam_m");
+        const Format *f = &m->t.fmt;
+        assert_int_equal(f->elem, codec_elem(f->codec));
+        assert_int_equal(f->group, codec_group_size(f->codec));
+        assert_non_null(f->scale);
+        int64_t n = ir_numel(&m->t);
+        float *x = ref_load(&m->t), *p = ref_load(&f->scale->t);
+        int64_t zero = 0;
+        for (int64_t i = 0; i < n; i++) zero += x[i] == 0;
+        print_message("%s: %s %s, %lld of %lld zero after a step, first group's side value %g\n", accepted[k],
+                      fmt_elem_name(f->elem), fmt_codec_name(f->codec), (long long)zero, (long long)n, p[0]);
+        assert_true(p[0] > 0);
+        assert_true(zero < n / 100);   /* the scale keeps m and v off zero */
+        free(x);
+        free(p);
+        rt_memory_free(&mem);
+        arena_free(a);
+    }
+}
+
+/* op(A) (M x K) times op(B) (K x N) of a GEMM, from its operands' 2-D views. */
+static void gemm_mnk(const Node *mm, int64_t *M, int64_t *N, int64_t *K)
+{
+    const Tensor *a = &mm->in[0]->t, *b = &mm->in[1]->t;
+    int64_t ca = a->dims[a->rank - 1], ra = ir_numel(a) / ca;
+    int64_t cb = b->dims[b->rank - 1], rb = ir_numel(b) / cb;
+    *M = mm->iattr[0] ? ca : ra;
+    *K = mm->iattr[0] ? ra : ca;
+    *N = mm->iattr[1] ? rb : cb;
+}
+
+/* cuBLASLt's FP8 GEMMs need K and N to be multiples of 16 (M may be anything: batch 3 x 1000 is
+ * fine): an FP8 GEMM the plan would make with another K or N is planned in bf16, and the plan
+ * says which and why. mlp.model with hidden = 200 at -O1: the hidden layer's forward, both its
+ * input gradients and the second layer's weight gradient fall back (5 of 6 GEMMs a layer), the
+ * first layer's weight gradient (K = 32 tokens, N = 64) stays FP8; at 3 x 5 tokens every weight
+ * gradient falls back too; with hidden = 256 nothing does at 2 x 16, and at 3 x 1000 the four
+ * weight gradients do (their K is the 3,000 tokens), the forward and input gradients, whose M
+ * is the tokens, do not. The head is bf16 anyway. */
+static void test_unaligned_gemms_fall_back(void **s)
+{
+    (void)s;
+    struct { const char *hidden; int64_t batch, seq; int fallbacks, fp8; } cases[] = {
+        {"200", 2, 16, 10, 2}, {"200", 3, 5, 12, 0}, {"256", 2, 16, 0, 12}, {"256", 3, 1000, 4, 8},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        Arena *a = arena_new();
+        Define d = {"hidden", cases[k].hidden};
+        BuildOptions o = {0};
+        o.front.batch = cases[k].batch, o.front.seq = cases[k].seq;
+        o.front.defines = &d, o.front.n_defines = 1;
+        o.passes.opt_level = 1;
+        o.passes.verify = true;
+        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/mlp.model", &o);
+        assert_non_null(g);
+        int fallbacks = 0, fp8 = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *mm = g->nodes[i];
+            if (mm->op != OP_MATMUL) continue;
+            int64_t M, N, K;
+            gemm_mnk(mm, &M, &N, &K);
+            bool aligned = K % 16 == 0 && N % 16 == 0;
+            bool unaligned_attr = mm->iattr[7] != 0;
+            fallbacks += unaligned_attr;
+            fp8 += mm->iattr[2] != 0;
+            if (mm->iattr[2]) assert_true(aligned);
+            bool head = operand_source(mm->in[1]) == ir_find(g, "head.weight") ||
+                        mm->in[0]->op == OP_CROSS_ENTROPY_BWD || mm->in[1]->op == OP_CROSS_ENTROPY_BWD;
+            assert_int_equal(unaligned_attr, !aligned && !head);   /* the head is bf16 anyway */
+            for (int j = 0; j < 2 && !mm->iattr[2]; j++) assert_false(is_fp8(mm->in[j]->t.fmt.elem));
+        }
+        char *text = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&text, &size);
+        plan_print(g, false, f);
+        fclose(f);
+        print_message("hidden %s at %lld x %lld: %d GEMMs fell back to bf16, %d FP8\n", cases[k].hidden,
+                      (long long)cases[k].batch, (long long)cases[k].seq, fallbacks, fp8);
+        assert_int_equal(fallbacks, cases[k].fallbacks);
+        assert_int_equal(fp8, cases[k].fp8);
+        const char *section = strstr(text, "GEMMs planned in bf16");
+        if (cases[k].fallbacks) {
+            assert_non_null(section);
+            assert_non_null(strstr(section, "layers.*.fc1.weight"));
+            assert_non_null(strstr(section, cases[k].hidden[1] == '0' ? "x 200" : "K = 3000"));
+        } else {
+            assert_null(section);
+        }
+        if (k == 0) print_message("%s", section);
+        free(text);
+        arena_free(a);
+    }
+}
+
+/* The output head stays bf16 at every level (docs/precision.md), also a head with a bias
+ * (mlp.model's linear(x, head.weight, head.bias)): its forward, input gradient and weight
+ * gradient; the other GEMMs of the step stay FP8. */
+static void test_head_with_bias_stays_bf16(void **s)
+{
+    (void)s;
+    Arena *a = arena_new();
+    BuildOptions o = {0};
+    o.front.batch = 2, o.front.seq = 16;
+    o.passes.opt_level = 1;
+    o.passes.verify = true;
+    Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/mlp.model", &o);
+    assert_non_null(g);
+    const Node *head = ir_find(g, "head.weight");
+    int head_gemms = 0, fp8_elsewhere = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *mm = g->nodes[i];
+        if (mm->op != OP_MATMUL) continue;
+        bool is_head = false;
+        for (int j = 0; j < 2; j++)
+            is_head |= operand_source(mm->in[j]) == head || mm->in[j]->op == OP_CROSS_ENTROPY_BWD;
+        if (is_head) {
+            head_gemms++;
+            assert_int_equal(mm->iattr[2], 0);
+        } else {
+            fp8_elsewhere += mm->iattr[2] != 0;
+        }
+    }
+    assert_int_equal(head_gemms, 3);
+    assert_int_equal(fp8_elsewhere, 12);
+    arena_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -266,6 +661,11 @@ int main(void)
         cmocka_unit_test(test_kernel_program_flops),
         cmocka_unit_test(test_rules_reach_tensors),
         cmocka_unit_test(test_value_rules),
+        cmocka_unit_test(test_gemm_rules_reach_every_gemm),
+        cmocka_unit_test(test_grouped_rules_give_wgrad_per_tensor),
+        cmocka_unit_test(test_state_rules_hold_or_are_refused),
+        cmocka_unit_test(test_unaligned_gemms_fall_back),
+        cmocka_unit_test(test_head_with_bias_stays_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
