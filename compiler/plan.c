@@ -228,11 +228,16 @@ static FallbackRow *collect_fallbacks(const Graph *g, int *n_rows)
     return rows;
 }
 
+/* the sizes that are no multiple of 16: "K = 150", "M = 150 and N = 257" */
 static const char *fallback_why(Arena *a, const FallbackRow *r)
 {
-    bool k = r->k % PRECISION_FP8_GEMM_ALIGN != 0, n = r->n % PRECISION_FP8_GEMM_ALIGN != 0;
-    if (k && n) return arena_printf(a, "K = %lld and N = %lld", (long long)r->k, (long long)r->n);
-    return arena_printf(a, "%s = %lld", k ? "K" : "N", (long long)(k ? r->k : r->n));
+    const char *names[3] = {"M", "N", "K"};
+    int64_t dims[3] = {r->m, r->n, r->k};
+    char *out = arena_printf(a, "%s", "");
+    for (int i = 0, shown = 0; i < 3; i++)
+        if (dims[i] % PRECISION_FP8_GEMM_ALIGN)
+            out = arena_printf(a, "%s%s%s = %lld", out, shown++ ? " and " : "", names[i], (long long)dims[i]);
+    return out;
 }
 
 void plan_print(const Graph *g, bool json, FILE *out)
@@ -321,7 +326,7 @@ void plan_print(const Graph *g, bool json, FILE *out)
     int n_fallbacks;
     FallbackRow *fb = collect_fallbacks(g, &n_fallbacks);
     if (n_fallbacks) {
-        fprintf(out, "\nGEMMs planned in bf16 instead of FP8: cuBLASLt's FP8 GEMMs need K and N to be "
+        fprintf(out, "\nGEMMs planned in bf16 instead of FP8: FP8 GEMMs need M, N and K to be "
                      "multiples of %d\n", PRECISION_FP8_GEMM_ALIGN);
         fprintf(out, "%-40s %-6s %-26s %s\n", "weight (x count)", "GEMM", "M x N x K", "why");
         for (int i = 0; i < n_fallbacks; i++) {

@@ -1114,6 +1114,12 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
     bool bf16 = ka == OPD_BF16 && kb == OPD_BF16;
     bool f32 = ka == OPD_F32 && kb == OPD_F32;
     if (y_fp8 && (!fp8 || grouped)) return spec_fail(s, "an FP8 result needs per-tensor FP8 operands");
+    /* f32 operands (as they are, or decoded) multiply into an f32 result only (cuBLASLt has no
+     * f32 x f32 -> bf16): another result type goes through scratch */
+    if (!fp8 && !bf16 && y_direct && fy->elem != FMT_F32) {
+        if (ep) return spec_fail(s, "an epilogue of f32 operands needs an f32 result");
+        y_direct = false;
+    }
 
     int64_t at = 0;   /* scratch bytes used so far */
     CuGemm g;

@@ -628,13 +628,16 @@ bool pass_precision(Graph *g, const PassOptions *opt)
             mm->fattr[0] = fp8 && r->fmt.recipe == RECIPE_STATIC ? r->fmt.static_scale : 0;
         }
         /* cuBLASLt's FP8 GEMMs need K and N (the operands' and the result's leading dims, both
-         * operands being k-contiguous) to be multiples of 16; M may be anything. Such a GEMM
-         * runs in bf16 on every device, so that the one kernel program is the same on all of
-         * them, and `fp8c plan` lists it (unaligned=1). */
+         * operands being k-contiguous) to be multiples of 16, and the GPU backend runs them only
+         * where M is one too (cuda/spec.c; at batch 3 x seq 50 an FP8 forward GEMM ran as f32
+         * products of decoded operands). Such a GEMM runs in bf16 on every device, so that the
+         * one kernel program is the same on all of them, and `fp8c plan` lists it
+         * (unaligned=1). */
         int64_t m_dim, n_dim, k_dim;
         ir_matmul_dims(mm, &m_dim, &n_dim, &k_dim);
         if (mm->iattr[2] && !opt->fp8_any_shape &&
-            (k_dim % PRECISION_FP8_GEMM_ALIGN || n_dim % PRECISION_FP8_GEMM_ALIGN)) {
+            (k_dim % PRECISION_FP8_GEMM_ALIGN || n_dim % PRECISION_FP8_GEMM_ALIGN ||
+             m_dim % PRECISION_FP8_GEMM_ALIGN)) {
             for (int a = 2; a <= 6; a++) mm->iattr[a] = 0;
             mm->fattr[0] = 0;
             mm->iattr[MATMUL_UNALIGNED] = 1;
