@@ -352,6 +352,7 @@ typedef struct {
     int opt_level;          /* LLVM optimization level, 0..3 (default 2 when 0 is not meant) */
     bool no_cache;
     bool dump_ir;           /* print the optimized module to stderr */
+    bool *cached;           /* if not NULL: set when the object came from the cache */
 } CgLlvmOptions;
 bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj_path);
 /* The rendered, unoptimized module as text (tests and --print-kernels). */

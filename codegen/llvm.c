@@ -917,6 +917,7 @@ bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj
 {
     static const CgLlvmOptions defaults = {.opt_level = 2};
     if (!o) o = &defaults;
+    if (o->cached) *o->cached = false;
     LLVMInitializeNativeTarget();
     LLVMInitializeNativeAsmPrinter();
     char *triple = LLVMGetDefaultTargetTriple();
@@ -953,6 +954,7 @@ bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj
     if (dir) {
         snprintf(cached, sizeof cached, "%s/%016llx.o", dir, (unsigned long long)key);
         if (access(cached, R_OK) == 0 && !o->dump_ir && copy_file(cached, obj_path)) {
+            if (o->cached) *o->cached = true;
             free(dir);
             dispose(&r);
             LLVMDisposeMessage(triple);

@@ -48,6 +48,12 @@ void plan_print_diff(const Graph *a, const Graph *b, bool json, FILE *out);
 
 /* ---------------------------------------------------------------- emit.c */
 
+/* A build says what each stage did and how long it took, one line per stage on stderr
+ * ("fp8c: link 0.8 s"), so that a long build is never silent. */
+double build_clock(void);   /* seconds, monotonic */
+void build_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+bool build_no_cache(void);  /* FP8C_NO_CACHE set (and not 0): no cache is read or written */
+
 /* Writes a training binary at out_path: the runtime linked with the graph's textual IR
  * embedded as its artifact. Returns false after printing one line naming what failed. */
 bool emit_training_binary(const Graph *g, const char *out_path);

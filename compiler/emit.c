@@ -17,10 +17,12 @@
  * destroys a working one). */
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "compiler.h"
@@ -51,6 +53,27 @@ static const char *const emit_libs[] = {"libfp8c_train_main.a", "libfp8c_rt.a", 
                                         "libfp8c_ir.a"};
 #endif
 #define EMIT_N_LIBS ((int)(sizeof emit_libs / sizeof emit_libs[0]))
+
+double build_clock(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+void build_progress(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "fp8c: %s\n", line);   /* one call: lines from two threads never mix */
+    fflush(stderr);
+}
+
+bool build_no_cache(void) {
+    const char *no = getenv("FP8C_NO_CACHE");
+    return no && *no && strcmp(no, "0") != 0;
+}
 
 static const char *emit_compiler(void) {
     const char *env = getenv("FP8C_CC");
@@ -230,11 +253,18 @@ static bool emit_gpu_kernels(const Graph *g, const char *dir, char **path) {
     CudaBinary bin;
     bool skipped = false;
     char why[512] = "";
+    double t0 = build_clock();
     if (!cuda_compile_graph(g, &bin, &skipped, why, sizeof why)) return false;
     if (skipped) {
         fprintf(stderr, "fp8c: note: no GPU kernels in this binary: %s\n", why);
         return true;
     }
+    double total = build_clock() - t0;
+    if (bin.cached)
+        build_progress("GPU kernels: %d rendered, NVRTC cached (%.2f s)", bin.n_kernels, total);
+    else
+        build_progress("GPU kernels: %d rendered (%.2f s), NVRTC %.1f s", bin.n_kernels,
+                       total - bin.seconds, bin.seconds);
     char *p = emit_join(dir, "kernels.cubin");
     FILE *f = p ? fopen(p, "wb") : NULL;
     bool ok = f && fwrite(bin.cubin, 1, bin.cubin_size, f) == bin.cubin_size;
@@ -269,6 +299,7 @@ static bool emit_cpu_kernels(const char *ir_path, const char *dir, char **path) 
 #ifdef FP8C_HAVE_LLVM
     const char *want = getenv("FP8C_CPU_KERNELS");
     if (want && !strcmp(want, "0")) return true;
+    double t0 = build_clock();
     FILE *f = fopen(ir_path, "rb");
     char *text = NULL;
     size_t len = 0;
@@ -286,9 +317,15 @@ static bool emit_cpu_kernels(const char *ir_path, const char *dir, char **path) 
     if (p && emit_print_kernels) cg_program_print(p, stdout);
     char *obj = emit_join(dir, "kernels.o");
     const char *cpu = emit_cpu_name ? emit_cpu_name : getenv("FP8C_CPU");
-    CgLlvmOptions o = {.cpu = cpu, .opt_level = 3};
+    bool cached = false;
+    CgLlvmOptions o = {.cpu = cpu, .opt_level = 3, .no_cache = build_no_cache(), .cached = &cached};
+    double t1 = build_clock();
     bool ok = p && obj && cg_llvm_compile(p, &o, obj);
     if (!ok) fprintf(stderr, "fp8c: error: the CPU kernels of this plan did not compile\n");
+    double t2 = build_clock();
+    if (ok)
+        build_progress("CPU kernels: %d lowered (%.2f s), LLVM %s%.2f s", p->n_kernels, t1 - t0,
+                       cached ? "cached " : "", t2 - t1);
     if (ok) *path = obj;
     else free(obj);
     free(text);
@@ -325,7 +362,9 @@ bool emit_training_binary(const Graph *g, const char *out_path) {
         fprintf(stderr, "fp8c: error: %s: cannot write: %s\n", asm_path, strerror(errno));
         ok = false;
     }
+    double t0 = build_clock();
     if (ok) ok = emit_link(asm_path, obj_path, out_path);
+    if (ok) build_progress("link %.2f s", build_clock() - t0);
     if (obj_path) unlink(obj_path);
     free(obj_path);
     if (ir_path) unlink(ir_path);

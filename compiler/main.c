@@ -250,8 +250,10 @@ static int cmd_build(Args *a)
 {
     if (!a->output) bad_flag("build needs -o NAME%s", "");
     Arena *arena = session_arena();
+    double t0 = build_clock();
     Graph *g = compile_or_exit(arena, a);
     if (a->build.stop_after) return 0;
+    build_progress("passes %.2f s (%d nodes)", build_clock() - t0, g->n_nodes);
     if (!emit_training_binary(g, a->output)) return 1;
     MemSummary m;
     memplan_summarize(g, &m);

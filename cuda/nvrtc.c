@@ -239,6 +239,7 @@ bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *wh
     char name[256];
     snprintf(name, sizeof name, "%s.cu", g->model_name && *g->model_name ? g->model_name : "module");
     bool ok = cuda_compile_source(src, name, out);
+    out->n_kernels = n_kernels;
     arena_free(a);
     return ok;
 }
