@@ -913,6 +913,19 @@ static bool copy_file(const char *from, const char *to)
 
 /* ---------------------------------------------------------------- compile */
 
+char *cg_llvm_host(void)
+{
+    char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
+    char *features = LLVMGetHostCPUFeatures();
+    size_t n = strlen(FP8C_LLVM_VERSION) + strlen(triple) + strlen(cpu) + strlen(features) + 4;
+    char *out = malloc(n);
+    if (out) snprintf(out, n, "%s|%s|%s|%s", FP8C_LLVM_VERSION, triple, cpu, features);
+    LLVMDisposeMessage(triple);
+    LLVMDisposeMessage(cpu);
+    LLVMDisposeMessage(features);
+    return out;
+}
+
 bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj_path)
 {
     static const CgLlvmOptions defaults = {.opt_level = 2};

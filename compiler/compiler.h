@@ -1,7 +1,8 @@
 /* compiler.h — the compiler's front end, pipeline and emitter.
  *
  * Sections: ast.c (the syntax tree), lexer.l/parser.y (text -> AST), lower.c (AST -> forward
- * IR), pipeline.c (the whole compiler in one function), emit.c (artifact + training binary). */
+ * IR), pipeline.c (the whole compiler in one function), emit.c (artifact + training binary),
+ * cache.c (whole binaries cached by their inputs). */
 #ifndef FP8C_COMPILER_H
 #define FP8C_COMPILER_H
 
@@ -64,5 +65,31 @@ void emit_set_print_kernels(bool on);   /* build: print the CPU kernel IR to std
 /* `fp8c train`: emits a training binary to a temporary path and runs it with run_args;
  * returns the binary's exit status. */
 int emit_and_run(const Graph *g, char **run_args, int n_run_args);
+/* What a binary is linked from and with (for cache.c's key), and the notes (lines without
+ * the "fp8c: note: " prefix) the last emit_training_binary printed. */
+const char *const *emit_runtime_libs(int *n);   /* file names in emit_libdir() */
+const char *emit_libdir(void);
+const char *emit_compiler(void);
+const char *emit_notes(void);
+
+/* ---------------------------------------------------------------- cache.c */
+
+/* The figures of the final `fp8c: wrote` line, which a cached build prints without a graph. */
+typedef struct {
+    int opt_level;
+    long long batch, seq, n_params;
+    long long persistent, transient;   /* bytes */
+} BuildSummary;
+
+/* The key of the binary that `fp8c build` with these flags (the arguments after the command)
+ * makes, as 64 hex digits: a SHA-256 of fp8c, the flags and the files they name, the FP8C_*
+ * environment, the runtime libraries and the tools. False when one of them cannot be read. */
+bool cache_make_key(char **flags, int n_flags, char key[65]);
+/* A cache hit: the binary written at out_path, its notes printed, *summary filled. False on a
+ * miss, and for an entry that does not check out (which is removed). */
+bool cache_fetch_binary(const char *key, const char *out_path, BuildSummary *summary);
+/* Keeps a copy of the binary at bin_path under key; silent when it cannot. */
+void cache_store_binary(const char *key, const char *bin_path, const BuildSummary *s,
+                        const char *notes);
 
 #endif

@@ -76,14 +76,19 @@ bool build_no_cache(void) {
     return no && *no && strcmp(no, "0") != 0;
 }
 
-static const char *emit_compiler(void) {
+const char *const *emit_runtime_libs(int *n) {
+    *n = EMIT_N_LIBS;
+    return emit_libs;
+}
+
+const char *emit_compiler(void) {
     const char *env = getenv("FP8C_CC");
     if (env && *env) return env;
     if (access(FP8C_C_COMPILER, X_OK) == 0) return FP8C_C_COMPILER;
     return "cc";
 }
 
-static const char *emit_libdir(void) {
+const char *emit_libdir(void) {
     const char *env = getenv("FP8C_LIBDIR");
     return env && *env ? env : FP8C_BUILD_LIBDIR;
 }
@@ -246,6 +251,11 @@ static bool emit_link(const char *asm_path, const char *obj_path, const char *ou
  * when there are none: fp8c built without CUDA, FP8C_GPU=0, or a node the GPU backend cannot
  * run yet (a note says which; the binary then trains on the CPU). False only when NVRTC
  * rejected the generated module (its source and log are printed). */
+/* The notes this build printed, one per line, for the cache to print again on a hit. */
+static char emit_note_text[1024];
+
+const char *emit_notes(void) { return emit_note_text; }
+
 static bool emit_gpu_kernels(const Graph *g, const char *dir, char **path) {
     *path = NULL;
 #ifdef FP8C_HAVE_CUDA
@@ -258,6 +268,7 @@ static bool emit_gpu_kernels(const Graph *g, const char *dir, char **path) {
     if (!cuda_compile_graph(g, &bin, &skipped, why, sizeof why)) return false;
     if (skipped) {
         fprintf(stderr, "fp8c: note: no GPU kernels in this binary: %s\n", why);
+        snprintf(emit_note_text, sizeof emit_note_text, "no GPU kernels in this binary: %s", why);
         return true;
     }
     double total = build_clock() - t0;
@@ -356,6 +367,7 @@ static void *emit_gpu_job(void *arg) {
 }
 
 bool emit_training_binary(const Graph *g, const char *out_path) {
+    emit_note_text[0] = 0;
     char *dir = emit_tempdir();
     if (!dir) return false;
     char *ir_path = emit_join(dir, "artifact.ir");

@@ -76,12 +76,17 @@ typedef struct {
     const char *passes;        /* opt: --passes= */
     char **run_args;           /* train: what follows -- */
     int n_run_args;
+    char **flags;              /* everything after the command (the binary cache's key) */
+    int n_flags;
+    bool print_kernels;
 } Args;
 
 /* Parses the flags shared by plan, build, train and opt. */
 static void parse_args(int argc, char **argv, Args *a)
 {
     memset(a, 0, sizeof *a);
+    a->flags = argv;
+    a->n_flags = argc;
     a->vs_level = -1;
     a->build.passes.opt_level = 0;
     a->build.front.defines = a->defines;
@@ -138,6 +143,7 @@ static void parse_args(int argc, char **argv, Args *a)
             emit_set_cpu(s + 6);
         } else if (!strcmp(s, "--print-kernels")) {
             emit_set_print_kernels(true);
+            a->print_kernels = true;
         } else if (!strcmp(s, "-o")) {
             if (!next) bad_flag("%s needs a file name", s);
             a->output = next, i++;
@@ -246,22 +252,46 @@ static int cmd_plan(Args *a)
     return 0;
 }
 
+static void print_wrote(const char *output, const BuildSummary *s)
+{
+    fprintf(stderr, "fp8c: wrote %s (-O%d, batch %lld, seq %lld): %lld parameters, "
+                    "memory plan peak %.1f MiB (state %.1f MiB + step %.1f MiB)\n",
+            output, s->opt_level, s->batch, s->seq, s->n_params,
+            (double)(s->persistent + s->transient) / 1048576.0, (double)s->persistent / 1048576.0,
+            (double)s->transient / 1048576.0);
+}
+
+/* fp8c build: the binary from the cache (cache.c) when everything it depends on is as it was,
+ * else the whole pipeline and emit, and the result kept in the cache. */
 static int cmd_build(Args *a)
 {
     if (!a->output) bad_flag("build needs -o NAME%s", "");
-    Arena *arena = session_arena();
     double t0 = build_clock();
+    char key[65];
+    BuildSummary sum;
+    bool cacheable = !a->build.stop_after && !a->build.passes.print_after && !a->print_kernels &&
+                     !build_no_cache() && cache_make_key(a->flags, a->n_flags, key);
+    if (cacheable && cache_fetch_binary(key, a->output, &sum)) {
+        build_progress("binary cached (%.12s), %.2f s", key, build_clock() - t0);
+        print_wrote(a->output, &sum);
+        return 0;
+    }
+    Arena *arena = session_arena();
+    double t1 = build_clock();
     Graph *g = compile_or_exit(arena, a);
     if (a->build.stop_after) return 0;
-    build_progress("passes %.2f s (%d nodes)", build_clock() - t0, g->n_nodes);
+    build_progress("passes %.2f s (%d nodes)", build_clock() - t1, g->n_nodes);
     if (!emit_training_binary(g, a->output)) return 1;
     MemSummary m;
     memplan_summarize(g, &m);
-    fprintf(stderr, "fp8c: wrote %s (-O%d, batch %lld, seq %lld): %lld parameters, "
-                    "memory plan peak %.1f MiB (state %.1f MiB + step %.1f MiB)\n",
-            a->output, g->opt_level, (long long)g->batch, (long long)g->seq, (long long)m.n_params,
-            (double)(m.persistent + m.transient) / 1048576.0, (double)m.persistent / 1048576.0,
-            (double)m.transient / 1048576.0);
+    sum = (BuildSummary){.opt_level = g->opt_level, .batch = (long long)g->batch,
+                         .seq = (long long)g->seq, .n_params = (long long)m.n_params,
+                         .persistent = (long long)m.persistent, .transient = (long long)m.transient};
+    /* stored only when its inputs did not change while it was being built */
+    char again[65];
+    if (cacheable && cache_make_key(a->flags, a->n_flags, again) && !strcmp(key, again))
+        cache_store_binary(key, a->output, &sum, emit_notes());
+    print_wrote(a->output, &sum);
     return 0;
 }
 
