@@ -422,14 +422,15 @@ static bool parse_meta(char *text, const char *key, size_t *size, char sha[65], 
     return true;
 }
 
-bool cache_fetch_binary(const char *key, const char *out_path, BuildSummary *summary)
+CacheResult cache_fetch_binary(const char *key, const char *out_path, BuildSummary *summary)
 {
     char dir[4096], bin_path[4300], meta_path[4300];
-    if (!cache_dir(dir, sizeof dir)) return false;
+    if (!cache_dir(dir, sizeof dir)) return CACHE_MISS;
     entry_paths(dir, key, bin_path, meta_path, sizeof bin_path);
     size_t meta_size = 0, size = 0, want_size = 0;
     char *meta = read_file(meta_path, &meta_size);
-    if (!meta) return false;   /* not cached */
+    if (!meta) return CACHE_MISS;
+    CacheResult result = CACHE_HIT;
     char *bin = NULL, want_sha[65], *notes = NULL;
     bool ok = parse_meta(meta, key, &want_size, want_sha, summary, &notes);
     if (ok) bin = read_file(bin_path, &size);
@@ -447,9 +448,10 @@ bool cache_fetch_binary(const char *key, const char *out_path, BuildSummary *sum
         build_progress("note: the cached binary %.12s is damaged; building it again", key);
         unlink(meta_path);
         unlink(bin_path);
+        result = CACHE_MISS;
     } else if (!write_file(out_path, bin, size, true)) {
         fprintf(stderr, "fp8c: error: %s: cannot write: %s\n", out_path, strerror(errno));
-        ok = false;
+        result = CACHE_FAILED;
     } else {
         char *save = NULL;
         for (char *l = strtok_r(notes, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
@@ -457,7 +459,7 @@ bool cache_fetch_binary(const char *key, const char *out_path, BuildSummary *sum
     }
     free(bin);
     free(meta);
-    return ok;
+    return result;
 }
 
 void cache_store_binary(const char *key, const char *bin_path, const BuildSummary *s,

@@ -85,9 +85,11 @@ typedef struct {
  * makes, as 64 hex digits: a SHA-256 of fp8c, the flags and the files they name, the FP8C_*
  * environment, the runtime libraries and the tools. False when one of them cannot be read. */
 bool cache_make_key(char **flags, int n_flags, char key[65]);
-/* A cache hit: the binary written at out_path, its notes printed, *summary filled. False on a
- * miss, and for an entry that does not check out (which is removed). */
-bool cache_fetch_binary(const char *key, const char *out_path, BuildSummary *summary);
+/* CACHE_HIT: the binary written at out_path, its notes printed, *summary filled. CACHE_MISS
+ * also for an entry that does not check out (which is removed); CACHE_FAILED after a message
+ * when the output cannot be written. */
+typedef enum { CACHE_MISS, CACHE_HIT, CACHE_FAILED } CacheResult;
+CacheResult cache_fetch_binary(const char *key, const char *out_path, BuildSummary *summary);
 /* Keeps a copy of the binary at bin_path under key; silent when it cannot. */
 void cache_store_binary(const char *key, const char *bin_path, const BuildSummary *s,
                         const char *notes);

@@ -271,7 +271,9 @@ static int cmd_build(Args *a)
     BuildSummary sum;
     bool cacheable = !a->build.stop_after && !a->build.passes.print_after && !a->print_kernels &&
                      !build_no_cache() && cache_make_key(a->flags, a->n_flags, key);
-    if (cacheable && cache_fetch_binary(key, a->output, &sum)) {
+    CacheResult cached = cacheable ? cache_fetch_binary(key, a->output, &sum) : CACHE_MISS;
+    if (cached == CACHE_FAILED) return 1;
+    if (cached == CACHE_HIT) {
         build_progress("binary cached (%.12s), %.2f s", key, build_clock() - t0);
         print_wrote(a->output, &sum);
         return 0;
