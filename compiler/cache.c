@@ -206,7 +206,7 @@ static int compare_strings(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Each distinct file mapped into this process (fp8c's shared libraries), sorted: the order of
+/* Each distinct shared object mapped into this process, sorted: the order of
  * /proc/self/maps follows load addresses, which change from run to run. Taken once, when fp8c
  * starts a build: libraries loaded later (NVRTC opens its builtins when it first compiles)
  * would make the key of the same build differ before and after it. */
@@ -232,6 +232,10 @@ static void sha_mapped_libraries(Sha256 *s, const char *self)
         if (!path) continue;
         path[strcspn(path, "\n")] = 0;
         if (!strcmp(path, self)) continue;   /* hashed by its contents */
+        /* shared objects only: a tool that maps a file of its own per process (valgrind's
+         * pipes, say) would otherwise make every key new */
+        const char *base = strrchr(path, '/') + 1;
+        if (!strstr(base, ".so")) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 64;
             char **more = realloc(paths, sizeof *paths * (size_t)cap);
