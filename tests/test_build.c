@@ -1,7 +1,7 @@
 /* test_build.c — `fp8c build` and its cache of whole binaries (compiler/cache.c).
  *
- * What a user relies on: an unchanged rebuild comes from the cache and is the same bytes as a
- * full build; changing any input (a -D value, -O, --batch, the model text, an FP8C_ variable)
+ * What a user relies on: a build says what each stage did; an unchanged rebuild comes from the
+ * cache, in two lines, and is the same bytes as a full build; changing any input (a -D value, -O, --batch, the model text, an FP8C_ variable)
  * misses and gives the binary of the new inputs; a damaged entry (truncated, a flipped byte, a
  * bad meta file, a missing binary) is never used: the build runs in full, succeeds, and stores
  * the entry again.
@@ -195,6 +195,18 @@ static void test_hit_is_identical(void **state) {
     wrote_line("first", a, sizeof a);
     wrote_line("second", b, sizeof b);
     assert_string_equal(a, b);
+    /* a line per stage on a full build; two lines from the cache */
+    char *log = slurp("first.out");
+    assert_non_null(strstr(log, "fp8c: passes "));
+    assert_non_null(strstr(log, "fp8c: CPU kernels: "));
+    assert_non_null(strstr(log, " lowered ("));
+    assert_non_null(strstr(log, "fp8c: link "));
+    free(log);
+    log = slurp("second.out");
+    int lines = 0;
+    for (const char *p = log; *p; p++) lines += *p == '\n';
+    assert_int_equal(lines, 2);
+    free(log);
     char nocache[700];
     snprintf(nocache, sizeof nocache, "%s FP8C_NO_CACHE=1", env);
     build_as(BUILT, nocache, model, "-O1", "uncached");
