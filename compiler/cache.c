@@ -27,8 +27,8 @@
  *
  * An entry is two files in the cache directory (nvrtc.c's: $FP8C_CACHE_DIR, else
  * $XDG_CACHE_HOME/fp8c, else ~/.cache/fp8c): bin-KEY, the binary, and bin-KEY.meta, a few lines
- * of text with the key, the binary's size and SHA-256, the figures of the final `wrote` line
- * and the notes the build printed, which a hit prints again. A lookup checks every one of
+ * of text with the key, the binary's size and SHA-256, the figures of the final `wrote` line,
+ * the model's name and the notes the build printed, which a hit prints again. A lookup checks every one of
  * them; an entry that does not check out (truncated, corrupt, an older layout) is a miss: it is
  * removed and the build runs in full. Files are written under temporary names and renamed, the
  * binary before its meta, so a build running at the same time never takes half an entry.
@@ -175,6 +175,8 @@ static void sha_stat(Sha256 *s, const char *label, const char *path)
 }
 
 /* ---------------------------------------------------------------- the key */
+/* (`fp8c train` uses the same key: the flags before `--` make the binary, those after it are
+ * the binary's own.) */
 
 static bool names_regular_file(const char *path)
 {
@@ -422,7 +424,8 @@ static bool parse_meta(char *text, const char *key, size_t *size, char sha[65], 
                         &s->seq, &s->n_params, &s->persistent, &s->transient, &end) != 6 ||
         line[end])
         return false;
-    *notes = save;   /* the rest: "note TEXT" lines */
+    s->model_name[0] = 0;
+    *notes = save;   /* the rest: "name NAME" and "note TEXT" lines */
     return true;
 }
 
@@ -458,8 +461,11 @@ CacheResult cache_fetch_binary(const char *key, const char *out_path, BuildSumma
         result = CACHE_FAILED;
     } else {
         char *save = NULL;
-        for (char *l = strtok_r(notes, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+        for (char *l = strtok_r(notes, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
             if (!strncmp(l, "note ", 5)) fprintf(stderr, "fp8c: note: %s\n", l + 5);
+            if (!strncmp(l, "name ", 5))
+                snprintf(summary->model_name, sizeof summary->model_name, "%s", l + 5);
+        }
     }
     free(bin);
     free(meta);
@@ -487,6 +493,8 @@ void cache_store_binary(const char *key, const char *bin_path, const BuildSummar
         fprintf(m, "%s\nkey %s\nsize %zu\nsha256 %s\nsummary %d %lld %lld %lld %lld %lld\n",
                 CACHE_FORMAT, key, size, sha, s->opt_level, s->batch, s->seq, s->n_params,
                 s->persistent, s->transient);
+        if (s->model_name[0] && !strchr(s->model_name, '\n'))
+            fprintf(m, "name %s\n", s->model_name);
         for (const char *p = notes; p && *p;) {
             size_t n = strcspn(p, "\n");
             fprintf(m, "note %.*s\n", (int)n, p);

@@ -62,9 +62,12 @@ bool emit_training_binary(const Graph *g, const char *out_path);
  * NULL or "native": this machine's (the default, or $FP8C_CPU). */
 void emit_set_cpu(const char *cpu);
 void emit_set_print_kernels(bool on);   /* build: print the CPU kernel IR to stdout */
-/* `fp8c train`: emits a training binary to a temporary path and runs it with run_args;
- * returns the binary's exit status. */
-int emit_and_run(const Graph *g, char **run_args, int n_run_args);
+/* `fp8c train`: a binary in a new temp directory (NULL after a message), named after the model
+ * (else "train"), run with run_args; emit_train_run removes the binary and the directory, frees
+ * both paths and returns the binary's exit status. */
+char *emit_train_dir(void);
+char *emit_train_path(const char *dir, const char *model_name);
+int emit_train_run(char *dir, char *bin, char **run_args, int n_run_args);
 /* What a binary is linked from and with (for cache.c's key), and the notes (lines without
  * the "fp8c: note: " prefix) the last emit_training_binary printed. */
 const char *const *emit_runtime_libs(int *n);   /* file names in emit_libdir() */
@@ -79,6 +82,7 @@ typedef struct {
     int opt_level;
     long long batch, seq, n_params;
     long long persistent, transient;   /* bytes */
+    char model_name[64];               /* `fp8c train` names the binary after it */
 } BuildSummary;
 
 /* The key of the binary that `fp8c build` with these flags (the arguments after the command)

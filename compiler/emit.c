@@ -416,27 +416,28 @@ bool emit_training_binary(const Graph *g, const char *out_path) {
     return ok;
 }
 
-int emit_and_run(const Graph *g, char **run_args, int n_run_args) {
-    char *dir = emit_tempdir();
-    if (!dir) return 1;
-    const char *name = g->model_name && *g->model_name && !strchr(g->model_name, '/')
-                           ? g->model_name : "train";
-    char *bin = emit_join(dir, name);
+char *emit_train_dir(void) { return emit_tempdir(); }
+
+char *emit_train_path(const char *dir, const char *model_name) {
+    const char *name = model_name && *model_name && !strchr(model_name, '/') && strcmp(model_name, ".") &&
+                               strcmp(model_name, "..") ? model_name : "train";
+    return emit_join(dir, name);
+}
+
+int emit_train_run(char *dir, char *bin, char **run_args, int n_run_args) {
     int status = 1;
-    if (bin && emit_training_binary(g, bin)) {
-        char **args = calloc((size_t)n_run_args + 2, sizeof *args);
-        if (args) {
-            args[0] = bin;
-            for (int i = 0; i < n_run_args; i++) args[i + 1] = run_args[i];
-            status = emit_spawn(args, true);
-            if (status < 0) {
-                fprintf(stderr, "fp8c: error: cannot run %s: %s\n", bin, strerror(errno));
-                status = 1;
-            }
-            free(args);
+    char **args = calloc((size_t)n_run_args + 2, sizeof *args);
+    if (args) {
+        args[0] = bin;
+        for (int i = 0; i < n_run_args; i++) args[i + 1] = run_args[i];
+        status = emit_spawn(args, true);
+        if (status < 0) {
+            fprintf(stderr, "fp8c: error: cannot run %s: %s\n", bin, strerror(errno));
+            status = 1;
         }
-        unlink(bin);
+        free(args);
     }
+    unlink(bin);
     rmdir(dir);
     free(bin);
     free(dir);

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_DEFINES 64
 #define MAX_OVERRIDES 64
@@ -224,15 +225,23 @@ static int cmd_opt(Args *a)
     return 0;
 }
 
-static Graph *compile_or_exit(Arena *arena, Args *a)
+/* The planned graph, or NULL after the errors and their count. */
+static Graph *compile(Arena *arena, Args *a)
 {
     if (!a->model) bad_flag("a model file is needed%s", "");
     Graph *g = pipeline_compile(arena, a->model, &a->build);
     if (!g || diag_error_count()) {
         if (diag_error_count())
             fprintf(stderr, "%d error%s.\n", diag_error_count(), diag_error_count() == 1 ? "" : "s");
-        exit(1);
+        return NULL;
     }
+    return g;
+}
+
+static Graph *compile_or_exit(Arena *arena, Args *a)
+{
+    Graph *g = compile(arena, a);
+    if (!g) exit(1);
     return g;
 }
 
@@ -261,48 +270,74 @@ static void print_wrote(const char *output, const BuildSummary *s)
             (double)s->transient / 1048576.0);
 }
 
-/* fp8c build: the binary from the cache (cache.c) when everything it depends on is as it was,
- * else the whole pipeline and emit, and the result kept in the cache. */
-static int cmd_build(Args *a)
+/* A training binary at out: from the cache (cache.c) when everything it depends on is as it
+ * was, else the whole pipeline and emit, and the result kept in the cache. False after a
+ * message. */
+static bool make_binary(Args *a, const char *out, BuildSummary *sum)
 {
-    if (!a->output) bad_flag("build needs -o NAME%s", "");
     double t0 = build_clock();
     char key[65];
-    BuildSummary sum;
     bool cacheable = !a->build.stop_after && !a->build.passes.print_after && !a->print_kernels &&
                      !build_no_cache() && cache_make_key(a->flags, a->n_flags, key);
-    CacheResult cached = cacheable ? cache_fetch_binary(key, a->output, &sum) : CACHE_MISS;
-    if (cached == CACHE_FAILED) return 1;
-    if (cached == CACHE_HIT) {
-        build_progress("binary cached (%.12s), %.2f s", key, build_clock() - t0);
-        print_wrote(a->output, &sum);
-        return 0;
-    }
+    CacheResult cached = cacheable ? cache_fetch_binary(key, out, sum) : CACHE_MISS;
+    if (cached == CACHE_HIT) build_progress("binary cached (%.12s), %.2f s", key, build_clock() - t0);
+    if (cached != CACHE_MISS) return cached == CACHE_HIT;
     Arena *arena = session_arena();
     double t1 = build_clock();
-    Graph *g = compile_or_exit(arena, a);
-    if (a->build.stop_after) return 0;
+    Graph *g = compile(arena, a);
+    if (!g) return false;
     build_progress("passes %.2f s (%d nodes)", build_clock() - t1, g->n_nodes);
-    if (!emit_training_binary(g, a->output)) return 1;
+    if (!emit_training_binary(g, out)) return false;
     MemSummary m;
     memplan_summarize(g, &m);
-    sum = (BuildSummary){.opt_level = g->opt_level, .batch = (long long)g->batch,
-                         .seq = (long long)g->seq, .n_params = (long long)m.n_params,
-                         .persistent = (long long)m.persistent, .transient = (long long)m.transient};
+    *sum = (BuildSummary){.opt_level = g->opt_level, .batch = (long long)g->batch,
+                          .seq = (long long)g->seq, .n_params = (long long)m.n_params,
+                          .persistent = (long long)m.persistent, .transient = (long long)m.transient};
+    snprintf(sum->model_name, sizeof sum->model_name, "%s", g->model_name ? g->model_name : "");
     /* stored only when its inputs did not change while it was being built */
     char again[65];
     if (cacheable && cache_make_key(a->flags, a->n_flags, again) && !strcmp(key, again))
-        cache_store_binary(key, a->output, &sum, emit_notes());
+        cache_store_binary(key, out, sum, emit_notes());
+    return true;
+}
+
+static int cmd_build(Args *a)
+{
+    if (!a->output) bad_flag("build needs -o NAME%s", "");
+    if (a->build.stop_after) {   /* the passes up to one, to print the IR: no binary */
+        compile_or_exit(session_arena(), a);
+        return 0;
+    }
+    BuildSummary sum;
+    if (!make_binary(a, a->output, &sum)) return 1;
     print_wrote(a->output, &sum);
     return 0;
 }
 
+/* fp8c train: the binary (cached as a build's is) in a temp directory, named after the model,
+ * run with the flags after `--`, then removed. */
 static int cmd_train(Args *a)
 {
-    Arena *arena = session_arena();
-    Graph *g = compile_or_exit(arena, a);
-    int status = emit_and_run(g, a->run_args, a->n_run_args);
-    return status;
+    if (!a->model) bad_flag("a model file is needed%s", "");
+    char *dir = emit_train_dir();
+    if (!dir) return 1;
+    char *bin = emit_train_path(dir, "train");
+    BuildSummary sum;
+    if (!bin || !make_binary(a, bin, &sum)) {
+        if (bin) unlink(bin);
+        rmdir(dir);
+        free(bin);
+        free(dir);
+        return 1;
+    }
+    char *named = emit_train_path(dir, sum.model_name);
+    if (named && strcmp(named, bin) && rename(bin, named) == 0) {
+        free(bin);
+        bin = named;
+    } else {
+        free(named);
+    }
+    return emit_train_run(dir, bin, a->run_args, a->n_run_args);
 }
 
 static int dispatch(int argc, char **argv);

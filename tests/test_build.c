@@ -1,10 +1,11 @@
 /* test_build.c — `fp8c build` and its cache of whole binaries (compiler/cache.c).
  *
  * What a user relies on: a build says what each stage did; an unchanged rebuild comes from the
- * cache, in two lines, and is the same bytes as a full build; changing any input (a -D value, -O, --batch, the model text, an FP8C_ variable)
- * misses and gives the binary of the new inputs; a damaged entry (truncated, a flipped byte, a
- * bad meta file, a missing binary) is never used: the build runs in full, succeeds, and stores
- * the entry again.
+ * cache, in two lines, and is the same bytes as a full build; changing any input (a -D value,
+ * -O, --seq, the model text, an FP8C_ variable) misses and gives the binary of the new inputs;
+ * a damaged entry (truncated, a flipped byte, a bad meta file, a missing binary) is never
+ * used: the build runs in full, succeeds, and stores the entry again; `fp8c train` runs the
+ * cached binary.
  *
  * Builds run with FP8C_GPU=0 and, except in the first case, FP8C_CPU_KERNELS=0 (no NVRTC, no
  * LLVM), so that a build takes a fraction of a second; each case has its own cache directory
@@ -372,11 +373,27 @@ static void test_damaged_entry(void **state) {
     assert_int_equal(rc, 0);
 }
 
+/* fp8c train takes its binary from the same cache, named after the model, and runs it */
+static void test_train_uses_cache(void **state) {
+    (void)state;
+    build_as(BUILT, quick_env, model, "-O1", "built");
+    int rc = run("train", "%s %s train %s %s -O1 -- --data %s/data/gcide_sample.txt --steps 1",
+                 quick_env, fp8c, model, model_flags, FP8C_SOURCE_DIR);
+    char *out = slurp("train.out");
+    if (rc != 0) fail_msg("fp8c train failed (%d):\n%s", rc, out);
+    assert_non_null(strstr(out, "fp8c: binary cached"));
+    assert_null(strstr(out, "fp8c: passes "));
+    assert_non_null(strstr(out, "gpt2_tiny: "));   /* the binary's own lines, by its name */
+    assert_non_null(strstr(out, "step 1/1"));
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_hit_is_identical, setup, teardown),
         cmocka_unit_test_setup_teardown(test_any_change_misses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_entry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_train_uses_cache, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
