@@ -28,9 +28,9 @@
  * An entry is two files in the cache directory (nvrtc.c's: $FP8C_CACHE_DIR, else
  * $XDG_CACHE_HOME/fp8c, else ~/.cache/fp8c): bin-KEY, the binary, and bin-KEY.meta, a few lines
  * of text with the key, the binary's size and SHA-256, the figures of the final `wrote` line,
- * the model's name and the notes the build printed, which a hit prints again. A lookup checks every one of
- * them; an entry that does not check out (truncated, corrupt, an older layout) is a miss: it is
- * removed and the build runs in full. Files are written under temporary names and renamed, the
+ * the model's name and the notes the build printed, which a hit prints again. A lookup checks
+ * every one of them; an entry that does not check out (truncated, corrupt, an older layout) is
+ * a miss: it is removed and the build runs in full. Files are written under temporary names and renamed, the
  * binary before its meta, so a build running at the same time never takes half an entry.
  * Commands that print more than a binary (--print-kernels, --print-ir-after, --stop-after) do
  * not use the cache. */
@@ -75,8 +75,8 @@ static void sha_block(Sha256 *s, const unsigned char *p)
 {
     uint32_t w[64];
     for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 |
-               (uint32_t)p[4 * i + 3];
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
+               (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
     for (int i = 16; i < 64; i++) {
         uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
         uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -85,7 +85,8 @@ static void sha_block(Sha256 *s, const unsigned char *p)
     uint32_t a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3];
     uint32_t e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
     for (int i = 0; i < 64; i++) {
-        uint32_t t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha_k[i] + w[i];
+        uint32_t t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha_k[i] +
+                      w[i];
         uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
         h = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
     }

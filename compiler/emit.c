@@ -14,7 +14,11 @@
  *
  * The output appears only when the link succeeded: the linker writes a temp file beside it,
  * which is renamed over the target, so a failed build never leaves a half-written binary (or
- * destroys a working one). */
+ * destroys a working one).
+ *
+ * The GPU module (NVRTC) and the CPU kernels (LLVM) compile at the same time, on two threads,
+ * and each stage prints one line on stderr when it ends (build_progress), so that a build of
+ * tens of seconds says what it is doing. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -247,15 +251,15 @@ static bool emit_link(const char *asm_path, const char *obj_path, const char *ou
     return ok;
 }
 
-/* The GPU kernels of g (cuda/), compiled by NVRTC into a cubin file in dir; *path stays NULL
- * when there are none: fp8c built without CUDA, FP8C_GPU=0, or a node the GPU backend cannot
- * run yet (a note says which; the binary then trains on the CPU). False only when NVRTC
- * rejected the generated module (its source and log are printed). */
 /* The notes this build printed, one per line, for the cache to print again on a hit. */
 static char emit_note_text[1024];
 
 const char *emit_notes(void) { return emit_note_text; }
 
+/* The GPU kernels of g (cuda/), compiled by NVRTC into a cubin file in dir; *path stays NULL
+ * when there are none: fp8c built without CUDA, FP8C_GPU=0, or a node the GPU backend cannot
+ * run yet (a note says which; the binary then trains on the CPU). False only when NVRTC
+ * rejected the generated module (its source and log are printed). */
 static bool emit_gpu_kernels(const Graph *g, const char *dir, char **path) {
     *path = NULL;
 #ifdef FP8C_HAVE_CUDA
@@ -419,8 +423,9 @@ bool emit_training_binary(const Graph *g, const char *out_path) {
 char *emit_train_dir(void) { return emit_tempdir(); }
 
 char *emit_train_path(const char *dir, const char *model_name) {
-    const char *name = model_name && *model_name && !strchr(model_name, '/') && strcmp(model_name, ".") &&
-                               strcmp(model_name, "..") ? model_name : "train";
+    bool usable = model_name && *model_name && !strchr(model_name, '/') &&
+                  strcmp(model_name, ".") && strcmp(model_name, "..");
+    const char *name = usable ? model_name : "train";
     return emit_join(dir, name);
 }
 

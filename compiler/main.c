@@ -280,7 +280,8 @@ static bool make_binary(Args *a, const char *out, BuildSummary *sum)
     bool cacheable = !a->build.stop_after && !a->build.passes.print_after && !a->print_kernels &&
                      !build_no_cache() && cache_make_key(a->flags, a->n_flags, key);
     CacheResult cached = cacheable ? cache_fetch_binary(key, out, sum) : CACHE_MISS;
-    if (cached == CACHE_HIT) build_progress("binary cached (%.12s), %.2f s", key, build_clock() - t0);
+    if (cached == CACHE_HIT)
+        build_progress("binary cached (%.12s), %.2f s", key, build_clock() - t0);
     if (cached != CACHE_MISS) return cached == CACHE_HIT;
     Arena *arena = session_arena();
     double t1 = build_clock();
@@ -292,7 +293,8 @@ static bool make_binary(Args *a, const char *out, BuildSummary *sum)
     memplan_summarize(g, &m);
     *sum = (BuildSummary){.opt_level = g->opt_level, .batch = (long long)g->batch,
                           .seq = (long long)g->seq, .n_params = (long long)m.n_params,
-                          .persistent = (long long)m.persistent, .transient = (long long)m.transient};
+                          .persistent = (long long)m.persistent,
+                          .transient = (long long)m.transient};
     snprintf(sum->model_name, sizeof sum->model_name, "%s", g->model_name ? g->model_name : "");
     /* stored only when its inputs did not change while it was being built */
     char again[65];

@@ -4,9 +4,10 @@
  * instructions) and must never compile anything at run time, so all compilation happens
  * here, in the compiler, through NVRTC (no nvcc, no GPU needed). The PTX the cubin was made
  * from comes out of the same compilation and is kept beside it in the cache for inspection
- * (compiling the module a second time for compute_90a only to get PTX doubled NVRTC's time). Compiling the kernel library takes
- * seconds, so results are cached under a key that hashes the module text, the options and
- * NVRTC's version: a rebuild of an unchanged model compiles nothing.
+ * (a second compilation for compute_90a, only to get PTX, cost NVRTC time for nothing).
+ * Compiling the kernel library takes seconds, so results are cached under a key that hashes
+ * the module text, the options and NVRTC's version: a rebuild of an unchanged model compiles
+ * nothing.
  *
  * Options: -std=c++17, --fmad=false (no contraction of a*b+c that the reference executor does
  * not do; the attention kernels ask for fused multiply-adds explicitly with fmaf), the

@@ -288,7 +288,8 @@ static void test_any_change_misses(void **state) {
 
 /* A damaged entry is a miss: the build runs in full, makes the right binary, stores the entry
  * again, and the next build hits. */
-static void damage_and_rebuild(const char *what, void (*damage)(const char *bin, const char *meta)) {
+static void damage_and_rebuild(const char *what,
+                               void (*damage)(const char *bin, const char *meta)) {
     char bin[300], meta[300], out[64];
     entry_names(bin, meta, sizeof bin);
     damage(bin, meta);
