@@ -354,8 +354,12 @@ typedef struct {
     int opt_level;          /* LLVM optimization level, 0..3 (default 2 when 0 is not meant) */
     bool no_cache;
     bool dump_ir;           /* print the optimized module to stderr */
+    bool *cached;           /* if not NULL: set when the object came from the cache */
 } CgLlvmOptions;
 bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj_path);
+/* What a native compilation targets: "LLVM version|triple|host CPU|its features" (malloc'ed),
+ * for caches of products that depend on the machine they were compiled on. */
+char *cg_llvm_host(void);
 /* The rendered, unoptimized module as text (tests and --print-kernels). */
 char *cg_llvm_module_text(const CgProgram *p);
 

@@ -913,10 +913,24 @@ static bool copy_file(const char *from, const char *to)
 
 /* ---------------------------------------------------------------- compile */
 
+char *cg_llvm_host(void)
+{
+    char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
+    char *features = LLVMGetHostCPUFeatures();
+    size_t n = strlen(FP8C_LLVM_VERSION) + strlen(triple) + strlen(cpu) + strlen(features) + 4;
+    char *out = malloc(n);
+    if (out) snprintf(out, n, "%s|%s|%s|%s", FP8C_LLVM_VERSION, triple, cpu, features);
+    LLVMDisposeMessage(triple);
+    LLVMDisposeMessage(cpu);
+    LLVMDisposeMessage(features);
+    return out;
+}
+
 bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj_path)
 {
     static const CgLlvmOptions defaults = {.opt_level = 2};
     if (!o) o = &defaults;
+    if (o->cached) *o->cached = false;
     LLVMInitializeNativeTarget();
     LLVMInitializeNativeAsmPrinter();
     char *triple = LLVMGetDefaultTargetTriple();
@@ -953,6 +967,7 @@ bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj
     if (dir) {
         snprintf(cached, sizeof cached, "%s/%016llx.o", dir, (unsigned long long)key);
         if (access(cached, R_OK) == 0 && !o->dump_ir && copy_file(cached, obj_path)) {
+            if (o->cached) *o->cached = true;
             free(dir);
             dispose(&r);
             LLVMDisposeMessage(triple);

@@ -1,7 +1,8 @@
 /* compiler.h — the compiler's front end, pipeline and emitter.
  *
  * Sections: ast.c (the syntax tree), lexer.l/parser.y (text -> AST), lower.c (AST -> forward
- * IR), pipeline.c (the whole compiler in one function), emit.c (artifact + training binary). */
+ * IR), pipeline.c (the whole compiler in one function), emit.c (artifact + training binary),
+ * cache.c (whole binaries cached by their inputs). */
 #ifndef FP8C_COMPILER_H
 #define FP8C_COMPILER_H
 
@@ -52,6 +53,12 @@ bool plan_print_kernels(const Graph *g, const char *device, FILE *out);
 
 /* ---------------------------------------------------------------- emit.c */
 
+/* A build says what each stage did and how long it took, one line per stage on stderr
+ * ("fp8c: link 0.8 s"), so that a long build is never silent. */
+double build_clock(void);   /* seconds, monotonic */
+void build_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+bool build_no_cache(void);  /* FP8C_NO_CACHE set (and not 0): no cache is read or written */
+
 /* Writes a training binary at out_path: the runtime linked with the graph's textual IR
  * embedded as its artifact. Returns false after printing one line naming what failed. */
 bool emit_training_binary(const Graph *g, const char *out_path);
@@ -59,8 +66,40 @@ bool emit_training_binary(const Graph *g, const char *out_path);
  * NULL or "native": this machine's (the default, or $FP8C_CPU). */
 void emit_set_cpu(const char *cpu);
 void emit_set_print_kernels(bool on);   /* build: print the CPU kernel IR to stdout */
-/* `fp8c train`: emits a training binary to a temporary path and runs it with run_args;
- * returns the binary's exit status. */
-int emit_and_run(const Graph *g, char **run_args, int n_run_args);
+/* `fp8c train`: a binary in a new temp directory (NULL after a message), named after the model
+ * (else "train"), run with run_args; emit_train_run removes the binary and the directory, frees
+ * both paths and returns the binary's exit status. */
+char *emit_train_dir(void);
+char *emit_train_path(const char *dir, const char *model_name);
+int emit_train_run(char *dir, char *bin, char **run_args, int n_run_args);
+/* What a binary is linked from and with (for cache.c's key), and the notes (lines without
+ * the "fp8c: note: " prefix) the last emit_training_binary printed. */
+const char *const *emit_runtime_libs(int *n);   /* file names in emit_libdir() */
+const char *emit_libdir(void);
+const char *emit_compiler(void);
+const char *emit_notes(void);
+
+/* ---------------------------------------------------------------- cache.c */
+
+/* The figures of the final `fp8c: wrote` line, which a cached build prints without a graph. */
+typedef struct {
+    int opt_level;
+    long long batch, seq, n_params;
+    long long persistent, transient;   /* bytes */
+    char model_name[64];               /* `fp8c train` names the binary after it */
+} BuildSummary;
+
+/* The key of the binary that `fp8c build` with these flags (the arguments after the command)
+ * makes, as 64 hex digits: a SHA-256 of fp8c, the flags and the files they name, the FP8C_*
+ * environment, the runtime libraries and the tools. False when one of them cannot be read. */
+bool cache_make_key(char **flags, int n_flags, char key[65]);
+/* CACHE_HIT: the binary written at out_path, its notes printed, *summary filled. CACHE_MISS
+ * also for an entry that does not check out (which is removed); CACHE_FAILED after a message
+ * when the output cannot be written. */
+typedef enum { CACHE_MISS, CACHE_HIT, CACHE_FAILED } CacheResult;
+CacheResult cache_fetch_binary(const char *key, const char *out_path, BuildSummary *summary);
+/* Keeps a copy of the binary at bin_path under key; silent when it cannot. */
+void cache_store_binary(const char *key, const char *bin_path, const BuildSummary *s,
+                        const char *notes);
 
 #endif

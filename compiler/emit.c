@@ -14,13 +14,20 @@
  *
  * The output appears only when the link succeeded: the linker writes a temp file beside it,
  * which is renamed over the target, so a failed build never leaves a half-written binary (or
- * destroys a working one). */
+ * destroys a working one).
+ *
+ * The GPU module (NVRTC) and the CPU kernels (LLVM) compile at the same time, on two threads,
+ * and each stage prints one line on stderr when it ends (build_progress), so that a build of
+ * tens of seconds says what it is doing. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "compiler.h"
@@ -52,14 +59,40 @@ static const char *const emit_libs[] = {"libfp8c_train_main.a", "libfp8c_rt.a", 
 #endif
 #define EMIT_N_LIBS ((int)(sizeof emit_libs / sizeof emit_libs[0]))
 
-static const char *emit_compiler(void) {
+double build_clock(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+void build_progress(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "fp8c: %s\n", line);   /* one call: lines from two threads never mix */
+    fflush(stderr);
+}
+
+bool build_no_cache(void) {
+    const char *no = getenv("FP8C_NO_CACHE");
+    return no && *no && strcmp(no, "0") != 0;
+}
+
+const char *const *emit_runtime_libs(int *n) {
+    *n = EMIT_N_LIBS;
+    return emit_libs;
+}
+
+const char *emit_compiler(void) {
     const char *env = getenv("FP8C_CC");
     if (env && *env) return env;
     if (access(FP8C_C_COMPILER, X_OK) == 0) return FP8C_C_COMPILER;
     return "cc";
 }
 
-static const char *emit_libdir(void) {
+const char *emit_libdir(void) {
     const char *env = getenv("FP8C_LIBDIR");
     return env && *env ? env : FP8C_BUILD_LIBDIR;
 }
@@ -218,6 +251,11 @@ static bool emit_link(const char *asm_path, const char *obj_path, const char *ou
     return ok;
 }
 
+/* The notes this build printed, one per line, for the cache to print again on a hit. */
+static char emit_note_text[1024];
+
+const char *emit_notes(void) { return emit_note_text; }
+
 /* The GPU kernels of g (cuda/), compiled by NVRTC into a cubin file in dir; *path stays NULL
  * when there are none: fp8c built without CUDA, FP8C_GPU=0, or a node the GPU backend cannot
  * run yet (a note says which; the binary then trains on the CPU). False only when NVRTC
@@ -230,11 +268,19 @@ static bool emit_gpu_kernels(const Graph *g, const char *dir, char **path) {
     CudaBinary bin;
     bool skipped = false;
     char why[512] = "";
+    double t0 = build_clock();
     if (!cuda_compile_graph(g, &bin, &skipped, why, sizeof why)) return false;
     if (skipped) {
         fprintf(stderr, "fp8c: note: no GPU kernels in this binary: %s\n", why);
+        snprintf(emit_note_text, sizeof emit_note_text, "no GPU kernels in this binary: %s", why);
         return true;
     }
+    double total = build_clock() - t0;
+    if (bin.cached)
+        build_progress("GPU kernels: %d rendered, NVRTC cached (%.2f s)", bin.n_kernels, total);
+    else
+        build_progress("GPU kernels: %d rendered (%.2f s), NVRTC %.1f s", bin.n_kernels,
+                       total - bin.seconds, bin.seconds);
     char *p = emit_join(dir, "kernels.cubin");
     FILE *f = p ? fopen(p, "wb") : NULL;
     bool ok = f && fwrite(bin.cubin, 1, bin.cubin_size, f) == bin.cubin_size;
@@ -269,6 +315,7 @@ static bool emit_cpu_kernels(const char *ir_path, const char *dir, char **path) 
 #ifdef FP8C_HAVE_LLVM
     const char *want = getenv("FP8C_CPU_KERNELS");
     if (want && !strcmp(want, "0")) return true;
+    double t0 = build_clock();
     FILE *f = fopen(ir_path, "rb");
     char *text = NULL;
     size_t len = 0;
@@ -286,9 +333,15 @@ static bool emit_cpu_kernels(const char *ir_path, const char *dir, char **path) 
     if (p && emit_print_kernels) cg_program_print(p, stdout);
     char *obj = emit_join(dir, "kernels.o");
     const char *cpu = emit_cpu_name ? emit_cpu_name : getenv("FP8C_CPU");
-    CgLlvmOptions o = {.cpu = cpu, .opt_level = 3};
+    bool cached = false;
+    CgLlvmOptions o = {.cpu = cpu, .opt_level = 3, .no_cache = build_no_cache(), .cached = &cached};
+    double t1 = build_clock();
     bool ok = p && obj && cg_llvm_compile(p, &o, obj);
     if (!ok) fprintf(stderr, "fp8c: error: the CPU kernels of this plan did not compile\n");
+    double t2 = build_clock();
+    if (ok)
+        build_progress("CPU kernels: %d lowered (%.2f s), LLVM %s%.2f s", p->n_kernels, t1 - t0,
+                       cached ? "cached " : "", t2 - t1);
     if (ok) *path = obj;
     else free(obj);
     free(text);
@@ -300,7 +353,25 @@ static bool emit_cpu_kernels(const char *ir_path, const char *dir, char **path) 
 #endif
 }
 
+/* The GPU kernels compile on a thread of their own while the CPU kernels compile on the
+ * caller's: NVRTC and LLVM are separate libraries with no state in common, the GPU side only
+ * reads g, and the CPU side works on its own copy read back from the artifact. On two cores
+ * the kernel stages take as long as the longer of the two (NVRTC) instead of their sum. */
+typedef struct {
+    const Graph *g;
+    const char *dir;
+    char *path;
+    bool ok;
+} GpuJob;
+
+static void *emit_gpu_job(void *arg) {
+    GpuJob *j = arg;
+    j->ok = emit_gpu_kernels(j->g, j->dir, &j->path);
+    return NULL;
+}
+
 bool emit_training_binary(const Graph *g, const char *out_path) {
+    emit_note_text[0] = 0;
     char *dir = emit_tempdir();
     if (!dir) return false;
     char *ir_path = emit_join(dir, "artifact.ir");
@@ -319,13 +390,23 @@ bool emit_training_binary(const Graph *g, const char *out_path) {
                     strerror(errno));
     }
     char *cubin_path = NULL, *obj_path = NULL;
-    if (ok) ok = emit_gpu_kernels(g, dir, &cubin_path);
-    if (ok) ok = emit_cpu_kernels(ir_path, dir, &obj_path);
+    if (ok) {
+        GpuJob job = {.g = g, .dir = dir};
+        pthread_t thread;
+        bool threaded = pthread_create(&thread, NULL, emit_gpu_job, &job) == 0;
+        if (!threaded) emit_gpu_job(&job);
+        ok = emit_cpu_kernels(ir_path, dir, &obj_path);
+        if (threaded) pthread_join(thread, NULL);
+        cubin_path = job.path;
+        ok = ok && job.ok;
+    }
     if (ok && !emit_write_asm(asm_path, ir_path, cubin_path)) {
         fprintf(stderr, "fp8c: error: %s: cannot write: %s\n", asm_path, strerror(errno));
         ok = false;
     }
+    double t0 = build_clock();
     if (ok) ok = emit_link(asm_path, obj_path, out_path);
+    if (ok) build_progress("link %.2f s", build_clock() - t0);
     if (obj_path) unlink(obj_path);
     free(obj_path);
     if (ir_path) unlink(ir_path);
@@ -339,27 +420,29 @@ bool emit_training_binary(const Graph *g, const char *out_path) {
     return ok;
 }
 
-int emit_and_run(const Graph *g, char **run_args, int n_run_args) {
-    char *dir = emit_tempdir();
-    if (!dir) return 1;
-    const char *name = g->model_name && *g->model_name && !strchr(g->model_name, '/')
-                           ? g->model_name : "train";
-    char *bin = emit_join(dir, name);
+char *emit_train_dir(void) { return emit_tempdir(); }
+
+char *emit_train_path(const char *dir, const char *model_name) {
+    bool usable = model_name && *model_name && !strchr(model_name, '/') &&
+                  strcmp(model_name, ".") && strcmp(model_name, "..");
+    const char *name = usable ? model_name : "train";
+    return emit_join(dir, name);
+}
+
+int emit_train_run(char *dir, char *bin, char **run_args, int n_run_args) {
     int status = 1;
-    if (bin && emit_training_binary(g, bin)) {
-        char **args = calloc((size_t)n_run_args + 2, sizeof *args);
-        if (args) {
-            args[0] = bin;
-            for (int i = 0; i < n_run_args; i++) args[i + 1] = run_args[i];
-            status = emit_spawn(args, true);
-            if (status < 0) {
-                fprintf(stderr, "fp8c: error: cannot run %s: %s\n", bin, strerror(errno));
-                status = 1;
-            }
-            free(args);
+    char **args = calloc((size_t)n_run_args + 2, sizeof *args);
+    if (args) {
+        args[0] = bin;
+        for (int i = 0; i < n_run_args; i++) args[i + 1] = run_args[i];
+        status = emit_spawn(args, true);
+        if (status < 0) {
+            fprintf(stderr, "fp8c: error: cannot run %s: %s\n", bin, strerror(errno));
+            status = 1;
         }
-        unlink(bin);
+        free(args);
     }
+    unlink(bin);
     rmdir(dir);
     free(bin);
     free(dir);

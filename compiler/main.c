@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_DEFINES 64
 #define MAX_OVERRIDES 64
@@ -79,12 +80,17 @@ typedef struct {
     const char *passes;        /* opt: --passes= */
     char **run_args;           /* train: what follows -- */
     int n_run_args;
+    char **flags;              /* everything after the command (the binary cache's key) */
+    int n_flags;
+    bool print_kernels;
 } Args;
 
 /* Parses the flags shared by plan, build, train and opt. */
 static void parse_args(int argc, char **argv, Args *a)
 {
     memset(a, 0, sizeof *a);
+    a->flags = argv;
+    a->n_flags = argc;
     a->vs_level = -1;
     a->build.passes.opt_level = 0;
     a->build.front.defines = a->defines;
@@ -141,6 +147,7 @@ static void parse_args(int argc, char **argv, Args *a)
             emit_set_cpu(s + 6);
         } else if (!strcmp(s, "--print-kernels")) {
             emit_set_print_kernels(true);
+            a->print_kernels = true;
         } else if (!strcmp(s, "-o")) {
             if (!next) bad_flag("%s needs a file name", s);
             a->output = next, i++;
@@ -233,15 +240,23 @@ static int cmd_opt(Args *a)
     return 0;
 }
 
-static Graph *compile_or_exit(Arena *arena, Args *a)
+/* The planned graph, or NULL after the errors and their count. */
+static Graph *compile(Arena *arena, Args *a)
 {
     if (!a->model) bad_flag("a model file is needed%s", "");
     Graph *g = pipeline_compile(arena, a->model, &a->build);
     if (!g || diag_error_count()) {
         if (diag_error_count())
             fprintf(stderr, "%d error%s.\n", diag_error_count(), diag_error_count() == 1 ? "" : "s");
-        exit(1);
+        return NULL;
     }
+    return g;
+}
+
+static Graph *compile_or_exit(Arena *arena, Args *a)
+{
+    Graph *g = compile(arena, a);
+    if (!g) exit(1);
     return g;
 }
 
@@ -264,29 +279,85 @@ static int cmd_plan(Args *a)
     return 0;
 }
 
+static void print_wrote(const char *output, const BuildSummary *s)
+{
+    fprintf(stderr, "fp8c: wrote %s (-O%d, batch %lld, seq %lld): %lld parameters, "
+                    "memory plan peak %.1f MiB (state %.1f MiB + step %.1f MiB)\n",
+            output, s->opt_level, s->batch, s->seq, s->n_params,
+            (double)(s->persistent + s->transient) / 1048576.0, (double)s->persistent / 1048576.0,
+            (double)s->transient / 1048576.0);
+}
+
+/* A training binary at out: from the cache (cache.c) when everything it depends on is as it
+ * was, else the whole pipeline and emit, and the result kept in the cache. False after a
+ * message. */
+static bool make_binary(Args *a, const char *out, BuildSummary *sum)
+{
+    double t0 = build_clock();
+    char key[65];
+    bool cacheable = !a->build.stop_after && !a->build.passes.print_after && !a->print_kernels &&
+                     !build_no_cache() && cache_make_key(a->flags, a->n_flags, key);
+    CacheResult cached = cacheable ? cache_fetch_binary(key, out, sum) : CACHE_MISS;
+    if (cached == CACHE_HIT)
+        build_progress("binary cached (%.12s), %.2f s", key, build_clock() - t0);
+    if (cached != CACHE_MISS) return cached == CACHE_HIT;
+    Arena *arena = session_arena();
+    double t1 = build_clock();
+    Graph *g = compile(arena, a);
+    if (!g) return false;
+    build_progress("passes %.2f s (%d nodes)", build_clock() - t1, g->n_nodes);
+    if (!emit_training_binary(g, out)) return false;
+    MemSummary m;
+    memplan_summarize(g, &m);
+    *sum = (BuildSummary){.opt_level = g->opt_level, .batch = (long long)g->batch,
+                          .seq = (long long)g->seq, .n_params = (long long)m.n_params,
+                          .persistent = (long long)m.persistent,
+                          .transient = (long long)m.transient};
+    snprintf(sum->model_name, sizeof sum->model_name, "%s", g->model_name ? g->model_name : "");
+    /* stored only when its inputs did not change while it was being built */
+    char again[65];
+    if (cacheable && cache_make_key(a->flags, a->n_flags, again) && !strcmp(key, again))
+        cache_store_binary(key, out, sum, emit_notes());
+    return true;
+}
+
 static int cmd_build(Args *a)
 {
     if (!a->output) bad_flag("build needs -o NAME%s", "");
-    Arena *arena = session_arena();
-    Graph *g = compile_or_exit(arena, a);
-    if (a->build.stop_after) return 0;
-    if (!emit_training_binary(g, a->output)) return 1;
-    MemSummary m;
-    memplan_summarize(g, &m);
-    fprintf(stderr, "fp8c: wrote %s (-O%d, batch %lld, seq %lld): %lld parameters, "
-                    "memory plan peak %.1f MiB (state %.1f MiB + step %.1f MiB)\n",
-            a->output, g->opt_level, (long long)g->batch, (long long)g->seq, (long long)m.n_params,
-            (double)(m.persistent + m.transient) / 1048576.0, (double)m.persistent / 1048576.0,
-            (double)m.transient / 1048576.0);
+    if (a->build.stop_after) {   /* the passes up to one, to print the IR: no binary */
+        compile_or_exit(session_arena(), a);
+        return 0;
+    }
+    BuildSummary sum;
+    if (!make_binary(a, a->output, &sum)) return 1;
+    print_wrote(a->output, &sum);
     return 0;
 }
 
+/* fp8c train: the binary (cached as a build's is) in a temp directory, named after the model,
+ * run with the flags after `--`, then removed. */
 static int cmd_train(Args *a)
 {
-    Arena *arena = session_arena();
-    Graph *g = compile_or_exit(arena, a);
-    int status = emit_and_run(g, a->run_args, a->n_run_args);
-    return status;
+    if (!a->model) bad_flag("a model file is needed%s", "");
+    char *dir = emit_train_dir();
+    if (!dir) return 1;
+    char *bin = emit_train_path(dir, "train");
+    BuildSummary sum;
+    if (!bin || !make_binary(a, bin, &sum)) {
+        if (bin) unlink(bin);
+        rmdir(dir);
+        free(bin);
+        free(dir);
+        return 1;
+    }
+    char *named = emit_train_path(dir, sum.model_name);
+    if (named && strcmp(named, bin) && rename(bin, named) == 0) {
+        free(bin);
+        bin = named;
+    } else {
+        free(named);
+    }
+    return emit_train_run(dir, bin, a->run_args, a->n_run_args);
 }
 
 static int dispatch(int argc, char **argv);

@@ -150,6 +150,7 @@ typedef struct {
     char *ptx;              /* malloc'ed, NUL-terminated */
     bool cached;            /* came from the cache */
     double seconds;         /* compile time (0 when cached) */
+    int n_kernels;          /* cuda_compile_graph: the kernels the module defines */
 } CudaBinary;
 
 /* Whether this fp8c can compile GPU kernels (built with NVRTC). */

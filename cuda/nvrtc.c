@@ -2,10 +2,12 @@
  *
  * The training binary carries a cubin for sm_90a (Hopper, with its architecture-specific
  * instructions) and must never compile anything at run time, so all compilation happens
- * here, in the compiler, through NVRTC (no nvcc, no GPU needed). The PTX of the same module
- * is kept beside the cubin in the cache for inspection. Compiling the kernel library takes
- * seconds, so results are cached under a key that hashes the module text, the options and
- * NVRTC's version: a rebuild of an unchanged model compiles nothing.
+ * here, in the compiler, through NVRTC (no nvcc, no GPU needed). The PTX the cubin was made
+ * from comes out of the same compilation and is kept beside it in the cache for inspection
+ * (a second compilation for compute_90a, only to get PTX, cost NVRTC time for nothing).
+ * Compiling the kernel library takes seconds, so results are cached under a key that hashes
+ * the module text, the options and NVRTC's version: a rebuild of an unchanged model compiles
+ * nothing.
  *
  * Options: -std=c++17, --fmad=false (no contraction of a*b+c that the reference executor does
  * not do; the attention kernels ask for fused multiply-adds explicitly with fmaf), the
@@ -116,11 +118,14 @@ static void print_numbered(const char *src) {
         }                                                                                    \
     } while (0)
 
+/* One compilation for sm_90a gives both products: the cubin, and the PTX it was made from
+ * (for inspection; its .target names sm_90a). */
 static bool nvrtc_run(const char *src, const char *name, const char *const *opts, int n_opts,
-                      bool want_cubin, void **out, size_t *out_size) {
+                      void **cubin, size_t *cubin_size, char **ptx, size_t *ptx_size) {
     nvrtcProgram prog = NULL;
     char *log = NULL;
-    *out = NULL;
+    *cubin = NULL;
+    *ptx = NULL;
     NVRTC_CHECK(nvrtcCreateProgram(&prog, src, name, 0, NULL, NULL));
     nvrtcResult r = nvrtcCompileProgram(prog, n_opts, opts);
     if (r != NVRTC_SUCCESS) {
@@ -140,26 +145,26 @@ static bool nvrtc_run(const char *src, const char *name, const char *const *opts
         goto fail;
     }
     size_t size = 0;
-    if (want_cubin) {
-        NVRTC_CHECK(nvrtcGetCUBINSize(prog, &size));
-        *out = malloc(size ? size : 1);
-        if (!*out) goto fail;
-        NVRTC_CHECK(nvrtcGetCUBIN(prog, *out));
-    } else {
-        NVRTC_CHECK(nvrtcGetPTXSize(prog, &size));
-        *out = malloc(size + 1);
-        if (!*out) goto fail;
-        NVRTC_CHECK(nvrtcGetPTX(prog, *out));
-        ((char *)*out)[size] = 0;
-        while (size && !((char *)*out)[size - 1]) size--;   /* the size counts the NUL */
-    }
-    *out_size = size;
+    NVRTC_CHECK(nvrtcGetCUBINSize(prog, &size));
+    *cubin = malloc(size ? size : 1);
+    if (!*cubin) goto fail;
+    NVRTC_CHECK(nvrtcGetCUBIN(prog, *cubin));
+    *cubin_size = size;
+    NVRTC_CHECK(nvrtcGetPTXSize(prog, &size));
+    *ptx = malloc(size + 1);
+    if (!*ptx) goto fail;
+    NVRTC_CHECK(nvrtcGetPTX(prog, *ptx));
+    (*ptx)[size] = 0;
+    while (size && !(*ptx)[size - 1]) size--;   /* the size counts the NUL */
+    *ptx_size = size;
     nvrtcDestroyProgram(&prog);
     return true;
 fail:
     free(log);
-    free(*out);
-    *out = NULL;
+    free(*cubin);
+    free(*ptx);
+    *cubin = NULL;
+    *ptx = NULL;
     if (prog) nvrtcDestroyProgram(&prog);
     return false;
 }
@@ -177,8 +182,6 @@ bool cuda_compile_source(const char *src, const char *name, CudaBinary *out) {
     snprintf(inc_opt, sizeof inc_opt, "-I%s", inc && *inc ? inc : FP8C_CUDA_INCLUDE);
     const char *opts_cubin[] = {"--gpu-architecture=" NVRTC_ARCH, "-std=c++17", "--fmad=false",
                                 "-default-device", inc_opt};
-    const char *opts_ptx[] = {"--gpu-architecture=compute_90a", "-std=c++17", "--fmad=false",
-                              "-default-device", inc_opt};
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
     uint64_t h = cuda_hash(0, src, strlen(src));
@@ -204,13 +207,10 @@ bool cuda_compile_source(const char *src, const char *name, CudaBinary *out) {
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    void *cubin = NULL, *ptx = NULL;
+    void *cubin = NULL;
+    char *ptx = NULL;
     size_t cubin_size = 0, ptx_size = 0;
-    if (!nvrtc_run(src, name, opts_cubin, 5, true, &cubin, &cubin_size)) return false;
-    if (!nvrtc_run(src, name, opts_ptx, 5, false, &ptx, &ptx_size)) {
-        free(cubin);
-        return false;
-    }
+    if (!nvrtc_run(src, name, opts_cubin, 5, &cubin, &cubin_size, &ptx, &ptx_size)) return false;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     out->cubin = cubin;
     out->cubin_size = cubin_size;
@@ -239,6 +239,7 @@ bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *wh
     char name[256];
     snprintf(name, sizeof name, "%s.cu", g->model_name && *g->model_name ? g->model_name : "module");
     bool ok = cuda_compile_source(src, name, out);
+    out->n_kernels = n_kernels;
     arena_free(a);
     return ok;
 }

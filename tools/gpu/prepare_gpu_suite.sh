@@ -57,9 +57,10 @@ if [ "${XCHECK_BINS:-1}" = 1 ]; then         # tools/torch_crosscheck.py: GPT-2 
         --precision 'value:*=f32' -o "$BIN/xcheck_d12_f32"
     "$BUILD/fp8c" build models/gpt2.model -O0 --batch 8 --seq 512 -o "$BIN/xcheck_d12_bf16"
 fi
-# the PTX beside each cubin and the binaries' debug information are for reading only; the
-# carried tree stays under the size limit
-rm -f "$FP8C_CACHE_DIR"/*.ptx
+# the PTX beside each cubin and the binaries' debug information are for reading only, and
+# the whole binaries fp8c build caches (bin-KEY, compiler/cache.c) are in gpu-suite/bin once
+# already; the carried tree stays under the size limit
+rm -f "$FP8C_CACHE_DIR"/*.ptx "$FP8C_CACHE_DIR"/bin-*
 for b in "$BIN"/*; do [ -f "$b" ] && strip --strip-debug "$b"; done
 
 rm -f "$BUILD/gpu-suite/data/corpus.txt.gz"

@@ -1,0 +1,400 @@
+/* test_build.c — `fp8c build` and its cache of whole binaries (compiler/cache.c).
+ *
+ * What a user relies on: a build says what each stage did; an unchanged rebuild comes from the
+ * cache, in two lines, and is the same bytes as a full build; changing any input (a -D value,
+ * -O, --seq, the model text, an FP8C_ variable) misses and gives the binary of the new inputs;
+ * a damaged entry (truncated, a flipped byte, a bad meta file, a missing binary) is never
+ * used: the build runs in full, succeeds, and stores the entry again; `fp8c train` runs the
+ * cached binary.
+ *
+ * Builds run with FP8C_GPU=0 and, except in the first case, FP8C_CPU_KERNELS=0 (no NVRTC, no
+ * LLVM), so that a build takes a fraction of a second; each case has its own cache directory
+ * under a fresh temp directory. The fp8c executable is $FP8C (set by CTest), else the one in
+ * the build directory. */
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static char tmp_dir[256];
+static char fp8c[1024];
+static char model[1024];
+
+/* gpt2_tiny cut down: one layer, 64 wide, short sequences */
+static const char *const model_flags = "-D layers=1 -D dim=64 --batch 2 --seq 16";
+/* the environment of a quick build: no GPU module, no CPU kernels, a private cache */
+static char quick_env[600];
+
+static void remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char child[1024];
+            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+            remove_tree(child);
+        }
+        if (d) closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/fp8c-test-build-XXXXXX");
+    assert_non_null(mkdtemp(tmp_dir));
+    const char *env = getenv("FP8C");
+    snprintf(fp8c, sizeof fp8c, "%s", env && *env ? env : FP8C_BINARY_DIR "/fp8c");
+    snprintf(model, sizeof model, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+    snprintf(quick_env, sizeof quick_env, "FP8C_CACHE_DIR=%s/cache FP8C_GPU=0 FP8C_CPU_KERNELS=0",
+             tmp_dir);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove_tree(tmp_dir);
+    return 0;
+}
+
+/* Runs a shell command with stdout and stderr into tmp/NAME.out; returns the exit status. */
+static int run(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run(const char *name, const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(cmd + n, sizeof cmd - (size_t)n, " >%s/%s.out 2>&1", tmp_dir, name);
+    int status = system(cmd);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* A file of tmp_dir, whole; *size its length. NULL when it cannot be read. */
+static char *slurp_size(const char *name, size_t *size) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+    fclose(f);
+    if (buf) buf[n] = 0;
+    *size = (size_t)n;
+    return buf;
+}
+
+static char *slurp(const char *name) {
+    size_t size;
+    char *s = slurp_size(name, &size);
+    if (!s) fail_msg("cannot read %s/%s", tmp_dir, name);
+    return s;
+}
+
+typedef enum { BUILT, CACHED } How;
+
+/* fp8c build (env, extra flags, model file) -o tmp/OUT; checks that it succeeded and whether
+ * it came from the cache: a cached build prints "binary cached" and runs no pass. */
+static void build_as(How want, const char *env, const char *model_file, const char *flags,
+                     const char *out) {
+    int rc = run(out, "%s %s build %s %s %s -o %s/%s", env, fp8c, model_file, model_flags, flags,
+                 tmp_dir, out);
+    char log[300];
+    snprintf(log, sizeof log, "%s.out", out);
+    char *text = slurp(log);
+    if (rc != 0) fail_msg("fp8c build -o %s failed (%d):\n%s", out, rc, text);
+    bool cached = strstr(text, "fp8c: binary cached") != NULL;
+    bool built = strstr(text, "fp8c: passes ") != NULL;
+    if (want == CACHED && (!cached || built))
+        fail_msg("-o %s: want the cached binary, got:\n%s", out, text);
+    if (want == BUILT && (cached || !built))
+        fail_msg("-o %s: want a full build, got:\n%s", out, text);
+    assert_non_null(strstr(text, "fp8c: wrote "));
+    free(text);
+}
+
+static bool same_bytes(const char *a, const char *b) {
+    size_t na, nb;
+    char *pa = slurp_size(a, &na), *pb = slurp_size(b, &nb);
+    assert_non_null(pa);
+    assert_non_null(pb);
+    bool same = na == nb && memcmp(pa, pb, na) == 0;
+    free(pa);
+    free(pb);
+    return same;
+}
+
+/* The final line of a build's output from its figures on (the part after the output's name). */
+static void wrote_line(const char *out, char *line, size_t len) {
+    char log[300];
+    snprintf(log, sizeof log, "%s.out", out);
+    char *text = slurp(log);
+    const char *p = strstr(text, "fp8c: wrote ");
+    assert_non_null(p);
+    p = strchr(p, '(');
+    assert_non_null(p);
+    snprintf(line, len, "%.*s", (int)strcspn(p, "\n"), p);
+    free(text);
+}
+
+/* The cache's entry (relative to tmp_dir): its binary and its meta file. */
+static void entry_names(char *bin, char *meta, size_t len) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/cache", tmp_dir);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int found = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, "bin-", 4) || strchr(e->d_name, '.')) continue;
+        snprintf(bin, len, "cache/%s", e->d_name);
+        snprintf(meta, len, "cache/%s.meta", e->d_name);
+        found++;
+    }
+    closedir(d);
+    assert_int_equal(found, 1);
+}
+
+static void write_tmp(const char *name, const void *data, size_t size) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, size, f), size);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* An unchanged rebuild is a cache hit, with the CPU kernels compiled by LLVM: the same bytes
+ * as the build that stored it and as a build that does not use the cache, and the same
+ * figures in the final line. */
+static void test_hit_is_identical(void **state) {
+    (void)state;
+    char env[600];
+    snprintf(env, sizeof env, "FP8C_CACHE_DIR=%s/cache FP8C_GPU=0", tmp_dir);
+    build_as(BUILT, env, model, "-O1", "first");
+    build_as(CACHED, env, model, "-O1", "second");
+    assert_true(same_bytes("first", "second"));
+    char a[300], b[300];
+    wrote_line("first", a, sizeof a);
+    wrote_line("second", b, sizeof b);
+    assert_string_equal(a, b);
+    /* a line per stage on a full build; two lines from the cache */
+    char *log = slurp("first.out");
+    assert_non_null(strstr(log, "fp8c: passes "));
+    assert_non_null(strstr(log, "fp8c: CPU kernels: "));
+    assert_non_null(strstr(log, " lowered ("));
+    assert_non_null(strstr(log, "fp8c: link "));
+    free(log);
+    log = slurp("second.out");
+    int lines = 0;
+    for (const char *p = log; *p; p++) lines += *p == '\n';
+    assert_int_equal(lines, 2);
+    free(log);
+    char nocache[700];
+    snprintf(nocache, sizeof nocache, "%s FP8C_NO_CACHE=1", env);
+    build_as(BUILT, nocache, model, "-O1", "uncached");
+    assert_true(same_bytes("first", "uncached"));
+    struct stat st;
+    char path[512];
+    snprintf(path, sizeof path, "%s/second", tmp_dir);
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(st.st_mode & S_IXUSR);
+}
+
+/* Each input on its own: the build misses, makes the new inputs' binary, and a repeat hits. */
+static void test_any_change_misses(void **state) {
+    (void)state;
+    build_as(BUILT, quick_env, model, "-O1", "base");
+    build_as(CACHED, quick_env, model, "-O1", "base_again");
+    assert_true(same_bytes("base", "base_again"));
+
+    /* -D value, level, batch: a different binary */
+    build_as(BUILT, quick_env, model, "-O1 -D heads=2", "heads");
+    assert_false(same_bytes("base", "heads"));
+    build_as(BUILT, quick_env, model, "-O2", "level");
+    assert_false(same_bytes("base", "level"));
+    build_as(BUILT, quick_env, model, "-O1 --seq 8", "seq");
+    assert_false(same_bytes("base", "seq"));
+    build_as(CACHED, quick_env, model, "-O1 -D heads=2", "heads_again");
+    assert_true(same_bytes("heads", "heads_again"));
+
+    /* the model text, at the same path: edited in place, then put back */
+    FILE *f = fopen(model, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    size_t size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc(size + 1);
+    assert_int_equal(fread(text, 1, size, f), size);
+    fclose(f);
+    text[size] = 0;
+    write_tmp("tiny.model", text, size);
+    char copy[512];
+    snprintf(copy, sizeof copy, "%s/tiny.model", tmp_dir);
+    build_as(BUILT, quick_env, copy, "-O1", "copy");
+    build_as(CACHED, quick_env, copy, "-O1", "copy_again");
+    char *at = strstr(text, "max_seq = 256");
+    assert_non_null(at);
+    memcpy(at, "max_seq = 128", 13);
+    write_tmp("tiny.model", text, size);
+    build_as(BUILT, quick_env, copy, "-O1", "edited");
+    assert_false(same_bytes("copy", "edited"));
+    memcpy(at, "max_seq = 256", 13);
+    write_tmp("tiny.model", text, size);
+    build_as(CACHED, quick_env, copy, "-O1", "restored");
+    assert_true(same_bytes("copy", "restored"));
+    free(text);
+
+    /* any FP8C_ variable is an input, even one this build does not read; the cache's own are
+     * not */
+    char env[800];
+    snprintf(env, sizeof env, "%s FP8C_CUDA_GELU_EPILOGUES=0", quick_env);
+    build_as(BUILT, env, model, "-O1", "env");
+    build_as(CACHED, env, model, "-O1", "env_again");
+    snprintf(env, sizeof env, "%s FP8C_NO_CACHE=0", quick_env);
+    build_as(CACHED, env, model, "-O1", "nocache0");
+
+    /* FP8C_NO_CACHE=1: built in full, and the same bytes */
+    snprintf(env, sizeof env, "%s FP8C_NO_CACHE=1", quick_env);
+    build_as(BUILT, env, model, "-O1", "uncached");
+    assert_true(same_bytes("base", "uncached"));
+
+    /* flags that print more than a binary run the pipeline */
+    int rc = run("stop", "%s %s build %s %s -O1 --stop-after=memplan -o %s/stop", quick_env, fp8c,
+                 model, model_flags, tmp_dir);
+    assert_int_equal(rc, 0);
+    char *out = slurp("stop.out");
+    assert_null(strstr(out, "binary cached"));
+    free(out);
+}
+
+/* A damaged entry is a miss: the build runs in full, makes the right binary, stores the entry
+ * again, and the next build hits. */
+static void damage_and_rebuild(const char *what,
+                               void (*damage)(const char *bin, const char *meta)) {
+    char bin[300], meta[300], out[64];
+    entry_names(bin, meta, sizeof bin);
+    damage(bin, meta);
+    snprintf(out, sizeof out, "after_%s", what);
+    build_as(BUILT, quick_env, model, "-O1", out);
+    if (!same_bytes("good", out)) fail_msg("%s: a different binary after the rebuild", what);
+    snprintf(out, sizeof out, "again_%s", what);
+    build_as(CACHED, quick_env, model, "-O1", out);
+    if (!same_bytes("good", out)) fail_msg("%s: a different binary from the new entry", what);
+}
+
+static void truncate_bin(const char *bin, const char *meta) {
+    (void)meta;
+    size_t size;
+    char *p = slurp_size(bin, &size);
+    assert_non_null(p);
+    write_tmp(bin, p, size / 2);
+    free(p);
+}
+
+static void flip_byte(const char *bin, const char *meta) {
+    (void)meta;
+    size_t size;
+    char *p = slurp_size(bin, &size);
+    assert_non_null(p);
+    p[size / 3] ^= 0x20;
+    write_tmp(bin, p, size);
+    free(p);
+}
+
+static void empty_bin(const char *bin, const char *meta) {
+    (void)meta;
+    write_tmp(bin, "", 0);
+}
+
+static void remove_bin(const char *bin, const char *meta) {
+    (void)meta;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, bin);
+    assert_int_equal(unlink(path), 0);
+}
+
+static void garbage_meta(const char *bin, const char *meta) {
+    (void)bin;
+    const char junk[] = "\x7f" "ELF\nkey\nsize -1\nsha256 zz\nsummary 1 2\n";
+    write_tmp(meta, junk, sizeof junk - 1);
+}
+
+static void truncate_meta(const char *bin, const char *meta) {
+    (void)bin;
+    size_t size;
+    char *p = slurp_size(meta, &size);
+    assert_non_null(p);
+    write_tmp(meta, p, size / 2);
+    free(p);
+}
+
+static void wrong_size_meta(const char *bin, const char *meta) {
+    (void)bin;
+    size_t size;
+    char *p = slurp_size(meta, &size);
+    assert_non_null(p);
+    char *s = strstr(p, "\nsize ");
+    assert_non_null(s);
+    s[6] = s[6] == '9' ? '1' : (char)(s[6] + 1);
+    write_tmp(meta, p, size);
+    free(p);
+}
+
+static void test_damaged_entry(void **state) {
+    (void)state;
+    build_as(BUILT, quick_env, model, "-O1", "good");
+    damage_and_rebuild("truncated", truncate_bin);
+    damage_and_rebuild("flipped", flip_byte);
+    damage_and_rebuild("empty", empty_bin);
+    damage_and_rebuild("missing", remove_bin);
+    damage_and_rebuild("garbage_meta", garbage_meta);
+    damage_and_rebuild("truncated_meta", truncate_meta);
+    damage_and_rebuild("wrong_size", wrong_size_meta);
+    /* the rebuilt binary runs */
+    int rc = run("help", "%s/again_truncated --help", tmp_dir);
+    assert_int_equal(rc, 0);
+}
+
+/* fp8c train takes its binary from the same cache, named after the model, and runs it */
+static void test_train_uses_cache(void **state) {
+    (void)state;
+    build_as(BUILT, quick_env, model, "-O1", "built");
+    int rc = run("train", "%s %s train %s %s -O1 -- --data %s/data/gcide_sample.txt --steps 1",
+                 quick_env, fp8c, model, model_flags, FP8C_SOURCE_DIR);
+    char *out = slurp("train.out");
+    if (rc != 0) fail_msg("fp8c train failed (%d):\n%s", rc, out);
+    assert_non_null(strstr(out, "fp8c: binary cached"));
+    assert_null(strstr(out, "fp8c: passes "));
+    assert_non_null(strstr(out, "gpt2_tiny: "));   /* the binary's own lines, by its name */
+    assert_non_null(strstr(out, "step 1/1"));
+    free(out);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_hit_is_identical, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_any_change_misses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_entry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_train_uses_cache, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
