@@ -201,6 +201,33 @@ bool rt_ckpt_dir_holds_run(const char *dir, char *found, size_t found_len);
 /* A checkpoint file, or a directory -> the file its `latest` names. */
 bool rt_ckpt_resolve(const char *path, char *out, size_t out_len);
 
+/* Any safetensors file, read by name (Hugging Face weights): rt_st_open parses and checks the
+ * header (each entry within the data, its bytes matching shape x dtype where the dtype is
+ * known); rt_st_read copies one entry's raw little-endian bytes. */
+#define RT_ST_MAX_META 32
+typedef struct {
+    char *name;
+    char *dtype;                /* "F32", "BF16", ... as written */
+    int rank;
+    int64_t dims[IR_MAX_RANK];
+    int64_t begin, end;         /* byte range in the data block */
+    bool used;                  /* scratch for the reader's caller */
+} RtStEntry;
+typedef struct {
+    char *path;
+    FILE *f;
+    int64_t data_start;
+    RtStEntry *entries;
+    int n_entries;
+    CkptMeta meta[RT_ST_MAX_META];
+    int n_meta;
+} RtStFile;
+bool rt_st_open(RtStFile *s, const char *path);
+const RtStEntry *rt_st_find(const RtStFile *s, const char *name);
+bool rt_st_read(const RtStFile *s, const RtStEntry *e, void *dst);
+void rt_st_close(RtStFile *s);
+int rt_st_dtype_bytes(const char *dtype);               /* 0: a dtype this runtime does not know */
+
 /* ---------------------------------------------------------------- train.c
  * The training program: flags, the two arenas, the step loop, evaluation, checkpoints. */
 typedef struct {
