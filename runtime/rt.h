@@ -86,6 +86,11 @@ const struct RtDevice *rt_cpu_kernels_device(void);
  * or thread count. STATE is zeroed, except scales (1) and master copies (the parameter's
  * unrounded initial value). Everything is written through the tensors' formats. */
 void rt_init_params(Graph *g, uint64_t seed);
+/* The same with every parameter's values from values(ctx, param, x, n), which fills x (n
+ * f32, the parameter's shape, row-major) or returns false after one rt_error line; then this
+ * returns false. */
+typedef bool (*RtParamValuesFn)(void *ctx, const Node *param, float *x, int64_t n);
+bool rt_init_params_from(Graph *g, uint64_t seed, RtParamValuesFn values, void *ctx);
 
 /* ---------------------------------------------------------------- log.c
  * Runtime errors are one line naming the file and the problem: "PROG: error: FILE: what".
@@ -228,6 +233,17 @@ bool rt_st_read(const RtStFile *s, const RtStEntry *e, void *dst);
 void rt_st_close(RtStFile *s);
 int rt_st_dtype_bytes(const char *dtype);               /* 0: a dtype this runtime does not know */
 
+/* ---------------------------------------------------------------- hf.c
+ * Weights from elsewhere and out to Hugging Face. rt_init_load initializes every parameter
+ * (and what init.c derives from them) from PATH: a Hugging Face GPT-2 or Llama model (a
+ * directory with model.safetensors or a sharded index, and config.json; or one of those
+ * files) or an fp8c checkpoint (file, or a run directory's latest), weights only. Everything is
+ * checked before a value is written; every missing, extra or mis-shaped tensor is named in one
+ * rt_error line. rt_export_hf writes DIR/model.safetensors (f32) and DIR/config.json in
+ * Hugging Face's layout from the parameters' most precise copies (masters). */
+bool rt_init_load(Graph *g, const char *path, uint64_t seed);
+bool rt_export_hf(Graph *g, const char *dir, bool overwrite);
+
 /* ---------------------------------------------------------------- train.c
  * The training program: flags, the two arenas, the step loop, evaluation, checkpoints. */
 typedef struct {
@@ -235,6 +251,8 @@ typedef struct {
     const char *log;            /* JSON lines file */
     const char *out;            /* checkpoint directory */
     const char *resume;         /* checkpoint file or directory */
+    const char *init;           /* weights to start from (hf.c): HF model or fp8c checkpoint */
+    const char *export_hf;      /* write the loaded state as a Hugging Face model, then stop */
     const char *device;
     int64_t steps, warmup, eval_every, eval_batches, save_every;
     int64_t stop_at;            /* stop (with a checkpoint) after this step; -1: at --steps */

@@ -71,6 +71,11 @@ void rt_usage(FILE *out, const char *prog) {
             "                      the initial state (step_000000) and trains nothing\n"
             "  --resume PATH       continue from a checkpoint file, or DIR's latest; --log is\n"
             "                      appended to, less its lines of the steps this run repeats\n"
+            "  --init PATH         start a fresh run from these weights: a Hugging Face GPT-2 or\n"
+            "                      Llama model (a directory with config.json and model.safetensors\n"
+            "                      or a sharded index) or an fp8c checkpoint (weights only)\n"
+            "  --export-hf DIR     write the state of --resume or --init as a Hugging Face model\n"
+            "                      (DIR/config.json, DIR/model.safetensors in f32) and stop\n"
             "  --overwrite         let a run that does not resume write into an --out that holds\n"
             "                      another run's checkpoints (its latest is removed at the start)\n"
             "                      and start a non-empty --log afresh; without it both are refused\n"
@@ -161,6 +166,8 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         else if (strcmp(flag, "--log") == 0) o->log = value;
         else if (strcmp(flag, "--out") == 0) o->out = value;
         else if (strcmp(flag, "--resume") == 0) o->resume = value;
+        else if (strcmp(flag, "--init") == 0) o->init = value;
+        else if (strcmp(flag, "--export-hf") == 0) o->export_hf = value;
         else if (strcmp(flag, "--device") == 0) o->device = value;
         else if (strcmp(flag, "--steps") == 0) ok = args_int(flag, value, 1, INT32_MAX, &o->steps);
         else if (strcmp(flag, "--warmup") == 0) ok = args_int(flag, value, 0, INT32_MAX, &o->warmup);
@@ -194,7 +201,15 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
             return RT_ARGS_ERROR;
         }
     }
-    if (!o->data) {
+    if (o->init && o->resume) {
+        rt_error("--init starts a fresh run and --resume continues one: give one of them");
+        return RT_ARGS_ERROR;
+    }
+    if (o->export_hf && !o->init && !o->resume) {
+        rt_error("--export-hf needs the state to export: --resume CHECKPOINT or --init PATH");
+        return RT_ARGS_ERROR;
+    }
+    if (!o->data && !o->export_hf) {
         rt_error("--data is required (see --help)");
         return RT_ARGS_ERROR;
     }
@@ -783,7 +798,24 @@ static bool train_forget_latest(const char *dir) {
     return true;
 }
 
+/* --export-hf: load the state as a run would, write it in Hugging Face's layout, stop. */
+static int train_export(Graph *g, const TrainOptions *o) {
+    Model m;
+    RtMemory mem;
+    memset(&mem, 0, sizeof mem);
+    int status = 1;
+    if (!model_inspect(g, &m) || !rt_memory_bind(g, &mem)) goto out;
+    Progress p = {.seed = o->seed};
+    if (o->resume ? !train_resume(g, &m, o, &p) : !rt_init_load(g, o->init, o->seed)) goto out;
+    if (rt_export_hf(g, o->export_hf, o->overwrite)) status = 0;
+out:
+    rt_memory_free(&mem);
+    model_free(&m);
+    return status;
+}
+
 int rt_train(Graph *g, const TrainOptions *o) {
+    if (o->export_hf) return train_export(g, o);
     if (!train_check_fresh(o)) return 2;
     Model m;
     if (!model_inspect(g, &m)) {
@@ -840,6 +872,8 @@ int rt_train(Graph *g, const TrainOptions *o) {
     Progress p = {.seed = o->seed};
     if (o->resume) {
         if (!train_resume(g, &m, o, &p)) goto out;
+    } else if (o->init) {
+        if (!rt_init_load(g, o->init, o->seed)) goto out;
     } else {
         rt_init_params(g, o->seed);
     }
