@@ -185,6 +185,19 @@ bool rt_log_step(RtLog *l, const LogRecord *r) {
     return !l->failed;
 }
 
+bool rt_log_eval(RtLog *l, int64_t step, double val_loss, int64_t batches) {
+    if (l->json && !l->failed) {
+        errno = 0;
+        bool ok = fprintf(l->json, "{\"step\":%lld", (long long)step) >= 0;
+        ok = ok && log_json_number(l->json, "val_loss", val_loss);
+        ok = ok && fprintf(l->json, ",\"eval_batches\":%lld,\"eval_only\":true}\n",
+                           (long long)batches) >= 0;
+        ok = ok && fflush(l->json) == 0;
+        if (!ok) return log_failed(l, errno ? errno : EIO);
+    }
+    return true;
+}
+
 void rt_log_message(RtLog *l, const char *fmt, ...) {
     log_progress_end(l);
     char buf[1024];

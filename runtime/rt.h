@@ -129,6 +129,8 @@ bool rt_log_trim(const char *path, int64_t step, int *dropped);
 /* Writes the JSON line (flushed) and the progress line; false after one rt_error line when the
  * JSON line could not be written: the caller stops the run. */
 bool rt_log_step(RtLog *l, const LogRecord *r);
+/* --eval-only's line: step, val_loss, eval_batches, "eval_only":true. False as rt_log_step. */
+bool rt_log_eval(RtLog *l, int64_t step, double val_loss, int64_t batches);
 void rt_log_message(RtLog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool rt_log_close(RtLog *l);                                 /* false: fclose failed (reported) */
 
@@ -244,6 +246,24 @@ int rt_st_dtype_bytes(const char *dtype);               /* 0: a dtype this runti
 bool rt_init_load(Graph *g, const char *path, uint64_t seed);
 bool rt_export_hf(Graph *g, const char *dir, bool overwrite);
 
+/* ---------------------------------------------------------------- generate.c
+ * Sampling from the step's own forward (row 0 of the batch, read at the head node), on the
+ * host through the reference executor; the caller saves and restores the persistent state the
+ * forward may write (amax histories). The prompt and each token are written to out as they
+ * come: bytes when text (vocabulary 256), else token ids separated by spaces. */
+typedef struct {
+    int64_t count;              /* tokens to generate */
+    double temperature;         /* 0: greedy */
+    int64_t top_k;              /* 0: the whole vocabulary */
+    uint64_t seed;
+    bool text;
+} RtGenerate;
+bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_prompt, FILE *out);
+/* A token drawn from softmax(logits / temperature) over the top_k largest (argmax when
+ * temperature is 0); order is scratch of V entries. */
+int64_t rt_sample(float *logits, int64_t V, double temperature, int64_t top_k, uint64_t *rng,
+                  int64_t *order);
+
 /* ---------------------------------------------------------------- train.c
  * The training program: flags, the two arenas, the step loop, evaluation, checkpoints. */
 typedef struct {
@@ -253,6 +273,11 @@ typedef struct {
     const char *resume;         /* checkpoint file or directory */
     const char *init;           /* weights to start from (hf.c): HF model or fp8c checkpoint */
     const char *export_hf;      /* write the loaded state as a Hugging Face model, then stop */
+    bool eval_only;             /* evaluate the initial or resumed state, then stop */
+    int64_t generate;           /* > 0: sample this many tokens, then stop */
+    const char *prompt;         /* text (vocabulary 256) or token ids */
+    double temperature;
+    int64_t top_k;
     const char *device;
     int64_t steps, warmup, eval_every, eval_batches, save_every;
     int64_t stop_at;            /* stop (with a checkpoint) after this step; -1: at --steps */

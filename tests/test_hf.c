@@ -110,6 +110,20 @@ static int run(const char *name, const char *fmt, ...) {
     return WEXITSTATUS(status);
 }
 
+/* The same with stdout into tmp/NAME.stdout and stderr into tmp/NAME.out. */
+static int run_split(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int run_split(const char *name, const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(cmd + n, sizeof cmd - (size_t)n, " >%s/%s.stdout 2>%s/%s.out", tmp_dir, name, tmp_dir, name);
+    int status = system(cmd);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
 static char *slurp(const char *path) {
     int64_t size = 0;
     uint8_t *p = rt_read_file(path, &size);
@@ -408,33 +422,61 @@ static double cross_entropy(const double *x, const float *head, const int32_t *t
     return loss / T;
 }
 
-/* Mean loss of GPT2LMHeadModel over the batch. */
-static double gpt2_loss(const Model *m, const int32_t *tok, const int32_t *tgt) {
+/* GPT2LMHeadModel's final hidden states (after ln_f) of one row of T tokens. */
+static void gpt2_hidden(const Model *m, const int32_t *tok, double *out) {
     static double x[T * C], h[T * C], qkv[T * 3 * C], y[T * C], o[T * C], f[T * 4 * C];
+    const float *wte = get(m, "transformer.wte.weight"), *wpe = get(m, "transformer.wpe.weight");
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) x[t * C + c] = (double)wte[tok[t] * C + c] + wpe[t * C + c];
+    for (int l = 0; l < L; l++) {
+#define G(s) get(m, "transformer.h.%d." s, l)
+        norm(x, G("ln_1.weight"), G("ln_1.bias"), false, h);
+        linear(h, G("attn.c_attn.weight"), G("attn.c_attn.bias"), C, 3 * C, true, qkv);
+        attention(qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, H, y);
+        linear(y, G("attn.c_proj.weight"), G("attn.c_proj.bias"), C, C, true, o);
+        for (int i = 0; i < T * C; i++) x[i] += o[i];
+        norm(x, G("ln_2.weight"), G("ln_2.bias"), false, h);
+        linear(h, G("mlp.c_fc.weight"), G("mlp.c_fc.bias"), C, 4 * C, true, f);
+        for (int i = 0; i < T * 4 * C; i++)
+            f[i] = 0.5 * f[i] * (1 + tanh(sqrt(2 / M_PI) * (f[i] + 0.044715 * f[i] * f[i] * f[i])));
+        linear(f, G("mlp.c_proj.weight"), G("mlp.c_proj.bias"), 4 * C, C, true, o);
+        for (int i = 0; i < T * C; i++) x[i] += o[i];
+#undef G
+    }
+    norm(x, get(m, "transformer.ln_f.weight"), get(m, "transformer.ln_f.bias"), false, out);
+}
+
+/* Mean loss of GPT2LMHeadModel over a batch. */
+static double gpt2_loss(const Model *m, const int32_t *tok, const int32_t *tgt) {
+    static double h[T * C];
     double total = 0;
     for (int b = 0; b < B; b++) {
-        const float *wte = get(m, "transformer.wte.weight"), *wpe = get(m, "transformer.wpe.weight");
-        for (int t = 0; t < T; t++)
-            for (int c = 0; c < C; c++) x[t * C + c] = (double)wte[tok[b * T + t] * C + c] + wpe[t * C + c];
-        for (int l = 0; l < L; l++) {
-#define G(s) get(m, "transformer.h.%d." s, l)
-            norm(x, G("ln_1.weight"), G("ln_1.bias"), false, h);
-            linear(h, G("attn.c_attn.weight"), G("attn.c_attn.bias"), C, 3 * C, true, qkv);
-            attention(qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, H, y);
-            linear(y, G("attn.c_proj.weight"), G("attn.c_proj.bias"), C, C, true, o);
-            for (int i = 0; i < T * C; i++) x[i] += o[i];
-            norm(x, G("ln_2.weight"), G("ln_2.bias"), false, h);
-            linear(h, G("mlp.c_fc.weight"), G("mlp.c_fc.bias"), C, 4 * C, true, f);
-            for (int i = 0; i < T * 4 * C; i++)
-                f[i] = 0.5 * f[i] * (1 + tanh(sqrt(2 / M_PI) * (f[i] + 0.044715 * f[i] * f[i] * f[i])));
-            linear(f, G("mlp.c_proj.weight"), G("mlp.c_proj.bias"), 4 * C, C, true, o);
-            for (int i = 0; i < T * C; i++) x[i] += o[i];
-#undef G
-        }
-        norm(x, get(m, "transformer.ln_f.weight"), get(m, "transformer.ln_f.bias"), false, h);
-        total += cross_entropy(h, wte, tgt + b * T);
+        gpt2_hidden(m, tok + b * T, h);
+        total += cross_entropy(h, get(m, "transformer.wte.weight"), tgt + b * T);
     }
     return total / B;
+}
+
+/* Greedy continuation of a prompt by GPT2LMHeadModel: n tokens into out. */
+static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out) {
+    int32_t seq[T];
+    int len = (int)strlen(prompt);
+    for (int i = 0; i < len; i++) seq[i] = (unsigned char)prompt[i];
+    static double h[T * C];
+    const float *wte = get(m, "transformer.wte.weight");
+    for (int k = 0; k < n; k++, len++) {
+        assert_true(len < T);
+        for (int i = len; i < T; i++) seq[i] = seq[len - 1];
+        gpt2_hidden(m, seq, h);
+        int best = 0;
+        double best_logit = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            double logit = 0;
+            for (int c = 0; c < C; c++) logit += h[(len - 1) * C + c] * wte[v * C + c];
+            if (logit > best_logit) best_logit = logit, best = v;
+        }
+        seq[len] = out[k] = best;
+    }
 }
 
 /* HF's rotate_half RoPE (pairs i, i + D/2), or pairs (2i, 2i+1) when interleaved. */
@@ -519,9 +561,9 @@ static double init_loss(const char *bin, const char *path, unsigned s) {
 }
 
 static void check_close(const char *what, double got, double want) {
-    print_message("%s: step-0 loss %.9g, Hugging Face layout forward %.9g\n", what, got, want);
+    print_message("%s: loss %.9g, the Hugging Face layout's forward %.9g\n", what, got, want);
     if (!(fabs(got - want) <= TOL * fabs(want)))
-        fail_msg("%s: step-0 loss %.9g, the HF forward %.9g (relative difference %.3g > %g)", what,
+        fail_msg("%s: loss %.9g, the HF forward %.9g (relative difference %.3g > %g)", what,
                  got, want, fabs(got - want) / fabs(want), TOL);
 }
 
@@ -568,6 +610,83 @@ static void test_init_llama(void **state) {
     head->skip = true;
     write_llama(&m, tmp("tied"), H);
     check_close("llama, tied head", init_loss("l", tmp("tied"), seed), llama_loss(&m, tok, tgt, false));
+    model_free(&m);
+}
+
+static void expect_error(const char *name, const char *const *words);
+
+/* --eval-only from HF weights: the mean loss of the fixed validation batches, as the HF
+ * forward computes it on the same batches (rt_data_val_batch). */
+static void test_eval_only(void **state) {
+    (void)state;
+    Model m;
+    make_gpt2(&m);
+    write_gpt2(&m, tmp("gpt2"));
+    build("gpt2.model", gpt2_defs, f32_flags, "g");
+    int rc = run_split("eval", "%s --init %s --eval-only --val %s --eval-batches 3 --device ref --log %s",
+                       tmp("g"), tmp("gpt2"), text, tmp("eval.jsonl"));
+    if (rc != 0) fail_msg("--eval-only failed (%d):\n%s", rc, output("eval"));
+    TokenData d;
+    assert_true(rt_data_open(&d, text));
+    double want = 0;
+    for (int i = 0; i < 3; i++) {
+        int32_t tok[B * T], tgt[B * T];
+        rt_data_val_batch(&d, i, B, T, tok, tgt);
+        want += gpt2_loss(&m, tok, tgt) / 3;
+    }
+    rt_data_free(&d);
+    char *log = slurp(tmp("eval.jsonl")), *out = slurp(tmp("eval.stdout"));
+    const char *p = strstr(log, "\"val_loss\":");
+    assert_non_null(p);
+    assert_non_null(strstr(log, "\"eval_only\":true"));
+    assert_non_null(strstr(out, "val_loss"));
+    check_close("gpt2 --eval-only", strtod(p + 11, NULL), want);
+    free(log);
+    free(out);
+    /* a shard --data has no validation tail: one line, status 1 */
+    uint16_t ids[4096];
+    for (int i = 0; i < 4096; i++) ids[i] = (uint16_t)rng_int(0, V);
+    assert_true(rt_data_write_shard(tmp("train.bin"), ids, 4096));
+    rc = run("noval", "%s --init %s --eval-only --data %s --device ref", tmp("g"), tmp("gpt2"),
+             tmp("train.bin"));
+    assert_int_equal(rc, 1);
+    expect_error("noval", (const char *const[]){"--val", NULL});
+    model_free(&m);
+}
+
+/* --generate at temperature 0 from HF weights: the HF forward's greedy continuation, written
+ * as bytes after the prompt. A fixed seed samples the same text twice; --top-k 1 is greedy. */
+static void test_generate(void **state) {
+    (void)state;
+    Model m;
+    make_gpt2(&m);
+    write_gpt2(&m, tmp("gpt2"));
+    build("gpt2.model", gpt2_defs, f32_flags, "g");
+    enum { N = 8 };
+    int rc = run_split("greedy", "%s --init %s --generate %d --prompt 'ab' --temperature 0 --device ref",
+                       tmp("g"), tmp("gpt2"), N);
+    if (rc != 0) fail_msg("--generate failed (%d):\n%s", rc, output("greedy"));
+    int32_t want[N];
+    gpt2_greedy(&m, "ab", N, want);
+    int64_t size = 0;
+    uint8_t *got = rt_read_file(tmp("greedy.stdout"), &size);
+    assert_int_equal(size, 2 + N);
+    assert_memory_equal(got, "ab", 2);
+    for (int k = 0; k < N; k++)
+        if (got[2 + k] != want[k]) fail_msg("token %d: generated %d, the HF forward's argmax %d", k, got[2 + k], want[k]);
+    free(got);
+    const char *fmt = "%s --init %s --generate %d --prompt 'ab' --seed %u %s";
+    assert_int_equal(run_split("s1", fmt, tmp("g"), tmp("gpt2"), N, seed, "--top-k 5"), 0);
+    assert_int_equal(run_split("s2", fmt, tmp("g"), tmp("gpt2"), N, seed, "--top-k 5"), 0);
+    assert_int_equal(run_split("k1", fmt, tmp("g"), tmp("gpt2"), N, seed, "--top-k 1 --temperature 2"), 0);
+    char *s1 = slurp(tmp("s1.stdout")), *s2 = slurp(tmp("s2.stdout")), *k1 = slurp(tmp("k1.stdout")),
+         *gr = slurp(tmp("greedy.stdout"));
+    assert_memory_equal(s1, s2, 2 + N);
+    assert_memory_equal(k1, gr, 2 + N);
+    free(s1), free(s2), free(k1), free(gr);
+    /* flags that only shape sampling need --generate */
+    rc = run("flags", "%s --init %s --prompt x --data %s", tmp("g"), tmp("gpt2"), text);
+    assert_int_equal(rc, 2);
     model_free(&m);
 }
 
@@ -754,6 +873,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_init_gpt2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_llama, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_eval_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_generate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_round_trip_llama_o0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_round_trip_llama_o3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_round_trip_gpt2_o3, setup, teardown),
