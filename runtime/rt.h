@@ -135,17 +135,22 @@ void rt_log_message(RtLog *l, const char *fmt, ...) __attribute__((format(printf
 bool rt_log_close(RtLog *l);                                 /* false: fclose failed (reported) */
 
 /* ---------------------------------------------------------------- data.c
- * Token sources: llm.c shards (256 x int32 header: magic, version, count; uint16 tokens) or
- * plain text through the byte-level tokenizer (token = byte, vocabulary 256). */
+ * Token sources: llm.c shards (256 x int32 header: magic, version, count; then uint16 tokens,
+ * or uint32 under the second magic — llm.c's dev/data/data_common.py, HEADERS_INFO "gpt-2"
+ * and "llama-3") or plain text through the byte-level tokenizer (token = byte, vocabulary
+ * 256). */
 #define RT_SHARD_MAGIC 20240520u
 #define RT_SHARD_VERSION 1u
+#define RT_SHARD32_MAGIC 20240801u
+#define RT_SHARD32_VERSION 7u
 #define RT_BYTE_VOCAB 256
 
 typedef struct {
     char *path;
-    uint16_t *tok;              /* the tokens in use: a view into base */
+    uint16_t *tok;              /* the tokens in use: a view into base (NULL: tok32 instead) */
     int64_t n;
     uint16_t *base;             /* the file's tokens as read (owned unless the source is a view) */
+    uint32_t *tok32, *base32;   /* the same for a shard of uint32 tokens */
     bool is_text;
 } TokenShard;
 

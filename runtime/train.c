@@ -48,8 +48,9 @@ void rt_usage(FILE *out, const char *prog) {
             "\n"
             "data\n"
             "  --data FILE         training tokens: an llm.c shard (.bin: 256 x int32 header,\n"
-            "                      magic 20240520, uint16 tokens) or any text file (byte-level\n"
-            "                      tokenizer: token = byte, vocabulary 256); a glob or a comma list\n"
+            "                      magic 20240520 with uint16 tokens, or 20240801 with uint32) or\n"
+            "                      any text file (byte-level tokenizer: token = byte, vocabulary\n"
+            "                      256); a glob or a comma list\n"
             "  --val FILE          validation tokens, same formats; without it, a text --data\n"
             "                      keeps its last 5%% for validation, a shard --data has none\n"
             "schedule\n"
@@ -773,6 +774,21 @@ static int64_t train_params(const Graph *g) {
     return n;
 }
 
+/* A text file is always read through the byte-level tokenizer; a model with another
+ * vocabulary still trains on it (token = byte value), which is rarely what is meant: one note. */
+static void train_note_text(const TokenData *a, const TokenData *b, int64_t vocab) {
+    if (vocab == RT_BYTE_VOCAB) return;
+    const TokenData *ds[2] = {a, b};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < ds[k]->n_shards; i++)
+            if (ds[k]->shards[i].is_text) {
+                rt_note("%s: text is read as bytes (token = byte value, 0..255), while the "
+                        "model's vocabulary has %lld tokens: for its tokenizer, write shards "
+                        "with tools/tokenize_hf.py", ds[k]->shards[i].path, (long long)vocab);
+                return;
+            }
+}
+
 /* Opens --data and --val (or holds out the tail of a text --data) and checks them against the
  * batch shape and the model's vocabulary. What was decided about validation is said only once
  * the data is known to be good, so that a bad file gets its one line and nothing else. */
@@ -781,7 +797,7 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
     memset(val, 0, sizeof *val);
     memset(train, 0, sizeof *train);
     if (!o->data) {   /* --eval-only with --val alone */
-        if (rt_data_open(val, o->val) &&
+        if (rt_data_open(val, o->val) && (train_note_text(train, val, m->vocab), true) &&
             rt_data_check(val, "the validation data", (int64_t)m->T + 1, (int64_t)m->T + 1, m->vocab))
             return true;
         rt_data_free(val);
@@ -805,6 +821,7 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
     } else {
         snprintf(note, sizeof note, "no --val: evaluation is off");
     }
+    if (ok) train_note_text(train, val, m->vocab);
     int64_t batch_tokens = (int64_t)m->B * m->T + 1;
     int64_t window = (int64_t)m->T + 1;
     ok = ok && rt_data_check(train, "the training data", window, batch_tokens, m->vocab);

@@ -758,6 +758,19 @@ static void *read_entry(const RtStFile *f, const char *name, const char *dtype, 
     return p;
 }
 
+/* Text given to a model whose vocabulary is not 256 is still read as bytes, with one note. */
+static void test_text_note(void **state) {
+    (void)state;
+    build("llama.model", "-D layers=1 -D dim=32 -D heads=2 -D kv_heads=1 -D hidden=48 -D vocab=300",
+          "-O0", "v");
+    int rc = run("note", "%s --data %s --steps 1 --device ref", tmp("v"), text);
+    if (rc != 0) fail_msg("training on text failed (%d):\n%s", rc, output("note"));
+    char *out = output("note");
+    const char *at = strstr(out, "text is read as bytes");
+    if (!at || strstr(at + 1, "text is read as bytes")) fail_msg("expected one note:\n%s", out);
+    free(out);
+}
+
 /* Every parameter and its master in two fp8c checkpoints: the same bytes. A split master
  * (bf16 weight + i8 correction) must decode to the same f32 weights; its two bytes may differ
  * only where both encodings hold that same value (one value at each binade edge has two). */
@@ -874,6 +887,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_init_llama, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eval_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_text_note, setup, teardown),
         cmocka_unit_test_setup_teardown(test_generate, setup, teardown),
         cmocka_unit_test_setup_teardown(test_round_trip_llama_o0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_round_trip_llama_o3, setup, teardown),
