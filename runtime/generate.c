@@ -47,15 +47,20 @@ bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_pro
         return false;
     }
     int64_t B = tokens->t.dims[0], T = tokens->t.dims[1], V = 0;
-    Head heads[256];
+    Head *heads = calloc((size_t)g->n_nodes, sizeof *heads);
     int n_heads = 0;
-    for (int i = 0; i < g->n_nodes && n_heads < 256; i++) {
+    if (!heads) {
+        rt_error("out of memory");
+        return false;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
         Node *n = g->nodes[i];
         if (n->op != OP_CROSS_ENTROPY || n->phase != PHASE_FORWARD) continue;
         const Tensor *l = &n->in[0]->t;
         int64_t v = l->dims[l->rank - 1], row0 = gen_row_offset(n->in[1]);
         if (row0 < 0 || (V && v != V)) {
             rt_error("artifact: cannot tell which rows cross-entropy node %%%d covers", n->id);
+            free(heads);
             return false;
         }
         V = v;
@@ -63,6 +68,7 @@ bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_pro
     }
     if (!n_heads) {
         rt_error("artifact: the graph has no cross-entropy over logits to sample from");
+        free(heads);
         return false;
     }
     int64_t total = (int64_t)n_prompt + o->count;
@@ -123,6 +129,7 @@ bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_pro
         fflush(out);
     }
     if (ok && !o->text) fputc('\n', out);
+    free(heads);
     free(seq);
     free(ids);
     free(probs);

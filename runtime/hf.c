@@ -479,8 +479,11 @@ static bool src_open(Source *s, const char *path) {
     memset(s, 0, sizeof *s);
     snprintf(s->where, sizeof s->where, "%s", path);
     char file[4300] = "", dir[4096];
-    if (hf_is_dir(path)) {
-        snprintf(dir, sizeof dir, "%s", path);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (strcmp(base, "config.json") == 0)   /* the model's config: its directory is meant */
+        snprintf(dir, sizeof dir, "%.*s", base == path ? 1 : (int)(base - path), base == path ? "." : path);
+    if (hf_is_dir(path) || strcmp(base, "config.json") == 0) {
+        if (strcmp(base, "config.json") != 0) snprintf(dir, sizeof dir, "%s", path);
         size_t n = strlen(dir);
         while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
         char probe[4200];
@@ -572,8 +575,10 @@ static bool cfg_int(const Source *s, const char *key, int64_t have, const char *
         char val[64];
         if (v->kind == JV_NUM) snprintf(val, sizeof val, "%.17g", v->num);
         else snprintf(val, sizeof val, "not a number");
-        rt_error("%s: %s is %s, the model has %lld %s%s%s", s->config_path, key, val,
-                 (long long)have, what, flag ? " (build it with -D " : "", flag ? flag : "");
+        char hint[96] = "";
+        if (flag && v->kind == JV_NUM) snprintf(hint, sizeof hint, " (build it with -D %s=%s)", flag, val);
+        rt_error("%s: %s is %s, the model has %lld %s%s", s->config_path, key, val,
+                 (long long)have, what, hint);
         return false;
     }
     return true;
@@ -616,8 +621,8 @@ static bool src_check_config(const Source *s, const ModelInfo *m) {
     if (s->config.kind != JV_OBJ) return true;
     if (m->family == FAM_GPT2) {
         static const char *const gelu[] = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast", NULL};
-        return cfg_int(s, "n_head", m->heads, "heads", "heads=...)") &&
-               cfg_int(s, "n_layer", m->layers, "layers", "layers=...)") &&
+        return cfg_int(s, "n_head", m->heads, "heads", "heads") &&
+               cfg_int(s, "n_layer", m->layers, "layers", "layers") &&
                cfg_real(s, "layer_norm_epsilon", m->eps, 1e-5, "layernorm epsilon") &&
                cfg_str(s, "activation_function", gelu, "GELU's tanh approximation (gelu_new)") &&
                cfg_false(s, "scale_attn_by_inverse_layer_idx", "fp8c's attention does not scale by layer") &&
@@ -626,10 +631,10 @@ static bool src_check_config(const Source *s, const ModelInfo *m) {
     static const char *const silu[] = {"silu", NULL};
     const Jv *kv = jv_get(&s->config, "num_key_value_heads");
     const char *kv_key = kv && kv->kind != JV_NULL ? "num_key_value_heads" : "num_attention_heads";
-    return cfg_int(s, "num_attention_heads", m->heads, "heads", "heads=...)") &&
-           cfg_int(s, kv_key, m->kv_heads, "key-value heads", "kv_heads=...)") &&
-           cfg_int(s, "num_hidden_layers", m->layers, "layers", "layers=...)") &&
-           cfg_int(s, "head_dim", m->head_dim, "as its head size", NULL) &&
+    return cfg_int(s, "num_attention_heads", m->heads, "heads", "heads") &&
+           cfg_int(s, kv_key, m->kv_heads, "key-value heads", "kv_heads") &&
+           cfg_int(s, "num_hidden_layers", m->layers, "layers", "layers") &&
+           cfg_int(s, "head_dim", m->head_dim, "as its head size (dim / heads)", NULL) &&
            cfg_real(s, "rms_norm_eps", m->eps, 1e-6, "rmsnorm epsilon") &&
            cfg_real(s, "rope_theta", m->theta, 10000.0, "rope theta") &&
            cfg_str(s, "hidden_act", silu, "silu") &&
@@ -698,6 +703,11 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
             snprintf(name, sizeof name, "%s:master", p->t.name);
             t = src_find(s, name);
             if (t && strcmp(t->e->dtype, "I8") == 0) s->hi[i] = src_find(s, p->t.name);
+            if (s->hi[i] && s->hi[i]->e->end - s->hi[i]->e->begin != 2 * ir_numel(&p->t)) {
+                rt_error("%s: tensor %s does not hold the %lld bf16 values of its split master",
+                         s->where, p->t.name, (long long)ir_numel(&p->t));
+                return false;
+            }
             if (!t || (strcmp(t->e->dtype, "F32") != 0 && !s->hi[i])) t = src_find(s, p->t.name);
             snprintf(name, sizeof name, "%s", p->t.name);
         } else {
@@ -831,13 +841,15 @@ static bool src_values(void *ctx, const Node *p, float *x, int64_t n) {
 bool rt_init_load(Graph *g, const char *path, uint64_t seed) {
     ir_renumber(g);
     ModelInfo m;
+    memset(&m, 0, sizeof m);
     Source s;
-    bool ok = hf_model_info(g, &m) && src_open(&s, path);
-    if (!ok) {
-        if (m.family) src_free(&s);
+    if (!src_open(&s, path)) {
+        src_free(&s);
         return false;
     }
-    ok = src_bind(&s, g, &m) && rt_init_params_from(g, seed, src_values, &s);
+    /* an fp8c checkpoint fits any model by name; Hugging Face weights need the family */
+    bool ok = (s.fp8c || hf_model_info(g, &m)) && src_bind(&s, g, &m) &&
+              rt_init_params_from(g, seed, src_values, &s);
     if (ok)
         rt_note("initialized from %s (%s)", path,
                 s.fp8c ? "the weights of an fp8c checkpoint" : s.family == FAM_GPT2

@@ -726,7 +726,7 @@ static void test_init_errors(void **state) {
     write_llama(&m, tmp("heads"), 8);
     rc = run("heads", cmd, tmp("l"), tmp("heads"), text);
     assert_int_equal(rc, 1);
-    expect_error("heads", (const char *const[]){"num_attention_heads is 8", "-D heads", NULL});
+    expect_error("heads", (const char *const[]){"num_attention_heads is 8", "-D heads=8", NULL});
     model_free(&m);
     /* GPT-2 weights for a Llama */
     make_gpt2(&m);
@@ -743,6 +743,35 @@ static void test_init_errors(void **state) {
     rc = run("junk", cmd, tmp("l"), tmp("junk.safetensors"), text);
     assert_int_equal(rc, 1);
     expect_error("junk", (const char *const[]){"junk.safetensors", NULL});
+    /* an fp8c checkpoint whose split master's bf16 half is longer than the weight: refused
+     * before anything is read into a buffer of the weight's size */
+    {
+        char head[512];
+        int64_t lo = (int64_t)V * C, hi = 2 * (int64_t)(V + 8) * C;
+        int n = snprintf(head, sizeof head,
+                         "{\"__metadata__\":{\"format\":\"fp8c\",\"format_version\":\"1\"},"
+                         "\"model.embed_tokens.weight\":{\"dtype\":\"BF16\",\"shape\":[%d,%d],"
+                         "\"data_offsets\":[0,%lld]},\"model.embed_tokens.weight:master\":{\"dtype\":"
+                         "\"I8\",\"shape\":[%d,%d],\"data_offsets\":[%lld,%lld]}}",
+                         V + 8, C, (long long)hi, V, C, (long long)hi, (long long)(hi + lo));
+        while (n % 8) head[n++] = ' ';
+        FILE *f = fopen(tmp("split.safetensors"), "wb");
+        assert_non_null(f);
+        uint64_t len = (uint64_t)n;
+        for (int b = 0; b < 8; b++) fputc((int)(len >> (8 * b)) & 0xff, f);
+        fwrite(head, 1, (size_t)n, f);
+        for (int64_t i = 0; i < hi + lo; i++) fputc(0, f);
+        assert_int_equal(fclose(f), 0);
+        rc = run("split", cmd, tmp("l"), tmp("split.safetensors"), text);
+        assert_int_equal(rc, 1);
+        expect_error("split", (const char *const[]){"model.embed_tokens.weight", "split master", NULL});
+    }
+    /* config.json names its directory */
+    make_llama(&m);
+    write_llama(&m, tmp("cfg"), H);
+    model_free(&m);
+    rc = run("cfg", cmd, tmp("l"), tmp("cfg/config.json"), text);
+    if (rc != 0) fail_msg("--init DIR/config.json failed (%d):\n%s", rc, output("cfg"));
     rc = run("both", "%s --init %s --resume %s --data %s", tmp("l"), tmp("gpt2"), tmp("gpt2"), text);
     assert_int_equal(rc, 2);
     expect_error("both", (const char *const[]){"--init", "--resume", NULL});

@@ -550,6 +550,7 @@ static void test_install(void **state) {
     if (rc != 0) fail_msg("the installed fp8c did not build (%d):\n%s", rc, slurp("ibuild.out"));
     rc = run("irun", "%s/ibin --data %s/README.md --steps 1 --device ref", tmp_dir, FP8C_SOURCE_DIR);
     if (rc != 0) fail_msg("the binary it built did not train (%d):\n%s", rc, slurp("irun.out"));
+#ifndef __SANITIZE_ADDRESS__   /* ASan writes each global's source file into the data */
     if (system("command -v objcopy >/dev/null 2>&1") == 0) {
         rc = run("rodata", "objcopy -O binary --only-section=.rodata %s/inst/bin/fp8c %s/rodata",
                  tmp_dir, tmp_dir);
@@ -560,11 +561,13 @@ static void test_install(void **state) {
         uint8_t *ro = rt_read_file(path, &size);
         assert_non_null(ro);
         const char *trees[2] = {FP8C_SOURCE_DIR, FP8C_BINARY_DIR};
+        const char *found = NULL;
         for (int t = 0; t < 2; t++)
-            if (memmem(ro, (size_t)size, trees[t], strlen(trees[t])))
-                fail_msg("the installed fp8c holds the path %s", trees[t]);
+            if (memmem(ro, (size_t)size, trees[t], strlen(trees[t]))) found = trees[t];
         free(ro);
+        if (found) fail_msg("the installed fp8c holds the path %s", found);
     }
+#endif
 }
 
 int main(void) {
