@@ -136,11 +136,16 @@ static char *slurp(const char *path) {
 static char *output(const char *name) { return slurp(tmp("%s.out", name)); }
 
 /* fp8c build of a model file with -D flags and more build flags into tmp/BIN. The CPU kernels
- * are not compiled: these runs use the reference executor. */
-static void build(const char *model, const char *defs, const char *flags, const char *bin) {
-    int rc = run("build", "FP8C_CPU_KERNELS=0 %s build %s/models/%s %s %s --batch %d --seq %d -o %s",
-                 fp8c, FP8C_SOURCE_DIR, model, defs, flags, B, T, tmp("%s", bin));
+ * are compiled only when asked: most runs here use the reference executor. */
+static void build_for(const char *model, const char *defs, const char *flags, const char *bin,
+                      bool cpu_kernels) {
+    int rc = run("build", "FP8C_CPU_KERNELS=%d %s build %s/models/%s %s %s --batch %d --seq %d -o %s",
+                 cpu_kernels, fp8c, FP8C_SOURCE_DIR, model, defs, flags, B, T, tmp("%s", bin));
     if (rc != 0) fail_msg("fp8c build failed (%d):\n%s", rc, output("build"));
+}
+
+static void build(const char *model, const char *defs, const char *flags, const char *bin) {
+    build_for(model, defs, flags, bin, false);
 }
 
 /* ---------------------------------------------------------------- weights in HF's layout */
@@ -642,6 +647,16 @@ static void test_eval_only(void **state) {
     assert_non_null(strstr(out, "val_loss"));
     check_close("gpt2 --eval-only", strtod(p + 11, NULL), want);
     free(log);
+    free(out);
+    /* the same on the CPU backend's compiled kernels */
+    build_for("gpt2.model", gpt2_defs, f32_flags, "gk", true);
+    rc = run_split("evalk", "%s --init %s --eval-only --val %s --eval-batches 3 --device cpu",
+                   tmp("gk"), tmp("gpt2"), text);
+    if (rc != 0) fail_msg("--eval-only on the CPU kernels failed (%d):\n%s", rc, output("evalk"));
+    out = slurp(tmp("evalk.stdout"));
+    p = strstr(out, "val_loss ");
+    assert_non_null(p);
+    check_close("gpt2 --eval-only, CPU kernels", strtod(p + 9, NULL), want);
     free(out);
     /* a shard --data has no validation tail: one line, status 1 */
     uint16_t ids[4096];
