@@ -79,6 +79,11 @@ void rt_usage(FILE *out, const char *prog) {
             "                      (DIR/config.json, DIR/model.safetensors in f32) and stop\n"
             "  --eval-only         print the validation loss of the initial (--init) or resumed\n"
             "                      state, write it to --log, and stop; needs --val or a text --data\n"
+
+            "  --overwrite         let a run that does not resume write into an --out that holds\n"
+            "                      another run's checkpoints (its latest is removed at the start)\n"
+            "                      and start a non-empty --log afresh; without it both are refused;\n"
+            "                      it lets --export-hf replace the model in its DIR\n"
             "sampling (on the host, through the reference executor; trains nothing)\n"
             "  --generate N        write N tokens sampled from the initial or resumed state to\n"
             "                      stdout: bytes for a vocabulary of 256, else token ids\n"
@@ -86,9 +91,6 @@ void rt_usage(FILE *out, const char *prog) {
             "                      a newline), else token ids separated by spaces or commas\n"
             "  --temperature X     softmax temperature (default 1; 0: always the likeliest token)\n"
             "  --top-k K           sample among the K likeliest tokens (default 0: all)\n"
-            "  --overwrite         let a run that does not resume write into an --out that holds\n"
-            "                      another run's checkpoints (its latest is removed at the start)\n"
-            "                      and start a non-empty --log afresh; without it both are refused\n"
             "machine\n"
             "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
             "                      kernels), or auto (default: the GPU if one is found, else cpu);\n"
@@ -840,7 +842,7 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
  * so both are refused unless --overwrite says that is meant, before anything is read or
  * written. A resumed run is meant to share them. Exit status 2, as for a flag: the fix is one. */
 static bool train_check_fresh(const TrainOptions *o) {
-    if (o->resume || o->overwrite) return true;
+    if (o->resume || o->overwrite || o->eval_only) return true;   /* --eval-only only appends */
     char found[256];
     if (o->out && rt_ckpt_dir_holds_run(o->out, found, sizeof found)) {
         rt_error("%s: holds another run's checkpoints (%s): give --resume %s to continue that "
@@ -1036,14 +1038,14 @@ int rt_train(Graph *g, const TrainOptions *o) {
         status = 0;
         goto out;
     }
-    if (o->log && o->resume) {
+    if (o->log && o->resume && !o->eval_only) {
         int dropped = 0;
         if (!rt_log_trim(o->log, p.step, &dropped)) goto out;
         if (dropped)
             rt_note("%s: dropped %d line%s of steps after %lld, which this run repeats", o->log,
                     dropped, dropped == 1 ? "" : "s", (long long)p.step);
     }
-    if (!rt_log_open(&log, o->log, o->resume != NULL)) goto out;
+    if (!rt_log_open(&log, o->log, o->resume != NULL || o->eval_only)) goto out;
     tok = malloc((size_t)m.B * m.T * sizeof *tok);
     tgt = malloc((size_t)m.B * m.T * sizeof *tgt);
     if (!tok || !tgt) {

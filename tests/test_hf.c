@@ -648,6 +648,15 @@ static void test_eval_only(void **state) {
     check_close("gpt2 --eval-only", strtod(p + 11, NULL), want);
     free(log);
     free(out);
+    /* a second evaluation appends to the log: nothing in it is dropped */
+    rc = run_split("eval2", "%s --init %s --eval-only --val %s --eval-batches 3 --device ref --log %s",
+                   tmp("g"), tmp("gpt2"), text, tmp("eval.jsonl"));
+    assert_int_equal(rc, 0);
+    log = slurp(tmp("eval.jsonl"));
+    int lines = 0;
+    for (const char *c = log; *c; c++) lines += *c == '\n';
+    assert_int_equal(lines, 2);
+    free(log);
     /* the same on the CPU backend's compiled kernels */
     build_for("gpt2.model", gpt2_defs, f32_flags, "gk", true);
     rc = run_split("evalk", "%s --init %s --eval-only --val %s --eval-batches 3 --device cpu",
