@@ -41,200 +41,6 @@
 #include "rt.h"
 
 #define HF_LIST_MAX 6           /* names listed per kind of mismatch before "and N more" */
-#define HF_JSON_MAX_DEPTH 64
-
-/* ---------------------------------------------------------------- JSON values
- * config.json and the shard index: a small tree, enough for what they hold. */
-
-typedef enum { JV_NULL, JV_BOOL, JV_NUM, JV_STR, JV_ARR, JV_OBJ } JvKind;
-
-typedef struct Jv {
-    JvKind kind;
-    double num;                 /* JV_NUM, JV_BOOL (0 or 1) */
-    char *str;                  /* JV_STR */
-    int n;                      /* JV_ARR, JV_OBJ: items (and keys) */
-    char **keys;
-    struct Jv *items;
-} Jv;
-
-typedef struct {
-    const char *path, *start, *p, *end;
-    bool failed;
-} JsonIn;
-
-static bool jin_fail(JsonIn *j, const char *what) {
-    if (!j->failed)
-        rt_error("%s: bad JSON: %s at byte %ld", j->path, what, (long)(j->p - j->start));
-    j->failed = true;
-    return false;
-}
-
-static void jin_space(JsonIn *j) {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
-        j->p++;
-}
-
-static bool jin_eat(JsonIn *j, char c) {
-    jin_space(j);
-    if (j->p < j->end && *j->p == c) {
-        j->p++;
-        return true;
-    }
-    return false;
-}
-
-static char *jin_string(JsonIn *j) {
-    if (!jin_eat(j, '"')) return jin_fail(j, "expected a string"), NULL;
-    char *out = malloc((size_t)(j->end - j->p) * 3 + 1);
-    if (!out) return jin_fail(j, "out of memory"), NULL;
-    size_t k = 0;
-    while (j->p < j->end && *j->p != '"') {
-        char c = *j->p++;
-        if (c != '\\') {
-            out[k++] = c;
-            continue;
-        }
-        if (j->p >= j->end) break;
-        char e = *j->p++;
-        if (e == 'u') {
-            unsigned u = 0;
-            for (int i = 0; i < 4; i++) {
-                char h = j->p < j->end ? *j->p++ : 0;
-                int v = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                      : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
-                if (v < 0) {
-                    free(out);
-                    return jin_fail(j, "bad \\u escape"), NULL;
-                }
-                u = u << 4 | (unsigned)v;
-            }
-            if (u < 0x80) {
-                out[k++] = (char)u;
-            } else if (u < 0x800) {
-                out[k++] = (char)(0xc0 | u >> 6);
-                out[k++] = (char)(0x80 | (u & 0x3f));
-            } else {
-                out[k++] = (char)(0xe0 | u >> 12);
-                out[k++] = (char)(0x80 | ((u >> 6) & 0x3f));
-                out[k++] = (char)(0x80 | (u & 0x3f));
-            }
-            continue;
-        }
-        const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
-        const char *at = strchr(from, e);
-        if (!at || !e) {
-            free(out);
-            return jin_fail(j, "bad escape in a string"), NULL;
-        }
-        out[k++] = to[at - from];
-    }
-    if (j->p >= j->end) {
-        free(out);
-        return jin_fail(j, "unterminated string"), NULL;
-    }
-    j->p++;
-    out[k] = 0;
-    return out;
-}
-
-static void jv_free(Jv *v) {
-    free(v->str);
-    for (int i = 0; i < v->n; i++) {
-        if (v->keys) free(v->keys[i]);
-        jv_free(&v->items[i]);
-    }
-    free(v->keys);
-    free(v->items);
-    memset(v, 0, sizeof *v);
-}
-
-static bool jin_value(JsonIn *j, Jv *v, int depth) {
-    memset(v, 0, sizeof *v);
-    if (depth > HF_JSON_MAX_DEPTH) return jin_fail(j, "nested too deeply");
-    jin_space(j);
-    if (j->p >= j->end) return jin_fail(j, "unexpected end");
-    char c = *j->p;
-    if (c == '{' || c == '[') {
-        bool obj = c == '{';
-        v->kind = obj ? JV_OBJ : JV_ARR;
-        j->p++;
-        if (jin_eat(j, obj ? '}' : ']')) return true;
-        int cap = 0;
-        do {
-            if (v->n == cap) {
-                cap = cap ? 2 * cap : 16;
-                Jv *items = realloc(v->items, (size_t)cap * sizeof *items);
-                char **keys = obj ? realloc(v->keys, (size_t)cap * sizeof *keys) : NULL;
-                if (items) v->items = items;
-                if (keys) v->keys = keys;
-                if (!items || (obj && !keys)) return jin_fail(j, "out of memory");
-            }
-            if (obj) {
-                char *key = jin_string(j);
-                if (!key) return false;
-                v->keys[v->n] = key;
-                if (!jin_eat(j, ':')) {
-                    free(key);
-                    return jin_fail(j, "expected ':'");
-                }
-            }
-            bool ok = jin_value(j, &v->items[v->n], depth + 1);
-            v->n++;
-            if (!ok) return false;
-        } while (jin_eat(j, ','));
-        return jin_eat(j, obj ? '}' : ']') || jin_fail(j, obj ? "expected '}'" : "expected ']'");
-    }
-    if (c == '"') {
-        v->kind = JV_STR;
-        return (v->str = jin_string(j)) != NULL;
-    }
-    static const struct { const char *word; JvKind kind; double num; } words[] = {
-        {"true", JV_BOOL, 1}, {"false", JV_BOOL, 0}, {"null", JV_NULL, 0},
-        {"Infinity", JV_NUM, INFINITY}, {"NaN", JV_NUM, NAN},
-    };
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
-        size_t n = strlen(words[i].word);
-        if ((size_t)(j->end - j->p) >= n && strncmp(j->p, words[i].word, n) == 0) {
-            j->p += n;
-            v->kind = words[i].kind;
-            v->num = words[i].num;
-            return true;
-        }
-    }
-    char buf[64];
-    size_t n = 0;
-    while (j->p + n < j->end && n < sizeof buf - 1 && strchr("+-0123456789.eE", j->p[n])) n++;
-    memcpy(buf, j->p, n);
-    buf[n] = 0;
-    char *endp;
-    v->num = strtod(buf, &endp);
-    if (!n || *endp) return jin_fail(j, "expected a value");
-    v->kind = JV_NUM;
-    j->p += n;
-    return true;
-}
-
-/* Reads and parses a whole JSON file; false after rt_error. */
-static bool jv_read_file(const char *path, Jv *v) {
-    int64_t size = 0;
-    uint8_t *text = rt_read_file(path, &size);
-    if (!text) return false;
-    JsonIn j = {.path = path, .start = (char *)text, .p = (char *)text, .end = (char *)text + size};
-    bool ok = jin_value(&j, v, 0);
-    jin_space(&j);
-    if (ok && j.p != j.end) ok = jin_fail(&j, "text after the value");
-    if (ok && v->kind != JV_OBJ) ok = jin_fail(&j, "expected an object");
-    if (!ok) jv_free(v);
-    free(text);
-    return ok;
-}
-
-static const Jv *jv_get(const Jv *o, const char *key) {
-    if (!o || o->kind != JV_OBJ) return NULL;
-    for (int i = 0; i < o->n; i++)
-        if (strcmp(o->keys[i], key) == 0) return &o->items[i];
-    return NULL;
-}
 
 /* ---------------------------------------------------------------- the model in the graph */
 
@@ -378,7 +184,7 @@ static void src_free(Source *s) {
     free(s->src);
     free(s->hi);
     free(s->conv);
-    jv_free(&s->config);
+    rt_json_free(&s->config);
 }
 
 static const SrcTensor *src_find(const Source *s, const char *name) {
@@ -435,8 +241,8 @@ static bool hf_exists(const char *path) {
 /* The shards a model.safetensors.index.json names (its weight_map's values), relative to it. */
 static bool src_open_index(Source *s, const char *index) {
     Jv v;
-    if (!jv_read_file(index, &v)) return false;
-    const Jv *map = jv_get(&v, "weight_map");
+    if (!rt_json_read(index, &v)) return false;
+    const Jv *map = rt_json_get(&v, "weight_map");
     bool ok = true;
     if (!map || map->kind != JV_OBJ || !map->n) {
         rt_error("%s: has no weight_map naming the shards", index);
@@ -468,7 +274,7 @@ static bool src_open_index(Source *s, const char *index) {
                 break;
             }
     }
-    jv_free(&v);
+    rt_json_free(&v);
     return ok;
 }
 
@@ -514,7 +320,7 @@ static bool src_open(Source *s, const char *path) {
                                                             "format") : NULL;
     s->fp8c = format && strcmp(format, "fp8c") == 0;
     snprintf(s->config_path, sizeof s->config_path, "%s/config.json", dir);
-    if (!s->fp8c && hf_exists(s->config_path) && !jv_read_file(s->config_path, &s->config))
+    if (!s->fp8c && hf_exists(s->config_path) && !rt_json_read(s->config_path, &s->config))
         return false;
     return true;
 }
@@ -569,7 +375,7 @@ static void shape_text(char *buf, size_t n, int rank, const int64_t *dims) {
 /* A config.json number against the graph's; absent keys pass (their defaults are checked by
  * the caller where they matter). */
 static bool cfg_int(const Source *s, const char *key, int64_t have, const char *what, const char *flag) {
-    const Jv *v = jv_get(&s->config, key);
+    const Jv *v = rt_json_get(&s->config, key);
     if (!v || v->kind == JV_NULL) return true;
     if (v->kind != JV_NUM || v->num != (double)have) {
         char val[64];
@@ -585,7 +391,7 @@ static bool cfg_int(const Source *s, const char *key, int64_t have, const char *
 }
 
 static bool cfg_real(const Source *s, const char *key, double have, double dflt, const char *what) {
-    const Jv *v = jv_get(&s->config, key);
+    const Jv *v = rt_json_get(&s->config, key);
     double want = v && v->kind == JV_NUM ? v->num : dflt;
     if (v && v->kind != JV_NUM && v->kind != JV_NULL) {
         rt_error("%s: %s is not a number", s->config_path, key);
@@ -599,7 +405,7 @@ static bool cfg_real(const Source *s, const char *key, double have, double dflt,
 }
 
 static bool cfg_str(const Source *s, const char *key, const char *const *allowed, const char *what) {
-    const Jv *v = jv_get(&s->config, key);
+    const Jv *v = rt_json_get(&s->config, key);
     if (!v || v->kind == JV_NULL) return true;
     for (int i = 0; allowed[i]; i++)
         if (v->kind == JV_STR && strcmp(v->str, allowed[i]) == 0) return true;
@@ -610,7 +416,7 @@ static bool cfg_str(const Source *s, const char *key, const char *const *allowed
 }
 
 static bool cfg_false(const Source *s, const char *key, const char *what) {
-    const Jv *v = jv_get(&s->config, key);
+    const Jv *v = rt_json_get(&s->config, key);
     if (!v || v->kind == JV_NULL || (v->kind == JV_BOOL && !v->num)) return true;
     rt_error("%s: %s is set: %s", s->config_path, key, what);
     return false;
@@ -629,7 +435,7 @@ static bool src_check_config(const Source *s, const ModelInfo *m) {
                cfg_false(s, "reorder_and_upcast_attn", "not supported");
     }
     static const char *const silu[] = {"silu", NULL};
-    const Jv *kv = jv_get(&s->config, "num_key_value_heads");
+    const Jv *kv = rt_json_get(&s->config, "num_key_value_heads");
     const char *kv_key = kv && kv->kind != JV_NULL ? "num_key_value_heads" : "num_attention_heads";
     return cfg_int(s, "num_attention_heads", m->heads, "heads", "heads") &&
            cfg_int(s, kv_key, m->kv_heads, "key-value heads", "kv_heads") &&
@@ -668,7 +474,7 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
     const char *prefix = "";
     bool tied = false;
     if (!s->fp8c) {
-        const Jv *mt = jv_get(&s->config, "model_type");
+        const Jv *mt = rt_json_get(&s->config, "model_type");
         s->family = src_family(s, mt && mt->kind == JV_STR ? mt->str : NULL);
         if (s->family == FAM_NONE) {
             if (mt && mt->kind == JV_STR)
@@ -687,7 +493,7 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
         }
         if (!src_check_config(s, m)) return false;
         if (m->family == FAM_GPT2 && src_find(s, "transformer.wte.weight")) prefix = "transformer.";
-        const Jv *tie = jv_get(&s->config, "tie_word_embeddings");
+        const Jv *tie = rt_json_get(&s->config, "tie_word_embeddings");
         tied = m->family == FAM_LLAMA && !src_find(s, "lm_head.weight") && tie &&
                tie->kind == JV_BOOL && tie->num;   /* LlamaConfig's default is untied */
     }

@@ -240,6 +240,22 @@ bool rt_st_read(const RtStFile *s, const RtStEntry *e, void *dst);
 void rt_st_close(RtStFile *s);
 int rt_st_dtype_bytes(const char *dtype);               /* 0: a dtype this runtime does not know */
 
+/* ---------------------------------------------------------------- json.c
+ * Small JSON documents (config.json, a shard index) as a tree. rt_json_read parses a file
+ * whose value is an object; false after one rt_error line naming the file and the offset. */
+typedef enum { JV_NULL, JV_BOOL, JV_NUM, JV_STR, JV_ARR, JV_OBJ } JvKind;
+typedef struct Jv {
+    JvKind kind;
+    double num;                 /* JV_NUM, JV_BOOL (0 or 1) */
+    char *str;                  /* JV_STR */
+    int n;                      /* JV_ARR, JV_OBJ: items (and keys) */
+    char **keys;
+    struct Jv *items;
+} Jv;
+bool rt_json_read(const char *path, Jv *v);
+const Jv *rt_json_get(const Jv *object, const char *key);   /* NULL: absent, or not an object */
+void rt_json_free(Jv *v);
+
 /* ---------------------------------------------------------------- hf.c
  * Weights from elsewhere and out to Hugging Face. rt_init_load initializes every parameter
  * (and what init.c derives from them) from PATH: a Hugging Face GPT-2 or Llama model (a

@@ -245,6 +245,46 @@ static void test_shard_uint32(void **state) {
     free(tok);
 }
 
+/* json.c: what config.json files hold, and one error line for what is not JSON. */
+static void test_json(void **state) {
+    (void)state;
+    const char *path = tmp_path("config.json");
+    const char *good = "{\"model_type\": \"llama\", \"n\": 32, \"eps\": 1e-05, \"neg\": -2.5E+3,\n"
+                       " \"tie\": false, \"scaling\": null, \"archs\": [\"A\", {\"x\": [1, []]}],\n"
+                       " \"esc\": \"a\\\"b\\u00e9\\n\", \"nested\": {\"deep\": {\"k\": true}}}";
+    write_bytes(path, good, strlen(good));
+    Jv v;
+    assert_true(rt_json_read(path, &v));
+    assert_string_equal(rt_json_get(&v, "model_type")->str, "llama");
+    assert_true(rt_json_get(&v, "n")->kind == JV_NUM && rt_json_get(&v, "n")->num == 32);
+    assert_true(rt_json_get(&v, "eps")->num == 1e-5 && rt_json_get(&v, "neg")->num == -2500);
+    assert_true(rt_json_get(&v, "tie")->kind == JV_BOOL && rt_json_get(&v, "tie")->num == 0);
+    assert_true(rt_json_get(&v, "scaling")->kind == JV_NULL);
+    assert_int_equal(rt_json_get(&v, "archs")->n, 2);
+    assert_string_equal(rt_json_get(&v, "esc")->str, "a\"b\xc3\xa9\n");
+    assert_true(rt_json_get(rt_json_get(rt_json_get(&v, "nested"), "deep"), "k")->num == 1);
+    assert_null(rt_json_get(&v, "absent"));
+    assert_null(rt_json_get(rt_json_get(&v, "n"), "x"));
+    rt_json_free(&v);
+    const char *bad[] = {"", "[1, 2]", "{\"a\": }", "{\"a\": 1,}", "{\"a\": \"x}", "{\"a\": 1} 2",
+                         "{\"a\": tru}", "{\"a\": \"\\q\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_bytes(path, bad[i], strlen(bad[i]));
+        rt_clear_error();
+        if (rt_json_read(path, &v)) fail_msg("read %s", bad[i]);
+        assert_error_mentions(path, "bad JSON");
+    }
+    /* nesting is bounded, not a stack overflow */
+    char deep[4096];
+    size_t n = 0;
+    deep[n++] = '{';
+    deep[n++] = '"', deep[n++] = 'a', deep[n++] = '"', deep[n++] = ':';
+    for (int i = 0; i < 1000; i++) deep[n++] = '[';
+    write_bytes(path, deep, n);
+    assert_false(rt_json_read(path, &v));
+    assert_error_mentions(path, "nested too deeply");
+}
+
 static void test_shard_errors(void **state) {
     (void)state;
     TokenData d;
@@ -973,6 +1013,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_shard_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_uint32, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_set_holds_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_tokenizer_and_split, setup, teardown),
