@@ -40,7 +40,6 @@
 
 #include "rt.h"
 
-#define HF_LIST_MAX 6           /* names listed per kind of mismatch before "and N more" */
 
 /* ---------------------------------------------------------------- the model in the graph */
 
@@ -327,42 +326,123 @@ static bool src_open(Source *s, const char *path) {
 
 /* ---------------------------------------------------------------- checks */
 
-/* What does not fit, for one error line: up to HF_LIST_MAX names per kind. */
+/* What does not fit, for one error line that names every tensor. The same problem in every
+ * layer is written once, with the layers as ranges: "missing model.layers.{0-21}.mlp.up_proj
+ * .weight" rather than 22 names. */
 enum { PROB_MISSING, PROB_EXTRA, PROB_SHAPE };
 typedef struct {
-    char list[3][1536];
-    int counts[3];
+    int kind;
+    char *name;
+    char *detail;               /* mis-shaped: " is [..], the model needs [..]" */
+} Problem;
+typedef struct {
+    Problem *p;
+    int n;
+    bool failed;                /* out of memory */
 } Problems;
 
-static void problem(Problems *pr, int kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void problem(Problems *pr, int kind, const char *fmt, ...) {
-    if (pr->counts[kind]++ >= HF_LIST_MAX) return;
-    char *l = pr->list[kind];
-    size_t len = strlen(l);
-    if (len) len += (size_t)snprintf(l + len, sizeof pr->list[kind] - len, ", ");
-    if (len >= sizeof pr->list[kind]) return;
+static void problem(Problems *pr, int kind, const char *name, const char *detail) {
+    Problem *grown = realloc(pr->p, (size_t)(pr->n + 1) * sizeof *grown);
+    if (!grown) {
+        pr->failed = true;
+        return;
+    }
+    pr->p = grown;
+    grown[pr->n++] = (Problem){kind, strdup(name), strdup(detail ? detail : "")};
+}
+
+/* The name with its first all-digit component (the layer) cut out: prefix and suffix around
+ * it, and the number; -1 when there is none. */
+static int64_t problem_layer(const char *name, size_t *pre, const char **post) {
+    for (const char *c = name; *c; c++) {
+        if (c != name && c[-1] != '.') continue;
+        const char *e = c;
+        while (*e >= '0' && *e <= '9') e++;
+        if (e > c && (*e == '.' || !*e) && e - c < 10) {
+            *pre = (size_t)(c - name);
+            *post = e;
+            return strtoll(c, NULL, 10);
+        }
+    }
+    return -1;
+}
+
+static void text_add(char *t, size_t cap, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void text_add(char *t, size_t cap, size_t *len, const char *fmt, ...) {
+    if (*len >= cap) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(l + len, sizeof pr->list[kind] - len, fmt, ap);
+    *len += (size_t)vsnprintf(t + *len, cap - *len, fmt, ap);
     va_end(ap);
 }
 
-/* "missing A, B; extra C (and 4 more); mis-shaped D is [..], the model needs [..]" */
-static bool problems_report(const Problems *pr, const char *where, const char *model) {
+static bool problems_report(Problems *pr, const char *where, const char *model) {
     static const char *const heads[] = {"missing", "extra", "mis-shaped"};
-    char text[5000] = "";
-    size_t len = 0;
-    for (int k = 0; k < 3; k++) {
-        if (!pr->counts[k] || len >= sizeof text) continue;
-        len += (size_t)snprintf(text + len, sizeof text - len, "%s%s %s", len ? "; " : "",
-                                heads[k], pr->list[k]);
-        if (pr->counts[k] > HF_LIST_MAX && len < sizeof text)
-            len += (size_t)snprintf(text + len, sizeof text - len, " (and %d more)",
-                                    pr->counts[k] - HF_LIST_MAX);
+    if (!pr->n && !pr->failed) return true;
+    size_t cap = 65536, len = 0;
+    char *text = malloc(cap);
+    bool *done = calloc((size_t)pr->n + 1, sizeof *done);
+    int64_t *layers = malloc(((size_t)pr->n + 1) * sizeof *layers);
+    if (!text || !done || !layers || pr->failed) {
+        rt_error("%s: does not fit model %s (out of memory listing what)", where, model);
+    } else {
+        text[0] = 0;
+        for (int k = 0; k < 3; k++) {
+            bool first = true;
+            for (int i = 0; i < pr->n; i++) {
+                const Problem *a = &pr->p[i];
+                if (a->kind != k || done[i]) continue;
+                text_add(text, cap, &len, "%s", first ? (len ? "; " : "") : ", ");
+                if (first) text_add(text, cap, &len, "%s ", heads[k]);
+                first = false;
+                size_t pre;
+                const char *post;
+                int64_t layer = problem_layer(a->name, &pre, &post);
+                int n = 0;
+                for (int j = i; layer >= 0 && j < pr->n; j++) {
+                    const Problem *b = &pr->p[j];
+                    size_t pre_b;
+                    const char *post_b;
+                    int64_t lb = b->kind == k && !done[j] ? problem_layer(b->name, &pre_b, &post_b) : -1;
+                    if (lb < 0 || pre_b != pre || strncmp(a->name, b->name, pre) || strcmp(post, post_b) ||
+                        strcmp(a->detail, b->detail))
+                        continue;
+                    done[j] = true;
+                    layers[n++] = lb;
+                }
+                done[i] = true;
+                if (n <= 1) {
+                    text_add(text, cap, &len, "%s%s", a->name, a->detail);
+                    continue;
+                }
+                /* the layers in order, as ranges */
+                for (int x = 1; x < n; x++)
+                    for (int y = x; y > 0 && layers[y - 1] > layers[y]; y--) {
+                        int64_t t = layers[y];
+                        layers[y] = layers[y - 1], layers[y - 1] = t;
+                    }
+                text_add(text, cap, &len, "%.*s{", (int)pre, a->name);
+                for (int x = 0; x < n;) {
+                    int y = x;
+                    while (y + 1 < n && layers[y + 1] == layers[y] + 1) y++;
+                    text_add(text, cap, &len, "%s%lld", x ? "," : "", (long long)layers[x]);
+                    if (y > x) text_add(text, cap, &len, "-%lld", (long long)layers[y]);
+                    x = y + 1;
+                }
+                text_add(text, cap, &len, "}%s%s", post, a->detail);
+            }
+        }
+        rt_error("%s: does not fit model %s: %s", where, model, text);
     }
-    if (!len) return true;
-    rt_error("%s: does not fit model %s: %s", where, model, text);
+    free(text);
+    free(done);
+    free(layers);
     return false;
+}
+
+static void problems_free(Problems *pr) {
+    for (int i = 0; i < pr->n; i++) free(pr->p[i].name), free(pr->p[i].detail);
+    free(pr->p);
 }
 
 static void shape_text(char *buf, size_t n, int rank, const int64_t *dims) {
@@ -483,15 +563,15 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
             else
                 rt_error("%s: neither GPT-2 nor Llama weights (no config.json, and no wte.weight "
                          "or model.embed_tokens.weight)", s->where);
-            return false;
+            goto fail;
         }
         if (s->family != m->family) {
             rt_error("%s: %s weights, but this model is a %s (its parameters are named as %s's)",
                      s->where, family_names[s->family], family_names[m->family],
                      family_names[m->family]);
-            return false;
+            goto fail;
         }
-        if (!src_check_config(s, m)) return false;
+        if (!src_check_config(s, m)) goto fail;
         if (m->family == FAM_GPT2 && src_find(s, "transformer.wte.weight")) prefix = "transformer.";
         const Jv *tie = rt_json_get(&s->config, "tie_word_embeddings");
         tied = m->family == FAM_LLAMA && !src_find(s, "lm_head.weight") && tie &&
@@ -512,7 +592,7 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
             if (s->hi[i] && s->hi[i]->e->end - s->hi[i]->e->begin != 2 * ir_numel(&p->t)) {
                 rt_error("%s: tensor %s does not hold the %lld bf16 values of its split master",
                          s->where, p->t.name, (long long)ir_numel(&p->t));
-                return false;
+                goto fail;
             }
             if (!t || (strcmp(t->e->dtype, "F32") != 0 && !s->hi[i])) t = src_find(s, p->t.name);
             snprintf(name, sizeof name, "%s", p->t.name);
@@ -521,7 +601,7 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
             if (c == CONV_ROPE && (m->head_dim <= 0 || m->head_dim % 2 || p->t.dims[0] % m->head_dim)) {
                 rt_error("%s: cannot permute %s for rope: the model's head size is %lld", s->where,
                          p->t.name, (long long)m->head_dim);
-                return false;
+                goto fail;
             }
             snprintf(name, sizeof name, "%s%s", prefix,
                      tied && strcmp(p->t.name, "lm_head.weight") == 0 ? "model.embed_tokens.weight"
@@ -529,7 +609,7 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
             t = src_find(s, name);
         }
         if (!t) {
-            problem(&pr, PROB_MISSING, "%s", name);
+            problem(&pr, PROB_MISSING, name, NULL);
             continue;
         }
         ((SrcTensor *)t)->used = true;
@@ -550,7 +630,9 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
                           strcmp(p->t.name, "lm_head.weight") == 0);
             char hint[64] = "";
             if (vocab) snprintf(hint, sizeof hint, " (build with -D vocab=%lld)", (long long)t->e->dims[0]);
-            problem(&pr, PROB_SHAPE, "%s is %s, the model needs %s%s", name, a, b, hint);
+            char detail[400];
+            snprintf(detail, sizeof detail, " is %s, the model needs %s%s", a, b, hint);
+            problem(&pr, PROB_SHAPE, name, detail);
             continue;
         }
         const char *dt = t->e->dtype;
@@ -559,7 +641,7 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
             rt_error("%s: tensor %s is %s: weights are read from F32, F16, BF16 or F64%s", s->where,
                      name, s->hi[i] ? s->hi[i]->e->dtype : dt,
                      s->fp8c ? " (or an F32 or split master copy)" : "");
-            return false;
+            goto fail;
         }
         s->src[i] = t;
         s->conv[i] = c;
@@ -572,13 +654,18 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
             if (!hf_ends_with(t->name, ":adam_m")) continue;
             char base[1024];
             snprintf(base, sizeof base, "%.*s", (int)(strlen(t->name) - 7), t->name);
-            if (!hf_param(g, base)) problem(&pr, PROB_EXTRA, "%s", base);
+            if (!hf_param(g, base)) problem(&pr, PROB_EXTRA, base, NULL);
         } else if (!hf_ignored(s->family, t->name) &&
                    !(tied && strcmp(t->name, "model.embed_tokens.weight") == 0)) {
-            problem(&pr, PROB_EXTRA, "%s", t->name);
+            problem(&pr, PROB_EXTRA, t->name, NULL);
         }
     }
-    return problems_report(&pr, s->where, g->model_name ? g->model_name : "?");
+    bool ok = problems_report(&pr, s->where, g->model_name ? g->model_name : "?");
+    problems_free(&pr);
+    return ok;
+fail:
+    problems_free(&pr);
+    return false;
 }
 
 /* ---------------------------------------------------------------- values */

@@ -25,7 +25,7 @@
 
 static const char *log_program = "fp8c-train";
 static FILE *log_error_stream;          /* NULL: stderr */
-static char log_last_error[1024];
+static char log_last_error[65536];   /* one line, which may name many tensors */
 
 void rt_set_program_name(const char *name) {
     if (!name || !*name) return;
