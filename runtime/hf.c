@@ -29,7 +29,8 @@
  * error line. The export writes the same layout back (transposes and permutation inverted, the
  * tied head omitted) from each parameter's most precise copy: its f32 master, or the bf16
  * weight plus the i8 correction of a split master (ir/codecs.c), or the weight itself; so an
- * export read back with --init gives the same weights bit for bit. */
+ * export read back with --init gives the same weights bit for bit (for a split master, the same
+ * decoded values: init.c re-encodes them exactly). */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -39,7 +40,6 @@
 #include <unistd.h>
 
 #include "rt.h"
-
 
 /* ---------------------------------------------------------------- the model in the graph */
 
