@@ -755,6 +755,19 @@ static void test_init_errors(void **state) {
     assert_int_equal(rc, 1);
     expect_error("heads", (const char *const[]){"num_attention_heads is 8", "-D heads=8", NULL});
     model_free(&m);
+    /* GPT-2 with another vocabulary: the line says which -D vocab the file needs */
+    make_gpt2(&m);
+    W *wte = &m.w[0];
+    assert_string_equal(wte->name, "transformer.wte.weight");
+    wte->dims[0] = V + 44;
+    wte->x = realloc(wte->x, (size_t)(V + 44) * C * sizeof *wte->x);
+    memset(wte->x, 0, (size_t)(V + 44) * C * sizeof *wte->x);
+    write_gpt2(&m, tmp("vocab"));
+    model_free(&m);
+    build("gpt2.model", gpt2_defs, "-O0", "g");
+    rc = run("vocab", cmd, tmp("g"), tmp("vocab"), text);
+    assert_int_equal(rc, 1);
+    expect_error("vocab", (const char *const[]){"transformer.wte.weight is [300,64]", "-D vocab=300", NULL});
     /* GPT-2 weights for a Llama */
     make_gpt2(&m);
     write_gpt2(&m, tmp("gpt2"));
