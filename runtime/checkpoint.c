@@ -203,7 +203,8 @@ static bool ckpt_sync_dir_of(const char *path) {
 }
 
 /* Writes the header and the tensors' data to `path` through a synced temp file and a rename. */
-static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const *ts, int n) {
+static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const *ts, int n,
+                              RtCkptFill fill, void *ctx) {
     char *tmp = NULL;
     FILE *f = ckpt_temp_beside(path, &tmp);
     if (!f) {
@@ -211,9 +212,26 @@ static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const 
         return false;
     }
     bool ok = ckpt_write_all(f, head->buf, head->len);
-    for (int i = 0; ok && i < n; i++)
-        ok = ckpt_write_all(f, ts[i]->data, (size_t)ckpt_tensor_bytes(ts[i]));
-    int err = ok ? 0 : errno;
+    int err = 0;
+    for (int i = 0; ok && i < n; i++) {
+        size_t bytes = (size_t)ckpt_tensor_bytes(ts[i]);
+        if (!fill) {
+            ok = ckpt_write_all(f, ts[i]->data, bytes);
+            continue;
+        }
+        void *buf = malloc(bytes ? bytes : 1);
+        if (!buf || !fill(ctx, i, buf)) {   /* fill reported its own error */
+            if (!buf) rt_error("%s: out of memory writing tensor %s", path, ts[i]->name);
+            free(buf);
+            fclose(f);
+            unlink(tmp);
+            free(tmp);
+            return false;
+        }
+        ok = ckpt_write_all(f, buf, bytes);
+        free(buf);
+    }
+    if (!ok) err = errno;
     if (ok && fflush(f) != 0) ok = false, err = errno;
     if (ok && fsync(fileno(f)) != 0) ok = false, err = errno;
     if (fclose(f) != 0 && ok) ok = false, err = errno;
@@ -227,6 +245,11 @@ static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const 
 }
 
 bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *meta, int n_meta) {
+    return rt_ckpt_save_filled(path, ts, n, meta, n_meta, NULL, NULL);
+}
+
+bool rt_ckpt_save_filled(const char *path, Tensor *const *ts, int n, const CkptMeta *meta,
+                         int n_meta, RtCkptFill fill, void *ctx) {
     for (int i = 0; i < n; i++) {
         const Tensor *t = ts[i];
         if (!t->name || !*t->name) {
@@ -238,7 +261,7 @@ bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *me
                      t->name, fmt_elem_name(t->fmt.elem));
             return false;
         }
-        if (!t->data && ckpt_tensor_bytes(t) > 0) {
+        if (!fill && !t->data && ckpt_tensor_bytes(t) > 0) {
             rt_error("%s: cannot save tensor %s: it has no storage", path, t->name);
             return false;
         }
@@ -281,7 +304,7 @@ bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *me
     }
     uint64_t hlen = head.len - 8;
     for (int b = 0; b < 8; b++) head.buf[b] = (char)(hlen >> (8 * b));
-    bool ok = ckpt_replace_file(path, &head, ts, n);
+    bool ok = ckpt_replace_file(path, &head, ts, n, fill, ctx);
     free(head.buf);
     return ok;
 }

@@ -835,6 +835,27 @@ static void hf_config_text(const Graph *g, const ModelInfo *m, char *buf, size_t
              (long long)(g->seq > 0 ? g->seq : 2048), m->eps, m->theta);
 }
 
+/* The export's tensors, made one at a time as the file is written: a model is never held
+ * twice in f32. */
+typedef struct {
+    const Graph *g;
+    const ModelInfo *m;
+    const Node **params;
+} Export;
+
+static bool export_fill(void *ctx, int i, void *buf) {
+    Export *e = ctx;
+    const Node *p = e->params[i];
+    float *x = hf_param_values(e->g, p);
+    if (!x) {
+        rt_error("out of memory exporting %s", p->t.name);
+        return false;
+    }
+    hf_convert(hf_conv(e->m, p), &p->t, e->m->head_dim, x, buf, true);
+    free(x);
+    return true;
+}
+
 bool rt_export_hf(Graph *g, const char *dir, bool overwrite) {
     ModelInfo m;
     if (!hf_model_info(g, &m)) return false;
@@ -848,38 +869,32 @@ bool rt_export_hf(Graph *g, const char *dir, bool overwrite) {
     }
     int removed = 0;
     if (!rt_ckpt_open_dir(dir, &removed)) return false;
-    int n = 0;
-    for (int i = 0; i < g->n_nodes; i++) n += g->nodes[i]->op == OP_PARAM;
-    Tensor *ts = calloc((size_t)(n ? n : 1), sizeof *ts);
-    Tensor **list = calloc((size_t)(n ? n : 1), sizeof *list);
-    bool ok = ts && list;
+    Tensor *ts = calloc((size_t)g->n_nodes + 1, sizeof *ts);
+    Tensor **list = calloc((size_t)g->n_nodes + 1, sizeof *list);
+    const Node **params = calloc((size_t)g->n_nodes + 1, sizeof *params);
+    bool ok = ts && list && params;
+    if (!ok) rt_error("out of memory");
     int k = 0;
     for (int i = 0; ok && i < g->n_nodes; i++) {
         const Node *p = g->nodes[i];
         if (p->op != OP_PARAM) continue;
         if (m.family == FAM_GPT2 && strcmp(p->t.name, "lm_head.weight") == 0) continue;
-        Conv c = hf_conv(&m, p);
-        float *x = hf_param_values(g, p);
-        float *y = malloc((size_t)ir_numel(&p->t) * sizeof *y + 1);
-        ok = x && y;
-        if (ok) hf_convert(c, &p->t, m.head_dim, x, y, true);
-        free(x);
         Tensor *t = &ts[k];
         t->name = m.family == FAM_GPT2 ? arena_printf(g->arena, "transformer.%s", p->t.name)
                                        : p->t.name;
         t->rank = p->t.rank;
         memcpy(t->dims, p->t.dims, sizeof t->dims);
-        if (c == CONV_TRANSPOSE) t->dims[0] = p->t.dims[1], t->dims[1] = p->t.dims[0];
+        if (hf_conv(&m, p) == CONV_TRANSPOSE) t->dims[0] = p->t.dims[1], t->dims[1] = p->t.dims[0];
         t->fmt = fmt_plain(FMT_F32);
-        t->data = y;
+        params[k] = p;
         list[k++] = t;
     }
-    if (!ok) rt_error("out of memory");
-    CkptMeta meta = {"format", "pt"};
-    ok = ok && rt_ckpt_save(st_path, list, k, &meta, 1);
-    for (int i = 0; i < k; i++) free(ts[i].data);
+    Export e = {.g = g, .m = &m, .params = params};
+    CkptMeta meta = {"format", "pt"};   /* what transformers checks before loading the file */
+    ok = ok && rt_ckpt_save_filled(st_path, list, k, &meta, 1, export_fill, &e);
     free(ts);
     free(list);
+    free(params);
     char cfg[4096];
     hf_config_text(g, &m, cfg, sizeof cfg);
     ok = ok && hf_write_text(cfg_path, cfg);

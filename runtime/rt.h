@@ -197,6 +197,12 @@ typedef struct {
 } CkptMeta;
 
 bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *meta, int n_meta);
+/* The same with each tensor's bytes made when they are written: fill(ctx, i, buf) writes
+ * tensor i's bytes (its shape x its dtype) into buf, or returns false after rt_error. Only one
+ * tensor is held at a time (ts[i]->data is not read). */
+typedef bool (*RtCkptFill)(void *ctx, int i, void *buf);
+bool rt_ckpt_save_filled(const char *path, Tensor *const *ts, int n, const CkptMeta *meta,
+                         int n_meta, RtCkptFill fill, void *ctx);
 /* Fills ts[i]->data from the tensor of the same name; meta receives up to max_meta entries. */
 bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, int max_meta,
                   int *n_meta);
