@@ -773,7 +773,7 @@ static bool hf_write_text(const char *path, const char *text) {
     char tmp[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
-    bool ok = f && fputs(text, f) >= 0;
+    bool ok = f && fputs(text, f) >= 0 && fflush(f) == 0 && fsync(fileno(f)) == 0;
     if (f && fclose(f) != 0) ok = false;
     if (ok && rename(tmp, path) != 0) ok = false;
     if (!ok) {
