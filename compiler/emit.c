@@ -9,7 +9,8 @@
  * binary needs no compiler, no model file and no artifact file at run time.
  *
  * Where things are found: the C compiler is $FP8C_CC, else the one fp8c was built with, else
- * `cc`; the libraries are in $FP8C_LIBDIR, else fp8c's build directory. A binary built under
+ * `cc`; the libraries are in $FP8C_LIBDIR, else beside fp8c or in ../lib/fp8c from it (see
+ * emit_libdir). A binary built under
  * sanitizers is linked with them too (FP8C_LINK_FLAGS, set by CMake).
  *
  * The output appears only when the link succeeded: the linker writes a temp file beside it,
@@ -38,9 +39,6 @@
 #include "codegen.h"
 #endif
 
-#ifndef FP8C_BUILD_LIBDIR
-#define FP8C_BUILD_LIBDIR "."
-#endif
 #ifndef FP8C_C_COMPILER
 #define FP8C_C_COMPILER "cc"
 #endif
@@ -92,9 +90,28 @@ const char *emit_compiler(void) {
     return "cc";
 }
 
+/* $FP8C_LIBDIR, else found from this executable's own path: the libraries beside it (the
+ * build tree), else in ../lib/fp8c (an installed tree, `cmake --install`). No directory of the
+ * machine fp8c was built on is written into it. */
 const char *emit_libdir(void) {
     const char *env = getenv("FP8C_LIBDIR");
-    return env && *env ? env : FP8C_BUILD_LIBDIR;
+    if (env && *env) return env;
+    static char dir[4096];
+    char exe[4000];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return ".";
+    exe[n] = 0;
+    *strrchr(exe, '/') = 0;
+    snprintf(dir, sizeof dir, "%s/libfp8c_rt.a", exe);
+    if (access(dir, R_OK) != 0) {
+        snprintf(dir, sizeof dir, "%s/../lib/fp8c/libfp8c_rt.a", exe);
+        if (access(dir, R_OK) == 0) {
+            snprintf(dir, sizeof dir, "%s/../lib/fp8c", exe);
+            return dir;
+        }
+    }
+    snprintf(dir, sizeof dir, "%s", exe);
+    return dir;
 }
 
 /* A private directory for the build's intermediate files, NULL after the message. */

@@ -37,6 +37,7 @@ static void usage(FILE *out)
           "       fp8c train MODEL [build flags] [-- run flags]\n"
           "       fp8c opt   FILE.ir --passes=a,b [--print-ir-after=PASS|all]\n"
           "       fp8c passes\n"
+          "       fp8c --version\n"
           "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
           "             --precision PATTERN=FORMAT  --grad-release  --verify\n"
           "             --print-ir-after=PASS|all  --stop-after=PASS\n"
@@ -376,6 +377,10 @@ static int dispatch(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "--version")) {
+        printf("fp8c %s\n", FP8C_VERSION);
+        return 0;
+    }
     if (!strcmp(cmd, "passes")) return cmd_passes();
     Args a;
     parse_args(argc - 2, argv + 2, &a);

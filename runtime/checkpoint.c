@@ -203,7 +203,8 @@ static bool ckpt_sync_dir_of(const char *path) {
 }
 
 /* Writes the header and the tensors' data to `path` through a synced temp file and a rename. */
-static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const *ts, int n) {
+static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const *ts, int n,
+                              RtCkptFill fill, void *ctx) {
     char *tmp = NULL;
     FILE *f = ckpt_temp_beside(path, &tmp);
     if (!f) {
@@ -211,9 +212,26 @@ static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const 
         return false;
     }
     bool ok = ckpt_write_all(f, head->buf, head->len);
-    for (int i = 0; ok && i < n; i++)
-        ok = ckpt_write_all(f, ts[i]->data, (size_t)ckpt_tensor_bytes(ts[i]));
-    int err = ok ? 0 : errno;
+    int err = 0;
+    for (int i = 0; ok && i < n; i++) {
+        size_t bytes = (size_t)ckpt_tensor_bytes(ts[i]);
+        if (!fill) {
+            ok = ckpt_write_all(f, ts[i]->data, bytes);
+            continue;
+        }
+        void *buf = malloc(bytes ? bytes : 1);
+        if (!buf || !fill(ctx, i, buf)) {   /* fill reported its own error */
+            if (!buf) rt_error("%s: out of memory writing tensor %s", path, ts[i]->name);
+            free(buf);
+            fclose(f);
+            unlink(tmp);
+            free(tmp);
+            return false;
+        }
+        ok = ckpt_write_all(f, buf, bytes);
+        free(buf);
+    }
+    if (!ok) err = errno;
     if (ok && fflush(f) != 0) ok = false, err = errno;
     if (ok && fsync(fileno(f)) != 0) ok = false, err = errno;
     if (fclose(f) != 0 && ok) ok = false, err = errno;
@@ -227,6 +245,11 @@ static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const 
 }
 
 bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *meta, int n_meta) {
+    return rt_ckpt_save_filled(path, ts, n, meta, n_meta, NULL, NULL);
+}
+
+bool rt_ckpt_save_filled(const char *path, Tensor *const *ts, int n, const CkptMeta *meta,
+                         int n_meta, RtCkptFill fill, void *ctx) {
     for (int i = 0; i < n; i++) {
         const Tensor *t = ts[i];
         if (!t->name || !*t->name) {
@@ -238,7 +261,7 @@ bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *me
                      t->name, fmt_elem_name(t->fmt.elem));
             return false;
         }
-        if (!t->data && ckpt_tensor_bytes(t) > 0) {
+        if (!fill && !t->data && ckpt_tensor_bytes(t) > 0) {
             rt_error("%s: cannot save tensor %s: it has no storage", path, t->name);
             return false;
         }
@@ -281,7 +304,7 @@ bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *me
     }
     uint64_t hlen = head.len - 8;
     for (int b = 0; b < 8; b++) head.buf[b] = (char)(hlen >> (8 * b));
-    bool ok = ckpt_replace_file(path, &head, ts, n);
+    bool ok = ckpt_replace_file(path, &head, ts, n, fill, ctx);
     free(head.buf);
     return ok;
 }
@@ -417,14 +440,7 @@ static bool json_int_array(Json *j, int64_t *out, int max, int *count) {
     return json_expect(j, ']');
 }
 
-typedef struct {
-    char *name;
-    char *dtype;
-    int rank;
-    int64_t dims[IR_MAX_RANK];
-    int64_t begin, end;
-    bool used;
-} CkptEntry;
+typedef RtStEntry CkptEntry;
 
 static bool json_tensor(Json *j, CkptEntry *e) {
     if (!json_expect(j, '{')) return false;
@@ -746,6 +762,105 @@ done:
     free(header);
     fclose(f);
     return ok;
+}
+
+/* ---------------------------------------------------------------- reading any safetensors file
+ * For weights that are not a training state (Hugging Face files given to --init): the header
+ * is parsed and checked as above, and every entry's bytes must lie within the data block and,
+ * for a dtype this file knows, match its shape; what the entries mean is the caller's business.
+ * The data is read one tensor at a time on request, so a model of many gigabytes is never held
+ * twice. */
+
+int rt_st_dtype_bytes(const char *dtype) {
+    static const struct { const char *name; int bytes; } sizes[] = {
+        {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+        {"F8_E8M0", 1}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1}, {"U8", 1}, {"BOOL", 1},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (strcmp(dtype, sizes[i].name) == 0) return sizes[i].bytes;
+    return 0;
+}
+
+bool rt_st_open(RtStFile *s, const char *path) {
+    memset(s, 0, sizeof *s);
+    int64_t size = 0;
+    FILE *f = rt_open_regular(path, "cannot read the weights", &size);
+    if (!f) return false;
+    uint8_t len8[8];
+    char *header = NULL;
+    if (size < 8 || fread(len8, 1, 8, f) != 8) {
+        rt_error("%s: not a safetensors file: %lld bytes, too short for a header", path,
+                 (long long)size);
+        goto fail;
+    }
+    uint64_t hlen = 0;
+    for (int b = 7; b >= 0; b--) hlen = hlen << 8 | len8[b];
+    if (hlen < 2 || hlen > CKPT_MAX_HEADER || hlen > (uint64_t)(size - 8)) {
+        rt_error("%s: not a safetensors file or truncated: header length %llu, file size %lld",
+                 path, (unsigned long long)hlen, (long long)size);
+        goto fail;
+    }
+    header = malloc(hlen);
+    if (!header || fread(header, 1, hlen, f) != hlen) {
+        rt_error("%s: cannot read the %llu-byte header", path, (unsigned long long)hlen);
+        goto fail;
+    }
+    Json j = {.path = path, .start = header, .p = header, .end = header + hlen};
+    if (!json_header(&j, &s->entries, &s->n_entries, s->meta, RT_ST_MAX_META, &s->n_meta))
+        goto fail;
+    free(header);
+    header = NULL;
+    s->data_start = 8 + (int64_t)hlen;
+    int64_t data_bytes = size - s->data_start;
+    for (int k = 0; k < s->n_entries; k++) {
+        const RtStEntry *e = &s->entries[k];
+        if (e->end > data_bytes) {
+            rt_error("%s: truncated: tensor %s ends at byte %lld of the data, the file holds %lld",
+                     path, e->name, (long long)e->end, (long long)data_bytes);
+            goto fail;
+        }
+        int64_t numel = 1;
+        for (int d = 0; d < e->rank; d++) numel *= e->dims[d];
+        int bytes = rt_st_dtype_bytes(e->dtype);
+        if (bytes && e->end - e->begin != numel * bytes) {
+            rt_error("%s: tensor %s has %lld data bytes, its shape and dtype need %lld", path,
+                     e->name, (long long)(e->end - e->begin), (long long)(numel * bytes));
+            goto fail;
+        }
+    }
+    s->path = strdup(path);
+    s->f = f;
+    return s->path != NULL;
+fail:
+    free(header);
+    ckpt_entries_free(s->entries, s->n_entries);
+    s->entries = NULL;
+    s->n_entries = 0;
+    fclose(f);
+    return false;
+}
+
+const RtStEntry *rt_st_find(const RtStFile *s, const char *name) {
+    for (int k = 0; k < s->n_entries; k++)
+        if (strcmp(s->entries[k].name, name) == 0) return &s->entries[k];
+    return NULL;
+}
+
+bool rt_st_read(const RtStFile *s, const RtStEntry *e, void *dst) {
+    size_t bytes = (size_t)(e->end - e->begin);
+    if (bytes && (fseeko(s->f, s->data_start + e->begin, SEEK_SET) != 0 ||
+                  fread(dst, 1, bytes, s->f) != bytes)) {
+        rt_error("%s: read error in tensor %s", s->path, e->name);
+        return false;
+    }
+    return true;
+}
+
+void rt_st_close(RtStFile *s) {
+    if (s->f) fclose(s->f);
+    ckpt_entries_free(s->entries, s->n_entries);
+    free(s->path);
+    memset(s, 0, sizeof *s);
 }
 
 /* ---------------------------------------------------------------- directories */

@@ -1,15 +1,18 @@
 /* data.c — token sources for training and evaluation.
  *
- * Two kinds of file feed the training binary. A token shard in llm.c's format: a header of 256
- * little-endian int32 (magic 20240520, version 1, token count), then the tokens as uint16. Any
- * other file is plain text, read through the built-in byte-level tokenizer: token = byte value,
- * so the vocabulary is 256 and every file is valid input. A file is taken as a shard when its
- * name ends in ".bin" or it starts with the shard magic; a ".bin" file without the magic is an
- * error rather than text, since training on the bytes of a broken shard would be silent
- * nonsense.
+ * Two kinds of file feed the training binary. A token shard in one of llm.c's two formats: a
+ * header of 256 little-endian int32 (magic, version, token count), then the tokens — uint16
+ * under magic 20240520 version 1 (GPT-2's vocabulary), uint32 under magic 20240801 version 7
+ * (vocabularies beyond 65536, Llama 3's). Both pairs are those of llm.c's writer,
+ * dev/data/data_common.py (HEADERS_INFO: "gpt-2" and "llama-3"). Any other file is plain text,
+ * read through the built-in byte-level tokenizer: token = byte value, so the vocabulary is 256
+ * and every file is valid input. A file is taken as a shard when its name ends in ".bin" or it
+ * starts with a shard magic; a ".bin" file without one is an error rather than text, since
+ * training on the bytes of a broken shard would be silent nonsense.
  *
- * Every source is held in memory as uint16 tokens (the whole file is read once; GPT-2-sized
- * shards are a few hundred MB). A source may be several files: a comma list and/or globs.
+ * Every source is held in memory in its file's width, uint16 or uint32 (the whole file is read
+ * once; GPT-2-sized shards are a few hundred MB). A source may be several files: a comma list
+ * and/or globs.
  *
  * Batches are a pure function of (seed, step, micro-step, row): each row of a training batch is
  * T+1 contiguous tokens starting at a position drawn by hashing those four numbers. Nothing is
@@ -29,6 +32,10 @@
 
 #define SHARD_HEADER_INTS 256
 #define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * 4)
+
+static inline uint32_t shard_tok(const TokenShard *s, int64_t i) {
+    return s->tok32 ? s->tok32[i] : s->tok[i];
+}
 
 static char *data_strdup(const char *s) {
     size_t n = strlen(s) + 1;
@@ -126,7 +133,7 @@ static bool data_parse(const char *path, uint8_t *buf, int64_t size, TokenShard 
         free(buf);
         return false;
     }
-    bool magic = size >= 4 && data_le32(buf) == RT_SHARD_MAGIC;
+    bool magic = size >= 4 && (data_le32(buf) == RT_SHARD_MAGIC || data_le32(buf) == RT_SHARD32_MAGIC);
     if (!magic && !data_ends_with(path, ".bin")) {
         /* plain text: one token per byte, converted in place from the back */
         uint16_t *tok = malloc((size_t)size * sizeof *tok);
@@ -149,27 +156,31 @@ static bool data_parse(const char *path, uint8_t *buf, int64_t size, TokenShard 
         return false;
     }
     uint32_t h[3] = {data_le32(buf), data_le32(buf + 4), data_le32(buf + 8)};
-    if (h[0] != RT_SHARD_MAGIC) {
-        rt_error("%s: not a token shard: magic %u, expected %u (files ending in .bin are read as "
-                 "llm.c shards)", path, h[0], RT_SHARD_MAGIC);
+    if (h[0] != RT_SHARD_MAGIC && h[0] != RT_SHARD32_MAGIC) {
+        rt_error("%s: not a token shard: magic %u, expected %u (uint16 tokens) or %u (uint32) "
+                 "(files ending in .bin are read as llm.c shards)", path, h[0], RT_SHARD_MAGIC,
+                 RT_SHARD32_MAGIC);
         free(buf);
         return false;
     }
-    if (h[1] != RT_SHARD_VERSION) {
-        rt_error("%s: token shard version %u, expected %u", path, h[1], RT_SHARD_VERSION);
+    bool wide = h[0] == RT_SHARD32_MAGIC;
+    uint32_t version = wide ? RT_SHARD32_VERSION : RT_SHARD_VERSION;
+    int width = wide ? 4 : 2;
+    if (h[1] != version) {
+        rt_error("%s: token shard version %u, expected %u for magic %u", path, h[1], version, h[0]);
         free(buf);
         return false;
     }
-    int64_t held = (size - SHARD_HEADER_BYTES) / 2;
+    int64_t held = (size - SHARD_HEADER_BYTES) / width;
     if ((int64_t)h[2] > held) {
         rt_error("%s: truncated token shard: the header says %u tokens, the file holds %lld",
                  path, h[2], (long long)held);
         free(buf);
         return false;
     }
-    if ((int64_t)h[2] * 2 + SHARD_HEADER_BYTES != size) {
+    if ((int64_t)h[2] * width + SHARD_HEADER_BYTES != size) {
         rt_error("%s: token shard has %lld bytes after its %u tokens", path,
-                 (long long)(size - SHARD_HEADER_BYTES - 2 * (int64_t)h[2]), h[2]);
+                 (long long)(size - SHARD_HEADER_BYTES - width * (int64_t)h[2]), h[2]);
         free(buf);
         return false;
     }
@@ -180,18 +191,20 @@ static bool data_parse(const char *path, uint8_t *buf, int64_t size, TokenShard 
     }
     /* decoded byte by byte: the file is little-endian whatever the host is */
     s->n = h[2];
-    uint16_t *tok = malloc((size_t)s->n * sizeof *tok);
+    void *tok = malloc((size_t)s->n * (size_t)width);
     if (!tok) {
         rt_error("%s: cannot allocate memory for %lld tokens", path, (long long)s->n);
         free(buf);
         return false;
     }
     for (int64_t i = 0; i < s->n; i++) {
-        const uint8_t *p = buf + SHARD_HEADER_BYTES + 2 * i;
-        tok[i] = (uint16_t)(p[0] | p[1] << 8);
+        const uint8_t *p = buf + SHARD_HEADER_BYTES + width * i;
+        if (wide) ((uint32_t *)tok)[i] = data_le32(p);
+        else ((uint16_t *)tok)[i] = (uint16_t)(p[0] | p[1] << 8);
     }
     free(buf);
-    s->base = s->tok = tok;
+    if (wide) s->base32 = s->tok32 = tok;
+    else s->base = s->tok = tok;
     return true;
 }
 
@@ -271,8 +284,9 @@ bool rt_data_split_tail(TokenData *train, TokenData *val, double frac) {
         TokenShard *s = &train->shards[i];
         int64_t take = hold < s->n ? hold : s->n;
         first = i;
-        val->shards[i] = (TokenShard){.path = data_strdup(s->path), .tok = s->tok + s->n - take,
-                                      .n = take, .is_text = s->is_text};
+        val->shards[i] = (TokenShard){.path = data_strdup(s->path), .n = take, .is_text = s->is_text,
+                                      .tok = s->tok ? s->tok + s->n - take : NULL,
+                                      .tok32 = s->tok32 ? s->tok32 + s->n - take : NULL};
         s->n -= take;
         train->n_tokens -= take;
         val->n_tokens += take;
@@ -299,9 +313,10 @@ bool rt_data_check(const TokenData *d, const char *what, int64_t window, int64_t
         if (first < 0) first = i;
         files++;
         for (int64_t j = 0; j < s->n; j++) {
-            if (s->tok[j] >= vocab) {
+            if (shard_tok(s, j) >= vocab) {
+                int64_t at = s->tok32 ? s->tok32 + j - s->base32 : s->tok + j - s->base;
                 rt_error("%s: token %u at position %lld is outside the model's vocabulary of %lld",
-                         s->path, s->tok[j], (long long)(s->tok + j - s->base), (long long)vocab);
+                         s->path, shard_tok(s, j), (long long)at, (long long)vocab);
                 return false;
             }
         }
@@ -332,7 +347,7 @@ bool rt_data_check(const TokenData *d, const char *what, int64_t window, int64_t
 void rt_data_free(TokenData *d) {
     for (int i = 0; i < d->n_shards; i++) {
         free(d->shards[i].path);
-        if (!d->is_view) free(d->shards[i].base);
+        if (!d->is_view) free(d->shards[i].base), free(d->shards[i].base32);
     }
     free(d->shards);
     memset(d, 0, sizeof *d);
@@ -383,8 +398,8 @@ static uint64_t data_mix(uint64_t x) {
 static void data_fill_row(const TokenShard *s, int64_t start, int T, int32_t *tokens,
                           int32_t *targets) {
     for (int t = 0; t < T; t++) {
-        tokens[t] = s->tok[start + t];
-        targets[t] = s->tok[start + t + 1];
+        tokens[t] = (int32_t)shard_tok(s, start + t);
+        targets[t] = (int32_t)shard_tok(s, start + t + 1);
     }
 }
 

@@ -14,7 +14,11 @@
  * Other persistent state starts at zero (gradient accumulators, Adam moments, amax histories),
  * except scale tensors, which start at 1: a zero scale would make every read of the scaled
  * tensor infinite before its first amax is known. A weight's FP8 copy that its update writes
- * for the next step is made once here, from the initial weights, with current scaling. */
+ * for the next step is made once here, from the initial weights, with current scaling.
+ *
+ * Weights that come from a file (--init: Hugging Face weights, another run's checkpoint) take
+ * the same path with the file's values in place of the generator's, so masters, FP8 copies and
+ * every format are derived from them exactly as from random ones. */
 #include "ref_internal.h"
 
 #include <math.h>
@@ -101,7 +105,46 @@ static void clear_bytes(unsigned char *p, int64_t n)
     }
 }
 
+/* A split master from a value read from a file. Such a value is often itself a split master's
+ * decoded hi + lo*ulp/256 (an export, or another run's checkpoint), and then it should come
+ * back exactly. codec_split_encode takes hi = bf16(x) to nearest even, which for a value
+ * exactly halfway between two bf16 numbers may be the lower one, whose correction would be
+ * +128 ulp/256 and is clamped to 127: the value would move. Where the encoding is not exact,
+ * the neighbouring hi on each side is tried, and one that holds x exactly is kept. (One value
+ * per binade edge has two exact encodings; either gives the same weight.) */
+static void split_encode_exact(const float *x, uint16_t *hi, int8_t *lo, int64_t n)
+{
+    codec_split_encode(x, hi, lo, n);
+    for (int64_t i = 0; i < n; i++) {
+        float w;
+        codec_split_decode(&hi[i], &lo[i], &w, 1);
+        if (w == x[i] || !isfinite(x[i])) continue;
+        for (int side = -1; side <= 1; side += 2) {
+            uint16_t h = (uint16_t)(hi[i] + side);
+            int8_t zero = 0, one = 1;
+            float base, step;
+            codec_split_decode(&h, &zero, &base, 1);
+            codec_split_decode(&h, &one, &step, 1);
+            if (!isfinite(base) || (h & 0x7fff) == 0 || ((h ^ hi[i]) & 0x8000)) continue;
+            float r = rintf((x[i] - base) / (step - base));
+            if (r < -128.0f || r > 127.0f) continue;
+            int8_t l = (int8_t)r;
+            codec_split_decode(&h, &l, &w, 1);
+            if (w == x[i]) {
+                hi[i] = h;
+                lo[i] = l;
+                break;
+            }
+        }
+    }
+}
+
 void rt_init_params(Graph *g, uint64_t seed)
+{
+    IR_ASSERT(rt_init_params_from(g, seed, NULL, NULL));
+}
+
+bool rt_init_params_from(Graph *g, uint64_t seed, RtParamValuesFn values, void *ctx)
 {
     /* state first: scale tensors must hold their 1 before scaled parameters are stored */
     for (int i = 0; i < g->n_nodes; i++) {
@@ -124,7 +167,12 @@ void rt_init_params(Graph *g, uint64_t seed)
         if (p->op != OP_PARAM) continue;
         int64_t n = ir_numel(&p->t);
         float *x = alloc_values(n);
-        fill_param(p, seed, x, n);
+        if (!values) {
+            fill_param(p, seed, x, n);
+        } else if (!values(ctx, p, x, n)) {
+            free(x);
+            return false;
+        }
         ref_store(&p->t, x);
         for (int k = 0; k < g->n_nodes; k++) {
             Node *m = g->nodes[k];
@@ -132,7 +180,9 @@ void rt_init_params(Graph *g, uint64_t seed)
                 if (ir_numel(&m->t) != n)
                     ir_die(__FILE__, __LINE__, "master '%s' and parameter '%s' differ in size",
                            m->t.name ? m->t.name : "unnamed", p->t.name ? p->t.name : "unnamed");
-                if (m->t.fmt.codec == CODEC_SPLIT)   /* hi is the parameter just stored */
+                if (m->t.fmt.codec == CODEC_SPLIT && values)   /* hi is the parameter */
+                    split_encode_exact(x, p->t.data, m->t.data, n);
+                else if (m->t.fmt.codec == CODEC_SPLIT)
                     codec_split_encode(x, p->t.data, m->t.data, n);
                 else
                     ref_store(&m->t, x);
@@ -143,4 +193,5 @@ void rt_init_params(Graph *g, uint64_t seed)
     /* the FP8 copies that updates write for the next step: the first from the initial weights */
     for (int i = 0; i < g->n_nodes; i++)
         if (g->nodes[i]->op == OP_ADAMW) ref_adamw_first_copy(g->nodes[i]);
+    return true;
 }

@@ -25,7 +25,7 @@
 
 static const char *log_program = "fp8c-train";
 static FILE *log_error_stream;          /* NULL: stderr */
-static char log_last_error[1024];
+static char log_last_error[65536];   /* one line, which may name many tensors */
 
 void rt_set_program_name(const char *name) {
     if (!name || !*name) return;
@@ -183,6 +183,19 @@ bool rt_log_step(RtLog *l, const LogRecord *r) {
     }
     fflush(stderr);
     return !l->failed;
+}
+
+bool rt_log_eval(RtLog *l, int64_t step, double val_loss, int64_t batches) {
+    if (l->json && !l->failed) {
+        errno = 0;
+        bool ok = fprintf(l->json, "{\"step\":%lld", (long long)step) >= 0;
+        ok = ok && log_json_number(l->json, "val_loss", val_loss);
+        ok = ok && fprintf(l->json, ",\"eval_batches\":%lld,\"eval_only\":true}\n",
+                           (long long)batches) >= 0;
+        ok = ok && fflush(l->json) == 0;
+        if (!ok) return log_failed(l, errno ? errno : EIO);
+    }
+    return true;
 }
 
 void rt_log_message(RtLog *l, const char *fmt, ...) {

@@ -86,6 +86,11 @@ const struct RtDevice *rt_cpu_kernels_device(void);
  * or thread count. STATE is zeroed, except scales (1) and master copies (the parameter's
  * unrounded initial value). Everything is written through the tensors' formats. */
 void rt_init_params(Graph *g, uint64_t seed);
+/* The same with every parameter's values from values(ctx, param, x, n), which fills x (n
+ * f32, the parameter's shape, row-major) or returns false after one rt_error line; then this
+ * returns false. */
+typedef bool (*RtParamValuesFn)(void *ctx, const Node *param, float *x, int64_t n);
+bool rt_init_params_from(Graph *g, uint64_t seed, RtParamValuesFn values, void *ctx);
 
 /* ---------------------------------------------------------------- log.c
  * Runtime errors are one line naming the file and the problem: "PROG: error: FILE: what".
@@ -124,21 +129,28 @@ bool rt_log_trim(const char *path, int64_t step, int *dropped);
 /* Writes the JSON line (flushed) and the progress line; false after one rt_error line when the
  * JSON line could not be written: the caller stops the run. */
 bool rt_log_step(RtLog *l, const LogRecord *r);
+/* --eval-only's line: step, val_loss, eval_batches, "eval_only":true. False as rt_log_step. */
+bool rt_log_eval(RtLog *l, int64_t step, double val_loss, int64_t batches);
 void rt_log_message(RtLog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool rt_log_close(RtLog *l);                                 /* false: fclose failed (reported) */
 
 /* ---------------------------------------------------------------- data.c
- * Token sources: llm.c shards (256 x int32 header: magic, version, count; uint16 tokens) or
- * plain text through the byte-level tokenizer (token = byte, vocabulary 256). */
+ * Token sources: llm.c shards (256 x int32 header: magic, version, count; then uint16 tokens,
+ * or uint32 under the second magic — llm.c's dev/data/data_common.py, HEADERS_INFO "gpt-2"
+ * and "llama-3") or plain text through the byte-level tokenizer (token = byte, vocabulary
+ * 256). */
 #define RT_SHARD_MAGIC 20240520u
 #define RT_SHARD_VERSION 1u
+#define RT_SHARD32_MAGIC 20240801u
+#define RT_SHARD32_VERSION 7u
 #define RT_BYTE_VOCAB 256
 
 typedef struct {
     char *path;
-    uint16_t *tok;              /* the tokens in use: a view into base */
+    uint16_t *tok;              /* the tokens in use: a view into base (NULL: tok32 instead) */
     int64_t n;
     uint16_t *base;             /* the file's tokens as read (owned unless the source is a view) */
+    uint32_t *tok32, *base32;   /* the same for a shard of uint32 tokens */
     bool is_text;
 } TokenShard;
 
@@ -185,6 +197,12 @@ typedef struct {
 } CkptMeta;
 
 bool rt_ckpt_save(const char *path, Tensor *const *ts, int n, const CkptMeta *meta, int n_meta);
+/* The same with each tensor's bytes made when they are written: fill(ctx, i, buf) writes
+ * tensor i's bytes (its shape x its dtype) into buf, or returns false after rt_error. Only one
+ * tensor is held at a time (ts[i]->data is not read). */
+typedef bool (*RtCkptFill)(void *ctx, int i, void *buf);
+bool rt_ckpt_save_filled(const char *path, Tensor *const *ts, int n, const CkptMeta *meta,
+                         int n_meta, RtCkptFill fill, void *ctx);
 /* Fills ts[i]->data from the tensor of the same name; meta receives up to max_meta entries. */
 bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, int max_meta,
                   int *n_meta);
@@ -201,6 +219,78 @@ bool rt_ckpt_dir_holds_run(const char *dir, char *found, size_t found_len);
 /* A checkpoint file, or a directory -> the file its `latest` names. */
 bool rt_ckpt_resolve(const char *path, char *out, size_t out_len);
 
+/* Any safetensors file, read by name (Hugging Face weights): rt_st_open parses and checks the
+ * header (each entry within the data, its bytes matching shape x dtype where the dtype is
+ * known); rt_st_read copies one entry's raw little-endian bytes. */
+#define RT_ST_MAX_META 32
+typedef struct {
+    char *name;
+    char *dtype;                /* "F32", "BF16", ... as written */
+    int rank;
+    int64_t dims[IR_MAX_RANK];
+    int64_t begin, end;         /* byte range in the data block */
+    bool used;                  /* scratch for the reader's caller */
+} RtStEntry;
+typedef struct {
+    char *path;
+    FILE *f;
+    int64_t data_start;
+    RtStEntry *entries;
+    int n_entries;
+    CkptMeta meta[RT_ST_MAX_META];
+    int n_meta;
+} RtStFile;
+bool rt_st_open(RtStFile *s, const char *path);
+const RtStEntry *rt_st_find(const RtStFile *s, const char *name);
+bool rt_st_read(const RtStFile *s, const RtStEntry *e, void *dst);
+void rt_st_close(RtStFile *s);
+int rt_st_dtype_bytes(const char *dtype);               /* 0: a dtype this runtime does not know */
+
+/* ---------------------------------------------------------------- json.c
+ * Small JSON documents (config.json, a shard index) as a tree. rt_json_read parses a file
+ * whose value is an object; false after one rt_error line naming the file and the offset. */
+typedef enum { JV_NULL, JV_BOOL, JV_NUM, JV_STR, JV_ARR, JV_OBJ } JvKind;
+typedef struct Jv {
+    JvKind kind;
+    double num;                 /* JV_NUM, JV_BOOL (0 or 1) */
+    char *str;                  /* JV_STR */
+    int n;                      /* JV_ARR, JV_OBJ: items (and keys) */
+    char **keys;
+    struct Jv *items;
+} Jv;
+bool rt_json_read(const char *path, Jv *v);
+const Jv *rt_json_get(const Jv *object, const char *key);   /* NULL: absent, or not an object */
+void rt_json_free(Jv *v);
+
+/* ---------------------------------------------------------------- hf.c
+ * Weights from elsewhere and out to Hugging Face. rt_init_load initializes every parameter
+ * (and what init.c derives from them) from PATH: a Hugging Face GPT-2 or Llama model (a
+ * directory with model.safetensors or a sharded index, and config.json; or one of those
+ * files) or an fp8c checkpoint (file, or a run directory's latest), weights only. Everything is
+ * checked before a value is written; every missing, extra or mis-shaped tensor is named in one
+ * rt_error line. rt_export_hf writes DIR/model.safetensors (f32) and DIR/config.json in
+ * Hugging Face's layout from the parameters' most precise copies (masters). */
+bool rt_init_load(Graph *g, const char *path, uint64_t seed);
+bool rt_export_hf(Graph *g, const char *dir, bool overwrite);
+
+/* ---------------------------------------------------------------- generate.c
+ * Sampling from the step's own forward (row 0 of the batch, read at the head node), on the
+ * host through the reference executor; the caller saves and restores the persistent state the
+ * forward may write (amax histories). The prompt and each token are written to out as they
+ * come: bytes when text (vocabulary 256), else token ids separated by spaces. */
+typedef struct {
+    int64_t count;              /* tokens to generate */
+    double temperature;         /* 0: greedy */
+    int64_t top_k;              /* 0: the whole vocabulary */
+    uint64_t seed;
+    bool text;
+} RtGenerate;
+bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_prompt, FILE *out);
+/* A token drawn from softmax(logits / temperature) over the top_k largest (argmax when
+ * temperature is 0); order is scratch of V entries. */
+int64_t rt_sample(float *logits, int64_t V, double temperature, int64_t top_k, uint64_t *rng,
+                  int64_t *order);
+
 /* ---------------------------------------------------------------- train.c
  * The training program: flags, the two arenas, the step loop, evaluation, checkpoints. */
 typedef struct {
@@ -208,6 +298,13 @@ typedef struct {
     const char *log;            /* JSON lines file */
     const char *out;            /* checkpoint directory */
     const char *resume;         /* checkpoint file or directory */
+    const char *init;           /* weights to start from (hf.c): HF model or fp8c checkpoint */
+    const char *export_hf;      /* write the loaded state as a Hugging Face model, then stop */
+    bool eval_only;             /* evaluate the initial or resumed state, then stop */
+    int64_t generate;           /* > 0: sample this many tokens, then stop */
+    const char *prompt;         /* text (vocabulary 256) or token ids */
+    double temperature;
+    int64_t top_k;
     const char *device;
     int64_t steps, warmup, eval_every, eval_batches, save_every;
     int64_t stop_at;            /* stop (with a checkpoint) after this step; -1: at --steps */

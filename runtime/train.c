@@ -48,8 +48,9 @@ void rt_usage(FILE *out, const char *prog) {
             "\n"
             "data\n"
             "  --data FILE         training tokens: an llm.c shard (.bin: 256 x int32 header,\n"
-            "                      magic 20240520, uint16 tokens) or any text file (byte-level\n"
-            "                      tokenizer: token = byte, vocabulary 256); a glob or a comma list\n"
+            "                      magic 20240520 with uint16 tokens, or 20240801 with uint32) or\n"
+            "                      any text file (byte-level tokenizer: token = byte, vocabulary\n"
+            "                      256); a glob or a comma list\n"
             "  --val FILE          validation tokens, same formats; without it, a text --data\n"
             "                      keeps its last 5%% for validation, a shard --data has none\n"
             "schedule\n"
@@ -71,9 +72,25 @@ void rt_usage(FILE *out, const char *prog) {
             "                      the initial state (step_000000) and trains nothing\n"
             "  --resume PATH       continue from a checkpoint file, or DIR's latest; --log is\n"
             "                      appended to, less its lines of the steps this run repeats\n"
+            "  --init PATH         start a fresh run from these weights: a Hugging Face GPT-2 or\n"
+            "                      Llama model (a directory with config.json and model.safetensors\n"
+            "                      or a sharded index) or an fp8c checkpoint (weights only)\n"
+            "  --export-hf DIR     write the state of --resume or --init as a Hugging Face model\n"
+            "                      (DIR/config.json, DIR/model.safetensors in f32) and stop\n"
+            "  --eval-only         print the validation loss of the initial (--init) or resumed\n"
+            "                      state, write it to --log, and stop; needs --val or a text --data\n"
+
             "  --overwrite         let a run that does not resume write into an --out that holds\n"
             "                      another run's checkpoints (its latest is removed at the start)\n"
-            "                      and start a non-empty --log afresh; without it both are refused\n"
+            "                      and start a non-empty --log afresh; without it both are refused;\n"
+            "                      it lets --export-hf replace the model in its DIR\n"
+            "sampling (on the host, through the reference executor; trains nothing)\n"
+            "  --generate N        write N tokens sampled from the initial or resumed state to\n"
+            "                      stdout: bytes for a vocabulary of 256, else token ids\n"
+            "  --prompt TEXT       the context to continue: text for a vocabulary of 256 (default\n"
+            "                      a newline), else token ids separated by spaces or commas\n"
+            "  --temperature X     softmax temperature (default 1; 0: always the likeliest token)\n"
+            "  --top-k K           sample among the K likeliest tokens (default 0: all)\n"
             "machine\n"
             "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
             "                      kernels), or auto (default: the GPU if one is found, else cpu);\n"
@@ -122,7 +139,9 @@ static bool args_real(const char *flag, const char *s, bool allow_zero, double *
 
 int rt_parse_args(int argc, char **argv, TrainOptions *o) {
     *o = (TrainOptions){.device = "auto", .steps = 100, .eval_every = 100, .eval_batches = 8,
-                        .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1, .stop_at = -1};
+                        .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1, .stop_at = -1,
+                        .temperature = 1.0};
+    bool sampling_flag = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) return RT_ARGS_HELP;
@@ -130,13 +149,20 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
             rt_error("%s: unexpected argument (flags start with --; see --help)", arg);
             return RT_ARGS_ERROR;
         }
-        /* the one flag without a value */
-        if (strncmp(arg, "--overwrite", 11) == 0 && (!arg[11] || arg[11] == '=')) {
-            if (arg[11]) {
-                rt_error("--overwrite takes no value: %s", arg);
+        /* the flags without a value */
+        static const char *const switches[] = {"--overwrite", "--eval-only"};
+        int sw = -1;
+        for (int k = 0; k < 2; k++) {
+            size_t len = strlen(switches[k]);
+            if (strncmp(arg, switches[k], len) == 0 && (!arg[len] || arg[len] == '=')) sw = k;
+        }
+        if (sw >= 0) {
+            if (strchr(arg, '=')) {
+                rt_error("%s takes no value: %s", switches[sw], arg);
                 return RT_ARGS_ERROR;
             }
-            o->overwrite = true;
+            if (sw == 0) o->overwrite = true;
+            else o->eval_only = true;
             continue;
         }
         /* --flag value or --flag=value */
@@ -161,6 +187,8 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         else if (strcmp(flag, "--log") == 0) o->log = value;
         else if (strcmp(flag, "--out") == 0) o->out = value;
         else if (strcmp(flag, "--resume") == 0) o->resume = value;
+        else if (strcmp(flag, "--init") == 0) o->init = value;
+        else if (strcmp(flag, "--export-hf") == 0) o->export_hf = value;
         else if (strcmp(flag, "--device") == 0) o->device = value;
         else if (strcmp(flag, "--steps") == 0) ok = args_int(flag, value, 1, INT32_MAX, &o->steps);
         else if (strcmp(flag, "--warmup") == 0) ok = args_int(flag, value, 0, INT32_MAX, &o->warmup);
@@ -182,6 +210,17 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
             ok = args_int(flag, value, 0, INT64_MAX, &v);
             o->seed = (uint64_t)v;
             o->seed_given = true;
+        } else if (strcmp(flag, "--generate") == 0) {
+            ok = args_int(flag, value, 1, INT32_MAX, &o->generate);
+        } else if (strcmp(flag, "--prompt") == 0) {
+            o->prompt = value;
+            sampling_flag = true;
+        } else if (strcmp(flag, "--temperature") == 0) {
+            ok = args_real(flag, value, true, &o->temperature);
+            sampling_flag = true;
+        } else if (strcmp(flag, "--top-k") == 0) {
+            ok = args_int(flag, value, 0, INT32_MAX, &o->top_k);
+            sampling_flag = true;
         } else if (strcmp(flag, "--lr") == 0) ok = args_real(flag, value, false, &o->lr);
         else if (strcmp(flag, "--min-lr") == 0) ok = args_real(flag, value, true, &o->min_lr);
         else {
@@ -194,7 +233,33 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
             return RT_ARGS_ERROR;
         }
     }
-    if (!o->data) {
+    if (o->init && o->resume) {
+        rt_error("--init starts a fresh run and --resume continues one: give one of them");
+        return RT_ARGS_ERROR;
+    }
+    if (o->export_hf && !o->init && !o->resume) {
+        rt_error("--export-hf needs the state to export: --resume CHECKPOINT or --init PATH");
+        return RT_ARGS_ERROR;
+    }
+    if ((o->export_hf != NULL) + o->eval_only + (o->generate > 0) > 1) {
+        rt_error("--export-hf, --eval-only and --generate are separate runs: give one of them");
+        return RT_ARGS_ERROR;
+    }
+    if (sampling_flag && !o->generate) {
+        rt_error("--prompt, --temperature and --top-k set how --generate samples: give --generate N");
+        return RT_ARGS_ERROR;
+    }
+    if ((o->eval_only || o->generate) && (o->out || o->stop_at >= 0 || o->save_every)) {
+        rt_error("%s trains nothing and writes no checkpoint: drop --out, --save-every and "
+                 "--stop-at", o->eval_only ? "--eval-only" : "--generate");
+        return RT_ARGS_ERROR;
+    }
+    if (o->eval_only && !o->data && !o->val) {
+        rt_error("--eval-only needs validation data: --val FILE, or a text --data whose last 5%% "
+                 "is held out");
+        return RT_ARGS_ERROR;
+    }
+    if (!o->data && !o->export_hf && !o->generate && !o->eval_only) {
         rt_error("--data is required (see --help)");
         return RT_ARGS_ERROR;
     }
@@ -711,12 +776,35 @@ static int64_t train_params(const Graph *g) {
     return n;
 }
 
+/* A text file is always read through the byte-level tokenizer; a model with another
+ * vocabulary still trains on it (token = byte value), which is rarely what is meant: one note. */
+static void train_note_text(const TokenData *a, const TokenData *b, int64_t vocab) {
+    if (vocab == RT_BYTE_VOCAB) return;
+    const TokenData *ds[2] = {a, b};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < ds[k]->n_shards; i++)
+            if (ds[k]->shards[i].is_text) {
+                rt_note("%s: text is read as bytes (token = byte value, 0..255), while the "
+                        "model's vocabulary has %lld tokens: for its tokenizer, write shards "
+                        "with tools/tokenize_hf.py", ds[k]->shards[i].path, (long long)vocab);
+                return;
+            }
+}
+
 /* Opens --data and --val (or holds out the tail of a text --data) and checks them against the
  * batch shape and the model's vocabulary. What was decided about validation is said only once
  * the data is known to be good, so that a bad file gets its one line and nothing else. */
 static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *train,
                             TokenData *val) {
     memset(val, 0, sizeof *val);
+    memset(train, 0, sizeof *train);
+    if (!o->data) {   /* --eval-only with --val alone */
+        if (rt_data_open(val, o->val) && (train_note_text(train, val, m->vocab), true) &&
+            rt_data_check(val, "the validation data", (int64_t)m->T + 1, (int64_t)m->T + 1, m->vocab))
+            return true;
+        rt_data_free(val);
+        return false;
+    }
     if (!rt_data_open(train, o->data)) return false;
     bool ok = true;
     char note[512] = "";
@@ -735,6 +823,7 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
     } else {
         snprintf(note, sizeof note, "no --val: evaluation is off");
     }
+    if (ok) train_note_text(train, val, m->vocab);
     int64_t batch_tokens = (int64_t)m->B * m->T + 1;
     int64_t window = (int64_t)m->T + 1;
     ok = ok && rt_data_check(train, "the training data", window, batch_tokens, m->vocab);
@@ -753,7 +842,7 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
  * so both are refused unless --overwrite says that is meant, before anything is read or
  * written. A resumed run is meant to share them. Exit status 2, as for a flag: the fix is one. */
 static bool train_check_fresh(const TrainOptions *o) {
-    if (o->resume || o->overwrite) return true;
+    if (o->resume || o->overwrite || o->eval_only) return true;   /* --eval-only only appends */
     char found[256];
     if (o->out && rt_ckpt_dir_holds_run(o->out, found, sizeof found)) {
         rt_error("%s: holds another run's checkpoints (%s): give --resume %s to continue that "
@@ -783,7 +872,100 @@ static bool train_forget_latest(const char *dir) {
     return true;
 }
 
+/* --export-hf: load the state as a run would, write it in Hugging Face's layout, stop. */
+static int train_export(Graph *g, const TrainOptions *o) {
+    Model m;
+    RtMemory mem;
+    memset(&mem, 0, sizeof mem);
+    int status = 1;
+    if (!model_inspect(g, &m) || !rt_memory_bind(g, &mem)) goto out;
+    Progress p = {.seed = o->seed};
+    if (o->resume ? !train_resume(g, &m, o, &p) : !rt_init_load(g, o->init, o->seed)) goto out;
+    if (rt_export_hf(g, o->export_hf, o->overwrite)) status = 0;
+out:
+    rt_memory_free(&mem);
+    model_free(&m);
+    return status;
+}
+
+/* The prompt as token ids: bytes for a byte vocabulary, else numbers separated by spaces or
+ * commas. NULL after rt_error. */
+static int32_t *train_prompt(const TrainOptions *o, int64_t vocab, int *n) {
+    const char *text = o->prompt ? o->prompt : "\n";
+    size_t len = strlen(text);
+    int32_t *ids = malloc((len + 1) * sizeof *ids);
+    if (!ids) return NULL;
+    *n = 0;
+    if (vocab == RT_BYTE_VOCAB) {
+        for (size_t i = 0; i < len; i++) ids[(*n)++] = (unsigned char)text[i];
+    } else {
+        if (!o->prompt) {
+            rt_error("--generate: the vocabulary has %lld tokens, not bytes: give the context as "
+                     "--prompt 'ID ID ...'", (long long)vocab);
+            free(ids);
+            return NULL;
+        }
+        for (const char *p = text; *p;) {
+            if (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') {
+                p++;
+                continue;
+            }
+            char *end;
+            errno = 0;
+            long long v = strtoll(p, &end, 10);
+            if (end == p || errno || v < 0 || v >= vocab) {
+                rt_error("--prompt: \"%.32s\" is not a token id below the vocabulary's %lld", p,
+                         (long long)vocab);
+                free(ids);
+                return NULL;
+            }
+            ids[(*n)++] = (int32_t)v;
+            p = end;
+        }
+    }
+    if (!*n) {
+        rt_error("--prompt: empty: give at least one token");
+        free(ids);
+        return NULL;
+    }
+    return ids;
+}
+
+/* --generate: load the state as a run would, sample, stop. */
+static int train_generate(Graph *g, const TrainOptions *o) {
+    Model m;
+    RtMemory mem;
+    memset(&mem, 0, sizeof mem);
+    int status = 1, n_prompt = 0;
+    int32_t *prompt = NULL;
+    if (o->threads) ref_set_threads(o->threads);
+    if (!model_inspect(g, &m) || !(prompt = train_prompt(o, m.vocab, &n_prompt)) ||
+        !rt_memory_bind(g, &mem))
+        goto out;
+    Progress p = {.seed = o->seed};
+    TrainOptions quiet = *o;   /* --seed is the sampler's here, not the batches' */
+    quiet.seed_given = false;
+    if (o->resume) {
+        if (!train_resume(g, &m, &quiet, &p)) goto out;
+    } else if (o->init) {
+        if (!rt_init_load(g, o->init, o->seed)) goto out;
+    } else {
+        rt_init_params(g, o->seed);
+        rt_note("no --init or --resume: sampling from randomly initialized weights");
+    }
+    RtGenerate gen = {.count = o->generate, .temperature = o->temperature, .top_k = o->top_k,
+                      .seed = o->seed, .text = m.vocab == RT_BYTE_VOCAB};
+    if (rt_generate(g, &gen, prompt, n_prompt, stdout)) status = 0;
+out:
+    free(prompt);
+    rt_memory_free(&mem);
+    model_free(&m);
+    return status;
+}
+
 int rt_train(Graph *g, const TrainOptions *o) {
+    if (o->export_hf) return train_export(g, o);
+    if (o->generate) return train_generate(g, o);
     if (!train_check_fresh(o)) return 2;
     Model m;
     if (!model_inspect(g, &m)) {
@@ -840,6 +1022,8 @@ int rt_train(Graph *g, const TrainOptions *o) {
     Progress p = {.seed = o->seed};
     if (o->resume) {
         if (!train_resume(g, &m, o, &p)) goto out;
+    } else if (o->init) {
+        if (!rt_init_load(g, o->init, o->seed)) goto out;
     } else {
         rt_init_params(g, o->seed);
     }
@@ -848,20 +1032,20 @@ int rt_train(Graph *g, const TrainOptions *o) {
         train_dev = NULL;
         goto out;
     }
-    if (p.step >= o->steps) {
+    if (p.step >= o->steps && !o->eval_only) {
         rt_note("the checkpoint is at step %lld and --steps is %lld: nothing to train",
                 (long long)p.step, (long long)o->steps);
         status = 0;
         goto out;
     }
-    if (o->log && o->resume) {
+    if (o->log && o->resume && !o->eval_only) {
         int dropped = 0;
         if (!rt_log_trim(o->log, p.step, &dropped)) goto out;
         if (dropped)
             rt_note("%s: dropped %d line%s of steps after %lld, which this run repeats", o->log,
                     dropped, dropped == 1 ? "" : "s", (long long)p.step);
     }
-    if (!rt_log_open(&log, o->log, o->resume != NULL)) goto out;
+    if (!rt_log_open(&log, o->log, o->resume != NULL || o->eval_only)) goto out;
     tok = malloc((size_t)m.B * m.T * sizeof *tok);
     tgt = malloc((size_t)m.B * m.T * sizeof *tgt);
     if (!tok || !tgt) {
@@ -875,6 +1059,19 @@ int rt_train(Graph *g, const TrainOptions *o) {
             (long long)m.vocab, (long long)mem_bytes, (long long)mem.persistent_bytes,
             (long long)mem.step_bytes, (long long)train.n_tokens);
     if (train_dev != &rt_cpu_device) rt_note("device: %s", train_dev->describe());
+    if (o->eval_only) {
+        if (!val.n_shards) {
+            rt_error("--eval-only: %s holds no validation data: give --val FILE", o->data);
+            status = 1;
+            goto out;
+        }
+        double v = train_evaluate(g, &m, &val, o->eval_batches, tok, tgt);
+        printf("step %lld | val_loss %.6f (%lld batches of %d x %d)\n", (long long)p.step, v,
+               (long long)o->eval_batches, m.B, m.T);
+        fflush(stdout);
+        status = rt_log_eval(&log, p.step, v, o->eval_batches) ? 0 : 1;
+        goto out;
+    }
 
     int width = snprintf(NULL, 0, "%lld", (long long)o->steps);
     int skips = 0;

@@ -178,6 +178,113 @@ static void test_shard_set_holds_batch(void **state) {
     rt_data_free(&d);
 }
 
+/* llm.c's uint32 shards (magic 20240801, version 7, as dev/data/data_common.py writes them for
+ * Llama 3): written here byte by byte, read back through batches, checked against the
+ * vocabulary, split into a validation tail. */
+static void test_shard_uint32(void **state) {
+    (void)state;
+    enum { T = 16, B = 3 };
+    int64_t n = 2000 + (int64_t)(rng_next() % 3000);
+    uint32_t *tok = malloc((size_t)n * sizeof *tok), max = 0;
+    size_t size = 1024 + 4 * (size_t)n;
+    uint8_t *buf = calloc(1, size);
+    uint32_t h[3] = {RT_SHARD32_MAGIC, RT_SHARD32_VERSION, (uint32_t)n};
+    for (int i = 0; i < 3; i++)
+        for (int b = 0; b < 4; b++) buf[4 * i + b] = (uint8_t)(h[i] >> (8 * b));
+    for (int64_t i = 0; i < n; i++) {
+        tok[i] = (uint32_t)(rng_next() % 128256);   /* Llama 3's vocabulary, beyond uint16 */
+        max = tok[i] > max ? tok[i] : max;
+        for (int b = 0; b < 4; b++) buf[1024 + 4 * i + b] = (uint8_t)(tok[i] >> (8 * b));
+    }
+    const char *path = tmp_path("wide.bin");
+    write_bytes(path, buf, size);
+    TokenData d;
+    assert_true(rt_data_open(&d, path));
+    assert_false(d.is_text);
+    assert_int_equal(d.n_tokens, n);
+    assert_true(rt_data_check(&d, "the training data", T + 1, B * T + 1, (int64_t)max + 1));
+    assert_false(rt_data_check(&d, "the training data", T + 1, B * T + 1, max));
+    assert_error_mentions(path, "outside the model's vocabulary");
+    /* a training row is T+1 contiguous tokens of the file */
+    int32_t x[B * T], y[B * T];
+    rt_data_train_batch(&d, rng_next(), 3, 0, B, T, x, y);
+    for (int r = 0; r < B; r++) {
+        int64_t at = -1;
+        for (int64_t i = 0; i + T < n && at < 0; i++)
+            if ((int32_t)tok[i] == x[r * T]) {
+                bool same = true;
+                for (int t = 0; t < T && same; t++)
+                    same = (int32_t)tok[i + t] == x[r * T + t] && (int32_t)tok[i + t + 1] == y[r * T + t];
+                if (same) at = i;
+            }
+        assert_true(at >= 0);
+    }
+    /* the validation tail is a view of the same uint32 tokens */
+    TokenData val;
+    assert_true(rt_data_split_tail(&d, &val, 0.25));
+    rt_data_val_batch(&val, 0, B, T, x, y);
+    int64_t start = n - val.n_tokens;
+    for (int t = 0; t < T; t++) {
+        assert_int_equal(x[t], (int32_t)tok[start + t]);
+        assert_int_equal(y[t], (int32_t)tok[start + t + 1]);
+    }
+    rt_data_free(&val);
+    rt_data_free(&d);
+    /* the other version, and tokens cut short */
+    h[1] = 2;
+    for (int b = 0; b < 4; b++) buf[4 + b] = (uint8_t)(h[1] >> (8 * b));
+    write_bytes(path, buf, size);
+    assert_false(rt_data_open(&d, path));
+    assert_error_mentions(path, "version 2, expected 7");
+    h[1] = RT_SHARD32_VERSION;
+    for (int b = 0; b < 4; b++) buf[4 + b] = (uint8_t)(h[1] >> (8 * b));
+    write_bytes(path, buf, size - 2);
+    assert_false(rt_data_open(&d, path));
+    assert_error_mentions(path, "truncated");
+    free(buf);
+    free(tok);
+}
+
+/* json.c: what config.json files hold, and one error line for what is not JSON. */
+static void test_json(void **state) {
+    (void)state;
+    const char *path = tmp_path("config.json");
+    const char *good = "{\"model_type\": \"llama\", \"n\": 32, \"eps\": 1e-05, \"neg\": -2.5E+3,\n"
+                       " \"tie\": false, \"scaling\": null, \"archs\": [\"A\", {\"x\": [1, []]}],\n"
+                       " \"esc\": \"a\\\"b\\u00e9\\n\", \"nested\": {\"deep\": {\"k\": true}}}";
+    write_bytes(path, good, strlen(good));
+    Jv v;
+    assert_true(rt_json_read(path, &v));
+    assert_string_equal(rt_json_get(&v, "model_type")->str, "llama");
+    assert_true(rt_json_get(&v, "n")->kind == JV_NUM && rt_json_get(&v, "n")->num == 32);
+    assert_true(rt_json_get(&v, "eps")->num == 1e-5 && rt_json_get(&v, "neg")->num == -2500);
+    assert_true(rt_json_get(&v, "tie")->kind == JV_BOOL && rt_json_get(&v, "tie")->num == 0);
+    assert_true(rt_json_get(&v, "scaling")->kind == JV_NULL);
+    assert_int_equal(rt_json_get(&v, "archs")->n, 2);
+    assert_string_equal(rt_json_get(&v, "esc")->str, "a\"b\xc3\xa9\n");
+    assert_true(rt_json_get(rt_json_get(rt_json_get(&v, "nested"), "deep"), "k")->num == 1);
+    assert_null(rt_json_get(&v, "absent"));
+    assert_null(rt_json_get(rt_json_get(&v, "n"), "x"));
+    rt_json_free(&v);
+    const char *bad[] = {"", "[1, 2]", "{\"a\": }", "{\"a\": 1,}", "{\"a\": \"x}", "{\"a\": 1} 2",
+                         "{\"a\": tru}", "{\"a\": \"\\q\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_bytes(path, bad[i], strlen(bad[i]));
+        rt_clear_error();
+        if (rt_json_read(path, &v)) fail_msg("read %s", bad[i]);
+        assert_error_mentions(path, "bad JSON");
+    }
+    /* nesting is bounded, not a stack overflow */
+    char deep[4096];
+    size_t n = 0;
+    deep[n++] = '{';
+    deep[n++] = '"', deep[n++] = 'a', deep[n++] = '"', deep[n++] = ':';
+    for (int i = 0; i < 1000; i++) deep[n++] = '[';
+    write_bytes(path, deep, n);
+    assert_false(rt_json_read(path, &v));
+    assert_error_mentions(path, "nested too deeply");
+}
+
 static void test_shard_errors(void **state) {
     (void)state;
     TokenData d;
@@ -905,6 +1012,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_shard_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_uint32, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_set_holds_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_tokenizer_and_split, setup, teardown),

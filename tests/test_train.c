@@ -6,6 +6,7 @@
  *
  * The fp8c executable is $FP8C (set by CTest), else the one in the build directory. Each run
  * uses a fresh temp directory and a random seed. */
+#define _GNU_SOURCE   /* memmem */
 #include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
@@ -531,6 +532,44 @@ static void test_print_kernels(void **state) {
     assert_int_equal(access(path, X_OK), 0);
 }
 
+/* `cmake --install` gives a tree that works on its own: the installed fp8c finds the runtime
+ * libraries beside itself (DIR/lib/fp8c) and the models under DIR/share/fp8c, builds a binary
+ * that trains, and carries no path of the build or source tree in its constant data. */
+static void test_install(void **state) {
+    (void)state;
+    int rc = run("install", "'%s' --install '%s' --prefix %s/inst", FP8C_CMAKE, FP8C_BINARY_DIR, tmp_dir);
+    if (rc != 0) fail_msg("cmake --install failed (%d):\n%s", rc, slurp("install.out"));
+    rc = run("version", "%s/inst/bin/fp8c --version", tmp_dir);
+    assert_int_equal(rc, 0);
+    char *v = slurp("version.out");
+    assert_true(strncmp(v, "fp8c ", 5) == 0 && count_lines(v) == 1);
+    free(v);
+    rc = run("ibuild", "cd / && env -u FP8C_LIBDIR FP8C_CPU_KERNELS=0 %s/inst/bin/fp8c build "
+             "%s/inst/share/fp8c/models/gpt2_tiny.model --batch 2 --seq 16 -o %s/ibin",
+             tmp_dir, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("the installed fp8c did not build (%d):\n%s", rc, slurp("ibuild.out"));
+    rc = run("irun", "%s/ibin --data %s/README.md --steps 1 --device ref", tmp_dir, FP8C_SOURCE_DIR);
+    if (rc != 0) fail_msg("the binary it built did not train (%d):\n%s", rc, slurp("irun.out"));
+#ifndef __SANITIZE_ADDRESS__   /* ASan writes each global's source file into the data */
+    if (system("command -v objcopy >/dev/null 2>&1") == 0) {
+        rc = run("rodata", "objcopy -O binary --only-section=.rodata %s/inst/bin/fp8c %s/rodata",
+                 tmp_dir, tmp_dir);
+        assert_int_equal(rc, 0);
+        char path[512];
+        snprintf(path, sizeof path, "%s/rodata", tmp_dir);
+        int64_t size = 0;
+        uint8_t *ro = rt_read_file(path, &size);
+        assert_non_null(ro);
+        const char *trees[2] = {FP8C_SOURCE_DIR, FP8C_BINARY_DIR};
+        const char *found = NULL;
+        for (int t = 0; t < 2; t++)
+            if (memmem(ro, (size_t)size, trees[t], strlen(trees[t]))) found = trees[t];
+        free(ro);
+        if (found) fail_msg("the installed fp8c holds the path %s", found);
+    }
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_loss_falls, setup, teardown),
@@ -544,6 +583,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_divergence_backs_off_delayed_scales, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8c_train, setup, teardown),
         cmocka_unit_test_setup_teardown(test_print_kernels, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_install, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

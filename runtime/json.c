@@ -1,0 +1,193 @@
+/* json.c — small JSON documents as a tree: a model's config.json, a sharded model's index.
+ *
+ * Checkpoint headers have their own reader in checkpoint.c, which streams a flat object of
+ * tensor entries and checks each field as it goes; the files read here are small and nested
+ * (config.json holds objects, arrays, booleans, nulls and reals), and the caller looks up the
+ * few keys it knows and ignores the rest, so a tree is the simpler shape. Depth is bounded, and
+ * every error names the file and the byte offset. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+
+#define JSON_MAX_DEPTH 64
+
+typedef struct {
+    const char *path, *start, *p, *end;
+    bool failed;
+} JsonIn;
+
+static bool jin_fail(JsonIn *j, const char *what) {
+    if (!j->failed)
+        rt_error("%s: bad JSON: %s at byte %ld", j->path, what, (long)(j->p - j->start));
+    j->failed = true;
+    return false;
+}
+
+static void jin_space(JsonIn *j) {
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
+        j->p++;
+}
+
+static bool jin_eat(JsonIn *j, char c) {
+    jin_space(j);
+    if (j->p < j->end && *j->p == c) {
+        j->p++;
+        return true;
+    }
+    return false;
+}
+
+static char *jin_string(JsonIn *j) {
+    if (!jin_eat(j, '"')) return jin_fail(j, "expected a string"), NULL;
+    char *out = malloc((size_t)(j->end - j->p) * 3 + 1);
+    if (!out) return jin_fail(j, "out of memory"), NULL;
+    size_t k = 0;
+    while (j->p < j->end && *j->p != '"') {
+        char c = *j->p++;
+        if (c != '\\') {
+            out[k++] = c;
+            continue;
+        }
+        if (j->p >= j->end) break;
+        char e = *j->p++;
+        if (e == 'u') {
+            unsigned u = 0;
+            for (int i = 0; i < 4; i++) {
+                char h = j->p < j->end ? *j->p++ : 0;
+                int v = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                      : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+                if (v < 0) {
+                    free(out);
+                    return jin_fail(j, "bad \\u escape"), NULL;
+                }
+                u = u << 4 | (unsigned)v;
+            }
+            if (u < 0x80) {
+                out[k++] = (char)u;
+            } else if (u < 0x800) {
+                out[k++] = (char)(0xc0 | u >> 6);
+                out[k++] = (char)(0x80 | (u & 0x3f));
+            } else {
+                out[k++] = (char)(0xe0 | u >> 12);
+                out[k++] = (char)(0x80 | ((u >> 6) & 0x3f));
+                out[k++] = (char)(0x80 | (u & 0x3f));
+            }
+            continue;
+        }
+        const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t";
+        const char *at = strchr(from, e);
+        if (!at || !e) {
+            free(out);
+            return jin_fail(j, "bad escape in a string"), NULL;
+        }
+        out[k++] = to[at - from];
+    }
+    if (j->p >= j->end) {
+        free(out);
+        return jin_fail(j, "unterminated string"), NULL;
+    }
+    j->p++;
+    out[k] = 0;
+    return out;
+}
+
+void rt_json_free(Jv *v) {
+    free(v->str);
+    for (int i = 0; i < v->n; i++) {
+        if (v->keys) free(v->keys[i]);
+        rt_json_free(&v->items[i]);
+    }
+    free(v->keys);
+    free(v->items);
+    memset(v, 0, sizeof *v);
+}
+
+static bool jin_value(JsonIn *j, Jv *v, int depth) {
+    memset(v, 0, sizeof *v);
+    if (depth > JSON_MAX_DEPTH) return jin_fail(j, "nested too deeply");
+    jin_space(j);
+    if (j->p >= j->end) return jin_fail(j, "unexpected end");
+    char c = *j->p;
+    if (c == '{' || c == '[') {
+        bool obj = c == '{';
+        v->kind = obj ? JV_OBJ : JV_ARR;
+        j->p++;
+        if (jin_eat(j, obj ? '}' : ']')) return true;
+        int cap = 0;
+        do {
+            if (v->n == cap) {
+                cap = cap ? 2 * cap : 16;
+                Jv *items = realloc(v->items, (size_t)cap * sizeof *items);
+                char **keys = obj ? realloc(v->keys, (size_t)cap * sizeof *keys) : NULL;
+                if (items) v->items = items;
+                if (keys) v->keys = keys;
+                if (!items || (obj && !keys)) return jin_fail(j, "out of memory");
+            }
+            if (obj) {
+                char *key = jin_string(j);
+                if (!key) return false;
+                v->keys[v->n] = key;
+                if (!jin_eat(j, ':')) {
+                    free(key);
+                    return jin_fail(j, "expected ':'");
+                }
+            }
+            bool ok = jin_value(j, &v->items[v->n], depth + 1);
+            v->n++;
+            if (!ok) return false;
+        } while (jin_eat(j, ','));
+        return jin_eat(j, obj ? '}' : ']') || jin_fail(j, obj ? "expected '}'" : "expected ']'");
+    }
+    if (c == '"') {
+        v->kind = JV_STR;
+        return (v->str = jin_string(j)) != NULL;
+    }
+    static const struct { const char *word; JvKind kind; double num; } words[] = {
+        {"true", JV_BOOL, 1}, {"false", JV_BOOL, 0}, {"null", JV_NULL, 0},
+        {"Infinity", JV_NUM, INFINITY}, {"NaN", JV_NUM, NAN},
+    };
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        size_t n = strlen(words[i].word);
+        if ((size_t)(j->end - j->p) >= n && strncmp(j->p, words[i].word, n) == 0) {
+            j->p += n;
+            v->kind = words[i].kind;
+            v->num = words[i].num;
+            return true;
+        }
+    }
+    char buf[64];
+    size_t n = 0;
+    while (j->p + n < j->end && n < sizeof buf - 1 && strchr("+-0123456789.eE", j->p[n])) n++;
+    memcpy(buf, j->p, n);
+    buf[n] = 0;
+    char *endp;
+    v->num = strtod(buf, &endp);
+    if (!n || *endp) return jin_fail(j, "expected a value");
+    v->kind = JV_NUM;
+    j->p += n;
+    return true;
+}
+
+/* Reads and parses a whole JSON file; false after rt_error. */
+bool rt_json_read(const char *path, Jv *v) {
+    int64_t size = 0;
+    uint8_t *text = rt_read_file(path, &size);
+    if (!text) return false;
+    JsonIn j = {.path = path, .start = (char *)text, .p = (char *)text, .end = (char *)text + size};
+    bool ok = jin_value(&j, v, 0);
+    jin_space(&j);
+    if (ok && j.p != j.end) ok = jin_fail(&j, "text after the value");
+    if (ok && v->kind != JV_OBJ) ok = jin_fail(&j, "expected an object");
+    if (!ok) rt_json_free(v);
+    free(text);
+    return ok;
+}
+
+const Jv *rt_json_get(const Jv *o, const char *key) {
+    if (!o || o->kind != JV_OBJ) return NULL;
+    for (int i = 0; i < o->n; i++)
+        if (strcmp(o->keys[i], key) == 0) return &o->items[i];
+    return NULL;
+}
