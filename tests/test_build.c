@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "test_files.h"
 
 static char tmp_dir[256];
 static char fp8c[1024];
@@ -34,25 +35,6 @@ static char model[1024];
 static const char *const model_flags = "-D layers=1 -D dim=64 --batch 2 --seq 16";
 /* the environment of a quick build: no GPU module, no CPU kernels, a private cache */
 static char quick_env[600];
-
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char child[1024];
-            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-            remove_tree(child);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
 
 static int setup(void **state) {
     (void)state;

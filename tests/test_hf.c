@@ -32,6 +32,7 @@
 
 #include "rt.h"
 #include "test_rng.h"
+#include "test_files.h"
 
 static char tmp_dir[256];
 static char fp8c[1024];
@@ -47,25 +48,6 @@ static const char *const f32_flags = "--precision '*=f32' --precision 'value:*=f
 static const char *const gpt2_defs = "-D layers=2 -D dim=64 -D heads=4 -D vocab=256 -D max_seq=64";
 static const char *const llama_defs =
     "-D layers=2 -D dim=64 -D heads=4 -D kv_heads=2 -D hidden=96 -D vocab=256";
-
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char child[1024];
-            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-            remove_tree(child);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
 
 static int setup(void **state) {
     (void)state;

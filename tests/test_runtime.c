@@ -20,6 +20,7 @@
 #include <sys/syscall.h>
 
 #include "rt.h"
+#include "test_files.h"
 
 /* Every fsync the runtime makes is recorded here (by the path of its file descriptor) and then
  * made: this definition takes the place of libc's in this executable. */
@@ -57,25 +58,6 @@ static int setup(void **state) {
     rt_set_error_stream(devnull);   /* the messages are checked through rt_last_error */
     rt_clear_error();
     return 0;
-}
-
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char child[1024];
-            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-            remove_tree(child);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
 }
 
 static int teardown(void **state) {

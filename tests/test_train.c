@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "rt.h"
+#include "test_files.h"
 
 static char tmp_dir[256];
 static char fp8c[1024];
@@ -33,25 +34,6 @@ static unsigned seed;
 /* models/gpt2_tiny.model (4 layers, 128 wide, byte vocabulary) on short sequences: a few
  * seconds of CPU training. */
 static const char *const model_flags = "--batch 4 --seq 32";
-
-static void remove_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char child[1024];
-            snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-            remove_tree(child);
-        }
-        if (d) closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
 
 static int setup(void **state) {
     (void)state;
