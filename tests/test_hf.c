@@ -34,7 +34,6 @@
 #include "test_rng.h"
 #include "test_files.h"
 
-static char tmp_dir[256];
 static char fp8c[1024];
 static char text[1024];
 static unsigned seed;
@@ -76,20 +75,6 @@ static const char *tmp(const char *fmt, ...) {
     vsnprintf(b + n, sizeof bufs[0] - (size_t)n, fmt, ap);
     va_end(ap);
     return b;
-}
-
-/* Runs a shell command with stdout and stderr into tmp/NAME.out; returns the exit status. */
-static int run(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run(const char *name, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(cmd + n, sizeof cmd - (size_t)n, " >%s/%s.out 2>&1", tmp_dir, name);
-    int status = system(cmd);
-    assert_true(WIFEXITED(status));
-    return WEXITSTATUS(status);
 }
 
 /* The same with stdout into tmp/NAME.stdout and stderr into tmp/NAME.out. */

@@ -38,7 +38,6 @@ int fsync(int fd) {
     return (int)syscall(SYS_fsync, fd);
 }
 
-static char tmp_dir[256];
 static uint64_t rng_state;
 
 static uint64_t rng_next(void) {
