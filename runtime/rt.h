@@ -1,7 +1,7 @@
 /* rt.h — the runtime: what a training binary runs. Small and stable.
  *
  * Sections: the reference executor (ref_exec.c), parameter init (init.c), and the training
- * program's pieces (data.c, checkpoint.c, log.c, train.c). */
+ * program's pieces (data.c, checkpoint.c, log.c, args.c, arenas.c, train.c). */
 #ifndef FP8C_RT_H
 #define FP8C_RT_H
 
@@ -291,8 +291,9 @@ bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_pro
 int64_t rt_sample(float *logits, int64_t V, double temperature, int64_t top_k, uint64_t *rng,
                   int64_t *order);
 
-/* ---------------------------------------------------------------- train.c
- * The training program: flags, the two arenas, the step loop, evaluation, checkpoints. */
+/* ---------------------------------------------------------------- args.c, arenas.c, train.c
+ * The training program: its flags (args.c), the plan's two arenas (arenas.c), the step loop,
+ * evaluation and checkpoints (train.c). */
 typedef struct {
     const char *data, *val;     /* token sources (rt_data_open specs) */
     const char *log;            /* JSON lines file */
@@ -327,6 +328,10 @@ double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_
  * history's largest finite one, so the next scales leave room for what overflowed. */
 void rt_scales_back_off(Tensor *const *pairs, int n_pairs);
 
+/* Bytes of a node's storage in its arena, and whether it has any (in-place ops and void
+ * results have none). */
+int64_t rt_storage_bytes(const Node *n);
+bool rt_has_storage(const Node *n);
 /* The plan's two arenas, every tensor bound to its offset. */
 typedef struct {
     void *persistent, *step;

@@ -3,8 +3,8 @@
  * The graph read from the artifact already is the whole step: forward, backward and update
  * nodes, a format for every tensor and an offset for every buffer in two arenas (persistent:
  * parameters, accumulators, optimizer states, scales; step: everything else). What is left for
- * the runtime is small and lives here: validate the flags, allocate the two arenas the plan
- * asks for and bind every tensor to its offset, initialize or load the persistent state, then
+ * the runtime is small: the flags (args.c), the two arenas the plan asks for with every tensor
+ * bound to its offset (arenas.c), and here: initialize or load the persistent state, then
  * loop — feed a batch, run forward and backward once per micro-step, feed lr/step/grad_scale,
  * run the update, log, evaluate, checkpoint.
  *
@@ -24,11 +24,9 @@
  * first save; every log write is checked and a failed one stops the run; a resumed run drops
  * the log lines of the steps it repeats, so each step is logged once. */
 #include <errno.h>
-#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,373 +37,12 @@
 #define TRAIN_VAL_FRACTION 0.05 /* held out of a text --data when there is no --val */
 #define TRAIN_MAX_META 32
 
-/* ---------------------------------------------------------------- flags */
-
-void rt_usage(FILE *out, const char *prog) {
-    fprintf(out,
-            "usage: %s --data FILE [options]\n"
-            "Trains the model compiled into this binary.\n"
-            "\n"
-            "data\n"
-            "  --data FILE         training tokens: an llm.c shard (.bin: 256 x int32 header,\n"
-            "                      magic 20240520 with uint16 tokens, or 20240801 with uint32) or\n"
-            "                      any text file (byte-level tokenizer: token = byte, vocabulary\n"
-            "                      256); a glob or a comma list\n"
-            "  --val FILE          validation tokens, same formats; without it, a text --data\n"
-            "                      keeps its last 5%% for validation, a shard --data has none\n"
-            "schedule\n"
-            "  --steps N           optimizer steps to train to (default 100)\n"
-            "  --lr X              peak learning rate (default: the model's optimizer lr)\n"
-            "  --warmup N          linear warm-up steps (default 0), then cosine decay\n"
-            "  --min-lr X          learning rate reached at the last step (default lr/10)\n"
-            "  --grad-accum N      micro-steps per optimizer step (default 1)\n"
-            "  --seed N            parameter init and batch order (default 1)\n"
-            "evaluation and output\n"
-            "  --eval-every N      evaluate every N steps and at the end (default 100; 0: end only)\n"
-            "  --eval-batches N    validation batches per evaluation (default 8)\n"
-            "  --log FILE          JSON lines: step, loss, val_loss, lr, grad_norm, tokens_per_s,\n"
-            "                      ms, mem_bytes\n"
-            "  --out DIR           checkpoints DIR/step_NNNNNN.safetensors and DIR/latest\n"
-            "  --save-every N      checkpoint every N steps (default 0: at the end only)\n"
-            "  --stop-at N         end this run after step N with a checkpoint; the schedule still\n"
-            "                      runs to --steps, and --resume continues it exactly; 0 writes\n"
-            "                      the initial state (step_000000) and trains nothing\n"
-            "  --resume PATH       continue from a checkpoint file, or DIR's latest; --log is\n"
-            "                      appended to, less its lines of the steps this run repeats\n"
-            "  --init PATH         start a fresh run from these weights: a Hugging Face GPT-2 or\n"
-            "                      Llama model (a directory with config.json and model.safetensors\n"
-            "                      or a sharded index) or an fp8c checkpoint (weights only)\n"
-            "  --export-hf DIR     write the state of --resume or --init as a Hugging Face model\n"
-            "                      (DIR/config.json, DIR/model.safetensors in f32) and stop\n"
-            "  --eval-only         print the validation loss of the initial (--init) or resumed\n"
-            "                      state, write it to --log, and stop; needs --val or a text --data\n"
-
-            "  --overwrite         let a run that does not resume write into an --out that holds\n"
-            "                      another run's checkpoints (its latest is removed at the start)\n"
-            "                      and start a non-empty --log afresh; without it both are refused;\n"
-            "                      it lets --export-hf replace the model in its DIR\n"
-            "sampling (on the host, through the reference executor; trains nothing)\n"
-            "  --generate N        write N tokens sampled from the initial or resumed state to\n"
-            "                      stdout: bytes for a vocabulary of 256, else token ids\n"
-            "  --prompt TEXT       the context to continue: text for a vocabulary of 256 (default\n"
-            "                      a newline), else token ids separated by spaces or commas\n"
-            "  --temperature X     softmax temperature (default 1; 0: always the likeliest token)\n"
-            "  --top-k K           sample among the K likeliest tokens (default 0: all)\n"
-            "machine\n"
-            "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
-            "                      kernels), or auto (default: the GPU if one is found, else cpu);\n"
-            "                      ref: the reference executor (the ground truth, slow)\n"
-            "  --threads N         CPU threads (default: $FP8C_THREADS, else every online CPU;\n"
-            "                      results are bit-identical for any count)\n"
-            "  --help              this text\n",
-            prog);
-}
-
-static bool args_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) {
-        if (hi == INT64_MAX)
-            rt_error("%s %s: expected an integer >= %lld", flag, s, (long long)lo);
-        else
-            rt_error("%s %s: expected an integer from %lld to %lld", flag, s, (long long)lo,
-                     (long long)hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-/* A real-valued hyper-parameter. The step is fed f32 scalars, so the value must be finite as
- * an f32, not only as a double: --lr 1e308 would reach the update as infinity and --lr 1e-50
- * as zero. */
-static bool args_real(const char *flag, const char *s, bool allow_zero, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !isfinite(v) || v < 0 || (!allow_zero && v == 0)) {
-        rt_error("%s %s: expected a %s number", flag, s, allow_zero ? "non-negative" : "positive");
-        return false;
-    }
-    if (!isfinite((float)v) || (!allow_zero && (float)v == 0)) {
-        rt_error("%s %s: expected a %s number within f32's range (%g to %g)", flag, s,
-                 allow_zero ? "non-negative" : "positive", (double)FLT_TRUE_MIN, (double)FLT_MAX);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-int rt_parse_args(int argc, char **argv, TrainOptions *o) {
-    *o = (TrainOptions){.device = "auto", .steps = 100, .eval_every = 100, .eval_batches = 8,
-                        .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1, .stop_at = -1,
-                        .temperature = 1.0};
-    bool sampling_flag = false;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) return RT_ARGS_HELP;
-        if (strncmp(arg, "--", 2) != 0) {
-            rt_error("%s: unexpected argument (flags start with --; see --help)", arg);
-            return RT_ARGS_ERROR;
-        }
-        /* the flags without a value */
-        static const char *const switches[] = {"--overwrite", "--eval-only"};
-        int sw = -1;
-        for (int k = 0; k < 2; k++) {
-            size_t len = strlen(switches[k]);
-            if (strncmp(arg, switches[k], len) == 0 && (!arg[len] || arg[len] == '=')) sw = k;
-        }
-        if (sw >= 0) {
-            if (strchr(arg, '=')) {
-                rt_error("%s takes no value: %s", switches[sw], arg);
-                return RT_ARGS_ERROR;
-            }
-            if (sw == 0) o->overwrite = true;
-            else o->eval_only = true;
-            continue;
-        }
-        /* --flag value or --flag=value */
-        char flag[64];
-        const char *value;
-        const char *eq = strchr(arg, '=');
-        if (eq) {
-            snprintf(flag, sizeof flag, "%.*s", (int)(eq - arg), arg);
-            value = eq + 1;
-        } else {
-            snprintf(flag, sizeof flag, "%s", arg);
-            if (i + 1 >= argc) {
-                rt_error("%s needs a value (see --help)", flag);
-                return RT_ARGS_ERROR;
-            }
-            value = argv[++i];
-        }
-        int64_t v = 0;
-        bool ok = true;
-        if (strcmp(flag, "--data") == 0) o->data = value;
-        else if (strcmp(flag, "--val") == 0) o->val = value;
-        else if (strcmp(flag, "--log") == 0) o->log = value;
-        else if (strcmp(flag, "--out") == 0) o->out = value;
-        else if (strcmp(flag, "--resume") == 0) o->resume = value;
-        else if (strcmp(flag, "--init") == 0) o->init = value;
-        else if (strcmp(flag, "--export-hf") == 0) o->export_hf = value;
-        else if (strcmp(flag, "--device") == 0) o->device = value;
-        else if (strcmp(flag, "--steps") == 0) ok = args_int(flag, value, 1, INT32_MAX, &o->steps);
-        else if (strcmp(flag, "--warmup") == 0) ok = args_int(flag, value, 0, INT32_MAX, &o->warmup);
-        else if (strcmp(flag, "--eval-every") == 0)
-            ok = args_int(flag, value, 0, INT32_MAX, &o->eval_every);
-        else if (strcmp(flag, "--eval-batches") == 0)
-            ok = args_int(flag, value, 1, 1 << 20, &o->eval_batches);
-        else if (strcmp(flag, "--save-every") == 0)
-            ok = args_int(flag, value, 0, INT32_MAX, &o->save_every);
-        else if (strcmp(flag, "--stop-at") == 0)
-            ok = args_int(flag, value, 0, INT32_MAX, &o->stop_at);
-        else if (strcmp(flag, "--grad-accum") == 0) {
-            ok = args_int(flag, value, 1, 1 << 16, &v);
-            o->grad_accum = (int)v;
-        } else if (strcmp(flag, "--threads") == 0) {
-            ok = args_int(flag, value, 1, 4096, &v);
-            o->threads = (int)v;
-        } else if (strcmp(flag, "--seed") == 0) {
-            ok = args_int(flag, value, 0, INT64_MAX, &v);
-            o->seed = (uint64_t)v;
-            o->seed_given = true;
-        } else if (strcmp(flag, "--generate") == 0) {
-            ok = args_int(flag, value, 1, INT32_MAX, &o->generate);
-        } else if (strcmp(flag, "--prompt") == 0) {
-            o->prompt = value;
-            sampling_flag = true;
-        } else if (strcmp(flag, "--temperature") == 0) {
-            ok = args_real(flag, value, true, &o->temperature);
-            sampling_flag = true;
-        } else if (strcmp(flag, "--top-k") == 0) {
-            ok = args_int(flag, value, 0, INT32_MAX, &o->top_k);
-            sampling_flag = true;
-        } else if (strcmp(flag, "--lr") == 0) ok = args_real(flag, value, false, &o->lr);
-        else if (strcmp(flag, "--min-lr") == 0) ok = args_real(flag, value, true, &o->min_lr);
-        else {
-            rt_error("%s: unknown flag (see --help)", flag);
-            return RT_ARGS_ERROR;
-        }
-        if (!ok) return RT_ARGS_ERROR;
-        if (!*value) {
-            rt_error("%s: empty value", flag);
-            return RT_ARGS_ERROR;
-        }
-    }
-    if (o->init && o->resume) {
-        rt_error("--init starts a fresh run and --resume continues one: give one of them");
-        return RT_ARGS_ERROR;
-    }
-    if (o->export_hf && !o->init && !o->resume) {
-        rt_error("--export-hf needs the state to export: --resume CHECKPOINT or --init PATH");
-        return RT_ARGS_ERROR;
-    }
-    if ((o->export_hf != NULL) + o->eval_only + (o->generate > 0) > 1) {
-        rt_error("--export-hf, --eval-only and --generate are separate runs: give one of them");
-        return RT_ARGS_ERROR;
-    }
-    if (sampling_flag && !o->generate) {
-        rt_error("--prompt, --temperature and --top-k set how --generate samples: give --generate N");
-        return RT_ARGS_ERROR;
-    }
-    if ((o->eval_only || o->generate) && (o->out || o->stop_at >= 0 || o->save_every)) {
-        rt_error("%s trains nothing and writes no checkpoint: drop --out, --save-every and "
-                 "--stop-at", o->eval_only ? "--eval-only" : "--generate");
-        return RT_ARGS_ERROR;
-    }
-    if (o->eval_only && !o->data && !o->val) {
-        rt_error("--eval-only needs validation data: --val FILE, or a text --data whose last 5%% "
-                 "is held out");
-        return RT_ARGS_ERROR;
-    }
-    if (!o->data && !o->export_hf && !o->generate && !o->eval_only) {
-        rt_error("--data is required (see --help)");
-        return RT_ARGS_ERROR;
-    }
-    if (!rt_device_known(o->device)) {
-        rt_error("--device %s: this runtime runs on the cpu only", o->device);
-        return RT_ARGS_ERROR;
-    }
-    if (o->stop_at == 0 && !o->out) {
-        rt_error("--stop-at 0 writes the initial state: it needs --out DIR");
-        return RT_ARGS_ERROR;
-    }
-    if (o->save_every && !o->out) {
-        rt_error("--save-every needs --out DIR to write checkpoints to");
-        return RT_ARGS_ERROR;
-    }
-    if (o->warmup > o->steps) {
-        rt_error("--warmup %lld is longer than --steps %lld", (long long)o->warmup,
-                 (long long)o->steps);
-        return RT_ARGS_ERROR;
-    }
-    if (o->lr > 0 && o->min_lr > o->lr) {
-        rt_error("--min-lr %g is above --lr %g", o->min_lr, o->lr);
-        return RT_ARGS_ERROR;
-    }
-    return RT_ARGS_OK;
-}
-
 double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_t step) {
     if (step < warmup) return peak * (double)(step + 1) / (double)warmup;
     if (steps <= warmup + 1) return peak;
     double ratio = (double)(step - warmup) / (double)(steps - warmup - 1);
     if (ratio > 1) ratio = 1;
     return floor + 0.5 * (1.0 + cos(M_PI * ratio)) * (peak - floor);
-}
-
-/* ---------------------------------------------------------------- memory */
-
-static int64_t train_storage_bytes(const Node *n) {
-    int64_t need = ir_storage_bytes(n);
-    return n->t.bytes > need ? n->t.bytes : need;
-}
-
-static bool train_has_storage(const Node *n) {
-    return n->t.fmt.elem != FMT_VOID && !ir_op_is_inplace(n->op);
-}
-
-/* An arena is anonymous memory straight from the kernel: zero-filled (persistent states start
- * at zero; steps stay repeatable) and page-aligned, with pages made only when first touched.
- * A GPU run touches little of its host mirror, so a 1.5B-parameter model does not spend its
- * first minute having tens of GiB zeroed that it never reads. */
-static void *train_arena_alloc(int64_t bytes, const char *which, size_t *mapped) {
-    size_t size = (size_t)((bytes + 4095) / 4096 * 4096);
-    if (!size) size = 4096;
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        rt_error("cannot allocate the %s arena: the plan needs %lld bytes (%.1f MiB)", which,
-                 (long long)bytes, (double)bytes / (1 << 20));
-        return NULL;
-    }
-    *mapped = size;
-    return p;
-}
-
-bool rt_memory_bind(Graph *g, RtMemory *m) {
-    memset(m, 0, sizeof *m);
-    /* An artifact built without memplan has no offsets at all; then every tensor gets its own
-     * slice (no reuse). A plan that places some tensors but not others is broken. */
-    int placed = 0, unplaced = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        Node *n = g->nodes[i];
-        if (!train_has_storage(n)) continue;
-        if (n->t.offset >= 0) placed++;
-        else unplaced++;
-    }
-    if (placed && unplaced) {
-        for (int i = 0; i < g->n_nodes; i++) {
-            Node *n = g->nodes[i];
-            if (train_has_storage(n) && n->t.offset < 0) {
-                rt_error("artifact: tensor %%%d%s%s has no place in the memory plan", n->id,
-                         n->t.name ? " " : "", n->t.name ? n->t.name : "");
-                return false;
-            }
-        }
-    }
-    if (!placed && unplaced) {
-        int64_t at[2] = {0, 0};
-        for (int i = 0; i < g->n_nodes; i++) {
-            Node *n = g->nodes[i];
-            if (!train_has_storage(n)) continue;
-            int k = ir_role_is_persistent(n->t.role) ? 0 : 1;
-            n->t.offset = at[k];
-            at[k] += (train_storage_bytes(n) + 63) / 64 * 64;
-        }
-        g->persistent_bytes = at[0];
-        g->transient_bytes = at[1];
-        rt_note("artifact has no memory plan: every tensor gets its own buffer (%lld + %lld bytes)",
-                (long long)at[0], (long long)at[1]);
-    }
-    m->persistent_bytes = g->persistent_bytes;
-    m->step_bytes = g->transient_bytes;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const Node *n = g->nodes[i];
-        if (!train_has_storage(n)) continue;
-        int64_t size = ir_role_is_persistent(n->t.role) ? m->persistent_bytes : m->step_bytes;
-        int64_t end = n->t.offset + train_storage_bytes(n);
-        if (end > size) {
-            rt_error("artifact: tensor %%%d%s%s ends at byte %lld of its arena, which the plan "
-                     "sizes at %lld bytes", n->id, n->t.name ? " " : "",
-                     n->t.name ? n->t.name : "", (long long)end, (long long)size);
-            return false;
-        }
-    }
-    /* Linux overcommits: a plan larger than the machine would "allocate" and then be killed
-     * while the arenas are zeroed. Say so before trying. */
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    int64_t total = m->persistent_bytes + m->step_bytes;
-    if (pages > 0 && page > 0 && total > (int64_t)pages * page) {
-        rt_error("the plan needs %lld bytes (persistent %lld + step %lld), more than this "
-                 "machine's %lld bytes of memory", (long long)total,
-                 (long long)m->persistent_bytes, (long long)m->step_bytes,
-                 (long long)pages * page);
-        return false;
-    }
-    m->persistent = train_arena_alloc(m->persistent_bytes, "persistent", &m->persistent_mapped);
-    m->step = m->persistent ? train_arena_alloc(m->step_bytes, "step", &m->step_mapped) : NULL;
-    if (!m->step) {
-        rt_memory_free(m);
-        return false;
-    }
-    for (int i = 0; i < g->n_nodes; i++) {
-        Node *n = g->nodes[i];
-        if (n->t.fmt.elem == FMT_VOID)
-            n->t.data = NULL;
-        else if (ir_op_is_inplace(n->op))
-            n->t.data = n->in[0]->t.data;   /* the result is its accumulator */
-        else
-            n->t.data = (char *)(ir_role_is_persistent(n->t.role) ? m->persistent : m->step) +
-                        n->t.offset;
-    }
-    return true;
-}
-
-void rt_memory_free(RtMemory *m) {
-    if (m->persistent) munmap(m->persistent, m->persistent_mapped);
-    if (m->step) munmap(m->step, m->step_mapped);
-    memset(m, 0, sizeof *m);
 }
 
 /* ---------------------------------------------------------------- the graph's interface */
@@ -485,7 +122,7 @@ static bool model_inspect(Graph *g, Model *m) {
             if (logits->dims[logits->rank - 1] < m->vocab) m->vocab = logits->dims[logits->rank - 1];
         }
         bool persistent = ir_role_is_persistent(n->t.role);
-        if (persistent && train_has_storage(n) && !model_is_view(m, n)) {
+        if (persistent && rt_has_storage(n) && !model_is_view(m, n)) {
             if (!n->t.name) n->t.name = arena_printf(g->arena, "node.%d", n->id);
             ok &= model_push(&m->saved, &m->n_saved, n);
             if (n->t.role == ROLE_GRAD) ok &= model_push(&m->grads, &m->n_grads, n);
@@ -499,7 +136,7 @@ static bool model_inspect(Graph *g, Model *m) {
             if (grown) m->delayed = grown, grown[m->n_delayed++] = n->in[0], grown[m->n_delayed++] = hist;
         }
         if (n->phase == PHASE_FORWARD && n->op != OP_PARAM && n->op != OP_STATE) {
-            if (persistent && train_has_storage(n))
+            if (persistent && rt_has_storage(n))
                 ok &= model_push(&m->eval_touched, &m->n_eval_touched, n);
             if (ir_op_is_inplace(n->op))
                 ok &= model_push(&m->eval_touched, &m->n_eval_touched, n->in[0]);
@@ -628,7 +265,7 @@ static void model_zero_grads(const Model *m) {
         return;
     }
     for (int i = 0; i < m->n_grads; i++)
-        memset(m->grads[i]->t.data, 0, (size_t)train_storage_bytes(m->grads[i]));
+        memset(m->grads[i]->t.data, 0, (size_t)rt_storage_bytes(m->grads[i]));
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -745,7 +382,7 @@ static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int
     train_dev_nodes(train_dev->pull, m->eval_touched, m->n_eval_touched);
     for (int i = 0; i < m->n_eval_touched; i++) {
         const Tensor *t = &m->eval_touched[i]->t;
-        size_t bytes = (size_t)train_storage_bytes(m->eval_touched[i]);
+        size_t bytes = (size_t)rt_storage_bytes(m->eval_touched[i]);
         saved[i] = malloc(bytes);
         memcpy(saved[i], t->data, bytes);
     }
@@ -761,7 +398,7 @@ static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int
     }
     for (int i = 0; i < m->n_eval_touched; i++) {
         Tensor *t = &m->eval_touched[i]->t;
-        memcpy(t->data, saved[i], (size_t)train_storage_bytes(m->eval_touched[i]));
+        memcpy(t->data, saved[i], (size_t)rt_storage_bytes(m->eval_touched[i]));
         free(saved[i]);
     }
     free(saved);
