@@ -819,8 +819,22 @@ bool rt_st_open(RtStFile *s, const char *path) {
                      path, e->name, (long long)e->end, (long long)data_bytes);
             goto fail;
         }
+        /* a shape whose bytes would not fit in 64 bits (at 8 bytes an element, the widest
+         * dtype) describes no file: refused whatever the dtype, so that no caller multiplies
+         * the dims into an overflow */
         int64_t numel = 1;
-        for (int d = 0; d < e->rank; d++) numel *= e->dims[d];
+        bool huge = false, empty = false;
+        for (int d = 0; d < e->rank; d++) {
+            huge |= __builtin_mul_overflow(numel, e->dims[d], &numel);
+            empty |= e->dims[d] == 0;
+        }
+        if (empty) numel = 0, huge = false;
+        if (huge || numel > INT64_MAX / 8) {
+            char shape[128];
+            ckpt_shape_text(shape, sizeof shape, e->rank, e->dims);
+            rt_error("%s: tensor %s has shape %s, too large for any file", path, e->name, shape);
+            goto fail;
+        }
         int bytes = rt_st_dtype_bytes(e->dtype);
         if (bytes && e->end - e->begin != numel * bytes) {
             rt_error("%s: tensor %s has %lld data bytes, its shape and dtype need %lld", path,

@@ -617,6 +617,43 @@ static void test_checkpoint_corruption(void **state) {
     free_tensors(&b);
 }
 
+/* A safetensors header whose shape has more elements than 64 bits count (2^32 x 2^32 wraps to
+ * 0, which its empty data would match) is refused by rt_st_open, whatever the dtype. */
+static void test_safetensors_huge_shape(void **state) {
+    (void)state;
+    static const char *const dtypes[] = {"F32", "XYZ"};
+    for (int i = 0; i < 2; i++) {
+        char header[160];
+        int len = snprintf(header, sizeof header,
+                           "{\"x\":{\"dtype\":\"%s\",\"shape\":[4294967296,4294967296],"
+                           "\"data_offsets\":[0,0]}}", dtypes[i]);
+        const char *path = tmp_path("huge.safetensors");
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        uint8_t len8[8] = {(uint8_t)len};
+        assert_int_equal(fwrite(len8, 1, 8, f), 8);
+        assert_int_equal(fwrite(header, 1, (size_t)len, f), (size_t)len);
+        assert_int_equal(fclose(f), 0);
+        RtStFile s;
+        rt_clear_error();
+        assert_false(rt_st_open(&s, path));
+        assert_non_null(strstr(rt_last_error(), "too large"));
+    }
+    /* a zero dim empties the shape however large the others are */
+    const char *ok = "{\"x\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,0],"
+                     "\"data_offsets\":[0,0]}}";
+    const char *path = tmp_path("empty.safetensors");
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint8_t len8[8] = {(uint8_t)strlen(ok)};
+    assert_int_equal(fwrite(len8, 1, 8, f), 8);
+    assert_int_equal(fwrite(ok, 1, strlen(ok), f), strlen(ok));
+    assert_int_equal(fclose(f), 0);
+    RtStFile s;
+    assert_true(rt_st_open(&s, path));
+    rt_st_close(&s);
+}
+
 /* A NaN or an infinity anywhere in a floating-point tensor is refused at load, naming the
  * tensor, before any tensor is written: such a state would only train into NaN. */
 static void test_checkpoint_non_finite(void **state) {
@@ -1002,6 +1039,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_checkpoint_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_corruption, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_non_finite, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_safetensors_huge_shape, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_failed_save, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_umask, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_synced, setup, teardown),
