@@ -430,7 +430,9 @@ static double gpt2_loss(const Model *m, const int32_t *tok, const int32_t *tgt) 
 }
 
 /* Greedy continuation of a prompt by GPT2LMHeadModel: n tokens into out. */
-static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out) {
+/* ... and margin[k]: how far the best logit of step k stood above the second best, relative to
+ * the largest magnitude (the binary computes in f32: a near tie may go the other way there) */
+static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out, double *margin) {
     int32_t seq[T];
     int len = (int)strlen(prompt);
     for (int i = 0; i < len; i++) seq[i] = (unsigned char)prompt[i];
@@ -441,12 +443,15 @@ static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out)
         for (int i = len; i < T; i++) seq[i] = seq[len - 1];
         gpt2_hidden(m, seq, h);
         int best = 0;
-        double best_logit = -INFINITY;
+        double best_logit = -INFINITY, second = -INFINITY, scale = 0;
         for (int v = 0; v < V; v++) {
             double logit = 0;
             for (int c = 0; c < C; c++) logit += h[(len - 1) * C + c] * wte[v * C + c];
-            if (logit > best_logit) best_logit = logit, best = v;
+            if (fabs(logit) > scale) scale = fabs(logit);
+            if (logit > best_logit) second = best_logit, best_logit = logit, best = v;
+            else if (logit > second) second = logit;
         }
+        margin[k] = (best_logit - second) / (scale > 0 ? scale : 1);
         seq[len] = out[k] = best;
     }
 }
@@ -658,13 +663,22 @@ static void test_generate(void **state) {
                        tmp("g"), tmp("gpt2"), N);
     if (rc != 0) fail_msg("--generate failed (%d):\n%s", rc, output("greedy"));
     int32_t want[N];
-    gpt2_greedy(&m, "ab", N, want);
+    double margin[N];
+    gpt2_greedy(&m, "ab", N, want, margin);
     int64_t size = 0;
     uint8_t *got = rt_read_file(tmp("greedy.stdout"), &size);
     assert_int_equal(size, 2 + N);
     assert_memory_equal(got, "ab", 2);
-    for (int k = 0; k < N; k++)
-        if (got[2 + k] != want[k]) fail_msg("token %d: generated %d, the HF forward's argmax %d", k, got[2 + k], want[k]);
+    /* equal tokens up to a near tie (1e-4 of the largest logit, far above f32's error on these
+     * sums), after which the two continuations may part */
+    for (int k = 0; k < N; k++) {
+        if (got[2 + k] == want[k]) continue;
+        if (margin[k] < 1e-4) {
+            print_message("token %d: a near tie (margin %.2e), the rest not compared\n", k, margin[k]);
+            break;
+        }
+        fail_msg("token %d: generated %d, the HF forward's argmax %d (margin %.2e)", k, got[2 + k], want[k], margin[k]);
+    }
     free(got);
     const char *fmt = "%s --init %s --generate %d --prompt 'ab' --seed %u %s";
     assert_int_equal(run_split("s1", fmt, tmp("g"), tmp("gpt2"), N, seed, "--top-k 5"), 0);
