@@ -120,7 +120,7 @@ bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);
 bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out);
 uint64_t cuda_hash(uint64_t h, const void *data, size_t n);      /* FNV-1a, 64 bits; h 0: start */
 
-/* ---------------------------------------------------------------- program.c */
+/* ---------------------------------------------------------------- program.c (compiler only) */
 /* The GPU kernel program of g as the training binary runs it (cuda_plan_graph, then
  * cuda_plan_epilogues; renumbers g): one line per launch, in launch order, with the nodes it
  * computes, the bytes of the tensors it reads and writes, and the FLOPs of GEMMs and
