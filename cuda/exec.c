@@ -102,6 +102,8 @@ struct CudaExec {
     ProfRow *prof;
     int n_prof, cap_prof;
     double prof_total;
+    FILE *trace;                          /* FP8C_CUDA_TRACE: every profiled launch, one line */
+    int trace_run;
     char name[256];
 };
 
@@ -713,7 +715,13 @@ static bool exec_run_profiled(CudaExec *e, ExecList *L) {
              CU_CHECK(CU(cuEventRecord)(ev[1], e->stream)) && CU_CHECK(CU(cuEventSynchronize)(ev[1])) &&
              CU_CHECK(CU(cuEventElapsedTime)(&ms, ev[0], ev[1]));
         if (ok) prof_add(e, &L->l[i], ms);
+        if (ok && e->trace) {
+            const ExecLaunch *x = &L->l[i];
+            fprintf(e->trace, "%d\t%d\t%s\t%s\t%%%d\t%s\t%.4f\n", e->trace_run, i, ir_op_info(x->node->op)->text,
+                    x->fn, x->node->id, x->node->t.name ? x->node->t.name : "-", ms);
+        }
     }
+    e->trace_run++;
     CU(cuEventDestroy_v2)(ev[0]);
     CU(cuEventDestroy_v2)(ev[1]);
     return ok;
@@ -824,6 +832,14 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->graphs = env_flag("FP8C_CUDA_GRAPHS", true);
     e->sync_each = env_flag("FP8C_CUDA_SYNC", false);
     e->profile = env_flag("FP8C_CUDA_PROFILE", false);
+    const char *trace = getenv("FP8C_CUDA_TRACE");   /* a file: each launch of each run, timed */
+    if (trace && *trace) {
+        if (!(e->trace = fopen(trace, "w"))) {
+            rt_error("FP8C_CUDA_TRACE: cannot write %s", trace);
+            goto fail;
+        }
+        e->profile = true;
+    }
     const char *fa = getenv("FP8C_CUDA_FAST_ACCUM");
     e->fast_accum_all = fa && !strcmp(fa, "all");
     if (!CU_CHECK(CU(cuDeviceGet)(&e->dev, 0)) || !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&e->ctx, e->dev)))
@@ -934,6 +950,7 @@ void cuda_exec_close(CudaExec *e) {
     if (!e) return;
     prof_print(e);
     free(e->prof);
+    if (e->trace) fclose(e->trace);
     if (e->have_ctx) {
         CU(cuCtxSetCurrent)(e->ctx);
         if (e->stream) CU(cuStreamSynchronize)(e->stream);
