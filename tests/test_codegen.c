@@ -36,6 +36,7 @@
 #include "codegen.h"
 #include "compiler.h"
 #include "ref_internal.h"
+#include "coded_check.h"
 #include "test_rng.h"
 
 static const SrcLoc here = {"test_codegen.c", 1, 1};
@@ -317,19 +318,6 @@ static bool is_read(const Graph *g, const Node *n)
         for (int j = 0; j < g->nodes[i]->n_in; j++)
             if (g->nodes[i]->in[j] == n) return true;
     return false;
-}
-
-/* ||a - b|| / ||b|| over decoded values, NaN where only one is NaN */
-static double norm_error(const float *a, const float *b, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isnan(a[i]) != isnan(b[i])) return NAN;
-        if (isnan(a[i]) || (isinf(a[i]) && a[i] == b[i])) continue;
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static int64_t storage_bytes(const Tensor *t) { return ir_numel(t) * fmt_elem_bytes(t->fmt.elem); }
@@ -909,20 +897,7 @@ typedef struct {
     int64_t n;
 } CodedCase;
 
-typedef struct {
-    double c, k;            /* side values that agree: a group's maximum, and k; relative */
-    double moved;           /* fraction of groups whose side values do not */
-    double off;             /* fraction of codes one step off (in groups that agree) */
-    double group_err;       /* normalized error of a group's decoded values */
-} CodedBounds;
-
 static const CodedBounds ENCODE_BOUNDS = {0.0, 0x1p-20, 0.0, 0.002, 0.1};
-static const CodedBounds STEP_BOUNDS = {1e-5, 1e-4, 0.05, 0.01, 0.1};
-
-typedef struct {
-    int64_t codes, off, groups, moved;
-    double c, k, err;       /* largest relative side differences, normalized error */
-} CodedStats;
 
 /* A moment tensor of n elements through codec c, with its side values. */
 static Node *coded_state(TG *t, Codec c, int64_t n)
@@ -964,74 +939,6 @@ static void grads_fill(const double *scales, float *g, int64_t n, int s)
     }
 }
 
-/* The position of a sign-magnitude code in value order (both zeros at 0). */
-static int64_t sm_order(uint32_t code, int bits)
-{
-    uint32_t mag = code & ((1u << (bits - 1)) - 1);
-    return code >> (bits - 1) & 1 ? -(int64_t)mag : (int64_t)mag;
-}
-
-/* How many code steps apart element i of two arrays of codes of type e is. */
-static int64_t code_steps(ElemType e, const void *a, const void *b, int64_t i)
-{
-    switch (e) {
-    case FMT_E4M3: return llabs(sm_order(((const uint8_t *)a)[i], 8) - sm_order(((const uint8_t *)b)[i], 8));
-    case FMT_I8: return llabs((int64_t)((const int8_t *)a)[i] - ((const int8_t *)b)[i]);
-    case FMT_U8: return llabs((int64_t)((const uint8_t *)a)[i] - ((const uint8_t *)b)[i]);
-    default: IR_ASSERT(!"code_steps: not a code type");
-    }
-    return 0;
-}
-
-/* A coded tensor t: the CPU's codes cq and side values cs against the reference's rq, rs.
- * Group by group: where the side values agree, the codes are at most one step apart; a group
- * whose side values do not (a k from a smallest element that the f32 step computed with
- * cancellation) is encoded with a different exponent, and only its decoded values compare. */
-static void coded_check(const char *what, const Tensor *t, const void *cq, const float *cs,
-                        const void *rq, const float *rs, const CodedBounds *b, CodedStats *st)
-{
-    Codec codec = t->fmt.codec;
-    int64_t n = ir_numel(t), G = codec_group_size(codec), groups = (n + G - 1) / G, off = 0, moved = 0;
-    int per = codec_params_per_group(codec);
-    float *c = malloc(sizeof(float) * (size_t)n), *r = malloc(sizeof(float) * (size_t)n);
-    codec_decode(codec, cq, cs, c, n);
-    codec_decode(codec, rq, rs, r, n);
-    for (int64_t gi = 0; gi < groups; gi++) {
-        int64_t lo = gi * G, hi = lo + G < n ? lo + G : n;
-        bool agree = true;
-        for (int j = 0; j < per; j++) {
-            float x = cs[gi * per + j], y = rs[gi * per + j];
-            bool is_k = j == 1;
-            double d = x == y || (isnan(x) && isnan(y)) ? 0 : fabs((double)x - y) / fabs(y);
-            if (is_k) st->k = fmax(st->k, d);
-            else st->c = fmax(st->c, d);
-            agree &= d <= (is_k ? b->k : b->c);
-        }
-        moved += !agree;
-        for (int64_t i = lo; agree && i < hi; i++) {
-            int64_t d = code_steps(t->fmt.elem, cq, rq, i);
-            if (d > 1)
-                fail_msg("%s[%lld]: code %lld steps from the reference's (group %lld: %.9g %.9g, reference "
-                         "%.9g %.9g)", what, (long long)i, (long long)d, (long long)gi, cs[gi * per],
-                         cs[gi * per + per - 1], rs[gi * per], rs[gi * per + per - 1]);
-            off += d;
-        }
-        double ge = norm_error(c + lo, r + lo, hi - lo);
-        if (!(ge <= b->group_err))
-            fail_msg("%s: group %lld decoded: normalized error %.3g", what, (long long)gi, ge);
-    }
-    if (moved > (b->moved > 0 ? 2 : 0) + (int64_t)(b->moved * (double)groups))
-        fail_msg("%s: side values of %lld of %lld groups differ", what, (long long)moved, (long long)groups);
-    if (off > 4 + (int64_t)(b->off * (double)n))
-        fail_msg("%s: %lld of %lld codes one step off", what, (long long)off, (long long)n);
-    st->err = fmax(st->err, norm_error(c, r, n));
-    st->codes += n;
-    st->off += off;
-    st->groups += groups;
-    st->moved += moved;
-    free(c);
-    free(r);
-}
 
 /* A moment of the test graph, set 1 (CPU) against set 0 (reference). */
 static void moment_check(TG *t, const char *what, Node *s, const CodedBounds *b, CodedStats *st)
@@ -1052,7 +959,7 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
 {
     TG *t = tg_new();
     int64_t n = cc->n;
-    const CodedBounds *bounds = encode ? &ENCODE_BOUNDS : &STEP_BOUNDS;
+    const CodedBounds *bounds = encode ? &ENCODE_BOUNDS : &CODED_STEP_BOUNDS;
     Node *lr = scalar(t, 1e-3), *step = scalar(t, 1), *clip = scalar(t, encode ? 1.0 : 0.7), *gs = scalar(t, 1.0);
     Node *p = leaf(t, OP_PARAM, cc->master ? FMT_BF16 : FMT_F32, 1, n, 0, 0);
     Node *g = leaf(t, OP_STATE, FMT_BF16, 1, n, 0, 0);
@@ -1556,7 +1463,7 @@ static void replay_level(int level)
                 if (codes[t]) {
                     char what[200];
                     snprintf(what, sizeof what, "-O%d: kernel of %%%d adamw (%s)", level, n->id, tt->name);
-                    coded_check(what, tt, codes[t], sides[t], tt->data, tt->fmt.scale->t.data, &STEP_BOUNDS, &coded);
+                    coded_check(what, tt, codes[t], sides[t], tt->data, tt->fmt.scale->t.data, &CODED_STEP_BOUNDS, &coded);
                     free(codes[t]);
                     free(sides[t]);
                     continue;

@@ -1432,14 +1432,30 @@ template <class X> __device__ void ck_all_finite(const CkArgs &a) {
  * A warp takes 128 elements (lane l holds l, l+32, l+64, l+96), so a 128-group is the warp and
  * a 32-group is one of the lane's four slots: the group statistics are warp reductions, with
  * no shared memory and no second pass. The master weight may be split (bf16 weight + i8
- * rounding error). Encoding and decoding follow codecs.c line by line, in f64 where it is f64. */
+ * rounding error).
+ *
+ * The transforms are computed in f32, as the kernel IR's AdamW computes them
+ * (codegen/lower_kernels.c, moment_decode and moment_encode, term for term, with the powers of
+ * range expansion through the special-function unit): codecs.c computes
+ * them in f64 and is the reference they are bounded against, not matched bit for bit. The
+ * update itself (m, v, w) stays in f64 as ref_adamw's. In f64 the codecs took about 670
+ * instructions an element at -O3 (software divisions, square roots and pow on the f64 units);
+ * in f32 the side values that are a group's maximum come out bit for bit (sqrtf is correctly
+ * rounded, and the f32 square root of an f32 equals the f64 one rounded), k within a few f32
+ * ulps, and a code lands one step from the reference's only where the two straddle a rounding
+ * point (tests/gpu/test_gpu_ops.c states the bounds). */
 
-#define CK_EXPAND_TARGET_MIN (1.0 / 64.0)
-#define CK_EXPAND_K_MAX 16.0
+#define CK_EXPAND_RANGE 28672.0f   /* e4m3's normal range, 448 / 2^-6 */
+#define CK_EXPAND_K_MAX 16.0f
 
 static __device__ __forceinline__ int ck_codec_group(int c) {
     return c == CODEC_EXPAND ? 128 : 32;
 }
+
+/* y^e for y >= 0, e > 0 (0 at y = 0) through the special-function unit: lg2.approx, then
+ * exp2 of the product, within a few ulps of f32 (about 1e-6 relative where e log2 y reaches
+ * -10, the smallest a range-expanded element gets), a sixtieth of an e4m3 step */
+static __device__ __forceinline__ float ck_pow_fast(float y, float e) { return exp2f(e * __log2f(y)); }
 
 /* NaN wins (codec_absmax) */
 static __device__ __forceinline__ float ck_absmax_nan(float m, float a) { return (a > m || a != a) ? a : m; }
@@ -1449,28 +1465,27 @@ static __device__ __forceinline__ float ck_warp_absmax_nan(float m) {
     for (int o = 16; o > 0; o >>= 1) m = ck_absmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
     return m;
 }
-static __device__ __forceinline__ double ck_warp_min(double m) {
-    for (int o = 16; o > 0; o >>= 1) m = fmin(m, __shfl_xor_sync(0xffffffffu, m, o));
+static __device__ __forceinline__ float ck_warp_min(float m) {
+    for (int o = 16; o > 0; o >>= 1) m = fminf(m, __shfl_xor_sync(0xffffffffu, m, o));
     return m;
 }
 
 /* decode element i of a coded state (codes q, side values p) */
 template <int C> static __device__ __forceinline__ float ck_codec_ld(const CkTensor &t, i64 i) {
     const float *p = (const float *)t.s;
-    if (C == CODEC_EXPAND) {
+    if (C == CODEC_EXPAND) {   /* sign(d) c (|d| / 448)^(1/k) */
         const float *pg = p + (i / 128) * 2;
-        double c = pg[0], inv_k = 1.0 / (double)pg[1];
-        double d = Elem<FMT_E4M3>::ld(t.p, i);
-        double a = c * pow(fabs(d) / 448.0, inv_k);
-        return (float)(signbit(d) ? -a : a);
+        float d = Elem<FMT_E4M3>::ld(t.p, i);
+        float a = pg[0] * ck_pow_fast(fabsf(d) / 448.0f, 1.0f / pg[1]);
+        return signbit(d) ? -a : a;
     }
-    if (C == CODEC_COMPAND) {
-        double z = ((const signed char *)t.p)[i] / 127.0;
-        return (float)(p[i / 32] * (z / (2.0 - fabs(z))));
+    if (C == CODEC_COMPAND) {   /* amax z / (2 - |z|), z = q / 127 */
+        float q = ((const signed char *)t.p)[i];
+        return p[i / 32] * (q / (254.0f - fabsf(q)));
     }
-    double z = ((const unsigned char *)t.p)[i] / 255.0;   /* CODEC_SQRT */
-    double s = z / (2.0 - z) * p[i / 32];
-    return (float)(s * s);
+    float q = ((const unsigned char *)t.p)[i];   /* CODEC_SQRT: (p z / (2 - z))^2, z = q / 255 */
+    float r = q / (510.0f - q) * p[i / 32];
+    return r * r;
 }
 
 /* encode the warp's 128 values x[j] (element base + lane + 32 j, those < n) */
@@ -1478,59 +1493,51 @@ template <int C> static __device__ void ck_codec_st(const CkTensor &t, i64 base,
     int lane = threadIdx.x & 31;
     float *p = (float *)t.s;
     if (C == CODEC_EXPAND) {
-        float m = 0.0f;
-        double lo = CK_INF;
+        float m = 0.0f, lo = CK_INF;
         for (int j = 0; j < 4; j++) {
             if (base + lane + 32 * j >= n) continue;
-            m = ck_absmax_nan(m, fabsf(x[j]));
-            double a = fabs((double)x[j]);
-            if (a > 0.0 && a < lo) lo = a;
+            float a = fabsf(x[j]);
+            m = ck_absmax_nan(m, a);
+            if (a > 0.0f && a < lo) lo = a;
         }
-        double c = ck_warp_absmax_nan(m);
+        float c = ck_warp_absmax_nan(m);
         lo = ck_warp_min(lo);
-        double k = 1.0;
-        if (c > 0.0 && c / lo > 1.0) k = log(448.0 / CK_EXPAND_TARGET_MIN) / log(c / lo);
-        if (k > CK_EXPAND_K_MAX) k = CK_EXPAND_K_MAX;
-        float cf = (float)c, kf = (float)k;
+        /* k = log(28672) / log(c / lo) when c > 0 and c / lo > 1, else 1; at most 16 */
+        float ratio = c / lo, k = 1.0f;
+        if (c > 0.0f && ratio > 1.0f) k = logf(CK_EXPAND_RANGE) / logf(ratio);
+        k = fminf(k, CK_EXPAND_K_MAX);
         if (lane == 0) {
-            p[(base / 128) * 2] = cf;
-            p[(base / 128) * 2 + 1] = kf;
+            p[(base / 128) * 2] = c;
+            p[(base / 128) * 2 + 1] = k;
         }
-        c = cf;
-        k = kf;
+        bool finite = c > 0.0f && c < CK_INF;
         for (int j = 0; j < 4; j++) {
             i64 i = base + lane + 32 * j;
             if (i >= n) continue;
-            double y = c > 0.0 && isfinite(c) ? 448.0 * pow(fabs((double)x[j]) / c, k) : 0.0;
-            Elem<FMT_E4M3>::st(t.p, i, (float)(signbit(x[j]) ? -y : y));
+            float y = finite ? 448.0f * ck_pow_fast(fabsf(x[j]) / c, k) : 0.0f;
+            Elem<FMT_E4M3>::st(t.p, i, signbit(x[j]) ? -y : y);
         }
         return;
     }
     for (int j = 0; j < 4; j++) {   /* 32-groups: slot j of every lane */
         i64 i = base + lane + 32 * j;
         bool in = i < n;
-        if (C == CODEC_COMPAND) {
-            float m = ck_warp_absmax_nan(in ? fabsf(x[j]) : 0.0f);
-            double a = m;
-            if (lane == 0 && base + 32 * j < n) p[(base + 32 * j) / 32] = m;
+        float v = in ? x[j] : 0.0f;
+        if (C == CODEC_COMPAND) {   /* round(127 2y / (1 + |y|)), y = x / amax */
+            float c = ck_warp_absmax_nan(fabsf(v));
+            if (lane == 0 && base + 32 * j < n) p[(base + 32 * j) / 32] = c;
             if (!in) continue;
-            double y = a > 0.0 && isfinite(a) ? x[j] / a : 0.0;
-            ((signed char *)t.p)[i] = (signed char)rint(127.0 * (2.0 * y / (1.0 + fabs(y))));
-        } else {
-            float v = in ? x[j] : 0.0f;
-            /* max of sqrt(v) over the group in f64, NaN winning (sqrt_encode) */
-            double a = v > 0.0f ? sqrt((double)v) : v != v ? (double)CK_NAN : 0.0;
-            for (int o = 16; o > 0; o >>= 1) {
-                double b = __shfl_xor_sync(0xffffffffu, a, o);
-                a = (b > a || b != b) ? b : a;
-            }
-            float pf = (float)a;
-            if (lane == 0 && base + 32 * j < n) p[(base + 32 * j) / 32] = pf;
+            float y = c > 0.0f && c < CK_INF ? v / c : 0.0f;
+            ((signed char *)t.p)[i] = (signed char)rintf(127.0f * (2.0f * y / (1.0f + fabsf(y))));
+        } else {   /* CODEC_SQRT: round(255 2y / (1 + y)), y = sqrt(v) / max sqrt(v); v > 0: >= 1 */
+            float c = ck_warp_absmax_nan(v > 0.0f ? sqrtf(v) : v != v ? CK_NAN : 0.0f);
+            if (lane == 0 && base + 32 * j < n) p[(base + 32 * j) / 32] = c;
             if (!in) continue;
-            a = pf;
-            double y = a > 0.0 && isfinite(a) && v > 0.0f ? sqrt((double)v) / a : 0.0;
-            double r = rint(255.0 * (2.0 * y / (1.0 + y)));
-            ((unsigned char *)t.p)[i] = (unsigned char)(r < 1.0 && y > 0.0 ? 1.0 : r);
+            bool pos = c > 0.0f && c < CK_INF && v > 0.0f;
+            float y = pos ? sqrtf(v) / c : 0.0f;
+            float r = 255.0f * (2.0f * y / (1.0f + y));
+            /* rint(r) < 1 exactly when r <= 0.5 (the tie rounds to the even 0) */
+            ((unsigned char *)t.p)[i] = (unsigned char)(pos && r <= 0.5f ? 1.0f : rintf(r));
         }
     }
 }
