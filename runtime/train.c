@@ -802,7 +802,9 @@ static int train_rank_run(Graph *g, const TrainOptions *opts) {
     }
     bool released = false;   /* built with --grad-release: updates read gradients, not accumulators */
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE) released = true;
+        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE &&
+            g->nodes[i]->in[1]->op != OP_ALL_REDUCE)
+            released = true;
     if (o->grad_accum > 1 && released) {
         /* built with --grad-release: there are no accumulators to sum micro-steps into */
         rt_error("this binary was built with --grad-release, which updates each parameter as soon "
