@@ -77,6 +77,7 @@ static bool wd_running;
 static pthread_mutex_t wd_lock = PTHREAD_MUTEX_INITIALIZER;
 static double wd_deadline;             /* 0: disarmed */
 static char wd_what[128];
+static char wd_comm_file[4096];        /* rank 0's id file while the ranks meet: removed on exit */
 
 static bool nccl_check(ncclResult_t r, const char *call, const char *file, int line) {
     if (r == ncclSuccess) return true;
@@ -145,6 +146,7 @@ static void *wd_main(void *arg) {
             _exit(3);
         }
         if (deadline > 0 && now_s() > deadline) {
+            if (wd_comm_file[0]) unlink(wd_comm_file);   /* a later run must not read it */
             rt_error("rank %d of %d: %s did not finish within %g s (--comm-timeout): another "
                      "rank died or hangs; ending this rank", nc_rank, nc_world, what, nc_timeout);
             _exit(3);
@@ -252,9 +254,11 @@ bool cuda_nccl_open(int rank, int world, const char *comm_file, double timeout_s
         pthread_detach(wd_thread);
         wd_running = true;
     }
+    if (rank == 0) snprintf(wd_comm_file, sizeof wd_comm_file, "%s", comm_file);
     cuda_nccl_arm("meeting the other ranks (ncclCommInitRank)");
     bool ok = NC_CHECK(nc.ncclCommInitRank(&nc_comm, world, id, rank));
     cuda_nccl_disarm();
+    wd_comm_file[0] = 0;
     if (rank == 0) unlink(comm_file);   /* every rank has read it: the communicator exists */
     if (!ok) {
         nc_comm = NULL;
