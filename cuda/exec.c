@@ -959,10 +959,6 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, &e->plans[i])) goto fail;
         if (n->phase != PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i])) goto fail;
         if (n->phase != PHASE_UPDATE) continue;
-        if (n->op == OP_ALL_REDUCE) {
-            if (!exec_add_reduce(e, n)) goto fail;
-            continue;
-        }
         if (batches && e->batch_run[i]) {
             if (!exec_add_run(e, &e->lists[LIST_UPDATE], i)) goto fail;
             i += e->batch_run[i] - 1;
@@ -970,6 +966,9 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
             goto fail;
         }
     }
+    /* the gradients' averages (no launches of their own: a batched run may span them) */
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ALL_REDUCE && !exec_add_reduce(e, g->nodes[i])) goto fail;
     qsort(e->reduce, (size_t)e->n_reduce, sizeof *e->reduce, reduce_cmp);
     e->tune = false;   /* from here on the arenas hold data */
     if (getenv("FP8C_CUDA_VERBOSE")) fprintf(stderr, "CUDA executor: %d GEMM shapes timed\n", e->n_tuned);

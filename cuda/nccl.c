@@ -264,7 +264,8 @@ bool cuda_nccl_open(int rank, int world, const char *comm_file, double timeout_s
         nc_comm = NULL;
         return false;
     }
-    if (!CU_CHECK(CU(cuStreamCreate)(&nc_stream, CU_STREAM_NON_BLOCKING)) ||
+    /* a blocking stream: it waits for the synchronous copies (legacy stream) that fill its input */
+    if (!CU_CHECK(CU(cuStreamCreate)(&nc_stream, CU_STREAM_DEFAULT)) ||
         !CU_CHECK(CU(cuMemAlloc_v2)(&nc_scalars, NCCL_SCALARS * sizeof(double))))
         return false;
     return true;

@@ -28,6 +28,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -705,6 +706,7 @@ static int train_launch(Graph *g, const TrainOptions *o) {
     c.world_size = o->gpus;
     c.comm_file = file;
     int status = 0, started = 0;
+    pid_t launcher = getpid();
     fflush(NULL);
     for (int r = 0; r < o->gpus; r++) {
         pid_t pid = fork();
@@ -714,6 +716,8 @@ static int train_launch(Graph *g, const TrainOptions *o) {
             break;
         }
         if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGTERM);   /* no rank outlives its launcher */
+            if (getppid() != launcher) _exit(1);   /* it died before prctl */
             c.rank = r;
             int rc = train_rank_run(g, &c);
             fflush(NULL);
@@ -880,8 +884,9 @@ static int train_rank_run(Graph *g, const TrainOptions *opts) {
             (long long)mem.step_bytes, (long long)train.n_tokens);
     if (train_dev != &rt_cpu_device) rt_note("device: %s", train_dev->describe());
     if (train_world > 1)
-        rt_note("data parallel: %d ranks, global batch %d x %d x %d micro-steps; rank 0 logs and "
-                "writes checkpoints", train_world, train_world, m.B, o->grad_accum);
+        rt_note("data parallel over %d ranks: a step is %d sequences (%d ranks x batch %d x %d "
+                "micro-steps); rank 0 logs and writes checkpoints", train_world,
+                train_world * m.B * o->grad_accum, train_world, m.B, o->grad_accum);
     if (o->eval_only) {
         if (!val.n_shards) {
             rt_error("--eval-only: %s holds no validation data: give --val FILE", o->data);
@@ -995,8 +1000,9 @@ static int train_rank_run(Graph *g, const TrainOptions *opts) {
             break;
         }
         if (skips >= TRAIN_MAX_SKIPS) {
-            rt_log_message(&log, "error: the last %d steps all had a non-finite loss or "
-                           "gradient; stopping (try a lower --lr)", skips);
+            if (train_rank == 0)   /* every rank skipped the same steps: one says so */
+                rt_log_message(&log, "error: the last %d steps all had a non-finite loss or "
+                               "gradient; stopping (try a lower --lr)", skips);
             status = 1;
             break;
         }
