@@ -45,7 +45,6 @@
     X(ncclGetVersion, ncclResult_t, (int *))                                                 \
     X(ncclGetUniqueId, ncclResult_t, (ncclUniqueId *))                                       \
     X(ncclCommInitRank, ncclResult_t, (ncclComm_t *, int, ncclUniqueId, int))                \
-    X(ncclCommDestroy, ncclResult_t, (ncclComm_t))                                           \
     X(ncclCommAbort, ncclResult_t, (ncclComm_t))                                             \
     X(ncclCommGetAsyncError, ncclResult_t, (ncclComm_t, ncclResult_t *))                     \
     X(ncclGetErrorString, const char *, (ncclResult_t))                                      \
@@ -137,12 +136,14 @@ static void *wd_main(void *arg) {
         char what[sizeof wd_what];
         memcpy(what, wd_what, sizeof what);
         pthread_mutex_unlock(&wd_lock);
+        /* only while a step waits on the others: a rank that finished (and closed its
+         * connections) while this one still writes its last checkpoint is no failure */
         ncclResult_t async = ncclSuccess;
-        if (nc_comm && nc.ncclCommGetAsyncError(nc_comm, &async) == ncclSuccess &&
+        if (deadline > 0 && nc_comm && nc.ncclCommGetAsyncError(nc_comm, &async) == ncclSuccess &&
             async != ncclSuccess && async != ncclInProgress) {
             rt_error("rank %d of %d: NCCL reports %s during %s: another rank failed or the "
                      "network broke; ending this rank", nc_rank, nc_world,
-                     nc.ncclGetErrorString(async), deadline > 0 ? what : "the run");
+                     nc.ncclGetErrorString(async), what);
             _exit(3);
         }
         if (deadline > 0 && now_s() > deadline) {
@@ -276,7 +277,9 @@ void cuda_nccl_close(void) {
     cuda_nccl_disarm();
     if (nc_scalars) CU(cuMemFree_v2)(nc_scalars);
     if (nc_stream) CU(cuStreamDestroy_v2)(nc_stream);
-    nc.ncclCommDestroy(nc_comm);
+    /* abort, not destroy: every collective has finished here (the streams were synchronized),
+     * and abort frees the local resources without waiting on peers that may be gone */
+    nc.ncclCommAbort(nc_comm);
     nc_comm = NULL;
     nc_scalars = 0;
     nc_stream = NULL;

@@ -1014,6 +1014,10 @@ static int train_rank_run(Graph *g, const TrainOptions *opts) {
             break;
         }
     }
+    /* the ranks part together: none closes its connections while another may still read from
+     * them, and a rank that failed (it skips this) ends the others' wait at once */
+    double parting = 0;
+    if (status == 0 && train_world > 1 && !train_dev->comm_sum(&parting, 1)) status = 1;
 out:
     if (train_dev) train_dev->close();
     train_dev = &rt_cpu_device;
