@@ -765,7 +765,9 @@ static int train_launch(Graph *g, const TrainOptions *o) {
 int rt_train(Graph *g, const TrainOptions *o) {
     if (o->export_hf) return train_export(g, o);
     if (o->generate) return train_generate(g, o);
-    if (!train_check_fresh(o)) return 2;
+    /* (a rank after 0 writes neither --out nor --log: rank 0, started at about the same
+     * time with the same flags, may already have begun them) */
+    if ((o->world_size <= 1 || o->rank == 0) && !train_check_fresh(o)) return 2;
     if (o->gpus > 1) return train_launch(g, o);
     if (o->world_size > 1 && !train_world_device_ok(g, o->world_size, "--world-size")) return 1;
     return train_rank_run(g, o);
