@@ -78,16 +78,17 @@ PY
 }
 # run NAME CMD...: the command with its output in W/NAME.out, its status in $?
 run() { local name=$1; shift; "$@" > "$W/$name.out" 2>&1; }
+last() { for f in "$@"; do [ -f "$W/$f.out" ] && tail -2 "$W/$f.out"; done | tr '\n' ' '; }
 
-common="--data $DATA --seed 7 --lr 6e-4 --warmup 5 --eval-every 0 --overwrite --comm-timeout 120"
+common="--data $DATA --device cuda --seed 7 --lr 6e-4 --warmup 2 --eval-every 0 --overwrite --comm-timeout 120"
 
 # ---------------------------------------------------------------- 1. equivalence
 equiv() {   # equiv BINARY LABEL
     local b=$BIN/$1 label=$2
     run ${1}_1gpu "$b" $common --steps "$STEPS" --grad-accum 2 --log "$W/${1}_1gpu.jsonl" ||
-        { fail "$label on 1 GPU with --grad-accum 2: $(tail -1 "$W/${1}_1gpu.out")"; return; }
+        { fail "$label on 1 GPU with --grad-accum 2: $(last ${1}_1gpu)"; return; }
     run ${1}_gpus2 "$b" $common --steps "$STEPS" --gpus 2 --log "$W/${1}_gpus2.jsonl" ||
-        { fail "$label with --gpus 2: $(tail -3 "$W/${1}_gpus2.out")"; return; }
+        { fail "$label with --gpus 2: $(last ${1}_gpus2)"; return; }
     rm -f "$W/${1}.id"
     "$b" $common --steps "$STEPS" --rank 1 --world-size 2 --comm-file "$W/${1}.id" > "$W/${1}_rank1.out" 2>&1 &
     local p1=$!
@@ -97,7 +98,7 @@ equiv() {   # equiv BINARY LABEL
     wait $p1
     local s1=$?
     [ $s0 = 0 ] && [ $s1 = 0 ] ||
-        { fail "$label as two processes: rank 0 status $s0, rank 1 status $s1: $(tail -2 "$W/${1}_rank0.out") $(tail -2 "$W/${1}_rank1.out")"; return; }
+        { fail "$label as two processes: rank 0 status $s0, rank 1 status $s1: $(last ${1}_rank0 ${1}_rank1)"; return; }
     local r
     r=$(compare "$W/${1}_gpus2.jsonl" "$W/${1}_1gpu.jsonl" 1e-3) && say "$label, --gpus 2 vs 1 GPU x 2 micro-steps: $r" ||
         fail "$label, --gpus 2 vs 1 GPU x 2 micro-steps: $r"
@@ -110,7 +111,7 @@ equiv() {   # equiv BINARY LABEL
 say ""
 say "== 1. equivalence ($STEPS steps, same seed and data)"
 equiv d12_O1_b8 "GPT-2 d12 -O1 batch 8 (bf16 reduction)"
-grep -h "device:\|data parallel:" "$W/d12_O1_b8_gpus2.out" | head -2 | tee -a "$SUMMARY"
+grep -h "device:\|data parallel" "$W/d12_O1_b8_gpus2.out" 2>/dev/null | head -2 | tee -a "$SUMMARY"
 equiv tiny_O0 "gpt2_tiny -O0 batch 16 (f32 reduction)"
 
 # ---------------------------------------------------------------- 2. throughput
@@ -121,7 +122,7 @@ if run b32_1 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --log "$W/b32_1.js
     t1=$(tps "$W/b32_1.jsonl"); t2=$(tps "$W/b32_2.jsonl")
     say "1 GPU $t1 tokens/s, 2 GPUs $t2 tokens/s: $(python3 -c "print(f'{$t2 / (2 * $t1):.3f}')") of 2 x one GPU"
 else
-    fail "throughput runs: $(tail -2 "$W/b32_1.out") $(tail -2 "$W/b32_2.out")"
+    fail "throughput runs: $(last b32_1 b32_2)"
 fi
 
 # ---------------------------------------------------------------- 3. resume on 1 GPU
@@ -140,7 +141,7 @@ sys.exit(0 if worst <= 1e-3 else 1)
 PY
 ) && say "$r" || fail "$r"
 else
-    fail "save on 2, resume on 1: $(tail -2 "$W/save2.out") $(tail -2 "$W/resume1.out") $(tail -2 "$W/straight.out")"
+    fail "save on 2, resume on 1: $(last save2 resume1 straight)"
 fi
 
 # ---------------------------------------------------------------- 4. faults
@@ -153,7 +154,8 @@ p1=$!
 "$BIN/d12_O1_b8" $common --steps 1000 --comm-timeout 30 --rank 0 --world-size 2 --comm-file "$W/f.id" --log "$W/fault.jsonl" > "$W/fault_rank0.out" 2>&1 &
 p0=$!
 for _ in $(seq 1 240); do [ -f "$W/fault.jsonl" ] && [ "$(wc -l < "$W/fault.jsonl")" -ge 5 ] && break; sleep 0.5; done
-kill -9 $p1
+reached=$( [ -f "$W/fault.jsonl" ] && wc -l < "$W/fault.jsonl" || echo 0)
+kill -9 $p1 2>/dev/null
 t_kill=$(date +%s)
 ( sleep 90; kill -9 $p0 2>/dev/null ) &
 guard=$!
@@ -161,10 +163,12 @@ wait $p0
 s0=$?
 kill $guard 2>/dev/null
 t_end=$(date +%s)
-if [ $s0 = 0 ] || [ $s0 = 137 ]; then
+if [ "$reached" -lt 5 ]; then
+    fail "the two-process run did not reach step 5 before rank 1 was to be killed: $(last fault_rank0 fault_rank1)"
+elif [ $s0 = 0 ] || [ $s0 = 137 ]; then
     fail "rank 1 killed: rank 0 ended with status $s0 after $((t_end - t_kill)) s (0: it went on; 137: it hung)"
 else
-    say "rank 1 killed at step $(wc -l < "$W/fault.jsonl"): rank 0 ended in $((t_end - t_kill)) s with status $s0: $(grep error "$W/fault_rank0.out" | tail -1)"
+    say "rank 1 killed after step $reached: rank 0 ended in $((t_end - t_kill)) s with status $s0: $(grep error "$W/fault_rank0.out" | tail -1)"
 fi
 rm -f "$W/alone.id"
 t0=$(date +%s)
