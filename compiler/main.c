@@ -8,7 +8,7 @@
  *   fp8c passes                                                          list the passes
  *
  * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --policy FILE,
- * --precision PATTERN=FORMAT, --grad-release, --print-ir-after=PASS|all, --verify.
+ * --precision PATTERN=FORMAT, --grad-release, --gpus N, --print-ir-after=PASS|all, --verify.
  * Every flag is checked; a bad one is one line on stderr and exit status 2. */
 #include "compiler.h"
 
@@ -40,6 +40,7 @@ static void usage(FILE *out)
           "       fp8c --version\n"
           "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
           "             --precision PATTERN=FORMAT  --grad-release  --verify\n"
+          "             --gpus N (data parallel: gradients averaged over N GPUs; plan: per GPU)\n"
           "             --print-ir-after=PASS|all  --stop-after=PASS\n"
           "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n"
           "             --print-kernels (build: the CPU kernels, as the binary runs them, to stdout)\n",
@@ -133,6 +134,11 @@ static void parse_args(int argc, char **argv, Args *a)
             a->overrides[a->build.passes.n_overrides++] = next, i++;
         } else if (!strcmp(s, "--grad-release")) {
             a->build.passes.grad_release = true;
+        } else if (!strcmp(s, "--gpus")) {
+            int64_t n = parse_size(s, next);
+            i++;
+            if (n > 1024) bad_flag("--gpus needs a count from 1 to 1024, not '%s'", next);
+            a->build.passes.gpus = (int)n;
         } else if (!strcmp(s, "--verify")) {
             a->build.passes.verify = true;
         } else if (!strncmp(s, "--print-ir-after=", 17)) {

@@ -44,6 +44,9 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o)
     if (!run_named(g, "scaling", o, &stop)) return NULL;
     if (!run_named(g, "layout", o, &stop)) return NULL;   /* transposed FP8 copies */
 
+    /* several GPUs: each gradient averaged over them before the update (only with --gpus N) */
+    if (!run_named(g, "comm", o, &stop)) return NULL;
+
     /* order and memory: the launch list, then one offset per tensor in two arenas */
     if (!run_named(g, "schedule", o, &stop)) return NULL;
     if (!run_named(g, "sums", o, &stop)) return NULL;

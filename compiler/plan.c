@@ -240,6 +240,33 @@ static const char *fallback_why(Arena *a, const FallbackRow *r)
     return out;
 }
 
+/* The data-parallel build's gradient all-reduce (comm.c): how many tensors, their bytes, the
+ * GPUs planned for, and what a ring all-reduce sends per GPU (2 (N-1) / N of the bytes). */
+typedef struct {
+    int count, ranks;
+    int64_t bytes, sent;
+    char formats[32];
+} PlanComm;
+
+static PlanComm plan_comm(const Graph *g)
+{
+    PlanComm c = {0};
+    bool f32 = false, bf16 = false;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->op != OP_ALL_REDUCE) continue;
+        c.count++;
+        c.ranks = (int)n->iattr[0];
+        c.bytes += ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
+        f32 |= n->t.fmt.elem == FMT_F32;
+        bf16 |= n->t.fmt.elem == FMT_BF16;
+    }
+    if (c.ranks > 1) c.sent = 2 * c.bytes * (c.ranks - 1) / c.ranks;
+    snprintf(c.formats, sizeof c.formats, "%s%s%s", bf16 ? "bf16" : "", bf16 && f32 ? " and " : "",
+             f32 ? "f32" : "");
+    return c;
+}
+
 void plan_print(const Graph *g, bool json, FILE *out)
 {
     MemSummary m;
@@ -288,9 +315,12 @@ void plan_print(const Graph *g, bool json, FILE *out)
         for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++)
             fprintf(out, "%s\"%s\": %lld", c ? ", " : "", categories[c].name,
                     (long long)m.by_role[categories[c].role]);
+        PlanComm c = plan_comm(g);
         fprintf(out, "},\n \"persistent_bytes\": %lld, \"step_bytes\": %lld, \"peak_bytes\": %lld,"
-                     " \"bytes_per_param\": %.3f}\n",
-                (long long)m.persistent, (long long)m.transient, (long long)peak, per_param);
+                     " \"bytes_per_param\": %.3f,\n \"gpus\": %d, \"allreduce_tensors\": %d,"
+                     " \"allreduce_bytes\": %lld, \"sent_bytes_per_gpu\": %lld}\n",
+                (long long)m.persistent, (long long)m.transient, (long long)peak, per_param,
+                c.ranks ? c.ranks : 1, c.count, (long long)c.bytes, (long long)c.sent);
         return;
     }
     int n_rows;
@@ -346,7 +376,9 @@ void plan_print(const Graph *g, bool json, FILE *out)
     }
     bool released = false;
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE) released = true;
+        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE &&
+            g->nodes[i]->in[1]->op != OP_ALL_REDUCE)
+            released = true;
     if (released)
         fprintf(out, "\ngradient release: each update runs in the backward as soon as its gradient is\n"
                      "complete; instead of global-norm clipping each gradient is clipped to its share\n"
@@ -354,6 +386,15 @@ void plan_print(const Graph *g, bool json, FILE *out)
     fprintf(out, "\npersistent training state  %s = %.2f bytes per parameter\n", human(m.persistent, b1), per_param);
     fprintf(out, "step arena (peak live)     %s\n", human(m.transient, b1));
     fprintf(out, "peak memory of the step    %s\n", human(peak, b2));
+    PlanComm c = plan_comm(g);
+    if (c.count) {
+        char b3[32];
+        fprintf(out, "\ndata parallel over %d GPUs (fp8c build --gpus %d): the figures above are per GPU\n"
+                     "(each keeps whole weights and optimizer state). Each step averages %d gradients,\n"
+                     "%s (%s), in one NCCL all-reduce group; a ring sends 2(N-1)/N of that:\n"
+                     "%s per GPU per step.\n",
+                c.ranks, c.ranks, c.count, human(c.bytes, b1), c.formats, human(c.sent, b3));
+    }
 }
 
 void plan_print_diff(const Graph *a, const Graph *b, bool json, FILE *out)

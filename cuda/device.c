@@ -7,12 +7,14 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpu.h"
+#include "gpu_internal.h"
 
 static const void *dev_cubin;
 static size_t dev_cubin_size;
 static CudaExec *dev_exec;
-static char dev_desc[320];
+static char dev_desc[512];
+static CUdevice comm_dev;       /* a rank's GPU, whose primary context comm_open retained */
+static bool comm_ctx;
 
 static bool dev_probe(char *why, size_t why_len) {
     if (!dev_cubin_size) {
@@ -26,14 +28,21 @@ static bool dev_probe(char *why, size_t why_len) {
 static bool dev_open(Graph *g, RtMemory *host) {
     dev_exec = cuda_exec_open(g, host, dev_cubin, dev_cubin_size);
     if (!dev_exec) return false;
-    snprintf(dev_desc, sizeof dev_desc, "%s (cuda), %.2f GiB of device memory in use",
-             cuda_exec_device_name(dev_exec), (double)cuda_exec_device_bytes(dev_exec) / (1 << 30));
+    int n = snprintf(dev_desc, sizeof dev_desc, "%s (cuda), %.2f GiB of device memory in use",
+                     cuda_exec_device_name(dev_exec),
+                     (double)cuda_exec_device_bytes(dev_exec) / (1 << 30));
+    if (cuda_nccl_active() && n > 0 && (size_t)n < sizeof dev_desc)
+        snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; data parallel over %d GPUs (NCCL), "
+                 "%d gradients averaged each step", cuda_nccl_world(), cuda_exec_reductions(dev_exec));
     return true;
 }
 
 static void dev_close(void) {
     cuda_exec_close(dev_exec);
     dev_exec = NULL;
+    cuda_nccl_close();
+    if (comm_ctx) CU(cuDevicePrimaryCtxRelease_v2)(comm_dev);
+    comm_ctx = false;
 }
 
 static bool dev_run_phase(Graph *g, Phase p) {
@@ -52,10 +61,41 @@ static bool dev_all_finite(Tensor *const *ts, int n, bool *finite) {
 static bool dev_zero(Tensor *const *ts, int n) { return cuda_exec_zero(dev_exec, ts, n); }
 static const char *dev_describe(void) { return dev_desc; }
 
+static bool dev_comm_probe(int gpus, char *why, size_t why_len) {
+    if (!dev_probe(why, why_len)) return false;
+    if (cuda_device_count() < gpus) {
+        snprintf(why, why_len, "%d GPU%s here, not %d", cuda_device_count(),
+                 cuda_device_count() == 1 ? "" : "s", gpus);
+        return false;
+    }
+    return cuda_nccl_load(why, why_len);
+}
+
+/* This rank's GPU made current (its primary context, which the executor retains again), then
+ * the communicator on it. */
+
+static bool dev_comm_open(int rank, int world, const char *comm_file, double timeout_s) {
+    char why[512];
+    if (!dev_probe(why, sizeof why)) {
+        rt_error("rank %d: %s", rank, why);
+        return false;
+    }
+    cuda_set_device_ordinal(rank % cuda_device_count());
+    CUcontext ctx;
+    if (!CU_CHECK(CU(cuDeviceGet)(&comm_dev, cuda_device_ordinal())) ||
+        !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&ctx, comm_dev)))
+        return false;
+    comm_ctx = true;
+    return CU_CHECK(CU(cuCtxSetCurrent)(ctx)) && cuda_nccl_open(rank, world, comm_file, timeout_s);
+}
+
+static bool dev_comm_sum(double *v, int n) { return cuda_nccl_sum_host(v, n); }
+
 static const RtDevice cuda_device = {
     .name = "cuda", .probe = dev_probe, .open = dev_open, .close = dev_close,
     .run_phase = dev_run_phase, .run_micro_step = dev_run_micro_step, .push = dev_push,
     .pull = dev_pull, .all_finite = dev_all_finite, .zero = dev_zero, .describe = dev_describe,
+    .comm_probe = dev_comm_probe, .comm_open = dev_comm_open, .comm_sum = dev_comm_sum,
 };
 
 const RtDevice *cuda_rt_device(const void *cubin, size_t cubin_size) {

@@ -72,6 +72,17 @@ typedef struct {
 
 enum { LIST_EVAL, LIST_MICRO, LIST_UPDATE, LIST_FINITE, LIST_COUNT };
 
+/* A gradient the update averages over the ranks first (an ALL_REDUCE node, comm.c): NCCL's,
+ * enqueued on the executor's stream before the update's graph, outside its capture, so that
+ * NCCL's own connection set-up on first use never runs inside a capture. */
+typedef struct {
+    const Node *node;
+    CUdeviceptr p;
+    int64_t count;
+    ElemType elem;
+    int order;                            /* the accumulator's place: the backward's order */
+} ExecReduce;
+
 struct CudaExec {
     Graph *g;
     RtMemory host;
@@ -99,6 +110,8 @@ struct CudaExec {
     bool fast_accum_all;                  /* FP8C_CUDA_FAST_ACCUM=all: gradient GEMMs too */
     TunedGemm *tuned;
     int n_tuned, cap_tuned;
+    ExecReduce *reduce;                   /* the gradients to average (several ranks only) */
+    int n_reduce, cap_reduce;
     ProfRow *prof;
     int n_prof, cap_prof;
     double prof_total;
@@ -814,6 +827,38 @@ int cuda_exec_batched_launches(const CudaExec *e) {
     return n;
 }
 
+/* An ALL_REDUCE node: nothing with one rank (the value is its own mean), else its tensor. */
+static bool exec_add_reduce(CudaExec *e, const Node *n) {
+    if (!cuda_nccl_active()) return true;
+    if (!grow((void **)&e->reduce, &e->cap_reduce, e->n_reduce, sizeof *e->reduce)) return false;
+    ExecReduce *r = &e->reduce[e->n_reduce];
+    r->node = n;
+    r->count = ir_numel(&n->t);
+    r->elem = n->t.fmt.elem;
+    r->order = n->in[0]->index;
+    if (!exec_map_tensor(e, &n->t, &r->p)) return false;
+    e->n_reduce++;
+    return true;
+}
+
+static int reduce_cmp(const void *a, const void *b) {
+    return ((const ExecReduce *)a)->order - ((const ExecReduce *)b)->order;
+}
+
+/* The averages, as one NCCL group in the backward's order: NCCL fuses a group into few
+ * kernels, and the many small gradients (biases, norm weights) cost no launch each. */
+static bool exec_run_reduce(CudaExec *e) {
+    if (!e->n_reduce) return true;
+    bool ok = cuda_nccl_group(true);
+    for (int i = 0; ok && i < e->n_reduce; i++) {
+        const ExecReduce *r = &e->reduce[i];
+        ok = cuda_nccl_all_reduce_mean(r->p, r->count, r->elem, e->stream);
+    }
+    return cuda_nccl_group(false) && ok;
+}
+
+int cuda_exec_reductions(const CudaExec *e) { return e->n_reduce; }
+
 static void fmt_gib(char *out, size_t len, int64_t bytes) {
     snprintf(out, len, "%.2f GiB", (double)bytes / (1 << 30));
 }
@@ -842,7 +887,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     }
     const char *fa = getenv("FP8C_CUDA_FAST_ACCUM");
     e->fast_accum_all = fa && !strcmp(fa, "all");
-    if (!CU_CHECK(CU(cuDeviceGet)(&e->dev, 0)) || !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&e->ctx, e->dev)))
+    if (!CU_CHECK(CU(cuDeviceGet)(&e->dev, cuda_device_ordinal())) || !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&e->ctx, e->dev)))
         goto fail;
     e->have_ctx = true;
     if (!CU_CHECK(CU(cuCtxSetCurrent)(e->ctx))) goto fail;
@@ -937,6 +982,10 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
             goto fail;
         }
     }
+    /* the gradients' averages (no launches of their own: a batched run may span them) */
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ALL_REDUCE && !exec_add_reduce(e, g->nodes[i])) goto fail;
+    qsort(e->reduce, (size_t)e->n_reduce, sizeof *e->reduce, reduce_cmp);
     e->tune = false;   /* from here on the arenas hold data */
     if (getenv("FP8C_CUDA_VERBOSE")) fprintf(stderr, "CUDA executor: %d GEMM shapes timed\n", e->n_tuned);
     if (!cuda_exec_push_arenas(e)) goto fail;
@@ -970,6 +1019,7 @@ void cuda_exec_close(CudaExec *e) {
         CU(cuDevicePrimaryCtxRelease_v2)(e->dev);
     }
     free(e->batch_run);
+    free(e->reduce);
     free(e->tuned);
     arena_free(e->arena);
     free(e);
@@ -978,8 +1028,12 @@ void cuda_exec_close(CudaExec *e) {
 /* ---------------------------------------------------------------- running */
 
 bool cuda_exec_run_phase(CudaExec *e, Phase p) {
-    ExecList *L = &e->lists[p == PHASE_FORWARD ? LIST_EVAL : LIST_UPDATE];
-    return exec_run_list(e, L) && exec_finish(e, p == PHASE_FORWARD ? "forward" : "update");
+    if (p == PHASE_FORWARD) return exec_run_list(e, &e->lists[LIST_EVAL]) && exec_finish(e, "forward");
+    /* several ranks: the gradients' averages first, and the whole update within the deadline */
+    if (e->n_reduce) cuda_nccl_arm("the update with its gradient all-reduce");
+    bool ok = exec_run_reduce(e) && exec_run_list(e, &e->lists[LIST_UPDATE]) && exec_finish(e, "update");
+    if (e->n_reduce) cuda_nccl_disarm();
+    return ok;
 }
 
 bool cuda_exec_run_micro_step(CudaExec *e) {

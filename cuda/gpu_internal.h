@@ -89,6 +89,29 @@ typedef struct {
 
 extern CudaApi cuda_api;
 
+/* ---------------------------------------------------------------- loader.c: which GPU */
+/* The GPU the executor and the communicator use (default 0): rank % GPUs on a host. */
+void cuda_set_device_ordinal(int ordinal);
+int cuda_device_ordinal(void);
+
+/* ---------------------------------------------------------------- nccl.c
+ * NCCL opened with dlopen, one communicator per process (a rank of a data-parallel run). */
+bool cuda_nccl_load(char *why, size_t why_len);     /* libnccl.so.2 is here; else why not */
+/* Meets the other ranks through comm_file (rank 0 writes the id, the others wait for it) and
+ * makes the communicator, on the current context's GPU; world 1 does nothing. Starts the
+ * watchdog that ends the process when an armed step outlives timeout_s or NCCL reports an
+ * asynchronous error. False after one rt_error line. */
+bool cuda_nccl_open(int rank, int world, const char *comm_file, double timeout_s);
+void cuda_nccl_close(void);
+bool cuda_nccl_active(void);                        /* a communicator of world > 1 is open */
+int cuda_nccl_world(void);
+void cuda_nccl_arm(const char *what);               /* what must finish within the timeout */
+void cuda_nccl_disarm(void);
+bool cuda_nccl_group(bool start);                   /* ncclGroupStart / ncclGroupEnd */
+/* Enqueues buf = mean over the ranks of buf (count elements of elem: f32 or bf16). */
+bool cuda_nccl_all_reduce_mean(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream);
+bool cuda_nccl_sum_host(double *v, int n);          /* v[i] = sum over the ranks, n <= 16 */
+
 #define CU(name) (cuda_api.name)
 /* Checked calls: false (after one line naming the call and this place) on failure. */
 #define CU_CHECK(call) cuda_check_cu((call), #call, __FILE__, __LINE__)

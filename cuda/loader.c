@@ -101,3 +101,7 @@ bool cuda_load(char *why, size_t why_len) {
 }
 
 int cuda_device_count(void) { return load_state > 0 ? load_devices : 0; }
+
+static int load_ordinal;
+void cuda_set_device_ordinal(int ordinal) { load_ordinal = ordinal; }
+int cuda_device_ordinal(void) { return load_ordinal; }

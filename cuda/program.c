@@ -72,9 +72,27 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
     fprintf(out, "GPU kernel program (cuda, sm_90a): one line per launch, in launch order\n");
     fprintf(out, "%6s  %-8s  %-6s  %-9s  %-44s %10s %10s\n", "#", "phase", "kind", "kernel", "computes",
             "MiB", "GFLOP");
-    int k = 0;
+    int k = 0, n_reduce = 0;
+    double reduce_bytes = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ALL_REDUCE) {
+            n_reduce++;
+            reduce_bytes += (double)(ir_numel(&g->nodes[i]->t) * fmt_elem_bytes(g->nodes[i]->t.fmt.elem));
+        }
+    bool reduce_listed = false;
     for (int i = 0; i < g->n_nodes; i++) {
         const CuNodePlan *p = &plans[i];
+        if (n_reduce && !reduce_listed && g->nodes[i]->phase == PHASE_UPDATE &&
+            (p->n_launch || g->nodes[i]->op == OP_ALL_REDUCE)) {
+            /* exec.c runs the averages first in the update, as one NCCL group, outside its graph */
+            char what[64];
+            snprintf(what, sizeof what, "all_reduce (mean) x %d, one group", n_reduce);
+            fprintf(out, "%6d  %-8s  %-6s  %-9s  %-44.44s %10.1f %10s\n", ++k, "update", "nccl", "allreduce",
+                    what, reduce_bytes / (1 << 20), "-");
+            total[PHASE_UPDATE].launches++;
+            total[PHASE_UPDATE].bytes += reduce_bytes;
+            reduce_listed = true;
+        }
         if (!p->n_launch) continue;
         char ops[256], name[64];
         fused_ops(p, ops, sizeof ops);

@@ -1407,6 +1407,7 @@ static bool plan_node(Spec *s) {
     const Node *n = s->n;
     switch (n->op) {
     case OP_INPUT: case OP_PARAM: case OP_STATE: return true;
+    case OP_ALL_REDUCE: return true;   /* NCCL, run by exec.c; no kernel */
     case OP_RESHAPE:
         if (is_view(n)) return true;
         return plan_elementwise(s);

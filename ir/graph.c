@@ -201,7 +201,7 @@ int64_t ir_storage_bytes(const Node *n)
 bool ir_op_is_inplace(OpKind op)
 {
     return op == OP_ACCUMULATE || op == OP_ADAMW || op == OP_AMAX_RECORD || op == OP_DELAYED_SCALE ||
-           op == OP_ASSIGN;
+           op == OP_ASSIGN || op == OP_ALL_REDUCE;
 }
 
 /* ---------------------------------------------------------------- graphs */
@@ -370,7 +370,8 @@ int ir_adamw_master_index(const Node *n)
 bool ir_mutates_input(const Node *n, int i)
 {
     switch (n->op) {
-    case OP_ACCUMULATE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN: return i == 0;
+    case OP_ACCUMULATE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN:
+    case OP_ALL_REDUCE: return i == 0;
     case OP_ADAMW: {
         int c = ir_adamw_copy_index(n);
         return i <= 3 || i == ir_adamw_master_index(n) || (c >= 0 && (i == c || i == c + 2));

@@ -236,7 +236,8 @@ typedef struct {
 
 const OpInfo *ir_op_info(OpKind op);
 bool ir_op_from_name(const char *s, OpKind *out);
-bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_SCALE, ASSIGN */
+bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_SCALE, ASSIGN,
+                                       ALL_REDUCE */
 /* ATTENTION_BWD: whether it reads the forward's result y (its last input) besides dy and q, k, v
  * or q|k|v; the forward's inputs then start at in[1] and number n_in - 2. */
 bool ir_attention_bwd_reads_y(const Node *n);

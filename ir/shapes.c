@@ -448,6 +448,10 @@ static const char *infer_shape(Node *n, Arena *a)
         copy_shape(n, x);
         n->t.fmt = x->fmt;
         return NULL;
+    case OP_ALL_REDUCE:
+        copy_shape(n, x);
+        n->t.fmt = x->fmt;
+        return NULL;
     case OP_COUNT:
         break;
     }

@@ -183,6 +183,7 @@ static bool runs_kernel(const Node *n)
 {
     switch (n->op) {
     case OP_INPUT: case OP_PARAM: case OP_STATE: return false;
+    case OP_ALL_REDUCE: return false;   /* a collective (NCCL, the runtime's), not a kernel */
     default: return !cg_node_is_view(n);
     }
 }

@@ -15,6 +15,7 @@ typedef struct {
     const char **overrides;     /* "pattern=format" strings from the command line */
     int n_overrides;
     bool grad_release;          /* O3: release gradients as soon as their update ran */
+    int gpus;                   /* data parallel over this many GPUs (comm.c); 0 or 1: one */
     bool verify;                /* run ir_verify after every pass */
     bool fp8_any_shape;         /* keep FP8 GEMMs whose K or N is not a multiple of 16, which
                                    cuBLASLt cannot run (the reference and CPU can): for tests

@@ -70,6 +70,17 @@ void rt_usage(FILE *out, const char *prog) {
             "                      ref: the reference executor (the ground truth, slow)\n"
             "  --threads N         CPU threads (default: $FP8C_THREADS, else every online CPU;\n"
             "                      results are bit-identical for any count)\n"
+            "data parallel (GPUs, NCCL; a binary built with fp8c build --gpus N)\n"
+            "  --gpus N            N ranks on this host, one GPU and one process each, started by\n"
+            "                      this binary; each reads its own share of every batch (global\n"
+            "                      batch N x the compiled batch x --grad-accum); gradients are\n"
+            "                      averaged; rank 0 logs and writes checkpoints\n"
+            "  --rank R            this process is rank R (0 .. W-1) of --world-size W processes\n"
+            "  --world-size W      launched by the user, e.g. one per host; GPU: R %% GPUs here\n"
+            "  --comm-file PATH    where rank 0 leaves NCCL's id for the others (a shared file\n"
+            "                      system across hosts; it must not exist yet; removed once met)\n"
+            "  --comm-timeout S    seconds to wait for the other ranks, at the start and in each\n"
+            "                      collective, before the job ends with an error (default 600)\n"
             "  --help              this text\n",
             prog);
 }
@@ -110,10 +121,51 @@ static bool args_real(const char *flag, const char *s, bool allow_zero, double *
     return true;
 }
 
+/* The data-parallel flags together: one way of launching, a rank inside its world, a file to
+ * meet through, a GPU run that trains. */
+static bool args_check_world(const TrainOptions *o) {
+    if (o->gpus && (o->rank >= 0 || o->world_size)) {
+        rt_error("--gpus %d starts its ranks itself: drop --rank and --world-size (they are for "
+                 "processes launched one by one)", o->gpus);
+        return false;
+    }
+    if ((o->rank >= 0) != (o->world_size > 0)) {
+        rt_error("%s: give --rank R and --world-size W together",
+                 o->rank >= 0 ? "--rank without --world-size" : "--world-size without --rank");
+        return false;
+    }
+    if (o->world_size && o->rank >= o->world_size) {
+        rt_error("--rank %d: ranks of --world-size %d are 0 to %d", o->rank, o->world_size,
+                 o->world_size - 1);
+        return false;
+    }
+    bool several = o->gpus > 1 || o->world_size > 1;
+    if (o->world_size > 1 && !o->comm_file) {
+        rt_error("--world-size %d: give --comm-file PATH, where rank 0 leaves NCCL's id for the "
+                 "others (every rank the same path)", o->world_size);
+        return false;
+    }
+    if (o->comm_file && o->world_size <= 1) {
+        rt_error("--comm-file goes with --rank and --world-size above 1%s",
+                 o->gpus ? " (--gpus makes its own)" : "");
+        return false;
+    }
+    if (several && (!strcmp(o->device, "cpu") || !strcmp(o->device, "ref"))) {
+        rt_error("--device %s: data parallel runs on GPUs (--device cuda or auto)", o->device);
+        return false;
+    }
+    if (several && (o->export_hf || o->eval_only || o->generate)) {
+        rt_error("%s runs in one process: drop --gpus / --world-size",
+                 o->export_hf ? "--export-hf" : o->eval_only ? "--eval-only" : "--generate");
+        return false;
+    }
+    return true;
+}
+
 int rt_parse_args(int argc, char **argv, TrainOptions *o) {
     *o = (TrainOptions){.device = "auto", .steps = 100, .eval_every = 100, .eval_batches = 8,
                         .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1, .stop_at = -1,
-                        .temperature = 1.0};
+                        .temperature = 1.0, .rank = -1, .comm_timeout = 600};
     bool sampling_flag = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -194,6 +246,19 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         } else if (strcmp(flag, "--top-k") == 0) {
             ok = args_int(flag, value, 0, INT32_MAX, &o->top_k);
             sampling_flag = true;
+        } else if (strcmp(flag, "--gpus") == 0) {
+            ok = args_int(flag, value, 1, 1024, &v);
+            o->gpus = (int)v;
+        } else if (strcmp(flag, "--rank") == 0) {
+            ok = args_int(flag, value, 0, 1 << 20, &v);
+            o->rank = (int)v;
+        } else if (strcmp(flag, "--world-size") == 0) {
+            ok = args_int(flag, value, 1, 1 << 20, &v);
+            o->world_size = (int)v;
+        } else if (strcmp(flag, "--comm-file") == 0) {
+            o->comm_file = value;
+        } else if (strcmp(flag, "--comm-timeout") == 0) {
+            ok = args_real(flag, value, false, &o->comm_timeout);
         } else if (strcmp(flag, "--lr") == 0) ok = args_real(flag, value, false, &o->lr);
         else if (strcmp(flag, "--min-lr") == 0) ok = args_real(flag, value, true, &o->min_lr);
         else {
@@ -253,6 +318,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
                  (long long)o->steps);
         return RT_ARGS_ERROR;
     }
+    if (!args_check_world(o)) return RT_ARGS_ERROR;
     if (o->lr > 0 && o->min_lr > o->lr) {
         rt_error("--min-lr %g is above --lr %g", o->min_lr, o->lr);
         return RT_ARGS_ERROR;

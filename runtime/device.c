@@ -76,6 +76,8 @@ static const RtDevice *device_find(const char *name) {
     return NULL;
 }
 
+const RtDevice *rt_device_find(const char *name) { return device_find(name); }
+
 bool rt_device_known(const char *name) {
     return !strcmp(name, "cpu") || !strcmp(name, "ref") || !strcmp(name, "auto") || device_find(name);
 }

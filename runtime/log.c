@@ -35,6 +35,8 @@ void rt_set_program_name(const char *name) {
 
 void rt_set_error_stream(FILE *f) { log_error_stream = f; }
 
+const char *rt_program_name(void) { return log_program; }
+
 const char *rt_last_error(void) { return log_last_error; }
 
 void rt_clear_error(void) { log_last_error[0] = 0; }
@@ -49,7 +51,11 @@ void rt_error(const char *fmt, ...) {
     fflush(out);
 }
 
+static bool log_quiet;                 /* rt_note says nothing (the ranks after 0) */
+void rt_set_quiet(bool quiet) { log_quiet = quiet; }
+
 void rt_note(const char *fmt, ...) {
+    if (log_quiet) return;
     FILE *out = log_error_stream ? log_error_stream : stderr;
     char buf[1024];
     va_list ap;

@@ -40,7 +40,9 @@ int main(int argc, char **argv) {
     int args = rt_parse_args(argc, argv, &o);
     if (args == RT_ARGS_ERROR) return 2;
     /* a device asked for by name that cannot run here is a bad flag: say so before anything */
-    if (args == RT_ARGS_OK && strcmp(o.device, "auto") != 0 && !rt_device_select(o.device)) return 2;
+    if (args == RT_ARGS_OK && strcmp(o.device, "auto") != 0 && o.gpus <= 1 &&
+        !rt_device_select(o.device))
+        return 2;   /* (--gpus N > 1 starts no GPU here: its ranks, forked later, probe it) */
 
     Arena *arena = arena_new();
     const char *text = fp8c_artifact;

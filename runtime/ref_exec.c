@@ -358,6 +358,7 @@ void ref_exec_node(Node *n)
     case OP_ADAMW: ref_adamw(n); return;
     case OP_AMAX_RECORD: ref_amax_record(n); return;
     case OP_DELAYED_SCALE: ref_delayed_scale(n); return;
+    case OP_ALL_REDUCE: return;                            /* one rank: the mean is the value */
     case OP_ASSIGN: {                                      /* in place: state = value */
         float *v = ref_load(&n->in[1]->t);
         ref_store(&n->in[0]->t, v);
@@ -415,7 +416,7 @@ void ref_exec_node(Node *n)
         break;
     case OP_INPUT: case OP_PARAM: case OP_STATE: case OP_CONST:
     case OP_ACCUMULATE: case OP_ADAMW: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN:
-    case OP_COUNT:
+    case OP_ALL_REDUCE: case OP_COUNT:
         IR_ASSERT(!"handled above");
     }
 

@@ -97,8 +97,10 @@ bool rt_init_params_from(Graph *g, uint64_t seed, RtParamValuesFn values, void *
  * rt_error prints it at once and keeps it for rt_last_error (tests read it there). */
 void rt_set_program_name(const char *argv0);
 void rt_set_error_stream(FILE *f);                     /* NULL: stderr */
+const char *rt_program_name(void);
 void rt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void rt_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void rt_set_quiet(bool quiet);                         /* rt_note silent; errors still print */
 const char *rt_last_error(void);
 void rt_clear_error(void);
 
@@ -314,6 +316,12 @@ typedef struct {
     uint64_t seed;
     bool seed_given;
     bool overwrite;             /* a fresh run may write over another run's --out and --log */
+    /* data parallel: --gpus N launches N ranks on this host itself; --rank/--world-size run
+     * one rank of a job whose processes the user launched, meeting through --comm-file */
+    int gpus;                   /* 0: not given (one) */
+    int rank, world_size;       /* world_size 0: not given (one) */
+    const char *comm_file;
+    double comm_timeout;        /* seconds a rank waits for the others (meeting, collectives) */
 } TrainOptions;
 
 enum { RT_ARGS_OK, RT_ARGS_HELP, RT_ARGS_ERROR };
@@ -364,11 +372,20 @@ typedef struct RtDevice {
     bool (*all_finite)(Tensor *const *ts, int n, bool *finite);
     bool (*zero)(Tensor *const *ts, int n);             /* all-zero bits */
     const char *(*describe)(void);                      /* for the start line */
+    /* Data parallel (NULL: the device cannot): comm_probe says whether `gpus` ranks can run on
+     * this host (a GPU each, and NCCL), else why not; comm_open, before open, picks this
+     * rank's GPU (rank % the host's GPUs) and meets the other ranks through comm_file within
+     * timeout_s; comm_sum sums v over the ranks. A device that joined a world of W > 1 also
+     * averages the gradients in its update phase (the graph's ALL_REDUCE nodes). */
+    bool (*comm_probe)(int gpus, char *why, size_t why_len);
+    bool (*comm_open)(int rank, int world, const char *comm_file, double timeout_s);
+    bool (*comm_sum)(double *v, int n);
 } RtDevice;
 
 extern const RtDevice rt_cpu_device;
 void rt_device_register(const RtDevice *d);
 bool rt_device_known(const char *name);                 /* "cpu", "auto" or registered */
+const RtDevice *rt_device_find(const char *name);       /* registered, not probed; or NULL */
 /* "cpu", a registered name (which must probe fine), or "auto": the first registered device
  * that probes fine, else the cpu (with a note naming why). NULL after one rt_error line. */
 const RtDevice *rt_device_select(const char *name);

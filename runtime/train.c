@@ -25,9 +25,12 @@
  * the log lines of the steps it repeats, so each step is logged once. */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -163,6 +166,9 @@ static void model_free(Model *m) {
 
 /* The device the step runs on (the cpu unless rt_train chose another). */
 static const RtDevice *train_dev = &rt_cpu_device;
+
+/* This process's place in a data-parallel run: rank 0 of 1 unless --gpus or --world-size. */
+static int train_rank, train_world = 1;
 
 /* fn over the tensors of nodes ns (a device's push, pull, zero) */
 static bool train_dev_nodes(bool (*fn)(Tensor *const *, int), Node *const *ns, int n) {
@@ -600,10 +606,190 @@ out:
     return status;
 }
 
+/* ---------------------------------------------------------------- several GPUs
+ *
+ * A data-parallel run is one process per GPU. --gpus N forks them here, before anything of
+ * CUDA or NCCL is touched in this process (neither survives a fork), each a rank that runs the
+ * training below with --rank r --world-size N and a comm file in a fresh temp directory; the
+ * launcher then only waits. One process per GPU rather than one thread per GPU keeps every
+ * rank exactly the program a user-launched rank runs (one code path to test), and keeps the
+ * executor, the device table and the error line per process as they are; the cost is that the
+ * ranks do not share host memory (the data is read once per rank). When a rank fails, the
+ * launcher stops the others at once (SIGTERM), so the job ends with the failing rank's line
+ * and one line of its own, never with ranks waiting on a peer that is gone. */
+
+static bool train_has_reduce(const Graph *g) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ALL_REDUCE) return true;
+    return false;
+}
+
+/* the device of a data-parallel rank: the GPU device, asked by name */
+static bool train_world_device_ok(const Graph *g, int world, const char *flag) {
+    if (!train_has_reduce(g)) {
+        rt_error("%s %d: this binary was built for one GPU (its update averages no gradients): "
+                 "rebuild it with fp8c build --gpus N", flag, world);
+        return false;
+    }
+    const RtDevice *d = rt_device_find("cuda");
+    if (!d || !d->comm_probe) {
+        rt_error("%s %d: data parallel runs on GPUs, and this binary carries no GPU device "
+                 "(fp8c was built without CUDA)", flag, world);
+        return false;
+    }
+    return true;
+}
+
+/* Runs the GPU device's comm_probe in a child, so that this process never starts CUDA. */
+static bool train_probe_gpus(int gpus) {
+    const RtDevice *d = rt_device_find("cuda");
+    int fds[2];
+    if (pipe(fds) != 0) {
+        rt_error("--gpus: pipe: %s", strerror(errno));
+        return false;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        rt_error("--gpus: fork: %s", strerror(errno));
+        close(fds[0]), close(fds[1]);
+        return false;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        char why[512] = "";
+        bool ok = d->comm_probe(gpus, why, sizeof why);
+        if (!ok && write(fds[1], why, strlen(why)) < 0) _exit(2);
+        _exit(ok ? 0 : 1);
+    }
+    close(fds[1]);
+    char why[512];
+    size_t len = 0;
+    ssize_t got;
+    while (len + 1 < sizeof why && (got = read(fds[0], why + len, sizeof why - 1 - len)) > 0)
+        len += (size_t)got;
+    why[len] = 0;
+    close(fds[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return true;
+    rt_error("--gpus %d: %s", gpus, *why ? why : "the GPU probe failed");
+    return false;
+}
+
+/* This process joins its world: the device meets the other ranks; only rank 0 speaks. */
+static bool train_join(const RtDevice *d, const TrainOptions *o) {
+    if (!d->comm_open) {
+        rt_error("--world-size %d: --device %s cannot run data parallel (--device cuda)",
+                 train_world, d->name);
+        return false;
+    }
+    return d->comm_open(train_rank, train_world, o->comm_file, o->comm_timeout);
+}
+
+static int train_rank_run(Graph *g, const TrainOptions *o);
+
+/* --gpus N: N ranks as child processes, and their fate as this process's exit status. */
+static int train_launch(Graph *g, const TrainOptions *o) {
+    if (!train_world_device_ok(g, o->gpus, "--gpus") || !train_probe_gpus(o->gpus)) return 1;
+    char dir[] = "/tmp/fp8c-comm-XXXXXX";
+    if (!mkdtemp(dir)) {
+        rt_error("--gpus: cannot make a temp directory for the NCCL id: %s", strerror(errno));
+        return 1;
+    }
+    char file[64];
+    snprintf(file, sizeof file, "%s/nccl-id", dir);
+    pid_t *pids = calloc((size_t)o->gpus, sizeof *pids);
+    if (!pids) return 1;
+    TrainOptions c = *o;
+    c.gpus = 0;
+    c.world_size = o->gpus;
+    c.comm_file = file;
+    int status = 0, started = 0;
+    pid_t launcher = getpid();
+    fflush(NULL);
+    for (int r = 0; r < o->gpus; r++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            rt_error("--gpus: fork of rank %d: %s", r, strerror(errno));
+            status = 1;
+            break;
+        }
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGTERM);   /* no rank outlives its launcher */
+            if (getppid() != launcher) _exit(1);   /* it died before prctl */
+            c.rank = r;
+            int rc = train_rank_run(g, &c);
+            fflush(NULL);
+            _exit(rc);
+        }
+        pids[started++] = pid;
+    }
+    /* wait for every rank; the first that fails stops the others */
+    int alive = started;
+    if (status) {
+        for (int k = 0; k < started; k++) kill(pids[k], SIGTERM);
+    }
+    while (alive > 0) {
+        int st = 0;
+        pid_t pid = waitpid(-1, &st, 0);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        int r = -1;
+        for (int k = 0; k < started; k++)
+            if (pids[k] == pid) r = k;
+        if (r < 0) continue;
+        pids[r] = 0;
+        alive--;
+        bool failed = !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+        if (failed && !status) {
+            if (WIFSIGNALED(st))
+                rt_error("rank %d of %d was killed by signal %d: stopping the other ranks", r,
+                         o->gpus, WTERMSIG(st));
+            else
+                rt_error("rank %d of %d failed (exit status %d): stopping the other ranks", r,
+                         o->gpus, WEXITSTATUS(st));
+            status = WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+            for (int k = 0; k < started; k++)
+                if (pids[k]) kill(pids[k], SIGTERM);
+        }
+    }
+    free(pids);
+    unlink(file);   /* rank 0 removes it once the ranks met; not when they never did */
+    rmdir(dir);
+    return status;
+}
+
 int rt_train(Graph *g, const TrainOptions *o) {
     if (o->export_hf) return train_export(g, o);
     if (o->generate) return train_generate(g, o);
-    if (!train_check_fresh(o)) return 2;
+    /* (a rank after 0 writes neither --out nor --log: rank 0, started at about the same
+     * time with the same flags, may already have begun them) */
+    if ((o->world_size <= 1 || o->rank == 0) && !train_check_fresh(o)) return 2;
+    if (o->gpus > 1) return train_launch(g, o);
+    if (o->world_size > 1 && !train_world_device_ok(g, o->world_size, "--world-size")) return 1;
+    return train_rank_run(g, o);
+}
+
+/* One rank (or the only process): ranks after 0 log nothing and write nothing. */
+static int train_rank_run(Graph *g, const TrainOptions *opts) {
+    TrainOptions quiet_rank;
+    const TrainOptions *o = opts;
+    train_rank = opts->world_size > 1 ? opts->rank : 0;
+    train_world = opts->world_size > 1 ? opts->world_size : 1;
+    if (train_rank != 0) {
+        static char name[128];
+        snprintf(name, sizeof name, "%s[rank %d]", rt_program_name(), train_rank);
+        rt_set_program_name(name);
+        rt_set_quiet(true);
+        quiet_rank = *opts;
+        quiet_rank.out = NULL;
+        quiet_rank.log = NULL;
+        quiet_rank.save_every = 0;
+        o = &quiet_rank;
+    }
     Model m;
     if (!model_inspect(g, &m)) {
         model_free(&m);
@@ -622,7 +808,9 @@ int rt_train(Graph *g, const TrainOptions *o) {
     }
     bool released = false;   /* built with --grad-release: updates read gradients, not accumulators */
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE) released = true;
+        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE &&
+            g->nodes[i]->in[1]->op != OP_ALL_REDUCE)
+            released = true;
     if (o->grad_accum > 1 && released) {
         /* built with --grad-release: there are no accumulators to sum micro-steps into */
         rt_error("this binary was built with --grad-release, which updates each parameter as soon "
@@ -664,7 +852,8 @@ int rt_train(Graph *g, const TrainOptions *o) {
     } else {
         rt_init_params(g, o->seed);
     }
-    train_dev = rt_device_select(o->device);
+    train_dev = rt_device_select(train_world > 1 && !strcmp(o->device, "auto") ? "cuda" : o->device);
+    if (train_dev && train_world > 1 && !train_join(train_dev, o)) train_dev = NULL;
     if (!train_dev || !train_dev->open(g, &mem)) {
         train_dev = NULL;
         goto out;
@@ -696,6 +885,10 @@ int rt_train(Graph *g, const TrainOptions *o) {
             (long long)m.vocab, (long long)mem_bytes, (long long)mem.persistent_bytes,
             (long long)mem.step_bytes, (long long)train.n_tokens);
     if (train_dev != &rt_cpu_device) rt_note("device: %s", train_dev->describe());
+    if (train_world > 1)
+        rt_note("data parallel over %d ranks: a step is %d sequences (%d ranks x batch %d x %d "
+                "micro-steps); rank 0 logs and writes checkpoints", train_world,
+                train_world * m.B * o->grad_accum, train_world, m.B, o->grad_accum);
     if (o->eval_only) {
         if (!val.n_shards) {
             rt_error("--eval-only: %s holds no validation data: give --val FILE", o->data);
@@ -716,7 +909,8 @@ int rt_train(Graph *g, const TrainOptions *o) {
     status = 0;
     int64_t end = o->stop_at >= 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
     if (end <= p.step) {
-        if (p.step == 0) {   /* --stop-at 0: the state before any step, to start another tool from */
+        if (train_rank != 0) {   /* rank 0 writes the state */
+        } else if (p.step == 0) {   /* --stop-at 0: the state before any step, to start another tool from */
             if (!train_save(g, &m, o, &p, &log)) status = 1;
         } else {
             rt_error("--stop-at %lld: the checkpoint is already at step %lld", (long long)end,
@@ -735,7 +929,10 @@ int rt_train(Graph *g, const TrainOptions *o) {
         model_feed_scalar(m.step, (double)(p.opt_step + 1));
         model_feed_scalar(m.grad_scale, 1.0 / o->grad_accum);
         for (int micro = 0; micro < o->grad_accum; micro++) {
-            rt_data_train_batch(&train, p.seed, p.step, micro, m.B, m.T, tok, tgt);
+            /* rank r's micro-steps are r*A .. r*A+A-1 of the global step: N ranks with A
+             * micro-steps each read what one GPU with N*A micro-steps reads */
+            rt_data_train_batch(&train, p.seed, p.step, train_rank * o->grad_accum + micro, m.B,
+                                m.T, tok, tgt);
             model_feed_ids(m.tokens, tok);
             model_feed_ids(m.targets, tgt);
             Node *io[2] = {m.tokens, m.targets};
@@ -747,14 +944,26 @@ int rt_train(Graph *g, const TrainOptions *o) {
             finite &= isfinite(loss);
             loss_sum += loss;
         }
-        LogRecord r = {.step = p.step + 1, .steps = o->steps, .steps_width = width,
-                       .loss = loss_sum / o->grad_accum, .lr = lr, .grad_norm = NAN,
-                       .mem_bytes = mem_bytes};
         bool grads_finite = true;
         if (finite && !model_grads_finite(&m, &grads_finite)) {
             status = 1;
             goto out;
         }
+        if (train_world > 1) {
+            /* the step's loss is the mean over every rank's micro-steps, and one rank's
+             * non-finite loss or gradient skips the step on all of them (they stay equal) */
+            double v[3] = {loss_sum, !finite, !grads_finite};
+            if (!train_dev->comm_sum(v, 3)) {
+                status = 1;
+                goto out;
+            }
+            loss_sum = v[0] / train_world;
+            finite = v[1] == 0;
+            grads_finite = v[2] == 0;
+        }
+        LogRecord r = {.step = p.step + 1, .steps = o->steps, .steps_width = width,
+                       .loss = loss_sum / o->grad_accum, .lr = lr, .grad_norm = NAN,
+                       .mem_bytes = mem_bytes};
         if (finite && !grads_finite) {
             finite = false;
             r.skipped = "non-finite gradient";
@@ -782,19 +991,20 @@ int rt_train(Graph *g, const TrainOptions *o) {
             skips++;
         }
         r.ms = train_now_ms() - t0;
-        r.tokens_per_s = (double)m.B * m.T * o->grad_accum / (r.ms / 1e3);
+        r.tokens_per_s = (double)m.B * m.T * o->grad_accum * train_world / (r.ms / 1e3);
         bool last = p.step + 1 == o->steps;
         if (val.n_shards && ((o->eval_every && (p.step + 1) % o->eval_every == 0) || last)) {
             r.val_loss = train_evaluate(g, &m, &val, o->eval_batches, tok, tgt);
             r.has_val = true;
         }
-        if (!rt_log_step(&log, &r)) {
+        if (train_rank == 0 && !rt_log_step(&log, &r)) {
             status = 1;
             break;
         }
         if (skips >= TRAIN_MAX_SKIPS) {
-            rt_log_message(&log, "error: the last %d steps all had a non-finite loss or "
-                           "gradient; stopping (try a lower --lr)", skips);
+            if (train_rank == 0)   /* every rank skipped the same steps: one says so */
+                rt_log_message(&log, "error: the last %d steps all had a non-finite loss or "
+                               "gradient; stopping (try a lower --lr)", skips);
             status = 1;
             break;
         }
@@ -806,6 +1016,10 @@ int rt_train(Graph *g, const TrainOptions *o) {
             break;
         }
     }
+    /* the ranks part together: none closes its connections while another may still read from
+     * them, and a rank that failed (it skips this) ends the others' wait at once */
+    double parting = 0;
+    if (status == 0 && train_world > 1 && !train_dev->comm_sum(&parting, 1)) status = 1;
 out:
     if (train_dev) train_dev->close();
     train_dev = &rt_cpu_device;

@@ -1,0 +1,327 @@
+/* nccl.c — NCCL, opened at run time: the communicator of a data-parallel run and its watchdog.
+ *
+ * A data-parallel run is one process per GPU (launched by the binary itself for --gpus N, or
+ * by the user with --rank/--world-size), each with one communicator. As with the CUDA driver
+ * (loader.c), nothing of NCCL is linked: libnccl.so.2 is opened with dlopen when a run asks for
+ * more than one rank (FP8C_LIBNCCL, else the versioned name, else the toolkit's lib), so a
+ * binary still starts, and trains on one GPU or the CPU, where there is no NCCL. The types
+ * and prototypes come from the toolkit's nccl.h at build time; every call goes through
+ * NC_CHECK, which names the call and the place in the source.
+ *
+ * The ranks meet through a file: rank 0 asks NCCL for a unique id and writes it to --comm-file
+ * atomically (a temp file linked into place, so a reader never sees half of it, and an
+ * existing file is never overwritten: it is another job's or a crashed run's); the others wait
+ * for the file to appear, up to the timeout. Once the communicator exists every rank has read
+ * the id, and rank 0 removes the file.
+ *
+ * NVLink multicast (NVLS) stays off: NCCL_NVLS_ENABLE=0 is put in the environment before NCCL
+ * is initialised unless the user set it, because the GPU hosts this runs on require it.
+ *
+ * Nothing may hang silently. A rank that dies takes its sockets with it, which NCCL reports to
+ * the others as an asynchronous error; a rank that hangs leaves the others waiting inside a
+ * collective. So every blocking step of the communication (meeting, the update with its
+ * reductions, the reductions of the logged scalars) is armed with the --comm-timeout deadline,
+ * and a watchdog thread polls the deadline and ncclCommGetAsyncError every 50 ms: either one
+ * ends the process with one line naming the rank and what did not finish. The process exits
+ * (status 3) rather than return, because the thread that would return is the one stuck in the
+ * driver; the launcher (runtime/train.c) then stops the other ranks. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nccl.h>
+
+#include "gpu_internal.h"
+
+#define NC_FUNCS(X)                                                                          \
+    X(ncclGetVersion, ncclResult_t, (int *))                                                 \
+    X(ncclGetUniqueId, ncclResult_t, (ncclUniqueId *))                                       \
+    X(ncclCommInitRank, ncclResult_t, (ncclComm_t *, int, ncclUniqueId, int))                \
+    X(ncclCommAbort, ncclResult_t, (ncclComm_t))                                             \
+    X(ncclCommGetAsyncError, ncclResult_t, (ncclComm_t, ncclResult_t *))                     \
+    X(ncclGetErrorString, const char *, (ncclResult_t))                                      \
+    X(ncclGroupStart, ncclResult_t, (void))                                                  \
+    X(ncclGroupEnd, ncclResult_t, (void))                                                    \
+    X(ncclAllReduce, ncclResult_t, (const void *, void *, size_t, ncclDataType_t,             \
+                                    ncclRedOp_t, ncclComm_t, cudaStream_t))
+
+static struct {
+#define X(name, ret, args) ret(*name) args;
+    NC_FUNCS(X)
+#undef X
+} nc;
+
+#define NC_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
+
+static int nc_state;                  /* 0 not tried, 1 loaded, -1 failed */
+static char nc_why[512];
+static ncclComm_t nc_comm;
+static int nc_rank, nc_world = 1;
+static double nc_timeout = 600;
+static CUstream nc_stream;             /* the host scalars' reductions */
+static CUdeviceptr nc_scalars;         /* room for NCCL_SCALARS doubles */
+#define NCCL_SCALARS 16
+
+/* the watchdog */
+static pthread_t wd_thread;
+static bool wd_running;
+static pthread_mutex_t wd_lock = PTHREAD_MUTEX_INITIALIZER;
+static double wd_deadline;             /* 0: disarmed */
+static char wd_what[128];
+static char wd_comm_file[4096];        /* rank 0's id file while the ranks meet: removed on exit */
+
+static bool nccl_check(ncclResult_t r, const char *call, const char *file, int line) {
+    if (r == ncclSuccess) return true;
+    const char *text = nc.ncclGetErrorString ? nc.ncclGetErrorString(r) : "?";
+    rt_error("rank %d: NCCL: %s failed: %s (%d) at %s:%d", nc_rank, call, text, (int)r, file, line);
+    return false;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+bool cuda_nccl_load(char *why, size_t why_len) {
+    if (!nc_state) {
+        /* before NCCL reads its environment (at its first call), never after */
+        setenv("NCCL_NVLS_ENABLE", "0", 0);
+        const char *names[] = {getenv("FP8C_LIBNCCL"), "libnccl.so.2", "libnccl.so",
+                               "/usr/local/cuda/lib/libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"};
+        char tried[512] = "";
+        void *h = NULL;
+        for (int i = 0; i < 5 && !h; i++) {
+            if (!names[i] || !*names[i]) continue;
+            h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+            size_t at = strlen(tried);
+            if (!h) snprintf(tried + at, sizeof tried - at, "%s%s", at ? ", " : "", names[i]);
+        }
+        nc_state = 1;
+        if (!h) {
+            snprintf(nc_why, sizeof nc_why, "NCCL not found (tried %s; set FP8C_LIBNCCL to "
+                     "libnccl.so.2's path)", tried);
+            nc_state = -1;
+        }
+#define X(name, ret, args)                                                                   \
+        if (nc_state > 0 && !(nc.name = (ret(*) args)dlsym(h, #name))) {                     \
+            snprintf(nc_why, sizeof nc_why, "NCCL lacks %s (too old? 2.10 or later needed)", \
+                     #name);                                                                 \
+            nc_state = -1;                                                                   \
+        }
+        NC_FUNCS(X)
+#undef X
+    }
+    if (nc_state < 0 && why) snprintf(why, why_len, "%s", nc_why);
+    return nc_state > 0;
+}
+
+/* ---------------------------------------------------------------- the watchdog */
+
+static void *wd_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        struct timespec pause = {0, 50 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        pthread_mutex_lock(&wd_lock);
+        double deadline = wd_deadline;
+        char what[sizeof wd_what];
+        memcpy(what, wd_what, sizeof what);
+        pthread_mutex_unlock(&wd_lock);
+        /* only while a step waits on the others: a rank that finished (and closed its
+         * connections) while this one still writes its last checkpoint is no failure */
+        ncclResult_t async = ncclSuccess;
+        if (deadline > 0 && nc_comm && nc.ncclCommGetAsyncError(nc_comm, &async) == ncclSuccess &&
+            async != ncclSuccess && async != ncclInProgress) {
+            rt_error("rank %d of %d: NCCL reports %s during %s: another rank failed or the "
+                     "network broke; ending this rank", nc_rank, nc_world,
+                     nc.ncclGetErrorString(async), what);
+            _exit(3);
+        }
+        if (deadline > 0 && now_s() > deadline) {
+            if (wd_comm_file[0]) unlink(wd_comm_file);   /* a later run must not read it */
+            rt_error("rank %d of %d: %s did not finish within %g s (--comm-timeout): another "
+                     "rank died or hangs; ending this rank", nc_rank, nc_world, what, nc_timeout);
+            _exit(3);
+        }
+    }
+    return NULL;
+}
+
+void cuda_nccl_arm(const char *what) {
+    if (!wd_running) return;
+    pthread_mutex_lock(&wd_lock);
+    snprintf(wd_what, sizeof wd_what, "%s", what);
+    wd_deadline = now_s() + nc_timeout;
+    pthread_mutex_unlock(&wd_lock);
+}
+
+void cuda_nccl_disarm(void) {
+    if (!wd_running) return;
+    pthread_mutex_lock(&wd_lock);
+    wd_deadline = 0;
+    pthread_mutex_unlock(&wd_lock);
+}
+
+/* ---------------------------------------------------------------- meeting */
+
+/* rank 0: the id into path, atomically and never over an existing file */
+static bool comm_write_id(const char *path, const ncclUniqueId *id) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+        rt_error("%s: cannot write the NCCL id (--comm-file): %s", tmp, strerror(errno));
+        return false;
+    }
+    bool ok = write(fd, id, sizeof *id) == (ssize_t)sizeof *id && fsync(fd) == 0;
+    ok = close(fd) == 0 && ok;
+    if (!ok) {
+        rt_error("%s: cannot write the NCCL id (--comm-file): %s", tmp, strerror(errno));
+        unlink(tmp);
+        return false;
+    }
+    if (link(tmp, path) != 0) {
+        int err = errno;
+        unlink(tmp);
+        if (err == EEXIST)
+            rt_error("%s: --comm-file exists already (another job's, or left by a run that "
+                     "crashed): remove it or give another path", path);
+        else
+            rt_error("%s: cannot write the NCCL id (--comm-file): %s", path, strerror(err));
+        return false;
+    }
+    unlink(tmp);
+    return true;
+}
+
+/* the other ranks: wait for the file (complete once it exists: it is linked into place) */
+static bool comm_read_id(const char *path, ncclUniqueId *id) {
+    double deadline = now_s() + nc_timeout;
+    for (;;) {
+        int fd = open(path, O_RDONLY);
+        if (fd >= 0) {
+            ssize_t got = read(fd, id, sizeof *id);
+            close(fd);
+            if (got == (ssize_t)sizeof *id) return true;
+            rt_error("%s: --comm-file holds %zd bytes, not an NCCL id of %zu", path, got,
+                     sizeof *id);
+            return false;
+        }
+        if (errno != ENOENT) {
+            rt_error("%s: cannot read --comm-file: %s", path, strerror(errno));
+            return false;
+        }
+        if (now_s() > deadline) {
+            rt_error("rank %d: %s did not appear within %g s (--comm-timeout): is rank 0 "
+                     "running, with the same --comm-file?", nc_rank, path, nc_timeout);
+            return false;
+        }
+        struct timespec pause = {0, 20 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+bool cuda_nccl_open(int rank, int world, const char *comm_file, double timeout_s) {
+    char why[512];
+    nc_rank = rank;
+    nc_world = world;
+    nc_timeout = timeout_s;
+    if (world <= 1) return true;
+    if (!cuda_nccl_load(why, sizeof why)) {
+        rt_error("rank %d: %s", rank, why);
+        return false;
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (rank == 0) {
+        if (!NC_CHECK(nc.ncclGetUniqueId(&id)) || !comm_write_id(comm_file, &id)) return false;
+    } else if (!comm_read_id(comm_file, &id)) {
+        return false;
+    }
+    if (!wd_running) {
+        if (pthread_create(&wd_thread, NULL, wd_main, NULL) != 0) {
+            rt_error("rank %d: cannot start the communication watchdog thread", rank);
+            return false;
+        }
+        pthread_detach(wd_thread);
+        wd_running = true;
+    }
+    if (rank == 0) snprintf(wd_comm_file, sizeof wd_comm_file, "%s", comm_file);
+    cuda_nccl_arm("meeting the other ranks (ncclCommInitRank)");
+    bool ok = NC_CHECK(nc.ncclCommInitRank(&nc_comm, world, id, rank));
+    cuda_nccl_disarm();
+    wd_comm_file[0] = 0;
+    if (rank == 0) unlink(comm_file);   /* every rank has read it: the communicator exists */
+    if (!ok) {
+        nc_comm = NULL;
+        return false;
+    }
+    /* a blocking stream: it waits for the synchronous copies (legacy stream) that fill its input */
+    if (!CU_CHECK(CU(cuStreamCreate)(&nc_stream, CU_STREAM_DEFAULT)) ||
+        !CU_CHECK(CU(cuMemAlloc_v2)(&nc_scalars, NCCL_SCALARS * sizeof(double))))
+        return false;
+    return true;
+}
+
+void cuda_nccl_close(void) {
+    if (!nc_comm) return;
+    cuda_nccl_disarm();
+    if (nc_scalars) CU(cuMemFree_v2)(nc_scalars);
+    if (nc_stream) CU(cuStreamDestroy_v2)(nc_stream);
+    /* abort, not destroy: every collective has finished here (the streams were synchronized),
+     * and abort frees the local resources without waiting on peers that may be gone */
+    nc.ncclCommAbort(nc_comm);
+    nc_comm = NULL;
+    nc_scalars = 0;
+    nc_stream = NULL;
+}
+
+bool cuda_nccl_active(void) { return nc_comm != NULL; }
+int cuda_nccl_world(void) { return nc_comm ? nc_world : 1; }
+
+/* ---------------------------------------------------------------- collectives */
+
+bool cuda_nccl_group(bool start) {
+    return start ? NC_CHECK(nc.ncclGroupStart()) : NC_CHECK(nc.ncclGroupEnd());
+}
+
+bool cuda_nccl_all_reduce_mean(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream) {
+    ncclDataType_t type;
+    switch (elem) {
+    case FMT_F32: type = ncclFloat32; break;
+    case FMT_BF16: type = ncclBfloat16; break;
+    default:
+        rt_error("rank %d: NCCL: cannot average %s values", nc_rank, fmt_elem_name(elem));
+        return false;
+    }
+    void *p = (void *)(uintptr_t)buf;
+    return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, type, ncclAvg, nc_comm,
+                                     (cudaStream_t)stream));
+}
+
+bool cuda_nccl_sum_host(double *v, int n) {
+    if (!nc_comm) return true;
+    if (n > NCCL_SCALARS) {
+        rt_error("rank %d: NCCL: %d scalars to sum, at most %d", nc_rank, n, NCCL_SCALARS);
+        return false;
+    }
+    size_t bytes = (size_t)n * sizeof *v;
+    cuda_nccl_arm("summing the step's loss over the ranks");
+    bool ok = CU_CHECK(CU(cuMemcpyHtoD_v2)(nc_scalars, v, bytes)) &&
+              NC_CHECK(nc.ncclAllReduce((void *)(uintptr_t)nc_scalars, (void *)(uintptr_t)nc_scalars,
+                                        (size_t)n, ncclFloat64, ncclSum, nc_comm,
+                                        (cudaStream_t)nc_stream)) &&
+              CU_CHECK(CU(cuStreamSynchronize)(nc_stream)) &&
+              CU_CHECK(CU(cuMemcpyDtoH_v2)(v, nc_scalars, bytes));
+    cuda_nccl_disarm();
+    return ok;
+}

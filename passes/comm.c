@@ -1,0 +1,85 @@
+/* comm.c — data parallel: the gradients are averaged over the GPUs before the update reads them.
+ *
+ * With N GPUs each one runs the same step on its own share of the global batch and keeps a
+ * whole copy of the parameters and optimizer state. The copies stay equal only if every GPU
+ * applies the same update, so the summed gradient of each parameter (its accumulator, P:grad,
+ * after the last micro-step) is replaced by its mean over the GPUs before the gradient norm
+ * and AdamW read it:
+ *
+ *   P:grad += P.grad               ACCUMULATE, backward, every micro-step (as before)
+ *   P:grad  = mean_ranks(P:grad)   ALL_REDUCE, update, once a step, in place
+ *   sq_P = sqnorm(P:grad) ... adamw(P, P:grad, ...)   read the reduced value
+ *
+ * The collective is a node of the step rather than something the runtime does on the side,
+ * so the plan, the kernel listing and the verifier see it like any other work: its bytes are
+ * the accumulator's, in the accumulator's format (bf16 at O1..O3, f32 at O0), and it aliases
+ * the accumulator, so the memory plan does not change. The nodes are placed in the order in
+ * which the backward finishes the gradients ("buckets" in that order), and the executor keeps
+ * that order when it hands them to NCCL. On one rank, on the CPU and in the reference
+ * executor the node does nothing, so a run on one GPU of a data-parallel build computes the
+ * same bits as a build without the pass.
+ *
+ * Gradient release cannot be combined with it: released updates run inside the backward, as
+ * soon as each micro-step's gradient exists, before any other GPU's share could be added, so
+ * the pass refuses a build that asks for both. A gradient stored in a scaled FP8 format would
+ * need a scale per bucket agreed between the GPUs; that is not built yet, and the pass says so
+ * rather than reduce the raw bytes. The pass runs only for a build with --gpus N > 1. */
+#include "passes.h"
+
+/* the format a gradient may be reduced in: NCCL's bf16 or f32, unscaled */
+static bool comm_format_ok(const Format *f)
+{
+    return (f->elem == FMT_BF16 || f->elem == FMT_F32) && f->scaling == SCALE_NONE &&
+           f->codec == CODEC_PLAIN && !f->scale;
+}
+
+bool pass_comm(Graph *g, const PassOptions *opt)
+{
+    if (opt->gpus <= 1) return true;
+    if (opt->grad_release) {
+        diag_error((SrcLoc){0}, "--grad-release updates each parameter inside the backward, before "
+                   "its gradient can be averaged over %d GPUs: build without --grad-release, or "
+                   "without --gpus", opt->gpus);
+        return false;
+    }
+    /* the accumulators in the order the backward completes them, and the first update node */
+    int n = g->n_nodes, n_acc = 0;
+    Node **acc = arena_alloc(g->arena, sizeof(Node *) * (size_t)(n + 1));
+    Node *first_update = NULL;
+    for (int i = 0; i < n; i++) {
+        Node *a = g->nodes[i];
+        if (a->phase == PHASE_UPDATE && !first_update) first_update = a;
+        if (a->op == OP_ALL_REDUCE) {
+            diag_error(a->loc, "the graph already averages its gradients over the GPUs");
+            return false;
+        }
+        if (a->op != OP_ACCUMULATE || a->t.role != ROLE_GRAD) continue;
+        if (!comm_format_ok(&a->t.fmt)) {
+            diag_error(a->loc, "the gradient of %s is stored as %s: averaging it over GPUs is "
+                       "built for bf16 and f32 gradients only (give it bf16 with --precision)",
+                       a->grad_of && a->grad_of->t.name ? a->grad_of->t.name : "a parameter",
+                       fmt_elem_name(a->t.fmt.elem));
+            return false;
+        }
+        acc[n_acc++] = a;
+    }
+    if (!n_acc || !first_update) {
+        diag_error((SrcLoc){0}, "--gpus %d: the step has no gradient accumulators and update to "
+                   "average gradients for (run the optimizer pass first)", opt->gpus);
+        return false;
+    }
+    for (int i = 0; i < n_acc; i++) {
+        Node *a = acc[i];
+        Node *r = ir_add1(g, OP_ALL_REDUCE, a, a->loc);
+        r->iattr[0] = opt->gpus;
+        r->phase = PHASE_UPDATE;
+        r->t.role = ROLE_GRAD;        /* it is the accumulator itself (same storage) */
+        r->grad_of = a->grad_of;
+        const char *err = ir_infer_shape(r, g->arena);
+        if (err) ir_die(__FILE__, __LINE__, "comm: %s", err);
+        ir_replace_uses(g, a, r);     /* every reader after the step's last accumulation */
+        r->in[0] = a;
+        ir_move_before(g, r, first_update);
+    }
+    return true;
+}
