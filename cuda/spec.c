@@ -31,6 +31,15 @@ static const char *const scale_enum[SCALE_COUNT] = {
 
 enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BLOCKS = 1024 };
 
+/* Threads of a cross entropy's row blocks (forward and backward: the backward recomputes the
+ * forward's logsumexp where it does not read it, and must get the same bits). A chunk of the
+ * loss is some 500 to 1300 rows of the vocabulary's 50304 logits: at 256 threads a row, its
+ * blocks filled half to one and a quarter waves of an H200 (0.48 waves measured, 42% of the
+ * warps busy, 35% of the memory bandwidth for the forward). 1024 threads take a vocabulary row
+ * in six or seven wide loads a thread (Llama's 32000 in four), two rows an SM at a time, in two
+ * to five full waves. */
+static unsigned ce_row_threads(int64_t V) { return V >= 8 * 2048 ? 1024 : ROW_THREADS; }
+
 typedef struct {
     Arena *arena;
     const Node *n;
@@ -483,14 +492,22 @@ static bool plan_elementwise(Spec *s) {
         if (!check_io(s, n, true)) return false;
         if (y->rank < 2 || n->iattr[0] <= 0 || n->iattr[0] % 2 || cols_of(y) % n->iattr[0])
             return spec_fail(s, "head_dim does not split the columns into even heads");
-        l = spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%s, %s>(a)", Y,
-                        fmt_arg(s, &n->in[0]->t));
-        args_result_inputs(l, n);
-        l->args.i[0] = n->iattr[0];
-        l->args.i[1] = n->iattr[1];
-        l->args.i[2] = cols_of(y);
-        l->args.i[3] = y->dims[y->rank - 2];
-        l->args.f[0] = n->fattr[0];
+        /* the (T, head_dim / 2) table of cos and sin, f64, then the rotation that reads it */
+        int64_t T = y->dims[y->rank - 2], pairs = T * (n->iattr[0] / 2);
+        need_scratch(s, pairs * 16);
+        for (int k = 0; k < 2; k++) {
+            l = k ? spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%s, %s>(a)", Y,
+                                fmt_arg(s, &n->in[0]->t))
+                  : spec_launch(s, "ropetab", grid_elem(pairs), ELEM_THREADS, "ck_rope_table<%s, %s>(a)", Y,
+                                fmt_arg(s, &n->in[0]->t));
+            args_result_inputs(l, n);
+            l->scratch = 0;
+            l->args.i[0] = n->iattr[0];
+            l->args.i[1] = n->iattr[1];
+            l->args.i[2] = cols_of(y);
+            l->args.i[3] = T;
+            l->args.f[0] = n->fattr[0];
+        }
         return true;
     }
     default: break;
@@ -680,7 +697,7 @@ static bool plan_rows(Spec *s) {
         const Tensor *lg = &n->in[0]->t;
         int64_t R = rows_of(lg), V = cols_of(lg);
         need_scratch(s, s->ce_lse_at ? s->ce_lse_at + R * 8 : R * 8);
-        l = spec_launch(s, "cerows", (unsigned)R, ROW_THREADS, "ck_ce_rows<%s, %s>(a)",
+        l = spec_launch(s, "cerows", (unsigned)R, ce_row_threads(V), "ck_ce_rows<%s, %s>(a)",
                         fmt_arg(s, lg), fmt_arg(s, &n->in[1]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
@@ -700,7 +717,7 @@ static bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = R;
-        l = spec_launch(s, "cebwd", (unsigned)R, ROW_THREADS, "ck_ce_bwd<%s, %s, %s>(a)", Y,
+        l = spec_launch(s, "cebwd", (unsigned)R, ce_row_threads(V), "ck_ce_bwd<%s, %s, %s>(a)", Y,
                         fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
@@ -948,11 +965,11 @@ static bool plan_optimizer(Spec *s) {
             if (i != 2 && i != 3 && !(i == 0 && mk == 2) && !spec_check_tensor(s, &n->in[i]->t, "an input"))
                 return false;
         const char *codec_names[CODEC_COUNT] = {"CODEC_PLAIN", "CODEC_EXPAND", "CODEC_COMPAND", "CODEC_SQRT", "CODEC_SPLIT"};
-        /* a warp per 128 elements, eight chunks a warp: a block starts with one thread computing
+        /* a warp per 256 elements, four chunks a warp: a block starts with one thread computing
          * the bias corrections in f64 while the others wait, which blocks of one chunk a warp
          * paid once per 1024 elements (7.0 ms of d12 -O3's update on an H200) */
-        int64_t chunks = (count + 127) / 128;
-        int64_t blocks = (chunks + 63) / 64;
+        int64_t chunks = (count + 255) / 256;
+        int64_t blocks = (chunks + 31) / 32;
         l = spec_launch(s, "adamwc", (unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks), ELEM_THREADS,
                         "ck_adamw_coded<%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, %s, %s, %d>(a)",
                         mk == 2 ? "F<FMT_BF16, SCALE_NONE>" : fmt_arg(s, &n->in[0]->t),
@@ -1651,7 +1668,7 @@ static void fuse_group_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
 
 /* A cross entropy's backward right after its forward (the loss chunks of chunk_loss.c run
  * so): both read every row of the logits for its logsumexp, the same computation in the same
- * order (ck_row_lse, one block of ROW_THREADS a row). The forward leaves it in the scratch,
+ * order (ck_row_lse, one block of ce_row_threads a row). The forward leaves it in the scratch,
  * after the row losses and the backward's coefficient, and the backward reads it there: a read
  * of the logits less, the same bits. Nothing runs between them, so nothing else uses the
  * scratch (which every node's launches share) in between. */

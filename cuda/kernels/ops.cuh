@@ -289,14 +289,30 @@ template <class Y, class T, class I> __device__ void ck_embedding(const CkArgs &
     }
 }
 
-/* ROPE: i = {head_dim, inverse, C, T}, f = {theta}; over pairs (2j, 2j+1) */
+/* ROPE: i = {head_dim, inverse, C, T}, f = {theta}; over pairs (2j, 2j+1). The rotation of
+ * pair k of position p depends on (p, k) alone: the first launch makes the T x head_dim / 2
+ * table of cos and sin (f64, as the reference computes them) in the scratch, the second
+ * rotates every head's pairs by reading it. Each pair used to compute its own pow, cos and sin
+ * in f64, some 0.1 ms per launch on Llama 1.1B's q at batch 4 x 2048 (8.8 ms of its step); the
+ * bits are the same. */
+template <class Y, class X> __device__ void ck_rope_table(const CkArgs &a) {
+    i64 D = a.i[0], T = a.i[3], K = D / 2;
+    double theta = a.f[0], *tab = (double *)a.scratch;
+    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < T * K; j += (i64)gridDim.x * blockDim.x) {
+        i64 p = j / K, k = j % K;
+        double ang = (double)p * pow(theta, -2.0 * (double)k / (double)D);
+        tab[2 * j] = cos(ang);
+        tab[2 * j + 1] = sin(ang);
+    }
+}
 template <class Y, class X> __device__ void ck_rope(const CkArgs &a) {
     i64 D = a.i[0], C = a.i[2], T = a.i[3];
-    double sign = a.i[1] ? -1.0 : 1.0, theta = a.f[0];
+    double sign = a.i[1] ? -1.0 : 1.0;
+    const double *tab = (const double *)a.scratch;
     CK_GRID_STRIDE(j, a.t[0].n / 2) {
         i64 e = 2 * j, c = e % C, p = (e / C) % T, k = (c % D) / 2;
-        double ang = (double)p * pow(theta, -2.0 * (double)k / (double)D);
-        double co = cos(ang), si = sign * sin(ang);
+        const double *cs = tab + 2 * (p * (D / 2) + k);
+        double co = cs[0], si = sign * cs[1];
         double x0 = X::ld(a.t[1], e), x1 = X::ld(a.t[1], e + 1);
         Y::st(a.t[0], e, (float)(x0 * co - x1 * si));
         Y::st(a.t[0], e + 1, (float)(x0 * si + x1 * co));
@@ -1429,28 +1445,25 @@ template <class X> __device__ void ck_all_finite(const CkArgs &a) {
  * Adam's m and v at O2/O3 are stored through the optimizer-state codecs of ir/codecs.c: per
  * group of consecutive elements (128 for range expansion, 32 for companding), one byte per
  * element and f32 side values (in the tensor's scale array) that depend on the whole group.
- * A warp takes 128 elements (lane l holds l, l+32, l+64, l+96), so a 128-group is the warp and
- * a 32-group is one of the lane's four slots: the group statistics are warp reductions, with
- * no shared memory and no second pass. The master weight may be split (bf16 weight + i8
+ * A warp takes 256 elements, eight consecutive ones a lane, so that every tensor moves in wide
+ * loads and stores (8 codes, 8 bf16 values) and a group is a few neighbouring lanes: a 128-group
+ * is a half warp, a 32-group four lanes. The group statistics are shuffles among those lanes,
+ * with no shared memory and no second pass. The master weight may be split (bf16 weight + i8
  * rounding error).
  *
- * The transforms are computed in f32, as the kernel IR's AdamW computes them
+ * Everything is computed in f32: the codecs as the kernel IR's AdamW computes them
  * (codegen/lower_kernels.c, moment_decode and moment_encode, term for term, with the powers of
- * range expansion through the special-function unit): codecs.c computes
- * them in f64 and is the reference they are bounded against, not matched bit for bit. The
- * update itself (m, v, w) stays in f64 as ref_adamw's. In f64 the codecs took about 670
- * instructions an element at -O3 (software divisions, square roots and pow on the f64 units);
- * in f32 the side values that are a group's maximum come out bit for bit (sqrtf is correctly
- * rounded, and the f32 square root of an f32 equals the f64 one rounded), k within a few f32
- * ulps, and a code lands one step from the reference's only where the two straddle a rounding
- * point (tests/gpu/test_gpu_ops.c states the bounds). */
+ * range expansion through the special-function unit), and the update. codecs.c and ref_adamw
+ * compute in f64 and are the reference this is bounded against, not matched bit for bit: the
+ * side values that are a group's maximum come out bit for bit (sqrtf is correctly rounded, and
+ * the f32 square root of an f32 equals the f64 one rounded), k within a few f32 ulps, and a code
+ * lands one step from the reference's only where the two straddle a rounding point
+ * (tests/gpu/test_gpu_ops.c states the bounds). In f64, with a warp per 128 elements and a byte
+ * a lane per access, the update of GPT-2 d12's states took 5.2 ms at -O3 on an H200. */
 
 #define CK_EXPAND_RANGE 28672.0f   /* e4m3's normal range, 448 / 2^-6 */
 #define CK_EXPAND_K_MAX 16.0f
-
-static __device__ __forceinline__ int ck_codec_group(int c) {
-    return c == CODEC_EXPAND ? 128 : 32;
-}
+#define CK_CODED_CHUNK 256         /* elements a warp takes at a time */
 
 /* y^e for y >= 0, e > 0 (0 at y = 0) through the special-function unit: lg2.approx, then
  * exp2 of the product, within a few ulps of f32 (about 1e-6 relative where e log2 y reaches
@@ -1460,180 +1473,295 @@ static __device__ __forceinline__ float ck_pow_fast(float y, float e) { return e
 /* NaN wins (codec_absmax) */
 static __device__ __forceinline__ float ck_absmax_nan(float m, float a) { return (a > m || a != a) ? a : m; }
 
-/* reduce v over the lanes of one group: 128-groups span the warp, 32-groups too (one slot) */
-static __device__ __forceinline__ float ck_warp_absmax_nan(float m) {
-    for (int o = 16; o > 0; o >>= 1) m = ck_absmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+/* reductions over the LANES neighbouring lanes of one group (LANES a power of two) */
+template <int LANES> static __device__ __forceinline__ float ck_lanes_absmax_nan(float m) {
+    for (int o = LANES / 2; o > 0; o >>= 1) m = ck_absmax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
     return m;
 }
-static __device__ __forceinline__ float ck_warp_min(float m) {
-    for (int o = 16; o > 0; o >>= 1) m = fminf(m, __shfl_xor_sync(0xffffffffu, m, o));
+template <int LANES> static __device__ __forceinline__ float ck_lanes_min(float m) {
+    for (int o = LANES / 2; o > 0; o >>= 1) m = fminf(m, __shfl_xor_sync(0xffffffffu, m, o));
     return m;
 }
 
-/* decode element i of a coded state (codes q, side values p) */
-template <int C> static __device__ __forceinline__ float ck_codec_ld(const CkTensor &t, i64 i) {
+/* 2^e, e in [-126, 127], from its bits */
+static __device__ __forceinline__ float ck_pow2i(int e) { return __int_as_float((e + 127) << 23); }
+
+/* a split master's unit ulp(hi) / 256 = 2^(b - 142), b the biased exponent of bf16 hi (1 for
+ * zero and subnormals), from 2^-141 to 2^113: a product of two normal powers of two (exact, as
+ * codecs.c's ldexpf); and x / unit, x times 2^(142 - b) in two exact steps */
+static __device__ __forceinline__ int ck_split_b(unsigned short hi) {
+    int b = (hi >> 7) & 0xFF;
+    return b ? b : 1;
+}
+static __device__ __forceinline__ float ck_split_unit(int b) { return ck_pow2i(b / 2 - 71) * ck_pow2i(b - b / 2 - 71); }
+static __device__ __forceinline__ float ck_split_per_unit(float x, int b) {
+    return x * ck_pow2i(71 - b / 2) * ck_pow2i(71 - (b - b / 2));
+}
+
+/* 8 raw bytes at element i (a multiple of 8) of t's storage: one load where full, else the
+ * bytes of elements < n (0 beyond) */
+static __device__ __forceinline__ void ck_ld8_bytes(const CkTensor &t, i64 i, i64 n, bool full, unsigned char *b) {
+    if (full) {
+        CkRaw<8> r = ((const CkRaw<8> *)t.p)[i / 8];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) b[j] = r.b[j];
+        return;
+    }
+    #pragma unroll
+    for (int j = 0; j < 8; j++) b[j] = i + j < n ? ((const unsigned char *)t.p)[i + j] : 0;
+}
+static __device__ __forceinline__ void ck_st8_bytes(const CkTensor &t, i64 i, i64 n, bool full, const unsigned char *b) {
+    if (full) {
+        CkRaw<8> r;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) r.b[j] = b[j];
+        ((CkRaw<8> *)t.p)[i / 8] = r;
+        return;
+    }
+    #pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (i + j < n) ((unsigned char *)t.p)[i + j] = b[j];
+}
+
+/* the 8 elements at i of a state (format X, or coded by C), those < n (0 beyond) */
+template <int C, class X> static __device__ __forceinline__ void ck_state_ld8(const CkTensor &t, i64 i, i64 n,
+                                                                               bool full, float *x) {
+    if (C == CODEC_PLAIN) {
+        if (full && X::vec_ok(t)) {
+            X::ld_vec(t, i, x);
+            return;
+        }
+        #pragma unroll
+        for (int j = 0; j < 8; j++) x[j] = i + j < n ? X::ld(t, i + j) : 0.0f;
+        return;
+    }
+    unsigned char q[8];
+    ck_ld8_bytes(t, i, n, full, q);
+    if (i >= n) {   /* a lane past the end: nothing to decode (its side values do not exist) */
+        #pragma unroll
+        for (int j = 0; j < 8; j++) x[j] = 0.0f;
+        return;
+    }
     const float *p = (const float *)t.s;
     if (C == CODEC_EXPAND) {   /* sign(d) c (|d| / 448)^(1/k) */
-        const float *pg = p + (i / 128) * 2;
-        float d = Elem<FMT_E4M3>::ld(t.p, i);
-        float a = pg[0] * ck_pow_fast(fabsf(d) / 448.0f, 1.0f / pg[1]);
-        return signbit(d) ? -a : a;
+        float c = p[(i / 128) * 2], inv_k = 1.0f / p[(i / 128) * 2 + 1];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float d = Elem<FMT_E4M3>::ld(q, j);
+            float a = c * ck_pow_fast(fabsf(d) / 448.0f, inv_k);
+            x[j] = signbit(d) ? -a : a;
+        }
+    } else if (C == CODEC_COMPAND) {   /* amax z / (2 - |z|), z = q / 127 */
+        float c = p[i / 32];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float z = (float)(signed char)q[j];
+            x[j] = c * (z / (254.0f - fabsf(z)));
+        }
+    } else {   /* CODEC_SQRT: (p z / (2 - z))^2, z = q / 255 */
+        float c = p[i / 32];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float z = (float)q[j], r = z / (510.0f - z) * c;
+            x[j] = r * r;
+        }
     }
-    if (C == CODEC_COMPAND) {   /* amax z / (2 - |z|), z = q / 127 */
-        float q = ((const signed char *)t.p)[i];
-        return p[i / 32] * (q / (254.0f - fabsf(q)));
-    }
-    float q = ((const unsigned char *)t.p)[i];   /* CODEC_SQRT: (p z / (2 - z))^2, z = q / 255 */
-    float r = q / (510.0f - q) * p[i / 32];
-    return r * r;
 }
 
-/* encode the warp's 128 values x[j] (element base + lane + 32 j, those < n) */
-template <int C> static __device__ void ck_codec_st(const CkTensor &t, i64 base, i64 n, const float *x) {
+/* stores the 8 new values x at i of a state (format X, or encoded by C: the group's statistics
+ * over its lanes, its side values by its first lane, then the codes), those < n; every lane of
+ * the warp calls it */
+template <int C, class X> static __device__ __forceinline__ void ck_state_st8(const CkTensor &t, i64 i, i64 n,
+                                                                               bool full, const float *x) {
+    if (C == CODEC_PLAIN) {
+        if (full && X::vec_ok(t)) {
+            X::st_vec(t, i, x);
+            return;
+        }
+        #pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (i + j < n) X::st(t, i + j, x[j]);
+        return;
+    }
     int lane = threadIdx.x & 31;
     float *p = (float *)t.s;
-    if (C == CODEC_EXPAND) {
+    unsigned char q[8];
+    if (C == CODEC_EXPAND) {   /* groups of 128: 16 lanes */
         float m = 0.0f, lo = CK_INF;
-        for (int j = 0; j < 4; j++) {
-            if (base + lane + 32 * j >= n) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            if (i + j >= n) continue;
             float a = fabsf(x[j]);
             m = ck_absmax_nan(m, a);
             if (a > 0.0f && a < lo) lo = a;
         }
-        float c = ck_warp_absmax_nan(m);
-        lo = ck_warp_min(lo);
+        float c = ck_lanes_absmax_nan<16>(m);
+        lo = ck_lanes_min<16>(lo);
         /* k = log(28672) / log(c / lo) when c > 0 and c / lo > 1, else 1; at most 16 */
         float ratio = c / lo, k = 1.0f;
         if (c > 0.0f && ratio > 1.0f) k = logf(CK_EXPAND_RANGE) / logf(ratio);
         k = fminf(k, CK_EXPAND_K_MAX);
-        if (lane == 0) {
-            p[(base / 128) * 2] = c;
-            p[(base / 128) * 2 + 1] = k;
+        if (lane % 16 == 0 && i < n) {
+            p[(i / 128) * 2] = c;
+            p[(i / 128) * 2 + 1] = k;
         }
         bool finite = c > 0.0f && c < CK_INF;
-        for (int j = 0; j < 4; j++) {
-            i64 i = base + lane + 32 * j;
-            if (i >= n) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
             float y = finite ? 448.0f * ck_pow_fast(fabsf(x[j]) / c, k) : 0.0f;
-            Elem<FMT_E4M3>::st(t.p, i, signbit(x[j]) ? -y : y);
+            Elem<FMT_E4M3>::st(q, j, signbit(x[j]) ? -y : y);
         }
-        return;
-    }
-    for (int j = 0; j < 4; j++) {   /* 32-groups: slot j of every lane */
-        i64 i = base + lane + 32 * j;
-        bool in = i < n;
-        float v = in ? x[j] : 0.0f;
-        if (C == CODEC_COMPAND) {   /* round(127 2y / (1 + |y|)), y = x / amax */
-            float c = ck_warp_absmax_nan(fabsf(v));
-            if (lane == 0 && base + 32 * j < n) p[(base + 32 * j) / 32] = c;
-            if (!in) continue;
-            float y = c > 0.0f && c < CK_INF ? v / c : 0.0f;
-            ((signed char *)t.p)[i] = (signed char)rintf(127.0f * (2.0f * y / (1.0f + fabsf(y))));
-        } else {   /* CODEC_SQRT: round(255 2y / (1 + y)), y = sqrt(v) / max sqrt(v); v > 0: >= 1 */
-            float c = ck_warp_absmax_nan(v > 0.0f ? sqrtf(v) : v != v ? CK_NAN : 0.0f);
-            if (lane == 0 && base + 32 * j < n) p[(base + 32 * j) / 32] = c;
-            if (!in) continue;
-            bool pos = c > 0.0f && c < CK_INF && v > 0.0f;
-            float y = pos ? sqrtf(v) / c : 0.0f;
+    } else if (C == CODEC_COMPAND) {   /* groups of 32, 4 lanes: round(127 2y / (1 + |y|)), y = x / amax */
+        float m = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (i + j < n) m = ck_absmax_nan(m, fabsf(x[j]));
+        float c = ck_lanes_absmax_nan<4>(m);
+        if (lane % 4 == 0 && i < n) p[i / 32] = c;
+        bool finite = c > 0.0f && c < CK_INF;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float y = finite ? x[j] / c : 0.0f;
+            q[j] = (unsigned char)(signed char)rintf(127.0f * (2.0f * y / (1.0f + fabsf(y))));
+        }
+    } else {   /* CODEC_SQRT, groups of 32, 4 lanes: round(255 2y / (1 + y)), y = sqrt(v) / max sqrt(v); v > 0: >= 1 */
+        float m = 0.0f;
+        #pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (i + j < n) m = ck_absmax_nan(m, x[j] > 0.0f ? sqrtf(x[j]) : x[j] != x[j] ? CK_NAN : 0.0f);
+        float c = ck_lanes_absmax_nan<4>(m);
+        if (lane % 4 == 0 && i < n) p[i / 32] = c;
+        bool finite = c > 0.0f && c < CK_INF;
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            bool pos = finite && x[j] > 0.0f;
+            float y = pos ? sqrtf(x[j]) / c : 0.0f;
             float r = 255.0f * (2.0f * y / (1.0f + y));
             /* rint(r) < 1 exactly when r <= 0.5 (the tie rounds to the even 0) */
-            ((unsigned char *)t.p)[i] = (unsigned char)(pos && r <= 0.5f ? 1.0f : rintf(r));
+            q[j] = (unsigned char)(pos && r <= 0.5f ? 1.0f : rintf(r));
         }
     }
-}
-
-/* a state element through its codec (C) or, plain, its format (X) */
-template <int C, class X> static __device__ __forceinline__ float ck_state_ld(const CkTensor &t, i64 i) {
-    if (C == CODEC_PLAIN) return X::ld(t, i);
-    return ck_codec_ld<C>(t, i);
-}
-
-/* the split master: w = hi + lo ulp(hi) / 256 (codec_split_decode / _encode) */
-static __device__ __forceinline__ int ck_split_ulp_exp(unsigned short hi) {
-    int biased = (hi >> 7) & 0xFF;
-    return (biased ? biased : 1) - 127 - 7;
+    ck_st8_bytes(t, i, n, full, q);
 }
 
 /* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax]) with any
  * state codecs: MC, VC the codecs of m and v (CODEC_PLAIN: through their formats M, V); MK the
- * master: 0 none, 1 plain (format W), 2 split; the copy as in ck_adamw. One warp per 128
- * elements. f = {b1, b2, eps, wd} */
+ * master: 0 none, 1 plain (format W), 2 split; the copy as in ck_adamw. A warp per 256
+ * elements, eight a lane. f = {b1, b2, eps, wd} */
 template <class P, class G, class LR, class ST, class CL, class GS, int MC, class M, int VC, class V,
           int MK, class W, class CP, int COPY_AT>
 __device__ void ck_adamw_coded(const CkArgs &a) {
-    __shared__ double k[4];
-    double b1 = a.f[0], b2 = a.f[1], eps = a.f[2], wd = a.f[3];
+    __shared__ float k[4];   /* lr, gmul, 1 / bc1, 1 / bc2: in f64 once per block, kept in f32 */
+    float b1 = (float)a.f[0], b2 = (float)a.f[1], eps = (float)a.f[2], wd = (float)a.f[3];
+    float c1 = (float)(1 - a.f[0]), c2 = (float)(1 - a.f[1]);
     if (threadIdx.x == 0) {
         double step = ST::ld(a.t[5], 0);
         k[0] = LR::ld(a.t[4], 0);
-        k[1] = (double)GS::ld(a.t[7], 0) * (double)CL::ld(a.t[6], 0);
-        k[2] = 1 / (1 - pow(b1, step));
-        k[3] = 1 / (1 - pow(b2, step));
+        k[1] = (float)((double)GS::ld(a.t[7], 0) * (double)CL::ld(a.t[6], 0));
+        k[2] = (float)(1 / (1 - pow(a.f[0], step)));
+        k[3] = (float)(1 / (1 - pow(a.f[1], step)));
     }
     __syncthreads();
-    i64 n = a.t[0].n, chunks = (n + 127) / 128;
+    i64 n = a.t[0].n, chunks = (n + CK_CODED_CHUNK - 1) / CK_CODED_CHUNK;
     int lane = threadIdx.x & 31;
     i64 warp = (CK_BLOCK * blockDim.x + threadIdx.x) >> 5, warps = (CK_BLOCKS * blockDim.x) >> 5;
+    /* wide access where every tensor is aligned for it; the chunk must also lie inside n */
+    bool wide = n % 8 == 0 && G::vec_ok(a.t[1]) &&
+                (MC == CODEC_PLAIN || (unsigned long long)a.t[2].p % 8 == 0) &&
+                (VC == CODEC_PLAIN || (unsigned long long)a.t[3].p % 8 == 0) &&
+                (MK == 2 ? (unsigned long long)a.t[8].p % 8 == 0 : P::vec_ok(a.t[0])) &&
+                (MK != 1 || W::vec_ok(a.t[8]));
     float copy_max = 0.0f;
     for (i64 ch = warp; ch < chunks; ch += warps) {
-        i64 base = ch * 128;
-        float mf[4], vf[4], wf[4];
-        for (int j = 0; j < 4; j++) {
-            i64 i = base + lane + 32 * j;
-            mf[j] = vf[j] = wf[j] = 0.0f;
-            if (i >= n) continue;
-            double g = G::ld(a.t[1], i) * k[1];
-            double m = b1 * ck_state_ld<MC, M>(a.t[2], i) + (1 - b1) * g;
-            double v = b2 * ck_state_ld<VC, V>(a.t[3], i) + (1 - b2) * g * g;
-            double w;
-            if (MK == 2) {
-                unsigned short hi = ((const unsigned short *)a.t[0].p)[i];
-                signed char lo = ((const signed char *)a.t[8].p)[i];
-                w = (double)(Elem<FMT_BF16>::ld(a.t[0].p, i) + ldexpf((float)lo, ck_split_ulp_exp(hi) - 8));
-            } else {
-                w = MK == 1 ? (double)W::ld(a.t[8], i) : (double)P::ld(a.t[0], i);
+        i64 i = ch * CK_CODED_CHUNK + lane * 8;
+        bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
+        float g[8], m[8], v[8], w[8];
+        if (full) {
+            G::ld_vec(a.t[1], i, g);
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++) g[j] = i + j < n ? G::ld(a.t[1], i + j) : 0.0f;
+        }
+        ck_state_ld8<MC, M>(a.t[2], i, n, full, m);
+        ck_state_ld8<VC, V>(a.t[3], i, n, full, v);
+        if (MK == 2) {   /* w = hi + lo ulp(hi) / 256 (codec_split_decode) */
+            unsigned char lo[8];
+            ck_ld8_bytes(a.t[8], i, n, full, lo);
+            #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                unsigned short hi = i + j < n ? ((const unsigned short *)a.t[0].p)[i + j] : 0;
+                w[j] = __uint_as_float((unsigned)hi << 16) + (float)(signed char)lo[j] * ck_split_unit(ck_split_b(hi));
             }
-            double mhat = m * k[2], vhat = v * k[3];
-            w -= k[0] * (mhat / (sqrt(vhat) + eps) + wd * w);
-            mf[j] = (float)m;
-            vf[j] = (float)v;
-            wf[j] = (float)w;
+        } else if (MK == 1) {
+            if (full) {
+                W::ld_vec(a.t[8], i, w);
+            } else {
+                #pragma unroll
+                for (int j = 0; j < 8; j++) w[j] = i + j < n ? W::ld(a.t[8], i + j) : 0.0f;
+            }
+        } else if (full) {
+            P::ld_vec(a.t[0], i, w);
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++) w[j] = i + j < n ? P::ld(a.t[0], i + j) : 0.0f;
         }
-        /* every lane has read its old states before any group is re-encoded */
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float gj = g[j] * k[1];
+            m[j] = b1 * m[j] + c1 * gj;
+            v[j] = b2 * v[j] + c2 * gj * gj;
+            float mhat = m[j] * k[2], vhat = v[j] * k[3];
+            w[j] -= k[0] * (mhat / (sqrtf(vhat) + eps) + wd * w[j]);
+            g[j] = 0.0f;
+        }
+        /* the lanes of a group re-encode it together: all of them have read it above */
         __syncwarp();
-        if (MC == CODEC_PLAIN) {
-            for (int j = 0; j < 4; j++)
-                if (base + lane + 32 * j < n) M::st(a.t[2], base + lane + 32 * j, mf[j]);
+        ck_state_st8<MC, M>(a.t[2], i, n, full, m);
+        ck_state_st8<VC, V>(a.t[3], i, n, full, v);
+        if (full) {
+            G::st_vec(a.t[1], i, g);
         } else {
-            ck_codec_st<MC>(a.t[2], base, n, mf);
+            #pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (i + j < n) G::st(a.t[1], i + j, 0.0f);
         }
-        if (VC == CODEC_PLAIN) {
-            for (int j = 0; j < 4; j++)
-                if (base + lane + 32 * j < n) V::st(a.t[3], base + lane + 32 * j, vf[j]);
-        } else {
-            ck_codec_st<VC>(a.t[3], base, n, vf);
-        }
-        for (int j = 0; j < 4; j++) {
-            i64 i = base + lane + 32 * j;
-            if (i >= n) continue;
-            G::st(a.t[1], i, 0.0f);
-            if (MK == 2) {
-                __nv_bfloat16 hb = __float2bfloat16_rn(wf[j]);
+        if (MK == 2) {   /* hi = bf16(w); lo = rint((w - hi) / unit), 0 where hi is not finite */
+            unsigned char lo[8];
+            #pragma unroll
+            for (int j = 0; j < 8; j++) {
+                __nv_bfloat16 hb = __float2bfloat16_rn(w[j]);
                 unsigned short h = *(unsigned short *)&hb;
                 float hf = __uint_as_float((unsigned)h << 16);
-                ((unsigned short *)a.t[0].p)[i] = h;
-                signed char lo = 0;
+                if (i + j < n) ((unsigned short *)a.t[0].p)[i + j] = h;
+                signed char l = 0;
                 if (isfinite(hf)) {
-                    float r = rintf(ldexpf(wf[j] - hf, 8 - ck_split_ulp_exp(h)));
-                    lo = (signed char)(r > 127.0f ? 127.0f : r < -128.0f ? -128.0f : r);
+                    float r = rintf(ck_split_per_unit(w[j] - hf, ck_split_b(h)));
+                    l = (signed char)(r > 127.0f ? 127.0f : r < -128.0f ? -128.0f : r);
                 }
-                ((signed char *)a.t[8].p)[i] = lo;
-            } else {
-                if (MK == 1) W::st(a.t[8], i, wf[j]);
-                P::st(a.t[0], i, wf[j]);
+                lo[j] = (unsigned char)l;
             }
-            ck_adamw_copy<COPY_AT, P, CP>(a, i, wf[j], copy_max);
+            ck_st8_bytes(a.t[8], i, n, full, lo);
+        } else {
+            if (MK == 1) {
+                if (full) {
+                    W::st_vec(a.t[8], i, w);
+                } else {
+                    #pragma unroll
+                    for (int j = 0; j < 8; j++)
+                        if (i + j < n) W::st(a.t[8], i + j, w[j]);
+                }
+            }
+            if (full) {
+                P::st_vec(a.t[0], i, w);
+            } else {
+                #pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (i + j < n) P::st(a.t[0], i + j, w[j]);
+            }
         }
+        #pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (i + j < n) ck_adamw_copy<COPY_AT, P, CP>(a, i + j, w[j], copy_max);
     }
     ck_adamw_copy_amax<COPY_AT>(a, copy_max);
 }
