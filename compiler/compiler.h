@@ -34,6 +34,9 @@ typedef struct {
     FrontOptions front;
     PassOptions passes;
     const char *stop_after;    /* run the pipeline up to and including this pass, NULL: all */
+    const Choice *choices;     /* the kernel program's choices (a tuning record's winners, or
+                                  forced with --choice), copied into the graph's table first */
+    int n_choices;
 } BuildOptions;
 
 /* Model file -> fully planned graph (forward, backward, update, formats, schedule, memory). */
