@@ -12,13 +12,16 @@
  * in schedule order; the update) is a list of launches built once: library kernels with their
  * argument blocks resolved to device pointers, and cuBLASLt matmuls whose algorithms were
  * chosen at set-up: the heuristic's candidates are timed on the arenas before they are filled,
- * once per shape (FP8C_CUDA_TUNE=0: its first choice). A GEMM whose fuse group its epilogue
+ * once per shape (FP8C_CUDA_TUNE=0: its first choice), unless the artifact holds the
+ * algorithms of a tuning record (below: a tuned binary times nothing). A GEMM whose fuse group its epilogue
  * computes replaces the group's adds (spec.c's cuda_plan_epilogues); one launch runs a run of
  * small update nodes (batched launches, below). The first run of a phase captures the list in
  * a CUDA graph; later runs replay it, so a step costs a handful of driver calls however many kernels
  * it has. Inputs change between runs only in their bytes (the arenas never move), which is
  * what makes replay valid. FP8C_CUDA_GRAPHS=0 launches directly; FP8C_CUDA_SYNC=1 also
  * synchronizes after every launch and names the node of the first failing one. */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +32,9 @@
 #define ALIGN 256
 #define GEMM_CANDIDATES 8       /* algorithms the heuristic offers for timing */
 #define GEMM_TUNE_RUNS 5
+#define GEMM_WIDE 32            /* algorithms the heuristic offers in the tuning mode */
+#define GEMM_TIMED_RUNS 7       /* timed runs of each in the tuning mode: median, min, max */
+#define GEMM_TUNE_AT_STEP 2     /* the micro-step whose GEMMs the tuning mode times */
 
 typedef struct {
     CuLaunchKind kind;
@@ -46,6 +52,10 @@ typedef struct {
     const void *A, *B, *C;
     void *D;
     float beta;
+    const CuGemm *gemm;                   /* the plan's GEMM (its shape, for the tuning mode) */
+    int site;                             /* which launch of its node's plan */
+    cublasLtMatmulHeuristicResult_t *cands;   /* the tuning mode: the heuristic's wide list */
+    int n_cands;
 } ExecLaunch;
 
 /* A GEMM's algorithm, timed once for every GEMM with the same key (shapes, types, layouts,
@@ -99,6 +109,11 @@ struct CudaExec {
     bool fast_accum_all;                  /* FP8C_CUDA_FAST_ACCUM=all: gradient GEMMs too */
     TunedGemm *tuned;
     int n_tuned, cap_tuned;
+    const char *tune_report;              /* FP8C_TUNE_GEMMS: the tuning mode's report file */
+    int micro_runs;
+    bool stored_algos;                    /* the artifact's tune.device is this GPU: use its algorithms */
+    int n_stored, n_stored_failed;
+    char desc[512];                       /* cuda_device_description's */
     ProfRow *prof;
     int n_prof, cap_prof;
     double prof_total;
@@ -199,6 +214,9 @@ static cudaDataType_t lt_type(ElemType t) {
 }
 
 static void exec_free_gemm(ExecLaunch *x) {
+    free(x->cands);
+    x->cands = NULL;
+    x->n_cands = 0;
     if (x->la) CU(cublasLtMatrixLayoutDestroy)(x->la);
     if (x->lb) CU(cublasLtMatrixLayoutDestroy)(x->lb);
     if (x->ld) CU(cublasLtMatrixLayoutDestroy)(x->ld);
@@ -256,11 +274,227 @@ static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const vo
     return CU_CHECK(CU(cuStreamSynchronize)(e->stream));
 }
 
+static bool exec_launch(CudaExec *e, const ExecLaunch *x);
+
+/* ---------------------------------------------------------------- tuned algorithms
+ *
+ * A tuning record (fp8c tune, compiler/tune.c) stores every GEMM's algorithm in the artifact's
+ * choice table, as `gemm@NODE.SITE` = the 64 bytes of cublasLtMatmulAlgo_t in hex. The algorithm
+ * is valid only for the cuBLASLt and GPU it was found on, so it is used only where tune.device
+ * names this GPU (cuda_device_description's fingerprint), and only after
+ * cublasLtMatmulAlgoCheck accepts it for this matmul's descriptors with a workspace that fits;
+ * else the heuristic's first choice runs, and a note says how many fell back. Nothing is timed
+ * at start-up in a tuned binary, so it computes the same bits on every run. */
+
+static void gemm_choice_name(const ExecLaunch *x, char *out, size_t len) {
+    snprintf(out, len, "gemm@%d.%d", x->node ? x->node->id : -1, x->site);
+}
+
+static void algo_to_hex(const cublasLtMatmulAlgo_t *a, char *out) {
+    const unsigned char *b = (const unsigned char *)a;
+    for (size_t i = 0; i < sizeof *a; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+static bool algo_from_hex(const char *hex, cublasLtMatmulAlgo_t *a) {
+    if (strlen(hex) != 2 * sizeof *a) return false;
+    unsigned char *b = (unsigned char *)a;
+    for (size_t i = 0; i < sizeof *a; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) return false;
+        b[i] = (unsigned char)v;
+    }
+    return true;
+}
+
+static bool exec_stored_algo(CudaExec *e, ExecLaunch *x) {
+    if (!e->stored_algos) return false;
+    char name[64];
+    gemm_choice_name(x, name, sizeof name);
+    const char *hex = ir_choice(e->g, name);
+    if (!hex) return false;
+    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulHeuristicResult_t check;
+    memset(&check, 0, sizeof check);
+    if (algo_from_hex(hex, &algo) &&
+        CU(cublasLtMatmulAlgoCheck)(e->lt, x->desc, x->la, x->lb, x->lc ? x->lc : x->ld, x->ld, &algo, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= CUBLAS_WORKSPACE) {
+        x->algo = algo;
+        e->n_stored++;
+        return true;
+    }
+    e->n_stored_failed++;
+    return false;
+}
+
+static void algo_label(const cublasLtMatmulAlgo_t *a, char *out, size_t len) {
+    int32_t id = -1;
+    uint32_t tile = 0, stages = 0, splitk = 0;
+    size_t w;
+    CU(cublasLtMatmulAlgoConfigGetAttribute)(a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+    CU(cublasLtMatmulAlgoConfigGetAttribute)(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    CU(cublasLtMatmulAlgoConfigGetAttribute)(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+    CU(cublasLtMatmulAlgoConfigGetAttribute)(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+    snprintf(out, len, "algo %d tile %u stages %u splitk %u", id, tile, stages, splitk);
+}
+
+bool cuda_device_description(char *out, size_t len) {
+    if (!cuda_load(NULL, 0)) return false;
+    CUdevice dev;
+    char name[256] = "?";
+    int sms = 0, driver = 0;
+    if (CU(cuDeviceGet)(&dev, 0) != CUDA_SUCCESS) return false;
+    CU(cuDeviceGetName)(name, sizeof name, dev);
+    CU(cuDeviceGetAttribute)(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    CU(cuDriverGetVersion)(&driver);
+    snprintf(out, len, "%s; %d SMs; driver CUDA %d.%d; cuBLASLt %zu", name, sms, driver / 1000,
+             driver % 1000 / 10, CU(cublasLtGetVersion)());
+    return true;
+}
+
+/* ---------------------------------------------------------------- the tuning mode
+ *
+ * FP8C_TUNE_GEMMS=FILE (set by fp8c tune): every GEMM keeps the heuristic's wide list
+ * (GEMM_WIDE candidates), and at micro-step GEMM_TUNE_AT_STEP, when every operand holds real
+ * data and the scales are those of training, each GEMM of the step is tried with each
+ * candidate in its place: D is saved, then for each candidate restored and computed twice
+ * (the two must be bit-identical: an algorithm whose split reduction is not deterministic is
+ * rejected), compared with the default algorithm's D (normalized max error, within one unit
+ * of D's format: 1e-4 f32, 1e-2 bf16/f16, 0.13 e4m3, 0.26 e5m2), and timed GEMM_TIMED_RUNS
+ * times with events. D is then restored and the step goes on with the default algorithm, so
+ * the run's losses are the defaults'. The report, JSON, lists every GEMM with its candidates;
+ * fp8c picks the winners. */
+
+static double gemm_tolerance(ElemType t) {
+    return t == FMT_F32 ? 1e-4 : t == FMT_E4M3 ? 0.13 : t == FMT_E5M2 ? 0.26 : 1e-2;
+}
+
+static int compare_floats(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    float median, min, max;
+    double diff;
+    bool ran, deterministic;
+} GemmTrial;
+
+static bool exec_trial(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo, const void *saved,
+                       void *out, void *again, const float *ref, float *decoded, int64_t count, size_t bytes,
+                       CUevent ev[2], GemmTrial *t) {
+    CUdeviceptr D = (CUdeviceptr)(uintptr_t)x->D;
+    memset(t, 0, sizeof *t);
+    for (int pass = 0; pass < 2; pass++) {
+        if (!CU_CHECK(CU(cuMemcpyHtoD_v2)(D, saved, bytes))) return false;
+        if (exec_run_gemm(e, x, algo) != CUBLAS_STATUS_SUCCESS) return CU_CHECK(CU(cuStreamSynchronize)(e->stream));
+        if (!CU_CHECK(CU(cuStreamSynchronize)(e->stream)) ||
+            !CU_CHECK(CU(cuMemcpyDtoH_v2)(pass ? again : out, D, bytes)))
+            return false;
+    }
+    t->ran = true;
+    t->deterministic = !memcmp(out, again, bytes);
+    if (ref) {
+        num_decode(x->gemm->dtype, out, decoded, count);
+        double worst = 0, scale = 0;
+        for (int64_t i = 0; i < count; i++) {
+            if (fabs(ref[i]) > scale) scale = fabs(ref[i]);
+            double d = fabs((double)decoded[i] - ref[i]);
+            if (!(d <= worst)) worst = d;   /* NaN counts as the worst */
+        }
+        t->diff = scale > 0 ? worst / scale : worst;
+    }
+    float ms[GEMM_TIMED_RUNS];
+    for (int r = 0; r < GEMM_TIMED_RUNS; r++) {
+        if (!CU_CHECK(CU(cuEventRecord)(ev[0], e->stream)) || exec_run_gemm(e, x, algo) != CUBLAS_STATUS_SUCCESS ||
+            !CU_CHECK(CU(cuEventRecord)(ev[1], e->stream)) || !CU_CHECK(CU(cuEventSynchronize)(ev[1])) ||
+            !CU_CHECK(CU(cuEventElapsedTime)(&ms[r], ev[0], ev[1])))
+            return false;
+    }
+    qsort(ms, GEMM_TIMED_RUNS, sizeof *ms, compare_floats);
+    t->median = ms[GEMM_TIMED_RUNS / 2] * 1000, t->min = ms[0] * 1000, t->max = ms[GEMM_TIMED_RUNS - 1] * 1000;
+    return true;
+}
+
+static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, FILE *f, int *n_reported) {
+    const CuGemm *g = x->gemm;
+    int64_t count = (g->n - 1) * g->ldd + g->m;
+    size_t bytes = (size_t)count * (size_t)fmt_elem_bytes(g->dtype);
+    void *saved = malloc(bytes), *out = malloc(bytes), *again = malloc(bytes);
+    float *ref = malloc(sizeof *ref * (size_t)count), *decoded = malloc(sizeof *decoded * (size_t)count);
+    CUevent ev[2] = {0};
+    bool ok = saved && out && again && ref && decoded && CU_CHECK(CU(cuStreamSynchronize)(e->stream)) &&
+              CU_CHECK(CU(cuMemcpyDtoH_v2)(saved, (CUdeviceptr)(uintptr_t)x->D, bytes)) &&
+              CU_CHECK(CU(cuEventCreate)(&ev[0], 0)) && CU_CHECK(CU(cuEventCreate)(&ev[1], 0));
+    GemmTrial def;
+    ok = ok && exec_trial(e, x, &x->algo, saved, out, again, NULL, decoded, count, bytes, ev, &def) && def.ran;
+    if (ok) num_decode(g->dtype, out, ref, count);
+    char name[64], hex[2 * sizeof(cublasLtMatmulAlgo_t) + 1], label[96];
+    gemm_choice_name(x, name, sizeof name);
+    algo_to_hex(&x->algo, hex);
+    const Node *n = g->d.node ? g->d.node : x->node;
+    if (ok) {
+        fprintf(f, "%s\n    {\"name\": \"%s\", \"what\": \"%s %s: %s x %s -> %s, m %lld n %lld k %lld\", "
+                   "\"default\": \"%s\", \"candidates\": [",
+                (*n_reported)++ ? "," : "", name, ir_op_info(n->op)->text, n->t.name ? n->t.name : "",
+                fmt_elem_name(g->atype), fmt_elem_name(g->btype), fmt_elem_name(g->dtype), (long long)g->m,
+                (long long)g->n, (long long)g->k, hex);
+    }
+    double tol = gemm_tolerance(g->dtype);
+    int written = 0;
+    for (int c = 0; ok && c < x->n_cands; c++) {
+        const cublasLtMatmulAlgo_t *algo = &x->cands[c].algo;
+        GemmTrial t;
+        bool same = !memcmp(algo, &x->algo, sizeof *algo);
+        if (same) t = def, t.diff = 0;
+        else if (!exec_trial(e, x, algo, saved, out, again, ref, decoded, count, bytes, ev, &t)) ok = false;
+        if (!ok || !t.ran) continue;
+        algo_to_hex(algo, hex);
+        algo_label(algo, label, sizeof label);
+        bool good = t.deterministic && t.diff <= tol;
+        fprintf(f, "%s\n      {\"value\": \"%s\", \"label\": \"%s\", \"median\": %.3f, \"min\": %.3f, "
+                   "\"max\": %.3f, \"max_rel_diff\": %.3g, \"ok\": %s%s}",
+                written++ ? "," : "", hex, label, t.median, t.min, t.max, isfinite(t.diff) ? t.diff : 1e30,
+                good ? "true" : "false", t.deterministic ? "" : ", \"note\": \"not deterministic\"");
+    }
+    if (ok) fputs("]}", f);
+    /* the step goes on from D as it was, with the default algorithm */
+    ok = ok && CU_CHECK(CU(cuMemcpyHtoD_v2)((CUdeviceptr)(uintptr_t)x->D, saved, bytes));
+    if (ev[0]) CU(cuEventDestroy_v2)(ev[0]);
+    if (ev[1]) CU(cuEventDestroy_v2)(ev[1]);
+    free(saved), free(out), free(again), free(ref), free(decoded);
+    return ok;
+}
+
+/* The micro-step of the tuning mode: launch by launch, each GEMM tried first. */
+static bool exec_run_tuning(CudaExec *e, ExecList *L) {
+    FILE *f = fopen(e->tune_report, "w");
+    if (!f) {
+        rt_error("FP8C_TUNE_GEMMS=%s: cannot write the report: %s", e->tune_report, strerror(errno));
+        return false;
+    }
+    fputs("{\"device\": {\"description\": \"", f);
+    for (const char *p = e->desc; *p; p++) fprintf(f, *p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+    fputs("\"},\n  \"gemms\": [", f);
+    int n_reported = 0;
+    bool ok = true;
+    for (int i = 0; ok && i < L->n; i++) {
+        const ExecLaunch *x = &L->l[i];
+        if (x->kind == CU_GEMM && x->n_cands > 0) ok = exec_tune_report_gemm(e, x, f, &n_reported);
+        ok = ok && exec_launch(e, x);
+    }
+    fputs("\n  ]}\n", f);
+    if (fclose(f) != 0) ok = false;
+    if (!ok) rt_error("FP8C_TUNE_GEMMS=%s: the GEMMs could not all be timed", e->tune_report);
+    return ok;
+}
+
 /* Sets up one cuBLASLt matmul and picks its algorithm. *no_algo (when given) says that the
  * heuristic had none, without a message: the caller falls back to plain GEMMs. */
 static bool exec_setup_gemm_of(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo) {
     const CuGemm *g = &l->gemm;
     bool ok = true;
+    x->gemm = g;
     x->A = (const void *)(uintptr_t)ref_ptr(e, &g->a, &ok);
     x->B = (const void *)(uintptr_t)ref_ptr(e, &g->b, &ok);
     x->D = (void *)(uintptr_t)ref_ptr(e, &g->d, &ok);
@@ -358,11 +592,11 @@ static bool exec_setup_gemm_of(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bo
         while (align > 1 && (uintptr_t)ptrs[i] % align) align /= 2;
         ok = LT_CHECK(CU(cublasLtMatmulPreferenceSetAttribute)(pref, which[i], &align, sizeof align));
     }
-    cublasLtMatmulHeuristicResult_t res[GEMM_CANDIDATES];
+    cublasLtMatmulHeuristicResult_t res[GEMM_WIDE];
     int found = 0;
     memset(res, 0, sizeof res);
     if (ok) {
-        int want = e->tune && !no_algo ? GEMM_CANDIDATES : 1;
+        int want = no_algo ? 1 : e->tune_report ? GEMM_WIDE : e->tune ? GEMM_CANDIDATES : 1;
         cublasStatus_t r = CU(cublasLtMatmulAlgoGetHeuristic)(e->lt, x->desc, x->la, x->lb, x->lc ? x->lc : x->ld,
                                                              x->ld, pref, want, res, &found);
         /* an epilogue it lacks (cuBLAS 13.1 answers INVALID_VALUE for some) */
@@ -381,7 +615,16 @@ static bool exec_setup_gemm_of(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bo
         ok = false;
     }
     x->algo = res[0].algo;
-    if (ok && found > 1 && e->tune && !no_algo) ok = exec_tune_gemm(e, x, g, ptrs, res, found);
+    if (!ok || no_algo) return ok;
+    if (exec_stored_algo(e, x)) return true;
+    if (e->tune_report) {   /* the tuning mode tries them all at its micro-step */
+        x->cands = malloc(sizeof *x->cands * (size_t)found);
+        if (!x->cands) return false;
+        memcpy(x->cands, res, sizeof *x->cands * (size_t)found);
+        x->n_cands = found;
+        return true;
+    }
+    if (found > 1 && e->tune) ok = exec_tune_gemm(e, x, g, ptrs, res, found);
     return ok;
 }
 
@@ -430,10 +673,11 @@ static bool exec_get_function(CudaExec *e, const Node *n, const char *fn, unsign
            CU_CHECK(CU(cuFuncSetAttribute)(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 }
 
-static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, ExecLaunch *x) {
+static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, int site, ExecLaunch *x) {
     memset(x, 0, sizeof *x);
     x->kind = l->kind;
     x->node = n;
+    x->site = site;
     x->fn = l->fn;
     if (l->kind == CU_GEMM) return exec_setup_gemm(e, l, x, NULL);
     if (!exec_get_function(e, n, l->fn, l->smem, &x->f)) return false;
@@ -460,7 +704,7 @@ static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, E
 static bool exec_add_node(CudaExec *e, ExecList *L, const Node *n, const CuNodePlan *p) {
     for (int k = 0; k < p->n_launch; k++) {
         ExecLaunch x;
-        if (!exec_prepare_launch(e, n, &p->launch[k], &x) || !list_push(L, &x)) return false;
+        if (!exec_prepare_launch(e, n, &p->launch[k], k, &x) || !list_push(L, &x)) return false;
     }
     return true;
 }
@@ -720,6 +964,8 @@ static bool exec_run_profiled(CudaExec *e, ExecList *L) {
 }
 
 static bool exec_run_list(CudaExec *e, ExecList *L) {
+    if (e->tune_report && L == &e->lists[LIST_MICRO] && ++e->micro_runs == GEMM_TUNE_AT_STEP)
+        return exec_run_tuning(e, L);
     if (e->profile) return exec_run_profiled(e, L);
     if (!e->graphs || e->sync_each) {
         for (int i = 0; i < L->n; i++)
@@ -763,6 +1009,7 @@ static bool exec_check_epilogues(CudaExec *e) {
             ExecLaunch x;
             memset(&x, 0, sizeof x);
             x.node = p->node;
+            x.site = k;
             bool ok = exec_setup_gemm(e, &p->launch[k], &x, &no_algo);
             exec_free_gemm(&x);
             if (!ok && !no_algo) return false;
@@ -903,11 +1150,24 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     if (!CU_CHECK(CU(cuModuleLoadData)(&e->module, cubin))) goto fail;
     if (!LT_CHECK(CU(cublasLtCreate)(&e->lt))) goto fail;
     e->have_lt = true;
+    cuda_device_description(e->desc, sizeof e->desc);
+    const char *report = getenv("FP8C_TUNE_GEMMS");
+    e->tune_report = report && *report ? report : NULL;
 
     if (!exec_check_epilogues(e)) goto fail;
     /* the launch lists: evaluation, micro-step, update; then the gradient checks */
     bool batches = env_flag("FP8C_CUDA_BATCH", true);
     e->tune = env_flag("FP8C_CUDA_TUNE", true);
+    const char *tuned_on = ir_choice(g, "tune.device");
+    if (tuned_on) {   /* a tuned binary: its algorithms, and no timing */
+        char fp[17];
+        ir_fingerprint(e->desc, fp);
+        e->tune = false;
+        e->stored_algos = !strcmp(fp, tuned_on);
+        if (!e->stored_algos)
+            rt_note("this binary was tuned on another GPU (or driver, or cuBLASLt) than %s: its GEMMs run "
+                    "the heuristic's first algorithm", e->desc);
+    }
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         if (!e->plans[i].n_launch) continue;
@@ -923,6 +1183,9 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     }
     e->tune = false;   /* from here on the arenas hold data */
     if (getenv("FP8C_CUDA_VERBOSE")) fprintf(stderr, "CUDA executor: %d GEMM shapes timed\n", e->n_tuned);
+    if (e->n_stored_failed)
+        rt_note("%d of the tuned GEMM algorithms do not check out on %s (cublasLtMatmulAlgoCheck): "
+                "those GEMMs run the heuristic's first", e->n_stored_failed, e->desc);
     if (!cuda_exec_push_arenas(e)) goto fail;
     return e;
 fail:
@@ -1065,7 +1328,7 @@ bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite) {
                 continue;
             }
             ExecLaunch x;
-            ok = exec_prepare_launch(e, it[i].node, &plans[i].launch[0], &x);
+            ok = exec_prepare_launch(e, it[i].node, &plans[i].launch[0], 0, &x);
             x.args.scratch = (void *)(uintptr_t)flag;
             ok = ok && list_push(L, &x);
         }
