@@ -234,16 +234,22 @@ static cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cubl
                               (cudaStream_t)e->stream);
 }
 
-/* The fastest of the heuristic's candidates for x, timed on the arenas (set-up only: the runs
- * write D, and the arenas are filled from the host afterwards), once per key. */
-static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const void *const *ptrs,
-                           const cublasLtMatmulHeuristicResult_t *res, int found) {
+/* What makes two GEMMs the same problem for cuBLASLt: shapes, types, layouts, epilogue and the
+ * operands' alignments. The layers of a model share a handful of keys. */
+static uint64_t gemm_key(const CuGemm *g, const void *const *ptrs) {
     int64_t what[24] = {g->m, g->n, g->k, g->lda, g->ldb, g->ldd, g->ta, g->tb, g->atype, g->btype,
                         g->dtype, g->bias.node != NULL, g->biastype, g->c.node != NULL,
                         g->scales >= 0 ? 1 + g->scale_a * 4 + g->scale_b : 0, g->fast_accum,
                         g->act, g->act ? g->auxtype : 0, g->dscale.node != NULL, g->amax >= 0};
     for (int i = 0; i < 4; i++) what[20 + i] = (int64_t)((uintptr_t)ptrs[i] & 255);
-    uint64_t key = cuda_hash(0, what, sizeof what);
+    return cuda_hash(0, what, sizeof what);
+}
+
+/* The fastest of the heuristic's candidates for x, timed on the arenas (set-up only: the runs
+ * write D, and the arenas are filled from the host afterwards), once per key. */
+static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const void *const *ptrs,
+                           const cublasLtMatmulHeuristicResult_t *res, int found) {
+    uint64_t key = gemm_key(g, ptrs);
     for (int i = 0; i < e->n_tuned; i++)
         if (e->tuned[i].key == key) {
             x->algo = e->tuned[i].algo;
@@ -362,8 +368,14 @@ bool cuda_device_description(char *out, size_t len) {
  * rejected), compared with the default algorithm's D (normalized max error, within one unit
  * of D's format: 1e-4 f32, 1e-2 bf16/f16, 0.13 e4m3, 0.26 e5m2), and timed GEMM_TIMED_RUNS
  * times with events. D is then restored and the step goes on with the default algorithm, so
- * the run's losses are the defaults'. The report, JSON, lists every GEMM with its candidates;
- * fp8c picks the winners. */
+ * the run's losses are the defaults'. GEMMs with the same key (gemm_key: the layers of a model
+ * repeat a handful of problems) are timed once, and every one of them is reported with those
+ * candidates and times. The report, JSON, lists every GEMM; fp8c picks the winners. */
+
+typedef struct {
+    uint64_t key;
+    char *candidates;   /* the report's candidate list, JSON */
+} TimedKey;
 
 static double gemm_tolerance(ElemType t) {
     return t == FMT_F32 ? 1e-4 : t == FMT_E4M3 ? 0.13 : t == FMT_E5M2 ? 0.26 : 1e-2;
@@ -416,8 +428,25 @@ static bool exec_trial(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlg
     return true;
 }
 
-static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, FILE *f, int *n_reported) {
+static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, FILE *f, int *n_reported, TimedKey *timed,
+                                  int *n_timed) {
     const CuGemm *g = x->gemm;
+    char name[64], hex[2 * sizeof(cublasLtMatmulAlgo_t) + 1], chex[sizeof hex], label[96];
+    gemm_choice_name(x, name, sizeof name);
+    algo_to_hex(&x->algo, hex);   /* the default's */
+    const Node *n = g->d.node ? g->d.node : x->node;
+    const void *ptrs[4] = {x->A, x->B, x->C, x->D};
+    uint64_t key = gemm_key(g, ptrs);
+    char what[256];
+    snprintf(what, sizeof what, "%s %s: %s x %s -> %s, m %lld n %lld k %lld", ir_op_info(n->op)->text,
+             n->t.name ? n->t.name : "", fmt_elem_name(g->atype), fmt_elem_name(g->btype), fmt_elem_name(g->dtype),
+             (long long)g->m, (long long)g->n, (long long)g->k);
+    for (int i = 0; i < *n_timed; i++)
+        if (timed[i].key == key) {   /* the same problem as one timed already */
+            fprintf(f, "%s\n    {\"name\": \"%s\", \"what\": \"%s\", \"default\": \"%s\", \"candidates\": [%s]}",
+                    (*n_reported)++ ? "," : "", name, what, hex, timed[i].candidates);
+            return true;
+        }
     int64_t count = (g->n - 1) * g->ldd + g->m;
     size_t bytes = (size_t)count * (size_t)fmt_elem_bytes(g->dtype);
     void *saved = malloc(bytes), *out = malloc(bytes), *again = malloc(bytes);
@@ -429,17 +458,10 @@ static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, FILE *f, int
     GemmTrial def;
     ok = ok && exec_trial(e, x, &x->algo, saved, out, again, NULL, decoded, count, bytes, ev, &def) && def.ran;
     if (ok) num_decode(g->dtype, out, ref, count);
-    char name[64], hex[2 * sizeof(cublasLtMatmulAlgo_t) + 1], label[96];
-    gemm_choice_name(x, name, sizeof name);
-    algo_to_hex(&x->algo, hex);
-    const Node *n = g->d.node ? g->d.node : x->node;
-    if (ok) {
-        fprintf(f, "%s\n    {\"name\": \"%s\", \"what\": \"%s %s: %s x %s -> %s, m %lld n %lld k %lld\", "
-                   "\"default\": \"%s\", \"candidates\": [",
-                (*n_reported)++ ? "," : "", name, ir_op_info(n->op)->text, n->t.name ? n->t.name : "",
-                fmt_elem_name(g->atype), fmt_elem_name(g->btype), fmt_elem_name(g->dtype), (long long)g->m,
-                (long long)g->n, (long long)g->k, hex);
-    }
+    char *list = NULL;
+    size_t list_len = 0;
+    FILE *cands = ok ? open_memstream(&list, &list_len) : NULL;
+    ok = ok && cands;
     double tol = gemm_tolerance(g->dtype);
     int written = 0;
     for (int c = 0; ok && c < x->n_cands; c++) {
@@ -449,15 +471,22 @@ static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, FILE *f, int
         if (same) t = def, t.diff = 0;
         else if (!exec_trial(e, x, algo, saved, out, again, ref, decoded, count, bytes, ev, &t)) ok = false;
         if (!ok || !t.ran) continue;
-        algo_to_hex(algo, hex);
+        algo_to_hex(algo, chex);
         algo_label(algo, label, sizeof label);
         bool good = t.deterministic && t.diff <= tol;
-        fprintf(f, "%s\n      {\"value\": \"%s\", \"label\": \"%s\", \"median\": %.3f, \"min\": %.3f, "
+        fprintf(cands, "%s\n      {\"value\": \"%s\", \"label\": \"%s\", \"median\": %.3f, \"min\": %.3f, "
                    "\"max\": %.3f, \"max_rel_diff\": %.3g, \"ok\": %s%s}",
-                written++ ? "," : "", hex, label, t.median, t.min, t.max, isfinite(t.diff) ? t.diff : 1e30,
+                written++ ? "," : "", chex, label, t.median, t.min, t.max, isfinite(t.diff) ? t.diff : 1e30,
                 good ? "true" : "false", t.deterministic ? "" : ", \"note\": \"not deterministic\"");
     }
-    if (ok) fputs("]}", f);
+    if (cands) fclose(cands);
+    if (ok) {
+        fprintf(f, "%s\n    {\"name\": \"%s\", \"what\": \"%s\", \"default\": \"%s\", \"candidates\": [%s]}",
+                (*n_reported)++ ? "," : "", name, what, hex, list);
+        timed[(*n_timed)++] = (TimedKey){key, list};
+        list = NULL;
+    }
+    free(list);
     /* the step goes on from D as it was, with the default algorithm */
     ok = ok && CU_CHECK(CU(cuMemcpyHtoD_v2)((CUdeviceptr)(uintptr_t)x->D, saved, bytes));
     if (ev[0]) CU(cuEventDestroy_v2)(ev[0]);
@@ -476,13 +505,16 @@ static bool exec_run_tuning(CudaExec *e, ExecList *L) {
     fputs("{\"device\": {\"description\": \"", f);
     for (const char *p = e->desc; *p; p++) fprintf(f, *p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
     fputs("\"},\n  \"gemms\": [", f);
-    int n_reported = 0;
-    bool ok = true;
+    int n_reported = 0, n_timed = 0;
+    TimedKey *timed = calloc((size_t)(L->n ? L->n : 1), sizeof *timed);
+    bool ok = timed != NULL;
     for (int i = 0; ok && i < L->n; i++) {
         const ExecLaunch *x = &L->l[i];
-        if (x->kind == CU_GEMM && x->n_cands > 0) ok = exec_tune_report_gemm(e, x, f, &n_reported);
+        if (x->kind == CU_GEMM && x->n_cands > 0) ok = exec_tune_report_gemm(e, x, f, &n_reported, timed, &n_timed);
         ok = ok && exec_launch(e, x);
     }
+    for (int i = 0; i < n_timed; i++) free(timed[i].candidates);
+    free(timed);
     fputs("\n  ]}\n", f);
     if (fclose(f) != 0) ok = false;
     if (!ok) rt_error("FP8C_TUNE_GEMMS=%s: the GEMMs could not all be timed", e->tune_report);
