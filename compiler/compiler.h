@@ -119,7 +119,8 @@ typedef struct {
     char label[96];            /* for people: a GEMM algorithm's id, tile and stages */
     double median, min, max;   /* step ms (a GEMM's: us); < 0: not measured */
     double max_rel_diff;       /* against the default's result */
-    bool ok;                   /* ran, and agreed with the default within the tolerance */
+    int64_t peak;              /* the memory plan's peak with it, bytes; 0: not built */
+    bool ok;                   /* ran, agreed with the default within the tolerance, and fit */
     char note[128];            /* why not */
 } TuneCandidate;
 
@@ -142,7 +143,9 @@ typedef struct {
     char model_file[512], model_flags[1024], model_hash[65];
     int steps, warmup;
     double tolerance, budget_s, elapsed_s;
+    double memory_budget;      /* bytes of the memory plan's peak; 0: none */
     double default_ms, tuned_ms;   /* the median step with every default, with every winner */
+    int64_t default_peak, tuned_peak;   /* the memory plan's peak of each, bytes */
     TunePoint *points;         /* malloc'ed */
     int n_points;
 } TuneRecord;
@@ -176,10 +179,11 @@ typedef struct {
     char **flags;              /* the command's flags (the model key) */
     int n_flags;
     double budget_s, tolerance;
+    double memory_budget;      /* --memory-budget, bytes of the memory plan's peak; 0: none */
     int steps, warmup;         /* steps a run logs; the first `warmup` are not timed */
     int64_t tokens_per_step;
     int64_t default_chunks;    /* the loss's chunk count by the default rule */
-    bool (*build)(void *ctx, const Choice *choices, int n, const char *out);
+    bool (*build)(void *ctx, const Choice *choices, int n, const char *out, int64_t *peak);
     void *ctx;
 } TuneRequest;
 /* Measures, writes q->output (never over an existing file); returns the exit status. */

@@ -39,7 +39,8 @@ static void usage(FILE *out)
     fputs("usage: fp8c plan  MODEL [build flags] [--json] [--vs -On] [--kernels [--device cuda|cpu]]\n"
           "       fp8c build MODEL [build flags] -o NAME\n"
           "       fp8c train MODEL [build flags] [-- run flags]\n"
-          "       fp8c tune  MODEL [build flags] --device cuda|cpu [--budget SECONDS] -o FILE\n"
+          "       fp8c tune  MODEL [build flags] --device cuda|cpu [--budget SECONDS] [--memory-budget GiB]\n"
+          "                  [--tune-steps N] -o FILE\n"
           "       fp8c opt   FILE.ir --passes=a,b [--print-ir-after=PASS|all]\n"
           "       fp8c passes\n"
           "       fp8c --version\n"
@@ -94,6 +95,7 @@ typedef struct {
     const char *tune;          /* --tune FILE: a tuning record to build with */
     bool tune_defaults;        /* --tune-mismatch=defaults: a record that does not fit is left out */
     double budget;             /* tune --budget SECONDS */
+    double memory_budget;      /* tune --memory-budget GiB */
     int tune_steps;            /* tune --tune-steps N */
     Choice choices[MAX_CHOICES];   /* --choice flags, then the record's winners */
     int n_choices;
@@ -179,9 +181,14 @@ static void parse_args(int argc, char **argv, Args *a)
             double v = next ? strtod(next, &end) : 0;
             if (!next || *end || !(v > 0) || v > 1e6) bad_flag("--budget needs seconds, not '%s'", next ? next : "");
             a->budget = v, i++;
+        } else if (!strcmp(s, "--memory-budget")) {
+            char *end = NULL;
+            double v = next ? strtod(next, &end) : 0;
+            if (!next || *end || !(v > 0) || v > 1e6) bad_flag("--memory-budget needs GiB, not '%s'", next ? next : "");
+            a->memory_budget = v, i++;
         } else if (!strcmp(s, "--tune-steps")) {
             a->tune_steps = (int)parse_size(s, next), i++;
-            if (a->tune_steps < 3 || a->tune_steps > 60) bad_flag("--tune-steps needs 3..60, not '%s'", next);
+            if (a->tune_steps < 4 || a->tune_steps > 60) bad_flag("--tune-steps needs 4..60, not '%s'", next);
         } else if (!strcmp(s, "--choice")) {
             const char *eq = next ? strchr(next, '=') : NULL;
             if (!eq) bad_flag("--choice needs NAME=VALUE, not '%s'", next ? next : "");
@@ -443,7 +450,7 @@ static int cmd_build(Args *a)
 
 /* fp8c tune: the tuner (tune.c) builds through this, with extra choices on top of the
  * command's own; they join the cache key as --choice flags, as a user's would. */
-static bool tune_build(void *ctx, const Choice *choices, int n, const char *out)
+static bool tune_build(void *ctx, const Choice *choices, int n, const char *out, int64_t *peak)
 {
     const Args *a = ctx;
     Args *b = malloc(sizeof *b);
@@ -460,6 +467,7 @@ static bool tune_build(void *ctx, const Choice *choices, int n, const char *out)
     b->build.n_choices = b->n_choices;
     BuildSummary sum;
     bool ok = make_binary(b, out, &sum);
+    if (ok && peak) *peak = sum.persistent + sum.transient;
     free(b);
     return ok;
 }
@@ -476,6 +484,7 @@ static int cmd_tune(Args *a)
     TuneRequest q = {.model = a->model, .device = a->device, .output = a->output, .version = FP8C_VERSION,
                      .flags = a->flags, .n_flags = a->n_flags,
                      .budget_s = a->budget > 0 ? a->budget : TUNE_DEFAULT_BUDGET, .tolerance = 1e-2,
+                     .memory_budget = a->memory_budget * 1073741824.0,
                      .steps = a->tune_steps ? a->tune_steps : gpu ? 12 : 6, .warmup = 2,
                      .tokens_per_step = g->batch * g->seq, .default_chunks = chunks,
                      .build = tune_build, .ctx = a};
@@ -534,6 +543,8 @@ static int dispatch(int argc, char **argv, Args *ap)
     Args *a = ap;
     parse_args(argc - 2, argv + 2, a);
     if (!strcmp(cmd, "tune")) return cmd_tune(a);
+    if (a->memory_budget > 0 || a->budget > 0 || a->tune_steps)
+        bad_flag("--budget, --memory-budget and --tune-steps go with fp8c tune%s", "");
     if (!strcmp(cmd, "plan") || !strcmp(cmd, "build") || !strcmp(cmd, "train")) apply_tune_record(a);
     if (!strcmp(cmd, "plan")) return cmd_plan(a);
     if (!strcmp(cmd, "build")) return cmd_build(a);

@@ -32,6 +32,11 @@
  * losses are checked too. Points are taken cheapest first, and when the budget (--budget
  * seconds) runs out the remaining ones keep their defaults, marked as not measured.
  *
+ * With --memory-budget GiB a candidate whose memory plan peaks above the budget is not run and
+ * cannot win, and a default above it loses to the fastest candidate that fits; when the
+ * winners together still do not fit, each point's candidate of the smallest peak is taken
+ * instead, and when even that set does not fit, one line says the smallest peak reached.
+ *
  * Progress goes to stderr, a line per candidate: which point, how many are left, the time so
  * far. */
 #include "compiler.h"
@@ -65,8 +70,21 @@ typedef struct {
     int n_runs;
     double t0;
     Run base;                       /* every default */
+    int64_t base_peak;              /* its memory plan's peak, bytes */
     TuneRecord rec;
 } Tuner;
+
+static bool fits(const Tuner *t, int64_t peak) { return !t->q->memory_budget || (double)peak <= t->q->memory_budget; }
+
+/* bytes for people: GiB from 1 GiB up, else MiB */
+typedef struct { char s[32]; } Size;
+static Size size_of(double bytes)
+{
+    Size z;
+    if (bytes >= 1073741824.0) snprintf(z.s, sizeof z.s, "%.2f GiB", bytes / 1073741824.0);
+    else snprintf(z.s, sizeof z.s, "%.1f MiB", bytes / 1048576.0);
+    return z;
+}
 
 static char *tune_path(const Tuner *t, const char *name)
 {
@@ -228,6 +246,10 @@ static void pick_winner(TunePoint *p)
         if (c->ok && c->median >= 0 && (!best || c->median < best->median)) best = c;
     }
     snprintf(p->winner, sizeof p->winner, "%s", p->dflt);
+    if (best && def && !def->ok) {   /* the default does not fit the memory budget */
+        snprintf(p->winner, sizeof p->winner, "%s", best->value);
+        return;
+    }
     if (!best || !def || best == def || def->median < 0) return;
     double noise = fmax((def->max - def->min) / 2, (best->max - best->min) / 2);
     noise = fmax(noise, 0.01 * def->median);
@@ -292,6 +314,7 @@ static void measure_env_point(Tuner *t, const char *bin, const EnvPoint *e, int 
     for (int i = 0; i < e->n; i++) {
         TuneCandidate *c = add_candidate(p, e->values[i]);
         if (!c) continue;
+        c->peak = t->base_peak;   /* run-time choices leave the memory plan as it is */
         (*left)--;
         if (elapsed(t) > t->q->budget_s) {
             snprintf(c->note, sizeof c->note, "not measured: the budget ran out");
@@ -368,17 +391,23 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
             Run r;
             run_binary(t, base_bin, NULL, 0, &r);
             fill_candidate(c, &r, &t->base, t->q->tolerance);
+            c->peak = t->base_peak;
         } else {
             char name[64];
-            snprintf(name, sizeof name, "cand%d", t->n_runs);
+            snprintf(name, sizeof name, "cand%d", t->n_runs++);
             char *bin = tune_path(t, name);
             Choice ch = {b->name, b->values[i]};
             Run r = {0};
-            if (bin && t->q->build(t->q->ctx, &ch, 1, bin)) run_binary(t, bin, NULL, 0, &r);
-            else snprintf(c->note, sizeof c->note, "did not build");
+            if (!bin || !t->q->build(t->q->ctx, &ch, 1, bin, &c->peak)) snprintf(c->note, sizeof c->note, "did not build");
+            else if (!fits(t, c->peak)) snprintf(c->note, sizeof c->note, "not run: its peak is over the memory budget");
+            else run_binary(t, bin, NULL, 0, &r);
             if (bin) unlink(bin);
             free(bin);
-            if (r.ran || !c->note[0]) fill_candidate(c, &r, &t->base, t->q->tolerance);
+            if (!c->note[0]) fill_candidate(c, &r, &t->base, t->q->tolerance);
+        }
+        if (c->ok && !fits(t, c->peak)) {
+            c->ok = false;
+            snprintf(c->note, sizeof c->note, "its memory plan's peak, %s, is over the budget", size_of((double)c->peak).s);
         }
         p->measured = true;
         progress(t, p, c, *left);
@@ -494,7 +523,12 @@ int tune_run(const TuneRequest *q)
 
     /* the defaults */
     build_progress("tune: building %s with the default choices", q->model);
-    if (!q->build(q->ctx, NULL, 0, base_bin)) goto out;
+    if (!q->build(q->ctx, NULL, 0, base_bin, &t.base_peak)) goto out;
+    rec->default_peak = rec->tuned_peak = t.base_peak;
+    rec->memory_budget = q->memory_budget;
+    if (!fits(&t, t.base_peak))
+        build_progress("tune: the defaults' memory plan peaks at %s, over the budget of %s",
+                       size_of((double)t.base_peak).s, size_of(q->memory_budget).s);
     if (!strcmp(q->device, "cuda") && !measure_gemms(&t, base_bin)) goto out;
     /* a first run warms what a first run warms (page cache, clocks, the driver), untimed */
     if (!run_binary(&t, base_bin, NULL, 0, &t.base) || !run_binary(&t, base_bin, NULL, 0, &t.base)) goto out;
@@ -516,11 +550,40 @@ int tune_run(const TuneRequest *q)
     rec->tuned_ms = rec->default_ms;
     bool any = false;
     for (int i = 0; i < rec->n_points; i++) any |= strcmp(rec->points[i].winner, rec->points[i].dflt) != 0;
-    if (any) {
+    if (any || !fits(&t, t.base_peak)) {
         build_progress("tune: building with the winners");
         Run r, again;
-        if (!q->build(q->ctx, choices, n_choices, tuned_bin) || !run_binary(&t, base_bin, NULL, 0, &again) ||
-            !run_binary(&t, tuned_bin, NULL, 0, &r)) {
+        int64_t peak = 0;
+        if (!q->build(q->ctx, choices, n_choices, tuned_bin, &peak)) {
+            free(choices);
+            goto out;
+        }
+        if (!fits(&t, peak)) {
+            /* the fastest set does not fit: each point's candidate of the smallest peak */
+            for (int i = 0; i < rec->n_points; i++) {
+                TunePoint *p = &rec->points[i];
+                const TuneCandidate *least = NULL;
+                for (int k = 0; k < p->n_cand; k++)
+                    if (p->cand[k].peak > 0 && (!least || p->cand[k].peak < least->peak)) least = &p->cand[k];
+                if (least && least->peak < t.base_peak) snprintf(p->winner, sizeof p->winner, "%s", least->value);
+            }
+            n_choices = tune_record_choices(rec, choices, TUNE_MAX_CHOICES);
+            build_progress("tune: the fastest set peaks at %s, over the budget; building the smallest",
+                           size_of((double)peak).s);
+            if (!q->build(q->ctx, choices, n_choices, tuned_bin, &peak)) {
+                free(choices);
+                goto out;
+            }
+            if (!fits(&t, peak)) {
+                fprintf(stderr, "fp8c: error: nothing tried fits the memory budget of %s: the smallest memory "
+                                "plan peak reached is %s (the defaults': %s); no record written\n",
+                        size_of(q->memory_budget).s, size_of((double)peak).s, size_of((double)t.base_peak).s);
+                free(choices);
+                goto out;
+            }
+        }
+        rec->tuned_peak = peak;
+        if (!run_binary(&t, base_bin, NULL, 0, &again) || !run_binary(&t, tuned_bin, NULL, 0, &r)) {
             free(choices);
             goto out;
         }
@@ -533,8 +596,14 @@ int tune_run(const TuneRequest *q)
         }
         rec->default_ms = again.median;   /* the two timed one after the other */
         rec->tuned_ms = r.median;
-        build_progress("tune: winners together: %.2f ms a step (%.2f..%.2f), defaults %.2f ms", r.median, r.min,
-                       r.max, rec->default_ms);
+        double noise = fmax(fmax((again.max - again.min) / 2, (r.max - r.min) / 2), 0.01 * again.median);
+        if (r.median - again.median > noise)
+            fprintf(stderr, "fp8c: note: the winners together ran slower than the defaults (%.2f against %.2f ms "
+                            "a step): the points were measured one at a time, and a busy machine's times vary; "
+                            "try more --tune-steps on a quiet one\n", r.median, again.median);
+        build_progress("tune: winners together: %.2f ms a step (%.2f..%.2f), peak %s; defaults %.2f ms, peak %s",
+                       r.median, r.min, r.max, size_of((double)rec->tuned_peak).s, rec->default_ms,
+                       size_of((double)rec->default_peak).s);
     } else {
         build_progress("tune: no candidate beat the defaults by more than the noise");
     }

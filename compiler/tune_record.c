@@ -198,7 +198,10 @@ bool tune_record_write(const TuneRecord *r, const char *path)
     fprintf(f, "},\n  \"method\": {\"steps\": %d, \"warmup\": %d, \"tolerance\": %g, \"budget_s\": %.1f, "
                "\"elapsed_s\": %.1f},\n",
             r->steps, r->warmup, r->tolerance, r->budget_s, r->elapsed_s);
+    if (r->memory_budget > 0) fprintf(f, "  \"memory_budget_gib\": %.3f,\n", r->memory_budget / 1073741824.0);
     fprintf(f, "  \"default_step_ms\": %.4f,\n  \"tuned_step_ms\": %.4f,\n", r->default_ms, r->tuned_ms);
+    fprintf(f, "  \"default_peak_mib\": %.1f,\n  \"tuned_peak_mib\": %.1f,\n", (double)r->default_peak / 1048576.0,
+            (double)r->tuned_peak / 1048576.0);
     fputs("  \"choices\": [", f);
     for (int i = 0; i < r->n_points; i++) {
         const TunePoint *p = &r->points[i];
@@ -223,7 +226,9 @@ bool tune_record_write(const TuneRecord *r, const char *path)
             json_ms(f, "median", c->median);
             json_ms(f, "min", c->min);
             json_ms(f, "max", c->max);
-            fprintf(f, ", \"max_rel_diff\": %.3g, \"ok\": %s", c->max_rel_diff, c->ok ? "true" : "false");
+            fprintf(f, ", \"max_rel_diff\": %.3g", c->max_rel_diff);
+            if (c->peak > 0) fprintf(f, ", \"peak_mib\": %.1f", (double)c->peak / 1048576.0);
+            fprintf(f, ", \"ok\": %s", c->ok ? "true" : "false");
             if (c->note[0]) {
                 fputs(", \"note\": ", f);
                 json_string(f, c->note);
@@ -304,6 +309,8 @@ bool tune_record_read(const char *path, TuneRecord *r)
             ok = field_fail(path, "device \"kind\" is neither \"cpu\" nor \"cuda\"");
         r->default_ms = get_ms(&root, "default_step_ms");
         r->tuned_ms = get_ms(&root, "tuned_step_ms");
+        r->default_peak = (int64_t)(get_ms(&root, "default_peak_mib") * 1048576.0);
+        r->tuned_peak = (int64_t)(get_ms(&root, "tuned_peak_mib") * 1048576.0);
         r->points = calloc((size_t)(choices->n ? choices->n : 1), sizeof *r->points);
         if (!r->points) ok = field_fail(path, "out of memory");
         for (int i = 0; ok && i < choices->n; i++) {
@@ -344,6 +351,8 @@ bool tune_record_read(const char *path, TuneRecord *r)
                 t->median = get_ms(cv, "median");
                 t->min = get_ms(cv, "min");
                 t->max = get_ms(cv, "max");
+                double peak = get_ms(cv, "peak_mib");
+                t->peak = peak > 0 ? (int64_t)(peak * 1048576.0) : 0;
                 const Jv *okv = rt_json_get(cv, "ok");
                 t->ok = okv && okv->kind == JV_BOOL && okv->num != 0;
             }

@@ -345,6 +345,22 @@ static void test_malformed_refused(void **state) {
     }
 }
 
+/* --memory-budget: a budget nothing reaches is one line naming the smallest peak reached, and
+ * no record. (The budget of seconds is spent at once: the points keep their defaults.) */
+static void test_memory_budget_unreachable(void **state) {
+    (void)state;
+    int rc = run("tight", "%s %s tune %s %s --device cpu --budget 0.001 --tune-steps 4 --memory-budget 0.0001 "
+                          "-o %s/tight.json", env, fp8c, model, model_flags, tmp_dir);
+    char *out = slurp("tight.out");
+    if (rc == 0 || !strstr(out, "fp8c: error: nothing tried fits the memory budget of 0.1 MiB: the smallest memory "
+                                "plan peak reached is "))
+        fail_msg("want the smallest peak reached, got %d:\n%s", rc, out);
+    char path[600];
+    snprintf(path, sizeof path, "%s/tight.json", tmp_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    free(out);
+}
+
 /* plan --tune: the choice points, defaults beside winners, with their times */
 static void test_plan_shows_the_record(void **state) {
     (void)state;
@@ -374,6 +390,7 @@ int main(void) {
         cmocka_unit_test(test_record_fields),   cmocka_unit_test(test_tune_never_overwrites),
         cmocka_unit_test(test_reuse_is_bit_identical), cmocka_unit_test(test_mismatch_refused),
         cmocka_unit_test(test_malformed_refused), cmocka_unit_test(test_plan_shows_the_record),
+        cmocka_unit_test(test_memory_budget_unreachable),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
