@@ -22,7 +22,7 @@
  * The choice points (names as in the choice table, ir_choice; docs/tuning.md):
  *  - run-time choices, timed on one binary through the environment that overrides them:
  *    cpu.threads, cpu.tiles, cpu.task_work (runtime/tune.c);
- *  - on a GPU, every GEMM's cuBLASLt algorithm: the binary's tuning mode (FP8C_TUNE_GEMMS=FILE,
+ *  - on a GPU, the cuBLASLt algorithm of every GEMM problem: the binary's tuning mode (FP8C_TUNE_GEMMS=FILE,
  *    cuda/exec.c) times a wide heuristic list on the real operands, checks each algorithm's
  *    output against the default's, and reports them per GEMM;
  *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c) and, on a
@@ -419,7 +419,9 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
 
 /* The binary's tuning mode writes {"device": {...}, "gemms": [{"name", "what", "default",
  * "candidates": [{"value", "label", "median", "min", "max", "max_rel_diff", "ok"}]}]}
- * (cuda/exec.c). Each GEMM becomes a point; its winner is picked as any other's. */
+ * (cuda/exec.c), an entry per GEMM problem (gemm.KEY: every GEMM of the step with the same
+ * shapes, types, layouts, epilogue and alignments). Each becomes a point; its winner is picked
+ * as any other's. */
 static bool measure_gemms(Tuner *t, const char *bin)
 {
     char *report = tune_path(t, "gemms.json");

@@ -53,7 +53,6 @@ typedef struct {
     void *D;
     float beta;
     const CuGemm *gemm;                   /* the plan's GEMM (its shape, for the tuning mode) */
-    int site;                             /* which launch of its node's plan */
     cublasLtMatmulHeuristicResult_t *cands;   /* the tuning mode: the heuristic's wide list */
     int n_cands;
 } ExecLaunch;
@@ -112,7 +111,7 @@ struct CudaExec {
     const char *tune_report;              /* FP8C_TUNE_GEMMS: the tuning mode's report file */
     int micro_runs;
     bool stored_algos;                    /* the artifact's tune.device is this GPU: use its algorithms */
-    int n_stored, n_stored_failed;
+    int n_stored, n_stored_failed, n_unstored;
     char desc[512];                       /* cuda_device_description's */
     ProfRow *prof;
     int n_prof, cap_prof;
@@ -284,8 +283,11 @@ static bool exec_launch(CudaExec *e, const ExecLaunch *x);
 
 /* ---------------------------------------------------------------- tuned algorithms
  *
- * A tuning record (fp8c tune, compiler/tune.c) stores every GEMM's algorithm in the artifact's
- * choice table, as `gemm@NODE.SITE` = the 64 bytes of cublasLtMatmulAlgo_t in hex. The algorithm
+ * A tuning record (fp8c tune, compiler/tune.c) stores the algorithm of every GEMM problem in
+ * the artifact's choice table, as `gemm.KEY` = the 64 bytes of cublasLtMatmulAlgo_t in hex, KEY
+ * being gemm_key's 16 hex digits (shapes, types, layouts, epilogue, operand alignments). A key,
+ * not a node number: the GEMMs of a model's layers share one entry, and the entry still finds
+ * its GEMMs when another choice (the loss's chunk count) renumbers the nodes. The algorithm
  * is valid only for the cuBLASLt and GPU it was found on, so it is used only where tune.device
  * names this GPU (cuda_device_description's fingerprint), and only after
  * cublasLtMatmulAlgoCheck accepts it for this matmul's descriptors with a workspace that fits;
@@ -293,7 +295,8 @@ static bool exec_launch(CudaExec *e, const ExecLaunch *x);
  * at start-up in a tuned binary, so it computes the same bits on every run. */
 
 static void gemm_choice_name(const ExecLaunch *x, char *out, size_t len) {
-    snprintf(out, len, "gemm@%d.%d", x->node ? x->node->id : -1, x->site);
+    const void *ptrs[4] = {x->A, x->B, x->C, x->D};
+    snprintf(out, len, "gemm.%016llx", (unsigned long long)gemm_key(x->gemm, ptrs));
 }
 
 static void algo_to_hex(const cublasLtMatmulAlgo_t *a, char *out) {
@@ -317,7 +320,10 @@ static bool exec_stored_algo(CudaExec *e, ExecLaunch *x) {
     char name[64];
     gemm_choice_name(x, name, sizeof name);
     const char *hex = ir_choice(e->g, name);
-    if (!hex) return false;
+    if (!hex) {   /* a problem the tuning run did not meet */
+        e->n_unstored++;
+        return false;
+    }
     cublasLtMatmulAlgo_t algo;
     cublasLtMatmulHeuristicResult_t check;
     memset(&check, 0, sizeof check);
@@ -374,7 +380,8 @@ bool cuda_device_description(char *out, size_t len) {
 
 typedef struct {
     uint64_t key;
-    char *candidates;   /* the report's candidate list, JSON */
+    char *entry;        /* the report's entry but its "what" count and closing brace, JSON */
+    int count;          /* GEMMs of the step with this key */
 } TimedKey;
 
 static double gemm_tolerance(ElemType t) {
@@ -428,8 +435,7 @@ static bool exec_trial(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlg
     return true;
 }
 
-static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, FILE *f, int *n_reported, TimedKey *timed,
-                                  int *n_timed) {
+static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, TimedKey *timed, int *n_timed) {
     const CuGemm *g = x->gemm;
     char name[64], hex[2 * sizeof(cublasLtMatmulAlgo_t) + 1], chex[sizeof hex], label[96];
     gemm_choice_name(x, name, sizeof name);
@@ -443,8 +449,7 @@ static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, FILE *f, int
              (long long)g->m, (long long)g->n, (long long)g->k);
     for (int i = 0; i < *n_timed; i++)
         if (timed[i].key == key) {   /* the same problem as one timed already */
-            fprintf(f, "%s\n    {\"name\": \"%s\", \"what\": \"%s\", \"default\": \"%s\", \"candidates\": [%s]}",
-                    (*n_reported)++ ? "," : "", name, what, hex, timed[i].candidates);
+            timed[i].count++;
             return true;
         }
     int64_t count = (g->n - 1) * g->ldd + g->m;
@@ -480,11 +485,14 @@ static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, FILE *f, int
                 good ? "true" : "false", t.deterministic ? "" : ", \"note\": \"not deterministic\"");
     }
     if (cands) fclose(cands);
-    if (ok) {
-        fprintf(f, "%s\n    {\"name\": \"%s\", \"what\": \"%s\", \"default\": \"%s\", \"candidates\": [%s]}",
-                (*n_reported)++ ? "," : "", name, what, hex, list);
-        timed[(*n_timed)++] = (TimedKey){key, list};
-        list = NULL;
+    size_t size = ok ? strlen(list) + strlen(name) + strlen(hex) + strlen(what) + 64 : 0;
+    char *entry = ok ? malloc(size) : NULL;
+    if (entry) {
+        snprintf(entry, size, "{\"name\": \"%s\", \"default\": \"%s\", \"candidates\": [%s], \"what\": \"%s", name, hex,
+                 list, what);
+        timed[(*n_timed)++] = (TimedKey){key, entry, 1};
+    } else {
+        ok = false;
     }
     free(list);
     /* the step goes on from D as it was, with the default algorithm */
@@ -505,15 +513,19 @@ static bool exec_run_tuning(CudaExec *e, ExecList *L) {
     fputs("{\"device\": {\"description\": \"", f);
     for (const char *p = e->desc; *p; p++) fprintf(f, *p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
     fputs("\"},\n  \"gemms\": [", f);
-    int n_reported = 0, n_timed = 0;
+    int n_timed = 0;
     TimedKey *timed = calloc((size_t)(L->n ? L->n : 1), sizeof *timed);
     bool ok = timed != NULL;
     for (int i = 0; ok && i < L->n; i++) {
         const ExecLaunch *x = &L->l[i];
-        if (x->kind == CU_GEMM && x->n_cands > 0) ok = exec_tune_report_gemm(e, x, f, &n_reported, timed, &n_timed);
+        if (x->kind == CU_GEMM && x->n_cands > 0) ok = exec_tune_report_gemm(e, x, timed, &n_timed);
         ok = ok && exec_launch(e, x);
     }
-    for (int i = 0; i < n_timed; i++) free(timed[i].candidates);
+    for (int i = 0; i < n_timed; i++) {
+        fprintf(f, "%s\n    %s, %d GEMM%s of the step\"}", i ? "," : "", timed[i].entry, timed[i].count,
+                timed[i].count == 1 ? "" : "s");
+        free(timed[i].entry);
+    }
     free(timed);
     fputs("\n  ]}\n", f);
     if (fclose(f) != 0) ok = false;
@@ -705,11 +717,10 @@ static bool exec_get_function(CudaExec *e, const Node *n, const char *fn, unsign
            CU_CHECK(CU(cuFuncSetAttribute)(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 }
 
-static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, int site, ExecLaunch *x) {
+static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, ExecLaunch *x) {
     memset(x, 0, sizeof *x);
     x->kind = l->kind;
     x->node = n;
-    x->site = site;
     x->fn = l->fn;
     if (l->kind == CU_GEMM) return exec_setup_gemm(e, l, x, NULL);
     if (!exec_get_function(e, n, l->fn, l->smem, &x->f)) return false;
@@ -736,7 +747,7 @@ static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, i
 static bool exec_add_node(CudaExec *e, ExecList *L, const Node *n, const CuNodePlan *p) {
     for (int k = 0; k < p->n_launch; k++) {
         ExecLaunch x;
-        if (!exec_prepare_launch(e, n, &p->launch[k], k, &x) || !list_push(L, &x)) return false;
+        if (!exec_prepare_launch(e, n, &p->launch[k], &x) || !list_push(L, &x)) return false;
     }
     return true;
 }
@@ -1041,7 +1052,6 @@ static bool exec_check_epilogues(CudaExec *e) {
             ExecLaunch x;
             memset(&x, 0, sizeof x);
             x.node = p->node;
-            x.site = k;
             bool ok = exec_setup_gemm(e, &p->launch[k], &x, &no_algo);
             exec_free_gemm(&x);
             if (!ok && !no_algo) return false;
@@ -1218,6 +1228,9 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     if (e->n_stored_failed)
         rt_note("%d of the tuned GEMM algorithms do not check out on %s (cublasLtMatmulAlgoCheck): "
                 "those GEMMs run the heuristic's first", e->n_stored_failed, e->desc);
+    if (e->n_unstored)
+        rt_note("%d GEMM set-ups found no tuned algorithm for their problem: they run the heuristic's first",
+                e->n_unstored);
     if (!cuda_exec_push_arenas(e)) goto fail;
     return e;
 fail:
@@ -1360,7 +1373,7 @@ bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite) {
                 continue;
             }
             ExecLaunch x;
-            ok = exec_prepare_launch(e, it[i].node, &plans[i].launch[0], 0, &x);
+            ok = exec_prepare_launch(e, it[i].node, &plans[i].launch[0], &x);
             x.args.scratch = (void *)(uintptr_t)flag;
             ok = ok && list_push(L, &x);
         }

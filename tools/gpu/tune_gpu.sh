@@ -63,6 +63,7 @@ if [ "$MODE" = prepare ]; then
 fi
 
 [ "$MODE" = run ] || { echo "usage: tune_gpu.sh prepare [KIT] | run KIT" >&2; exit 2; }
+set +e   # from here each step says what failed itself
 KIT=$(cd "${2:?usage: tune_gpu.sh run KIT}" && pwd)
 RESULTS=${OUT:-$KIT/out}
 mkdir -p "$RESULTS"
@@ -89,8 +90,12 @@ say "fp8c tune: $(( $(date +%s) - T0 )) s; $(tail -1 "$RESULTS/tune.log")"
 grep -E "tune: (defaults|winners|[0-9]+ GEMMs)" "$RESULTS/tune.log" | tee -a "$SUMMARY"
 
 BIN=$(mktemp -d)
-"$FP8C" build $MODEL $FLAGS -o "$BIN/default" 2>> "$RESULTS/build.log"
-"$FP8C" build $MODEL $FLAGS --tune "$RESULTS/d12.tune" -o "$BIN/tuned" 2>> "$RESULTS/build.log"
+for which in default tuned; do
+    extra=""
+    [ $which = tuned ] && extra="--tune $RESULTS/d12.tune"
+    "$FP8C" build $MODEL $FLAGS $extra -o "$BIN/$which" 2>> "$RESULTS/build.log" ||
+        { say "fp8c build ($which) failed:"; tail -5 "$RESULTS/build.log" | tee -a "$SUMMARY"; exit 1; }
+done
 head -c 40000000 /dev/urandom | base64 > "$BIN/data.txt"   # any text: the binaries read bytes
 
 # the median step time of a run's steps after the first 5
@@ -114,6 +119,7 @@ done
 cmp <(grep -o '"loss":[^,]*' "$RESULTS/tuned_1.jsonl") <(grep -o '"loss":[^,]*' "$RESULTS/tuned_2.jsonl") >/dev/null &&
     say "tuned runs 1 and 2: the same losses, bit for bit" || say "tuned runs 1 and 2: the losses DIFFER"
 "$FP8C" plan $MODEL $FLAGS --tune "$RESULTS/d12.tune" | sed -n '/^tuning record/,$p' > "$RESULTS/plan_tune.txt"
-grep -v "^gemm@" "$RESULTS/plan_tune.txt" | tee -a "$SUMMARY"
-say "GEMMs: $(grep -c '^gemm@' "$RESULTS/plan_tune.txt") in the record (all rows in plan_tune.txt)"
+grep -v "^gemm\." "$RESULTS/plan_tune.txt" | tee -a "$SUMMARY"
+say "GEMM problems: $(grep -c '^gemm\.' "$RESULTS/plan_tune.txt") in the record (their rows: plan_tune.txt)"
+grep "^gemm\." "$RESULTS/plan_tune.txt" | head -8 | tee -a "$SUMMARY"
 rm -rf "$BIN"
