@@ -517,8 +517,8 @@ int tune_run(const TuneRequest *q)
         tune_device_fingerprint(rec->device_description, rec->device_id);
     }
     rec->steps = q->steps, rec->warmup = q->warmup, rec->tolerance = q->tolerance, rec->budget_s = q->budget_s;
-    /* text for the steps and the evaluation at the end, which keeps the last 5% */
-    if (!write_data(t.data, (int64_t)(q->tokens_per_step * (q->steps + 2)) * 21 / 20 + 4096)) {
+    /* text for the steps, and for the evaluation at the end the last 5%: more than one batch */
+    if (!write_data(t.data, q->tokens_per_step * (q->steps + 4) * 3 + 4096)) {
         fprintf(stderr, "fp8c: error: %s: cannot write the tuning data\n", t.data);
         goto out;
     }
