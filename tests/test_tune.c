@@ -177,8 +177,8 @@ typedef struct {
     const char *name, *dflt, *winner;
 } Pick;
 
-static void write_record(const char *name, const char *hash, const char *version, const char *device_id,
-                         const Pick *picks, int n_picks) {
+static void write_record_of(const char *kind, const char *name, const char *hash, const char *version,
+                            const char *device_id, const Pick *picks, int n_picks) {
     char path[512];
     snprintf(path, sizeof path, "%s/record.json", tmp_dir);
     Jv r;
@@ -189,7 +189,7 @@ static void write_record(const char *name, const char *hash, const char *version
     assert_non_null(f);
     fprintf(f, "{\"fp8c_tuning_record\": 1, \"fp8c_version\": \"%s\",\n",
             version ? version : get(&r, "fp8c_version", JV_STR)->str);
-    fprintf(f, " \"device\": {\"kind\": \"cpu\", \"id\": \"%s\", \"description\": \"%s\"},\n",
+    fprintf(f, " \"device\": {\"kind\": \"%s\", \"id\": \"%s\", \"description\": \"%s\"},\n", kind,
             device_id ? device_id : get(dev, "id", JV_STR)->str, get(dev, "description", JV_STR)->str);
     fprintf(f, " \"model\": {\"file\": \"%s\", \"flags\": \"%s\", \"hash\": \"%s\"},\n", get(m, "file", JV_STR)->str,
             get(m, "flags", JV_STR)->str, hash ? hash : get(m, "hash", JV_STR)->str);
@@ -203,6 +203,11 @@ static void write_record(const char *name, const char *hash, const char *version
     fputs("]}\n", f);
     fclose(f);
     rt_json_free(&r);
+}
+
+static void write_record(const char *name, const char *hash, const char *version, const char *device_id,
+                         const Pick *picks, int n_picks) {
+    write_record_of("cpu", name, hash, version, device_id, picks, n_picks);
 }
 
 /* The losses a binary logs over a few steps, as the text of the log's "loss" fields. */
@@ -313,6 +318,33 @@ static void test_mismatch_refused(void **state) {
     }
 }
 
+/* A GPU's record where fp8c sees no GPU: a note that the binary checks the device when it
+ * starts, and the winners (a GEMM problem's algorithm, a fusion off) and the record's device
+ * fingerprint in the artifact. */
+static void test_gpu_record_without_gpu(void **state) {
+    (void)state;
+    char a[129], b[129];
+    memset(a, 'a', 128), memset(b, 'b', 128);
+    a[128] = b[128] = 0;
+    Pick picks[] = {{"gemm.00000000deadbeef", a, b}, {"fuse.ce_lse", "1", "0"}};
+    write_record_of("cuda", "gpu.json", NULL, NULL, "0123456789abcdef", picks, 2);
+    int rc = run("gpu_ir", "%s %s build %s %s --tune %s/gpu.json --print-ir-after=fuse -o %s/gpu_ir", env, fp8c, model,
+                 model_flags, tmp_dir, tmp_dir);
+    char *out = slurp("gpu_ir.out"), want[256];
+    if (rc == 1 && strstr(out, "the record is for another device")) {   /* a GPU here: not the record's */
+        printf("  a GPU is present: the record of a made-up GPU is refused\n");
+        free(out);
+        return;
+    }
+    if (rc != 0) fail_msg("build with a GPU record failed (%d):\n%s", rc, out);
+    assert_non_null(strstr(out, "no GPU here to check the record's device against"));
+    snprintf(want, sizeof want, "\nchoice gemm.00000000deadbeef %s\n", b);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\nchoice fuse.ce_lse 0\n"));
+    assert_non_null(strstr(out, "\nchoice tune.device 0123456789abcdef\n"));
+    free(out);
+}
+
 /* Not JSON, not a record, a choice the table cannot hold: one line, a failed build. */
 static void test_malformed_refused(void **state) {
     (void)state;
@@ -390,7 +422,7 @@ int main(void) {
         cmocka_unit_test(test_record_fields),   cmocka_unit_test(test_tune_never_overwrites),
         cmocka_unit_test(test_reuse_is_bit_identical), cmocka_unit_test(test_mismatch_refused),
         cmocka_unit_test(test_malformed_refused), cmocka_unit_test(test_plan_shows_the_record),
-        cmocka_unit_test(test_memory_budget_unreachable),
+        cmocka_unit_test(test_memory_budget_unreachable), cmocka_unit_test(test_gpu_record_without_gpu),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
