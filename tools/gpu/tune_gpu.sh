@@ -27,6 +27,7 @@ MODEL=models/gpt2.model
 
 if [ "$MODE" = prepare ]; then
     KIT=${2:-build-tune/kit}
+    KIT_ARG=$KIT
     BUILD=$(dirname "$KIT")/cmake
     mkdir -p "$BUILD" "$KIT"
     KIT=$(cd "$KIT" && pwd)
@@ -37,7 +38,6 @@ if [ "$MODE" = prepare ]; then
         echo "tune_gpu.sh: $BUILD/fp8c still links LLVM" >&2
         exit 1
     fi
-    rm -rf "$KIT/fp8c-cache"
     cp "$BUILD/fp8c" "$KIT/"
     for lib in libfp8c_train_main.a libfp8c_cuda_rt.a libfp8c_rt.a libfp8c_kernels.a libfp8c_ir.a; do
         cp "$BUILD/$lib" "$KIT/"
@@ -58,7 +58,7 @@ if [ "$MODE" = prepare ]; then
     rm -f "$FP8C_CACHE_DIR"/*.ptx "$FP8C_CACHE_DIR"/bin-*
     echo "git commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with local changes)')" > "$KIT/BUILD_INFO"
     du -sh "$KIT"
-    echo "ready: carry $KIT, then run tools/gpu/tune_gpu.sh run $KIT on the GPU machine"
+    echo "ready: carry $KIT_ARG, then run tools/gpu/tune_gpu.sh run $KIT_ARG on the GPU machine"
     exit 0
 fi
 
@@ -80,6 +80,8 @@ say() { echo "$@" | tee -a "$SUMMARY"; }
 say "fp8c tune on the GPU, $(date -u +%Y-%m-%dT%H:%MZ); $(cat "$KIT/BUILD_INFO" 2>/dev/null)"
 say "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
 command -v cc >/dev/null || { say "no C compiler (cc) on this machine: fp8c cannot link binaries here"; exit 1; }
+[ -f "${FP8C_CUDA_INCLUDE:-/usr/local/cuda/include}/cuda_fp8.h" ] ||
+    { say "no CUDA headers in ${FP8C_CUDA_INCLUDE:-/usr/local/cuda/include} (set FP8C_CUDA_INCLUDE): NVRTC needs them"; exit 1; }
 "$FP8C" --version >/dev/null 2>&1 || { say "fp8c does not start here: $("$FP8C" --version 2>&1 | head -2)"; exit 1; }
 
 rm -f "$RESULTS/d12.tune"
