@@ -130,6 +130,14 @@ static void sha_final_hex(Sha256 *s, char hex[65])
     for (int i = 0; i < 8; i++) snprintf(hex + 8 * i, 9, "%08x", s->h[i]);
 }
 
+void cache_sha256_hex(const void *data, size_t n, char hex[65])
+{
+    Sha256 s;
+    sha_init(&s);
+    sha_update(&s, data, n);
+    sha_final_hex(&s, hex);
+}
+
 /* A labelled, length-prefixed field, so that no two different inputs hash the same stream. */
 static void sha_field(Sha256 *s, const char *label, const void *data, size_t n)
 {

@@ -34,6 +34,9 @@ typedef struct {
     FrontOptions front;
     PassOptions passes;
     const char *stop_after;    /* run the pipeline up to and including this pass, NULL: all */
+    const Choice *choices;     /* the kernel program's choices (a tuning record's winners, or
+                                  forced with --choice), copied into the graph's table first */
+    int n_choices;
 } BuildOptions;
 
 /* Model file -> fully planned graph (forward, backward, update, formats, schedule, memory). */
@@ -101,5 +104,89 @@ CacheResult cache_fetch_binary(const char *key, const char *out_path, BuildSumma
 /* Keeps a copy of the binary at bin_path under key; silent when it cannot. */
 void cache_store_binary(const char *key, const char *bin_path, const BuildSummary *s,
                         const char *notes);
+void cache_sha256_hex(const void *data, size_t n, char hex[65]);
+
+/* ---------------------------------------------------------------- tune_record.c */
+
+/* A tuning record (docs/tuning.md): the choice points of one model's kernel program on one
+ * device, each with its candidates, their times and the winner. */
+#define TUNE_RECORD_FORMAT 1
+#define TUNE_MAX_CANDIDATES 48
+#define TUNE_VALUE_LEN 160     /* a GEMM algorithm is 128 hex digits */
+
+typedef struct {
+    char value[TUNE_VALUE_LEN];
+    char label[96];            /* for people: a GEMM algorithm's id, tile and stages */
+    double median, min, max;   /* step ms (a GEMM's: us); < 0: not measured */
+    double max_rel_diff;       /* against the default's result */
+    int64_t peak;              /* the memory plan's peak with it, bytes; 0: not built */
+    bool ok;                   /* ran, agreed with the default within the tolerance, and fit */
+    char note[128];            /* why not */
+} TuneCandidate;
+
+typedef struct {
+    char name[96];             /* the choice table's name (ir_choice) */
+    char what[128];
+    char dflt[TUNE_VALUE_LEN]; /* the default rule's value, as the candidates spell it */
+    char winner[TUNE_VALUE_LEN];
+    bool measured;             /* false: the budget ran out first; the default stays */
+    bool per_gemm;             /* times are one GEMM's, in us, not a step's */
+    TuneCandidate cand[TUNE_MAX_CANDIDATES];
+    int n_cand;
+} TunePoint;
+
+typedef struct {
+    char fp8c_version[32];
+    char device_kind[8];       /* "cpu" or "cuda" */
+    char device_id[17];        /* tune_device_fingerprint of the description */
+    char device_description[512];
+    char model_file[512], model_flags[1024], model_hash[65];
+    int steps, warmup;
+    double tolerance, budget_s, elapsed_s;
+    double memory_budget;      /* bytes of the memory plan's peak; 0: none */
+    double default_ms, tuned_ms;   /* the median step with every default, with every winner */
+    int64_t default_peak, tuned_peak;   /* the memory plan's peak of each, bytes */
+    TunePoint *points;         /* malloc'ed */
+    int n_points;
+} TuneRecord;
+
+/* The model key: a SHA-256 of the model file's text and the flags that shape the graph (hex);
+ * shown gets those flags as a line. False after a message. */
+bool tune_model_key(const char *model, char **flags, int n_flags, char hex[65], char *shown,
+                    size_t shown_len);
+void tune_device_fingerprint(const char *description, char out[17]);
+bool tune_cpu_description(char *out, size_t len);
+/* The fingerprint of this machine's device of that kind ("cpu", "cuda") in id, or NULL when
+ * there is none to ask (no GPU here: the binary checks when it starts). */
+const char *tune_current_device(const char *kind, char id[17]);
+bool tune_record_write(const TuneRecord *r, const char *path);   /* false after a message */
+bool tune_record_read(const char *path, TuneRecord *r);          /* false after one line */
+void tune_record_free(TuneRecord *r);
+/* NULL when the record fits; else which key differs ("device", "model", "fp8c version") with
+ * the details in why. device_id NULL: the device is not known here (not compared). */
+const char *tune_record_mismatch(const TuneRecord *r, const char *model_hash, const char *version,
+                                 const char *device_id, char *why, size_t why_len);
+/* The winners that differ from the defaults (and every GEMM's algorithm), plus tune.device, as
+ * choice table entries pointing into r; returns how many. */
+int tune_record_choices(const TuneRecord *r, Choice *out, int cap);
+
+/* ---------------------------------------------------------------- tune.c */
+
+/* `fp8c tune`: what to measure, and how the command builds a binary with given choices (the
+ * driver's make_binary, with `--choice` entries added to its cache key). */
+typedef struct {
+    const char *model, *device, *output, *version;
+    char **flags;              /* the command's flags (the model key) */
+    int n_flags;
+    double budget_s, tolerance;
+    double memory_budget;      /* --memory-budget, bytes of the memory plan's peak; 0: none */
+    int steps, warmup;         /* steps a run logs; the first `warmup` are not timed */
+    int64_t tokens_per_step;
+    int64_t default_chunks;    /* the loss's chunk count by the default rule */
+    bool (*build)(void *ctx, const Choice *choices, int n, const char *out, int64_t *peak);
+    void *ctx;
+} TuneRequest;
+/* Measures, writes q->output (never over an existing file); returns the exit status. */
+int tune_run(const TuneRequest *q);
 
 #endif

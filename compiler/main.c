@@ -4,11 +4,13 @@
  *   fp8c plan  MODEL [build flags] --kernels [--device cuda|cpu]        the kernel program
  *   fp8c build MODEL [build flags] -o NAME                               a training binary
  *   fp8c train MODEL [build flags] [-- run flags]                        build, then run it
+ *   fp8c tune  MODEL [build flags] --device cuda|cpu [--budget S] -o FILE  measure the choices
  *   fp8c opt   FILE.ir --passes=a,b                                      run passes on textual IR
  *   fp8c passes                                                          list the passes
  *
  * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --policy FILE,
- * --precision PATTERN=FORMAT, --grad-release, --gpus N, --print-ir-after=PASS|all, --verify.
+ * --precision PATTERN=FORMAT, --grad-release, --gpus N, --print-ir-after=PASS|all, --verify,
+ * --tune FILE [--tune-mismatch=defaults] (a tuning record's winners), --choice NAME=VALUE.
  * Every flag is checked; a bad one is one line on stderr and exit status 2. */
 #include "compiler.h"
 
@@ -19,6 +21,8 @@
 
 #define MAX_DEFINES 64
 #define MAX_OVERRIDES 64
+#define MAX_CHOICES 1024
+#define TUNE_DEFAULT_BUDGET 300
 
 /* One arena for the command. It is reachable from here until main returns, also when a user
  * error ends the run early through exit(), so leak checkers see no lost compilation. */
@@ -35,6 +39,8 @@ static void usage(FILE *out)
     fputs("usage: fp8c plan  MODEL [build flags] [--json] [--vs -On] [--kernels [--device cuda|cpu]]\n"
           "       fp8c build MODEL [build flags] -o NAME\n"
           "       fp8c train MODEL [build flags] [-- run flags]\n"
+          "       fp8c tune  MODEL [build flags] --device cuda|cpu [--budget SECONDS] [--memory-budget GiB]\n"
+          "                  [--tune-steps N] -o FILE\n"
           "       fp8c opt   FILE.ir --passes=a,b [--print-ir-after=PASS|all]\n"
           "       fp8c passes\n"
           "       fp8c --version\n"
@@ -43,7 +49,9 @@ static void usage(FILE *out)
           "             --gpus N (data parallel: gradients averaged over N GPUs; plan: per GPU)\n"
           "             --print-ir-after=PASS|all  --stop-after=PASS\n"
           "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n"
-          "             --print-kernels (build: the CPU kernels, as the binary runs them, to stdout)\n",
+          "             --print-kernels (build: the CPU kernels, as the binary runs them, to stdout)\n"
+          "             --tune FILE (a record of fp8c tune) [--tune-mismatch=defaults]\n"
+          "             --choice NAME=VALUE (one choice of the kernel program, docs/tuning.md)\n",
           out);
 }
 
@@ -85,6 +93,14 @@ typedef struct {
     char **flags;              /* everything after the command (the binary cache's key) */
     int n_flags;
     bool print_kernels;
+    const char *tune;          /* --tune FILE: a tuning record to build with */
+    bool tune_defaults;        /* --tune-mismatch=defaults: a record that does not fit is left out */
+    double budget;             /* tune --budget SECONDS */
+    double memory_budget;      /* tune --memory-budget GiB */
+    int tune_steps;            /* tune --tune-steps N */
+    Choice choices[MAX_CHOICES];   /* --choice flags, then the record's winners */
+    int n_choices;
+    TuneRecord record;         /* --tune's, read */
 } Args;
 
 /* Parses the flags shared by plan, build, train and opt. */
@@ -97,6 +113,7 @@ static void parse_args(int argc, char **argv, Args *a)
     a->build.passes.opt_level = 0;
     a->build.front.defines = a->defines;
     a->build.passes.overrides = a->overrides;
+    a->build.choices = a->choices;
 #ifndef NDEBUG
     a->build.passes.verify = true;
 #endif
@@ -158,6 +175,35 @@ static void parse_args(int argc, char **argv, Args *a)
         } else if (!strcmp(s, "-o")) {
             if (!next) bad_flag("%s needs a file name", s);
             a->output = next, i++;
+        } else if (!strcmp(s, "--tune")) {
+            if (!next) bad_flag("%s needs a tuning record (a file fp8c tune wrote)", s);
+            a->tune = next, i++;
+        } else if (!strncmp(s, "--tune-mismatch=", 16)) {
+            if (strcmp(s + 16, "defaults") && strcmp(s + 16, "refuse"))
+                bad_flag("--tune-mismatch= takes defaults or refuse, not '%s'", s + 16);
+            a->tune_defaults = !strcmp(s + 16, "defaults");
+        } else if (!strcmp(s, "--budget")) {
+            char *end = NULL;
+            double v = next ? strtod(next, &end) : 0;
+            if (!next || *end || !(v > 0) || v > 1e6) bad_flag("--budget needs seconds, not '%s'", next ? next : "");
+            a->budget = v, i++;
+        } else if (!strcmp(s, "--memory-budget")) {
+            char *end = NULL;
+            double v = next ? strtod(next, &end) : 0;
+            if (!next || *end || !(v > 0) || v > 1e6) bad_flag("--memory-budget needs GiB, not '%s'", next ? next : "");
+            a->memory_budget = v, i++;
+        } else if (!strcmp(s, "--tune-steps")) {
+            a->tune_steps = (int)parse_size(s, next), i++;
+            if (a->tune_steps < 4 || a->tune_steps > 60) bad_flag("--tune-steps needs 4..60, not '%s'", next);
+        } else if (!strcmp(s, "--choice")) {
+            const char *eq = next ? strchr(next, '=') : NULL;
+            if (!eq) bad_flag("--choice needs NAME=VALUE, not '%s'", next ? next : "");
+            if (a->n_choices == MAX_CHOICES) bad_flag("too many --choice flags%s", "");
+            char *name = arena_printf(session_arena(), "%.*s", (int)(eq - next), next);
+            if (!ir_choice_name_ok(name) || !ir_choice_value_ok(eq + 1))
+                bad_flag("--choice: '%s' is not NAME=VALUE (names: letters, digits, _ . @)", next);
+            a->choices[a->n_choices++] = (Choice){name, eq + 1};
+            i++;
         } else if (!strcmp(s, "--json")) {
             a->json = true;
         } else if (!strcmp(s, "--kernels")) {
@@ -187,6 +233,7 @@ static void parse_args(int argc, char **argv, Args *a)
                 (long long)b, (long long)t, (long long)(b * t));
         exit(2);
     }
+    a->build.n_choices = a->n_choices;
     const char *pa = a->build.passes.print_after, *sa = a->build.stop_after;
     if (pa && strcmp(pa, "all") && strcmp(pa, "front") && !pass_find(pa))
         bad_flag("--print-ir-after names no pass: '%s' (fp8c passes lists them)", pa);
@@ -267,13 +314,78 @@ static Graph *compile_or_exit(Arena *arena, Args *a)
     return g;
 }
 
+/* --tune FILE: read the record, check that it was made for this device, fp8c and model, and
+ * add its winners to the build's choices. A record that does not fit is one line and exit 1,
+ * or with --tune-mismatch=defaults a note and the defaults. A malformed one is always an
+ * error. */
+static void apply_tune_record(Args *a)
+{
+    if (!a->tune) return;
+    if (!a->model) bad_flag("a model file is needed%s", "");
+    if (!tune_record_read(a->tune, &a->record)) exit(1);
+    char hash[65], shown[1024], id[17];
+    if (!tune_model_key(a->model, a->flags, a->n_flags, hash, shown, sizeof shown)) exit(1);
+    const char *device = tune_current_device(a->record.device_kind, id);
+    char why[1024];
+    const char *which = tune_record_mismatch(&a->record, hash, FP8C_VERSION, device, why, sizeof why);
+    if (which && !a->tune_defaults) {
+        fprintf(stderr, "fp8c: error: %s: the record is for another %s: %s (--tune-mismatch=defaults "
+                        "builds on the defaults)\n", a->tune, which, why);
+        exit(1);
+    }
+    if (which) {
+        fprintf(stderr, "fp8c: note: %s: the record is for another %s: %s; building on the defaults\n",
+                a->tune, which, why);
+        return;
+    }
+    if (!device)
+        fprintf(stderr, "fp8c: note: %s: no GPU here to check the record's device against; the binary "
+                        "checks it when it starts\n", a->tune);
+    int room = MAX_CHOICES - a->n_choices;
+    int n = tune_record_choices(&a->record, a->choices + a->n_choices, room);
+    /* a --choice given by hand wins over the record's */
+    for (int i = a->n_choices; i < a->n_choices + n; i++)
+        for (int k = 0; k < a->n_choices; k++)
+            if (!strcmp(a->choices[k].name, a->choices[i].name)) a->choices[i] = a->choices[k];
+    a->n_choices += n;
+    a->build.n_choices = a->n_choices;
+}
+
+/* plan --tune: each choice point, its default and winner with their times. */
+static void print_tune_table(const TuneRecord *r, FILE *out)
+{
+    fprintf(out, "\ntuning record: %s on %s (%s)\n", r->model_file, r->device_kind, r->device_description);
+    fprintf(out, "step: defaults %.2f ms, tuned %.2f ms\n", r->default_ms, r->tuned_ms);
+    fprintf(out, "%-28s %-16s %10s  %-16s %10s  %s\n", "choice", "default", "time", "winner", "time", "saved");
+    for (int i = 0; i < r->n_points; i++) {
+        const TunePoint *p = &r->points[i];
+        double td = -1, tw = -1;
+        const char *ld = p->dflt, *lw = p->winner;
+        for (int k = 0; k < p->n_cand; k++) {
+            if (!strcmp(p->cand[k].value, p->dflt)) td = p->cand[k].median, ld = p->cand[k].label[0] ? p->cand[k].label : ld;
+            if (!strcmp(p->cand[k].value, p->winner)) tw = p->cand[k].median, lw = p->cand[k].label[0] ? p->cand[k].label : lw;
+        }
+        const char *unit = p->per_gemm ? "us" : "ms";
+        char a_t[32] = "-", b_t[32] = "-", saved[32] = "-";
+        if (td >= 0) snprintf(a_t, sizeof a_t, "%.2f %s", td, unit);
+        if (tw >= 0) snprintf(b_t, sizeof b_t, "%.2f %s", tw, unit);
+        if (!p->measured) snprintf(saved, sizeof saved, "not measured");
+        else if (td > 0 && tw >= 0) snprintf(saved, sizeof saved, "%.1f%%", 100 * (td - tw) / td);
+        fprintf(out, "%-28s %-16.16s %10s  %-16.16s %10s  %s\n", p->name, ld, a_t, lw, b_t, saved);
+    }
+}
+
 static int cmd_plan(Args *a)
 {
     if (a->device && !a->kernels) bad_flag("--device %s goes with --kernels", a->device);
     if (a->kernels && (a->json || a->vs_level >= 0)) bad_flag("--kernels lists one plan's program: no --json or --vs%s", "");
     Arena *arena = session_arena();
     Graph *g = compile_or_exit(arena, a);
-    if (a->kernels) return plan_print_kernels(g, a->device ? a->device : "cuda", stdout) ? 0 : 1;
+    if (a->kernels) {
+        bool ok = plan_print_kernels(g, a->device ? a->device : "cuda", stdout);
+        if (ok && a->tune) print_tune_table(&a->record, stdout);
+        return ok ? 0 : 1;
+    }
     Graph *other = NULL;
     if (a->vs_level >= 0) {
         Args b = *a;
@@ -283,6 +395,7 @@ static int cmd_plan(Args *a)
     }
     if (other) plan_print_diff(other, g, a->json, stdout);
     else plan_print(g, a->json, stdout);
+    if (a->tune && !a->json) print_tune_table(&a->record, stdout);
     return 0;
 }
 
@@ -341,6 +454,49 @@ static int cmd_build(Args *a)
     return 0;
 }
 
+/* fp8c tune: the tuner (tune.c) builds through this, with extra choices on top of the
+ * command's own; they join the cache key as --choice flags, as a user's would. */
+static bool tune_build(void *ctx, const Choice *choices, int n, const char *out, int64_t *peak)
+{
+    const Args *a = ctx;
+    Args *b = malloc(sizeof *b);
+    if (!b) return false;
+    *b = *a;
+    b->build.choices = b->choices;
+    b->flags = arena_alloc(session_arena(), sizeof(char *) * (size_t)(a->n_flags + 2 * n));
+    memcpy(b->flags, a->flags, sizeof(char *) * (size_t)a->n_flags);
+    for (int i = 0; i < n && b->n_choices < MAX_CHOICES; i++) {
+        b->choices[b->n_choices++] = choices[i];
+        b->flags[b->n_flags++] = "--choice";
+        b->flags[b->n_flags++] = arena_printf(session_arena(), "%s=%s", choices[i].name, choices[i].value);
+    }
+    b->build.n_choices = b->n_choices;
+    BuildSummary sum;
+    bool ok = make_binary(b, out, &sum);
+    if (ok && peak) *peak = sum.persistent + sum.transient;
+    free(b);
+    return ok;
+}
+
+static int cmd_tune(Args *a)
+{
+    if (!a->output) bad_flag("tune needs -o FILE (the record)%s", "");
+    if (!a->device) bad_flag("tune needs --device cuda or --device cpu%s", "");
+    if (a->tune) bad_flag("tune makes a record; --tune reads one%s", "");
+    Graph *g = compile_or_exit(session_arena(), a);
+    int64_t chunks = 0;
+    for (int i = 0; i < g->n_nodes; i++) chunks += g->nodes[i]->op == OP_CROSS_ENTROPY;
+    bool gpu = !strcmp(a->device, "cuda");
+    TuneRequest q = {.model = a->model, .device = a->device, .output = a->output, .version = FP8C_VERSION,
+                     .flags = a->flags, .n_flags = a->n_flags,
+                     .budget_s = a->budget > 0 ? a->budget : TUNE_DEFAULT_BUDGET, .tolerance = 1e-2,
+                     .memory_budget = a->memory_budget * 1073741824.0,
+                     .steps = a->tune_steps ? a->tune_steps : gpu ? 12 : 6, .warmup = 2,
+                     .tokens_per_step = g->batch * g->seq, .default_chunks = chunks,
+                     .build = tune_build, .ctx = a};
+    return tune_run(&q);
+}
+
 /* fp8c train: the binary (cached as a build's is) in a temp directory, named after the model,
  * run with the flags after `--`, then removed. */
 static int cmd_train(Args *a)
@@ -367,16 +523,18 @@ static int cmd_train(Args *a)
     return emit_train_run(dir, bin, a->run_args, a->n_run_args);
 }
 
-static int dispatch(int argc, char **argv);
+static int dispatch(int argc, char **argv, Args *a);
 
 int main(int argc, char **argv)
 {
-    int status = dispatch(argc, argv);
+    static Args args;
+    int status = dispatch(argc, argv, &args);
+    tune_record_free(&args.record);
     arena_free(the_arena);
     return status;
 }
 
-static int dispatch(int argc, char **argv)
+static int dispatch(int argc, char **argv, Args *ap)
 {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
@@ -388,12 +546,16 @@ static int dispatch(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "passes")) return cmd_passes();
-    Args a;
-    parse_args(argc - 2, argv + 2, &a);
-    if (!strcmp(cmd, "plan")) return cmd_plan(&a);
-    if (!strcmp(cmd, "build")) return cmd_build(&a);
-    if (!strcmp(cmd, "train")) return cmd_train(&a);
-    if (!strcmp(cmd, "opt")) return cmd_opt(&a);
-    fprintf(stderr, "fp8c: error: unknown command '%s' (plan, build, train, opt, passes)\n", cmd);
+    Args *a = ap;
+    parse_args(argc - 2, argv + 2, a);
+    if (!strcmp(cmd, "tune")) return cmd_tune(a);
+    if (a->memory_budget > 0 || a->budget > 0 || a->tune_steps)
+        bad_flag("--budget, --memory-budget and --tune-steps go with fp8c tune%s", "");
+    if (!strcmp(cmd, "plan") || !strcmp(cmd, "build") || !strcmp(cmd, "train")) apply_tune_record(a);
+    if (!strcmp(cmd, "plan")) return cmd_plan(a);
+    if (!strcmp(cmd, "build")) return cmd_build(a);
+    if (!strcmp(cmd, "train")) return cmd_train(a);
+    if (!strcmp(cmd, "opt")) return cmd_opt(a);
+    fprintf(stderr, "fp8c: error: unknown command '%s' (plan, build, train, tune, opt, passes)\n", cmd);
     return 2;
 }

@@ -24,6 +24,7 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o)
     Graph *g = front_compile_file(a, path, &o->front);
     if (!g) return NULL;
     g->opt_level = o->passes.opt_level;
+    for (int i = 0; i < o->n_choices; i++) ir_set_choice(g, o->choices[i].name, o->choices[i].value);
     if (o->passes.print_after && !strcmp(o->passes.print_after, "all")) {
         printf("# IR after front\n");
         ir_print(g, stdout);

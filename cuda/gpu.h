@@ -170,6 +170,9 @@ bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *wh
  * why when either is missing or no device answers. Safe to call more than once. */
 bool cuda_load(char *why, size_t why_len);
 int cuda_device_count(void);
+/* GPU 0 as a tuning record names it: "NAME; N SMs; driver CUDA X.Y; cuBLASLt V" (exec.c).
+ * False when there is no GPU to ask. */
+bool cuda_device_description(char *out, size_t len);
 
 /* ---------------------------------------------------------------- exec.c */
 

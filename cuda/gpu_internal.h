@@ -74,6 +74,14 @@
       (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,                       \
        cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,               \
        cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *))           \
+    X(cublasLtGetVersion, size_t, (void))                                                    \
+    X(cublasLtMatmulAlgoCheck, cublasStatus_t,                                               \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,                       \
+       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,               \
+       const cublasLtMatmulAlgo_t *, cublasLtMatmulHeuristicResult_t *))                     \
+    X(cublasLtMatmulAlgoConfigGetAttribute, cublasStatus_t,                                  \
+      (const cublasLtMatmulAlgo_t *, cublasLtMatmulAlgoConfigAttributes_t, void *, size_t,   \
+       size_t *))                                                                            \
     X(cublasLtMatmul, cublasStatus_t,                                                        \
       (cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *,                   \
        cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t, const void *,           \

@@ -1531,6 +1531,12 @@ static Uses *uses_by_position(const Graph *g) {
     return ir_fill_uses(g);
 }
 
+/* The one hook of the tuner (compiler/tune.c) in this file: each fusion below asks the graph's
+ * choice table whether it may fuse at a site ("fuse.KIND@ID", else "fuse.KIND", else yes). A
+ * tuning record or --choice sets them at build time; they travel in the artifact, so the
+ * binary plans exactly what fp8c compiled. */
+static bool fusion_on(const Graph *g, const char *kind, const Node *site) { return ir_choice_on(g, kind, site); }
+
 /* A layernorm or GELU whose value only an FP8 copy of it reads (its one quantize) writes that
  * copy itself: its kernel runs at its own place storing only the block maxima that the copy's
  * scale reads, and again at the quantize's place storing FP8 (ops.cuh, CkAmaxOnly and
@@ -1541,7 +1547,8 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
     if (!uses) return;
     for (int qi = 0; qi < g->n_nodes; qi++) {
         const Node *q = g->nodes[qi];
-        if (q->op != OP_QUANTIZE || !quantize_can_rerun(g, uses, q, qi)) continue;
+        if (q->op != OP_QUANTIZE || !fusion_on(g, "fuse.producer_quantizes", q) || !quantize_can_rerun(g, uses, q, qi))
+            continue;
         const Node *y = q->in[0];
         char why[256];
         CuNodePlan amax_only, through;
@@ -1597,7 +1604,7 @@ static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
     for (int si = 0; si < g->n_nodes; si++) {
         const Node *sum = g->nodes[si], *x = sum->op == OP_SUM_ROWS ? sum->in[0] : NULL;
         if (!x || x->index < 0 || !plain_direct(&sum->t) || !plain_direct(&x->t) || sum->t.role == ROLE_OUTPUT ||
-            ir_numel(&sum->t) != cols_of(&x->t))
+            ir_numel(&sum->t) != cols_of(&x->t) || !fusion_on(g, "fuse.bias_grads", sum))
             continue;
         const Uses *u = &uses[x->index];
         const Node *q = NULL;
@@ -1652,7 +1659,8 @@ static void fuse_group_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
     if (!uses) return;
     for (int qi = 0; qi < g->n_nodes; qi++) {
         const Node *q = g->nodes[qi];
-        if (!group_quantize_fusable(uses, q) || plans[qi].n_launch != 1 || plans[q->in[1]->index].n_launch != 1)
+        if (!group_quantize_fusable(uses, q) || !fusion_on(g, "fuse.group_quantizes", q) || plans[qi].n_launch != 1 ||
+            plans[q->in[1]->index].n_launch != 1)
             continue;
         char why[256];
         CuNodePlan fused;
@@ -1676,7 +1684,7 @@ static void fuse_ce_lse(const Graph *g, CuNodePlan *plans, Arena *a) {
     for (int j = 1; j < g->n_nodes; j++) {
         const Node *b = g->nodes[j], *f = g->nodes[j - 1];
         if (b->op != OP_CROSS_ENTROPY_BWD || f->op != OP_CROSS_ENTROPY || b->in[1] != f->in[0] ||
-            b->in[2] != f->in[1] || plans[j - 1].n_launch != 2 || plans[j].n_launch != 2)
+            b->in[2] != f->in[1] || plans[j - 1].n_launch != 2 || plans[j].n_launch != 2 || !fusion_on(g, "fuse.ce_lse", b))
             continue;
         char why[256];
         CuNodePlan pf, pb;
@@ -1705,15 +1713,15 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
     ir_renumber(g);
     int *group = fuse_plan(g, a);
     Uses *uses = uses_by_position(g);
-    const char *env = getenv("FP8C_CUDA_GELU_EPILOGUES");   /* 0: GELU keeps its own kernels */
-    bool gelu_epilogues = !(env && !strcmp(env, "0"));
+    bool gelu_epilogues = fusion_on(g, "fuse.gemm_gelu", NULL);   /* off: GELU keeps its own kernels */
     const Node **members = arena_alloc(a, sizeof *members * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int r = 0; r < g->n_nodes; r++) {
         int n = 0;
         for (int j = 0; j <= r; j++)
             if (group[j] == r) members[n++] = g->nodes[j];
         GemmEpilogue ep;
-        if (n < 2 || !epilogue_of(members, n, gelu_epilogues, &ep)) continue;
+        if (n < 2 || !fusion_on(g, "fuse.gemm_epilogues", g->nodes[r]) || !epilogue_of(members, n, gelu_epilogues, &ep))
+            continue;
         if (uses && gelu_epilogues) gemm_gelu(g, uses, r, members, &n, &ep);
         CuNodePlan fused;
         memset(&fused, 0, sizeof fused);

@@ -6,6 +6,9 @@
  * (schedule) rewrite Graph.nodes and call ir_renumber. */
 #include "ir.h"
 
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- element types */
@@ -213,6 +216,68 @@ Graph *ir_graph_new(Arena *a)
     g->cap = 256;
     g->nodes = arena_alloc(a, sizeof(Node *) * (size_t)g->cap);
     return g;
+}
+
+/* ---------------------------------------------------------------- the choice table */
+
+const char *ir_choice(const Graph *g, const char *name)
+{
+    for (int i = 0; i < g->n_choices; i++)
+        if (!strcmp(g->choices[i].name, name)) return g->choices[i].value;
+    return NULL;
+}
+
+int64_t ir_choice_int(const Graph *g, const char *name, int64_t dflt)
+{
+    const char *v = ir_choice(g, name);
+    if (!v) return dflt;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    return end != v && !*end ? (int64_t)x : dflt;
+}
+
+bool ir_choice_on(const Graph *g, const char *kind, const Node *site)
+{
+    if (site) {
+        char name[96];
+        snprintf(name, sizeof name, "%s@%d", kind, site->id);
+        const char *v = ir_choice(g, name);
+        if (v) return strcmp(v, "0") != 0;
+    }
+    const char *v = ir_choice(g, kind);
+    return !v || strcmp(v, "0") != 0;
+}
+
+static bool choice_chars_ok(const char *s, const char *extra)
+{
+    if (!s || !*s) return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && !strchr(extra, *s)) return false;
+    return true;
+}
+
+void ir_fingerprint(const char *text, char out[17])
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+bool ir_choice_name_ok(const char *s) { return choice_chars_ok(s, "_.@"); }
+bool ir_choice_value_ok(const char *s) { return choice_chars_ok(s, "_.:+-"); }
+
+void ir_set_choice(Graph *g, const char *name, const char *value)
+{
+    IR_ASSERT(ir_choice_name_ok(name) && ir_choice_value_ok(value));
+    for (int i = 0; i < g->n_choices; i++)
+        if (!strcmp(g->choices[i].name, name)) {
+            g->choices[i].value = arena_strdup(g->arena, value);
+            return;
+        }
+    Choice *bigger = arena_alloc(g->arena, sizeof *bigger * (size_t)(g->n_choices + 1));
+    if (g->n_choices) memcpy(bigger, g->choices, sizeof *bigger * (size_t)g->n_choices);
+    bigger[g->n_choices++] = (Choice){arena_strdup(g->arena, name), arena_strdup(g->arena, value)};
+    g->choices = bigger;
 }
 
 static void graph_append(Graph *g, Node *n)

@@ -223,6 +223,10 @@ typedef struct {
     int opt_level;          /* -O0..-O3 */
     OptimSpec optim;
     int64_t persistent_bytes, transient_bytes;   /* memplan: the two arena sizes */
+    /* choices of the kernel program fixed at build time (a tuning record's winners, or by
+     * hand): name -> value, printed as `choice NAME VALUE` lines; see ir_choice below */
+    struct Choice *choices;
+    int n_choices;
 } Graph;
 
 typedef struct {
@@ -266,6 +270,25 @@ int ir_adamw_copy_index(const Node *n);
 bool ir_mutates_input(const Node *n, int i);
 
 Graph *ir_graph_new(Arena *a);
+/* The choice table: what `fp8c tune` measured and `fp8c build --tune` wrote into the artifact,
+ * for the stages that decide the kernel program (chunk_loss, the CUDA plan, the runtime's GEMM
+ * algorithms, the CPU's threads and tile path). A name is [A-Za-z0-9_.@]+, a value
+ * [A-Za-z0-9_.:+-]+; a name not in the table means "the default rule". Names and values live in
+ * the graph's arena. docs/tuning.md lists the names. */
+typedef struct Choice {
+    const char *name;
+    const char *value;
+} Choice;
+const char *ir_choice(const Graph *g, const char *name);                  /* NULL: not set */
+int64_t ir_choice_int(const Graph *g, const char *name, int64_t dflt);    /* dflt: unset or not a number */
+/* A fusion's switch at one site: "KIND@ID" if set, else "KIND", else on. */
+bool ir_choice_on(const Graph *g, const char *kind, const Node *site);
+void ir_set_choice(Graph *g, const char *name, const char *value);        /* copies both; replaces */
+bool ir_choice_name_ok(const char *s);
+/* 16 hex digits (FNV-1a, 64 bits) naming a device by its description: the value of the
+ * tune.device choice, computed alike by fp8c and by the training binary. */
+void ir_fingerprint(const char *text, char out[17]);
+bool ir_choice_value_ok(const char *s);
 /* Appends a node. Builders only set op, inputs and location; the caller then sets attributes
  * and calls ir_infer_shape (or fills the tensor itself for leaves). */
 Node *ir_add(Graph *g, OpKind op, int n_in, Node *const *in, SrcLoc loc);

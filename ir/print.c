@@ -93,5 +93,7 @@ void ir_print(const Graph *g, FILE *out)
         fprintf(out, "optim lr=%.17g beta1=%.17g beta2=%.17g eps=%.17g weight_decay=%.17g clip=%.17g\n",
                 g->optim.lr, g->optim.beta1, g->optim.beta2, g->optim.eps, g->optim.weight_decay,
                 g->optim.clip);
+    for (int i = 0; i < g->n_choices; i++)
+        fprintf(out, "choice %s %s\n", g->choices[i].name, g->choices[i].value);
     for (int i = 0; i < g->n_nodes; i++) ir_print_node(g->nodes[i], out);
 }

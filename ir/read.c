@@ -272,6 +272,31 @@ static void read_optim(Reader *r, Graph *g)
     expect(r, "clip="); o->clip = read_float(r);
 }
 
+/* `choice NAME VALUE`: one entry of the choice table (ir_set_choice). */
+static const char *read_choice_token(Reader *r, const char *extra)
+{
+    skip_spaces(r);
+    const char *s = r->p;
+    while (isalnum((unsigned char)*r->p) || (*r->p && strchr(extra, *r->p))) r->p++;
+    if (r->p == s) {
+        fail(r, "expected a choice's name and value");
+        return NULL;
+    }
+    return arena_printf(r->a, "%.*s", (int)(r->p - s), s);
+}
+
+static void read_choice(Reader *r, Graph *g)
+{
+    const char *name = read_choice_token(r, "_.@");
+    const char *value = name ? read_choice_token(r, "_.:+-") : NULL;
+    if (!value) return;
+    if (ir_choice(g, name)) {
+        fail(r, "this choice is set twice");
+        return;
+    }
+    ir_set_choice(g, name, value);
+}
+
 static void read_node(Reader *r, Graph *g)
 {
     SrcLoc at = here(r);
@@ -432,11 +457,13 @@ Graph *ir_read(Arena *a, const char *file, const char *text)
             read_graph_header(&r, g);
         } else if (accept(&r, "optim ")) {
             read_optim(&r, g);
+        } else if (accept(&r, "choice ")) {
+            read_choice(&r, g);
         } else if (*r.p == '%') {
             seen_node = true;
             read_node(&r, g);
         } else {
-            fail(&r, "expected a node (%N = op(...)), 'graph', 'optim' or a comment");
+            fail(&r, "expected a node (%N = op(...)), 'graph', 'optim', 'choice' or a comment");
         }
         skip_spaces(&r);
         if (!r.failed && *r.p && *r.p != '\n' && *r.p != '#') fail(&r, "unexpected text at the end of the line");

@@ -20,7 +20,13 @@
  * vocabulary) the chunks grow instead. Every chunk adds a dozen nodes and two values that
  * live until all chunks are done (its share of the loss, its part of the input's gradient),
  * so an unbounded count made the graph, and the memory plan's work, grow with the batch; at
- * 256 chunks a chunk's logits are a small part of a step that large. */
+ * 256 chunks a chunk's logits are a small part of a step that large.
+ *
+ * The chunk count is a choice of the kernel program (`loss.chunks` in the graph's choice
+ * table, which `fp8c tune` measures and `fp8c build --tune` sets): fewer, larger chunks make
+ * larger GEMMs and fewer launches, more chunks less memory. 1 leaves the head whole; unset, the
+ * 128 MiB rule above decides. The sum over chunks changes order with the count, so the loss
+ * agrees with the default's to rounding, not bit for bit. */
 #include "passes.h"
 
 #include <string.h>
@@ -60,10 +66,13 @@ bool pass_chunk_loss(Graph *g, const PassOptions *opt)
     int64_t vocab = head->t.dims[head->t.rank - 1];
     int64_t rows = ir_numel(&head->t) / vocab;
     int64_t chunks = (rows * vocab * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES;
+    int64_t chosen = ir_choice_int(g, "loss.chunks", 0);
+    if (chosen > 0) chunks = chosen < rows ? chosen : rows;
     if (chunks <= 1) return true;
     if (chunks > MAX_CHUNKS) chunks = MAX_CHUNKS;
     int64_t per = (rows + chunks - 1) / chunks;
-    per = (per + CHUNK_ROW_ALIGN - 1) / CHUNK_ROW_ALIGN * CHUNK_ROW_ALIGN;
+    if (chosen <= 0 || per >= CHUNK_ROW_ALIGN)   /* a chosen count of tiny chunks stays that count */
+        per = (per + CHUNK_ROW_ALIGN - 1) / CHUNK_ROW_ALIGN * CHUNK_ROW_ALIGN;
 
     SrcLoc loc = loss->loc;
     Node *x = head->in[0], *w = head->in[1];

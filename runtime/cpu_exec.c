@@ -56,20 +56,26 @@ struct RtCpuExec {
                                    first (the tile path runs the node there), 2 the others */
 };
 
-/* Items per task: at least about WORK scalar operations each (FP8C_CPU_TASK_WORK overrides
- * it), so that small kernels stay on one thread and big ones spread over all of them. */
+/* Items per task: at least about WORK scalar operations each (the artifact's cpu.task_work
+ * choice, then FP8C_CPU_TASK_WORK, override it), so that small kernels stay on one thread and big ones spread over all of them. */
 enum { WORK = 1 << 14 };
+
+static int64_t task_work_chosen;   /* the artifact's cpu.task_work (runtime/tune.c), 0: none */
+
+void rt_cpu_set_task_work(int64_t w) { task_work_chosen = w; }
 
 static int64_t task_work(void)
 {
-    static int64_t work;
-    if (!work) {
+    static bool env_read;
+    if (!env_read) {
+        env_read = true;
         const char *s = getenv("FP8C_CPU_TASK_WORK");
         char *end = NULL;
         long long v = s && *s ? strtoll(s, &end, 10) : 0;
-        work = end && *end == 0 && v >= 1 ? v : WORK;
+        if (end && *end == 0 && v >= 1) task_work_chosen = v;
+        else if (!task_work_chosen) task_work_chosen = WORK;
     }
-    return work;
+    return task_work_chosen;
 }
 
 typedef struct {

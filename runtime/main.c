@@ -61,6 +61,10 @@ int main(int argc, char **argv) {
         arena_free(arena);
         return 0;
     }
+    if (!rt_tune_apply(g)) {
+        arena_free(arena);
+        return 1;
+    }
     int status = rt_train(g, &o);
     arena_free(arena);
     return status;

@@ -248,6 +248,14 @@ bool rt_st_read(const RtStFile *s, const RtStEntry *e, void *dst);
 void rt_st_close(RtStFile *s);
 int rt_st_dtype_bytes(const char *dtype);               /* 0: a dtype this runtime does not know */
 
+/* ---------------------------------------------------------------- tune.c
+ * The artifact's run-time choices (cpu.threads, cpu.tiles, cpu.task_work; docs/tuning.md) put
+ * in place of the defaults where no flag or FP8C_* variable overrides them. False after one
+ * rt_error line when a value is malformed. */
+bool rt_tune_apply(const Graph *g);
+/* Work per task of the CPU loop kernels (cpu_exec.c); FP8C_CPU_TASK_WORK overrides it. */
+void rt_cpu_set_task_work(int64_t work);
+
 /* ---------------------------------------------------------------- json.c
  * Small JSON documents (config.json, a shard index) as a tree. rt_json_read parses a file
  * whose value is an object; false after one rt_error line naming the file and the offset. */

@@ -124,6 +124,9 @@ static void test_roundtrip(void **state)
     sc->t.offset = 4096;
     sc->t.bytes = 192;
     g->nodes[3]->grad_of = g->nodes[2];
+    ir_set_choice(g, "loss.chunks", "4");
+    ir_set_choice(g, "fuse.bias_grads@7", "0");
+    ir_set_choice(g, "loss.chunks", "8");   /* replaces, does not add */
     char *first = print_to_string(g);
     Arena *b = arena_new();
     Graph *h = ir_read(b, "roundtrip.ir", first);
@@ -134,6 +137,11 @@ static void test_roundtrip(void **state)
     assert_true(h->optim.present);
     assert_true(h->optim.lr == 6e-4);
     assert_ptr_equal(h->nodes[5]->t.fmt.scale, h->nodes[h->n_nodes - 1]);
+    assert_int_equal(h->n_choices, 2);
+    assert_string_equal(ir_choice(h, "loss.chunks"), "8");
+    assert_int_equal(ir_choice_int(h, "loss.chunks", 0), 8);
+    assert_int_equal(ir_choice_int(h, "cpu.threads", 3), 3);
+    assert_null(ir_choice(h, "loss"));
     free(first);
     free(second);
     arena_free(a);
@@ -161,6 +169,9 @@ static void test_reader_errors(void **state)
          "bad.ir:2:12: error: node numbers run from 0"},
         {"%0 = input() : f32[2] fmt{scale=%4294967296} role=input phase=forward\n", "bad.ir:1:34: error: node numbers run from 0"},
         {"%0 = input() : f32[99999999999,99999999999] role=input phase=forward\n", "bad.ir:1:16: error: f32[99999999999,99999999999] has more than 2^40 elements"},
+        {"choice loss.chunks 4\nchoice loss.chunks 2\n", "bad.ir:2:21: error: this choice is set twice"},
+        {"choice loss.chunks\n", "bad.ir:1:19: error: expected a choice's name and value"},
+        {"choice loss.chunks 4 x!\n", "bad.ir:1:22: error: unexpected text at the end of the line"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *buf = NULL;
@@ -208,6 +219,32 @@ static int verify_quietly(const Graph *g)
     stderr = saved;
     fclose(devnull);
     return problems;
+}
+
+/* A fusion's switch: the site's own entry first, then the kind's, else on. */
+static void test_choice_switches(void **state)
+{
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = build_sample(a);
+    Node *site = g->nodes[4], *other = g->nodes[5];
+    assert_true(ir_choice_on(g, "fuse.ce_lse", site));
+    ir_set_choice(g, "fuse.ce_lse", "0");
+    assert_false(ir_choice_on(g, "fuse.ce_lse", site));
+    assert_false(ir_choice_on(g, "fuse.ce_lse", NULL));
+    char name[64];
+    snprintf(name, sizeof name, "fuse.ce_lse@%d", site->id);
+    ir_set_choice(g, name, "1");
+    assert_true(ir_choice_on(g, "fuse.ce_lse", site));
+    assert_false(ir_choice_on(g, "fuse.ce_lse", other));
+    assert_true(ir_choice_name_ok("gemm@12.0") && !ir_choice_name_ok("a b") && !ir_choice_name_ok(""));
+    assert_true(ir_choice_value_ok("0a1f") && !ir_choice_value_ok("x=y"));
+    char f1[17], f2[17];
+    ir_fingerprint("NVIDIA H200; 132 SMs", f1);
+    ir_fingerprint("NVIDIA H100; 132 SMs", f2);
+    assert_int_equal(strlen(f1), 16);
+    assert_string_not_equal(f1, f2);
+    arena_free(a);
 }
 
 static void test_verify_catches_inplace_order(void **state)
@@ -288,6 +325,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_reader_errors),
         cmocka_unit_test(test_reader_large_ids),
+        cmocka_unit_test(test_choice_switches),
         cmocka_unit_test(test_verify_catches_inplace_order),
         cmocka_unit_test(test_verify_catches_shape_change),
         cmocka_unit_test(test_uses_and_filter),

@@ -920,6 +920,39 @@ static void test_plan_time_follows_the_graph(void **state)
     assert_true(n_nodes[1] <= n_nodes[0] + 256 * 16);
 }
 
+/* The loss's chunk count follows the choice table's loss.chunks (a tuning record's winner)
+ * when it is set, else the 128 MiB rule: GPT-2 at 8 x 1024 has 7 chunks by the rule (8192 rows
+ * of 50304 logits in bf16 are 824 MB), 1 leaves the head whole, 5 gives five chunks whose rows
+ * add up to the batch's. */
+static void test_chunk_loss_follows_the_choice(void **state)
+{
+    (void)state;
+    const char *values[] = {NULL, "1", "5"};
+    int64_t want[] = {7, 1, 5};
+    for (int k = 0; k < 3; k++) {
+        Arena *a = arena_new();
+        Choice c = {"loss.chunks", values[k]};
+        BuildOptions o = {0};
+        o.front.batch = 8, o.front.seq = 1024;
+        o.passes.opt_level = 1;
+        o.choices = values[k] ? &c : NULL, o.n_choices = values[k] ? 1 : 0;
+        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2.model", &o);
+        assert_non_null(g);
+        int64_t chunks = 0, rows = 0;
+        for (int i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i]->op == OP_CROSS_ENTROPY) {
+                chunks++;
+                const Tensor *logits = &g->nodes[i]->in[0]->t;
+                rows += ir_numel(logits) / logits->dims[logits->rank - 1];
+            }
+        printf("  loss.chunks=%s: %lld chunks\n", values[k] ? values[k] : "(rule)", (long long)chunks);
+        assert_int_equal(chunks, want[k]);
+        assert_int_equal(rows, 8 * 1024);
+        if (values[k]) assert_string_equal(ir_choice(g, "loss.chunks"), values[k]);
+        arena_free(a);
+    }
+}
+
 /* The schedule also repairs an order that is only topological: shuffled, with in-place
  * updates placed before other readers of what they overwrite. */
 static void test_schedule_from_shuffled_order(void **state)
@@ -1218,6 +1251,7 @@ int main(void)
         cmocka_unit_test(test_optimizer_states),
         cmocka_unit_test(test_memplan_gpt2),
         cmocka_unit_test(test_plan_time_follows_the_graph),
+        cmocka_unit_test(test_chunk_loss_follows_the_choice),
         cmocka_unit_test(test_schedule_from_shuffled_order),
         cmocka_unit_test(test_dce_keeps_roots),
         cmocka_unit_test(test_pipeline_models),

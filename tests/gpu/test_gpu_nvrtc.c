@@ -55,9 +55,11 @@ static EpilogueCount count_epilogues(Graph *g, Arena *a) {
 
 /* The model at `path` through the whole pipeline at batch 2 x 64 and -O`level`, with
  * `rule` (a --precision rule) when given; NULL on errors */
-static Graph *compile_model(Arena *a, const char *path, int level, const char *rule) {
+static Graph *compile_model_choosing(Arena *a, const char *path, int level, const char *rule, const Choice *choice) {
     BuildOptions o;
     memset(&o, 0, sizeof o);
+    o.choices = choice;
+    o.n_choices = choice ? 1 : 0;
     o.front.batch = 2;
     o.front.seq = 64;
     o.passes.opt_level = level;
@@ -69,6 +71,10 @@ static Graph *compile_model(Arena *a, const char *path, int level, const char *r
     diag_reset();
     Graph *g = pipeline_compile(a, path, &o);
     return g && !diag_error_count() ? g : NULL;
+}
+
+static Graph *compile_model(Arena *a, const char *path, int level, const char *rule) {
+    return compile_model_choosing(a, path, level, rule, NULL);
 }
 
 /* gpt2_tiny through the whole pipeline (compile_model), asserted to compile */
@@ -275,16 +281,17 @@ static void test_producer_quantize_plan(void **state) {
  *  - -O1 with delayed scaling: the c_fc GEMM writes the GELU's e4m3 copy through the delayed
  *    scale and leaves its amax for the history, whose record runs right after it over that
  *    one value; the GELU, its copy and its record run nothing of their own.
- * FP8C_CUDA_GELU_EPILOGUES=0 turns all of it off. */
+ * The choice fuse.gemm_gelu=0 (a tuning record's, or --choice) turns all of it off. */
 typedef struct {
     int gelu, dgelu, fp8_result;
 } GeluCount;
 
-static GeluCount count_gelu_epilogues(int level, const char *rule) {
+static GeluCount count_gelu_epilogues(int level, const char *rule, bool gelu_off) {
     GeluCount c = {0};
     Arena *a = arena_new();
     char why[512];
     Graph *g = tiny_model(a, level, rule);
+    if (gelu_off) ir_set_choice(g, "fuse.gemm_gelu", "0");
     CuNodePlan *plain = cuda_plan_graph(g, a, why, sizeof why);
     assert_non_null(plain);
     CuNodePlan *fused = cuda_plan_epilogues(g, plain, a);
@@ -349,21 +356,76 @@ static GeluCount count_gelu_epilogues(int level, const char *rule) {
 
 static void test_gelu_epilogue_plan(void **state) {
     (void)state;
-    GeluCount o0 = count_gelu_epilogues(0, NULL);
+    GeluCount o0 = count_gelu_epilogues(0, NULL, false);
     assert_int_equal(o0.gelu, 4);
     assert_int_equal(o0.fp8_result, 0);
     assert_int_equal(o0.dgelu, 4);
-    GeluCount o1 = count_gelu_epilogues(1, NULL);
+    GeluCount o1 = count_gelu_epilogues(1, NULL, false);
     assert_int_equal(o1.gelu, 0);
     assert_int_equal(o1.dgelu, 0);
-    GeluCount delayed = count_gelu_epilogues(1, "gemm:*=e4m3:delayed16");
+    GeluCount delayed = count_gelu_epilogues(1, "gemm:*=e4m3:delayed16", false);
     assert_int_equal(delayed.gelu, 4);
     assert_int_equal(delayed.fp8_result, 4);
     assert_int_equal(delayed.dgelu, 0);
-    setenv("FP8C_CUDA_GELU_EPILOGUES", "0", 1);
-    GeluCount off = count_gelu_epilogues(0, NULL);
-    unsetenv("FP8C_CUDA_GELU_EPILOGUES");
+    GeluCount off = count_gelu_epilogues(0, NULL, true);
     assert_int_equal(off.gelu + off.dgelu, 0);
+}
+
+/* The kernel program of g as text: every node's launches, their functions and bodies, the
+ * nodes each plan absorbed or fused. */
+static char *program_text(Graph *g, Arena *a) {
+    char why[512];
+    CuNodePlan *plain = cuda_plan_graph(g, a, why, sizeof why);
+    assert_non_null(plain);
+    CuNodePlan *plans = cuda_plan_epilogues(g, plain, a);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const CuNodePlan *p = &plans[i];
+        fprintf(f, "%d: %d launches, %d absorbed, %d members", i, p->n_launch, p->n_absorbed, p->n_members);
+        for (int k = 0; k < p->n_launch; k++)
+            fprintf(f, " [%s %s %lld %lld %lld]", p->launch[k].fn, p->launch[k].body, (long long)p->launch[k].args.i[0],
+                    (long long)p->launch[k].args.i[1], (long long)p->launch[k].args.i[2]);
+        fputc('\n', f);
+    }
+    fclose(f);
+    return buf;
+}
+
+/* Each fusion of the CUDA plan has a switch in the graph's choice table (the tuner's hook in
+ * spec.c): turned off, the program of gpt2_tiny changes at some level (and is the default's
+ * when left on), and it still compiles. */
+static void test_fusion_switches(void **state) {
+    (void)state;
+    static const char *const kinds[] = {"fuse.producer_quantizes", "fuse.bias_grads", "fuse.group_quantizes",
+                                        "fuse.ce_lse", "fuse.gemm_epilogues", "fuse.gemm_gelu"};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        int changed_at = -1;
+        for (int level = 0; level <= 3 && changed_at < 0; level++) {
+            Arena *a = arena_new();
+            /* the loss's backward runs right after its forward where the loss is in chunks */
+            char path[4500];
+            snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+            Choice chunks = {"loss.chunks", "2"};
+            Graph *g = compile_model_choosing(a, path, level, NULL, !strcmp(kinds[k], "fuse.ce_lse") ? &chunks : NULL);
+            assert_non_null(g);
+            char *on = program_text(g, a);
+            ir_set_choice(g, kinds[k], "1");
+            char *on_again = program_text(g, a);
+            assert_string_equal(on, on_again);
+            ir_set_choice(g, kinds[k], "0");
+            char *off = program_text(g, a);
+            if (strcmp(on, off)) {
+                changed_at = level;
+                assert_module_compiles(g);
+            }
+            free(on), free(on_again), free(off);
+            arena_free(a);
+        }
+        printf("  %s=0 changes gpt2_tiny's program at -O%d\n", kinds[k], changed_at);
+        assert_true(changed_at >= 0);
+    }
 }
 
 int main(void) {
@@ -375,6 +437,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_grouped_scales_plan),
                                        cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
+                                       cmocka_unit_test(test_fusion_switches),
                                        cmocka_unit_test(test_every_model_every_level)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

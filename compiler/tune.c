@@ -1,0 +1,628 @@
+/* tune.c — `fp8c tune`: the kernel program's choices, measured on the device and recorded.
+ *
+ * The compiler decides the kernel program by rules (how many chunks the loss runs in, which
+ * producers quantize their own output, which GEMMs take their epilogue), and the runtime by
+ * defaults (the threads, the CPU's tile path, cuBLASLt's first heuristic algorithm). Rules are
+ * right on average; a measurement on the device at the real shapes is right for this model.
+ * This file measures and writes the tuning record (tune_record.c); `fp8c build --tune FILE`
+ * then builds with the winners, and the binary runs them with no timing of its own.
+ *
+ * How a candidate is measured: the training binary itself runs a few steps on a fixed text (a
+ * deterministic pseudo-random byte stream, so that every run trains on the same batches from
+ * the same initial weights), logging every step's time and loss (--log, JSON lines). The first
+ * `warmup` steps are dropped; the median of the rest is the candidate's time, their minimum and
+ * maximum its spread. The default of every point is timed again beside that point's other
+ * candidates (a machine's speed drifts over minutes, and a shared one's more), and so is the
+ * default binary beside the final one with every winner. Its losses are compared with the default's, step by step: a candidate
+ * whose relative difference exceeds the tolerance is recorded as not ok and cannot win. A
+ * candidate wins only when its median beats the default's by more than the noise (both
+ * spreads' larger half-width, and at least 1%): otherwise the default stays, so that a record
+ * never trades a known rule for a coin toss.
+ *
+ * The choice points (names as in the choice table, ir_choice; docs/tuning.md):
+ *  - run-time choices, timed on one binary through the environment that overrides them:
+ *    cpu.threads, cpu.tiles, cpu.task_work (runtime/tune.c);
+ *  - on a GPU, the cuBLASLt algorithm of every GEMM problem: the binary's tuning mode (FP8C_TUNE_GEMMS=FILE,
+ *    cuda/exec.c) times a wide heuristic list on the real operands, checks each algorithm's
+ *    output against the default's, and reports them per GEMM;
+ *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c) and, on a
+ *    GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec.c).
+ * Each point is measured against the defaults of all the others, one at a time; the winners
+ * are then built together and timed once more (the record's tuned_step_ms), and that build's
+ * losses are checked too. Points are taken cheapest first, and when the budget (--budget
+ * seconds) runs out the remaining ones keep their defaults, marked as not measured.
+ *
+ * With --memory-budget GiB a candidate whose memory plan peaks above the budget is not run and
+ * cannot win, and a default above it loses to the fastest candidate that fits; when the
+ * winners together still do not fit, each point's candidate of the smallest peak is taken
+ * instead, and when even that set does not fit, one line says the smallest peak reached.
+ *
+ * Progress goes to stderr, a line per candidate: which point, how many are left, the time so
+ * far. */
+#include "compiler.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rt.h"
+
+#define TUNE_MAX_STEPS 64
+#define TUNE_MAX_POINTS 512
+#define TUNE_MAX_CHOICES 1024
+
+/* One timed run of a binary. */
+typedef struct {
+    bool ran;
+    int n;                          /* steps logged */
+    double ms[TUNE_MAX_STEPS], loss[TUNE_MAX_STEPS];
+    double median, min, max;        /* over the steps after the warm-up */
+} Run;
+
+typedef struct {
+    const TuneRequest *q;
+    char *dir, *data;
+    int n_runs;
+    double t0;
+    Run base;                       /* every default */
+    int64_t base_peak;              /* its memory plan's peak, bytes */
+    TuneRecord rec;
+} Tuner;
+
+static bool fits(const Tuner *t, int64_t peak) { return !t->q->memory_budget || (double)peak <= t->q->memory_budget; }
+
+/* bytes for people: GiB from 1 GiB up, else MiB */
+typedef struct { char s[32]; } Size;
+static Size size_of(double bytes)
+{
+    Size z;
+    if (bytes >= 1073741824.0) snprintf(z.s, sizeof z.s, "%.2f GiB", bytes / 1073741824.0);
+    else snprintf(z.s, sizeof z.s, "%.1f MiB", bytes / 1048576.0);
+    return z;
+}
+
+static char *tune_path(const Tuner *t, const char *name)
+{
+    size_t n = strlen(t->dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", t->dir, name);
+    return p;
+}
+
+/* The text every run trains on: bytes of a fixed xorshift stream, enough for the steps. */
+static bool write_data(const char *path, int64_t bytes)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return false;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < bytes; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        fputc((int)(x >> 56), f);
+    }
+    return fclose(f) == 0;
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Runs bin for the tuner's steps with env (NAME=VALUE strings) added; its output goes to a file
+ * whose tail is shown when the run fails. */
+static bool run_binary(Tuner *t, const char *bin, const char *const *env, int n_env, Run *r)
+{
+    memset(r, 0, sizeof *r);
+    char name[32];
+    snprintf(name, sizeof name, "run%d.log", t->n_runs);
+    char *log = tune_path(t, name);
+    snprintf(name, sizeof name, "run%d.out", t->n_runs++);
+    char *out = tune_path(t, name);
+    char steps[16];
+    snprintf(steps, sizeof steps, "%d", t->q->steps);
+    char *argv[] = {(char *)bin, "--data", t->data, "--steps", steps, "--log", log, "--eval-every", "0",
+                    "--eval-batches", "1", "--device", (char *)t->q->device, "--seed", "1", NULL};
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        for (int i = 0; i < n_env; i++) putenv((char *)env[i]);
+        execv(bin, argv);
+        _exit(127);
+    }
+    int status = 0;
+    bool ok = pid > 0;
+    while (ok && waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) ok = false;
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    while (f && r->n < TUNE_MAX_STEPS && fgets(line, sizeof line, f)) {
+        const char *ms = strstr(line, "\"ms\":"), *loss = strstr(line, "\"loss\":");
+        if (!ms || !loss) continue;
+        r->ms[r->n] = strtod(ms + 5, NULL);
+        r->loss[r->n] = strncmp(loss + 7, "null", 4) ? strtod(loss + 7, NULL) : NAN;
+        r->n++;
+    }
+    if (f) fclose(f);
+    int from = t->q->warmup < r->n ? t->q->warmup : 0;
+    if (ok && r->n > from) {
+        double sorted[TUNE_MAX_STEPS];
+        int k = r->n - from;
+        memcpy(sorted, r->ms + from, sizeof *sorted * (size_t)k);
+        qsort(sorted, (size_t)k, sizeof *sorted, compare_doubles);
+        r->median = k % 2 ? sorted[k / 2] : (sorted[k / 2 - 1] + sorted[k / 2]) / 2;
+        r->min = sorted[0];
+        r->max = sorted[k - 1];
+        r->ran = true;
+    } else {
+        fprintf(stderr, "fp8c: tune: %s did not run (exit status %d); its last lines:\n", bin,
+                WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        FILE *o = fopen(out, "r");
+        char tail[8][512];
+        int n = 0;
+        while (o && fgets(tail[n % 8], sizeof tail[0], o)) n++;
+        for (int i = n > 8 ? n - 8 : 0; i < n; i++) fprintf(stderr, "  %s", tail[i % 8]);
+        if (o) fclose(o);
+    }
+    unlink(log);
+    unlink(out);
+    free(log);
+    free(out);
+    return r->ran;
+}
+
+/* The largest relative difference of r's losses from the default run's. */
+static double loss_diff(const Run *base, const Run *r)
+{
+    double worst = 0;
+    int n = base->n < r->n ? base->n : r->n;
+    if (n < base->n) return INFINITY;
+    for (int i = 0; i < n; i++) {
+        double a = base->loss[i], b = r->loss[i];
+        if (isnan(a) != isnan(b)) return INFINITY;
+        if (isnan(a)) continue;
+        double d = fabs(a - b) / fmax(fabs(a), 1e-6);
+        if (d > worst) worst = d;
+    }
+    return worst;
+}
+
+static double elapsed(const Tuner *t) { return build_clock() - t->t0; }
+
+static TunePoint *add_point(Tuner *t, const char *name, const char *what, const char *dflt)
+{
+    if (t->rec.n_points == TUNE_MAX_POINTS) return NULL;
+    TunePoint *p = &t->rec.points[t->rec.n_points++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    snprintf(p->what, sizeof p->what, "%s", what);
+    snprintf(p->dflt, sizeof p->dflt, "%s", dflt);
+    snprintf(p->winner, sizeof p->winner, "%s", dflt);
+    return p;
+}
+
+static TuneCandidate *add_candidate(TunePoint *p, const char *value)
+{
+    for (int i = 0; i < p->n_cand; i++)
+        if (!strcmp(p->cand[i].value, value)) return NULL;
+    if (p->n_cand == TUNE_MAX_CANDIDATES) return NULL;
+    TuneCandidate *c = &p->cand[p->n_cand++];
+    memset(c, 0, sizeof *c);
+    snprintf(c->value, sizeof c->value, "%s", value);
+    c->median = c->min = c->max = -1;
+    return c;
+}
+
+static void fill_candidate(TuneCandidate *c, const Run *r, const Run *base, double tolerance)
+{
+    if (!r->ran) {
+        snprintf(c->note, sizeof c->note, "did not run");
+        return;
+    }
+    c->median = r->median, c->min = r->min, c->max = r->max;
+    c->max_rel_diff = loss_diff(base, r);
+    c->ok = c->max_rel_diff <= tolerance;
+    if (!c->ok) snprintf(c->note, sizeof c->note, "losses differ from the default's by %.3g", c->max_rel_diff);
+}
+
+/* The winner: the fastest ok candidate, if it beats the default by more than the noise. */
+static void pick_winner(TunePoint *p)
+{
+    const TuneCandidate *def = NULL, *best = NULL;
+    for (int i = 0; i < p->n_cand; i++) {
+        const TuneCandidate *c = &p->cand[i];
+        if (!strcmp(c->value, p->dflt)) def = c;
+        if (c->ok && c->median >= 0 && (!best || c->median < best->median)) best = c;
+    }
+    snprintf(p->winner, sizeof p->winner, "%s", p->dflt);
+    if (best && def && !def->ok) {   /* the default does not fit the memory budget */
+        snprintf(p->winner, sizeof p->winner, "%s", best->value);
+        return;
+    }
+    if (!best || !def || best == def || def->median < 0) return;
+    double noise = fmax((def->max - def->min) / 2, (best->max - best->min) / 2);
+    noise = fmax(noise, 0.01 * def->median);
+    if (def->median - best->median > noise) snprintf(p->winner, sizeof p->winner, "%s", best->value);
+}
+
+static void progress(const Tuner *t, const TunePoint *p, const TuneCandidate *c, int left)
+{
+    if (c->median >= 0)
+        build_progress("tune: %s=%s: %.2f ms (%.2f..%.2f), loss diff %.2g%s; %d left, %.0f s", p->name,
+                       c->label[0] ? c->label : c->value, c->median, c->min, c->max, c->max_rel_diff,
+                       c->ok ? "" : " (rejected)", left, elapsed(t));
+    else
+        build_progress("tune: %s=%s: %s; %d left, %.0f s", p->name, c->value, c->note, left, elapsed(t));
+}
+
+/* ---------------------------------------------------------------- run-time points */
+
+typedef struct {
+    const char *name, *what, *env;
+    char dflt[32];
+    char values[8][32];
+    int n;
+} EnvPoint;
+
+static int env_points(const Tuner *t, EnvPoint *out)
+{
+    int n = 0;
+    if (strcmp(t->q->device, "cpu")) return 0;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus < 1) cpus = 1;
+    EnvPoint *p = &out[n++];
+    *p = (EnvPoint){.name = "cpu.threads", .what = "threads of the CPU kernels and GEMMs", .env = "FP8C_THREADS"};
+    snprintf(p->dflt, sizeof p->dflt, "%ld", cpus);
+    for (long k = cpus; k >= 1 && p->n < 4; k = k > 1 ? k / 2 : 0) snprintf(p->values[p->n++], 32, "%ld", k);
+
+    char desc[512];
+    tune_cpu_description(desc, sizeof desc);
+    bool amx = strstr(desc, " amx_tile") && strstr(desc, " avx512f");
+    bool dot = strstr(desc, " avx512_bf16") != NULL;
+    p = &out[n++];
+    *p = (EnvPoint){.name = "cpu.tiles", .what = "tile path of the CPU GEMMs and attention", .env = "FP8C_CPU_TILES"};
+    snprintf(p->dflt, sizeof p->dflt, "%s", amx ? "amx" : dot ? "bf16dot" : "off");
+    if (amx) snprintf(p->values[p->n++], 32, "amx");
+    if (dot) snprintf(p->values[p->n++], 32, "bf16dot");
+    snprintf(p->values[p->n++], 32, "off");
+    if (p->n < 2) n--;   /* one path: nothing to choose */
+
+    p = &out[n++];
+    *p = (EnvPoint){.name = "cpu.task_work", .what = "operations per task of the CPU loop kernels",
+                    .env = "FP8C_CPU_TASK_WORK"};
+    snprintf(p->dflt, sizeof p->dflt, "16384");
+    static const char *const work[] = {"16384", "4096", "65536"};
+    for (int i = 0; i < 3; i++) snprintf(p->values[p->n++], 32, "%s", work[i]);
+    return n;
+}
+
+static void measure_env_point(Tuner *t, const char *bin, const EnvPoint *e, int *left)
+{
+    TunePoint *p = add_point(t, e->name, e->what, e->dflt);
+    if (!p) return;
+    for (int i = 0; i < e->n; i++) {
+        TuneCandidate *c = add_candidate(p, e->values[i]);
+        if (!c) continue;
+        c->peak = t->base_peak;   /* run-time choices leave the memory plan as it is */
+        (*left)--;
+        if (elapsed(t) > t->q->budget_s) {
+            snprintf(c->note, sizeof c->note, "not measured: the budget ran out");
+            progress(t, p, c, *left);
+            continue;
+        } else {   /* the default too, set explicitly: timed beside its rivals */
+            char env[96];
+            snprintf(env, sizeof env, "%s=%s", e->env, e->values[i]);
+            const char *envs[] = {env};
+            Run r;
+            run_binary(t, bin, envs, 1, &r);
+            fill_candidate(c, &r, &t->base, t->q->tolerance);
+        }
+        p->measured = true;
+        progress(t, p, c, *left);
+    }
+    pick_winner(p);
+}
+
+/* ---------------------------------------------------------------- build-time points */
+
+typedef struct {
+    const char *name, *what;
+    char dflt[32];
+    char values[8][32];
+    int n;
+} BuildPoint;
+
+static int build_points(const Tuner *t, BuildPoint *out)
+{
+    int n = 0;
+    BuildPoint *p = &out[n++];
+    *p = (BuildPoint){.name = "loss.chunks", .what = "row chunks of the output head and its loss"};
+    int64_t d = t->q->default_chunks > 0 ? t->q->default_chunks : 1;
+    snprintf(p->dflt, sizeof p->dflt, "%lld", (long long)d);
+    int64_t vals[] = {d, d > 1 ? d / 2 : 2, 2 * d, d > 1 ? 1 : 4, 4 * d};
+    for (int i = 0; i < 5 && p->n < 4; i++) {
+        bool dup = false;
+        for (int k = 0; k < p->n; k++) dup |= atoll(p->values[k]) == vals[i];
+        if (!dup && vals[i] >= 1 && vals[i] <= 256) snprintf(p->values[p->n++], 32, "%lld", (long long)vals[i]);
+    }
+    if (!strcmp(t->q->device, "cuda")) {
+        static const struct { const char *name, *what; } fusions[] = {
+            {"fuse.producer_quantizes", "a layernorm or GELU writes its FP8 copy itself"},
+            {"fuse.bias_grads", "bias gradients summed inside the quantize of dy"},
+            {"fuse.group_quantizes", "per-group scales made inside the quantize"},
+            {"fuse.ce_lse", "the loss's backward reuses the forward's logsumexp"},
+            {"fuse.gemm_epilogues", "bias, residual, scaling and FP8 output in the GEMM's epilogue"},
+            {"fuse.gemm_gelu", "GELU in the GEMM's epilogue"},
+        };
+        for (size_t i = 0; i < sizeof fusions / sizeof *fusions; i++) {
+            p = &out[n++];
+            *p = (BuildPoint){.name = fusions[i].name, .what = fusions[i].what, .dflt = "1", .n = 2};
+            snprintf(p->values[0], 32, "1");
+            snprintf(p->values[1], 32, "0");
+        }
+    }
+    return n;
+}
+
+static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint *b, int *left)
+{
+    TunePoint *p = add_point(t, b->name, b->what, b->dflt);
+    if (!p) return;
+    for (int i = 0; i < b->n; i++) {
+        TuneCandidate *c = add_candidate(p, b->values[i]);
+        if (!c) continue;
+        (*left)--;
+        if (elapsed(t) > t->q->budget_s) {
+            snprintf(c->note, sizeof c->note, "not measured: the budget ran out");
+            progress(t, p, c, *left);
+            continue;
+        } else if (!strcmp(b->values[i], b->dflt)) {   /* the default binary, timed again now */
+            Run r;
+            run_binary(t, base_bin, NULL, 0, &r);
+            fill_candidate(c, &r, &t->base, t->q->tolerance);
+            c->peak = t->base_peak;
+        } else {
+            char name[64];
+            snprintf(name, sizeof name, "cand%d", t->n_runs++);
+            char *bin = tune_path(t, name);
+            Choice ch = {b->name, b->values[i]};
+            Run r = {0};
+            if (!bin || !t->q->build(t->q->ctx, &ch, 1, bin, &c->peak)) snprintf(c->note, sizeof c->note, "did not build");
+            else if (!fits(t, c->peak)) snprintf(c->note, sizeof c->note, "not run: its peak is over the memory budget");
+            else run_binary(t, bin, NULL, 0, &r);
+            if (bin) unlink(bin);
+            free(bin);
+            if (!c->note[0]) fill_candidate(c, &r, &t->base, t->q->tolerance);
+        }
+        if (c->ok && !fits(t, c->peak)) {
+            c->ok = false;
+            snprintf(c->note, sizeof c->note, "its memory plan's peak, %s, is over the budget", size_of((double)c->peak).s);
+        }
+        p->measured = true;
+        progress(t, p, c, *left);
+    }
+    pick_winner(p);
+}
+
+/* ---------------------------------------------------------------- GEMM algorithms (GPU) */
+
+/* The binary's tuning mode writes {"device": {...}, "gemms": [{"name", "what", "default",
+ * "candidates": [{"value", "label", "median", "min", "max", "max_rel_diff", "ok"}]}]}
+ * (cuda/exec.c), an entry per GEMM problem (gemm.KEY: every GEMM of the step with the same
+ * shapes, types, layouts, epilogue and alignments). Each becomes a point; its winner is picked
+ * as any other's. */
+static bool measure_gemms(Tuner *t, const char *bin)
+{
+    char *report = tune_path(t, "gemms.json");
+    if (!report) return false;
+    size_t n = strlen(report) + 32;
+    char *env = malloc(n);
+    snprintf(env, n, "FP8C_TUNE_GEMMS=%s", report);
+    const char *envs[] = {env};
+    Run r;
+    build_progress("tune: timing every GEMM's cuBLASLt algorithms (%.0f s so far)", elapsed(t));
+    bool ok = run_binary(t, bin, envs, 1, &r);
+    Jv root;
+    memset(&root, 0, sizeof root);
+    if (ok) ok = rt_json_read(report, &root);
+    const Jv *dev = ok ? rt_json_get(&root, "device") : NULL, *gemms = ok ? rt_json_get(&root, "gemms") : NULL;
+    const Jv *desc = rt_json_get(dev, "description");
+    if (ok && (!desc || desc->kind != JV_STR || !gemms || gemms->kind != JV_ARR)) {
+        fprintf(stderr, "fp8c: error: %s: the binary's GEMM report lacks \"device\" or \"gemms\"\n", bin);
+        ok = false;
+    }
+    if (ok) {
+        snprintf(t->rec.device_description, sizeof t->rec.device_description, "%s", desc->str);
+        tune_device_fingerprint(t->rec.device_description, t->rec.device_id);
+    }
+    for (int i = 0; ok && i < gemms->n; i++) {
+        const Jv *gv = &gemms->items[i], *name = rt_json_get(gv, "name"), *what = rt_json_get(gv, "what");
+        const Jv *dflt = rt_json_get(gv, "default"), *cands = rt_json_get(gv, "candidates");
+        if (!name || name->kind != JV_STR || !dflt || dflt->kind != JV_STR || !cands || cands->kind != JV_ARR ||
+            !ir_choice_name_ok(name->str) || !ir_choice_value_ok(dflt->str))
+            continue;
+        TunePoint *p = add_point(t, name->str, what && what->kind == JV_STR ? what->str : "", dflt->str);
+        if (!p) break;
+        p->per_gemm = true;
+        p->measured = true;
+        for (int k = 0; k < cands->n; k++) {
+            const Jv *cv = &cands->items[k], *val = rt_json_get(cv, "value");
+            if (!val || val->kind != JV_STR || !ir_choice_value_ok(val->str)) continue;
+            TuneCandidate *c = add_candidate(p, val->str);
+            if (!c) continue;
+            const Jv *label = rt_json_get(cv, "label"), *okv = rt_json_get(cv, "ok");
+            if (label && label->kind == JV_STR) snprintf(c->label, sizeof c->label, "%s", label->str);
+            const Jv *x;
+            if ((x = rt_json_get(cv, "median")) && x->kind == JV_NUM) c->median = x->num;
+            if ((x = rt_json_get(cv, "min")) && x->kind == JV_NUM) c->min = x->num;
+            if ((x = rt_json_get(cv, "max")) && x->kind == JV_NUM) c->max = x->num;
+            if ((x = rt_json_get(cv, "max_rel_diff")) && x->kind == JV_NUM) c->max_rel_diff = x->num;
+            c->ok = okv && okv->kind == JV_BOOL && okv->num != 0 && c->median >= 0;
+        }
+        pick_winner(p);   /* stored even when it is the default: the binary then times nothing */
+    }
+    if (ok)
+        build_progress("tune: %d GEMMs timed on %s (%.0f s so far)", gemms->n, t->rec.device_description,
+                       elapsed(t));
+    rt_json_free(&root);
+    unlink(report);
+    free(report);
+    free(env);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- the command */
+
+int tune_run(const TuneRequest *q)
+{
+    if (access(q->output, F_OK) == 0) {
+        fprintf(stderr, "fp8c: error: %s already exists; tune writes a new record (remove it or give "
+                        "another -o)\n", q->output);
+        return 1;
+    }
+    Tuner t = {.q = q, .t0 = build_clock()};
+    TuneRecord *rec = &t.rec;
+    rec->points = calloc(TUNE_MAX_POINTS, sizeof *rec->points);
+    const char *base_tmp = getenv("TMPDIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/fp8c-tune-XXXXXX", base_tmp && *base_tmp ? base_tmp : "/tmp");
+    if (!rec->points || !mkdtemp(dir)) {
+        fprintf(stderr, "fp8c: error: cannot create a temp directory: %s\n", strerror(errno));
+        free(rec->points);
+        return 1;
+    }
+    t.dir = dir;
+    int status = 1;
+    char *base_bin = tune_path(&t, "base"), *tuned_bin = tune_path(&t, "tuned");
+    t.data = tune_path(&t, "data.txt");
+
+    snprintf(rec->fp8c_version, sizeof rec->fp8c_version, "%s", q->version);
+    snprintf(rec->device_kind, sizeof rec->device_kind, "%s", q->device);
+    snprintf(rec->model_file, sizeof rec->model_file, "%s", q->model);
+    if (!tune_model_key(q->model, q->flags, q->n_flags, rec->model_hash, rec->model_flags, sizeof rec->model_flags))
+        goto out;
+    if (!strcmp(q->device, "cpu")) {
+        tune_cpu_description(rec->device_description, sizeof rec->device_description);
+        tune_device_fingerprint(rec->device_description, rec->device_id);
+    }
+    rec->steps = q->steps, rec->warmup = q->warmup, rec->tolerance = q->tolerance, rec->budget_s = q->budget_s;
+    /* text for the steps, and for the evaluation at the end the last 5%: more than one batch */
+    if (!write_data(t.data, q->tokens_per_step * (q->steps + 4) * 3 + 4096)) {
+        fprintf(stderr, "fp8c: error: %s: cannot write the tuning data\n", t.data);
+        goto out;
+    }
+
+    /* the defaults */
+    build_progress("tune: building %s with the default choices", q->model);
+    if (!q->build(q->ctx, NULL, 0, base_bin, &t.base_peak)) goto out;
+    rec->default_peak = rec->tuned_peak = t.base_peak;
+    rec->memory_budget = q->memory_budget;
+    if (!fits(&t, t.base_peak))
+        build_progress("tune: the defaults' memory plan peaks at %s, over the budget of %s",
+                       size_of((double)t.base_peak).s, size_of(q->memory_budget).s);
+    if (!strcmp(q->device, "cuda") && !measure_gemms(&t, base_bin)) goto out;
+    /* a first run warms what a first run warms (page cache, clocks, the driver), untimed */
+    if (!run_binary(&t, base_bin, NULL, 0, &t.base) || !run_binary(&t, base_bin, NULL, 0, &t.base)) goto out;
+    rec->default_ms = t.base.median;
+    build_progress("tune: defaults: %.2f ms a step (%.2f..%.2f) over %d steps; %.0f s", t.base.median,
+                   t.base.min, t.base.max, t.base.n - q->warmup, elapsed(&t));
+
+    EnvPoint envs[8];
+    BuildPoint builds[16];
+    int n_env = env_points(&t, envs), n_build = build_points(&t, builds), left = 0;
+    for (int i = 0; i < n_env; i++) left += envs[i].n;
+    for (int i = 0; i < n_build; i++) left += builds[i].n;
+    for (int i = 0; i < n_env; i++) measure_env_point(&t, base_bin, &envs[i], &left);
+    for (int i = 0; i < n_build; i++) measure_build_point(&t, base_bin, &builds[i], &left);
+
+    /* the winners together */
+    Choice *choices = calloc(TUNE_MAX_CHOICES, sizeof *choices);
+    int n_choices = choices ? tune_record_choices(rec, choices, TUNE_MAX_CHOICES) : 0;
+    rec->tuned_ms = rec->default_ms;
+    bool any = false;
+    for (int i = 0; i < rec->n_points; i++) any |= strcmp(rec->points[i].winner, rec->points[i].dflt) != 0;
+    if (any || !fits(&t, t.base_peak)) {
+        build_progress("tune: building with the winners");
+        Run r, again;
+        int64_t peak = 0;
+        if (!q->build(q->ctx, choices, n_choices, tuned_bin, &peak)) {
+            free(choices);
+            goto out;
+        }
+        if (!fits(&t, peak)) {
+            /* the fastest set does not fit: each point's candidate of the smallest peak */
+            for (int i = 0; i < rec->n_points; i++) {
+                TunePoint *p = &rec->points[i];
+                const TuneCandidate *least = NULL;
+                for (int k = 0; k < p->n_cand; k++)
+                    if (p->cand[k].peak > 0 && (!least || p->cand[k].peak < least->peak)) least = &p->cand[k];
+                if (least && least->peak < t.base_peak) snprintf(p->winner, sizeof p->winner, "%s", least->value);
+            }
+            n_choices = tune_record_choices(rec, choices, TUNE_MAX_CHOICES);
+            build_progress("tune: the fastest set peaks at %s, over the budget; building the smallest",
+                           size_of((double)peak).s);
+            if (!q->build(q->ctx, choices, n_choices, tuned_bin, &peak)) {
+                free(choices);
+                goto out;
+            }
+            if (!fits(&t, peak)) {
+                fprintf(stderr, "fp8c: error: nothing tried fits the memory budget of %s: the smallest memory "
+                                "plan peak reached is %s (the defaults': %s); no record written\n",
+                        size_of(q->memory_budget).s, size_of((double)peak).s, size_of((double)t.base_peak).s);
+                free(choices);
+                goto out;
+            }
+        }
+        rec->tuned_peak = peak;
+        if (!run_binary(&t, base_bin, NULL, 0, &again) || !run_binary(&t, tuned_bin, NULL, 0, &r)) {
+            free(choices);
+            goto out;
+        }
+        double d = loss_diff(&t.base, &r);
+        if (d > q->tolerance) {
+            fprintf(stderr, "fp8c: error: the winners together change the losses by %.3g (tolerance %g); "
+                            "no record written\n", d, q->tolerance);
+            free(choices);
+            goto out;
+        }
+        rec->default_ms = again.median;   /* the two timed one after the other */
+        rec->tuned_ms = r.median;
+        double noise = fmax(fmax((again.max - again.min) / 2, (r.max - r.min) / 2), 0.01 * again.median);
+        if (r.median - again.median > noise)
+            fprintf(stderr, "fp8c: note: the winners together ran slower than the defaults (%.2f against %.2f ms "
+                            "a step): the points were measured one at a time, and a busy machine's times vary; "
+                            "try more --tune-steps on a quiet one\n", r.median, again.median);
+        build_progress("tune: winners together: %.2f ms a step (%.2f..%.2f), peak %s; defaults %.2f ms, peak %s",
+                       r.median, r.min, r.max, size_of((double)rec->tuned_peak).s, rec->default_ms,
+                       size_of((double)rec->default_peak).s);
+    } else {
+        build_progress("tune: no candidate beat the defaults by more than the noise");
+    }
+    free(choices);
+    rec->elapsed_s = elapsed(&t);
+    if (!tune_record_write(rec, q->output)) goto out;
+    fprintf(stderr, "fp8c: wrote %s: %d choice points, %.2f -> %.2f ms a step, %.0f s\n", q->output,
+            rec->n_points, rec->default_ms, rec->tuned_ms, rec->elapsed_s);
+    status = 0;
+out:
+    if (base_bin) unlink(base_bin);
+    if (tuned_bin) unlink(tuned_bin);
+    if (t.data) unlink(t.data);
+    rmdir(dir);
+    free(base_bin);
+    free(tuned_bin);
+    free(t.data);
+    free(rec->points);
+    return status;
+}

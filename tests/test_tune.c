@@ -1,0 +1,428 @@
+/* test_tune.c — `fp8c tune` on the CPU, and its record reused by build and plan.
+ *
+ * What a user relies on: `fp8c tune` measures the model's choice points on the device and
+ * writes a record with every field docs/tuning.md names, and never over an existing file;
+ * `fp8c build --tune` builds with the record's winners, which the binary carries in its
+ * artifact; the binary then computes the same losses, bit for bit, on every run, and the same
+ * as a binary built with the same choices forced by hand (--choice); a record made for another
+ * model, fp8c version or device is refused with one line naming which (or, asked to, the
+ * defaults are built); a malformed record is one line and a failed build; `fp8c plan --tune`
+ * shows the winners beside the defaults.
+ *
+ * The model is gpt2_tiny cut down to one narrow layer, built without GPU kernels; the record is
+ * made once (setup) with a short budget and four steps a run. Records with chosen winners are
+ * written from the measured one, so that the reuse tests do not depend on which candidate
+ * happened to win on this machine. */
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include "rt.h"
+#include "test_files.h"
+
+static char fp8c[1024];
+static char model[1024];
+static const char *const model_flags = "-O1 -D layers=1 -D dim=64 --batch 2 --seq 32";
+static char env[600];
+
+static char *slurp_path(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+    fclose(f);
+    if (buf) buf[n] = 0;
+    return buf;
+}
+
+static char *slurp(const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    char *s = slurp_path(path);
+    if (!s) fail_msg("cannot read %s", path);
+    return s;
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/fp8c-test-tune-XXXXXX");
+    assert_non_null(mkdtemp(tmp_dir));
+    const char *e = getenv("FP8C");
+    snprintf(fp8c, sizeof fp8c, "%s", e && *e ? e : FP8C_BINARY_DIR "/fp8c");
+    snprintf(model, sizeof model, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+    snprintf(env, sizeof env, "FP8C_CACHE_DIR=%s/cache FP8C_GPU=0", tmp_dir);
+    int rc = run("tune", "%s %s tune %s %s --device cpu --budget 120 --tune-steps 4 -o %s/record.json", env,
+                 fp8c, model, model_flags, tmp_dir);
+    char *out = slurp("tune.out");
+    if (rc != 0) fail_msg("fp8c tune failed (%d):\n%s", rc, out);
+    /* progress: a line per candidate, with how many are left and the time so far */
+    assert_non_null(strstr(out, "fp8c: tune: cpu.threads="));
+    assert_non_null(strstr(out, " left, "));
+    assert_non_null(strstr(out, "fp8c: wrote "));
+    free(out);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    remove_tree(tmp_dir);
+    return 0;
+}
+
+static const Jv *get(const Jv *o, const char *key, JvKind kind) {
+    const Jv *v = rt_json_get(o, key);
+    if (!v || v->kind != kind) fail_msg("record: \"%s\" missing or of the wrong kind", key);
+    return v;
+}
+
+static bool is_hex(const char *s, size_t n) {
+    if (strlen(s) != n) return false;
+    for (; *s; s++)
+        if (!strchr("0123456789abcdef", *s)) return false;
+    return true;
+}
+
+static const Jv *find_choice(const Jv *choices, const char *name) {
+    for (int i = 0; i < choices->n; i++) {
+        const Jv *n = rt_json_get(&choices->items[i], "name");
+        if (n && n->kind == JV_STR && !strcmp(n->str, name)) return &choices->items[i];
+    }
+    return NULL;
+}
+
+/* The record names the device, fp8c, the model and flags, and per choice point its candidates,
+ * their times and a winner among them. */
+static void test_record_fields(void **state) {
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/record.json", tmp_dir);
+    Jv r;
+    assert_true(rt_json_read(path, &r));
+    assert_true(get(&r, "fp8c_tuning_record", JV_NUM)->num == 1);
+    assert_int_equal(run("version", "%s --version", fp8c), 0);
+    char *version = slurp("version.out");
+    version[strcspn(version, "\n")] = 0;
+    assert_string_equal(version + 5, get(&r, "fp8c_version", JV_STR)->str);
+    free(version);
+    const Jv *dev = get(&r, "device", JV_OBJ), *m = get(&r, "model", JV_OBJ);
+    assert_string_equal(get(dev, "kind", JV_STR)->str, "cpu");
+    assert_true(is_hex(get(dev, "id", JV_STR)->str, 16));
+    assert_non_null(strstr(get(dev, "description", JV_STR)->str, "threads"));
+    assert_true(is_hex(get(m, "hash", JV_STR)->str, 64));
+    assert_string_equal(get(m, "flags", JV_STR)->str, model_flags);
+    assert_true(get(get(&r, "method", JV_OBJ), "steps", JV_NUM)->num == 4);
+    assert_true(get(&r, "default_step_ms", JV_NUM)->num > 0);
+    assert_true(get(&r, "tuned_step_ms", JV_NUM)->num > 0);
+    const Jv *choices = get(&r, "choices", JV_ARR);
+    const char *want[] = {"cpu.threads", "cpu.task_work", "loss.chunks"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        if (!find_choice(choices, want[i])) fail_msg("record: no choice point %s", want[i]);
+    for (int i = 0; i < choices->n; i++) {
+        const Jv *c = &choices->items[i], *cands = get(c, "candidates", JV_ARR);
+        const char *dflt = get(c, "default", JV_STR)->str, *winner = get(c, "winner", JV_STR)->str;
+        get(c, "what", JV_STR);
+        bool measured = get(c, "measured", JV_BOOL)->num != 0;
+        bool have_default = false, have_winner = false;
+        assert_true(cands->n >= 2);
+        for (int k = 0; k < cands->n; k++) {
+            const Jv *cv = &cands->items[k];
+            const char *value = get(cv, "value", JV_STR)->str;
+            have_default |= !strcmp(value, dflt);
+            have_winner |= !strcmp(value, winner);
+            const Jv *med = rt_json_get(cv, "median");
+            if (med && med->kind == JV_NUM) {
+                double lo = get(cv, "min", JV_NUM)->num, hi = get(cv, "max", JV_NUM)->num;
+                assert_true(lo > 0 && lo <= med->num && med->num <= hi);
+                get(cv, "max_rel_diff", JV_NUM);
+            }
+            get(cv, "ok", JV_BOOL);
+        }
+        assert_true(have_default);
+        assert_true(have_winner);
+        if (!measured) assert_string_equal(dflt, winner);
+    }
+    rt_json_free(&r);
+}
+
+/* tune writes a new record and nothing else: an existing file stays as it was */
+static void test_tune_never_overwrites(void **state) {
+    (void)state;
+    char *before = slurp("record.json");
+    int rc = run("again", "%s %s tune %s %s --device cpu --budget 5 -o %s/record.json", env, fp8c, model,
+                 model_flags, tmp_dir);
+    assert_int_not_equal(rc, 0);
+    char *out = slurp("again.out"), *after = slurp("record.json");
+    assert_non_null(strstr(out, "already exists"));
+    assert_string_equal(before, after);
+    free(before), free(out), free(after);
+}
+
+/* A record like the measured one, with winners chosen here and keys optionally changed. */
+typedef struct {
+    const char *name, *dflt, *winner;
+} Pick;
+
+static void write_record_of(const char *kind, const char *name, const char *hash, const char *version,
+                            const char *device_id, const Pick *picks, int n_picks) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/record.json", tmp_dir);
+    Jv r;
+    assert_true(rt_json_read(path, &r));
+    const Jv *dev = get(&r, "device", JV_OBJ), *m = get(&r, "model", JV_OBJ);
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"fp8c_tuning_record\": 1, \"fp8c_version\": \"%s\",\n",
+            version ? version : get(&r, "fp8c_version", JV_STR)->str);
+    fprintf(f, " \"device\": {\"kind\": \"%s\", \"id\": \"%s\", \"description\": \"%s\"},\n", kind,
+            device_id ? device_id : get(dev, "id", JV_STR)->str, get(dev, "description", JV_STR)->str);
+    fprintf(f, " \"model\": {\"file\": \"%s\", \"flags\": \"%s\", \"hash\": \"%s\"},\n", get(m, "file", JV_STR)->str,
+            get(m, "flags", JV_STR)->str, hash ? hash : get(m, "hash", JV_STR)->str);
+    fputs(" \"default_step_ms\": 2.0, \"tuned_step_ms\": 1.0, \"choices\": [", f);
+    for (int i = 0; i < n_picks; i++)
+        fprintf(f, "%s\n  {\"name\": \"%s\", \"what\": \"\", \"default\": \"%s\", \"winner\": \"%s\", "
+                   "\"measured\": true, \"candidates\": [{\"value\": \"%s\", \"median\": 2.0, \"min\": 1.9, "
+                   "\"max\": 2.1, \"ok\": true}, {\"value\": \"%s\", \"median\": 1.0, \"min\": 0.9, \"max\": 1.1, "
+                   "\"ok\": true}]}",
+                i ? "," : "", picks[i].name, picks[i].dflt, picks[i].winner, picks[i].dflt, picks[i].winner);
+    fputs("]}\n", f);
+    fclose(f);
+    rt_json_free(&r);
+}
+
+static void write_record(const char *name, const char *hash, const char *version, const char *device_id,
+                         const Pick *picks, int n_picks) {
+    write_record_of("cpu", name, hash, version, device_id, picks, n_picks);
+}
+
+/* The losses a binary logs over a few steps, as the text of the log's "loss" fields. */
+static char *losses_of(const char *bin, const char *tag) {
+    char log[600];
+    snprintf(log, sizeof log, "%s/%s.jsonl", tmp_dir, tag);
+    int rc = run(tag, "%s/%s --data %s/README.md --steps 4 --log %s --eval-every 0 --eval-batches 1 --device cpu "
+                      "--seed 3", tmp_dir, bin, FP8C_SOURCE_DIR, log);
+    if (rc != 0) {
+        char out[300];
+        snprintf(out, sizeof out, "%s.out", tag);
+        fail_msg("%s did not run:\n%s", bin, slurp(out));
+    }
+    char *text = slurp_path(log);
+    assert_non_null(text);
+    char *losses = calloc(strlen(text) + 1, 1);
+    for (const char *p = text; (p = strstr(p, "\"loss\":")); p += 7) {
+        size_t n = strcspn(p + 7, ",}");
+        strncat(losses, p + 7, n);
+        strcat(losses, " ");
+    }
+    unlink(log);
+    free(text);
+    assert_true(strlen(losses) > 8);
+    return losses;
+}
+
+static void build_ok(const char *tag, const char *flags) {
+    int rc = run(tag, "%s %s build %s %s %s -o %s/%s", env, fp8c, model, model_flags, flags, tmp_dir, tag);
+    char out[300];
+    snprintf(out, sizeof out, "%s.out", tag);
+    if (rc != 0) fail_msg("fp8c build %s failed (%d):\n%s", flags, rc, slurp(out));
+}
+
+/* A record's winners reach the binary (its artifact's choice lines); it computes the same
+ * losses on every run, the same as a binary with those choices forced by hand, and not the
+ * defaults' (the loss in two chunks sums in another order). The measured record builds too. */
+static void test_reuse_is_bit_identical(void **state) {
+    (void)state;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    char threads[16];
+    snprintf(threads, sizeof threads, "%ld", cpus);
+    Pick picks[] = {{"loss.chunks", "1", "2"}, {"cpu.task_work", "16384", "4096"}, {"cpu.threads", threads, "1"}};
+    write_record("forced.json", NULL, NULL, NULL, picks, 3);
+    char flags[600];
+    snprintf(flags, sizeof flags, "--tune %s/forced.json --print-ir-after=fuse", tmp_dir);
+    build_ok("tuned_ir", flags);
+    char *ir = slurp("tuned_ir.out");
+    assert_non_null(strstr(ir, "\nchoice loss.chunks 2\n"));
+    assert_non_null(strstr(ir, "\nchoice cpu.task_work 4096\n"));
+    assert_non_null(strstr(ir, "\nchoice cpu.threads 1\n"));
+    free(ir);
+
+    snprintf(flags, sizeof flags, "--tune %s/forced.json", tmp_dir);
+    build_ok("tuned", flags);
+    build_ok("by_hand", "--choice loss.chunks=2 --choice cpu.task_work=4096 --choice cpu.threads=1");
+    build_ok("plain", "");
+    char *a = losses_of("tuned", "run_a"), *b = losses_of("tuned", "run_b");
+    char *h = losses_of("by_hand", "run_h"), *d = losses_of("plain", "run_d");
+    printf("  tuned: %s\n  by hand: %s\n  defaults: %s\n", a, h, d);
+    assert_string_equal(a, b);
+    assert_string_equal(a, h);
+    assert_string_not_equal(a, d);
+    free(a), free(b), free(h), free(d);
+
+    snprintf(flags, sizeof flags, "--tune %s/record.json", tmp_dir);
+    build_ok("measured", flags);
+    char *m1 = losses_of("measured", "run_m1"), *m2 = losses_of("measured", "run_m2");
+    assert_string_equal(m1, m2);
+    free(m1), free(m2);
+}
+
+/* Another model, fp8c or device: one line naming which, exit 1; --tune-mismatch=defaults
+ * builds on the defaults after a note. */
+static void test_mismatch_refused(void **state) {
+    (void)state;
+    Pick picks[] = {{"loss.chunks", "1", "2"}};
+    write_record("model.json", "0000000000000000000000000000000000000000000000000000000000000000", NULL, NULL,
+                 picks, 1);
+    write_record("version.json", NULL, "0.0.0-other", NULL, picks, 1);
+    write_record("device.json", NULL, NULL, "00000000deadbeef", picks, 1);
+    const char *files[] = {"model.json", "version.json", "device.json"};
+    const char *which[] = {"another model", "another fp8c version", "another device"};
+    for (int i = 0; i < 3; i++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "refused%d", i);
+        int rc = run(tag, "%s %s build %s %s --tune %s/%s -o %s/%s", env, fp8c, model, model_flags, tmp_dir,
+                     files[i], tmp_dir, tag);
+        char out[300];
+        snprintf(out, sizeof out, "%s.out", tag);
+        char *text = slurp(out);
+        if (rc != 1 || !strstr(text, which[i]) || count_lines(text) != 1)
+            fail_msg("%s: want one line naming %s and status 1, got %d:\n%s", files[i], which[i], rc, text);
+        free(text);
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", tmp_dir, tag);
+        assert_int_not_equal(access(path, F_OK), 0);   /* no binary */
+
+        snprintf(tag, sizeof tag, "defaults%d", i);
+        rc = run(tag, "%s %s build %s %s --tune %s/%s --tune-mismatch=defaults --print-ir-after=fuse -o %s/%s",
+                 env, fp8c, model, model_flags, tmp_dir, files[i], tmp_dir, tag);
+        snprintf(out, sizeof out, "%s.out", tag);
+        text = slurp(out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(text, "building on the defaults"));
+        assert_null(strstr(text, "\nchoice "));
+        free(text);
+    }
+}
+
+/* A GPU's record where fp8c sees no GPU: a note that the binary checks the device when it
+ * starts, and the winners (a GEMM problem's algorithm, a fusion off) and the record's device
+ * fingerprint in the artifact. */
+static void test_gpu_record_without_gpu(void **state) {
+    (void)state;
+    char a[129], b[129];
+    memset(a, 'a', 128), memset(b, 'b', 128);
+    a[128] = b[128] = 0;
+    Pick picks[] = {{"gemm.00000000deadbeef", a, b}, {"fuse.ce_lse", "1", "0"}};
+    write_record_of("cuda", "gpu.json", NULL, NULL, "0123456789abcdef", picks, 2);
+    int rc = run("gpu_ir", "%s %s build %s %s --tune %s/gpu.json --print-ir-after=fuse -o %s/gpu_ir", env, fp8c, model,
+                 model_flags, tmp_dir, tmp_dir);
+    char *out = slurp("gpu_ir.out"), want[256];
+    if (rc == 1 && strstr(out, "the record is for another device")) {   /* a GPU here: not the record's */
+        printf("  a GPU is present: the record of a made-up GPU is refused\n");
+        free(out);
+        return;
+    }
+    if (rc != 0) fail_msg("build with a GPU record failed (%d):\n%s", rc, out);
+    assert_non_null(strstr(out, "no GPU here to check the record's device against"));
+    snprintf(want, sizeof want, "\nchoice gemm.00000000deadbeef %s\n", b);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\nchoice fuse.ce_lse 0\n"));
+    assert_non_null(strstr(out, "\nchoice tune.device 0123456789abcdef\n"));
+    free(out);
+}
+
+/* Not JSON, not a record, a choice the table cannot hold: one line, a failed build. */
+static void test_malformed_refused(void **state) {
+    (void)state;
+    char *good = slurp("record.json");
+    char path[512];
+    snprintf(path, sizeof path, "%s/truncated.json", tmp_dir);
+    FILE *f = fopen(path, "w");
+    fwrite(good, 1, strlen(good) / 2, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/other.json", tmp_dir);
+    f = fopen(path, "w");
+    fputs("{\"vocab_size\": 50257}\n", f);
+    fclose(f);
+    Pick bad[] = {{"loss.chunks", "1", "two chunks"}};
+    write_record("badvalue.json", NULL, NULL, NULL, bad, 1);
+    free(good);
+    const char *files[] = {"truncated.json", "other.json", "badvalue.json", "missing.json"};
+    const char *says[] = {"bad JSON", "not a usable tuning record", "cannot have", "missing.json"};
+    for (int i = 0; i < 4; i++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "malformed%d", i);
+        int rc = run(tag, "%s %s build %s %s --tune %s/%s --tune-mismatch=defaults -o %s/%s", env, fp8c, model,
+                     model_flags, tmp_dir, files[i], tmp_dir, tag);
+        char out[300];
+        snprintf(out, sizeof out, "%s.out", tag);
+        char *text = slurp(out);
+        if (rc == 0 || !strstr(text, says[i]) || count_lines(text) != 1)
+            fail_msg("%s: want one line with '%s' and a failure, got %d:\n%s", files[i], says[i], rc, text);
+        free(text);
+    }
+}
+
+/* --memory-budget: a budget nothing reaches is one line naming the smallest peak reached, and
+ * no record. (The budget of seconds is spent at once: the points keep their defaults.) */
+static void test_memory_budget_unreachable(void **state) {
+    (void)state;
+    int rc = run("tight", "%s %s tune %s %s --device cpu --budget 0.001 --tune-steps 4 --memory-budget 0.0001 "
+                          "-o %s/tight.json", env, fp8c, model, model_flags, tmp_dir);
+    char *out = slurp("tight.out");
+    if (rc == 0 || !strstr(out, "fp8c: error: nothing tried fits the memory budget of 0.1 MiB: the smallest memory "
+                                "plan peak reached is "))
+        fail_msg("want the smallest peak reached, got %d:\n%s", rc, out);
+    char path[600];
+    snprintf(path, sizeof path, "%s/tight.json", tmp_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    free(out);
+}
+
+/* plan --tune: the choice points, defaults beside winners, with their times */
+static void test_plan_shows_the_record(void **state) {
+    (void)state;
+    Pick picks[] = {{"loss.chunks", "1", "2"}};
+    write_record("plan.json", NULL, NULL, NULL, picks, 1);
+    int rc = run("plan", "%s %s plan %s %s --tune %s/plan.json", env, fp8c, model, model_flags, tmp_dir);
+    char *text = slurp("plan.out");
+    if (rc != 0) fail_msg("plan --tune failed:\n%s", text);
+    assert_non_null(strstr(text, "tuning record:"));
+    const char *row = strstr(text, "\nloss.chunks ");
+    assert_non_null(row);
+    char name[32], dflt[32], winner[32], unit1[8], unit2[8], saved[16];
+    double t1, t2;
+    assert_int_equal(sscanf(row, " %31s %31s %lf %7s %31s %lf %7s %15s", name, dflt, &t1, unit1, winner, &t2, unit2,
+                            saved),
+                     8);
+    assert_string_equal(dflt, "1");
+    assert_string_equal(winner, "2");
+    assert_true(t1 == 2.0 && t2 == 1.0);
+    assert_string_equal(saved, "50.0%");
+    free(text);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_record_fields),   cmocka_unit_test(test_tune_never_overwrites),
+        cmocka_unit_test(test_reuse_is_bit_identical), cmocka_unit_test(test_mismatch_refused),
+        cmocka_unit_test(test_malformed_refused), cmocka_unit_test(test_plan_shows_the_record),
+        cmocka_unit_test(test_memory_budget_unreachable), cmocka_unit_test(test_gpu_record_without_gpu),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
