@@ -291,15 +291,18 @@ static void make_llama(Model *m) {
     add(m, 0, 0.2, 2, V, C, "lm_head.weight");
 }
 
+/* rope: the config's rotary keys (transformers 4's by default) */
+static const char *llama_rope = "\"rope_theta\": 10000.0, \"rope_scaling\": null";
+
 static void llama_config(char *cfg, size_t n, int heads, bool tied) {
     snprintf(cfg, n,
              "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\",\n"
              " \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,\n"
              " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,\n"
-             " \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0,\n"
-             " \"rope_scaling\": null, \"tie_word_embeddings\": %s, \"torch_dtype\": \"bfloat16\",\n"
+             " \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, %s,\n"
+             " \"tie_word_embeddings\": %s, \"torch_dtype\": \"bfloat16\",\n"
              " \"bos_token_id\": 1, \"eos_token_id\": 2, \"pretraining_tp\": 1}\n",
-             V, C, FF, L, heads, HKV, tied ? "true" : "false");
+             V, C, FF, L, heads, HKV, llama_rope, tied ? "true" : "false");
 }
 
 /* Two shards and model.safetensors.index.json, as save_pretrained writes a large model. */
@@ -324,7 +327,7 @@ static void write_llama(const Model *m, const char *dir, int heads) {
     snprintf(index + k, sizeof index - (size_t)k, "}}\n");
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     write_text(path, index);
-    char cfg[1024];
+    char cfg[1536];
     llama_config(cfg, sizeof cfg, heads, tied);
     snprintf(path, sizeof path, "%s/config.json", dir);
     write_text(path, cfg);
@@ -798,6 +801,40 @@ static void test_init_errors(void **state) {
     expect_error("both", (const char *const[]){"--init", "--resume", NULL});
 }
 
+/* Transformers 5 writes the rotary settings as one object, rope_parameters: the plain kind is
+ * read (and its theta checked), a scaled kind or another theta is refused in one line. */
+static void test_init_rope_parameters(void **state) {
+    (void)state;
+    build("llama.model", llama_defs, "-O0", "l");
+    const char *cmd = "%s --init %s --data %s --steps 1 --device ref";
+    static const struct {
+        const char *name, *rope, *words[3];
+    } cases[] = {
+        {"v5", "\"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}", {NULL}},
+        {"v5theta", "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"default\"}",
+         {"rope_parameters.rope_theta is 500000", "10000", NULL}},
+        {"v5linear", "\"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"linear\", "
+                     "\"factor\": 2.0}", {"rope_parameters.rope_type is \"linear\"", NULL}},
+        {"v4yarn", "\"rope_theta\": 10000.0, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}",
+         {"rope_scaling.rope_type is \"yarn\"", NULL}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        Model m;
+        make_llama(&m);
+        llama_rope = cases[c].rope;
+        write_llama(&m, tmp(cases[c].name), H);
+        llama_rope = "\"rope_theta\": 10000.0, \"rope_scaling\": null";
+        model_free(&m);
+        int rc = run(cases[c].name, cmd, tmp("l"), tmp(cases[c].name), text);
+        if (!cases[c].words[0]) {
+            if (rc != 0) fail_msg("%s: --init failed (%d):\n%s", cases[c].name, rc, output(cases[c].name));
+            continue;
+        }
+        assert_int_equal(rc, 1);
+        expect_error(cases[c].name, cases[c].words);
+    }
+}
+
 static void *read_entry(const RtStFile *f, const char *name, const char *dtype, size_t *bytes) {
     const RtStEntry *e = rt_st_find(f, name);
     if (!e) fail_msg("%s: no tensor %s", f->path, name);
@@ -936,6 +973,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_init_gpt2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_llama, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_init_rope_parameters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eval_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_text_note, setup, teardown),
         cmocka_unit_test_setup_teardown(test_generate, setup, teardown),
