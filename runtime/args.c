@@ -64,6 +64,8 @@ void rt_usage(FILE *out, const char *prog) {
             "                      a newline), else token ids separated by spaces or commas\n"
             "  --temperature X     softmax temperature (default 1; 0: always the likeliest token)\n"
             "  --top-k K           sample among the K likeliest tokens (default 0: all)\n"
+            "  --logits FILE       also write the logits each token was drawn from: vocabulary\n"
+            "                      f32 values (little-endian) per token, in order\n"
             "machine\n"
             "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
             "                      kernels), or auto (default: the GPU if one is found, else cpu);\n"
@@ -191,6 +193,9 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         } else if (strcmp(flag, "--temperature") == 0) {
             ok = args_real(flag, value, true, &o->temperature);
             sampling_flag = true;
+        } else if (strcmp(flag, "--logits") == 0) {
+            o->logits = value;
+            sampling_flag = true;
         } else if (strcmp(flag, "--top-k") == 0) {
             ok = args_int(flag, value, 0, INT32_MAX, &o->top_k);
             sampling_flag = true;
@@ -219,7 +224,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         return RT_ARGS_ERROR;
     }
     if (sampling_flag && !o->generate) {
-        rt_error("--prompt, --temperature and --top-k set how --generate samples: give --generate N");
+        rt_error("--prompt, --temperature, --top-k and --logits go with --generate: give --generate N");
         return RT_ARGS_ERROR;
     }
     if ((o->eval_only || o->generate) && (o->out || o->stop_at >= 0 || o->save_every)) {

@@ -284,6 +284,7 @@ typedef struct {
     int64_t top_k;              /* 0: the whole vocabulary */
     uint64_t seed;
     bool text;
+    FILE *logits;               /* each token's V logits (f32, little-endian) as sampled; or NULL */
 } RtGenerate;
 bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_prompt, FILE *out);
 /* A token drawn from softmax(logits / temperature) over the top_k largest (argmax when
@@ -306,6 +307,7 @@ typedef struct {
     const char *prompt;         /* text (vocabulary 256) or token ids */
     double temperature;
     int64_t top_k;
+    const char *logits;         /* --generate: file of the logits each token was sampled from */
     const char *device;
     int64_t steps, warmup, eval_every, eval_batches, save_every;
     int64_t stop_at;            /* stop (with a checkpoint) after this step; -1: at --steps */

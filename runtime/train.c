@@ -568,6 +568,19 @@ static int32_t *train_prompt(const TrainOptions *o, int64_t vocab, int *n) {
     return ids;
 }
 
+/* --logits FILE: created for writing; a non-empty file is another run's, kept unless
+ * --overwrite. NULL after rt_error. */
+static FILE *train_open_logits(const TrainOptions *o) {
+    struct stat st;
+    if (!o->overwrite && stat(o->logits, &st) == 0 && (!S_ISREG(st.st_mode) || st.st_size > 0)) {
+        rt_error("%s: exists: give --overwrite to replace it (--logits)", o->logits);
+        return NULL;
+    }
+    FILE *f = fopen(o->logits, "wb");
+    if (!f) rt_error("%s: cannot create: %s (--logits)", o->logits, strerror(errno));
+    return f;
+}
+
 /* --generate: load the state as a run would, sample, stop. */
 static int train_generate(Graph *g, const TrainOptions *o) {
     Model m;
@@ -592,7 +605,12 @@ static int train_generate(Graph *g, const TrainOptions *o) {
     }
     RtGenerate gen = {.count = o->generate, .temperature = o->temperature, .top_k = o->top_k,
                       .seed = o->seed, .text = m.vocab == RT_BYTE_VOCAB};
+    if (o->logits && !(gen.logits = train_open_logits(o))) goto out;
     if (rt_generate(g, &gen, prompt, n_prompt, stdout)) status = 0;
+    if (gen.logits && fclose(gen.logits) != 0) {
+        rt_error("%s: cannot write: %s", o->logits, strerror(errno));
+        status = 1;
+    }
 out:
     free(prompt);
     rt_memory_free(&mem);

@@ -435,7 +435,9 @@ static double gpt2_loss(const Model *m, const int32_t *tok, const int32_t *tgt) 
 /* Greedy continuation of a prompt by GPT2LMHeadModel: n tokens into out. */
 /* ... and margin[k]: how far the best logit of step k stood above the second best, relative to
  * the largest magnitude (the binary computes in f32: a near tie may go the other way there) */
-static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out, double *margin) {
+/* logits: NULL, or n x V of them, one row per token */
+static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out, double *margin,
+                        double *logits) {
     int32_t seq[T];
     int len = (int)strlen(prompt);
     for (int i = 0; i < len; i++) seq[i] = (unsigned char)prompt[i];
@@ -450,6 +452,7 @@ static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out,
         for (int v = 0; v < V; v++) {
             double logit = 0;
             for (int c = 0; c < C; c++) logit += h[(len - 1) * C + c] * wte[v * C + c];
+            if (logits) logits[(int64_t)k * V + v] = logit;
             if (fabs(logit) > scale) scale = fabs(logit);
             if (logit > best_logit) second = best_logit, best_logit = logit, best = v;
             else if (logit > second) second = logit;
@@ -662,12 +665,20 @@ static void test_generate(void **state) {
     write_gpt2(&m, tmp("gpt2"));
     build("gpt2.model", gpt2_defs, f32_flags, "g");
     enum { N = 8 };
-    int rc = run_split("greedy", "%s --init %s --generate %d --prompt 'ab' --temperature 0 --device ref",
-                       tmp("g"), tmp("gpt2"), N);
+    int rc = run_split("greedy", "%s --init %s --generate %d --prompt 'ab' --temperature 0 --device ref "
+                       "--logits %s", tmp("g"), tmp("gpt2"), N, tmp("greedy.logits"));
     if (rc != 0) fail_msg("--generate failed (%d):\n%s", rc, output("greedy"));
     int32_t want[N];
     double margin[N];
-    gpt2_greedy(&m, "ab", N, want, margin);
+    double *ref_logits = malloc((size_t)N * V * sizeof *ref_logits);
+    assert_non_null(ref_logits);
+    gpt2_greedy(&m, "ab", N, want, margin, ref_logits);
+    /* --logits: the rows the tokens were drawn from, the HF forward's logits (to f32's error on
+     * these sums, relative to the row's largest), up to the first token where the two part */
+    int64_t logit_bytes = 0;
+    float *got_logits = (float *)rt_read_file(tmp("greedy.logits"), &logit_bytes);
+    assert_non_null(got_logits);
+    assert_int_equal(logit_bytes, (int64_t)N * V * (int64_t)sizeof(float));
     int64_t size = 0;
     uint8_t *got = rt_read_file(tmp("greedy.stdout"), &size);
     assert_int_equal(size, 2 + N);
@@ -675,6 +686,17 @@ static void test_generate(void **state) {
     /* equal tokens up to a near tie (1e-4 of the largest logit, far above f32's error on these
      * sums), after which the two continuations may part */
     for (int k = 0; k < N; k++) {
+        double scale = 0, err = 0;
+        int best = 0;
+        for (int v = 0; v < V; v++) {
+            const double *r = ref_logits + (int64_t)k * V;
+            float x = got_logits[(int64_t)k * V + v];
+            if (fabs(r[v]) > scale) scale = fabs(r[v]);
+            if (fabs(x - r[v]) > err) err = fabs(x - r[v]);
+            if (x > got_logits[(int64_t)k * V + best]) best = v;
+        }
+        if (err > 1e-4 * scale) fail_msg("token %d: --logits differ from the HF forward's by %.3g (largest %.3g)", k, err, scale);
+        assert_int_equal(best, got[2 + k]);
         if (got[2 + k] == want[k]) continue;
         if (margin[k] < 1e-4) {
             print_message("token %d: a near tie (margin %.2e), the rest not compared\n", k, margin[k]);
@@ -683,6 +705,13 @@ static void test_generate(void **state) {
         fail_msg("token %d: generated %d, the HF forward's argmax %d (margin %.2e)", k, got[2 + k], want[k], margin[k]);
     }
     free(got);
+    free(got_logits);
+    free(ref_logits);
+    /* a --logits file that holds something already is kept */
+    rc = run("keep", "%s --init %s --generate 1 --prompt a --logits %s", tmp("g"), tmp("gpt2"),
+             tmp("greedy.logits"));
+    assert_int_equal(rc, 1);
+    expect_error("keep", (const char *const[]){"greedy.logits", "--overwrite", NULL});
     const char *fmt = "%s --init %s --generate %d --prompt 'ab' --seed %u %s";
     assert_int_equal(run_split("s1", fmt, tmp("g"), tmp("gpt2"), N, seed, "--top-k 5"), 0);
     assert_int_equal(run_split("s2", fmt, tmp("g"), tmp("gpt2"), N, seed, "--top-k 5"), 0);
