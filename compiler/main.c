@@ -7,10 +7,11 @@
  *   fp8c opt   FILE.ir --passes=a,b                                      run passes on textual IR
  *   fp8c passes                                                          list the passes
  *
- * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --policy FILE,
+ * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --config FILE, --policy FILE,
  * --precision PATTERN=FORMAT, --grad-release, --print-ir-after=PASS|all, --verify.
  * Every flag is checked; a bad one is one line on stderr and exit status 2. */
 #include "compiler.h"
+#include "rt.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@ static void usage(FILE *out)
           "       fp8c passes\n"
           "       fp8c --version\n"
           "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
+          "             --config FILE (a Hugging Face config.json's sizes as -D; -D wins)\n"
           "             --precision PATTERN=FORMAT  --grad-release  --verify\n"
           "             --print-ir-after=PASS|all  --stop-after=PASS\n"
           "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n"
@@ -72,6 +74,7 @@ typedef struct {
     char define_names[MAX_DEFINES][64];
     const char *overrides[MAX_OVERRIDES];
     const char *model;
+    const char *config;        /* --config: a Hugging Face config.json */
     const char *output;
     bool json;
     bool level_given;          /* -On was on the command line (opt: overrides the IR's opt=) */
@@ -85,6 +88,63 @@ typedef struct {
     int n_flags;
     bool print_kernels;
 } Args;
+
+/* --config FILE: the sizes a Hugging Face config.json gives, as -D defines of the config
+ * constants models/gpt2.model and models/llama.model use. They go before the command line's
+ * own -D, so that an explicit -D wins (the last -D of a name does). Keys the model has no
+ * constant for (activation, rope type, tied head, head size) are what --init checks against
+ * the built graph when the weights are loaded; a model_type that is neither family is refused
+ * here. */
+typedef struct {
+    const char *key, *define;
+} ConfigKey;
+
+static const ConfigKey config_gpt2[] = {
+    {"n_layer", "layers"}, {"n_embd", "dim"}, {"n_head", "heads"}, {"vocab_size", "vocab"},
+    {"n_positions", "max_seq"}, {NULL, NULL}};
+static const ConfigKey config_llama[] = {
+    {"num_hidden_layers", "layers"}, {"hidden_size", "dim"}, {"num_attention_heads", "heads"},
+    {"num_key_value_heads", "kv_heads"}, {"intermediate_size", "hidden"},
+    {"vocab_size", "vocab"}, {"rms_norm_eps", "norm_eps"}, {"rope_theta", "rope_theta"},
+    {NULL, NULL}};
+
+static _Noreturn void config_fail(const char *path, const char *what, const char *key)
+{
+    fprintf(stderr, "fp8c: error: %s: %s%s\n", path, what, key ? key : "");
+    exit(2);
+}
+
+static void config_defines(Args *a)
+{
+    Jv cfg;
+    rt_set_program_name("fp8c");
+    if (!rt_json_read(a->config, &cfg)) exit(2);   /* the reader printed the line */
+    const Jv *type = rt_json_get(&cfg, "model_type");
+    if (!type || type->kind != JV_STR)
+        config_fail(a->config, "no model_type (gpt2 or llama)", NULL);
+    const ConfigKey *keys = !strcmp(type->str, "gpt2") ? config_gpt2
+                          : !strcmp(type->str, "llama") ? config_llama : NULL;
+    if (!keys) config_fail(a->config, "model_type is not gpt2 or llama: ", type->str);
+    Define found[16];
+    int n = 0;
+    Arena *arena = session_arena();
+    for (const ConfigKey *k = keys; k->key; k++) {
+        const Jv *v = rt_json_get(&cfg, k->key);
+        if (!strcmp(k->key, "rope_theta") && (!v || v->kind == JV_NULL)) {   /* transformers 5 */
+            const Jv *rp = rt_json_get(&cfg, "rope_parameters");
+            v = rp ? rt_json_get(rp, "rope_theta") : NULL;
+        }
+        if (!v || v->kind == JV_NULL) continue;
+        if (v->kind != JV_NUM) config_fail(a->config, "not a number: ", k->key);
+        found[n++] = (Define){k->define, arena_printf(arena, "%.15g", v->num)};
+    }
+    rt_json_free(&cfg);
+    int have = a->build.front.n_defines;
+    if (have + n > MAX_DEFINES) bad_flag("too many -D flags with --config %s", a->config);
+    memmove(a->defines + n, a->defines, (size_t)have * sizeof *a->defines);
+    memcpy(a->defines, found, (size_t)n * sizeof *found);
+    a->build.front.n_defines = have + n;
+}
 
 /* Parses the flags shared by plan, build, train and opt. */
 static void parse_args(int argc, char **argv, Args *a)
@@ -124,6 +184,9 @@ static void parse_args(int argc, char **argv, Args *a)
             memcpy(a->define_names[k], def, (size_t)(eq - def));
             a->define_names[k][eq - def] = 0;
             a->defines[k] = (Define){a->define_names[k], eq + 1};
+        } else if (!strcmp(s, "--config")) {
+            if (!next) bad_flag("%s needs a config.json file", s);
+            a->config = next, i++;
         } else if (!strcmp(s, "--policy")) {
             if (!next) bad_flag("%s needs a file", s);
             a->build.passes.policy_file = next, i++;
@@ -175,6 +238,7 @@ static void parse_args(int argc, char **argv, Args *a)
             bad_flag("unexpected argument '%s'", s);
         }
     }
+    if (a->config) config_defines(a);
     int64_t b = a->build.front.batch, t = a->build.front.seq;   /* each at most 2^30 */
     if (b && t && b * t > IR_MAX_NUMEL) {
         fprintf(stderr, "fp8c: error: --batch %lld x --seq %lld is %lld tokens a step; at most 2^40\n",

@@ -864,6 +864,36 @@ static void test_init_rope_parameters(void **state) {
     }
 }
 
+/* fp8c build --config: the model's sizes from the config.json that comes with the weights (a
+ * transformers 5 one here), so that --init then finds every shape as the file has it; an
+ * explicit -D still wins; a family fp8c has no model for is refused. */
+static void test_build_config(void **state) {
+    (void)state;
+    Model m;
+    make_llama(&m);
+    llama_rope = "\"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}";
+    write_llama(&m, tmp("cfgmodel"), H);
+    llama_rope = "\"rope_theta\": 10000.0, \"rope_scaling\": null";
+    model_free(&m);
+    char flags[1200];
+    snprintf(flags, sizeof flags, "--config %s", tmp("cfgmodel/config.json"));
+    build("llama.model", flags, "-O0", "lc");
+    const char *cmd = "%s --init %s --data %s --steps 1 --device ref";
+    int rc = run("cfg", cmd, tmp("lc"), tmp("cfgmodel"), text);
+    if (rc != 0) fail_msg("--init after --config failed (%d):\n%s", rc, output("cfg"));
+    snprintf(flags, sizeof flags, "--config %s -D heads=8", tmp("cfgmodel/config.json"));
+    build("llama.model", flags, "-O0", "lc8");
+    rc = run("cfg8", cmd, tmp("lc8"), tmp("cfgmodel"), text);
+    assert_int_equal(rc, 1);
+    expect_error("cfg8", (const char *const[]){"num_attention_heads is 4", NULL});
+    write_text(tmp("bert.json"), "{\"model_type\": \"bert\", \"hidden_size\": 64}");
+    rc = run("bert", "%s plan %s/models/llama.model --config %s", fp8c, FP8C_SOURCE_DIR, tmp("bert.json"));
+    assert_int_equal(rc, 2);
+    char *out = output("bert");
+    assert_non_null(strstr(out, "model_type is not gpt2 or llama: bert"));
+    free(out);
+}
+
 static void *read_entry(const RtStFile *f, const char *name, const char *dtype, size_t *bytes) {
     const RtStEntry *e = rt_st_find(f, name);
     if (!e) fail_msg("%s: no tensor %s", f->path, name);
@@ -1003,6 +1033,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_init_llama, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_rope_parameters, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_build_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eval_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_text_note, setup, teardown),
         cmocka_unit_test_setup_teardown(test_generate, setup, teardown),
