@@ -6,10 +6,13 @@
  *   fp8c train MODEL [build flags] [-- run flags]                        build, then run it
  *   fp8c opt   FILE.ir --passes=a,b                                      run passes on textual IR
  *   fp8c passes                                                          list the passes
+ *   fp8c recipes                                                         list the --recipe names
  *
  * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --config FILE, --policy FILE,
- * --precision PATTERN=FORMAT, --grad-release, --print-ir-after=PASS|all, --verify.
- * Every flag is checked; a bad one is one line on stderr and exit status 2. */
+ * --precision PATTERN=FORMAT, --recipe NAME, --grad-release, --print-ir-after=PASS|all,
+ * --verify. A flag that takes a value takes it as the next word or after '=' (--batch=8).
+ * Every flag is checked; a bad one is one line on stderr and exit status 2, and an unknown
+ * one names the known flag nearest to it. */
 #include "compiler.h"
 #include "rt.h"
 
@@ -38,10 +41,12 @@ static void usage(FILE *out)
           "       fp8c train MODEL [build flags] [-- run flags]\n"
           "       fp8c opt   FILE.ir --passes=a,b [--print-ir-after=PASS|all]\n"
           "       fp8c passes\n"
+          "       fp8c recipes\n"
           "       fp8c --version\n"
           "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
           "             --config FILE (a Hugging Face config.json's sizes as -D; -D wins)\n"
-          "             --precision PATTERN=FORMAT  --grad-release  --verify\n"
+          "             --precision PATTERN=FORMAT  --recipe NAME (fp8c recipes)\n"
+          "             --grad-release  --verify\n"
           "             --print-ir-after=PASS|all  --stop-after=PASS\n"
           "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n"
           "             --print-kernels (build: the CPU kernels, as the binary runs them, to stdout)\n",
@@ -54,6 +59,100 @@ static _Noreturn void bad_flag(const char *fmt, const char *arg)
     fprintf(stderr, fmt, arg);
     fprintf(stderr, " (see fp8c --help)\n");
     exit(2);
+}
+
+/* ---------------------------------------------------------------- suggestions */
+
+/* Edit distance (insertions, deletions, substitutions, adjacent swaps) of two short words. */
+static int word_distance(const char *a, const char *b)
+{
+    enum { MAX = 64 };
+    int n = (int)strlen(a), m = (int)strlen(b);
+    if (n >= MAX || m >= MAX) return MAX;
+    int d[MAX][MAX];
+    for (int i = 0; i <= n; i++) d[i][0] = i;
+    for (int j = 0; j <= m; j++) d[0][j] = j;
+    for (int i = 1; i <= n; i++)
+        for (int j = 1; j <= m; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
+
+/* The word of list (NULL-terminated) nearest to `word`, when it is near enough to be what was
+ * meant (at most a third of its letters off, and at least one), else NULL. */
+static const char *nearest_word(const char *word, const char *const *list)
+{
+    const char *best = NULL;
+    int best_d = 1 + (int)strlen(word) / 3;
+    for (int i = 0; list[i]; i++) {
+        int d = word_distance(word, list[i]);
+        if (d < best_d) best_d = d, best = list[i];
+    }
+    return best;
+}
+
+static const char *const build_flags[] = {
+    "--batch", "--seq", "--config", "--policy", "--precision", "--recipe", "--grad-release",
+    "--verify", "--print-ir-after", "--print-ir-after-all", "--stop-after", "--passes", "--cpu",
+    "--print-kernels", "--json", "--kernels", "--device", "--vs", "--help", NULL};
+
+/* The flags that take a value, which may also come after '=' (--batch=8). */
+static const char *const value_flags[] = {"--batch", "--seq", "--config", "--policy", "--precision",
+                                          "--recipe", "--device", "--vs", NULL};
+
+static _Noreturn void unknown_flag(const char *s)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(s, "="), s);
+    const char *near = nearest_word(name, build_flags);
+    fprintf(stderr, "fp8c: error: unknown flag '%s'", s);
+    if (near) fprintf(stderr, "; did you mean '%s'?", near);
+    fprintf(stderr, " (see fp8c --help)\n");
+    exit(2);
+}
+
+/* --recipe NAME: a known recipe fp8c can run, or exit status 2 with the reason. */
+static const NamedRecipe *find_recipe_or_exit(const char *name)
+{
+    const NamedRecipe *r = name ? precision_find_recipe(name) : NULL;
+    if (!r) {
+        int n;
+        const NamedRecipe *all = precision_recipes(&n);
+        const char *names[64];
+        for (int i = 0; i < n && i < 63; i++) names[i] = all[i].name;
+        names[n < 63 ? n : 63] = NULL;
+        const char *near = name ? nearest_word(name, names) : NULL;
+        fprintf(stderr, "fp8c: error: --recipe needs a recipe name, not '%s'%s%s%s (fp8c recipes "
+                        "lists them)\n", name ? name : "", near ? "; did you mean '" : "",
+                near ? near : "", near ? "'?" : "");
+        exit(2);
+    }
+    if (r->refused) {
+        fprintf(stderr, "fp8c: error: --recipe %s (%s): fp8c cannot run it: %s\n", r->name, r->what,
+                r->refused);
+        exit(2);
+    }
+    return r;
+}
+
+static int cmd_recipes(void)
+{
+    int n;
+    const NamedRecipe *all = precision_recipes(&n);
+    for (int i = 0; i < n; i++) {
+        printf("%-20s -O%d%s  %s\n", all[i].name, all[i].level, all[i].level_fixed ? "" : "+",
+               all[i].what);
+        if (all[i].refused) printf("%-26s refused: %s\n", "", all[i].refused);
+        for (int k = 0; k < RECIPE_MAX_RULES && all[i].rules[k]; k++)
+            printf("%-26s --precision '%s'\n", "", all[i].rules[k]);
+    }
+    return 0;
 }
 
 static int64_t parse_size(const char *flag, const char *s)
@@ -162,6 +261,16 @@ static void parse_args(int argc, char **argv, Args *a)
     for (int i = 0; i < argc; i++) {
         char *s = argv[i];
         const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        /* --flag=value: the value as if it were the next word (the branch below takes it) */
+        char flag[32];
+        bool inline_value = false;
+        const char *equals = s[0] == '-' && s[1] == '-' ? strchr(s, '=') : NULL;
+        if (equals && equals - s < (ptrdiff_t)sizeof flag) {
+            snprintf(flag, sizeof flag, "%.*s", (int)(equals - s), s);
+            for (int k = 0; value_flags[k] && !inline_value; k++)
+                if (!strcmp(flag, value_flags[k])) inline_value = true;
+            if (inline_value) s = flag, next = equals + 1, i--;   /* the branch's i++ stays here */
+        }
         if (!strcmp(s, "--")) {
             a->run_args = argv + i + 1;
             a->n_run_args = argc - i - 1;
@@ -187,6 +296,9 @@ static void parse_args(int argc, char **argv, Args *a)
         } else if (!strcmp(s, "--config")) {
             if (!next) bad_flag("%s needs a config.json file", s);
             a->config = next, i++;
+        } else if (!strcmp(s, "--recipe")) {
+            if (a->build.passes.recipe) bad_flag("--recipe is given twice (%s)", a->build.passes.recipe->name);
+            a->build.passes.recipe = find_recipe_or_exit(next), i++;
         } else if (!strcmp(s, "--policy")) {
             if (!next) bad_flag("%s needs a file", s);
             a->build.passes.policy_file = next, i++;
@@ -231,7 +343,7 @@ static void parse_args(int argc, char **argv, Args *a)
             usage(stdout);
             exit(0);
         } else if (s[0] == '-') {
-            bad_flag("unknown flag '%s'", s);
+            unknown_flag(s);
         } else if (!a->model) {
             a->model = s;
         } else {
@@ -239,6 +351,14 @@ static void parse_args(int argc, char **argv, Args *a)
         }
     }
     if (a->config) config_defines(a);
+    const NamedRecipe *r = a->build.passes.recipe;
+    if (r && !a->level_given) {
+        a->build.passes.opt_level = r->level;
+    } else if (r && r->level_fixed && a->build.passes.opt_level != r->level) {
+        fprintf(stderr, "fp8c: error: --recipe %s is -O%d's states with its rules: drop -O%d\n",
+                r->name, r->level, a->build.passes.opt_level);
+        exit(2);
+    }
     int64_t b = a->build.front.batch, t = a->build.front.seq;   /* each at most 2^30 */
     if (b && t && b * t > IR_MAX_NUMEL) {
         fprintf(stderr, "fp8c: error: --batch %lld x --seq %lld is %lld tokens a step; at most 2^40\n",
@@ -338,6 +458,12 @@ static int cmd_plan(Args *a)
         b.build.passes.opt_level = a->vs_level;
         b.build.passes.print_after = NULL;
         other = compile_or_exit(arena, &b);
+    }
+    const NamedRecipe *r = a->build.passes.recipe;
+    if (r && !a->json) {   /* what the name stands for, as the rules that follow show it */
+        printf("recipe %s (-O%d): %s\n  rules:", r->name, r->level, r->what);
+        for (int k = 0; k < RECIPE_MAX_RULES && r->rules[k]; k++) printf(" %s", r->rules[k]);
+        printf("\n\n");
     }
     if (other) plan_print_diff(other, g, a->json, stdout);
     else plan_print(g, a->json, stdout);
@@ -446,12 +572,16 @@ static int dispatch(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "passes")) return cmd_passes();
+    if (!strcmp(cmd, "recipes")) return cmd_recipes();
     Args a;
     parse_args(argc - 2, argv + 2, &a);
     if (!strcmp(cmd, "plan")) return cmd_plan(&a);
     if (!strcmp(cmd, "build")) return cmd_build(&a);
     if (!strcmp(cmd, "train")) return cmd_train(&a);
     if (!strcmp(cmd, "opt")) return cmd_opt(&a);
-    fprintf(stderr, "fp8c: error: unknown command '%s' (plan, build, train, opt, passes)\n", cmd);
+    static const char *const commands[] = {"plan", "build", "train", "opt", "passes", "recipes", NULL};
+    const char *near = nearest_word(cmd, commands);
+    fprintf(stderr, "fp8c: error: unknown command '%s'%s%s%s (plan, build, train, opt, passes, "
+                    "recipes)\n", cmd, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
     return 2;
 }
