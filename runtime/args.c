@@ -44,7 +44,9 @@ void rt_usage(FILE *out, const char *prog) {
             "                      runs to --steps, and --resume continues it exactly; 0 writes\n"
             "                      the initial state (step_000000) and trains nothing\n"
             "  --resume PATH       continue from a checkpoint file, or DIR's latest; --log is\n"
-            "                      appended to, less its lines of the steps this run repeats\n"
+            "                      appended to, less its lines of the steps this run repeats;\n"
+            "                      --lr, --min-lr, --warmup, --steps, --grad-accum and --seed\n"
+            "                      are the run's unless given\n"
             "  --init PATH         start a fresh run from these weights: a Hugging Face GPT-2 or\n"
             "                      Llama model (a directory with config.json and model.safetensors\n"
             "                      or a sharded index) or an fp8c checkpoint (weights only)\n"
@@ -165,8 +167,13 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         else if (strcmp(flag, "--init") == 0) o->init = value;
         else if (strcmp(flag, "--export-hf") == 0) o->export_hf = value;
         else if (strcmp(flag, "--device") == 0) o->device = value;
-        else if (strcmp(flag, "--steps") == 0) ok = args_int(flag, value, 1, INT32_MAX, &o->steps);
-        else if (strcmp(flag, "--warmup") == 0) ok = args_int(flag, value, 0, INT32_MAX, &o->warmup);
+        else if (strcmp(flag, "--steps") == 0) {
+            ok = args_int(flag, value, 1, INT32_MAX, &o->steps);
+            o->steps_given = true;
+        } else if (strcmp(flag, "--warmup") == 0) {
+            ok = args_int(flag, value, 0, INT32_MAX, &o->warmup);
+            o->warmup_given = true;
+        }
         else if (strcmp(flag, "--eval-every") == 0)
             ok = args_int(flag, value, 0, INT32_MAX, &o->eval_every);
         else if (strcmp(flag, "--eval-batches") == 0)
@@ -178,6 +185,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         else if (strcmp(flag, "--grad-accum") == 0) {
             ok = args_int(flag, value, 1, 1 << 16, &v);
             o->grad_accum = (int)v;
+            o->grad_accum_given = true;
         } else if (strcmp(flag, "--threads") == 0) {
             ok = args_int(flag, value, 1, 4096, &v);
             o->threads = (int)v;
@@ -253,12 +261,12 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         rt_error("--save-every needs --out DIR to write checkpoints to");
         return RT_ARGS_ERROR;
     }
-    if (o->warmup > o->steps) {
+    if (o->warmup > o->steps && !o->resume) {   /* a resume compares them once restored */
         rt_error("--warmup %lld is longer than --steps %lld", (long long)o->warmup,
                  (long long)o->steps);
         return RT_ARGS_ERROR;
     }
-    if (o->lr > 0 && o->min_lr > o->lr) {
+    if (o->lr > 0 && o->min_lr > o->lr && !o->resume) {
         rt_error("--min-lr %g is above --lr %g", o->min_lr, o->lr);
         return RT_ARGS_ERROR;
     }

@@ -315,8 +315,24 @@ typedef struct {
     int grad_accum, threads;
     uint64_t seed;
     bool seed_given;
+    bool steps_given, warmup_given, grad_accum_given;   /* on the command line (a resume
+                                                           restores the others) */
     bool overwrite;             /* a fresh run may write over another run's --out and --log */
 } TrainOptions;
+
+/* A resumed training run's settings, from its checkpoint's metadata (checkpoint.c): --lr,
+ * --min-lr, --warmup, --steps and --grad-accum not on the command line are the run's; one
+ * given with another value is used, and one line says what changed. A checkpoint made at
+ * another batch or sequence length than this binary's (its batches would differ) or at
+ * another level stops the run. Checkpoints older than these fields restore nothing. Returns
+ * 0, or 1 (an unreadable checkpoint) or 2 (the run cannot continue here) after rt_error. */
+int rt_ckpt_restore_run(const Graph *g, TrainOptions *o);
+/* The metadata keys of those settings, written by train.c with the rest of the metadata. */
+#define RT_META_LR "lr"
+#define RT_META_MIN_LR "min_lr"
+#define RT_META_WARMUP "warmup"
+#define RT_META_STEPS "steps"
+#define RT_META_GRAD_ACCUM "grad_accum"
 
 enum { RT_ARGS_OK, RT_ARGS_HELP, RT_ARGS_ERROR };
 /* Parses and validates the flags; RT_ARGS_ERROR after one rt_error line. */

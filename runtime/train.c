@@ -291,6 +291,11 @@ static int train_meta(const Graph *g, const TrainOptions *o, const Progress *p, 
     META("opt_level", "%d", g->opt_level);
     META("batch", "%lld", (long long)g->batch);
     META("seq", "%lld", (long long)g->seq);
+    META(RT_META_LR, "%.17g", o->lr > 0 ? o->lr : g->optim.lr);
+    META(RT_META_MIN_LR, "%.17g", o->min_lr >= 0 ? o->min_lr : (o->lr > 0 ? o->lr : g->optim.lr) / 10);
+    META(RT_META_WARMUP, "%lld", (long long)o->warmup);
+    META(RT_META_STEPS, "%lld", (long long)o->steps);
+    META(RT_META_GRAD_ACCUM, "%d", o->grad_accum);
 #undef META
     return n;
 }
@@ -622,6 +627,12 @@ int rt_train(Graph *g, const TrainOptions *o) {
     if (o->export_hf) return train_export(g, o);
     if (o->generate) return train_generate(g, o);
     if (!train_check_fresh(o)) return 2;
+    TrainOptions run = *o;   /* a resume takes the run's settings that are not given */
+    if (o->resume && !o->eval_only) {
+        int bad = rt_ckpt_restore_run(g, &run);
+        if (bad) return bad;
+        o = &run;
+    }
     Model m;
     if (!model_inspect(g, &m)) {
         model_free(&m);
