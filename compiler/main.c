@@ -63,40 +63,6 @@ static _Noreturn void bad_flag(const char *fmt, const char *arg)
 
 /* ---------------------------------------------------------------- suggestions */
 
-/* Edit distance (insertions, deletions, substitutions, adjacent swaps) of two short words. */
-static int word_distance(const char *a, const char *b)
-{
-    enum { MAX = 64 };
-    int n = (int)strlen(a), m = (int)strlen(b);
-    if (n >= MAX || m >= MAX) return MAX;
-    int d[MAX][MAX];
-    for (int i = 0; i <= n; i++) d[i][0] = i;
-    for (int j = 0; j <= m; j++) d[0][j] = j;
-    for (int i = 1; i <= n; i++)
-        for (int j = 1; j <= m; j++) {
-            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < best)
-                best = d[i - 2][j - 2] + 1;
-            d[i][j] = best;
-        }
-    return d[n][m];
-}
-
-/* The word of list (NULL-terminated) nearest to `word`, when it is near enough to be what was
- * meant (at most a third of its letters off, and at least one), else NULL. */
-static const char *nearest_word(const char *word, const char *const *list)
-{
-    const char *best = NULL;
-    int best_d = 1 + (int)strlen(word) / 3;
-    for (int i = 0; list[i]; i++) {
-        int d = word_distance(word, list[i]);
-        if (d < best_d) best_d = d, best = list[i];
-    }
-    return best;
-}
-
 static const char *const build_flags[] = {
     "--batch", "--seq", "--config", "--policy", "--precision", "--recipe", "--grad-release",
     "--verify", "--print-ir-after", "--print-ir-after-all", "--stop-after", "--passes", "--cpu",
@@ -110,7 +76,7 @@ static _Noreturn void unknown_flag(const char *s)
 {
     char name[64];
     snprintf(name, sizeof name, "%.*s", (int)strcspn(s, "="), s);
-    const char *near = nearest_word(name, build_flags);
+    const char *near = rt_nearest_word(name, build_flags);
     fprintf(stderr, "fp8c: error: unknown flag '%s'", s);
     if (near) fprintf(stderr, "; did you mean '%s'?", near);
     fprintf(stderr, " (see fp8c --help)\n");
@@ -127,7 +93,7 @@ static const NamedRecipe *find_recipe_or_exit(const char *name)
         const char *names[64];
         for (int i = 0; i < n && i < 63; i++) names[i] = all[i].name;
         names[n < 63 ? n : 63] = NULL;
-        const char *near = name ? nearest_word(name, names) : NULL;
+        const char *near = name ? rt_nearest_word(name, names) : NULL;
         fprintf(stderr, "fp8c: error: --recipe needs a recipe name, not '%s'%s%s%s (fp8c recipes "
                         "lists them)\n", name ? name : "", near ? "; did you mean '" : "",
                 near ? near : "", near ? "'?" : "");
@@ -580,7 +546,7 @@ static int dispatch(int argc, char **argv)
     if (!strcmp(cmd, "train")) return cmd_train(&a);
     if (!strcmp(cmd, "opt")) return cmd_opt(&a);
     static const char *const commands[] = {"plan", "build", "train", "opt", "passes", "recipes", NULL};
-    const char *near = nearest_word(cmd, commands);
+    const char *near = rt_nearest_word(cmd, commands);
     fprintf(stderr, "fp8c: error: unknown command '%s'%s%s%s (plan, build, train, opt, passes, "
                     "recipes)\n", cmd, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
     return 2;

@@ -114,6 +114,18 @@ static bool args_real(const char *flag, const char *s, bool allow_zero, double *
     return true;
 }
 
+/* An unknown flag: one line, naming the known flag nearest to it. */
+static void args_unknown(const char *flag) {
+    static const char *const known[] = {
+        "--data", "--val", "--steps", "--lr", "--warmup", "--min-lr", "--grad-accum", "--seed",
+        "--eval-every", "--eval-batches", "--log", "--out", "--save-every", "--stop-at", "--resume",
+        "--init", "--export-hf", "--eval-only", "--overwrite", "--generate", "--prompt",
+        "--temperature", "--top-k", "--logits", "--device", "--threads", "--help", NULL};
+    const char *near = rt_nearest_word(flag, known);
+    if (near) rt_error("%s: unknown flag; did you mean %s? (see --help)", flag, near);
+    else rt_error("%s: unknown flag (see --help)", flag);
+}
+
 int rt_parse_args(int argc, char **argv, TrainOptions *o) {
     *o = (TrainOptions){.device = "auto", .steps = 100, .eval_every = 100, .eval_batches = 8,
                         .lr = -1, .min_lr = -1, .grad_accum = 1, .seed = 1, .stop_at = -1,
@@ -210,7 +222,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         } else if (strcmp(flag, "--lr") == 0) ok = args_real(flag, value, false, &o->lr);
         else if (strcmp(flag, "--min-lr") == 0) ok = args_real(flag, value, true, &o->min_lr);
         else {
-            rt_error("%s: unknown flag (see --help)", flag);
+            args_unknown(flag);
             return RT_ARGS_ERROR;
         }
         if (!ok) return RT_ARGS_ERROR;

@@ -121,18 +121,20 @@ static void text_printf(Text *t, const char *fmt, ...) {
 }
 
 static void text_json_string(Text *t, const char *s) {
-    text_putn(t, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char esc[2] = {'\\', (char)*p};
-            text_putn(t, esc, 2);
-        } else if (*p < 0x20) {
-            text_printf(t, "\\u%04x", *p);
-        } else {
-            text_putn(t, (const char *)p, 1);
-        }
+    char small[256];
+    size_t n = rt_json_quote(small, sizeof small, s);
+    if (n < sizeof small) {
+        text_putn(t, small, n);
+        return;
     }
-    text_putn(t, "\"", 1);
+    char *big = malloc(n + 1);
+    if (!big) {
+        t->failed = true;
+        return;
+    }
+    rt_json_quote(big, n + 1, s);
+    text_putn(t, big, n);
+    free(big);
 }
 
 /* ---------------------------------------------------------------- save */

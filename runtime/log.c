@@ -35,6 +35,37 @@ void rt_set_program_name(const char *name) {
 
 void rt_set_error_stream(FILE *f) { log_error_stream = f; }
 
+/* Edit distance (insertions, deletions, substitutions, adjacent swaps) of two short words. */
+static int log_word_distance(const char *a, const char *b) {
+    enum { MAX = 64 };
+    int n = (int)strlen(a), m = (int)strlen(b);
+    if (n >= MAX || m >= MAX) return MAX;
+    int d[MAX][MAX];
+    for (int i = 0; i <= n; i++) d[i][0] = i;
+    for (int j = 0; j <= m; j++) d[0][j] = j;
+    for (int i = 1; i <= n; i++)
+        for (int j = 1; j <= m; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
+
+const char *rt_nearest_word(const char *word, const char *const *list) {
+    const char *best = NULL;
+    int best_d = 1 + (int)strlen(word) / 3;
+    for (int i = 0; list[i]; i++) {
+        int d = log_word_distance(word, list[i]);
+        if (d < best_d) best_d = d, best = list[i];
+    }
+    return best;
+}
+
 const char *rt_last_error(void) { return log_last_error; }
 
 void rt_clear_error(void) { log_last_error[0] = 0; }
@@ -152,7 +183,7 @@ bool rt_log_step(RtLog *l, const LogRecord *r) {
         ok = ok && log_json_number(f, "tokens_per_s", r->tokens_per_s);
         ok = ok && log_json_number(f, "ms", r->ms);
         ok = ok && fprintf(f, ",\"mem_bytes\":%lld", (long long)r->mem_bytes) >= 0;
-        if (r->skipped) ok = ok && fprintf(f, ",\"skipped\":\"%s\"", r->skipped) >= 0;
+        if (r->skipped) ok = ok && fputs(",\"skipped\":", f) >= 0 && rt_json_write_string(f, r->skipped);
         ok = ok && fputs("}\n", f) >= 0;
         ok = ok && fflush(f) == 0;
         if (!ok) {

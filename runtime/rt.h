@@ -101,6 +101,10 @@ void rt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void rt_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *rt_last_error(void);
 void rt_clear_error(void);
+/* The word of list (NULL-terminated) nearest to word by edit distance (adjacent swaps count
+ * one), when near enough to be what was meant (fewer than 1 + len/3 edits), else NULL: the
+ * "did you mean" of an unknown flag, command or name. */
+const char *rt_nearest_word(const char *word, const char *const *list);
 
 /* One optimizer step as logged: a JSON line in the --log file, a progress line on stderr. */
 typedef struct {
@@ -259,6 +263,11 @@ typedef struct Jv {
     struct Jv *items;
 } Jv;
 bool rt_json_read(const char *path, Jv *v);
+/* The one JSON string writer of fp8c (checkpoint headers, the --log lines, `fp8c plan --json`):
+ * s quoted, with '"', '\\' and control characters escaped, into dst as snprintf would (the
+ * length it needs is returned, dst is cut short and terminated when cap is smaller). */
+size_t rt_json_quote(char *dst, size_t cap, const char *s);
+bool rt_json_write_string(FILE *f, const char *s);           /* false: the write failed */
 const Jv *rt_json_get(const Jv *object, const char *key);   /* NULL: absent, or not an object */
 void rt_json_free(Jv *v);
 
