@@ -868,6 +868,7 @@ static void hf_config_text(const Graph *g, const ModelInfo *m, char *buf, size_t
              "  \"rms_norm_eps\": %.9g,\n"
              "  \"rope_theta\": %.9g,\n"
              "  \"rope_scaling\": null,\n"
+             "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %.9g},\n"
              "  \"attention_bias\": false,\n"
              "  \"mlp_bias\": false,\n"
              "  \"tie_word_embeddings\": false,\n"
@@ -875,7 +876,7 @@ static void hf_config_text(const Graph *g, const ModelInfo *m, char *buf, size_t
              "}\n",
              (long long)m->vocab, (long long)m->dim, (long long)m->hidden, (long long)m->layers,
              (long long)m->heads, (long long)m->kv_heads, (long long)m->head_dim,
-             (long long)(g->seq > 0 ? g->seq : 2048), m->eps, m->theta);
+             (long long)(g->seq > 0 ? g->seq : 2048), m->eps, m->theta, m->theta);
 }
 
 /* The export's tensors, made one at a time as the file is written: a model is never held

@@ -278,7 +278,7 @@ def validate_model(model, args, man, run, th, train, val, paths, report):
         th.torch.manual_seed(args.seed)
         m = th.make(os.path.join(args.dir, spec["config"]))
         res["params"] = sum(p.numel() for p in m.parameters())
-        losses = th.pretrain(m, train, B, T, args.pretrain_steps, args.seed)
+        losses = th.pretrain(m, train, B, T, args.pretrain_steps, args.seed) or [float("nan")]
         res["pretrain"] = {"steps": args.pretrain_steps, "first": losses[0], "last": losses[-1]}
         m.save_pretrained(hf_dir)   # safetensors: the default of transformers 4.35 and later
         log("%s: %s parameters, %d PyTorch steps (loss %.3f -> %.3f), saved to %s" %
@@ -416,7 +416,7 @@ def main():
     ap.add_argument("--finetune-steps", type=int, default=40)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--eval-batches", type=int, default=4)
-    ap.add_argument("--gen-tokens", type=int, default=16)
+    ap.add_argument("--gen-tokens", type=int, default=12)
     ap.add_argument("--prompt-tokens", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-torch", action="store_true", help="the fp8c side only")
