@@ -1117,6 +1117,12 @@ int rt_ckpt_restore_run(const Graph *g, TrainOptions *o) {
         rt_st_close(&f);
         return 2;
     }
+    /* the data is always given; batches are drawn over its files, so other files are other
+     * batches (or the same files moved: a note, not an error) */
+    const char *data = rt_ckpt_meta_get(f.meta, f.n_meta, "data");
+    if (data && o->data && strcmp(data, o->data) != 0)
+        rt_note("%s: the run read --data %s, this resume reads %s: unless they are the same "
+                "files, its batches differ from the run's", path, data, o->data);
     char restored[512] = "", changed[512] = "";
     double lr = o->lr, min_lr = o->min_lr, warmup = (double)o->warmup, steps = (double)o->steps,
            accum = (double)o->grad_accum;

@@ -222,12 +222,13 @@ static void test_resume_restores_run(void **state) {
     for (int i = 0; i < 6; i++) free(a[i]);
     for (int i = 0; i < 3; i++) free(b[i]);
     /* a setting given again with another value is the one used, and said so */
-    rc = run("changed", "%s/bin --data %s/data/gcide_sample.txt --eval-every 0 --lr 1e-3 "
+    rc = run("changed", "%s/bin --data %s/data/../data/gcide_sample.txt --eval-every 0 --lr 1e-3 "
              "--steps 4 --out %s/c --resume %s/a/step_000003.safetensors", tmp_dir, FP8C_SOURCE_DIR,
              tmp_dir, tmp_dir);
     text = slurp("changed.out");
     if (rc != 0 || !strstr(text, "resuming with --lr 0.001 (the run's 0.002), --steps 4 (the run's 6): "
-                                 "given on the command line"))
+                                 "given on the command line") ||
+        !strstr(text, "data/../data/gcide_sample.txt: unless they are the same files"))
         fail_msg("changed settings (%d):\n%s", rc, text);
     free(text);
     assert_int_equal(log_lines("a.jsonl", a, 16), 6);   /* the straight run's log is as it was */
