@@ -11,6 +11,8 @@ reads, and what fp8c exports is what it loads:
      `fp8c build --config`), randomly initialized,
      trained a few steps in PyTorch so that their losses are far from ln(vocabulary) (a wrongly
      loaded weight then shows), saved with save_pretrained;
+  1b. round trip: the saved model started with --init and exported at once (--export-hf) gives
+     back every tensor bit for bit;
   2. step 0: each level's training binary starts from the saved model (--init) and evaluates
      (--eval-only) on a token file; transformers computes the loss of the same batches. -O0's
      must agree within bf16 rounding, the FP8 levels' within FP8's;
@@ -195,6 +197,20 @@ class Torch:
             m = tf.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
         return m.to(self.dev).eval()
 
+    def same_weights(self, model, path):
+        """Whether every tensor of the safetensors file at path equals the model's, bit for bit:
+        (tensors compared, names that differ or are missing on either side)."""
+        from safetensors.torch import load_file
+        torch = self.torch
+        file = load_file(path)
+        state = {k: v for k, v in model.state_dict().items()}
+        bad = [k for k in file if k not in state or not torch.equal(file[k].float().cpu(),
+                                                                    state[k].float().cpu())]
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        bad += [k for k in state if k not in file and k not in tied and not k.endswith(".attn.bias")
+                and not k.endswith(".attn.masked_bias")]
+        return len(file), bad
+
     def loss(self, model, batches, bf16=False):
         """Mean over batches of each batch's mean cross-entropy, as fp8c's evaluation."""
         torch = self.torch
@@ -296,6 +312,26 @@ def validate_model(model, args, man, run, th, train, val, paths, report):
     ref = None
     if th:
         ref = {"f32": th.loss(m.to(th.dev), batches), "bf16": th.loss(m, batches, bf16=True)}
+
+    # 1b. the saved model through fp8c and back: --init, then --export-hf, gives the same weights
+    exp0 = os.path.join(work, "export_init")
+    run.run(model + "-init-export-O0", [binary("train", 0), "--init", hf_dir, "--export-hf", exp0,
+                                        "--overwrite"])
+    if th:
+        n, bad = th.same_weights(m, os.path.join(exp0, "model.safetensors"))
+        res["round_trip"] = {"tensors": n, "differ": bad}
+        report.setdefault("tables", []).append(
+            ("%s: the saved model through --init and --export-hf" % model,
+             table(["tensors", "differ or missing", "check"],
+                   [[n, ", ".join(bad[:4]) + (" ..." if len(bad) > 4 else "") if bad else "none",
+                     verdict(not bad)]])))
+    else:   # the stand-in is fp8c's own export: the two files are the same bytes
+        same = all(open(os.path.join(hf_dir, f), "rb").read() == open(os.path.join(exp0, f), "rb").read()
+                   for f in ("model.safetensors", "config.json"))
+        res["round_trip"] = {"tensors": None, "differ": [] if same else ["model.safetensors"]}
+        report.setdefault("tables", []).append(
+            ("%s: the exported model through --init and --export-hf" % model,
+             table(["files", "check"], [["model.safetensors, config.json", verdict(same)]])))
 
     # 2. step 0: every level started from the saved model
     rows = []
@@ -462,6 +498,8 @@ def main():
 
 def _checks(res):
     out = [v for k, v in res.get("step0", {}).items() if k.startswith("ok_")]
+    if "round_trip" in res:
+        out.append(not res["round_trip"]["differ"])
     for e in res.get("exports", {}).values():
         if "ok" in e:
             out.append(e["ok"])
