@@ -63,11 +63,6 @@ static _Noreturn void bad_flag(const char *fmt, const char *arg)
 
 /* ---------------------------------------------------------------- suggestions */
 
-static const char *const build_flags[] = {
-    "--batch", "--seq", "--config", "--policy", "--precision", "--recipe", "--grad-release",
-    "--verify", "--print-ir-after", "--print-ir-after-all", "--stop-after", "--passes", "--cpu",
-    "--print-kernels", "--json", "--kernels", "--device", "--vs", "--help", NULL};
-
 /* The flags that take a value, which may also come after '=' (--batch=8). */
 static const char *const value_flags[] = {"--batch", "--seq", "--config", "--policy", "--precision",
                                           "--recipe", "--device", "--vs", NULL};
@@ -76,10 +71,18 @@ static _Noreturn void unknown_flag(const char *s)
 {
     char name[64];
     snprintf(name, sizeof name, "%.*s", (int)strcspn(s, "="), s);
-    const char *near = rt_nearest_word(name, build_flags);
+    char *help = NULL;   /* the flags usage() names */
+    size_t len = 0;
+    FILE *f = open_memstream(&help, &len);
+    if (f) {
+        usage(f);
+        fclose(f);
+    }
+    const char *near = help ? rt_nearest_flag(name, help) : NULL;
     fprintf(stderr, "fp8c: error: unknown flag '%s'", s);
     if (near) fprintf(stderr, "; did you mean '%s'?", near);
     fprintf(stderr, " (see fp8c --help)\n");
+    free(help);
     exit(2);
 }
 

@@ -114,16 +114,19 @@ static bool args_real(const char *flag, const char *s, bool allow_zero, double *
     return true;
 }
 
-/* An unknown flag: one line, naming the known flag nearest to it. */
+/* An unknown flag: one line, naming the flag of --help nearest to it. */
 static void args_unknown(const char *flag) {
-    static const char *const known[] = {
-        "--data", "--val", "--steps", "--lr", "--warmup", "--min-lr", "--grad-accum", "--seed",
-        "--eval-every", "--eval-batches", "--log", "--out", "--save-every", "--stop-at", "--resume",
-        "--init", "--export-hf", "--eval-only", "--overwrite", "--generate", "--prompt",
-        "--temperature", "--top-k", "--logits", "--device", "--threads", "--help", NULL};
-    const char *near = rt_nearest_word(flag, known);
+    char *help = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&help, &len);
+    if (f) {
+        rt_usage(f, "");
+        fclose(f);
+    }
+    const char *near = help ? rt_nearest_flag(flag, help) : NULL;
     if (near) rt_error("%s: unknown flag; did you mean %s? (see --help)", flag, near);
     else rt_error("%s: unknown flag (see --help)", flag);
+    free(help);
 }
 
 int rt_parse_args(int argc, char **argv, TrainOptions *o) {

@@ -386,6 +386,7 @@ static void test_command_line(void **state) {
         {"--bacth 2", "unknown flag '--bacth'; did you mean '--batch'?"},
         {"--precison=x=f32", "unknown flag '--precison=x=f32'; did you mean '--precision'?"},
         {"--zzzzzz", "unknown flag '--zzzzzz' (see fp8c --help)"},
+        {"--kernals", "did you mean '--kernels'?"},   /* named in the usage as [--kernels] */
         {"--recipe rowwize", "not 'rowwize'; did you mean 'rowwise'?"},
         {"--recipe mxfp8", "--recipe mxfp8 (OCP MXFP8"},
         {"--recipe coat -O1", "--recipe coat is -O2's states with its rules: drop -O1"},
