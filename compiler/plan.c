@@ -27,6 +27,15 @@ typedef struct {
     int64_t bytes;          /* all of them together */
 } Row;
 
+/* s as a JSON string, quoted and escaped (runtime/json.c), in the arena */
+static const char *json_str(Arena *a, const char *s)
+{
+    size_t n = rt_json_quote(NULL, 0, s);
+    char *q = arena_alloc(a, n + 1);
+    rt_json_quote(q, n + 1, s);
+    return q;
+}
+
 /* "h.11.attn.c_attn.weight" -> "h.*.attn.c_attn.weight" */
 static const char *name_pattern(Arena *a, const char *name)
 {
@@ -239,15 +248,6 @@ static const char *fallback_why(Arena *a, const FallbackRow *r)
         if (dims[i] % PRECISION_FP8_GEMM_ALIGN)
             out = arena_printf(a, "%s%s%s = %lld", out, shown++ ? " and " : "", names[i], (long long)dims[i]);
     return out;
-}
-
-/* s as a JSON string, quoted and escaped (runtime/json.c), in the arena */
-static const char *json_str(Arena *a, const char *s)
-{
-    size_t n = rt_json_quote(NULL, 0, s);
-    char *q = arena_alloc(a, n + 1);
-    rt_json_quote(q, n + 1, s);
-    return q;
 }
 
 void plan_print(const Graph *g, bool json, FILE *out)

@@ -281,7 +281,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
                  (long long)o->steps);
         return RT_ARGS_ERROR;
     }
-    if (o->lr > 0 && o->min_lr > o->lr && !o->resume) {
+    if (o->lr > 0 && o->min_lr > o->lr) {
         rt_error("--min-lr %g is above --lr %g", o->min_lr, o->lr);
         return RT_ARGS_ERROR;
     }

@@ -624,15 +624,16 @@ out:
 }
 
 int rt_train(Graph *g, const TrainOptions *o) {
-    if (o->export_hf) return train_export(g, o);
-    if (o->generate) return train_generate(g, o);
-    if (!train_check_fresh(o)) return 2;
-    TrainOptions run = *o;   /* a resume takes the run's settings that are not given */
-    if (o->resume && !o->eval_only) {
+    TrainOptions run;   /* a resumed training run takes its settings that are not given */
+    if (o->resume && !o->eval_only && !o->export_hf && !o->generate) {
+        run = *o;
         int bad = rt_ckpt_restore_run(g, &run);
         if (bad) return bad;
         o = &run;
     }
+    if (o->export_hf) return train_export(g, o);
+    if (o->generate) return train_generate(g, o);
+    if (!train_check_fresh(o)) return 2;
     Model m;
     if (!model_inspect(g, &m)) {
         model_free(&m);
