@@ -78,6 +78,21 @@ void rt_usage(FILE *out, const char *prog) {
             prog);
 }
 
+/* An unknown flag: one line, naming the flag of --help nearest to it. */
+static void args_unknown(const char *flag) {
+    char *help = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&help, &len);
+    if (f) {
+        rt_usage(f, "");
+        fclose(f);
+    }
+    const char *near = help ? rt_nearest_flag(flag, help) : NULL;
+    if (near) rt_error("%s: unknown flag; did you mean %s? (see --help)", flag, near);
+    else rt_error("%s: unknown flag (see --help)", flag);
+    free(help);
+}
+
 static bool args_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     char *end;
     errno = 0;
@@ -112,21 +127,6 @@ static bool args_real(const char *flag, const char *s, bool allow_zero, double *
     }
     *out = v;
     return true;
-}
-
-/* An unknown flag: one line, naming the flag of --help nearest to it. */
-static void args_unknown(const char *flag) {
-    char *help = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&help, &len);
-    if (f) {
-        rt_usage(f, "");
-        fclose(f);
-    }
-    const char *near = help ? rt_nearest_flag(flag, help) : NULL;
-    if (near) rt_error("%s: unknown flag; did you mean %s? (see --help)", flag, near);
-    else rt_error("%s: unknown flag (see --help)", flag);
-    free(help);
 }
 
 int rt_parse_args(int argc, char **argv, TrainOptions *o) {
