@@ -7,12 +7,16 @@
  *   fp8c tune  MODEL [build flags] --device cuda|cpu [--budget S] -o FILE  measure the choices
  *   fp8c opt   FILE.ir --passes=a,b                                      run passes on textual IR
  *   fp8c passes                                                          list the passes
+ *   fp8c recipes                                                         list the --recipe names
  *
- * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --policy FILE,
- * --precision PATTERN=FORMAT, --grad-release, --gpus N, --print-ir-after=PASS|all, --verify,
- * --tune FILE [--tune-mismatch=defaults] (a tuning record's winners), --choice NAME=VALUE.
- * Every flag is checked; a bad one is one line on stderr and exit status 2. */
+ * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --config FILE, --policy FILE,
+ * --precision PATTERN=FORMAT, --recipe NAME, --grad-release, --gpus N, --print-ir-after=PASS|all,
+ * --verify, --tune FILE [--tune-mismatch=defaults] (a tuning record's winners), --choice
+ * NAME=VALUE. A flag that takes a value takes it as the next word or after '=' (--batch=8).
+ * Every flag is checked; a bad one is one line on stderr and exit status 2, and an unknown
+ * one names the known flag nearest to it. */
 #include "compiler.h"
+#include "rt.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -43,9 +47,12 @@ static void usage(FILE *out)
           "                  [--tune-steps N] -o FILE\n"
           "       fp8c opt   FILE.ir --passes=a,b [--print-ir-after=PASS|all]\n"
           "       fp8c passes\n"
+          "       fp8c recipes\n"
           "       fp8c --version\n"
           "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
-          "             --precision PATTERN=FORMAT  --grad-release  --verify\n"
+          "             --config FILE (a Hugging Face config.json's sizes as -D; -D wins)\n"
+          "             --precision PATTERN=FORMAT  --recipe NAME (fp8c recipes)\n"
+          "             --grad-release  --verify\n"
           "             --gpus N (data parallel: gradients averaged over N GPUs; plan: per GPU)\n"
           "             --print-ir-after=PASS|all  --stop-after=PASS\n"
           "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n"
@@ -61,6 +68,70 @@ static _Noreturn void bad_flag(const char *fmt, const char *arg)
     fprintf(stderr, fmt, arg);
     fprintf(stderr, " (see fp8c --help)\n");
     exit(2);
+}
+
+/* ---------------------------------------------------------------- suggestions */
+
+/* The flags that take a value, which may also come after '=' (--batch=8). */
+static const char *const value_flags[] = {"--batch", "--seq", "--config", "--policy", "--precision",
+                                          "--recipe", "--device", "--vs", "--gpus", "--tune", "--budget",
+                                          "--memory-budget", "--tune-steps", "--choice", NULL};
+
+static _Noreturn void unknown_flag(const char *s)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(s, "="), s);
+    char *help = NULL;   /* the flags usage() names */
+    size_t len = 0;
+    FILE *f = open_memstream(&help, &len);
+    if (f) {
+        usage(f);
+        fclose(f);
+    }
+    const char *near = help ? rt_nearest_flag(name, help) : NULL;
+    fprintf(stderr, "fp8c: error: unknown flag '%s'", s);
+    if (near) fprintf(stderr, "; did you mean '%s'?", near);
+    fprintf(stderr, " (see fp8c --help)\n");
+    free(help);
+    exit(2);
+}
+
+/* --recipe NAME: a known recipe fp8c can run, or exit status 2 with the reason. */
+static const NamedRecipe *find_recipe_or_exit(const char *name)
+{
+    const NamedRecipe *r = name ? precision_find_recipe(name) : NULL;
+    if (!r) {
+        int n;
+        const NamedRecipe *all = precision_recipes(&n);
+        const char *names[64];
+        for (int i = 0; i < n && i < 63; i++) names[i] = all[i].name;
+        names[n < 63 ? n : 63] = NULL;
+        const char *near = name ? rt_nearest_word(name, names) : NULL;
+        fprintf(stderr, "fp8c: error: --recipe needs a recipe name, not '%s'%s%s%s (fp8c recipes "
+                        "lists them)\n", name ? name : "", near ? "; did you mean '" : "",
+                near ? near : "", near ? "'?" : "");
+        exit(2);
+    }
+    if (r->refused) {
+        fprintf(stderr, "fp8c: error: --recipe %s (%s): fp8c cannot run it: %s\n", r->name, r->what,
+                r->refused);
+        exit(2);
+    }
+    return r;
+}
+
+static int cmd_recipes(void)
+{
+    int n;
+    const NamedRecipe *all = precision_recipes(&n);
+    for (int i = 0; i < n; i++) {
+        printf("%-20s -O%d%s  %s\n", all[i].name, all[i].level, all[i].level_fixed ? "" : "+",
+               all[i].what);
+        if (all[i].refused) printf("%-26s refused: %s\n", "", all[i].refused);
+        for (int k = 0; k < RECIPE_MAX_RULES && all[i].rules[k]; k++)
+            printf("%-26s --precision '%s'\n", "", all[i].rules[k]);
+    }
+    return 0;
 }
 
 static int64_t parse_size(const char *flag, const char *s)
@@ -81,6 +152,7 @@ typedef struct {
     char define_names[MAX_DEFINES][64];
     const char *overrides[MAX_OVERRIDES];
     const char *model;
+    const char *config;        /* --config: a Hugging Face config.json */
     const char *output;
     bool json;
     bool level_given;          /* -On was on the command line (opt: overrides the IR's opt=) */
@@ -103,6 +175,63 @@ typedef struct {
     TuneRecord record;         /* --tune's, read */
 } Args;
 
+/* --config FILE: the sizes a Hugging Face config.json gives, as -D defines of the config
+ * constants models/gpt2.model and models/llama.model use. They go before the command line's
+ * own -D, so that an explicit -D wins (the last -D of a name does). Keys the model has no
+ * constant for (activation, rope type, tied head, head size) are what --init checks against
+ * the built graph when the weights are loaded; a model_type that is neither family is refused
+ * here. */
+typedef struct {
+    const char *key, *define;
+} ConfigKey;
+
+static const ConfigKey config_gpt2[] = {
+    {"n_layer", "layers"}, {"n_embd", "dim"}, {"n_head", "heads"}, {"vocab_size", "vocab"},
+    {"n_positions", "max_seq"}, {NULL, NULL}};
+static const ConfigKey config_llama[] = {
+    {"num_hidden_layers", "layers"}, {"hidden_size", "dim"}, {"num_attention_heads", "heads"},
+    {"num_key_value_heads", "kv_heads"}, {"intermediate_size", "hidden"},
+    {"vocab_size", "vocab"}, {"rms_norm_eps", "norm_eps"}, {"rope_theta", "rope_theta"},
+    {NULL, NULL}};
+
+static _Noreturn void config_fail(const char *path, const char *what, const char *key)
+{
+    fprintf(stderr, "fp8c: error: %s: %s%s\n", path, what, key ? key : "");
+    exit(2);
+}
+
+static void config_defines(Args *a)
+{
+    Jv cfg;
+    rt_set_program_name("fp8c");
+    if (!rt_json_read(a->config, &cfg)) exit(2);   /* the reader printed the line */
+    const Jv *type = rt_json_get(&cfg, "model_type");
+    if (!type || type->kind != JV_STR)
+        config_fail(a->config, "no model_type (gpt2 or llama)", NULL);
+    const ConfigKey *keys = !strcmp(type->str, "gpt2") ? config_gpt2
+                          : !strcmp(type->str, "llama") ? config_llama : NULL;
+    if (!keys) config_fail(a->config, "model_type is not gpt2 or llama: ", type->str);
+    Define found[16];
+    int n = 0;
+    Arena *arena = session_arena();
+    for (const ConfigKey *k = keys; k->key; k++) {
+        const Jv *v = rt_json_get(&cfg, k->key);
+        if (!strcmp(k->key, "rope_theta") && (!v || v->kind == JV_NULL)) {   /* transformers 5 */
+            const Jv *rp = rt_json_get(&cfg, "rope_parameters");
+            v = rp ? rt_json_get(rp, "rope_theta") : NULL;
+        }
+        if (!v || v->kind == JV_NULL) continue;
+        if (v->kind != JV_NUM) config_fail(a->config, "not a number: ", k->key);
+        found[n++] = (Define){k->define, arena_printf(arena, "%.15g", v->num)};
+    }
+    rt_json_free(&cfg);
+    int have = a->build.front.n_defines;
+    if (have + n > MAX_DEFINES) bad_flag("too many -D flags with --config %s", a->config);
+    memmove(a->defines + n, a->defines, (size_t)have * sizeof *a->defines);
+    memcpy(a->defines, found, (size_t)n * sizeof *found);
+    a->build.front.n_defines = have + n;
+}
+
 /* Parses the flags shared by plan, build, train and opt. */
 static void parse_args(int argc, char **argv, Args *a)
 {
@@ -120,6 +249,16 @@ static void parse_args(int argc, char **argv, Args *a)
     for (int i = 0; i < argc; i++) {
         char *s = argv[i];
         const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        /* --flag=value: the value as if it were the next word (the branch below takes it) */
+        char flag[32];
+        bool inline_value = false;
+        const char *equals = s[0] == '-' && s[1] == '-' ? strchr(s, '=') : NULL;
+        if (equals && equals - s < (ptrdiff_t)sizeof flag) {
+            snprintf(flag, sizeof flag, "%.*s", (int)(equals - s), s);
+            for (int k = 0; value_flags[k] && !inline_value; k++)
+                if (!strcmp(flag, value_flags[k])) inline_value = true;
+            if (inline_value) s = flag, next = equals + 1, i--;   /* the branch's i++ stays here */
+        }
         if (!strcmp(s, "--")) {
             a->run_args = argv + i + 1;
             a->n_run_args = argc - i - 1;
@@ -142,6 +281,12 @@ static void parse_args(int argc, char **argv, Args *a)
             memcpy(a->define_names[k], def, (size_t)(eq - def));
             a->define_names[k][eq - def] = 0;
             a->defines[k] = (Define){a->define_names[k], eq + 1};
+        } else if (!strcmp(s, "--config")) {
+            if (!next) bad_flag("%s needs a config.json file", s);
+            a->config = next, i++;
+        } else if (!strcmp(s, "--recipe")) {
+            if (a->build.passes.recipe) bad_flag("--recipe is given twice (%s)", a->build.passes.recipe->name);
+            a->build.passes.recipe = find_recipe_or_exit(next), i++;
         } else if (!strcmp(s, "--policy")) {
             if (!next) bad_flag("%s needs a file", s);
             a->build.passes.policy_file = next, i++;
@@ -220,12 +365,21 @@ static void parse_args(int argc, char **argv, Args *a)
             usage(stdout);
             exit(0);
         } else if (s[0] == '-') {
-            bad_flag("unknown flag '%s'", s);
+            unknown_flag(s);
         } else if (!a->model) {
             a->model = s;
         } else {
             bad_flag("unexpected argument '%s'", s);
         }
+    }
+    if (a->config) config_defines(a);
+    const NamedRecipe *r = a->build.passes.recipe;
+    if (r && !a->level_given) {
+        a->build.passes.opt_level = r->level;
+    } else if (r && r->level_fixed && a->build.passes.opt_level != r->level) {
+        fprintf(stderr, "fp8c: error: --recipe %s is -O%d's states with its rules: drop -O%d\n",
+                r->name, r->level, a->build.passes.opt_level);
+        exit(2);
     }
     int64_t b = a->build.front.batch, t = a->build.front.seq;   /* each at most 2^30 */
     if (b && t && b * t > IR_MAX_NUMEL) {
@@ -393,6 +547,12 @@ static int cmd_plan(Args *a)
         b.build.passes.print_after = NULL;
         other = compile_or_exit(arena, &b);
     }
+    const NamedRecipe *r = a->build.passes.recipe;
+    if (r && !a->json) {   /* what the name stands for, as the rules that follow show it */
+        printf("recipe %s (-O%d): %s\n  rules:", r->name, r->level, r->what);
+        for (int k = 0; k < RECIPE_MAX_RULES && r->rules[k]; k++) printf(" %s", r->rules[k]);
+        printf("\n\n");
+    }
     if (other) plan_print_diff(other, g, a->json, stdout);
     else plan_print(g, a->json, stdout);
     if (a->tune && !a->json) print_tune_table(&a->record, stdout);
@@ -546,6 +706,7 @@ static int dispatch(int argc, char **argv, Args *ap)
         return 0;
     }
     if (!strcmp(cmd, "passes")) return cmd_passes();
+    if (!strcmp(cmd, "recipes")) return cmd_recipes();
     Args *a = ap;
     parse_args(argc - 2, argv + 2, a);
     if (!strcmp(cmd, "tune")) return cmd_tune(a);
@@ -556,6 +717,9 @@ static int dispatch(int argc, char **argv, Args *ap)
     if (!strcmp(cmd, "build")) return cmd_build(a);
     if (!strcmp(cmd, "train")) return cmd_train(a);
     if (!strcmp(cmd, "opt")) return cmd_opt(a);
-    fprintf(stderr, "fp8c: error: unknown command '%s' (plan, build, train, tune, opt, passes)\n", cmd);
+    static const char *const commands[] = {"plan", "build", "train", "tune", "opt", "passes", "recipes", NULL};
+    const char *near = rt_nearest_word(cmd, commands);
+    fprintf(stderr, "fp8c: error: unknown command '%s'%s%s%s (plan, build, train, tune, opt, passes, "
+                    "recipes)\n", cmd, near ? "; did you mean '" : "", near ? near : "", near ? "'?" : "");
     return 2;
 }

@@ -13,6 +13,7 @@
 #ifdef FP8C_HAVE_CUDA
 #include "gpu.h"
 #endif
+#include "rt.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -25,6 +26,15 @@ typedef struct {
     int count;
     int64_t bytes;          /* all of them together */
 } Row;
+
+/* s as a JSON string, quoted and escaped (runtime/json.c), in the arena */
+static const char *json_str(Arena *a, const char *s)
+{
+    size_t n = rt_json_quote(NULL, 0, s);
+    char *q = arena_alloc(a, n + 1);
+    rt_json_quote(q, n + 1, s);
+    return q;
+}
 
 /* "h.11.attn.c_attn.weight" -> "h.*.attn.c_attn.weight" */
 static const char *name_pattern(Arena *a, const char *name)
@@ -274,8 +284,8 @@ void plan_print(const Graph *g, bool json, FILE *out)
     double per_param = m.n_params ? (double)m.persistent / (double)m.n_params : 0;
     int64_t peak = m.persistent + m.transient;
     if (json) {
-        fprintf(out, "{\"model\": \"%s\", \"opt_level\": %d, \"batch\": %lld, \"seq\": %lld, \"params\": %lld,\n",
-                g->model_name ? g->model_name : "", g->opt_level, (long long)g->batch, (long long)g->seq,
+        fprintf(out, "{\"model\": %s, \"opt_level\": %d, \"batch\": %lld, \"seq\": %lld, \"params\": %lld,\n",
+                json_str(g->arena, g->model_name ? g->model_name : ""), g->opt_level, (long long)g->batch, (long long)g->seq,
                 (long long)m.n_params);
         fprintf(out, " \"tensors\": [\n");
         bool first = true;
@@ -286,30 +296,30 @@ void plan_print(const Graph *g, bool json, FILE *out)
             shape_text(&x->t, shape, sizeof shape);
             format_text(&x->t.fmt, fmt, sizeof fmt);
             const char *from = x->op == OP_QUANTIZE ? label(g->arena, x->in[0]) : "";
-            fprintf(out, "%s  {\"name\": \"%s\", \"role\": \"%s\", \"shape\": %s, \"format\": \"%s\", "
+            fprintf(out, "%s  {\"name\": %s, \"role\": \"%s\", \"shape\": %s, \"format\": \"%s\", "
                          "\"elem\": \"%s\", \"scaling\": \"%s\", \"recipe\": \"%s\", \"codec\": \"%s\", "
-                         "\"quantized_from\": \"%s\", \"bytes\": %lld}",
-                    first ? "" : ",\n", label(g->arena, x),
+                         "\"quantized_from\": %s, \"bytes\": %lld}",
+                    first ? "" : ",\n", json_str(g->arena, label(g->arena, x)),
                     ir_role_name(x->t.role), shape, fmt, fmt_elem_name(x->t.fmt.elem),
                     fmt_scaling_name(x->t.fmt.scaling), fmt_recipe_name(x->t.fmt.recipe),
-                    fmt_codec_name(x->t.fmt.codec), from, (long long)tensor_bytes(&x->t));
+                    fmt_codec_name(x->t.fmt.codec), json_str(g->arena, from), (long long)tensor_bytes(&x->t));
             first = false;
         }
         fprintf(out, "\n ],\n \"transposed_copies\": [");
         int n_copies;
         CopyRow *copies = collect_copies(g, &n_copies);
         for (int i = 0; i < n_copies; i++)
-            fprintf(out, "%s\n  {\"name\": \"%s\", \"count\": %d, \"made_by\": \"%s\", \"phase\": \"%s\", "
+            fprintf(out, "%s\n  {\"name\": %s, \"count\": %d, \"made_by\": \"%s\", \"phase\": \"%s\", "
                          "\"shape\": [%lld,%lld], \"bytes\": %lld}",
-                    i ? "," : "", copies[i].pattern, copies[i].count, copies[i].made_by, copies[i].phase,
+                    i ? "," : "", json_str(g->arena, copies[i].pattern), copies[i].count, copies[i].made_by, copies[i].phase,
                     (long long)copies[i].dims[0], (long long)copies[i].dims[1], (long long)copies[i].bytes);
         fprintf(out, "%s],\n \"bf16_gemms\": [", n_copies ? "\n " : "");
         int n_fallbacks;
         FallbackRow *fb = collect_fallbacks(g, &n_fallbacks);
         for (int i = 0; i < n_fallbacks; i++)
-            fprintf(out, "%s\n  {\"weight\": \"%s\", \"kind\": \"%s\", \"count\": %d, \"m\": %lld, "
+            fprintf(out, "%s\n  {\"weight\": %s, \"kind\": \"%s\", \"count\": %d, \"m\": %lld, "
                          "\"n\": %lld, \"k\": %lld, \"why\": \"%s not a multiple of %d\"}",
-                    i ? "," : "", fb[i].pattern, fb[i].kind, fb[i].count, (long long)fb[i].m, (long long)fb[i].n,
+                    i ? "," : "", json_str(g->arena, fb[i].pattern), fb[i].kind, fb[i].count, (long long)fb[i].m, (long long)fb[i].n,
                     (long long)fb[i].k, fallback_why(g->arena, &fb[i]), PRECISION_FP8_GEMM_ALIGN);
         fprintf(out, "%s],\n \"totals\": {", n_fallbacks ? "\n " : "");
         for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++)

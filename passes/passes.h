@@ -14,6 +14,8 @@ typedef struct {
     const char *policy_file;    /* precision overrides (precision.c), NULL if none */
     const char **overrides;     /* "pattern=format" strings from the command line */
     int n_overrides;
+    const struct NamedRecipe *recipe; /* --recipe: its rules go before the policy file's and the
+                                   command line's, which win over them; NULL if none */
     bool grad_release;          /* O3: release gradients as soon as their update ran */
     int gpus;                   /* data parallel over this many GPUs (comm.c); 0 or 1: one */
     bool verify;                /* run ir_verify after every pass */
@@ -47,6 +49,19 @@ bool pass_run(Graph *g, const PassInfo *p, const PassOptions *opt);
  * weight's; for a weight gradient, the parameter it is the gradient of): "fwd", "dgrad" or
  * "wgrad". uses: ir_fill_uses of mm's graph. */
 const char *precision_gemm_kind(const Node *mm, const Uses *uses, const char **weight);
+/* A recipe by the name other systems give it (docs/recipes.md): a level to build on and
+ * precision rules, applied before the user's own (later rules win). */
+#define RECIPE_MAX_RULES 6
+typedef struct NamedRecipe {
+    const char *name;
+    int level;                  /* the -O it builds on when none is given */
+    bool level_fixed;           /* its states are that level's: another -O contradicts it */
+    const char *rules[RECIPE_MAX_RULES];
+    const char *what;           /* whose setting it is, in a line */
+    const char *refused;        /* why fp8c cannot run it as that system does; NULL: it can */
+} NamedRecipe;
+const NamedRecipe *precision_recipes(int *n);
+const NamedRecipe *precision_find_recipe(const char *name);     /* NULL: no recipe of that name */
 /* cuBLASLt runs FP8 GEMMs whose K and N are multiples of this; others are planned in bf16 */
 #define PRECISION_FP8_GEMM_ALIGN 16
 

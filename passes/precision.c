@@ -27,6 +27,7 @@
  *                                 e4m3 everywhere (DeepSeek-V3); :row, :block128 (1x128
  *                                 activation tiles, 128x128 weight blocks), :delayed16
  *   saved:h.*.mlp.*=e4m3:group16  saved activations whose name matches, in this format
+ *                                 (unnamed ones match "*")
  *   value:*=f32                   transient values (activations, their gradients; unnamed ones
  *                                 match "*") kept in this 16- or 32-bit format instead of bf16:
  *                                 with "*=f32" it makes a step with no reduced precision at all,
@@ -38,7 +39,13 @@
  *
  * Every rule does what it says or is an error at its place: a format the update or a GEMM
  * cannot honour (an unscaled FP8 state, an e5m2 range-expanded one, an FP8 parameter, a GEMM
- * in groups) is refused when it is read or first matched, not approximated. */
+ * in groups) is refused when it is read or first matched, not approximated.
+ *
+ * Recipes (--recipe NAME) are the settings of other systems by the names their users know
+ * (torchao's tensorwise and rowwise, TransformerEngine's delayed and hybrid, DeepSeek-V3's
+ * blockwise, MS-AMP's O1 and O2, COAT, FlashOptim): each is a level and a few rules, in one
+ * table below, so that `fp8c plan` shows what a name means tensor by tensor and a user's own
+ * rules still win. A recipe fp8c cannot run as its system does is refused with the reason. */
 #include "passes.h"
 
 #include <ctype.h>
@@ -283,6 +290,61 @@ static const Rule *stored_rule(Arena *a, const Policy *p, const char *name, Role
     if (!err) return r;
     diag_error(r->loc, "'%s' matches '%s' (%s): %s", r->text, name, ir_role_name(role), err);
     r->refused = true;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- recipes */
+
+static const NamedRecipe recipes[] = {
+    {"tensorwise", 1, false, {"gemm:*=e5m2:tensor:current"},
+     "torchao tensorwise, TransformerEngine Float8CurrentScaling: one scale per tensor from its "
+     "amax now, e4m3 forward, e5m2 gradients", NULL},
+    {"rowwise", 1, false, {"gemm:*=e4m3:row"},
+     "torchao rowwise: e4m3 everywhere, one scale per row (the weight gradient's rows lie "
+     "across its contraction: per tensor)", NULL},
+    {"rowwise_with_gw_hp", 1, false, {"gemm:*=e4m3:row", "gemm.wgrad:*=bf16"},
+     "torchao rowwise_with_gw_hp: rowwise, the weight gradients in bf16", NULL},
+    {"blockwise", 1, false, {"gemm:*=e4m3:block128"},
+     "DeepSeek-V3, TransformerEngine Float8BlockScaling: e4m3, 1x128 activation tiles, 128x128 "
+     "weight blocks", NULL},
+    {"delayed", 1, false, {"gemm:*=e5m2:delayed1024"},
+     "TransformerEngine DelayedScaling's defaults: HYBRID (e4m3 forward, e5m2 gradients), amax "
+     "history 1024, its max, margin 0", NULL},
+    {"hybrid", 1, false, {"gemm:*=e5m2:tensor:current"},
+     "TransformerEngine Format.HYBRID with current scaling: e4m3 forward, e5m2 gradients", NULL},
+    {"e4m3", 1, false, {"gemm:*=e4m3:tensor:current"},
+     "TransformerEngine Format.E4M3 with current scaling: e4m3 forward and backward", NULL},
+    {"msamp-o1", 1, true, {"gemm:*=e5m2:tensor", "*:master=f32", "*:adam_m=f32", "*:adam_v=f32"},
+     "MS-AMP O1: FP8 GEMMs, f32 master weights and Adam states; fp8c keeps the weight "
+     "gradients in bf16 where MS-AMP keeps them in FP8", NULL},
+    {"msamp-o2", 2, true, {"gemm:*=e5m2:tensor", "*:master=f16", "*:adam_m=e4m3:expand",
+                           "*:adam_v=f16", "saved:*=bf16"},
+     "MS-AMP O2: FP8 GEMMs, f16 master weights, FP8 Adam m (here with a scale per group of 128, "
+     "where MS-AMP scales per tensor), f16 Adam v, activations kept in bf16", NULL},
+    {"coat", 2, true, {"*:adam_m=e4m3:expand", "*:adam_v=e4m3:expand"},
+     "COAT: FP8 GEMMs, Adam m and v in e4m3 with dynamic range expansion (groups of 128), saved "
+     "activations in FP8 of mixed granularity (-O2's)", NULL},
+    {"flashoptim", 3, true, {"gemm:*=bf16", "saved:*=bf16", "*:master=i8", "*:adam_m=i8:compand",
+                             "*:adam_v=u8:sqrt"},
+     "FlashOptim: bf16 GEMMs and activations, Adam m companded into i8 and v as sqrt into u8 "
+     "(groups of 32), bf16 weights with an i8 correction as the master", NULL},
+    {"mxfp8", 1, false, {NULL}, "OCP MXFP8: e4m3 in blocks of 32 with E8M0 power-of-two scales",
+     "its blocks of 32 need Blackwell's block-scaled GEMMs; fp8c's GEMMs take tensor, row, "
+     "1x128 and 128x128 scales (--recipe blockwise is the nearest)"},
+    {"nvfp4", 1, false, {NULL}, "NVFP4: 4-bit values in blocks of 16 with e4m3 scales",
+     "fp8c has no 4-bit formats"},
+};
+
+const NamedRecipe *precision_recipes(int *n)
+{
+    *n = (int)(sizeof recipes / sizeof recipes[0]);
+    return recipes;
+}
+
+const NamedRecipe *precision_find_recipe(const char *name)
+{
+    for (size_t i = 0; i < sizeof recipes / sizeof recipes[0]; i++)
+        if (!strcmp(recipes[i].name, name)) return &recipes[i];
     return NULL;
 }
 
@@ -550,6 +612,11 @@ bool pass_precision(Graph *g, const PassOptions *opt)
 {
     Policy policy = {0};
     int errors = diag_error_count();
+    if (opt->recipe) {
+        SrcLoc at = {arena_printf(g->arena, "<recipe %s>", opt->recipe->name), 0, 0};
+        for (int i = 0; i < RECIPE_MAX_RULES && opt->recipe->rules[i]; i++)
+            policy_add(&policy, g->arena, opt->recipe->rules[i], at);
+    }
     if (opt->policy_file) policy_load_file(&policy, g->arena, opt->policy_file);
     for (int i = 0; i < opt->n_overrides; i++)
         policy_add(&policy, g->arena, opt->overrides[i], (SrcLoc){"<command line>", 0, 0});
@@ -597,7 +664,8 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         bool f32 = stays_f32(x);
         const Rule *v = f32 ? NULL : policy_match(&policy, RULE_VALUE, x->t.name ? x->t.name : "");
         x->t.fmt = fmt_plain(f32 ? FMT_F32 : v ? v->fmt.elem : FMT_BF16);
-        const Rule *r = x->t.role == ROLE_SAVED ? policy_match(&policy, RULE_SAVED, x->t.name) : NULL;
+        /* unnamed values are matched as "", by "*" (as value: rules match them) */
+        const Rule *r = x->t.role == ROLE_SAVED ? policy_match(&policy, RULE_SAVED, x->t.name ? x->t.name : "") : NULL;
         if (r && !(r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2)) x->t.fmt = fmt_plain(r->fmt.elem);
     }
 
@@ -655,7 +723,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         if (x->t.role != ROLE_SAVED || !fmt_elem_is_float(x->t.fmt.elem)) continue;
         Format want = fmt_plain(FMT_VOID);
         if (g->opt_level >= 2) want = saved_default(x, &uses[i]);
-        const Rule *r = policy_match(&policy, RULE_SAVED, x->t.name);
+        const Rule *r = policy_match(&policy, RULE_SAVED, x->t.name ? x->t.name : "");
         if (r) want = r->fmt.elem == x->t.fmt.elem && r->fmt.scaling == SCALE_NONE ? fmt_plain(FMT_VOID) : r->fmt;
         if (want.elem == FMT_E4M3 || want.elem == FMT_E5M2) {
             if (want.scaling == SCALE_NONE) want.scaling = SCALE_PER_TENSOR;

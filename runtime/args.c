@@ -44,7 +44,9 @@ void rt_usage(FILE *out, const char *prog) {
             "                      runs to --steps, and --resume continues it exactly; 0 writes\n"
             "                      the initial state (step_000000) and trains nothing\n"
             "  --resume PATH       continue from a checkpoint file, or DIR's latest; --log is\n"
-            "                      appended to, less its lines of the steps this run repeats\n"
+            "                      appended to, less its lines of the steps this run repeats;\n"
+            "                      --lr, --min-lr, --warmup, --steps, --grad-accum and --seed\n"
+            "                      are the run's unless given\n"
             "  --init PATH         start a fresh run from these weights: a Hugging Face GPT-2 or\n"
             "                      Llama model (a directory with config.json and model.safetensors\n"
             "                      or a sharded index) or an fp8c checkpoint (weights only)\n"
@@ -64,6 +66,8 @@ void rt_usage(FILE *out, const char *prog) {
             "                      a newline), else token ids separated by spaces or commas\n"
             "  --temperature X     softmax temperature (default 1; 0: always the likeliest token)\n"
             "  --top-k K           sample among the K likeliest tokens (default 0: all)\n"
+            "  --logits FILE       also write the logits each token was drawn from: vocabulary\n"
+            "                      f32 values (little-endian) per token, in order\n"
             "machine\n"
             "  --device NAME       where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
             "                      kernels), or auto (default: the GPU if one is found, else cpu);\n"
@@ -83,6 +87,21 @@ void rt_usage(FILE *out, const char *prog) {
             "                      collective, before the job ends with an error (default 600)\n"
             "  --help              this text\n",
             prog);
+}
+
+/* An unknown flag: one line, naming the flag of --help nearest to it. */
+static void args_unknown(const char *flag) {
+    char *help = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&help, &len);
+    if (f) {
+        rt_usage(f, "");
+        fclose(f);
+    }
+    const char *near = help ? rt_nearest_flag(flag, help) : NULL;
+    if (near) rt_error("%s: unknown flag; did you mean %s? (see --help)", flag, near);
+    else rt_error("%s: unknown flag (see --help)", flag);
+    free(help);
 }
 
 static bool args_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
@@ -215,8 +234,13 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         else if (strcmp(flag, "--init") == 0) o->init = value;
         else if (strcmp(flag, "--export-hf") == 0) o->export_hf = value;
         else if (strcmp(flag, "--device") == 0) o->device = value;
-        else if (strcmp(flag, "--steps") == 0) ok = args_int(flag, value, 1, INT32_MAX, &o->steps);
-        else if (strcmp(flag, "--warmup") == 0) ok = args_int(flag, value, 0, INT32_MAX, &o->warmup);
+        else if (strcmp(flag, "--steps") == 0) {
+            ok = args_int(flag, value, 1, INT32_MAX, &o->steps);
+            o->steps_given = true;
+        } else if (strcmp(flag, "--warmup") == 0) {
+            ok = args_int(flag, value, 0, INT32_MAX, &o->warmup);
+            o->warmup_given = true;
+        }
         else if (strcmp(flag, "--eval-every") == 0)
             ok = args_int(flag, value, 0, INT32_MAX, &o->eval_every);
         else if (strcmp(flag, "--eval-batches") == 0)
@@ -228,6 +252,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         else if (strcmp(flag, "--grad-accum") == 0) {
             ok = args_int(flag, value, 1, 1 << 16, &v);
             o->grad_accum = (int)v;
+            o->grad_accum_given = true;
         } else if (strcmp(flag, "--threads") == 0) {
             ok = args_int(flag, value, 1, 4096, &v);
             o->threads = (int)v;
@@ -242,6 +267,9 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
             sampling_flag = true;
         } else if (strcmp(flag, "--temperature") == 0) {
             ok = args_real(flag, value, true, &o->temperature);
+            sampling_flag = true;
+        } else if (strcmp(flag, "--logits") == 0) {
+            o->logits = value;
             sampling_flag = true;
         } else if (strcmp(flag, "--top-k") == 0) {
             ok = args_int(flag, value, 0, INT32_MAX, &o->top_k);
@@ -262,7 +290,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         } else if (strcmp(flag, "--lr") == 0) ok = args_real(flag, value, false, &o->lr);
         else if (strcmp(flag, "--min-lr") == 0) ok = args_real(flag, value, true, &o->min_lr);
         else {
-            rt_error("%s: unknown flag (see --help)", flag);
+            args_unknown(flag);
             return RT_ARGS_ERROR;
         }
         if (!ok) return RT_ARGS_ERROR;
@@ -284,7 +312,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         return RT_ARGS_ERROR;
     }
     if (sampling_flag && !o->generate) {
-        rt_error("--prompt, --temperature and --top-k set how --generate samples: give --generate N");
+        rt_error("--prompt, --temperature, --top-k and --logits go with --generate: give --generate N");
         return RT_ARGS_ERROR;
     }
     if ((o->eval_only || o->generate) && (o->out || o->stop_at >= 0 || o->save_every)) {
@@ -313,7 +341,7 @@ int rt_parse_args(int argc, char **argv, TrainOptions *o) {
         rt_error("--save-every needs --out DIR to write checkpoints to");
         return RT_ARGS_ERROR;
     }
-    if (o->warmup > o->steps) {
+    if (o->warmup > o->steps && !o->resume) {   /* a resume compares them once restored */
         rt_error("--warmup %lld is longer than --steps %lld", (long long)o->warmup,
                  (long long)o->steps);
         return RT_ARGS_ERROR;

@@ -15,8 +15,12 @@
  * is meant for looking at what a model writes, not for serving it. The reference executor reads
  * every tensor through its format, so the logits are those of the trained precision (FP8 GEMMs
  * at -O1 and above). Forward nodes that record amax values (delayed scaling) write persistent
- * state; the caller saves and restores it around generation as around an evaluation. */
+ * state; the caller saves and restores it around generation as around an evaluation.
+ *
+ * --logits FILE keeps, for each token, the V logits it was drawn from (f32, in order): what a
+ * comparison with another implementation's forward needs (tools/hf/validate_hf.py). */
 #define _GNU_SOURCE   /* qsort_r */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +123,11 @@ bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_pro
         float *all = ref_load(&h->logits->t);
         memcpy(probs, all + (row - h->row0) * V, (size_t)V * sizeof *probs);
         free(all);
+        if (o->logits && fwrite(probs, sizeof *probs, (size_t)V, o->logits) != (size_t)V) {
+            rt_error("--logits: cannot write: %s", strerror(errno));
+            ok = false;
+            break;
+        }
         int32_t next = (int32_t)rt_sample(probs, V, o->temperature, o->top_k, &rng, order);
         seq[n] = next;
         if (o->text) {

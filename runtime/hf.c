@@ -502,6 +502,50 @@ static bool cfg_false(const Source *s, const char *key, const char *what) {
     return false;
 }
 
+/* Rotary settings. Transformers 4 writes `rope_theta` and `rope_scaling` (null, or an object of
+ * a scaled kind); transformers 5 writes one object, `rope_parameters`, holding `rope_type` and
+ * `rope_theta`. Either way only the plain kind ("default") is what fp8c's rope computes. */
+static bool cfg_rope_object(const Source *s, const char *key, double theta, bool *has_theta) {
+    const Jv *v = rt_json_get(&s->config, key);
+    if (!v || v->kind == JV_NULL) return true;
+    if (v->kind != JV_OBJ) {
+        rt_error("%s: %s is not an object", s->config_path, key);
+        return false;
+    }
+    const Jv *type = rt_json_get(v, "rope_type");
+    if (!type) type = rt_json_get(v, "type");
+    if (type && !(type->kind == JV_STR && strcmp(type->str, "default") == 0)) {
+        rt_error("%s: %s.rope_type is %s%s%s: fp8c's rope has no scaling (\"default\" only)",
+                 s->config_path, key, type->kind == JV_STR ? "\"" : "",
+                 type->kind == JV_STR ? type->str : "not a string", type->kind == JV_STR ? "\"" : "");
+        return false;
+    }
+    const Jv *t = rt_json_get(v, "rope_theta");
+    if (t && t->kind != JV_NULL) {
+        if (t->kind != JV_NUM) {
+            rt_error("%s: %s.rope_theta is not a number", s->config_path, key);
+            return false;
+        }
+        if (!(fabs(t->num - theta) <= 1e-6 * fabs(theta))) {
+            rt_error("%s: %s.rope_theta is %g, the model's rope theta is %g", s->config_path, key,
+                     t->num, theta);
+            return false;
+        }
+        *has_theta = true;
+    }
+    return true;
+}
+
+static bool cfg_rope(const Source *s, double theta) {
+    bool has_theta = false;
+    if (!cfg_rope_object(s, "rope_parameters", theta, &has_theta) ||
+        !cfg_rope_object(s, "rope_scaling", theta, &has_theta))
+        return false;
+    const Jv *top = rt_json_get(&s->config, "rope_theta");
+    if (has_theta && (!top || top->kind == JV_NULL)) return true;
+    return cfg_real(s, "rope_theta", theta, 10000.0, "rope theta");
+}
+
 /* The config against what the graph computes. */
 static bool src_check_config(const Source *s, const ModelInfo *m) {
     if (s->config.kind != JV_OBJ) return true;
@@ -522,9 +566,8 @@ static bool src_check_config(const Source *s, const ModelInfo *m) {
            cfg_int(s, "num_hidden_layers", m->layers, "layers", "layers") &&
            cfg_int(s, "head_dim", m->head_dim, "as its head size (dim / heads)", NULL) &&
            cfg_real(s, "rms_norm_eps", m->eps, 1e-6, "rmsnorm epsilon") &&
-           cfg_real(s, "rope_theta", m->theta, 10000.0, "rope theta") &&
+           cfg_rope(s, m->theta) &&
            cfg_str(s, "hidden_act", silu, "silu") &&
-           cfg_false(s, "rope_scaling", "fp8c's rope has no scaling") &&
            cfg_false(s, "attention_bias", "fp8c's Llama has no biases") &&
            cfg_false(s, "mlp_bias", "fp8c's Llama has no biases");
 }
@@ -825,6 +868,7 @@ static void hf_config_text(const Graph *g, const ModelInfo *m, char *buf, size_t
              "  \"rms_norm_eps\": %.9g,\n"
              "  \"rope_theta\": %.9g,\n"
              "  \"rope_scaling\": null,\n"
+             "  \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %.9g},\n"
              "  \"attention_bias\": false,\n"
              "  \"mlp_bias\": false,\n"
              "  \"tie_word_embeddings\": false,\n"
@@ -832,7 +876,7 @@ static void hf_config_text(const Graph *g, const ModelInfo *m, char *buf, size_t
              "}\n",
              (long long)m->vocab, (long long)m->dim, (long long)m->hidden, (long long)m->layers,
              (long long)m->heads, (long long)m->kv_heads, (long long)m->head_dim,
-             (long long)(g->seq > 0 ? g->seq : 2048), m->eps, m->theta);
+             (long long)(g->seq > 0 ? g->seq : 2048), m->eps, m->theta, m->theta);
 }
 
 /* The export's tensors, made one at a time as the file is written: a model is never held

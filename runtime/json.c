@@ -4,7 +4,11 @@
  * tensor entries and checks each field as it goes; the files read here are small and nested
  * (config.json holds objects, arrays, booleans, nulls and reals), and the caller looks up the
  * few keys it knows and ignores the rest, so a tree is the simpler shape. Depth is bounded, and
- * every error names the file and the byte offset. */
+ * every error names the file and the byte offset.
+ *
+ * The writing side is one function, rt_json_quote: every JSON string fp8c writes (checkpoint
+ * headers, log lines, `fp8c plan --json`) goes through it, so a name or a path with a quote,
+ * a backslash or a control character never makes a file that JSON readers refuse. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,4 +194,46 @@ const Jv *rt_json_get(const Jv *o, const char *key) {
     for (int i = 0; i < o->n; i++)
         if (strcmp(o->keys[i], key) == 0) return &o->items[i];
     return NULL;
+}
+
+/* ---------------------------------------------------------------- writing */
+
+size_t rt_json_quote(char *dst, size_t cap, const char *s) {
+    size_t k = 0;
+#define PUT(c) do { if (k + 1 < cap) dst[k] = (c); k++; } while (0)
+    PUT('"');
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        static const char hex[] = "0123456789abcdef";
+        const char *short_esc = *p == '"' ? "\\\"" : *p == '\\' ? "\\\\" : *p == '\n' ? "\\n"
+                              : *p == '\r' ? "\\r" : *p == '\t' ? "\\t" : NULL;
+        if (short_esc) {
+            PUT(short_esc[0]);
+            PUT(short_esc[1]);
+        } else if (*p < 0x20 || *p == 0x7f) {
+            PUT('\\');
+            PUT('u');
+            PUT('0');
+            PUT('0');
+            PUT(hex[*p >> 4]);
+            PUT(hex[*p & 15]);
+        } else {
+            PUT((char)*p);
+        }
+    }
+    PUT('"');
+#undef PUT
+    if (cap) dst[k < cap ? k : cap - 1] = 0;
+    return k;
+}
+
+bool rt_json_write_string(FILE *f, const char *s) {
+    char small[256];
+    size_t n = rt_json_quote(small, sizeof small, s);
+    if (n < sizeof small) return fputs(small, f) >= 0;
+    char *big = malloc(n + 1);
+    if (!big) return false;
+    rt_json_quote(big, n + 1, s);
+    bool ok = fputs(big, f) >= 0;
+    free(big);
+    return ok;
 }

@@ -158,7 +158,7 @@ bool rt_log_step(RtLog *l, const LogRecord *r) {
         ok = ok && log_json_number(f, "tokens_per_s", r->tokens_per_s);
         ok = ok && log_json_number(f, "ms", r->ms);
         ok = ok && fprintf(f, ",\"mem_bytes\":%lld", (long long)r->mem_bytes) >= 0;
-        if (r->skipped) ok = ok && fprintf(f, ",\"skipped\":\"%s\"", r->skipped) >= 0;
+        if (r->skipped) ok = ok && fputs(",\"skipped\":", f) >= 0 && rt_json_write_string(f, r->skipped);
         ok = ok && fputs("}\n", f) >= 0;
         ok = ok && fflush(f) == 0;
         if (!ok) {
@@ -220,4 +220,59 @@ bool rt_log_close(RtLog *l) {
     if (l->json && fclose(l->json) != 0) ok = log_failed(l, errno);
     l->json = NULL;
     return ok;
+}
+
+/* ---------------------------------------------------------------- suggestions */
+
+/* Edit distance (insertions, deletions, substitutions, adjacent swaps) of two short words. */
+static int log_word_distance(const char *a, const char *b) {
+    enum { MAX = 64 };
+    int n = (int)strlen(a), m = (int)strlen(b);
+    if (n >= MAX || m >= MAX) return MAX;
+    int d[MAX][MAX];
+    for (int i = 0; i <= n; i++) d[i][0] = i;
+    for (int j = 0; j <= m; j++) d[0][j] = j;
+    for (int i = 1; i <= n; i++)
+        for (int j = 1; j <= m; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                d[i - 2][j - 2] + 1 < best)
+                best = d[i - 2][j - 2] + 1;
+            d[i][j] = best;
+        }
+    return d[n][m];
+}
+
+const char *rt_nearest_flag(const char *flag, const char *help) {
+    enum { MAX_FLAGS = 256, FLAG_LEN = 32 };
+    static char names[MAX_FLAGS][FLAG_LEN];
+    const char *list[MAX_FLAGS + 1];
+    int n = 0;
+    for (const char *p = help; p && (p = strstr(p, "--")) && n < MAX_FLAGS;) {
+        size_t len = 2;
+        while ((p[len] >= 'a' && p[len] <= 'z') || (p[len] >= '0' && p[len] <= '9') ||
+               (p[len] == '-' && p[len + 1] != '-'))
+            len++;
+        if (len > 2 && len < FLAG_LEN && (p == help || strchr(" \n([|,", p[-1]))) {
+            memcpy(names[n], p, len);
+            names[n][len] = 0;
+            list[n] = names[n];
+            n++;
+        }
+        p += len;
+    }
+    list[n] = NULL;
+    return rt_nearest_word(flag, list);
+}
+
+const char *rt_nearest_word(const char *word, const char *const *list) {
+    const char *best = NULL;
+    int best_d = 1 + (int)strlen(word) / 3;
+    for (int i = 0; list[i]; i++) {
+        int d = log_word_distance(word, list[i]);
+        if (d < best_d) best_d = d, best = list[i];
+    }
+    return best;
 }

@@ -103,6 +103,13 @@ void rt_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void rt_set_quiet(bool quiet);                         /* rt_note silent; errors still print */
 const char *rt_last_error(void);
 void rt_clear_error(void);
+/* The word of list (NULL-terminated) nearest to word by edit distance (adjacent swaps count
+ * one), when near enough to be what was meant (fewer than 1 + len/3 edits), else NULL: the
+ * "did you mean" of an unknown flag, command or name. */
+const char *rt_nearest_word(const char *word, const char *const *list);
+/* The same over the flags a help text names (every "--word" in it), so that the suggestions
+ * follow --help as flags come and go; the result lives until the next call. */
+const char *rt_nearest_flag(const char *flag, const char *help);
 
 /* One optimizer step as logged: a JSON line in the --log file, a progress line on stderr. */
 typedef struct {
@@ -269,6 +276,11 @@ typedef struct Jv {
     struct Jv *items;
 } Jv;
 bool rt_json_read(const char *path, Jv *v);
+/* The one JSON string writer of fp8c (checkpoint headers, the --log lines, `fp8c plan --json`):
+ * s quoted, with '"', '\\' and control characters escaped, into dst as snprintf would (the
+ * length it needs is returned, dst is cut short and terminated when cap is smaller). */
+size_t rt_json_quote(char *dst, size_t cap, const char *s);
+bool rt_json_write_string(FILE *f, const char *s);           /* false: the write failed */
 const Jv *rt_json_get(const Jv *object, const char *key);   /* NULL: absent, or not an object */
 void rt_json_free(Jv *v);
 
@@ -294,6 +306,7 @@ typedef struct {
     int64_t top_k;              /* 0: the whole vocabulary */
     uint64_t seed;
     bool text;
+    FILE *logits;               /* each token's V logits (f32, little-endian) as sampled; or NULL */
 } RtGenerate;
 bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_prompt, FILE *out);
 /* A token drawn from softmax(logits / temperature) over the top_k largest (argmax when
@@ -316,6 +329,7 @@ typedef struct {
     const char *prompt;         /* text (vocabulary 256) or token ids */
     double temperature;
     int64_t top_k;
+    const char *logits;         /* --generate: file of the logits each token was sampled from */
     const char *device;
     int64_t steps, warmup, eval_every, eval_batches, save_every;
     int64_t stop_at;            /* stop (with a checkpoint) after this step; -1: at --steps */
@@ -323,6 +337,8 @@ typedef struct {
     int grad_accum, threads;
     uint64_t seed;
     bool seed_given;
+    bool steps_given, warmup_given, grad_accum_given;   /* on the command line (a resume
+                                                           restores the others) */
     bool overwrite;             /* a fresh run may write over another run's --out and --log */
     /* data parallel: --gpus N launches N ranks on this host itself; --rank/--world-size run
      * one rank of a job whose processes the user launched, meeting through --comm-file */
@@ -331,6 +347,20 @@ typedef struct {
     const char *comm_file;
     double comm_timeout;        /* seconds a rank waits for the others (meeting, collectives) */
 } TrainOptions;
+
+/* A resumed training run's settings, from its checkpoint's metadata (checkpoint.c): --lr,
+ * --min-lr, --warmup, --steps and --grad-accum not on the command line are the run's; one
+ * given with another value is used, and one line says what changed. A checkpoint made at
+ * another batch or sequence length than this binary's (its batches would differ) or at
+ * another level stops the run. Checkpoints older than these fields restore nothing. Returns
+ * 0, or 1 (an unreadable checkpoint) or 2 (the run cannot continue here) after rt_error. */
+int rt_ckpt_restore_run(const Graph *g, TrainOptions *o);
+/* The metadata keys of those settings, written by train.c with the rest of the metadata. */
+#define RT_META_LR "lr"
+#define RT_META_MIN_LR "min_lr"
+#define RT_META_WARMUP "warmup"
+#define RT_META_STEPS "steps"
+#define RT_META_GRAD_ACCUM "grad_accum"
 
 enum { RT_ARGS_OK, RT_ARGS_HELP, RT_ARGS_ERROR };
 /* Parses and validates the flags; RT_ARGS_ERROR after one rt_error line. */

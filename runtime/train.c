@@ -297,6 +297,11 @@ static int train_meta(const Graph *g, const TrainOptions *o, const Progress *p, 
     META("opt_level", "%d", g->opt_level);
     META("batch", "%lld", (long long)g->batch);
     META("seq", "%lld", (long long)g->seq);
+    META(RT_META_LR, "%.17g", o->lr > 0 ? o->lr : g->optim.lr);
+    META(RT_META_MIN_LR, "%.17g", o->min_lr >= 0 ? o->min_lr : (o->lr > 0 ? o->lr : g->optim.lr) / 10);
+    META(RT_META_WARMUP, "%lld", (long long)o->warmup);
+    META(RT_META_STEPS, "%lld", (long long)o->steps);
+    META(RT_META_GRAD_ACCUM, "%d", o->grad_accum);
 #undef META
     return n;
 }
@@ -574,6 +579,19 @@ static int32_t *train_prompt(const TrainOptions *o, int64_t vocab, int *n) {
     return ids;
 }
 
+/* --logits FILE: created for writing; a non-empty file is another run's, kept unless
+ * --overwrite. NULL after rt_error. */
+static FILE *train_open_logits(const TrainOptions *o) {
+    struct stat st;
+    if (!o->overwrite && stat(o->logits, &st) == 0 && (!S_ISREG(st.st_mode) || st.st_size > 0)) {
+        rt_error("%s: exists: give --overwrite to replace it (--logits)", o->logits);
+        return NULL;
+    }
+    FILE *f = fopen(o->logits, "wb");
+    if (!f) rt_error("%s: cannot create: %s (--logits)", o->logits, strerror(errno));
+    return f;
+}
+
 /* --generate: load the state as a run would, sample, stop. */
 static int train_generate(Graph *g, const TrainOptions *o) {
     Model m;
@@ -598,7 +616,12 @@ static int train_generate(Graph *g, const TrainOptions *o) {
     }
     RtGenerate gen = {.count = o->generate, .temperature = o->temperature, .top_k = o->top_k,
                       .seed = o->seed, .text = m.vocab == RT_BYTE_VOCAB};
+    if (o->logits && !(gen.logits = train_open_logits(o))) goto out;
     if (rt_generate(g, &gen, prompt, n_prompt, stdout)) status = 0;
+    if (gen.logits && fclose(gen.logits) != 0) {
+        rt_error("%s: cannot write: %s", o->logits, strerror(errno));
+        status = 1;
+    }
 out:
     free(prompt);
     rt_memory_free(&mem);
@@ -763,6 +786,13 @@ static int train_launch(Graph *g, const TrainOptions *o) {
 }
 
 int rt_train(Graph *g, const TrainOptions *o) {
+    TrainOptions run;   /* a resumed training run takes its settings that are not given */
+    if (o->resume && !o->eval_only && !o->export_hf && !o->generate) {
+        run = *o;
+        int bad = rt_ckpt_restore_run(g, &run);
+        if (bad) return bad;
+        o = &run;
+    }
     if (o->export_hf) return train_export(g, o);
     if (o->generate) return train_generate(g, o);
     /* (a rank after 0 writes neither --out nor --log: rank 0, started at about the same

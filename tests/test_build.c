@@ -356,12 +356,68 @@ static void test_train_uses_cache(void **state) {
     free(out);
 }
 
+/* fp8c's command line: `fp8c ARGS` run with quick_env, its status, and stdout + stderr in
+ * out (at most len bytes). */
+static int fp8c_says(char *out, size_t len, const char *args) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s %s >%s/says.out 2>&1", quick_env, fp8c, args, tmp_dir);
+    int status = system(cmd);
+    assert_true(WIFEXITED(status));
+    char *text = slurp("says.out");
+    snprintf(out, len, "%s", text ? text : "");
+    free(text);
+    return WEXITSTATUS(status);
+}
+
+/* --flag=value is --flag value; an unknown flag, command or recipe names the nearest known
+ * one; a recipe is the level and rules that `fp8c plan` shows, and one fp8c cannot run, or a
+ * -O that contradicts one, is refused with status 2. */
+static void test_command_line(void **state) {
+    (void)state;
+    char a[1 << 16], b[1 << 16], args[2048];
+    snprintf(args, sizeof args, "plan %s -O1 --batch 2 --seq 16 --json", model);
+    assert_int_equal(fp8c_says(a, sizeof a, args), 0);
+    snprintf(args, sizeof args, "plan %s -O1 --batch=2 --seq=16 --json", model);
+    assert_int_equal(fp8c_says(b, sizeof b, args), 0);
+    assert_string_equal(a, b);
+    static const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"--bacth 2", "unknown flag '--bacth'; did you mean '--batch'?"},
+        {"--precison=x=f32", "unknown flag '--precison=x=f32'; did you mean '--precision'?"},
+        {"--zzzzzz", "unknown flag '--zzzzzz' (see fp8c --help)"},
+        {"--kernals", "did you mean '--kernels'?"},   /* named in the usage as [--kernels] */
+        {"--recipe rowwize", "not 'rowwize'; did you mean 'rowwise'?"},
+        {"--recipe mxfp8", "--recipe mxfp8 (OCP MXFP8"},
+        {"--recipe coat -O1", "--recipe coat is -O2's states with its rules: drop -O1"},
+        {"--recipe coat --recipe=delayed", "--recipe is given twice (coat)"},
+        {"--batch=", "--batch needs a positive integer, not ''"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(args, sizeof args, "plan %s %s", model, bad[k].args);
+        int rc = fp8c_says(a, sizeof a, args);
+        if (rc != 2 || !strstr(a, bad[k].says))
+            fail_msg("fp8c %s: status %d, said:\n%s\nexpected: %s", args, rc, a, bad[k].says);
+    }
+    assert_int_equal(fp8c_says(a, sizeof a, "paln"), 2);
+    assert_non_null(strstr(a, "did you mean 'plan'?"));
+    /* the plan of a recipe: its line, then its rules' formats in the table */
+    snprintf(args, sizeof args, "plan %s --batch 2 --seq 16 --recipe=flashoptim", model);
+    assert_int_equal(fp8c_says(a, sizeof a, args), 0);
+    assert_non_null(strstr(a, "recipe flashoptim (-O3): FlashOptim"));
+    assert_non_null(strstr(a, "at -O3,"));
+    assert_non_null(strstr(a, "i8 1x32 compand"));
+    assert_int_equal(fp8c_says(a, sizeof a, "recipes"), 0);
+    assert_non_null(strstr(a, "--precision 'gemm:*=e4m3:block128'"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_hit_is_identical, setup, teardown),
         cmocka_unit_test_setup_teardown(test_any_change_misses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_entry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_train_uses_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_command_line, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

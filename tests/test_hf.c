@@ -291,15 +291,18 @@ static void make_llama(Model *m) {
     add(m, 0, 0.2, 2, V, C, "lm_head.weight");
 }
 
+/* rope: the config's rotary keys (transformers 4's by default) */
+static const char *llama_rope = "\"rope_theta\": 10000.0, \"rope_scaling\": null";
+
 static void llama_config(char *cfg, size_t n, int heads, bool tied) {
     snprintf(cfg, n,
              "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\",\n"
              " \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d,\n"
              " \"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d,\n"
-             " \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0,\n"
-             " \"rope_scaling\": null, \"tie_word_embeddings\": %s, \"torch_dtype\": \"bfloat16\",\n"
+             " \"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, %s,\n"
+             " \"tie_word_embeddings\": %s, \"torch_dtype\": \"bfloat16\",\n"
              " \"bos_token_id\": 1, \"eos_token_id\": 2, \"pretraining_tp\": 1}\n",
-             V, C, FF, L, heads, HKV, tied ? "true" : "false");
+             V, C, FF, L, heads, HKV, llama_rope, tied ? "true" : "false");
 }
 
 /* Two shards and model.safetensors.index.json, as save_pretrained writes a large model. */
@@ -324,7 +327,7 @@ static void write_llama(const Model *m, const char *dir, int heads) {
     snprintf(index + k, sizeof index - (size_t)k, "}}\n");
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     write_text(path, index);
-    char cfg[1024];
+    char cfg[1536];
     llama_config(cfg, sizeof cfg, heads, tied);
     snprintf(path, sizeof path, "%s/config.json", dir);
     write_text(path, cfg);
@@ -432,7 +435,9 @@ static double gpt2_loss(const Model *m, const int32_t *tok, const int32_t *tgt) 
 /* Greedy continuation of a prompt by GPT2LMHeadModel: n tokens into out. */
 /* ... and margin[k]: how far the best logit of step k stood above the second best, relative to
  * the largest magnitude (the binary computes in f32: a near tie may go the other way there) */
-static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out, double *margin) {
+/* logits: NULL, or n x V of them, one row per token */
+static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out, double *margin,
+                        double *logits) {
     int32_t seq[T];
     int len = (int)strlen(prompt);
     for (int i = 0; i < len; i++) seq[i] = (unsigned char)prompt[i];
@@ -447,6 +452,7 @@ static void gpt2_greedy(const Model *m, const char *prompt, int n, int32_t *out,
         for (int v = 0; v < V; v++) {
             double logit = 0;
             for (int c = 0; c < C; c++) logit += h[(len - 1) * C + c] * wte[v * C + c];
+            if (logits) logits[(int64_t)k * V + v] = logit;
             if (fabs(logit) > scale) scale = fabs(logit);
             if (logit > best_logit) second = best_logit, best_logit = logit, best = v;
             else if (logit > second) second = logit;
@@ -659,12 +665,20 @@ static void test_generate(void **state) {
     write_gpt2(&m, tmp("gpt2"));
     build("gpt2.model", gpt2_defs, f32_flags, "g");
     enum { N = 8 };
-    int rc = run_split("greedy", "%s --init %s --generate %d --prompt 'ab' --temperature 0 --device ref",
-                       tmp("g"), tmp("gpt2"), N);
+    int rc = run_split("greedy", "%s --init %s --generate %d --prompt 'ab' --temperature 0 --device ref "
+                       "--logits %s", tmp("g"), tmp("gpt2"), N, tmp("greedy.logits"));
     if (rc != 0) fail_msg("--generate failed (%d):\n%s", rc, output("greedy"));
     int32_t want[N];
     double margin[N];
-    gpt2_greedy(&m, "ab", N, want, margin);
+    double *ref_logits = malloc((size_t)N * V * sizeof *ref_logits);
+    assert_non_null(ref_logits);
+    gpt2_greedy(&m, "ab", N, want, margin, ref_logits);
+    /* --logits: the rows the tokens were drawn from, the HF forward's logits (to f32's error on
+     * these sums, relative to the row's largest), up to the first token where the two part */
+    int64_t logit_bytes = 0;
+    float *got_logits = (float *)rt_read_file(tmp("greedy.logits"), &logit_bytes);
+    assert_non_null(got_logits);
+    assert_int_equal(logit_bytes, (int64_t)N * V * (int64_t)sizeof(float));
     int64_t size = 0;
     uint8_t *got = rt_read_file(tmp("greedy.stdout"), &size);
     assert_int_equal(size, 2 + N);
@@ -672,6 +686,17 @@ static void test_generate(void **state) {
     /* equal tokens up to a near tie (1e-4 of the largest logit, far above f32's error on these
      * sums), after which the two continuations may part */
     for (int k = 0; k < N; k++) {
+        double scale = 0, err = 0;
+        int best = 0;
+        for (int v = 0; v < V; v++) {
+            const double *r = ref_logits + (int64_t)k * V;
+            float x = got_logits[(int64_t)k * V + v];
+            if (fabs(r[v]) > scale) scale = fabs(r[v]);
+            if (fabs(x - r[v]) > err) err = fabs(x - r[v]);
+            if (x > got_logits[(int64_t)k * V + best]) best = v;
+        }
+        if (err > 1e-4 * scale) fail_msg("token %d: --logits differ from the HF forward's by %.3g (largest %.3g)", k, err, scale);
+        assert_int_equal(best, got[2 + k]);
         if (got[2 + k] == want[k]) continue;
         if (margin[k] < 1e-4) {
             print_message("token %d: a near tie (margin %.2e), the rest not compared\n", k, margin[k]);
@@ -680,6 +705,13 @@ static void test_generate(void **state) {
         fail_msg("token %d: generated %d, the HF forward's argmax %d (margin %.2e)", k, got[2 + k], want[k], margin[k]);
     }
     free(got);
+    free(got_logits);
+    free(ref_logits);
+    /* a --logits file that holds something already is kept */
+    rc = run("keep", "%s --init %s --generate 1 --prompt a --logits %s", tmp("g"), tmp("gpt2"),
+             tmp("greedy.logits"));
+    assert_int_equal(rc, 1);
+    expect_error("keep", (const char *const[]){"greedy.logits", "--overwrite", NULL});
     const char *fmt = "%s --init %s --generate %d --prompt 'ab' --seed %u %s";
     assert_int_equal(run_split("s1", fmt, tmp("g"), tmp("gpt2"), N, seed, "--top-k 5"), 0);
     assert_int_equal(run_split("s2", fmt, tmp("g"), tmp("gpt2"), N, seed, "--top-k 5"), 0);
@@ -796,6 +828,70 @@ static void test_init_errors(void **state) {
     rc = run("both", "%s --init %s --resume %s --data %s", tmp("l"), tmp("gpt2"), tmp("gpt2"), text);
     assert_int_equal(rc, 2);
     expect_error("both", (const char *const[]){"--init", "--resume", NULL});
+}
+
+/* Transformers 5 writes the rotary settings as one object, rope_parameters: the plain kind is
+ * read (and its theta checked), a scaled kind or another theta is refused in one line. */
+static void test_init_rope_parameters(void **state) {
+    (void)state;
+    build("llama.model", llama_defs, "-O0", "l");
+    const char *cmd = "%s --init %s --data %s --steps 1 --device ref";
+    static const struct {
+        const char *name, *rope, *words[3];
+    } cases[] = {
+        {"v5", "\"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}", {NULL}},
+        {"v5theta", "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"default\"}",
+         {"rope_parameters.rope_theta is 500000", "10000", NULL}},
+        {"v5linear", "\"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"linear\", "
+                     "\"factor\": 2.0}", {"rope_parameters.rope_type is \"linear\"", NULL}},
+        {"v4yarn", "\"rope_theta\": 10000.0, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}",
+         {"rope_scaling.rope_type is \"yarn\"", NULL}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        Model m;
+        make_llama(&m);
+        llama_rope = cases[c].rope;
+        write_llama(&m, tmp(cases[c].name), H);
+        llama_rope = "\"rope_theta\": 10000.0, \"rope_scaling\": null";
+        model_free(&m);
+        int rc = run(cases[c].name, cmd, tmp("l"), tmp(cases[c].name), text);
+        if (!cases[c].words[0]) {
+            if (rc != 0) fail_msg("%s: --init failed (%d):\n%s", cases[c].name, rc, output(cases[c].name));
+            continue;
+        }
+        assert_int_equal(rc, 1);
+        expect_error(cases[c].name, cases[c].words);
+    }
+}
+
+/* fp8c build --config: the model's sizes from the config.json that comes with the weights (a
+ * transformers 5 one here), so that --init then finds every shape as the file has it; an
+ * explicit -D still wins; a family fp8c has no model for is refused. */
+static void test_build_config(void **state) {
+    (void)state;
+    Model m;
+    make_llama(&m);
+    llama_rope = "\"rope_parameters\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}";
+    write_llama(&m, tmp("cfgmodel"), H);
+    llama_rope = "\"rope_theta\": 10000.0, \"rope_scaling\": null";
+    model_free(&m);
+    char flags[1200];
+    snprintf(flags, sizeof flags, "--config %s", tmp("cfgmodel/config.json"));
+    build("llama.model", flags, "-O0", "lc");
+    const char *cmd = "%s --init %s --data %s --steps 1 --device ref";
+    int rc = run("cfg", cmd, tmp("lc"), tmp("cfgmodel"), text);
+    if (rc != 0) fail_msg("--init after --config failed (%d):\n%s", rc, output("cfg"));
+    snprintf(flags, sizeof flags, "--config %s -D heads=8", tmp("cfgmodel/config.json"));
+    build("llama.model", flags, "-O0", "lc8");
+    rc = run("cfg8", cmd, tmp("lc8"), tmp("cfgmodel"), text);
+    assert_int_equal(rc, 1);
+    expect_error("cfg8", (const char *const[]){"num_attention_heads is 4", NULL});
+    write_text(tmp("bert.json"), "{\"model_type\": \"bert\", \"hidden_size\": 64}");
+    rc = run("bert", "%s plan %s/models/llama.model --config %s", fp8c, FP8C_SOURCE_DIR, tmp("bert.json"));
+    assert_int_equal(rc, 2);
+    char *out = output("bert");
+    assert_non_null(strstr(out, "model_type is not gpt2 or llama: bert"));
+    free(out);
 }
 
 static void *read_entry(const RtStFile *f, const char *name, const char *dtype, size_t *bytes) {
@@ -936,6 +1032,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_init_gpt2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_llama, setup, teardown),
         cmocka_unit_test_setup_teardown(test_init_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_init_rope_parameters, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_build_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eval_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_text_note, setup, teardown),
         cmocka_unit_test_setup_teardown(test_generate, setup, teardown),

@@ -258,6 +258,9 @@ static void test_kernel_program_flops(void **state)
 
 /* ---------------------------------------------------------------- rules, executed */
 
+/* --recipe: its rules go before `rules` (NULL: none) */
+static const NamedRecipe *step_recipe;
+
 /* gpt2_tiny's step at -O<level> under rules, run once (forward, backward, update) on the
  * reference executor from its initial parameters; NULL when the rules are refused, with the
  * diagnostics in errors (if given). */
@@ -270,6 +273,7 @@ static Graph *step_with_rules(Arena *a, int level, const char **rules, int n_rul
     o.passes.verify = true;
     o.passes.overrides = rules;
     o.passes.n_overrides = n_rules;
+    o.passes.recipe = step_recipe;
     char *text = NULL;
     size_t size = 0;
     FILE *capture = open_memstream(&text, &size);
@@ -648,6 +652,97 @@ static void test_head_with_bias_stays_bf16(void **s)
     arena_free(a);
 }
 
+/* ---------------------------------------------------------------- recipes */
+
+/* Each recipe, built on its level and run for one step on the reference executor, gives the
+ * formats its name stands for (docs/recipes.md): the GEMMs' operands and scales, the Adam
+ * states, the master, and whether saved activations are FP8 in groups. */
+typedef struct {
+    const char *name;
+    int fp8_gemms;              /* of the 17 forward GEMMs */
+    int fwd_mode;               /* MATMUL's fp8 attribute on those: 1 tensor, 2 row, 3 block */
+    bool e4m3_only, delayed;
+    ElemType master, m, v;
+    Codec master_codec, m_codec, v_codec;
+    bool grouped_saved;         /* saved activations in FP8 groups (COAT's mixed granularity) */
+} RecipeExpect;
+
+static void test_recipes_plan_what_they_say(void **s)
+{
+    (void)s;
+    const RecipeExpect want[] = {
+        {"tensorwise", 17, 1, false, false, FMT_F32, FMT_F32, FMT_F32, CODEC_PLAIN, CODEC_PLAIN, CODEC_PLAIN, false},
+        {"hybrid", 17, 1, false, false, FMT_F32, FMT_F32, FMT_F32, CODEC_PLAIN, CODEC_PLAIN, CODEC_PLAIN, false},
+        {"e4m3", 17, 1, true, false, FMT_F32, FMT_F32, FMT_F32, CODEC_PLAIN, CODEC_PLAIN, CODEC_PLAIN, false},
+        {"rowwise", 17, 2, true, false, FMT_F32, FMT_F32, FMT_F32, CODEC_PLAIN, CODEC_PLAIN, CODEC_PLAIN, false},
+        {"rowwise_with_gw_hp", 17, 2, true, false, FMT_F32, FMT_F32, FMT_F32, CODEC_PLAIN, CODEC_PLAIN, CODEC_PLAIN, false},
+        {"blockwise", 17, 3, true, false, FMT_F32, FMT_F32, FMT_F32, CODEC_PLAIN, CODEC_PLAIN, CODEC_PLAIN, false},
+        {"delayed", 17, 1, false, true, FMT_F32, FMT_F32, FMT_F32, CODEC_PLAIN, CODEC_PLAIN, CODEC_PLAIN, false},
+        {"msamp-o1", 17, 1, false, false, FMT_F32, FMT_F32, FMT_F32, CODEC_PLAIN, CODEC_PLAIN, CODEC_PLAIN, false},
+        {"msamp-o2", 17, 1, false, false, FMT_F16, FMT_E4M3, FMT_F16, CODEC_PLAIN, CODEC_EXPAND, CODEC_PLAIN, false},
+        {"coat", 16, 1, false, false, FMT_F32, FMT_E4M3, FMT_E4M3, CODEC_PLAIN, CODEC_EXPAND, CODEC_EXPAND, true},
+        {"flashoptim", 0, 0, false, false, FMT_I8, FMT_I8, FMT_U8, CODEC_SPLIT, CODEC_COMPAND, CODEC_SQRT, false},
+    };
+    int n_recipes;
+    const NamedRecipe *all = precision_recipes(&n_recipes);
+    int checked = 0;
+    for (int r = 0; r < n_recipes; r++) {
+        const RecipeExpect *e = NULL;
+        for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+            if (!strcmp(want[k].name, all[r].name)) e = &want[k];
+        if (all[r].refused) {   /* nothing to build: the driver refuses it with the reason */
+            assert_null(e);
+            assert_null(all[r].rules[0]);
+            continue;
+        }
+        if (!e) fail_msg("recipe %s has no expectation in this test", all[r].name);
+        assert_ptr_equal(precision_find_recipe(e->name), &all[r]);
+        Arena *a = arena_new();
+        RtMemory mem;
+        char errors[2048];
+        step_recipe = &all[r];
+        Graph *g = step_with_rules(a, all[r].level, NULL, 0, &mem, errors, sizeof errors);
+        step_recipe = NULL;
+        if (!g) fail_msg("--recipe %s: %s", e->name, errors);
+        GemmCount c = count_executed_gemms(g, e->delayed, e->e4m3_only);
+        int modes[4] = {0}, grouped_saved = 0, history = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *n = g->nodes[i];
+            if (n->op == OP_MATMUL && n->phase == PHASE_FORWARD) modes[n->iattr[2]]++;
+            if (n->t.role == ROLE_SAVED && is_fp8(n->t.fmt.elem) && n->t.fmt.scaling == SCALE_PER_GROUP)
+                grouped_saved++;
+            if (n->op == OP_QUANTIZE && n->t.fmt.recipe == RECIPE_DELAYED) history = n->t.fmt.history;
+        }
+        print_message("%-18s -O%d: FP8 GEMMs %d/%d forward (mode %d: %d), %d grouped saved, history %d\n",
+                      e->name, g->opt_level, c.fp8[0], c.all[0], e->fwd_mode, modes[e->fwd_mode],
+                      grouped_saved, history);
+        assert_int_equal(g->opt_level, all[r].level);
+        assert_int_equal(c.fp8[0], e->fp8_gemms);
+        if (e->fp8_gemms) assert_int_equal(modes[e->fwd_mode], e->fp8_gemms);
+        assert_int_equal(grouped_saved > 0, e->grouped_saved);
+        if (e->delayed) assert_int_equal(history, 1024);
+        if (!strcmp(e->name, "rowwise_with_gw_hp")) assert_int_equal(c.fp8[2], 0);
+        else if (e->fp8_gemms) assert_int_equal(c.fp8[2], c.fp8[0]);
+        const char *p = "h.0.mlp.c_fc.weight";
+        const struct { const char *suffix; ElemType elem; Codec codec; } states[] = {
+            {"master", e->master, e->master_codec}, {"adam_m", e->m, e->m_codec}, {"adam_v", e->v, e->v_codec}};
+        for (int k = 0; k < 3; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s:%s", p, states[k].suffix);
+            const Node *t = ir_find(g, name);
+            if (!t) fail_msg("--recipe %s: no %s", e->name, name);
+            if (t->t.fmt.elem != states[k].elem || t->t.fmt.codec != states[k].codec)
+                fail_msg("--recipe %s: %s is %s (codec %d), expected %s (codec %d)", e->name, name,
+                         fmt_elem_name(t->t.fmt.elem), t->t.fmt.codec, fmt_elem_name(states[k].elem),
+                         states[k].codec);
+        }
+        rt_memory_free(&mem);
+        arena_free(a);
+        checked++;
+    }
+    assert_int_equal(checked, (int)(sizeof want / sizeof want[0]));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -665,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_state_rules_hold_or_are_refused),
         cmocka_unit_test(test_unaligned_gemms_fall_back),
         cmocka_unit_test(test_head_with_bias_stays_bf16),
+        cmocka_unit_test(test_recipes_plan_what_they_say),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -227,6 +227,52 @@ static void test_shard_uint32(void **state) {
 }
 
 /* json.c: what config.json files hold, and one error line for what is not JSON. */
+/* The one JSON string writer: any bytes (fresh random ones, quotes, backslashes, control
+ * characters) quoted by rt_json_quote read back the same through rt_json_read and through a
+ * checkpoint's metadata; a short buffer gets a terminated prefix and the length it needs. */
+static void test_json_quote(void **state) {
+    (void)state;
+    for (int round = 0; round < 20; round++) {
+        char s[200];
+        int n = 1 + (int)(rng_next() % 150);
+        for (int i = 0; i < n; i++) s[i] = (char)(1 + rng_next() % 255);
+        if (round == 0) snprintf(s, sizeof s, "a\"b\\c\n\t\x01\x1f\x7f");
+        else s[n] = 0;
+        char q[2048];
+        size_t len = rt_json_quote(q, sizeof q, s);
+        assert_int_equal(len, strlen(q));
+        for (size_t i = 1; i + 1 < len; i++) assert_true((unsigned char)q[i] >= 0x20 && q[i] != 0x7f);
+        char small[8];
+        assert_int_equal(rt_json_quote(small, sizeof small, s), len);
+        size_t kept = len < sizeof small ? len : sizeof small - 1;
+        assert_int_equal(strlen(small), kept);
+        assert_memory_equal(small, q, kept);
+        const char *path = tmp_path("quoted.json");
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs("{\"k\": ", f);
+        assert_true(rt_json_write_string(f, s));
+        fputs("}", f);
+        fclose(f);
+        Jv v;
+        if (!rt_json_read(path, &v)) fail_msg("round %d: %s", round, rt_last_error());
+        assert_string_equal(rt_json_get(&v, "k")->str, s);
+        rt_json_free(&v);
+        /* the same string as checkpoint metadata */
+        float x = 1;
+        Tensor t = {.name = "w", .rank = 1, .dims = {1}, .fmt = fmt_plain(FMT_F32), .data = &x};
+        Tensor *ts[1] = {&t};
+        CkptMeta meta = {.key = "data"};
+        snprintf(meta.value, sizeof meta.value, "%s", s);
+        const char *ck = tmp_path("quoted.safetensors");
+        assert_true(rt_ckpt_save(ck, ts, 1, &meta, 1));
+        CkptMeta back[4];
+        int n_back = 0;
+        assert_true(rt_ckpt_load(ck, ts, 1, back, 4, &n_back));
+        assert_string_equal(rt_ckpt_meta_get(back, n_back, "data"), meta.value);
+    }
+}
+
 static void test_json(void **state) {
     (void)state;
     const char *path = tmp_path("config.json");
@@ -939,6 +985,9 @@ static void test_flags(void **state) {
         {"--lr", "0", "positive"},               {"--grad-accum", "0", "--grad-accum 0"},
         {"--device", "cuda", "cpu only"},        {"--threads", "100000", "--threads"},
         {"--eval-batches", "0", "--eval-batches"}, {"--bogus", "1", "unknown flag"},
+        {"--stpes", "3", "--stpes: unknown flag; did you mean --steps?"},
+        {"--grad_accum", "2", "did you mean --grad-accum?"},
+        {"--warmpu=3", "1", "--warmpu: unknown flag; did you mean --warmup?"},
         {"--seed", "-3", "--seed -3"},           {"--min-lr", "-0.5", "--min-lr"},
         /* finite as doubles, not as the f32 the step is fed */
         {"--lr", "1e308", "--lr 1e308"},         {"--min-lr", "1e39", "--min-lr 1e39"},
@@ -1032,6 +1081,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_shard_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_uint32, setup, teardown),
         cmocka_unit_test_setup_teardown(test_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_json_quote, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_set_holds_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_non_regular_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_byte_tokenizer_and_split, setup, teardown),

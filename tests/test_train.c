@@ -195,6 +195,62 @@ static void test_resume_exact_o3(void **state) {
     check_resume_exact("-O3");
 }
 
+/* A resume takes the run's settings from its checkpoint: without --steps, --lr, --warmup and
+ * --grad-accum on the command line it continues the straight run exactly (the binary's defaults
+ * are 100 steps, the model's lr, no warm-up, no accumulation: anything but the run's). One given
+ * with another value is used and named in one line; a binary of another batch or level stops
+ * with status 2. */
+static void test_resume_restores_run(void **state) {
+    (void)state;
+    build("-O1", "bin");
+    int rc = run("straight", "%s/bin --data %s/data/gcide_sample.txt --steps 6 --warmup 2 --lr 2e-3 "
+                 "--min-lr 3e-4 --grad-accum 2 --eval-every 0 --save-every 3 --seed %u --out %s/a "
+                 "--log %s/a.jsonl", tmp_dir, FP8C_SOURCE_DIR, seed, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("straight run failed (%d):\n%s", rc, slurp("straight.out"));
+    rc = run("resumed", "%s/bin --data %s/data/gcide_sample.txt --eval-every 0 --out %s/b "
+             "--log %s/b.jsonl --resume %s/a/step_000003.safetensors", tmp_dir, FP8C_SOURCE_DIR,
+             tmp_dir, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("resumed run failed (%d):\n%s", rc, slurp("resumed.out"));
+    char *text = slurp("resumed.out");
+    if (!strstr(text, "with its --lr 0.002 --min-lr 0.0003 --warmup 2 --steps 6 --grad-accum 2"))
+        fail_msg("the restored settings are not named:\n%s", text);
+    free(text);
+    char *a[16], *b[16];
+    assert_int_equal(log_lines("a.jsonl", a, 16), 6);
+    assert_int_equal(log_lines("b.jsonl", b, 16), 3);
+    for (int i = 0; i < 3; i++) same_step(a[i + 3], b[i], i + 4);
+    for (int i = 0; i < 6; i++) free(a[i]);
+    for (int i = 0; i < 3; i++) free(b[i]);
+    /* a setting given again with another value is the one used, and said so */
+    rc = run("changed", "%s/bin --data %s/data/../data/gcide_sample.txt --eval-every 0 --lr 1e-3 "
+             "--steps 4 --out %s/c --resume %s/a/step_000003.safetensors", tmp_dir, FP8C_SOURCE_DIR,
+             tmp_dir, tmp_dir);
+    text = slurp("changed.out");
+    if (rc != 0 || !strstr(text, "resuming with --lr 0.001 (the run's 0.002), --steps 4 (the run's 6): "
+                                 "given on the command line") ||
+        !strstr(text, "data/../data/gcide_sample.txt: unless they are the same files"))
+        fail_msg("changed settings (%d):\n%s", rc, text);
+    free(text);
+    assert_int_equal(log_lines("a.jsonl", a, 16), 6);   /* the straight run's log is as it was */
+    for (int i = 0; i < 6; i++) free(a[i]);
+    /* a binary of another batch, or of another level, cannot continue the run */
+    rc = run("b8", "%s build %s -O1 --batch 8 --seq 32 -o %s/b8", fp8c, model, tmp_dir);
+    assert_int_equal(rc, 0);
+    rc = run("batch", "%s/b8 --data %s/data/gcide_sample.txt --out %s/d --resume %s/a", tmp_dir,
+             FP8C_SOURCE_DIR, tmp_dir, tmp_dir);
+    text = slurp("batch.out");
+    if (rc != 2 || !strstr(text, "the run trained at batch 4 x seq 32, this binary at 8 x 32"))
+        fail_msg("another batch (%d):\n%s", rc, text);
+    free(text);
+    build("-O2", "o2");
+    rc = run("level", "%s/o2 --data %s/data/gcide_sample.txt --out %s/e --resume %s/a", tmp_dir,
+             FP8C_SOURCE_DIR, tmp_dir, tmp_dir);
+    text = slurp("level.out");
+    if (rc != 2 || !strstr(text, "the run trained at -O1, this binary at -O2"))
+        fail_msg("another level (%d):\n%s", rc, text);
+    free(text);
+}
+
 /* --stop-at 0 writes the initial state (step_000000) and trains nothing; a run resumed from it
  * is the straight run, step for step. Outside tools start from that file (the PyTorch
  * cross-check loads its parameters). */
@@ -542,6 +598,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_restores_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_initial_state, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_log, setup, teardown),
