@@ -4,7 +4,7 @@
  * scales that fit it into its element type now (current scaling); AMAX_RECORD pushes a
  * tensor's amax into a history and DELAYED_SCALE turns the history into the scale for the next
  * step (delayed scaling, TransformerEngine). QUANTIZE needs no code of its own: its value is
- * its input, and storing it through its scaled format is the quantization (ref_exec.c).
+ * its input, and storing it through its scaled format is the quantization (ref_tensor.c).
  *
  * Conventions, shared with the generated kernels:
  *  - amax is the largest |x|, ignoring NaN (as CUDA's fmaxf does), keeping infinities;

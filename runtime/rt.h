@@ -1,13 +1,13 @@
 /* rt.h — the runtime: what a training binary runs. Small and stable.
  *
- * Sections: the reference executor (ref_exec.c), parameter init (init.c), and the training
+ * Sections: the reference executor (ref_exec.c, ref_tensor.c), parameter init (init.c), and the training
  * program's pieces (data.c, checkpoint.c, log.c, args.c, arenas.c, train.c). */
 #ifndef FP8C_RT_H
 #define FP8C_RT_H
 
 #include "ir.h"
 
-/* ---------------------------------------------------------------- ref_exec.c
+/* ---------------------------------------------------------------- ref_exec.c, ref_tensor.c
  * Plain C, one op at a time, f32 storage semantics through each tensor's Format (inputs are
  * decoded to f32, results rounded into their element type), f64 accumulation in reductions.
  * It is the ground truth the backends are tested against. Every tensor a node reads or writes
@@ -18,6 +18,7 @@ void ref_run_phase(Graph *g, Phase phase);             /* every node of `phase`,
  * interleave them (a chunk's loss backward right after its forward) and the memory plan counts
  * on this order; evaluation runs the FORWARD nodes alone, which is safe in any plan. */
 void ref_run_micro_step(Graph *g);
+/* ref_tensor.c */
 float *ref_load(const Tensor *t);                      /* decoded f32 copy; free() it */
 void ref_store(Tensor *t, const float *x);             /* encode through t's format */
 /* Threads the executor uses: FP8C_THREADS, else the online CPUs. Results are bit-identical
