@@ -286,32 +286,36 @@ static const Rule *stored_rule(Arena *a, const Policy *p, const char *name, Role
     return NULL;
 }
 
-/* ---------------------------------------------------------------- the level table */
+/* ---------------------------------------------------------------- the level table
+ * What -O0..-O3 mean (DESIGN.md §4), and the only place that knows: other passes ask
+ * precision_level for a property instead of comparing levels. */
 
-typedef struct {
-    ElemType param, grad, master;
-    Codec master_codec;
-    Format adam_m, adam_v;
-    bool fp8_gemms;
-} Level;
+#define FMT_GROUPED(e, c, g) {.elem = (e), .codec = (c), .scaling = SCALE_PER_GROUP, .group = (g)}
+#define FMT_F32_PLAIN {.elem = FMT_F32}
 
-static Level level_defaults(int opt)
+static const PrecisionLevel levels[PRECISION_LEVELS] = {
+    /* O0: the bf16 mixed-precision baseline */
+    {.param = FMT_BF16, .grad = FMT_F32, .master = FMT_F32, .master_codec = CODEC_PLAIN,
+     .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN},
+    /* O1: FP8 GEMMs (e4m3 forward, e5m2 gradients), bf16 gradients */
+    {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_F32, .master_codec = CODEC_PLAIN,
+     .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN, .fp8_gemms = true},
+    /* O2: COAT: FP8 states with dynamic range expansion in groups of 128, FP8 saved values */
+    {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_F32, .master_codec = CODEC_PLAIN,
+     .adam_m = FMT_GROUPED(FMT_E4M3, CODEC_EXPAND, 128),
+     .adam_v = FMT_GROUPED(FMT_E4M3, CODEC_EXPAND, 128), .fp8_gemms = true, .fp8_saved = true},
+    /* O3: FlashOptim: companded 8-bit states in groups of 32, bf16 + i8 split master; weights
+     * quantized at every use, no FP8 copy kept across the step */
+    {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_I8, .master_codec = CODEC_SPLIT,
+     .adam_m = FMT_GROUPED(FMT_I8, CODEC_COMPAND, 32),
+     .adam_v = FMT_GROUPED(FMT_U8, CODEC_SQRT, 32), .fp8_gemms = true, .fp8_saved = true,
+     .weight_copies_per_use = true},
+};
+
+const PrecisionLevel *precision_level(int opt_level)
 {
-    Level l = {FMT_BF16, FMT_F32, FMT_F32, CODEC_PLAIN, fmt_plain(FMT_F32), fmt_plain(FMT_F32), false};
-    if (opt >= 1) l.grad = FMT_BF16, l.fp8_gemms = true;
-    if (opt == 2) {
-        /* COAT: FP8 states with dynamic range expansion, groups of 128 */
-        l.adam_m = (Format){.elem = FMT_E4M3, .codec = CODEC_EXPAND, .scaling = SCALE_PER_GROUP, .group = 128};
-        l.adam_v = l.adam_m;
-    }
-    if (opt >= 3) {
-        /* FlashOptim: companded 8-bit states in groups of 32, bf16 + i8 split master */
-        l.adam_m = (Format){.elem = FMT_I8, .codec = CODEC_COMPAND, .scaling = SCALE_PER_GROUP, .group = 32};
-        l.adam_v = (Format){.elem = FMT_U8, .codec = CODEC_SQRT, .scaling = SCALE_PER_GROUP, .group = 32};
-        l.master = FMT_I8;
-        l.master_codec = CODEC_SPLIT;
-    }
-    return l;
+    IR_ASSERT(opt_level >= 0 && opt_level < PRECISION_LEVELS);
+    return &levels[opt_level];
 }
 
 /* Per-group parameters of a codec'd state live in a persistent f32 tensor next to it:
@@ -341,7 +345,7 @@ static void set_state_format(Graph *g, Node *state, Format fmt, const Policy *p,
 }
 
 /* Adds "P:master" as the 9th operand of P's AdamW update. */
-static Node *add_master(Graph *g, Node *adamw, const Level *l, const Policy *p)
+static Node *add_master(Graph *g, Node *adamw, const PrecisionLevel *l, const Policy *p)
 {
     Node *param = adamw->in[0];
     Node *m = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s:master", param->t.name), ROLE_MASTER,
@@ -556,7 +560,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
     if (diag_error_count() > errors) return false;
 
     /* the level is the graph's (the driver sets it from -O; textual IR carries it as opt=) */
-    Level level = level_defaults(g->opt_level);
+    const PrecisionLevel *level = precision_level(g->opt_level);
     mark_saved(g);
 
     /* persistent state: parameters, masters, gradient accumulators, Adam moments */
@@ -569,19 +573,19 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         Node *x = g->nodes[i];
         if (x->op == OP_PARAM) {
             const Rule *r = stored_rule(g->arena, &policy, x->t.name, ROLE_PARAM);
-            x->t.fmt = fmt_plain(r ? r->fmt.elem : level.param);
+            x->t.fmt = fmt_plain(r ? r->fmt.elem : level->param);
         }
     }
     for (int k = 0; k < n_updates; k++) {
         Node *u = updates[k];
         Node *param = u->in[0], *grad = u->in[1], *m = u->in[2], *v = u->in[3];
         /* a master copy is needed when the parameter is stored coarser than f32 */
-        if (u->n_in == 8 && param->t.fmt.elem != FMT_F32) add_master(g, u, &level, &policy);
+        if (u->n_in == 8 && param->t.fmt.elem != FMT_F32) add_master(g, u, level, &policy);
         Node *acc = grad;
         while (acc->op == OP_ACCUMULATE) acc = acc->in[0];
-        if (acc->op == OP_STATE) set_state_format(g, acc, fmt_plain(level.grad), &policy, u);
-        set_state_format(g, m, level.adam_m, &policy, u);
-        set_state_format(g, v, level.adam_v, &policy, u);
+        if (acc->op == OP_STATE) set_state_format(g, acc, fmt_plain(level->grad), &policy, u);
+        set_state_format(g, m, level->adam_m, &policy, u);
+        set_state_format(g, v, level->adam_v, &policy, u);
     }
     if (diag_error_count() > errors) return false;
 
@@ -606,7 +610,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
     for (int i = 0; i < g->n_nodes; i++) {
         Node *mm = g->nodes[i];
         if (mm->op != OP_MATMUL) continue;
-        bool fp8 = level.fp8_gemms && !is_head_gemm(mm, uses, g);
+        bool fp8 = level->fp8_gemms && !is_head_gemm(mm, uses, g);
         const char *name;
         int kind = gemm_kind(mm, uses, &name);
         const Rule *r = policy_match_gemm(&policy, RULE_GEMM, kind, name);
@@ -654,7 +658,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         Node *x = g->nodes[i];
         if (x->t.role != ROLE_SAVED || !fmt_elem_is_float(x->t.fmt.elem)) continue;
         Format want = fmt_plain(FMT_VOID);
-        if (g->opt_level >= 2) want = saved_default(x, &uses[i]);
+        if (level->fp8_saved) want = saved_default(x, &uses[i]);
         const Rule *r = policy_match(&policy, RULE_SAVED, x->t.name);
         if (r) want = r->fmt.elem == x->t.fmt.elem && r->fmt.scaling == SCALE_NONE ? fmt_plain(FMT_VOID) : r->fmt;
         if (want.elem == FMT_E4M3 || want.elem == FMT_E5M2) {

@@ -197,7 +197,7 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
 {
     Graph *g = c->g;
     Node *u = update_of(g, p);
-    if (!u || u->iattr[0] || g->opt_level >= 3 || rc.history > 0 || rc.static_scale > 0) return NULL;
+    if (!u || u->iattr[0] || precision_level(g->opt_level)->weight_copies_per_use || rc.history > 0 || rc.static_scale > 0) return NULL;
     Node *first_update = NULL;
     for (int i = 0; i < g->n_nodes && !first_update; i++)
         if (g->nodes[i]->phase == PHASE_UPDATE && g->nodes[i]->n_in) first_update = g->nodes[i];
@@ -269,7 +269,7 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
          * values kept as they are that only FP8 GEMMs of the backward read, whose copy would
          * be the same bytes again (one that others read stays, and is quantized late) */
         Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
-        bool weight_copy = x->op == OP_PARAM && c->g->opt_level < 3;
+        bool weight_copy = x->op == OP_PARAM && !precision_level(c->g->opt_level)->weight_copies_per_use;
         bool saved_fp8 = x->t.saved_as.elem == elem;
         bool kept = x->op != OP_PARAM && x->t.saved_as.elem == FMT_VOID && only_fp8_gemms_read(x);
         if (fwd && (weight_copy || saved_fp8 || kept)) {
