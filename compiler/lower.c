@@ -91,6 +91,20 @@ typedef struct {
     int cap, n;
 } ParamMap;
 
+/* The computed tensors that name_value named, by name: a parameter declared later under the
+ * same name takes it from them. A name may be given several times (a loop at the top level
+ * names each trip's value), so each entry is a list. */
+typedef struct NamedNode {
+    Node *node;
+    struct NamedNode *next;
+} NamedNode;
+
+typedef struct {
+    const char **keys;
+    NamedNode **lists;
+    int cap, n;
+} NameMap;
+
 typedef struct {
     Arena *a;
     Graph *g;
@@ -100,6 +114,7 @@ typedef struct {
     const AstStmt **blocks;
     int n_blocks;
     ParamMap params;
+    NameMap computed;           /* computed tensors by the name name_value gave them */
     const char **configs;       /* names declared by `config` anywhere at the top */
     int n_configs;
     Node *loss;
@@ -241,6 +256,28 @@ static void param_put(Arena *a, ParamMap *m, const char *name, Node *n)
     m->n++;
 }
 
+/* The list of computed tensors named `name` (NULL: none), or with `add`, its slot, made if new. */
+static NamedNode **names_slot(Arena *a, NameMap *m, const char *name, bool add)
+{
+    if (add && 2 * (m->n + 1) > m->cap) {
+        NameMap bigger = {.cap = m->cap ? 2 * m->cap : 64};
+        bigger.keys = arena_alloc(a, sizeof(char *) * (size_t)bigger.cap);
+        bigger.lists = arena_alloc(a, sizeof(NamedNode *) * (size_t)bigger.cap);
+        for (int i = 0; i < m->cap; i++)
+            if (m->keys[i]) *names_slot(a, &bigger, m->keys[i], true) = m->lists[i];
+        *m = bigger;
+    }
+    if (!m->cap) return NULL;
+    uint64_t i = hash_name(name) & (uint64_t)(m->cap - 1);
+    for (; m->keys[i]; i = (i + 1) & (uint64_t)(m->cap - 1))
+        if (!strcmp(m->keys[i], name)) return &m->lists[i];
+    if (!add) return NULL;
+    m->keys[i] = name;
+    m->lists[i] = NULL;
+    m->n++;
+    return &m->lists[i];
+}
+
 static Binding *frame_find(const Frame *f, const char *name)
 {
     for (Binding *b = f->names; b; b = b->next)
@@ -343,6 +380,10 @@ static void name_value(Lower *L, Value v, const char *scope, const char *var)
     for (size_t i = 0; i < sizeof taken / sizeof taken[0]; i++)
         if (!strcmp(name, taken[i])) return;
     v.node->t.name = name;
+    NamedNode **list = names_slot(L->a, &L->computed, name, true);
+    NamedNode *e = arena_alloc(L->a, sizeof *e);
+    *e = (NamedNode){.node = v.node, .next = *list};
+    *list = e;
 }
 
 /* ---------------------------------------------------------------- expressions */
@@ -1185,9 +1226,11 @@ static void exec_param(Lower *L, Frame *f, const AstStmt *s)
         n->iattr[0] = init;
         n->fattr[0] = std;
         param_put(L->a, &L->params, n->t.name, n);
-        for (int i = 0; i < L->g->n_nodes - 1; i++)
-            if (L->g->nodes[i]->n_in && L->g->nodes[i]->t.name && !strcmp(L->g->nodes[i]->t.name, full))
-                L->g->nodes[i]->t.name = NULL;
+        /* the parameter's name is its own: computed tensors named so before give it up */
+        NamedNode **named = names_slot(L->a, &L->computed, full, false);
+        for (NamedNode *e = named ? *named : NULL; e; e = e->next)
+            if (e->node->t.name && !strcmp(e->node->t.name, full)) e->node->t.name = NULL;
+        if (named) *named = NULL;
         v = val_tensor(n);
     }
     /* bound even after an error, so that its uses do not report "unknown name" */
