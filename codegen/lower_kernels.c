@@ -2030,7 +2030,7 @@ static Node *gemm_operand(const Lower *L, Node *x, bool *trans)
 
 static void lower_matmul(Lower *L, Node *n)
 {
-    bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
+    bool ta = IR_IATTR(n, MATMUL, trans_a) != 0, tb = IR_IATTR(n, MATMUL, trans_b) != 0;
     Node *A = gemm_operand(L, n->in[0], &ta), *B = gemm_operand(L, n->in[1], &tb), *root = L->g->nodes[L->root];
     int64_t ar = rows_of(&A->t), ac = cols_of(&A->t), br = rows_of(&B->t), bc = cols_of(&B->t);
     CgGemm gm = {.M = ta ? ac : ar, .K = ta ? ar : ac, .N = tb ? br : bc, .trans_a = ta,

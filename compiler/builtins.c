@@ -21,7 +21,7 @@ static Value b_linear(Lower *L, const AstExpr *c, const Args *a)
 {
     Node *in[2] = {a->v[0].node, a->v[1].node};
     Node *mm = lower_node_new(L, OP_MATMUL, c->loc, 2, in);
-    mm->iattr[1] = 1;                       /* nn.Linear: weight is (out, in) */
+    IR_IATTR(mm, MATMUL, trans_b) = 1;      /* nn.Linear: weight is (out, in) */
     Value y = lower_node_done(L, mm);
     if (y.kind != VAL_TENSOR || a->v[2].kind == VAL_NONE) return y;
     return lower_node_binary(L, OP_ADD, c->loc, y.node, a->v[2].node);
@@ -39,8 +39,8 @@ static Value b_matmul(Lower *L, const AstExpr *c, const Args *a)
     if (!is_flag(L, a, 2, "transpose_a") || !is_flag(L, a, 3, "transpose_b")) return val_error();
     Node *in[2] = {a->v[0].node, a->v[1].node};
     Node *n = lower_node_new(L, OP_MATMUL, c->loc, 2, in);
-    n->iattr[0] = a->v[2].i;
-    n->iattr[1] = a->v[3].i;
+    IR_IATTR(n, MATMUL, trans_a) = a->v[2].i;
+    IR_IATTR(n, MATMUL, trans_b) = a->v[3].i;
     return lower_node_done(L, n);
 }
 

@@ -119,7 +119,8 @@ static void op_table_init(void)
         int arity;
         const char *iattrs, *fattrs, *summary;
     } raw[] = {
-#define X(name, text, arity, iattrs, fattrs, summary) {text, arity, iattrs, fattrs, summary},
+#define X(name, text, arity, iattrs, fattrs, summary) \
+    {text, arity, IR_ATTR_TEXT(iattrs), IR_ATTR_TEXT(fattrs), summary},
 #include "ops.def"
 #undef X
     };

@@ -205,6 +205,59 @@ typedef struct Node {
     void *pass_data;        /* scratch for the pass that runs now; nobody else reads it */
 } Node;
 
+/* MATMUL's fp8 attribute: how its operands are stored and scaled. */
+typedef enum {
+    GEMM_BF16,          /* bf16 operands */
+    GEMM_FP8_TENSOR,    /* FP8, one scale per tensor */
+    GEMM_FP8_ROW,       /* FP8, one scale per row of each operand's 2-D view */
+    GEMM_FP8_BLOCK,     /* FP8, activations in 1x128 tiles, weights in 128x128 blocks */
+} GemmScaling;
+
+/* Attributes by name. ops.def lists each op's attributes, (trans_a,trans_b,fp8,...); from
+ * those lists come one enum per op and kind, IATTR_MATMUL_fp8 = 2, FATTR_MATMUL_static_scale
+ * = 0, and these accessors, which are lvalues and check the node's op:
+ *     IR_IATTR(mm, MATMUL, fp8) = GEMM_FP8_TENSOR;
+ *     double s = IR_FATTR(mm, MATMUL, static_scale);
+ * A name the op does not have is a compile error. n is evaluated twice. The textual IR
+ * (print.c, read.c) walks the attributes by index; everything else uses these. */
+static inline int ir_attr_index(const Node *n, OpKind op, int k)
+{
+    IR_ASSERT(n->op == op);
+    return k;
+}
+#define IR_IATTR(n, OP, name) ((n)->iattr[ir_attr_index((n), OP_##OP, IATTR_##OP##_##name)])
+#define IR_FATTR(n, OP, name) ((n)->fattr[ir_attr_index((n), OP_##OP, FATTR_##OP##_##name)])
+
+/* The machinery: IR_ATTR_EACH(M, p, a, b, ...) is M(p, a) M(p, b) ..., up to 8 names. */
+#define IR_ATTR_UNPAREN(...) __VA_ARGS__
+#define IR_ATTR_COUNT(...) IR_ATTR_COUNT_(__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define IR_ATTR_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, N, ...) N
+#define IR_ATTR_CAT(a, b) IR_ATTR_CAT_(a, b)
+#define IR_ATTR_CAT_(a, b) a##b
+#define IR_ATTR_EACH(M, p, ...) IR_ATTR_CAT(IR_ATTR_EACH_, IR_ATTR_COUNT(__VA_ARGS__))(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_1(M, p, a) M(p, a)
+#define IR_ATTR_EACH_2(M, p, a, ...) M(p, a) IR_ATTR_EACH_1(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_3(M, p, a, ...) M(p, a) IR_ATTR_EACH_2(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_4(M, p, a, ...) M(p, a) IR_ATTR_EACH_3(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_5(M, p, a, ...) M(p, a) IR_ATTR_EACH_4(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_6(M, p, a, ...) M(p, a) IR_ATTR_EACH_5(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_7(M, p, a, ...) M(p, a) IR_ATTR_EACH_6(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_8(M, p, a, ...) M(p, a) IR_ATTR_EACH_7(M, p, __VA_ARGS__)
+#define IR_ATTR_ENUMERATOR(p, a) p##a,
+/* An op without attributes gets one unused enumerator, IATTR_INPUT_, and a count of 1. */
+#define X(name, text, arity, iattrs, fattrs, summary)                                        \
+    enum { IR_ATTR_EACH(IR_ATTR_ENUMERATOR, IATTR_##name##_, IR_ATTR_UNPAREN iattrs)          \
+           IATTR_##name##_COUNT_ };                                                           \
+    enum { IR_ATTR_EACH(IR_ATTR_ENUMERATOR, FATTR_##name##_, IR_ATTR_UNPAREN fattrs)          \
+           FATTR_##name##_COUNT_ };                                                           \
+    _Static_assert(IATTR_##name##_COUNT_ <= IR_MAX_IATTR && FATTR_##name##_COUNT_ <= IR_MAX_FATTR, \
+                   "ops.def: too many attributes for " #name);
+#include "ops.def"
+#undef X
+/* "trans_a,trans_b,..." from (trans_a,trans_b,...), for the op table */
+#define IR_ATTR_TEXT(list) IR_ATTR_TEXT_ list
+#define IR_ATTR_TEXT_(...) #__VA_ARGS__
+
 /* The optimizer clause of the model file; the optimizer pass turns it into update nodes and
  * the runtime uses lr as the default peak learning rate. */
 typedef struct {

@@ -69,7 +69,7 @@ static const char *check_scalar(Node *n, Arena *a, int i, const char *what)
 static const char *infer_matmul(Node *n, Arena *a)
 {
     const Tensor *x = &n->in[0]->t, *y = &n->in[1]->t;
-    bool ta = n->iattr[0], tb = n->iattr[1];
+    bool ta = IR_IATTR(n, MATMUL, trans_a), tb = IR_IATTR(n, MATMUL, trans_b);
     if (x->rank < (ta ? 2 : 1))
         return arena_printf(a, "matmul: the first operand %s has too few dims", ir_shape_text(a, x));
     if (y->rank < 2)
@@ -193,9 +193,9 @@ void ir_matmul_dims(const Node *mm, int64_t *m, int64_t *n, int64_t *k)
     const Tensor *a = &mm->in[0]->t, *b = &mm->in[1]->t;
     int64_t ca = a->rank ? a->dims[a->rank - 1] : 1, ra = ca ? ir_numel(a) / ca : 0;
     int64_t cb = b->rank ? b->dims[b->rank - 1] : 1, rb = cb ? ir_numel(b) / cb : 0;
-    *m = mm->iattr[0] ? ca : ra;
-    *k = mm->iattr[0] ? ra : ca;
-    *n = mm->iattr[1] ? rb : cb;
+    *m = IR_IATTR(mm, MATMUL, trans_a) ? ca : ra;
+    *k = IR_IATTR(mm, MATMUL, trans_a) ? ra : ca;
+    *n = IR_IATTR(mm, MATMUL, trans_b) ? rb : cb;
 }
 
 static const char *infer_shape(Node *n, Arena *a);

@@ -99,8 +99,8 @@ static Node *bw_matmul(Autodiff *ad, Node *a, Node *b, bool trans_a, bool trans_
 {
     Node *in[2] = {a, b};
     Node *n = bw_node(ad, OP_MATMUL, 2, in);
-    n->iattr[0] = trans_a;
-    n->iattr[1] = trans_b;
+    IR_IATTR(n, MATMUL, trans_a) = trans_a;
+    IR_IATTR(n, MATMUL, trans_b) = trans_b;
     return bw_finish(ad, n);
 }
 
@@ -329,7 +329,7 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
     case OP_MATMUL: {
         /* C = op(A) op(B) on the 2-D views; dop(A) = dC op(B)^T and dop(B) = op(A)^T dC, each
          * written as one matmul whose flags absorb the transposes. */
-        bool ta = n->iattr[0], tb = n->iattr[1];
+        bool ta = IR_IATTR(n, MATMUL, trans_a), tb = IR_IATTR(n, MATMUL, trans_b);
         if (needs(ad, a)) {
             Node *da = ta ? bw_matmul(ad, b, dy, tb, true) : bw_matmul(ad, dy, b, false, !tb);
             give(ad, a, bw_fit(ad, da, &a->t));

@@ -56,7 +56,7 @@ bool pass_chunk_loss(Graph *g, const PassOptions *opt)
     Node *loss = ir_find(g, "loss");
     if (!loss || loss->op != OP_CROSS_ENTROPY) return true;
     Node *head = loss->in[0], *targets = loss->in[1];
-    if (head->op != OP_MATMUL || head->iattr[0]) return true;
+    if (head->op != OP_MATMUL || IR_IATTR(head, MATMUL, trans_a)) return true;
     int64_t vocab = head->t.dims[head->t.rank - 1];
     int64_t rows = ir_numel(&head->t) / vocab;
     int64_t chunks = (rows * vocab * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES;

@@ -26,13 +26,12 @@
 
 #include <string.h>
 
-/* MATMUL iattr[2] (fp8): FP8 operands with one scale per tensor, or in 1x128 tiles and
- * 128x128 blocks (DeepSeek-V3's recipe) */
-enum { GEMM_FP8_TENSOR = 1, GEMM_FP8_BLOCK = 3 };
-
 /* Whether GEMM mm reads its operand k in the layout Hopper's FP8 GEMM takes (k contiguous:
  * A as (M, K), B as (N, K)) or needs it transposed. */
-static bool reads_transposed(const Node *mm, int k) { return k == 0 ? mm->iattr[0] != 0 : mm->iattr[1] == 0; }
+static bool reads_transposed(const Node *mm, int k)
+{
+    return k == 0 ? IR_IATTR(mm, MATMUL, trans_a) != 0 : IR_IATTR(mm, MATMUL, trans_b) == 0;
+}
 
 static bool is_fp8_per_tensor(const Tensor *t)
 {
@@ -61,7 +60,7 @@ static void keep_transposed_copies(Graph *g, const Uses *uses)
         bool direct = false, transposed = false;
         for (int k = 0; k < uses[i].n; k++) {
             const Node *r = uses[i].list[k];
-            if (r->op != OP_MATMUL || r->iattr[2] != GEMM_FP8_TENSOR) continue;
+            if (r->op != OP_MATMUL || IR_IATTR(r, MATMUL, fp8) != GEMM_FP8_TENSOR) continue;
             for (int j = 0; j < 2; j++)
                 if (r->in[j] == q) {
                     if (reads_transposed(r, j)) transposed = true;
@@ -110,7 +109,8 @@ bool pass_layout(Graph *g, const PassOptions *opt)
     memset(copies, 0, sizeof(Node *) * (size_t)(ids ? ids : 1) * PHASE_COUNT);
     for (int i = 0; i < n; i++) {
         Node *mm = snapshot[i];
-        if (mm->op != OP_MATMUL || (mm->iattr[2] != GEMM_FP8_TENSOR && mm->iattr[2] != GEMM_FP8_BLOCK)) continue;
+        if (mm->op != OP_MATMUL) continue;
+        if (IR_IATTR(mm, MATMUL, fp8) != GEMM_FP8_TENSOR && IR_IATTR(mm, MATMUL, fp8) != GEMM_FP8_BLOCK) continue;
         for (int j = 0; j < 2; j++) {
             Node *x = mm->in[j];
             if (!reads_transposed(mm, j) || !is_transposable(&x->t)) continue;
@@ -119,7 +119,8 @@ bool pass_layout(Graph *g, const PassOptions *opt)
             Node **copy = &copies[(size_t)x->id * PHASE_COUNT + mm->phase];
             if (!*copy) *copy = transposed_copy(g, x, mm);
             mm->in[j] = *copy;
-            mm->iattr[j] = !mm->iattr[j];
+            int64_t *trans = j == 0 ? &IR_IATTR(mm, MATMUL, trans_a) : &IR_IATTR(mm, MATMUL, trans_b);
+            *trans = !*trans;
         }
     }
     return true;

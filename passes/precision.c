@@ -55,7 +55,6 @@ typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED, RULE_VALUE } RuleKind;
  * gemm.fwd:, gemm.dgrad: and gemm.wgrad: one each. */
 enum { GEMM_FWD = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 4, GEMM_ALL = 7 };
 
-enum { MATMUL_UNALIGNED = 7 };   /* MATMUL's iattr "unaligned" (ops.def) */
 
 typedef struct {
     RuleKind kind;
@@ -286,6 +285,17 @@ static const Rule *stored_rule(Arena *a, const Policy *p, const char *name, Role
     return NULL;
 }
 
+/* A GEMM in bf16: no FP8 operands and none of the scale recipe's attributes. */
+static void clear_fp8_attrs(Node *mm)
+{
+    IR_IATTR(mm, MATMUL, fp8) = GEMM_BF16;
+    IR_IATTR(mm, MATMUL, history) = 0;
+    IR_IATTR(mm, MATMUL, grad_e4m3) = 0;
+    IR_IATTR(mm, MATMUL, recent) = 0;
+    IR_IATTR(mm, MATMUL, margin) = 0;
+    IR_FATTR(mm, MATMUL, static_scale) = 0;
+}
+
 /* ---------------------------------------------------------------- the level table
  * What -O0..-O3 mean (DESIGN.md §4), and the only place that knows: other passes ask
  * precision_level for a property instead of comparing levels. */
@@ -498,7 +508,7 @@ static Format saved_default(const Node *x, const Uses *u)
         case OP_ATTENTION_BWD: case OP_CROSS_ENTROPY_BWD: case OP_EMBEDDING_BWD:
             return fmt_plain(FMT_VOID);
         case OP_MATMUL:
-            if (r->iattr[2]) fp8_gemm = true;
+            if (IR_IATTR(r, MATMUL, fp8)) fp8_gemm = true;
             else return fmt_plain(FMT_VOID);   /* a bf16 GEMM wants its operand in bf16 */
             break;
         default:
@@ -614,22 +624,23 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         const char *name;
         int kind = gemm_kind(mm, uses, &name);
         const Rule *r = policy_match_gemm(&policy, RULE_GEMM, kind, name);
-        mm->iattr[2] = fp8 ? 1 : 0;
-        mm->iattr[3] = mm->iattr[4] = mm->iattr[5] = mm->iattr[6] = 0;
-        mm->fattr[0] = 0;
+        clear_fp8_attrs(mm);
+        IR_IATTR(mm, MATMUL, fp8) = fp8 ? GEMM_FP8_TENSOR : GEMM_BF16;
         if (r) {
             fp8 = r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2;
             /* rows and 1x128 tiles run along the features; the weight gradient x^T dy contracts
              * over the tokens, across them, so its operands are scaled per tensor */
-            mm->iattr[2] = !fp8 ? 0
-                         : kind == GEMM_WGRAD ? 1
-                         : r->fmt.scaling == SCALE_PER_ROW ? 2
-                         : r->fmt.scaling == SCALE_BLOCK_128 || r->fmt.scaling == SCALE_TILE_1x128 ? 3 : 1;
-            mm->iattr[3] = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;
-            mm->iattr[4] = fp8 && r->fmt.elem == FMT_E4M3;
-            mm->iattr[5] = fp8 && r->fmt.recipe == RECIPE_DELAYED && !r->fmt.history_max;
-            mm->iattr[6] = fp8 ? r->fmt.margin : 0;
-            mm->fattr[0] = fp8 && r->fmt.recipe == RECIPE_STATIC ? r->fmt.static_scale : 0;
+            IR_IATTR(mm, MATMUL, fp8) = !fp8 ? GEMM_BF16
+                         : kind == GEMM_WGRAD ? GEMM_FP8_TENSOR
+                         : r->fmt.scaling == SCALE_PER_ROW ? GEMM_FP8_ROW
+                         : r->fmt.scaling == SCALE_BLOCK_128 || r->fmt.scaling == SCALE_TILE_1x128 ? GEMM_FP8_BLOCK
+                         : GEMM_FP8_TENSOR;
+            IR_IATTR(mm, MATMUL, history) = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;
+            IR_IATTR(mm, MATMUL, grad_e4m3) = fp8 && r->fmt.elem == FMT_E4M3;
+            IR_IATTR(mm, MATMUL, recent) = fp8 && r->fmt.recipe == RECIPE_DELAYED && !r->fmt.history_max;
+            IR_IATTR(mm, MATMUL, margin) = fp8 ? r->fmt.margin : 0;
+            IR_FATTR(mm, MATMUL, static_scale) =
+                fp8 && r->fmt.recipe == RECIPE_STATIC ? r->fmt.static_scale : 0;
         }
         /* cuBLASLt's FP8 GEMMs need K and N (the operands' and the result's leading dims, both
          * operands being k-contiguous) to be multiples of 16, and the GPU backend runs them only
@@ -639,14 +650,13 @@ bool pass_precision(Graph *g, const PassOptions *opt)
          * (unaligned=1). */
         int64_t m_dim, n_dim, k_dim;
         ir_matmul_dims(mm, &m_dim, &n_dim, &k_dim);
-        if (mm->iattr[2] && !opt->fp8_any_shape &&
+        if (IR_IATTR(mm, MATMUL, fp8) && !opt->fp8_any_shape &&
             (k_dim % PRECISION_FP8_GEMM_ALIGN || n_dim % PRECISION_FP8_GEMM_ALIGN ||
              m_dim % PRECISION_FP8_GEMM_ALIGN)) {
-            for (int a = 2; a <= 6; a++) mm->iattr[a] = 0;
-            mm->fattr[0] = 0;
-            mm->iattr[MATMUL_UNALIGNED] = 1;
+            clear_fp8_attrs(mm);
+            IR_IATTR(mm, MATMUL, unaligned) = 1;
         } else {
-            mm->iattr[MATMUL_UNALIGNED] = 0;
+            IR_IATTR(mm, MATMUL, unaligned) = 0;
         }
     }
 

@@ -49,9 +49,6 @@ typedef struct {
 /* Node.pass_data of this pass: a value that a backward node other than an FP8 GEMM reads */
 static char read_in_backward;
 
-/* MATMUL fp8 attribute values: the granularity its operands are scaled with. */
-enum { GEMM_BF16 = 0, GEMM_FP8_TENSOR = 1, GEMM_FP8_ROW = 2, GEMM_FP8_BLOCK = 3 };
-
 static const char *base_name(Ctx *c, const Node *x)
 {
     return x->t.name ? x->t.name : arena_printf(c->g->arena, "t%d", x->id);
@@ -244,7 +241,7 @@ static void mark_read_in_backward(Graph *g)
     for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->pass_data = NULL;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *r = g->nodes[i];
-        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && IR_IATTR(r, MATMUL, fp8))) continue;
         for (int j = 0; j < r->n_in; j++) r->in[j]->pass_data = &read_in_backward;
     }
 }
@@ -256,8 +253,8 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
 {
     Node *x = mm->in[i];
     if (x->op == OP_QUANTIZE) return x;
-    int mode = (int)mm->iattr[2];
-    ElemType elem = is_gradient(x) && !mm->iattr[4] ? FMT_E5M2 : FMT_E4M3;
+    int mode = (int)IR_IATTR(mm, MATMUL, fp8);
+    ElemType elem = is_gradient(x) && !IR_IATTR(mm, MATMUL, grad_e4m3) ? FMT_E5M2 : FMT_E4M3;
     Scaling sc = SCALE_PER_TENSOR;
     int group = 0;
     if (mode == GEMM_FP8_ROW) sc = SCALE_PER_ROW;
@@ -277,7 +274,8 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
             if (q->t.role != ROLE_WEIGHT_COPY) q->t.role = ROLE_SAVED;
         }
     }
-    ScaleRecipe rc = {(int)mm->iattr[3], mm->iattr[5] != 0, (int)mm->iattr[6], (float)mm->fattr[0]};
+    ScaleRecipe rc = {(int)IR_IATTR(mm, MATMUL, history), IR_IATTR(mm, MATMUL, recent) != 0,
+                      (int)IR_IATTR(mm, MATMUL, margin), (float)IR_FATTR(mm, MATMUL, static_scale)};
     if (!q && x->op == OP_PARAM && sc == SCALE_PER_TENSOR && mm->phase == PHASE_FORWARD &&
         (q = optimizer_copy(c, x, elem, rc, mm)))
         remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
@@ -312,7 +310,7 @@ static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
     Node *first_bwd = NULL;
     for (int k = 0; k < u->n; k++) {
         Node *r = u->list[k];
-        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && IR_IATTR(r, MATMUL, fp8))) continue;
         if (!first_bwd || r->index < first_bwd->index) first_bwd = r;
     }
     if (!first_bwd) return;
@@ -328,7 +326,7 @@ static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
     q->t.role = ROLE_SAVED;
     for (int k = 0; k < u->n; k++) {
         Node *r = u->list[k];
-        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && IR_IATTR(r, MATMUL, fp8))) continue;
         for (int j = 0; j < r->n_in; j++)
             if (r->in[j] == x) r->in[j] = q;
     }
@@ -353,7 +351,7 @@ bool pass_scaling(Graph *g, const PassOptions *opt)
     mark_read_in_backward(g);
     for (int i = 0; i < n; i++) {
         Node *mm = snapshot[i];
-        if (mm->op != OP_MATMUL || !mm->iattr[2]) continue;
+        if (mm->op != OP_MATMUL || !IR_IATTR(mm, MATMUL, fp8)) continue;
         Node *a = gemm_operand(&c, mm, 0);
         Node *b = gemm_operand(&c, mm, 1);
         mm->in[0] = a;

@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ir.h"
 
@@ -279,10 +280,59 @@ static void test_tables(void **state)
     assert_string_equal(ir_op_info(OP_MATMUL)->iattr_names[1], "trans_b");
 }
 
+/* Attributes by name: every name of the op table reads and writes the slot the textual IR
+ * gives it, and the values the reader sets by name come back through the accessors. */
+static void test_named_attributes(void **state)
+{
+    (void)state;
+    const OpInfo *mm = ir_op_info(OP_MATMUL);
+    assert_int_equal(mm->n_iattr, IATTR_MATMUL_COUNT_);
+    assert_int_equal(mm->n_fattr, FATTR_MATMUL_COUNT_);
+    const int index[] = {IATTR_MATMUL_trans_a, IATTR_MATMUL_trans_b, IATTR_MATMUL_fp8,
+                         IATTR_MATMUL_history, IATTR_MATMUL_grad_e4m3, IATTR_MATMUL_recent,
+                         IATTR_MATMUL_margin, IATTR_MATMUL_unaligned};
+    const char *const names[] = {"trans_a", "trans_b", "fp8", "history", "grad_e4m3", "recent",
+                                 "margin", "unaligned"};
+    for (int i = 0; i < 8; i++) assert_string_equal(mm->iattr_names[index[i]], names[i]);
+    assert_string_equal(mm->fattr_names[FATTR_MATMUL_static_scale], "static_scale");
+    assert_int_equal(ir_op_info(OP_INPUT)->n_iattr, 0);
+    assert_int_equal(ir_op_info(OP_ADAMW)->n_fattr, FATTR_ADAMW_COUNT_);
+
+    /* random values through the reader, back through the accessors and the printer */
+    srand((unsigned)time(NULL));
+    int trans_b = rand() % 2, history = 1 + rand() % 64, margin = rand() % 4;
+    double scale = 0.25 * (1 + rand() % 16);
+    char text[512];
+    snprintf(text, sizeof text,
+             "%%0 = input() : f32[32,16] role=input phase=forward\n"
+             "%%1 = param() : f32[16,16] role=param phase=forward name=\"w\"\n"
+             "%%2 = matmul(%%0, %%1) trans_b=%d fp8=1 history=%d margin=%d static_scale=%g "
+             ": f32[32,16] role=activation phase=forward\n",
+             trans_b, history, margin, scale);
+    Arena *a = arena_new();
+    Graph *g = ir_read(a, "named.ir", text);
+    assert_non_null(g);
+    Node *n = g->nodes[2];
+    assert_int_equal(IR_IATTR(n, MATMUL, trans_a), 0);
+    assert_int_equal(IR_IATTR(n, MATMUL, trans_b), trans_b);
+    assert_int_equal(IR_IATTR(n, MATMUL, fp8), GEMM_FP8_TENSOR);
+    assert_int_equal(IR_IATTR(n, MATMUL, history), history);
+    assert_int_equal(IR_IATTR(n, MATMUL, margin), margin);
+    assert_float_equal(IR_FATTR(n, MATMUL, static_scale), scale, 0);
+    IR_IATTR(n, MATMUL, unaligned) = 1;
+    IR_IATTR(n, MATMUL, fp8) = GEMM_BF16;
+    char *printed = print_to_string(g);
+    assert_non_null(strstr(printed, "unaligned=1"));
+    assert_null(strstr(printed, "fp8="));
+    free(printed);
+    arena_free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_named_attributes),
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_shape_errors_name_dims),
         cmocka_unit_test(test_roundtrip),
