@@ -892,9 +892,9 @@ static int scale_from_amax(CgKernel *k, ElemType e, int64_t margin, int amax, in
 static void lower_quant_scale(Lower *L, Node *n)
 {
     Node *x = n->in[0];
-    ElemType e = (ElemType)n->iattr[0];
-    Scaling kind = (Scaling)n->iattr[1];
-    int64_t margin = n->iattr[3], R = rows_of(&x->t), C = cols_of(&x->t);
+    ElemType e = (ElemType)IR_IATTR(n, QUANT_SCALE, elem);
+    Scaling kind = (Scaling)IR_IATTR(n, QUANT_SCALE, scaling);
+    int64_t margin = IR_IATTR(n, QUANT_SCALE, margin), R = rows_of(&x->t), C = cols_of(&x->t);
     if (kind == SCALE_PER_TENSOR) {
         int chunks, amax;
         int part = chunk_partials(L, n, x, false, &chunks);
@@ -914,7 +914,7 @@ static void lower_quant_scale(Lower *L, Node *n)
         amax = reduce_max(k, e1(k, CG_FABS, load_at(k, xb, at)));
         end(k);
     } else if (kind == SCALE_PER_GROUP || kind == SCALE_TILE_1x128) {
-        int64_t G = kind == SCALE_TILE_1x128 ? 128 : n->iattr[2], ncg = (C + G - 1) / G;
+        int64_t G = fmt_scaling_group(kind, (int)IR_IATTR(n, QUANT_SCALE, group)), ncg = (C + G - 1) / G;
         shape(k, CG_PAR_BLOCK, R * ncg, 2 * G);
         int r = e2(k, CG_IDIV, it, ic(k, ncg)), gi = e2(k, CG_IMOD, it, ic(k, ncg));
         int c0 = imul(k, gi, ic(k, G));

@@ -35,12 +35,67 @@ bool fmt_elem_from_name(const char *s, ElemType *out)
     return false;
 }
 
-static const char *const scaling_names[SCALE_COUNT] = {
-    "none", "tensor", "row", "group", "tile1x128", "block128"};
+static const ScalingInfo scaling_table[SCALE_COUNT] = {
+#define X(name, text, rule, brows, bcols, selem, gact, gweight, cublaslt, transposable) \
+    {text, rule, brows, bcols, selem, gact, gweight, cublaslt, transposable},
+#include "scaling.def"
+#undef X
+};
 static const char *const recipe_names[RECIPE_COUNT] = {"none", "current", "delayed", "static"};
 static const char *const codec_names[CODEC_COUNT] = {"plain", "expand", "compand", "sqrt", "split"};
 
-const char *fmt_scaling_name(Scaling s) { return s < SCALE_COUNT ? scaling_names[s] : "?"; }
+const char *fmt_scaling_name(Scaling s) { return s < SCALE_COUNT ? scaling_table[s].text : "?"; }
+
+const ScalingInfo *fmt_scaling_info(Scaling s)
+{
+    IR_ASSERT(s < SCALE_COUNT);
+    return &scaling_table[s];
+}
+
+bool fmt_scaling_from_rule(const char *word, Scaling *out)
+{
+    for (int i = 0; i < SCALE_COUNT; i++)
+        if (*scaling_table[i].rule && !strcmp(scaling_table[i].rule, word)) {
+            *out = (Scaling)i;
+            return true;
+        }
+    return false;
+}
+
+int fmt_scaling_group(Scaling s, int group)
+{
+    IR_ASSERT(s < SCALE_COUNT);
+    const ScalingInfo *si = &scaling_table[s];
+    return si->block_rows == 1 && si->block_cols > 0 ? si->block_cols : group;
+}
+
+Scaling fmt_gemm_operand_scaling(GemmScaling mode, bool weight)
+{
+    for (int i = 0; i < SCALE_COUNT; i++)
+        if ((weight ? scaling_table[i].gemm_weight : scaling_table[i].gemm_act) == (int)mode) return (Scaling)i;
+    IR_ASSERT(!"no granularity for this GEMM mode");
+}
+
+GemmScaling fmt_gemm_mode_of(Scaling s)
+{
+    IR_ASSERT(s < SCALE_COUNT);
+    const ScalingInfo *si = &scaling_table[s];
+    return si->gemm_act >= 0 ? (GemmScaling)si->gemm_act
+         : si->gemm_weight >= 0 ? (GemmScaling)si->gemm_weight : GEMM_FP8_TENSOR;
+}
+
+ScaleGrid fmt_scale_grid(Scaling s, int64_t group, int64_t rows, int64_t cols)
+{
+    IR_ASSERT(s > SCALE_NONE && s < SCALE_COUNT);
+    const ScalingInfo *si = &scaling_table[s];
+    int64_t br = si->block_rows == 0 ? rows : si->block_rows;
+    int64_t bc = si->block_cols == 0 ? cols : si->block_cols < 0 ? group : si->block_cols;
+    IR_ASSERT(bc > 0 || cols == 0);
+    ScaleGrid g = {.block_rows = br > 0 ? br : 1, .block_cols = bc > 0 ? bc : 1};
+    g.grid_rows = si->block_rows == 0 ? 1 : (rows + g.block_rows - 1) / g.block_rows;
+    g.grid_cols = si->block_cols == 0 ? 1 : (cols + g.block_cols - 1) / g.block_cols;
+    return g;
+}
 const char *fmt_recipe_name(Recipe r) { return r < RECIPE_COUNT ? recipe_names[r] : "?"; }
 const char *fmt_codec_name(Codec c) { return c < CODEC_COUNT ? codec_names[c] : "?"; }
 

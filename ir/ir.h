@@ -62,17 +62,25 @@ typedef enum {
     FMT_COUNT
 } ElemType;
 
-/* How a scaled tensor's scale factors are laid out. The value stored is q = enc(x * scale);
- * the value read back is dec(q) / scale. */
+/* How a scaled tensor's scale factors are laid out (ir/scaling.def). The value stored is
+ * q = enc(x * scale); the value read back is dec(q) / scale. SCALE_PER_GROUP: one per `group`
+ * consecutive elements of the last axis (1 x G); SCALE_TILE_1x128: DeepSeek-V3's activation
+ * tiles, groups of 128; SCALE_BLOCK_128: 128 x 128 blocks of the 2-D view (weights). */
 typedef enum {
-    SCALE_NONE,
-    SCALE_PER_TENSOR,   /* one scale */
-    SCALE_PER_ROW,      /* one per row of the 2-D view (rows = leading dims) */
-    SCALE_PER_GROUP,    /* one per `group` consecutive elements of the last axis (1 x G) */
-    SCALE_TILE_1x128,   /* DeepSeek-V3 activation tiles: per-group with G = 128 */
-    SCALE_BLOCK_128,    /* 128 x 128 blocks of the 2-D view (weights) */
+#define X(name, text, rule, brows, bcols, selem, gact, gweight, cublaslt, transposable) SCALE_##name,
+#include "scaling.def"
+#undef X
     SCALE_COUNT
 } Scaling;
+
+/* MATMUL's fp8 attribute: how its operands are stored and scaled; scaling.def says which
+ * granularity each mode gives activations and weights. */
+typedef enum {
+    GEMM_BF16,          /* bf16 operands */
+    GEMM_FP8_TENSOR,    /* FP8, one scale per tensor */
+    GEMM_FP8_ROW,       /* FP8, one scale per row of each operand's 2-D view */
+    GEMM_FP8_BLOCK,     /* FP8, activations in 1x128 tiles, weights in 128x128 blocks */
+} GemmScaling;
 
 /* Where the scale of a scaled tensor comes from. */
 typedef enum {
@@ -114,6 +122,29 @@ int fmt_elem_bytes(ElemType e);
 bool fmt_elem_is_float(ElemType e);
 bool fmt_elem_from_name(const char *s, ElemType *out);
 const char *fmt_scaling_name(Scaling s);
+/* A row of scaling.def: everything that passes and backends know about a granularity. */
+typedef struct {
+    const char *text, *rule;
+    int block_rows, block_cols;     /* 0: the whole extent; -1: the format's group */
+    ElemType scale_elem;
+    int gemm_act, gemm_weight;      /* GemmScaling, or -1 */
+    const char *cublaslt;           /* CUBLASLT_MATMUL_MATRIX_SCALE_<this>; "": none */
+    bool transposable;
+} ScalingInfo;
+const ScalingInfo *fmt_scaling_info(Scaling s);
+bool fmt_scaling_from_rule(const char *word, Scaling *out);      /* "row", "block128", ... */
+/* The group a Format of granularity s carries: a tile's fixed width (128), else `group` */
+int fmt_scaling_group(Scaling s, int group);
+/* The granularity an FP8 GEMM of `mode` gives an operand: its weights' or its activations' */
+Scaling fmt_gemm_operand_scaling(GemmScaling mode, bool weight);
+/* The GEMM mode whose activations are scaled with s (GEMM_FP8_TENSOR where none is) */
+GemmScaling fmt_gemm_mode_of(Scaling s);
+/* The layout of the scales of a (rows, cols) view scaled with s (group: the format's G): the
+ * block that shares a scale, clipped to the view, and the grid of blocks, rounding up. */
+typedef struct {
+    int64_t block_rows, block_cols, grid_rows, grid_cols;
+} ScaleGrid;
+ScaleGrid fmt_scale_grid(Scaling s, int64_t group, int64_t rows, int64_t cols);
 const char *fmt_recipe_name(Recipe r);
 const char *fmt_codec_name(Codec c);
 Format fmt_plain(ElemType e);                          /* unscaled, plain codec */
@@ -204,14 +235,6 @@ typedef struct Node {
     struct Node *grad_of;   /* ROLE_GRAD/MASTER/ADAM_*: the parameter this state belongs to */
     void *pass_data;        /* scratch for the pass that runs now; nobody else reads it */
 } Node;
-
-/* MATMUL's fp8 attribute: how its operands are stored and scaled. */
-typedef enum {
-    GEMM_BF16,          /* bf16 operands */
-    GEMM_FP8_TENSOR,    /* FP8, one scale per tensor */
-    GEMM_FP8_ROW,       /* FP8, one scale per row of each operand's 2-D view */
-    GEMM_FP8_BLOCK,     /* FP8, activations in 1x128 tiles, weights in 128x128 blocks */
-} GemmScaling;
 
 /* Attributes by name. ops.def lists each op's attributes, (trans_a,trans_b,fp8,...); from
  * those lists come one enum per op and kind, IATTR_MATMUL_fp8 = 2, FATTR_MATMUL_static_scale

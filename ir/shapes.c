@@ -416,24 +416,20 @@ static const char *infer_shape(Node *n, Arena *a)
         return NULL;
     }
     case OP_QUANT_SCALE: {
-        int64_t rows = rows_of(x), cols = last_dim(x), g = n->iattr[2];
-        switch ((Scaling)n->iattr[1]) {
-        case SCALE_PER_TENSOR: set_scalar(n); return NULL;
-        case SCALE_PER_ROW: ir_set_shape(n, 1, &rows); return NULL;
-        case SCALE_TILE_1x128: g = 128; /* fall through */
-        case SCALE_PER_GROUP: {
-            if (g <= 0) return arena_printf(a, "per-group scaling needs a group size > 0");
-            int64_t d[2] = {rows, (cols + g - 1) / g};
-            ir_set_shape(n, 2, d);
-            return NULL;
-        }
-        case SCALE_BLOCK_128: {
-            int64_t d[2] = {(rows + 127) / 128, (cols + 127) / 128};
-            ir_set_shape(n, 2, d);
-            return NULL;
-        }
-        default: return arena_printf(a, "quant_scale needs a scaling granularity");
-        }
+        /* one scale per block (ir/scaling.def): a scalar per tensor, (rows) per row, else the
+         * grid of blocks (rows / block rows, cols / block cols) */
+        Scaling sc = (Scaling)IR_IATTR(n, QUANT_SCALE, scaling);
+        int64_t g = IR_IATTR(n, QUANT_SCALE, group);
+        if (sc <= SCALE_NONE || sc >= SCALE_COUNT)
+            return arena_printf(a, "quant_scale needs a scaling granularity");
+        const ScalingInfo *si = fmt_scaling_info(sc);
+        if (si->block_cols < 0 && g <= 0) return arena_printf(a, "per-group scaling needs a group size > 0");
+        ScaleGrid grid = fmt_scale_grid(sc, g, rows_of(x), last_dim(x));
+        int64_t d[2] = {grid.grid_rows, grid.grid_cols};
+        if (si->block_rows == 0) set_scalar(n);             /* one block: the whole tensor */
+        else if (si->block_cols == 0) ir_set_shape(n, 1, d);
+        else ir_set_shape(n, 2, d);
+        return NULL;
     }
     case OP_QUANTIZE:
         copy_shape(n, x);

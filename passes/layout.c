@@ -39,12 +39,19 @@ static bool is_fp8_per_tensor(const Tensor *t)
            t->rank >= 2;
 }
 
+/* Whether t's scales form a grid of blocks (rather than one per tensor) */
+static bool scales_in_blocks(const Format *f)
+{
+    return f->scaling != SCALE_NONE && fmt_scaling_info(f->scaling)->block_rows > 0;
+}
+
 /* An FP8 operand whose transposed copy reads the same values: one scale per tensor (shared), or
- * 128 x 128 blocks (the block grid transposed with it). */
+ * a transposable grid of blocks, 128 x 128 (ir/scaling.def), transposed with it. */
 static bool is_transposable(const Tensor *t)
 {
     if (is_fp8_per_tensor(t)) return true;
-    return (t->fmt.elem == FMT_E4M3 || t->fmt.elem == FMT_E5M2) && t->fmt.scaling == SCALE_BLOCK_128 &&
+    return (t->fmt.elem == FMT_E4M3 || t->fmt.elem == FMT_E5M2) && t->fmt.scaling != SCALE_NONE &&
+           fmt_scaling_info(t->fmt.scaling)->transposable && scales_in_blocks(&t->fmt) &&
            t->rank >= 2 && t->fmt.scale && t->fmt.scale->t.rank == 2;
 }
 
@@ -88,7 +95,7 @@ static Node *transposed_copy(Graph *g, Node *x, Node *first)
     const char *err = ir_infer_shape(t, g->arena);
     if (err) ir_die(__FILE__, __LINE__, "layout: %s", err);
     ir_move_before(g, t, first);
-    if (x->t.fmt.scaling == SCALE_BLOCK_128) t->t.fmt.scale = transposed_copy(g, x->t.fmt.scale, t);
+    if (scales_in_blocks(&x->t.fmt)) t->t.fmt.scale = transposed_copy(g, x->t.fmt.scale, t);
     return t;
 }
 

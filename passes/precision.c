@@ -99,10 +99,11 @@ static const char *parse_format(Arena *a, const char *spec, Format *out)
     }
     while ((part = strtok_r(NULL, ":", &save))) {
         int n = 0;
-        if (!strcmp(part, "tensor")) out->scaling = SCALE_PER_TENSOR;
-        else if (!strcmp(part, "row")) out->scaling = SCALE_PER_ROW;
-        else if (!strcmp(part, "tile128")) out->scaling = SCALE_TILE_1x128, out->group = 128;
-        else if (!strcmp(part, "block128")) out->scaling = SCALE_BLOCK_128;
+        Scaling sc;
+        if (fmt_scaling_from_rule(part, &sc)) {
+            out->scaling = sc;
+            out->group = fmt_scaling_group(sc, out->group);
+        }
         else if (modifier_int(part, "group", 1, 1 << 20, &n)) {
             if (n < 0) return arena_printf(a, "'%s': a group holds 1 to 1048576 elements", part);
             out->scaling = SCALE_PER_GROUP, out->group = n;
@@ -167,7 +168,9 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
     if (!err && r.kind == RULE_GEMM && !gemm_fp8 && r.fmt.elem != FMT_BF16)
         err = "a gemm: rule takes bf16 (a bf16 GEMM), e4m3 or e5m2 (FP8 operands); the formats of a "
               "bf16 GEMM's values come from value: rules";
-    if (!err && r.kind == RULE_GEMM && (r.fmt.scaling == SCALE_PER_GROUP || r.fmt.codec != CODEC_PLAIN))
+    const ScalingInfo *si = fmt_scaling_info(r.fmt.scaling);
+    bool gemm_takes = r.fmt.scaling == SCALE_NONE || si->gemm_act >= 0 || si->gemm_weight >= 0;
+    if (!err && r.kind == RULE_GEMM && (!gemm_takes || r.fmt.codec != CODEC_PLAIN))
         err = "a gemm: rule scales operands :tensor, :row, :tile128 or :block128 (groups and state "
               "codecs are for saved: rules and optimizer states)";
     if (err) {
@@ -631,10 +634,8 @@ bool pass_precision(Graph *g, const PassOptions *opt)
             /* rows and 1x128 tiles run along the features; the weight gradient x^T dy contracts
              * over the tokens, across them, so its operands are scaled per tensor */
             IR_IATTR(mm, MATMUL, fp8) = !fp8 ? GEMM_BF16
-                         : kind == GEMM_WGRAD ? GEMM_FP8_TENSOR
-                         : r->fmt.scaling == SCALE_PER_ROW ? GEMM_FP8_ROW
-                         : r->fmt.scaling == SCALE_BLOCK_128 || r->fmt.scaling == SCALE_TILE_1x128 ? GEMM_FP8_BLOCK
-                         : GEMM_FP8_TENSOR;
+                                      : kind == GEMM_WGRAD ? GEMM_FP8_TENSOR
+                                      : fmt_gemm_mode_of(r->fmt.scaling);
             IR_IATTR(mm, MATMUL, history) = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;
             IR_IATTR(mm, MATMUL, grad_e4m3) = fp8 && r->fmt.elem == FMT_E4M3;
             IR_IATTR(mm, MATMUL, recent) = fp8 && r->fmt.recipe == RECIPE_DELAYED && !r->fmt.history_max;

@@ -158,7 +158,7 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
     Node *q = ir_add2(g, OP_QUANTIZE, src, scale, src->loc);
     q->phase = phase;
     q->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
-    q->t.fmt = (Format){.elem = elem, .scaling = sc, .group = sc == SCALE_TILE_1x128 ? 128 : group,
+    q->t.fmt = (Format){.elem = elem, .scaling = sc, .group = fmt_scaling_group(sc, group),
                         .recipe = rc.static_scale > 0 ? RECIPE_STATIC : history > 0 ? RECIPE_DELAYED : RECIPE_CURRENT,
                         .history = history, .history_max = history > 0 && !rc.recent, .margin = rc.margin,
                         .static_scale = rc.static_scale, .scale = scale};
@@ -255,10 +255,8 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
     if (x->op == OP_QUANTIZE) return x;
     int mode = (int)IR_IATTR(mm, MATMUL, fp8);
     ElemType elem = is_gradient(x) && !IR_IATTR(mm, MATMUL, grad_e4m3) ? FMT_E5M2 : FMT_E4M3;
-    Scaling sc = SCALE_PER_TENSOR;
-    int group = 0;
-    if (mode == GEMM_FP8_ROW) sc = SCALE_PER_ROW;
-    if (mode == GEMM_FP8_BLOCK) sc = x->op == OP_PARAM ? SCALE_BLOCK_128 : SCALE_TILE_1x128, group = 128;
+    Scaling sc = fmt_gemm_operand_scaling((GemmScaling)mode, x->op == OP_PARAM);
+    int group = fmt_scaling_info(sc)->block_cols > 0 ? fmt_scaling_info(sc)->block_cols : 0;
 
     Node *q = find_made(c, x, elem, sc, group, mm->phase, false);
     if (!q && mm->phase != PHASE_FORWARD) {

@@ -34,11 +34,14 @@ int64_t ref_id(const Node *n, float v, int64_t limit, const char *what);   /* ch
 void ref_bf16_encode(const float *src, uint16_t *dst, int64_t n);
 void ref_bf16_decode(const uint16_t *src, float *dst, int64_t n);
 /* Scales of a scaled (rows, cols) view: how many, and which one element (r, c) uses. Scale
- * tensors are laid out row-major in this order: (1), (rows), (rows, cols/G), (rows/128,
- * cols/128), rounding up. */
+ * tensors hold one scale per block of block_rows x group (ir/scaling.def: the granularity's
+ * block, clipped to the view), row-major over the grid of blocks, rounding up: (1), (rows),
+ * (rows, cols/G), (rows/128, cols/128). */
 typedef struct {
     Scaling kind;
-    int64_t rows, cols, group, n_col_groups, count;
+    int64_t rows, cols;
+    int64_t block_rows, group;      /* the block that shares a scale */
+    int64_t n_col_groups, count;    /* blocks along a row of blocks; all of them */
 } RefScaleMap;
 RefScaleMap ref_scale_map(Scaling kind, int group, int64_t rows, int64_t cols);
 int64_t ref_scale_index(const RefScaleMap *m, int64_t r, int64_t c);

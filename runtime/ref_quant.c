@@ -27,14 +27,13 @@ static bool amax_usable(double amax) { return amax > 0 && isfinite(amax); }
 void ref_quant_scale(const Node *n, const float *const *x, float *y)
 {
     const Tensor *t = &n->in[0]->t;
-    ElemType e = (ElemType)n->iattr[0];
-    Scaling kind = (Scaling)n->iattr[1];
-    if (e <= FMT_VOID || e >= FMT_COUNT)
-        ref_die_node(n, "bad element type %lld", (long long)n->iattr[0]);
-    if (kind <= SCALE_NONE || kind >= SCALE_COUNT || (kind == SCALE_PER_GROUP && n->iattr[2] <= 0))
-        ref_die_node(n, "bad scaling %lld (group %lld)", (long long)n->iattr[1],
-                     (long long)n->iattr[2]);
-    RefScaleMap m = ref_scale_map(kind, (int)n->iattr[2], ref_rows(t), ref_cols(t));
+    ElemType e = (ElemType)IR_IATTR(n, QUANT_SCALE, elem);
+    Scaling kind = (Scaling)IR_IATTR(n, QUANT_SCALE, scaling);
+    int64_t group = IR_IATTR(n, QUANT_SCALE, group), margin = IR_IATTR(n, QUANT_SCALE, margin);
+    if (e <= FMT_VOID || e >= FMT_COUNT) ref_die_node(n, "bad element type %d", (int)e);
+    if (kind <= SCALE_NONE || kind >= SCALE_COUNT || (fmt_scaling_info(kind)->block_cols < 0 && group <= 0))
+        ref_die_node(n, "bad scaling %d (group %lld)", (int)kind, (long long)group);
+    RefScaleMap m = ref_scale_map(kind, (int)group, ref_rows(t), ref_cols(t));
     if (ir_numel(&n->t) != m.count)
         ref_die_node(n, "result has %lld elements, the %s scales %lld", (long long)ir_numel(&n->t),
                      fmt_scaling_name(kind), (long long)m.count);
@@ -46,7 +45,7 @@ void ref_quant_scale(const Node *n, const float *const *x, float *y)
             amax[k] = fmaxf(amax[k], fabsf(x[0][r * m.cols + c]));
         }
     for (int64_t k = 0; k < m.count; k++)
-        y[k] = amax_usable(amax[k]) ? (float)scale_for(e, amax[k], n->iattr[3]) : 1.0f;
+        y[k] = amax_usable(amax[k]) ? (float)scale_for(e, amax[k], margin) : 1.0f;
     free(amax);
 }
 

@@ -70,27 +70,12 @@ static void check_bound(const Tensor *t)
 
 RefScaleMap ref_scale_map(Scaling kind, int group, int64_t rows, int64_t cols)
 {
-    RefScaleMap m = {.kind = kind, .rows = rows, .cols = cols, .group = 1};
-    switch (kind) {
-    case SCALE_PER_TENSOR: m.count = 1; break;
-    case SCALE_PER_ROW: m.count = rows; break;
-    case SCALE_PER_GROUP:
-    case SCALE_TILE_1x128:
-        m.group = kind == SCALE_TILE_1x128 ? 128 : group;
-        IR_ASSERT(m.group > 0);
-        m.n_col_groups = (cols + m.group - 1) / m.group;
-        m.count = rows * m.n_col_groups;
-        break;
-    case SCALE_BLOCK_128:
-        m.group = 128;
-        m.n_col_groups = (cols + 127) / 128;
-        m.count = ((rows + 127) / 128) * m.n_col_groups;
-        break;
-    case SCALE_NONE:
-    case SCALE_COUNT:
-        IR_ASSERT(!"unscaled tensor has no scale map");
-    }
-    return m;
+    IR_ASSERT(kind > SCALE_NONE && kind < SCALE_COUNT);
+    IR_ASSERT(fmt_scaling_info(kind)->block_cols >= 0 || group > 0);
+    ScaleGrid g = fmt_scale_grid(kind, group, rows, cols);
+    return (RefScaleMap){.kind = kind, .rows = rows, .cols = cols, .block_rows = g.block_rows,
+                         .group = g.block_cols, .n_col_groups = g.grid_cols,
+                         .count = g.grid_rows * g.grid_cols};
 }
 
 int64_t ref_scale_index(const RefScaleMap *m, int64_t r, int64_t c)
@@ -98,10 +83,7 @@ int64_t ref_scale_index(const RefScaleMap *m, int64_t r, int64_t c)
     switch (m->kind) {
     case SCALE_PER_TENSOR: return 0;
     case SCALE_PER_ROW: return r;
-    case SCALE_PER_GROUP:
-    case SCALE_TILE_1x128: return r * m->n_col_groups + c / m->group;
-    case SCALE_BLOCK_128: return (r / 128) * m->n_col_groups + c / 128;
-    default: IR_ASSERT(!"bad scaling");
+    default: return (r / m->block_rows) * m->n_col_groups + c / m->group;
     }
 }
 
@@ -257,7 +239,7 @@ static void scale_rows_task(void *ctx, int64_t task)
 {
     const ScaleJob *j = ctx;
     const RefScaleMap *m = j->m;
-    int64_t run = m->kind == SCALE_PER_TENSOR || m->kind == SCALE_PER_ROW ? m->cols : m->group;
+    int64_t run = m->group;     /* the columns that share a scale */
     int64_t rows_per_task = 1 + (1 << 14) / (m->cols ? m->cols : 1);
     int64_t r1 = (task + 1) * rows_per_task < m->rows ? (task + 1) * rows_per_task : m->rows;
     for (int64_t r = task * rows_per_task; r < r1; r++)

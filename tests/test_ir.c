@@ -328,11 +328,68 @@ static void test_named_attributes(void **state)
     arena_free(a);
 }
 
+/* The scaling table: on random 2-D views, the grid of scales of each granularity is the one
+ * its definition gives (DESIGN.md: one per tensor, per row, per 1 x G group, per 1 x 128 tile,
+ * per 128 x 128 block, rounding up), rule words name their rows, and the GEMM modes give
+ * activations and weights the granularities of their recipes. */
+static void test_scaling_table(void **state)
+{
+    (void)state;
+    srand((unsigned)time(NULL) ^ 0x5ca1e);
+    for (int trial = 0; trial < 200; trial++) {
+        int64_t rows = rand() % 700, cols = 1 + rand() % 700, G = 1 + rand() % 64;
+        ScaleGrid t = fmt_scale_grid(SCALE_PER_TENSOR, 0, rows, cols);
+        assert_int_equal(t.grid_rows * t.grid_cols, 1);
+        ScaleGrid r = fmt_scale_grid(SCALE_PER_ROW, 0, rows, cols);
+        assert_int_equal(r.grid_rows, rows);
+        assert_int_equal(r.grid_cols, 1);
+        assert_int_equal(r.block_cols, cols);
+        ScaleGrid g = fmt_scale_grid(SCALE_PER_GROUP, G, rows, cols);
+        assert_int_equal(g.grid_rows, rows);
+        assert_int_equal(g.grid_cols, (cols + G - 1) / G);
+        assert_int_equal(g.block_cols, G);
+        ScaleGrid tile = fmt_scale_grid(SCALE_TILE_1x128, 0, rows, cols);
+        assert_int_equal(tile.grid_rows, rows);
+        assert_int_equal(tile.grid_cols, (cols + 127) / 128);
+        ScaleGrid b = fmt_scale_grid(SCALE_BLOCK_128, 0, rows, cols);
+        assert_int_equal(b.grid_rows, (rows + 127) / 128);
+        assert_int_equal(b.grid_cols, (cols + 127) / 128);
+        assert_int_equal(b.block_rows * b.block_cols, 128 * 128);
+    }
+    const struct { const char *rule; Scaling s; } words[] = {
+        {"tensor", SCALE_PER_TENSOR}, {"row", SCALE_PER_ROW}, {"tile128", SCALE_TILE_1x128},
+        {"block128", SCALE_BLOCK_128}};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        Scaling s = SCALE_NONE;
+        assert_true(fmt_scaling_from_rule(words[i].rule, &s));
+        assert_int_equal(s, words[i].s);
+    }
+    Scaling s;
+    assert_false(fmt_scaling_from_rule("group", &s));
+    assert_false(fmt_scaling_from_rule("", &s));
+    assert_int_equal(fmt_scaling_group(SCALE_TILE_1x128, 0), 128);
+    assert_int_equal(fmt_scaling_group(SCALE_PER_GROUP, 16), 16);
+    assert_int_equal(fmt_scaling_group(SCALE_BLOCK_128, 0), 0);
+    assert_int_equal(fmt_gemm_operand_scaling(GEMM_FP8_TENSOR, true), SCALE_PER_TENSOR);
+    assert_int_equal(fmt_gemm_operand_scaling(GEMM_FP8_ROW, false), SCALE_PER_ROW);
+    assert_int_equal(fmt_gemm_operand_scaling(GEMM_FP8_BLOCK, false), SCALE_TILE_1x128);
+    assert_int_equal(fmt_gemm_operand_scaling(GEMM_FP8_BLOCK, true), SCALE_BLOCK_128);
+    assert_int_equal(fmt_gemm_mode_of(SCALE_BLOCK_128), GEMM_FP8_BLOCK);
+    assert_int_equal(fmt_gemm_mode_of(SCALE_TILE_1x128), GEMM_FP8_BLOCK);
+    assert_int_equal(fmt_gemm_mode_of(SCALE_PER_ROW), GEMM_FP8_ROW);
+    assert_int_equal(fmt_gemm_mode_of(SCALE_PER_GROUP), GEMM_FP8_TENSOR);
+    assert_true(fmt_scaling_info(SCALE_BLOCK_128)->transposable);
+    assert_false(fmt_scaling_info(SCALE_TILE_1x128)->transposable);
+    assert_string_equal(fmt_scaling_info(SCALE_BLOCK_128)->cublaslt, "BLK128x128_32F");
+    assert_string_equal(fmt_scaling_name(SCALE_TILE_1x128), "tile1x128");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),
         cmocka_unit_test(test_named_attributes),
+        cmocka_unit_test(test_scaling_table),
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_shape_errors_name_dims),
         cmocka_unit_test(test_roundtrip),
