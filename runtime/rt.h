@@ -248,18 +248,23 @@ void rt_st_close(RtStFile *s);
 int rt_st_dtype_bytes(const char *dtype);               /* 0: a dtype this runtime does not know */
 
 /* ---------------------------------------------------------------- json.c
- * Small JSON documents (config.json, a shard index) as a tree. rt_json_read parses a file
- * whose value is an object; false after one rt_error line naming the file and the offset. */
+ * The runtime's JSON reader (config.json, a shard index, safetensors headers): a document
+ * whose value is an object, as a tree. rt_json_read parses a file, rt_json_parse text in
+ * memory; false after one rt_error line "PATH: bad WHAT: why at byte N". */
 typedef enum { JV_NULL, JV_BOOL, JV_NUM, JV_STR, JV_ARR, JV_OBJ } JvKind;
 typedef struct Jv {
     JvKind kind;
+    int64_t at;                 /* byte offset of the value in the text */
     double num;                 /* JV_NUM, JV_BOOL (0 or 1) */
+    bool is_int;                /* JV_NUM written as an integer that fits int64_t: i */
+    int64_t i;
     char *str;                  /* JV_STR */
     int n;                      /* JV_ARR, JV_OBJ: items (and keys) */
     char **keys;
     struct Jv *items;
 } Jv;
 bool rt_json_read(const char *path, Jv *v);
+bool rt_json_parse(const char *path, const char *what, const char *text, int64_t len, Jv *v);
 const Jv *rt_json_get(const Jv *object, const char *key);   /* NULL: absent, or not an object */
 void rt_json_free(Jv *v);
 
