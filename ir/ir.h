@@ -36,6 +36,21 @@ void *arena_alloc(Arena *a, size_t bytes);            /* zeroed, 16-byte aligned
 char *arena_strdup(Arena *a, const char *s);
 char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ---------------------------------------------------------------- strbuf.c
+ * A growable NUL-terminated string on the heap: StrBuf b = {0}; strbuf_printf(&b, ...);
+ * strbuf_text(&b); strbuf_free(&b). Out of memory sets `failed` and drops what follows. */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    bool failed;
+} StrBuf;
+void strbuf_addn(StrBuf *b, const char *s, size_t n);
+void strbuf_add(StrBuf *b, const char *s);
+void strbuf_printf(StrBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void strbuf_vprintf(StrBuf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+const char *strbuf_text(const StrBuf *b);              /* "" while empty */
+void strbuf_free(StrBuf *b);
+
 /* ---------------------------------------------------------------- diag.c */
 
 /* A place in a source file. Line and column count from 1; line 0 means "no place". */

@@ -22,7 +22,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -69,66 +68,19 @@ const char *rt_ckpt_meta_get(const CkptMeta *m, int n, const char *key) {
 
 /* ---------------------------------------------------------------- header writer */
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    bool failed;
-} Text;
-
-static void text_putn(Text *t, const char *s, size_t n) {
-    if (t->failed) return;
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 4096;
-        while (t->len + n + 1 > cap) cap *= 2;
-        char *grown = realloc(t->buf, cap);
-        if (!grown) {
-            t->failed = true;
-            return;
-        }
-        t->buf = grown;
-        t->cap = cap;
-    }
-    memcpy(t->buf + t->len, s, n);
-    t->len += n;
-    t->buf[t->len] = 0;
-}
-
-static void text_printf(Text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void text_printf(Text *t, const char *fmt, ...) {
-    char small[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < (int)sizeof small) {
-        text_putn(t, small, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        t->failed = true;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    text_putn(t, big, (size_t)n);
-    free(big);
-}
-
-static void text_json_string(Text *t, const char *s) {
-    text_putn(t, "\"", 1);
+static void text_json_string(StrBuf *t, const char *s) {
+    strbuf_addn(t, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\') {
             char esc[2] = {'\\', (char)*p};
-            text_putn(t, esc, 2);
+            strbuf_addn(t, esc, 2);
         } else if (*p < 0x20) {
-            text_printf(t, "\\u%04x", *p);
+            strbuf_printf(t, "\\u%04x", *p);
         } else {
-            text_putn(t, (const char *)p, 1);
+            strbuf_addn(t, (const char *)p, 1);
         }
     }
-    text_putn(t, "\"", 1);
+    strbuf_addn(t, "\"", 1);
 }
 
 /* ---------------------------------------------------------------- save */
@@ -203,7 +155,7 @@ static bool ckpt_sync_dir_of(const char *path) {
 }
 
 /* Writes the header and the tensors' data to `path` through a synced temp file and a rename. */
-static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const *ts, int n,
+static bool ckpt_replace_file(const char *path, const StrBuf *head, Tensor *const *ts, int n,
                               RtCkptFill fill, void *ctx) {
     char *tmp = NULL;
     FILE *f = ckpt_temp_beside(path, &tmp);
@@ -272,40 +224,40 @@ bool rt_ckpt_save_filled(const char *path, Tensor *const *ts, int n, const CkptM
             }
     }
 
-    Text head = {0};
-    text_putn(&head, "01234567", 8);   /* the length, filled in below */
-    text_putn(&head, "{\"__metadata__\":{", 17);
+    StrBuf head = {0};
+    strbuf_addn(&head, "01234567", 8);   /* the length, filled in below */
+    strbuf_addn(&head, "{\"__metadata__\":{", 17);
     for (int i = 0; i < n_meta; i++) {
-        if (i) text_putn(&head, ",", 1);
+        if (i) strbuf_addn(&head, ",", 1);
         text_json_string(&head, meta[i].key);
-        text_putn(&head, ":", 1);
+        strbuf_addn(&head, ":", 1);
         text_json_string(&head, meta[i].value);
     }
-    text_putn(&head, "}", 1);
+    strbuf_addn(&head, "}", 1);
     int64_t offset = 0;
     for (int i = 0; i < n; i++) {
         const Tensor *t = ts[i];
         int64_t bytes = ckpt_tensor_bytes(t);
-        text_putn(&head, ",", 1);
+        strbuf_addn(&head, ",", 1);
         text_json_string(&head, t->name);
-        text_printf(&head, ":{\"dtype\":\"%s\",\"shape\":[", ckpt_dtype_name(t->fmt.elem));
+        strbuf_printf(&head, ":{\"dtype\":\"%s\",\"shape\":[", ckpt_dtype_name(t->fmt.elem));
         for (int d = 0; d < t->rank; d++)
-            text_printf(&head, "%s%lld", d ? "," : "", (long long)t->dims[d]);
-        text_printf(&head, "],\"data_offsets\":[%lld,%lld]}", (long long)offset,
+            strbuf_printf(&head, "%s%lld", d ? "," : "", (long long)t->dims[d]);
+        strbuf_printf(&head, "],\"data_offsets\":[%lld,%lld]}", (long long)offset,
                     (long long)(offset + bytes));
         offset += bytes;
     }
-    text_putn(&head, "}", 1);
-    while (head.len % 8) text_putn(&head, " ", 1);
+    strbuf_addn(&head, "}", 1);
+    while (head.len % 8) strbuf_addn(&head, " ", 1);
     if (head.failed) {
-        free(head.buf);
+        strbuf_free(&head);
         rt_error("%s: out of memory writing the header", path);
         return false;
     }
     uint64_t hlen = head.len - 8;
     for (int b = 0; b < 8; b++) head.buf[b] = (char)(hlen >> (8 * b));
     bool ok = ckpt_replace_file(path, &head, ts, n, fill, ctx);
-    free(head.buf);
+    strbuf_free(&head);
     return ok;
 }
 

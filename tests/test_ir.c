@@ -384,12 +384,50 @@ static void test_scaling_table(void **state)
     assert_string_equal(fmt_scaling_name(SCALE_TILE_1x128), "tile1x128");
 }
 
+/* The growable string: random pieces, some formatted far past any fixed line buffer, come out
+ * in order and whole; the text stays NUL-terminated and "" while empty. */
+static void test_strbuf(void **state)
+{
+    (void)state;
+    srand((unsigned)time(NULL) ^ 0x5b);
+    StrBuf b = {0};
+    assert_string_equal(strbuf_text(&b), "");
+    size_t cap = 1 << 20, len = 0;
+    char *want = malloc(cap);
+    char *piece = malloc(20000);
+    assert_non_null(want);
+    assert_non_null(piece);
+    for (int i = 0; i < 300; i++) {
+        int n = rand() % 3 == 0 ? rand() % 9000 : rand() % 40;
+        for (int k = 0; k < n; k++) piece[k] = (char)('a' + rand() % 26);
+        piece[n] = 0;
+        int x = rand();
+        switch (i % 3) {
+        case 0: strbuf_add(&b, piece); break;
+        case 1: strbuf_addn(&b, piece, (size_t)n); break;
+        default: strbuf_printf(&b, "<%d:%s>", x, piece); break;
+        }
+        len += (size_t)(i % 3 == 2 ? snprintf(want + len, cap - len, "<%d:%s>", x, piece)
+                                   : snprintf(want + len, cap - len, "%s", piece));
+        assert_true(len < cap);
+    }
+    assert_false(b.failed);
+    assert_int_equal(b.len, len);
+    assert_string_equal(strbuf_text(&b), want);
+    strbuf_free(&b);
+    assert_null(b.buf);
+    assert_string_equal(strbuf_text(&b), "");
+    free(want);
+    free(piece);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),
         cmocka_unit_test(test_named_attributes),
         cmocka_unit_test(test_scaling_table),
+        cmocka_unit_test(test_strbuf),
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_shape_errors_name_dims),
         cmocka_unit_test(test_roundtrip),
