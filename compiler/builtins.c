@@ -56,7 +56,7 @@ static Value b_layernorm(Lower *L, const AstExpr *c, const Args *a)
     if (!is_positive(L, a, 3, "eps")) return val_error();
     Node *in[3] = {a->v[0].node, a->v[1].node, a->v[2].node};
     Node *n = lower_node_new(L, OP_LAYERNORM, c->loc, 3, in);
-    n->fattr[0] = a->v[3].f;
+    IR_FATTR(n, LAYERNORM, eps) = a->v[3].f;
     return lower_node_done(L, n);
 }
 
@@ -65,7 +65,7 @@ static Value b_rmsnorm(Lower *L, const AstExpr *c, const Args *a)
     if (!is_positive(L, a, 2, "eps")) return val_error();
     Node *in[2] = {a->v[0].node, a->v[1].node};
     Node *n = lower_node_new(L, OP_RMSNORM, c->loc, 2, in);
-    n->fattr[0] = a->v[2].f;
+    IR_FATTR(n, RMSNORM, eps) = a->v[2].f;
     return lower_node_done(L, n);
 }
 
@@ -109,15 +109,15 @@ static Value b_attention(Lower *L, const AstExpr *c, const Args *a)
     }
     Node *in[3] = {a->v[0].node, a->v[1].node, a->v[2].node};
     Node *n = lower_node_new(L, OP_ATTENTION, c->loc, 3, in);
-    n->iattr[0] = heads;
-    n->iattr[1] = kv_heads;
+    IR_IATTR(n, ATTENTION, heads) = heads;
+    IR_IATTR(n, ATTENTION, kv_heads) = kv_heads;
     Value y = lower_node_done(L, n);
     if (y.kind != VAL_TENSOR) return y;
     if (a->v[5].kind == VAL_NONE) {
         int64_t head_dim = n->in[0]->t.dims[2] / heads;
-        n->fattr[0] = 1.0 / sqrt((double)head_dim);
+        IR_FATTR(n, ATTENTION, scale) = 1.0 / sqrt((double)head_dim);
     } else {
-        n->fattr[0] = a->v[5].f;
+        IR_FATTR(n, ATTENTION, scale) = a->v[5].f;
     }
     return y;
 }
@@ -126,18 +126,18 @@ static Value b_rope(Lower *L, const AstExpr *c, const Args *a)
 {
     if (!is_positive(L, a, 2, "theta")) return val_error();
     Node *n = lower_node_new(L, OP_ROPE, c->loc, 1, (Node *[]){a->v[0].node});
-    n->iattr[0] = a->v[1].i;
-    n->iattr[1] = 0;
-    n->fattr[0] = a->v[2].f;
+    IR_IATTR(n, ROPE, head_dim) = a->v[1].i;
+    IR_IATTR(n, ROPE, inverse) = 0;
+    IR_FATTR(n, ROPE, theta) = a->v[2].f;
     return lower_node_done(L, n);
 }
 
 static Value slice_node(Lower *L, SrcLoc loc, Node *x, int64_t axis, int64_t start, int64_t size)
 {
     Node *n = lower_node_new(L, OP_SLICE, loc, 1, &x);
-    n->iattr[0] = axis;
-    n->iattr[1] = start;
-    n->iattr[2] = size;
+    IR_IATTR(n, SLICE, axis) = axis;
+    IR_IATTR(n, SLICE, start) = start;
+    IR_IATTR(n, SLICE, size) = size;
     return lower_node_done(L, n);
 }
 

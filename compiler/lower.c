@@ -562,8 +562,8 @@ static void exec_param(Lower *L, Frame *f, const AstStmt *s)
     if (rank >= 0 && init_ok) {
         n = ir_leaf(L->g, OP_PARAM, full, ROLE_PARAM, FMT_F32, rank, dims, s->loc);
         n->phase = PHASE_FORWARD;
-        n->iattr[0] = init;
-        n->fattr[0] = std;
+        IR_IATTR(n, PARAM, init) = init;
+        IR_FATTR(n, PARAM, std) = std;
         param_put(L->a, &L->params, n->t.name, n);
         /* the parameter's name is its own: computed tensors named so before give it up */
         NamedNode **named = names_slot(L->a, &L->computed, full, false);

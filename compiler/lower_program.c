@@ -160,12 +160,12 @@ static void finish_decay(Lower *L, int errors_before)
         Node *n = L->g->nodes[i];
         if (n->op != OP_PARAM) continue;
         if (!d) {
-            n->iattr[1] = n->t.rank >= 2;
+            IR_IATTR(n, PARAM, decay) = n->t.rank >= 2;
             continue;
         }
         bool in = decay_match(&d->items, n->t.name, used);
         bool out = decay_match(&d->except, n->t.name, used + d->items.n);
-        n->iattr[1] = in && !out;
+        IR_IATTR(n, PARAM, decay) = in && !out;
     }
     if (!d || !check_patterns) return;   /* after an error some parameters may be missing */
     for (int i = 0; i < d->items.n + d->except.n; i++)

@@ -156,7 +156,7 @@ Value lower_node_binary(Lower *L, OpKind op, SrcLoc loc, Node *x, Node *y)
 Value lower_node_scale(Lower *L, SrcLoc loc, Node *x, double alpha)
 {
     Node *n = lower_node_new(L, OP_SCALE, loc, 1, &x);
-    n->fattr[0] = alpha;
+    IR_FATTR(n, SCALE, alpha) = alpha;
     return lower_node_done(L, n);
 }
 
@@ -165,7 +165,7 @@ Node *lower_node_const(Lower *L, SrcLoc loc, double value)
 {
     Node *n = ir_leaf(L->g, OP_CONST, NULL, ROLE_ACTIVATION, FMT_F32, 0, NULL, loc);
     n->phase = PHASE_FORWARD;
-    n->fattr[0] = value;
+    IR_FATTR(n, CONST, value) = value;
     return n;
 }
 

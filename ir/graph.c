@@ -190,6 +190,17 @@ static void op_table_init(void)
     op_table_ready = true;
 }
 
+int ir_attr_check(const Node *n, OpKind op, int k, bool fattr)
+{
+    const OpInfo *want = ir_op_info(op), *have = ir_op_info(n->op);
+    int n_have = fattr ? have->n_fattr : have->n_iattr;
+    const char *name = fattr ? want->fattr_names[k] : want->iattr_names[k];
+    if (k >= n_have || strcmp(fattr ? have->fattr_names[k] : have->iattr_names[k], name) != 0)
+        ir_die(__FILE__, __LINE__, "%s %%%d has no attribute '%s' where %s has it", have->text, n->id,
+               name, want->text);
+    return k;
+}
+
 const OpInfo *ir_op_info(OpKind op)
 {
     if (!op_table_ready) op_table_init();
@@ -214,7 +225,7 @@ bool ir_attention_bwd_reads_y(const Node *n)
 
 int64_t ir_attention_lse_offset(const Node *n)
 {
-    if (n->op != OP_ATTENTION || !n->iattr[2]) return 0;
+    if (n->op != OP_ATTENTION || !IR_IATTR(n, ATTENTION, lse)) return 0;
     return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 15) / 16 * 16;
 }
 
@@ -224,6 +235,8 @@ bool ir_op_keeps_amax(OpKind op)
     return info->n_iattr > 0 && strcmp(info->iattr_names[0], "amax") == 0;
 }
 
+/* amax is the first integer attribute of every op that has it (ops.def), so these two read
+ * and write it by place for all of them: they are its accessors. */
 void ir_set_keeps_amax(Node *n)
 {
     IR_ASSERT(ir_op_keeps_amax(n->op));
@@ -242,13 +255,13 @@ int64_t ir_amax_parts_offset(const Node *n)
 
 int64_t ir_transposed_offset(const Node *n)
 {
-    return n->op == OP_QUANTIZE && n->iattr[0] ? after_result(n) : 0;
+    return n->op == OP_QUANTIZE && IR_IATTR(n, QUANTIZE, transposed) ? after_result(n) : 0;
 }
 
 int64_t ir_storage_bytes(const Node *n)
 {
     int64_t lse = ir_attention_lse_offset(n);
-    if (lse && n->t.rank == 3) return lse + n->t.dims[0] * n->iattr[0] * n->t.dims[1] * 4;
+    if (lse && n->t.rank == 3) return lse + n->t.dims[0] * IR_IATTR(n, ATTENTION, heads) * n->t.dims[1] * 4;
     if (ir_amax_parts_offset(n)) return after_result(n) + IR_AMAX_PARTS * 4;
     if (ir_transposed_offset(n)) return after_result(n) + result_bytes(n);
     return result_bytes(n);
@@ -414,13 +427,13 @@ void ir_filter(Graph *g, const bool *keep)
 int ir_adamw_copy_index(const Node *n)
 {
     IR_ASSERT(n->op == OP_ADAMW);
-    return n->iattr[0] ? n->n_in - 3 : -1;
+    return IR_IATTR(n, ADAMW, copy) ? n->n_in - 3 : -1;
 }
 
 int ir_adamw_master_index(const Node *n)
 {
     IR_ASSERT(n->op == OP_ADAMW);
-    return n->n_in - (n->iattr[0] ? 3 : 0) == 9 ? 8 : -1;
+    return n->n_in - (IR_IATTR(n, ADAMW, copy) ? 3 : 0) == 9 ? 8 : -1;
 }
 
 bool ir_mutates_input(const Node *n, int i)

@@ -256,15 +256,17 @@ typedef struct Node {
  * = 0, and these accessors, which are lvalues and check the node's op:
  *     IR_IATTR(mm, MATMUL, fp8) = GEMM_FP8_TENSOR;
  *     double s = IR_FATTR(mm, MATMUL, static_scale);
- * A name the op does not have is a compile error. n is evaluated twice. The textual IR
- * (print.c, read.c) walks the attributes by index; everything else uses these. */
-static inline int ir_attr_index(const Node *n, OpKind op, int k)
+ * A name the op does not have is a compile error. The node may also be of an op that has the
+ * same attribute in the same place (PAD read as SLICE, RMSNORM_BWD_X as LAYERNORM: code shared
+ * by a family of ops); anything else stops with a message. n is evaluated twice. The textual
+ * IR (print.c, read.c) walks the attributes by index; everything else uses these. */
+int ir_attr_check(const Node *n, OpKind op, int k, bool fattr);     /* the slow path: graph.c */
+static inline int ir_attr_index(const Node *n, OpKind op, int k, bool fattr)
 {
-    IR_ASSERT(n->op == op);
-    return k;
+    return n->op == op ? k : ir_attr_check(n, op, k, fattr);
 }
-#define IR_IATTR(n, OP, name) ((n)->iattr[ir_attr_index((n), OP_##OP, IATTR_##OP##_##name)])
-#define IR_FATTR(n, OP, name) ((n)->fattr[ir_attr_index((n), OP_##OP, FATTR_##OP##_##name)])
+#define IR_IATTR(n, OP, name) ((n)->iattr[ir_attr_index((n), OP_##OP, IATTR_##OP##_##name, false)])
+#define IR_FATTR(n, OP, name) ((n)->fattr[ir_attr_index((n), OP_##OP, FATTR_##OP##_##name, true)])
 
 /* The machinery: IR_ATTR_EACH(M, p, a, b, ...) is M(p, a) M(p, b) ..., up to 8 names. */
 #define IR_ATTR_UNPAREN(...) __VA_ARGS__

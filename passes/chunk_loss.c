@@ -46,7 +46,7 @@ static Node *flatten_rows(Graph *g, Node *x, int64_t rows, SrcLoc loc)
 static Node *row_slice(Graph *g, Node *x, int64_t start, int64_t size, SrcLoc loc)
 {
     Node *s = ir_add1(g, OP_SLICE, x, loc);
-    s->iattr[0] = 0, s->iattr[1] = start, s->iattr[2] = size;
+    IR_IATTR(s, SLICE, axis) = 0, IR_IATTR(s, SLICE, start) = start, IR_IATTR(s, SLICE, size) = size;
     return add_checked(g, s);
 }
 
@@ -84,7 +84,7 @@ bool pass_chunk_loss(Graph *g, const PassOptions *opt)
         add_checked(g, lc);
         Node *ce = add_checked(g, ir_add2(g, OP_CROSS_ENTROPY, lc, tc, loc));
         Node *sc = ir_add1(g, OP_SCALE, ce, loc);
-        sc->fattr[0] = (double)size / (double)rows;
+        IR_FATTR(sc, SCALE, alpha) = (double)size / (double)rows;
         parts[c] = add_checked(g, sc);
     }
     Node *sum = add_checked(g, ir_add(g, OP_ADD_N, n_parts, parts, loc));

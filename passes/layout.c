@@ -74,7 +74,7 @@ static void keep_transposed_copies(Graph *g, const Uses *uses)
                     else direct = true;
                 }
         }
-        if (direct && transposed) q->iattr[0] = 1;
+        if (direct && transposed) IR_IATTR(q, QUANTIZE, transposed) = 1;
     }
 }
 
@@ -121,7 +121,7 @@ bool pass_layout(Graph *g, const PassOptions *opt)
         for (int j = 0; j < 2; j++) {
             Node *x = mm->in[j];
             if (!reads_transposed(mm, j) || !is_transposable(&x->t)) continue;
-            if (x->op == OP_QUANTIZE && x->iattr[0]) continue;   /* it keeps both layouts */
+            if (x->op == OP_QUANTIZE && IR_IATTR(x, QUANTIZE, transposed)) continue;   /* it keeps both layouts */
             IR_ASSERT(x->id >= 0 && x->id < ids);
             Node **copy = &copies[(size_t)x->id * PHASE_COUNT + mm->phase];
             if (!*copy) *copy = transposed_copy(g, x, mm);

@@ -530,8 +530,9 @@ static Node *attention_of(Node *p, const Uses *uses)
     const Uses *u = &uses[p->in[1]->index];
     for (int k = 0; k < u->n; k++) {
         Node *a = u->list[k];
-        if (a->op != OP_ATTENTION || a->n_in != p->n_in - 1 || a->iattr[0] != p->iattr[0] ||
-            a->iattr[1] != p->iattr[1])
+        if (a->op != OP_ATTENTION || a->n_in != p->n_in - 1 ||
+            IR_IATTR(a, ATTENTION, heads) != IR_IATTR(p, ATTENTION_BWD, heads) ||
+            IR_IATTR(a, ATTENTION, kv_heads) != IR_IATTR(p, ATTENTION_BWD, kv_heads))
             continue;
         bool same = true;
         for (int i = 0; i < a->n_in; i++) same &= a->in[i] == p->in[1 + i];
@@ -559,7 +560,7 @@ static void attention_reads_y(Graph *g, const Uses *uses)
         in[p->n_in] = y;
         p->in = in;
         p->n_in++;
-        y->iattr[2] = 1;
+        IR_IATTR(y, ATTENTION, lse) = 1;
     }
 }
 

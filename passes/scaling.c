@@ -114,7 +114,7 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
     } else if (rc.static_scale > 0) {
         scale = ir_leaf(g, OP_CONST, NULL, phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP,
                         FMT_F32, 0, NULL, src->loc);
-        scale->fattr[0] = rc.static_scale;
+        IR_FATTR(scale, CONST, value) = rc.static_scale;
         scale->phase = phase;
         ir_move_before(g, scale, before);
         history = 0;
@@ -139,7 +139,8 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         infer_or_die(g, rec);
         ir_move_before(g, rec, before);
         Node *upd = ir_add2(g, OP_DELAYED_SCALE, state, rec, src->loc);
-        upd->iattr[0] = elem, upd->iattr[1] = rc.margin, upd->iattr[2] = !rc.recent;
+        IR_IATTR(upd, DELAYED_SCALE, elem) = elem, IR_IATTR(upd, DELAYED_SCALE, margin) = rc.margin;
+        IR_IATTR(upd, DELAYED_SCALE, use_max) = !rc.recent;
         upd->phase = PHASE_UPDATE;
         upd->t.role = ROLE_SCALE;
         upd->t.name = state->t.name;
@@ -147,7 +148,8 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         scale = state;
     } else {
         scale = ir_add1(g, OP_QUANT_SCALE, src, src->loc);
-        scale->iattr[0] = elem, scale->iattr[1] = sc, scale->iattr[2] = group, scale->iattr[3] = rc.margin;
+        IR_IATTR(scale, QUANT_SCALE, elem) = elem, IR_IATTR(scale, QUANT_SCALE, scaling) = sc;
+        IR_IATTR(scale, QUANT_SCALE, group) = group, IR_IATTR(scale, QUANT_SCALE, margin) = rc.margin;
         if (sc == SCALE_PER_TENSOR && producer_keeps_amax(src)) ir_set_keeps_amax(src);
         scale->phase = phase;
         scale->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
@@ -194,7 +196,7 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
 {
     Graph *g = c->g;
     Node *u = update_of(g, p);
-    if (!u || u->iattr[0] || precision_level(g->opt_level)->weight_copies_per_use || rc.history > 0 || rc.static_scale > 0) return NULL;
+    if (!u || IR_IATTR(u, ADAMW, copy) || precision_level(g->opt_level)->weight_copies_per_use || rc.history > 0 || rc.static_scale > 0) return NULL;
     Node *first_update = NULL;
     for (int i = 0; i < g->n_nodes && !first_update; i++)
         if (g->nodes[i]->phase == PHASE_UPDATE && g->nodes[i]->n_in) first_update = g->nodes[i];
@@ -212,7 +214,8 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
     ir_move_before(g, copy, mm);
 
     Node *upd = ir_add2(g, OP_DELAYED_SCALE, scale, amax, p->loc);
-    upd->iattr[0] = elem, upd->iattr[1] = rc.margin, upd->iattr[2] = 0;
+    IR_IATTR(upd, DELAYED_SCALE, elem) = elem, IR_IATTR(upd, DELAYED_SCALE, margin) = rc.margin;
+    IR_IATTR(upd, DELAYED_SCALE, use_max) = 0;
     upd->phase = PHASE_UPDATE;
     upd->t.role = ROLE_SCALE;
     upd->t.name = scale->t.name;
@@ -224,7 +227,7 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
     in[u->n_in] = copy, in[u->n_in + 1] = upd, in[u->n_in + 2] = amax;
     u->in = in;
     u->n_in += 3;
-    u->iattr[0] = 1;
+    IR_IATTR(u, ADAMW, copy) = 1;
     infer_or_die(g, u);
     ir_move_to_end(g, u);   /* the updates that write copies together: the GPU runs them as one batch */
     return copy;
@@ -285,7 +288,7 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
         Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
         Node *fs = fwd ? fwd->t.fmt.scale : NULL;
         if (rc.history == 0 && fs && fs->op == OP_QUANT_SCALE && fwd->t.fmt.recipe == RECIPE_CURRENT &&
-            fs->iattr[3] == rc.margin) {
+            IR_IATTR(fs, QUANT_SCALE, margin) == rc.margin) {
             known_scale = fs;
             fs->t.role = ROLE_SAVED;
         }

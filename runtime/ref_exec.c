@@ -23,7 +23,7 @@ static void exec_const(Node *n)
     int64_t count = ir_numel(&n->t);
     float *y = malloc(sizeof(float) * (size_t)(count ? count : 1));
     IR_ASSERT(y);
-    for (int64_t i = 0; i < count; i++) y[i] = (float)n->fattr[0];
+    for (int64_t i = 0; i < count; i++) y[i] = (float)IR_FATTR(n, CONST, value);
     ref_store(&n->t, y);
     free(y);
 }

@@ -77,9 +77,9 @@ void ref_delayed_scale(Node *n)
     if (H < 1) ref_die_node(n, "empty amax history");
     float *hist = ref_load(ht), *s = ref_load(st);
     double amax = hist[0];
-    if (n->iattr[2])
+    if (IR_IATTR(n, DELAYED_SCALE, use_max))
         for (int64_t i = 1; i < H; i++) amax = fmax(amax, hist[i]);
-    if (amax_usable(amax)) s[0] = (float)scale_for((ElemType)n->iattr[0], amax, n->iattr[1]);
+    if (amax_usable(amax)) s[0] = (float)scale_for((ElemType)IR_IATTR(n, DELAYED_SCALE, elem), amax, IR_IATTR(n, DELAYED_SCALE, margin));
     ref_store(st, s);
     if (n->t.data && n->t.data != st->data) ref_store(&n->t, s);
     free(hist);

@@ -7,7 +7,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ir.h"
 
@@ -325,6 +327,27 @@ static void test_named_attributes(void **state)
     assert_non_null(strstr(printed, "unaligned=1"));
     assert_null(strstr(printed, "fp8="));
     free(printed);
+
+    /* an op of the family (PAD has SLICE's attributes in SLICE's places) reads through the
+     * other's name; an op without the attribute stops the program with a message */
+    int64_t three[1] = {3};
+    Node *x = ir_leaf(g, OP_INPUT, "x", ROLE_INPUT, FMT_F32, 1, three, here);
+    Node *pad = ir_add1(g, OP_PAD, x, here);
+    int64_t start = rand() % 5;
+    IR_IATTR(pad, SLICE, start) = start;
+    assert_int_equal(IR_IATTR(pad, PAD, start), start);
+    Node *add = ir_add2(g, OP_ADD, x, x, here);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        (void)IR_IATTR(add, MATMUL, fp8);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_false(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     arena_free(a);
 }
 
