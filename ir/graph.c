@@ -1,7 +1,8 @@
 /* graph.c — the op, format and role tables, and building and editing graphs.
  *
- * The tables come from the X-macro files (ops.def, formats.def) so that names, arities and
- * attribute lists cannot drift from the enums; static_asserts keep the counts in step. Graph
+ * The tables come from the X-macro files (ops.def, formats.def, scaling.def) so that names,
+ * arities, attribute lists and scaling recipes cannot drift from the enums; static_asserts keep
+ * the counts in step. Graph
  * editing is deliberately small: append a node, replace uses, filter. Passes that reorder
  * (schedule) rewrite Graph.nodes and call ir_renumber. */
 #include "ir.h"

@@ -9,7 +9,8 @@
  * Memory: every compilation owns one Arena; nodes, names and arrays live there and are freed
  * together. Nothing in the IR is freed one by one.
  *
- * Sections: arena, diagnostics, formats, nodes and graphs, shapes, verify, print/read. */
+ * Sections: arena, strings (strbuf.c), diagnostics, formats (formats.def, scaling.def), nodes
+ * and graphs (ops.def, attributes by name), shapes, verify, print/read. */
 #ifndef FP8C_IR_H
 #define FP8C_IR_H
 
