@@ -137,8 +137,8 @@ int cg_buf_tensor(CgKernel *k, Node *n, bool read, bool written)
                .scale_buf = CG_NONE, .static_scale = 1.0f, .numel = ir_numel(t),
                .rows = tensor_rows(t), .cols = t->rank ? t->dims[t->rank - 1] : 1,
                .read = read, .written = written};
-    if (f->scaling == SCALE_TILE_1x128) b.group = 128;
-    if (f->scaling == SCALE_BLOCK_128) b.group = 128;
+    if (f->scaling != SCALE_NONE && fmt_scaling_info(f->scaling)->block_cols > 0)
+        b.group = fmt_scaling_info(f->scaling)->block_cols;     /* tiles and blocks: 128 */
     if (f->scaling != SCALE_NONE) {
         if (f->scale) b.scale_buf = cg_buf_tensor(k, f->scale, true, false);
         else b.static_scale = f->static_scale;

@@ -252,7 +252,7 @@ static int elementwise_math(Lower *L, CgKernel *k, Node *n, At at)
     case OP_ADD: return fadd(k, operand(L, k, n, 0, at), operand(L, k, n, 1, at));
     case OP_SUB: return fsub(k, operand(L, k, n, 0, at), operand(L, k, n, 1, at));
     case OP_MUL: return fmul(k, operand(L, k, n, 0, at), operand(L, k, n, 1, at));
-    case OP_SCALE: return fmul(k, fc(k, (float)n->fattr[0]), operand(L, k, n, 0, at));
+    case OP_SCALE: return fmul(k, fc(k, (float)IR_FATTR(n, SCALE, alpha)), operand(L, k, n, 0, at));
     case OP_ADD_N: {
         int s = operand(L, k, n, 0, at);
         for (int j = 1; j < n->n_in; j++) s = fadd(k, s, operand(L, k, n, j, at));
@@ -453,7 +453,7 @@ static void lower_norm(Lower *L, Node *n)
     bool ln = is_layernorm(n->op), fwd = n->op == OP_LAYERNORM || n->op == OP_RMSNORM;
     Node *xn = n->in[fwd ? 0 : 1];
     int64_t R = rows_of(&xn->t), C = cols_of(&xn->t);
-    double eps = n->fattr[0];
+    double eps = IR_FATTR(n, LAYERNORM, eps);      /* every norm op has it first */
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
     shape(k, CG_PAR_BLOCK, R, 6 * C);
     body(k);
@@ -622,7 +622,7 @@ static void lower_norm_w(Lower *L, Node *n)
     int row = item(k);
     int xb = cg_buf_tensor(k, w.x, true, false), sb = cg_buf_scratch(k, w.stats, 2 * R, false, true);
     int mean, rstd;
-    norm_stats(k, xb, row, C, is_layernorm(n->op), n->fattr[0], &mean, &rstd);
+    norm_stats(k, xb, row, C, is_layernorm(n->op), IR_FATTR(n, LAYERNORM, eps), &mean, &rstd);
     cg_store(k, sb, imul(k, row, ic(k, 2)), mean, NONE, NONE);
     cg_store(k, sb, iadd(k, imul(k, row, ic(k, 2)), ic(k, 1)), rstd, NONE, NONE);
     column_sums(L, n, R, C, norm_w_term, &w);
@@ -893,9 +893,9 @@ static int scale_from_amax(CgKernel *k, ElemType e, int64_t margin, int amax, in
 static void lower_quant_scale(Lower *L, Node *n)
 {
     Node *x = n->in[0];
-    ElemType e = (ElemType)n->iattr[0];
-    Scaling kind = (Scaling)n->iattr[1];
-    int64_t margin = n->iattr[3], R = rows_of(&x->t), C = cols_of(&x->t);
+    ElemType e = (ElemType)IR_IATTR(n, QUANT_SCALE, elem);
+    Scaling kind = (Scaling)IR_IATTR(n, QUANT_SCALE, scaling);
+    int64_t margin = IR_IATTR(n, QUANT_SCALE, margin), R = rows_of(&x->t), C = cols_of(&x->t);
     if (kind == SCALE_PER_TENSOR) {
         int chunks, amax;
         int part = chunk_partials(L, n, x, false, &chunks);
@@ -915,7 +915,7 @@ static void lower_quant_scale(Lower *L, Node *n)
         amax = reduce_max(k, e1(k, CG_FABS, load_at(k, xb, at)));
         end(k);
     } else if (kind == SCALE_PER_GROUP || kind == SCALE_TILE_1x128) {
-        int64_t G = kind == SCALE_TILE_1x128 ? 128 : n->iattr[2], ncg = (C + G - 1) / G;
+        int64_t G = fmt_scaling_group(kind, (int)IR_IATTR(n, QUANT_SCALE, group)), ncg = (C + G - 1) / G;
         shape(k, CG_PAR_BLOCK, R * ncg, 2 * G);
         int r = e2(k, CG_IDIV, it, ic(k, ncg)), gi = e2(k, CG_IMOD, it, ic(k, ncg));
         int c0 = imul(k, gi, ic(k, G));
@@ -966,7 +966,7 @@ static void lower_delayed_scale(Lower *L, Node *n)
     body(k);
     int sb = cg_buf_tensor(k, st, true, true), hb = cg_buf_tensor(k, h, true, false);
     int amax;
-    if (n->iattr[2]) {
+    if (IR_IATTR(n, DELAYED_SCALE, use_max)) {
         int i = seq_loop(k, ic(k, 0), ic(k, H));
         amax = reduce_max(k, ld(k, hb, i));
         end(k);
@@ -977,7 +977,7 @@ static void lower_delayed_scale(Lower *L, Node *n)
         amax = ld(k, hb, ic(k, 0));
     }
     int old = ld(k, sb, ic(k, 0));
-    cg_store(k, sb, ic(k, 0), scale_from_amax(k, (ElemType)n->iattr[0], n->iattr[1], amax, old),
+    cg_store(k, sb, ic(k, 0), scale_from_amax(k, (ElemType)IR_IATTR(n, DELAYED_SCALE, elem), IR_IATTR(n, DELAYED_SCALE, margin), amax, old),
              NONE, NONE);
 }
 
@@ -1001,9 +1001,9 @@ static void lower_slice(Lower *L, Node *n)
 {
     bool pad = n->op == OP_PAD;
     Node *x = n->in[0];
-    int64_t outer, ly, inner, o2, lx, i2, start = n->iattr[1];
-    split_at(&n->t, n->iattr[0], &outer, &ly, &inner);
-    split_at(&x->t, n->iattr[0], &o2, &lx, &i2);
+    int64_t outer, ly, inner, o2, lx, i2, start = IR_IATTR(n, SLICE, start);   /* PAD too */
+    split_at(&n->t, IR_IATTR(n, SLICE, axis), &outer, &ly, &inner);
+    split_at(&x->t, IR_IATTR(n, SLICE, axis), &o2, &lx, &i2);
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
     int64_t span = ly * inner;   /* output elements per outer index */
     int64_t parts = outer >= SLICE_ITEMS ? 1 : (SLICE_ITEMS + outer - 1) / outer;
@@ -1056,11 +1056,11 @@ static void lower_transpose(Lower *L, Node *n)
 static void lower_concat(Lower *L, Node *n)
 {
     int64_t outer, ly, inner, at = 0;
-    split_at(&n->t, n->iattr[0], &outer, &ly, &inner);
+    split_at(&n->t, IR_IATTR(n, CONCAT, axis), &outer, &ly, &inner);
     for (int q = 0; q < n->n_in; q++) {
         Node *x = n->in[q];
         int64_t o2, lx, i2;
-        split_at(&x->t, n->iattr[0], &o2, &lx, &i2);
+        split_at(&x->t, IR_IATTR(n, CONCAT, axis), &o2, &lx, &i2);
         CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, arena_printf(L->p->arena, "part%d", q));
         shape(k, CG_PAR_BLOCK, outer, 2 * lx * inner);
         body(k);
@@ -1079,7 +1079,7 @@ static void lower_const(Lower *L, Node *n)
 {
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
     shape(k, CG_PAR_THREAD, ir_numel(&n->t), 1);
-    int v = fc(k, (float)n->fattr[0]);
+    int v = fc(k, (float)IR_FATTR(n, CONST, value));
     body(k);
     cg_store(k, cg_buf_tensor(k, n, false, true), item(k), v, NONE, NONE);
 }
@@ -1100,9 +1100,9 @@ static void lower_assign(Lower *L, Node *n)
  * in double, as the reference does, and rounded once to f32. */
 static void lower_rope(Lower *L, Node *n)
 {
-    int64_t D = n->iattr[0], C = cols_of(&n->t), T = n->t.dims[n->t.rank - 2];
+    int64_t D = IR_IATTR(n, ROPE, head_dim), C = cols_of(&n->t), T = n->t.dims[n->t.rank - 2];
     int64_t R = rows_of(&n->t), half = D / 2;
-    double sign = n->iattr[1] ? -1.0 : 1.0, theta = n->fattr[0];
+    double sign = IR_IATTR(n, ROPE, inverse) ? -1.0 : 1.0, theta = IR_FATTR(n, ROPE, theta);
     float *cs = malloc(sizeof(float) * (size_t)(T * D > 0 ? T * D : 1));
     IR_ASSERT(cs);
     for (int64_t p = 0; p < T; p++)
@@ -1144,7 +1144,8 @@ typedef struct {
 
 static AttnShape attn_shape(Node *n, int first)
 {
-    AttnShape s = {.H = n->iattr[0], .Hkv = n->iattr[1], .scale = (float)n->fattr[0]};
+    AttnShape s = {.H = IR_IATTR(n, ATTENTION, heads), .Hkv = IR_IATTR(n, ATTENTION, kv_heads),
+                   .scale = (float)IR_FATTR(n, ATTENTION, scale)};   /* ATTENTION_BWD too */
     bool packed = n->n_in - ir_attention_bwd_reads_y(n) == first + 1;
     s.q = n->in[first];
     s.B = s.q->t.dims[0];
@@ -1603,7 +1604,7 @@ static void lower_clip_coef(Lower *L, Node *n)
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
     shape(k, CG_PAR_THREAD, 1, 10);
     body(k);
-    double max_norm = n->fattr[0];
+    double max_norm = IR_FATTR(n, CLIP_COEF, max_norm);
     int y = fc(k, 1.0f);
     if (max_norm > 0) {
         int norm = ld(k, cg_buf_tensor(k, n->in[0], true, false), ic(k, 0));
@@ -1890,7 +1891,8 @@ static void lower_adamw_update(Lower *L, Node *n)
 {
     int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
     Node *master = at_master >= 0 ? n->in[at_master] : NULL;
-    Adam A = {.b1 = n->fattr[0], .b2 = n->fattr[1], .eps = n->fattr[2], .wd = n->fattr[3], .master = NONE,
+    Adam A = {.b1 = IR_FATTR(n, ADAMW, beta1), .b2 = IR_FATTR(n, ADAMW, beta2), .eps = IR_FATTR(n, ADAMW, eps),
+              .wd = IR_FATTR(n, ADAMW, weight_decay), .master = NONE,
               .copy = NONE};
     A.split = master && master->t.fmt.codec == CODEC_SPLIT;
     int64_t N = ir_numel(&n->in[A_PARAM]->t);
@@ -2031,7 +2033,7 @@ static Node *gemm_operand(const Lower *L, Node *x, bool *trans)
 
 static void lower_matmul(Lower *L, Node *n)
 {
-    bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
+    bool ta = IR_IATTR(n, MATMUL, trans_a) != 0, tb = IR_IATTR(n, MATMUL, trans_b) != 0;
     Node *A = gemm_operand(L, n->in[0], &ta), *B = gemm_operand(L, n->in[1], &tb), *root = L->g->nodes[L->root];
     int64_t ar = rows_of(&A->t), ac = cols_of(&A->t), br = rows_of(&B->t), bc = cols_of(&B->t);
     CgGemm gm = {.M = ta ? ac : ar, .K = ta ? ar : ac, .N = tb ? br : bc, .trans_a = ta,

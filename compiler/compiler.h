@@ -1,7 +1,8 @@
 /* compiler.h — the compiler's front end, pipeline and emitter.
  *
- * Sections: ast.c (the syntax tree), lexer.l/parser.y (text -> AST), lower.c (AST -> forward
- * IR), pipeline.c (the whole compiler in one function), emit.c (artifact + training binary),
+ * Sections: ast.c (the syntax tree), lexer.l/parser.y (text -> AST), the lowering (AST ->
+ * forward IR: lower_program.c, lower.c, builtins.c, lower_values.c; their shared lower.h),
+ * pipeline.c (the whole compiler in one function), emit.c (artifact + training binary),
  * cache.c (whole binaries cached by their inputs). */
 #ifndef FP8C_COMPILER_H
 #define FP8C_COMPILER_H
@@ -9,7 +10,7 @@
 #include "ir.h"
 #include "passes.h"
 
-/* ---------------------------------------------------------------- lower.c */
+/* ---------------------------------------------------------------- lower_program.c */
 
 /* `-D name=value` from the command line. */
 typedef struct {

@@ -1,4 +1,4 @@
-/* lower.c — from the syntax tree to the forward graph.
+/* lower.c — the model language's interpreter: from the syntax tree to the forward graph.
  *
  * The model language has no run time of its own: a model file is a program that the
  * compiler runs once, at compile time, to build a graph. Config constants, --batch/--seq and
@@ -8,203 +8,24 @@
  * every input and the forward computation of the loss. Evaluating instead of type-checking
  * keeps the language small and makes every shape static, which the memory planner needs.
  *
- * How it runs:
- *   1. a scan of the top level finds the blocks (so that they may be called before they are
- *      written), checks where statements may appear, and checks -D against the configs;
- *   2. the statements run in order (exec_stmt / eval), building nodes with ir_add and asking
- *      ir_infer_shape about each; every problem is a diag_error at the place in the file;
- *   3. weight-decay flags, the optimizer clause and the model's name are filled in, and
- *      nodes that do not reach the loss are dropped.
+ * This file runs statements (lower_exec_stmts) and evaluates expressions (eval), building
+ * nodes with lower_values.c and calling the builtin library (builtins.c) with arguments it has
+ * bound and checked. The program as a whole (the scan before, the end after) is
+ * lower_program.c's; lower.h lists who calls whom.
  *
- * Errors never stop the run: a failed expression evaluates to an error value that later
- * expressions pass on silently, so one mistake is reported once, not in every line after it.
- * A block body runs once per call (48 times in GPT-2 XL); an error at one place in the file
- * is therefore reported the first time only. */
-#include "compiler.h"
+ * Names live in frames, one per block call and one for the top level; parameters in a hash
+ * table by full name, and the computed tensors that took a name in another, so that a
+ * parameter declared later under that name takes it back without a scan of the graph. */
+#include "lower.h"
 
-#include "ast.h"
-
-#include <errno.h>
-#include <fnmatch.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---------------------------------------------------------------- values */
-
-typedef enum {
-    VAL_NONE,       /* an optional argument that was not given */
-    VAL_ERROR,      /* the result of something already reported */
-    VAL_INT,        /* i */
-    VAL_FLOAT,      /* f */
-    VAL_TENSOR,     /* node */
-    VAL_TUPLE,      /* items[n_items]: split(..) and blocks that return several values */
-} ValKind;
-
-typedef struct Value {
-    ValKind kind;
-    int64_t i;
-    double f;
-    Node *node;
-    struct Value *items;
-    int n_items;
-} Value;
-
-static Value val_error(void) { return (Value){.kind = VAL_ERROR}; }
-static Value val_int(int64_t i) { return (Value){.kind = VAL_INT, .i = i}; }
-static Value val_float(double f) { return (Value){.kind = VAL_FLOAT, .f = f}; }
-static Value val_tensor(Node *n) { return (Value){.kind = VAL_TENSOR, .node = n}; }
-static bool val_is_num(Value v) { return v.kind == VAL_INT || v.kind == VAL_FLOAT; }
-static double val_num(Value v) { return v.kind == VAL_INT ? (double)v.i : v.f; }
-
 /* ---------------------------------------------------------------- names */
-
-typedef enum { BIND_VAR, BIND_CONFIG, BIND_INPUT, BIND_PARAM, BIND_LOOP } BindKind;
 
 static const char *const bind_words[] = {"variable", "config constant", "input", "parameter",
                                          "loop variable"};
-
-typedef struct Binding {
-    struct Binding *next;
-    const char *name;
-    BindKind kind;
-    Value val;
-    SrcLoc loc;
-    bool active;        /* BIND_LOOP: its loop is running */
-} Binding;
-
-/* The names of one block call (or of the top level). */
-typedef struct Frame {
-    Binding *names;
-    const char *scope;          /* prefix of the parameters declared here: "h.3.attn", "" */
-    const AstStmt *block;       /* the block being run; NULL at the top level */
-    SrcLoc call_loc;
-    struct Frame *caller;
-    bool returned;
-    Value ret;
-} Frame;
-
-/* Parameters by full name: an open-addressing table, since GPT-2 XL declares ~600. */
-typedef struct {
-    const char **keys;
-    Node **nodes;
-    int cap, n;
-} ParamMap;
-
-typedef struct {
-    Arena *a;
-    Graph *g;
-    const FrontOptions *o;
-    const char *file;
-    Frame top;
-    const AstStmt **blocks;
-    int n_blocks;
-    ParamMap params;
-    const char **configs;       /* names declared by `config` anywhere at the top */
-    int n_configs;
-    Node *loss;
-    SrcLoc loss_loc;
-    const AstStmt *model, *optimizer, *decay, *loss_stmt;
-    int loop_depth;
-    bool told_batch, told_seq;
-    bool told_size;         /* the graph passed MAX_GRAPH_NODES (reported once) */
-    SrcLoc *reported;           /* places with an error already: report each once */
-    int n_reported, cap_reported;
-} Lower;
-
-static const SrcLoc command_line = {"<command line>", 0, 0};
-
-/* ---------------------------------------------------------------- errors */
-
-static bool same_loc(SrcLoc a, SrcLoc b)
-{
-    return a.line == b.line && a.col == b.col && a.file == b.file;
-}
-
-/* Reports an error unless one was reported at the same place before (a block body runs once
- * per call; its mistakes are the same each time). Returns whether it printed. */
-static bool lower_error(Lower *L, SrcLoc loc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static bool lower_error(Lower *L, SrcLoc loc, const char *fmt, ...)
-{
-    if (loc.line > 0) {
-        for (int i = 0; i < L->n_reported; i++)
-            if (same_loc(L->reported[i], loc)) return false;
-        if (L->n_reported == L->cap_reported) {
-            int cap = L->cap_reported ? 2 * L->cap_reported : 16;
-            SrcLoc *r = arena_alloc(L->a, sizeof *r * (size_t)cap);
-            if (L->n_reported) memcpy(r, L->reported, sizeof *r * (size_t)L->n_reported);
-            L->reported = r;
-            L->cap_reported = cap;
-        }
-        L->reported[L->n_reported++] = loc;
-    }
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    diag_error(loc, "%s", buf);
-    return true;
-}
-
-static const char *shape_text(Lower *L, const Tensor *t) { return ir_shape_text(L->a, t); }
-
-/* What a value is, for "must be a tensor, not ..." */
-static const char *val_text(Lower *L, Value v)
-{
-    switch (v.kind) {
-    case VAL_INT: return arena_printf(L->a, "the integer %lld", (long long)v.i);
-    case VAL_FLOAT: return arena_printf(L->a, "the number %g", v.f);
-    case VAL_TENSOR: return arena_printf(L->a, "a tensor %s", shape_text(L, &v.node->t));
-    case VAL_TUPLE: return arena_printf(L->a, "%d values", v.n_items);
-    default: return "nothing";
-    }
-}
-
-/* ---------------------------------------------------------------- "did you mean" */
-
-static int edit_distance(const char *a, const char *b)
-{
-    int la = (int)strlen(a), lb = (int)strlen(b);
-    if (la > 63 || lb > 63) return 99;
-    int row[64];
-    for (int j = 0; j <= lb; j++) row[j] = j;
-    for (int i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = i;
-        for (int j = 1; j <= lb; j++) {
-            int up = row[j];
-            int best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best) best = up + 1;
-            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
-typedef struct {
-    const char *want, *best;
-    int best_d;
-} Suggest;
-
-static void suggest_try(Suggest *s, const char *cand)
-{
-    if (!cand || !strcmp(cand, s->want)) return;
-    int d = edit_distance(s->want, cand);
-    int limit = strlen(s->want) <= 4 ? 1 : 2;
-    if (d <= limit && d < s->best_d) {
-        s->best_d = d;
-        s->best = cand;
-    }
-}
-
-static const char *suggest_text(Lower *L, const Suggest *s)
-{
-    return s->best ? arena_printf(L->a, " (did you mean '%s'?)", s->best) : "";
-}
 
 /* ---------------------------------------------------------------- tables */
 
@@ -241,6 +62,28 @@ static void param_put(Arena *a, ParamMap *m, const char *name, Node *n)
     m->n++;
 }
 
+/* The list of computed tensors named `name` (NULL: none), or with `add`, its slot, made if new. */
+static NamedNode **names_slot(Arena *a, NameMap *m, const char *name, bool add)
+{
+    if (add && 2 * (m->n + 1) > m->cap) {
+        NameMap bigger = {.cap = m->cap ? 2 * m->cap : 64};
+        bigger.keys = arena_alloc(a, sizeof(char *) * (size_t)bigger.cap);
+        bigger.lists = arena_alloc(a, sizeof(NamedNode *) * (size_t)bigger.cap);
+        for (int i = 0; i < m->cap; i++)
+            if (m->keys[i]) *names_slot(a, &bigger, m->keys[i], true) = m->lists[i];
+        *m = bigger;
+    }
+    if (!m->cap) return NULL;
+    uint64_t i = hash_name(name) & (uint64_t)(m->cap - 1);
+    for (; m->keys[i]; i = (i + 1) & (uint64_t)(m->cap - 1))
+        if (!strcmp(m->keys[i], name)) return &m->lists[i];
+    if (!add) return NULL;
+    m->keys[i] = name;
+    m->lists[i] = NULL;
+    m->n++;
+    return &m->lists[i];
+}
+
 static Binding *frame_find(const Frame *f, const char *name)
 {
     for (Binding *b = f->names; b; b = b->next)
@@ -260,74 +103,14 @@ static Binding *frame_bind(Lower *L, Frame *f, const char *name, BindKind kind, 
     return b;
 }
 
-static const AstStmt *block_find(const Lower *L, const char *name)
+const AstStmt *lower_find_block(const Lower *L, const char *name)
 {
     for (int i = 0; i < L->n_blocks; i++)
         if (!strcmp(L->blocks[i]->name, name)) return L->blocks[i];
     return NULL;
 }
 
-/* ---------------------------------------------------------------- nodes */
 
-static Node *node_new(Lower *L, OpKind op, SrcLoc loc, int n_in, Node **in)
-{
-    Node *n = ir_add(L->g, op, n_in, in, loc);
-    n->phase = PHASE_FORWARD;
-    return n;
-}
-
-/* Integer tensors are token ids: embedding and cross_entropy read them, nothing else does. */
-static bool int_input_allowed(const Node *n, int i)
-{
-    return (n->op == OP_EMBEDDING || n->op == OP_CROSS_ENTROPY) && i == 1;
-}
-
-/* Infers the shape of a node whose inputs and attributes are set; reports what is wrong
- * at the node's place. */
-static Value node_done(Lower *L, Node *n)
-{
-    for (int i = 0; i < n->n_in; i++) {
-        const Tensor *t = &n->in[i]->t;
-        if (!fmt_elem_is_float(t->fmt.elem) && !int_input_allowed(n, i)) {
-            lower_error(L, n->loc, "%s reads %s: integer tensors hold token ids, which only "
-                        "embedding and cross_entropy take", ir_op_info(n->op)->text, shape_text(L, t));
-            return val_error();
-        }
-    }
-    const char *err = ir_infer_shape(n, L->a);
-    if (err) {
-        lower_error(L, n->loc, "%s", err);
-        return val_error();
-    }
-    return val_tensor(n);
-}
-
-static Value node_unary(Lower *L, OpKind op, SrcLoc loc, Node *x)
-{
-    return node_done(L, node_new(L, op, loc, 1, &x));
-}
-
-static Value node_binary(Lower *L, OpKind op, SrcLoc loc, Node *x, Node *y)
-{
-    Node *in[2] = {x, y};
-    return node_done(L, node_new(L, op, loc, 2, in));
-}
-
-static Value node_scale(Lower *L, SrcLoc loc, Node *x, double alpha)
-{
-    Node *n = node_new(L, OP_SCALE, loc, 1, &x);
-    n->fattr[0] = alpha;
-    return node_done(L, n);
-}
-
-/* A scalar constant, broadcast by ADD onto any tensor. */
-static Node *node_const(Lower *L, SrcLoc loc, double value)
-{
-    Node *n = ir_leaf(L->g, OP_CONST, NULL, ROLE_ACTIVATION, FMT_F32, 0, NULL, loc);
-    n->phase = PHASE_FORWARD;
-    n->fattr[0] = value;
-    return n;
-}
 
 /* Names a computed tensor after the variable or the scope that first holds it: "h.3.attn.y"
  * for `y = ...` in a block called as h[3].attn, "h.3" for the result of `layer(x) as h[3]`.
@@ -343,6 +126,10 @@ static void name_value(Lower *L, Value v, const char *scope, const char *var)
     for (size_t i = 0; i < sizeof taken / sizeof taken[0]; i++)
         if (!strcmp(name, taken[i])) return;
     v.node->t.name = name;
+    NamedNode **list = names_slot(L->a, &L->computed, name, true);
+    NamedNode *e = arena_alloc(L->a, sizeof *e);
+    *e = (NamedNode){.node = v.node, .next = *list};
+    *list = e;
 }
 
 /* ---------------------------------------------------------------- expressions */
@@ -378,128 +165,25 @@ static Value eval_name(Lower *L, Frame *f, const AstExpr *e)
         *told = true;
         return val_error();
     }
-    if (block_find(L, name)) {
+    if (lower_find_block(L, name)) {
         lower_error(L, e->loc, "'%s' is a block; call it: %s(...)", name, name);
         return val_error();
     }
     Suggest s = {.want = name, .best_d = 99};
     for (const Frame *fr = f; fr; fr = fr == &L->top ? NULL : &L->top)
-        for (Binding *x = fr->names; x; x = x->next) suggest_try(&s, x->name);
-    for (int i = 0; i < L->params.cap; i++) suggest_try(&s, L->params.keys[i]);
-    lower_error(L, e->loc, "unknown name '%s'%s", name, suggest_text(L, &s));
+        for (Binding *x = fr->names; x; x = x->next) lower_suggest_try(&s, x->name);
+    for (int i = 0; i < L->params.cap; i++) lower_suggest_try(&s, L->params.keys[i]);
+    lower_error(L, e->loc, "unknown name '%s'%s", name, lower_suggest_text(L, &s));
     return val_error();
-}
-
-static Value arith_numbers(Lower *L, SrcLoc loc, char op, Value a, Value b)
-{
-    if (a.kind == VAL_INT && b.kind == VAL_INT) {
-        int64_t r;
-        switch (op) {
-        case '+': if (__builtin_add_overflow(a.i, b.i, &r)) goto overflow; return val_int(r);
-        case '-': if (__builtin_sub_overflow(a.i, b.i, &r)) goto overflow; return val_int(r);
-        case '*': if (__builtin_mul_overflow(a.i, b.i, &r)) goto overflow; return val_int(r);
-        case '%':
-            if (b.i == 0) break;
-            return val_int(a.i % b.i);
-        case '/':
-            /* exact integer quotients stay integers (dim / heads is a size); others are real */
-            if (b.i == 0) break;
-            if (a.i % b.i == 0) return val_int(a.i / b.i);
-            return val_float((double)a.i / (double)b.i);
-        }
-        lower_error(L, loc, "division by zero");
-        return val_error();
-    overflow:
-        lower_error(L, loc, "integer overflow: %lld %c %lld", (long long)a.i, op, (long long)b.i);
-        return val_error();
-    }
-    double x = val_num(a), y = val_num(b), r = 0;
-    switch (op) {
-    case '+': r = x + y; break;
-    case '-': r = x - y; break;
-    case '*': r = x * y; break;
-    case '/':
-        if (y == 0) {
-            lower_error(L, loc, "division by zero");
-            return val_error();
-        }
-        r = x / y;
-        break;
-    case '%':
-        lower_error(L, loc, "'%%' needs integers, not %g %% %g", x, y);
-        return val_error();
-    }
-    return val_float(r);
-}
-
-static const char *op_verb(char op)
-{
-    switch (op) {
-    case '+': return "add";
-    case '-': return "subtract";
-    case '*': return "multiply";
-    case '/': return "divide";
-    default: return "take the remainder of";
-    }
-}
-
-static Value arith_tensors(Lower *L, SrcLoc loc, char op, Value a, Value b)
-{
-    if (a.kind == VAL_TENSOR && b.kind == VAL_TENSOR) {
-        Node *x = a.node, *y = b.node;
-        if (op == '+' || op == '*') {
-            /* commutative: the broadcast operand goes second, whichever side it was written on */
-            if (x->t.rank < y->t.rank) {
-                Node *t = x;
-                x = y;
-                y = t;
-            }
-            return node_binary(L, op == '+' ? OP_ADD : OP_MUL, loc, x, y);
-        }
-        if (op == '-') return node_binary(L, OP_SUB, loc, x, y);
-        lower_error(L, loc, "cannot %s tensors %s and %s: tensors are added, subtracted and "
-                    "multiplied elementwise", op_verb(op), shape_text(L, &x->t), shape_text(L, &y->t));
-        return val_error();
-    }
-    bool t_first = a.kind == VAL_TENSOR;
-    Node *t = t_first ? a.node : b.node;
-    double s = val_num(t_first ? b : a);
-    switch (op) {
-    case '*':
-        return node_scale(L, loc, t, s);
-    case '/':
-        if (t_first && s != 0) return node_scale(L, loc, t, 1.0 / s);
-        if (t_first) {
-            lower_error(L, loc, "division by zero");
-            return val_error();
-        }
-        break;
-    case '+':
-        return node_binary(L, OP_ADD, loc, t, node_const(L, loc, s));
-    case '-':
-        if (t_first) return node_binary(L, OP_ADD, loc, t, node_const(L, loc, -s));
-        Value neg = node_scale(L, loc, t, -1.0);
-        if (neg.kind != VAL_TENSOR) return neg;
-        return node_binary(L, OP_ADD, loc, neg.node, node_const(L, loc, s));
-    }
-    lower_error(L, loc, "cannot %s %s and %s", op_verb(op), val_text(L, a), val_text(L, b));
-    return val_error();
-}
-
-static bool not_a_tuple(Lower *L, SrcLoc loc, Value v)
-{
-    if (v.kind != VAL_TUPLE) return true;
-    lower_error(L, loc, "this gives %d values; assign them to %d names first", v.n_items, v.n_items);
-    return false;
 }
 
 static Value eval_binary(Lower *L, Frame *f, const AstExpr *e)
 {
     Value a = eval(L, f, e->lhs), b = eval(L, f, e->rhs);
     if (a.kind == VAL_ERROR || b.kind == VAL_ERROR) return val_error();
-    if (!not_a_tuple(L, e->lhs->loc, a) || !not_a_tuple(L, e->rhs->loc, b)) return val_error();
-    if (val_is_num(a) && val_is_num(b)) return arith_numbers(L, e->loc, e->binop, a, b);
-    return arith_tensors(L, e->loc, e->binop, a, b);
+    if (!lower_not_a_tuple(L, e->lhs->loc, a) || !lower_not_a_tuple(L, e->rhs->loc, b)) return val_error();
+    if (val_is_num(a) && val_is_num(b)) return lower_arith_numbers(L, e->loc, e->binop, a, b);
+    return lower_arith_tensors(L, e->loc, e->binop, a, b);
 }
 
 static Value eval_neg(Lower *L, Frame *f, const AstExpr *e)
@@ -510,317 +194,15 @@ static Value eval_neg(Lower *L, Frame *f, const AstExpr *e)
         if (a.i == INT64_MIN) break;
         return val_int(-a.i);
     case VAL_FLOAT: return val_float(-a.f);
-    case VAL_TENSOR: return node_scale(L, e->loc, a.node, -1.0);
-    case VAL_TUPLE: not_a_tuple(L, e->lhs->loc, a); return val_error();
+    case VAL_TENSOR: return lower_node_scale(L, e->loc, a.node, -1.0);
+    case VAL_TUPLE: lower_not_a_tuple(L, e->lhs->loc, a); return val_error();
     default: return a;
     }
     lower_error(L, e->loc, "integer overflow");
     return val_error();
 }
 
-/* ---------------------------------------------------------------- builtins */
-
-typedef enum { ARG_TENSOR, ARG_INT, ARG_NUM } ArgKind;
-
-typedef struct {
-    const char *name;
-    ArgKind kind;
-    bool required;
-    double dflt;        /* when not required; NAN: no default (the builtin decides) */
-} BuiltinParam;
-
-#define MAX_BUILTIN_PARAMS 6
-#define MAX_EXTRA_ARGS 64
-
-typedef struct {
-    Value v[MAX_BUILTIN_PARAMS];
-    SrcLoc loc[MAX_BUILTIN_PARAMS];
-    Value extra[MAX_EXTRA_ARGS];        /* split's sizes */
-    SrcLoc extra_loc[MAX_EXTRA_ARGS];
-    int n_extra;
-} Args;
-
-typedef Value (*BuiltinFn)(Lower *L, const AstExpr *call, const Args *a);
-
-typedef struct {
-    const char *name;
-    BuiltinFn fn;
-    const char *usage;
-    bool variadic;      /* more integer arguments after the last parameter */
-    int n_params;
-    BuiltinParam p[MAX_BUILTIN_PARAMS];
-} Builtin;
-
-static Value b_linear(Lower *L, const AstExpr *c, const Args *a)
-{
-    Node *in[2] = {a->v[0].node, a->v[1].node};
-    Node *mm = node_new(L, OP_MATMUL, c->loc, 2, in);
-    mm->iattr[1] = 1;                       /* nn.Linear: weight is (out, in) */
-    Value y = node_done(L, mm);
-    if (y.kind != VAL_TENSOR || a->v[2].kind == VAL_NONE) return y;
-    return node_binary(L, OP_ADD, c->loc, y.node, a->v[2].node);
-}
-
-static bool is_flag(Lower *L, const Args *a, int i, const char *what)
-{
-    if (a->v[i].i == 0 || a->v[i].i == 1) return true;
-    lower_error(L, a->loc[i], "%s must be 0 or 1, not %lld", what, (long long)a->v[i].i);
-    return false;
-}
-
-static Value b_matmul(Lower *L, const AstExpr *c, const Args *a)
-{
-    if (!is_flag(L, a, 2, "transpose_a") || !is_flag(L, a, 3, "transpose_b")) return val_error();
-    Node *in[2] = {a->v[0].node, a->v[1].node};
-    Node *n = node_new(L, OP_MATMUL, c->loc, 2, in);
-    n->iattr[0] = a->v[2].i;
-    n->iattr[1] = a->v[3].i;
-    return node_done(L, n);
-}
-
-static bool is_positive(Lower *L, const Args *a, int i, const char *what)
-{
-    if (val_num(a->v[i]) > 0) return true;
-    lower_error(L, a->loc[i], "%s must be positive, not %g", what, val_num(a->v[i]));
-    return false;
-}
-
-static Value b_layernorm(Lower *L, const AstExpr *c, const Args *a)
-{
-    if (!is_positive(L, a, 3, "eps")) return val_error();
-    Node *in[3] = {a->v[0].node, a->v[1].node, a->v[2].node};
-    Node *n = node_new(L, OP_LAYERNORM, c->loc, 3, in);
-    n->fattr[0] = a->v[3].f;
-    return node_done(L, n);
-}
-
-static Value b_rmsnorm(Lower *L, const AstExpr *c, const Args *a)
-{
-    if (!is_positive(L, a, 2, "eps")) return val_error();
-    Node *in[2] = {a->v[0].node, a->v[1].node};
-    Node *n = node_new(L, OP_RMSNORM, c->loc, 2, in);
-    n->fattr[0] = a->v[2].f;
-    return node_done(L, n);
-}
-
-static Value b_gelu(Lower *L, const AstExpr *c, const Args *a)
-{
-    return node_unary(L, OP_GELU, c->loc, a->v[0].node);
-}
-
-static Value b_silu(Lower *L, const AstExpr *c, const Args *a)
-{
-    return node_unary(L, OP_SILU, c->loc, a->v[0].node);
-}
-
-static Value b_softmax(Lower *L, const AstExpr *c, const Args *a)
-{
-    return node_unary(L, OP_SOFTMAX, c->loc, a->v[0].node);
-}
-
-static Value b_embedding(Lower *L, const AstExpr *c, const Args *a)
-{
-    return node_binary(L, OP_EMBEDDING, c->loc, a->v[0].node, a->v[1].node);
-}
-
-static Value b_cross_entropy(Lower *L, const AstExpr *c, const Args *a)
-{
-    return node_binary(L, OP_CROSS_ENTROPY, c->loc, a->v[0].node, a->v[1].node);
-}
-
-static Value b_attention(Lower *L, const AstExpr *c, const Args *a)
-{
-    int64_t heads = a->v[3].i;
-    int64_t kv_heads = a->v[4].kind == VAL_NONE ? heads : a->v[4].i;
-    if (heads <= 0) {
-        lower_error(L, a->loc[3], "heads must be positive, not %lld", (long long)heads);
-        return val_error();
-    }
-    if (kv_heads <= 0 || heads % kv_heads) {
-        lower_error(L, a->loc[4], "kv_heads (%lld) must be positive and divide heads (%lld)",
-                    (long long)kv_heads, (long long)heads);
-        return val_error();
-    }
-    Node *in[3] = {a->v[0].node, a->v[1].node, a->v[2].node};
-    Node *n = node_new(L, OP_ATTENTION, c->loc, 3, in);
-    n->iattr[0] = heads;
-    n->iattr[1] = kv_heads;
-    Value y = node_done(L, n);
-    if (y.kind != VAL_TENSOR) return y;
-    if (a->v[5].kind == VAL_NONE) {
-        int64_t head_dim = n->in[0]->t.dims[2] / heads;
-        n->fattr[0] = 1.0 / sqrt((double)head_dim);
-    } else {
-        n->fattr[0] = a->v[5].f;
-    }
-    return y;
-}
-
-static Value b_rope(Lower *L, const AstExpr *c, const Args *a)
-{
-    if (!is_positive(L, a, 2, "theta")) return val_error();
-    Node *n = node_new(L, OP_ROPE, c->loc, 1, (Node *[]){a->v[0].node});
-    n->iattr[0] = a->v[1].i;
-    n->iattr[1] = 0;
-    n->fattr[0] = a->v[2].f;
-    return node_done(L, n);
-}
-
-static Value slice_node(Lower *L, SrcLoc loc, Node *x, int64_t axis, int64_t start, int64_t size)
-{
-    Node *n = node_new(L, OP_SLICE, loc, 1, &x);
-    n->iattr[0] = axis;
-    n->iattr[1] = start;
-    n->iattr[2] = size;
-    return node_done(L, n);
-}
-
-static Value b_slice(Lower *L, const AstExpr *c, const Args *a)
-{
-    Node *x = a->v[0].node;
-    int64_t axis = a->v[1].i;
-    if (axis < 0) axis += x->t.rank;    /* -1: the last axis */
-    if (axis < 0 || axis >= x->t.rank) {
-        lower_error(L, a->loc[1], "axis %lld is out of range for %s", (long long)a->v[1].i,
-                    shape_text(L, &x->t));
-        return val_error();
-    }
-    return slice_node(L, c->loc, x, axis, a->v[2].i, a->v[3].i);
-}
-
-/* split(x, n): n equal parts of the last axis; split(x, s1, s2, ...): parts of these sizes. */
-static Value b_split(Lower *L, const AstExpr *c, const Args *a)
-{
-    Node *x = a->v[0].node;
-    if (x->t.rank == 0) {
-        lower_error(L, c->loc, "split needs a tensor with an axis to split, not a scalar");
-        return val_error();
-    }
-    int axis = x->t.rank - 1;
-    int64_t width = x->t.dims[axis];
-    int n = a->n_extra;
-    int64_t sizes[MAX_EXTRA_ARGS];
-    if (n == 0) {
-        lower_error(L, c->loc, "split needs the number of parts or their sizes: split(x, 3)");
-        return val_error();
-    }
-    if (n == 1) {
-        int64_t parts = a->extra[0].i;
-        if (parts <= 0 || width % parts) {
-            lower_error(L, a->extra_loc[0], "cannot split the last dim %lld of %s into %lld equal parts",
-                        (long long)width, shape_text(L, &x->t), (long long)parts);
-            return val_error();
-        }
-        if (parts > MAX_EXTRA_ARGS) {
-            lower_error(L, a->extra_loc[0], "split into at most %d parts", MAX_EXTRA_ARGS);
-            return val_error();
-        }
-        n = (int)parts;
-        for (int i = 0; i < n; i++) sizes[i] = width / parts;
-    } else {
-        int64_t sum = 0;
-        char text[256] = "";
-        for (int i = 0; i < n; i++) {
-            sizes[i] = a->extra[i].i;
-            if (sizes[i] <= 0) {
-                lower_error(L, a->extra_loc[i], "split sizes must be positive, not %lld", (long long)sizes[i]);
-                return val_error();
-            }
-            sum += sizes[i];
-            size_t k = strlen(text);
-            snprintf(text + k, sizeof text - k, i ? "+%lld" : "%lld", (long long)sizes[i]);
-        }
-        if (sum != width) {
-            lower_error(L, c->loc, "split sizes %s = %lld do not add up to the last dim %lld of %s",
-                        text, (long long)sum, (long long)width, shape_text(L, &x->t));
-            return val_error();
-        }
-    }
-    if (n == 1) return slice_node(L, c->loc, x, axis, 0, sizes[0]);
-    Value out = {.kind = VAL_TUPLE, .n_items = n};
-    out.items = arena_alloc(L->a, sizeof(Value) * (size_t)n);
-    int64_t start = 0;
-    for (int i = 0; i < n; i++) {
-        out.items[i] = slice_node(L, c->loc, x, axis, start, sizes[i]);
-        if (out.items[i].kind != VAL_TENSOR) return val_error();
-        start += sizes[i];
-    }
-    return out;
-}
-
-static Value b_sqrt(Lower *L, const AstExpr *c, const Args *a)
-{
-    double x = a->v[0].f;
-    if (x < 0) {
-        lower_error(L, a->loc[0], "sqrt of the negative number %g", x);
-        return val_error();
-    }
-    return val_float(sqrt(x));
-}
-
-#define T_(n) {n, ARG_TENSOR, true, 0}
-#define TOPT(n) {n, ARG_TENSOR, false, NAN}
-#define I_(n) {n, ARG_INT, true, 0}
-#define IDEF(n, d) {n, ARG_INT, false, d}
-#define IOPT(n) {n, ARG_INT, false, NAN}
-#define F_(n) {n, ARG_NUM, true, 0}
-#define FDEF(n, d) {n, ARG_NUM, false, d}
-#define FOPT(n) {n, ARG_NUM, false, NAN}
-
-static const Builtin builtins[] = {
-    {"linear", b_linear, "linear(x, w, b)", false, 3, {T_("x"), T_("w"), TOPT("b")}},
-    {"matmul", b_matmul, "matmul(a, b, transpose_a=0, transpose_b=0)", false, 4,
-     {T_("a"), T_("b"), IDEF("transpose_a", 0), IDEF("transpose_b", 0)}},
-    {"layernorm", b_layernorm, "layernorm(x, w, b, eps=1e-5)", false, 4,
-     {T_("x"), T_("w"), T_("b"), FDEF("eps", 1e-5)}},
-    {"rmsnorm", b_rmsnorm, "rmsnorm(x, w, eps=1e-6)", false, 3, {T_("x"), T_("w"), FDEF("eps", 1e-6)}},
-    {"gelu", b_gelu, "gelu(x)", false, 1, {T_("x")}},
-    {"silu", b_silu, "silu(x)", false, 1, {T_("x")}},
-    {"softmax", b_softmax, "softmax(x)", false, 1, {T_("x")}},
-    {"embedding", b_embedding, "embedding(table, ids)", false, 2, {T_("table"), T_("ids")}},
-    {"attention", b_attention, "attention(q, k, v, heads=, kv_heads=heads, scale=1/sqrt(head_dim))",
-     false, 6, {T_("q"), T_("k"), T_("v"), I_("heads"), IOPT("kv_heads"), FOPT("scale")}},
-    {"rope", b_rope, "rope(x, head_dim=, theta=10000)", false, 3,
-     {T_("x"), I_("head_dim"), FDEF("theta", 10000)}},
-    {"split", b_split, "split(x, n) or split(x, size1, size2, ...)", true, 1, {T_("x")}},
-    {"slice", b_slice, "slice(x, axis=, start=, size=)", false, 4,
-     {T_("x"), I_("axis"), I_("start"), I_("size")}},
-    {"cross_entropy", b_cross_entropy, "cross_entropy(logits, targets)", false, 2,
-     {T_("logits"), T_("targets")}},
-    {"sqrt", b_sqrt, "sqrt(number)", false, 1, {F_("x")}},
-};
-
-static const Builtin *builtin_find(const char *name)
-{
-    for (size_t i = 0; i < sizeof builtins / sizeof builtins[0]; i++)
-        if (!strcmp(builtins[i].name, name)) return &builtins[i];
-    return NULL;
-}
-
-/* Checks that v suits a parameter of kind k (numbers become doubles for ARG_NUM). */
-static bool arg_fits(Lower *L, const Builtin *b, const char *pname, ArgKind k, Value *v, SrcLoc loc)
-{
-    if (v->kind == VAL_ERROR) return false;
-    if (v->kind == VAL_TUPLE) return not_a_tuple(L, loc, *v);
-    switch (k) {
-    case ARG_TENSOR:
-        if (v->kind == VAL_TENSOR) return true;
-        lower_error(L, loc, "argument '%s' of %s must be a tensor, not %s", pname, b->name, val_text(L, *v));
-        return false;
-    case ARG_INT:
-        if (v->kind == VAL_INT) return true;
-        lower_error(L, loc, "argument '%s' of %s must be an integer, not %s", pname, b->name, val_text(L, *v));
-        return false;
-    case ARG_NUM:
-        if (val_is_num(*v)) {
-            *v = val_float(val_num(*v));
-            return true;
-        }
-        lower_error(L, loc, "argument '%s' of %s must be a number, not %s", pname, b->name, val_text(L, *v));
-        return false;
-    }
-    return false;
-}
+/* ---------------------------------------------------------------- builtin calls */
 
 static Value call_builtin(Lower *L, Frame *f, const Builtin *b, const AstExpr *call)
 {
@@ -851,9 +233,9 @@ static Value call_builtin(Lower *L, Frame *f, const Builtin *b, const AstExpr *c
                 if (!strcmp(b->p[j].name, arg->name)) slot = j;
             if (slot < 0) {
                 Suggest s = {.want = arg->name, .best_d = 99};
-                for (int j = 0; j < b->n_params; j++) suggest_try(&s, b->p[j].name);
+                for (int j = 0; j < b->n_params; j++) lower_suggest_try(&s, b->p[j].name);
                 lower_error(L, arg->loc, "unknown keyword argument '%s' of %s%s", arg->name,
-                            b->usage, suggest_text(L, &s));
+                            b->usage, lower_suggest_text(L, &s));
                 ok = false;
                 continue;
             }
@@ -867,14 +249,14 @@ static Value call_builtin(Lower *L, Frame *f, const Builtin *b, const AstExpr *c
         if (slot < 0) {     /* one of split's sizes */
             a.extra_loc[a.n_extra] = arg->value->loc;
             a.extra[a.n_extra] = v;
-            ok &= arg_fits(L, b, "size", ARG_INT, &a.extra[a.n_extra], arg->value->loc);
+            ok &= builtin_arg_fits(L, b, "size", ARG_INT, &a.extra[a.n_extra], arg->value->loc);
             a.n_extra++;
             continue;
         }
         given[slot] = true;
         a.loc[slot] = arg->value->loc;
         a.v[slot] = v;
-        ok &= arg_fits(L, b, b->p[slot].name, b->p[slot].kind, &a.v[slot], arg->value->loc);
+        ok &= builtin_arg_fits(L, b, b->p[slot].name, b->p[slot].kind, &a.v[slot], arg->value->loc);
     }
     for (int j = 0; j < b->n_params; j++) {
         const BuiltinParam *p = &b->p[j];
@@ -895,8 +277,6 @@ static Value call_builtin(Lower *L, Frame *f, const Builtin *b, const AstExpr *c
 
 /* ---------------------------------------------------------------- block calls */
 
-static void exec_stmts(Lower *L, Frame *f, const AstVec *body);
-
 /* "h[i].attn" in frame f -> "h.3.attn" */
 static const char *eval_path(Lower *L, Frame *f, const AstPath *p)
 {
@@ -911,7 +291,7 @@ static const char *eval_path(Lower *L, Frame *f, const AstPath *p)
         if (v.kind == VAL_ERROR) return NULL;
         if (v.kind != VAL_INT || v.i < 0) {
             lower_error(L, part->index->loc, "a scope index must be a non-negative integer, not %s",
-                        val_text(L, v));
+                        lower_val_text(L, v));
             return NULL;
         }
         s = arena_printf(L->a, "%s.%lld", s, (long long)v.i);
@@ -954,7 +334,7 @@ static Value call_block(Lower *L, Frame *f, const AstStmt *blk, const AstExpr *c
         given[slot] = true;
         vals[slot] = eval(L, f, arg->value);
         if (vals[slot].kind == VAL_ERROR) ok = false;
-        else if (!not_a_tuple(L, arg->value->loc, vals[slot])) ok = false;
+        else if (!lower_not_a_tuple(L, arg->value->loc, vals[slot])) ok = false;
     }
     for (int j = 0; j < n_params && ok; j++)
         if (!given[j]) {
@@ -975,7 +355,7 @@ static Value call_block(Lower *L, Frame *f, const AstStmt *blk, const AstExpr *c
         const AstName *p = blk->items.items[j];
         frame_bind(L, &inner, p->text, BIND_VAR, vals[j], p->loc);
     }
-    exec_stmts(L, &inner, &blk->body);
+    lower_exec_stmts(L, &inner, &blk->body);
     if (!inner.returned) return val_error();
     if (call->scope) name_value(L, inner.ret, scope, NULL);
     return inner.ret;
@@ -983,14 +363,14 @@ static Value call_block(Lower *L, Frame *f, const AstStmt *blk, const AstExpr *c
 
 static Value eval_call(Lower *L, Frame *f, const AstExpr *e)
 {
-    const AstStmt *blk = block_find(L, e->name);
+    const AstStmt *blk = lower_find_block(L, e->name);
     if (blk) return call_block(L, f, blk, e);
     const Builtin *b = builtin_find(e->name);
     if (!b) {
         Suggest s = {.want = e->name, .best_d = 99};
-        for (size_t i = 0; i < sizeof builtins / sizeof builtins[0]; i++) suggest_try(&s, builtins[i].name);
-        for (int i = 0; i < L->n_blocks; i++) suggest_try(&s, L->blocks[i]->name);
-        lower_error(L, e->loc, "unknown function '%s'%s", e->name, suggest_text(L, &s));
+        builtin_suggest(&s);
+        for (int i = 0; i < L->n_blocks; i++) lower_suggest_try(&s, L->blocks[i]->name);
+        lower_error(L, e->loc, "unknown function '%s'%s", e->name, lower_suggest_text(L, &s));
         return val_error();
     }
     if (e->scope) {
@@ -1030,7 +410,7 @@ static int eval_dims(Lower *L, Frame *f, const AstType *t, const char *what, int
         if (v.kind == VAL_ERROR) {
             ok = false;
         } else if (v.kind != VAL_INT || v.i <= 0) {
-            lower_error(L, d->loc, "dim %d of %s must be a positive integer, not %s", i, what, val_text(L, v));
+            lower_error(L, d->loc, "dim %d of %s must be a positive integer, not %s", i, what, lower_val_text(L, v));
             ok = false;
         } else {
             dims[i] = v.i;
@@ -1122,7 +502,7 @@ static bool eval_init(Lower *L, Frame *f, const AstExpr *e, int *kind, double *s
         if (v.kind == VAL_ERROR) return false;
         if (!val_is_num(v) || val_num(v) < 0 || !isfinite(val_num(v))) {
             lower_error(L, arg->value->loc, "the standard deviation of normal must be a number >= 0, not %s",
-                        val_text(L, v));
+                        lower_val_text(L, v));
             return false;
         }
         *kind = INIT_NORMAL;
@@ -1143,11 +523,11 @@ static void exec_param(Lower *L, Frame *f, const AstStmt *s)
     if (name_is_reserved(L, s->name, s->loc)) return;
     Node *old = param_get(&L->params, full);
     if (old) {
-        if (same_loc(old->loc, s->loc) && !f->block) {
+        if (lower_same_loc(old->loc, s->loc) && !f->block) {
             if (lower_error(L, s->loc, "duplicate parameter '%s': the loop declares it on "
                             "every trip; declare it in a block and call that with 'as NAME[i]'", full))
                 diag_note(s->loc, "'%s' is declared here", full);
-        } else if (same_loc(old->loc, s->loc)) {
+        } else if (lower_same_loc(old->loc, s->loc)) {
             /* the same declaration ran twice: a block called again in the same scope */
             SrcLoc at = outermost_call(f);
             if (lower_error(L, at, "duplicate parameter '%s': this call declares the parameters "
@@ -1182,12 +562,14 @@ static void exec_param(Lower *L, Frame *f, const AstStmt *s)
     if (rank >= 0 && init_ok) {
         n = ir_leaf(L->g, OP_PARAM, full, ROLE_PARAM, FMT_F32, rank, dims, s->loc);
         n->phase = PHASE_FORWARD;
-        n->iattr[0] = init;
-        n->fattr[0] = std;
+        IR_IATTR(n, PARAM, init) = init;
+        IR_FATTR(n, PARAM, std) = std;
         param_put(L->a, &L->params, n->t.name, n);
-        for (int i = 0; i < L->g->n_nodes - 1; i++)
-            if (L->g->nodes[i]->n_in && L->g->nodes[i]->t.name && !strcmp(L->g->nodes[i]->t.name, full))
-                L->g->nodes[i]->t.name = NULL;
+        /* the parameter's name is its own: computed tensors named so before give it up */
+        NamedNode **named = names_slot(L->a, &L->computed, full, false);
+        for (NamedNode *e = named ? *named : NULL; e; e = e->next)
+            if (e->node->t.name && !strcmp(e->node->t.name, full)) e->node->t.name = NULL;
+        if (named) *named = NULL;
         v = val_tensor(n);
     }
     /* bound even after an error, so that its uses do not report "unknown name" */
@@ -1248,7 +630,7 @@ static void exec_return(Lower *L, Frame *f, const AstStmt *s)
     for (int i = 0; i < n; i++) {
         const AstExpr *e = s->items.items[i];
         out.items[i] = eval(L, f, e);
-        if (out.items[i].kind == VAL_ERROR || !not_a_tuple(L, e->loc, out.items[i])) out = val_error();
+        if (out.items[i].kind == VAL_ERROR || !lower_not_a_tuple(L, e->loc, out.items[i])) out = val_error();
         if (out.kind == VAL_ERROR) break;
     }
     f->ret = out.kind == VAL_TUPLE && n == 1 ? out.items[0] : out;
@@ -1268,7 +650,7 @@ static void exec_for(Lower *L, Frame *f, const AstStmt *s)
     if (from.kind != VAL_INT || to.kind != VAL_INT) {
         const AstExpr *bad = from.kind != VAL_INT ? s->value : s->value2;
         lower_error(L, bad->loc, "loop bounds must be integers, not %s",
-                    val_text(L, from.kind != VAL_INT ? from : to));
+                    lower_val_text(L, from.kind != VAL_INT ? from : to));
         return;
     }
     int64_t trips;
@@ -1298,7 +680,7 @@ static void exec_for(Lower *L, Frame *f, const AstStmt *s)
     L->loop_depth++;
     for (int64_t i = from.i; i < to.i && !f->returned; i++) {
         var->val = val_int(i);
-        exec_stmts(L, f, &s->body);
+        lower_exec_stmts(L, f, &s->body);
         if (L->g->n_nodes > MAX_GRAPH_NODES) {   /* the innermost loop reports it, the others stop */
             if (!L->told_size)
                 lower_error(L, s->loc, "the model unrolls into more than %d operations; fp8c plans steps "
@@ -1316,7 +698,7 @@ static void exec_loss(Lower *L, Frame *f, const AstStmt *s)
     Value v = eval(L, f, s->value);
     if (v.kind == VAL_ERROR) return;
     if (v.kind != VAL_TENSOR || v.node->t.rank != 0) {
-        lower_error(L, s->value->loc, "the loss must be a scalar tensor, not %s", val_text(L, v));
+        lower_error(L, s->value->loc, "the loss must be a scalar tensor, not %s", lower_val_text(L, v));
         return;
     }
     Node *n = v.node;
@@ -1369,10 +751,10 @@ static void exec_optimizer(Lower *L, Frame *f, const AstStmt *s)
             if (!strcmp(knobs[j].name, arg->name)) k = j;
         if (k < 0 || given[k]) {
             Suggest sg = {.want = arg->name, .best_d = 99};
-            for (int j = 0; j < N_KNOBS; j++) suggest_try(&sg, knobs[j].name);
+            for (int j = 0; j < N_KNOBS; j++) lower_suggest_try(&sg, knobs[j].name);
             if (k < 0)
                 lower_error(L, arg->loc, "unknown keyword argument '%s' of adamw(lr, beta1, beta2, "
-                            "eps, weight_decay, clip)%s", arg->name, suggest_text(L, &sg));
+                            "eps, weight_decay, clip)%s", arg->name, lower_suggest_text(L, &sg));
             else
                 lower_error(L, arg->loc, "argument '%s' of adamw is given twice", arg->name);
             ok = false;
@@ -1390,7 +772,7 @@ static void exec_optimizer(Lower *L, Frame *f, const AstStmt *s)
             lower_error(L, arg->value->loc, "%s must be %s%g%s, not %s", knobs[k].name,
                         knobs[k].lo_open ? "> " : ">= ", knobs[k].lo,
                         isinf(knobs[k].hi) ? "" : arena_printf(L->a, " and < %g", knobs[k].hi),
-                        val_text(L, v));
+                        lower_val_text(L, v));
             ok = false;
             continue;
         }
@@ -1435,7 +817,7 @@ static void exec_stmt(Lower *L, Frame *f, const AstStmt *s)
     }
 }
 
-static void exec_stmts(Lower *L, Frame *f, const AstVec *body)
+void lower_exec_stmts(Lower *L, Frame *f, const AstVec *body)
 {
     for (int i = 0; i < body->n && !f->returned; i++) exec_stmt(L, f, body->items[i]);
 }
@@ -1448,25 +830,6 @@ static const Define *define_find(const Lower *L, const char *name)
     for (int i = 0; i < L->o->n_defines; i++)     /* the last -D of a name wins */
         if (!strcmp(L->o->defines[i].name, name)) found = &L->o->defines[i];
     return found;
-}
-
-/* A -D value: an integer or a real number, the whole string. */
-static bool parse_number(const char *s, Value *out)
-{
-    char *end;
-    errno = 0;
-    long long i = strtoll(s, &end, 10);
-    if (*s && !*end && errno == 0) {
-        *out = val_int(i);
-        return true;
-    }
-    errno = 0;
-    double d = strtod(s, &end);
-    if (*s && !*end && errno == 0 && isfinite(d)) {
-        *out = val_float(d);
-        return true;
-    }
-    return false;
 }
 
 static void exec_config(Lower *L, const AstStmt *s)
@@ -1482,14 +845,14 @@ static void exec_config(Lower *L, const AstStmt *s)
         }
         Value v = eval(L, &L->top, b->value);
         if (v.kind != VAL_ERROR && !val_is_num(v)) {
-            lower_error(L, b->value->loc, "config '%s' must be a number, not %s", b->name, val_text(L, v));
+            lower_error(L, b->value->loc, "config '%s' must be a number, not %s", b->name, lower_val_text(L, v));
             v = val_error();
         }
         const Define *d = define_find(L, b->name);
         Value dv;
-        if (d && parse_number(d->value, &dv)) {
+        if (d && lower_parse_number(d->value, &dv)) {
             if (v.kind == VAL_INT && dv.kind != VAL_INT) {
-                lower_error(L, command_line, "-D %s=%s: config '%s' is an integer", d->name, d->value, b->name);
+                lower_error(L, lower_command_line, "-D %s=%s: config '%s' is an integer", d->name, d->value, b->name);
                 v = val_error();
             } else if (v.kind != VAL_ERROR) {
                 v = v.kind == VAL_FLOAT ? val_float(val_num(dv)) : dv;
@@ -1497,257 +860,4 @@ static void exec_config(Lower *L, const AstStmt *s)
         }
         frame_bind(L, &L->top, b->name, BIND_CONFIG, v, b->loc);
     }
-}
-
-/* ---------------------------------------------------------------- the scan */
-
-static const char *stmt_word(StmtKind k)
-{
-    static const char *const words[] = {"model", "config", "input", "param", "block", "assignment",
-                                        "return", "for", "loss", "optimizer", "decay"};
-    return words[k];
-}
-
-/* Where statements may stand: model, config, input, block, loss, optimizer and decay at the
- * top level only; return as the last statement of a block. */
-static void scan_body(Lower *L, const AstVec *body, const AstStmt *block, bool block_level)
-{
-    for (int i = 0; i < body->n; i++) {
-        const AstStmt *s = body->items[i];
-        switch (s->kind) {
-        case STMT_MODEL: case STMT_CONFIG: case STMT_INPUT: case STMT_BLOCK: case STMT_LOSS:
-        case STMT_OPTIMIZER: case STMT_DECAY:
-            lower_error(L, s->loc, "'%s' belongs at the top level, not inside a %s", stmt_word(s->kind),
-                        block_level ? "block" : "loop");
-            break;
-        case STMT_RETURN:
-            if (!block || !block_level || i != body->n - 1)
-                lower_error(L, s->loc, block ? "'return' must be the last statement of block '%s'"
-                                             : "'return' outside a block%s", block ? block->name : "");
-            break;
-        case STMT_FOR:
-            scan_body(L, &s->body, block, false);
-            break;
-        default:
-            break;
-        }
-    }
-    if (block && block_level &&
-        (body->n == 0 || ((const AstStmt *)body->items[body->n - 1])->kind != STMT_RETURN))
-        lower_error(L, block->loc, "block '%s' does not end with a return", block->name);
-}
-
-static void scan_top(Lower *L, const AstVec *prog)
-{
-    L->blocks = arena_alloc(L->a, sizeof(AstStmt *) * (size_t)(prog->n ? prog->n : 1));
-    int n_config_names = 0;
-    for (int i = 0; i < prog->n; i++) {
-        const AstStmt *s = prog->items[i];
-        if (s->kind == STMT_CONFIG) n_config_names += s->items.n;
-    }
-    L->configs = arena_alloc(L->a, sizeof(char *) * (size_t)(n_config_names ? n_config_names : 1));
-    for (int i = 0; i < prog->n; i++) {
-        const AstStmt *s = prog->items[i];
-        const AstStmt **first = NULL;
-        switch (s->kind) {
-        case STMT_BLOCK: {
-            const AstStmt *old = block_find(L, s->name);
-            if (old) {
-                if (lower_error(L, s->loc, "block '%s' is defined twice", s->name))
-                    diag_note(old->loc, "'%s' was first defined here", s->name);
-                break;
-            }
-            if (builtin_find(s->name)) {
-                lower_error(L, s->loc, "block '%s' has the name of a builtin function", s->name);
-                break;
-            }
-            for (int j = 0; j < s->items.n; j++) {
-                const AstName *pj = s->items.items[j];
-                for (int k = 0; k < j; k++)
-                    if (!strcmp(pj->text, ((AstName *)s->items.items[k])->text))
-                        lower_error(L, pj->loc, "block '%s' has two parameters named '%s'", s->name, pj->text);
-            }
-            L->blocks[L->n_blocks++] = s;
-            scan_body(L, &s->body, s, true);
-            break;
-        }
-        case STMT_CONFIG:
-            for (int j = 0; j < s->items.n; j++)
-                L->configs[L->n_configs++] = ((AstBinding *)s->items.items[j])->name;
-            break;
-        case STMT_FOR:
-            scan_body(L, &s->body, NULL, false);
-            break;
-        case STMT_RETURN:
-            lower_error(L, s->loc, "'return' outside a block");
-            break;
-        case STMT_MODEL: first = &L->model; break;
-        case STMT_OPTIMIZER: first = &L->optimizer; break;
-        case STMT_DECAY: first = &L->decay; break;
-        case STMT_LOSS: first = &L->loss_stmt; break;
-        default:
-            break;
-        }
-        if (first && *first) {
-            if (lower_error(L, s->loc, "a second '%s' statement", stmt_word(s->kind)))
-                diag_note((*first)->loc, "the first is here");
-        } else if (first) {
-            *first = s;
-        }
-    }
-
-    for (int i = 0; i < L->o->n_defines; i++) {
-        const Define *d = &L->o->defines[i];
-        bool known = false;
-        Suggest sg = {.want = d->name, .best_d = 99};
-        for (int j = 0; j < L->n_configs; j++) {
-            known |= !strcmp(L->configs[j], d->name);
-            suggest_try(&sg, L->configs[j]);
-        }
-        Value v;
-        if (!known)
-            lower_error(L, command_line, "-D %s=%s: the model has no config '%s'%s", d->name,
-                        d->value ? d->value : "", d->name, suggest_text(L, &sg));
-        else if (!d->value || !parse_number(d->value, &v))
-            lower_error(L, command_line, "-D %s=%s: '%s' is not a number", d->name,
-                        d->value ? d->value : "", d->value ? d->value : "");
-    }
-}
-
-/* ---------------------------------------------------------------- the end */
-
-static bool decay_match(const AstVec *patterns, const char *name, bool *used)
-{
-    bool hit = false;
-    for (int i = 0; i < patterns->n; i++)
-        if (fnmatch(((AstName *)patterns->items[i])->text, name, 0) == 0) {
-            hit = true;
-            if (used) used[i] = true;
-        }
-    return hit;
-}
-
-/* Weight decay per parameter: the decay clause's globs, else every matrix (rank >= 2) and
- * no vector (biases, norm weights), as in GPT-2's and Llama's training recipes. */
-static void finish_decay(Lower *L, int errors_before)
-{
-    const AstStmt *d = L->decay;
-    if (d && !L->optimizer) lower_error(L, d->loc, "'decay' needs an 'optimizer' statement");
-    bool check_patterns = diag_error_count() == errors_before;
-    bool *used = d ? arena_alloc(L->a, (size_t)(d->items.n + d->except.n) + 1) : NULL;
-    for (int i = 0; i < L->g->n_nodes; i++) {
-        Node *n = L->g->nodes[i];
-        if (n->op != OP_PARAM) continue;
-        if (!d) {
-            n->iattr[1] = n->t.rank >= 2;
-            continue;
-        }
-        bool in = decay_match(&d->items, n->t.name, used);
-        bool out = decay_match(&d->except, n->t.name, used + d->items.n);
-        n->iattr[1] = in && !out;
-    }
-    if (!d || !check_patterns) return;   /* after an error some parameters may be missing */
-    for (int i = 0; i < d->items.n + d->except.n; i++)
-        if (!used[i]) {
-            const AstName *p = i < d->items.n ? d->items.items[i] : d->except.items[i - d->items.n];
-            lower_error(L, p->loc, "pattern \"%s\" matches no parameter", p->text);
-        }
-}
-
-/* Keeps what the loss depends on, and every input (the runtime feeds them all); a parameter
- * that the loss does not read would never train, which is a mistake in the model. */
-static void finish_graph(Lower *L)
-{
-    Graph *g = L->g;
-    bool *keep = arena_alloc(L->a, (size_t)g->n_nodes + 1);
-    ir_renumber(g);
-    keep[L->loss->index] = true;
-    for (int i = g->n_nodes - 1; i >= 0; i--) {
-        if (!keep[i]) continue;
-        for (int j = 0; j < g->nodes[i]->n_in; j++) keep[g->nodes[i]->in[j]->index] = true;
-    }
-    for (int i = 0; i < g->n_nodes; i++) {
-        Node *n = g->nodes[i];
-        if (n->op == OP_INPUT) keep[i] = true;
-        if (n->op == OP_PARAM && !keep[i])
-            lower_error(L, n->loc, "parameter '%s' does not affect the loss", n->t.name);
-    }
-    ir_filter(g, keep);
-}
-
-static const char *default_model_name(Lower *L, const char *path)
-{
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    const char *dot = strrchr(base, '.');
-    size_t len = dot && dot != base ? (size_t)(dot - base) : strlen(base);
-    return arena_printf(L->a, "%.*s", (int)len, base);
-}
-
-static Graph *lower_program(Arena *a, const char *path, const AstVec *prog, const FrontOptions *o)
-{
-    static const FrontOptions none = {0};
-    Lower L = {.a = a, .o = o ? o : &none, .file = path};
-    L.top.scope = "";
-    L.g = ir_graph_new(a);
-    L.g->batch = L.o->batch;
-    L.g->seq = L.o->seq;
-    int errors = diag_error_count();
-
-    scan_top(&L, prog);
-    exec_stmts(&L, &L.top, prog);
-
-    L.g->model_name = L.model ? L.model->name : default_model_name(&L, path);
-    if (!L.loss && diag_error_count() == errors)
-        lower_error(&L, (SrcLoc){path, 0, 0}, "the model has no loss: end it with a loss statement, "
-                    "e.g. loss cross_entropy(logits, targets)");
-    finish_decay(&L, errors);
-    if (L.loss && diag_error_count() == errors) finish_graph(&L);
-    return diag_error_count() == errors ? L.g : NULL;
-}
-
-/* ---------------------------------------------------------------- entry points */
-
-Graph *front_compile_text(Arena *a, const char *path, const char *text, const FrontOptions *o)
-{
-    path = arena_strdup(a, path);
-    diag_register_source(path, text);
-    int errors = diag_error_count();
-    AstVec prog;
-    if (!ast_parse(a, path, text, &prog)) return NULL;
-    Graph *g = lower_program(a, path, &prog, o);
-    return g && diag_error_count() == errors ? g : NULL;
-}
-
-Graph *front_compile_file(Arena *a, const char *path, const FrontOptions *o)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        diag_error((SrcLoc){path, 0, 0}, "cannot open the model: %s", strerror(errno));
-        return NULL;
-    }
-    char *text = NULL;
-    size_t size = 0, len = 0;
-    for (;;) {
-        if (len + 1 >= size) {
-            size = size ? 2 * size : 1 << 16;
-            char *bigger = realloc(text, size);
-            if (!bigger) ir_die(__FILE__, __LINE__, "out of memory");
-            text = bigger;
-        }
-        size_t got = fread(text + len, 1, size - len - 1, f);
-        len += got;
-        if (got == 0) break;
-    }
-    bool failed = ferror(f);
-    fclose(f);
-    text[len] = 0;
-    if (failed || strlen(text) != len) {
-        diag_error((SrcLoc){path, 0, 0}, failed ? "cannot read the model" : "the model contains a NUL byte");
-        free(text);
-        return NULL;
-    }
-    Graph *g = front_compile_text(a, path, text, o);
-    free(text);
-    return g;
 }

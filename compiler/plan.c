@@ -220,7 +220,7 @@ static FallbackRow *collect_fallbacks(const Graph *g, int *n_rows)
     Uses *uses = NULL;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *mm = g->nodes[i];
-        if (mm->op != OP_MATMUL || !mm->iattr[7]) continue;   /* unaligned */
+        if (mm->op != OP_MATMUL || !IR_IATTR(mm, MATMUL, unaligned)) continue;
         if (!uses) uses = ir_fill_uses(g);
         const char *weight;
         const char *kind = precision_gemm_kind(mm, uses, &weight);

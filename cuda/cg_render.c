@@ -36,36 +36,21 @@ extern const char cuda_text_ck_args[], cuda_text_prelude[];
 enum { MAX_DEPTH = 16 };
 
 typedef struct {
-    char *buf;
-    size_t len, cap;
+    StrBuf text;
     int indent;
 } Out;
 
-static void out_raw(Out *o, const char *s) {
-    size_t n = strlen(s);
-    if (o->len + n + 1 > o->cap) {
-        size_t cap = o->cap ? o->cap : 1 << 16;
-        while (o->len + n + 1 > cap) cap *= 2;
-        char *grown = realloc(o->buf, cap);
-        IR_ASSERT(grown);
-        o->buf = grown;
-        o->cap = cap;
-    }
-    memcpy(o->buf + o->len, s, n + 1);
-    o->len += n;
-}
+static void out_raw(Out *o, const char *s) { strbuf_add(&o->text, s); }
 
+/* One line at the current indentation. */
 static void out_line(Out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void out_line(Out *o, const char *fmt, ...) {
-    char line[4096];
-    int at = 0;
-    for (int i = 0; i < o->indent && at < 200; i++) line[at++] = ' ', line[at++] = ' ';
+    for (int i = 0; i < o->indent && i < 100; i++) strbuf_addn(&o->text, "  ", 2);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line + at, sizeof line - (size_t)at - 1, fmt, ap);
+    strbuf_vprintf(&o->text, fmt, ap);
     va_end(ap);
-    strcat(line, "\n");
-    out_raw(o, line);
+    strbuf_addn(&o->text, "\n", 1);
 }
 
 /* ---------------------------------------------------------------- one kernel body */
@@ -379,7 +364,8 @@ char *cuda_render_cg_program(const CgProgram *p, Arena *a) {
         out_raw(&o, "\n");
         render_body(k, name, &o);
     }
-    char *s = arena_strdup(a, o.buf ? o.buf : "");
-    free(o.buf);
+    IR_ASSERT(!o.text.failed);
+    char *s = arena_strdup(a, strbuf_text(&o.text));
+    strbuf_free(&o.text);
     return s;
 }

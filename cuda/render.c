@@ -7,7 +7,6 @@
  * templates test (element types, scalings, ops) are written out here from the compiler's own
  * tables, so the device code can never drift from ir.h. The module is deterministic for a
  * given graph: same text, same cache key, same cubin. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,61 +17,34 @@
 extern const char cuda_text_ck_args[], cuda_text_prelude[], cuda_text_ops[], cuda_text_attn[],
     cuda_text_attn_tc[];
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} Text;
-
-static void text_add(Text *t, const char *s) {
-    size_t n = strlen(s);
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 1 << 16;
-        while (t->len + n + 1 > cap) cap *= 2;
-        char *grown = realloc(t->buf, cap);
-        IR_ASSERT(grown);
-        t->buf = grown;
-        t->cap = cap;
-    }
-    memcpy(t->buf + t->len, s, n + 1);
-    t->len += n;
-}
-
-static void text_printf(Text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void text_printf(Text *t, const char *fmt, ...) {
-    char line[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    text_add(t, line);
-}
-
-static char *text_finish(Text *t, Arena *a) {
-    char *s = arena_strdup(a, t->buf ? t->buf : "");
-    free(t->buf);
+/* the module's text, copied into the arena; the buffer is freed */
+static char *text_finish(StrBuf *t, Arena *a) {
+    IR_ASSERT(!t->failed);
+    char *s = arena_strdup(a, strbuf_text(t));
+    strbuf_free(t);
     return s;
 }
 
-static void render_enums(Text *t) {
-    text_add(t, "enum {");
+static void render_enums(StrBuf *t) {
+    strbuf_add(t, "enum {");
     for (int e = 0; e < FMT_COUNT; e++) {
-        text_add(t, e ? ", FMT_" : " FMT_");
+        strbuf_add(t, e ? ", FMT_" : " FMT_");
         char up[16];
         const char *name = fmt_elem_name((ElemType)e);
         size_t k = 0;
         for (; name[k] && k < sizeof up - 1; k++)
             up[k] = (char)(name[k] >= 'a' && name[k] <= 'z' ? name[k] - 32 : name[k]);
         up[k] = 0;
-        text_printf(t, "%s = %d", up, e);
+        strbuf_printf(t, "%s = %d", up, e);
     }
-    text_add(t, " };\n");
-    text_printf(t, "enum { SCALE_NONE = %d, SCALE_PER_TENSOR = %d, SCALE_PER_ROW = %d, "
+    strbuf_add(t, " };\n");
+    strbuf_printf(t, "enum { SCALE_NONE = %d, SCALE_PER_TENSOR = %d, SCALE_PER_ROW = %d, "
                 "SCALE_PER_GROUP = %d, SCALE_TILE_1x128 = %d, SCALE_BLOCK_128 = %d };\n",
                 SCALE_NONE, SCALE_PER_TENSOR, SCALE_PER_ROW, SCALE_PER_GROUP, SCALE_TILE_1x128,
                 SCALE_BLOCK_128);
-    text_printf(t, "enum { CODEC_PLAIN = %d, CODEC_EXPAND = %d, CODEC_COMPAND = %d, CODEC_SQRT = %d, "
+    strbuf_printf(t, "enum { CODEC_PLAIN = %d, CODEC_EXPAND = %d, CODEC_COMPAND = %d, CODEC_SQRT = %d, "
                 "CODEC_SPLIT = %d };\n", CODEC_PLAIN, CODEC_EXPAND, CODEC_COMPAND, CODEC_SQRT, CODEC_SPLIT);
-    text_add(t, "enum {");
+    strbuf_add(t, "enum {");
     for (int op = 0; op < OP_COUNT; op++) {
         const char *name = ir_op_info((OpKind)op)->text;
         char up[32];
@@ -80,23 +52,23 @@ static void render_enums(Text *t) {
         for (; name[k] && k < sizeof up - 1; k++)
             up[k] = (char)(name[k] >= 'a' && name[k] <= 'z' ? name[k] - 32 : name[k]);
         up[k] = 0;
-        text_printf(t, "%s OP_%s = %d", op ? "," : "", up, op);
+        strbuf_printf(t, "%s OP_%s = %d", op ? "," : "", up, op);
     }
-    text_add(t, " };\n");
+    strbuf_add(t, " };\n");
 }
 
-static void render_library(Text *t) {
-    text_add(t, "/* fp8c GPU kernel module: the kernel library, then the graph's entry points */\n");
+static void render_library(StrBuf *t) {
+    strbuf_add(t, "/* fp8c GPU kernel module: the kernel library, then the graph's entry points */\n");
     render_enums(t);
-    text_add(t, cuda_text_ck_args);
-    text_add(t, cuda_text_prelude);
-    text_add(t, cuda_text_ops);
-    text_add(t, cuda_text_attn);
-    text_add(t, cuda_text_attn_tc);
+    strbuf_add(t, cuda_text_ck_args);
+    strbuf_add(t, cuda_text_prelude);
+    strbuf_add(t, cuda_text_ops);
+    strbuf_add(t, cuda_text_attn);
+    strbuf_add(t, cuda_text_attn_tc);
 }
 
 char *cuda_render_library(Arena *a) {
-    Text t = {0};
+    StrBuf t = {0};
     render_library(&t);
     return text_finish(&t, a);
 }
@@ -135,13 +107,13 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
                                           l->block, l->fn, l->body);
         }
     qsort(lines, (size_t)n, sizeof *lines, compare_str);
-    Text t = {0};
+    StrBuf t = {0};
     render_library(&t);
-    text_add(&t, "\n/* ---- entry points */\n");
+    strbuf_add(&t, "\n/* ---- entry points */\n");
     int unique = 0;
     for (int i = 0; i < n; i++) {
         if (i && !strcmp(lines[i], lines[i - 1])) continue;
-        text_add(&t, lines[i]);
+        strbuf_add(&t, lines[i]);
         unique++;
     }
     free(lines);

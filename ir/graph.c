@@ -1,7 +1,8 @@
 /* graph.c — the op, format and role tables, and building and editing graphs.
  *
- * The tables come from the X-macro files (ops.def, formats.def) so that names, arities and
- * attribute lists cannot drift from the enums; static_asserts keep the counts in step. Graph
+ * The tables come from the X-macro files (ops.def, formats.def, scaling.def) so that names,
+ * arities, attribute lists and scaling recipes cannot drift from the enums; static_asserts keep
+ * the counts in step. Graph
  * editing is deliberately small: append a node, replace uses, filter. Passes that reorder
  * (schedule) rewrite Graph.nodes and call ir_renumber. */
 #include "ir.h"
@@ -38,12 +39,67 @@ bool fmt_elem_from_name(const char *s, ElemType *out)
     return false;
 }
 
-static const char *const scaling_names[SCALE_COUNT] = {
-    "none", "tensor", "row", "group", "tile1x128", "block128"};
+static const ScalingInfo scaling_table[SCALE_COUNT] = {
+#define X(name, text, rule, brows, bcols, selem, gact, gweight, cublaslt, transposable) \
+    {text, rule, brows, bcols, selem, gact, gweight, cublaslt, transposable},
+#include "scaling.def"
+#undef X
+};
 static const char *const recipe_names[RECIPE_COUNT] = {"none", "current", "delayed", "static"};
 static const char *const codec_names[CODEC_COUNT] = {"plain", "expand", "compand", "sqrt", "split"};
 
-const char *fmt_scaling_name(Scaling s) { return s < SCALE_COUNT ? scaling_names[s] : "?"; }
+const char *fmt_scaling_name(Scaling s) { return s < SCALE_COUNT ? scaling_table[s].text : "?"; }
+
+const ScalingInfo *fmt_scaling_info(Scaling s)
+{
+    IR_ASSERT(s < SCALE_COUNT);
+    return &scaling_table[s];
+}
+
+bool fmt_scaling_from_rule(const char *word, Scaling *out)
+{
+    for (int i = 0; i < SCALE_COUNT; i++)
+        if (*scaling_table[i].rule && !strcmp(scaling_table[i].rule, word)) {
+            *out = (Scaling)i;
+            return true;
+        }
+    return false;
+}
+
+int fmt_scaling_group(Scaling s, int group)
+{
+    IR_ASSERT(s < SCALE_COUNT);
+    const ScalingInfo *si = &scaling_table[s];
+    return si->block_rows == 1 && si->block_cols > 0 ? si->block_cols : group;
+}
+
+Scaling fmt_gemm_operand_scaling(GemmScaling mode, bool weight)
+{
+    for (int i = 0; i < SCALE_COUNT; i++)
+        if ((weight ? scaling_table[i].gemm_weight : scaling_table[i].gemm_act) == (int)mode) return (Scaling)i;
+    IR_ASSERT(!"no granularity for this GEMM mode");
+}
+
+GemmScaling fmt_gemm_mode_of(Scaling s)
+{
+    IR_ASSERT(s < SCALE_COUNT);
+    const ScalingInfo *si = &scaling_table[s];
+    return si->gemm_act >= 0 ? (GemmScaling)si->gemm_act
+         : si->gemm_weight >= 0 ? (GemmScaling)si->gemm_weight : GEMM_FP8_TENSOR;
+}
+
+ScaleGrid fmt_scale_grid(Scaling s, int64_t group, int64_t rows, int64_t cols)
+{
+    IR_ASSERT(s > SCALE_NONE && s < SCALE_COUNT);
+    const ScalingInfo *si = &scaling_table[s];
+    int64_t br = si->block_rows == 0 ? rows : si->block_rows;
+    int64_t bc = si->block_cols == 0 ? cols : si->block_cols < 0 ? group : si->block_cols;
+    IR_ASSERT(bc > 0 || cols == 0);
+    ScaleGrid g = {.block_rows = br > 0 ? br : 1, .block_cols = bc > 0 ? bc : 1};
+    g.grid_rows = si->block_rows == 0 ? 1 : (rows + g.block_rows - 1) / g.block_rows;
+    g.grid_cols = si->block_cols == 0 ? 1 : (cols + g.block_cols - 1) / g.block_cols;
+    return g;
+}
 const char *fmt_recipe_name(Recipe r) { return r < RECIPE_COUNT ? recipe_names[r] : "?"; }
 const char *fmt_codec_name(Codec c) { return c < CODEC_COUNT ? codec_names[c] : "?"; }
 
@@ -122,7 +178,8 @@ static void op_table_init(void)
         int arity;
         const char *iattrs, *fattrs, *summary;
     } raw[] = {
-#define X(name, text, arity, iattrs, fattrs, summary) {text, arity, iattrs, fattrs, summary},
+#define X(name, text, arity, iattrs, fattrs, summary) \
+    {text, arity, IR_ATTR_TEXT(iattrs), IR_ATTR_TEXT(fattrs), summary},
 #include "ops.def"
 #undef X
     };
@@ -135,6 +192,17 @@ static void op_table_init(void)
         o->n_fattr = split_names(raw[i].fattrs, o->fattr_names, IR_MAX_FATTR, names[i][1], 64);
     }
     op_table_ready = true;
+}
+
+int ir_attr_check(const Node *n, OpKind op, int k, bool fattr)
+{
+    const OpInfo *want = ir_op_info(op), *have = ir_op_info(n->op);
+    int n_have = fattr ? have->n_fattr : have->n_iattr;
+    const char *name = fattr ? want->fattr_names[k] : want->iattr_names[k];
+    if (k >= n_have || strcmp(fattr ? have->fattr_names[k] : have->iattr_names[k], name) != 0)
+        ir_die(__FILE__, __LINE__, "%s %%%d has no attribute '%s' where %s has it", have->text, n->id,
+               name, want->text);
+    return k;
 }
 
 const OpInfo *ir_op_info(OpKind op)
@@ -161,7 +229,7 @@ bool ir_attention_bwd_reads_y(const Node *n)
 
 int64_t ir_attention_lse_offset(const Node *n)
 {
-    if (n->op != OP_ATTENTION || !n->iattr[2]) return 0;
+    if (n->op != OP_ATTENTION || !IR_IATTR(n, ATTENTION, lse)) return 0;
     return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 15) / 16 * 16;
 }
 
@@ -171,6 +239,8 @@ bool ir_op_keeps_amax(OpKind op)
     return info->n_iattr > 0 && strcmp(info->iattr_names[0], "amax") == 0;
 }
 
+/* amax is the first integer attribute of every op that has it (ops.def), so these two read
+ * and write it by place for all of them: they are its accessors. */
 void ir_set_keeps_amax(Node *n)
 {
     IR_ASSERT(ir_op_keeps_amax(n->op));
@@ -189,13 +259,13 @@ int64_t ir_amax_parts_offset(const Node *n)
 
 int64_t ir_transposed_offset(const Node *n)
 {
-    return n->op == OP_QUANTIZE && n->iattr[0] ? after_result(n) : 0;
+    return n->op == OP_QUANTIZE && IR_IATTR(n, QUANTIZE, transposed) ? after_result(n) : 0;
 }
 
 int64_t ir_storage_bytes(const Node *n)
 {
     int64_t lse = ir_attention_lse_offset(n);
-    if (lse && n->t.rank == 3) return lse + n->t.dims[0] * n->iattr[0] * n->t.dims[1] * 4;
+    if (lse && n->t.rank == 3) return lse + n->t.dims[0] * IR_IATTR(n, ATTENTION, heads) * n->t.dims[1] * 4;
     if (ir_amax_parts_offset(n)) return after_result(n) + IR_AMAX_PARTS * 4;
     if (ir_transposed_offset(n)) return after_result(n) + result_bytes(n);
     return result_bytes(n);
@@ -423,13 +493,13 @@ void ir_filter(Graph *g, const bool *keep)
 int ir_adamw_copy_index(const Node *n)
 {
     IR_ASSERT(n->op == OP_ADAMW);
-    return n->iattr[0] ? n->n_in - 3 : -1;
+    return IR_IATTR(n, ADAMW, copy) ? n->n_in - 3 : -1;
 }
 
 int ir_adamw_master_index(const Node *n)
 {
     IR_ASSERT(n->op == OP_ADAMW);
-    return n->n_in - (n->iattr[0] ? 3 : 0) == 9 ? 8 : -1;
+    return n->n_in - (IR_IATTR(n, ADAMW, copy) ? 3 : 0) == 9 ? 8 : -1;
 }
 
 bool ir_mutates_input(const Node *n, int i)

@@ -9,7 +9,8 @@
  * Memory: every compilation owns one Arena; nodes, names and arrays live there and are freed
  * together. Nothing in the IR is freed one by one.
  *
- * Sections: arena, diagnostics, formats, nodes and graphs, shapes, verify, print/read. */
+ * Sections: arena, strings (strbuf.c), diagnostics, formats (formats.def, scaling.def), nodes
+ * and graphs (ops.def, attributes by name), shapes, verify, print/read. */
 #ifndef FP8C_IR_H
 #define FP8C_IR_H
 
@@ -35,6 +36,21 @@ void arena_free(Arena *a);
 void *arena_alloc(Arena *a, size_t bytes);            /* zeroed, 16-byte aligned */
 char *arena_strdup(Arena *a, const char *s);
 char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------- strbuf.c
+ * A growable NUL-terminated string on the heap: StrBuf b = {0}; strbuf_printf(&b, ...);
+ * strbuf_text(&b); strbuf_free(&b). Out of memory sets `failed` and drops what follows. */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    bool failed;
+} StrBuf;
+void strbuf_addn(StrBuf *b, const char *s, size_t n);
+void strbuf_add(StrBuf *b, const char *s);
+void strbuf_printf(StrBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void strbuf_vprintf(StrBuf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+const char *strbuf_text(const StrBuf *b);              /* "" while empty */
+void strbuf_free(StrBuf *b);
 
 /* ---------------------------------------------------------------- diag.c */
 
@@ -62,17 +78,25 @@ typedef enum {
     FMT_COUNT
 } ElemType;
 
-/* How a scaled tensor's scale factors are laid out. The value stored is q = enc(x * scale);
- * the value read back is dec(q) / scale. */
+/* How a scaled tensor's scale factors are laid out (ir/scaling.def). The value stored is
+ * q = enc(x * scale); the value read back is dec(q) / scale. SCALE_PER_GROUP: one per `group`
+ * consecutive elements of the last axis (1 x G); SCALE_TILE_1x128: DeepSeek-V3's activation
+ * tiles, groups of 128; SCALE_BLOCK_128: 128 x 128 blocks of the 2-D view (weights). */
 typedef enum {
-    SCALE_NONE,
-    SCALE_PER_TENSOR,   /* one scale */
-    SCALE_PER_ROW,      /* one per row of the 2-D view (rows = leading dims) */
-    SCALE_PER_GROUP,    /* one per `group` consecutive elements of the last axis (1 x G) */
-    SCALE_TILE_1x128,   /* DeepSeek-V3 activation tiles: per-group with G = 128 */
-    SCALE_BLOCK_128,    /* 128 x 128 blocks of the 2-D view (weights) */
+#define X(name, text, rule, brows, bcols, selem, gact, gweight, cublaslt, transposable) SCALE_##name,
+#include "scaling.def"
+#undef X
     SCALE_COUNT
 } Scaling;
+
+/* MATMUL's fp8 attribute: how its operands are stored and scaled; scaling.def says which
+ * granularity each mode gives activations and weights. */
+typedef enum {
+    GEMM_BF16,          /* bf16 operands */
+    GEMM_FP8_TENSOR,    /* FP8, one scale per tensor */
+    GEMM_FP8_ROW,       /* FP8, one scale per row of each operand's 2-D view */
+    GEMM_FP8_BLOCK,     /* FP8, activations in 1x128 tiles, weights in 128x128 blocks */
+} GemmScaling;
 
 /* Where the scale of a scaled tensor comes from. */
 typedef enum {
@@ -114,6 +138,29 @@ int fmt_elem_bytes(ElemType e);
 bool fmt_elem_is_float(ElemType e);
 bool fmt_elem_from_name(const char *s, ElemType *out);
 const char *fmt_scaling_name(Scaling s);
+/* A row of scaling.def: everything that passes and backends know about a granularity. */
+typedef struct {
+    const char *text, *rule;
+    int block_rows, block_cols;     /* 0: the whole extent; -1: the format's group */
+    ElemType scale_elem;
+    int gemm_act, gemm_weight;      /* GemmScaling, or -1 */
+    const char *cublaslt;           /* CUBLASLT_MATMUL_MATRIX_SCALE_<this>; "": none */
+    bool transposable;
+} ScalingInfo;
+const ScalingInfo *fmt_scaling_info(Scaling s);
+bool fmt_scaling_from_rule(const char *word, Scaling *out);      /* "row", "block128", ... */
+/* The group a Format of granularity s carries: a tile's fixed width (128), else `group` */
+int fmt_scaling_group(Scaling s, int group);
+/* The granularity an FP8 GEMM of `mode` gives an operand: its weights' or its activations' */
+Scaling fmt_gemm_operand_scaling(GemmScaling mode, bool weight);
+/* The GEMM mode whose activations are scaled with s (GEMM_FP8_TENSOR where none is) */
+GemmScaling fmt_gemm_mode_of(Scaling s);
+/* The layout of the scales of a (rows, cols) view scaled with s (group: the format's G): the
+ * block that shares a scale, clipped to the view, and the grid of blocks, rounding up. */
+typedef struct {
+    int64_t block_rows, block_cols, grid_rows, grid_cols;
+} ScaleGrid;
+ScaleGrid fmt_scale_grid(Scaling s, int64_t group, int64_t rows, int64_t cols);
 const char *fmt_recipe_name(Recipe r);
 const char *fmt_codec_name(Codec c);
 Format fmt_plain(ElemType e);                          /* unscaled, plain codec */
@@ -204,6 +251,53 @@ typedef struct Node {
     struct Node *grad_of;   /* ROLE_GRAD/MASTER/ADAM_*: the parameter this state belongs to */
     void *pass_data;        /* scratch for the pass that runs now; nobody else reads it */
 } Node;
+
+/* Attributes by name. ops.def lists each op's attributes, (trans_a,trans_b,fp8,...); from
+ * those lists come one enum per op and kind, IATTR_MATMUL_fp8 = 2, FATTR_MATMUL_static_scale
+ * = 0, and these accessors, which are lvalues and check the node's op:
+ *     IR_IATTR(mm, MATMUL, fp8) = GEMM_FP8_TENSOR;
+ *     double s = IR_FATTR(mm, MATMUL, static_scale);
+ * A name the op does not have is a compile error. The node may also be of an op that has the
+ * same attribute in the same place (PAD read as SLICE, RMSNORM_BWD_X as LAYERNORM: code shared
+ * by a family of ops); anything else stops with a message. n is evaluated twice. The textual
+ * IR (print.c, read.c) walks the attributes by index; everything else uses these. */
+int ir_attr_check(const Node *n, OpKind op, int k, bool fattr);     /* the slow path: graph.c */
+static inline int ir_attr_index(const Node *n, OpKind op, int k, bool fattr)
+{
+    return n->op == op ? k : ir_attr_check(n, op, k, fattr);
+}
+#define IR_IATTR(n, OP, name) ((n)->iattr[ir_attr_index((n), OP_##OP, IATTR_##OP##_##name, false)])
+#define IR_FATTR(n, OP, name) ((n)->fattr[ir_attr_index((n), OP_##OP, FATTR_##OP##_##name, true)])
+
+/* The machinery: IR_ATTR_EACH(M, p, a, b, ...) is M(p, a) M(p, b) ..., up to 8 names. */
+#define IR_ATTR_UNPAREN(...) __VA_ARGS__
+#define IR_ATTR_COUNT(...) IR_ATTR_COUNT_(__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define IR_ATTR_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, N, ...) N
+#define IR_ATTR_CAT(a, b) IR_ATTR_CAT_(a, b)
+#define IR_ATTR_CAT_(a, b) a##b
+#define IR_ATTR_EACH(M, p, ...) IR_ATTR_CAT(IR_ATTR_EACH_, IR_ATTR_COUNT(__VA_ARGS__))(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_1(M, p, a) M(p, a)
+#define IR_ATTR_EACH_2(M, p, a, ...) M(p, a) IR_ATTR_EACH_1(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_3(M, p, a, ...) M(p, a) IR_ATTR_EACH_2(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_4(M, p, a, ...) M(p, a) IR_ATTR_EACH_3(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_5(M, p, a, ...) M(p, a) IR_ATTR_EACH_4(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_6(M, p, a, ...) M(p, a) IR_ATTR_EACH_5(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_7(M, p, a, ...) M(p, a) IR_ATTR_EACH_6(M, p, __VA_ARGS__)
+#define IR_ATTR_EACH_8(M, p, a, ...) M(p, a) IR_ATTR_EACH_7(M, p, __VA_ARGS__)
+#define IR_ATTR_ENUMERATOR(p, a) p##a,
+/* An op without attributes gets one unused enumerator, IATTR_INPUT_, and a count of 1. */
+#define X(name, text, arity, iattrs, fattrs, summary)                                        \
+    enum { IR_ATTR_EACH(IR_ATTR_ENUMERATOR, IATTR_##name##_, IR_ATTR_UNPAREN iattrs)          \
+           IATTR_##name##_COUNT_ };                                                           \
+    enum { IR_ATTR_EACH(IR_ATTR_ENUMERATOR, FATTR_##name##_, IR_ATTR_UNPAREN fattrs)          \
+           FATTR_##name##_COUNT_ };                                                           \
+    _Static_assert(IATTR_##name##_COUNT_ <= IR_MAX_IATTR && FATTR_##name##_COUNT_ <= IR_MAX_FATTR, \
+                   "ops.def: too many attributes for " #name);
+#include "ops.def"
+#undef X
+/* "trans_a,trans_b,..." from (trans_a,trans_b,...), for the op table */
+#define IR_ATTR_TEXT(list) IR_ATTR_TEXT_ list
+#define IR_ATTR_TEXT_(...) #__VA_ARGS__
 
 /* The optimizer clause of the model file; the optimizer pass turns it into update nodes and
  * the runtime uses lr as the default peak learning rate. */

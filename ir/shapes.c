@@ -69,7 +69,7 @@ static const char *check_scalar(Node *n, Arena *a, int i, const char *what)
 static const char *infer_matmul(Node *n, Arena *a)
 {
     const Tensor *x = &n->in[0]->t, *y = &n->in[1]->t;
-    bool ta = n->iattr[0], tb = n->iattr[1];
+    bool ta = IR_IATTR(n, MATMUL, trans_a), tb = IR_IATTR(n, MATMUL, trans_b);
     if (x->rank < (ta ? 2 : 1))
         return arena_printf(a, "matmul: the first operand %s has too few dims", ir_shape_text(a, x));
     if (y->rank < 2)
@@ -95,7 +95,7 @@ static const char *infer_matmul(Node *n, Arena *a)
 /* Packed (B, T, (H + 2 Hkv) D): one tensor holding q, k and v side by side. */
 static const char *infer_attention_packed(Node *n, Arena *a, const Tensor *x)
 {
-    int64_t h = n->iattr[0], hk = n->iattr[1];
+    int64_t h = IR_IATTR(n, ATTENTION, heads), hk = IR_IATTR(n, ATTENTION, kv_heads);
     if (h <= 0 || hk <= 0 || h % hk)
         return arena_printf(a, "attention needs heads > 0, kv_heads > 0 dividing heads");
     if (x->rank != 3 || x->dims[2] % (h + 2 * hk))
@@ -112,7 +112,7 @@ static const char *infer_attention(Node *n, Arena *a)
     if (n->n_in == 1) return infer_attention_packed(n, a, &n->in[0]->t);
     if (n->n_in != 3) return arena_printf(a, "attention takes q, k, v or one packed tensor, not %d operands", n->n_in);
     const Tensor *q = &n->in[0]->t, *k = &n->in[1]->t, *v = &n->in[2]->t;
-    int64_t h = n->iattr[0], hk = n->iattr[1];
+    int64_t h = IR_IATTR(n, ATTENTION, heads), hk = IR_IATTR(n, ATTENTION, kv_heads);
     if (h <= 0 || hk <= 0) return arena_printf(a, "attention needs heads > 0 and kv_heads > 0");
     if (h % hk) return arena_printf(a, "attention: heads (%lld) must be a multiple of kv_heads (%lld)",
                                     (long long)h, (long long)hk);
@@ -143,7 +143,7 @@ static const char *infer_attention(Node *n, Arena *a)
 static const char *infer_axis_op(Node *n, Arena *a)
 {
     const Tensor *x = &n->in[0]->t;
-    int64_t axis = n->iattr[0], start = n->iattr[1], size = n->iattr[2];
+    int64_t axis = IR_IATTR(n, SLICE, axis), start = IR_IATTR(n, SLICE, start), size = IR_IATTR(n, SLICE, size);
     if (axis < 0 || axis >= x->rank)
         return arena_printf(a, "axis %lld is out of range for %s", (long long)axis, ir_shape_text(a, x));
     if (size <= 0 || start < 0) return arena_printf(a, "slice start must be >= 0 and size > 0");
@@ -168,7 +168,7 @@ static const char *infer_axis_op(Node *n, Arena *a)
 static const char *infer_concat(Node *n, Arena *a)
 {
     const Tensor *x = &n->in[0]->t;
-    int64_t axis = n->iattr[0];
+    int64_t axis = IR_IATTR(n, CONCAT, axis);
     if (axis < 0 || axis >= x->rank)
         return arena_printf(a, "axis %lld is out of range for %s", (long long)axis, ir_shape_text(a, x));
     int64_t d[IR_MAX_RANK];
@@ -193,9 +193,9 @@ void ir_matmul_dims(const Node *mm, int64_t *m, int64_t *n, int64_t *k)
     const Tensor *a = &mm->in[0]->t, *b = &mm->in[1]->t;
     int64_t ca = a->rank ? a->dims[a->rank - 1] : 1, ra = ca ? ir_numel(a) / ca : 0;
     int64_t cb = b->rank ? b->dims[b->rank - 1] : 1, rb = cb ? ir_numel(b) / cb : 0;
-    *m = mm->iattr[0] ? ca : ra;
-    *k = mm->iattr[0] ? ra : ca;
-    *n = mm->iattr[1] ? rb : cb;
+    *m = IR_IATTR(mm, MATMUL, trans_a) ? ca : ra;
+    *k = IR_IATTR(mm, MATMUL, trans_a) ? ra : ca;
+    *n = IR_IATTR(mm, MATMUL, trans_b) ? rb : cb;
 }
 
 static const char *infer_shape(Node *n, Arena *a);
@@ -325,8 +325,9 @@ static const char *infer_shape(Node *n, Arena *a)
         bool ok = x->rank == ids->rank + 1;
         for (int i = 0; ok && i < ids->rank; i++) ok = x->dims[i] == ids->dims[i];
         if (!ok) return arena_printf(a, "embedding_bwd: dy %s does not match ids %s", ir_shape_text(a, x), ir_shape_text(a, ids));
-        if (n->iattr[0] <= 0) return arena_printf(a, "embedding_bwd needs vocab > 0");
-        int64_t d[2] = {n->iattr[0], last_dim(x)};
+        int64_t vocab = IR_IATTR(n, EMBEDDING_BWD, vocab);
+        if (vocab <= 0) return arena_printf(a, "embedding_bwd needs vocab > 0");
+        int64_t d[2] = {vocab, last_dim(x)};
         ir_set_shape(n, 2, d);
         return NULL;
     }
@@ -341,7 +342,7 @@ static const char *infer_shape(Node *n, Arena *a)
         return NULL;
     }
     case OP_ROPE: {
-        int64_t hd = n->iattr[0];
+        int64_t hd = IR_IATTR(n, ROPE, head_dim);
         if (x->rank != 3) return arena_printf(a, "rope needs (batch, seq, heads*head_dim), not %s", ir_shape_text(a, x));
         if (hd <= 0 || hd % 2 || x->dims[2] % hd)
             return arena_printf(a, "rope: head_dim %lld must be even and divide the width %lld",
@@ -366,7 +367,8 @@ static const char *infer_shape(Node *n, Arena *a)
         if (n->n_in == 2) {
             const char *perr = infer_attention_packed(n, a, &n->in[1]->t);
             if (perr) return perr;
-            int64_t w = n->in[1]->t.dims[2] / (n->iattr[0] + 2 * n->iattr[1]) * n->iattr[0];
+            int64_t h = IR_IATTR(n, ATTENTION_BWD, heads), hk = IR_IATTR(n, ATTENTION_BWD, kv_heads);
+            int64_t w = n->in[1]->t.dims[2] / (h + 2 * hk) * h;
             if (saved->t.rank != 3 || saved->t.dims[0] != n->t.dims[0] || saved->t.dims[1] != n->t.dims[1] ||
                 saved->t.dims[2] != w)
                 return arena_printf(a, "attention_bwd: dy %s does not match the packed q|k|v %s",
@@ -391,7 +393,7 @@ static const char *infer_shape(Node *n, Arena *a)
         n->t.fmt = x->fmt;
         return NULL;
     case OP_ADAMW: {
-        int copies = n->iattr[0] ? 3 : 0;
+        int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0;
         if (n->n_in - copies != 8 && n->n_in - copies != 9)
             return arena_printf(a, "adamw takes 8 or 9 operands%s, not %d", copies ? " and an FP8 copy's 3" : "",
                                 n->n_in);
@@ -416,24 +418,20 @@ static const char *infer_shape(Node *n, Arena *a)
         return NULL;
     }
     case OP_QUANT_SCALE: {
-        int64_t rows = rows_of(x), cols = last_dim(x), g = n->iattr[2];
-        switch ((Scaling)n->iattr[1]) {
-        case SCALE_PER_TENSOR: set_scalar(n); return NULL;
-        case SCALE_PER_ROW: ir_set_shape(n, 1, &rows); return NULL;
-        case SCALE_TILE_1x128: g = 128; /* fall through */
-        case SCALE_PER_GROUP: {
-            if (g <= 0) return arena_printf(a, "per-group scaling needs a group size > 0");
-            int64_t d[2] = {rows, (cols + g - 1) / g};
-            ir_set_shape(n, 2, d);
-            return NULL;
-        }
-        case SCALE_BLOCK_128: {
-            int64_t d[2] = {(rows + 127) / 128, (cols + 127) / 128};
-            ir_set_shape(n, 2, d);
-            return NULL;
-        }
-        default: return arena_printf(a, "quant_scale needs a scaling granularity");
-        }
+        /* one scale per block (ir/scaling.def): a scalar per tensor, (rows) per row, else the
+         * grid of blocks (rows / block rows, cols / block cols) */
+        Scaling sc = (Scaling)IR_IATTR(n, QUANT_SCALE, scaling);
+        int64_t g = IR_IATTR(n, QUANT_SCALE, group);
+        if (sc <= SCALE_NONE || sc >= SCALE_COUNT)
+            return arena_printf(a, "quant_scale needs a scaling granularity");
+        const ScalingInfo *si = fmt_scaling_info(sc);
+        if (si->block_cols < 0 && g <= 0) return arena_printf(a, "per-group scaling needs a group size > 0");
+        ScaleGrid grid = fmt_scale_grid(sc, g, rows_of(x), last_dim(x));
+        int64_t d[2] = {grid.grid_rows, grid.grid_cols};
+        if (si->block_rows == 0) set_scalar(n);             /* one block: the whole tensor */
+        else if (si->block_cols == 0) ir_set_shape(n, 1, d);
+        else ir_set_shape(n, 2, d);
+        return NULL;
     }
     case OP_QUANTIZE:
         copy_shape(n, x);

@@ -84,14 +84,14 @@ static Node *bw3(Autodiff *ad, OpKind op, Node *a, Node *b, Node *c, double f0)
 {
     Node *in[3] = {a, b, c};
     Node *n = bw_node(ad, op, 3, in);
-    n->fattr[0] = f0;
+    if (op != OP_CROSS_ENTROPY_BWD) IR_FATTR(n, LAYERNORM_BWD_X, eps) = f0;   /* the norms' dx */
     return bw_finish(ad, n);
 }
 
 static Node *bw_scale(Autodiff *ad, Node *a, double alpha)
 {
     Node *n = bw_node(ad, OP_SCALE, 1, &a);
-    n->fattr[0] = alpha;
+    IR_FATTR(n, SCALE, alpha) = alpha;
     return bw_finish(ad, n);
 }
 
@@ -99,8 +99,8 @@ static Node *bw_matmul(Autodiff *ad, Node *a, Node *b, bool trans_a, bool trans_
 {
     Node *in[2] = {a, b};
     Node *n = bw_node(ad, OP_MATMUL, 2, in);
-    n->iattr[0] = trans_a;
-    n->iattr[1] = trans_b;
+    IR_IATTR(n, MATMUL, trans_a) = trans_a;
+    IR_IATTR(n, MATMUL, trans_b) = trans_b;
     return bw_finish(ad, n);
 }
 
@@ -115,9 +115,9 @@ static Node *bw_reshape(Autodiff *ad, Node *a, int rank, const int64_t *dims)
 static Node *bw_axis(Autodiff *ad, OpKind op, Node *a, int64_t axis, int64_t start, int64_t size)
 {
     Node *n = bw_node(ad, op, 1, &a);
-    n->iattr[0] = axis;
-    n->iattr[1] = start;
-    n->iattr[2] = size;
+    IR_IATTR(n, SLICE, axis) = axis;      /* PAD has them in the same places */
+    IR_IATTR(n, SLICE, start) = start;
+    IR_IATTR(n, SLICE, size) = size;
     return bw_finish(ad, n);
 }
 
@@ -152,7 +152,7 @@ static Node *bw_reduce_to(Autodiff *ad, Node *d, const Tensor *b)
 
 static bool is_one(const Node *n)
 {
-    return n->op == OP_CONST && n->t.rank == 0 && n->fattr[0] == 1.0;
+    return n->op == OP_CONST && n->t.rank == 0 && IR_FATTR(n, CONST, value) == 1.0;
 }
 
 /* ---------------------------------------------------------------- gradient bookkeeping */
@@ -179,7 +179,8 @@ static bool needs(const Autodiff *ad, const Node *x) { return ad->needs[x->index
 static int compare_slice_start(const void *pa, const void *pb)
 {
     const Node *a = *(Node *const *)pa, *b = *(Node *const *)pb;
-    return (a->iattr[1] > b->iattr[1]) - (a->iattr[1] < b->iattr[1]);
+    int64_t x = IR_IATTR(a, SLICE, start), y = IR_IATTR(b, SLICE, start);
+    return (x > y) - (x < y);
 }
 
 /* Whether every reader of x is a SLICE along one axis and the slices cover x exactly once.
@@ -187,16 +188,17 @@ static int compare_slice_start(const void *pa, const void *pb)
 static bool slices_tile(const Node *x, const Uses *u, Node **sorted)
 {
     if (u->n < 2) return false;
-    int64_t axis = u->list[0]->iattr[0];
+    if (u->list[0]->op != OP_SLICE) return false;
+    int64_t axis = IR_IATTR(u->list[0], SLICE, axis);
     for (int i = 0; i < u->n; i++) {
         const Node *s = u->list[i];
-        if (s->op != OP_SLICE || s->iattr[0] != axis) return false;
+        if (s->op != OP_SLICE || IR_IATTR(s, SLICE, axis) != axis) return false;
         sorted[i] = u->list[i];
     }
     qsort(sorted, (size_t)u->n, sizeof *sorted, compare_slice_start);
     int64_t next = 0;
     for (int i = 0; i < u->n; i++) {
-        if (sorted[i]->iattr[1] != next) return false;
+        if (IR_IATTR(sorted[i], SLICE, start) != next) return false;
         next += sorted[i]->t.dims[axis];
     }
     return next == x->t.dims[axis];
@@ -210,7 +212,7 @@ static Node *fold_concat_of_slices(Node *const *parts, int n, int64_t axis, cons
     int64_t next = 0;
     for (int i = 0; i < n; i++) {
         const Node *s = parts[i];
-        if (s->op != OP_SLICE || s->in[0] != p || s->iattr[0] != axis || s->iattr[1] != next)
+        if (s->op != OP_SLICE || s->in[0] != p || IR_IATTR(s, SLICE, axis) != axis || IR_IATTR(s, SLICE, start) != next)
             return NULL;
         next += s->t.dims[axis];
     }
@@ -228,7 +230,7 @@ static Node *join_slice_grads(Autodiff *ad, Node *x)
     IR_ASSERT(ok);
     for (int i = 0; i < u->n; i++) any |= ad->slice_grad[sorted[i]->index] != NULL;
     if (!any) return NULL;
-    int64_t axis = sorted[0]->iattr[0];
+    int64_t axis = IR_IATTR(sorted[0], SLICE, axis);
     for (int i = 0; i < u->n; i++) {
         Node *d = ad->slice_grad[sorted[i]->index];
         parts[i] = d ? d : bw_zeros(ad, &sorted[i]->t);
@@ -236,7 +238,7 @@ static Node *join_slice_grads(Autodiff *ad, Node *x)
     Node *whole = fold_concat_of_slices(parts, u->n, axis, &x->t);
     if (whole) return whole;
     Node *c = bw_node(ad, OP_CONCAT, u->n, parts);
-    c->iattr[0] = axis;
+    IR_IATTR(c, CONCAT, axis) = axis;
     return bw_finish(ad, c);
 }
 
@@ -291,7 +293,7 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
         if (needs(ad, b)) give(ad, b, bw_reduce_to(ad, bw2(ad, OP_MUL, dy, a), &b->t));
         return true;
     case OP_SCALE:
-        give(ad, a, bw_scale(ad, dy, n->fattr[0]));
+        give(ad, a, bw_scale(ad, dy, IR_FATTR(n, SCALE, alpha)));
         return true;
     case OP_ADD_N:
         for (int i = 0; i < n->n_in; i++) give(ad, n->in[i], dy);
@@ -312,13 +314,15 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
         if (ad->tiled[a->index])
             ad->slice_grad[n->index] = dy;   /* joined when the sweep reaches a */
         else
-            give(ad, a, bw_axis(ad, OP_PAD, dy, n->iattr[0], n->iattr[1], a->t.dims[n->iattr[0]]));
+            give(ad, a, bw_axis(ad, OP_PAD, dy, IR_IATTR(n, SLICE, axis), IR_IATTR(n, SLICE, start),
+                                    a->t.dims[IR_IATTR(n, SLICE, axis)]));
         return true;
     case OP_PAD:
-        give(ad, a, bw_axis(ad, OP_SLICE, dy, n->iattr[0], n->iattr[1], a->t.dims[n->iattr[0]]));
+        give(ad, a, bw_axis(ad, OP_SLICE, dy, IR_IATTR(n, PAD, axis), IR_IATTR(n, PAD, start),
+                                    a->t.dims[IR_IATTR(n, PAD, axis)]));
         return true;
     case OP_CONCAT: {
-        int64_t axis = n->iattr[0], start = 0;
+        int64_t axis = IR_IATTR(n, CONCAT, axis), start = 0;
         for (int i = 0; i < n->n_in; i++) {
             Node *x = n->in[i];
             if (needs(ad, x)) give(ad, x, bw_axis(ad, OP_SLICE, dy, axis, start, x->t.dims[axis]));
@@ -329,7 +333,7 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
     case OP_MATMUL: {
         /* C = op(A) op(B) on the 2-D views; dop(A) = dC op(B)^T and dop(B) = op(A)^T dC, each
          * written as one matmul whose flags absorb the transposes. */
-        bool ta = n->iattr[0], tb = n->iattr[1];
+        bool ta = IR_IATTR(n, MATMUL, trans_a), tb = IR_IATTR(n, MATMUL, trans_b);
         if (needs(ad, a)) {
             Node *da = ta ? bw_matmul(ad, b, dy, tb, true) : bw_matmul(ad, dy, b, false, !tb);
             give(ad, a, bw_fit(ad, da, &a->t));
@@ -347,19 +351,19 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
         give(ad, a, is_one(dy) ? bw_scale(ad, a, 2.0) : bw2(ad, OP_MUL, bw_scale(ad, a, 2.0), dy));
         return true;
     case OP_LAYERNORM:
-        if (needs(ad, a)) give(ad, a, bw3(ad, OP_LAYERNORM_BWD_X, dy, a, b, n->fattr[0]));
+        if (needs(ad, a)) give(ad, a, bw3(ad, OP_LAYERNORM_BWD_X, dy, a, b, IR_FATTR(n, LAYERNORM, eps)));
         if (needs(ad, b)) {
             Node *dw = bw2(ad, OP_LAYERNORM_BWD_W, dy, a);
-            dw->fattr[0] = n->fattr[0];
+            IR_FATTR(dw, LAYERNORM_BWD_W, eps) = IR_FATTR(n, LAYERNORM, eps);
             give(ad, b, dw);
         }
         if (needs(ad, n->in[2])) give(ad, n->in[2], bw1(ad, OP_SUM_ROWS, dy));
         return true;
     case OP_RMSNORM:
-        if (needs(ad, a)) give(ad, a, bw3(ad, OP_RMSNORM_BWD_X, dy, a, b, n->fattr[0]));
+        if (needs(ad, a)) give(ad, a, bw3(ad, OP_RMSNORM_BWD_X, dy, a, b, IR_FATTR(n, RMSNORM, eps)));
         if (needs(ad, b)) {
             Node *dw = bw2(ad, OP_RMSNORM_BWD_W, dy, a);
-            dw->fattr[0] = n->fattr[0];
+            IR_FATTR(dw, RMSNORM_BWD_W, eps) = IR_FATTR(n, RMSNORM, eps);
             give(ad, b, dw);
         }
         return true;
@@ -369,7 +373,7 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
     case OP_EMBEDDING: {
         Node *in[2] = {dy, b};
         Node *d = bw_node(ad, OP_EMBEDDING_BWD, 2, in);
-        d->iattr[0] = a->t.dims[0];
+        IR_IATTR(d, EMBEDDING_BWD, vocab) = a->t.dims[0];
         give(ad, a, bw_finish(ad, d));
         return true;
     }
@@ -378,9 +382,9 @@ static bool backward(Autodiff *ad, Node *n, Node *dy)
         return true;
     case OP_ROPE: {
         Node *d = bw_node(ad, OP_ROPE, 1, &dy);
-        d->iattr[0] = n->iattr[0];
-        d->iattr[1] = !n->iattr[1];
-        d->fattr[0] = n->fattr[0];
+        IR_IATTR(d, ROPE, head_dim) = IR_IATTR(n, ROPE, head_dim);
+        IR_IATTR(d, ROPE, inverse) = !IR_IATTR(n, ROPE, inverse);
+        IR_FATTR(d, ROPE, theta) = IR_FATTR(n, ROPE, theta);
         give(ad, a, bw_finish(ad, d));
         return true;
     }
@@ -489,7 +493,7 @@ bool pass_autodiff(Graph *g, const PassOptions *opt)
     }
     ad.at = loss;
     Node *seed = ir_leaf(g, OP_CONST, NULL, ROLE_GRAD_TEMP, FMT_F32, 0, NULL, loss->loc);
-    seed->fattr[0] = 1.0;
+    IR_FATTR(seed, CONST, value) = 1.0;
     seed->phase = PHASE_BACKWARD;
     give(&ad, loss, seed);
 

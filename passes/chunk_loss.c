@@ -52,7 +52,7 @@ static Node *flatten_rows(Graph *g, Node *x, int64_t rows, SrcLoc loc)
 static Node *row_slice(Graph *g, Node *x, int64_t start, int64_t size, SrcLoc loc)
 {
     Node *s = ir_add1(g, OP_SLICE, x, loc);
-    s->iattr[0] = 0, s->iattr[1] = start, s->iattr[2] = size;
+    IR_IATTR(s, SLICE, axis) = 0, IR_IATTR(s, SLICE, start) = start, IR_IATTR(s, SLICE, size) = size;
     return add_checked(g, s);
 }
 
@@ -62,7 +62,7 @@ bool pass_chunk_loss(Graph *g, const PassOptions *opt)
     Node *loss = ir_find(g, "loss");
     if (!loss || loss->op != OP_CROSS_ENTROPY) return true;
     Node *head = loss->in[0], *targets = loss->in[1];
-    if (head->op != OP_MATMUL || head->iattr[0]) return true;
+    if (head->op != OP_MATMUL || IR_IATTR(head, MATMUL, trans_a)) return true;
     int64_t vocab = head->t.dims[head->t.rank - 1];
     int64_t rows = ir_numel(&head->t) / vocab;
     int64_t chunks = (rows * vocab * 2 + CHUNK_BYTES - 1) / CHUNK_BYTES;
@@ -93,7 +93,7 @@ bool pass_chunk_loss(Graph *g, const PassOptions *opt)
         add_checked(g, lc);
         Node *ce = add_checked(g, ir_add2(g, OP_CROSS_ENTROPY, lc, tc, loc));
         Node *sc = ir_add1(g, OP_SCALE, ce, loc);
-        sc->fattr[0] = (double)size / (double)rows;
+        IR_FATTR(sc, SCALE, alpha) = (double)size / (double)rows;
         parts[c] = add_checked(g, sc);
     }
     Node *sum = add_checked(g, ir_add(g, OP_ADD_N, n_parts, parts, loc));

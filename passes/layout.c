@@ -26,13 +26,12 @@
 
 #include <string.h>
 
-/* MATMUL iattr[2] (fp8): FP8 operands with one scale per tensor, or in 1x128 tiles and
- * 128x128 blocks (DeepSeek-V3's recipe) */
-enum { GEMM_FP8_TENSOR = 1, GEMM_FP8_BLOCK = 3 };
-
 /* Whether GEMM mm reads its operand k in the layout Hopper's FP8 GEMM takes (k contiguous:
  * A as (M, K), B as (N, K)) or needs it transposed. */
-static bool reads_transposed(const Node *mm, int k) { return k == 0 ? mm->iattr[0] != 0 : mm->iattr[1] == 0; }
+static bool reads_transposed(const Node *mm, int k)
+{
+    return k == 0 ? IR_IATTR(mm, MATMUL, trans_a) != 0 : IR_IATTR(mm, MATMUL, trans_b) == 0;
+}
 
 static bool is_fp8_per_tensor(const Tensor *t)
 {
@@ -40,12 +39,19 @@ static bool is_fp8_per_tensor(const Tensor *t)
            t->rank >= 2;
 }
 
+/* Whether t's scales form a grid of blocks (rather than one per tensor) */
+static bool scales_in_blocks(const Format *f)
+{
+    return f->scaling != SCALE_NONE && fmt_scaling_info(f->scaling)->block_rows > 0;
+}
+
 /* An FP8 operand whose transposed copy reads the same values: one scale per tensor (shared), or
- * 128 x 128 blocks (the block grid transposed with it). */
+ * a transposable grid of blocks, 128 x 128 (ir/scaling.def), transposed with it. */
 static bool is_transposable(const Tensor *t)
 {
     if (is_fp8_per_tensor(t)) return true;
-    return (t->fmt.elem == FMT_E4M3 || t->fmt.elem == FMT_E5M2) && t->fmt.scaling == SCALE_BLOCK_128 &&
+    return (t->fmt.elem == FMT_E4M3 || t->fmt.elem == FMT_E5M2) && t->fmt.scaling != SCALE_NONE &&
+           fmt_scaling_info(t->fmt.scaling)->transposable && scales_in_blocks(&t->fmt) &&
            t->rank >= 2 && t->fmt.scale && t->fmt.scale->t.rank == 2;
 }
 
@@ -61,14 +67,14 @@ static void keep_transposed_copies(Graph *g, const Uses *uses)
         bool direct = false, transposed = false;
         for (int k = 0; k < uses[i].n; k++) {
             const Node *r = uses[i].list[k];
-            if (r->op != OP_MATMUL || r->iattr[2] != GEMM_FP8_TENSOR) continue;
+            if (r->op != OP_MATMUL || IR_IATTR(r, MATMUL, fp8) != GEMM_FP8_TENSOR) continue;
             for (int j = 0; j < 2; j++)
                 if (r->in[j] == q) {
                     if (reads_transposed(r, j)) transposed = true;
                     else direct = true;
                 }
         }
-        if (direct && transposed) q->iattr[0] = 1;
+        if (direct && transposed) IR_IATTR(q, QUANTIZE, transposed) = 1;
     }
 }
 
@@ -89,7 +95,7 @@ static Node *transposed_copy(Graph *g, Node *x, Node *first)
     const char *err = ir_infer_shape(t, g->arena);
     if (err) ir_die(__FILE__, __LINE__, "layout: %s", err);
     ir_move_before(g, t, first);
-    if (x->t.fmt.scaling == SCALE_BLOCK_128) t->t.fmt.scale = transposed_copy(g, x->t.fmt.scale, t);
+    if (scales_in_blocks(&x->t.fmt)) t->t.fmt.scale = transposed_copy(g, x->t.fmt.scale, t);
     return t;
 }
 
@@ -110,16 +116,18 @@ bool pass_layout(Graph *g, const PassOptions *opt)
     memset(copies, 0, sizeof(Node *) * (size_t)(ids ? ids : 1) * PHASE_COUNT);
     for (int i = 0; i < n; i++) {
         Node *mm = snapshot[i];
-        if (mm->op != OP_MATMUL || (mm->iattr[2] != GEMM_FP8_TENSOR && mm->iattr[2] != GEMM_FP8_BLOCK)) continue;
+        if (mm->op != OP_MATMUL) continue;
+        if (IR_IATTR(mm, MATMUL, fp8) != GEMM_FP8_TENSOR && IR_IATTR(mm, MATMUL, fp8) != GEMM_FP8_BLOCK) continue;
         for (int j = 0; j < 2; j++) {
             Node *x = mm->in[j];
             if (!reads_transposed(mm, j) || !is_transposable(&x->t)) continue;
-            if (x->op == OP_QUANTIZE && x->iattr[0]) continue;   /* it keeps both layouts */
+            if (x->op == OP_QUANTIZE && IR_IATTR(x, QUANTIZE, transposed)) continue;   /* it keeps both layouts */
             IR_ASSERT(x->id >= 0 && x->id < ids);
             Node **copy = &copies[(size_t)x->id * PHASE_COUNT + mm->phase];
             if (!*copy) *copy = transposed_copy(g, x, mm);
             mm->in[j] = *copy;
-            mm->iattr[j] = !mm->iattr[j];
+            int64_t *trans = j == 0 ? &IR_IATTR(mm, MATMUL, trans_a) : &IR_IATTR(mm, MATMUL, trans_b);
+            *trans = !*trans;
         }
     }
     return true;

@@ -114,7 +114,7 @@ bool pass_optimizer(Graph *g, const PassOptions *opt)
     norm->t.name = "grad_norm";
     finish(g, norm);
     Node *clip = update_node(g, OP_CLIP_COEF, 1, &norm, at, ROLE_GRAD_TEMP);
-    clip->fattr[0] = g->optim.clip;
+    IR_FATTR(clip, CLIP_COEF, max_norm) = g->optim.clip;
     finish(g, clip);
 
     /* AdamW, one in-place update per parameter */
@@ -124,10 +124,10 @@ bool pass_optimizer(Graph *g, const PassOptions *opt)
         Node *v = state_of(g, p, "adam_v", ROLE_ADAM_V, PHASE_UPDATE);
         Node *in[8] = {p, acc[i], m, v, lr, step, clip, grad_scale};
         Node *u = update_node(g, OP_ADAMW, 8, in, p->loc, ROLE_GRAD_TEMP);
-        u->fattr[0] = g->optim.beta1;
-        u->fattr[1] = g->optim.beta2;
-        u->fattr[2] = g->optim.eps;
-        u->fattr[3] = p->iattr[1] ? g->optim.weight_decay : 0.0;
+        IR_FATTR(u, ADAMW, beta1) = g->optim.beta1;
+        IR_FATTR(u, ADAMW, beta2) = g->optim.beta2;
+        IR_FATTR(u, ADAMW, eps) = g->optim.eps;
+        IR_FATTR(u, ADAMW, weight_decay) = IR_IATTR(p, PARAM, decay) ? g->optim.weight_decay : 0.0;
         finish(g, u);
     }
     return true;

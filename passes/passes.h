@@ -45,6 +45,22 @@ bool pass_run(Graph *g, const PassInfo *p, const PassOptions *opt);
 
 /* ---------------------------------------------------------------- precision.c */
 
+/* What an -O level means: the formats it gives persistent state and what it keeps in FP8.
+ * This table is the only reader of the level's number; a pass that depends on the level asks
+ * it for the property (precision_level(g->opt_level)->weight_copies_per_use). */
+typedef struct {
+    ElemType param, grad, master;   /* parameters, gradient accumulators, master copies */
+    Codec master_codec;             /* CODEC_SPLIT: bf16 parameter + i8 rounding error */
+    Format adam_m, adam_v;          /* Adam's moments (element type, codec, groups) */
+    bool fp8_gemms;                 /* GEMM operands in FP8 (all but the loss head) */
+    bool fp8_saved;                 /* saved activations in FP8 (COAT's mixed granularity) */
+    bool weight_copies_per_use;     /* no FP8 weight copy kept across the step: quantized at
+                                     * every use, and no copy written by the update */
+} PrecisionLevel;
+enum { PRECISION_LEVELS = 4 };      /* -O0..-O3 */
+const PrecisionLevel *precision_level(int opt_level);
+
+
 /* Which of a linear layer's three GEMMs mm is, and the name gemm: rules match it by (its
  * weight's; for a weight gradient, the parameter it is the gradient of): "fwd", "dgrad" or
  * "wgrad". uses: ir_fill_uses of mm's graph. */

@@ -62,7 +62,6 @@ typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED, RULE_VALUE } RuleKind;
  * gemm.fwd:, gemm.dgrad: and gemm.wgrad: one each. */
 enum { GEMM_FWD = 1, GEMM_DGRAD = 2, GEMM_WGRAD = 4, GEMM_ALL = 7 };
 
-enum { MATMUL_UNALIGNED = 7 };   /* MATMUL's iattr "unaligned" (ops.def) */
 
 typedef struct {
     RuleKind kind;
@@ -107,10 +106,11 @@ static const char *parse_format(Arena *a, const char *spec, Format *out)
     }
     while ((part = strtok_r(NULL, ":", &save))) {
         int n = 0;
-        if (!strcmp(part, "tensor")) out->scaling = SCALE_PER_TENSOR;
-        else if (!strcmp(part, "row")) out->scaling = SCALE_PER_ROW;
-        else if (!strcmp(part, "tile128")) out->scaling = SCALE_TILE_1x128, out->group = 128;
-        else if (!strcmp(part, "block128")) out->scaling = SCALE_BLOCK_128;
+        Scaling sc;
+        if (fmt_scaling_from_rule(part, &sc)) {
+            out->scaling = sc;
+            out->group = fmt_scaling_group(sc, out->group);
+        }
         else if (modifier_int(part, "group", 1, 1 << 20, &n)) {
             if (n < 0) return arena_printf(a, "'%s': a group holds 1 to 1048576 elements", part);
             out->scaling = SCALE_PER_GROUP, out->group = n;
@@ -175,7 +175,9 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
     if (!err && r.kind == RULE_GEMM && !gemm_fp8 && r.fmt.elem != FMT_BF16)
         err = "a gemm: rule takes bf16 (a bf16 GEMM), e4m3 or e5m2 (FP8 operands); the formats of a "
               "bf16 GEMM's values come from value: rules";
-    if (!err && r.kind == RULE_GEMM && (r.fmt.scaling == SCALE_PER_GROUP || r.fmt.codec != CODEC_PLAIN))
+    const ScalingInfo *si = fmt_scaling_info(r.fmt.scaling);
+    bool gemm_takes = r.fmt.scaling == SCALE_NONE || si->gemm_act >= 0 || si->gemm_weight >= 0;
+    if (!err && r.kind == RULE_GEMM && (!gemm_takes || r.fmt.codec != CODEC_PLAIN))
         err = "a gemm: rule scales operands :tensor, :row, :tile128 or :block128 (groups and state "
               "codecs are for saved: rules and optimizer states)";
     if (err) {
@@ -348,32 +350,47 @@ const NamedRecipe *precision_find_recipe(const char *name)
     return NULL;
 }
 
-/* ---------------------------------------------------------------- the level table */
-
-typedef struct {
-    ElemType param, grad, master;
-    Codec master_codec;
-    Format adam_m, adam_v;
-    bool fp8_gemms;
-} Level;
-
-static Level level_defaults(int opt)
+/* A GEMM in bf16: no FP8 operands and none of the scale recipe's attributes. */
+static void clear_fp8_attrs(Node *mm)
 {
-    Level l = {FMT_BF16, FMT_F32, FMT_F32, CODEC_PLAIN, fmt_plain(FMT_F32), fmt_plain(FMT_F32), false};
-    if (opt >= 1) l.grad = FMT_BF16, l.fp8_gemms = true;
-    if (opt == 2) {
-        /* COAT: FP8 states with dynamic range expansion, groups of 128 */
-        l.adam_m = (Format){.elem = FMT_E4M3, .codec = CODEC_EXPAND, .scaling = SCALE_PER_GROUP, .group = 128};
-        l.adam_v = l.adam_m;
-    }
-    if (opt >= 3) {
-        /* FlashOptim: companded 8-bit states in groups of 32, bf16 + i8 split master */
-        l.adam_m = (Format){.elem = FMT_I8, .codec = CODEC_COMPAND, .scaling = SCALE_PER_GROUP, .group = 32};
-        l.adam_v = (Format){.elem = FMT_U8, .codec = CODEC_SQRT, .scaling = SCALE_PER_GROUP, .group = 32};
-        l.master = FMT_I8;
-        l.master_codec = CODEC_SPLIT;
-    }
-    return l;
+    IR_IATTR(mm, MATMUL, fp8) = GEMM_BF16;
+    IR_IATTR(mm, MATMUL, history) = 0;
+    IR_IATTR(mm, MATMUL, grad_e4m3) = 0;
+    IR_IATTR(mm, MATMUL, recent) = 0;
+    IR_IATTR(mm, MATMUL, margin) = 0;
+    IR_FATTR(mm, MATMUL, static_scale) = 0;
+}
+
+/* ---------------------------------------------------------------- the level table
+ * What -O0..-O3 mean (DESIGN.md §4), and the only place that knows: other passes ask
+ * precision_level for a property instead of comparing levels. */
+
+#define FMT_GROUPED(e, c, g) {.elem = (e), .codec = (c), .scaling = SCALE_PER_GROUP, .group = (g)}
+#define FMT_F32_PLAIN {.elem = FMT_F32}
+
+static const PrecisionLevel levels[PRECISION_LEVELS] = {
+    /* O0: the bf16 mixed-precision baseline */
+    {.param = FMT_BF16, .grad = FMT_F32, .master = FMT_F32, .master_codec = CODEC_PLAIN,
+     .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN},
+    /* O1: FP8 GEMMs (e4m3 forward, e5m2 gradients), bf16 gradients */
+    {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_F32, .master_codec = CODEC_PLAIN,
+     .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN, .fp8_gemms = true},
+    /* O2: COAT: FP8 states with dynamic range expansion in groups of 128, FP8 saved values */
+    {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_F32, .master_codec = CODEC_PLAIN,
+     .adam_m = FMT_GROUPED(FMT_E4M3, CODEC_EXPAND, 128),
+     .adam_v = FMT_GROUPED(FMT_E4M3, CODEC_EXPAND, 128), .fp8_gemms = true, .fp8_saved = true},
+    /* O3: FlashOptim: companded 8-bit states in groups of 32, bf16 + i8 split master; weights
+     * quantized at every use, no FP8 copy kept across the step */
+    {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_I8, .master_codec = CODEC_SPLIT,
+     .adam_m = FMT_GROUPED(FMT_I8, CODEC_COMPAND, 32),
+     .adam_v = FMT_GROUPED(FMT_U8, CODEC_SQRT, 32), .fp8_gemms = true, .fp8_saved = true,
+     .weight_copies_per_use = true},
+};
+
+const PrecisionLevel *precision_level(int opt_level)
+{
+    IR_ASSERT(opt_level >= 0 && opt_level < PRECISION_LEVELS);
+    return &levels[opt_level];
 }
 
 /* Per-group parameters of a codec'd state live in a persistent f32 tensor next to it:
@@ -403,7 +420,7 @@ static void set_state_format(Graph *g, Node *state, Format fmt, const Policy *p,
 }
 
 /* Adds "P:master" as the 9th operand of P's AdamW update. */
-static Node *add_master(Graph *g, Node *adamw, const Level *l, const Policy *p)
+static Node *add_master(Graph *g, Node *adamw, const PrecisionLevel *l, const Policy *p)
 {
     Node *param = adamw->in[0];
     Node *m = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s:master", param->t.name), ROLE_MASTER,
@@ -556,7 +573,7 @@ static Format saved_default(const Node *x, const Uses *u)
         case OP_ATTENTION_BWD: case OP_CROSS_ENTROPY_BWD: case OP_EMBEDDING_BWD:
             return fmt_plain(FMT_VOID);
         case OP_MATMUL:
-            if (r->iattr[2]) fp8_gemm = true;
+            if (IR_IATTR(r, MATMUL, fp8)) fp8_gemm = true;
             else return fmt_plain(FMT_VOID);   /* a bf16 GEMM wants its operand in bf16 */
             break;
         default:
@@ -575,8 +592,9 @@ static Node *attention_of(Node *p, const Uses *uses)
     const Uses *u = &uses[p->in[1]->index];
     for (int k = 0; k < u->n; k++) {
         Node *a = u->list[k];
-        if (a->op != OP_ATTENTION || a->n_in != p->n_in - 1 || a->iattr[0] != p->iattr[0] ||
-            a->iattr[1] != p->iattr[1])
+        if (a->op != OP_ATTENTION || a->n_in != p->n_in - 1 ||
+            IR_IATTR(a, ATTENTION, heads) != IR_IATTR(p, ATTENTION_BWD, heads) ||
+            IR_IATTR(a, ATTENTION, kv_heads) != IR_IATTR(p, ATTENTION_BWD, kv_heads))
             continue;
         bool same = true;
         for (int i = 0; i < a->n_in; i++) same &= a->in[i] == p->in[1 + i];
@@ -604,7 +622,7 @@ static void attention_reads_y(Graph *g, const Uses *uses)
         in[p->n_in] = y;
         p->in = in;
         p->n_in++;
-        y->iattr[2] = 1;
+        IR_IATTR(y, ATTENTION, lse) = 1;
     }
 }
 
@@ -623,7 +641,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
     if (diag_error_count() > errors) return false;
 
     /* the level is the graph's (the driver sets it from -O; textual IR carries it as opt=) */
-    Level level = level_defaults(g->opt_level);
+    const PrecisionLevel *level = precision_level(g->opt_level);
     mark_saved(g);
 
     /* persistent state: parameters, masters, gradient accumulators, Adam moments */
@@ -636,19 +654,19 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         Node *x = g->nodes[i];
         if (x->op == OP_PARAM) {
             const Rule *r = stored_rule(g->arena, &policy, x->t.name, ROLE_PARAM);
-            x->t.fmt = fmt_plain(r ? r->fmt.elem : level.param);
+            x->t.fmt = fmt_plain(r ? r->fmt.elem : level->param);
         }
     }
     for (int k = 0; k < n_updates; k++) {
         Node *u = updates[k];
         Node *param = u->in[0], *grad = u->in[1], *m = u->in[2], *v = u->in[3];
         /* a master copy is needed when the parameter is stored coarser than f32 */
-        if (u->n_in == 8 && param->t.fmt.elem != FMT_F32) add_master(g, u, &level, &policy);
+        if (u->n_in == 8 && param->t.fmt.elem != FMT_F32) add_master(g, u, level, &policy);
         Node *acc = grad;
         while (acc->op == OP_ACCUMULATE) acc = acc->in[0];
-        if (acc->op == OP_STATE) set_state_format(g, acc, fmt_plain(level.grad), &policy, u);
-        set_state_format(g, m, level.adam_m, &policy, u);
-        set_state_format(g, v, level.adam_v, &policy, u);
+        if (acc->op == OP_STATE) set_state_format(g, acc, fmt_plain(level->grad), &policy, u);
+        set_state_format(g, m, level->adam_m, &policy, u);
+        set_state_format(g, v, level->adam_v, &policy, u);
     }
     if (diag_error_count() > errors) return false;
 
@@ -674,26 +692,25 @@ bool pass_precision(Graph *g, const PassOptions *opt)
     for (int i = 0; i < g->n_nodes; i++) {
         Node *mm = g->nodes[i];
         if (mm->op != OP_MATMUL) continue;
-        bool fp8 = level.fp8_gemms && !is_head_gemm(mm, uses, g);
+        bool fp8 = level->fp8_gemms && !is_head_gemm(mm, uses, g);
         const char *name;
         int kind = gemm_kind(mm, uses, &name);
         const Rule *r = policy_match_gemm(&policy, RULE_GEMM, kind, name);
-        mm->iattr[2] = fp8 ? 1 : 0;
-        mm->iattr[3] = mm->iattr[4] = mm->iattr[5] = mm->iattr[6] = 0;
-        mm->fattr[0] = 0;
+        clear_fp8_attrs(mm);
+        IR_IATTR(mm, MATMUL, fp8) = fp8 ? GEMM_FP8_TENSOR : GEMM_BF16;
         if (r) {
             fp8 = r->fmt.elem == FMT_E4M3 || r->fmt.elem == FMT_E5M2;
             /* rows and 1x128 tiles run along the features; the weight gradient x^T dy contracts
              * over the tokens, across them, so its operands are scaled per tensor */
-            mm->iattr[2] = !fp8 ? 0
-                         : kind == GEMM_WGRAD ? 1
-                         : r->fmt.scaling == SCALE_PER_ROW ? 2
-                         : r->fmt.scaling == SCALE_BLOCK_128 || r->fmt.scaling == SCALE_TILE_1x128 ? 3 : 1;
-            mm->iattr[3] = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;
-            mm->iattr[4] = fp8 && r->fmt.elem == FMT_E4M3;
-            mm->iattr[5] = fp8 && r->fmt.recipe == RECIPE_DELAYED && !r->fmt.history_max;
-            mm->iattr[6] = fp8 ? r->fmt.margin : 0;
-            mm->fattr[0] = fp8 && r->fmt.recipe == RECIPE_STATIC ? r->fmt.static_scale : 0;
+            IR_IATTR(mm, MATMUL, fp8) = !fp8 ? GEMM_BF16
+                                      : kind == GEMM_WGRAD ? GEMM_FP8_TENSOR
+                                      : fmt_gemm_mode_of(r->fmt.scaling);
+            IR_IATTR(mm, MATMUL, history) = fp8 && r->fmt.recipe == RECIPE_DELAYED ? r->fmt.history : 0;
+            IR_IATTR(mm, MATMUL, grad_e4m3) = fp8 && r->fmt.elem == FMT_E4M3;
+            IR_IATTR(mm, MATMUL, recent) = fp8 && r->fmt.recipe == RECIPE_DELAYED && !r->fmt.history_max;
+            IR_IATTR(mm, MATMUL, margin) = fp8 ? r->fmt.margin : 0;
+            IR_FATTR(mm, MATMUL, static_scale) =
+                fp8 && r->fmt.recipe == RECIPE_STATIC ? r->fmt.static_scale : 0;
         }
         /* cuBLASLt's FP8 GEMMs need K and N (the operands' and the result's leading dims, both
          * operands being k-contiguous) to be multiples of 16, and the GPU backend runs them only
@@ -703,14 +720,13 @@ bool pass_precision(Graph *g, const PassOptions *opt)
          * (unaligned=1). */
         int64_t m_dim, n_dim, k_dim;
         ir_matmul_dims(mm, &m_dim, &n_dim, &k_dim);
-        if (mm->iattr[2] && !opt->fp8_any_shape &&
+        if (IR_IATTR(mm, MATMUL, fp8) && !opt->fp8_any_shape &&
             (k_dim % PRECISION_FP8_GEMM_ALIGN || n_dim % PRECISION_FP8_GEMM_ALIGN ||
              m_dim % PRECISION_FP8_GEMM_ALIGN)) {
-            for (int a = 2; a <= 6; a++) mm->iattr[a] = 0;
-            mm->fattr[0] = 0;
-            mm->iattr[MATMUL_UNALIGNED] = 1;
+            clear_fp8_attrs(mm);
+            IR_IATTR(mm, MATMUL, unaligned) = 1;
         } else {
-            mm->iattr[MATMUL_UNALIGNED] = 0;
+            IR_IATTR(mm, MATMUL, unaligned) = 0;
         }
     }
 
@@ -722,7 +738,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         Node *x = g->nodes[i];
         if (x->t.role != ROLE_SAVED || !fmt_elem_is_float(x->t.fmt.elem)) continue;
         Format want = fmt_plain(FMT_VOID);
-        if (g->opt_level >= 2) want = saved_default(x, &uses[i]);
+        if (level->fp8_saved) want = saved_default(x, &uses[i]);
         const Rule *r = policy_match(&policy, RULE_SAVED, x->t.name ? x->t.name : "");
         if (r) want = r->fmt.elem == x->t.fmt.elem && r->fmt.scaling == SCALE_NONE ? fmt_plain(FMT_VOID) : r->fmt;
         if (want.elem == FMT_E4M3 || want.elem == FMT_E5M2) {

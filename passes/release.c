@@ -66,7 +66,8 @@ bool pass_release(Graph *g, const PassOptions *opt)
         Node *own = ir_add(g, OP_GRAD_NORM, 2, pair, u->loc);
         Node *coef = ir_add1(g, OP_CLIP_COEF, own, u->loc);
         double share = (double)ir_numel(&u->in[0]->t) / (double)(total ? total : 1);
-        coef->fattr[0] = clip->fattr[0] > 0 ? clip->fattr[0] * sqrt(share) : 0;
+        double max_norm = IR_FATTR(clip, CLIP_COEF, max_norm);
+        IR_FATTR(coef, CLIP_COEF, max_norm) = max_norm > 0 ? max_norm * sqrt(share) : 0;
         own->phase = coef->phase = PHASE_BACKWARD;
         own->t.role = coef->t.role = ROLE_GRAD_TEMP;
         const char *err = ir_infer_shape(own, g->arena);

@@ -49,9 +49,6 @@ typedef struct {
 /* Node.pass_data of this pass: a value that a backward node other than an FP8 GEMM reads */
 static char read_in_backward;
 
-/* MATMUL fp8 attribute values: the granularity its operands are scaled with. */
-enum { GEMM_BF16 = 0, GEMM_FP8_TENSOR = 1, GEMM_FP8_ROW = 2, GEMM_FP8_BLOCK = 3 };
-
 static const char *base_name(Ctx *c, const Node *x)
 {
     return x->t.name ? x->t.name : arena_printf(c->g->arena, "t%d", x->id);
@@ -117,7 +114,7 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
     } else if (rc.static_scale > 0) {
         scale = ir_leaf(g, OP_CONST, NULL, phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP,
                         FMT_F32, 0, NULL, src->loc);
-        scale->fattr[0] = rc.static_scale;
+        IR_FATTR(scale, CONST, value) = rc.static_scale;
         scale->phase = phase;
         ir_move_before(g, scale, before);
         history = 0;
@@ -142,7 +139,8 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         infer_or_die(g, rec);
         ir_move_before(g, rec, before);
         Node *upd = ir_add2(g, OP_DELAYED_SCALE, state, rec, src->loc);
-        upd->iattr[0] = elem, upd->iattr[1] = rc.margin, upd->iattr[2] = !rc.recent;
+        IR_IATTR(upd, DELAYED_SCALE, elem) = elem, IR_IATTR(upd, DELAYED_SCALE, margin) = rc.margin;
+        IR_IATTR(upd, DELAYED_SCALE, use_max) = !rc.recent;
         upd->phase = PHASE_UPDATE;
         upd->t.role = ROLE_SCALE;
         upd->t.name = state->t.name;
@@ -150,7 +148,8 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
         scale = state;
     } else {
         scale = ir_add1(g, OP_QUANT_SCALE, src, src->loc);
-        scale->iattr[0] = elem, scale->iattr[1] = sc, scale->iattr[2] = group, scale->iattr[3] = rc.margin;
+        IR_IATTR(scale, QUANT_SCALE, elem) = elem, IR_IATTR(scale, QUANT_SCALE, scaling) = sc;
+        IR_IATTR(scale, QUANT_SCALE, group) = group, IR_IATTR(scale, QUANT_SCALE, margin) = rc.margin;
         if (sc == SCALE_PER_TENSOR && producer_keeps_amax(src)) ir_set_keeps_amax(src);
         scale->phase = phase;
         scale->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
@@ -161,7 +160,7 @@ static Node *emit_quantize(Ctx *c, Node *src, ElemType elem, Scaling sc, int gro
     Node *q = ir_add2(g, OP_QUANTIZE, src, scale, src->loc);
     q->phase = phase;
     q->t.role = phase == PHASE_FORWARD ? ROLE_ACTIVATION : ROLE_GRAD_TEMP;
-    q->t.fmt = (Format){.elem = elem, .scaling = sc, .group = sc == SCALE_TILE_1x128 ? 128 : group,
+    q->t.fmt = (Format){.elem = elem, .scaling = sc, .group = fmt_scaling_group(sc, group),
                         .recipe = rc.static_scale > 0 ? RECIPE_STATIC : history > 0 ? RECIPE_DELAYED : RECIPE_CURRENT,
                         .history = history, .history_max = history > 0 && !rc.recent, .margin = rc.margin,
                         .static_scale = rc.static_scale, .scale = scale};
@@ -197,7 +196,7 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
 {
     Graph *g = c->g;
     Node *u = update_of(g, p);
-    if (!u || u->iattr[0] || g->opt_level >= 3 || rc.history > 0 || rc.static_scale > 0) return NULL;
+    if (!u || IR_IATTR(u, ADAMW, copy) || precision_level(g->opt_level)->weight_copies_per_use || rc.history > 0 || rc.static_scale > 0) return NULL;
     Node *first_update = NULL;
     for (int i = 0; i < g->n_nodes && !first_update; i++)
         if (g->nodes[i]->phase == PHASE_UPDATE && g->nodes[i]->n_in) first_update = g->nodes[i];
@@ -215,7 +214,8 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
     ir_move_before(g, copy, mm);
 
     Node *upd = ir_add2(g, OP_DELAYED_SCALE, scale, amax, p->loc);
-    upd->iattr[0] = elem, upd->iattr[1] = rc.margin, upd->iattr[2] = 0;
+    IR_IATTR(upd, DELAYED_SCALE, elem) = elem, IR_IATTR(upd, DELAYED_SCALE, margin) = rc.margin;
+    IR_IATTR(upd, DELAYED_SCALE, use_max) = 0;
     upd->phase = PHASE_UPDATE;
     upd->t.role = ROLE_SCALE;
     upd->t.name = scale->t.name;
@@ -227,7 +227,7 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
     in[u->n_in] = copy, in[u->n_in + 1] = upd, in[u->n_in + 2] = amax;
     u->in = in;
     u->n_in += 3;
-    u->iattr[0] = 1;
+    IR_IATTR(u, ADAMW, copy) = 1;
     infer_or_die(g, u);
     ir_move_to_end(g, u);   /* the updates that write copies together: the GPU runs them as one batch */
     return copy;
@@ -244,7 +244,7 @@ static void mark_read_in_backward(Graph *g)
     for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->pass_data = NULL;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *r = g->nodes[i];
-        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && IR_IATTR(r, MATMUL, fp8))) continue;
         for (int j = 0; j < r->n_in; j++) r->in[j]->pass_data = &read_in_backward;
     }
 }
@@ -256,12 +256,10 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
 {
     Node *x = mm->in[i];
     if (x->op == OP_QUANTIZE) return x;
-    int mode = (int)mm->iattr[2];
-    ElemType elem = is_gradient(x) && !mm->iattr[4] ? FMT_E5M2 : FMT_E4M3;
-    Scaling sc = SCALE_PER_TENSOR;
-    int group = 0;
-    if (mode == GEMM_FP8_ROW) sc = SCALE_PER_ROW;
-    if (mode == GEMM_FP8_BLOCK) sc = x->op == OP_PARAM ? SCALE_BLOCK_128 : SCALE_TILE_1x128, group = 128;
+    int mode = (int)IR_IATTR(mm, MATMUL, fp8);
+    ElemType elem = is_gradient(x) && !IR_IATTR(mm, MATMUL, grad_e4m3) ? FMT_E5M2 : FMT_E4M3;
+    Scaling sc = fmt_gemm_operand_scaling((GemmScaling)mode, x->op == OP_PARAM);
+    int group = fmt_scaling_info(sc)->block_cols > 0 ? fmt_scaling_info(sc)->block_cols : 0;
 
     Node *q = find_made(c, x, elem, sc, group, mm->phase, false);
     if (!q && mm->phase != PHASE_FORWARD) {
@@ -269,7 +267,7 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
          * values kept as they are that only FP8 GEMMs of the backward read, whose copy would
          * be the same bytes again (one that others read stays, and is quantized late) */
         Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
-        bool weight_copy = x->op == OP_PARAM && c->g->opt_level < 3;
+        bool weight_copy = x->op == OP_PARAM && !precision_level(c->g->opt_level)->weight_copies_per_use;
         bool saved_fp8 = x->t.saved_as.elem == elem;
         bool kept = x->op != OP_PARAM && x->t.saved_as.elem == FMT_VOID && only_fp8_gemms_read(x);
         if (fwd && (weight_copy || saved_fp8 || kept)) {
@@ -277,7 +275,8 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
             if (q->t.role != ROLE_WEIGHT_COPY) q->t.role = ROLE_SAVED;
         }
     }
-    ScaleRecipe rc = {(int)mm->iattr[3], mm->iattr[5] != 0, (int)mm->iattr[6], (float)mm->fattr[0]};
+    ScaleRecipe rc = {(int)IR_IATTR(mm, MATMUL, history), IR_IATTR(mm, MATMUL, recent) != 0,
+                      (int)IR_IATTR(mm, MATMUL, margin), (float)IR_FATTR(mm, MATMUL, static_scale)};
     if (!q && x->op == OP_PARAM && sc == SCALE_PER_TENSOR && mm->phase == PHASE_FORWARD &&
         (q = optimizer_copy(c, x, elem, rc, mm)))
         remember(c, (Quantized){x, elem, sc, group, mm->phase, q});
@@ -289,7 +288,7 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
         Node *fwd = find_made(c, x, elem, sc, group, PHASE_FORWARD, false);
         Node *fs = fwd ? fwd->t.fmt.scale : NULL;
         if (rc.history == 0 && fs && fs->op == OP_QUANT_SCALE && fwd->t.fmt.recipe == RECIPE_CURRENT &&
-            fs->iattr[3] == rc.margin) {
+            IR_IATTR(fs, QUANT_SCALE, margin) == rc.margin) {
             known_scale = fs;
             fs->t.role = ROLE_SAVED;
         }
@@ -312,7 +311,7 @@ static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
     Node *first_bwd = NULL;
     for (int k = 0; k < u->n; k++) {
         Node *r = u->list[k];
-        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && IR_IATTR(r, MATMUL, fp8))) continue;
         if (!first_bwd || r->index < first_bwd->index) first_bwd = r;
     }
     if (!first_bwd) return;
@@ -328,7 +327,7 @@ static void save_in_fp8(Ctx *c, Node *x, const Uses *u)
     q->t.role = ROLE_SAVED;
     for (int k = 0; k < u->n; k++) {
         Node *r = u->list[k];
-        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && r->iattr[2])) continue;
+        if (r->phase == PHASE_FORWARD || (r->op == OP_MATMUL && IR_IATTR(r, MATMUL, fp8))) continue;
         for (int j = 0; j < r->n_in; j++)
             if (r->in[j] == x) r->in[j] = q;
     }
@@ -353,7 +352,7 @@ bool pass_scaling(Graph *g, const PassOptions *opt)
     mark_read_in_backward(g);
     for (int i = 0; i < n; i++) {
         Node *mm = snapshot[i];
-        if (mm->op != OP_MATMUL || !mm->iattr[2]) continue;
+        if (mm->op != OP_MATMUL || !IR_IATTR(mm, MATMUL, fp8)) continue;
         Node *a = gemm_operand(&c, mm, 0);
         Node *b = gemm_operand(&c, mm, 1);
         mm->in[0] = a;

@@ -14,8 +14,8 @@
 
 static bool is_last_axis_slice(const Node *s, const Node *of, int64_t start, int64_t size)
 {
-    return s->op == OP_SLICE && s->in[0] == of && s->iattr[0] == of->t.rank - 1 &&
-           s->iattr[1] == start && s->iattr[2] == size;
+    return s->op == OP_SLICE && s->in[0] == of && IR_IATTR(s, SLICE, axis) == of->t.rank - 1 &&
+           IR_IATTR(s, SLICE, start) == start && IR_IATTR(s, SLICE, size) == size;
 }
 
 static bool pack_attention(Graph *g, Node *n)

@@ -26,7 +26,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -73,67 +72,20 @@ const char *rt_ckpt_meta_get(const CkptMeta *m, int n, const char *key) {
 
 /* ---------------------------------------------------------------- header writer */
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-    bool failed;
-} Text;
-
-static void text_putn(Text *t, const char *s, size_t n) {
-    if (t->failed) return;
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 4096;
-        while (t->len + n + 1 > cap) cap *= 2;
-        char *grown = realloc(t->buf, cap);
-        if (!grown) {
-            t->failed = true;
-            return;
-        }
-        t->buf = grown;
-        t->cap = cap;
-    }
-    memcpy(t->buf + t->len, s, n);
-    t->len += n;
-    t->buf[t->len] = 0;
-}
-
-static void text_printf(Text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void text_printf(Text *t, const char *fmt, ...) {
-    char small[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < (int)sizeof small) {
-        text_putn(t, small, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        t->failed = true;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    text_putn(t, big, (size_t)n);
-    free(big);
-}
-
-static void text_json_string(Text *t, const char *s) {
+static void text_json_string(StrBuf *t, const char *s) {
     char small[256];
     size_t n = rt_json_quote(small, sizeof small, s);
     if (n < sizeof small) {
-        text_putn(t, small, n);
+        strbuf_addn(t, small, n);
         return;
     }
     char *big = malloc(n + 1);
     if (!big) {
-        t->failed = true;
+        strbuf_addn(t, "\"\"", 2);   /* out of memory: the header is refused when it is read */
         return;
     }
     rt_json_quote(big, n + 1, s);
-    text_putn(t, big, n);
+    strbuf_addn(t, big, n);
     free(big);
 }
 
@@ -209,7 +161,7 @@ static bool ckpt_sync_dir_of(const char *path) {
 }
 
 /* Writes the header and the tensors' data to `path` through a synced temp file and a rename. */
-static bool ckpt_replace_file(const char *path, const Text *head, Tensor *const *ts, int n,
+static bool ckpt_replace_file(const char *path, const StrBuf *head, Tensor *const *ts, int n,
                               RtCkptFill fill, void *ctx) {
     char *tmp = NULL;
     FILE *f = ckpt_temp_beside(path, &tmp);
@@ -278,230 +230,119 @@ bool rt_ckpt_save_filled(const char *path, Tensor *const *ts, int n, const CkptM
             }
     }
 
-    Text head = {0};
-    text_putn(&head, "01234567", 8);   /* the length, filled in below */
-    text_putn(&head, "{\"__metadata__\":{", 17);
+    StrBuf head = {0};
+    strbuf_addn(&head, "01234567", 8);   /* the length, filled in below */
+    strbuf_addn(&head, "{\"__metadata__\":{", 17);
     for (int i = 0; i < n_meta; i++) {
-        if (i) text_putn(&head, ",", 1);
+        if (i) strbuf_addn(&head, ",", 1);
         text_json_string(&head, meta[i].key);
-        text_putn(&head, ":", 1);
+        strbuf_addn(&head, ":", 1);
         text_json_string(&head, meta[i].value);
     }
-    text_putn(&head, "}", 1);
+    strbuf_addn(&head, "}", 1);
     int64_t offset = 0;
     for (int i = 0; i < n; i++) {
         const Tensor *t = ts[i];
         int64_t bytes = ckpt_tensor_bytes(t);
-        text_putn(&head, ",", 1);
+        strbuf_addn(&head, ",", 1);
         text_json_string(&head, t->name);
-        text_printf(&head, ":{\"dtype\":\"%s\",\"shape\":[", ckpt_dtype_name(t->fmt.elem));
+        strbuf_printf(&head, ":{\"dtype\":\"%s\",\"shape\":[", ckpt_dtype_name(t->fmt.elem));
         for (int d = 0; d < t->rank; d++)
-            text_printf(&head, "%s%lld", d ? "," : "", (long long)t->dims[d]);
-        text_printf(&head, "],\"data_offsets\":[%lld,%lld]}", (long long)offset,
+            strbuf_printf(&head, "%s%lld", d ? "," : "", (long long)t->dims[d]);
+        strbuf_printf(&head, "],\"data_offsets\":[%lld,%lld]}", (long long)offset,
                     (long long)(offset + bytes));
         offset += bytes;
     }
-    text_putn(&head, "}", 1);
-    while (head.len % 8) text_putn(&head, " ", 1);
+    strbuf_addn(&head, "}", 1);
+    while (head.len % 8) strbuf_addn(&head, " ", 1);
     if (head.failed) {
-        free(head.buf);
+        strbuf_free(&head);
         rt_error("%s: out of memory writing the header", path);
         return false;
     }
     uint64_t hlen = head.len - 8;
     for (int b = 0; b < 8; b++) head.buf[b] = (char)(hlen >> (8 * b));
     bool ok = ckpt_replace_file(path, &head, ts, n, fill, ctx);
-    free(head.buf);
+    strbuf_free(&head);
     return ok;
 }
 
-/* ---------------------------------------------------------------- header parser
- * Only what safetensors headers use: objects, arrays, strings, non-negative integers. Every
- * error names the byte offset in the header where it was found. */
-
-typedef struct {
-    const char *path;
-    const char *start, *p, *end;
-    bool failed;
-} Json;
-
-static bool json_fail(Json *j, const char *what) {
-    if (!j->failed)
-        rt_error("%s: bad checkpoint header: %s at byte %ld of the JSON header", j->path, what,
-                 (long)(j->p - j->start));
-    j->failed = true;
-    return false;
-}
-
-static void json_space(Json *j) {
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t'))
-        j->p++;
-}
-
-static bool json_eat(Json *j, char c) {
-    json_space(j);
-    if (j->p < j->end && *j->p == c) {
-        j->p++;
-        return true;
-    }
-    return false;
-}
-
-static bool json_expect(Json *j, char c) {
-    if (json_eat(j, c)) return true;
-    char what[32];
-    snprintf(what, sizeof what, "expected '%c'", c);
-    return json_fail(j, what);
-}
-
-static int json_hex(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* Parses a string into a malloc'ed copy with escapes decoded (\uXXXX as UTF-8). */
-static char *json_string(Json *j) {
-    json_space(j);
-    if (j->p >= j->end || *j->p != '"') return json_fail(j, "expected a string"), NULL;
-    j->p++;
-    char *out = malloc((size_t)(j->end - j->p) + 1);
-    if (!out) return json_fail(j, "out of memory"), NULL;
-    size_t k = 0;
-    while (j->p < j->end && *j->p != '"') {
-        unsigned char c = (unsigned char)*j->p++;
-        if (c < 0x20) {
-            free(out);
-            return json_fail(j, "control character in a string"), NULL;
-        }
-        if (c != '\\') {
-            out[k++] = (char)c;
-            continue;
-        }
-        if (j->p >= j->end) break;
-        char e = *j->p++;
-        switch (e) {
-        case '"': case '\\': case '/': out[k++] = e; break;
-        case 'b': out[k++] = '\b'; break;
-        case 'f': out[k++] = '\f'; break;
-        case 'n': out[k++] = '\n'; break;
-        case 'r': out[k++] = '\r'; break;
-        case 't': out[k++] = '\t'; break;
-        case 'u': {
-            unsigned u = 0;
-            for (int i = 0; i < 4; i++) {
-                int h = j->p < j->end ? json_hex(*j->p++) : -1;
-                if (h < 0) {
-                    free(out);
-                    return json_fail(j, "bad \\u escape"), NULL;
-                }
-                u = u << 4 | (unsigned)h;
-            }
-            if (u < 0x80) {
-                out[k++] = (char)u;
-            } else if (u < 0x800) {
-                out[k++] = (char)(0xc0 | u >> 6);
-                out[k++] = (char)(0x80 | (u & 0x3f));
-            } else {
-                out[k++] = (char)(0xe0 | u >> 12);
-                out[k++] = (char)(0x80 | ((u >> 6) & 0x3f));
-                out[k++] = (char)(0x80 | (u & 0x3f));
-            }
-            break;
-        }
-        default: free(out); return json_fail(j, "bad escape in a string"), NULL;
-        }
-    }
-    if (j->p >= j->end) {
-        free(out);
-        return json_fail(j, "unterminated string"), NULL;
-    }
-    j->p++;
-    out[k] = 0;
-    return out;
-}
-
-static bool json_int(Json *j, int64_t *out) {
-    json_space(j);
-    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return json_fail(j, "expected an integer");
-    int64_t v = 0;
-    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
-        if (v > (INT64_MAX - 9) / 10) return json_fail(j, "integer too large");
-        v = v * 10 + (*j->p++ - '0');
-    }
-    *out = v;
-    return true;
-}
-
-/* [n, n, ...] into out (at most max); *count receives the length. */
-static bool json_int_array(Json *j, int64_t *out, int max, int *count) {
-    if (!json_expect(j, '[')) return false;
-    *count = 0;
-    if (json_eat(j, ']')) return true;
-    do {
-        if (*count == max) return json_fail(j, "array too long");
-        if (!json_int(j, &out[(*count)++])) return false;
-    } while (json_eat(j, ','));
-    return json_expect(j, ']');
-}
+/* ---------------------------------------------------------------- header reader
+ * The header is read by json.c into a tree; this checks it as safetensors defines it: an
+ * object of tensor entries (dtype, shape, data_offsets; nothing else, each once) and an
+ * optional "__metadata__" of strings. Every error names the byte offset in the header. */
 
 typedef RtStEntry CkptEntry;
 
-static bool json_tensor(Json *j, CkptEntry *e) {
-    if (!json_expect(j, '{')) return false;
+typedef struct {
+    const char *path;
+    bool failed;
+} Header;
+
+static bool header_fail(Header *h, const Jv *at, const char *what) {
+    if (!h->failed)
+        rt_error("%s: bad checkpoint header: %s at byte %ld", h->path, what, (long)at->at);
+    h->failed = true;
+    return false;
+}
+
+/* [n, n, ...] of non-negative integers into out (at most max); *count receives the length. */
+static bool header_ints(Header *h, const Jv *v, int64_t *out, int max, int *count) {
+    if (v->kind != JV_ARR) return header_fail(h, v, "expected '['");
+    if (v->n > max) return header_fail(h, &v->items[max], "array too long");
+    for (int i = 0; i < v->n; i++) {
+        const Jv *x = &v->items[i];
+        if (x->kind != JV_NUM || !x->is_int || x->i < 0)
+            return header_fail(h, x, "expected a non-negative integer");
+        out[i] = x->i;
+    }
+    *count = v->n;
+    return true;
+}
+
+static bool header_tensor(Header *h, Jv *v, CkptEntry *e) {
+    if (v->kind != JV_OBJ) return header_fail(h, v, "expected '{'");
     bool have_dtype = false, have_shape = false, have_offsets = false;
-    do {
-        char *key = json_string(j);
-        if (!key || !json_expect(j, ':')) {
-            free(key);
-            return false;
-        }
-        bool ok = true;
+    for (int k = 0; k < v->n; k++) {
+        const char *key = v->keys[k];
+        Jv *x = &v->items[k];
         if (strcmp(key, "dtype") == 0 && !have_dtype) {
-            ok = (e->dtype = json_string(j)) != NULL;
+            if (x->kind != JV_STR) return header_fail(h, x, "expected a string");
+            e->dtype = x->str;          /* taken from the tree */
+            x->str = NULL;
             have_dtype = true;
         } else if (strcmp(key, "shape") == 0 && !have_shape) {
-            ok = json_int_array(j, e->dims, IR_MAX_RANK, &e->rank);
+            if (!header_ints(h, x, e->dims, IR_MAX_RANK, &e->rank)) return false;
             have_shape = true;
         } else if (strcmp(key, "data_offsets") == 0 && !have_offsets) {
             int64_t off[2];
             int count = 0;
-            ok = json_int_array(j, off, 2, &count);
-            if (ok && count != 2) ok = json_fail(j, "data_offsets needs two numbers");
-            if (ok && off[1] < off[0]) ok = json_fail(j, "data_offsets end before they begin");
+            if (!header_ints(h, x, off, 2, &count)) return false;
+            if (count != 2) return header_fail(h, x, "data_offsets needs two numbers");
+            if (off[1] < off[0]) return header_fail(h, x, "data_offsets end before they begin");
             e->begin = off[0];
             e->end = off[1];
             have_offsets = true;
         } else {
-            ok = json_fail(j, "unexpected or repeated key in a tensor entry");
+            return header_fail(h, x, "unexpected or repeated key in a tensor entry");
         }
-        free(key);
-        if (!ok) return false;
-    } while (json_eat(j, ','));
-    if (!json_expect(j, '}')) return false;
+    }
     if (!have_dtype || !have_shape || !have_offsets)
-        return json_fail(j, "tensor entry lacks dtype, shape or data_offsets");
+        return header_fail(h, v, "tensor entry lacks dtype, shape or data_offsets");
     return true;
 }
 
-static bool json_metadata(Json *j, CkptMeta *meta, int max_meta, int *n_meta) {
-    if (!json_expect(j, '{')) return false;
-    if (json_eat(j, '}')) return true;
-    do {
-        char *key = json_string(j);
-        char *value = key && json_expect(j, ':') ? json_string(j) : NULL;
-        bool ok = value != NULL;
-        if (ok && *n_meta < max_meta) {
+static bool header_metadata(Header *h, const Jv *v, CkptMeta *meta, int max_meta, int *n_meta) {
+    if (v->kind != JV_OBJ) return header_fail(h, v, "expected '{'");
+    for (int k = 0; k < v->n; k++) {
+        if (v->items[k].kind != JV_STR) return header_fail(h, &v->items[k], "expected a string");
+        if (*n_meta < max_meta) {
             CkptMeta *m = &meta[(*n_meta)++];
-            snprintf(m->key, sizeof m->key, "%s", key);
-            snprintf(m->value, sizeof m->value, "%s", value);
+            snprintf(m->key, sizeof m->key, "%s", v->keys[k]);
+            snprintf(m->value, sizeof m->value, "%s", v->items[k].str);
         }
-        free(key);
-        free(value);
-        if (!ok) return false;
-    } while (json_eat(j, ','));
-    return json_expect(j, '}');
+    }
+    return true;
 }
 
 static void ckpt_entries_free(CkptEntry *e, int n) {
@@ -512,48 +353,49 @@ static void ckpt_entries_free(CkptEntry *e, int n) {
     free(e);
 }
 
-/* The whole header: entries (malloc'ed) and metadata. */
-static bool json_header(Json *j, CkptEntry **entries, int *n_entries, CkptMeta *meta,
-                        int max_meta, int *n_meta) {
+typedef struct {
+    const char *name;
+    int k;                      /* its place among the header's keys */
+} HeaderName;
+
+static int header_cmp_name(const void *a, const void *b) {
+    const HeaderName *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->k > y->k) - (x->k < y->k);
+}
+
+/* The whole header of hlen bytes: entries (malloc'ed, in the file's order) and metadata. */
+static bool header_read(const char *path, const char *text, int64_t hlen, CkptEntry **entries,
+                        int *n_entries, CkptMeta *meta, int max_meta, int *n_meta) {
     *entries = NULL;
     *n_entries = 0;
-    int cap = 0;
-    if (!json_expect(j, '{')) return false;
-    if (json_eat(j, '}')) return true;
-    do {
-        char *key = json_string(j);
-        if (!key || !json_expect(j, ':')) {
-            free(key);
-            return false;
-        }
-        if (strcmp(key, "__metadata__") == 0) {
-            free(key);
-            if (!json_metadata(j, meta, max_meta, n_meta)) return false;
+    Jv root;
+    if (!rt_json_parse(path, "checkpoint header", text, hlen, &root)) return false;
+    Header h = {.path = path};
+    size_t cap = (size_t)(root.n ? root.n : 1);
+    *entries = calloc(cap, sizeof **entries);
+    HeaderName *names = malloc(cap * sizeof *names);
+    bool ok = *entries && names ? true : header_fail(&h, &root, "out of memory");
+    int n_names = 0;
+    for (int k = 0; ok && k < root.n; k++) {
+        if (strcmp(root.keys[k], "__metadata__") == 0) {
+            ok = header_metadata(&h, &root.items[k], meta, max_meta, n_meta);
             continue;
         }
-        for (int i = 0; i < *n_entries; i++)
-            if (strcmp((*entries)[i].name, key) == 0) {
-                free(key);
-                return json_fail(j, "a tensor name appears twice");
-            }
-        if (*n_entries == cap) {
-            cap = cap ? 2 * cap : 64;
-            CkptEntry *grown = realloc(*entries, (size_t)cap * sizeof *grown);
-            if (!grown) {
-                free(key);
-                return json_fail(j, "out of memory");
-            }
-            *entries = grown;
-        }
+        names[n_names++] = (HeaderName){root.keys[k], k};
         CkptEntry *e = &(*entries)[(*n_entries)++];
-        memset(e, 0, sizeof *e);
-        e->name = key;
-        if (!json_tensor(j, e)) return false;
-    } while (json_eat(j, ','));
-    if (!json_expect(j, '}')) return false;
-    json_space(j);
-    if (j->p != j->end) return json_fail(j, "text after the header object");
-    return true;
+        ok = (e->name = strdup(root.keys[k])) != NULL ? header_tensor(&h, &root.items[k], e)
+                                                      : header_fail(&h, &root, "out of memory");
+    }
+    /* each name once: sorted, so that a header of many entries stays fast; the error names the
+     * place of the second */
+    if (ok) qsort(names, (size_t)n_names, sizeof *names, header_cmp_name);
+    for (int i = 1; ok && i < n_names; i++)
+        if (strcmp(names[i - 1].name, names[i].name) == 0)
+            ok = header_fail(&h, &root.items[names[i].k], "a tensor name appears twice");
+    free(names);
+    rt_json_free(&root);
+    return ok;
 }
 
 /* ---------------------------------------------------------------- load */
@@ -742,8 +584,8 @@ bool rt_ckpt_load(const char *path, Tensor *const *ts, int n, CkptMeta *meta, in
         rt_error("%s: cannot read the %llu-byte header", path, (unsigned long long)hlen);
         goto done;
     }
-    Json j = {.path = path, .start = header, .p = header, .end = header + hlen};
-    if (!json_header(&j, &entries, &n_entries, meta, max_meta, n_meta)) goto done;
+    if (!header_read(path, header, (int64_t)hlen, &entries, &n_entries, meta, max_meta, n_meta))
+        goto done;
     match = malloc((size_t)(n ? n : 1) * sizeof *match);
     if (!match) {
         rt_error("%s: out of memory", path);
@@ -811,8 +653,8 @@ bool rt_st_open(RtStFile *s, const char *path) {
         rt_error("%s: cannot read the %llu-byte header", path, (unsigned long long)hlen);
         goto fail;
     }
-    Json j = {.path = path, .start = header, .p = header, .end = header + hlen};
-    if (!json_header(&j, &s->entries, &s->n_entries, s->meta, RT_ST_MAX_META, &s->n_meta))
+    if (!header_read(path, header, (int64_t)hlen, &s->entries, &s->n_entries, s->meta,
+                     RT_ST_MAX_META, &s->n_meta))
         goto fail;
     free(header);
     header = NULL;

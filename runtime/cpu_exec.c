@@ -404,8 +404,10 @@ static bool attention_job(const Node *n, RtAttention *a)
         if (!plain_tensor(n->in[j], true)) return false;
     if (!plain_tensor(n, false)) return false;
     const Tensor *q = &n->in[first]->t;
-    *a = (RtAttention){.B = q->dims[0], .T = q->dims[1], .H = n->iattr[0], .Hkv = n->iattr[1],
-                       .scale = (float)n->fattr[0], .out = n->t.data, .out_elem = n->t.fmt.elem};
+    /* ATTENTION or ATTENTION_BWD: the same attributes in the same places */
+    *a = (RtAttention){.B = q->dims[0], .T = q->dims[1], .H = IR_IATTR(n, ATTENTION, heads),
+                       .Hkv = IR_IATTR(n, ATTENTION, kv_heads), .scale = (float)IR_FATTR(n, ATTENTION, scale),
+                       .out = n->t.data, .out_elem = n->t.fmt.elem};
     a->D = q->dims[2] / (inputs == 1 ? a->H + 2 * a->Hkv : a->H);
     a->q = q->data;
     if (inputs == 1) {

@@ -37,7 +37,7 @@ typedef struct {
 static int64_t gen_row_offset(const Node *n) {
     int64_t at = 0;
     while (n && n->op != OP_INPUT) {
-        if (n->op == OP_SLICE && n->iattr[0] == 0) at += n->iattr[1];
+        if (n->op == OP_SLICE && IR_IATTR(n, SLICE, axis) == 0) at += IR_IATTR(n, SLICE, start);
         else if (n->op != OP_RESHAPE && n->op != OP_CAST) return -1;
         n = n->in[0];
     }

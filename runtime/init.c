@@ -75,21 +75,21 @@ static float *alloc_values(int64_t n)
 
 static void fill_param(const Node *p, uint64_t seed, float *x, int64_t n)
 {
-    switch (p->iattr[0]) {
+    switch (IR_IATTR(p, PARAM, init)) {
     case INIT_NORMAL: {
         /* unnamed parameters (hand-built graphs) fall back to their stable id */
         uint64_t h = p->t.name ? hash_name(p->t.name) : splitmix64((uint64_t)p->id);
-        InitJob j = {.key = splitmix64(seed ^ splitmix64(h)), .std = p->fattr[0], .x = x, .n = n};
+        InitJob j = {.key = splitmix64(seed ^ splitmix64(h)), .std = IR_FATTR(p, PARAM, std), .x = x, .n = n};
         ref_parallel_for((n + INIT_CHUNK - 1) / INIT_CHUNK, init_normal_task, &j);
         break;
     }
     case INIT_ZEROS:
     case INIT_ONES:
-        for (int64_t i = 0; i < n; i++) x[i] = p->iattr[0] == INIT_ONES ? 1.0f : 0.0f;
+        for (int64_t i = 0; i < n; i++) x[i] = IR_IATTR(p, PARAM, init) == INIT_ONES ? 1.0f : 0.0f;
         break;
     default:
         ir_die(__FILE__, __LINE__, "parameter '%s': unknown init %lld",
-               p->t.name ? p->t.name : "unnamed", (long long)p->iattr[0]);
+               p->t.name ? p->t.name : "unnamed", (long long)IR_IATTR(p, PARAM, init));
     }
 }
 

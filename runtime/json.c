@@ -1,14 +1,19 @@
-/* json.c — small JSON documents as a tree: a model's config.json, a sharded model's index.
+/* json.c — the runtime's one JSON reader: documents as a tree.
  *
- * Checkpoint headers have their own reader in checkpoint.c, which streams a flat object of
- * tensor entries and checks each field as it goes; the files read here are small and nested
- * (config.json holds objects, arrays, booleans, nulls and reals), and the caller looks up the
- * few keys it knows and ignores the rest, so a tree is the simpler shape. Depth is bounded, and
- * every error names the file and the byte offset.
+ * It reads a model's config.json, a sharded model's index and the header of every safetensors
+ * file (checkpoint.c). The documents are small next to the data they describe (a header of
+ * a few thousand tensor entries is well under a megabyte; safetensors caps it at 100 MB), and
+ * each caller looks up the keys it knows and checks what it finds, so a tree is the simpler
+ * shape: one parser, and the checks of each format next to its meaning. Every value remembers
+ * the byte where it starts, so that a caller's check can name the place as a syntax error does.
+ * Numbers keep their exact integer value when they are written as one (offsets and sizes past
+ * 2^53 stay exact); strings may not hold raw control characters (RFC 8259). Depth is bounded,
+ * and every error is one line naming the file, what was read and the byte offset.
  *
  * The writing side is one function, rt_json_quote: every JSON string fp8c writes (checkpoint
  * headers, log lines, `fp8c plan --json`) goes through it, so a name or a path with a quote,
  * a backslash or a control character never makes a file that JSON readers refuse. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,13 +23,13 @@
 #define JSON_MAX_DEPTH 64
 
 typedef struct {
-    const char *path, *start, *p, *end;
+    const char *path, *what, *start, *p, *end;
     bool failed;
 } JsonIn;
 
-static bool jin_fail(JsonIn *j, const char *what) {
+static bool jin_fail(JsonIn *j, const char *why) {
     if (!j->failed)
-        rt_error("%s: bad JSON: %s at byte %ld", j->path, what, (long)(j->p - j->start));
+        rt_error("%s: bad %s: %s at byte %ld", j->path, j->what, why, (long)(j->p - j->start));
     j->failed = true;
     return false;
 }
@@ -43,13 +48,21 @@ static bool jin_eat(JsonIn *j, char c) {
     return false;
 }
 
+/* A string, decoded into a malloc'ed copy (\uXXXX as UTF-8, never longer than its escape). */
 static char *jin_string(JsonIn *j) {
     if (!jin_eat(j, '"')) return jin_fail(j, "expected a string"), NULL;
-    char *out = malloc((size_t)(j->end - j->p) * 3 + 1);
+    const char *close = j->p;
+    while (close < j->end && *close != '"') close += *close == '\\' && close + 1 < j->end ? 2 : 1;
+    char *out = malloc((size_t)(close - j->p) + 1);
     if (!out) return jin_fail(j, "out of memory"), NULL;
     size_t k = 0;
     while (j->p < j->end && *j->p != '"') {
         char c = *j->p++;
+        if ((unsigned char)c < 0x20) {
+            j->p--;
+            free(out);
+            return jin_fail(j, "control character in a string"), NULL;
+        }
         if (c != '\\') {
             out[k++] = c;
             continue;
@@ -112,6 +125,7 @@ static bool jin_value(JsonIn *j, Jv *v, int depth) {
     memset(v, 0, sizeof *v);
     if (depth > JSON_MAX_DEPTH) return jin_fail(j, "nested too deeply");
     jin_space(j);
+    v->at = j->p - j->start;
     if (j->p >= j->end) return jin_fail(j, "unexpected end");
     char c = *j->p;
     if (c == '{' || c == '[') {
@@ -170,8 +184,28 @@ static bool jin_value(JsonIn *j, Jv *v, int depth) {
     v->num = strtod(buf, &endp);
     if (!n || *endp) return jin_fail(j, "expected a value");
     v->kind = JV_NUM;
+    /* written as an integer (digits, an optional '-') that fits: its exact value too */
+    size_t digits = buf[0] == '-';
+    while (buf[digits] >= '0' && buf[digits] <= '9') digits++;
+    if (digits == n && n > (size_t)(buf[0] == '-')) {
+        errno = 0;
+        long long i = strtoll(buf, &endp, 10);
+        if (errno == 0 && !*endp) v->is_int = true, v->i = i;
+    }
     j->p += n;
     return true;
+}
+
+bool rt_json_parse(const char *path, const char *what, const char *text, int64_t len, Jv *v) {
+    JsonIn j = {.path = path, .what = what, .start = text, .p = text, .end = text + len};
+    memset(v, 0, sizeof *v);
+    jin_space(&j);
+    if (j.p >= j.end || *j.p != '{') return jin_fail(&j, "expected an object");
+    bool ok = jin_value(&j, v, 0);
+    jin_space(&j);
+    if (ok && j.p != j.end) ok = jin_fail(&j, "text after the object");
+    if (!ok) rt_json_free(v);
+    return ok;
 }
 
 /* Reads and parses a whole JSON file; false after rt_error. */
@@ -179,12 +213,7 @@ bool rt_json_read(const char *path, Jv *v) {
     int64_t size = 0;
     uint8_t *text = rt_read_file(path, &size);
     if (!text) return false;
-    JsonIn j = {.path = path, .start = (char *)text, .p = (char *)text, .end = (char *)text + size};
-    bool ok = jin_value(&j, v, 0);
-    jin_space(&j);
-    if (ok && j.p != j.end) ok = jin_fail(&j, "text after the value");
-    if (ok && v->kind != JV_OBJ) ok = jin_fail(&j, "expected an object");
-    if (!ok) rt_json_free(v);
+    bool ok = rt_json_parse(path, "JSON", (const char *)text, size, v);
     free(text);
     return ok;
 }

@@ -40,9 +40,9 @@ static void attn_setup_packed(AttnJob *a, const Node *n, const float *qkv)
     const Tensor *xt = &n->in[n->op == OP_ATTENTION ? 0 : 1]->t;
     memset(a, 0, sizeof *a);
     a->n = n;
-    a->H = n->iattr[0];
-    a->Hkv = n->iattr[1];
-    a->scale = n->fattr[0];
+    a->H = IR_IATTR(n, ATTENTION, heads);
+    a->Hkv = IR_IATTR(n, ATTENTION, kv_heads);
+    a->scale = IR_FATTR(n, ATTENTION, scale);
     if (xt->rank != 3 || a->H <= 0 || a->Hkv <= 0 || a->H % a->Hkv ||
         xt->dims[2] % (a->H + 2 * a->Hkv))
         ref_die_node(n, "packed q|k|v must be (B, T, (heads + 2 kv_heads) head_dim)");
@@ -68,9 +68,9 @@ static void attn_setup(AttnJob *a, const Node *n, const float *q, const float *k
     a->n = n;
     a->B = qt->dims[0];
     a->T = qt->dims[1];
-    a->H = n->iattr[0];
-    a->Hkv = n->iattr[1];
-    a->scale = n->fattr[0];
+    a->H = IR_IATTR(n, ATTENTION_BWD, heads);
+    a->Hkv = IR_IATTR(n, ATTENTION_BWD, kv_heads);
+    a->scale = IR_FATTR(n, ATTENTION_BWD, scale);
     if (a->H <= 0 || a->Hkv <= 0 || a->H % a->Hkv != 0 || qt->dims[2] % a->H != 0)
         ref_die_node(n, "heads %lld, kv_heads %lld do not divide q's %lld columns",
                      (long long)a->H, (long long)a->Hkv, (long long)qt->dims[2]);
@@ -229,8 +229,8 @@ void ref_attention_bwd(const Node *n, const float *const *x, float *y)
 void ref_rope(const Node *n, const float *const *x, float *y)
 {
     const Tensor *t = &n->t;
-    int64_t D = n->iattr[0];
-    double sign = n->iattr[1] ? -1.0 : 1.0, theta = n->fattr[0];
+    int64_t D = IR_IATTR(n, ROPE, head_dim);
+    double sign = IR_IATTR(n, ROPE, inverse) ? -1.0 : 1.0, theta = IR_FATTR(n, ROPE, theta);
     if (t->rank < 2) ref_die_node(n, "rope needs (.., T, heads * head_dim)");
     int64_t C = t->dims[t->rank - 1], T = t->dims[t->rank - 2];
     int64_t B = ir_numel(t) / (C * T > 0 ? C * T : 1);

@@ -315,7 +315,7 @@ void ref_gemm_f64(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, 
 void ref_matmul(const Node *n, const float *const *x, float *y)
 {
     const Tensor *a = &n->in[0]->t, *b = &n->in[1]->t;
-    bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
+    bool ta = IR_IATTR(n, MATMUL, trans_a) != 0, tb = IR_IATTR(n, MATMUL, trans_b) != 0;
     int64_t ar = ref_rows(a), ac = ref_cols(a), br = ref_rows(b), bc = ref_cols(b);
     int64_t M = ta ? ac : ar, K = ta ? ar : ac;
     int64_t KB = tb ? bc : br, N = tb ? br : bc;

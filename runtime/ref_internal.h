@@ -1,9 +1,11 @@
 /* ref_internal.h — what the reference executor's files share; not part of rt.h's interface.
  *
- * The executor is split by concern: ref_exec.c (dispatch, loads and stores through formats),
- * ref_pool.c (threads), ref_gemm.c (matmul), ref_attn.c (attention, rope), ref_ops.c
- * (elementwise, shape, row and gather ops), ref_optim.c (accumulation, norms, AdamW),
- * ref_quant.c (scales and amax histories), ref_math.c (exp).
+ * The executor is split by concern and imports one way: ref_exec.c (dispatch) calls the
+ * kernels, and they and the dispatcher read and write tensors through ref_tensor.c (loads
+ * and stores through formats, scale layout, node errors). The kernels: ref_gemm.c (matmul),
+ * ref_attn.c (attention, rope), ref_ops.c (elementwise, shape, row and gather ops),
+ * ref_optim.c (accumulation, norms, AdamW), ref_quant.c (scales and amax histories); below
+ * them all, ref_pool.c (threads) and ref_math.c (exp).
  *
  * Kernels see decoded f32 arrays: `x[i]` is input i (numel(in[i]) floats, ids too: token ids
  * and targets are exact in f32 below 2^24) and `y` receives numel(n->t) floats that the
@@ -21,7 +23,8 @@
 typedef void (*RefTaskFn)(void *ctx, int64_t task);
 void ref_parallel_for(int64_t n_tasks, RefTaskFn fn, void *ctx);
 
-/* ---------------------------------------------------------------- ref_exec.c */
+/* ---------------------------------------------------------------- ref_tensor.c
+ * (ref_load and ref_store are in rt.h) */
 _Noreturn void ref_die_node(const Node *n, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int64_t ref_rows(const Tensor *t);          /* product of all dims but the last (1 for rank 0) */
@@ -31,14 +34,20 @@ int64_t ref_id(const Node *n, float v, int64_t limit, const char *what);   /* ch
 void ref_bf16_encode(const float *src, uint16_t *dst, int64_t n);
 void ref_bf16_decode(const uint16_t *src, float *dst, int64_t n);
 /* Scales of a scaled (rows, cols) view: how many, and which one element (r, c) uses. Scale
- * tensors are laid out row-major in this order: (1), (rows), (rows, cols/G), (rows/128,
- * cols/128), rounding up. */
+ * tensors hold one scale per block of block_rows x group (ir/scaling.def: the granularity's
+ * block, clipped to the view), row-major over the grid of blocks, rounding up: (1), (rows),
+ * (rows, cols/G), (rows/128, cols/128). */
 typedef struct {
     Scaling kind;
-    int64_t rows, cols, group, n_col_groups, count;
+    int64_t rows, cols;
+    int64_t block_rows, group;      /* the block that shares a scale */
+    int64_t n_col_groups, count;    /* blocks along a row of blocks; all of them */
 } RefScaleMap;
 RefScaleMap ref_scale_map(Scaling kind, int group, int64_t rows, int64_t cols);
 int64_t ref_scale_index(const RefScaleMap *m, int64_t r, int64_t c);
+/* A read-only f32 view of t: its own storage when that is plain f32 (no copy), else a decoded
+ * copy returned through *owned for the caller to free. */
+const float *ref_load_view(const Tensor *t, float **owned);
 
 /* ---------------------------------------------------------------- ref_gemm.c */
 /* C (M, N) = op(A) @ op(B) with f64 accumulation; A is (M, K) or, when ta, (K, M), row-major

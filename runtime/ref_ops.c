@@ -92,7 +92,7 @@ void ref_binary(const Node *n, const float *const *x, float *y)
 
 void ref_scale(const Node *n, const float *const *x, float *y)
 {
-    float alpha = (float)n->fattr[0];
+    float alpha = (float)IR_FATTR(n, SCALE, alpha);
     int64_t count = ir_numel(&n->t);
     check_numel(n, 0, count);
     for (int64_t i = 0; i < count; i++) y[i] = alpha * x[0][i];
@@ -207,8 +207,8 @@ static void split_at(const Tensor *t, int axis, int64_t *outer, int64_t *len, in
 void ref_slice(const Node *n, const float *const *x, float *y)
 {
     const Tensor *in = &n->in[0]->t;
-    int axis = norm_axis(n, n->iattr[0], n->t.rank);
-    int64_t start = n->iattr[1], outer, inner, ly, lx, o2, i2;
+    int axis = norm_axis(n, IR_IATTR(n, SLICE, axis), n->t.rank);      /* PAD too */
+    int64_t start = IR_IATTR(n, SLICE, start), outer, inner, ly, lx, o2, i2;
     split_at(&n->t, axis, &outer, &ly, &inner);
     if (in->rank != n->t.rank)
         ref_die_node(n, "input rank %d, result rank %d", in->rank, n->t.rank);
@@ -229,7 +229,7 @@ void ref_slice(const Node *n, const float *const *x, float *y)
 
 void ref_concat(const Node *n, const float *const *x, float *y)
 {
-    int axis = norm_axis(n, n->iattr[0], n->t.rank);
+    int axis = norm_axis(n, IR_IATTR(n, CONCAT, axis), n->t.rank);
     int64_t outer, ly, inner, at = 0;
     split_at(&n->t, axis, &outer, &ly, &inner);
     for (int k = 0; k < n->n_in; k++) {
@@ -309,7 +309,7 @@ static void norm_rows_range(const Job *j, int64_t lo, int64_t hi)
 {
     OpKind op = j->n->op;
     bool ln = is_layernorm(op), fwd = op == OP_LAYERNORM || op == OP_RMSNORM;
-    double eps = j->n->fattr[0];
+    double eps = IR_FATTR(j->n, LAYERNORM, eps);       /* every norm op has it first */
     int64_t C = j->cols;
     for (int64_t r = lo; r < hi; r++) {
         const float *x = (fwd ? j->x[0] : j->x[1]) + r * C;

@@ -48,7 +48,7 @@ void ref_sqnorm(const Node *n, const float *const *x, float *y)
 
 void ref_clip_coef(const Node *n, const float *const *x, float *y)
 {
-    double max_norm = n->fattr[0], norm = x[0][0];
+    double max_norm = IR_FATTR(n, CLIP_COEF, max_norm), norm = x[0][0];
     y[0] = max_norm > 0 ? (float)fmin(1.0, max_norm / (norm + 1e-6)) : 1.0f;
 }
 
@@ -150,7 +150,7 @@ static double scalar_in(Node *n, int k)
 
 void ref_adamw(Node *n)
 {
-    int copies = n->iattr[0] ? 3 : 0;
+    int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0;
     if (n->n_in - copies != 8 && n->n_in - copies != 9)
         ref_die_node(n, "takes (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax])");
     Tensor *param = &n->in[A_PARAM]->t, *grad = &n->in[A_GRAD]->t;
@@ -158,8 +158,8 @@ void ref_adamw(Node *n)
     int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
     Tensor *master = at_master >= 0 ? &n->in[at_master]->t : NULL;
     Tensor *copy = at_copy >= 0 ? &n->in[at_copy]->t : NULL;
-    AdamJob j = {.n = ir_numel(param), .b1 = n->fattr[0], .b2 = n->fattr[1],
-                 .eps = n->fattr[2], .wd = n->fattr[3]};
+    AdamJob j = {.n = ir_numel(param), .b1 = IR_FATTR(n, ADAMW, beta1), .b2 = IR_FATTR(n, ADAMW, beta2),
+                 .eps = IR_FATTR(n, ADAMW, eps), .wd = IR_FATTR(n, ADAMW, weight_decay)};
     const Tensor *same[] = {grad, mt, vt, master, copy};
     for (int k = 0; k < 5; k++)
         if (same[k] && ir_numel(same[k]) != j.n)

@@ -4,7 +4,7 @@
  * scales that fit it into its element type now (current scaling); AMAX_RECORD pushes a
  * tensor's amax into a history and DELAYED_SCALE turns the history into the scale for the next
  * step (delayed scaling, TransformerEngine). QUANTIZE needs no code of its own: its value is
- * its input, and storing it through its scaled format is the quantization (ref_exec.c).
+ * its input, and storing it through its scaled format is the quantization (ref_tensor.c).
  *
  * Conventions, shared with the generated kernels:
  *  - amax is the largest |x|, ignoring NaN (as CUDA's fmaxf does), keeping infinities;
@@ -27,14 +27,13 @@ static bool amax_usable(double amax) { return amax > 0 && isfinite(amax); }
 void ref_quant_scale(const Node *n, const float *const *x, float *y)
 {
     const Tensor *t = &n->in[0]->t;
-    ElemType e = (ElemType)n->iattr[0];
-    Scaling kind = (Scaling)n->iattr[1];
-    if (e <= FMT_VOID || e >= FMT_COUNT)
-        ref_die_node(n, "bad element type %lld", (long long)n->iattr[0]);
-    if (kind <= SCALE_NONE || kind >= SCALE_COUNT || (kind == SCALE_PER_GROUP && n->iattr[2] <= 0))
-        ref_die_node(n, "bad scaling %lld (group %lld)", (long long)n->iattr[1],
-                     (long long)n->iattr[2]);
-    RefScaleMap m = ref_scale_map(kind, (int)n->iattr[2], ref_rows(t), ref_cols(t));
+    ElemType e = (ElemType)IR_IATTR(n, QUANT_SCALE, elem);
+    Scaling kind = (Scaling)IR_IATTR(n, QUANT_SCALE, scaling);
+    int64_t group = IR_IATTR(n, QUANT_SCALE, group), margin = IR_IATTR(n, QUANT_SCALE, margin);
+    if (e <= FMT_VOID || e >= FMT_COUNT) ref_die_node(n, "bad element type %d", (int)e);
+    if (kind <= SCALE_NONE || kind >= SCALE_COUNT || (fmt_scaling_info(kind)->block_cols < 0 && group <= 0))
+        ref_die_node(n, "bad scaling %d (group %lld)", (int)kind, (long long)group);
+    RefScaleMap m = ref_scale_map(kind, (int)group, ref_rows(t), ref_cols(t));
     if (ir_numel(&n->t) != m.count)
         ref_die_node(n, "result has %lld elements, the %s scales %lld", (long long)ir_numel(&n->t),
                      fmt_scaling_name(kind), (long long)m.count);
@@ -46,7 +45,7 @@ void ref_quant_scale(const Node *n, const float *const *x, float *y)
             amax[k] = fmaxf(amax[k], fabsf(x[0][r * m.cols + c]));
         }
     for (int64_t k = 0; k < m.count; k++)
-        y[k] = amax_usable(amax[k]) ? (float)scale_for(e, amax[k], n->iattr[3]) : 1.0f;
+        y[k] = amax_usable(amax[k]) ? (float)scale_for(e, amax[k], margin) : 1.0f;
     free(amax);
 }
 
@@ -78,9 +77,9 @@ void ref_delayed_scale(Node *n)
     if (H < 1) ref_die_node(n, "empty amax history");
     float *hist = ref_load(ht), *s = ref_load(st);
     double amax = hist[0];
-    if (n->iattr[2])
+    if (IR_IATTR(n, DELAYED_SCALE, use_max))
         for (int64_t i = 1; i < H; i++) amax = fmax(amax, hist[i]);
-    if (amax_usable(amax)) s[0] = (float)scale_for((ElemType)n->iattr[0], amax, n->iattr[1]);
+    if (amax_usable(amax)) s[0] = (float)scale_for((ElemType)IR_IATTR(n, DELAYED_SCALE, elem), amax, IR_IATTR(n, DELAYED_SCALE, margin));
     ref_store(st, s);
     if (n->t.data && n->t.data != st->data) ref_store(&n->t, s);
     free(hist);

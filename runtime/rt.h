@@ -1,13 +1,13 @@
 /* rt.h — the runtime: what a training binary runs. Small and stable.
  *
- * Sections: the reference executor (ref_exec.c), parameter init (init.c), and the training
+ * Sections: the reference executor (ref_exec.c, ref_tensor.c), parameter init (init.c), and the training
  * program's pieces (data.c, checkpoint.c, log.c, args.c, arenas.c, train.c). */
 #ifndef FP8C_RT_H
 #define FP8C_RT_H
 
 #include "ir.h"
 
-/* ---------------------------------------------------------------- ref_exec.c
+/* ---------------------------------------------------------------- ref_exec.c, ref_tensor.c
  * Plain C, one op at a time, f32 storage semantics through each tensor's Format (inputs are
  * decoded to f32, results rounded into their element type), f64 accumulation in reductions.
  * It is the ground truth the backends are tested against. Every tensor a node reads or writes
@@ -18,6 +18,7 @@ void ref_run_phase(Graph *g, Phase phase);             /* every node of `phase`,
  * interleave them (a chunk's loss backward right after its forward) and the memory plan counts
  * on this order; evaluation runs the FORWARD nodes alone, which is safe in any plan. */
 void ref_run_micro_step(Graph *g);
+/* ref_tensor.c */
 float *ref_load(const Tensor *t);                      /* decoded f32 copy; free() it */
 void ref_store(Tensor *t, const float *x);             /* encode through t's format */
 /* Threads the executor uses: FP8C_THREADS, else the online CPUs. Results are bit-identical
@@ -264,12 +265,16 @@ bool rt_tune_apply(const Graph *g);
 void rt_cpu_set_task_work(int64_t work);
 
 /* ---------------------------------------------------------------- json.c
- * Small JSON documents (config.json, a shard index) as a tree. rt_json_read parses a file
- * whose value is an object; false after one rt_error line naming the file and the offset. */
+ * The runtime's JSON reader (config.json, a shard index, safetensors headers): a document
+ * whose value is an object, as a tree. rt_json_read parses a file, rt_json_parse text in
+ * memory; false after one rt_error line "PATH: bad WHAT: why at byte N". */
 typedef enum { JV_NULL, JV_BOOL, JV_NUM, JV_STR, JV_ARR, JV_OBJ } JvKind;
 typedef struct Jv {
     JvKind kind;
+    int64_t at;                 /* byte offset of the value in the text */
     double num;                 /* JV_NUM, JV_BOOL (0 or 1) */
+    bool is_int;                /* JV_NUM written as an integer that fits int64_t: i */
+    int64_t i;
     char *str;                  /* JV_STR */
     int n;                      /* JV_ARR, JV_OBJ: items (and keys) */
     char **keys;
@@ -281,6 +286,7 @@ bool rt_json_read(const char *path, Jv *v);
  * length it needs is returned, dst is cut short and terminated when cap is smaller). */
 size_t rt_json_quote(char *dst, size_t cap, const char *s);
 bool rt_json_write_string(FILE *f, const char *s);           /* false: the write failed */
+bool rt_json_parse(const char *path, const char *what, const char *text, int64_t len, Jv *v);
 const Jv *rt_json_get(const Jv *object, const char *key);   /* NULL: absent, or not an object */
 void rt_json_free(Jv *v);
 

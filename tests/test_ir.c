@@ -7,6 +7,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "ir.h"
 
@@ -316,10 +319,175 @@ static void test_tables(void **state)
     assert_string_equal(ir_op_info(OP_MATMUL)->iattr_names[1], "trans_b");
 }
 
+/* Attributes by name: every name of the op table reads and writes the slot the textual IR
+ * gives it, and the values the reader sets by name come back through the accessors. */
+static void test_named_attributes(void **state)
+{
+    (void)state;
+    const OpInfo *mm = ir_op_info(OP_MATMUL);
+    assert_int_equal(mm->n_iattr, IATTR_MATMUL_COUNT_);
+    assert_int_equal(mm->n_fattr, FATTR_MATMUL_COUNT_);
+    const int index[] = {IATTR_MATMUL_trans_a, IATTR_MATMUL_trans_b, IATTR_MATMUL_fp8,
+                         IATTR_MATMUL_history, IATTR_MATMUL_grad_e4m3, IATTR_MATMUL_recent,
+                         IATTR_MATMUL_margin, IATTR_MATMUL_unaligned};
+    const char *const names[] = {"trans_a", "trans_b", "fp8", "history", "grad_e4m3", "recent",
+                                 "margin", "unaligned"};
+    for (int i = 0; i < 8; i++) assert_string_equal(mm->iattr_names[index[i]], names[i]);
+    assert_string_equal(mm->fattr_names[FATTR_MATMUL_static_scale], "static_scale");
+    assert_int_equal(ir_op_info(OP_INPUT)->n_iattr, 0);
+    assert_int_equal(ir_op_info(OP_ADAMW)->n_fattr, FATTR_ADAMW_COUNT_);
+
+    /* random values through the reader, back through the accessors and the printer */
+    srand((unsigned)time(NULL));
+    int trans_b = rand() % 2, history = 1 + rand() % 64, margin = rand() % 4;
+    double scale = 0.25 * (1 + rand() % 16);
+    char text[512];
+    snprintf(text, sizeof text,
+             "%%0 = input() : f32[32,16] role=input phase=forward\n"
+             "%%1 = param() : f32[16,16] role=param phase=forward name=\"w\"\n"
+             "%%2 = matmul(%%0, %%1) trans_b=%d fp8=1 history=%d margin=%d static_scale=%g "
+             ": f32[32,16] role=activation phase=forward\n",
+             trans_b, history, margin, scale);
+    Arena *a = arena_new();
+    Graph *g = ir_read(a, "named.ir", text);
+    assert_non_null(g);
+    Node *n = g->nodes[2];
+    assert_int_equal(IR_IATTR(n, MATMUL, trans_a), 0);
+    assert_int_equal(IR_IATTR(n, MATMUL, trans_b), trans_b);
+    assert_int_equal(IR_IATTR(n, MATMUL, fp8), GEMM_FP8_TENSOR);
+    assert_int_equal(IR_IATTR(n, MATMUL, history), history);
+    assert_int_equal(IR_IATTR(n, MATMUL, margin), margin);
+    assert_float_equal(IR_FATTR(n, MATMUL, static_scale), scale, 0);
+    IR_IATTR(n, MATMUL, unaligned) = 1;
+    IR_IATTR(n, MATMUL, fp8) = GEMM_BF16;
+    char *printed = print_to_string(g);
+    assert_non_null(strstr(printed, "unaligned=1"));
+    assert_null(strstr(printed, "fp8="));
+    free(printed);
+
+    /* an op of the family (PAD has SLICE's attributes in SLICE's places) reads through the
+     * other's name; an op without the attribute stops the program with a message */
+    int64_t three[1] = {3};
+    Node *x = ir_leaf(g, OP_INPUT, "x", ROLE_INPUT, FMT_F32, 1, three, here);
+    Node *pad = ir_add1(g, OP_PAD, x, here);
+    int64_t start = rand() % 5;
+    IR_IATTR(pad, SLICE, start) = start;
+    assert_int_equal(IR_IATTR(pad, PAD, start), start);
+    Node *add = ir_add2(g, OP_ADD, x, x, here);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        freopen("/dev/null", "w", stderr);
+        (void)IR_IATTR(add, MATMUL, fp8);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_false(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    arena_free(a);
+}
+
+/* The scaling table: on random 2-D views, the grid of scales of each granularity is the one
+ * its definition gives (DESIGN.md: one per tensor, per row, per 1 x G group, per 1 x 128 tile,
+ * per 128 x 128 block, rounding up), rule words name their rows, and the GEMM modes give
+ * activations and weights the granularities of their recipes. */
+static void test_scaling_table(void **state)
+{
+    (void)state;
+    srand((unsigned)time(NULL) ^ 0x5ca1e);
+    for (int trial = 0; trial < 200; trial++) {
+        int64_t rows = rand() % 700, cols = 1 + rand() % 700, G = 1 + rand() % 64;
+        ScaleGrid t = fmt_scale_grid(SCALE_PER_TENSOR, 0, rows, cols);
+        assert_int_equal(t.grid_rows * t.grid_cols, 1);
+        ScaleGrid r = fmt_scale_grid(SCALE_PER_ROW, 0, rows, cols);
+        assert_int_equal(r.grid_rows, rows);
+        assert_int_equal(r.grid_cols, 1);
+        assert_int_equal(r.block_cols, cols);
+        ScaleGrid g = fmt_scale_grid(SCALE_PER_GROUP, G, rows, cols);
+        assert_int_equal(g.grid_rows, rows);
+        assert_int_equal(g.grid_cols, (cols + G - 1) / G);
+        assert_int_equal(g.block_cols, G);
+        ScaleGrid tile = fmt_scale_grid(SCALE_TILE_1x128, 0, rows, cols);
+        assert_int_equal(tile.grid_rows, rows);
+        assert_int_equal(tile.grid_cols, (cols + 127) / 128);
+        ScaleGrid b = fmt_scale_grid(SCALE_BLOCK_128, 0, rows, cols);
+        assert_int_equal(b.grid_rows, (rows + 127) / 128);
+        assert_int_equal(b.grid_cols, (cols + 127) / 128);
+        assert_int_equal(b.block_rows * b.block_cols, 128 * 128);
+    }
+    const struct { const char *rule; Scaling s; } words[] = {
+        {"tensor", SCALE_PER_TENSOR}, {"row", SCALE_PER_ROW}, {"tile128", SCALE_TILE_1x128},
+        {"block128", SCALE_BLOCK_128}};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+        Scaling s = SCALE_NONE;
+        assert_true(fmt_scaling_from_rule(words[i].rule, &s));
+        assert_int_equal(s, words[i].s);
+    }
+    Scaling s;
+    assert_false(fmt_scaling_from_rule("group", &s));
+    assert_false(fmt_scaling_from_rule("", &s));
+    assert_int_equal(fmt_scaling_group(SCALE_TILE_1x128, 0), 128);
+    assert_int_equal(fmt_scaling_group(SCALE_PER_GROUP, 16), 16);
+    assert_int_equal(fmt_scaling_group(SCALE_BLOCK_128, 0), 0);
+    assert_int_equal(fmt_gemm_operand_scaling(GEMM_FP8_TENSOR, true), SCALE_PER_TENSOR);
+    assert_int_equal(fmt_gemm_operand_scaling(GEMM_FP8_ROW, false), SCALE_PER_ROW);
+    assert_int_equal(fmt_gemm_operand_scaling(GEMM_FP8_BLOCK, false), SCALE_TILE_1x128);
+    assert_int_equal(fmt_gemm_operand_scaling(GEMM_FP8_BLOCK, true), SCALE_BLOCK_128);
+    assert_int_equal(fmt_gemm_mode_of(SCALE_BLOCK_128), GEMM_FP8_BLOCK);
+    assert_int_equal(fmt_gemm_mode_of(SCALE_TILE_1x128), GEMM_FP8_BLOCK);
+    assert_int_equal(fmt_gemm_mode_of(SCALE_PER_ROW), GEMM_FP8_ROW);
+    assert_int_equal(fmt_gemm_mode_of(SCALE_PER_GROUP), GEMM_FP8_TENSOR);
+    assert_true(fmt_scaling_info(SCALE_BLOCK_128)->transposable);
+    assert_false(fmt_scaling_info(SCALE_TILE_1x128)->transposable);
+    assert_string_equal(fmt_scaling_info(SCALE_BLOCK_128)->cublaslt, "BLK128x128_32F");
+    assert_string_equal(fmt_scaling_name(SCALE_TILE_1x128), "tile1x128");
+}
+
+/* The growable string: random pieces, some formatted far past any fixed line buffer, come out
+ * in order and whole; the text stays NUL-terminated and "" while empty. */
+static void test_strbuf(void **state)
+{
+    (void)state;
+    srand((unsigned)time(NULL) ^ 0x5b);
+    StrBuf b = {0};
+    assert_string_equal(strbuf_text(&b), "");
+    size_t cap = 1 << 20, len = 0;
+    char *want = malloc(cap);
+    char *piece = malloc(20000);
+    assert_non_null(want);
+    assert_non_null(piece);
+    for (int i = 0; i < 300; i++) {
+        int n = rand() % 3 == 0 ? rand() % 9000 : rand() % 40;
+        for (int k = 0; k < n; k++) piece[k] = (char)('a' + rand() % 26);
+        piece[n] = 0;
+        int x = rand();
+        switch (i % 3) {
+        case 0: strbuf_add(&b, piece); break;
+        case 1: strbuf_addn(&b, piece, (size_t)n); break;
+        default: strbuf_printf(&b, "<%d:%s>", x, piece); break;
+        }
+        len += (size_t)(i % 3 == 2 ? snprintf(want + len, cap - len, "<%d:%s>", x, piece)
+                                   : snprintf(want + len, cap - len, "%s", piece));
+        assert_true(len < cap);
+    }
+    assert_false(b.failed);
+    assert_int_equal(b.len, len);
+    assert_string_equal(strbuf_text(&b), want);
+    strbuf_free(&b);
+    assert_null(b.buf);
+    assert_string_equal(strbuf_text(&b), "");
+    free(want);
+    free(piece);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_named_attributes),
+        cmocka_unit_test(test_scaling_table),
+        cmocka_unit_test(test_strbuf),
         cmocka_unit_test(test_shapes),
         cmocka_unit_test(test_shape_errors_name_dims),
         cmocka_unit_test(test_roundtrip),

@@ -278,7 +278,8 @@ static void test_json(void **state) {
     const char *path = tmp_path("config.json");
     const char *good = "{\"model_type\": \"llama\", \"n\": 32, \"eps\": 1e-05, \"neg\": -2.5E+3,\n"
                        " \"tie\": false, \"scaling\": null, \"archs\": [\"A\", {\"x\": [1, []]}],\n"
-                       " \"esc\": \"a\\\"b\\u00e9\\n\", \"nested\": {\"deep\": {\"k\": true}}}";
+                       " \"esc\": \"a\\\"b\\u00e9\\n\", \"nested\": {\"deep\": {\"k\": true}},\n"
+                       " \"big\": 9007199254740993, \"small\": -7}";
     write_bytes(path, good, strlen(good));
     Jv v;
     assert_true(rt_json_read(path, &v));
@@ -292,9 +293,17 @@ static void test_json(void **state) {
     assert_true(rt_json_get(rt_json_get(rt_json_get(&v, "nested"), "deep"), "k")->num == 1);
     assert_null(rt_json_get(&v, "absent"));
     assert_null(rt_json_get(rt_json_get(&v, "n"), "x"));
+    /* integers exact (2^53 + 1 has no double), reals not integers, every value's place */
+    assert_true(rt_json_get(&v, "n")->is_int && rt_json_get(&v, "n")->i == 32);
+    assert_true(rt_json_get(&v, "big")->is_int && rt_json_get(&v, "big")->i == 9007199254740993LL);
+    assert_true(rt_json_get(&v, "small")->is_int && rt_json_get(&v, "small")->i == -7);
+    assert_false(rt_json_get(&v, "eps")->is_int);
+    assert_false(rt_json_get(&v, "neg")->is_int);
+    assert_int_equal(rt_json_get(&v, "n")->at, strstr(good, "32") - good);
+    assert_int_equal(rt_json_get(&v, "nested")->at, strstr(good, "{\"deep") - good);
     rt_json_free(&v);
     const char *bad[] = {"", "[1, 2]", "{\"a\": }", "{\"a\": 1,}", "{\"a\": \"x}", "{\"a\": 1} 2",
-                         "{\"a\": tru}", "{\"a\": \"\\q\"}"};
+                         "{\"a\": tru}", "{\"a\": \"\\q\"}", "{\"a\": \"tab\there\"}"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_bytes(path, bad[i], strlen(bad[i]));
         rt_clear_error();
@@ -700,6 +709,93 @@ static void test_safetensors_huge_shape(void **state) {
     rt_st_close(&s);
 }
 
+/* A safetensors file: the 8-byte header length, the header, then `data` zero bytes. */
+static void write_st(const char *path, const char *header, size_t data) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint64_t len = strlen(header);
+    uint8_t len8[8];
+    for (int b = 0; b < 8; b++) len8[b] = (uint8_t)(len >> (8 * b));
+    assert_int_equal(fwrite(len8, 1, 8, f), 8);
+    assert_int_equal(fwrite(header, 1, len, f), len);
+    for (size_t i = 0; i < data; i++) fputc(0, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Safetensors headers go through json.c's reader: random entries come back as written, and
+ * each malformed header is refused with its reason and the byte where it lies. */
+static void test_safetensors_header(void **state) {
+    (void)state;
+    srand((unsigned)time(NULL) ^ 0x57);
+    const char *path = tmp_path("header.safetensors");
+    enum { N = 40 };
+    int64_t dims[N][3], at = 0, begin[N];
+    int rank[N];
+    char header[8192];
+    int n = snprintf(header, sizeof header, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < N; i++) {
+        rank[i] = rand() % 4;
+        int64_t numel = 1;
+        n += snprintf(header + n, sizeof header - (size_t)n, ",\"t%d.w%d\":{\"shape\":[", i, rand() % 1000);
+        for (int d = 0; d < rank[i]; d++) {
+            dims[i][d] = 1 + rand() % 5;
+            numel *= dims[i][d];
+            n += snprintf(header + n, sizeof header - (size_t)n, "%s%lld", d ? "," : "", (long long)dims[i][d]);
+        }
+        begin[i] = at;
+        at += 2 * numel;
+        n += snprintf(header + n, sizeof header - (size_t)n, "],\"dtype\":\"BF16\",\"data_offsets\":[%lld,%lld]}",
+                      (long long)begin[i], (long long)at);
+    }
+    snprintf(header + n, sizeof header - (size_t)n, "}");
+    write_st(path, header, (size_t)at);
+    RtStFile st;
+    assert_true(rt_st_open(&st, path));
+    assert_int_equal(st.n_entries, N);
+    assert_int_equal(st.n_meta, 1);
+    assert_string_equal(st.meta[0].value, "pt");
+    for (int i = 0; i < N; i++) {
+        const RtStEntry *e = &st.entries[i];
+        assert_string_equal(e->dtype, "BF16");
+        assert_int_equal(e->rank, rank[i]);
+        for (int d = 0; d < rank[i]; d++) assert_int_equal(e->dims[d], dims[i][d]);
+        assert_int_equal(e->begin, begin[i]);
+        assert_ptr_equal(rt_st_find(&st, e->name), e);
+    }
+    rt_st_close(&st);
+
+    const struct { const char *header, *want, *at; } bad[] = {
+        {"{\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+         "\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", "a tensor name appears twice", "{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1"},
+        {"{\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"y\":7}}", "unexpected or repeated key", "7}"},
+        {"{\"x\":{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,1]}}", "non-negative integer", "-1"},
+        {"{\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1.0]}}", "non-negative integer", "1.0"},
+        {"{\"x\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", "array too long", "1]"},
+        {"{\"x\":{\"dtype\":\"U8\",\"shape\":[1]}}", "lacks dtype, shape or data_offsets", "{\"dtype"},
+        {"{\"__metadata__\":{\"a\":1}}", "expected a string", "1}"},
+        {"{\"x\":{\"dtype\":7,\"shape\":[1],\"data_offsets\":[0,1]}}", "expected a string", "7,"},
+        {"{\"x\t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", "control character", "\t"},
+        {"[]", "expected an object", "[]"},
+        {"{\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}} {}", "text after", "{}"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_st(path, bad[i].header, 2);
+        rt_clear_error();
+        if (rt_st_open(&st, path)) fail_msg("accepted %s", bad[i].header);
+        char where[64];
+        snprintf(where, sizeof where, " at byte %ld", (long)(strstr(bad[i].header, bad[i].at) - bad[i].header));
+        assert_error_mentions("bad checkpoint header", bad[i].want);
+        const char *msg = rt_last_error();
+        size_t lm = strlen(msg), lw = strlen(where);
+        if (lm < lw || strcmp(msg + lm - lw, where)) fail_msg("\"%s\" should end \"%s\"", msg, where);
+    }
+    /* offsets stay exact past 2^53, where a double would round 2^53 + 1 to 2^53 */
+    write_st(path, "{\"x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[9007199254740992,9007199254740993]}}", 0);
+    rt_clear_error();
+    assert_false(rt_st_open(&st, path));
+    assert_error_mentions("ends at byte 9007199254740993", NULL);
+}
+
 /* A NaN or an infinity anywhere in a floating-point tensor is refused at load, naming the
  * tensor, before any tensor is written: such a state would only train into NaN. */
 static void test_checkpoint_non_finite(void **state) {
@@ -1090,6 +1186,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_checkpoint_corruption, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_non_finite, setup, teardown),
         cmocka_unit_test_setup_teardown(test_safetensors_huge_shape, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_safetensors_header, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_failed_save, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_umask, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_synced, setup, teardown),
