@@ -266,7 +266,7 @@ static PlanComm plan_comm(const Graph *g)
         const Node *n = g->nodes[i];
         if (n->op != OP_ALL_REDUCE) continue;
         c.count++;
-        c.ranks = (int)n->iattr[0];
+        c.ranks = (int)IR_IATTR(n, ALL_REDUCE, ranks);
         c.bytes += ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem);
         f32 |= n->t.fmt.elem == FMT_F32;
         bf16 |= n->t.fmt.elem == FMT_BF16;

@@ -71,7 +71,7 @@ bool pass_comm(Graph *g, const PassOptions *opt)
     for (int i = 0; i < n_acc; i++) {
         Node *a = acc[i];
         Node *r = ir_add1(g, OP_ALL_REDUCE, a, a->loc);
-        r->iattr[0] = opt->gpus;
+        IR_IATTR(r, ALL_REDUCE, ranks) = opt->gpus;
         r->phase = PHASE_UPDATE;
         r->t.role = ROLE_GRAD;        /* it is the accumulator itself (same storage) */
         r->grad_of = a->grad_of;

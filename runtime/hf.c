@@ -76,13 +76,13 @@ static bool hf_model_info(const Graph *g, ModelInfo *m) {
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         if (n->op == OP_ATTENTION && !m->heads) {
-            m->heads = n->iattr[0];
-            m->kv_heads = n->iattr[1];
-        } else if (n->op == OP_ROPE && !n->iattr[1] && !m->head_dim) {
-            m->head_dim = n->iattr[0];
-            m->theta = n->fattr[0];
+            m->heads = IR_IATTR(n, ATTENTION, heads);
+            m->kv_heads = IR_IATTR(n, ATTENTION, kv_heads);
+        } else if (n->op == OP_ROPE && !IR_IATTR(n, ROPE, inverse) && !m->head_dim) {
+            m->head_dim = IR_IATTR(n, ROPE, head_dim);
+            m->theta = IR_FATTR(n, ROPE, theta);
         } else if ((n->op == OP_LAYERNORM || n->op == OP_RMSNORM) && !m->eps) {
-            m->eps = n->fattr[0];
+            m->eps = IR_FATTR(n, LAYERNORM, eps);   /* RMSNORM keeps eps at the same place */
         } else if (n->op == OP_PARAM && n->t.name) {
             int layer = -1;
             if (sscanf(n->t.name, m->family == FAM_GPT2 ? "h.%d." : "model.layers.%d.", &layer) == 1 &&
