@@ -509,10 +509,13 @@ static void build_optimizer(void) {
     v3->iattr[1] = 1;
     add_case("adamw master, FP8 copy", 2e-5, op_v(OP_ADAMW, FMT_VOID, I(1), Fa(0.9, 0.95, 1e-8, 0.1),
              IN(p3, g3, m3, v3, scal[0], scal[1], scal[2], scal[3], w3, copy, cs, amax)));
-    /* coded states (O2: range expansion; O3: companded m, sqrt v, split master) */
-    int64_t nc = gt_int(1, 1000);
+    /* coded states (O2: range expansion; O3: companded m, sqrt v, split master), at a size of
+     * any length (every access element by element) and at a multiple of 8 past a few chunks of
+     * 256 (wide accesses, then a short last chunk) */
     Codec codecs[2][2] = {{CODEC_EXPAND, CODEC_EXPAND}, {CODEC_COMPAND, CODEC_SQRT}};
-    for (int c = 0; c < 2; c++) {
+    for (int cs_i = 0; cs_i < 4; cs_i++) {
+        int c = cs_i % 2;
+        int64_t nc = cs_i < 2 ? gt_int(1, 1000) : 8 * gt_int(100, 400);
         Node *st[2];
         for (int k = 0; k < 2; k++) {
             Codec cd = codecs[c][k];
