@@ -57,25 +57,10 @@ static int teardown(void **state) {
 static char *slurp_size(const char *name, size_t *size) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
-    if (buf) buf[n] = 0;
-    *size = (size_t)n;
-    return buf;
+    return read_path(path, size);
 }
 
-static char *slurp(const char *name) {
-    size_t size;
-    char *s = slurp_size(name, &size);
-    if (!s) fail_msg("cannot read %s/%s", tmp_dir, name);
-    return s;
-}
+static char *slurp(const char *name) { return read_tmp(name, NULL); }
 
 typedef enum { BUILT, CACHED } How;
 

@@ -1,6 +1,6 @@
 /* test_files.h — what the tests that write files share: their temporary directory (tmp_dir,
- * made by the test's setup), removing it with everything in it, and running a command with its
- * output kept there. Included after cmocka.h by one .c file each (static definitions). */
+ * made by the test's setup), removing it with everything in it, reading a file of it whole, and
+ * running a command with its output kept there. Included after cmocka.h by one .c file each (static definitions). */
 #ifndef FP8C_TEST_FILES_H
 #define FP8C_TEST_FILES_H
 
@@ -33,6 +33,31 @@ static inline void remove_tree(const char *path) {
     } else {
         unlink(path);
     }
+}
+
+/* A file whole, NUL-terminated, its length in *size when size is not NULL; NULL when it cannot be
+ * read. read_tmp: a file of tmp_dir, the test failing when it cannot be read. */
+static inline char *read_path(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+    fclose(f);
+    if (buf) buf[n] = 0;
+    if (size) *size = buf ? (size_t)n : 0;
+    return buf;
+}
+
+static char *read_tmp(const char *name, size_t *size) __attribute__((unused));
+static char *read_tmp(const char *name, size_t *size) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    char *s = read_path(path, size);
+    if (!s) fail_msg("cannot read %s", path);
+    return s;
 }
 
 /* Runs a shell command with stdout and stderr into tmp_dir/NAME.out; returns the exit status. */

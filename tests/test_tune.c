@@ -31,26 +31,8 @@ static char model[1024];
 static const char *const model_flags = "-O1 -D layers=1 -D dim=64 --batch 2 --seq 32";
 static char env[600];
 
-static char *slurp_path(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
-    if (buf) buf[n] = 0;
-    return buf;
-}
-
-static char *slurp(const char *name) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    char *s = slurp_path(path);
-    if (!s) fail_msg("cannot read %s", path);
-    return s;
-}
+static char *slurp(const char *name) { return read_tmp(name, NULL); }
+static char *slurp_path(const char *path) { return read_path(path, NULL); }
 
 static int count_lines(const char *s) {
     int n = 0;
