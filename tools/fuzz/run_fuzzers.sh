@@ -11,7 +11,7 @@ build=${1:?usage: run_fuzzers.sh BUILD [SECONDS] [HARNESS...]}
 seconds=${2:-60}
 [ $# -ge 2 ] && shift 2 || shift $#
 root=$(cd "$(dirname "$0")/../.." && pwd)
-harnesses=${*:-model ir ckpt data args}
+harnesses=${*:-model ir ckpt data args cli}
 # a UBSan report ends the process through abort(), where either driver saves the input
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:abort_on_error=1}
 work=$(mktemp -d "${TMPDIR:-/tmp}/fp8c-fuzz-run-XXXXXX")
