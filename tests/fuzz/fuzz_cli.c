@@ -9,9 +9,9 @@
  *
  * What the pipeline sees is bounded so that one input stays cheap: the model is the fixed one
  * below (not the file the input names), --policy files and --print-ir-after are dropped, and
- * an input whose -D values are longer than 4 characters or whose batch x seq passes 4096 tokens
- * is parsed only. (Large sizes are the model harness's business; the bounds on them are checked
- * by the front end's own tests.) */
+ * an input with a -D value longer than 8 characters, more than 8 layers (the one size that
+ * multiplies the graph) or a batch x seq above 4096 tokens is parsed only. (Large sizes are
+ * the model harness's business; the bounds on them are checked by the front end's own tests.) */
 #include <stdio.h>
 #include <stdint.h>
 
@@ -80,8 +80,12 @@ static void fuzz_cli_check(const Args *a, int argc)
 static void fuzz_cli_compile(Args *a, const char *model)
 {
     if (a->build.front.batch * (a->build.front.seq ? a->build.front.seq : 1) > 4096) return;
-    for (int i = 0; i < a->build.front.n_defines; i++)
-        if (strlen(a->build.front.defines[i].value) > 4) return;
+    for (int i = 0; i < a->build.front.n_defines; i++) {
+        const Define *d = &a->build.front.defines[i];
+        char *end;
+        double v = strtod(d->value, &end);
+        if (strlen(d->value) > 8 || (!strcmp(d->name, "layers") && end != d->value && v > 8)) return;
+    }
     BuildOptions o = a->build;
     o.passes.policy_file = NULL;
     o.passes.print_after = NULL;
