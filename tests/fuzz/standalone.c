@@ -10,8 +10,9 @@
  *
  * Its command line is the part of libFuzzer's that tools/fuzz/run_fuzzers.sh uses, so the
  * script runs either kind of binary: files and directories of inputs to replay, -seed=N,
- * -max_total_time=S (0, the default: replay only), -runs=N (mutated inputs at most), -max_len=N,
- * -timeout=S (per input), -artifact_prefix=P; other -flag=value options are ignored. It prints
+ * -max_total_time=S and -runs=N (mutated inputs for S seconds, at most N of them; with neither,
+ * the inputs are only replayed), -max_len=N, -timeout=S (per input), -artifact_prefix=P; other
+ * -flag=value options are ignored. It prints
  * libFuzzer's stat:: lines at the end. An input that crashes, aborts or trips a sanitizer is
  * written to P + "crash-" + its hash, one that runs over the timeout to P + "timeout-" + its
  * hash, before the process dies. Leaks are reported by LeakSanitizer when the process exits,
@@ -384,9 +385,9 @@ int main(int argc, char **argv)
     double t0 = now_s();
     long executed = 0;
     for (int k = 0; k < corpus.n; k++, executed++) run_one(corpus.items[k].data, corpus.items[k].size);
-    fprintf(stderr, "standalone: replayed %d inputs; mutating for %ld s with seed %ld\n", corpus.n,
-            total_time, seed);
-    if (total_time > 0 && runs != 0) {
+    fprintf(stderr, "standalone: replayed %d inputs; mutating for %ld s, %ld runs, seed %ld\n",
+            corpus.n, total_time, runs, seed);
+    if (total_time > 0 || runs > 0) {
         if (!corpus.n) inputs_add(&corpus, calloc(1, 1), 0);
         Dict dict = {0};
         dict_build(&dict, &corpus);
@@ -396,7 +397,7 @@ int main(int argc, char **argv)
         if (!buf) abort();
         double end = t0 + (double)total_time;
         for (long r = 0; runs < 0 || r < runs; r++) {
-            if ((r & 63) == 0 && now_s() >= end) break;
+            if (total_time > 0 && (r & 63) == 0 && now_s() >= end) break;
             const Input *base = &corpus.items[rng_below((size_t)corpus.n)];
             size_t n = base->size < cap ? base->size : cap;
             memcpy(buf, base->data, n);
