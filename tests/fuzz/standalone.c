@@ -12,11 +12,11 @@
  * script runs either kind of binary: files and directories of inputs to replay, -seed=N,
  * -max_total_time=S and -runs=N (mutated inputs for S seconds, at most N of them; with neither,
  * the inputs are only replayed), -max_len=N, -timeout=S (per input), -artifact_prefix=P; other
- * -flag=value options are ignored. It prints
- * libFuzzer's stat:: lines at the end. An input that crashes, aborts or trips a sanitizer is
- * written to P + "crash-" + its hash, one that runs over the timeout to P + "timeout-" + its
- * hash, before the process dies. Leaks are reported by LeakSanitizer when the process exits,
- * without the input (reproduce them with libFuzzer, or by replaying the inputs one by one). */
+ * -flag=value options are ignored. It prints libFuzzer's stat:: lines at the end. An input that
+ * crashes, aborts, trips a sanitizer or makes the code under test call exit() is written to
+ * P + "crash-" + its hash, one that runs over the timeout to P + "timeout-" + its hash, before
+ * the process dies. Leaks are reported by LeakSanitizer when the process exits, without the
+ * input (reproduce them with libFuzzer, or by replaying the inputs one by one). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -97,6 +97,17 @@ static void on_signal(int sig)
     raise(sig);
 }
 
+/* exit() inside the code under test ends the process as a crash would: libFuzzer counts it as
+ * one ("fuzz target exited"), and so does this driver. */
+static void on_exit_in_input(void)
+{
+    if (!current_data) return;
+    static const char msg[] = "standalone: the input made the code under test call exit()\n";
+    (void)!write(2, msg, sizeof msg - 1);
+    artifact_write("crash");
+    _exit(77);
+}
+
 static void on_alarm(int sig)
 {
     (void)sig;
@@ -118,6 +129,7 @@ static void catch_failures(void)
     }
     signal(SIGABRT, on_signal);   /* assertions, and sanitizers told to abort_on_error */
     signal(SIGALRM, on_alarm);
+    atexit(on_exit_in_input);
 }
 
 static unsigned timeout_s = 10;
