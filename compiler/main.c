@@ -46,33 +46,24 @@ static void usage(FILE *out)
           out);
 }
 
-/* A bad flag: one line on stderr. False, for parse_args to return; the commands exit through
- * bad_flag. */
-static bool flag_error(const char *fmt, const char *arg)
+static _Noreturn void bad_flag(const char *fmt, const char *arg)
 {
     fprintf(stderr, "fp8c: error: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, " (see fp8c --help)\n");
-    return false;
-}
-
-static _Noreturn void bad_flag(const char *fmt, const char *arg)
-{
-    flag_error(fmt, arg);
     exit(2);
 }
 
-static bool parse_size(const char *flag, const char *s, int64_t *out)
+static int64_t parse_size(const char *flag, const char *s)
 {
     char *end;
     errno = 0;
     long long v = s ? strtoll(s, &end, 10) : 0;
     if (!s || errno || *end || v <= 0 || v > (1LL << 30)) {
         fprintf(stderr, "fp8c: error: %s needs a positive integer, not '%s'\n", flag, s ? s : "");
-        return false;
+        exit(2);
     }
-    *out = v;
-    return true;
+    return v;
 }
 
 typedef struct {
@@ -93,12 +84,10 @@ typedef struct {
     char **flags;              /* everything after the command (the binary cache's key) */
     int n_flags;
     bool print_kernels;
-    bool help;                 /* -h or --help: the usage, nothing else */
 } Args;
 
-/* Parses the flags shared by plan, build, train and opt. False after the one line of a bad
- * flag: it never exits, so that tests/fuzz/fuzz_cli.c can feed it any command line. */
-static bool parse_args(int argc, char **argv, Args *a)
+/* Parses the flags shared by plan, build, train and opt. */
+static void parse_args(int argc, char **argv, Args *a)
 {
     memset(a, 0, sizeof *a);
     a->flags = argv;
@@ -121,28 +110,26 @@ static bool parse_args(int argc, char **argv, Args *a)
             a->build.passes.opt_level = s[2] - '0';
             a->level_given = true;
         } else if (!strcmp(s, "--batch")) {
-            if (!parse_size(s, next, &a->build.front.batch)) return false;
-            i++;
+            a->build.front.batch = parse_size(s, next), i++;
         } else if (!strcmp(s, "--seq")) {
-            if (!parse_size(s, next, &a->build.front.seq)) return false;
-            i++;
+            a->build.front.seq = parse_size(s, next), i++;
         } else if (!strncmp(s, "-D", 2)) {
             const char *def = s[2] ? s + 2 : next;
             if (!s[2]) i++;
             const char *eq = def ? strchr(def, '=') : NULL;
-            if (!eq || eq == def) return flag_error("-D needs name=value, not '%s'", def ? def : "");
-            if (a->build.front.n_defines == MAX_DEFINES) return flag_error("too many -D flags%s", "");
-            if (eq - def >= (ptrdiff_t)sizeof a->define_names[0]) return flag_error("-D name too long: '%s'", def);
+            if (!eq || eq == def) bad_flag("-D needs name=value, not '%s'", def ? def : "");
+            if (a->build.front.n_defines == MAX_DEFINES) bad_flag("too many -D flags%s", "");
+            if (eq - def >= (ptrdiff_t)sizeof a->define_names[0]) bad_flag("-D name too long: '%s'", def);
             int k = a->build.front.n_defines++;
             memcpy(a->define_names[k], def, (size_t)(eq - def));
             a->define_names[k][eq - def] = 0;
             a->defines[k] = (Define){a->define_names[k], eq + 1};
         } else if (!strcmp(s, "--policy")) {
-            if (!next) return flag_error("%s needs a file", s);
+            if (!next) bad_flag("%s needs a file", s);
             a->build.passes.policy_file = next, i++;
         } else if (!strcmp(s, "--precision")) {
-            if (!next || !strchr(next, '=')) return flag_error("--precision needs PATTERN=FORMAT, not '%s'", next ? next : "");
-            if (a->build.passes.n_overrides == MAX_OVERRIDES) return flag_error("too many --precision flags%s", "");
+            if (!next || !strchr(next, '=')) bad_flag("--precision needs PATTERN=FORMAT, not '%s'", next ? next : "");
+            if (a->build.passes.n_overrides == MAX_OVERRIDES) bad_flag("too many --precision flags%s", "");
             a->overrides[a->build.passes.n_overrides++] = next, i++;
         } else if (!strcmp(s, "--grad-release")) {
             a->build.passes.grad_release = true;
@@ -157,13 +144,13 @@ static bool parse_args(int argc, char **argv, Args *a)
         } else if (!strncmp(s, "--passes=", 9)) {
             a->passes = s + 9;
         } else if (!strncmp(s, "--cpu=", 6)) {
-            if (!s[6]) return flag_error("--cpu= needs an LLVM CPU name such as x86-64-v3%s", "");
+            if (!s[6]) bad_flag("--cpu= needs an LLVM CPU name such as x86-64-v3%s", "");
             emit_set_cpu(s + 6);
         } else if (!strcmp(s, "--print-kernels")) {
             emit_set_print_kernels(true);
             a->print_kernels = true;
         } else if (!strcmp(s, "-o")) {
-            if (!next) return flag_error("%s needs a file name", s);
+            if (!next) bad_flag("%s needs a file name", s);
             a->output = next, i++;
         } else if (!strcmp(s, "--json")) {
             a->json = true;
@@ -171,35 +158,34 @@ static bool parse_args(int argc, char **argv, Args *a)
             a->kernels = true;
         } else if (!strcmp(s, "--device")) {
             if (!next || (strcmp(next, "cuda") && strcmp(next, "cpu")))
-                return flag_error("--device needs cuda or cpu, not '%s'", next ? next : "");
+                bad_flag("--device needs cuda or cpu, not '%s'", next ? next : "");
             a->device = next, i++;
         } else if (!strcmp(s, "--vs")) {
             if (!next || next[0] != '-' || next[1] != 'O' || next[2] < '0' || next[2] > '3' || next[3])
-                return flag_error("--vs needs a level such as -O0, not '%s'", next ? next : "");
+                bad_flag("--vs needs a level such as -O0, not '%s'", next ? next : "");
             a->vs_level = next[2] - '0', i++;
         } else if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-            a->help = true;
-            return true;
+            usage(stdout);
+            exit(0);
         } else if (s[0] == '-') {
-            return flag_error("unknown flag '%s'", s);
+            bad_flag("unknown flag '%s'", s);
         } else if (!a->model) {
             a->model = s;
         } else {
-            return flag_error("unexpected argument '%s'", s);
+            bad_flag("unexpected argument '%s'", s);
         }
     }
     int64_t b = a->build.front.batch, t = a->build.front.seq;   /* each at most 2^30 */
     if (b && t && b * t > IR_MAX_NUMEL) {
         fprintf(stderr, "fp8c: error: --batch %lld x --seq %lld is %lld tokens a step; at most 2^40\n",
                 (long long)b, (long long)t, (long long)(b * t));
-        return false;
+        exit(2);
     }
     const char *pa = a->build.passes.print_after, *sa = a->build.stop_after;
     if (pa && strcmp(pa, "all") && strcmp(pa, "front") && !pass_find(pa))
-        return flag_error("--print-ir-after names no pass: '%s' (fp8c passes lists them)", pa);
+        bad_flag("--print-ir-after names no pass: '%s' (fp8c passes lists them)", pa);
     if (sa && strcmp(sa, "front") && !pass_find(sa))
-        return flag_error("--stop-after names no pass: '%s' (fp8c passes lists them)", sa);
-    return true;
+        bad_flag("--stop-after names no pass: '%s' (fp8c passes lists them)", sa);
 }
 
 static int cmd_passes(void)
@@ -397,11 +383,7 @@ static int dispatch(int argc, char **argv)
     }
     if (!strcmp(cmd, "passes")) return cmd_passes();
     Args a;
-    if (!parse_args(argc - 2, argv + 2, &a)) return 2;
-    if (a.help) {
-        usage(stdout);
-        return 0;
-    }
+    parse_args(argc - 2, argv + 2, &a);
     if (!strcmp(cmd, "plan")) return cmd_plan(&a);
     if (!strcmp(cmd, "build")) return cmd_build(&a);
     if (!strcmp(cmd, "train")) return cmd_train(&a);
