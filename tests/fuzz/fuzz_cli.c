@@ -4,16 +4,21 @@
  * --precision rules, --grad-release, --stop-after), as `fp8c plan` would run it.
  *
  * parse_args is static in main.c, so main.c is compiled into this harness (its main renamed);
- * that keeps the driver as one file and tests the parser that ships rather than a copy. Its
- * messages, written to stderr, go to fuzz_null() unless FP8C_FUZZ_VERBOSE is set.
+ * that keeps the driver as one file and tests the parser that ships rather than a copy. The
+ * parser ends the command on a bad flag (exit status 2) or after --help (0): here exit() jumps
+ * back to the harness, which checks the status, so the parser needs no change to be fuzzed,
+ * whatever exits it gains. Its messages, written to stderr and stdout, go to fuzz_null() unless
+ * FP8C_FUZZ_VERBOSE is set.
  *
  * What the pipeline sees is bounded so that one input stays cheap: the model is the fixed one
  * below (not the file the input names), --policy files and --print-ir-after are dropped, and
  * an input with a -D value longer than 8 characters, more than 8 layers (the one size that
  * multiplies the graph) or a batch x seq above 4096 tokens is parsed only. (Large sizes are
  * the model harness's business; the bounds on them are checked by the front end's own tests.) */
-#include <stdio.h>
+#include <setjmp.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "fuzz_util.h"
 
@@ -22,12 +27,29 @@
 #endif
 
 static FILE *fuzz_cli_err(void);
+
+/* Where exit() goes while parse_args runs: back to LLVMFuzzerTestOneInput, with status + 1. */
+static jmp_buf fuzz_cli_jump;
+static bool fuzz_cli_parsing;
+
+static _Noreturn void fuzz_cli_exit(int status)
+{
+    if (!fuzz_cli_parsing) exit(status);
+    fuzz_cli_parsing = false;
+    longjmp(fuzz_cli_jump, status + 1);
+}
+
 #undef stderr
+#undef stdout
 #define stderr fuzz_cli_err()
+#define stdout fuzz_cli_err()
+#define exit(status) fuzz_cli_exit(status)
 #define main fp8c_main
 int main(int argc, char **argv);
 #include "../../compiler/main.c"
 #undef main
+#undef exit
+#undef stdout
 #undef stderr
 
 #include "rt.h"
@@ -121,10 +143,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         p = q + 1;
     }
     argv[argc] = NULL;
-    Args a;
-    if (parse_args(argc, argv, &a)) {
+    static Args a;   /* static: it must outlive a longjmp out of parse_args */
+    int jumped = setjmp(fuzz_cli_jump);
+    if (!jumped) {
+        fuzz_cli_parsing = true;
+        parse_args(argc, argv, &a);
+        fuzz_cli_parsing = false;
         fuzz_cli_check(&a, argc);
-        if (!a.help) fuzz_cli_compile(&a, model);
+        fuzz_cli_compile(&a, model);
+    } else if (jumped - 1 != 0 && jumped - 1 != 2) {
+        abort();   /* the parser ends a command with 2 (a bad flag) or 0 (--help), nothing else */
     }
     emit_set_cpu(NULL);   /* parse_args kept a pointer into this input */
     emit_set_print_kernels(false);
