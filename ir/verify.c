@@ -8,6 +8,7 @@
  * coherent (a scaled tensor has its scale tensor). Problems are printed with the node. */
 #include "ir.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static int problem(const char *after, const Node *n, const char *what)
@@ -66,6 +67,13 @@ static int verify_inplace(const Graph *g, const Uses *uses, const Node *n, const
     return bad;
 }
 
+static int by_name_then_index(const void *x, const void *y)
+{
+    const Node *a = *(const Node *const *)x, *b = *(const Node *const *)y;
+    int c = strcmp(a->t.name, b->t.name);
+    return c ? c : (a->index > b->index) - (a->index < b->index);
+}
+
 int ir_verify(const Graph *g, const char *after_pass)
 {
     int bad = 0;
@@ -80,15 +88,20 @@ int ir_verify(const Graph *g, const char *after_pass)
     Uses *uses = ir_fill_uses(g);
     for (int i = 0; i < g->n_nodes; i++)
         if (ir_op_is_inplace(g->nodes[i]->op)) bad += verify_inplace(g, uses, g->nodes[i], after_pass);
-    /* names of persistent state are checkpoint keys: they must be unique */
+    /* names of persistent state are checkpoint keys: they must be unique. Sorted by name (then
+     * position), so that the check stays linearithmic: comparing every pair took minutes on a
+     * 256-layer GPT-2, whose ~10^4 parameters and states met every one of its ~10^5 nodes */
+    const Node **named = malloc((size_t)g->n_nodes * sizeof *named + 1);
+    IR_ASSERT(named != NULL);
+    int n_named = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *a = g->nodes[i];
-        if (!a->t.name || !ir_role_is_persistent(a->t.role) || a->n_in) continue;
-        for (int j = i + 1; j < g->n_nodes; j++) {
-            const Node *b = g->nodes[j];
-            if (b->t.name && !b->n_in && ir_role_is_persistent(b->t.role) && !strcmp(a->t.name, b->t.name))
-                bad += problem(after_pass, b, "two persistent tensors share this name");
-        }
+        if (a->t.name && ir_role_is_persistent(a->t.role) && !a->n_in) named[n_named++] = a;
     }
+    qsort(named, (size_t)n_named, sizeof *named, by_name_then_index);
+    for (int i = 1; i < n_named; i++)
+        if (!strcmp(named[i - 1]->t.name, named[i]->t.name))
+            bad += problem(after_pass, named[i], "two persistent tensors share this name");
+    free(named);
     return bad;
 }

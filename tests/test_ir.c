@@ -270,6 +270,32 @@ static void test_verify_catches_inplace_order(void **state)
     arena_free(a);
 }
 
+/* Persistent names are checkpoint keys: a repeated one is found among many, in time linear or
+ * nearly so in their number (comparing every pair took minutes on a 256-layer model). */
+static void test_verify_unique_names_at_scale(void **state)
+{
+    (void)state;
+    enum { N = 40000 };
+    Arena *a = arena_new();
+    Graph *g = ir_graph_new(a);
+    int64_t d[1] = {4};
+    srand((unsigned)time(NULL));
+    int twin = rand() % N;
+    char name[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "h.%d.weight", i);
+        ir_leaf(g, OP_PARAM, arena_strdup(a, name), ROLE_PARAM, FMT_F32, 1, d, here);
+    }
+    clock_t t0 = clock();
+    assert_int_equal(ir_verify(g, "test"), 0);
+    double seconds = (double)(clock() - t0) / CLOCKS_PER_SEC;
+    assert_true(seconds < 1.0);
+    snprintf(name, sizeof name, "h.%d.weight", twin);
+    ir_leaf(g, OP_STATE, arena_strdup(a, name), ROLE_ADAM_M, FMT_F32, 1, d, here);
+    assert_int_equal(verify_quietly(g), 1);
+    arena_free(a);
+}
+
 static void test_verify_catches_shape_change(void **state)
 {
     (void)state;
@@ -496,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_choice_switches),
         cmocka_unit_test(test_verify_catches_inplace_order),
         cmocka_unit_test(test_verify_catches_shape_change),
+        cmocka_unit_test(test_verify_unique_names_at_scale),
         cmocka_unit_test(test_uses_and_filter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

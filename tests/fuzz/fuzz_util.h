@@ -22,12 +22,14 @@ static inline void fuzz_cleanup(void) {
     if (fuzz_dir[0]) rmdir(fuzz_dir);
 }
 
-/* The file a harness writes its input to, in a directory of its own under TMPDIR (or /tmp),
- * removed at exit. */
+/* The file a harness writes its input to, in a directory of its own under TMPDIR, else
+ * /dev/shm, else /tmp, removed at exit. Memory first: creating and truncating a file on a disk
+ * can take half a millisecond, 30 times what parsing it takes. */
 static inline const char *fuzz_file(const char *name) {
     if (!fuzz_dir[0]) {
         const char *tmp = getenv("TMPDIR");
-        snprintf(fuzz_dir, sizeof fuzz_dir, "%s/fp8c-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!tmp || !*tmp) tmp = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+        snprintf(fuzz_dir, sizeof fuzz_dir, "%s/fp8c-fuzz-XXXXXX", tmp);
         if (!mkdtemp(fuzz_dir)) {
             perror("mkdtemp");
             abort();

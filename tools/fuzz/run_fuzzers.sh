@@ -1,15 +1,19 @@
 #!/bin/sh
-# run_fuzzers.sh BUILD [SECONDS] [HARNESS...] — runs each libFuzzer harness of tests/fuzz
-# (built in BUILD with -DFP8C_FUZZ=ON) for SECONDS (default 60) on a copy of its seed corpus,
-# with a fixed seed, and prints a line per harness: executions, seconds, result. The copies,
-# the logs and any crash, leak or timeout input stay in a directory named at the end (the
-# corpora in the tree are never written). Exit status: 1 when a harness failed.
+# run_fuzzers.sh BUILD [SECONDS] [HARNESS...] — runs each fuzz harness of tests/fuzz built in
+# BUILD for SECONDS (default 60) on a copy of its seed corpus, with a fixed seed, and prints a
+# line per harness: executions, seconds, result. BUILD is either a libFuzzer build (clang,
+# -DFP8C_FUZZ=ON) or any other build with the tests, whose harnesses have the standalone driver
+# (tests/fuzz/standalone.c: the corpus replayed, then blind mutations); both take the same
+# flags. The copies, the logs and any crash, leak or timeout input stay in a directory named at
+# the end (the corpora in the tree are never written). Exit status: 1 when a harness failed.
 set -u
 build=${1:?usage: run_fuzzers.sh BUILD [SECONDS] [HARNESS...]}
 seconds=${2:-60}
 [ $# -ge 2 ] && shift 2 || shift $#
 root=$(cd "$(dirname "$0")/../.." && pwd)
-harnesses=${*:-model ir ckpt data args}
+harnesses=${*:-model ir ckpt data args cli}
+# a UBSan report ends the process through abort(), where either driver saves the input
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:abort_on_error=1}
 work=$(mktemp -d "${TMPDIR:-/tmp}/fp8c-fuzz-run-XXXXXX")
 status=0
 printf '%-8s %12s %8s  %s\n' harness executions seconds result
