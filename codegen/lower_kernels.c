@@ -27,7 +27,7 @@
  *                     and GPT-2 d12 at T = 128, one thread);
  *   GEMM              a call (CG_KERNEL_GEMM), with f32 conversions around it when asked.
  *
- * Fusion (passes/fuse.c) is applied here: a group is lowered from its head (the one non-
+ * Fusion (fuse.c) is applied here: a group is lowered from its head (the one non-
  * elementwise node, if any), and wherever the head's kernel has an output element, the
  * group's elementwise nodes compute the root's element from it inline (emit_out, value_at);
  * a group of elementwise nodes alone is one elementwise kernel for the root.
@@ -77,52 +77,9 @@ typedef struct {
     int64_t cols;
 } At;
 
-/* ---------------------------------------------------------------- what can be fused */
-
-bool cg_op_is_elementwise(OpKind op)
-{
-    switch (op) {
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_SCALE: case OP_ADD_N: case OP_GELU:
-    case OP_GELU_BWD: case OP_SILU: case OP_SILU_BWD: case OP_CAST: case OP_QUANTIZE:
-    case OP_RESHAPE: case OP_ACCUMULATE:
-        return true;
-    default: return false;
-    }
-}
-
-bool cg_op_is_head(OpKind op)
-{
-    switch (op) {
-    case OP_MATMUL: case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X:
-    case OP_RMSNORM_BWD_X: case OP_SOFTMAX: case OP_SOFTMAX_BWD: case OP_EMBEDDING:
-    case OP_CROSS_ENTROPY_BWD: case OP_ROPE: case OP_ATTENTION: case OP_SLICE: case OP_PAD:
-        return true;
-    default: return false;
-    }
-}
-
 static bool format_is_plain(const Format *f)
 {
     return f->scaling == SCALE_NONE && f->codec == CODEC_PLAIN;
-}
-
-bool cg_node_is_view(const Node *n)
-{
-    if (n->op != OP_RESHAPE) return false;
-    const Node *x = n->in[0];
-    return n->t.offset >= 0 && n->t.offset == x->t.offset &&
-           ir_role_is_persistent(n->t.role) == ir_role_is_persistent(x->t.role) &&
-           n->t.fmt.elem == x->t.fmt.elem && format_is_plain(&n->t.fmt) &&
-           format_is_plain(&x->t.fmt);
-}
-
-static bool runs_kernel(const Node *n)
-{
-    switch (n->op) {
-    case OP_INPUT: case OP_PARAM: case OP_STATE: return false;
-    case OP_ALL_REDUCE: return false;   /* a collective, not a kernel: the runtime's (NCCL) */
-    default: return !cg_node_is_view(n);
-    }
 }
 
 /* ---------------------------------------------------------------- emission shorthands */
@@ -2224,7 +2181,7 @@ CgProgram *cg_lower(const Graph *g, Arena *a, const CgLowerOptions *o)
         L.group = fuse_plan(g, a);
     } else {
         L.group = arena_alloc(a, sizeof(int) * (size_t)(g->n_nodes + 1));
-        for (int i = 0; i < g->n_nodes; i++) L.group[i] = runs_kernel(g->nodes[i]) ? i : -1;
+        for (int i = 0; i < g->n_nodes; i++) L.group[i] = cg_node_runs_kernel(g->nodes[i]) ? i : -1;
     }
     find_read_through(&L);
     for (int i = 0; i < g->n_nodes; i++)

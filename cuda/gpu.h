@@ -107,7 +107,7 @@ bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t 
 /* Plans every node of g; the first node that cannot run is reported in why. */
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len);
 /* The plans the phases run: node_plans (cuda_plan_graph's), except that a matmul whose fuse
- * group (passes/fuse.c) is a bias add, a residual or gradient-sum add, an accumulation into a
+ * group (codegen/fuse.c) is a bias add, a residual or gradient-sum add, an accumulation into a
  * gradient, or GELU's backward becomes one GEMM with a cuBLASLt epilogue at the group's place,
  * and so does a GELU of its result with, under delayed scaling, the GELU's FP8 copy and amax
  * record; the other nodes get empty plans. Renumbers g. */

@@ -1252,7 +1252,7 @@ static bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
 
 /* ---------------------------------------------------------------- GEMM epilogues
  *
- * The fuse pass (passes/fuse.c) puts a matmul and the elementwise nodes that consume its
+ * Fusion (codegen/fuse.c) puts a matmul and the elementwise nodes that consume its
  * product into one group that runs at the place of the group's last node, having checked
  * against the memory plan that every input survives until then. Where the group is a chain
  * cuBLASLt's epilogue computes — the product plus a bias row (y = x W^T + b), plus a
