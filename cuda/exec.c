@@ -14,7 +14,7 @@
  * chosen at set-up: the heuristic's candidates are timed on the arenas before they are filled,
  * once per shape (FP8C_CUDA_TUNE=0: its first choice), unless the artifact holds the
  * algorithms of a tuning record (below: a tuned binary times nothing). A GEMM whose fuse group its epilogue
- * computes replaces the group's adds (spec.c's cuda_plan_epilogues); one launch runs a run of
+ * computes replaces the group's adds (spec_fuse.c's cuda_plan_epilogues); one launch runs a run of
  * small update nodes (batched launches, below). The first run of a phase captures the list in
  * a CUDA graph; later runs replay it, so a step costs a handful of driver calls however many kernels
  * it has. Inputs change between runs only in their bytes (the arenas never move), which is
