@@ -12,9 +12,10 @@
  * loader.c opens them with dlopen when the GPU is chosen, so the same binary starts on
  * machines without a GPU and trains on the CPU there.
  *
- * Sections: spec.c (node -> launches; with spec_ops.c, spec_gemm.c and spec_fuse.c), render.c (CUDA C module), nvrtc.c (compiler only),
- * loader.c (driver and cuBLASLt entry points), exec.c (the executor), device.c (the training
- * program's "cuda" device). */
+ * Sections: spec.c (node -> launches; with spec_ops.c, spec_gemm.c and spec_fuse.c),
+ * render.c (CUDA C module), nvrtc.c (compiler only), loader.c (driver and cuBLASLt entry
+ * points), exec.c (the executor; with exec_gemm.c, exec_batch.c and exec_cg.c), device.c
+ * (the training program's "cuda" device). */
 #ifndef FP8C_GPU_H
 #define FP8C_GPU_H
 
