@@ -83,7 +83,7 @@ static bool epilogue_of(const Node *const *members, int n, bool gelu, GemmEpilog
     const Node *m = members[0];
     memset(ep, 0, sizeof *ep);
     if (m->op != OP_MATMUL || n < 2) return false;
-    int64_t N = m->iattr[1] ? rows_of(&m->in[1]->t) : cols_of(&m->in[1]->t);
+    int64_t N = IR_IATTR(m, MATMUL, trans_b) ? rows_of(&m->in[1]->t) : cols_of(&m->in[1]->t);
     for (int i = 1; i < n; i++) {
         const Node *c = members[i], *prev = members[i - 1], *other = NULL;
         bool last = i == n - 1;
@@ -335,8 +335,9 @@ static bool group_quantize_fusable(const Uses *uses, const Node *q) {
     Scaling kind = q->t.fmt.scaling;
     if (!sc || ir_transposed_offset(q) || (kind != SCALE_PER_GROUP && kind != SCALE_TILE_1x128) ||
         q->t.fmt.recipe != RECIPE_CURRENT || q->t.fmt.scale != sc || sc->op != OP_QUANT_SCALE ||
-        sc->in[0] != q->in[0] || sc->iattr[0] != q->t.fmt.elem || sc->iattr[1] != kind ||
-        (kind == SCALE_PER_GROUP && sc->iattr[2] != q->t.fmt.group) || sc->index < 0 || sc->index >= q->index ||
+        sc->in[0] != q->in[0] || IR_IATTR(sc, QUANT_SCALE, elem) != q->t.fmt.elem ||
+        IR_IATTR(sc, QUANT_SCALE, scaling) != kind ||
+        (kind == SCALE_PER_GROUP && IR_IATTR(sc, QUANT_SCALE, group) != q->t.fmt.group) || sc->index < 0 || sc->index >= q->index ||
         ir_role_is_persistent(sc->t.role) || ir_role_is_persistent(q->in[0]->t.role))
         return false;
     const Uses *u = &uses[sc->index];

@@ -115,7 +115,7 @@ bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
     const Node *n = s->n, *y = ep ? ep->d : n;
     if (!check_io(s, n, true) || !spec_check_tensor(s, &y->t, "the result")) return false;
     const Node *A = n->in[0], *B = n->in[1];
-    bool ta = n->iattr[0] != 0, tb = n->iattr[1] != 0;
+    bool ta = IR_IATTR(n, MATMUL, trans_a) != 0, tb = IR_IATTR(n, MATMUL, trans_b) != 0;
     int64_t ar = rows_of(&A->t), ac = cols_of(&A->t), br = rows_of(&B->t), bc = cols_of(&B->t);
     int64_t M = ta ? ac : ar, K = ta ? ar : ac, KB = tb ? bc : br, N = tb ? br : bc;
     if (K != KB) return spec_fail(s, "inner dimensions %lld and %lld differ", (long long)K, (long long)KB);

@@ -26,7 +26,7 @@ bool plan_elementwise(Spec *s) {
         if (!check_io(s, n, true)) return false;
         l = spec_launch(s, "const", grid_elem(count), ELEM_THREADS, "ck_const<%s>(a)", Y);
         arg_node(l, 0, n);
-        l->args.f[0] = n->fattr[0];
+        l->args.f[0] = IR_FATTR(n, CONST, value);
         return true;
     case OP_ADD: case OP_SUB: case OP_MUL: {
         if (!check_io(s, n, true)) return false;
@@ -44,7 +44,7 @@ bool plan_elementwise(Spec *s) {
         l = spec_launch(s, "scale", grid_elem(count), ELEM_THREADS, "ck_scale<%s, %s>(a)", Y,
                         fmt_arg(s, &n->in[0]->t));
         args_result_inputs(l, n);
-        l->args.f[0] = n->fattr[0];
+        l->args.f[0] = IR_FATTR(n, SCALE, alpha);
         return true;
     case OP_ADD_N:
         if (n->n_in > CK_MAX_TENSORS - 1) {
@@ -71,7 +71,8 @@ bool plan_elementwise(Spec *s) {
     case OP_CONCAT: {
         if (!check_io(s, n, true)) return false;
         if (n->op == OP_CONCAT && n->n_in > CK_MAX_IATTR - 3) {
-            int axis = (int)(n->iattr[0] < 0 ? n->iattr[0] + y->rank : n->iattr[0]);
+            int64_t ax = IR_IATTR(n, CONCAT, axis);
+            int axis = (int)(ax < 0 ? ax + y->rank : ax);
             if (axis < 0 || axis >= y->rank) return spec_fail(s, "bad axis");
             int64_t outer = 1, inner = 1, at = 0;
             for (int i = 0; i < axis; i++) outer *= y->dims[i];
@@ -113,7 +114,8 @@ bool plan_elementwise(Spec *s) {
             arg_amax_parts(s, l, n);
             return true;
         }
-        int axis = (int)(n->iattr[0] < 0 ? n->iattr[0] + y->rank : n->iattr[0]);
+        int64_t ax = IR_IATTR(n, CONCAT, axis);
+        int axis = (int)(ax < 0 ? ax + y->rank : ax);
         if (axis < 0 || axis >= y->rank) return spec_fail(s, "bad axis");
         int64_t outer = 1, inner = 1;
         for (int i = 0; i < axis; i++) outer *= y->dims[i];
@@ -178,9 +180,9 @@ bool plan_elementwise(Spec *s) {
             arg_node(l, 0, n);
             arg_node(l, 1, n->in[0]);
             l->args.n_in = 1;
-            l->args.i[1] = sc->iattr[3];
+            l->args.i[1] = IR_IATTR(sc, QUANT_SCALE, margin);
             l->args.i[2] = l->args.t[0].group;
-            l->args.f[0] = num_elem_max((ElemType)sc->iattr[0]);
+            l->args.f[0] = num_elem_max((ElemType)IR_IATTR(sc, QUANT_SCALE, elem));
             return true;
         }
         l = spec_launch(s, "copy", grid_elem(count), ELEM_THREADS, "ck_copy<%s, %s>(a)", Y,
@@ -192,7 +194,8 @@ bool plan_elementwise(Spec *s) {
     case OP_SLICE: case OP_PAD: {
         if (!check_io(s, n, true)) return false;
         const Tensor *x = &n->in[0]->t;
-        int axis = (int)(n->iattr[0] < 0 ? n->iattr[0] + y->rank : n->iattr[0]);
+        int64_t ax = IR_IATTR(n, SLICE, axis);
+        int axis = (int)(ax < 0 ? ax + y->rank : ax);
         if (axis < 0 || axis >= y->rank || x->rank != y->rank) return spec_fail(s, "bad axis");
         int64_t outer = 1, inner = 1;
         for (int i = 0; i < axis; i++) outer *= y->dims[i];
@@ -204,7 +207,7 @@ bool plan_elementwise(Spec *s) {
         l->args.i[1] = y->dims[axis];
         l->args.i[2] = x->dims[axis];
         l->args.i[3] = inner;
-        l->args.i[4] = n->iattr[1];
+        l->args.i[4] = IR_IATTR(n, SLICE, start);
         return true;
     }
     case OP_EMBEDDING:
@@ -216,10 +219,11 @@ bool plan_elementwise(Spec *s) {
         return true;
     case OP_ROPE: {
         if (!check_io(s, n, true)) return false;
-        if (y->rank < 2 || n->iattr[0] <= 0 || n->iattr[0] % 2 || cols_of(y) % n->iattr[0])
+        if (y->rank < 2 || IR_IATTR(n, ROPE, head_dim) <= 0 || IR_IATTR(n, ROPE, head_dim) % 2 ||
+            cols_of(y) % IR_IATTR(n, ROPE, head_dim))
             return spec_fail(s, "head_dim does not split the columns into even heads");
         /* the (T, head_dim / 2) table of cos and sin, f64, then the rotation that reads it */
-        int64_t T = y->dims[y->rank - 2], pairs = T * (n->iattr[0] / 2);
+        int64_t T = y->dims[y->rank - 2], pairs = T * (IR_IATTR(n, ROPE, head_dim) / 2);
         need_scratch(s, pairs * 16);
         for (int k = 0; k < 2; k++) {
             l = k ? spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%s, %s>(a)", Y,
@@ -228,11 +232,11 @@ bool plan_elementwise(Spec *s) {
                                 fmt_arg(s, &n->in[0]->t));
             args_result_inputs(l, n);
             l->scratch = 0;
-            l->args.i[0] = n->iattr[0];
-            l->args.i[1] = n->iattr[1];
+            l->args.i[0] = IR_IATTR(n, ROPE, head_dim);
+            l->args.i[1] = IR_IATTR(n, ROPE, inverse);
             l->args.i[2] = cols_of(y);
             l->args.i[3] = T;
-            l->args.f[0] = n->fattr[0];
+            l->args.f[0] = IR_FATTR(n, ROPE, theta);
         }
         return true;
     }
@@ -272,14 +276,14 @@ bool plan_reductions(Spec *s) {
     }
     case OP_QUANT_SCALE: {
         if (!check_io(s, n, true)) return false;
-        ElemType e = (ElemType)n->iattr[0];
-        Scaling kind = (Scaling)n->iattr[1];
+        ElemType e = (ElemType)IR_IATTR(n, QUANT_SCALE, elem);
+        Scaling kind = (Scaling)IR_IATTR(n, QUANT_SCALE, scaling);
         if (e <= FMT_VOID || e >= FMT_COUNT || kind <= SCALE_NONE || kind >= SCALE_COUNT)
             return spec_fail(s, "bad element type or scaling");
         const Tensor *x = &n->in[0]->t;
         int64_t R = rows_of(x), C = cols_of(x);
         const char *Y = fmt_arg(s, &n->t), *X = fmt_arg(s, x);
-        int64_t group = kind == SCALE_PER_GROUP ? n->iattr[2] : 128;
+        int64_t group = kind == SCALE_PER_GROUP ? IR_IATTR(n, QUANT_SCALE, group) : 128;
         if (kind == SCALE_PER_TENSOR && ir_amax_parts_offset(n->in[0])) {
             /* the producer left its block maxima: one block over them */
             l = spec_launch(s, "qsparts", 1, ROW_THREADS, "ck_quant_scale_parts<%s>(a)", Y);
@@ -304,7 +308,7 @@ bool plan_reductions(Spec *s) {
         }
         args_result_inputs(l, n);
         l->scratch = 0;
-        l->args.i[1] = n->iattr[3];
+        l->args.i[1] = IR_IATTR(n, QUANT_SCALE, margin);
         l->args.i[2] = group;
         l->args.f[0] = num_elem_max(e);
         return true;
@@ -327,9 +331,9 @@ bool plan_reductions(Spec *s) {
         l = spec_launch(s, "dscale", 1, 32, "ck_delayed_scale<%s, %s>(a)", fmt_arg(s, &n->in[0]->t),
                         fmt_arg(s, &n->in[1]->t));
         args_inputs(l, n);
-        l->args.i[0] = n->iattr[2];
-        l->args.i[1] = n->iattr[1];
-        l->args.f[0] = num_elem_max((ElemType)n->iattr[0]);
+        l->args.i[0] = IR_IATTR(n, DELAYED_SCALE, use_max);
+        l->args.i[1] = IR_IATTR(n, DELAYED_SCALE, margin);
+        l->args.f[0] = num_elem_max((ElemType)IR_IATTR(n, DELAYED_SCALE, elem));
         return true;
     default: break;
     }
@@ -384,7 +388,7 @@ bool plan_rows(Spec *s) {
                         ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
-        l->args.f[0] = n->fattr[0];
+        l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
         producer_result(s, l);
         return true;
     }
@@ -396,7 +400,7 @@ bool plan_rows(Spec *s) {
                         fmt_arg(s, &n->in[0]->t), fmt_arg(s, x), fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
-        l->args.f[0] = n->fattr[0];
+        l->args.f[0] = IR_FATTR(n, LAYERNORM_BWD_X, eps);
         producer_result(s, l);
         return true;
     }
@@ -408,7 +412,7 @@ bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = C, l->args.i[1] = R;
-        l->args.f[0] = n->fattr[0];
+        l->args.f[0] = IR_FATTR(n, LAYERNORM_BWD_W, eps);
         plan_colsum(s, 1, R, C, fmt_arg(s, &n->in[0]->t), fmt_arg(s, x));
         return true;
     }
@@ -494,7 +498,7 @@ static void attn_args(CuLaunch *l, const Node *n, bool packed, const int64_t *sz
     for (int k = 0; k < 3; k++) arg_node(l, base + k, n->in[packed ? base - 1 : base - 1 + k]);
     l->args.n_in = n->n_in;
     for (int k = 0; k < 11; k++) l->args.i[k] = sz[k];
-    l->args.f[0] = n->fattr[0];
+    l->args.f[0] = IR_FATTR(n, ATTENTION, scale);
 }
 
 bool plan_attention(Spec *s) {
@@ -507,7 +511,8 @@ bool plan_attention(Spec *s) {
     bool packed = n_qkv == 1;
     const Tensor *q = &n->in[bwd ? 1 : 0]->t;
     if (q->rank != 3) return spec_fail(s, "q is not (B, T, H*D)");
-    int64_t B = q->dims[0], T = q->dims[1], H = n->iattr[0], Hkv = n->iattr[1];
+    int64_t B = q->dims[0], T = q->dims[1], H = IR_IATTR(n, ATTENTION, heads),
+            Hkv = IR_IATTR(n, ATTENTION, kv_heads);
     int64_t width = packed ? q->dims[2] : 0;
     if (H <= 0 || Hkv <= 0 || H % Hkv) return spec_fail(s, "heads do not divide into kv heads");
     int64_t D = packed ? (q->dims[2] % (H + 2 * Hkv) ? 0 : q->dims[2] / (H + 2 * Hkv))
@@ -616,7 +621,7 @@ bool plan_optimizer(Spec *s) {
         l = spec_launch(s, "clip", 1, 32, "ck_clip_coef<%s, %s>(a)", fmt_arg(s, &n->t),
                         fmt_arg(s, &n->in[0]->t));
         args_result_inputs(l, n);
-        l->args.f[0] = n->fattr[0];
+        l->args.f[0] = IR_FATTR(n, CLIP_COEF, max_norm);
         return true;
     case OP_GRAD_NORM:
         if (!spec_check_tensor(s, &n->t, "the result") || !spec_check_tensor(s, &n->in[0]->t, "grad_scale"))
@@ -662,7 +667,8 @@ bool plan_optimizer(Spec *s) {
                             wn != NULL, copy_arg, copy_at);
             args_inputs(l, n);
             l->batch = true;
-            for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
+            l->args.f[0] = IR_FATTR(n, ADAMW, beta1), l->args.f[1] = IR_FATTR(n, ADAMW, beta2);
+            l->args.f[2] = IR_FATTR(n, ADAMW, eps), l->args.f[3] = IR_FATTR(n, ADAMW, weight_decay);
             if (cn) plan_copy_amax(s, n, l);
             return true;
         }
@@ -705,7 +711,8 @@ bool plan_optimizer(Spec *s) {
                         mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG, copy_arg, copy_at);
         args_inputs(l, n);
         l->batch = true;
-        for (int i = 0; i < 4; i++) l->args.f[i] = n->fattr[i];
+        l->args.f[0] = IR_FATTR(n, ADAMW, beta1), l->args.f[1] = IR_FATTR(n, ADAMW, beta2);
+        l->args.f[2] = IR_FATTR(n, ADAMW, eps), l->args.f[3] = IR_FATTR(n, ADAMW, weight_decay);
         if (cn) plan_copy_amax(s, n, l);
         return true;
     }
