@@ -2,7 +2,7 @@
  *
  * After the passes, the graph says *what* the step computes, node by node. The kernel IR says
  * *how it runs*: a list of kernels in launch order, each a small loop nest over buffers. The
- * fuse pass decides which nodes share a kernel (passes/fuse.c); lower_kernels.c turns every
+ * fusion decision (fuse.c) says which nodes share a kernel; lower_kernels.c turns every
  * group into kernels; llvm.c renders them to native code for the CPU (codegen/cuda*.c renders
  * the same kernels to CUDA C). Executors (runtime/cpu_exec.c) bind buffers to tensors and
  * run the kernels; the reference executor (runtime/ref_*.c) stays the ground truth they are
@@ -303,7 +303,7 @@ void cg_program_print_table(const CgProgram *p, FILE *out);
 void cg_program_finish(CgProgram *p);
 uint64_t cg_hash_bytes(uint64_t h, const void *data, size_t n);   /* FNV-1a, 64 bits */
 
-/* ---------------------------------------------------------------- passes/fuse.c
+/* ---------------------------------------------------------------- fuse.c
  * Kernel groups: nodes that run as one kernel. group[node index] is the index of the group's
  * root (the node whose position in the schedule the kernel takes); -1 for nodes that run no
  * kernel (leaves, views). A node whose group is itself and that has members is a fused
@@ -317,17 +317,21 @@ bool fuse_nodes_overlap(const Node *a, const Node *b);
 bool fuse_value_survives(const Graph *g, const Node *x, int from, int to);
 /* Whether some tensor's format names p as its scale or its amax (so p must be stored). */
 bool fuse_referenced_by_format(const Graph *g, const Node *p);
+/* The groups as comments ("# fuse: ...", "# group %N: ..."), for --print-ir-after=fuse. */
+void fuse_print(const Graph *g, FILE *out);
 
-/* ---------------------------------------------------------------- lower_kernels.c */
-
-/* What the lowering can fuse (fuse.c asks): elementwise ops compute one output element from
- * the same element of their inputs (broadcast operands aside) and can be computed inline in a
+/* What the lowering can fuse: elementwise ops compute one output element from the same
+ * element of their inputs (broadcast operands aside) and can be computed inline in a
  * consumer's kernel; a head is an op whose kernel produces each output element exactly once,
  * at a point where an elementwise epilogue can take it over (GEMM, norms, softmax, ...). */
 bool cg_op_is_elementwise(OpKind op);
 bool cg_op_is_head(OpKind op);
 /* A RESHAPE that the memory plan placed on its input's storage: no kernel, nothing to copy. */
 bool cg_node_is_view(const Node *n);
+/* Whether n runs a kernel at all (not a leaf, a view or a collective). */
+bool cg_node_runs_kernel(const Node *n);
+
+/* ---------------------------------------------------------------- lower_kernels.c */
 
 typedef struct {
     bool fuse;              /* use fuse_plan's groups (false: one kernel per node) */

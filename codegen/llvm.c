@@ -36,63 +36,11 @@
  *    codecs take a power (an exp of a log) of every element they decode or encode, and a libm
  *    call would keep those loops scalar.
  *
- * Objects are cached by a hash of the unoptimized module text, the CPU, its features and the
- * optimization level: a rebuild of the same plan costs a file copy. */
-#include "codegen.h"
-
-#include <errno.h>
-#include <math.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <llvm-c/Analysis.h>
-#include <llvm-c/Core.h>
-#include <llvm-c/DebugInfo.h>
-#include <llvm-c/IRReader.h>
-#include <llvm-c/Target.h>
-#include <llvm-c/TargetMachine.h>
-#include <llvm-c/Transforms/PassBuilder.h>
-
-#ifndef FP8C_LLVM_VERSION
-#define FP8C_LLVM_VERSION "14"
-#endif
-
-enum { MAX_DEPTH = 16 };
-
-typedef struct {
-    int inst;
-    LLVMBasicBlockRef header, exit;
-    LLVMValueRef slot;      /* i64 induction variable */
-    LLVMValueRef hi;
-    bool row;
-    LLVMValueRef group;     /* a row loop's access group (NULL: a sequential loop) */
-} Loop;
-
-typedef struct {
-    LLVMContextRef ctx;
-    LLVMModuleRef mod;
-    LLVMBuilderRef b;
-    LLVMTypeRef f32, f64, i64, i32, i16, i8, i1, i8p, fn_type;
-    LLVMValueRef table_e4m3, table_e5m2;
-    unsigned md_loop, md_access_group;
-    LLVMModuleRef groups_mod;   /* holds the access groups (distinct nodes) until disposal */
-    LLVMValueRef *group;        /* access groups not yet given to a loop */
-    int n_groups, next_group;
-    /* per function */
-    const CgKernel *k;
-    LLVMValueRef fn;
-    LLVMValueRef *val;          /* per instruction */
-    LLVMValueRef *slot;         /* per instruction: REDUCE accumulator, LOCAL array */
-    int *red_loop;              /* per REDUCE instruction: its loop's instruction */
-    LLVMValueRef *ptr;          /* per buffer: i8* base */
-    LLVMValueRef *scale0;       /* per buffer: the per-tensor scale, hoisted; NULL otherwise */
-    Loop loops[MAX_DEPTH];
-    int depth;
-    LLVMValueRef item_group;    /* the item loop's access group, when it is vectorized */
-    LLVMValueRef groups;        /* the access groups of what is emitted now; NULL: none */
-} R;
+ * This file renders; llvm_compile.c optimizes the module, emits the object and caches it
+ * (objects are cached by a hash of the unoptimized module text, the CPU, its features and the
+ * optimization level: a rebuild of the same plan costs a file copy). llvm_internal.h holds
+ * the renderer's state the two share. */
+#include "llvm_internal.h"
 
 /* ---------------------------------------------------------------- small helpers */
 
@@ -792,7 +740,7 @@ static void make_access_groups(R *r, int n)
 }
 
 /* The module of a program: one function per unique body, and the runtime's table. */
-static void render_module(R *r, const CgProgram *p)
+void llvm_render_module(R *r, const CgProgram *p)
 {
     r->ctx = LLVMContextCreate();
     LLVMContextSetDiagnosticHandler(r->ctx, diag_handler, NULL);
@@ -848,7 +796,7 @@ static void render_module(R *r, const CgProgram *p)
     free(entries);
 }
 
-static void dispose(R *r)
+void llvm_dispose(R *r)
 {
     if (r->b) LLVMDisposeBuilder(r->b);
     if (r->mod) LLVMDisposeModule(r->mod);
@@ -860,189 +808,10 @@ static void dispose(R *r)
 char *cg_llvm_module_text(const CgProgram *p)
 {
     R r = {0};
-    render_module(&r, p);
+    llvm_render_module(&r, p);
     char *t = LLVMPrintModuleToString(r.mod);
     char *copy = strdup(t);
     LLVMDisposeMessage(t);
-    dispose(&r);
+    llvm_dispose(&r);
     return copy;
-}
-
-/* ---------------------------------------------------------------- the object cache */
-
-static char *cache_dir(void)
-{
-    const char *env = getenv("FP8C_CACHE_DIR");
-    char buf[4096];
-    if (env && *env) {
-        snprintf(buf, sizeof buf, "%s", env);
-    } else {
-        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-        if (xdg && *xdg) snprintf(buf, sizeof buf, "%s/fp8c", xdg);
-        else if (home && *home) snprintf(buf, sizeof buf, "%s/.cache/fp8c", home);
-        else return NULL;
-    }
-    /* mkdir -p, quietly: no cache is slower, not wrong */
-    for (char *s = buf + 1; *s; s++)
-        if (*s == '/') {
-            *s = 0;
-            mkdir(buf, 0755);
-            *s = '/';
-        }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return NULL;
-    return strdup(buf);
-}
-
-static bool copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb");
-    if (!in) return false;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", to, (int)getpid());
-    FILE *out = fopen(tmp, "wb");
-    bool ok = out != NULL;
-    char buf[65536];
-    size_t got;
-    while (ok && (got = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, got, out) == got;
-    fclose(in);
-    if (out && fclose(out) != 0) ok = false;
-    if (ok) ok = rename(tmp, to) == 0;
-    if (!ok) unlink(tmp);
-    return ok;
-}
-
-/* ---------------------------------------------------------------- compile */
-
-char *cg_llvm_host(void)
-{
-    char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
-    char *features = LLVMGetHostCPUFeatures();
-    size_t n = strlen(FP8C_LLVM_VERSION) + strlen(triple) + strlen(cpu) + strlen(features) + 4;
-    char *out = malloc(n);
-    if (out) snprintf(out, n, "%s|%s|%s|%s", FP8C_LLVM_VERSION, triple, cpu, features);
-    LLVMDisposeMessage(triple);
-    LLVMDisposeMessage(cpu);
-    LLVMDisposeMessage(features);
-    return out;
-}
-
-bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj_path)
-{
-    static const CgLlvmOptions defaults = {.opt_level = 2};
-    if (!o) o = &defaults;
-    if (o->cached) *o->cached = false;
-    LLVMInitializeNativeTarget();
-    LLVMInitializeNativeAsmPrinter();
-    char *triple = LLVMGetDefaultTargetTriple();
-    bool native = !o->cpu || !*o->cpu || !strcmp(o->cpu, "native");
-    char *cpu = native ? LLVMGetHostCPUName() : NULL;
-    char *features = native ? LLVMGetHostCPUFeatures() : NULL;
-    const char *cpu_name = native ? cpu : o->cpu;
-    int level = o->opt_level > 0 ? o->opt_level : 2;
-
-    R r = {0};
-    render_module(&r, p);
-    char *err = NULL;
-    bool ok = true;
-    if (LLVMVerifyModule(r.mod, LLVMReturnStatusAction, &err)) {
-        fprintf(stderr, "fp8c: internal error: the kernel module does not verify: %s\n", err);
-        ok = false;
-    }
-    LLVMDisposeMessage(err);
-    err = NULL;
-
-    /* the cache key: what was rendered and how it is to be compiled */
-    char *text = ok ? LLVMPrintModuleToString(r.mod) : NULL;
-    uint64_t key = 0;
-    if (text) {
-        key = cg_hash_bytes(0, text, strlen(text));
-        char opts[512];
-        snprintf(opts, sizeof opts, "llvm%s|%s|%s|%s|O%d", FP8C_LLVM_VERSION, triple, cpu_name,
-                 features ? features : "", level);
-        key = cg_hash_bytes(key, opts, strlen(opts));
-        LLVMDisposeMessage(text);
-    }
-    char *dir = ok && !o->no_cache ? cache_dir() : NULL;
-    char cached[4200] = "";
-    if (dir) {
-        snprintf(cached, sizeof cached, "%s/%016llx.o", dir, (unsigned long long)key);
-        if (access(cached, R_OK) == 0 && !o->dump_ir && copy_file(cached, obj_path)) {
-            if (o->cached) *o->cached = true;
-            free(dir);
-            dispose(&r);
-            LLVMDisposeMessage(triple);
-            if (cpu) LLVMDisposeMessage(cpu);
-            if (features) LLVMDisposeMessage(features);
-            return true;
-        }
-    }
-
-    LLVMTargetRef target = NULL;
-    LLVMTargetMachineRef tm = NULL;
-    if (ok && LLVMGetTargetFromTriple(triple, &target, &err)) {
-        fprintf(stderr, "fp8c: error: LLVM has no target for %s: %s\n", triple, err);
-        ok = false;
-    }
-    if (ok) {
-        tm = LLVMCreateTargetMachine(target, triple, cpu_name, features ? features : "",
-                                     level >= 3 ? LLVMCodeGenLevelAggressive : LLVMCodeGenLevelDefault,
-                                     LLVMRelocPIC, LLVMCodeModelDefault);
-        if (!tm) {
-            fprintf(stderr, "fp8c: error: LLVM cannot make code for CPU '%s'\n", cpu_name);
-            ok = false;
-        }
-    }
-    if (ok) {
-        LLVMSetTarget(r.mod, triple);
-        LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
-        LLVMSetModuleDataLayout(r.mod, dl);
-        LLVMDisposeTargetData(dl);
-        /* target attributes on every function, so that the vectorizer costs for this CPU */
-        for (LLVMValueRef f = LLVMGetFirstFunction(r.mod); f; f = LLVMGetNextFunction(f)) {
-            if (LLVMIsDeclaration(f)) continue;
-            LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
-                                    LLVMCreateStringAttribute(r.ctx, "target-cpu", 10, cpu_name, (unsigned)strlen(cpu_name)));
-            if (features && *features)
-                LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
-                                        LLVMCreateStringAttribute(r.ctx, "target-features", 15, features, (unsigned)strlen(features)));
-            /* LLVM prefers 256-bit vectors on AVX-512 CPUs unless told otherwise; these loops
-             * are long and regular, and at 512 bits gpt2_tiny's step took 7% less time (its
-             * attention 25% less) on a Xeon with AMX. On CPUs without AVX-512 this is moot. */
-            LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex,
-                                    LLVMCreateStringAttribute(r.ctx, "prefer-vector-width", 19, "512", 3));
-        }
-        LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
-        LLVMPassBuilderOptionsSetLoopVectorization(po, 1);
-        LLVMPassBuilderOptionsSetSLPVectorization(po, 1);
-        LLVMPassBuilderOptionsSetLoopUnrolling(po, 1);
-        LLVMPassBuilderOptionsSetLoopInterleaving(po, 1);
-        char pipeline[32];
-        snprintf(pipeline, sizeof pipeline, "default<O%d>", level);
-        LLVMErrorRef e = LLVMRunPasses(r.mod, pipeline, tm, po);
-        LLVMDisposePassBuilderOptions(po);
-        if (e) {
-            char *m = LLVMGetErrorMessage(e);
-            fprintf(stderr, "fp8c: error: LLVM passes failed: %s\n", m);
-            LLVMDisposeErrorMessage(m);
-            ok = false;
-        }
-    }
-    if (ok && o->dump_ir) {
-        char *t = LLVMPrintModuleToString(r.mod);
-        fputs(t, stderr);
-        LLVMDisposeMessage(t);
-    }
-    if (ok && LLVMTargetMachineEmitToFile(tm, r.mod, (char *)obj_path, LLVMObjectFile, &err)) {
-        fprintf(stderr, "fp8c: error: %s: LLVM cannot write the object: %s\n", obj_path, err);
-        LLVMDisposeMessage(err);
-        ok = false;
-    }
-    if (ok && dir) copy_file(obj_path, cached);
-    if (tm) LLVMDisposeTargetMachine(tm);
-    free(dir);
-    dispose(&r);
-    LLVMDisposeMessage(triple);
-    if (cpu) LLVMDisposeMessage(cpu);
-    if (features) LLVMDisposeMessage(features);
-    return ok;
 }

@@ -15,6 +15,7 @@
  * NAME=VALUE. A flag that takes a value takes it as the next word or after '=' (--batch=8).
  * Every flag is checked; a bad one is one line on stderr and exit status 2, and an unknown
  * one names the known flag nearest to it. */
+#include "codegen.h"
 #include "compiler.h"
 #include "rt.h"
 
@@ -242,6 +243,7 @@ static void parse_args(int argc, char **argv, Args *a)
     a->build.passes.opt_level = 0;
     a->build.front.defines = a->defines;
     a->build.passes.overrides = a->overrides;
+    a->build.passes.print_groups = fuse_print;   /* the groups are codegen's (codegen/fuse.c) */
     a->build.choices = a->choices;
 #ifndef NDEBUG
     a->build.passes.verify = true;

@@ -26,7 +26,7 @@
  *    cuda/exec.c) times a wide heuristic list on the real operands, checks each algorithm's
  *    output against the default's, and reports them per GEMM;
  *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c) and, on a
- *    GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec.c).
+ *    GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c).
  * Each point is measured against the defaults of all the others, one at a time; the winners
  * are then built together and timed once more (the record's tuned_step_ms), and that build's
  * losses are checked too. Points are taken cheapest first, and when the budget (--budget

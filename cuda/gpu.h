@@ -12,9 +12,10 @@
  * loader.c opens them with dlopen when the GPU is chosen, so the same binary starts on
  * machines without a GPU and trains on the CPU there.
  *
- * Sections: spec.c (node -> launches), render.c (CUDA C module), nvrtc.c (compiler only),
- * loader.c (driver and cuBLASLt entry points), exec.c (the executor), device.c (the training
- * program's "cuda" device). */
+ * Sections: spec.c (node -> launches; with spec_ops.c, spec_gemm.c and spec_fuse.c),
+ * render.c (CUDA C module), nvrtc.c (compiler only), loader.c (driver and cuBLASLt entry
+ * points), exec.c (the executor; with exec_gemm.c, exec_batch.c and exec_cg.c), device.c
+ * (the training program's "cuda" device). */
 #ifndef FP8C_GPU_H
 #define FP8C_GPU_H
 
@@ -107,7 +108,7 @@ bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t 
 /* Plans every node of g; the first node that cannot run is reported in why. */
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len);
 /* The plans the phases run: node_plans (cuda_plan_graph's), except that a matmul whose fuse
- * group (passes/fuse.c) is a bias add, a residual or gradient-sum add, an accumulation into a
+ * group (codegen/fuse.c) is a bias add, a residual or gradient-sum add, an accumulation into a
  * gradient, or GELU's backward becomes one GEMM with a cuBLASLt epilogue at the group's place,
  * and so does a GELU of its result with, under delayed scaling, the GELU's FP8 copy and amax
  * record; the other nodes get empty plans. Renumbers g. */

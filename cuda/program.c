@@ -1,7 +1,7 @@
 /* program.c — the GPU kernel program as a table: what `fp8c plan --kernels --device cuda` shows.
  *
  * The training binary derives its launches from the scheduled graph with cuda_plan_graph and
- * cuda_plan_epilogues (spec.c), the same calls the compiler makes to know which kernels to
+ * cuda_plan_epilogues (spec_fuse.c), the same calls the compiler makes to know which kernels to
  * compile; this file makes those calls once more and lists the result, so the listing is the
  * program that runs, not a description of it. One line per launch, in launch order: its phase,
  * whether it is a library kernel or a cuBLASLt GEMM, the kernel's name, the graph nodes whose

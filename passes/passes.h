@@ -23,6 +23,9 @@ typedef struct {
                                    cuBLASLt cannot run (the reference and CPU can): for tests
                                    of the FP8 passes on small graphs */
     const char *print_after;    /* pass name, "all", or NULL */
+    void (*print_groups)(const Graph *g, FILE *out);   /* the fuse pass's report of the kernel
+                                   groups (codegen's fuse_print, set by the compiler, which
+                                   sits above both); NULL: none */
 } PassOptions;
 
 typedef bool (*PassFn)(Graph *g, const PassOptions *opt);

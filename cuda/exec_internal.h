@@ -1,0 +1,160 @@
+/* exec_internal.h — what the files of the CUDA executor share (cuda/exec*.c).
+ *
+ * exec.c sets the executor up (arenas, module, the phases' launch lists) and runs the lists;
+ * exec_gemm.c sets up and runs the cuBLASLt matmuls, with their timed, stored or tuned
+ * algorithms; exec_batch.c runs a run of small update nodes as one launch per kernel;
+ * exec_cg.c runs loop kernels of a kernel-IR program on the executor's arenas (tests). They
+ * share the executor's state (struct CudaExec) and its launch lists. Internal to cuda/. */
+#ifndef FP8C_EXEC_INTERNAL_H
+#define FP8C_EXEC_INTERNAL_H
+
+#include "gpu_internal.h"
+
+#define CUBLAS_WORKSPACE (32 << 20)
+#define ALIGN 256
+#define GEMM_CANDIDATES 8       /* algorithms the heuristic offers for timing */
+#define GEMM_TUNE_RUNS 5
+#define GEMM_WIDE 32            /* algorithms the heuristic offers in the tuning mode */
+#define GEMM_TIMED_RUNS 7       /* timed runs of each in the tuning mode: median, min, max */
+#define GEMM_TUNE_AT_STEP 2     /* the micro-step whose GEMMs the tuning mode times */
+
+typedef struct {
+    CuLaunchKind kind;
+    const Node *node;
+    const char *fn;
+    CUfunction f;
+    unsigned grid[2], block, smem;
+    CkArgs args;
+    bool batched;                         /* runs batch (below) instead of args */
+    CkBatch batch;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayout_t lc;            /* C's own layout where it differs from D's: an FP8 D */
+    cublasLtMatmulAlgo_t algo;
+    const void *A, *B, *C;
+    void *D;
+    float beta;
+    const CuGemm *gemm;                   /* the plan's GEMM (its shape, for the tuning mode) */
+    cublasLtMatmulHeuristicResult_t *cands;   /* the tuning mode: the heuristic's wide list */
+    int n_cands;
+} ExecLaunch;
+
+/* A GEMM's algorithm, timed once for every GEMM with the same key (shapes, types, layouts,
+ * epilogue and alignments): the layers of a model share a handful of keys. */
+typedef struct {
+    uint64_t key;
+    cublasLtMatmulAlgo_t algo;
+} TunedGemm;
+
+/* FP8C_CUDA_PROFILE=1: every launch timed with events (no graphs), summed by kernel */
+typedef struct {
+    char key[96];
+    double ms;
+    long calls;
+} ProfRow;
+
+typedef struct {
+    ExecLaunch *l;
+    int n, cap;
+    CUgraph graph;
+    CUgraphExec exec;
+    bool captured;
+} ExecList;
+
+enum { LIST_EVAL, LIST_MICRO, LIST_UPDATE, LIST_FINITE, LIST_COUNT };
+
+/* A gradient the update averages over the ranks first (an ALL_REDUCE node, comm.c): NCCL's,
+ * enqueued on the executor's stream before the update's graph, outside its capture, so that
+ * NCCL's own connection set-up on first use never runs inside a capture. */
+typedef struct {
+    const Node *node;
+    CUdeviceptr p;
+    int64_t count;
+    ElemType elem;
+    int order;                            /* the accumulator's place: the backward's order */
+} ExecReduce;
+
+struct CudaExec {
+    Graph *g;
+    RtMemory host;
+    Arena *arena;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream stream;
+    CUmodule module;
+    cublasLtHandle_t lt;
+    bool have_ctx, have_lt;
+    CUdeviceptr persistent, step;
+    int64_t step_alloc;                   /* step arena + workspace */
+    CUdeviceptr cublas_ws, scratch, aux;
+    int64_t scratch_bytes, aux_bytes, aux_used;
+    CuNodePlan *node_plans;               /* one node each (cuda_exec_run_node) */
+    CuNodePlan *plans;                    /* the phases': GEMM epilogues fused */
+    int n_epilogues;                      /* GEMMs in plans with a fused epilogue */
+    int n_gelu, n_dgelu, n_fp8_results;   /* of them: GELU, GELU's backward, an FP8 D */
+    ExecList lists[LIST_COUNT];
+    int *batch_run;                       /* per node: nodes in the batched run it starts, else 0 */
+    int finite_flag_off;                  /* in aux */
+    int ticket_off;                       /* in aux: the kernels' last-block counter */
+    bool graphs, sync_each, profile;
+    bool tune;                            /* time the heuristic's candidates (set-up only) */
+    bool fast_accum_all;                  /* FP8C_CUDA_FAST_ACCUM=all: gradient GEMMs too */
+    TunedGemm *tuned;
+    int n_tuned, cap_tuned;
+    ExecReduce *reduce;                   /* the gradients to average (several ranks only) */
+    int n_reduce, cap_reduce;
+    const char *tune_report;              /* FP8C_TUNE_GEMMS: the tuning mode's report file */
+    int micro_runs;
+    bool stored_algos;                    /* the artifact's tune.device is this GPU: use its algorithms */
+    int n_stored, n_stored_failed, n_unstored;
+    char desc[512];                       /* cuda_device_description's */
+    ProfRow *prof;
+    int n_prof, cap_prof;
+    double prof_total;
+    FILE *trace;                          /* FP8C_CUDA_TRACE: every profiled launch, one line */
+    int trace_run;
+    char name[256];
+};
+
+static inline int64_t align_up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+static inline int64_t tensor_bytes(const Tensor *t) { return ir_numel(t) * fmt_elem_bytes(t->fmt.elem); }
+
+/* ---------------------------------------------------------------- exec.c */
+
+bool grow(void **items, int *cap, int n, size_t size);
+bool env_flag(const char *name, bool dflt);
+bool exec_map_tensor(const CudaExec *e, const Tensor *t, CUdeviceptr *out);
+bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr scratch_base);
+CUdeviceptr ref_ptr(CudaExec *e, const CuRef *r, bool *ok);
+bool list_push(ExecList *L, ExecLaunch *x);
+bool aux_take(CudaExec *e, const void *host, int64_t bytes, CUdeviceptr *out);
+bool exec_get_function(CudaExec *e, const Node *n, const char *fn, unsigned smem, CUfunction *f);
+bool exec_launch(CudaExec *e, const ExecLaunch *x);
+bool exec_finish(CudaExec *e, const char *what);
+
+/* ---------------------------------------------------------------- exec_gemm.c */
+
+bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo);
+void exec_free_gemm(ExecLaunch *x);
+cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo);
+bool exec_run_tuning(CudaExec *e, ExecList *L);
+
+/* ---------------------------------------------------------------- exec_batch.c */
+
+/* A node of a batched run: its plan and its own scratch (in aux). */
+typedef struct {
+    const Node *node;
+    const CuNodePlan *plan;
+    CUdeviceptr scratch;      /* the node's scratch */
+} BatchItem;
+
+enum { BATCH_MIN = 2 };
+
+bool batch_same_kernels(const CuNodePlan *a, const CuNodePlan *b);
+int64_t batch_aux_bytes(int n_launch, int n);
+bool exec_add_batch(CudaExec *e, ExecList *L, const BatchItem *it, int n);
+
+int64_t exec_find_batches(CudaExec *e);
+bool exec_add_run(CudaExec *e, ExecList *L, int i);
+
+#endif

@@ -1,0 +1,436 @@
+/* spec_fuse.c — what the GPU backend fuses across nodes, on top of the kernel program.
+ *
+ * The kernel program's groups (codegen/fuse.c) are the same for every backend. The GPU's
+ * library kernels and cuBLASLt can do more in one launch than the kernel IR describes, and
+ * these rewrites of the per-node plans (spec.c) use that, each switched by the choice table
+ * (fusion_on: "fuse.KIND[@ID]", which `fp8c tune` times):
+ *   GEMM epilogues         a matmul's group run as one cuBLASLt call (cuda_plan_epilogues);
+ *   producer quantizes     a norm or GELU writes its own FP8 copy (fuse_producer_quantizes);
+ *   bias gradients         summed in the transposing quantize of dy (fuse_bias_grads);
+ *   group quantizes        per-group scales made in the quantize (fuse_group_quantizes);
+ *   the loss's lse         the backward of cross entropy reads the forward's logsumexp
+ *                          (fuse_ce_lse).
+ * Each decides from the graph, its uses and the memory plan's offsets only, so the compiler
+ * (which compiles the kernels) and the training binary (which launches them) plan the same.
+ * cuda_plan_graph runs the per-node plans and then these; cuda_plan_epilogues is the phases'
+ * view with the GEMM epilogues applied. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec_internal.h"
+
+/* ---------------------------------------------------------------- GEMM epilogues
+ *
+ * Fusion (codegen/fuse.c) puts a matmul and the elementwise nodes that consume its
+ * product into one group that runs at the place of the group's last node, having checked
+ * against the memory plan that every input survives until then. Where the group is a chain
+ * cuBLASLt's epilogue computes — the product plus a bias row (y = x W^T + b), plus a
+ * same-shaped tensor (a residual: y = x W^T + b + r; one term of a gradient sum; or an
+ * accumulator updated in place: g += x^T dy), or GELU's backward of the product
+ * (dx = (dy W) gelu'(x), DGELU, reading x) — the GEMM writes the chain's last value directly
+ * and the other nodes run no kernel of their own.
+ *
+ * A GELU of a group's result is not in the group (its input is kept for the backward, so the
+ * group must store it), but cuBLASLt's GELU_AUX_BIAS writes both: the GELU as D and its input
+ * as the auxiliary output. The GELU then moves into the GEMM (gemm_gelu) when its value is
+ * stored as it is (-O0), or, under delayed scaling, when nothing but its per-tensor FP8 copy
+ * and the copy's amax record read it: the GEMM then writes the FP8 copy itself, through the
+ * scale the history gave (D_SCALE), and leaves the value's amax for the history (AMAX_D) —
+ * TransformerEngine's forward MLP GEMM. cuBLASLt offers AMAX_D only for FP8 results, and an
+ * amax under current scaling is needed before the copy's scale exists, so where the copy is
+ * scaled by its current amax (the levels' default) the GELU keeps its own kernel, which then
+ * writes the copy itself (fuse_producer_quantizes: fewer bytes than a bf16 GELU from the GEMM
+ * and a quantize after it). cuBLASLt's GELU is the tanh approximation, as the GELU op's.
+ * Measured on an H200 (cuBLAS 13.1, d12's MLP at batch 32 x 1024): GELU_AUX_BIAS costs 0.04
+ * ms (bf16) to 0.07 ms (e4m3) over a bias epilogue, against some 0.1 ms for a GELU kernel;
+ * DGELU costs 0.08 ms over a plain bf16 GEMM, against some 0.15 ms for GELU's backward, but
+ * with FP8 operands its GEMM takes 0.78 ms against 0.13, so FP8 products keep their GELU
+ * backward kernel.
+ *
+ * Unlike the kernel IR's fusion this does change results a little: the chain is rounded
+ * once, from f32, where the unfused nodes round the product (and the GELU's input) to their
+ * formats first. */
+
+static bool plain_direct(const Tensor *t) {
+    return t->fmt.codec == CODEC_PLAIN && t->fmt.scaling == SCALE_NONE &&
+           (t->fmt.elem == FMT_BF16 || t->fmt.elem == FMT_F32);
+}
+
+/* cuBLASLt's auxiliary matrix: GELU's input, plain, of D's element type and shape, never on
+ * the bytes of d (the epilogue reads or writes it while it writes D) */
+static bool gemm_aux_fits(const Node *aux, const Node *d) {
+    ElemType e = d->t.fmt.elem == FMT_E4M3 || d->t.fmt.elem == FMT_E5M2 ? FMT_BF16 : d->t.fmt.elem;
+    return plain_direct(&aux->t) && aux->t.fmt.elem == e && aux->t.offset >= 0 &&
+           ir_numel(&aux->t) == ir_numel(&d->t) && !fuse_nodes_overlap(aux, d);
+}
+
+/* Whether the GEMM's result d stays off what it reads: its operands, their scales. */
+static bool gemm_reads_clear(const Node *m, const Node *d) {
+    for (int k = 0; k < 2; k++) {
+        const Node *x = m->in[k];
+        if (x->t.offset < 0 || fuse_nodes_overlap(x, d)) return false;
+        if (x->t.fmt.scale && (x->t.fmt.scale->t.offset < 0 || fuse_nodes_overlap(x->t.fmt.scale, d)))
+            return false;
+    }
+    return true;
+}
+
+/* The epilogue of the group members[0..n) (a matmul first, in schedule order), or false;
+ * GELU's backward only where `gelu` allows activations. */
+static bool epilogue_of(const Node *const *members, int n, bool gelu, GemmEpilogue *ep) {
+    const Node *m = members[0];
+    memset(ep, 0, sizeof *ep);
+    if (m->op != OP_MATMUL || n < 2) return false;
+    int64_t N = IR_IATTR(m, MATMUL, trans_b) ? rows_of(&m->in[1]->t) : cols_of(&m->in[1]->t);
+    for (int i = 1; i < n; i++) {
+        const Node *c = members[i], *prev = members[i - 1], *other = NULL;
+        bool last = i == n - 1;
+        if (c->op == OP_ADD || (c->op == OP_ADD_N && c->n_in == 2)) {
+            if ((c->in[0] == prev) == (c->in[1] == prev)) return false;
+            other = c->in[0] == prev ? c->in[1] : c->in[0];
+            if (c->op == OP_ADD && c->in[1] == other && other->t.rank == 1 && ir_numel(&other->t) == N &&
+                i == 1 && N != ir_numel(&c->t)) {
+                ep->bias = other;
+            } else if (ir_numel(&other->t) == ir_numel(&c->t) && !ep->c) {
+                ep->c = other;
+            } else {
+                return false;
+            }
+            ep->d = c;
+        } else if (c->op == OP_ACCUMULATE && last && !ep->c && c->in[1] == prev && c->in[0] != prev) {
+            ep->c = ep->d = c->in[0];
+        } else if (gelu && c->op == OP_GELU_BWD && last && i == 1 && c->in[0] == prev && c->in[1] != prev &&
+                   operand_kind(&m->in[0]->t) != OPD_FP8 && operand_kind(&m->in[1]->t) != OPD_FP8) {
+            ep->act = CU_ACT_DGELU;
+            ep->aux = c->in[1];
+            ep->d = c;
+        } else {
+            return false;
+        }
+    }
+    /* formats cuBLASLt reads and writes as they are; the result must not land on an operand
+     * (or its scale) that the GEMM is still reading; C may be the result itself */
+    const Tensor *d = &ep->d->t;
+    if (!plain_direct(d) || d->offset < 0) return false;
+    if (ep->c && (!plain_direct(&ep->c->t) || ep->c->t.fmt.elem != d->fmt.elem || ep->c->t.offset < 0))
+        return false;
+    if (ep->c && ep->c != ep->d && fuse_nodes_overlap(ep->c, ep->d) &&
+        !(ep->c->t.offset == d->offset && ir_role_is_persistent(ep->c->t.role) == ir_role_is_persistent(d->role)))
+        return false;
+    if (ep->bias && (!plain_direct(&ep->bias->t) || ep->bias->t.offset < 0 || fuse_nodes_overlap(ep->bias, ep->d)))
+        return false;
+    if (ep->aux && !gemm_aux_fits(ep->aux, ep->d)) return false;
+    return gemm_reads_clear(m, ep->d);
+}
+
+/* Whether the two nodes at `at` are all that read y: its delayed per-tensor FP8 copy (a
+ * QUANTIZE to e4m3 or e5m2 through a scale the history gives, keeping no transposed copy) and
+ * the copy's amax record (an AMAX_RECORD of y) — the pair the scaling pass makes for a value
+ * under delayed scaling, in either order. */
+static bool delayed_fp8_copy(const Graph *g, const Uses *uses, const Node *y, int at, const Node **copy,
+                             const Node **record) {
+    if (at + 1 >= g->n_nodes || uses[y->index].n != 2 || ir_role_is_persistent(y->t.role) ||
+        y->t.role == ROLE_OUTPUT)
+        return false;
+    const Node *a = g->nodes[at], *b = g->nodes[at + 1];
+    const Node *q = a->op == OP_QUANTIZE ? a : b, *r = a->op == OP_AMAX_RECORD ? a : b;
+    if (q->op != OP_QUANTIZE || r->op != OP_AMAX_RECORD || q->in[0] != y || r->in[1] != y) return false;
+    const Format *f = &q->t.fmt;
+    const Node *sc = f->scale;
+    if ((f->elem != FMT_E4M3 && f->elem != FMT_E5M2) || f->codec != CODEC_PLAIN || f->scaling != SCALE_PER_TENSOR ||
+        f->recipe != RECIPE_DELAYED || !sc || sc->t.fmt.elem != FMT_F32 || ir_numel(&sc->t) != 1 || sc->t.offset < 0 ||
+        ir_transposed_offset(q) || q->t.offset < 0 || fuse_nodes_overlap(q, sc) || fuse_nodes_overlap(q, r->in[0]))
+        return false;
+    *copy = q;
+    *record = r;
+    return true;
+}
+
+/* The GELU of the result h of a fused GEMM whose group ends at r, taken into the GEMM (the
+ * essay above): the GELU is the next node, and stores its value as it is, or hands it only to
+ * its delayed FP8 copy and amax record, the two nodes after it. members (n of them) gains the
+ * nodes the GEMM now computes, in schedule order. The GEMM runs at r, before them: its results
+ * must not land on what it reads, and between r and them nothing else runs. */
+static bool gemm_gelu(const Graph *g, const Uses *uses, int r, const Node **members, int *n, GemmEpilogue *ep) {
+    const Node *h = ep->d;
+    if (ep->act != CU_ACT_NONE || ep->c || r + 1 >= g->n_nodes || ir_amax_parts_offset(h)) return false;
+    const Node *y = g->nodes[r + 1];
+    if (y->op != OP_GELU || y->in[0] != h || h->t.fmt.elem != FMT_BF16) return false;
+    GemmEpilogue e = *ep;
+    e.act = CU_ACT_GELU;
+    e.aux = h;
+    const Node *copy = NULL, *record = NULL;
+    if (delayed_fp8_copy(g, uses, y, r + 2, &copy, &record)) {   /* y itself is never stored */
+        e.d = copy;
+        e.record = record;
+    } else if (plain_direct(&y->t) && y->t.offset >= 0 && !ir_amax_parts_offset(y)) {
+        e.d = y;
+    } else {
+        return false;
+    }
+    if (!gemm_aux_fits(h, e.d) || !gemm_reads_clear(members[0], e.d) || (e.bias && fuse_nodes_overlap(e.bias, e.d)))
+        return false;
+    *ep = e;
+    members[(*n)++] = y;
+    for (int k = r + 2; record && k <= r + 3; k++) members[(*n)++] = g->nodes[k];
+    return true;
+}
+
+/* ---------------------------------------------------------------- producers fused with quantizes */
+
+/* ops whose one kernel launch computes the value and may store it through CkAmaxOnly or
+ * CkThrough (plan_rows, plan_elementwise: producer_fmt) */
+static bool producer_can_rerun(const Node *y) {
+    switch (y->op) {
+    case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X:
+    case OP_GELU: case OP_SILU: case OP_GELU_BWD: case OP_SILU_BWD: return true;
+    default: return false;
+    }
+}
+
+/* Whether the quantize q (at schedule position qi) may run y's kernel again instead of reading
+ * y: y is a transient, unscaled value made only for q and for q's own per-tensor scale (which
+ * reads y's block maxima), q keeps no transposed copy, and everything y's kernel reads still
+ * holds its value at q's place and shares no byte with q's result. */
+static bool quantize_can_rerun(const Graph *g, const Uses *uses, const Node *q, int qi) {
+    const Node *y = q->in[0], *scale = q->t.fmt.scale;
+    if (q->op != OP_QUANTIZE || ir_transposed_offset(q) || q->t.fmt.scaling != SCALE_PER_TENSOR ||
+        q->t.fmt.recipe != RECIPE_CURRENT || !scale || scale->op != OP_QUANT_SCALE || scale->in[0] != y)
+        return false;
+    if (!producer_can_rerun(y) || !ir_amax_parts_offset(y) || y->t.fmt.scaling != SCALE_NONE ||
+        ir_role_is_persistent(y->t.role) || y->t.role == ROLE_OUTPUT || y->index < 0 || y->index >= qi ||
+        g->nodes[y->index] != y || y->t.offset % 16 || q->t.offset % 16 || ir_numel(&y->t) != ir_numel(&q->t))
+        return false;
+    const Uses *u = &uses[y->index];
+    for (int i = 0; i < u->n; i++)
+        if (u->list[i] != q && u->list[i] != scale) return false;
+    for (int k = 0; k < y->n_in; k++) {
+        const Node *x = y->in[k], *xs = x->t.fmt.scale;
+        if (!fuse_value_survives(g, x, y->index, qi) || fuse_nodes_overlap(q, x)) return false;
+        if (xs && (!fuse_value_survives(g, xs, y->index, qi) || fuse_nodes_overlap(q, xs))) return false;
+    }
+    return true;
+}
+
+/* The uses of g's nodes, for passes that read a node's position as its index; NULL where the
+ * positions are not the indices (nothing is fused then). */
+static Uses *uses_by_position(const Graph *g) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->index != i) return NULL;
+    return ir_fill_uses(g);
+}
+
+/* The one hook of the tuner (compiler/tune.c) in this file: each fusion below asks the graph's
+ * choice table whether it may fuse at a site ("fuse.KIND@ID", else "fuse.KIND", else yes). A
+ * tuning record or --choice sets them at build time; they travel in the artifact, so the
+ * binary plans exactly what fp8c compiled. */
+static bool fusion_on(const Graph *g, const char *kind, const Node *site) { return ir_choice_on(g, kind, site); }
+
+/* A layernorm or GELU whose value only an FP8 copy of it reads (its one quantize) writes that
+ * copy itself: its kernel runs at its own place storing only the block maxima that the copy's
+ * scale reads, and again at the quantize's place storing FP8 (ops.cuh, CkAmaxOnly and
+ * CkThrough). The value is never written or read back: per element, 2 bytes written and 2 read
+ * become 2 read again (the producer's input). The bits are those of the unfused pair. */
+static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
+    for (int qi = 0; qi < g->n_nodes; qi++) {
+        const Node *q = g->nodes[qi];
+        if (q->op != OP_QUANTIZE || !fusion_on(g, "fuse.producer_quantizes", q) || !quantize_can_rerun(g, uses, q, qi))
+            continue;
+        const Node *y = q->in[0];
+        char why[256];
+        CuNodePlan amax_only, through;
+        Spec s1 = spec_for(y, a, &amax_only, why, sizeof why), s2 = spec_for(y, a, &through, why, sizeof why);
+        s1.result = RESULT_AMAX_ONLY;
+        s2.result = RESULT_THROUGH;
+        s2.through = q;
+        if (!plan_node(&s1) || !s1.amax_written || amax_only.n_launch != 1 || !plan_node(&s2)) continue;
+        through.node = q;
+        through.absorbed[through.n_absorbed++] = y;
+        plans[y->index] = amax_only;
+        plans[qi] = through;
+    }
+}
+
+/* A bias gradient, the sum over rows of a gradient dy, where dy is also quantized with its
+ * transposed copy for the GEMMs (the weight's input and weight gradients): the quantize's tiles
+ * sum their columns as they go, and a last launch at the quantize's place adds the tiles' sums
+ * (TransformerEngine's cast-transpose-dbias). dy is read once instead of twice. The schedule
+ * puts the sum, and the accumulation of the sum into the bias's gradient accumulator, before
+ * the quantize; they move to the quantize's place where nothing reads them before it:
+ *  - a sum that only later nodes read keeps its bytes until then (the memory plan holds them
+ *    for its readers), and the last launch stores it;
+ *  - a sum that only its accumulation reads, accumulated into an accumulator that nothing in
+ *    between reads or writes and that only later nodes read: the last launch adds the sum,
+ *    rounded to its format, into the accumulator, as the accumulation would have, and the sum
+ *    is never stored.
+ * Their own places then run nothing. */
+static bool read_only_after(const Uses *uses, const Node *x, int at) {
+    const Uses *u = &uses[x->index];
+    for (int k = 0; k < u->n; k++)
+        if (u->list[k]->index <= at) return false;
+    return true;
+}
+
+static const Node *bias_grad_accumulation(const Graph *g, const Uses *uses, const Node *q, const Node *sum) {
+    const Uses *u = &uses[sum->index];
+    const Node *acc = u->n == 1 ? u->list[0] : NULL;
+    if (!acc || acc->op != OP_ACCUMULATE || acc->in[1] != sum || acc->in[0] == sum || acc->index >= q->index ||
+        !plain_direct(&acc->t) || !plain_direct(&acc->in[0]->t) || !read_only_after(uses, acc, q->index))
+        return NULL;
+    const Node *state = acc->in[0];
+    if (!fuse_value_survives(g, state, acc->index, q->index)) return NULL;
+    for (int j = acc->index + 1; j < q->index; j++)
+        for (int k = 0; k < g->nodes[j]->n_in; k++)
+            if (fuse_nodes_overlap(state, g->nodes[j]->in[k])) return NULL;
+    return acc;
+}
+
+static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
+    for (int si = 0; si < g->n_nodes; si++) {
+        const Node *sum = g->nodes[si], *x = sum->op == OP_SUM_ROWS ? sum->in[0] : NULL;
+        if (!x || x->index < 0 || !plain_direct(&sum->t) || !plain_direct(&x->t) || sum->t.role == ROLE_OUTPUT ||
+            ir_numel(&sum->t) != cols_of(&x->t) || !fusion_on(g, "fuse.bias_grads", sum))
+            continue;
+        const Uses *u = &uses[x->index];
+        const Node *q = NULL;
+        for (int k = 0; k < u->n && !q; k++)
+            if (u->list[k]->op == OP_QUANTIZE && ir_transposed_offset(u->list[k])) q = u->list[k];
+        if (!q || q->index <= si || plans[q->index].n_launch != 1) continue;
+        const Node *acc = NULL;
+        if (!read_only_after(uses, sum, q->index) && !(acc = bias_grad_accumulation(g, uses, q, sum))) continue;
+        if (acc && plans[acc->index].n_launch != 1) continue;
+        char why[256];
+        CuNodePlan fused;
+        Spec s = spec_for(q, a, &fused, why, sizeof why);
+        s.bias_grad = sum;
+        s.bias_acc = acc;
+        if (!plan_node(&s) || fused.n_launch != 2) continue;
+        fused.absorbed[fused.n_absorbed++] = sum;
+        if (acc) fused.absorbed[fused.n_absorbed++] = acc;
+        plans[q->index] = fused;
+        memset(&plans[si], 0, sizeof plans[si]);
+        plans[si].node = sum;
+        if (acc) {
+            memset(&plans[acc->index], 0, sizeof plans[acc->index]);
+            plans[acc->index].node = acc;
+        }
+    }
+}
+
+/* A quantize into per-group (or 1 x 128 tile) scales, and the QUANT_SCALE that makes those
+ * scales from the same x, run as one launch at the quantize's place: each group's scale is
+ * stored and its elements quantized through it while x is in registers (ops.cuh,
+ * ck_quantize_group), one read of x instead of two. The scale's place then runs nothing. It
+ * may move later because nothing before the quantize reads it (every use of the scale is the
+ * quantize or after it), the memory plan keeps its bytes from its own place on, and x, which
+ * the quantize reads, still holds its value there. The bits are those of the two launches. */
+static bool group_quantize_fusable(const Uses *uses, const Node *q) {
+    const Node *sc = q->op == OP_QUANTIZE && q->n_in == 2 ? q->in[1] : NULL;
+    Scaling kind = q->t.fmt.scaling;
+    if (!sc || ir_transposed_offset(q) || (kind != SCALE_PER_GROUP && kind != SCALE_TILE_1x128) ||
+        q->t.fmt.recipe != RECIPE_CURRENT || q->t.fmt.scale != sc || sc->op != OP_QUANT_SCALE ||
+        sc->in[0] != q->in[0] || IR_IATTR(sc, QUANT_SCALE, elem) != q->t.fmt.elem ||
+        IR_IATTR(sc, QUANT_SCALE, scaling) != kind ||
+        (kind == SCALE_PER_GROUP && IR_IATTR(sc, QUANT_SCALE, group) != q->t.fmt.group) || sc->index < 0 || sc->index >= q->index ||
+        ir_role_is_persistent(sc->t.role) || ir_role_is_persistent(q->in[0]->t.role))
+        return false;
+    const Uses *u = &uses[sc->index];
+    for (int k = 0; k < u->n; k++)
+        if (u->list[k]->index < q->index) return false;
+    return true;
+}
+
+static void fuse_group_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
+    for (int qi = 0; qi < g->n_nodes; qi++) {
+        const Node *q = g->nodes[qi];
+        if (!group_quantize_fusable(uses, q) || !fusion_on(g, "fuse.group_quantizes", q) || plans[qi].n_launch != 1 ||
+            plans[q->in[1]->index].n_launch != 1)
+            continue;
+        char why[256];
+        CuNodePlan fused;
+        Spec s = spec_for(q, a, &fused, why, sizeof why);
+        s.group_scale = q->in[1];
+        if (!plan_node(&s) || fused.n_launch != 1) continue;
+        fused.absorbed[fused.n_absorbed++] = q->in[1];
+        plans[qi] = fused;
+        memset(&plans[q->in[1]->index], 0, sizeof plans[0]);
+        plans[q->in[1]->index].node = q->in[1];
+    }
+}
+
+/* A cross entropy's backward right after its forward (the loss chunks of chunk_loss.c run
+ * so): both read every row of the logits for its logsumexp, the same computation in the same
+ * order (ck_row_lse, one block of ce_row_threads a row). The forward leaves it in the scratch,
+ * after the row losses and the backward's coefficient, and the backward reads it there: a read
+ * of the logits less, the same bits. Nothing runs between them, so nothing else uses the
+ * scratch (which every node's launches share) in between. */
+static void fuse_ce_lse(const Graph *g, CuNodePlan *plans, Arena *a) {
+    for (int j = 1; j < g->n_nodes; j++) {
+        const Node *b = g->nodes[j], *f = g->nodes[j - 1];
+        if (b->op != OP_CROSS_ENTROPY_BWD || f->op != OP_CROSS_ENTROPY || b->in[1] != f->in[0] ||
+            b->in[2] != f->in[1] || plans[j - 1].n_launch != 2 || plans[j].n_launch != 2 || !fusion_on(g, "fuse.ce_lse", b))
+            continue;
+        char why[256];
+        CuNodePlan pf, pb;
+        Spec sf = spec_for(f, a, &pf, why, sizeof why), sb = spec_for(b, a, &pb, why, sizeof why);
+        sf.ce_lse_at = sb.ce_lse_at = 8 * (rows_of(&f->in[0]->t) + 1);
+        if (!plan_node(&sf) || !plan_node(&sb) || pf.n_launch != 2 || pb.n_launch != 2) continue;
+        plans[j - 1] = pf;
+        plans[j] = pb;
+    }
+}
+
+CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
+    CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
+    fuse_producer_quantizes(g, plans, a);
+    fuse_bias_grads(g, plans, a);
+    fuse_group_quantizes(g, plans, a);
+    fuse_ce_lse(g, plans, a);
+    return plans;
+}
+
+CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a) {
+    CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    memcpy(plans, node_plans, sizeof *plans * (size_t)g->n_nodes);
+    ir_renumber(g);
+    int *group = fuse_plan(g, a);
+    Uses *uses = uses_by_position(g);
+    bool gelu_epilogues = fusion_on(g, "fuse.gemm_gelu", NULL);   /* off: GELU keeps its own kernels */
+    const Node **members = arena_alloc(a, sizeof *members * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int r = 0; r < g->n_nodes; r++) {
+        int n = 0;
+        for (int j = 0; j <= r; j++)
+            if (group[j] == r) members[n++] = g->nodes[j];
+        GemmEpilogue ep;
+        if (n < 2 || !fusion_on(g, "fuse.gemm_epilogues", g->nodes[r]) || !epilogue_of(members, n, gelu_epilogues, &ep))
+            continue;
+        if (uses && gelu_epilogues) gemm_gelu(g, uses, r, members, &n, &ep);
+        CuNodePlan fused;
+        memset(&fused, 0, sizeof fused);
+        fused.node = g->nodes[r];
+        char why[256];
+        Spec s = {.arena = a, .n = members[0], .plan = &fused, .why = why, .why_len = sizeof why};
+        if (!plan_matmul(&s, &ep)) continue;
+        if (ir_amax_parts_offset(ep.d)) plan_amax_pass(&s, ep.d);   /* the GEMM wrote d */
+        fused.members = arena_alloc(a, sizeof *fused.members * (size_t)n);
+        memcpy(fused.members, members, sizeof *members * (size_t)n);
+        fused.n_members = n;
+        for (int k = 0; k < n; k++) {
+            const Node *m = members[k];
+            memset(&plans[m->index], 0, sizeof plans[m->index]);
+            plans[m->index].node = m;
+        }
+        plans[r] = fused;
+    }
+    return plans;
+}

@@ -1,0 +1,123 @@
+/* spec_internal.h — what the files that plan the GPU's launches share (cuda/spec*.c).
+ *
+ * spec.c plans each node (cuda_plan_node: the argument block, the launches and their library
+ * templates) and holds the helpers every plan uses; spec_ops.c the plans of the op families
+ * that run library kernels (elementwise, reductions, rows, attention, the optimizer);
+ * spec_gemm.c the cuBLASLt GEMM; spec_fuse.c what the backend fuses across nodes on top of
+ * the kernel program's groups (producers writing their FP8 copies, bias gradients in the
+ * quantize of dy, per-group scales in their quantize, the loss's logsumexp, GEMM epilogues)
+ * and cuda_plan_graph / cuda_plan_epilogues, which run them. Spec is the state of one node's
+ * plan while it is built. Internal to cuda/: nothing outside includes it. */
+#ifndef FP8C_SPEC_INTERNAL_H
+#define FP8C_SPEC_INTERNAL_H
+
+#include "gpu.h"
+
+enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BLOCKS = 1024 };
+
+/* Threads of a cross entropy's row blocks (forward and backward: the backward recomputes the
+ * forward's logsumexp where it does not read it, and must get the same bits). A chunk of the
+ * loss is some 500 to 1300 rows of the vocabulary's 50304 logits: at 256 threads a row, its
+ * blocks filled half to one and a quarter waves of an H200 (0.48 waves measured, 42% of the
+ * warps busy, 35% of the memory bandwidth for the forward). 1024 threads take a vocabulary row
+ * in six or seven wide loads a thread (Llama's 32000 in four), two rows an SM at a time, in two
+ * to five full waves. */
+static inline unsigned ce_row_threads(int64_t V) { return V >= 8 * 2048 ? 1024 : ROW_THREADS; }
+
+typedef struct {
+    Arena *arena;
+    const Node *n;
+    CuNodePlan *plan;
+    int cap;
+    char *why;
+    size_t why_len;
+    bool failed;
+    bool amax_written;   /* a launch of the node's own writes its block maxima (amax=1) */
+    /* how a producer that may be fused with the quantize of its value stores its result
+     * (fuse_producer_quantizes): as itself, only its block maxima, or quantized into `through` */
+    enum { RESULT_STORED, RESULT_AMAX_ONLY, RESULT_THROUGH } result;
+    const Node *through;
+    /* a QUANTIZE with transposed=1 that also sums its input's rows for this SUM_ROWS, and
+     * adds the sum into the accumulator of bias_acc (an ACCUMULATE) where that is set
+     * (fuse_bias_grads) */
+    const Node *bias_grad, *bias_acc;
+    /* a QUANTIZE into per-group scales that also makes them: the QUANT_SCALE (of the same x)
+     * whose launch moves here (fuse_group_quantizes) */
+    const Node *group_scale;
+    /* a CROSS_ENTROPY and the CROSS_ENTROPY_BWD right after it, of the same logits
+     * (fuse_ce_lse): the forward leaves each row's logsumexp in the scratch at this byte
+     * offset, and the backward reads it there instead of reading its row once more; 0: none */
+    int64_t ce_lse_at;
+} Spec;
+
+static inline int64_t rows_of(const Tensor *t) {
+    int64_t r = 1;
+    for (int i = 0; i + 1 < t->rank; i++) r *= t->dims[i];
+    return r;
+}
+static inline int64_t cols_of(const Tensor *t) { return t->rank ? t->dims[t->rank - 1] : 1; }
+
+static inline unsigned grid_elem(int64_t n) {
+    int64_t b = (n + ELEM_THREADS - 1) / ELEM_THREADS;
+    return (unsigned)(b < 1 ? 1 : b > ELEM_MAX_BLOCKS ? ELEM_MAX_BLOCKS : b);
+}
+
+/* a warp per row, ROW_THREADS / 32 rows a block (the norms) */
+static inline unsigned grid_warp_rows(int64_t rows) {
+    int64_t per = ROW_THREADS / 32, b = (rows + per - 1) / per;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+static const char *const F32_ARG = "F<FMT_F32, SCALE_NONE>";
+
+/* ---------------------------------------------------------------- spec.c */
+
+bool spec_fail(Spec *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *fmt_arg(Spec *s, const Tensor *t);
+bool spec_check_tensor(Spec *s, const Tensor *t, const char *what);
+CuLaunch *spec_launch(Spec *s, const char *tag, unsigned grid, unsigned block,
+                             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+void arg_node(CuLaunch *l, int k, const Node *m);
+void arg_scratch(CuLaunch *l, int k, int64_t off, int64_t rows, int64_t cols);
+void need_scratch(Spec *s, int64_t bytes);
+void args_result_inputs(CuLaunch *l, const Node *n);
+void args_inputs(CuLaunch *l, const Node *n);
+bool check_io(Spec *s, const Node *n, bool result);
+void arg_amax_parts(Spec *s, CuLaunch *l, const Node *n);
+void plan_amax_pass(Spec *s, const Node *d);
+const char *producer_fmt(Spec *s);
+void producer_result(Spec *s, CuLaunch *l);
+bool plan_node(Spec *s);
+Spec spec_for(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len);
+
+/* ---------------------------------------------------------------- spec_ops.c */
+
+bool plan_elementwise(Spec *s);
+bool plan_reductions(Spec *s);
+bool plan_rows(Spec *s);
+bool plan_attention(Spec *s);
+bool plan_optimizer(Spec *s);
+
+/* ---------------------------------------------------------------- spec_gemm.c */
+
+typedef enum { OPD_BF16, OPD_F32, OPD_FP8, OPD_OTHER } OperandKind;
+OperandKind operand_kind(const Tensor *t);
+
+/* What cuBLASLt adds to a GEMM's product before its one rounding: a bias broadcast over the
+ * rows, a same-shaped C (beta = 1), or both, then an activation (CuActivation: GELU, whose
+ * pre-activation it also writes to aux, or GELU's backward, which reads GELU's input from
+ * aux); the result goes to d's tensor. d is a plain bf16 or f32 value, or the delayed
+ * per-tensor FP8 copy of the value (a QUANTIZE), whose amax the GEMM hands to `record` (the
+ * value's AMAX_RECORD). For a plain matmul: nothing, and d is the matmul itself. */
+typedef struct {
+    const Node *d, *bias, *c;
+    CuActivation act;
+    const Node *aux;
+    const Node *record;
+} GemmEpilogue;
+
+bool plan_matmul(Spec *s, const GemmEpilogue *ep);
+void plan_transpose(Spec *s, const Node *x, const Node *to, int64_t off);
+bool transpose_keeps_values(const Node *n);
+
+#endif

@@ -1,0 +1,722 @@
+/* spec_ops.c — the plans of the ops that run kernels of the library (cuda/kernels/, .cuh).
+ *
+ * One function per op family, each a switch over its ops that picks the template, fills the
+ * argument block (spec.c's conventions: t[0] the result, t[1..] the inputs) and says how many
+ * blocks of how many threads run it: elementwise ops and quantizes (plan_elementwise), whole-
+ * tensor reductions and the scales made from them (plan_reductions), row ops and column sums
+ * (plan_rows), attention (plan_attention) and the optimizer (plan_optimizer). plan_node
+ * (spec.c) dispatches to them. The fused variants a family's kernels offer (a producer that
+ * stores its FP8 copy, a quantize that sums bias gradients or makes its group scales, the
+ * loss's saved logsumexp) are chosen in spec_fuse.c and only read here, from the Spec. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec_internal.h"
+
+bool plan_elementwise(Spec *s) {
+    const Node *n = s->n;
+    const Tensor *y = &n->t;
+    int64_t count = ir_numel(y);
+    CuLaunch *l;
+    const char *Y = fmt_arg(s, y);
+    switch (n->op) {
+    case OP_CONST:
+        if (!check_io(s, n, true)) return false;
+        l = spec_launch(s, "const", grid_elem(count), ELEM_THREADS, "ck_const<%s>(a)", Y);
+        arg_node(l, 0, n);
+        l->args.f[0] = IR_FATTR(n, CONST, value);
+        return true;
+    case OP_ADD: case OP_SUB: case OP_MUL: {
+        if (!check_io(s, n, true)) return false;
+        int64_t na = ir_numel(&n->in[0]->t), nb = ir_numel(&n->in[1]->t);
+        if (nb == 0 || na % nb || na != count) return spec_fail(s, "cannot broadcast");
+        l = spec_launch(s, "binary", grid_elem(count), ELEM_THREADS, "ck_binary<%s, %s, %s, %s>(a)",
+                        n->op == OP_ADD ? "OP_ADD" : n->op == OP_SUB ? "OP_SUB" : "OP_MUL", Y,
+                        fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        args_result_inputs(l, n);
+        arg_amax_parts(s, l, n);
+        return true;
+    }
+    case OP_SCALE:
+        if (!check_io(s, n, true)) return false;
+        l = spec_launch(s, "scale", grid_elem(count), ELEM_THREADS, "ck_scale<%s, %s>(a)", Y,
+                        fmt_arg(s, &n->in[0]->t));
+        args_result_inputs(l, n);
+        l->args.f[0] = IR_FATTR(n, SCALE, alpha);
+        return true;
+    case OP_ADD_N:
+        if (n->n_in > CK_MAX_TENSORS - 1) {
+            if (!check_io(s, n, true)) return false;
+            enum { PER = 10 };
+            need_scratch(s, count * 8);
+            for (int at = 0; at < n->n_in; at += PER) {
+                int k = n->n_in - at < PER ? n->n_in - at : PER;
+                char list[512] = "";
+                for (int i = 0; i < k; i++) {
+                    size_t len = strlen(list);
+                    snprintf(list + len, sizeof list - len, ", %s", fmt_arg(s, &n->in[at + i]->t));
+                }
+                l = spec_launch(s, "add_n", grid_elem(count), ELEM_THREADS, "ck_add_n_part<%d, %d, %s%s>(a)",
+                                at == 0, at + k == n->n_in, Y, list);
+                arg_node(l, 0, n);
+                for (int i = 0; i < k; i++) arg_node(l, 1 + i, n->in[at + i]);
+                l->args.n_in = k;
+                l->scratch = 0;
+            }
+            return true;
+        }
+        /* fall through */
+    case OP_CONCAT: {
+        if (!check_io(s, n, true)) return false;
+        if (n->op == OP_CONCAT && n->n_in > CK_MAX_IATTR - 3) {
+            int64_t ax = IR_IATTR(n, CONCAT, axis);
+            int axis = (int)(ax < 0 ? ax + y->rank : ax);
+            if (axis < 0 || axis >= y->rank) return spec_fail(s, "bad axis");
+            int64_t outer = 1, inner = 1, at = 0;
+            for (int i = 0; i < axis; i++) outer *= y->dims[i];
+            for (int i = axis + 1; i < y->rank; i++) inner *= y->dims[i];
+            enum { PER = CK_MAX_IATTR - 5 };
+            for (int k0 = 0; k0 < n->n_in; k0 += PER) {
+                int k = n->n_in - k0 < PER ? n->n_in - k0 : PER;
+                char list[512] = "";
+                int64_t lp = 0;
+                for (int i = 0; i < k; i++) {
+                    size_t len = strlen(list);
+                    snprintf(list + len, sizeof list - len, ", %s", fmt_arg(s, &n->in[k0 + i]->t));
+                    lp += n->in[k0 + i]->t.dims[axis];
+                }
+                l = spec_launch(s, "concat", grid_elem(outer * lp * inner), ELEM_THREADS,
+                                "ck_concat_part<%s%s>(a)", Y, list);
+                arg_node(l, 0, n);
+                for (int i = 0; i < k; i++) {
+                    arg_node(l, 1 + i, n->in[k0 + i]);
+                    l->args.i[5 + i] = n->in[k0 + i]->t.dims[axis];
+                }
+                l->args.n_in = k;
+                l->args.i[0] = outer, l->args.i[1] = y->dims[axis], l->args.i[2] = inner;
+                l->args.i[3] = at, l->args.i[4] = lp;
+                at += lp;
+            }
+            return true;
+        }
+        int max = n->op == OP_ADD_N ? CK_MAX_TENSORS - 1 : CK_MAX_IATTR - 3;
+        if (n->n_in > max) return spec_fail(s, "more than %d inputs", max);
+        char list[512] = "";
+        for (int i = 0; i < n->n_in; i++) {
+            size_t at = strlen(list);
+            snprintf(list + at, sizeof list - at, ", %s", fmt_arg(s, &n->in[i]->t));
+        }
+        if (n->op == OP_ADD_N) {
+            l = spec_launch(s, "add_n", grid_elem(count), ELEM_THREADS, "ck_add_n<%s%s>(a)", Y, list);
+            args_result_inputs(l, n);
+            arg_amax_parts(s, l, n);
+            return true;
+        }
+        int64_t ax = IR_IATTR(n, CONCAT, axis);
+        int axis = (int)(ax < 0 ? ax + y->rank : ax);
+        if (axis < 0 || axis >= y->rank) return spec_fail(s, "bad axis");
+        int64_t outer = 1, inner = 1;
+        for (int i = 0; i < axis; i++) outer *= y->dims[i];
+        for (int i = axis + 1; i < y->rank; i++) inner *= y->dims[i];
+        l = spec_launch(s, "concat", grid_elem(count), ELEM_THREADS, "ck_concat<%s%s>(a)", Y, list);
+        args_result_inputs(l, n);
+        l->args.i[0] = outer;
+        l->args.i[1] = y->dims[axis];
+        l->args.i[2] = inner;
+        for (int i = 0; i < n->n_in; i++) l->args.i[3 + i] = n->in[i]->t.dims[axis];
+        return true;
+    }
+    case OP_GELU: case OP_SILU: case OP_GELU_BWD: case OP_SILU_BWD: {
+        if (!check_io(s, n, true)) return false;
+        const char *op = n->op == OP_GELU ? "OP_GELU" : n->op == OP_SILU ? "OP_SILU"
+                         : n->op == OP_GELU_BWD ? "OP_GELU_BWD" : "OP_SILU_BWD";
+        l = spec_launch(s, "unary", grid_elem(count), ELEM_THREADS, "ck_unary<%s, %s, %s, %s>(a)",
+                        op, producer_fmt(s), fmt_arg(s, &n->in[0]->t),
+                        n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
+        args_result_inputs(l, n);
+        producer_result(s, l);
+        return true;
+    }
+    case OP_CAST: case OP_RESHAPE: case OP_QUANTIZE:
+        if (!check_io(s, n, true)) return false;
+        if (ir_numel(&n->in[0]->t) != count) return spec_fail(s, "element counts differ");
+        if (ir_transposed_offset(n)) {
+            /* both layouts at once (ops.def transposed=1): 64 x 64 tiles */
+            if (fmt_elem_bytes(y->fmt.elem) != 1) return spec_fail(s, "a transposed copy of a wider element type");
+            int64_t R = rows_of(y), C = cols_of(y), P = (R + 63) / 64;
+            l = spec_launch(s, "quantt", (unsigned)((C + 63) / 64), 256, "ck_quantize_t<%s, %s, %d>(a)", Y,
+                            fmt_arg(s, &n->in[0]->t), s->bias_grad != NULL);
+            l->grid[1] = (unsigned)P;
+            arg_node(l, 0, n);
+            arg_node(l, 1, n->in[0]);
+            l->args.n_in = 1;
+            l->args.i[0] = ir_transposed_offset(n);
+            if (s->bias_grad) {   /* the tiles' column sums, then their sum over the P row tiles */
+                const Node *b = s->bias_grad, *acc = s->bias_acc;
+                l->scratch = 0;
+                need_scratch(s, P * C * 8);
+                if (acc) {
+                    l = spec_launch(s, "colacc", (unsigned)((C + 31) / 32), 256, "ck_colsum_final_acc<%s, %s>(a)",
+                                    fmt_arg(s, &acc->in[0]->t), fmt_arg(s, &b->t));
+                    arg_node(l, 0, acc->in[0]);
+                    arg_node(l, 1, b);
+                    l->args.n_in = 1;
+                } else {
+                    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), 256, "ck_colsum_final<0, %s>(a)",
+                                    fmt_arg(s, &b->t));
+                    args_result_inputs(l, b);
+                }
+                l->scratch = 0;
+                l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
+            }
+            return true;
+        }
+        if (s->group_scale) {   /* the group scales made here too: a thread per vector of x */
+            const Node *sc = s->group_scale;
+            l = spec_launch(s, "qgroup", grid_elem((count + 7) / 8), ELEM_THREADS, "ck_quantize_group<%s, %s>(a)",
+                            Y, fmt_arg(s, &n->in[0]->t));
+            arg_node(l, 0, n);
+            arg_node(l, 1, n->in[0]);
+            l->args.n_in = 1;
+            l->args.i[1] = IR_IATTR(sc, QUANT_SCALE, margin);
+            l->args.i[2] = l->args.t[0].group;
+            l->args.f[0] = num_elem_max((ElemType)IR_IATTR(sc, QUANT_SCALE, elem));
+            return true;
+        }
+        l = spec_launch(s, "copy", grid_elem(count), ELEM_THREADS, "ck_copy<%s, %s>(a)", Y,
+                        fmt_arg(s, &n->in[0]->t));
+        arg_node(l, 0, n);
+        arg_node(l, 1, n->in[0]);
+        l->args.n_in = 1;
+        return true;
+    case OP_SLICE: case OP_PAD: {
+        if (!check_io(s, n, true)) return false;
+        const Tensor *x = &n->in[0]->t;
+        int64_t ax = IR_IATTR(n, SLICE, axis);
+        int axis = (int)(ax < 0 ? ax + y->rank : ax);
+        if (axis < 0 || axis >= y->rank || x->rank != y->rank) return spec_fail(s, "bad axis");
+        int64_t outer = 1, inner = 1;
+        for (int i = 0; i < axis; i++) outer *= y->dims[i];
+        for (int i = axis + 1; i < y->rank; i++) inner *= y->dims[i];
+        l = spec_launch(s, "slice", grid_elem(count), ELEM_THREADS, "ck_slice<%d, %s, %s>(a)",
+                        n->op == OP_PAD, Y, fmt_arg(s, x));
+        args_result_inputs(l, n);
+        l->args.i[0] = outer;
+        l->args.i[1] = y->dims[axis];
+        l->args.i[2] = x->dims[axis];
+        l->args.i[3] = inner;
+        l->args.i[4] = IR_IATTR(n, SLICE, start);
+        return true;
+    }
+    case OP_EMBEDDING:
+        if (!check_io(s, n, true)) return false;
+        if (n->in[0]->t.rank != 2) return spec_fail(s, "the table is not (V, C)");
+        l = spec_launch(s, "embedding", grid_elem(count), ELEM_THREADS, "ck_embedding<%s, %s, %s>(a)",
+                        Y, fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        args_result_inputs(l, n);
+        return true;
+    case OP_ROPE: {
+        if (!check_io(s, n, true)) return false;
+        if (y->rank < 2 || IR_IATTR(n, ROPE, head_dim) <= 0 || IR_IATTR(n, ROPE, head_dim) % 2 ||
+            cols_of(y) % IR_IATTR(n, ROPE, head_dim))
+            return spec_fail(s, "head_dim does not split the columns into even heads");
+        /* the (T, head_dim / 2) table of cos and sin, f64, then the rotation that reads it */
+        int64_t T = y->dims[y->rank - 2], pairs = T * (IR_IATTR(n, ROPE, head_dim) / 2);
+        need_scratch(s, pairs * 16);
+        for (int k = 0; k < 2; k++) {
+            l = k ? spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%s, %s>(a)", Y,
+                                fmt_arg(s, &n->in[0]->t))
+                  : spec_launch(s, "ropetab", grid_elem(pairs), ELEM_THREADS, "ck_rope_table<%s, %s>(a)", Y,
+                                fmt_arg(s, &n->in[0]->t));
+            args_result_inputs(l, n);
+            l->scratch = 0;
+            l->args.i[0] = IR_IATTR(n, ROPE, head_dim);
+            l->args.i[1] = IR_IATTR(n, ROPE, inverse);
+            l->args.i[2] = cols_of(y);
+            l->args.i[3] = T;
+            l->args.f[0] = IR_FATTR(n, ROPE, theta);
+        }
+        return true;
+    }
+    default: break;
+    }
+    return spec_fail(s, "not an elementwise op");
+}
+
+/* t[x_at] reduced over the whole tensor: partial launch (SQ: sum of squares, else amax) */
+static CuLaunch *plan_partials(Spec *s, bool sq, int x_at, const Node *x) {
+    int64_t count = ir_numel(&x->t);
+    unsigned blocks = grid_elem(count);
+    if (blocks > PARTIAL_BLOCKS) blocks = PARTIAL_BLOCKS;
+    CuLaunch *l = spec_launch(s, sq ? "sqpart" : "amaxpart", blocks, ROW_THREADS,
+                              "ck_reduce_partial<%d, %d, %s>(a)", sq, x_at, fmt_arg(s, &x->t));
+    l->scratch = 0;
+    l->batch = true;
+    need_scratch(s, (int64_t)blocks * 8);
+    return l;
+}
+
+bool plan_reductions(Spec *s) {
+    const Node *n = s->n;
+    CuLaunch *l;
+    switch (n->op) {
+    case OP_SQNORM: {
+        if (!check_io(s, n, true)) return false;
+        l = plan_partials(s, true, 1, n->in[0]);
+        args_result_inputs(l, n);
+        unsigned parts = l->grid[0];
+        l = spec_launch(s, "sqfinal", 1, ROW_THREADS, "ck_sqnorm_final<%s>(a)", fmt_arg(s, &n->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->batch = true;
+        l->args.i[0] = parts;
+        return true;
+    }
+    case OP_QUANT_SCALE: {
+        if (!check_io(s, n, true)) return false;
+        ElemType e = (ElemType)IR_IATTR(n, QUANT_SCALE, elem);
+        Scaling kind = (Scaling)IR_IATTR(n, QUANT_SCALE, scaling);
+        if (e <= FMT_VOID || e >= FMT_COUNT || kind <= SCALE_NONE || kind >= SCALE_COUNT)
+            return spec_fail(s, "bad element type or scaling");
+        const Tensor *x = &n->in[0]->t;
+        int64_t R = rows_of(x), C = cols_of(x);
+        const char *Y = fmt_arg(s, &n->t), *X = fmt_arg(s, x);
+        int64_t group = kind == SCALE_PER_GROUP ? IR_IATTR(n, QUANT_SCALE, group) : 128;
+        if (kind == SCALE_PER_TENSOR && ir_amax_parts_offset(n->in[0])) {
+            /* the producer left its block maxima: one block over them */
+            l = spec_launch(s, "qsparts", 1, ROW_THREADS, "ck_quant_scale_parts<%s>(a)", Y);
+            l->args.i[CK_AMAX_AT] = ir_amax_parts_offset(n->in[0]);
+        } else if (kind == SCALE_PER_TENSOR) {
+            unsigned blocks = grid_elem(ir_numel(x));
+            if (blocks > PARTIAL_BLOCKS) blocks = PARTIAL_BLOCKS;
+            l = spec_launch(s, "qscale", blocks, ROW_THREADS, "ck_quant_scale_tensor<%s, %s>(a)", Y, X);
+            need_scratch(s, (int64_t)blocks * 8);
+            l->args.i[0] = blocks;
+        } else if (kind == SCALE_PER_ROW) {
+            l = spec_launch(s, "qsrow", (unsigned)R, ROW_THREADS, "ck_quant_scale_row<%s, %s>(a)", Y, X);
+        } else if (kind == SCALE_BLOCK_128) {
+            l = spec_launch(s, "qsblock", (unsigned)(((R + 127) / 128) * ((C + 127) / 128)),
+                            ROW_THREADS, "ck_quant_scale_block<%s, %s>(a)", Y, X);
+        } else {
+            if (group <= 0) return spec_fail(s, "per-group scaling without a group size");
+            /* a thread per group, or per vector of x where groups are whole vectors */
+            int64_t groups = ir_numel(&n->t), vectors = (ir_numel(x) + 7) / 8;
+            l = spec_launch(s, "qsgroup", grid_elem(groups > vectors ? groups : vectors), ELEM_THREADS,
+                            "ck_quant_scale_group<%s, %s>(a)", Y, X);
+        }
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[1] = IR_IATTR(n, QUANT_SCALE, margin);
+        l->args.i[2] = group;
+        l->args.f[0] = num_elem_max(e);
+        return true;
+    }
+    case OP_AMAX_RECORD: {
+        if (!check_io(s, n, false)) return false;
+        l = plan_partials(s, false, 1, n->in[1]);
+        args_inputs(l, n);
+        unsigned parts = l->grid[0];
+        l = spec_launch(s, "amaxrec", 1, ROW_THREADS, "ck_amax_record_final<%s>(a)",
+                        fmt_arg(s, &n->in[0]->t));
+        args_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = parts;
+        return true;
+    }
+    case OP_DELAYED_SCALE:
+        if (!check_io(s, n, false)) return false;
+        if (ir_numel(&n->in[0]->t) != 1) return spec_fail(s, "the scale must be a scalar");
+        l = spec_launch(s, "dscale", 1, 32, "ck_delayed_scale<%s, %s>(a)", fmt_arg(s, &n->in[0]->t),
+                        fmt_arg(s, &n->in[1]->t));
+        args_inputs(l, n);
+        l->args.i[0] = IR_IATTR(n, DELAYED_SCALE, use_max);
+        l->args.i[1] = IR_IATTR(n, DELAYED_SCALE, margin);
+        l->args.f[0] = num_elem_max((ElemType)IR_IATTR(n, DELAYED_SCALE, elem));
+        return true;
+    default: break;
+    }
+    return spec_fail(s, "not a reduction");
+}
+
+/* column sums: partials over P row partitions, then the sum of partials (MODE 0: sum_rows,
+ * MODE 1: a norm's weight gradient, whose statistics come first in scratch) */
+static void plan_colsum(Spec *s, int mode, int64_t R, int64_t C, const char *X, const char *X2) {
+    const Node *n = s->n;
+    int64_t P = R / 64;
+    P = P < 1 ? 1 : P > 256 ? 256 : P;
+    int64_t base = mode == 1 ? 2 * R * 8 : 0;
+    need_scratch(s, base + P * C * 8);
+    CuLaunch *l = spec_launch(s, "colpart", (unsigned)((C + 255) / 256), 256,
+                              "ck_colsum_partial<%d, %s, %s>(a)", mode, X, X2);
+    l->grid[1] = (unsigned)P;
+    args_result_inputs(l, n);
+    l->scratch = 0;
+    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
+    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), 256, "ck_colsum_final<%d, %s>(a)", mode,
+                    fmt_arg(s, &n->t));
+    args_result_inputs(l, n);
+    l->scratch = 0;
+    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
+}
+
+/* the vectors of CK_VEC elements a lane of a norm's warp holds of a row of C (ops.cuh's NV;
+ * 0: the row does not fit in registers and goes element by element) */
+static int row_vectors(int64_t C) {
+    enum { ROW_VECS_MAX = 8 };   /* ops.cuh's CK_ROW_VECS */
+    if (C % 8 || C > ROW_VECS_MAX * 32 * 8) return 0;
+    return (int)((C + 32 * 8 - 1) / (32 * 8));
+}
+
+bool plan_rows(Spec *s) {
+    const Node *n = s->n;
+    CuLaunch *l;
+    if (!check_io(s, n, true)) return false;
+    const char *Y = fmt_arg(s, &n->t);
+    switch (n->op) {
+    case OP_SUM_ROWS: {
+        const Tensor *x = &n->in[0]->t;
+        plan_colsum(s, 0, rows_of(x), cols_of(x), fmt_arg(s, x), F32_ARG);
+        return true;
+    }
+    case OP_LAYERNORM: case OP_RMSNORM: {
+        const Tensor *x = &n->in[0]->t;
+        bool ln = n->op == OP_LAYERNORM;
+        l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
+                        ln, row_vectors(cols_of(x)), producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+                        ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+        args_result_inputs(l, n);
+        l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
+        l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
+        producer_result(s, l);
+        return true;
+    }
+    case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X: {
+        const Tensor *x = &n->in[1]->t;
+        l = spec_launch(s, "normbx", grid_warp_rows(rows_of(x)), ROW_THREADS,
+                        "ck_norm_bwd_x<%d, %d, %s, %s, %s, %s>(a)", n->op == OP_LAYERNORM_BWD_X,
+                        row_vectors(cols_of(x)), producer_fmt(s),
+                        fmt_arg(s, &n->in[0]->t), fmt_arg(s, x), fmt_arg(s, &n->in[2]->t));
+        args_result_inputs(l, n);
+        l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
+        l->args.f[0] = IR_FATTR(n, LAYERNORM_BWD_X, eps);
+        producer_result(s, l);
+        return true;
+    }
+    case OP_LAYERNORM_BWD_W: case OP_RMSNORM_BWD_W: {
+        const Tensor *x = &n->in[1]->t;
+        int64_t R = rows_of(x), C = cols_of(x);
+        l = spec_launch(s, "normstat", grid_warp_rows(R), ROW_THREADS, "ck_norm_stats<%d, %d, %s>(a)",
+                        n->op == OP_LAYERNORM_BWD_W, row_vectors(C), fmt_arg(s, x));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = C, l->args.i[1] = R;
+        l->args.f[0] = IR_FATTR(n, LAYERNORM_BWD_W, eps);
+        plan_colsum(s, 1, R, C, fmt_arg(s, &n->in[0]->t), fmt_arg(s, x));
+        return true;
+    }
+    case OP_SOFTMAX: case OP_SOFTMAX_BWD:
+        l = spec_launch(s, "softmax", (unsigned)rows_of(&n->t), ROW_THREADS,
+                        "ck_softmax<%d, %s, %s, %s>(a)", n->op == OP_SOFTMAX_BWD, Y,
+                        fmt_arg(s, &n->in[0]->t), n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
+        args_result_inputs(l, n);
+        l->args.i[0] = cols_of(&n->t);
+        return true;
+    case OP_CROSS_ENTROPY: {
+        const Tensor *lg = &n->in[0]->t;
+        int64_t R = rows_of(lg), V = cols_of(lg);
+        need_scratch(s, s->ce_lse_at ? s->ce_lse_at + R * 8 : R * 8);
+        l = spec_launch(s, "cerows", (unsigned)R, ce_row_threads(V), "ck_ce_rows<%s, %s>(a)",
+                        fmt_arg(s, lg), fmt_arg(s, &n->in[1]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = R, l->args.i[2] = s->ce_lse_at;
+        l = spec_launch(s, "cefinal", 1, 1024, "ck_ce_final<%s, %s>(a)", Y, fmt_arg(s, &n->in[1]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = R;
+        return true;
+    }
+    case OP_CROSS_ENTROPY_BWD: {
+        const Tensor *lg = &n->in[1]->t;
+        int64_t R = rows_of(lg), V = cols_of(lg);
+        need_scratch(s, s->ce_lse_at ? s->ce_lse_at + R * 8 : 8);
+        l = spec_launch(s, "cecoef", 1, 1024, "ck_ce_bwd_coef<%s, %s>(a)", fmt_arg(s, &n->in[0]->t),
+                        fmt_arg(s, &n->in[2]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = R;
+        l = spec_launch(s, "cebwd", (unsigned)R, ce_row_threads(V), "ck_ce_bwd<%s, %s, %s>(a)", Y,
+                        fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = R, l->args.i[2] = s->ce_lse_at;
+        return true;
+    }
+    case OP_EMBEDDING_BWD: {
+        if (n->t.rank != 2) return spec_fail(s, "the result is not (V, C)");
+        int64_t V = n->t.dims[0], C = n->t.dims[1], R = ir_numel(&n->in[1]->t);
+        need_scratch(s, (3 * V + 2 + 2 * R) * 4);
+        const char *I = fmt_arg(s, &n->in[1]->t);
+        const char *bodies[4][3] = {
+            {"ebzero", "ck_eb_zero(a)", ""},
+            {"ebcount", "ck_eb_count<%s>(a)", I},
+            {"ebscan", "ck_eb_scan(a)", ""},
+            {"ebscatter", "ck_eb_scatter<%s>(a)", I},
+        };
+        for (int k = 0; k < 4; k++) {
+            unsigned grid = k == 0 ? grid_elem(V + 1) : k == 2 ? 1 : grid_elem(R);
+            l = spec_launch(s, bodies[k][0], grid, k == 2 ? 1024 : ELEM_THREADS, bodies[k][1], bodies[k][2]);
+            args_result_inputs(l, n);
+            l->scratch = 0;
+            l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;
+        }
+        l = spec_launch(s, "ebsort", (unsigned)V, ROW_THREADS, "ck_eb_sort(a)");
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;
+        l = spec_launch(s, "ebsum", (unsigned)(V * ((C + ROW_THREADS - 1) / ROW_THREADS)), ROW_THREADS,
+                        "ck_eb_sum<%s, %s>(a)", Y, fmt_arg(s, &n->in[0]->t));
+        args_result_inputs(l, n);
+        l->scratch = 0;
+        l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;
+        return true;
+    }
+    default: break;
+    }
+    return spec_fail(s, "not a row op");
+}
+
+/* the attention argument block: sizes, q/k/v strides and columns; t[] from the node, with a
+ * packed q|k|v passed as q, k and v (three views of one tensor) */
+static void attn_args(CuLaunch *l, const Node *n, bool packed, const int64_t *sz) {
+    bool bwd = n->op == OP_ATTENTION_BWD;
+    arg_node(l, 0, n);
+    int base = bwd ? 2 : 1;
+    if (bwd) arg_node(l, 1, n->in[0]);
+    for (int k = 0; k < 3; k++) arg_node(l, base + k, n->in[packed ? base - 1 : base - 1 + k]);
+    l->args.n_in = n->n_in;
+    for (int k = 0; k < 11; k++) l->args.i[k] = sz[k];
+    l->args.f[0] = IR_FATTR(n, ATTENTION, scale);
+}
+
+bool plan_attention(Spec *s) {
+    const Node *n = s->n;
+    if (!check_io(s, n, true)) return false;
+    bool bwd = n->op == OP_ATTENTION_BWD;
+    const Node *ysaved = ir_attention_bwd_reads_y(n) ? n->in[n->n_in - 1] : NULL;
+    int n_qkv = n->n_in - (bwd ? 1 : 0) - (ysaved != NULL);
+    if (n_qkv != 1 && n_qkv != 3) return spec_fail(s, "takes q, k, v or a packed q|k|v");
+    bool packed = n_qkv == 1;
+    const Tensor *q = &n->in[bwd ? 1 : 0]->t;
+    if (q->rank != 3) return spec_fail(s, "q is not (B, T, H*D)");
+    int64_t B = q->dims[0], T = q->dims[1], H = IR_IATTR(n, ATTENTION, heads),
+            Hkv = IR_IATTR(n, ATTENTION, kv_heads);
+    int64_t width = packed ? q->dims[2] : 0;
+    if (H <= 0 || Hkv <= 0 || H % Hkv) return spec_fail(s, "heads do not divide into kv heads");
+    int64_t D = packed ? (q->dims[2] % (H + 2 * Hkv) ? 0 : q->dims[2] / (H + 2 * Hkv))
+                       : (q->dims[2] % H ? 0 : q->dims[2] / H);
+    if (D <= 0) return spec_fail(s, "heads %lld, kv_heads %lld do not divide q", (long long)H, (long long)Hkv);
+    if (D % 16 || D > 128) return spec_fail(s, "head dim %lld: the GPU kernel takes multiples of 16 up to 128", (long long)D);
+    int64_t sz[11] = {B, T, H, Hkv, D,
+                      packed ? width : H * D, 0,
+                      packed ? width : Hkv * D, packed ? H * D : 0,
+                      packed ? width : Hkv * D, packed ? (H + Hkv) * D : 0};
+    int64_t n_t = (T + 63) / 64;
+    int base = bwd ? 1 : 0;
+    const char *Y = fmt_arg(s, &n->t);
+    const char *Q = fmt_arg(s, &n->in[base]->t);
+    const char *K = fmt_arg(s, &n->in[packed ? base : base + 1]->t);
+    const char *V = fmt_arg(s, &n->in[packed ? base : base + 2]->t);
+    const char *DY = bwd ? fmt_arg(s, &n->in[0]->t) : F32_ARG;
+    /* the tensor-core kernels take plain bf16 operands (read exactly as bf16) */
+    bool tc = true;
+    for (int i = 0; i < n->n_in; i++) {
+        const Format *f = &n->in[i]->t.fmt;
+        if (f->elem != FMT_BF16 || f->scaling != SCALE_NONE) tc = false;
+    }
+    /* tensor cores: 128 threads, shared memory as CkTc<D> in attn_tc.cuh (bf16 tiles of row
+     * stride D + 8: q and double-buffered k, v forward; q, dy and double-buffered k, v for dq;
+     * k, v and double-buffered q, dy, lse, Dt for dk/dv) */
+    int64_t tile = 64 * (D + 8) * 2;
+    unsigned threads = tc ? 128 : 256;
+    unsigned fwd_smem = (unsigned)(tc ? 5 * tile : (3 * 64 * (D + 1) + 64 * 65) * 4);
+    unsigned dq_smem = (unsigned)(tc ? 6 * tile : (4 * 64 * (D + 1) + 64 * 65) * 4);
+    unsigned dkv_smem = (unsigned)(tc ? 6 * tile + 4 * 64 * 4 : (4 * 64 * (D + 1) + 2 * 64 * 65 + 2 * 64) * 4);
+    const char *fwd = tc ? "ck_attn_tc_fwd" : "ck_attn_fwd";
+    CuLaunch *l;
+    if (!bwd) {
+        l = spec_launch(s, "attn", (unsigned)(B * H * n_t), threads, "%s<%lld, 0, %s, %s, %s, %s, %s>(a)", fwd,
+                        (long long)D, Y, Q, K, V, F32_ARG);
+        l->smem = fwd_smem;
+        attn_args(l, n, packed, sz);
+        l->args.i[11] = ir_attention_lse_offset(n);
+        return true;
+    }
+    need_scratch(s, 2 * B * H * T * 4);
+    if (ysaved && ir_attention_lse_offset(ysaved)) {
+        /* the forward stored lse after y: the statistics are Dt = dy . y and a copy */
+        /* as ck_attn_stat_lanes: 32 / lanes rows per warp, 8 warps */
+        int64_t lanes = D % 8 == 0 && 32 % (D / 8) == 0 ? D / 8 : 32, rows = 8 * (32 / lanes);
+        l = spec_launch(s, "attnsaved", (unsigned)((B * T * H + rows - 1) / rows), 256,
+                        "ck_attn_saved_stats<%s, %s>(a)", DY, fmt_arg(s, &ysaved->t));
+        attn_args(l, n, packed, sz);
+        arg_node(l, 5, ysaved);
+        l->args.i[11] = ir_attention_lse_offset(ysaved);
+    } else {
+        l = spec_launch(s, "attnstat", (unsigned)(B * H * n_t), threads, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
+                        (long long)D, F32_ARG, Q, K, V, DY);
+        l->smem = fwd_smem;
+        attn_args(l, n, packed, sz);
+    }
+    l->scratch = 0;
+    l = spec_launch(s, "attndq", (unsigned)(B * H * n_t), threads, "%s<%lld, %s, %s, %s, %s, %s>(a)",
+                    tc ? "ck_attn_tc_dq" : "ck_attn_dq", (long long)D, Y, DY, Q, K, V);
+    l->smem = dq_smem;
+    l->scratch = 0;
+    attn_args(l, n, packed, sz);
+    l = spec_launch(s, "attndkv", (unsigned)(B * Hkv * n_t), threads, "%s<%lld, %s, %s, %s, %s, %s>(a)",
+                    tc ? "ck_attn_tc_dkv" : "ck_attn_dkv", (long long)D, Y, DY, Q, K, V);
+    l->smem = dkv_smem;
+    l->scratch = 0;
+    attn_args(l, n, packed, sz);
+    return true;
+}
+
+/* An update that writes the weights' FP8 copy leaves each block's largest |new weight| in its
+ * scratch (the update launch `l`); one block then stores their maximum as the copy's amax
+ * (ck_amax_record_final over a history of one). */
+static void plan_copy_amax(Spec *s, const Node *n, CuLaunch *l) {
+    const Node *amax = n->in[ir_adamw_copy_index(n) + 2];
+    unsigned parts = l->grid[0];
+    l->scratch = 0;
+    need_scratch(s, (int64_t)parts * 4);
+    l = spec_launch(s, "copyamax", 1, ROW_THREADS, "ck_amax_record_final<%s>(a)", fmt_arg(s, &amax->t));
+    arg_node(l, 0, amax);
+    l->scratch = 0;
+    l->batch = true;
+    l->args.i[0] = parts;
+}
+bool plan_optimizer(Spec *s) {
+    const Node *n = s->n;
+    CuLaunch *l;
+    switch (n->op) {
+    case OP_ACCUMULATE:
+        if (!check_io(s, n, false)) return false;
+        if (ir_numel(&n->in[0]->t) != ir_numel(&n->in[1]->t)) return spec_fail(s, "sizes differ");
+        l = spec_launch(s, "accum", grid_elem(ir_numel(&n->in[0]->t)), ELEM_THREADS,
+                        "ck_accumulate<%s, %s>(a)", fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        args_inputs(l, n);
+        return true;
+    case OP_ASSIGN:
+        if (!check_io(s, n, false)) return false;
+        if (ir_numel(&n->in[0]->t) != ir_numel(&n->in[1]->t)) return spec_fail(s, "sizes differ");
+        l = spec_launch(s, "copy", grid_elem(ir_numel(&n->in[0]->t)), ELEM_THREADS,
+                        "ck_copy<%s, %s>(a)", fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        args_inputs(l, n);
+        return true;
+    case OP_CLIP_COEF:
+        if (!check_io(s, n, true)) return false;
+        l = spec_launch(s, "clip", 1, 32, "ck_clip_coef<%s, %s>(a)", fmt_arg(s, &n->t),
+                        fmt_arg(s, &n->in[0]->t));
+        args_result_inputs(l, n);
+        l->args.f[0] = IR_FATTR(n, CLIP_COEF, max_norm);
+        return true;
+    case OP_GRAD_NORM:
+        if (!spec_check_tensor(s, &n->t, "the result") || !spec_check_tensor(s, &n->in[0]->t, "grad_scale"))
+            return false;
+        for (int i = 1; i < n->n_in; i++) {
+            const Tensor *t = &n->in[i]->t;
+            if (t->fmt.elem != FMT_F32 || t->fmt.scaling != SCALE_NONE || ir_numel(t) != 1)
+                return spec_fail(s, "input %d is not a plain f32 scalar", i);
+        }
+        l = spec_launch(s, "gnorm", 1, 32, "ck_grad_norm<%s, %s>(a)", fmt_arg(s, &n->t),
+                        fmt_arg(s, &n->in[0]->t));
+        arg_node(l, 0, n);
+        arg_node(l, 1, n->in[0]);
+        l->args.n_in = n->n_in;
+        l->table = true;
+        return true;
+    case OP_ADAMW: {
+        int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
+        if (n->n_in - (at_copy >= 0 ? 3 : 0) != 8 + (at_master >= 0)) return spec_fail(s, "takes 8 or 9 inputs");
+        int64_t count = ir_numel(&n->in[0]->t);
+        for (int i = 1; i < n->n_in && i != 4; i++)
+            if (i < 4 && ir_numel(&n->in[i]->t) != count) return spec_fail(s, "input %d's size differs", i);
+        const Node *mn = n->in[2], *vn = n->in[3], *wn = at_master >= 0 ? n->in[at_master] : NULL;
+        const Node *cn = at_copy >= 0 ? n->in[at_copy] : NULL;
+        if (cn && (!spec_check_tensor(s, &cn->t, "the FP8 copy") || cn->t.fmt.scaling != SCALE_PER_TENSOR ||
+                   !spec_check_tensor(s, &n->in[at_copy + 2]->t, "the copy's amax")))
+            return false;
+        /* the copy's template argument and its place: t[at_copy], after it the scale and amax */
+        const char *copy_arg = cn ? fmt_arg(s, &cn->t) : F32_ARG;
+        int copy_at = cn ? at_copy : 0;
+        Codec mc = mn->t.fmt.codec, vc = vn->t.fmt.codec, wc = wn ? wn->t.fmt.codec : CODEC_PLAIN;
+        if (mc == CODEC_PLAIN && vc == CODEC_PLAIN && wc == CODEC_PLAIN) {
+            if (!check_io(s, n, false)) return false;
+            char list[1024] = "";
+            for (int i = 0; i < 9; i++) {
+                size_t at = strlen(list);
+                snprintf(list + at, sizeof list - at, "%s, ",
+                         i < 8 || wn ? fmt_arg(s, &n->in[i]->t) : F32_ARG);
+            }
+            /* about four vectors a thread: each block starts by reading the step's scalars and
+             * computing the bias corrections, one thread while the others wait */
+            l = spec_launch(s, "adamw", grid_elem((count + 31) / 32), ELEM_THREADS, "ck_adamw<%s%d, %s, %d>(a)", list,
+                            wn != NULL, copy_arg, copy_at);
+            args_inputs(l, n);
+            l->batch = true;
+            l->args.f[0] = IR_FATTR(n, ADAMW, beta1), l->args.f[1] = IR_FATTR(n, ADAMW, beta2);
+            l->args.f[2] = IR_FATTR(n, ADAMW, eps), l->args.f[3] = IR_FATTR(n, ADAMW, weight_decay);
+            if (cn) plan_copy_amax(s, n, l);
+            return true;
+        }
+        /* coded states: each one is plain, or a group codec with its side values */
+        const Node *st[2] = {mn, vn};
+        for (int k = 0; k < 2; k++) {
+            const Format *f = &st[k]->t.fmt;
+            if (f->codec == CODEC_PLAIN) {
+                if (!spec_check_tensor(s, &st[k]->t, k ? "v" : "m")) return false;
+                continue;
+            }
+            if (f->codec == CODEC_SPLIT || f->elem != codec_elem(f->codec) || !f->scale ||
+                f->scale->t.fmt.elem != FMT_F32 ||
+                ir_numel(&f->scale->t) != codec_param_count(f->codec, count))
+                return spec_fail(s, "%s: codec '%s' with elements %s and %lld side values", k ? "v" : "m",
+                                 fmt_codec_name(f->codec), fmt_elem_name(f->elem),
+                                 (long long)(f->scale ? ir_numel(&f->scale->t) : 0));
+        }
+        int mk = !wn ? 0 : wc == CODEC_SPLIT ? 2 : 1;
+        if (mk == 2 && (n->in[0]->t.fmt.elem != FMT_BF16 || n->in[0]->t.fmt.scaling != SCALE_NONE ||
+                        wn->t.fmt.elem != FMT_I8))
+            return spec_fail(s, "a split master needs a bf16 parameter and an i8 correction");
+        if (mk == 1 && !spec_check_tensor(s, &wn->t, "the master")) return false;
+        for (int i = 0; i < 8; i++)
+            if (i != 2 && i != 3 && !(i == 0 && mk == 2) && !spec_check_tensor(s, &n->in[i]->t, "an input"))
+                return false;
+        const char *codec_names[CODEC_COUNT] = {"CODEC_PLAIN", "CODEC_EXPAND", "CODEC_COMPAND", "CODEC_SQRT", "CODEC_SPLIT"};
+        /* a warp per 256 elements, four chunks a warp: a block starts with one thread computing
+         * the bias corrections in f64 while the others wait, which blocks of one chunk a warp
+         * paid once per 1024 elements (7.0 ms of d12 -O3's update on an H200) */
+        int64_t chunks = (count + 255) / 256;
+        int64_t blocks = (chunks + 31) / 32;
+        l = spec_launch(s, "adamwc", (unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks), ELEM_THREADS,
+                        "ck_adamw_coded<%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, %s, %s, %d>(a)",
+                        mk == 2 ? "F<FMT_BF16, SCALE_NONE>" : fmt_arg(s, &n->in[0]->t),
+                        fmt_arg(s, &n->in[1]->t), fmt_arg(s, &n->in[4]->t), fmt_arg(s, &n->in[5]->t),
+                        fmt_arg(s, &n->in[6]->t), fmt_arg(s, &n->in[7]->t), codec_names[mc],
+                        mc == CODEC_PLAIN ? fmt_arg(s, &mn->t) : F32_ARG, codec_names[vc],
+                        vc == CODEC_PLAIN ? fmt_arg(s, &vn->t) : F32_ARG, mk,
+                        mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG, copy_arg, copy_at);
+        args_inputs(l, n);
+        l->batch = true;
+        l->args.f[0] = IR_FATTR(n, ADAMW, beta1), l->args.f[1] = IR_FATTR(n, ADAMW, beta2);
+        l->args.f[2] = IR_FATTR(n, ADAMW, eps), l->args.f[3] = IR_FATTR(n, ADAMW, weight_decay);
+        if (cn) plan_copy_amax(s, n, l);
+        return true;
+    }
+    default: break;
+    }
+    return spec_fail(s, "not an optimizer op");
+}
