@@ -583,9 +583,13 @@ static void test_init_llama(void **state) {
     step0_batch(seed, tok, tgt);
     double want = llama_loss(&m, tok, tgt, false), wrong = llama_loss(&m, tok, tgt, true);
     check_close("llama", init_loss("l", tmp("llama"), seed), want);
-    /* the comparison is sharp enough to see a RoPE convention mixed up */
-    print_message("llama with pairwise RoPE on HF's weights: %.9g\n", wrong);
-    assert_true(fabs(wrong - want) > 50 * TOL * fabs(want));
+    /* the comparison is sharp enough to see a RoPE convention mixed up: the wrong convention's
+     * loss lies well outside the tolerance check_close holds the right one to (on a random
+     * model the predictions are near uniform and the gap varies with the seed: 32 to 2300 times
+     * the tolerance over 15 seeds, so a bound of 50 failed now and then; 4 keeps a margin) */
+    print_message("llama with pairwise RoPE on HF's weights: %.9g (%.1f times the tolerance away)\n", wrong,
+                  fabs(wrong - want) / (TOL * fabs(want)));
+    assert_true(fabs(wrong - want) > 4 * TOL * fabs(want));
     /* tie_word_embeddings: no lm_head.weight in the file, the head is the embedding */
     W *head = &m.w[m.n - 1];
     assert_string_equal(head->name, "lm_head.weight");
