@@ -434,6 +434,24 @@ static void test_grouped_rules_give_wgrad_per_tensor(void **s)
     }
 }
 
+/* The step with one command-line rule is refused: one error, on the command line, holding
+ * `why` (and the rule's own text where names_rule). */
+static void expect_rule_refused(const char *rule, const char *why, bool names_rule)
+{
+    Arena *a = arena_new();
+    RtMemory mem;
+    char errors[2048];
+    const char *rules[] = {rule};
+    Graph *g = step_with_rules(a, 1, rules, 1, &mem, errors, sizeof errors);
+    print_message("%s: %s", rule, errors);
+    assert_null(g);
+    assert_non_null(strstr(errors, "<command line>: error:"));
+    if (names_rule) assert_non_null(strstr(errors, rule));
+    assert_non_null(strstr(errors, why));
+    assert_int_equal(diag_error_count(), 1);   /* once per rule, not once per tensor */
+    arena_free(a);
+}
+
 /* Rules for stored tensors either hold on the reference executor's tensors after a step or are
  * refused where they are written: an FP8 Adam state keeps a scale for each group of 128 (the
  * range-expansion codec, whose side values the update wrote), and forms the update cannot
@@ -452,20 +470,8 @@ static void test_state_rules_hold_or_are_refused(void **s)
         {"h.*.weight=e4m3", "parameter"},
         {"*:grad=e5m2", "gradient"},
     };
-    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++) {
-        Arena *a = arena_new();
-        RtMemory mem;
-        char errors[2048];
-        const char *rules[] = {refused[k][0]};
-        Graph *g = step_with_rules(a, 1, rules, 1, &mem, errors, sizeof errors);
-        print_message("%s: %s", refused[k][0], errors);
-        assert_null(g);
-        assert_non_null(strstr(errors, "<command line>: error:"));
-        assert_non_null(strstr(errors, refused[k][0]));
-        assert_non_null(strstr(errors, refused[k][1]));
-        assert_int_equal(diag_error_count(), 1);   /* once per rule, not once per tensor */
-        arena_free(a);
-    }
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++)
+        expect_rule_refused(refused[k][0], refused[k][1], true);
     /* GEMM rules: what a GEMM cannot do, and numbers out of range, are refused too */
     const char *refused_forms[][2] = {
         {"gemm:*=e4m3:group128", "gemm: rule"},
@@ -476,19 +482,8 @@ static void test_state_rules_hold_or_are_refused(void **s)
         {"gemm:*=e4m3:static1e40", "finite"},
         {"gemm:*=e4m3:margin40", "margin"},
     };
-    for (size_t k = 0; k < sizeof refused_forms / sizeof refused_forms[0]; k++) {
-        Arena *a = arena_new();
-        RtMemory mem;
-        char errors[2048];
-        const char *rules[] = {refused_forms[k][0]};
-        Graph *g = step_with_rules(a, 1, rules, 1, &mem, errors, sizeof errors);
-        print_message("%s: %s", refused_forms[k][0], errors);
-        assert_null(g);
-        assert_non_null(strstr(errors, "<command line>: error:"));
-        assert_non_null(strstr(errors, refused_forms[k][1]));
-        assert_int_equal(diag_error_count(), 1);
-        arena_free(a);
-    }
+    for (size_t k = 0; k < sizeof refused_forms / sizeof refused_forms[0]; k++)
+        expect_rule_refused(refused_forms[k][0], refused_forms[k][1], false);
 
     /* in a policy file, the error points at the rule's line and column */
     char path[] = "/tmp/fp8c-test-policy-XXXXXX";
