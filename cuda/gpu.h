@@ -97,7 +97,7 @@ typedef struct {
     /* the other fusions (a producer writing its quantize, a cast-transpose summing a bias
      * gradient, a quantize making its group scales): the nodes whose work these launches do
      * besides `node`'s, for listings only */
-    const Node *absorbed[3];
+    const Node *absorbed[5];
     int n_absorbed;
 } CuNodePlan;
 

@@ -388,6 +388,181 @@ static void fuse_ce_lse(const Graph *g, CuNodePlan *plans, Arena *a) {
     }
 }
 
+/* ---------------------------------------------------------------- a norm's backward in one pass
+ *
+ * Autodiff writes a LayerNorm's backward as four nodes and a RMSNorm's as two: the input
+ * gradient dx (*_BWD_X), the weight's gradient sum(dy xhat) (*_BWD_W, statistics recomputed),
+ * the bias's sum(dy) (SUM_ROWS), and the residual stream adds dx to the gradient of the skip
+ * path (ADD_N); each weight gradient then goes into its accumulator (ACCUMULATE). Run one by
+ * one they read dy four times and x three, write dx and read it back for the sum, and take
+ * nine launches (d12 at batch 32: 0.25 ms a norm, 6 ms a step). Here they run as two: one pass
+ * over the rows that makes dx, adds the other term, and leaves each block's column sums, and
+ * one over those partials that stores the gradients or adds them into their accumulators
+ * (ops.cuh, ck_norm_bwd_fused and ck_norm_grads_final; llm.c's layernorm_backward does the
+ * same). dx is rounded to its own format before the sum, as the ADD_N would have read it, so
+ * the input gradient has the bits of the unfused nodes; the column sums are added in another
+ * (fixed) order, so the weights' gradients agree to rounding.
+ *
+ * The pair runs at the place of the last of the nodes, and the others' places run nothing. It
+ * may: everything read (dy, x, w, the other term, the accumulators) still holds its value
+ * there, nothing but those nodes reads their results before it, and what it stores lands on
+ * none of its inputs, except that the sum may take the bytes of dy, x or the other term
+ * element for element (each lane reads its elements of a row before writing them). */
+static bool plans_own(const CuNodePlan *p) { return p->n_launch > 0 && !p->members && !p->n_absorbed; }
+
+/* the single reader of x, where it is an op of kind `op` reading x as input `k`; else NULL */
+static const Node *sole_reader(const Uses *uses, const Node *x, OpKind op, int k) {
+    const Uses *u = &uses[x->index];
+    if (u->n != 1 || u->list[0]->op != op || u->list[0]->in[k] != x) return NULL;
+    return u->list[0];
+}
+
+/* the node of kind op reading dy as input 0 and, where x is given, x as input 1 */
+static const Node *reader_of(const Uses *uses, const Node *dy, OpKind op, const Node *x) {
+    const Uses *u = &uses[dy->index];
+    for (int k = 0; k < u->n; k++)
+        if (u->list[k]->op == op && u->list[k]->in[0] == dy && (!x || u->list[k]->in[1] == x)) return u->list[k];
+    return NULL;
+}
+
+static bool is_member(const Node *const *m, int n, const Node *x) {
+    for (int k = 0; k < n; k++)
+        if (m[k] == x) return true;
+    return false;
+}
+
+/* whether every reader of x other than the members comes after position `at` */
+static bool read_after(const Uses *uses, const Node *x, const Node *const *m, int n, int at) {
+    const Uses *u = &uses[x->index];
+    for (int k = 0; k < u->n; k++)
+        if (!is_member(m, n, u->list[k]) && u->list[k]->index <= at) return false;
+    return true;
+}
+
+/* whether a node strictly between positions a and b, other than the members, reads or writes
+ * a byte of x */
+static bool touched_between(const Graph *g, const Node *x, const Node *const *m, int n, int a, int b) {
+    for (int j = (a < b ? a : b) + 1; j < (a < b ? b : a); j++) {
+        const Node *o = g->nodes[j];
+        if (is_member(m, n, o)) continue;
+        if (fuse_nodes_overlap(o, x)) return true;
+        for (int k = 0; k < o->n_in; k++)
+            if (fuse_nodes_overlap(x, o->in[k])) return true;
+    }
+    return false;
+}
+
+/* whether x, read at `at`, has been made by then and still holds its value: nothing outside
+ * the members writes over it between its making and `at` */
+static bool holds_at(const Graph *g, const Node *x, const Node *const *m, int n, int at) {
+    if (x->index < 0 || x->index >= at || g->nodes[x->index] != x) return false;
+    int prev = x->index;
+    for (int j = x->index + 1; j <= at; j++) {
+        if (j < at && !is_member(m, n, g->nodes[j])) continue;
+        if (j > prev + 1 && !fuse_value_survives(g, x, prev, j)) return false;
+        prev = j;
+    }
+    return true;
+}
+
+/* whether a and b are the same bytes read the same way: the row pass may write a lane's
+ * elements of one after reading them of the other */
+static bool same_elements(const Node *a, const Node *b) {
+    return a->t.offset == b->t.offset && ir_role_is_persistent(a->t.role) == ir_role_is_persistent(b->t.role) &&
+           a->t.fmt.elem == b->t.fmt.elem && a->t.fmt.scaling == SCALE_NONE && b->t.fmt.scaling == SCALE_NONE &&
+           ir_numel(&a->t) == ir_numel(&b->t);
+}
+
+/* Whether the norm's backward may run as one pass at position `at` (a member's): see above.
+ * What it stores lands where memplan put it; a result it makes earlier than its own node would
+ * must find those bytes unused until then, one it makes later must have no reader before. */
+static bool norm_grads_fusable(const Graph *g, const Uses *uses, const NormGrads *ng, const Node *const *m, int n,
+                               int at) {
+    const Node *bx = ng->bx, *y = ng->add ? ng->add : bx;
+    const Node *other = ng->add ? (ng->add->in[0] == bx ? ng->add->in[1] : ng->add->in[0]) : NULL;
+    const Node *in[4] = {bx->in[0], bx->in[1], bx->in[2], other};
+    for (int k = 0; k < 4; k++) {
+        const Node *x = in[k];
+        if (!x) continue;
+        if (x->t.offset < 0 || !holds_at(g, x, m, n, at)) return false;
+        if (x->t.fmt.scale && !holds_at(g, x->t.fmt.scale, m, n, at)) return false;
+    }
+    const Node *stored[3] = {y, ng->acc_w ? NULL : ng->bw, ng->acc_b ? NULL : ng->sum};
+    for (int k = 0; k < 3; k++) {
+        const Node *o = stored[k];
+        if (!o) continue;
+        if (!plain_direct(&o->t) || o->t.offset < 0 || o->t.role == ROLE_OUTPUT || ir_role_is_persistent(o->t.role) ||
+            !read_after(uses, o, m, n, at) || (o->index > at && touched_between(g, o, m, n, at, o->index)))
+            return false;
+        for (int i = 0; i < 4; i++)
+            if (in[i] && fuse_nodes_overlap(o, in[i]) && !(o == y && same_elements(o, in[i]))) return false;
+        for (int i = 0; i < k; i++)
+            if (stored[i] && fuse_nodes_overlap(o, stored[i])) return false;
+    }
+    if (!plain_direct(&bx->t) || !plain_direct(&ng->bw->t) || (ng->sum && !plain_direct(&ng->sum->t)))
+        return false;
+    const Node *accs[2] = {ng->acc_w, ng->acc_b};
+    for (int k = 0; k < 2; k++) {
+        const Node *acc = accs[k];
+        if (!acc) continue;
+        if (!plain_direct(&acc->t) || !plain_direct(&acc->in[0]->t) || !read_after(uses, acc, m, n, at) ||
+            touched_between(g, acc->in[0], m, n, acc->index, at))
+            return false;
+    }
+    return true;
+}
+
+static void fuse_norm_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
+    for (int xi = 0; xi < g->n_nodes; xi++) {
+        const Node *bx = g->nodes[xi];
+        if ((bx->op != OP_LAYERNORM_BWD_X && bx->op != OP_RMSNORM_BWD_X) || !fusion_on(g, "fuse.norm_grads", bx))
+            continue;
+        bool ln = bx->op == OP_LAYERNORM_BWD_X;
+        NormGrads ng = {.bx = bx};
+        ng.bw = reader_of(uses, bx->in[0], ln ? OP_LAYERNORM_BWD_W : OP_RMSNORM_BWD_W, bx->in[1]);
+        if (!ng.bw) continue;
+        if (ln) ng.sum = reader_of(uses, bx->in[0], OP_SUM_ROWS, NULL);
+        if (ng.sum && !plans_own(&plans[ng.sum->index])) ng.sum = NULL;   /* summed by dy's quantize */
+        ng.add = sole_reader(uses, bx, OP_ADD_N, 0);
+        if (!ng.add) ng.add = sole_reader(uses, bx, OP_ADD_N, 1);
+        if (ng.add && (ng.add->n_in != 2 || ng.add->in[0] == ng.add->in[1] ||
+                       ir_numel(&ng.add->t) != ir_numel(&bx->t)))
+            ng.add = NULL;
+        ng.acc_w = sole_reader(uses, ng.bw, OP_ACCUMULATE, 1);
+        if (ng.acc_w && ng.acc_w->in[0] == ng.bw) ng.acc_w = NULL;
+        if (ng.sum) {
+            ng.acc_b = sole_reader(uses, ng.sum, OP_ACCUMULATE, 1);
+            if (ng.acc_b && ng.acc_b->in[0] == ng.sum) ng.acc_b = NULL;
+        }
+        const Node *m[6] = {ng.bx, ng.bw, ng.sum, ng.add, ng.acc_w, ng.acc_b};
+        int n = 0;
+        bool own = true;
+        for (int k = 0; k < 6; k++)
+            if (m[k]) {
+                m[n++] = m[k];
+                own = own && plans_own(&plans[m[k]->index]);
+            }
+        /* the earliest member's place where it may run */
+        int at = -1;
+        for (int k = 0; own && k < n; k++)
+            if ((at < 0 || m[k]->index < at) && norm_grads_fusable(g, uses, &ng, m, n, m[k]->index)) at = m[k]->index;
+        if (at < 0) continue;
+        char why[256];
+        CuNodePlan fused;
+        Spec s = spec_for(g->nodes[at], a, &fused, why, sizeof why);
+        if (!plan_norm_grads(&s, &ng) || fused.n_launch != 2) continue;
+        for (int k = 0; k < n; k++) {
+            if (m[k]->index == at) continue;
+            fused.absorbed[fused.n_absorbed++] = m[k];
+            memset(&plans[m[k]->index], 0, sizeof plans[0]);
+            plans[m[k]->index].node = m[k];
+        }
+        plans[at] = fused;
+    }
+}
+
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
@@ -396,6 +571,7 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
     fuse_bias_grads(g, plans, a);
     fuse_group_quantizes(g, plans, a);
     fuse_ce_lse(g, plans, a);
+    fuse_norm_grads(g, plans, a);
     return plans;
 }
 
@@ -414,6 +590,10 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
         GemmEpilogue ep;
         if (n < 2 || !fusion_on(g, "fuse.gemm_epilogues", g->nodes[r]) || !epilogue_of(members, n, gelu_epilogues, &ep))
             continue;
+        bool taken = false;   /* a member whose work another fusion already does (fuse_norm_grads) */
+        for (int k = 0; k < n; k++)
+            taken = taken || !plans_own(&node_plans[members[k]->index]);
+        if (taken) continue;
         if (uses && gelu_epilogues) gemm_gelu(g, uses, r, members, &n, &ep);
         CuNodePlan fused;
         memset(&fused, 0, sizeof fused);

@@ -98,6 +98,17 @@ bool plan_rows(Spec *s);
 bool plan_attention(Spec *s);
 bool plan_optimizer(Spec *s);
 
+/* A norm's backward as one pass over its rows and one over the columns' partials
+ * (spec_fuse.c, fuse_norm_grads): the input gradient bx (LAYERNORM_BWD_X, RMSNORM_BWD_X), the
+ * weight's gradient bw of the same dy and x, the bias's (sum: a SUM_ROWS of dy, or NULL), the
+ * ADD_N that adds dx to one other gradient (add, or NULL: dx is stored), and the ACCUMULATEs
+ * of the two gradients (acc_w, acc_b, or NULL: the gradient is stored). */
+typedef struct {
+    const Node *bx, *bw, *sum, *add, *acc_w, *acc_b;
+} NormGrads;
+enum { NORM_GRAD_BLOCKS = 512 };   /* the first launch's blocks, at most: its rows of partials */
+bool plan_norm_grads(Spec *s, const NormGrads *ng);
+
 /* ---------------------------------------------------------------- spec_gemm.c */
 
 typedef enum { OPD_BF16, OPD_F32, OPD_FP8, OPD_OTHER } OperandKind;

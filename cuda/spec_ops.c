@@ -369,6 +369,48 @@ static int row_vectors(int64_t C) {
     return (int)((C + 32 * 8 - 1) / (32 * 8));
 }
 
+bool plan_norm_grads(Spec *s, const NormGrads *ng) {
+    const Node *bx = ng->bx, *y = ng->add ? ng->add : bx, *dy = bx->in[0], *x = bx->in[1];
+    int64_t R = rows_of(&x->t), C = cols_of(&x->t);
+    int nv = row_vectors(C);
+    if (!nv) return spec_fail(s, "a norm row of %lld does not fit a warp's registers", (long long)C);
+    bool ln = bx->op == OP_LAYERNORM_BWD_X;
+    int res = !ng->add ? 0 : ng->add->in[0] == bx ? 2 : 1;
+    const Node *other = res ? ng->add->in[res == 1 ? 0 : 1] : NULL;
+    int64_t P = grid_warp_rows(R);
+    if (P > NORM_GRAD_BLOCKS) P = NORM_GRAD_BLOCKS;
+    need_scratch(s, P * C * 4 * (ng->sum ? 2 : 1));
+    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)P, ROW_THREADS,
+                              "ck_norm_bwd_fused<%d, %d, %d, %s, %s, %s, %s, %s, %s>(a)", ln, ng->sum != NULL, nv,
+                              fmt_arg(s, &y->t), fmt_arg(s, &dy->t), fmt_arg(s, &x->t), fmt_arg(s, &bx->in[2]->t),
+                              other ? fmt_arg(s, &other->t) : F32_ARG, fmt_arg(s, &bx->t));
+    arg_node(l, 0, y);
+    for (int k = 0; k < 3; k++) arg_node(l, 1 + k, bx->in[k]);
+    if (other) arg_node(l, 4, other);
+    arg_node(l, 5, bx);
+    l->args.n_in = 5;
+    l->scratch = 0;
+    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res;
+    l->args.f[0] = ln ? IR_FATTR(bx, LAYERNORM_BWD_X, eps) : IR_FATTR(bx, RMSNORM_BWD_X, eps);
+    arg_amax_parts(s, l, y);
+    /* the columns: the weight's gradient (or its accumulator), then the bias's */
+    const Node *tw = ng->acc_w ? ng->acc_w->in[0] : ng->bw, *tb = ng->acc_b ? ng->acc_b->in[0] : ng->sum;
+    l = spec_launch(s, "normgrads", (unsigned)((C + 31) / 32), 1024, "ck_norm_grads_final<%d, %s, %s, %d, %s, %s>(a)",
+                    ng->acc_w != NULL, fmt_arg(s, &tw->t), fmt_arg(s, &ng->bw->t), ng->acc_b != NULL,
+                    tb ? fmt_arg(s, &tb->t) : F32_ARG, ng->sum ? fmt_arg(s, &ng->sum->t) : F32_ARG);
+    l->grid[1] = ng->sum ? 2 : 1;
+    arg_node(l, 0, tw);
+    arg_node(l, 1, ng->bw);
+    if (ng->sum) {
+        arg_node(l, 2, tb);
+        arg_node(l, 3, ng->sum);
+    }
+    l->args.n_in = 3;
+    l->scratch = 0;
+    l->args.i[0] = C, l->args.i[1] = P;
+    return true;
+}
+
 bool plan_rows(Spec *s) {
     const Node *n = s->n;
     CuLaunch *l;

@@ -602,6 +602,159 @@ template <int LN, int NV, class Y, class DY, class X, class W> __device__ void c
     ck_amax_out<Y>(a, m);
 }
 
+/* CK_VEC elements of t from element i: one wide load, or one at a time where t's pointer or
+ * length does not allow it (the same values either way) */
+template <class T> static __device__ __forceinline__ void ck_ld8(const CkTensor &t, i64 i, float *v, bool vec) {
+    if (vec) {
+        T::ld_vec(t, i, v);
+        return;
+    }
+    #pragma unroll
+    for (int j = 0; j < CK_VEC; j++) v[j] = T::ld(t, i + j);
+}
+
+/* A norm's whole backward in one pass over its rows (spec_fuse.c, fuse_norm_grads). Per row, as
+ * ck_norm_bwd_x: dx, rounded to its own format BX; where the graph adds dx to another gradient
+ * (the residual stream's ADD_N), that sum as ck_add_n makes it, in the ADD_N's order. Per
+ * column, the weight's gradient sum(dy xhat) and, for LayerNorm's bias, sum(dy): each lane
+ * keeps its columns' sums over its warp's rows in registers, the block adds its warps' sums in
+ * shared memory one warp after the other, and block b leaves row b of the partials in scratch
+ * for ck_norm_grads_final (HB: there is a bias). Fixed order throughout: the same bits every
+ * run. The spec fuses only rows that fit the lanes' registers (C a multiple of CK_VEC, at most
+ * NV * 32 * CK_VEC).
+ * t = {Y (the sum, or dx), dy, x, w, the other term (RES > 0), dx's tensor (its format)};
+ * i = {C, R, RES: 0 none, 1 the other term is the ADD_N's first input, 2 its second};
+ * f = {eps}; scratch: f32 partials [gridDim.x][C] of the weight, then of the bias. */
+template <int LN, int HB, int NV, class Y, class DY, class X, class W, class RS, class BX>
+__device__ void ck_norm_bwd_fused(const CkArgs &a) {
+    __shared__ float part[2][CK_ROW_VECS * 32 * CK_VEC];
+    i64 C = a.i[0], R = a.i[1];
+    int res = (int)a.i[2];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
+    bool vec = DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0]) && (!res || RS::vec_ok(a.t[4]));
+    float gw[NV][CK_VEC], gb[NV][CK_VEC], m = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < NV; k++)
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) gw[k][j] = gb[k][j] = 0.0f;
+    for (i64 r = CK_ROW_OF_WARP; r < R; r += (i64)gridDim.x * warps) {
+        float v[NV][CK_VEC], s = 0.0f, sgf = 0.0f, sgxf = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < NV; k++) {
+            i64 c = ((i64)k * 32 + lane) * CK_VEC;
+            if (c >= C) continue;
+            ck_ld8<X>(x, r * C + c, v[k], vec);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) s += v[k][j];
+        }
+        /* mean and rstd as ck_row_load_stats finds them */
+        float mean = LN ? (float)(ck_warp_sum((double)s) / (double)C) : 0.0f, q = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < NV; k++) {
+            i64 c = ((i64)k * 32 + lane) * CK_VEC;
+            if (c < C)
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) {
+                    float d = v[k][j] - mean;
+                    q = fmaf(d, d, q);
+                }
+        }
+        float rstd = (float)(1.0 / sqrt(ck_warp_sum((double)q) / (double)C + a.f[0]));
+        #pragma unroll
+        for (int k = 0; k < NV; k++) {
+            i64 c = ((i64)k * 32 + lane) * CK_VEC;
+            if (c >= C) continue;
+            float d[CK_VEC], wv[CK_VEC];
+            ck_ld8<DY>(dy, r * C + c, d, vec);
+            ck_ld8<W>(w, c, wv, vec);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                float g = d[j] * wv[j], xh = (v[k][j] - mean) * rstd;
+                sgf += g;
+                sgxf = fmaf(g, xh, sgxf);
+                gw[k][j] += d[j] * xh;
+                if (HB) gb[k][j] += d[j];
+            }
+        }
+        float mg = LN ? (float)(ck_warp_sum((double)sgf) / (double)C) : 0.0f;
+        float mgx = (float)(ck_warp_sum((double)sgxf) / (double)C);
+        #pragma unroll
+        for (int k = 0; k < NV; k++) {
+            i64 c = ((i64)k * 32 + lane) * CK_VEC;
+            if (c >= C) continue;
+            float d[CK_VEC], wv[CK_VEC], o[CK_VEC], out[CK_VEC];
+            ck_ld8<DY>(dy, r * C + c, d, vec);   /* again: the row was just read, it is in cache */
+            ck_ld8<W>(w, c, wv, vec);
+            if (res) ck_ld8<RS>(a.t[4], r * C + c, o, vec);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                float g = d[j] * wv[j], xh = (v[k][j] - mean) * rstd;
+                out[j] = rstd * (g - mg - xh * mgx);
+                if (res) {
+                    double dx = BX::round(a.t[5], r * C + c + j, out[j]);
+                    out[j] = (float)(res == 1 ? (double)o[j] + dx : dx + (double)o[j]);
+                }
+                m = fmaxf(m, fabsf(out[j]));
+            }
+            if (vec) {
+                Y::st_vec(a.t[0], r * C + c, out);
+            } else {
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) Y::st(a.t[0], r * C + c + j, out[j]);
+            }
+        }
+    }
+    for (int turn = 0; turn < warps; turn++) {
+        if (warp == turn)
+            #pragma unroll
+            for (int k = 0; k < NV; k++)
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) {
+                    i64 c = ((i64)k * 32 + lane) * CK_VEC + j;
+                    if (c >= C) continue;
+                    part[0][c] = turn ? part[0][c] + gw[k][j] : gw[k][j];
+                    if (HB) part[1][c] = turn ? part[1][c] + gb[k][j] : gb[k][j];
+                }
+        __syncthreads();
+    }
+    float *out_w = (float *)a.scratch + (i64)blockIdx.x * C, *out_b = (float *)a.scratch + ((i64)gridDim.x + blockIdx.x) * C;
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+        out_w[c] = part[0][c];
+        if (HB) out_b[c] = part[1][c];
+    }
+    ck_amax_out<Y>(a, m);
+}
+
+/* The second launch of a fused norm backward: column c of the weight's (blockIdx.y 0: t[0],
+ * t[1]) or the bias's (1: t[2], t[3]) gradient, the P blocks' partials added in order (32 lanes
+ * a column, each over every 32nd block, then the lanes in order, in f64). ACC 0 stores it into
+ * the gradient t[0] / t[2]; ACC 1 adds it, rounded as the gradient's own format S stores it
+ * (t[1] / t[3]), into the accumulator t[0] / t[2] as ck_accumulate adds. i = {C, P}; 1024
+ * threads as 32 columns x 32 lanes. */
+template <int ACC0, class A0, class S0, int ACC1, class A1, class S1>
+__device__ void ck_norm_grads_final(const CkArgs &a) {
+    __shared__ double acc[32][33];
+    i64 C = a.i[0], P = a.i[1];
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    i64 c = (i64)blockIdx.x * 32 + tx;
+    const float *part = (const float *)a.scratch + (blockIdx.y ? P * C : 0);
+    double s = 0;
+    if (c < C)
+        for (i64 p = ty; p < P; p += 32) s += part[p * C + c];
+    acc[ty][tx] = s;
+    __syncthreads();
+    if (ty != 0 || c >= C) return;
+    for (int l = 1; l < 32; l++) s += acc[l][tx];
+    if (blockIdx.y == 0) {
+        if (ACC0) A0::st(a.t[0], c, A0::ld(a.t[0], c) + S0::round(a.t[1], c, (float)s));
+        else A0::st(a.t[0], c, (float)s);
+    } else {
+        if (ACC1) A1::st(a.t[2], c, A1::ld(a.t[2], c) + S1::round(a.t[3], c, (float)s));
+        else A1::st(a.t[2], c, (float)s);
+    }
+}
+
 /* the statistics the weight gradient needs, into scratch: mean[R], rstd[R] (f64);
  * inputs as *_BWD_W (dy, x); i = {C, R}, f = {eps} */
 template <int LN, int NV, class X> __device__ void ck_norm_stats(const CkArgs &a) {

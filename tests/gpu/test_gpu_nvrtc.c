@@ -23,10 +23,11 @@
 #include "gpu.h"
 
 /* GEMMs that cuda_plan_epilogues gives a fused epilogue: with a bias, with a C term, and
- * with C the tensor written (an accumulation in place); and bias gradients that their
- * gradient's quantize sums (fuse_bias_grads: the sum's own place runs nothing) */
+ * with C the tensor written (an accumulation in place); bias gradients that their
+ * gradient's quantize sums (fuse_bias_grads: the sum's own place runs nothing); and norms
+ * whose backward runs as one pass (fuse_norm_grads) */
 typedef struct {
-    int gemms, bias, c, in_place, bias_grads;
+    int gemms, bias, c, in_place, bias_grads, norm_grads;
 } EpilogueCount;
 
 static EpilogueCount count_epilogues(Graph *g, Arena *a) {
@@ -40,6 +41,8 @@ static EpilogueCount count_epilogues(Graph *g, Arena *a) {
         if (m->op == OP_QUANTIZE && fused[i].n_launch == 2 &&
             strstr(fused[i].launch[1].body, "ck_colsum_final"))
             n.bias_grads++;
+        for (int k = 0; k < fused[i].n_launch; k++)
+            n.norm_grads += strstr(fused[i].launch[k].body, "ck_norm_bwd_fused") != NULL;
         if (!fused[i].members) continue;
         for (int k = 0; k < fused[i].n_launch; k++) {
             const CuGemm *gm = &fused[i].launch[k].gemm;
@@ -136,8 +139,13 @@ static void test_every_model_every_level(void **state) {
              * gradients accumulate: each kind must reach cuBLASLt's epilogue */
             EpilogueCount ec = count_epilogues(g, a);
             printf("  %-20s O%d: %d GEMM epilogues (%d bias, %d C, %d in place), %d bias gradients summed by "
-                   "their gradient's quantize\n", de->d_name, level, ec.gemms, ec.bias, ec.c, ec.in_place,
-                   ec.bias_grads);
+                   "their gradient's quantize, %d norm backwards in one pass\n", de->d_name, level, ec.gemms, ec.bias,
+                   ec.c, ec.in_place, ec.bias_grads, ec.norm_grads);
+            /* every model's norms take the residual stream's gradient: the fused backward applies */
+            if ((!strncmp(de->d_name, "gpt2", 4) || !strncmp(de->d_name, "llama", 5)) && ec.norm_grads == 0) {
+                printf("  %-20s O%d: expected norm backwards run as one pass\n", de->d_name, level);
+                failures++;
+            }
             if (!strncmp(de->d_name, "gpt2", 4) && level > 0 && ec.bias_grads == 0) {
                 printf("  %-20s O%d: expected the bias gradients with their gradient's quantize\n", de->d_name, level);
                 failures++;
