@@ -390,6 +390,7 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     arg_node(l, 5, bx);
     l->args.n_in = 5;
     l->scratch = 0;
+    l->smem = (unsigned)(ROW_THREADS / 32 * (ng->sum ? 2 : 1) * C * 4);   /* each warp's column sums */
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res;
     l->args.f[0] = ln ? IR_FATTR(bx, LAYERNORM_BWD_X, eps) : IR_FATTR(bx, RMSNORM_BWD_X, eps);
     arg_amax_parts(s, l, y);

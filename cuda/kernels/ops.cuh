@@ -617,9 +617,11 @@ template <class T> static __device__ __forceinline__ void ck_ld8(const CkTensor 
  * ck_norm_bwd_x: dx, rounded to its own format BX; where the graph adds dx to another gradient
  * (the residual stream's ADD_N), that sum as ck_add_n makes it, in the ADD_N's order. Per
  * column, the weight's gradient sum(dy xhat) and, for LayerNorm's bias, sum(dy): each lane
- * keeps its columns' sums over its warp's rows in registers, the block adds its warps' sums in
- * shared memory one warp after the other, and block b leaves row b of the partials in scratch
- * for ck_norm_grads_final (HB: there is a bias). Fixed order throughout: the same bits every
+ * adds its columns of each of its warp's rows into the warp's own row of sums in shared memory
+ * (held in registers with the row, they took 128 a thread, two blocks an SM, and the pass ran
+ * at a third of the memory's speed), the block then adds its warps' sums in order, and block b
+ * leaves row b of the partials in scratch for ck_norm_grads_final (HB: there is a bias).
+ * Shared memory: warps x (1 + HB) x C floats, dynamic. Fixed order throughout: the same bits every
  * run. The spec fuses only rows that fit the lanes' registers (C a multiple of CK_VEC, at most
  * NV * 32 * CK_VEC).
  * t = {Y (the sum, or dx), dy, x, w, the other term (RES > 0), dx's tensor (its format)};
@@ -627,54 +629,61 @@ template <class T> static __device__ __forceinline__ void ck_ld8(const CkTensor 
  * f = {eps}; scratch: f32 partials [gridDim.x][C] of the weight, then of the bias. */
 template <int LN, int HB, int NV, class Y, class DY, class X, class W, class RS, class BX>
 __device__ void ck_norm_bwd_fused(const CkArgs &a) {
-    __shared__ float part[2][CK_ROW_VECS * 32 * CK_VEC];
+    extern __shared__ float ck_norm_sums[];
     i64 C = a.i[0], R = a.i[1];
     int res = (int)a.i[2];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
     bool vec = DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0]) && (!res || RS::vec_ok(a.t[4]));
-    float gw[NV][CK_VEC], gb[NV][CK_VEC], m = 0.0f;
-    #pragma unroll
-    for (int k = 0; k < NV; k++)
-        #pragma unroll
-        for (int j = 0; j < CK_VEC; j++) gw[k][j] = gb[k][j] = 0.0f;
+    float *gw = ck_norm_sums + (i64)warp * (1 + HB) * C, *gb = gw + C, m = 0.0f;
+    for (i64 c = lane; c < C; c += 32) {
+        gw[c] = 0.0f;
+        if (HB) gb[c] = 0.0f;
+    }
+    __syncwarp();
     for (i64 r = CK_ROW_OF_WARP; r < R; r += (i64)gridDim.x * warps) {
-        float v[NV][CK_VEC], s = 0.0f, sgf = 0.0f, sgxf = 0.0f;
+        /* x is read again in each pass rather than held (its row is in cache): registers for
+         * more warps */
+        float s = 0.0f, sgf = 0.0f, sgxf = 0.0f;
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
-            ck_ld8<X>(x, r * C + c, v[k], vec);
+            float v[CK_VEC];
+            ck_ld8<X>(x, r * C + c, v, vec);
             #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) s += v[k][j];
+            for (int j = 0; j < CK_VEC; j++) s += v[j];
         }
         /* mean and rstd as ck_row_load_stats finds them */
         float mean = LN ? (float)(ck_warp_sum((double)s) / (double)C) : 0.0f, q = 0.0f;
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
-            if (c < C)
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++) {
-                    float d = v[k][j] - mean;
-                    q = fmaf(d, d, q);
-                }
+            if (c >= C) continue;
+            float v[CK_VEC];
+            ck_ld8<X>(x, r * C + c, v, vec);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                float d = v[j] - mean;
+                q = fmaf(d, d, q);
+            }
         }
         float rstd = (float)(1.0 / sqrt(ck_warp_sum((double)q) / (double)C + a.f[0]));
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
-            float d[CK_VEC], wv[CK_VEC];
+            float d[CK_VEC], wv[CK_VEC], v[CK_VEC];
             ck_ld8<DY>(dy, r * C + c, d, vec);
             ck_ld8<W>(w, c, wv, vec);
+            ck_ld8<X>(x, r * C + c, v, vec);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
-                float g = d[j] * wv[j], xh = (v[k][j] - mean) * rstd;
+                float g = d[j] * wv[j], xh = (v[j] - mean) * rstd;
                 sgf += g;
                 sgxf = fmaf(g, xh, sgxf);
-                gw[k][j] += d[j] * xh;
-                if (HB) gb[k][j] += d[j];
+                gw[c + j] += d[j] * xh;
+                if (HB) gb[c + j] += d[j];
             }
         }
         float mg = LN ? (float)(ck_warp_sum((double)sgf) / (double)C) : 0.0f;
@@ -683,13 +692,14 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
-            float d[CK_VEC], wv[CK_VEC], o[CK_VEC], out[CK_VEC];
-            ck_ld8<DY>(dy, r * C + c, d, vec);   /* again: the row was just read, it is in cache */
+            float d[CK_VEC], wv[CK_VEC], o[CK_VEC], out[CK_VEC], v[CK_VEC];
+            ck_ld8<DY>(dy, r * C + c, d, vec);
             ck_ld8<W>(w, c, wv, vec);
+            ck_ld8<X>(x, r * C + c, v, vec);
             if (res) ck_ld8<RS>(a.t[4], r * C + c, o, vec);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
-                float g = d[j] * wv[j], xh = (v[k][j] - mean) * rstd;
+                float g = d[j] * wv[j], xh = (v[j] - mean) * rstd;
                 out[j] = rstd * (g - mg - xh * mgx);
                 if (res) {
                     double dx = BX::round(a.t[5], r * C + c + j, out[j]);
@@ -705,23 +715,16 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
             }
         }
     }
-    for (int turn = 0; turn < warps; turn++) {
-        if (warp == turn)
-            #pragma unroll
-            for (int k = 0; k < NV; k++)
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++) {
-                    i64 c = ((i64)k * 32 + lane) * CK_VEC + j;
-                    if (c >= C) continue;
-                    part[0][c] = turn ? part[0][c] + gw[k][j] : gw[k][j];
-                    if (HB) part[1][c] = turn ? part[1][c] + gb[k][j] : gb[k][j];
-                }
-        __syncthreads();
-    }
+    __syncthreads();
     float *out_w = (float *)a.scratch + (i64)blockIdx.x * C, *out_b = (float *)a.scratch + ((i64)gridDim.x + blockIdx.x) * C;
     for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
-        out_w[c] = part[0][c];
-        if (HB) out_b[c] = part[1][c];
+        float sw = 0.0f, sb = 0.0f;
+        for (int v = 0; v < warps; v++) {
+            sw += ck_norm_sums[(i64)v * (1 + HB) * C + c];
+            if (HB) sb += ck_norm_sums[(i64)v * (1 + HB) * C + C + c];
+        }
+        out_w[c] = sw;
+        if (HB) out_b[c] = sb;
     }
     ck_amax_out<Y>(a, m);
 }

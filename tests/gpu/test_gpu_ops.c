@@ -183,8 +183,9 @@ static void build_rows(void) {
     add_case("layernorm_bwd_w", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dy, x)));
     add_case("rmsnorm_bwd_x f32", 2e-5, op_v(OP_RMSNORM_BWD_X, FMT_F32, NULL, Fa(1e-6), IN(dy, x, w)));
     add_case("rmsnorm_bwd_w bf16", 1e-2, op_v(OP_RMSNORM_BWD_W, FMT_BF16, NULL, Fa(1e-6), IN(dy, x)));
-    Node *dy8 = leaf(FMT_BF16, 1, DIMS(R, C8));
-    add_case("layernorm_bwd_w, vector columns", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dy8, x8)));
+    Node *dy8 = leaf(FMT_BF16, 1, DIMS(R, C8)), *dyw = leaf(FMT_BF16, 1, DIMS(R, C8));
+    /* a dy of its own: with the same dy and x the two would run as one fused pass (below) */
+    add_case("layernorm_bwd_w, vector columns", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dyw, x8)));
     add_case("layernorm_bwd_x, vector rows", 1e-2, op_v(OP_LAYERNORM_BWD_X, FMT_BF16, NULL, Fa(1e-5), IN(dy8, x8, w8)));
     Node *xs = leaf(FMT_F32, 3, DIMS(R, 77));
     Node *sm = add_case("softmax", 2e-5, op_v(OP_SOFTMAX, FMT_F32, NULL, NULL, IN(xs)));
@@ -363,6 +364,95 @@ static void test_quantize_transposed(void **s) {
         if (!cuda_exec_push(exec, out, 1)) failed++;
     }
     if (failed) fail_msg("%d transposed quantizations differ", failed);
+}
+
+/* ---------------------------------------------------------------- a norm's backward in one pass
+ * The nodes of a norm's backward that read the same dy and x — the input gradient, the weight's
+ * and the bias's gradients, and the ADD_N of the input gradient and another term — run as one
+ * fused pass (spec_fuse.c, fuse_norm_grads): the other nodes' places run nothing. Run in
+ * order, every result must match the reference: a LayerNorm of GPT-2's row length with its sum
+ * (the other term first), and a Llama-length RMSNorm with no sum, over fresh rows. */
+typedef struct {
+    const char *name;
+    Node *members[4];   /* in schedule order */
+    int n;
+} NormGroup;
+static NormGroup norm_groups[2];
+
+static void build_norm_grads(void) {
+    int64_t R = gt_int(1, 600);
+    int64_t C[2] = {768, 2048};
+    for (int k = 0; k < 2; k++) {
+        bool ln = k == 0;
+        Node *x = leaf(FMT_BF16, 2, DIMS(R, C[k])), *dy = leaf(FMT_BF16, 1, DIMS(R, C[k]));
+        Node *w = leaf(FMT_BF16, 1, DIMS(C[k]));
+        NormGroup *g = &norm_groups[k];
+        g->name = ln ? "layernorm backward + bias + sum, fused" : "rmsnorm backward, fused";
+        g->members[g->n++] = op_v(ln ? OP_LAYERNORM_BWD_W : OP_RMSNORM_BWD_W, FMT_BF16, NULL,
+                                  Fa(ln ? 1e-5 : 1e-6), IN(dy, x));
+        Node *bx = g->members[g->n++] = op_v(ln ? OP_LAYERNORM_BWD_X : OP_RMSNORM_BWD_X, FMT_BF16, NULL,
+                                             Fa(ln ? 1e-5 : 1e-6), IN(dy, x, w));
+        if (ln) {
+            Node *other = leaf(FMT_BF16, 1, DIMS(R, C[k]));
+            g->members[g->n++] = op_v(OP_ADD_N, FMT_BF16, NULL, NULL, IN(other, bx));
+            g->members[g->n++] = op_v(OP_SUM_ROWS, FMT_F32, NULL, NULL, IN(dy));
+        }
+    }
+}
+
+static void test_norm_grads_fused(void **s) {
+    (void)s;
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < 2; k++) {
+        NormGroup *g = &norm_groups[k];
+        int fused = 0;
+        for (int i = 0; i < g->n; i++) {
+            const CuNodePlan *p = &plans[g->members[i]->index];
+            for (int l = 0; l < p->n_launch; l++) fused += strstr(p->launch[l].body, "ck_norm_bwd_fused") != NULL;
+        }
+        /* the results: every member's but the input gradient's, which the sum took */
+        Tensor *out[4];
+        const char *what[4];
+        int n_out = 0;
+        for (int i = 0; i < g->n; i++)
+            if (!(g->members[i]->op == OP_LAYERNORM_BWD_X && g->n > 2)) {
+                what[n_out] = ir_op_info(g->members[i]->op)->text;
+                out[n_out++] = &g->members[i]->t;
+            }
+        void *gpu[4];
+        for (int j = 0; j < n_out; j++) memset(out[j]->data, 0xFF, (size_t)gt_bytes(out[j]));   /* poisoned */
+        bool ok = cuda_exec_push(exec, out, n_out);
+        for (int i = 0; ok && i < g->n; i++) ok = cuda_exec_run_node(exec, g->members[i]);
+        ok = ok && cuda_exec_pull(exec, out, n_out);
+        for (int j = 0; j < n_out; j++) {
+            gpu[j] = malloc((size_t)gt_bytes(out[j]));
+            memcpy(gpu[j], out[j]->data, (size_t)gt_bytes(out[j]));
+        }
+        for (int i = 0; ok && i < g->n; i++) ref_exec_node(g->members[i]);
+        bool pass = ok && fused == 1;
+        printf("  %-40s %s\n", g->name, fused == 1 ? "one fused pass" : "NOT FUSED  FAIL");
+        for (int j = 0; ok && j < n_out; j++) {
+            Tensor as_gpu = *out[j];
+            as_gpu.data = gpu[j];
+            float *a = ref_load(&as_gpu), *r = ref_load(out[j]);
+            double max_abs, e = gt_norm_error(a, r, ir_numel(out[j]), &max_abs);
+            /* bf16 results: a rounding apart at most; the column sums add in another order */
+            bool one = e >= 0 && e <= 1e-2;
+            printf("    %-38s %s[%lld] err %.2e (bound 1e-02)%s\n", what[j],
+                   fmt_elem_name(out[j]->fmt.elem), (long long)ir_numel(out[j]), e, one ? "" : "  FAIL");
+            pass = pass && one;
+            free(a);
+            free(r);
+        }
+        for (int j = 0; j < n_out; j++) free(gpu[j]);
+        failed += !pass;
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d fused norm backwards differ from the reference", failed);
 }
 
 /* ---------------------------------------------------------------- group scales made by the quantize
@@ -696,6 +786,7 @@ static int setup(void **state) {
     build_gemm();
     build_quant_transposed();
     build_quant_group_fused();
+    build_norm_grads();
     build_attention();
     if (!rt_memory_bind(graph, &mem)) return -1;
     /* scales before the tensors stored through them */
@@ -948,7 +1039,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows),
         cmocka_unit_test(test_scaling),     cmocka_unit_test(test_quantize_transposed),
-        cmocka_unit_test(test_quantize_group_fused),
+        cmocka_unit_test(test_quantize_group_fused), cmocka_unit_test(test_norm_grads_fused),
         cmocka_unit_test(test_optimizer),
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_amax_parts),
