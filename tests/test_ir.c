@@ -345,6 +345,31 @@ static void test_tables(void **state)
     assert_string_equal(ir_op_info(OP_MATMUL)->iattr_names[1], "trans_b");
 }
 
+/* ops.def's CLASS column: every op has a class, the ops that run no kernel have no operands or
+ * are the collective, and an op that updates an operand in place is no head and, but for the
+ * gradient accumulation that fusion keeps at the end of a group, no elementwise member. */
+static void test_op_classes(void **state)
+{
+    (void)state;
+    int per_class[CLASS_COUNT] = {0};
+    for (int i = 0; i < OP_COUNT; i++) {
+        OpKind op = (OpKind)i;
+        OpClass c = ir_op_class(op);
+        assert_true(c >= 0 && c < CLASS_COUNT);
+        assert_int_equal(c, ir_op_info(op)->cls);
+        per_class[c]++;
+        if (c == CLASS_HELD) assert_int_equal(ir_op_info(op)->arity, 0);
+        if (ir_op_is_inplace(op) && op != OP_ACCUMULATE)
+            assert_true(c == CLASS_ALONE || c == CLASS_COLLECTIVE);
+    }
+    for (int c = 0; c < CLASS_COUNT; c++) assert_true(per_class[c] > 0);
+    assert_int_equal(ir_op_class(OP_PARAM), CLASS_HELD);
+    assert_int_equal(ir_op_class(OP_ALL_REDUCE), CLASS_COLLECTIVE);
+    assert_int_equal(ir_op_class(OP_GELU), CLASS_ELEMWISE);
+    assert_int_equal(ir_op_class(OP_MATMUL), CLASS_HEAD);
+    assert_int_equal(ir_op_class(OP_SUM_ROWS), CLASS_ALONE);
+}
+
 /* Attributes by name: every name of the op table reads and writes the slot the textual IR
  * gives it, and the values the reader sets by name come back through the accessors. */
 static void test_named_attributes(void **state)
@@ -511,6 +536,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_op_classes),
         cmocka_unit_test(test_named_attributes),
         cmocka_unit_test(test_scaling_table),
         cmocka_unit_test(test_strbuf),
