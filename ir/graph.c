@@ -254,6 +254,11 @@ void ir_set_keeps_amax(Node *n)
     n->iattr[0] = 1;
 }
 
+bool ir_keeps_amax(const Node *n)
+{
+    return ir_op_keeps_amax(n->op) && n->iattr[0];
+}
+
 static int64_t result_bytes(const Node *n) { return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem); }
 
 /* where what a node keeps after its result starts: the next multiple of 256 bytes */
@@ -261,7 +266,7 @@ static int64_t after_result(const Node *n) { return (result_bytes(n) + 255) / 25
 
 int64_t ir_amax_parts_offset(const Node *n)
 {
-    return ir_op_keeps_amax(n->op) && n->iattr[0] ? after_result(n) : 0;
+    return ir_keeps_amax(n) ? after_result(n) : 0;
 }
 
 int64_t ir_transposed_offset(const Node *n)

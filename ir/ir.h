@@ -365,6 +365,7 @@ int64_t ir_attention_lse_offset(const Node *n);   /* bytes from the result's sta
 bool ir_op_keeps_amax(OpKind op);   /* whether op has the attribute */
 int64_t ir_amax_parts_offset(const Node *n);
 void ir_set_keeps_amax(Node *n);    /* n->op must have the attribute */
+bool ir_keeps_amax(const Node *n);  /* amax=1 (false for an op without the attribute) */
 /* QUANTIZE with transposed=1 (ops.def): where its storage keeps the transposed copy of the
  * result (the last dim first, the others flattened after it); 0: it keeps none. */
 int64_t ir_transposed_offset(const Node *n);
