@@ -320,15 +320,15 @@ bool fuse_referenced_by_format(const Graph *g, const Node *p);
 /* The groups as comments ("# fuse: ...", "# group %N: ..."), for --print-ir-after=fuse. */
 void fuse_print(const Graph *g, FILE *out);
 
-/* What the lowering can fuse: elementwise ops compute one output element from the same
- * element of their inputs (broadcast operands aside) and can be computed inline in a
- * consumer's kernel; a head is an op whose kernel produces each output element exactly once,
- * at a point where an elementwise epilogue can take it over (GEMM, norms, softmax, ...). */
-bool cg_op_is_elementwise(OpKind op);
-bool cg_op_is_head(OpKind op);
+/* What the lowering can fuse is an op's class, ops.def's CLASS column (ir_op_class):
+ * ELEMWISE ops compute one output element from the same element of their inputs (broadcast
+ * operands aside) and can be computed inline in a consumer's kernel; a HEAD's kernel produces
+ * each output element exactly once, at a point where an elementwise epilogue can take it over
+ * (GEMM, norms, softmax, ...). Whether a node runs a kernel at all depends on the node too. */
+
 /* A RESHAPE that the memory plan placed on its input's storage: no kernel, nothing to copy. */
 bool cg_node_is_view(const Node *n);
-/* Whether n runs a kernel at all (not a leaf, a view or a collective). */
+/* Whether n runs a kernel at all (not HELD, COLLECTIVE or a view). */
 bool cg_node_runs_kernel(const Node *n);
 
 /* ---------------------------------------------------------------- lower_kernels.c */

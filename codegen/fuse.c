@@ -41,29 +41,11 @@
 
 /* ---------------------------------------------------------------- what can be fused */
 
-/* The op classes the groups are made of (codegen.h says what each means); the lowering
- * (lower_kernels.c) and the GPU plans (cuda/spec.c) read the same ones. */
-bool cg_op_is_elementwise(OpKind op)
-{
-    switch (op) {
-    case OP_ADD: case OP_SUB: case OP_MUL: case OP_SCALE: case OP_ADD_N: case OP_GELU:
-    case OP_GELU_BWD: case OP_SILU: case OP_SILU_BWD: case OP_CAST: case OP_QUANTIZE:
-    case OP_RESHAPE: case OP_ACCUMULATE:
-        return true;
-    default: return false;
-    }
-}
-
-bool cg_op_is_head(OpKind op)
-{
-    switch (op) {
-    case OP_MATMUL: case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X:
-    case OP_RMSNORM_BWD_X: case OP_SOFTMAX: case OP_SOFTMAX_BWD: case OP_EMBEDDING:
-    case OP_CROSS_ENTROPY_BWD: case OP_ROPE: case OP_ATTENTION: case OP_SLICE: case OP_PAD:
-        return true;
-    default: return false;
-    }
-}
+/* The op classes the groups are made of are ops.def's CLASS column (ir_op_class): members
+ * are ELEMWISE nodes, at most one HEAD among them; HELD and COLLECTIVE nodes run no kernel.
+ * The lowering (lower_kernels.c) reads the same classes. */
+static bool is_elementwise(OpKind op) { return ir_op_class(op) == CLASS_ELEMWISE; }
+static bool is_head(OpKind op) { return ir_op_class(op) == CLASS_HEAD; }
 
 static bool format_is_plain(const Format *f)
 {
@@ -82,11 +64,8 @@ bool cg_node_is_view(const Node *n)
 
 bool cg_node_runs_kernel(const Node *n)
 {
-    switch (n->op) {
-    case OP_INPUT: case OP_PARAM: case OP_STATE: return false;
-    case OP_ALL_REDUCE: return false;   /* a collective (NCCL, the runtime's), not a kernel */
-    default: return !cg_node_is_view(n);
-    }
+    OpClass c = ir_op_class(n->op);
+    return c != CLASS_HELD && c != CLASS_COLLECTIVE && !cg_node_is_view(n);
 }
 
 /* ---------------------------------------------------------------- the groups */
@@ -206,8 +185,8 @@ static bool try_merge(Fuse *f, Node *p, Node *c)
 {
     int pi = p->index, ci = c->index, croot = f->group[ci];
     if (f->group[pi] != pi || p->phase != c->phase || pi >= ci) return false;
-    bool p_elementwise = cg_op_is_elementwise(p->op) && p->op != OP_ACCUMULATE;
-    if (!p_elementwise && !cg_op_is_head(p->op)) return false;
+    bool p_elementwise = is_elementwise(p->op) && p->op != OP_ACCUMULATE;
+    if (!p_elementwise && !is_head(p->op)) return false;
     if (f->has_head[pi] && f->has_head[croot]) return false;   /* one head per group */
     if (ir_role_is_persistent(p->t.role) || p->t.role == ROLE_OUTPUT) return false;
     if (f->referenced[pi]) return false;
@@ -252,7 +231,7 @@ int *fuse_plan(const Graph *g, Arena *a)
         IR_ASSERT(g->nodes[i]->index == i);
         f.group[i] = cg_node_runs_kernel(g->nodes[i]) ? i : -1;
         f.n_members[i] = 1;
-        f.has_head[i] = cg_op_is_head(g->nodes[i]->op);
+        f.has_head[i] = is_head(g->nodes[i]->op);
         f.first[i] = f.last[i] = i;
         f.next[i] = -1;
     }
@@ -268,7 +247,7 @@ int *fuse_plan(const Graph *g, Arena *a)
      * by then (its producers come earlier still) */
     for (int ci = 0; ci < n; ci++) {
         Node *c = g->nodes[ci];
-        if (f.group[ci] != ci || !cg_op_is_elementwise(c->op)) continue;
+        if (f.group[ci] != ci || !is_elementwise(c->op)) continue;
         for (int k = 0; k < c->n_in; k++) {
             Node *p = c->in[k];
             if (p->index < 0 || f.group[p->index] != p->index) continue;

@@ -348,7 +348,7 @@ static void lower_group(Lower *L, int root_index)
         if (L->group[i] != root_index) continue;
         Node *m = L->g->nodes[i];
         supported &= node_supported(m);
-        if (!cg_op_is_elementwise(m->op)) {
+        if (ir_op_class(m->op) != CLASS_ELEMWISE) {
             IR_ASSERT(L->head == NULL);
             L->head = m;
         }

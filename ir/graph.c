@@ -144,7 +144,7 @@ const char *ir_phase_name(Phase p) { return p < PHASE_COUNT ? phase_names[p] : "
 
 /* ---------------------------------------------------------------- ops */
 
-#define X(name, text, arity, iattrs, fattrs, summary) +1
+#define X(name, text, arity, iattrs, fattrs, summary, cls) +1
 enum { OPS_IN_TABLE = 0
 #include "ops.def"
 };
@@ -177,9 +177,10 @@ static void op_table_init(void)
         const char *text;
         int arity;
         const char *iattrs, *fattrs, *summary;
+        OpClass cls;
     } raw[] = {
-#define X(name, text, arity, iattrs, fattrs, summary) \
-    {text, arity, IR_ATTR_TEXT(iattrs), IR_ATTR_TEXT(fattrs), summary},
+#define X(name, text, arity, iattrs, fattrs, summary, cls) \
+    {text, arity, IR_ATTR_TEXT(iattrs), IR_ATTR_TEXT(fattrs), summary, CLASS_##cls},
 #include "ops.def"
 #undef X
     };
@@ -188,6 +189,7 @@ static void op_table_init(void)
         o->text = raw[i].text;
         o->arity = raw[i].arity;
         o->summary = raw[i].summary;
+        o->cls = raw[i].cls;
         o->n_iattr = split_names(raw[i].iattrs, o->iattr_names, IR_MAX_IATTR, names[i][0], 64);
         o->n_fattr = split_names(raw[i].fattrs, o->fattr_names, IR_MAX_FATTR, names[i][1], 64);
     }
@@ -210,6 +212,11 @@ const OpInfo *ir_op_info(OpKind op)
     if (!op_table_ready) op_table_init();
     IR_ASSERT(op < OP_COUNT);
     return &op_table[op];
+}
+
+OpClass ir_op_class(OpKind op)
+{
+    return ir_op_info(op)->cls;
 }
 
 bool ir_op_from_name(const char *s, OpKind *out)
@@ -247,6 +254,11 @@ void ir_set_keeps_amax(Node *n)
     n->iattr[0] = 1;
 }
 
+bool ir_keeps_amax(const Node *n)
+{
+    return ir_op_keeps_amax(n->op) && n->iattr[0];
+}
+
 static int64_t result_bytes(const Node *n) { return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem); }
 
 /* where what a node keeps after its result starts: the next multiple of 256 bytes */
@@ -254,7 +266,7 @@ static int64_t after_result(const Node *n) { return (result_bytes(n) + 255) / 25
 
 int64_t ir_amax_parts_offset(const Node *n)
 {
-    return ir_op_keeps_amax(n->op) && n->iattr[0] ? after_result(n) : 0;
+    return ir_keeps_amax(n) ? after_result(n) : 0;
 }
 
 int64_t ir_transposed_offset(const Node *n)

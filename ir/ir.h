@@ -186,7 +186,7 @@ void num_decode(ElemType e, const void *src, float *dst, int64_t n);
 /* ---------------------------------------------------------------- nodes and graphs */
 
 typedef enum {
-#define X(name, text, arity, iattrs, fattrs, summary) OP_##name,
+#define X(name, text, arity, iattrs, fattrs, summary, cls) OP_##name,
 #include "ops.def"
 #undef X
     OP_COUNT
@@ -286,7 +286,7 @@ static inline int ir_attr_index(const Node *n, OpKind op, int k, bool fattr)
 #define IR_ATTR_EACH_8(M, p, a, ...) M(p, a) IR_ATTR_EACH_7(M, p, __VA_ARGS__)
 #define IR_ATTR_ENUMERATOR(p, a) p##a,
 /* An op without attributes gets one unused enumerator, IATTR_INPUT_, and a count of 1. */
-#define X(name, text, arity, iattrs, fattrs, summary)                                        \
+#define X(name, text, arity, iattrs, fattrs, summary, cls)                                   \
     enum { IR_ATTR_EACH(IR_ATTR_ENUMERATOR, IATTR_##name##_, IR_ATTR_UNPAREN iattrs)          \
            IATTR_##name##_COUNT_ };                                                           \
     enum { IR_ATTR_EACH(IR_ATTR_ENUMERATOR, FATTR_##name##_, IR_ATTR_UNPAREN fattrs)          \
@@ -323,6 +323,18 @@ typedef struct {
     int n_choices;
 } Graph;
 
+/* What an op is to fusion and lowering: ops.def's last column, whose header says what each
+ * class means. Nodes of an ELEMWISE op run inside another node's kernel when fusion allows;
+ * a group holds at most one HEAD; HELD and COLLECTIVE ops run no kernel. */
+typedef enum {
+    CLASS_HELD,         /* no kernel: the runtime holds the value */
+    CLASS_COLLECTIVE,   /* no kernel: the runtime's communication */
+    CLASS_ELEMWISE,     /* element for element; inline in a consumer's or a head's kernel */
+    CLASS_HEAD,         /* each result element once, where an elementwise epilogue can take it */
+    CLASS_ALONE,        /* a kernel nothing fuses with */
+    CLASS_COUNT
+} OpClass;
+
 typedef struct {
     const char *text;
     int arity;                       /* -1: variadic */
@@ -330,9 +342,11 @@ typedef struct {
     const char *iattr_names[IR_MAX_IATTR];
     const char *fattr_names[IR_MAX_FATTR];
     const char *summary;
+    OpClass cls;
 } OpInfo;
 
 const OpInfo *ir_op_info(OpKind op);
+OpClass ir_op_class(OpKind op);      /* ops.def's CLASS column */
 bool ir_op_from_name(const char *s, OpKind *out);
 bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_SCALE, ASSIGN,
                                        ALL_REDUCE */
@@ -351,6 +365,7 @@ int64_t ir_attention_lse_offset(const Node *n);   /* bytes from the result's sta
 bool ir_op_keeps_amax(OpKind op);   /* whether op has the attribute */
 int64_t ir_amax_parts_offset(const Node *n);
 void ir_set_keeps_amax(Node *n);    /* n->op must have the attribute */
+bool ir_keeps_amax(const Node *n);  /* amax=1 (false for an op without the attribute) */
 /* QUANTIZE with transposed=1 (ops.def): where its storage keeps the transposed copy of the
  * result (the last dim first, the others flattened after it); 0: it keeps none. */
 int64_t ir_transposed_offset(const Node *n);

@@ -12,8 +12,7 @@
 
 static bool dce_is_root(const Node *n)
 {
-    return n->t.role == ROLE_OUTPUT || ir_op_is_inplace(n->op) || n->op == OP_PARAM ||
-           n->op == OP_STATE || n->op == OP_INPUT;
+    return n->t.role == ROLE_OUTPUT || ir_op_is_inplace(n->op) || ir_op_class(n->op) == CLASS_HELD;
 }
 
 /* Format references (scale=, amax=) may point at later nodes, so liveness spreads through a

@@ -57,7 +57,7 @@ static int compare_edges(const void *pa, const void *pb)
 
 static bool is_leaf(const Node *n)
 {
-    return n->op == OP_INPUT || n->op == OP_PARAM || n->op == OP_STATE || n->op == OP_CONST;
+    return ir_op_info(n->op)->arity == 0;   /* input, param, state, const */
 }
 
 static int64_t step_bytes(const Node *n)

@@ -415,7 +415,7 @@ static void test_elementwise(void **state)
     done(t, OP(t, OP_MUL, x, s), FMT_F32, TOL_F32);
     done(t, OP(t, OP_MUL, x, y), FMT_BF16, TOL_BF16);
     Node *sc = OP(t, OP_SCALE, y);
-    sc->fattr[0] = -1.5;
+    IR_FATTR(sc, SCALE, alpha) = -1.5;
     done(t, sc, FMT_F32, TOL_F32);
     done(t, OP(t, OP_ADD_N, x, y, x), FMT_F32, TOL_F32);
     done(t, OP(t, OP_GELU, x), FMT_F32, TOL_F32);
@@ -436,20 +436,20 @@ static void test_encodes_exact(void **state)
     ElemType to[] = {FMT_BF16, FMT_F16, FMT_E4M3, FMT_E5M2, FMT_I8, FMT_U8, FMT_I32};
     for (int i = 0; i < 7; i++) {
         Node *big = OP(t, OP_SCALE, x);
-        big->fattr[0] = i == 3 ? 3e4 : i >= 4 ? 90.0 : 300.0;   /* reach the saturation ranges */
+        IR_FATTR(big, SCALE, alpha) = i == 3 ? 3e4 : i >= 4 ? 90.0 : 300.0;   /* reach the saturation ranges */
         done(t, big, FMT_F32, -1);
         done(t, OP(t, OP_CAST, big), to[i], EXACT);
     }
     Scaling kinds[] = {SCALE_PER_TENSOR, SCALE_PER_ROW, SCALE_PER_GROUP, SCALE_TILE_1x128, SCALE_BLOCK_128};
     for (int i = 0; i < 5; i++) {
         Node *qs = OP(t, OP_QUANT_SCALE, x);
-        qs->iattr[0] = i % 2 ? FMT_E5M2 : FMT_E4M3;
-        qs->iattr[1] = kinds[i];
-        qs->iattr[2] = 32;
-        qs->iattr[3] = i == 0 ? 1 : 0;
+        IR_IATTR(qs, QUANT_SCALE, elem) = i % 2 ? FMT_E5M2 : FMT_E4M3;
+        IR_IATTR(qs, QUANT_SCALE, scaling) = kinds[i];
+        IR_IATTR(qs, QUANT_SCALE, group) = 32;
+        IR_IATTR(qs, QUANT_SCALE, margin) = i == 0 ? 1 : 0;
         done(t, qs, FMT_F32, EXACT);
         Node *q = OP(t, OP_QUANTIZE, x, qs);
-        done(t, q, (ElemType)qs->iattr[0], EXACT);
+        done(t, q, (ElemType)IR_IATTR(qs, QUANT_SCALE, elem), EXACT);
         q->t.fmt.scaling = kinds[i];
         q->t.fmt.group = 32;
         q->t.fmt.scale = qs;
@@ -459,7 +459,7 @@ static void test_encodes_exact(void **state)
             /* the layout pass's transposed copy: the same codes under the same scale, or under
              * the transposed grid of block scales */
             Node *qt = OP(t, OP_TRANSPOSE, q);
-            done(t, qt, (ElemType)qs->iattr[0], EXACT);
+            done(t, qt, (ElemType)IR_IATTR(qs, QUANT_SCALE, elem), EXACT);
             qt->t.fmt = q->t.fmt;
             if (kinds[i] == SCALE_BLOCK_128) qt->t.fmt.scale = done(t, OP(t, OP_TRANSPOSE, qs), FMT_F32, EXACT);
         }
@@ -485,9 +485,9 @@ static void test_amax_special_values(void **state)
         Scaling kinds[] = {SCALE_PER_TENSOR, SCALE_PER_ROW, SCALE_PER_GROUP, SCALE_BLOCK_128};
         for (int i = 0; i < 4; i++) {
             Node *qs = OP(t, OP_QUANT_SCALE, x);
-            qs->iattr[0] = FMT_E4M3;
-            qs->iattr[1] = kinds[i];
-            qs->iattr[2] = 32;
+            IR_IATTR(qs, QUANT_SCALE, elem) = FMT_E4M3;
+            IR_IATTR(qs, QUANT_SCALE, scaling) = kinds[i];
+            IR_IATTR(qs, QUANT_SCALE, group) = 32;
             done(t, qs, FMT_F32, EXACT);
         }
         Node *hist = leaf(t, OP_STATE, FMT_F32, 1, 4, 0, 0);
@@ -505,7 +505,7 @@ static void test_amax_special_values(void **state)
 static Node *axis_copy(TG *t, OpKind kind, Node *x, int64_t axis, int64_t start, int64_t size, ElemType e)
 {
     Node *n = OP(t, kind, x);
-    n->iattr[0] = axis, n->iattr[1] = start, n->iattr[2] = size;
+    IR_IATTR(n, SLICE, axis) = axis, IR_IATTR(n, SLICE, start) = start, IR_IATTR(n, SLICE, size) = size;
     return done(t, n, e, EXACT);
 }
 
@@ -522,7 +522,7 @@ static void test_copies_exact(void **state)
     axis_copy(t, OP_SLICE, axis_copy(t, OP_PAD, pos, 0, 0, 256, FMT_F32), 0, 3, 200, FMT_BF16);
     Node *y = input(t, FMT_F32, 3, 3, 4, 8);
     Node *cc = OP(t, OP_CONCAT, x, y, x);
-    cc->iattr[0] = 2;
+    IR_IATTR(cc, CONCAT, axis) = 2;
     done(t, cc, FMT_F32, EXACT);
     Node *rs = OP(t, OP_RESHAPE, x);
     int64_t d[2] = {12, 40};
@@ -532,7 +532,7 @@ static void test_copies_exact(void **state)
     Node *table = input(t, FMT_BF16, 2, 50, 24, 0), *tok = ids(t, 2, 3, 7, 50, false);
     done(t, OP(t, OP_EMBEDDING, table, tok), FMT_BF16, EXACT);
     Node *cst = op(t, OP_CONST, 0, NULL);
-    cst->fattr[0] = 2.5;
+    IR_FATTR(cst, CONST, value) = 2.5;
     ir_set_shape(cst, 2, d);
     cst->t.fmt = fmt_plain(FMT_BF16);
     t->tol[cst->id] = EXACT;
@@ -544,7 +544,7 @@ static void test_copies_exact(void **state)
 /* n, with its epsilon (a norm's) set */
 static Node *with_eps(Node *n, double eps)
 {
-    n->fattr[0] = eps;
+    IR_FATTR(n, LAYERNORM, eps) = eps;
     return n;
 }
 
@@ -592,7 +592,7 @@ static void test_losses_and_gathers(void **state)
     done(t, OP(t, OP_CROSS_ENTROPY_BWD, dl, logits, tgt), FMT_F32, TOL_F32);
     Node *dy = input(t, FMT_F32, 2, R, C, 0), *tok = ids(t, 1, R, 0, 20, false);
     Node *eb = OP(t, OP_EMBEDDING_BWD, dy, tok);
-    eb->iattr[0] = 20;
+    IR_IATTR(eb, EMBEDDING_BWD, vocab) = 20;
     done(t, eb, FMT_F32, TOL_F32);
     run_case(t, "losses");
     tg_free(t);
@@ -623,18 +623,18 @@ static void attention_case(ElemType in, ElemType out, int64_t T, int64_t D, bool
     }
     Node *ops[2] = {att, bwd};
     for (int i = 0; i < 2; i++) {
-        ops[i]->iattr[0] = H;
-        ops[i]->iattr[1] = Hkv;
-        ops[i]->fattr[0] = 1.0 / sqrt((double)D);
+        IR_IATTR(ops[i], ATTENTION, heads) = H;
+        IR_IATTR(ops[i], ATTENTION, kv_heads) = Hkv;
+        IR_FATTR(ops[i], ATTENTION, scale) = 1.0 / sqrt((double)D);
         done(t, ops[i], out, tiles ? TOL_BF16_WEIGHTS : out == FMT_BF16 ? TOL_BF16 : in == FMT_BF16 ? TOL_EXACT_PRODUCTS : TOL_F32);
     }
     if (rope) {
         Node *x = input(t, FMT_F32, 3, B, T, H * D);
         for (int inv = 0; inv < 2; inv++) {
             Node *r = OP(t, OP_ROPE, x);
-            r->iattr[0] = D;
-            r->iattr[1] = inv;
-            r->fattr[0] = 10000.0;
+            IR_IATTR(r, ROPE, head_dim) = D;
+            IR_IATTR(r, ROPE, inverse) = inv;
+            IR_FATTR(r, ROPE, theta) = 10000.0;
             done(t, r, FMT_F32, TOL_F32);
         }
     }
@@ -692,14 +692,14 @@ static void test_gemm(void **state)
             Node *a = ta ? input(t, FMT_F32, 2, K, M, 0) : input(t, FMT_BF16, 2, M, K, 0);
             Node *b = tb ? input(t, FMT_F32, 2, N, K, 0) : input(t, FMT_F32, 2, K, N, 0);
             Node *m = OP(t, OP_MATMUL, a, b);
-            m->iattr[0] = ta, m->iattr[1] = tb;
+            IR_IATTR(m, MATMUL, trans_a) = ta, IR_IATTR(m, MATMUL, trans_b) = tb;
             done(t, m, ta ? FMT_F32 : FMT_BF16, ta ? TOL_F32 : TOL_BF16);
         }
     /* a linear layer with GELU: matmul + bias fused into the GEMM's epilogue */
     Node *x = input(t, FMT_F32, 3, 2, 33, 64), *w = input(t, FMT_F32, 2, 96, 64, 0);
     Node *b = input(t, FMT_F32, 1, 96, 0, 0);
     Node *m = OP(t, OP_MATMUL, x, w);
-    m->iattr[1] = 1;
+    IR_IATTR(m, MATMUL, trans_b) = 1;
     done(t, m, FMT_F32, -1);
     Node *h = done(t, OP(t, OP_ADD, m, b), FMT_F32, -1);
     done(t, OP(t, OP_GELU, h), FMT_F32, TOL_F32);
@@ -707,7 +707,7 @@ static void test_gemm(void **state)
     for (int bf = 0; bf < 2; bf++) {
         Node *acc = leaf(t, OP_STATE, bf ? FMT_BF16 : FMT_F32, 2, 96, 64, 0);
         Node *dw = OP(t, OP_MATMUL, m, x);
-        dw->iattr[0] = 1;
+        IR_IATTR(dw, MATMUL, trans_a) = 1;
         done(t, dw, FMT_F32, -1);
         done(t, OP(t, OP_ACCUMULATE, acc, dw), FMT_VOID, bf ? TOL_BF16 : TOL_F32);
     }
@@ -739,7 +739,7 @@ static void test_gemm_reads_transposes(void **state)
         TG *t = tg_new();
         Node *xf = input(t, FMT_F32, 2, 48, 32, 0), *y = input(t, FMT_BF16, 2, 48, 40, 0);
         Node *qs = OP(t, OP_QUANT_SCALE, xf);
-        qs->iattr[0] = FMT_E4M3, qs->iattr[1] = SCALE_PER_TENSOR;
+        IR_IATTR(qs, QUANT_SCALE, elem) = FMT_E4M3, IR_IATTR(qs, QUANT_SCALE, scaling) = SCALE_PER_TENSOR;
         done(t, qs, FMT_F32, -1);
         Node *x = done(t, OP(t, OP_QUANTIZE, xf, qs), FMT_E4M3, -1);   /* (48, 32) */
         x->t.fmt.scaling = SCALE_PER_TENSOR, x->t.fmt.scale = qs;
@@ -748,7 +748,7 @@ static void test_gemm_reads_transposes(void **state)
         Node *w = done(t, OP(t, OP_GELU, y), FMT_BF16, TOL_BF16);     /* between them */
         Node *m = done(t, OP(t, OP_MATMUL, xt, y), FMT_F32, TOL_F32);  /* xt as A: (32, 40) */
         Node *m2 = OP(t, OP_MATMUL, y, xt);                            /* xt as B, transposed */
-        m2->iattr[0] = 1, m2->iattr[1] = 1;
+        IR_IATTR(m2, MATMUL, trans_a) = 1, IR_IATTR(m2, MATMUL, trans_b) = 1;
         done(t, m2, FMT_F32, TOL_F32);                                  /* (40, 32) */
         /* a memory plan: x, the GELU and the results apart, or the GELU over x's bytes */
         x->t.offset = 0;
@@ -770,7 +770,7 @@ static void test_fused_chain(void **state)
     Node *a1 = done(t, OP(t, OP_ADD, x, b), FMT_BF16, -1);
     Node *g = done(t, OP(t, OP_GELU, a1), FMT_BF16, -1);
     Node *s = OP(t, OP_SCALE, g);
-    s->fattr[0] = 0.5;
+    IR_FATTR(s, SCALE, alpha) = 0.5;
     done(t, s, FMT_E4M3, -1);
     Node *out = done(t, OP(t, OP_SUB, s, x), FMT_F32, TOL_F32);
     ir_renumber(t->g);
@@ -828,13 +828,13 @@ static void test_optimizer(void **state)
         Node *in[9] = {p, g, m, v, lr, step, clip, gs, NULL};
         if (master) in[8] = leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0);
         Node *a = op(t, OP_ADAMW, master ? 9 : 8, in);
-        a->fattr[0] = 0.9, a->fattr[1] = 0.95, a->fattr[2] = 1e-8, a->fattr[3] = 0.1;
+        IR_FATTR(a, ADAMW, beta1) = 0.9, IR_FATTR(a, ADAMW, beta2) = 0.95, IR_FATTR(a, ADAMW, eps) = 1e-8, IR_FATTR(a, ADAMW, weight_decay) = 0.1;
         done(t, a, FMT_VOID, master ? TOL_BF16 : TOL_F32);
     }
     Node *sq1 = scalar(t, 2.0), *sq2 = scalar(t, 7.0);
     Node *gn = done(t, OP(t, OP_GRAD_NORM, gs, sq1, sq2), FMT_F32, TOL_F32);
     Node *cc = OP(t, OP_CLIP_COEF, gn);
-    cc->fattr[0] = 1.0;
+    IR_FATTR(cc, CLIP_COEF, max_norm) = 1.0;
     done(t, cc, FMT_F32, TOL_F32);
     /* amax history and delayed scale, in place */
     Node *hist = leaf(t, OP_STATE, FMT_F32, 1, 8, 0, 0);
@@ -844,7 +844,7 @@ static void test_optimizer(void **state)
     Node *st = leaf(t, OP_STATE, FMT_F32, 0, 0, 0, 0);
     for (int use_max = 0; use_max < 2; use_max++) {
         Node *ds = OP(t, OP_DELAYED_SCALE, st, rec);
-        ds->iattr[0] = FMT_E4M3, ds->iattr[1] = 1, ds->iattr[2] = use_max;
+        IR_IATTR(ds, DELAYED_SCALE, elem) = FMT_E4M3, IR_IATTR(ds, DELAYED_SCALE, margin) = 1, IR_IATTR(ds, DELAYED_SCALE, use_max) = use_max;
         done(t, ds, FMT_VOID, EXACT);
     }
     Node *dst = leaf(t, OP_STATE, FMT_BF16, 2, 30, 500, 0);
@@ -970,7 +970,7 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
         if (cc->master == 2) ms->t.fmt.codec = CODEC_SPLIT;
     }
     Node *a = op(t, OP_ADAMW, cc->master ? 9 : 8, in);
-    a->fattr[0] = encode ? 0.5 : 0.9, a->fattr[1] = encode ? 0.75 : 0.95, a->fattr[2] = 1e-8, a->fattr[3] = 0.1;
+    IR_FATTR(a, ADAMW, beta1) = encode ? 0.5 : 0.9, IR_FATTR(a, ADAMW, beta2) = encode ? 0.75 : 0.95, IR_FATTR(a, ADAMW, eps) = 1e-8, IR_FATTR(a, ADAMW, weight_decay) = 0.1;
     done(t, a, FMT_VOID, -1);
     Graph *gr = t->g;
     ir_renumber(gr);

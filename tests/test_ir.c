@@ -35,28 +35,28 @@ static Graph *build_sample(Arena *a)
     Node *tok = ir_leaf(g, OP_INPUT, "tokens", ROLE_INPUT, FMT_I32, 2, bt, here);
     Node *tgt = ir_leaf(g, OP_INPUT, "targets", ROLE_INPUT, FMT_I32, 2, bt, here);
     Node *wte = ir_leaf(g, OP_PARAM, "wte.weight", ROLE_PARAM, FMT_F32, 2, vd, here);
-    wte->fattr[0] = 0.02;
-    wte->iattr[1] = 1;
+    IR_FATTR(wte, PARAM, std) = 0.02;
+    IR_IATTR(wte, PARAM, decay) = 1;
     Node *lw = ir_leaf(g, OP_PARAM, "ln.weight", ROLE_PARAM, FMT_F32, 1, c, here);
-    lw->iattr[0] = 2;
+    IR_IATTR(lw, PARAM, init) = 2;
     Node *lb = ir_leaf(g, OP_PARAM, "ln.bias", ROLE_PARAM, FMT_F32, 1, c, here);
-    lb->iattr[0] = 1;
+    IR_IATTR(lb, PARAM, init) = 1;
     Node *wq = ir_leaf(g, OP_PARAM, "attn.weight", ROLE_PARAM, FMT_F32, 2, w3, here);
     Node *x = ir_add2(g, OP_EMBEDDING, wte, tok, here);
     Node *ln_in[3] = {x, lw, lb};
     Node *ln = ir_add(g, OP_LAYERNORM, 3, ln_in, here);
-    ln->fattr[0] = 1e-5;
+    IR_FATTR(ln, LAYERNORM, eps) = 1e-5;
     Node *qkv = ir_add2(g, OP_MATMUL, ln, wq, here);
-    qkv->iattr[1] = 1;
+    IR_IATTR(qkv, MATMUL, trans_b) = 1;
     Node *parts[3];
     for (int i = 0; i < 3; i++) {
         parts[i] = ir_add1(g, OP_SLICE, qkv, here);
-        parts[i]->iattr[0] = 2, parts[i]->iattr[1] = 8 * i, parts[i]->iattr[2] = 8;
+        IR_IATTR(parts[i], SLICE, axis) = 2, IR_IATTR(parts[i], SLICE, start) = 8 * i, IR_IATTR(parts[i], SLICE, size) = 8;
     }
     Node *att = ir_add(g, OP_ATTENTION, 3, parts, here);
-    att->iattr[0] = 2, att->iattr[1] = 2, att->fattr[0] = 0.5;
+    IR_IATTR(att, ATTENTION, heads) = 2, IR_IATTR(att, ATTENTION, kv_heads) = 2, IR_FATTR(att, ATTENTION, scale) = 0.5;
     Node *logits = ir_add2(g, OP_MATMUL, att, wte, here);
-    logits->iattr[1] = 1;
+    IR_IATTR(logits, MATMUL, trans_b) = 1;
     Node *loss = ir_add2(g, OP_CROSS_ENTROPY, logits, tgt, here);
     loss->t.name = "loss";
     loss->t.role = ROLE_OUTPUT;
@@ -96,13 +96,13 @@ static void test_shape_errors_name_dims(void **state)
     assert_non_null(strstr(err, "768"));
     assert_non_null(strstr(err, "512"));
     Node *mm = ir_add2(g, OP_MATMUL, x, m, here);
-    mm->iattr[1] = 1;
+    IR_IATTR(mm, MATMUL, trans_b) = 1;
     err = ir_infer_shape(mm, a);
     assert_non_null(err);
     assert_non_null(strstr(err, "inner dims 768 and 700"));
     Node *at_in[3] = {x, x, x};
     Node *at = ir_add(g, OP_ATTENTION, 3, at_in, here);
-    at->iattr[0] = 7, at->iattr[1] = 7;
+    IR_IATTR(at, ATTENTION, heads) = 7, IR_IATTR(at, ATTENTION, kv_heads) = 7;
     err = ir_infer_shape(at, a);
     assert_non_null(err);
     assert_non_null(strstr(err, "does not divide"));
@@ -345,6 +345,31 @@ static void test_tables(void **state)
     assert_string_equal(ir_op_info(OP_MATMUL)->iattr_names[1], "trans_b");
 }
 
+/* ops.def's CLASS column: every op has a class, the ops that run no kernel have no operands or
+ * are the collective, and an op that updates an operand in place is no head and, but for the
+ * gradient accumulation that fusion keeps at the end of a group, no elementwise member. */
+static void test_op_classes(void **state)
+{
+    (void)state;
+    int per_class[CLASS_COUNT] = {0};
+    for (int i = 0; i < OP_COUNT; i++) {
+        OpKind op = (OpKind)i;
+        OpClass c = ir_op_class(op);
+        assert_true(c >= 0 && c < CLASS_COUNT);
+        assert_int_equal(c, ir_op_info(op)->cls);
+        per_class[c]++;
+        if (c == CLASS_HELD) assert_int_equal(ir_op_info(op)->arity, 0);
+        if (ir_op_is_inplace(op) && op != OP_ACCUMULATE)
+            assert_true(c == CLASS_ALONE || c == CLASS_COLLECTIVE);
+    }
+    for (int c = 0; c < CLASS_COUNT; c++) assert_true(per_class[c] > 0);
+    assert_int_equal(ir_op_class(OP_PARAM), CLASS_HELD);
+    assert_int_equal(ir_op_class(OP_ALL_REDUCE), CLASS_COLLECTIVE);
+    assert_int_equal(ir_op_class(OP_GELU), CLASS_ELEMWISE);
+    assert_int_equal(ir_op_class(OP_MATMUL), CLASS_HEAD);
+    assert_int_equal(ir_op_class(OP_SUM_ROWS), CLASS_ALONE);
+}
+
 /* Attributes by name: every name of the op table reads and writes the slot the textual IR
  * gives it, and the values the reader sets by name come back through the accessors. */
 static void test_named_attributes(void **state)
@@ -511,6 +536,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_op_classes),
         cmocka_unit_test(test_named_attributes),
         cmocka_unit_test(test_scaling_table),
         cmocka_unit_test(test_strbuf),

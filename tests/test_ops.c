@@ -997,11 +997,11 @@ static void test_init_params(void **state)
         for (int k = 0; k < 2; k++) {
             if ((k == 0) == (order == 0)) {
                 w = ir_leaf(t->g, OP_PARAM, "h.0.mlp.c_fc.weight", ROLE_PARAM, FMT_BF16, 2, big, here);
-                w->fattr[0] = 0.02;
+                IR_FATTR(w, PARAM, std) = 0.02;
                 tg_bind(t, w);
             } else {
                 ones = ir_leaf(t->g, OP_PARAM, "ln_f.weight", ROLE_PARAM, FMT_F32, 1, small, here);
-                ones->iattr[0] = 2;
+                IR_IATTR(ones, PARAM, init) = 2;
                 tg_bind(t, ones);
             }
         }

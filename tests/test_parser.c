@@ -171,18 +171,18 @@ static void check_gpt2_names(const Graph *g, int layers, int64_t d)
             Node *p = param(g, name);
             bool is_ln = strstr(name, "ln_") != NULL;
             /* decay: the matrices, but not LayerNorm weights */
-            assert_int_equal(p->iattr[1], strstr(name, ".weight") && !is_ln);
-            if (is_ln) assert_int_equal(p->iattr[0], strstr(name, "weight") ? 2 : 1);
+            assert_int_equal(IR_IATTR(p, PARAM, decay), strstr(name, ".weight") && !is_ln);
+            if (is_ln) assert_int_equal(IR_IATTR(p, PARAM, init), strstr(name, "weight") ? 2 : 1);
         }
     snprintf(name, sizeof name, "h.%d.attn.c_attn.weight", layers - 1);
     assert_dims(param(g, name), 2, 3 * d, d, 0);
     snprintf(name, sizeof name, "h.%d.mlp.c_proj.weight", layers - 1);
     Node *proj = param(g, name);
     assert_dims(proj, 2, d, 4 * d, 0);
-    assert_int_equal(proj->iattr[0], 0);
-    assert_float_equal(proj->fattr[0], 0.02 / sqrt(2.0 * layers), 1e-12);
-    assert_int_equal(param(g, "wte.weight")->iattr[1], 1);
-    assert_int_equal(param(g, "wpe.weight")->iattr[1], 0);
+    assert_int_equal(IR_IATTR(proj, PARAM, init), 0);
+    assert_float_equal(IR_FATTR(proj, PARAM, std), 0.02 / sqrt(2.0 * layers), 1e-12);
+    assert_int_equal(IR_IATTR(param(g, "wte.weight"), PARAM, decay), 1);
+    assert_int_equal(IR_IATTR(param(g, "wpe.weight"), PARAM, decay), 0);
     param(g, "ln_f.weight");
     param(g, "ln_f.bias");
     int n;
@@ -215,13 +215,13 @@ static void test_gpt2_small(void **state)
     Node *logits = loss->in[0];
     assert_int_equal(logits->op, OP_MATMUL);
     assert_ptr_equal(logits->in[1], param(c.g, "wte.weight"));
-    assert_int_equal(logits->iattr[1], 1);
+    assert_int_equal(IR_IATTR(logits, MATMUL, trans_b), 1);
     assert_dims(logits, 3, 4, 64, 50304);
     /* activations are named after the variable or the scope that holds them, for
      * precision policies (saved:h.*.attn.y=...) */
     assert_int_equal(ir_find(c.g, "h.4.attn.y")->op, OP_ATTENTION);
     assert_int_equal(ir_find(c.g, "h.4.attn.k")->op, OP_SLICE);
-    assert_int_equal(ir_find(c.g, "h.4.attn.k")->iattr[1], 768);
+    assert_int_equal(IR_IATTR(ir_find(c.g, "h.4.attn.k"), SLICE, start), 768);
     assert_int_equal(ir_find(c.g, "h.11.ln_2")->op, OP_LAYERNORM);
     Node *h11 = ir_find(c.g, "h.11");
     assert_int_equal(h11->op, OP_ADD);
@@ -232,9 +232,9 @@ static void test_gpt2_small(void **state)
     for (int i = 0; i < c.g->n_nodes; i++) {
         Node *a = c.g->nodes[i];
         if (a->op != OP_ATTENTION) continue;
-        assert_int_equal(a->iattr[0], 12);
-        assert_int_equal(a->iattr[1], 12);
-        assert_float_equal(a->fattr[0], 1 / sqrt(64.0), 1e-12);
+        assert_int_equal(IR_IATTR(a, ATTENTION, heads), 12);
+        assert_int_equal(IR_IATTR(a, ATTENTION, kv_heads), 12);
+        assert_float_equal(IR_FATTR(a, ATTENTION, scale), 1 / sqrt(64.0), 1e-12);
     }
     compiled_free(&c);
 }
@@ -253,8 +253,8 @@ static void test_gpt2_xl(void **state)
     check_gpt2_names(c.g, 48, 1600);
     for (int i = 0; i < c.g->n_nodes; i++)
         if (c.g->nodes[i]->op == OP_ATTENTION) {
-            assert_int_equal(c.g->nodes[i]->iattr[0], 25);
-            assert_float_equal(c.g->nodes[i]->fattr[0], 0.125, 1e-12);
+            assert_int_equal(IR_IATTR(c.g->nodes[i], ATTENTION, heads), 25);
+            assert_float_equal(IR_FATTR(c.g->nodes[i], ATTENTION, scale), 0.125, 1e-12);
         }
     compiled_free(&c);
 }
@@ -307,22 +307,22 @@ static void test_llama(void **state)
         for (size_t k = 0; k < sizeof per_layer / sizeof per_layer[0]; k++) {
             snprintf(name, sizeof name, "model.layers.%d.%s", l, per_layer[k]);
             Node *p = param(c.g, name);
-            assert_int_equal(p->iattr[1], strstr(name, "_proj") != NULL);
+            assert_int_equal(IR_IATTR(p, PARAM, decay), strstr(name, "_proj") != NULL);
         }
     assert_dims(param(c.g, "model.layers.21.self_attn.k_proj.weight"), 2, 4 * 64, 2048, 0);
     assert_dims(param(c.g, "model.layers.0.mlp.down_proj.weight"), 2, 2048, 5632, 0);
-    assert_int_equal(param(c.g, "model.embed_tokens.weight")->iattr[1], 0);
-    assert_int_equal(param(c.g, "lm_head.weight")->iattr[1], 1);
+    assert_int_equal(IR_IATTR(param(c.g, "model.embed_tokens.weight"), PARAM, decay), 0);
+    assert_int_equal(IR_IATTR(param(c.g, "lm_head.weight"), PARAM, decay), 1);
     param(c.g, "model.norm.weight");
     for (int i = 0; i < c.g->n_nodes; i++) {
         const Node *x = c.g->nodes[i];
         assert_true(!x->t.name || !strstr(x->t.name, "bias"));
         if (x->op == OP_ATTENTION) {
-            assert_int_equal(x->iattr[0], 32);
-            assert_int_equal(x->iattr[1], 4);
+            assert_int_equal(IR_IATTR(x, ATTENTION, heads), 32);
+            assert_int_equal(IR_IATTR(x, ATTENTION, kv_heads), 4);
             assert_dims(x->in[1], 3, 1, 128, 256);
         }
-        if (x->op == OP_ROPE) assert_int_equal(x->iattr[0], 64);
+        if (x->op == OP_ROPE) assert_int_equal(IR_IATTR(x, ROPE, head_dim), 64);
     }
     assert_int_equal(count_op(c.g, OP_ROPE), 44);
     assert_int_equal(count_op(c.g, OP_SILU), 22);
@@ -355,8 +355,8 @@ static void test_mlp(void **state)
     assert_int_equal(count_params(c.g, &n), vocab * d + L * layer + vocab * d + vocab);
     param(c.g, "layers.1.fc2.weight");
     param(c.g, "head.bias");
-    assert_int_equal(param(c.g, "layers.0.norm.weight")->iattr[1], 0);   /* default: rank >= 2 */
-    assert_int_equal(param(c.g, "layers.0.fc1.weight")->iattr[1], 1);
+    assert_int_equal(IR_IATTR(param(c.g, "layers.0.norm.weight"), PARAM, decay), 0);   /* default: rank >= 2 */
+    assert_int_equal(IR_IATTR(param(c.g, "layers.0.fc1.weight"), PARAM, decay), 1);
     check_forward_graph(c.g, path);
     assert_float_equal(c.g->optim.weight_decay, 0.01, 1e-15);
     assert_float_equal(c.g->optim.beta2, 0.999, 1e-15);   /* PyTorch's default */
@@ -482,17 +482,17 @@ static void test_numbers(void **state)
     require_ok(&c, "arithmetic");
     Node *w = param(c.g, "w");
     assert_dims(w, 2, 10, 6, 0);                 /* 8/2*3 - 10%4 = 10; -(2-5)*2 = 6 */
-    assert_float_equal(w->fattr[0], 0.5, 1e-12); /* 7/2 = 3.5, / sqrt(49) */
+    assert_float_equal(IR_FATTR(w, PARAM, std), 0.5, 1e-12); /* 7/2 = 3.5, / sqrt(49) */
     int scales = 0;
     for (int i = 0; i < c.g->n_nodes; i++) {
         Node *n = c.g->nodes[i];
         if (n->op == OP_SCALE) {
             scales++;
-            assert_float_equal(n->fattr[0], 0.25, 0);
+            assert_float_equal(IR_FATTR(n, SCALE, alpha), 0.25, 0);
         }
         if (n->op == OP_SLICE && n->in[0]->op == OP_EMBEDDING) {
-            assert_int_equal(n->iattr[0], 2);    /* axis -1 of a rank-3 tensor */
-            assert_int_equal(n->iattr[1], 2);
+            assert_int_equal(IR_IATTR(n, SLICE, axis), 2);    /* axis -1 of a rank-3 tensor */
+            assert_int_equal(IR_IATTR(n, SLICE, start), 2);
             assert_dims(n, 3, 2, 3, 6);
         }
     }
@@ -511,12 +511,12 @@ static void test_tensor_scalar_ops(void **state)
     assert_int_equal(y->op, OP_ADD);
     assert_int_equal(y->in[1]->op, OP_CONST);
     assert_int_equal(y->in[1]->t.rank, 0);
-    assert_float_equal(y->in[1]->fattr[0], 1.0, 0);
+    assert_float_equal(IR_FATTR(y->in[1], CONST, value), 1.0, 0);
     Node *neg = y->in[0];
     assert_int_equal(neg->op, OP_SCALE);
-    assert_float_equal(neg->fattr[0], -1.0, 0);
+    assert_float_equal(IR_FATTR(neg, SCALE, alpha), -1.0, 0);
     assert_int_equal(neg->in[0]->op, OP_SCALE);
-    assert_float_equal(neg->in[0]->fattr[0], 0.25, 0);
+    assert_float_equal(IR_FATTR(neg->in[0], SCALE, alpha), 0.25, 0);
     compiled_free(&c);
 
     /* a bias written first still broadcasts: the operands of + are put in order */
@@ -562,7 +562,7 @@ static void test_scopes(void **state)
     int n;
     count_params(c.g, &n);
     assert_int_equal(n, 6);
-    assert_int_equal(param(c.g, "g")->iattr[0], 2);
+    assert_int_equal(IR_IATTR(param(c.g, "g"), PARAM, init), 2);
     compiled_free(&c);
 }
 
@@ -618,16 +618,16 @@ static void test_tuples(void **state)
         if (n->op != OP_SLICE) continue;
         slices++;
         assert_int_equal(n->in[0]->op, OP_EMBEDDING);
-        assert_int_equal(n->iattr[0], 2);
-        assert_true(n->iattr[1] == 0 || n->iattr[1] == 4 || n->iattr[1] == 3);
+        assert_int_equal(IR_IATTR(n, SLICE, axis), 2);
+        assert_true(IR_IATTR(n, SLICE, start) == 0 || IR_IATTR(n, SLICE, start) == 4 || IR_IATTR(n, SLICE, start) == 3);
     }
     assert_int_equal(slices, 3);    /* u, v and t; r and s do not reach the loss */
     Node *sub = NULL;
     for (int i = 0; i < c.g->n_nodes; i++)
         if (c.g->nodes[i]->op == OP_SUB) sub = c.g->nodes[i];
     assert_non_null(sub);
-    assert_int_equal(sub->in[0]->iattr[1], 4);  /* u is the second half: the block swapped */
-    assert_int_equal(sub->in[1]->iattr[1], 0);
+    assert_int_equal(IR_IATTR(sub->in[0], SLICE, start), 4);  /* u is the second half: the block swapped */
+    assert_int_equal(IR_IATTR(sub->in[1], SLICE, start), 0);
     assert_dims(sub, 3, 2, 3, 4);
     compiled_free(&c);
 }
@@ -647,7 +647,7 @@ static void test_defines(void **state)
     require_ok(&c, "defines");
     int n;
     assert_int_equal(count_params(c.g, &n), 16 * 4 + 3 * 4 * 4);   /* the last -D wins */
-    assert_float_equal(param(c.g, "wte.weight")->fattr[0], 1.0, 0);  /* an integer for a real */
+    assert_float_equal(IR_FATTR(param(c.g, "wte.weight"), PARAM, std), 1.0, 0);  /* an integer for a real */
     param(c.g, "h.2.w");
     assert_string_equal(c.g->model_name, "defines");                /* from the file name */
     assert_false(c.g->optim.present);

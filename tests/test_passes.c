@@ -154,7 +154,7 @@ static Node *leaf(Graph *g, OpKind op, const char *name, Role role, ElemType e, 
 static Node *param(Graph *g, const char *name, int rank, const int64_t *dims)
 {
     Node *p = leaf(g, OP_PARAM, name, ROLE_PARAM, FMT_F32, rank, dims);
-    p->iattr[1] = rank >= 2;   /* decay matrices */
+    IR_IATTR(p, PARAM, decay) = rank >= 2;   /* decay matrices */
     return p;
 }
 
@@ -172,29 +172,29 @@ static Node *op3(Graph *g, OpKind k, Node *a, Node *b, Node *c, double f0)
 {
     Node *in[3] = {a, b, c};
     Node *n = ir_add(g, k, 3, in, here);
-    n->fattr[0] = f0;
+    IR_FATTR(n, LAYERNORM, eps) = f0;
     return fin(g, n);
 }
 
 static Node *matmul(Graph *g, Node *a, Node *b, int ta, int tb)
 {
     Node *n = ir_add2(g, OP_MATMUL, a, b, here);
-    n->iattr[0] = ta;
-    n->iattr[1] = tb;
+    IR_IATTR(n, MATMUL, trans_a) = ta;
+    IR_IATTR(n, MATMUL, trans_b) = tb;
     return fin(g, n);
 }
 
 static Node *slice(Graph *g, Node *a, int axis, int64_t start, int64_t size)
 {
     Node *n = ir_add1(g, OP_SLICE, a, here);
-    n->iattr[0] = axis, n->iattr[1] = start, n->iattr[2] = size;
+    IR_IATTR(n, SLICE, axis) = axis, IR_IATTR(n, SLICE, start) = start, IR_IATTR(n, SLICE, size) = size;
     return fin(g, n);
 }
 
 static Node *scale(Graph *g, Node *a, double alpha)
 {
     Node *n = ir_add1(g, OP_SCALE, a, here);
-    n->fattr[0] = alpha;
+    IR_FATTR(n, SCALE, alpha) = alpha;
     return fin(g, n);
 }
 
@@ -209,15 +209,15 @@ static Node *attention(Graph *g, Node *q, Node *k, Node *v, int heads, int kv_he
 {
     Node *in[3] = {q, k, v};
     Node *n = ir_add(g, OP_ATTENTION, 3, in, here);
-    n->iattr[0] = heads, n->iattr[1] = kv_heads, n->fattr[0] = sc;
+    IR_IATTR(n, ATTENTION, heads) = heads, IR_IATTR(n, ATTENTION, kv_heads) = kv_heads, IR_FATTR(n, ATTENTION, scale) = sc;
     return fin(g, n);
 }
 
 static Node *rope(Graph *g, Node *a, int head_dim)
 {
     Node *n = ir_add1(g, OP_ROPE, a, here);
-    n->iattr[0] = head_dim;
-    n->fattr[0] = 10000.0;
+    IR_IATTR(n, ROPE, head_dim) = head_dim;
+    IR_FATTR(n, ROPE, theta) = 10000.0;
     return fin(g, n);
 }
 
@@ -611,7 +611,7 @@ static void test_autodiff_block_finite_differences(void **state)
     Node *att = attention(g, q, k, v, 2, 1, 0.5);
     x = op2(g, OP_ADD, x, linear(g, att, "proj", C, C, true));
     Node *r = op2(g, OP_RMSNORM, x, param(g, "rms", 1, (int64_t[]){C}));
-    r->fattr[0] = 1e-6;
+    IR_FATTR(r, RMSNORM, eps) = 1e-6;
     Node *u = linear(g, r, "up", 2 * C, C, false);
     Node *gate = op2(g, OP_MUL, op1(g, OP_SILU, slice(g, u, 2, 0, C)), slice(g, u, 2, C, C));
     Node *down = matmul(g, gate, param(g, "down", 2, (int64_t[]){C, C}), 0, 0);
@@ -640,7 +640,7 @@ static void test_autodiff_packed_attention_finite_differences(void **state)
     Node *tgt = leaf(g, OP_INPUT, "targets", ROLE_INPUT, FMT_I32, 2, (int64_t[]){B, T});
     Node *qkv = linear(g, x, "qkv", C + 2 * D, C, true);
     Node *att = ir_add1(g, OP_ATTENTION, qkv, here);
-    att->iattr[0] = 2, att->iattr[1] = 1, att->fattr[0] = 0.5;
+    IR_IATTR(att, ATTENTION, heads) = 2, IR_IATTR(att, ATTENTION, kv_heads) = 1, IR_FATTR(att, ATTENTION, scale) = 0.5;
     fin(g, att);
     set_loss(op2(g, OP_CROSS_ENTROPY, linear(g, att, "head", 6, C, false), tgt));
     double err = gradient_error(g, 0.5, 6, 2e-3);
@@ -672,13 +672,13 @@ static void test_autodiff_ops_finite_differences(void **state)
     Node *z = matmul(g, r, param(g, "p2", 2, (int64_t[]){4, 5}), 0, 0);          /* (6, 5) */
     Node *cin[2] = {z, op1(g, OP_CAST, scale(g, z, -0.5))};
     Node *c = ir_add(g, OP_CONCAT, 2, cin, here);
-    c->iattr[0] = 1;
+    IR_IATTR(c, CONCAT, axis) = 1;
     fin(g, c);                                                                    /* (6, 10) */
     Node *w = matmul(g, c, param(g, "p3", 2, (int64_t[]){6, 3}), 1, 0);          /* (10, 3) */
     Node *ww = matmul(g, param(g, "p4", 2, (int64_t[]){3, 7}), w, 1, 1);         /* (7, 10) */
     Node *v = matmul(g, ww, param(g, "p5", 2, (int64_t[]){2, 10}), 0, 1);       /* (7, 2) */
     Node *pad = ir_add1(g, OP_PAD, v, here);
-    pad->iattr[0] = 0, pad->iattr[1] = 1, pad->iattr[2] = 9;
+    IR_IATTR(pad, PAD, axis) = 0, IR_IATTR(pad, PAD, start) = 1, IR_IATTR(pad, PAD, size) = 9;
     fin(g, pad);                                                                  /* (9, 2) */
     Node *o1 = slice(g, ww, 1, 0, 6), *o2 = slice(g, ww, 1, 4, 6);               /* overlap */
     Node *sr = op1(g, OP_SUM_ROWS, op2(g, OP_MUL, o1, o2));                       /* (6) */
@@ -808,11 +808,11 @@ static void check_memplan(const Graph *g)
         /* numel x element size; an attention that keeps its logsumexp stores it after y, a
          * value with amax=1 the 1024 block maxima of its producer after 256-byte alignment */
         int64_t bytes = ir_numel(&v->t) * fmt_elem_bytes(v->t.fmt.elem);
-        if (v->op == OP_ATTENTION && v->iattr[2])
-            bytes = (bytes + 15) / 16 * 16 + v->t.dims[0] * v->iattr[0] * v->t.dims[1] * 4;
-        if (ir_op_keeps_amax(v->op) && v->iattr[0]) bytes = (bytes + 255) / 256 * 256 + 1024 * 4;
+        if (v->op == OP_ATTENTION && IR_IATTR(v, ATTENTION, lse))
+            bytes = (bytes + 15) / 16 * 16 + v->t.dims[0] * IR_IATTR(v, ATTENTION, heads) * v->t.dims[1] * 4;
+        if (ir_keeps_amax(v)) bytes = (bytes + 255) / 256 * 256 + 1024 * 4;
         /* a quantize that keeps its transposed copy: twice the bytes, the copy 256-aligned */
-        if (v->op == OP_QUANTIZE && v->iattr[0]) bytes = (bytes + 255) / 256 * 256 + bytes;
+        if (v->op == OP_QUANTIZE && IR_IATTR(v, QUANTIZE, transposed)) bytes = (bytes + 255) / 256 * 256 + bytes;
         assert_int_equal(v->t.bytes, bytes);
         if (memplan_alias_of(v)) {
             assert_int_equal(v->t.offset, root_of((Node *)v)->t.offset);
@@ -1075,8 +1075,8 @@ static void test_optimizer_states(void **state)
         assert_ptr_equal(v->in[4], ir_find(g, "lr"));
         assert_ptr_equal(v->in[7], ir_find(g, "grad_scale"));
         assert_int_equal(v->in[6]->op, OP_CLIP_COEF);
-        assert_true(v->in[6]->fattr[0] == 1.0);
-        assert_true(v->fattr[3] == (p->t.rank >= 2 ? 0.1 : 0.0));
+        assert_true(IR_FATTR(v->in[6], CLIP_COEF, max_norm) == 1.0);
+        assert_true(IR_FATTR(v, ADAMW, weight_decay) == (p->t.rank >= 2 ? 0.1 : 0.0));
         assert_int_equal(v->phase, PHASE_UPDATE);
     }
     assert_int_equal(adamw, params);
@@ -1112,12 +1112,12 @@ static int check_fp8_gemm_layouts(const Graph *g)
             assert_int_equal(n->t.dims[0], x->t.dims[x->t.rank - 1]);
             assert_int_equal(n->t.role, ROLE_GRAD_TEMP);   /* never kept across the step */
         }
-        if (n->op != OP_MATMUL || !n->iattr[2]) continue;
+        if (n->op != OP_MATMUL || !IR_IATTR(n, MATMUL, fp8)) continue;
         for (int j = 0; j < 2; j++) {
             const Node *x = n->in[j];
             if (x->t.fmt.scaling != SCALE_PER_TENSOR && x->t.fmt.scaling != SCALE_BLOCK_128) continue;
-            bool transposed = j == 0 ? n->iattr[0] != 0 : n->iattr[1] == 0;
-            if (transposed && !(x->op == OP_QUANTIZE && x->iattr[0]))
+            bool transposed = j == 0 ? IR_IATTR(n, MATMUL, trans_a) != 0 : IR_IATTR(n, MATMUL, trans_b) == 0;
+            if (transposed && !(x->op == OP_QUANTIZE && IR_IATTR(x, QUANTIZE, transposed)))
                 fail_msg("node %%%d reads operand %d (%%%d) transposed without a copy", n->id, j, x->id);
         }
     }
@@ -1134,9 +1134,9 @@ static int check_weight_copies(const Graph *g, bool expected)
     int copies = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
-        if (n->op == OP_QUANT_SCALE && n->in[0]->op == OP_PARAM && expected && n->iattr[1] == SCALE_PER_TENSOR)
+        if (n->op == OP_QUANT_SCALE && n->in[0]->op == OP_PARAM && expected && IR_IATTR(n, QUANT_SCALE, scaling) == SCALE_PER_TENSOR)
             fail_msg("%%%d: a pass over weight %s remains", n->id, n->in[0]->t.name);
-        if (n->op == OP_ADAMW && n->iattr[0]) {
+        if (n->op == OP_ADAMW && IR_IATTR(n, ADAMW, copy)) {
             assert_true(expected);
             int c = ir_adamw_copy_index(n);
             const Node *copy = n->in[c], *scale = n->in[c + 1], *amax = n->in[c + 2];
@@ -1152,7 +1152,7 @@ static int check_weight_copies(const Graph *g, bool expected)
             assert_true(ir_role_is_persistent(amax->t.role) && ir_role_is_persistent(copy->t.fmt.scale->t.role));
             copies++;
         }
-        if (n->op != OP_MATMUL || !n->iattr[2] || n->phase != PHASE_FORWARD) continue;
+        if (n->op != OP_MATMUL || !IR_IATTR(n, MATMUL, fp8) || n->phase != PHASE_FORWARD) continue;
         for (int j = 0; j < 2; j++) {
             const Node *x = n->in[j];
             const Node *w = x->op == OP_QUANTIZE ? x->in[0] : x->t.role == ROLE_WEIGHT_COPY ? x->grad_of : NULL;
@@ -1206,7 +1206,7 @@ static void test_pipeline_models(void **state)
                 if (!ir_attention_bwd_reads_y(p)) continue;
                 const Node *y = p->in[p->n_in - 1];
                 assert_int_equal(y->op, OP_ATTENTION);
-                assert_int_equal(y->iattr[2], 1);
+                assert_int_equal(IR_IATTR(y, ATTENTION, lse), 1);
                 assert_true(ir_attention_lse_offset(y) >= ir_numel(&y->t) * fmt_elem_bytes(y->t.fmt.elem));
             }
             printf("  %-9s -O%d%-15s %5d nodes  persistent %9lld B  step arena %9lld B (live peak %lld B)\n", models[m],

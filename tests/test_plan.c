@@ -44,7 +44,7 @@ static bool read_by_fp8_gemm(const Graph *g, const Node *p)
 {
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *mm = g->nodes[i];
-        if (mm->op != OP_MATMUL || !mm->iattr[2] || mm->phase != PHASE_FORWARD) continue;
+        if (mm->op != OP_MATMUL || !IR_IATTR(mm, MATMUL, fp8) || mm->phase != PHASE_FORWARD) continue;
         for (int j = 0; j < 2; j++) {
             const Node *x = mm->in[j];
             if (x == p || (x->op == OP_QUANTIZE && x->in[0] == p) || (x->op == OP_STATE && x->grad_of == p))
@@ -156,8 +156,8 @@ static void test_rules_reach_tensors(void **s)
             Node *w = n->in[j]->op == OP_QUANTIZE ? n->in[j]->in[0] : n->in[j];
             if (w->t.role == ROLE_WEIGHT_COPY) w = w->grad_of;   /* written by its update */
             if (w->op != OP_PARAM) continue;
-            if (!strncmp(w->t.name, "h.0.", 4)) fp8_in_h0 += n->iattr[2] != 0;
-            if (!strncmp(w->t.name, "h.1.", 4)) fp8_in_h1 += n->iattr[2] != 0;
+            if (!strncmp(w->t.name, "h.0.", 4)) fp8_in_h0 += IR_IATTR(n, MATMUL, fp8) != 0;
+            if (!strncmp(w->t.name, "h.1.", 4)) fp8_in_h1 += IR_IATTR(n, MATMUL, fp8) != 0;
         }
     }
     assert_int_equal(fp8_in_h0, 0);
@@ -337,10 +337,10 @@ static GemmCount count_executed_gemms(const Graph *g, bool delayed, bool all_e4m
             for (int j = 0; j < 2; j++)
                 if (operand_source(mm->in[j])->op == OP_PARAM) kind = 1;
         c.all[kind]++;
-        c.fp8[kind] += mm->iattr[2] != 0;
+        c.fp8[kind] += IR_IATTR(mm, MATMUL, fp8) != 0;
         for (int j = 0; j < 2; j++) {
             const Node *x = mm->in[j];
-            assert_int_equal(is_fp8(x->t.fmt.elem), mm->iattr[2] != 0);
+            assert_int_equal(is_fp8(x->t.fmt.elem), IR_IATTR(mm, MATMUL, fp8) != 0);
             if (!is_fp8(x->t.fmt.elem)) continue;
             if (all_e4m3) assert_int_equal(x->t.fmt.elem, FMT_E4M3);
             while (x->op == OP_TRANSPOSE) x = x->in[0];
@@ -422,7 +422,7 @@ static void test_grouped_rules_give_wgrad_per_tensor(void **s)
             int kind = mm->phase == PHASE_FORWARD ? 0 : 2;
             for (int j = 0; j < 2 && kind == 2; j++)
                 if (operand_source(mm->in[j])->op == OP_PARAM) kind = 1;
-            modes[kind][mm->iattr[2]]++;
+            modes[kind][IR_IATTR(mm, MATMUL, fp8)]++;
         }
         print_message("%s: forward %d grouped, dgrad %d grouped, wgrad %d per tensor\n", rules[k][0],
                       modes[0][grouped[k]], modes[1][grouped[k]], modes[2][1]);
@@ -547,9 +547,9 @@ static void gemm_mnk(const Node *mm, int64_t *M, int64_t *N, int64_t *K)
     const Tensor *a = &mm->in[0]->t, *b = &mm->in[1]->t;
     int64_t ca = a->dims[a->rank - 1], ra = ir_numel(a) / ca;
     int64_t cb = b->dims[b->rank - 1], rb = ir_numel(b) / cb;
-    *M = mm->iattr[0] ? ca : ra;
-    *K = mm->iattr[0] ? ra : ca;
-    *N = mm->iattr[1] ? rb : cb;
+    *M = IR_IATTR(mm, MATMUL, trans_a) ? ca : ra;
+    *K = IR_IATTR(mm, MATMUL, trans_a) ? ra : ca;
+    *N = IR_IATTR(mm, MATMUL, trans_b) ? rb : cb;
 }
 
 /* cuBLASLt's FP8 GEMMs need K and N to be multiples of 16, and the GPU backend runs them only
@@ -582,14 +582,14 @@ static void test_unaligned_gemms_fall_back(void **s)
             int64_t M, N, K;
             gemm_mnk(mm, &M, &N, &K);
             bool aligned = K % 16 == 0 && N % 16 == 0 && M % 16 == 0;
-            bool unaligned_attr = mm->iattr[7] != 0;
+            bool unaligned_attr = IR_IATTR(mm, MATMUL, unaligned) != 0;
             fallbacks += unaligned_attr;
-            fp8 += mm->iattr[2] != 0;
-            if (mm->iattr[2]) assert_true(aligned);
+            fp8 += IR_IATTR(mm, MATMUL, fp8) != 0;
+            if (IR_IATTR(mm, MATMUL, fp8)) assert_true(aligned);
             bool head = operand_source(mm->in[1]) == ir_find(g, "head.weight") ||
                         mm->in[0]->op == OP_CROSS_ENTROPY_BWD || mm->in[1]->op == OP_CROSS_ENTROPY_BWD;
             assert_int_equal(unaligned_attr, !aligned && !head);   /* the head is bf16 anyway */
-            for (int j = 0; j < 2 && !mm->iattr[2]; j++) assert_false(is_fp8(mm->in[j]->t.fmt.elem));
+            for (int j = 0; j < 2 && !IR_IATTR(mm, MATMUL, fp8); j++) assert_false(is_fp8(mm->in[j]->t.fmt.elem));
         }
         char *text = NULL;
         size_t size = 0;
@@ -637,9 +637,9 @@ static void test_head_with_bias_stays_bf16(void **s)
             is_head |= operand_source(mm->in[j]) == head || mm->in[j]->op == OP_CROSS_ENTROPY_BWD;
         if (is_head) {
             head_gemms++;
-            assert_int_equal(mm->iattr[2], 0);
+            assert_int_equal(IR_IATTR(mm, MATMUL, fp8), 0);
         } else {
-            fp8_elsewhere += mm->iattr[2] != 0;
+            fp8_elsewhere += IR_IATTR(mm, MATMUL, fp8) != 0;
         }
     }
     assert_int_equal(head_gemms, 3);
@@ -703,7 +703,7 @@ static void test_recipes_plan_what_they_say(void **s)
         int modes[4] = {0}, grouped_saved = 0, history = 0;
         for (int i = 0; i < g->n_nodes; i++) {
             const Node *n = g->nodes[i];
-            if (n->op == OP_MATMUL && n->phase == PHASE_FORWARD) modes[n->iattr[2]]++;
+            if (n->op == OP_MATMUL && n->phase == PHASE_FORWARD) modes[IR_IATTR(n, MATMUL, fp8)]++;
             if (n->t.role == ROLE_SAVED && is_fp8(n->t.fmt.elem) && n->t.fmt.scaling == SCALE_PER_GROUP)
                 grouped_saved++;
             if (n->op == OP_QUANTIZE && n->t.fmt.recipe == RECIPE_DELAYED) history = n->t.fmt.history;

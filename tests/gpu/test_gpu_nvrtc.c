@@ -198,7 +198,7 @@ static GroupedCount count_grouped(const char *rule) {
     assert_non_null(plans);
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
-        if (n->op != OP_MATMUL || !n->iattr[2]) continue;
+        if (n->op != OP_MATMUL || !IR_IATTR(n, MATMUL, fp8)) continue;
         c.fp8_gemms++;
         bool grouped = false, fp8 = false;
         for (int k = 0; k < plans[i].n_launch; k++) {
