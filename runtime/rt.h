@@ -108,9 +108,6 @@ void rt_clear_error(void);
  * one), when near enough to be what was meant (fewer than 1 + len/3 edits), else NULL: the
  * "did you mean" of an unknown flag, command or name. */
 const char *rt_nearest_word(const char *word, const char *const *list);
-/* The same over the flags a help text names (every "--word" in it), so that the suggestions
- * follow --help as flags come and go; the result lives until the next call. */
-const char *rt_nearest_flag(const char *flag, const char *help);
 
 /* One optimizer step as logged: a JSON line in the --log file, a progress line on stderr. */
 typedef struct {
