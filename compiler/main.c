@@ -9,12 +9,14 @@
  *   fp8c passes                                                          list the passes
  *   fp8c recipes                                                         list the --recipe names
  *
- * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --config FILE, --policy FILE,
- * --precision PATTERN=FORMAT, --recipe NAME, --grad-release, --gpus N, --print-ir-after=PASS|all,
- * --verify, --tune FILE [--tune-mismatch=defaults] (a tuning record's winners), --choice
- * NAME=VALUE. A flag that takes a value takes it as the next word or after '=' (--batch=8).
- * Every flag is checked; a bad one is one line on stderr and exit status 2, and an unknown
- * one names the known flag nearest to it. */
+ * The flags are one table, fp8c_flags below: each row is a flag's name, whether it takes a
+ * value, what it sets (an id that parse_flag's switch acts on) and its help text; getopt_long's
+ * options, `fp8c --help` and the suggestions for an unknown flag are made from it
+ * (runtime/cli.c), so a new flag is a row and a case. A value follows as the next word or
+ * after '=' (--batch 8, --batch=8); -O takes its level attached (-O2); flags are written whole
+ * (an abbreviation is refused and the flag it abbreviates suggested); a flag given again
+ * replaces the earlier value, but -D, --precision and --choice add up and --recipe is refused
+ * twice. Every flag is checked; a bad one is one line on stderr and exit status 2. */
 #include "codegen.h"
 #include "compiler.h"
 #include "rt.h"
@@ -39,6 +41,62 @@ static Arena *session_arena(void)
     return the_arena;
 }
 
+/* What each flag sets: parse_flag's switch acts on it. */
+enum {
+    F_LEVEL, F_BATCH, F_SEQ, F_DEFINE, F_CONFIG, F_POLICY, F_PRECISION, F_RECIPE, F_GRAD_RELEASE,
+    F_VERIFY, F_GPUS, F_PRINT_IR_AFTER, F_PRINT_IR_AFTER_ALL, F_STOP_AFTER, F_CPU, F_PRINT_KERNELS,
+    F_TUNE, F_TUNE_MISMATCH, F_CHOICE, F_OUTPUT, F_JSON, F_VS, F_KERNELS, F_DEVICE, F_BUDGET,
+    F_MEMORY_BUDGET, F_TUNE_STEPS, F_PASSES, F_HELP,
+};
+
+/* The flags, one row each: getopt_long's options, the --help lines and the suggestions of
+ * an unknown flag are all made from this table (runtime/cli.c). */
+#define FLAG(name, letter, has_arg, value, id, help) \
+    {name, letter, has_arg, value, RT_FLAG_BY_ID, 0, 0, 0, id, help}
+#define HEADING(text) {NULL, 0, RT_ARG_NONE, NULL, RT_FLAG_HEADING, 0, 0, 0, 0, text}
+static const RtFlag fp8c_flags[] = {
+    HEADING("build flags (plan, build, train, tune):"),
+    FLAG(NULL, 'O', RT_ARG_ATTACHED, "0..3", F_LEVEL, "the level, attached: -O0 (BF16 baseline) .. -O3"),
+    FLAG("batch", 0, RT_ARG_VALUE, "N", F_BATCH, "sequences per step"),
+    FLAG("seq", 0, RT_ARG_VALUE, "N", F_SEQ, "tokens per sequence"),
+    FLAG(NULL, 'D', RT_ARG_VALUE, "name=value", F_DEFINE, "a config constant of the model (-D layers=2)"),
+    FLAG("config", 0, RT_ARG_VALUE, "FILE", F_CONFIG, "a Hugging Face config.json's sizes as -D; -D wins"),
+    FLAG("policy", 0, RT_ARG_VALUE, "FILE", F_POLICY, "per-tensor precision rules (docs/precision.md)"),
+    FLAG("precision", 0, RT_ARG_VALUE, "PATTERN=FORMAT", F_PRECISION, "one per-tensor precision rule"),
+    FLAG("recipe", 0, RT_ARG_VALUE, "NAME", F_RECIPE, "another system's settings (fp8c recipes)"),
+    FLAG("grad-release", 0, RT_ARG_NONE, NULL, F_GRAD_RELEASE, "weight gradients feed the update at once"),
+    FLAG("verify", 0, RT_ARG_NONE, NULL, F_VERIFY, "verify the graph after every pass"),
+    FLAG("gpus", 0, RT_ARG_VALUE, "N", F_GPUS, "data parallel: gradients averaged over N GPUs; plan: per GPU"),
+    FLAG("print-ir-after", 0, RT_ARG_VALUE, "PASS|all", F_PRINT_IR_AFTER, "the textual IR after a pass"),
+    FLAG("print-ir-after-all", 0, RT_ARG_NONE, NULL, F_PRINT_IR_AFTER_ALL,
+         "the textual IR after every pass"),
+    FLAG("stop-after", 0, RT_ARG_VALUE, "PASS", F_STOP_AFTER, "run the passes up to this one (no binary)"),
+    FLAG("cpu", 0, RT_ARG_VALUE, "NAME", F_CPU,
+         "CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one"),
+    FLAG("print-kernels", 0, RT_ARG_NONE, NULL, F_PRINT_KERNELS,
+         "build: the CPU kernels, as the binary runs them, to stdout"),
+    FLAG("tune", 0, RT_ARG_VALUE, "FILE", F_TUNE, "a record of fp8c tune: its winners"),
+    FLAG("tune-mismatch", 0, RT_ARG_VALUE, "defaults|refuse", F_TUNE_MISMATCH,
+         "a record made for another device, fp8c or model"),
+    FLAG("choice", 0, RT_ARG_VALUE, "NAME=VALUE", F_CHOICE, "one choice of the kernel program (docs/tuning.md)"),
+    FLAG(NULL, 'o', RT_ARG_VALUE, "NAME", F_OUTPUT, "build: the training binary; tune: the record"),
+    HEADING("plan:"),
+    FLAG("json", 0, RT_ARG_NONE, NULL, F_JSON, "the plan as JSON"),
+    FLAG("vs", 0, RT_ARG_VALUE, "-On", F_VS, "the plan beside another level's"),
+    FLAG("kernels", 0, RT_ARG_NONE, NULL, F_KERNELS, "the kernel program instead of the table"),
+    FLAG("device", 0, RT_ARG_VALUE, "cuda|cpu", F_DEVICE, "plan --kernels, tune: the device (plan: default cuda)"),
+    HEADING("tune:"),
+    FLAG("budget", 0, RT_ARG_VALUE, "SECONDS", F_BUDGET, "time to measure in (default 300)"),
+    FLAG("memory-budget", 0, RT_ARG_VALUE, "GiB", F_MEMORY_BUDGET, "the fastest choices that fit"),
+    FLAG("tune-steps", 0, RT_ARG_VALUE, "N", F_TUNE_STEPS, "steps timed per candidate, 4..60"),
+    HEADING("opt:"),
+    FLAG("passes", 0, RT_ARG_VALUE, "a,b", F_PASSES, "the passes to run, in order (fp8c passes)"),
+    FLAG("help", 'h', RT_ARG_NONE, NULL, F_HELP, "this text"),
+    {0},
+};
+#undef FLAG
+#undef HEADING
+
 static void usage(FILE *out)
 {
     fputs("usage: fp8c plan  MODEL [build flags] [--json] [--vs -On] [--kernels [--device cuda|cpu]]\n"
@@ -50,17 +108,10 @@ static void usage(FILE *out)
           "       fp8c passes\n"
           "       fp8c recipes\n"
           "       fp8c --version\n"
-          "build flags: -O0..-O3  --batch N  --seq N  -D name=value  --policy FILE\n"
-          "             --config FILE (a Hugging Face config.json's sizes as -D; -D wins)\n"
-          "             --precision PATTERN=FORMAT  --recipe NAME (fp8c recipes)\n"
-          "             --grad-release  --verify\n"
-          "             --gpus N (data parallel: gradients averaged over N GPUs; plan: per GPU)\n"
-          "             --print-ir-after=PASS|all  --stop-after=PASS\n"
-          "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n"
-          "             --print-kernels (build: the CPU kernels, as the binary runs them, to stdout)\n"
-          "             --tune FILE (a record of fp8c tune) [--tune-mismatch=defaults]\n"
-          "             --choice NAME=VALUE (one choice of the kernel program, docs/tuning.md)\n",
+          "A flag's value is the next word or follows '=' (--batch 8, --batch=8); flags are written\n"
+          "whole (no abbreviations); after '--', fp8c train passes the rest to the training binary.\n",
           out);
+    rt_cli_help(out, fp8c_flags, 28);
 }
 
 static _Noreturn void bad_flag(const char *fmt, const char *arg)
@@ -71,29 +122,12 @@ static _Noreturn void bad_flag(const char *fmt, const char *arg)
     exit(2);
 }
 
-/* ---------------------------------------------------------------- suggestions */
-
-/* The flags that take a value, which may also come after '=' (--batch=8). */
-static const char *const value_flags[] = {"--batch", "--seq", "--config", "--policy", "--precision",
-                                          "--recipe", "--device", "--vs", "--gpus", "--tune", "--budget",
-                                          "--memory-budget", "--tune-steps", "--choice", NULL};
-
-static _Noreturn void unknown_flag(const char *s)
+/* An unknown flag, as written, and the known one nearest to it. */
+static _Noreturn void unknown_flag(const char *word, const char *near)
 {
-    char name[64];
-    snprintf(name, sizeof name, "%.*s", (int)strcspn(s, "="), s);
-    char *help = NULL;   /* the flags usage() names */
-    size_t len = 0;
-    FILE *f = open_memstream(&help, &len);
-    if (f) {
-        usage(f);
-        fclose(f);
-    }
-    const char *near = help ? rt_nearest_flag(name, help) : NULL;
-    fprintf(stderr, "fp8c: error: unknown flag '%s'", s);
+    fprintf(stderr, "fp8c: error: unknown flag '%s'", word);
     if (near) fprintf(stderr, "; did you mean '%s'?", near);
     fprintf(stderr, " (see fp8c --help)\n");
-    free(help);
     exit(2);
 }
 
@@ -135,13 +169,31 @@ static int cmd_recipes(void)
     return 0;
 }
 
+/* A count (--batch, --seq, --gpus, --tune-steps): a whole number from 1 to 2^30. */
 static int64_t parse_size(const char *flag, const char *s)
 {
-    char *end;
-    errno = 0;
-    long long v = s ? strtoll(s, &end, 10) : 0;
-    if (!s || errno || *end || v <= 0 || v > (1LL << 30)) {
-        fprintf(stderr, "fp8c: error: %s needs a positive integer, not '%s'\n", flag, s ? s : "");
+    int64_t v;
+    if (!rt_cli_int(s, &v)) {
+        fprintf(stderr, "fp8c: error: %s: '%s' is not a whole number\n", flag, s);
+        exit(2);
+    }
+    if (v <= 0 || v > (1LL << 30)) {
+        fprintf(stderr, "fp8c: error: %s needs a positive integer, not '%s'\n", flag, s);
+        exit(2);
+    }
+    return v;
+}
+
+/* --budget, --memory-budget: a number above 0 and at most 1e6. */
+static double parse_amount(const char *flag, const char *what, const char *s)
+{
+    double v;
+    if (!rt_cli_real(s, &v)) {
+        fprintf(stderr, "fp8c: error: %s: '%s' is not a number\n", flag, s);
+        exit(2);
+    }
+    if (!(v > 0) || v > 1e6) {
+        fprintf(stderr, "fp8c: error: %s needs %s, not '%s' (see fp8c --help)\n", flag, what, s);
         exit(2);
     }
     return v;
@@ -233,7 +285,135 @@ static void config_defines(Args *a)
     a->build.front.n_defines = have + n;
 }
 
-/* Parses the flags shared by plan, build, train and opt. */
+/* One flag of the table read, with its value v (NULL when it takes none). */
+static void parse_flag(Args *a, const RtFlag *f, const char *v, const char *word)
+{
+    switch (f->id) {
+    case F_LEVEL:   /* -O0 .. -O3, the digit attached */
+        if (!v || v[0] < '0' || v[0] > '3' || v[1]) unknown_flag(word, NULL);
+        a->build.passes.opt_level = v[0] - '0';
+        a->level_given = true;
+        break;
+    case F_BATCH:
+        a->build.front.batch = parse_size("--batch", v);
+        break;
+    case F_SEQ:
+        a->build.front.seq = parse_size("--seq", v);
+        break;
+    case F_DEFINE: {
+        const char *eq = strchr(v, '=');
+        if (!eq || eq == v) bad_flag("-D needs name=value, not '%s'", v);
+        if (a->build.front.n_defines == MAX_DEFINES) bad_flag("too many -D flags%s", "");
+        if (eq - v >= (ptrdiff_t)sizeof a->define_names[0]) bad_flag("-D name too long: '%s'", v);
+        int k = a->build.front.n_defines++;
+        memcpy(a->define_names[k], v, (size_t)(eq - v));
+        a->define_names[k][eq - v] = 0;
+        a->defines[k] = (Define){a->define_names[k], eq + 1};
+        break;
+    }
+    case F_CONFIG:
+        a->config = v;
+        break;
+    case F_RECIPE:
+        if (a->build.passes.recipe) bad_flag("--recipe is given twice (%s)", a->build.passes.recipe->name);
+        a->build.passes.recipe = find_recipe_or_exit(v);
+        break;
+    case F_POLICY:
+        a->build.passes.policy_file = v;
+        break;
+    case F_PRECISION:
+        if (!strchr(v, '=')) bad_flag("--precision needs PATTERN=FORMAT, not '%s'", v);
+        if (a->build.passes.n_overrides == MAX_OVERRIDES) bad_flag("too many --precision flags%s", "");
+        a->overrides[a->build.passes.n_overrides++] = v;
+        break;
+    case F_GRAD_RELEASE:
+        a->build.passes.grad_release = true;
+        break;
+    case F_GPUS: {
+        int64_t n = parse_size("--gpus", v);
+        if (n > 1024) bad_flag("--gpus needs a count from 1 to 1024, not '%s'", v);
+        a->build.passes.gpus = (int)n;
+        break;
+    }
+    case F_VERIFY:
+        a->build.passes.verify = true;
+        break;
+    case F_PRINT_IR_AFTER:
+        a->build.passes.print_after = v;
+        break;
+    case F_PRINT_IR_AFTER_ALL:
+        a->build.passes.print_after = "all";
+        break;
+    case F_STOP_AFTER:
+        a->build.stop_after = v;
+        break;
+    case F_PASSES:
+        a->passes = v;
+        break;
+    case F_CPU:
+        if (!v[0]) bad_flag("--cpu needs an LLVM CPU name such as x86-64-v3%s", "");
+        emit_set_cpu(v);
+        break;
+    case F_PRINT_KERNELS:
+        emit_set_print_kernels(true);
+        a->print_kernels = true;
+        break;
+    case F_OUTPUT:
+        a->output = v;
+        break;
+    case F_TUNE:
+        a->tune = v;
+        break;
+    case F_TUNE_MISMATCH:
+        if (strcmp(v, "defaults") && strcmp(v, "refuse"))
+            bad_flag("--tune-mismatch takes defaults or refuse, not '%s'", v);
+        a->tune_defaults = !strcmp(v, "defaults");
+        break;
+    case F_BUDGET:
+        a->budget = parse_amount("--budget", "seconds", v);
+        break;
+    case F_MEMORY_BUDGET:
+        a->memory_budget = parse_amount("--memory-budget", "GiB", v);
+        break;
+    case F_TUNE_STEPS:
+        a->tune_steps = (int)parse_size("--tune-steps", v);
+        if (a->tune_steps < 4 || a->tune_steps > 60) bad_flag("--tune-steps needs 4..60, not '%s'", v);
+        break;
+    case F_CHOICE: {
+        const char *eq = strchr(v, '=');
+        if (!eq) bad_flag("--choice needs NAME=VALUE, not '%s'", v);
+        if (a->n_choices == MAX_CHOICES) bad_flag("too many --choice flags%s", "");
+        char *name = arena_printf(session_arena(), "%.*s", (int)(eq - v), v);
+        if (!ir_choice_name_ok(name) || !ir_choice_value_ok(eq + 1))
+            bad_flag("--choice: '%s' is not NAME=VALUE (names: letters, digits, _ . @)", v);
+        a->choices[a->n_choices++] = (Choice){name, eq + 1};
+        break;
+    }
+    case F_JSON:
+        a->json = true;
+        break;
+    case F_KERNELS:
+        a->kernels = true;
+        break;
+    case F_DEVICE:
+        if (strcmp(v, "cuda") && strcmp(v, "cpu")) bad_flag("--device needs cuda or cpu, not '%s'", v);
+        a->device = v;
+        break;
+    case F_VS:
+        if (v[0] != '-' || v[1] != 'O' || v[2] < '0' || v[2] > '3' || v[3])
+            bad_flag("--vs needs a level such as -O0, not '%s'", v);
+        a->vs_level = v[2] - '0';
+        break;
+    case F_HELP:
+        usage(stdout);
+        exit(0);
+    }
+}
+
+/* Parses the flags shared by plan, build, train and opt: argv holds what follows the command,
+ * read by the table above in order. The first word that is not a flag is the model; `--` ends
+ * the flags and keeps the rest for the training binary (train). A bad flag ends the command
+ * with one line and status 2. */
 static void parse_args(int argc, char **argv, Args *a)
 {
     memset(a, 0, sizeof *a);
@@ -248,130 +428,41 @@ static void parse_args(int argc, char **argv, Args *a)
 #ifndef NDEBUG
     a->build.passes.verify = true;
 #endif
-    for (int i = 0; i < argc; i++) {
-        char *s = argv[i];
-        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
-        /* --flag=value: the value as if it were the next word (the branch below takes it) */
-        char flag[32];
-        bool inline_value = false;
-        const char *equals = s[0] == '-' && s[1] == '-' ? strchr(s, '=') : NULL;
-        if (equals && equals - s < (ptrdiff_t)sizeof flag) {
-            snprintf(flag, sizeof flag, "%.*s", (int)(equals - s), s);
-            for (int k = 0; value_flags[k] && !inline_value; k++)
-                if (!strcmp(flag, value_flags[k])) inline_value = true;
-            if (inline_value) s = flag, next = equals + 1, i--;   /* the branch's i++ stays here */
-        }
-        if (!strcmp(s, "--")) {
-            a->run_args = argv + i + 1;
-            a->n_run_args = argc - i - 1;
+    /* getopt reads from argv[1]: the words behind a program name of their own (kept from one
+     * command to the next, so that a bad flag's exit leaves nothing unreachable) */
+    static char **words;
+    free(words);
+    words = malloc(sizeof *words * (size_t)(argc + 2));
+    if (!words) bad_flag("out of memory%s", "");
+    words[0] = "fp8c";
+    memcpy(words + 1, argv, sizeof *words * (size_t)argc);
+    words[argc + 1] = NULL;
+    RtCli c;
+    rt_cli_begin(&c, fp8c_flags, argc + 1, words);
+    for (int got; (got = rt_cli_next(&c)) != RT_CLI_END;) {
+        if (got == RT_CLI_REST) {
+            a->run_args = argv + c.rest - 1;
+            a->n_run_args = argc - (c.rest - 1);
             break;
-        } else if (s[0] == '-' && s[1] == 'O' && s[2] >= '0' && s[2] <= '3' && !s[3]) {
-            a->build.passes.opt_level = s[2] - '0';
-            a->level_given = true;
-        } else if (!strcmp(s, "--batch")) {
-            a->build.front.batch = parse_size(s, next), i++;
-        } else if (!strcmp(s, "--seq")) {
-            a->build.front.seq = parse_size(s, next), i++;
-        } else if (!strncmp(s, "-D", 2)) {
-            const char *def = s[2] ? s + 2 : next;
-            if (!s[2]) i++;
-            const char *eq = def ? strchr(def, '=') : NULL;
-            if (!eq || eq == def) bad_flag("-D needs name=value, not '%s'", def ? def : "");
-            if (a->build.front.n_defines == MAX_DEFINES) bad_flag("too many -D flags%s", "");
-            if (eq - def >= (ptrdiff_t)sizeof a->define_names[0]) bad_flag("-D name too long: '%s'", def);
-            int k = a->build.front.n_defines++;
-            memcpy(a->define_names[k], def, (size_t)(eq - def));
-            a->define_names[k][eq - def] = 0;
-            a->defines[k] = (Define){a->define_names[k], eq + 1};
-        } else if (!strcmp(s, "--config")) {
-            if (!next) bad_flag("%s needs a config.json file", s);
-            a->config = next, i++;
-        } else if (!strcmp(s, "--recipe")) {
-            if (a->build.passes.recipe) bad_flag("--recipe is given twice (%s)", a->build.passes.recipe->name);
-            a->build.passes.recipe = find_recipe_or_exit(next), i++;
-        } else if (!strcmp(s, "--policy")) {
-            if (!next) bad_flag("%s needs a file", s);
-            a->build.passes.policy_file = next, i++;
-        } else if (!strcmp(s, "--precision")) {
-            if (!next || !strchr(next, '=')) bad_flag("--precision needs PATTERN=FORMAT, not '%s'", next ? next : "");
-            if (a->build.passes.n_overrides == MAX_OVERRIDES) bad_flag("too many --precision flags%s", "");
-            a->overrides[a->build.passes.n_overrides++] = next, i++;
-        } else if (!strcmp(s, "--grad-release")) {
-            a->build.passes.grad_release = true;
-        } else if (!strcmp(s, "--gpus")) {
-            int64_t n = parse_size(s, next);
-            i++;
-            if (n > 1024) bad_flag("--gpus needs a count from 1 to 1024, not '%s'", next);
-            a->build.passes.gpus = (int)n;
-        } else if (!strcmp(s, "--verify")) {
-            a->build.passes.verify = true;
-        } else if (!strncmp(s, "--print-ir-after=", 17)) {
-            a->build.passes.print_after = s + 17;
-        } else if (!strcmp(s, "--print-ir-after-all")) {
-            a->build.passes.print_after = "all";
-        } else if (!strncmp(s, "--stop-after=", 13)) {
-            a->build.stop_after = s + 13;
-        } else if (!strncmp(s, "--passes=", 9)) {
-            a->passes = s + 9;
-        } else if (!strncmp(s, "--cpu=", 6)) {
-            if (!s[6]) bad_flag("--cpu= needs an LLVM CPU name such as x86-64-v3%s", "");
-            emit_set_cpu(s + 6);
-        } else if (!strcmp(s, "--print-kernels")) {
-            emit_set_print_kernels(true);
-            a->print_kernels = true;
-        } else if (!strcmp(s, "-o")) {
-            if (!next) bad_flag("%s needs a file name", s);
-            a->output = next, i++;
-        } else if (!strcmp(s, "--tune")) {
-            if (!next) bad_flag("%s needs a tuning record (a file fp8c tune wrote)", s);
-            a->tune = next, i++;
-        } else if (!strncmp(s, "--tune-mismatch=", 16)) {
-            if (strcmp(s + 16, "defaults") && strcmp(s + 16, "refuse"))
-                bad_flag("--tune-mismatch= takes defaults or refuse, not '%s'", s + 16);
-            a->tune_defaults = !strcmp(s + 16, "defaults");
-        } else if (!strcmp(s, "--budget")) {
-            char *end = NULL;
-            double v = next ? strtod(next, &end) : 0;
-            if (!next || *end || !(v > 0) || v > 1e6) bad_flag("--budget needs seconds, not '%s'", next ? next : "");
-            a->budget = v, i++;
-        } else if (!strcmp(s, "--memory-budget")) {
-            char *end = NULL;
-            double v = next ? strtod(next, &end) : 0;
-            if (!next || *end || !(v > 0) || v > 1e6) bad_flag("--memory-budget needs GiB, not '%s'", next ? next : "");
-            a->memory_budget = v, i++;
-        } else if (!strcmp(s, "--tune-steps")) {
-            a->tune_steps = (int)parse_size(s, next), i++;
-            if (a->tune_steps < 4 || a->tune_steps > 60) bad_flag("--tune-steps needs 4..60, not '%s'", next);
-        } else if (!strcmp(s, "--choice")) {
-            const char *eq = next ? strchr(next, '=') : NULL;
-            if (!eq) bad_flag("--choice needs NAME=VALUE, not '%s'", next ? next : "");
-            if (a->n_choices == MAX_CHOICES) bad_flag("too many --choice flags%s", "");
-            char *name = arena_printf(session_arena(), "%.*s", (int)(eq - next), next);
-            if (!ir_choice_name_ok(name) || !ir_choice_value_ok(eq + 1))
-                bad_flag("--choice: '%s' is not NAME=VALUE (names: letters, digits, _ . @)", next);
-            a->choices[a->n_choices++] = (Choice){name, eq + 1};
-            i++;
-        } else if (!strcmp(s, "--json")) {
-            a->json = true;
-        } else if (!strcmp(s, "--kernels")) {
-            a->kernels = true;
-        } else if (!strcmp(s, "--device")) {
-            if (!next || (strcmp(next, "cuda") && strcmp(next, "cpu")))
-                bad_flag("--device needs cuda or cpu, not '%s'", next ? next : "");
-            a->device = next, i++;
-        } else if (!strcmp(s, "--vs")) {
-            if (!next || next[0] != '-' || next[1] != 'O' || next[2] < '0' || next[2] > '3' || next[3])
-                bad_flag("--vs needs a level such as -O0, not '%s'", next ? next : "");
-            a->vs_level = next[2] - '0', i++;
-        } else if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-            usage(stdout);
-            exit(0);
-        } else if (s[0] == '-') {
-            unknown_flag(s);
-        } else if (!a->model) {
-            a->model = s;
-        } else {
-            bad_flag("unexpected argument '%s'", s);
+        }
+        switch (got) {
+        case RT_CLI_FLAG:
+            parse_flag(a, c.flag, c.value, c.word);
+            break;
+        case RT_CLI_WORD:
+            if (c.value[0] == '-') unknown_flag(c.value, NULL);   /* "-" */
+            if (a->model) bad_flag("unexpected argument '%s'", c.value);
+            a->model = c.value;
+            break;
+        case RT_CLI_MISSING:
+            if (c.flag->name) fprintf(stderr, "fp8c: error: --%s needs a value (see fp8c --help)\n", c.flag->name);
+            else fprintf(stderr, "fp8c: error: -%c needs a value (see fp8c --help)\n", c.flag->letter);
+            exit(2);
+        case RT_CLI_NO_VALUE:
+            fprintf(stderr, "fp8c: error: --%s takes no value: %s (see fp8c --help)\n", c.flag->name, c.word);
+            exit(2);
+        default:   /* RT_CLI_UNKNOWN */
+            unknown_flag(c.word, c.near);
         }
     }
     if (a->config) config_defines(a);

@@ -37,19 +37,25 @@
 /* ---------------------------------------------------------------- keys */
 
 /* Flags that do not shape the graph or the kernel program: the output, the record, the tuner's
- * own flags and what only `plan` prints. Their values are skipped with them. */
+ * own flags and what only `plan` prints. Their values are skipped with them, in either
+ * spelling that fp8c reads (`--device cuda`, `--device=cuda`, `-o NAME`, `-oNAME`). */
 static bool flag_is_ignored(const char *f, bool *takes_value)
 {
     static const char *const with_value[] = {"-o", "--tune", "--budget", "--memory-budget", "--device",
-                                             "--tune-steps"};
-    static const char *const alone[] = {"--json", "--kernels", "--print-kernels", "--verify"};
+                                             "--tune-steps", "--tune-mismatch", "--print-ir-after",
+                                             "--stop-after"};
+    static const char *const alone[] = {"--json", "--kernels", "--print-kernels", "--verify",
+                                        "--print-ir-after-all"};
     *takes_value = false;
-    for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++)
-        if (!strcmp(f, with_value[i])) return *takes_value = true;
+    for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) {
+        const char *w = with_value[i];
+        size_t n = strlen(w);
+        if (!strcmp(f, w)) return *takes_value = true;
+        if (!strncmp(f, w, n) && (f[n] == '=' || (w[1] != '-' && f[n]))) return true;
+    }
     for (size_t i = 0; i < sizeof alone / sizeof *alone; i++)
         if (!strcmp(f, alone[i])) return true;
-    return !strncmp(f, "--tune-mismatch=", 16) || !strncmp(f, "--print-ir-after", 16) ||
-           !strncmp(f, "--stop-after=", 13);
+    return false;
 }
 
 bool tune_model_key(const char *model, char **flags, int n_flags, char hex[65], char *shown,

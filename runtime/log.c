@@ -245,28 +245,6 @@ static int log_word_distance(const char *a, const char *b) {
     return d[n][m];
 }
 
-const char *rt_nearest_flag(const char *flag, const char *help) {
-    enum { MAX_FLAGS = 256, FLAG_LEN = 32 };
-    static char names[MAX_FLAGS][FLAG_LEN];
-    const char *list[MAX_FLAGS + 1];
-    int n = 0;
-    for (const char *p = help; p && (p = strstr(p, "--")) && n < MAX_FLAGS;) {
-        size_t len = 2;
-        while ((p[len] >= 'a' && p[len] <= 'z') || (p[len] >= '0' && p[len] <= '9') ||
-               (p[len] == '-' && p[len + 1] != '-'))
-            len++;
-        if (len > 2 && len < FLAG_LEN && (p == help || strchr(" \n([|,", p[-1]))) {
-            memcpy(names[n], p, len);
-            names[n][len] = 0;
-            list[n] = names[n];
-            n++;
-        }
-        p += len;
-    }
-    list[n] = NULL;
-    return rt_nearest_word(flag, list);
-}
-
 const char *rt_nearest_word(const char *word, const char *const *list) {
     const char *best = NULL;
     int best_d = 1 + (int)strlen(word) / 3;

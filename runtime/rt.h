@@ -108,9 +108,6 @@ void rt_clear_error(void);
  * one), when near enough to be what was meant (fewer than 1 + len/3 edits), else NULL: the
  * "did you mean" of an unknown flag, command or name. */
 const char *rt_nearest_word(const char *word, const char *const *list);
-/* The same over the flags a help text names (every "--word" in it), so that the suggestions
- * follow --help as flags come and go; the result lives until the next call. */
-const char *rt_nearest_flag(const char *flag, const char *help);
 
 /* One optimizer step as logged: a JSON line in the --log file, a progress line on stderr. */
 typedef struct {
@@ -319,6 +316,63 @@ bool rt_generate(Graph *g, const RtGenerate *o, const int32_t *prompt, int n_pro
  * temperature is 0); order is scratch of V entries. */
 int64_t rt_sample(float *logits, int64_t V, double temperature, int64_t top_k, uint64_t *rng,
                   int64_t *order);
+
+/* ---------------------------------------------------------------- cli.c
+ * The command lines of fp8c and of the training binary: each program's flags are a table of
+ * RtFlag rows, from which getopt_long's options, the --help lines and the "did you mean"
+ * candidates are made. `--flag value` and `--flag=value` are the same; order is kept and `--`
+ * ends the flags; abbreviations are refused, with the flag they abbreviate suggested. */
+enum { RT_ARG_NONE, RT_ARG_VALUE, RT_ARG_ATTACHED };   /* getopt's has_arg: attached is -O2 */
+typedef enum {
+    RT_FLAG_HEADING,            /* not a flag: a heading line of --help (help) */
+    RT_FLAG_BY_ID,              /* the parser's own code sets what id stands for */
+    RT_FLAG_TRUE,               /* bool at offset; takes no value */
+    RT_FLAG_TEXT,               /* const char * at offset; not empty */
+    RT_FLAG_INT,                /* int64_t at offset, a whole number from lo to hi */
+    RT_FLAG_INT32,              /* int at offset, from lo to hi */
+    RT_FLAG_REAL,               /* double at offset, finite as an f32; > 0 if lo is 1, else >= 0 */
+} RtFlagKind;
+typedef struct {
+    const char *name;           /* --name; NULL: a flag with only a letter */
+    int letter;                 /* -x; 0: none */
+    int has_arg;                /* RT_ARG_* */
+    const char *value;          /* the value's name in --help ("N", "FILE") */
+    RtFlagKind kind;            /* what it sets: a typed field at offset, or the parser's id */
+    size_t offset;
+    int64_t lo, hi;
+    int id;
+    const char *help;           /* lines ('\n') of --help; NULL: parsed but not listed */
+} RtFlag;                       /* a table ends with a row of zeros */
+enum { RT_CLI_MAX = 96 };       /* rows of a table */
+typedef struct {
+    const RtFlag *flags;
+    int argc;
+    char **argv;
+    /* what rt_cli_next read */
+    const RtFlag *flag;         /* FLAG, MISSING, NO_VALUE: its row */
+    const char *value;          /* FLAG: its value (NULL: none); WORD: the word */
+    const char *word;           /* the word of argv it read */
+    char name[64];              /* the flag as written, less "=value" */
+    const char *near;           /* UNKNOWN: the known flag nearest to name, or NULL */
+    int rest;                   /* REST: the index in argv of the first word after "--" */
+    int seen[RT_CLI_MAX];       /* times each row was read */
+} RtCli;
+enum { RT_CLI_END, RT_CLI_FLAG, RT_CLI_WORD, RT_CLI_REST, RT_CLI_UNKNOWN, RT_CLI_MISSING,
+       RT_CLI_NO_VALUE };
+/* Starts reading argv[1 ..] (argv[0] is the program) by the table flags; one at a time. */
+void rt_cli_begin(RtCli *c, const RtFlag *flags, int argc, char **argv);
+/* The next flag, word that is not a flag, "--", end, or the error the caller reports. */
+int rt_cli_next(RtCli *c);
+int rt_cli_seen(const RtCli *c, const char *name);      /* times --name was read */
+const char *rt_cli_nearest(const RtFlag *flags, const char *name);   /* "--flag" or NULL */
+void rt_cli_help(FILE *out, const RtFlag *flags, int width);   /* width: of the flag column */
+/* Strict numbers: a whole number is [-]digits and nothing else (beyond int64's range it is
+ * read as INT64_MIN or INT64_MAX with errno ERANGE, else errno is 0); a real number is what
+ * strtod reads whole, with no space first. */
+bool rt_cli_int(const char *text, int64_t *v);
+bool rt_cli_real(const char *text, double *v);
+/* A typed row's value stored at base + offset, or false after one rt_error line. */
+bool rt_cli_store(const RtFlag *f, const char *value, void *base);
 
 /* ---------------------------------------------------------------- args.c, arenas.c, train.c
  * The training program: its flags (args.c), the plan's two arenas (arenas.c), the step loop,

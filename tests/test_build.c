@@ -376,7 +376,7 @@ static void test_command_line(void **state) {
         {"--recipe mxfp8", "--recipe mxfp8 (OCP MXFP8"},
         {"--recipe coat -O1", "--recipe coat is -O2's states with its rules: drop -O1"},
         {"--recipe coat --recipe=delayed", "--recipe is given twice (coat)"},
-        {"--batch=", "--batch needs a positive integer, not ''"},
+        {"--batch=", "--batch: '' is not a whole number"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         snprintf(args, sizeof args, "plan %s %s", model, bad[k].args);
@@ -396,6 +396,72 @@ static void test_command_line(void **state) {
     assert_non_null(strstr(a, "--precision 'gemm:*=e4m3:block128'"));
 }
 
+/* Each flag reads the same as `--flag value` and `--flag=value` (and -D with its value
+ * attached or not); a flag given twice keeps the last value; a missing value, a number that is
+ * not one, an abbreviation and a value given to a switch are each one line and status 2; and
+ * after `--` the words go to the training binary unread. */
+static void test_flag_spellings(void **state) {
+    (void)state;
+    char a[1 << 16], b[1 << 16], args[2048];
+    static const struct {
+        const char *spaced, *joined;
+    } same[] = {
+        {"-O1 --batch 2 --seq 16 -D layers=1 --json --vs -O0",
+         "-O1 --batch=2 --seq=16 -Dlayers=1 --json --vs=-O0"},
+        {"--batch 2 --seq 16 -D layers=1 --precision '*=f32' --gpus 2 --choice loss_chunks=2",
+         "--batch=2 --seq=16 -D layers=1 --precision='*=f32' --gpus=2 --choice=loss_chunks=2"},
+        {"--batch 2 --seq 16 -D layers=1 --recipe coat --print-ir-after dce",
+         "--batch=2 --seq=16 -D layers=1 --recipe=coat --print-ir-after=dce"},
+        {"--batch 2 --seq 16 -D layers=1 --kernels --device cpu",
+         "--batch=2 --seq=16 -D layers=1 --kernels --device=cpu"},
+        /* the last value of a flag given twice */
+        {"--batch 4 --seq 8 -D layers=1 --batch 2 --seq=16 -O3 -O1",
+         "--batch=2 --seq=16 -D layers=1 -O1"},
+    };
+    for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
+        snprintf(args, sizeof args, "plan %s %s", model, same[k].spaced);
+        int rc = fp8c_says(a, sizeof a, args);
+        if (rc != 0) fail_msg("fp8c %s: status %d, said:\n%s", args, rc, a);
+        snprintf(args, sizeof args, "plan %s %s", model, same[k].joined);
+        assert_int_equal(fp8c_says(b, sizeof b, args), 0);
+        if (strcmp(a, b)) fail_msg("fp8c plan %s\nand %s differ:\n%s\n---\n%s", same[k].spaced,
+                                   same[k].joined, a, b);
+    }
+    static const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"--bat 2", "fp8c: error: unknown flag '--bat'; did you mean '--batch'? (see fp8c --help)\n"},
+        {"--grad-rel", "unknown flag '--grad-rel'; did you mean '--grad-release'?"},
+        {"--json=1", "fp8c: error: --json takes no value: --json=1 (see fp8c --help)\n"},
+        {"--seq", "fp8c: error: --seq needs a value (see fp8c --help)\n"},
+        {"--batch 2 --passes", "--passes needs a value"},
+        {"-D", "-D needs a value"},
+        {"--batch 2x", "fp8c: error: --batch: '2x' is not a whole number\n"},
+        {"--batch ' 2'", "--batch: ' 2' is not a whole number"},
+        {"--batch +2", "--batch: '+2' is not a whole number"},
+        {"--seq 1e3", "--seq: '1e3' is not a whole number"},
+        {"--batch 0", "--batch needs a positive integer, not '0'"},
+        {"--gpus 2000", "--gpus needs a count from 1 to 1024, not '2000'"},
+        {"--budget 1O", "--budget: '1O' is not a number"},
+        {"-O4", "unknown flag '-O4'"},
+        {"-O 2", "unknown flag '-O'"},
+        {"extra", "unexpected argument 'extra'"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(args, sizeof args, "plan %s %s", model, bad[k].args);
+        int rc = fp8c_says(a, sizeof a, args);
+        if (rc != 2 || !strstr(a, bad[k].says))
+            fail_msg("fp8c %s: status %d, said:\n%s\nexpected: %s", args, rc, a, bad[k].says);
+        if (strchr(a, '\n') != a + strlen(a) - 1) fail_msg("fp8c %s: more than one line:\n%s", args, a);
+    }
+    /* after --, even what looks like fp8c's own flags is the training binary's */
+    snprintf(args, sizeof args, "train %s %s -- --stpes 3 --bacth 2", model, model_flags);
+    int rc = fp8c_says(a, sizeof a, args);
+    if (rc != 2 || !strstr(a, "gpt2_tiny: error: --stpes: unknown flag; did you mean --steps?") ||
+        strstr(a, "fp8c: error"))
+        fail_msg("fp8c %s: status %d, said:\n%s", args, rc, a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_hit_is_identical, setup, teardown),
@@ -403,6 +469,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_damaged_entry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_train_uses_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_command_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flag_spellings, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1076,7 +1076,7 @@ static void test_flags(void **state) {
     assert_error_mentions("--overwrite", "no value");
 
     struct { const char *flag, *value, *want; } bad[] = {
-        {"--steps", "0", "--steps 0"},          {"--steps", "12x", "--steps 12x"},
+        {"--steps", "0", "--steps 0"},          {"--steps", "12x", "--steps: '12x' is not a whole number"},
         {"--lr", "-1", "--lr -1"},               {"--lr", "nan", "--lr nan"},
         {"--lr", "0", "positive"},               {"--grad-accum", "0", "--grad-accum 0"},
         {"--device", "cuda", "cpu only"},        {"--threads", "100000", "--threads"},
@@ -1106,6 +1106,129 @@ static void test_flags(void **state) {
                      RT_ARGS_ERROR);
     assert_int_equal(parse(&o, "--data", "x", "stray", NULL), RT_ARGS_ERROR);
     assert_error_mentions("stray", NULL);
+}
+
+/* Two TrainOptions the same, field by field. */
+static void assert_same_options(const TrainOptions *a, const TrainOptions *b) {
+    const char *const sa[] = {a->data, a->val, a->log, a->out, a->resume, a->init, a->export_hf,
+                              a->prompt, a->logits, a->device, a->comm_file};
+    const char *const sb[] = {b->data, b->val, b->log, b->out, b->resume, b->init, b->export_hf,
+                              b->prompt, b->logits, b->device, b->comm_file};
+    for (size_t i = 0; i < sizeof sa / sizeof sa[0]; i++) {
+        assert_true(!sa[i] == !sb[i]);
+        if (sa[i]) assert_string_equal(sa[i], sb[i]);
+    }
+    const int64_t ia[] = {a->eval_only, a->generate, a->top_k, a->steps, a->warmup, a->eval_every,
+                          a->eval_batches, a->save_every, a->stop_at, a->grad_accum, a->threads,
+                          (int64_t)a->seed, a->seed_given, a->steps_given, a->warmup_given,
+                          a->grad_accum_given, a->overwrite, a->gpus, a->rank, a->world_size};
+    const int64_t ib[] = {b->eval_only, b->generate, b->top_k, b->steps, b->warmup, b->eval_every,
+                          b->eval_batches, b->save_every, b->stop_at, b->grad_accum, b->threads,
+                          (int64_t)b->seed, b->seed_given, b->steps_given, b->warmup_given,
+                          b->grad_accum_given, b->overwrite, b->gpus, b->rank, b->world_size};
+    for (size_t i = 0; i < sizeof ia / sizeof ia[0]; i++) assert_int_equal(ia[i], ib[i]);
+    assert_true(a->temperature == b->temperature && a->lr == b->lr && a->min_lr == b->min_lr &&
+                a->comm_timeout == b->comm_timeout);
+}
+
+/* Every flag reads the same as `--flag value` and `--flag=value`; a flag given twice keeps its
+ * last value; numbers are whole numbers or reals and nothing else; an abbreviation is refused
+ * with the flag it abbreviates; `--` and words that are not flags are refused. */
+static void test_flag_spellings(void **state) {
+    (void)state;
+    static const char *const lines[][40] = {
+        {"--data", "x.bin", "--val", "v.bin", "--steps", "12", "--lr", "3e-3", "--warmup", "2",
+         "--min-lr", "1e-4", "--grad-accum", "3", "--seed", "99", "--eval-every", "5",
+         "--eval-batches", "2", "--log", "l.jsonl", "--out", "d", "--save-every", "4",
+         "--stop-at", "6", "--threads", "2", "--device", "cpu", "--overwrite", NULL},
+        {"--resume", "ck", "--generate", "5", "--prompt", "1 2", "--temperature", "0.5", "--top-k",
+         "3", "--logits", "lg.bin", NULL},
+        {"--init", "hf", "--export-hf", "out", "--overwrite", NULL},
+        {"--resume", "ck", "--eval-only", "--val", "v.bin", NULL},
+        {"--data", "x.bin", "--rank", "1", "--world-size", "2", "--comm-file", "c",
+         "--comm-timeout", "30", NULL},
+        {"--data", "x.bin", "--gpus", "2", NULL},
+    };
+    for (size_t k = 0; k < sizeof lines / sizeof lines[0]; k++) {
+        char *spaced[42] = {"train"}, *joined[42] = {"train"}, buf[40][128];
+        int ns = 1, nj = 1;
+        for (int i = 0; lines[k][i]; i++) {
+            const char *w = lines[k][i], *next = lines[k][i + 1];
+            spaced[ns++] = (char *)w;
+            bool takes = strcmp(w, "--overwrite") && strcmp(w, "--eval-only");
+            if (takes && next) {
+                snprintf(buf[i], sizeof buf[i], "%s=%s", w, next);
+                joined[nj++] = buf[i];
+                spaced[ns++] = (char *)next;
+                i++;
+            } else {
+                joined[nj++] = (char *)w;
+            }
+        }
+        TrainOptions a, b;
+        rt_clear_error();
+        int ra = rt_parse_args(ns, spaced, &a);
+        if (ra != RT_ARGS_OK) fail_msg("line %zu: %s", k, rt_last_error());
+        assert_int_equal(rt_parse_args(nj, joined, &b), RT_ARGS_OK);
+        assert_same_options(&a, &b);
+    }
+    TrainOptions o, p;
+    /* given twice: the last value */
+    assert_int_equal(parse(&o, "--data", "a", "--steps", "3", "--data=b", "--steps=7", NULL), RT_ARGS_OK);
+    assert_string_equal(o.data, "b");
+    assert_int_equal(o.steps, 7);
+    assert_int_equal(parse(&p, "--data", "b", "--steps", "7", NULL), RT_ARGS_OK);
+    assert_same_options(&o, &p);
+
+    struct { const char *const args[4]; const char *want; } bad[] = {
+        {{"--steps", NULL}, "--steps needs a value (see --help)"},
+        {{"--steps", "abc", NULL}, "--steps: 'abc' is not a whole number"},
+        {{"--steps", " 5", NULL}, "--steps: ' 5' is not a whole number"},
+        {{"--steps", "+5", NULL}, "--steps: '+5' is not a whole number"},
+        {{"--steps", "1e3", NULL}, "--steps: '1e3' is not a whole number"},
+        {{"--steps=", NULL}, "--steps: '' is not a whole number"},
+        {{"--seed", "0x10", NULL}, "--seed: '0x10' is not a whole number"},
+        {{"--seed", "99999999999999999999", NULL}, "--seed 99999999999999999999: expected an integer >= 0"},
+        {{"--lr", "abc", NULL}, "--lr: 'abc' is not a number"},
+        {{"--lr", " 1", NULL}, "--lr: ' 1' is not a number"},
+        {{"--lr", "1e-3x", NULL}, "--lr: '1e-3x' is not a number"},
+        {{"--ste", "3", NULL}, "--ste: unknown flag; did you mean --steps? (see --help)"},
+        {{"--eval=3", NULL}, "--eval: unknown flag"},   /* --eval-every, --eval-batches, --eval-only */
+        {{"--grad=2", NULL}, "--grad: unknown flag; did you mean --grad-accum?"},
+        {{"--help=1", NULL}, "--help takes no value: --help=1"},
+        {{"--", "--steps", "3", NULL}, "--: unknown flag"},
+        {{"-x", NULL}, "-x: unexpected argument (flags start with --"},
+        {{"--steps", "3", "stray", NULL}, "stray: unexpected argument"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *const *w = bad[i].args;
+        if (parse(&o, "--data", "x.bin", w[0], w[1], w[2], w[3], NULL) != RT_ARGS_ERROR)
+            fail_msg("%s %s: not refused", w[0], w[1] ? w[1] : "");
+        assert_error_mentions(bad[i].want, NULL);
+    }
+}
+
+/* The strict numbers of both command lines. */
+static void test_cli_numbers(void **state) {
+    (void)state;
+    int64_t v = (int64_t)rng_next();
+    int64_t n = (int64_t)(rng_next() % 1000000);
+    char text[32];
+    snprintf(text, sizeof text, "%lld", (long long)-n);
+    assert_true(rt_cli_int(text, &v) && v == -n);
+    assert_true(rt_cli_int("007", &v) && v == 7);
+    assert_true(rt_cli_int("9223372036854775807", &v) && v == INT64_MAX && errno == 0);
+    assert_true(rt_cli_int("99999999999999999999", &v) && v == INT64_MAX && errno == ERANGE);
+    assert_true(rt_cli_int("-99999999999999999999", &v) && v == INT64_MIN && errno == ERANGE);
+    static const char *const not_whole[] = {"", "-", "+1", " 1", "1 ", "1.0", "1e3", "0x10", "1_000", "--1"};
+    for (size_t i = 0; i < sizeof not_whole / sizeof not_whole[0]; i++)
+        if (rt_cli_int(not_whole[i], &v)) fail_msg("'%s' read as a whole number", not_whole[i]);
+    double x;
+    assert_true(rt_cli_real("6e-4", &x) && x == 6e-4);
+    assert_true(rt_cli_real("-2.5", &x) && x == -2.5);
+    static const char *const not_real[] = {"", " 1", "1 ", "1e", "abc", "1,5"};
+    for (size_t i = 0; i < sizeof not_real / sizeof not_real[0]; i++)
+        if (rt_cli_real(not_real[i], &x)) fail_msg("'%s' read as a number", not_real[i]);
 }
 
 /* A skipped step under delayed scaling halves every delayed scale and replaces the non-finite
@@ -1194,6 +1317,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_log_write_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_log_trim, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flags, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flag_spellings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cli_numbers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lr_schedule, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scales_back_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memory_bind, setup, teardown),

@@ -296,7 +296,8 @@ static void test_bad_input(void **state) {
     build("-O0", "bin");
     const char *data = FP8C_SOURCE_DIR "/data/gcide_sample.txt";
     expect_one_line("flag", 2, "--nonsense", run("flag", "%s/bin --data %s --nonsense 3", tmp_dir, data));
-    expect_one_line("steps", 2, "--steps x", run("steps", "%s/bin --data %s --steps x", tmp_dir, data));
+    expect_one_line("steps", 2, "--steps: 'x' is not a whole number",
+                    run("steps", "%s/bin --data %s --steps x", tmp_dir, data));
     expect_one_line("lr", 2, "--lr -3", run("lr", "%s/bin --data %s --lr -3", tmp_dir, data));
     expect_one_line("device", 2, "cuda", run("device", "%s/bin --data %s --device cuda", tmp_dir, data));
     expect_one_line("nodata", 2, "--data", run("nodata", "%s/bin --steps 3", tmp_dir));
