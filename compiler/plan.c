@@ -400,7 +400,7 @@ void plan_print(const Graph *g, bool json, FILE *out)
     if (c.count) {
         char b3[32];
         fprintf(out, "\ndata parallel over %d GPUs (fp8c build --gpus %d): the figures above are per GPU\n"
-                     "(each keeps whole weights and optimizer state). Each step averages %d gradients,\n"
+                     "(each keeps whole weights and optimizer state). Each step sums %d gradients,\n"
                      "%s (%s), in one NCCL all-reduce group; a ring sends 2(N-1)/N of that:\n"
                      "%s per GPU per step.\n",
                 c.ranks, c.ranks, c.count, human(c.bytes, b1), c.formats, human(c.sent, b3));

@@ -33,7 +33,7 @@ static bool dev_open(Graph *g, RtMemory *host) {
                      (double)cuda_exec_device_bytes(dev_exec) / (1 << 30));
     if (cuda_nccl_active() && n > 0 && (size_t)n < sizeof dev_desc)
         snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; data parallel over %d GPUs (NCCL), "
-                 "%d gradients averaged each step", cuda_nccl_world(), cuda_exec_reductions(dev_exec));
+                 "%d gradients summed each step", cuda_nccl_world(), cuda_exec_reductions(dev_exec));
     return true;
 }
 

@@ -353,7 +353,7 @@ int cuda_exec_batched_launches(const CudaExec *e) {
     return n;
 }
 
-/* An ALL_REDUCE node: nothing with one rank (the value is its own mean), else its tensor. */
+/* An ALL_REDUCE node: nothing with one rank (the value is its own sum), else its tensor. */
 static bool exec_add_reduce(CudaExec *e, const Node *n) {
     if (!cuda_nccl_active()) return true;
     if (!grow((void **)&e->reduce, &e->cap_reduce, e->n_reduce, sizeof *e->reduce)) return false;
@@ -371,14 +371,14 @@ static int reduce_cmp(const void *a, const void *b) {
     return ((const ExecReduce *)a)->order - ((const ExecReduce *)b)->order;
 }
 
-/* The averages, as one NCCL group in the backward's order: NCCL fuses a group into few
+/* The sums, as one NCCL group in the backward's order: NCCL fuses a group into few
  * kernels, and the many small gradients (biases, norm weights) cost no launch each. */
 static bool exec_run_reduce(CudaExec *e) {
     if (!e->n_reduce) return true;
     bool ok = cuda_nccl_group(true);
     for (int i = 0; ok && i < e->n_reduce; i++) {
         const ExecReduce *r = &e->reduce[i];
-        ok = cuda_nccl_all_reduce_mean(r->p, r->count, r->elem, e->stream);
+        ok = cuda_nccl_all_reduce_sum(r->p, r->count, r->elem, e->stream);
     }
     return cuda_nccl_group(false) && ok;
 }
@@ -521,7 +521,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
             goto fail;
         }
     }
-    /* the gradients' averages (no launches of their own: a batched run may span them) */
+    /* the gradients' sums (no launches of their own: a batched run may span them) */
     for (int i = 0; i < g->n_nodes; i++)
         if (g->nodes[i]->op == OP_ALL_REDUCE && !exec_add_reduce(e, g->nodes[i])) goto fail;
     qsort(e->reduce, (size_t)e->n_reduce, sizeof *e->reduce, reduce_cmp);
@@ -574,7 +574,7 @@ void cuda_exec_close(CudaExec *e) {
 
 bool cuda_exec_run_phase(CudaExec *e, Phase p) {
     if (p == PHASE_FORWARD) return exec_run_list(e, &e->lists[LIST_EVAL]) && exec_finish(e, "forward");
-    /* several ranks: the gradients' averages first, and the whole update within the deadline */
+    /* several ranks: the gradients' sums first, and the whole update within the deadline */
     if (e->n_reduce) cuda_nccl_arm("the update with its gradient all-reduce");
     bool ok = exec_run_reduce(e) && exec_run_list(e, &e->lists[LIST_UPDATE]) && exec_finish(e, "update");
     if (e->n_reduce) cuda_nccl_disarm();

@@ -63,7 +63,7 @@ typedef struct {
 
 enum { LIST_EVAL, LIST_MICRO, LIST_UPDATE, LIST_FINITE, LIST_COUNT };
 
-/* A gradient the update averages over the ranks first (an ALL_REDUCE node, comm.c): NCCL's,
+/* A gradient summed over the ranks before the update (an ALL_REDUCE node, comm.c): NCCL's,
  * enqueued on the executor's stream before the update's graph, outside its capture, so that
  * NCCL's own connection set-up on first use never runs inside a capture. */
 typedef struct {

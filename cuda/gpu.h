@@ -217,7 +217,7 @@ void cuda_exec_gelu_epilogues(const CudaExec *e, int *gelu, int *dgelu, int *fp8
 /* How many launches of the phases run several nodes at once (exec.c's batched launches; 0
  * with FP8C_CUDA_BATCH=0). */
 int cuda_exec_batched_launches(const CudaExec *e);
-/* Gradients the update averages over the ranks (0 on one rank). */
+/* Gradients summed over the ranks each step (0 on one rank). */
 int cuda_exec_reductions(const CudaExec *e);
 /* Device memory the executor holds: arenas and workspace. */
 int64_t cuda_exec_device_bytes(const CudaExec *e);

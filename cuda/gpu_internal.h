@@ -116,8 +116,8 @@ int cuda_nccl_world(void);
 void cuda_nccl_arm(const char *what);               /* what must finish within the timeout */
 void cuda_nccl_disarm(void);
 bool cuda_nccl_group(bool start);                   /* ncclGroupStart / ncclGroupEnd */
-/* Enqueues buf = mean over the ranks of buf (count elements of elem: f32 or bf16). */
-bool cuda_nccl_all_reduce_mean(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream);
+/* Enqueues buf = sum over the ranks of buf (count elements of elem: f32 or bf16). */
+bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream);
 bool cuda_nccl_sum_host(double *v, int n);          /* v[i] = sum over the ranks, n <= 16 */
 
 #define CU(name) (cuda_api.name)

@@ -294,17 +294,21 @@ bool cuda_nccl_group(bool start) {
     return start ? NC_CHECK(nc.ncclGroupStart()) : NC_CHECK(nc.ncclGroupEnd());
 }
 
-bool cuda_nccl_all_reduce_mean(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream) {
+/* A sum, not ncclAvg: the accumulator then holds what one process's accumulator holds after
+ * every rank's micro-steps, and the update's grad_scale (1 / (micro-steps x ranks)) makes the
+ * mean exactly as one process does. ncclAvg would round each rank's share (x 1/W) to the
+ * gradient's type before adding, which for W not a power of two one process never does. */
+bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream) {
     ncclDataType_t type;
     switch (elem) {
     case FMT_F32: type = ncclFloat32; break;
     case FMT_BF16: type = ncclBfloat16; break;
     default:
-        rt_error("rank %d: NCCL: cannot average %s values", nc_rank, fmt_elem_name(elem));
+        rt_error("rank %d: NCCL: cannot sum %s values", nc_rank, fmt_elem_name(elem));
         return false;
     }
     void *p = (void *)(uintptr_t)buf;
-    return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, type, ncclAvg, nc_comm,
+    return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, type, ncclSum, nc_comm,
                                      (cudaStream_t)stream));
 }
 

@@ -84,9 +84,9 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
         const CuNodePlan *p = &plans[i];
         if (n_reduce && !reduce_listed && g->nodes[i]->phase == PHASE_UPDATE &&
             (p->n_launch || g->nodes[i]->op == OP_ALL_REDUCE)) {
-            /* exec.c runs the averages first in the update, as one NCCL group, outside its graph */
+            /* exec.c runs the sums first in the update, as one NCCL group, outside its graph */
             char what[64];
-            snprintf(what, sizeof what, "all_reduce (mean) x %d, one group", n_reduce);
+            snprintf(what, sizeof what, "all_reduce (sum) x %d, one group", n_reduce);
             fprintf(out, "%6d  %-8s  %-6s  %-9s  %-44.44s %10.1f %10s\n", ++k, "update", "nccl", "allreduce",
                     what, reduce_bytes / (1 << 20), "-");
             total[PHASE_UPDATE].launches++;

@@ -375,6 +375,13 @@ void rt_usage(FILE *out, const char *prog);
 /* Linear warm-up to `peak` over `warmup` steps, then cosine decay to `floor` at `steps`;
  * step counts from 0. */
 double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_t step);
+/* Data parallel over `world` ranks with `accum` micro-steps each. Rank r's micro-step m is
+ * micro-step r*accum + m of the global step (its batch: rt_data_train_batch), so W ranks read
+ * what one process with W*accum micro-steps reads. The ranks sum their accumulators (not
+ * average: the sum is what one process's accumulator holds), and grad_scale 1/(accum*world)
+ * makes it the mean, as one process with W*accum micro-steps feeds it. */
+int rt_global_micro(int rank, int accum, int micro);
+double rt_grad_scale(int accum, int world);
 /* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
  * (host copies). Each scale is halved and each non-finite history entry becomes twice the
  * history's largest finite one, so the next scales leave room for what overflowed. */
@@ -420,7 +427,7 @@ typedef struct RtDevice {
      * this host (a GPU each, and NCCL), else why not; comm_open, before open, picks this
      * rank's GPU (rank % the host's GPUs) and meets the other ranks through comm_file within
      * timeout_s; comm_sum sums v over the ranks. A device that joined a world of W > 1 also
-     * averages the gradients in its update phase (the graph's ALL_REDUCE nodes). */
+     * sums the gradients over the ranks before its update (the graph's ALL_REDUCE nodes). */
     bool (*comm_probe)(int gpus, char *why, size_t why_len);
     bool (*comm_open)(int rank, int world, const char *comm_file, double timeout_s);
     bool (*comm_sum)(double *v, int n);

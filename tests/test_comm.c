@@ -187,14 +187,14 @@ static void test_plan_counts_the_all_reduce(void **state) {
     char want[128];
     snprintf(want, sizeof want, "data parallel over %d GPUs", gpus);
     assert_non_null(strstr(text, want));
-    snprintf(want, sizeof want, "averages %d gradients", grads);
+    snprintf(want, sizeof want, "sums %d gradients", grads);
     assert_non_null(strstr(text, want));
     free(text);
 
     rc = run("kernels", "%s plan %s -O1 %s --gpus %d --kernels", fp8c, model, model_flags, gpus);
     text = slurp("kernels.out");
     if (rc == 0) {   /* (an fp8c without the GPU backend has no listing to show) */
-        snprintf(want, sizeof want, "all_reduce (mean) x %d, one group", grads);
+        snprintf(want, sizeof want, "all_reduce (sum) x %d, one group", grads);
         if (!strstr(text, want)) fail_msg("no NCCL group in the listing:\n%.2000s", text);
     }
     free(text);
@@ -252,11 +252,53 @@ static void test_bad_launches(void **state) {
     assert_int_equal(access(id, F_OK), -1);
 }
 
+/* Rank r of W with A micro-steps reads micro-steps r*A .. r*A+A-1 of the global step: the W
+ * ranks together read exactly the batches of one process with W*A micro-steps, each once; and
+ * grad_scale, 1 / (A*W), is what that one process feeds (the accumulators, summed over the
+ * ranks, then hold what its accumulator holds). */
+static void test_data_split_and_grad_scale(void **state) {
+    (void)state;
+    TokenData d;
+    memset(&d, 0, sizeof d);
+    assert_true(rt_data_open(&d, data));
+    enum { B = 3, T = 16 };
+    int32_t tok[B * T], tgt[B * T], want_tok[B * T], want_tgt[B * T];
+    const uint64_t data_seed = seed;
+    const int64_t step = seed % 1000;
+    for (int world = 1; world <= 4; world++)
+        for (int accum = 1; accum <= 3; accum++) {
+            int n = world * accum;
+            int seen[12] = {0};
+            for (int r = 0; r < world; r++)
+                for (int m = 0; m < accum; m++) {
+                    int k = rt_global_micro(r, accum, m);
+                    assert_true(k >= 0 && k < n);
+                    seen[k]++;
+                    /* rank r's micro-step m, and one process's micro-step r*A+m */
+                    rt_data_train_batch(&d, data_seed, step, k, B, T, tok, tgt);
+                    rt_data_train_batch(&d, data_seed, step, rt_global_micro(0, n, r * accum + m), B,
+                                        T, want_tok, want_tgt);
+                    assert_memory_equal(tok, want_tok, sizeof tok);
+                    assert_memory_equal(tgt, want_tgt, sizeof tgt);
+                }
+            for (int k = 0; k < n; k++) assert_int_equal(seen[k], 1);
+            /* the f32 the update reads equals one process's with W*A micro-steps */
+            assert_true((float)rt_grad_scale(accum, world) == (float)rt_grad_scale(n, 1));
+            assert_true(fabs(rt_grad_scale(accum, world) * n - 1) < 1e-15);
+        }
+    /* different micro-steps are different batches (the ranks do not repeat each other) */
+    rt_data_train_batch(&d, data_seed, step, rt_global_micro(0, 1, 0), B, T, want_tok, want_tgt);
+    rt_data_train_batch(&d, data_seed, step, rt_global_micro(1, 1, 0), B, T, tok, tgt);
+    assert_true(memcmp(tok, want_tok, sizeof tok) != 0);
+    rt_data_free(&d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_one_rank_is_bit_identical, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_counts_the_all_reduce, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_launches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_data_split_and_grad_scale, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
