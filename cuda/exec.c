@@ -525,6 +525,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     for (int i = 0; i < g->n_nodes; i++)
         if (g->nodes[i]->op == OP_ALL_REDUCE && !exec_add_reduce(e, g->nodes[i])) goto fail;
     qsort(e->reduce, (size_t)e->n_reduce, sizeof *e->reduce, reduce_cmp);
+    if (!exec_agree_gemms(e)) goto fail;
     e->tune = false;   /* from here on the arenas hold data */
     if (getenv("FP8C_CUDA_VERBOSE")) fprintf(stderr, "CUDA executor: %d GEMM shapes timed\n", e->n_tuned);
     if (e->n_stored_failed)

@@ -135,6 +135,8 @@ bool exec_finish(CudaExec *e, const char *what);
 /* ---------------------------------------------------------------- exec_gemm.c */
 
 bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo);
+/* Data parallel: the lists' GEMMs take rank 0's timed algorithms (every rank the same kernels). */
+bool exec_agree_gemms(CudaExec *e);
 void exec_free_gemm(ExecLaunch *x);
 cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo);
 bool exec_run_tuning(CudaExec *e, ExecList *L);

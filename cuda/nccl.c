@@ -51,7 +51,9 @@
     X(ncclGroupStart, ncclResult_t, (void))                                                  \
     X(ncclGroupEnd, ncclResult_t, (void))                                                    \
     X(ncclAllReduce, ncclResult_t, (const void *, void *, size_t, ncclDataType_t,             \
-                                    ncclRedOp_t, ncclComm_t, cudaStream_t))
+                                    ncclRedOp_t, ncclComm_t, cudaStream_t))                  \
+    X(ncclBroadcast, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, int,        \
+                                    ncclComm_t, cudaStream_t))
 
 static struct {
 #define X(name, ret, args) ret(*name) args;
@@ -310,6 +312,19 @@ bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUs
     void *p = (void *)(uintptr_t)buf;
     return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, type, ncclSum, nc_comm,
                                      (cudaStream_t)stream));
+}
+
+bool cuda_nccl_broadcast_host(void *buf, size_t bytes, const char *what) {
+    if (!nc_comm || !bytes) return true;
+    CUdeviceptr d = 0;
+    cuda_nccl_arm(what);
+    bool ok = CU_CHECK(CU(cuMemAlloc_v2)(&d, bytes)) && CU_CHECK(CU(cuMemcpyHtoD_v2)(d, buf, bytes)) &&
+              NC_CHECK(nc.ncclBroadcast((void *)(uintptr_t)d, (void *)(uintptr_t)d, bytes, ncclUint8, 0,
+                                        nc_comm, (cudaStream_t)nc_stream)) &&
+              CU_CHECK(CU(cuStreamSynchronize)(nc_stream)) && CU_CHECK(CU(cuMemcpyDtoH_v2)(buf, d, bytes));
+    cuda_nccl_disarm();
+    if (d) CU(cuMemFree_v2)(d);
+    return ok;
 }
 
 bool cuda_nccl_sum_host(double *v, int n) {
