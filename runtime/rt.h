@@ -382,6 +382,28 @@ double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_
  * makes it the mean, as one process with W*accum micro-steps feeds it. */
 int rt_global_micro(int rank, int accum, int micro);
 double rt_grad_scale(int accum, int world);
+
+/* ---------------------------------------------------------------- comm_buckets.c
+ * The gradient reduction of a data-parallel step in buckets: runs of ALL_REDUCE nodes in the
+ * order the backward finishes their accumulators, about comm.bucket_mb MiB each. */
+typedef struct {
+    int first, count;           /* RtCommPlan.reduce[first .. first+count) */
+    int64_t bytes;
+    int last;                   /* position in g->nodes of its last ACCUMULATE */
+} RtBucket;
+typedef struct {
+    Node **reduce;              /* every ALL_REDUCE node, in the order they are sent */
+    int n_reduce;
+    RtBucket *buckets;
+    int n_buckets;
+    int64_t bytes;              /* all of them */
+    int64_t cap;                /* the bucket size aimed at (comm.bucket_mb) */
+} RtCommPlan;
+bool rt_comm_plan(const Graph *g, RtCommPlan *p);   /* false: out of memory */
+void rt_comm_plan_free(RtCommPlan *p);
+/* The choice comm.overlap (default on): reduce each bucket while the backward runs. */
+bool rt_comm_overlap(const Graph *g);
+int64_t rt_comm_bucket_bytes(const Graph *g);
 /* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
  * (host copies). Each scale is halved and each non-finite history entry becomes twice the
  * history's largest finite one, so the next scales leave room for what overflowed. */
