@@ -49,6 +49,7 @@
     X(cuGraphDestroy, CUresult, (CUgraph))                                                   \
     X(cuEventCreate, CUresult, (CUevent *, unsigned))                                        \
     X(cuEventRecord, CUresult, (CUevent, CUstream))                                          \
+    X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned))                           \
     X(cuEventSynchronize, CUresult, (CUevent))                                               \
     X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))                             \
     X(cuEventDestroy_v2, CUresult, (CUevent))
@@ -121,6 +122,7 @@ bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUs
 bool cuda_nccl_sum_host(double *v, int n);          /* v[i] = sum over the ranks, n <= 16 */
 /* buf (host) = rank 0's buf, within the timeout (what: for the watchdog's line) */
 bool cuda_nccl_broadcast_host(void *buf, size_t bytes, const char *what);
+
 
 #define CU(name) (cuda_api.name)
 /* Checked calls: false (after one line naming the call and this place) on failure. */

@@ -453,6 +453,9 @@ typedef struct RtDevice {
     bool (*comm_probe)(int gpus, char *why, size_t why_len);
     bool (*comm_open)(int rank, int world, const char *comm_file, double timeout_s);
     bool (*comm_sum)(double *v, int n);
+    /* The step's last micro-step, where a data-parallel device may sum the gradients while the
+     * backward runs (NULL: run_micro_step; the update then sums them). */
+    bool (*run_last_micro_step)(Graph *g);
 } RtDevice;
 
 extern const RtDevice rt_cpu_device;

@@ -825,7 +825,9 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
             model_feed_ids(m.tokens, tok);
             model_feed_ids(m.targets, tgt);
             Node *io[2] = {m.tokens, m.targets};
-            if (!train_dev_nodes(train_dev->push, io, 2) || !train_dev->run_micro_step(g)) {
+            bool (*sweep)(Graph *) = micro + 1 == o->grad_accum && train_dev->run_last_micro_step
+                                         ? train_dev->run_last_micro_step : train_dev->run_micro_step;
+            if (!train_dev_nodes(train_dev->push, io, 2) || !sweep(g)) {
                 status = 1;
                 goto out;
             }

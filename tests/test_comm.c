@@ -191,11 +191,81 @@ static void test_plan_counts_the_all_reduce(void **state) {
     assert_non_null(strstr(text, want));
     free(text);
 
-    rc = run("kernels", "%s plan %s -O1 %s --gpus %d --kernels", fp8c, model, model_flags, gpus);
+    /* comm.overlap=0: one NCCL group at the start of the update */
+    rc = run("kernels", "%s plan %s -O1 %s --gpus %d --kernels --choice comm.overlap=0", fp8c, model,
+             model_flags, gpus);
     text = slurp("kernels.out");
     if (rc == 0) {   /* (an fp8c without the GPU backend has no listing to show) */
         snprintf(want, sizeof want, "all_reduce (sum) x %d, one group", grads);
         if (!strstr(text, want)) fail_msg("no NCCL group in the listing:\n%.2000s", text);
+        assert_null(strstr(text, "bucket 0"));
+    }
+    free(text);
+}
+
+/* The buckets of the reduction (runtime/comm_buckets.c): every gradient in exactly one, each
+ * bucket but the last at least comm.bucket_mb, in the order the backward finishes them; the
+ * kernel listing sends each in the backward (comm.overlap, the default), after the launch
+ * that writes its last accumulator, and never two at once. */
+static void test_plan_shows_the_buckets(void **state) {
+    (void)state;
+    const int mb = 1 + (int)(seed % 2);
+    int rc = run("plan", "%s plan %s -O1 --batch 8 --seq 64 -D dim=256 --gpus 2 --json --choice "
+                 "comm.bucket_mb=%d", fp8c, model, mb);
+    char *text = slurp("plan.out");
+    if (rc != 0) fail_msg("plan failed:\n%s", text);
+    int grads = (int)json_num(text, "allreduce_tensors");
+    double bytes = json_num(text, "allreduce_bytes");
+    assert_non_null(strstr(text, "\"allreduce_overlap\": true"));
+    const char *p = strstr(text, "\"allreduce_buckets\": [");
+    assert_non_null(p);
+    int n = 0, tensors = 0;
+    double sum = 0, last = 0;
+    for (const char *q = p; (q = strstr(q, "{\"tensors\": ")); q++) {
+        if (n && last < (double)(mb << 20)) fail_msg("bucket %d holds %g bytes, less than %d MiB, and is not the last", n - 1, last, mb);
+        tensors += (int)json_num(q, "tensors");
+        last = json_num(q, "bytes");
+        assert_true(last > 0);
+        sum += last;
+        n++;
+    }
+    assert_true(n >= 2);
+    assert_int_equal(tensors, grads);
+    assert_true(sum == bytes);
+    free(text);
+
+    rc = run("table", "%s plan %s -O1 --batch 8 --seq 64 -D dim=256 --gpus 2 --choice comm.bucket_mb=%d",
+             fp8c, model, mb);
+    assert_int_equal(rc, 0);
+    text = slurp("table.out");
+    char want[128];
+    snprintf(want, sizeof want, "%d buckets of about %d.0 MiB", n, mb);
+    if (!strstr(text, want)) fail_msg("no \"%s\" in the plan:\n%s", want, text);
+    free(text);
+
+    rc = run("kernels", "%s plan %s -O1 --batch 8 --seq 64 -D dim=256 --gpus 2 --kernels --choice "
+             "comm.bucket_mb=%d", fp8c, model, mb);
+    text = slurp("kernels.out");
+    if (rc == 0) {
+        int at = -1;
+        for (int b = 0; b < n; b++) {
+            snprintf(want, sizeof want, "bucket %d: all_reduce (sum)", b);
+            const char *q = strstr(text, want);
+            if (!q) fail_msg("no \"%s\" in the listing:\n%.3000s", want, text);
+            const char *line = q;
+            while (line > text && line[-1] != '\n') line--;
+            if (!strstr(line, "backward")) fail_msg("bucket %d is not sent in the backward", b);
+            assert_true((int)(q - text) > at);
+            at = (int)(q - text);
+            /* the line before it: the launch that writes an accumulator, or another bucket */
+            const char *prev = line - 1;
+            while (prev > text && prev[-1] != '\n') prev--;
+            char before[256];
+            snprintf(before, sizeof before, "%.*s", (int)(line - prev), prev);
+            if (!strstr(before, "accumulate") && !strstr(before, "nccl"))
+                fail_msg("bucket %d does not follow an accumulation: %s", b, before);
+        }
+        assert_null(strstr(text, "one group"));
     }
     free(text);
 }
@@ -299,6 +369,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plan_counts_the_all_reduce, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_launches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_data_split_and_grad_scale, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plan_shows_the_buckets, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
