@@ -19,8 +19,9 @@
  *
  * Nothing may hang silently. A rank that dies takes its sockets with it, which NCCL reports to
  * the others as an asynchronous error; a rank that hangs leaves the others waiting inside a
- * collective. So every blocking step of the communication (meeting, the update with its
- * reductions, the reductions of the logged scalars) is armed with the --comm-timeout deadline,
+ * collective. So every blocking step of the communication (meeting, the GEMM algorithms sent
+ * at start-up, the last micro-step or the update with the gradient sums, the reductions of the
+ * logged scalars) is armed with the --comm-timeout deadline,
  * and a watchdog thread polls the deadline and ncclCommGetAsyncError every 50 ms: either one
  * ends the process with one line naming the rank and what did not finish. The process exits
  * (status 3) rather than return, because the thread that would return is the one stuck in the
