@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds, on a machine without a GPU, the training binaries tools/gpu/multi_gpu_check.sh runs
-# on a machine with two GPUs (or more), into BUILD/multi-gpu/bin (about 14 MiB in all):
+# on a machine with two GPUs (or more), into BUILD/multi-gpu/bin (about 10 MiB in all):
 #   d12_O1_b8    GPT-2 d12 -O1, batch 8 x 1024, built with --gpus 2 (bf16 gradient reduction):
 #                the equivalence runs (2 GPUs against 1 GPU with --grad-accum 2), both launch
 #                paths, the fault and resume checks
