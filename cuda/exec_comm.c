@@ -39,6 +39,22 @@ static bool plan_computes(const CuNodePlan *p, const Node *own, const Node *n) {
     return false;
 }
 
+/* Whether a node that plan p's launches compute, or one of its operands, shares bytes with
+ * the accumulator acc: the launches then read or write what NCCL is summing in place. */
+static bool plan_touches(const CuNodePlan *p, const Node *own, const Node *acc) {
+    const Node *nodes[2 + 16];
+    int n = 0;
+    nodes[n++] = p->node ? p->node : own;
+    for (int k = 0; k < p->n_members && n < 16; k++) nodes[n++] = p->members[k];
+    for (int k = 0; k < p->n_absorbed && n < 16; k++) nodes[n++] = p->absorbed[k];
+    for (int k = 0; k < n; k++) {
+        if (fuse_nodes_overlap(nodes[k], acc)) return true;
+        for (int i = 0; i < nodes[k]->n_in; i++)
+            if (fuse_nodes_overlap(nodes[k]->in[i], acc)) return true;
+    }
+    return false;
+}
+
 bool cuda_comm_bucket_roots(const Graph *g, const CuNodePlan *plans, const RtCommPlan *cp, int *root) {
     int last_micro = -1;
     for (int j = 0; j < g->n_nodes; j++)
@@ -55,6 +71,19 @@ bool cuda_comm_bucket_roots(const Graph *g, const CuNodePlan *plans, const RtCom
                     found = j;
             if (found < 0) found = last_micro;   /* not found: after the whole backward */
             if (found > at) at = found;
+        }
+        /* and after any later launch that still reads or writes one of its accumulators (none
+         * in the graphs the compiler makes: the ACCUMULATE is the last to touch its state in
+         * the micro-step; this keeps a future fusion from racing with NCCL) */
+        for (int j = last_micro; j > at; j--) {
+            if (g->nodes[j]->phase == PHASE_UPDATE || !plans[j].n_launch) continue;
+            bool touches = false;
+            for (int i = k->first; i < k->first + k->count && !touches; i++)
+                touches = plan_touches(&plans[j], g->nodes[j], cp->reduce[i]->in[0]);
+            if (touches) {
+                at = j;
+                break;
+            }
         }
         root[b] = at;
     }
