@@ -422,7 +422,8 @@ void plan_print(const Graph *g, bool json, FILE *out)
         else
             fprintf(out, "%d buckets of about %s, all sent at the start of the update, after the\n"
                          "backward (comm.overlap=0):\n", cp->n_buckets, human(cp->cap, b1));
-        fprintf(out, "  %-6s %9s %11s  %s\n", "bucket", "gradients", "bytes", "first .. last (in the order sent)");
+        fprintf(out, "  %-6s %9s %11s  %s\n", "bucket", "gradients", "bytes",
+                "first .. last (in the order sent)");
         for (int i = 0; i < cp->n_buckets; i++) {
             const RtBucket *b = &cp->buckets[i];
             const Node *f = cp->reduce[b->first], *l = cp->reduce[b->first + b->count - 1];

@@ -222,7 +222,8 @@ static void test_plan_shows_the_buckets(void **state) {
     int n = 0, tensors = 0;
     double sum = 0, last = 0;
     for (const char *q = p; (q = strstr(q, "{\"tensors\": ")); q++) {
-        if (n && last < (double)(mb << 20)) fail_msg("bucket %d holds %g bytes, less than %d MiB, and is not the last", n - 1, last, mb);
+        if (n && last < (double)(mb << 20))
+            fail_msg("bucket %d holds %g bytes, less than %d MiB, and is not the last", n - 1, last, mb);
         tensors += (int)json_num(q, "tensors");
         last = json_num(q, "bytes");
         assert_true(last > 0);

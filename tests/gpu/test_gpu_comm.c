@@ -85,9 +85,11 @@ static int run_rank(const char *ir, int rank, int world, int accum, const char *
     Node *tokens = ir_find(g, "tokens"), *targets = ir_find(g, "targets");
     Node *lr = ir_find(g, "lr"), *step = ir_find(g, "step"), *grad_scale = ir_find(g, "grad_scale");
     int64_t vocab = INT64_MAX;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_EMBEDDING && g->nodes[i]->in[1] == tokens && g->nodes[i]->in[0]->t.dims[0] < vocab)
-            vocab = g->nodes[i]->in[0]->t.dims[0];
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->op == OP_EMBEDDING && n->in[1] == tokens && n->in[0]->t.dims[0] < vocab)
+            vocab = n->in[0]->t.dims[0];
+    }
     RtMemory mem;
     if (!tokens || !targets || vocab == INT64_MAX || !rt_memory_bind(g, &mem)) return 11;
     rt_init_params(g, 1234);
