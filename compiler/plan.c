@@ -256,6 +256,8 @@ typedef struct {
     int count, ranks;
     int64_t bytes, sent;
     char formats[32];
+    RtCommPlan buckets;     /* rt_comm_plan's: how the runtime sends them */
+    bool overlap;           /* the choice comm.overlap */
 } PlanComm;
 
 static PlanComm plan_comm(const Graph *g)
@@ -274,6 +276,8 @@ static PlanComm plan_comm(const Graph *g)
     if (c.ranks > 1) c.sent = 2 * c.bytes * (c.ranks - 1) / c.ranks;
     snprintf(c.formats, sizeof c.formats, "%s%s%s", bf16 ? "bf16" : "", bf16 && f32 ? " and " : "",
              f32 ? "f32" : "");
+    if (!rt_comm_plan(g, &c.buckets)) memset(&c.buckets, 0, sizeof c.buckets);
+    c.overlap = rt_comm_overlap(g);
     return c;
 }
 
@@ -328,9 +332,16 @@ void plan_print(const Graph *g, bool json, FILE *out)
         PlanComm c = plan_comm(g);
         fprintf(out, "},\n \"persistent_bytes\": %lld, \"step_bytes\": %lld, \"peak_bytes\": %lld,"
                      " \"bytes_per_param\": %.3f,\n \"gpus\": %d, \"allreduce_tensors\": %d,"
-                     " \"allreduce_bytes\": %lld, \"sent_bytes_per_gpu\": %lld}\n",
+                     " \"allreduce_bytes\": %lld, \"sent_bytes_per_gpu\": %lld,\n"
+                     " \"allreduce_overlap\": %s, \"allreduce_buckets\": [",
                 (long long)m.persistent, (long long)m.transient, (long long)peak, per_param,
-                c.ranks ? c.ranks : 1, c.count, (long long)c.bytes, (long long)c.sent);
+                c.ranks ? c.ranks : 1, c.count, (long long)c.bytes, (long long)c.sent,
+                c.overlap ? "true" : "false");
+        for (int i = 0; i < c.buckets.n_buckets; i++)
+            fprintf(out, "%s{\"tensors\": %d, \"bytes\": %lld}", i ? ", " : "", c.buckets.buckets[i].count,
+                    (long long)c.buckets.buckets[i].bytes);
+        fprintf(out, "]}\n");
+        rt_comm_plan_free(&c.buckets);
         return;
     }
     int n_rows;
@@ -400,11 +411,28 @@ void plan_print(const Graph *g, bool json, FILE *out)
     if (c.count) {
         char b3[32];
         fprintf(out, "\ndata parallel over %d GPUs (fp8c build --gpus %d): the figures above are per GPU\n"
-                     "(each keeps whole weights and optimizer state). Each step averages %d gradients,\n"
-                     "%s (%s), in one NCCL all-reduce group; a ring sends 2(N-1)/N of that:\n"
-                     "%s per GPU per step.\n",
+                     "(each keeps whole weights and optimizer state). Each step sums %d gradients,\n"
+                     "%s (%s), over the GPUs; a ring sends 2(N-1)/N of that: %s per GPU per step.\n",
                 c.ranks, c.ranks, c.count, human(c.bytes, b1), c.formats, human(c.sent, b3));
+        const RtCommPlan *cp = &c.buckets;
+        if (c.overlap)
+            fprintf(out, "%d buckets of about %s, each sent by NCCL on its own stream as soon as the\n"
+                         "last micro-step's backward has finished it (comm.overlap=1):\n",
+                    cp->n_buckets, human(cp->cap, b1));
+        else
+            fprintf(out, "%d buckets of about %s, all sent at the start of the update, after the\n"
+                         "backward (comm.overlap=0):\n", cp->n_buckets, human(cp->cap, b1));
+        fprintf(out, "  %-6s %9s %11s  %s\n", "bucket", "gradients", "bytes",
+                "first .. last (in the order sent)");
+        for (int i = 0; i < cp->n_buckets; i++) {
+            const RtBucket *b = &cp->buckets[i];
+            const Node *f = cp->reduce[b->first], *l = cp->reduce[b->first + b->count - 1];
+            fprintf(out, "  %-6d %9d %11s  %s .. %s\n", i, b->count, human(b->bytes, b1),
+                    f->grad_of && f->grad_of->t.name ? f->grad_of->t.name : "?",
+                    l->grad_of && l->grad_of->t.name ? l->grad_of->t.name : "?");
+        }
     }
+    rt_comm_plan_free(&c.buckets);
 }
 
 void plan_print_diff(const Graph *a, const Graph *b, bool json, FILE *out)

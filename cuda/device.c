@@ -31,9 +31,13 @@ static bool dev_open(Graph *g, RtMemory *host) {
     int n = snprintf(dev_desc, sizeof dev_desc, "%s (cuda), %.2f GiB of device memory in use",
                      cuda_exec_device_name(dev_exec),
                      (double)cuda_exec_device_bytes(dev_exec) / (1 << 30));
-    if (cuda_nccl_active() && n > 0 && (size_t)n < sizeof dev_desc)
+    if (cuda_nccl_active() && n > 0 && (size_t)n < sizeof dev_desc) {
+        int buckets = cuda_exec_buckets(dev_exec);
+        char how[96] = "after the backward";
+        if (buckets) snprintf(how, sizeof how, "in %d buckets during the backward", buckets);
         snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; data parallel over %d GPUs (NCCL), "
-                 "%d gradients averaged each step", cuda_nccl_world(), cuda_exec_reductions(dev_exec));
+                 "%d gradients summed each step %s", cuda_nccl_world(), cuda_exec_reductions(dev_exec), how);
+    }
     return true;
 }
 
@@ -52,6 +56,10 @@ static bool dev_run_phase(Graph *g, Phase p) {
 static bool dev_run_micro_step(Graph *g) {
     (void)g;
     return cuda_exec_run_micro_step(dev_exec);
+}
+static bool dev_run_last_micro_step(Graph *g) {
+    (void)g;
+    return cuda_exec_run_last_micro_step(dev_exec);
 }
 static bool dev_push(Tensor *const *ts, int n) { return cuda_exec_push(dev_exec, ts, n); }
 static bool dev_pull(Tensor *const *ts, int n) { return cuda_exec_pull(dev_exec, ts, n); }
@@ -96,6 +104,7 @@ static const RtDevice cuda_device = {
     .run_phase = dev_run_phase, .run_micro_step = dev_run_micro_step, .push = dev_push,
     .pull = dev_pull, .all_finite = dev_all_finite, .zero = dev_zero, .describe = dev_describe,
     .comm_probe = dev_comm_probe, .comm_open = dev_comm_open, .comm_sum = dev_comm_sum,
+    .run_last_micro_step = dev_run_last_micro_step,
 };
 
 const RtDevice *cuda_rt_device(const void *cubin, size_t cubin_size) {

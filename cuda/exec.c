@@ -22,7 +22,8 @@
  * synchronizes after every launch and names the node of the first failing one.
  *
  * This file sets the executor up and runs the lists; the matmuls and their algorithms are in
- * exec_gemm.c, batched launches in exec_batch.c, and kernel-IR programs (tests) in exec_cg.c;
+ * exec_gemm.c, batched launches in exec_batch.c, the gradient sums of a data-parallel run in
+ * exec_comm.c, and kernel-IR programs (tests) in exec_cg.c;
  * exec_internal.h holds what they share. */
 #include <errno.h>
 #include <math.h>
@@ -353,36 +354,6 @@ int cuda_exec_batched_launches(const CudaExec *e) {
     return n;
 }
 
-/* An ALL_REDUCE node: nothing with one rank (the value is its own mean), else its tensor. */
-static bool exec_add_reduce(CudaExec *e, const Node *n) {
-    if (!cuda_nccl_active()) return true;
-    if (!grow((void **)&e->reduce, &e->cap_reduce, e->n_reduce, sizeof *e->reduce)) return false;
-    ExecReduce *r = &e->reduce[e->n_reduce];
-    r->node = n;
-    r->count = ir_numel(&n->t);
-    r->elem = n->t.fmt.elem;
-    r->order = n->in[0]->index;
-    if (!exec_map_tensor(e, &n->t, &r->p)) return false;
-    e->n_reduce++;
-    return true;
-}
-
-static int reduce_cmp(const void *a, const void *b) {
-    return ((const ExecReduce *)a)->order - ((const ExecReduce *)b)->order;
-}
-
-/* The averages, as one NCCL group in the backward's order: NCCL fuses a group into few
- * kernels, and the many small gradients (biases, norm weights) cost no launch each. */
-static bool exec_run_reduce(CudaExec *e) {
-    if (!e->n_reduce) return true;
-    bool ok = cuda_nccl_group(true);
-    for (int i = 0; ok && i < e->n_reduce; i++) {
-        const ExecReduce *r = &e->reduce[i];
-        ok = cuda_nccl_all_reduce_mean(r->p, r->count, r->elem, e->stream);
-    }
-    return cuda_nccl_group(false) && ok;
-}
-
 int cuda_exec_reductions(const CudaExec *e) { return e->n_reduce; }
 
 static void fmt_gib(char *out, size_t len, int64_t bytes) {
@@ -396,6 +367,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         return NULL;
     }
     CudaExec *e = calloc(1, sizeof *e);
+    int *micro_end = NULL;
     if (!e) return NULL;
     e->g = g;
     e->host = *host;
@@ -508,11 +480,17 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
             rt_note("this binary was tuned on another GPU (or driver, or cuBLASLt) than %s: its GEMMs run "
                     "the heuristic's first algorithm", e->desc);
     }
+    /* (micro_end[i]: the micro-step's launches up to node i's, where a bucket of the gradient
+     * sums may leave: exec_comm.c) */
+    micro_end = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *micro_end);
+    if (!micro_end) goto fail;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
+        micro_end[i] = e->lists[LIST_MICRO].n;
         if (!e->plans[i].n_launch) continue;
         if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, &e->plans[i])) goto fail;
         if (n->phase != PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i])) goto fail;
+        micro_end[i] = e->lists[LIST_MICRO].n;
         if (n->phase != PHASE_UPDATE) continue;
         if (batches && e->batch_run[i]) {
             if (!exec_add_run(e, &e->lists[LIST_UPDATE], i)) goto fail;
@@ -521,10 +499,11 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
             goto fail;
         }
     }
-    /* the gradients' averages (no launches of their own: a batched run may span them) */
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_ALL_REDUCE && !exec_add_reduce(e, g->nodes[i])) goto fail;
-    qsort(e->reduce, (size_t)e->n_reduce, sizeof *e->reduce, reduce_cmp);
+    /* the gradients' sums (no launches of their own: a batched run may span them), in buckets */
+    if (!exec_comm_open(e, micro_end)) goto fail;
+    free(micro_end);
+    micro_end = NULL;
+    if (!exec_agree_gemms(e)) goto fail;
     e->tune = false;   /* from here on the arenas hold data */
     if (getenv("FP8C_CUDA_VERBOSE")) fprintf(stderr, "CUDA executor: %d GEMM shapes timed\n", e->n_tuned);
     if (e->n_stored_failed)
@@ -536,6 +515,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     if (!cuda_exec_push_arenas(e)) goto fail;
     return e;
 fail:
+    free(micro_end);
     cuda_exec_close(e);
     return NULL;
 }
@@ -556,6 +536,7 @@ void cuda_exec_close(CudaExec *e) {
             if (L->graph) CU(cuGraphDestroy)(L->graph);
             free(L->l);
         }
+        exec_comm_close(e);
         if (e->have_lt) CU(cublasLtDestroy)(e->lt);
         if (e->module) CU(cuModuleUnload)(e->module);
         if (e->stream) CU(cuStreamDestroy_v2)(e->stream);
@@ -564,7 +545,6 @@ void cuda_exec_close(CudaExec *e) {
         CU(cuDevicePrimaryCtxRelease_v2)(e->dev);
     }
     free(e->batch_run);
-    free(e->reduce);
     free(e->tuned);
     arena_free(e->arena);
     free(e);
@@ -574,14 +554,19 @@ void cuda_exec_close(CudaExec *e) {
 
 bool cuda_exec_run_phase(CudaExec *e, Phase p) {
     if (p == PHASE_FORWARD) return exec_run_list(e, &e->lists[LIST_EVAL]) && exec_finish(e, "forward");
-    /* several ranks: the gradients' averages first, and the whole update within the deadline */
-    if (e->n_reduce) cuda_nccl_arm("the update with its gradient all-reduce");
-    bool ok = exec_run_reduce(e) && exec_run_list(e, &e->lists[LIST_UPDATE]) && exec_finish(e, "update");
-    if (e->n_reduce) cuda_nccl_disarm();
+    /* several ranks: the gradients' sums first (unless the last micro-step overlapped them
+     * with its backward), and the whole update within the deadline */
+    bool reduce = e->n_reduce && !e->reduced;
+    e->reduced = false;
+    if (reduce) cuda_nccl_arm("the update with its gradient all-reduce");
+    bool ok = (!reduce || exec_run_reduce(e)) && exec_run_list(e, &e->lists[LIST_UPDATE]) &&
+              exec_finish(e, "update");
+    if (reduce) cuda_nccl_disarm();
     return ok;
 }
 
 bool cuda_exec_run_micro_step(CudaExec *e) {
+    e->reduced = false;   /* a step's micro-steps: its sums are still to come */
     return exec_run_list(e, &e->lists[LIST_MICRO]) && exec_finish(e, "micro-step");
 }
 

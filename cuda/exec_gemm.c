@@ -96,6 +96,45 @@ static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const vo
     return CU_CHECK(CU(cuStreamSynchronize)(e->stream));
 }
 
+/* Data parallel: every rank runs rank 0's algorithms. Each rank times the same candidates on
+ * its own GPU, and timing noise picks a different algorithm for some GEMMs on different ranks
+ * (and in different runs): the ranks then compute their shares with different kernels, and a
+ * run launched with --gpus N differs from the same run launched as N processes (seen on two
+ * H200s: 3e-3 relative in the loss after 30 steps of d12 at -O1). So rank 0's timed table is
+ * sent to every rank, which takes it for each GEMM of its lists. The ranks made the same
+ * table from the same graph; a rank whose count of timed problems differs says so rather than
+ * guess. Nothing to do when nothing was timed (FP8C_CUDA_TUNE=0, a tuned binary). */
+bool exec_agree_gemms(CudaExec *e) {
+    if (!cuda_nccl_active()) return true;
+    int64_t n = e->n_tuned;
+    if (!cuda_nccl_broadcast_host(&n, sizeof n, "agreeing on rank 0's GEMM algorithms")) return false;
+    if (n != e->n_tuned) {
+        rt_error("rank 0 timed %lld GEMM problems and this rank %d: the ranks do not run the same "
+                 "step (the same binary, and FP8C_CUDA_TUNE the same on every rank?)", (long long)n,
+                 e->n_tuned);
+        return false;
+    }
+    if (!n) return true;
+    TunedGemm *t0 = malloc(sizeof *t0 * (size_t)n);
+    if (!t0) return false;
+    memcpy(t0, e->tuned, sizeof *t0 * (size_t)n);
+    bool ok = cuda_nccl_broadcast_host(t0, sizeof *t0 * (size_t)n, "agreeing on rank 0's GEMM algorithms");
+    for (int k = 0; ok && k < LIST_COUNT; k++) {
+        ExecList *L = &e->lists[k];
+        for (int i = 0; i < L->n; i++) {
+            ExecLaunch *x = &L->l[i];
+            if (x->kind != CU_GEMM || !x->gemm) continue;
+            const void *ptrs[4] = {x->A, x->B, x->C, x->D};
+            uint64_t key = gemm_key(x->gemm, ptrs);
+            for (int64_t j = 0; j < n; j++)
+                if (t0[j].key == key) x->algo = t0[j].algo;
+        }
+    }
+    if (ok) memcpy(e->tuned, t0, sizeof *t0 * (size_t)n);
+    free(t0);
+    return ok;
+}
+
 /* ---------------------------------------------------------------- tuned algorithms
  *
  * A tuning record (fp8c tune, compiler/tune.c) stores the algorithm of every GEMM problem in

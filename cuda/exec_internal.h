@@ -3,6 +3,7 @@
  * exec.c sets the executor up (arenas, module, the phases' launch lists) and runs the lists;
  * exec_gemm.c sets up and runs the cuBLASLt matmuls, with their timed, stored or tuned
  * algorithms; exec_batch.c runs a run of small update nodes as one launch per kernel;
+ * exec_comm.c sums the gradients over the ranks, in buckets during the last micro-step;
  * exec_cg.c runs loop kernels of a kernel-IR program on the executor's arenas (tests). They
  * share the executor's state (struct CudaExec) and its launch lists. Internal to cuda/. */
 #ifndef FP8C_EXEC_INTERNAL_H
@@ -63,15 +64,13 @@ typedef struct {
 
 enum { LIST_EVAL, LIST_MICRO, LIST_UPDATE, LIST_FINITE, LIST_COUNT };
 
-/* A gradient the update averages over the ranks first (an ALL_REDUCE node, comm.c): NCCL's,
- * enqueued on the executor's stream before the update's graph, outside its capture, so that
- * NCCL's own connection set-up on first use never runs inside a capture. */
+/* A gradient summed over the ranks (an ALL_REDUCE node, comm.c): by NCCL, in its bucket
+ * while the last micro-step's backward runs, or at the start of the update (exec_comm.c). */
 typedef struct {
     const Node *node;
     CUdeviceptr p;
     int64_t count;
     ElemType elem;
-    int order;                            /* the accumulator's place: the backward's order */
 } ExecReduce;
 
 struct CudaExec {
@@ -101,8 +100,16 @@ struct CudaExec {
     bool fast_accum_all;                  /* FP8C_CUDA_FAST_ACCUM=all: gradient GEMMs too */
     TunedGemm *tuned;
     int n_tuned, cap_tuned;
-    ExecReduce *reduce;                   /* the gradients to average (several ranks only) */
-    int n_reduce, cap_reduce;
+    ExecReduce *reduce;                   /* the gradients to sum (several ranks only), in the */
+    int n_reduce;                         /* order sent: comm.reduce's */
+    RtCommPlan comm;                      /* their buckets */
+    bool overlap;                         /* comm.overlap: buckets sent in the last micro-step */
+    int *bucket_at;                       /* per bucket: the micro list's launches before it */
+    CUstream comm_stream;                 /* NCCL's, with overlap */
+    CUevent comm_ready, comm_done;        /* a bucket's accumulators written; all buckets sent */
+    ExecList last;                        /* the last micro-step's graph (LIST_MICRO's launches) */
+    bool last_warm;                       /* it ran once uncaptured (NCCL's connections exist) */
+    bool reduced;                         /* this step's sums ran in its last micro-step */
     const char *tune_report;              /* FP8C_TUNE_GEMMS: the tuning mode's report file */
     int micro_runs;
     bool stored_algos;                    /* the artifact's tune.device is this GPU: use its algorithms */
@@ -135,6 +142,16 @@ bool exec_finish(CudaExec *e, const char *what);
 /* ---------------------------------------------------------------- exec_gemm.c */
 
 bool exec_setup_gemm(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bool *no_algo);
+/* Data parallel: the lists' GEMMs take rank 0's timed algorithms (every rank the same kernels). */
+bool exec_agree_gemms(CudaExec *e);
+
+/* ---------------------------------------------------------------- exec_comm.c */
+
+/* The gradients' sums and their buckets (several ranks only); micro_end[i]: LIST_MICRO's
+ * launches up to node i's. */
+bool exec_comm_open(CudaExec *e, const int *micro_end);
+void exec_comm_close(CudaExec *e);
+bool exec_run_reduce(CudaExec *e);        /* all the sums, one group, on the executor's stream */
 void exec_free_gemm(ExecLaunch *x);
 cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo);
 bool exec_run_tuning(CudaExec *e, ExecList *L);

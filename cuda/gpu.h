@@ -107,6 +107,11 @@ typedef struct {
 bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len);
 /* Plans every node of g; the first node that cannot run is reported in why. */
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len);
+/* Data parallel, comm.overlap (exec_comm.c): root[b] is the node whose launches write bucket
+ * b's last accumulator in the micro-step (plans[root[b]]: an epilogue or a fusion may write it
+ * after the ACCUMULATE's own place), never before root[b-1]. The executor sends the bucket
+ * after those launches; the kernel listing prints it there. */
+bool cuda_comm_bucket_roots(const Graph *g, const CuNodePlan *plans, const RtCommPlan *cp, int *root);
 /* The plans the phases run: node_plans (cuda_plan_graph's), except that a matmul whose fuse
  * group (codegen/fuse.c) is a bias add, a residual or gradient-sum add, an accumulation into a
  * gradient, or GELU's backward becomes one GEMM with a cuBLASLt epilogue at the group's place,
@@ -189,6 +194,9 @@ void cuda_exec_close(CudaExec *e);
  * runs replay the graph (FP8C_CUDA_GRAPHS=0: plain launches every time). */
 bool cuda_exec_run_phase(CudaExec *e, Phase p);       /* PHASE_FORWARD alone, or the update */
 bool cuda_exec_run_micro_step(CudaExec *e);           /* forward and backward, one sweep */
+/* The step's last micro-step: with several ranks and comm.overlap, the gradients' sums run in
+ * buckets while its backward runs, and the update that follows runs none (exec_comm.c). */
+bool cuda_exec_run_last_micro_step(CudaExec *e);
 /* Copies between host mirror and device, tensor by tensor (same offsets). */
 bool cuda_exec_push(CudaExec *e, Tensor *const *ts, int n);
 bool cuda_exec_pull(CudaExec *e, Tensor *const *ts, int n);
@@ -217,8 +225,10 @@ void cuda_exec_gelu_epilogues(const CudaExec *e, int *gelu, int *dgelu, int *fp8
 /* How many launches of the phases run several nodes at once (exec.c's batched launches; 0
  * with FP8C_CUDA_BATCH=0). */
 int cuda_exec_batched_launches(const CudaExec *e);
-/* Gradients the update averages over the ranks (0 on one rank). */
+/* Gradients summed over the ranks each step (0 on one rank), and the buckets they go in while
+ * the backward runs (0: at the start of the update, or one rank). */
 int cuda_exec_reductions(const CudaExec *e);
+int cuda_exec_buckets(const CudaExec *e);
 /* Device memory the executor holds: arenas and workspace. */
 int64_t cuda_exec_device_bytes(const CudaExec *e);
 const char *cuda_exec_device_name(const CudaExec *e);

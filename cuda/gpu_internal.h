@@ -49,6 +49,7 @@
     X(cuGraphDestroy, CUresult, (CUgraph))                                                   \
     X(cuEventCreate, CUresult, (CUevent *, unsigned))                                        \
     X(cuEventRecord, CUresult, (CUevent, CUstream))                                          \
+    X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned))                           \
     X(cuEventSynchronize, CUresult, (CUevent))                                               \
     X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))                             \
     X(cuEventDestroy_v2, CUresult, (CUevent))
@@ -116,9 +117,12 @@ int cuda_nccl_world(void);
 void cuda_nccl_arm(const char *what);               /* what must finish within the timeout */
 void cuda_nccl_disarm(void);
 bool cuda_nccl_group(bool start);                   /* ncclGroupStart / ncclGroupEnd */
-/* Enqueues buf = mean over the ranks of buf (count elements of elem: f32 or bf16). */
-bool cuda_nccl_all_reduce_mean(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream);
+/* Enqueues buf = sum over the ranks of buf (count elements of elem: f32 or bf16). */
+bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream);
 bool cuda_nccl_sum_host(double *v, int n);          /* v[i] = sum over the ranks, n <= 16 */
+/* buf (host) = rank 0's buf, within the timeout (what: for the watchdog's line) */
+bool cuda_nccl_broadcast_host(void *buf, size_t bytes, const char *what);
+
 
 #define CU(name) (cuda_api.name)
 /* Checked calls: false (after one line naming the call and this place) on failure. */

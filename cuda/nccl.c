@@ -19,8 +19,9 @@
  *
  * Nothing may hang silently. A rank that dies takes its sockets with it, which NCCL reports to
  * the others as an asynchronous error; a rank that hangs leaves the others waiting inside a
- * collective. So every blocking step of the communication (meeting, the update with its
- * reductions, the reductions of the logged scalars) is armed with the --comm-timeout deadline,
+ * collective. So every blocking step of the communication (meeting, the GEMM algorithms sent
+ * at start-up, the last micro-step or the update with the gradient sums, the reductions of the
+ * logged scalars) is armed with the --comm-timeout deadline,
  * and a watchdog thread polls the deadline and ncclCommGetAsyncError every 50 ms: either one
  * ends the process with one line naming the rank and what did not finish. The process exits
  * (status 3) rather than return, because the thread that would return is the one stuck in the
@@ -51,7 +52,9 @@
     X(ncclGroupStart, ncclResult_t, (void))                                                  \
     X(ncclGroupEnd, ncclResult_t, (void))                                                    \
     X(ncclAllReduce, ncclResult_t, (const void *, void *, size_t, ncclDataType_t,             \
-                                    ncclRedOp_t, ncclComm_t, cudaStream_t))
+                                    ncclRedOp_t, ncclComm_t, cudaStream_t))                  \
+    X(ncclBroadcast, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, int,        \
+                                    ncclComm_t, cudaStream_t))
 
 static struct {
 #define X(name, ret, args) ret(*name) args;
@@ -294,18 +297,35 @@ bool cuda_nccl_group(bool start) {
     return start ? NC_CHECK(nc.ncclGroupStart()) : NC_CHECK(nc.ncclGroupEnd());
 }
 
-bool cuda_nccl_all_reduce_mean(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream) {
+/* A sum, not ncclAvg: the accumulator then holds what one process's accumulator holds after
+ * every rank's micro-steps, and the update's grad_scale (1 / (micro-steps x ranks)) makes the
+ * mean exactly as one process does. ncclAvg would round each rank's share (x 1/W) to the
+ * gradient's type before adding, which for W not a power of two one process never does. */
+bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream) {
     ncclDataType_t type;
     switch (elem) {
     case FMT_F32: type = ncclFloat32; break;
     case FMT_BF16: type = ncclBfloat16; break;
     default:
-        rt_error("rank %d: NCCL: cannot average %s values", nc_rank, fmt_elem_name(elem));
+        rt_error("rank %d: NCCL: cannot sum %s values", nc_rank, fmt_elem_name(elem));
         return false;
     }
     void *p = (void *)(uintptr_t)buf;
-    return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, type, ncclAvg, nc_comm,
+    return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, type, ncclSum, nc_comm,
                                      (cudaStream_t)stream));
+}
+
+bool cuda_nccl_broadcast_host(void *buf, size_t bytes, const char *what) {
+    if (!nc_comm || !bytes) return true;
+    CUdeviceptr d = 0;
+    cuda_nccl_arm(what);
+    bool ok = CU_CHECK(CU(cuMemAlloc_v2)(&d, bytes)) && CU_CHECK(CU(cuMemcpyHtoD_v2)(d, buf, bytes)) &&
+              NC_CHECK(nc.ncclBroadcast((void *)(uintptr_t)d, (void *)(uintptr_t)d, bytes, ncclUint8, 0,
+                                        nc_comm, (cudaStream_t)nc_stream)) &&
+              CU_CHECK(CU(cuStreamSynchronize)(nc_stream)) && CU_CHECK(CU(cuMemcpyDtoH_v2)(buf, d, bytes));
+    cuda_nccl_disarm();
+    if (d) CU(cuMemFree_v2)(d);
+    return ok;
 }
 
 bool cuda_nccl_sum_host(double *v, int n) {

@@ -79,14 +79,21 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
             n_reduce++;
             reduce_bytes += (double)(ir_numel(&g->nodes[i]->t) * fmt_elem_bytes(g->nodes[i]->t.fmt.elem));
         }
-    bool reduce_listed = false;
+    /* with comm.overlap the sums leave in buckets during the last micro-step (exec_comm.c) */
+    RtCommPlan cp;
+    memset(&cp, 0, sizeof cp);
+    int *root = NULL;
+    if (n_reduce && rt_comm_overlap(g) && rt_comm_plan(g, &cp) && cp.n_buckets &&
+        (root = arena_alloc(a, sizeof *root * (size_t)cp.n_buckets)))
+        cuda_comm_bucket_roots(g, plans, &cp, root);
+    bool reduce_listed = root != NULL;
     for (int i = 0; i < g->n_nodes; i++) {
         const CuNodePlan *p = &plans[i];
         if (n_reduce && !reduce_listed && g->nodes[i]->phase == PHASE_UPDATE &&
             (p->n_launch || g->nodes[i]->op == OP_ALL_REDUCE)) {
-            /* exec.c runs the averages first in the update, as one NCCL group, outside its graph */
+            /* exec.c runs the sums first in the update, as one NCCL group, outside its graph */
             char what[64];
-            snprintf(what, sizeof what, "all_reduce (mean) x %d, one group", n_reduce);
+            snprintf(what, sizeof what, "all_reduce (sum) x %d, one group", n_reduce);
             fprintf(out, "%6d  %-8s  %-6s  %-9s  %-44.44s %10.1f %10s\n", ++k, "update", "nccl", "allreduce",
                     what, reduce_bytes / (1 << 20), "-");
             total[PHASE_UPDATE].launches++;
@@ -123,7 +130,17 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
             total[ph].bytes += (double)bytes;
             total[ph].flops += flops;
         }
+        for (int b = 0; root && b < cp.n_buckets; b++) {
+            if (root[b] != i) continue;
+            char what[96];
+            snprintf(what, sizeof what, "bucket %d: all_reduce (sum) x %d", b, cp.buckets[b].count);
+            fprintf(out, "%6d  %-8s  %-6s  %-9s  %-44.44s %10.1f %10s\n", ++k, ir_phase_name(PHASE_BACKWARD),
+                    "nccl", "allreduce", what, (double)cp.buckets[b].bytes / (1 << 20), "-");
+            total[PHASE_BACKWARD].launches++;
+            total[PHASE_BACKWARD].bytes += (double)cp.buckets[b].bytes;
+        }
     }
+    rt_comm_plan_free(&cp);
     fprintf(out, "\n%-8s %9s %7s %12s %12s\n", "phase", "launches", "GEMMs", "GiB moved", "TFLOP");
     for (int ph = 0; ph < PHASE_COUNT; ph++)
         fprintf(out, "%-8s %9d %7d %12.2f %12.3f\n", ir_phase_name((Phase)ph), total[ph].launches,

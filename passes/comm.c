@@ -1,14 +1,18 @@
-/* comm.c — data parallel: the gradients are averaged over the GPUs before the update reads them.
+/* comm.c — data parallel: the gradients are summed over the GPUs before the update reads them.
  *
  * With N GPUs each one runs the same step on its own share of the global batch and keeps a
  * whole copy of the parameters and optimizer state. The copies stay equal only if every GPU
  * applies the same update, so the summed gradient of each parameter (its accumulator, P:grad,
- * after the last micro-step) is replaced by its mean over the GPUs before the gradient norm
+ * after the last micro-step) is replaced by its sum over the GPUs before the gradient norm
  * and AdamW read it:
  *
  *   P:grad += P.grad               ACCUMULATE, backward, every micro-step (as before)
- *   P:grad  = mean_ranks(P:grad)   ALL_REDUCE, update, once a step, in place
- *   sq_P = sqnorm(P:grad) ... adamw(P, P:grad, ...)   read the reduced value
+ *   P:grad  = sum_ranks(P:grad)    ALL_REDUCE, once a step, in place
+ *   sq_P = sqnorm(P:grad) ... adamw(P, P:grad, ..., grad_scale)   read the reduced value
+ *
+ * A sum, so that the accumulator holds what one GPU's holds after N times the micro-steps,
+ * and the runtime feeds grad_scale = 1 / (micro-steps x N), what that one GPU feeds: the
+ * norm and the update then compute the same thing from the same kind of value.
  *
  * The collective is a node of the step rather than something the runtime does on the side,
  * so the plan, the kernel listing and the verifier see it like any other work: its bytes are

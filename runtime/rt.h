@@ -429,6 +429,35 @@ void rt_usage(FILE *out, const char *prog);
 /* Linear warm-up to `peak` over `warmup` steps, then cosine decay to `floor` at `steps`;
  * step counts from 0. */
 double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_t step);
+/* Data parallel over `world` ranks with `accum` micro-steps each. Rank r's micro-step m is
+ * micro-step r*accum + m of the global step (its batch: rt_data_train_batch), so W ranks read
+ * what one process with W*accum micro-steps reads. The ranks sum their accumulators (not
+ * average: the sum is what one process's accumulator holds), and grad_scale 1/(accum*world)
+ * makes it the mean, as one process with W*accum micro-steps feeds it. */
+int rt_global_micro(int rank, int accum, int micro);
+double rt_grad_scale(int accum, int world);
+
+/* ---------------------------------------------------------------- comm_buckets.c
+ * The gradient reduction of a data-parallel step in buckets: runs of ALL_REDUCE nodes in the
+ * order the backward finishes their accumulators, about comm.bucket_mb MiB each. */
+typedef struct {
+    int first, count;           /* RtCommPlan.reduce[first .. first+count) */
+    int64_t bytes;
+    int last;                   /* position in g->nodes of its last ACCUMULATE */
+} RtBucket;
+typedef struct {
+    Node **reduce;              /* every ALL_REDUCE node, in the order they are sent */
+    int n_reduce;
+    RtBucket *buckets;
+    int n_buckets;
+    int64_t bytes;              /* all of them */
+    int64_t cap;                /* the bucket size aimed at (comm.bucket_mb) */
+} RtCommPlan;
+bool rt_comm_plan(const Graph *g, RtCommPlan *p);   /* false: out of memory */
+void rt_comm_plan_free(RtCommPlan *p);
+/* The choice comm.overlap (default on): reduce each bucket while the backward runs. */
+bool rt_comm_overlap(const Graph *g);
+int64_t rt_comm_bucket_bytes(const Graph *g);
 /* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
  * (host copies). Each scale is halved and each non-finite history entry becomes twice the
  * history's largest finite one, so the next scales leave room for what overflowed. */
@@ -474,10 +503,13 @@ typedef struct RtDevice {
      * this host (a GPU each, and NCCL), else why not; comm_open, before open, picks this
      * rank's GPU (rank % the host's GPUs) and meets the other ranks through comm_file within
      * timeout_s; comm_sum sums v over the ranks. A device that joined a world of W > 1 also
-     * averages the gradients in its update phase (the graph's ALL_REDUCE nodes). */
+     * sums the gradients over the ranks before its update (the graph's ALL_REDUCE nodes). */
     bool (*comm_probe)(int gpus, char *why, size_t why_len);
     bool (*comm_open)(int rank, int world, const char *comm_file, double timeout_s);
     bool (*comm_sum)(double *v, int n);
+    /* The step's last micro-step, where a data-parallel device may sum the gradients while the
+     * backward runs (NULL: run_micro_step; the update then sums them). */
+    bool (*run_last_micro_step)(Graph *g);
 } RtDevice;
 
 extern const RtDevice rt_cpu_device;

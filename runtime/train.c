@@ -49,6 +49,10 @@ double rt_lr_at(double peak, double floor, int64_t warmup, int64_t steps, int64_
     return floor + 0.5 * (1.0 + cos(M_PI * ratio)) * (peak - floor);
 }
 
+int rt_global_micro(int rank, int accum, int micro) { return rank * accum + micro; }
+
+double rt_grad_scale(int accum, int world) { return 1.0 / ((double)accum * (double)world); }
+
 /* ---------------------------------------------------------------- the graph's interface */
 
 typedef struct {
@@ -814,16 +818,16 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
         /* the update's inputs first: with gradient release the updates run in the backward */
         model_feed_scalar(m.lr, lr);
         model_feed_scalar(m.step, (double)(p.opt_step + 1));
-        model_feed_scalar(m.grad_scale, 1.0 / o->grad_accum);
+        model_feed_scalar(m.grad_scale, rt_grad_scale(o->grad_accum, train_world));
         for (int micro = 0; micro < o->grad_accum; micro++) {
-            /* rank r's micro-steps are r*A .. r*A+A-1 of the global step: N ranks with A
-             * micro-steps each read what one GPU with N*A micro-steps reads */
-            rt_data_train_batch(&train, p.seed, p.step, train_rank * o->grad_accum + micro, m.B,
-                                m.T, tok, tgt);
+            rt_data_train_batch(&train, p.seed, p.step, rt_global_micro(train_rank, o->grad_accum, micro),
+                                m.B, m.T, tok, tgt);
             model_feed_ids(m.tokens, tok);
             model_feed_ids(m.targets, tgt);
             Node *io[2] = {m.tokens, m.targets};
-            if (!train_dev_nodes(train_dev->push, io, 2) || !train_dev->run_micro_step(g)) {
+            bool (*sweep)(Graph *) = micro + 1 == o->grad_accum && train_dev->run_last_micro_step
+                                         ? train_dev->run_last_micro_step : train_dev->run_micro_step;
+            if (!train_dev_nodes(train_dev->push, io, 2) || !sweep(g)) {
                 status = 1;
                 goto out;
             }

@@ -187,15 +187,86 @@ static void test_plan_counts_the_all_reduce(void **state) {
     char want[128];
     snprintf(want, sizeof want, "data parallel over %d GPUs", gpus);
     assert_non_null(strstr(text, want));
-    snprintf(want, sizeof want, "averages %d gradients", grads);
+    snprintf(want, sizeof want, "sums %d gradients", grads);
     assert_non_null(strstr(text, want));
     free(text);
 
-    rc = run("kernels", "%s plan %s -O1 %s --gpus %d --kernels", fp8c, model, model_flags, gpus);
+    /* comm.overlap=0: one NCCL group at the start of the update */
+    rc = run("kernels", "%s plan %s -O1 %s --gpus %d --kernels --choice comm.overlap=0", fp8c, model,
+             model_flags, gpus);
     text = slurp("kernels.out");
     if (rc == 0) {   /* (an fp8c without the GPU backend has no listing to show) */
-        snprintf(want, sizeof want, "all_reduce (mean) x %d, one group", grads);
+        snprintf(want, sizeof want, "all_reduce (sum) x %d, one group", grads);
         if (!strstr(text, want)) fail_msg("no NCCL group in the listing:\n%.2000s", text);
+        assert_null(strstr(text, "bucket 0"));
+    }
+    free(text);
+}
+
+/* The buckets of the reduction (runtime/comm_buckets.c): every gradient in exactly one, each
+ * bucket but the last at least comm.bucket_mb, in the order the backward finishes them; the
+ * kernel listing sends each in the backward (comm.overlap, the default), after the launch
+ * that writes its last accumulator, and never two at once. */
+static void test_plan_shows_the_buckets(void **state) {
+    (void)state;
+    const int mb = 1 + (int)(seed % 2);
+    int rc = run("plan", "%s plan %s -O1 --batch 8 --seq 64 -D dim=256 --gpus 2 --json --choice "
+                 "comm.bucket_mb=%d", fp8c, model, mb);
+    char *text = slurp("plan.out");
+    if (rc != 0) fail_msg("plan failed:\n%s", text);
+    int grads = (int)json_num(text, "allreduce_tensors");
+    double bytes = json_num(text, "allreduce_bytes");
+    assert_non_null(strstr(text, "\"allreduce_overlap\": true"));
+    const char *p = strstr(text, "\"allreduce_buckets\": [");
+    assert_non_null(p);
+    int n = 0, tensors = 0;
+    double sum = 0, last = 0;
+    for (const char *q = p; (q = strstr(q, "{\"tensors\": ")); q++) {
+        if (n && last < (double)(mb << 20))
+            fail_msg("bucket %d holds %g bytes, less than %d MiB, and is not the last", n - 1, last, mb);
+        tensors += (int)json_num(q, "tensors");
+        last = json_num(q, "bytes");
+        assert_true(last > 0);
+        sum += last;
+        n++;
+    }
+    assert_true(n >= 2);
+    assert_int_equal(tensors, grads);
+    assert_true(sum == bytes);
+    free(text);
+
+    rc = run("table", "%s plan %s -O1 --batch 8 --seq 64 -D dim=256 --gpus 2 --choice comm.bucket_mb=%d",
+             fp8c, model, mb);
+    assert_int_equal(rc, 0);
+    text = slurp("table.out");
+    char want[128];
+    snprintf(want, sizeof want, "%d buckets of about %d.0 MiB", n, mb);
+    if (!strstr(text, want)) fail_msg("no \"%s\" in the plan:\n%s", want, text);
+    free(text);
+
+    rc = run("kernels", "%s plan %s -O1 --batch 8 --seq 64 -D dim=256 --gpus 2 --kernels --choice "
+             "comm.bucket_mb=%d", fp8c, model, mb);
+    text = slurp("kernels.out");
+    if (rc == 0) {
+        int at = -1;
+        for (int b = 0; b < n; b++) {
+            snprintf(want, sizeof want, "bucket %d: all_reduce (sum)", b);
+            const char *q = strstr(text, want);
+            if (!q) fail_msg("no \"%s\" in the listing:\n%.3000s", want, text);
+            const char *line = q;
+            while (line > text && line[-1] != '\n') line--;
+            if (!strstr(line, "backward")) fail_msg("bucket %d is not sent in the backward", b);
+            assert_true((int)(q - text) > at);
+            at = (int)(q - text);
+            /* the line before it: the launch that writes an accumulator, or another bucket */
+            const char *prev = line - 1;
+            while (prev > text && prev[-1] != '\n') prev--;
+            char before[256];
+            snprintf(before, sizeof before, "%.*s", (int)(line - prev), prev);
+            if (!strstr(before, "accumulate") && !strstr(before, "nccl"))
+                fail_msg("bucket %d does not follow an accumulation: %s", b, before);
+        }
+        assert_null(strstr(text, "one group"));
     }
     free(text);
 }
@@ -252,11 +323,54 @@ static void test_bad_launches(void **state) {
     assert_int_equal(access(id, F_OK), -1);
 }
 
+/* Rank r of W with A micro-steps reads micro-steps r*A .. r*A+A-1 of the global step: the W
+ * ranks together read exactly the batches of one process with W*A micro-steps, each once; and
+ * grad_scale, 1 / (A*W), is what that one process feeds (the accumulators, summed over the
+ * ranks, then hold what its accumulator holds). */
+static void test_data_split_and_grad_scale(void **state) {
+    (void)state;
+    TokenData d;
+    memset(&d, 0, sizeof d);
+    assert_true(rt_data_open(&d, data));
+    enum { B = 3, T = 16 };
+    int32_t tok[B * T], tgt[B * T], want_tok[B * T], want_tgt[B * T];
+    const uint64_t data_seed = seed;
+    const int64_t step = seed % 1000;
+    for (int world = 1; world <= 4; world++)
+        for (int accum = 1; accum <= 3; accum++) {
+            int n = world * accum;
+            int seen[12] = {0};
+            for (int r = 0; r < world; r++)
+                for (int m = 0; m < accum; m++) {
+                    int k = rt_global_micro(r, accum, m);
+                    assert_true(k >= 0 && k < n);
+                    seen[k]++;
+                    /* rank r's micro-step m, and one process's micro-step r*A+m */
+                    rt_data_train_batch(&d, data_seed, step, k, B, T, tok, tgt);
+                    rt_data_train_batch(&d, data_seed, step, rt_global_micro(0, n, r * accum + m), B,
+                                        T, want_tok, want_tgt);
+                    assert_memory_equal(tok, want_tok, sizeof tok);
+                    assert_memory_equal(tgt, want_tgt, sizeof tgt);
+                }
+            for (int k = 0; k < n; k++) assert_int_equal(seen[k], 1);
+            /* the f32 the update reads equals one process's with W*A micro-steps */
+            assert_true((float)rt_grad_scale(accum, world) == (float)rt_grad_scale(n, 1));
+            assert_true(fabs(rt_grad_scale(accum, world) * n - 1) < 1e-15);
+        }
+    /* different micro-steps are different batches (the ranks do not repeat each other) */
+    rt_data_train_batch(&d, data_seed, step, rt_global_micro(0, 1, 0), B, T, want_tok, want_tgt);
+    rt_data_train_batch(&d, data_seed, step, rt_global_micro(1, 1, 0), B, T, tok, tgt);
+    assert_true(memcmp(tok, want_tok, sizeof tok) != 0);
+    rt_data_free(&d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_one_rank_is_bit_identical, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_counts_the_all_reduce, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_launches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_data_split_and_grad_scale, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plan_shows_the_buckets, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

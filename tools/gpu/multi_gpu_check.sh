@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Data parallel over NCCL on one host with two GPUs (or more), in one command, ~5 minutes:
-#   1. equivalence: GPT-2 d12 -O1 (bf16 gradient reduction) for STEPS steps on 2 GPUs with
-#      --gpus 2, on 2 GPUs as two processes (--rank/--world-size/--comm-file), and on 1 GPU
-#      with --grad-accum 2, all on the same data: every step's loss within 1e-3 relative of
-#      the 1-GPU run; gpt2_tiny -O0 (f32 reduction) the same way;
-#   2. tokens/s: d12 batch 32 on 1 GPU and on 2 GPUs (--gpus 2), and the ratio to 2 x one GPU;
+# Data parallel over NCCL on one host with two GPUs (or more), in one command, ~6 minutes:
+#   1. equivalence: GPT-2 d12 -O1 (bf16 gradient sums) for STEPS (50) steps on 2 GPUs with
+#      --gpus 2, on 2 GPUs as two processes (--rank/--world-size/--comm-file), with the sums
+#      after the backward (comm.overlap=0), and on 1 GPU with --grad-accum 2, all on the same
+#      data with the same GEMM algorithms (FP8C_CUDA_TUNE=0: the heuristic's first, not timed,
+#      so that separate runs are comparable bit for bit). The two launches and the two
+#      schedules of the sums must be bit-identical; against one GPU, every step's loss within
+#      1e-3 relative, or within what one GPU does to itself under another equally valid
+#      rounding (the same run with timed GEMM algorithms), whichever is larger. gpt2_tiny -O0
+#      (f32 sums) the same way, bit-identical. Every step's losses: equivalence_BINARY.tsv.
+#   2. tokens/s: d12 batch 32 on 1 GPU and on 2 GPUs (--gpus 2), with the sums overlapped with
+#      the backward and after it, and the ratio to 2 x one GPU;
 #   3. checkpoints: a run saved on 2 GPUs resumes on 1;
 #   4. faults: rank 1 killed in the middle of a two-process run: rank 0 must end with an error
 #      within --comm-timeout (never hang); rank 0 alone, with no rank 1: ends at the timeout.
-# OUT ($OUT when set, else BUILD/multi-gpu/out) receives summary.txt (printed as it goes) and
-# logs.tgz. The binaries were built elsewhere by tools/gpu/prepare_multi_gpu.sh BUILD.
+# OUT ($OUT when set, else BUILD/multi-gpu/out) receives summary.txt (printed as it goes),
+# equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv and logs.tgz. The binaries were built elsewhere by
+# tools/gpu/prepare_multi_gpu.sh BUILD.
 #
-# usage: tools/gpu/multi_gpu_check.sh BUILD        knobs: STEPS (30), BENCH_STEPS (20)
+# usage: tools/gpu/multi_gpu_check.sh BUILD        knobs: STEPS (50), BENCH_STEPS (20)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${1:?usage: multi_gpu_check.sh BUILD}" && pwd)
@@ -19,7 +26,7 @@ BIN=$BUILD/multi-gpu/bin
 RESULTS=${OUT:-$BUILD/multi-gpu/out}
 mkdir -p "$RESULTS"
 W=$(mktemp -d "${TMPDIR:-/tmp}/fp8c-mgpu.XXXXXX")
-STEPS=${STEPS:-30}
+STEPS=${STEPS:-50}
 BENCH_STEPS=${BENCH_STEPS:-20}
 SUMMARY=$W/summary.txt
 : > "$SUMMARY"
@@ -61,11 +68,38 @@ b = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
 tol = float(sys.argv[3])
 if len(a) != len(b) or not a:
     print(f"steps differ: {len(a)} against {len(b)}"); sys.exit(1)
-worst = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
+d = [abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b)]
+worst = max(d)
+at = d.index(worst) + 1
 same = sum(x["loss"] == y["loss"] for x, y in zip(a, b))
-print(f"{len(a)} steps, worst relative loss difference {worst:.2e} (tolerance {tol:g}), "
+print(f"{len(a)} steps, worst relative loss difference {worst:.2e} at step {at} (tolerance {tol:g}), "
       f"{same} steps bit-identical; last losses {a[-1]['loss']:.5f} / {b[-1]['loss']:.5f}")
 sys.exit(0 if worst <= tol else 1)
+PY
+}
+# worst LOG_A LOG_B: the worst relative loss difference, a number
+worst() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1]) if '"loss"' in l]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2]) if '"loss"' in l]
+print(f"{max(abs(x - y) / abs(y) for x, y in zip(a, b)):.3e}" if a and len(a) == len(b) else "nan")
+PY
+}
+# table OUT LOG...: every step's loss of each log, and each one's relative difference to the first
+table() {
+    local out=$1; shift
+    python3 - "$out" "$@" <<'PY'
+import json, os, sys
+logs = sys.argv[2:]
+cols = [[json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in logs]
+names = [os.path.basename(p).rsplit(".", 1)[0] for p in logs]
+with open(sys.argv[1], "w") as f:
+    f.write("step\t" + "\t".join(names) + "\t" + "\t".join(f"rel_{n}" for n in names[1:]) + "\n")
+    for s in range(min(map(len, cols))):
+        ref = cols[0][s]
+        f.write(f"{s + 1}\t" + "\t".join(f"{c[s]:.8g}" for c in cols) + "\t" +
+                "\t".join(f"{abs(c[s] - ref) / abs(ref):.3e}" for c in cols[1:]) + "\n")
 PY
 }
 # median tokens/s of the steps after the third
@@ -83,54 +117,85 @@ last() { for f in "$@"; do [ -f "$W/$f.out" ] && tail -2 "$W/$f.out"; done | tr 
 common="--data $DATA --device cuda --seed 7 --lr 6e-4 --warmup 2 --eval-every 0 --overwrite --comm-timeout 120"
 
 # ---------------------------------------------------------------- 1. equivalence
-equiv() {   # equiv BINARY LABEL
-    local b=$BIN/$1 label=$2
-    run ${1}_1gpu "$b" $common --steps "$STEPS" --grad-accum 2 --log "$W/${1}_1gpu.jsonl" ||
-        { fail "$label on 1 GPU with --grad-accum 2: $(last ${1}_1gpu)"; return; }
-    run ${1}_gpus2 "$b" $common --steps "$STEPS" --gpus 2 --log "$W/${1}_gpus2.jsonl" ||
-        { fail "$label with --gpus 2: $(last ${1}_gpus2)"; return; }
-    rm -f "$W/${1}.id"
-    "$b" $common --steps "$STEPS" --rank 1 --world-size 2 --comm-file "$W/${1}.id" > "$W/${1}_rank1.out" 2>&1 &
+# (the same GEMM algorithms in every run: FP8C_CUDA_TUNE=0; timing them picks differently in
+# different runs, which no reduction could make equal)
+fixed="env FP8C_CUDA_TUNE=0"
+# two_procs BINARY NAME: two ranks as two processes, rank 0 logging to W/NAME.jsonl
+two_procs() {
+    local b=$BIN/$1 name=$2
+    rm -f "$W/$name.id"
+    $fixed "$b" $common --steps "$STEPS" --rank 1 --world-size 2 --comm-file "$W/$name.id" > "$W/${name}_rank1.out" 2>&1 &
     local p1=$!
-    run ${1}_rank0 "$b" $common --steps "$STEPS" --rank 0 --world-size 2 --comm-file "$W/${1}.id" \
-        --log "$W/${1}_ranks.jsonl"
+    run ${name}_rank0 $fixed "$b" $common --steps "$STEPS" --rank 0 --world-size 2 --comm-file "$W/$name.id" \
+        --log "$W/$name.jsonl"
     local s0=$?
     wait $p1
     local s1=$?
-    [ $s0 = 0 ] && [ $s1 = 0 ] ||
-        { fail "$label as two processes: rank 0 status $s0, rank 1 status $s1: $(last ${1}_rank0 ${1}_rank1)"; return; }
-    local r
-    r=$(compare "$W/${1}_gpus2.jsonl" "$W/${1}_1gpu.jsonl" 1e-3) && say "$label, --gpus 2 vs 1 GPU x 2 micro-steps: $r" ||
-        fail "$label, --gpus 2 vs 1 GPU x 2 micro-steps: $r"
-    r=$(compare "$W/${1}_ranks.jsonl" "$W/${1}_1gpu.jsonl" 1e-3) && say "$label, 2 processes vs 1 GPU x 2 micro-steps: $r" ||
-        fail "$label, 2 processes vs 1 GPU x 2 micro-steps: $r"
+    [ $s0 = 0 ] && [ $s1 = 0 ] && return 0
+    fail "$name as two processes: rank 0 status $s0, rank 1 status $s1: $(last ${name}_rank0 ${name}_rank1)"
+    return 1
+}
+equiv() {   # equiv BINARY LABEL [SERIAL_BINARY]
+    local b=$BIN/$1 label=$2 serial=${3:-} r
+    run ${1}_1gpu $fixed "$b" $common --steps "$STEPS" --grad-accum 2 --log "$W/${1}_1gpu.jsonl" ||
+        { fail "$label on 1 GPU with --grad-accum 2: $(last ${1}_1gpu)"; return; }
+    run ${1}_gpus2 $fixed "$b" $common --steps "$STEPS" --gpus 2 --log "$W/${1}_gpus2.jsonl" ||
+        { fail "$label with --gpus 2: $(last ${1}_gpus2)"; return; }
+    two_procs "$1" "${1}_ranks" || return
     r=$(compare "$W/${1}_ranks.jsonl" "$W/${1}_gpus2.jsonl" 0) && say "$label, 2 processes vs --gpus 2: $r" ||
-        say "note: $label, 2 processes vs --gpus 2 not bit-identical: $r"
-    say "$label tokens/s: 1 GPU x 2 micro-steps $(tps "$W/${1}_1gpu.jsonl"), --gpus 2 $(tps "$W/${1}_gpus2.jsonl"), 2 processes $(tps "$W/${1}_ranks.jsonl")"
+        fail "$label, 2 processes vs --gpus 2 (must be bit-identical): $r"
+    local logs=("$W/${1}_1gpu.jsonl" "$W/${1}_gpus2.jsonl" "$W/${1}_ranks.jsonl")
+    if [ -n "$serial" ]; then
+        if run ${1}_serial $fixed "$BIN/$serial" $common --steps "$STEPS" --gpus 2 --log "$W/${1}_serial.jsonl"; then
+            r=$(compare "$W/${1}_serial.jsonl" "$W/${1}_gpus2.jsonl" 0) &&
+                say "$label, sums after the backward vs overlapped with it: $r" ||
+                fail "$label, sums after the backward vs overlapped (must be bit-identical): $r"
+            logs+=("$W/${1}_serial.jsonl")
+        else
+            fail "$label with comm.overlap=0: $(last ${1}_serial)"
+        fi
+    fi
+    # one GPU against itself under another rounding of the same sums: GEMM algorithms timed
+    local floor=0
+    if run ${1}_1gpu_timed "$b" $common --steps "$STEPS" --grad-accum 2 --log "$W/${1}_1gpu_timed.jsonl"; then
+        floor=$(worst "$W/${1}_1gpu_timed.jsonl" "$W/${1}_1gpu.jsonl")
+        say "$label, 1 GPU with timed GEMM algorithms vs the heuristic's first (its own rounding floor): worst $floor"
+        logs+=("$W/${1}_1gpu_timed.jsonl")
+    fi
+    local tol
+    tol=$(python3 -c "print(max(1e-3, float('$floor')))")
+    r=$(compare "$W/${1}_gpus2.jsonl" "$W/${1}_1gpu.jsonl" "$tol") && say "$label, 2 GPUs vs 1 GPU x 2 micro-steps: $r" ||
+        fail "$label, 2 GPUs vs 1 GPU x 2 micro-steps: $r"
+    table "$RESULTS/equivalence_$1.tsv" "${logs[@]}"
 }
 say ""
-say "== 1. equivalence ($STEPS steps, same seed and data)"
-equiv d12_O1_b8 "GPT-2 d12 -O1 batch 8 (bf16 reduction)"
+say "== 1. equivalence ($STEPS steps, same seed, data and GEMM algorithms)"
+equiv d12_O1_b8 "GPT-2 d12 -O1 batch 8 (bf16 sums)" d12_O1_b8_serial
 grep -h "device:\|data parallel" "$W/d12_O1_b8_gpus2.out" 2>/dev/null | head -2 | tee -a "$SUMMARY"
-equiv tiny_O0 "gpt2_tiny -O0 batch 16 (f32 reduction)"
+STEPS=30 equiv tiny_O0 "gpt2_tiny -O0 batch 16 (f32 sums)"
+r=$(compare "$W/tiny_O0_gpus2.jsonl" "$W/tiny_O0_1gpu.jsonl" 0) && say "gpt2_tiny -O0, 2 GPUs vs 1 GPU bit for bit: $r" ||
+    fail "gpt2_tiny -O0, 2 GPUs vs 1 GPU (f32: must be bit-identical): $r"
 
 # ---------------------------------------------------------------- 2. throughput
 say ""
 say "== 2. tokens/s, GPT-2 d12 -O1 batch 32 x 1024 per GPU ($BENCH_STEPS steps, median after 3)"
 if run b32_1 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --log "$W/b32_1.jsonl" &&
-   run b32_2 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --gpus 2 --log "$W/b32_2.jsonl"; then
-    t1=$(tps "$W/b32_1.jsonl"); t2=$(tps "$W/b32_2.jsonl")
-    say "1 GPU $t1 tokens/s, 2 GPUs $t2 tokens/s: $(python3 -c "print(f'{$t2 / (2 * $t1):.3f}')") of 2 x one GPU"
+   run b32_2 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --gpus 2 --log "$W/b32_2.jsonl" &&
+   run b32_2s "$BIN/d12_O1_b32_serial" $common --steps "$BENCH_STEPS" --gpus 2 --log "$W/b32_2s.jsonl"; then
+    t1=$(tps "$W/b32_1.jsonl"); t2=$(tps "$W/b32_2.jsonl"); t2s=$(tps "$W/b32_2s.jsonl")
+    say "1 GPU $t1 tokens/s; 2 GPUs, sums overlapped with the backward: $t2 tokens/s, $(python3 -c "print(f'{$t2 / (2 * $t1):.3f}')") of 2 x one GPU"
+    say "2 GPUs, sums after the backward (comm.overlap=0): $t2s tokens/s, $(python3 -c "print(f'{$t2s / (2 * $t1):.3f}')") of 2 x one GPU"
+    grep -h "device:" "$W/b32_2.out" 2>/dev/null | head -1 | tee -a "$SUMMARY"
 else
-    fail "throughput runs: $(last b32_1 b32_2)"
+    fail "throughput runs: $(last b32_1 b32_2 b32_2s)"
 fi
 
 # ---------------------------------------------------------------- 3. resume on 1 GPU
 say ""
 say "== 3. a checkpoint of 2 GPUs resumes on 1"
-if run save2 "$BIN/d12_O1_b8" $common --steps 10 --stop-at 5 --gpus 2 --out "$W/ck" &&
-   run resume1 "$BIN/d12_O1_b8" $common --steps 10 --grad-accum 2 --resume "$W/ck" --log "$W/resume1.jsonl" &&
-   run straight "$BIN/d12_O1_b8" $common --steps 10 --gpus 2 --log "$W/straight.jsonl"; then
+if run save2 $fixed "$BIN/d12_O1_b8" $common --steps 10 --stop-at 5 --gpus 2 --out "$W/ck" &&
+   run resume1 $fixed "$BIN/d12_O1_b8" $common --steps 10 --grad-accum 2 --resume "$W/ck" --log "$W/resume1.jsonl" &&
+   run straight $fixed "$BIN/d12_O1_b8" $common --steps 10 --gpus 2 --log "$W/straight.jsonl"; then
     r=$(python3 - "$W/resume1.jsonl" "$W/straight.jsonl" <<'PY'
 import json, sys
 a = {j["step"]: j["loss"] for j in map(json.loads, open(sys.argv[1]))}

@@ -21,8 +21,8 @@ JOBS=${JOBS:-2}
 CORPUS=${CORPUS:-/work/shared/data/gcide.txt.gz}
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-make -C "$BUILD" -j"$JOBS" fp8c fp8c-tokenize test_gpu_ops test_gpu_train test_gpu_cg gpu_test_graphs >/dev/null
-for t in test_gpu_ops test_gpu_train test_gpu_cg; do
+make -C "$BUILD" -j"$JOBS" fp8c fp8c-tokenize test_gpu_ops test_gpu_train test_gpu_cg test_gpu_comm gpu_test_graphs >/dev/null
+for t in test_gpu_ops test_gpu_train test_gpu_cg test_gpu_comm; do
     if ldd "$BUILD/tests/gpu/$t" | grep -q libcmocka; then
         echo "$BUILD/tests/gpu/$t links the shared libcmocka, which the GPU machine lacks:" \
              "run tools/gpu/build_cmocka_static.sh, then this again" >&2

@@ -1,0 +1,204 @@
+/* exec_comm.c — the executor's gradient reduction: NCCL sums, overlapped with the backward.
+ *
+ * A data-parallel step sums every gradient accumulator over the ranks (the graph's ALL_REDUCE
+ * nodes, passes/comm.c) in buckets (runtime/comm_buckets.c: runs of gradients in the order the
+ * backward finishes them, about 25 MiB each). With the choice comm.overlap on (the default)
+ * the last micro-step of a step runs its own list: the micro-step's launches, with each
+ * bucket's sums enqueued on a stream of their own (NCCL's) at the place where the bucket's last
+ * accumulator is written. An event recorded on the executor's stream there, and waited on by
+ * NCCL's stream, orders the bucket after its accumulations and before nothing else, so NCCL
+ * moves the last layers' gradients while the first layers' backward still runs; a last event,
+ * recorded on NCCL's stream at the end and waited on by the executor's, makes everything
+ * after the micro-step (the gradient check, the update) wait for every bucket. The earlier
+ * micro-steps of a step (--grad-accum) run the plain list: their accumulators are not final.
+ *
+ * The list is captured in a CUDA graph like the others, from its second run on: NCCL (2.9 and
+ * later) can be captured, and a capture may fork to another stream and join back through
+ * events, but NCCL's first collectives of a size set up connections, which must not run
+ * inside a capture, so the first run launches directly. Where a bucket's accumulator is
+ * written is read from the launch plans, not the node order: an accumulation that a GEMM's
+ * epilogue or a quantize's bias-gradient fusion does runs where that launch runs, which may
+ * be after the ACCUMULATE node's own place.
+ *
+ * The sums are the same bits either way and every run: the same buckets, each gradient its
+ * own ncclAllReduce in the same order, on the same ranks. comm.overlap=0 (fp8c build
+ * --choice) keeps the sums at the start of the update, one NCCL group, for comparison. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "exec_internal.h"
+
+/* Whether plan p's launches compute node n (its own node, an epilogue's member, or work a
+ * launch absorbed). */
+static bool plan_computes(const CuNodePlan *p, const Node *own, const Node *n) {
+    if ((p->node ? p->node : own) == n) return true;
+    for (int k = 0; k < p->n_members; k++)
+        if (p->members[k] == n) return true;
+    for (int k = 0; k < p->n_absorbed; k++)
+        if (p->absorbed[k] == n) return true;
+    return false;
+}
+
+/* Whether a node that plan p's launches compute, or one of its operands, shares bytes with
+ * the accumulator acc: the launches then read or write what NCCL is summing in place. */
+static bool plan_touches(const CuNodePlan *p, const Node *own, const Node *acc) {
+    const Node *nodes[2 + 16];
+    int n = 0;
+    nodes[n++] = p->node ? p->node : own;
+    for (int k = 0; k < p->n_members && n < 16; k++) nodes[n++] = p->members[k];
+    for (int k = 0; k < p->n_absorbed && n < 16; k++) nodes[n++] = p->absorbed[k];
+    for (int k = 0; k < n; k++) {
+        if (fuse_nodes_overlap(nodes[k], acc)) return true;
+        for (int i = 0; i < nodes[k]->n_in; i++)
+            if (fuse_nodes_overlap(nodes[k]->in[i], acc)) return true;
+    }
+    return false;
+}
+
+bool cuda_comm_bucket_roots(const Graph *g, const CuNodePlan *plans, const RtCommPlan *cp, int *root) {
+    int last_micro = -1;
+    for (int j = 0; j < g->n_nodes; j++)
+        if (g->nodes[j]->phase != PHASE_UPDATE && plans[j].n_launch) last_micro = j;
+    for (int b = 0; b < cp->n_buckets; b++) {
+        const RtBucket *k = &cp->buckets[b];
+        int at = b ? root[b - 1] : -1;   /* in order: a bucket never leaves before the one before it */
+        for (int i = k->first; i < k->first + k->count; i++) {
+            const Node *acc = cp->reduce[i]->in[0];
+            int found = -1;
+            for (int j = 0; j < g->n_nodes; j++)
+                if (g->nodes[j]->phase != PHASE_UPDATE && plans[j].n_launch &&
+                    plan_computes(&plans[j], g->nodes[j], acc))
+                    found = j;
+            if (found < 0) found = last_micro;   /* not found: after the whole backward */
+            if (found > at) at = found;
+        }
+        /* and after any later launch that still reads or writes one of its accumulators (none
+         * in the graphs the compiler makes: the ACCUMULATE is the last to touch its state in
+         * the micro-step; this keeps a future fusion from racing with NCCL) */
+        for (int j = last_micro; j > at; j--) {
+            if (g->nodes[j]->phase == PHASE_UPDATE || !plans[j].n_launch) continue;
+            bool touches = false;
+            for (int i = k->first; i < k->first + k->count && !touches; i++)
+                touches = plan_touches(&plans[j], g->nodes[j], cp->reduce[i]->in[0]);
+            if (touches) {
+                at = j;
+                break;
+            }
+        }
+        root[b] = at;
+    }
+    return true;
+}
+
+bool exec_comm_open(CudaExec *e, const int *micro_end) {
+    Graph *g = e->g;
+    if (!cuda_nccl_active()) return true;
+    if (!rt_comm_plan(g, &e->comm)) {
+        rt_error("out of memory");
+        return false;
+    }
+    /* the sums in the order they are sent (the buckets'), each one tensor */
+    e->reduce = calloc((size_t)(e->comm.n_reduce ? e->comm.n_reduce : 1), sizeof *e->reduce);
+    if (!e->reduce) return false;
+    for (int i = 0; i < e->comm.n_reduce; i++) {
+        const Node *n = e->comm.reduce[i];
+        ExecReduce *r = &e->reduce[i];
+        r->node = n;
+        r->count = ir_numel(&n->t);
+        r->elem = n->t.fmt.elem;
+        if (!exec_map_tensor(e, &n->t, &r->p)) return false;
+    }
+    e->n_reduce = e->comm.n_reduce;
+    e->overlap = e->n_reduce && rt_comm_overlap(g) && !e->tune_report;
+    if (!e->overlap) return true;
+    int *root = malloc(sizeof *root * (size_t)e->comm.n_buckets);
+    e->bucket_at = malloc(sizeof *e->bucket_at * (size_t)e->comm.n_buckets);
+    if (!root || !e->bucket_at) {
+        free(root);
+        return false;
+    }
+    cuda_comm_bucket_roots(g, e->plans, &e->comm, root);
+    for (int b = 0; b < e->comm.n_buckets; b++)
+        e->bucket_at[b] = root[b] >= 0 ? micro_end[root[b]] : 0;
+    free(root);
+    return CU_CHECK(CU(cuStreamCreate)(&e->comm_stream, CU_STREAM_NON_BLOCKING)) &&
+           CU_CHECK(CU(cuEventCreate)(&e->comm_ready, CU_EVENT_DISABLE_TIMING)) &&
+           CU_CHECK(CU(cuEventCreate)(&e->comm_done, CU_EVENT_DISABLE_TIMING));
+}
+
+void exec_comm_close(CudaExec *e) {
+    if (e->last.exec) CU(cuGraphExecDestroy)(e->last.exec);
+    if (e->last.graph) CU(cuGraphDestroy)(e->last.graph);
+    if (e->comm_stream) CU(cuStreamSynchronize)(e->comm_stream);
+    if (e->comm_ready) CU(cuEventDestroy_v2)(e->comm_ready);
+    if (e->comm_done) CU(cuEventDestroy_v2)(e->comm_done);
+    if (e->comm_stream) CU(cuStreamDestroy_v2)(e->comm_stream);
+    free(e->bucket_at);
+    free(e->reduce);
+    rt_comm_plan_free(&e->comm);
+}
+
+/* reduce[first .. first+count) summed over the ranks on `stream`, as one NCCL group */
+static bool exec_sum_group(CudaExec *e, int first, int count, CUstream stream) {
+    if (!cuda_nccl_group(true)) return false;
+    bool ok = true;
+    for (int i = first; ok && i < first + count; i++)
+        ok = cuda_nccl_all_reduce_sum(e->reduce[i].p, e->reduce[i].count, e->reduce[i].elem, stream);
+    return cuda_nccl_group(false) && ok;
+}
+
+bool exec_run_reduce(CudaExec *e) {
+    return !e->n_reduce || exec_sum_group(e, 0, e->n_reduce, e->stream);
+}
+
+/* Bucket b on NCCL's stream, after everything the executor's stream has enqueued so far. */
+static bool exec_send_bucket(CudaExec *e, int b) {
+    const RtBucket *k = &e->comm.buckets[b];
+    return CU_CHECK(CU(cuEventRecord)(e->comm_ready, e->stream)) &&
+           CU_CHECK(CU(cuStreamWaitEvent)(e->comm_stream, e->comm_ready, 0)) &&
+           exec_sum_group(e, k->first, k->count, e->comm_stream);
+}
+
+/* The micro-step's launches with the buckets between them, then the join. */
+static bool exec_launch_last(CudaExec *e) {
+    ExecList *L = &e->lists[LIST_MICRO];
+    bool ok = true;
+    int b = 0;
+    for (int i = 0; ok && i <= L->n; i++) {
+        for (; ok && b < e->comm.n_buckets && e->bucket_at[b] <= i; b++) ok = exec_send_bucket(e, b);
+        if (ok && i < L->n) ok = exec_launch(e, &L->l[i]);
+    }
+    return ok && CU_CHECK(CU(cuEventRecord)(e->comm_done, e->comm_stream)) &&
+           CU_CHECK(CU(cuStreamWaitEvent)(e->stream, e->comm_done, 0));
+}
+
+static bool exec_run_last(CudaExec *e) {
+    ExecList *G = &e->last;
+    if (!e->graphs || e->sync_each || e->profile || !e->last_warm) {
+        e->last_warm = true;   /* NCCL has set up its connections for these sizes */
+        return exec_launch_last(e);
+    }
+    if (!G->captured) {
+        if (!CU_CHECK(CU(cuStreamBeginCapture_v2)(e->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)))
+            return false;
+        bool ok = exec_launch_last(e);
+        CUgraph graph = NULL;
+        bool ended = CU_CHECK(CU(cuStreamEndCapture)(e->stream, &graph));
+        if (!ok || !ended) return false;
+        if (!CU_CHECK(CU(cuGraphInstantiateWithFlags)(&G->exec, graph, 0))) return false;
+        G->graph = graph;
+        G->captured = true;
+    }
+    return CU_CHECK(CU(cuGraphLaunch)(G->exec, e->stream));
+}
+
+bool cuda_exec_run_last_micro_step(CudaExec *e) {
+    if (!e->overlap) return cuda_exec_run_micro_step(e);
+    cuda_nccl_arm("the last micro-step with its gradient all-reduce");
+    bool ok = exec_run_last(e) && exec_finish(e, "micro-step");
+    cuda_nccl_disarm();
+    e->reduced = ok;
+    return ok;
+}
+
+int cuda_exec_buckets(const CudaExec *e) { return e->overlap ? e->comm.n_buckets : 0; }
