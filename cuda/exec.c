@@ -135,7 +135,13 @@ bool exec_get_function(CudaExec *e, const Node *n, const char *fn, unsigned smem
                  fn, ir_op_info(n->op)->text, n->id);
         return false;
     }
-    return smem <= 48 * 1024 ||
+    /* the dynamic shared memory a launch may ask for: by default 48 KiB less the kernel's
+     * static shared memory; raised (never lowered: launches of one kernel may ask for
+     * different sizes, a norm's by its row length) where this launch asks for more */
+    if (!smem) return true;
+    int most = 0;
+    if (!CU_CHECK(CU(cuFuncGetAttribute)(&most, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, *f))) return false;
+    return (int)smem <= most ||
            CU_CHECK(CU(cuFuncSetAttribute)(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 }
 

@@ -36,6 +36,7 @@
     X(cuModuleUnload, CUresult, (CUmodule))                                                  \
     X(cuModuleGetFunction, CUresult, (CUfunction *, CUmodule, const char *))                 \
     X(cuFuncSetAttribute, CUresult, (CUfunction, CUfunction_attribute, int))                 \
+    X(cuFuncGetAttribute, CUresult, (int *, CUfunction_attribute, CUfunction))               \
     X(cuLaunchKernel, CUresult, (CUfunction, unsigned, unsigned, unsigned, unsigned,         \
                                  unsigned, unsigned, unsigned, CUstream, void **, void **))  \
     X(cuStreamCreate, CUresult, (CUstream *, unsigned))                                      \
