@@ -106,7 +106,10 @@ bool plan_optimizer(Spec *s);
 typedef struct {
     const Node *bx, *bw, *sum, *add, *acc_w, *acc_b;
 } NormGrads;
-enum { NORM_GRAD_BLOCKS = 512 };   /* the first launch's blocks, at most: its rows of partials */
+/* the first launch: four warps a block (each warp's column sums take NV x 1 KiB, twice with a
+ * bias, of shared memory: small blocks keep several on an SM at GPT-2 d48's 1600), at most
+ * CK_AMAX_PARTS blocks (the rows of partials; the slots of the result's block maxima) */
+enum { NORM_GRAD_THREADS = 128, NORM_GRAD_BLOCKS = 1024 };
 bool plan_norm_grads(Spec *s, const NormGrads *ng);
 
 /* ---------------------------------------------------------------- spec_gemm.c */

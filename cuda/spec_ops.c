@@ -377,10 +377,10 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     bool ln = bx->op == OP_LAYERNORM_BWD_X;
     int res = !ng->add ? 0 : ng->add->in[0] == bx ? 2 : 1;
     const Node *other = res ? ng->add->in[res == 1 ? 0 : 1] : NULL;
-    int64_t P = grid_warp_rows(R);
+    int64_t P = (R + NORM_GRAD_THREADS / 32 - 1) / (NORM_GRAD_THREADS / 32);
     if (P > NORM_GRAD_BLOCKS) P = NORM_GRAD_BLOCKS;
     need_scratch(s, P * C * 4 * (ng->sum ? 2 : 1));
-    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)P, ROW_THREADS,
+    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)P, NORM_GRAD_THREADS,
                               "ck_norm_bwd_fused<%d, %d, %d, %s, %s, %s, %s, %s, %s>(a)", ln, ng->sum != NULL, nv,
                               fmt_arg(s, &y->t), fmt_arg(s, &dy->t), fmt_arg(s, &x->t), fmt_arg(s, &bx->in[2]->t),
                               other ? fmt_arg(s, &other->t) : F32_ARG, fmt_arg(s, &bx->t));
@@ -390,7 +390,7 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     arg_node(l, 5, bx);
     l->args.n_in = 5;
     l->scratch = 0;
-    l->smem = (unsigned)(ROW_THREADS / 32 * (ng->sum ? 2 : 1) * C * 4);   /* each warp's column sums */
+    l->smem = (unsigned)(NORM_GRAD_THREADS / 32 * (ng->sum ? 2 : 1) * nv * 32 * 8 * 4);   /* each warp's column sums */
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res;
     l->args.f[0] = ln ? IR_FATTR(bx, LAYERNORM_BWD_X, eps) : IR_FATTR(bx, RMSNORM_BWD_X, eps);
     arg_amax_parts(s, l, y);

@@ -621,7 +621,7 @@ template <class T> static __device__ __forceinline__ void ck_ld8(const CkTensor 
  * (held in registers with the row, they took 128 a thread, two blocks an SM, and the pass ran
  * at a third of the memory's speed), the block then adds its warps' sums in order, and block b
  * leaves row b of the partials in scratch for ck_norm_grads_final (HB: there is a bias).
- * Shared memory: warps x (1 + HB) x C floats, dynamic. Fixed order throughout: the same bits every
+ * Shared memory: warps x (1 + HB) x NV x 32 x CK_VEC floats, dynamic. Fixed order throughout: the same bits every
  * run. The spec fuses only rows that fit the lanes' registers (C a multiple of CK_VEC, at most
  * NV * 32 * CK_VEC).
  * t = {Y (the sum, or dx), dy, x, w, the other term (RES > 0), dx's tensor (its format)};
@@ -635,10 +635,13 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
     bool vec = DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0]) && (!res || RS::vec_ok(a.t[4]));
-    float *gw = ck_norm_sums + (i64)warp * (1 + HB) * C, *gb = gw + C, m = 0.0f;
-    for (i64 c = lane; c < C; c += 32) {
-        gw[c] = 0.0f;
-        if (HB) gb[c] = 0.0f;
+    /* a warp's sums, element j of its vector k of lane l at (k CK_VEC + j) 32 + l: the lanes of
+     * one update hit 32 banks (by column, eight lanes would share one) */
+    const int S = NV * CK_VEC * 32;
+    float *gw = ck_norm_sums + (i64)warp * (1 + HB) * S, *gb = gw + S, m = 0.0f;
+    for (int i = lane; i < S; i += 32) {
+        gw[i] = 0.0f;
+        if (HB) gb[i] = 0.0f;
     }
     __syncwarp();
     for (i64 r = CK_ROW_OF_WARP; r < R; r += (i64)gridDim.x * warps) {
@@ -682,8 +685,8 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
                 float g = d[j] * wv[j], xh = (v[j] - mean) * rstd;
                 sgf += g;
                 sgxf = fmaf(g, xh, sgxf);
-                gw[c + j] += d[j] * xh;
-                if (HB) gb[c + j] += d[j];
+                gw[(k * CK_VEC + j) * 32 + lane] += d[j] * xh;
+                if (HB) gb[(k * CK_VEC + j) * 32 + lane] += d[j];
             }
         }
         float mg = LN ? (float)(ck_warp_sum((double)sgf) / (double)C) : 0.0f;
@@ -719,9 +722,10 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
     float *out_w = (float *)a.scratch + (i64)blockIdx.x * C, *out_b = (float *)a.scratch + ((i64)gridDim.x + blockIdx.x) * C;
     for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
         float sw = 0.0f, sb = 0.0f;
+        int at = (int)((c / (32 * CK_VEC) * CK_VEC + c % CK_VEC) * 32 + c / CK_VEC % 32);
         for (int v = 0; v < warps; v++) {
-            sw += ck_norm_sums[(i64)v * (1 + HB) * C + c];
-            if (HB) sb += ck_norm_sums[(i64)v * (1 + HB) * C + C + c];
+            sw += ck_norm_sums[v * (1 + HB) * S + at];
+            if (HB) sb += ck_norm_sums[v * (1 + HB) * S + S + at];
         }
         out_w[c] = sw;
         if (HB) out_b[c] = sb;
