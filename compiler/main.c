@@ -10,9 +10,10 @@
  *   fp8c recipes                                                         list the --recipe names
  *
  * Build flags: -O0..-O3, --batch N, --seq N, -D name=value, --config FILE, --policy FILE,
- * --precision PATTERN=FORMAT, --recipe NAME, --grad-release, --gpus N, --print-ir-after=PASS|all,
- * --verify, --tune FILE [--tune-mismatch=defaults] (a tuning record's winners), --choice
- * NAME=VALUE. A flag that takes a value takes it as the next word or after '=' (--batch=8).
+ * --precision PATTERN=FORMAT, --recipe NAME, --optimizer NAME, --nesterov, --grad-release,
+ * --gpus N, --print-ir-after=PASS|all, --verify, --tune FILE [--tune-mismatch=defaults] (a
+ * tuning record's winners), --choice NAME=VALUE. A flag that takes a value takes it as the next
+ * word or after '=' (--batch=8).
  * Every flag is checked; a bad one is one line on stderr and exit status 2, and an unknown
  * one names the known flag nearest to it. */
 #include "codegen.h"
@@ -54,6 +55,7 @@ static void usage(FILE *out)
           "             --config FILE (a Hugging Face config.json's sizes as -D; -D wins)\n"
           "             --precision PATTERN=FORMAT  --recipe NAME (fp8c recipes)\n"
           "             --grad-release  --verify\n"
+          "             --optimizer adamw|lion|sgd (default: the model's)  --nesterov (sgd)\n"
           "             --gpus N (data parallel: gradients averaged over N GPUs; plan: per GPU)\n"
           "             --print-ir-after=PASS|all  --stop-after=PASS\n"
           "             --cpu=NAME (CPU kernels for an LLVM CPU, e.g. x86-64-v3; default: this one)\n"
@@ -76,7 +78,7 @@ static _Noreturn void bad_flag(const char *fmt, const char *arg)
 /* The flags that take a value, which may also come after '=' (--batch=8). */
 static const char *const value_flags[] = {"--batch", "--seq", "--config", "--policy", "--precision",
                                           "--recipe", "--device", "--vs", "--gpus", "--tune", "--budget",
-                                          "--memory-budget", "--tune-steps", "--choice", NULL};
+                                          "--memory-budget", "--tune-steps", "--choice", "--optimizer", NULL};
 
 static _Noreturn void unknown_flag(const char *s)
 {
@@ -296,6 +298,13 @@ static void parse_args(int argc, char **argv, Args *a)
             if (!next || !strchr(next, '=')) bad_flag("--precision needs PATTERN=FORMAT, not '%s'", next ? next : "");
             if (a->build.passes.n_overrides == MAX_OVERRIDES) bad_flag("too many --precision flags%s", "");
             a->overrides[a->build.passes.n_overrides++] = next, i++;
+        } else if (!strcmp(s, "--optimizer")) {
+            OptimKind kind;
+            if (!next || !ir_optim_from_name(next, &kind))
+                bad_flag("--optimizer needs adamw, lion or sgd, not '%s'", next ? next : "");
+            a->build.passes.optimizer = next, i++;
+        } else if (!strcmp(s, "--nesterov")) {
+            a->build.passes.nesterov = true;
         } else if (!strcmp(s, "--grad-release")) {
             a->build.passes.grad_release = true;
         } else if (!strcmp(s, "--gpus")) {
