@@ -1,10 +1,11 @@
-/* lower_adamw.c — the optimizer's kernels: clipping, the gradient norm, the AdamW update.
+/* lower_adamw.c — the optimizer's kernels: clipping, the gradient norm, the updates (AdamW,
+ * Lion, SGD with momentum).
  *
  * The update is the one kernel that reads and writes the optimizer-state codecs (FP8 with
  * range expansion, companded int8, split master weights) itself, instead of leaving a coded
  * tensor to the reference executor: at O2/O3 the states are most of the step's bytes, and a
  * codec's groups share side values that only a kernel seeing the whole group can make. The
- * section on AdamW below says how the items are cut and how close the f32 codec math comes to
+ * section on the updates below says how the items are cut and how close the f32 codec math comes to
  * codecs.c's f64. The clip coefficient and the gradient norm are one-item kernels; the
  * weights' amax the update needs for their FP8 copy uses lower_rows.c's partial sums. */
 #include "lower_kernels.h"
@@ -44,16 +45,18 @@ void lower_grad_norm(Lower *L, Node *n)
     cg_store(k, cg_buf_tensor(k, n, false, true), ic(k, 0), fmul(k, e1(k, CG_SQRT, s), gs), NONE, NONE);
 }
 
-/* ---------------------------------------------------------------- AdamW
+/* ---------------------------------------------------------------- the updates
  *
- * ref_optim.c's update in f32: the step's scalars and bias corrections in the prologue, then
- * per element g, m, v, the weight. With plain states that is an elementwise kernel. At O2/O3
- * m and v are stored through the optimizer-state codecs of ir/codecs.c, whose groups share
+ * ref_optim.c's updates in f32: the step's scalars (and AdamW's bias corrections) in the
+ * prologue, then per element g, the states, the weight. AdamW keeps two states (m, v), Lion and
+ * SGD one (their momentum m, stored as Adam's m is); the lowering is one for all three, only
+ * the element's arithmetic differs (update_element). With plain states that is an elementwise
+ * kernel. At O2/O3 the states are stored through the optimizer-state codecs of ir/codecs.c, whose groups share
  * side values (amax, the range-expansion exponent k) that depend on every new element of the
  * group, so the update is a block kernel: an item is a chunk of C consecutive elements (the
  * larger of the two states' group sizes, so that every group lies in one item) and runs
- *   1. a row loop over the chunk: decode m, v and the master, the AdamW step, store the
- *      weight (splitting a split master), zero the gradient, keep the new m and v in locals;
+ *   1. a row loop over the chunk: decode the states and the master, the step, store the
+ *      weight (splitting a split master), zero the gradient, keep the new states in locals;
  *   2. per coded state and group: a row loop of reductions for the group's statistics, the
  *      side values, and a row loop that encodes and stores the codes.
  * It is the GPU library's ck_adamw_coded (a warp per 128 elements) in kernel-IR form.
@@ -72,14 +75,14 @@ void lower_grad_norm(Lower *L, Node *n)
  * holding a NaN keeps NaN as its max (an infinity: inf), codes of zero, and decodes to NaN.
  * tests/test_codegen.c states and checks the bounds. */
 
-enum { A_PARAM, A_GRAD, A_M, A_V, A_LR, A_STEP, A_CLIP, A_GRAD_SCALE, A_MASTER };
+enum { A_PARAM, A_GRAD, A_M };   /* then the other state (AdamW's v), lr, step, clip, grad_scale */
 
 /* codecs.c's range expansion: the group's range becomes e4m3's normal range 448 / 2^-6, and
  * k is capped at 16 */
 #define EXPAND_RANGE 28672.0
 #define EXPAND_K_MAX 16.0
 
-/* An Adam moment as the update kernel sees it. */
+/* An optimizer state (Adam's m or v, Lion's or SGD's momentum) as the update kernel sees it. */
 typedef struct {
     Codec codec;            /* CODEC_PLAIN: loaded and stored through the tensor's format */
     int64_t group;          /* elements sharing side values; 1 when plain */
@@ -90,13 +93,16 @@ typedef struct {
 } Moment;
 
 typedef struct {
-    double b1, b2, eps, wd;
-    int lr, gmul, bc1, bc2;     /* prologue values */
+    OpKind op;                  /* ADAMW, LION, SGD */
+    double b1, b2, eps, wd;     /* SGD: b1 is the momentum */
+    bool nesterov;              /* SGD */
+    int lr, gmul, bc1, bc2;     /* prologue values; bc1, bc2: AdamW's */
     int param, grad;
     int master;                 /* a plain master's tensor, a split master's codes, or NONE */
     bool split;
     int copy;                   /* the weights' FP8 copy for the next step, or NONE */
-    Moment m, v;
+    int n_states;               /* 2 (m, v) or 1 (m) */
+    Moment st[2];
 } Adam;
 
 
@@ -256,32 +262,52 @@ static void weight_store(CgKernel *k, const Adam *A, int i, int w)
     if (A->copy != NONE) cg_store(k, A->copy, i, cg_round(k, A->param, i, w, NONE, NONE), NONE, NONE);
 }
 
-/* The step of element i from its old moments: stores the weight and a zero gradient and
- * returns the new moments (adamw_task). */
-static void adamw_element(CgKernel *k, const Adam *A, int i, int m_old, int v_old, int *m_new, int *v_new)
+/* The step of element i from its old states: stores the weight and a zero gradient and
+ * returns the new states (ref_optim.c's update_task, in f32). */
+static void update_element(CgKernel *k, const Adam *A, int i, const int *old, int *now)
 {
     int g = fmul(k, ld(k, A->grad, i), A->gmul);
-    int m = fadd(k, fmul(k, fc(k, A->b1), m_old), fmul(k, fc(k, 1 - A->b1), g));
-    int v = fadd(k, fmul(k, fc(k, A->b2), v_old), fmul(k, fmul(k, fc(k, 1 - A->b2), g), g));
-    int mhat = fdiv(k, m, A->bc1), vhat = fdiv(k, v, A->bc2);
-    int w = weight_load(k, A, i);
-    int upd = fadd(k, fdiv(k, mhat, fadd(k, e1(k, CG_SQRT, vhat), fc(k, A->eps))), fmul(k, fc(k, A->wd), w));
+    int w = weight_load(k, A, i), upd;
+    switch (A->op) {
+    case OP_ADAMW: {
+        int m = fadd(k, fmul(k, fc(k, A->b1), old[0]), fmul(k, fc(k, 1 - A->b1), g));
+        int v = fadd(k, fmul(k, fc(k, A->b2), old[1]), fmul(k, fmul(k, fc(k, 1 - A->b2), g), g));
+        int mhat = fdiv(k, m, A->bc1), vhat = fdiv(k, v, A->bc2);
+        upd = fadd(k, fdiv(k, mhat, fadd(k, e1(k, CG_SQRT, vhat), fc(k, A->eps))), fmul(k, fc(k, A->wd), w));
+        now[0] = m, now[1] = v;
+        break;
+    }
+    case OP_LION: {             /* sign(b1 m + (1 - b1) g) + wd w; m from b2 */
+        int d = fadd(k, fmul(k, fc(k, A->b1), old[0]), fmul(k, fc(k, 1 - A->b1), g));
+        int zero = fc(k, 0.0);
+        int sign = select_of(k, flt(k, zero, d), fc(k, 1.0), select_of(k, flt(k, d, zero), fc(k, -1.0), zero));
+        upd = fadd(k, sign, fmul(k, fc(k, A->wd), w));
+        now[0] = fadd(k, fmul(k, fc(k, A->b2), old[0]), fmul(k, fc(k, 1 - A->b2), g));
+        break;
+    }
+    default: {                  /* SGD: g + wd w (L2), m = mu m + g, nesterov: g + mu m */
+        if (A->wd != 0) g = fadd(k, g, fmul(k, fc(k, A->wd), w));
+        int m = fadd(k, fmul(k, fc(k, A->b1), old[0]), g);
+        upd = A->nesterov ? fadd(k, g, fmul(k, fc(k, A->b1), m)) : m;
+        now[0] = m;
+        break;
+    }
+    }
     w = fsub(k, w, fmul(k, A->lr, upd));
     cg_store(k, A->grad, i, fc(k, 0.0), NONE, NONE);
     weight_store(k, A, i, w);
-    *m_new = m;
-    *v_new = v;
 }
 
-/* Whether the kernels can update n's states: plain, or moments through a group codec whose
- * side values fit (the chunk holds whole groups of both), or a split master of a bf16 param. */
+/* Whether the kernels can update n's states: plain, or states through a group codec whose
+ * side values fit (the chunk holds whole groups of each), or a split master of a bf16 param. */
 bool adamw_codecs_supported(const Node *n)
 {
+    int states = ir_update_states(n);
     for (int j = 0; j < n->n_in; j++)
-        if (j != A_M && j != A_V && j != ir_adamw_master_index(n) && n->in[j]->t.fmt.codec != CODEC_PLAIN)
+        if ((j < A_M || j >= A_M + states) && j != ir_adamw_master_index(n) && n->in[j]->t.fmt.codec != CODEC_PLAIN)
             return false;
-    int64_t gm = 1, gv = 1;
-    for (int j = A_M; j <= A_V; j++) {
+    int64_t C = 1, gs[2] = {1, 1};
+    for (int j = A_M; j < A_M + states; j++) {
         const Format *f = &n->in[j]->t.fmt;
         if (f->codec == CODEC_PLAIN) continue;
         if (f->codec != CODEC_EXPAND && f->codec != CODEC_COMPAND && f->codec != CODEC_SQRT) return false;
@@ -289,10 +315,10 @@ bool adamw_codecs_supported(const Node *n)
             f->scale->t.fmt.codec != CODEC_PLAIN || f->scale->t.fmt.scaling != SCALE_NONE ||
             ir_numel(&f->scale->t) != codec_param_count(f->codec, ir_numel(&n->in[j]->t)))
             return false;
-        *(j == A_M ? &gm : &gv) = codec_group_size(f->codec);
+        gs[j - A_M] = codec_group_size(f->codec);
+        if (gs[j - A_M] > C) C = gs[j - A_M];
     }
-    int64_t C = gm > gv ? gm : gv;
-    if (C % gm || C % gv) return false;
+    if (C % gs[0] || C % gs[1]) return false;
     int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
     if (at_copy >= 0 && !format_is_plain(&n->in[at_copy + 2]->t.fmt)) return false;
     if (at_master >= 0 && n->in[at_master]->t.fmt.codec != CODEC_PLAIN) {
@@ -305,50 +331,62 @@ bool adamw_codecs_supported(const Node *n)
 
 static void lower_adamw_update(Lower *L, Node *n)
 {
-    int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
+    int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n), at_lr = ir_update_lr_index(n);
     Node *master = at_master >= 0 ? n->in[at_master] : NULL;
-    Adam A = {.b1 = IR_FATTR(n, ADAMW, beta1), .b2 = IR_FATTR(n, ADAMW, beta2), .eps = IR_FATTR(n, ADAMW, eps),
-              .wd = IR_FATTR(n, ADAMW, weight_decay), .master = NONE,
-              .copy = NONE};
+    Adam A = {.op = n->op, .master = NONE, .copy = NONE, .n_states = ir_update_states(n)};
+    switch (n->op) {
+    case OP_ADAMW:
+        A.b1 = IR_FATTR(n, ADAMW, beta1), A.b2 = IR_FATTR(n, ADAMW, beta2);
+        A.eps = IR_FATTR(n, ADAMW, eps), A.wd = IR_FATTR(n, ADAMW, weight_decay);
+        break;
+    case OP_LION:
+        A.b1 = IR_FATTR(n, LION, beta1), A.b2 = IR_FATTR(n, LION, beta2), A.wd = IR_FATTR(n, LION, weight_decay);
+        break;
+    default:
+        A.b1 = IR_FATTR(n, SGD, momentum), A.wd = IR_FATTR(n, SGD, weight_decay);
+        A.nesterov = IR_IATTR(n, SGD, nesterov) != 0;
+        break;
+    }
     A.split = master && master->t.fmt.codec == CODEC_SPLIT;
     int64_t N = ir_numel(&n->in[A_PARAM]->t);
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
-    A.lr = ld(k, cg_buf_tensor(k, n->in[A_LR], true, false), ic(k, 0));
-    int step = ld(k, cg_buf_tensor(k, n->in[A_STEP], true, false), ic(k, 0));
-    int clip = ld(k, cg_buf_tensor(k, n->in[A_CLIP], true, false), ic(k, 0));
-    int gsc = ld(k, cg_buf_tensor(k, n->in[A_GRAD_SCALE], true, false), ic(k, 0));
+    A.lr = ld(k, cg_buf_tensor(k, n->in[at_lr], true, false), ic(k, 0));
+    int step = ld(k, cg_buf_tensor(k, n->in[at_lr + 1], true, false), ic(k, 0));
+    int clip = ld(k, cg_buf_tensor(k, n->in[at_lr + 2], true, false), ic(k, 0));
+    int gsc = ld(k, cg_buf_tensor(k, n->in[at_lr + 3], true, false), ic(k, 0));
     A.gmul = fmul(k, gsc, clip);
-    /* 1 - beta^step as exp(step * log(beta)), log taken here in double */
-    A.bc1 = A.b1 == 0 ? fc(k, 1.0) : fsub(k, fc(k, 1.0), e1(k, CG_EXP, fmul(k, step, fc(k, log(A.b1)))));
-    A.bc2 = A.b2 == 0 ? fc(k, 1.0) : fsub(k, fc(k, 1.0), e1(k, CG_EXP, fmul(k, step, fc(k, log(A.b2)))));
+    if (n->op == OP_ADAMW) {
+        /* 1 - beta^step as exp(step * log(beta)), log taken here in double */
+        A.bc1 = A.b1 == 0 ? fc(k, 1.0) : fsub(k, fc(k, 1.0), e1(k, CG_EXP, fmul(k, step, fc(k, log(A.b1)))));
+        A.bc2 = A.b2 == 0 ? fc(k, 1.0) : fsub(k, fc(k, 1.0), e1(k, CG_EXP, fmul(k, step, fc(k, log(A.b2)))));
+    }
     body(k);
     A.param = cg_buf_tensor(k, n->in[A_PARAM], !master || A.split, true);
     A.grad = cg_buf_tensor(k, n->in[A_GRAD], true, true);
-    A.m = moment_of(k, n->in[A_M]);
-    A.v = moment_of(k, n->in[A_V]);
+    for (int s = 0; s < A.n_states; s++) A.st[s] = moment_of(k, n->in[A_M + s]);
     if (master) A.master = A.split ? cg_buf_codes(k, master, true, true) : cg_buf_tensor(k, master, true, true);
     if (at_copy >= 0) A.copy = cg_buf_tensor(k, n->in[at_copy], false, true);
-    int m, v;
+    int old[2] = {NONE, NONE}, now[2] = {NONE, NONE};
 
-    if (A.m.group == 1 && A.v.group == 1) {
-        /* plain moments: one item per element */
+    int64_t C = 1;
+    for (int s = 0; s < A.n_states; s++)
+        if (A.st[s].group > C) C = A.st[s].group;
+    if (C == 1) {
+        /* plain states: one item per element */
         shape(k, CG_PAR_THREAD, N, A.split ? 50 : 30);
         int i = item(k);
-        int m_old = ld(k, A.m.buf, i), v_old = ld(k, A.v.buf, i);
-        adamw_element(k, &A, i, m_old, v_old, &m, &v);
-        cg_store(k, A.m.buf, i, m, NONE, NONE);
-        cg_store(k, A.v.buf, i, v, NONE, NONE);
+        for (int s = 0; s < A.n_states; s++) old[s] = ld(k, A.st[s].buf, i);
+        update_element(k, &A, i, old, now);
+        for (int s = 0; s < A.n_states; s++) cg_store(k, A.st[s].buf, i, now[s], NONE, NONE);
         return;
     }
 
-    /* coded moments: one item per chunk of C elements, whole groups of both */
-    int64_t C = A.m.group > A.v.group ? A.m.group : A.v.group;
+    /* coded states: one item per chunk of C elements, whole groups of each */
     shape(k, CG_PAR_BLOCK, (N + C - 1) / C, 120 * C);
     int it = item(k), base = imul(k, it, ic(k, C));
     int len = N % C == 0 ? ic(k, C) : e2(k, CG_IMIN, ic(k, C), e2(k, CG_ISUB, ic(k, N), base));
-    Moment *ms[2] = {&A.m, &A.v};
-    for (int s = 0; s < 2; s++) {
-        Moment *x = ms[s];
+    for (int s = 0; s < A.n_states; s++) {
+        Moment *x = &A.st[s];
         if (x->codec == CODEC_PLAIN) continue;
         x->local = cg_local(k, C, 0.0);
         if (x->group == C) {        /* the item's group: its side values once */
@@ -357,9 +395,9 @@ static void lower_adamw_update(Lower *L, Node *n)
         }
     }
     int j = row_loop(k, ic(k, 0), len);
-    int i = iadd(k, base, j), old[2];
-    for (int s = 0; s < 2; s++) {
-        Moment *x = ms[s];
+    int i = iadd(k, base, j);
+    for (int s = 0; s < A.n_states; s++) {
+        Moment *x = &A.st[s];
         int p0 = x->p0, p1 = x->p1;
         if (x->codec != CODEC_PLAIN && x->group != C) {
             int gi = e2(k, CG_IDIV, i, ic(k, x->group));
@@ -368,15 +406,14 @@ static void lower_adamw_update(Lower *L, Node *n)
         }
         old[s] = moment_decode(k, x, i, p0, p1);
     }
-    adamw_element(k, &A, i, old[0], old[1], &m, &v);
-    int now[2] = {m, v};
-    for (int s = 0; s < 2; s++) {
-        if (ms[s]->codec == CODEC_PLAIN) cg_store(k, ms[s]->buf, i, now[s], NONE, NONE);
-        else lset(k, ms[s]->local, j, now[s]);
+    update_element(k, &A, i, old, now);
+    for (int s = 0; s < A.n_states; s++) {
+        if (A.st[s].codec == CODEC_PLAIN) cg_store(k, A.st[s].buf, i, now[s], NONE, NONE);
+        else lset(k, A.st[s].local, j, now[s]);
     }
     end(k);
-    for (int s = 0; s < 2; s++) {
-        Moment *x = ms[s];
+    for (int s = 0; s < A.n_states; s++) {
+        Moment *x = &A.st[s];
         if (x->codec == CODEC_PLAIN) continue;
         if (x->group == C) {
             moment_encode(k, x, base, ic(k, 0), len, it);
@@ -393,8 +430,8 @@ static void lower_adamw_update(Lower *L, Node *n)
     }
 }
 
-/* AdamW's update, then, where it writes the weights' FP8 copy, their amax for the next step's
- * scale (in chunks, combined in order, as AMAX_RECORD does). */
+/* The update (AdamW, Lion or SGD), then, where it writes the weights' FP8 copy, their amax for
+ * the next step's scale (in chunks, combined in order, as AMAX_RECORD does). */
 void lower_adamw(Lower *L, Node *n)
 {
     lower_adamw_update(L, n);

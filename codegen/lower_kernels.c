@@ -284,11 +284,11 @@ static void lower_matmul(Lower *L, Node *n)
 /* ---------------------------------------------------------------- dispatch */
 
 /* Formats the kernels handle: plain codecs everywhere, and the optimizer-state codecs where
- * AdamW updates them (lower_adamw decodes and encodes them itself). */
+ * an update (AdamW, Lion, SGD) changes them (lower_adamw decodes and encodes them itself). */
 static bool node_supported(const Node *n)
 {
     if (n->t.fmt.codec != CODEC_PLAIN) return false;
-    if (n->op == OP_ADAMW) return adamw_codecs_supported(n);
+    if (ir_op_is_update(n->op)) return adamw_codecs_supported(n);
     for (int j = 0; j < n->n_in; j++)
         if (n->in[j]->t.fmt.codec != CODEC_PLAIN) return false;
     return true;
@@ -332,7 +332,7 @@ static void lower_head(Lower *L, Node *h)
     case OP_ATTENTION_BWD: lower_attention_bwd(L, h); return;
     case OP_CLIP_COEF: lower_clip_coef(L, h); return;
     case OP_GRAD_NORM: lower_grad_norm(L, h); return;
-    case OP_ADAMW: lower_adamw(L, h); return;
+    case OP_ADAMW: case OP_LION: case OP_SGD: lower_adamw(L, h); return;
     default: IR_ASSERT(!"lower_head: not a head op");
     }
 }

@@ -3,7 +3,7 @@
  * cg_lower (lower_kernels.c) walks the fusion groups in schedule order and hands each head to
  * the file that lowers its kind of op: lower_rows.c (norms, softmax, gathers, cross entropy,
  * whole-tensor reductions and scales, shape ops), lower_attn.c (rope and attention) and
- * lower_adamw.c (clipping and the AdamW update over coded states); elementwise groups, the
+ * lower_adamw.c (clipping and the updates over coded states); elementwise groups, the
  * GEMM and the dispatch stay in lower_kernels.c. They share the state of one lowering
  * (Lower), the emission shorthands below, and the epilogue every head calls where it has an
  * output element (emit_out). Internal to codegen/: nothing outside includes it. */

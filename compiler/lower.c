@@ -713,50 +713,62 @@ static void exec_loss(Lower *L, Frame *f, const AstStmt *s)
     L->loss_loc = s->value->loc;
 }
 
-/* optimizer adamw(lr=6e-4, beta1=0.9, ...): every argument by name, all optional. */
+/* optimizer adamw(lr=6e-4, beta1=0.9, ...), lion(...) or sgd(...): every argument by name, all
+ * optional, each optimizer with its own settings and defaults (PyTorch's for AdamW and SGD,
+ * except SGD's momentum 0.9; the Lion paper's for Lion). */
 static void exec_optimizer(Lower *L, Frame *f, const AstStmt *s)
 {
+    enum { A = 1 << OPTIM_ADAMW, LI = 1 << OPTIM_LION, S = 1 << OPTIM_SGD };
     static const struct {
         const char *name;
-        double dflt, lo, hi;
-        bool lo_open;
+        int which;                      /* the optimizers that have it */
+        double dflt[OPTIM_COUNT];       /* adamw, lion, sgd */
+        double lo, hi;
+        bool lo_open, hi_closed;
     } knobs[] = {
-        /* PyTorch's AdamW defaults; no clipping unless asked for */
-        {"lr", 1e-3, 0, INFINITY, true},
-        {"beta1", 0.9, 0, 1, false},
-        {"beta2", 0.999, 0, 1, false},
-        {"eps", 1e-8, 0, INFINITY, true},
-        {"weight_decay", 0.01, 0, INFINITY, false},
-        {"clip", 0.0, 0, INFINITY, false},
+        {"lr", A | LI | S, {1e-3, 1e-4, 1e-3}, 0, INFINITY, true, false},
+        {"beta1", A | LI, {0.9, 0.9, 0}, 0, 1, false, false},
+        {"beta2", A | LI, {0.999, 0.99, 0}, 0, 1, false, false},
+        {"eps", A, {1e-8, 0, 0}, 0, INFINITY, true, false},
+        {"weight_decay", A | LI | S, {0.01, 0, 0}, 0, INFINITY, false, false},
+        {"clip", A | LI | S, {0, 0, 0}, 0, INFINITY, false, false},     /* no clipping unless asked */
+        {"momentum", S, {0, 0, 0.9}, 0, 1, false, false},
+        {"nesterov", S, {0, 0, 0}, 0, 1, false, true},
     };
+    static const char *const usage[OPTIM_COUNT] = {"adamw(lr, beta1, beta2, eps, weight_decay, clip)",
+                                                   "lion(lr, beta1, beta2, weight_decay, clip)",
+                                                   "sgd(lr, momentum, nesterov, weight_decay, clip)"};
     enum { N_KNOBS = sizeof knobs / sizeof knobs[0] };
     const AstExpr *call = s->value;
-    if (strcmp(call->name, "adamw")) {
-        lower_error(L, call->loc, "unknown optimizer '%s': fp8c trains with adamw(...)", call->name);
+    OptimKind kind;
+    if (!ir_optim_from_name(call->name, &kind)) {
+        lower_error(L, call->loc, "unknown optimizer '%s': fp8c trains with adamw(...), lion(...) or sgd(...)",
+                    call->name);
         return;
     }
     double val[N_KNOBS];
     bool given[N_KNOBS] = {0};
-    for (int k = 0; k < N_KNOBS; k++) val[k] = knobs[k].dflt;
+    for (int k = 0; k < N_KNOBS; k++) val[k] = knobs[k].dflt[kind];
     bool ok = true;
     for (int i = 0; i < call->args.n; i++) {
         const AstArg *arg = call->args.items[i];
         if (!arg->name) {
-            lower_error(L, arg->loc, "optimizer settings are named: adamw(lr=6e-4, beta1=0.9, ...)");
+            lower_error(L, arg->loc, "optimizer settings are named: %s(lr=6e-4, ...)", call->name);
             ok = false;
             continue;
         }
         int k = -1;
         for (int j = 0; j < N_KNOBS; j++)
-            if (!strcmp(knobs[j].name, arg->name)) k = j;
+            if ((knobs[j].which & (1 << kind)) && !strcmp(knobs[j].name, arg->name)) k = j;
         if (k < 0 || given[k]) {
             Suggest sg = {.want = arg->name, .best_d = 99};
-            for (int j = 0; j < N_KNOBS; j++) lower_suggest_try(&sg, knobs[j].name);
+            for (int j = 0; j < N_KNOBS; j++)
+                if (knobs[j].which & (1 << kind)) lower_suggest_try(&sg, knobs[j].name);
             if (k < 0)
-                lower_error(L, arg->loc, "unknown keyword argument '%s' of adamw(lr, beta1, beta2, "
-                            "eps, weight_decay, clip)%s", arg->name, lower_suggest_text(L, &sg));
+                lower_error(L, arg->loc, "unknown keyword argument '%s' of %s%s", arg->name, usage[kind],
+                            lower_suggest_text(L, &sg));
             else
-                lower_error(L, arg->loc, "argument '%s' of adamw is given twice", arg->name);
+                lower_error(L, arg->loc, "argument '%s' of %s is given twice", arg->name, call->name);
             ok = false;
             continue;
         }
@@ -768,19 +780,24 @@ static void exec_optimizer(Lower *L, Frame *f, const AstStmt *s)
         }
         double x = val_num(v);
         if (!val_is_num(v) || x < knobs[k].lo || (knobs[k].lo_open && x == knobs[k].lo) ||
-            x >= knobs[k].hi) {
-            lower_error(L, arg->value->loc, "%s must be %s%g%s, not %s", knobs[k].name,
-                        knobs[k].lo_open ? "> " : ">= ", knobs[k].lo,
-                        isinf(knobs[k].hi) ? "" : arena_printf(L->a, " and < %g", knobs[k].hi),
-                        lower_val_text(L, v));
+            (knobs[k].hi_closed ? x > knobs[k].hi : x >= knobs[k].hi) ||
+            (knobs[k].hi_closed && x != 0 && x != 1)) {
+            if (knobs[k].hi_closed)
+                lower_error(L, arg->value->loc, "%s must be 0 or 1, not %s", knobs[k].name, lower_val_text(L, v));
+            else
+                lower_error(L, arg->value->loc, "%s must be %s%g%s, not %s", knobs[k].name,
+                            knobs[k].lo_open ? "> " : ">= ", knobs[k].lo,
+                            isinf(knobs[k].hi) ? "" : arena_printf(L->a, " and < %g", knobs[k].hi),
+                            lower_val_text(L, v));
             ok = false;
             continue;
         }
         val[k] = x;
     }
     if (!ok) return;
-    L->g->optim = (OptimSpec){.present = true, .lr = val[0], .beta1 = val[1], .beta2 = val[2],
-                              .eps = val[3], .weight_decay = val[4], .clip = val[5]};
+    L->g->optim = (OptimSpec){.present = true, .kind = kind, .lr = val[0], .beta1 = val[1], .beta2 = val[2],
+                              .eps = val[3], .weight_decay = val[4], .clip = val[5], .momentum = val[6],
+                              .nesterov = val[7] != 0};
 }
 
 static void exec_stmt(Lower *L, Frame *f, const AstStmt *s)

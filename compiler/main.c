@@ -43,7 +43,7 @@ static Arena *session_arena(void)
 
 /* What each flag sets: parse_flag's switch acts on it. */
 enum {
-    F_LEVEL, F_BATCH, F_SEQ, F_DEFINE, F_CONFIG, F_POLICY, F_PRECISION, F_RECIPE, F_GRAD_RELEASE,
+    F_LEVEL, F_BATCH, F_SEQ, F_DEFINE, F_CONFIG, F_POLICY, F_PRECISION, F_RECIPE, F_OPTIMIZER, F_NESTEROV, F_GRAD_RELEASE,
     F_VERIFY, F_GPUS, F_PRINT_IR_AFTER, F_PRINT_IR_AFTER_ALL, F_STOP_AFTER, F_CPU, F_PRINT_KERNELS,
     F_TUNE, F_TUNE_MISMATCH, F_CHOICE, F_OUTPUT, F_JSON, F_VS, F_KERNELS, F_DEVICE, F_BUDGET,
     F_MEMORY_BUDGET, F_TUNE_STEPS, F_PASSES, F_HELP,
@@ -64,6 +64,8 @@ static const RtFlag fp8c_flags[] = {
     FLAG("policy", 0, RT_ARG_VALUE, "FILE", F_POLICY, "per-tensor precision rules (docs/precision.md)"),
     FLAG("precision", 0, RT_ARG_VALUE, "PATTERN=FORMAT", F_PRECISION, "one per-tensor precision rule"),
     FLAG("recipe", 0, RT_ARG_VALUE, "NAME", F_RECIPE, "another system's settings (fp8c recipes)"),
+    FLAG("optimizer", 0, RT_ARG_VALUE, "adamw|lion|sgd", F_OPTIMIZER, "in place of the model's optimizer clause"),
+    FLAG("nesterov", 0, RT_ARG_NONE, NULL, F_NESTEROV, "sgd: Nesterov momentum"),
     FLAG("grad-release", 0, RT_ARG_NONE, NULL, F_GRAD_RELEASE, "weight gradients feed the update at once"),
     FLAG("verify", 0, RT_ARG_NONE, NULL, F_VERIFY, "verify the graph after every pass"),
     FLAG("gpus", 0, RT_ARG_VALUE, "N", F_GPUS, "data parallel: gradients averaged over N GPUs; plan: per GPU"),
@@ -325,6 +327,15 @@ static void parse_flag(Args *a, const RtFlag *f, const char *v, const char *word
         if (!strchr(v, '=')) bad_flag("--precision needs PATTERN=FORMAT, not '%s'", v);
         if (a->build.passes.n_overrides == MAX_OVERRIDES) bad_flag("too many --precision flags%s", "");
         a->overrides[a->build.passes.n_overrides++] = v;
+        break;
+    case F_OPTIMIZER: {
+        OptimKind kind;
+        if (!ir_optim_from_name(v, &kind)) bad_flag("--optimizer needs adamw, lion or sgd, not '%s'", v);
+        a->build.passes.optimizer = v;
+        break;
+    }
+    case F_NESTEROV:
+        a->build.passes.nesterov = true;
         break;
     case F_GRAD_RELEASE:
         a->build.passes.grad_release = true;

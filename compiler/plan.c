@@ -281,6 +281,19 @@ static PlanComm plan_comm(const Graph *g)
     return c;
 }
 
+/* The optimizer the step runs and its settings (lr is the binary's default peak). */
+static void optimizer_line(const Graph *g, FILE *out)
+{
+    const OptimSpec *o = &g->optim;
+    fprintf(out, "optimizer %s: lr %g, ", ir_optim_name(o->kind), o->lr);
+    if (o->kind == OPTIM_ADAMW) fprintf(out, "betas %g, %g, eps %g, ", o->beta1, o->beta2, o->eps);
+    if (o->kind == OPTIM_LION) fprintf(out, "betas %g, %g, ", o->beta1, o->beta2);
+    if (o->kind == OPTIM_SGD) fprintf(out, "momentum %g%s, ", o->momentum, o->nesterov ? " (nesterov)" : "");
+    fprintf(out, "weight decay %g (%s), clip %g; %d state%s a parameter\n\n", o->weight_decay,
+            o->kind == OPTIM_SGD ? "L2, in the gradient" : "decoupled", o->clip,
+            o->kind == OPTIM_ADAMW ? 2 : 1, o->kind == OPTIM_ADAMW ? "s" : "");
+}
+
 void plan_print(const Graph *g, bool json, FILE *out)
 {
     MemSummary m;
@@ -291,6 +304,7 @@ void plan_print(const Graph *g, bool json, FILE *out)
         fprintf(out, "{\"model\": %s, \"opt_level\": %d, \"batch\": %lld, \"seq\": %lld, \"params\": %lld,\n",
                 json_str(g->arena, g->model_name ? g->model_name : ""), g->opt_level, (long long)g->batch, (long long)g->seq,
                 (long long)m.n_params);
+        fprintf(out, " \"optimizer\": \"%s\",\n", ir_optim_name(g->optim.kind));
         fprintf(out, " \"tensors\": [\n");
         bool first = true;
         for (int i = 0; i < g->n_nodes; i++) {
@@ -350,6 +364,7 @@ void plan_print(const Graph *g, bool json, FILE *out)
     fprintf(out, "plan of %s at -O%d, batch %lld, seq %lld: %lld parameters\n\n",
             g->model_name ? g->model_name : "model", g->opt_level, (long long)g->batch,
             (long long)g->seq, (long long)m.n_params);
+    if (g->optim.present) optimizer_line(g, out);
     fprintf(out, "%-40s %-10s %-15s %-20s %11s\n", "tensor (x count)", "role", "shape", "format", "bytes");
     for (int i = 0; i < n_rows; i++) {
         char shape[64], fmt[64], name[80];
@@ -392,12 +407,15 @@ void plan_print(const Graph *g, bool json, FILE *out)
     for (size_t c = 0; c < sizeof categories / sizeof categories[0]; c++) {
         int64_t v = m.by_role[categories[c].role];
         if (!v) continue;
-        fprintf(out, "%-24s %12s %10.2f\n", categories[c].name, human(v, b1),
+        /* Lion's and SGD's one state has Adam m's role */
+        const char *name = categories[c].role == ROLE_ADAM_M && g->optim.kind != OPTIM_ADAMW ? "momentum"
+                                                                                              : categories[c].name;
+        fprintf(out, "%-24s %12s %10.2f\n", name, human(v, b1),
                 m.n_params ? (double)v / (double)m.n_params : 0);
     }
     bool released = false;
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE &&
+        if (ir_op_is_update(g->nodes[i]->op) && g->nodes[i]->in[1]->op != OP_ACCUMULATE &&
             g->nodes[i]->in[1]->op != OP_ALL_REDUCE)
             released = true;
     if (released)

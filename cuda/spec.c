@@ -275,6 +275,7 @@ bool plan_node(Spec *s) {
         return plan_rows(s);
     case OP_ATTENTION: case OP_ATTENTION_BWD: return plan_attention(s);
     case OP_ACCUMULATE: case OP_ASSIGN: case OP_CLIP_COEF: case OP_GRAD_NORM: case OP_ADAMW:
+    case OP_LION: case OP_SGD:
         return plan_optimizer(s);
     case OP_COUNT: break;
     }

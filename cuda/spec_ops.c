@@ -759,6 +759,62 @@ bool plan_optimizer(Spec *s) {
         if (cn) plan_copy_amax(s, n, l);
         return true;
     }
+    case OP_LION: case OP_SGD: {
+        /* one state, plain or coded, one kernel (ck_momentum_coded) */
+        int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
+        if (n->n_in - (at_copy >= 0 ? 3 : 0) != 7 + (at_master >= 0)) return spec_fail(s, "takes 7 or 8 inputs");
+        int64_t count = ir_numel(&n->in[0]->t);
+        for (int i = 1; i < 3; i++)
+            if (ir_numel(&n->in[i]->t) != count) return spec_fail(s, "input %d's size differs", i);
+        const Node *mn = n->in[2], *wn = at_master >= 0 ? n->in[at_master] : NULL;
+        const Node *cn = at_copy >= 0 ? n->in[at_copy] : NULL;
+        if (cn && (!spec_check_tensor(s, &cn->t, "the FP8 copy") || cn->t.fmt.scaling != SCALE_PER_TENSOR ||
+                   !spec_check_tensor(s, &n->in[at_copy + 2]->t, "the copy's amax")))
+            return false;
+        const char *copy_arg = cn ? fmt_arg(s, &cn->t) : F32_ARG;
+        int copy_at = cn ? at_copy : 0;
+        const Format *f = &mn->t.fmt;
+        Codec mc = f->codec, wc = wn ? wn->t.fmt.codec : CODEC_PLAIN;
+        if (mc == CODEC_PLAIN ? !spec_check_tensor(s, &mn->t, "m")
+                              : (mc == CODEC_SPLIT || f->elem != codec_elem(mc) || !f->scale ||
+                                 f->scale->t.fmt.elem != FMT_F32 ||
+                                 ir_numel(&f->scale->t) != codec_param_count(mc, count)))
+            return mc == CODEC_PLAIN ? false
+                                     : spec_fail(s, "m: codec '%s' with elements %s and %lld side values",
+                                                 fmt_codec_name(mc), fmt_elem_name(f->elem),
+                                                 (long long)(f->scale ? ir_numel(&f->scale->t) : 0));
+        int mk = !wn ? 0 : wc == CODEC_SPLIT ? 2 : 1;
+        if (mk == 2 && (n->in[0]->t.fmt.elem != FMT_BF16 || n->in[0]->t.fmt.scaling != SCALE_NONE ||
+                        wn->t.fmt.elem != FMT_I8))
+            return spec_fail(s, "a split master needs a bf16 parameter and an i8 correction");
+        if (mk == 1 && !spec_check_tensor(s, &wn->t, "the master")) return false;
+        for (int i = 0; i < 7; i++)
+            if (i != 2 && !(i == 0 && mk == 2) && !spec_check_tensor(s, &n->in[i]->t, "an input")) return false;
+        /* the master's place is fixed at t[7] in the kernel */
+        if (wn && at_master != 7) return spec_fail(s, "the master is not the 8th input");
+        const char *codec_names[CODEC_COUNT] = {"CODEC_PLAIN", "CODEC_EXPAND", "CODEC_COMPAND", "CODEC_SQRT", "CODEC_SPLIT"};
+        bool lion = n->op == OP_LION;
+        int64_t chunks = (count + 255) / 256;
+        int64_t blocks = (chunks + 31) / 32;
+        l = spec_launch(s, lion ? "lion" : "sgd", (unsigned)(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks),
+                        ELEM_THREADS, "ck_momentum_coded<%d, %d, %s, %s, %s, %s, %s, %s, %s, %d, %s, %s, %d>(a)",
+                        lion ? 1 : 2, lion ? 0 : (int)IR_IATTR(n, SGD, nesterov),
+                        mk == 2 ? "F<FMT_BF16, SCALE_NONE>" : fmt_arg(s, &n->in[0]->t),
+                        fmt_arg(s, &n->in[1]->t), fmt_arg(s, &n->in[3]->t), fmt_arg(s, &n->in[5]->t),
+                        fmt_arg(s, &n->in[6]->t), codec_names[mc], mc == CODEC_PLAIN ? fmt_arg(s, &mn->t) : F32_ARG,
+                        mk, mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG, copy_arg, copy_at);
+        args_inputs(l, n);
+        l->batch = true;
+        if (lion) {
+            l->args.f[0] = IR_FATTR(n, LION, beta1), l->args.f[1] = IR_FATTR(n, LION, beta2);
+            l->args.f[2] = IR_FATTR(n, LION, weight_decay);
+        } else {
+            l->args.f[0] = IR_FATTR(n, SGD, momentum), l->args.f[1] = 0;
+            l->args.f[2] = IR_FATTR(n, SGD, weight_decay);
+        }
+        if (cn) plan_copy_amax(s, n, l);
+        return true;
+    }
     default: break;
     }
     return spec_fail(s, "not an optimizer op");

@@ -118,6 +118,22 @@ static const char *const role_names[ROLE_COUNT] = {
 
 const char *ir_role_name(Role r) { return r < ROLE_COUNT ? role_names[r] : "?"; }
 
+/* ---------------------------------------------------------------- optimizers */
+
+static const char *const optim_names[OPTIM_COUNT] = {"adamw", "lion", "sgd"};
+
+const char *ir_optim_name(OptimKind k) { return k < OPTIM_COUNT ? optim_names[k] : "?"; }
+
+bool ir_optim_from_name(const char *s, OptimKind *out)
+{
+    for (int i = 0; i < OPTIM_COUNT; i++)
+        if (strcmp(optim_names[i], s) == 0) {
+            *out = (OptimKind)i;
+            return true;
+        }
+    return false;
+}
+
 bool ir_role_from_name(const char *s, Role *out)
 {
     for (int i = 0; i < ROLE_COUNT; i++)
@@ -285,9 +301,11 @@ int64_t ir_storage_bytes(const Node *n)
 
 bool ir_op_is_inplace(OpKind op)
 {
-    return op == OP_ACCUMULATE || op == OP_ADAMW || op == OP_AMAX_RECORD || op == OP_DELAYED_SCALE ||
+    return op == OP_ACCUMULATE || ir_op_is_update(op) || op == OP_AMAX_RECORD || op == OP_DELAYED_SCALE ||
            op == OP_ASSIGN || op == OP_ALL_REDUCE;
 }
+
+bool ir_op_is_update(OpKind op) { return op == OP_ADAMW || op == OP_LION || op == OP_SGD; }
 
 /* ---------------------------------------------------------------- graphs */
 
@@ -502,16 +520,25 @@ void ir_filter(Graph *g, const bool *keep)
     ir_renumber(g);
 }
 
+int ir_update_states(const Node *n)
+{
+    IR_ASSERT(ir_op_is_update(n->op));
+    return n->op == OP_ADAMW ? 2 : 1;
+}
+
+int ir_update_lr_index(const Node *n) { return 2 + ir_update_states(n); }
+
+/* copy is iattr 0 of every update op, so ADAMW's name reads it on LION and SGD too */
 int ir_adamw_copy_index(const Node *n)
 {
-    IR_ASSERT(n->op == OP_ADAMW);
+    IR_ASSERT(ir_op_is_update(n->op));
     return IR_IATTR(n, ADAMW, copy) ? n->n_in - 3 : -1;
 }
 
 int ir_adamw_master_index(const Node *n)
 {
-    IR_ASSERT(n->op == OP_ADAMW);
-    return n->n_in - (IR_IATTR(n, ADAMW, copy) ? 3 : 0) == 9 ? 8 : -1;
+    int base = ir_update_lr_index(n) + 4;   /* lr, step, clip, grad_scale */
+    return n->n_in - (IR_IATTR(n, ADAMW, copy) ? 3 : 0) == base + 1 ? base : -1;
 }
 
 bool ir_mutates_input(const Node *n, int i)
@@ -519,9 +546,9 @@ bool ir_mutates_input(const Node *n, int i)
     switch (n->op) {
     case OP_ACCUMULATE: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN:
     case OP_ALL_REDUCE: return i == 0;
-    case OP_ADAMW: {
+    case OP_ADAMW: case OP_LION: case OP_SGD: {
         int c = ir_adamw_copy_index(n);
-        return i <= 3 || i == ir_adamw_master_index(n) || (c >= 0 && (i == c || i == c + 2));
+        return i < ir_update_lr_index(n) || i == ir_adamw_master_index(n) || (c >= 0 && (i == c || i == c + 2));
     }
     default: return false;
     }

@@ -301,9 +301,16 @@ static inline int ir_attr_index(const Node *n, OpKind op, int k, bool fattr)
 
 /* The optimizer clause of the model file; the optimizer pass turns it into update nodes and
  * the runtime uses lr as the default peak learning rate. */
+typedef enum { OPTIM_ADAMW, OPTIM_LION, OPTIM_SGD, OPTIM_COUNT } OptimKind;
+const char *ir_optim_name(OptimKind k);                 /* "adamw", "lion", "sgd" */
+bool ir_optim_from_name(const char *s, OptimKind *out);
+
 typedef struct {
     bool present;
-    double lr, beta1, beta2, eps, weight_decay, clip;   /* clip 0: no clipping */
+    double lr, beta1, beta2, eps, weight_decay, clip;   /* clip 0: no clipping; betas: AdamW, Lion */
+    OptimKind kind;                                     /* 0: AdamW */
+    double momentum;                                    /* SGD */
+    bool nesterov;                                      /* SGD */
 } OptimSpec;
 
 typedef struct {
@@ -348,8 +355,9 @@ typedef struct {
 const OpInfo *ir_op_info(OpKind op);
 OpClass ir_op_class(OpKind op);      /* ops.def's CLASS column */
 bool ir_op_from_name(const char *s, OpKind *out);
-bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, ADAMW, AMAX_RECORD, DELAYED_SCALE, ASSIGN,
-                                       ALL_REDUCE */
+bool ir_op_is_inplace(OpKind op);   /* ACCUMULATE, the updates, AMAX_RECORD, DELAYED_SCALE,
+                                       ASSIGN, ALL_REDUCE */
+bool ir_op_is_update(OpKind op);    /* ADAMW, LION, SGD: a parameter's optimizer update */
 /* ATTENTION_BWD: whether it reads the forward's result y (its last input) besides dy and q, k, v
  * or q|k|v; the forward's inputs then start at in[1] and number n_in - 2. */
 bool ir_attention_bwd_reads_y(const Node *n);
@@ -369,8 +377,12 @@ bool ir_keeps_amax(const Node *n);  /* amax=1 (false for an op without the attri
 /* QUANTIZE with transposed=1 (ops.def): where its storage keeps the transposed copy of the
  * result (the last dim first, the others flattened after it); 0: it keeps none. */
 int64_t ir_transposed_offset(const Node *n);
-/* ADAMW's optional operands (ops.def): the index of the master, of the FP8 copy (then its scale
- * and its amax state follow it); -1 where there is none. */
+/* An update's operands (ops.def): param, grad, its states (ADAMW: m, v; LION, SGD: m), then lr,
+ * step, clip, grad_scale from ir_update_lr_index; the optional ones follow: the index of the
+ * master, of the FP8 copy (then its scale and its amax state follow it); -1 where there is none.
+ * The _adamw_ names serve every update op (they share the copy attribute and the layout). */
+int ir_update_states(const Node *n);        /* 2 (ADAMW) or 1 */
+int ir_update_lr_index(const Node *n);      /* 2 + ir_update_states */
 int ir_adamw_master_index(const Node *n);
 int ir_adamw_copy_index(const Node *n);
 /* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,

@@ -89,10 +89,16 @@ void ir_print(const Graph *g, FILE *out)
     fprintf(out, " batch=%lld seq=%lld opt=%d persistent=%lld transient=%lld\n", (long long)g->batch,
             (long long)g->seq, g->opt_level, (long long)g->persistent_bytes,
             (long long)g->transient_bytes);
-    if (g->optim.present)
-        fprintf(out, "optim lr=%.17g beta1=%.17g beta2=%.17g eps=%.17g weight_decay=%.17g clip=%.17g\n",
+    if (g->optim.present) {
+        fprintf(out, "optim lr=%.17g beta1=%.17g beta2=%.17g eps=%.17g weight_decay=%.17g clip=%.17g",
                 g->optim.lr, g->optim.beta1, g->optim.beta2, g->optim.eps, g->optim.weight_decay,
                 g->optim.clip);
+        /* AdamW's line is the one older texts have; the others name themselves */
+        if (g->optim.kind != OPTIM_ADAMW)
+            fprintf(out, " kind=%s momentum=%.17g nesterov=%d", ir_optim_name(g->optim.kind),
+                    g->optim.momentum, g->optim.nesterov);
+        fputc('\n', out);
+    }
     for (int i = 0; i < g->n_choices; i++)
         fprintf(out, "choice %s %s\n", g->choices[i].name, g->choices[i].value);
     for (int i = 0; i < g->n_nodes; i++) ir_print_node(g->nodes[i], out);

@@ -270,6 +270,20 @@ static void read_optim(Reader *r, Graph *g)
     expect(r, "eps="); o->eps = read_float(r);
     expect(r, "weight_decay="); o->weight_decay = read_float(r);
     expect(r, "clip="); o->clip = read_float(r);
+    o->kind = OPTIM_ADAMW;
+    skip_spaces(r);
+    if (accept(r, "kind=")) {
+        const char *s = r->p;
+        while (isalpha((unsigned char)*r->p)) r->p++;
+        char name[16];
+        snprintf(name, sizeof name, "%.*s", (int)(r->p - s), s);
+        if (!ir_optim_from_name(name, &o->kind)) {
+            fail(r, "expected an optimizer: adamw, lion or sgd");
+            return;
+        }
+        expect(r, "momentum="); o->momentum = read_float(r);
+        expect(r, "nesterov="); o->nesterov = read_int_in(r, 0, 1) != 0;
+    }
 }
 
 /* `choice NAME VALUE`: one entry of the choice table (ir_set_choice). */

@@ -392,26 +392,26 @@ static const char *infer_shape(Node *n, Arena *a)
         copy_shape(n, x);
         n->t.fmt = x->fmt;
         return NULL;
-    case OP_ADAMW: {
-        int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0;
-        if (n->n_in - copies != 8 && n->n_in - copies != 9)
-            return arena_printf(a, "adamw takes 8 or 9 operands%s, not %d", copies ? " and an FP8 copy's 3" : "",
-                                n->n_in);
-        for (int i = 1; i < 4; i++)
-            if ((err = check_same(n, a, 0, i, "adamw"))) return err;
-        for (int i = 4; i < 8; i++)
-            if ((err = check_scalar(n, a, i, "adamw's lr, step, clip and grad_scale"))) return err;
+    case OP_ADAMW: case OP_LION: case OP_SGD: {
+        int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0, lr = ir_update_lr_index(n);
+        if (n->n_in - copies != lr + 4 && n->n_in - copies != lr + 5)
+            return arena_printf(a, "%s takes %d or %d operands%s, not %d", info->text, lr + 4, lr + 5,
+                                copies ? " and an FP8 copy's 3" : "", n->n_in);
+        for (int i = 1; i < lr; i++)
+            if ((err = check_same(n, a, 0, i, info->text))) return err;
+        for (int i = lr; i < lr + 4; i++)
+            if ((err = check_scalar(n, a, i, arena_printf(a, "%s's lr, step, clip and grad_scale", info->text)))) return err;
         int master = ir_adamw_master_index(n), copy = ir_adamw_copy_index(n);
-        if (master >= 0 && (err = check_same(n, a, 0, master, "adamw master"))) return err;
+        if (master >= 0 && (err = check_same(n, a, 0, master, arena_printf(a, "%s master", info->text)))) return err;
         if (copy >= 0) {
             const Format *f = &n->in[copy]->t.fmt;
-            if ((err = check_same(n, a, 0, copy, "adamw's FP8 copy"))) return err;
-            if ((err = check_scalar(n, a, copy + 1, "adamw's copy scale"))) return err;
-            if ((err = check_scalar(n, a, copy + 2, "adamw's copy amax"))) return err;
+            if ((err = check_same(n, a, 0, copy, arena_printf(a, "%s's FP8 copy", info->text)))) return err;
+            if ((err = check_scalar(n, a, copy + 1, arena_printf(a, "%s's copy scale", info->text)))) return err;
+            if ((err = check_scalar(n, a, copy + 2, arena_printf(a, "%s's copy amax", info->text)))) return err;
             const Node *sc = n->in[copy + 1];
             bool given = sc == f->scale || (ir_op_is_inplace(sc->op) && sc->n_in && sc->in[0] == f->scale);
             if (f->scaling != SCALE_PER_TENSOR || !f->scale || !given)
-                return arena_printf(a, "adamw's FP8 copy must be scaled per tensor by the scale it is given");
+                return arena_printf(a, "%s's FP8 copy must be scaled per tensor by the scale it is given", info->text);
         }
         set_scalar(n);
         n->t.fmt = fmt_plain(FMT_VOID);

@@ -44,7 +44,7 @@ static int verify_node(const Graph *g, const Node *n, const char *after)
     const Format *f = &n->t.fmt;
     if (f->scaling != SCALE_NONE && !f->scale) bad += problem(after, n, "a scaled format without a scale tensor");
     if (f->scaling == SCALE_PER_GROUP && f->group <= 0) bad += problem(after, n, "per-group scaling needs group > 0");
-    if (f->elem == FMT_VOID && n->op != OP_ADAMW) bad += problem(after, n, "only adamw may have no value");
+    if (f->elem == FMT_VOID && !ir_op_is_update(n->op)) bad += problem(after, n, "only an update may have no value");
     if (n->n_in == 0 && ir_op_info(n->op)->arity != 0)
         bad += problem(after, n, "an op without operands that is not a leaf");
     if ((n->op == OP_PARAM || ir_role_is_persistent(n->t.role)) && n->n_in == 0 && !n->t.name)

@@ -17,6 +17,9 @@ typedef struct {
     const struct NamedRecipe *recipe; /* --recipe: its rules go before the policy file's and the
                                    command line's, which win over them; NULL if none */
     bool grad_release;          /* O3: release gradients as soon as their update ran */
+    const char *optimizer;      /* --optimizer: adamw, lion or sgd in place of the model's
+                                   optimizer clause (optimizer.c); NULL: the clause's */
+    bool nesterov;              /* --nesterov: SGD with Nesterov momentum */
     int gpus;                   /* data parallel over this many GPUs (comm.c); 0 or 1: one */
     bool verify;                /* run ir_verify after every pass */
     bool fp8_any_shape;         /* keep FP8 GEMMs whose K or N is not a multiple of 16, which

@@ -419,9 +419,11 @@ static void set_state_format(Graph *g, Node *state, Format fmt, const Policy *p,
     attach_codec_scales(g, state, before);
 }
 
-/* Adds "P:master" as the 9th operand of P's AdamW update. */
+/* Adds "P:master" after the scalars of P's update (the 9th operand of AdamW's, the 8th of Lion's
+ * and SGD's). */
 static Node *add_master(Graph *g, Node *adamw, const PrecisionLevel *l, const Policy *p)
 {
+    int base = adamw->n_in;
     Node *param = adamw->in[0];
     Node *m = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s:master", param->t.name), ROLE_MASTER,
                       l->master, param->t.rank, param->t.dims, param->loc);
@@ -434,11 +436,11 @@ static Node *add_master(Graph *g, Node *adamw, const PrecisionLevel *l, const Po
     if (r) f = r->fmt;
     if (f.elem == FMT_I8 && f.codec == CODEC_PLAIN) f.codec = CODEC_SPLIT;
     m->t.fmt = f;
-    Node **in = arena_alloc(g->arena, sizeof(Node *) * 9);
-    memcpy(in, adamw->in, sizeof(Node *) * 8);
-    in[8] = m;
+    Node **in = arena_alloc(g->arena, sizeof(Node *) * (size_t)(base + 1));
+    memcpy(in, adamw->in, sizeof(Node *) * (size_t)base);
+    in[base] = m;
     adamw->in = in;
-    adamw->n_in = 9;
+    adamw->n_in = base + 1;
     return m;
 }
 
@@ -649,7 +651,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
     Node **updates = arena_alloc(g->arena, sizeof(Node *) * (size_t)(n ? n : 1));
     int n_updates = 0;
     for (int i = 0; i < n; i++)
-        if (g->nodes[i]->op == OP_ADAMW) updates[n_updates++] = g->nodes[i];
+        if (ir_op_is_update(g->nodes[i]->op)) updates[n_updates++] = g->nodes[i];
     for (int i = 0; i < g->n_nodes; i++) {
         Node *x = g->nodes[i];
         if (x->op == OP_PARAM) {
@@ -659,21 +661,24 @@ bool pass_precision(Graph *g, const PassOptions *opt)
     }
     for (int k = 0; k < n_updates; k++) {
         Node *u = updates[k];
-        Node *param = u->in[0], *grad = u->in[1], *m = u->in[2], *v = u->in[3];
+        /* Lion's and SGD's one state (their momentum) is stored as Adam's m is */
+        bool two = ir_update_states(u) == 2;
+        Node *param = u->in[0], *grad = u->in[1], *m = u->in[2], *v = two ? u->in[3] : NULL;
         /* a master copy is needed when the parameter is stored coarser than f32 */
-        if (u->n_in == 8 && param->t.fmt.elem != FMT_F32) add_master(g, u, level, &policy);
+        if (ir_adamw_master_index(u) < 0 && ir_adamw_copy_index(u) < 0 && param->t.fmt.elem != FMT_F32)
+            add_master(g, u, level, &policy);
         Node *acc = grad;
         while (acc->op == OP_ACCUMULATE) acc = acc->in[0];
         if (acc->op == OP_STATE) set_state_format(g, acc, fmt_plain(level->grad), &policy, u);
         set_state_format(g, m, level->adam_m, &policy, u);
-        set_state_format(g, v, level->adam_v, &policy, u);
+        if (v) set_state_format(g, v, level->adam_v, &policy, u);
     }
     if (diag_error_count() > errors) return false;
 
     /* transient values: bf16, scalars and losses f32; integers stay as they are */
     for (int i = 0; i < g->n_nodes; i++) {
         Node *x = g->nodes[i];
-        if (x->n_in == 0 || x->op == OP_ADAMW || !fmt_elem_is_float(x->t.fmt.elem)) continue;
+        if (x->n_in == 0 || ir_op_is_update(x->op) || !fmt_elem_is_float(x->t.fmt.elem)) continue;
         if (x->op == OP_ACCUMULATE || x->op == OP_AMAX_RECORD || x->op == OP_DELAYED_SCALE) {
             x->t.fmt = x->in[0]->t.fmt;
             continue;

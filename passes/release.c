@@ -43,7 +43,7 @@ bool pass_release(Graph *g, const PassOptions *opt)
     }
     for (int i = 0; i < g->n_nodes; i++) {
         Node *n = g->nodes[i];
-        if (n->op == OP_ADAMW || n->op == OP_SQNORM || n->op == OP_GRAD_NORM) n->phase = PHASE_BACKWARD;
+        if (ir_op_is_update(n->op) || n->op == OP_SQNORM || n->op == OP_GRAD_NORM) n->phase = PHASE_BACKWARD;
     }
     /* clip each gradient by its own share of the global bound: an update cannot wait for the
      * global norm, and clipping by last step's global norm (the obvious stand-in) mis-scales every
@@ -52,7 +52,7 @@ bool pass_release(Graph *g, const PassOptions *opt)
     int n_updates = 0;
     Node **updates = arena_alloc(g->arena, sizeof(Node *) * (size_t)(g->n_nodes + 1));
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_ADAMW) {
+        if (ir_op_is_update(g->nodes[i]->op)) {
             updates[n_updates++] = g->nodes[i];
             total += ir_numel(&g->nodes[i]->in[0]->t);
         }
@@ -75,7 +75,7 @@ bool pass_release(Graph *g, const PassOptions *opt)
         if (err) ir_die(__FILE__, __LINE__, "release: %s", err);
         ir_move_before(g, own, u);
         ir_move_before(g, coef, u);
-        u->in[6] = coef;
+        u->in[ir_update_lr_index(u) + 2] = coef;   /* the clip operand */
     }
     /* the global clip coefficient now has no reader: dce removes it; the global norm stays as
      * the step's reported grad_norm */

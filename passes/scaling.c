@@ -176,7 +176,7 @@ static Node *update_of(Graph *g, const Node *p)
 {
     for (int i = g->n_nodes - 1; i >= 0; i--) {
         Node *u = g->nodes[i];
-        if (u->op == OP_ADAMW && u->in[0] == p) return u->phase == PHASE_UPDATE ? u : NULL;
+        if (ir_op_is_update(u->op) && u->in[0] == p) return u->phase == PHASE_UPDATE ? u : NULL;
     }
     return NULL;
 }

@@ -3,7 +3,7 @@
  * checkpoint.c writes the run's settings into every checkpoint's metadata (learning rate, its
  * floor, warm-up, steps, gradient accumulation, seed, batch, sequence, level). A resume reads
  * them back before anything else (rt_train, first): what the binary fixed (batch, sequence,
- * -O level) must match, or the run could not continue as itself, and the resume stops with
+ * -O level, optimizer) must match, or the run could not continue as itself, and the resume stops with
  * the flag that would make a binary that can; what the command line sets is restored when it
  * is not given, and where it is given and differs, a note says so, since the schedule then
  * differs from the straight run's. Kept apart from checkpoint.c, which is the file format and
@@ -40,6 +40,27 @@ static void restore_real(const RtStFile *f, const char *key, const char *flag, b
     }
 }
 
+/* The optimizer's states are the run's: AdamW's m and v mean nothing to Lion or SGD, so a
+ * checkpoint of another optimizer is refused in one line before its tensors are matched (a
+ * checkpoint without the key is of the time when AdamW was the only one). */
+static bool ckpt_same_optimizer(const Graph *g, const RtStFile *f, const char *path) {
+    const char *optim = rt_ckpt_meta_get(f->meta, f->n_meta, "optimizer");
+    const char *saved = optim ? optim : "adamw", *mine = ir_optim_name(g->optim.kind);
+    if (!strcmp(saved, mine)) return true;
+    rt_error("%s: the run trained with --optimizer %s, this binary with %s: build it with "
+             "--optimizer %s to continue the run (--init takes the weights into a fresh run "
+             "with any optimizer)", path, saved, mine, saved);
+    return false;
+}
+
+bool rt_ckpt_check_optimizer(const Graph *g, const char *path) {
+    RtStFile f;
+    if (!rt_st_open(&f, path)) return false;
+    bool ok = ckpt_same_optimizer(g, &f, path);
+    rt_st_close(&f);
+    return ok;
+}
+
 int rt_ckpt_restore_run(const Graph *g, TrainOptions *o) {
     char path[4096];
     if (!rt_ckpt_resolve(o->resume, path, sizeof path)) return 1;
@@ -61,6 +82,10 @@ int rt_ckpt_restore_run(const Graph *g, TrainOptions *o) {
         rt_error("%s: the run trained at -O%g, this binary at -O%d: build it with -O%g to continue "
                  "the run (--init takes the weights into a fresh run at any level)", path, level,
                  g->opt_level, level);
+        rt_st_close(&f);
+        return 2;
+    }
+    if (!ckpt_same_optimizer(g, &f, path)) {
         rt_st_close(&f);
         return 2;
     }

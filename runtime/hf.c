@@ -689,14 +689,17 @@ static bool src_bind(Source *s, const Graph *g, const ModelInfo *m) {
         s->src[i] = t;
         s->conv[i] = c;
     }
-    /* fp8c: what a run trains is what has Adam moments; HF: every tensor but known buffers */
+    /* fp8c: what a run trains is what has a first moment (AdamW's adam_m, Lion's or SGD's
+     * momentum); HF: every tensor but known buffers */
     for (int k = 0; k < s->n; k++) {
         const SrcTensor *t = &s->ts[k];
         if (t->used) continue;
         if (s->fp8c) {
-            if (!hf_ends_with(t->name, ":adam_m")) continue;
+            const char *suffix = hf_ends_with(t->name, ":adam_m") ? ":adam_m"
+                                 : hf_ends_with(t->name, ":momentum") ? ":momentum" : NULL;
+            if (!suffix) continue;
             char base[1024];
-            snprintf(base, sizeof base, "%.*s", (int)(strlen(t->name) - 7), t->name);
+            snprintf(base, sizeof base, "%.*s", (int)(strlen(t->name) - strlen(suffix)), t->name);
             if (!hf_param(g, base)) problem(&pr, PROB_EXTRA, base, NULL);
         } else if (!hf_ignored(s->family, t->name) &&
                    !(tied && strcmp(t->name, "model.embed_tokens.weight") == 0)) {

@@ -192,6 +192,6 @@ bool rt_init_params_from(Graph *g, uint64_t seed, RtParamValuesFn values, void *
     }
     /* the FP8 copies that updates write for the next step: the first from the initial weights */
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_ADAMW) ref_adamw_first_copy(g->nodes[i]);
+        if (ir_op_is_update(g->nodes[i]->op)) ref_adamw_first_copy(g->nodes[i]);
     return true;
 }

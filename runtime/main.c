@@ -24,9 +24,10 @@ extern const char fp8c_cubin_end[];
 
 /* What --help adds about the model inside this binary. */
 static void main_describe(const Graph *g) {
-    printf("\nmodel %s, -O%d, batch %lld x %lld tokens, default lr %g, memory %lld bytes\n",
+    printf("\nmodel %s, -O%d, batch %lld x %lld tokens, %s, default lr %g, memory %lld bytes\n",
            g->model_name ? g->model_name : "?", g->opt_level, (long long)g->batch,
-           (long long)g->seq, g->optim.lr, (long long)(g->persistent_bytes + g->transient_bytes));
+           (long long)g->seq, ir_optim_name(g->optim.kind), g->optim.lr,
+           (long long)(g->persistent_bytes + g->transient_bytes));
 }
 
 int main(int argc, char **argv) {

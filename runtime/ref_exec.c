@@ -34,7 +34,7 @@ void ref_exec_node(Node *n)
     case OP_INPUT: case OP_PARAM: case OP_STATE: return;   /* hold their data already */
     case OP_CONST: exec_const(n); return;
     case OP_ACCUMULATE: ref_accumulate(n); return;         /* in place */
-    case OP_ADAMW: ref_adamw(n); return;
+    case OP_ADAMW: case OP_LION: case OP_SGD: ref_update(n); return;
     case OP_AMAX_RECORD: ref_amax_record(n); return;
     case OP_DELAYED_SCALE: ref_delayed_scale(n); return;
     case OP_ALL_REDUCE: return;                            /* one rank: the mean is the value */
@@ -94,7 +94,7 @@ void ref_exec_node(Node *n)
         ref_copy(n, cx, y);
         break;
     case OP_INPUT: case OP_PARAM: case OP_STATE: case OP_CONST:
-    case OP_ACCUMULATE: case OP_ADAMW: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN:
+    case OP_ACCUMULATE: case OP_ADAMW: case OP_LION: case OP_SGD: case OP_AMAX_RECORD: case OP_DELAYED_SCALE: case OP_ASSIGN:
     case OP_ALL_REDUCE: case OP_COUNT:
         IR_ASSERT(!"handled above");
     }

@@ -169,7 +169,7 @@ void ref_sqnorm(const Node *n, const float *const *x, float *y);
 void ref_clip_coef(const Node *n, const float *const *x, float *y);
 void ref_grad_norm(const Node *n, const float *const *x, float *y);
 void ref_accumulate(Node *n);                /* in place: reads and writes its inputs itself */
-void ref_adamw(Node *n);
+void ref_update(Node *n);                    /* ADAMW, LION, SGD, in place */
 /* An update's first FP8 weight copy (where it has one), before any step: the amax of the
  * weights as they are, the scale from it, the copy through that scale (current scaling). */
 void ref_adamw_first_copy(Node *n);

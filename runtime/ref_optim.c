@@ -1,8 +1,10 @@
-/* ref_optim.c — gradient accumulation, norms and the AdamW update of the reference executor.
+/* ref_optim.c — gradient accumulation, norms and the optimizer updates (AdamW, Lion, SGD with
+ * momentum) of the reference executor.
  *
- * These are the ops of the update phase (and ACCUMULATE, which ends each micro-step). Two of
- * them write into their inputs: ACCUMULATE adds into the accumulator's storage, and ADAMW
- * updates param, m, v (and master) and zeroes the gradient (and, where the scaling pass gave it
+ * These are the ops of the update phase (and ACCUMULATE, which ends each micro-step). Two kinds
+ * of them write into their inputs: ACCUMULATE adds into the accumulator's storage, and an update
+ * (ADAMW, LION, SGD) changes param, its states (AdamW: m, v; Lion, SGD: m) and master, and
+ * zeroes the gradient (and, where the scaling pass gave it
  * the weight's FP8 copy, writes next step's copy and the weights' amax). They decode and encode
  * every one of those tensors through its own format, so an e4m3 Adam moment or a bf16 gradient
  * accumulator is rounded exactly where the GPU's fused update would round it; values inside
@@ -80,28 +82,50 @@ void ref_accumulate(Node *n)
     free(d);
 }
 
-/* ---------------------------------------------------------------- AdamW */
+/* ---------------------------------------------------------------- the updates */
 
-enum { A_PARAM, A_GRAD, A_M, A_V, A_LR, A_STEP, A_CLIP, A_GRAD_SCALE, A_MASTER };
+enum { A_PARAM, A_GRAD, A_M, A_V };
 
 typedef struct {
-    float *w, *g, *m, *v;       /* decoded; w is the master when there is one */
+    OpKind op;
+    float *w, *g, *m, *v;       /* decoded; w is the master when there is one; v: AdamW only */
     double lr, gmul, b1, b2, eps, wd, inv_bc1, inv_bc2;   /* 1 / (1 - beta^step) */
+    bool nesterov;
     int64_t n;
-} AdamJob;
+} UpdateJob;
 
-static void adamw_task(void *ctx, int64_t c)
+/* g is the mean gradient times the clip coefficient (gmul = grad_scale * clip). AdamW and
+ * Lion decay the weight decoupled from the gradient; SGD adds PyTorch's L2 term to it. */
+static void update_task(void *ctx, int64_t c)
 {
-    AdamJob *j = ctx;
+    UpdateJob *j = ctx;
     int64_t lo = c * 4096, hi = lo + 4096 < j->n ? lo + 4096 : j->n;
     for (int64_t i = lo; i < hi; i++) {
-        double g = j->g[i] * j->gmul;
-        double m = j->b1 * j->m[i] + (1 - j->b1) * g;
-        double v = j->b2 * j->v[i] + (1 - j->b2) * g * g;
-        double mhat = m * j->inv_bc1, vhat = v * j->inv_bc2, w = j->w[i];
-        w -= j->lr * (mhat / (sqrt(vhat) + j->eps) + j->wd * w);
+        double g = j->g[i] * j->gmul, w = j->w[i], m;
+        switch (j->op) {
+        case OP_ADAMW: {
+            m = j->b1 * j->m[i] + (1 - j->b1) * g;
+            double v = j->b2 * j->v[i] + (1 - j->b2) * g * g;
+            double mhat = m * j->inv_bc1, vhat = v * j->inv_bc2;
+            w -= j->lr * (mhat / (sqrt(vhat) + j->eps) + j->wd * w);
+            j->v[i] = (float)v;
+            break;
+        }
+        case OP_LION: {
+            double d = j->b1 * j->m[i] + (1 - j->b1) * g;
+            double sign = d > 0 ? 1 : d < 0 ? -1 : 0;
+            w -= j->lr * (sign + j->wd * w);
+            m = j->b2 * j->m[i] + (1 - j->b2) * g;
+            break;
+        }
+        default: {          /* OP_SGD */
+            g += j->wd * w;
+            m = j->b1 * j->m[i] + g;
+            w -= j->lr * (j->nesterov ? g + j->b1 * m : m);
+            break;
+        }
+        }
         j->m[i] = (float)m;
-        j->v[i] = (float)v;
         j->w[i] = (float)w;
         j->g[i] = 0;
     }
@@ -148,30 +172,50 @@ static double scalar_in(Node *n, int k)
     return v;
 }
 
-void ref_adamw(Node *n)
+/* ADAMW, LION, SGD (ops.def): every tensor decoded through its format, the step in f64, every
+ * tensor encoded again (the new states through their codecs, the weight through a split master
+ * or its format, then its FP8 copy). */
+void ref_update(Node *n)
 {
-    int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0;
-    if (n->n_in - copies != 8 && n->n_in - copies != 9)
-        ref_die_node(n, "takes (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax])");
+    int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0, at_lr = ir_update_lr_index(n);
+    bool adam = n->op == OP_ADAMW;
+    if (n->n_in - copies != at_lr + 4 && n->n_in - copies != at_lr + 5)
+        ref_die_node(n, adam ? "takes (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax])"
+                             : "takes (param, grad, m, lr, step, clip, grad_scale[, master][, copy, scale, amax])");
     Tensor *param = &n->in[A_PARAM]->t, *grad = &n->in[A_GRAD]->t;
-    Tensor *mt = &n->in[A_M]->t, *vt = &n->in[A_V]->t;
+    Tensor *mt = &n->in[A_M]->t, *vt = adam ? &n->in[A_V]->t : NULL;
     int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
     Tensor *master = at_master >= 0 ? &n->in[at_master]->t : NULL;
     Tensor *copy = at_copy >= 0 ? &n->in[at_copy]->t : NULL;
-    AdamJob j = {.n = ir_numel(param), .b1 = IR_FATTR(n, ADAMW, beta1), .b2 = IR_FATTR(n, ADAMW, beta2),
-                 .eps = IR_FATTR(n, ADAMW, eps), .wd = IR_FATTR(n, ADAMW, weight_decay)};
+    UpdateJob j = {.op = n->op, .n = ir_numel(param)};
+    switch (n->op) {
+    case OP_ADAMW:
+        j.b1 = IR_FATTR(n, ADAMW, beta1), j.b2 = IR_FATTR(n, ADAMW, beta2);
+        j.eps = IR_FATTR(n, ADAMW, eps), j.wd = IR_FATTR(n, ADAMW, weight_decay);
+        break;
+    case OP_LION:
+        j.b1 = IR_FATTR(n, LION, beta1), j.b2 = IR_FATTR(n, LION, beta2);
+        j.wd = IR_FATTR(n, LION, weight_decay);
+        break;
+    default:
+        j.b1 = IR_FATTR(n, SGD, momentum), j.wd = IR_FATTR(n, SGD, weight_decay);
+        j.nesterov = IR_IATTR(n, SGD, nesterov) != 0;
+        break;
+    }
     const Tensor *same[] = {grad, mt, vt, master, copy};
     for (int k = 0; k < 5; k++)
         if (same[k] && ir_numel(same[k]) != j.n)
             ref_die_node(n, "'%s' has %lld elements, the parameter %lld",
                          same[k]->name ? same[k]->name : "unnamed", (long long)ir_numel(same[k]),
                          (long long)j.n);
-    double step = scalar_in(n, A_STEP);
+    double step = scalar_in(n, at_lr + 1);
     if (!(step >= 1)) ref_die_node(n, "step %g: steps count from 1", step);
-    j.lr = scalar_in(n, A_LR);
-    j.gmul = scalar_in(n, A_GRAD_SCALE) * scalar_in(n, A_CLIP);
-    j.inv_bc1 = 1 / (1 - pow(j.b1, step));
-    j.inv_bc2 = 1 / (1 - pow(j.b2, step));
+    j.lr = scalar_in(n, at_lr);
+    j.gmul = scalar_in(n, at_lr + 3) * scalar_in(n, at_lr + 2);
+    if (adam) {
+        j.inv_bc1 = 1 / (1 - pow(j.b1, step));
+        j.inv_bc2 = 1 / (1 - pow(j.b2, step));
+    }
 
     bool split = master && master->fmt.codec == CODEC_SPLIT;
     if (split && (param->fmt.elem != FMT_BF16 || master->fmt.elem != FMT_I8))
@@ -185,10 +229,10 @@ void ref_adamw(Node *n)
     }
     j.g = ref_load(grad);
     j.m = ref_load(mt);
-    j.v = ref_load(vt);
-    ref_parallel_for((j.n + 4095) / 4096, adamw_task, &j);
+    j.v = vt ? ref_load(vt) : NULL;
+    ref_parallel_for((j.n + 4095) / 4096, update_task, &j);
     ref_store(mt, j.m);
-    ref_store(vt, j.v);
+    if (vt) ref_store(vt, j.v);
     ref_store(grad, j.g);
     if (split) {
         codec_split_encode(j.w, param->data, master->data, j.n);   /* hi = bf16(w) is the weight */

@@ -411,10 +411,13 @@ typedef struct {
 /* A resumed training run's settings, from its checkpoint's metadata (checkpoint.c): --lr,
  * --min-lr, --warmup, --steps and --grad-accum not on the command line are the run's; one
  * given with another value is used, and one line says what changed. A checkpoint made at
- * another batch or sequence length than this binary's (its batches would differ) or at
- * another level stops the run. Checkpoints older than these fields restore nothing. Returns
- * 0, or 1 (an unreadable checkpoint) or 2 (the run cannot continue here) after rt_error. */
+ * another batch or sequence length than this binary's (its batches would differ), at another
+ * level or with another optimizer stops the run. Checkpoints older than these fields restore
+ * nothing. Returns 0, or 1 (an unreadable checkpoint) or 2 (the run cannot continue here)
+ * after rt_error. */
 int rt_ckpt_restore_run(const Graph *g, TrainOptions *o);
+/* Whether the checkpoint at path was trained with g's optimizer; else one rt_error line. */
+bool rt_ckpt_check_optimizer(const Graph *g, const char *path);
 /* The metadata keys of those settings, written by train.c with the rest of the metadata. */
 #define RT_META_LR "lr"
 #define RT_META_MIN_LR "min_lr"

@@ -300,6 +300,7 @@ static int train_meta(const Graph *g, const TrainOptions *o, const Progress *p, 
     META("data_step", "%lld", (long long)p->step);
     META("data", "%s", o->data);
     META("opt_level", "%d", g->opt_level);
+    META("optimizer", "%s", ir_optim_name(g->optim.kind));
     META("batch", "%lld", (long long)g->batch);
     META("seq", "%lld", (long long)g->seq);
     META(RT_META_LR, "%.17g", o->lr > 0 ? o->lr : g->optim.lr);
@@ -328,6 +329,7 @@ static bool train_meta_int(const char *path, const CkptMeta *meta, int n, const 
 static bool train_resume(Graph *g, const Model *m, const TrainOptions *o, Progress *p) {
     char path[4096];
     if (!rt_ckpt_resolve(o->resume, path, sizeof path)) return false;
+    if (!rt_ckpt_check_optimizer(g, path)) return false;
     CkptMeta meta[TRAIN_MAX_META];
     int n_meta = 0;
     Tensor **ts = malloc((size_t)(m->n_saved ? m->n_saved : 1) * sizeof *ts);
@@ -699,7 +701,7 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
     }
     bool released = false;   /* built with --grad-release: updates read gradients, not accumulators */
     for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i]->op == OP_ADAMW && g->nodes[i]->in[1]->op != OP_ACCUMULATE &&
+        if (ir_op_is_update(g->nodes[i]->op) && g->nodes[i]->in[1]->op != OP_ACCUMULATE &&
             g->nodes[i]->in[1]->op != OP_ALL_REDUCE)
             released = true;
     if (o->grad_accum > 1 && released) {

@@ -392,7 +392,7 @@ static void run_case(TG *t, const char *label)
         if (t->tol[n->id] < 0) continue;
         bool sink = !is_read(g, n) || ir_op_is_inplace(n->op);
         if (sink) compare(t, label, n, t->tol[n->id]);
-        if (n->op == OP_ADAMW)   /* every state it updates */
+        if (ir_op_is_update(n->op))   /* every state it updates */
             for (int j = 0; j < n->n_in; j++)
                 if (ir_mutates_input(n, j)) {
                     Node fake = {.op = OP_ACCUMULATE, .n_in = 1, .in = &n->in[j]};
@@ -831,6 +831,23 @@ static void test_optimizer(void **state)
         IR_FATTR(a, ADAMW, beta1) = 0.9, IR_FATTR(a, ADAMW, beta2) = 0.95, IR_FATTR(a, ADAMW, eps) = 1e-8, IR_FATTR(a, ADAMW, weight_decay) = 0.1;
         done(t, a, FMT_VOID, master ? TOL_BF16 : TOL_F32);
     }
+    /* Lion and SGD: with and without a master, weight decay, Nesterov momentum */
+    for (int k = 0; k < 4; k++) {
+        bool master = k & 1, lion = k < 2;
+        Node *p = leaf(t, OP_PARAM, master ? FMT_BF16 : FMT_F32, 1, n, 0, 0);
+        Node *g = leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0), *m = leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0);
+        Node *in[8] = {p, g, m, lr, step, clip, gs, NULL};
+        if (master) in[7] = leaf(t, OP_STATE, FMT_F32, 1, n, 0, 0);
+        Node *u = op(t, lion ? OP_LION : OP_SGD, master ? 8 : 7, in);
+        if (lion) {
+            IR_FATTR(u, LION, beta1) = 0.9, IR_FATTR(u, LION, beta2) = 0.99;
+            IR_FATTR(u, LION, weight_decay) = master ? 0.1 : 0.0;
+        } else {
+            IR_FATTR(u, SGD, momentum) = 0.9, IR_FATTR(u, SGD, weight_decay) = master ? 0.0 : 0.01;
+            IR_IATTR(u, SGD, nesterov) = master;
+        }
+        done(t, u, FMT_VOID, master ? TOL_BF16 : TOL_F32);
+    }
     Node *sq1 = scalar(t, 2.0), *sq2 = scalar(t, 7.0);
     Node *gn = done(t, OP(t, OP_GRAD_NORM, gs, sq1, sq2), FMT_F32, TOL_F32);
     Node *cc = OP(t, OP_CLIP_COEF, gn);
@@ -892,6 +909,7 @@ static void test_optimizer(void **state)
 
 typedef struct {
     const char *label;
+    OpKind op;              /* ADAMW, LION or SGD (these two: m only) */
     Codec m, v;             /* CODEC_PLAIN: f32 */
     int master;             /* 0 none (f32 param), 1 f32 master (bf16 param), 2 split (bf16 param) */
     int64_t n;
@@ -953,6 +971,17 @@ static void moment_check(TG *t, const char *what, Node *s, const CodedBounds *b,
     coded_check(what, &s->t, t->set[1][s->id], t->set[1][side->id], t->set[0][s->id], t->set[0][side->id], b, st);
 }
 
+/* Lion's step is lr sign(d): where the f32 and f64 d of an element straddle 0 (d within its
+ * rounding of 0), the weights are 2 lr apart, or lr (a sign against 0). Counted, and allowed
+ * for one element in a thousand. */
+static bool lion_flip(double wa, double wb, double lr, double bound, int64_t *flips)
+{
+    double d = fabs(wa - wb);
+    if (!(fabs(d - 2 * lr) <= bound + 1e-3 * lr || fabs(d - lr) <= bound + 1e-3 * lr)) return false;
+    (*flips)++;
+    return true;
+}
+
 /* Runs `steps` updates of case cc; `encode`: one step from zero states with beta1 = 1/2,
  * beta2 = 3/4 (identical new moments: the encoders alone). */
 static void coded_run(const CodedCase *cc, int steps, bool encode)
@@ -963,14 +992,27 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
     Node *lr = scalar(t, 1e-3), *step = scalar(t, 1), *clip = scalar(t, encode ? 1.0 : 0.7), *gs = scalar(t, 1.0);
     Node *p = leaf(t, OP_PARAM, cc->master ? FMT_BF16 : FMT_F32, 1, n, 0, 0);
     Node *g = leaf(t, OP_STATE, FMT_BF16, 1, n, 0, 0);
-    Node *m = coded_state(t, cc->m, n), *v = coded_state(t, cc->v, n), *ms = NULL;
+    bool adam = cc->op == OP_ADAMW;
+    Node *m = coded_state(t, cc->m, n), *v = adam ? coded_state(t, cc->v, n) : NULL, *ms = NULL;
     Node *in[9] = {p, g, m, v, lr, step, clip, gs, NULL};
+    if (!adam) memmove(in + 3, in + 4, sizeof(Node *) * 5);   /* no v */
+    int n_in = adam ? 8 : 7;
     if (cc->master) {
-        ms = in[8] = leaf(t, OP_STATE, cc->master == 2 ? FMT_I8 : FMT_F32, 1, n, 0, 0);
+        ms = in[n_in++] = leaf(t, OP_STATE, cc->master == 2 ? FMT_I8 : FMT_F32, 1, n, 0, 0);
         if (cc->master == 2) ms->t.fmt.codec = CODEC_SPLIT;
     }
-    Node *a = op(t, OP_ADAMW, cc->master ? 9 : 8, in);
-    IR_FATTR(a, ADAMW, beta1) = encode ? 0.5 : 0.9, IR_FATTR(a, ADAMW, beta2) = encode ? 0.75 : 0.95, IR_FATTR(a, ADAMW, eps) = 1e-8, IR_FATTR(a, ADAMW, weight_decay) = 0.1;
+    Node *a = op(t, cc->op, n_in, in);
+    /* encode: new moments exact in f32 (Lion's m = g/4, SGD's m = g: no decay) */
+    if (adam) {
+        IR_FATTR(a, ADAMW, beta1) = encode ? 0.5 : 0.9, IR_FATTR(a, ADAMW, beta2) = encode ? 0.75 : 0.95;
+        IR_FATTR(a, ADAMW, eps) = 1e-8, IR_FATTR(a, ADAMW, weight_decay) = 0.1;
+    } else if (cc->op == OP_LION) {
+        IR_FATTR(a, LION, beta1) = encode ? 0.5 : 0.9, IR_FATTR(a, LION, beta2) = encode ? 0.75 : 0.99;
+        IR_FATTR(a, LION, weight_decay) = 0.1;
+    } else {
+        IR_FATTR(a, SGD, momentum) = encode ? 0.5 : 0.9, IR_FATTR(a, SGD, weight_decay) = encode ? 0.0 : 0.01;
+        IR_IATTR(a, SGD, nesterov) = !encode;
+    }
     done(t, a, FMT_VOID, -1);
     Graph *gr = t->g;
     ir_renumber(gr);
@@ -993,7 +1035,7 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
     float *gf = malloc(sizeof(float) * (size_t)n), *wf = malloc(sizeof(float) * (size_t)n);
     if (!encode) moments_fill(scales, mf, vf, n);
     ref_store(&m->t, mf);
-    ref_store(&v->t, vf);
+    if (v) ref_store(&v->t, vf);
     for (int64_t i = 0; i < n; i++) wf[i] = (float)(0.02 * rng_normal());
     if (cc->master == 2) codec_split_encode(wf, t->set[0][p->id], t->set[0][ms->id], n);
     else if (ms) ref_store(&ms->t, wf), ref_store(&p->t, wf);
@@ -1010,7 +1052,8 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
     assert_non_null(x);
 
     CodedStats sm = {0}, sv = {0};
-    int64_t w_off = 0;
+    int64_t w_off = 0, flips = 0;
+    float lr_value = 1e-3f;
     double w_err = 0;
     char what[200];
     for (int s = 1; s <= steps; s++) {
@@ -1034,18 +1077,25 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
             fail_msg("%s step %d: the gradient is not zeroed", cc->label, s);
         snprintf(what, sizeof what, "%s step %d: m", cc->label, s);
         moment_check(t, what, m, bounds, &sm);
-        snprintf(what, sizeof what, "%s step %d: v", cc->label, s);
-        moment_check(t, what, v, bounds, &sv);
+        if (v) {
+            snprintf(what, sizeof what, "%s step %d: v", cc->label, s);
+            moment_check(t, what, v, bounds, &sv);
+        }
         if (ms) {   /* the bf16 weight: one bf16 step apart, plus the f32 step's rounding */
             const uint16_t *hc = t->set[1][p->id], *hr = t->set[0][p->id];
             int64_t off = 0;
             for (int64_t i = 0; i < n; i++) {
                 float wa = num_bf16_to_f32(hc[i]), wb = num_bf16_to_f32(hr[i]);
                 int b = hr[i] >> 7 & 0xFF;
-                double bound = 1.01 * ldexp(1.0, (b ? b : 1) - 134) + 0x1p-20 * (fabs(w0[i]) + 4e-3);
-                if (!(fabs((double)wa - wb) <= bound) && !(isnan(wa) && isnan(wb)))
+                /* the f32 step rounds at the size of the weight and of its change (SGD's can
+                 * be large: lr times a gradient of thousands) */
+                double bound = 1.01 * ldexp(1.0, (b ? b : 1) - 134) +
+                               0x1p-20 * (fabs(w0[i]) + 4e-3 + (isfinite(wb) ? fabs(wb - w0[i]) : 0));
+                if (wa == wb || (isnan(wa) && isnan(wb))) continue;
+                off++;
+                if (!(fabs((double)wa - wb) <= bound) &&
+                    !(cc->op == OP_LION && lion_flip(wa, wb, lr_value, bound, &flips)))
                     fail_msg("%s step %d: bf16 weight %lld: %.9g, reference %.9g", cc->label, s, (long long)i, wa, wb);
-                off += hc[i] != hr[i];
             }
             w_off += off;
             if (off > 1 + n / 100)
@@ -1059,10 +1109,12 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
             int64_t off = 0;
             for (int64_t i = 0; i < n; i++) {
                 int b = hr[i] >> 7 & 0xFF;
-                double bound = 1.01 * ldexp(1.0, (b ? b : 1) - 142) + 0x1p-20 * (fabs(w0[i]) + 4e-3);
-                if (isnan(wc[i]) && isnan(wr[i])) continue;
-                off += wc[i] != wr[i];
-                if (!(fabs((double)wc[i] - wr[i]) <= bound))
+                double bound = 1.01 * ldexp(1.0, (b ? b : 1) - 142) +
+                               0x1p-20 * (fabs(w0[i]) + 4e-3 + (isfinite(wr[i]) ? fabs(wr[i] - w0[i]) : 0));
+                if (wc[i] == wr[i] || (isnan(wc[i]) && isnan(wr[i]))) continue;
+                off++;
+                if (!(fabs((double)wc[i] - wr[i]) <= bound) &&
+                    !(cc->op == OP_LION && lion_flip(wc[i], wr[i], lr_value, bound, &flips)))
                     fail_msg("%s step %d: split weight %lld: %.9g, reference %.9g", cc->label, s,
                              (long long)i, wc[i], wr[i]);
             }
@@ -1085,14 +1137,17 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
         }
         free(w0);
     }
+    if (flips > 1 + n * steps / 1000)
+        fail_msg("%s: %lld Lion steps of opposite sign in %lld", cc->label, (long long)flips, (long long)(n * steps));
     const CodedStats *both_st[2] = {&sm, &sv};
-    for (int q = 0; q < 2; q++)
+    for (int q = 0; q < (v ? 2 : 1); q++)
         printf("  %-34s %s: %lld/%lld codes one step off, side values: max %.2g, k %.2g, %lld/%lld groups "
                "apart; err %.2g\n", q ? "" : cc->label, q ? "v" : "m", (long long)both_st[q]->off,
                (long long)both_st[q]->codes, both_st[q]->c, both_st[q]->k, (long long)both_st[q]->moved,
                (long long)both_st[q]->groups, both_st[q]->err);
-    printf("  %-34s weights: %.2g%% of bf16 one step off, normalized error %.2g\n", "",
-           100.0 * (double)w_off / (double)(n * steps), w_err);
+    printf("  %-34s weights: %.2g%% of bf16 one step off, normalized error %.2g%s\n", "",
+           100.0 * (double)w_off / (double)(n * steps), w_err,
+           cc->op == OP_LION ? arena_printf(t->g->arena, "; %lld Lion signs apart", (long long)flips) : "");
     rt_cpu_exec_free(x);
     dlclose(c.so);
     arena_free(ka);
@@ -1105,11 +1160,15 @@ static void coded_run(const CodedCase *cc, int steps, bool encode)
 }
 
 static const CodedCase coded_cases[] = {
-    {"O2: expand m, v, f32 master", CODEC_EXPAND, CODEC_EXPAND, 1, 128 * 48},
-    {"O3: compand m, sqrt v, split master", CODEC_COMPAND, CODEC_SQRT, 2, 32 * 160},
-    {"expand m, sqrt v, short end", CODEC_EXPAND, CODEC_SQRT, 0, 128 * 37 + 77},
-    {"compand m, expand v, split, short", CODEC_COMPAND, CODEC_EXPAND, 2, 128 * 29 + 45},
-    {"f32 m, v, split master", CODEC_PLAIN, CODEC_PLAIN, 2, 3000},
+    {"O2: expand m, v, f32 master", OP_ADAMW, CODEC_EXPAND, CODEC_EXPAND, 1, 128 * 48},
+    {"O3: compand m, sqrt v, split master", OP_ADAMW, CODEC_COMPAND, CODEC_SQRT, 2, 32 * 160},
+    {"expand m, sqrt v, short end", OP_ADAMW, CODEC_EXPAND, CODEC_SQRT, 0, 128 * 37 + 77},
+    {"compand m, expand v, split, short", OP_ADAMW, CODEC_COMPAND, CODEC_EXPAND, 2, 128 * 29 + 45},
+    {"f32 m, v, split master", OP_ADAMW, CODEC_PLAIN, CODEC_PLAIN, 2, 3000},
+    {"lion O2: expand m, f32 master", OP_LION, CODEC_EXPAND, CODEC_PLAIN, 1, 128 * 48},
+    {"lion O3: compand m, split, short", OP_LION, CODEC_COMPAND, CODEC_PLAIN, 2, 32 * 160 + 13},
+    {"sgd O2: expand m, short end", OP_SGD, CODEC_EXPAND, CODEC_PLAIN, 0, 128 * 37 + 77},
+    {"sgd O3: compand m, split master", OP_SGD, CODEC_COMPAND, CODEC_PLAIN, 2, 32 * 160},
 };
 
 static void test_adamw_codec_encoders(void **state)
@@ -1216,9 +1275,9 @@ static float *decode_in(Node *n, const RtMemory *mem, void *image)
 
 /* gpt2_tiny's planned step at -O<level>; with all_f32, every bf16 tensor of the plan made f32
  * (the FP8 levels keep their FP8 tensors) before the schedule and memory plan. */
-static Graph *tiny_step(Arena *a, int level, bool all_f32, RtMemory *mem)
+static Graph *tiny_step(Arena *a, int level, bool all_f32, const char *optimizer, RtMemory *mem)
 {
-    BuildOptions bo = {.front = {.batch = 2, .seq = 32}, .passes = {.opt_level = level}};
+    BuildOptions bo = {.front = {.batch = 2, .seq = 32}, .passes = {.opt_level = level, .optimizer = optimizer}};
     if (all_f32) bo.stop_after = "layout";
     Graph *g = pipeline_compile(a, "models/gpt2_tiny.model", &bo);
     assert_non_null(g);
@@ -1243,11 +1302,11 @@ static Graph *tiny_step(Arena *a, int level, bool all_f32, RtMemory *mem)
 
 /* The whole step on both executors from the same state: loss, gradient norm, every gradient
  * accumulator after the backward, every parameter after the update. */
-static void train_step(int level, bool all_f32)
+static void train_step(int level, bool all_f32, const char *optimizer)
 {
     Arena *a = arena_new();
     RtMemory mem;
-    Graph *g = tiny_step(a, level, all_f32, &mem);
+    Graph *g = tiny_step(a, level, all_f32, optimizer, &mem);
     void *p0 = snapshot(&mem), *s0 = malloc((size_t)mem.step_bytes);
     memcpy(s0, mem.step, (size_t)mem.step_bytes);
 
@@ -1273,7 +1332,7 @@ static void train_step(int level, bool all_f32)
      * checks every kernel of those plans on identical inputs instead. */
     double tol_loss = all_f32 ? 2e-6 : level ? 2e-3 : 2e-4;
     double tol_grad = all_f32 ? 1e-5 : level ? 0.5 : 5e-2;
-    const char *what = all_f32 ? "f32" : "";
+    const char *what = all_f32 ? optimizer ? arena_printf(a, " f32 %s", optimizer) : "f32" : "";
     printf("  -O%d%s: loss %.7f (reference %.7f), grad norm %.7g (%.7g)\n", level, what, cpu.loss,
            ref.loss, cpu.grad_norm, ref.grad_norm);
     if (!(fabs(cpu.loss - ref.loss) <= tol_loss * fabs(ref.loss)))
@@ -1300,8 +1359,8 @@ static void train_step(int level, bool all_f32)
     printf("  -O%d%s: gradients: largest normalized difference %.3g (%s)\n", level, what, worst_g, worst_name);
     if (!(worst_g < tol_grad)) fail_msg("-O%d%s: gradient %s differs: %.3g", level, what, worst_name, worst_g);
 
-    /* The update. Adam moves a parameter by about lr * sign(gradient) on the first step, so
-     * where a gradient is rounding noise (the key bias: softmax ignores a shift of all scores)
+    /* The update. Adam and Lion move a parameter by about lr * sign(gradient) on the first step
+     * (SGD by lr * gradient), so where a gradient is rounding noise (the key bias: softmax ignores a shift of all scores)
      * either sign is right; those elements (|g| below 1e-4 of the tensor's rms, or within 100
      * eps of 0 where g / (|g| + eps) still follows |g|) are left out; every other update must
      * agree within 0.1% of lr and two ulps of the parameter. */
@@ -1346,13 +1405,15 @@ static void train_step(int level, bool all_f32)
 static void test_train_step_f32(void **state)
 {
     (void)state;
-    train_step(0, true);
+    train_step(0, true, NULL);
+    train_step(0, true, "lion");
+    train_step(0, true, "sgd");
 }
 
 static void test_train_step_levels(void **state)
 {
     (void)state;
-    for (int level = 0; level <= 3; level++) train_step(level, false);
+    for (int level = 0; level <= 3; level++) train_step(level, false, NULL);
 }
 
 /* The number of mantissa bits of a stored float type (a one-step rounding difference is
@@ -1379,11 +1440,14 @@ static int mantissa_bits(ElemType e)
  * (AdamW's FP8 weight copy of a weight one bf16 step apart). An attention that ran on the tile
  * path, whose P and dS are rounded to bf16 inside it, is held to TOL_BF16_WEIGHTS (normalized
  * error) instead. */
-static void replay_level(int level)
+static void replay_level(int level, const char *optimizer)
 {
     Arena *a = arena_new();
     RtMemory mem;
-    Graph *g = tiny_step(a, level, false, &mem);
+    Graph *g = tiny_step(a, level, false, optimizer, &mem);
+    if (optimizer && !strcmp(optimizer, "sgd"))   /* Nesterov's extra term */
+        for (int i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i]->op == OP_SGD) IR_IATTR(g->nodes[i], SGD, nesterov) = 1;
     feed(g, "lr", 1e-3);
     feed(g, "step", 1);
     feed(g, "grad_scale", 1);
@@ -1462,7 +1526,8 @@ static void replay_level(int level)
                 Tensor *tt = &targets[t]->t;
                 if (codes[t]) {
                     char what[200];
-                    snprintf(what, sizeof what, "-O%d: kernel of %%%d adamw (%s)", level, n->id, tt->name);
+                    snprintf(what, sizeof what, "-O%d: kernel of %%%d %s (%s)", level, n->id,
+                             ir_op_info(n->op)->text, tt->name);
                     coded_check(what, tt, codes[t], sides[t], tt->data, tt->fmt.scale->t.data, &CODED_STEP_BOUNDS, &coded);
                     free(codes[t]);
                     free(sides[t]);
@@ -1516,7 +1581,8 @@ static void replay_level(int level)
             }
             checked++;
         }
-    printf("  -O%d: %d kernel groups replayed; largest f32 error %.3g (%%%d)\n", level, checked, worst, worst_id);
+    printf("  -O%d %s: %d kernel groups replayed; largest f32 error %.3g (%%%d)\n", level,
+           ir_optim_name(g->optim.kind), checked, worst, worst_id);
     if (coded.codes)
         printf("  -O%d: coded states: %lld/%lld codes one step off, %lld/%lld groups' side values apart, "
                "largest normalized error %.3g\n", level, (long long)coded.off, (long long)coded.codes,
@@ -1534,7 +1600,19 @@ static void replay_level(int level)
 static void test_replay_levels(void **state)
 {
     (void)state;
-    for (int level = 0; level <= 3; level++) replay_level(level);
+    for (int level = 0; level <= 3; level++) replay_level(level, NULL);
+}
+
+/* Lion's and SGD's (with Nesterov momentum) kernels in the same replay: f32 momentum at -O0 and
+ * -O1, range-expanded e4m3 at -O2 (with the weights' FP8 copy), companded i8 with the split
+ * master at -O3, each update against the reference's on the same bytes. */
+static void test_replay_optimizers(void **state)
+{
+    (void)state;
+    for (int level = 0; level <= 3; level++) {
+        replay_level(level, "lion");
+        replay_level(level, "sgd");
+    }
 }
 
 int main(void)
@@ -1558,7 +1636,7 @@ int main(void)
         cmocka_unit_test(test_optimizer),        cmocka_unit_test(test_adamw_codec_encoders),
         cmocka_unit_test(test_adamw_coded_steps), cmocka_unit_test(test_no_reference_kernels),
         cmocka_unit_test(test_table_mismatch),
-        cmocka_unit_test(test_replay_levels),
+        cmocka_unit_test(test_replay_levels),    cmocka_unit_test(test_replay_optimizers),
         cmocka_unit_test(test_train_step_f32),   cmocka_unit_test(test_train_step_levels),
     };
     if (getenv("FP8C_TEST_FILTER")) cmocka_set_test_filter(getenv("FP8C_TEST_FILTER"));

@@ -114,7 +114,7 @@ static void test_roundtrip(void **state)
     (void)state;
     Arena *a = arena_new();
     Graph *g = build_sample(a);
-    g->optim = (OptimSpec){true, 6e-4, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    g->optim = (OptimSpec){.present = true, .lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0};
     /* a scaled format with a forward reference, and a memory plan entry */
     Node *sc = g->nodes[5];
     sc->t.fmt.elem = FMT_E4M3;

@@ -604,6 +604,73 @@ static void test_adamw(void **state)
     }
 }
 
+/* Lion and SGD with momentum against their formulas in f64, on fresh random data: with and
+ * without weight decay, with and without a master (a bf16 parameter rounds the master's new
+ * value), SGD with and without Nesterov momentum; the gradient is zeroed, and the operands the
+ * update writes are param, grad, m and the master:
+ *   g = grad grad_scale clip
+ *   Lion: w -= lr (sign(b1 m + (1 - b1) g) + wd w), m = b2 m + (1 - b2) g
+ *   SGD:  g += wd w, m = mu m + g, w -= lr (nesterov ? g + mu m : m) */
+static void test_momentum_updates(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 16; k++) {
+        bool lion = k & 1, decay = k & 2, with_master = k & 4, nesterov = k & 8;
+        if (lion && nesterov) continue;
+        enum { N = 53 };
+        const int64_t dims[1] = {N};
+        float w[N], g[N], m[N];
+        for (int i = 0; i < N; i++) w[i] = rng_normal(), g[i] = rng_normal(), m[i] = 0.1f * rng_normal();
+        g[5] = 0, m[5] = 0;   /* Lion: sign(0) = 0, the weight moves by its decay alone */
+        float lr = 1e-2f * (float)(1 + rng_uniform()), step = (float)rng_int(1, 20);
+        float clip = (float)(0.5 + 0.5 * rng_uniform()), gs = 0.25f;
+        double b1 = lion ? 0.9 : 0.8 + 0.15 * rng_uniform(), b2 = 0.99, wd = decay ? 0.1 : 0.0;
+        TG *t = tg_new();
+        Node *param = leaf_fill(t, OP_PARAM, "w", ROLE_PARAM, with_master ? FMT_BF16 : FMT_F32, 1, dims, w);
+        static const char *const scalars[4] = {"lr", "step", "clip", "grad_scale"};
+        const float kv[4] = {lr, step, clip, gs};
+        Node *in[8] = {param, leaf_fill(t, OP_STATE, "w:grad", ROLE_GRAD, FMT_F32, 1, dims, g),
+                       leaf_fill(t, OP_STATE, "w:momentum", ROLE_ADAM_M, FMT_F32, 1, dims, m)};
+        for (int i = 0; i < 4; i++) in[3 + i] = leaf_fill(t, OP_INPUT, scalars[i], ROLE_INPUT, FMT_F32, 0, NULL, &kv[i]);
+        in[7] = with_master ? leaf_fill(t, OP_STATE, "w:master", ROLE_MASTER, FMT_F32, 1, dims, w) : NULL;
+        Node *up = lion ? tg_node_v(t, OP_LION, ((Attrs){.f = {b1, b2, wd}}), 7 + with_master, in)
+                        : tg_node_v(t, OP_SGD, ((Attrs){.i = {0, nesterov}, .f = {b1, wd}}), 7 + with_master, in);
+        assert_int_equal(ir_update_states(up), 1);
+        assert_int_equal(ir_update_lr_index(up), 3);
+        assert_int_equal(ir_adamw_master_index(up), with_master ? 7 : -1);
+        assert_int_equal(ir_adamw_copy_index(up), -1);
+        for (int i = 0; i < up->n_in; i++) assert_int_equal(ir_mutates_input(up, i), i <= 2 || i == 7);
+        ref_exec_node(up);
+        float *pr = ref_load(&param->t);
+        const float *pw = with_master ? in[7]->t.data : NULL, *mr = in[2]->t.data;
+        int moved = 0;
+        for (int i = 0; i < N; i++) {
+            double gg = (double)g[i] * gs * clip, mm, ww = w[i];
+            if (lion) {
+                double d = b1 * m[i] + (1 - b1) * gg;
+                ww -= lr * ((d > 0) - (d < 0) + wd * w[i]);
+                mm = b2 * m[i] + (1 - b2) * gg;
+            } else {
+                gg += wd * w[i];
+                mm = b1 * m[i] + gg;
+                ww -= lr * (nesterov ? gg + b1 * mm : mm);
+            }
+            assert_float_equal(mr[i], mm, 1e-6 * fabs(mm) + 1e-9);
+            assert_true(((float *)in[1]->t.data)[i] == 0.0f);
+            if (with_master) {
+                assert_float_equal(pw[i], ww, 1e-6 * fabs(ww) + 1e-7);
+                assert_true(pr[i] == num_round(FMT_BF16, pw[i]));
+            } else {
+                assert_float_equal(pr[i], ww, 1e-6 * fabs(ww) + 1e-7);
+            }
+            moved += fabs(ww - w[i]) > 0.01 * lr;
+        }
+        assert_true(moved > N / 2);   /* the formulas moved the weights: a real step was checked */
+        free(pr);
+        tg_free(t);
+    }
+}
+
 /* AdamW that writes the weight's FP8 copy for the next step (scaling.c): the update phase first
  * turns the amax of the weights the step read into the copy's scale (448 / amax), then AdamW
  * stores the new bf16 weights, their e4m3 copy through that scale, and their amax. The first
@@ -1239,6 +1306,7 @@ int main(void)
         cmocka_unit_test(test_forward_values),
         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_adamw_fp8_copy),
+        cmocka_unit_test(test_momentum_updates),
         cmocka_unit_test(test_inplace_ops),
         cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_gemm_accuracy),

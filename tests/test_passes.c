@@ -253,7 +253,7 @@ static Graph *build_gpt2(Arena *a, int layers, int64_t B, int64_t T, int64_t C, 
     Graph *g = ir_graph_new(a);
     g->model_name = "gpt2-tiny";
     g->batch = B, g->seq = T;
-    g->optim = (OptimSpec){true, 6e-4, 0.9, 0.95, 1e-8, 0.1, 1.0};
+    g->optim = (OptimSpec){.present = true, .lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .clip = 1.0};
     Node *tok = leaf(g, OP_INPUT, "tokens", ROLE_INPUT, FMT_I32, 2, (int64_t[]){B, T});
     Node *tgt = leaf(g, OP_INPUT, "targets", ROLE_INPUT, FMT_I32, 2, (int64_t[]){B, T});
     Node *wte = param(g, "wte.weight", 2, (int64_t[]){V, C});

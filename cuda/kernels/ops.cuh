@@ -1925,3 +1925,143 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
     }
     ck_adamw_copy_amax<COPY_AT>(a, copy_max);
 }
+
+/* ---------------------------------------------------------------- Lion, SGD
+ *
+ * The one-state updates over any state codec, laid out as ck_adamw_coded (a warp per 256
+ * elements, eight a lane; the lanes of a group re-encode it together) for plain and coded
+ * momentum alike: with one state there is no second fast path worth its code. The weight's
+ * master (MK: 0 none, 1 plain W, 2 split) is read and written by the two helpers below. */
+
+/* the weight of elements i..i+7 from t[AT] (the master) or t[0] */
+template <int MK, class P, class W, int AT>
+static __device__ __forceinline__ void ck_update_w_ld8(const CkArgs &a, i64 i, i64 n, bool full, float *w) {
+    if (MK == 2) {   /* w = hi + lo ulp(hi) / 256 (codec_split_decode) */
+        unsigned char lo[8];
+        ck_ld8_bytes(a.t[AT], i, n, full, lo);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            unsigned short hi = i + j < n ? ((const unsigned short *)a.t[0].p)[i + j] : 0;
+            w[j] = __uint_as_float((unsigned)hi << 16) + (float)(signed char)lo[j] * ck_split_unit(ck_split_b(hi));
+        }
+    } else if (MK == 1 && full) {
+        W::ld_vec(a.t[AT], i, w);
+    } else if (MK == 1) {
+        #pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = i + j < n ? W::ld(a.t[AT], i + j) : 0.0f;
+    } else if (full) {
+        P::ld_vec(a.t[0], i, w);
+    } else {
+        #pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = i + j < n ? P::ld(a.t[0], i + j) : 0.0f;
+    }
+}
+
+/* stores the new weight (splitting a split master: hi = bf16(w), lo = rint((w - hi) / unit), 0
+ * where hi is not finite) */
+template <int MK, class P, class W, int AT>
+static __device__ __forceinline__ void ck_update_w_st8(const CkArgs &a, i64 i, i64 n, bool full, const float *w) {
+    if (MK == 2) {
+        unsigned char lo[8];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            __nv_bfloat16 hb = __float2bfloat16_rn(w[j]);
+            unsigned short h = *(unsigned short *)&hb;
+            float hf = __uint_as_float((unsigned)h << 16);
+            if (i + j < n) ((unsigned short *)a.t[0].p)[i + j] = h;
+            signed char l = 0;
+            if (isfinite(hf)) {
+                float r = rintf(ck_split_per_unit(w[j] - hf, ck_split_b(h)));
+                l = (signed char)(r > 127.0f ? 127.0f : r < -128.0f ? -128.0f : r);
+            }
+            lo[j] = (unsigned char)l;
+        }
+        ck_st8_bytes(a.t[AT], i, n, full, lo);
+        return;
+    }
+    if (MK == 1) {
+        if (full) {
+            W::st_vec(a.t[AT], i, w);
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (i + j < n) W::st(a.t[AT], i + j, w[j]);
+        }
+    }
+    if (full) {
+        P::st_vec(a.t[0], i, w);
+    } else {
+        #pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (i + j < n) P::st(a.t[0], i + j, w[j]);
+    }
+}
+
+/* LION (KIND 1) or SGD (KIND 2): (param, grad, m, lr, step, clip, grad_scale[, master][, copy,
+ * scale, amax]); MC the momentum's codec (CODEC_PLAIN: through its format M); MK and the copy
+ * as in ck_adamw_coded. f = {b1 (SGD: momentum), b2, wd}. In f32, as ref_optim.c's update_task:
+ *   Lion: w -= lr (sign(b1 m + (1 - b1) g) + wd w), m = b2 m + (1 - b2) g
+ *   SGD:  g += wd w, m = mu m + g, w -= lr (NESTEROV ? g + mu m : m) */
+template <int KIND, int NESTEROV, class P, class G, class LR, class CL, class GS, int MC, class M, int MK,
+          class W, class CP, int COPY_AT>
+__device__ void ck_momentum_coded(const CkArgs &a) {
+    __shared__ float k[2];   /* lr, gmul */
+    float b1 = (float)a.f[0], b2 = (float)a.f[1], wd = (float)a.f[2];
+    float c1 = (float)(1 - a.f[0]), c2 = (float)(1 - a.f[1]);
+    if (threadIdx.x == 0) {
+        k[0] = LR::ld(a.t[3], 0);
+        k[1] = (float)((double)GS::ld(a.t[6], 0) * (double)CL::ld(a.t[5], 0));
+    }
+    __syncthreads();
+    i64 n = a.t[0].n, chunks = (n + CK_CODED_CHUNK - 1) / CK_CODED_CHUNK;
+    int lane = threadIdx.x & 31;
+    i64 warp = (CK_BLOCK * blockDim.x + threadIdx.x) >> 5, warps = (CK_BLOCKS * blockDim.x) >> 5;
+    bool wide = n % 8 == 0 && G::vec_ok(a.t[1]) &&
+                (MC == CODEC_PLAIN || (unsigned long long)a.t[2].p % 8 == 0) &&
+                (MK == 2 ? (unsigned long long)a.t[7].p % 8 == 0 : P::vec_ok(a.t[0])) &&
+                (MK != 1 || W::vec_ok(a.t[7]));
+    float copy_max = 0.0f;
+    for (i64 ch = warp; ch < chunks; ch += warps) {
+        i64 i = ch * CK_CODED_CHUNK + lane * 8;
+        bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
+        float g[8], m[8], w[8];
+        if (full) {
+            G::ld_vec(a.t[1], i, g);
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++) g[j] = i + j < n ? G::ld(a.t[1], i + j) : 0.0f;
+        }
+        ck_state_ld8<MC, M>(a.t[2], i, n, full, m);
+        ck_update_w_ld8<MK, P, W, 7>(a, i, n, full, w);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float gj = g[j] * k[1];
+            if (KIND == 1) {
+                float d = b1 * m[j] + c1 * gj;
+                float s = d > 0.0f ? 1.0f : d < 0.0f ? -1.0f : 0.0f;
+                w[j] -= k[0] * (s + wd * w[j]);
+                m[j] = b2 * m[j] + c2 * gj;
+            } else {
+                gj += wd * w[j];
+                m[j] = b1 * m[j] + gj;
+                w[j] -= k[0] * (NESTEROV ? gj + b1 * m[j] : m[j]);
+            }
+            g[j] = 0.0f;
+        }
+        /* the lanes of a group re-encode it together: all of them have read it above */
+        __syncwarp();
+        ck_state_st8<MC, M>(a.t[2], i, n, full, m);
+        if (full) {
+            G::st_vec(a.t[1], i, g);
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (i + j < n) G::st(a.t[1], i + j, 0.0f);
+        }
+        ck_update_w_st8<MK, P, W, 7>(a, i, n, full, w);
+        #pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (i + j < n) ck_adamw_copy<COPY_AT, P, CP>(a, i + j, w[j], copy_max);
+    }
+    ck_adamw_copy_amax<COPY_AT>(a, copy_max);
+}

@@ -179,6 +179,53 @@ static void test_every_model_every_level(void **state) {
     if (failures) fail_msg("%d of %d model graphs have GPU kernels that do not compile", failures, graphs);
 }
 
+/* Lion and SGD (plain and Nesterov momentum) at -O0..-O3: every update planned as
+ * ck_momentum_coded over the level's momentum format (f32, e4m3 range expansion with the FP8
+ * weight copy, companded i8 with the split master), and both modules through NVRTC. */
+static void test_optimizers_every_level(void **state) {
+    (void)state;
+    const char *names[3] = {"lion", "sgd", "sgd"};
+    char path[4500];
+    snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+    for (int o = 0; o < 3; o++) {
+        for (int level = 0; level <= 3; level++) {
+            Arena *a = arena_new();
+            BuildOptions bo;
+            memset(&bo, 0, sizeof bo);
+            bo.front.batch = 2;
+            bo.front.seq = 64;
+            bo.passes.opt_level = level;
+            bo.passes.optimizer = names[o];
+            bo.passes.nesterov = o == 2;
+            diag_reset();
+            Graph *g = pipeline_compile(a, path, &bo);
+            assert_non_null(g);
+            assert_int_equal(diag_error_count(), 0);
+            char why[512];
+            CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+            if (!plans) fail_msg("%s O%d: %s", names[o], level, why);
+            int updates = 0;
+            for (int i = 0; i < g->n_nodes; i++) {
+                if (g->nodes[i]->op != (o ? OP_SGD : OP_LION)) continue;
+                updates++;
+                assert_true(plans[i].n_launch >= 1);
+                assert_non_null(strstr(plans[i].launch[0].body, "ck_momentum_coded"));
+            }
+            assert_true(updates > 0);
+            assert_module_compiles(g);
+            CgLowerOptions lo = {.fuse = true, .gemm_f32 = false};
+            CgProgram *prog = cg_lower(g, a, &lo);
+            assert_non_null(prog);
+            CudaBinary bin;
+            assert_true(cuda_compile_source(cuda_render_cg_program(prog, a), "kernel-ir.cu", &bin));
+            printf("  gpt2_tiny %-12s O%d: %d updates, both modules compile\n", o == 2 ? "sgd nesterov" : names[o],
+                   level, updates);
+            cuda_binary_free(&bin);
+            arena_free(a);
+        }
+    }
+}
+
 /* FP8 GEMMs with grouped scales: forward GEMMs (rows, or 1x128 tiles against 128x128 weight
  * blocks) and, with blocks, the input gradient's (tiles along the output features against the
  * weight's blocks read transposed) run on cuBLASLt with its scale modes; the precision pass
@@ -446,6 +493,7 @@ int main(void) {
                                        cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_fusion_switches),
+                                       cmocka_unit_test(test_optimizers_every_level),
                                        cmocka_unit_test(test_every_model_every_level)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -567,6 +567,54 @@ static void test_amax_parts(void **s) {
     if (failed) fail_msg("%d of %d block-maxima scales differ from the reference", failed, n_amax_pairs);
 }
 
+/* Lion and SGD with momentum (ck_momentum_coded): plain and coded momentum (range expansion,
+ * companding), no master, a plain master, a split master, the FP8 copy; every tensor of its
+ * own, since the cases write into them. scal: lr, step, clip, grad_scale. */
+static void build_momentum_updates(Node *const *scal) {
+    int64_t R = gt_int(1, 100), C = gt_int(1, 300);
+    for (int lion = 0; lion <= 1; lion++) {
+        OpKind op = lion ? OP_LION : OP_SGD;
+        const double *fa = lion ? Fa(0.9, 0.99, 0.1) : Fa(0.9, 0.01);
+        char name[96];
+        /* plain momentum, no master (an f32 parameter updated in place) */
+        Node *p = leaf(FMT_F32, 1, DIMS(R, C)), *g = leaf(FMT_BF16, 1, DIMS(R, C));
+        Node *m = leaf(FMT_F32, 0.1f, DIMS(R, C));
+        snprintf(name, sizeof name, "%s", lion ? "lion" : "sgd");
+        add_case(arena_printf(arena, "%s", name), 2e-5,
+                 op_v(op, FMT_VOID, lion ? NULL : I(0, 0), fa, IN(p, g, m, scal[0], scal[1], scal[2], scal[3])));
+        /* a plain master, the FP8 copy; SGD with Nesterov momentum */
+        Node *cs = scales(0, 0, 1), *amax = leaf(FMT_F32, 1, 0, NULL);
+        Node *copy = leaf_fmt("copy", FMT_E4M3, SCALE_PER_TENSOR, 0, cs, 1, DIMS(R, C));
+        Node *p3 = leaf(FMT_BF16, 1, DIMS(R, C)), *m3 = leaf(FMT_BF16, 0.1f, DIMS(R, C));
+        Node *w3 = leaf(FMT_F32, 1, DIMS(R, C)), *g3 = leaf(FMT_BF16, 1, DIMS(R, C));
+        add_case(arena_printf(arena, "%s master, FP8 copy", lion ? "lion" : "sgd nesterov"), 2e-5,
+                 op_v(op, FMT_VOID, lion ? I(1) : I(1, 1), fa,
+                      IN(p3, g3, m3, scal[0], scal[1], scal[2], scal[3], w3, copy, cs, amax)));
+        /* coded momentum: range expansion with a plain master (O2), companding with a split
+         * master (O3); any length, and a multiple of 8 past a few chunks of 256 */
+        for (int cs_i = 0; cs_i < 4; cs_i++) {
+            Codec cd = cs_i % 2 ? CODEC_COMPAND : CODEC_EXPAND;
+            int64_t nc = cs_i < 2 ? gt_int(1, 1000) : 8 * gt_int(100, 400);
+            Node *side = scales(codec_param_count(cd, nc), 0, 1);
+            Node *mc = leaf_fmt("m", codec_elem(cd), SCALE_PER_GROUP, codec_group_size(cd), side, 0.1f, DIMS(nc));
+            mc->t.fmt.codec = cd;
+            mc->t.fmt.recipe = RECIPE_NONE;
+            Node *pc = leaf(FMT_BF16, 1, DIMS(nc)), *gc = leaf(FMT_BF16, 1, DIMS(nc)), *wc;
+            if (cd == CODEC_EXPAND) {
+                wc = leaf(FMT_F32, 1, DIMS(nc));
+            } else {
+                wc = leaf(FMT_I8, 60, DIMS(nc));
+                wc->t.fmt.codec = CODEC_SPLIT;
+            }
+            add_case(arena_printf(arena, "%s %s momentum, %s master, %lld", lion ? "lion" : "sgd",
+                                  cd == CODEC_EXPAND ? "expand" : "compand", cd == CODEC_EXPAND ? "f32" : "split",
+                                  (long long)nc),
+                     2e-5, op_v(op, FMT_VOID, lion ? NULL : I(0, cs_i >= 2), fa,
+                                IN(pc, gc, mc, scal[0], scal[1], scal[2], scal[3], wc)));
+        }
+    }
+}
+
 static void build_optimizer(void) {
     group_now = "optimizer";
     int64_t R = gt_int(1, 100), C = gt_int(1, 300);
@@ -633,6 +681,7 @@ static void build_optimizer(void) {
                      IN(pc, gc, st[0], st[1], scal[0], scal[1], scal[2], scal[3], lo)));
         }
     }
+    build_momentum_updates(scal);
     Node *norm = ir_leaf(graph, OP_INPUT, "norm", ROLE_INPUT, FMT_F32, 0, NULL, here);
     norm->fattr[0] = 4;
     norm->iattr[1] = 1;
@@ -869,7 +918,7 @@ static int coded_side_of(Tensor *const *out, int n_out, int k) {
 
 /* AdamW's bf16 weights where its master is split: the high half of the master. */
 static bool split_hi(const Node *n, const Tensor *t) {
-    if (n->op != OP_ADAMW || t != &n->in[0]->t) return false;
+    if (!ir_op_is_update(n->op) || t != &n->in[0]->t) return false;
     for (int i = 0; i < n->n_in; i++)
         if (n->in[i]->t.fmt.codec == CODEC_SPLIT) return true;
     return false;
