@@ -632,6 +632,7 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
     extern __shared__ float ck_norm_sums[];
     i64 C = a.i[0], R = a.i[1];
     int res = (int)a.i[2];
+    enum { HOLD = NV <= 4 || X::scaling != SCALE_NONE };
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
     bool vec = DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0]) && (!res || RS::vec_ok(a.t[4]));
@@ -645,9 +646,9 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
     }
     __syncwarp();
     for (i64 r = CK_ROW_OF_WARP; r < R; r += (i64)gridDim.x * warps) {
-        /* x is read again in each pass rather than held (its row is in cache): registers for
-         * more warps */
-        float s = 0.0f, sgf = 0.0f, sgxf = 0.0f;
+        /* x held in registers where its row is short or decoding it costs (a scaled FP8 copy);
+         * otherwise read again in each pass (its row is in cache): registers for more warps */
+        float xr[HOLD ? NV : 1][CK_VEC], s = 0.0f, sgf = 0.0f, sgxf = 0.0f;
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
@@ -655,7 +656,10 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
             float v[CK_VEC];
             ck_ld8<X>(x, r * C + c, v, vec);
             #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) s += v[j];
+            for (int j = 0; j < CK_VEC; j++) {
+                s += v[j];
+                if (HOLD) xr[HOLD ? k : 0][j] = v[j];
+            }
         }
         /* mean and rstd as ck_row_load_stats finds them */
         float mean = LN ? (float)(ck_warp_sum((double)s) / (double)C) : 0.0f, q = 0.0f;
@@ -664,7 +668,12 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
             float v[CK_VEC];
-            ck_ld8<X>(x, r * C + c, v, vec);
+            if (HOLD) {
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) v[j] = xr[HOLD ? k : 0][j];
+            } else {
+                ck_ld8<X>(x, r * C + c, v, vec);
+            }
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
                 float d = v[j] - mean;
@@ -679,7 +688,12 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
             float d[CK_VEC], wv[CK_VEC], v[CK_VEC];
             ck_ld8<DY>(dy, r * C + c, d, vec);
             ck_ld8<W>(w, c, wv, vec);
-            ck_ld8<X>(x, r * C + c, v, vec);
+            if (HOLD) {
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) v[j] = xr[HOLD ? k : 0][j];
+            } else {
+                ck_ld8<X>(x, r * C + c, v, vec);
+            }
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
                 float g = d[j] * wv[j], xh = (v[j] - mean) * rstd;
@@ -698,7 +712,12 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
             float d[CK_VEC], wv[CK_VEC], o[CK_VEC], out[CK_VEC], v[CK_VEC];
             ck_ld8<DY>(dy, r * C + c, d, vec);
             ck_ld8<W>(w, c, wv, vec);
-            ck_ld8<X>(x, r * C + c, v, vec);
+            if (HOLD) {
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) v[j] = xr[HOLD ? k : 0][j];
+            } else {
+                ck_ld8<X>(x, r * C + c, v, vec);
+            }
             if (res) ck_ld8<RS>(a.t[4], r * C + c, o, vec);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
