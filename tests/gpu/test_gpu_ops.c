@@ -52,6 +52,30 @@ static const SrcLoc here = {"test_gpu_ops.c", 1, 1};
 
 /* ---------------------------------------------------------------- building */
 
+/* How fill_leaf fills an input leaf: the magnitude of its values (negative: that one value
+ * everywhere), for token ids their bound and the share of ignored (-1) targets, and whether
+ * the values are positive. Input leaves have no attributes in ops.def, so the cases keep these
+ * beside the graph, by node id. */
+typedef struct {
+    float mag;
+    int64_t ids;
+    double ignore;
+    bool positive;
+} Fill;
+static Fill *fills;
+static int n_fills;
+
+static Fill *fill_of(const Node *n) {
+    if (n->id >= n_fills) {
+        int grown = n->id + 256;
+        Fill *more = realloc(fills, sizeof *fills * (size_t)grown);
+        assert_non_null(more);
+        memset(more + n_fills, 0, sizeof *more * (size_t)(grown - n_fills));
+        fills = more, n_fills = grown;
+    }
+    return &fills[n->id];
+}
+
 static Node *leaf_fmt(const char *name, ElemType e, Scaling sc, int group, Node *scale, float mag,
                       int rank, const int64_t *dims) {
     Node *n = ir_leaf(graph, OP_INPUT, name, ROLE_INPUT, e, rank, dims, here);
@@ -59,7 +83,7 @@ static Node *leaf_fmt(const char *name, ElemType e, Scaling sc, int group, Node 
     n->t.fmt.group = group;
     n->t.fmt.recipe = sc != SCALE_NONE ? RECIPE_CURRENT : RECIPE_NONE;
     n->t.fmt.scale = scale;
-    n->fattr[0] = mag;   /* scratch: the magnitude to fill with */
+    fill_of(n)->mag = mag;
     return n;
 }
 
@@ -72,8 +96,8 @@ static Node *leaf(ElemType e, float mag, int rank, const int64_t *dims) {
 /* token ids or targets in [0, hi), a fraction p_ignore of them -1 */
 static Node *ids(int64_t hi, double p_ignore, int rank, const int64_t *dims) {
     Node *n = leaf(FMT_I32, 0, rank, dims);
-    n->iattr[0] = hi;
-    n->fattr[1] = p_ignore;
+    fill_of(n)->ids = hi;
+    fill_of(n)->ignore = p_ignore;
     n->t.name = "ids";
     return n;
 }
@@ -84,7 +108,7 @@ static Node *scales(int64_t rows, int64_t cols, float mag) {
                    : ir_leaf(graph, OP_INPUT, "s", ROLE_INPUT, FMT_F32, 0, NULL, here);
     n->t.role = ROLE_SCALE;
     n->t.name = "scale";
-    n->fattr[0] = mag;
+    fill_of(n)->mag = mag;
     return n;
 }
 
@@ -117,7 +141,7 @@ static void build_elementwise(void) {
     Node *bias = leaf(FMT_BF16, 1, DIMS(C)), *xf = leaf(FMT_F32, 1, DIMS(B, T, C));
     Node *yf = leaf(FMT_F32, 1, DIMS(B, T, C));
     Node *s0 = ir_leaf(graph, OP_INPUT, "s0", ROLE_INPUT, FMT_F32, 0, NULL, here);
-    s0->fattr[0] = 1;
+    fill_of(s0)->mag = 1;
     add_case("add bias bf16", 0, op_v(OP_ADD, FMT_BF16, NULL, NULL, IN(x, bias)));
     add_case("sub f32", 0, op_v(OP_SUB, FMT_F32, NULL, NULL, IN(xf, yf)));
     add_case("mul scalar bf16", 0, op_v(OP_MUL, FMT_BF16, NULL, NULL, IN(x, s0)));
@@ -195,7 +219,7 @@ static void build_rows(void) {
     Node *logits = leaf(FMT_BF16, 3, DIMS(R, V)), *tgt = ids(V, 0.1, DIMS(R));
     add_case("cross_entropy", 2e-5, op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(logits, tgt)));
     Node *dl = ir_leaf(graph, OP_INPUT, "dl", ROLE_INPUT, FMT_F32, 0, NULL, here);
-    dl->fattr[0] = 1;
+    fill_of(dl)->mag = 1;
     add_case("cross_entropy_bwd", 1e-2, op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits, tgt)));
     /* rows of a multiple of 8 logits: read (and the gradient written) 8 elements a load */
     int64_t V8 = 8 * gt_int(2, 300);
@@ -252,7 +276,7 @@ static void build_quant(void) {
     hist->t.role = ROLE_AMAX_HISTORY;
     add_case("amax_record", 0, op_v(OP_AMAX_RECORD, FMT_F32, NULL, NULL, IN(hist, x)));
     Node *state = ir_leaf(graph, OP_INPUT, "state", ROLE_INPUT, FMT_F32, 0, NULL, here);
-    state->fattr[0] = 1;
+    fill_of(state)->mag = 1;
     Node *hist2 = leaf(FMT_F32, 1, DIMS(16));
     add_case("delayed_scale", 0, op_v(OP_DELAYED_SCALE, FMT_F32, I(FMT_E4M3, 0, 1), NULL, IN(state, hist2)));
 }
@@ -627,17 +651,17 @@ static void build_optimizer(void) {
     double vals[4] = {1e-3, 3, 0.7, 0.5};
     for (int i = 0; i < 4; i++) {
         scal[i] = ir_leaf(graph, OP_INPUT, "k", ROLE_INPUT, FMT_F32, 0, NULL, here);
-        scal[i]->fattr[0] = -(float)vals[i];   /* negative: a fixed value */
+        fill_of(scal[i])->mag = -(float)vals[i];   /* negative: a fixed value */
     }
     Node *p = leaf(FMT_BF16, 1, DIMS(R, C)), *gr = leaf(FMT_BF16, 1, DIMS(R, C));
     Node *m = leaf(FMT_F32, 0.1f, DIMS(R, C)), *v = leaf(FMT_F32, 0.01f, DIMS(R, C));
-    v->iattr[1] = 1;   /* positive */
+    fill_of(v)->positive = true;
     add_case("adamw", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.95, 1e-8, 0.1),
                                  IN(p, gr, m, v, scal[0], scal[1], scal[2], scal[3])));
     Node *p2 = leaf(FMT_BF16, 1, DIMS(C)), *g2 = leaf(FMT_F32, 1, DIMS(C));
     Node *m2 = leaf(FMT_BF16, 0.1f, DIMS(C)), *v2 = leaf(FMT_F32, 0.01f, DIMS(C));
     Node *w2 = leaf(FMT_F32, 1, DIMS(C));
-    v2->iattr[1] = 1;
+    fill_of(v2)->positive = true;
     add_case("adamw master", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.999, 1e-8, 0.0),
                                         IN(p2, g2, m2, v2, scal[0], scal[1], scal[2], scal[3], w2)));
     /* the weights' e4m3 copy for the next step (O1, O2): through a given scale, e4m3's
@@ -647,7 +671,7 @@ static void build_optimizer(void) {
     Node *p3 = leaf(FMT_BF16, 1, DIMS(R, C)), *m3 = leaf(FMT_F32, 0.1f, DIMS(R, C));
     Node *v3 = leaf(FMT_F32, 0.01f, DIMS(R, C)), *w3 = leaf(FMT_F32, 1, DIMS(R, C));
     Node *g3 = leaf(FMT_BF16, 1, DIMS(R, C));   /* the cases zero their gradients: one of its own */
-    v3->iattr[1] = 1;
+    fill_of(v3)->positive = true;
     add_case("adamw master, FP8 copy", 2e-5, op_v(OP_ADAMW, FMT_VOID, I(1), Fa(0.9, 0.95, 1e-8, 0.1),
              IN(p3, g3, m3, v3, scal[0], scal[1], scal[2], scal[3], w3, copy, cs, amax)));
     /* coded states (O2: range expansion; O3: companded m, sqrt v, split master), at a size of
@@ -665,7 +689,7 @@ static void build_optimizer(void) {
                              k ? 0.01f : 0.1f, DIMS(nc));
             st[k]->t.fmt.codec = cd;
             st[k]->t.fmt.recipe = RECIPE_NONE;
-            st[k]->iattr[1] = k;   /* v positive */
+            fill_of(st[k])->positive = k;   /* v positive */
         }
         Node *pc = leaf(FMT_BF16, 1, DIMS(nc)), *gc = leaf(FMT_BF16, 1, DIMS(nc));
         if (c == 0) {
@@ -686,15 +710,15 @@ static void build_optimizer(void) {
     }
     build_momentum_updates(scal);
     Node *norm = ir_leaf(graph, OP_INPUT, "norm", ROLE_INPUT, FMT_F32, 0, NULL, here);
-    norm->fattr[0] = 4;
-    norm->iattr[1] = 1;
+    fill_of(norm)->mag = 4;
+    fill_of(norm)->positive = true;
     add_case("clip_coef", 0, op_v(OP_CLIP_COEF, FMT_F32, NULL, Fa(1.0), IN(norm)));
     Node *sq[6];
     sq[0] = scal[3];
     for (int i = 1; i < 6; i++) {
         sq[i] = ir_leaf(graph, OP_INPUT, "sq", ROLE_INPUT, FMT_F32, 0, NULL, here);
-        sq[i]->fattr[0] = 2;
-        sq[i]->iattr[1] = 1;
+        fill_of(sq[i])->mag = 2;
+        fill_of(sq[i])->positive = true;
     }
     add_case("grad_norm", 2e-5, op_v(OP_GRAD_NORM, FMT_F32, NULL, NULL, 6, sq));
 }
@@ -804,10 +828,11 @@ static void fill_leaf(Node *n) {
     int64_t count = ir_numel(&n->t);
     float *x = malloc(sizeof(float) * (size_t)(count ? count : 1));
     assert_non_null(x);
-    float mag = (float)n->fattr[0];
+    const Fill *fl = fill_of(n);
+    float mag = fl->mag;
     for (int64_t i = 0; i < count; i++) {
         if (n->t.fmt.elem == FMT_I32) {
-            x[i] = gt_uniform() < n->fattr[1] ? -1.0f : (float)gt_int(0, n->iattr[0]);
+            x[i] = gt_uniform() < fl->ignore ? -1.0f : (float)gt_int(0, fl->ids);
         } else if (n->t.role == ROLE_SCALE) {
             x[i] = (float)(448.0 / (4.0 * mag) * (0.5 + gt_uniform()));
         } else if (n->t.fmt.codec == CODEC_SPLIT) {
@@ -816,7 +841,7 @@ static void fill_leaf(Node *n) {
             x[i] = -mag;                                  /* a fixed value */
         } else {
             float v = mag * gt_normal();
-            x[i] = n->iattr[1] ? fabsf(v) : v;            /* iattr[1]: positive values */
+            x[i] = fl->positive ? fabsf(v) : v;
         }
     }
     if (n->t.fmt.codec == CODEC_SPLIT) num_encode(FMT_I8, x, n->t.data, count);
@@ -866,6 +891,7 @@ static int teardown(void **state) {
     cuda_exec_close(exec);
     rt_memory_free(&mem);
     arena_free(arena);
+    free(fills);
     return 0;
 }
 
