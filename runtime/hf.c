@@ -33,7 +33,6 @@
  * decoded values: init.c re-encodes them exactly). */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -367,33 +366,22 @@ static int64_t problem_layer(const char *name, size_t *pre, const char **post) {
     return -1;
 }
 
-static void text_add(char *t, size_t cap, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void text_add(char *t, size_t cap, size_t *len, const char *fmt, ...) {
-    if (*len >= cap) return;
-    va_list ap;
-    va_start(ap, fmt);
-    *len += (size_t)vsnprintf(t + *len, cap - *len, fmt, ap);
-    va_end(ap);
-}
-
 static bool problems_report(Problems *pr, const char *where, const char *model) {
     static const char *const heads[] = {"missing", "extra", "mis-shaped"};
     if (!pr->n && !pr->failed) return true;
-    size_t cap = 65536, len = 0;
-    char *text = malloc(cap);
+    StrBuf text = {0};
     bool *done = calloc((size_t)pr->n + 1, sizeof *done);
     int64_t *layers = malloc(((size_t)pr->n + 1) * sizeof *layers);
-    if (!text || !done || !layers || pr->failed) {
+    if (!done || !layers || pr->failed) {
         rt_error("%s: does not fit model %s (out of memory listing what)", where, model);
     } else {
-        text[0] = 0;
         for (int k = 0; k < 3; k++) {
             bool first = true;
             for (int i = 0; i < pr->n; i++) {
                 const Problem *a = &pr->p[i];
                 if (a->kind != k || done[i]) continue;
-                text_add(text, cap, &len, "%s", first ? (len ? "; " : "") : ", ");
-                if (first) text_add(text, cap, &len, "%s ", heads[k]);
+                strbuf_add(&text, first ? (*strbuf_text(&text) ? "; " : "") : ", ");
+                if (first) strbuf_printf(&text, "%s ", heads[k]);
                 first = false;
                 size_t pre;
                 const char *post;
@@ -412,7 +400,7 @@ static bool problems_report(Problems *pr, const char *where, const char *model) 
                 }
                 done[i] = true;
                 if (n <= 1) {
-                    text_add(text, cap, &len, "%s%s", a->name, a->detail);
+                    strbuf_printf(&text, "%s%s", a->name, a->detail);
                     continue;
                 }
                 /* the layers in order, as ranges */
@@ -421,20 +409,20 @@ static bool problems_report(Problems *pr, const char *where, const char *model) 
                         int64_t t = layers[y];
                         layers[y] = layers[y - 1], layers[y - 1] = t;
                     }
-                text_add(text, cap, &len, "%.*s{", (int)pre, a->name);
+                strbuf_printf(&text, "%.*s{", (int)pre, a->name);
                 for (int x = 0; x < n;) {
                     int y = x;
                     while (y + 1 < n && layers[y + 1] == layers[y] + 1) y++;
-                    text_add(text, cap, &len, "%s%lld", x ? "," : "", (long long)layers[x]);
-                    if (y > x) text_add(text, cap, &len, "-%lld", (long long)layers[y]);
+                    strbuf_printf(&text, "%s%lld", x ? "," : "", (long long)layers[x]);
+                    if (y > x) strbuf_printf(&text, "-%lld", (long long)layers[y]);
                     x = y + 1;
                 }
-                text_add(text, cap, &len, "}%s%s", post, a->detail);
+                strbuf_printf(&text, "}%s%s", post, a->detail);
             }
         }
-        rt_error("%s: does not fit model %s: %s", where, model, text);
+        rt_error("%s: does not fit model %s: %s", where, model, strbuf_text(&text));
     }
-    free(text);
+    strbuf_free(&text);
     free(done);
     free(layers);
     return false;
