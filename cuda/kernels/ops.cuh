@@ -1823,136 +1823,9 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_st8(co
     ck_st8_bytes(t, i, n, full, q);
 }
 
-/* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax]) with any
- * state codecs: MC, VC the codecs of m and v (CODEC_PLAIN: through their formats M, V); MK the
- * master: 0 none, 1 plain (format W), 2 split; the copy as in ck_adamw. A warp per 256
- * elements, eight a lane. f = {b1, b2, eps, wd} */
-template <class P, class G, class LR, class ST, class CL, class GS, int MC, class M, int VC, class V,
-          int MK, class W, class CP, int COPY_AT>
-__device__ void ck_adamw_coded(const CkArgs &a) {
-    __shared__ float k[4];   /* lr, gmul, 1 / bc1, 1 / bc2: in f64 once per block, kept in f32 */
-    float b1 = (float)a.f[0], b2 = (float)a.f[1], eps = (float)a.f[2], wd = (float)a.f[3];
-    float c1 = (float)(1 - a.f[0]), c2 = (float)(1 - a.f[1]);
-    if (threadIdx.x == 0) {
-        double step = ST::ld(a.t[5], 0);
-        k[0] = LR::ld(a.t[4], 0);
-        k[1] = (float)((double)GS::ld(a.t[7], 0) * (double)CL::ld(a.t[6], 0));
-        k[2] = (float)(1 / (1 - pow(a.f[0], step)));
-        k[3] = (float)(1 / (1 - pow(a.f[1], step)));
-    }
-    __syncthreads();
-    i64 n = a.t[0].n, chunks = (n + CK_CODED_CHUNK - 1) / CK_CODED_CHUNK;
-    int lane = threadIdx.x & 31;
-    i64 warp = (CK_BLOCK * blockDim.x + threadIdx.x) >> 5, warps = (CK_BLOCKS * blockDim.x) >> 5;
-    /* wide access where every tensor is aligned for it; the chunk must also lie inside n */
-    bool wide = n % 8 == 0 && G::vec_ok(a.t[1]) &&
-                (MC == CODEC_PLAIN || (unsigned long long)a.t[2].p % 8 == 0) &&
-                (VC == CODEC_PLAIN || (unsigned long long)a.t[3].p % 8 == 0) &&
-                (MK == 2 ? (unsigned long long)a.t[8].p % 8 == 0 : P::vec_ok(a.t[0])) &&
-                (MK != 1 || W::vec_ok(a.t[8]));
-    float copy_max = 0.0f;
-    for (i64 ch = warp; ch < chunks; ch += warps) {
-        i64 i = ch * CK_CODED_CHUNK + lane * 8;
-        bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
-        float g[8], m[8], v[8], w[8];
-        if (full) {
-            G::ld_vec(a.t[1], i, g);
-        } else {
-            #pragma unroll
-            for (int j = 0; j < 8; j++) g[j] = i + j < n ? G::ld(a.t[1], i + j) : 0.0f;
-        }
-        ck_state_ld8<MC, M>(a.t[2], i, n, full, m);
-        ck_state_ld8<VC, V>(a.t[3], i, n, full, v);
-        if (MK == 2) {   /* w = hi + lo ulp(hi) / 256 (codec_split_decode) */
-            unsigned char lo[8];
-            ck_ld8_bytes(a.t[8], i, n, full, lo);
-            #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                unsigned short hi = i + j < n ? ((const unsigned short *)a.t[0].p)[i + j] : 0;
-                w[j] = __uint_as_float((unsigned)hi << 16) + (float)(signed char)lo[j] * ck_split_unit(ck_split_b(hi));
-            }
-        } else if (MK == 1) {
-            if (full) {
-                W::ld_vec(a.t[8], i, w);
-            } else {
-                #pragma unroll
-                for (int j = 0; j < 8; j++) w[j] = i + j < n ? W::ld(a.t[8], i + j) : 0.0f;
-            }
-        } else if (full) {
-            P::ld_vec(a.t[0], i, w);
-        } else {
-            #pragma unroll
-            for (int j = 0; j < 8; j++) w[j] = i + j < n ? P::ld(a.t[0], i + j) : 0.0f;
-        }
-        #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float gj = g[j] * k[1];
-            m[j] = b1 * m[j] + c1 * gj;
-            v[j] = b2 * v[j] + c2 * gj * gj;
-            float mhat = m[j] * k[2], vhat = v[j] * k[3];
-            w[j] -= k[0] * (mhat / (sqrtf(vhat) + eps) + wd * w[j]);
-            g[j] = 0.0f;
-        }
-        /* the lanes of a group re-encode it together: all of them have read it above */
-        __syncwarp();
-        ck_state_st8<MC, M>(a.t[2], i, n, full, m);
-        ck_state_st8<VC, V>(a.t[3], i, n, full, v);
-        if (full) {
-            G::st_vec(a.t[1], i, g);
-        } else {
-            #pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (i + j < n) G::st(a.t[1], i + j, 0.0f);
-        }
-        if (MK == 2) {   /* hi = bf16(w); lo = rint((w - hi) / unit), 0 where hi is not finite */
-            unsigned char lo[8];
-            #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                __nv_bfloat16 hb = __float2bfloat16_rn(w[j]);
-                unsigned short h = *(unsigned short *)&hb;
-                float hf = __uint_as_float((unsigned)h << 16);
-                if (i + j < n) ((unsigned short *)a.t[0].p)[i + j] = h;
-                signed char l = 0;
-                if (isfinite(hf)) {
-                    float r = rintf(ck_split_per_unit(w[j] - hf, ck_split_b(h)));
-                    l = (signed char)(r > 127.0f ? 127.0f : r < -128.0f ? -128.0f : r);
-                }
-                lo[j] = (unsigned char)l;
-            }
-            ck_st8_bytes(a.t[8], i, n, full, lo);
-        } else {
-            if (MK == 1) {
-                if (full) {
-                    W::st_vec(a.t[8], i, w);
-                } else {
-                    #pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        if (i + j < n) W::st(a.t[8], i + j, w[j]);
-                }
-            }
-            if (full) {
-                P::st_vec(a.t[0], i, w);
-            } else {
-                #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    if (i + j < n) P::st(a.t[0], i + j, w[j]);
-            }
-        }
-        #pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (i + j < n) ck_adamw_copy<COPY_AT, P, CP>(a, i + j, w[j], copy_max);
-    }
-    ck_adamw_copy_amax<COPY_AT>(a, copy_max);
-}
-
-/* ---------------------------------------------------------------- Lion, SGD
- *
- * The one-state updates over any state codec, laid out as ck_adamw_coded (a warp per 256
- * elements, eight a lane; the lanes of a group re-encode it together) for plain and coded
- * momentum alike: with one state there is no second fast path worth its code. The weight's
- * master (MK: 0 none, 1 plain W, 2 split) is read and written by the two helpers below. */
-
-/* the weight of elements i..i+7 from t[AT] (the master) or t[0] */
+/* The weight of an update, eight elements at a time, for AdamW, Lion and SGD alike: from its
+ * master t[AT] (MK 1: plain W; 2: split, bf16 hi in t[0] and the i8 lo in t[AT]) or from t[0]
+ * (MK 0), and stored back the same way. */
 template <int MK, class P, class W, int AT>
 static __device__ __forceinline__ void ck_update_w_ld8(const CkArgs &a, i64 i, i64 n, bool full, float *w) {
     if (MK == 2) {   /* w = hi + lo ulp(hi) / 256 (codec_split_decode) */
@@ -2015,6 +1888,82 @@ static __device__ __forceinline__ void ck_update_w_st8(const CkArgs &a, i64 i, i
             if (i + j < n) P::st(a.t[0], i + j, w[j]);
     }
 }
+
+/* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax]) with any
+ * state codecs: MC, VC the codecs of m and v (CODEC_PLAIN: through their formats M, V); MK the
+ * master: 0 none, 1 plain (format W), 2 split; the copy as in ck_adamw. A warp per 256
+ * elements, eight a lane. f = {b1, b2, eps, wd} */
+template <class P, class G, class LR, class ST, class CL, class GS, int MC, class M, int VC, class V,
+          int MK, class W, class CP, int COPY_AT>
+__device__ void ck_adamw_coded(const CkArgs &a) {
+    __shared__ float k[4];   /* lr, gmul, 1 / bc1, 1 / bc2: in f64 once per block, kept in f32 */
+    float b1 = (float)a.f[0], b2 = (float)a.f[1], eps = (float)a.f[2], wd = (float)a.f[3];
+    float c1 = (float)(1 - a.f[0]), c2 = (float)(1 - a.f[1]);
+    if (threadIdx.x == 0) {
+        double step = ST::ld(a.t[5], 0);
+        k[0] = LR::ld(a.t[4], 0);
+        k[1] = (float)((double)GS::ld(a.t[7], 0) * (double)CL::ld(a.t[6], 0));
+        k[2] = (float)(1 / (1 - pow(a.f[0], step)));
+        k[3] = (float)(1 / (1 - pow(a.f[1], step)));
+    }
+    __syncthreads();
+    i64 n = a.t[0].n, chunks = (n + CK_CODED_CHUNK - 1) / CK_CODED_CHUNK;
+    int lane = threadIdx.x & 31;
+    i64 warp = (CK_BLOCK * blockDim.x + threadIdx.x) >> 5, warps = (CK_BLOCKS * blockDim.x) >> 5;
+    /* wide access where every tensor is aligned for it; the chunk must also lie inside n */
+    bool wide = n % 8 == 0 && G::vec_ok(a.t[1]) &&
+                (MC == CODEC_PLAIN || (unsigned long long)a.t[2].p % 8 == 0) &&
+                (VC == CODEC_PLAIN || (unsigned long long)a.t[3].p % 8 == 0) &&
+                (MK == 2 ? (unsigned long long)a.t[8].p % 8 == 0 : P::vec_ok(a.t[0])) &&
+                (MK != 1 || W::vec_ok(a.t[8]));
+    float copy_max = 0.0f;
+    for (i64 ch = warp; ch < chunks; ch += warps) {
+        i64 i = ch * CK_CODED_CHUNK + lane * 8;
+        bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
+        float g[8], m[8], v[8], w[8];
+        if (full) {
+            G::ld_vec(a.t[1], i, g);
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++) g[j] = i + j < n ? G::ld(a.t[1], i + j) : 0.0f;
+        }
+        ck_state_ld8<MC, M>(a.t[2], i, n, full, m);
+        ck_state_ld8<VC, V>(a.t[3], i, n, full, v);
+        ck_update_w_ld8<MK, P, W, 8>(a, i, n, full, w);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float gj = g[j] * k[1];
+            m[j] = b1 * m[j] + c1 * gj;
+            v[j] = b2 * v[j] + c2 * gj * gj;
+            float mhat = m[j] * k[2], vhat = v[j] * k[3];
+            w[j] -= k[0] * (mhat / (sqrtf(vhat) + eps) + wd * w[j]);
+            g[j] = 0.0f;
+        }
+        /* the lanes of a group re-encode it together: all of them have read it above */
+        __syncwarp();
+        ck_state_st8<MC, M>(a.t[2], i, n, full, m);
+        ck_state_st8<VC, V>(a.t[3], i, n, full, v);
+        if (full) {
+            G::st_vec(a.t[1], i, g);
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (i + j < n) G::st(a.t[1], i + j, 0.0f);
+        }
+        ck_update_w_st8<MK, P, W, 8>(a, i, n, full, w);
+        #pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (i + j < n) ck_adamw_copy<COPY_AT, P, CP>(a, i + j, w[j], copy_max);
+    }
+    ck_adamw_copy_amax<COPY_AT>(a, copy_max);
+}
+
+/* ---------------------------------------------------------------- Lion, SGD
+ *
+ * The one-state updates over any state codec, laid out as ck_adamw_coded (a warp per 256
+ * elements, eight a lane; the lanes of a group re-encode it together) for plain and coded
+ * momentum alike: with one state there is no second fast path worth its code. The weight and
+ * its master go through ck_update_w_ld8 and ck_update_w_st8, as in ck_adamw_coded. */
 
 /* LION (KIND 1) or SGD (KIND 2): (param, grad, m, lr, step, clip, grad_scale[, master][, copy,
  * scale, amax]); MC the momentum's codec (CODEC_PLAIN: through its format M); MK and the copy
