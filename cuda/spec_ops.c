@@ -645,20 +645,16 @@ bool plan_optimizer(Spec *s) {
     const Node *n = s->n;
     CuLaunch *l;
     switch (n->op) {
-    case OP_ACCUMULATE:
+    case OP_ACCUMULATE: case OP_ASSIGN: {   /* in place: acc += g, or dst = src */
         if (!check_io(s, n, false)) return false;
         if (ir_numel(&n->in[0]->t) != ir_numel(&n->in[1]->t)) return spec_fail(s, "sizes differ");
-        l = spec_launch(s, "accum", grid_elem(ir_numel(&n->in[0]->t)), ELEM_THREADS,
-                        "ck_accumulate<%s, %s>(a)", fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+        bool acc = n->op == OP_ACCUMULATE;
+        l = spec_launch(s, acc ? "accum" : "copy", grid_elem(ir_numel(&n->in[0]->t)), ELEM_THREADS,
+                        "%s<%s, %s>(a)", acc ? "ck_accumulate" : "ck_copy", fmt_arg(s, &n->in[0]->t),
+                        fmt_arg(s, &n->in[1]->t));
         args_inputs(l, n);
         return true;
-    case OP_ASSIGN:
-        if (!check_io(s, n, false)) return false;
-        if (ir_numel(&n->in[0]->t) != ir_numel(&n->in[1]->t)) return spec_fail(s, "sizes differ");
-        l = spec_launch(s, "copy", grid_elem(ir_numel(&n->in[0]->t)), ELEM_THREADS,
-                        "ck_copy<%s, %s>(a)", fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
-        args_inputs(l, n);
-        return true;
+    }
     case OP_CLIP_COEF:
         if (!check_io(s, n, true)) return false;
         l = spec_launch(s, "clip", 1, 32, "ck_clip_coef<%s, %s>(a)", fmt_arg(s, &n->t),
