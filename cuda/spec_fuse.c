@@ -255,6 +255,22 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
     }
 }
 
+static bool is_member(const Node *const *m, int n, const Node *x) {
+    for (int k = 0; k < n; k++)
+        if (m[k] == x) return true;
+    return false;
+}
+
+/* whether every reader of x other than the members (m[0..n), none where n is 0) comes after
+ * position `at` */
+static bool read_after(const Uses *uses, const Node *x, const Node *const *m, int n, int at) {
+    const Uses *u = &uses[x->index];
+    for (int k = 0; k < u->n; k++)
+        if (!is_member(m, n, u->list[k]) && u->list[k]->index <= at) return false;
+    return true;
+}
+
+
 /* A bias gradient, the sum over rows of a gradient dy, where dy is also quantized with its
  * transposed copy for the GEMMs (the weight's input and weight gradients): the quantize's tiles
  * sum their columns as they go, and a last launch at the quantize's place adds the tiles' sums
@@ -268,18 +284,11 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
  *    rounded to its format, into the accumulator, as the accumulation would have, and the sum
  *    is never stored.
  * Their own places then run nothing. */
-static bool read_only_after(const Uses *uses, const Node *x, int at) {
-    const Uses *u = &uses[x->index];
-    for (int k = 0; k < u->n; k++)
-        if (u->list[k]->index <= at) return false;
-    return true;
-}
-
 static const Node *bias_grad_accumulation(const Graph *g, const Uses *uses, const Node *q, const Node *sum) {
     const Uses *u = &uses[sum->index];
     const Node *acc = u->n == 1 ? u->list[0] : NULL;
     if (!acc || acc->op != OP_ACCUMULATE || acc->in[1] != sum || acc->in[0] == sum || acc->index >= q->index ||
-        !plain_direct(&acc->t) || !plain_direct(&acc->in[0]->t) || !read_only_after(uses, acc, q->index))
+        !plain_direct(&acc->t) || !plain_direct(&acc->in[0]->t) || !read_after(uses, acc, NULL, 0, q->index))
         return NULL;
     const Node *state = acc->in[0];
     if (!fuse_value_survives(g, state, acc->index, q->index)) return NULL;
@@ -303,7 +312,7 @@ static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
             if (u->list[k]->op == OP_QUANTIZE && ir_transposed_offset(u->list[k])) q = u->list[k];
         if (!q || q->index <= si || plans[q->index].n_launch != 1) continue;
         const Node *acc = NULL;
-        if (!read_only_after(uses, sum, q->index) && !(acc = bias_grad_accumulation(g, uses, q, sum))) continue;
+        if (!read_after(uses, sum, NULL, 0, q->index) && !(acc = bias_grad_accumulation(g, uses, q, sum))) continue;
         if (acc && plans[acc->index].n_launch != 1) continue;
         char why[256];
         CuNodePlan fused;
@@ -423,20 +432,6 @@ static const Node *reader_of(const Uses *uses, const Node *dy, OpKind op, const 
     for (int k = 0; k < u->n; k++)
         if (u->list[k]->op == op && u->list[k]->in[0] == dy && (!x || u->list[k]->in[1] == x)) return u->list[k];
     return NULL;
-}
-
-static bool is_member(const Node *const *m, int n, const Node *x) {
-    for (int k = 0; k < n; k++)
-        if (m[k] == x) return true;
-    return false;
-}
-
-/* whether every reader of x other than the members comes after position `at` */
-static bool read_after(const Uses *uses, const Node *x, const Node *const *m, int n, int at) {
-    const Uses *u = &uses[x->index];
-    for (int k = 0; k < u->n; k++)
-        if (!is_member(m, n, u->list[k]) && u->list[k]->index <= at) return false;
-    return true;
 }
 
 /* whether a node strictly between positions a and b, other than the members, reads or writes
