@@ -99,13 +99,16 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
         for (int k = 0; k < (i < g->n_nodes ? plans[i] : checks[i - g->n_nodes]).n_launch; k++) {
             const CuLaunch *l = &(i < g->n_nodes ? plans[i] : checks[i - g->n_nodes]).launch[k];
             if (l->kind != CU_KERNEL) continue;
-            lines[n++] = arena_printf(a, "extern \"C\" __global__ void __launch_bounds__(%u) %s(const CkArgs a) { %s; }\n",
-                                      l->block, l->fn, l->body);
+            char bounds[32];
+            if (l->min_blocks) snprintf(bounds, sizeof bounds, "%u, %u", l->block, l->min_blocks);
+            else snprintf(bounds, sizeof bounds, "%u", l->block);
+            lines[n++] = arena_printf(a, "extern \"C\" __global__ void __launch_bounds__(%s) %s(const CkArgs a) { %s; }\n",
+                                      bounds, l->fn, l->body);
             if (l->batch)
                 lines[n++] = arena_printf(a,
-                                          "extern \"C\" __global__ void __launch_bounds__(%u) batch_%s(const CkBatch b) "
+                                          "extern \"C\" __global__ void __launch_bounds__(%s) batch_%s(const CkBatch b) "
                                           "{ __shared__ CkArgs a_; ck_batch_load(b, &a_); const CkArgs &a = a_; %s; }\n",
-                                          l->block, l->fn, l->body);
+                                          bounds, l->fn, l->body);
         }
     qsort(lines, (size_t)n, sizeof *lines, compare_str);
     StrBuf t = {0};

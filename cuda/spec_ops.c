@@ -590,7 +590,9 @@ bool plan_attention(Spec *s) {
     const char *fwd = tc ? "ck_attn_tc_fwd" : "ck_attn_fwd";
     /* warpgroup MMA (attn_wgmma.cuh; the choice attn.wgmma) for the forward and the
      * backward's rerun of it: 256 threads a block of 128 query rows, shared memory as CkWg<D>
-     * (1 KiB of alignment slack, the q tile, k and v twice, unpadded: the rows are swizzled) */
+     * (1 KiB of alignment slack, the q tile, k and v twice, unpadded: the rows are swizzled).
+     * Two blocks an SM, so that one's loads and softmax run under the other's products: at
+     * D 128 that caps a thread at 128 registers (135 uncapped; no spills either way) */
     bool wg = tc && s->attn_wgmma && (D == 64 || D == 128);
     unsigned fwd_blocks = (unsigned)(B * H * (wg ? (T + 127) / 128 : n_t)), fwd_threads = wg ? 256 : threads;
     if (wg) fwd = "ck_attn_wg_fwd", fwd_smem = (unsigned)(1024 + 128 * D * 2 + 4 * 64 * D * 2);
@@ -599,6 +601,7 @@ bool plan_attention(Spec *s) {
         l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s<%lld, 0, %s, %s, %s, %s, %s>(a)", fwd,
                         (long long)D, Y, Q, K, V, F32_ARG);
         l->smem = fwd_smem;
+        l->min_blocks = wg ? 2 : 0;
         attn_args(l, n, packed, sz);
         l->args.i[11] = ir_attention_lse_offset(n);
         return true;
@@ -617,6 +620,7 @@ bool plan_attention(Spec *s) {
         l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
                         (long long)D, F32_ARG, Q, K, V, DY);
         l->smem = fwd_smem;
+        l->min_blocks = wg ? 2 : 0;
         attn_args(l, n, packed, sz);
     }
     l->scratch = 0;

@@ -40,8 +40,10 @@
  * the async proxy, so each thread fences (fence.proxy.async) between its last wait and the
  * barrier that publishes the tile. A warpgroup skips the key tiles wholly above its rows (the
  * last one of the lower half of a causal block). The two warpgroups are independent between
- * barriers, so one's softmax overlaps the other's tensor-core work. Heavy blocks (late query
- * tiles) are numbered first, as in attn_tc.
+ * barriers, so one's softmax overlaps the other's tensor-core work, and two blocks share an SM
+ * (cuda/spec_ops.c bounds the launch so: 128 registers a thread, 97 KiB of shared memory a
+ * block at D 128) for the same reason across blocks. Heavy blocks (late query tiles) are
+ * numbered first, as in attn_tc.
  *
  * Not done here (yet): a producer warp with TMA and mbarriers instead of cp.async and
  * __syncthreads, the S of tile j + 1 issued before the softmax of tile j within a warpgroup, and
