@@ -26,7 +26,8 @@
  *    cuda/exec.c) times a wide heuristic list on the real operands, checks each algorithm's
  *    output against the default's, and reports them per GEMM;
  *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c) and, on a
- *    GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c).
+ *    GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c) and the attention
+ *    forward's kernel (attn.wgmma, cuda/spec_ops.c).
  * Each point is measured against the defaults of all the others, one at a time; the winners
  * are then built together and timed once more (the record's tuned_step_ms), and that build's
  * losses are checked too. Points are taken cheapest first, and when the budget (--budget
@@ -372,6 +373,11 @@ static int build_points(const Tuner *t, BuildPoint *out)
             snprintf(p->values[0], 32, "1");
             snprintf(p->values[1], 32, "0");
         }
+        /* off by default until the device has shown it correct and faster */
+        p = &out[n++];
+        *p = (BuildPoint){.name = "attn.wgmma", .what = "the attention forward on warpgroup MMA", .dflt = "0", .n = 2};
+        snprintf(p->values[0], 32, "0");
+        snprintf(p->values[1], 32, "1");
     }
     return n;
 }

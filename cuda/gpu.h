@@ -76,6 +76,9 @@ typedef struct {
     char fn[64];            /* the module's function */
     char body[512];         /* what it calls: "ck_binary<OP_ADD, F<2, 0>, ..>(a)" */
     unsigned grid[2], block, smem;
+    unsigned min_blocks;    /* blocks an SM must hold at once (__launch_bounds__'s second
+                               argument: caps the registers a thread; 0: no bound); one
+                               value for every launch of a body, which names the function */
     CkArgs args;            /* everything but the pointers, which refs resolve */
     CuRef ref[CK_MAX_TENSORS];
     bool ref_scale[CK_MAX_TENSORS];   /* ref i is a node whose scale array goes in t[i].s */

@@ -562,6 +562,7 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
         if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
+    plan_attention_choices(g, plans, a);
     fuse_producer_quantizes(g, plans, a);
     fuse_bias_grads(g, plans, a);
     fuse_group_quantizes(g, plans, a);

@@ -48,6 +48,9 @@ typedef struct {
      * (fuse_ce_lse): the forward leaves each row's logsumexp in the scratch at this byte
      * offset, and the backward reads it there instead of reading its row once more; 0: none */
     int64_t ce_lse_at;
+    /* an attention whose forward (or the backward's rerun of it) runs on warpgroup MMA
+     * (plan_attention_choices: the choice attn.wgmma) */
+    bool attn_wgmma;
 } Spec;
 
 static inline int64_t rows_of(const Tensor *t) {
@@ -96,6 +99,8 @@ bool plan_elementwise(Spec *s);
 bool plan_reductions(Spec *s);
 bool plan_rows(Spec *s);
 bool plan_attention(Spec *s);
+/* Plans again, on warpgroup MMA, the attentions of g where the choice attn.wgmma is on. */
+void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a);
 bool plan_optimizer(Spec *s);
 
 /* A norm's backward as one pass over its rows and one over the columns' partials

@@ -588,11 +588,20 @@ bool plan_attention(Spec *s) {
     unsigned dq_smem = (unsigned)(tc ? 6 * tile : (4 * 64 * (D + 1) + 64 * 65) * 4);
     unsigned dkv_smem = (unsigned)(tc ? 6 * tile + 4 * 64 * 4 : (4 * 64 * (D + 1) + 2 * 64 * 65 + 2 * 64) * 4);
     const char *fwd = tc ? "ck_attn_tc_fwd" : "ck_attn_fwd";
+    /* warpgroup MMA (attn_wgmma.cuh; the choice attn.wgmma) for the forward and the
+     * backward's rerun of it: 256 threads a block of 128 query rows, shared memory as CkWg<D>
+     * (1 KiB of alignment slack, the q tile, k and v twice, unpadded: the rows are swizzled).
+     * Two blocks an SM, so that one's loads and softmax run under the other's products: at
+     * D 128 that caps a thread at 128 registers (135 uncapped; no spills either way) */
+    bool wg = tc && s->attn_wgmma && (D == 64 || D == 128);
+    unsigned fwd_blocks = (unsigned)(B * H * (wg ? (T + 127) / 128 : n_t)), fwd_threads = wg ? 256 : threads;
+    if (wg) fwd = "ck_attn_wg_fwd", fwd_smem = (unsigned)(1024 + 128 * D * 2 + 4 * 64 * D * 2);
     CuLaunch *l;
     if (!bwd) {
-        l = spec_launch(s, "attn", (unsigned)(B * H * n_t), threads, "%s<%lld, 0, %s, %s, %s, %s, %s>(a)", fwd,
+        l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s<%lld, 0, %s, %s, %s, %s, %s>(a)", fwd,
                         (long long)D, Y, Q, K, V, F32_ARG);
         l->smem = fwd_smem;
+        l->min_blocks = wg ? 2 : 0;
         attn_args(l, n, packed, sz);
         l->args.i[11] = ir_attention_lse_offset(n);
         return true;
@@ -608,9 +617,10 @@ bool plan_attention(Spec *s) {
         arg_node(l, 5, ysaved);
         l->args.i[11] = ir_attention_lse_offset(ysaved);
     } else {
-        l = spec_launch(s, "attnstat", (unsigned)(B * H * n_t), threads, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
+        l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
                         (long long)D, F32_ARG, Q, K, V, DY);
         l->smem = fwd_smem;
+        l->min_blocks = wg ? 2 : 0;
         attn_args(l, n, packed, sz);
     }
     l->scratch = 0;
@@ -625,6 +635,30 @@ bool plan_attention(Spec *s) {
     l->scratch = 0;
     attn_args(l, n, packed, sz);
     return true;
+}
+
+/* attn.wgmma, off unless set: "attn.wgmma@ID" for one node, else "attn.wgmma" for all. The
+ * warpgroup-MMA forward stays a choice until a measurement on the device makes it the rule. */
+static bool attn_wgmma_chosen(const Graph *g, const Node *n) {
+    char site[96];
+    snprintf(site, sizeof site, "attn.wgmma@%d", n->id);
+    const char *v = ir_choice(g, site);
+    if (!v) v = ir_choice(g, "attn.wgmma");
+    return v && strcmp(v, "0") != 0;
+}
+
+void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if ((n->op != OP_ATTENTION && n->op != OP_ATTENTION_BWD) || ir_amax_parts_offset(n) ||
+            !attn_wgmma_chosen(g, n))
+            continue;
+        char why[256];
+        CuNodePlan wgp;
+        Spec s = spec_for(n, a, &wgp, why, sizeof why);
+        s.attn_wgmma = true;
+        if (plan_attention(&s)) plans[i] = wgp;
+    }
 }
 
 /* An update that writes the weights' FP8 copy leaves each block's largest |new weight| in its

@@ -483,6 +483,44 @@ static void test_fusion_switches(void **state) {
     }
 }
 
+/* attn.wgmma is off unless chosen; chosen, the attention forwards of GPT-2 (head dim 64) and
+ * Llama (64, grouped-query) run on warpgroup MMA at some level, every other launch of the
+ * program stays as it was, and the module compiles. */
+static void test_attention_wgmma_choice(void **state) {
+    (void)state;
+    static const char *const models[] = {"gpt2", "llama"};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        int chosen_at = -1;
+        for (int level = 0; level <= 3 && chosen_at < 0; level++) {
+            Arena *a = arena_new();
+            char path[4500];
+            snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, models[m]);
+            Graph *g = compile_model_choosing(a, path, level, NULL, NULL);
+            assert_non_null(g);
+            char *dflt = program_text(g, a);
+            ir_set_choice(g, "attn.wgmma", "0");
+            char *off = program_text(g, a);
+            assert_string_equal(dflt, off);
+            ir_set_choice(g, "attn.wgmma", "1");
+            char *on = program_text(g, a);
+            if (strstr(on, "ck_attn_wg_fwd<")) {
+                chosen_at = level;
+                /* line by line, only attention launches differ */
+                char *save_off = NULL, *save_on = NULL;
+                char *lo = strtok_r(off, "\n", &save_off), *ln = strtok_r(on, "\n", &save_on);
+                for (; lo && ln; lo = strtok_r(NULL, "\n", &save_off), ln = strtok_r(NULL, "\n", &save_on))
+                    if (strcmp(lo, ln)) assert_non_null(strstr(ln, "ck_attn_wg_fwd<"));
+                assert_true(!lo && !ln);
+                assert_module_compiles(g);
+            }
+            free(dflt), free(off), free(on);
+            arena_free(a);
+        }
+        printf("  attn.wgmma=1 runs %s's attention forward on warpgroup MMA at -O%d\n", models[m], chosen_at);
+        assert_true(chosen_at >= 0);
+    }
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!cuda_compiler_available()) {
@@ -493,6 +531,7 @@ int main(void) {
                                        cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_fusion_switches),
+                                       cmocka_unit_test(test_attention_wgmma_choice),
                                        cmocka_unit_test(test_optimizers_every_level),
                                        cmocka_unit_test(test_every_model_every_level)};
     return cmocka_run_group_tests(tests, NULL, NULL);

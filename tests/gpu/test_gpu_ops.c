@@ -14,7 +14,8 @@
  *           f32 with f32 exp against the reference's f64);
  *   1e-2    bf16 results (a few elements one bf16 step, 2^-8 relative, apart), FP8 GEMMs
  *           (cuBLASLt accumulates in f32, the reference in f64; then bf16), and the
- *           tensor-core attention (P and dS are bf16 operands there: 2-3e-3 measured);
+ *           tensor-core attention (P and dS are bf16 operands there: 2-3e-3 measured), on
+ *           mma.sync or (attn.wgmma) on warpgroup MMA;
  *   5e-4    an FP8 GEMM with an f32 result (the FP8 tensor cores' accumulation);
  *   0.1     FP8 results of computed values (one e4m3 step is 2^-3 relative).
  * AdamW's coded states (O2/O3) are held to coded_check.h's bounds (the kernel's codecs are f32,
@@ -774,16 +775,28 @@ static void build_gemm(void) {
     mo->t.fmt.scaling = SCALE_PER_TENSOR, mo->t.fmt.recipe = RECIPE_STATIC, mo->t.fmt.scale = so;
 }
 
+/* the attentions planned with attn.wgmma=1 (their site's choice), whose forward (or the
+ * backward's rerun of it) must then run on warpgroup MMA */
+static Node *wgmma_nodes[32];
+static int n_wgmma_nodes;
+
 static void build_attention(void) {
     group_now = "attention";
-    struct { int64_t B, T, H, Hkv, D; ElemType e; bool packed; } cfg[] = {
-        {gt_int(1, 3), gt_int(1, 150), 4, 2, 64, FMT_BF16, false},
-        {1, gt_int(60, 200), 2, 2, 128, FMT_F32, false},
-        {2, gt_int(1, 130), 4, 4, 32, FMT_BF16, true},
-        {1, 64, 6, 1, 16, FMT_F32, true},
+    struct { int64_t B, T, H, Hkv, D; ElemType e; bool packed, wgmma; } cfg[] = {
+        {gt_int(1, 3), gt_int(1, 150), 4, 2, 64, FMT_BF16, false, false},
+        {1, gt_int(60, 200), 2, 2, 128, FMT_F32, false, false},
+        {2, gt_int(1, 130), 4, 4, 32, FMT_BF16, true, false},
+        {1, 64, 6, 1, 16, FMT_F32, true, false},
         /* tensor cores at the largest head dim, T past a whole tile, GQA over a packed q|k|v */
-        {gt_int(1, 3), 64 * gt_int(1, 4) + gt_int(1, 64), 6, 2, 128, FMT_BF16, true},
-        {1, gt_int(1, 260), 3, 1, 96, FMT_BF16, false},
+        {gt_int(1, 3), 64 * gt_int(1, 4) + gt_int(1, 64), 6, 2, 128, FMT_BF16, true, false},
+        {1, gt_int(1, 260), 3, 1, 96, FMT_BF16, false, false},
+        /* warpgroup MMA: 128-row blocks, so T below, at and past whole blocks and tiles;
+         * both head dims, GQA, packed and separate q, k, v */
+        {1, 1000, 4, 2, 64, FMT_BF16, false, true},
+        {2, 77, 6, 2, 128, FMT_BF16, true, true},
+        {gt_int(1, 2), 128 * gt_int(1, 3), 2, 2, 64, FMT_BF16, true, true},
+        {1, gt_int(1, 400), 4, 1, 128, FMT_BF16, false, true},
+        {1, 1000, 2, 1, 128, FMT_BF16, false, true},
     };
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         int64_t B = cfg[c].B, T = cfg[c].T, H = cfg[c].H, Hkv = cfg[c].Hkv, D = cfg[c].D;
@@ -791,32 +804,42 @@ static void build_attention(void) {
         double tol = e == FMT_F32 ? 2e-5 : 1e-2;
         double scale = 1.0 / sqrt((double)D);
         Node *dy = leaf(e, 1, DIMS(B, T, H * D));
-        char *fw = arena_printf(arena, "attention T%lld H%lld/%lld D%lld %s%s", (long long)T,
+        const char *wg = cfg[c].wgmma ? " wgmma" : "";
+        char *fw = arena_printf(arena, "attention T%lld H%lld/%lld D%lld %s%s%s", (long long)T,
                                 (long long)H, (long long)Hkv, (long long)D, fmt_elem_name(e),
-                                cfg[c].packed ? " packed" : "");
-        char *bw = arena_printf(arena, "attention_bwd T%lld H%lld/%lld D%lld %s%s", (long long)T,
+                                cfg[c].packed ? " packed" : "", wg);
+        char *bw = arena_printf(arena, "attention_bwd T%lld H%lld/%lld D%lld %s%s%s", (long long)T,
                                 (long long)H, (long long)Hkv, (long long)D, fmt_elem_name(e),
-                                cfg[c].packed ? " packed" : "");
+                                cfg[c].packed ? " packed" : "", wg);
         /* each configuration twice: the backward recomputing the forward's statistics, and
          * (lse=1) reading the logsumexp the forward stored after y, with y itself */
         for (int lse = 0; lse < 2; lse++) {
             const char *how = lse ? ", lse saved" : "";
-            Node *y;
+            Node *y, *bwd;
             if (cfg[c].packed) {
                 Node *qkv = leaf(e, 1, DIMS(B, T, (H + 2 * Hkv) * D));
                 y = add_case(arena_printf(arena, "%s%s", fw, how), tol,
                              op_v(OP_ATTENTION, e, I(H, Hkv, lse), Fa(scale), IN(qkv)));
-                add_case(arena_printf(arena, "%s%s", bw, how), tol,
-                         lse ? op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, qkv, y))
-                             : op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, qkv)));
+                bwd = add_case(arena_printf(arena, "%s%s", bw, how), tol,
+                               lse ? op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, qkv, y))
+                                   : op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, qkv)));
             } else {
                 Node *q = leaf(e, 1, DIMS(B, T, H * D)), *k = leaf(e, 1, DIMS(B, T, Hkv * D));
                 Node *v = leaf(e, 1, DIMS(B, T, Hkv * D));
                 y = add_case(arena_printf(arena, "%s%s", fw, how), tol,
                              op_v(OP_ATTENTION, e, I(H, Hkv, lse), Fa(scale), IN(q, k, v)));
-                add_case(arena_printf(arena, "%s%s", bw, how), tol,
-                         lse ? op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v, y))
-                             : op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v)));
+                bwd = add_case(arena_printf(arena, "%s%s", bw, how), tol,
+                               lse ? op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v, y))
+                                   : op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v)));
+            }
+            if (!cfg[c].wgmma) continue;
+            /* the backward with lse saved reads the forward's statistics and reruns nothing */
+            Node *sites[2] = {y, lse ? NULL : bwd};
+            for (int k = 0; k < 2; k++) {
+                if (!sites[k]) continue;
+                assert_true(n_wgmma_nodes < (int)(sizeof wgmma_nodes / sizeof *wgmma_nodes));
+                wgmma_nodes[n_wgmma_nodes++] = sites[k];
+                ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", sites[k]->id), "1");
             }
         }
     }
@@ -1090,7 +1113,29 @@ static void test_rows(void **s) {
 static void test_scaling(void **s) { (void)s; run_group("scaling"); }
 static void test_optimizer(void **s) { (void)s; run_group("optimizer"); }
 static void test_gemm(void **s) { (void)s; run_group("gemm"); }
-static void test_attention(void **s) { (void)s; run_group("attention"); }
+/* How many of wgmma_nodes are not planned on ck_attn_wg_fwd (each prints a line). */
+static int wgmma_unplanned(void) {
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int missing = 0;
+    for (int i = 0; i < n_wgmma_nodes; i++) {
+        const CuNodePlan *p = &plans[wgmma_nodes[i]->index];
+        bool found = false;
+        for (int l = 0; l < p->n_launch; l++) found |= strstr(p->launch[l].body, "ck_attn_wg_fwd<") != NULL;
+        if (!found) printf("%s: not planned on warpgroup MMA\n", wgmma_nodes[i]->t.name), missing++;
+    }
+    arena_free(pa);
+    return missing;
+}
+
+static void test_attention(void **s) {
+    (void)s;
+    assert_true(n_wgmma_nodes > 0);
+    assert_int_equal(wgmma_unplanned(), 0);
+    run_group("attention");
+}
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1111,7 +1156,7 @@ int main(void) {
             return 1;
         }
         printf("%d cases, %zu bytes of cubin\n", n_cases, bin.cubin_size);
-        return 0;
+        return wgmma_unplanned() ? 1 : 0;
     }
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
