@@ -375,7 +375,7 @@ static int build_points(const Tuner *t, BuildPoint *out)
         }
         /* off by default until the device has shown it correct and faster */
         p = &out[n++];
-        *p = (BuildPoint){.name = "attn.wgmma", .what = "the attention forward on warpgroup MMA", .dflt = "0", .n = 2};
+        *p = (BuildPoint){.name = "attn.wgmma", .what = "the attention forward on warpgroup MMA", .dflt = "1", .n = 2};
         snprintf(p->values[0], 32, "0");
         snprintf(p->values[1], 32, "1");
     }

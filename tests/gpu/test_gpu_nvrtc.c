@@ -483,9 +483,9 @@ static void test_fusion_switches(void **state) {
     }
 }
 
-/* attn.wgmma is off unless chosen; chosen, the attention forwards of GPT-2 (head dim 64) and
- * Llama (64, grouped-query) run on warpgroup MMA at some level, every other launch of the
- * program stays as it was, and the module compiles. */
+/* attn.wgmma is on unless set to 0: by default the attention forwards of GPT-2 (head dim 64)
+ * and Llama (64, grouped-query) run on warpgroup MMA at some level; with 0 they run on
+ * mma.sync, every other launch of the program stays as it was, and both modules compile. */
 static void test_attention_wgmma_choice(void **state) {
     (void)state;
     static const char *const models[] = {"gpt2", "llama"};
@@ -498,12 +498,16 @@ static void test_attention_wgmma_choice(void **state) {
             Graph *g = compile_model_choosing(a, path, level, NULL, NULL);
             assert_non_null(g);
             char *dflt = program_text(g, a);
-            ir_set_choice(g, "attn.wgmma", "0");
-            char *off = program_text(g, a);
-            assert_string_equal(dflt, off);
             ir_set_choice(g, "attn.wgmma", "1");
             char *on = program_text(g, a);
+            assert_string_equal(dflt, on);
+            ir_set_choice(g, "attn.wgmma", "0");
+            char *off = program_text(g, a);
+            assert_null(strstr(off, "ck_attn_wg_fwd<"));
             if (strstr(on, "ck_attn_wg_fwd<")) {
+                ir_set_choice(g, "attn.wgmma", "0");
+                assert_module_compiles(g);
+                ir_set_choice(g, "attn.wgmma", "1");
                 chosen_at = level;
                 /* line by line, only attention launches differ */
                 char *save_off = NULL, *save_on = NULL;

@@ -775,8 +775,8 @@ static void build_gemm(void) {
     mo->t.fmt.scaling = SCALE_PER_TENSOR, mo->t.fmt.recipe = RECIPE_STATIC, mo->t.fmt.scale = so;
 }
 
-/* the attentions planned with attn.wgmma=1 (their site's choice), whose forward (or the
- * backward's rerun of it) must then run on warpgroup MMA */
+/* the attentions planned with attn.wgmma=1 (their site's choice; the others are set to 0),
+ * whose forward (or the backward's rerun of it) must then run on warpgroup MMA */
 static Node *wgmma_nodes[32];
 static int n_wgmma_nodes;
 
@@ -832,7 +832,12 @@ static void build_attention(void) {
                                lse ? op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v, y))
                                    : op_v(OP_ATTENTION_BWD, e, I(H, Hkv), Fa(scale), IN(dy, q, k, v)));
             }
-            if (!cfg[c].wgmma) continue;
+            /* attn.wgmma is on by default: the other configurations keep mma.sync (or attn.cuh) */
+            if (!cfg[c].wgmma) {
+                ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", y->id), "0");
+                ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", bwd->id), "0");
+                continue;
+            }
             /* the backward with lse saved reads the forward's statistics and reruns nothing */
             Node *sites[2] = {y, lse ? NULL : bwd};
             for (int k = 0; k < 2; k++) {
