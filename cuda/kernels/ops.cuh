@@ -170,24 +170,42 @@ template <int FIRST, int LAST, class Y, class... X> __device__ void ck_add_n_par
 
 #define CK_GELU_C 0.7978845608028654f
 #define CK_GELU_A 0.044715f
+/* -2 sqrt(2 / pi) log2(e) and its product with 0.044715: the exponent of 2 in the logistic
+ * form below, z = x (GELU_K1 + GELU_K2 x^2) = -2 u log2(e) */
+#define CK_GELU_K1 -2.3022082f
+#define CK_GELU_K2 -0.10294324f
 
-/* tanh(u) as the reference writes it: copysign((1 - e) / (1 + e), u) with e = exp(-2|u|) in
- * (0, 1], one fast exponential and one fast division (1 + e lies in (1, 2]), within a few f32
- * ulps, in fewer instructions than CUDA's tanhf. GELU is the largest elementwise op of a GPT
- * step and not bound by memory alone: on GPT-2 d12 at batch 32, an H100 took 120 us for it
- * with tanhf when it stored nothing (reading its input takes 65), 107 us with this. */
-static __device__ __forceinline__ float ck_tanh(float u) {
-    float e = __expf(-2.0f * fabsf(u));
-    return copysignf(__fdividef(1.0f - e, 1.0f + e), u);
+/* 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22, +inf past 128, 0 for -inf) */
+static __device__ __forceinline__ float ck_exp2_sfu(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* GELU as x / (1 + e^(-2u)) with GELU's u = sqrt(2 / pi) (x + 0.044715 x^3): the logistic
+ * of 2u is (1 + tanh(u)) / 2, so this is the reference's tanh form (ref_ops.c, in f64)
+ * without the tanh. One ex2 and one fast division (1 + e lies in [1, inf]; past 2^126 the
+ * quotient is 0, where the GELU is below 2^-126 |x|), and no cancellation: where tanh(u) is
+ * near -1, 1 + tanh lost the low bits of the GELU of a negative x that this keeps. The tanh
+ * form (an exp, a division, 1 - e, 1 + e, copysign, then 1 + t and 0.5 x) took 17 f32
+ * operations besides its two SFU ones (fmad is off), which made GELU compute-bound on Hopper:
+ * d12's GELU at batch 32 (100M elements) took 0.107 ms to read 200 MB, the bandwidth's time
+ * some 45 us. This form takes 6 besides the two SFU operations, which alone fit in that time.
+ * Within a few f32 ulps of the f64 reference (tests/gpu/test_gpu_ops.c, "gelu f32 wide"). */
+static __device__ __forceinline__ float ck_gelu_exp2(float x, float x2) {
+    return ck_exp2_sfu(x * (CK_GELU_K1 + CK_GELU_K2 * x2));   /* e^(-2u) */
 }
 
 /* GELU, SILU: (x); GELU_BWD, SILU_BWD: (dy, x) */
 template <int OP> static __device__ __forceinline__ float ck_unop(float x0, float x1) {
-    if (OP == OP_GELU) return 0.5f * x0 * (1.0f + ck_tanh(CK_GELU_C * (x0 + CK_GELU_A * x0 * x0 * x0)));
+    if (OP == OP_GELU) return __fdividef(x0, 1.0f + ck_gelu_exp2(x0, x0 * x0));
     if (OP == OP_GELU_BWD) {
-        float v = x1, t = ck_tanh(CK_GELU_C * (v + CK_GELU_A * v * v * v));
-        float du = CK_GELU_C * (1.0f + 3.0f * CK_GELU_A * v * v);
-        return x0 * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+        /* d/dx x s(x) = s + x s' with s = (1 + tanh(u)) / 2: s' = 2 s (1 - s) u', and
+         * 1 - s = e s (no cancellation where s is near 1); e at most 2^125 keeps s normal and
+         * e s finite (the true s is smaller still there: x below -9) */
+        float v = x1, v2 = v * v, e = fminf(ck_gelu_exp2(v, v2), 0x1p125f);
+        float s = __fdividef(1.0f, 1.0f + e), du = CK_GELU_C + (3.0f * CK_GELU_C * CK_GELU_A) * v2;
+        return x0 * (s + 2.0f * v * (s * (e * s)) * du);
     }
     if (OP == OP_SILU) return x0 / (1.0f + expf(-x0));
     float s = 1.0f / (1.0f + expf(-x1));
