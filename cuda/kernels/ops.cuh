@@ -1474,19 +1474,45 @@ static __device__ void ck_transpose_b1_x16(const unsigned char *in, unsigned cha
     ck_tile_store_t(tile, out, R, C, r0, c0);
 }
 
+/* What ck_quantize_t quantizes: x = t[1] as it is stored (CkLd), or the value of an
+ * elementwise producer computed from its inputs t[1], t[2] and rounded to Y, the value's own
+ * (unscaled) format, where the producer writes its FP8 copies itself (CkLdUnary; spec_fuse.c,
+ * fuse_cast_transposes): the bits of quantizing the stored value, without storing it. */
+template <class X> struct CkLd {
+    static __device__ __forceinline__ bool vec_ok(const CkArgs &a) { return X::vec_ok(a.t[1]); }
+    static __device__ __forceinline__ float ld(const CkArgs &a, i64 i) { return X::ld(a.t[1], i); }
+    static __device__ __forceinline__ void ld_vec(const CkArgs &a, i64 i, float *v) { X::ld_vec(a.t[1], i, v); }
+};
+template <int OP, class Y, class X0, class X1> struct CkLdUnary {
+    static constexpr bool two = OP == OP_GELU_BWD || OP == OP_SILU_BWD;
+    static __device__ __forceinline__ bool vec_ok(const CkArgs &a) {
+        return X0::vec_ok(a.t[1]) && (!two || X1::vec_ok(a.t[2]));
+    }
+    static __device__ __forceinline__ float ld(const CkArgs &a, i64 i) {
+        float v = ck_unop<OP>(X0::ld(a.t[1], i), two ? X1::ld(a.t[2], i) : 0.0f);
+        return Y::round(a.t[0], i, v);
+    }
+    static __device__ __forceinline__ void ld_vec(const CkArgs &a, i64 i, float *v) {
+        float x1[CK_VEC];
+        X0::ld_vec(a.t[1], i, v);
+        if (two) X1::ld_vec(a.t[2], i, x1);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) v[j] = Y::round(a.t[0], i + j, ck_unop<OP>(v[j], two ? x1[j] : 0.0f));
+    }
+};
+
 /* BGRAD: the tile's column sums of x, for the sum over rows that a bias gradient is (spec.c,
  * fuse_bias_grads): four quarters of 16 rows each summed in order in f64, then the quarters in
  * order, stored as partial blockIdx.y of column c in scratch (ck_colsum_final's layout). */
-template <int BGRAD, class X>
-static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, const CkTensor &x, i64 R, i64 C, i64 r0,
-                                                      i64 c0) {
+template <int BGRAD, class L>
+static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, i64 R, i64 C, i64 r0, i64 c0) {
     if (!BGRAD) return;
     __shared__ double part[4][64];
     int col = threadIdx.x & 63, quarter = threadIdx.x >> 6;   /* 256 threads */
     i64 c = c0 + col, lo = r0 + quarter * 16, hi = lo + 16 < R ? lo + 16 : R;
     double s = 0;
     if (c < C)
-        for (i64 r = lo; r < hi; r++) s += X::ld(x, r * C + c);
+        for (i64 r = lo; r < hi; r++) s += L::ld(a, r * C + c);
     part[quarter][col] = s;
     __syncthreads();
     if (quarter == 0 && c < C)
@@ -1494,28 +1520,32 @@ static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, const CkT
 }
 
 /* QUANTIZE with transposed=1 (ops.def): the block quantizes the 64 x 64 tile at (r0, c0) of x
- * (R, C) into the 1-byte result y and, through shared memory, into its transposed copy
- * (C, R) at byte i[0] of y's storage; the bytes are ck_copy's (the same Y store). Eight
+ * (R, C, the shape of t[1]; loaded by L: CkLd, CkLdUnary) into the 1-byte result y and,
+ * through shared memory, into its transposed copy (C, R): at byte i[0] of y's storage, or
+ * where i[1] is set, tensor t[i[1]] (the result of a TRANSPOSE of the copy that this launch
+ * writes too: fuse_cast_transposes). The bytes are ck_copy's (the same Y store). Eight
  * elements a thread where the formats and sizes allow, else one. BGRAD: also the tile's
  * column sums of x (ck_tile_colsum). */
-template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArgs &a) {
+template <class Y, class L, int BGRAD> __device__ void ck_quantize_t(const CkArgs &a) {
     __shared__ unsigned tile[64][17];
     unsigned char *bytes = (unsigned char *)tile;
     const CkTensor &x = a.t[1];
     i64 R = x.rows, C = x.cols;
     i64 c0 = (i64)blockIdx.x * 64, r0 = (i64)blockIdx.y * 64;
-    unsigned char *y = (unsigned char *)a.t[0].p, *yt = y + a.i[0];
+    unsigned char *y = (unsigned char *)a.t[0].p;
+    unsigned char *yt = a.i[1] ? (unsigned char *)a.t[a.i[1]].p : y + a.i[0];
     CkTensor local = a.t[0];   /* Y's scale, stored into a register or shared memory */
     /* local's element 0 stands for any element: one scale for the whole tensor */
-    bool wide = (Y::scaling == SCALE_NONE || Y::scaling == SCALE_PER_TENSOR) && C % 16 == 0 && R % 16 == 0 && (unsigned long long)y % 16 == 0 && a.i[0] % 16 == 0 &&
-                X::vec_ok(x) && Y::vec_ok(a.t[0]);
+    bool wide = (Y::scaling == SCALE_NONE || Y::scaling == SCALE_PER_TENSOR) && C % 16 == 0 && R % 16 == 0 &&
+                (unsigned long long)y % 16 == 0 && (unsigned long long)yt % 16 == 0 && L::vec_ok(a) &&
+                Y::vec_ok(a.t[0]);
     if (wide) {
         for (int k = threadIdx.x; k < 64 * 8; k += blockDim.x) {
             int row = k >> 3, g = k & 7;
             i64 r = r0 + row, c = c0 + g * 8;
             if (r >= R || c >= C) continue;
             float v[CK_VEC];
-            X::ld_vec(x, r * C + c, v);
+            L::ld_vec(a, r * C + c, v);
             union {
                 CkRaw<8> raw;
                 unsigned w[2];
@@ -1527,7 +1557,7 @@ template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArg
         }
         __syncthreads();
         ck_tile_store_t(tile, yt, R, C, r0, c0);
-        ck_tile_colsum<BGRAD, X>(a, x, R, C, r0, c0);
+        ck_tile_colsum<BGRAD, L>(a, R, C, r0, c0);
         return;
     }
     for (int k = threadIdx.x; k < 64 * 64; k += blockDim.x) {
@@ -1535,7 +1565,7 @@ template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArg
         i64 r = r0 + row, c = c0 + col;
         if (r >= R || c >= C) continue;
         local.p = bytes + row * 68 + col;
-        Y::st(local, 0, X::ld(x, r * C + c));
+        Y::st(local, 0, L::ld(a, r * C + c));
         y[r * C + c] = bytes[row * 68 + col];
     }
     __syncthreads();
@@ -1544,7 +1574,7 @@ template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArg
         i64 c = c0 + orow, r = r0 + ocol;
         if (c < C && r < R) yt[c * R + r] = bytes[ocol * 68 + orow];
     }
-    ck_tile_colsum<BGRAD, X>(a, x, R, C, r0, c0);
+    ck_tile_colsum<BGRAD, L>(a, R, C, r0, c0);
 }
 
 __device__ void ck_transpose_b1(const CkArgs &a) {
