@@ -266,9 +266,9 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
  * tiles in shared memory (ops.cuh, ck_quantize_t; TransformerEngine's cast-transpose), and the
  * transpose runs nothing: the copy is not read back, one launch less. The quantize that writes
  * the transposed bytes may be
- *  - the transpose's input c itself: a plain quantize, or the second pass of an elementwise
- *    producer that writes its own copy (fuse_producer_quantizes; the tiles are then computed
- *    from the producer's inputs, CkLdUnary);
+ *  - the transpose's input c itself: a plain quantize, or the second pass of a producer that
+ *    writes its own copy (fuse_producer_quantizes): an elementwise one computes the tiles from
+ *    its inputs (CkLdUnary), a norm stages a band of 32 rows in shared memory (ck_norm_t);
  *  - an earlier quantize of the same value through the same scale into the same format, where
  *    the transpose is all that reads c: the scaling pass quantizes a value that backward nodes
  *    read besides its GEMM again, with the scale of its forward copy, and the schedule may put
@@ -313,9 +313,9 @@ static bool plain_fp8_copy(const Node *q) {
 
 static bool same_copy(const Node *a, const Node *b) {
     return plain_fp8_copy(a) && plain_fp8_copy(b) && a->in[0] == b->in[0] && a->n_in == b->n_in &&
-           (a->n_in < 2 || a->in[1] == b->in[1]) && a->t.fmt.elem == b->t.fmt.elem && a->t.fmt.scale == b->t.fmt.scale &&
-           a->t.fmt.margin == b->t.fmt.margin && ir_numel(&a->t) == ir_numel(&b->t) &&
-           rows_of(&a->t) == rows_of(&b->t);
+           (a->n_in < 2 || a->in[1] == b->in[1]) && a->t.fmt.elem == b->t.fmt.elem &&
+           a->t.fmt.scale == b->t.fmt.scale && a->t.fmt.margin == b->t.fmt.margin &&
+           ir_numel(&a->t) == ir_numel(&b->t) && rows_of(&a->t) == rows_of(&b->t);
 }
 
 /* Whether t's bytes, written at q's place instead of t's, are left alone until t's place: by
@@ -337,14 +337,16 @@ static bool transpose_bytes_free(const Graph *g, const CuNodePlan *plans, const 
     return true;
 }
 
-/* q's plan, if ck_quantize_t can take it over: a plain quantize's (1 launch, *producer NULL),
- * or an elementwise producer's second pass (fuse_producer_quantizes: *producer its node) */
+/* q's plan, if ck_quantize_t or ck_norm_t can take it over: a plain quantize's (1 launch,
+ * *producer NULL), or an elementwise producer's or a norm's second pass
+ * (fuse_producer_quantizes: *producer its node) */
 static bool cast_transposable(const CuNodePlan *pq, const Node *q, const Node **producer) {
     const Node *y = q->in[0];
     bool through = pq->n_absorbed == 1 && pq->absorbed[0] == y;
     *producer = through ? y : NULL;
     if (pq->node != q || pq->n_launch != 1 || pq->members || (pq->n_absorbed && !through)) return false;
-    return !through || y->op == OP_GELU || y->op == OP_SILU || y->op == OP_GELU_BWD || y->op == OP_SILU_BWD;
+    return !through || y->op == OP_GELU || y->op == OP_SILU || y->op == OP_GELU_BWD || y->op == OP_SILU_BWD ||
+           y->op == OP_LAYERNORM || y->op == OP_RMSNORM;
 }
 
 static void fuse_cast_transposes(const Graph *g, CuNodePlan *plans, Arena *a) {

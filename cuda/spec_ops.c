@@ -461,6 +461,23 @@ bool plan_rows(Spec *s) {
     case OP_LAYERNORM: case OP_RMSNORM: {
         const Tensor *x = &n->in[0]->t;
         bool ln = n->op == OP_LAYERNORM;
+        if (s->result == RESULT_THROUGH && s->transpose_to) {
+            /* the FP8 copy in both layouts, a band of 32 rows a block (fuse_cast_transposes) */
+            int64_t R = rows_of(x), C = cols_of(x);
+            int nv = row_vectors(C);
+            if (!nv || nv > 5 || R % 32 || C % 16 || s->through->t.offset % 16 || s->transpose_to->t.offset % 16 ||
+                fmt_elem_bytes(s->through->t.fmt.elem) != 1)
+                return spec_fail(s, "a norm's rows that its transposing kernel does not take");
+            l = spec_launch(s, "normt", (unsigned)(R / 32), ROW_THREADS, "ck_norm_t<%d, %d, %s, %s, %s, %s, %s>(a)", ln,
+                            nv, fmt_arg(s, &n->t), fmt_arg(s, &s->through->t), fmt_arg(s, x),
+                            fmt_arg(s, &n->in[1]->t), ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+            args_result_inputs(l, n);
+            arg_node(l, 0, s->through);
+            arg_node(l, 1 + n->n_in, s->transpose_to);
+            l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = 1 + n->n_in;
+            l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
+            return true;
+        }
         l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
                         ln, row_vectors(cols_of(x)), producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
                         ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);

@@ -329,18 +329,19 @@ static void test_producer_quantize_plan(void **state) {
 
 /* Transposed FP8 copies written by the launch that writes the copy (spec_fuse.c,
  * fuse_cast_transposes): the plan of the TRANSPOSE and, where two quantizes make the same
- * bytes, of the second runs nothing, and the first's one launch (ck_quantize_t) writes the
- * transpose's tensor (its argument i[1]). Where the schedule puts the transposes depends on
- * the sizes: in GPT-2 d12 at batch 32 x 1024 -O1 each layer's transposes of the attention
- * output's copy (made twice) and of the GELU's (a GELU writing its own copy) come right
- * after the copies, 24 in all; in gpt2_tiny at batch 2 x 64 the backward's quantizes of the
- * attention outputs (-O1) and of the weights (-O3, 16) write theirs, and -O2 none. */
+ * bytes, of the second runs nothing, and the first's one launch (ck_quantize_t, or ck_norm_t
+ * for a norm writing its copy) writes the transpose's tensor (its argument i[1] or i[2]).
+ * Where the schedule puts the transposes depends on the sizes: in GPT-2 d12 at batch 32 x
+ * 1024 -O1 each layer's transposes of the attention output's copy (made twice), of the GELU's
+ * and of the two layernorms' (producers writing their own copies) come right after the
+ * copies, 48 in all; in gpt2_tiny at batch 2 x 64 the backward's quantizes of the attention
+ * outputs (-O1) and of the weights (-O3, 16) write theirs, and -O2 none. */
 typedef struct {
-    int fused, gelus, twice, left;
+    int fused, gelus, norms, twice, left;
 } CastCount;
 
 static CastCount count_cast_transposes(const Graph *g, const CuNodePlan *plans) {
-    CastCount n = {0, 0, 0, 0};
+    CastCount n = {0, 0, 0, 0, 0};
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *q = g->nodes[i], *t = NULL;
         if (q->op == OP_TRANSPOSE && plans[i].n_launch) n.left++;
@@ -351,9 +352,9 @@ static CastCount count_cast_transposes(const Graph *g, const CuNodePlan *plans) 
         assert_int_equal(plans[i].n_launch, 1);
         assert_int_equal(plans[t->index].n_launch, 0);
         const CuLaunch *l = &plans[i].launch[0];
-        assert_non_null(strstr(l->body, "ck_quantize_t<"));
+        assert_true(strstr(l->body, "ck_quantize_t<") || strstr(l->body, "ck_norm_t<"));
         assert_ptr_equal(l->ref[0].node, q);
-        assert_ptr_equal(l->ref[l->args.i[1]].node, t);
+        assert_ptr_equal(l->ref[l->args.i[strstr(l->body, "ck_norm_t<") ? 2 : 1]].node, t);
         if (t->in[0] != q) {   /* the same bytes: the same value, scale and format */
             const Node *c = t->in[0];
             assert_ptr_equal(c->in[0], q->in[0]);
@@ -363,6 +364,7 @@ static CastCount count_cast_transposes(const Graph *g, const CuNodePlan *plans) 
             n.twice++;
         }
         n.gelus += plan_calls(&plans[i], "CkLdUnary<OP_GELU");
+        n.norms += plan_calls(&plans[i], "ck_norm_t<");
         n.fused++;
     }
     return n;
@@ -384,10 +386,12 @@ static void test_cast_transpose_plan(void **state) {
     CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
     assert_non_null(plans);
     CastCount d12 = count_cast_transposes(g, plans);
-    printf("  gpt2 d12 O1 batch 32 x 1024: %d transposes written with their copy (%d by a GELU, %d by a first "
-           "quantize of the same bytes), %d left\n", d12.fused, d12.gelus, d12.twice, d12.left);
-    assert_int_equal(d12.fused, 24);
+    printf("  gpt2 d12 O1 batch 32 x 1024: %d transposes written with their copy (%d by a GELU, %d by a "
+           "layernorm, %d by a first quantize of the same bytes), %d left\n", d12.fused, d12.gelus, d12.norms,
+           d12.twice, d12.left);
+    assert_int_equal(d12.fused, 48);
     assert_int_equal(d12.gelus, 12);
+    assert_int_equal(d12.norms, 24);
     assert_int_equal(d12.twice, 12);
     arena_free(a);
     static const int expect[4] = {0, 4, 0, 16};

@@ -400,8 +400,9 @@ static void test_quantize_transposed(void **s) {
  * A TRANSPOSE of a per-tensor FP8 copy is written by the launch that writes the copy
  * (spec_fuse.c, fuse_cast_transposes), which is then the only one to run: a plain quantize
  * (16-byte path), the second of two quantizes of the same value through the same scale (the
- * first writes both; an odd shape, element path), and a GELU that writes its own copy
- * (fuse_producer_quantizes: its block maxima first, then the copy computed from its input).
+ * first writes both; an odd shape, element path), a GELU and a layernorm that write their
+ * own copy (fuse_producer_quantizes: the block maxima first, then the copy computed from the
+ * inputs; the layernorm in bands of 32 rows).
  * The copy must be the reference's bytes (for the GELU, whose value the GPU computes in f32,
  * within the FP8 bound of a computed value, its scale within 1e-2), the transposed copy
  * exactly the copy's bytes transposed. */
@@ -412,7 +413,7 @@ typedef struct {
     Node *copy, *t;   /* the copy that the fused launch writes, the TRANSPOSE */
     Node *scale;      /* made by the case (the GELU's), or NULL */
 } CastT;
-static CastT cast_t[3];
+static CastT cast_t[4];
 
 static Node *per_tensor_copy(Node *x, Node *sc, ElemType e) {
     Node *q = op_v(OP_QUANTIZE, e, NULL, NULL, IN(x, sc));
@@ -441,17 +442,27 @@ static void build_cast_transposes(void) {
     Node *sy = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(y));
     Node *qy = per_tensor_copy(y, sy, FMT_E4M3), *ty = transpose_of(qy);
     cast_t[2] = (CastT){"gelu's copy + transpose", {y, sy, qy, ty}, 4, qy, ty, sy};
-    for (int k = 0; k < 3; k++) cast_t[k].copy->t.name = cast_t[k].name;
+    /* a layernorm writing its copy: bands of 32 rows, rows of whole vectors */
+    int64_t Rn = 32 * gt_int(1, 40), Cn = 16 * gt_int(1, 80);
+    Node *xn = leaf(FMT_BF16, 2, DIMS(Rn, Cn)), *wn = leaf(FMT_BF16, 1, DIMS(Cn)), *bn = leaf(FMT_BF16, 1, DIMS(Cn));
+    Node *yn = op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(xn, wn, bn));
+    ir_set_keeps_amax(yn);
+    Node *sn = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yn));
+    Node *qn = per_tensor_copy(yn, sn, FMT_E4M3), *tn = transpose_of(qn);
+    cast_t[3] = (CastT){"layernorm's copy + transpose", {yn, sn, qn, tn}, 4, qn, tn, sn};
+    for (int k = 0; k < 4; k++) cast_t[k].copy->t.name = cast_t[k].name;
 }
 
 /* one quantt launch, at the copy's place; nothing at the transpose's (or the second copy's) */
 static bool cast_t_fused(const CuNodePlan *plans, const CastT *c) {
     int launches = 0;
     for (int i = 0; i < c->n_run; i++)
-        if (c->run[i] != c->copy && c->run[i] != c->scale && c->run[i]->op != OP_GELU)
+        if (c->run[i] != c->copy && c->run[i] != c->scale && c->run[i]->op != OP_GELU &&
+            c->run[i]->op != OP_LAYERNORM)
             launches += plans[c->run[i]->index].n_launch;
     const CuNodePlan *pq = &plans[c->copy->index];
-    return launches == 0 && pq->n_launch == 1 && !strncmp(pq->launch[0].fn, "quantt", 6);
+    return launches == 0 && pq->n_launch == 1 &&
+           (!strncmp(pq->launch[0].fn, "quantt", 6) || !strncmp(pq->launch[0].fn, "normt", 5));
 }
 
 static void test_cast_transposes(void **s) {
@@ -461,7 +472,7 @@ static void test_cast_transposes(void **s) {
     CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
     assert_non_null(plans);
     int failed = 0;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         CastT *c = &cast_t[k];
         bool fused = cast_t_fused(plans, c);
         Node *q = c->copy;
@@ -483,7 +494,7 @@ static void test_cast_transposes(void **s) {
                 if (c->run[i]->op != OP_TRANSPOSE) ref_exec_node(c->run[i]);
             for (int64_t r = 0; r < R; r++)
                 for (int64_t j = 0; j < C; j++) bad_t += gt[j * R + r] != gq[r * C + j];
-            if (c->scale) {   /* computed in f32 on the GPU, f64 in the reference */
+            if (c->scale) {   /* computed in f32 on the GPU (GELU; the norm's statistics), f64 in the reference */
                 Tensor as_gpu = q->t;
                 as_gpu.data = gq;
                 float *a = ref_load(&as_gpu), *r = ref_load(&q->t);
@@ -1237,10 +1248,10 @@ int main(void) {
         Arena *pa = arena_new();
         CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
         int fused = 0;
-        for (int k = 0; plans && k < 3; k++) fused += cast_t_fused(plans, &cast_t[k]);
-        printf("cast-transposes planned as one launch: %d of 3\n", fused);
+        for (int k = 0; plans && k < 4; k++) fused += cast_t_fused(plans, &cast_t[k]);
+        printf("cast-transposes planned as one launch: %d of 4\n", fused);
         arena_free(pa);
-        return fused == 3 ? 0 : 1;
+        return fused == 4 ? 0 : 1;
     }
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
