@@ -360,6 +360,7 @@ static int build_points(const Tuner *t, BuildPoint *out)
     if (!strcmp(t->q->device, "cuda")) {
         static const struct { const char *name, *what; } fusions[] = {
             {"fuse.producer_quantizes", "a layernorm or GELU writes its FP8 copy itself"},
+            {"fuse.cast_transposes", "an FP8 copy's transposed copy written by its quantize"},
             {"fuse.bias_grads", "bias gradients summed inside the quantize of dy"},
             {"fuse.group_quantizes", "per-group scales made inside the quantize"},
             {"fuse.ce_lse", "the loss's backward reuses the forward's logsumexp"},

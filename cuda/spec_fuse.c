@@ -8,6 +8,7 @@
  *   producer quantizes     a norm or GELU writes its own FP8 copy (fuse_producer_quantizes);
  *   bias gradients         summed in the transposing quantize of dy (fuse_bias_grads);
  *   group quantizes        per-group scales made in the quantize (fuse_group_quantizes);
+ *   cast-transposes        a transposed FP8 copy written with the copy (fuse_cast_transposes);
  *   the loss's lse         the backward of cross entropy reads the forward's logsumexp
  *                          (fuse_ce_lse).
  * Each decides from the graph, its uses and the memory plan's offsets only, so the compiler
@@ -252,6 +253,142 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
         through.absorbed[through.n_absorbed++] = y;
         plans[y->index] = amax_only;
         plans[qi] = through;
+    }
+}
+
+/* ---------------------------------------------------------------- cast-transpose in the quantize
+ *
+ * The layout pass gives a per-tensor FP8 copy that a GEMM also reads transposed (the weight
+ * gradient's x, saved across the step) a TRANSPOSE node before its first reader in the
+ * backward, and the schedule may bring it up next to the quantize that makes the copy (GPT-2:
+ * right after it, or after the GEMM that reads the copy). Where the transpose's bytes are
+ * free from the quantize's place on, the quantize writes both layouts from the same 64 x 64
+ * tiles in shared memory (ops.cuh, ck_quantize_t; TransformerEngine's cast-transpose), and the
+ * transpose runs nothing: the copy is not read back, one launch less. The quantize that writes
+ * the transposed bytes may be
+ *  - the transpose's input c itself: a plain quantize, or the second pass of a producer that
+ *    writes its own copy (fuse_producer_quantizes): an elementwise one computes the tiles from
+ *    its inputs (CkLdUnary), a norm stages a band of 32 rows in shared memory (ck_norm_t);
+ *  - an earlier quantize of the same value through the same scale into the same format, where
+ *    the transpose is all that reads c: the scaling pass quantizes a value that backward nodes
+ *    read besides its GEMM again, with the scale of its forward copy, and the schedule may put
+ *    that quantize next to the forward's (GPT-2: the attention's y, quantized twice a layer).
+ *    The two have the same bytes, so c then runs nothing either.
+ * Delayed scaling is left out: there the GEMM before a GELU may write the GELU's copy itself
+ * (gemm_gelu, after these plans). The bits are those of the unfused nodes. */
+typedef struct {
+    bool persistent;
+    int64_t lo, hi;
+} Bytes;
+
+static Bytes bytes_of(const Node *n) {
+    Bytes b = {ir_role_is_persistent(n->t.role), 0, 0};
+    if (n->t.offset < 0 || n->t.fmt.elem == FMT_VOID) return b;
+    b.lo = n->t.offset;
+    b.hi = n->t.offset + ir_storage_bytes(n);
+    return b;
+}
+
+static bool bytes_overlap(const Node *n, Bytes b) {
+    Bytes m = bytes_of(n);
+    return m.persistent == b.persistent && m.lo < b.hi && b.lo < m.hi;
+}
+
+/* whether n's inputs or their scales, or (with result) n's own storage, share a byte with b */
+static bool touches(const Node *n, Bytes b, bool result) {
+    if (result && bytes_overlap(n, b)) return true;
+    for (int k = 0; k < n->n_in; k++)
+        if (bytes_overlap(n->in[k], b) || (n->in[k]->t.fmt.scale && bytes_overlap(n->in[k]->t.fmt.scale, b)))
+            return true;
+    return false;
+}
+
+/* a per-tensor FP8 copy as ck_quantize_t writes it: 1-byte codes, current scaling, one layout */
+static bool plain_fp8_copy(const Node *q) {
+    const Format *f = &q->t.fmt;
+    return q->op == OP_QUANTIZE && (f->elem == FMT_E4M3 || f->elem == FMT_E5M2) && f->codec == CODEC_PLAIN &&
+           f->scaling == SCALE_PER_TENSOR && f->recipe == RECIPE_CURRENT && f->scale && !ir_transposed_offset(q) &&
+           q->t.offset >= 0;
+}
+
+static bool same_copy(const Node *a, const Node *b) {
+    return plain_fp8_copy(a) && plain_fp8_copy(b) && a->in[0] == b->in[0] && a->n_in == b->n_in &&
+           (a->n_in < 2 || a->in[1] == b->in[1]) && a->t.fmt.elem == b->t.fmt.elem &&
+           a->t.fmt.scale == b->t.fmt.scale && a->t.fmt.margin == b->t.fmt.margin &&
+           ir_numel(&a->t) == ir_numel(&b->t) && rows_of(&a->t) == rows_of(&b->t);
+}
+
+/* Whether t's bytes, written at q's place instead of t's, are left alone until t's place: by
+ * every node whose work runs in between (its own, what its plan absorbed, the GEMM groups
+ * that run there: group[k], fuse_plan's), and by what the writing launch reads (q's inputs,
+ * or the producer's where it computes q's value: its own value is never stored then). */
+static bool transpose_bytes_free(const Graph *g, const CuNodePlan *plans, const int *group, const Node *q,
+                                 const Node *producer, const Node *t) {
+    int qi = q->index, ti = t->index;
+    Bytes b = bytes_of(t);
+    if (bytes_overlap(q, b) || (producer ? touches(producer, b, false) : touches(q, b, false))) return false;
+    for (int k = 0; k < g->n_nodes; k++) {
+        int at = group && group[k] >= 0 ? group[k] : k;
+        if (((k > qi && k < ti) || (at > qi && at < ti)) && touches(g->nodes[k], b, true)) return false;
+    }
+    for (int j = qi + 1; j < ti; j++)
+        for (int k = 0; k < plans[j].n_absorbed; k++)
+            if (touches(plans[j].absorbed[k], b, true)) return false;
+    return true;
+}
+
+/* q's plan, if ck_quantize_t or ck_norm_t can take it over: a plain quantize's (1 launch,
+ * *producer NULL), or an elementwise producer's or a norm's second pass
+ * (fuse_producer_quantizes: *producer its node) */
+static bool cast_transposable(const CuNodePlan *pq, const Node *q, const Node **producer) {
+    const Node *y = q->in[0];
+    bool through = pq->n_absorbed == 1 && pq->absorbed[0] == y;
+    *producer = through ? y : NULL;
+    if (pq->node != q || pq->n_launch != 1 || pq->members || (pq->n_absorbed && !through)) return false;
+    return !through || y->op == OP_GELU || y->op == OP_SILU || y->op == OP_GELU_BWD || y->op == OP_SILU_BWD ||
+           y->op == OP_LAYERNORM || y->op == OP_RMSNORM;
+}
+
+static void fuse_cast_transposes(const Graph *g, CuNodePlan *plans, Arena *a) {
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
+    int *group = fuse_plan(g, a);
+    for (int ti = 0; ti < g->n_nodes; ti++) {
+        const Node *t = g->nodes[ti], *c = t->op == OP_TRANSPOSE ? t->in[0] : NULL;
+        if (!c || !plain_fp8_copy(c) || !transpose_keeps_values(t) || t->t.offset < 0 || plans[ti].n_launch != 1 ||
+            !fusion_on(g, "fuse.cast_transposes", t))
+            continue;
+        /* the candidates: the earliest quantize with c's bytes where only t reads c, then c */
+        const Node *cand[2] = {NULL, c}, *cy;
+        if (uses[c->index].n == 1 && cast_transposable(&plans[c->index], c, &cy) && !cy)
+            for (int j = 0; j < c->index && !cand[0]; j++)
+                if (same_copy(g->nodes[j], c)) cand[0] = g->nodes[j];
+        for (int k = 0; k < 2; k++) {
+            const Node *q = cand[k], *y;
+            if (!q || !cast_transposable(&plans[q->index], q, &y) || !transpose_bytes_free(g, plans, group, q, y, t))
+                continue;
+            char why[256];
+            CuNodePlan fused;
+            Spec s = spec_for(y ? y : q, a, &fused, why, sizeof why);
+            if (y) {
+                s.result = RESULT_THROUGH;
+                s.through = q;
+            }
+            s.transpose_to = t;
+            if (!plan_node(&s) || fused.n_launch != 1) continue;
+            fused.node = q;
+            if (y) fused.absorbed[fused.n_absorbed++] = y;
+            if (q != c) fused.absorbed[fused.n_absorbed++] = c;
+            fused.absorbed[fused.n_absorbed++] = t;
+            plans[q->index] = fused;
+            memset(&plans[ti], 0, sizeof plans[ti]);
+            plans[ti].node = t;
+            if (q != c) {
+                memset(&plans[c->index], 0, sizeof plans[c->index]);
+                plans[c->index].node = c;
+            }
+            break;
+        }
     }
 }
 
@@ -568,6 +705,7 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
     fuse_group_quantizes(g, plans, a);
     fuse_ce_lse(g, plans, a);
     fuse_norm_grads(g, plans, a);
+    fuse_cast_transposes(g, plans, a);
     return plans;
 }
 

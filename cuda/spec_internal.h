@@ -41,6 +41,10 @@ typedef struct {
      * adds the sum into the accumulator of bias_acc (an ACCUMULATE) where that is set
      * (fuse_bias_grads) */
     const Node *bias_grad, *bias_acc;
+    /* a per-tensor FP8 QUANTIZE (or a producer writing its FP8 copy through one) that also
+     * writes the result of this TRANSPOSE of the copy, from the same tiles
+     * (fuse_cast_transposes) */
+    const Node *transpose_to;
     /* a QUANTIZE into per-group scales that also makes them: the QUANT_SCALE (of the same x)
      * whose launch moves here (fuse_group_quantizes) */
     const Node *group_scale;

@@ -15,6 +15,22 @@
 
 #include "spec_internal.h"
 
+/* ck_quantize_t into the 1-byte per-tensor (or unscaled) q, a 64 x 64 tile a block, x read
+ * through the loader ld (CkLd, CkLdUnary); t[0] = q, the caller adds the rest */
+static CuLaunch *quantize_t_launch(Spec *s, const Node *q, const char *ld, int bgrad) {
+    const Tensor *y = &q->t;
+    if (fmt_elem_bytes(y->fmt.elem) != 1) {
+        spec_fail(s, "a transposed copy of a wider element type");
+        return NULL;
+    }
+    int64_t R = rows_of(y), C = cols_of(y);
+    CuLaunch *l = spec_launch(s, "quantt", (unsigned)((C + 63) / 64), 256, "ck_quantize_t<%s, %s, %d>(a)",
+                              fmt_arg(s, y), ld, bgrad);
+    l->grid[1] = (unsigned)((R + 63) / 64);
+    arg_node(l, 0, q);
+    return l;
+}
+
 bool plan_elementwise(Spec *s) {
     const Node *n = s->n;
     const Tensor *y = &n->t;
@@ -132,6 +148,17 @@ bool plan_elementwise(Spec *s) {
         if (!check_io(s, n, true)) return false;
         const char *op = n->op == OP_GELU ? "OP_GELU" : n->op == OP_SILU ? "OP_SILU"
                          : n->op == OP_GELU_BWD ? "OP_GELU_BWD" : "OP_SILU_BWD";
+        if (s->result == RESULT_THROUGH && s->transpose_to) {
+            /* the FP8 copy in both layouts, each tile computed from the inputs */
+            const char *ld = arena_printf(s->arena, "CkLdUnary<%s, %s, %s, %s>", op, fmt_arg(s, y),
+                                          fmt_arg(s, &n->in[0]->t), n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
+            if (!(l = quantize_t_launch(s, s->through, ld, 0))) return false;
+            for (int i = 0; i < n->n_in; i++) arg_node(l, 1 + i, n->in[i]);
+            l->args.n_in = n->n_in;
+            arg_node(l, 1 + n->n_in, s->transpose_to);
+            l->args.i[1] = 1 + n->n_in;
+            return true;
+        }
         l = spec_launch(s, "unary", grid_elem(count), ELEM_THREADS, "ck_unary<%s, %s, %s, %s>(a)",
                         op, producer_fmt(s), fmt_arg(s, &n->in[0]->t),
                         n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
@@ -142,14 +169,22 @@ bool plan_elementwise(Spec *s) {
     case OP_CAST: case OP_RESHAPE: case OP_QUANTIZE:
         if (!check_io(s, n, true)) return false;
         if (ir_numel(&n->in[0]->t) != count) return spec_fail(s, "element counts differ");
+        if (s->transpose_to && !ir_transposed_offset(n) && !s->bias_grad) {
+            /* the copy and the TRANSPOSE's result, as below (fuse_cast_transposes) */
+            if (!(l = quantize_t_launch(s, n, arena_printf(s->arena, "CkLd<%s>", fmt_arg(s, &n->in[0]->t)), 0)))
+                return false;
+            arg_node(l, 1, n->in[0]);
+            l->args.n_in = 1;
+            arg_node(l, 2, s->transpose_to);
+            l->args.i[1] = 2;
+            return true;
+        }
         if (ir_transposed_offset(n)) {
             /* both layouts at once (ops.def transposed=1): 64 x 64 tiles */
-            if (fmt_elem_bytes(y->fmt.elem) != 1) return spec_fail(s, "a transposed copy of a wider element type");
+            if (!(l = quantize_t_launch(s, n, arena_printf(s->arena, "CkLd<%s>", fmt_arg(s, &n->in[0]->t)),
+                                        s->bias_grad != NULL)))
+                return false;
             int64_t R = rows_of(y), C = cols_of(y), P = (R + 63) / 64;
-            l = spec_launch(s, "quantt", (unsigned)((C + 63) / 64), 256, "ck_quantize_t<%s, %s, %d>(a)", Y,
-                            fmt_arg(s, &n->in[0]->t), s->bias_grad != NULL);
-            l->grid[1] = (unsigned)P;
-            arg_node(l, 0, n);
             arg_node(l, 1, n->in[0]);
             l->args.n_in = 1;
             l->args.i[0] = ir_transposed_offset(n);
@@ -426,6 +461,23 @@ bool plan_rows(Spec *s) {
     case OP_LAYERNORM: case OP_RMSNORM: {
         const Tensor *x = &n->in[0]->t;
         bool ln = n->op == OP_LAYERNORM;
+        if (s->result == RESULT_THROUGH && s->transpose_to) {
+            /* the FP8 copy in both layouts, a band of 32 rows a block (fuse_cast_transposes) */
+            int64_t R = rows_of(x), C = cols_of(x);
+            int nv = row_vectors(C);
+            if (!nv || nv > 5 || R % 32 || C % 16 || s->through->t.offset % 16 || s->transpose_to->t.offset % 16 ||
+                fmt_elem_bytes(s->through->t.fmt.elem) != 1)
+                return spec_fail(s, "a norm's rows that its transposing kernel does not take");
+            l = spec_launch(s, "normt", (unsigned)(R / 32), ROW_THREADS, "ck_norm_t<%d, %d, %s, %s, %s, %s, %s>(a)", ln,
+                            nv, fmt_arg(s, &n->t), fmt_arg(s, &s->through->t), fmt_arg(s, x),
+                            fmt_arg(s, &n->in[1]->t), ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+            args_result_inputs(l, n);
+            arg_node(l, 0, s->through);
+            arg_node(l, 1 + n->n_in, s->transpose_to);
+            l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = 1 + n->n_in;
+            l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
+            return true;
+        }
         l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
                         ln, row_vectors(cols_of(x)), producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
                         ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);

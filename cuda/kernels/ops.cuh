@@ -170,24 +170,42 @@ template <int FIRST, int LAST, class Y, class... X> __device__ void ck_add_n_par
 
 #define CK_GELU_C 0.7978845608028654f
 #define CK_GELU_A 0.044715f
+/* -2 sqrt(2 / pi) log2(e) and its product with 0.044715: the exponent of 2 in the logistic
+ * form below, z = x (GELU_K1 + GELU_K2 x^2) = -2 u log2(e) */
+#define CK_GELU_K1 -2.3022082f
+#define CK_GELU_K2 -0.10294324f
 
-/* tanh(u) as the reference writes it: copysign((1 - e) / (1 + e), u) with e = exp(-2|u|) in
- * (0, 1], one fast exponential and one fast division (1 + e lies in (1, 2]), within a few f32
- * ulps, in fewer instructions than CUDA's tanhf. GELU is the largest elementwise op of a GPT
- * step and not bound by memory alone: on GPT-2 d12 at batch 32, an H100 took 120 us for it
- * with tanhf when it stored nothing (reading its input takes 65), 107 us with this. */
-static __device__ __forceinline__ float ck_tanh(float u) {
-    float e = __expf(-2.0f * fabsf(u));
-    return copysignf(__fdividef(1.0f - e, 1.0f + e), u);
+/* 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22, +inf past 128, 0 for -inf) */
+static __device__ __forceinline__ float ck_exp2_sfu(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* GELU as x / (1 + e^(-2u)) with GELU's u = sqrt(2 / pi) (x + 0.044715 x^3): the logistic
+ * of 2u is (1 + tanh(u)) / 2, so this is the reference's tanh form (ref_ops.c, in f64)
+ * without the tanh. One ex2 and one fast division (1 + e lies in [1, inf]; past 2^126 the
+ * quotient is 0, where the GELU is below 2^-126 |x|), and no cancellation: where tanh(u) is
+ * near -1, 1 + tanh lost the low bits of the GELU of a negative x that this keeps. The tanh
+ * form (an exp, a division, 1 - e, 1 + e, copysign, then 1 + t and 0.5 x) took 17 f32
+ * operations besides its two SFU ones (fmad is off), which made GELU compute-bound on Hopper:
+ * d12's GELU at batch 32 (100M elements) took 0.107 ms to read 200 MB, the bandwidth's time
+ * some 45 us. This form takes 6 besides the two SFU operations, which alone fit in that time.
+ * Within a few f32 ulps of the f64 reference (tests/gpu/test_gpu_ops.c, "gelu f32 wide"). */
+static __device__ __forceinline__ float ck_gelu_exp2(float x, float x2) {
+    return ck_exp2_sfu(x * (CK_GELU_K1 + CK_GELU_K2 * x2));   /* e^(-2u) */
 }
 
 /* GELU, SILU: (x); GELU_BWD, SILU_BWD: (dy, x) */
 template <int OP> static __device__ __forceinline__ float ck_unop(float x0, float x1) {
-    if (OP == OP_GELU) return 0.5f * x0 * (1.0f + ck_tanh(CK_GELU_C * (x0 + CK_GELU_A * x0 * x0 * x0)));
+    if (OP == OP_GELU) return __fdividef(x0, 1.0f + ck_gelu_exp2(x0, x0 * x0));
     if (OP == OP_GELU_BWD) {
-        float v = x1, t = ck_tanh(CK_GELU_C * (v + CK_GELU_A * v * v * v));
-        float du = CK_GELU_C * (1.0f + 3.0f * CK_GELU_A * v * v);
-        return x0 * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+        /* d/dx x s(x) = s + x s' with s = (1 + tanh(u)) / 2: s' = 2 s (1 - s) u', and
+         * 1 - s = e s (no cancellation where s is near 1); e at most 2^125 keeps s normal and
+         * e s finite (the true s is smaller still there: x below -9) */
+        float v = x1, v2 = v * v, e = fminf(ck_gelu_exp2(v, v2), 0x1p125f);
+        float s = __fdividef(1.0f, 1.0f + e), du = CK_GELU_C + (3.0f * CK_GELU_C * CK_GELU_A) * v2;
+        return x0 * (s + 2.0f * v * (s * (e * s)) * du);
     }
     if (OP == OP_SILU) return x0 / (1.0f + expf(-x0));
     float s = 1.0f / (1.0f + expf(-x1));
@@ -531,6 +549,73 @@ template <int LN, int NV, class Y, class X, class W, class B> __device__ void ck
     float m = 0.0f;
     CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_row<LN, NV, Y, X, W, B>(a, r));
     ck_amax_out<Y>(a, m);
+}
+
+/* A layernorm or RMSNorm writing its FP8 copy in both layouts (spec_fuse.c,
+ * fuse_cast_transposes): a block of eight warps takes a band of 32 rows, four a warp, and
+ * stores their codes (ck_norm_row through CkTileSt: the value rounded to Y, then quantized
+ * into Q, CkThrough's bits) in shared memory; then it writes the band's rows of the copy 16
+ * bytes a thread, and the band's 32 bytes of each column into the transposed copy (C, R) at
+ * t[i[2]], one whole sector each. Rows of the tile are PITCH bytes apart (16 more than a row:
+ * reading a column, the 32 lanes' bytes fall in 8 banks, four lanes a word). R a multiple of
+ * 32, C of 16 and at most NV x 256 with NV <= 5 (41 KB of shared memory); i = {C, R, the
+ * transposed copy's tensor}, f = {eps}. */
+template <class Y, class Q> struct CkTileSt {
+    /* t.p: the tile, t.cols: C, t.ncg: the band's first row, t.group: PITCH */
+    static __device__ __forceinline__ CkTensor at(const CkTensor &t, i64 i) {
+        i64 r = i / t.cols;
+        CkTensor u = t;
+        u.p = (unsigned char *)t.p + (r - t.ncg) * t.group + (i - r * t.cols);
+        return u;
+    }
+    static __device__ __forceinline__ bool vec_ok(const CkTensor &t) { return Y::vec_ok(t) && Q::vec_ok(t); }
+    static __device__ __forceinline__ void st(const CkTensor &t, i64 i, float v) {
+        Q::st(at(t, i), 0, Y::round(t, i, v));
+    }
+    static __device__ __forceinline__ void st_vec(const CkTensor &t, i64 i, const float *v) {
+        float r[CK_VEC];
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) r[j] = Y::round(t, i + j, v[j]);
+        Q::st_vec(at(t, i), 0, r);
+    }
+    static __device__ __forceinline__ float round(const CkTensor &t, i64 i, float v) {
+        return Q::round(t, i, Y::round(t, i, v));
+    }
+};
+
+template <int LN, int NV, class Y, class Q, class X, class W, class B> __device__ void ck_norm_t(const CkArgs &a) {
+    constexpr int PITCH = (NV > 0 ? NV : 1) * 32 * CK_VEC + 16;
+    __shared__ __align__(16) unsigned char tile[32 * PITCH];
+    i64 C = a.i[0], R = a.i[1], r0 = (i64)blockIdx.x * 32;
+    CkArgs b = a;
+    b.t[0].p = tile;
+    b.t[0].cols = C;
+    b.t[0].ncg = r0;
+    b.t[0].group = PITCH;
+    int warp = threadIdx.x >> 5;
+    for (int k = 0; k < 4; k++) {
+        i64 r = r0 + warp * 4 + k;
+        if (r < R) ck_norm_row<LN, NV, CkTileSt<Y, Q>, X, W, B>(b, r);
+    }
+    __syncthreads();
+    unsigned char *y = (unsigned char *)a.t[0].p, *yt = (unsigned char *)a.t[a.i[2]].p;
+    i64 vr = C / 16;
+    for (i64 k = threadIdx.x; k < 32 * vr; k += blockDim.x) {
+        i64 row = k / vr, c = (k - row * vr) * 16;
+        if (r0 + row < R) *(uint4 *)(y + (r0 + row) * C + c) = *(const uint4 *)(tile + row * PITCH + c);
+    }
+    for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
+        unsigned w[8];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            w[j] = 0;
+            #pragma unroll
+            for (int b4 = 0; b4 < 4; b4++) w[j] |= (unsigned)tile[(4 * j + b4) * PITCH + c] << (8 * b4);
+        }
+        uint4 *o = (uint4 *)(yt + c * R + r0);
+        o[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        o[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    }
 }
 
 /* *_BWD_X (dy, x, w): dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w (LN; RMS without
@@ -1468,19 +1553,45 @@ static __device__ void ck_transpose_b1_x16(const unsigned char *in, unsigned cha
     ck_tile_store_t(tile, out, R, C, r0, c0);
 }
 
+/* What ck_quantize_t quantizes: x = t[1] as it is stored (CkLd), or the value of an
+ * elementwise producer computed from its inputs t[1], t[2] and rounded to Y, the value's own
+ * (unscaled) format, where the producer writes its FP8 copies itself (CkLdUnary; spec_fuse.c,
+ * fuse_cast_transposes): the bits of quantizing the stored value, without storing it. */
+template <class X> struct CkLd {
+    static __device__ __forceinline__ bool vec_ok(const CkArgs &a) { return X::vec_ok(a.t[1]); }
+    static __device__ __forceinline__ float ld(const CkArgs &a, i64 i) { return X::ld(a.t[1], i); }
+    static __device__ __forceinline__ void ld_vec(const CkArgs &a, i64 i, float *v) { X::ld_vec(a.t[1], i, v); }
+};
+template <int OP, class Y, class X0, class X1> struct CkLdUnary {
+    static constexpr bool two = OP == OP_GELU_BWD || OP == OP_SILU_BWD;
+    static __device__ __forceinline__ bool vec_ok(const CkArgs &a) {
+        return X0::vec_ok(a.t[1]) && (!two || X1::vec_ok(a.t[2]));
+    }
+    static __device__ __forceinline__ float ld(const CkArgs &a, i64 i) {
+        float v = ck_unop<OP>(X0::ld(a.t[1], i), two ? X1::ld(a.t[2], i) : 0.0f);
+        return Y::round(a.t[0], i, v);
+    }
+    static __device__ __forceinline__ void ld_vec(const CkArgs &a, i64 i, float *v) {
+        float x1[CK_VEC];
+        X0::ld_vec(a.t[1], i, v);
+        if (two) X1::ld_vec(a.t[2], i, x1);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) v[j] = Y::round(a.t[0], i + j, ck_unop<OP>(v[j], two ? x1[j] : 0.0f));
+    }
+};
+
 /* BGRAD: the tile's column sums of x, for the sum over rows that a bias gradient is (spec.c,
  * fuse_bias_grads): four quarters of 16 rows each summed in order in f64, then the quarters in
  * order, stored as partial blockIdx.y of column c in scratch (ck_colsum_final's layout). */
-template <int BGRAD, class X>
-static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, const CkTensor &x, i64 R, i64 C, i64 r0,
-                                                      i64 c0) {
+template <int BGRAD, class L>
+static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, i64 R, i64 C, i64 r0, i64 c0) {
     if (!BGRAD) return;
     __shared__ double part[4][64];
     int col = threadIdx.x & 63, quarter = threadIdx.x >> 6;   /* 256 threads */
     i64 c = c0 + col, lo = r0 + quarter * 16, hi = lo + 16 < R ? lo + 16 : R;
     double s = 0;
     if (c < C)
-        for (i64 r = lo; r < hi; r++) s += X::ld(x, r * C + c);
+        for (i64 r = lo; r < hi; r++) s += L::ld(a, r * C + c);
     part[quarter][col] = s;
     __syncthreads();
     if (quarter == 0 && c < C)
@@ -1488,28 +1599,32 @@ static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, const CkT
 }
 
 /* QUANTIZE with transposed=1 (ops.def): the block quantizes the 64 x 64 tile at (r0, c0) of x
- * (R, C) into the 1-byte result y and, through shared memory, into its transposed copy
- * (C, R) at byte i[0] of y's storage; the bytes are ck_copy's (the same Y store). Eight
+ * (R, C, the shape of t[1]; loaded by L: CkLd, CkLdUnary) into the 1-byte result y and,
+ * through shared memory, into its transposed copy (C, R): at byte i[0] of y's storage, or
+ * where i[1] is set, tensor t[i[1]] (the result of a TRANSPOSE of the copy that this launch
+ * writes too: fuse_cast_transposes). The bytes are ck_copy's (the same Y store). Eight
  * elements a thread where the formats and sizes allow, else one. BGRAD: also the tile's
  * column sums of x (ck_tile_colsum). */
-template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArgs &a) {
+template <class Y, class L, int BGRAD> __device__ void ck_quantize_t(const CkArgs &a) {
     __shared__ unsigned tile[64][17];
     unsigned char *bytes = (unsigned char *)tile;
     const CkTensor &x = a.t[1];
     i64 R = x.rows, C = x.cols;
     i64 c0 = (i64)blockIdx.x * 64, r0 = (i64)blockIdx.y * 64;
-    unsigned char *y = (unsigned char *)a.t[0].p, *yt = y + a.i[0];
+    unsigned char *y = (unsigned char *)a.t[0].p;
+    unsigned char *yt = a.i[1] ? (unsigned char *)a.t[a.i[1]].p : y + a.i[0];
     CkTensor local = a.t[0];   /* Y's scale, stored into a register or shared memory */
     /* local's element 0 stands for any element: one scale for the whole tensor */
-    bool wide = (Y::scaling == SCALE_NONE || Y::scaling == SCALE_PER_TENSOR) && C % 16 == 0 && R % 16 == 0 && (unsigned long long)y % 16 == 0 && a.i[0] % 16 == 0 &&
-                X::vec_ok(x) && Y::vec_ok(a.t[0]);
+    bool wide = (Y::scaling == SCALE_NONE || Y::scaling == SCALE_PER_TENSOR) && C % 16 == 0 && R % 16 == 0 &&
+                (unsigned long long)y % 16 == 0 && (unsigned long long)yt % 16 == 0 && L::vec_ok(a) &&
+                Y::vec_ok(a.t[0]);
     if (wide) {
         for (int k = threadIdx.x; k < 64 * 8; k += blockDim.x) {
             int row = k >> 3, g = k & 7;
             i64 r = r0 + row, c = c0 + g * 8;
             if (r >= R || c >= C) continue;
             float v[CK_VEC];
-            X::ld_vec(x, r * C + c, v);
+            L::ld_vec(a, r * C + c, v);
             union {
                 CkRaw<8> raw;
                 unsigned w[2];
@@ -1521,7 +1636,7 @@ template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArg
         }
         __syncthreads();
         ck_tile_store_t(tile, yt, R, C, r0, c0);
-        ck_tile_colsum<BGRAD, X>(a, x, R, C, r0, c0);
+        ck_tile_colsum<BGRAD, L>(a, R, C, r0, c0);
         return;
     }
     for (int k = threadIdx.x; k < 64 * 64; k += blockDim.x) {
@@ -1529,7 +1644,7 @@ template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArg
         i64 r = r0 + row, c = c0 + col;
         if (r >= R || c >= C) continue;
         local.p = bytes + row * 68 + col;
-        Y::st(local, 0, X::ld(x, r * C + c));
+        Y::st(local, 0, L::ld(a, r * C + c));
         y[r * C + c] = bytes[row * 68 + col];
     }
     __syncthreads();
@@ -1538,7 +1653,7 @@ template <class Y, class X, int BGRAD> __device__ void ck_quantize_t(const CkArg
         i64 c = c0 + orow, r = r0 + ocol;
         if (c < C && r < R) yt[c * R + r] = bytes[ocol * 68 + orow];
     }
-    ck_tile_colsum<BGRAD, X>(a, x, R, C, r0, c0);
+    ck_tile_colsum<BGRAD, L>(a, R, C, r0, c0);
 }
 
 __device__ void ck_transpose_b1(const CkArgs &a) {

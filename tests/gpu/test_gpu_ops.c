@@ -153,6 +153,12 @@ static void build_elementwise(void) {
     add_case("add_n 23", 0, op_v(OP_ADD_N, FMT_F32, NULL, NULL, 23, many));
     add_case("gelu bf16", 1e-2, op_v(OP_GELU, FMT_BF16, NULL, NULL, IN(x)));
     add_case("gelu_bwd f32", 2e-5, op_v(OP_GELU_BWD, FMT_F32, NULL, NULL, IN(yf, xf)));
+    /* GELU in its logistic form (ops.cuh, ck_gelu_exp2) against the f64 reference, over the
+     * tails too (x up to about +-16): an f32 emulation of it with ex2's 2^-22 error measured
+     * 3e-8 and 6e-8 normalized */
+    Node *xw = leaf(FMT_F32, 4, DIMS(B, T, C));
+    add_case("gelu f32 wide", 1e-6, op_v(OP_GELU, FMT_F32, NULL, NULL, IN(xw)));
+    add_case("gelu_bwd f32 wide", 1e-6, op_v(OP_GELU_BWD, FMT_F32, NULL, NULL, IN(yf, xw)));
     add_case("silu f32", 2e-5, op_v(OP_SILU, FMT_F32, NULL, NULL, IN(xf)));
     add_case("silu_bwd bf16", 1e-2, op_v(OP_SILU_BWD, FMT_BF16, NULL, NULL, IN(y, x)));
     add_case("cast f32->bf16", 0, op_v(OP_CAST, FMT_BF16, NULL, NULL, IN(xf)));
@@ -389,6 +395,130 @@ static void test_quantize_transposed(void **s) {
         if (!cuda_exec_push(exec, out, 1)) failed++;
     }
     if (failed) fail_msg("%d transposed quantizations differ", failed);
+}
+
+/* ---------------------------------------------------------------- cast-transpose in the quantize
+ * A TRANSPOSE of a per-tensor FP8 copy is written by the launch that writes the copy
+ * (spec_fuse.c, fuse_cast_transposes), which is then the only one to run: a plain quantize
+ * (16-byte path), the second of two quantizes of the same value through the same scale (the
+ * first writes both; an odd shape, element path), a GELU and a layernorm that write their
+ * own copy (fuse_producer_quantizes: the block maxima first, then the copy computed from the
+ * inputs; the layernorm in bands of 32 rows).
+ * The copy must be the reference's bytes (for the GELU, whose value the GPU computes in f32,
+ * within the FP8 bound of a computed value, its scale within 1e-2), the transposed copy
+ * exactly the copy's bytes transposed. */
+typedef struct {
+    const char *name;
+    Node *run[5];   /* the nodes in schedule order */
+    int n_run;
+    Node *copy, *t;   /* the copy that the fused launch writes, the TRANSPOSE */
+    Node *scale;      /* made by the case (the GELU's), or NULL */
+} CastT;
+static CastT cast_t[4];
+
+static Node *per_tensor_copy(Node *x, Node *sc, ElemType e) {
+    Node *q = op_v(OP_QUANTIZE, e, NULL, NULL, IN(x, sc));
+    q->t.fmt.scaling = SCALE_PER_TENSOR, q->t.fmt.recipe = RECIPE_CURRENT, q->t.fmt.scale = sc;
+    return q;
+}
+static Node *transpose_of(Node *q) {
+    Node *t = op_v(OP_TRANSPOSE, q->t.fmt.elem, NULL, NULL, IN(q));
+    t->t.fmt = q->t.fmt;
+    return t;
+}
+
+static void build_cast_transposes(void) {
+    int64_t R = 16 * gt_int(2, 40), C = 16 * gt_int(2, 40);
+    Node *x = leaf(FMT_BF16, 1, DIMS(R, C)), *st = scales(0, 0, 1);
+    Node *q = per_tensor_copy(x, st, FMT_E4M3);
+    cast_t[0] = (CastT){"quantize + transpose", {q, transpose_of(q)}, 2, q, NULL, NULL};
+    cast_t[0].t = cast_t[0].run[1];
+    int64_t Ro = 2 * gt_int(1, 60) + 1, Co = 2 * gt_int(1, 60) + 1;
+    Node *xo = leaf(FMT_BF16, 1, DIMS(Ro, Co)), *so = scales(0, 0, 1);
+    Node *q1 = per_tensor_copy(xo, so, FMT_E5M2), *q2 = per_tensor_copy(xo, so, FMT_E5M2), *t2 = transpose_of(q2);
+    cast_t[1] = (CastT){"two quantizes + transpose, odd shape", {q1, q2, t2}, 3, q1, t2, NULL};
+    Node *h = leaf(FMT_BF16, 2, DIMS(R, 3 * C));
+    Node *y = op_v(OP_GELU, FMT_BF16, NULL, NULL, IN(h));
+    ir_set_keeps_amax(y);
+    Node *sy = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(y));
+    Node *qy = per_tensor_copy(y, sy, FMT_E4M3), *ty = transpose_of(qy);
+    cast_t[2] = (CastT){"gelu's copy + transpose", {y, sy, qy, ty}, 4, qy, ty, sy};
+    /* a layernorm writing its copy: bands of 32 rows, rows of whole vectors */
+    int64_t Rn = 32 * gt_int(1, 40), Cn = 16 * gt_int(1, 80);
+    Node *xn = leaf(FMT_BF16, 2, DIMS(Rn, Cn)), *wn = leaf(FMT_BF16, 1, DIMS(Cn)), *bn = leaf(FMT_BF16, 1, DIMS(Cn));
+    Node *yn = op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(xn, wn, bn));
+    ir_set_keeps_amax(yn);
+    Node *sn = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yn));
+    Node *qn = per_tensor_copy(yn, sn, FMT_E4M3), *tn = transpose_of(qn);
+    cast_t[3] = (CastT){"layernorm's copy + transpose", {yn, sn, qn, tn}, 4, qn, tn, sn};
+    for (int k = 0; k < 4; k++) cast_t[k].copy->t.name = cast_t[k].name;
+}
+
+/* one quantt launch, at the copy's place; nothing at the transpose's (or the second copy's) */
+static bool cast_t_fused(const CuNodePlan *plans, const CastT *c) {
+    int launches = 0;
+    for (int i = 0; i < c->n_run; i++)
+        if (c->run[i] != c->copy && c->run[i] != c->scale && c->run[i]->op != OP_GELU &&
+            c->run[i]->op != OP_LAYERNORM)
+            launches += plans[c->run[i]->index].n_launch;
+    const CuNodePlan *pq = &plans[c->copy->index];
+    return launches == 0 && pq->n_launch == 1 &&
+           (!strncmp(pq->launch[0].fn, "quantt", 6) || !strncmp(pq->launch[0].fn, "normt", 5));
+}
+
+static void test_cast_transposes(void **s) {
+    (void)s;
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < 4; k++) {
+        CastT *c = &cast_t[k];
+        bool fused = cast_t_fused(plans, c);
+        Node *q = c->copy;
+        int64_t R = q->t.dims[0], C = q->t.dims[1];
+        Tensor *out[3] = {&q->t, &c->t->t, c->scale ? &c->scale->t : NULL};
+        int n_out = c->scale ? 3 : 2;
+        for (int j = 0; j < n_out; j++) memset(out[j]->data, 0xFF, (size_t)gt_bytes(out[j]));   /* poisoned */
+        bool ok = cuda_exec_push(exec, out, n_out);
+        for (int i = 0; ok && i < c->n_run; i++) ok = cuda_exec_run_node(exec, c->run[i]);
+        ok = ok && cuda_exec_pull(exec, out, n_out);
+        unsigned char *gq = malloc((size_t)(R * C)), *gt = malloc((size_t)(R * C));
+        float gs = c->scale ? *(float *)c->scale->t.data : 0.0f;
+        memcpy(gq, q->t.data, (size_t)(R * C));
+        memcpy(gt, c->t->t.data, (size_t)(R * C));
+        int64_t bad_t = 0, bad_q = 0;
+        double e = 0;
+        if (ok) {
+            for (int i = 0; i < c->n_run; i++)
+                if (c->run[i]->op != OP_TRANSPOSE) ref_exec_node(c->run[i]);
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t j = 0; j < C; j++) bad_t += gt[j * R + r] != gq[r * C + j];
+            if (c->scale) {   /* computed in f32 on the GPU (GELU; the norm's statistics), f64 in the reference */
+                Tensor as_gpu = q->t;
+                as_gpu.data = gq;
+                float *a = ref_load(&as_gpu), *r = ref_load(&q->t);
+                double max_abs;
+                e = gt_norm_error(a, r, R * C, &max_abs);
+                free(a);
+                free(r);
+                float rs = *(float *)c->scale->t.data;
+                if (!(fabsf(gs - rs) <= 1e-2f * rs)) e = -1;
+            } else {
+                for (int64_t i = 0; i < R * C; i++) bad_q += gq[i] != ((unsigned char *)q->t.data)[i];
+            }
+        }
+        bool pass = ok && fused && !bad_t && !bad_q && e >= 0 && e <= 0.1;
+        printf("  %-40s [%lld x %lld] %s, copy bytes differing %lld (err %.2e), transposed bytes off %lld%s\n",
+               c->name, (long long)R, (long long)C, fused ? "one launch" : "NOT FUSED", (long long)bad_q, e,
+               (long long)bad_t, pass ? "" : "  FAIL");
+        failed += !pass;
+        free(gq);
+        free(gt);
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d cast-transposes differ", failed);
 }
 
 /* ---------------------------------------------------------------- a norm's backward in one pass
@@ -891,6 +1021,7 @@ static int setup(void **state) {
     build_gemm();
     build_quant_transposed();
     build_quant_group_fused();
+    build_cast_transposes();
     build_norm_grads();
     build_attention();
     if (!rt_memory_bind(graph, &mem)) return -1;
@@ -1152,7 +1283,10 @@ int main(void) {
         graph = ir_graph_new(arena);
         graph->model_name = "gpu_ops";
         build_elementwise(), build_rows(), build_quant(), build_amax(), build_optimizer(), build_gemm(),
-            build_quant_transposed(), build_quant_group_fused(), build_attention();
+            build_quant_transposed(), build_quant_group_fused(), build_cast_transposes(), build_norm_grads(),
+            build_attention();
+        /* the memory plan too: the fusions it allows launch kernels of their own */
+        if (!rt_memory_bind(graph, &mem)) return 1;
         CudaBinary bin;
         bool skipped = false;
         char why[512] = "";
@@ -1161,13 +1295,21 @@ int main(void) {
             return 1;
         }
         printf("%d cases, %zu bytes of cubin\n", n_cases, bin.cubin_size);
-        return wgmma_unplanned() ? 1 : 0;
+        Arena *pa = arena_new();
+        CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+        int fused = 0;
+        for (int k = 0; plans && k < 4; k++) fused += cast_t_fused(plans, &cast_t[k]);
+        printf("cast-transposes planned as one launch: %d of 4\n", fused);
+        arena_free(pa);
+        bool unplanned = wgmma_unplanned();
+        return fused == 4 && !unplanned ? 0 : 1;
     }
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows),
         cmocka_unit_test(test_scaling),     cmocka_unit_test(test_quantize_transposed),
-        cmocka_unit_test(test_quantize_group_fused), cmocka_unit_test(test_norm_grads_fused),
+        cmocka_unit_test(test_quantize_group_fused), cmocka_unit_test(test_cast_transposes),
+        cmocka_unit_test(test_norm_grads_fused),
         cmocka_unit_test(test_optimizer),
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_amax_parts),

@@ -50,7 +50,8 @@ if [ "$MODE" = prepare ]; then
     echo "compiling the GPU modules of the default and of each candidate (NVRTC, two cores: minutes)"
     "$KIT/fp8c" build $MODEL $FLAGS -o "$tmp/bin" 2>&1 | grep -E "GPU kernels|error" || true
     for c in loss.chunks=12 loss.chunks=50 loss.chunks=1 fuse.producer_quantizes=0 fuse.bias_grads=0 \
-             fuse.group_quantizes=0 fuse.ce_lse=0 fuse.gemm_epilogues=0 fuse.gemm_gelu=0; do
+             fuse.group_quantizes=0 fuse.ce_lse=0 fuse.gemm_epilogues=0 fuse.gemm_gelu=0 \
+             fuse.cast_transposes=0; do
         printf '%s: ' "$c"
         "$KIT/fp8c" build $MODEL $FLAGS --choice "$c" -o "$tmp/bin" 2>&1 | grep -E "GPU kernels|error" || echo
     done
