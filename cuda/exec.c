@@ -416,6 +416,8 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     for (int i = 0; i < g->n_nodes; i++) {
         if (e->plans[i].scratch_bytes > e->scratch_bytes) e->scratch_bytes = e->plans[i].scratch_bytes;
         if (e->node_plans[i].scratch_bytes > e->scratch_bytes) e->scratch_bytes = e->node_plans[i].scratch_bytes;
+        const CuNodePlan *alone = e->plans[i].alone;
+        if (alone && alone->scratch_bytes > e->scratch_bytes) e->scratch_bytes = alone->scratch_bytes;
     }
     int n_tables = 0;
     for (int i = 0; i < g->n_nodes; i++)
@@ -493,8 +495,10 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         micro_end[i] = e->lists[LIST_MICRO].n;
+        /* a forward whose work its backward does in the micro-step runs its own launches here */
+        const CuNodePlan *eval = e->plans[i].alone ? e->plans[i].alone : &e->plans[i];
+        if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, eval)) goto fail;
         if (!e->plans[i].n_launch) continue;
-        if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, &e->plans[i])) goto fail;
         if (n->phase != PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i])) goto fail;
         micro_end[i] = e->lists[LIST_MICRO].n;
         if (n->phase != PHASE_UPDATE) continue;
@@ -581,7 +585,8 @@ bool cuda_exec_run_node(CudaExec *e, const Node *n) {
         if (e->g->nodes[i] != n) continue;
         int64_t aux_at = e->aux_used;
         ExecList L = {0};
-        bool ok = exec_add_node(e, &L, n, &e->node_plans[i]);
+        const CuNodePlan *p = e->node_plans[i].alone ? e->node_plans[i].alone : &e->node_plans[i];
+        bool ok = exec_add_node(e, &L, n, p);
         for (int k = 0; ok && k < L.n; k++) ok = exec_launch(e, &L.l[k]);
         ok = ok && exec_finish(e, ir_op_info(n->op)->text);
         for (int k = 0; k < L.n; k++)

@@ -89,7 +89,7 @@ typedef struct {
     CuGemm gemm;
 } CuLaunch;
 
-typedef struct {
+typedef struct CuNodePlan {
     const Node *node;
     CuLaunch *launch;
     int n_launch;
@@ -102,6 +102,10 @@ typedef struct {
      * besides `node`'s, for listings only */
     const Node *absorbed[5];
     int n_absorbed;
+    /* a node whose work a later node's launches do in the micro-step (a cross entropy whose
+     * backward computes it: fuse_ce_one_pass), with no launches here: its own launches, for
+     * where it runs without that node (evaluation, cuda_exec_run_node); NULL otherwise */
+    const struct CuNodePlan *alone;
 } CuNodePlan;
 
 /* The launches of node n (none for leaves and views). Returns false with a reason in why

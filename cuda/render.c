@@ -80,17 +80,22 @@ static int compare_str(const void *x, const void *y) {
 
 char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int *n_kernels) {
     /* distinct entry points, sorted by name so that the text does not depend on node order */
-    /* the finite checks of gradient accumulators ride along (the training loop runs them), and
-     * the block maxima passes that GEMM epilogues may need (cuda_plan_epilogues) */
+    /* the finite checks of gradient accumulators ride along (the training loop runs them), the
+     * block maxima passes that GEMM epilogues may need (cuda_plan_epilogues), and the launches
+     * of a forward that runs alone only in the evaluation phase (CuNodePlan.alone) */
     CuNodePlan *checks = arena_alloc(a, sizeof *checks * (size_t)(g->n_nodes ? g->n_nodes : 1));
     int total = 0;
     for (int i = 0; i < g->n_nodes; i++) {
         total += plans[i].n_launch;
         const Node *m = g->nodes[i];
-        if ((m->t.role == ROLE_GRAD && m->t.fmt.elem != FMT_VOID && !ir_op_is_inplace(m->op) &&
-             cuda_plan_finite(m, a, &checks[i])) ||
-            cuda_plan_amax_pass(m, a, &checks[i]))
+        if (plans[i].alone) {
+            checks[i] = *plans[i].alone;
             total += checks[i].n_launch;
+        } else if ((m->t.role == ROLE_GRAD && m->t.fmt.elem != FMT_VOID && !ir_op_is_inplace(m->op) &&
+                    cuda_plan_finite(m, a, &checks[i])) ||
+                   cuda_plan_amax_pass(m, a, &checks[i])) {
+            total += checks[i].n_launch;
+        }
     }
     const char **lines = malloc(sizeof *lines * (size_t)(2 * total + 1));
     IR_ASSERT(lines);

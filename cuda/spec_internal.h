@@ -5,7 +5,8 @@
  * that run library kernels (elementwise, reductions, rows, attention, the optimizer);
  * spec_gemm.c the cuBLASLt GEMM; spec_fuse.c what the backend fuses across nodes on top of
  * the kernel program's groups (producers writing their FP8 copies, bias gradients in the
- * quantize of dy, per-group scales in their quantize, the loss's logsumexp, GEMM epilogues)
+ * quantize of dy, per-group scales in their quantize, the loss's forward and backward in one
+ * pass or its logsumexp, GEMM epilogues)
  * and cuda_plan_graph / cuda_plan_epilogues, which run them. Spec is the state of one node's
  * plan while it is built. Internal to cuda/: nothing outside includes it. */
 #ifndef FP8C_SPEC_INTERNAL_H
@@ -23,6 +24,18 @@ enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BL
  * in six or seven wide loads a thread (Llama's 32000 in four), two rows an SM at a time, in two
  * to five full waves. */
 static inline unsigned ce_row_threads(int64_t V) { return V >= 8 * 2048 ? 1024 : ROW_THREADS; }
+
+/* Vectors of 8 logits a thread of ce_row_threads holds when the cross entropy's one pass keeps
+ * its row in registers (ck_ce_fused, CkHeld), or 0 where it reads the row twice: logits other
+ * than plain bf16 or f32, rows not in whole vectors, or rows whose vectors would take more than
+ * 32 registers a thread (a block of 1024 threads has 64: GPT-2's 50304 bf16 logits take 28 and
+ * leave the kernel at 64 without spills; f32 rows up to 32768). */
+static inline int ce_row_vectors(const Format *f, int64_t V) {
+    int64_t per = 8 * (int64_t)ce_row_threads(V), nv = (V + per - 1) / per;
+    int bytes = f->elem == FMT_BF16 ? 2 : f->elem == FMT_F32 ? 4 : 0;
+    if (!bytes || f->scaling != SCALE_NONE || f->codec != CODEC_PLAIN || V % 8) return 0;
+    return nv * 8 * bytes <= 128 ? (int)nv : 0;
+}
 
 typedef struct {
     Arena *arena;
@@ -52,6 +65,9 @@ typedef struct {
      * (fuse_ce_lse): the forward leaves each row's logsumexp in the scratch at this byte
      * offset, and the backward reads it there instead of reading its row once more; 0: none */
     int64_t ce_lse_at;
+    /* a CROSS_ENTROPY_BWD that also computes this CROSS_ENTROPY of the same logits and targets
+     * (fuse_ce_one_pass): one launch reads each row once for the loss and the gradient */
+    const Node *ce_forward;
     /* an attention whose forward (or the backward's rerun of it) runs on warpgroup MMA
      * (plan_attention_choices: the choice attn.wgmma) */
     bool attn_wgmma;

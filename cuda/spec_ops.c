@@ -527,7 +527,8 @@ bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = R, l->args.i[2] = s->ce_lse_at;
-        l = spec_launch(s, "cefinal", 1, 1024, "ck_ce_final<%s, %s>(a)", Y, fmt_arg(s, &n->in[1]->t));
+        /* as many threads as the rows' blocks: the mean of the one pass (ck_ce_fused) has its bits */
+        l = spec_launch(s, "cefinal", 1, ce_row_threads(V), "ck_ce_final<%s, %s>(a)", Y, fmt_arg(s, &n->in[1]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = R;
@@ -536,6 +537,19 @@ bool plan_rows(Spec *s) {
     case OP_CROSS_ENTROPY_BWD: {
         const Tensor *lg = &n->in[1]->t;
         int64_t R = rows_of(lg), V = cols_of(lg);
+        if (s->ce_forward) {   /* the forward too, in one pass (ck_ce_fused) */
+            const Node *f = s->ce_forward;
+            if (!spec_check_tensor(s, &f->t, "the loss")) return false;
+            need_scratch(s, R * 8);
+            l = spec_launch(s, "cefused", (unsigned)R, ce_row_threads(V), "ck_ce_fused<%d, %s, %s, %s, %s, %s>(a)",
+                            ce_row_vectors(&lg->fmt, V), Y, fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t),
+                            fmt_arg(s, &n->in[0]->t), fmt_arg(s, &f->t));
+            args_result_inputs(l, n);
+            arg_node(l, 4, f);
+            l->scratch = 0;
+            l->args.i[0] = V, l->args.i[1] = R;
+            return true;
+        }
         need_scratch(s, s->ce_lse_at ? s->ce_lse_at + R * 8 : 8);
         l = spec_launch(s, "cecoef", 1, 1024, "ck_ce_bwd_coef<%s, %s>(a)", fmt_arg(s, &n->in[0]->t),
                         fmt_arg(s, &n->in[2]->t));

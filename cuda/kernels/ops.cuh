@@ -1057,19 +1057,25 @@ template <class L, class T> __device__ void ck_ce_rows(const CkArgs &a) {
     }
 }
 
-/* second launch, one block: the mean over valid rows */
-template <class Y, class T> __device__ void ck_ce_final(const CkArgs &a) {
-    i64 R = a.i[1];
-    const double *loss = (const double *)a.scratch;
+/* The mean over the valid rows of the row losses in loss[0..R), stored at element 0 of y by
+ * thread 0: the second launch of CROSS_ENTROPY, and the last block of the fused pass
+ * (ck_ce_fused, which reads what other blocks wrote: through L2) */
+template <class Y, class T> static __device__ void ck_ce_mean(const CkTensor &y, const CkTensor &tg,
+                                                              const double *loss, i64 R) {
     double s = 0, n = 0;
     for (i64 r = threadIdx.x; r < R; r += blockDim.x)
-        if (T::ld(a.t[2], r) >= 0.0f) {
-            s += loss[r];
+        if (T::ld(tg, r) >= 0.0f) {
+            s += __ldcg(loss + r);
             n += 1;
         }
     s = ck_block_sum(s);
     n = ck_block_sum(n);
-    if (threadIdx.x == 0) Y::st(a.t[0], 0, n > 0 ? (float)(s / n) : 0.0f);
+    if (threadIdx.x == 0) Y::st(y, 0, n > 0 ? (float)(s / n) : 0.0f);
+}
+
+/* second launch, one block: the mean over valid rows */
+template <class Y, class T> __device__ void ck_ce_final(const CkArgs &a) {
+    ck_ce_mean<Y, T>(a.t[0], a.t[2], (const double *)a.scratch, a.i[1]);
 }
 
 /* CROSS_ENTROPY_BWD (dloss, logits, targets), first launch, one block: coef = dloss / valid
@@ -1109,6 +1115,142 @@ template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) 
     }
     for (i64 c = threadIdx.x; c < V; c += blockDim.x)
         Y::st(a.t[0], r * V + c, coef * (expf(L::ld(a.t[2], r * V + c) - lse) - (c == ti ? 1.0f : 0.0f)));
+}
+
+/* A vector of 8 logits held as loaded, in 32-bit registers (bf16: four, f32: eight), and its
+ * element j as Elem<E>::ld reads it: shifts, no byte array whose address the compiler would
+ * have to keep in memory. Other element types are not held (ce_row_vectors: 0). */
+template <int E> struct CkHeld {
+    enum { words = 0 };
+    static __device__ __forceinline__ float at(const unsigned *, int) { return CK_NAN; }
+};
+template <> struct CkHeld<FMT_BF16> {
+    enum { words = 4 };
+    static __device__ __forceinline__ float at(const unsigned *w, int j) {
+        return __uint_as_float(j & 1 ? w[j >> 1] & 0xffff0000u : w[j >> 1] << 16);
+    }
+};
+template <> struct CkHeld<FMT_F32> {
+    enum { words = 8 };
+    static __device__ __forceinline__ float at(const unsigned *w, int j) { return __uint_as_float(w[j]); }
+};
+
+/* CROSS_ENTROPY and the CROSS_ENTROPY_BWD of the same logits in one pass (spec_fuse.c,
+ * fuse_ce_one_pass): a block per row reads the row once, computes its logsumexp and loss, and
+ * writes the row's gradient; the block that writes the last row loss takes their mean (a
+ * ticket taken as soon as its own is written, not when the block ends).
+ * Where a thread's NV vectors cover the row (plain bf16 or f32 logits in whole vectors,
+ * NV > 0), the row stays in registers as loaded (CkHeld: GPT-2's 50304 bf16 logits are seven
+ * 16-byte vectors a thread of 1024, all loads in flight at once); otherwise it is read a second
+ * time for the gradient, from L2 mostly, as the unfused backward reads it. Either way each value
+ * goes through the operations of ck_ce_rows, ck_ce_final, ck_ce_bwd_coef and ck_ce_bwd in the
+ * same order (the per-thread folds of the logsumexp visit the same elements in the same order;
+ * the count of valid targets is exact), so the results have their bits. The coefficient
+ * dloss / valid rows needs every row's target: each block counts them (__syncthreads_count over
+ * the R targets, a few KB from L2, while its row's loads are in flight) instead of a launch
+ * before. The logit at the target is read
+ * before any gradient is written, so the gradient may take the logits' bytes.
+ * t = {dlogits, dloss, logits, targets, loss}; i = {V, R}; the scratch holds the row losses
+ * (f64). */
+/* the number of rows of the R targets tg that are not ignored; every thread of the block */
+template <class T> static __device__ __forceinline__ int ck_ce_valid(const CkTensor &tg, i64 R) {
+    int valid = 0;
+    for (i64 k = 0; k < R; k += blockDim.x) {
+        i64 q = k + threadIdx.x;
+        valid += __syncthreads_count(q < R && T::ld(tg, q) >= 0.0f);
+    }
+    return valid;
+}
+/* thread 0: row r's loss into the scratch, then a ticket; whether this block took the last */
+static __device__ __forceinline__ bool ck_ce_row_done(const CkArgs &a, i64 r, double loss) {
+    ((double *)a.scratch)[r] = loss;
+    __threadfence();
+    bool last = atomicAdd(a.ticket, 1u) == gridDim.x - 1;
+    if (last) atomicExch(a.ticket, 0u);
+    return last;
+}
+template <class DL> static __device__ __forceinline__ float ck_ce_coef(const CkArgs &a, int valid) {
+    return (float)(valid > 0 ? (double)DL::ld(a.t[1], 0) / valid : 0.0);
+}
+
+template <int NV, class Y, class L, class T, class DL, class YL> __device__ void ck_ce_fused(const CkArgs &a) {
+    const CkTensor &dy = a.t[0], &l = a.t[2], &tg = a.t[3];
+    i64 V = a.i[0], R = a.i[1], r = blockIdx.x;
+    __shared__ bool last;   /* the block that wrote the last row loss takes the mean */
+    float t = T::ld(tg, r);
+    i64 ti = (i64)t;
+    bool hit = t >= 0.0f && ti < V && t == floorf(t);
+    float xt = hit && threadIdx.x == 0 ? L::ld(l, r * V + ti) : 0.0f;   /* before any store */
+    bool vec = L::vec_ok(l) && Y::vec_ok(dy) && V % CK_VEC == 0;
+    typedef CkHeld<L::elem> H;
+    if (t < 0.0f) {   /* an ignored row: no loss, no gradient */
+        if (threadIdx.x == 0) last = ck_ce_row_done(a, r, CK_NAN);
+        for (i64 c = threadIdx.x; c < V; c += blockDim.x) Y::st(dy, r * V + c, 0.0f);
+    } else if (NV > 0 && H::words && L::scaling == SCALE_NONE && vec && (i64)NV * blockDim.x * CK_VEC >= V) {
+        /* the row's loads first, all in flight while the block counts the valid targets;
+         * 32-bit positions within the row: fewer registers beside the row's */
+        enum { W = H::words ? H::words : 4 };
+        const uint4 *row = (const uint4 *)l.p + r * (V / CK_VEC) * (W / 4);
+        int nvec = (int)(V / CK_VEC), tq = ti < V ? (int)ti : -1;
+        unsigned raw[NV > 0 ? NV : 1][W];
+        #pragma unroll
+        for (int k = 0; k < NV; k++) {
+            int q = k * (int)blockDim.x + (int)threadIdx.x;
+            #pragma unroll
+            for (int h = 0; h < W / 4; h++)
+                if (q < nvec) *(uint4 *)&raw[k][4 * h] = row[(i64)q * (W / 4) + h];
+        }
+        float coef = ck_ce_coef<DL>(a, ck_ce_valid<T>(tg, R));
+        float m = -CK_INF;
+        double s = 0;
+        #pragma unroll
+        for (int k = 0; k < NV; k++)
+            if (k * (int)blockDim.x + (int)threadIdx.x < nvec) {
+                float v[CK_VEC];
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) v[j] = H::at(raw[k], j);
+                ck_lse_fold(m, s, v, CK_VEC);
+            }
+        float M = ck_block_max(m);
+        if (m != M) s *= m == -CK_INF ? 0.0 : exp((double)m - M);
+        s = ck_block_sum(s);
+        double lse = (double)M + log(s);
+        if (threadIdx.x == 0) last = ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
+        float lf = (float)lse;
+        #pragma unroll
+        for (int k = 0; k < NV; k++) {
+            int q = k * (int)blockDim.x + (int)threadIdx.x;
+            if (q < nvec) {
+                float v[CK_VEC];
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) v[j] = H::at(raw[k], j);
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++)
+                    v[j] = coef * (expf(v[j] - lf) - (q * CK_VEC + j == tq ? 1.0f : 0.0f));
+                Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
+            }
+        }
+    } else {
+        float coef = ck_ce_coef<DL>(a, ck_ce_valid<T>(tg, R));   /* (its barriers: xt is read) */
+        double lse = ck_row_lse<L>(l, r, V);
+        if (threadIdx.x == 0) last = ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
+        float lf = (float)lse;
+        if (vec) {
+            #pragma unroll 2
+            for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
+                float v[CK_VEC];
+                L::ld_vec(l, r * V + c, v);
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) v[j] = coef * (expf(v[j] - lf) - (c + j == ti ? 1.0f : 0.0f));
+                Y::st_vec(dy, r * V + c, v);
+            }
+        } else {
+            for (i64 c = threadIdx.x; c < V; c += blockDim.x)
+                Y::st(dy, r * V + c, coef * (expf(L::ld(l, r * V + c) - lf) - (c == ti ? 1.0f : 0.0f)));
+        }
+    }
+    __syncthreads();
+    if (last) ck_ce_mean<YL, T>(a.t[4], tg, (const double *)a.scratch, R);
 }
 
 /* ---------------------------------------------------------------- whole-tensor reductions */

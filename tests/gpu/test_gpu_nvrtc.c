@@ -530,14 +530,50 @@ static char *program_text(Graph *g, Arena *a) {
     return buf;
 }
 
+/* GPT-2's loss in chunks (chunk_loss.c) at every level: each chunk's cross entropy and its
+ * backward run as one pass over the logits (fuse_ce_one_pass), the 50304 bf16 logits of a row
+ * held in registers, seven vectors a thread (ce_row_vectors); the forward keeps its own launches
+ * for the evaluation phase. */
+static void test_loss_one_pass_plan(void **state) {
+    (void)state;
+    char path[4500];
+    snprintf(path, sizeof path, "%s/models/gpt2.model", FP8C_SOURCE_DIR);
+    Choice chunks = {"loss.chunks", "2"};
+    for (int level = 0; level <= 3; level++) {
+        Arena *a = arena_new();
+        Graph *g = compile_model_choosing(a, path, level, NULL, &chunks);
+        assert_non_null(g);
+        char why[256];
+        CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+        assert_non_null(plans);
+        int pairs = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            if (g->nodes[i]->op != OP_CROSS_ENTROPY_BWD) continue;
+            const CuNodePlan *b = &plans[i], *f = &plans[i - 1];
+            assert_int_equal(g->nodes[i - 1]->op, OP_CROSS_ENTROPY);
+            assert_int_equal(b->n_launch, 1);
+            assert_non_null(strstr(b->launch[0].body, "ck_ce_fused<7, F<FMT_BF16, SCALE_NONE>, F<FMT_BF16, SCALE_NONE>"));
+            assert_int_equal(b->launch[0].block, 1024);
+            assert_int_equal(f->n_launch, 0);
+            assert_non_null(f->alone);
+            assert_int_equal(f->alone->n_launch, 2);
+            pairs++;
+        }
+        printf("  gpt2 -O%d: %d loss chunks in one pass each\n", level, pairs);
+        assert_int_equal(pairs, 2);
+        arena_free(a);
+    }
+}
+
 /* Each fusion of the CUDA plan has a switch in the graph's choice table (the tuner's hook in
  * spec.c): turned off, the program of gpt2_tiny changes at some level (and is the default's
- * when left on), and it still compiles. */
+ * when left on), and it still compiles. The loss's logsumexp is shared only where its forward
+ * and backward do not run as one pass. */
 static void test_fusion_switches(void **state) {
     (void)state;
     static const char *const kinds[] = {"fuse.producer_quantizes", "fuse.bias_grads", "fuse.group_quantizes",
-                                        "fuse.ce_lse", "fuse.gemm_epilogues", "fuse.gemm_gelu",
-                                        "fuse.cast_transposes"};
+                                        "fuse.ce_one_pass", "fuse.ce_lse", "fuse.gemm_epilogues",
+                                        "fuse.gemm_gelu", "fuse.cast_transposes"};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         int changed_at = -1;
         for (int level = 0; level <= 3 && changed_at < 0; level++) {
@@ -546,8 +582,10 @@ static void test_fusion_switches(void **state) {
             char path[4500];
             snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
             Choice chunks = {"loss.chunks", "2"};
-            Graph *g = compile_model_choosing(a, path, level, NULL, !strcmp(kinds[k], "fuse.ce_lse") ? &chunks : NULL);
+            bool loss = !strncmp(kinds[k], "fuse.ce_", 8);
+            Graph *g = compile_model_choosing(a, path, level, NULL, loss ? &chunks : NULL);
             assert_non_null(g);
+            if (!strcmp(kinds[k], "fuse.ce_lse")) ir_set_choice(g, "fuse.ce_one_pass", "0");
             char *on = program_text(g, a);
             ir_set_choice(g, kinds[k], "1");
             char *on_again = program_text(g, a);
@@ -618,6 +656,7 @@ int main(void) {
                                        cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_cast_transpose_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
+                                       cmocka_unit_test(test_loss_one_pass_plan),
                                        cmocka_unit_test(test_fusion_switches),
                                        cmocka_unit_test(test_attention_wgmma_choice),
                                        cmocka_unit_test(test_optimizers_every_level),

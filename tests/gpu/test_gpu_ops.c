@@ -196,7 +196,30 @@ static void build_elementwise(void) {
     add_case("const", 0, c);
 }
 
-static Node *ce_fused[2];   /* cross-entropy backwards that read their forward's logsumexps */
+/* A cross entropy and its backward right after it (fuse_ce_one_pass), and a twin pair of the
+ * same inputs with the one pass switched off at its backward, whose backward reads the
+ * forward's logsumexps (fuse_ce_lse): test_ce_one_pass wants the twin's bits. */
+typedef struct {
+    const char *name;
+    Node *f, *b, *f2, *b2;
+    bool held;   /* the row fits in registers (ce_row_vectors) */
+} CePair;
+static CePair ce_pairs[6];
+static int n_ce_pairs;
+
+static void ce_pair(const char *name, ElemType e, int64_t R, int64_t V, bool held, Node *dl) {
+    assert_true(n_ce_pairs < (int)(sizeof ce_pairs / sizeof *ce_pairs));
+    Node *lg = leaf(e, 3, DIMS(R, V)), *tg = ids(V, 0.1, DIMS(R));
+    CePair *p = &ce_pairs[n_ce_pairs++];
+    p->name = name, p->held = held;
+    p->f = add_case(arena_printf(arena, "cross_entropy, %s", name), 2e-5,
+                    op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(lg, tg)));
+    p->b = add_case(arena_printf(arena, "cross_entropy_bwd, %s", name), e == FMT_F32 ? 2e-5 : 1e-2,
+                    op_v(OP_CROSS_ENTROPY_BWD, e, NULL, NULL, IN(dl, p->f->in[0], tg)));
+    p->f2 = op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(lg, tg));
+    p->b2 = op_v(OP_CROSS_ENTROPY_BWD, e, NULL, NULL, IN(dl, lg, tg));
+    ir_set_choice(graph, arena_printf(arena, "fuse.ce_one_pass@%d", p->b2->id), "0");
+}
 
 static void build_rows(void) {
     group_now = "rows";
@@ -228,21 +251,20 @@ static void build_rows(void) {
     Node *dl = ir_leaf(graph, OP_INPUT, "dl", ROLE_INPUT, FMT_F32, 0, NULL, here);
     fill_of(dl)->mag = 1;
     add_case("cross_entropy_bwd", 1e-2, op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits, tgt)));
-    /* rows of a multiple of 8 logits: read (and the gradient written) 8 elements a load */
-    int64_t V8 = 8 * gt_int(2, 300);
-    Node *logits8 = leaf(FMT_BF16, 3, DIMS(R, V8)), *tgt8 = ids(V8, 0.1, DIMS(R));
-    /* a backward right after its forward reads the row logsumexps the forward left in the
-     * scratch (spec.c, fuse_ce_lse): these two pairs run in this order, nothing between */
-    add_case("cross_entropy, vector rows", 2e-5, op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(logits8, tgt8)));
-    ce_fused[0] = add_case("cross_entropy_bwd, vector rows", 1e-2,
-                           op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits8, tgt8)));
-    /* vocabulary-sized rows: GPT-2's 50304 bf16 logits, and long f32 rows (80 and 128 KB) */
-    int64_t RV = gt_int(1, 40);
-    Node *tgtv = ids(50304, 0.1, DIMS(RV));
-    Node *lv = leaf(FMT_BF16, 3, DIMS(RV, 50304));
-    add_case("cross_entropy, 50304 logits", 2e-5, op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(lv, tgtv)));
-    ce_fused[1] = add_case("cross_entropy_bwd, 50304 logits", 1e-2,
-                           op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, lv, tgtv)));
+    /* a backward right after its forward runs with it as one pass over the logits (spec_fuse.c,
+     * fuse_ce_one_pass), each row held in registers where it fits: these pairs run in this order,
+     * nothing between. Rows of a multiple of 8 logits are read 8 a load; GPT-2's 50304 bf16
+     * logits and 20000 f32 ones fill 1024-thread blocks held in registers, f32 rows of 50304 and
+     * the unpadded 50257 do not fit (read again from L2, 8 or 1 a load); over a thousand rows
+     * (the count of valid targets in several steps, more blocks than threads) */
+    int64_t V8 = 8 * gt_int(2, 300), RV = gt_int(1, 40), RM = gt_int(1025, 2100), VM = 8 * gt_int(2, 40);
+    ce_pair("vector rows", FMT_BF16, R, V8, true, dl);
+    ce_pair("50304 logits", FMT_BF16, RV, 50304, true, dl);
+    ce_pair("20000 f32 logits", FMT_F32, RV, 20000, true, dl);
+    ce_pair("50304 f32 logits", FMT_F32, RV, 50304, false, dl);
+    ce_pair("50257 logits", FMT_BF16, RV, 50257, false, dl);
+    ce_pair("many rows", FMT_BF16, RM, VM, true, dl);
+    /* long f32 rows (80 and 128 KB), backwards on their own */
     Node *tgt20 = ids(20000, 0.1, DIMS(RV)), *tgt32 = ids(32768, 0.1, DIMS(RV));
     Node *l20 = leaf(FMT_F32, 3, DIMS(RV, 20000)), *l32 = leaf(FMT_F32, 3, DIMS(RV, 32768));
     add_case("cross_entropy_bwd, 20000 f32 logits", 2e-5,
@@ -1231,20 +1253,60 @@ static void run_group(const char *group) {
 }
 
 static void test_elementwise(void **s) { (void)s; run_group("elementwise"); }
-static void test_rows(void **s) {
+static void test_rows(void **s) { (void)s; run_group("rows"); }
+
+/* The cross entropies of ce_pairs as one pass: the backward's launch writes the loss and the
+ * gradient (the forward runs nothing of its own; alone, its own launches), both against the
+ * reference, and with the bits of the twin pair that runs unfused (the forward's logsumexps
+ * read by the backward, its coefficient a launch of its own). */
+static void test_ce_one_pass(void **s) {
     (void)s;
-    /* the pairs above do take the forward's logsumexps: the backward's row kernel reads them */
     Arena *pa = arena_new();
     char why[256];
     CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
     assert_non_null(plans);
-    for (int k = 0; k < 2; k++) {
-        const CuNodePlan *p = &plans[ce_fused[k]->index];
-        assert_int_equal(p->n_launch, 2);
-        assert_true(p->launch[1].args.i[2] > 0);
+    int failed = 0;
+    for (int k = 0; k < n_ce_pairs; k++) {
+        const CePair *p = &ce_pairs[k];
+        const CuNodePlan *pf = &plans[p->f->index], *pb = &plans[p->b->index], *pb2 = &plans[p->b2->index];
+        const char *body = pb->n_launch == 1 ? pb->launch[0].body : "";
+        bool fused = strstr(body, "ck_ce_fused<") && pf->n_launch == 0 && pf->alone && pf->alone->n_launch == 2;
+        bool held = fused && !strstr(body, "ck_ce_fused<0,");
+        bool twin = pb2->n_launch == 2 && pb2->launch[1].args.i[2] > 0 && plans[p->f2->index].n_launch == 2;
+        Tensor *out[4] = {&p->f->t, &p->b->t, &p->f2->t, &p->b2->t};
+        void *gpu[4];
+        for (int j = 0; j < 4; j++) memset(out[j]->data, 0xFF, (size_t)gt_bytes(out[j]));   /* poisoned */
+        bool ok = cuda_exec_push(exec, out, 4) && cuda_exec_run_node(exec, p->b) &&
+                  cuda_exec_run_node(exec, p->f2) && cuda_exec_run_node(exec, p->b2) && cuda_exec_pull(exec, out, 4);
+        for (int j = 0; j < 4; j++) {
+            gpu[j] = malloc((size_t)gt_bytes(out[j]));
+            memcpy(gpu[j], out[j]->data, (size_t)gt_bytes(out[j]));
+        }
+        bool same = ok && !memcmp(gpu[0], gpu[2], (size_t)gt_bytes(out[0])) &&
+                    !memcmp(gpu[1], gpu[3], (size_t)gt_bytes(out[1]));
+        if (ok) ref_exec_node(p->f), ref_exec_node(p->b);
+        bool pass = ok && fused && held == p->held && twin && same;
+        printf("  %-40s %s%s, %s%s\n", p->name, fused ? "one pass" : "NOT FUSED", fused ? (held ? " in registers" : " read twice") : "",
+               same ? "the unfused bits" : "NOT THE UNFUSED BITS", pass ? "" : "  FAIL");
+        for (int j = 0; ok && j < 2; j++) {
+            Tensor as_gpu = *out[j];
+            as_gpu.data = gpu[j];
+            float *a = ref_load(&as_gpu), *r = ref_load(out[j]);
+            double max_abs, e = gt_norm_error(a, r, ir_numel(out[j]), &max_abs);
+            double tol = j == 0 || out[j]->fmt.elem == FMT_F32 ? 2e-5 : 1e-2;
+            bool good = e >= 0 && e <= tol;
+            printf("  %-40s %-10s %s[%lld] err %.2e (bound %.0e)%s\n", p->name, j ? "gradient" : "loss",
+                   fmt_elem_name(out[j]->fmt.elem), (long long)ir_numel(out[j]), e, tol, good ? "" : "  FAIL");
+            pass = pass && good;
+            free(a);
+            free(r);
+        }
+        if (!cuda_exec_push(exec, out, 2)) pass = false;   /* the device goes on from the reference's state */
+        for (int j = 0; j < 4; j++) free(gpu[j]);
+        failed += !pass;
     }
     arena_free(pa);
-    run_group("rows");
+    if (failed) fail_msg("%d of %d cross-entropy pairs in one pass fail", failed, n_ce_pairs);
 }
 static void test_scaling(void **s) { (void)s; run_group("scaling"); }
 static void test_optimizer(void **s) { (void)s; run_group("optimizer"); }
@@ -1306,7 +1368,7 @@ int main(void) {
     }
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows), cmocka_unit_test(test_ce_one_pass),
         cmocka_unit_test(test_scaling),     cmocka_unit_test(test_quantize_transposed),
         cmocka_unit_test(test_quantize_group_fused), cmocka_unit_test(test_cast_transposes),
         cmocka_unit_test(test_norm_grads_fused),

@@ -310,6 +310,17 @@ static int check_graph(const char *path) {
                with_nan, with_inf);
         failures++;
     }
+    /* the evaluation phase (forward nodes only) from the same bytes: there the loss's forward runs
+     * its own launches, not the micro-step's one pass with its backward (fuse_ce_one_pass), and
+     * gives the same loss, bit for bit */
+    memcpy(mem.persistent, p0, pb);
+    memcpy(mem.step, s0, sb);
+    ok = ok && cuda_exec_push_arenas(e) && cuda_exec_run_phase(e, PHASE_FORWARD) && cuda_exec_pull(e, scalars, 1);
+    float loss_eval = read_scalar(io.loss);
+    if (ok && memcmp(&loss_eval, &loss_gpu, sizeof loss_gpu)) {
+        printf("  %s: the evaluation's loss %.9g is not the micro-step's %.9g\n", path, loss_eval, loss_gpu);
+        failures++;
+    }
     cuda_exec_close(e);
     if (!ok) {
         printf("  %s: the GPU step failed\n", path);
