@@ -234,9 +234,14 @@ static void build_rows(void) {
     add_case("rmsnorm f32, vector rows", 2e-5, op_v(OP_RMSNORM, FMT_F32, NULL, Fa(1e-6), IN(x8, w8)));
     add_case("rmsnorm f32", 2e-5, op_v(OP_RMSNORM, FMT_F32, NULL, Fa(1e-6), IN(x, w)));
     add_case("layernorm_bwd_x", 1e-2, op_v(OP_LAYERNORM_BWD_X, FMT_BF16, NULL, Fa(1e-5), IN(dy, x, w)));
-    add_case("layernorm_bwd_w", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dy, x)));
+    /* the weight gradients read a dy of their own: with the dy and x of a *_BWD_X case the pair
+     * may run as one fused pass at the later node's place (fuse_norm_grads, where the row
+     * length allows it: C is drawn at random), and a case run alone at the other place would
+     * then run nothing; build_norm_grads tests the fused pass */
+    Node *dyg = leaf(FMT_BF16, 1, DIMS(R, C));
+    add_case("layernorm_bwd_w", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dyg, x)));
     add_case("rmsnorm_bwd_x f32", 2e-5, op_v(OP_RMSNORM_BWD_X, FMT_F32, NULL, Fa(1e-6), IN(dy, x, w)));
-    add_case("rmsnorm_bwd_w bf16", 1e-2, op_v(OP_RMSNORM_BWD_W, FMT_BF16, NULL, Fa(1e-6), IN(dy, x)));
+    add_case("rmsnorm_bwd_w bf16", 1e-2, op_v(OP_RMSNORM_BWD_W, FMT_BF16, NULL, Fa(1e-6), IN(dyg, x)));
     Node *dy8 = leaf(FMT_BF16, 1, DIMS(R, C8)), *dyw = leaf(FMT_BF16, 1, DIMS(R, C8));
     /* a dy of its own: with the same dy and x the two would run as one fused pass (below) */
     add_case("layernorm_bwd_w, vector columns", 2e-5, op_v(OP_LAYERNORM_BWD_W, FMT_F32, NULL, Fa(1e-5), IN(dyw, x8)));
