@@ -157,6 +157,60 @@ static __device__ __forceinline__ void ck_tc_load(__nv_bfloat16 *s, const CkTens
     }
 }
 
+/* One 64-key tile of the online softmax, for the 16 rows of a warp (rows row0 and row0 + 8 of
+ * each quad, as m16n8k16's accumulator and the per-warp slice of wgmma's m64n64 accumulator
+ * both lay them out): s (S = Q K^T, 8 n-blocks of keys k0 + 8 n ..) is scaled to base 2 and,
+ * where `edge` (the tile meets the diagonal or T), masked; the running max m and sum l are
+ * updated, P = 2^(s - max) is packed into pf as the bf16 A operand of P V (k-chunk n / 2), and
+ * corr is the factor that rescales O. */
+static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
+                                                       int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
+                                                       float *corr) {
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[n][i] *= scale2;
+    if (edge)
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
+                if (col > row || col >= Ti) s[n][i] = -CK_INF;
+            }
+    float mx[2] = {-CK_INF, -CK_INF};
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+    float muse[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        float mnew = fmaxf(m[r], mx[r]);
+        muse[r] = mnew == -CK_INF ? 0.0f : mnew;
+        corr[r] = ck_ex2(m[r] - muse[r]);
+        m[r] = mnew;
+    }
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        float p0 = ck_ex2(s[n][0] - muse[0]), p1 = ck_ex2(s[n][1] - muse[0]);
+        float p2 = ck_ex2(s[n][2] - muse[1]), p3 = ck_ex2(s[n][3] - muse[1]);
+        rs[0] += p0 + p1;
+        rs[1] += p2 + p3;
+        pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
+        pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p2, p3);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+        l[r] = l[r] * corr[r] + rs[r];
+    }
+}
+
 /* MODE 0: y = attention(q, k, v); MODE 1 (t[1] = dy): lse and Dt into scratch */
 template <int D, int MODE, class Y, class Q, class K, class V, class DY>
 __device__ void ck_attn_tc_fwd(const CkArgs &a) {
@@ -215,50 +269,9 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
             }
 
         /* online softmax on the fragments; the mask only where the tile meets the diagonal or T */
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) s[n][i] *= scale2;
-        if (k0 + 63 > q0 + warp * 16 || k0 + 64 > Ti)
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
-                    if (col > row || col >= Ti) s[n][i] = -CK_INF;
-                }
-        float mx[2] = {-CK_INF, -CK_INF};
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
-        float muse[2], corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mnew = fmaxf(m[r], mx[r]);
-            muse[r] = mnew == -CK_INF ? 0.0f : mnew;
-            corr[r] = ck_ex2(m[r] - muse[r]);
-            m[r] = mnew;
-        }
         unsigned pf[4][4];
-        float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-            float p0 = ck_ex2(s[n][0] - muse[0]), p1 = ck_ex2(s[n][1] - muse[0]);
-            float p2 = ck_ex2(s[n][2] - muse[1]), p3 = ck_ex2(s[n][3] - muse[1]);
-            rs[0] += p0 + p1;
-            rs[1] += p2 + p3;
-            pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
-            pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p2, p3);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-            l[r] = l[r] * corr[r] + rs[r];
-        }
+        float corr[2];
+        ck_softmax_tile(s, scale2, k0 + 63 > q0 + warp * 16 || k0 + 64 > Ti, k0, row0, tig, Ti, m, l, pf, corr);
 
         /* O = O corr + P V: V is (keys, d), read transposed as the B operand */
         unsigned bv = ck_smem(sV + ck_off_a<D>());

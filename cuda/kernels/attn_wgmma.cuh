@@ -222,50 +222,9 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
         ck_wg_hold<32>(&s[0][0]);
 
         /* online softmax on the fragments; the mask only where the tile meets the diagonal or T */
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) s[n][i] *= scale2;
-        if (k0 + 63 > rows || k0 + 64 > Ti)
-#pragma unroll
-            for (int n = 0; n < 8; n++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
-                    if (col > row || col >= Ti) s[n][i] = -CK_INF;
-                }
-        float mx[2] = {-CK_INF, -CK_INF};
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
-        float muse[2], corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mnew = fmaxf(m[r], mx[r]);
-            muse[r] = mnew == -CK_INF ? 0.0f : mnew;
-            corr[r] = ck_ex2(m[r] - muse[r]);
-            m[r] = mnew;
-        }
         unsigned pf[4][4];
-        float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-            float p0 = ck_ex2(s[n][0] - muse[0]), p1 = ck_ex2(s[n][1] - muse[0]);
-            float p2 = ck_ex2(s[n][2] - muse[1]), p3 = ck_ex2(s[n][3] - muse[1]);
-            rs[0] += p0 + p1;
-            rs[1] += p2 + p3;
-            pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
-            pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p2, p3);
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-            l[r] = l[r] * corr[r] + rs[r];
-        }
+        float corr[2];
+        ck_softmax_tile(s, scale2, k0 + 63 > rows || k0 + 64 > Ti, k0, row0, tig, Ti, m, l, pf, corr);
 
         /* O = O corr + P V: k-step kk is keys 16 kk.., 2048 bytes on; LBO the next 64 columns */
 #pragma unroll
