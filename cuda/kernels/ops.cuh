@@ -1600,37 +1600,25 @@ __device__ void ck_eb_sort(const CkArgs &a) {
 }
 
 /* grid V x ceil(C / blockDim.x): row v of the result, one slice of its columns a block, the
- * sum of bucket v's dy rows in row order, in f64 (zero for an id no row has). A frequent id's
- * bucket (thousands of rows of byte-level text) is one long chain per column, so its speed is
- * the number of loads in flight: the row numbers of the next CK_EB_CHUNK rows are staged in
- * shared memory by the whole block (one coalesced read, instead of each lane waiting on an
- * index load before its value load), and each lane then issues 32 value loads before it adds
- * them, still one after another in row order (the same bits as one load at a time). */
-enum { CK_EB_CHUNK = 256, CK_EB_BATCH = 32 };
+ * sum of bucket v's dy rows in row order (zero for an id no row has) */
 template <class Y, class DY> __device__ void ck_eb_sum(const CkArgs &a) {
-    __shared__ int rows[CK_EB_CHUNK];
     i64 V = a.i[0], C = a.i[1], R = a.i[2], slices = (C + blockDim.x - 1) / blockDim.x;
     i64 v = blockIdx.x / slices, c = (blockIdx.x % slices) * blockDim.x + threadIdx.x;
-    bool in = c < C;   /* every lane takes part in the staging */
+    if (c >= C) return;
     const int *first = (const int *)a.scratch + V + 1, *sorted = first + 2 * (V + 1) - 1 + R;
-    int lo = first[v], k = first[v + 1] - lo;
+    int lo = first[v], k = first[v + 1] - lo, j = 0;
     double s = 0;
-    for (int j0 = 0; j0 < k; j0 += CK_EB_CHUNK) {
-        int n = min((int)CK_EB_CHUNK, k - j0), j = 0;
-        __syncthreads();   /* the previous chunk's rows are read */
-        for (int e = threadIdx.x; e < n; e += blockDim.x) rows[e] = sorted[lo + j0 + e];
-        __syncthreads();
-        if (!in) continue;
-        for (; j + CK_EB_BATCH <= n; j += CK_EB_BATCH) {
-            float x[CK_EB_BATCH];
-            #pragma unroll
-            for (int u = 0; u < CK_EB_BATCH; u++) x[u] = DY::ld(a.t[1], (i64)rows[j + u] * C + c);
-            #pragma unroll
-            for (int u = 0; u < CK_EB_BATCH; u++) s += x[u];
-        }
-        for (; j < n; j++) s += DY::ld(a.t[1], (i64)rows[j] * C + c);
+    /* sixteen rows' loads in flight at a time, added in row order: a frequent id's bucket
+     * (thousands of rows) is otherwise a chain of dependent index and value loads */
+    for (; j + 16 <= k; j += 16) {
+        float x[16];
+        #pragma unroll
+        for (int u = 0; u < 16; u++) x[u] = DY::ld(a.t[1], (i64)sorted[lo + j + u] * C + c);
+        #pragma unroll
+        for (int u = 0; u < 16; u++) s += x[u];
     }
-    if (in) Y::st(a.t[0], v * C + c, (float)s);
+    for (; j < k; j++) s += DY::ld(a.t[1], (i64)sorted[lo + j] * C + c);
+    Y::st(a.t[0], v * C + c, (float)s);
 }
 
 /* ---------------------------------------------------------------- around library GEMMs */
