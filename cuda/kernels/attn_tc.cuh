@@ -211,6 +211,52 @@ static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scal
     }
 }
 
+/* The end of a forward for a warp's 16 rows (the accumulator layout of ck_softmax_tile): MODE 0
+ * stores y = O / l and, with lse (i[11]), each row's logsumexp after y; MODE 1 (t[1] = dy)
+ * leaves in the scratch each row's logsumexp and Dt = rowsum(dy * y), which the backward's
+ * dq and dk/dv passes read. */
+template <int D, int MODE, class Y, class DY>
+static __device__ __forceinline__ void ck_attn_fwd_finish(const CkArgs &a, const float (*o)[4], const float *m,
+                                                          const float *l, i64 b, i64 h, int row0, int tig, int Ti) {
+    i64 B = a.i[0], T = a.i[1], H = a.i[2];
+    if (MODE == 0) {
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+                if (row < Ti) Y::st(a.t[0], (b * T + row) * H * D + h * D + col, o[n][i] / l[i >> 1]);
+            }
+        if (a.i[11])
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int row = row0 + r * 8;
+                if (row < Ti && tig == 0) ck_attn_lse_out(a)[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
+            }
+        return;
+    }
+    float dsum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+            if (row < Ti)
+                dsum[i >> 1] = fmaf(DY::ld(a.t[1], (b * T + row) * H * D + h * D + col), o[n][i] / l[i >> 1], dsum[i >> 1]);
+        }
+    float *lse = (float *)a.scratch, *dd = lse + B * H * T;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 1);
+        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 2);
+        int row = row0 + r * 8;
+        if (row < Ti && tig == 0) {
+            lse[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
+            dd[(b * H + h) * T + row] = dsum[r];
+        }
+    }
+}
+
 /* MODE 0: y = attention(q, k, v); MODE 1 (t[1] = dy): lse and Dt into scratch */
 template <int D, int MODE, class Y, class Q, class K, class V, class DY>
 __device__ void ck_attn_tc_fwd(const CkArgs &a) {
@@ -283,42 +329,7 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
         ck_mma_tile_t<D, 4>(o, pf, bv);
     }
 
-    if (MODE == 0) {
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-                if (row < Ti) Y::st(a.t[0], (b * T + row) * H * D + h * D + col, o[n][i] / l[i >> 1]);
-            }
-        if (a.i[11])
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int row = row0 + r * 8;
-                if (row < Ti && tig == 0) ck_attn_lse_out(a)[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
-            }
-        return;
-    }
-    float dsum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-            if (row < Ti)
-                dsum[i >> 1] = fmaf(DY::ld(a.t[1], (b * T + row) * H * D + h * D + col), o[n][i] / l[i >> 1], dsum[i >> 1]);
-        }
-    float *lse = (float *)a.scratch, *dd = lse + B * H * T;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 1);
-        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 2);
-        int row = row0 + r * 8;
-        if (row < Ti && tig == 0) {
-            lse[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
-            dd[(b * H + h) * T + row] = dsum[r];
-        }
-    }
+    ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
 }
 
 /* dq: one block per (b, h, query tile); t[1..4] = dy, q, k, v */

@@ -243,40 +243,5 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
         ck_wg_hold<D / 2>(&o[0][0]);
     }
 
-    if (MODE == 0) {
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-                if (row < Ti) Y::st(a.t[0], (b * T + row) * H * D + h * D + col, o[n][i] / l[i >> 1]);
-            }
-        if (a.i[11])
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int row = row0 + r * 8;
-                if (row < Ti && tig == 0) ck_attn_lse_out(a)[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
-            }
-        return;
-    }
-    float dsum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-            if (row < Ti)
-                dsum[i >> 1] = fmaf(DY::ld(a.t[1], (b * T + row) * H * D + h * D + col), o[n][i] / l[i >> 1], dsum[i >> 1]);
-        }
-    float *lse = (float *)a.scratch, *dd = lse + B * H * T;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 1);
-        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 2);
-        int row = row0 + r * 8;
-        if (row < Ti && tig == 0) {
-            lse[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
-            dd[(b * H + h) * T + row] = dsum[r];
-        }
-    }
+    ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
 }
