@@ -742,6 +742,22 @@ static void plan_copy_amax(Spec *s, const Node *n, CuLaunch *l) {
     l->batch = true;
     l->args.i[0] = parts;
 }
+/* The codecs' enum names, as the coded optimizer kernels take them for template arguments */
+static const char *const CODEC_NAMES[CODEC_COUNT] = {"CODEC_PLAIN", "CODEC_EXPAND", "CODEC_COMPAND", "CODEC_SQRT",
+                                                    "CODEC_SPLIT"};
+
+/* How an optimizer update keeps its f32 master (the kernels' MK): 0 none, 1 a master of its
+ * own (wn), 2 split (the bf16 parameter is the high half, wn an i8 correction); -1 after a
+ * spec_fail for a master the kernels cannot read. */
+static int master_kind(Spec *s, const Node *n, const Node *wn) {
+    int mk = !wn ? 0 : wn->t.fmt.codec == CODEC_SPLIT ? 2 : 1;
+    if (mk == 2 && (n->in[0]->t.fmt.elem != FMT_BF16 || n->in[0]->t.fmt.scaling != SCALE_NONE ||
+                    wn->t.fmt.elem != FMT_I8))
+        return spec_fail(s, "a split master needs a bf16 parameter and an i8 correction"), -1;
+    if (mk == 1 && !spec_check_tensor(s, &wn->t, "the master")) return -1;
+    return mk;
+}
+
 bool plan_optimizer(Spec *s) {
     const Node *n = s->n;
     CuLaunch *l;
@@ -827,15 +843,11 @@ bool plan_optimizer(Spec *s) {
                                  fmt_codec_name(f->codec), fmt_elem_name(f->elem),
                                  (long long)(f->scale ? ir_numel(&f->scale->t) : 0));
         }
-        int mk = !wn ? 0 : wc == CODEC_SPLIT ? 2 : 1;
-        if (mk == 2 && (n->in[0]->t.fmt.elem != FMT_BF16 || n->in[0]->t.fmt.scaling != SCALE_NONE ||
-                        wn->t.fmt.elem != FMT_I8))
-            return spec_fail(s, "a split master needs a bf16 parameter and an i8 correction");
-        if (mk == 1 && !spec_check_tensor(s, &wn->t, "the master")) return false;
+        int mk = master_kind(s, n, wn);
+        if (mk < 0) return false;
         for (int i = 0; i < 8; i++)
             if (i != 2 && i != 3 && !(i == 0 && mk == 2) && !spec_check_tensor(s, &n->in[i]->t, "an input"))
                 return false;
-        const char *codec_names[CODEC_COUNT] = {"CODEC_PLAIN", "CODEC_EXPAND", "CODEC_COMPAND", "CODEC_SQRT", "CODEC_SPLIT"};
         /* a warp per 256 elements, four chunks a warp: a block starts with one thread computing
          * the bias corrections in f64 while the others wait, which blocks of one chunk a warp
          * paid once per 1024 elements (7.0 ms of d12 -O3's update on an H200) */
@@ -845,8 +857,8 @@ bool plan_optimizer(Spec *s) {
                         "ck_adamw_coded<%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %d, %s, %s, %d>(a)",
                         mk == 2 ? "F<FMT_BF16, SCALE_NONE>" : fmt_arg(s, &n->in[0]->t),
                         fmt_arg(s, &n->in[1]->t), fmt_arg(s, &n->in[4]->t), fmt_arg(s, &n->in[5]->t),
-                        fmt_arg(s, &n->in[6]->t), fmt_arg(s, &n->in[7]->t), codec_names[mc],
-                        mc == CODEC_PLAIN ? fmt_arg(s, &mn->t) : F32_ARG, codec_names[vc],
+                        fmt_arg(s, &n->in[6]->t), fmt_arg(s, &n->in[7]->t), CODEC_NAMES[mc],
+                        mc == CODEC_PLAIN ? fmt_arg(s, &mn->t) : F32_ARG, CODEC_NAMES[vc],
                         vc == CODEC_PLAIN ? fmt_arg(s, &vn->t) : F32_ARG, mk,
                         mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG, copy_arg, copy_at);
         args_inputs(l, n);
@@ -871,7 +883,7 @@ bool plan_optimizer(Spec *s) {
         const char *copy_arg = cn ? fmt_arg(s, &cn->t) : F32_ARG;
         int copy_at = cn ? at_copy : 0;
         const Format *f = &mn->t.fmt;
-        Codec mc = f->codec, wc = wn ? wn->t.fmt.codec : CODEC_PLAIN;
+        Codec mc = f->codec;
         if (mc == CODEC_PLAIN ? !spec_check_tensor(s, &mn->t, "m")
                               : (mc == CODEC_SPLIT || f->elem != codec_elem(mc) || !f->scale ||
                                  f->scale->t.fmt.elem != FMT_F32 ||
@@ -880,16 +892,12 @@ bool plan_optimizer(Spec *s) {
                                      : spec_fail(s, "m: codec '%s' with elements %s and %lld side values",
                                                  fmt_codec_name(mc), fmt_elem_name(f->elem),
                                                  (long long)(f->scale ? ir_numel(&f->scale->t) : 0));
-        int mk = !wn ? 0 : wc == CODEC_SPLIT ? 2 : 1;
-        if (mk == 2 && (n->in[0]->t.fmt.elem != FMT_BF16 || n->in[0]->t.fmt.scaling != SCALE_NONE ||
-                        wn->t.fmt.elem != FMT_I8))
-            return spec_fail(s, "a split master needs a bf16 parameter and an i8 correction");
-        if (mk == 1 && !spec_check_tensor(s, &wn->t, "the master")) return false;
+        int mk = master_kind(s, n, wn);
+        if (mk < 0) return false;
         for (int i = 0; i < 7; i++)
             if (i != 2 && !(i == 0 && mk == 2) && !spec_check_tensor(s, &n->in[i]->t, "an input")) return false;
         /* the master's place is fixed at t[7] in the kernel */
         if (wn && at_master != 7) return spec_fail(s, "the master is not the 8th input");
-        const char *codec_names[CODEC_COUNT] = {"CODEC_PLAIN", "CODEC_EXPAND", "CODEC_COMPAND", "CODEC_SQRT", "CODEC_SPLIT"};
         bool lion = n->op == OP_LION;
         int64_t chunks = (count + 255) / 256;
         int64_t blocks = (chunks + 31) / 32;
@@ -898,7 +906,7 @@ bool plan_optimizer(Spec *s) {
                         lion ? 1 : 2, lion ? 0 : (int)IR_IATTR(n, SGD, nesterov),
                         mk == 2 ? "F<FMT_BF16, SCALE_NONE>" : fmt_arg(s, &n->in[0]->t),
                         fmt_arg(s, &n->in[1]->t), fmt_arg(s, &n->in[3]->t), fmt_arg(s, &n->in[5]->t),
-                        fmt_arg(s, &n->in[6]->t), codec_names[mc], mc == CODEC_PLAIN ? fmt_arg(s, &mn->t) : F32_ARG,
+                        fmt_arg(s, &n->in[6]->t), CODEC_NAMES[mc], mc == CODEC_PLAIN ? fmt_arg(s, &mn->t) : F32_ARG,
                         mk, mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG, copy_arg, copy_at);
         args_inputs(l, n);
         l->batch = true;
