@@ -334,19 +334,8 @@ static void lower_adamw_update(Lower *L, Node *n)
     int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n), at_lr = ir_update_lr_index(n);
     Node *master = at_master >= 0 ? n->in[at_master] : NULL;
     Adam A = {.op = n->op, .master = NONE, .copy = NONE, .n_states = ir_update_states(n)};
-    switch (n->op) {
-    case OP_ADAMW:
-        A.b1 = IR_FATTR(n, ADAMW, beta1), A.b2 = IR_FATTR(n, ADAMW, beta2);
-        A.eps = IR_FATTR(n, ADAMW, eps), A.wd = IR_FATTR(n, ADAMW, weight_decay);
-        break;
-    case OP_LION:
-        A.b1 = IR_FATTR(n, LION, beta1), A.b2 = IR_FATTR(n, LION, beta2), A.wd = IR_FATTR(n, LION, weight_decay);
-        break;
-    default:
-        A.b1 = IR_FATTR(n, SGD, momentum), A.wd = IR_FATTR(n, SGD, weight_decay);
-        A.nesterov = IR_IATTR(n, SGD, nesterov) != 0;
-        break;
-    }
+    UpdateHparams hp = ir_update_hparams(n);
+    A.b1 = hp.b1, A.b2 = hp.b2, A.eps = hp.eps, A.wd = hp.wd, A.nesterov = hp.nesterov;
     A.split = master && master->t.fmt.codec == CODEC_SPLIT;
     int64_t N = ir_numel(&n->in[A_PARAM]->t);
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);

@@ -742,6 +742,12 @@ static void plan_copy_amax(Spec *s, const Node *n, CuLaunch *l) {
     l->batch = true;
     l->args.i[0] = parts;
 }
+/* AdamW's launch arguments: f = {beta1, beta2, eps, weight decay} */
+static void adamw_args(CuLaunch *l, const Node *n) {
+    UpdateHparams hp = ir_update_hparams(n);
+    l->args.f[0] = hp.b1, l->args.f[1] = hp.b2, l->args.f[2] = hp.eps, l->args.f[3] = hp.wd;
+}
+
 /* The codecs' enum names, as the coded optimizer kernels take them for template arguments */
 static const char *const CODEC_NAMES[CODEC_COUNT] = {"CODEC_PLAIN", "CODEC_EXPAND", "CODEC_COMPAND", "CODEC_SQRT",
                                                     "CODEC_SPLIT"};
@@ -823,8 +829,7 @@ bool plan_optimizer(Spec *s) {
                             wn != NULL, copy_arg, copy_at);
             args_inputs(l, n);
             l->batch = true;
-            l->args.f[0] = IR_FATTR(n, ADAMW, beta1), l->args.f[1] = IR_FATTR(n, ADAMW, beta2);
-            l->args.f[2] = IR_FATTR(n, ADAMW, eps), l->args.f[3] = IR_FATTR(n, ADAMW, weight_decay);
+            adamw_args(l, n);
             if (cn) plan_copy_amax(s, n, l);
             return true;
         }
@@ -863,8 +868,7 @@ bool plan_optimizer(Spec *s) {
                         mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG, copy_arg, copy_at);
         args_inputs(l, n);
         l->batch = true;
-        l->args.f[0] = IR_FATTR(n, ADAMW, beta1), l->args.f[1] = IR_FATTR(n, ADAMW, beta2);
-        l->args.f[2] = IR_FATTR(n, ADAMW, eps), l->args.f[3] = IR_FATTR(n, ADAMW, weight_decay);
+        adamw_args(l, n);
         if (cn) plan_copy_amax(s, n, l);
         return true;
     }
@@ -910,13 +914,8 @@ bool plan_optimizer(Spec *s) {
                         mk, mk == 1 ? fmt_arg(s, &wn->t) : F32_ARG, copy_arg, copy_at);
         args_inputs(l, n);
         l->batch = true;
-        if (lion) {
-            l->args.f[0] = IR_FATTR(n, LION, beta1), l->args.f[1] = IR_FATTR(n, LION, beta2);
-            l->args.f[2] = IR_FATTR(n, LION, weight_decay);
-        } else {
-            l->args.f[0] = IR_FATTR(n, SGD, momentum), l->args.f[1] = 0;
-            l->args.f[2] = IR_FATTR(n, SGD, weight_decay);
-        }
+        UpdateHparams hp = ir_update_hparams(n);   /* SGD: b1 the momentum, b2 0 */
+        l->args.f[0] = hp.b1, l->args.f[1] = hp.b2, l->args.f[2] = hp.wd;
         if (cn) plan_copy_amax(s, n, l);
         return true;
     }

@@ -528,6 +528,26 @@ int ir_update_states(const Node *n)
 
 int ir_update_lr_index(const Node *n) { return 2 + ir_update_states(n); }
 
+UpdateHparams ir_update_hparams(const Node *n)
+{
+    UpdateHparams h = {0};
+    switch (n->op) {
+    case OP_ADAMW:
+        h.b1 = IR_FATTR(n, ADAMW, beta1), h.b2 = IR_FATTR(n, ADAMW, beta2);
+        h.eps = IR_FATTR(n, ADAMW, eps), h.wd = IR_FATTR(n, ADAMW, weight_decay);
+        break;
+    case OP_LION:
+        h.b1 = IR_FATTR(n, LION, beta1), h.b2 = IR_FATTR(n, LION, beta2), h.wd = IR_FATTR(n, LION, weight_decay);
+        break;
+    case OP_SGD:
+        h.b1 = IR_FATTR(n, SGD, momentum), h.wd = IR_FATTR(n, SGD, weight_decay);
+        h.nesterov = IR_IATTR(n, SGD, nesterov) != 0;
+        break;
+    default: IR_ASSERT(!"not an update op");
+    }
+    return h;
+}
+
 /* copy is iattr 0 of every update op, so ADAMW's name reads it on LION and SGD too */
 int ir_adamw_copy_index(const Node *n)
 {

@@ -382,6 +382,14 @@ int64_t ir_transposed_offset(const Node *n);
  * master, of the FP8 copy (then its scale and its amax state follow it); -1 where there is none.
  * The _adamw_ names serve every update op (they share the copy attribute and the layout). */
 int ir_update_states(const Node *n);        /* 2 (ADAMW) or 1 */
+/* An update's hyper-parameters from its attributes, for every executor: AdamW's betas, eps and
+ * weight decay; Lion's betas and weight decay; SGD's momentum (as b1), weight decay and
+ * Nesterov. What an op does not have is 0. */
+typedef struct {
+    double b1, b2, eps, wd;
+    bool nesterov;
+} UpdateHparams;
+UpdateHparams ir_update_hparams(const Node *n);
 int ir_update_lr_index(const Node *n);      /* 2 + ir_update_states */
 int ir_adamw_master_index(const Node *n);
 int ir_adamw_copy_index(const Node *n);

@@ -188,20 +188,8 @@ void ref_update(Node *n)
     Tensor *master = at_master >= 0 ? &n->in[at_master]->t : NULL;
     Tensor *copy = at_copy >= 0 ? &n->in[at_copy]->t : NULL;
     UpdateJob j = {.op = n->op, .n = ir_numel(param)};
-    switch (n->op) {
-    case OP_ADAMW:
-        j.b1 = IR_FATTR(n, ADAMW, beta1), j.b2 = IR_FATTR(n, ADAMW, beta2);
-        j.eps = IR_FATTR(n, ADAMW, eps), j.wd = IR_FATTR(n, ADAMW, weight_decay);
-        break;
-    case OP_LION:
-        j.b1 = IR_FATTR(n, LION, beta1), j.b2 = IR_FATTR(n, LION, beta2);
-        j.wd = IR_FATTR(n, LION, weight_decay);
-        break;
-    default:
-        j.b1 = IR_FATTR(n, SGD, momentum), j.wd = IR_FATTR(n, SGD, weight_decay);
-        j.nesterov = IR_IATTR(n, SGD, nesterov) != 0;
-        break;
-    }
+    UpdateHparams hp = ir_update_hparams(n);
+    j.b1 = hp.b1, j.b2 = hp.b2, j.eps = hp.eps, j.wd = hp.wd, j.nesterov = hp.nesterov;
     const Tensor *same[] = {grad, mt, vt, master, copy};
     for (int k = 0; k < 5; k++)
         if (same[k] && ir_numel(same[k]) != j.n)
