@@ -375,9 +375,14 @@ static int build_points(const Tuner *t, BuildPoint *out)
             snprintf(p->values[0], 32, "1");
             snprintf(p->values[1], 32, "0");
         }
-        /* off by default until the device has shown it correct and faster */
+        /* the attention on warpgroup MMA (the default) or on mma.sync */
         p = &out[n++];
         *p = (BuildPoint){.name = "attn.wgmma", .what = "the attention forward on warpgroup MMA", .dflt = "1", .n = 2};
+        snprintf(p->values[0], 32, "0");
+        snprintf(p->values[1], 32, "1");
+        p = &out[n++];
+        *p = (BuildPoint){.name = "attn.wgmma_bwd", .what = "the attention backward's dq and dk/dv passes on warpgroup MMA",
+                          .dflt = "1", .n = 2};
         snprintf(p->values[0], 32, "0");
         snprintf(p->values[1], 32, "1");
     }

@@ -71,6 +71,8 @@ typedef struct {
     /* an attention whose forward (or the backward's rerun of it) runs on warpgroup MMA
      * (plan_attention_choices: the choice attn.wgmma) */
     bool attn_wgmma;
+    /* and whose backward's dq and dk/dv passes do too (the choice attn.wgmma_bwd, on unless 0) */
+    bool attn_wgmma_bwd;
 } Spec;
 
 static inline int64_t rows_of(const Tensor *t) {

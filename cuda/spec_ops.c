@@ -690,40 +690,48 @@ bool plan_attention(Spec *s) {
         attn_args(l, n, packed, sz);
     }
     l->scratch = 0;
-    l = spec_launch(s, "attndq", (unsigned)(B * H * n_t), threads, "%s<%lld, %s, %s, %s, %s, %s>(a)",
-                    tc ? "ck_attn_tc_dq" : "ck_attn_dq", (long long)D, Y, DY, Q, K, V);
+    /* the dq and dk/dv passes on warpgroup MMA (attn_wgmma.cuh; the choice attn.wgmma_bwd):
+     * 256 threads a block of 128 query rows (dq) or 128 keys (dk/dv), shared memory as
+     * CkWgBwd<D> (1 KiB of alignment slack, the block's two whole tiles, the stepped pair twice,
+     * for dk/dv their lse and Dt twice) */
+    bool wg_bwd = wg && s->attn_wgmma_bwd;
+    const char *dq = tc ? "ck_attn_tc_dq" : "ck_attn_dq", *dkv = tc ? "ck_attn_tc_dkv" : "ck_attn_dkv";
+    unsigned bwd_threads = threads, dq_blocks = (unsigned)(B * H * n_t), dkv_blocks = (unsigned)(B * Hkv * n_t);
+    if (wg_bwd) {
+        int64_t whole = 128 * D * 2, step = 64 * D * 2;
+        dq = "ck_attn_wg_dq", dkv = "ck_attn_wg_dkv", bwd_threads = 256;
+        dq_blocks = (unsigned)(B * H * ((T + 127) / 128)), dkv_blocks = (unsigned)(B * Hkv * ((T + 127) / 128));
+        dq_smem = (unsigned)(1024 + 2 * whole + 4 * step);
+        dkv_smem = (unsigned)(1024 + 2 * whole + 4 * step + 4 * 64 * 4);
+    }
+    l = spec_launch(s, "attndq", dq_blocks, bwd_threads, "%s<%lld, %s, %s, %s, %s, %s>(a)", dq, (long long)D, Y,
+                    DY, Q, K, V);
     l->smem = dq_smem;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
-    l = spec_launch(s, "attndkv", (unsigned)(B * Hkv * n_t), threads, "%s<%lld, %s, %s, %s, %s, %s>(a)",
-                    tc ? "ck_attn_tc_dkv" : "ck_attn_dkv", (long long)D, Y, DY, Q, K, V);
+    l = spec_launch(s, "attndkv", dkv_blocks, bwd_threads, "%s<%lld, %s, %s, %s, %s, %s>(a)", dkv, (long long)D,
+                    Y, DY, Q, K, V);
     l->smem = dkv_smem;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
     return true;
 }
 
-/* attn.wgmma, on unless set to 0: "attn.wgmma@ID" for one node, else "attn.wgmma" for all. On an
- * H200 the warpgroup-MMA forward took 0.267 ms a layer of GPT-2 d12 at batch 32 against
- * attn_tc's 0.327, and 0.273 against 0.345 for Llama 1.1B's (docs/results.md); 0 keeps attn_tc. */
-static bool attn_wgmma_chosen(const Graph *g, const Node *n) {
-    char site[96];
-    snprintf(site, sizeof site, "attn.wgmma@%d", n->id);
-    const char *v = ir_choice(g, site);
-    if (!v) v = ir_choice(g, "attn.wgmma");
-    return !v || strcmp(v, "0") != 0;
-}
-
+/* attn.wgmma and attn.wgmma_bwd, on unless set to 0 ("NAME@ID" for one node, ir_choice_on). On
+ * an H200 the warpgroup-MMA forward took 0.267 ms a layer of GPT-2 d12 at batch 32 against
+ * attn_tc's 0.327, and 0.273 against 0.345 for Llama 1.1B's (docs/results.md); 0 keeps attn_tc.
+ * attn.wgmma_bwd (with attn.wgmma) moves the backward's dq and dk/dv passes too. */
 void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         if ((n->op != OP_ATTENTION && n->op != OP_ATTENTION_BWD) || ir_amax_parts_offset(n) ||
-            !attn_wgmma_chosen(g, n))
+            !ir_choice_on(g, "attn.wgmma", n))
             continue;
         char why[256];
         CuNodePlan wgp;
         Spec s = spec_for(n, a, &wgp, why, sizeof why);
         s.attn_wgmma = true;
+        s.attn_wgmma_bwd = ir_choice_on(g, "attn.wgmma_bwd", n);
         if (plan_attention(&s)) plans[i] = wgp;
     }
 }

@@ -46,8 +46,8 @@
  * numbered first, as in attn_tc.
  *
  * Not done here (yet): a producer warp with TMA and mbarriers instead of cp.async and
- * __syncthreads, the S of tile j + 1 issued before the softmax of tile j within a warpgroup, and
- * a backward on wgmma. Precision is attn_tc's: P rounded to bf16 as an operand, row sums of the
+ * __syncthreads, and the S of tile j + 1 issued before the softmax of tile j within a
+ * warpgroup. The backward's two passes follow at the end of the file. Precision is attn_tc's: P rounded to bf16 as an operand, row sums of the
  * f32 values, f32 accumulation, a fixed order (results repeat bit for bit). Used when q, k, v
  * are plain bf16, D is 64 or 128 and the choice attn.wgmma is on (cuda/spec_ops.c); the
  * binary's target is sm_90a (cuda/nvrtc.c), which wgmma needs. */
@@ -244,4 +244,275 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
     }
 
     ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
+}
+
+/* ---------------------------------------------------------------- the backward on wgmma
+ *
+ * The backward keeps attn_tc's split into two passes, each output written by one block in a
+ * fixed order (so results repeat bit for bit, with no atomics and no f32 dq buffer), and moves
+ * both onto warpgroup MMA with the forward's tile layout. The passes recompute S and dP that
+ * the other also computes (seven tile products where FlashAttention's single pass with atomic
+ * dq adds takes five); what they gain is that every product is a wgmma over swizzled tiles:
+ *
+ *   dq  (ck_attn_wg_dq): a block of two warpgroups owns 128 query rows, as the forward does,
+ *       and walks the 64-key tiles up to its diagonal with K and V double-buffered:
+ *         S = Q K^T, dP = dY V^T   two m64n64k16 chains, both operands K-major descriptors;
+ *         dS = P (dP - Dt) scale   on the accumulator fragments, P = 2^(S scale log2 e - lse);
+ *         dQ += dS K               dS as the register A operand, K as an MN-major B operand
+ *                                  (the forward's P V with K in V's place).
+ *   dk, dv (ck_attn_wg_dkv): a block owns 128 keys (64 a warpgroup) of one kv head and walks
+ *       the 64-query tiles at and after them, for every head of the group, with Q, dY and
+ *       their lse and Dt double-buffered:
+ *         S^T = K Q^T, dP^T = V dY^T   keys as rows, so that P^T and dS^T come out in the
+ *                                  accumulator layout that is the A operand of
+ *         dV += P^T dY, dK += dS^T Q   with dY and Q as MN-major B operands.
+ *
+ * dK and dV stay in registers over the whole walk (64 f32 a thread each at D 128), so a dk/dv
+ * block runs alone on its SM and its two warpgroups overlap each other. Masks, rounding (P and
+ * dS to bf16 as operands) and the statistics read are attn_tc's; only the order of the f32
+ * sums inside a product differs. */
+
+template <int D> struct CkWgBwd {
+    enum {
+        ROWS = 128,                      /* query rows of a dq block, keys of a dk/dv block */
+        STEP = 64,                       /* keys of a dq step, queries of a dk/dv step */
+        WHOLE = ROWS * D * 2,            /* q or dy (dq), k or v (dk/dv) */
+        TILE = STEP * D * 2,             /* one k or v (dq), one q or dy (dk/dv) */
+        DQ = 1024 + 2 * WHOLE + 4 * TILE,             /* slack; q, dy; k, v twice */
+        DKV = 1024 + 2 * WHOLE + 4 * TILE + 4 * STEP * 4   /* slack; k, v; q, dy, lse, Dt twice */
+    };
+};
+
+/* dq: one block per (b, h, 128 query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch */
+template <int D, class Y, class DY, class Q, class K, class V>
+__device__ void ck_attn_wg_dq(const CkArgs &a) {
+    static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    typedef CkWgBwd<D> L;
+    unsigned sQ = (ck_smem(smem_raw) + 1023u) & ~1023u, sDY = sQ + L::WHOLE;
+    unsigned sKV = sDY + L::WHOLE;   /* [buffer][k, v] tiles */
+    i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
+    i64 ycols = (H + 2 * Hkv) * D;
+    float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
+    i64 n_qt = (T + L::ROWS - 1) / L::ROWS;
+    i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
+    int q0 = (int)qt * L::ROWS, Ti = (int)T;
+    int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    int rows = q0 + wg * 64, row0 = rows + warp * 16 + gid;
+    const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
+
+    int last = q0 + L::ROWS - 1 < Ti - 1 ? q0 + L::ROWS - 1 : Ti - 1;
+    int n_kt = (last >> 6) + 1;
+    int wg_last = rows + 63 < Ti - 1 ? rows + 63 : Ti - 1;
+    int wg_kt = rows < Ti ? (wg_last >> 6) + 1 : 0;
+    ck_wg_load<D, L::ROWS>(sQ, a.t[2], b, T, q0, a.i[5], a.i[6] + h * D);
+    ck_wg_load<D, L::ROWS>(sDY, a.t[1], b, T, q0, H * D, h * D);
+    ck_wg_load<D, L::STEP>(sKV, a.t[3], b, T, 0, a.i[7], a.i[8] + g * D);
+    ck_wg_load<D, L::STEP>(sKV + L::TILE, a.t[4], b, T, 0, a.i[9], a.i[10] + g * D);
+    float ls[2], dt[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + r * 8;
+        ls[r] = row < Ti ? lse[(b * H + h) * T + row] * CK_LOG2E : 0.0f;   /* base 2 */
+        dt[r] = row < Ti ? dd[(b * H + h) * T + row] : 0.0f;
+    }
+    float dq[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    for (int j = 0; j < n_kt; j++) {
+        ck_cp_wait();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* my writes, to wgmma */
+        __syncthreads();   /* tile j is in, and both warpgroups are done with buffer (j + 1) & 1 */
+        if (j + 1 < n_kt) {
+            unsigned nk = sKV + ((j + 1) & 1) * 2 * L::TILE;
+            ck_wg_load<D, L::STEP>(nk, a.t[3], b, T, (j + 1) * 64, a.i[7], a.i[8] + g * D);
+            ck_wg_load<D, L::STEP>(nk + L::TILE, a.t[4], b, T, (j + 1) * 64, a.i[9], a.i[10] + g * D);
+        }
+        if (j >= wg_kt) continue;   /* every key of the tile after every row of the warpgroup */
+        unsigned sK = sKV + (j & 1) * 2 * L::TILE, sV = sK + L::TILE;
+        int k0 = j * 64;
+
+        /* S = Q K^T and dP = dY V^T, 64 x 64 per warpgroup, one commit group */
+        float s[8][4], dp[8][4];
+        ck_wg_hold<32>(&s[0][0]);
+        ck_wg_hold<32>(&dp[0][0]);
+        ck_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
+            unsigned tile = (kk >> 2) * L::STEP * 128 + (kk & 3) * 32;
+            ck_wg_ss64(&s[0][0], ck_wg_desc(sQ + mine, 16, 1024), ck_wg_desc(sK + tile, 16, 1024), kk > 0);
+            ck_wg_ss64(&dp[0][0], ck_wg_desc(sDY + mine, 16, 1024), ck_wg_desc(sV + tile, 16, 1024), kk > 0);
+        }
+        ck_wg_commit();
+        ck_wg_wait();
+        ck_wg_hold<32>(&s[0][0]);
+        ck_wg_hold<32>(&dp[0][0]);
+
+        /* P = exp(S scale - lse), dS = P (dP - Dt) scale, as bf16 A operands; masked S is -inf
+         * (P = 0) only where the tile meets the diagonal or T */
+        if (k0 + 63 > rows || rows + 64 > Ti)
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
+                    if (col > row || row >= Ti) s[n][i] = -CK_INF;
+                }
+        unsigned df[4][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float ds[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float p = ck_ex2(fmaf(s[n][i], scale2, -ls[i >> 1]));
+                ds[i] = p * (dp[n][i] - dt[i >> 1]) * scale;
+            }
+            df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
+            df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
+        }
+
+        /* dQ += dS K: k-step kk is keys 16 kk.., 2048 bytes on; LBO the next 64 columns */
+        ck_wg_hold<D / 2>(&dq[0][0]);
+        ck_wg_hold<16>(&df[0][0]);
+        ck_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            ck_wg_rs<D>(&dq[0][0], df[kk], ck_wg_desc(sK + kk * 16 * 128, L::STEP * 128, 1024));
+        ck_wg_commit();
+        ck_wg_wait();
+        ck_wg_hold<D / 2>(&dq[0][0]);
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+            if (row < Ti) Y::st(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][i]);
+        }
+}
+
+/* dk, dv: one block per (b, kv head, 128 keys), over the heads of the group and the 64-query
+ * tiles at and after the keys; t[1..4] = dy, q, k, v; lse and Dt in the scratch */
+template <int D, class Y, class DY, class Q, class K, class V>
+__device__ void ck_attn_wg_dkv(const CkArgs &a) {
+    static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    typedef CkWgBwd<D> L;
+    unsigned sK = (ck_smem(smem_raw) + 1023u) & ~1023u, sV = sK + L::WHOLE;
+    unsigned sQY = sV + L::WHOLE;   /* [buffer][q, dy] tiles */
+    float *sStat = (float *)(smem_raw + (sQY + 4 * L::TILE - ck_smem(smem_raw)));   /* [buffer][lse, Dt][64] */
+    i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], grp = H / Hkv;
+    i64 ycols = (H + 2 * Hkv) * D;
+    float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
+    i64 bg = blockIdx.x % (B * Hkv), kt = blockIdx.x / (B * Hkv), b = bg / Hkv, g = bg % Hkv;
+    int k0 = (int)kt * L::ROWS, Ti = (int)T;
+    int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    int keys = k0 + wg * 64, key0 = keys + warp * 16 + gid;   /* the warpgroup's, this thread's */
+    const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
+    int nq = (Ti - k0 + 63) / 64, total = (int)grp * nq;   /* (head, query tile) steps */
+
+    /* q, dy, lse and Dt of step `it` into buffer `buf` */
+    auto stage = [&](int it, int buf) {
+        i64 hh = g * grp + it / nq;
+        int q0 = k0 + (it % nq) * 64;
+        unsigned q = sQY + buf * 2 * L::TILE;
+        ck_wg_load<D, L::STEP>(q, a.t[2], b, T, q0, a.i[5], a.i[6] + hh * D);
+        ck_wg_load<D, L::STEP>(q + L::TILE, a.t[1], b, T, q0, H * D, hh * D);
+        if (threadIdx.x < 2 * L::STEP) {
+            int t = q0 + (threadIdx.x & 63);
+            const float *src = (threadIdx.x < 64 ? lse : dd) + (b * H + hh) * T + (t < Ti ? t : 0);
+            ck_cp4(sStat + buf * 2 * L::STEP + threadIdx.x, src, t < Ti);
+        }
+    };
+    ck_wg_load<D, L::ROWS>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
+    ck_wg_load<D, L::ROWS>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
+    stage(0, 0);
+
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) dk[n][i] = dv[n][i] = 0.0f;
+    for (int it = 0; it < total; it++) {
+        ck_cp_wait();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* my writes, to wgmma */
+        __syncthreads();   /* step it is in, and both warpgroups are done with buffer (it + 1) & 1 */
+        if (it + 1 < total) stage(it + 1, (it + 1) & 1);
+        int q0 = k0 + (it % nq) * 64;
+        if (keys >= Ti || q0 + 63 < keys) continue;   /* no key, or every query before every key */
+        unsigned sQ = sQY + (it & 1) * 2 * L::TILE, sDY = sQ + L::TILE;
+        const float *sL = sStat + (it & 1) * 2 * L::STEP, *sDt = sL + L::STEP;
+
+        /* S^T = K Q^T and dP^T = V dY^T, 64 keys x 64 queries per warpgroup */
+        float st[8][4], dpt[8][4];
+        ck_wg_hold<32>(&st[0][0]);
+        ck_wg_hold<32>(&dpt[0][0]);
+        ck_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
+            unsigned tile = (kk >> 2) * L::STEP * 128 + (kk & 3) * 32;
+            ck_wg_ss64(&st[0][0], ck_wg_desc(sK + mine, 16, 1024), ck_wg_desc(sQ + tile, 16, 1024), kk > 0);
+            ck_wg_ss64(&dpt[0][0], ck_wg_desc(sV + mine, 16, 1024), ck_wg_desc(sDY + tile, 16, 1024), kk > 0);
+        }
+        ck_wg_commit();
+        ck_wg_wait();
+        ck_wg_hold<32>(&st[0][0]);
+        ck_wg_hold<32>(&dpt[0][0]);
+
+        /* P^T and dS^T (queries are columns: lse and Dt per column) as bf16 A operands;
+         * masked S^T is -inf (P = 0) only where the step meets the diagonal or T */
+        if (q0 < keys + 63 || q0 + 64 > Ti)
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int key = key0 + (i >> 1) * 8, tq = q0 + n * 8 + tig * 2 + (i & 1);
+                    if (key > tq || tq >= Ti) st[n][i] = -CK_INF;
+                }
+        unsigned pf[4][4], df[4][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            int cl = n * 8 + tig * 2;   /* column in the tile */
+            float2 lq = *(const float2 *)(sL + cl), dtq = *(const float2 *)(sDt + cl);
+            float p[4], ds[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                p[i] = ck_ex2(fmaf(st[n][i], scale2, -(i & 1 ? lq.y : lq.x) * CK_LOG2E));
+                ds[i] = p[i] * (dpt[n][i] - (i & 1 ? dtq.y : dtq.x)) * scale;
+            }
+            pf[n >> 1][(n & 1) * 2] = ck_pack(p[0], p[1]);
+            pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p[2], p[3]);
+            df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
+            df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
+        }
+
+        /* dV += P^T dY, dK += dS^T Q: dY and Q as MN-major B operands (queries along k) */
+        ck_wg_hold<D / 2>(&dv[0][0]);
+        ck_wg_hold<D / 2>(&dk[0][0]);
+        ck_wg_hold<16>(&pf[0][0]);
+        ck_wg_hold<16>(&df[0][0]);
+        ck_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            ck_wg_rs<D>(&dv[0][0], pf[kk], ck_wg_desc(sDY + kk * 16 * 128, L::STEP * 128, 1024));
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            ck_wg_rs<D>(&dk[0][0], df[kk], ck_wg_desc(sQ + kk * 16 * 128, L::STEP * 128, 1024));
+        ck_wg_commit();
+        ck_wg_wait();
+        ck_wg_hold<D / 2>(&dv[0][0]);
+        ck_wg_hold<D / 2>(&dk[0][0]);
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int key = key0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+            if (key < Ti) {
+                Y::st(a.t[0], (b * T + key) * ycols + H * D + g * D + col, dk[n][i]);
+                Y::st(a.t[0], (b * T + key) * ycols + (H + Hkv) * D + g * D + col, dv[n][i]);
+            }
+        }
 }

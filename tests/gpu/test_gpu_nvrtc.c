@@ -604,9 +604,10 @@ static void test_fusion_switches(void **state) {
     }
 }
 
-/* attn.wgmma is on unless set to 0: by default the attention forwards of GPT-2 (head dim 64)
- * and Llama (64, grouped-query) run on warpgroup MMA at some level; with 0 they run on
- * mma.sync, every other launch of the program stays as it was, and both modules compile. */
+/* attn.wgmma is on unless set to 0: by default the attentions of GPT-2 (head dim 64) and
+ * Llama (64, grouped-query), forward and backward, run on warpgroup MMA at some level; with 0
+ * they run on mma.sync, every other launch of the program stays as it was, and both modules
+ * compile. attn.wgmma_bwd=0 moves only the backward's dq and dk/dv passes back. */
 static void test_attention_wgmma_choice(void **state) {
     (void)state;
     static const char *const models[] = {"gpt2", "llama"};
@@ -624,8 +625,17 @@ static void test_attention_wgmma_choice(void **state) {
             assert_string_equal(dflt, on);
             ir_set_choice(g, "attn.wgmma", "0");
             char *off = program_text(g, a);
-            assert_null(strstr(off, "ck_attn_wg_fwd<"));
+            assert_null(strstr(off, "ck_attn_wg_"));
+            ir_set_choice(g, "attn.wgmma", "1");
+            ir_set_choice(g, "attn.wgmma_bwd", "0");
+            char *fwd_only = program_text(g, a);
+            ir_set_choice(g, "attn.wgmma_bwd", "1");
+            assert_null(strstr(fwd_only, "ck_attn_wg_dq<"));
+            assert_null(strstr(fwd_only, "ck_attn_wg_dkv<"));
             if (strstr(on, "ck_attn_wg_fwd<")) {
+                assert_non_null(strstr(on, "ck_attn_wg_dq<"));
+                assert_non_null(strstr(on, "ck_attn_wg_dkv<"));
+                assert_non_null(strstr(fwd_only, "ck_attn_wg_fwd<"));
                 ir_set_choice(g, "attn.wgmma", "0");
                 assert_module_compiles(g);
                 ir_set_choice(g, "attn.wgmma", "1");
@@ -634,14 +644,14 @@ static void test_attention_wgmma_choice(void **state) {
                 char *save_off = NULL, *save_on = NULL;
                 char *lo = strtok_r(off, "\n", &save_off), *ln = strtok_r(on, "\n", &save_on);
                 for (; lo && ln; lo = strtok_r(NULL, "\n", &save_off), ln = strtok_r(NULL, "\n", &save_on))
-                    if (strcmp(lo, ln)) assert_non_null(strstr(ln, "ck_attn_wg_fwd<"));
+                    if (strcmp(lo, ln)) assert_non_null(strstr(ln, "ck_attn_wg_"));
                 assert_true(!lo && !ln);
                 assert_module_compiles(g);
             }
-            free(dflt), free(off), free(on);
+            free(dflt), free(off), free(on), free(fwd_only);
             arena_free(a);
         }
-        printf("  attn.wgmma=1 runs %s's attention forward on warpgroup MMA at -O%d\n", models[m], chosen_at);
+        printf("  attn.wgmma=1 runs %s's attention on warpgroup MMA at -O%d\n", models[m], chosen_at);
         assert_true(chosen_at >= 0);
     }
 }

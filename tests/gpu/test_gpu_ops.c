@@ -995,10 +995,10 @@ static void build_attention(void) {
                 ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", bwd->id), "0");
                 continue;
             }
-            /* the backward with lse saved reads the forward's statistics and reruns nothing */
-            Node *sites[2] = {y, lse ? NULL : bwd};
+            /* the backward's dq and dk/dv passes on wgmma too (attn.wgmma_bwd is on by
+             * default); with lse saved it reads the forward's statistics and reruns nothing */
+            Node *sites[2] = {y, bwd};
             for (int k = 0; k < 2; k++) {
-                if (!sites[k]) continue;
                 assert_true(n_wgmma_nodes < (int)(sizeof wgmma_nodes / sizeof *wgmma_nodes));
                 wgmma_nodes[n_wgmma_nodes++] = sites[k];
                 ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", sites[k]->id), "1");
@@ -1316,7 +1316,16 @@ static void test_ce_one_pass(void **s) {
 static void test_scaling(void **s) { (void)s; run_group("scaling"); }
 static void test_optimizer(void **s) { (void)s; run_group("optimizer"); }
 static void test_gemm(void **s) { (void)s; run_group("gemm"); }
-/* How many of wgmma_nodes are not planned on ck_attn_wg_fwd (each prints a line). */
+/* Whether one of the launches of plan p runs `kernel` (a template's name and its "<"). */
+static bool plan_runs(const CuNodePlan *p, const char *kernel) {
+    for (int l = 0; l < p->n_launch; l++)
+        if (strstr(p->launch[l].body, kernel)) return true;
+    return false;
+}
+
+/* How many of wgmma_nodes are not planned on warpgroup MMA (each prints a line): a forward
+ * runs ck_attn_wg_fwd; a backward ck_attn_wg_dq and ck_attn_wg_dkv, and ck_attn_wg_fwd for its
+ * statistics unless it reads the ones the forward saved. */
 static int wgmma_unplanned(void) {
     Arena *pa = arena_new();
     char why[256];
@@ -1324,10 +1333,12 @@ static int wgmma_unplanned(void) {
     assert_non_null(plans);
     int missing = 0;
     for (int i = 0; i < n_wgmma_nodes; i++) {
-        const CuNodePlan *p = &plans[wgmma_nodes[i]->index];
-        bool found = false;
-        for (int l = 0; l < p->n_launch; l++) found |= strstr(p->launch[l].body, "ck_attn_wg_fwd<") != NULL;
-        if (!found) printf("%s: not planned on warpgroup MMA\n", wgmma_nodes[i]->t.name), missing++;
+        const Node *n = wgmma_nodes[i];
+        const CuNodePlan *p = &plans[n->index];
+        bool ok = n->op == OP_ATTENTION ? plan_runs(p, "ck_attn_wg_fwd<")
+                                        : plan_runs(p, "ck_attn_wg_dq<") && plan_runs(p, "ck_attn_wg_dkv<") &&
+                                              (ir_attention_bwd_reads_y(n) || plan_runs(p, "ck_attn_wg_fwd<"));
+        if (!ok) printf("%s: not planned on warpgroup MMA\n", n->t.name), missing++;
     }
     arena_free(pa);
     return missing;
