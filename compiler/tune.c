@@ -385,6 +385,16 @@ static int build_points(const Tuner *t, BuildPoint *out)
                           .dflt = "1", .n = 2};
         snprintf(p->values[0], 32, "0");
         snprintf(p->values[1], 32, "1");
+        p = &out[n++];
+        *p = (BuildPoint){.name = "attn.dq_rows", .what = "query rows of a block of the attention's dq pass",
+                          .dflt = "128", .n = 2};
+        snprintf(p->values[0], 32, "128");
+        snprintf(p->values[1], 32, "64");
+        p = &out[n++];
+        *p = (BuildPoint){.name = "attn.dkv_rows", .what = "keys of a block of the attention's dk/dv pass",
+                          .dflt = "64", .n = 2};
+        snprintf(p->values[0], 32, "64");
+        snprintf(p->values[1], 32, "128");
     }
     return n;
 }
@@ -553,7 +563,7 @@ int tune_run(const TuneRequest *q)
                    t.base.min, t.base.max, t.base.n - q->warmup, elapsed(&t));
 
     EnvPoint envs[8];
-    BuildPoint builds[16];
+    BuildPoint builds[24];
     int n_env = env_points(&t, envs), n_build = build_points(&t, builds), left = 0;
     for (int i = 0; i < n_env; i++) left += envs[i].n;
     for (int i = 0; i < n_build; i++) left += builds[i].n;

@@ -73,6 +73,8 @@ typedef struct {
     bool attn_wgmma;
     /* and whose backward's dq and dk/dv passes do too (the choice attn.wgmma_bwd, on unless 0) */
     bool attn_wgmma_bwd;
+    /* warpgroups of 64 rows a block of those passes (the choices attn.dq_rows, attn.dkv_rows) */
+    int attn_dq_wgs, attn_dkv_wgs;
 } Spec;
 
 static inline int64_t rows_of(const Tensor *t) {

@@ -691,26 +691,30 @@ bool plan_attention(Spec *s) {
     }
     l->scratch = 0;
     /* the dq and dk/dv passes on warpgroup MMA (attn_wgmma.cuh; the choice attn.wgmma_bwd):
-     * 256 threads a block of 128 query rows (dq) or 128 keys (dk/dv), shared memory as
-     * CkWgBwd<D> (1 KiB of alignment slack, the block's two whole tiles, the stepped pair twice,
-     * for dk/dv their lse and Dt twice) */
+     * blocks of WGS warpgroups (128 WGS threads) own 64 WGS query rows (dq) or keys (dk/dv);
+     * shared memory as CkWgBwd<D, WGS> (1 KiB of alignment slack, the block's two whole tiles,
+     * the stepped pair twice, for dk/dv their lse and Dt twice) */
     bool wg_bwd = wg && s->attn_wgmma_bwd;
-    const char *dq = tc ? "ck_attn_tc_dq" : "ck_attn_dq", *dkv = tc ? "ck_attn_tc_dkv" : "ck_attn_dkv";
-    unsigned bwd_threads = threads, dq_blocks = (unsigned)(B * H * n_t), dkv_blocks = (unsigned)(B * Hkv * n_t);
+    char dq[64], dkv[64];
+    snprintf(dq, sizeof dq, "%s<%lld", tc ? "ck_attn_tc_dq" : "ck_attn_dq", (long long)D);
+    snprintf(dkv, sizeof dkv, "%s<%lld", tc ? "ck_attn_tc_dkv" : "ck_attn_dkv", (long long)D);
+    unsigned dq_threads = threads, dkv_threads = threads;
+    unsigned dq_blocks = (unsigned)(B * H * n_t), dkv_blocks = (unsigned)(B * Hkv * n_t);
     if (wg_bwd) {
-        int64_t whole = 128 * D * 2, step = 64 * D * 2;
-        dq = "ck_attn_wg_dq", dkv = "ck_attn_wg_dkv", bwd_threads = 256;
-        dq_blocks = (unsigned)(B * H * ((T + 127) / 128)), dkv_blocks = (unsigned)(B * Hkv * ((T + 127) / 128));
-        dq_smem = (unsigned)(1024 + 2 * whole + 4 * step);
-        dkv_smem = (unsigned)(1024 + 2 * whole + 4 * step + 4 * 64 * 4);
+        int64_t step = 64 * D * 2, dq_rows = 64 * s->attn_dq_wgs, dkv_rows = 64 * s->attn_dkv_wgs;
+        snprintf(dq, sizeof dq, "ck_attn_wg_dq<%lld, %d", (long long)D, s->attn_dq_wgs);
+        snprintf(dkv, sizeof dkv, "ck_attn_wg_dkv<%lld, %d", (long long)D, s->attn_dkv_wgs);
+        dq_threads = (unsigned)(2 * dq_rows), dkv_threads = (unsigned)(2 * dkv_rows);
+        dq_blocks = (unsigned)(B * H * ((T + dq_rows - 1) / dq_rows));
+        dkv_blocks = (unsigned)(B * Hkv * ((T + dkv_rows - 1) / dkv_rows));
+        dq_smem = (unsigned)(1024 + 2 * dq_rows * D * 2 + 4 * step);
+        dkv_smem = (unsigned)(1024 + 2 * dkv_rows * D * 2 + 4 * step + 4 * 64 * 4);
     }
-    l = spec_launch(s, "attndq", dq_blocks, bwd_threads, "%s<%lld, %s, %s, %s, %s, %s>(a)", dq, (long long)D, Y,
-                    DY, Q, K, V);
+    l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s>(a)", dq, Y, DY, Q, K, V);
     l->smem = dq_smem;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
-    l = spec_launch(s, "attndkv", dkv_blocks, bwd_threads, "%s<%lld, %s, %s, %s, %s, %s>(a)", dkv, (long long)D,
-                    Y, DY, Q, K, V);
+    l = spec_launch(s, "attndkv", dkv_blocks, dkv_threads, "%s, %s, %s, %s, %s, %s>(a)", dkv, Y, DY, Q, K, V);
     l->smem = dkv_smem;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
@@ -732,6 +736,8 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         Spec s = spec_for(n, a, &wgp, why, sizeof why);
         s.attn_wgmma = true;
         s.attn_wgmma_bwd = ir_choice_on(g, "attn.wgmma_bwd", n);
+        s.attn_dq_wgs = ir_choice_int(g, "attn.dq_rows", 128) == 64 ? 1 : 2;
+        s.attn_dkv_wgs = ir_choice_int(g, "attn.dkv_rows", 64) == 128 ? 2 : 1;
         if (plan_attention(&s)) plans[i] = wgp;
     }
 }

@@ -74,15 +74,15 @@ static __device__ __forceinline__ unsigned ck_wg_chunk(int r, int c) {
 /* Rows [t0, t0 + R) of one head (D bf16 columns from col0, rows stride apart) into the
  * swizzled tile at shared address dst, zeros past T; asynchronous until ck_cp_wait. As
  * ck_tc_load, a base that is not 16-byte aligned takes element copies. */
-template <int D, int R>
+template <int D, int R, int NT = CK_WG_THREADS>
 static __device__ __forceinline__ void ck_wg_load(unsigned dst, const CkTensor &x, i64 b, i64 T, i64 t0,
                                                   i64 stride, i64 col0) {
     const __nv_bfloat16 *p = (const __nv_bfloat16 *)x.p;
     bool vec = ((size_t)p & 15) == 0;
     const int CH = D / 8;   /* 16-byte chunks per row */
 #pragma unroll
-    for (int k = 0; k < R * CH / CK_WG_THREADS; k++) {
-        int e = threadIdx.x + k * CK_WG_THREADS, r = e / CH, c = e - r * CH;
+    for (int k = 0; k < R * CH / NT; k++) {
+        int e = threadIdx.x + k * NT, r = e / CH, c = e - r * CH;
         bool in = t0 + r < T;
         const __nv_bfloat16 *src = p + (b * T + (in ? t0 + r : 0)) * stride + col0 + c * 8;
         unsigned to = dst + ck_wg_chunk<R>(r, c);
@@ -111,6 +111,10 @@ static __device__ __forceinline__ unsigned long long ck_wg_desc(unsigned addr, u
 static __device__ __forceinline__ void ck_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void ck_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void ck_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* all but the last commit group done: the one before it may be read while the last runs */
+static __device__ __forceinline__ void ck_wg_wait_but_last() {
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
 /* Keeps the compiler from moving reads or writes of wgmma's registers (accumulators, the A
  * fragment) across the wait or the fence: to it, the registers change at this point. The fence
  * orders the warpgroup's earlier accesses to them before the wgmma that follows, and the wait
@@ -254,27 +258,34 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
  * the other also computes (seven tile products where FlashAttention's single pass with atomic
  * dq adds takes five); what they gain is that every product is a wgmma over swizzled tiles:
  *
- *   dq  (ck_attn_wg_dq): a block of two warpgroups owns 128 query rows, as the forward does,
- *       and walks the 64-key tiles up to its diagonal with K and V double-buffered:
+ *   dq  (ck_attn_wg_dq): a block of WGS warpgroups owns 64 WGS query rows (128, as the
+ *       forward, or 64) and walks the 64-key tiles up to its diagonal with K and V
+ *       double-buffered:
  *         S = Q K^T, dP = dY V^T   two m64n64k16 chains, both operands K-major descriptors;
  *         dS = P (dP - Dt) scale   on the accumulator fragments, P = 2^(S scale log2 e - lse);
  *         dQ += dS K               dS as the register A operand, K as an MN-major B operand
  *                                  (the forward's P V with K in V's place).
- *   dk, dv (ck_attn_wg_dkv): a block owns 128 keys (64 a warpgroup) of one kv head and walks
+ *   dk, dv (ck_attn_wg_dkv): a block owns 64 WGS keys (64 a warpgroup) of one kv head and walks
  *       the 64-query tiles at and after them, for every head of the group, with Q, dY and
  *       their lse and Dt double-buffered:
  *         S^T = K Q^T, dP^T = V dY^T   keys as rows, so that P^T and dS^T come out in the
  *                                  accumulator layout that is the A operand of
  *         dV += P^T dY, dK += dS^T Q   with dY and Q as MN-major B operands.
  *
- * dK and dV stay in registers over the whole walk (64 f32 a thread each at D 128), so a dk/dv
- * block runs alone on its SM and its two warpgroups overlap each other. Masks, rounding (P and
+ * The block size is a trade. Two warpgroups share each tile they load, but they meet at every
+ * step's barrier, so they issue their products together and compute their softmax together,
+ * and the tensor cores idle while they do; only another block on the SM fills that time. dK
+ * and dV stay in registers over the whole walk (190 registers a thread at D 64), so a dk/dv
+ * block of two warpgroups runs alone on its SM; with one warpgroup a block, two blocks share
+ * it and drift apart, at the price of loading each Q and dY tile twice as often (from L2).
+ * spec_ops.c takes WGS from the choices attn.dq_rows and attn.dkv_rows. Masks, rounding (P and
  * dS to bf16 as operands) and the statistics read are attn_tc's; only the order of the f32
  * sums inside a product differs. */
 
-template <int D> struct CkWgBwd {
+template <int D, int WGS> struct CkWgBwd {
     enum {
-        ROWS = 128,                      /* query rows of a dq block, keys of a dk/dv block */
+        THREADS = 128 * WGS,             /* WGS warpgroups of 64 rows */
+        ROWS = 64 * WGS,                 /* query rows of a dq block, keys of a dk/dv block */
         STEP = 64,                       /* keys of a dq step, queries of a dk/dv step */
         WHOLE = ROWS * D * 2,            /* q or dy (dq), k or v (dk/dv) */
         TILE = STEP * D * 2,             /* one k or v (dq), one q or dy (dk/dv) */
@@ -283,12 +294,12 @@ template <int D> struct CkWgBwd {
     };
 };
 
-/* dq: one block per (b, h, 128 query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch */
-template <int D, class Y, class DY, class Q, class K, class V>
+/* dq: one block per (b, h, 64 WGS query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch */
+template <int D, int WGS, class Y, class DY, class Q, class K, class V>
 __device__ void ck_attn_wg_dq(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    typedef CkWgBwd<D> L;
+    typedef CkWgBwd<D, WGS> L;
     unsigned sQ = (ck_smem(smem_raw) + 1023u) & ~1023u, sDY = sQ + L::WHOLE;
     unsigned sKV = sDY + L::WHOLE;   /* [buffer][k, v] tiles */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
@@ -305,10 +316,10 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
     int n_kt = (last >> 6) + 1;
     int wg_last = rows + 63 < Ti - 1 ? rows + 63 : Ti - 1;
     int wg_kt = rows < Ti ? (wg_last >> 6) + 1 : 0;
-    ck_wg_load<D, L::ROWS>(sQ, a.t[2], b, T, q0, a.i[5], a.i[6] + h * D);
-    ck_wg_load<D, L::ROWS>(sDY, a.t[1], b, T, q0, H * D, h * D);
-    ck_wg_load<D, L::STEP>(sKV, a.t[3], b, T, 0, a.i[7], a.i[8] + g * D);
-    ck_wg_load<D, L::STEP>(sKV + L::TILE, a.t[4], b, T, 0, a.i[9], a.i[10] + g * D);
+    ck_wg_load<D, L::ROWS, L::THREADS>(sQ, a.t[2], b, T, q0, a.i[5], a.i[6] + h * D);
+    ck_wg_load<D, L::ROWS, L::THREADS>(sDY, a.t[1], b, T, q0, H * D, h * D);
+    ck_wg_load<D, L::STEP, L::THREADS>(sKV, a.t[3], b, T, 0, a.i[7], a.i[8] + g * D);
+    ck_wg_load<D, L::STEP, L::THREADS>(sKV + L::TILE, a.t[4], b, T, 0, a.i[9], a.i[10] + g * D);
     float ls[2], dt[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -325,14 +336,15 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
         __syncthreads();   /* tile j is in, and both warpgroups are done with buffer (j + 1) & 1 */
         if (j + 1 < n_kt) {
             unsigned nk = sKV + ((j + 1) & 1) * 2 * L::TILE;
-            ck_wg_load<D, L::STEP>(nk, a.t[3], b, T, (j + 1) * 64, a.i[7], a.i[8] + g * D);
-            ck_wg_load<D, L::STEP>(nk + L::TILE, a.t[4], b, T, (j + 1) * 64, a.i[9], a.i[10] + g * D);
+            ck_wg_load<D, L::STEP, L::THREADS>(nk, a.t[3], b, T, (j + 1) * 64, a.i[7], a.i[8] + g * D);
+            ck_wg_load<D, L::STEP, L::THREADS>(nk + L::TILE, a.t[4], b, T, (j + 1) * 64, a.i[9], a.i[10] + g * D);
         }
         if (j >= wg_kt) continue;   /* every key of the tile after every row of the warpgroup */
         unsigned sK = sKV + (j & 1) * 2 * L::TILE, sV = sK + L::TILE;
         int k0 = j * 64;
 
-        /* S = Q K^T and dP = dY V^T, 64 x 64 per warpgroup, one commit group */
+        /* S = Q K^T, then dP = dY V^T, 64 x 64 per warpgroup, in two commit groups: P is
+         * computed while dP is still on the tensor cores */
         float s[8][4], dp[8][4];
         ck_wg_hold<32>(&s[0][0]);
         ck_wg_hold<32>(&dp[0][0]);
@@ -342,15 +354,20 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
             unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
             unsigned tile = (kk >> 2) * L::STEP * 128 + (kk & 3) * 32;
             ck_wg_ss64(&s[0][0], ck_wg_desc(sQ + mine, 16, 1024), ck_wg_desc(sK + tile, 16, 1024), kk > 0);
+        }
+        ck_wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
+            unsigned tile = (kk >> 2) * L::STEP * 128 + (kk & 3) * 32;
             ck_wg_ss64(&dp[0][0], ck_wg_desc(sDY + mine, 16, 1024), ck_wg_desc(sV + tile, 16, 1024), kk > 0);
         }
         ck_wg_commit();
-        ck_wg_wait();
+        ck_wg_wait_but_last();
         ck_wg_hold<32>(&s[0][0]);
-        ck_wg_hold<32>(&dp[0][0]);
 
-        /* P = exp(S scale - lse), dS = P (dP - Dt) scale, as bf16 A operands; masked S is -inf
-         * (P = 0) only where the tile meets the diagonal or T */
+        /* P = exp(S scale - lse); masked S is -inf (P = 0) only where the tile meets the
+         * diagonal or T */
         if (k0 + 63 > rows || rows + 64 > Ti)
 #pragma unroll
             for (int n = 0; n < 8; n++)
@@ -359,15 +376,20 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
                     int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
                     if (col > row || row >= Ti) s[n][i] = -CK_INF;
                 }
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[n][i] = ck_ex2(fmaf(s[n][i], scale2, -ls[i >> 1]));
+
+        /* dS = P (dP - Dt) scale, as bf16 A operands */
+        ck_wg_wait();
+        ck_wg_hold<32>(&dp[0][0]);
         unsigned df[4][4];
 #pragma unroll
         for (int n = 0; n < 8; n++) {
             float ds[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float p = ck_ex2(fmaf(s[n][i], scale2, -ls[i >> 1]));
-                ds[i] = p * (dp[n][i] - dt[i >> 1]) * scale;
-            }
+            for (int i = 0; i < 4; i++) ds[i] = s[n][i] * (dp[n][i] - dt[i >> 1]) * scale;
             df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
             df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
         }
@@ -392,13 +414,13 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
         }
 }
 
-/* dk, dv: one block per (b, kv head, 128 keys), over the heads of the group and the 64-query
+/* dk, dv: one block per (b, kv head, 64 WGS keys), over the heads of the group and the 64-query
  * tiles at and after the keys; t[1..4] = dy, q, k, v; lse and Dt in the scratch */
-template <int D, class Y, class DY, class Q, class K, class V>
+template <int D, int WGS, class Y, class DY, class Q, class K, class V>
 __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    typedef CkWgBwd<D> L;
+    typedef CkWgBwd<D, WGS> L;
     unsigned sK = (ck_smem(smem_raw) + 1023u) & ~1023u, sV = sK + L::WHOLE;
     unsigned sQY = sV + L::WHOLE;   /* [buffer][q, dy] tiles */
     float *sStat = (float *)(smem_raw + (sQY + 4 * L::TILE - ck_smem(smem_raw)));   /* [buffer][lse, Dt][64] */
@@ -417,16 +439,16 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
         i64 hh = g * grp + it / nq;
         int q0 = k0 + (it % nq) * 64;
         unsigned q = sQY + buf * 2 * L::TILE;
-        ck_wg_load<D, L::STEP>(q, a.t[2], b, T, q0, a.i[5], a.i[6] + hh * D);
-        ck_wg_load<D, L::STEP>(q + L::TILE, a.t[1], b, T, q0, H * D, hh * D);
+        ck_wg_load<D, L::STEP, L::THREADS>(q, a.t[2], b, T, q0, a.i[5], a.i[6] + hh * D);
+        ck_wg_load<D, L::STEP, L::THREADS>(q + L::TILE, a.t[1], b, T, q0, H * D, hh * D);
         if (threadIdx.x < 2 * L::STEP) {
             int t = q0 + (threadIdx.x & 63);
             const float *src = (threadIdx.x < 64 ? lse : dd) + (b * H + hh) * T + (t < Ti ? t : 0);
             ck_cp4(sStat + buf * 2 * L::STEP + threadIdx.x, src, t < Ti);
         }
     };
-    ck_wg_load<D, L::ROWS>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
-    ck_wg_load<D, L::ROWS>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
+    ck_wg_load<D, L::ROWS, L::THREADS>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
+    ck_wg_load<D, L::ROWS, L::THREADS>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
     stage(0, 0);
 
     float dk[D / 8][4], dv[D / 8][4];
@@ -444,7 +466,12 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
         unsigned sQ = sQY + (it & 1) * 2 * L::TILE, sDY = sQ + L::TILE;
         const float *sL = sStat + (it & 1) * 2 * L::STEP, *sDt = sL + L::STEP;
 
-        /* S^T = K Q^T and dP^T = V dY^T, 64 keys x 64 queries per warpgroup */
+        /* S^T = K Q^T, then dP^T = V dY^T, 64 keys x 64 queries per warpgroup, in two commit
+         * groups; each product after them is issued as soon as its operand is made, so that
+         * the tensor cores run one while the warpgroup computes the next operand:
+         *   S^T in     -> P^T            (dP^T running)
+         *   dP^T in    -> dS^T           (dV += P^T dY running)
+         *   dK += dS^T Q, and wait for both */
         float st[8][4], dpt[8][4];
         ck_wg_hold<32>(&st[0][0]);
         ck_wg_hold<32>(&dpt[0][0]);
@@ -454,15 +481,20 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
             unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
             unsigned tile = (kk >> 2) * L::STEP * 128 + (kk & 3) * 32;
             ck_wg_ss64(&st[0][0], ck_wg_desc(sK + mine, 16, 1024), ck_wg_desc(sQ + tile, 16, 1024), kk > 0);
+        }
+        ck_wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
+            unsigned tile = (kk >> 2) * L::STEP * 128 + (kk & 3) * 32;
             ck_wg_ss64(&dpt[0][0], ck_wg_desc(sV + mine, 16, 1024), ck_wg_desc(sDY + tile, 16, 1024), kk > 0);
         }
         ck_wg_commit();
-        ck_wg_wait();
+        ck_wg_wait_but_last();
         ck_wg_hold<32>(&st[0][0]);
-        ck_wg_hold<32>(&dpt[0][0]);
 
-        /* P^T and dS^T (queries are columns: lse and Dt per column) as bf16 A operands;
-         * masked S^T is -inf (P = 0) only where the step meets the diagonal or T */
+        /* P^T (queries are columns: lse per column) as bf16 A operands, P^T kept in f32 for
+         * dS^T; masked S^T is -inf (P = 0) only where the step meets the diagonal or T */
         if (q0 < keys + 63 || q0 + 64 > Ti)
 #pragma unroll
             for (int n = 0; n < 8; n++)
@@ -474,29 +506,39 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
         unsigned pf[4][4], df[4][4];
 #pragma unroll
         for (int n = 0; n < 8; n++) {
-            int cl = n * 8 + tig * 2;   /* column in the tile */
-            float2 lq = *(const float2 *)(sL + cl), dtq = *(const float2 *)(sDt + cl);
-            float p[4], ds[4];
+            float2 lq = *(const float2 *)(sL + n * 8 + tig * 2);
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                p[i] = ck_ex2(fmaf(st[n][i], scale2, -(i & 1 ? lq.y : lq.x) * CK_LOG2E));
-                ds[i] = p[i] * (dpt[n][i] - (i & 1 ? dtq.y : dtq.x)) * scale;
-            }
-            pf[n >> 1][(n & 1) * 2] = ck_pack(p[0], p[1]);
-            pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p[2], p[3]);
-            df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
-            df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
+            for (int i = 0; i < 4; i++) st[n][i] = ck_ex2(fmaf(st[n][i], scale2, -(i & 1 ? lq.y : lq.x) * CK_LOG2E));
+            pf[n >> 1][(n & 1) * 2] = ck_pack(st[n][0], st[n][1]);
+            pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(st[n][2], st[n][3]);
         }
 
-        /* dV += P^T dY, dK += dS^T Q: dY and Q as MN-major B operands (queries along k) */
+        /* dV += P^T dY: dY as an MN-major B operand (queries along k) */
         ck_wg_hold<D / 2>(&dv[0][0]);
-        ck_wg_hold<D / 2>(&dk[0][0]);
         ck_wg_hold<16>(&pf[0][0]);
-        ck_wg_hold<16>(&df[0][0]);
         ck_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
             ck_wg_rs<D>(&dv[0][0], pf[kk], ck_wg_desc(sDY + kk * 16 * 128, L::STEP * 128, 1024));
+        ck_wg_commit();
+
+        /* dS^T = P^T (dP^T - Dt) scale (Dt per column), as bf16 A operands */
+        ck_wg_wait_but_last();
+        ck_wg_hold<32>(&dpt[0][0]);
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float2 dtq = *(const float2 *)(sDt + n * 8 + tig * 2);
+            float ds[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) ds[i] = st[n][i] * (dpt[n][i] - (i & 1 ? dtq.y : dtq.x)) * scale;
+            df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
+            df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
+        }
+
+        /* dK += dS^T Q: Q as an MN-major B operand */
+        ck_wg_hold<D / 2>(&dk[0][0]);
+        ck_wg_hold<16>(&df[0][0]);
+        ck_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
             ck_wg_rs<D>(&dk[0][0], df[kk], ck_wg_desc(sQ + kk * 16 * 128, L::STEP * 128, 1024));
