@@ -54,8 +54,8 @@ static inline int ce_row_vectors(const Format *f, int64_t V, unsigned threads) {
 /* Where the one pass keeps a row between its logsumexp and its gradient (ck_ce_fused's NV):
  * in registers where ce_row_vectors allows; else, with ce.shared, in shared memory where the
  * row takes at most CE_SHARED_ROW_MAX bytes, so that two blocks share an SM (228 KiB a Hopper
- * SM, 1 KiB of it kept a block, and the blocks' own reductions: GPT-2's bf16 rows of 98 KiB,
- * Llama 2's of 62 KiB); else 0, read twice. */
+ * SM, less 1 KiB a block that the hardware keeps and the half KiB of the block's reductions:
+ * GPT-2's bf16 rows of 98 KiB, Llama 2's of 62 KiB); else 0, read twice. */
 enum { CE_ROW_SHARED = -1, CE_SHARED_ROW_MAX = 110 * 1024 };
 static inline int ce_row_held(const Format *f, int64_t V, CeRows ce) {
     int nv = ce_row_vectors(f, V, ce_row_threads(ce, V)), bytes = ce_row_bytes(f);
@@ -149,6 +149,8 @@ bool plan_rows(Spec *s);
 bool plan_attention(Spec *s);
 /* Plans again, on warpgroup MMA, the attentions of g where the choice attn.wgmma is on. */
 void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a);
+/* The loss's choices for cross entropy n (ce.threads, ce.exp2, ce.shared), and the cross
+ * entropies of g planned again where they differ from CE_ROWS_DEFAULT. */
 CeRows ce_rows_chosen(const Graph *g, const Node *n);
 void plan_ce_choices(const Graph *g, CuNodePlan *plans, Arena *a);
 bool plan_optimizer(Spec *s);
