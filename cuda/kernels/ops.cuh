@@ -1064,6 +1064,22 @@ template <int EX2, class L> __device__ double ck_row_lse(const CkTensor &l, i64 
     return ck_lse_block(m, s);
 }
 
+/* The gradient of a vector of 8 logits v of a row, in place: coef (e^(v - lse) - [j == jt]),
+ * jt the target's place in the vector (outside 0..7: not in it). The other vectors skip the
+ * one-hot: e - 0 is e, so they have the bits of the formula as written, for four instructions
+ * a logit less (a compare, a select and a subtraction, the index). */
+template <int EX2>
+static __device__ __forceinline__ void ck_ce_grad_vec(float *v, i64 jt, float coef, const CkExpFrom<EX2> &e) {
+    #pragma unroll
+    for (int j = 0; j < CK_VEC; j++) v[j] = e(v[j]);
+    if ((unsigned long long)jt < CK_VEC) {
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) v[j] -= j == jt ? 1.0f : 0.0f;
+    }
+    #pragma unroll
+    for (int j = 0; j < CK_VEC; j++) v[j] *= coef;
+}
+
 /* CROSS_ENTROPY (logits, targets), first launch: one block per row, the row's loss into
  * scratch (f64; NaN for an ignored row, target < 0), and where i[2] is not 0 its logsumexp
  * at byte i[2] of the scratch, for the backward (spec.c, fuse_ce_lse); i = {V, R, lse at}.
@@ -1135,8 +1151,7 @@ template <int EX2, class Y, class L, class T> __device__ void ck_ce_bwd(const Ck
         for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
             float v[CK_VEC];
             L::ld_vec(a.t[2], r * V + c, v);
-            #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) v[j] = coef * (e(v[j]) - (c + j == ti ? 1.0f : 0.0f));
+            ck_ce_grad_vec<EX2>(v, ti - c, coef, e);
             Y::st_vec(a.t[0], r * V + c, v);
         }
         return;
@@ -1267,8 +1282,7 @@ template <int NV, int EX2, class Y, class L, class T, class DL, class YL> __devi
                 float v[CK_VEC];
                 #pragma unroll
                 for (int j = 0; j < CK_VEC; j++) v[j] = H::at(raw[k], j);
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++) v[j] = coef * (e(v[j]) - (q * CK_VEC + j == tq ? 1.0f : 0.0f));
+                ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
                 Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
             }
         }
@@ -1304,7 +1318,8 @@ template <int NV, int EX2, class Y, class L, class T, class DL, class YL> __devi
             for (int h = 0; h < W / 4; h++) *(uint4 *)&w[4 * h] = ck_row_held[q * (W / 4) + h];
             float v[CK_VEC];
             #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) v[j] = coef * (e(H::at(w, j)) - (q * CK_VEC + j == tq ? 1.0f : 0.0f));
+            for (int j = 0; j < CK_VEC; j++) v[j] = H::at(w, j);
+            ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
             Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
         }
     } else {
@@ -1317,8 +1332,7 @@ template <int NV, int EX2, class Y, class L, class T, class DL, class YL> __devi
             for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
                 float v[CK_VEC];
                 L::ld_vec(l, r * V + c, v);
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++) v[j] = coef * (e(v[j]) - (c + j == ti ? 1.0f : 0.0f));
+                ck_ce_grad_vec<EX2>(v, ti - c, coef, e);
                 Y::st_vec(dy, r * V + c, v);
             }
         } else {
