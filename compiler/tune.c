@@ -26,8 +26,9 @@
  *    cuda/exec.c) times a wide heuristic list on the real operands, checks each algorithm's
  *    output against the default's, and reports them per GEMM;
  *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c) and, on a
- *    GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c) and the attention
- *    forward's kernel (attn.wgmma, cuda/spec_ops.c).
+ *    GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c), the attention
+ *    forward's kernel (attn.wgmma, cuda/spec_ops.c) and the loss's row blocks (ce.threads,
+ *    ce.exp2, cuda/spec_ops.c).
  * Each point is measured against the defaults of all the others, one at a time; the winners
  * are then built together and timed once more (the record's tuned_step_ms), and that build's
  * losses are checked too. Points are taken cheapest first, and when the budget (--budget
@@ -395,6 +396,17 @@ static int build_points(const Tuner *t, BuildPoint *out)
                           .dflt = "64", .n = 2};
         snprintf(p->values[0], 32, "64");
         snprintf(p->values[1], 32, "128");
+        /* the loss's row blocks (cuda/spec_ops.c, ce_rows_chosen): below 1024 threads the one
+         * pass holds a vocabulary row in shared memory, two rows an SM */
+        p = &out[n++];
+        *p = (BuildPoint){.name = "ce.threads", .what = "threads of the loss's row blocks", .dflt = "1024", .n = 3};
+        snprintf(p->values[0], 32, "1024");
+        snprintf(p->values[1], 32, "512");
+        snprintf(p->values[2], 32, "256");
+        p = &out[n++];
+        *p = (BuildPoint){.name = "ce.exp2", .what = "the loss's exponentials as ex2.approx", .dflt = "0", .n = 2};
+        snprintf(p->values[0], 32, "0");
+        snprintf(p->values[1], 32, "1");
     }
     return n;
 }

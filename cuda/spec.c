@@ -286,7 +286,7 @@ bool plan_node(Spec *s) {
 Spec spec_for(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
     memset(out, 0, sizeof *out);
     out->node = n;
-    return (Spec){.arena = a, .n = n, .plan = out, .why = why, .why_len = why_len};
+    return (Spec){.arena = a, .n = n, .plan = out, .why = why, .why_len = why_len, .ce = CE_ROWS_DEFAULT};
 }
 
 bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {

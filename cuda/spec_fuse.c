@@ -543,6 +543,7 @@ static void fuse_ce_one_pass(const Graph *g, CuNodePlan *plans, Arena *a) {
         CuNodePlan fused;
         Spec s = spec_for(b, a, &fused, why, sizeof why);
         s.ce_forward = f;
+        s.ce = ce_rows_chosen(g, b);
         if (!plan_node(&s) || fused.n_launch != 1) continue;
         CuNodePlan *alone = arena_alloc(a, sizeof *alone);
         *alone = plans[j - 1];
@@ -570,6 +571,7 @@ static void fuse_ce_lse(const Graph *g, CuNodePlan *plans, Arena *a) {
         CuNodePlan pf, pb;
         Spec sf = spec_for(f, a, &pf, why, sizeof why), sb = spec_for(b, a, &pb, why, sizeof why);
         sf.ce_lse_at = sb.ce_lse_at = 8 * (rows_of(&f->in[0]->t) + 1);
+        sf.ce = ce_rows_chosen(g, f), sb.ce = ce_rows_chosen(g, b);
         if (!plan_node(&sf) || !plan_node(&sb) || pf.n_launch != 2 || pb.n_launch != 2) continue;
         plans[j - 1] = pf;
         plans[j] = pb;
@@ -741,6 +743,7 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
     for (int i = 0; i < g->n_nodes; i++)
         if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
     plan_attention_choices(g, plans, a);
+    plan_ce_choices(g, plans, a);
     fuse_producer_quantizes(g, plans, a);
     fuse_bias_grads(g, plans, a);
     fuse_group_quantizes(g, plans, a);

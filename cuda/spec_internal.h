@@ -16,25 +16,51 @@
 
 enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BLOCKS = 1024 };
 
-/* Threads of a cross entropy's row blocks (forward and backward: the backward recomputes the
- * forward's logsumexp where it does not read it, and must get the same bits). A chunk of the
- * loss is some 500 to 1300 rows of the vocabulary's 50304 logits: at 256 threads a row, its
- * blocks filled half to one and a quarter waves of an H200 (0.48 waves measured, 42% of the
- * warps busy, 35% of the memory bandwidth for the forward). 1024 threads take a vocabulary row
- * in six or seven wide loads a thread (Llama's 32000 in four), two rows an SM at a time, in two
- * to five full waves. */
-static inline unsigned ce_row_threads(int64_t V) { return V >= 8 * 2048 ? 1024 : ROW_THREADS; }
+/* How a cross entropy's row blocks run, forward and backward alike (the backward recomputes the
+ * forward's logsumexp where it does not read it, and must get the same bits): the choices
+ * ce.threads, ce.exp2 and ce.shared (ce_rows_chosen, spec_ops.c; docs/tuning.md). */
+typedef struct {
+    unsigned threads;   /* a block's, for rows of 16384 logits or more (shorter ones: ROW_THREADS) */
+    bool exp2;          /* exponentials as ex2.approx (ops.cuh, CkExpFrom<1>), else expf */
+    bool shared;        /* the one pass may hold a row in shared memory (ck_ce_fused) */
+} CeRows;
+#define CE_ROWS_DEFAULT ((CeRows){.threads = 1024, .exp2 = false, .shared = true})
 
-/* Vectors of 8 logits a thread of ce_row_threads holds when the cross entropy's one pass keeps
- * its row in registers (ck_ce_fused, CkHeld), or 0 where it reads the row twice: logits other
- * than plain bf16 or f32, rows not in whole vectors, or rows whose vectors would take more than
- * 32 registers a thread (a block of 1024 threads has 64: GPT-2's 50304 bf16 logits take 28 and
+/* Threads of a cross entropy's row blocks. A chunk of the loss is some 500 to 1300 rows of the
+ * vocabulary's 50304 logits: at 256 threads a row (rows read twice, from L2 the second time),
+ * its blocks filled half to one and a quarter waves of an H200 (0.48 waves measured, 42% of
+ * the warps busy, 35% of the memory bandwidth for the forward). 1024 threads take a vocabulary
+ * row in six or seven wide loads a thread (Llama's 32000 in four), held in registers, one row
+ * an SM at a time; 512 or 256 with the row in shared memory, two rows an SM (ce_row_held). */
+static inline unsigned ce_row_threads(CeRows ce, int64_t V) { return V >= 8 * 2048 ? ce.threads : ROW_THREADS; }
+
+/* the bytes of a logit the one pass may hold (plain bf16 or f32), else 0 */
+static inline int ce_row_bytes(const Format *f) {
+    return f->scaling != SCALE_NONE || f->codec != CODEC_PLAIN ? 0 : f->elem == FMT_BF16 ? 2 : f->elem == FMT_F32 ? 4 : 0;
+}
+
+/* Vectors of 8 logits a thread of `threads` holds when the cross entropy's one pass keeps
+ * its row in registers (ck_ce_fused, CkHeld), or 0 where it does not: logits other than plain
+ * bf16 or f32, rows not in whole vectors, or rows whose vectors would take more than 32
+ * registers a thread (a block of 1024 threads has 64: GPT-2's 50304 bf16 logits take 28 and
  * leave the kernel at 64 without spills; f32 rows up to 32768). */
-static inline int ce_row_vectors(const Format *f, int64_t V) {
-    int64_t per = 8 * (int64_t)ce_row_threads(V), nv = (V + per - 1) / per;
-    int bytes = f->elem == FMT_BF16 ? 2 : f->elem == FMT_F32 ? 4 : 0;
-    if (!bytes || f->scaling != SCALE_NONE || f->codec != CODEC_PLAIN || V % 8) return 0;
+static inline int ce_row_vectors(const Format *f, int64_t V, unsigned threads) {
+    int64_t per = 8 * (int64_t)threads, nv = (V + per - 1) / per;
+    int bytes = ce_row_bytes(f);
+    if (!bytes || V % 8) return 0;
     return nv * 8 * bytes <= 128 ? (int)nv : 0;
+}
+
+/* Where the one pass keeps a row between its logsumexp and its gradient (ck_ce_fused's NV):
+ * in registers where ce_row_vectors allows; else, with ce.shared, in shared memory where the
+ * row takes at most CE_SHARED_ROW_MAX bytes, so that two blocks share an SM (228 KiB a Hopper
+ * SM, less 1 KiB a block that the hardware keeps and the half KiB of the block's reductions:
+ * GPT-2's bf16 rows of 98 KiB, Llama 2's of 62 KiB); else 0, read twice. */
+enum { CE_ROW_SHARED = -1, CE_SHARED_ROW_MAX = 110 * 1024 };
+static inline int ce_row_held(const Format *f, int64_t V, CeRows ce) {
+    int nv = ce_row_vectors(f, V, ce_row_threads(ce, V)), bytes = ce_row_bytes(f);
+    if (nv > 0 || !ce.shared || !bytes || V % 8) return nv;
+    return V * bytes <= CE_SHARED_ROW_MAX ? CE_ROW_SHARED : 0;
 }
 
 typedef struct {
@@ -68,6 +94,8 @@ typedef struct {
     /* a CROSS_ENTROPY_BWD that also computes this CROSS_ENTROPY of the same logits and targets
      * (fuse_ce_one_pass): one launch reads each row once for the loss and the gradient */
     const Node *ce_forward;
+    /* how the cross entropy's row blocks run (plan_ce_choices; CE_ROWS_DEFAULT where unchosen) */
+    CeRows ce;
     /* an attention whose forward (or the backward's rerun of it) runs on warpgroup MMA
      * (plan_attention_choices: the choice attn.wgmma) */
     bool attn_wgmma;
@@ -125,6 +153,10 @@ bool plan_rows(Spec *s);
 bool plan_attention(Spec *s);
 /* Plans again, on warpgroup MMA, the attentions of g where the choice attn.wgmma is on. */
 void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a);
+/* The loss's choices for cross entropy n (ce.threads, ce.exp2, ce.shared), and the cross
+ * entropies of g planned again where they differ from CE_ROWS_DEFAULT. */
+CeRows ce_rows_chosen(const Graph *g, const Node *n);
+void plan_ce_choices(const Graph *g, CuNodePlan *plans, Arena *a);
 bool plan_optimizer(Spec *s);
 
 /* A norm's backward as one pass over its rows and one over the columns' partials

@@ -521,14 +521,15 @@ bool plan_rows(Spec *s) {
     case OP_CROSS_ENTROPY: {
         const Tensor *lg = &n->in[0]->t;
         int64_t R = rows_of(lg), V = cols_of(lg);
+        unsigned threads = ce_row_threads(s->ce, V);
         need_scratch(s, s->ce_lse_at ? s->ce_lse_at + R * 8 : R * 8);
-        l = spec_launch(s, "cerows", (unsigned)R, ce_row_threads(V), "ck_ce_rows<%s, %s>(a)",
+        l = spec_launch(s, "cerows", (unsigned)R, threads, "ck_ce_rows<%d, %s, %s>(a)", s->ce.exp2,
                         fmt_arg(s, lg), fmt_arg(s, &n->in[1]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = R, l->args.i[2] = s->ce_lse_at;
         /* as many threads as the rows' blocks: the mean of the one pass (ck_ce_fused) has its bits */
-        l = spec_launch(s, "cefinal", 1, ce_row_threads(V), "ck_ce_final<%s, %s>(a)", Y, fmt_arg(s, &n->in[1]->t));
+        l = spec_launch(s, "cefinal", 1, threads, "ck_ce_final<%s, %s>(a)", Y, fmt_arg(s, &n->in[1]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = R;
@@ -537,17 +538,23 @@ bool plan_rows(Spec *s) {
     case OP_CROSS_ENTROPY_BWD: {
         const Tensor *lg = &n->in[1]->t;
         int64_t R = rows_of(lg), V = cols_of(lg);
+        unsigned threads = ce_row_threads(s->ce, V);
         if (s->ce_forward) {   /* the forward too, in one pass (ck_ce_fused) */
             const Node *f = s->ce_forward;
             if (!spec_check_tensor(s, &f->t, "the loss")) return false;
             need_scratch(s, R * 8);
-            l = spec_launch(s, "cefused", (unsigned)R, ce_row_threads(V), "ck_ce_fused<%d, %s, %s, %s, %s, %s>(a)",
-                            ce_row_vectors(&lg->fmt, V), Y, fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t),
-                            fmt_arg(s, &n->in[0]->t), fmt_arg(s, &f->t));
+            int held = ce_row_held(&lg->fmt, V, s->ce);
+            l = spec_launch(s, "cefused", (unsigned)R, threads, "ck_ce_fused<%d, %d, %s, %s, %s, %s, %s>(a)", held,
+                            s->ce.exp2, Y, fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t), fmt_arg(s, &n->in[0]->t),
+                            fmt_arg(s, &f->t));
             args_result_inputs(l, n);
             arg_node(l, 4, f);
             l->scratch = 0;
             l->args.i[0] = V, l->args.i[1] = R;
+            if (held == CE_ROW_SHARED) {   /* the row, and two blocks an SM in the registers */
+                l->smem = (unsigned)(V * ce_row_bytes(&lg->fmt));
+                l->min_blocks = threads <= 512 ? 2 : 0;
+            }
             return true;
         }
         need_scratch(s, s->ce_lse_at ? s->ce_lse_at + R * 8 : 8);
@@ -556,7 +563,7 @@ bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = R;
-        l = spec_launch(s, "cebwd", (unsigned)R, ce_row_threads(V), "ck_ce_bwd<%s, %s, %s>(a)", Y,
+        l = spec_launch(s, "cebwd", (unsigned)R, threads, "ck_ce_bwd<%d, %s, %s, %s>(a)", s->ce.exp2, Y,
                         fmt_arg(s, lg), fmt_arg(s, &n->in[2]->t));
         args_result_inputs(l, n);
         l->scratch = 0;
@@ -739,6 +746,48 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.attn_dq_wgs = ir_choice_int(g, "attn.dq_rows", 128) == 64 ? 1 : 2;
         s.attn_dkv_wgs = ir_choice_int(g, "attn.dkv_rows", 64) == 128 ? 2 : 1;
         if (plan_attention(&s)) plans[i] = wgp;
+    }
+}
+
+/* The loss's row blocks, as the choices say (docs/tuning.md); "NAME@ID" for node ID, else
+ * "NAME" for every cross entropy (a forward and its backward set alike have the same bits):
+ *  - ce.threads: a row block's threads for rows of 16384 logits or more, 1024 (the default),
+ *    512 or 256 (any multiple of 32 from 64 to 1024; other values keep 1024). Below 1024 the
+ *    one pass holds a GPT-2 row in shared memory, two blocks an SM (ce_row_held).
+ *  - ce.exp2: 1 takes the exponentials as ex2.approx (CkExpFrom<1>), 0 (the default) expf.
+ *  - ce.shared: 0 keeps rows out of shared memory (read twice, the second time from L2 mostly),
+ *    to be measured against it; 1 (the default) lets ce_row_held put them there. */
+static int64_t ce_choice(const Graph *g, const Node *n, const char *name, int64_t dflt) {
+    char site[64];
+    snprintf(site, sizeof site, "%s@%d", name, n->id);
+    return ir_choice(g, site) ? ir_choice_int(g, site, dflt) : ir_choice_int(g, name, dflt);
+}
+
+CeRows ce_rows_chosen(const Graph *g, const Node *n) {
+    CeRows ce = CE_ROWS_DEFAULT;
+    int64_t threads = ce_choice(g, n, "ce.threads", ce.threads);
+    if (threads >= 64 && threads <= 1024 && threads % 32 == 0) ce.threads = (unsigned)threads;
+    ce.exp2 = ce_choice(g, n, "ce.exp2", 0) != 0;
+    ce.shared = ce_choice(g, n, "ce.shared", 1) != 0;
+    return ce;
+}
+
+/* each cross entropy's plan again where its choices differ from CE_ROWS_DEFAULT (the fusions
+ * of the loss, fuse_ce_one_pass and fuse_ce_lse, plan with ce_rows_chosen too) */
+void plan_ce_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
+    CeRows dflt = CE_ROWS_DEFAULT;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->op != OP_CROSS_ENTROPY && n->op != OP_CROSS_ENTROPY_BWD) continue;
+        CeRows ce = ce_rows_chosen(g, n);
+        if (ce.threads == dflt.threads && ce.exp2 == dflt.exp2 && ce.shared == dflt.shared) continue;
+        char why[256];
+        CuNodePlan chosen;
+        Spec s = spec_for(n, a, &chosen, why, sizeof why);
+        s.ce = ce;
+        if (!plan_node(&s)) continue;
+        if (ir_amax_parts_offset(n) && !s.amax_written) plan_amax_pass(&s, n);   /* as cuda_plan_node */
+        plans[i] = chosen;
     }
 }
 

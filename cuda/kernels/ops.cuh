@@ -996,6 +996,26 @@ template <int BWD, class Y, class X0, class X1> __device__ void ck_softmax(const
         Y::st(a.t[0], r * C + c, (float)(exp((double)X0::ld(a.t[1], r * C + c) - m) / s));
 }
 
+/* e^(x - m) for the values of a row against one m, the way the cross entropy's kernels take it
+ * (the choice ce.exp2, spec_ops.c): EX2 = 0, expf(x - m), within an ulp or two of e^(x - m) and
+ * some ten instructions a value; EX2 = 1, the hardware's 2^y (ex2.approx.ftz) at
+ * y = x log2(e) - m log2(e), one fused multiply-add and one special-function instruction,
+ * relative error about 1e-6 for logits up to some tens (the rounding of m log2(e) and of y;
+ * results under 2^-126 flush to 0). A row costs two exponentials a logit, the loss's sum and
+ * the gradient, and GPT-2's 50304 logits a row made those instructions as many as the memory's
+ * cycles. Infinities and NaN come out as from expf: +inf - +inf and NaN give NaN, -inf gives 0. */
+#define CK_LOG2E 1.4426950408889634f
+template <int EX2> struct CkExpFrom {
+    float m, mb;
+    __device__ __forceinline__ explicit CkExpFrom(float m_) : m(m_), mb(m_ * CK_LOG2E) {}
+    __device__ __forceinline__ float operator()(float x) const {
+        if (!EX2) return expf(x - m);
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(__fmaf_rn(x, CK_LOG2E, -mb)));
+        return y;
+    }
+};
+
 /* One pass over a row for its log-sum-exp: each thread keeps the largest value it has seen, m,
  * and the sum of exp(x - m) over its values, brought to a new m when a larger value comes
  * (s exp(m_old - m_new)); the block then brings every thread's sum to the row's maximum and adds
@@ -1003,20 +1023,29 @@ template <int BWD, class Y, class X0, class X1> __device__ void ck_softmax(const
  * allows, instead of once for the maximum and again for the sum. The sum differs from the
  * two-pass sum by the rounding of the rescalings (relative 1e-7). As in the reference, a NaN
  * or +inf logit makes the row's result NaN and a -inf logit adds nothing. */
-static __device__ __forceinline__ void ck_lse_fold(float &m, double &s, const float *v, int n) {
+template <int EX2> static __device__ __forceinline__ void ck_lse_fold(float &m, double &s, const float *v, int n) {
     float mx = m;
     for (int j = 0; j < n; j++) mx = fmaxf(mx, v[j]);
     if (mx > m) {
         s *= exp((double)m - mx);
         m = mx;
     }
+    CkExpFrom<EX2> e(m);
     float t = 0;
-    for (int j = 0; j < n; j++) t += expf(v[j] - m);
+    for (int j = 0; j < n; j++) t += e(v[j]);
     s += t;
 }
 
+/* the block's log-sum-exp from each thread's (m, s) of ck_lse_fold; every thread gets it */
+static __device__ __forceinline__ double ck_lse_block(float m, double s) {
+    float M = ck_block_max(m);
+    if (m != M) s *= m == -CK_INF ? 0.0 : exp((double)m - M);   /* a thread without values: 0 */
+    s = ck_block_sum(s);
+    return (double)M + log(s);
+}
+
 /* log-sum-exp of row r of logits l (V columns), every thread gets it */
-template <class L> __device__ double ck_row_lse(const CkTensor &l, i64 r, i64 V) {
+template <int EX2, class L> __device__ double ck_row_lse(const CkTensor &l, i64 r, i64 V) {
     float m = -CK_INF;
     double s = 0;
     if (L::vec_ok(l) && V % CK_VEC == 0) {
@@ -1024,24 +1053,38 @@ template <class L> __device__ double ck_row_lse(const CkTensor &l, i64 r, i64 V)
         for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
             float v[CK_VEC];
             L::ld_vec(l, r * V + c, v);
-            ck_lse_fold(m, s, v, CK_VEC);
+            ck_lse_fold<EX2>(m, s, v, CK_VEC);
         }
     } else {
         for (i64 c = threadIdx.x; c < V; c += blockDim.x) {
             float v = L::ld(l, r * V + c);
-            ck_lse_fold(m, s, &v, 1);
+            ck_lse_fold<EX2>(m, s, &v, 1);
         }
     }
-    float M = ck_block_max(m);
-    if (m != M) s *= m == -CK_INF ? 0.0 : exp((double)m - M);   /* a thread without values: 0 */
-    s = ck_block_sum(s);
-    return (double)M + log(s);
+    return ck_lse_block(m, s);
+}
+
+/* The gradient of a vector of 8 logits v of a row, in place: coef (e^(v - lse) - [j == jt]),
+ * jt the target's place in the vector (outside 0..7: not in it). The other vectors skip the
+ * one-hot: e - 0 is e, so they have the bits of the formula as written, for four instructions
+ * a logit less (a compare, a select and a subtraction, the index). */
+template <int EX2>
+static __device__ __forceinline__ void ck_ce_grad_vec(float *v, i64 jt, float coef, const CkExpFrom<EX2> &e) {
+    #pragma unroll
+    for (int j = 0; j < CK_VEC; j++) v[j] = e(v[j]);
+    if ((unsigned long long)jt < CK_VEC) {
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) v[j] -= j == jt ? 1.0f : 0.0f;
+    }
+    #pragma unroll
+    for (int j = 0; j < CK_VEC; j++) v[j] *= coef;
 }
 
 /* CROSS_ENTROPY (logits, targets), first launch: one block per row, the row's loss into
  * scratch (f64; NaN for an ignored row, target < 0), and where i[2] is not 0 its logsumexp
- * at byte i[2] of the scratch, for the backward (spec.c, fuse_ce_lse); i = {V, R, lse at} */
-template <class L, class T> __device__ void ck_ce_rows(const CkArgs &a) {
+ * at byte i[2] of the scratch, for the backward (spec.c, fuse_ce_lse); i = {V, R, lse at}.
+ * EX2: the exponential of CkExpFrom, as every launch of the loss takes it. */
+template <int EX2, class L, class T> __device__ void ck_ce_rows(const CkArgs &a) {
     i64 V = a.i[0], r = blockIdx.x;
     float t = T::ld(a.t[2], r);
     double *loss = (double *)a.scratch;
@@ -1049,7 +1092,7 @@ template <class L, class T> __device__ void ck_ce_rows(const CkArgs &a) {
         if (threadIdx.x == 0) loss[r] = CK_NAN;
         return;
     }
-    double lse = ck_row_lse<L>(a.t[1], r, V);
+    double lse = ck_row_lse<EX2, L>(a.t[1], r, V);
     i64 ti = (i64)t;
     if (threadIdx.x == 0) {
         loss[r] = ti < V && t == floorf(t) ? lse - L::ld(a.t[1], r * V + ti) : (double)CK_NAN;
@@ -1092,7 +1135,7 @@ template <class DL, class T> __device__ void ck_ce_bwd_coef(const CkArgs &a) {
  * logsumexp from the forward's scratch where i[2] says (else computed here); per element in
  * f32 (the f64 conversions of every logit cost more than the row's memory traffic; the result
  * moves by about 1e-6 relative, far inside the bounds); i = {V, R, lse at} */
-template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) {
+template <int EX2, class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) {
     i64 V = a.i[0], r = blockIdx.x;
     float coef = (float)((const double *)a.scratch)[0];
     float t = T::ld(a.t[3], r);
@@ -1100,21 +1143,21 @@ template <class Y, class L, class T> __device__ void ck_ce_bwd(const CkArgs &a) 
         for (i64 c = threadIdx.x; c < V; c += blockDim.x) Y::st(a.t[0], r * V + c, 0.0f);
         return;
     }
-    float lse = (float)(a.i[2] ? ((const double *)((const char *)a.scratch + a.i[2]))[r] : ck_row_lse<L>(a.t[2], r, V));
+    float lse = (float)(a.i[2] ? ((const double *)((const char *)a.scratch + a.i[2]))[r] : ck_row_lse<EX2, L>(a.t[2], r, V));
+    CkExpFrom<EX2> e(lse);
     i64 ti = (i64)t;
     if (L::vec_ok(a.t[2]) && Y::vec_ok(a.t[0]) && V % CK_VEC == 0) {
         #pragma unroll 2
         for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
             float v[CK_VEC];
             L::ld_vec(a.t[2], r * V + c, v);
-            #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) v[j] = coef * (expf(v[j] - lse) - (c + j == ti ? 1.0f : 0.0f));
+            ck_ce_grad_vec<EX2>(v, ti - c, coef, e);
             Y::st_vec(a.t[0], r * V + c, v);
         }
         return;
     }
     for (i64 c = threadIdx.x; c < V; c += blockDim.x)
-        Y::st(a.t[0], r * V + c, coef * (expf(L::ld(a.t[2], r * V + c) - lse) - (c == ti ? 1.0f : 0.0f)));
+        Y::st(a.t[0], r * V + c, coef * (e(L::ld(a.t[2], r * V + c)) - (c == ti ? 1.0f : 0.0f)));
 }
 
 /* A vector of 8 logits held as loaded, in 32-bit registers (bf16: four, f32: eight), and its
@@ -1139,19 +1182,32 @@ template <> struct CkHeld<FMT_F32> {
  * fuse_ce_one_pass): a block per row reads the row once, computes its logsumexp and loss, and
  * writes the row's gradient; the block that writes the last row loss takes their mean (a
  * ticket taken as soon as its own is written, not when the block ends).
- * Where a thread's NV vectors cover the row (plain bf16 or f32 logits in whole vectors,
- * NV > 0), the row stays in registers as loaded (CkHeld: GPT-2's 50304 bf16 logits are seven
- * 16-byte vectors a thread of 1024, all loads in flight at once); otherwise it is read a second
- * time for the gradient, from L2 mostly, as the unfused backward reads it. Either way each value
- * goes through the operations of ck_ce_rows, ck_ce_final, ck_ce_bwd_coef and ck_ce_bwd in the
- * same order (the per-thread folds of the logsumexp visit the same elements in the same order;
- * the count of valid targets is exact), so the results have their bits. The coefficient
- * dloss / valid rows needs every row's target: each block counts them (__syncthreads_count over
- * the R targets, a few KB from L2, while its row's loads are in flight) instead of a launch
- * before. The logit at the target is read
- * before any gradient is written, so the gradient may take the logits' bytes.
+ *
+ * Where the row waits between its logsumexp and its gradient is NV (spec_internal.h,
+ * ce_row_held), for plain bf16 or f32 logits in whole vectors:
+ *  - NV > 0: in registers as loaded (CkHeld), NV 16-byte vectors a thread, all loads in flight
+ *    at once. GPT-2's 50304 bf16 logits are seven vectors a thread of 1024, and the kernel
+ *    takes 64 registers: one block an SM, so a row's loads, its block reductions and its
+ *    stores follow one another, none overlapping another row's (0.165 ms a chunk of 1311 rows
+ *    on an H200, against some 0.07 for its bytes).
+ *  - NV = CK_ROW_SHARED: in shared memory, copied there by cp.async (16 bytes a copy, no
+ *    register holds them, all in flight at once). A bf16 row of GPT-2 takes 98 KiB, two rows
+ *    an SM, and blocks of 512 or 256 threads leave the registers for both: while one block
+ *    reduces its row or stores its gradient, the other's copies are in flight.
+ *  - NV = 0: read a second time for the gradient, from L2 mostly, as the unfused backward
+ *    reads it; the other logits (scaled, or rows not in whole vectors) go so too.
+ * Whichever, each value goes through the operations of ck_ce_rows, ck_ce_final,
+ * ck_ce_bwd_coef and ck_ce_bwd in the same order (the per-thread folds of the logsumexp visit
+ * the same elements in the same order, a thread's vectors q = threadIdx.x + k blockDim.x; the
+ * count of valid targets is exact), so at the same block size and exponential (EX2) the results
+ * have their bits. The coefficient dloss / valid rows needs every row's target: each block
+ * counts them (__syncthreads_count over the R targets, a few KB from L2, while its row's loads
+ * are in flight) instead of a launch before. The logit at the target is read before any
+ * gradient is written, so the gradient may take the logits' bytes.
  * t = {dlogits, dloss, logits, targets, loss}; i = {V, R}; the scratch holds the row losses
- * (f64). */
+ * (f64); with CK_ROW_SHARED, V times the logit's bytes of dynamic shared memory. */
+enum { CK_ROW_SHARED = -1 };
+
 /* the number of rows of the R targets tg that are not ignored; every thread of the block */
 template <class T> static __device__ __forceinline__ int ck_ce_valid(const CkTensor &tg, i64 R) {
     int valid = 0;
@@ -1172,8 +1228,13 @@ static __device__ __forceinline__ bool ck_ce_row_done(const CkArgs &a, i64 r, do
 template <class DL> static __device__ __forceinline__ float ck_ce_coef(const CkArgs &a, int valid) {
     return (float)(valid > 0 ? (double)DL::ld(a.t[1], 0) / valid : 0.0);
 }
+/* 16 bytes from global to shared memory, through L2 only, without a register */
+static __device__ __forceinline__ void ck_copy16_async(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
 
-template <int NV, class Y, class L, class T, class DL, class YL> __device__ void ck_ce_fused(const CkArgs &a) {
+template <int NV, int EX2, class Y, class L, class T, class DL, class YL> __device__ void ck_ce_fused(const CkArgs &a) {
     const CkTensor &dy = a.t[0], &l = a.t[2], &tg = a.t[3];
     i64 V = a.i[0], R = a.i[1], r = blockIdx.x;
     __shared__ bool last;   /* the block that wrote the last row loss takes the mean */
@@ -1183,13 +1244,13 @@ template <int NV, class Y, class L, class T, class DL, class YL> __device__ void
     float xt = hit && threadIdx.x == 0 ? L::ld(l, r * V + ti) : 0.0f;   /* before any store */
     bool vec = L::vec_ok(l) && Y::vec_ok(dy) && V % CK_VEC == 0;
     typedef CkHeld<L::elem> H;
+    enum { W = H::words ? H::words : 4 };   /* 32-bit words of a held vector */
     if (t < 0.0f) {   /* an ignored row: no loss, no gradient */
         if (threadIdx.x == 0) last = ck_ce_row_done(a, r, CK_NAN);
         for (i64 c = threadIdx.x; c < V; c += blockDim.x) Y::st(dy, r * V + c, 0.0f);
     } else if (NV > 0 && H::words && L::scaling == SCALE_NONE && vec && (i64)NV * blockDim.x * CK_VEC >= V) {
         /* the row's loads first, all in flight while the block counts the valid targets;
          * 32-bit positions within the row: fewer registers beside the row's */
-        enum { W = H::words ? H::words : 4 };
         const uint4 *row = (const uint4 *)l.p + r * (V / CK_VEC) * (W / 4);
         int nvec = (int)(V / CK_VEC), tq = ti < V ? (int)ti : -1;
         unsigned raw[NV > 0 ? NV : 1][W];
@@ -1209,14 +1270,11 @@ template <int NV, class Y, class L, class T, class DL, class YL> __device__ void
                 float v[CK_VEC];
                 #pragma unroll
                 for (int j = 0; j < CK_VEC; j++) v[j] = H::at(raw[k], j);
-                ck_lse_fold(m, s, v, CK_VEC);
+                ck_lse_fold<EX2>(m, s, v, CK_VEC);
             }
-        float M = ck_block_max(m);
-        if (m != M) s *= m == -CK_INF ? 0.0 : exp((double)m - M);
-        s = ck_block_sum(s);
-        double lse = (double)M + log(s);
+        double lse = ck_lse_block(m, s);
         if (threadIdx.x == 0) last = ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
-        float lf = (float)lse;
+        CkExpFrom<EX2> e((float)lse);
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             int q = k * (int)blockDim.x + (int)threadIdx.x;
@@ -1224,29 +1282,62 @@ template <int NV, class Y, class L, class T, class DL, class YL> __device__ void
                 float v[CK_VEC];
                 #pragma unroll
                 for (int j = 0; j < CK_VEC; j++) v[j] = H::at(raw[k], j);
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++)
-                    v[j] = coef * (expf(v[j] - lf) - (q * CK_VEC + j == tq ? 1.0f : 0.0f));
+                ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
                 Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
             }
         }
+    } else if (NV == CK_ROW_SHARED && H::words && L::scaling == SCALE_NONE && vec) {
+        /* the row's copies first, all in flight while the block counts the valid targets */
+        extern __shared__ uint4 ck_row_held[];   /* (V / 8, W / 4): the row as loaded */
+        const uint4 *row = (const uint4 *)l.p + r * (V / CK_VEC) * (W / 4);
+        int nvec = (int)(V / CK_VEC), tq = ti < V ? (int)ti : -1;
+        for (int q = threadIdx.x; q < nvec * (W / 4); q += blockDim.x) ck_copy16_async(&ck_row_held[q], row + q);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        float coef = ck_ce_coef<DL>(a, ck_ce_valid<T>(tg, R));
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncthreads();
+        float m = -CK_INF;
+        double s = 0;
+        #pragma unroll 4
+        for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
+            unsigned w[W];
+            #pragma unroll
+            for (int h = 0; h < W / 4; h++) *(uint4 *)&w[4 * h] = ck_row_held[q * (W / 4) + h];
+            float v[CK_VEC];
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) v[j] = H::at(w, j);
+            ck_lse_fold<EX2>(m, s, v, CK_VEC);
+        }
+        double lse = ck_lse_block(m, s);
+        if (threadIdx.x == 0) last = ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
+        CkExpFrom<EX2> e((float)lse);
+        #pragma unroll 4
+        for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
+            unsigned w[W];
+            #pragma unroll
+            for (int h = 0; h < W / 4; h++) *(uint4 *)&w[4 * h] = ck_row_held[q * (W / 4) + h];
+            float v[CK_VEC];
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) v[j] = H::at(w, j);
+            ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
+            Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
+        }
     } else {
         float coef = ck_ce_coef<DL>(a, ck_ce_valid<T>(tg, R));   /* (its barriers: xt is read) */
-        double lse = ck_row_lse<L>(l, r, V);
+        double lse = ck_row_lse<EX2, L>(l, r, V);
         if (threadIdx.x == 0) last = ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
-        float lf = (float)lse;
+        CkExpFrom<EX2> e((float)lse);
         if (vec) {
             #pragma unroll 2
             for (i64 c = (i64)threadIdx.x * CK_VEC; c < V; c += (i64)blockDim.x * CK_VEC) {
                 float v[CK_VEC];
                 L::ld_vec(l, r * V + c, v);
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++) v[j] = coef * (expf(v[j] - lf) - (c + j == ti ? 1.0f : 0.0f));
+                ck_ce_grad_vec<EX2>(v, ti - c, coef, e);
                 Y::st_vec(dy, r * V + c, v);
             }
         } else {
             for (i64 c = threadIdx.x; c < V; c += blockDim.x)
-                Y::st(dy, r * V + c, coef * (expf(L::ld(l, r * V + c) - lf) - (c == ti ? 1.0f : 0.0f)));
+                Y::st(dy, r * V + c, coef * (e(L::ld(l, r * V + c)) - (c == ti ? 1.0f : 0.0f)));
         }
     }
     __syncthreads();

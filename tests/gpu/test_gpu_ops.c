@@ -33,7 +33,7 @@
 #include "gpu_test.h"
 #include "coded_check.h"
 
-enum { MAX_CASES = 160 };
+enum { MAX_CASES = 192 };
 
 typedef struct {
     const char *name;
@@ -198,16 +198,30 @@ static void build_elementwise(void) {
 
 /* A cross entropy and its backward right after it (fuse_ce_one_pass), and a twin pair of the
  * same inputs with the one pass switched off at its backward, whose backward reads the
- * forward's logsumexps (fuse_ce_lse): test_ce_one_pass wants the twin's bits. */
+ * forward's logsumexps (fuse_ce_lse): test_ce_one_pass wants the twin's bits. All four nodes
+ * take the same loss choices (ce.threads, ce.exp2, ce.shared through their "@ID" forms; NULL
+ * keeps a default), as a build's global choice gives them. */
+typedef enum { CE_IN_REGISTERS, CE_IN_SHARED, CE_READ_TWICE } CeHeld;
 typedef struct {
     const char *name;
     Node *f, *b, *f2, *b2;
-    bool held;   /* the row fits in registers (ce_row_vectors) */
+    CeHeld held;   /* where the one pass keeps a row between its logsumexp and its gradient */
 } CePair;
-static CePair ce_pairs[6];
+static CePair ce_pairs[24];
 static int n_ce_pairs;
 
-static void ce_pair(const char *name, ElemType e, int64_t R, int64_t V, bool held, Node *dl) {
+typedef struct {
+    const char *threads, *exp2, *shared;
+} CeChoice;
+static const CeChoice ce_default = {NULL, NULL, NULL};
+
+static void ce_choose(const Node *n, CeChoice c) {
+    const char *names[3] = {"ce.threads", "ce.exp2", "ce.shared"}, *values[3] = {c.threads, c.exp2, c.shared};
+    for (int k = 0; k < 3; k++)
+        if (values[k]) ir_set_choice(graph, arena_printf(arena, "%s@%d", names[k], n->id), values[k]);
+}
+
+static void ce_pair_chosen(const char *name, ElemType e, int64_t R, int64_t V, CeHeld held, Node *dl, CeChoice c) {
     assert_true(n_ce_pairs < (int)(sizeof ce_pairs / sizeof *ce_pairs));
     Node *lg = leaf(e, 3, DIMS(R, V)), *tg = ids(V, 0.1, DIMS(R));
     CePair *p = &ce_pairs[n_ce_pairs++];
@@ -219,6 +233,12 @@ static void ce_pair(const char *name, ElemType e, int64_t R, int64_t V, bool hel
     p->f2 = op_v(OP_CROSS_ENTROPY, FMT_F32, NULL, NULL, IN(lg, tg));
     p->b2 = op_v(OP_CROSS_ENTROPY_BWD, e, NULL, NULL, IN(dl, lg, tg));
     ir_set_choice(graph, arena_printf(arena, "fuse.ce_one_pass@%d", p->b2->id), "0");
+    Node *all[4] = {p->f, p->b, p->f2, p->b2};
+    for (int k = 0; k < 4; k++) ce_choose(all[k], c);
+}
+
+static void ce_pair(const char *name, ElemType e, int64_t R, int64_t V, bool held, Node *dl) {
+    ce_pair_chosen(name, e, R, V, held ? CE_IN_REGISTERS : CE_READ_TWICE, dl, ce_default);
 }
 
 static void build_rows(void) {
@@ -269,6 +289,25 @@ static void build_rows(void) {
     ce_pair("50304 f32 logits", FMT_F32, RV, 50304, false, dl);
     ce_pair("50257 logits", FMT_BF16, RV, 50257, false, dl);
     ce_pair("many rows", FMT_BF16, RM, VM, true, dl);
+    /* the loss's choices: smaller blocks with the row in shared memory (at most 110 KiB: GPT-2's
+     * bf16 rows, Llama 2's, f32 rows of 20000) or read twice (ce.shared=0, f32 rows of 50304,
+     * rows not in whole vectors), ex2.approx for the exponentials in each way of holding a row;
+     * rows under 16384 logits keep 256 threads and their registers (1000) or are read twice,
+     * one a load (77); over a thousand rows of 16392 (blocks of 256 count the targets in steps) */
+    CeChoice s512x = {"512", "1", NULL}, s256 = {"256", NULL, NULL}, s256x = {"256", "1", NULL};
+    CeChoice l2_512x = {"512", "1", "0"}, r1024x = {NULL, "1", NULL};
+    int64_t RS = gt_int(1025, 1600);
+    ce_pair_chosen("50304 logits, 512 shared ex2", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, s512x);
+    ce_pair_chosen("50304 logits, 256 shared", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, s256);
+    ce_pair_chosen("50304 logits, 512 twice ex2", FMT_BF16, RV, 50304, CE_READ_TWICE, dl, l2_512x);
+    ce_pair_chosen("50304 logits, 1024 ex2", FMT_BF16, RV, 50304, CE_IN_REGISTERS, dl, r1024x);
+    ce_pair_chosen("32000 logits, 256 shared ex2", FMT_BF16, RV, 32000, CE_IN_SHARED, dl, s256x);
+    ce_pair_chosen("20000 f32 logits, 512 shared ex2", FMT_F32, RV, 20000, CE_IN_SHARED, dl, s512x);
+    ce_pair_chosen("50304 f32 logits, 512 ex2", FMT_F32, RV, 50304, CE_READ_TWICE, dl, s512x);
+    ce_pair_chosen("50257 logits, 512 ex2", FMT_BF16, RV, 50257, CE_READ_TWICE, dl, s512x);
+    ce_pair_chosen("1000 logits, ex2", FMT_BF16, R, 1000, CE_IN_REGISTERS, dl, s512x);
+    ce_pair_chosen("77 f32 logits, ex2", FMT_F32, R, 77, CE_READ_TWICE, dl, s512x);
+    ce_pair_chosen("many rows, 256 shared ex2", FMT_BF16, RS, 16392, CE_IN_SHARED, dl, s256x);
     /* long f32 rows (80 and 128 KB), backwards on their own */
     Node *tgt20 = ids(20000, 0.1, DIMS(RV)), *tgt32 = ids(32768, 0.1, DIMS(RV));
     Node *l20 = leaf(FMT_F32, 3, DIMS(RV, 20000)), *l32 = leaf(FMT_F32, 3, DIMS(RV, 32768));
@@ -1260,6 +1299,29 @@ static void run_group(const char *group) {
 static void test_elementwise(void **s) { (void)s; run_group("elementwise"); }
 static void test_rows(void **s) { (void)s; run_group("rows"); }
 
+/* where the one pass of the launch body `body` keeps a row (ck_ce_fused's NV) */
+static CeHeld ce_held_of(const char *body) {
+    return strstr(body, "ck_ce_fused<-1,") ? CE_IN_SHARED : strstr(body, "ck_ce_fused<0,") ? CE_READ_TWICE : CE_IN_REGISTERS;
+}
+
+/* How many of ce_pairs are not planned as one pass holding the row where they should (each
+ * prints a line); no GPU needed */
+static int ce_pairs_misplanned(void) {
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int wrong = 0;
+    for (int k = 0; k < n_ce_pairs; k++) {
+        const CuNodePlan *pb = &plans[ce_pairs[k].b->index];
+        const char *body = pb->n_launch == 1 ? pb->launch[0].body : "";
+        if (!strstr(body, "ck_ce_fused<") || ce_held_of(body) != ce_pairs[k].held)
+            printf("%s: not planned as expected: %s\n", ce_pairs[k].name, body), wrong++;
+    }
+    arena_free(pa);
+    return wrong;
+}
+
 /* The cross entropies of ce_pairs as one pass: the backward's launch writes the loss and the
  * gradient (the forward runs nothing of its own; alone, its own launches), both against the
  * reference, and with the bits of the twin pair that runs unfused (the forward's logsumexps
@@ -1276,7 +1338,7 @@ static void test_ce_one_pass(void **s) {
         const CuNodePlan *pf = &plans[p->f->index], *pb = &plans[p->b->index], *pb2 = &plans[p->b2->index];
         const char *body = pb->n_launch == 1 ? pb->launch[0].body : "";
         bool fused = strstr(body, "ck_ce_fused<") && pf->n_launch == 0 && pf->alone && pf->alone->n_launch == 2;
-        bool held = fused && !strstr(body, "ck_ce_fused<0,");
+        CeHeld held = ce_held_of(body);
         bool twin = pb2->n_launch == 2 && pb2->launch[1].args.i[2] > 0 && plans[p->f2->index].n_launch == 2;
         Tensor *out[4] = {&p->f->t, &p->b->t, &p->f2->t, &p->b2->t};
         void *gpu[4];
@@ -1291,7 +1353,8 @@ static void test_ce_one_pass(void **s) {
                     !memcmp(gpu[1], gpu[3], (size_t)gt_bytes(out[1]));
         if (ok) ref_exec_node(p->f), ref_exec_node(p->b);
         bool pass = ok && fused && held == p->held && twin && same;
-        printf("  %-40s %s%s, %s%s\n", p->name, fused ? "one pass" : "NOT FUSED", fused ? (held ? " in registers" : " read twice") : "",
+        static const char *const where[] = {" in registers", " in shared memory", " read twice"};
+        printf("  %-40s %s%s, %s%s\n", p->name, fused ? "one pass" : "NOT FUSED", fused ? where[held] : "",
                same ? "the unfused bits" : "NOT THE UNFUSED BITS", pass ? "" : "  FAIL");
         for (int j = 0; ok && j < 2; j++) {
             Tensor as_gpu = *out[j];
@@ -1379,8 +1442,9 @@ int main(void) {
         for (int k = 0; plans && k < 4; k++) fused += cast_t_fused(plans, &cast_t[k]);
         printf("cast-transposes planned as one launch: %d of 4\n", fused);
         arena_free(pa);
-        bool unplanned = wgmma_unplanned();
-        return fused == 4 && !unplanned ? 0 : 1;
+        int unplanned = wgmma_unplanned(), misplanned = ce_pairs_misplanned();
+        printf("cross-entropy pairs planned as expected: %d of %d\n", n_ce_pairs - misplanned, n_ce_pairs);
+        return fused == 4 && !unplanned && !misplanned ? 0 : 1;
     }
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
