@@ -377,12 +377,13 @@ void plan_print(const Graph *g, bool json, FILE *out)
         fprintf(out, "},\n \"persistent_bytes\": %lld, \"step_bytes\": %lld, \"peak_bytes\": %lld,"
                      " \"bytes_per_param\": %.3f,\n \"gpus\": %d, \"allreduce_tensors\": %d,"
                      " \"allreduce_bytes\": %lld, \"sent_bytes_per_gpu\": %lld,\n"
-                     " \"allreduce_overlap\": %s, \"allreduce_wire\": \"%s\",\n"
+                     " \"allreduce_overlap\": %s, \"allreduce_wire\": \"%s\", \"allreduce_buffer_bytes\": %lld,\n"
                      " \"allreduce_collectives\": [",
                 (long long)m.persistent, (long long)m.transient, (long long)peak, per_param,
                 c.ranks ? c.ranks : 1, c.count, (long long)c.bytes, (long long)c.sent,
                 c.overlap ? "true" : "false",
-                c.buckets.wire == FMT_VOID ? c.formats : fmt_elem_name(c.buckets.wire));
+                c.buckets.wire == FMT_VOID ? c.formats : fmt_elem_name(c.buckets.wire),
+                (long long)rt_comm_fp8_buffer_bytes(&c.buckets, c.ranks));
         PlanCollective coll[3];
         int n_coll = plan_collectives(&c, coll);
         for (int i = 0; i < n_coll; i++)
@@ -487,6 +488,9 @@ void plan_print(const Graph *g, bool json, FILE *out)
         fprintf(out, "  %-26s %-8s %s\n", "collective", "format", "sent per GPU per step");
         for (int i = 0; i < n_coll; i++)
             fprintf(out, "  %-26s %-8s %s\n", coll[i].name, coll[i].format, human(coll[i].bytes, b1));
+        if (cp->wire != FMT_VOID)
+            fprintf(out, "The FP8 reduction's buffers take %s more on each GPU, beside the arenas.\n",
+                    human(rt_comm_fp8_buffer_bytes(cp, c.ranks), b1));
         if (c.overlap)
             fprintf(out, "%d buckets of about %s, each sent by NCCL on its own stream as soon as the\n"
                          "last micro-step's backward has finished it (comm.overlap=1):\n",

@@ -73,6 +73,17 @@ void rt_comm_fp8_reduce(ElemType wire, int ranks, int64_t n, const float *const 
     for (int64_t i = 0; i < n; i++) out[i] = num_round(wire, out[i] * s2) / s2;
 }
 
+int64_t rt_comm_fp8_buffer_bytes(const RtCommPlan *p, int ranks)
+{
+    if (p->wire == FMT_VOID || ranks <= 1) return 0;
+    int64_t shard = 0;
+    for (int b = 0; b < p->n_buckets; b++) {
+        int64_t s = rt_comm_fp8_shard(p->buckets[b].elems, ranks);
+        if (s > shard) shard = s;
+    }
+    return 3 * ranks * shard * fmt_elem_bytes(p->wire) + shard * (int64_t)sizeof(float);
+}
+
 ElemType rt_comm_wire(const Graph *g)
 {
     for (int i = 0; i < g->n_nodes; i++)

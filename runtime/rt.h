@@ -484,6 +484,10 @@ void rt_comm_fp8_reduce(ElemType wire, int ranks, int64_t n, const float *const 
  * all-reduce's 2 (N - 1) / N of the gradients' bytes, or for the FP8 reduction the all-to-all
  * and the all-gather of its shards, (N - 1) x shard bytes each, and two f32 maxima a bucket. */
 int64_t rt_comm_sent_bytes(const RtCommPlan *p, int ranks);
+/* Device bytes the FP8 reduction's buffers take beside the arenas (cuda/exec_comm.c): the codes
+ * sent, received and gathered (N S each) and the summed shard (S f32), S the largest bucket's
+ * shard; 0 without the FP8 reduction. */
+int64_t rt_comm_fp8_buffer_bytes(const RtCommPlan *p, int ranks);
 /* The format g's gradient reduction travels in (its ALL_REDUCE nodes' wire), FMT_VOID for
  * NCCL's sums or no reduction at all. */
 ElemType rt_comm_wire(const Graph *g);
