@@ -251,10 +251,12 @@ static const char *fallback_why(Arena *a, const FallbackRow *r)
 }
 
 /* The data-parallel build's gradient all-reduce (comm.c): how many tensors, their bytes, the
- * GPUs planned for, and what a ring all-reduce sends per GPU (2 (N-1) / N of the bytes). */
+ * GPUs planned for, and what each GPU sends per step (rt_comm_sent_bytes: a ring all-reduce
+ * sends 2 (N-1) / N of the bytes; the FP8 reduction its shards twice, one byte an element). */
 typedef struct {
     int count, ranks;
     int64_t bytes, sent;
+    int64_t sent_plain;     /* what the default reduction (the accumulators' formats) sends */
     char formats[32];
     RtCommPlan buckets;     /* rt_comm_plan's: how the runtime sends them */
     bool overlap;           /* the choice comm.overlap */
@@ -273,12 +275,40 @@ static PlanComm plan_comm(const Graph *g)
         f32 |= n->t.fmt.elem == FMT_F32;
         bf16 |= n->t.fmt.elem == FMT_BF16;
     }
-    if (c.ranks > 1) c.sent = 2 * c.bytes * (c.ranks - 1) / c.ranks;
     snprintf(c.formats, sizeof c.formats, "%s%s%s", bf16 ? "bf16" : "", bf16 && f32 ? " and " : "",
              f32 ? "f32" : "");
     if (!rt_comm_plan(g, &c.buckets)) memset(&c.buckets, 0, sizeof c.buckets);
     c.overlap = rt_comm_overlap(g);
+    c.sent = rt_comm_sent_bytes(&c.buckets, c.ranks);
+    RtCommPlan plain = c.buckets;
+    plain.wire = FMT_VOID;
+    c.sent_plain = rt_comm_sent_bytes(&plain, c.ranks);
     return c;
+}
+
+/* The FP8 reduction's collectives (comm_fp8.c), each with the bytes one GPU sends per step:
+ * name, format, bytes. Returns how many. */
+typedef struct {
+    const char *name, *format;
+    int64_t bytes;
+} PlanCollective;
+
+static int plan_collectives(const PlanComm *c, PlanCollective *out)
+{
+    const RtCommPlan *p = &c->buckets;
+    int n = c->ranks;
+    if (n <= 1) return 0;
+    if (p->wire == FMT_VOID) {
+        out[0] = (PlanCollective){"all_reduce sum (ring)", c->formats, c->sent};
+        return 1;
+    }
+    int64_t shards = 0;
+    for (int b = 0; b < p->n_buckets; b++) shards += rt_comm_fp8_shard(p->buckets[b].elems, n);
+    int64_t each = (n - 1) * shards * fmt_elem_bytes(p->wire);
+    out[0] = (PlanCollective){"all_to_all (send/recv)", fmt_elem_name(p->wire), each};
+    out[1] = (PlanCollective){"all_gather", fmt_elem_name(p->wire), each};
+    out[2] = (PlanCollective){"all_reduce max (scales)", "f32", c->sent - 2 * each};
+    return 3;
 }
 
 /* The optimizer the step runs and its settings (lr is the binary's default peak). */
@@ -347,10 +377,19 @@ void plan_print(const Graph *g, bool json, FILE *out)
         fprintf(out, "},\n \"persistent_bytes\": %lld, \"step_bytes\": %lld, \"peak_bytes\": %lld,"
                      " \"bytes_per_param\": %.3f,\n \"gpus\": %d, \"allreduce_tensors\": %d,"
                      " \"allreduce_bytes\": %lld, \"sent_bytes_per_gpu\": %lld,\n"
-                     " \"allreduce_overlap\": %s, \"allreduce_buckets\": [",
+                     " \"allreduce_overlap\": %s, \"allreduce_wire\": \"%s\", \"allreduce_buffer_bytes\": %lld,\n"
+                     " \"allreduce_collectives\": [",
                 (long long)m.persistent, (long long)m.transient, (long long)peak, per_param,
                 c.ranks ? c.ranks : 1, c.count, (long long)c.bytes, (long long)c.sent,
-                c.overlap ? "true" : "false");
+                c.overlap ? "true" : "false",
+                c.buckets.wire == FMT_VOID ? c.formats : fmt_elem_name(c.buckets.wire),
+                (long long)rt_comm_fp8_buffer_bytes(&c.buckets, c.ranks));
+        PlanCollective coll[3];
+        int n_coll = plan_collectives(&c, coll);
+        for (int i = 0; i < n_coll; i++)
+            fprintf(out, "%s{\"collective\": \"%s\", \"format\": \"%s\", \"bytes_per_gpu\": %lld}",
+                    i ? ", " : "", coll[i].name, coll[i].format, (long long)coll[i].bytes);
+        fprintf(out, "], \"allreduce_buckets\": [");
         for (int i = 0; i < c.buckets.n_buckets; i++)
             fprintf(out, "%s{\"tensors\": %d, \"bytes\": %lld}", i ? ", " : "", c.buckets.buckets[i].count,
                     (long long)c.buckets.buckets[i].bytes);
@@ -429,10 +468,29 @@ void plan_print(const Graph *g, bool json, FILE *out)
     if (c.count) {
         char b3[32];
         fprintf(out, "\ndata parallel over %d GPUs (fp8c build --gpus %d): the figures above are per GPU\n"
-                     "(each keeps whole weights and optimizer state). Each step sums %d gradients,\n"
-                     "%s (%s), over the GPUs; a ring sends 2(N-1)/N of that: %s per GPU per step.\n",
-                c.ranks, c.ranks, c.count, human(c.bytes, b1), c.formats, human(c.sent, b3));
+                     "(each keeps whole weights and optimizer state). Each step sums %d gradients,\n",
+                c.ranks, c.ranks, c.count);
         const RtCommPlan *cp = &c.buckets;
+        if (cp->wire == FMT_VOID) {
+            fprintf(out, "%s (%s), over the GPUs; a ring sends 2(N-1)/N of that: %s per GPU per step.\n",
+                    human(c.bytes, b1), c.formats, human(c.sent, b3));
+        } else {
+            char b4[32];
+            const char *w = fmt_elem_name(cp->wire);
+            fprintf(out, "%s (%s), over the GPUs, sent in %s with one scale per bucket (comm:grad=%s):\n"
+                         "each bucket's %s shards all-to-all, summed in f32 in rank order, the sums\n"
+                         "all-gathered in %s: %s per GPU per step (a %s ring all-reduce: %s).\n",
+                    human(c.bytes, b1), c.formats, w, w, w, w, human(c.sent, b3), c.formats,
+                    human(c.sent_plain, b4));
+        }
+        PlanCollective coll[3];
+        int n_coll = plan_collectives(&c, coll);
+        fprintf(out, "  %-26s %-8s %s\n", "collective", "format", "sent per GPU per step");
+        for (int i = 0; i < n_coll; i++)
+            fprintf(out, "  %-26s %-8s %s\n", coll[i].name, coll[i].format, human(coll[i].bytes, b1));
+        if (cp->wire != FMT_VOID)
+            fprintf(out, "The FP8 reduction's buffers take %s more on each GPU, beside the arenas.\n",
+                    human(rt_comm_fp8_buffer_bytes(cp, c.ranks), b1));
         if (c.overlap)
             fprintf(out, "%d buckets of about %s, each sent by NCCL on its own stream as soon as the\n"
                          "last micro-step's backward has finished it (comm.overlap=1):\n",

@@ -62,4 +62,14 @@ typedef struct {
     int pad_;
 } CkBatch;
 
+/* One gradient accumulator of a bucket of the FP8 gradient reduction (kernels/comm.cuh):
+ * its elements are elements start .. start + n - 1 of the bucket. */
+typedef struct {
+    void *p;                /* the accumulator (device) */
+    long long start;
+    long long n;
+    int elem;               /* its element type: FMT_F32, FMT_BF16 or FMT_F16 */
+    int pad_;
+} CkSegment;
+
 #endif

@@ -35,8 +35,11 @@ static bool dev_open(Graph *g, RtMemory *host) {
         int buckets = cuda_exec_buckets(dev_exec);
         char how[96] = "after the backward";
         if (buckets) snprintf(how, sizeof how, "in %d buckets during the backward", buckets);
+        ElemType wire = rt_comm_wire(g);
+        char in[64] = "";
+        if (wire != FMT_VOID) snprintf(in, sizeof in, " in %s (one scale a bucket)", fmt_elem_name(wire));
         snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; data parallel over %d GPUs (NCCL), "
-                 "%d gradients summed each step %s", cuda_nccl_world(), cuda_exec_reductions(dev_exec), how);
+                 "%d gradients summed each step%s %s", cuda_nccl_world(), cuda_exec_reductions(dev_exec), in, how);
     }
     return true;
 }

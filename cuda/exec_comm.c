@@ -22,11 +22,23 @@
  *
  * The sums are the same bits either way and every run: the same buckets, each gradient its
  * own ncclAllReduce in the same order, on the same ranks. comm.overlap=0 (fp8c build
- * --choice) keeps the sums at the start of the update, one NCCL group, for comparison. */
+ * --choice) keeps the sums at the start of the update, one NCCL group, for comparison.
+ *
+ * With comm:grad=e5m2 (or e4m3) a bucket is not summed by NCCL but reduced in FP8
+ * (runtime/comm_fp8.c: amax, shared scale, quantize, all-to-all of shards, sum in rank order,
+ * second scale, all-gather): five kernels of kernels/comm.cuh and four collectives, all
+ * enqueued on the same stream where NCCL's sum would be (NCCL's own with overlap), so the
+ * reduction overlaps with the backward exactly as the sums do. Its buffers (codes sent,
+ * received and gathered, the summed shard, the maxima) are one device allocation sized for the
+ * largest bucket and shared by all buckets, which run one after another on that stream; the
+ * last-block ticket and block maxima are the reduction's own, since its kernels run beside
+ * the backward's. Every rank decodes the same gathered bytes, so the ranks stay equal. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "exec_internal.h"
+
+static bool exec_fp8_open(CudaExec *e);
 
 /* Whether plan p's launches compute node n (its own node, an epilogue's member, or work a
  * launch absorbed). */
@@ -109,6 +121,7 @@ bool exec_comm_open(CudaExec *e, const int *micro_end) {
         if (!exec_map_tensor(e, &n->t, &r->p)) return false;
     }
     e->n_reduce = e->comm.n_reduce;
+    if (e->n_reduce && e->comm.wire != FMT_VOID && !exec_fp8_open(e)) return false;
     e->overlap = e->n_reduce && rt_comm_overlap(g) && !e->tune_report;
     if (!e->overlap) return true;
     int *root = malloc(sizeof *root * (size_t)e->comm.n_buckets);
@@ -133,10 +146,124 @@ void exec_comm_close(CudaExec *e) {
     if (e->comm_ready) CU(cuEventDestroy_v2)(e->comm_ready);
     if (e->comm_done) CU(cuEventDestroy_v2)(e->comm_done);
     if (e->comm_stream) CU(cuStreamDestroy_v2)(e->comm_stream);
+    if (e->comm_mem) CU(cuMemFree_v2)(e->comm_mem);
+    free(e->comm_args);
     free(e->bucket_at);
     free(e->reduce);
     rt_comm_plan_free(&e->comm);
 }
+
+/* ---------------------------------------------------------------- the FP8 reduction */
+
+/* Sets up the FP8 reduction: the kernels' functions, the buffers, each bucket's segments
+ * (its accumulators, as one array) and argument block. */
+static bool exec_fp8_open(CudaExec *e) {
+    const RtCommPlan *cp = &e->comm;
+    const Node *first = cp->reduce[0];
+    int ranks = cuda_nccl_world(), rank = cuda_nccl_rank();
+    CuNodePlan plan;
+    if (!cuda_plan_comm(first, e->arena, &plan)) {
+        rt_error("CUDA executor: no FP8 reduction for a wire of %s",
+                 fmt_elem_name((ElemType)IR_IATTR(first, ALL_REDUCE, wire)));
+        return false;
+    }
+    for (int k = 0; k < COMM_KERNELS; k++)
+        if (!exec_get_function(e, first, plan.launch[k].fn, 0, &e->comm_fn[k])) return false;
+    int64_t shard = 0;
+    for (int b = 0; b < cp->n_buckets; b++) {
+        int64_t s = rt_comm_fp8_shard(cp->buckets[b].elems, ranks);
+        if (s > shard) shard = s;
+    }
+    /* [amax: 2 f32, ticket at 64][block maxima][segments][sums: shard f32][send][recv][gather] */
+    int64_t wire = fmt_elem_bytes(cp->wire);
+    int64_t at_parts = ALIGN, at_segs = at_parts + align_up(COMM_MAX_BLOCKS * (int64_t)sizeof(float));
+    int64_t at_sums = at_segs + align_up(cp->n_reduce * (int64_t)sizeof(CkSegment));
+    int64_t at_send = at_sums + align_up(shard * (int64_t)sizeof(float));
+    int64_t codes = align_up(ranks * shard * wire);
+    int64_t at_recv = at_send + codes, at_gather = at_recv + codes;
+    e->comm_mem_bytes = at_gather + codes;
+    CkSegment *segs = calloc((size_t)cp->n_reduce, sizeof *segs);
+    e->comm_args = calloc((size_t)cp->n_buckets, sizeof *e->comm_args);
+    if (!segs || !e->comm_args) {
+        free(segs);
+        rt_error("out of memory");
+        return false;
+    }
+    if (CU(cuMemAlloc_v2)(&e->comm_mem, (size_t)e->comm_mem_bytes) != CUDA_SUCCESS) {
+        e->comm_mem = 0;
+        free(segs);
+        rt_error("the FP8 gradient reduction (comm:grad=%s) needs %.1f MiB more on the GPU for "
+                 "its buffers, which it does not have", fmt_elem_name(cp->wire),
+                 (double)e->comm_mem_bytes / (1 << 20));
+        return false;
+    }
+    CUdeviceptr m = e->comm_mem;
+    bool ok = true;
+    for (int b = 0; ok && b < cp->n_buckets; b++) {
+        const RtBucket *k = &cp->buckets[b];
+        int64_t start = 0;
+        for (int i = k->first; i < k->first + k->count; i++) {
+            const ExecReduce *r = &e->reduce[i];
+            if (r->elem != FMT_F32 && r->elem != FMT_BF16 && r->elem != FMT_F16) {
+                rt_error("CUDA executor: the FP8 reduction reads f32, bf16 or f16 gradients, not %s",
+                         fmt_elem_name(r->elem));
+                ok = false;
+                break;
+            }
+            segs[i] = (CkSegment){(void *)(uintptr_t)r->p, start, r->count, (int)r->elem, 0};
+            start += r->count;
+        }
+        CkArgs *a = &e->comm_args[b];
+        a->t[0].p = (void *)(uintptr_t)(m + (CUdeviceptr)at_segs + (CUdeviceptr)(k->first * (int64_t)sizeof(CkSegment)));
+        a->t[1].p = (void *)(uintptr_t)(m + (CUdeviceptr)at_send);
+        a->t[2].p = (void *)(uintptr_t)(m + (CUdeviceptr)at_recv);
+        a->t[3].p = (void *)(uintptr_t)(m + (CUdeviceptr)at_sums);
+        a->t[4].p = (void *)(uintptr_t)(m + (CUdeviceptr)at_gather);
+        a->t[5].p = (void *)(uintptr_t)m;
+        a->i[0] = k->count;
+        a->i[1] = k->elems;
+        a->i[2] = rt_comm_fp8_shard(k->elems, ranks);
+        a->i[3] = ranks;
+        a->i[4] = rank;
+        a->f[0] = plan.launch[COMM_QUANTIZE].args.f[0];
+        a->scratch = (void *)(uintptr_t)(m + (CUdeviceptr)at_parts);
+        a->ticket = (unsigned *)(uintptr_t)(m + 64);
+    }
+    ok = ok && CU_CHECK(CU(cuMemsetD8Async)(m, 0, (size_t)e->comm_mem_bytes, e->stream)) &&
+         CU_CHECK(CU(cuStreamSynchronize)(e->stream)) &&
+         CU_CHECK(CU(cuMemcpyHtoD_v2)(m + (CUdeviceptr)at_segs, segs, sizeof *segs * (size_t)cp->n_reduce));
+    free(segs);
+    return ok;
+}
+
+/* One kernel of the FP8 reduction over `items` elements (a grid-stride loop, at most
+ * COMM_MAX_BLOCKS blocks: the block maxima's slots). */
+static bool comm_launch(CudaExec *e, int kernel, const CkArgs *a, int64_t items, CUstream stream) {
+    int64_t blocks = (items + 4 * COMM_THREADS - 1) / (4 * COMM_THREADS);
+    blocks = blocks < 1 ? 1 : blocks > COMM_MAX_BLOCKS ? COMM_MAX_BLOCKS : blocks;
+    void *params[] = {(void *)a};
+    return CU_CHECK(CU(cuLaunchKernel)(e->comm_fn[kernel], (unsigned)blocks, 1, 1, COMM_THREADS, 1, 1, 0,
+                                       stream, params, NULL));
+}
+
+/* Bucket b reduced in FP8 on `stream`: runtime/comm_fp8.c's steps, in its order. */
+static bool exec_fp8_bucket(CudaExec *e, int b, CUstream stream) {
+    const CkArgs *a = &e->comm_args[b];
+    int64_t elems = a->i[1], shard = a->i[2];
+    CUdeviceptr amax = (CUdeviceptr)(uintptr_t)a->t[5].p;
+    return comm_launch(e, COMM_AMAX, a, elems, stream) &&
+           cuda_nccl_all_reduce_max_f32(amax, 1, stream) &&
+           comm_launch(e, COMM_QUANTIZE, a, elems, stream) &&
+           cuda_nccl_all_to_all_bytes((CUdeviceptr)(uintptr_t)a->t[1].p, (CUdeviceptr)(uintptr_t)a->t[2].p,
+                                      shard, stream) &&
+           comm_launch(e, COMM_SUM, a, shard, stream) &&
+           cuda_nccl_all_reduce_max_f32(amax + sizeof(float), 1, stream) &&
+           comm_launch(e, COMM_REQUANTIZE, a, shard, stream) &&
+           cuda_nccl_all_gather_bytes((CUdeviceptr)(uintptr_t)a->t[4].p, shard, stream) &&
+           comm_launch(e, COMM_UNPACK, a, elems, stream);
+}
+
+/* ---------------------------------------------------------------- the buckets */
 
 /* reduce[first .. first+count) summed over the ranks on `stream`, as one NCCL group */
 static bool exec_sum_group(CudaExec *e, int first, int count, CUstream stream) {
@@ -148,6 +275,11 @@ static bool exec_sum_group(CudaExec *e, int first, int count, CUstream stream) {
 }
 
 bool exec_run_reduce(CudaExec *e) {
+    if (e->n_reduce && e->comm.wire != FMT_VOID) {
+        bool ok = true;
+        for (int b = 0; ok && b < e->comm.n_buckets; b++) ok = exec_fp8_bucket(e, b, e->stream);
+        return ok;
+    }
     return !e->n_reduce || exec_sum_group(e, 0, e->n_reduce, e->stream);
 }
 
@@ -156,7 +288,8 @@ static bool exec_send_bucket(CudaExec *e, int b) {
     const RtBucket *k = &e->comm.buckets[b];
     return CU_CHECK(CU(cuEventRecord)(e->comm_ready, e->stream)) &&
            CU_CHECK(CU(cuStreamWaitEvent)(e->comm_stream, e->comm_ready, 0)) &&
-           exec_sum_group(e, k->first, k->count, e->comm_stream);
+           (e->comm.wire != FMT_VOID ? exec_fp8_bucket(e, b, e->comm_stream)
+                                     : exec_sum_group(e, k->first, k->count, e->comm_stream));
 }
 
 /* The micro-step's launches with the buckets between them, then the join. */

@@ -110,6 +110,12 @@ struct CudaExec {
     ExecList last;                        /* the last micro-step's graph (LIST_MICRO's launches) */
     bool last_warm;                       /* it ran once uncaptured (NCCL's connections exist) */
     bool reduced;                         /* this step's sums ran in its last micro-step */
+    /* the FP8 reduction (comm:grad=e5m2 or e4m3, exec_comm.c): its kernels, one device block
+     * for its buffers, and each bucket's argument block */
+    CUfunction comm_fn[COMM_KERNELS];
+    CUdeviceptr comm_mem;
+    int64_t comm_mem_bytes;
+    CkArgs *comm_args;
     const char *tune_report;              /* FP8C_TUNE_GEMMS: the tuning mode's report file */
     int micro_runs;
     bool stored_algos;                    /* the artifact's tune.device is this GPU: use its algorithms */

@@ -128,6 +128,13 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
 /* The check the training loop runs on gradient accumulators: one launch that sets the int
  * at its scratch when n's tensor holds a NaN or an infinity. */
 bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);
+/* The kernels of the FP8 gradient reduction (kernels/comm.cuh) for an ALL_REDUCE node n whose
+ * wire is e5m2 or e4m3: five launches in the order a bucket runs them (COMM_AMAX ..
+ * COMM_UNPACK), for the module's entry points and their names; exec_comm.c fills the
+ * argument blocks per bucket. False for any other node. */
+enum { COMM_AMAX, COMM_QUANTIZE, COMM_SUM, COMM_REQUANTIZE, COMM_UNPACK, COMM_KERNELS };
+enum { COMM_THREADS = 256, COMM_MAX_BLOCKS = 1024 };   /* a block's threads; blocks a launch */
+bool cuda_plan_comm(const Node *n, Arena *a, CuNodePlan *out);
 /* The pass that leaves the block maxima of an amax=1 value (ops.def) where a GEMM's epilogue,
  * not the value's own kernel, writes it; false when n keeps none. */
 bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out);

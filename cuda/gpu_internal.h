@@ -120,6 +120,11 @@ void cuda_nccl_disarm(void);
 bool cuda_nccl_group(bool start);                   /* ncclGroupStart / ncclGroupEnd */
 /* Enqueues buf = sum over the ranks of buf (count elements of elem: f32 or bf16). */
 bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream);
+int cuda_nccl_rank(void);                           /* this process's rank (0 without NCCL) */
+/* The FP8 gradient reduction's collectives (nccl.c says what each moves). */
+bool cuda_nccl_all_reduce_max_f32(CUdeviceptr buf, int64_t count, CUstream stream);
+bool cuda_nccl_all_to_all_bytes(CUdeviceptr send, CUdeviceptr recv, int64_t shard, CUstream stream);
+bool cuda_nccl_all_gather_bytes(CUdeviceptr buf, int64_t shard, CUstream stream);
 bool cuda_nccl_sum_host(double *v, int n);          /* v[i] = sum over the ranks, n <= 16 */
 /* buf (host) = rank 0's buf, within the timeout (what: for the watchdog's line) */
 bool cuda_nccl_broadcast_host(void *buf, size_t bytes, const char *what);

@@ -54,7 +54,12 @@
     X(ncclAllReduce, ncclResult_t, (const void *, void *, size_t, ncclDataType_t,             \
                                     ncclRedOp_t, ncclComm_t, cudaStream_t))                  \
     X(ncclBroadcast, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, int,        \
-                                    ncclComm_t, cudaStream_t))
+                                    ncclComm_t, cudaStream_t))                               \
+    X(ncclAllGather, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, ncclComm_t, \
+                                    cudaStream_t))                                           \
+    X(ncclSend, ncclResult_t, (const void *, size_t, ncclDataType_t, int, ncclComm_t,         \
+                               cudaStream_t))                                                \
+    X(ncclRecv, ncclResult_t, (void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))
 
 static struct {
 #define X(name, ret, args) ret(*name) args;
@@ -290,6 +295,7 @@ void cuda_nccl_close(void) {
 
 bool cuda_nccl_active(void) { return nc_comm != NULL; }
 int cuda_nccl_world(void) { return nc_comm ? nc_world : 1; }
+int cuda_nccl_rank(void) { return nc_comm ? nc_rank : 0; }
 
 /* ---------------------------------------------------------------- collectives */
 
@@ -312,6 +318,35 @@ bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUs
     }
     void *p = (void *)(uintptr_t)buf;
     return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, type, ncclSum, nc_comm,
+                                     (cudaStream_t)stream));
+}
+
+/* The FP8 reduction's collectives (exec_comm.c): the largest of count floats over the ranks,
+ * in place; the all-to-all of its shards (rank r's shard p of `shard` bytes at send + p shard
+ * goes to rank p, which receives it at recv + r shard; a rank's own shard stays in send, where
+ * the sum reads it); the all-gather of each rank's shard, in place (rank r's at buf + r shard). */
+bool cuda_nccl_all_reduce_max_f32(CUdeviceptr buf, int64_t count, CUstream stream) {
+    void *p = (void *)(uintptr_t)buf;
+    return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, ncclFloat32, ncclMax, nc_comm,
+                                     (cudaStream_t)stream));
+}
+
+bool cuda_nccl_all_to_all_bytes(CUdeviceptr send, CUdeviceptr recv, int64_t shard, CUstream stream) {
+    if (!cuda_nccl_group(true)) return false;
+    bool ok = true;
+    for (int p = 0; ok && p < nc_world; p++) {
+        if (p == nc_rank) continue;
+        ok = NC_CHECK(nc.ncclSend((const void *)(uintptr_t)(send + (CUdeviceptr)(p * shard)), (size_t)shard,
+                                  ncclUint8, p, nc_comm, (cudaStream_t)stream)) &&
+             NC_CHECK(nc.ncclRecv((void *)(uintptr_t)(recv + (CUdeviceptr)(p * shard)), (size_t)shard,
+                                  ncclUint8, p, nc_comm, (cudaStream_t)stream));
+    }
+    return cuda_nccl_group(false) && ok;
+}
+
+bool cuda_nccl_all_gather_bytes(CUdeviceptr buf, int64_t shard, CUstream stream) {
+    return NC_CHECK(nc.ncclAllGather((const void *)(uintptr_t)(buf + (CUdeviceptr)(nc_rank * shard)),
+                                     (void *)(uintptr_t)buf, (size_t)shard, ncclUint8, nc_comm,
                                      (cudaStream_t)stream));
 }
 

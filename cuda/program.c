@@ -63,6 +63,13 @@ typedef struct {
     double bytes, flops;
 } PhaseTotal;
 
+/* the graph's first ALL_REDUCE (they share one wire format) */
+static const Node *cp_first_reduce(const Graph *g) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_ALL_REDUCE) return g->nodes[i];
+    return NULL;
+}
+
 bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len) {
     CuNodePlan *node_plans = cuda_plan_graph(g, a, why, why_len);
     if (!node_plans) return false;
@@ -93,7 +100,11 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
             (p->n_launch || g->nodes[i]->op == OP_ALL_REDUCE)) {
             /* exec.c runs the sums first in the update, as one NCCL group, outside its graph */
             char what[64];
-            snprintf(what, sizeof what, "all_reduce (sum) x %d, one group", n_reduce);
+            ElemType wire = (ElemType)IR_IATTR(cp_first_reduce(g), ALL_REDUCE, wire);
+            if (wire != FMT_VOID)
+                snprintf(what, sizeof what, "all_reduce (%s, by bucket) x %d", fmt_elem_name(wire), n_reduce);
+            else
+                snprintf(what, sizeof what, "all_reduce (sum) x %d, one group", n_reduce);
             fprintf(out, "%6d  %-8s  %-6s  %-9s  %-44.44s %10.1f %10s\n", ++k, "update", "nccl", "allreduce",
                     what, reduce_bytes / (1 << 20), "-");
             total[PHASE_UPDATE].launches++;
@@ -133,7 +144,11 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
         for (int b = 0; root && b < cp.n_buckets; b++) {
             if (root[b] != i) continue;
             char what[96];
-            snprintf(what, sizeof what, "bucket %d: all_reduce (sum) x %d", b, cp.buckets[b].count);
+            if (cp.wire != FMT_VOID)   /* comm_fp8.c: five kernels and four collectives */
+                snprintf(what, sizeof what, "bucket %d: all_reduce (%s: a2a, gather) x %d", b,
+                         fmt_elem_name(cp.wire), cp.buckets[b].count);
+            else
+                snprintf(what, sizeof what, "bucket %d: all_reduce (sum) x %d", b, cp.buckets[b].count);
             fprintf(out, "%6d  %-8s  %-6s  %-9s  %-44.44s %10.1f %10s\n", ++k, ir_phase_name(PHASE_BACKWARD),
                     "nccl", "allreduce", what, (double)cp.buckets[b].bytes / (1 << 20), "-");
             total[PHASE_BACKWARD].launches++;

@@ -316,6 +316,24 @@ bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out) {
     return true;
 }
 
+bool cuda_plan_comm(const Node *n, Arena *a, CuNodePlan *out) {
+    if (n->op != OP_ALL_REDUCE) return false;
+    ElemType wire = (ElemType)IR_IATTR(n, ALL_REDUCE, wire);
+    if (wire != FMT_E5M2 && wire != FMT_E4M3) return false;
+    char why[256], w[16];
+    Spec s = spec_for(n, a, out, why, sizeof why);
+    snprintf(w, sizeof w, "%s", wire == FMT_E5M2 ? "FMT_E5M2" : "FMT_E4M3");
+    static const char *const tags[COMM_KERNELS] = {"comm_amax", "comm_quantize", "comm_sum",
+                                                   "comm_requantize", "comm_unpack"};
+    for (int k = 0; k < COMM_KERNELS; k++) {
+        /* the amax reads the gradients only: one kernel for either wire format */
+        const char *body = k == COMM_AMAX ? "ck_comm_amax(a)" : arena_printf(a, "ck_%s<%s>(a)", tags[k], w);
+        CuLaunch *l = spec_launch(&s, tags[k], 1, COMM_THREADS, "%s", body);
+        l->args.f[0] = num_elem_max(wire);
+    }
+    return true;
+}
+
 /* Loop kernels of the kernel IR (cuda/cg_render.c): a thread per item in a grid-stride loop,
  * or a block per item. */
 bool cuda_cg_launch_shape(const CgKernel *k, unsigned *grid, unsigned *block) {

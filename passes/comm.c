@@ -26,8 +26,16 @@
  * Gradient release cannot be combined with it: released updates run inside the backward, as
  * soon as each micro-step's gradient exists, before any other GPU's share could be added, so
  * the pass refuses a build that asks for both. A gradient stored in a scaled FP8 format would
- * need a scale per bucket agreed between the GPUs; that is not built yet, and the pass says so
- * rather than reduce the raw bytes. The pass runs only for a build with --gpus N > 1. */
+ * need a scale of its own agreed between the GPUs; that is not built, and the pass says so
+ * rather than reduce the raw bytes.
+ *
+ * What travels is a precision rule like any other: by default the sum is NCCL's, in the
+ * accumulator's own format; `comm:grad=e5m2` (or e4m3) sends each bucket of gradients in FP8
+ * with one scale per bucket that every GPU agrees on (runtime/comm_fp8.c has the arithmetic,
+ * cuda/exec_comm.c runs it), recorded here as the node's wire attribute so that the plan, the
+ * kernel listing and the executor see it. The accumulators keep their format: only the bytes
+ * between the GPUs change. A comm: rule in a build without --gpus N > 1 is refused: there is
+ * nothing for it to do, and a rule either does what it says or is an error. */
 #include "passes.h"
 
 /* the format a gradient may be reduced in: NCCL's bf16 or f32, unscaled */
@@ -39,7 +47,16 @@ static bool comm_format_ok(const Format *f)
 
 bool pass_comm(Graph *g, const PassOptions *opt)
 {
-    if (opt->gpus <= 1) return true;
+    ElemType wire = FMT_VOID;
+    const char *rule = NULL;
+    SrcLoc rule_at = {0};
+    if (!precision_comm_rule(g->arena, opt, &wire, &rule, &rule_at)) return false;
+    if (opt->gpus <= 1) {
+        if (wire == FMT_VOID) return true;
+        diag_error(rule_at, "'%s' chooses how gradients are sent between GPUs, and this build "
+                   "runs on one: build with --gpus N (N >= 2), or without the rule", rule);
+        return false;
+    }
     if (opt->grad_release) {
         diag_error((SrcLoc){0}, "--grad-release updates each parameter inside the backward, before "
                    "its gradient can be averaged over %d GPUs: build without --grad-release, or "
@@ -76,6 +93,7 @@ bool pass_comm(Graph *g, const PassOptions *opt)
         Node *a = acc[i];
         Node *r = ir_add1(g, OP_ALL_REDUCE, a, a->loc);
         IR_IATTR(r, ALL_REDUCE, ranks) = opt->gpus;
+        IR_IATTR(r, ALL_REDUCE, wire) = wire;
         r->phase = PHASE_UPDATE;
         r->t.role = ROLE_GRAD;        /* it is the accumulator itself (same storage) */
         r->grad_of = a->grad_of;

@@ -84,6 +84,10 @@ typedef struct NamedRecipe {
 } NamedRecipe;
 const NamedRecipe *precision_recipes(int *n);
 const NamedRecipe *precision_find_recipe(const char *name);     /* NULL: no recipe of that name */
+/* The element type the comm:grad rule of opt's rules asks the gradient sums to travel in
+ * (FMT_E5M2, FMT_E4M3), FMT_VOID without one; text and loc (may be NULL): the rule, for
+ * diagnostics. False after reporting a bad rule. */
+bool precision_comm_rule(Arena *a, const PassOptions *opt, ElemType *wire, const char **text, SrcLoc *loc);
 /* cuBLASLt runs FP8 GEMMs whose K and N are multiples of this; others are planned in bf16 */
 #define PRECISION_FP8_GEMM_ALIGN 16
 

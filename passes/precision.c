@@ -32,6 +32,9 @@
  *                                 match "*") kept in this 16- or 32-bit format instead of bf16:
  *                                 with "*=f32" it makes a step with no reduced precision at all,
  *                                 the one to compare with an f32 framework
+ *   comm:grad=e5m2                a data-parallel build (--gpus N) sends the gradient sums in
+ *                                 e5m2 (or e4m3) with one scale per bucket (comm.c); this pass
+ *                                 only checks the rule
  * FORMAT is an element type with optional modifiers: e4m3:tensor|row|group16|tile128|block128,
  * :current|:delayed16 (amax history length) with :recent (the latest amax, not the history's
  * max) and :margin1 (scales / 2^margin), :static0.5 (a fixed scale), :expand|:compand|:sqrt
@@ -55,7 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED, RULE_VALUE } RuleKind;
+typedef enum { RULE_TENSOR, RULE_GEMM, RULE_SAVED, RULE_VALUE, RULE_COMM } RuleKind;
 
 /* The three GEMMs of a linear layer y = x W: the forward, the input gradient dx = dy W^T
  * (dgrad) and the weight gradient dW = x^T dy (wgrad). A gemm: rule reaches all three,
@@ -165,8 +168,20 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
     }
     if (r.kind == RULE_TENSOR && !strncmp(text, "saved:", 6)) r.kind = RULE_SAVED, pat += 6;
     if (r.kind == RULE_TENSOR && !strncmp(text, "value:", 6)) r.kind = RULE_VALUE, pat += 6;
+    if (r.kind == RULE_TENSOR && !strncmp(text, "comm:", 5)) r.kind = RULE_COMM, pat += 5;
     r.pattern = arena_printf(a, "%.*s", (int)(eq - pat), pat);
     const char *err = parse_format(a, eq + 1, &r.fmt);
+    /* comm:grad=FMT is how the data-parallel gradient sums travel (comm.c): one FP8 format with
+     * one scale per bucket, from the bucket's amax now; anything else would be obeyed in name
+     * only */
+    if (!err && r.kind == RULE_COMM && strcmp(r.pattern, "grad"))
+        err = arena_printf(a, "'comm:%s': a comm: rule names what is reduced over the GPUs, and "
+                           "that is the gradients: comm:grad=e5m2 or comm:grad=e4m3", r.pattern);
+    if (!err && r.kind == RULE_COMM &&
+        (!(r.fmt.elem == FMT_E4M3 || r.fmt.elem == FMT_E5M2) || r.fmt.scaling != SCALE_PER_TENSOR ||
+         r.fmt.recipe != RECIPE_CURRENT || r.fmt.margin || r.fmt.codec != CODEC_PLAIN))
+        err = "comm:grad takes e5m2 or e4m3 (sent with one scale per bucket from its amax now; "
+              "without the rule the gradients are summed in their own format, bf16 or f32)";
     if (!err && r.kind == RULE_VALUE && !(r.fmt.elem == FMT_F32 || r.fmt.elem == FMT_BF16 || r.fmt.elem == FMT_F16))
         err = "a value: rule takes f32, bf16 or f16 (FP8 values are made by gemm: and saved: rules)";
     /* a GEMM runs in bf16 or FP8 with per-tensor, row or 1x128/128x128 block scales: a format
@@ -628,19 +643,44 @@ static void attention_reads_y(Graph *g, const Uses *uses)
     }
 }
 
+/* The rules of a build, in the order they apply: the recipe's, the policy file's, the command
+ * line's. False after reporting a bad rule. */
+static bool policy_build(Policy *policy, Arena *a, const PassOptions *opt)
+{
+    int errors = diag_error_count();
+    if (opt->recipe) {
+        SrcLoc at = {arena_printf(a, "<recipe %s>", opt->recipe->name), 0, 0};
+        for (int i = 0; i < RECIPE_MAX_RULES && opt->recipe->rules[i]; i++)
+            policy_add(policy, a, opt->recipe->rules[i], at);
+    }
+    if (opt->policy_file) policy_load_file(policy, a, opt->policy_file);
+    for (int i = 0; i < opt->n_overrides; i++)
+        policy_add(policy, a, opt->overrides[i], (SrcLoc){"<command line>", 0, 0});
+    return diag_error_count() == errors;
+}
+
+/* The comm pass asks for its one rule here rather than parse rules itself, so that a comm:
+ * rule is read, checked and reported exactly as every other rule. The precision pass has
+ * already reported a bad rule when the pipeline gets to comm, and stopped it. */
+bool precision_comm_rule(Arena *a, const PassOptions *opt, ElemType *wire, const char **text, SrcLoc *loc)
+{
+    Policy policy = {0};
+    if (!policy_build(&policy, a, opt)) return false;
+    *wire = FMT_VOID;
+    for (int i = 0; i < policy.n_rules; i++)
+        if (policy.rules[i].kind == RULE_COMM) {
+            *wire = policy.rules[i].fmt.elem;   /* later rules win */
+            if (text) *text = policy.rules[i].text;
+            if (loc) *loc = policy.rules[i].loc;
+        }
+    return true;
+}
+
 bool pass_precision(Graph *g, const PassOptions *opt)
 {
     Policy policy = {0};
     int errors = diag_error_count();
-    if (opt->recipe) {
-        SrcLoc at = {arena_printf(g->arena, "<recipe %s>", opt->recipe->name), 0, 0};
-        for (int i = 0; i < RECIPE_MAX_RULES && opt->recipe->rules[i]; i++)
-            policy_add(&policy, g->arena, opt->recipe->rules[i], at);
-    }
-    if (opt->policy_file) policy_load_file(&policy, g->arena, opt->policy_file);
-    for (int i = 0; i < opt->n_overrides; i++)
-        policy_add(&policy, g->arena, opt->overrides[i], (SrcLoc){"<command line>", 0, 0});
-    if (diag_error_count() > errors) return false;
+    if (!policy_build(&policy, g->arena, opt)) return false;
 
     /* the level is the graph's (the driver sets it from -O; textual IR carries it as opt=) */
     const PrecisionLevel *level = precision_level(g->opt_level);

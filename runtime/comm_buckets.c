@@ -75,6 +75,8 @@ bool rt_comm_plan(const Graph *g, RtCommPlan *p) {
         p->reduce[i] = r;
         b->count++;
         b->bytes += bytes;
+        b->elems += ir_numel(&r->t);
+        p->wire = (ElemType)IR_IATTR(r, ALL_REDUCE, wire);   /* the comm pass sets one for all */
         b->last = order[i].at;   /* ascending: the last is the latest */
         p->bytes += bytes;
     }

@@ -445,7 +445,8 @@ double rt_grad_scale(int accum, int world);
  * order the backward finishes their accumulators, about comm.bucket_mb MiB each. */
 typedef struct {
     int first, count;           /* RtCommPlan.reduce[first .. first+count) */
-    int64_t bytes;
+    int64_t bytes;              /* in the accumulators' formats */
+    int64_t elems;              /* elements, all its gradients together */
     int last;                   /* position in g->nodes of its last ACCUMULATE */
 } RtBucket;
 typedef struct {
@@ -455,12 +456,42 @@ typedef struct {
     int n_buckets;
     int64_t bytes;              /* all of them */
     int64_t cap;                /* the bucket size aimed at (comm.bucket_mb) */
+    ElemType wire;              /* FMT_VOID: NCCL sums in the accumulators' formats; e5m2 or
+                                   e4m3: the FP8 reduction of comm_fp8.c (comm:grad=...) */
 } RtCommPlan;
 bool rt_comm_plan(const Graph *g, RtCommPlan *p);   /* false: out of memory */
 void rt_comm_plan_free(RtCommPlan *p);
 /* The choice comm.overlap (default on): reduce each bucket while the backward runs. */
 bool rt_comm_overlap(const Graph *g);
 int64_t rt_comm_bucket_bytes(const Graph *g);
+/* ---------------------------------------------------------------- comm_fp8.c
+ * The FP8 gradient reduction (comm:grad=e5m2 or e4m3), per bucket of C elements over N
+ * ranks: the arithmetic the GPU kernels (cuda/kernels/comm.cuh) do, written once on the host
+ * as the reference they are tested against bit for bit, and the sizes the plan and the
+ * executor share. */
+/* Elements of one rank's shard: C / N rounded up to a multiple of RT_FP8_SHARD_ALIGN. */
+#define RT_FP8_SHARD_ALIGN 256
+int64_t rt_comm_fp8_shard(int64_t elems, int ranks);
+/* The bucket's scale from the amax all ranks agreed on: max(wire) / amax computed in f64 and
+ * rounded once to f32 (the current-scaling rule of QUANT_SCALE), at most 2^127; 1 where amax
+ * is 0; NaN where amax is infinite, so that the reduced bucket is NaN and the step's finite
+ * check skips it (saturating an infinity to the format's largest value would hide it). */
+float rt_comm_fp8_scale(ElemType wire, float amax);
+/* The reduced bucket every rank ends with, given x[r] (n values of rank r, as f32): out[i]
+ * before rounding to the accumulator's format (the caller's num_round; the GPU stores it so). */
+void rt_comm_fp8_reduce(ElemType wire, int ranks, int64_t n, const float *const *x, float *out);
+/* Bytes one GPU sends per step for the plan's reduction over `ranks` GPUs: a ring
+ * all-reduce's 2 (N - 1) / N of the gradients' bytes, or for the FP8 reduction the all-to-all
+ * and the all-gather of its shards, (N - 1) x shard bytes each, and two f32 maxima a bucket. */
+int64_t rt_comm_sent_bytes(const RtCommPlan *p, int ranks);
+/* Device bytes the FP8 reduction's buffers take beside the arenas (cuda/exec_comm.c): the codes
+ * sent, received and gathered (N S each) and the summed shard (S f32), S the largest bucket's
+ * shard; 0 without the FP8 reduction. */
+int64_t rt_comm_fp8_buffer_bytes(const RtCommPlan *p, int ranks);
+/* The format g's gradient reduction travels in (its ALL_REDUCE nodes' wire), FMT_VOID for
+ * NCCL's sums or no reduction at all. */
+ElemType rt_comm_wire(const Graph *g);
+
 /* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
  * (host copies). Each scale is halved and each non-finite history entry becomes twice the
  * history's largest finite one, so the next scales leave room for what overflowed. */

@@ -782,6 +782,10 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
         rt_note("data parallel over %d ranks: a step is %d sequences (%d ranks x batch %d x %d "
                 "micro-steps); rank 0 logs and writes checkpoints", train_world,
                 train_world * m.B * o->grad_accum, train_world, m.B, o->grad_accum);
+    else if (rt_comm_wire(g) != FMT_VOID)
+        rt_note("built with comm:grad=%s: the gradients travel in it between GPUs; on one rank "
+                "there is nothing to send, and the step is the one of a build without the rule",
+                fmt_elem_name(rt_comm_wire(g)));
     if (o->eval_only) {
         if (!val.n_shards) {
             rt_error("--eval-only: %s holds no validation data: give --val FILE", o->data);

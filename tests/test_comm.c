@@ -11,9 +11,15 @@
  *   time; at run time --rank without --world-size, a rank outside the world, a world without
  *   --comm-file, --gpus with --rank, the CPU device, a binary built for one GPU, and --gpus or
  *   --world-size where this host has no GPU or no NCCL (or fewer GPUs than asked for).
+ * - The FP8 reduction (comm:grad=e5m2 / e4m3, runtime/comm_fp8.c): its host reference against
+ *   an f64 sum of the ranks' gradients on random data, within the bound its two roundings
+ *   allow (derived at fp8_bound below); infinities and NaN reach the step's finite check; the
+ *   plan's bytes per collective; the rule refused without --gpus; a binary built with it runs
+ *   on one rank exactly as one without it.
  *
- * The GPU side (two ranks against one GPU with --grad-accum 2, both launch paths) is
- * tools/gpu/multi_gpu_check.sh. The fp8c executable is $FP8C, else the build directory's. */
+ * The GPU side (two ranks against one GPU with --grad-accum 2, both launch paths, the FP8
+ * reduction's kernels against the host reference bit for bit) is tests/gpu/test_gpu_comm.c
+ * and tools/gpu/multi_gpu_check.sh. The fp8c executable is $FP8C, else the build directory's. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +34,7 @@
 
 #include "rt.h"
 #include "test_files.h"
+#include "test_rng.h"
 
 static char fp8c[1024];
 static char model[1024];
@@ -142,6 +149,163 @@ static void test_one_rank_is_bit_identical(void **state) {
     build("-O0", "one");
     build("-O0 --gpus 4", "dp");
     check_same_run("ref", "0", 1);     /* f32 gradients, the reference executor */
+    /* the FP8 reduction: nothing to reduce on one rank either */
+    build("-O1", "one");
+    build("-O1 --gpus 2 --precision comm:grad=e5m2", "dp");
+    check_same_run("cpu", "1", 1);
+}
+
+static double json_num(const char *text, const char *key);
+
+/* ---------------------------------------------------------------- the FP8 reduction
+ * The bound on |out - S| for one element, S = sum_j x_j exactly (f64), out = the reference's
+ * (comm_fp8.c), with e = 2^-(mantissa bits + 1) the format's relative rounding (2^-3 e5m2,
+ * 2^-4 e4m3), d half its smallest subnormal (2^-17, 2^-10), u = 2^-24 (f32):
+ *   x_j s1 is an f32 product (u), rounded to FP8: |dq_j - x_j s1| <= e' |x_j s1| + d with
+ *     e' = e (1 + 2u) + 2u; saturation adds nothing (|x_j s1| <= max (1 + u));
+ *   the sum of the N codes in f32 and the division by s1 add (N u) sum |dq_j| / s1 + u |y|;
+ *   so |y - S| <= e1 = e' A + N d / s1 + 2 N u ((1 + e') A + N d / s1), A = sum |x_j|;
+ *   the second rounding: |out - y| <= e' |y| + d / s2 <= e' (|S| + e1) + d / s2.
+ * Per element the first term dominates: e' times the sum of the magnitudes, not of the sum,
+ * which is why cancelling gradients (opposite signs on two ranks) lose relative accuracy. */
+static double fp8_bound(ElemType wire, int ranks, const double *x_abs_sum, double sum, float s1, float s2)
+{
+    double e = wire == FMT_E5M2 ? 0x1p-3 : 0x1p-4, d = wire == FMT_E5M2 ? 0x1p-17 : 0x1p-10;
+    double u = 0x1p-24, ep = e * (1 + 2 * u) + 2 * u, A = *x_abs_sum;
+    double e1 = ep * A + ranks * d / s1 + 2 * ranks * u * ((1 + ep) * A + ranks * d / s1);
+    return e1 + ep * (fabs(sum) + e1) + d / s2;
+}
+
+static void test_fp8_reduction_bound(void **state) {
+    (void)state;
+    rng_state = seed;
+    static const ElemType wires[2] = {FMT_E5M2, FMT_E4M3};
+    static const int ranks_list[4] = {2, 3, 4, 8};
+    for (int w = 0; w < 2; w++)
+        for (int k = 0; k < 4; k++) {
+            ElemType wire = wires[w];
+            int ranks = ranks_list[k];
+            int64_t n = rng_int(1, 6000);
+            float *x[8], *out = malloc(sizeof(float) * (size_t)n);
+            /* gradients of a layer: normal values over five decades, a share exactly zero, each
+             * rank its own magnitude; half the cases rounded to bf16 as the accumulators are */
+            double decade = rng_uniform() * 8 - 6;
+            for (int r = 0; r < ranks; r++) {
+                x[r] = malloc(sizeof(float) * (size_t)n);
+                double rank_scale = pow(10, decade + rng_uniform());
+                for (int64_t i = 0; i < n; i++) {
+                    float v = (float)(rng_normal() * rank_scale * pow(10, 4 * rng_uniform() - 2));
+                    if (rng_uniform() < 0.05) v = 0;
+                    x[r][i] = (k & 1) ? num_round(FMT_BF16, v) : v;
+                }
+            }
+            rt_comm_fp8_reduce(wire, ranks, n, (const float *const *)x, out);
+            /* the scales the reference used, recomputed */
+            float amax = 0, amax2 = 0;
+            for (int r = 0; r < ranks; r++)
+                for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[r][i]));
+            float s1 = rt_comm_fp8_scale(wire, amax);
+            double err2 = 0, ref2 = 0, worst = 0;
+            for (int64_t i = 0; i < n; i++) {
+                float sum = 0;
+                for (int r = 0; r < ranks; r++) sum += num_round(wire, x[r][i] * s1);
+                amax2 = fmaxf(amax2, fabsf(sum / s1));
+            }
+            float s2 = rt_comm_fp8_scale(wire, amax2);
+            for (int64_t i = 0; i < n; i++) {
+                double S = 0, A = 0;
+                for (int r = 0; r < ranks; r++) S += x[r][i], A += fabs(x[r][i]);
+                double bound = fp8_bound(wire, ranks, &A, S, s1, s2);
+                double err = fabs((double)out[i] - S);
+                if (!(err <= bound * (1 + 1e-9)))
+                    fail_msg("%s over %d ranks, element %lld of %lld: %.9g, the sum is %.9g (error %.3g, "
+                             "bound %.3g; scales %g, %g)", fmt_elem_name(wire), ranks, (long long)i,
+                             (long long)n, out[i], S, err, bound, s1, s2);
+                if (bound > 0 && err / bound > worst) worst = err / bound;
+                err2 += err * err, ref2 += S * S;
+            }
+            /* normalized error: about e / sqrt(3) for each of two roundings of values spread over
+             * the binades; 0.5 e bounds it with room for few elements */
+            double norm = ref2 > 0 ? sqrt(err2 / ref2) : 0;
+            double e = wire == FMT_E5M2 ? 0x1p-3 : 0x1p-4;
+            printf("  %s over %d ranks, %lld elements: normalized error %.4f (bound on it %.4f), "
+                   "worst element at %.2f of its bound\n", fmt_elem_name(wire), ranks, (long long)n,
+                   norm, e, worst);
+            assert_true(norm <= e);
+            for (int r = 0; r < ranks; r++) free(x[r]);
+            free(out);
+        }
+}
+
+/* Zeros stay zeros; an infinity on one rank makes the whole bucket NaN (saturating it would
+ * hide it from the finite check), a NaN stays where it is; the scales of the rule. */
+static void test_fp8_reduction_special_values(void **state) {
+    (void)state;
+    float a[4] = {0, 0, 0, 0}, b[4] = {0, -0.0f, 0, 0}, out[4];
+    const float *x[2] = {a, b};
+    rt_comm_fp8_reduce(FMT_E5M2, 2, 4, x, out);
+    for (int i = 0; i < 4; i++) assert_true(out[i] == 0);
+    a[0] = 1, a[1] = 2, b[2] = INFINITY;
+    rt_comm_fp8_reduce(FMT_E5M2, 2, 4, x, out);
+    for (int i = 0; i < 4; i++) assert_true(isnan(out[i]));
+    b[2] = NAN;
+    rt_comm_fp8_reduce(FMT_E4M3, 2, 4, x, out);
+    assert_true(isnan(out[2]));
+    assert_true(out[0] == 1 && out[1] == 2 && out[3] == 0);   /* powers of two: exact */
+    assert_true(rt_comm_fp8_scale(FMT_E5M2, 0) == 1.0f);
+    assert_true(isnan(rt_comm_fp8_scale(FMT_E4M3, INFINITY)));
+    assert_true(rt_comm_fp8_scale(FMT_E4M3, 448) == 1.0f);
+    assert_true(rt_comm_fp8_scale(FMT_E5M2, 1e-40f) == 0x1p127f);   /* capped: x s stays finite */
+    assert_int_equal(rt_comm_fp8_shard(1000, 3), 512);
+    assert_int_equal(rt_comm_fp8_shard(512, 2), 256);
+}
+
+/* The plan of comm:grad=e5m2: its format, the bytes of each collective (the shards twice, one
+ * byte an element, and two f32 maxima a bucket), under half of what bf16 sends; the rule
+ * without --gpus, or with another format or pattern, is an error. */
+static void test_plan_of_the_fp8_reduction(void **state) {
+    (void)state;
+    const int gpus = 2 + (int)(seed % 3);
+    int rc = run("plan", "%s plan %s -O1 %s --gpus %d --json --precision comm:grad=e5m2", fp8c, model,
+                 model_flags, gpus);
+    char *text = slurp("plan.out");
+    if (rc != 0) fail_msg("plan failed:\n%s", text);
+    assert_non_null(strstr(text, "\"allreduce_wire\": \"e5m2\""));
+    double bytes = json_num(text, "allreduce_bytes"), sent = json_num(text, "sent_bytes_per_gpu");
+    assert_non_null(strstr(text, "\"collective\": \"all_to_all (send/recv)\", \"format\": \"e5m2\""));
+    assert_non_null(strstr(text, "\"collective\": \"all_gather\", \"format\": \"e5m2\""));
+    const char *a2a = strstr(text, "\"collective\": \"all_to_all");
+    const char *ag = strstr(text, "\"collective\": \"all_gather");
+    double sent_a2a = json_num(a2a, "bytes_per_gpu"), sent_ag = json_num(ag, "bytes_per_gpu");
+    assert_true(sent_a2a == sent_ag);
+    assert_true(sent_a2a + sent_ag < sent && sent < sent_a2a + sent_ag + 64 * 8);
+    /* bf16 gradients: an element is 2 bytes in the accumulator, (N-1)/N of a byte twice on the
+     * wire (shards padded to 256 elements) against 2 (N-1)/N x 2 bytes for NCCL's bf16 sum */
+    double bf16_sent = 2 * bytes * (gpus - 1) / gpus;
+    printf("  comm:grad=e5m2 over %d GPUs: %.0f bytes sent per GPU per step, bf16 %.0f (%.3f of it)\n",
+           gpus, sent, bf16_sent, sent / bf16_sent);
+    assert_true(sent < 0.55 * bf16_sent);
+    free(text);
+    rc = run("table", "%s plan %s -O1 %s --gpus %d --precision comm:grad=e4m3", fp8c, model, model_flags, gpus);
+    text = slurp("table.out");
+    assert_int_equal(rc, 0);
+    if (!strstr(text, "sent in e4m3 with one scale per bucket") || !strstr(text, "all_to_all (send/recv)"))
+        fail_msg("the plan does not show the FP8 reduction:\n%s", text);
+    free(text);
+    static const struct { const char *flags, *want; } refused[] = {
+        {"--precision comm:grad=e5m2", "build with --gpus N"},
+        {"--gpus 2 --precision comm:grad=bf16", "comm:grad takes e5m2 or e4m3"},
+        {"--gpus 2 --precision comm:grad=e5m2:delayed16", "comm:grad takes e5m2 or e4m3"},
+        {"--gpus 2 --precision comm:weights=e5m2", "a comm: rule names what is reduced"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        rc = run("refused", "%s build %s -O1 %s %s -o %s/x", fp8c, model, model_flags, refused[i].flags, tmp_dir);
+        text = slurp("refused.out");
+        if (rc == 0 || !strstr(text, refused[i].want))
+            fail_msg("fp8c build %s: status %d, want an error with \"%s\":\n%s", refused[i].flags, rc,
+                     refused[i].want, text);
+        free(text);
+    }
 }
 
 /* "key": value of the plan's JSON, as a number */
@@ -371,6 +535,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_bad_launches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_data_split_and_grad_scale, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_shows_the_buckets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fp8_reduction_bound, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fp8_reduction_special_values, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plan_of_the_fp8_reduction, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,7 +14,14 @@
  *   - sums in buckets during the backward (comm.overlap, two buckets of 1 MiB or more) and
  *     sums after it (comm.overlap=0) end with the same bytes, at -O1 (bf16 gradients): the
  *     overlap changes when the sums run, not what they compute;
- *   - at -O0 (f32 gradients) two ranks end with the bytes of one GPU with two micro-steps.
+ *   - at -O0 (f32 gradients) two ranks end with the bytes of one GPU with two micro-steps;
+ *   - the FP8 reduction (comm:grad=e5m2 at -O1, e4m3 at -O0: bf16 and f32 accumulators, two
+ *     buckets): each rank runs its micro-step once without the reduction and keeps its own
+ *     gradients, then again with it (the same batch from zeroed accumulators: the same
+ *     gradients) and keeps what the reduction left; both ranks must hold the same bytes, and
+ *     those must be, bit for bit, what the host reference (runtime/comm_fp8.c) computes from
+ *     the two ranks' own gradients, rounded to the accumulators' formats. Four steps of it end
+ *     with the same bytes on both ranks, with the reduction during the backward and after it.
  * STEPS is 4, so the last micro-step runs uncaptured once, is captured, and is replayed. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,9 +42,15 @@
 
 static char dir[] = "/tmp/fp8c-test-gpu-comm-XXXXXX";
 
+/* the IR directory: $FP8C_GPU_IR_DIR (a build carried to another machine), else the build's */
+static const char *ir_dir(void) {
+    const char *d = getenv("FP8C_GPU_IR_DIR");
+    return d && *d ? d : GPU_IR_DIR;
+}
+
 static Graph *load_graph(Arena *arena, const char *name) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s.ir", GPU_IR_DIR, name);
+    snprintf(path, sizeof path, "%s/%s.ir", ir_dir(), name);
     int64_t size;
     uint8_t *bytes = rt_read_file(path, &size);
     char *text = bytes ? malloc((size_t)size + 1) : NULL;
@@ -139,6 +152,155 @@ static int run_rank(const char *ir, int rank, int world, int accum, const char *
     return ok ? 0 : 15;
 }
 
+/* The accumulators each ALL_REDUCE sums, in the order the buckets send them. */
+static int reduced_accumulators(Graph *g, RtCommPlan *cp, Tensor **out) {
+    if (!rt_comm_plan(g, cp)) return -1;
+    for (int i = 0; i < cp->n_reduce; i++) {
+        Node *acc = cp->reduce[i]->in[0];
+        while (acc->op == OP_ACCUMULATE) acc = acc->in[0];
+        out[i] = &acc->t;
+    }
+    return cp->n_reduce;
+}
+
+/* f32 values of tensors ts[0 .. n) (host mirrors), one after another, to path */
+static bool write_values(const char *path, Tensor **ts, int n) {
+    FILE *f = fopen(path, "wb");
+    bool ok = f != NULL;
+    for (int i = 0; ok && i < n; i++) {
+        float *v = ref_load(ts[i]);
+        ok = fwrite(v, sizeof *v, (size_t)ir_numel(ts[i]), f) == (size_t)ir_numel(ts[i]);
+        free(v);
+    }
+    if (f) ok = fclose(f) == 0 && ok;
+    return ok;
+}
+
+/* One rank of the FP8 reduction's check: step 1's micro-step without the reduction (its own
+ * gradients to out.pre), the accumulators zeroed, the same micro-step with the reduction
+ * (out.post). Returns an exit status. */
+static int run_rank_fp8(const char *ir, int rank, int world, const char *comm_file, const char *out) {
+    Arena *arena = arena_new();
+    Graph *g = load_graph(arena, ir);
+    if (!g) return 10;
+    Node *tokens = ir_find(g, "tokens"), *targets = ir_find(g, "targets");
+    Node *lr = ir_find(g, "lr"), *step = ir_find(g, "step"), *grad_scale = ir_find(g, "grad_scale");
+    int64_t vocab = INT64_MAX;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->op == OP_EMBEDDING && n->in[1] == tokens && n->in[0]->t.dims[0] < vocab)
+            vocab = n->in[0]->t.dims[0];
+    }
+    RtMemory mem;
+    if (!tokens || !targets || vocab == INT64_MAX || !rt_memory_bind(g, &mem)) return 11;
+    rt_init_params(g, 1234);
+    CudaBinary bin;
+    bool skipped = false;
+    char why[512] = "";
+    if (!cuda_compile_graph(g, &bin, &skipped, why, sizeof why) || skipped) return 12;
+    const RtDevice *dev = cuda_rt_device(bin.cubin, bin.cubin_size);
+    if (!dev->comm_open(rank, world, comm_file, 60)) return 13;
+    if (!dev->open(g, &mem)) return 14;
+    RtCommPlan cp;
+    Tensor **acc = malloc(sizeof *acc * (size_t)g->n_nodes);
+    int n_acc = acc ? reduced_accumulators(g, &cp, acc) : -1;
+    if (n_acc <= 0) return 15;
+    feed(lr, 1e-3);
+    feed(step, 1);
+    feed(grad_scale, rt_grad_scale(1, world));
+    Tensor *ts[3] = {&lr->t, &step->t, &grad_scale->t}, *io[2] = {&tokens->t, &targets->t};
+    char path[600];
+    feed_batch(tokens, targets, vocab, 0, rt_global_micro(rank, 1, 0));
+    bool ok = dev->push(ts, 3) && dev->push(io, 2) && dev->run_micro_step(g) && dev->pull(acc, n_acc);
+    snprintf(path, sizeof path, "%s.pre", out);
+    ok = ok && write_values(path, acc, n_acc) && dev->zero(acc, n_acc) && dev->push(io, 2) &&
+         dev->run_last_micro_step(g) && dev->pull(acc, n_acc);
+    snprintf(path, sizeof path, "%s.post", out);
+    ok = ok && write_values(path, acc, n_acc);
+    rt_comm_plan_free(&cp);
+    free(acc);
+    dev->close();
+    cuda_binary_free(&bin);
+    return ok ? 0 : 16;
+}
+
+/* The two ranks' reduced gradients against the host reference, bucket by bucket. */
+static bool fp8_matches_reference(const char *ir, const char *name) {
+    Arena *arena = arena_new();
+    Graph *g = load_graph(arena, ir);
+    RtCommPlan cp;
+    Tensor **acc = g ? malloc(sizeof *acc * (size_t)g->n_nodes) : NULL;
+    int n_acc = acc ? reduced_accumulators(g, &cp, acc) : -1;
+    if (n_acc <= 0) return false;
+    float *pre[2], *post[2];
+    int64_t bytes[4] = {0};
+    for (int r = 0; r < 2; r++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s.%d.pre", dir, name, r);
+        pre[r] = (float *)rt_read_file(path, &bytes[r]);
+        snprintf(path, sizeof path, "%s/%s.%d.post", dir, name, r);
+        post[r] = (float *)rt_read_file(path, &bytes[2 + r]);
+    }
+    bool ok = pre[0] && pre[1] && post[0] && post[1] && bytes[0] == bytes[2] && bytes[1] == bytes[0] &&
+              bytes[3] == bytes[0] && memcmp(post[0], post[1], (size_t)bytes[0]) == 0;
+    if (!ok) printf("  %s: the two ranks' reduced gradients differ (or are missing)\n", name);
+    int64_t at = 0, differ = 0, total = 0, changed = 0;
+    for (int b = 0; ok && b < cp.n_buckets; b++) {
+        const RtBucket *k = &cp.buckets[b];
+        float *out = malloc(sizeof *out * (size_t)k->elems);
+        const float *x[2] = {pre[0] + at, pre[1] + at};
+        rt_comm_fp8_reduce(cp.wire, 2, k->elems, x, out);
+        int64_t e = 0;
+        for (int i = k->first; i < k->first + k->count; i++) {
+            ElemType elem = acc[i]->fmt.elem;
+            for (int64_t j = 0; j < ir_numel(acc[i]); j++, e++) {
+                float want = num_round(elem, out[e]), got = post[0][at + e];
+                changed += got != pre[0][at + e];
+                if (memcmp(&want, &got, sizeof want)) {
+                    if (differ++ < 5)
+                        printf("  %s: bucket %d, %s[%lld]: GPU %.9g, host %.9g (ranks' own %.9g, %.9g)\n", name,
+                               b, acc[i]->name ? acc[i]->name : "?", (long long)j, got, want, x[0][e], x[1][e]);
+                }
+            }
+        }
+        at += k->elems;
+        total += k->elems;
+        free(out);
+    }
+    printf("  %s: %lld gradient elements in %d buckets, %lld differ from the host reference; "
+           "%lld changed by the reduction\n", name, (long long)total, cp.n_buckets, (long long)differ,
+           (long long)changed);
+    for (int r = 0; r < 2; r++) free(pre[r]), free(post[r]);
+    rt_comm_plan_free(&cp);
+    free(acc);
+    arena_free(arena);
+    return ok && differ == 0 && total > 0 && changed > 0;
+}
+
+static bool run_world_fp8(const char *ir, const char *name) {
+    char comm_file[512];
+    snprintf(comm_file, sizeof comm_file, "%s/%s.id", dir, name);
+    unlink(comm_file);
+    pid_t pids[2];
+    fflush(NULL);
+    for (int r = 0; r < 2; r++) {
+        char out[512];
+        snprintf(out, sizeof out, "%s/%s.%d", dir, name, r);
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(run_rank_fp8(ir, r, 2, comm_file, out));
+    }
+    bool ok = true;
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            printf("  %s: rank %d ended with status %d\n", name, r, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
 /* `world` children, rank r writing DIR/NAME.r; true when all ended with status 0 */
 static bool run_world(const char *ir, const char *name, int world, int accum) {
     char comm_file[512];
@@ -180,6 +342,11 @@ static bool same_file(const char *a, const char *b) {
     return same;
 }
 
+static const char *const graph_names[] = {"gpt2_tiny_dp_O1", "gpt2_tiny_dp_serial_O1", "gpt2_tiny_dp_O0",
+                                          "gpt2_tiny_dp_e5m2_O1", "gpt2_tiny_dp_e5m2_serial_O1",
+                                          "gpt2_tiny_dp_e4m3_O0"};
+enum { N_GRAPHS = sizeof graph_names / sizeof graph_names[0] };
+
 /* Two GPUs and NCCL here? Asked in a child: CUDA must not start in this process. The child
  * also compiles the graphs' modules once, so that the ranks find them in the cache. */
 static bool two_gpus(void) {
@@ -192,10 +359,9 @@ static bool two_gpus(void) {
             fflush(stdout);
             _exit(SKIP_STATUS);
         }
-        const char *names[] = {"gpt2_tiny_dp_O1", "gpt2_tiny_dp_serial_O1", "gpt2_tiny_dp_O0"};
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < N_GRAPHS; i++) {
             Arena *arena = arena_new();
-            Graph *g = load_graph(arena, names[i]);
+            Graph *g = load_graph(arena, graph_names[i]);
             CudaBinary bin;
             bool skipped = false;
             if (!g || !cuda_compile_graph(g, &bin, &skipped, why, sizeof why) || skipped) _exit(1);
@@ -238,10 +404,47 @@ static void test_two_ranks(void **state) {
     assert_true(same_file("ranks_O0.0", "one_O0.0"));
 }
 
+static void test_fp8_reduction(void **state) {
+    (void)state;
+    if (!two_gpus()) return;
+    /* the kernels against the host reference, bit for bit: bf16 and f32 accumulators */
+    assert_true(run_world_fp8("gpt2_tiny_dp_e5m2_O1", "fp8_e5m2"));
+    assert_true(fp8_matches_reference("gpt2_tiny_dp_e5m2_O1", "fp8_e5m2"));
+    assert_true(run_world_fp8("gpt2_tiny_dp_e4m3_O0", "fp8_e4m3"));
+    assert_true(fp8_matches_reference("gpt2_tiny_dp_e4m3_O0", "fp8_e4m3"));
+    /* training: the ranks stay equal; during the backward or after it, the same bits */
+    assert_true(run_world("gpt2_tiny_dp_e5m2_O1", "e5m2_overlap", 2, 1));
+    assert_true(same_file("e5m2_overlap.0", "e5m2_overlap.1"));
+    assert_true(run_world("gpt2_tiny_dp_e5m2_serial_O1", "e5m2_serial", 2, 1));
+    assert_true(same_file("e5m2_serial.0", "e5m2_serial.1"));
+    assert_true(same_file("e5m2_overlap.0", "e5m2_serial.0"));
+}
+
 int main(void) {
     setenv("FP8C_CUDA_TUNE", "0", 1);   /* the heuristic's first algorithm: runs comparable */
+    /* FP8C_TEST_COMPILE_ONLY=1: compile the graphs' modules into the cache (no GPU needed), so
+     * that a build carried to the GPU machine finds them there */
+    const char *only = getenv("FP8C_TEST_COMPILE_ONLY");
+    if (only && !strcmp(only, "1")) {
+        for (int i = 0; i < N_GRAPHS; i++) {
+            Arena *arena = arena_new();
+            Graph *g = load_graph(arena, graph_names[i]);
+            CudaBinary bin;
+            bool skipped = false;
+            char why[512] = "";
+            if (!g || !cuda_compile_graph(g, &bin, &skipped, why, sizeof why) || skipped) {
+                printf("test_gpu_comm: %s does not compile: %s\n", graph_names[i], why);
+                return 1;
+            }
+            printf("test_gpu_comm: %s: %zu bytes of cubin%s\n", graph_names[i], bin.cubin_size,
+                   bin.cached ? " (cached)" : "");
+            cuda_binary_free(&bin);
+            arena_free(arena);
+        }
+        return 0;
+    }
     if (!mkdtemp(dir)) return 1;
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_ranks)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_ranks), cmocka_unit_test(test_fp8_reduction)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -7,7 +7,7 @@
  * (batch 2, sequence 64): kernels depend on formats and ops, not on sizes, except attention's
  * head dimension, which is the model's own. The same graphs lowered to the kernel IR
  * (codegen.h, fused) and rendered by cuda/cg_render.c must compile too. Compiled modules are
- * cached in the build tree. */
+ * cached in the build tree. FP8C_TEST_FILTER=name runs the tests of that name only. */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -715,13 +715,67 @@ static void test_attention_wgmma_choice(void **state) {
     }
 }
 
+/* The kernels of the FP8 gradient reduction (kernels/comm.cuh): a data-parallel build with
+ * comm:grad=e5m2 or e4m3 puts its five entry points in the module, for bf16 gradients (-O1)
+ * and f32 ones (-O0), and NVRTC compiles them; without the rule there are none. */
+static void test_fp8_comm_kernels(void **state) {
+    (void)state;
+    static const struct { const char *rule; int level; const char *sum; } cases[] = {
+        {"comm:grad=e5m2", 1, "ck_comm_sum<FMT_E5M2>"}, {"comm:grad=e4m3", 1, "ck_comm_sum<FMT_E4M3>"},
+        {"comm:grad=e5m2", 0, "ck_comm_sum<FMT_E5M2>"}, {NULL, 1, NULL}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Arena *a = arena_new();
+        char path[4500];
+        snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+        BuildOptions o;
+        memset(&o, 0, sizeof o);
+        o.front.batch = 2;
+        o.front.seq = 64;
+        o.passes.opt_level = cases[c].level;
+        o.passes.gpus = 2;
+        const char *rules[1] = {cases[c].rule};
+        o.passes.overrides = rules;
+        o.passes.n_overrides = cases[c].rule ? 1 : 0;
+        diag_reset();
+        Graph *g = pipeline_compile(a, path, &o);
+        assert_true(g && !diag_error_count());
+        char why[512];
+        CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+        assert_non_null(plans);
+        char *text = cuda_render_module(g, plans, a, NULL);
+        int reduce = 0, planned = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            if (g->nodes[i]->op != OP_ALL_REDUCE) continue;
+            reduce++;
+            CuNodePlan p;
+            if (!cuda_plan_comm(g->nodes[i], a, &p)) continue;
+            planned++;
+            assert_int_equal(p.n_launch, COMM_KERNELS);
+            for (int k = 0; k < p.n_launch; k++) assert_non_null(strstr(text, p.launch[k].fn));
+        }
+        assert_true(reduce > 0);
+        if (!cases[c].rule) {
+            assert_int_equal(planned, 0);
+            assert_null(strstr(text, "ck_comm_amax(a)"));   /* no entry point (the library has the code) */
+        } else {
+            assert_int_equal(planned, reduce);
+            assert_non_null(strstr(text, cases[c].sum));
+            assert_module_compiles(g);
+            printf("  %s at -O%d: the FP8 reduction's kernels compile\n", cases[c].rule, cases[c].level);
+        }
+        arena_free(a);
+    }
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (getenv("FP8C_TEST_FILTER")) cmocka_set_test_filter(getenv("FP8C_TEST_FILTER"));   /* one test by name */
     if (!cuda_compiler_available()) {
         printf("test_gpu_nvrtc: skipped: fp8c was built without NVRTC\n");
         return 0;
     }
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_grouped_scales_plan),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_comm_kernels),
+                                       cmocka_unit_test(test_grouped_scales_plan),
                                        cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_cast_transpose_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),

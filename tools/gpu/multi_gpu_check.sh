@@ -14,11 +14,18 @@
 #   3. checkpoints: a run saved on 2 GPUs resumes on 1;
 #   4. faults: rank 1 killed in the middle of a two-process run: rank 0 must end with an error
 #      within --comm-timeout (never hang); rank 0 alone, with no rank 1: ends at the timeout.
+#   5. the FP8 gradient reduction (--precision comm:grad=e5m2, e4m3), ~4 minutes: test_gpu_comm
+#      (its kernels against the host reference bit for bit, the ranks equal); GPT-2 d12 -O1
+#      batch 8, STEPS steps on 2 GPUs against 1 GPU with --grad-accum 2 (the same data and GEMM
+#      algorithms), every step's relative loss difference printed, the worst within
+#      docs/multi-gpu.md's tolerance (FP8_TOL_E5M2 1e-2, FP8_TOL_E4M3 3e-2), beside the bf16
+#      sums' own difference; tokens/s of d12 batch 32 a GPU on 2 GPUs, bf16 sums against e5m2.
 # OUT ($OUT when set, else BUILD/multi-gpu/out) receives summary.txt (printed as it goes),
-# equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv and logs.tgz. The binaries were built elsewhere by
-# tools/gpu/prepare_multi_gpu.sh BUILD.
+# equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv, equivalence_fp8.tsv and logs.tgz. The
+# binaries were built elsewhere by tools/gpu/prepare_multi_gpu.sh BUILD.
 #
-# usage: tools/gpu/multi_gpu_check.sh BUILD        knobs: STEPS (50), BENCH_STEPS (20)
+# usage: tools/gpu/multi_gpu_check.sh BUILD
+# knobs: STEPS (50), BENCH_STEPS (20), SECTIONS ("1 2 3 4 5"; SECTIONS=5: the FP8 reduction alone)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${1:?usage: multi_gpu_check.sh BUILD}" && pwd)
@@ -28,6 +35,8 @@ mkdir -p "$RESULTS"
 W=$(mktemp -d "${TMPDIR:-/tmp}/fp8c-mgpu.XXXXXX")
 STEPS=${STEPS:-50}
 BENCH_STEPS=${BENCH_STEPS:-20}
+SECTIONS=" ${SECTIONS:-1 2 3 4 5} "
+section() { [[ $SECTIONS == *" $1 "* ]]; }
 SUMMARY=$W/summary.txt
 : > "$SUMMARY"
 say() { echo "$@" | tee -a "$SUMMARY"; }
@@ -116,10 +125,12 @@ last() { for f in "$@"; do [ -f "$W/$f.out" ] && tail -2 "$W/$f.out"; done | tr 
 
 common="--data $DATA --device cuda --seed 7 --lr 6e-4 --warmup 2 --eval-every 0 --overwrite --comm-timeout 120"
 
-# ---------------------------------------------------------------- 1. equivalence
 # (the same GEMM algorithms in every run: FP8C_CUDA_TUNE=0; timing them picks differently in
 # different runs, which no reduction could make equal)
 fixed="env FP8C_CUDA_TUNE=0"
+
+if section 1; then
+# ---------------------------------------------------------------- 1. equivalence
 # two_procs BINARY NAME: two ranks as two processes, rank 0 logging to W/NAME.jsonl
 two_procs() {
     local b=$BIN/$1 name=$2
@@ -176,6 +187,8 @@ STEPS=30 equiv tiny_O0 "gpt2_tiny -O0 batch 16 (f32 sums)"
 r=$(compare "$W/tiny_O0_gpus2.jsonl" "$W/tiny_O0_1gpu.jsonl" 0) && say "gpt2_tiny -O0, 2 GPUs vs 1 GPU bit for bit: $r" ||
     fail "gpt2_tiny -O0, 2 GPUs vs 1 GPU (f32: must be bit-identical): $r"
 
+fi
+if section 2; then
 # ---------------------------------------------------------------- 2. throughput
 say ""
 say "== 2. tokens/s, GPT-2 d12 -O1 batch 32 x 1024 per GPU ($BENCH_STEPS steps, median after 3)"
@@ -190,6 +203,8 @@ else
     fail "throughput runs: $(last b32_1 b32_2 b32_2s)"
 fi
 
+fi
+if section 3; then
 # ---------------------------------------------------------------- 3. resume on 1 GPU
 say ""
 say "== 3. a checkpoint of 2 GPUs resumes on 1"
@@ -209,6 +224,8 @@ else
     fail "save on 2, resume on 1: $(last save2 resume1 straight)"
 fi
 
+fi
+if section 4; then
 # ---------------------------------------------------------------- 4. faults
 say ""
 say "== 4. faults (--comm-timeout 30)"
@@ -247,6 +264,66 @@ s=$?
 if [ $s = 0 ] || [ $s = 124 ]; then fail "rank 0 without rank 1: status $s"; else
     say "rank 0 without rank 1: status $s after $(( $(date +%s) - t0 )) s: $(tail -1 "$W/alone0.out")"; fi
 [ -e "$W/alone.id" ] && say "note: rank 0 left $W/alone.id (the ranks never met)"
+fi
+
+if section 5; then
+# ---------------------------------------------------------------- 5. the FP8 gradient reduction
+say ""
+say "== 5. the FP8 gradient reduction (comm:grad=e5m2 / e4m3)"
+T=$BUILD/multi-gpu/test
+if [ -x "$T/test_gpu_comm" ]; then
+    if (cd "$W" && FP8C_GPU_IR_DIR=$T/ir FP8C_CACHE_DIR=$T/cache CMOCKA_MESSAGE_OUTPUT=stdout \
+        "$T/test_gpu_comm" > "$W/test_gpu_comm.out" 2>&1); then
+        say "test_gpu_comm passed: $(grep -h 'differ from the host reference' "$W/test_gpu_comm.out" | sed 's/^ *//' | tr '\n' ' ')"
+        grep -q "skipped" "$W/test_gpu_comm.out" && fail "test_gpu_comm skipped: $(grep skipped "$W/test_gpu_comm.out")"
+    else
+        fail "test_gpu_comm: $(grep -E 'differ|ERROR|FAIL|status|LINE' "$W/test_gpu_comm.out" | head -8 | tr '\n' ' ')"
+    fi
+else
+    say "test_gpu_comm not carried (BUILD/multi-gpu/test): skipped"
+fi
+# the same runs as section 1 where it ran: one GPU with two micro-steps, two with bf16 sums
+[ -f "$W/d12_O1_b8_1gpu.jsonl" ] ||
+    run d12_O1_b8_1gpu $fixed "$BIN/d12_O1_b8" $common --steps "$STEPS" --grad-accum 2 --log "$W/d12_O1_b8_1gpu.jsonl" ||
+    fail "d12 -O1 batch 8 on 1 GPU with --grad-accum 2: $(last d12_O1_b8_1gpu)"
+[ -f "$W/d12_O1_b8_gpus2.jsonl" ] ||
+    run d12_O1_b8_gpus2 $fixed "$BIN/d12_O1_b8" $common --steps "$STEPS" --gpus 2 --log "$W/d12_O1_b8_gpus2.jsonl" ||
+    fail "d12 -O1 batch 8 on 2 GPUs (bf16 sums): $(last d12_O1_b8_gpus2)"
+fp8_logs=("$W/d12_O1_b8_1gpu.jsonl" "$W/d12_O1_b8_gpus2.jsonl")
+for wire in e5m2 e4m3; do
+    if run fp8_$wire $fixed "$BIN/d12_O1_b8_$wire" $common --steps "$STEPS" --gpus 2 --log "$W/fp8_$wire.jsonl"; then
+        fp8_logs+=("$W/fp8_$wire.jsonl")
+    else
+        fail "d12 -O1 batch 8 on 2 GPUs, comm:grad=$wire: $(last fp8_$wire)"
+    fi
+done
+grep -h "data parallel\|device:" "$W/fp8_e5m2.out" 2>/dev/null | head -2 | tee -a "$SUMMARY"
+if [ ${#fp8_logs[@]} -eq 4 ]; then
+    table "$RESULTS/equivalence_fp8.tsv" "${fp8_logs[@]}"
+    say "every step's loss relative to 1 GPU with --grad-accum 2 (bf16 sums, e5m2, e4m3 on 2 GPUs):"
+    python3 - "$RESULTS/equivalence_fp8.tsv" <<'PY' | tee -a "$SUMMARY"
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])][1:]
+print("  step  loss(1 GPU)   bf16 sums   e5m2       e4m3")
+for r in rows:
+    print(f"  {r[0]:>4}  {float(r[1]):10.5f}   {r[5]}   {r[6]}  {r[7]}")
+PY
+    bf16_worst=$(worst "$W/d12_O1_b8_gpus2.jsonl" "$W/d12_O1_b8_1gpu.jsonl")
+    say "bf16 sums on 2 GPUs against 1 GPU: worst $bf16_worst"
+    r=$(compare "$W/fp8_e5m2.jsonl" "$W/d12_O1_b8_1gpu.jsonl" "${FP8_TOL_E5M2:-1e-2}") &&
+        say "e5m2 reduction, 2 GPUs vs 1 GPU x 2 micro-steps: $r" || fail "e5m2 reduction, 2 GPUs vs 1 GPU: $r"
+    r=$(compare "$W/fp8_e4m3.jsonl" "$W/d12_O1_b8_1gpu.jsonl" "${FP8_TOL_E4M3:-3e-2}") &&
+        say "e4m3 reduction, 2 GPUs vs 1 GPU x 2 micro-steps: $r" || fail "e4m3 reduction, 2 GPUs vs 1 GPU: $r"
+fi
+say "tokens/s, GPT-2 d12 -O1 batch 32 x 1024 per GPU, 2 GPUs ($BENCH_STEPS steps, median after 3):"
+if run fp8_b32_bf16 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --gpus 2 --log "$W/fp8_b32_bf16.jsonl" &&
+   run fp8_b32_e5m2 "$BIN/d12_O1_b32_e5m2" $common --steps "$BENCH_STEPS" --gpus 2 --log "$W/fp8_b32_e5m2.jsonl"; then
+    tb=$(tps "$W/fp8_b32_bf16.jsonl"); te=$(tps "$W/fp8_b32_e5m2.jsonl")
+    say "bf16 sums $tb tokens/s; e5m2 reduction $te tokens/s ($(python3 -c "print(f'{$te / $tb:.3f}')") of bf16's)"
+else
+    fail "throughput runs with the FP8 reduction: $(last fp8_b32_bf16 fp8_b32_e5m2)"
+fi
+fi
 
 say ""
 [ $FAILED = 0 ] && say "multi-GPU check: all passed" || say "multi-GPU check: FAILURES above"

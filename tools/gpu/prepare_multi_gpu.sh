@@ -9,6 +9,10 @@
 #                (the gradient sums after the backward, not during it): same bits, and the
 #                speed the overlap gains
 #   tiny_O0      gpt2_tiny -O0, batch 16 x 256, --gpus 2 (f32 gradient reduction)
+#   d12_O1_b8_e5m2, d12_O1_b8_e4m3, d12_O1_b32_e5m2   the FP8 gradient reduction
+#                (--precision comm:grad=e5m2 or e4m3): its loss against one GPU, its tokens/s
+# and into BUILD/multi-gpu/test the FP8 reduction's GPU test (test_gpu_comm, cmocka linked
+# statically, with the graphs it reads and their modules compiled here), about 2 MiB more.
 #
 # usage: tools/gpu/prepare_multi_gpu.sh [BUILD]      (default: build-mgpu)
 # Then carry BUILD (ignored by git) to the GPU machine and run there, from the repository root:
@@ -18,7 +22,7 @@ cd "$(dirname "$0")/../.."
 BUILD=${1:-build-mgpu}
 mkdir -p "$BUILD" && BUILD=$(cd "$BUILD" && pwd)
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-make -C "$BUILD" -j"${JOBS:-2}" fp8c >/dev/null
+make -C "$BUILD" -j"${JOBS:-2}" fp8c test_gpu_comm gpu_test_graphs >/dev/null
 BIN=$BUILD/multi-gpu/bin
 mkdir -p "$BIN"
 rm -f "$BIN"/*
@@ -28,8 +32,26 @@ export FP8C_CACHE_DIR=$BUILD/fp8c-cache
 "$BUILD/fp8c" build models/gpt2.model -O1 --batch 8 --seq 1024 --gpus 2 --choice comm.overlap=0 -o "$BIN/d12_O1_b8_serial"
 "$BUILD/fp8c" build models/gpt2.model -O1 --batch 32 --seq 1024 --gpus 2 --choice comm.overlap=0 -o "$BIN/d12_O1_b32_serial"
 "$BUILD/fp8c" build models/gpt2_tiny.model -O0 --batch 16 --seq 256 --gpus 2 -o "$BIN/tiny_O0"
+fp8="--gpus 2 --precision comm:grad"
+"$BUILD/fp8c" build models/gpt2.model -O1 --batch 8 --seq 1024 $fp8=e5m2 -o "$BIN/d12_O1_b8_e5m2"
+"$BUILD/fp8c" build models/gpt2.model -O1 --batch 8 --seq 1024 $fp8=e4m3 -o "$BIN/d12_O1_b8_e4m3"
+"$BUILD/fp8c" build models/gpt2.model -O1 --batch 32 --seq 1024 $fp8=e5m2 -o "$BIN/d12_O1_b32_e5m2"
 for b in "$BIN"/*; do strip --strip-debug "$b"; done
+# test_gpu_comm, its graphs and their modules (the GPU machine finds them through
+# FP8C_GPU_IR_DIR and FP8C_CACHE_DIR, which multi_gpu_check.sh sets)
+TEST=$BUILD/multi-gpu/test
+rm -rf "$TEST" && mkdir -p "$TEST/ir" "$TEST/cache"
+if ldd "$BUILD/tests/gpu/test_gpu_comm" | grep -q libcmocka; then
+    echo "note: test_gpu_comm links the shared libcmocka, which the GPU machine lacks (run" \
+         "tools/gpu/build_cmocka_static.sh first): not carried" >&2
+else
+    cp "$BUILD"/tests/gpu/ir/gpt2_tiny_dp_*.ir "$TEST/ir/"
+    cp "$BUILD/tests/gpu/test_gpu_comm" "$TEST/"
+    strip --strip-debug "$TEST/test_gpu_comm"
+    FP8C_TEST_COMPILE_ONLY=1 FP8C_GPU_IR_DIR="$TEST/ir" FP8C_CACHE_DIR="$TEST/cache" "$TEST/test_gpu_comm" | tail -1
+    find "$TEST/cache" -name '*.ptx' -delete   # PTX is for reading; the cubins run
+fi
 "$BUILD/fp8c" plan models/gpt2.model -O1 --batch 8 --seq 1024 --gpus 2 > "$BUILD/multi-gpu/plan_d12_O1_b8.txt"
 echo "git commit: $(git rev-parse --short HEAD)$(git diff --quiet -- cuda runtime compiler passes || echo ' (with local changes)')" > "$BUILD/multi-gpu/BUILD_INFO"
 du -sh "$BUILD/multi-gpu"
-echo "ready: carry $BUILD (only multi-gpu/ is needed), then run tools/gpu/multi_gpu_check.sh $BUILD"
+echo "ready: carry $BUILD/multi-gpu, then run tools/gpu/multi_gpu_check.sh $BUILD (SECTIONS=5: the FP8 reduction alone)"
