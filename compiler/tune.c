@@ -399,14 +399,14 @@ static int build_points(const Tuner *t, BuildPoint *out)
         /* the loss's row blocks (cuda/spec_ops.c, ce_rows_chosen): below 1024 threads the one
          * pass holds a vocabulary row in shared memory, two rows an SM */
         p = &out[n++];
-        *p = (BuildPoint){.name = "ce.threads", .what = "threads of the loss's row blocks", .dflt = "1024", .n = 3};
-        snprintf(p->values[0], 32, "1024");
-        snprintf(p->values[1], 32, "512");
+        *p = (BuildPoint){.name = "ce.threads", .what = "threads of the loss's row blocks", .dflt = "512", .n = 3};
+        snprintf(p->values[0], 32, "512");
+        snprintf(p->values[1], 32, "1024");
         snprintf(p->values[2], 32, "256");
         p = &out[n++];
-        *p = (BuildPoint){.name = "ce.exp2", .what = "the loss's exponentials as ex2.approx", .dflt = "0", .n = 2};
-        snprintf(p->values[0], 32, "0");
-        snprintf(p->values[1], 32, "1");
+        *p = (BuildPoint){.name = "ce.exp2", .what = "the loss's exponentials as ex2.approx", .dflt = "1", .n = 2};
+        snprintf(p->values[0], 32, "1");
+        snprintf(p->values[1], 32, "0");
     }
     return n;
 }

@@ -24,7 +24,10 @@ typedef struct {
     bool exp2;          /* exponentials as ex2.approx (ops.cuh, CkExpFrom<1>), else expf */
     bool shared;        /* the one pass may hold a row in shared memory (ck_ce_fused) */
 } CeRows;
-#define CE_ROWS_DEFAULT ((CeRows){.threads = 1024, .exp2 = false, .shared = true})
+/* On an H200 (GPT-2 d12 at batch 32, 25 chunks of the loss, the one pass): 4.00 ms a step at
+ * 1024 threads with expf, 3.38 with ex2, 3.10 at 512 with expf, 2.47 at 512 with ex2 (the row
+ * in shared memory), 3.15 with the row read twice, 3.46 at 256 with ex2 (docs/results.md). */
+#define CE_ROWS_DEFAULT ((CeRows){.threads = 512, .exp2 = true, .shared = true})
 
 /* Threads of a cross entropy's row blocks. A chunk of the loss is some 500 to 1300 rows of the
  * vocabulary's 50304 logits: at 256 threads a row (rows read twice, from L2 the second time),

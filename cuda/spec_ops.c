@@ -751,10 +751,10 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
 
 /* The loss's row blocks, as the choices say (docs/tuning.md); "NAME@ID" for node ID, else
  * "NAME" for every cross entropy (a forward and its backward set alike have the same bits):
- *  - ce.threads: a row block's threads for rows of 16384 logits or more, 1024 (the default),
- *    512 or 256 (any multiple of 32 from 64 to 1024; other values keep 1024). Below 1024 the
- *    one pass holds a GPT-2 row in shared memory, two blocks an SM (ce_row_held).
- *  - ce.exp2: 1 takes the exponentials as ex2.approx (CkExpFrom<1>), 0 (the default) expf.
+ *  - ce.threads: a row block's threads for rows of 16384 logits or more, 1024, 512 (the
+ *    default) or 256 (any multiple of 32 from 64 to 1024; other values keep the default).
+ *    Below 1024 the one pass holds a GPT-2 row in shared memory, two blocks an SM (ce_row_held).
+ *  - ce.exp2: 1 (the default) takes the exponentials as ex2.approx (CkExpFrom<1>), 0 expf.
  *  - ce.shared: 0 keeps rows out of shared memory (read twice, the second time from L2 mostly),
  *    to be measured against it; 1 (the default) lets ce_row_held put them there. */
 static int64_t ce_choice(const Graph *g, const Node *n, const char *name, int64_t dflt) {
@@ -767,8 +767,8 @@ CeRows ce_rows_chosen(const Graph *g, const Node *n) {
     CeRows ce = CE_ROWS_DEFAULT;
     int64_t threads = ce_choice(g, n, "ce.threads", ce.threads);
     if (threads >= 64 && threads <= 1024 && threads % 32 == 0) ce.threads = (unsigned)threads;
-    ce.exp2 = ce_choice(g, n, "ce.exp2", 0) != 0;
-    ce.shared = ce_choice(g, n, "ce.shared", 1) != 0;
+    ce.exp2 = ce_choice(g, n, "ce.exp2", ce.exp2) != 0;
+    ce.shared = ce_choice(g, n, "ce.shared", ce.shared) != 0;
     return ce;
 }
 

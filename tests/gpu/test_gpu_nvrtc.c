@@ -531,9 +531,9 @@ static char *program_text(Graph *g, Arena *a) {
 }
 
 /* GPT-2's loss in chunks (chunk_loss.c) at every level: each chunk's cross entropy and its
- * backward run as one pass over the logits (fuse_ce_one_pass), the 50304 bf16 logits of a row
- * held in registers, seven vectors a thread (ce_row_vectors); the forward keeps its own launches
- * for the evaluation phase. */
+ * backward run as one pass over the logits (fuse_ce_one_pass), by default (CE_ROWS_DEFAULT) in
+ * blocks of 512 threads holding the 50304 bf16 logits of a row in shared memory, with ex2; the
+ * forward keeps its own launches for the evaluation phase. */
 static void test_loss_one_pass_plan(void **state) {
     (void)state;
     char path[4500];
@@ -552,8 +552,9 @@ static void test_loss_one_pass_plan(void **state) {
             const CuNodePlan *b = &plans[i], *f = &plans[i - 1];
             assert_int_equal(g->nodes[i - 1]->op, OP_CROSS_ENTROPY);
             assert_int_equal(b->n_launch, 1);
-            assert_non_null(strstr(b->launch[0].body, "ck_ce_fused<7, 0, F<FMT_BF16, SCALE_NONE>, F<FMT_BF16, SCALE_NONE>"));
-            assert_int_equal(b->launch[0].block, 1024);
+            assert_non_null(strstr(b->launch[0].body, "ck_ce_fused<-1, 1, F<FMT_BF16, SCALE_NONE>, F<FMT_BF16, SCALE_NONE>"));
+            assert_int_equal(b->launch[0].block, 512);
+            assert_int_equal(b->launch[0].smem, 50304 * 2);
             assert_int_equal(f->n_launch, 0);
             assert_non_null(f->alone);
             assert_int_equal(f->alone->n_launch, 2);

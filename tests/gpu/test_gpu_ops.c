@@ -237,8 +237,11 @@ static void ce_pair_chosen(const char *name, ElemType e, int64_t R, int64_t V, C
     for (int k = 0; k < 4; k++) ce_choose(all[k], c);
 }
 
+/* a pair in blocks of 1024 threads with expf (ce.threads=1024, ce.exp2=0): held in registers
+ * where the row fits, else read twice */
 static void ce_pair(const char *name, ElemType e, int64_t R, int64_t V, bool held, Node *dl) {
-    ce_pair_chosen(name, e, R, V, held ? CE_IN_REGISTERS : CE_READ_TWICE, dl, ce_default);
+    static const CeChoice ce_1024 = {"1024", "0", NULL};
+    ce_pair_chosen(name, e, R, V, held ? CE_IN_REGISTERS : CE_READ_TWICE, dl, ce_1024);
 }
 
 static void build_rows(void) {
@@ -277,8 +280,8 @@ static void build_rows(void) {
     fill_of(dl)->mag = 1;
     add_case("cross_entropy_bwd", 1e-2, op_v(OP_CROSS_ENTROPY_BWD, FMT_BF16, NULL, NULL, IN(dl, logits, tgt)));
     /* a backward right after its forward runs with it as one pass over the logits (spec_fuse.c,
-     * fuse_ce_one_pass), each row held in registers where it fits: these pairs run in this order,
-     * nothing between. Rows of a multiple of 8 logits are read 8 a load; GPT-2's 50304 bf16
+     * fuse_ce_one_pass), at 1024 threads each row held in registers where it fits: these pairs
+     * run in this order, nothing between. Rows of a multiple of 8 logits are read 8 a load; GPT-2's 50304 bf16
      * logits and 20000 f32 ones fill 1024-thread blocks held in registers, f32 rows of 50304 and
      * the unpadded 50257 do not fit (read again from L2, 8 or 1 a load); over a thousand rows
      * (the count of valid targets in several steps, more blocks than threads) */
@@ -295,8 +298,9 @@ static void build_rows(void) {
      * rows under 16384 logits keep 256 threads and their registers (1000) or are read twice,
      * one a load (77); over a thousand rows of 16392 (blocks of 256 count the targets in steps) */
     CeChoice s512x = {"512", "1", NULL}, s256 = {"256", NULL, NULL}, s256x = {"256", "1", NULL};
-    CeChoice l2_512x = {"512", "1", "0"}, r1024x = {NULL, "1", NULL};
+    CeChoice l2_512x = {"512", "1", "0"}, r1024x = {"1024", "1", NULL};
     int64_t RS = gt_int(1025, 1600);
+    ce_pair_chosen("50304 logits, the default", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, ce_default);
     ce_pair_chosen("50304 logits, 512 shared ex2", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, s512x);
     ce_pair_chosen("50304 logits, 256 shared", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, s256);
     ce_pair_chosen("50304 logits, 512 twice ex2", FMT_BF16, RV, 50304, CE_READ_TWICE, dl, l2_512x);
