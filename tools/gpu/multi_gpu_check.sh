@@ -19,13 +19,16 @@
 #      batch 8, STEPS steps on 2 GPUs against 1 GPU with --grad-accum 2 (the same data and GEMM
 #      algorithms), every step's relative loss difference printed, the worst within
 #      docs/multi-gpu.md's tolerance (FP8_TOL_E5M2 1e-2, FP8_TOL_E4M3 3e-2), beside the bf16
-#      sums' own difference; tokens/s of d12 batch 32 a GPU on 2 GPUs, bf16 sums against e5m2.
+#      sums' own difference; tokens/s of d12 batch 32 a GPU on 2 GPUs, bf16 sums against e5m2;
+#   6. against PyTorch DDP: tools/bench/torch_gpt.py (bf16, torch.compile, fused AdamW) on 1 GPU
+#      and under torchrun on 2 GPUs, d12 batch 32 a GPU, beside fp8c's section 2 runs (made here
+#      when section 2 did not run): the scaling of each, and fp8c's ratio to PyTorch on 1 and 2.
 # OUT ($OUT when set, else BUILD/multi-gpu/out) receives summary.txt (printed as it goes),
 # equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv, equivalence_fp8.tsv and logs.tgz. The
 # binaries were built elsewhere by tools/gpu/prepare_multi_gpu.sh BUILD.
 #
 # usage: tools/gpu/multi_gpu_check.sh BUILD
-# knobs: STEPS (50), BENCH_STEPS (20), SECTIONS ("1 2 3 4 5"; SECTIONS=5: the FP8 reduction alone)
+# knobs: STEPS (50), BENCH_STEPS (20), SECTIONS ("1 2 3 4 5 6"; SECTIONS=5: the FP8 reduction alone)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${1:?usage: multi_gpu_check.sh BUILD}" && pwd)
@@ -35,7 +38,7 @@ mkdir -p "$RESULTS"
 W=$(mktemp -d "${TMPDIR:-/tmp}/fp8c-mgpu.XXXXXX")
 STEPS=${STEPS:-50}
 BENCH_STEPS=${BENCH_STEPS:-20}
-SECTIONS=" ${SECTIONS:-1 2 3 4 5} "
+SECTIONS=" ${SECTIONS:-1 2 3 4 5 6} "
 section() { [[ $SECTIONS == *" $1 "* ]]; }
 SUMMARY=$W/summary.txt
 : > "$SUMMARY"
@@ -322,6 +325,28 @@ if run fp8_b32_bf16 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --gpus 2 --
     say "bf16 sums $tb tokens/s; e5m2 reduction $te tokens/s ($(python3 -c "print(f'{$te / $tb:.3f}')") of bf16's)"
 else
     fail "throughput runs with the FP8 reduction: $(last fp8_b32_bf16 fp8_b32_e5m2)"
+fi
+fi
+
+if section 6; then
+# ---------------------------------------------------------------- 6. against PyTorch DDP
+say ""
+say "== 6. against PyTorch DDP (bf16, torch.compile), GPT-2 d12 batch 32 x 1024 per GPU"
+if [ -z "${t1:-}" ] || [ -z "${t2:-}" ]; then
+    run b32_1 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --log "$W/b32_1.jsonl" &&
+        run b32_2 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --gpus 2 --log "$W/b32_2.jsonl" &&
+        t1=$(tps "$W/b32_1.jsonl") && t2=$(tps "$W/b32_2.jsonl") || fail "fp8c d12 batch 32: $(last b32_1 b32_2)"
+fi
+# tok: the tokens/s of torch_gpt.py's JSON line in W/NAME.out
+tok() { python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if l.startswith('{')][-1]['tok_per_s'])" "$W/$1.out" 2>/dev/null; }
+if run torch_1 python3 "$REPO/tools/bench/torch_gpt.py" d12 bf16 32 1024 "$BENCH_STEPS" &&
+   run torch_2 torchrun --standalone --nproc_per_node=2 "$REPO/tools/bench/torch_gpt.py" d12 bf16 32 1024 "$BENCH_STEPS" &&
+   p1=$(tok torch_1) && p2=$(tok torch_2) && [ -n "$p1" ] && [ -n "$p2" ] && [ -n "${t1:-}" ] && [ -n "${t2:-}" ]; then
+    say "PyTorch: 1 GPU $p1 tokens/s; 2 GPUs (DDP) $p2 tokens/s, $(python3 -c "print(f'{$p2 / (2 * $p1):.3f}')") of 2 x one GPU"
+    say "fp8c -O1: 1 GPU $t1; 2 GPUs $t2, $(python3 -c "print(f'{$t2 / (2 * $t1):.3f}')") of 2 x one GPU"
+    say "fp8c over PyTorch: $(python3 -c "print(f'{$t1 / $p1:.3f}')")x on 1 GPU, $(python3 -c "print(f'{$t2 / $p2:.3f}')")x on 2"
+else
+    fail "PyTorch DDP comparison: $(last torch_1 torch_2)"
 fi
 fi
 
