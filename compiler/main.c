@@ -397,6 +397,8 @@ static void parse_flag(Args *a, const RtFlag *f, const char *v, const char *word
         char *name = arena_printf(session_arena(), "%.*s", (int)(eq - v), v);
         if (!ir_choice_name_ok(name) || !ir_choice_value_ok(eq + 1))
             bad_flag("--choice: '%s' is not NAME=VALUE (names: letters, digits, _ . @)", v);
+        char why[160];
+        if (ir_choice_check(name, eq + 1, why, sizeof why)) bad_flag("--choice: %s", why);
         a->choices[a->n_choices++] = (Choice){name, eq + 1};
         break;
     }
@@ -601,6 +603,13 @@ static void apply_tune_record(Args *a)
                         "checks it when it starts\n", a->tune);
     int room = MAX_CHOICES - a->n_choices;
     int n = tune_record_choices(&a->record, a->choices + a->n_choices, room);
+    for (int i = a->n_choices; i < a->n_choices + n; i++) {
+        char bad[160];
+        if (ir_choice_check(a->choices[i].name, a->choices[i].value, bad, sizeof bad)) {
+            fprintf(stderr, "fp8c: error: %s: %s\n", a->tune, bad);
+            exit(1);
+        }
+    }
     /* a --choice given by hand wins over the record's */
     for (int i = a->n_choices; i < a->n_choices + n; i++)
         for (int k = 0; k < a->n_choices; k++)

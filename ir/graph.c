@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- element types */
@@ -361,6 +362,97 @@ void ir_fingerprint(const char *text, char out[17])
     uint64_t h = 0xcbf29ce484222325ull;
     for (const unsigned char *p = (const unsigned char *)text; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
     snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+/* The choices the compiler and the runtime read, and the values each takes (docs/tuning.md):
+ * a list of words, or whole numbers from lo to hi in steps of `step`, or hex digits. A choice
+ * outside the table, or a value outside its list or range, would be read as the default
+ * where it is used, so ir_choice_check refuses it where it is given. */
+typedef struct {
+    const char *name;
+    const char *words;      /* "0 1", "64 128": the values, space-separated; NULL: a number */
+    int64_t lo, hi, step;   /* a number's range and step (hex: step 0, hi digits) */
+} ChoiceRule;
+
+static const ChoiceRule choice_rules[] = {
+    {"loss.chunks", NULL, 1, 256, 1},
+    {"cpu.threads", NULL, 1, 1024, 1},
+    {"cpu.tiles", "amx bf16dot off", 0, 0, 0},
+    {"cpu.task_work", NULL, 1, INT64_C(1) << 40, 1},
+    {"fuse.producer_quantizes", "0 1", 0, 0, 0},
+    {"fuse.cast_transposes", "0 1", 0, 0, 0},
+    {"fuse.bias_grads", "0 1", 0, 0, 0},
+    {"fuse.group_quantizes", "0 1", 0, 0, 0},
+    {"fuse.ce_one_pass", "0 1", 0, 0, 0},
+    {"fuse.ce_lse", "0 1", 0, 0, 0},
+    {"fuse.norm_grads", "0 1", 0, 0, 0},
+    {"fuse.gemm_epilogues", "0 1", 0, 0, 0},
+    {"fuse.gemm_gelu", "0 1", 0, 0, 0},
+    {"attn.wgmma", "0 1", 0, 0, 0},
+    {"attn.wgmma_bwd", "0 1", 0, 0, 0},
+    {"attn.dq_rows", "64 128", 0, 0, 0},
+    {"attn.dkv_rows", "64 128", 0, 0, 0},
+    {"ce.threads", NULL, 64, 1024, 32},
+    {"ce.exp2", "0 1", 0, 0, 0},
+    {"ce.shared", "0 1", 0, 0, 0},
+    {"comm.overlap", "0 1", 0, 0, 0},
+    {"comm.bucket_mb", NULL, 1, 1 << 20, 1},
+    {"tune.device", NULL, 0, 16, 0},
+    {"gemm.", NULL, 0, 128, 0},   /* gemm.KEY: a cuBLASLt algorithm, 64 bytes in hex */
+};
+
+static bool word_listed(const char *words, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *w = words; *w;) {
+        size_t len = strcspn(w, " ");
+        if (len == n && !strncmp(w, v, n)) return true;
+        w += len + (w[len] == ' ');
+    }
+    return false;
+}
+
+const char *ir_choice_check(const char *name, const char *value, char *why, size_t why_len)
+{
+    /* NAME@ID sets one node: NAME's values */
+    size_t base = strcspn(name, "@");
+    if (name[base] && (!name[base + 1] || strspn(name + base + 1, "0123456789") != strlen(name + base + 1))) {
+        snprintf(why, why_len, "'%s': a site is NAME@ID with a node number", name);
+        return why;
+    }
+    const ChoiceRule *r = NULL;
+    for (size_t i = 0; i < sizeof choice_rules / sizeof *choice_rules && !r; i++) {
+        const char *n = choice_rules[i].name;
+        size_t len = strlen(n);
+        bool prefix = n[len - 1] == '.';
+        if (prefix ? base > len && !strncmp(name, n, len) : base == len && !strncmp(name, n, len))
+            r = &choice_rules[i];
+    }
+    if (!r) {
+        snprintf(why, why_len, "unknown choice '%.*s' (docs/tuning.md lists them)", (int)base, name);
+        return why;
+    }
+    if (r->words) {
+        if (word_listed(r->words, value)) return NULL;
+        snprintf(why, why_len, "%.*s takes one of: %s, not '%s'", (int)base, name, r->words, value);
+        return why;
+    }
+    if (r->step == 0) {   /* hex digits */
+        if (strlen(value) == (size_t)r->hi && strspn(value, "0123456789abcdefABCDEF") == (size_t)r->hi) return NULL;
+        snprintf(why, why_len, "%.*s takes %lld hex digits, not '%s'", (int)base, name, (long long)r->hi, value);
+        return why;
+    }
+    char *end;
+    errno = 0;
+    long long x = strtoll(value, &end, 10);
+    if (end != value && !*end && errno == 0 && x >= r->lo && x <= r->hi && (x - r->lo) % r->step == 0) return NULL;
+    if (r->step > 1)
+        snprintf(why, why_len, "%.*s takes a multiple of %lld from %lld to %lld, not '%s'", (int)base, name,
+                 (long long)r->step, (long long)r->lo, (long long)r->hi, value);
+    else
+        snprintf(why, why_len, "%.*s takes a whole number from %lld to %lld, not '%s'", (int)base, name,
+                 (long long)r->lo, (long long)r->hi, value);
+    return why;
 }
 
 bool ir_choice_name_ok(const char *s) { return choice_chars_ok(s, "_.@"); }

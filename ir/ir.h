@@ -412,6 +412,9 @@ const char *ir_choice(const Graph *g, const char *name);                  /* NUL
 int64_t ir_choice_int(const Graph *g, const char *name, int64_t dflt);    /* dflt: unset or not a number */
 /* A fusion's switch at one site: "KIND@ID" if set, else "KIND", else on. */
 bool ir_choice_on(const Graph *g, const char *kind, const Node *site);
+/* NULL where `value` is one the choice `name` (or its NAME@ID form) takes; else why not, one
+ * phrase written into why (an unknown name, a value outside its list or range) */
+const char *ir_choice_check(const char *name, const char *value, char *why, size_t why_len);
 void ir_set_choice(Graph *g, const char *name, const char *value);        /* copies both; replaces */
 bool ir_choice_name_ok(const char *s);
 /* 16 hex digits (FNV-1a, 64 bits) naming a device by its description: the value of the

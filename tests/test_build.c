@@ -398,7 +398,8 @@ static void test_command_line(void **state) {
 
 /* Each flag reads the same as `--flag value` and `--flag=value` (and -D with its value
  * attached or not); a flag given twice keeps the last value; a missing value, a number that is
- * not one, an abbreviation and a value given to a switch are each one line and status 2; and
+ * not one, an abbreviation, a value given to a switch and a choice that is unknown or outside
+ * its values (ir_choice_check) are each one line and status 2; and
  * after `--` the words go to the training binary unread. */
 static void test_flag_spellings(void **state) {
     (void)state;
@@ -408,8 +409,8 @@ static void test_flag_spellings(void **state) {
     } same[] = {
         {"-O1 --batch 2 --seq 16 -D layers=1 --json --vs -O0",
          "-O1 --batch=2 --seq=16 -Dlayers=1 --json --vs=-O0"},
-        {"--batch 2 --seq 16 -D layers=1 --precision '*=f32' --gpus 2 --choice loss_chunks=2",
-         "--batch=2 --seq=16 -D layers=1 --precision='*=f32' --gpus=2 --choice=loss_chunks=2"},
+        {"--batch 2 --seq 16 -D layers=1 --precision '*=f32' --gpus 2 --choice loss.chunks=2",
+         "--batch=2 --seq=16 -D layers=1 --precision='*=f32' --gpus=2 --choice=loss.chunks=2"},
         {"--batch 2 --seq 16 -D layers=1 --recipe coat --print-ir-after dce",
          "--batch=2 --seq=16 -D layers=1 --recipe=coat --print-ir-after=dce"},
         {"--batch 2 --seq 16 -D layers=1 --kernels --device cpu",
@@ -446,6 +447,16 @@ static void test_flag_spellings(void **state) {
         {"-O4", "unknown flag '-O4'"},
         {"-O 2", "unknown flag '-O'"},
         {"extra", "unexpected argument 'extra'"},
+        /* a choice the compiler does not read, or a value it would read as its default */
+        {"--choice loss_chunks=2", "--choice: unknown choice 'loss_chunks' (docs/tuning.md lists them)"},
+        {"--choice fuse.typo@3=0", "unknown choice 'fuse.typo'"},
+        {"--choice attn.dq_rows=96", "--choice: attn.dq_rows takes one of: 64 128, not '96'"},
+        {"--choice attn.wgmma=2", "attn.wgmma takes one of: 0 1, not '2'"},
+        {"--choice ce.threads=100", "ce.threads takes a multiple of 32 from 64 to 1024, not '100'"},
+        {"--choice loss.chunks=0", "loss.chunks takes a whole number from 1 to 256, not '0'"},
+        {"--choice cpu.tiles=avx", "cpu.tiles takes one of: amx bf16dot off, not 'avx'"},
+        {"--choice fuse.ce_lse@x=0", "'fuse.ce_lse@x': a site is NAME@ID with a node number"},
+        {"--choice gemm.00ff=12", "gemm.00ff takes 128 hex digits, not '12'"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         snprintf(args, sizeof args, "plan %s %s", model, bad[k].args);
