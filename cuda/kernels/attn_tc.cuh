@@ -332,6 +332,49 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
     ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
 }
 
+/* The backward's reads and writes that attn_tc's and attn_wgmma's passes share, for a warp's
+ * 16 rows in the accumulator layout (rows row0 and row0 + 8 of a quad, columns 8 n + 2 tig):
+ * the two rows' logsumexp (in base 2) and Dt from the scratch the statistics pass filled,
+ * zeros past T; dq into q's columns of the packed gradient; dk and dv into k's and v's. */
+static __device__ __forceinline__ void ck_attn_row_stats(const CkArgs &a, i64 b, i64 h, int row0, int Ti, float *ls,
+                                                         float *dt) {
+    i64 B = a.i[0], T = a.i[1], H = a.i[2];
+    const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + r * 8;
+        ls[r] = row < Ti ? lse[(b * H + h) * T + row] * CK_LOG2E : 0.0f;   /* base 2 */
+        dt[r] = row < Ti ? dd[(b * H + h) * T + row] : 0.0f;
+    }
+}
+template <int D, class Y>
+static __device__ __forceinline__ void ck_attn_dq_store(const CkArgs &a, const float (*dq)[4], i64 b, i64 h,
+                                                        int row0, int tig, int Ti) {
+    i64 T = a.i[1], H = a.i[2], Hkv = a.i[3], ycols = (H + 2 * Hkv) * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+            if (row < Ti) Y::st(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][i]);
+        }
+}
+template <int D, class Y>
+static __device__ __forceinline__ void ck_attn_dkv_store(const CkArgs &a, const float (*dk)[4], const float (*dv)[4],
+                                                         i64 b, i64 g, int key0, int tig, int Ti) {
+    i64 T = a.i[1], H = a.i[2], Hkv = a.i[3], ycols = (H + 2 * Hkv) * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int key = key0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+            if (key < Ti) {
+                Y::st(a.t[0], (b * T + key) * ycols + H * D + g * D + col, dk[n][i]);
+                Y::st(a.t[0], (b * T + key) * ycols + (H + Hkv) * D + g * D + col, dv[n][i]);
+            }
+        }
+}
+
 /* dq: one block per (b, h, query tile); t[1..4] = dy, q, k, v */
 template <int D, class Y, class DY, class Q, class K, class V>
 __device__ void ck_attn_tc_dq(const CkArgs &a) {
@@ -340,14 +383,12 @@ __device__ void ck_attn_tc_dq(const CkArgs &a) {
     __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem_raw, *sDY = sQ + 64 * L::LD;
     __nv_bfloat16 *sKV = sDY + 64 * L::LD;   /* [buffer][k, v] tiles */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
-    i64 ycols = (H + 2 * Hkv) * D;
     float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 n_qt = (T + 63) / 64;
     i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
     int q0 = (int)qt * 64, Ti = (int)T;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int row0 = q0 + warp * 16 + gid;
-    const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
 
     int n_kt = ((q0 + 63 < Ti - 1 ? q0 + 63 : Ti - 1) >> 6) + 1;
     ck_tc_load<D>(sQ, a.t[2], b, T, q0, a.i[5], a.i[6] + h * D);
@@ -355,12 +396,7 @@ __device__ void ck_attn_tc_dq(const CkArgs &a) {
     ck_tc_load<D>(sKV, a.t[3], b, T, 0, a.i[7], a.i[8] + g * D);
     ck_tc_load<D>(sKV + 64 * L::LD, a.t[4], b, T, 0, a.i[9], a.i[10] + g * D);
     float ls[2], dt[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = row0 + r * 8;
-        ls[r] = row < Ti ? lse[(b * H + h) * T + row] * CK_LOG2E : 0.0f;   /* base 2 */
-        dt[r] = row < Ti ? dd[(b * H + h) * T + row] : 0.0f;
-    }
+    ck_attn_row_stats(a, b, h, row0, Ti, ls, dt);
     float dq[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
@@ -427,13 +463,7 @@ __device__ void ck_attn_tc_dq(const CkArgs &a) {
         /* dQ += dS K: K is (keys, d), read transposed as the B operand */
         ck_mma_tile_t<D, 4>(dq, df, ck_smem(sK + ck_off_a<D>()));
     }
-#pragma unroll
-    for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-            if (row < Ti) Y::st(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][i]);
-        }
+    ck_attn_dq_store<D, Y>(a, dq, b, h, row0, tig, Ti);
 }
 
 /* dk, dv: one block per (b, kv head, key tile), over the heads of the group and the query
@@ -447,7 +477,6 @@ __device__ void ck_attn_tc_dkv(const CkArgs &a) {
     __nv_bfloat16 *sQY = sV + 64 * L::LD;                       /* [buffer][q, dy] tiles */
     float *sStat = (float *)(smem_raw + 6 * L::TILE);           /* [buffer][lse, Dt][64] */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], grp = H / Hkv;
-    i64 ycols = (H + 2 * Hkv) * D;
     float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 n_kt = (T + 63) / 64;
     i64 bg = blockIdx.x % (B * Hkv), kt = blockIdx.x / (B * Hkv), b = bg / Hkv, g = bg % Hkv;
@@ -549,14 +578,5 @@ __device__ void ck_attn_tc_dkv(const CkArgs &a) {
             ck_mma_tile_t<D, NC / 16>(dk, df, ck_smem(sQ + c * NC * L::LD + ck_off_a<D>()));
         }
     }
-#pragma unroll
-    for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int key = key0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-            if (key < Ti) {
-                Y::st(a.t[0], (b * T + key) * ycols + H * D + g * D + col, dk[n][i]);
-                Y::st(a.t[0], (b * T + key) * ycols + (H + Hkv) * D + g * D + col, dv[n][i]);
-            }
-        }
+    ck_attn_dkv_store<D, Y>(a, dk, dv, b, g, key0, tig, Ti);
 }

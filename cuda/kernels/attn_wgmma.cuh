@@ -303,14 +303,12 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
     unsigned sQ = (ck_smem(smem_raw) + 1023u) & ~1023u, sDY = sQ + L::WHOLE;
     unsigned sKV = sDY + L::WHOLE;   /* [buffer][k, v] tiles */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
-    i64 ycols = (H + 2 * Hkv) * D;
     float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 n_qt = (T + L::ROWS - 1) / L::ROWS;
     i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
     int q0 = (int)qt * L::ROWS, Ti = (int)T;
     int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int rows = q0 + wg * 64, row0 = rows + warp * 16 + gid;
-    const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
 
     int last = q0 + L::ROWS - 1 < Ti - 1 ? q0 + L::ROWS - 1 : Ti - 1;
     int n_kt = (last >> 6) + 1;
@@ -321,12 +319,7 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
     ck_wg_load<D, L::STEP, L::THREADS>(sKV, a.t[3], b, T, 0, a.i[7], a.i[8] + g * D);
     ck_wg_load<D, L::STEP, L::THREADS>(sKV + L::TILE, a.t[4], b, T, 0, a.i[9], a.i[10] + g * D);
     float ls[2], dt[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = row0 + r * 8;
-        ls[r] = row < Ti ? lse[(b * H + h) * T + row] * CK_LOG2E : 0.0f;   /* base 2 */
-        dt[r] = row < Ti ? dd[(b * H + h) * T + row] : 0.0f;
-    }
+    ck_attn_row_stats(a, b, h, row0, Ti, ls, dt);
     float dq[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
@@ -405,13 +398,7 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
         ck_wg_wait();
         ck_wg_hold<D / 2>(&dq[0][0]);
     }
-#pragma unroll
-    for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-            if (row < Ti) Y::st(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][i]);
-        }
+    ck_attn_dq_store<D, Y>(a, dq, b, h, row0, tig, Ti);
 }
 
 /* dk, dv: one block per (b, kv head, 64 WGS keys), over the heads of the group and the 64-query
@@ -425,7 +412,6 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     unsigned sQY = sV + L::WHOLE;   /* [buffer][q, dy] tiles */
     float *sStat = (float *)(smem_raw + (sQY + 4 * L::TILE - ck_smem(smem_raw)));   /* [buffer][lse, Dt][64] */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], grp = H / Hkv;
-    i64 ycols = (H + 2 * Hkv) * D;
     float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 bg = blockIdx.x % (B * Hkv), kt = blockIdx.x / (B * Hkv), b = bg / Hkv, g = bg % Hkv;
     int k0 = (int)kt * L::ROWS, Ti = (int)T;
@@ -547,14 +533,5 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
         ck_wg_hold<D / 2>(&dv[0][0]);
         ck_wg_hold<D / 2>(&dk[0][0]);
     }
-#pragma unroll
-    for (int n = 0; n < D / 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int key = key0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-            if (key < Ti) {
-                Y::st(a.t[0], (b * T + key) * ycols + H * D + g * D + col, dk[n][i]);
-                Y::st(a.t[0], (b * T + key) * ycols + (H + Hkv) * D + g * D + col, dv[n][i]);
-            }
-        }
+    ck_attn_dkv_store<D, Y>(a, dk, dv, b, g, key0, tig, Ti);
 }
