@@ -21,7 +21,7 @@ enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BL
  * ce.threads, ce.exp2 and ce.shared (ce_rows_chosen, spec_ops.c; docs/tuning.md). */
 typedef struct {
     unsigned threads;   /* a block's, for rows of 16384 logits or more (shorter ones: ROW_THREADS) */
-    bool exp2;          /* exponentials as ex2.approx (ops.cuh, CkExpFrom<1>), else expf */
+    bool exp2;          /* exponentials as ex2.approx (loss.cuh, CkExpFrom<1>), else expf */
     bool shared;        /* the one pass may hold a row in shared memory (ck_ce_fused) */
 } CeRows;
 /* On an H200 (GPT-2 d12 at batch 32, 25 chunks of the loss, the one pass): 4.00 ms a step at
