@@ -728,7 +728,8 @@ bool plan_attention(Spec *s) {
     return true;
 }
 
-/* attn.wgmma and attn.wgmma_bwd, on unless set to 0 ("NAME@ID" for one node, ir_choice_on). On
+/* attn.wgmma and attn.wgmma_bwd, on unless set to 0; attn.dq_rows and attn.dkv_rows; each as
+ * "NAME@ID" for one node before "NAME" (ir_choice_on, ir_choice_int_at). On
  * an H200 the warpgroup-MMA forward took 0.267 ms a layer of GPT-2 d12 at batch 32 against
  * attn_tc's 0.327, and 0.273 against 0.345 for Llama 1.1B's (docs/results.md); 0 keeps attn_tc.
  * attn.wgmma_bwd (with attn.wgmma) moves the backward's dq and dk/dv passes too. */
@@ -743,8 +744,8 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         Spec s = spec_for(n, a, &wgp, why, sizeof why);
         s.attn_wgmma = true;
         s.attn_wgmma_bwd = ir_choice_on(g, "attn.wgmma_bwd", n);
-        s.attn_dq_wgs = ir_choice_int(g, "attn.dq_rows", 128) == 64 ? 1 : 2;
-        s.attn_dkv_wgs = ir_choice_int(g, "attn.dkv_rows", 64) == 128 ? 2 : 1;
+        s.attn_dq_wgs = ir_choice_int_at(g, "attn.dq_rows", n, 128) == 64 ? 1 : 2;
+        s.attn_dkv_wgs = ir_choice_int_at(g, "attn.dkv_rows", n, 64) == 128 ? 2 : 1;
         if (plan_attention(&s)) plans[i] = wgp;
     }
 }
@@ -757,18 +758,12 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
  *  - ce.exp2: 1 (the default) takes the exponentials as ex2.approx (CkExpFrom<1>), 0 expf.
  *  - ce.shared: 0 keeps rows out of shared memory (read twice, the second time from L2 mostly),
  *    to be measured against it; 1 (the default) lets ce_row_held put them there. */
-static int64_t ce_choice(const Graph *g, const Node *n, const char *name, int64_t dflt) {
-    char site[64];
-    snprintf(site, sizeof site, "%s@%d", name, n->id);
-    return ir_choice(g, site) ? ir_choice_int(g, site, dflt) : ir_choice_int(g, name, dflt);
-}
-
 CeRows ce_rows_chosen(const Graph *g, const Node *n) {
     CeRows ce = CE_ROWS_DEFAULT;
-    int64_t threads = ce_choice(g, n, "ce.threads", ce.threads);
+    int64_t threads = ir_choice_int_at(g, "ce.threads", n, ce.threads);
     if (threads >= 64 && threads <= 1024 && threads % 32 == 0) ce.threads = (unsigned)threads;
-    ce.exp2 = ce_choice(g, n, "ce.exp2", ce.exp2) != 0;
-    ce.shared = ce_choice(g, n, "ce.shared", ce.shared) != 0;
+    ce.exp2 = ir_choice_int_at(g, "ce.exp2", n, ce.exp2) != 0;
+    ce.shared = ir_choice_int_at(g, "ce.shared", n, ce.shared) != 0;
     return ce;
 }
 

@@ -328,25 +328,33 @@ const char *ir_choice(const Graph *g, const char *name)
     return NULL;
 }
 
-int64_t ir_choice_int(const Graph *g, const char *name, int64_t dflt)
-{
-    const char *v = ir_choice(g, name);
-    if (!v) return dflt;
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    return end != v && !*end ? (int64_t)x : dflt;
-}
+int64_t ir_choice_int(const Graph *g, const char *name, int64_t dflt) { return ir_choice_int_at(g, name, NULL, dflt); }
 
-bool ir_choice_on(const Graph *g, const char *kind, const Node *site)
+/* the value of KIND@ID for the node `site` where set, else of KIND; NULL where neither is */
+static const char *choice_at(const Graph *g, const char *kind, const Node *site)
 {
     if (site) {
         char name[96];
         snprintf(name, sizeof name, "%s@%d", kind, site->id);
         const char *v = ir_choice(g, name);
-        if (v) return strcmp(v, "0") != 0;
+        if (v) return v;
     }
-    const char *v = ir_choice(g, kind);
+    return ir_choice(g, kind);
+}
+
+bool ir_choice_on(const Graph *g, const char *kind, const Node *site)
+{
+    const char *v = choice_at(g, kind, site);
     return !v || strcmp(v, "0") != 0;
+}
+
+int64_t ir_choice_int_at(const Graph *g, const char *kind, const Node *site, int64_t dflt)
+{
+    const char *v = choice_at(g, kind, site);
+    if (!v) return dflt;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    return end != v && !*end ? (int64_t)x : dflt;
 }
 
 static bool choice_chars_ok(const char *s, const char *extra)
@@ -373,6 +381,12 @@ typedef struct {
     const char *words;      /* "0 1", "64 128": the values, space-separated; NULL: a number */
     int64_t lo, hi, step;   /* a number's range and step (hex: step 0, hi digits) */
 } ChoiceRule;
+
+/* the kinds read per node as well (ir_choice_on, ir_choice_int_at): only these take NAME@ID */
+static bool choice_per_node(const char *name)
+{
+    return !strncmp(name, "fuse.", 5) || !strncmp(name, "attn.", 5) || !strncmp(name, "ce.", 3);
+}
 
 static const ChoiceRule choice_rules[] = {
     {"loss.chunks", NULL, 1, 256, 1},
@@ -430,6 +444,10 @@ const char *ir_choice_check(const char *name, const char *value, char *why, size
     }
     if (!r) {
         snprintf(why, why_len, "unknown choice '%.*s' (docs/tuning.md lists them)", (int)base, name);
+        return why;
+    }
+    if (name[base] && !choice_per_node(r->name)) {
+        snprintf(why, why_len, "%.*s is one choice for the whole program: it takes no @ID", (int)base, name);
         return why;
     }
     if (r->words) {

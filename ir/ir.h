@@ -412,6 +412,8 @@ const char *ir_choice(const Graph *g, const char *name);                  /* NUL
 int64_t ir_choice_int(const Graph *g, const char *name, int64_t dflt);    /* dflt: unset or not a number */
 /* A fusion's switch at one site: "KIND@ID" if set, else "KIND", else on. */
 bool ir_choice_on(const Graph *g, const char *kind, const Node *site);
+/* a whole-number choice, KIND@ID for `site` before KIND; dflt where unset or not a number */
+int64_t ir_choice_int_at(const Graph *g, const char *kind, const Node *site, int64_t dflt);
 /* NULL where `value` is one the choice `name` (or its NAME@ID form) takes; else why not, one
  * phrase written into why (an unknown name, a value outside its list or range) */
 const char *ir_choice_check(const char *name, const char *value, char *why, size_t why_len);

@@ -457,6 +457,7 @@ static void test_flag_spellings(void **state) {
         {"--choice cpu.tiles=avx", "cpu.tiles takes one of: amx bf16dot off, not 'avx'"},
         {"--choice fuse.ce_lse@x=0", "'fuse.ce_lse@x': a site is NAME@ID with a node number"},
         {"--choice gemm.00ff=12", "gemm.00ff takes 128 hex digits, not '12'"},
+        {"--choice loss.chunks@4=2", "loss.chunks is one choice for the whole program: it takes no @ID"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         snprintf(args, sizeof args, "plan %s %s", model, bad[k].args);
