@@ -335,7 +335,8 @@ __device__ void ck_attn_tc_fwd(const CkArgs &a) {
 /* The backward's reads and writes that attn_tc's and attn_wgmma's passes share, for a warp's
  * 16 rows in the accumulator layout (rows row0 and row0 + 8 of a quad, columns 8 n + 2 tig):
  * the two rows' logsumexp (in base 2) and Dt from the scratch the statistics pass filled,
- * zeros past T; dq into q's columns of the packed gradient; dk and dv into k's and v's. */
+ * zeros past T; dq into q's columns of the packed gradient; dk and dv into k's and v's; and,
+ * for the dk/dv passes, a query tile's logsumexp and Dt staged in shared memory. */
 static __device__ __forceinline__ void ck_attn_row_stats(const CkArgs &a, i64 b, i64 h, int row0, int Ti, float *ls,
                                                          float *dt) {
     i64 B = a.i[0], T = a.i[1], H = a.i[2];
@@ -345,6 +346,19 @@ static __device__ __forceinline__ void ck_attn_row_stats(const CkArgs &a, i64 b,
         int row = row0 + r * 8;
         ls[r] = row < Ti ? lse[(b * H + h) * T + row] * CK_LOG2E : 0.0f;   /* base 2 */
         dt[r] = row < Ti ? dd[(b * H + h) * T + row] : 0.0f;
+    }
+}
+/* The 64 queries from q0 of head hh, for a dk/dv pass: threads 0-63 copy their logsumexp and
+ * 64-127 their Dt into dst (two rows of 64 floats), asynchronously until ck_cp_wait; zeros
+ * past T. */
+static __device__ __forceinline__ void ck_attn_stage_stats(const CkArgs &a, float *dst, i64 b, i64 hh, int q0,
+                                                           int Ti) {
+    i64 B = a.i[0], T = a.i[1], H = a.i[2];
+    const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
+    if (threadIdx.x < 128) {
+        int t = q0 + (threadIdx.x & 63);
+        const float *src = (threadIdx.x < 64 ? lse : dd) + (b * H + hh) * T + (t < Ti ? t : 0);
+        ck_cp4(dst + threadIdx.x, src, t < Ti);
     }
 }
 template <int D, class Y>
@@ -483,7 +497,6 @@ __device__ void ck_attn_tc_dkv(const CkArgs &a) {
     int k0 = (int)kt * 64, Ti = (int)T;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int key0 = k0 + warp * 16 + gid;   /* this thread's keys: key0, key0 + 8 */
-    const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
     int nq = (int)(n_kt - kt), total = (int)grp * nq;   /* (head, query tile) steps */
 
     /* q, dy, lse and Dt of step `it` into buffer `buf` */
@@ -493,9 +506,7 @@ __device__ void ck_attn_tc_dkv(const CkArgs &a) {
         __nv_bfloat16 *q = sQY + buf * 128 * L::LD;
         ck_tc_load<D>(q, a.t[2], b, T, q0, a.i[5], a.i[6] + hh * D);
         ck_tc_load<D>(q + 64 * L::LD, a.t[1], b, T, q0, H * D, hh * D);
-        int x = threadIdx.x & 63, t = q0 + x;
-        const float *src = (threadIdx.x < 64 ? lse : dd) + (b * H + hh) * T + (t < Ti ? t : 0);
-        ck_cp4(sStat + buf * 128 + threadIdx.x, src, t < Ti);
+        ck_attn_stage_stats(a, sStat + buf * 128, b, hh, q0, Ti);
     };
     ck_tc_load<D>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
     ck_tc_load<D>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);

@@ -417,7 +417,6 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     int k0 = (int)kt * L::ROWS, Ti = (int)T;
     int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int keys = k0 + wg * 64, key0 = keys + warp * 16 + gid;   /* the warpgroup's, this thread's */
-    const float *lse = (const float *)a.scratch, *dd = lse + B * H * T;
     int nq = (Ti - k0 + 63) / 64, total = (int)grp * nq;   /* (head, query tile) steps */
 
     /* q, dy, lse and Dt of step `it` into buffer `buf` */
@@ -427,11 +426,7 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
         unsigned q = sQY + buf * 2 * L::TILE;
         ck_wg_load<D, L::STEP, L::THREADS>(q, a.t[2], b, T, q0, a.i[5], a.i[6] + hh * D);
         ck_wg_load<D, L::STEP, L::THREADS>(q + L::TILE, a.t[1], b, T, q0, H * D, hh * D);
-        if (threadIdx.x < 2 * L::STEP) {
-            int t = q0 + (threadIdx.x & 63);
-            const float *src = (threadIdx.x < 64 ? lse : dd) + (b * H + hh) * T + (t < Ti ? t : 0);
-            ck_cp4(sStat + buf * 2 * L::STEP + threadIdx.x, src, t < Ti);
-        }
+        ck_attn_stage_stats(a, sStat + buf * 2 * L::STEP, b, hh, q0, Ti);
     };
     ck_wg_load<D, L::ROWS, L::THREADS>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
     ck_wg_load<D, L::ROWS, L::THREADS>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
