@@ -89,33 +89,54 @@ static void feed_batch(Node *tokens, Node *targets, int64_t vocab, int step, int
     free(y);
 }
 
-/* One process of a run: rank `rank` of `world` with `accum` micro-steps, or (world 1) one GPU.
- * Writes the persistent arena after the last step to `out`. Returns an exit status. */
-static int run_rank(const char *ir, int rank, int world, int accum, const char *comm_file, const char *out) {
-    Arena *arena = arena_new();
-    Graph *g = load_graph(arena, ir);
+/* A rank's graph, bound, initialized, compiled and open on its GPU (and its communicator where
+ * world > 1), with the inputs a step feeds. */
+typedef struct {
+    Graph *g;
+    RtMemory mem;
+    CudaBinary bin;
+    const RtDevice *dev;
+    Node *tokens, *targets, *lr, *step, *grad_scale;
+    int64_t vocab;
+} Rank;
+
+/* 0, or the exit status that says what failed: 10 the graph, 11 its inputs or memory, 12 the
+ * compile, 13 the communicator, 14 the device */
+static int rank_open(Rank *r, const char *ir, int rank, int world, const char *comm_file) {
+    Graph *g = r->g = load_graph(arena_new(), ir);
     if (!g) return 10;
-    Node *tokens = ir_find(g, "tokens"), *targets = ir_find(g, "targets");
-    Node *lr = ir_find(g, "lr"), *step = ir_find(g, "step"), *grad_scale = ir_find(g, "grad_scale");
-    int64_t vocab = INT64_MAX;
+    r->tokens = ir_find(g, "tokens"), r->targets = ir_find(g, "targets");
+    r->lr = ir_find(g, "lr"), r->step = ir_find(g, "step"), r->grad_scale = ir_find(g, "grad_scale");
+    r->vocab = INT64_MAX;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
-        if (n->op == OP_EMBEDDING && n->in[1] == tokens && n->in[0]->t.dims[0] < vocab)
-            vocab = n->in[0]->t.dims[0];
+        if (n->op == OP_EMBEDDING && n->in[1] == r->tokens && n->in[0]->t.dims[0] < r->vocab)
+            r->vocab = n->in[0]->t.dims[0];
     }
-    RtMemory mem;
-    if (!tokens || !targets || vocab == INT64_MAX || !rt_memory_bind(g, &mem)) return 11;
+    if (!r->tokens || !r->targets || r->vocab == INT64_MAX || !rt_memory_bind(g, &r->mem)) return 11;
     rt_init_params(g, 1234);
-    CudaBinary bin;
     bool skipped = false;
     char why[512] = "";
-    if (!cuda_compile_graph(g, &bin, &skipped, why, sizeof why) || skipped) {
+    if (!cuda_compile_graph(g, &r->bin, &skipped, why, sizeof why) || skipped) {
         fprintf(stderr, "%s: cannot compile: %s\n", ir, why);
         return 12;
     }
-    const RtDevice *dev = cuda_rt_device(bin.cubin, bin.cubin_size);
-    if (world > 1 && !dev->comm_open(rank, world, comm_file, 60)) return 13;
-    if (!dev->open(g, &mem)) return 14;
+    r->dev = cuda_rt_device(r->bin.cubin, r->bin.cubin_size);
+    if (world > 1 && !r->dev->comm_open(rank, world, comm_file, 60)) return 13;
+    if (!r->dev->open(g, &r->mem)) return 14;
+    return 0;
+}
+
+/* One process of a run: rank `rank` of `world` with `accum` micro-steps, or (world 1) one GPU.
+ * Writes the persistent arena after the last step to `out`. Returns an exit status. */
+static int run_rank(const char *ir, int rank, int world, int accum, const char *comm_file, const char *out) {
+    Rank r;
+    int status = rank_open(&r, ir, rank, world, comm_file);
+    if (status) return status;
+    Graph *g = r.g;
+    const RtDevice *dev = r.dev;
+    Node *tokens = r.tokens, *targets = r.targets, *lr = r.lr, *step = r.step, *grad_scale = r.grad_scale;
+    int64_t vocab = r.vocab;
     Node *io[2] = {tokens, targets}, *scalars[3] = {lr, step, grad_scale};
     Tensor *ts[3];
     bool ok = true;
@@ -144,11 +165,11 @@ static int run_rank(const char *ir, int rank, int world, int accum, const char *
     free(pers);
     if (ok) {
         FILE *f = fopen(out, "wb");
-        ok = f && fwrite(mem.persistent, 1, (size_t)mem.persistent_bytes, f) == (size_t)mem.persistent_bytes;
+        ok = f && fwrite(r.mem.persistent, 1, (size_t)r.mem.persistent_bytes, f) == (size_t)r.mem.persistent_bytes;
         if (f) ok = fclose(f) == 0 && ok;
     }
     dev->close();
-    cuda_binary_free(&bin);
+    cuda_binary_free(&r.bin);
     return ok ? 0 : 15;
 }
 
@@ -180,27 +201,12 @@ static bool write_values(const char *path, Tensor **ts, int n) {
  * gradients to out.pre), the accumulators zeroed, the same micro-step with the reduction
  * (out.post). Returns an exit status. */
 static int run_rank_fp8(const char *ir, int rank, int world, const char *comm_file, const char *out) {
-    Arena *arena = arena_new();
-    Graph *g = load_graph(arena, ir);
-    if (!g) return 10;
-    Node *tokens = ir_find(g, "tokens"), *targets = ir_find(g, "targets");
-    Node *lr = ir_find(g, "lr"), *step = ir_find(g, "step"), *grad_scale = ir_find(g, "grad_scale");
-    int64_t vocab = INT64_MAX;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const Node *n = g->nodes[i];
-        if (n->op == OP_EMBEDDING && n->in[1] == tokens && n->in[0]->t.dims[0] < vocab)
-            vocab = n->in[0]->t.dims[0];
-    }
-    RtMemory mem;
-    if (!tokens || !targets || vocab == INT64_MAX || !rt_memory_bind(g, &mem)) return 11;
-    rt_init_params(g, 1234);
-    CudaBinary bin;
-    bool skipped = false;
-    char why[512] = "";
-    if (!cuda_compile_graph(g, &bin, &skipped, why, sizeof why) || skipped) return 12;
-    const RtDevice *dev = cuda_rt_device(bin.cubin, bin.cubin_size);
-    if (!dev->comm_open(rank, world, comm_file, 60)) return 13;
-    if (!dev->open(g, &mem)) return 14;
+    Rank r;
+    int status = rank_open(&r, ir, rank, world, comm_file);
+    if (status) return status;
+    Graph *g = r.g;
+    const RtDevice *dev = r.dev;
+    Node *tokens = r.tokens, *targets = r.targets, *lr = r.lr, *step = r.step, *grad_scale = r.grad_scale;
     RtCommPlan cp;
     Tensor **acc = malloc(sizeof *acc * (size_t)g->n_nodes);
     int n_acc = acc ? reduced_accumulators(g, &cp, acc) : -1;
@@ -210,7 +216,7 @@ static int run_rank_fp8(const char *ir, int rank, int world, const char *comm_fi
     feed(grad_scale, rt_grad_scale(1, world));
     Tensor *ts[3] = {&lr->t, &step->t, &grad_scale->t}, *io[2] = {&tokens->t, &targets->t};
     char path[600];
-    feed_batch(tokens, targets, vocab, 0, rt_global_micro(rank, 1, 0));
+    feed_batch(tokens, targets, r.vocab, 0, rt_global_micro(rank, 1, 0));
     bool ok = dev->push(ts, 3) && dev->push(io, 2) && dev->run_micro_step(g) && dev->pull(acc, n_acc);
     snprintf(path, sizeof path, "%s.pre", out);
     ok = ok && write_values(path, acc, n_acc) && dev->zero(acc, n_acc) && dev->push(io, 2) &&
@@ -220,7 +226,7 @@ static int run_rank_fp8(const char *ir, int rank, int world, const char *comm_fi
     rt_comm_plan_free(&cp);
     free(acc);
     dev->close();
-    cuda_binary_free(&bin);
+    cuda_binary_free(&r.bin);
     return ok ? 0 : 16;
 }
 
