@@ -456,6 +456,16 @@ __device__ void ck_adamw(const CkArgs &a) {
 #define CK_ROW_VECS 8
 #define CK_ROW_OF_WARP ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5))
 
+/* A row's mean from the lanes' partial sums s of its C elements, and its 1 / sqrt(var + eps)
+ * from the partial sums of squared deviations q, every lane getting them. In f32: a warp sum
+ * in f64 takes two shuffles a step and f64 arithmetic, and holding it cost the norms 73 to 80
+ * registers a thread, three blocks an SM, too few rows in flight to keep the memory busy; f32
+ * sums of a row of a few thousand values are good to about 1e-6 relative. */
+static __device__ __forceinline__ float ck_row_mean(float s, i64 C) { return ck_warp_sum(s) / (float)C; }
+static __device__ __forceinline__ float ck_row_rstd(float q, i64 C, double eps) {
+    return 1.0f / sqrtf(ck_warp_sum(q) / (float)C + (float)eps);
+}
+
 /* x's part of row r held by this lane, and mean and rstd of the row (every lane gets them) */
 template <int LN, int NV, class X> __device__ __forceinline__ void ck_row_load_stats(
     const CkTensor &x, i64 r, i64 C, double eps, float (&v)[NV][CK_VEC], float *mean, float *rstd) {
@@ -470,7 +480,7 @@ template <int LN, int NV, class X> __device__ __forceinline__ void ck_row_load_s
             for (int j = 0; j < CK_VEC; j++) s += v[k][j];
         }
     }
-    float m = LN ? (float)(ck_warp_sum((double)s) / (double)C) : 0.0f, q = 0;
+    float m = LN ? ck_row_mean(s, C) : 0.0f, q = 0;
     #pragma unroll
     for (int k = 0; k < NV; k++) {
         i64 c = ((i64)k * 32 + lane) * CK_VEC;
@@ -482,7 +492,7 @@ template <int LN, int NV, class X> __device__ __forceinline__ void ck_row_load_s
             }
     }
     *mean = m;
-    *rstd = (float)(1.0 / sqrt(ck_warp_sum((double)q) / (double)C + eps));
+    *rstd = ck_row_rstd(q, C, eps);
 }
 
 /* the same, an element at a time (any row length and format) */
@@ -643,8 +653,7 @@ __device__ __forceinline__ float ck_norm_bwd_x_row(const CkArgs &a, i64 r) {
                 sgxf = fmaf(g, (v[k][j] - mean) * rstd, sgxf);
             }
         }
-        float mg = LN ? (float)(ck_warp_sum((double)sgf) / (double)C) : 0.0f;
-        float mgx = (float)(ck_warp_sum((double)sgxf) / (double)C);
+        float mg = LN ? ck_row_mean(sgf, C) : 0.0f, mgx = ck_row_mean(sgxf, C);
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
@@ -747,7 +756,7 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
             }
         }
         /* mean and rstd as ck_row_load_stats finds them */
-        float mean = LN ? (float)(ck_warp_sum((double)s) / (double)C) : 0.0f, q = 0.0f;
+        float mean = LN ? ck_row_mean(s, C) : 0.0f, q = 0.0f;
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
@@ -765,7 +774,7 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
                 q = fmaf(d, d, q);
             }
         }
-        float rstd = (float)(1.0 / sqrt(ck_warp_sum((double)q) / (double)C + a.f[0]));
+        float rstd = ck_row_rstd(q, C, a.f[0]);
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
@@ -788,8 +797,7 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
                 if (HB) gb[(k * CK_VEC + j) * 32 + lane] += d[j];
             }
         }
-        float mg = LN ? (float)(ck_warp_sum((double)sgf) / (double)C) : 0.0f;
-        float mgx = (float)(ck_warp_sum((double)sgxf) / (double)C);
+        float mg = LN ? ck_row_mean(sgf, C) : 0.0f, mgx = ck_row_mean(sgxf, C);
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
