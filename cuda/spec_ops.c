@@ -404,6 +404,17 @@ static int row_vectors(int64_t C) {
     return (int)((C + 32 * 8 - 1) / (32 * 8));
 }
 
+/* The blocks of `threads` an SM that a norm kernel's launch bounds ask for, for rows of nv
+ * vectors a lane: where the row is short (nv <= 3: a width of up to 768), 32 warps an SM, which
+ * caps a thread at 64 registers. Unbounded, normt took 76 and the fused backward 80, three and
+ * six blocks an SM (24 warps), and with a warp's rows one after another too few rows were in
+ * flight to keep the memory busy. H200, GPT-2 d12 at batch 32, -O1, a step's 24 or 25 launches
+ * (docs/results.md): normt 1.767 -> 1.595 ms, the fused backward 3.290 -> 2.517 ms (at -O3,
+ * where x is a scaled FP8 copy, 3.976 -> 3.043), though both now spill a few words (24 to 52
+ * bytes a thread). Longer rows hold more of themselves in registers and are left unbounded:
+ * capping them would spill the row. */
+static unsigned norm_min_blocks(unsigned threads, int nv) { return nv > 0 && nv <= 3 ? 32 / (threads / 32) : 0; }
+
 bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     const Node *bx = ng->bx, *y = ng->add ? ng->add : bx, *dy = bx->in[0], *x = bx->in[1];
     int64_t R = rows_of(&x->t), C = cols_of(&x->t);
@@ -429,6 +440,7 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res;
     l->args.f[0] = ln ? IR_FATTR(bx, LAYERNORM_BWD_X, eps) : IR_FATTR(bx, RMSNORM_BWD_X, eps);
     arg_amax_parts(s, l, y);
+    l->min_blocks = norm_min_blocks(NORM_GRAD_THREADS, nv);
     /* the columns: the weight's gradient (or its accumulator), then the bias's */
     const Node *tw = ng->acc_w ? ng->acc_w->in[0] : ng->bw, *tb = ng->acc_b ? ng->acc_b->in[0] : ng->sum;
     l = spec_launch(s, "normgrads", (unsigned)((C + 31) / 32), 1024, "ck_norm_grads_final<%d, %s, %s, %d, %s, %s>(a)",
@@ -476,6 +488,7 @@ bool plan_rows(Spec *s) {
             arg_node(l, 1 + n->n_in, s->transpose_to);
             l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = 1 + n->n_in;
             l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
+            l->min_blocks = norm_min_blocks(ROW_THREADS, nv);
             return true;
         }
         l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
@@ -484,6 +497,7 @@ bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
         l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
+        l->min_blocks = norm_min_blocks(ROW_THREADS, row_vectors(cols_of(x)));
         producer_result(s, l);
         return true;
     }
