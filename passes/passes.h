@@ -62,6 +62,9 @@ typedef struct {
     bool fp8_saved;                 /* saved activations in FP8 (COAT's mixed granularity) */
     bool weight_copies_per_use;     /* no FP8 weight copy kept across the step: quantized at
                                      * every use, and no copy written by the update */
+    bool attention_y_kept;          /* with fp8_saved: attention's result saved as itself, with
+                                     * its row statistics, so the backward does not rerun the
+                                     * forward (FlashAttention's saved output, as COAT keeps it) */
 } PrecisionLevel;
 enum { PRECISION_LEVELS = 4 };      /* -O0..-O3 */
 const PrecisionLevel *precision_level(int opt_level);
