@@ -7,9 +7,10 @@
 #                                         build-tune/kit); per configuration the GPU modules of
 #                                         the defaults and of every candidate fp8c tune builds,
 #                                         as `fp8c tune --list-candidates` names them (NVRTC,
-#                                         cached in KIT/fp8c-cache), packed last
-#                                         (fp8c-cache.tar.xz: 1 MiB for all four
-#                                         configurations, 69 MiB unpacked)
+#                                         cached in KIT/fp8c-cache); then memory_budget.sh's
+#                                         search (MEMORY=0: not), which the kit carries; the
+#                                         cache is packed last (fp8c-cache.tar.xz: 1 MiB for
+#                                         all four configurations, 69 MiB unpacked)
 #   tools/gpu/tune_gpu.sh run KIT         on the GPU machine, from the repository root, per
 #                                         configuration: fp8c tune (BUDGET seconds), fp8c build
 #                                         with and without the record, then ROUNDS alternating
@@ -65,6 +66,7 @@ if [ "$MODE" = prepare ]; then
         echo "$c: $(( $(date +%s) - t0 )) s; the cache holds $(du -sh "$FP8C_CACHE_DIR" | cut -f1)"
     done
     echo "$CONFIGS" > "$KIT/CONFIGS"
+    [ "${MEMORY:-1}" = 0 ] || KIT_PACK=0 tools/gpu/memory_budget.sh search "$KIT"
     echo "the cache: $(du -sh "$FP8C_CACHE_DIR" | cut -f1) in $(find "$FP8C_CACHE_DIR" -type f | wc -l) modules; packing it"
     kit_pack_cache "$KIT"
     du -sh "$KIT" "$KIT/fp8c-cache.tar.xz"
