@@ -9,8 +9,9 @@
 #                                         as `fp8c tune --list-candidates` names them (NVRTC,
 #                                         cached in KIT/fp8c-cache); then memory_budget.sh's
 #                                         search (MEMORY=0: not), which the kit carries; the
-#                                         cache is packed last (fp8c-cache.tar.xz: 1 MiB for
-#                                         all four configurations, 69 MiB unpacked)
+#                                         cache is packed last (fp8c-cache.tar.xz: 1.1 MiB
+#                                         for all four configurations and the memory search,
+#                                         86 MiB unpacked)
 #   tools/gpu/tune_gpu.sh run KIT         on the GPU machine, from the repository root, per
 #                                         configuration: fp8c tune (BUDGET seconds), fp8c build
 #                                         with and without the record, then ROUNDS alternating
@@ -69,7 +70,7 @@ if [ "$MODE" = prepare ]; then
     [ "${MEMORY:-1}" = 0 ] || KIT_PACK=0 tools/gpu/memory_budget.sh search "$KIT"
     echo "the cache: $(du -sh "$FP8C_CACHE_DIR" | cut -f1) in $(find "$FP8C_CACHE_DIR" -type f | wc -l) modules; packing it"
     kit_pack_cache "$KIT"
-    du -sh "$KIT" "$KIT/fp8c-cache.tar.xz"
+    echo "the kit: $(du -sh "$KIT" | cut -f1), of which the packed cache $(du -h "$KIT/fp8c-cache.tar.xz" | cut -f1)"
     echo "ready: carry $KIT_ARG, then run tools/gpu/tune_gpu.sh run $KIT_ARG on the GPU machine"
     exit 0
 fi
@@ -138,7 +139,7 @@ tune_config() {
 
 status=0
 for c in $CONFIGS; do
-    kit_config "$c" || { status=1; continue; }
+    kit_config "$c" || { SECTION=/dev/null; say ""; say "== $c: not SIZE:-On (d12:-O1, d48:-O3): skipped"; status=1; continue; }
     budget=$(kit_knob BUDGET 180)
     if [ $(( $(date +%s) - START + budget + 150 )) -gt "$LIMIT_S" ]; then
         SECTION=/dev/null
