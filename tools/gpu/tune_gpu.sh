@@ -23,15 +23,16 @@
 # default is d12:-O1, run's the kit's own list (KIT/CONFIGS). PRECOMPILE names the
 # configurations whose candidates prepare compiles (default: all of CONFIGS; the defaults'
 # modules are compiled for every one): a configuration left out costs the GPU machine an NVRTC
-# compilation per candidate, about half a minute each at d48, out of tune's budget.
+# compilation per candidate (here, on two cores, 7 to 16 s each), out of tune's budget.
 #
 # run's knobs: BUDGET (tune's seconds, default 180; per configuration BUDGET_d48 or
 # BUDGET_d48_O3 win), STEPS (30) and ROUNDS (3), LIMIT_S (560: a configuration whose BUDGET plus
 # 150 s would end past LIMIT_S seconds from the start is skipped, so that a device call's
 # 600 s limit ends no tune half-way). $OUT (else KIT/out) receives, per configuration,
 # $OUT/d12_O1/ (record.tune, tune.log, build.log, the runs' logs, plan_tune.txt, summary.txt),
-# and $OUT/summary.txt, every configuration's section. At the defaults one d12 configuration
-# takes about 250 s and one d48 configuration about 400 s: two d12, or one d48, a call.
+# and $OUT/summary.txt, every configuration's section. At the defaults a d12 configuration
+# should take about 250 s (d12 -O1 tuned in 168 s of a 150 s budget, then six runs of 30
+# steps), a d48 one more (not measured): two d12 configurations a call, or one d48.
 #
 # The GPU machine must have a C compiler (`cc`: fp8c links every binary it builds, candidates
 # included) and the CUDA toolkit's libnvrtc and headers (/usr/local/cuda); run says so when not.
