@@ -189,5 +189,9 @@ typedef struct {
 } TuneRequest;
 /* Measures, writes q->output (never over an existing file); returns the exit status. */
 int tune_run(const TuneRequest *q);
+/* The build-time candidates tune_run would build for q, besides the defaults, as the argument
+ * of a --choice, one a line: what a machine without the device can compile ahead (the GPU
+ * modules, cached). Measures nothing; returns the exit status. */
+int tune_list_candidates(const TuneRequest *q, FILE *out);
 
 #endif

@@ -5,6 +5,7 @@
  *   fp8c build MODEL [build flags] -o NAME                               a training binary
  *   fp8c train MODEL [build flags] [-- run flags]                        build, then run it
  *   fp8c tune  MODEL [build flags] --device cuda|cpu [--budget S] -o FILE  measure the choices
+ *   fp8c tune  MODEL [build flags] --device cuda|cpu --list-candidates  what tune would build
  *   fp8c opt   FILE.ir --passes=a,b                                      run passes on textual IR
  *   fp8c passes                                                          list the passes
  *   fp8c recipes                                                         list the --recipe names
@@ -46,7 +47,7 @@ enum {
     F_LEVEL, F_BATCH, F_SEQ, F_DEFINE, F_CONFIG, F_POLICY, F_PRECISION, F_RECIPE, F_OPTIMIZER, F_NESTEROV, F_GRAD_RELEASE,
     F_VERIFY, F_GPUS, F_PRINT_IR_AFTER, F_PRINT_IR_AFTER_ALL, F_STOP_AFTER, F_CPU, F_PRINT_KERNELS,
     F_TUNE, F_TUNE_MISMATCH, F_CHOICE, F_OUTPUT, F_JSON, F_VS, F_KERNELS, F_DEVICE, F_BUDGET,
-    F_MEMORY_BUDGET, F_TUNE_STEPS, F_PASSES, F_HELP,
+    F_MEMORY_BUDGET, F_TUNE_STEPS, F_LIST_CANDIDATES, F_PASSES, F_HELP,
 };
 
 /* The flags, one row each: getopt_long's options, the --help lines and the suggestions of
@@ -91,6 +92,8 @@ static const RtFlag fp8c_flags[] = {
     FLAG("budget", 0, RT_ARG_VALUE, "SECONDS", F_BUDGET, "time to measure in (default 300)"),
     FLAG("memory-budget", 0, RT_ARG_VALUE, "GiB", F_MEMORY_BUDGET, "the fastest choices that fit"),
     FLAG("tune-steps", 0, RT_ARG_VALUE, "N", F_TUNE_STEPS, "steps timed per candidate, 4..60"),
+    FLAG("list-candidates", 0, RT_ARG_NONE, NULL, F_LIST_CANDIDATES,
+         "the --choice of each binary tune would build, one a line; no -o"),
     HEADING("opt:"),
     FLAG("passes", 0, RT_ARG_VALUE, "a,b", F_PASSES, "the passes to run, in order (fp8c passes)"),
     FLAG("help", 'h', RT_ARG_NONE, NULL, F_HELP, "this text"),
@@ -106,6 +109,7 @@ static void usage(FILE *out)
           "       fp8c train MODEL [build flags] [-- run flags]\n"
           "       fp8c tune  MODEL [build flags] --device cuda|cpu [--budget SECONDS] [--memory-budget GiB]\n"
           "                  [--tune-steps N] -o FILE\n"
+          "       fp8c tune  MODEL [build flags] --device cuda|cpu --list-candidates\n"
           "       fp8c opt   FILE.ir --passes=a,b [--print-ir-after=PASS|all]\n"
           "       fp8c passes\n"
           "       fp8c recipes\n"
@@ -225,6 +229,7 @@ typedef struct {
     double budget;             /* tune --budget SECONDS */
     double memory_budget;      /* tune --memory-budget GiB */
     int tune_steps;            /* tune --tune-steps N */
+    bool list_candidates;      /* tune --list-candidates: print, measure nothing */
     Choice choices[MAX_CHOICES];   /* --choice flags, then the record's winners */
     int n_choices;
     TuneRecord record;         /* --tune's, read */
@@ -402,6 +407,9 @@ static void parse_flag(Args *a, const RtFlag *f, const char *v, const char *word
         a->choices[a->n_choices++] = (Choice){name, eq + 1};
         break;
     }
+    case F_LIST_CANDIDATES:
+        a->list_candidates = true;
+        break;
     case F_JSON:
         a->json = true;
         break;
@@ -753,7 +761,8 @@ static bool tune_build(void *ctx, const Choice *choices, int n, const char *out,
 
 static int cmd_tune(Args *a)
 {
-    if (!a->output) bad_flag("tune needs -o FILE (the record)%s", "");
+    if (!a->output && !a->list_candidates) bad_flag("tune needs -o FILE (the record)%s", "");
+    if (a->output && a->list_candidates) bad_flag("tune --list-candidates writes no record (no -o)%s", "");
     if (!a->device) bad_flag("tune needs --device cuda or --device cpu%s", "");
     if (a->tune) bad_flag("tune makes a record; --tune reads one%s", "");
     Graph *g = compile_or_exit(session_arena(), a);
@@ -767,7 +776,7 @@ static int cmd_tune(Args *a)
                      .steps = a->tune_steps ? a->tune_steps : gpu ? 12 : 6, .warmup = 2,
                      .tokens_per_step = g->batch * g->seq, .default_chunks = chunks,
                      .build = tune_build, .ctx = a};
-    return tune_run(&q);
+    return a->list_candidates ? tune_list_candidates(&q, stdout) : tune_run(&q);
 }
 
 /* fp8c train: the binary (cached as a build's is) in a temp directory, named after the model,
@@ -823,8 +832,8 @@ static int dispatch(int argc, char **argv, Args *ap)
     Args *a = ap;
     parse_args(argc - 2, argv + 2, a);
     if (!strcmp(cmd, "tune")) return cmd_tune(a);
-    if (a->memory_budget > 0 || a->budget > 0 || a->tune_steps)
-        bad_flag("--budget, --memory-budget and --tune-steps go with fp8c tune%s", "");
+    if (a->memory_budget > 0 || a->budget > 0 || a->tune_steps || a->list_candidates)
+        bad_flag("--budget, --memory-budget, --tune-steps and --list-candidates go with fp8c tune%s", "");
     if (!strcmp(cmd, "plan") || !strcmp(cmd, "build") || !strcmp(cmd, "train")) apply_tune_record(a);
     if (!strcmp(cmd, "plan")) return cmd_plan(a);
     if (!strcmp(cmd, "build")) return cmd_build(a);

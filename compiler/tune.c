@@ -345,12 +345,12 @@ typedef struct {
     int n;
 } BuildPoint;
 
-static int build_points(const Tuner *t, BuildPoint *out)
+static int build_points(const TuneRequest *q, BuildPoint *out)
 {
     int n = 0;
     BuildPoint *p = &out[n++];
     *p = (BuildPoint){.name = "loss.chunks", .what = "row chunks of the output head and its loss"};
-    int64_t d = t->q->default_chunks > 0 ? t->q->default_chunks : 1;
+    int64_t d = q->default_chunks > 0 ? q->default_chunks : 1;
     snprintf(p->dflt, sizeof p->dflt, "%lld", (long long)d);
     int64_t vals[] = {d, d > 1 ? d / 2 : 2, 2 * d, d > 1 ? 1 : 4, 4 * d};
     for (int i = 0; i < 5 && p->n < 4; i++) {
@@ -358,7 +358,7 @@ static int build_points(const Tuner *t, BuildPoint *out)
         for (int k = 0; k < p->n; k++) dup |= atoll(p->values[k]) == vals[i];
         if (!dup && vals[i] >= 1 && vals[i] <= 256) snprintf(p->values[p->n++], 32, "%lld", (long long)vals[i]);
     }
-    if (!strcmp(t->q->device, "cuda")) {
+    if (!strcmp(q->device, "cuda")) {
         static const struct { const char *name, *what; } fusions[] = {
             {"fuse.producer_quantizes", "a layernorm or GELU writes its FP8 copy itself"},
             {"fuse.cast_transposes", "an FP8 copy's transposed copy written by its quantize"},
@@ -449,6 +449,19 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
         progress(t, p, c, *left);
     }
     pick_winner(p);
+}
+
+/* Every build-time candidate but the defaults, as measure_build_point builds them: one
+ * binary each. The binary of the winners together is not among them (it depends on what the
+ * measurements find), nor are the run-time choices and the GEMM algorithms (no build). */
+int tune_list_candidates(const TuneRequest *q, FILE *out)
+{
+    BuildPoint builds[24];
+    int n_build = build_points(q, builds);
+    for (int i = 0; i < n_build; i++)
+        for (int k = 0; k < builds[i].n; k++)
+            if (strcmp(builds[i].values[k], builds[i].dflt)) fprintf(out, "%s=%s\n", builds[i].name, builds[i].values[k]);
+    return fflush(out) == 0 && !ferror(out) ? 0 : 1;
 }
 
 /* ---------------------------------------------------------------- GEMM algorithms (GPU) */
@@ -576,7 +589,7 @@ int tune_run(const TuneRequest *q)
 
     EnvPoint envs[8];
     BuildPoint builds[24];
-    int n_env = env_points(&t, envs), n_build = build_points(&t, builds), left = 0;
+    int n_env = env_points(&t, envs), n_build = build_points(q, builds), left = 0;
     for (int i = 0; i < n_env; i++) left += envs[i].n;
     for (int i = 0; i < n_build; i++) left += builds[i].n;
     for (int i = 0; i < n_env; i++) measure_env_point(&t, base_bin, &envs[i], &left);

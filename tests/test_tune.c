@@ -7,7 +7,8 @@
  * as a binary built with the same choices forced by hand (--choice); a record made for another
  * model, fp8c version or device is refused with one line naming which (or, asked to, the
  * defaults are built); a malformed record is one line and a failed build; `fp8c plan --tune`
- * shows the winners beside the defaults.
+ * shows the winners beside the defaults; `fp8c tune --list-candidates` names the binaries tune
+ * builds, for a machine that compiles ahead what another will measure.
  *
  * The model is gpt2_tiny cut down to one narrow layer, built without GPU kernels; the record is
  * made once (setup) with a short budget and four steps a run. Records with chosen winners are
@@ -398,6 +399,57 @@ static void test_plan_shows_the_record(void **state) {
     free(text);
 }
 
+/* --list-candidates: the binaries tune builds besides the defaults, one --choice a line. On the
+ * CPU they are the loss's chunk counts the record holds (setup's tune built exactly those); on
+ * a GPU the fusions, the attention's and the loss's kernels join, each a choice build accepts.
+ * With -o it is refused: it measures and writes nothing. */
+static void test_list_candidates(void **state) {
+    (void)state;
+    int rc = run("list_cpu", "%s %s tune %s %s --device cpu --list-candidates", env, fp8c, model, model_flags);
+    char *text = slurp("list_cpu.out");
+    if (rc != 0) fail_msg("tune --list-candidates failed (%d):\n%s", rc, text);
+    char path[512];
+    snprintf(path, sizeof path, "%s/record.json", tmp_dir);
+    Jv r;
+    assert_true(rt_json_read(path, &r));
+    const Jv *chunks = find_choice(get(&r, "choices", JV_ARR), "loss.chunks");
+    assert_non_null(chunks);
+    const Jv *cands = get(chunks, "candidates", JV_ARR);
+    const char *dflt = get(chunks, "default", JV_STR)->str;
+    int want = 0;
+    for (int k = 0; k < cands->n; k++) {
+        const char *value = get(&cands->items[k], "value", JV_STR)->str;
+        if (!strcmp(value, dflt)) continue;
+        char line[64];
+        snprintf(line, sizeof line, "loss.chunks=%s\n", value);
+        if (!strstr(text, line)) fail_msg("the record's candidate loss.chunks=%s is not listed:\n%s", value, text);
+        want++;
+    }
+    assert_int_equal(count_lines(text), want);
+    rt_json_free(&r);
+    free(text);
+
+    rc = run("list_cuda", "%s %s tune %s %s --device cuda --list-candidates", env, fp8c, model, model_flags);
+    text = slurp("list_cuda.out");
+    if (rc != 0) fail_msg("tune --device cuda --list-candidates failed (%d):\n%s", rc, text);
+    const char *prefixes[] = {"\nfuse.", "\nattn.", "\nce."};
+    for (int i = 0; i < 3; i++)
+        if (!strstr(text, prefixes[i])) fail_msg("no %s choice listed:\n%s", prefixes[i] + 1, text);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (run("list_plan", "%s %s plan %s %s --choice %s", env, fp8c, model, model_flags, line) != 0) {
+            char *why = slurp("list_plan.out");
+            fail_msg("listed '%s', which plan refuses:\n%s", line, why);
+        }
+    }
+    free(text);
+
+    rc = run("list_o", "%s %s tune %s %s --device cpu --list-candidates -o %s/list.json", env, fp8c, model,
+             model_flags, tmp_dir);
+    text = slurp("list_o.out");
+    if (rc != 2 || !strstr(text, "writes no record")) fail_msg("want a refusal of -o, got %d:\n%s", rc, text);
+    free(text);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
@@ -405,6 +457,7 @@ int main(void) {
         cmocka_unit_test(test_reuse_is_bit_identical), cmocka_unit_test(test_mismatch_refused),
         cmocka_unit_test(test_malformed_refused), cmocka_unit_test(test_plan_shows_the_record),
         cmocka_unit_test(test_memory_budget_unreachable), cmocka_unit_test(test_gpu_record_without_gpu),
+        cmocka_unit_test(test_list_candidates),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
