@@ -171,13 +171,17 @@ template <int E, int S, int SE = FMT_F32> struct F {
         return ElemBytes<E>::n && ck_scale_vec_ok<S>(t) && t.n % CK_VEC == 0 &&
                (unsigned long long)t.p % (align ? align : 1) == 0;
     }
+    /* A scale stored as E8M0 is a power of two, whose reciprocal is exact: each element is then
+     * multiplied by it, with the quotient's bits (one correctly rounded operation on the same
+     * real number), and a vector takes one reciprocal instead of CK_VEC divisions. */
     static __device__ __forceinline__ void ld_vec(const CkTensor &t, i64 i, float *v) {
         CkRaw<vbytes ? vbytes : 1> r = ((const CkRaw<vbytes ? vbytes : 1> *)t.p)[i / CK_VEC];
         float s = S != SCALE_NONE ? ck_scale<S, SE>(t, i) : 1.0f;
+        float rs = SE == FMT_E8M0 ? __frcp_rn(s) : 1.0f;
         #pragma unroll
         for (int j = 0; j < CK_VEC; j++) {
             v[j] = Elem<E>::ld(r.b, j);
-            if (S != SCALE_NONE) v[j] = v[j] / s;
+            if (S != SCALE_NONE) v[j] = SE == FMT_E8M0 ? v[j] * rs : v[j] / s;
         }
     }
     static __device__ __forceinline__ void st_vec(const CkTensor &t, i64 i, const float *v) {
