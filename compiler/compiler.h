@@ -184,6 +184,8 @@ typedef struct {
     int steps, warmup;         /* steps a run logs; the first `warmup` are not timed */
     int64_t tokens_per_step;
     int64_t default_chunks;    /* the loss's chunk count by the default rule */
+    int attention_y_default;   /* save.attention_y's default at the level, -1: not a point
+                                  (no attention, or activations not saved in FP8) */
     bool (*build)(void *ctx, const Choice *choices, int n, const char *out, int64_t *peak);
     void *ctx;
 } TuneRequest;

@@ -766,8 +766,15 @@ static int cmd_tune(Args *a)
     if (!a->device) bad_flag("tune needs --device cuda or --device cpu%s", "");
     if (a->tune) bad_flag("tune makes a record; --tune reads one%s", "");
     Graph *g = compile_or_exit(session_arena(), a);
-    int64_t chunks = 0;
-    for (int i = 0; i < g->n_nodes; i++) chunks += g->nodes[i]->op == OP_CROSS_ENTROPY;
+    int64_t chunks = 0, attentions = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        chunks += g->nodes[i]->op == OP_CROSS_ENTROPY;
+        attentions += g->nodes[i]->op == OP_ATTENTION;
+    }
+    /* saving attention's output or rerunning the forward for it: a point where the level saves
+     * activations in FP8 (passes/precision.c, attention_y_choice) */
+    const PrecisionLevel *level = precision_level(g->opt_level);
+    int y_default = attentions && level->fp8_saved ? level->attention_y_kept : -1;
     bool gpu = !strcmp(a->device, "cuda");
     TuneRequest q = {.model = a->model, .device = a->device, .output = a->output, .version = FP8C_VERSION,
                      .flags = a->flags, .n_flags = a->n_flags,
@@ -775,6 +782,7 @@ static int cmd_tune(Args *a)
                      .memory_budget = a->memory_budget * 1073741824.0,
                      .steps = a->tune_steps ? a->tune_steps : gpu ? 12 : 6, .warmup = 2,
                      .tokens_per_step = g->batch * g->seq, .default_chunks = chunks,
+                     .attention_y_default = y_default,
                      .build = tune_build, .ctx = a};
     return a->list_candidates ? tune_list_candidates(&q, stdout) : tune_run(&q);
 }

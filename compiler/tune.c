@@ -25,8 +25,9 @@
  *  - on a GPU, the cuBLASLt algorithm of every GEMM problem: the binary's tuning mode (FP8C_TUNE_GEMMS=FILE,
  *    cuda/exec.c) times a wide heuristic list on the real operands, checks each algorithm's
  *    output against the default's, and reports them per GEMM;
- *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c) and, on a
- *    GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c), the attention
+ *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c), where the
+ *    level saves activations in FP8 whether attention's output is saved or its forward rerun
+ *    in the backward (save.attention_y, passes/precision.c), and, on a GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c), the attention
  *    forward's kernel (attn.wgmma, cuda/spec_ops.c) and the loss's row blocks (ce.threads,
  *    ce.exp2, cuda/spec_ops.c).
  * Each point is measured against the defaults of all the others, one at a time; the winners
@@ -357,6 +358,16 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
         bool dup = false;
         for (int k = 0; k < p->n; k++) dup |= atoll(p->values[k]) == vals[i];
         if (!dup && vals[i] >= 1 && vals[i] <= 256) snprintf(p->values[p->n++], 32, "%lld", (long long)vals[i]);
+    }
+    /* attention's output saved, or the forward run again in the backward for its statistics
+     * (both devices; memory against time, so a lever of --memory-budget) */
+    if (q->attention_y_default >= 0) {
+        p = &out[n++];
+        *p = (BuildPoint){.name = "save.attention_y", .what = "attention's output saved for the backward, not recomputed",
+                          .n = 2};
+        snprintf(p->dflt, sizeof p->dflt, "%d", q->attention_y_default);
+        snprintf(p->values[0], 32, "%d", q->attention_y_default);
+        snprintf(p->values[1], 32, "%d", !q->attention_y_default);
     }
     if (!strcmp(q->device, "cuda")) {
         static const struct { const char *name, *what; } fusions[] = {

@@ -644,6 +644,23 @@ static void attention_reads_y(Graph *g, const Uses *uses)
     }
 }
 
+/* Whether attention's result y is saved as itself at a level of FP8 saved activations: the
+ * level's attention_y_kept, or the choice save.attention_y (a tuning record's winner, or
+ * --choice), fp8c tune's point of saving against recomputing. Where activations are not saved
+ * in FP8 (O0, O1) y is kept anyway, and a 0 there is refused: nothing would do it. */
+static bool attention_y_choice(const Graph *g, const PrecisionLevel *level, bool *keep)
+{
+    int64_t v = ir_choice_int(g, "save.attention_y", level->attention_y_kept || !level->fp8_saved);
+    if (!v && !level->fp8_saved) {
+        diag_error((SrcLoc){0},
+                   "save.attention_y=0: at -O%d attention's output is saved as itself (levels with FP8 saved "
+                   "activations, -O2 and -O3, take the choice)", g->opt_level);
+        return false;
+    }
+    *keep = v != 0;
+    return true;
+}
+
 /* The rules of a build, in the order they apply: the recipe's, the policy file's, the command
  * line's. False after reporting a bad rule. */
 static bool policy_build(Policy *policy, Arena *a, const PassOptions *opt)
@@ -784,11 +801,13 @@ bool pass_precision(Graph *g, const PassOptions *opt)
      * attention_reads_y then gives the backward y and the forward's logsumexp, and it reads
      * those instead of running the forward again (2.6 ms of a 69 ms GPT-2 d12 step on an H200,
      * for 0.58 GiB). O3 keeps the FP8 copy and reruns. */
+    bool keep_y;
+    if (!attention_y_choice(g, level, &keep_y)) return false;
     for (int i = 0; i < g->n_nodes; i++) {
         Node *x = g->nodes[i];
         if (x->t.role != ROLE_SAVED || !fmt_elem_is_float(x->t.fmt.elem)) continue;
         Format want = fmt_plain(FMT_VOID);
-        bool kept = level->attention_y_kept && x->op == OP_ATTENTION;
+        bool kept = keep_y && x->op == OP_ATTENTION;
         if (level->fp8_saved && !kept) want = saved_default(x, &uses[i]);
         const Rule *r = policy_match(&policy, RULE_SAVED, x->t.name ? x->t.name : "");
         if (r) want = r->fmt.elem == x->t.fmt.elem && r->fmt.scaling == SCALE_NONE ? fmt_plain(FMT_VOID) : r->fmt;

@@ -953,6 +953,42 @@ static void test_chunk_loss_follows_the_choice(void **state)
     }
 }
 
+/* save.attention_y overrides the level's keeping of attention's output: at -O3, 1 makes every
+ * attention backward read y and the forward's logsumexp (no rerun); at -O2, 0 makes each rerun
+ * the forward; at -O1, where y is kept anyway, 0 is refused. */
+static void test_attention_y_follows_the_choice(void **state)
+{
+    (void)state;
+    const struct { int level; const char *value; int reads_y; } cases[] = {
+        {3, NULL, 0}, {3, "1", 1}, {2, NULL, 1}, {2, "0", 0}, {1, "1", 1}, {1, "0", -1},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        Arena *a = arena_new();
+        Choice c = {"save.attention_y", cases[k].value};
+        BuildOptions o = {0};
+        o.front.batch = 2, o.front.seq = 32;
+        o.passes.opt_level = cases[k].level;
+        o.choices = cases[k].value ? &c : NULL, o.n_choices = cases[k].value ? 1 : 0;
+        int errors = diag_error_count();
+        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o);
+        if (cases[k].reads_y < 0) {
+            assert_null(g);
+            assert_int_equal(diag_error_count(), errors + 1);
+            arena_free(a);
+            continue;
+        }
+        assert_non_null(g);
+        int bwd = 0, reading = 0;
+        for (int i = 0; i < g->n_nodes; i++)
+            if (g->nodes[i]->op == OP_ATTENTION_BWD) bwd++, reading += ir_attention_bwd_reads_y(g->nodes[i]);
+        printf("  -O%d save.attention_y=%s: %d of %d attention backwards read y\n", cases[k].level,
+               cases[k].value ? cases[k].value : "(level)", reading, bwd);
+        assert_true(bwd > 0);
+        assert_int_equal(reading, cases[k].reads_y ? bwd : 0);
+        arena_free(a);
+    }
+}
+
 /* The schedule also repairs an order that is only topological: shuffled, with in-place
  * updates placed before other readers of what they overwrite. */
 static void test_schedule_from_shuffled_order(void **state)
@@ -1256,6 +1292,7 @@ int main(void)
         cmocka_unit_test(test_memplan_gpt2),
         cmocka_unit_test(test_plan_time_follows_the_graph),
         cmocka_unit_test(test_chunk_loss_follows_the_choice),
+        cmocka_unit_test(test_attention_y_follows_the_choice),
         cmocka_unit_test(test_schedule_from_shuffled_order),
         cmocka_unit_test(test_dce_keeps_roots),
         cmocka_unit_test(test_pipeline_models),

@@ -450,6 +450,37 @@ static void test_list_candidates(void **state) {
     free(text);
 }
 
+/* The point of saving attention's output or recomputing it: listed where the level saves
+ * activations in FP8, as the other value of the level's default (-O2 saves it, -O3 reruns the
+ * forward), not at -O1, where nothing would change; and a memory lever: at -O3 the saved output
+ * raises the plan's peak that --memory-budget compares. */
+static void test_attention_y_point(void **state) {
+    (void)state;
+    const char *levels[] = {"-O1", "-O2", "-O3"}, *want[] = {NULL, "save.attention_y=0\n", "save.attention_y=1\n"};
+    for (int i = 0; i < 3; i++) {
+        int rc = run("list_y", "%s %s tune %s %s -D layers=1 -D dim=64 --batch 2 --seq 32 --device cpu --list-candidates",
+                     env, fp8c, model, levels[i]);
+        char *text = slurp("list_y.out");
+        if (rc != 0) fail_msg("%s: tune --list-candidates failed (%d):\n%s", levels[i], rc, text);
+        if (want[i] ? !strstr(text, want[i]) : strstr(text, "save.attention_y") != NULL)
+            fail_msg("%s: want %s listed, got:\n%s", levels[i], want[i] ? want[i] : "no save.attention_y", text);
+        free(text);
+    }
+    double peak[2];
+    for (int v = 0; v < 2; v++) {
+        int rc = run("plan_y", "%s %s plan %s -O3 -D layers=1 -D dim=64 --batch 2 --seq 32 --json --choice save.attention_y=%d",
+                     env, fp8c, model, v);
+        char *text = slurp("plan_y.out");
+        if (rc != 0) fail_msg("plan --choice save.attention_y=%d failed (%d):\n%s", v, rc, text);
+        const char *at = strstr(text, "\"peak_bytes\"");
+        if (!at) fail_msg("no peak_bytes in:\n%s", text);
+        peak[v] = strtod(strchr(at, ':') + 1, NULL);
+        free(text);
+    }
+    printf("  -O3 plan peak: %.0f bytes recomputing attention's output, %.0f saving it\n", peak[0], peak[1]);
+    assert_true(peak[1] > peak[0]);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
@@ -457,7 +488,7 @@ int main(void) {
         cmocka_unit_test(test_reuse_is_bit_identical), cmocka_unit_test(test_mismatch_refused),
         cmocka_unit_test(test_malformed_refused), cmocka_unit_test(test_plan_shows_the_record),
         cmocka_unit_test(test_memory_budget_unreachable), cmocka_unit_test(test_gpu_record_without_gpu),
-        cmocka_unit_test(test_list_candidates),
+        cmocka_unit_test(test_list_candidates),  cmocka_unit_test(test_attention_y_point),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
