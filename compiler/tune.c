@@ -27,7 +27,8 @@
  *    output against the default's, and reports them per GEMM;
  *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c), where the
  *    level saves activations in FP8 whether attention's output is saved or its forward rerun
- *    in the backward (save.attention_y, passes/precision.c), and, on a GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c), the attention
+ *    in the backward (save.attention_y, passes/precision.c), cheap producers saved or made
+ *    again in the backward (save.cheap, passes/recompute.c), and, on a GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c), the attention
  *    forward's kernel (attn.wgmma, cuda/spec_ops.c) and the loss's row blocks (ce.threads,
  *    ce.exp2, cuda/spec_ops.c).
  * Each point is measured against the defaults of all the others, one at a time; the winners
@@ -369,6 +370,13 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
         snprintf(p->values[0], 32, "%d", q->attention_y_default);
         snprintf(p->values[1], 32, "%d", !q->attention_y_default);
     }
+    /* cheap producers (elementwise ops, norms) saved, or made again in the backward from what
+     * it keeps anyway (passes/recompute.c): memory against time, on both devices */
+    p = &out[n++];
+    *p = (BuildPoint){.name = "save.cheap", .what = "cheap producers saved for the backward, not recomputed",
+                      .dflt = "1", .n = 2};
+    snprintf(p->values[0], 32, "1");
+    snprintf(p->values[1], 32, "0");
     if (!strcmp(q->device, "cuda")) {
         static const struct { const char *name, *what; } fusions[] = {
             {"fuse.producer_quantizes", "a layernorm or GELU writes its FP8 copy itself"},

@@ -410,6 +410,7 @@ static const ChoiceRule choice_rules[] = {
     {"ce.exp2", "0 1", 0, 0, 0},
     {"ce.shared", "0 1", 0, 0, 0},
     {"save.attention_y", "0 1", 0, 0, 0},
+    {"save.cheap", "0 1", 0, 0, 0},
     {"comm.overlap", "0 1", 0, 0, 0},
     {"comm.bucket_mb", NULL, 1, 1 << 20, 1},
     {"tune.device", NULL, 0, 16, 0},

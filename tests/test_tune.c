@@ -400,7 +400,8 @@ static void test_plan_shows_the_record(void **state) {
 }
 
 /* --list-candidates: the binaries tune builds besides the defaults, one --choice a line. On the
- * CPU they are the loss's chunk counts the record holds (setup's tune built exactly those); on
+ * CPU they are the loss's chunk counts and save.cheap's other value that the record holds
+ * (setup's tune built exactly those); on
  * a GPU the fusions, the attention's and the loss's kernels join, each a choice build accepts.
  * With -o it is refused: it measures and writes nothing. */
 static void test_list_candidates(void **state) {
@@ -412,18 +413,22 @@ static void test_list_candidates(void **state) {
     snprintf(path, sizeof path, "%s/record.json", tmp_dir);
     Jv r;
     assert_true(rt_json_read(path, &r));
-    const Jv *chunks = find_choice(get(&r, "choices", JV_ARR), "loss.chunks");
-    assert_non_null(chunks);
-    const Jv *cands = get(chunks, "candidates", JV_ARR);
-    const char *dflt = get(chunks, "default", JV_STR)->str;
+    /* the CPU's build-time points: the loss's chunks and the recompute-or-save choices */
+    const char *points[] = {"loss.chunks", "save.cheap"};
     int want = 0;
-    for (int k = 0; k < cands->n; k++) {
-        const char *value = get(&cands->items[k], "value", JV_STR)->str;
-        if (!strcmp(value, dflt)) continue;
-        char line[64];
-        snprintf(line, sizeof line, "loss.chunks=%s\n", value);
-        if (!strstr(text, line)) fail_msg("the record's candidate loss.chunks=%s is not listed:\n%s", value, text);
-        want++;
+    for (int p = 0; p < 2; p++) {
+        const Jv *point = find_choice(get(&r, "choices", JV_ARR), points[p]);
+        if (!point) fail_msg("the record has no %s", points[p]);
+        const Jv *cands = get(point, "candidates", JV_ARR);
+        const char *dflt = get(point, "default", JV_STR)->str;
+        for (int k = 0; k < cands->n; k++) {
+            const char *value = get(&cands->items[k], "value", JV_STR)->str;
+            if (!strcmp(value, dflt)) continue;
+            char line[64];
+            snprintf(line, sizeof line, "%s=%s\n", points[p], value);
+            if (!strstr(text, line)) fail_msg("the record's candidate %s=%s is not listed:\n%s", points[p], value, text);
+            want++;
+        }
     }
     assert_int_equal(count_lines(text), want);
     rt_json_free(&r);
