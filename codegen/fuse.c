@@ -26,7 +26,10 @@
  *
  * The grouping is a pure function of the planned graph (fuse_plan), not stored in the IR: the
  * training binary re-lowers the artifact it carries and gets the same groups, and a hash of
- * the kernels checks that it did.
+ * the kernels checks that it did. How large a group may grow is the one choice it reads
+ * (fuse.members, from the graph's choice table, which the artifact carries: 0, the default,
+ * any size; 1 no fusion at all): fp8c tune's point of fusion granularity on the CPU, where a
+ * long group's loop may keep fewer values in registers than two shorter ones.
  *
  * Why this is codegen's and not a pass: the decision is read by the lowering (lower_kernels.c)
  * and by the GPU backend's plans (cuda/spec.c), both above the passes, and it needs the op
@@ -78,6 +81,7 @@ typedef struct {
     bool *has_head;         /* per root: the group holds a head */
     int *first, *last, *next;   /* per root: its members as a list (first, last), per node: next */
     bool *referenced;       /* per node: a format names it (fuse_referenced_by_format) */
+    int64_t max_members;    /* the choice fuse.members: nodes a group may hold; 0: any */
 } Fuse;
 
 /* The bytes a node's result occupies: [lo, hi) in arena `persistent`; empty when it has none. */
@@ -188,6 +192,7 @@ static bool try_merge(Fuse *f, Node *p, Node *c)
     bool p_elementwise = is_elementwise(p->op) && p->op != OP_ACCUMULATE;
     if (!p_elementwise && !is_head(p->op)) return false;
     if (f->has_head[pi] && f->has_head[croot]) return false;   /* one head per group */
+    if (f->max_members && f->n_members[pi] + f->n_members[croot] > f->max_members) return false;
     if (ir_role_is_persistent(p->t.role) || p->t.role == ROLE_OUTPUT) return false;
     if (f->referenced[pi]) return false;
     /* every use of p is c (values the group does not store are read nowhere else) */
@@ -218,7 +223,7 @@ static bool try_merge(Fuse *f, Node *p, Node *c)
 int *fuse_plan(const Graph *g, Arena *a)
 {
     int n = g->n_nodes;
-    Fuse f = {.g = g};
+    Fuse f = {.g = g, .max_members = ir_choice_int(g, "fuse.members", 0)};
     f.group = arena_alloc(a, sizeof(int) * (size_t)(n + 1));
     f.n_members = calloc((size_t)n + 1, sizeof(int));
     f.has_head = calloc((size_t)n + 1, sizeof(bool));

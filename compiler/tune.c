@@ -28,7 +28,8 @@
  *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c), where the
  *    level saves activations in FP8 whether attention's output is saved or its forward rerun
  *    in the backward (save.attention_y, passes/precision.c), cheap producers saved or made
- *    again in the backward (save.cheap, passes/recompute.c), and, on a GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c), the attention
+ *    again in the backward (save.cheap, passes/recompute.c), on the CPU the size of a fused
+ *    kernel (fuse.members, codegen/fuse.c), and, on a GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c), the attention
  *    forward's kernel (attn.wgmma, cuda/spec_ops.c) and the loss's row blocks (ce.threads,
  *    ce.exp2, cuda/spec_ops.c).
  * Each point is measured against the defaults of all the others, one at a time; the winners
@@ -377,6 +378,14 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
                       .dflt = "1", .n = 2};
     snprintf(p->values[0], 32, "1");
     snprintf(p->values[1], 32, "0");
+    /* on the CPU, how many nodes one LLVM kernel's loop may hold (codegen/fuse.c) */
+    if (!strcmp(q->device, "cpu")) {
+        p = &out[n++];
+        *p = (BuildPoint){.name = "fuse.members", .what = "nodes a fused kernel may hold (0: any)", .dflt = "0", .n = 3};
+        snprintf(p->values[0], 32, "0");
+        snprintf(p->values[1], 32, "1");
+        snprintf(p->values[2], 32, "2");
+    }
     if (!strcmp(q->device, "cuda")) {
         static const struct { const char *name, *what; } fusions[] = {
             {"fuse.producer_quantizes", "a layernorm or GELU writes its FP8 copy itself"},

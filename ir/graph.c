@@ -385,7 +385,8 @@ typedef struct {
 /* the kinds read per node as well (ir_choice_on, ir_choice_int_at): only these take NAME@ID */
 static bool choice_per_node(const char *name)
 {
-    return !strncmp(name, "fuse.", 5) || !strncmp(name, "attn.", 5) || !strncmp(name, "ce.", 3);
+    return (!strncmp(name, "fuse.", 5) && strcmp(name, "fuse.members")) || !strncmp(name, "attn.", 5) ||
+           !strncmp(name, "ce.", 3);
 }
 
 static const ChoiceRule choice_rules[] = {
@@ -402,6 +403,7 @@ static const ChoiceRule choice_rules[] = {
     {"fuse.norm_grads", "0 1", 0, 0, 0},
     {"fuse.gemm_epilogues", "0 1", 0, 0, 0},
     {"fuse.gemm_gelu", "0 1", 0, 0, 0},
+    {"fuse.members", NULL, 0, 64, 1},
     {"attn.wgmma", "0 1", 0, 0, 0},
     {"attn.wgmma_bwd", "0 1", 0, 0, 0},
     {"attn.dq_rows", "64 128", 0, 0, 0},

@@ -453,6 +453,8 @@ static void test_flag_spellings(void **state) {
         {"--choice attn.dq_rows=96", "--choice: attn.dq_rows takes one of: 64 128, not '96'"},
         {"--choice attn.wgmma=2", "attn.wgmma takes one of: 0 1, not '2'"},
         {"--choice save.attention_y@5=1", "save.attention_y is one choice for the whole program: it takes no @ID"},
+        {"--choice fuse.members@5=1", "fuse.members is one choice for the whole program: it takes no @ID"},
+        {"--choice fuse.members=65", "fuse.members takes a whole number from 0 to 64, not '65'"},
         {"--choice ce.threads=100", "ce.threads takes a multiple of 32 from 64 to 1024, not '100'"},
         {"--choice loss.chunks=0", "loss.chunks takes a whole number from 1 to 256, not '0'"},
         {"--choice cpu.tiles=avx", "cpu.tiles takes one of: amx bf16dot off, not 'avx'"},

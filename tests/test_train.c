@@ -213,36 +213,46 @@ static void check_resume_exact(const char *opt) {
     for (int i = 0; i < 3; i++) free(b[i]);
 }
 
+/* Builds MODEL (models/NAME with DEFINES) at -O0 and -O1 with and without --choice CHOICE and
+ * checks that three steps agree to the last bit. */
+static void check_choice_is_exact(const char *choice, const char *name, const char *defines) {
+    for (int level = 0; level <= 1; level++) {
+        for (int v = 0; v < 2; v++) {
+            int rc = run("build", "%s build %s/models/%s -O%d %s %s %s%s -o %s/rc%d", fp8c, FP8C_SOURCE_DIR, name, level,
+                         defines, model_flags, v ? "--choice " : "", v ? choice : "", tmp_dir, v);
+            if (rc != 0) fail_msg("fp8c build failed (%d):\n%s", rc, slurp("build.out"));
+            rc = run("rc", "%s/rc%d --data %s/data/gcide_sample.txt --steps 3 --warmup 1 --seed %u --eval-every 0 "
+                     "--log %s/rc%d.jsonl --overwrite", tmp_dir, v, FP8C_SOURCE_DIR, seed, tmp_dir, v);
+            if (rc != 0) fail_msg("%s -O%d run failed (%d):\n%s", name, level, rc, slurp("rc.out"));
+        }
+        char *a[4], *b[4];
+        assert_int_equal(log_lines("rc0.jsonl", a, 4), 3);
+        assert_int_equal(log_lines("rc1.jsonl", b, 4), 3);
+        for (int i = 0; i < 3; i++) {
+            same_step(a[i], b[i], i + 1);
+            free(a[i]);
+            free(b[i]);
+        }
+        printf("  %s -O%d: 3 steps the same with %s\n", name, level, choice);
+    }
+}
+
 /* save.cheap=0 (passes/recompute.c) makes the backward compute again what it read saved: the
  * same ops over the same values, so at -O0 and -O1 (where what the copies read is saved as it
  * is) every step agrees to the last bit with the default build, on GPT-2's norms and GELU and
  * on a small Llama's RMSNorms and SwiGLU. */
 static void test_recompute_is_exact(void **state) {
     (void)state;
-    const char *models[] = {"gpt2_tiny.model", "llama.model"};
-    const char *defines[] = {"", "-D layers=2 -D dim=64 -D heads=4 -D kv_heads=2 -D hidden=128 -D vocab=256"};
-    for (int m = 0; m < 2; m++)
-        for (int level = 0; level <= 1; level++)
-            for (int v = 0; v < 2; v++) {
-                int rc = run("build", "%s build %s/models/%s -O%d %s %s %s -o %s/rc%d", fp8c, FP8C_SOURCE_DIR,
-                             models[m], level, defines[m], model_flags, v ? "--choice save.cheap=0" : "", tmp_dir, v);
-                if (rc != 0) fail_msg("fp8c build failed (%d):\n%s", rc, slurp("build.out"));
-                rc = run("rc", "%s/rc%d --data %s/data/gcide_sample.txt --steps 3 --warmup 1 --seed %u --eval-every 0 "
-                         "--log %s/rc%d_%d_%d.jsonl", tmp_dir, v, FP8C_SOURCE_DIR, seed, tmp_dir, m, level, v);
-                if (rc != 0) fail_msg("%s -O%d run failed (%d):\n%s", models[m], level, rc, slurp("rc.out"));
-                if (!v) continue;
-                char *a[4], *b[4], la[32], lb[32];
-                snprintf(la, sizeof la, "rc%d_%d_0.jsonl", m, level);
-                snprintf(lb, sizeof lb, "rc%d_%d_1.jsonl", m, level);
-                assert_int_equal(log_lines(la, a, 4), 3);
-                assert_int_equal(log_lines(lb, b, 4), 3);
-                for (int i = 0; i < 3; i++) {
-                    same_step(a[i], b[i], i + 1);
-                    free(a[i]);
-                    free(b[i]);
-                }
-                printf("  %s -O%d: 3 steps the same with save.cheap=0\n", models[m], level);
-            }
+    check_choice_is_exact("save.cheap=0", "gpt2_tiny.model", "");
+    check_choice_is_exact("save.cheap=0", "llama.model",
+                          "-D layers=2 -D dim=64 -D heads=4 -D kv_heads=2 -D hidden=128 -D vocab=256");
+}
+
+/* Fusion changes speed, never results (codegen/fuse.c): with no fused kernels at all
+ * (fuse.members=1) the CPU's steps are the default build's, bit for bit. */
+static void test_unfused_is_exact(void **state) {
+    (void)state;
+    check_choice_is_exact("fuse.members=1", "gpt2_tiny.model", "");
 }
 
 static void test_resume_exact_o2(void **state) {
@@ -700,6 +710,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recompute_is_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unfused_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_restores_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_optimizers_loss_falls, setup, teardown),

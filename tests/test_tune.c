@@ -400,8 +400,8 @@ static void test_plan_shows_the_record(void **state) {
 }
 
 /* --list-candidates: the binaries tune builds besides the defaults, one --choice a line. On the
- * CPU they are the loss's chunk counts and save.cheap's other value that the record holds
- * (setup's tune built exactly those); on
+ * CPU they are the loss's chunk counts, save.cheap's other value and fuse.members's that the
+ * record holds (setup's tune built exactly those); on
  * a GPU the fusions, the attention's and the loss's kernels join, each a choice build accepts.
  * With -o it is refused: it measures and writes nothing. */
 static void test_list_candidates(void **state) {
@@ -414,9 +414,9 @@ static void test_list_candidates(void **state) {
     Jv r;
     assert_true(rt_json_read(path, &r));
     /* the CPU's build-time points: the loss's chunks and the recompute-or-save choices */
-    const char *points[] = {"loss.chunks", "save.cheap"};
+    const char *points[] = {"loss.chunks", "save.cheap", "fuse.members"};
     int want = 0;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < 3; p++) {
         const Jv *point = find_choice(get(&r, "choices", JV_ARR), points[p]);
         if (!point) fail_msg("the record has no %s", points[p]);
         const Jv *cands = get(point, "candidates", JV_ARR);
