@@ -213,6 +213,21 @@ typedef struct {
     int count;
 } FallbackRow;
 
+/* The values passes/recompute.c made again in the backward (save.cheap=0): backward nodes in
+ * an activation's role. Returns how many; *bytes: what they would take saved. */
+static int recomputed_values(const Graph *g, int64_t *bytes)
+{
+    int n = 0;
+    *bytes = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *x = g->nodes[i];
+        if (x->phase == PHASE_FORWARD || x->t.role != ROLE_ACTIVATION) continue;
+        n++;
+        *bytes += ir_storage_bytes(x);
+    }
+    return n;
+}
+
 static FallbackRow *collect_fallbacks(const Graph *g, int *n_rows)
 {
     FallbackRow *rows = arena_alloc(g->arena, sizeof *rows * (size_t)(g->n_nodes + 1));
@@ -374,7 +389,10 @@ void plan_print(const Graph *g, bool json, FILE *out)
             fprintf(out, "%s\"%s\": %lld", c ? ", " : "", categories[c].name,
                     (long long)m.by_role[categories[c].role]);
         PlanComm c = plan_comm(g);
-        fprintf(out, "},\n \"persistent_bytes\": %lld, \"step_bytes\": %lld, \"peak_bytes\": %lld,"
+        int64_t re_bytes;
+        int n_re = recomputed_values(g, &re_bytes);
+        fprintf(out, "},\n \"recomputed\": %d, \"recomputed_bytes\": %lld,", n_re, (long long)re_bytes);
+        fprintf(out, "\n \"persistent_bytes\": %lld, \"step_bytes\": %lld, \"peak_bytes\": %lld,"
                      " \"bytes_per_param\": %.3f,\n \"gpus\": %d, \"allreduce_tensors\": %d,"
                      " \"allreduce_bytes\": %lld, \"sent_bytes_per_gpu\": %lld,\n"
                      " \"allreduce_overlap\": %s, \"allreduce_wire\": \"%s\", \"allreduce_buffer_bytes\": %lld,\n"
@@ -461,6 +479,12 @@ void plan_print(const Graph *g, bool json, FILE *out)
         fprintf(out, "\ngradient release: each update runs in the backward as soon as its gradient is\n"
                      "complete; instead of global-norm clipping each gradient is clipped to its share\n"
                      "of the bound, max_norm * sqrt(its elements / all); --grad-accum above 1 is refused.\n");
+    int64_t re_bytes;
+    int n_re = recomputed_values(g, &re_bytes);
+    if (n_re)
+        fprintf(out, "\nrecomputed in the backward (save.cheap=0): %d values (norms, elementwise ops), made\n"
+                     "again from what the backward keeps instead of saved across the step (%s).\n",
+                n_re, human(re_bytes, b1));
     fprintf(out, "\npersistent training state  %s = %.2f bytes per parameter\n", human(m.persistent, b1), per_param);
     fprintf(out, "step arena (peak live)     %s\n", human(m.transient, b1));
     fprintf(out, "peak memory of the step    %s\n", human(peak, b2));

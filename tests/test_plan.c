@@ -614,6 +614,53 @@ static void test_unaligned_gemms_fall_back(void **s)
     }
 }
 
+/* The plan says what save.cheap=0 recomputes: GPT-2 tiny's two norms and GELU a layer (and the
+ * final norm, whose output the whole head reads), and the bytes they would take saved, in the
+ * text and in --json; the default plan says nothing. */
+static void test_plan_shows_recomputed(void **s)
+{
+    (void)s;
+    for (int v = 0; v < 2; v++) {
+        Arena *a = arena_new();
+        Choice c = {"save.cheap", "0"};
+        BuildOptions o = {0};
+        o.front.batch = 4, o.front.seq = 64;
+        o.passes.opt_level = 1;
+        o.choices = v ? &c : NULL, o.n_choices = v;
+        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o);
+        assert_non_null(g);
+        int64_t saved_bytes = 0;
+        int layers = 0, copies = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *x = g->nodes[i];
+            layers += x->op == OP_GELU && x->phase == PHASE_FORWARD;
+            if (x->phase == PHASE_FORWARD || x->t.role != ROLE_ACTIVATION) continue;
+            copies++;
+            saved_bytes += ir_storage_bytes(x);
+        }
+        assert_int_equal(copies, v ? 3 * layers + 1 : 0);
+        for (int json = 0; json < 2; json++) {
+            char *text = NULL;
+            size_t size = 0;
+            FILE *f = open_memstream(&text, &size);
+            plan_print(g, json, f);
+            fclose(f);
+            char want[128];
+            if (json) snprintf(want, sizeof want, "\"recomputed\": %d, \"recomputed_bytes\": %lld", copies,
+                               (long long)saved_bytes);
+            else snprintf(want, sizeof want, "save.cheap=0): %d values", copies);
+            if (v || json) {
+                if (!strstr(text, want)) fail_msg("want '%s' in:\n%s", want, text);
+            } else {
+                assert_null(strstr(text, "recomputed in the backward"));
+            }
+            free(text);
+        }
+        assert_true(v ? saved_bytes > 0 : saved_bytes == 0);
+        arena_free(a);
+    }
+}
+
 /* The output head stays bf16 at every level (docs/precision.md), also a head with a bias
  * (mlp.model's linear(x, head.weight, head.bias)): its forward, input gradient and weight
  * gradient; the other GEMMs of the step stay FP8. */
@@ -755,6 +802,7 @@ int main(void)
         cmocka_unit_test(test_state_rules_hold_or_are_refused),
         cmocka_unit_test(test_unaligned_gemms_fall_back),
         cmocka_unit_test(test_head_with_bias_stays_bf16),
+        cmocka_unit_test(test_plan_shows_recomputed),
         cmocka_unit_test(test_recipes_plan_what_they_say),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
