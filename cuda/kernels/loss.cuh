@@ -192,6 +192,17 @@ template <> struct CkHeld<FMT_F32> {
     static __device__ __forceinline__ float at(const unsigned *w, int j) { return __uint_as_float(w[j]); }
 };
 
+/* Vector q of a row held in shared memory as loaded (W words a vector, W / 4 chunks of 16
+ * bytes), decoded: both passes of the one pass read the row so. */
+template <class H, int W>
+static __device__ __forceinline__ void ck_held_vec(const uint4 *held, int q, float *v) {
+    unsigned w[W];
+    #pragma unroll
+    for (int h = 0; h < W / 4; h++) *(uint4 *)&w[4 * h] = held[q * (W / 4) + h];
+    #pragma unroll
+    for (int j = 0; j < CK_VEC; j++) v[j] = H::at(w, j);
+}
+
 /* CROSS_ENTROPY and the CROSS_ENTROPY_BWD of the same logits in one pass (spec_fuse.c,
  * fuse_ce_one_pass): a block per row reads the row once, computes its logsumexp and loss, and
  * writes the row's gradient; the block that writes the last row loss takes their mean (a
@@ -314,12 +325,8 @@ template <int NV, int EX2, class Y, class L, class T, class DL, class YL> __devi
         double s = 0;
         #pragma unroll 4
         for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
-            unsigned w[W];
-            #pragma unroll
-            for (int h = 0; h < W / 4; h++) *(uint4 *)&w[4 * h] = ck_row_held[q * (W / 4) + h];
             float v[CK_VEC];
-            #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) v[j] = H::at(w, j);
+            ck_held_vec<H, W>(ck_row_held, q, v);
             ck_lse_fold<EX2>(m, s, v, CK_VEC);
         }
         double lse = ck_lse_block(m, s);
@@ -327,12 +334,8 @@ template <int NV, int EX2, class Y, class L, class T, class DL, class YL> __devi
         CkExpFrom<EX2> e((float)lse);
         #pragma unroll 4
         for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
-            unsigned w[W];
-            #pragma unroll
-            for (int h = 0; h < W / 4; h++) *(uint4 *)&w[4 * h] = ck_row_held[q * (W / 4) + h];
             float v[CK_VEC];
-            #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) v[j] = H::at(w, j);
+            ck_held_vec<H, W>(ck_row_held, q, v);
             ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
             Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
         }

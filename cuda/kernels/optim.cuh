@@ -308,12 +308,7 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
         i64 i = ch * CK_CODED_CHUNK + lane * 8;
         bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
         float g[8], m[8], v[8], w[8];
-        if (full) {
-            G::ld_vec(a.t[1], i, g);
-        } else {
-            #pragma unroll
-            for (int j = 0; j < 8; j++) g[j] = i + j < n ? G::ld(a.t[1], i + j) : 0.0f;
-        }
+        ck_state_ld8<CODEC_PLAIN, G>(a.t[1], i, n, full, g);   /* the gradient, a plain state's way */
         ck_state_ld8<MC, M>(a.t[2], i, n, full, m);
         ck_state_ld8<VC, V>(a.t[3], i, n, full, v);
         ck_update_w_ld8<MK, P, W, 8>(a, i, n, full, w);
@@ -380,12 +375,7 @@ __device__ void ck_momentum_coded(const CkArgs &a) {
         i64 i = ch * CK_CODED_CHUNK + lane * 8;
         bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
         float g[8], m[8], w[8];
-        if (full) {
-            G::ld_vec(a.t[1], i, g);
-        } else {
-            #pragma unroll
-            for (int j = 0; j < 8; j++) g[j] = i + j < n ? G::ld(a.t[1], i + j) : 0.0f;
-        }
+        ck_state_ld8<CODEC_PLAIN, G>(a.t[1], i, n, full, g);   /* the gradient, a plain state's way */
         ck_state_ld8<MC, M>(a.t[2], i, n, full, m);
         ck_update_w_ld8<MK, P, W, 7>(a, i, n, full, w);
         #pragma unroll
