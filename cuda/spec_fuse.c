@@ -8,6 +8,7 @@
  *   producer quantizes     a norm or GELU writes its own FP8 copy (fuse_producer_quantizes);
  *   bias gradients         summed in the transposing quantize of dy (fuse_bias_grads);
  *   group quantizes        per-group scales made in the quantize (fuse_group_quantizes);
+ *   input group copies     an activation writes its input's group copy (fuse_input_group_copies);
  *   cast-transposes        a transposed FP8 copy written with the copy (fuse_cast_transposes);
  *   the loss               cross entropy's forward and backward in one pass over the
  *                          logits (fuse_ce_one_pass), or else the backward reads the
@@ -233,6 +234,75 @@ static bool fusion_on(const Graph *g, const char *kind, const Node *site) { retu
 /* whether a node's plan is its own launches, which no other fusion took or emptied */
 static bool plans_own(const CuNodePlan *p) { return p->n_launch > 0 && !p->members && !p->n_absorbed; }
 
+/* ---------------------------------------------------------------- an activation writing its input's group copy
+ *
+ * At -O2 and -O3 the backward reads a GELU's (or SiLU's, or a norm's) input x from its copy
+ * into 1x16 groups, which a quantize makes right before the activation reads x (its group
+ * scales made in the same launch: fuse_group_quantizes). The activation's kernel writes that
+ * copy itself from the vectors it reads (ops.cuh, ck_unary_group; a norm's from the rows it
+ * reads, ck_norm_group): x is read from memory once instead of twice (GPT-2 d12 at batch 32:
+ * 201 MB a layer for the GELU, 50 MB for each norm). The quantize's launch moves to the
+ * activation's place, which
+ * it may: nothing reads the copy or its scales before then (every use of either is at or
+ * after the activation), the memory plan keeps their bytes from the quantize's place on, and
+ * x holds its value up to the activation, which reads it. (A GELU that a GEMM's epilogue
+ * computes, gemm_gelu, follows the GEMM directly, so its input has no quantize before it.)
+ * The bytes are those of the two launches. */
+static const Node *input_group_copy(const Graph *g, const Uses *uses, const CuNodePlan *plans, const Node *y) {
+    bool act = (y->op == OP_GELU || y->op == OP_SILU) && y->n_in == 1;
+    if (!act && y->op != OP_LAYERNORM && y->op != OP_RMSNORM) return NULL;
+    const Node *x = y->in[0];
+    const Uses *ux = &uses[x->index];
+    for (int i = 0; i < ux->n; i++) {
+        const Node *q = ux->list[i];
+        if (q->op != OP_QUANTIZE || q->in[0] != x || q->n_in != 2 || q->index < 0 || q->index >= y->index) continue;
+        const CuNodePlan *pq = &plans[q->index];
+        if (pq->n_launch != 1 || pq->n_absorbed != 1 || pq->absorbed[0] != q->in[1] || pq->members ||
+            strncmp(pq->launch[0].fn, "qgroup", 6) || !fusion_on(g, "fuse.input_group_copies", q))
+            continue;
+        bool read_early = false;
+        const Node *made[2] = {q, q->in[1]};
+        for (int k = 0; k < 2; k++) {
+            const Uses *u = &uses[made[k]->index];
+            for (int j = 0; j < u->n; j++)
+                read_early |= u->list[j] != q && u->list[j]->index <= y->index;
+        }
+        if (!read_early) return q;
+    }
+    return NULL;
+}
+
+/* the input copy an activation's plan took (fuse_input_group_copies), or NULL */
+static const Node *input_copy_taken(const CuNodePlan *p) {
+    const Node *y = p->node;
+    for (int k = 0; y && k < p->n_absorbed; k++)
+        if (p->absorbed[k]->op == OP_QUANTIZE && p->absorbed[k]->in[0] == y->in[0]) return p->absorbed[k];
+    return NULL;
+}
+
+static void take_input_copy(CuNodePlan *p, const Node *q) {
+    p->absorbed[p->n_absorbed++] = q;
+    p->absorbed[p->n_absorbed++] = q->in[1];
+}
+
+static void fuse_input_group_copies(const Graph *g, CuNodePlan *plans, Arena *a) {
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
+    for (int yi = 0; yi < g->n_nodes; yi++) {
+        const Node *y = g->nodes[yi], *q;
+        if (!plans_own(&plans[yi]) || plans[yi].n_launch != 1 || !(q = input_group_copy(g, uses, plans, y))) continue;
+        char why[256];
+        CuNodePlan fused;
+        Spec s = spec_for(y, a, &fused, why, sizeof why);
+        s.input_copy = q;
+        if (!plan_node(&s) || fused.n_launch != 1) continue;
+        take_input_copy(&fused, q);
+        plans[yi] = fused;
+        memset(&plans[q->index], 0, sizeof plans[0]);
+        plans[q->index].node = q;
+    }
+}
+
 /* A layernorm or GELU whose value only an FP8 copy of it reads (its one quantize) writes that
  * copy itself: its kernel runs at its own place storing only the block maxima that the copy's
  * scale reads, and again at the quantize's place storing FP8 (ops.cuh, CkAmaxOnly and
@@ -250,9 +320,11 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
         CuNodePlan amax_only, through;
         Spec s1 = spec_for(y, a, &amax_only, why, sizeof why), s2 = spec_for(y, a, &through, why, sizeof why);
         s1.result = RESULT_AMAX_ONLY;
+        s1.input_copy = input_copy_taken(&plans[y->index]);   /* fuse_input_group_copies */
         s2.result = RESULT_THROUGH;
         s2.through = q;
         if (!plan_node(&s1) || !s1.amax_written || amax_only.n_launch != 1 || !plan_node(&s2)) continue;
+        if (s1.input_copy) take_input_copy(&amax_only, s1.input_copy);
         through.node = q;
         through.absorbed[through.n_absorbed++] = y;
         plans[y->index] = amax_only;
@@ -744,9 +816,10 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
         if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
     plan_attention_choices(g, plans, a);
     plan_ce_choices(g, plans, a);
+    fuse_group_quantizes(g, plans, a);
+    fuse_input_group_copies(g, plans, a);
     fuse_producer_quantizes(g, plans, a);
     fuse_bias_grads(g, plans, a);
-    fuse_group_quantizes(g, plans, a);
     fuse_ce_one_pass(g, plans, a);
     fuse_ce_lse(g, plans, a);
     fuse_norm_grads(g, plans, a);

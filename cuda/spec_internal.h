@@ -90,6 +90,9 @@ typedef struct {
     /* a QUANTIZE into per-group scales that also makes them: the QUANT_SCALE (of the same x)
      * whose launch moves here (fuse_group_quantizes) */
     const Node *group_scale;
+    /* a GELU or SILU that also writes this QUANTIZE of its input into per-group scales, whose
+     * fused launch (group_scale above) moves into the activation's (fuse_input_group_copies) */
+    const Node *input_copy;
     /* a CROSS_ENTROPY and the CROSS_ENTROPY_BWD right after it, of the same logits
      * (fuse_ce_lse): the forward leaves each row's logsumexp in the scratch at this byte
      * offset, and the backward reads it there instead of reading its row once more; 0: none */

@@ -159,6 +159,22 @@ bool plan_elementwise(Spec *s) {
             l->args.i[1] = 1 + n->n_in;
             return true;
         }
+        if (s->input_copy) {
+            /* x's copy into per-group scales too (fuse_input_group_copies), as qgroup's launch
+             * (plan_elementwise's QUANTIZE) would write it */
+            const Node *q = s->input_copy, *sc = q->in[1];
+            if (n->n_in != 1 || q->in[0] != n->in[0] || s->result == RESULT_THROUGH)
+                return spec_fail(s, "an input copy needs a one-input activation's own pass");
+            l = spec_launch(s, "unary", grid_elem(count), ELEM_THREADS, "ck_unary_group<%s, %s, %s, %s>(a)",
+                            op, producer_fmt(s), fmt_arg(s, &n->in[0]->t), fmt_arg(s, &q->t));
+            args_result_inputs(l, n);
+            producer_result(s, l);
+            arg_node(l, 3, q);
+            l->args.i[1] = IR_IATTR(sc, QUANT_SCALE, margin);
+            l->args.i[2] = l->args.t[3].group;
+            l->args.f[0] = num_elem_max((ElemType)IR_IATTR(sc, QUANT_SCALE, elem));
+            return true;
+        }
         l = spec_launch(s, "unary", grid_elem(count), ELEM_THREADS, "ck_unary<%s, %s, %s, %s>(a)",
                         op, producer_fmt(s), fmt_arg(s, &n->in[0]->t),
                         n->n_in > 1 ? fmt_arg(s, &n->in[1]->t) : F32_ARG);
@@ -491,13 +507,30 @@ bool plan_rows(Spec *s) {
             l->min_blocks = norm_min_blocks(ROW_THREADS, nv);
             return true;
         }
-        l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
-                        ln, row_vectors(cols_of(x)), producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
-                        ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+        const Node *q = s->input_copy;   /* x's group copy too (fuse_input_group_copies) */
+        if (q && (q->in[0] != n->in[0] || s->result == RESULT_THROUGH))
+            return spec_fail(s, "an input copy needs the norm's own pass");
+        if (q)
+            l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS,
+                            "ck_norm_group<%d, %d, %s, %s, %s, %s, %s>(a)", ln, row_vectors(cols_of(x)),
+                            producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG, fmt_arg(s, &q->t));
+        else
+            l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
+                            ln, row_vectors(cols_of(x)), producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
         args_result_inputs(l, n);
+        if (q) {
+            arg_node(l, 4, q);
+            l->args.i[2] = IR_IATTR(q->in[1], QUANT_SCALE, margin);
+            l->args.i[3] = l->args.t[4].group;
+            l->args.f[1] = num_elem_max((ElemType)IR_IATTR(q->in[1], QUANT_SCALE, elem));
+        }
         l->args.i[0] = cols_of(x), l->args.i[1] = rows_of(x);
         l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
-        l->min_blocks = norm_min_blocks(ROW_THREADS, row_vectors(cols_of(x)));
+        /* with the input copy the row's codes and scales take more registers than the
+         * bounds leave (64 spilled 128 bytes a thread): no bounds there */
+        l->min_blocks = q ? 0 : norm_min_blocks(ROW_THREADS, row_vectors(cols_of(x)));
         producer_result(s, l);
         return true;
     }

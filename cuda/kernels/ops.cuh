@@ -515,32 +515,55 @@ template <int NV> static __device__ __forceinline__ bool ck_row_in_registers(i64
     return NV > 0 && C % CK_VEC == 0 && C <= (i64)NV * 32 * CK_VEC;
 }
 
+/* the norm's results of row r from its vectors in registers (ck_row_load_stats); returns the
+ * largest |result| before rounding */
+template <int LN, int NV, class Y, class W, class B> __device__ __forceinline__ float ck_norm_row_out(
+    const CkArgs &a, i64 r, i64 C, const float (&v)[NV][CK_VEC], float mean, float rstd) {
+    int lane = threadIdx.x & 31;
+    float m = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < NV; k++) {
+        i64 c = ((i64)k * 32 + lane) * CK_VEC;
+        if (c >= C) continue;
+        float w[CK_VEC], bias[CK_VEC], out[CK_VEC];
+        W::ld_vec(a.t[2], c, w);
+        if (LN) B::ld_vec(a.t[3], c, bias);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) {
+            float t = (v[k][j] - mean) * rstd * w[j];
+            out[j] = LN ? t + bias[j] : t;
+            m = fmaxf(m, fabsf(out[j]));
+        }
+        Y::st_vec(a.t[0], r * C + c, out);
+    }
+    return m;
+}
+
+/* whether row r of a norm runs from registers (the vector path of ck_norm_row) */
+template <int NV, class Y, class X, class W, class B, int LN> __device__ __forceinline__ bool ck_norm_vec_ok(const CkArgs &a) {
+    return ck_row_in_registers<NV>(a.i[0]) && X::vec_ok(a.t[1]) && Y::vec_ok(a.t[0]) && W::vec_ok(a.t[2]) &&
+           (!LN || B::vec_ok(a.t[3]));
+}
+
+template <int LN, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row_scalar(const CkArgs &a, i64 r);
+
 /* row r of LAYERNORM / RMSNORM; returns the largest |result| before rounding */
 template <int LN, int NV, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row(const CkArgs &a, i64 r) {
+    i64 C = a.i[0];
+    if (ck_norm_vec_ok<NV, Y, X, W, B, LN>(a)) {
+        float v[NV > 0 ? NV : 1][CK_VEC], mean, rstd;
+        ck_row_load_stats<LN, (NV > 0 ? NV : 1), X>(a.t[1], r, C, a.f[0], v, &mean, &rstd);
+        return ck_norm_row_out<LN, (NV > 0 ? NV : 1), Y, W, B>(a, r, C, v, mean, rstd);
+    }
+    return ck_norm_row_scalar<LN, Y, X, W, B>(a, r);
+}
+
+/* row r of LAYERNORM / RMSNORM an element at a time, statistics in f64 (any row and format) */
+template <int LN, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row_scalar(const CkArgs &a, i64 r) {
     i64 C = a.i[0];
     int lane = threadIdx.x & 31;
     const CkTensor &x = a.t[1], &y = a.t[0];
     float m = 0.0f;
-    if (ck_row_in_registers<NV>(C) && X::vec_ok(x) && Y::vec_ok(y) && W::vec_ok(a.t[2]) && (!LN || B::vec_ok(a.t[3]))) {
-        float v[NV > 0 ? NV : 1][CK_VEC], mean, rstd;
-        ck_row_load_stats<LN, (NV > 0 ? NV : 1), X>(x, r, C, a.f[0], v, &mean, &rstd);
-        #pragma unroll
-        for (int k = 0; k < NV; k++) {
-            i64 c = ((i64)k * 32 + lane) * CK_VEC;
-            if (c >= C) continue;
-            float w[CK_VEC], bias[CK_VEC], out[CK_VEC];
-            W::ld_vec(a.t[2], c, w);
-            if (LN) B::ld_vec(a.t[3], c, bias);
-            #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) {
-                float t = (v[k][j] - mean) * rstd * w[j];
-                out[j] = LN ? t + bias[j] : t;
-                m = fmaxf(m, fabsf(out[j]));
-            }
-            Y::st_vec(y, r * C + c, out);
-        }
-        return m;
-    }
     double mean, rstd;
     ck_row_stats<LN, X>(x, r, C, a.f[0], &mean, &rstd);
     for (i64 c = lane; c < C; c += 32) {
@@ -1218,6 +1241,113 @@ template <class Y, class X> __device__ void ck_quantize_group(const CkArgs &a) {
         for (i64 c = c0; c < c1; c++) Elem<Y::elem>::st(y.p, r * C + c, X::ld(x, r * C + c) * sc);
     }
 }
+/* GELU or SILU (as ck_unary: t[0] = y, t[1] = x) that also writes x's copy into per-group
+ * scales, t[3], with the scales (the fused pair of ck_quantize_group, moved here:
+ * spec_fuse.c, fuse_input_group_copies): x is read once for both, where the quantize and the
+ * activation each read it. i = {.., margin, group, .., amax at}, f = {max of the copy's elem}.
+ * The copy's bytes are ck_quantize_group's, y's and its block maxima ck_unary's. */
+template <int OP, class Y, class X, class Q> __device__ void ck_unary_group(const CkArgs &a) {
+    const CkTensor &x = a.t[1], &q = a.t[3];
+    i64 G = a.i[2];
+    void *sp = (void *)q.s;
+    float m = 0.0f;
+    if (ck_group_vec_ok<X>(x, G) && Q::vec_ok(q) && Y::vec_ok(a.t[0])) {
+        int shift = __ffs((int)(G / CK_VEC)) - 1;
+        i64 nv = x.n / CK_VEC;
+        ck_group_vectors<X>(a, x, G, [&](i64 c, const float *v, bool first, float sc) {
+            if (first) Elem<Q::scale_elem>::st(sp, c >> shift, sc);
+            if (c >= nv) return;
+            Q::st_vec_scaled(q, c * CK_VEC, v, Q::scale_round(sc));
+            float r[CK_VEC];
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                r[j] = ck_unop<OP>(v[j], 0.0f);
+                m = fmaxf(m, fabsf(r[j]));
+            }
+            Y::st_vec(a.t[0], c * CK_VEC, r);
+        });
+    } else {
+        i64 C = x.cols, ncg = (C + G - 1) / G;
+        CK_GRID_STRIDE(k, x.rows * ncg) {
+            float raw = ck_group_scale<X>(a, x, k, G), sc = Q::scale_round(raw);
+            Elem<Q::scale_elem>::st(sp, k, raw);
+            i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
+            for (i64 c = c0; c < c1; c++) Elem<Q::elem>::st(q.p, r * C + c, X::ld(x, r * C + c) * sc);
+        }
+        CK_GRID_STRIDE(i, a.t[0].n) {
+            float v = ck_unop<OP>(X::ld(x, i), 0.0f);
+            m = fmaxf(m, fabsf(v));
+            Y::st(a.t[0], i, v);
+        }
+    }
+    ck_amax_out<Y>(a, m);
+}
+
+/* A norm's input row r into its copy Q (t[4]) in groups of G = i[3] with their scales
+ * (margin i[2], f[1] the max of Q's elem): the bytes of ck_quantize_group. From the row's
+ * vectors in registers (ck_norm_row's layout: lane l holds vectors l, l + 32, ..) where
+ * ck_norm_group_vec_ok: the lanes of a group are adjacent and take its maximum by shuffles. */
+template <int NV, class Q> __device__ __forceinline__ void ck_row_group_store(const CkArgs &a, i64 r, i64 C,
+                                                                             const float (&v)[NV][CK_VEC]) {
+    const CkTensor &q = a.t[4];
+    i64 G = a.i[3];
+    int lane = threadIdx.x & 31, L = (int)(G / CK_VEC);
+    #pragma unroll
+    for (int k = 0; k < NV; k++) {
+        i64 c = ((i64)k * 32 + lane) * CK_VEC;
+        bool live = c < C;
+        float m = 0.0f;
+        if (live)
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(v[k][j]));
+        for (int o = L / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float sc = ck_amax_usable(m) ? ck_scale_for(a.f[1], m, a.i[2]) : 1.0f;
+        if (!live) continue;
+        if ((lane & (L - 1)) == 0) Elem<Q::scale_elem>::st((void *)q.s, (r * C + c) / G, sc);
+        Q::st_vec_scaled(q, r * C + c, v[k], Q::scale_round(sc));
+    }
+}
+template <int NV, class X, class Q> __device__ __forceinline__ bool ck_norm_group_vec_ok(const CkArgs &a) {
+    i64 G = a.i[3], L = G / CK_VEC;
+    return G % CK_VEC == 0 && L <= 32 && (L & (L - 1)) == 0 && a.i[0] % G == 0 && Q::vec_ok(a.t[4]);
+}
+
+/* the same, an element at a time, a lane per group (any row and format) */
+template <class X, class Q> __device__ __forceinline__ void ck_row_group_copy(const CkArgs &a, i64 r, i64 C) {
+    const CkTensor &x = a.t[1], &q = a.t[4];
+    i64 G = a.i[3], ncg = (C + G - 1) / G;
+    for (i64 g = threadIdx.x & 31; g < ncg; g += 32) {
+        i64 c0 = g * G, c1 = c0 + G < C ? c0 + G : C;
+        float m = 0.0f;
+        for (i64 c = c0; c < c1; c++) m = fmaxf(m, fabsf(X::ld(x, r * C + c)));
+        float raw = ck_amax_usable(m) ? ck_scale_for(a.f[1], m, a.i[2]) : 1.0f, sc = Q::scale_round(raw);
+        Elem<Q::scale_elem>::st((void *)q.s, r * ncg + g, raw);
+        for (i64 c = c0; c < c1; c++) Elem<Q::elem>::st(q.p, r * C + c, X::ld(x, r * C + c) * sc);
+    }
+}
+
+/* LAYERNORM / RMSNORM (as ck_norm) that also writes its input's copy into per-group scales
+ * (t[4]; spec_fuse.c, fuse_input_group_copies) from the row it holds: x is read once for
+ * both. i = {C, R, margin, group, .., amax at}, f = {eps, max of Q's elem}. */
+template <int LN, int NV, class Y, class X, class W, class B, class Q> __device__ void ck_norm_group(const CkArgs &a) {
+    constexpr int N = NV > 0 ? NV : 1;
+    i64 C = a.i[0];
+    bool vec = ck_norm_vec_ok<NV, Y, X, W, B, LN>(a) && ck_norm_group_vec_ok<NV, X, Q>(a);
+    float m = 0.0f;
+    CK_ROWS_OF_WARP(r, a.i[1]) {
+        if (vec) {
+            float v[N][CK_VEC], mean, rstd;
+            ck_row_load_stats<LN, N, X>(a.t[1], r, C, a.f[0], v, &mean, &rstd);
+            ck_row_group_store<N, Q>(a, r, C, v);
+            m = fmaxf(m, ck_norm_row_out<LN, N, Y, W, B>(a, r, C, v, mean, rstd));
+        } else {
+            ck_row_group_copy<X, Q>(a, r, C);
+            m = fmaxf(m, ck_norm_row_scalar<LN, Y, X, W, B>(a, r));
+        }
+    }
+    ck_amax_out<Y>(a, m);
+}
+
 template <class Y, class X> __device__ void ck_quant_scale_block(const CkArgs &a) {
     const CkTensor &x = a.t[1];
     i64 C = x.cols, R = x.rows, ncb = (C + 127) / 128, k = blockIdx.x;

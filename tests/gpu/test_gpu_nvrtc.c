@@ -633,7 +633,7 @@ static void test_loss_choices_plan(void **state) {
  * and backward do not run as one pass. */
 static void test_fusion_switches(void **state) {
     (void)state;
-    static const char *const kinds[] = {"fuse.producer_quantizes", "fuse.bias_grads", "fuse.group_quantizes",
+    static const char *const kinds[] = {"fuse.producer_quantizes", "fuse.bias_grads", "fuse.group_quantizes", "fuse.input_group_copies",
                                         "fuse.ce_one_pass", "fuse.ce_lse", "fuse.gemm_epilogues",
                                         "fuse.gemm_gelu", "fuse.cast_transposes"};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {

@@ -749,6 +749,102 @@ static void test_quantize_group_fused(void **s) {
     if (failed) fail_msg("%d fused group quantizations differ from the reference", failed);
 }
 
+/* ---------------------------------------------------------------- input copies written by their reader
+ * A GELU, SiLU or norm whose input x has a quantize into per-group scales right before it
+ * (with its scales made in the same launch) writes that copy itself, from the x it reads
+ * (spec_fuse.c, fuse_input_group_copies): the quantize runs nothing, the activation's launch
+ * writes the copy, its scales and its own result. The copy and scales must be the
+ * reference's bytes, the result within the bf16 bound: whole-vector groups (shuffles across
+ * lanes), 1 x 128 tiles, and rows whose last group is short (a group a thread or lane). */
+typedef struct {
+    const char *name;
+    Node *scale, *q, *y;
+} InputCopy;
+static InputCopy input_copies[6];
+
+static void build_input_copies(void) {
+    int64_t R = gt_int(1, 300);
+    struct { const char *name; OpKind op; Scaling kind; int G; int64_t C; ElemType se; } p[6] = {
+        {"gelu, group 16, e8m0 scales", OP_GELU, SCALE_PER_GROUP, 16, 16 * gt_int(1, 100), FMT_E8M0},
+        {"silu, 1x128 tiles, f32 scales", OP_SILU, SCALE_TILE_1x128, 128, 128 * gt_int(1, 8), FMT_F32},
+        {"gelu, group 16, short last group", OP_GELU, SCALE_PER_GROUP, 16, 16 * gt_int(1, 40) + 8, FMT_E8M0},
+        {"layernorm, group 16 (rows in registers)", OP_LAYERNORM, SCALE_PER_GROUP, 16, 16 * gt_int(1, 48), FMT_E8M0},
+        {"rmsnorm, 1x128 tiles", OP_RMSNORM, SCALE_TILE_1x128, 128, 128 * gt_int(1, 6), FMT_F32},
+        {"layernorm, short last group", OP_LAYERNORM, SCALE_PER_GROUP, 16, 16 * gt_int(1, 40) + 8, FMT_E8M0},
+    };
+    for (int k = 0; k < 6; k++) {
+        Node *x = leaf(FMT_BF16, 3, DIMS(R, p[k].C));
+        Node *sc = op_v(OP_QUANT_SCALE, p[k].se, I(FMT_E4M3, p[k].kind, p[k].G, 1), NULL, IN(x));
+        Node *q = op_v(OP_QUANTIZE, FMT_E4M3, NULL, NULL, IN(x, sc));
+        q->t.fmt.scaling = p[k].kind, q->t.fmt.group = p[k].kind == SCALE_PER_GROUP ? p[k].G : 0;
+        q->t.fmt.recipe = RECIPE_CURRENT, q->t.fmt.scale = sc;
+        Node *y;
+        if (p[k].op == OP_GELU || p[k].op == OP_SILU) {
+            y = op_v(p[k].op, FMT_BF16, NULL, NULL, IN(x));
+        } else {
+            Node *w = leaf(FMT_BF16, 1, DIMS(p[k].C));
+            if (p[k].op == OP_LAYERNORM) {
+                Node *b = leaf(FMT_BF16, 1, DIMS(p[k].C));
+                y = op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(x, w, b));
+            } else {
+                y = op_v(OP_RMSNORM, FMT_BF16, NULL, Fa(1e-6), IN(x, w));
+            }
+        }
+        input_copies[k] = (InputCopy){p[k].name, sc, q, y};
+    }
+}
+
+static void test_input_copies(void **s) {
+    (void)s;
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < 6; k++) {
+        InputCopy *c = &input_copies[k];
+        const CuNodePlan *pq = &plans[c->q->index], *py = &plans[c->y->index];
+        bool fused = pq->n_launch == 0 && plans[c->scale->index].n_launch == 0 && py->n_launch == 1 &&
+                     (strstr(py->launch[0].body, "ck_unary_group<") || strstr(py->launch[0].body, "ck_norm_group<"));
+        Tensor *out[3] = {&c->q->t, &c->scale->t, &c->y->t};
+        int64_t nb[3];
+        unsigned char *gpu[3];
+        for (int j = 0; j < 3; j++) {
+            nb[j] = gt_bytes(out[j]);
+            gpu[j] = malloc((size_t)nb[j]);
+            memset(out[j]->data, 0xFF, (size_t)nb[j]);   /* poisoned: every byte must be written */
+        }
+        bool ok = cuda_exec_push(exec, out, 3) && cuda_exec_run_node(exec, c->scale) &&
+                  cuda_exec_run_node(exec, c->q) && cuda_exec_run_node(exec, c->y) && cuda_exec_pull(exec, out, 3);
+        int64_t bad[2] = {0, 0};
+        double err = -1;
+        if (ok) {
+            for (int j = 0; j < 3; j++) memcpy(gpu[j], out[j]->data, (size_t)nb[j]);
+            ref_exec_node(c->scale);
+            ref_exec_node(c->q);
+            ref_exec_node(c->y);
+            for (int j = 0; j < 2; j++)
+                for (int64_t i = 0; i < nb[j]; i++) bad[j] += gpu[j][i] != ((unsigned char *)out[j]->data)[i];
+            Tensor y_gpu = *out[2];
+            y_gpu.data = gpu[2];
+            float *a = ref_load(&y_gpu), *r = ref_load(out[2]);
+            double max_abs;
+            err = gt_norm_error(a, r, ir_numel(out[2]), &max_abs);
+            free(a);
+            free(r);
+        }
+        bool pass = ok && fused && !bad[0] && !bad[1] && err >= 0 && err <= 1e-2;
+        printf("  %-42s [%lld x %lld] %s, code bytes differing %lld, scale bytes differing %lld, result err %.2e%s\n",
+               c->name, (long long)c->q->t.dims[0], (long long)c->q->t.dims[1], fused ? "one launch" : "NOT FUSED",
+               (long long)bad[0], (long long)bad[1], err, pass ? "" : "  FAIL");
+        failed += !pass;
+        for (int j = 0; j < 3; j++) free(gpu[j]);
+        if (!cuda_exec_push(exec, out, 3)) failed++;
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d activations writing their input's group copy differ from the reference", failed);
+}
+
 static bool run_amax_pair(const AmaxPair *c) {
     Tensor *t[2] = {&c->producer->t, &c->scale->t};
     int64_t nb = gt_bytes(t[0]);
@@ -1091,6 +1187,7 @@ static int setup(void **state) {
     build_gemm();
     build_quant_transposed();
     build_quant_group_fused();
+    build_input_copies();
     build_cast_transposes();
     build_norm_grads();
     build_attention();
@@ -1428,7 +1525,7 @@ int main(void) {
         graph = ir_graph_new(arena);
         graph->model_name = "gpu_ops";
         build_elementwise(), build_rows(), build_quant(), build_amax(), build_optimizer(), build_gemm(),
-            build_quant_transposed(), build_quant_group_fused(), build_cast_transposes(), build_norm_grads(),
+            build_quant_transposed(), build_quant_group_fused(), build_input_copies(), build_cast_transposes(), build_norm_grads(),
             build_attention();
         /* the memory plan too: the fusions it allows launch kernels of their own */
         if (!rt_memory_bind(graph, &mem)) return 1;
@@ -1445,6 +1542,10 @@ int main(void) {
         int fused = 0;
         for (int k = 0; plans && k < 4; k++) fused += cast_t_fused(plans, &cast_t[k]);
         printf("cast-transposes planned as one launch: %d of 4\n", fused);
+        int copies = 0;
+        for (int k = 0; plans && k < 6; k++)
+            copies += plans[input_copies[k].q->index].n_launch == 0 && plans[input_copies[k].y->index].n_launch == 1;
+        printf("input group copies written by their reader: %d of 6\n", copies);
         arena_free(pa);
         int unplanned = wgmma_unplanned(), misplanned = ce_pairs_misplanned();
         printf("cross-entropy pairs planned as expected: %d of %d\n", n_ce_pairs - misplanned, n_ce_pairs);
@@ -1454,7 +1555,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows), cmocka_unit_test(test_ce_one_pass),
         cmocka_unit_test(test_scaling),     cmocka_unit_test(test_quantize_transposed),
-        cmocka_unit_test(test_quantize_group_fused), cmocka_unit_test(test_cast_transposes),
+        cmocka_unit_test(test_quantize_group_fused), cmocka_unit_test(test_input_copies),
+        cmocka_unit_test(test_cast_transposes),
         cmocka_unit_test(test_norm_grads_fused),
         cmocka_unit_test(test_optimizer),
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
