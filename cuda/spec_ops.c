@@ -639,7 +639,9 @@ bool plan_rows(Spec *s) {
         args_result_inputs(l, n);
         l->scratch = 0;
         l->args.i[0] = V, l->args.i[1] = C, l->args.i[2] = R;
-        l = spec_launch(s, "ebsum", (unsigned)(V * ((C + ROW_THREADS - 1) / ROW_THREADS)), ROW_THREADS,
+        /* blocks striding over the (row, 256 columns) items (ck_eb_sum) */
+        int64_t items = V * ((C + 255) / 256);
+        l = spec_launch(s, "ebsum", (unsigned)(items < ELEM_MAX_BLOCKS ? items : ELEM_MAX_BLOCKS), 256,
                         "ck_eb_sum<%s, %s>(a)", Y, fmt_arg(s, &n->in[0]->t));
         args_result_inputs(l, n);
         l->scratch = 0;

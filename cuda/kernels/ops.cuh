@@ -1480,26 +1480,76 @@ __device__ void ck_eb_sort(const CkArgs &a) {
         for (unsigned b = bits[w]; b; b &= b - 1) sorted[at++] = w * 32 + __ffs(b) - 1;
 }
 
-/* grid V x ceil(C / blockDim.x): row v of the result, one slice of its columns a block, the
- * sum of bucket v's dy rows in row order (zero for an id no row has) */
+/* Row v of the result, one slice of blockDim.x of its columns at a time, the blocks striding
+ * over the V x slices (row, slice) items: the sum of bucket v's dy rows in f64 (zero for an
+ * id no row has: at byte-level text all but some 200 of GPT-2's 50304). A bucket of up to
+ * CK_EB_SPLIT rows is summed by a thread per column in row order. A larger one (a frequent id:
+ * at byte-level text a space is some 15% of the rows, thousands in one bucket, which a thread
+ * per column walked alone while the GPU idled) is cut into the block's warps' shares, each
+ * lane taking CK_VEC columns of the slice with wide loads, four rows in flight; the shares'
+ * sums are then added in warp order. The cut depends on the bucket's size only, so the order
+ * of the additions, and the bits, are the same in every run; in f64 the sums of bf16 or f32
+ * rows are exact unless their magnitudes span some 2^20 or more, so they are the row-order
+ * sum's but for such extremes. */
+enum { CK_EB_SPLIT = 64, CK_EB_THREADS = 256 };
 template <class Y, class DY> __device__ void ck_eb_sum(const CkArgs &a) {
-    i64 V = a.i[0], C = a.i[1], R = a.i[2], slices = (C + blockDim.x - 1) / blockDim.x;
-    i64 v = blockIdx.x / slices, c = (blockIdx.x % slices) * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ double part[CK_EB_THREADS / 32][CK_EB_THREADS];
+    i64 V = a.i[0], C = a.i[1], R = a.i[2], slices = (C + CK_EB_THREADS - 1) / CK_EB_THREADS;
     const int *first = (const int *)a.scratch + V + 1, *sorted = first + 2 * (V + 1) - 1 + R;
-    int lo = first[v], k = first[v + 1] - lo, j = 0;
-    double s = 0;
-    /* sixteen rows' loads in flight at a time, added in row order: a frequent id's bucket
-     * (thousands of rows) is otherwise a chain of dependent index and value loads */
-    for (; j + 16 <= k; j += 16) {
-        float x[16];
+    const int warps = CK_EB_THREADS / 32, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    bool vec = C % CK_VEC == 0 && DY::vec_ok(a.t[1]);
+    for (i64 item = CK_BLOCK; item < V * slices; item += CK_BLOCKS) {
+        i64 v = item / slices, c0 = (item - v * slices) * CK_EB_THREADS, c = c0 + threadIdx.x;
+        int lo = first[v], k = first[v + 1] - lo;
+        if (k <= CK_EB_SPLIT || !vec) {
+            if (c >= C) continue;
+            int j = 0;
+            double s = 0;
+            /* sixteen rows' loads in flight at a time, added in row order */
+            for (; j + 16 <= k; j += 16) {
+                float x[16];
+                #pragma unroll
+                for (int u = 0; u < 16; u++) x[u] = DY::ld(a.t[1], (i64)sorted[lo + j + u] * C + c);
+                #pragma unroll
+                for (int u = 0; u < 16; u++) s += x[u];
+            }
+            for (; j < k; j++) s += DY::ld(a.t[1], (i64)sorted[lo + j] * C + c);
+            Y::st(a.t[0], v * C + c, (float)s);
+            continue;
+        }
+        /* warp w: rows [lo + w k / warps, lo + (w + 1) k / warps), columns c0 + CK_VEC lane .. */
+        int r = lo + (int)((i64)warp * k / warps), r1 = lo + (int)((i64)(warp + 1) * k / warps);
+        i64 cl = c0 + (i64)lane * CK_VEC;
+        double acc[CK_VEC];
         #pragma unroll
-        for (int u = 0; u < 16; u++) x[u] = DY::ld(a.t[1], (i64)sorted[lo + j + u] * C + c);
+        for (int j = 0; j < CK_VEC; j++) acc[j] = 0;
+        if (cl < C) {
+            for (; r + 4 <= r1; r += 4) {
+                float x[4][CK_VEC];
+                #pragma unroll
+                for (int u = 0; u < 4; u++) DY::ld_vec(a.t[1], (i64)sorted[r + u] * C + cl, x[u]);
+                #pragma unroll
+                for (int u = 0; u < 4; u++)
+                    #pragma unroll
+                    for (int j = 0; j < CK_VEC; j++) acc[j] += x[u][j];
+            }
+            for (; r < r1; r++) {
+                float x[CK_VEC];
+                DY::ld_vec(a.t[1], (i64)sorted[r] * C + cl, x);
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) acc[j] += x[j];
+            }
+        }
         #pragma unroll
-        for (int u = 0; u < 16; u++) s += x[u];
+        for (int j = 0; j < CK_VEC; j++) part[warp][(lane * CK_VEC + j) % CK_EB_THREADS] = acc[j];
+        __syncthreads();
+        if (c < C) {
+            double s = 0;
+            for (int w = 0; w < warps; w++) s += part[w][threadIdx.x];
+            Y::st(a.t[0], v * C + c, (float)s);
+        }
+        __syncthreads();
     }
-    for (; j < k; j++) s += DY::ld(a.t[1], (i64)sorted[lo + j] * C + c);
-    Y::st(a.t[0], v * C + c, (float)s);
 }
 
 /* ---------------------------------------------------------------- around library GEMMs */

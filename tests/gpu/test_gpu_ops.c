@@ -334,6 +334,11 @@ static void build_rows(void) {
     Node *tk3 = ids(3, 0, DIMS(R3));
     add_case("embedding_bwd, frequent ids", 2e-5,
              op_v(OP_EMBEDDING_BWD, FMT_F32, I(3), NULL, IN(leaf(FMT_BF16, 1, DIMS(R3, C3)), tk3)));
+    /* the same in whole vectors of columns: a frequent id's rows are cut among a block's warps */
+    int64_t C5 = 8 * gt_int(33, 100);
+    Node *tk5 = ids(5, 0, DIMS(R3));
+    add_case("embedding_bwd, frequent ids, vector rows", 2e-5,
+             op_v(OP_EMBEDDING_BWD, FMT_F32, I(5), NULL, IN(leaf(FMT_BF16, 1, DIMS(R3, C5)), tk5)));
     /* more rows than the bitmap holds: every bucket ranked */
     int64_t R4 = 32 * 4096 + gt_int(1, 3000);
     Node *tk4 = ids(40, 0, DIMS(R4));
