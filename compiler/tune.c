@@ -411,6 +411,12 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
         snprintf(p->values[0], 32, "0");
         snprintf(p->values[1], 32, "1");
         p = &out[n++];
+        *p = (BuildPoint){.name = "attn.fwd_pipeline",
+                          .what = "the wgmma forward's softmax overlapped with its P V product (head dim 64)",
+                          .dflt = "1", .n = 2};
+        snprintf(p->values[0], 32, "1");
+        snprintf(p->values[1], 32, "0");
+        p = &out[n++];
         *p = (BuildPoint){.name = "attn.wgmma_bwd", .what = "the attention backward's dq and dk/dv passes on warpgroup MMA",
                           .dflt = "1", .n = 2};
         snprintf(p->values[0], 32, "0");
@@ -485,7 +491,7 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
  * measurements find), nor are the run-time choices and the GEMM algorithms (no build). */
 int tune_list_candidates(const TuneRequest *q, FILE *out)
 {
-    BuildPoint builds[24];
+    BuildPoint builds[32];
     int n_build = build_points(q, builds);
     for (int i = 0; i < n_build; i++)
         for (int k = 0; k < builds[i].n; k++)
@@ -617,7 +623,7 @@ int tune_run(const TuneRequest *q)
                    t.base.min, t.base.max, t.base.n - q->warmup, elapsed(&t));
 
     EnvPoint envs[8];
-    BuildPoint builds[24];
+    BuildPoint builds[32];
     int n_env = env_points(&t, envs), n_build = build_points(q, builds), left = 0;
     for (int i = 0; i < n_env; i++) left += envs[i].n;
     for (int i = 0; i < n_build; i++) left += builds[i].n;

@@ -250,6 +250,118 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
     ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
 }
 
+/* ck_attn_wg_fwd at D 64 with the products of a warpgroup overlapped with its softmax
+ * (FlashAttention-3's intra-warpgroup pipelining; the choice attn.fwd_pipeline): in step j a
+ * warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for S_j alone, computes
+ * the softmax of tile j while the tensor cores still run P_{j-1} V_{j-1}, then waits for that
+ * product and rescales O by tile j's correction; P_j V_j is issued in step j + 1 (one step
+ * more at the end). O takes the same products in the same order as in ck_attn_wg_fwd, so the
+ * results are its bits. P_{j-1} stays in registers while its product runs (wgmma reads its A
+ * operand from them), so the softmax writes P_j into a second set. V_{j-1} is read one step
+ * later than K_{j-1}, so the V tiles rotate through three buffers and the K tiles through two:
+ * the loads of tile j + 1, issued at the top of step j, go where K_{j-1} and V_{j-2} were,
+ * which every warpgroup finished with in step j - 1. Shared memory: CkWgPipe. */
+struct CkWgPipe {
+    enum {
+        BM = 128, BN = 64, D = 64,
+        Q_BYTES = BM * D * 2,
+        TILE = BN * D * 2,
+        SMEM = 1024 + Q_BYTES + 5 * TILE   /* slack; q; k twice; v three times */
+    };
+};
+
+template <int D, int MODE, class Y, class Q, class K, class V, class DY>
+__device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
+    static_assert(D == 64, "the pipelined wgmma forward takes head dim 64");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    typedef CkWgPipe L;
+    unsigned sQ = (ck_smem(smem_raw) + 1023u) & ~1023u;
+    unsigned sK0 = sQ + L::Q_BYTES, sV0 = sK0 + 2 * L::TILE;   /* k[2], v[3] */
+    i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
+    float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;
+    i64 n_qt = (T + L::BM - 1) / L::BM;
+    i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
+    int q0 = (int)qt * L::BM, Ti = (int)T;
+    int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    int rows = q0 + wg * 64;
+    int row0 = rows + warp * 16 + gid;
+    const CkTensor &tq = a.t[MODE + 1], &tk = a.t[MODE + 2], &tv = a.t[MODE + 3];
+
+    int last = q0 + L::BM - 1 < Ti - 1 ? q0 + L::BM - 1 : Ti - 1;
+    int n_kt = (last >> 6) + 1;
+    int wg_last = rows + 63 < Ti - 1 ? rows + 63 : Ti - 1;
+    int wg_kt = rows < Ti ? (wg_last >> 6) + 1 : 0;
+    ck_wg_load<D, L::BM>(sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
+    ck_wg_load<D, L::BN>(sK0, tk, b, T, 0, a.i[7], a.i[8] + g * D);
+    ck_wg_load<D, L::BN>(sV0, tv, b, T, 0, a.i[9], a.i[10] + g * D);
+
+    float o[D / 8][4], m[2] = {-CK_INF, -CK_INF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    unsigned pp[4][4];   /* P_{j-1}: the A operand of the product in flight */
+    for (int j = 0; j <= n_kt; j++) {
+        if (j < n_kt) {
+            ck_cp_wait();
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();   /* tile j is in; K_{j-1} and V_{j-2} are free */
+            if (j + 1 < n_kt) {
+                ck_wg_load<D, L::BN>(sK0 + ((j + 1) & 1) * L::TILE, tk, b, T, (j + 1) * 64, a.i[7], a.i[8] + g * D);
+                ck_wg_load<D, L::BN>(sV0 + ((j + 1) % 3) * L::TILE, tv, b, T, (j + 1) * 64, a.i[9], a.i[10] + g * D);
+            }
+        }
+        bool do_s = j < wg_kt, do_pv = j >= 1 && j - 1 < wg_kt;
+        if (!do_s && !do_pv) continue;
+        float s[8][4];
+        if (do_s) {
+            unsigned sK = sK0 + (j & 1) * L::TILE;
+            ck_wg_hold<32>(&s[0][0]);
+            ck_wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                unsigned qa = sQ + wg * 64 * 128 + kk * 32, ka = sK + kk * 32;
+                ck_wg_ss64(&s[0][0], ck_wg_desc(qa, 16, 1024), ck_wg_desc(ka, 16, 1024), kk > 0);
+            }
+            ck_wg_commit();
+        }
+        if (do_pv) {
+            unsigned sV = sV0 + ((j - 1) % 3) * L::TILE;
+            ck_wg_hold<D / 2>(&o[0][0]);
+            ck_wg_hold<16>(&pp[0][0]);
+            ck_wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                ck_wg_rs<D>(&o[0][0], pp[kk], ck_wg_desc(sV + kk * 16 * 128, L::BN * 128, 1024));
+            ck_wg_commit();
+        }
+        if (do_s) {
+            if (do_pv) ck_wg_wait_but_last();
+            else ck_wg_wait();
+            ck_wg_hold<32>(&s[0][0]);
+            unsigned pf[4][4];
+            float corr[2];
+            int k0 = j * 64;
+            ck_softmax_tile(s, scale2, k0 + 63 > rows || k0 + 64 > Ti, k0, row0, tig, Ti, m, l, pf, corr);
+            if (do_pv) ck_wg_wait();
+            ck_wg_hold<D / 2>(&o[0][0]);
+            ck_wg_hold<16>(&pp[0][0]);
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][0] *= corr[0], o[n][1] *= corr[0];
+                o[n][2] *= corr[1], o[n][3] *= corr[1];
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) pp[k][i] = pf[k][i];
+        } else {
+            ck_wg_wait();
+            ck_wg_hold<D / 2>(&o[0][0]);
+        }
+    }
+
+    ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
+}
+
 /* ---------------------------------------------------------------- the backward on wgmma
  *
  * The backward keeps attn_tc's split into two passes, each output written by one block in a

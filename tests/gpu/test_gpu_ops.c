@@ -1080,6 +1080,14 @@ static void build_gemm(void) {
  * whose forward (or the backward's rerun of it) must then run on warpgroup MMA */
 static Node *wgmma_nodes[32];
 static int n_wgmma_nodes;
+/* At head dim 64 the wgmma forward overlaps its softmax with its P V product (the choice
+ * attn.fwd_pipeline, on by default): each such attention and backward has a twin over the
+ * same inputs planned without it, and the two must give the same bits. */
+typedef struct {
+    Node *pipe, *plain;
+} PipeTwin;
+static PipeTwin pipe_twins[16];
+static int n_pipe_twins;
 
 static void build_attention(void) {
     group_now = "attention";
@@ -1146,6 +1154,13 @@ static void build_attention(void) {
                 assert_true(n_wgmma_nodes < (int)(sizeof wgmma_nodes / sizeof *wgmma_nodes));
                 wgmma_nodes[n_wgmma_nodes++] = sites[k];
                 ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", sites[k]->id), "1");
+                if (D != 64) continue;
+                Node *twin = op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in, sites[k]->in);
+                twin->t.name = arena_printf(arena, "%s, not pipelined", sites[k]->t.name);
+                ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", twin->id), "1");
+                ir_set_choice(graph, arena_printf(arena, "attn.fwd_pipeline@%d", twin->id), "0");
+                assert_true(n_pipe_twins < (int)(sizeof pipe_twins / sizeof *pipe_twins));
+                pipe_twins[n_pipe_twins++] = (PipeTwin){sites[k], twin};
             }
         }
     }
@@ -1504,9 +1519,17 @@ static int wgmma_unplanned(void) {
     for (int i = 0; i < n_wgmma_nodes; i++) {
         const Node *n = wgmma_nodes[i];
         const CuNodePlan *p = &plans[n->index];
-        bool ok = n->op == OP_ATTENTION ? plan_runs(p, "ck_attn_wg_fwd<")
+        /* the forward kernel: pipelined at head dim 64 (attn.fwd_pipeline) */
+        int64_t D = n->op == OP_ATTENTION ? n->t.dims[n->t.rank - 1] / IR_IATTR(n, ATTENTION, heads) : 0;
+        const char *fwd = D == 64 ? "ck_attn_wg_fwd_pipe<" : "ck_attn_wg_fwd<";
+        if (n->op != OP_ATTENTION) {
+            bool pipe = false;
+            for (int k = 0; k < n_pipe_twins; k++) pipe |= pipe_twins[k].pipe == n;
+            fwd = pipe ? "ck_attn_wg_fwd_pipe<" : "ck_attn_wg_fwd<";
+        }
+        bool ok = n->op == OP_ATTENTION ? plan_runs(p, fwd)
                                         : plan_runs(p, "ck_attn_wg_dq<") && plan_runs(p, "ck_attn_wg_dkv<") &&
-                                              (ir_attention_bwd_reads_y(n) || plan_runs(p, "ck_attn_wg_fwd<"));
+                                              (ir_attention_bwd_reads_y(n) || plan_runs(p, fwd));
         if (!ok) printf("%s: not planned on warpgroup MMA\n", n->t.name), missing++;
     }
     arena_free(pa);
@@ -1518,6 +1541,52 @@ static void test_attention(void **s) {
     assert_true(n_wgmma_nodes > 0);
     assert_int_equal(wgmma_unplanned(), 0);
     run_group("attention");
+}
+
+/* pipe_twins: the same bits with and without the pipelined forward (each output of the node:
+ * y, or dq, dk, dv; their planned kernels checked too) */
+static void test_attention_pipeline(void **s) {
+    (void)s;
+    assert_true(n_pipe_twins > 0);
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < n_pipe_twins; k++) {
+        Node *nodes[2] = {pipe_twins[k].pipe, pipe_twins[k].plain};
+        bool planned = plan_runs(&plans[nodes[1]->index], "ck_attn_wg_") &&
+                       !plan_runs(&plans[nodes[1]->index], "ck_attn_wg_fwd_pipe<") &&
+                       (nodes[0]->op != OP_ATTENTION || plan_runs(&plans[nodes[0]->index], "ck_attn_wg_fwd_pipe<"));
+        Tensor *out[2][8];
+        int n_out[2];
+        int64_t differ = 0, bytes = 0;
+        bool ok = planned;
+        for (int t = 0; t < 2; t++) n_out[t] = outputs_of(nodes[t], out[t]);
+        ok = ok && n_out[0] == n_out[1];
+        unsigned char *got[2][8] = {{0}};
+        for (int t = 0; ok && t < 2; t++) {
+            for (int j = 0; j < n_out[t]; j++) memset(out[t][j]->data, 0xFF, (size_t)gt_bytes(out[t][j]));
+            ok = cuda_exec_push(exec, out[t], n_out[t]) && cuda_exec_run_node(exec, nodes[t]) &&
+                 cuda_exec_pull(exec, out[t], n_out[t]);
+            for (int j = 0; ok && j < n_out[t]; j++) {
+                got[t][j] = malloc((size_t)gt_bytes(out[t][j]));
+                memcpy(got[t][j], out[t][j]->data, (size_t)gt_bytes(out[t][j]));
+            }
+        }
+        for (int j = 0; ok && j < n_out[0]; j++) {
+            bytes += gt_bytes(out[0][j]);
+            for (int64_t i = 0; i < gt_bytes(out[0][j]); i++) differ += got[0][j][i] != got[1][j][i];
+        }
+        for (int t = 0; t < 2; t++)
+            for (int j = 0; j < 8; j++) free(got[t][j]);
+        bool pass = ok && differ == 0;
+        printf("  %-60s %lld bytes, %lld differ%s\n", nodes[0]->t.name, (long long)bytes, (long long)differ,
+               pass ? "" : planned ? "  FAIL" : "  FAIL (not planned as expected)");
+        failed += !pass;
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d pipelined attentions differ from their twins", failed);
 }
 
 int main(void) {
@@ -1565,6 +1634,7 @@ int main(void) {
         cmocka_unit_test(test_norm_grads_fused),
         cmocka_unit_test(test_optimizer),
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_pipeline),
         cmocka_unit_test(test_amax_parts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
