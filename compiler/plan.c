@@ -339,15 +339,6 @@ static void optimizer_line(const Graph *g, FILE *out)
             o->kind == OPTIM_ADAMW ? 2 : 1, o->kind == OPTIM_ADAMW ? "s" : "");
 }
 
-/* The largest bucket: with --shard-states the backward writes each bucket's whole gradients
- * into one of two buffers of this size, one filling while the other is reduce-scattered. */
-static int64_t largest_bucket(const RtCommPlan *cp)
-{
-    int64_t b = 0;
-    for (int i = 0; i < cp->n_buckets; i++) b = cp->buckets[i].bytes > b ? cp->buckets[i].bytes : b;
-    return b;
-}
-
 /* --shard-states (runtime/comm_shard.c): the collectives of a sharded step, per GPU. */
 static int shard_collectives(const RtShardPlan *sp, const PlanComm *c, PlanCollective *out)
 {
@@ -363,13 +354,13 @@ static int shard_collectives(const RtShardPlan *sp, const PlanComm *c, PlanColle
 static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, const RtShardPlan *sp,
                        FILE *out)
 {
-    char b1[32], b2[32];
+    char b1[32];
     int n = sp->ranks;
-    int64_t persistent = m->persistent - sp->saved, buckets = 2 * largest_bucket(&c->buckets);
-    fprintf(out, "\ndata parallel over %d GPUs with sharded state (--shard-states, ZeRO stage 2): the\n"
-                 "figures above are one GPU's whole step; each GPU keeps the weights whole and 1/%d of\n"
-                 "the master weights, optimizer states and reduced gradients, per tensor, on multiples\n"
-                 "of the codecs' groups (up to %lld elements)", n, n, (long long)sp->group);
+    int64_t persistent = m->persistent - sp->saved;
+    fprintf(out, "\ndata parallel over %d GPUs with sharded state (--shard-states, ZeRO stage 1): the\n"
+                 "figures above are one GPU's whole step; each GPU keeps the weights and gradients whole\n"
+                 "and 1/%d of the master weights and optimizer states, per tensor, on multiples of the\n"
+                 "codecs' groups (up to %lld elements)", n, n, (long long)sp->group);
     if (sp->whole_updates) fprintf(out, "; %d tensors too small to split stay whole on GPU 0", sp->whole_updates);
     fprintf(out, ":\n  %-24s %12s %10s\n", "category (per GPU)", "bytes", "per param");
     for (size_t k = 0; k < sizeof categories / sizeof categories[0]; k++) {
@@ -383,8 +374,8 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
     fprintf(out, "persistent training state per GPU  %s = %.2f bytes per parameter (one GPU: %.2f)\n",
             human(persistent, b1), m->n_params ? (double)persistent / (double)m->n_params : 0,
             m->n_params ? (double)m->persistent / (double)m->n_params : 0);
-    fprintf(out, "peak memory per GPU                %s (with two gradient buckets in flight, %s)\n",
-            human(persistent + m->transient + buckets, b1), human(buckets, b2));
+    fprintf(out, "peak memory per GPU                %s (each shard's sum lands in its accumulator)\n",
+            human(persistent + m->transient, b1));
     fprintf(out, "Each step reduce-scatters %d gradients, %s (%s), gathers the new weights%s,\n"
                  "and all-reduces one f32 a tensor for the gradient norm%s:\n",
             c->count, human(c->bytes, b1), c->formats, sp->copy_bytes ? " and their e4m3 copies" : "",
@@ -394,9 +385,8 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
     fprintf(out, "  %-26s %-8s %s\n", "collective", "format", "sent per GPU per step");
     for (int i = 0; i < n_coll; i++)
         fprintf(out, "  %-26s %-8s %s\n", coll[i].name, coll[i].format, human(coll[i].bytes, b1));
-    fprintf(out, "(with --grad-accum A the reduce-scatter runs every micro-step: A times its bytes)\n"
-                 "Planned only: the GPU executor has no sharded step yet, and fp8c build refuses\n"
-                 "--shard-states; the host reference of the sharded update is runtime/comm_shard.c's.\n");
+    fprintf(out, "(the reduce-scatter is one ncclReduce per shard, to its owner; the gathers are\n"
+                 "broadcasts from each shard's owner: cuda/exec_shard.c)\n");
 }
 
 void plan_print(const Graph *g, bool json, FILE *out)
@@ -476,7 +466,7 @@ void plan_print(const Graph *g, bool json, FILE *out)
         fprintf(out, "},\n \"per_gpu_persistent_bytes\": %lld, \"per_gpu_bytes_per_param\": %.3f,"
                      " \"per_gpu_peak_bytes\": %lld, \"shard_collectives\": [",
                 (long long)gpu_persistent, m.n_params ? (double)gpu_persistent / (double)m.n_params : 0,
-                (long long)(gpu_persistent + m.transient + (sp.on ? 2 * largest_bucket(&c.buckets) : 0)));
+                (long long)(gpu_persistent + m.transient));
         PlanCollective sc[4];
         int n_sc = sp.on ? shard_collectives(&sp, &c, sc) : 0;
         for (int i = 0; i < n_sc; i++)

@@ -1,11 +1,13 @@
 /* comm_shard.c — sharded optimizer state (--shard-states): which elements each rank updates.
  *
- * With N ranks and --shard-states every rank keeps the bf16 weights whole (the forward and
- * backward read them) and 1/N of everything only the update reads: the master weights, the
- * optimizer states (Adam m and v, Lion's and SGD's momentum) with their codecs' side values,
- * and the reduced gradient. A step then reduce-scatters the gradients (rank r receives the sum
- * of its shard only), updates its shard, and all-gathers the new weights (and, at the levels
- * that keep them, the e4m3 weight copies the FP8 GEMMs read). This is ZeRO stage 2.
+ * With N ranks and --shard-states every rank keeps the bf16 weights and the gradient
+ * accumulators whole (the forward and backward read and write them) and 1/N of what only the
+ * update reads: the master weights and the optimizer states (Adam m and v, Lion's and SGD's
+ * momentum) with their codecs' side values. A step then reduce-scatters the gradients (rank r
+ * receives the sum of its shard only, in place in its accumulator), updates its shard, and
+ * all-gathers the new weights (and, at the levels that keep them, the e4m3 weight copies the
+ * FP8 GEMMs read). This is ZeRO stage 1; sharding the accumulators too (stage 2) would need
+ * the backward to hand each bucket to shard-size buffers, which it does not.
  *
  * Shards are per tensor, not of one flat buffer: shard r of a parameter of n elements is
  * [r S, (r+1) S) clipped to n, with S = ceil(n / N) rounded up to the update's group. The
@@ -147,9 +149,7 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
         if (group >= n && n > 0) p->whole_updates++;
         if (group > p->group) p->group = group < n ? group : p->group;
         if (!p->on) continue;
-        /* the gradient's accumulator, the states and the master: 1/N each */
-        const Node *acc = state_of(u->in[1]);
-        shard_saving(&acc->t, group, ranks, acc->t.role, p);
+        /* the states and the master: 1/N each (the accumulator stays whole: stage 1) */
         int states = ir_update_lr_index(u);
         for (int k = 2; k < states; k++) shard_saving(&u->in[k]->t, group, ranks, state_of(u->in[k])->t.role, p);
         int m = ir_adamw_master_index(u);
