@@ -583,6 +583,10 @@ typedef struct RtDevice {
     /* The step's last micro-step, where a data-parallel device may sum the gradients while the
      * backward runs (NULL: run_micro_step; the update then sums them). */
     bool (*run_last_micro_step)(Graph *g);
+    /* --shard-states on several ranks (NULL: nothing is sharded): every rank calls it before
+     * a checkpoint; rank 0's host mirror then holds the whole of ts (the other ranks' shards
+     * of the states and masters, which its device does not keep). */
+    bool (*gather)(Tensor *const *ts, int n);
 } RtDevice;
 
 extern const RtDevice rt_cpu_device;
