@@ -844,11 +844,11 @@ static int dispatch(int argc, char **argv, Args *ap)
     if (!strcmp(cmd, "recipes")) return cmd_recipes();
     Args *a = ap;
     parse_args(argc - 2, argv + 2, a);
-    /* the sharded step exists in the plan and the host reference (runtime/comm_shard.c), not
-     * yet in the GPU executor: a binary must not claim a layout it would not run */
-    if (a->build.passes.shard_states && (!strcmp(cmd, "build") || !strcmp(cmd, "train") || !strcmp(cmd, "tune")))
-        bad_flag("--shard-states is planned, not built: 'fp8c plan --gpus N --shard-states' shows its "
-                 "memory and traffic, and the GPU executor has no sharded step yet (docs/multi-gpu.md)%s", "");
+    /* fp8c tune times one GPU, where a shard is the whole tensor: what it measures is the
+     * unsharded step's, so a record is made without the flag and used with it */
+    if (a->build.passes.shard_states && !strcmp(cmd, "tune"))
+        bad_flag("--shard-states: fp8c tune times one GPU, where nothing is sharded; tune without it "
+                 "and give the record to 'fp8c build --gpus N --shard-states --tune FILE'%s", "");
     if (!strcmp(cmd, "tune")) return cmd_tune(a);
     if (a->memory_budget > 0 || a->budget > 0 || a->tune_steps || a->list_candidates)
         bad_flag("--budget, --memory-budget, --tune-steps and --list-candidates go with fp8c tune%s", "");
