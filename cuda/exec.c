@@ -436,7 +436,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
 
     /* memory: check, then one allocation per arena (with --shard-states on several ranks the
      * persistent one holds this rank's shards of the states and masters: exec_shard.c) */
-    e->persistent_alloc = exec_shard_layout(e);
+    e->persistent_alloc = exec_shard_layout(e, cuda_nccl_active() ? cuda_nccl_world() : 1, cuda_nccl_rank());
     if (e->persistent_alloc < 0) goto fail;
     int64_t step_bytes = align_up(host->step_bytes);
     int64_t ws_bytes = CUBLAS_WORKSPACE + align_up(e->scratch_bytes) + e->aux_bytes;

@@ -222,9 +222,10 @@ bool exec_add_run(CudaExec *e, ExecList *L, int i);
 
 /* ---------------------------------------------------------------- exec_shard.c */
 
-/* The device's persistent arena for --shard-states on several ranks (e->shard set; else the
- * host's size); -1 out of memory. Before the arenas are allocated. */
-int64_t exec_shard_layout(CudaExec *e);
+/* The device's persistent arena for --shard-states as rank `rank` of `world` (e->shard set
+ * where world > 1; else the host's size); -1 after one rt_error line. Before the arenas are
+ * allocated (it reads only the graph and the host mirror). */
+int64_t exec_shard_layout(CudaExec *e, int world, int rank);
 CUdeviceptr exec_shard_map(const CudaExec *e, int64_t off);   /* byte off of the host persistent arena */
 /* fn over the pieces of host bytes [p, p+bytes) that the device holds, with their device
  * addresses: the whole range, except where a shard of another rank's is cut out. */

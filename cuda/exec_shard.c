@@ -86,12 +86,12 @@ static int cut_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-int64_t exec_shard_layout(CudaExec *e) {
+int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
     Graph *g = e->g;
-    e->shard = rt_shard_states(g) && cuda_nccl_active() && cuda_nccl_world() > 1;
+    e->shard = rt_shard_states(g) && world > 1;
     if (!e->shard) return e->host.persistent_bytes;
-    e->shard_world = cuda_nccl_world();
-    e->shard_rank = cuda_nccl_rank();
+    e->shard_world = world;
+    e->shard_rank = rank;
     /* the updates and the tensors they shard */
     int cap_u = 0, cap_t = 0;
     for (int i = 0; i < g->n_nodes; i++) {
