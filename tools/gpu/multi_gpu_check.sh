@@ -32,7 +32,8 @@
 #      the executor's persistent arena, the plan's figure); a sharded checkpoint of gpt2_tiny
 #      -O3 resumed on 2 GPUs (bit for bit) and on 1 GPU (within 1e-3).
 # OUT ($OUT when set, else BUILD/multi-gpu/out) receives summary.txt (printed as it goes),
-# equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv, equivalence_fp8.tsv and logs.tgz. The
+# equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv, equivalence_fp8.tsv,
+# equivalence_shard_O1.tsv, equivalence_shard_O3.tsv and logs.tgz. The
 # binaries were built elsewhere by tools/gpu/prepare_multi_gpu.sh BUILD.
 #
 # usage: tools/gpu/multi_gpu_check.sh BUILD
