@@ -631,20 +631,20 @@ static bool piece_zero(CudaExec *e, char *host, CUdeviceptr dev, int64_t bytes, 
 bool cuda_exec_push(CudaExec *e, Tensor *const *ts, int n) {
     if (!cuda_exec_sync(e)) return false;
     for (int i = 0; i < n; i++)
-        if (!exec_pieces(e, ts[i]->data, tensor_bytes(ts[i]), piece_push, NULL)) return false;
+        if (!exec_pieces(e, ts[i]->name, ts[i]->data, tensor_bytes(ts[i]), piece_push, NULL)) return false;
     return true;
 }
 
 bool cuda_exec_pull(CudaExec *e, Tensor *const *ts, int n) {
     if (!cuda_exec_sync(e)) return false;
     for (int i = 0; i < n; i++)
-        if (!exec_pieces(e, ts[i]->data, tensor_bytes(ts[i]), piece_pull, NULL)) return false;
+        if (!exec_pieces(e, ts[i]->name, ts[i]->data, tensor_bytes(ts[i]), piece_pull, NULL)) return false;
     return true;
 }
 
 bool cuda_exec_push_arenas(CudaExec *e) {
     if (!cuda_exec_sync(e)) return false;
-    if (e->host.persistent_bytes && !exec_pieces(e, e->host.persistent, e->host.persistent_bytes, piece_push, NULL))
+    if (e->host.persistent_bytes && !exec_pieces(e, "the persistent arena", e->host.persistent, e->host.persistent_bytes, piece_push, NULL))
         return false;
     if (e->host.step_bytes && !CU_CHECK(CU(cuMemcpyHtoD_v2)(e->step, e->host.step, (size_t)e->host.step_bytes)))
         return false;
@@ -653,7 +653,7 @@ bool cuda_exec_push_arenas(CudaExec *e) {
 
 bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n) {
     for (int i = 0; i < n; i++)
-        if (!exec_pieces(e, ts[i]->data, tensor_bytes(ts[i]), piece_zero, NULL)) return false;
+        if (!exec_pieces(e, ts[i]->name, ts[i]->data, tensor_bytes(ts[i]), piece_zero, NULL)) return false;
     return cuda_exec_sync(e);
 }
 

@@ -228,8 +228,9 @@ bool exec_add_run(CudaExec *e, ExecList *L, int i);
 int64_t exec_shard_layout(CudaExec *e, int world, int rank);
 CUdeviceptr exec_shard_map(const CudaExec *e, int64_t off);   /* byte off of the host persistent arena */
 /* fn over the pieces of host bytes [p, p+bytes) that the device holds, with their device
- * addresses: the whole range, except where a shard of another rank's is cut out. */
-bool exec_pieces(CudaExec *e, const void *p, int64_t bytes, ExecPieceFn fn, void *ctx);
+ * addresses: the whole range, except where a shard of another rank's is cut out (name: the
+ * tensor's, for the error when p is in neither arena). */
+bool exec_pieces(CudaExec *e, const char *name, const void *p, int64_t bytes, ExecPieceFn fn, void *ctx);
 bool exec_shard_prepare(CudaExec *e);             /* the update list's launches over the shards */
 bool exec_shard_reduce(CudaExec *e, int first, int count, CUstream stream);
 bool exec_shard_run_update(CudaExec *e);

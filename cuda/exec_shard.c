@@ -190,12 +190,12 @@ CUdeviceptr exec_shard_map(const CudaExec *e, int64_t off) {
     return e->persistent + (CUdeviceptr)(s->dev + (off - s->lo));
 }
 
-bool exec_pieces(CudaExec *e, const void *p, int64_t bytes, ExecPieceFn fn, void *ctx) {
+bool exec_pieces(CudaExec *e, const char *name, const void *p, int64_t bytes, ExecPieceFn fn, void *ctx) {
     const char *c = p, *hp = e->host.persistent;
     if (!bytes) return true;
     if (!e->shard || !hp || c < hp || c >= hp + e->host.persistent_bytes) {
         CUdeviceptr d;
-        Tensor probe = {.data = (void *)(uintptr_t)p, .name = "a tensor"};
+        Tensor probe = {.data = (void *)(uintptr_t)p, .name = name};
         return exec_map_tensor(e, &probe, &d) && fn(e, (char *)(uintptr_t)p, d, bytes, ctx);
     }
     int64_t lo = c - hp, hi = lo + bytes;

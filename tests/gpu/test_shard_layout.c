@@ -85,7 +85,7 @@ static void check_graph(const char *name) {
                 int64_t lo = t->codec ? codec_param_count(t->codec, s.off) * 4 : s.off * t->eb;
                 int64_t hi = t->codec ? codec_param_count(t->codec, s.off + s.len) * 4 : (s.off + s.len) * t->eb;
                 Pieces p = {0, 0};
-                assert_true(exec_pieces(e, (char *)mem.persistent + t->at, t->bytes, count_piece, &p));
+                assert_true(exec_pieces(e, "a state", (char *)mem.persistent + t->at, t->bytes, count_piece, &p));
                 wrong += p.bytes != hi - lo || p.outside;
                 if (hi > lo) {
                     CUdeviceptr d0 = exec_shard_map(e, t->at + lo), d1 = exec_shard_map(e, t->at + hi - 1);
@@ -94,7 +94,7 @@ static void check_graph(const char *name) {
                 }
             }
             Pieces all = {0, 0};
-            assert_true(exec_pieces(e, mem.persistent, mem.persistent_bytes, count_piece, &all));
+            assert_true(exec_pieces(e, "the arena", mem.persistent, mem.persistent_bytes, count_piece, &all));
             int64_t cut = mem.persistent_bytes - all.bytes, pad = dev - all.bytes;
             printf("  %s, rank %d of %d: %d sharded tensors in %d kept runs; %lld of %lld bytes on the device "
                    "(%lld cut, the plan's rank 0 saves %lld; %lld of alignment)\n",
