@@ -589,6 +589,9 @@ int main(void) {
         return 0;
     }
     if (!mkdtemp(dir)) return 1;
+    /* FP8C_TEST_FILTER=test_sharded_states: one test (multi_gpu_check.sh section 7) */
+    const char *filter = getenv("FP8C_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_ranks), cmocka_unit_test(test_fp8_reduction),
                                        cmocka_unit_test(test_sharded_states)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
