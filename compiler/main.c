@@ -45,7 +45,7 @@ static Arena *session_arena(void)
 /* What each flag sets: parse_flag's switch acts on it. */
 enum {
     F_LEVEL, F_BATCH, F_SEQ, F_DEFINE, F_CONFIG, F_POLICY, F_PRECISION, F_RECIPE, F_OPTIMIZER, F_NESTEROV, F_GRAD_RELEASE,
-    F_VERIFY, F_GPUS, F_PRINT_IR_AFTER, F_PRINT_IR_AFTER_ALL, F_STOP_AFTER, F_CPU, F_PRINT_KERNELS,
+    F_VERIFY, F_GPUS, F_SHARD_STATES, F_PRINT_IR_AFTER, F_PRINT_IR_AFTER_ALL, F_STOP_AFTER, F_CPU, F_PRINT_KERNELS,
     F_TUNE, F_TUNE_MISMATCH, F_CHOICE, F_OUTPUT, F_JSON, F_VS, F_KERNELS, F_DEVICE, F_BUDGET,
     F_MEMORY_BUDGET, F_TUNE_STEPS, F_LIST_CANDIDATES, F_PASSES, F_HELP,
 };
@@ -70,6 +70,8 @@ static const RtFlag fp8c_flags[] = {
     FLAG("grad-release", 0, RT_ARG_NONE, NULL, F_GRAD_RELEASE, "weight gradients feed the update at once"),
     FLAG("verify", 0, RT_ARG_NONE, NULL, F_VERIFY, "verify the graph after every pass"),
     FLAG("gpus", 0, RT_ARG_VALUE, "N", F_GPUS, "data parallel: gradients averaged over N GPUs; plan: per GPU"),
+    FLAG("shard-states", 0, RT_ARG_NONE, NULL, F_SHARD_STATES,
+         "with --gpus N: each GPU keeps 1/N of master, states, gradients (plan only)"),
     FLAG("print-ir-after", 0, RT_ARG_VALUE, "PASS|all", F_PRINT_IR_AFTER, "the textual IR after a pass"),
     FLAG("print-ir-after-all", 0, RT_ARG_NONE, NULL, F_PRINT_IR_AFTER_ALL,
          "the textual IR after every pass"),
@@ -351,6 +353,9 @@ static void parse_flag(Args *a, const RtFlag *f, const char *v, const char *word
         a->build.passes.gpus = (int)n;
         break;
     }
+    case F_SHARD_STATES:
+        a->build.passes.shard_states = true;
+        break;
     case F_VERIFY:
         a->build.passes.verify = true;
         break;
@@ -839,6 +844,11 @@ static int dispatch(int argc, char **argv, Args *ap)
     if (!strcmp(cmd, "recipes")) return cmd_recipes();
     Args *a = ap;
     parse_args(argc - 2, argv + 2, a);
+    /* fp8c tune times one GPU, where a shard is the whole tensor: what it measures is the
+     * unsharded step's, so a record is made without the flag and used with it */
+    if (a->build.passes.shard_states && !strcmp(cmd, "tune"))
+        bad_flag("--shard-states: fp8c tune times one GPU, where nothing is sharded; tune without it "
+                 "and give the record to 'fp8c build --gpus N --shard-states --tune FILE'%s", "");
     if (!strcmp(cmd, "tune")) return cmd_tune(a);
     if (a->memory_budget > 0 || a->budget > 0 || a->tune_steps || a->list_candidates)
         bad_flag("--budget, --memory-budget, --tune-steps and --list-candidates go with fp8c tune%s", "");

@@ -339,6 +339,56 @@ static void optimizer_line(const Graph *g, FILE *out)
             o->kind == OPTIM_ADAMW ? 2 : 1, o->kind == OPTIM_ADAMW ? "s" : "");
 }
 
+/* --shard-states (runtime/comm_shard.c): the collectives of a sharded step, per GPU. */
+static int shard_collectives(const RtShardPlan *sp, const PlanComm *c, PlanCollective *out)
+{
+    int k = 0;
+    out[k++] = (PlanCollective){"reduce_scatter sum", c->formats, sp->sent_reduce_scatter};
+    out[k++] = (PlanCollective){"all_gather (weights)", "bf16", sp->sent_gather_weights};
+    if (sp->copy_bytes) out[k++] = (PlanCollective){"all_gather (FP8 copies)", "e4m3", sp->sent_gather_copies};
+    out[k++] = (PlanCollective){"all_reduce (norm, amax)", "f32", sp->sent_scalars};
+    return k;
+}
+
+/* The per-GPU figures of a sharded build, after the whole step's. */
+static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, const RtShardPlan *sp,
+                       FILE *out)
+{
+    char b1[32];
+    int n = sp->ranks;
+    int64_t persistent = m->persistent - sp->saved;
+    fprintf(out, "\ndata parallel over %d GPUs with sharded state (--shard-states, ZeRO stage 1): the\n"
+                 "figures above are one GPU's whole step; each GPU keeps the weights and gradients whole\n"
+                 "and 1/%d of the master weights and optimizer states, per tensor, on multiples of the\n"
+                 "codecs' groups (up to %lld elements)", n, n, (long long)sp->group);
+    if (sp->whole_updates) fprintf(out, "; %d tensors too small to split stay whole on GPU 0", sp->whole_updates);
+    fprintf(out, ":\n  %-24s %12s %10s\n", "category (per GPU)", "bytes", "per param");
+    for (size_t k = 0; k < sizeof categories / sizeof categories[0]; k++) {
+        Role r = categories[k].role;
+        if (!ir_role_is_persistent(r) || !m->by_role[r]) continue;
+        const char *name = r == ROLE_ADAM_M && g->optim.kind != OPTIM_ADAMW ? "momentum" : categories[k].name;
+        fprintf(out, "  %-24s %12s %10.2f%s\n", name, human(sp->per_gpu[r], b1),
+                m->n_params ? (double)sp->per_gpu[r] / (double)m->n_params : 0,
+                sp->per_gpu[r] != m->by_role[r] ? "  (1/N)" : "");
+    }
+    fprintf(out, "persistent training state per GPU  %s = %.2f bytes per parameter (one GPU: %.2f)\n",
+            human(persistent, b1), m->n_params ? (double)persistent / (double)m->n_params : 0,
+            m->n_params ? (double)m->persistent / (double)m->n_params : 0);
+    fprintf(out, "peak memory per GPU                %s (each shard's sum lands in its accumulator)\n",
+            human(persistent + m->transient, b1));
+    fprintf(out, "Each step reduce-scatters %d gradients, %s (%s), gathers the new weights%s,\n"
+                 "and all-reduces one f32 a tensor for the gradient norm%s:\n",
+            c->count, human(c->bytes, b1), c->formats, sp->copy_bytes ? " and their e4m3 copies" : "",
+            sp->amax_values ? " and the weights' amaxes" : "");
+    PlanCollective coll[4];
+    int n_coll = shard_collectives(sp, c, coll);
+    fprintf(out, "  %-26s %-8s %s\n", "collective", "format", "sent per GPU per step");
+    for (int i = 0; i < n_coll; i++)
+        fprintf(out, "  %-26s %-8s %s\n", coll[i].name, coll[i].format, human(coll[i].bytes, b1));
+    fprintf(out, "(the reduce-scatter is one ncclReduce per shard, to its owner; the gathers are\n"
+                 "broadcasts from each shard's owner: cuda/exec_shard.c)\n");
+}
+
 void plan_print(const Graph *g, bool json, FILE *out)
 {
     MemSummary m;
@@ -407,7 +457,22 @@ void plan_print(const Graph *g, bool json, FILE *out)
         for (int i = 0; i < n_coll; i++)
             fprintf(out, "%s{\"collective\": \"%s\", \"format\": \"%s\", \"bytes_per_gpu\": %lld}",
                     i ? ", " : "", coll[i].name, coll[i].format, (long long)coll[i].bytes);
-        fprintf(out, "], \"allreduce_buckets\": [");
+        RtShardPlan sp;
+        rt_shard_plan(g, m.by_role, c.ranks ? c.ranks : 1, &sp);
+        int64_t gpu_persistent = m.persistent - sp.saved;
+        fprintf(out, "],\n \"shard_states\": %s, \"per_gpu\": {", sp.on ? "true" : "false");
+        for (size_t k = 0; k < sizeof categories / sizeof categories[0]; k++)
+            fprintf(out, "%s\"%s\": %lld", k ? ", " : "", categories[k].name, (long long)sp.per_gpu[categories[k].role]);
+        fprintf(out, "},\n \"per_gpu_persistent_bytes\": %lld, \"per_gpu_bytes_per_param\": %.3f,"
+                     " \"per_gpu_peak_bytes\": %lld, \"shard_collectives\": [",
+                (long long)gpu_persistent, m.n_params ? (double)gpu_persistent / (double)m.n_params : 0,
+                (long long)(gpu_persistent + m.transient));
+        PlanCollective sc[4];
+        int n_sc = sp.on ? shard_collectives(&sp, &c, sc) : 0;
+        for (int i = 0; i < n_sc; i++)
+            fprintf(out, "%s{\"collective\": \"%s\", \"format\": \"%s\", \"bytes_per_gpu\": %lld}",
+                    i ? ", " : "", sc[i].name, sc[i].format, (long long)sc[i].bytes);
+        fprintf(out, "],\n \"allreduce_buckets\": [");
         for (int i = 0; i < c.buckets.n_buckets; i++)
             fprintf(out, "%s{\"tensors\": %d, \"bytes\": %lld}", i ? ", " : "", c.buckets.buckets[i].count,
                     (long long)c.buckets.buckets[i].bytes);
@@ -489,7 +554,14 @@ void plan_print(const Graph *g, bool json, FILE *out)
     fprintf(out, "step arena (peak live)     %s\n", human(m.transient, b1));
     fprintf(out, "peak memory of the step    %s\n", human(peak, b2));
     PlanComm c = plan_comm(g);
-    if (c.count) {
+    RtShardPlan sp;
+    rt_shard_plan(g, m.by_role, c.ranks ? c.ranks : 1, &sp);
+    if (c.count && sp.on) {
+        shard_text(g, &m, &c, &sp, out);
+        const RtCommPlan *cp = &c.buckets;
+        fprintf(out, "%d buckets of about %s, each reduce-scattered as soon as the backward has "
+                     "finished it:\n", cp->n_buckets, human(cp->cap, b1));
+    } else if (c.count) {
         char b3[32];
         fprintf(out, "\ndata parallel over %d GPUs (fp8c build --gpus %d): the figures above are per GPU\n"
                      "(each keeps whole weights and optimizer state). Each step sums %d gradients,\n",
@@ -522,6 +594,9 @@ void plan_print(const Graph *g, bool json, FILE *out)
         else
             fprintf(out, "%d buckets of about %s, all sent at the start of the update, after the\n"
                          "backward (comm.overlap=0):\n", cp->n_buckets, human(cp->cap, b1));
+    }
+    if (c.count) {
+        const RtCommPlan *cp = &c.buckets;
         fprintf(out, "  %-6s %9s %11s  %s\n", "bucket", "gradients", "bytes",
                 "first .. last (in the order sent)");
         for (int i = 0; i < cp->n_buckets; i++) {

@@ -38,8 +38,12 @@ static bool dev_open(Graph *g, RtMemory *host) {
         ElemType wire = rt_comm_wire(g);
         char in[64] = "";
         if (wire != FMT_VOID) snprintf(in, sizeof in, " in %s (one scale a bucket)", fmt_elem_name(wire));
-        snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; data parallel over %d GPUs (NCCL), "
-                 "%d gradients summed each step%s %s", cuda_nccl_world(), cuda_exec_reductions(dev_exec), in, how);
+        n += snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; data parallel over %d GPUs (NCCL), "
+                      "%d gradients summed each step%s %s", cuda_nccl_world(), cuda_exec_reductions(dev_exec), in, how);
+        if (cuda_exec_sharded(dev_exec) && n > 0 && (size_t)n < sizeof dev_desc)
+            snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; masters and optimizer states sharded "
+                     "(--shard-states): persistent arena %lld bytes on this GPU, %lld whole",
+                     (long long)cuda_exec_persistent_bytes(dev_exec), (long long)host->persistent_bytes);
     }
     return true;
 }
@@ -70,6 +74,7 @@ static bool dev_all_finite(Tensor *const *ts, int n, bool *finite) {
     return cuda_exec_all_finite(dev_exec, ts, n, finite);
 }
 static bool dev_zero(Tensor *const *ts, int n) { return cuda_exec_zero(dev_exec, ts, n); }
+static bool dev_gather(Tensor *const *ts, int n) { return cuda_exec_gather(dev_exec, ts, n); }
 static const char *dev_describe(void) { return dev_desc; }
 
 static bool dev_comm_probe(int gpus, char *why, size_t why_len) {
@@ -107,7 +112,7 @@ static const RtDevice cuda_device = {
     .run_phase = dev_run_phase, .run_micro_step = dev_run_micro_step, .push = dev_push,
     .pull = dev_pull, .all_finite = dev_all_finite, .zero = dev_zero, .describe = dev_describe,
     .comm_probe = dev_comm_probe, .comm_open = dev_comm_open, .comm_sum = dev_comm_sum,
-    .run_last_micro_step = dev_run_last_micro_step,
+    .run_last_micro_step = dev_run_last_micro_step, .gather = dev_gather,
 };
 
 const RtDevice *cuda_rt_device(const void *cubin, size_t cubin_size) {

@@ -23,7 +23,8 @@
  *
  * This file sets the executor up and runs the lists; the matmuls and their algorithms are in
  * exec_gemm.c, batched launches in exec_batch.c, the gradient sums of a data-parallel run in
- * exec_comm.c, and kernel-IR programs (tests) in exec_cg.c;
+ * exec_comm.c, its sharded optimizer state (--shard-states) in exec_shard.c, and kernel-IR
+ * programs (tests) in exec_cg.c;
  * exec_internal.h holds what they share. */
 #include <errno.h>
 #include <math.h>
@@ -61,7 +62,8 @@ static bool exec_map(const CudaExec *e, const void *p, CUdeviceptr *out) {
         return true;
     }
     if (hp && c >= hp && c <= hp + e->host.persistent_bytes) {
-        *out = e->persistent + (CUdeviceptr)(c - hp);
+        /* --shard-states: the device holds this rank's shards only (exec_shard.c) */
+        *out = e->shard ? exec_shard_map(e, c - hp) : e->persistent + (CUdeviceptr)(c - hp);
         return true;
     }
     if (hs && c >= hs && c <= hs + e->host.step_bytes) {
@@ -432,17 +434,20 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     for (int i = 0; i < g->n_nodes; i++) n_grads += g->nodes[i]->t.role == ROLE_GRAD;
     e->aux_bytes += batch_aux + batch_aux_bytes(1, n_grads);
 
-    /* memory: check, then one allocation per arena */
+    /* memory: check, then one allocation per arena (with --shard-states on several ranks the
+     * persistent one holds this rank's shards of the states and masters: exec_shard.c) */
+    e->persistent_alloc = exec_shard_layout(e, cuda_nccl_active() ? cuda_nccl_world() : 1, cuda_nccl_rank());
+    if (e->persistent_alloc < 0) goto fail;
     int64_t step_bytes = align_up(host->step_bytes);
     int64_t ws_bytes = CUBLAS_WORKSPACE + align_up(e->scratch_bytes) + e->aux_bytes;
     e->step_alloc = step_bytes + ws_bytes;
-    int64_t need = align_up(host->persistent_bytes) + e->step_alloc;
+    int64_t need = align_up(e->persistent_alloc) + e->step_alloc;
     size_t free_b = 0, total_b = 0;
     if (!CU_CHECK(CU(cuMemGetInfo_v2)(&free_b, &total_b))) goto fail;
     if (need > (int64_t)free_b) {
         char a[32], b[32], c[32], d[32], f[32], t[32];
         fmt_gib(a, sizeof a, need);
-        fmt_gib(b, sizeof b, host->persistent_bytes);
+        fmt_gib(b, sizeof b, e->persistent_alloc);
         fmt_gib(c, sizeof c, host->step_bytes);
         fmt_gib(d, sizeof d, ws_bytes);
         fmt_gib(f, sizeof f, (int64_t)free_b);
@@ -451,7 +456,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
                  "workspace %s), but %s has %s free of %s", a, b, c, d, e->name, f, t);
         goto fail;
     }
-    if (!CU_CHECK(CU(cuMemAlloc_v2)(&e->persistent, (size_t)(host->persistent_bytes ? host->persistent_bytes : ALIGN))) ||
+    if (!CU_CHECK(CU(cuMemAlloc_v2)(&e->persistent, (size_t)(e->persistent_alloc ? e->persistent_alloc : ALIGN))) ||
         !CU_CHECK(CU(cuMemAlloc_v2)(&e->step, (size_t)e->step_alloc)))
         goto fail;
     e->cublas_ws = e->step + (CUdeviceptr)step_bytes;
@@ -502,7 +507,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         if (n->phase != PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i])) goto fail;
         micro_end[i] = e->lists[LIST_MICRO].n;
         if (n->phase != PHASE_UPDATE) continue;
-        if (batches && e->batch_run[i]) {
+        if (batches && !e->shard && e->batch_run[i]) {   /* sharded: a launch per node (exec_shard.c) */
             if (!exec_add_run(e, &e->lists[LIST_UPDATE], i)) goto fail;
             i += e->batch_run[i] - 1;
         } else if (!exec_add_node(e, &e->lists[LIST_UPDATE], n, &e->plans[i])) {
@@ -510,7 +515,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         }
     }
     /* the gradients' sums (no launches of their own: a batched run may span them), in buckets */
-    if (!exec_comm_open(e, micro_end)) goto fail;
+    if (!exec_comm_open(e, micro_end) || !exec_shard_prepare(e)) goto fail;
     free(micro_end);
     micro_end = NULL;
     if (!exec_agree_gemms(e)) goto fail;
@@ -547,6 +552,7 @@ void cuda_exec_close(CudaExec *e) {
             free(L->l);
         }
         exec_comm_close(e);
+        exec_shard_close(e);
         if (e->have_lt) CU(cublasLtDestroy)(e->lt);
         if (e->module) CU(cuModuleUnload)(e->module);
         if (e->stream) CU(cuStreamDestroy_v2)(e->stream);
@@ -568,6 +574,12 @@ bool cuda_exec_run_phase(CudaExec *e, Phase p) {
      * with its backward), and the whole update within the deadline */
     bool reduce = e->n_reduce && !e->reduced;
     e->reduced = false;
+    if (e->shard) {   /* --shard-states: collectives inside the update (exec_shard.c) */
+        cuda_nccl_arm(reduce ? "the sharded update with its gradient reduction" : "the sharded update");
+        bool ok = (!reduce || exec_run_reduce(e)) && exec_shard_run_update(e) && exec_finish(e, "update");
+        cuda_nccl_disarm();
+        return ok;
+    }
     if (reduce) cuda_nccl_arm("the update with its gradient all-reduce");
     bool ok = (!reduce || exec_run_reduce(e)) && exec_run_list(e, &e->lists[LIST_UPDATE]) &&
               exec_finish(e, "update");
@@ -601,34 +613,38 @@ bool cuda_exec_run_node(CudaExec *e, const Node *n) {
 
 bool cuda_exec_sync(CudaExec *e) { return CU_CHECK(CU(cuStreamSynchronize)(e->stream)); }
 
+/* the copies, piece by piece: a tensor sharded over the ranks moves this rank's shard only
+ * (exec_pieces) */
+static bool piece_push(CudaExec *e, char *host, CUdeviceptr dev, int64_t bytes, void *ctx) {
+    (void)e, (void)ctx;
+    return CU_CHECK(CU(cuMemcpyHtoD_v2)(dev, host, (size_t)bytes));
+}
+static bool piece_pull(CudaExec *e, char *host, CUdeviceptr dev, int64_t bytes, void *ctx) {
+    (void)e, (void)ctx;
+    return CU_CHECK(CU(cuMemcpyDtoH_v2)(host, dev, (size_t)bytes));
+}
+static bool piece_zero(CudaExec *e, char *host, CUdeviceptr dev, int64_t bytes, void *ctx) {
+    (void)host, (void)ctx;
+    return CU_CHECK(CU(cuMemsetD8Async)(dev, 0, (size_t)bytes, e->stream));
+}
+
 bool cuda_exec_push(CudaExec *e, Tensor *const *ts, int n) {
     if (!cuda_exec_sync(e)) return false;
-    for (int i = 0; i < n; i++) {
-        CUdeviceptr p;
-        int64_t bytes = tensor_bytes(ts[i]);
-        if (!bytes) continue;
-        if (!exec_map_tensor(e, ts[i], &p) || !CU_CHECK(CU(cuMemcpyHtoD_v2)(p, ts[i]->data, (size_t)bytes)))
-            return false;
-    }
+    for (int i = 0; i < n; i++)
+        if (!exec_pieces(e, ts[i]->name, ts[i]->data, tensor_bytes(ts[i]), piece_push, NULL)) return false;
     return true;
 }
 
 bool cuda_exec_pull(CudaExec *e, Tensor *const *ts, int n) {
     if (!cuda_exec_sync(e)) return false;
-    for (int i = 0; i < n; i++) {
-        CUdeviceptr p;
-        int64_t bytes = tensor_bytes(ts[i]);
-        if (!bytes) continue;
-        if (!exec_map_tensor(e, ts[i], &p) || !CU_CHECK(CU(cuMemcpyDtoH_v2)(ts[i]->data, p, (size_t)bytes)))
-            return false;
-    }
+    for (int i = 0; i < n; i++)
+        if (!exec_pieces(e, ts[i]->name, ts[i]->data, tensor_bytes(ts[i]), piece_pull, NULL)) return false;
     return true;
 }
 
 bool cuda_exec_push_arenas(CudaExec *e) {
     if (!cuda_exec_sync(e)) return false;
-    if (e->host.persistent_bytes &&
-        !CU_CHECK(CU(cuMemcpyHtoD_v2)(e->persistent, e->host.persistent, (size_t)e->host.persistent_bytes)))
+    if (e->host.persistent_bytes && !exec_pieces(e, "the persistent arena", e->host.persistent, e->host.persistent_bytes, piece_push, NULL))
         return false;
     if (e->host.step_bytes && !CU_CHECK(CU(cuMemcpyHtoD_v2)(e->step, e->host.step, (size_t)e->host.step_bytes)))
         return false;
@@ -636,13 +652,8 @@ bool cuda_exec_push_arenas(CudaExec *e) {
 }
 
 bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n) {
-    for (int i = 0; i < n; i++) {
-        CUdeviceptr p;
-        int64_t bytes = tensor_bytes(ts[i]);
-        if (!bytes) continue;
-        if (!exec_map_tensor(e, ts[i], &p) || !CU_CHECK(CU(cuMemsetD8Async)(p, 0, (size_t)bytes, e->stream)))
-            return false;
-    }
+    for (int i = 0; i < n; i++)
+        if (!exec_pieces(e, ts[i]->name, ts[i]->data, tensor_bytes(ts[i]), piece_zero, NULL)) return false;
     return cuda_exec_sync(e);
 }
 
@@ -692,5 +703,5 @@ bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite) {
     return true;
 }
 
-int64_t cuda_exec_device_bytes(const CudaExec *e) { return e->host.persistent_bytes + e->step_alloc; }
+int64_t cuda_exec_device_bytes(const CudaExec *e) { return e->persistent_alloc + e->step_alloc; }
 const char *cuda_exec_device_name(const CudaExec *e) { return e->name; }

@@ -22,7 +22,9 @@
  *
  * The sums are the same bits either way and every run: the same buckets, each gradient its
  * own ncclAllReduce in the same order, on the same ranks. comm.overlap=0 (fp8c build
- * --choice) keeps the sums at the start of the update, one NCCL group, for comparison.
+ * --choice) keeps the sums at the start of the update, one NCCL group, for comparison. With
+ * --shard-states each gradient's sum goes to its shards' owners instead (exec_shard.c), in
+ * the same buckets at the same places.
  *
  * With comm:grad=e5m2 (or e4m3) a bucket is not summed by NCCL but reduced in FP8
  * (runtime/comm_fp8.c: amax, shared scale, quantize, all-to-all of shards, sum in rank order,
@@ -267,6 +269,7 @@ static bool exec_fp8_bucket(CudaExec *e, int b, CUstream stream) {
 
 /* reduce[first .. first+count) summed over the ranks on `stream`, as one NCCL group */
 static bool exec_sum_group(CudaExec *e, int first, int count, CUstream stream) {
+    if (e->shard) return exec_shard_reduce(e, first, count, stream);   /* to each shard's owner */
     if (!cuda_nccl_group(true)) return false;
     bool ok = true;
     for (int i = first; ok && i < first + count; i++)

@@ -4,6 +4,8 @@
  * exec_gemm.c sets up and runs the cuBLASLt matmuls, with their timed, stored or tuned
  * algorithms; exec_batch.c runs a run of small update nodes as one launch per kernel;
  * exec_comm.c sums the gradients over the ranks, in buckets during the last micro-step;
+ * exec_shard.c runs the sharded step (--shard-states): shard arenas, reductions to the
+ * shards' owners, the update over each rank's shards and the gathers after it;
  * exec_cg.c runs loop kernels of a kernel-IR program on the executor's arenas (tests). They
  * share the executor's state (struct CudaExec) and its launch lists. Internal to cuda/. */
 #ifndef FP8C_EXEC_INTERNAL_H
@@ -73,6 +75,28 @@ typedef struct {
     ElemType elem;
 } ExecReduce;
 
+/* --shard-states (exec_shard.c): a kept run [lo, hi) of the host persistent arena, at byte
+ * dev of the device's; an update and the shard this rank owns; a sharded tensor (a state, a
+ * master, or a codec's side values) at byte `at` of the host arena. */
+typedef struct {
+    int64_t lo, hi, dev;
+} ExecSegment;
+typedef struct {
+    const Node *node;
+    int64_t n, group;                     /* elements, shard group (rt_shard_group) */
+    RtShard mine;
+    int reduce;                           /* its gradient's sum in e->reduce */
+    CUdeviceptr grad, param, copy, amax;  /* whole tensors; copy and amax 0 without an FP8 copy */
+    int64_t grad_bytes, param_eb, copy_eb;
+} ExecShardUpdate;
+typedef struct {
+    int update;
+    int64_t at, bytes;                    /* the whole tensor in the host arena */
+    Codec codec;                          /* CODEC_PLAIN: codes of eb bytes; else its side values */
+    int64_t eb;
+} ExecShardTensor;
+typedef bool (*ExecPieceFn)(CudaExec *e, char *host, CUdeviceptr dev, int64_t bytes, void *ctx);
+
 struct CudaExec {
     Graph *g;
     RtMemory host;
@@ -116,6 +140,22 @@ struct CudaExec {
     CUdeviceptr comm_mem;
     int64_t comm_mem_bytes;
     CkArgs *comm_args;
+    /* --shard-states (exec_shard.c): this rank's shards, the device arena's segments, the
+     * update list's pieces (launches before norm_end, before upd_end, the rest) */
+    bool shard;
+    int shard_world, shard_rank;
+    ExecShardUpdate *shard_updates;
+    int n_shard_updates;
+    ExecShardTensor *shard_tensors;
+    int n_shard_tensors;
+    ExecSegment *shard_segs;
+    int n_shard_segs;
+    int64_t persistent_alloc;             /* the device's persistent arena */
+    int norm_end, upd_end;
+    CUdeviceptr *sqnorms;                 /* the SQNORM results, summed over the ranks */
+    int n_sqnorms;
+    ExecList shard_graph;                 /* the update with its collectives, captured */
+    bool shard_warm;
     const char *tune_report;              /* FP8C_TUNE_GEMMS: the tuning mode's report file */
     int micro_runs;
     bool stored_algos;                    /* the artifact's tune.device is this GPU: use its algorithms */
@@ -179,5 +219,21 @@ bool exec_add_batch(CudaExec *e, ExecList *L, const BatchItem *it, int n);
 
 int64_t exec_find_batches(CudaExec *e);
 bool exec_add_run(CudaExec *e, ExecList *L, int i);
+
+/* ---------------------------------------------------------------- exec_shard.c */
+
+/* The device's persistent arena for --shard-states as rank `rank` of `world` (e->shard set
+ * where world > 1; else the host's size); -1 after one rt_error line. Before the arenas are
+ * allocated (it reads only the graph and the host mirror). */
+int64_t exec_shard_layout(CudaExec *e, int world, int rank);
+CUdeviceptr exec_shard_map(const CudaExec *e, int64_t off);   /* byte off of the host persistent arena */
+/* fn over the pieces of host bytes [p, p+bytes) that the device holds, with their device
+ * addresses: the whole range, except where a shard of another rank's is cut out (name: the
+ * tensor's, for the error when p is in neither arena). */
+bool exec_pieces(CudaExec *e, const char *name, const void *p, int64_t bytes, ExecPieceFn fn, void *ctx);
+bool exec_shard_prepare(CudaExec *e);             /* the update list's launches over the shards */
+bool exec_shard_reduce(CudaExec *e, int first, int count, CUstream stream);
+bool exec_shard_run_update(CudaExec *e);
+void exec_shard_close(CudaExec *e);
 
 #endif

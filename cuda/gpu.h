@@ -217,6 +217,13 @@ bool cuda_exec_pull(CudaExec *e, Tensor *const *ts, int n);
 bool cuda_exec_push_arenas(CudaExec *e);       /* both whole arenas, host -> device */
 bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite);
 bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n);
+/* --shard-states on several ranks (exec_shard.c): whether this executor keeps only its
+ * shards of the states and masters; and the gather before a checkpoint, which every rank
+ * calls: rank 0's host mirror then holds every rank's shards (the whole tensors). ts and n
+ * name what is about to be saved; every sharded tensor is gathered. */
+bool cuda_exec_sharded(const CudaExec *e);
+int64_t cuda_exec_persistent_bytes(const CudaExec *e);   /* the device's persistent arena */
+bool cuda_exec_gather(CudaExec *e, Tensor *const *ts, int n);
 bool cuda_exec_sync(CudaExec *e);
 /* Runs only node n's launches (tests: one op against the reference). */
 bool cuda_exec_run_node(CudaExec *e, const Node *n);

@@ -125,6 +125,12 @@ int cuda_nccl_rank(void);                           /* this process's rank (0 wi
 bool cuda_nccl_all_reduce_max_f32(CUdeviceptr buf, int64_t count, CUstream stream);
 bool cuda_nccl_all_to_all_bytes(CUdeviceptr send, CUdeviceptr recv, int64_t shard, CUstream stream);
 bool cuda_nccl_all_gather_bytes(CUdeviceptr buf, int64_t shard, CUstream stream);
+/* The sharded step's collectives (--shard-states, exec_shard.c; nccl.c says what each moves). */
+bool cuda_nccl_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, int root, CUstream stream);
+bool cuda_nccl_broadcast_bytes(CUdeviceptr buf, int64_t bytes, int root, CUstream stream);
+bool cuda_nccl_all_reduce_sum_f32(CUdeviceptr buf, int64_t count, CUstream stream);
+bool cuda_nccl_send_bytes(CUdeviceptr buf, int64_t bytes, int peer, CUstream stream);
+bool cuda_nccl_recv_bytes(CUdeviceptr buf, int64_t bytes, int peer, CUstream stream);
 bool cuda_nccl_sum_host(double *v, int n);          /* v[i] = sum over the ranks, n <= 16 */
 /* buf (host) = rank 0's buf, within the timeout (what: for the watchdog's line) */
 bool cuda_nccl_broadcast_host(void *buf, size_t bytes, const char *what);

@@ -53,6 +53,8 @@
     X(ncclGroupEnd, ncclResult_t, (void))                                                    \
     X(ncclAllReduce, ncclResult_t, (const void *, void *, size_t, ncclDataType_t,             \
                                     ncclRedOp_t, ncclComm_t, cudaStream_t))                  \
+    X(ncclReduce, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,   \
+                                 int, ncclComm_t, cudaStream_t))                             \
     X(ncclBroadcast, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, int,        \
                                     ncclComm_t, cudaStream_t))                               \
     X(ncclAllGather, ncclResult_t, (const void *, void *, size_t, ncclDataType_t, ncclComm_t, \
@@ -307,18 +309,53 @@ bool cuda_nccl_group(bool start) {
  * every rank's micro-steps, and the update's grad_scale (1 / (micro-steps x ranks)) makes the
  * mean exactly as one process does. ncclAvg would round each rank's share (x 1/W) to the
  * gradient's type before adding, which for W not a power of two one process never does. */
-bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream) {
-    ncclDataType_t type;
+static bool sum_type(ElemType elem, ncclDataType_t *type) {
     switch (elem) {
-    case FMT_F32: type = ncclFloat32; break;
-    case FMT_BF16: type = ncclBfloat16; break;
+    case FMT_F32: *type = ncclFloat32; return true;
+    case FMT_BF16: *type = ncclBfloat16; return true;
     default:
         rt_error("rank %d: NCCL: cannot sum %s values", nc_rank, fmt_elem_name(elem));
         return false;
     }
+}
+
+bool cuda_nccl_all_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, CUstream stream) {
+    ncclDataType_t type;
+    if (!sum_type(elem, &type)) return false;
     void *p = (void *)(uintptr_t)buf;
     return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, type, ncclSum, nc_comm,
                                      (cudaStream_t)stream));
+}
+
+/* --shard-states (exec_shard.c): the sum over the ranks of count values at buf, in place on
+ * rank `root` (the shard's owner); on the other ranks buf is only read. */
+bool cuda_nccl_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, int root, CUstream stream) {
+    ncclDataType_t type;
+    if (!sum_type(elem, &type)) return false;
+    void *p = (void *)(uintptr_t)buf;
+    return NC_CHECK(nc.ncclReduce(p, p, (size_t)count, type, ncclSum, root, nc_comm, (cudaStream_t)stream));
+}
+
+/* rank root's bytes at buf to every rank's buf, in place */
+bool cuda_nccl_broadcast_bytes(CUdeviceptr buf, int64_t bytes, int root, CUstream stream) {
+    void *p = (void *)(uintptr_t)buf;
+    return NC_CHECK(nc.ncclBroadcast(p, p, (size_t)bytes, ncclUint8, root, nc_comm, (cudaStream_t)stream));
+}
+
+/* count f32 values summed over the ranks, in place */
+bool cuda_nccl_all_reduce_sum_f32(CUdeviceptr buf, int64_t count, CUstream stream) {
+    void *p = (void *)(uintptr_t)buf;
+    return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, ncclFloat32, ncclSum, nc_comm, (cudaStream_t)stream));
+}
+
+/* point to point, bytes (the save's gather of the states' shards to rank 0) */
+bool cuda_nccl_send_bytes(CUdeviceptr buf, int64_t bytes, int peer, CUstream stream) {
+    return NC_CHECK(nc.ncclSend((const void *)(uintptr_t)buf, (size_t)bytes, ncclUint8, peer, nc_comm,
+                                (cudaStream_t)stream));
+}
+bool cuda_nccl_recv_bytes(CUdeviceptr buf, int64_t bytes, int peer, CUstream stream) {
+    return NC_CHECK(nc.ncclRecv((void *)(uintptr_t)buf, (size_t)bytes, ncclUint8, peer, nc_comm,
+                                (cudaStream_t)stream));
 }
 
 /* The FP8 reduction's collectives (exec_comm.c): the largest of count floats over the ranks,

@@ -35,7 +35,16 @@
  * cuda/exec_comm.c runs it), recorded here as the node's wire attribute so that the plan, the
  * kernel listing and the executor see it. The accumulators keep their format: only the bytes
  * between the GPUs change. A comm: rule in a build without --gpus N > 1 is refused: there is
- * nothing for it to do, and a rule either does what it says or is an error. */
+ * nothing for it to do, and a rule either does what it says or is an error.
+ *
+ * --shard-states (ZeRO stage 2, runtime/comm_shard.c) marks every node shard=1: each rank
+ * then receives only its shard of the sum (a reduce-scatter), the update reads and writes only
+ * that shard of the gradient, the master and the states, and the new weights are gathered.
+ * The graph itself stays whole-tensor: on one rank a shard is the whole tensor, so the CPU,
+ * the reference and a one-GPU run compute exactly what a build without the flag computes, and
+ * only the executor of several ranks and the plan read the mark. With the FP8 reduction it is
+ * refused: that all-reduce gathers every rank's sums by design, and a sharded variant (the
+ * scattered half alone) is not built. */
 #include "passes.h"
 
 /* the format a gradient may be reduced in: NCCL's bf16 or f32, unscaled */
@@ -51,6 +60,16 @@ bool pass_comm(Graph *g, const PassOptions *opt)
     const char *rule = NULL;
     SrcLoc rule_at = {0};
     if (!precision_comm_rule(g->arena, opt, &wire, &rule, &rule_at)) return false;
+    if (opt->shard_states && opt->gpus <= 1) {
+        diag_error((SrcLoc){0}, "--shard-states splits the optimizer state over the GPUs of a "
+                   "data-parallel build: add --gpus N (N >= 2)");
+        return false;
+    }
+    if (opt->shard_states && wire != FMT_VOID) {
+        diag_error(rule_at, "'%s' sends every gradient whole to every GPU, and --shard-states "
+                   "needs each GPU's shard only: build with one of them", rule);
+        return false;
+    }
     if (opt->gpus <= 1) {
         if (wire == FMT_VOID) return true;
         diag_error(rule_at, "'%s' chooses how gradients are sent between GPUs, and this build "
@@ -94,6 +113,7 @@ bool pass_comm(Graph *g, const PassOptions *opt)
         Node *r = ir_add1(g, OP_ALL_REDUCE, a, a->loc);
         IR_IATTR(r, ALL_REDUCE, ranks) = opt->gpus;
         IR_IATTR(r, ALL_REDUCE, wire) = wire;
+        IR_IATTR(r, ALL_REDUCE, shard) = opt->shard_states;
         r->phase = PHASE_UPDATE;
         r->t.role = ROLE_GRAD;        /* it is the accumulator itself (same storage) */
         r->grad_of = a->grad_of;

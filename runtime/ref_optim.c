@@ -10,6 +10,10 @@
  * accumulator is rounded exactly where the GPU's fused update would round it; values inside
  * one update (the new m and v feeding the step) stay unrounded, as in registers.
  *
+ * ref_update_shard runs one rank's shard of an update (--shard-states, runtime/comm_shard.c):
+ * the ranks' shards together compute the whole update's bytes, given the same clip and the
+ * maximum of their weight amaxes; tests/test_shard.c holds them to it bit for bit.
+ *
  * SQNORM sums squares in f64 over fixed chunks and then adds the chunk sums in order, so the
  * result is the same for any thread count (though not bit-equal to one long serial sum). */
 #include "ref_internal.h"
@@ -132,8 +136,10 @@ static void update_task(void *ctx, int64_t c)
 }
 
 /* The FP8 copy of the weights just stored, as the forward would quantize them (through the
- * copy's format and scale), and their amax for the next update's scale. */
-static void store_copy(const Node *n, const Tensor *param, Tensor *copy, Tensor *amax_state)
+ * copy's format and scale), and their amax for the next update's scale: into amax_state, or
+ * (a shard's, which the ranks' maximum makes the tensor's) into *amax_out. */
+static void store_copy(const Node *n, const Tensor *param, Tensor *copy, Tensor *amax_state,
+                       float *amax_out)
 {
     if (ir_numel(amax_state) != 1) ref_die_node(n, "the copy's amax must be a scalar");
     float *w = ref_load(param);
@@ -141,8 +147,42 @@ static void store_copy(const Node *n, const Tensor *param, Tensor *copy, Tensor 
     int64_t count = ir_numel(param);
     for (int64_t i = 0; i < count; i++) amax = fmaxf(amax, fabsf(w[i]));
     ref_store(copy, w);
-    ref_store(amax_state, &amax);
+    if (amax_out) *amax_out = amax;
+    else ref_store(amax_state, &amax);
     free(w);
+}
+
+/* ---------------------------------------------------------------- shards (--shard-states)
+ * A shard of an update is elements [off, off+len) of each tensor it touches: a view with the
+ * shard's length, its storage offset into the tensor's, and for a group codec its groups'
+ * side values, which a shard starting on a group boundary owns whole (runtime/comm_shard.c).
+ * The step is elementwise, so a shard's update is the whole update's restricted to it. */
+typedef struct {
+    Tensor t;
+    Node params;
+} ShardView;
+
+static Tensor *shard_view(const Node *n, Tensor *t, int64_t off, int64_t len, ShardView *v)
+{
+    if (!t || (off == 0 && len == ir_numel(t))) return t;
+    int64_t unit = rt_shard_unit(t);
+    if (off % unit || (len % unit && off + len != ir_numel(t)))
+        ref_die_node(n, "a shard [%lld, %lld) of '%s' does not fall on its groups of %lld",
+                     (long long)off, (long long)(off + len), t->name ? t->name : "unnamed", (long long)unit);
+    v->t = *t;
+    v->t.rank = 1;
+    v->t.dims[0] = len;
+    v->t.bytes = len * fmt_elem_bytes(t->fmt.elem);
+    v->t.data = t->data ? (char *)t->data + off * fmt_elem_bytes(t->fmt.elem) : NULL;
+    if (t->fmt.codec != CODEC_PLAIN && t->fmt.codec != CODEC_SPLIT) {
+        const Tensor *p = &t->fmt.scale->t;
+        v->params = *t->fmt.scale;
+        v->params.t.rank = 1;
+        v->params.t.dims[0] = codec_param_count(t->fmt.codec, len);
+        v->params.t.data = (float *)p->data + codec_param_count(t->fmt.codec, off);
+        v->t.fmt.scale = &v->params;
+    }
+    return &v->t;
 }
 
 void ref_adamw_first_copy(Node *n)
@@ -159,7 +199,7 @@ void ref_adamw_first_copy(Node *n)
     free(w);
     ref_store(amax, &m);
     ref_delayed_scale(scale);
-    store_copy(n, &n->in[A_PARAM]->t, &n->in[at]->t, amax);
+    store_copy(n, &n->in[A_PARAM]->t, &n->in[at]->t, amax, NULL);
 }
 
 static double scalar_in(Node *n, int k)
@@ -175,7 +215,7 @@ static double scalar_in(Node *n, int k)
 /* ADAMW, LION, SGD (ops.def): every tensor decoded through its format, the step in f64, every
  * tensor encoded again (the new states through their codecs, the weight through a split master
  * or its format, then its FP8 copy). */
-void ref_update(Node *n)
+static void update_range(Node *n, int64_t off, int64_t len, float *copy_amax)
 {
     int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0, at_lr = ir_update_lr_index(n);
     bool adam = n->op == OP_ADAMW;
@@ -188,14 +228,25 @@ void ref_update(Node *n)
     Tensor *master = at_master >= 0 ? &n->in[at_master]->t : NULL;
     Tensor *copy = at_copy >= 0 ? &n->in[at_copy]->t : NULL;
     UpdateJob j = {.op = n->op, .n = ir_numel(param)};
-    UpdateHparams hp = ir_update_hparams(n);
-    j.b1 = hp.b1, j.b2 = hp.b2, j.eps = hp.eps, j.wd = hp.wd, j.nesterov = hp.nesterov;
     const Tensor *same[] = {grad, mt, vt, master, copy};
     for (int k = 0; k < 5; k++)
         if (same[k] && ir_numel(same[k]) != j.n)
             ref_die_node(n, "'%s' has %lld elements, the parameter %lld",
                          same[k]->name ? same[k]->name : "unnamed", (long long)ir_numel(same[k]),
                          (long long)j.n);
+    if (off < 0 || len < 0 || off + len > j.n)
+        ref_die_node(n, "a shard [%lld, %lld) of %lld elements", (long long)off, (long long)(off + len),
+                     (long long)j.n);
+    ShardView views[6];
+    param = shard_view(n, param, off, len, &views[0]);
+    grad = shard_view(n, grad, off, len, &views[1]);
+    mt = shard_view(n, mt, off, len, &views[2]);
+    vt = shard_view(n, vt, off, len, &views[3]);
+    master = shard_view(n, master, off, len, &views[4]);
+    copy = shard_view(n, copy, off, len, &views[5]);
+    j.n = len;
+    UpdateHparams hp = ir_update_hparams(n);
+    j.b1 = hp.b1, j.b2 = hp.b2, j.eps = hp.eps, j.wd = hp.wd, j.nesterov = hp.nesterov;
     double step = scalar_in(n, at_lr + 1);
     if (!(step >= 1)) ref_die_node(n, "step %g: steps count from 1", step);
     j.lr = scalar_in(n, at_lr);
@@ -228,9 +279,17 @@ void ref_update(Node *n)
         if (master) ref_store(master, j.w);
         ref_store(param, j.w);     /* through param's format: round(master) when there is one */
     }
-    if (copy) store_copy(n, param, copy, &n->in[at_copy + 2]->t);
+    if (copy) store_copy(n, param, copy, &n->in[at_copy + 2]->t, copy_amax);
     free(j.w);
     free(j.g);
     free(j.m);
     free(j.v);
+}
+
+void ref_update(Node *n) { update_range(n, 0, ir_numel(&n->in[A_PARAM]->t), NULL); }
+
+void ref_update_shard(Node *n, int64_t off, int64_t len, float *copy_amax)
+{
+    float unused;
+    update_range(n, off, len, copy_amax ? copy_amax : &unused);
 }

@@ -18,6 +18,11 @@ void ref_run_phase(Graph *g, Phase phase);             /* every node of `phase`,
  * interleave them (a chunk's loss backward right after its forward) and the memory plan counts
  * on this order; evaluation runs the FORWARD nodes alone, which is safe in any plan. */
 void ref_run_micro_step(Graph *g);
+/* One rank's shard of an update (ADAMW, LION, SGD; --shard-states): elements [off, off+len)
+ * of param, grad, states, master and FP8 copy, the shard on the tensors' groups
+ * (rt_shard_of). The copy's amax (of this shard) goes to *copy_amax, not to the amax state:
+ * the ranks' maximum is the tensor's, which the caller stores. */
+void ref_update_shard(Node *n, int64_t off, int64_t len, float *copy_amax);
 /* ref_tensor.c */
 float *ref_load(const Tensor *t);                      /* decoded f32 copy; free() it */
 void ref_store(Tensor *t, const float *x);             /* encode through t's format */
@@ -491,6 +496,40 @@ int64_t rt_comm_fp8_buffer_bytes(const RtCommPlan *p, int ranks);
 /* The format g's gradient reduction travels in (its ALL_REDUCE nodes' wire), FMT_VOID for
  * NCCL's sums or no reduction at all. */
 ElemType rt_comm_wire(const Graph *g);
+/* ---------------------------------------------------------------- comm_shard.c
+ * Sharded optimizer state (fp8c build --gpus N --shard-states; the ALL_REDUCE nodes' shard=1):
+ * each rank keeps 1/N of the master weights, the optimizer states and the reduced gradient,
+ * per tensor: shard r of n elements is [r S, (r+1) S) clipped to n, S = ceil(n / N) rounded
+ * up to the update's group (the lcm of its tensors' units). */
+typedef struct {
+    int64_t off, len;           /* elements [off, off+len) of the tensor; len may be 0 */
+} RtShard;
+/* The multiple a shard boundary of t must fall on: its codec's group (O2's expand 128, O3's
+ * companded 32), 1 for plain, per-tensor scaled and split tensors; numel (never split) for a
+ * tensor with scales per row or block. */
+int64_t rt_shard_unit(const Tensor *t);
+int64_t rt_shard_group(const Node *update);     /* ADAMW, LION, SGD: lcm over its tensors */
+RtShard rt_shard_of(int64_t n, int64_t group, int ranks, int rank);
+/* Bytes of len elements of t as stored: codes, plus a group codec's f32 side values. */
+int64_t rt_shard_bytes(const Tensor *t, int64_t len);
+/* Shard s of t between its whole storage (codes; a group codec's side values) and one rank's
+ * (s.len codes; its groups' side values): to_whole gathers, else scatters. */
+void rt_shard_copy(const Tensor *t, RtShard s, void *whole, float *whole_params, void *part,
+                   float *part_params, bool to_whole);
+bool rt_shard_states(const Graph *g);           /* built with --shard-states */
+/* What --shard-states keeps on each GPU and sends each step, from the plan's bytes by role. */
+typedef struct {
+    bool on;                    /* the graph shards its states and ranks > 1 */
+    int ranks, updates;
+    int whole_updates;          /* updates too small (or not splittable) to split: rank 0's */
+    int64_t per_gpu[ROLE_COUNT];   /* bytes by role on the GPU that keeps the most (rank 0) */
+    int64_t saved;              /* bytes a GPU keeps fewer than one GPU (all roles) */
+    int64_t group;              /* the largest shard group of a split update */
+    int64_t weight_bytes, grad_bytes, copy_bytes;   /* whole, all updates together */
+    int norm_values, amax_values;   /* per-tensor scalars all-reduced: sums of squares, amaxes */
+    int64_t sent_reduce_scatter, sent_gather_weights, sent_gather_copies, sent_scalars;
+} RtShardPlan;
+void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPlan *p);
 
 /* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
  * (host copies). Each scale is halved and each non-finite history entry becomes twice the
@@ -544,6 +583,10 @@ typedef struct RtDevice {
     /* The step's last micro-step, where a data-parallel device may sum the gradients while the
      * backward runs (NULL: run_micro_step; the update then sums them). */
     bool (*run_last_micro_step)(Graph *g);
+    /* --shard-states on several ranks (NULL: nothing is sharded): every rank calls it before
+     * a checkpoint; rank 0's host mirror then holds the whole of ts (the other ranks' shards
+     * of the states and masters, which its device does not keep). */
+    bool (*gather)(Tensor *const *ts, int n);
 } RtDevice;
 
 extern const RtDevice rt_cpu_device;

@@ -369,6 +369,19 @@ static bool train_resume(Graph *g, const Model *m, const TrainOptions *o, Progre
     return true;
 }
 
+/* --shard-states on several ranks: each rank's device keeps its shards of the optimizer states
+ * and masters only, so before a save every rank sends them to rank 0's host mirror (a
+ * collective: all ranks call this, rank 0 then saves whole tensors as on one GPU). */
+static bool train_gather(const Model *m) {
+    if (train_world < 2 || !train_dev->gather) return true;
+    Tensor **ts = malloc((size_t)(m->n_saved ? m->n_saved : 1) * sizeof *ts);
+    if (!ts) return false;
+    for (int i = 0; i < m->n_saved; i++) ts[i] = &m->saved[i]->t;
+    bool ok = train_dev->gather(ts, m->n_saved);
+    free(ts);
+    return ok;
+}
+
 static bool train_save(const Graph *g, const Model *m, const TrainOptions *o, const Progress *p,
                        RtLog *log) {
     CkptMeta meta[TRAIN_MAX_META];
@@ -806,7 +819,9 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
     status = 0;
     int64_t end = o->stop_at >= 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
     if (end <= p.step) {
-        if (train_rank != 0) {   /* rank 0 writes the state */
+        if (opts->out && p.step == 0 && !train_gather(&m)) {
+            status = 1;
+        } else if (train_rank != 0) {   /* rank 0 writes the state */
         } else if (p.step == 0) {   /* --stop-at 0: the state before any step, to start another tool from */
             if (!train_save(g, &m, o, &p, &log)) status = 1;
         } else {
@@ -907,8 +922,10 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
         }
         Progress done = p;
         done.step++;
-        if (o->out && ((o->save_every && done.step % o->save_every == 0) || last || done.step == end) &&
-            !train_save(g, &m, o, &done, &log)) {
+        /* every rank decides alike (opts: rank 0's options), since the gather is collective */
+        bool save = opts->out && ((opts->save_every && done.step % opts->save_every == 0) || last ||
+                                  done.step == end);
+        if (save && (!train_gather(&m) || (o->out && !train_save(g, &m, o, &done, &log)))) {
             status = 1;
             break;
         }

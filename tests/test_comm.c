@@ -491,6 +491,44 @@ static void test_bad_launches(void **state) {
  * ranks together read exactly the batches of one process with W*A micro-steps, each once; and
  * grad_scale, 1 / (A*W), is what that one process feeds (the accumulators, summed over the
  * ranks, then hold what its accumulator holds). */
+/* --shard-states: refused without --gpus N, with the FP8 reduction, and by tune (it times one
+ * GPU, where nothing is sharded); the plan shows the per-GPU state at 1/N and the sharded
+ * step's collectives. The arithmetic is tests/test_shard.c's; the GPU step is
+ * tests/gpu/test_gpu_comm.c's. */
+static void test_shard_states_plan_and_refusals(void **state) {
+    (void)state;
+    int rc = run("shard_one", "%s plan %s -O3 %s --shard-states", fp8c, model, model_flags);
+    char *text = slurp("shard_one.out");
+    if (rc == 0 || !strstr(text, "--shard-states") || !strstr(text, "--gpus N"))
+        fail_msg("--shard-states without --gpus: status %d\n%s", rc, text);
+    free(text);
+    rc = run("shard_fp8", "%s plan %s -O3 %s --gpus 2 --shard-states --precision comm:grad=e5m2", fp8c,
+             model, model_flags);
+    text = slurp("shard_fp8.out");
+    if (rc == 0 || !strstr(text, "--shard-states"))
+        fail_msg("--shard-states with comm:grad=e5m2: status %d\n%s", rc, text);
+    free(text);
+    rc = run("shard_tune", "%s tune %s -O3 %s --gpus 2 --shard-states -o %s/x.tune", fp8c, model,
+             model_flags, tmp_dir);
+    expect_one_line("shard_tune", 2, "--shard-states: fp8c tune times one GPU", rc);
+    rc = run("shard_plan", "%s plan %s -O2 %s --gpus 2 --shard-states", fp8c, model, model_flags);
+    text = slurp("shard_plan.out");
+    if (rc != 0 || !strstr(text, "with sharded state") || !strstr(text, "reduce_scatter sum") ||
+        !strstr(text, "all_gather (FP8 copies)") || !strstr(text, "bytes per parameter (one GPU:"))
+        fail_msg("plan --gpus 2 --shard-states: status %d\n%s", rc, text);
+    free(text);
+    rc = run("shard_json", "%s plan %s -O2 %s --gpus 2 --shard-states --json", fp8c, model, model_flags);
+    text = slurp("shard_json.out");
+    const char *at = strstr(text, "\"per_gpu_bytes_per_param\": "), *one = strstr(text, "\"bytes_per_param\": ");
+    if (rc != 0 || !at || !one || !strstr(text, "\"shard_states\": true"))
+        fail_msg("plan --json --shard-states: status %d\n%s", rc, text);
+    double per_gpu = atof(at + strlen("\"per_gpu_bytes_per_param\": ")), whole = atof(one + strlen("\"bytes_per_param\": "));
+    /* O2: bf16 weights, e4m3 copies and bf16 gradients whole; f32 master, e4m3 states halved */
+    if (!(per_gpu < whole * 0.8 && per_gpu > 5))
+        fail_msg("plan --json: %.3f bytes a parameter per GPU, %.3f on one", per_gpu, whole);
+    free(text);
+}
+
 static void test_data_split_and_grad_scale(void **state) {
     (void)state;
     TokenData d;
@@ -535,6 +573,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_bad_launches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_data_split_and_grad_scale, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_shows_the_buckets, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_states_plan_and_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_reduction_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_reduction_special_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_of_the_fp8_reduction, setup, teardown),

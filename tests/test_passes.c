@@ -4,6 +4,7 @@
  * side by side: the input IR, a comment line `# RUN: pass1,pass2` naming the passes to run
  * (through pass_find/pass_run, with ir_verify after each; `+grad_release` among them turns that
  * option on for the passes after it, `+gpus=N` makes the build data parallel over N GPUs,
+ * `+shard_states` shards its optimizer state (--shard-states),
  * `+fp8_any_shape` keeps FP8 GEMMs whose K or N are not
  * multiples of 16 (the golden graphs are 8 wide); the level is the graph's opt=; a line `# RULES: r1 r2`
  * gives precision rules as --precision flags would), and after a line `# EXPECT:` the
@@ -96,6 +97,10 @@ static bool run_passes_with(Graph *g, const char *list, const char *rules)
         }
         if (!strncmp(name, "+gpus=", 6)) {   /* a data-parallel build (comm.c) */
             opt.gpus = atoi(name + 6);
+            continue;
+        }
+        if (!strcmp(name, "+shard_states")) {   /* --shard-states (comm.c) */
+            opt.shard_states = true;
             continue;
         }
         if (!strcmp(name, "+fp8_any_shape")) {   /* FP8 GEMMs on shapes below 16 (precision.c) */

@@ -22,6 +22,18 @@
  *     those must be, bit for bit, what the host reference (runtime/comm_fp8.c) computes from
  *     the two ranks' own gradients, rounded to the accumulators' formats. Four steps of it end
  *     with the same bytes on both ranks, with the reduction during the backward and after it.
+ *   - sharded states (--shard-states, cuda/exec_shard.c) against the unsharded data-parallel
+ *     step, at -O1 (f32 masters, FP8 weight copies whose amaxes the ranks agree on), -O2 (e4m3
+ *     states with range expansion, groups of 128) and -O3 (companded 8-bit states, split
+ *     masters): after STEPS steps rank 0 gathers the shards, and its persistent arena (weights,
+ *     FP8 copies, masters, states with their side values, scales, histories, gradients) must be
+ *     the unsharded run's bytes; both ranks must hold the same weights; each rank's device
+ *     arena must be the plan's per-GPU size (rt_shard_plan) up to alignment. With clipping
+ *     off: the gradient norm is then summed from the ranks' shards in another order than one
+ *     rank sums it, which is all it changes (its last bits), so the weights must be equal
+ *     bit for bit. Also with two micro-steps and with the reductions after the backward; and
+ *     with the model's clipping on, within a normalized error of 1e-3 of the weights (the clip
+ *     coefficient may then differ in its last bits; Adam hardly sees the gradient's scale).
  * STEPS is 4, so the last micro-step runs uncaptured once, is captured, and is replayed. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +45,7 @@
 #include <cmocka.h>
 
 #include "gpu_test.h"
+#include "passes.h"
 
 #ifndef GPU_IR_DIR
 #define GPU_IR_DIR "."
@@ -41,6 +54,7 @@
 #define SKIP_STATUS 77
 
 static char dir[] = "/tmp/fp8c-test-gpu-comm-XXXXXX";
+static bool clip_off;   /* the ranks' graphs with max_norm 0 (set before forking them) */
 
 /* the IR directory: $FP8C_GPU_IR_DIR (a build carried to another machine), else the build's */
 static const char *ir_dir(void) {
@@ -105,6 +119,8 @@ typedef struct {
 static int rank_open(Rank *r, const char *ir, int rank, int world, const char *comm_file) {
     Graph *g = r->g = load_graph(arena_new(), ir);
     if (!g) return 10;
+    for (int i = 0; clip_off && i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_CLIP_COEF) IR_FATTR(g->nodes[i], CLIP_COEF, max_norm) = 0;
     r->tokens = ir_find(g, "tokens"), r->targets = ir_find(g, "targets");
     r->lr = ir_find(g, "lr"), r->step = ir_find(g, "step"), r->grad_scale = ir_find(g, "grad_scale");
     r->vocab = INT64_MAX;
@@ -127,8 +143,45 @@ static int rank_open(Rank *r, const char *ir, int rank, int world, const char *c
     return 0;
 }
 
+/* A sharded rank's device arena against the plan's per-GPU figure (rank 0 keeps the most):
+ * the executor's line says how many bytes its persistent arena takes. */
+static bool sharded_memory_as_planned(const Rank *r, int rank, int world) {
+    const char *d = r->dev->describe(), *at = strstr(d, "persistent arena ");
+    long long dev = 0, whole = 0;
+    if (!at || sscanf(at, "persistent arena %lld bytes on this GPU, %lld whole", &dev, &whole) != 2) {
+        printf("  rank %d: the executor did not shard (%s)\n", rank, d);
+        return false;
+    }
+    MemSummary m;
+    memplan_summarize(r->g, &m);
+    RtShardPlan sp;
+    rt_shard_plan(r->g, m.by_role, world, &sp);
+    int updates = 0;
+    for (int i = 0; i < r->g->n_nodes; i++) updates += ir_op_is_update(r->g->nodes[i]->op);
+    long long slack = 512LL * (8 * updates + 1);   /* each kept run starts on its alignment mod 256 */
+    printf("  rank %d: persistent arena %lld bytes on the GPU of %lld whole; the plan's rank 0 saves %lld\n",
+           rank, dev, whole, (long long)sp.saved);
+    return dev < whole && (rank != 0 || llabs((whole - dev) - sp.saved) <= slack);
+}
+
+/* the bytes of the weights (PARAM tensors), one after another, from the host mirror */
+static bool write_weights(const char *path, Graph *g) {
+    FILE *f = fopen(path, "wb");
+    bool ok = f != NULL;
+    for (int i = 0; ok && i < g->n_nodes; i++) {
+        const Tensor *t = &g->nodes[i]->t;
+        if (g->nodes[i]->op == OP_PARAM && t->data)
+            ok = fwrite(t->data, 1, (size_t)(ir_numel(t) * fmt_elem_bytes(t->fmt.elem)), f) ==
+                 (size_t)(ir_numel(t) * fmt_elem_bytes(t->fmt.elem));
+    }
+    if (f) ok = fclose(f) == 0 && ok;
+    return ok;
+}
+
 /* One process of a run: rank `rank` of `world` with `accum` micro-steps, or (world 1) one GPU.
- * Writes the persistent arena after the last step to `out`. Returns an exit status. */
+ * Writes the persistent arena after the last step to `out` (with sharded states: after
+ * gathering them to rank 0, whose file then holds every rank's shards), and its weights to
+ * out.w. Returns an exit status. */
 static int run_rank(const char *ir, int rank, int world, int accum, const char *comm_file, const char *out) {
     Rank r;
     int status = rank_open(&r, ir, rank, world, comm_file);
@@ -137,6 +190,8 @@ static int run_rank(const char *ir, int rank, int world, int accum, const char *
     const RtDevice *dev = r.dev;
     Node *tokens = r.tokens, *targets = r.targets, *lr = r.lr, *step = r.step, *grad_scale = r.grad_scale;
     int64_t vocab = r.vocab;
+    bool sharded = world > 1 && rt_shard_states(g);
+    if (sharded && !sharded_memory_as_planned(&r, rank, world)) return 17;
     Node *io[2] = {tokens, targets}, *scalars[3] = {lr, step, grad_scale};
     Tensor *ts[3];
     bool ok = true;
@@ -161,12 +216,16 @@ static int run_rank(const char *ir, int rank, int world, int accum, const char *
         if (ir_role_is_persistent(x->t.role) && x->t.fmt.elem != FMT_VOID && !ir_op_is_inplace(x->op))
             pers[n++] = &x->t;
     }
+    if (sharded) ok = ok && dev->gather && dev->gather(pers, n);   /* every rank: a collective */
     ok = ok && dev->pull(pers, n);
     free(pers);
     if (ok) {
         FILE *f = fopen(out, "wb");
         ok = f && fwrite(r.mem.persistent, 1, (size_t)r.mem.persistent_bytes, f) == (size_t)r.mem.persistent_bytes;
         if (f) ok = fclose(f) == 0 && ok;
+        char path[600];
+        snprintf(path, sizeof path, "%s.w", out);
+        ok = ok && write_weights(path, g);
     }
     dev->close();
     cuda_binary_free(&r.bin);
@@ -348,9 +407,50 @@ static bool same_file(const char *a, const char *b) {
     return same;
 }
 
+/* The normalized error ||b - a|| / ||a|| of the weights in files DIR/a and DIR/b (write_weights
+ * of graph ir's parameters), decoded through their formats; -1 when they cannot be read. */
+static double weights_error(const char *ir, const char *a, const char *b) {
+    Arena *arena = arena_new();
+    Graph *g = load_graph(arena, ir);
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/%s", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s", dir, b);
+    int64_t na = 0, nb = 0;
+    uint8_t *x = rt_read_file(pa, &na), *y = rt_read_file(pb, &nb);
+    double num = 0, den = 0;
+    bool ok = g && x && y && na == nb;
+    int64_t at = 0;
+    for (int i = 0; ok && i < g->n_nodes; i++) {
+        Tensor *t = &g->nodes[i]->t;
+        if (g->nodes[i]->op != OP_PARAM) continue;
+        int64_t bytes = ir_numel(t) * fmt_elem_bytes(t->fmt.elem);
+        if (at + bytes > na) {
+            ok = false;
+            break;
+        }
+        Tensor ta = *t, tb = *t;
+        ta.data = x + at, tb.data = y + at;
+        ta.fmt.scale = tb.fmt.scale = NULL;   /* the weights are bf16 or f32, unscaled */
+        float *va = ref_load(&ta), *vb = ref_load(&tb);
+        for (int64_t j = 0; j < ir_numel(t); j++) {
+            num += ((double)vb[j] - va[j]) * ((double)vb[j] - va[j]);
+            den += (double)va[j] * va[j];
+        }
+        free(va);
+        free(vb);
+        at += bytes;
+    }
+    free(x);
+    free(y);
+    arena_free(arena);
+    return ok && at == na && den > 0 ? sqrt(num / den) : -1;
+}
+
 static const char *const graph_names[] = {"gpt2_tiny_dp_O1", "gpt2_tiny_dp_serial_O1", "gpt2_tiny_dp_O0",
                                           "gpt2_tiny_dp_e5m2_O1", "gpt2_tiny_dp_e5m2_serial_O1",
-                                          "gpt2_tiny_dp_e4m3_O0"};
+                                          "gpt2_tiny_dp_e4m3_O0", "gpt2_tiny_zero_O1", "gpt2_tiny_zero_serial_O1",
+                                          "gpt2_tiny_dp_O2", "gpt2_tiny_zero_O2", "gpt2_tiny_dp_O3",
+                                          "gpt2_tiny_zero_O3"};
 enum { N_GRAPHS = sizeof graph_names / sizeof graph_names[0] };
 
 /* Two GPUs and NCCL here? Asked in a child: CUDA must not start in this process. The child
@@ -426,6 +526,45 @@ static void test_fp8_reduction(void **state) {
     assert_true(same_file("e5m2_overlap.0", "e5m2_serial.0"));
 }
 
+static void test_sharded_states(void **state) {
+    (void)state;
+    if (!two_gpus()) return;
+    /* clipping off: sharded and unsharded compute the same bits */
+    clip_off = true;
+    static const char *const levels[] = {"O1", "O2", "O3"};
+    for (int k = 0; k < 3; k++) {
+        char dp[64], zero[64], a[64], b[64];
+        snprintf(dp, sizeof dp, "gpt2_tiny_dp_%s", levels[k]);
+        snprintf(zero, sizeof zero, "gpt2_tiny_zero_%s", levels[k]);
+        char dp_name[32], zero_name[32];
+        snprintf(dp_name, sizeof dp_name, "whole_%s", levels[k]);
+        snprintf(zero_name, sizeof zero_name, "shard_%s", levels[k]);
+        printf("  %s: sharded states against the unsharded step, clipping off\n", levels[k]);
+        assert_true(run_world(dp, dp_name, 2, 1));
+        assert_true(run_world(zero, zero_name, 2, 1));
+        snprintf(a, sizeof a, "%s.0", dp_name);
+        snprintf(b, sizeof b, "%s.0", zero_name);
+        assert_true(same_file(a, b));   /* weights, copies, masters, states, scales: all of it */
+        snprintf(a, sizeof a, "%s.0.w", zero_name);
+        snprintf(b, sizeof b, "%s.1.w", zero_name);
+        assert_true(same_file(a, b));   /* both ranks gathered the same weights */
+    }
+    /* two micro-steps a rank; the reductions after the backward */
+    assert_true(run_world("gpt2_tiny_dp_O1", "whole_a2", 2, 2));
+    assert_true(run_world("gpt2_tiny_zero_O1", "shard_a2", 2, 2));
+    assert_true(same_file("whole_a2.0", "shard_a2.0"));
+    assert_true(run_world("gpt2_tiny_zero_serial_O1", "shard_serial", 2, 1));
+    assert_true(same_file("shard_O1.0", "shard_serial.0"));
+    /* the model's clipping (max_norm 1): the norm's last bits may differ, within 1e-3 */
+    clip_off = false;
+    assert_true(run_world("gpt2_tiny_dp_O1", "whole_clip", 2, 1));
+    assert_true(run_world("gpt2_tiny_zero_O1", "shard_clip", 2, 1));
+    double err = weights_error("gpt2_tiny_dp_O1", "whole_clip.0.w", "shard_clip.0.w");
+    printf("  O1 with clipping: the weights' normalized error, sharded against whole: %.3g\n", err);
+    assert_true(err >= 0 && err <= 1e-3);
+    assert_true(same_file("shard_clip.0.w", "shard_clip.1.w"));
+}
+
 int main(void) {
     setenv("FP8C_CUDA_TUNE", "0", 1);   /* the heuristic's first algorithm: runs comparable */
     /* FP8C_TEST_COMPILE_ONLY=1: compile the graphs' modules into the cache (no GPU needed), so
@@ -450,7 +589,11 @@ int main(void) {
         return 0;
     }
     if (!mkdtemp(dir)) return 1;
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_ranks), cmocka_unit_test(test_fp8_reduction)};
+    /* FP8C_TEST_FILTER=test_sharded_states: one test (multi_gpu_check.sh section 7) */
+    const char *filter = getenv("FP8C_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_ranks), cmocka_unit_test(test_fp8_reduction),
+                                       cmocka_unit_test(test_sharded_states)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -23,12 +23,22 @@
 #   6. against PyTorch DDP: tools/bench/torch_gpt.py (bf16, torch.compile, fused AdamW) on 1 GPU
 #      and under torchrun on 2 GPUs, d12 batch 32 a GPU, beside fp8c's section 2 runs (made here
 #      when section 2 did not run): the scaling of each, and fp8c's ratio to PyTorch on 1 and 2.
+#   7. sharded optimizer state (--shard-states), ~4 minutes: test_gpu_comm (where section 5 did
+#      not run it: sharded against unsharded gpt2_tiny at -O1..-O3, bit for bit with clipping
+#      off); GPT-2 d12 -O1 and -O3 batch 32 a GPU, STEPS steps on 2 GPUs with and without
+#      --shard-states (the same data and GEMM algorithms): every step's loss compared (equal
+#      bit for bit while the clip is inactive; the clip coefficient may differ in its last bits
+#      when it is active, so within 1e-3), tokens/s, and memory per GPU (nvidia-smi's peak,
+#      the executor's persistent arena, the plan's figure); a sharded checkpoint of gpt2_tiny
+#      -O3 resumed on 2 GPUs (bit for bit) and on 1 GPU (within 1e-3).
 # OUT ($OUT when set, else BUILD/multi-gpu/out) receives summary.txt (printed as it goes),
-# equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv, equivalence_fp8.tsv and logs.tgz. The
+# equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv, equivalence_fp8.tsv,
+# equivalence_shard_O1.tsv, equivalence_shard_O3.tsv and logs.tgz. The
 # binaries were built elsewhere by tools/gpu/prepare_multi_gpu.sh BUILD.
 #
 # usage: tools/gpu/multi_gpu_check.sh BUILD
-# knobs: STEPS (50), BENCH_STEPS (20), SECTIONS ("1 2 3 4 5 6"; SECTIONS=5: the FP8 reduction alone)
+# knobs: STEPS (50), BENCH_STEPS (20), SECTIONS ("1 2 3 4 5 6 7"; SECTIONS=5: the FP8 reduction
+# alone; SECTIONS=7: the sharded step alone)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${1:?usage: multi_gpu_check.sh BUILD}" && pwd)
@@ -38,7 +48,7 @@ mkdir -p "$RESULTS"
 W=$(mktemp -d "${TMPDIR:-/tmp}/fp8c-mgpu.XXXXXX")
 STEPS=${STEPS:-50}
 BENCH_STEPS=${BENCH_STEPS:-20}
-SECTIONS=" ${SECTIONS:-1 2 3 4 5 6} "
+SECTIONS=" ${SECTIONS:-1 2 3 4 5 6 7} "
 section() { [[ $SECTIONS == *" $1 "* ]]; }
 SUMMARY=$W/summary.txt
 : > "$SUMMARY"
@@ -347,6 +357,81 @@ if run torch_1 python3 "$REPO/tools/bench/torch_gpt.py" d12 bf16 32 1024 "$BENCH
     say "fp8c over PyTorch: $(python3 -c "print(f'{$t1 / $p1:.3f}')")x on 1 GPU, $(python3 -c "print(f'{$t2 / $p2:.3f}')")x on 2"
 else
     fail "PyTorch DDP comparison: $(last torch_1 torch_2)"
+fi
+fi
+
+if section 7; then
+# ---------------------------------------------------------------- 7. sharded optimizer state
+say ""
+say "== 7. sharded optimizer state (--shard-states, ZeRO stage 1)"
+T=$BUILD/multi-gpu/test
+if [ -f "$W/test_gpu_comm.out" ]; then
+    say "test_gpu_comm ran in section 5: $(grep -h 'sharded\|normalized error' "$W/test_gpu_comm.out" | sed 's/^ *//' | head -4 | tr '\n' ' ')"
+elif [ -x "$T/test_gpu_comm" ]; then
+    if (cd "$W" && FP8C_GPU_IR_DIR=$T/ir FP8C_CACHE_DIR=$T/cache CMOCKA_MESSAGE_OUTPUT=stdout \
+        FP8C_TEST_FILTER=test_sharded_states "$T/test_gpu_comm" > "$W/test_gpu_comm.out" 2>&1); then
+        say "test_gpu_comm (test_sharded_states) passed: $(grep -h 'persistent arena\|normalized error' "$W/test_gpu_comm.out" | sed 's/^ *//' | head -4 | tr '\n' ' ')"
+        grep -q "skipped" "$W/test_gpu_comm.out" && fail "test_gpu_comm skipped: $(grep skipped "$W/test_gpu_comm.out")"
+    else
+        fail "test_gpu_comm: $(grep -E 'differ|ERROR|FAIL|status|LINE|did not shard' "$W/test_gpu_comm.out" | head -8 | tr '\n' ' ')"
+    fi
+else
+    say "test_gpu_comm not carried (BUILD/multi-gpu/test): skipped"
+fi
+# peak MiB each GPU used while CMD ran (nvidia-smi every 200 ms), into W/NAME.mem
+with_mem() {
+    local name=$1; shift
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$W/$name.smi" 2>/dev/null &
+    local smi=$!
+    "$@"
+    local s=$?
+    kill $smi 2>/dev/null; wait $smi 2>/dev/null
+    python3 - "$W/$name.smi" > "$W/$name.mem" <<'PY'
+import sys
+peak = {}
+for l in open(sys.argv[1]):
+    p = [x.strip() for x in l.split(",")]
+    if len(p) == 2 and p[1].isdigit(): peak[p[0]] = max(peak.get(p[0], 0), int(p[1]))
+print(" ".join(f"GPU{k} {v} MiB" for k, v in sorted(peak.items())) or "nvidia-smi: no samples")
+PY
+    return $s
+}
+for o in O1 O3; do
+    plain=d12_${o}_b32 zero=d12_${o}_b32_zero
+    if with_mem $plain run $plain $fixed "$BIN/$plain" $common --steps "$STEPS" --gpus 2 --log "$W/$plain.jsonl" &&
+       with_mem $zero run $zero $fixed "$BIN/$zero" $common --steps "$STEPS" --gpus 2 --log "$W/$zero.jsonl"; then
+        r=$(compare "$W/$zero.jsonl" "$W/$plain.jsonl" 1e-3) &&
+            say "GPT-2 d12 -$o batch 32, sharded vs unsharded on 2 GPUs: $r" ||
+            fail "GPT-2 d12 -$o batch 32, sharded vs unsharded on 2 GPUs: $r"
+        table "$RESULTS/equivalence_shard_$o.tsv" "$W/$plain.jsonl" "$W/$zero.jsonl"
+        tp=$(tps "$W/$plain.jsonl"); tz=$(tps "$W/$zero.jsonl")
+        say "  tokens/s: unsharded $tp, sharded $tz ($(python3 -c "print(f'{$tz / $tp:.3f}')") of unsharded)"
+        say "  nvidia-smi peak: unsharded $(cat "$W/$plain.mem"); sharded $(cat "$W/$zero.mem")"
+        say "  executor: $(grep -ho 'persistent arena [0-9]* bytes on this GPU, [0-9]* whole' "$W/$zero.out" | head -1)"
+        say "  plan: $(grep -h 'persistent training state per GPU' "$BUILD/multi-gpu/plan_${zero}.txt" 2>/dev/null)"
+    else
+        fail "d12 -$o batch 32 with and without --shard-states: $(last $plain $zero)"
+    fi
+done
+# a sharded checkpoint resumed: on 2 GPUs sharded (bit for bit), on 1 GPU (within 1e-3)
+tz=$BIN/tiny_O3_zero
+if run zsave $fixed "$tz" $common --steps 10 --stop-at 5 --gpus 2 --out "$W/zck" &&
+   run zstraight $fixed "$tz" $common --steps 10 --gpus 2 --log "$W/zstraight.jsonl" &&
+   run zresume2 $fixed "$tz" $common --steps 10 --gpus 2 --resume "$W/zck" --log "$W/zresume2.jsonl" &&
+   run zresume1 $fixed "$tz" $common --steps 10 --grad-accum 2 --resume "$W/zck" --log "$W/zresume1.jsonl"; then
+    r=$(python3 - "$W/zresume2.jsonl" "$W/zresume1.jsonl" "$W/zstraight.jsonl" <<'PY'
+import json, sys
+def losses(p): return {j["step"]: j["loss"] for j in map(json.loads, open(p)) if "loss" in j}
+r2, r1, st = (losses(p) for p in sys.argv[1:])
+same2 = all(r2[s] == st[s] for s in r2) and len(r2) > 0
+worst1 = max(abs(r1[s] - st[s]) / abs(st[s]) for s in r1) if r1 else float("nan")
+print(f"steps {min(r2)}..{max(r2)}: resumed on 2 GPUs sharded {'bit-identical' if same2 else 'DIFFERENT'} "
+      f"to the straight run; resumed on 1 GPU worst relative loss difference {worst1:.2e}")
+sys.exit(0 if same2 and worst1 <= 1e-3 else 1)
+PY
+) && say "gpt2_tiny -O3 sharded checkpoint: $r" || fail "gpt2_tiny -O3 sharded checkpoint: $r"
+else
+    fail "sharded save and resume: $(last zsave zstraight zresume2 zresume1)"
 fi
 fi
 

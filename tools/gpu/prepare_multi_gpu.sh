@@ -11,8 +11,13 @@
 #   tiny_O0      gpt2_tiny -O0, batch 16 x 256, --gpus 2 (f32 gradient reduction)
 #   d12_O1_b8_e5m2, d12_O1_b8_e4m3, d12_O1_b32_e5m2   the FP8 gradient reduction
 #                (--precision comm:grad=e5m2 or e4m3): its loss against one GPU, its tokens/s
-# and into BUILD/multi-gpu/test the FP8 reduction's GPU test (test_gpu_comm, cmocka linked
-# statically, with the graphs it reads and their modules compiled here), about 2 MiB more.
+#   d12_O1_b32_zero, d12_O3_b32, d12_O3_b32_zero   sharded optimizer state (--shard-states)
+#                against the unsharded step at -O1 and -O3: losses, tokens/s, memory per GPU
+#   tiny_O3_zero gpt2_tiny -O3 batch 16 x 256 with --shard-states: a sharded checkpoint
+#                resumed on 2 GPUs and on 1
+# and into BUILD/multi-gpu/test the data-parallel GPU test (test_gpu_comm: the FP8 reduction
+# and the sharded step; cmocka linked statically, with the graphs it reads and their modules
+# compiled here), about 3 MiB more.
 #
 # usage: tools/gpu/prepare_multi_gpu.sh [BUILD]      (default: build-mgpu)
 # Then carry BUILD (ignored by git) to the GPU machine and run there, from the repository root:
@@ -36,6 +41,11 @@ fp8="--gpus 2 --precision comm:grad"
 "$BUILD/fp8c" build models/gpt2.model -O1 --batch 8 --seq 1024 $fp8=e5m2 -o "$BIN/d12_O1_b8_e5m2"
 "$BUILD/fp8c" build models/gpt2.model -O1 --batch 8 --seq 1024 $fp8=e4m3 -o "$BIN/d12_O1_b8_e4m3"
 "$BUILD/fp8c" build models/gpt2.model -O1 --batch 32 --seq 1024 $fp8=e5m2 -o "$BIN/d12_O1_b32_e5m2"
+zero="--gpus 2 --shard-states"
+"$BUILD/fp8c" build models/gpt2.model -O1 --batch 32 --seq 1024 $zero -o "$BIN/d12_O1_b32_zero"
+"$BUILD/fp8c" build models/gpt2.model -O3 --batch 32 --seq 1024 --gpus 2 -o "$BIN/d12_O3_b32"
+"$BUILD/fp8c" build models/gpt2.model -O3 --batch 32 --seq 1024 $zero -o "$BIN/d12_O3_b32_zero"
+"$BUILD/fp8c" build models/gpt2_tiny.model -O3 --batch 16 --seq 256 $zero -o "$BIN/tiny_O3_zero"
 for b in "$BIN"/*; do strip --strip-debug "$b"; done
 # test_gpu_comm, its graphs and their modules (the GPU machine finds them through
 # FP8C_GPU_IR_DIR and FP8C_CACHE_DIR, which multi_gpu_check.sh sets)
@@ -45,13 +55,18 @@ if ldd "$BUILD/tests/gpu/test_gpu_comm" | grep -q libcmocka; then
     echo "note: test_gpu_comm links the shared libcmocka, which the GPU machine lacks (run" \
          "tools/gpu/build_cmocka_static.sh first): not carried" >&2
 else
-    cp "$BUILD"/tests/gpu/ir/gpt2_tiny_dp_*.ir "$TEST/ir/"
+    cp "$BUILD"/tests/gpu/ir/gpt2_tiny_dp_*.ir "$BUILD"/tests/gpu/ir/gpt2_tiny_zero_*.ir "$TEST/ir/"
     cp "$BUILD/tests/gpu/test_gpu_comm" "$TEST/"
     strip --strip-debug "$TEST/test_gpu_comm"
     FP8C_TEST_COMPILE_ONLY=1 FP8C_GPU_IR_DIR="$TEST/ir" FP8C_CACHE_DIR="$TEST/cache" "$TEST/test_gpu_comm" | tail -1
     find "$TEST/cache" -name '*.ptx' -delete   # PTX is for reading; the cubins run
 fi
 "$BUILD/fp8c" plan models/gpt2.model -O1 --batch 8 --seq 1024 --gpus 2 > "$BUILD/multi-gpu/plan_d12_O1_b8.txt"
+for o in 1 3; do   # the per-GPU memory section 7 compares with what the GPUs hold
+    "$BUILD/fp8c" plan models/gpt2.model -O$o --batch 32 --seq 1024 $zero > "$BUILD/multi-gpu/plan_d12_O${o}_b32_zero.txt"
+    "$BUILD/fp8c" plan models/gpt2.model -O$o --batch 32 --seq 1024 --gpus 2 > "$BUILD/multi-gpu/plan_d12_O${o}_b32.txt"
+done
 echo "git commit: $(git rev-parse --short HEAD)$(git diff --quiet -- cuda runtime compiler passes || echo ' (with local changes)')" > "$BUILD/multi-gpu/BUILD_INFO"
 du -sh "$BUILD/multi-gpu"
-echo "ready: carry $BUILD/multi-gpu, then run tools/gpu/multi_gpu_check.sh $BUILD (SECTIONS=5: the FP8 reduction alone)"
+echo "ready: carry $BUILD/multi-gpu, then run tools/gpu/multi_gpu_check.sh $BUILD (SECTIONS=5: the FP8" \
+     "reduction alone; SECTIONS=7: the sharded step alone)"
