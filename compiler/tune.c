@@ -413,9 +413,9 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
         p = &out[n++];
         *p = (BuildPoint){.name = "attn.fwd_pipeline",
                           .what = "the wgmma forward's softmax overlapped with its P V product (head dim 64)",
-                          .dflt = "1", .n = 2};
-        snprintf(p->values[0], 32, "1");
-        snprintf(p->values[1], 32, "0");
+                          .dflt = "0", .n = 2};
+        snprintf(p->values[0], 32, "0");
+        snprintf(p->values[1], 32, "1");
         p = &out[n++];
         *p = (BuildPoint){.name = "attn.wgmma_bwd", .what = "the attention backward's dq and dk/dv passes on warpgroup MMA",
                           .dflt = "1", .n = 2};

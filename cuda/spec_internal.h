@@ -106,7 +106,7 @@ typedef struct {
      * (plan_attention_choices: the choice attn.wgmma) */
     bool attn_wgmma;
     /* at head dim 64, with its softmax overlapped with its P V product (the choice
-     * attn.fwd_pipeline, on unless 0: ck_attn_wg_fwd_pipe) */
+     * attn.fwd_pipeline=1, off by default: ck_attn_wg_fwd_pipe) */
     bool attn_fwd_pipe;
     /* and whose backward's dq and dk/dv passes do too (the choice attn.wgmma_bwd, on unless 0) */
     bool attn_wgmma_bwd;

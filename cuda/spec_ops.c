@@ -718,7 +718,9 @@ bool plan_attention(Spec *s) {
     bool wg = tc && s->attn_wgmma && (D == 64 || D == 128);
     unsigned fwd_blocks = (unsigned)(B * H * (wg ? (T + 127) / 128 : n_t)), fwd_threads = wg ? 256 : threads;
     if (wg) fwd = "ck_attn_wg_fwd", fwd_smem = (unsigned)(1024 + 128 * D * 2 + 4 * 64 * D * 2);
-    /* at D 64, pipelined (attn.fwd_pipeline): CkWgPipe's k tiles twice and v three times */
+    /* at D 64, pipelined (attn.fwd_pipeline=1): CkWgPipe's k tiles twice and v three times.
+     * Not the default: on an H200 it took 3.41 ms of a d12 -O1 step's forward against 3.23,
+     * and Llama -O1's step 112.65 ms against 111.93 (docs/results.md) */
     if (wg && D == 64 && s->attn_fwd_pipe) fwd = "ck_attn_wg_fwd_pipe", fwd_smem = (unsigned)(1024 + 128 * D * 2 + 5 * 64 * D * 2);
     CuLaunch *l;
     if (!bwd) {
@@ -795,7 +797,7 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         Spec s = spec_for(n, a, &wgp, why, sizeof why);
         s.attn_wgmma = true;
         s.attn_wgmma_bwd = ir_choice_on(g, "attn.wgmma_bwd", n);
-        s.attn_fwd_pipe = ir_choice_on(g, "attn.fwd_pipeline", n);
+        s.attn_fwd_pipe = ir_choice_int_at(g, "attn.fwd_pipeline", n, 0) == 1;
         s.attn_dq_wgs = ir_choice_int_at(g, "attn.dq_rows", n, 128) == 64 ? 1 : 2;
         s.attn_dkv_wgs = ir_choice_int_at(g, "attn.dkv_rows", n, 64) == 128 ? 2 : 1;
         if (plan_attention(&s)) plans[i] = wgp;

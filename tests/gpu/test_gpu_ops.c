@@ -1080,9 +1080,9 @@ static void build_gemm(void) {
  * whose forward (or the backward's rerun of it) must then run on warpgroup MMA */
 static Node *wgmma_nodes[32];
 static int n_wgmma_nodes;
-/* At head dim 64 the wgmma forward overlaps its softmax with its P V product (the choice
- * attn.fwd_pipeline, on by default): each such attention and backward has a twin over the
- * same inputs planned without it, and the two must give the same bits. */
+/* At head dim 64 the wgmma forward may overlap its softmax with its P V product (the choice
+ * attn.fwd_pipeline=1): each such attention and backward has a twin over the same inputs
+ * planned with it, and the two must give the same bits. */
 typedef struct {
     Node *pipe, *plain;
 } PipeTwin;
@@ -1156,11 +1156,11 @@ static void build_attention(void) {
                 ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", sites[k]->id), "1");
                 if (D != 64) continue;
                 Node *twin = op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in, sites[k]->in);
-                twin->t.name = arena_printf(arena, "%s, not pipelined", sites[k]->t.name);
+                twin->t.name = arena_printf(arena, "%s, pipelined", sites[k]->t.name);
                 ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", twin->id), "1");
-                ir_set_choice(graph, arena_printf(arena, "attn.fwd_pipeline@%d", twin->id), "0");
+                ir_set_choice(graph, arena_printf(arena, "attn.fwd_pipeline@%d", twin->id), "1");
                 assert_true(n_pipe_twins < (int)(sizeof pipe_twins / sizeof *pipe_twins));
-                pipe_twins[n_pipe_twins++] = (PipeTwin){sites[k], twin};
+                pipe_twins[n_pipe_twins++] = (PipeTwin){twin, sites[k]};
             }
         }
     }
@@ -1519,14 +1519,7 @@ static int wgmma_unplanned(void) {
     for (int i = 0; i < n_wgmma_nodes; i++) {
         const Node *n = wgmma_nodes[i];
         const CuNodePlan *p = &plans[n->index];
-        /* the forward kernel: pipelined at head dim 64 (attn.fwd_pipeline) */
-        int64_t D = n->op == OP_ATTENTION ? n->t.dims[n->t.rank - 1] / IR_IATTR(n, ATTENTION, heads) : 0;
-        const char *fwd = D == 64 ? "ck_attn_wg_fwd_pipe<" : "ck_attn_wg_fwd<";
-        if (n->op != OP_ATTENTION) {
-            bool pipe = false;
-            for (int k = 0; k < n_pipe_twins; k++) pipe |= pipe_twins[k].pipe == n;
-            fwd = pipe ? "ck_attn_wg_fwd_pipe<" : "ck_attn_wg_fwd<";
-        }
+        const char *fwd = "ck_attn_wg_fwd<";   /* not pipelined unless chosen (pipe_twins) */
         bool ok = n->op == OP_ATTENTION ? plan_runs(p, fwd)
                                         : plan_runs(p, "ck_attn_wg_dq<") && plan_runs(p, "ck_attn_wg_dkv<") &&
                                               (ir_attention_bwd_reads_y(n) || plan_runs(p, fwd));
