@@ -37,7 +37,7 @@
 # binaries were built elsewhere by tools/gpu/prepare_multi_gpu.sh BUILD.
 #
 # usage: tools/gpu/multi_gpu_check.sh BUILD
-# knobs: STEPS (50), BENCH_STEPS (20), SECTIONS ("1 2 3 4 5 6 7"; SECTIONS=5: the FP8 reduction
+# knobs: STEPS (50), BENCH_STEPS (20), MORE_GPUS ("4": sections 2 and 6 on 4 GPUs too), SECTIONS ("1 2 3 4 5 6 7"; SECTIONS=5: the FP8 reduction
 # alone; SECTIONS=7: the sharded step alone)
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -212,6 +212,15 @@ if run b32_1 "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --log "$W/b32_1.js
     say "1 GPU $t1 tokens/s; 2 GPUs, sums overlapped with the backward: $t2 tokens/s, $(python3 -c "print(f'{$t2 / (2 * $t1):.3f}')") of 2 x one GPU"
     say "2 GPUs, sums after the backward (comm.overlap=0): $t2s tokens/s, $(python3 -c "print(f'{$t2s / (2 * $t1):.3f}')") of 2 x one GPU"
     grep -h "device:" "$W/b32_2.out" 2>/dev/null | head -1 | tee -a "$SUMMARY"
+    # MORE_GPUS="4" (or "4 8"): the same on more GPUs of the host (a binary built for 2 runs on any number)
+    for n in ${MORE_GPUS:-}; do
+        if run b32_$n "$BIN/d12_O1_b32" $common --steps "$BENCH_STEPS" --gpus "$n" --log "$W/b32_$n.jsonl"; then
+            tn=$(tps "$W/b32_$n.jsonl")
+            say "$n GPUs, sums overlapped: $tn tokens/s, $(python3 -c "print(f'{$tn / ($n * $t1):.3f}')") of $n x one GPU"
+        else
+            fail "throughput on $n GPUs: $(last b32_$n)"
+        fi
+    done
 else
     fail "throughput runs: $(last b32_1 b32_2 b32_2s)"
 fi
@@ -355,6 +364,15 @@ if run torch_1 python3 "$REPO/tools/bench/torch_gpt.py" d12 bf16 32 1024 "$BENCH
     say "PyTorch: 1 GPU $p1 tokens/s; 2 GPUs (DDP) $p2 tokens/s, $(python3 -c "print(f'{$p2 / (2 * $p1):.3f}')") of 2 x one GPU"
     say "fp8c -O1: 1 GPU $t1; 2 GPUs $t2, $(python3 -c "print(f'{$t2 / (2 * $t1):.3f}')") of 2 x one GPU"
     say "fp8c over PyTorch: $(python3 -c "print(f'{$t1 / $p1:.3f}')")x on 1 GPU, $(python3 -c "print(f'{$t2 / $p2:.3f}')")x on 2"
+    for n in ${MORE_GPUS:-}; do
+        tn=$(tps "$W/b32_$n.jsonl" 2>/dev/null)
+        if [ -n "$tn" ] && run torch_$n torchrun --standalone --nproc_per_node="$n" "$REPO/tools/bench/torch_gpt.py" d12 bf16 32 1024 "$BENCH_STEPS" &&
+           pn=$(tok torch_$n) && [ -n "$pn" ]; then
+            say "$n GPUs: PyTorch DDP $pn tokens/s ($(python3 -c "print(f'{$pn / ($n * $p1):.3f}')") of $n x one), fp8c $tn ($(python3 -c "print(f'{$tn / ($n * $t1):.3f}')")), fp8c over PyTorch $(python3 -c "print(f'{$tn / $pn:.3f}')")x"
+        else
+            fail "PyTorch DDP on $n GPUs: $(last torch_$n)"
+        fi
+    done
 else
     fail "PyTorch DDP comparison: $(last torch_1 torch_2)"
 fi
