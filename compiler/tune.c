@@ -378,6 +378,14 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
                       .dflt = "1", .n = 2};
     snprintf(p->values[0], 32, "1");
     snprintf(p->values[1], 32, "0");
+    /* a transient FP8 copy that GEMMs read both ways quantized into both layouts at once, or
+     * transposed when read (passes/layout.c): both devices */
+    p = &out[n++];
+    *p = (BuildPoint){.name = "layout.cast_transpose",
+                      .what = "a gradient's FP8 copy made in both layouts at once, not transposed when read",
+                      .dflt = "1", .n = 2};
+    snprintf(p->values[0], 32, "1");
+    snprintf(p->values[1], 32, "0");
     /* on the CPU, how many nodes one LLVM kernel's loop may hold (codegen/fuse.c) */
     if (!strcmp(q->device, "cpu")) {
         p = &out[n++];

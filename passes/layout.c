@@ -9,7 +9,11 @@
  *   - A transient FP8 value that GEMMs read both ways (a gradient dy, read as it is by dx = dy W
  *     and transposed by dW = dy^T x) is quantized into both layouts at once (QUANTIZE
  *     transposed=1): one read of the bf16 value instead of a quantize and a transpose of its
- *     result (TransformerEngine's cast-transpose).
+ *     result (TransformerEngine's cast-transpose). Both layouts then live from the quantize to
+ *     the last reader; with the choice layout.cast_transpose=0 (a point of fp8c tune) the
+ *     value keeps one layout and is transposed right before the GEMM that reads it so, as
+ *     below, which costs a pass over the FP8 copy and keeps the transposed bytes only from
+ *     there. Either way the GEMMs read the same bytes.
  *   - Any other FP8 operand read transposed — the forward's saved copies (x, read by dW) and
  *     the weights' copies (W, read by dx) — gets a TRANSPOSE node just before its first such
  *     reader, in the reader's phase, and the GEMM reads the copy with its flag flipped. Its
@@ -62,7 +66,8 @@ static void keep_transposed_copies(Graph *g, const Uses *uses)
     for (int i = 0; i < g->n_nodes; i++) {
         Node *q = g->nodes[i];
         if (q->op != OP_QUANTIZE || !is_fp8_per_tensor(&q->t) ||
-            (q->t.role != ROLE_ACTIVATION && q->t.role != ROLE_GRAD_TEMP))
+            (q->t.role != ROLE_ACTIVATION && q->t.role != ROLE_GRAD_TEMP) ||
+            !ir_choice_on(g, "layout.cast_transpose", q))
             continue;
         bool direct = false, transposed = false;
         for (int k = 0; k < uses[i].n; k++) {

@@ -255,6 +255,14 @@ static void test_unfused_is_exact(void **state) {
     check_choice_is_exact("fuse.members=1", "gpt2_tiny.model", "");
 }
 
+/* A gradient's FP8 copy transposed when read instead of quantized into both layouts at once
+ * (layout.cast_transpose=0, passes/layout.c): the GEMMs read the same bytes, so at -O1 every
+ * step is the default's (and at -O0, which has no FP8 copies, trivially so). */
+static void test_transpose_when_read_is_exact(void **state) {
+    (void)state;
+    check_choice_is_exact("layout.cast_transpose=0", "gpt2_tiny.model", "");
+}
+
 static void test_resume_exact_o2(void **state) {
     (void)state;
     check_resume_exact("-O2");
@@ -711,6 +719,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_resume_exact_o2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recompute_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unfused_is_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_transpose_when_read_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_restores_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_optimizers_loss_falls, setup, teardown),

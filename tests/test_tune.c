@@ -400,9 +400,9 @@ static void test_plan_shows_the_record(void **state) {
 }
 
 /* --list-candidates: the binaries tune builds besides the defaults, one --choice a line. On the
- * CPU they are the loss's chunk counts, save.cheap's other value and fuse.members's that the
- * record holds (setup's tune built exactly those); on
- * a GPU the fusions, the attention's and the loss's kernels join, each a choice build accepts.
+ * CPU they are the loss's chunk counts and the other values of save.cheap, layout.cast_transpose
+ * and fuse.members that the record holds (setup's tune built exactly those); on a GPU the
+ * fusions, the attention's and the loss's kernels join, each a choice build accepts.
  * With -o it is refused: it measures and writes nothing. */
 static void test_list_candidates(void **state) {
     (void)state;
@@ -413,10 +413,11 @@ static void test_list_candidates(void **state) {
     snprintf(path, sizeof path, "%s/record.json", tmp_dir);
     Jv r;
     assert_true(rt_json_read(path, &r));
-    /* the CPU's build-time points: the loss's chunks and the recompute-or-save choices */
-    const char *points[] = {"loss.chunks", "save.cheap", "fuse.members"};
+    /* the CPU's build-time points: the loss's chunks, the recompute-or-save choices, the
+     * gradients' transposed copies and the fusion granularity */
+    const char *points[] = {"loss.chunks", "save.cheap", "layout.cast_transpose", "fuse.members"};
     int want = 0;
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < 4; p++) {
         const Jv *point = find_choice(get(&r, "choices", JV_ARR), points[p]);
         if (!point) fail_msg("the record has no %s", points[p]);
         const Jv *cands = get(point, "candidates", JV_ARR);
