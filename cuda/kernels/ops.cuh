@@ -1216,6 +1216,17 @@ template <class Y, class X> __device__ void ck_quant_scale_group(const CkArgs &a
     CK_GRID_STRIDE(k, a.t[0].n) Y::st(a.t[0], k, ck_group_scale<X>(a, x, k, G));
 }
 
+/* group k of x (G elements of a row, the last one of a row possibly shorter) into the copy q
+ * through its scale, which goes to q's scale array: ck_quantize_group's scalar path */
+template <class Q, class X> static __device__ __forceinline__ void ck_group_store(const CkArgs &a, const CkTensor &x,
+                                                                                 const CkTensor &q, i64 k, i64 G) {
+    i64 C = x.cols, ncg = (C + G - 1) / G;
+    float raw = ck_group_scale<X>(a, x, k, G), sc = Q::scale_round(raw);
+    Elem<Q::scale_elem>::st((void *)q.s, k, raw);
+    i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
+    for (i64 c = c0; c < c1; c++) Elem<Q::elem>::st(q.p, r * C + c, X::ld(x, r * C + c) * sc);
+}
+
 /* QUANTIZE into per-group (or 1x128 tile) scales together with the QUANT_SCALE that makes
  * them, at the quantize's place (spec.c: fuse_group_quantizes): the group's scale goes to the
  * result's scale array and its elements are stored through it, as read back. One pass over x
@@ -1233,13 +1244,8 @@ template <class Y, class X> __device__ void ck_quantize_group(const CkArgs &a) {
         });
         return;
     }
-    i64 C = x.cols, ncg = (C + G - 1) / G;
-    CK_GRID_STRIDE(k, x.rows * ncg) {
-        float raw = ck_group_scale<X>(a, x, k, G), sc = Y::scale_round(raw);
-        Elem<Y::scale_elem>::st(sp, k, raw);
-        i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
-        for (i64 c = c0; c < c1; c++) Elem<Y::elem>::st(y.p, r * C + c, X::ld(x, r * C + c) * sc);
-    }
+    i64 ncg = (x.cols + G - 1) / G;
+    CK_GRID_STRIDE(k, x.rows * ncg) ck_group_store<Y, X>(a, x, y, k, G);
 }
 /* GELU or SILU (as ck_unary: t[0] = y, t[1] = x) that also writes x's copy into per-group
  * scales, t[3], with the scales (the fused pair of ck_quantize_group, moved here:
@@ -1267,13 +1273,8 @@ template <int OP, class Y, class X, class Q> __device__ void ck_unary_group(cons
             Y::st_vec(a.t[0], c * CK_VEC, r);
         });
     } else {
-        i64 C = x.cols, ncg = (C + G - 1) / G;
-        CK_GRID_STRIDE(k, x.rows * ncg) {
-            float raw = ck_group_scale<X>(a, x, k, G), sc = Q::scale_round(raw);
-            Elem<Q::scale_elem>::st(sp, k, raw);
-            i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
-            for (i64 c = c0; c < c1; c++) Elem<Q::elem>::st(q.p, r * C + c, X::ld(x, r * C + c) * sc);
-        }
+        i64 ncg = (x.cols + G - 1) / G;
+        CK_GRID_STRIDE(k, x.rows * ncg) ck_group_store<Q, X>(a, x, q, k, G);
         CK_GRID_STRIDE(i, a.t[0].n) {
             float v = ck_unop<OP>(X::ld(x, i), 0.0f);
             m = fmaxf(m, fabsf(v));
