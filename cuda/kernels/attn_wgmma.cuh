@@ -167,6 +167,29 @@ static __device__ __forceinline__ void ck_wg_rs(float *d, const unsigned *a, uns
     }
 }
 
+/* Where a forward block of 128 query rows and its thread stand (ck_attn_wg_fwd and its
+ * pipelined form): the (batch, head, query tile) of the block, heavy tiles first; the
+ * warpgroup's first row and the thread's rows (row0, row0 + 8); the key tiles of the block and
+ * of the warpgroup (none when its rows are all past T). */
+struct CkWgFwdPlace {
+    i64 b, h, g;
+    int q0, Ti, wg, rows, row0, tig, n_kt, wg_kt;
+    __device__ CkWgFwdPlace(const CkArgs &a) {
+        i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], n_qt = (T + 127) / 128;
+        i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H);
+        b = bh / H, h = bh % H, g = h / (H / Hkv);
+        q0 = (int)qt * 128, Ti = (int)T;
+        wg = threadIdx.x >> 7;
+        int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+        tig = lane & 3;
+        rows = q0 + wg * 64;
+        row0 = rows + warp * 16 + (lane >> 2);
+        int last = q0 + 127 < Ti - 1 ? q0 + 127 : Ti - 1, wg_last = rows + 63 < Ti - 1 ? rows + 63 : Ti - 1;
+        n_kt = (last >> 6) + 1;
+        wg_kt = rows < Ti ? (wg_last >> 6) + 1 : 0;
+    }
+};
+
 /* MODE 0: y = attention(q, k, v) (and lse after y when i[11]); MODE 1 (t[1] = dy): lse and Dt
  * into scratch. Arguments as ck_attn_tc_fwd's; one block per (b, h, 128 query rows). */
 template <int D, int MODE, class Y, class Q, class K, class V, class DY>
@@ -176,21 +199,13 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
     typedef CkWg<D> L;
     unsigned sQ = (ck_smem(smem_raw) + 1023u) & ~1023u;   /* swizzle atoms start at multiples of 1024 */
     unsigned sKV = sQ + L::Q_BYTES;                        /* [buffer][k, v] tiles */
-    i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
-    float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
-    i64 n_qt = (T + L::BM - 1) / L::BM;
-    i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
-    int q0 = (int)qt * L::BM, Ti = (int)T;
-    int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
-    int rows = q0 + wg * 64;              /* the warpgroup's first row */
-    int row0 = rows + warp * 16 + gid;    /* this thread's rows: row0, row0 + 8 */
+    i64 T = a.i[1];
+    float scale2 = (float)a.f[0] * CK_LOG2E;   /* scores in base 2 */
+    const CkWgFwdPlace at(a);
+    const i64 b = at.b, h = at.h, g = at.g;
+    const int q0 = at.q0, Ti = at.Ti, wg = at.wg, rows = at.rows, row0 = at.row0, tig = at.tig;
+    const int n_kt = at.n_kt, wg_kt = at.wg_kt;
     const CkTensor &tq = a.t[MODE + 1], &tk = a.t[MODE + 2], &tv = a.t[MODE + 3];
-
-    /* key tiles of the block, and of this warpgroup (none when its rows are all past T) */
-    int last = q0 + L::BM - 1 < Ti - 1 ? q0 + L::BM - 1 : Ti - 1;
-    int n_kt = (last >> 6) + 1;
-    int wg_last = rows + 63 < Ti - 1 ? rows + 63 : Ti - 1;
-    int wg_kt = rows < Ti ? (wg_last >> 6) + 1 : 0;
     ck_wg_load<D, L::BM>(sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
     ck_wg_load<D, L::BN>(sKV, tk, b, T, 0, a.i[7], a.i[8] + g * D);
     ck_wg_load<D, L::BN>(sKV + L::KV_BYTES, tv, b, T, 0, a.i[9], a.i[10] + g * D);
@@ -277,20 +292,13 @@ __device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
     typedef CkWgPipe L;
     unsigned sQ = (ck_smem(smem_raw) + 1023u) & ~1023u;
     unsigned sK0 = sQ + L::Q_BYTES, sV0 = sK0 + 2 * L::TILE;   /* k[2], v[3] */
-    i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
-    float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;
-    i64 n_qt = (T + L::BM - 1) / L::BM;
-    i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
-    int q0 = (int)qt * L::BM, Ti = (int)T;
-    int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
-    int rows = q0 + wg * 64;
-    int row0 = rows + warp * 16 + gid;
+    i64 T = a.i[1];
+    float scale2 = (float)a.f[0] * CK_LOG2E;
+    const CkWgFwdPlace at(a);
+    const i64 b = at.b, h = at.h, g = at.g;
+    const int q0 = at.q0, Ti = at.Ti, wg = at.wg, rows = at.rows, row0 = at.row0, tig = at.tig;
+    const int n_kt = at.n_kt, wg_kt = at.wg_kt;
     const CkTensor &tq = a.t[MODE + 1], &tk = a.t[MODE + 2], &tv = a.t[MODE + 3];
-
-    int last = q0 + L::BM - 1 < Ti - 1 ? q0 + L::BM - 1 : Ti - 1;
-    int n_kt = (last >> 6) + 1;
-    int wg_last = rows + 63 < Ti - 1 ? rows + 63 : Ti - 1;
-    int wg_kt = rows < Ti ? (wg_last >> 6) + 1 : 0;
     ck_wg_load<D, L::BM>(sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
     ck_wg_load<D, L::BN>(sK0, tk, b, T, 0, a.i[7], a.i[8] + g * D);
     ck_wg_load<D, L::BN>(sV0, tv, b, T, 0, a.i[9], a.i[10] + g * D);
