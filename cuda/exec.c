@@ -273,28 +273,34 @@ static bool exec_run_profiled(CudaExec *e, ExecList *L) {
     return ok;
 }
 
+bool exec_replay(CudaExec *e, ExecList *G, bool (*launch)(CudaExec *e, void *ctx), void *ctx) {
+    if (!G->captured) {
+        if (!CU_CHECK(CU(cuStreamBeginCapture_v2)(e->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)))
+            return false;
+        bool ok = launch(e, ctx);
+        CUgraph graph = NULL;
+        bool ended = CU_CHECK(CU(cuStreamEndCapture)(e->stream, &graph));
+        if (!ok || !ended) return false;
+        if (!CU_CHECK(CU(cuGraphInstantiateWithFlags)(&G->exec, graph, 0))) return false;
+        G->graph = graph;
+        G->captured = true;
+    }
+    return CU_CHECK(CU(cuGraphLaunch)(G->exec, e->stream));
+}
+
+static bool launch_list(CudaExec *e, void *list) {
+    ExecList *L = list;
+    for (int i = 0; i < L->n; i++)
+        if (!exec_launch(e, &L->l[i])) return false;
+    return true;
+}
+
 static bool exec_run_list(CudaExec *e, ExecList *L) {
     if (e->tune_report && L == &e->lists[LIST_MICRO] && ++e->micro_runs == GEMM_TUNE_AT_STEP)
         return exec_run_tuning(e, L);
     if (e->profile) return exec_run_profiled(e, L);
-    if (!e->graphs || e->sync_each) {
-        for (int i = 0; i < L->n; i++)
-            if (!exec_launch(e, &L->l[i])) return false;
-        return true;
-    }
-    if (!L->captured) {
-        if (!CU_CHECK(CU(cuStreamBeginCapture_v2)(e->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)))
-            return false;
-        bool ok = true;
-        for (int i = 0; ok && i < L->n; i++) ok = exec_launch(e, &L->l[i]);
-        CUgraph graph = NULL;
-        bool ended = CU_CHECK(CU(cuStreamEndCapture)(e->stream, &graph));
-        if (!ok || !ended) return false;
-        if (!CU_CHECK(CU(cuGraphInstantiateWithFlags)(&L->exec, graph, 0))) return false;
-        L->graph = graph;
-        L->captured = true;
-    }
-    return CU_CHECK(CU(cuGraphLaunch)(L->exec, e->stream));
+    if (!e->graphs || e->sync_each) return launch_list(e, L);
+    return exec_replay(e, L, launch_list, L);
 }
 
 bool exec_finish(CudaExec *e, const char *what) {

@@ -296,7 +296,8 @@ static bool exec_send_bucket(CudaExec *e, int b) {
 }
 
 /* The micro-step's launches with the buckets between them, then the join. */
-static bool exec_launch_last(CudaExec *e) {
+static bool exec_launch_last(CudaExec *e, void *unused) {
+    (void)unused;
     ExecList *L = &e->lists[LIST_MICRO];
     bool ok = true;
     int b = 0;
@@ -312,20 +313,9 @@ static bool exec_run_last(CudaExec *e) {
     ExecList *G = &e->last;
     if (!e->graphs || e->sync_each || e->profile || !e->last_warm) {
         e->last_warm = true;   /* NCCL has set up its connections for these sizes */
-        return exec_launch_last(e);
+        return exec_launch_last(e, NULL);
     }
-    if (!G->captured) {
-        if (!CU_CHECK(CU(cuStreamBeginCapture_v2)(e->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)))
-            return false;
-        bool ok = exec_launch_last(e);
-        CUgraph graph = NULL;
-        bool ended = CU_CHECK(CU(cuStreamEndCapture)(e->stream, &graph));
-        if (!ok || !ended) return false;
-        if (!CU_CHECK(CU(cuGraphInstantiateWithFlags)(&G->exec, graph, 0))) return false;
-        G->graph = graph;
-        G->captured = true;
-    }
-    return CU_CHECK(CU(cuGraphLaunch)(G->exec, e->stream));
+    return exec_replay(e, G, exec_launch_last, NULL);
 }
 
 bool cuda_exec_run_last_micro_step(CudaExec *e) {

@@ -183,6 +183,9 @@ bool list_push(ExecList *L, ExecLaunch *x);
 bool aux_take(CudaExec *e, const void *host, int64_t bytes, CUdeviceptr *out);
 bool exec_get_function(CudaExec *e, const Node *n, const char *fn, unsigned smem, CUfunction *f);
 bool exec_launch(CudaExec *e, const ExecLaunch *x);
+/* launch(e, ctx)'s work as a CUDA graph: captured at the first call into G, replayed from then
+ * on (the step's lists, the last micro-step with its buckets, the sharded update) */
+bool exec_replay(CudaExec *e, ExecList *G, bool (*launch)(CudaExec *e, void *ctx), void *ctx);
 bool exec_finish(CudaExec *e, const char *what);
 
 /* ---------------------------------------------------------------- exec_gemm.c */

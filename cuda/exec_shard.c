@@ -399,7 +399,8 @@ static bool launch_range(CudaExec *e, int from, int to) {
     return true;
 }
 
-static bool launch_update(CudaExec *e) {
+static bool launch_update(CudaExec *e, void *unused) {
+    (void)unused;
     return launch_range(e, 0, e->norm_end) && sum_sqnorms(e) && launch_range(e, e->norm_end, e->upd_end) &&
            gather_weights(e) && launch_range(e, e->upd_end, e->lists[LIST_UPDATE].n);
 }
@@ -408,19 +409,9 @@ bool exec_shard_run_update(CudaExec *e) {
     ExecList *G = &e->shard_graph;
     if (!e->graphs || e->sync_each || e->profile || !e->shard_warm) {
         e->shard_warm = true;   /* NCCL has set up its connections for these collectives */
-        return launch_update(e);
+        return launch_update(e, NULL);
     }
-    if (!G->captured) {
-        if (!CU_CHECK(CU(cuStreamBeginCapture_v2)(e->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))) return false;
-        bool ok = launch_update(e);
-        CUgraph graph = NULL;
-        bool ended = CU_CHECK(CU(cuStreamEndCapture)(e->stream, &graph));
-        if (!ok || !ended) return false;
-        if (!CU_CHECK(CU(cuGraphInstantiateWithFlags)(&G->exec, graph, 0))) return false;
-        G->graph = graph;
-        G->captured = true;
-    }
-    return CU_CHECK(CU(cuGraphLaunch)(G->exec, e->stream));
+    return exec_replay(e, G, launch_update, NULL);
 }
 
 /* ---------------------------------------------------------------- checkpoints */
