@@ -7,7 +7,9 @@
  * whether it is a library kernel or a cuBLASLt GEMM, the kernel's name, the graph nodes whose
  * work it does (a GEMM with its epilogue's adds, a producer that writes its own FP8 copy, a
  * quantize that makes its scales), the bytes of the tensors it reads and writes (each once: a
- * lower bound on its memory traffic), and for GEMMs and attention the floating-point operations
+ * lower bound on its memory traffic; of a producer's first pass that stores only its block
+ * maxima, CkAmaxOnly, just those, and of the scale made from them, those again), and for GEMMs
+ * and attention the floating-point operations
  * of their products. Totals per phase close the table, so a reader sees at once where a step's
  * bytes and FLOPs are. */
 #include <stdio.h>
@@ -127,6 +129,13 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
                 for (size_t q = 0; q < sizeof r / sizeof r[0]; q++) add_node(seen, &n_seen, &bytes, r[q]->node);
                 snprintf(name, sizeof name, "cublasLt");
             } else {
+                /* a pass that stores only its block maxima writes those, not its result, and a
+                 * scale made from them reads them, not the value they are the maxima of */
+                int parts = strstr(l->body, "CkAmaxOnly<") ? 0 : strstr(l->body, "ck_quant_scale_parts<") ? 1 : -1;
+                if (parts >= 0 && l->ref[parts].node) {
+                    seen[n_seen++] = l->ref[parts].node;
+                    bytes += IR_AMAX_PARTS * 4;
+                }
                 for (int q = 0; q < CK_MAX_TENSORS; q++) add_node(seen, &n_seen, &bytes, l->ref[q].node);
                 const char *cut = strchr(l->fn, '_');
                 snprintf(name, sizeof name, "%.*s", cut ? (int)(cut - l->fn) : (int)strlen(l->fn), l->fn);
