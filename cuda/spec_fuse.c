@@ -183,32 +183,16 @@ static bool gemm_gelu(const Graph *g, const Uses *uses, int r, const Node **memb
 
 /* ---------------------------------------------------------------- producers fused with quantizes */
 
-/* ops whose one kernel launch computes the value and may store it through CkAmaxOnly or
- * CkThrough (plan_rows, plan_elementwise: producer_fmt) */
-static bool producer_can_rerun(const Node *y) {
-    switch (y->op) {
-    case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X:
-    case OP_GELU: case OP_SILU: case OP_GELU_BWD: case OP_SILU_BWD: return true;
-    default: return false;
-    }
-}
-
 /* Whether the quantize q (at schedule position qi) may run y's kernel again instead of reading
- * y: y is a transient, unscaled value made only for q and for q's own per-tensor scale (which
- * reads y's block maxima), q keeps no transposed copy, and everything y's kernel reads still
- * holds its value at q's place and shares no byte with q's result. */
+ * y: the graph allows it (ir_quantize_may_rerun_producer: y, a norm or activation whose kernel
+ * stores through CkAmaxOnly or CkThrough, is made only for q and its scale), and everything
+ * y's kernel reads still holds its value at q's place and shares no byte with q's result. */
 static bool quantize_can_rerun(const Graph *g, const Uses *uses, const Node *q, int qi) {
-    const Node *y = q->in[0], *scale = q->t.fmt.scale;
-    if (q->op != OP_QUANTIZE || ir_transposed_offset(q) || q->t.fmt.scaling != SCALE_PER_TENSOR ||
-        q->t.fmt.recipe != RECIPE_CURRENT || !scale || scale->op != OP_QUANT_SCALE || scale->in[0] != y)
+    if (!ir_quantize_may_rerun_producer(q, uses)) return false;
+    const Node *y = q->in[0];
+    if (y->index >= qi || g->nodes[y->index] != y || y->t.offset % 16 || q->t.offset % 16 ||
+        ir_numel(&y->t) != ir_numel(&q->t))
         return false;
-    if (!producer_can_rerun(y) || !ir_amax_parts_offset(y) || y->t.fmt.scaling != SCALE_NONE ||
-        ir_role_is_persistent(y->t.role) || y->t.role == ROLE_OUTPUT || y->index < 0 || y->index >= qi ||
-        g->nodes[y->index] != y || y->t.offset % 16 || q->t.offset % 16 || ir_numel(&y->t) != ir_numel(&q->t))
-        return false;
-    const Uses *u = &uses[y->index];
-    for (int i = 0; i < u->n; i++)
-        if (u->list[i] != q && u->list[i] != scale) return false;
     for (int k = 0; k < y->n_in; k++) {
         const Node *x = y->in[k], *xs = x->t.fmt.scale;
         if (!fuse_value_survives(g, x, y->index, qi) || fuse_nodes_overlap(q, x)) return false;

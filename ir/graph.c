@@ -291,6 +291,27 @@ int64_t ir_transposed_offset(const Node *n)
     return n->op == OP_QUANTIZE && IR_IATTR(n, QUANTIZE, transposed) ? after_result(n) : 0;
 }
 
+bool ir_quantize_may_rerun_producer(const Node *q, const Uses *uses)
+{
+    if (q->op != OP_QUANTIZE || ir_transposed_offset(q) || q->t.fmt.scaling != SCALE_PER_TENSOR ||
+        q->t.fmt.recipe != RECIPE_CURRENT)
+        return false;
+    const Node *y = q->in[0], *scale = q->t.fmt.scale;
+    if (!scale || scale->op != OP_QUANT_SCALE || scale->in[0] != y || !ir_amax_parts_offset(y) ||
+        y->t.fmt.scaling != SCALE_NONE || ir_role_is_persistent(y->t.role) || y->t.role == ROLE_OUTPUT ||
+        y->index < 0)
+        return false;
+    switch (y->op) {
+    case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X:
+    case OP_GELU: case OP_SILU: case OP_GELU_BWD: case OP_SILU_BWD: break;
+    default: return false;
+    }
+    const Uses *u = &uses[y->index];
+    for (int i = 0; i < u->n; i++)
+        if (u->list[i] != q && u->list[i] != scale) return false;
+    return true;
+}
+
 int64_t ir_storage_bytes(const Node *n)
 {
     int64_t lse = ir_attention_lse_offset(n);

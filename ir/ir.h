@@ -445,6 +445,12 @@ void ir_renumber(Graph *g);                            /* index = position in no
 /* users[i] lists the nodes that read node i (by index); returned in the graph's arena. */
 typedef struct { int n; Node **list; } Uses;
 Uses *ir_fill_uses(const Graph *g);
+/* Whether QUANTIZE q is the per-tensor, currently scaled FP8 copy of a norm's or an
+ * elementwise activation's value y that nothing else reads (but q's scale, from y's block
+ * maxima), keeping no transposed copy: a backend may then run y's kernel a second time at q's
+ * place, from y's inputs, instead of storing y (cuda/spec_fuse.c); the memory plan keeps
+ * those inputs alive until q for it (passes/memplan.c). */
+bool ir_quantize_may_rerun_producer(const Node *q, const Uses *uses);
 /* Replaces every use of `from` by `to` (in nodes after `from`). */
 void ir_replace_uses(Graph *g, Node *from, Node *to);
 /* Moves n (anywhere after pos) to just before pos; passes use it to insert new nodes. */

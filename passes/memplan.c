@@ -57,35 +57,15 @@ static Node *alias_root(Node *n)
     return n;
 }
 
-/* Whether a norm's or an elementwise activation's value y is made only for its per-tensor FP8
- * copy q (and q's current scale, which reads y's block maxima): then the GPU backend does not
- * store y but runs y's kernel a second time at q's place, storing FP8 there
- * (cuda/spec_fuse.c, fuse_producer_quantizes), which reads y's inputs at q's place. */
-static bool copy_reruns_producer(const Node *q, const Uses *uses) {
-    if (q->op != OP_QUANTIZE || q->t.fmt.scaling != SCALE_PER_TENSOR || q->t.fmt.recipe != RECIPE_CURRENT) return false;
-    const Node *y = q->in[0], *scale = q->t.fmt.scale;
-    if (!scale || scale->op != OP_QUANT_SCALE || scale->in[0] != y || !ir_amax_parts_offset(y) ||
-        y->t.fmt.scaling != SCALE_NONE || ir_role_is_persistent(y->t.role) || y->t.role == ROLE_OUTPUT)
-        return false;
-    switch (y->op) {
-    case OP_LAYERNORM: case OP_RMSNORM: case OP_LAYERNORM_BWD_X: case OP_RMSNORM_BWD_X:
-    case OP_GELU: case OP_SILU: case OP_GELU_BWD: case OP_SILU_BWD: break;
-    default: return false;
-    }
-    const Uses *u = &uses[y->index];
-    for (int i = 0; i < u->n; i++)
-        if (u->list[i] != q && u->list[i] != scale) return false;
-    return true;
-}
-
-/* Such a copy's producer reads its inputs again at the copy's place, so they (and their
- * scales) live until then. Where the inputs outlive the copy anyway (-O1's saved GELU input)
+/* A copy that may rerun its producer (ir_quantize_may_rerun_producer: the GPU backend then runs
+ * the producer's kernel again at the copy's place instead of storing its value) reads the
+ * producer's inputs there, so they (and their scales) live until then. Where the inputs outlive the copy anyway (-O1's saved GELU input)
  * this changes nothing; at -O2/-O3, where the GELU's input is saved only as its 1x16 copy,
  * it keeps the bf16 input two nodes longer instead of storing the GELU's value. */
 static void extend_for_producer_reruns(const Graph *g, const Uses *uses, int *last) {
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *q = g->nodes[i];
-        if (!copy_reruns_producer(q, uses)) continue;
+        if (!ir_quantize_may_rerun_producer(q, uses)) continue;
         const Node *y = q->in[0];
         for (int k = 0; k < y->n_in; k++) {
             const Node *refs[2] = {y->in[k], y->in[k]->t.fmt.scale};
