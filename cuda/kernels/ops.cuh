@@ -1162,15 +1162,29 @@ template <class Y, class X> __device__ void ck_quant_scale_row(const CkArgs &a) 
     m = ck_block_max(m);
     if (threadIdx.x == 0) Y::st(a.t[0], r, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
 }
+/* How values are scaled into per-group (or 1x128 tile) scales: the largest value of the copy's
+ * element type, the margin, the group; from f[F] and i[I], i[I + 1] of a launch's arguments
+ * (QUANT_SCALE and QUANTIZE: f[0], i[1], i[2]) */
+struct CkGroupQ {
+    double fmax;
+    i64 margin, G;
+};
+template <int F, int I> static __device__ __forceinline__ CkGroupQ ck_group_q(const CkArgs &a) {
+    return CkGroupQ{a.f[F], a.i[I], a.i[I + 1]};
+}
+/* a group's scale from its largest |x|, m (1 for none usable) */
+static __device__ __forceinline__ float ck_group_scale_of(const CkGroupQ &gq, float m) {
+    return ck_amax_usable(m) ? ck_scale_for(gq.fmax, m, gq.margin) : 1.0f;
+}
+
 /* the scale of group k of x (G elements of a row, the last one of a row possibly shorter),
  * from its largest |x| */
-template <class X> static __device__ __forceinline__ float ck_group_scale(const CkArgs &a, const CkTensor &x,
-                                                                          i64 k, i64 G) {
-    i64 C = x.cols, ncg = (C + G - 1) / G;
+template <class X> static __device__ __forceinline__ float ck_group_scale(const CkGroupQ &gq, const CkTensor &x, i64 k) {
+    i64 G = gq.G, C = x.cols, ncg = (C + G - 1) / G;
     i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
     float m = 0.0f;
     for (i64 c = c0; c < c1; c++) m = fmaxf(m, fabsf(X::ld(x, r * C + c)));
-    return ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f;
+    return ck_group_scale_of(gq, m);
 }
 
 /* Groups of whole vectors: G a multiple of CK_VEC, G / CK_VEC lanes a power of two within a
@@ -1186,9 +1200,9 @@ template <class X> static __device__ __forceinline__ bool ck_group_vec_ok(const 
 /* The vectors of x, a thread each, in a grid-stride loop that every lane of a warp runs the same
  * number of times (the shuffles need whole warps; a group is wholly in range or out of it):
  * f(vector index, its values, whether it is in range, its group's scale) */
-template <class X, class Fn> static __device__ __forceinline__ void ck_group_vectors(const CkArgs &a, const CkTensor &x,
-                                                                                   i64 G, Fn f) {
-    int L = (int)(G / CK_VEC), lane = threadIdx.x & 31;
+template <class X, class Fn> static __device__ __forceinline__ void ck_group_vectors(const CkArgs &a, const CkGroupQ &gq,
+                                                                                   const CkTensor &x, Fn f) {
+    int L = (int)(gq.G / CK_VEC), lane = threadIdx.x & 31;
     i64 nv = x.n / CK_VEC;
     for (i64 c = CK_BLOCK * blockDim.x + threadIdx.x; c - lane < nv; c += CK_BLOCKS * blockDim.x) {
         bool live = c < nv;
@@ -1199,29 +1213,29 @@ template <class X, class Fn> static __device__ __forceinline__ void ck_group_vec
             for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(v[j]));
         }
         for (int o = L / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        f(c, v, live && (lane & (L - 1)) == 0, ck_amax_usable(m) ? ck_scale_for(a.f[0], m, a.i[1]) : 1.0f);
+        f(c, v, live && (lane & (L - 1)) == 0, ck_group_scale_of(gq, m));
     }
 }
 
 template <class Y, class X> __device__ void ck_quant_scale_group(const CkArgs &a) {
     const CkTensor &x = a.t[1];
-    i64 G = a.i[2];
-    if (ck_group_vec_ok<X>(x, G)) {
-        int shift = __ffs((int)(G / CK_VEC)) - 1;
-        ck_group_vectors<X>(a, x, G, [&](i64 c, const float *, bool first, float sc) {
+    const CkGroupQ gq = ck_group_q<0, 1>(a);
+    if (ck_group_vec_ok<X>(x, gq.G)) {
+        int shift = __ffs((int)(gq.G / CK_VEC)) - 1;
+        ck_group_vectors<X>(a, gq, x, [&](i64 c, const float *, bool first, float sc) {
             if (first) Y::st(a.t[0], c >> shift, sc);
         });
         return;
     }
-    CK_GRID_STRIDE(k, a.t[0].n) Y::st(a.t[0], k, ck_group_scale<X>(a, x, k, G));
+    CK_GRID_STRIDE(k, a.t[0].n) Y::st(a.t[0], k, ck_group_scale<X>(gq, x, k));
 }
 
 /* group k of x (G elements of a row, the last one of a row possibly shorter) into the copy q
  * through its scale, which goes to q's scale array: ck_quantize_group's scalar path */
-template <class Q, class X> static __device__ __forceinline__ void ck_group_store(const CkArgs &a, const CkTensor &x,
-                                                                                 const CkTensor &q, i64 k, i64 G) {
-    i64 C = x.cols, ncg = (C + G - 1) / G;
-    float raw = ck_group_scale<X>(a, x, k, G), sc = Q::scale_round(raw);
+template <class Q, class X> static __device__ __forceinline__ void ck_group_store(const CkGroupQ &gq, const CkTensor &x,
+                                                                                 const CkTensor &q, i64 k) {
+    i64 G = gq.G, C = x.cols, ncg = (C + G - 1) / G;
+    float raw = ck_group_scale<X>(gq, x, k), sc = Q::scale_round(raw);
     Elem<Q::scale_elem>::st((void *)q.s, k, raw);
     i64 r = k / ncg, c0 = (k - r * ncg) * G, c1 = c0 + G < C ? c0 + G : C;
     for (i64 c = c0; c < c1; c++) Elem<Q::elem>::st(q.p, r * C + c, X::ld(x, r * C + c) * sc);
@@ -1234,18 +1248,18 @@ template <class Q, class X> static __device__ __forceinline__ void ck_group_stor
  * here), t[1] = x; i = {.., margin, group}, f = {max of elem} */
 template <class Y, class X> __device__ void ck_quantize_group(const CkArgs &a) {
     const CkTensor &x = a.t[1], &y = a.t[0];
-    i64 G = a.i[2];
+    const CkGroupQ gq = ck_group_q<0, 1>(a);
     void *sp = (void *)y.s;
-    if (ck_group_vec_ok<X>(x, G) && Y::vec_ok(y)) {
-        int shift = __ffs((int)(G / CK_VEC)) - 1;
-        ck_group_vectors<X>(a, x, G, [&](i64 c, const float *v, bool first, float sc) {
+    if (ck_group_vec_ok<X>(x, gq.G) && Y::vec_ok(y)) {
+        int shift = __ffs((int)(gq.G / CK_VEC)) - 1;
+        ck_group_vectors<X>(a, gq, x, [&](i64 c, const float *v, bool first, float sc) {
             if (first) Elem<Y::scale_elem>::st(sp, c >> shift, sc);
             if (c < x.n / CK_VEC) Y::st_vec_scaled(y, c * CK_VEC, v, Y::scale_round(sc));
         });
         return;
     }
-    i64 ncg = (x.cols + G - 1) / G;
-    CK_GRID_STRIDE(k, x.rows * ncg) ck_group_store<Y, X>(a, x, y, k, G);
+    i64 ncg = (x.cols + gq.G - 1) / gq.G;
+    CK_GRID_STRIDE(k, x.rows * ncg) ck_group_store<Y, X>(gq, x, y, k);
 }
 /* GELU or SILU (as ck_unary: t[0] = y, t[1] = x) that also writes x's copy into per-group
  * scales, t[3], with the scales (the fused pair of ck_quantize_group, moved here:
@@ -1254,13 +1268,13 @@ template <class Y, class X> __device__ void ck_quantize_group(const CkArgs &a) {
  * The copy's bytes are ck_quantize_group's, y's and its block maxima ck_unary's. */
 template <int OP, class Y, class X, class Q> __device__ void ck_unary_group(const CkArgs &a) {
     const CkTensor &x = a.t[1], &q = a.t[3];
-    i64 G = a.i[2];
+    const CkGroupQ gq = ck_group_q<0, 1>(a);
     void *sp = (void *)q.s;
     float m = 0.0f;
-    if (ck_group_vec_ok<X>(x, G) && Q::vec_ok(q) && Y::vec_ok(a.t[0])) {
-        int shift = __ffs((int)(G / CK_VEC)) - 1;
+    if (ck_group_vec_ok<X>(x, gq.G) && Q::vec_ok(q) && Y::vec_ok(a.t[0])) {
+        int shift = __ffs((int)(gq.G / CK_VEC)) - 1;
         i64 nv = x.n / CK_VEC;
-        ck_group_vectors<X>(a, x, G, [&](i64 c, const float *v, bool first, float sc) {
+        ck_group_vectors<X>(a, gq, x, [&](i64 c, const float *v, bool first, float sc) {
             if (first) Elem<Q::scale_elem>::st(sp, c >> shift, sc);
             if (c >= nv) return;
             Q::st_vec_scaled(q, c * CK_VEC, v, Q::scale_round(sc));
@@ -1273,8 +1287,8 @@ template <int OP, class Y, class X, class Q> __device__ void ck_unary_group(cons
             Y::st_vec(a.t[0], c * CK_VEC, r);
         });
     } else {
-        i64 ncg = (x.cols + G - 1) / G;
-        CK_GRID_STRIDE(k, x.rows * ncg) ck_group_store<Q, X>(a, x, q, k, G);
+        i64 ncg = (x.cols + gq.G - 1) / gq.G;
+        CK_GRID_STRIDE(k, x.rows * ncg) ck_group_store<Q, X>(gq, x, q, k);
         CK_GRID_STRIDE(i, a.t[0].n) {
             float v = ck_unop<OP>(X::ld(x, i), 0.0f);
             m = fmaxf(m, fabsf(v));
@@ -1302,7 +1316,7 @@ template <int NV, class Q> __device__ __forceinline__ void ck_row_group_store(co
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(v[k][j]));
         for (int o = L / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float sc = ck_amax_usable(m) ? ck_scale_for(a.f[1], m, a.i[2]) : 1.0f;
+        float sc = ck_group_scale_of(ck_group_q<1, 2>(a), m);
         if (!live) continue;
         if ((lane & (L - 1)) == 0) Elem<Q::scale_elem>::st((void *)q.s, (r * C + c) / G, sc);
         Q::st_vec_scaled(q, r * C + c, v[k], Q::scale_round(sc));
@@ -1313,7 +1327,8 @@ template <int NV, class X, class Q> __device__ __forceinline__ bool ck_norm_grou
     return G % CK_VEC == 0 && L <= 32 && (L & (L - 1)) == 0 && a.i[0] % G == 0 && Q::vec_ok(a.t[4]);
 }
 
-/* the same, an element at a time, a lane per group (any row and format) */
+/* the same, an element at a time, a lane per group (any row and format); written out rather
+ * than through ck_group_store, which took ck_norm_group from 64 registers to 96 (ptxas, sm_90a) */
 template <class X, class Q> __device__ __forceinline__ void ck_row_group_copy(const CkArgs &a, i64 r, i64 C) {
     const CkTensor &x = a.t[1], &q = a.t[4];
     i64 G = a.i[3], ncg = (C + G - 1) / G;
@@ -1321,7 +1336,7 @@ template <class X, class Q> __device__ __forceinline__ void ck_row_group_copy(co
         i64 c0 = g * G, c1 = c0 + G < C ? c0 + G : C;
         float m = 0.0f;
         for (i64 c = c0; c < c1; c++) m = fmaxf(m, fabsf(X::ld(x, r * C + c)));
-        float raw = ck_amax_usable(m) ? ck_scale_for(a.f[1], m, a.i[2]) : 1.0f, sc = Q::scale_round(raw);
+        float raw = ck_group_scale_of(ck_group_q<1, 2>(a), m), sc = Q::scale_round(raw);
         Elem<Q::scale_elem>::st((void *)q.s, r * ncg + g, raw);
         for (i64 c = c0; c < c1; c++) Elem<Q::elem>::st(q.p, r * C + c, X::ld(x, r * C + c) * sc);
     }
