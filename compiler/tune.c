@@ -445,6 +445,16 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
                           .dflt = "64", .n = 2};
         snprintf(p->values[0], 32, "64");
         snprintf(p->values[1], 32, "128");
+        p = &out[n++];
+        *p = (BuildPoint){.name = "attn.head_group", .what = "heads whose attention blocks run together (0: heaviest first)",
+                          .dflt = "0", .n = 2};
+        snprintf(p->values[0], 32, "0");
+        snprintf(p->values[1], 32, "32");
+        p = &out[n++];
+        *p = (BuildPoint){.name = "attn.dkv_split", .what = "parts of a dk/dv step's 64 queries (2: three blocks an SM)",
+                          .dflt = "1", .n = 2};
+        snprintf(p->values[0], 32, "1");
+        snprintf(p->values[1], 32, "2");
         /* the loss's row blocks (cuda/spec_ops.c, ce_rows_chosen): below 1024 threads the one
          * pass holds a vocabulary row in shared memory, two rows an SM */
         p = &out[n++];

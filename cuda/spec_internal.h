@@ -112,6 +112,11 @@ typedef struct {
     bool attn_wgmma_bwd;
     /* warpgroups of 64 rows a block of those passes (the choices attn.dq_rows, attn.dkv_rows) */
     int attn_dq_wgs, attn_dkv_wgs;
+    /* heads whose wgmma blocks run together, 0 for the heaviest tiles of all heads first
+     * (the choice attn.head_group; ck_attn_order) */
+    int attn_head_group;
+    /* parts of a dk/dv step's 64 queries (the choice attn.dkv_split: 1 or 2) */
+    int attn_dkv_split;
 } Spec;
 
 static inline int64_t rows_of(const Tensor *t) {

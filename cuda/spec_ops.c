@@ -722,10 +722,13 @@ bool plan_attention(Spec *s) {
      * Not the default: on an H200 it took 3.41 ms of a d12 -O1 step's forward against 3.23,
      * and Llama -O1's step 112.65 ms against 111.93 (docs/results.md) */
     if (wg && D == 64 && s->attn_fwd_pipe) fwd = "ck_attn_wg_fwd_pipe", fwd_smem = (unsigned)(1024 + 128 * D * 2 + 5 * 64 * D * 2);
+    /* the wgmma kernels' block order (attn.head_group): a last template argument */
+    char hg[16] = "";
+    if (wg && s->attn_head_group) snprintf(hg, sizeof hg, ", %d", s->attn_head_group);
     CuLaunch *l;
     if (!bwd) {
-        l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s<%lld, 0, %s, %s, %s, %s, %s>(a)", fwd,
-                        (long long)D, Y, Q, K, V, F32_ARG);
+        l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s<%lld, 0, %s, %s, %s, %s, %s%s>(a)", fwd,
+                        (long long)D, Y, Q, K, V, F32_ARG, hg);
         l->smem = fwd_smem;
         l->min_blocks = wg ? 2 : 0;
         attn_args(l, n, packed, sz);
@@ -743,8 +746,8 @@ bool plan_attention(Spec *s) {
         arg_node(l, 5, ysaved);
         l->args.i[11] = ir_attention_lse_offset(ysaved);
     } else {
-        l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s<%lld, 1, %s, %s, %s, %s, %s>(a)", fwd,
-                        (long long)D, F32_ARG, Q, K, V, DY);
+        l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s<%lld, 1, %s, %s, %s, %s, %s%s>(a)", fwd,
+                        (long long)D, F32_ARG, Q, K, V, DY, hg);
         l->smem = fwd_smem;
         l->min_blocks = wg ? 2 : 0;
         attn_args(l, n, packed, sz);
@@ -770,12 +773,20 @@ bool plan_attention(Spec *s) {
         dq_smem = (unsigned)(1024 + 2 * dq_rows * D * 2 + 4 * step);
         dkv_smem = (unsigned)(1024 + 2 * dkv_rows * D * 2 + 4 * step + 4 * 64 * 4);
     }
-    l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s>(a)", dq, Y, DY, Q, K, V);
+    const char *bwd_hg = wg_bwd ? hg : "";
+    l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dq, Y, DY, Q, K, V, bwd_hg);
     l->smem = dq_smem;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
-    l = spec_launch(s, "attndkv", dkv_blocks, dkv_threads, "%s, %s, %s, %s, %s, %s>(a)", dkv, Y, DY, Q, K, V);
+    /* a dk/dv step in two parts of 32 queries (attn.dkv_split=2) holds fewer registers: at one
+     * warpgroup a block, three blocks an SM where the whole step's 170 registers allow two */
+    char split[32] = "";
+    bool halves = wg_bwd && s->attn_dkv_split == 2;
+    if (halves) snprintf(split, sizeof split, ", %d, 2", s->attn_head_group);
+    l = spec_launch(s, "attndkv", dkv_blocks, dkv_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dkv, Y, DY, Q, K, V,
+                    halves ? split : bwd_hg);
     l->smem = dkv_smem;
+    if (halves && s->attn_dkv_wgs == 1 && D == 64) l->min_blocks = 3;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
     return true;
@@ -800,6 +811,9 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.attn_fwd_pipe = ir_choice_int_at(g, "attn.fwd_pipeline", n, 0) == 1;
         s.attn_dq_wgs = ir_choice_int_at(g, "attn.dq_rows", n, 128) == 64 ? 1 : 2;
         s.attn_dkv_wgs = ir_choice_int_at(g, "attn.dkv_rows", n, 64) == 128 ? 2 : 1;
+        int64_t group = ir_choice_int_at(g, "attn.head_group", n, 0);
+        s.attn_head_group = group > 0 && group <= 1024 ? (int)group : 0;
+        s.attn_dkv_split = ir_choice_int_at(g, "attn.dkv_split", n, 1) == 2 ? 2 : 1;
         if (plan_attention(&s)) plans[i] = wgp;
     }
 }

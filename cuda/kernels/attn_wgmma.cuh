@@ -132,6 +132,7 @@ static __device__ __forceinline__ void ck_wg_hold(unsigned *r) {
 
 #define CK_F4(d, i) "+f"(d[i]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3])
 #define CK_F16(d, i) CK_F4(d, i), CK_F4(d, (i) + 4), CK_F4(d, (i) + 8), CK_F4(d, (i) + 12)
+#define CK_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define CK_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
                "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define CK_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
@@ -145,6 +146,20 @@ static __device__ __forceinline__ void ck_wg_ss64(float *d, unsigned long long d
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CK_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
                  : CK_F16(d, 0), CK_F16(d, 16)
                  : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d (64 x 32, f32) = (acc ? d : 0) + A B: A and B K-major descriptors */
+static __device__ __forceinline__ void ck_wg_ss32(float *d, unsigned long long da, unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " CK_D16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : CK_F16(d, 0)
+                 : "l"(da), "l"(db), "r"(acc));
+}
+template <int N>
+static __device__ __forceinline__ void ck_wg_ss(float *d, unsigned long long da, unsigned long long db, int acc) {
+    static_assert(N == 32 || N == 64, "m64nNk16 for N = 32 or 64");
+    if constexpr (N == 64) ck_wg_ss64(d, da, db, acc);
+    else ck_wg_ss32(d, da, db, acc);
 }
 
 /* d (64 x N, f32) += A B: A (64 x 16 bf16) in registers, B an MN-major descriptor (scale-d is
@@ -167,6 +182,24 @@ static __device__ __forceinline__ void ck_wg_rs(float *d, const unsigned *a, uns
     }
 }
 
+/* Which (batch, head) and which of its tiles block `blk` takes, among n_bh heads of n_t tiles
+ * each; k = 0 is the head's heaviest tile (the caller maps it: the last query tile of a causal
+ * forward or dq pass, the first key tile of a dk/dv pass). HG = 0: the heaviest tile of every
+ * head first, then the next of every head, and so on, so that the last wave is of light tiles.
+ * HG > 0: the heads in groups of HG, every tile of a group before the next group's, heaviest
+ * first within it; the tiles of a head that run together then read its other operands (K and V,
+ * or Q and dY, 256 KiB a head at T 1024) from L2 rather than from memory (the choice
+ * attn.head_group). */
+static __device__ __forceinline__ void ck_attn_order(i64 blk, i64 n_bh, i64 n_t, int hg, i64 &bh, i64 &k) {
+    if (hg == 0) {
+        bh = blk % n_bh, k = blk / n_bh;
+        return;
+    }
+    i64 grp = blk / (hg * n_t), r = blk - grp * hg * n_t;
+    i64 in = n_bh - grp * hg < hg ? n_bh - grp * hg : hg;   /* the last group may be short */
+    bh = grp * hg + r % in, k = r / in;
+}
+
 /* Where a forward block of 128 query rows and its thread stand (ck_attn_wg_fwd and its
  * pipelined form): the (batch, head, query tile) of the block, heavy tiles first; the
  * warpgroup's first row and the thread's rows (row0, row0 + 8); the key tiles of the block and
@@ -174,9 +207,10 @@ static __device__ __forceinline__ void ck_wg_rs(float *d, const unsigned *a, uns
 struct CkWgFwdPlace {
     i64 b, h, g;
     int q0, Ti, wg, rows, row0, tig, n_kt, wg_kt;
-    __device__ CkWgFwdPlace(const CkArgs &a) {
-        i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], n_qt = (T + 127) / 128;
-        i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H);
+    __device__ CkWgFwdPlace(const CkArgs &a, int hg) {
+        i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], n_qt = (T + 127) / 128, bh, heavy;
+        ck_attn_order(blockIdx.x, B * H, n_qt, hg, bh, heavy);
+        i64 qt = n_qt - 1 - heavy;
         b = bh / H, h = bh % H, g = h / (H / Hkv);
         q0 = (int)qt * 128, Ti = (int)T;
         wg = threadIdx.x >> 7;
@@ -192,7 +226,7 @@ struct CkWgFwdPlace {
 
 /* MODE 0: y = attention(q, k, v) (and lse after y when i[11]); MODE 1 (t[1] = dy): lse and Dt
  * into scratch. Arguments as ck_attn_tc_fwd's; one block per (b, h, 128 query rows). */
-template <int D, int MODE, class Y, class Q, class K, class V, class DY>
+template <int D, int MODE, class Y, class Q, class K, class V, class DY, int HG = 0>
 __device__ void ck_attn_wg_fwd(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -201,7 +235,7 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
     unsigned sKV = sQ + L::Q_BYTES;                        /* [buffer][k, v] tiles */
     i64 T = a.i[1];
     float scale2 = (float)a.f[0] * CK_LOG2E;   /* scores in base 2 */
-    const CkWgFwdPlace at(a);
+    const CkWgFwdPlace at(a, HG);
     const i64 b = at.b, h = at.h, g = at.g;
     const int q0 = at.q0, Ti = at.Ti, wg = at.wg, rows = at.rows, row0 = at.row0, tig = at.tig;
     const int n_kt = at.n_kt, wg_kt = at.wg_kt;
@@ -285,7 +319,7 @@ struct CkWgPipe {
     };
 };
 
-template <int D, int MODE, class Y, class Q, class K, class V, class DY>
+template <int D, int MODE, class Y, class Q, class K, class V, class DY, int HG = 0>
 __device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
     static_assert(D == 64, "the pipelined wgmma forward takes head dim 64");
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -294,7 +328,7 @@ __device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
     unsigned sK0 = sQ + L::Q_BYTES, sV0 = sK0 + 2 * L::TILE;   /* k[2], v[3] */
     i64 T = a.i[1];
     float scale2 = (float)a.f[0] * CK_LOG2E;
-    const CkWgFwdPlace at(a);
+    const CkWgFwdPlace at(a, HG);
     const i64 b = at.b, h = at.h, g = at.g;
     const int q0 = at.q0, Ti = at.Ti, wg = at.wg, rows = at.rows, row0 = at.row0, tig = at.tig;
     const int n_kt = at.n_kt, wg_kt = at.wg_kt;
@@ -415,7 +449,7 @@ template <int D, int WGS> struct CkWgBwd {
 };
 
 /* dq: one block per (b, h, 64 WGS query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch */
-template <int D, int WGS, class Y, class DY, class Q, class K, class V>
+template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0>
 __device__ void ck_attn_wg_dq(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -425,7 +459,9 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3];
     float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 n_qt = (T + L::ROWS - 1) / L::ROWS;
-    i64 bh = blockIdx.x % (B * H), qt = n_qt - 1 - blockIdx.x / (B * H), b = bh / H, h = bh % H, g = h / (H / Hkv);
+    i64 bh, heavy;
+    ck_attn_order(blockIdx.x, B * H, n_qt, HG, bh, heavy);
+    i64 qt = n_qt - 1 - heavy, b = bh / H, h = bh % H, g = h / (H / Hkv);
     int q0 = (int)qt * L::ROWS, Ti = (int)T;
     int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int rows = q0 + wg * 64, row0 = rows + warp * 16 + gid;
@@ -523,9 +559,11 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
 
 /* dk, dv: one block per (b, kv head, 64 WGS keys), over the heads of the group and the 64-query
  * tiles at and after the keys; t[1..4] = dy, q, k, v; lse and Dt in the scratch */
-template <int D, int WGS, class Y, class DY, class Q, class K, class V>
+template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int SPLIT = 1>
 __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
+    static_assert(SPLIT == 1 || SPLIT == 2, "a step of 64 queries, whole or in two parts");
+    constexpr int NQ = 64 / SPLIT;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     typedef CkWgBwd<D, WGS> L;
     unsigned sK = (ck_smem(smem_raw) + 1023u) & ~1023u, sV = sK + L::WHOLE;
@@ -533,7 +571,9 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     float *sStat = (float *)(smem_raw + (sQY + 4 * L::TILE - ck_smem(smem_raw)));   /* [buffer][lse, Dt][64] */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], grp = H / Hkv;
     float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
-    i64 bg = blockIdx.x % (B * Hkv), kt = blockIdx.x / (B * Hkv), b = bg / Hkv, g = bg % Hkv;
+    i64 bg, kt;
+    ck_attn_order(blockIdx.x, B * Hkv, (T + L::ROWS - 1) / L::ROWS, HG, bg, kt);
+    i64 b = bg / Hkv, g = bg % Hkv;
     int k0 = (int)kt * L::ROWS, Ti = (int)T;
     int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int keys = k0 + wg * 64, key0 = keys + warp * 16 + gid;   /* the warpgroup's, this thread's */
@@ -567,86 +607,95 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
         unsigned sQ = sQY + (it & 1) * 2 * L::TILE, sDY = sQ + L::TILE;
         const float *sL = sStat + (it & 1) * 2 * L::STEP, *sDt = sL + L::STEP;
 
-        /* S^T = K Q^T, then dP^T = V dY^T, 64 keys x 64 queries per warpgroup, in two commit
-         * groups; each product after them is issued as soon as its operand is made, so that
-         * the tensor cores run one while the warpgroup computes the next operand:
+        /* The step's queries in SPLIT parts of NQ (attn.dkv_split): S^T = K Q^T, then
+         * dP^T = V dY^T, 64 keys x NQ queries per warpgroup, in two commit groups; each product
+         * after them is issued as soon as its operand is made, so that the tensor cores run one
+         * while the warpgroup computes the next operand:
          *   S^T in     -> P^T            (dP^T running)
          *   dP^T in    -> dS^T           (dV += P^T dY running)
-         *   dK += dS^T Q, and wait for both */
-        float st[8][4], dpt[8][4];
-        ck_wg_hold<32>(&st[0][0]);
-        ck_wg_hold<32>(&dpt[0][0]);
-        ck_wg_fence();
+         *   dK += dS^T Q, and wait for both
+         * A part of 32 queries holds half the registers of 64 (S^T, dP^T and their operands),
+         * for three blocks an SM instead of two, at the price of narrower products. */
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
-            unsigned tile = (kk >> 2) * L::STEP * 128 + (kk & 3) * 32;
-            ck_wg_ss64(&st[0][0], ck_wg_desc(sK + mine, 16, 1024), ck_wg_desc(sQ + tile, 16, 1024), kk > 0);
-        }
-        ck_wg_commit();
+        for (int part = 0; part < SPLIT; part++) {
+            const int qp = q0 + part * NQ;   /* the part's first query */
+            if (qp + NQ - 1 < keys) continue;
+            float st[NQ / 8][4], dpt[NQ / 8][4];
+            ck_wg_hold<NQ / 2>(&st[0][0]);
+            ck_wg_hold<NQ / 2>(&dpt[0][0]);
+            ck_wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
-            unsigned tile = (kk >> 2) * L::STEP * 128 + (kk & 3) * 32;
-            ck_wg_ss64(&dpt[0][0], ck_wg_desc(sV + mine, 16, 1024), ck_wg_desc(sDY + tile, 16, 1024), kk > 0);
-        }
-        ck_wg_commit();
-        ck_wg_wait_but_last();
-        ck_wg_hold<32>(&st[0][0]);
+            for (int kk = 0; kk < D / 16; kk++) {
+                unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
+                unsigned tile = (kk >> 2) * L::STEP * 128 + part * NQ * 128 + (kk & 3) * 32;
+                ck_wg_ss<NQ>(&st[0][0], ck_wg_desc(sK + mine, 16, 1024), ck_wg_desc(sQ + tile, 16, 1024), kk > 0);
+            }
+            ck_wg_commit();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                unsigned mine = (kk >> 2) * L::ROWS * 128 + wg * 64 * 128 + (kk & 3) * 32;
+                unsigned tile = (kk >> 2) * L::STEP * 128 + part * NQ * 128 + (kk & 3) * 32;
+                ck_wg_ss<NQ>(&dpt[0][0], ck_wg_desc(sV + mine, 16, 1024), ck_wg_desc(sDY + tile, 16, 1024), kk > 0);
+            }
+            ck_wg_commit();
+            ck_wg_wait_but_last();
+            ck_wg_hold<NQ / 2>(&st[0][0]);
 
-        /* P^T (queries are columns: lse per column) as bf16 A operands, P^T kept in f32 for
-         * dS^T; masked S^T is -inf (P = 0) only where the step meets the diagonal or T */
-        if (q0 < keys + 63 || q0 + 64 > Ti)
+            /* P^T (queries are columns: lse per column) as bf16 A operands, P^T kept in f32
+             * for dS^T; masked S^T is -inf (P = 0) only where the part meets the diagonal or T */
+            if (qp < keys + 63 || qp + NQ > Ti)
 #pragma unroll
-            for (int n = 0; n < 8; n++)
+                for (int n = 0; n < NQ / 8; n++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int key = key0 + (i >> 1) * 8, tq = q0 + n * 8 + tig * 2 + (i & 1);
-                    if (key > tq || tq >= Ti) st[n][i] = -CK_INF;
-                }
-        unsigned pf[4][4], df[4][4];
+                    for (int i = 0; i < 4; i++) {
+                        int key = key0 + (i >> 1) * 8, tq = qp + n * 8 + tig * 2 + (i & 1);
+                        if (key > tq || tq >= Ti) st[n][i] = -CK_INF;
+                    }
+            unsigned pf[NQ / 16][4], df[NQ / 16][4];
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            float2 lq = *(const float2 *)(sL + n * 8 + tig * 2);
+            for (int n = 0; n < NQ / 8; n++) {
+                float2 lq = *(const float2 *)(sL + part * NQ + n * 8 + tig * 2);
 #pragma unroll
-            for (int i = 0; i < 4; i++) st[n][i] = ck_ex2(fmaf(st[n][i], scale2, -(i & 1 ? lq.y : lq.x) * CK_LOG2E));
-            pf[n >> 1][(n & 1) * 2] = ck_pack(st[n][0], st[n][1]);
-            pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(st[n][2], st[n][3]);
+                for (int i = 0; i < 4; i++)
+                    st[n][i] = ck_ex2(fmaf(st[n][i], scale2, -(i & 1 ? lq.y : lq.x) * CK_LOG2E));
+                pf[n >> 1][(n & 1) * 2] = ck_pack(st[n][0], st[n][1]);
+                pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(st[n][2], st[n][3]);
+            }
+
+            /* dV += P^T dY: dY as an MN-major B operand (queries along k) */
+            ck_wg_hold<D / 2>(&dv[0][0]);
+            ck_wg_hold<NQ / 4>(&pf[0][0]);
+            ck_wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < NQ / 16; kk++)
+                ck_wg_rs<D>(&dv[0][0], pf[kk], ck_wg_desc(sDY + (part * NQ / 16 + kk) * 16 * 128, L::STEP * 128, 1024));
+            ck_wg_commit();
+
+            /* dS^T = P^T (dP^T - Dt) scale (Dt per column), as bf16 A operands */
+            ck_wg_wait_but_last();
+            ck_wg_hold<NQ / 2>(&dpt[0][0]);
+#pragma unroll
+            for (int n = 0; n < NQ / 8; n++) {
+                float2 dtq = *(const float2 *)(sDt + part * NQ + n * 8 + tig * 2);
+                float ds[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) ds[i] = st[n][i] * (dpt[n][i] - (i & 1 ? dtq.y : dtq.x)) * scale;
+                df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
+                df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
+            }
+
+            /* dK += dS^T Q: Q as an MN-major B operand */
+            ck_wg_hold<D / 2>(&dk[0][0]);
+            ck_wg_hold<NQ / 4>(&df[0][0]);
+            ck_wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < NQ / 16; kk++)
+                ck_wg_rs<D>(&dk[0][0], df[kk], ck_wg_desc(sQ + (part * NQ / 16 + kk) * 16 * 128, L::STEP * 128, 1024));
+            ck_wg_commit();
+            ck_wg_wait();
+            ck_wg_hold<D / 2>(&dv[0][0]);
+            ck_wg_hold<D / 2>(&dk[0][0]);
         }
-
-        /* dV += P^T dY: dY as an MN-major B operand (queries along k) */
-        ck_wg_hold<D / 2>(&dv[0][0]);
-        ck_wg_hold<16>(&pf[0][0]);
-        ck_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            ck_wg_rs<D>(&dv[0][0], pf[kk], ck_wg_desc(sDY + kk * 16 * 128, L::STEP * 128, 1024));
-        ck_wg_commit();
-
-        /* dS^T = P^T (dP^T - Dt) scale (Dt per column), as bf16 A operands */
-        ck_wg_wait_but_last();
-        ck_wg_hold<32>(&dpt[0][0]);
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-            float2 dtq = *(const float2 *)(sDt + n * 8 + tig * 2);
-            float ds[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) ds[i] = st[n][i] * (dpt[n][i] - (i & 1 ? dtq.y : dtq.x)) * scale;
-            df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
-            df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
-        }
-
-        /* dK += dS^T Q: Q as an MN-major B operand */
-        ck_wg_hold<D / 2>(&dk[0][0]);
-        ck_wg_hold<16>(&df[0][0]);
-        ck_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            ck_wg_rs<D>(&dk[0][0], df[kk], ck_wg_desc(sQ + kk * 16 * 128, L::STEP * 128, 1024));
-        ck_wg_commit();
-        ck_wg_wait();
-        ck_wg_hold<D / 2>(&dv[0][0]);
-        ck_wg_hold<D / 2>(&dk[0][0]);
     }
     ck_attn_dkv_store<D, Y>(a, dk, dv, b, g, key0, tig, Ti);
 }
