@@ -120,9 +120,10 @@ static int compare_doubles(const void *a, const void *b)
 
 /* Runs bin for the tuner's steps with env (NAME=VALUE strings) added; its output goes to a file
  * whose tail is shown when the run fails. On a GPU every run takes cuBLASLt's first heuristic
- * algorithm for each GEMM (FP8C_CUDA_TUNE=0) unless env says otherwise: a binary otherwise
- * times its GEMMs' candidates at start-up, which takes seconds of each run and may pick other
- * algorithms in each, so that a fusion's candidate could win or lose by its GEMMs' luck. The
+ * algorithm for each GEMM (FP8C_CUDA_TUNE=0, a binary's default, set here against a user's
+ * FP8C_CUDA_TUNE=1) unless env says otherwise: timing the GEMMs' candidates at start-up takes
+ * seconds of each run and may pick other algorithms in each, so that a fusion's candidate
+ * could win or lose by its GEMMs' luck. The
  * GEMM point measures the algorithms on its own (FP8C_TUNE_GEMMS), against that same first
  * choice, which is also what the record keeps where no algorithm wins. */
 static bool run_binary(Tuner *t, const char *bin, const char *const *env, int n_env, Run *r)

@@ -11,9 +11,10 @@
  * Each phase of the step (evaluation: the forward nodes; a micro-step: forward and backward
  * in schedule order; the update) is a list of launches built once: library kernels with their
  * argument blocks resolved to device pointers, and cuBLASLt matmuls whose algorithms were
- * chosen at set-up: the heuristic's candidates are timed on the arenas before they are filled,
- * once per shape (FP8C_CUDA_TUNE=0: its first choice), unless the artifact holds the
- * algorithms of a tuning record (below: a tuned binary times nothing). A GEMM whose fuse group its epilogue
+ * chosen at set-up: the algorithms of a tuning record where the artifact holds one, else the
+ * heuristic's first choice, so that two runs of one binary multiply alike (FP8C_CUDA_TUNE=1
+ * times the heuristic's candidates on the arenas before they are filled, once per shape, and
+ * may pick differently from run to run). A GEMM whose fuse group its epilogue
  * computes replaces the group's adds (spec_fuse.c's cuda_plan_epilogues); one launch runs a run of
  * small update nodes (batched launches, below). The first run of a phase captures the list in
  * a CUDA graph; later runs replay it, so a step costs a handful of driver calls however many kernels
@@ -488,7 +489,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     if (!exec_check_epilogues(e)) goto fail;
     /* the launch lists: evaluation, micro-step, update; then the gradient checks */
     bool batches = env_flag("FP8C_CUDA_BATCH", true);
-    e->tune = env_flag("FP8C_CUDA_TUNE", true);
+    e->tune = env_flag("FP8C_CUDA_TUNE", false);   /* timing may pick differently each run */
     const char *tuned_on = ir_choice(g, "tune.device");
     if (tuned_on) {   /* a tuned binary: its algorithms, and no timing */
         char fp[17];

@@ -4,8 +4,9 @@
  * and algorithm are made once, at set-up (exec_setup_gemm), so that a phase's list replays
  * without asking cuBLASLt anything. The algorithm comes from one of three places, in this
  * order: a tuning record stored in the artifact, where it names this GPU (below: tuned
- * algorithms); the heuristic's candidates timed on the arenas, once per GEMM key; or, with
- * FP8C_CUDA_TUNE=0, the heuristic's first choice. The tuning mode (FP8C_TUNE_GEMMS, set by
+ * algorithms); with FP8C_CUDA_TUNE=1, the heuristic's candidates timed on the arenas, once per
+ * GEMM key (timings differ from run to run, and so may the winners and the bits); else the
+ * heuristic's first choice, the same in every run. The tuning mode (FP8C_TUNE_GEMMS, set by
  * `fp8c tune`) times a wider list on real data during a step and reports it. These are kept
  * apart from exec.c because they are the one part of the executor that depends on cuBLASLt's
  * API beyond a call, and the one that `fp8c tune` changes. */
@@ -103,7 +104,7 @@ static bool exec_tune_gemm(CudaExec *e, ExecLaunch *x, const CuGemm *g, const vo
  * H200s: 3e-3 relative in the loss after 30 steps of d12 at -O1). So rank 0's timed table is
  * sent to every rank, which takes it for each GEMM of its lists. The ranks made the same
  * table from the same graph; a rank whose count of timed problems differs says so rather than
- * guess. Nothing to do when nothing was timed (FP8C_CUDA_TUNE=0, a tuned binary). */
+ * guess. Nothing to do when nothing was timed (the default, a tuned binary). */
 bool exec_agree_gemms(CudaExec *e) {
     if (!cuda_nccl_active()) return true;
     int64_t n = e->n_tuned;
