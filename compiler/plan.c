@@ -357,10 +357,16 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
     char b1[32];
     int n = sp->ranks;
     int64_t persistent = m->persistent - sp->saved;
-    fprintf(out, "\ndata parallel over %d GPUs with sharded state (--shard-states, ZeRO stage 1): the\n"
-                 "figures above are one GPU's whole step; each GPU keeps the weights and gradients whole\n"
-                 "and 1/%d of the master weights and optimizer states, per tensor, on multiples of the\n"
-                 "codecs' groups (up to %lld elements)", n, n, (long long)sp->group);
+    if (sp->stage >= 2)
+        fprintf(out, "\ndata parallel over %d GPUs with sharded state and gradients (--shard-states=2, ZeRO\n"
+                     "stage 2): the figures above are one GPU's whole step; each GPU keeps the weights whole\n"
+                     "and 1/%d of the gradient accumulators, master weights and optimizer states, per tensor,\n"
+                     "on multiples of the codecs' groups (up to %lld elements)", n, n, (long long)sp->group);
+    else
+        fprintf(out, "\ndata parallel over %d GPUs with sharded state (--shard-states, ZeRO stage 1): the\n"
+                     "figures above are one GPU's whole step; each GPU keeps the weights and gradients whole\n"
+                     "and 1/%d of the master weights and optimizer states, per tensor, on multiples of the\n"
+                     "codecs' groups (up to %lld elements)", n, n, (long long)sp->group);
     if (sp->whole_updates) fprintf(out, "; %d tensors too small to split stay whole on GPU 0", sp->whole_updates);
     fprintf(out, ":\n  %-24s %12s %10s\n", "category (per GPU)", "bytes", "per param");
     for (size_t k = 0; k < sizeof categories / sizeof categories[0]; k++) {
@@ -374,17 +380,29 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
     fprintf(out, "persistent training state per GPU  %s = %.2f bytes per parameter (one GPU: %.2f)\n",
             human(persistent, b1), m->n_params ? (double)persistent / (double)m->n_params : 0,
             m->n_params ? (double)m->persistent / (double)m->n_params : 0);
-    fprintf(out, "peak memory per GPU                %s (each shard's sum lands in its accumulator)\n",
-            human(persistent + m->transient, b1));
-    fprintf(out, "Each step reduce-scatters %d gradients, %s (%s), gathers the new weights%s,\n"
-                 "and all-reduces one f32 a tensor for the gradient norm%s:\n",
-            c->count, human(c->bytes, b1), c->formats, sp->copy_bytes ? " and their e4m3 copies" : "",
-            sp->amax_values ? " and the weights' amaxes" : "");
+    if (sp->stage >= 2) {
+        char b2[32], b3[32];
+        fprintf(out, "step arena per GPU                 %s + %s of gradient buffers (each bucket's, reused\n"
+                     "                                   once it is reduced: comm_grads.c) = %s\n",
+                human(m->transient, b1), human(sp->grad_buffer_bytes, b2),
+                human(m->transient + sp->grad_buffer_bytes, b3));
+        fprintf(out, "peak memory per GPU                %s (each micro-step's bucket sums land in the\n"
+                     "                                   owners' shard accumulators)\n",
+                human(persistent + m->transient + sp->grad_buffer_bytes, b1));
+    } else {
+        fprintf(out, "peak memory per GPU                %s (each shard's sum lands in its accumulator)\n",
+                human(persistent + m->transient, b1));
+    }
+    fprintf(out, "Each %s reduce-scatters %d gradients, %s (%s), each step gathers the new\n"
+                 "weights%s, and all-reduces one f32 a tensor for the gradient norm%s:\n",
+            sp->stage >= 2 ? "micro-step" : "step", c->count, human(c->bytes, b1), c->formats,
+            sp->copy_bytes ? " and their e4m3 copies" : "", sp->amax_values ? " and the weights' amaxes" : "");
     PlanCollective coll[4];
     int n_coll = shard_collectives(sp, c, coll);
     fprintf(out, "  %-26s %-8s %s\n", "collective", "format", "sent per GPU per step");
     for (int i = 0; i < n_coll; i++)
-        fprintf(out, "  %-26s %-8s %s\n", coll[i].name, coll[i].format, human(coll[i].bytes, b1));
+        fprintf(out, "  %-26s %-8s %s%s\n", coll[i].name, coll[i].format, human(coll[i].bytes, b1),
+                !i && sp->stage >= 2 ? " (x --grad-accum)" : "");
     fprintf(out, "(the reduce-scatter is one ncclReduce per shard, to its owner; the gathers are\n"
                  "broadcasts from each shard's owner: cuda/exec_shard.c)\n");
 }
@@ -460,13 +478,15 @@ void plan_print(const Graph *g, bool json, FILE *out)
         RtShardPlan sp;
         rt_shard_plan(g, m.by_role, c.ranks ? c.ranks : 1, &sp);
         int64_t gpu_persistent = m.persistent - sp.saved;
-        fprintf(out, "],\n \"shard_states\": %s, \"per_gpu\": {", sp.on ? "true" : "false");
+        fprintf(out, "],\n \"shard_states\": %s, \"shard_stage\": %d, \"per_gpu_grad_buffer_bytes\": %lld,"
+                     " \"per_gpu\": {", sp.on ? "true" : "false", sp.on ? sp.stage : 0,
+                (long long)sp.grad_buffer_bytes);
         for (size_t k = 0; k < sizeof categories / sizeof categories[0]; k++)
             fprintf(out, "%s\"%s\": %lld", k ? ", " : "", categories[k].name, (long long)sp.per_gpu[categories[k].role]);
         fprintf(out, "},\n \"per_gpu_persistent_bytes\": %lld, \"per_gpu_bytes_per_param\": %.3f,"
                      " \"per_gpu_peak_bytes\": %lld, \"shard_collectives\": [",
                 (long long)gpu_persistent, m.n_params ? (double)gpu_persistent / (double)m.n_params : 0,
-                (long long)(gpu_persistent + m.transient));
+                (long long)(gpu_persistent + m.transient + sp.grad_buffer_bytes));
         PlanCollective sc[4];
         int n_sc = sp.on ? shard_collectives(&sp, &c, sc) : 0;
         for (int i = 0; i < n_sc; i++)

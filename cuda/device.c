@@ -41,8 +41,10 @@ static bool dev_open(Graph *g, RtMemory *host) {
         n += snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; data parallel over %d GPUs (NCCL), "
                       "%d gradients summed each step%s %s", cuda_nccl_world(), cuda_exec_reductions(dev_exec), in, how);
         if (cuda_exec_sharded(dev_exec) && n > 0 && (size_t)n < sizeof dev_desc)
-            snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; masters and optimizer states sharded "
-                     "(--shard-states): persistent arena %lld bytes on this GPU, %lld whole",
+            snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; %s sharded (%s): persistent arena "
+                     "%lld bytes on this GPU, %lld whole",
+                     rt_shard_stage(g) >= 2 ? "gradients, masters and optimizer states" : "masters and optimizer states",
+                     rt_shard_stage(g) >= 2 ? "--shard-states=2" : "--shard-states",
                      (long long)cuda_exec_persistent_bytes(dev_exec), (long long)host->persistent_bytes);
     }
     return true;

@@ -63,7 +63,9 @@ static bool exec_map(const CudaExec *e, const void *p, CUdeviceptr *out) {
         return true;
     }
     if (hp && c >= hp && c <= hp + e->host.persistent_bytes) {
-        /* --shard-states: the device holds this rank's shards only (exec_shard.c) */
+        /* --shard-states: the device holds this rank's shards only (exec_shard.c); =2: the
+         * micro-step writes the gradients into bucket buffers (exec_grads.c) */
+        if (e->shard_grads && exec_grads_map(e, c - hp, out)) return true;
         *out = e->shard ? exec_shard_map(e, c - hp) : e->persistent + (CUdeviceptr)(c - hp);
         return true;
     }
@@ -445,8 +447,10 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
      * persistent one holds this rank's shards of the states and masters: exec_shard.c) */
     e->persistent_alloc = exec_shard_layout(e, cuda_nccl_active() ? cuda_nccl_world() : 1, cuda_nccl_rank());
     if (e->persistent_alloc < 0) goto fail;
+    int64_t grad_buf_bytes = exec_grads_layout(e);   /* --shard-states=2: the bucket buffers */
+    if (grad_buf_bytes < 0) goto fail;
     int64_t step_bytes = align_up(host->step_bytes);
-    int64_t ws_bytes = CUBLAS_WORKSPACE + align_up(e->scratch_bytes) + e->aux_bytes;
+    int64_t ws_bytes = CUBLAS_WORKSPACE + align_up(e->scratch_bytes) + align_up(e->aux_bytes) + align_up(grad_buf_bytes);
     e->step_alloc = step_bytes + ws_bytes;
     int64_t need = align_up(e->persistent_alloc) + e->step_alloc;
     size_t free_b = 0, total_b = 0;
@@ -469,6 +473,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->cublas_ws = e->step + (CUdeviceptr)step_bytes;
     e->scratch = e->cublas_ws + CUBLAS_WORKSPACE;
     e->aux = e->scratch + (CUdeviceptr)align_up(e->scratch_bytes);
+    e->grad_buf = e->aux + (CUdeviceptr)align_up(e->aux_bytes);
     e->finite_flag_off = 0;
     e->ticket_off = 64;
     e->aux_used = ALIGN;
@@ -511,7 +516,10 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         const CuNodePlan *eval = e->plans[i].alone ? e->plans[i].alone : &e->plans[i];
         if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, eval)) goto fail;
         if (!e->plans[i].n_launch) continue;
-        if (n->phase != PHASE_UPDATE && !exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i])) goto fail;
+        e->map_grads = e->shard_grads;   /* the micro-step writes the bucket buffers */
+        bool added = n->phase == PHASE_UPDATE || exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i]);
+        e->map_grads = false;
+        if (!added) goto fail;
         micro_end[i] = e->lists[LIST_MICRO].n;
         if (n->phase != PHASE_UPDATE) continue;
         if (batches && !e->shard && e->batch_run[i]) {   /* sharded: a launch per node (exec_shard.c) */
@@ -522,7 +530,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         }
     }
     /* the gradients' sums (no launches of their own: a batched run may span them), in buckets */
-    if (!exec_comm_open(e, micro_end) || !exec_shard_prepare(e)) goto fail;
+    if (!exec_comm_open(e, micro_end) || !exec_shard_prepare(e) || !exec_grads_open(e, micro_end)) goto fail;
     free(micro_end);
     micro_end = NULL;
     if (!exec_agree_gemms(e)) goto fail;
@@ -559,6 +567,7 @@ void cuda_exec_close(CudaExec *e) {
             free(L->l);
         }
         exec_comm_close(e);
+        exec_grads_close(e);
         exec_shard_close(e);
         if (e->have_lt) CU(cublasLtDestroy)(e->lt);
         if (e->module) CU(cuModuleUnload)(e->module);
@@ -595,6 +604,7 @@ bool cuda_exec_run_phase(CudaExec *e, Phase p) {
 }
 
 bool cuda_exec_run_micro_step(CudaExec *e) {
+    if (e->shard_grads) return cuda_exec_run_last_micro_step(e);   /* each one reduced (exec_grads.c) */
     e->reduced = false;   /* a step's micro-steps: its sums are still to come */
     return exec_run_list(e, &e->lists[LIST_MICRO]) && exec_finish(e, "micro-step");
 }
@@ -686,8 +696,10 @@ bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite) {
             }
             it[i] = (BatchItem){node, &plans[i], flag};
         }
-        /* the checks only read their tensors: any run of one kernel can be batched */
-        bool batches = env_flag("FP8C_CUDA_BATCH", true);
+        /* the checks only read their tensors: any run of one kernel can be batched (but with
+         * --shard-states=2 each checks this rank's shard of its summed gradient, below; the
+         * ranks' flags are summed by the caller) */
+        bool batches = env_flag("FP8C_CUDA_BATCH", true) && !e->shard_grads;
         for (int i = 0, j; ok && i < n; i = j) {
             for (j = i + 1; batches && j < n && batch_same_kernels(it[i].plan, it[j].plan);) j++;
             if (j - i >= BATCH_MIN) {
@@ -695,7 +707,8 @@ bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite) {
                 continue;
             }
             ExecLaunch x;
-            ok = exec_prepare_launch(e, it[i].node, &plans[i].launch[0], &x);
+            ok = exec_prepare_launch(e, it[i].node, &plans[i].launch[0], &x) &&
+                 (!e->shard_grads || exec_grads_restrict_check(e, ts[i], &x.args.t[0]));
             x.args.scratch = (void *)(uintptr_t)flag;
             ok = ok && list_push(L, &x);
         }

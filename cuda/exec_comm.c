@@ -24,7 +24,8 @@
  * own ncclAllReduce in the same order, on the same ranks. comm.overlap=0 (fp8c build
  * --choice) keeps the sums at the start of the update, one NCCL group, for comparison. With
  * --shard-states each gradient's sum goes to its shards' owners instead (exec_shard.c), in
- * the same buckets at the same places.
+ * the same buckets at the same places; with --shard-states=2 from bucket buffers that this
+ * list opens before their first writes, and in every micro-step (exec_grads.c).
  *
  * With comm:grad=e5m2 (or e4m3) a bucket is not summed by NCCL but reduced in FP8
  * (runtime/comm_fp8.c: amax, shared scale, quantize, all-to-all of shards, sum in rank order,
@@ -269,6 +270,7 @@ static bool exec_fp8_bucket(CudaExec *e, int b, CUstream stream) {
 
 /* reduce[first .. first+count) summed over the ranks on `stream`, as one NCCL group */
 static bool exec_sum_group(CudaExec *e, int first, int count, CUstream stream) {
+    if (e->shard_grads) return exec_grads_reduce(e, first, count, stream);   /* from the buffers */
     if (e->shard) return exec_shard_reduce(e, first, count, stream);   /* to each shard's owner */
     if (!cuda_nccl_group(true)) return false;
     bool ok = true;
@@ -295,14 +297,18 @@ static bool exec_send_bucket(CudaExec *e, int b) {
                                      : exec_sum_group(e, k->first, k->count, e->comm_stream));
 }
 
-/* The micro-step's launches with the buckets between them, then the join. */
+/* The micro-step's launches with the buckets between them, then the join. With
+ * --shard-states=2 each bucket's buffer is opened before its first write (exec_grads.c). */
 static bool exec_launch_last(CudaExec *e, void *unused) {
     (void)unused;
     ExecList *L = &e->lists[LIST_MICRO];
     bool ok = true;
     int b = 0;
+    exec_grads_begin(e);
     for (int i = 0; ok && i <= L->n; i++) {
         for (; ok && b < e->comm.n_buckets && e->bucket_at[b] <= i; b++) ok = exec_send_bucket(e, b);
+        for (int o = 0; ok && e->shard_grads && o < e->comm.n_buckets; o++)
+            if (e->bucket_open[o] == i) ok = exec_grads_open_bucket(e, o);
         if (ok && i < L->n) ok = exec_launch(e, &L->l[i]);
     }
     return ok && CU_CHECK(CU(cuEventRecord)(e->comm_done, e->comm_stream)) &&

@@ -5,7 +5,8 @@
  * algorithms; exec_batch.c runs a run of small update nodes as one launch per kernel;
  * exec_comm.c sums the gradients over the ranks, in buckets during the last micro-step;
  * exec_shard.c runs the sharded step (--shard-states): shard arenas, reductions to the
- * shards' owners, the update over each rank's shards and the gathers after it;
+ * shards' owners, the update over each rank's shards and the gathers after it; exec_grads.c
+ * its stage 2 (--shard-states=2): the backward's bucket buffers, reduced every micro-step;
  * exec_cg.c runs loop kernels of a kernel-IR program on the executor's arenas (tests). They
  * share the executor's state (struct CudaExec) and its launch lists. Internal to cuda/. */
 #ifndef FP8C_EXEC_INTERNAL_H
@@ -96,6 +97,17 @@ typedef struct {
     int64_t eb;
 } ExecShardTensor;
 typedef bool (*ExecPieceFn)(CudaExec *e, char *host, CUdeviceptr dev, int64_t bytes, void *ctx);
+/* --shard-states=2 (exec_grads.c): a gradient (in e->comm.reduce's order), its accumulator's
+ * bytes in the host arena, its place in its bucket's buffer and this rank's shard of it. */
+typedef struct {
+    int bucket;
+    int64_t at, bytes, eb;                /* the whole accumulator in the host arena */
+    ElemType elem;
+    int64_t buf_at;                       /* its place among the buffers (e->grad_buf) */
+    int64_t n, group;                     /* elements, shard group (rt_shard_group) */
+    RtShard mine;
+    CUdeviceptr shard;                    /* this rank's shard accumulator (persistent) */
+} ExecGrad;
 
 struct CudaExec {
     Graph *g;
@@ -156,6 +168,18 @@ struct CudaExec {
     int n_sqnorms;
     ExecList shard_graph;                 /* the update with its collectives, captured */
     bool shard_warm;
+    /* --shard-states=2 (exec_grads.c): the gradients, the bucket buffers (in the step
+     * allocation, after aux), each bucket's first write (a node, then a launch of the micro
+     * list), each buffer's event (its last bucket reduced) and whether this micro-step used it */
+    bool shard_grads;
+    bool map_grads;                       /* resolving the micro list: accumulators -> buffers */
+    ExecGrad *grads;
+    int n_grads;
+    RtGradSlots grad_slots;
+    CUdeviceptr grad_buf;
+    int *open_node, *bucket_open;
+    CUevent *slot_sent;
+    bool *slot_busy;
     const char *tune_report;              /* FP8C_TUNE_GEMMS: the tuning mode's report file */
     int micro_runs;
     bool stored_algos;                    /* the artifact's tune.device is this GPU: use its algorithms */
@@ -238,5 +262,23 @@ bool exec_shard_prepare(CudaExec *e);             /* the update list's launches 
 bool exec_shard_reduce(CudaExec *e, int first, int count, CUstream stream);
 bool exec_shard_run_update(CudaExec *e);
 void exec_shard_close(CudaExec *e);
+
+/* ---------------------------------------------------------------- exec_grads.c */
+
+/* --shard-states=2: the gradients and their bucket buffers (e->shard_grads set where the
+ * graph asks for stage 2 and the layout is sharded); the buffers' bytes, 0 without stage 2,
+ * -1 after one rt_error line. After exec_shard_layout, before the arenas are allocated (it
+ * reads the graph, the host mirror and e->plans). */
+int64_t exec_grads_layout(CudaExec *e);
+/* The device address of byte off of the host persistent arena while the micro list is
+ * resolved (e->map_grads): inside an accumulator, its place in its bucket's buffer. */
+bool exec_grads_map(const CudaExec *e, int64_t off, CUdeviceptr *out);
+bool exec_grads_open(CudaExec *e, const int *micro_end);   /* after exec_comm_open */
+void exec_grads_begin(CudaExec *e);                        /* a micro-step's list starts */
+bool exec_grads_open_bucket(CudaExec *e, int b);
+bool exec_grads_reduce(CudaExec *e, int first, int count, CUstream stream);
+/* a finite check's tensor (a gradient) restricted to this rank's shard of its sum */
+bool exec_grads_restrict_check(CudaExec *e, const Tensor *t, CkTensor *a);
+void exec_grads_close(CudaExec *e);
 
 #endif

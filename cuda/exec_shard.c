@@ -5,7 +5,8 @@
  * reads: the master weights and the optimizer states with their codecs' side values
  * (runtime/comm_shard.c has the arithmetic: per tensor, shard r of n elements is [r S,
  * (r+1) S) clipped to n, S = ceil(n / N) rounded up to the update's group). This is ZeRO
- * stage 1.
+ * stage 1; with --shard-states=2 the accumulators are cut to the rank's shard as well, and
+ * exec_grads.c gives the backward bucket buffers to write in (stage 2).
  *
  * Memory. The host mirror stays the plan's whole persistent arena (host memory is not what
  * runs short, and checkpoints, initialization and resumption keep working on whole tensors);
@@ -107,6 +108,11 @@ int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
         x->mine = rt_shard_of(x->n, x->group, e->shard_world, e->shard_rank);
         x->reduce = -1;
         int states = ir_update_lr_index(u), master = ir_adamw_master_index(u);
+        if (rt_shard_stage(g) >= 2) {   /* --shard-states=2: the accumulator too (exec_grads.c) */
+            const Node *acc = u->in[1];
+            while (acc->op == OP_ALL_REDUCE || acc->op == OP_ACCUMULATE) acc = acc->in[0];
+            if (!push_tensor(e, &cap_t, k, &acc->t, false)) goto oom;
+        }
         for (int s = 2; s <= states; s++) {
             const Tensor *t = s < states ? &u->in[s]->t : master >= 0 ? &u->in[master]->t : NULL;
             if (!t) continue;
@@ -117,7 +123,9 @@ int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
         }
     }
     /* only its update may read a sharded tensor (its other bytes are not on this GPU): the
-     * compiler's graphs have no other reader; one that had would get addresses of nothing */
+     * compiler's graphs have no other reader; one that had would get addresses of nothing.
+     * (A stage-2 accumulator is read and written by the micro-step in its bucket buffer,
+     * exec_grads.c, and in the update by its norm and its update, both cut to the shard.) */
     bool *kept_whole = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *kept_whole);
     if (!kept_whole) goto oom;
     for (int k = 0; k < e->n_shard_updates; k++) {
@@ -386,7 +394,8 @@ static bool gather_weights(CudaExec *e) {
         }
     }
     ok = cuda_nccl_group(false) && ok;
-    for (int k = 0; ok && k < e->n_shard_updates; k++)
+    /* stage 2 keeps only the shard, which the update kernel zeroed as it read it */
+    for (int k = 0; ok && !e->shard_grads && k < e->n_shard_updates; k++)
         ok = CU_CHECK(CU(cuMemsetD8Async)(e->shard_updates[k].grad, 0, (size_t)e->shard_updates[k].grad_bytes,
                                           e->stream));
     return ok;

@@ -31,6 +31,7 @@
     X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                 \
     X(cuMemcpyHtoD_v2, CUresult, (CUdeviceptr, const void *, size_t))                        \
     X(cuMemcpyDtoH_v2, CUresult, (void *, CUdeviceptr, size_t))                              \
+    X(cuMemcpyDtoDAsync_v2, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))          \
     X(cuMemsetD8Async, CUresult, (CUdeviceptr, unsigned char, size_t, CUstream))             \
     X(cuModuleLoadData, CUresult, (CUmodule *, const void *))                                \
     X(cuModuleUnload, CUresult, (CUmodule))                                                  \
@@ -127,6 +128,8 @@ bool cuda_nccl_all_to_all_bytes(CUdeviceptr send, CUdeviceptr recv, int64_t shar
 bool cuda_nccl_all_gather_bytes(CUdeviceptr buf, int64_t shard, CUstream stream);
 /* The sharded step's collectives (--shard-states, exec_shard.c; nccl.c says what each moves). */
 bool cuda_nccl_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, int root, CUstream stream);
+bool cuda_nccl_reduce_sum_to(CUdeviceptr send, CUdeviceptr recv, int64_t count, ElemType elem, int root,
+                             CUstream stream);
 bool cuda_nccl_broadcast_bytes(CUdeviceptr buf, int64_t bytes, int root, CUstream stream);
 bool cuda_nccl_all_reduce_sum_f32(CUdeviceptr buf, int64_t count, CUstream stream);
 bool cuda_nccl_send_bytes(CUdeviceptr buf, int64_t bytes, int peer, CUstream stream);

@@ -336,6 +336,16 @@ bool cuda_nccl_reduce_sum(CUdeviceptr buf, int64_t count, ElemType elem, int roo
     return NC_CHECK(nc.ncclReduce(p, p, (size_t)count, type, ncclSum, root, nc_comm, (cudaStream_t)stream));
 }
 
+/* --shard-states=2 (exec_grads.c): the sum over the ranks of count values at send, into recv
+ * on rank `root` (its shard accumulator); recv is not written on the other ranks. */
+bool cuda_nccl_reduce_sum_to(CUdeviceptr send, CUdeviceptr recv, int64_t count, ElemType elem, int root,
+                             CUstream stream) {
+    ncclDataType_t type;
+    if (!sum_type(elem, &type)) return false;
+    return NC_CHECK(nc.ncclReduce((void *)(uintptr_t)send, (void *)(uintptr_t)recv, (size_t)count, type, ncclSum,
+                                  root, nc_comm, (cudaStream_t)stream));
+}
+
 /* rank root's bytes at buf to every rank's buf, in place */
 bool cuda_nccl_broadcast_bytes(CUdeviceptr buf, int64_t bytes, int root, CUstream stream) {
     void *p = (void *)(uintptr_t)buf;

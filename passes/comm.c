@@ -37,14 +37,19 @@
  * between the GPUs change. A comm: rule in a build without --gpus N > 1 is refused: there is
  * nothing for it to do, and a rule either does what it says or is an error.
  *
- * --shard-states (ZeRO stage 2, runtime/comm_shard.c) marks every node shard=1: each rank
+ * --shard-states (ZeRO stage 1, runtime/comm_shard.c) marks every node shard=1: each rank
  * then receives only its shard of the sum (a reduce-scatter), the update reads and writes only
  * that shard of the gradient, the master and the states, and the new weights are gathered.
- * The graph itself stays whole-tensor: on one rank a shard is the whole tensor, so the CPU,
- * the reference and a one-GPU run compute exactly what a build without the flag computes, and
- * only the executor of several ranks and the plan read the mark. With the FP8 reduction it is
- * refused: that all-reduce gathers every rank's sums by design, and a sharded variant (the
- * scattered half alone) is not built. */
+ * --shard-states=2 (stage 2) marks them shard=2: the accumulators are sharded as well, each
+ * rank keeping only its shard's sum, and the backward writes each bucket of gradients into a
+ * transient buffer that is reduced into the owners' shards every micro-step. The graph itself
+ * stays whole-tensor: on one rank a shard is the whole tensor, so the CPU, the reference and a
+ * one-GPU run compute exactly what a build without the flag computes, and only the executor of
+ * several ranks and the plan read the mark. With the FP8 reduction it is refused: that
+ * all-reduce gathers every rank's sums by design, and a sharded variant (the scattered half
+ * alone) is not built. Stage 2 is refused with comm.overlap=0 as well: its buffers are reused
+ * only because each bucket leaves while the backward runs; after the backward every gradient
+ * would be whole in them at once, the memory stage 2 exists to save. */
 #include "passes.h"
 
 /* the format a gradient may be reduced in: NCCL's bf16 or f32, unscaled */
@@ -68,6 +73,18 @@ bool pass_comm(Graph *g, const PassOptions *opt)
     if (opt->shard_states && wire != FMT_VOID) {
         diag_error(rule_at, "'%s' sends every gradient whole to every GPU, and --shard-states "
                    "needs each GPU's shard only: build with one of them", rule);
+        return false;
+    }
+    if (opt->shard_states == 2 && opt->grad_release) {
+        diag_error((SrcLoc){0}, "--shard-states=2 keeps each gradient only as its shard's sum over "
+                   "the GPUs, and --grad-release updates each parameter inside the backward from its "
+                   "own GPU's whole gradient: build with one of them");
+        return false;
+    }
+    if (opt->shard_states == 2 && !ir_choice_on(g, "comm.overlap", NULL)) {
+        diag_error((SrcLoc){0}, "--shard-states=2 reuses its gradient buffers because each bucket is "
+                   "reduced while the backward runs, and comm.overlap=0 reduces them after it, with "
+                   "every gradient whole at once: build without --choice comm.overlap=0");
         return false;
     }
     if (opt->gpus <= 1) {

@@ -86,7 +86,10 @@ static const RtFlag train_flags[] = {
     INT32("gpus", "N", gpus, 1, 1024, "N ranks on this host, one GPU and one process each, started by\n"
                                       "this binary; each reads its own share of every batch (global\n"
                                       "batch N x the compiled batch x --grad-accum); gradients are\n"
-                                      "averaged; rank 0 logs and writes checkpoints"),
+                                      "averaged; rank 0 logs and writes checkpoints. A binary built with\n"
+                                      "--shard-states keeps 1/N of the master weights and optimizer\n"
+                                      "states on each GPU, with --shard-states=2 of the gradients too\n"
+                                      "(reduced every micro-step); its start line says which"),
     INT32("rank", "R", rank, 0, 1 << 20, "this process is rank R (0 .. W-1) of --world-size W processes"),
     INT32("world-size", "W", world_size, 1, 1 << 20, "launched by the user, e.g. one per host; GPU: R % GPUs here"),
     TEXT("comm-file", "PATH", comm_file, "where rank 0 leaves NCCL's id for the others (a shared file\n"

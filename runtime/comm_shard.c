@@ -6,8 +6,9 @@
  * momentum) with their codecs' side values. A step then reduce-scatters the gradients (rank r
  * receives the sum of its shard only, in place in its accumulator), updates its shard, and
  * all-gathers the new weights (and, at the levels that keep them, the e4m3 weight copies the
- * FP8 GEMMs read). This is ZeRO stage 1; sharding the accumulators too (stage 2) would need
- * the backward to hand each bucket to shard-size buffers, which it does not.
+ * FP8 GEMMs read). This is ZeRO stage 1. With --shard-states=2 (stage 2) the accumulators
+ * are sharded as well, on the same boundaries: a rank keeps only its shard's sum, and the
+ * backward writes into transient bucket buffers (comm_grads.c has that half).
  *
  * Shards are per tensor, not of one flat buffer: shard r of a parameter of n elements is
  * [r S, (r+1) S) clipped to n, with S = ceil(n / N) rounded up to the update's group. The
@@ -131,7 +132,8 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
     memset(p, 0, sizeof *p);
     p->ranks = ranks;
     memcpy(p->per_gpu, by_role, sizeof p->per_gpu);
-    p->on = shard_all(g) && ranks > 1;
+    p->stage = rt_shard_stage(g);
+    p->on = p->stage > 0 && ranks > 1;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *u = g->nodes[i];
         if (!ir_op_is_update(u->op)) continue;
@@ -149,7 +151,8 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
         if (group >= n && n > 0) p->whole_updates++;
         if (group > p->group) p->group = group < n ? group : p->group;
         if (!p->on) continue;
-        /* the states and the master: 1/N each (the accumulator stays whole: stage 1) */
+        /* the states and the master: 1/N each; the accumulator too at stage 2 */
+        if (p->stage >= 2) shard_saving(&state_of(u->in[1])->t, group, ranks, ROLE_GRAD, p);
         int states = ir_update_lr_index(u);
         for (int k = 2; k < states; k++) shard_saving(&u->in[k]->t, group, ranks, state_of(u->in[k])->t.role, p);
         int m = ir_adamw_master_index(u);
@@ -157,6 +160,7 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
     }
     for (int r = 0; r < ROLE_COUNT; r++) p->saved += by_role[r] - p->per_gpu[r];
     if (!p->on) return;
+    if (p->stage >= 2) p->grad_buffer_bytes = rt_grad_buffer_bytes(g);
     /* per GPU per step, ring algorithms: a reduce-scatter or an all-gather moves (N-1)/N of
      * the whole, an all-reduce twice that */
     int64_t n1 = ranks - 1;

@@ -13,6 +13,8 @@
  * ref_update_shard runs one rank's shard of an update (--shard-states, runtime/comm_shard.c):
  * the ranks' shards together compute the whole update's bytes, given the same clip and the
  * maximum of their weight amaxes; tests/test_shard.c holds them to it bit for bit.
+ * ref_reduce_to_owner is a micro-step's sum into one rank's shard of an accumulator
+ * (--shard-states=2, runtime/comm_grads.c), in the order documented there.
  *
  * SQNORM sums squares in f64 over fixed chunks and then adds the chunk sums in order, so the
  * result is the same for any thread count (though not bit-equal to one long serial sum). */
@@ -292,4 +294,33 @@ void ref_update_shard(Node *n, int64_t off, int64_t len, float *copy_amax)
 {
     float unused;
     update_range(n, off, len, copy_amax ? copy_amax : &unused);
+}
+
+/* The slice [s.off, s.off + s.len) of a whole buffer in acc's format, as a tensor of its own. */
+static Tensor slice_of(const Tensor *acc, RtShard s, void *whole)
+{
+    Tensor t = *acc;
+    t.rank = 1;
+    t.dims[0] = s.len;
+    t.data = (char *)whole + s.off * fmt_elem_bytes(acc->fmt.elem);
+    return t;
+}
+
+void ref_reduce_to_owner(const Tensor *acc, RtShard s, int owner, int ranks, void *const *slots, void *out)
+{
+    if (!s.len) return;
+    Tensor sum = slice_of(acc, (RtShard){0, s.len}, out);
+    Tensor mine = slice_of(acc, s, slots[owner]);
+    float *x = ref_load(&mine);
+    for (int j = 1; j < ranks; j++) {
+        Tensor other = slice_of(acc, s, slots[(owner + j) % ranks]);
+        float *y = ref_load(&other);
+        for (int64_t k = 0; k < s.len; k++) x[k] += y[k];
+        ref_store(&sum, x);            /* each addition rounded to the accumulator's format */
+        free(x);
+        x = ref_load(&sum);
+        free(y);
+    }
+    ref_store(&sum, x);
+    free(x);
 }

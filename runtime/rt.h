@@ -516,7 +516,7 @@ int64_t rt_shard_bytes(const Tensor *t, int64_t len);
  * (s.len codes; its groups' side values): to_whole gathers, else scatters. */
 void rt_shard_copy(const Tensor *t, RtShard s, void *whole, float *whole_params, void *part,
                    float *part_params, bool to_whole);
-bool rt_shard_states(const Graph *g);           /* built with --shard-states */
+bool rt_shard_states(const Graph *g);           /* built with --shard-states (either stage) */
 /* What --shard-states keeps on each GPU and sends each step, from the plan's bytes by role. */
 typedef struct {
     bool on;                    /* the graph shards its states and ranks > 1 */
@@ -528,8 +528,41 @@ typedef struct {
     int64_t weight_bytes, grad_bytes, copy_bytes;   /* whole, all updates together */
     int norm_values, amax_values;   /* per-tensor scalars all-reduced: sums of squares, amaxes */
     int64_t sent_reduce_scatter, sent_gather_weights, sent_gather_copies, sent_scalars;
+    int stage;                  /* 1, or 2: the gradient accumulators sharded too */
+    int64_t grad_buffer_bytes;  /* stage 2: the backward's bucket buffers (rt_grad_slots) */
 } RtShardPlan;
 void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPlan *p);
+/* ---------------------------------------------------------------- comm_grads.c
+ * Sharded gradients (--shard-states=2; the ALL_REDUCE nodes' shard=2): each rank keeps the
+ * accumulator's shard of each update, and the backward writes each bucket of gradients into a
+ * transient buffer, reduced every micro-step into the owners' shard accumulators. */
+int rt_shard_stage(const Graph *g);             /* 0, 1 (--shard-states) or 2 (=2) */
+/* One rank's sums of one micro-step into shard s of accumulator acc (bf16 or f32), as the
+ * owner receives them: slots[r] holds rank r's whole buffer after its backward (the owner's
+ * own range started from its running sum, the others' from zero); out (s.len elements in
+ * acc's format) = slots[owner] + slots[owner+1] + ... (ranks mod N), each addition rounded to
+ * acc's format: the documented order of comm_grads.c. */
+void ref_reduce_to_owner(const Tensor *acc, RtShard s, int owner, int ranks, void *const *slots, void *out);
+#define RT_GRAD_ALIGN 256       /* each gradient's place in a bucket buffer */
+typedef struct {
+    int n_slots;                /* buffers */
+    int *slot;                  /* per bucket: the buffer it is written in */
+    int64_t *slot_at;           /* per buffer: its byte offset among all of them */
+    int64_t *slot_bytes;        /* per buffer: its size, the largest bucket it takes */
+    int64_t *at;                /* per gradient (RtCommPlan.reduce order): offset in its buffer */
+    int64_t bytes;              /* all buffers */
+} RtGradSlots;
+/* Buffers for the buckets of cp: bucket b is live from node position open[b] (its first
+ * write) and may hand its buffer on once sent at position sent[b] (its reduction enqueued
+ * after that node's launches): a later bucket c takes it only if sent[b] < open[c]. */
+bool rt_grad_slots(const RtCommPlan *cp, const int *open, const int *sent, RtGradSlots *s);
+void rt_grad_slots_free(RtGradSlots *s);
+/* The graph's own positions for rt_grad_slots: a bucket opens at the first ACCUMULATE of one of
+ * its gradients or the producer of the value it adds (a GEMM whose epilogue accumulates),
+ * and is sent at its last ACCUMULATE (RtBucket.last). */
+void rt_grad_bucket_span(const Graph *g, const RtCommPlan *cp, int *open, int *sent);
+int64_t rt_grad_tensor_bytes(const Node *reduce);   /* its place in a buffer: aligned */
+int64_t rt_grad_buffer_bytes(const Graph *g);        /* the plan's buffers; -1 out of memory */
 
 /* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
  * (host copies). Each scale is halved and each non-finite history entry becomes twice the

@@ -97,6 +97,18 @@ static void expect_one_line(const char *name, int want_rc, const char *want, int
     free(text);
 }
 
+/* A build refused by a pass: status 1, its one error line and the count of errors. */
+static void expect_pass_error(const char *name, const char *want, int rc) {
+    char out[64];
+    snprintf(out, sizeof out, "%s.out", name);
+    char *text = slurp(out);
+    const char *at = strstr(text, want);
+    if (rc != 1 || count_lines(text) != 2 || !at || at > strchr(text, '\n') || !strstr(text, "\n1 error."))
+        fail_msg("%s: status %d (want 1), output should be \"%s\" in one error line and the count:\n%s", name,
+                 rc, want, text);
+    free(text);
+}
+
 /* The log without the fields that measure time (tokens_per_s, ms). */
 static char *log_without_times(const char *name) {
     char *text = slurp(name);
@@ -529,6 +541,47 @@ static void test_shard_states_plan_and_refusals(void **state) {
     free(text);
 }
 
+/* --shard-states=2 (ZeRO stage 2): a stage other than 1 or 2 is refused by the flag, stage 2
+ * with --grad-release or comm.overlap=0 by the comm pass, each in one line, and tune names the
+ * stage it refuses; the plan shows the gradients at 1/N and the bucket buffers in the step
+ * arena, and --json says which stage. */
+static void test_shard_grads_plan_and_refusals(void **state) {
+    (void)state;
+    int rc = run("shard3", "%s plan %s -O3 %s --gpus 2 --shard-states=3", fp8c, model, model_flags);
+    expect_one_line("shard3", 2, "--shard-states takes the ZeRO stage, 1", rc);
+    rc = run("shard2_release", "%s plan %s -O3 %s --gpus 2 --shard-states=2 --grad-release", fp8c, model,
+             model_flags);
+    expect_pass_error("shard2_release", "--shard-states=2 keeps each gradient only as its shard's sum", rc);
+    rc = run("shard2_after", "%s plan %s -O3 %s --gpus 2 --shard-states=2 --choice comm.overlap=0", fp8c,
+             model, model_flags);
+    expect_pass_error("shard2_after", "comm.overlap=0 reduces them after it", rc);
+    rc = run("shard2_one", "%s plan %s -O3 %s --shard-states=2", fp8c, model, model_flags);
+    expect_pass_error("shard2_one", "add --gpus N", rc);
+    rc = run("shard2_tune", "%s tune %s -O3 %s --gpus 2 --shard-states=2 -o %s/x.tune", fp8c, model,
+             model_flags, tmp_dir);
+    expect_one_line("shard2_tune", 2, "--shard-states=2 --tune FILE", rc);
+    rc = run("shard2_plan", "%s plan %s -O3 %s --gpus 2 --shard-states=2", fp8c, model, model_flags);
+    char *text = slurp("shard2_plan.out");
+    if (rc != 0 || !strstr(text, "ZeRO\nstage 2") || !strstr(text, "of gradient buffers") ||
+        !strstr(text, "reduce_scatter sum") || !strstr(text, "(x --grad-accum)"))
+        fail_msg("plan --gpus 2 --shard-states=2: status %d\n%s", rc, text);
+    const char *grads = strstr(text, "  gradients ");
+    if (!grads || !strstr(grads, "(1/N)") || strstr(grads, "(1/N)") > strchr(grads, '\n'))
+        fail_msg("plan --shard-states=2: the gradients are not marked 1/N:\n%s", text);
+    free(text);
+    rc = run("shard2_json", "%s plan %s -O3 %s --gpus 2 --shard-states=2 --json", fp8c, model, model_flags);
+    text = slurp("shard2_json.out");
+    const char *buf = strstr(text, "\"per_gpu_grad_buffer_bytes\": ");
+    if (rc != 0 || !strstr(text, "\"shard_stage\": 2") || !buf || atoll(buf + 29) <= 0)
+        fail_msg("plan --json --shard-states=2: status %d\n%s", rc, text);
+    free(text);
+    rc = run("shard1_json", "%s plan %s -O3 %s --gpus 2 --shard-states=1 --json", fp8c, model, model_flags);
+    text = slurp("shard1_json.out");
+    if (rc != 0 || !strstr(text, "\"shard_stage\": 1") || !strstr(text, "\"per_gpu_grad_buffer_bytes\": 0,"))
+        fail_msg("plan --json --shard-states=1: status %d\n%s", rc, text);
+    free(text);
+}
+
 static void test_data_split_and_grad_scale(void **state) {
     (void)state;
     TokenData d;
@@ -574,6 +627,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_data_split_and_grad_scale, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_shows_the_buckets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_states_plan_and_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_grads_plan_and_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_reduction_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_reduction_special_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_of_the_fp8_reduction, setup, teardown),

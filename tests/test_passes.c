@@ -4,7 +4,8 @@
  * side by side: the input IR, a comment line `# RUN: pass1,pass2` naming the passes to run
  * (through pass_find/pass_run, with ir_verify after each; `+grad_release` among them turns that
  * option on for the passes after it, `+gpus=N` makes the build data parallel over N GPUs,
- * `+shard_states` shards its optimizer state (--shard-states),
+ * `+shard_states` shards its optimizer state (--shard-states), `+shard_states=2` its
+ * gradients too (--shard-states=2),
  * `+fp8_any_shape` keeps FP8 GEMMs whose K or N are not
  * multiples of 16 (the golden graphs are 8 wide); the level is the graph's opt=; a line `# RULES: r1 r2`
  * gives precision rules as --precision flags would), and after a line `# EXPECT:` the
@@ -99,8 +100,8 @@ static bool run_passes_with(Graph *g, const char *list, const char *rules)
             opt.gpus = atoi(name + 6);
             continue;
         }
-        if (!strcmp(name, "+shard_states")) {   /* --shard-states (comm.c) */
-            opt.shard_states = true;
+        if (!strncmp(name, "+shard_states", 13)) {   /* --shard-states[=2] (comm.c) */
+            opt.shard_states = name[13] == '=' ? atoi(name + 14) : 1;
             continue;
         }
         if (!strcmp(name, "+fp8_any_shape")) {   /* FP8 GEMMs on shapes below 16 (precision.c) */

@@ -18,7 +18,19 @@
  * - The plan: GPT-2 d48 (1.56 B parameters) at -O3 on 4 GPUs keeps 4.81 bytes a parameter
  *   per GPU (7.25 on one: the bf16 weights and gradients whole, the rest in quarters), its
  *   per-GPU categories are the whole ones divided as the shards divide them, and the
- *   reduce-scatter sends (N-1)/N of the gradients.
+ *   reduce-scatter sends (N-1)/N of the gradients; with --shard-states=2, 3.31 (the gradients
+ *   in quarters too), plus the bucket buffers in the step arena.
+ * - Stage 2 (--shard-states=2), the sums: a step's gradients summed as the ranks do it (each
+ *   keeping only its shard of each accumulator; each micro-step a bucket buffer of zeros but
+ *   for the rank's own range, which starts at its running sum, its backward's gradient added,
+ *   then the owners' reduction, ref_reduce_to_owner) against the same sums written whole in
+ *   the documented order (runtime/comm_grads.c), then the sharded update against the whole
+ *   one: every byte equal, at O0..O3 on 2, 3 and 4 ranks with 1 and 2 micro-steps. One micro-
+ *   step on two ranks is stage 1's sum bit for bit; two micro-steps are not (the control: the
+ *   comparison sees another order).
+ * - Stage 2, the buffers (rt_grad_slots): every bucket in a buffer that holds it, buckets that
+ *   share one never live at once (one was sent before the other's first write), together
+ *   smaller than the gradients (GPT-2 d12 at O0..O3).
  *
  * The seed is printed; FP8C_TEST_SEED=n repeats a run. */
 #include <math.h>
@@ -42,7 +54,7 @@
 static unsigned seed;
 
 static Graph *compile(Arena *a, const char *model, int level, const char *optim, int gpus,
-                      bool shard, int64_t batch, int64_t seq, const Define *defines, int n_defines)
+                      int shard, int64_t batch, int64_t seq, const Define *defines, int n_defines)
 {
     BuildOptions o = {0};
     o.front.batch = batch;
@@ -59,7 +71,7 @@ static Graph *compile(Arena *a, const char *model, int level, const char *optim,
     return g;
 }
 
-static Graph *tiny(Arena *a, int level, const char *optim, int gpus, bool shard)
+static Graph *tiny(Arena *a, int level, const char *optim, int gpus, int shard)
 {
     return compile(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", level, optim, gpus, shard, 2, 32, NULL, 0);
 }
@@ -490,6 +502,23 @@ static void test_plan_of_d48_on_four_gpus(void **state)
     assert_int_equal(sp.sent_reduce_scatter, m.by_role[ROLE_GRAD] * 3 / 4);
     assert_int_equal(sp.sent_gather_weights, m.by_role[ROLE_PARAM] * 3 / 4);
     assert_int_equal(sp.copy_bytes, 0);   /* O3 keeps no FP8 copies */
+    /* stage 2: the gradients in quarters as well, issue 22's <= 3.5 bytes a parameter, and
+     * the backward's bucket buffers in the step arena, a few buckets' worth */
+    Graph *two = compile(a, FP8C_SOURCE_DIR "/models/gpt2.model", 3, NULL, 4, 2, 8, 1024, d48, 3);
+    memplan_summarize(two, &m);
+    rt_shard_plan(two, m.by_role, 4, &sp);
+    assert_true(sp.on && sp.stage == 2);
+    double q = (double)sp.per_gpu[ROLE_GRAD] / (double)m.by_role[ROLE_GRAD];
+    if (q < 0.25 || q > 0.2501) fail_msg("stage 2: gradients %.5f of one GPU's on each of 4", q);
+    assert_int_equal(sp.per_gpu[ROLE_PARAM], m.by_role[ROLE_PARAM]);
+    double stage2 = (double)(m.persistent - sp.saved) / (double)m.n_params;
+    printf("stage 2: %.3f bytes a parameter per GPU of 4, %.1f MiB of gradient buffers (%.1f%% of the "
+           "gradients)\n", stage2, (double)sp.grad_buffer_bytes / (1 << 20),
+           100.0 * (double)sp.grad_buffer_bytes / (double)m.by_role[ROLE_GRAD]);
+    assert_true(stage2 <= 3.5);
+    assert_true(fabs(stage2 - (2 + (7.25 - 2) / 4)) < 0.01);
+    assert_true(sp.grad_buffer_bytes > 0 && sp.grad_buffer_bytes < m.by_role[ROLE_GRAD] / 8);
+    assert_int_equal(sp.sent_reduce_scatter, m.by_role[ROLE_GRAD] * 3 / 4);
     /* without the flag each GPU keeps everything */
     Graph *plain = compile(a, FP8C_SOURCE_DIR "/models/gpt2.model", 3, NULL, 4, false, 8, 1024, d48, 3);
     memplan_summarize(plain, &m);
@@ -497,6 +526,257 @@ static void test_plan_of_d48_on_four_gpus(void **state)
     assert_false(sp.on);
     assert_int_equal(sp.saved, 0);
     arena_free(a);
+}
+
+/* ---------------------------------------------------------------- stage 2: the sums */
+
+/* x rounded to an accumulator's element type (bf16 round to nearest even, or f32) */
+static float acc_round(ElemType e, float x)
+{
+    return e == FMT_BF16 ? num_bf16_to_f32(num_f32_to_bf16(x)) : x;
+}
+
+/* The accumulator (its STATE node) an update reads through its all_reduce. */
+static Tensor *accumulator_of(Node *u)
+{
+    Node *acc = u->in[1];
+    while (acc->op == OP_ALL_REDUCE || acc->op == OP_ACCUMULATE) acc = acc->in[0];
+    return &acc->t;
+}
+
+/* Rank r's gradient of micro-step m for update number k, as the backward rounds it into an
+ * accumulator (fresh random values each (step, k, r, m)). */
+static float *rank_grad(const Tensor *acc, unsigned step, int k, int r, int m)
+{
+    int64_t n = ir_numel(acc);
+    float *x = malloc(sizeof(float) * (size_t)n);
+    rng_state = seed * 131u + step * 7919u + (unsigned)k * 104729u + (unsigned)r * 31u + (unsigned)m;
+    for (int64_t i = 0; i < n; i++) x[i] = acc_round(acc->fmt.elem, (float)(0.02 * rng_normal()));
+    return x;
+}
+
+/* A micro-step's sums, whole, in comm_grads.c's order, written out element by element: the
+ * owner q of element i (its update's shard) adds its own gradient to the running sum, then
+ * the other ranks' in rank order after q, each addition rounded. Or (stage1) stage 1's order:
+ * each rank's micro-steps summed in its own accumulator first, then the ranks in rank order
+ * (K = 1: one sum over the ranks). Returns the whole accumulators' new values in place. */
+static void sums_whole(Graph *g, int ranks, int K, unsigned step, bool stage1)
+{
+    int k = 0;
+    for (int i = 0; i < g->n_nodes; i++, k += ir_op_is_update(g->nodes[i - 1]->op)) {
+        Node *u = g->nodes[i];
+        if (!ir_op_is_update(u->op)) continue;
+        Tensor *acc = accumulator_of(u);
+        ElemType e = acc->fmt.elem;
+        int64_t n = ir_numel(acc), group = rt_shard_group(u);
+        float *a = calloc((size_t)n, sizeof(float));
+        float **own = calloc((size_t)ranks, sizeof *own);   /* stage 1: each rank's accumulator */
+        for (int r = 0; r < ranks; r++) own[r] = calloc((size_t)n, sizeof(float));
+        for (int m = 0; m < K; m++) {
+            float **gr = malloc(sizeof *gr * (size_t)ranks);
+            for (int r = 0; r < ranks; r++) gr[r] = rank_grad(acc, step, k, r, m);
+            for (int q = 0; q < ranks; q++) {
+                RtShard s = rt_shard_of(n, group, ranks, q);
+                for (int64_t x = s.off; x < s.off + s.len; x++) {
+                    if (stage1) {
+                        for (int r = 0; r < ranks; r++) own[r][x] = acc_round(e, own[r][x] + gr[r][x]);
+                        continue;
+                    }
+                    float v = acc_round(e, a[x] + gr[q][x]);
+                    for (int j = 1; j < ranks; j++) v = acc_round(e, v + gr[(q + j) % ranks][x]);
+                    a[x] = v;
+                }
+            }
+            for (int r = 0; r < ranks; r++) free(gr[r]);
+            free(gr);
+        }
+        if (stage1)
+            for (int64_t x = 0; x < n; x++) {
+                float v = own[0][x];
+                for (int r = 1; r < ranks; r++) v = acc_round(e, v + own[r][x]);
+                a[x] = v;
+            }
+        ref_store(acc, a);
+        for (int r = 0; r < ranks; r++) free(own[r]);
+        free(own);
+        free(a);
+    }
+}
+
+/* The same sums as the ranks of a stage-2 step make them (cuda/exec_grads.c's data flow):
+ * each rank keeps only its shard of each accumulator, in a buffer of its own; each micro-step
+ * each rank's bucket buffer starts at zero except its own shard's range, which starts at its
+ * running sum; its backward adds its gradient (rounded, as an accumulation rounds); then each
+ * owner's shard is the reduction of the ranks' buffers over that range (ref_reduce_to_owner).
+ * The whole accumulator is garbage meanwhile and is put together from the shards at the end. */
+static void sums_sharded(Graph *g, int ranks, int K, unsigned step)
+{
+    int k = 0;
+    for (int i = 0; i < g->n_nodes; i++, k += ir_op_is_update(g->nodes[i - 1]->op)) {
+        Node *u = g->nodes[i];
+        if (!ir_op_is_update(u->op)) continue;
+        Tensor *acc = accumulator_of(u);
+        int64_t n = ir_numel(acc), group = rt_shard_group(u), eb = fmt_elem_bytes(acc->fmt.elem);
+        void *mine[8], *slot[8];
+        for (int r = 0; r < ranks; r++) {
+            RtShard s = rt_shard_of(n, group, ranks, r);
+            mine[r] = calloc((size_t)(s.len + 1), (size_t)eb);   /* zeroed after the last update */
+            slot[r] = malloc((size_t)(n * eb));
+        }
+        memset(acc->data, 0xA5, (size_t)(n * eb));
+        for (int m = 0; m < K; m++) {
+            for (int r = 0; r < ranks; r++) {
+                RtShard s = rt_shard_of(n, group, ranks, r);
+                memset(slot[r], 0, (size_t)(n * eb));
+                memcpy((char *)slot[r] + s.off * eb, mine[r], (size_t)(s.len * eb));
+                Tensor t = *acc;
+                t.data = slot[r];
+                float *x = ref_load(&t), *d = rank_grad(acc, step, k, r, m);
+                for (int64_t j = 0; j < n; j++) x[j] += d[j];
+                ref_store(&t, x);
+                free(x);
+                free(d);
+            }
+            for (int q = 0; q < ranks; q++)
+                ref_reduce_to_owner(acc, rt_shard_of(n, group, ranks, q), q, ranks, slot, mine[q]);
+        }
+        for (int r = 0; r < ranks; r++) {
+            RtShard s = rt_shard_of(n, group, ranks, r);
+            memcpy((char *)acc->data + s.off * eb, mine[r], (size_t)(s.len * eb));
+            free(mine[r]);
+            free(slot[r]);
+        }
+    }
+}
+
+/* One stage-2 step from the same state: whole (the documented order, then the whole update)
+ * against sharded (the ranks' data flow, then each rank's shard of the update); every byte of
+ * both arenas equal. With K = 1 on two ranks the sums are also stage 1's, bit for bit; with
+ * K = 2 they are not (the control: another order gives other bytes somewhere). */
+static void check_stage2(int level, const char *optim, int ranks, int K)
+{
+    Arena *a = arena_new();
+    Graph *g = tiny(a, level, optim, ranks, 2);
+    assert_int_equal(rt_shard_stage(g), 2);
+    Snap s = {0};
+    assert_true(rt_memory_bind(g, &s.mem));
+    rt_init_params(g, seed);
+    set_scalar(g, "lr", 3e-3f);
+    set_scalar(g, "grad_scale", 1.0f / (float)(ranks * K));
+    set_scalar(g, "step", 1);   /* a first whole step, so that the states hold something */
+    sums_whole(g, ranks, K, 1, false);
+    ref_run_phase(g, PHASE_UPDATE);
+    set_scalar(g, "step", 2);
+    snap_take(&s);
+    sums_whole(g, ranks, K, 2, false);
+    int64_t pb = s.mem.persistent_bytes;
+    uint8_t *grads = malloc((size_t)pb), *pw = malloc((size_t)pb), *sw = malloc((size_t)(s.mem.step_bytes + 1));
+    memcpy(grads, s.mem.persistent, (size_t)pb);
+    ref_run_phase(g, PHASE_UPDATE);
+    memcpy(pw, s.mem.persistent, (size_t)pb);
+    memcpy(sw, s.mem.step, (size_t)s.mem.step_bytes);
+    /* stage 1's order from the same state */
+    snap_restore(&s);
+    sums_whole(g, ranks, K, 2, true);
+    const char *other = where_differs(g, grads, s.mem.persistent, pb);
+    if (K == 1 && ranks == 2 && other)
+        fail_msg("-O%d on 2 ranks: the stage-2 sum of %s differs from stage 1's", level, other);
+    if (K > 1 && !other)
+        fail_msg("-O%d on %d ranks, %d micro-steps: stage 1's order gave the same bytes: the "
+                 "comparison could not see a wrong order", level, ranks, K);
+    /* the ranks' way */
+    snap_restore(&s);
+    sums_sharded(g, ranks, K, 2);
+    const char *bad = where_differs(g, grads, s.mem.persistent, pb);
+    if (bad) fail_msg("-O%d %s on %d ranks, %d micro-steps: the sharded sum of %s differs", level, optim, ranks, K, bad);
+    through_rank_buffers(g, ranks);
+    run_update_sharded(g, ranks);
+    through_rank_buffers(g, ranks);
+    bad = where_differs(g, pw, s.mem.persistent, pb);
+    if (bad) fail_msg("-O%d %s on %d ranks, %d micro-steps: %s differs from the whole step", level, optim, ranks, K, bad);
+    if (memcmp(sw, s.mem.step, (size_t)s.mem.step_bytes))
+        fail_msg("-O%d %s on %d ranks: the step arena differs from the whole step's", level, optim, ranks);
+    free(grads);
+    free(pw);
+    free(sw);
+    free(s.p0);
+    free(s.s0);
+    rt_memory_free(&s.mem);
+    arena_free(a);
+}
+
+static void test_stage2_step_is_the_whole_step(void **state)
+{
+    (void)state;
+    /* the sums do not depend on the optimizer, whose sharded update is checked above with
+     * every optimizer: AdamW everywhere, Lion and SGD on 3 ranks with 2 micro-steps */
+    const char *optims[] = {"adamw", "lion", "sgd"};
+    for (int level = 0; level <= 3; level++)
+        for (int o = 0; o < 3; o++)
+            for (int ranks = 2; ranks <= 4; ranks++)
+                for (int K = 1; K <= 2; K++)
+                    if (!o || (ranks == 3 && K == 2)) check_stage2(level, optims[o], ranks, K);
+}
+
+/* ---------------------------------------------------------------- stage 2: the buffers */
+
+/* The bucket buffers of --shard-states=2 (rt_grad_slots): every bucket has one that holds it,
+ * a buffer passes from one bucket to the next only once the first was sent before the next's
+ * first write, and together they are smaller than the gradients. */
+static void check_slots(Graph *g, const char *what)
+{
+    RtCommPlan cp;
+    assert_true(rt_comm_plan(g, &cp));
+    int n = cp.n_buckets;
+    int *open = malloc(sizeof *open * (size_t)n), *sent = malloc(sizeof *sent * (size_t)n);
+    rt_grad_bucket_span(g, &cp, open, sent);
+    RtGradSlots s;
+    assert_true(rt_grad_slots(&cp, open, sent, &s));
+    for (int b = 0; b < n; b++) {
+        const RtBucket *k = &cp.buckets[b];
+        assert_true(open[b] <= sent[b]);
+        assert_true(s.slot[b] >= 0 && s.slot[b] < s.n_slots);
+        int64_t end = 0;
+        for (int i = k->first; i < k->first + k->count; i++) {
+            assert_true(s.at[i] >= end && s.at[i] % RT_GRAD_ALIGN == 0);
+            end = s.at[i] + ir_numel(&cp.reduce[i]->t) * fmt_elem_bytes(cp.reduce[i]->t.fmt.elem);
+        }
+        assert_true(end <= s.slot_bytes[s.slot[b]]);
+        /* two buckets of one buffer: one was sent before the other's first write */
+        for (int c = 0; c < b; c++)
+            if (s.slot[c] == s.slot[b] && !(sent[c] < open[b] || sent[b] < open[c]))
+                fail_msg("%s: buckets %d [%d, %d] and %d [%d, %d] share buffer %d", what, c, open[c], sent[c], b,
+                         open[b], sent[b], s.slot[b]);
+    }
+    int64_t sum = 0;
+    for (int k = 0; k < s.n_slots; k++) {
+        assert_int_equal(s.slot_at[k], sum);
+        sum += s.slot_bytes[k];
+    }
+    assert_int_equal(s.bytes, sum);
+    assert_int_equal(rt_grad_buffer_bytes(g), s.bytes);
+    printf("  %s: %d buckets, %lld bytes of gradients, in %d buffers of %lld bytes together\n", what, n,
+           (long long)cp.bytes, s.n_slots, (long long)s.bytes);
+    if (n > 2) assert_true(s.bytes < cp.bytes);
+    rt_grad_slots_free(&s);
+    rt_comm_plan_free(&cp);
+    free(open);
+    free(sent);
+}
+
+static void test_grad_buffers(void **state)
+{
+    (void)state;
+    static const Define d12[] = {{"layers", "12"}, {"dim", "768"}, {"heads", "12"}};
+    for (int level = 0; level <= 3; level++) {
+        Arena *a = arena_new();
+        char what[64];
+        snprintf(what, sizeof what, "gpt2_tiny -O%d", level);
+        check_slots(tiny(a, level, "adamw", 2, 2), what);
+        snprintf(what, sizeof what, "GPT-2 d12 -O%d", level);
+        check_slots(compile(a, FP8C_SOURCE_DIR "/models/gpt2.model", level, NULL, 2, 2, 8, 1024, d12, 3), what);
+        arena_free(a);
+    }
 }
 
 int main(void)
@@ -511,6 +791,8 @@ int main(void)
         cmocka_unit_test(test_sharded_update_is_the_whole_update),
         cmocka_unit_test(test_checkpoint_reshards),
         cmocka_unit_test(test_plan_of_d48_on_four_gpus),
+        cmocka_unit_test(test_stage2_step_is_the_whole_step),
+        cmocka_unit_test(test_grad_buffers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

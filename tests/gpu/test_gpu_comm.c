@@ -34,6 +34,10 @@
  *     bit for bit. Also with two micro-steps and with the reductions after the backward; and
  *     with the model's clipping on, within a normalized error of 1e-3 of the weights (the clip
  *     coefficient may then differ in its last bits; Adam hardly sees the gradient's scale).
+ *   - sharded gradients (--shard-states=2, cuda/exec_grads.c): with one micro-step, rank 0's
+ *     gathered arena is the unsharded run's bytes at O1..O3 (clipping off), the ranks'
+ *     weights equal; with two micro-steps (another order of the sums, runtime/comm_grads.c)
+ *     the ranks equal and the weights within 1e-3 of the unsharded run's.
  * STEPS is 4, so the last micro-step runs uncaptured once, is captured, and is replayed. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -450,7 +454,8 @@ static const char *const graph_names[] = {"gpt2_tiny_dp_O1", "gpt2_tiny_dp_seria
                                           "gpt2_tiny_dp_e5m2_O1", "gpt2_tiny_dp_e5m2_serial_O1",
                                           "gpt2_tiny_dp_e4m3_O0", "gpt2_tiny_zero_O1", "gpt2_tiny_zero_serial_O1",
                                           "gpt2_tiny_dp_O2", "gpt2_tiny_zero_O2", "gpt2_tiny_dp_O3",
-                                          "gpt2_tiny_zero_O3"};
+                                          "gpt2_tiny_zero_O3", "gpt2_tiny_zero2_O1", "gpt2_tiny_zero2_O2",
+                                          "gpt2_tiny_zero2_O3"};
 enum { N_GRAPHS = sizeof graph_names / sizeof graph_names[0] };
 
 /* Two GPUs and NCCL here? Asked in a child: CUDA must not start in this process. The child
@@ -565,6 +570,44 @@ static void test_sharded_states(void **state) {
     assert_true(same_file("shard_clip.0.w", "shard_clip.1.w"));
 }
 
+/* --shard-states=2 (cuda/exec_grads.c): the accumulators sharded too, the backward writing
+ * bucket buffers that are reduced into the owners' shards every micro-step. With one
+ * micro-step on two ranks the sums are stage 1's (runtime/comm_grads.c), so with clipping off
+ * rank 0's gathered arena must be the unsharded run's bytes at O1..O3 and both ranks' weights
+ * equal; with two micro-steps the sums are another order of the same additions (ranks, then
+ * micro-steps): the ranks equal, the weights within a normalized error of 1e-3 of the
+ * unsharded run's. */
+static void test_sharded_grads(void **state) {
+    (void)state;
+    if (!two_gpus()) return;
+    clip_off = true;
+    static const char *const levels[] = {"O1", "O2", "O3"};
+    for (int k = 0; k < 3; k++) {
+        char dp[64], zero[64], dp_name[32], zero_name[32], a[64], b[64];
+        snprintf(dp, sizeof dp, "gpt2_tiny_dp_%s", levels[k]);
+        snprintf(zero, sizeof zero, "gpt2_tiny_zero2_%s", levels[k]);
+        snprintf(dp_name, sizeof dp_name, "whole2_%s", levels[k]);
+        snprintf(zero_name, sizeof zero_name, "grads_%s", levels[k]);
+        printf("  %s: sharded gradients against the unsharded step, clipping off\n", levels[k]);
+        assert_true(run_world(dp, dp_name, 2, 1));
+        assert_true(run_world(zero, zero_name, 2, 1));
+        snprintf(a, sizeof a, "%s.0", dp_name);
+        snprintf(b, sizeof b, "%s.0", zero_name);
+        assert_true(same_file(a, b));
+        snprintf(a, sizeof a, "%s.0.w", zero_name);
+        snprintf(b, sizeof b, "%s.1.w", zero_name);
+        assert_true(same_file(a, b));
+    }
+    /* two micro-steps a rank: each reduced into the shards, another order of the sums */
+    assert_true(run_world("gpt2_tiny_dp_O1", "whole2_a2", 2, 2));
+    assert_true(run_world("gpt2_tiny_zero2_O1", "grads_a2", 2, 2));
+    assert_true(same_file("grads_a2.0.w", "grads_a2.1.w"));
+    double err = weights_error("gpt2_tiny_dp_O1", "whole2_a2.0.w", "grads_a2.0.w");
+    printf("  O1, two micro-steps: the weights' normalized error, sharded gradients against whole: %.3g\n", err);
+    assert_true(err >= 0 && err <= 1e-3);
+    clip_off = false;
+}
+
 int main(void) {
     setenv("FP8C_CUDA_TUNE", "0", 1);   /* the heuristic's first algorithm: runs comparable */
     /* FP8C_TEST_COMPILE_ONLY=1: compile the graphs' modules into the cache (no GPU needed), so
@@ -589,11 +632,11 @@ int main(void) {
         return 0;
     }
     if (!mkdtemp(dir)) return 1;
-    /* FP8C_TEST_FILTER=test_sharded_states: one test (multi_gpu_check.sh section 7) */
+    /* FP8C_TEST_FILTER=test_sharded_*: the sharded tests (multi_gpu_check.sh section 7) */
     const char *filter = getenv("FP8C_TEST_FILTER");
     if (filter && *filter) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_ranks), cmocka_unit_test(test_fp8_reduction),
-                                       cmocka_unit_test(test_sharded_states)};
+                                       cmocka_unit_test(test_sharded_states), cmocka_unit_test(test_sharded_grads)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

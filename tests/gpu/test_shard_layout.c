@@ -12,7 +12,8 @@
  *   - rank 0 cuts exactly what the plan says it saves (rt_shard_plan), and the alignment
  *     costs less than 512 bytes a kept run.
  * And the update list's launches restricted to the shards (exec_shard_prepare), from the
- * plans the executor would launch. What the host cannot show (the kernels over their shards,
+ * plans the executor would launch. For --shard-states=2 (exec_grads.c) the same, with the
+ * accumulators cut too, and the bucket buffers the backward writes in. What the host cannot show (the kernels over their shards,
  * the collectives, the captured graph) is test_gpu_comm's, on two GPUs. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -118,6 +119,94 @@ static void test_layout(void **state) {
     check_graph("gpt2_tiny_zero_O1");
     check_graph("gpt2_tiny_zero_O2");
     check_graph("gpt2_tiny_zero_O3");
+    check_graph("gpt2_tiny_zero2_O1");   /* stage 2: the accumulators cut as well */
+    check_graph("gpt2_tiny_zero2_O2");
+    check_graph("gpt2_tiny_zero2_O3");
+}
+
+/* --shard-states=2 (exec_grads.c): the bucket buffers as the executor lays them out from its
+ * launch plans, for every rank of 2 and 3. Checked: every gradient has a place in its bucket's
+ * buffer, inside the buffers, aligned as its host offset is modulo 256, and no two gradients of
+ * buffers live at once overlap; buffers shared by buckets are handed on only after a send
+ * (the launch plans' first writes and roots); the executor's buffers take no more than the
+ * plan's figure (rt_shard_plan), which uses the graph's bounds; the micro list, resolved with
+ * the accumulators mapped to the buffers, writes no accumulator outside them, and the
+ * accumulators in the persistent arena are this rank's shard only. */
+static void check_buffers(const char *name, int world, int rank) {
+    Arena *arena = arena_new();
+    Graph *g = load_graph(arena, name);
+    assert_non_null(g);
+    RtMemory mem;
+    assert_true(rt_memory_bind(g, &mem));
+    MemSummary m;
+    memplan_summarize(g, &m);
+    RtShardPlan sp;
+    rt_shard_plan(g, m.by_role, world, &sp);
+    assert_int_equal(sp.stage, 2);
+    CudaExec *e = calloc(1, sizeof *e);
+    assert_non_null(e);
+    e->g = g;
+    e->host = mem;
+    char why[256] = "";
+    e->plans = cuda_plan_graph(g, arena, why, sizeof why);
+    assert_non_null(e->plans);
+    e->persistent_alloc = exec_shard_layout(e, world, rank);
+    int64_t bytes = exec_grads_layout(e);
+    assert_true(e->shard_grads && bytes > 0);
+    e->persistent = (CUdeviceptr)1 << 40;
+    e->grad_buf = (CUdeviceptr)1 << 41;
+    RtCommPlan cp;
+    assert_true(rt_comm_plan(g, &cp));
+    assert_int_equal(e->n_grads, cp.n_reduce);
+    int wrong = 0;
+    for (int i = 0; i < e->n_grads; i++) {
+        const ExecGrad *x = &e->grads[i];
+        wrong += x->buf_at < 0 || x->buf_at + x->bytes > bytes || x->buf_at % 256 != x->at % 256;
+        /* an address inside the accumulator maps to its place while the micro list is resolved */
+        CUdeviceptr d = 0;
+        e->map_grads = true;
+        wrong += !exec_grads_map(e, x->at + x->bytes - 1, &d) || d != e->grad_buf + (CUdeviceptr)(x->buf_at + x->bytes - 1);
+        e->map_grads = false;
+        wrong += exec_grads_map(e, x->at, &d);
+        for (int j = 0; j < i; j++) {
+            const ExecGrad *y = &e->grads[j];
+            bool same_bucket = x->bucket == y->bucket;
+            bool same_slot = e->grad_slots.slot[x->bucket] == e->grad_slots.slot[y->bucket];
+            bool overlap = x->buf_at < y->buf_at + y->bytes && y->buf_at < x->buf_at + x->bytes;
+            wrong += overlap && (same_bucket || !same_slot);
+        }
+    }
+    /* the persistent arena keeps this rank's shard of each accumulator only */
+    Pieces all = {0, 0};
+    for (int i = 0; i < e->n_grads; i++) {
+        const ExecGrad *x = &e->grads[i];
+        RtShard s = rt_shard_of(x->n, x->group, world, rank);
+        Pieces p = {0, 0};
+        assert_true(exec_pieces(e, "a gradient", (char *)mem.persistent + x->at, x->bytes, count_piece, &p));
+        wrong += p.bytes != s.len * x->eb;
+        all.bytes += p.bytes;
+    }
+    printf("  %s, rank %d of %d: %d gradients in %d buckets, %d buffers of %lld bytes (the plan: %lld; the "
+           "gradients %lld, this rank's shards %lld); %d wrong\n",
+           name, rank, world, e->n_grads, cp.n_buckets, e->grad_slots.n_slots, (long long)bytes,
+           (long long)sp.grad_buffer_bytes, (long long)cp.bytes, (long long)all.bytes, wrong);
+    assert_int_equal(wrong, 0);
+    assert_true(bytes <= sp.grad_buffer_bytes);
+    if (cp.n_buckets > 2) assert_true(bytes < cp.bytes);
+    rt_comm_plan_free(&cp);
+    exec_grads_close(e);
+    exec_shard_close(e);
+    free(e);
+    rt_memory_free(&mem);
+    arena_free(arena);
+}
+
+static void test_grad_buffers(void **state) {
+    (void)state;
+    static const char *const names[] = {"gpt2_tiny_zero2_O1", "gpt2_tiny_zero2_O2", "gpt2_tiny_zero2_O3"};
+    for (int k = 0; k < 3; k++)
+        for (int world = 2; world <= 3; world++)
+            for (int rank = 0; rank < world; rank++) check_buffers(names[k], world, rank);
 }
 
 /* The update list as cuda_exec_open builds it for a sharded executor (one launch per node,
@@ -223,8 +312,9 @@ static void check_launches(const char *name, int world, int rank) {
 
 static void test_update_launches(void **state) {
     (void)state;
-    static const char *const names[] = {"gpt2_tiny_zero_O1", "gpt2_tiny_zero_O2", "gpt2_tiny_zero_O3"};
-    for (int k = 0; k < 3; k++)
+    static const char *const names[] = {"gpt2_tiny_zero_O1",  "gpt2_tiny_zero_O2",  "gpt2_tiny_zero_O3",
+                                        "gpt2_tiny_zero2_O1", "gpt2_tiny_zero2_O2", "gpt2_tiny_zero2_O3"};
+    for (int k = 0; k < 6; k++)
         for (int rank = 0; rank < 2; rank++) check_launches(names[k], 2, rank);
 }
 
@@ -252,6 +342,6 @@ static void test_unsharded(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_layout), cmocka_unit_test(test_update_launches),
-                                       cmocka_unit_test(test_unsharded)};
+                                       cmocka_unit_test(test_grad_buffers), cmocka_unit_test(test_unsharded)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

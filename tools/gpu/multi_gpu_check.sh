@@ -30,10 +30,14 @@
 #      bit for bit while the clip is inactive; the clip coefficient may differ in its last bits
 #      when it is active, so within 1e-3), tokens/s, and memory per GPU (nvidia-smi's peak,
 #      the executor's persistent arena, the plan's figure); a sharded checkpoint of gpt2_tiny
-#      -O3 resumed on 2 GPUs (bit for bit) and on 1 GPU (within 1e-3).
+#      -O3 resumed on 2 GPUs (bit for bit) and on 1 GPU (within 1e-3). And stage 2
+#      (--shard-states=2, sharded gradients): test_gpu_comm's test_sharded_grads, and d12 -O3
+#      batch 32 with it against the unsharded run (every step's loss within 1e-3; equal bit for
+#      bit while the clip is inactive, one micro-step on 2 GPUs summing as stage 1 does),
+#      tokens/s and memory per GPU beside stage 1's.
 # OUT ($OUT when set, else BUILD/multi-gpu/out) receives summary.txt (printed as it goes),
 # equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv, equivalence_fp8.tsv,
-# equivalence_shard_O1.tsv, equivalence_shard_O3.tsv and logs.tgz. The
+# equivalence_shard_O1.tsv, equivalence_shard_O3.tsv, equivalence_shard2_O3.tsv and logs.tgz. The
 # binaries were built elsewhere by tools/gpu/prepare_multi_gpu.sh BUILD.
 #
 # usage: tools/gpu/multi_gpu_check.sh BUILD
@@ -381,14 +385,14 @@ fi
 if section 7; then
 # ---------------------------------------------------------------- 7. sharded optimizer state
 say ""
-say "== 7. sharded optimizer state (--shard-states, ZeRO stage 1)"
+say "== 7. sharded optimizer state (--shard-states, ZeRO stage 1) and gradients (=2, stage 2)"
 T=$BUILD/multi-gpu/test
 if [ -f "$W/test_gpu_comm.out" ]; then
     say "test_gpu_comm ran in section 5: $(grep -h 'sharded\|normalized error' "$W/test_gpu_comm.out" | sed 's/^ *//' | head -4 | tr '\n' ' ')"
 elif [ -x "$T/test_gpu_comm" ]; then
     if (cd "$W" && FP8C_GPU_IR_DIR=$T/ir FP8C_CACHE_DIR=$T/cache CMOCKA_MESSAGE_OUTPUT=stdout \
-        FP8C_TEST_FILTER=test_sharded_states "$T/test_gpu_comm" > "$W/test_gpu_comm.out" 2>&1); then
-        say "test_gpu_comm (test_sharded_states) passed: $(grep -h 'persistent arena\|normalized error' "$W/test_gpu_comm.out" | sed 's/^ *//' | head -4 | tr '\n' ' ')"
+        FP8C_TEST_FILTER='test_sharded_*' "$T/test_gpu_comm" > "$W/test_gpu_comm.out" 2>&1); then
+        say "test_gpu_comm (test_sharded_states, test_sharded_grads) passed: $(grep -h 'persistent arena\|normalized error' "$W/test_gpu_comm.out" | sed 's/^ *//' | head -4 | tr '\n' ' ')"
         grep -q "skipped" "$W/test_gpu_comm.out" && fail "test_gpu_comm skipped: $(grep skipped "$W/test_gpu_comm.out")"
     else
         fail "test_gpu_comm: $(grep -E 'differ|ERROR|FAIL|status|LINE|did not shard' "$W/test_gpu_comm.out" | head -8 | tr '\n' ' ')"
@@ -431,6 +435,22 @@ for o in O1 O3; do
         fail "d12 -$o batch 32 with and without --shard-states: $(last $plain $zero)"
     fi
 done
+# stage 2: d12 -O3 with sharded gradients against the unsharded run of the loop above
+plain=d12_O3_b32 zero2=d12_O3_b32_zero2
+if [ -x "$BIN/$zero2" ] &&
+   with_mem $zero2 run $zero2 $fixed "$BIN/$zero2" $common --steps "$STEPS" --gpus 2 --log "$W/$zero2.jsonl"; then
+    r=$(compare "$W/$zero2.jsonl" "$W/$plain.jsonl" 1e-3) &&
+        say "GPT-2 d12 -O3 batch 32, sharded gradients (stage 2) vs unsharded on 2 GPUs: $r" ||
+        fail "GPT-2 d12 -O3 batch 32, sharded gradients (stage 2) vs unsharded on 2 GPUs: $r"
+    table "$RESULTS/equivalence_shard2_O3.tsv" "$W/$plain.jsonl" "$W/$zero2.jsonl"
+    tp=$(tps "$W/$plain.jsonl"); tz=$(tps "$W/$zero2.jsonl")
+    say "  tokens/s: unsharded $tp, stage 2 $tz ($(python3 -c "print(f'{$tz / $tp:.3f}')") of unsharded)"
+    say "  nvidia-smi peak: stage 2 $(cat "$W/$zero2.mem")"
+    say "  executor: $(grep -ho 'persistent arena [0-9]* bytes on this GPU, [0-9]* whole' "$W/$zero2.out" | head -1)"
+    say "  plan: $(grep -h 'persistent training state per GPU\|of gradient buffers' "$BUILD/multi-gpu/plan_${zero2}.txt" 2>/dev/null | tr '\n' ' ')"
+else
+    fail "d12 -O3 batch 32 with --shard-states=2: $(last $zero2)"
+fi
 # a sharded checkpoint resumed: on 2 GPUs sharded (bit for bit), on 1 GPU (within 1e-3)
 tz=$BIN/tiny_O3_zero
 if run zsave $fixed "$tz" $common --steps 10 --stop-at 5 --gpus 2 --out "$W/zck" &&
