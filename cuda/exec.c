@@ -422,8 +422,9 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         rt_error("--device cuda: the GPU backend cannot run %s", why);
         goto fail;
     }
-    e->plans = env_flag("FP8C_CUDA_EPILOGUES", true) ? cuda_plan_epilogues(g, e->node_plans, e->arena)
-                                                     : e->node_plans;
+    /* the GEMM epilogues the build planned (the choice fuse.gemm_epilogues, written into the
+     * artifact): the same plan as the module was rendered from */
+    e->plans = cuda_plan_epilogues(g, e->node_plans, e->arena);
     for (int i = 0; i < g->n_nodes; i++) {
         if (e->plans[i].scratch_bytes > e->scratch_bytes) e->scratch_bytes = e->plans[i].scratch_bytes;
         if (e->node_plans[i].scratch_bytes > e->scratch_bytes) e->scratch_bytes = e->node_plans[i].scratch_bytes;
