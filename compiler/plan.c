@@ -566,10 +566,14 @@ void plan_print(const Graph *g, bool json, FILE *out)
                      "of the bound, max_norm * sqrt(its elements / all); --grad-accum above 1 is refused.\n");
     int64_t re_bytes;
     int n_re = recomputed_values(g, &re_bytes);
-    if (n_re)
-        fprintf(out, "\nrecomputed in the backward (save.cheap=0): %d values (norms, elementwise ops), made\n"
+    if (n_re) {
+        bool cheap = !ir_choice_int(g, "save.cheap", 1), qkv = !ir_choice_int(g, "save.attention_inputs", 1);
+        fprintf(out, "\nrecomputed in the backward (%s%s%s): %d values (%s%s%s), made\n"
                      "again from what the backward keeps instead of saved across the step (%s).\n",
-                n_re, human(re_bytes, b1));
+                cheap ? "save.cheap=0" : "", cheap && qkv ? ", " : "", qkv ? "save.attention_inputs=0" : "", n_re,
+                cheap ? "norms, elementwise ops" : "", cheap && qkv ? "; " : "",
+                qkv ? "attention's q, k, v: their GEMMs, bias and RoPE" : "", human(re_bytes, b1));
+    }
     fprintf(out, "\npersistent training state  %s = %.2f bytes per parameter\n", human(m.persistent, b1), per_param);
     fprintf(out, "step arena (peak live)     %s\n", human(m.transient, b1));
     fprintf(out, "peak memory of the step    %s\n", human(peak, b2));

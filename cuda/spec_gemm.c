@@ -161,8 +161,9 @@ bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
         g.ta = true, g.tb = false;
         g.atype = B->t.fmt.elem, g.btype = A->t.fmt.elem;
         /* as TransformerEngine does: forward products accumulate in the tensor cores' fast
-         * mode, gradients (long sums over tokens, small values) with f32 promotion */
-        g.fast_accum = n->phase == PHASE_FORWARD && !grouped;
+         * mode, gradients (long sums over tokens, small values) with f32 promotion; a forward
+         * GEMM made again in the backward (save.attention_inputs=0) as the forward made it */
+        g.fast_accum = (n->phase == PHASE_FORWARD || ir_is_recomputed(n)) && !grouped;
         g.lda = K, g.ldb = K;
         g.scale_a = (CuScaleMode)mode_a, g.scale_b = (CuScaleMode)mode_b;
         g.scales = at;

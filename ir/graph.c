@@ -291,6 +291,11 @@ int64_t ir_transposed_offset(const Node *n)
     return n->op == OP_QUANTIZE && IR_IATTR(n, QUANTIZE, transposed) ? after_result(n) : 0;
 }
 
+bool ir_is_recomputed(const Node *n)
+{
+    return n->phase == PHASE_BACKWARD && n->t.role == ROLE_ACTIVATION;
+}
+
 bool ir_quantize_may_rerun_producer(const Node *q, const Uses *uses)
 {
     if (q->op != OP_QUANTIZE || ir_transposed_offset(q) || q->t.fmt.scaling != SCALE_PER_TENSOR ||
@@ -439,6 +444,7 @@ static const ChoiceRule choice_rules[] = {
     {"ce.shared", "0 1", 0, 0, 0},
     {"save.attention_y", "0 1", 0, 0, 0},
     {"save.cheap", "0 1", 0, 0, 0},
+    {"save.attention_inputs", "0 1", 0, 0, 0},
     {"comm.overlap", "0 1", 0, 0, 0},
     {"comm.bucket_mb", NULL, 1, 1 << 20, 1},
     {"tune.device", NULL, 0, 16, 0},

@@ -451,6 +451,10 @@ Uses *ir_fill_uses(const Graph *g);
  * place, from y's inputs, instead of storing y (cuda/spec_fuse.c); the memory plan keeps
  * those inputs alive until q for it (passes/memplan.c). */
 bool ir_quantize_may_rerun_producer(const Node *q, const Uses *uses);
+/* Whether n is a forward value made again in the backward instead of saved (passes/recompute.c
+ * marks its copies so: an activation's role in the backward phase). Its bits must be the
+ * forward's: a backend computes it as it computes the original (a GEMM's accumulation mode). */
+bool ir_is_recomputed(const Node *n);
 /* Replaces every use of `from` by `to` (in nodes after `from`). */
 void ir_replace_uses(Graph *g, Node *from, Node *to);
 /* Moves n (anywhere after pos) to just before pos; passes use it to insert new nodes. */

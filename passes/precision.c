@@ -604,18 +604,31 @@ static Format saved_default(const Node *x, const Uses *u)
     return f;
 }
 
-/* The forward attention whose backward p is: same inputs, same heads. */
-static Node *attention_of(Node *p, const Uses *uses)
+/* Whether b is a, or the copy of a that the backward makes again (passes/recompute.c:
+ * save.attention_inputs=0 gives attention's backward copies of q, k, v): the same op with the
+ * same attributes and result type over the same values, so the same bits. */
+static bool same_value(const Node *a, const Node *b)
 {
-    const Uses *u = &uses[p->in[1]->index];
-    for (int k = 0; k < u->n; k++) {
-        Node *a = u->list[k];
+    if (a == b) return true;
+    if (!ir_is_recomputed(b) || a->op != b->op || a->n_in != b->n_in || a->t.fmt.elem != b->t.fmt.elem ||
+        memcmp(a->iattr, b->iattr, sizeof a->iattr) || memcmp(a->fattr, b->fattr, sizeof a->fattr))
+        return false;
+    for (int i = 0; i < a->n_in; i++)
+        if (!same_value(a->in[i], b->in[i])) return false;
+    return true;
+}
+
+/* The forward attention whose backward p is: the same inputs (or their copies), same heads. */
+static Node *attention_of(Node *p, const Graph *g)
+{
+    for (int k = 0; k < g->n_nodes; k++) {
+        Node *a = g->nodes[k];
         if (a->op != OP_ATTENTION || a->n_in != p->n_in - 1 ||
             IR_IATTR(a, ATTENTION, heads) != IR_IATTR(p, ATTENTION_BWD, heads) ||
             IR_IATTR(a, ATTENTION, kv_heads) != IR_IATTR(p, ATTENTION_BWD, kv_heads))
             continue;
         bool same = true;
-        for (int i = 0; i < a->n_in; i++) same &= a->in[i] == p->in[1 + i];
+        for (int i = 0; i < a->n_in; i++) same &= same_value(a->in[i], p->in[1 + i]);
         if (same) return a;
     }
     return NULL;
@@ -631,7 +644,7 @@ static void attention_reads_y(Graph *g, const Uses *uses)
     for (int i = 0; i < g->n_nodes; i++) {
         Node *p = g->nodes[i];
         if (p->op != OP_ATTENTION_BWD || ir_attention_bwd_reads_y(p)) continue;
-        Node *y = attention_of(p, uses);
+        Node *y = attention_of(p, g);
         if (!y || y->t.role != ROLE_SAVED || y->t.saved_as.elem != FMT_VOID || y->t.fmt.codec != CODEC_PLAIN ||
             y->t.fmt.scaling != SCALE_NONE || !fmt_elem_is_float(y->t.fmt.elem))
             continue;

@@ -1,4 +1,5 @@
-/* recompute.c — cheap producers recomputed in the backward instead of saved (save.cheap=0).
+/* recompute.c — forward values made again in the backward instead of saved (save.cheap=0,
+ * save.attention_inputs=0).
  *
  * Autodiff makes every forward value that a backward node reads a saved activation: it lives
  * from its forward producer to its last backward reader, across the whole middle of the step.
@@ -23,7 +24,18 @@
  * then decides for it (a transient in the backward, an FP8 copy where a GEMM reads it) is what
  * it decides for any backward value, with one difference kept: the copy's role is an
  * activation's, not a gradient's, so that an FP8 GEMM of the backward reads it in the forward
- * format (e4m3), as it read the saved value. */
+ * format (e4m3), as it read the saved value.
+ *
+ * With save.attention_inputs=0 the same is done for attention's q, k and v, which are not
+ * cheap: the projections that make them (a GEMM, its bias add, RoPE) are copied, down to
+ * operands the backward keeps anyway (the normed input, which the projections' weight
+ * gradients read; the weights). One more forward GEMM a layer in the backward buys the largest
+ * saved value of a transformer layer: GPT-2's q|k|v is three times the width of the residual.
+ * A copy made as soon as its operands exist would live from the start of the backward, as the
+ * saved value did; the schedule therefore holds each copy until its reader's other operands
+ * exist (passes/schedule.c, ir_is_recomputed). The precision pass recognises the copies as the
+ * forward attention's inputs, so that the backward still reads the forward's logsumexp where
+ * the level keeps it, and the GPU accumulates the copied GEMM as it did the original. */
 #include "passes.h"
 
 #include <string.h>
@@ -33,6 +45,18 @@ static bool is_cheap(OpKind op)
     switch (op) {
     case OP_ADD: case OP_SUB: case OP_MUL: case OP_SCALE: case OP_GELU: case OP_SILU:
     case OP_LAYERNORM: case OP_RMSNORM:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* What makes attention's inputs from values the backward keeps: the projections (a GEMM, its
+ * bias, RoPE; views of them). */
+static bool makes_attention_input(OpKind op)
+{
+    switch (op) {
+    case OP_MATMUL: case OP_ADD: case OP_ROPE: case OP_RESHAPE: case OP_SLICE:
         return true;
     default:
         return false;
@@ -61,13 +85,60 @@ static void hoist_copied_inputs(Graph *g, Node *c)
     }
 }
 
+/* A value read by the backward only through attention's backward (and what it is made of,
+ * down to values the backward keeps anyway): marked in `wanted`, depth levels at most. */
+static bool only_attention_reads(const Uses *u)
+{
+    bool any = false;
+    for (int k = 0; k < u->n; k++) {
+        const Node *r = u->list[k];
+        if (r->phase == PHASE_FORWARD) continue;
+        if (r->op != OP_ATTENTION_BWD) return false;
+        any = true;
+    }
+    return any;
+}
+
+static bool mark_attention_input(const Graph *g, const Uses *uses, Node *n, bool *wanted, int depth)
+{
+    if (n->phase != PHASE_FORWARD || ir_role_is_persistent(n->t.role) || !makes_attention_input(n->op) ||
+        depth > 4)
+        return false;
+    for (int k = 0; k < n->n_in; k++) {
+        Node *x = n->in[k];
+        bool kept = ir_role_is_persistent(x->t.role) ||
+                    (x->phase == PHASE_FORWARD && read_in_backward(&uses[x->index]) &&
+                     !only_attention_reads(&uses[x->index]));
+        if (!kept && !wanted[x->index] && !mark_attention_input(g, uses, x, wanted, depth + 1)) return false;
+    }
+    wanted[n->index] = true;
+    return true;
+}
+
 bool pass_recompute(Graph *g, const PassOptions *opt)
 {
     (void)opt;
-    if (ir_choice_int(g, "save.cheap", 1)) return true;
+    bool cheap = !ir_choice_int(g, "save.cheap", 1);
+    bool attention_inputs = !ir_choice_int(g, "save.attention_inputs", 1);
+    if (!cheap && !attention_inputs) return true;
     ir_renumber(g);
     Uses *uses = ir_fill_uses(g);
     int count = g->n_nodes;
+    /* save.attention_inputs=0: the GEMMs (with their bias and RoPE) that make attention's q,
+     * k and v, where their own inputs are kept, so that the backward makes q, k, v again */
+    bool *wanted = arena_alloc(g->arena, sizeof(bool) * (size_t)(count ? count : 1));
+    memset(wanted, 0, sizeof(bool) * (size_t)(count ? count : 1));
+    for (int i = 0; attention_inputs && i < count; i++) {
+        const Node *a = g->nodes[i];
+        if (a->op != OP_ATTENTION_BWD) continue;
+        for (int k = 1; k < a->n_in; k++) {
+            Node *x = a->in[k];
+            if (x->op == OP_ATTENTION || !only_attention_reads(&uses[x->index])) continue;
+            bool *trial = arena_alloc(g->arena, sizeof(bool) * (size_t)count);
+            memcpy(trial, wanted, sizeof(bool) * (size_t)count);
+            if (mark_attention_input(g, uses, x, trial, 0)) memcpy(wanted, trial, sizeof(bool) * (size_t)count);
+        }
+    }
     /* which nodes are copied, decided on the graph as autodiff left it, in forward order (a
      * node whose input is copied may be copied too) */
     bool *copied = arena_alloc(g->arena, sizeof(bool) * (size_t)(count ? count : 1));
@@ -78,8 +149,8 @@ bool pass_recompute(Graph *g, const PassOptions *opt)
         Node *n = g->nodes[i];
         copied[i] = false;
         n->pass_data = NULL;
-        if (n->phase != PHASE_FORWARD || !is_cheap(n->op) || ir_role_is_persistent(n->t.role) ||
-            n->t.role == ROLE_OUTPUT || !read_in_backward(&uses[i]))
+        bool candidate = wanted[i] || (cheap && is_cheap(n->op) && read_in_backward(&uses[i]));
+        if (n->phase != PHASE_FORWARD || !candidate || ir_role_is_persistent(n->t.role) || n->t.role == ROLE_OUTPUT)
             continue;
         bool inputs_kept = true;
         for (int k = 0; k < n->n_in && inputs_kept; k++) {
@@ -118,6 +189,8 @@ bool pass_recompute(Graph *g, const PassOptions *opt)
                 if (r->in[j] == n) r->in[j] = c;
             if (!first || r->index < first->index) first = r;
         }
+        /* a copy only other copies read (a GEMM under its bias add) goes before them, below */
+        if (!first) continue;
         ir_move_before(g, c, first);
         ir_renumber(g);
         hoist_copied_inputs(g, c);

@@ -100,6 +100,74 @@ static int distinct(int *list, int n)
     return k;
 }
 
+/* A value made again in the backward instead of saved (passes/recompute.c: an activation of
+ * the backward phase) is worth its bytes only if it is made just before it is read: made as
+ * soon as its inputs exist, which is at the start of the backward, it would live as long as
+ * the saved value did. So it waits, by edges of its own, for the other operands of its first
+ * reader (through the copies that read it: a GEMM's copy waits for what its bias add's reader
+ * waits for), those that do not depend on it. */
+static int late_copy_edge_bound(const Graph *g)
+{
+    int bound = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (!is_leaf(g->nodes[i]))
+            for (int j = 0; j < g->nodes[i]->n_in; j++)
+                if (ir_is_recomputed(g->nodes[i]->in[j])) bound += g->nodes[i]->n_in;
+    return bound;
+}
+
+/* Whether `to` is reached from `from` along operand edges (the graph is in topological order,
+ * so only nodes between the two can be on the way). */
+static bool reaches(const Graph *g, const Node *from, const Node *to, bool *seen)
+{
+    if (from == to) return true;
+    int lo = from->index, hi = to->index;
+    if (hi < lo) return false;
+    memset(seen + lo, 0, sizeof(bool) * (size_t)(hi - lo + 1));
+    seen[lo] = true;
+    for (int i = lo + 1; i <= hi; i++) {
+        const Node *v = g->nodes[i];
+        for (int j = 0; j < v->n_in && !seen[i]; j++) {
+            int k = v->in[j]->index;
+            seen[i] = k >= lo && k <= hi && seen[k];
+        }
+    }
+    return seen[hi];
+}
+
+/* The first node (by index) that reads v and is not itself recomputed, following copies. */
+static const Node *first_real_reader(const Graph *g, const Node *v)
+{
+    const Node *best = NULL;
+    for (int i = v->index + 1; i < g->n_nodes; i++) {
+        const Node *r = g->nodes[i];
+        bool reads = false;
+        for (int j = 0; j < r->n_in && !reads; j++) reads = r->in[j] == v;
+        if (!reads) continue;
+        const Node *x = ir_is_recomputed(r) ? first_real_reader(g, r) : r;
+        if (x && (!best || x->index < best->index)) best = x;
+    }
+    return best;
+}
+
+static int late_copy_edges(const Graph *g, Edge *out, int cap)
+{
+    int e = 0;
+    bool *seen = arena_alloc(g->arena, sizeof(bool) * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *c = g->nodes[i];
+        if (!ir_is_recomputed(c)) continue;
+        const Node *r = first_real_reader(g, c);
+        if (!r) continue;
+        for (int j = 0; j < r->n_in; j++) {
+            const Node *t = r->in[j];
+            if (is_leaf(t) || ir_is_recomputed(t) || t->index == i || reaches(g, c, t, seen)) continue;
+            if (e < cap) out[e++] = (Edge){t->index, i};
+        }
+    }
+    return e;
+}
+
 static void sched_init(Sched *s, Graph *g)
 {
     int n = g->n_nodes;
@@ -178,7 +246,10 @@ static void sched_init(Sched *s, Graph *g)
                 if (ir_mutates_input(g->nodes[i], j))
                     n_edges += class_count[view_root(g->nodes[i]->in[j])];
 
-    /* dependency edges: operands, format tensors defined earlier, in-place ordering */
+    /* dependency edges: operands, format tensors defined earlier, in-place ordering, and the
+     * late placement of values recomputed in the backward */
+    int n_late = late_copy_edge_bound(g);
+    n_edges += n_late;
     Edge *edges = sched_alloc(s, (size_t)n_edges, sizeof(Edge));
     int e = 0;
     for (int i = 0; i < n; i++) {
@@ -194,6 +265,7 @@ static void sched_init(Sched *s, Graph *g)
                 if (class_readers[r] != i) edges[e++] = (Edge){class_readers[r], i};
         }
     }
+    e += late_copy_edges(g, edges + e, n_late);
     qsort(edges, (size_t)e, sizeof *edges, compare_edges);
     int u = 0;
     for (int i = 0; i < e; i++)

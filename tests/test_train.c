@@ -248,6 +248,17 @@ static void test_recompute_is_exact(void **state) {
                           "-D layers=2 -D dim=64 -D heads=4 -D kv_heads=2 -D hidden=128 -D vocab=256");
 }
 
+/* save.attention_inputs=0 makes attention's q, k, v again in the backward, by the same GEMMs
+ * (and bias, RoPE) over the same saved operands: at -O0 and -O1 (the GEMM an FP8 one over the
+ * saved e4m3 copies) every step is the default build's, for GPT-2's packed q|k|v and a small
+ * Llama's three projections with RoPE and grouped keys. */
+static void test_recompute_attention_inputs_is_exact(void **state) {
+    (void)state;
+    check_choice_is_exact("save.attention_inputs=0", "gpt2_tiny.model", "");
+    check_choice_is_exact("save.attention_inputs=0", "llama.model",
+                          "-D layers=2 -D dim=64 -D heads=4 -D kv_heads=2 -D hidden=128 -D vocab=256");
+}
+
 /* Fusion changes speed, never results (codegen/fuse.c): with no fused kernels at all
  * (fuse.members=1) the CPU's steps are the default build's, bit for bit. */
 static void test_unfused_is_exact(void **state) {
@@ -718,6 +729,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_loss_falls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recompute_is_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recompute_attention_inputs_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unfused_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_transpose_when_read_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),

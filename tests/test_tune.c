@@ -400,8 +400,8 @@ static void test_plan_shows_the_record(void **state) {
 }
 
 /* --list-candidates: the binaries tune builds besides the defaults, one --choice a line. On the
- * CPU they are the loss's chunk counts and the other values of save.cheap, layout.cast_transpose
- * and fuse.members that the record holds (setup's tune built exactly those); on a GPU the
+ * CPU they are the loss's chunk counts and the other values of save.cheap, save.attention_inputs,
+ * layout.cast_transpose and fuse.members that the record holds (setup's tune built exactly those); on a GPU the
  * fusions, the attention's and the loss's kernels join, each a choice build accepts.
  * With -o it is refused: it measures and writes nothing. */
 static void test_list_candidates(void **state) {
@@ -415,9 +415,10 @@ static void test_list_candidates(void **state) {
     assert_true(rt_json_read(path, &r));
     /* the CPU's build-time points: the loss's chunks, the recompute-or-save choices, the
      * gradients' transposed copies and the fusion granularity */
-    const char *points[] = {"loss.chunks", "save.cheap", "layout.cast_transpose", "fuse.members"};
+    const char *points[] = {"loss.chunks", "save.cheap", "save.attention_inputs", "layout.cast_transpose",
+                            "fuse.members"};
     int want = 0;
-    for (int p = 0; p < 4; p++) {
+    for (int p = 0; p < 5; p++) {
         const Jv *point = find_choice(get(&r, "choices", JV_ARR), points[p]);
         if (!point) fail_msg("the record has no %s", points[p]);
         const Jv *cands = get(point, "candidates", JV_ARR);
