@@ -60,6 +60,7 @@
 #define TUNE_MAX_STEPS 64
 #define TUNE_MAX_POINTS 512
 #define TUNE_MAX_CHOICES 1024
+#define TUNE_BUILD_POINTS 32   /* build_points' most */
 
 /* One timed run of a binary. */
 typedef struct {
@@ -426,54 +427,30 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             snprintf(p->values[0], 32, "1");
             snprintf(p->values[1], 32, "0");
         }
-        /* the attention on warpgroup MMA (the default) or on mma.sync */
-        p = &out[n++];
-        *p = (BuildPoint){.name = "attn.wgmma", .what = "the attention forward on warpgroup MMA", .dflt = "1", .n = 2};
-        snprintf(p->values[0], 32, "0");
-        snprintf(p->values[1], 32, "1");
-        p = &out[n++];
-        *p = (BuildPoint){.name = "attn.fwd_pipeline",
-                          .what = "the wgmma forward's softmax overlapped with its P V product (head dim 64)",
-                          .dflt = "0", .n = 2};
-        snprintf(p->values[0], 32, "0");
-        snprintf(p->values[1], 32, "1");
-        p = &out[n++];
-        *p = (BuildPoint){.name = "attn.wgmma_bwd", .what = "the attention backward's dq and dk/dv passes on warpgroup MMA",
-                          .dflt = "1", .n = 2};
-        snprintf(p->values[0], 32, "0");
-        snprintf(p->values[1], 32, "1");
-        p = &out[n++];
-        *p = (BuildPoint){.name = "attn.dq_rows", .what = "query rows of a block of the attention's dq pass",
-                          .dflt = "128", .n = 2};
-        snprintf(p->values[0], 32, "128");
-        snprintf(p->values[1], 32, "64");
-        p = &out[n++];
-        *p = (BuildPoint){.name = "attn.dkv_rows", .what = "keys of a block of the attention's dk/dv pass",
-                          .dflt = "64", .n = 2};
-        snprintf(p->values[0], 32, "64");
-        snprintf(p->values[1], 32, "128");
-        p = &out[n++];
-        *p = (BuildPoint){.name = "attn.head_group", .what = "heads whose attention blocks run together (0: heaviest first)",
-                          .dflt = "0", .n = 2};
-        snprintf(p->values[0], 32, "0");
-        snprintf(p->values[1], 32, "32");
-        p = &out[n++];
-        *p = (BuildPoint){.name = "attn.dkv_split", .what = "parts of a dk/dv step's 64 queries (2: three blocks an SM)",
-                          .dflt = "1", .n = 2};
-        snprintf(p->values[0], 32, "1");
-        snprintf(p->values[1], 32, "2");
-        /* the loss's row blocks (cuda/spec_ops.c, ce_rows_chosen): below 1024 threads the one
-         * pass holds a vocabulary row in shared memory, two rows an SM */
-        p = &out[n++];
-        *p = (BuildPoint){.name = "ce.threads", .what = "threads of the loss's row blocks", .dflt = "512", .n = 3};
-        snprintf(p->values[0], 32, "512");
-        snprintf(p->values[1], 32, "1024");
-        snprintf(p->values[2], 32, "256");
-        p = &out[n++];
-        *p = (BuildPoint){.name = "ce.exp2", .what = "the loss's exponentials as ex2.approx", .dflt = "1", .n = 2};
-        snprintf(p->values[0], 32, "1");
-        snprintf(p->values[1], 32, "0");
+        /* the attention's kernels (cuda/spec_ops.c: warpgroup MMA or mma.sync, the pipelined
+         * forward, the backward's blocks) and the loss's row blocks (ce_rows_chosen: below 1024
+         * threads the one pass holds a vocabulary row in shared memory, two rows an SM); the
+         * default first */
+        static const struct { const char *name, *what, *values[4]; } kernels[] = {
+            {"attn.wgmma", "the attention forward on warpgroup MMA", {"1", "0"}},
+            {"attn.fwd_pipeline", "the wgmma forward's softmax overlapped with its P V product (head dim 64)",
+             {"0", "1"}},
+            {"attn.wgmma_bwd", "the attention backward's dq and dk/dv passes on warpgroup MMA", {"1", "0"}},
+            {"attn.dq_rows", "query rows of a block of the attention's dq pass", {"128", "64"}},
+            {"attn.dkv_rows", "keys of a block of the attention's dk/dv pass", {"64", "128"}},
+            {"attn.head_group", "heads whose attention blocks run together (0: heaviest first)", {"0", "32"}},
+            {"attn.dkv_split", "parts of a dk/dv step's 64 queries (2: three blocks an SM)", {"1", "2"}},
+            {"ce.threads", "threads of the loss's row blocks", {"512", "1024", "256"}},
+            {"ce.exp2", "the loss's exponentials as ex2.approx", {"1", "0"}},
+        };
+        for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) {
+            p = &out[n++];
+            *p = (BuildPoint){.name = kernels[i].name, .what = kernels[i].what};
+            snprintf(p->dflt, sizeof p->dflt, "%s", kernels[i].values[0]);
+            for (int k = 0; k < 4 && kernels[i].values[k]; k++) snprintf(p->values[p->n++], 32, "%s", kernels[i].values[k]);
+        }
     }
+    if (n > TUNE_BUILD_POINTS) ir_die(__FILE__, __LINE__, "tune: %d build points, room for %d", n, TUNE_BUILD_POINTS);
     return n;
 }
 
@@ -522,7 +499,7 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
  * measurements find), nor are the run-time choices and the GEMM algorithms (no build). */
 int tune_list_candidates(const TuneRequest *q, FILE *out)
 {
-    BuildPoint builds[32];
+    BuildPoint builds[TUNE_BUILD_POINTS];
     int n_build = build_points(q, builds);
     for (int i = 0; i < n_build; i++)
         for (int k = 0; k < builds[i].n; k++)
@@ -654,7 +631,7 @@ int tune_run(const TuneRequest *q)
                    t.base.min, t.base.max, t.base.n - q->warmup, elapsed(&t));
 
     EnvPoint envs[8];
-    BuildPoint builds[32];
+    BuildPoint builds[TUNE_BUILD_POINTS];
     int n_env = env_points(&t, envs), n_build = build_points(q, builds), left = 0;
     for (int i = 0; i < n_env; i++) left += envs[i].n;
     for (int i = 0; i < n_build; i++) left += builds[i].n;
