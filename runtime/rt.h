@@ -625,6 +625,13 @@ typedef struct {
 bool rt_gather_plan(const Graph *g, int ranks, RtGatherPlan *p);
 void rt_gather_plan_free(RtGatherPlan *p);
 const RtGatherWeight *rt_gather_weight(const RtGatherPlan *p, const Node *param);   /* NULL: whole */
+/* Host reference of a gather. ref_shard_amax: max |x| over elements s of w (whole storage).
+ * ref_scale_from_amax: the scale quant_scale node qs stores for that amax (per tensor).
+ * ref_quantize_shard: elements s of quantize q's input, stored through q's format with scale
+ * `scale` into out (q's whole storage): what the shard's owner contributes to the gather. */
+float ref_shard_amax(const Tensor *w, RtShard s);
+float ref_scale_from_amax(const Node *qs, float amax);
+void ref_quantize_shard(const Node *q, RtShard s, float scale, void *out);
 
 /* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
  * (host copies). Each scale is halved and each non-finite history entry becomes twice the
