@@ -344,7 +344,17 @@ static int shard_collectives(const RtShardPlan *sp, const PlanComm *c, PlanColle
 {
     int k = 0;
     out[k++] = (PlanCollective){"reduce_scatter sum", c->formats, sp->sent_reduce_scatter};
-    out[k++] = (PlanCollective){"all_gather (weights)", "bf16", sp->sent_gather_weights};
+    if (sp->stage >= 3) {   /* each micro-step's forward and backward gather the layers */
+        if (sp->sent_gather_fp8)
+            out[k++] = (PlanCollective){"all_gather (layers, FP8)", "e4m3", sp->sent_gather_fp8};
+        if (sp->sent_gather_bf16)
+            out[k++] = (PlanCollective){"all_gather (layers, bf16)", "bf16", sp->sent_gather_bf16};
+        if (sp->gather_amax_values)
+            out[k++] = (PlanCollective){"all_reduce max (amax)", "f32", sp->sent_gather_scalars};
+        out[k++] = (PlanCollective){"all_gather (whole params)", "bf16", sp->sent_gather_weights};
+    } else {
+        out[k++] = (PlanCollective){"all_gather (weights)", "bf16", sp->sent_gather_weights};
+    }
     if (sp->copy_bytes) out[k++] = (PlanCollective){"all_gather (FP8 copies)", "e4m3", sp->sent_gather_copies};
     out[k++] = (PlanCollective){"all_reduce (norm, amax)", "f32", sp->sent_scalars};
     return k;
@@ -357,7 +367,17 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
     char b1[32];
     int n = sp->ranks;
     int64_t persistent = m->persistent - sp->saved;
-    if (sp->stage >= 2)
+    if (sp->stage >= 3)
+        fprintf(out, "\ndata parallel over %d GPUs with sharded weights, state and gradients (--shard-states=3,\n"
+                     "ZeRO stage 3; planned, not yet built): the figures above are one GPU's whole step;\n"
+                     "each GPU keeps 1/%d of %d weights (the GEMMs' matrices, gathered per layer while\n"
+                     "the step runs) and of the gradient accumulators, master weights and optimizer states,\n"
+                     "per tensor, on multiples of the codecs' groups (up to %lld elements); %d parameters,\n"
+                     "%s, stay whole (%d vectors: norm weights and biases; %d matrices read by more\n"
+                     "than a GEMM: embeddings)",
+                n, n, sp->gathered_weights, (long long)sp->group, sp->whole_params,
+                human(sp->whole_param_bytes, b1), sp->whole_params - sp->whole_matrices, sp->whole_matrices);
+    else if (sp->stage >= 2)
         fprintf(out, "\ndata parallel over %d GPUs with sharded state and gradients (--shard-states=2, ZeRO\n"
                      "stage 2): the figures above are one GPU's whole step; each GPU keeps the weights whole\n"
                      "and 1/%d of the gradient accumulators, master weights and optimizer states, per tensor,\n"
@@ -380,7 +400,18 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
     fprintf(out, "persistent training state per GPU  %s = %.2f bytes per parameter (one GPU: %.2f)\n",
             human(persistent, b1), m->n_params ? (double)persistent / (double)m->n_params : 0,
             m->n_params ? (double)m->persistent / (double)m->n_params : 0);
-    if (sp->stage >= 2) {
+    if (sp->stage >= 3) {
+        char b2[32], b3[32], b4[32];
+        fprintf(out, "step arena per GPU                 %s + %s of gradient buffers\n"
+                     "                                   + %s of layer buffers (%d, each a gathered\n"
+                     "                                   layer's, reused once its last reader ran:\n"
+                     "                                   comm_weights.c) = %s\n",
+                human(m->transient, b1), human(sp->grad_buffer_bytes, b2), human(sp->gather_buffer_bytes, b3),
+                sp->gather_buffers,
+                human(m->transient + sp->grad_buffer_bytes + sp->gather_buffer_bytes, b4));
+        fprintf(out, "peak memory per GPU                %s\n",
+                human(persistent + m->transient + sp->grad_buffer_bytes + sp->gather_buffer_bytes, b1));
+    } else if (sp->stage >= 2) {
         char b2[32], b3[32];
         fprintf(out, "step arena per GPU                 %s + %s of gradient buffers (each bucket's, reused\n"
                      "                                   once it is reduced: comm_grads.c) = %s\n",
@@ -393,18 +424,37 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
         fprintf(out, "peak memory per GPU                %s (each shard's sum lands in its accumulator)\n",
                 human(persistent + m->transient, b1));
     }
-    fprintf(out, "Each %s reduce-scatters %d gradients, %s (%s), each step gathers the new\n"
-                 "weights%s, and all-reduces one f32 a tensor for the gradient norm%s:\n",
-            sp->stage >= 2 ? "micro-step" : "step", c->count, human(c->bytes, b1), c->formats,
-            sp->copy_bytes ? " and their e4m3 copies" : "", sp->amax_values ? " and the weights' amaxes" : "");
-    PlanCollective coll[4];
+    if (sp->stage >= 3) {
+        char b2[32], b3[32];
+        fprintf(out, "Each micro-step gathers every sharded layer twice, in the forward and again in the\n"
+                     "backward, each layer prefetched while the one before it computes (%s in e4m3,\n"
+                     "%s in bf16, whole)%s; it reduce-scatters %d gradients, %s (%s);\n"
+                     "each step gathers the %d whole parameters' new values and all-reduces one f32 a\n"
+                     "tensor for the gradient norm%s:\n",
+                human(sp->gathered_fp8, b1), human(sp->gathered_bf16, b2),
+                sp->gather_amax_values ? ",\nthe FP8 ones after an all-reduce (max) of each weight's amax in the forward" : "",
+                c->count, human(c->bytes, b3), c->formats, sp->whole_params,
+                sp->amax_values ? " and the FP8 copies' amaxes" : "");
+    } else {
+        fprintf(out, "Each %s reduce-scatters %d gradients, %s (%s), each step gathers the new\n"
+                     "weights%s, and all-reduces one f32 a tensor for the gradient norm%s:\n",
+                sp->stage >= 2 ? "micro-step" : "step", c->count, human(c->bytes, b1), c->formats,
+                sp->copy_bytes ? " and their e4m3 copies" : "", sp->amax_values ? " and the weights' amaxes" : "");
+    }
+    PlanCollective coll[8];
     int n_coll = shard_collectives(sp, c, coll);
     fprintf(out, "  %-26s %-8s %s\n", "collective", "format", "sent per GPU per step");
     for (int i = 0; i < n_coll; i++)
         fprintf(out, "  %-26s %-8s %s%s\n", coll[i].name, coll[i].format, human(coll[i].bytes, b1),
-                !i && sp->stage >= 2 ? " (x --grad-accum)" : "");
-    fprintf(out, "(the reduce-scatter is one ncclReduce per shard, to its owner; the gathers are\n"
-                 "broadcasts from each shard's owner: cuda/exec_shard.c)\n");
+                (!i && sp->stage >= 2) || (sp->stage >= 3 && (strstr(coll[i].name, "layers") ||
+                                                             !strcmp(coll[i].name, "all_reduce max (amax)")))
+                    ? " (x --grad-accum)" : "");
+    if (sp->stage >= 3)
+        fprintf(out, "(a layer's gather: the owners' shards, all-gathered into the layer's buffer: runtime/\n"
+                     "comm_weights.c; the rest as stage 2's: cuda/exec_shard.c)\n");
+    else
+        fprintf(out, "(the reduce-scatter is one ncclReduce per shard, to its owner; the gathers are\n"
+                     "broadcasts from each shard's owner: cuda/exec_shard.c)\n");
 }
 
 void plan_print(const Graph *g, bool json, FILE *out)
@@ -479,15 +529,17 @@ void plan_print(const Graph *g, bool json, FILE *out)
         rt_shard_plan(g, m.by_role, c.ranks ? c.ranks : 1, &sp);
         int64_t gpu_persistent = m.persistent - sp.saved;
         fprintf(out, "],\n \"shard_states\": %s, \"shard_stage\": %d, \"per_gpu_grad_buffer_bytes\": %lld,"
+                     " \"per_gpu_gather_buffer_bytes\": %lld, \"gathered_weights\": %d, \"whole_params\": %d,"
                      " \"per_gpu\": {", sp.on ? "true" : "false", sp.on ? sp.stage : 0,
-                (long long)sp.grad_buffer_bytes);
+                (long long)sp.grad_buffer_bytes, (long long)sp.gather_buffer_bytes, sp.gathered_weights,
+                sp.whole_params);
         for (size_t k = 0; k < sizeof categories / sizeof categories[0]; k++)
             fprintf(out, "%s\"%s\": %lld", k ? ", " : "", categories[k].name, (long long)sp.per_gpu[categories[k].role]);
         fprintf(out, "},\n \"per_gpu_persistent_bytes\": %lld, \"per_gpu_bytes_per_param\": %.3f,"
                      " \"per_gpu_peak_bytes\": %lld, \"shard_collectives\": [",
                 (long long)gpu_persistent, m.n_params ? (double)gpu_persistent / (double)m.n_params : 0,
-                (long long)(gpu_persistent + m.transient + sp.grad_buffer_bytes));
-        PlanCollective sc[4];
+                (long long)(gpu_persistent + m.transient + sp.grad_buffer_bytes + sp.gather_buffer_bytes));
+        PlanCollective sc[8];
         int n_sc = sp.on ? shard_collectives(&sp, &c, sc) : 0;
         for (int i = 0; i < n_sc; i++)
             fprintf(out, "%s{\"collective\": \"%s\", \"format\": \"%s\", \"bytes_per_gpu\": %lld}",

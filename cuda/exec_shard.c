@@ -91,6 +91,11 @@ int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
     Graph *g = e->g;
     e->shard = rt_shard_states(g) && world > 1;
     if (!e->shard) return e->host.persistent_bytes;
+    if (rt_shard_stage(g) >= 3) {   /* comm_weights.c plans the gathers; nothing here runs them */
+        rt_error("CUDA executor: --shard-states=3 (sharded weights) is not yet supported on %d GPUs: "
+                 "rebuild with --shard-states=2", world);
+        return -1;
+    }
     e->shard_world = world;
     e->shard_rank = rank;
     /* the updates and the tensors they shard */

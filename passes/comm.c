@@ -49,7 +49,10 @@
  * all-reduce gathers every rank's sums by design, and a sharded variant (the scattered half
  * alone) is not built. Stage 2 is refused with comm.overlap=0 as well: its buffers are reused
  * only because each bucket leaves while the backward runs; after the backward every gradient
- * would be whole in them at once, the memory stage 2 exists to save. */
+ * would be whole in them at once, the memory stage 2 exists to save. --shard-states=3 (stage 3,
+ * runtime/comm_weights.c) marks them shard=3 and keeps stage 2's gradients and refusals: each
+ * rank keeps only its shard of the GEMMs' weights as well, gathered per layer while the step
+ * runs. The graph does not change for it either; the plan reads the mark. */
 #include "passes.h"
 
 /* the format a gradient may be reduced in: NCCL's bf16 or f32, unscaled */
@@ -75,16 +78,16 @@ bool pass_comm(Graph *g, const PassOptions *opt)
                    "needs each GPU's shard only: build with one of them", rule);
         return false;
     }
-    if (opt->shard_states == 2 && opt->grad_release) {
-        diag_error((SrcLoc){0}, "--shard-states=2 keeps each gradient only as its shard's sum over "
+    if (opt->shard_states >= 2 && opt->grad_release) {
+        diag_error((SrcLoc){0}, "--shard-states=%d keeps each gradient only as its shard's sum over "
                    "the GPUs, and --grad-release updates each parameter inside the backward from its "
-                   "own GPU's whole gradient: build with one of them");
+                   "own GPU's whole gradient: build with one of them", opt->shard_states);
         return false;
     }
-    if (opt->shard_states == 2 && !ir_choice_on(g, "comm.overlap", NULL)) {
-        diag_error((SrcLoc){0}, "--shard-states=2 reuses its gradient buffers because each bucket is "
+    if (opt->shard_states >= 2 && !ir_choice_on(g, "comm.overlap", NULL)) {
+        diag_error((SrcLoc){0}, "--shard-states=%d reuses its gradient buffers because each bucket is "
                    "reduced while the backward runs, and comm.overlap=0 reduces them after it, with "
-                   "every gradient whole at once: build without --choice comm.overlap=0");
+                   "every gradient whole at once: build without --choice comm.overlap=0", opt->shard_states);
         return false;
     }
     if (opt->gpus <= 1) {

@@ -21,9 +21,10 @@ typedef struct {
                                    optimizer clause (optimizer.c); NULL: the clause's */
     bool nesterov;              /* --nesterov: SGD with Nesterov momentum */
     int gpus;                   /* data parallel over this many GPUs (comm.c); 0 or 1: one */
-    int shard_states;           /* --shard-states[=1|2] (comm.c): 0 off; 1 ZeRO stage 1, each
+    int shard_states;           /* --shard-states[=1|2|3] (comm.c): 0 off; 1 ZeRO stage 1, each
                                    GPU keeps 1/N of the masters and optimizer states; 2 stage 2,
-                                   the gradient accumulators too */
+                                   the gradient accumulators too; 3 stage 3, the GEMMs' weights
+                                   too, gathered per layer (runtime/comm_weights.c; plan only) */
     bool verify;                /* run ir_verify after every pass */
     bool fp8_any_shape;         /* keep FP8 GEMMs whose K or N is not a multiple of 16, which
                                    cuBLASLt cannot run (the reference and CPU can): for tests

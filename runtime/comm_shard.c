@@ -8,7 +8,9 @@
  * all-gathers the new weights (and, at the levels that keep them, the e4m3 weight copies the
  * FP8 GEMMs read). This is ZeRO stage 1. With --shard-states=2 (stage 2) the accumulators
  * are sharded as well, on the same boundaries: a rank keeps only its shard's sum, and the
- * backward writes into transient bucket buffers (comm_grads.c has that half).
+ * backward writes into transient bucket buffers (comm_grads.c has that half). With
+ * --shard-states=3 (stage 3) the weights the GEMMs read (and their FP8 copies) are cut on the
+ * same boundaries too, and gathered per layer while the step runs (comm_weights.c).
  *
  * Shards are per tensor, not of one flat buffer: shard r of a parameter of n elements is
  * [r S, (r+1) S) clipped to n, with S = ceil(n / N) rounded up to the update's group. The
@@ -134,23 +136,31 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
     memcpy(p->per_gpu, by_role, sizeof p->per_gpu);
     p->stage = rt_shard_stage(g);
     p->on = p->stage > 0 && ranks > 1;
+    RtGatherPlan gp;
+    rt_gather_plan(g, ranks, &gp);
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *u = g->nodes[i];
         if (!ir_op_is_update(u->op)) continue;
         int64_t n = ir_numel(&u->in[0]->t), group = rt_shard_group(u);
         int64_t wb = n * fmt_elem_bytes(u->in[0]->t.fmt.elem);
+        /* stage 3: a gathered weight (and its copy) is not broadcast after its update */
+        const RtGatherWeight *gw = rt_gather_weight(&gp, u->in[0]);
         p->updates++;
-        p->weight_bytes += wb;
+        if (!gw) p->weight_bytes += wb;
         p->grad_bytes += ir_numel(&u->in[1]->t) * fmt_elem_bytes(u->in[1]->t.fmt.elem);
         p->norm_values++;
         int at = ir_adamw_copy_index(u);
         if (at >= 0) {
-            p->copy_bytes += ir_numel(&u->in[at]->t) * fmt_elem_bytes(u->in[at]->t.fmt.elem);
+            if (!gw) p->copy_bytes += ir_numel(&u->in[at]->t) * fmt_elem_bytes(u->in[at]->t.fmt.elem);
             p->amax_values++;
         }
         if (group >= n && n > 0) p->whole_updates++;
         if (group > p->group) p->group = group < n ? group : p->group;
         if (!p->on) continue;
+        if (gw) {
+            shard_saving(&u->in[0]->t, group, ranks, ROLE_PARAM, p);
+            if (at >= 0) shard_saving(&u->in[at]->t, group, ranks, ROLE_WEIGHT_COPY, p);
+        }
         /* the states and the master: 1/N each; the accumulator too at stage 2 */
         if (p->stage >= 2) shard_saving(&state_of(u->in[1])->t, group, ranks, ROLE_GRAD, p);
         int states = ir_update_lr_index(u);
@@ -159,6 +169,18 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
         if (m >= 0) shard_saving(&u->in[m]->t, group, ranks, state_of(u->in[m])->t.role, p);
     }
     for (int r = 0; r < ROLE_COUNT; r++) p->saved += by_role[r] - p->per_gpu[r];
+    p->gathered_weights = gp.n_weights;
+    p->whole_params = gp.whole_params;
+    p->whole_matrices = gp.whole_matrices;
+    p->whole_param_bytes = gp.whole_bytes;
+    p->gather_buffers = gp.n_buffers;
+    p->gather_buffer_bytes = p->on ? gp.buffer_bytes : 0;
+    p->gathered_fp8 = gp.gathered_fp8;
+    p->gathered_bf16 = gp.gathered_bf16;
+    p->sent_gather_fp8 = gp.sent_fp8;
+    p->sent_gather_bf16 = gp.sent_bf16;
+    p->gather_amax_values = gp.amax_values;
+    rt_gather_plan_free(&gp);
     if (!p->on) return;
     if (p->stage >= 2) p->grad_buffer_bytes = rt_grad_buffer_bytes(g);
     /* per GPU per step, ring algorithms: a reduce-scatter or an all-gather moves (N-1)/N of
@@ -168,4 +190,5 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
     p->sent_gather_weights = p->weight_bytes * n1 / ranks;
     p->sent_gather_copies = p->copy_bytes * n1 / ranks;
     p->sent_scalars = 2 * n1 * (int64_t)sizeof(float) * (p->norm_values + p->amax_values) / ranks;
+    p->sent_gather_scalars = 2 * n1 * (int64_t)sizeof(float) * p->gather_amax_values / ranks;
 }

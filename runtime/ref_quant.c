@@ -85,3 +85,42 @@ void ref_delayed_scale(Node *n)
     free(hist);
     free(s);
 }
+
+/* ---------------------------------------------------------------- gathers (--shard-states=3)
+ * A rank's part of a weight gathered in FP8 (runtime/comm_weights.c): its shard's amax, the
+ * scale from the ranks' largest (the whole tensor's amax: a maximum does not depend on how
+ * the elements are split), and its shard stored through the quantize's format with that
+ * scale, at the shard's place in the whole copy. Storing is elementwise, so the pieces put
+ * together are the bytes of the whole quantize. */
+float ref_shard_amax(const Tensor *w, RtShard s)
+{
+    float *x = ref_load(w), amax = 0;
+    for (int64_t i = s.off; i < s.off + s.len; i++) amax = fmaxf(amax, fabsf(x[i]));
+    free(x);
+    return amax;
+}
+
+float ref_scale_from_amax(const Node *qs, float amax)
+{
+    if (IR_IATTR(qs, QUANT_SCALE, scaling) != SCALE_PER_TENSOR)
+        ref_die_node(qs, "a gathered FP8 weight needs one scale per tensor");
+    ElemType e = (ElemType)IR_IATTR(qs, QUANT_SCALE, elem);
+    return amax_usable(amax) ? (float)scale_for(e, amax, IR_IATTR(qs, QUANT_SCALE, margin)) : 1.0f;
+}
+
+void ref_quantize_shard(const Node *q, RtShard s, float scale, void *out)
+{
+    if (q->op != OP_QUANTIZE || q->t.fmt.scaling != SCALE_PER_TENSOR)
+        ref_die_node(q, "a gathered FP8 weight is a quantize with one scale per tensor");
+    if (!s.len) return;
+    float *x = ref_load(&q->in[0]->t);
+    Node sc = *q->in[1];
+    sc.t.data = &scale;
+    Tensor part = q->t;
+    part.rank = 1;
+    part.dims[0] = s.len;
+    part.data = (char *)out + s.off * fmt_elem_bytes(q->t.fmt.elem);
+    part.fmt.scale = &sc;
+    ref_store(&part, x + s.off);
+    free(x);
+}

@@ -530,6 +530,11 @@ typedef struct {
     int64_t sent_reduce_scatter, sent_gather_weights, sent_gather_copies, sent_scalars;
     int stage;                  /* 1, or 2: the gradient accumulators sharded too */
     int64_t grad_buffer_bytes;  /* stage 2: the backward's bucket buffers (rt_grad_slots) */
+    /* stage 3 (comm_weights.c): the weights' gathers, per micro-step, and their buffers */
+    int gathered_weights, whole_params, whole_matrices, gather_buffers;
+    int64_t whole_param_bytes, gather_buffer_bytes;
+    int64_t gathered_fp8, gathered_bf16, sent_gather_fp8, sent_gather_bf16, sent_gather_scalars;
+    int gather_amax_values;     /* one f32 a FP8-gathered weight, each micro-step's forward */
 } RtShardPlan;
 void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPlan *p);
 /* ---------------------------------------------------------------- comm_grads.c
@@ -563,6 +568,70 @@ void rt_grad_slots_free(RtGradSlots *s);
 void rt_grad_bucket_span(const Graph *g, const RtCommPlan *cp, int *open, int *sent);
 int64_t rt_grad_tensor_bytes(const Node *reduce);   /* its place in a buffer: aligned */
 int64_t rt_grad_buffer_bytes(const Graph *g);        /* the plan's buffers; -1 out of memory */
+/* ---------------------------------------------------------------- comm_weights.c
+ * Sharded weights (--shard-states=3; the ALL_REDUCE nodes' shard=3): each rank keeps its shard
+ * of every weight a GEMM alone reads, and the step gathers each layer's weights, per phase,
+ * into a transient buffer: in e4m3 where the GEMMs read a per-tensor scaled copy, else bf16. */
+typedef enum {
+    RT_GATHER_NONE,             /* kept whole on every rank (vectors, embeddings) */
+    RT_GATHER_FP8,              /* quantized per use, one scale per tensor: each owner
+                                   quantizes its shard with the all-reduced amax's scale */
+    RT_GATHER_COPY,             /* the update's FP8 copy, sharded with the weight, gathered */
+    RT_GATHER_BF16,             /* gathered as it is kept (a bf16 GEMM, or a recipe's scales) */
+} RtGatherHow;
+typedef struct {
+    const Node *param, *update;
+    const Node *copy;           /* its update's FP8 copy (weight_copy state), sharded with it
+                                   and gathered where the step reads it; else NULL */
+    RtGatherHow how;
+    int layer;                  /* index into RtGatherPlan.layers */
+} RtGatherWeight;
+typedef struct {
+    int weight;                 /* index into RtGatherPlan.weights */
+    Phase phase;                /* forward or backward */
+    const Node *target;         /* what the buffer holds: the QUANTIZE's result, the copy, the
+                                   parameter (bf16) */
+    ElemType wire;              /* what travels */
+    int64_t bytes;              /* gathered: the whole tensor in wire */
+    int64_t buffer_bytes;       /* its storage in the buffer (a quantize's both layouts) */
+    int64_t at;                 /* its offset in its gather's buffer */
+    int gather;                 /* index into RtGatherPlan.gathers */
+} RtGatherItem;
+#define RT_GATHER_ALIGN 256
+typedef struct {
+    int layer;
+    Phase phase;
+    int issue;                  /* node position: enqueued before this node (prefetch) */
+    int first, last;            /* node positions of its first and last reader */
+    int buffer;                 /* index of the buffer it lands in */
+    int64_t bytes, bytes_buffer;   /* gathered; its items' storage, aligned */
+} RtGather;
+typedef struct {
+    int ranks;
+    int n_weights, n_items, n_gathers, n_layers, n_buffers;
+    RtGatherWeight *weights;
+    RtGatherItem *items;
+    RtGather *gathers;          /* in issue order */
+    char **layers;              /* each layer's name prefix ("h.7") */
+    int64_t *buffer_bytes_each, *buffer_at;
+    int64_t buffer_bytes;       /* all buffers: the area beside the step arena */
+    int whole_params, whole_matrices;   /* parameters kept whole; of them, rank >= 2 */
+    int64_t whole_bytes, sharded_bytes; /* parameter bytes kept whole / sharded (as stored) */
+    int amax_values;            /* one f32 all-reduced (max) per RT_GATHER_FP8 weight a step */
+    int64_t gathered_fp8, gathered_bf16;   /* whole bytes gathered per micro-step */
+    int64_t sent_fp8, sent_bf16;           /* per GPU per micro-step, ring: (N-1)/N of those */
+} RtGatherPlan;
+/* The gathers of g for `ranks` ranks (nothing unless g is built with --shard-states=3). */
+bool rt_gather_plan(const Graph *g, int ranks, RtGatherPlan *p);
+void rt_gather_plan_free(RtGatherPlan *p);
+const RtGatherWeight *rt_gather_weight(const RtGatherPlan *p, const Node *param);   /* NULL: whole */
+/* Host reference of a gather. ref_shard_amax: max |x| over elements s of w (whole storage).
+ * ref_scale_from_amax: the scale quant_scale node qs stores for that amax (per tensor).
+ * ref_quantize_shard: elements s of quantize q's input, stored through q's format with scale
+ * `scale` into out (q's whole storage): what the shard's owner contributes to the gather. */
+float ref_shard_amax(const Tensor *w, RtShard s);
+float ref_scale_from_amax(const Node *qs, float amax);
+void ref_quantize_shard(const Node *q, RtShard s, float scale, void *out);
 
 /* After a skipped step: pairs[2i] is a delayed scale (f32 scalar), pairs[2i+1] its amax history
  * (host copies). Each scale is halved and each non-finite history entry becomes twice the

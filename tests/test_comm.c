@@ -541,14 +541,14 @@ static void test_shard_states_plan_and_refusals(void **state) {
     free(text);
 }
 
-/* --shard-states=2 (ZeRO stage 2): a stage other than 1 or 2 is refused by the flag, stage 2
+/* --shard-states=2 (ZeRO stage 2): a stage other than 1, 2 or 3 is refused by the flag, stage 2
  * with --grad-release or comm.overlap=0 by the comm pass, each in one line, and tune names the
  * stage it refuses; the plan shows the gradients at 1/N and the bucket buffers in the step
  * arena, and --json says which stage. */
 static void test_shard_grads_plan_and_refusals(void **state) {
     (void)state;
-    int rc = run("shard3", "%s plan %s -O3 %s --gpus 2 --shard-states=3", fp8c, model, model_flags);
-    expect_one_line("shard3", 2, "--shard-states takes the ZeRO stage, 1", rc);
+    int rc = run("shard4", "%s plan %s -O3 %s --gpus 2 --shard-states=4", fp8c, model, model_flags);
+    expect_one_line("shard4", 2, "--shard-states takes the ZeRO stage, 1", rc);
     rc = run("shard2_release", "%s plan %s -O3 %s --gpus 2 --shard-states=2 --grad-release", fp8c, model,
              model_flags);
     expect_pass_error("shard2_release", "--shard-states=2 keeps each gradient only as its shard's sum", rc);
@@ -579,6 +579,51 @@ static void test_shard_grads_plan_and_refusals(void **state) {
     text = slurp("shard1_json.out");
     if (rc != 0 || !strstr(text, "\"shard_stage\": 1") || !strstr(text, "\"per_gpu_grad_buffer_bytes\": 0,"))
         fail_msg("plan --json --shard-states=1: status %d\n%s", rc, text);
+    free(text);
+}
+
+/* --shard-states=3 (ZeRO stage 3, runtime/comm_weights.c): planned, not built. build and tune
+ * refuse it in one line; the comm pass refuses it with --grad-release and comm.overlap=0 as
+ * stage 2; the plan marks the weights 1/N, says what stays whole, counts the layer buffers in
+ * the peak and lists the layers' gathers (e4m3 at -O3, bf16 at -O0), and --json says the
+ * stage, the buffers and the count of gathered weights. */
+static void test_shard_weights_plan_and_refusals(void **state) {
+    (void)state;
+    int rc = run("shard3_build", "%s build %s -O3 %s --gpus 2 --shard-states=3 -o %s/x", fp8c, model,
+                 model_flags, tmp_dir);
+    expect_one_line("shard3_build", 2, "--shard-states=3 (sharded weights) is not yet supported by fp8c build", rc);
+    rc = run("shard3_tune", "%s tune %s -O3 %s --gpus 2 --shard-states=3 -o %s/x.tune", fp8c, model,
+             model_flags, tmp_dir);
+    expect_one_line("shard3_tune", 2, "--shard-states=3 --tune FILE", rc);
+    rc = run("shard3_release", "%s plan %s -O3 %s --gpus 2 --shard-states=3 --grad-release", fp8c, model,
+             model_flags);
+    expect_pass_error("shard3_release", "--shard-states=3 keeps each gradient only as its shard's sum", rc);
+    rc = run("shard3_after", "%s plan %s -O3 %s --gpus 2 --shard-states=3 --choice comm.overlap=0", fp8c,
+             model, model_flags);
+    expect_pass_error("shard3_after", "comm.overlap=0 reduces them after it", rc);
+    const char *levels[2][3] = {{"-O3", "all_gather (layers, FP8)", "e4m3"},
+                                {"-O0", "all_gather (layers, bf16)", "bf16"}};
+    for (int k = 0; k < 2; k++) {
+        rc = run("shard3_plan", "%s plan %s %s %s --gpus 2 --shard-states=3", fp8c, model, levels[k][0],
+                 model_flags);
+        char *text = slurp("shard3_plan.out");
+        const char *coll = strstr(text, levels[k][1]);
+        if (rc != 0 || !strstr(text, "ZeRO stage 3") || !strstr(text, "of layer buffers") || !coll ||
+            !strstr(coll, levels[k][2]) || strstr(coll, levels[k][2]) > strchr(coll, '\n') ||
+            !strstr(text, "stay whole") || !strstr(text, "all_gather (whole params)"))
+            fail_msg("plan %s --gpus 2 --shard-states=3: status %d\n%s", levels[k][0], rc, text);
+        const char *w = strstr(text, "  weights ");
+        if (!w || !strstr(w, "(1/N)") || strstr(w, "(1/N)") > strchr(w, '\n'))
+            fail_msg("plan --shard-states=3: the weights are not marked 1/N:\n%s", text);
+        free(text);
+    }
+    rc = run("shard3_json", "%s plan %s -O3 %s --gpus 2 --shard-states=3 --json", fp8c, model, model_flags);
+    char *text = slurp("shard3_json.out");
+    const char *buf = strstr(text, "\"per_gpu_gather_buffer_bytes\": ");
+    const char *n = strstr(text, "\"gathered_weights\": ");
+    if (rc != 0 || !strstr(text, "\"shard_stage\": 3") || !buf || atoll(buf + 31) <= 0 || !n ||
+        atoi(n + 20) <= 0 || !strstr(text, "all_gather (layers, FP8)"))
+        fail_msg("plan --json --shard-states=3: status %d\n%s", rc, text);
     free(text);
 }
 
@@ -628,6 +673,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plan_shows_the_buckets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_states_plan_and_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shard_grads_plan_and_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shard_weights_plan_and_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_reduction_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_reduction_special_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plan_of_the_fp8_reduction, setup, teardown),
