@@ -56,7 +56,7 @@ static bool plan_computes(const CuNodePlan *p, const Node *own, const Node *n) {
 
 /* Whether a node that plan p's launches compute, or one of its operands, shares bytes with
  * the accumulator acc: the launches then read or write what NCCL is summing in place. */
-static bool plan_touches(const CuNodePlan *p, const Node *own, const Node *acc) {
+bool exec_plan_touches(const CuNodePlan *p, const Node *own, const Node *acc) {
     const Node *nodes[2 + 16];
     int n = 0;
     nodes[n++] = p->node ? p->node : own;
@@ -94,7 +94,7 @@ bool cuda_comm_bucket_roots(const Graph *g, const CuNodePlan *plans, const RtCom
             if (g->nodes[j]->phase == PHASE_UPDATE || !plans[j].n_launch) continue;
             bool touches = false;
             for (int i = k->first; i < k->first + k->count && !touches; i++)
-                touches = plan_touches(&plans[j], g->nodes[j], cp->reduce[i]->in[0]);
+                touches = exec_plan_touches(&plans[j], g->nodes[j], cp->reduce[i]->in[0]);
             if (touches) {
                 at = j;
                 break;

@@ -44,21 +44,6 @@ static const Node *update_reading(const Graph *g, const Node *reduce) {
     return NULL;
 }
 
-/* Whether one of plan p's nodes (or their operands) shares bytes with accumulator acc. */
-static bool plan_writes(const CuNodePlan *p, const Node *own, const Node *acc) {
-    const Node *nodes[2 + 16];
-    int n = 0;
-    nodes[n++] = p->node ? p->node : own;
-    for (int k = 0; k < p->n_members && n < 16; k++) nodes[n++] = p->members[k];
-    for (int k = 0; k < p->n_absorbed && n < 16; k++) nodes[n++] = p->absorbed[k];
-    for (int k = 0; k < n; k++) {
-        if (fuse_nodes_overlap(nodes[k], acc)) return true;
-        for (int i = 0; i < nodes[k]->n_in; i++)
-            if (fuse_nodes_overlap(nodes[k]->in[i], acc)) return true;
-    }
-    return false;
-}
-
 /* Each bucket's first write and the node after which it is sent, as node positions: the
  * earlier of the launch plans' first touch and the graph's own bound (rt_grad_bucket_span),
  * and exec_comm.c's roots. */
@@ -72,7 +57,7 @@ static bool bucket_span(CudaExec *e, const RtCommPlan *cp, int *open, int *sent)
             if (g->nodes[j]->phase == PHASE_UPDATE || !e->plans[j].n_launch) continue;
             bool writes = false;
             for (int i = k->first; i < k->first + k->count && !writes; i++)
-                writes = plan_writes(&e->plans[j], g->nodes[j], accumulator(cp->reduce[i]));
+                writes = exec_plan_touches(&e->plans[j], g->nodes[j], accumulator(cp->reduce[i]));
             if (writes) {
                 open[b] = j;
                 break;

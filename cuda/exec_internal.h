@@ -224,6 +224,9 @@ bool exec_agree_gemms(CudaExec *e);
  * launches up to node i's. */
 bool exec_comm_open(CudaExec *e, const int *micro_end);
 void exec_comm_close(CudaExec *e);
+/* Whether a node that plan p's launches compute (own, or the plan's members), or one of their
+ * operands, shares bytes with accumulator acc: the launches then read or write what NCCL sums. */
+bool exec_plan_touches(const CuNodePlan *p, const Node *own, const Node *acc);
 bool exec_run_reduce(CudaExec *e);        /* all the sums, one group, on the executor's stream */
 void exec_free_gemm(ExecLaunch *x);
 cublasStatus_t exec_run_gemm(CudaExec *e, const ExecLaunch *x, const cublasLtMatmulAlgo_t *algo);
