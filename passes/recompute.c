@@ -85,8 +85,7 @@ static void hoist_copied_inputs(Graph *g, Node *c)
     }
 }
 
-/* A value read by the backward only through attention's backward (and what it is made of,
- * down to values the backward keeps anyway): marked in `wanted`, depth levels at most. */
+/* Whether the backward reads a value, and only attention's backward does. */
 static bool only_attention_reads(const Uses *u)
 {
     bool any = false;
@@ -99,7 +98,10 @@ static bool only_attention_reads(const Uses *u)
     return any;
 }
 
-static bool mark_attention_input(const Graph *g, const Uses *uses, Node *n, bool *wanted, int depth)
+/* Marks in `wanted` attention input n and what it is made of, down to values the backward keeps
+ * anyway (persistent, or read there by something other than attention), through projections
+ * only and at most a few levels deep; false (and `wanted` partly written) where that fails. */
+static bool mark_attention_input(const Uses *uses, Node *n, bool *wanted, int depth)
 {
     if (n->phase != PHASE_FORWARD || ir_role_is_persistent(n->t.role) || !makes_attention_input(n->op) ||
         depth > 4)
@@ -109,7 +111,7 @@ static bool mark_attention_input(const Graph *g, const Uses *uses, Node *n, bool
         bool kept = ir_role_is_persistent(x->t.role) ||
                     (x->phase == PHASE_FORWARD && read_in_backward(&uses[x->index]) &&
                      !only_attention_reads(&uses[x->index]));
-        if (!kept && !wanted[x->index] && !mark_attention_input(g, uses, x, wanted, depth + 1)) return false;
+        if (!kept && !wanted[x->index] && !mark_attention_input(uses, x, wanted, depth + 1)) return false;
     }
     wanted[n->index] = true;
     return true;
@@ -136,7 +138,7 @@ bool pass_recompute(Graph *g, const PassOptions *opt)
             if (x->op == OP_ATTENTION || !only_attention_reads(&uses[x->index])) continue;
             bool *trial = arena_alloc(g->arena, sizeof(bool) * (size_t)count);
             memcpy(trial, wanted, sizeof(bool) * (size_t)count);
-            if (mark_attention_input(g, uses, x, trial, 0)) memcpy(wanted, trial, sizeof(bool) * (size_t)count);
+            if (mark_attention_input(uses, x, trial, 0)) memcpy(wanted, trial, sizeof(bool) * (size_t)count);
         }
     }
     /* which nodes are copied, decided on the graph as autodiff left it, in forward order (a
