@@ -39,6 +39,10 @@
 # that fits, saying so, when the peak is not monotone there (the loss's chunk count follows
 # the batch).
 #
+# MEM_CHOICES (say "save.attention_inputs=0 save.cheap=0", the memory levers of docs/tuning.md)
+# builds every binary, and plans every batch, with those choices: the largest batch the levers
+# reach rather than the defaults'. Both halves must be given the same.
+#
 # run's tune uses --memory-budget TUNE_MEMORY_GIB, by default MEM_GIB - MARGIN_GIB: the same
 # plan peak as the search, so that a candidate it lets win fits the card as the batch does.
 # Results: $OUT/memory/ (the runs' logs, nvidia-smi's samples, the tune's record and log,
@@ -51,11 +55,13 @@ KIT=$(cd "${2:?usage: memory_budget.sh $MODE KIT}" && pwd)
 MEM_GIB=${MEM_GIB:-80}
 MARGIN_GIB=${MARGIN_GIB:-2}
 LEVELS=${LEVELS:--O1 -O3}
+CHOICE_FLAGS=""
+for c in ${MEM_CHOICES:-}; do CHOICE_FLAGS="$CHOICE_FLAGS --choice $c"; done
 
 # d48's plan peak in bytes at level L and batch B, into PEAK (not a $(...): a failed plan ends
 # the search here, instead of reading as a batch that does not fit)
 plan_peak() {
-    PEAK=$("$KIT/fp8c" plan $KIT_MODEL "$1" $(kit_size_flags d48 "$2") --json |
+    PEAK=$("$KIT/fp8c" plan $KIT_MODEL "$1" $(kit_size_flags d48 "$2") $CHOICE_FLAGS --json |
            python3 -c 'import json, sys; print(json.load(sys.stdin)["peak_bytes"])') && [ -n "$PEAK" ] ||
         { echo "memory_budget.sh: fp8c plan failed for d48 $1 at batch $2" >&2; exit 1; }
 }
@@ -94,8 +100,8 @@ if [ "$MODE" = search ]; then
         echo "d48 $level: batch $lo, plan peak $(gib "$p") GiB (batch $(( lo + 1 )): $(gib "$next") GiB; batch 8: $(gib "$p8") GiB)"
         echo "$level $lo $p $p8" >> "$KIT/memory/batches"
         t0=$(date +%s)
-        kit_compile "$level $(kit_size_flags d48 "$lo")"
-        kit_compile "$level $(kit_size_flags d48 8)"
+        kit_compile "$level $(kit_size_flags d48 "$lo")$CHOICE_FLAGS"
+        kit_compile "$level $(kit_size_flags d48 8)$CHOICE_FLAGS"
         if [ "$level" = -O3 ] && [ "${MEM_TUNE_PRECOMPILE:-1}" != 0 ]; then   # run's tune
             for choice in $("$KIT/fp8c" tune $KIT_MODEL "$level" $(kit_size_flags d48 "$lo") --device cuda --list-candidates); do
                 kit_compile "$level $(kit_size_flags d48 "$lo")" "$choice"
@@ -125,7 +131,7 @@ SUMMARY=$DIR/summary.txt
 : > "$SUMMARY"
 say() { echo "$@" | tee -a "$SUMMARY" "$RESULTS/summary.txt"; }
 say ""
-say "== memory: GPT-2 d48, the largest batch whose plan fits $MEM_GIB - $MARGIN_GIB GiB, against batch 8;" \
+say "== memory: GPT-2 d48, the largest batch whose plan fits $MEM_GIB - $MARGIN_GIB GiB, against batch 8${MEM_CHOICES:+ (choices: $MEM_CHOICES)};" \
     "$(date -u +%Y-%m-%dT%H:%MZ); $(cat "$KIT/BUILD_INFO" 2>/dev/null)"
 kit_run_env || exit 1
 BIN=$(mktemp -d)
@@ -137,7 +143,7 @@ used_mib() { nvidia-smi -i "$GPU_INDEX" --query-gpu=memory.used --format=csv,noh
 # One binary: LEVEL BATCH; a line of its numbers, then true when it ran.
 measure() {
     local level=$1 batch=$2 name=d48_${1#-}_b$2 base mon peak tps ms mem
-    "$FP8C" build $KIT_MODEL "$level" $(kit_size_flags d48 "$batch") -o "$BIN/$name" 2>> "$DIR/build.log" ||
+    "$FP8C" build $KIT_MODEL "$level" $(kit_size_flags d48 "$batch") $CHOICE_FLAGS -o "$BIN/$name" 2>> "$DIR/build.log" ||
         { say "d48 $level batch $batch: fp8c build failed:"; tail -5 "$DIR/build.log" | tee -a "$SUMMARY"; return 1; }
     base=$(used_mib)
     nvidia-smi -i "$GPU_INDEX" --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$DIR/$name.smi" &
