@@ -18,8 +18,13 @@
 # variant is compared with -O0 as the levels are); prepare's BUILD (the fp8c build tree,
 # default build), MODEL, BATCH and SEQ (models/gpt2.model, 16, 1024); run's SEEDS ("1 2"),
 # STEPS (2000), WARMUP (100), PARALLEL (2: two trainings share the GPU, so the logs' tokens/s are not
-# throughput figures), DEVICE (cuda; cpu for a smoke test of the script with a small MODEL). On an H200 a run of 2000 steps takes
-# about 70 s alone: the four levels and two seeds, two at a time, about 6 minutes.
+# throughput figures), DEVICE (cuda; cpu for a smoke test of the script with a small MODEL),
+# ONLY (the runs to make, as NAME:SEED words, e.g. "O2:1 O2:2"; default all), LIMIT_S (no run
+# starts once LIMIT_S seconds are gone less RUN_S, its expected length: defaults 540 and 160).
+# On an H200 (2026-11-29) a run of 2000 steps took about 150 s beside one other (70 ms a step)
+# and 220 s beside two (108 ms): the GPU is the bound, some 75 s of it a run whatever PARALLEL
+# is, so a device call of ten minutes holds six runs. The logs and the summary are packed into
+# $OUT.tar.xz as runs end, so that a call cut short still returns them in one file.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODE=${1:?usage: gpu_quality.sh prepare [DIR] | run DIR}
@@ -67,21 +72,31 @@ OUT=${OUT:-$DIR/out}
 SEEDS=${SEEDS:-1 2}
 STEPS=${STEPS:-2000}
 PARALLEL=${PARALLEL:-2}
+LIMIT_S=${LIMIT_S:-540}
+RUN_S=${RUN_S:-160}
+START=$SECONDS
 mkdir -p "$OUT"
+pack() { tar cJf "$OUT.tar.xz.tmp" --exclude=corpus.txt -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tar.xz.tmp" "$OUT.tar.xz"; }
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 corpus=$OUT/corpus.txt
 [ -f "$corpus" ] || gunzip -c "$DIR/data/corpus.txt.gz" > "$corpus"
 names=$(awk '{print $1}' "$DIR/bin/BUILDS")
 jobs=()
-for seed in $SEEDS; do for name in $names; do jobs+=("$name $seed"); done; done
+for seed in $SEEDS; do for name in $names; do
+    case " ${ONLY:-$name:$seed} " in *" $name:$seed "*) jobs+=("$name $seed") ;; esac
+done; done
 running=0
 for job in "${jobs[@]}"; do
     read -r name seed <<< "$job"
+    if [ $((SECONDS - START + RUN_S)) -gt "$LIMIT_S" ]; then
+        echo "gpu_quality.sh: $((SECONDS - START)) s gone: d12_$name seed $seed not started (LIMIT_S $LIMIT_S)" | tee -a "$OUT/not_run.txt"
+        continue
+    fi
     log=$OUT/d12_${name}_s$seed
     "$DIR/bin/d12_$name" --data "$corpus" --device "${DEVICE:-cuda}" --steps "$STEPS" --warmup "${WARMUP:-100}" --lr 6e-4 --seed "$seed" \
         --eval-every $((STEPS / 4)) --eval-batches 16 --log "$log.jsonl" --overwrite > "$log.out" 2>&1 &
     running=$((running + 1))
-    if [ "$running" -ge "$PARALLEL" ]; then wait -n || true; running=$((running - 1)); fi
+    if [ "$running" -ge "$PARALLEL" ]; then wait -n || true; running=$((running - 1)); pack; fi
 done
 wait || true
 python3 - "$OUT" "$(cat "$DIR/bin/VERSION")" "$(cat "$DIR/bin/SHAPE")" "$SEEDS" "$STEPS" $names <<'PY' | tee "$OUT/summary.txt"
@@ -105,6 +120,8 @@ for name in names:
     if name == "O0":
         base = mean
     diff = f"{100 * (mean / base - 1):+.2f}%" if mean is not None and base else ""
-    cells = " | ".join(f"{x:.4f}" if x is not None else "failed" for x in v)
+    cells = " | ".join(f"{x:.4f}" if x is not None else
+                       "failed" if os.path.exists(f"{out}/d12_{name}_s{s}.jsonl") else "not run" for x, s in zip(v, seeds))
     print(f"| {name} | {cells} | {f'{mean:.4f}' if mean is not None else ''} | {diff} |")
 PY
+pack
