@@ -639,7 +639,7 @@ static Node *attention_of(Node *p, const Graph *g)
  * stores the logsumexp of each row after y (lse=1): the backward then needs neither the
  * forward's probabilities' statistics nor its output again, only rowsum(dy * y), instead of
  * rerunning the forward. At O2/O3 y is kept as an FP8 copy and the backward recomputes. */
-static void attention_reads_y(Graph *g, const Uses *uses)
+static void attention_reads_y(Graph *g)
 {
     for (int i = 0; i < g->n_nodes; i++) {
         Node *p = g->nodes[i];
@@ -830,6 +830,6 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         }
         x->t.saved_as = want;
     }
-    attention_reads_y(g, uses);
+    attention_reads_y(g);
     return true;
 }

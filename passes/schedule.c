@@ -136,15 +136,13 @@ static bool reaches(const Graph *g, const Node *from, const Node *to, bool *seen
 }
 
 /* The first node (by index) that reads v and is not itself recomputed, following copies. */
-static const Node *first_real_reader(const Graph *g, const Node *v)
+static const Node *first_real_reader(const Uses *uses, const Node *v)
 {
     const Node *best = NULL;
-    for (int i = v->index + 1; i < g->n_nodes; i++) {
-        const Node *r = g->nodes[i];
-        bool reads = false;
-        for (int j = 0; j < r->n_in && !reads; j++) reads = r->in[j] == v;
-        if (!reads) continue;
-        const Node *x = ir_is_recomputed(r) ? first_real_reader(g, r) : r;
+    const Uses *u = &uses[v->index];
+    for (int k = 0; k < u->n; k++) {
+        const Node *r = u->list[k];
+        const Node *x = ir_is_recomputed(r) ? first_real_reader(uses, r) : r;
         if (x && (!best || x->index < best->index)) best = x;
     }
     return best;
@@ -152,12 +150,14 @@ static const Node *first_real_reader(const Graph *g, const Node *v)
 
 static int late_copy_edges(const Graph *g, Edge *out, int cap)
 {
+    if (cap == 0) return 0;   /* no recomputed value is read: nothing to hold */
     int e = 0;
-    bool *seen = arena_alloc(g->arena, sizeof(bool) * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    bool *seen = arena_alloc(g->arena, sizeof(bool) * (size_t)g->n_nodes);
+    const Uses *uses = ir_fill_uses(g);
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *c = g->nodes[i];
         if (!ir_is_recomputed(c)) continue;
-        const Node *r = first_real_reader(g, c);
+        const Node *r = first_real_reader(uses, c);
         if (!r) continue;
         for (int j = 0; j < r->n_in; j++) {
             const Node *t = r->in[j];

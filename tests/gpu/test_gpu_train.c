@@ -248,8 +248,7 @@ static int check_graph(const char *path) {
      * GELU straight into its FP8 copy (cuda/spec.c, gemm_gelu) */
     int gelu = 0, dgelu = 0, fp8_results = 0;
     cuda_exec_gelu_epilogues(e, &gelu, &dgelu, &fp8_results);
-    bool want_gelu = want_epilogues;
-    if (want_gelu && ((level == 0 && (gelu == 0 || dgelu == 0)) || (delayed && fp8_results == 0))) {
+    if (want_epilogues && ((level == 0 && (gelu == 0 || dgelu == 0)) || (delayed && fp8_results == 0))) {
         printf("  %s: GELU epilogues: %d GELU, %d GELU backward, %d FP8 results\n", path, gelu, dgelu, fp8_results);
         failures++;
     }
