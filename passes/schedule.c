@@ -18,14 +18,17 @@
  * the best somewhere, by up to 2.6x on a two-layer Llama), so the pass lays out all
  * three under the same constraints, measures each one's peak of live step bytes with the
  * liveness rules memplan uses, and keeps the lowest, preferring the earlier rule on a tie:
- *   - input order: the earliest ready node of the order the graph was written in;
+ *   - input order: the earliest ready node of the order the graph was written in, but a
+ *     gradient's accumulation as soon as it is ready (autodiff writes them all at the end, where
+ *     they would keep every gradient alive and send a data-parallel build's buckets late; one
+ *     allocates nothing, so running it early never raises the peak);
  *   - free first: a node that frees more bytes than it allocates (its result against the
  *     inputs it is the last reader of), the most first, else the earliest;
  *   - net bytes: the most bytes freed net of bytes allocated, even when negative (small
  *     allocations before big ones).
  * Ties go to the earliest node, so every order is deterministic. When the graph as written
- * already keeps the constraints the first rule reproduces it, so the schedule never makes the
- * peak worse than that order. Each run keeps the ready nodes of each group in a heap and is
+ * already keeps the constraints the first rule reproduces it, accumulations moved up, so the
+ * schedule never makes the peak worse than that order. Each run keeps the ready nodes of each group in a heap and is
  * O(edges x log nodes). */
 #include "passes.h"
 
@@ -347,7 +350,8 @@ static Cand heap_pop(Heap *h)
 
 static int64_t score_of(const Sched *s, const int *left, Pick pick, int v)
 {
-    if (s->group[v] == 0 || pick == PICK_INPUT_ORDER) return 0;   /* leaves keep their order */
+    if (s->group[v] == 0) return 0;   /* leaves keep their order */
+    if (pick == PICK_INPUT_ORDER) return s->g->nodes[v]->op == OP_ACCUMULATE;
     int64_t score = freed_by(s, left, v) - s->bytes[v];
     return pick == PICK_FREE_FIRST && score < 0 ? 0 : score;
 }
