@@ -186,6 +186,8 @@ typedef struct {
     int64_t default_chunks;    /* the loss's chunk count by the default rule */
     int attention_y_default;   /* save.attention_y's default at the level, -1: not a point
                                   (no attention, or activations not saved in FP8) */
+    int attention_inputs_default;   /* save.attention_inputs's default at the level */
+    int cheap_default;              /* save.cheap's default at the level */
     bool (*build)(void *ctx, const Choice *choices, int n, const char *out, int64_t *peak);
     void *ctx;
 } TuneRequest;

@@ -793,6 +793,8 @@ static int cmd_tune(Args *a)
                      .steps = a->tune_steps ? a->tune_steps : gpu ? 12 : 6, .warmup = 2,
                      .tokens_per_step = g->batch * g->seq, .default_chunks = chunks,
                      .attention_y_default = y_default,
+                     .attention_inputs_default = !level->attention_inputs_remade,
+                     .cheap_default = !level->cheap_remade,
                      .build = tune_build, .ctx = a};
     return a->list_candidates ? tune_list_candidates(&q, stdout) : tune_run(&q);
 }

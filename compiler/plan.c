@@ -619,7 +619,7 @@ void plan_print(const Graph *g, bool json, FILE *out)
     int64_t re_bytes;
     int n_re = recomputed_values(g, &re_bytes);
     if (n_re) {
-        bool cheap = !ir_choice_int(g, "save.cheap", 1), qkv = !ir_choice_int(g, "save.attention_inputs", 1);
+        bool cheap = !precision_cheap_saved(g), qkv = !precision_attention_inputs_saved(g);
         fprintf(out, "\nrecomputed in the backward (%s%s%s): %d values (%s%s%s), made\n"
                      "again from what the backward keeps instead of saved across the step (%s).\n",
                 cheap ? "save.cheap=0" : "", cheap && qkv ? ", " : "", qkv ? "save.attention_inputs=0" : "", n_re,

@@ -383,15 +383,17 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
      * it keeps anyway (passes/recompute.c): memory against time, on both devices */
     p = &out[n++];
     *p = (BuildPoint){.name = "save.cheap", .what = "cheap producers saved for the backward, not recomputed",
-                      .dflt = "1", .n = 2};
-    snprintf(p->values[0], 32, "1");
-    snprintf(p->values[1], 32, "0");
+                      .n = 2};
+    snprintf(p->dflt, sizeof p->dflt, "%d", q->cheap_default);
+    snprintf(p->values[0], 32, "%d", q->cheap_default);
+    snprintf(p->values[1], 32, "%d", !q->cheap_default);
     /* attention's q, k, v saved, or made again in the backward by their GEMMs (passes/recompute.c) */
     p = &out[n++];
     *p = (BuildPoint){.name = "save.attention_inputs", .what = "attention's q, k, v saved for the backward, not recomputed",
-                      .dflt = "1", .n = 2};
-    snprintf(p->values[0], 32, "1");
-    snprintf(p->values[1], 32, "0");
+                      .n = 2};
+    snprintf(p->dflt, sizeof p->dflt, "%d", q->attention_inputs_default);
+    snprintf(p->values[0], 32, "%d", q->attention_inputs_default);
+    snprintf(p->values[1], 32, "%d", !q->attention_inputs_default);
     /* a transient FP8 copy that GEMMs read both ways quantized into both layouts at once, or
      * transposed when read (passes/layout.c): both devices */
     p = &out[n++];

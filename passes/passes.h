@@ -69,9 +69,19 @@ typedef struct {
     bool attention_y_kept;          /* with fp8_saved: attention's result saved as itself, with
                                      * its row statistics, so the backward does not rerun the
                                      * forward (FlashAttention's saved output, as COAT keeps it) */
+    bool attention_inputs_remade;   /* attention's q, k, v not saved: the backward makes them
+                                     * again with their GEMMs (passes/recompute.c) */
+    bool cheap_remade;              /* norms' and elementwise ops' outputs not saved: the
+                                     * backward makes them again (passes/recompute.c) */
 } PrecisionLevel;
 enum { PRECISION_LEVELS = 4 };      /* -O0..-O3 */
 const PrecisionLevel *precision_level(int opt_level);
+/* Whether attention's q, k, v are saved for the backward: the choice save.attention_inputs,
+ * else the level's default (not at -O3, whose backward makes them again). */
+bool precision_attention_inputs_saved(const Graph *g);
+/* Whether norms' and elementwise ops' outputs that the backward reads are saved: the choice
+ * save.cheap, else the level's default (not at -O0, whose backward makes them again). */
+bool precision_cheap_saved(const Graph *g);
 
 
 /* Which of a linear layer's three GEMMs mm is, and the name gemm: rules match it by (its

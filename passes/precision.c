@@ -384,9 +384,11 @@ static void clear_fp8_attrs(Node *mm)
 #define FMT_F32_PLAIN {.elem = FMT_F32}
 
 static const PrecisionLevel levels[PRECISION_LEVELS] = {
-    /* O0: the bf16 mixed-precision baseline */
+    /* O0: the bf16 mixed-precision baseline, saving what PyTorch's compiled graphs save: the
+     * outputs of norms and elementwise ops are made again in the backward (the -O0 step fits
+     * where PyTorch's does: docs/precision.md) */
     {.param = FMT_BF16, .grad = FMT_F32, .master = FMT_F32, .master_codec = CODEC_PLAIN,
-     .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN},
+     .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN, .cheap_remade = true},
     /* O1: FP8 GEMMs (e4m3 forward, e5m2 gradients), bf16 gradients */
     {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_F32, .master_codec = CODEC_PLAIN,
      .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN, .fp8_gemms = true},
@@ -396,17 +398,29 @@ static const PrecisionLevel levels[PRECISION_LEVELS] = {
      .adam_v = FMT_GROUPED(FMT_E4M3, CODEC_EXPAND, 128), .fp8_gemms = true, .fp8_saved = true,
      .attention_y_kept = true},
     /* O3: FlashOptim: companded 8-bit states in groups of 32, bf16 + i8 split master; weights
-     * quantized at every use, no FP8 copy kept across the step */
+     * quantized at every use, no FP8 copy kept across the step; attention's output saved and
+     * its q, k, v made again in the backward (less memory and less time than the other way
+     * round, which reruns the forward: docs/results.md) */
     {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_I8, .master_codec = CODEC_SPLIT,
      .adam_m = FMT_GROUPED(FMT_I8, CODEC_COMPAND, 32),
      .adam_v = FMT_GROUPED(FMT_U8, CODEC_SQRT, 32), .fp8_gemms = true, .fp8_saved = true,
-     .weight_copies_per_use = true},
+     .weight_copies_per_use = true, .attention_y_kept = true, .attention_inputs_remade = true},
 };
 
 const PrecisionLevel *precision_level(int opt_level)
 {
     IR_ASSERT(opt_level >= 0 && opt_level < PRECISION_LEVELS);
     return &levels[opt_level];
+}
+
+bool precision_attention_inputs_saved(const Graph *g)
+{
+    return ir_choice_int(g, "save.attention_inputs", !precision_level(g->opt_level)->attention_inputs_remade) != 0;
+}
+
+bool precision_cheap_saved(const Graph *g)
+{
+    return ir_choice_int(g, "save.cheap", !precision_level(g->opt_level)->cheap_remade) != 0;
 }
 
 /* Per-group parameters of a codec'd state live in a persistent f32 tensor next to it:
@@ -529,16 +543,19 @@ static const Node *wgrad_param(const Node *mm, const Uses *uses)
  * name, "" when it has none, so that "*" reaches every GEMM. */
 static int gemm_kind(const Node *mm, const Uses *uses, const char **name)
 {
+    /* a forward GEMM made again in the backward (passes/recompute.c) is the forward's: the
+     * rules that reach the forward reach it, so that it makes the same values */
+    bool forward = mm->phase == PHASE_FORWARD || ir_is_recomputed(mm);
     for (int i = 0; i < 2; i++) {
         const Node *x = mm->in[i];
         while ((x->op == OP_CAST || x->op == OP_RESHAPE) && x->n_in) x = x->in[0];
         if (x->op == OP_PARAM) {
             *name = x->t.name;
-            return mm->phase == PHASE_FORWARD ? GEMM_FWD : GEMM_DGRAD;
+            return forward ? GEMM_FWD : GEMM_DGRAD;
         }
     }
     *name = mm->t.name ? mm->t.name : "";
-    if (mm->phase == PHASE_FORWARD) return GEMM_FWD;
+    if (forward) return GEMM_FWD;
     const Node *p = wgrad_param(mm, uses);
     if (!p) return GEMM_DGRAD;
     *name = p->t.name;

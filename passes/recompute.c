@@ -10,8 +10,8 @@
  * their bytes for the whole step: on Llama 1.1B at batch 4 x 2048, 5.7 GiB of -O0's 12.3 GiB
  * of saved activations (docs/precision.md). PyTorch's compiled graphs make the same trade.
  *
- * With the choice save.cheap=0 (1, the default, saves them; fp8c tune measures both, and
- * --memory-budget may pick it), each forward node that
+ * With the choice save.cheap=0 (the default at -O0; 1, the default of the FP8 levels, saves
+ * them; fp8c tune measures both, and --memory-budget may pick it), each forward node that
  *   - is elementwise (ADD, SUB, MUL, SCALE, GELU, SILU) or a norm (LAYERNORM, RMSNORM),
  *   - is read by a backward node, and
  *   - reads only values the backward has anyway: persistent state (parameters), values a
@@ -26,16 +26,16 @@
  * activation's, not a gradient's, so that an FP8 GEMM of the backward reads it in the forward
  * format (e4m3), as it read the saved value.
  *
- * With save.attention_inputs=0 the same is done for attention's q, k and v, which are not
- * cheap: the projections that make them (a GEMM, its bias add, RoPE) are copied, down to
- * operands the backward keeps anyway (the normed input, which the projections' weight
+ * With save.attention_inputs=0 (the default at -O3) the same is done for attention's q, k and v,
+ * which are not cheap: the projections that make them (a GEMM, its bias add, RoPE) are copied,
+ * down to operands the backward keeps anyway (the normed input, which the projections' weight
  * gradients read; the weights). One more forward GEMM a layer in the backward buys the largest
- * saved value of a transformer layer: GPT-2's q|k|v is three times the width of the residual.
- * A copy made as soon as its operands exist would live from the start of the backward, as the
- * saved value did; the schedule therefore holds each copy until its reader's other operands
- * exist (passes/schedule.c, ir_is_recomputed). The precision pass recognises the copies as the
- * forward attention's inputs, so that the backward still reads the forward's logsumexp where
- * the level keeps it, and the GPU accumulates the copied GEMM as it did the original. */
+ * saved value of a transformer layer: GPT-2's q|k|v is three times the width of the residual. A
+ * copy made as soon as its operands exist would live from the start of the backward, as the saved
+ * value did; the schedule therefore holds each copy until its reader's other operands exist
+ * (passes/schedule.c, ir_is_recomputed). The precision pass recognises the copies as the forward
+ * attention's inputs, so that the backward still reads the forward's logsumexp where the level
+ * keeps it, and the GPU accumulates the copied GEMM as it did the original. */
 #include "passes.h"
 
 #include <string.h>
@@ -120,8 +120,8 @@ static bool mark_attention_input(const Uses *uses, Node *n, bool *wanted, int de
 bool pass_recompute(Graph *g, const PassOptions *opt)
 {
     (void)opt;
-    bool cheap = !ir_choice_int(g, "save.cheap", 1);
-    bool attention_inputs = !ir_choice_int(g, "save.attention_inputs", 1);
+    bool cheap = !precision_cheap_saved(g);
+    bool attention_inputs = !precision_attention_inputs_saved(g);
     if (!cheap && !attention_inputs) return true;
     ir_renumber(g);
     Uses *uses = ir_fill_uses(g);

@@ -959,14 +959,14 @@ static void test_chunk_loss_follows_the_choice(void **state)
     }
 }
 
-/* save.attention_y overrides the level's keeping of attention's output: at -O3, 1 makes every
- * attention backward read y and the forward's logsumexp (no rerun); at -O2, 0 makes each rerun
- * the forward; at -O1, where y is kept anyway, 0 is refused. */
+/* save.attention_y overrides the level's keeping of attention's output: at -O2 and -O3 (which
+ * keep it) 0 makes each attention backward rerun the forward instead of reading y and the
+ * forward's logsumexp; at -O1, where y is kept anyway, 0 is refused. */
 static void test_attention_y_follows_the_choice(void **state)
 {
     (void)state;
     const struct { int level; const char *value; int reads_y; } cases[] = {
-        {3, NULL, 0}, {3, "1", 1}, {2, NULL, 1}, {2, "0", 0}, {1, "1", 1}, {1, "0", -1},
+        {3, NULL, 1}, {3, "0", 0}, {2, NULL, 1}, {2, "0", 0}, {1, "1", 1}, {1, "0", -1},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         Arena *a = arena_new();
@@ -1008,12 +1008,13 @@ static void recompute_attention_inputs_case(const char *model, int level, int ba
     int64_t peak[2];
     for (int v = 0; v < 2; v++) {
         Arena *a = arena_new();
-        Choice c = {"save.attention_inputs", v ? "0" : "1"};
+        /* the cheap values saved (-O0 makes them again by default): only q, k, v copied */
+        Choice c[2] = {{"save.attention_inputs", v ? "0" : "1"}, {"save.cheap", "1"}};
         BuildOptions o = {0};
         o.front.batch = batch, o.front.seq = seq;
         o.passes.opt_level = level;
         o.passes.verify = true;
-        o.choices = &c, o.n_choices = 1;
+        o.choices = c, o.n_choices = 2;
         Graph *g = pipeline_compile(a, model, &o);
         assert_non_null(g);
         int copies = 0, bwd = 0, reads_y = 0;
@@ -1337,16 +1338,26 @@ static void test_pipeline_models(void **state)
             int transposes = check_fp8_gemm_layouts(g);
             if (o.passes.opt_level == 0) assert_int_equal(transposes, 0);
             else if (m == 0) assert_true(transposes >= 4 * 4);
-            /* attention's backward reads y and the forward's logsumexp where y is kept as it is
-             * (O0, O1, and O2, which keeps it as FlashAttention's saved output), and recomputes
-             * them where the backward keeps an FP8 copy (O3) */
+            /* attention's backward reads y and the forward's logsumexp at every level (O2 and
+             * O3 keep y as FlashAttention's saved output), and at O3 copies of q, k, v that the
+             * backward makes again (passes/recompute.c) */
             const PrecisionLevel *lv = precision_level(o.passes.opt_level);
             bool y_kept = !lv->fp8_saved || lv->attention_y_kept;
-            assert_int_equal(y_kept, o.passes.opt_level <= 2);
+            assert_true(y_kept);
+            assert_int_equal(lv->attention_inputs_remade, o.passes.opt_level == 3);
+            /* -O0 makes norms' and elementwise ops' outputs again in the backward (save.cheap) */
+            assert_int_equal(lv->cheap_remade, o.passes.opt_level == 0);
+            int copies = 0;
+            for (int i = 0; i < g->n_nodes; i++)
+                copies += ir_is_recomputed(g->nodes[i]) && g->nodes[i]->op != OP_MATMUL;
+            if (lv->cheap_remade) assert_true(copies > 0);
             for (int i = 0; i < g->n_nodes; i++) {
                 const Node *p = g->nodes[i];
                 if (p->op != OP_ATTENTION_BWD) continue;
                 assert_int_equal(ir_attention_bwd_reads_y(p), y_kept);
+                const Node *q = p->in[1];
+                while (q->op == OP_RESHAPE || q->op == OP_SLICE) q = q->in[0];
+                assert_int_equal(ir_is_recomputed(q), lv->attention_inputs_remade);
                 if (!ir_attention_bwd_reads_y(p)) continue;
                 const Node *y = p->in[p->n_in - 1];
                 assert_int_equal(y->op, OP_ATTENTION);

@@ -215,11 +215,12 @@ static void check_resume_exact(const char *opt) {
 
 /* Builds MODEL (models/NAME with DEFINES) at -O0 and -O1 with and without --choice CHOICE and
  * checks that three steps agree to the last bit. */
-static void check_choice_is_exact(const char *choice, const char *name, const char *defines) {
+static void check_choice_is_exact(const char *base, const char *choice, const char *name, const char *defines) {
     for (int level = 0; level <= 1; level++) {
         for (int v = 0; v < 2; v++) {
-            int rc = run("build", "%s build %s/models/%s -O%d %s %s %s%s -o %s/rc%d", fp8c, FP8C_SOURCE_DIR, name, level,
-                         defines, model_flags, v ? "--choice " : "", v ? choice : "", tmp_dir, v);
+            const char *pick = v ? choice : base;   /* base NULL: the defaults */
+            int rc = run("build", "%s build %s/models/%s -O%d %s %s %s%s -o %s/rc%d", fp8c, FP8C_SOURCE_DIR, name,
+                         level, defines, model_flags, pick ? "--choice " : "", pick ? pick : "", tmp_dir, v);
             if (rc != 0) fail_msg("fp8c build failed (%d):\n%s", rc, slurp("build.out"));
             rc = run("rc", "%s/rc%d --data %s/data/gcide_sample.txt --steps 3 --warmup 1 --seed %u --eval-every 0 "
                      "--log %s/rc%d.jsonl --overwrite", tmp_dir, v, FP8C_SOURCE_DIR, seed, tmp_dir, v);
@@ -233,29 +234,29 @@ static void check_choice_is_exact(const char *choice, const char *name, const ch
             free(a[i]);
             free(b[i]);
         }
-        printf("  %s -O%d: 3 steps the same with %s\n", name, level, choice);
+        printf("  %s -O%d: 3 steps the same with %s as with %s\n", name, level, choice, base ? base : "the defaults");
     }
 }
 
 /* save.cheap=0 (passes/recompute.c) makes the backward compute again what it read saved: the
  * same ops over the same values, so at -O0 and -O1 (where what the copies read is saved as it
- * is) every step agrees to the last bit with the default build, on GPT-2's norms and GELU and
- * on a small Llama's RMSNorms and SwiGLU. */
+ * is) every step agrees to the last bit with the build that saves them, on GPT-2's norms and
+ * GELU and on a small Llama's RMSNorms and SwiGLU. */
 static void test_recompute_is_exact(void **state) {
     (void)state;
-    check_choice_is_exact("save.cheap=0", "gpt2_tiny.model", "");
-    check_choice_is_exact("save.cheap=0", "llama.model",
+    check_choice_is_exact("save.cheap=1", "save.cheap=0", "gpt2_tiny.model", "");
+    check_choice_is_exact("save.cheap=1", "save.cheap=0", "llama.model",
                           "-D layers=2 -D dim=64 -D heads=4 -D kv_heads=2 -D hidden=128 -D vocab=256");
 }
 
 /* save.attention_inputs=0 makes attention's q, k, v again in the backward, by the same GEMMs
  * (and bias, RoPE) over the same saved operands: at -O0 and -O1 (the GEMM an FP8 one over the
- * saved e4m3 copies) every step is the default build's, for GPT-2's packed q|k|v and a small
+ * saved e4m3 copies) every step is the saving build's, for GPT-2's packed q|k|v and a small
  * Llama's three projections with RoPE and grouped keys. */
 static void test_recompute_attention_inputs_is_exact(void **state) {
     (void)state;
-    check_choice_is_exact("save.attention_inputs=0", "gpt2_tiny.model", "");
-    check_choice_is_exact("save.attention_inputs=0", "llama.model",
+    check_choice_is_exact("save.attention_inputs=1", "save.attention_inputs=0", "gpt2_tiny.model", "");
+    check_choice_is_exact("save.attention_inputs=1", "save.attention_inputs=0", "llama.model",
                           "-D layers=2 -D dim=64 -D heads=4 -D kv_heads=2 -D hidden=128 -D vocab=256");
 }
 
@@ -263,7 +264,7 @@ static void test_recompute_attention_inputs_is_exact(void **state) {
  * (fuse.members=1) the CPU's steps are the default build's, bit for bit. */
 static void test_unfused_is_exact(void **state) {
     (void)state;
-    check_choice_is_exact("fuse.members=1", "gpt2_tiny.model", "");
+    check_choice_is_exact(NULL, "fuse.members=1", "gpt2_tiny.model", "");
 }
 
 /* A gradient's FP8 copy transposed when read instead of quantized into both layouts at once
@@ -271,7 +272,7 @@ static void test_unfused_is_exact(void **state) {
  * step is the default's (and at -O0, which has no FP8 copies, trivially so). */
 static void test_transpose_when_read_is_exact(void **state) {
     (void)state;
-    check_choice_is_exact("layout.cast_transpose=0", "gpt2_tiny.model", "");
+    check_choice_is_exact(NULL, "layout.cast_transpose=0", "gpt2_tiny.model", "");
 }
 
 static void test_resume_exact_o2(void **state) {

@@ -458,12 +458,13 @@ static void test_list_candidates(void **state) {
 }
 
 /* The point of saving attention's output or recomputing it: listed where the level saves
- * activations in FP8, as the other value of the level's default (-O2 saves it, -O3 reruns the
- * forward), not at -O1, where nothing would change; and a memory lever: at -O3 the saved output
- * raises the plan's peak that --memory-budget compares. */
+ * activations in FP8, as the other value of the level's default (-O2 and -O3 save it), not at
+ * -O1, where nothing would change; and a memory lever: at -O3 the saved output raises the
+ * plan's peak that --memory-budget compares. The point of saving q, k, v lists the other value
+ * of its level's default too (-O3 makes them again). */
 static void test_attention_y_point(void **state) {
     (void)state;
-    const char *levels[] = {"-O1", "-O2", "-O3"}, *want[] = {NULL, "save.attention_y=0\n", "save.attention_y=1\n"};
+    const char *levels[] = {"-O1", "-O2", "-O3"}, *want[] = {NULL, "save.attention_y=0\n", "save.attention_y=0\n"};
     for (int i = 0; i < 3; i++) {
         int rc = run("list_y", "%s %s tune %s %s -D layers=1 -D dim=64 --batch 2 --seq 32 --device cpu --list-candidates",
                      env, fp8c, model, levels[i]);
@@ -471,6 +472,8 @@ static void test_attention_y_point(void **state) {
         if (rc != 0) fail_msg("%s: tune --list-candidates failed (%d):\n%s", levels[i], rc, text);
         if (want[i] ? !strstr(text, want[i]) : strstr(text, "save.attention_y") != NULL)
             fail_msg("%s: want %s listed, got:\n%s", levels[i], want[i] ? want[i] : "no save.attention_y", text);
+        const char *inputs = i == 2 ? "save.attention_inputs=1\n" : "save.attention_inputs=0\n";
+        if (!strstr(text, inputs)) fail_msg("%s: want %s listed, got:\n%s", levels[i], inputs, text);
         free(text);
     }
     double peak[2];
