@@ -813,7 +813,7 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.attn_dkv_wgs = ir_choice_int_at(g, "attn.dkv_rows", n, 64) == 128 ? 2 : 1;
         int64_t group = ir_choice_int_at(g, "attn.head_group", n, 0);
         s.attn_head_group = group > 0 && group <= 1024 ? (int)group : 0;
-        s.attn_dkv_split = ir_choice_int_at(g, "attn.dkv_split", n, 1) == 2 ? 2 : 1;
+        s.attn_dkv_split = ir_choice_int_at(g, "attn.dkv_split", n, 2) == 1 ? 1 : 2;
         if (plan_attention(&s)) plans[i] = wgp;
     }
 }

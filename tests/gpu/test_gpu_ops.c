@@ -1151,7 +1151,8 @@ static void build_attention(void) {
              * default); with lse saved it reads the forward's statistics and reruns nothing */
             /* with lse saved, the blocks in groups of three heads (attn.head_group=3; the
              * shapes' heads leave a short last group in most: every tile still computed once)
-             * and the dk/dv steps in two parts of 32 queries (attn.dkv_split=2) */
+             * and the dk/dv steps in two parts of 32 queries (attn.dkv_split=2, the default);
+             * without, the dk/dv steps whole (attn.dkv_split=1), so that both are checked */
             Node *sites[2] = {y, bwd};
             for (int k = 0; k < 2; k++) {
                 assert_true(n_wgmma_nodes < (int)(sizeof wgmma_nodes / sizeof *wgmma_nodes));
@@ -1160,6 +1161,8 @@ static void build_attention(void) {
                 if (lse) {
                     ir_set_choice(graph, arena_printf(arena, "attn.head_group@%d", sites[k]->id), "3");
                     ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", sites[k]->id), "2");
+                } else {
+                    ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", sites[k]->id), "1");
                 }
                 if (D != 64) continue;
                 Node *twin = op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in, sites[k]->in);
@@ -1169,6 +1172,8 @@ static void build_attention(void) {
                 if (lse) {   /* as its plain twin's, so that only the pipeline differs */
                     ir_set_choice(graph, arena_printf(arena, "attn.head_group@%d", twin->id), "3");
                     ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", twin->id), "2");
+                } else {
+                    ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", twin->id), "1");
                 }
                 assert_true(n_pipe_twins < (int)(sizeof pipe_twins / sizeof *pipe_twins));
                 pipe_twins[n_pipe_twins++] = (PipeTwin){twin, sites[k]};
