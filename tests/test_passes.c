@@ -927,14 +927,14 @@ static void test_plan_time_follows_the_graph(void **state)
 }
 
 /* The loss's chunk count follows the choice table's loss.chunks (a tuning record's winner)
- * when it is set, else the 128 MiB rule: GPT-2 at 8 x 1024 has 7 chunks by the rule (8192 rows
+ * when it is set, else the 400 MiB rule: GPT-2 at 8 x 1024 has 2 chunks by the rule (8192 rows
  * of 50304 logits in bf16 are 824 MB), 1 leaves the head whole, 5 gives five chunks whose rows
  * add up to the batch's. */
 static void test_chunk_loss_follows_the_choice(void **state)
 {
     (void)state;
     const char *values[] = {NULL, "1", "5"};
-    int64_t want[] = {7, 1, 5};
+    int64_t want[] = {2, 1, 5};
     for (int k = 0; k < 3; k++) {
         Arena *a = arena_new();
         Choice c = {"loss.chunks", values[k]};
