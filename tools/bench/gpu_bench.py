@@ -18,7 +18,9 @@ do. Memory: fp8c's is the device memory in use that the binary reports once its 
 allocated (arenas, the CUDA context, cuBLASLt's workspace), PyTorch's is
 torch.cuda.max_memory_allocated (its caching allocator's peak, without the context): the
 comparison flatters PyTorch by the context's few hundred MiB. Prints one table; --json FILE
-also writes the rows ({"model", "batch", "seq", "system", "level", "ms", "peak_gib", ...}).
+also writes the rows ({"model", "batch", "seq", "system", "level", "ms", "peak_gib", ...}),
+rewritten after every row, so that a run cut short (a device call's time limit) keeps the rows
+it made; a FILE that exists already is refused, not overwritten.
 """
 import argparse, json, os, re, statistics, subprocess, sys
 
@@ -71,6 +73,18 @@ def ratio(r, key):
     return 1.0 if r["system"].startswith("PyTorch") else None
 
 
+def write_json(path, table):
+    """The rows so far into path, through a temporary file renamed over it (never half written)."""
+    rows = [{"model": r["model"], "batch": r["batch"], "seq": r["seq"], "system": r["system"],
+             "level": r["level"], "ms": round(r["ms"], 2), "peak_gib": round(r["mem_gib"], 2),
+             "tok_s": round(r["tok_s"]), "tflops": round(r["tflops"], 1),
+             "speed_ratio": ratio(r, "speed_ratio"), "mem_ratio": ratio(r, "mem_ratio")}
+            for r in table]
+    with open(path + ".tmp", "w") as f:
+        json.dump(rows, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bins", required=True)
@@ -83,8 +97,16 @@ def main():
     ap.add_argument("--work", default="/tmp/fp8c-gpu-bench")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.json and os.path.exists(a.json):
+        sys.exit(f"gpu_bench.py: --json {a.json} exists; it is not overwritten")
     os.makedirs(a.work, exist_ok=True)
     table = []
+
+    def save(row):
+        table.append(row)
+        if a.json:
+            write_json(a.json, table)
+
     for cfg in a.configs.split(","):
         parts = cfg.split(":")
         size, batch = parts[0], int(parts[1])
@@ -94,7 +116,7 @@ def main():
         base = dict(config=f"{size} b{batch}" + (f" x {seq}" if seq != 1024 else ""), model=size, batch=batch, seq=seq)
         ref = run_torch(size, batch, seq, a.torch_steps)
         if ref:
-            table.append(dict(ref, level=None, **base))
+            save(dict(ref, level=None, **base))
             print(f"{base['config']} PyTorch: {ref}", flush=True)
         for kind in filter(None, a.torchao.split(",")):
             r = run_torch(size, batch, seq, a.torch_steps, "fp8" + kind)
@@ -102,7 +124,7 @@ def main():
                 if ref:
                     r["speed_ratio"] = r["tok_s"] / ref["tok_s"]
                     r["mem_ratio"] = r["mem_gib"] / ref["mem_gib"]
-                table.append(dict(r, level=None, **base))
+                save(dict(r, level=None, **base))
                 print(f"{base['config']} {r['system']}: {r}", flush=True)
         prefix = "llama" if size == "llama" else f"gpt2_{size}"
         for level in a.levels.split(","):
@@ -116,7 +138,7 @@ def main():
             if ref:
                 r["speed_ratio"] = r["tok_s"] / ref["tok_s"]
                 r["mem_ratio"] = r["mem_gib"] / ref["mem_gib"]
-            table.append(r)
+            save(r)
             print(f"{base['config']} fp8c -O{level}: {r}", flush=True)
     print()
     print(f"| config | system | ms/step | tokens/s | model TFLOP/s | memory GiB | speed vs PyTorch | memory vs PyTorch |")
@@ -126,14 +148,6 @@ def main():
         mr = f"{r['mem_ratio']:.2f}x" if "mem_ratio" in r else "1.00x" if r["system"].startswith("PyTorch") else ""
         print(f"| {r['config']} | {r['system']} | {r['ms']:.1f} | {r['tok_s']:,.0f} | {r['tflops']:.0f} | "
               f"{r['mem_gib']:.2f} | {sr} | {mr} |")
-    if a.json:
-        rows = [{"model": r["model"], "batch": r["batch"], "seq": r["seq"], "system": r["system"],
-                 "level": r["level"], "ms": round(r["ms"], 2), "peak_gib": round(r["mem_gib"], 2),
-                 "tok_s": round(r["tok_s"]), "tflops": round(r["tflops"], 1),
-                 "speed_ratio": ratio(r, "speed_ratio"), "mem_ratio": ratio(r, "mem_ratio")}
-                for r in table]
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
