@@ -16,14 +16,14 @@
  * Exactness: each chunk's mean is over its rows, weighted by its share of all rows; this equals
  * the unchunked mean when no target is ignored (negative), which the runtime never produces.
  * Chunks are sized so that a chunk of logits is at most 400 MiB in bf16; a head that small
- * already is left alone. Larger chunks are larger GEMMs and fewer launches: on an H200 GPT-2
- * d12 at batch 32 (32768 rows) took 59.5 ms a step -O1 in 8 chunks of 4096 rows against 61.1 ms
- * in 25 of 1344 (the 128 MiB of an earlier rule), for 0.5 GiB more (docs/results.md); Llama
- * 1.1B's 8192 rows go in 2 chunks instead of 4. There are at most 256 chunks: past that (more than 2.7M rows of a 50k
- * vocabulary) the chunks grow instead. Every chunk adds a dozen nodes and two values that
- * live until all chunks are done (its share of the loss, its part of the input's gradient),
- * so an unbounded count made the graph, and the memory plan's work, grow with the batch; at
- * 256 chunks a chunk's logits are a small part of a step that large.
+ * already is left alone. Larger chunks are larger GEMMs and fewer launches: on an H200 GPT-2 d12
+ * at batch 32 (32768 rows) took 59.5 ms a step -O1 in 8 chunks of 4096 rows against 61.1 ms in 25
+ * of 1344 (the 128 MiB of an earlier rule), for 0.5 GiB more (docs/results.md); Llama 1.1B's 8192
+ * rows go in 2 chunks instead of 4. There are at most 256 chunks: past that (more than 2.7M rows
+ * of a 50k vocabulary) the chunks grow instead. Every chunk adds a dozen nodes and two values
+ * that live until all chunks are done (its share of the loss, its part of the input's gradient),
+ * so an unbounded count made the graph, and the memory plan's work, grow with the batch; at 256
+ * chunks a chunk's logits are a small part of a step that large.
  *
  * The chunk count is a choice of the kernel program (`loss.chunks` in the graph's choice
  * table, which `fp8c tune` measures and `fp8c build --tune` sets): fewer, larger chunks make

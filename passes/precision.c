@@ -415,7 +415,8 @@ const PrecisionLevel *precision_level(int opt_level)
 
 bool precision_attention_inputs_saved(const Graph *g)
 {
-    return ir_choice_int(g, "save.attention_inputs", !precision_level(g->opt_level)->attention_inputs_remade) != 0;
+    bool remade = precision_level(g->opt_level)->attention_inputs_remade;
+    return ir_choice_int(g, "save.attention_inputs", !remade) != 0;
 }
 
 bool precision_cheap_saved(const Graph *g)

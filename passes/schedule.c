@@ -28,8 +28,8 @@
  *     allocations before big ones).
  * Ties go to the earliest node, so every order is deterministic. When the graph as written
  * already keeps the constraints the first rule reproduces it, accumulations moved up, so the
- * schedule never makes the peak worse than that order. Each run keeps the ready nodes of each group in a heap and is
- * O(edges x log nodes). */
+ * schedule never makes the peak worse than that order. Each run keeps the ready nodes of each
+ * group in a heap and is O(edges x log nodes). */
 #include "passes.h"
 
 #include <stdlib.h>
