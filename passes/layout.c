@@ -18,7 +18,10 @@
  *     the weights' copies (W, read by dx) — gets a TRANSPOSE node just before its first such
  *     reader, in the reader's phase, and the GEMM reads the copy with its flag flipped. Its
  *     bytes live only in the step arena, from there to the last reader. Quantizing these in
- *     both layouts in the forward instead would keep twice the FP8 bytes across the step.
+ *     both layouts in the forward as one value would keep twice the FP8 bytes across the step;
+ *     but a forward copy that the backward reads only transposed is saved as its transposed
+ *     copy, made in the forward right after it (transpose_saved_copies_early): one layout is
+ *     kept across the step either way.
  *
  * A per-tensor copy shares the original's one scale; a copy in 128 x 128 blocks gets its grid
  * of block scales transposed too (a second, small TRANSPOSE). Row and 1x128 scales lie along the
@@ -104,6 +107,38 @@ static Node *transposed_copy(Graph *g, Node *x, Node *first)
     return t;
 }
 
+/* A forward copy x that the forward's GEMMs read as it is and the backward reads only through
+ * its transposed copy t is saved for the backward as t, not as x: t moves into the forward,
+ * right after x, and x lives only until its forward readers are done. The same bytes are kept
+ * across the step (one layout instead of the other), but t is now made where x is, so the
+ * GPU writes both layouts in x's launch (cuda/spec_fuse.c, fuse_cast_transposes; the memory
+ * plan gives t its bytes from x's place on, memplan.c) instead of reading x back in the
+ * backward to transpose it. */
+static void transpose_saved_copies_early(Graph *g, Node **copies, int ids)
+{
+    Uses *uses = ir_fill_uses(g);   /* by index: the moves come after every test */
+    Node **early = arena_alloc(g->arena, sizeof(Node *) * (size_t)(ids ? ids : 1));
+    int n_early = 0;
+    for (int id = 0; id < ids; id++) {
+        Node *t = copies[(size_t)id * PHASE_COUNT + PHASE_BACKWARD];
+        if (!t || copies[(size_t)id * PHASE_COUNT + PHASE_FORWARD]) continue;
+        Node *x = t->in[0];
+        if (x->op != OP_QUANTIZE || x->phase != PHASE_FORWARD || x->t.role != ROLE_SAVED || !is_fp8_per_tensor(&x->t))
+            continue;
+        bool only_t = true;
+        for (int k = 0; k < uses[x->index].n; k++)
+            only_t &= uses[x->index].list[k] == t || uses[x->index].list[k]->phase == PHASE_FORWARD;
+        if (only_t) early[n_early++] = t;
+    }
+    for (int k = 0; k < n_early; k++) {
+        Node *t = early[k], *x = t->in[0];
+        t->phase = PHASE_FORWARD;
+        t->t.role = ROLE_SAVED;
+        x->t.role = ROLE_ACTIVATION;
+        ir_move_before(g, t, g->nodes[x->index + 1]);
+    }
+}
+
 bool pass_layout(Graph *g, const PassOptions *opt)
 {
     (void)opt;
@@ -135,5 +170,6 @@ bool pass_layout(Graph *g, const PassOptions *opt)
             *trans = !*trans;
         }
     }
+    transpose_saved_copies_early(g, copies, ids);
     return true;
 }

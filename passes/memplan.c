@@ -347,6 +347,16 @@ bool pass_memplan(Graph *g, const PassOptions *opt)
         }
     }
     extend_for_producer_reruns(g, uses, last);
+    /* a forward copy's transposed copy, made in the forward (passes/layout.c), is born with the
+     * copy: the GPU backend writes both layouts in the copy's launch, which must not land on
+     * bytes that something live in between (the copy's own inputs among them) still holds */
+    for (int i = 0; i < n; i++) {
+        const Node *t = g->nodes[i], *x = t->n_in ? t->in[0] : NULL;
+        if (t->op != OP_TRANSPOSE || t->phase != PHASE_FORWARD || x->op != OP_QUANTIZE || x->phase != PHASE_FORWARD)
+            continue;
+        int r = alias_root((Node *)t)->index, q = x->index;
+        if (q < first[r]) first[r] = q;
+    }
     /* a scaled tensor is read and written together with its scale and amax tensors */
     for (int i = 0; i < n; i++) {
         Node *v = g->nodes[i];

@@ -1234,7 +1234,9 @@ static void test_optimizer_states(void **state)
  * scale updates, gradient release). */
 /* The layout pass's promise: every FP8 GEMM reads its per-tensor and 128 x 128-block operands k-contiguous
  * (A as (M, K), B as (N, K)), directly, through a transposed copy its quantize keeps, or through
- * a TRANSPOSE of the backward; returns how many TRANSPOSE nodes the graph has. */
+ * a TRANSPOSE: of the backward, or of the forward right after a forward copy that the backward
+ * reads only so, saved in the copy's place (one layout of it kept across the step, never two);
+ * returns how many TRANSPOSE nodes the graph has. */
 static int check_fp8_gemm_layouts(const Graph *g)
 {
     int transposes = 0;
@@ -1251,7 +1253,18 @@ static int check_fp8_gemm_layouts(const Graph *g)
                 assert_ptr_equal(n->t.fmt.scale, x->t.fmt.scale);
             }
             assert_int_equal(n->t.dims[0], x->t.dims[x->t.rank - 1]);
-            assert_int_equal(n->t.role, ROLE_GRAD_TEMP);   /* never kept across the step */
+            if (n->phase == PHASE_FORWARD) {
+                assert_int_equal(n->t.role, ROLE_SAVED);
+                assert_int_equal(x->op, OP_QUANTIZE);
+                assert_int_equal(x->phase, PHASE_FORWARD);
+                assert_int_equal(x->t.role, ROLE_ACTIVATION);
+                for (int k = 0; k < g->n_nodes; k++)   /* the backward reads x only so */
+                    for (int j = 0; j < g->nodes[k]->n_in; j++)
+                        if (g->nodes[k]->in[j] == x && g->nodes[k] != n)
+                            assert_int_equal(g->nodes[k]->phase, PHASE_FORWARD);
+            } else {
+                assert_int_equal(n->t.role, ROLE_GRAD_TEMP);   /* not kept across the step */
+            }
         }
         if (n->op != OP_MATMUL || !IR_IATTR(n, MATMUL, fp8)) continue;
         for (int j = 0; j < 2; j++) {
