@@ -356,6 +356,15 @@ typedef struct {
     int n;
 } BuildPoint;
 
+/* A point of two values, 0 and 1, dflt first */
+static void switch_point(BuildPoint *p, const char *name, const char *what, int dflt)
+{
+    *p = (BuildPoint){.name = name, .what = what, .n = 2};
+    snprintf(p->dflt, sizeof p->dflt, "%d", dflt);
+    snprintf(p->values[0], 32, "%d", dflt);
+    snprintf(p->values[1], 32, "%d", !dflt);
+}
+
 static int build_points(const TuneRequest *q, BuildPoint *out)
 {
     int n = 0;
@@ -371,37 +380,19 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
     }
     /* attention's output saved, or the forward run again in the backward for its statistics
      * (both devices; memory against time, so a lever of --memory-budget) */
-    if (q->attention_y_default >= 0) {
-        p = &out[n++];
-        *p = (BuildPoint){.name = "save.attention_y", .what = "attention's output saved for the backward, not recomputed",
-                          .n = 2};
-        snprintf(p->dflt, sizeof p->dflt, "%d", q->attention_y_default);
-        snprintf(p->values[0], 32, "%d", q->attention_y_default);
-        snprintf(p->values[1], 32, "%d", !q->attention_y_default);
-    }
+    if (q->attention_y_default >= 0)
+        switch_point(&out[n++], "save.attention_y", "attention's output saved for the backward, not recomputed",
+                     q->attention_y_default);
     /* cheap producers (elementwise ops, norms) saved, or made again in the backward from what
      * it keeps anyway (passes/recompute.c): memory against time, on both devices */
-    p = &out[n++];
-    *p = (BuildPoint){.name = "save.cheap", .what = "cheap producers saved for the backward, not recomputed",
-                      .n = 2};
-    snprintf(p->dflt, sizeof p->dflt, "%d", q->cheap_default);
-    snprintf(p->values[0], 32, "%d", q->cheap_default);
-    snprintf(p->values[1], 32, "%d", !q->cheap_default);
+    switch_point(&out[n++], "save.cheap", "cheap producers saved for the backward, not recomputed", q->cheap_default);
     /* attention's q, k, v saved, or made again in the backward by their GEMMs (passes/recompute.c) */
-    p = &out[n++];
-    *p = (BuildPoint){.name = "save.attention_inputs", .what = "attention's q, k, v saved for the backward, not recomputed",
-                      .n = 2};
-    snprintf(p->dflt, sizeof p->dflt, "%d", q->attention_inputs_default);
-    snprintf(p->values[0], 32, "%d", q->attention_inputs_default);
-    snprintf(p->values[1], 32, "%d", !q->attention_inputs_default);
+    switch_point(&out[n++], "save.attention_inputs", "attention's q, k, v saved for the backward, not recomputed",
+                 q->attention_inputs_default);
     /* a transient FP8 copy that GEMMs read both ways quantized into both layouts at once, or
      * transposed when read (passes/layout.c): both devices */
-    p = &out[n++];
-    *p = (BuildPoint){.name = "layout.cast_transpose",
-                      .what = "a gradient's FP8 copy made in both layouts at once, not transposed when read",
-                      .dflt = "1", .n = 2};
-    snprintf(p->values[0], 32, "1");
-    snprintf(p->values[1], 32, "0");
+    switch_point(&out[n++], "layout.cast_transpose",
+                 "a gradient's FP8 copy made in both layouts at once, not transposed when read", 1);
     /* on the CPU, how many nodes one LLVM kernel's loop may hold (codegen/fuse.c) */
     if (!strcmp(q->device, "cpu")) {
         p = &out[n++];

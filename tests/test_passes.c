@@ -945,6 +945,19 @@ static void test_plan_time_follows_the_graph(void **state)
     assert_true(n_nodes[1] <= n_nodes[0] + 256 * 16);
 }
 
+/* model compiled at `level` for batch x seq with the choices given (none where n is 0), checked
+ * after every pass where `verify`; NULL where the compiler refuses it */
+static Graph *compile_with(Arena *a, const char *model, int level, int64_t batch, int64_t seq, const Choice *choices,
+                           int n, bool verify)
+{
+    BuildOptions o = {0};
+    o.front.batch = batch, o.front.seq = seq;
+    o.passes.opt_level = level;
+    o.passes.verify = verify;
+    o.choices = n ? choices : NULL, o.n_choices = n;
+    return pipeline_compile(a, model, &o);
+}
+
 /* The loss's chunk count follows the choice table's loss.chunks (a tuning record's winner)
  * when it is set, else the 400 MiB rule: GPT-2 at 8 x 1024 has 2 chunks by the rule (8192 rows
  * of 50304 logits in bf16 are 824 MB), 1 leaves the head whole, 5 gives five chunks whose rows
@@ -957,11 +970,7 @@ static void test_chunk_loss_follows_the_choice(void **state)
     for (int k = 0; k < 3; k++) {
         Arena *a = arena_new();
         Choice c = {"loss.chunks", values[k]};
-        BuildOptions o = {0};
-        o.front.batch = 8, o.front.seq = 1024;
-        o.passes.opt_level = 1;
-        o.choices = values[k] ? &c : NULL, o.n_choices = values[k] ? 1 : 0;
-        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2.model", &o);
+        Graph *g = compile_with(a, FP8C_SOURCE_DIR "/models/gpt2.model", 1, 8, 1024, &c, values[k] ? 1 : 0, false);
         assert_non_null(g);
         int64_t chunks = 0, rows = 0;
         for (int i = 0; i < g->n_nodes; i++)
@@ -990,12 +999,9 @@ static void test_attention_y_follows_the_choice(void **state)
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         Arena *a = arena_new();
         Choice c = {"save.attention_y", cases[k].value};
-        BuildOptions o = {0};
-        o.front.batch = 2, o.front.seq = 32;
-        o.passes.opt_level = cases[k].level;
-        o.choices = cases[k].value ? &c : NULL, o.n_choices = cases[k].value ? 1 : 0;
         int errors = diag_error_count();
-        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o);
+        Graph *g = compile_with(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", cases[k].level, 2, 32, &c,
+                                cases[k].value ? 1 : 0, false);
         if (cases[k].reads_y < 0) {
             assert_null(g);
             assert_int_equal(diag_error_count(), errors + 1);
@@ -1026,12 +1032,7 @@ static void test_transposed_copies_born_with_their_copy(void **state)
     (void)state;
     Arena *a = arena_new();
     Choice c = {"loss.chunks", "25"};
-    BuildOptions o = {0};
-    o.front.batch = 32, o.front.seq = 1024;
-    o.passes.opt_level = 3;
-    o.passes.verify = true;
-    o.choices = &c, o.n_choices = 1;
-    Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2.model", &o);
+    Graph *g = compile_with(a, FP8C_SOURCE_DIR "/models/gpt2.model", 3, 32, 1024, &c, 1, true);
     assert_non_null(g);
     check_memplan(g);
     int early = 0;
@@ -1057,12 +1058,7 @@ static void recompute_attention_inputs_case(const char *model, int level, int ba
         Arena *a = arena_new();
         /* the cheap values saved (-O0 makes them again by default): only q, k, v copied */
         Choice c[2] = {{"save.attention_inputs", v ? "0" : "1"}, {"save.cheap", "1"}};
-        BuildOptions o = {0};
-        o.front.batch = batch, o.front.seq = seq;
-        o.passes.opt_level = level;
-        o.passes.verify = true;
-        o.choices = c, o.n_choices = 2;
-        Graph *g = pipeline_compile(a, model, &o);
+        Graph *g = compile_with(a, model, level, batch, seq, c, 2, true);
         assert_non_null(g);
         int copies = 0, bwd = 0, reads_y = 0;
         for (int i = 0; i < g->n_nodes; i++) {
@@ -1109,12 +1105,7 @@ static void test_recompute_cheap_producers(void **state)
     for (int v = 0; v < 2; v++) {
         Arena *a = arena_new();
         Choice c = {"save.cheap", v ? "0" : "1"};
-        BuildOptions o = {0};
-        o.front.batch = 4, o.front.seq = 2048;
-        o.passes.opt_level = 0;
-        o.passes.verify = true;
-        o.choices = &c, o.n_choices = 1;
-        Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/llama.model", &o);
+        Graph *g = compile_with(a, FP8C_SOURCE_DIR "/models/llama.model", 0, 4, 2048, &c, 1, true);
         assert_non_null(g);
         Uses *uses = ir_fill_uses(g);
         for (int i = 0; i < g->n_nodes; i++) {
