@@ -490,14 +490,15 @@ bool plan_rows(Spec *s) {
         const Tensor *x = &n->in[0]->t;
         bool ln = n->op == OP_LAYERNORM;
         if (s->result == RESULT_THROUGH && s->transpose_to) {
-            /* the FP8 copy in both layouts, a band of 32 rows a block (fuse_cast_transposes) */
+            /* the FP8 copy in both layouts, a band of rows a block (fuse_cast_transposes): 32
+             * rows up to 1280 columns, 16 up to 2048 (ck_norm_t's shared memory) */
             int64_t R = rows_of(x), C = cols_of(x);
-            int nv = row_vectors(C);
-            if (!nv || nv > 5 || R % 32 || C % 16 || s->through->t.offset % 16 || s->transpose_to->t.offset % 16 ||
+            int nv = row_vectors(C), band = nv <= 5 ? 32 : 16;
+            if (!nv || R % band || C % 16 || s->through->t.offset % 16 || s->transpose_to->t.offset % 16 ||
                 fmt_elem_bytes(s->through->t.fmt.elem) != 1)
                 return spec_fail(s, "a norm's rows that its transposing kernel does not take");
-            l = spec_launch(s, "normt", (unsigned)(R / 32), ROW_THREADS, "ck_norm_t<%d, %d, %s, %s, %s, %s, %s>(a)", ln,
-                            nv, fmt_arg(s, &n->t), fmt_arg(s, &s->through->t), fmt_arg(s, x),
+            l = spec_launch(s, "normt", (unsigned)(R / band), ROW_THREADS, "ck_norm_t<%d, %d, %d, %s, %s, %s, %s, %s>(a)",
+                            ln, nv, band, fmt_arg(s, &n->t), fmt_arg(s, &s->through->t), fmt_arg(s, x),
                             fmt_arg(s, &n->in[1]->t), ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
             args_result_inputs(l, n);
             arg_node(l, 0, s->through);

@@ -585,14 +585,16 @@ template <int LN, int NV, class Y, class X, class W, class B> __device__ void ck
 }
 
 /* A layernorm or RMSNorm writing its FP8 copy in both layouts (spec_fuse.c,
- * fuse_cast_transposes): a block of eight warps takes a band of 32 rows, four a warp, and
- * stores their codes (ck_norm_row through CkTileSt: the value rounded to Y, then quantized
- * into Q, CkThrough's bits) in shared memory; then it writes the band's rows of the copy 16
- * bytes a thread, and the band's 32 bytes of each column into the transposed copy (C, R) at
- * t[i[2]], one whole sector each. Rows of the tile are PITCH bytes apart (16 more than a row:
- * reading a column, the 32 lanes' bytes fall in 8 banks, four lanes a word). R a multiple of
- * 32, C of 16 and at most NV x 256 with NV <= 5 (41 KB of shared memory); i = {C, R, the
- * transposed copy's tensor}, f = {eps}. */
+ * fuse_cast_transposes): a block of eight warps takes a band of BAND rows (32, or 16 for rows
+ * longer than 1280), BAND / 8 a warp, and stores their codes (ck_norm_row through CkTileSt:
+ * the value rounded to Y, then quantized into Q, CkThrough's bits) in shared memory; then it
+ * writes the band's rows of the copy 16 bytes a thread, and the band's BAND bytes of each
+ * column into the transposed copy (C, R) at t[i[2]]: a whole sector each at 32, half of one at
+ * 16 (the next band's block writes the other half). Rows of the tile are PITCH bytes apart (16
+ * more than a row: reading a column, the 32 lanes' bytes fall in 8 banks, four lanes a word).
+ * R a multiple of BAND, C of 16 and at most NV x 256 with NV <= 8 (at most 41 KB of shared
+ * memory at 32 rows, NV <= 5, 33 KB at 16); i = {C, R, the transposed copy's tensor},
+ * f = {eps}. */
 template <class Y, class Q> struct CkTileSt {
     /* t.p: the tile, t.cols: C, t.ncg: the band's first row, t.group: PITCH */
     static __device__ __forceinline__ CkTensor at(const CkTensor &t, i64 i) {
@@ -616,38 +618,40 @@ template <class Y, class Q> struct CkTileSt {
     }
 };
 
-template <int LN, int NV, class Y, class Q, class X, class W, class B> __device__ void ck_norm_t(const CkArgs &a) {
+template <int LN, int NV, int BAND, class Y, class Q, class X, class W, class B> __device__ void ck_norm_t(const CkArgs &a) {
+    static_assert(BAND == 32 || BAND == 16, "a band is 32 or 16 rows");
     constexpr int PITCH = (NV > 0 ? NV : 1) * 32 * CK_VEC + 16;
-    __shared__ __align__(16) unsigned char tile[32 * PITCH];
-    i64 C = a.i[0], R = a.i[1], r0 = (i64)blockIdx.x * 32;
+    __shared__ __align__(16) unsigned char tile[BAND * PITCH];
+    i64 C = a.i[0], R = a.i[1], r0 = (i64)blockIdx.x * BAND;
     CkArgs b = a;
     b.t[0].p = tile;
     b.t[0].cols = C;
     b.t[0].ncg = r0;
     b.t[0].group = PITCH;
+    constexpr int PER_WARP = BAND / 8;
     int warp = threadIdx.x >> 5;
-    for (int k = 0; k < 4; k++) {
-        i64 r = r0 + warp * 4 + k;
+    for (int k = 0; k < PER_WARP; k++) {
+        i64 r = r0 + warp * PER_WARP + k;
         if (r < R) ck_norm_row<LN, NV, CkTileSt<Y, Q>, X, W, B>(b, r);
     }
     __syncthreads();
     unsigned char *y = (unsigned char *)a.t[0].p, *yt = (unsigned char *)a.t[a.i[2]].p;
     i64 vr = C / 16;
-    for (i64 k = threadIdx.x; k < 32 * vr; k += blockDim.x) {
+    for (i64 k = threadIdx.x; k < BAND * vr; k += blockDim.x) {
         i64 row = k / vr, c = (k - row * vr) * 16;
         if (r0 + row < R) *(uint4 *)(y + (r0 + row) * C + c) = *(const uint4 *)(tile + row * PITCH + c);
     }
     for (i64 c = threadIdx.x; c < C; c += blockDim.x) {
-        unsigned w[8];
+        unsigned w[BAND / 4];
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < BAND / 4; j++) {
             w[j] = 0;
             #pragma unroll
             for (int b4 = 0; b4 < 4; b4++) w[j] |= (unsigned)tile[(4 * j + b4) * PITCH + c] << (8 * b4);
         }
         uint4 *o = (uint4 *)(yt + c * R + r0);
-        o[0] = make_uint4(w[0], w[1], w[2], w[3]);
-        o[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        #pragma unroll
+        for (int j = 0; j < BAND / 16; j++) o[j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
     }
 }
 

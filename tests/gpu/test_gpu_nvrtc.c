@@ -396,6 +396,24 @@ static void test_cast_transpose_plan(void **state) {
     assert_int_equal(d12.norms, 24);
     assert_int_equal(d12.twice, 12);
     arena_free(a);
+    /* Llama's rows of 2048 take bands of 16 rows (ck_norm_t): each layer's two RMSNorms write
+     * their copies in both layouts too */
+    a = arena_new();
+    snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
+    o.front.batch = 4;
+    o.front.seq = 2048;
+    diag_reset();
+    g = pipeline_compile(a, path, &o);
+    assert_true(g && !diag_error_count());
+    plans = cuda_plan_graph(g, a, why, sizeof why);
+    assert_non_null(plans);
+    CastCount llama = count_cast_transposes(g, plans);
+    printf("  llama O1 batch 4 x 2048: %d transposes written with their copy (%d by an RMSNorm), %d left\n",
+           llama.fused, llama.norms, llama.left);
+    assert_int_equal(llama.norms, 44);
+    for (int i = 0; i < g->n_nodes; i++)
+        if (plan_calls(&plans[i], "ck_norm_t<")) assert_non_null(strstr(plans[i].launch[0].body, ", 8, 16, "));
+    arena_free(a);
     /* the tiny model's four layers: at every FP8 level each layer's GELU and (at -O1, -O2) two
      * layernorms write their copy with its transpose (the copies saved as the transposed copy,
      * passes/layout.c), and plain quantizes the rest (attention's output; at -O3 the weights'

@@ -478,7 +478,8 @@ static void test_quantize_transposed(void **s) {
  * (16-byte path), the second of two quantizes of the same value through the same scale (the
  * first writes both; an odd shape, element path), a GELU and a layernorm that write their
  * own copy (fuse_producer_quantizes: the block maxima first, then the copy computed from the
- * inputs; the layernorm in bands of 32 rows).
+ * inputs; the layernorm in bands of 32 rows), and an RMSNorm of rows longer than 1280 (bands
+ * of 16 rows).
  * The copy must be the reference's bytes (for the GELU, whose value the GPU computes in f32,
  * within the FP8 bound of a computed value, its scale within 1e-2), the transposed copy
  * exactly the copy's bytes transposed. */
@@ -489,7 +490,8 @@ typedef struct {
     Node *copy, *t;   /* the copy that the fused launch writes, the TRANSPOSE */
     Node *scale;      /* made by the case (the GELU's), or NULL */
 } CastT;
-static CastT cast_t[4];
+#define N_CAST_T 5
+static CastT cast_t[N_CAST_T];
 
 static Node *per_tensor_copy(Node *x, Node *sc, ElemType e) {
     Node *q = op_v(OP_QUANTIZE, e, NULL, NULL, IN(x, sc));
@@ -526,7 +528,16 @@ static void build_cast_transposes(void) {
     Node *sn = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yn));
     Node *qn = per_tensor_copy(yn, sn, FMT_E4M3), *tn = transpose_of(qn);
     cast_t[3] = (CastT){"layernorm's copy + transpose", {yn, sn, qn, tn}, 4, qn, tn, sn};
-    for (int k = 0; k < 4; k++) cast_t[k].copy->t.name = cast_t[k].name;
+    /* rows longer than 1280 (Llama's 2048, GPT-2 d48's 1600): bands of 16 rows, here an odd
+     * number of them */
+    int64_t Rw = 16 * (2 * gt_int(1, 20) + 1), Cw = 16 * gt_int(81, 128);
+    Node *xw = leaf(FMT_BF16, 2, DIMS(Rw, Cw)), *ww = leaf(FMT_BF16, 1, DIMS(Cw));
+    Node *yw = op_v(OP_RMSNORM, FMT_BF16, NULL, Fa(1e-5), IN(xw, ww));
+    ir_set_keeps_amax(yw);
+    Node *sw = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yw));
+    Node *qw = per_tensor_copy(yw, sw, FMT_E4M3), *tw = transpose_of(qw);
+    cast_t[4] = (CastT){"rmsnorm's copy + transpose, long rows", {yw, sw, qw, tw}, 4, qw, tw, sw};
+    for (int k = 0; k < N_CAST_T; k++) cast_t[k].copy->t.name = cast_t[k].name;
 }
 
 /* one quantt launch, at the copy's place; nothing at the transpose's (or the second copy's) */
@@ -534,7 +545,7 @@ static bool cast_t_fused(const CuNodePlan *plans, const CastT *c) {
     int launches = 0;
     for (int i = 0; i < c->n_run; i++)
         if (c->run[i] != c->copy && c->run[i] != c->scale && c->run[i]->op != OP_GELU &&
-            c->run[i]->op != OP_LAYERNORM)
+            c->run[i]->op != OP_LAYERNORM && c->run[i]->op != OP_RMSNORM)
             launches += plans[c->run[i]->index].n_launch;
     const CuNodePlan *pq = &plans[c->copy->index];
     return launches == 0 && pq->n_launch == 1 &&
@@ -548,7 +559,7 @@ static void test_cast_transposes(void **s) {
     CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
     assert_non_null(plans);
     int failed = 0;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < N_CAST_T; k++) {
         CastT *c = &cast_t[k];
         bool fused = cast_t_fused(plans, c);
         Node *q = c->copy;
@@ -1623,8 +1634,8 @@ int main(void) {
         Arena *pa = arena_new();
         CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
         int fused = 0;
-        for (int k = 0; plans && k < 4; k++) fused += cast_t_fused(plans, &cast_t[k]);
-        printf("cast-transposes planned as one launch: %d of 4\n", fused);
+        for (int k = 0; plans && k < N_CAST_T; k++) fused += cast_t_fused(plans, &cast_t[k]);
+        printf("cast-transposes planned as one launch: %d of %d\n", fused, N_CAST_T);
         int copies = 0;
         for (int k = 0; plans && k < 6; k++)
             copies += plans[input_copies[k].q->index].n_launch == 0 && plans[input_copies[k].y->index].n_launch == 1;
@@ -1632,7 +1643,7 @@ int main(void) {
         arena_free(pa);
         int unplanned = wgmma_unplanned(), misplanned = ce_pairs_misplanned();
         printf("cross-entropy pairs planned as expected: %d of %d\n", n_ce_pairs - misplanned, n_ce_pairs);
-        return fused == 4 && !unplanned && !misplanned ? 0 : 1;
+        return fused == N_CAST_T && !unplanned && !misplanned ? 0 : 1;
     }
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
