@@ -30,8 +30,8 @@
  *    in the backward (save.attention_y, passes/precision.c), cheap producers saved or made
  *    again in the backward (save.cheap, passes/recompute.c), on the CPU the size of a fused
  *    kernel (fuse.members, codegen/fuse.c), and, on a GPU, each fusion of the CUDA plan on or off (fuse.*, cuda/spec_fuse.c), the attention
- *    forward's kernel (attn.wgmma, cuda/spec_ops.c) and the loss's row blocks (ce.threads,
- *    ce.exp2, cuda/spec_ops.c).
+ *    forward's kernel (attn.wgmma, cuda/spec_ops.c), the loss's row blocks (ce.threads,
+ *    ce.exp2, cuda/spec_ops.c) and the kernels' launches (cuda.pdl, cuda/exec.c).
  * Each point is measured against the defaults of all the others, one at a time; the winners
  * are then built together and timed once more (the record's tuned_step_ms), and that build's
  * losses are checked too. Points are taken cheapest first, and when the budget (--budget
@@ -435,6 +435,8 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             {"attn.dkv_split", "parts of a dk/dv step's 64 queries (2: three blocks an SM)", {"2", "1"}},
             {"ce.threads", "threads of the loss's row blocks", {"512", "1024", "256"}},
             {"ce.exp2", "the loss's exponentials as ex2.approx", {"1", "0"}},
+            {"cuda.pdl", "each kernel launched while the one before it ends (programmatic dependent launch)",
+             {"0", "1"}},
         };
         for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) {
             p = &out[n++];

@@ -201,8 +201,22 @@ bool exec_launch(CudaExec *e, const ExecLaunch *x) {
         }
     } else {
         void *params[] = {x->batched ? (void *)&x->batch : (void *)&x->args};
-        if (!CU_CHECK(CU(cuLaunchKernel)(x->f, x->grid[0], x->grid[1], 1, x->block, 1, 1, x->smem,
-                                          e->stream, params, NULL))) {
+        bool ok;
+        if (e->pdl) {
+            /* the kernel may start before the stream's previous launch ends: every entry point
+             * waits for it first (ck_grid_wait); after other work (a copy, an event, a GEMM's
+             * own kernels) the dependency is what the driver makes of it, at most a full one */
+            CUlaunchAttribute attr = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            CUlaunchConfig cfg = {.gridDimX = x->grid[0], .gridDimY = x->grid[1], .gridDimZ = 1,
+                                  .blockDimX = x->block, .blockDimY = 1, .blockDimZ = 1,
+                                  .sharedMemBytes = x->smem, .hStream = e->stream, .attrs = &attr, .numAttrs = 1};
+            ok = CU_CHECK(CU(cuLaunchKernelEx)(&cfg, x->f, params, NULL));
+        } else {
+            ok = CU_CHECK(CU(cuLaunchKernel)(x->f, x->grid[0], x->grid[1], 1, x->block, 1, 1, x->smem, e->stream,
+                                             params, NULL));
+        }
+        if (!ok) {
             exec_name_launch(x);
             return false;
         }
@@ -400,6 +414,8 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         }
         e->profile = true;
     }
+    /* timed or synchronized launches stay whole: a launch that starts early would blur both */
+    e->pdl = ir_choice_int(g, "cuda.pdl", 0) == 1 && !e->profile && !e->sync_each;
     const char *fa = getenv("FP8C_CUDA_FAST_ACCUM");
     e->fast_accum_all = fa && !strcmp(fa, "all");
     if (!CU_CHECK(CU(cuDeviceGet)(&e->dev, cuda_device_ordinal())) || !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&e->ctx, e->dev)))

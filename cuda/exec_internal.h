@@ -132,6 +132,7 @@ struct CudaExec {
     int finite_flag_off;                  /* in aux */
     int ticket_off;                       /* in aux: the kernels' last-block counter */
     bool graphs, sync_each, profile;
+    bool pdl;   /* the choice cuda.pdl: kernels launched programmatically dependent (exec_launch) */
     bool tune;                            /* time the heuristic's candidates (set-up only) */
     bool fast_accum_all;                  /* FP8C_CUDA_FAST_ACCUM=all: gradient GEMMs too */
     TunedGemm *tuned;

@@ -40,6 +40,7 @@
     X(cuFuncGetAttribute, CUresult, (int *, CUfunction_attribute, CUfunction))               \
     X(cuLaunchKernel, CUresult, (CUfunction, unsigned, unsigned, unsigned, unsigned,         \
                                  unsigned, unsigned, unsigned, CUstream, void **, void **))  \
+    X(cuLaunchKernelEx, CUresult, (const CUlaunchConfig *, CUfunction, void **, void **))    \
     X(cuStreamCreate, CUresult, (CUstream *, unsigned))                                      \
     X(cuStreamDestroy_v2, CUresult, (CUstream))                                              \
     X(cuStreamSynchronize, CUresult, (CUstream))                                             \

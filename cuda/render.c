@@ -113,12 +113,14 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
             char bounds[32];
             if (l->min_blocks) snprintf(bounds, sizeof bounds, "%u, %u", l->block, l->min_blocks);
             else snprintf(bounds, sizeof bounds, "%u", l->block);
-            lines[n++] = arena_printf(a, "extern \"C\" __global__ void __launch_bounds__(%s) %s(const CkArgs a) { %s; }\n",
+            lines[n++] = arena_printf(a,
+                                      "extern \"C\" __global__ void __launch_bounds__(%s) %s(const CkArgs a) "
+                                      "{ ck_grid_wait(); %s; }\n",
                                       bounds, l->fn, l->body);
             if (l->batch)
                 lines[n++] = arena_printf(a,
                                           "extern \"C\" __global__ void __launch_bounds__(%s) batch_%s(const CkBatch b) "
-                                          "{ __shared__ CkArgs a_; ck_batch_load(b, &a_); const CkArgs &a = a_; %s; }\n",
+                                          "{ ck_grid_wait(); __shared__ CkArgs a_; ck_batch_load(b, &a_); const CkArgs &a = a_; %s; }\n",
                                           bounds, l->fn, l->body);
         }
     qsort(lines, (size_t)n, sizeof *lines, compare_str);

@@ -256,6 +256,13 @@ static __device__ float ck_block_max(float v) {
     return ck_warp_max(s);
 }
 
+/* Every entry point of a module begins here (render.c). A kernel launched with programmatic
+ * dependent launch (the choice cuda.pdl, exec.c) may start while the launch before it on the
+ * stream still runs, so that its blocks are scheduled and its launch latency is spent during
+ * the other's tail; it waits here until that launch has finished and its writes are visible,
+ * before it reads anything. Launched without, the wait returns at once. */
+static __device__ __forceinline__ void ck_grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 /* The block's index and the grid's size as the argument block a sees them: in a batched
  * launch, those of a's own entry. */
 #define CK_BLOCK ((i64)blockIdx.x - (i64)a.grid_base)

@@ -35,7 +35,9 @@
  * the scaled value, is off by a factor of 2 to 16. Measured on an H200 (2026-11-26) with the
  * backward's scales drawn as well, from 1/4 to 16: the delayed-scaling graph's histories and
  * scales 2.9e-2, but a bias gradient 0.26 off (flushed gradients). Determinism is bit for bit: the same step from the same
- * bytes gives the same loss and the same persistent state. */
+ * bytes gives the same loss and the same persistent state, and so does the step with every
+ * kernel launched programmatically dependent (the choice cuda.pdl), run twice (the second time
+ * from its CUDA graph). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -232,8 +234,8 @@ static int check_graph(const char *path) {
         goto done;
     }
     CudaExec *e = cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size);
-    cuda_binary_free(&bin);
     if (!e) {
+        cuda_binary_free(&bin);
         failures++;
         goto done;
     }
@@ -321,6 +323,23 @@ static int check_graph(const char *path) {
         failures++;
     }
     cuda_exec_close(e);
+    /* each kernel launched programmatically dependent (cuda.pdl=1: it may start while the
+     * launch before it ends, and waits for it in ck_grid_wait): the same step from the same
+     * bytes, twice (the second run from its CUDA graph), bit for bit */
+    bool pdl_same = ok;
+    ir_set_choice(g, "cuda.pdl", "1");
+    CudaExec *ep = ok ? cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size) : NULL;
+    for (int run = 0; run < 2 && pdl_same; run++) {
+        memcpy(mem.persistent, p0, pb);
+        memcpy(mem.step, s0, sb);
+        pdl_same = ep && cuda_exec_push_arenas(ep) && cuda_exec_run_micro_step(ep) && cuda_exec_pull(ep, scalars, 2);
+        float loss_pdl = read_scalar(io.loss);
+        pdl_same = pdl_same && cuda_exec_run_phase(ep, PHASE_UPDATE) && cuda_exec_pull(ep, pers, n_pers) &&
+                   memcmp(&loss_pdl, &loss_gpu, sizeof loss_gpu) == 0 && memcmp(mem.persistent, p_gpu, pb) == 0;
+    }
+    if (ep) cuda_exec_close(ep);
+    ir_set_choice(g, "cuda.pdl", "0");
+    cuda_binary_free(&bin);
     if (!ok) {
         printf("  %s: the GPU step failed\n", path);
         failures++;
@@ -375,12 +394,13 @@ static int check_graph(const char *path) {
     bool fp8 = level > 0;
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 5e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
-                e_hist <= 0.1 && same;
+                e_hist <= 0.1 && same && pdl_same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
-           "| update err %.2f | %d histories and scales err %.1e | deterministic %s | %d GEMM epilogues (GELU %d, "
+           "| update err %.2f | %d histories and scales err %.1e | deterministic %s, launched dependent %s | "
+           "%d GEMM epilogues (GELU %d, "
            "into FP8 %d, GELU backward %d), %d batched launches%s\n",
            strrchr(path, '/') ? strrchr(path, '/') + 1 : path, level, loss_gpu, loss_ref, e_loss, n_grads, e_grad,
-           e_bias, e_gn, e_upd, n_hist, e_hist, same ? "yes" : "NO", epilogues, gelu, fp8_results, dgelu, batched,
+           e_bias, e_gn, e_upd, n_hist, e_hist, same ? "yes" : "NO", pdl_same ? "the same" : "NOT THE SAME", epilogues, gelu, fp8_results, dgelu, batched,
            pass ? "" : "  FAIL");
     if (!pass) failures++;
     if ((!pass || getenv("FP8C_TEST_VERBOSE")) && p_ref)
