@@ -22,6 +22,8 @@
  * t[0]; the slot count is ir.h's IR_AMAX_PARTS */
 #define CK_AMAX_AT (CK_MAX_IATTR - 1)
 #define CK_AMAX_PARTS 1024
+/* GEMMs whose dequantization scales one launch computes before its own work (ck_entry) */
+#define CK_MAX_INVERSE 2
 
 typedef struct {
     void *p;                /* element data (device) */
@@ -50,6 +52,10 @@ typedef struct {
     unsigned grid_base;           /* batched launches: this block's first block in the launch */
     unsigned grid_size;           /* batched launches: its blocks (0: the whole grid) */
     int pad_;
+    /* block 0 first writes 1 / inv_from[2 j + k][0] at inv_to[j][16 k] (a NULL skips it): the
+     * dequantization scales of a later per-tensor FP8 GEMM (spec_fuse.c, fold_inverse_scales) */
+    const float *inv_from[2 * CK_MAX_INVERSE];
+    float *inv_to[CK_MAX_INVERSE];
 } CkArgs;
 
 /* A batched launch: one launch of a kernel over n argument blocks in device memory. Block b

@@ -162,6 +162,15 @@ static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, E
     x->block = l->block;
     x->smem = l->smem;
     if (!exec_resolve(e, l, &x->args, e->scratch)) return false;
+    for (int k = 0; k < l->n_inv; k++) {   /* the later GEMMs' dequantization scales */
+        for (int j = 0; j < 2; j++) {
+            const Node *s = l->inv_from[2 * k + j];
+            CUdeviceptr p = 0;
+            if (s && !exec_map_tensor(e, &s->t, &p)) return false;
+            x->args.inv_from[2 * k + j] = (const float *)(uintptr_t)p;
+        }
+        x->args.inv_to[k] = (float *)(uintptr_t)(e->descales + (CUdeviceptr)l->inv_slot[k]);
+    }
     if (l->table) {
         /* the scalar inputs' device addresses, in aux */
         int count = n->n_in - 1;
@@ -447,12 +456,13 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         const CuNodePlan *alone = e->plans[i].alone;
         if (alone && alone->scratch_bytes > e->scratch_bytes) e->scratch_bytes = alone->scratch_bytes;
     }
+    e->descale_bytes = cuda_plan_descale_bytes(g, e->plans);
     int n_tables = 0;
     for (int i = 0; i < g->n_nodes; i++)
         for (int k = 0; k < e->plans[i].n_launch; k++)
             if (e->plans[i].launch[k].table) n_tables += g->nodes[i]->n_in;
     /* the phases' tables, and as much again for nodes run one at a time (tests) */
-    e->aux_bytes = align_up(ALIGN + 16 * (int64_t)n_tables + ALIGN * 64);
+    e->aux_bytes = align_up(ALIGN + 16 * (int64_t)n_tables + ALIGN * 64) + align_up(e->descale_bytes);
     int64_t batch_aux = exec_find_batches(e);
     if (batch_aux < 0) goto fail;
     /* and the batched finite checks of the gradients */
@@ -494,6 +504,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->finite_flag_off = 0;
     e->ticket_off = 64;
     e->aux_used = ALIGN;
+    if (e->descale_bytes && !aux_take(e, NULL, e->descale_bytes, &e->descales)) goto fail;
 
     if (!CU_CHECK(CU(cuStreamCreate)(&e->stream, CU_STREAM_DEFAULT))) goto fail;
     if (!CU_CHECK(CU(cuMemsetD8Async)(e->aux, 0, ALIGN, e->stream))) goto fail;   /* flag, ticket */

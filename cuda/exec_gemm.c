@@ -451,8 +451,9 @@ static bool exec_setup_gemm_of(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bo
     }
     if (g->scales >= 0) {
         /* cuBLASLt multiplies by these: the dequantization scales 1/s */
-        const float *sa = (const float *)(uintptr_t)(e->scratch + (CUdeviceptr)g->scales);
-        const float *sb = (const float *)(uintptr_t)(e->scratch + (CUdeviceptr)g->scales_b);
+        CUdeviceptr at = g->descaled ? e->descales + (CUdeviceptr)g->descales : e->scratch + (CUdeviceptr)g->scales;
+        const float *sa = (const float *)(uintptr_t)at;
+        const float *sb = (const float *)(uintptr_t)(g->descaled ? at + 64 : e->scratch + (CUdeviceptr)g->scales_b);
         if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa)) ||
             !LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb)))
             return false;

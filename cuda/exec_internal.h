@@ -122,6 +122,9 @@ struct CudaExec {
     CUdeviceptr persistent, step;
     int64_t step_alloc;                   /* step arena + workspace */
     CUdeviceptr cublas_ws, scratch, aux;
+    CUdeviceptr descales;     /* in aux: GEMMs' dequantization scales written by earlier
+                                 launches (cuda_plan_descale_bytes) */
+    int64_t descale_bytes;
     int64_t scratch_bytes, aux_bytes, aux_used;
     CuNodePlan *node_plans;               /* one node each (cuda_exec_run_node) */
     CuNodePlan *plans;                    /* the phases': GEMM epilogues fused */

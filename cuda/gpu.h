@@ -55,6 +55,11 @@ typedef struct {
     /* FP8: scratch offsets of A's and B's dequantization scales (1/s, laid out as their modes
      * say); scales -1: unscaled */
     int64_t scales, scales_b;
+    /* descaled: per-tensor scales that an earlier launch computed at byte offset `descales`
+     * of the executor's descale area instead of scratch (fold_inverse_scales; B's 64 bytes
+     * after A's) */
+    bool descaled;
+    int64_t descales;
     CuScaleMode scale_a, scale_b;
     CuRef bias, c;          /* epilogue: bias vector of length m (node NULL: none); C added
                                with beta = 1, same type and layout as D (node NULL: none) */
@@ -86,6 +91,12 @@ typedef struct {
     bool table;             /* args.table: the node's scalar inputs 1.. (grad_norm) */
     bool batch;             /* its code reads the grid as CK_BLOCK / CK_BLOCKS: launches of it
                                for independent nodes may run as one (render.c's batch_ entry) */
+    /* the dequantization scales this launch's block 0 writes first for later GEMMs (args'
+     * inv_from, inv_to): the scale nodes (A's side, B's side, as ck_inv_scales' t[1], t[2])
+     * and the byte offset in the descale area, per GEMM */
+    const Node *inv_from[2 * CK_MAX_INVERSE];
+    int64_t inv_slot[CK_MAX_INVERSE];
+    int n_inv;
     CuGemm gemm;
 } CuLaunch;
 
@@ -125,6 +136,10 @@ bool cuda_comm_bucket_roots(const Graph *g, const CuNodePlan *plans, const RtCom
  * and so does a GELU of its result with, under delayed scaling, the GELU's FP8 copy and amax
  * record; the other nodes get empty plans. Renumbers g. */
 CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a);
+/* The bytes of the descale area that the GEMMs of plans (cuda_plan_epilogues') read their
+ * per-tensor dequantization scales from, where an earlier launch computes them (CkArgs'
+ * inv_from, inv_to; spec_fuse.c's fold_inverse_scales). */
+int64_t cuda_plan_descale_bytes(const Graph *g, const CuNodePlan *plans);
 /* The check the training loop runs on gradient accumulators: one launch that sets the int
  * at its scratch when n's tensor holds a NaN or an infinity. */
 bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);

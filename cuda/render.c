@@ -115,7 +115,7 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
             else snprintf(bounds, sizeof bounds, "%u", l->block);
             lines[n++] = arena_printf(a,
                                       "extern \"C\" __global__ void __launch_bounds__(%s) %s(const CkArgs a) "
-                                      "{ ck_grid_wait(); %s; }\n",
+                                      "{ ck_entry(a); %s; }\n",
                                       bounds, l->fn, l->body);
             if (l->batch)
                 lines[n++] = arena_printf(a,

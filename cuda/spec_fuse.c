@@ -811,6 +811,97 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
     return plans;
 }
 
+/* ---------------------------------------------------------------- inverse scales
+ * A GEMM of per-tensor FP8 operands reads their dequantization scales 1/s, which a one-block
+ * launch right before it writes into its scratch (ck_inv_scales): 144 launches of a GPT-2 d12
+ * step at -O1, 462 of Llama 1.1B's. Where an earlier launch writes one of the GEMM's operands
+ * (the quantize that makes it, or a launch that absorbed that quantize or its transpose), and
+ * neither it nor anything between it and the GEMM writes either operand's scale, so that the
+ * scales are final when it starts, that launch's block 0 computes the two reciprocals first
+ * (ck_entry, the same division) into a slot of the executor's descale area that only this
+ * GEMM reads, and the GEMM's own launch goes. One launch takes up to CK_MAX_INVERSE GEMMs
+ * (the quantize of dy feeds the input gradient's GEMM and the weight gradient's). Not taken:
+ * a launch of a GEMM's group (the executor may run such a group unfused), of a node that runs
+ * its own launches alone in the evaluation (CuNodePlan.alone), a batched one, or one of
+ * another phase than a forward GEMM's; the walk back stops at the update phase. The choice
+ * fuse.inverse_scales=0 (per GEMM: @ID of its plan's node) keeps the launches. */
+
+/* whether plan p does the work of node x */
+static bool plan_writes(const CuNodePlan *p, const Node *x) {
+    if (!x || !p->n_launch) return false;
+    if (p->node == x) return true;
+    for (int k = 0; k < p->n_absorbed; k++)
+        if (p->absorbed[k] == x) return true;
+    for (int k = 0; k < p->n_members; k++)
+        if (p->members[k] == x) return true;
+    return false;
+}
+
+enum { INVERSE_SLOT = 128, INVERSE_WALK = 64 };   /* bytes a GEMM's slot; plans looked back */
+
+/* plan p's launches as its own copy (plans start as copies of node_plans sharing their arrays) */
+static CuLaunch *own_launches(CuNodePlan *p, bool *owned, Arena *a) {
+    if (!*owned) {
+        CuLaunch *l = arena_alloc(a, sizeof *l * (size_t)p->n_launch);
+        memcpy(l, p->launch, sizeof *l * (size_t)p->n_launch);
+        p->launch = l;
+        *owned = true;
+    }
+    return p->launch;
+}
+
+static void fold_inverse_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
+    int64_t next_slot = 0;
+    bool *owned = arena_alloc(a, sizeof *owned * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int i = 0; i < g->n_nodes; i++) {
+        CuNodePlan *p = &plans[i];
+        const Node *gn = g->nodes[i];
+        if (p->n_launch < 2 || strncmp(p->launch[0].fn, "invscale", 8) || p->launch[1].kind != CU_GEMM ||
+            p->launch[1].gemm.scales != p->launch[0].scratch || gn->phase == PHASE_UPDATE ||
+            !fusion_on(g, "fuse.inverse_scales", p->node))
+            continue;
+        const CuLaunch *inv = &p->launch[0];
+        const Node *scale[2] = {inv->ref[1].node, inv->ref[2].node};
+        const Node *operand[2] = {p->launch[1].gemm.a.node, p->launch[1].gemm.b.node};
+        for (int j = i - 1; j >= 0 && j >= i - INVERSE_WALK; j--) {
+            CuNodePlan *q = &plans[j];
+            const Node *qn = g->nodes[j];
+            if (qn->phase == PHASE_UPDATE || (gn->phase == PHASE_FORWARD && qn->phase != PHASE_FORWARD)) break;
+            if (plan_writes(q, scale[0]) || plan_writes(q, scale[1]) ||
+                (q->alone && (plan_writes(q->alone, scale[0]) || plan_writes(q->alone, scale[1]))))
+                break;
+            if (!plan_writes(q, operand[0]) && !plan_writes(q, operand[1])) continue;
+            int last = q->n_launch - 1;
+            while (last >= 0 && q->launch[last].kind != CU_KERNEL) last--;
+            if (last < 0 || q->members || q->alone || q->launch[last].batch ||
+                q->launch[last].n_inv == CK_MAX_INVERSE)
+                break;
+            CuLaunch *hook = &own_launches(q, &owned[j], a)[last];
+            int k = hook->n_inv++;
+            hook->inv_from[2 * k] = scale[0];
+            hook->inv_from[2 * k + 1] = scale[1];
+            hook->inv_slot[k] = next_slot;
+            CuLaunch *mine = own_launches(p, &owned[i], a);
+            mine[1].gemm.descaled = true;
+            mine[1].gemm.descales = next_slot;
+            next_slot += INVERSE_SLOT;
+            p->launch = mine + 1;   /* the invscale launch goes */
+            p->n_launch--;
+            break;
+        }
+    }
+}
+
+/* The bytes of the descale area the plans' GEMMs read (fold_inverse_scales). */
+int64_t cuda_plan_descale_bytes(const Graph *g, const CuNodePlan *plans) {
+    int64_t bytes = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < plans[i].n_launch; k++)
+            for (int j = 0; j < plans[i].launch[k].n_inv; j++)
+                if (plans[i].launch[k].inv_slot[j] + INVERSE_SLOT > bytes) bytes = plans[i].launch[k].inv_slot[j] + INVERSE_SLOT;
+    return bytes;
+}
+
 CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a) {
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     memcpy(plans, node_plans, sizeof *plans * (size_t)g->n_nodes);
@@ -848,5 +939,6 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
         }
         plans[r] = fused;
     }
+    fold_inverse_scales(g, plans, a);
     return plans;
 }

@@ -263,6 +263,18 @@ static __device__ float ck_block_max(float v) {
  * before it reads anything. Launched without, the wait returns at once. */
 static __device__ __forceinline__ void ck_grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+/* The entry of a launch that is not batched: the wait, then, in block 0, the reciprocals of
+ * the scales of the GEMMs that fold_inverse_scales (spec_fuse.c) gave it (the division
+ * ck_inv_scales makes: the same bits), before the kernel's own work. */
+static __device__ __forceinline__ void ck_entry(const CkArgs &a) {
+    ck_grid_wait();
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 2 * CK_MAX_INVERSE) {
+        float *to = a.inv_to[threadIdx.x >> 1];
+        const float *s = a.inv_from[threadIdx.x];
+        if (to && s) to[16 * (threadIdx.x & 1)] = 1.0f / s[0];
+    }
+}
+
 /* The block's index and the grid's size as the argument block a sees them: in a batched
  * launch, those of a's own entry. */
 #define CK_BLOCK ((i64)blockIdx.x - (i64)a.grid_base)

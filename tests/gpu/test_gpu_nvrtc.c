@@ -433,6 +433,109 @@ static void test_cast_transpose_plan(void **state) {
     }
 }
 
+/* A GEMM's dequantization scales computed by an earlier launch (spec_fuse.c,
+ * fold_inverse_scales), checked by running the plans' launch order on the host: the launches
+ * of the micro-step (every forward and backward node, in order) and of the evaluation (the
+ * forward nodes, each with its plan or the one it runs alone). Every node counts the
+ * plans that write it (the plan that does its work: its node, an absorbed node or a
+ * member); a launch with inverse jobs records, per slot, which scale nodes it read and their
+ * counts; a GEMM that reads a slot must find it recorded, from its own operands' scales
+ * (cuBLAS's A side first), with the counts unchanged since: the scales it would have
+ * divided itself. Counts the folded GEMMs and the invscale launches left. */
+typedef struct {
+    int folded, left;
+} InverseCount;
+
+static InverseCount check_inverse_order(const Graph *g, const CuNodePlan *plans, bool eval) {
+    InverseCount n = {0, 0};
+    int64_t bytes = cuda_plan_descale_bytes(g, plans), n_slots = bytes / 128 + 1;
+    int *writes = calloc((size_t)g->n_nodes, sizeof *writes);
+    const Node **from = calloc((size_t)(2 * n_slots), sizeof *from);
+    int *at = calloc((size_t)(2 * n_slots), sizeof *at);
+    assert_true(writes && from && at);
+    for (int64_t s = 0; s < 2 * n_slots; s++) at[s] = -1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *m = g->nodes[i];
+        if (m->phase == PHASE_UPDATE || (eval && m->phase != PHASE_FORWARD)) continue;
+        const CuNodePlan *p = eval && plans[i].alone ? plans[i].alone : &plans[i];
+        for (int k = 0; k < p->n_launch; k++) {
+            const CuLaunch *l = &p->launch[k];
+            for (int j = 0; j < l->n_inv; j++) {
+                int64_t slot = l->inv_slot[j] / 128;
+                assert_true(l->inv_slot[j] % 128 == 0 && l->inv_slot[j] + 128 <= bytes);
+                for (int h = 0; h < 2; h++) {
+                    from[2 * slot + h] = l->inv_from[2 * j + h];
+                    at[2 * slot + h] = l->inv_from[2 * j + h] ? writes[l->inv_from[2 * j + h]->index] : -1;
+                }
+            }
+            if (l->kind == CU_KERNEL && !strncmp(l->fn, "invscale", 8)) n.left++;
+            if (l->kind != CU_GEMM || !l->gemm.descaled) continue;
+            const CuGemm *gm = &l->gemm;
+            int64_t slot = gm->descales / 128;
+            const Node *want[2] = {gm->a.node->t.fmt.scale, gm->b.node->t.fmt.scale};
+            for (int h = 0; h < 2; h++) {
+                assert_ptr_equal(from[2 * slot + h], want[h]);
+                assert_int_equal(at[2 * slot + h], writes[want[h]->index]);
+            }
+            n.folded++;
+        }
+        /* this plan's writes count after its launches' reads (a hook never writes its scales) */
+        if (p->n_launch) {
+            writes[p->node->index]++;
+            for (int k = 0; k < p->n_absorbed; k++) writes[p->absorbed[k]->index]++;
+            for (int k = 0; k < p->n_members; k++)
+                if (p->members[k] != p->node) writes[p->members[k]->index]++;
+        }
+    }
+    free(writes);
+    free(from);
+    free(at);
+    return n;
+}
+
+static void test_inverse_scales_plan(void **state) {
+    (void)state;
+    char why[512], path[4500];
+    static const struct {
+        const char *model;
+        int batch, seq, level, folded, left;
+    } cases[] = {
+        {"gpt2", 32, 1024, 1, 132, 12}, {"gpt2", 32, 1024, 3, 132, 24}, {"llama", 4, 2048, 1, 440, 22},
+        {"gpt2_tiny", 2, 64, 1, -1, -1}, {"gpt2_tiny", 2, 64, 2, -1, -1}, {"gpt2_tiny", 2, 64, 3, -1, -1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Arena *a = arena_new();
+        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, cases[c].model);
+        BuildOptions o;
+        memset(&o, 0, sizeof o);
+        o.front.batch = cases[c].batch;
+        o.front.seq = cases[c].seq;
+        o.passes.opt_level = cases[c].level;
+        diag_reset();
+        Graph *g = pipeline_compile(a, path, &o);
+        assert_true(g && !diag_error_count());
+        CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+        InverseCount micro = check_inverse_order(g, plans, false), eval = check_inverse_order(g, plans, true);
+        printf("  %s O%d batch %d x %d: %d GEMMs read scales an earlier launch made (%d in the evaluation), %d "
+               "invscale launches left\n", cases[c].model, cases[c].level, cases[c].batch, cases[c].seq,
+               micro.folded, eval.folded, micro.left);
+        assert_true(micro.folded > 0 && eval.folded > 0);
+        if (cases[c].folded >= 0) {
+            assert_int_equal(micro.folded, cases[c].folded);
+            assert_int_equal(micro.left, cases[c].left);
+        }
+        /* switched off, every GEMM makes its own */
+        ir_set_choice(g, "fuse.inverse_scales", "0");
+        plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+        InverseCount off = check_inverse_order(g, plans, false);
+        assert_int_equal(off.folded, 0);
+        assert_int_equal(off.left, micro.folded + micro.left);
+        ir_set_choice(g, "fuse.inverse_scales", "1");
+        if (!strcmp(cases[c].model, "gpt2_tiny")) assert_module_compiles(g);
+        arena_free(a);
+    }
+}
+
 /* GELU in cuBLASLt's epilogues (spec.c, gemm_gelu and epilogue_of). gpt2_tiny has one GELU a
  * layer, four layers:
  *  - -O0: each c_fc GEMM computes its GELU (GELU_AUX_BIAS: D the GELU, aux the bias add that the
@@ -658,7 +761,7 @@ static void test_fusion_switches(void **state) {
     (void)state;
     static const char *const kinds[] = {"fuse.producer_quantizes", "fuse.bias_grads", "fuse.group_quantizes", "fuse.input_group_copies",
                                         "fuse.ce_one_pass", "fuse.ce_lse", "fuse.gemm_epilogues",
-                                        "fuse.gemm_gelu", "fuse.cast_transposes"};
+                                        "fuse.gemm_gelu", "fuse.cast_transposes", "fuse.inverse_scales"};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         int changed_at = -1;
         for (int level = 0; level <= 3 && changed_at < 0; level++) {
@@ -804,6 +907,7 @@ int main(void) {
                                        cmocka_unit_test(test_grouped_scales_plan),
                                        cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_cast_transpose_plan),
+                                       cmocka_unit_test(test_inverse_scales_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_loss_one_pass_plan),
                                        cmocka_unit_test(test_loss_choices_plan),
