@@ -23,7 +23,7 @@
 #define CK_AMAX_AT (CK_MAX_IATTR - 1)
 #define CK_AMAX_PARTS 1024
 /* GEMMs whose dequantization scales one launch computes before its own work (ck_entry) */
-#define CK_MAX_INVERSE 2
+#define CK_MAX_INVERSE 4
 
 typedef struct {
     void *p;                /* element data (device) */

@@ -820,10 +820,13 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
  * scales are final when it starts, that launch's block 0 computes the two reciprocals first
  * (ck_entry, the same division) into a slot of the executor's descale area that only this
  * GEMM reads, and the GEMM's own launch goes. One launch takes up to CK_MAX_INVERSE GEMMs
- * (the quantize of dy feeds the input gradient's GEMM and the weight gradient's). Not taken:
+ * (the quantize of dy feeds the input gradient's GEMM and the weight gradient's; Llama's
+ * normed input feeds the q, k and v projections). Not taken:
  * a launch of a GEMM's group (the executor may run such a group unfused), of a node that runs
  * its own launches alone in the evaluation (CuNodePlan.alone), a batched one, or one of
- * another phase than a forward GEMM's; the walk back stops at the update phase. The choice
+ * another phase than a forward GEMM's (nodes whose work other launches do are passed over:
+ * the backward's transposes that forward launches write); the walk back stops at the update
+ * phase. The choice
  * fuse.inverse_scales=0 (per GEMM: @ID of its plan's node) keeps the launches. */
 
 /* whether plan p does the work of node x */
@@ -837,7 +840,7 @@ static bool plan_writes(const CuNodePlan *p, const Node *x) {
     return false;
 }
 
-enum { INVERSE_SLOT = 128, INVERSE_WALK = 64 };   /* bytes a GEMM's slot; plans looked back */
+enum { INVERSE_SLOT = 128, INVERSE_WALK = 4096 };   /* bytes a GEMM's slot; nodes looked back */
 
 /* plan p's launches as its own copy (plans start as copies of node_plans sharing their arrays) */
 static CuLaunch *own_launches(CuNodePlan *p, bool *owned, Arena *a) {
@@ -866,6 +869,7 @@ static void fold_inverse_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
         for (int j = i - 1; j >= 0 && j >= i - INVERSE_WALK; j--) {
             CuNodePlan *q = &plans[j];
             const Node *qn = g->nodes[j];
+            if (!q->n_launch) continue;   /* its work is done elsewhere (or is none) */
             if (qn->phase == PHASE_UPDATE || (gn->phase == PHASE_FORWARD && qn->phase != PHASE_FORWARD)) break;
             if (plan_writes(q, scale[0]) || plan_writes(q, scale[1]) ||
                 (q->alone && (plan_writes(q->alone, scale[0]) || plan_writes(q->alone, scale[1]))))
