@@ -11,8 +11,9 @@
  *  - fp8c's own executable, byte for byte: its passes, renderers and the kernel library text it
  *    embeds. Any change to fp8c is a new key, with no version number to forget to bump;
  *  - the build flags as given (every argument before `--`, less `-o NAME`), each followed by
- *    the contents of the file it names when it names a readable file: the model, a --policy
- *    file, and whatever file a future flag names, without this file having to know the flag;
+ *    the contents of the file it names when it (or its value, in `--flag=VALUE`) names a
+ *    readable file: the model, a --policy file, and whatever file a future flag names, without
+ *    this file having to know the flag;
  *  - every FP8C_* environment variable (name and value, sorted) but FP8C_CACHE_DIR and
  *    FP8C_NO_CACHE, which say where the cache is and whether to use it: FP8C_GPU, FP8C_CPU,
  *    FP8C_CC, FP8C_LIBDIR, FP8C_CUDA_INCLUDE and the rest, including ones no build reads;
@@ -193,6 +194,16 @@ static bool names_regular_file(const char *path)
     return *path && stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, R_OK) == 0;
 }
 
+/* The file a flag's word names, or NULL: the word itself (`--policy rules.txt` gives the path
+ * as a word of its own), else the value of `--flag=VALUE`, spelled in one word, so that
+ * `--policy=rules.txt` keys the binary by the file's contents as the spaced spelling does. */
+static const char *flag_file(const char *word)
+{
+    if (names_regular_file(word)) return word;
+    const char *eq = strncmp(word, "--", 2) ? NULL : strchr(word, '=');
+    return eq && names_regular_file(eq + 1) ? eq + 1 : NULL;
+}
+
 /* The program `name` as exec would find it on PATH, in out; false when it is nowhere. */
 static bool find_on_path(const char *name, char *out, size_t len)
 {
@@ -288,7 +299,8 @@ bool cache_make_key(char **flags, int n_flags, char key[65])
             continue;
         }
         sha_string(&s, "flag", flags[i]);
-        if (names_regular_file(flags[i]) && !sha_file(&s, "file", flags[i])) return false;
+        const char *path = flag_file(flags[i]);
+        if (path && !sha_file(&s, "file", path)) return false;
     }
 
     /* the environment fp8c reads, and any FP8C_ variable it may read one day */

@@ -215,6 +215,24 @@ static void test_any_change_misses(void **state) {
     assert_true(same_bytes("copy", "restored"));
     free(text);
 
+    /* a --policy file edited in place: its contents are an input, in either spelling */
+    char flags[700];
+    for (int joined = 0; joined < 2; joined++) {
+        char first[32], edited[32], back[32];
+        snprintf(first, sizeof first, "policy%d", joined);
+        snprintf(edited, sizeof edited, "policy%d_edited", joined);
+        snprintf(back, sizeof back, "policy%d_back", joined);
+        snprintf(flags, sizeof flags, "-O1 --policy%s%s/rules.txt", joined ? "=" : " ", tmp_dir);
+        write_tmp("rules.txt", "wte.weight=f32\n", 15);
+        build_as(BUILT, quick_env, model, flags, first);
+        write_tmp("rules.txt", "wte.weight=f16\n", 15);
+        build_as(BUILT, quick_env, model, flags, edited);
+        assert_false(same_bytes(first, edited));
+        write_tmp("rules.txt", "wte.weight=f32\n", 15);
+        build_as(CACHED, quick_env, model, flags, back);
+        assert_true(same_bytes(first, back));
+    }
+
     /* any FP8C_ variable is an input, even one this build does not read; the cache's own are
      * not */
     char env[800];
