@@ -194,10 +194,7 @@ static bool names_regular_file(const char *path)
     return *path && stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, R_OK) == 0;
 }
 
-/* The file a flag's word names, or NULL: the word itself (`--policy rules.txt` gives the path
- * as a word of its own), else the value of `--flag=VALUE`, spelled in one word, so that
- * `--policy=rules.txt` keys the binary by the file's contents as the spaced spelling does. */
-static const char *flag_file(const char *word)
+const char *cache_flag_file(const char *word)
 {
     if (names_regular_file(word)) return word;
     const char *eq = strncmp(word, "--", 2) ? NULL : strchr(word, '=');
@@ -299,7 +296,7 @@ bool cache_make_key(char **flags, int n_flags, char key[65])
             continue;
         }
         sha_string(&s, "flag", flags[i]);
-        const char *path = flag_file(flags[i]);
+        const char *path = cache_flag_file(flags[i]);
         if (path && !sha_file(&s, "file", path)) return false;
     }
 

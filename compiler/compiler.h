@@ -106,6 +106,10 @@ CacheResult cache_fetch_binary(const char *key, const char *out_path, BuildSumma
 void cache_store_binary(const char *key, const char *bin_path, const BuildSummary *s,
                         const char *notes);
 void cache_sha256_hex(const void *data, size_t n, char hex[65]);
+/* The readable file a flag's word names, or NULL: the word itself (`--policy rules.txt` gives
+ * the path as a word of its own), else the value of a `--flag=VALUE` word, so that both
+ * spellings key a binary or a tuning record by the file's contents. */
+const char *cache_flag_file(const char *word);
 
 /* ---------------------------------------------------------------- tune_record.c */
 

@@ -17,7 +17,8 @@
  *    them). The description is kept beside it for people to read.
  *  - fp8c: the version string.
  *  - model: a SHA-256 of the model file's text and the build flags that shape the graph (what
- *    `fp8c build` is given, less the output, the record itself and the tuner's own flags).
+ *    `fp8c build` is given, less the output, the record itself and the tuner's own flags),
+ *    each flag followed by the contents of the file it names (a --policy or --config file).
  *
  * Reading is strict: a file that is not JSON, or lacks a field, or has a choice name or value
  * the choice table does not allow, is one line naming the file and the field, and no record.
@@ -58,6 +59,33 @@ static bool flag_is_ignored(const char *f, bool *takes_value)
     return false;
 }
 
+/* The SHA-256 of a file a flag names, as a NUL-terminated field of the model key. */
+static bool hash_named_file(FILE *key, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = f ? open_memstream(&text, &len) : NULL;
+    char chunk[65536];
+    size_t got;
+    while (m && (got = fread(chunk, 1, sizeof chunk, f)) > 0) fwrite(chunk, 1, got, m);
+    bool ok = m && !ferror(f);
+    int err = errno;
+    if (f) fclose(f);
+    if (m) fclose(m);
+    if (!ok) {
+        fprintf(stderr, "fp8c: error: cannot read '%s': %s\n", path, strerror(err));
+        free(text);
+        return false;
+    }
+    char hex[65];
+    cache_sha256_hex(text, len, hex);
+    free(text);
+    fputs(hex, key);
+    fputc(0, key);
+    return true;
+}
+
 bool tune_model_key(const char *model, char **flags, int n_flags, char hex[65], char *shown,
                     size_t shown_len)
 {
@@ -87,6 +115,14 @@ bool tune_model_key(const char *model, char **flags, int n_flags, char hex[65], 
         if (!strcmp(flags[i], model)) continue;   /* the file's text is hashed, not its path */
         fputs(flags[i], m);
         fputc(0, m);
+        /* a file a flag names (--policy, --config) shapes the graph by what it holds: an edited
+         * one is another model, whatever its path */
+        const char *named = cache_flag_file(flags[i]);
+        if (named && !hash_named_file(m, named)) {
+            fclose(m);
+            free(buf);
+            return false;
+        }
         if (at + strlen(flags[i]) + 2 < shown_len)
             at += (size_t)snprintf(shown + at, shown_len - at, "%s%s", at ? " " : "", flags[i]);
     }

@@ -301,6 +301,53 @@ static void test_mismatch_refused(void **state) {
     }
 }
 
+/* A record made with a --policy file, which is then edited: the graph is another, so the
+ * record is refused as another model's, in either spelling of the flag; the file put back, it
+ * fits again. */
+static void test_edited_policy_refused(void **state) {
+    (void)state;
+    char rules[512];
+    snprintf(rules, sizeof rules, "%s/rules.txt", tmp_dir);
+    for (int joined = 0; joined < 2; joined++) {
+        FILE *f = fopen(rules, "w");
+        assert_non_null(f);
+        fputs("wte.weight=f32\n", f);
+        assert_int_equal(fclose(f), 0);
+        char policy[600], tag[64], out[300];
+        snprintf(policy, sizeof policy, "--policy%s%s", joined ? "=" : " ", rules);
+        snprintf(tag, sizeof tag, "policy_tune%d", joined);
+        int rc = run(tag, "%s %s tune %s %s %s --device cpu --budget 0.001 --tune-steps 4 -o %s/%s.json", env,
+                     fp8c, model, model_flags, policy, tmp_dir, tag);
+        snprintf(out, sizeof out, "%s.out", tag);
+        char *text = slurp(out);
+        if (rc != 0) fail_msg("fp8c tune %s failed (%d):\n%s", policy, rc, text);
+        free(text);
+        f = fopen(rules, "w");
+        assert_non_null(f);
+        fputs("wte.weight=f16\n", f);
+        assert_int_equal(fclose(f), 0);
+        char use[64];
+        snprintf(use, sizeof use, "policy_plan%d", joined);
+        rc = run(use, "%s %s plan %s %s %s --tune %s/%s.json", env, fp8c, model, model_flags, policy, tmp_dir,
+                 tag);
+        snprintf(out, sizeof out, "%s.out", use);
+        text = slurp(out);
+        if (rc != 1 || !strstr(text, "another model") || count_lines(text) != 1)
+            fail_msg("%s, edited: want one line naming another model and status 1, got %d:\n%s", policy, rc,
+                     text);
+        free(text);
+        f = fopen(rules, "w");
+        assert_non_null(f);
+        fputs("wte.weight=f32\n", f);
+        assert_int_equal(fclose(f), 0);
+        rc = run(use, "%s %s plan %s %s %s --tune %s/%s.json", env, fp8c, model, model_flags, policy, tmp_dir,
+                 tag);
+        text = slurp(out);
+        if (rc != 0) fail_msg("%s, put back: the record should fit, got %d:\n%s", policy, rc, text);
+        free(text);
+    }
+}
+
 /* A GPU's record where fp8c sees no GPU: a note that the binary checks the device when it
  * starts, and the winners (a GEMM problem's algorithm, a fusion off) and the record's device
  * fingerprint in the artifact. */
@@ -498,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_reuse_is_bit_identical), cmocka_unit_test(test_mismatch_refused),
         cmocka_unit_test(test_malformed_refused), cmocka_unit_test(test_plan_shows_the_record),
         cmocka_unit_test(test_memory_budget_unreachable), cmocka_unit_test(test_gpu_record_without_gpu),
+        cmocka_unit_test(test_edited_policy_refused),
         cmocka_unit_test(test_list_candidates),  cmocka_unit_test(test_attention_y_point),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
