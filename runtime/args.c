@@ -63,8 +63,8 @@ static const RtFlag train_flags[] = {
                                         "(DIR/config.json, DIR/model.safetensors in f32) and stop"),
     SWITCH("eval-only", eval_only, "print the validation loss of the initial (--init) or resumed\n"
                                  "state, write it to --log, and stop; needs --val or a text --data"),
-    SWITCH("overwrite", overwrite, "let a run that does not resume write into an --out that holds\n"
-                                 "another run's checkpoints (its latest is removed at the start)\n"
+    SWITCH("overwrite", overwrite, "let a run write into an --out that holds checkpoints of a run\n"
+                                 "it does not resume (their latest is removed at the start)\n"
                                  "and start a non-empty --log afresh; without it both are refused;\n"
                                  "it lets --export-hf replace the model in its DIR"),
     HEADING("sampling (on the host, through the reference executor; trains nothing)"),

@@ -505,18 +505,48 @@ static bool train_open_data(const TrainOptions *o, const Model *m, TokenData *tr
     return true;
 }
 
+/* Whether --out is the directory of the checkpoint --resume names (the directory itself, or
+ * the one its file is in): the run it continues, whose checkpoints this run's join. Read from
+ * the path alone, before the checkpoint is, and silent: --resume's own errors come later. */
+static bool train_out_is_resumed_dir(const TrainOptions *o) {
+    if (!o->resume || !o->out) return false;
+    char dir[4096];
+    struct stat a, b;
+    snprintf(dir, sizeof dir, "%s", o->resume);
+    if (stat(dir, &a) != 0 || !S_ISDIR(a.st_mode)) {
+        char *slash = strrchr(dir, '/');
+        if (!slash) snprintf(dir, sizeof dir, ".");
+        else if (slash == dir) dir[1] = 0;
+        else *slash = 0;
+        if (stat(dir, &a) != 0) return false;
+    }
+    return stat(o->out, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 /* Nothing a previous run wrote is lost by mistake. A run that does not resume would write
  * step_000001... and `latest` over another run's checkpoints in --out and start --log afresh,
  * so both are refused unless --overwrite says that is meant, before anything is read or
- * written. A resumed run is meant to share them. Exit status 2, as for a flag: the fix is one. */
+ * written. A resumed run is meant to share them with the run it continues, and only with it:
+ * an --out that holds checkpoints of a run other than the one --resume names (the checkpoint
+ * is not in it) would have its `latest` and its files of the same steps replaced, and is
+ * refused the same way. Exit status 2, as for a flag: the fix is one. */
 static bool train_check_fresh(const TrainOptions *o) {
-    if (o->resume || o->overwrite || o->eval_only) return true;   /* --eval-only only appends */
+    if (o->overwrite || o->eval_only) return true;   /* --eval-only only appends */
     char found[256];
     if (o->out && rt_ckpt_dir_holds_run(o->out, found, sizeof found)) {
-        rt_error("%s: holds another run's checkpoints (%s): give --resume %s to continue that "
-                 "run, or --overwrite to start a new one there", o->out, found, o->out);
-        return false;
+        if (!o->resume) {
+            rt_error("%s: holds another run's checkpoints (%s): give --resume %s to continue that "
+                     "run, or --overwrite to start a new one there", o->out, found, o->out);
+            return false;
+        }
+        if (!train_out_is_resumed_dir(o)) {
+            rt_error("%s: holds another run's checkpoints (%s), not the one --resume %s continues: "
+                     "give that run's directory as --out, or --overwrite to write there", o->out,
+                     found, o->resume);
+            return false;
+        }
     }
+    if (o->resume) return true;
     struct stat st;
     if (o->log && stat(o->log, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
         rt_error("%s: the log file holds another run's lines: give --resume to continue that "
@@ -662,18 +692,18 @@ static bool train_join(const RtDevice *d, const TrainOptions *o) {
 }
 
 int rt_train(Graph *g, const TrainOptions *o) {
-    TrainOptions run;   /* a resumed training run takes its settings that are not given */
-    if (o->resume && !o->eval_only && !o->export_hf && !o->generate) {
-        run = *o;
-        int bad = rt_ckpt_restore_run(g, &run);
-        if (bad) return bad;
-        o = &run;
-    }
     if (o->export_hf) return train_export(g, o);
     if (o->generate) return train_generate(g, o);
     /* (a rank after 0 writes neither --out nor --log: rank 0, started at about the same
      * time with the same flags, may already have begun them) */
     if ((o->world_size <= 1 || o->rank == 0) && !train_check_fresh(o)) return 2;
+    TrainOptions run;   /* a resumed training run takes its settings that are not given */
+    if (o->resume && !o->eval_only) {
+        run = *o;
+        int bad = rt_ckpt_restore_run(g, &run);
+        if (bad) return bad;
+        o = &run;
+    }
     if (o->gpus > 1) return train_launch(g, o);
     if (o->world_size > 1 && !train_world_device_ok(g, o->world_size, "--world-size")) return 1;
     return train_rank_run(g, o);
@@ -744,7 +774,7 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
     memset(&mem, 0, sizeof mem);
     int removed = 0;
     if (o->out && !rt_ckpt_open_dir(o->out, &removed)) goto out;
-    if (o->out && o->overwrite && !o->resume && !train_forget_latest(o->out)) goto out;
+    if (o->out && o->overwrite && !train_out_is_resumed_dir(o) && !train_forget_latest(o->out)) goto out;
     if (removed)
         rt_note("%s: removed %d temp file%s left by interrupted saves", o->out, removed,
                 removed == 1 ? "" : "s");

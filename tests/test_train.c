@@ -595,6 +595,19 @@ static void test_refuses_another_run(void **state) {
     fclose(f);
     expect_one_line("latest", 2, "--overwrite",
                     run("latest", "%s/bin --data %s %s --out %s/q", tmp_dir, data, common, tmp_dir));
+    /* a resumed run shares --out with the run it continues, not with a third: resumed from o
+     * into r, which holds another run's step 2, it would replace that file and r's latest */
+    rc = run("other", "%s/bin --data %s --steps 2 --eval-every 0 --seed 5 --out %s/r", tmp_dir, data,
+             tmp_dir);
+    if (rc != 0) fail_msg("other run failed (%d):\n%s", rc, slurp("other.out"));
+    char *other = slurp("r/step_000002.safetensors"), *other_latest = slurp("r/latest");
+    expect_one_line("into", 2, "--overwrite",
+                    run("into", "%s/bin --data %s --steps 2 --eval-every 0 --resume %s/o --out %s/r",
+                        tmp_dir, data, tmp_dir, tmp_dir));
+    char *other2 = slurp("r/step_000002.safetensors"), *other_latest2 = slurp("r/latest");
+    assert_memory_equal(other, other2, 4096);
+    assert_string_equal(other_latest, other_latest2);
+    free(other), free(other2), free(other_latest), free(other_latest2);
     /* --overwrite starts over: the log holds this run's one line, not two */
     rc = run("over", "%s/bin --data %s %s --out %s/o --log %s/l.jsonl --overwrite", tmp_dir, data,
              common, tmp_dir, tmp_dir);
