@@ -74,6 +74,7 @@ typedef struct {
     SrcLoc loc;             /* where it was written, for errors found when it is applied */
     const char *text;
     bool refused;           /* reported once; the tensors it matched keep their defaults */
+    bool matched;           /* some tensor or GEMM matched it (a later rule may have won) */
 } Rule;
 
 typedef struct {
@@ -153,7 +154,7 @@ static void policy_add(Policy *p, Arena *a, const char *text, SrcLoc loc)
         diag_error(loc, "a precision rule is PATTERN=FORMAT, not '%s'", text);
         return;
     }
-    Rule r = {RULE_TENSOR, 0, NULL, {0}, loc, arena_strdup(a, text), false};
+    Rule r = {RULE_TENSOR, 0, NULL, {0}, loc, arena_strdup(a, text), false, false};
     const char *pat = text;
     static const struct { const char *prefix; int gemms; } gemm_prefixes[] = {
         {"gemm:", GEMM_ALL}, {"gemm.fwd:", GEMM_FWD}, {"gemm.dgrad:", GEMM_DGRAD}, {"gemm.wgrad:", GEMM_WGRAD},
@@ -234,15 +235,18 @@ static bool policy_load_file(Policy *p, Arena *a, const char *path)
     return true;
 }
 
-/* The last matching rule of a kind, or NULL; gemm: rules must also cover the GEMM kind. */
+/* The last matching rule of a kind, or NULL; gemm: rules must also cover the GEMM kind. Every
+ * rule that matches is marked, the ones a later rule overrides too. */
 static Rule *policy_match_gemm(const Policy *p, RuleKind kind, int gemm, const char *name)
 {
     if (!name) return NULL;
     Rule *found = NULL;
     for (int i = 0; i < p->n_rules; i++)
         if (p->rules[i].kind == kind && (!gemm || (p->rules[i].gemms & gemm)) &&
-            fnmatch(p->rules[i].pattern, name, 0) == 0)
+            fnmatch(p->rules[i].pattern, name, 0) == 0) {
             found = &p->rules[i];
+            found->matched = true;
+        }
     return found;
 }
 
@@ -708,6 +712,30 @@ static bool policy_build(Policy *policy, Arena *a, const PassOptions *opt)
     return diag_error_count() == errors;
 }
 
+/* A user's rule that matched nothing in the whole step would be obeyed in name only, most often
+ * a misspelt name (`gemm:h.*.mlp.c_fc.wieght=bf16` leaves every GEMM as it was): it is an error
+ * at the rule, as a decay pattern that matches no parameter is (lower_program.c). A recipe's
+ * rules are written for every model and may find nothing in one; comm: rules are the comm
+ * pass's. False after reporting. */
+static bool policy_all_matched(const Policy *p)
+{
+    static const char *const what[] = {
+        [RULE_TENSOR] = "parameter or optimizer state",
+        [RULE_GEMM] = "GEMM's weight (or result, without a weight)",
+        [RULE_SAVED] = "value the backward reads",
+        [RULE_VALUE] = "value stored in 16 bits (losses and scalars stay f32)",
+    };
+    bool ok = true;
+    for (int i = 0; i < p->n_rules; i++) {
+        const Rule *r = &p->rules[i];
+        if (r->matched || r->kind == RULE_COMM || !strncmp(r->loc.file, "<recipe ", 8)) continue;
+        diag_error(r->loc, "'%s' matches no %s in the step (fp8c plan lists the names)", r->text,
+                   what[r->kind]);
+        ok = false;
+    }
+    return ok;
+}
+
 /* The comm pass asks for its one rule here rather than parse rules itself, so that a comm:
  * rule is read, checked and reported exactly as every other rule. The precision pass has
  * already reported a bad rule when the pipeline gets to comm, and stopped it. */
@@ -848,6 +876,7 @@ bool pass_precision(Graph *g, const PassOptions *opt)
         }
         x->t.saved_as = want;
     }
+    if (!policy_all_matched(&policy)) return false;
     attention_reads_y(g);
     return true;
 }

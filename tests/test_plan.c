@@ -496,6 +496,23 @@ static void expect_rule_refused(const char *rule, const char *why, bool names_ru
     arena_free(a);
 }
 
+/* A rule that matches nothing in the step is refused at the rule, whatever its kind, rather
+ * than obeyed in name only: most often it is a misspelt name. */
+static void test_unmatched_rules_refused(void **s)
+{
+    (void)s;
+    const char *refused[][2] = {
+        {"h.*.attn.c_attn.wieght=f32", "matches no parameter or optimizer state"},
+        {"tokens=f32", "matches no parameter or optimizer state"},
+        {"gemm:h.*.mlp.c_fc.wieght=bf16", "matches no GEMM"},
+        {"gemm.wgrad:h.9.*=bf16", "matches no GEMM"},
+        {"saved:h.*.mpl=bf16", "matches no value the backward reads"},
+        {"value:loss=bf16", "matches no value stored in 16 bits"},
+    };
+    for (size_t k = 0; k < sizeof refused / sizeof refused[0]; k++)
+        expect_rule_refused(refused[k][0], refused[k][1], true);
+}
+
 /* Rules for stored tensors either hold on the reference executor's tensors after a step or are
  * refused where they are written: an FP8 Adam state keeps a scale for each group of 128 (the
  * range-expansion codec, whose side values the update wrote), and forms the update cannot
@@ -844,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_gemm_rules_reach_every_gemm),
         cmocka_unit_test(test_grouped_rules_give_wgrad_per_tensor),
         cmocka_unit_test(test_state_rules_hold_or_are_refused),
+        cmocka_unit_test(test_unmatched_rules_refused),
         cmocka_unit_test(test_unaligned_gemms_fall_back),
         cmocka_unit_test(test_head_with_bias_stays_bf16),
         cmocka_unit_test(test_plan_shows_recomputed),
