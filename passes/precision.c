@@ -231,8 +231,12 @@ static bool policy_load_file(Policy *p, Arena *a, const char *path)
         diag_register_source(path, all);
         policy_add(p, a, s, (SrcLoc){path, lineno, (int)(s - line) + 1});
     }
+    /* a read that fails (a directory opens, then reads EISDIR) is not an empty policy */
+    bool ok = !ferror(f);
+    int err = errno;
     fclose(f);
-    return true;
+    if (!ok) diag_error((SrcLoc){path, 0, 0}, "cannot read the policy file: %s", strerror(err));
+    return ok;
 }
 
 /* The last matching rule of a kind, or NULL; gemm: rules must also cover the GEMM kind. Every

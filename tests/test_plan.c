@@ -513,6 +513,36 @@ static void test_unmatched_rules_refused(void **s)
         expect_rule_refused(refused[k][0], refused[k][1], true);
 }
 
+/* A policy file that cannot be read is an error naming it, not an empty policy: a directory
+ * opens as a file would and fails only when read. */
+static void test_policy_directory_refused(void **s)
+{
+    (void)s;
+    char dir[] = "/tmp/fp8c-test-policy-dir-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    Arena *a = arena_new();
+    BuildOptions o = {0};
+    o.front.batch = 2, o.front.seq = 16;
+    o.passes.policy_file = dir;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *capture = open_memstream(&text, &size);
+    diag_reset();
+    diag_set_stream(capture);
+    Graph *g = pipeline_compile(a, FP8C_SOURCE_DIR "/models/gpt2_tiny.model", &o);
+    diag_set_stream(NULL);
+    fclose(capture);
+    print_message("%s", text);
+    assert_null(g);
+    char want[256];
+    snprintf(want, sizeof want, "%s: error: cannot read the policy file: ", dir);
+    assert_non_null(strstr(text, want));
+    assert_int_equal(diag_error_count(), 1);
+    free(text);
+    rmdir(dir);
+    arena_free(a);
+}
+
 /* Rules for stored tensors either hold on the reference executor's tensors after a step or are
  * refused where they are written: an FP8 Adam state keeps a scale for each group of 128 (the
  * range-expansion codec, whose side values the update wrote), and forms the update cannot
@@ -862,6 +892,7 @@ int main(void)
         cmocka_unit_test(test_grouped_rules_give_wgrad_per_tensor),
         cmocka_unit_test(test_state_rules_hold_or_are_refused),
         cmocka_unit_test(test_unmatched_rules_refused),
+        cmocka_unit_test(test_policy_directory_refused),
         cmocka_unit_test(test_unaligned_gemms_fall_back),
         cmocka_unit_test(test_head_with_bias_stays_bf16),
         cmocka_unit_test(test_plan_shows_recomputed),
