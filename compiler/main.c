@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_DEFINES 64
@@ -732,9 +733,35 @@ static bool make_binary(Args *a, const char *out, BuildSummary *sum)
     return true;
 }
 
+/* The input of the build that -o names, or NULL: the model, or a file another flag names
+ * (--policy, --config, --tune). The binary is renamed over its output, so such an -o would
+ * replace the model text or the rules with the binary made from them. */
+static const char *output_input(const Args *a)
+{
+    struct stat out;
+    if (stat(a->output, &out) != 0) return NULL;
+    for (int i = 0; i < a->n_flags; i++) {
+        const char *w = a->flags[i];
+        if (!strcmp(w, "--")) break;
+        if (!strcmp(w, "-o")) i++;   /* the output itself, as -o NAME or -oNAME */
+        if (!strncmp(w, "-o", 2)) continue;
+        const char *path = cache_flag_file(w);
+        struct stat in;
+        if (path && stat(path, &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino)
+            return path;
+    }
+    return NULL;
+}
+
 static int cmd_build(Args *a)
 {
     if (!a->output) bad_flag("build needs -o NAME%s", "");
+    const char *input = output_input(a);
+    if (input) {
+        fprintf(stderr, "fp8c: error: -o %s names an input of the build (%s): the binary would "
+                        "replace it\n", a->output, input);
+        exit(2);
+    }
     if (a->build.stop_after) {   /* the passes up to one, to print the IR: no binary */
         compile_or_exit(session_arena(), a);
         return 0;

@@ -414,6 +414,43 @@ static void test_command_line(void **state) {
     assert_non_null(strstr(a, "--precision 'gemm:*=e4m3:block128'"));
 }
 
+/* -o naming an input of the build (the model, or a file a flag names) is refused before
+ * anything is built: the binary, renamed over its output, would replace the model text or the
+ * rules it was made from. One line, status 2, the file as it was. */
+static void test_output_is_not_an_input(void **state) {
+    (void)state;
+    size_t size = 0;
+    char *text = read_path(model, &size);
+    assert_non_null(text);
+    write_tmp("in.model", text, size);
+    write_tmp("rules.txt", "wte.weight=f32\n", 15);
+    static const char *const cases[][2] = {
+        {"-o %s/in.model", "in.model"},
+        {"-o %s/./in.model", "in.model"},
+        {"--policy %s/rules.txt -o %s/rules.txt", "rules.txt"},
+        {"--policy=%s/rules.txt -o%s/rules.txt", "rules.txt"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char flags[600];
+        snprintf(flags, sizeof flags, cases[k][0], tmp_dir, tmp_dir);
+        int rc = run("same", "%s %s build %s/in.model %s %s", quick_env, fp8c, tmp_dir, model_flags,
+                     flags);
+        char *out = slurp("same.out");
+        if (rc != 2 || !strstr(out, "names an input of the build") || !strstr(out, cases[k][1]) ||
+            strchr(out, '\n') != out + strlen(out) - 1)
+            fail_msg("build %s: want one line and status 2, got %d:\n%s", flags, rc, out);
+        free(out);
+        size_t now = 0;
+        char *kept = slurp_size("in.model", &now);
+        assert_true(now == size && !memcmp(kept, text, size));
+        free(kept);
+        kept = slurp("rules.txt");
+        assert_string_equal(kept, "wte.weight=f32\n");
+        free(kept);
+    }
+    free(text);
+}
+
 /* Each flag reads the same as `--flag value` and `--flag=value` (and -D with its value
  * attached or not); a flag given twice keeps the last value; a missing value, a number that is
  * not one, an abbreviation, a value given to a switch and a choice that is unknown or outside
@@ -503,6 +540,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_train_uses_cache, setup, teardown),
         cmocka_unit_test_setup_teardown(test_command_line, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flag_spellings, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_output_is_not_an_input, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
