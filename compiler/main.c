@@ -528,6 +528,8 @@ static int cmd_passes(void)
     return 0;
 }
 
+/* The file's text, or NULL with errno set: also when a read fails after the open, as it does
+ * for a directory (EISDIR), which would otherwise read as an empty file. */
 static char *read_whole_file(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -538,8 +540,14 @@ static char *read_whole_file(const char *path)
         len += k;
         if (len + 1 == cap) buf = realloc(buf, cap *= 2);
     }
+    int err = ferror(f) ? errno : buf ? 0 : ENOMEM;
     fclose(f);
-    if (buf) buf[len] = 0;
+    if (err) {
+        free(buf);
+        errno = err;
+        return NULL;
+    }
+    buf[len] = 0;
     return buf;
 }
 

@@ -404,6 +404,11 @@ static void test_command_line(void **state) {
     }
     assert_int_equal(fp8c_says(a, sizeof a, "paln"), 2);
     assert_non_null(strstr(a, "did you mean 'plan'?"));
+    /* an IR file that cannot be read is an error, not an empty graph: a directory opens */
+    snprintf(args, sizeof args, "opt %s --passes=dce", tmp_dir);
+    assert_int_equal(fp8c_says(a, sizeof a, args), 1);
+    assert_non_null(strstr(a, "cannot read"));
+    assert_non_null(strstr(a, "Is a directory"));
     /* the plan of a recipe: its line, then its rules' formats in the table */
     snprintf(args, sizeof args, "plan %s --batch 2 --seq 16 --recipe=flashoptim", model);
     assert_int_equal(fp8c_says(a, sizeof a, args), 0);
