@@ -659,6 +659,13 @@ static void exec_for(Lower *L, Frame *f, const AstStmt *s)
                     (long long)from.i, (long long)to.i, MAX_LOOP_TRIPS);
         return;
     }
+    /* a range that ends before it starts is a count gone negative (-D layers=-1, a config's
+     * n_layer of -3), not a loop meant to run no times: that is written with equal ends */
+    if (trips < 0) {
+        lower_error(L, s->value2->loc, "a loop from %lld to %lld ends before it starts (0..0 runs no times)",
+                    (long long)from.i, (long long)to.i);
+        return;
+    }
     if (trips > MAX_LOOP_TRIPS) {
         lower_error(L, s->value2->loc, "a loop of %lld trips is too long (at most %d)", (long long)trips,
                     MAX_LOOP_TRIPS);
