@@ -23,6 +23,7 @@
 #include "rt.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -287,6 +288,9 @@ static void config_defines(Args *a)
         }
         if (!v || v->kind == JV_NULL) continue;
         if (v->kind != JV_NUM) config_fail(a->config, "not a number: ", k->key);
+        /* NaN, Infinity and 1e400 read as numbers, and would reach the model as a -D the
+         * command line never had: said here, of the file's key */
+        if (!isfinite(v->num)) config_fail(a->config, "not a finite number: ", k->key);
         found[n++] = (Define){k->define, arena_printf(arena, "%.15g", v->num)};
     }
     rt_json_free(&cfg);

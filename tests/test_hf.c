@@ -896,6 +896,15 @@ static void test_build_config(void **state) {
     char *out = output("bert");
     assert_non_null(strstr(out, "model_type is not gpt2 or llama: bert"));
     free(out);
+    /* a size that is no finite number is the file's error, named by its key, not a -D's */
+    write_text(tmp("inf.json"), "{\"model_type\": \"gpt2\", \"n_layer\": 1e400}");
+    rc = run("inf", "%s plan %s/models/gpt2.model --batch 2 --seq 16 --config %s", fp8c, FP8C_SOURCE_DIR,
+             tmp("inf.json"));
+    assert_int_equal(rc, 2);
+    out = output("inf");
+    if (!strstr(out, "inf.json: not a finite number: n_layer") || strstr(out, "-D layers"))
+        fail_msg("--config with n_layer 1e400 said:\n%s", out);
+    free(out);
 }
 
 static void *read_entry(const RtStFile *f, const char *name, const char *dtype, size_t *bytes) {
