@@ -123,6 +123,25 @@ bool rt_log_trim(const char *path, int64_t step, int *dropped) {
     return true;
 }
 
+bool rt_log_check_appendable(const char *path) {
+    static const char head[] = "{\"step\":";   /* how every line of a log starts */
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return true;
+    char got[sizeof head - 1];
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        rt_error("%s: cannot read the log file: %s", path, strerror(errno));
+        return false;
+    }
+    size_t n = fread(got, 1, sizeof got, f);
+    fclose(f);
+    /* a first line a crash cut short within its first bytes is a prefix of the head */
+    if (n > 0 && !memcmp(got, head, n)) return true;
+    rt_error("%s: not a log of a training run (its first line is no {\"step\":...}), which a "
+             "run that resumes or evaluates appends to: give another --log", path);
+    return false;
+}
+
 /* JSON has no NaN or infinity; a non-finite loss is logged as null with the reason beside it. */
 static bool log_json_number(FILE *f, const char *key, double x) {
     if (isfinite(x)) return fprintf(f, ",\"%s\":%.9g", key, x) >= 0;

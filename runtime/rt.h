@@ -138,6 +138,11 @@ bool rt_log_open(RtLog *l, const char *path, bool append);   /* path NULL: no JS
  * whose step is beyond it, or that a crash cut short, to the end (*dropped counts them). A
  * missing or non-regular file is left alone. False after rt_error. */
 bool rt_log_trim(const char *path, int64_t step, int *dropped);
+/* Before a run appends to the log at path (--resume, --eval-only): true when the file is
+ * missing, empty or not a regular file, or starts as a log's first line does; else false after
+ * one rt_error line, so that a checkpoint, a data file or notes given as --log are neither cut
+ * by rt_log_trim nor appended to. */
+bool rt_log_check_appendable(const char *path);
 /* Writes the JSON line (flushed) and the progress line; false after one rt_error line when the
  * JSON line could not be written: the caller stops the run. */
 bool rt_log_step(RtLog *l, const LogRecord *r);

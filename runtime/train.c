@@ -697,6 +697,10 @@ int rt_train(Graph *g, const TrainOptions *o) {
     /* (a rank after 0 writes neither --out nor --log: rank 0, started at about the same
      * time with the same flags, may already have begun them) */
     if ((o->world_size <= 1 || o->rank == 0) && !train_check_fresh(o)) return 2;
+    /* an appended log is cut after its last step (rt_log_trim): never a file that is no log */
+    if ((o->world_size <= 1 || o->rank == 0) && o->log && (o->resume || o->eval_only) &&
+        !rt_log_check_appendable(o->log))
+        return 2;
     TrainOptions run;   /* a resumed training run takes its settings that are not given */
     if (o->resume && !o->eval_only) {
         run = *o;

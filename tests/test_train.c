@@ -551,6 +551,32 @@ static void test_resume_log(void **state) {
     assert_true(isfinite(json_get(b[4], "loss")));
     for (int i = 0; i < 5; i++) free(b[i]);
     for (int i = 0; i < 4; i++) free(a[i]);
+    /* a --log that is no log (a checkpoint, notes) is neither cut nor appended to, resumed or
+     * evaluated: one line, status 2, the file as it was */
+    const char *not_logs[] = {"a/step_000004.safetensors", "notes.txt"};
+    snprintf(path, sizeof path, "%s/notes.txt", tmp_dir);
+    f = fopen(path, "w");
+    fputs("notes\nthe last line, without a newline", f);
+    fclose(f);
+    for (int k = 0; k < 2; k++) {
+        char file[512];
+        snprintf(file, sizeof file, "%s/%s", tmp_dir, not_logs[k]);
+        int64_t size_before = 0, size_after = 0;
+        uint8_t *before = rt_read_file(file, &size_before);
+        assert_non_null(before);
+        expect_one_line("notlog", 2, "not a log of a training run",
+                        run("notlog", "%s/bin --data %s/data/gcide_sample.txt --steps 6 --log %s/%s "
+                            "--resume %s/a/step_000004.safetensors", tmp_dir, FP8C_SOURCE_DIR, tmp_dir,
+                            not_logs[k], tmp_dir));
+        expect_one_line("notlog", 2, "not a log of a training run",
+                        run("notlog", "%s/bin --data %s/data/gcide_sample.txt --eval-only --log %s/%s "
+                            "--resume %s/a", tmp_dir, FP8C_SOURCE_DIR, tmp_dir, not_logs[k], tmp_dir));
+        uint8_t *after = rt_read_file(file, &size_after);
+        assert_non_null(after);
+        assert_int_equal(size_before, size_after);
+        assert_memory_equal(before, after, (size_t)size_before);
+        free(before), free(after);
+    }
 }
 
 /* Nothing already written is lost: a fresh run refuses an --out that holds another run's
