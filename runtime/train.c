@@ -759,10 +759,10 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
         return 2;
     }
     double floor = o->min_lr >= 0 ? o->min_lr : peak / 10;
-    if (floor > peak) {
+    if (floor > peak) {   /* a flag's mistake, as args.c's --min-lr above --lr is: status 2 */
         rt_error("--min-lr %g is above the peak learning rate %g", floor, peak);
         model_free(&m);
-        return 1;
+        return 2;
     }
     if (o->threads) ref_set_threads(o->threads);
 

@@ -432,6 +432,9 @@ static void test_bad_input(void **state) {
     expect_one_line("lr", 2, "--lr -3", run("lr", "%s/bin --data %s --lr -3", tmp_dir, data));
     expect_one_line("device", 2, "cuda", run("device", "%s/bin --data %s --device cuda", tmp_dir, data));
     expect_one_line("nodata", 2, "--data", run("nodata", "%s/bin --steps 3", tmp_dir));
+    /* a floor above the model's own learning rate is a flag's mistake, as one above --lr is */
+    expect_one_line("minlr", 2, "--min-lr 1 is above the peak learning rate",
+                    run("minlr", "%s/bin --data %s --min-lr 1", tmp_dir, data));
 
     /* a shard with the wrong magic and one with tokens beyond the vocabulary */
     char path[512];
