@@ -9,6 +9,8 @@
  * differs from the straight run's. Kept apart from checkpoint.c, which is the file format and
  * knows nothing of flags. */
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +24,43 @@ static bool meta_real(const RtStFile *f, const char *key, double *out) {
     double v = strtod(s, &end);
     if (!*s || *end || errno) return false;
     *out = v;
+    return true;
+}
+
+/* The run's settings as the checkpoint may hold them, each in the range its flag takes (the
+ * learning rates as f32, which the step is fed). A key that is missing is of a checkpoint
+ * written before it was recorded, and restores nothing; one that is present but is no such
+ * number is a damaged file: taking the binary's default in its place would run another
+ * schedule without a word, so it is refused, naming the key. */
+static bool ckpt_settings_valid(const RtStFile *f, const char *path) {
+    static const struct {
+        const char *key;
+        double lo, hi;
+        bool whole;
+        const char *what;
+    } settings[] = {
+        {RT_META_LR, 0, FLT_MAX, false, "a positive number within f32's range"},
+        {RT_META_MIN_LR, 0, FLT_MAX, false, "a non-negative number within f32's range"},
+        {RT_META_WARMUP, 0, INT32_MAX, true, "a whole number from 0 to 2147483647"},
+        {RT_META_STEPS, 1, INT32_MAX, true, "a whole number from 1 to 2147483647"},
+        {RT_META_GRAD_ACCUM, 1, 1 << 16, true, "a whole number from 1 to 65536"},
+        {"batch", 1, INT32_MAX, true, "a whole number from 1 to 2147483647"},
+        {"seq", 1, INT32_MAX, true, "a whole number from 1 to 2147483647"},
+        {"opt_level", 0, 3, true, "a level from 0 to 3"},
+    };
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+        const char *s = rt_ckpt_meta_get(f->meta, f->n_meta, settings[i].key);
+        double v = 0;
+        if (!s) continue;
+        bool ok = meta_real(f, settings[i].key, &v) && v >= settings[i].lo && v <= settings[i].hi &&
+                  (!settings[i].whole || v == floor(v));
+        if (ok && !strcmp(settings[i].key, RT_META_LR)) ok = (float)v > 0;
+        if (!ok) {
+            rt_error("%s: checkpoint metadata \"%s\" is '%s', not %s", path, settings[i].key, s,
+                     settings[i].what);
+            return false;
+        }
+    }
     return true;
 }
 
@@ -66,6 +105,10 @@ int rt_ckpt_restore_run(const Graph *g, TrainOptions *o) {
     if (!rt_ckpt_resolve(o->resume, path, sizeof path)) return 1;
     RtStFile f;
     if (!rt_st_open(&f, path)) return 1;
+    if (!ckpt_settings_valid(&f, path)) {
+        rt_st_close(&f);
+        return 1;
+    }
     /* what the binary fixed: a run made at another shape or level cannot continue as itself */
     double batch = -1, seq = -1, level = -1;
     meta_real(&f, "batch", &batch);

@@ -502,6 +502,22 @@ static void test_bad_input(void **state) {
         fail_msg("opt_step > step not refused (%d):\n%s", rc, text);
     free(text);
 
+    /* a setting of the run that is present but damaged is refused by its key, not replaced by
+     * the binary's default (the learning rate 0.0006 made 'o.0006') */
+    bytes = rt_read_file(one, &size);
+    assert_non_null(bytes);
+    key = "\"lr\":\"0.";
+    for (at = 0; at + 7 <= size && memcmp(bytes + at, key, 7) != 0;) at++;
+    assert_true(at + 7 <= size);
+    bytes[at + 6] = 'o';
+    snprintf(path, sizeof path, "%s/bad_lr.safetensors", tmp_dir);
+    f = fopen(path, "wb");
+    assert_int_equal(fwrite(bytes, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    free(bytes);
+    expect_one_line("badlr", 1, "bad_lr.safetensors: checkpoint metadata \"lr\" is 'o.0",
+                    run("badlr", "%s/bin --data %s --steps 3 --resume %s", tmp_dir, data, path));
+
     /* a checkpoint of another shape: the tensor and both shapes are named */
     rc = run("narrow", "%s build %s -O0 -D dim=64 %s -o %s/narrow", fp8c, model, model_flags,
                  tmp_dir);
