@@ -55,6 +55,22 @@ static bool copy_file(const char *from, const char *to)
 
 /* ---------------------------------------------------------------- compile */
 
+/* LLVM ends the process on a fatal error, by default with an abort and a core dump. The one a
+ * user can cause is a CPU it cannot make x86-64 code for (--cpu or FP8C_CPU naming no CPU, or
+ * a 32-bit one: "64-bit code requested on a subtarget that doesn't support it"), so the error
+ * is reported as fp8c's, naming the CPU, and the process ends with status 1. _exit, not exit:
+ * the handler runs inside LLVM, on the compiling thread, where LLVM's own destructors must not
+ * run. */
+static const char *fatal_cpu;
+
+static void llvm_fatal(const char *reason)
+{
+    fflush(stdout);
+    fprintf(stderr, "fp8c: error: LLVM cannot compile the CPU kernels for CPU '%s' (--cpu, FP8C_CPU): %s\n",
+            fatal_cpu ? fatal_cpu : "?", reason);
+    _exit(1);
+}
+
 char *cg_llvm_host(void)
 {
     char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName();
@@ -81,6 +97,8 @@ bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj
     char *features = native ? LLVMGetHostCPUFeatures() : NULL;
     const char *cpu_name = native ? cpu : o->cpu;
     int level = o->opt_level > 0 ? o->opt_level : 2;
+    fatal_cpu = cpu_name;
+    LLVMInstallFatalErrorHandler(llvm_fatal);
 
     R r = {0};
     llvm_render_module(&r, p);

@@ -456,6 +456,26 @@ static void test_output_is_not_an_input(void **state) {
     free(text);
 }
 
+/* A CPU LLVM cannot make x86-64 code for (an unknown name, a 32-bit one) is an error of
+ * fp8c's naming it, status 1 and no binary, not LLVM's abort and a core dump. */
+static void test_unknown_cpu(void **state) {
+    (void)state;
+    char env[700];
+    snprintf(env, sizeof env, "FP8C_CACHE_DIR=%s/cache FP8C_GPU=0", tmp_dir);
+    const char *cpus[] = {"no-such-cpu", "i686"};
+    for (int k = 0; k < 2; k++) {
+        int rc = run("cpu", "%s %s build %s %s --cpu %s -o %s/cpu", env, fp8c, model, model_flags, cpus[k],
+                     tmp_dir);
+        char *out = slurp("cpu.out"), want[160];
+        snprintf(want, sizeof want, "fp8c: error: LLVM cannot compile the CPU kernels for CPU '%s'", cpus[k]);
+        if (rc != 1 || !strstr(out, want)) fail_msg("--cpu %s: want status 1 and '%s', got %d:\n%s", cpus[k], want, rc, out);
+        free(out);
+        char path[600];
+        snprintf(path, sizeof path, "%s/cpu", tmp_dir);
+        assert_int_not_equal(access(path, F_OK), 0);
+    }
+}
+
 /* Each flag reads the same as `--flag value` and `--flag=value` (and -D with its value
  * attached or not); a flag given twice keeps the last value; a missing value, a number that is
  * not one, an abbreviation, a value given to a switch and a choice that is unknown or outside
@@ -546,6 +566,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_command_line, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flag_spellings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_output_is_not_an_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_cpu, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
