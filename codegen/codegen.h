@@ -361,6 +361,10 @@ typedef struct {
     bool *cached;           /* if not NULL: set when the object came from the cache */
 } CgLlvmOptions;
 bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj_path);
+/* Compiles an empty function for cpu (NULL or "native": nothing to check), so that a CPU LLVM
+ * cannot make code for ends the process with fp8c's error line and status 1 before a build
+ * has made anything; returns when it can. */
+void cg_llvm_check_cpu(const char *cpu);
 /* What a native compilation targets: "LLVM version|triple|host CPU|its features" (malloc'ed),
  * for caches of products that depend on the machine they were compiled on. */
 char *cg_llvm_host(void);

@@ -84,6 +84,37 @@ char *cg_llvm_host(void)
     return out;
 }
 
+void cg_llvm_check_cpu(const char *cpu)
+{
+    if (!cpu || !*cpu || !strcmp(cpu, "native")) return;
+    LLVMInitializeNativeTarget();
+    LLVMInitializeNativeAsmPrinter();
+    fatal_cpu = cpu;
+    LLVMInstallFatalErrorHandler(llvm_fatal);
+    char *triple = LLVMGetDefaultTargetTriple(), *err = NULL;
+    LLVMTargetRef target = NULL;
+    if (!LLVMGetTargetFromTriple(triple, &target, &err)) {
+        LLVMContextRef ctx = LLVMContextCreate();
+        LLVMModuleRef mod = LLVMModuleCreateWithNameInContext("cpu", ctx);
+        LLVMSetTarget(mod, triple);
+        LLVMValueRef fn = LLVMAddFunction(mod, "f", LLVMFunctionType(LLVMVoidTypeInContext(ctx), NULL, 0, 0));
+        LLVMBuilderRef b = LLVMCreateBuilderInContext(ctx);
+        LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(ctx, fn, "entry"));
+        LLVMBuildRetVoid(b);
+        LLVMDisposeBuilder(b);
+        LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, triple, cpu, "", LLVMCodeGenLevelNone,
+                                                          LLVMRelocPIC, LLVMCodeModelDefault);
+        LLVMMemoryBufferRef buf = NULL;
+        if (tm && !LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMObjectFile, &err, &buf))
+            LLVMDisposeMemoryBuffer(buf);
+        if (tm) LLVMDisposeTargetMachine(tm);
+        LLVMDisposeModule(mod);
+        LLVMContextDispose(ctx);
+    }
+    LLVMDisposeMessage(err);
+    LLVMDisposeMessage(triple);
+}
+
 bool cg_llvm_compile(const CgProgram *p, const CgLlvmOptions *o, const char *obj_path)
 {
     static const CgLlvmOptions defaults = {.opt_level = 2};

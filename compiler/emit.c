@@ -389,6 +389,11 @@ static void *emit_gpu_job(void *arg) {
 
 bool emit_training_binary(const Graph *g, const char *out_path) {
     emit_note_text[0] = 0;
+#ifdef FP8C_HAVE_LLVM
+    /* a CPU LLVM cannot compile for ends the build here, before it has made a temp directory */
+    const char *kernels = getenv("FP8C_CPU_KERNELS");
+    if (!kernels || strcmp(kernels, "0")) cg_llvm_check_cpu(emit_cpu_name ? emit_cpu_name : getenv("FP8C_CPU"));
+#endif
     char *dir = emit_tempdir();
     if (!dir) return false;
     char *ir_path = emit_join(dir, "artifact.ir");

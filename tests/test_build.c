@@ -457,11 +457,14 @@ static void test_output_is_not_an_input(void **state) {
 }
 
 /* A CPU LLVM cannot make x86-64 code for (an unknown name, a 32-bit one) is an error of
- * fp8c's naming it, status 1 and no binary, not LLVM's abort and a core dump. */
+ * fp8c's naming it, status 1, no binary and no temp directory left, not LLVM's abort and a
+ * core dump. */
 static void test_unknown_cpu(void **state) {
     (void)state;
-    char env[700];
-    snprintf(env, sizeof env, "FP8C_CACHE_DIR=%s/cache FP8C_GPU=0", tmp_dir);
+    char env[1400], temp[600];
+    snprintf(temp, sizeof temp, "%s/temp", tmp_dir);
+    assert_int_equal(mkdir(temp, 0700), 0);
+    snprintf(env, sizeof env, "FP8C_CACHE_DIR=%s/cache FP8C_GPU=0 TMPDIR=%s", tmp_dir, temp);
     const char *cpus[] = {"no-such-cpu", "i686"};
     for (int k = 0; k < 2; k++) {
         int rc = run("cpu", "%s %s build %s %s --cpu %s -o %s/cpu", env, fp8c, model, model_flags, cpus[k],
@@ -473,6 +476,8 @@ static void test_unknown_cpu(void **state) {
         char path[600];
         snprintf(path, sizeof path, "%s/cpu", tmp_dir);
         assert_int_not_equal(access(path, F_OK), 0);
+        assert_int_equal(rmdir(temp), 0);   /* empty */
+        assert_int_equal(mkdir(temp, 0700), 0);
     }
 }
 
