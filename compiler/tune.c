@@ -579,6 +579,17 @@ int tune_run(const TuneRequest *q)
                         "another -o)\n", q->output);
         return 1;
     }
+    /* the record is written at the end, after minutes of measuring: a directory it cannot be
+     * written in is found before the first of them */
+    char where[4096];
+    snprintf(where, sizeof where, "%s", q->output);
+    char *slash = strrchr(where, '/');
+    if (slash) slash == where ? (void)(where[1] = 0) : (void)(*slash = 0);
+    if (access(slash ? where : ".", W_OK | X_OK) != 0) {
+        fprintf(stderr, "fp8c: error: %s: cannot write the record in %s: %s\n", q->output,
+                slash ? where : ".", strerror(errno));
+        return 1;
+    }
     Tuner t = {.q = q, .t0 = build_clock()};
     TuneRecord *rec = &t.rec;
     rec->points = calloc(TUNE_MAX_POINTS, sizeof *rec->points);

@@ -301,6 +301,19 @@ static void test_mismatch_refused(void **state) {
     }
 }
 
+/* An -o in a directory that does not exist is refused before anything is measured, not after
+ * the whole budget is spent. */
+static void test_unwritable_output(void **state) {
+    (void)state;
+    int rc = run("nodir", "%s %s tune %s %s --device cpu --budget 0.001 --tune-steps 4 -o %s/no/such/dir/r.json",
+                 env, fp8c, model, model_flags, tmp_dir);
+    char *out = slurp("nodir.out");
+    if (rc != 1 || !strstr(out, "cannot write the record in") || strstr(out, "fp8c: tune:") ||
+        count_lines(out) != 1)
+        fail_msg("tune -o in a missing directory: want one line before measuring, got %d:\n%s", rc, out);
+    free(out);
+}
+
 /* A record made with a --policy file, which is then edited: the graph is another, so the
  * record is refused as another model's, in either spelling of the flag; the file put back, it
  * fits again. */
@@ -546,6 +559,7 @@ int main(void) {
         cmocka_unit_test(test_malformed_refused), cmocka_unit_test(test_plan_shows_the_record),
         cmocka_unit_test(test_memory_budget_unreachable), cmocka_unit_test(test_gpu_record_without_gpu),
         cmocka_unit_test(test_edited_policy_refused),
+        cmocka_unit_test(test_unwritable_output),
         cmocka_unit_test(test_list_candidates),  cmocka_unit_test(test_attention_y_point),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
