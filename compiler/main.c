@@ -778,6 +778,22 @@ static int cmd_build(Args *a)
         compile_or_exit(session_arena(), a);
         return 0;
     }
+    /* the binary is renamed over -o at the end, after the kernels compile (seconds to a
+     * minute): an -o that is a directory, or in one that cannot be written, is found now */
+    struct stat st;
+    char where[4096];
+    snprintf(where, sizeof where, "%s", a->output);
+    char *slash = strrchr(where, '/');
+    if (slash) slash == where ? (void)(where[1] = 0) : (void)(*slash = 0);
+    if (stat(a->output, &st) == 0 && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "fp8c: error: -o %s: is a directory\n", a->output);
+        return 1;
+    }
+    if (access(slash ? where : ".", W_OK | X_OK) != 0) {
+        fprintf(stderr, "fp8c: error: -o %s: cannot write in %s: %s\n", a->output, slash ? where : ".",
+                strerror(errno));
+        return 1;
+    }
     BuildSummary sum;
     if (!make_binary(a, a->output, &sum)) return 1;
     print_wrote(a->output, &sum);

@@ -421,7 +421,8 @@ static void test_command_line(void **state) {
 
 /* -o naming an input of the build (the model, or a file a flag names) is refused before
  * anything is built: the binary, renamed over its output, would replace the model text or the
- * rules it was made from. One line, status 2, the file as it was. */
+ * rules it was made from. One line, status 2, the file as it was. An -o that cannot be written
+ * (a directory, or in a missing one) is one line before the build too, status 1. */
 static void test_output_is_not_an_input(void **state) {
     (void)state;
     size_t size = 0;
@@ -454,6 +455,16 @@ static void test_output_is_not_an_input(void **state) {
         free(kept);
     }
     free(text);
+    /* an -o that is a directory, or in one that does not exist, is refused before the build */
+    static const char *const outs[][2] = {{"", "is a directory"}, {"/no/such/dir/bin", "cannot write in"}};
+    for (int k = 0; k < 2; k++) {
+        int rc = run("badout", "%s %s build %s %s -o %s%s", quick_env, fp8c, model, model_flags, tmp_dir,
+                     outs[k][0]);
+        char *out = slurp("badout.out");
+        if (rc != 1 || !strstr(out, outs[k][1]) || strstr(out, "fp8c: passes") || strchr(out, '\n') != out + strlen(out) - 1)
+            fail_msg("-o %s%s: want one line before the build, got %d:\n%s", tmp_dir, outs[k][0], rc, out);
+        free(out);
+    }
 }
 
 /* A CPU LLVM cannot make x86-64 code for (an unknown name, a 32-bit one) is an error of
