@@ -80,7 +80,7 @@ static const RtFlag train_flags[] = {
     TEXT("device", "NAME", device, "where to run: cpu, cuda (a GPU, when this binary carries GPU\n"
                                    "kernels), or auto (default: the GPU if one is found, else cpu);\n"
                                    "ref: the reference executor (the ground truth, slow)"),
-    INT32("threads", "N", threads, 1, 4096, "CPU threads (default: $FP8C_THREADS, else every online CPU;\n"
+    INT32("threads", "N", threads, 1, RT_MAX_THREADS, "CPU threads (default: $FP8C_THREADS, else every online CPU;\n"
                                             "results are bit-identical for any count)"),
     HEADING("data parallel (GPUs, NCCL; a binary built with fp8c build --gpus N)"),
     INT32("gpus", "N", gpus, 1, 1024, "N ranks on this host, one GPU and one process each, started by\n"

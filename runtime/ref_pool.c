@@ -41,7 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { MAX_THREADS = 1024 };
+enum { MAX_THREADS = RT_MAX_THREADS };
 
 /* A thread's share of the op in flight and what it has run; two cache lines, so that the
  * caller's polling of `ran` does not take the claims' line away from its owner. */

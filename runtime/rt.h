@@ -27,7 +27,9 @@ void ref_update_shard(Node *n, int64_t off, int64_t len, float *copy_amax);
 float *ref_load(const Tensor *t);                      /* decoded f32 copy; free() it */
 void ref_store(Tensor *t, const float *x);             /* encode through t's format */
 /* Threads the executor uses: FP8C_THREADS, else the online CPUs. Results are bit-identical
- * whatever the count: work is split by output elements, each computed in a fixed order. */
+ * whatever the count: work is split by output elements, each computed in a fixed order. At
+ * most RT_MAX_THREADS (the pool's limit, and --threads' range). */
+#define RT_MAX_THREADS 1024
 void ref_set_threads(int n);
 int ref_threads(void);
 

@@ -1080,6 +1080,8 @@ static void test_flags(void **state) {
         {"--lr", "-1", "--lr -1"},               {"--lr", "nan", "--lr nan"},
         {"--lr", "0", "positive"},               {"--grad-accum", "0", "--grad-accum 0"},
         {"--device", "cuda", "cpu only"},        {"--threads", "100000", "--threads"},
+        /* beyond the thread pool's limit, which asserts on it */
+        {"--threads", "2000", "--threads 2000: expected an integer from 1 to 1024"},
         {"--eval-batches", "0", "--eval-batches"}, {"--bogus", "1", "unknown flag"},
         {"--stpes", "3", "--stpes: unknown flag; did you mean --steps?"},
         {"--grad_accum", "2", "did you mean --grad-accum?"},
