@@ -179,13 +179,18 @@ static void *pool_worker(void *arg)
     return NULL;
 }
 
+/* FP8C_THREADS is --threads' default: a value that is no count is refused as the flag's would
+ * be (status 2), not replaced by every online CPU without a word. */
 static int threads_from_env(void)
 {
     const char *s = getenv("FP8C_THREADS");
     if (s && *s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (*end == 0 && v >= 1 && v <= MAX_THREADS) return (int)v;
+        int64_t v;
+        if (!rt_cli_int(s, &v) || v < 1 || v > MAX_THREADS) {
+            rt_error("FP8C_THREADS=%s: expected a whole number from 1 to %d", s, MAX_THREADS);
+            exit(2);
+        }
+        return (int)v;
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     return cpus >= 1 ? (int)(cpus < MAX_THREADS ? cpus : MAX_THREADS) : 1;

@@ -432,6 +432,12 @@ static void test_bad_input(void **state) {
     expect_one_line("lr", 2, "--lr -3", run("lr", "%s/bin --data %s --lr -3", tmp_dir, data));
     expect_one_line("device", 2, "cuda", run("device", "%s/bin --data %s --device cuda", tmp_dir, data));
     expect_one_line("nodata", 2, "--data", run("nodata", "%s/bin --steps 3", tmp_dir));
+    /* FP8C_THREADS, --threads' default, is read as strictly as the flag */
+    int threads_rc = run("threadsenv", "FP8C_THREADS=abc %s/bin --data %s --steps 1", tmp_dir, data);
+    char *threads_out = slurp("threadsenv.out");
+    if (threads_rc != 2 || !strstr(threads_out, "FP8C_THREADS=abc: expected a whole number from 1 to 1024"))
+        fail_msg("FP8C_THREADS=abc: status %d, said:\n%s", threads_rc, threads_out);
+    free(threads_out);
     /* a floor above the model's own learning rate is a flag's mistake, as one above --lr is */
     expect_one_line("minlr", 2, "--min-lr 1 is above the peak learning rate",
                     run("minlr", "%s/bin --data %s --min-lr 1", tmp_dir, data));
