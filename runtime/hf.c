@@ -894,12 +894,17 @@ static bool export_fill(void *ctx, int i, void *buf) {
 bool rt_export_hf(Graph *g, const char *dir, bool overwrite) {
     ModelInfo m;
     if (!hf_model_info(g, &m)) return false;
-    char st_path[4200], cfg_path[4200];
+    char st_path[4200], cfg_path[4200], index_path[4200];
     snprintf(st_path, sizeof st_path, "%s/model.safetensors", dir);
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
-    if (!overwrite && (hf_exists(st_path) || hf_exists(cfg_path))) {
-        rt_error("%s: holds a model already (%s): give --overwrite to replace it", dir,
-                 hf_exists(st_path) ? "model.safetensors" : "config.json");
+    /* a sharded model's index is a model too, and the one --init would read before the export
+     * (hf_resolve): left beside it, it would keep the old weights the model of DIR */
+    snprintf(index_path, sizeof index_path, "%s/model.safetensors.index.json", dir);
+    const char *held = hf_exists(st_path) ? "model.safetensors"
+                     : hf_exists(index_path) ? "model.safetensors.index.json"
+                     : hf_exists(cfg_path) ? "config.json" : NULL;
+    if (!overwrite && held) {
+        rt_error("%s: holds a model already (%s): give --overwrite to replace it", dir, held);
         return false;
     }
     int removed = 0;
@@ -933,6 +938,11 @@ bool rt_export_hf(Graph *g, const char *dir, bool overwrite) {
     char cfg[4096];
     hf_config_text(g, &m, cfg, sizeof cfg);
     ok = ok && hf_write_text(cfg_path, cfg);
+    if (ok && hf_exists(index_path)) {   /* --overwrite: the sharded model is replaced */
+        ok = unlink(index_path) == 0;
+        if (!ok) rt_error("%s: cannot remove the replaced model's index: %s", index_path, strerror(errno));
+        else rt_note("%s: removed the index of the sharded model replaced (its shards are kept)", index_path);
+    }
     if (ok) rt_note("wrote %s and %s (%s, %d tensors, f32)", st_path, cfg_path,
                     m.family == FAM_GPT2 ? "GPT2LMHeadModel" : "LlamaForCausalLM", k);
     return ok;

@@ -1013,6 +1013,19 @@ static void check_round_trip(const char *model, const char *defs, const char *op
     rc = run("again", "%s --resume %s --export-hf %s", tmp("bin"), tmp("a"), tmp("e"));
     assert_int_equal(rc, 1);
     expect_error("again", (const char *const[]){"--overwrite", NULL});
+    /* so is one into a sharded model, whose index --init would read before the export; with
+     * --overwrite the index goes, and --init reads the export */
+    assert_int_equal(mkdir(tmp("s"), 0777), 0);
+    write_text(tmp("s/model.safetensors.index.json"), "{\"weight_map\": {}}");
+    rc = run("sharded", "%s --resume %s --export-hf %s", tmp("bin"), tmp("a"), tmp("s"));
+    assert_int_equal(rc, 1);
+    expect_error("sharded", (const char *const[]){"model.safetensors.index.json", "--overwrite", NULL});
+    rc = run("sharded", "%s --resume %s --export-hf %s --overwrite", tmp("bin"), tmp("a"), tmp("s"));
+    if (rc != 0) fail_msg("--export-hf --overwrite over a sharded model failed (%d):\n%s", rc, output("sharded"));
+    assert_int_not_equal(access(tmp("s/model.safetensors.index.json"), F_OK), 0);
+    rc = run("sback", "%s --init %s %s --stop-at 0 --out %s", tmp("bin"), tmp("s"), args, tmp("sb"));
+    if (rc != 0) fail_msg("--init from the export over a sharded model failed (%d):\n%s", rc, output("sback"));
+    same_weights(tmp("a/step_000002.safetensors"), tmp("sb/step_000000.safetensors"));
     rc = run("back", "%s --init %s %s --stop-at 0 --out %s", tmp("bin"), tmp("e"), args, tmp("b"));
     if (rc != 0) fail_msg("--init from the export failed (%d):\n%s", rc, output("back"));
     same_weights(tmp("a/step_000002.safetensors"), tmp("b/step_000000.safetensors"));
