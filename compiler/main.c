@@ -888,6 +888,10 @@ int main(int argc, char **argv)
     int status = dispatch(argc, argv, &args);
     tune_record_free(&args.record);
     arena_free(the_arena);
+    /* plan's table and JSON, opt's IR, --print-* go to stdout: output lost to a full disk is an
+     * error, not a status 0 over a truncated file */
+    rt_set_program_name("fp8c");
+    if (!rt_stdout_flush() && status == 0) status = 1;
     return status;
 }
 

@@ -123,6 +123,16 @@ bool rt_log_trim(const char *path, int64_t step, int *dropped) {
     return true;
 }
 
+bool rt_stdout_flush(void) {
+    errno = 0;
+    bool flushed = fflush(stdout) == 0;
+    int err = errno;
+    if (flushed && !ferror(stdout)) return true;
+    /* an earlier write that failed inside printf leaves only the error flag, not its errno */
+    rt_error("standard output: cannot write: %s", !flushed && err ? strerror(err) : "a write failed");
+    return false;
+}
+
 bool rt_log_check_appendable(const char *path) {
     static const char head[] = "{\"step\":";   /* how every line of a log starts */
     struct stat st;

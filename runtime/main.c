@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
         rt_usage(stdout, argv[0]);
         main_describe(g);
         arena_free(arena);
-        return 0;
+        return rt_stdout_flush() ? 0 : 1;
     }
     if (!rt_tune_apply(g)) {
         arena_free(arena);
@@ -68,5 +68,7 @@ int main(int argc, char **argv) {
     }
     int status = rt_train(g, &o);
     arena_free(arena);
+    /* --generate writes its tokens to stdout: a full disk there is an error, not status 0 */
+    if (!rt_stdout_flush() && status == 0) status = 1;
     return status;
 }

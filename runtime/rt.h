@@ -109,6 +109,10 @@ const char *rt_program_name(void);
 void rt_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void rt_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void rt_set_quiet(bool quiet);                         /* rt_note silent; errors still print */
+/* Flushes stdout at the end of a program: false after one rt_error line when something written
+ * there was lost (a full disk), so that the program does not end with status 0 having printed
+ * less than it says. */
+bool rt_stdout_flush(void);
 const char *rt_last_error(void);
 void rt_clear_error(void);
 /* The word of list (NULL-terminated) nearest to word by edit distance (adjacent swaps count

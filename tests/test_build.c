@@ -404,6 +404,12 @@ static void test_command_line(void **state) {
     }
     assert_int_equal(fp8c_says(a, sizeof a, "paln"), 2);
     assert_non_null(strstr(a, "did you mean 'plan'?"));
+    /* output lost to a full disk is an error, not status 0 */
+    int full_rc = run("full", "%s sh -c '%s plan %s --batch 2 --seq 16 --json >/dev/full'", quick_env, fp8c, model);
+    char *full = slurp("full.out");
+    if (full_rc != 1 || !strstr(full, "fp8c: error: standard output: cannot write: No space left on device"))
+        fail_msg("plan >/dev/full: status %d, said:\n%s", full_rc, full);
+    free(full);
     /* an IR file that cannot be read is an error, not an empty graph: a directory opens */
     snprintf(args, sizeof args, "opt %s --passes=dce", tmp_dir);
     assert_int_equal(fp8c_says(a, sizeof a, args), 1);

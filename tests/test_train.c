@@ -432,6 +432,10 @@ static void test_bad_input(void **state) {
     expect_one_line("lr", 2, "--lr -3", run("lr", "%s/bin --data %s --lr -3", tmp_dir, data));
     expect_one_line("device", 2, "cuda", run("device", "%s/bin --data %s --device cuda", tmp_dir, data));
     expect_one_line("nodata", 2, "--data", run("nodata", "%s/bin --steps 3", tmp_dir));
+    /* what the binary writes to stdout (--help, --generate's tokens) lost to a full disk is
+     * an error, not status 0 */
+    expect_one_line("helpfull", 1, "standard output: cannot write: No space left on device",
+                    run("helpfull", "sh -c '%s/bin --help >/dev/full'", tmp_dir));
     /* FP8C_THREADS, --threads' default, is read as strictly as the flag */
     int threads_rc = run("threadsenv", "FP8C_THREADS=abc %s/bin --data %s --steps 1", tmp_dir, data);
     char *threads_out = slurp("threadsenv.out");
