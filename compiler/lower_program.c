@@ -229,8 +229,16 @@ static Graph *lower_program(Arena *a, const char *path, const AstVec *prog, cons
 
 /* ---------------------------------------------------------------- entry points */
 
+/* A UTF-8 byte-order mark, which some editors write at the start of a file: not part of the
+ * model. It is skipped, so that columns count from the first character a reader sees. */
+static const char *skip_byte_order_mark(const char *text)
+{
+    return strncmp(text, "\xef\xbb\xbf", 3) == 0 ? text + 3 : text;
+}
+
 Graph *front_compile_text(Arena *a, const char *path, const char *text, const FrontOptions *o)
 {
+    text = skip_byte_order_mark(text);
     path = arena_strdup(a, path);
     diag_register_source(path, text);
     int errors = diag_error_count();

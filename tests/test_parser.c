@@ -675,6 +675,41 @@ static void test_missing_file(void **state)
     compiled_free(&c);
 }
 
+/* A UTF-8 byte-order mark before the model is skipped: the model compiles as without it, and
+ * an error's column counts from the first character after it. A mark anywhere else is an
+ * error. */
+static void test_byte_order_mark(void **state)
+{
+    (void)state;
+    char *plain = read_text("models/gpt2_tiny.model");
+    size_t n = strlen(plain);
+    char *marked = malloc(n + 4);
+    assert_non_null(marked);
+    memcpy(marked, "\xef\xbb\xbf", 3);
+    memcpy(marked + 3, plain, n + 1);
+    Compiled a = compile_source(plain, 2, 16), b = compile_source(marked, 2, 16);
+    assert_non_null(a.g);
+    assert_non_null(b.g);
+    assert_int_equal(b.errors, 0);
+    assert_int_equal(a.g->n_nodes, b.g->n_nodes);
+    compiled_free(&a);
+    compiled_free(&b);
+    free(marked);
+    free(plain);
+
+    Compiled c = compile_source("\xef\xbb\xbfparam w: f32[4]\n", 1, 1);
+    assert_null(c.g);
+    assert_int_equal(c.errors, 1);
+    assert_non_null(strstr(c.diag_text, "inline.model:1:16: error: unexpected end of line"));
+    compiled_free(&c);
+
+    Compiled d = compile_source("model m\n\xef\xbb\xbfparam w: f32[4] = zeros\n", 1, 1);
+    assert_null(d.g);
+    assert_true(d.errors >= 1);
+    assert_non_null(strstr(d.diag_text, "inline.model:2:1: error: unexpected byte 0xef"));
+    compiled_free(&d);
+}
+
 /* Text that is not even close to the language: no crash, errors only. */
 static void test_garbage(void **state)
 {
@@ -874,6 +909,7 @@ int main(void)
         cmocka_unit_test(test_tuples),
         cmocka_unit_test(test_defines),
         cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_byte_order_mark),
         cmocka_unit_test(test_garbage),
         cmocka_unit_test(test_golden_errors),
     };
