@@ -559,6 +559,11 @@ static char *read_whole_file(const char *path)
 static int cmd_opt(Args *a)
 {
     if (!a->model) bad_flag("opt needs an IR file%s", "");
+    if (a->passes && *a->passes) {   /* the list before any work: "dce," leaves a name out */
+        size_t len = strlen(a->passes);
+        if (a->passes[0] == ',' || a->passes[len - 1] == ',' || strstr(a->passes, ",,"))
+            bad_flag("--passes has an empty name in its list: '%s'", a->passes);
+    }
     char *text = read_whole_file(a->model);
     if (!text) {
         fprintf(stderr, "fp8c: error: cannot read '%s': %s\n", a->model, strerror(errno));

@@ -235,6 +235,11 @@ bool rt_data_open(TokenData *d, const char *spec) {
         rt_error("no data file given");
         return false;
     }
+    size_t len = strlen(spec);
+    if (spec[0] == ',' || spec[len - 1] == ',' || strstr(spec, ",,")) {   /* "a,": a name left out */
+        rt_error("%s: an empty name in the list of data files", spec);
+        return false;
+    }
     char *copy = data_strdup(spec);
     bool ok = true;
     for (char *save = NULL, *item = strtok_r(copy, ",", &save); ok && item;

@@ -415,6 +415,10 @@ static void test_command_line(void **state) {
     assert_int_equal(fp8c_says(a, sizeof a, args), 1);
     assert_non_null(strstr(a, "cannot read"));
     assert_non_null(strstr(a, "Is a directory"));
+    /* a name left out of --passes is refused before the file is read */
+    snprintf(args, sizeof args, "opt %s --passes=dce,", tmp_dir);
+    assert_int_equal(fp8c_says(a, sizeof a, args), 2);
+    assert_non_null(strstr(a, "fp8c: error: --passes has an empty name in its list: 'dce,'"));
     /* the plan of a recipe: its line, then its rules' formats in the table */
     snprintf(args, sizeof args, "plan %s --batch 2 --seq 16 --recipe=flashoptim", model);
     assert_int_equal(fp8c_says(a, sizeof a, args), 0);

@@ -146,6 +146,18 @@ static void test_shard_set_holds_batch(void **state) {
         fail_msg("two files of %lld tokens refused for a batch of %d: %s", (long long)n, BATCH,
                  rt_last_error());
     rt_data_free(&d);
+    /* a name left out of the list ("a,", ",a", "a,,b") is refused, not skipped */
+    char a[512], b[512], list[1100];
+    snprintf(a, sizeof a, "%s", tmp_path("half_a.bin"));
+    snprintf(b, sizeof b, "%s", tmp_path("half_b.bin"));
+    for (int i = 0; i < 3; i++) {
+        if (i == 0) snprintf(list, sizeof list, "%s,%s,", a, b);
+        if (i == 1) snprintf(list, sizeof list, ",%s,%s", a, b);
+        if (i == 2) snprintf(list, sizeof list, "%s,,%s", a, b);
+        rt_clear_error();
+        assert_false(rt_data_open(&d, list));
+        assert_error_mentions(list, "an empty name in the list");
+    }
     /* short files: BATCH tokens in all, none holding a window */
     for (int i = 0; i < 5; i++) {
         char name[32];
