@@ -70,9 +70,12 @@ static int64_t task_work(void)
     if (!env_read) {
         env_read = true;
         const char *s = getenv("FP8C_CPU_TASK_WORK");
-        char *end = NULL;
-        long long v = s && *s ? strtoll(s, &end, 10) : 0;
-        if (end && *end == 0 && v >= 1) task_work_chosen = v;
+        int64_t v = 0;
+        if (s && (!rt_cli_int(s, &v) || v < 1)) {   /* as strict as a flag: no silent default */
+            rt_error("FP8C_CPU_TASK_WORK=%s: expected a whole number of operations, 1 or more", s);
+            exit(2);
+        }
+        if (v >= 1) task_work_chosen = v;
         else if (!task_work_chosen) task_work_chosen = WORK;
     }
     return task_work_chosen;

@@ -82,9 +82,12 @@ static int64_t spin_ns(void)
     static int64_t ns = -1;
     if (ns < 0) {
         const char *s = getenv("FP8C_POOL_SPIN_US");
-        char *end = NULL;
-        long long v = s && *s ? strtoll(s, &end, 10) : -1;
-        ns = end && *end == 0 && v >= 0 ? v * 1000 : 200 * 1000;
+        int64_t v = 200;
+        if (s && (!rt_cli_int(s, &v) || v < 0 || v > 1000000000)) {   /* as strict as a flag */
+            rt_error("FP8C_POOL_SPIN_US=%s: expected a whole number of microseconds, 0 to 1000000000", s);
+            exit(2);
+        }
+        ns = v * 1000;
     }
     return ns;
 }

@@ -442,6 +442,20 @@ static void test_bad_input(void **state) {
     if (threads_rc != 2 || !strstr(threads_out, "FP8C_THREADS=abc: expected a whole number from 1 to 1024"))
         fail_msg("FP8C_THREADS=abc: status %d, said:\n%s", threads_rc, threads_out);
     free(threads_out);
+    /* and so are the CPU executor's two tuning variables */
+    static const char *const env_cases[][2] = {
+        {"FP8C_CPU_TASK_WORK=lots", "FP8C_CPU_TASK_WORK=lots: expected a whole number of operations"},
+        {"FP8C_CPU_TASK_WORK=0", "FP8C_CPU_TASK_WORK=0: expected a whole number of operations"},
+        {"FP8C_POOL_SPIN_US=-5", "FP8C_POOL_SPIN_US=-5: expected a whole number of microseconds"},
+        {"FP8C_POOL_SPIN_US=2ms", "FP8C_POOL_SPIN_US=2ms: expected a whole number of microseconds"},
+    };
+    for (size_t k = 0; k < sizeof env_cases / sizeof env_cases[0]; k++) {
+        int env_rc = run("cpuenv", "%s %s/bin --data %s --steps 1", env_cases[k][0], tmp_dir, data);
+        char *env_out = slurp("cpuenv.out");
+        if (env_rc != 2 || !strstr(env_out, env_cases[k][1]))
+            fail_msg("%s: status %d, said:\n%s", env_cases[k][0], env_rc, env_out);
+        free(env_out);
+    }
     /* a floor above the model's own learning rate is a flag's mistake, as one above --lr is */
     expect_one_line("minlr", 2, "--min-lr 1 is above the peak learning rate",
                     run("minlr", "%s/bin --data %s --min-lr 1", tmp_dir, data));
