@@ -650,9 +650,12 @@ static int train_generate(Graph *g, const TrainOptions *o) {
     int status = 1, n_prompt = 0;
     int32_t *prompt = NULL;
     if (o->threads) ref_set_threads(o->threads);
-    if (!model_inspect(g, &m) || !(prompt = train_prompt(o, m.vocab, &n_prompt)) ||
-        !rt_memory_bind(g, &mem))
+    if (!model_inspect(g, &m)) goto out;
+    if (!(prompt = train_prompt(o, m.vocab, &n_prompt))) {
+        status = 2;   /* --prompt's value, refused as any flag's is */
         goto out;
+    }
+    if (!rt_memory_bind(g, &mem)) goto out;
     Progress p = {.seed = o->seed};
     TrainOptions quiet = *o;   /* --seed is the sampler's here, not the batches' */
     quiet.seed_given = false;

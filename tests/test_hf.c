@@ -928,6 +928,20 @@ static void test_text_note(void **state) {
     const char *at = strstr(out, "text is read as bytes");
     if (!at || strstr(at + 1, "text is read as bytes")) fail_msg("expected one note:\n%s", out);
     free(out);
+    /* a prompt that is no list of token ids below 300 is a flag's bad value: status 2 */
+    static const char *const prompts[][2] = {
+        {"--prompt 'the cat'", "--prompt: \"the cat\" is not a token id below the vocabulary's 300"},
+        {"--prompt '5 300'", "--prompt: \"300\" is not a token id"},
+        {"--prompt ' , '", "--prompt: empty: give at least one token"},
+        {"", "the vocabulary has 300 tokens, not bytes"},
+    };
+    for (size_t k = 0; k < sizeof prompts / sizeof prompts[0]; k++) {
+        rc = run("prompt", "%s --generate 2 --device ref %s", tmp("v"), prompts[k][0]);
+        char *said = output("prompt");
+        if (rc != 2 || !strstr(said, prompts[k][1]))
+            fail_msg("--generate 2 %s: status %d, said:\n%s", prompts[k][0], rc, said);
+        free(said);
+    }
 }
 
 /* Every parameter and its master in two fp8c checkpoints: the same bytes. A split master
