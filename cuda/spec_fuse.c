@@ -896,6 +896,85 @@ static void fold_inverse_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
     }
 }
 
+/* ---------------------------------------------------------------- attention scales
+ * Attention's result is quantized with current scaling at -O1..-O3 (y for the output
+ * projection, the backward's packed dq|dk|dv for the weight and input gradients of q, k and
+ * v), and its per-tensor scale is a pass over the whole result (ck_quant_scale_tensor): 24
+ * launches and 2.3 GB of reads a GPT-2 d12 step at batch 32. The attention's own launches
+ * hold every value they store, so they can take the amax as they go: each block folds its
+ * largest |value| into a running maximum, and the last block of the last launch writing the
+ * result stores the scale (ck_attn_scale_out, attn_tc.cuh). The scale's launch goes and the
+ * attention's plan absorbs its node. The same bits: the maximum of the stored values either
+ * way, and the same division.
+ *
+ * Taken where the scale is a plain f32 scalar made by the pass, right after the attention in
+ * the schedule (no launch between them: the scale's bytes, born at its node, may be another
+ * value's until then, and only the attention's last block writes them, after every read of
+ * the launch), and the attention runs on the tensor-core kernels (attn_tc.cuh, attn_wgmma.cuh;
+ * the CUDA-core ones of other formats keep the pass). The choice fuse.attention_scales=0 (per
+ * scale: @ID of the attention) keeps the pass. */
+
+/* whether launch l is one of the tensor-core kernels that store attention's result: a
+ * forward of MODE 0 ("ck_attn_wg_fwd<64, 0, ..": MODE 1, the backward's rerun of it, stores
+ * only statistics), a dq or a dk/dv pass */
+static bool attn_tc_result_launch(const CuLaunch *l) {
+    static const char *const fwd[] = {"ck_attn_tc_fwd<", "ck_attn_wg_fwd<", "ck_attn_wg_fwd_pipe<"};
+    static const char *const bwd[] = {"ck_attn_tc_dq<", "ck_attn_wg_dq<", "ck_attn_tc_dkv<", "ck_attn_wg_dkv<"};
+    if (l->kind != CU_KERNEL) return false;
+    for (size_t k = 0; k < sizeof bwd / sizeof *bwd; k++)
+        if (!strncmp(l->body, bwd[k], strlen(bwd[k]))) return true;
+    for (size_t k = 0; k < sizeof fwd / sizeof *fwd; k++) {
+        size_t at = strlen(fwd[k]);
+        if (strncmp(l->body, fwd[k], at)) continue;
+        while (l->body[at] >= '0' && l->body[at] <= '9') at++;   /* D */
+        return !strncmp(l->body + at, ", 0,", 4);
+    }
+    return false;
+}
+
+static void fold_attention_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
+    for (int i = 1; i < g->n_nodes; i++) {
+        const Node *qs = g->nodes[i], *x = qs->op == OP_QUANT_SCALE ? qs->in[0] : NULL;
+        CuNodePlan *p = &plans[i];
+        if (!x || (x->op != OP_ATTENTION && x->op != OP_ATTENTION_BWD) ||
+            IR_IATTR(qs, QUANT_SCALE, scaling) != SCALE_PER_TENSOR || p->n_launch != 1 || p->n_absorbed ||
+            p->members || strncmp(p->launch[0].body, "ck_quant_scale_tensor<", 22) || qs->t.fmt.elem != FMT_F32 ||
+            qs->t.fmt.scaling != SCALE_NONE || qs->t.fmt.codec != CODEC_PLAIN || ir_numel(&qs->t) != 1 ||
+            x->index < 0 || x->index >= i || !fusion_on(g, "fuse.attention_scales", x))
+            continue;
+        CuNodePlan *xp = &plans[x->index];
+        if (!xp->n_launch || xp->members || xp->alone || xp->n_absorbed >= (int)(sizeof xp->absorbed / sizeof *xp->absorbed))
+            continue;
+        bool between = false;   /* a launch between the attention's and the scale's place */
+        for (int j = x->index + 1; j < i && !between; j++) between = plans[j].n_launch > 0;
+        /* the launches that store the result: the forward's one, the backward's dq and dk/dv */
+        int writers[2], n_writers = 0;
+        bool other = false;
+        for (int k = 0; k < xp->n_launch; k++) {
+            if (attn_tc_result_launch(&xp->launch[k])) {
+                if (n_writers < 2) writers[n_writers] = k;
+                n_writers++;
+            } else if (xp->launch[k].kind != CU_KERNEL || strncmp(xp->launch[k].body, "ck_attn_", 8)) {
+                other = true;   /* the statistics (attnsaved, attnstat) are the only others */
+            }
+        }
+        int want = x->op == OP_ATTENTION ? 1 : 2;
+        if (between || other || n_writers != want) continue;
+        CuLaunch *l = arena_alloc(a, sizeof *l * (size_t)xp->n_launch);
+        memcpy(l, xp->launch, sizeof *l * (size_t)xp->n_launch);
+        for (int k = 0; k < n_writers; k++) {
+            CuLaunch *w = &l[writers[k]];
+            arg_node(w, CK_MAX_TENSORS - 1, qs);
+            w->args.f[1] = k == n_writers - 1 ? num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem)) : 0.0;
+            w->args.f[2] = (double)IR_IATTR(qs, QUANT_SCALE, margin);
+        }
+        xp->launch = l;
+        xp->absorbed[xp->n_absorbed++] = qs;
+        memset(p, 0, sizeof *p);
+        p->node = qs;
+    }
+}
+
 /* The bytes of the descale area the plans' GEMMs read (fold_inverse_scales). */
 int64_t cuda_plan_descale_bytes(const Graph *g, const CuNodePlan *plans) {
     int64_t bytes = 0;
@@ -943,6 +1022,7 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
         }
         plans[r] = fused;
     }
+    fold_attention_scales(g, plans, a);
     fold_inverse_scales(g, plans, a);
     return plans;
 }

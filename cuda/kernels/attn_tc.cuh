@@ -211,21 +211,50 @@ static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scal
     }
 }
 
+/* The per-tensor scale of the result, computed by the launches that write it (spec_fuse.c,
+ * fold_attention_scales), so that no pass over the result reads it again for its amax. Where
+ * t[CK_ATTN_SCALE] is set, each block folds the largest |value| it stored (m: the thread's,
+ * before rounding; rounding is monotonic, so rounding the maximum gives the maximum of the
+ * stored values) into a running maximum at ticket[1]: an atomicMax on the bits, which for
+ * floats >= 0 order as the floats do, and a maximum is the same whatever order the blocks
+ * finish in. The last block of the launch that ends the result (the backward's dk/dv pass,
+ * after its dq pass; f[CK_ATTN_SCALE_MAX] = max(elem) there, 0 on the launch before it) turns
+ * the maximum into the scale as ck_store_scale does, margin f[CK_ATTN_SCALE_MARGIN], and sets
+ * the maximum back to zero for the next. Every thread of the block calls it, after its last
+ * store. */
+#define CK_ATTN_SCALE (CK_MAX_TENSORS - 1)
+#define CK_ATTN_SCALE_MAX 1
+#define CK_ATTN_SCALE_MARGIN 2
+template <class Y> static __device__ void ck_attn_scale_out(const CkArgs &a, float m) {
+    if (!a.t[CK_ATTN_SCALE].p) return;
+    m = ck_block_max(m);
+    if (threadIdx.x == 0 && m > 0.0f) atomicMax(a.ticket + 1, __float_as_uint(Y::round(a.t[0], 0, m)));
+    if (!ck_last_block(a) || a.f[CK_ATTN_SCALE_MAX] == 0.0 || threadIdx.x != 0) return;
+    float amax = __uint_as_float(atomicExch(a.ticket + 1, 0u));
+    *(float *)a.t[CK_ATTN_SCALE].p =
+        ck_amax_usable(amax) ? ck_scale_for(a.f[CK_ATTN_SCALE_MAX], amax, (i64)a.f[CK_ATTN_SCALE_MARGIN]) : 1.0f;
+}
+
 /* The end of a forward for a warp's 16 rows (the accumulator layout of ck_softmax_tile): MODE 0
- * stores y = O / l and, with lse (i[11]), each row's logsumexp after y; MODE 1 (t[1] = dy)
- * leaves in the scratch each row's logsumexp and Dt = rowsum(dy * y), which the backward's
- * dq and dk/dv passes read. */
+ * stores y = O / l and, with lse (i[11]), each row's logsumexp after y (and, folded, y's scale:
+ * ck_attn_scale_out); MODE 1 (t[1] = dy) leaves in the scratch each row's logsumexp and
+ * Dt = rowsum(dy * y), which the backward's dq and dk/dv passes read. */
 template <int D, int MODE, class Y, class DY>
 static __device__ __forceinline__ void ck_attn_fwd_finish(const CkArgs &a, const float (*o)[4], const float *m,
                                                           const float *l, i64 b, i64 h, int row0, int tig, int Ti) {
     i64 B = a.i[0], T = a.i[1], H = a.i[2];
     if (MODE == 0) {
+        float big = 0.0f;
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-                if (row < Ti) Y::st(a.t[0], (b * T + row) * H * D + h * D + col, o[n][i] / l[i >> 1]);
+                float v = o[n][i] / l[i >> 1];
+                if (row < Ti) {
+                    Y::st(a.t[0], (b * T + row) * H * D + h * D + col, v);
+                    big = fmaxf(big, fabsf(v));
+                }
             }
         if (a.i[11])
 #pragma unroll
@@ -233,6 +262,7 @@ static __device__ __forceinline__ void ck_attn_fwd_finish(const CkArgs &a, const
                 int row = row0 + r * 8;
                 if (row < Ti && tig == 0) ck_attn_lse_out(a)[(b * H + h) * T + row] = m[r] * CK_LN2 + logf(l[r]);
             }
+        ck_attn_scale_out<Y>(a, big);
         return;
     }
     float dsum[2] = {0.0f, 0.0f};
@@ -365,18 +395,24 @@ template <int D, class Y>
 static __device__ __forceinline__ void ck_attn_dq_store(const CkArgs &a, const float (*dq)[4], i64 b, i64 h,
                                                         int row0, int tig, int Ti) {
     i64 T = a.i[1], H = a.i[2], Hkv = a.i[3], ycols = (H + 2 * Hkv) * D;
+    float big = 0.0f;
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-            if (row < Ti) Y::st(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][i]);
+            if (row < Ti) {
+                Y::st(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][i]);
+                big = fmaxf(big, fabsf(dq[n][i]));
+            }
         }
+    ck_attn_scale_out<Y>(a, big);
 }
 template <int D, class Y>
 static __device__ __forceinline__ void ck_attn_dkv_store(const CkArgs &a, const float (*dk)[4], const float (*dv)[4],
                                                          i64 b, i64 g, int key0, int tig, int Ti) {
     i64 T = a.i[1], H = a.i[2], Hkv = a.i[3], ycols = (H + 2 * Hkv) * D;
+    float big = 0.0f;
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
 #pragma unroll
@@ -385,8 +421,10 @@ static __device__ __forceinline__ void ck_attn_dkv_store(const CkArgs &a, const 
             if (key < Ti) {
                 Y::st(a.t[0], (b * T + key) * ycols + H * D + g * D + col, dk[n][i]);
                 Y::st(a.t[0], (b * T + key) * ycols + (H + Hkv) * D + g * D + col, dv[n][i]);
+                big = fmaxf(big, fmaxf(fabsf(dk[n][i]), fabsf(dv[n][i])));
             }
         }
+    ck_attn_scale_out<Y>(a, big);
 }
 
 /* dq: one block per (b, h, query tile); t[1..4] = dy, q, k, v */

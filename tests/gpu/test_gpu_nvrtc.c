@@ -536,6 +536,91 @@ static void test_inverse_scales_plan(void **state) {
     }
 }
 
+/* Attention's result scale made by its own launches (spec_fuse.c, fold_attention_scales): per
+ * folded scale, the scale's node has no launch left; the attention's plan absorbed it, and its
+ * launches that store the result (the forward's one; the backward's dq pass, then its dk/dv
+ * pass) carry the scale in t[11], the margin in f[2], and the largest value of the element
+ * type in f[1] on the last of them only (the one that stores the scale), never on the
+ * statistics' launches. Counted for GPT-2 d12 at -O1 and -O3 (each layer's y and packed
+ * dq|dk|dv) and Llama 1.1B at -O1 (y: its dq, dk, dv go through RoPE's backward before their
+ * scale); switched off, every one of those scales has its pass again. */
+static int check_attention_scales(const Graph *g, const CuNodePlan *plans) {
+    int folded = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const CuNodePlan *p = &plans[i];
+        const Node *n = g->nodes[i];
+        if (n->op != OP_ATTENTION && n->op != OP_ATTENTION_BWD) continue;
+        const Node *qs = NULL;
+        for (int k = 0; k < p->n_absorbed; k++)
+            if (p->absorbed[k]->op == OP_QUANT_SCALE) qs = p->absorbed[k];
+        if (!qs) continue;
+        assert_ptr_equal(qs->in[0], n);
+        assert_int_equal(plans[qs->index].n_launch, 0);
+        int writers = 0, last = -1;
+        for (int k = 0; k < p->n_launch; k++) {
+            const CuLaunch *l = &p->launch[k];
+            if (l->ref[11].node != qs) {
+                assert_null(l->ref[11].node);
+                continue;
+            }
+            assert_true(strstr(l->body, "_fwd<") || strstr(l->body, "_dq<") || strstr(l->body, "_dkv<"));
+            assert_true(l->args.f[2] == (double)IR_IATTR(qs, QUANT_SCALE, margin));
+            writers++;
+            last = k;
+        }
+        assert_int_equal(writers, n->op == OP_ATTENTION ? 1 : 2);
+        for (int k = 0; k < p->n_launch; k++)
+            if (p->launch[k].ref[11].node == qs)
+                assert_true(k == last ? p->launch[k].args.f[1] > 0 : p->launch[k].args.f[1] == 0);
+        folded++;
+    }
+    return folded;
+}
+
+static int attention_scale_passes(const Graph *g, const CuNodePlan *plans) {
+    int n = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *x = g->nodes[i]->op == OP_QUANT_SCALE ? g->nodes[i]->in[0] : NULL;
+        if (x && (x->op == OP_ATTENTION || x->op == OP_ATTENTION_BWD) && plans[i].n_launch) n++;
+    }
+    return n;
+}
+
+static void test_attention_scales_plan(void **state) {
+    (void)state;
+    char why[512], path[4500];
+    static const struct {
+        const char *model;
+        int batch, seq, level, folded;
+    } cases[] = {
+        {"gpt2", 32, 1024, 1, 24}, {"gpt2", 32, 1024, 3, 24}, {"llama", 4, 2048, 1, 22}, {"gpt2_tiny", 2, 64, 1, 8},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Arena *a = arena_new();
+        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, cases[c].model);
+        BuildOptions o;
+        memset(&o, 0, sizeof o);
+        o.front.batch = cases[c].batch;
+        o.front.seq = cases[c].seq;
+        o.passes.opt_level = cases[c].level;
+        diag_reset();
+        Graph *g = pipeline_compile(a, path, &o);
+        assert_true(g && !diag_error_count());
+        CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+        int folded = check_attention_scales(g, plans), left = attention_scale_passes(g, plans);
+        printf("  %s O%d batch %d x %d: %d attention scales made by the attention's launches, %d passes left\n",
+               cases[c].model, cases[c].level, cases[c].batch, cases[c].seq, folded, left);
+        assert_int_equal(folded, cases[c].folded);
+        ir_set_choice(g, "fuse.attention_scales", "0");
+        plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+        assert_int_equal(check_attention_scales(g, plans), 0);
+        assert_int_equal(attention_scale_passes(g, plans), folded + left);
+        ir_set_choice(g, "fuse.attention_scales", "1");
+        if (!strcmp(cases[c].model, "gpt2_tiny")) assert_module_compiles(g);
+        arena_free(a);
+    }
+}
+
 /* GELU in cuBLASLt's epilogues (spec.c, gemm_gelu and epilogue_of). gpt2_tiny has one GELU a
  * layer, four layers:
  *  - -O0: each c_fc GEMM computes its GELU (GELU_AUX_BIAS: D the GELU, aux the bias add that the
@@ -761,7 +846,8 @@ static void test_fusion_switches(void **state) {
     (void)state;
     static const char *const kinds[] = {"fuse.producer_quantizes", "fuse.bias_grads", "fuse.group_quantizes", "fuse.input_group_copies",
                                         "fuse.ce_one_pass", "fuse.ce_lse", "fuse.gemm_epilogues",
-                                        "fuse.gemm_gelu", "fuse.cast_transposes", "fuse.inverse_scales"};
+                                        "fuse.gemm_gelu", "fuse.cast_transposes", "fuse.inverse_scales",
+                                        "fuse.attention_scales"};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         int changed_at = -1;
         for (int level = 0; level <= 3 && changed_at < 0; level++) {
@@ -908,6 +994,7 @@ int main(void) {
                                        cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_cast_transpose_plan),
                                        cmocka_unit_test(test_inverse_scales_plan),
+                                       cmocka_unit_test(test_attention_scales_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_loss_one_pass_plan),
                                        cmocka_unit_test(test_loss_choices_plan),

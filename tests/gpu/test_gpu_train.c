@@ -36,8 +36,10 @@
  * backward's scales drawn as well, from 1/4 to 16: the delayed-scaling graph's histories and
  * scales 2.9e-2, but a bias gradient 0.26 off (flushed gradients). Determinism is bit for bit: the same step from the same
  * bytes gives the same loss and the same persistent state, and so does the step with every
- * kernel launched programmatically dependent (the choice cuda.pdl), run twice (the second time
- * from its CUDA graph). */
+ * kernel launched programmatically dependent (the choice cuda.pdl), and the step with
+ * attention's result scales made by a pass of their own rather than by the attention's
+ * launches (fuse.attention_scales=0: the same maximum, so the same scales), each run twice
+ * (the second time from its CUDA graph). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -323,22 +325,35 @@ static int check_graph(const char *path) {
         failures++;
     }
     cuda_exec_close(e);
-    /* each kernel launched programmatically dependent (cuda.pdl=1: it may start while the
-     * launch before it ends, and waits for it in ck_grid_wait): the same step from the same
-     * bytes, twice (the second run from its CUDA graph), bit for bit */
-    bool pdl_same = ok;
-    ir_set_choice(g, "cuda.pdl", "1");
-    CudaExec *ep = ok ? cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size) : NULL;
-    for (int run = 0; run < 2 && pdl_same; run++) {
-        memcpy(mem.persistent, p0, pb);
-        memcpy(mem.step, s0, sb);
-        pdl_same = ep && cuda_exec_push_arenas(ep) && cuda_exec_run_micro_step(ep) && cuda_exec_pull(ep, scalars, 2);
-        float loss_pdl = read_scalar(io.loss);
-        pdl_same = pdl_same && cuda_exec_run_phase(ep, PHASE_UPDATE) && cuda_exec_pull(ep, pers, n_pers) &&
-                   memcmp(&loss_pdl, &loss_gpu, sizeof loss_gpu) == 0 && memcmp(mem.persistent, p_gpu, pb) == 0;
+    /* choices that must not change a bit of the step, each from the same bytes twice (the
+     * second run from its CUDA graph): every kernel launched programmatically dependent
+     * (cuda.pdl=1: it may start while the launch before it ends, and waits for it in
+     * ck_grid_wait); attention's result scales made by their own pass over the result again
+     * (fuse.attention_scales=0), not by the attention's launches */
+    static const struct {
+        const char *name, *value, *dflt;
+    } same_bits[] = {
+        {"cuda.pdl", "1", "0"},
+        {"fuse.attention_scales", "0", "1"},
+    };
+    bool variants_same[2] = {ok, ok};
+    for (int v = 0; v < 2; v++) {
+        ir_set_choice(g, same_bits[v].name, same_bits[v].value);
+        CudaExec *ev = ok ? cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size) : NULL;
+        for (int run = 0; run < 2 && variants_same[v]; run++) {
+            memcpy(mem.persistent, p0, pb);
+            memcpy(mem.step, s0, sb);
+            variants_same[v] = ev && cuda_exec_push_arenas(ev) && cuda_exec_run_micro_step(ev) &&
+                               cuda_exec_pull(ev, scalars, 2);
+            float loss_v = read_scalar(io.loss);
+            variants_same[v] = variants_same[v] && cuda_exec_run_phase(ev, PHASE_UPDATE) &&
+                               cuda_exec_pull(ev, pers, n_pers) && memcmp(&loss_v, &loss_gpu, sizeof loss_gpu) == 0 &&
+                               memcmp(mem.persistent, p_gpu, pb) == 0;
+        }
+        if (ev) cuda_exec_close(ev);
+        ir_set_choice(g, same_bits[v].name, same_bits[v].dflt);
     }
-    if (ep) cuda_exec_close(ep);
-    ir_set_choice(g, "cuda.pdl", "0");
+    bool pdl_same = variants_same[0], scales_same = variants_same[1];
     cuda_binary_free(&bin);
     if (!ok) {
         printf("  %s: the GPU step failed\n", path);
@@ -394,13 +409,15 @@ static int check_graph(const char *path) {
     bool fp8 = level > 0;
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 5e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
-                e_hist <= 0.1 && same && pdl_same;
+                e_hist <= 0.1 && same && pdl_same && scales_same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
-           "| update err %.2f | %d histories and scales err %.1e | deterministic %s, launched dependent %s | "
+           "| update err %.2f | %d histories and scales err %.1e | deterministic %s, launched dependent %s, "
+           "attention scales by a pass %s | "
            "%d GEMM epilogues (GELU %d, "
            "into FP8 %d, GELU backward %d), %d batched launches%s\n",
            strrchr(path, '/') ? strrchr(path, '/') + 1 : path, level, loss_gpu, loss_ref, e_loss, n_grads, e_grad,
-           e_bias, e_gn, e_upd, n_hist, e_hist, same ? "yes" : "NO", pdl_same ? "the same" : "NOT THE SAME", epilogues, gelu, fp8_results, dgelu, batched,
+           e_bias, e_gn, e_upd, n_hist, e_hist, same ? "yes" : "NO", pdl_same ? "the same" : "NOT THE SAME",
+           scales_same ? "the same" : "NOT THE SAME", epilogues, gelu, fp8_results, dgelu, batched,
            pass ? "" : "  FAIL");
     if (!pass) failures++;
     if ((!pass || getenv("FP8C_TEST_VERBOSE")) && p_ref)
