@@ -43,8 +43,10 @@ static bool dev_open(Graph *g, RtMemory *host) {
         if (cuda_exec_sharded(dev_exec) && n > 0 && (size_t)n < sizeof dev_desc)
             snprintf(dev_desc + n, sizeof dev_desc - (size_t)n, "; %s sharded (%s): persistent arena "
                      "%lld bytes on this GPU, %lld whole",
-                     rt_shard_stage(g) >= 2 ? "gradients, masters and optimizer states" : "masters and optimizer states",
-                     rt_shard_stage(g) >= 2 ? "--shard-states=2" : "--shard-states",
+                     rt_shard_stage(g) >= 3   ? "weights, gradients, masters and optimizer states"
+                     : rt_shard_stage(g) >= 2 ? "gradients, masters and optimizer states"
+                                              : "masters and optimizer states",
+                     rt_shard_stage(g) >= 3 ? "--shard-states=3" : rt_shard_stage(g) >= 2 ? "--shard-states=2" : "--shard-states",
                      (long long)cuda_exec_persistent_bytes(dev_exec), (long long)host->persistent_bytes);
     }
     return true;

@@ -24,7 +24,8 @@
  *
  * This file sets the executor up and runs the lists; the matmuls and their algorithms are in
  * exec_gemm.c, batched launches in exec_batch.c, the gradient sums of a data-parallel run in
- * exec_comm.c, its sharded optimizer state (--shard-states) in exec_shard.c, and kernel-IR
+ * exec_comm.c, its sharded optimizer state (--shard-states) in exec_shard.c, its sharded
+ * gradients (=2) in exec_grads.c, its sharded weights (=3) in exec_gather.c, and kernel-IR
  * programs (tests) in exec_cg.c;
  * exec_internal.h holds what they share. */
 #include <errno.h>
@@ -66,6 +67,7 @@ static bool exec_map(const CudaExec *e, const void *p, CUdeviceptr *out) {
         /* --shard-states: the device holds this rank's shards only (exec_shard.c); =2: the
          * micro-step writes the gradients into bucket buffers (exec_grads.c) */
         if (e->shard_grads && exec_grads_map(e, c - hp, out)) return true;
+        if (e->shard_weights && exec_gather_map(e, c - hp, out)) return true;   /* =3: layer buffers */
         *out = e->shard ? exec_shard_map(e, c - hp) : e->persistent + (CUdeviceptr)(c - hp);
         return true;
     }
@@ -476,8 +478,11 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     if (e->persistent_alloc < 0) goto fail;
     int64_t grad_buf_bytes = exec_grads_layout(e);   /* --shard-states=2: the bucket buffers */
     if (grad_buf_bytes < 0) goto fail;
+    int64_t gather_buf_bytes = exec_gather_layout(e);   /* --shard-states=3: the layer buffers */
+    if (gather_buf_bytes < 0) goto fail;
     int64_t step_bytes = align_up(host->step_bytes);
-    int64_t ws_bytes = CUBLAS_WORKSPACE + align_up(e->scratch_bytes) + align_up(e->aux_bytes) + align_up(grad_buf_bytes);
+    int64_t ws_bytes = CUBLAS_WORKSPACE + align_up(e->scratch_bytes) + align_up(e->aux_bytes) + align_up(grad_buf_bytes) +
+                       align_up(gather_buf_bytes);
     e->step_alloc = step_bytes + ws_bytes;
     int64_t need = align_up(e->persistent_alloc) + e->step_alloc;
     size_t free_b = 0, total_b = 0;
@@ -501,6 +506,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->scratch = e->cublas_ws + CUBLAS_WORKSPACE;
     e->aux = e->scratch + (CUdeviceptr)align_up(e->scratch_bytes);
     e->grad_buf = e->aux + (CUdeviceptr)align_up(e->aux_bytes);
+    e->gather_buf = e->grad_buf + (CUdeviceptr)align_up(grad_buf_bytes);
     e->finite_flag_off = 0;
     e->ticket_off = 64;
     e->aux_used = ALIGN;
@@ -542,11 +548,15 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         micro_end[i] = e->lists[LIST_MICRO].n;
         /* a forward whose work its backward does in the micro-step runs its own launches here */
         const CuNodePlan *eval = e->plans[i].alone ? e->plans[i].alone : &e->plans[i];
+        /* --shard-states=3: the lists read gathered weights in the layer buffers (exec_gather.c) */
+        exec_gather_at(e, GATHER_EVAL, i, e->lists[LIST_EVAL].n);
         if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, eval)) goto fail;
+        exec_gather_at(e, GATHER_MICRO, i, e->lists[LIST_MICRO].n);
         if (!e->plans[i].n_launch) continue;
         e->map_grads = e->shard_grads;   /* the micro-step writes the bucket buffers */
         bool added = n->phase == PHASE_UPDATE || exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i]);
         e->map_grads = false;
+        exec_gather_at(e, -1, 0, 0);
         if (!added) goto fail;
         micro_end[i] = e->lists[LIST_MICRO].n;
         if (n->phase != PHASE_UPDATE) continue;
@@ -558,7 +568,9 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         }
     }
     /* the gradients' sums (no launches of their own: a batched run may span them), in buckets */
-    if (!exec_comm_open(e, micro_end) || !exec_shard_prepare(e) || !exec_grads_open(e, micro_end)) goto fail;
+    if (!exec_gather_check(e) || !exec_comm_open(e, micro_end) || !exec_shard_prepare(e) ||
+        !exec_grads_open(e, micro_end) || !exec_gather_open(e))
+        goto fail;
     free(micro_end);
     micro_end = NULL;
     if (!exec_agree_gemms(e)) goto fail;
@@ -596,6 +608,7 @@ void cuda_exec_close(CudaExec *e) {
         }
         exec_comm_close(e);
         exec_grads_close(e);
+        exec_gather_close(e);
         exec_shard_close(e);
         if (e->have_lt) CU(cublasLtDestroy)(e->lt);
         if (e->module) CU(cuModuleUnload)(e->module);
@@ -613,6 +626,7 @@ void cuda_exec_close(CudaExec *e) {
 /* ---------------------------------------------------------------- running */
 
 bool cuda_exec_run_phase(CudaExec *e, Phase p) {
+    if (p == PHASE_FORWARD && e->shard_weights) return exec_gather_run_eval(e);   /* with its gathers */
     if (p == PHASE_FORWARD) return exec_run_list(e, &e->lists[LIST_EVAL]) && exec_finish(e, "forward");
     /* several ranks: the gradients' sums first (unless the last micro-step overlapped them
      * with its backward), and the whole update within the deadline */

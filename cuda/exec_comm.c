@@ -298,7 +298,8 @@ static bool exec_send_bucket(CudaExec *e, int b) {
 }
 
 /* The micro-step's launches with the buckets between them, then the join. With
- * --shard-states=2 each bucket's buffer is opened before its first write (exec_grads.c). */
+ * --shard-states=2 each bucket's buffer is opened before its first write (exec_grads.c); with
+ * =3 the layers' gathers are issued and waited for between the launches too (exec_gather.c). */
 static bool exec_launch_last(CudaExec *e, void *unused) {
     (void)unused;
     ExecList *L = &e->lists[LIST_MICRO];
@@ -309,7 +310,7 @@ static bool exec_launch_last(CudaExec *e, void *unused) {
         for (; ok && b < e->comm.n_buckets && e->bucket_at[b] <= i; b++) ok = exec_send_bucket(e, b);
         for (int o = 0; ok && e->shard_grads && o < e->comm.n_buckets; o++)
             if (e->bucket_open[o] == i) ok = exec_grads_open_bucket(e, o);
-        if (ok && i < L->n) ok = exec_launch(e, &L->l[i]);
+        if (ok && i < L->n) ok = exec_gather_before(e, GATHER_MICRO, i) && exec_launch(e, &L->l[i]);
     }
     return ok && CU_CHECK(CU(cuEventRecord)(e->comm_done, e->comm_stream)) &&
            CU_CHECK(CU(cuStreamWaitEvent)(e->stream, e->comm_done, 0));

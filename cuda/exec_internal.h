@@ -7,6 +7,7 @@
  * exec_shard.c runs the sharded step (--shard-states): shard arenas, reductions to the
  * shards' owners, the update over each rank's shards and the gathers after it; exec_grads.c
  * its stage 2 (--shard-states=2): the backward's bucket buffers, reduced every micro-step;
+ * exec_gather.c its stage 3 (=3): the layers' weights gathered into layer buffers;
  * exec_cg.c runs loop kernels of a kernel-IR program on the executor's arenas (tests). They
  * share the executor's state (struct CudaExec) and its launch lists. Internal to cuda/. */
 #ifndef FP8C_EXEC_INTERNAL_H
@@ -89,6 +90,8 @@ typedef struct {
     int reduce;                           /* its gradient's sum in e->reduce */
     CUdeviceptr grad, param, copy, amax;  /* whole tensors; copy and amax 0 without an FP8 copy */
     int64_t grad_bytes, param_eb, copy_eb;
+    bool gathered;                        /* --shard-states=3: the weight (and copy) kept as its
+                                             shard and gathered by the step (exec_gather.c) */
 } ExecShardUpdate;
 typedef struct {
     int update;
@@ -108,6 +111,30 @@ typedef struct {
     RtShard mine;
     CUdeviceptr shard;                    /* this rank's shard accumulator (persistent) */
 } ExecGrad;
+
+/* --shard-states=3 (exec_gather.c): what one gather brings into the layer buffers (a weight
+ * or its FP8 copy, whole in the host arena at `at`, its shards rt_shard_of's over n elements
+ * of eb bytes), and one gather of a layer in a phase with its places in the two lists that
+ * run it. */
+typedef struct {
+    int gather;                           /* index into e->gathers */
+    const Node *tensor;                   /* the PARAM or the weight_copy state */
+    int64_t at, bytes, eb;                /* the whole tensor in the host persistent arena */
+    int64_t n, group;                     /* elements, shard group (its update's) */
+    int64_t buf_at;                       /* its place among the buffers (e->gather_buf) */
+} ExecGatherItem;
+enum { GATHER_EVAL, GATHER_MICRO, GATHER_LISTS };   /* LIST_EVAL, LIST_MICRO */
+typedef struct {
+    Phase phase;
+    int issue;                            /* node position: enqueued before its launches */
+    int buffer;                           /* e->gather_slot_at[buffer]: its buffer */
+    int first_item, n_items;
+    int64_t bytes;                        /* its items in the buffer, aligned */
+    /* per list: the launch it is issued before, the first and last launch that read it
+     * (-1: none); filled while the lists are resolved */
+    int issue_at[GATHER_LISTS], read_from[GATHER_LISTS], read_to[GATHER_LISTS];
+    CUevent done;                         /* its collectives have finished (NCCL's stream) */
+} ExecGather;
 
 struct CudaExec {
     Graph *g;
@@ -184,6 +211,21 @@ struct CudaExec {
     int *open_node, *bucket_open;
     CUevent *slot_sent;
     bool *slot_busy;
+    /* --shard-states=3 (exec_gather.c): the gathered weights, the layer buffers (in the step
+     * allocation, after the gradient buffers) and, while a list is resolved, where it is */
+    bool shard_weights;
+    ExecGatherItem *gather_items;
+    int n_gather_items;
+    ExecGather *gathers;
+    int n_gathers;
+    int64_t *gather_slot_at;              /* per buffer: its byte offset among all of them */
+    int n_gather_slots;
+    CUdeviceptr gather_buf;
+    int gather_list;                      /* resolving: GATHER_EVAL or _MICRO; -1 otherwise */
+    int gather_node, gather_launch;       /* resolving: the node and the list's next launch */
+    const Node *gather_miss;              /* a node that read a gathered weight outside a gather */
+    CUevent gather_ready;                 /* the executor's stream reached a gather's issue */
+    bool eval_warm;                       /* the evaluation list ran once uncaptured */
     const char *tune_report;              /* FP8C_TUNE_GEMMS: the tuning mode's report file */
     int micro_runs;
     bool stored_algos;                    /* the artifact's tune.device is this GPU: use its algorithms */
@@ -287,5 +329,30 @@ bool exec_grads_reduce(CudaExec *e, int first, int count, CUstream stream);
 /* a finite check's tensor (a gradient) restricted to this rank's shard of its sum */
 bool exec_grads_restrict_check(CudaExec *e, const Tensor *t, CkTensor *a);
 void exec_grads_close(CudaExec *e);
+
+/* ---------------------------------------------------------------- exec_gather.c */
+
+/* --shard-states=3: the gathers (runtime/comm_weights.c's plan) and their layer buffers
+ * (e->shard_weights set where the graph asks for stage 3 and the layout is sharded); the
+ * buffers' bytes, 0 without stage 3, -1 after one rt_error line. After exec_shard_layout and
+ * exec_grads_layout, before the arenas are allocated (it reads the graph and the host mirror). */
+int64_t exec_gather_layout(CudaExec *e);
+/* Resolving list GATHER_EVAL or GATHER_MICRO: node `node`'s launches come next, from launch
+ * `launch` on (every node, launches or not); list -1: resolving ends. */
+void exec_gather_at(CudaExec *e, int list, int node, int launch);
+/* The device address of byte off of the host persistent arena while a list is resolved:
+ * inside a gathered weight, its place in the buffer of the gather that holds it for the node
+ * being resolved (its phase's latest gather issued by then); false outside them. A read that
+ * no gather holds is remembered (e->gather_miss) for exec_gather_check. */
+bool exec_gather_map(const CudaExec *e, int64_t off, CUdeviceptr *out);
+/* After the lists are resolved: every read inside a gather issued before it, every gather
+ * issued, a buffer handed to a later gather only after the earlier one's last reader. */
+bool exec_gather_check(CudaExec *e);
+bool exec_gather_open(CudaExec *e);                          /* events; after exec_comm_open */
+/* Before launch i of list GATHER_EVAL or _MICRO: the gathers issued there, on NCCL's stream,
+ * and the executor's stream made to wait for the gathers its launch i first reads. */
+bool exec_gather_before(CudaExec *e, int list, int i);
+bool exec_gather_run_eval(CudaExec *e);                      /* the evaluation list, with gathers */
+void exec_gather_close(CudaExec *e);
 
 #endif

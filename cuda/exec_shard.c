@@ -6,7 +6,9 @@
  * (runtime/comm_shard.c has the arithmetic: per tensor, shard r of n elements is [r S,
  * (r+1) S) clipped to n, S = ceil(n / N) rounded up to the update's group). This is ZeRO
  * stage 1; with --shard-states=2 the accumulators are cut to the rank's shard as well, and
- * exec_grads.c gives the backward bucket buffers to write in (stage 2).
+ * exec_grads.c gives the backward bucket buffers to write in (stage 2); with =3 the weights
+ * the GEMMs read (and their FP8 copies) too, which exec_gather.c gathers into layer buffers
+ * while the step runs (stage 3).
  *
  * Memory. The host mirror stays the plan's whole persistent arena (host memory is not what
  * runs short, and checkpoints, initialization and resumption keep working on whole tensors);
@@ -36,14 +38,16 @@
  *      groups are the whole tensor's); then an all-reduce (max) of each FP8 weight copy's amax,
  *      so every rank's delayed scale agrees, and a group of broadcasts from each shard's owner
  *      of the new bf16 weights and (O1/O2) the e4m3 copies, which every rank encoded with that
- *      same scale; and the gradient accumulators zeroed whole (the kernel zeroes its shard, the
- *      rest still holds this rank's own share).
+ *      same scale (at stage 3 only of the weights kept whole: a gathered weight stays as its
+ *      owners' shards until the next step gathers it); and the gradient accumulators zeroed
+ *      whole (the kernel zeroes its shard, the rest still holds this rank's own share).
  *   3. the rest of the update.
  * The whole update is captured in one CUDA graph from its second run on (the first run lets
  * NCCL set up its connections outside any capture), as the last micro-step is.
  *
  * Checkpoints keep whole tensors: cuda_exec_gather, called by every rank, sends each rank's
- * shards of the states and masters to rank 0's host mirror. Loading needs nothing: every rank
+ * shards of the states and masters (and the accumulators at stage 2, the weights and copies
+ * at stage 3) to rank 0's host mirror. Loading needs nothing: every rank
  * reads the whole tensors into its mirror and pushes its shards, on any number of ranks. */
 #include <stdlib.h>
 #include <string.h>
@@ -91,13 +95,11 @@ int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
     Graph *g = e->g;
     e->shard = rt_shard_states(g) && world > 1;
     if (!e->shard) return e->host.persistent_bytes;
-    if (rt_shard_stage(g) >= 3) {   /* comm_weights.c plans the gathers; nothing here runs them */
-        rt_error("CUDA executor: --shard-states=3 (sharded weights) is not yet supported on %d GPUs: "
-                 "rebuild with --shard-states=2", world);
-        return -1;
-    }
     e->shard_world = world;
     e->shard_rank = rank;
+    /* --shard-states=3: the weights the step gathers (and their FP8 copies) are cut too */
+    RtGatherPlan gp;
+    if (!rt_gather_plan(g, world, &gp)) goto oom;
     /* the updates and the tensors they shard */
     int cap_u = 0, cap_t = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -118,6 +120,12 @@ int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
             while (acc->op == OP_ALL_REDUCE || acc->op == OP_ACCUMULATE) acc = acc->in[0];
             if (!push_tensor(e, &cap_t, k, &acc->t, false)) goto oom;
         }
+        const RtGatherWeight *gw = rt_gather_weight(&gp, u->in[0]);
+        if (gw) {   /* --shard-states=3: the weight and its copy (exec_gather.c) */
+            x->gathered = true;
+            if (!push_tensor(e, &cap_t, k, &u->in[0]->t, false)) goto oom;
+            if (gw->copy && !push_tensor(e, &cap_t, k, &gw->copy->t, false)) goto oom;
+        }
         for (int s = 2; s <= states; s++) {
             const Tensor *t = s < states ? &u->in[s]->t : master >= 0 ? &u->in[master]->t : NULL;
             if (!t) continue;
@@ -130,27 +138,43 @@ int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
     /* only its update may read a sharded tensor (its other bytes are not on this GPU): the
      * compiler's graphs have no other reader; one that had would get addresses of nothing.
      * (A stage-2 accumulator is read and written by the micro-step in its bucket buffer,
-     * exec_grads.c, and in the update by its norm and its update, both cut to the shard.) */
+     * exec_grads.c, and in the update by its norm and its update, both cut to the shard; a
+     * stage-3 weight or copy by the forward and backward in a layer buffer, exec_gather.c,
+     * which refuses a read no gather holds, and in the update by its update only.) */
     bool *kept_whole = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *kept_whole);
-    if (!kept_whole) goto oom;
+    bool *gathered = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *gathered);
+    if (!kept_whole || !gathered) {
+        free(kept_whole);
+        goto oom;
+    }
     for (int k = 0; k < e->n_shard_updates; k++) {
         const Node *u = e->shard_updates[k].node;
         int states = ir_update_lr_index(u), master = ir_adamw_master_index(u);
         for (int s = 2; s < states; s++) kept_whole[u->in[s]->index] = true;
         if (master >= 0) kept_whole[u->in[master]->index] = true;
     }
+    for (int w = 0; w < gp.n_weights; w++) {
+        gathered[gp.weights[w].param->index] = true;
+        if (gp.weights[w].copy) gathered[gp.weights[w].copy->index] = true;
+    }
+    rt_gather_plan_free(&gp);
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         if (ir_op_is_update(n->op)) continue;
-        for (int k = 0; k < n->n_in; k++)
-            if (kept_whole[n->in[k]->index]) {
-                rt_error("CUDA executor: --shard-states: %s %%%d reads the sharded state %s outside its update",
-                         ir_op_info(n->op)->text, n->id, n->in[k]->t.name ? n->in[k]->t.name : "");
+        for (int k = 0; k < n->n_in; k++) {
+            bool state = kept_whole[n->in[k]->index], weight = gathered[n->in[k]->index] && n->phase == PHASE_UPDATE;
+            if (state || weight) {
+                rt_error("CUDA executor: --shard-states: %s %%%d reads the sharded %s %s outside its update",
+                         ir_op_info(n->op)->text, n->id, state ? "state" : "weight",
+                         n->in[k]->t.name ? n->in[k]->t.name : "");
                 free(kept_whole);
+                free(gathered);
                 return -1;
             }
+        }
     }
     free(kept_whole);
+    free(gathered);
     /* the cuts: every sharded tensor but this rank's range of it */
     Cut *cuts = calloc((size_t)(2 * e->n_shard_tensors + 1), sizeof *cuts);
     if (!cuts) goto oom;
@@ -182,6 +206,7 @@ int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
     free(cuts);
     return dev ? dev : ALIGN;
 oom:
+    rt_gather_plan_free(&gp);
     rt_error("out of memory");
     return -1;
 }
@@ -388,6 +413,7 @@ static bool gather_weights(CudaExec *e) {
     ok = ok && cuda_nccl_group(true);
     for (int k = 0; ok && k < e->n_shard_updates; k++) {
         const ExecShardUpdate *u = &e->shard_updates[k];
+        if (u->gathered) continue;   /* --shard-states=3: kept as shards, gathered by the step */
         for (int q = 0; ok && q < e->shard_world; q++) {
             RtShard s = rt_shard_of(u->n, u->group, e->shard_world, q);
             if (!s.len) continue;

@@ -352,6 +352,12 @@ bool cuda_nccl_broadcast_bytes(CUdeviceptr buf, int64_t bytes, int root, CUstrea
     return NC_CHECK(nc.ncclBroadcast(p, p, (size_t)bytes, ncclUint8, root, nc_comm, (cudaStream_t)stream));
 }
 
+/* bytes from root's send into every rank's recv (send is read on root only) */
+bool cuda_nccl_broadcast_bytes_to(CUdeviceptr send, CUdeviceptr recv, int64_t bytes, int root, CUstream stream) {
+    return NC_CHECK(nc.ncclBroadcast((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, (size_t)bytes, ncclUint8,
+                                     root, nc_comm, (cudaStream_t)stream));
+}
+
 /* count f32 values summed over the ranks, in place */
 bool cuda_nccl_all_reduce_sum_f32(CUdeviceptr buf, int64_t count, CUstream stream) {
     void *p = (void *)(uintptr_t)buf;

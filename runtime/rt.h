@@ -552,7 +552,7 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
  * Sharded gradients (--shard-states=2; the ALL_REDUCE nodes' shard=2): each rank keeps the
  * accumulator's shard of each update, and the backward writes each bucket of gradients into a
  * transient buffer, reduced every micro-step into the owners' shard accumulators. */
-int rt_shard_stage(const Graph *g);             /* 0, 1 (--shard-states) or 2 (=2) */
+int rt_shard_stage(const Graph *g);             /* 0, 1 (--shard-states), 2 (=2) or 3 (=3) */
 /* One rank's sums of one micro-step into shard s of accumulator acc (bf16 or f32), as the
  * owner receives them: slots[r] holds rank r's whole buffer after its backward (the owner's
  * own range started from its running sum, the others' from zero); out (s.len elements in

@@ -13,7 +13,9 @@
  *     costs less than 512 bytes a kept run.
  * And the update list's launches restricted to the shards (exec_shard_prepare), from the
  * plans the executor would launch. For --shard-states=2 (exec_grads.c) the same, with the
- * accumulators cut too, and the bucket buffers the backward writes in. What the host cannot show (the kernels over their shards,
+ * accumulators cut too, and the bucket buffers the backward writes in; for --shard-states=3
+ * (exec_gather.c) the weights cut, their layer buffers, and every read of a gathered weight in
+ * the evaluation and micro-step lists rewritten to its gather's buffer. What the host cannot show (the kernels over their shards,
  * the collectives, the captured graph) is test_gpu_comm's, on two GPUs. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -122,6 +124,9 @@ static void test_layout(void **state) {
     check_graph("gpt2_tiny_zero2_O1");   /* stage 2: the accumulators cut as well */
     check_graph("gpt2_tiny_zero2_O2");
     check_graph("gpt2_tiny_zero2_O3");
+    check_graph("gpt2_tiny_zero3_O0");   /* stage 3: the gathered weights and copies cut as well */
+    check_graph("gpt2_tiny_zero3_O1");
+    check_graph("gpt2_tiny_zero3_O3");
 }
 
 /* --shard-states=2 (exec_grads.c): the bucket buffers as the executor lays them out from its
@@ -318,6 +323,232 @@ static void test_update_launches(void **state) {
         for (int rank = 0; rank < 2; rank++) check_launches(names[k], 2, rank);
 }
 
+/* --shard-states=3 (exec_gather.c): the gathered weights, their layer buffers and the lists
+ * that read them, as cuda_exec_open resolves the evaluation and micro-step lists (the plans
+ * with their GEMM epilogues; a GEMM's operands through ref_ptr, a kernel's through
+ * exec_resolve; no driver). Checked, for every rank of 2 and 3:
+ *   - each gathered weight (and FP8 copy) of the plan is a sharded tensor, on the device as
+ *     its rank's shard only;
+ *   - each gather's items lie inside its buffer, apart, with the host offset's alignment, and
+ *     the buffers take no more than the plan's figure beyond that alignment;
+ *   - every operand of every launch of both lists that lies in a gathered tensor resolves into
+ *     the buffer of the gather (per the plan, independently of the executor's choice) of its
+ *     layer in the launch's phase issued latest before it, at the tensor's place there; the
+ *     forward and the backward both read gathered weights (at -O3 the QUANTIZE of the weight
+ *     reads the buffer: it quantizes the gathered bf16 weight), the evaluation list too;
+ *   - exec_gather_check accepts the lists; and refuses them (the controls) when a gather is
+ *     never issued (its readers then read no buffer) or when the next gather of the same
+ *     phase is put into the buffer its predecessor's readers still read. */
+typedef struct {
+    int reads, quantize_reads, eval_reads, backward_reads, wrong;
+    bool quiet;   /* the controls: misplaced reads are what they expect */
+} GatherReads;
+
+/* The expected device address of host bytes p read by node i (phase ph), or 0 when p is not
+ * in a gathered tensor; *bad when it is and no gather of the plan holds it there. */
+static CUdeviceptr expected_read(const CudaExec *e, const RtGatherPlan *gp, int i, Phase ph, bool eval, const void *p,
+                                 bool *bad) {
+    int64_t off = (const char *)p - (const char *)e->host.persistent;
+    for (int k = 0; k < e->n_gather_items; k++) {
+        const ExecGatherItem *x = &e->gather_items[k];
+        if (off < x->at || off >= x->at + x->bytes) continue;
+        int best = -1;
+        for (int j = 0; j < gp->n_gathers; j++)
+            if (gp->gathers[j].phase == ph && gp->gathers[j].issue <= i && (!eval || ph == PHASE_FORWARD)) {
+                bool holds = false;
+                for (int m = 0; m < gp->n_items; m++) {
+                    const RtGatherItem *it = &gp->items[m];
+                    const Node *t = it->target->op == OP_QUANTIZE ? gp->weights[it->weight].param : it->target;
+                    holds = holds || (it->gather == j && t == x->tensor);
+                }
+                if (holds) best = j;
+            }
+        if (best < 0) {
+            *bad = true;
+            return 0;
+        }
+        for (int m = 0; m < e->n_gather_items; m++)
+            if (e->gather_items[m].gather == best && e->gather_items[m].tensor == x->tensor)
+                return e->gather_buf + (CUdeviceptr)(e->gather_slot_at[gp->gathers[best].buffer] +
+                                                     e->gather_items[m].buf_at + (off - x->at));
+        *bad = true;
+        return 0;
+    }
+    return 0;
+}
+
+static void check_read(const CudaExec *e, const RtGatherPlan *gp, int i, bool eval, const Node *t, int64_t offset,
+                       CUdeviceptr got, GatherReads *r) {
+    if (!t || !t->t.data) return;
+    const Node *n = e->g->nodes[i];
+    bool bad = false;
+    CUdeviceptr want = expected_read(e, gp, i, n->phase, eval, (const char *)t->t.data, &bad);
+    if (!want && !bad) return;
+    want += (CUdeviceptr)offset;
+    r->reads++;
+    r->quantize_reads += n->op == OP_QUANTIZE;
+    r->eval_reads += eval;
+    r->backward_reads += n->phase == PHASE_BACKWARD;
+    if ((bad || got != want) && !r->quiet) {
+        printf("    %s %%%d reads %s at %#llx, not %#llx\n", ir_op_info(n->op)->text, n->id,
+               t->t.name ? t->t.name : "", (unsigned long long)got, (unsigned long long)want);
+    }
+    r->wrong += bad || got != want;
+}
+
+/* The launches of plan p at node i into a list (eval or micro), resolved and checked. */
+static void resolve_node(CudaExec *e, const RtGatherPlan *gp, int i, const CuNodePlan *p, bool eval, int *n_launch,
+                         GatherReads *r) {
+    for (int k = 0; k < p->n_launch; k++) {
+        const CuLaunch *l = &p->launch[k];
+        bool ok = true;
+        if (l->kind == CU_GEMM) {
+            const CuRef *ops[] = {&l->gemm.a, &l->gemm.b, &l->gemm.c, &l->gemm.bias};
+            for (int o = 0; o < 4; o++) {
+                if (!ops[o]->node) continue;
+                CUdeviceptr d = ref_ptr(e, ops[o], &ok);
+                check_read(e, gp, i, eval, ops[o]->node, ops[o]->offset, d, r);
+            }
+        } else {
+            CkArgs a;
+            ok = exec_resolve(e, l, &a, 0);
+            for (int t = 0; t < CK_MAX_TENSORS; t++)
+                if (l->ref[t].node) check_read(e, gp, i, eval, l->ref[t].node, 0, (CUdeviceptr)(uintptr_t)a.t[t].p, r);
+        }
+        r->wrong += !ok;
+        (*n_launch)++;
+    }
+}
+
+/* cuda_exec_open's loop over the nodes, for the two lists that read gathered weights */
+static bool resolve_lists(CudaExec *e, const RtGatherPlan *gp, GatherReads *r) {
+    int n_eval = 0, n_micro = 0;
+    e->gather_miss = NULL;
+    for (int j = 0; j < e->n_gathers; j++)
+        for (int l = 0; l < GATHER_LISTS; l++)
+            e->gathers[j].issue_at[l] = e->gathers[j].read_from[l] = e->gathers[j].read_to[l] = -1;
+    for (int i = 0; i < e->g->n_nodes; i++) {
+        const Node *n = e->g->nodes[i];
+        exec_gather_at(e, GATHER_EVAL, i, n_eval);
+        if (n->phase == PHASE_FORWARD)
+            resolve_node(e, gp, i, e->plans[i].alone ? e->plans[i].alone : &e->plans[i], true, &n_eval, r);
+        exec_gather_at(e, GATHER_MICRO, i, n_micro);
+        if (n->phase != PHASE_UPDATE && e->plans[i].n_launch) resolve_node(e, gp, i, &e->plans[i], false, &n_micro, r);
+        exec_gather_at(e, -1, 0, 0);
+    }
+    return exec_gather_check(e);
+}
+
+static void check_gathers(const char *name, int world, int rank) {
+    Arena *arena = arena_new();
+    Graph *g = load_graph(arena, name);
+    assert_non_null(g);
+    RtMemory mem;
+    assert_true(rt_memory_bind(g, &mem));
+    MemSummary m;
+    memplan_summarize(g, &m);
+    RtShardPlan sp;
+    rt_shard_plan(g, m.by_role, world, &sp);
+    assert_int_equal(sp.stage, 3);
+    CudaExec *e = calloc(1, sizeof *e);
+    assert_non_null(e);
+    e->g = g;
+    e->host = mem;
+    char why[256] = "";
+    CuNodePlan *node_plans = cuda_plan_graph(g, arena, why, sizeof why);
+    assert_non_null(node_plans);
+    e->plans = cuda_plan_epilogues(g, node_plans, arena);
+    e->persistent_alloc = exec_shard_layout(e, world, rank);
+    assert_true(e->shard && e->persistent_alloc > 0);
+    assert_true(exec_grads_layout(e) > 0);
+    int64_t bytes = exec_gather_layout(e);
+    assert_true(e->shard_weights && bytes > 0);
+    e->persistent = (CUdeviceptr)1 << 40;
+    e->step = (CUdeviceptr)1 << 41;
+    e->grad_buf = (CUdeviceptr)1 << 42;
+    e->gather_buf = (CUdeviceptr)1 << 43;
+    RtGatherPlan gp;
+    assert_true(rt_gather_plan(g, world, &gp));
+    assert_int_equal(e->n_gathers, gp.n_gathers);
+    int wrong = 0;
+    /* the weights and copies: sharded tensors, the rank's shard only on the device */
+    for (int w = 0; w < gp.n_weights; w++) {
+        const Node *ts[2] = {gp.weights[w].param, gp.weights[w].copy};
+        for (int c = 0; c < 2 && ts[c]; c++) {
+            int64_t at = (const char *)ts[c]->t.data - (const char *)mem.persistent;
+            bool listed = false;
+            for (int k = 0; k < e->n_shard_tensors; k++) listed = listed || e->shard_tensors[k].at == at;
+            RtShard s = rt_shard_of(ir_numel(&ts[c]->t), rt_shard_group(gp.weights[w].update), world, rank);
+            Pieces p = {0, 0};
+            assert_true(exec_pieces(e, "a weight", ts[c]->t.data, tensor_bytes(&ts[c]->t), count_piece, &p));
+            wrong += !listed || p.bytes != s.len * fmt_elem_bytes(ts[c]->t.fmt.elem);
+        }
+    }
+    /* the items in their buffers */
+    int64_t items_bytes = 0;
+    for (int k = 0; k < e->n_gather_items; k++) {
+        const ExecGatherItem *x = &e->gather_items[k];
+        const ExecGather *ga = &e->gathers[x->gather];
+        int64_t end = ga->buffer + 1 < e->n_gather_slots ? e->gather_slot_at[ga->buffer + 1] : bytes;
+        wrong += x->buf_at % 256 != x->at % 256 || e->gather_slot_at[ga->buffer] + x->buf_at + x->bytes > end;
+        for (int j = 0; j < k; j++) {
+            const ExecGatherItem *y = &e->gather_items[j];
+            wrong += y->gather == x->gather && x->buf_at < y->buf_at + y->bytes && y->buf_at < x->buf_at + x->bytes;
+        }
+        items_bytes += x->bytes;
+    }
+    GatherReads r = {0};
+    bool accepted = resolve_lists(e, &gp, &r);
+    printf("  %s, rank %d of %d: %d gathers of %d items (%lld bytes) in %d buffers of %lld bytes (the plan: %lld); "
+           "%d reads of gathered weights (%d in the evaluation, %d in the backward, %d by quantizes), %d wrong%s\n",
+           name, rank, world, e->n_gathers, e->n_gather_items, (long long)items_bytes, e->n_gather_slots,
+           (long long)bytes, (long long)sp.gather_buffer_bytes, r.reads, r.eval_reads, r.backward_reads,
+           r.quantize_reads, r.wrong + wrong, accepted ? "" : " (refused)");
+    assert_int_equal(wrong + r.wrong, 0);
+    assert_true(accepted);
+    assert_true(r.reads > 0 && r.eval_reads > 0 && r.backward_reads > 0);
+    if (strstr(name, "_O3")) assert_true(r.quantize_reads > 0);
+    /* the plan's buffers, but for the alignment; at -O3 the forward's items are the bf16
+     * weights (2 bytes an element) where the plan counts their e4m3 quantizes (1 byte) */
+    int64_t planned = sp.gather_buffer_bytes * (strstr(name, "_O3") ? 2 : 1);
+    assert_true(bytes <= planned + 256 * (int64_t)e->n_gather_items);
+    for (int j = 0; j < e->n_gathers; j++)   /* every gather read in the micro-step, after its issue */
+        assert_true(e->gathers[j].read_from[GATHER_MICRO] >= e->gathers[j].issue_at[GATHER_MICRO] &&
+                    e->gathers[j].issue_at[GATHER_MICRO] >= 0);
+    /* control 1: a gather never issued leaves its readers without a buffer */
+    int issue = e->gathers[1].issue;
+    e->gathers[1].issue = g->n_nodes;
+    GatherReads r1 = {.quiet = true};
+    assert_false(resolve_lists(e, &gp, &r1));
+    e->gathers[1].issue = issue;
+    /* control 2: the next layer of a phase in the buffer the previous one is still read from */
+    int j = 0;
+    while (j + 1 < e->n_gathers && e->gathers[j + 1].phase != e->gathers[j].phase) j++;
+    assert_true(j + 1 < e->n_gathers);
+    int buffer = e->gathers[j + 1].buffer;
+    e->gathers[j + 1].buffer = e->gathers[j].buffer;
+    GatherReads r2 = {.quiet = true};
+    assert_false(resolve_lists(e, &gp, &r2));
+    e->gathers[j + 1].buffer = buffer;
+    GatherReads r3 = {0};
+    assert_true(resolve_lists(e, &gp, &r3));
+    rt_gather_plan_free(&gp);
+    exec_gather_close(e);
+    exec_grads_close(e);
+    exec_shard_close(e);
+    free(e);
+    rt_memory_free(&mem);
+    arena_free(arena);
+}
+
+static void test_gathers(void **state) {
+    (void)state;
+    static const char *const names[] = {"gpt2_tiny_zero3_O0", "gpt2_tiny_zero3_O1", "gpt2_tiny_zero3_O3"};
+    for (int k = 0; k < 3; k++)
+        for (int world = 2; world <= 3; world++)
+            for (int rank = 0; rank < world; rank++) check_gathers(names[k], world, rank);
+}
+
 /* Without --shard-states, or on one rank, the device arena is the host's. */
 static void test_unsharded(void **state) {
     (void)state;
@@ -342,6 +573,7 @@ static void test_unsharded(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_layout), cmocka_unit_test(test_update_launches),
-                                       cmocka_unit_test(test_grad_buffers), cmocka_unit_test(test_unsharded)};
+                                       cmocka_unit_test(test_grad_buffers), cmocka_unit_test(test_gathers),
+                                       cmocka_unit_test(test_unsharded)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
