@@ -921,12 +921,6 @@ static int dispatch(int argc, char **argv, Args *ap)
         bad_flag("--shard-states: fp8c tune times one GPU, where nothing is sharded; tune without it "
                  "and give the record to 'fp8c build --gpus N --shard-states%s --tune FILE'",
                  a->build.passes.shard_states == 3 ? "=3" : a->build.passes.shard_states == 2 ? "=2" : "");
-    /* stage 3's gathers are planned and checked on the host (runtime/comm_weights.c); the
-     * executors do not run them, so no binary is made that would */
-    if (a->build.passes.shard_states == 3 && (!strcmp(cmd, "build") || !strcmp(cmd, "train")))
-        bad_flag("--shard-states=3 (sharded weights) is not yet supported by fp8c %s: the GPU executor "
-                 "does not gather weights yet; 'fp8c plan' shows its memory and traffic, and "
-                 "--shard-states=2 builds", cmd);
     if (!strcmp(cmd, "tune")) return cmd_tune(a);
     if (a->memory_budget > 0 || a->budget > 0 || a->tune_steps || a->list_candidates)
         bad_flag("--budget, --memory-budget, --tune-steps and --list-candidates go with fp8c tune%s", "");

@@ -582,16 +582,19 @@ static void test_shard_grads_plan_and_refusals(void **state) {
     free(text);
 }
 
-/* --shard-states=3 (ZeRO stage 3, runtime/comm_weights.c): planned, not built. build and tune
- * refuse it in one line; the comm pass refuses it with --grad-release and comm.overlap=0 as
- * stage 2; the plan marks the weights 1/N, says what stays whole, counts the layer buffers in
+/* --shard-states=3 (ZeRO stage 3, runtime/comm_weights.c, cuda/exec_gather.c): build makes a
+ * binary, which on one process (the CPU here) runs the unsharded step; tune refuses the flag
+ * in one line; the comm pass refuses it with --grad-release and comm.overlap=0 as stage 2; the plan marks the weights 1/N, says what stays whole, counts the layer buffers in
  * the peak and lists the layers' gathers (e4m3 at -O3, bf16 at -O0), and --json says the
  * stage, the buffers and the count of gathered weights. */
 static void test_shard_weights_plan_and_refusals(void **state) {
     (void)state;
-    int rc = run("shard3_build", "%s build %s -O3 %s --gpus 2 --shard-states=3 -o %s/x", fp8c, model,
-                 model_flags, tmp_dir);
-    expect_one_line("shard3_build", 2, "--shard-states=3 (sharded weights) is not yet supported by fp8c build", rc);
+    build("-O3 --gpus 2 --shard-states=3", "zero3");
+    int rc = run("shard3_run", "%s/zero3 --data %s --steps 2", tmp_dir, data);
+    char *ran = slurp("shard3_run.out");
+    if (rc != 0 || !strstr(ran, "step 2/2"))
+        fail_msg("a --shard-states=3 binary on one process: status %d\n%s", rc, ran);
+    free(ran);
     rc = run("shard3_tune", "%s tune %s -O3 %s --gpus 2 --shard-states=3 -o %s/x.tune", fp8c, model,
              model_flags, tmp_dir);
     expect_one_line("shard3_tune", 2, "--shard-states=3 --tune FILE", rc);
