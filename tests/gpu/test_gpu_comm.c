@@ -38,6 +38,15 @@
  *     gathered arena is the unsharded run's bytes at O1..O3 (clipping off), the ranks'
  *     weights equal; with two micro-steps (another order of the sums, runtime/comm_grads.c)
  *     the ranks equal and the weights within 1e-3 of the unsharded run's.
+ *   - sharded weights (--shard-states=3, cuda/exec_gather.c: each layer's weights gathered into
+ *     layer buffers while the step runs, bf16 at -O0 and -O3, the e4m3 copies at -O1): with one
+ *     micro-step and clipping off, rank 0's gathered arena is the unsharded run's bytes at -O0,
+ *     -O1 and -O3, and every step's loss and a last evaluation's (the forward list, with its
+ *     own gathers) are the unsharded run's on each rank; with two micro-steps, and with the
+ *     model's clipping on, stage 3 is stage 2's bytes (the same sums and norm, the same
+ *     weights gathered); each rank's device arena is the plan's per-GPU size.
+ * Every run also ends with an evaluation forward after its arena is written; each rank writes
+ * its losses (every step's, then the evaluation's) to OUT.loss.
  * STEPS is 4, so the last micro-step runs uncaptured once, is captured, and is replayed. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -114,7 +123,7 @@ typedef struct {
     RtMemory mem;
     CudaBinary bin;
     const RtDevice *dev;
-    Node *tokens, *targets, *lr, *step, *grad_scale;
+    Node *tokens, *targets, *lr, *step, *grad_scale, *loss;
     int64_t vocab;
 } Rank;
 
@@ -127,6 +136,7 @@ static int rank_open(Rank *r, const char *ir, int rank, int world, const char *c
         if (g->nodes[i]->op == OP_CLIP_COEF) IR_FATTR(g->nodes[i], CLIP_COEF, max_norm) = 0;
     r->tokens = ir_find(g, "tokens"), r->targets = ir_find(g, "targets");
     r->lr = ir_find(g, "lr"), r->step = ir_find(g, "step"), r->grad_scale = ir_find(g, "grad_scale");
+    r->loss = ir_find(g, "loss");
     r->vocab = INT64_MAX;
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
@@ -182,6 +192,15 @@ static bool write_weights(const char *path, Graph *g) {
     return ok;
 }
 
+/* the scalar loss, from the device */
+static float read_loss(const RtDevice *dev, Node *loss) {
+    Tensor *t = &loss->t;
+    if (!dev->pull(&t, 1)) return 0;
+    float *v = ref_load(t), x = v[0];
+    free(v);
+    return x;
+}
+
 /* One process of a run: rank `rank` of `world` with `accum` micro-steps, or (world 1) one GPU.
  * Writes the persistent arena after the last step to `out` (with sharded states: after
  * gathering them to rank 0, whose file then holds every rank's shards), and its weights to
@@ -198,7 +217,8 @@ static int run_rank(const char *ir, int rank, int world, int accum, const char *
     if (sharded && !sharded_memory_as_planned(&r, rank, world)) return 17;
     Node *io[2] = {tokens, targets}, *scalars[3] = {lr, step, grad_scale};
     Tensor *ts[3];
-    bool ok = true;
+    float losses[STEPS + 1];
+    bool ok = r.loss != NULL;
     for (int s = 0; ok && s < STEPS; s++) {
         feed(lr, 1e-3);
         feed(step, s + 1);
@@ -211,6 +231,7 @@ static int run_rank(const char *ir, int rank, int world, int accum, const char *
             ok = dev->push(ts, 2) &&
                  (m + 1 == accum ? dev->run_last_micro_step(g) : dev->run_micro_step(g));
         }
+        losses[s] = ok ? read_loss(dev, r.loss) : 0;   /* the last micro-step's */
         ok = ok && dev->run_phase(g, PHASE_UPDATE);
     }
     Tensor **pers = malloc(sizeof *pers * (size_t)g->n_nodes);
@@ -230,6 +251,18 @@ static int run_rank(const char *ir, int rank, int world, int accum, const char *
         char path[600];
         snprintf(path, sizeof path, "%s.w", out);
         ok = ok && write_weights(path, g);
+    }
+    /* an evaluation forward (every rank: with --shard-states=3 it gathers) on step 0's batch */
+    feed_batch(tokens, targets, vocab, 0, rt_global_micro(rank, accum, 0));
+    ts[0] = &io[0]->t, ts[1] = &io[1]->t;
+    ok = ok && dev->push(ts, 2) && dev->run_phase(g, PHASE_FORWARD);
+    losses[STEPS] = ok ? read_loss(dev, r.loss) : 0;
+    if (ok) {
+        char path[600];
+        snprintf(path, sizeof path, "%s.loss", out);
+        FILE *f = fopen(path, "wb");
+        ok = f && fwrite(losses, sizeof losses, 1, f) == 1;
+        if (f) ok = fclose(f) == 0 && ok;
     }
     dev->close();
     cuda_binary_free(&r.bin);
@@ -455,7 +488,8 @@ static const char *const graph_names[] = {"gpt2_tiny_dp_O1", "gpt2_tiny_dp_seria
                                           "gpt2_tiny_dp_e4m3_O0", "gpt2_tiny_zero_O1", "gpt2_tiny_zero_serial_O1",
                                           "gpt2_tiny_dp_O2", "gpt2_tiny_zero_O2", "gpt2_tiny_dp_O3",
                                           "gpt2_tiny_zero_O3", "gpt2_tiny_zero2_O1", "gpt2_tiny_zero2_O2",
-                                          "gpt2_tiny_zero2_O3"};
+                                          "gpt2_tiny_zero2_O3", "gpt2_tiny_zero3_O0", "gpt2_tiny_zero3_O1",
+                                          "gpt2_tiny_zero3_O3"};
 enum { N_GRAPHS = sizeof graph_names / sizeof graph_names[0] };
 
 /* Two GPUs and NCCL here? Asked in a child: CUDA must not start in this process. The child
@@ -608,6 +642,52 @@ static void test_sharded_grads(void **state) {
     clip_off = false;
 }
 
+/* --shard-states=3 (cuda/exec_gather.c): each rank keeps its shard of the weights the GEMMs
+ * read (and of their FP8 copies) and gathers each layer into a layer buffer while the forward
+ * and the backward run; the update writes the shards and broadcasts nothing of them. The
+ * gathered bytes are the owners' bytes, so nothing the step computes changes: with one
+ * micro-step and clipping off, rank 0's gathered arena (weights, copies, masters, states,
+ * scales, histories) must be the unsharded run's, and each rank's losses (every step's and the
+ * evaluation's, whose forward list gathers on its own) the unsharded run's, at -O0 (bf16
+ * gathers), -O1 (the update's e4m3 copies) and -O3 (the bf16 weights the quantizes read).
+ * Stage 3 sums the gradients and the norm as stage 2 does, so with two micro-steps, and with
+ * the model's clipping on, it must end with stage 2's bytes. */
+static void test_sharded_weights(void **state) {
+    (void)state;
+    if (!two_gpus()) return;
+    clip_off = true;
+    static const char *const levels[] = {"O0", "O1", "O3"};
+    for (int k = 0; k < 3; k++) {
+        char dp[64], zero[64], dp_name[32], zero_name[32], a[64], b[64];
+        snprintf(dp, sizeof dp, "gpt2_tiny_dp_%s", levels[k]);
+        snprintf(zero, sizeof zero, "gpt2_tiny_zero3_%s", levels[k]);
+        snprintf(dp_name, sizeof dp_name, "whole3_%s", levels[k]);
+        snprintf(zero_name, sizeof zero_name, "weights_%s", levels[k]);
+        printf("  %s: sharded weights against the unsharded step, clipping off\n", levels[k]);
+        assert_true(run_world(dp, dp_name, 2, 1));
+        assert_true(run_world(zero, zero_name, 2, 1));
+        snprintf(a, sizeof a, "%s.0", dp_name);
+        snprintf(b, sizeof b, "%s.0", zero_name);
+        assert_true(same_file(a, b));   /* the whole persistent arena, gathered to rank 0 */
+        for (int r = 0; r < 2; r++) {
+            snprintf(a, sizeof a, "%s.%d.loss", dp_name, r);
+            snprintf(b, sizeof b, "%s.%d.loss", zero_name, r);
+            assert_true(same_file(a, b));   /* every step's loss and the evaluation's */
+        }
+    }
+    /* two micro-steps a rank: stage 2's order of the sums, so stage 2's bytes */
+    assert_true(run_world("gpt2_tiny_zero2_O1", "grads3_a2", 2, 2));
+    assert_true(run_world("gpt2_tiny_zero3_O1", "weights_a2", 2, 2));
+    assert_true(same_file("grads3_a2.0", "weights_a2.0"));
+    assert_true(same_file("grads3_a2.0.loss", "weights_a2.0.loss"));
+    /* the model's clipping (max_norm 1): the norm summed from the shards as stage 2 sums it */
+    clip_off = false;
+    assert_true(run_world("gpt2_tiny_zero2_O3", "grads3_clip", 2, 1));
+    assert_true(run_world("gpt2_tiny_zero3_O3", "weights_clip", 2, 1));
+    assert_true(same_file("grads3_clip.0", "weights_clip.0"));
+    assert_true(same_file("grads3_clip.1.loss", "weights_clip.1.loss"));
+}
+
 int main(void) {
     setenv("FP8C_CUDA_TUNE", "0", 1);   /* the heuristic's first algorithm: runs comparable */
     /* FP8C_TEST_COMPILE_ONLY=1: compile the graphs' modules into the cache (no GPU needed), so
@@ -636,7 +716,8 @@ int main(void) {
     const char *filter = getenv("FP8C_TEST_FILTER");
     if (filter && *filter) cmocka_set_test_filter(filter);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_two_ranks), cmocka_unit_test(test_fp8_reduction),
-                                       cmocka_unit_test(test_sharded_states), cmocka_unit_test(test_sharded_grads)};
+                                       cmocka_unit_test(test_sharded_states), cmocka_unit_test(test_sharded_grads),
+                                       cmocka_unit_test(test_sharded_weights)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
