@@ -34,10 +34,15 @@
 #      (--shard-states=2, sharded gradients): test_gpu_comm's test_sharded_grads, and d12 -O3
 #      batch 32 with it against the unsharded run (every step's loss within 1e-3; equal bit for
 #      bit while the clip is inactive, one micro-step on 2 GPUs summing as stage 1 does),
-#      tokens/s and memory per GPU beside stage 1's.
+#      tokens/s and memory per GPU beside stage 1's. And stage 3 (--shard-states=3, sharded
+#      weights gathered layer by layer): test_gpu_comm's test_sharded_weights, and d12 -O3
+#      batch 32 with it against the unsharded run (every step's loss within 1e-3, equal bit for
+#      bit while the clip is inactive) and against stage 2 (bit for bit: the same sums, norm
+#      and gathered bytes), tokens/s and memory per GPU beside stage 2's.
 # OUT ($OUT when set, else BUILD/multi-gpu/out) receives summary.txt (printed as it goes),
 # equivalence_d12_O1_b8.tsv, equivalence_tiny_O0.tsv, equivalence_fp8.tsv,
-# equivalence_shard_O1.tsv, equivalence_shard_O3.tsv, equivalence_shard2_O3.tsv and logs.tgz. The
+# equivalence_shard_O1.tsv, equivalence_shard_O3.tsv, equivalence_shard2_O3.tsv,
+# equivalence_shard3_O3.tsv and logs.tgz. The
 # binaries were built elsewhere by tools/gpu/prepare_multi_gpu.sh BUILD.
 #
 # usage: tools/gpu/multi_gpu_check.sh BUILD
@@ -385,14 +390,14 @@ fi
 if section 7; then
 # ---------------------------------------------------------------- 7. sharded optimizer state
 say ""
-say "== 7. sharded optimizer state (--shard-states, ZeRO stage 1) and gradients (=2, stage 2)"
+say "== 7. sharded optimizer state (--shard-states, ZeRO stage 1), gradients (=2, stage 2) and weights (=3, stage 3)"
 T=$BUILD/multi-gpu/test
 if [ -f "$W/test_gpu_comm.out" ]; then
     say "test_gpu_comm ran in section 5: $(grep -h 'sharded\|normalized error' "$W/test_gpu_comm.out" | sed 's/^ *//' | head -4 | tr '\n' ' ')"
 elif [ -x "$T/test_gpu_comm" ]; then
     if (cd "$W" && FP8C_GPU_IR_DIR=$T/ir FP8C_CACHE_DIR=$T/cache CMOCKA_MESSAGE_OUTPUT=stdout \
         FP8C_TEST_FILTER='test_sharded_*' "$T/test_gpu_comm" > "$W/test_gpu_comm.out" 2>&1); then
-        say "test_gpu_comm (test_sharded_states, test_sharded_grads) passed: $(grep -h 'persistent arena\|normalized error' "$W/test_gpu_comm.out" | sed 's/^ *//' | head -4 | tr '\n' ' ')"
+        say "test_gpu_comm (test_sharded_states, test_sharded_grads, test_sharded_weights) passed: $(grep -h 'persistent arena\|normalized error' "$W/test_gpu_comm.out" | sed 's/^ *//' | head -4 | tr '\n' ' ')"
         grep -q "skipped" "$W/test_gpu_comm.out" && fail "test_gpu_comm skipped: $(grep skipped "$W/test_gpu_comm.out")"
     else
         fail "test_gpu_comm: $(grep -E 'differ|ERROR|FAIL|status|LINE|did not shard' "$W/test_gpu_comm.out" | head -8 | tr '\n' ' ')"
@@ -450,6 +455,28 @@ if [ -x "$BIN/$zero2" ] &&
     say "  plan: $(grep -h 'persistent training state per GPU\|of gradient buffers' "$BUILD/multi-gpu/plan_${zero2}.txt" 2>/dev/null | tr '\n' ' ')"
 else
     fail "d12 -O3 batch 32 with --shard-states=2: $(last $zero2)"
+fi
+# stage 3: d12 -O3 with sharded weights against the unsharded run, beside stage 2's
+zero3=d12_O3_b32_zero3
+if [ -x "$BIN/$zero3" ] &&
+   with_mem $zero3 run $zero3 $fixed "$BIN/$zero3" $common --steps "$STEPS" --gpus 2 --log "$W/$zero3.jsonl"; then
+    r=$(compare "$W/$zero3.jsonl" "$W/$plain.jsonl" 1e-3) &&
+        say "GPT-2 d12 -O3 batch 32, sharded weights (stage 3) vs unsharded on 2 GPUs: $r" ||
+        fail "GPT-2 d12 -O3 batch 32, sharded weights (stage 3) vs unsharded on 2 GPUs: $r"
+    if [ -f "$W/$zero2.jsonl" ]; then
+        r=$(compare "$W/$zero3.jsonl" "$W/$zero2.jsonl" 0) &&
+            say "  against stage 2 (the same sums and norm; every step bit for bit): $r" ||
+            fail "  stage 3 against stage 2 (every step bit for bit): $r"
+    fi
+    table "$RESULTS/equivalence_shard3_O3.tsv" "$W/$plain.jsonl" "$W/$zero3.jsonl"
+    tp=$(tps "$W/$plain.jsonl"); tz=$(tps "$W/$zero3.jsonl")
+    t2=$([ -f "$W/$zero2.jsonl" ] && tps "$W/$zero2.jsonl" || echo "?")
+    say "  tokens/s: unsharded $tp, stage 2 $t2, stage 3 $tz ($(python3 -c "print(f'{$tz / $tp:.3f}')") of unsharded)"
+    say "  nvidia-smi peak: stage 2 $(cat "$W/$zero2.mem" 2>/dev/null); stage 3 $(cat "$W/$zero3.mem")"
+    say "  executor: $(grep -ho 'persistent arena [0-9]* bytes on this GPU, [0-9]* whole' "$W/$zero3.out" | head -1)"
+    say "  plan: $(grep -h 'persistent training state per GPU\|of gradient buffers\|of layer buffers\|peak memory per GPU' "$BUILD/multi-gpu/plan_${zero3}.txt" 2>/dev/null | tr '\n' ' ')"
+else
+    fail "d12 -O3 batch 32 with --shard-states=3: $(last $zero3)"
 fi
 # a sharded checkpoint resumed: on 2 GPUs sharded (bit for bit), on 1 GPU (within 1e-3)
 tz=$BIN/tiny_O3_zero

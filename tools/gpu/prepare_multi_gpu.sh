@@ -14,6 +14,7 @@
 #   d12_O1_b32_zero, d12_O3_b32, d12_O3_b32_zero   sharded optimizer state (--shard-states)
 #                against the unsharded step at -O1 and -O3: losses, tokens/s, memory per GPU
 #   d12_O3_b32_zero2 the same with --shard-states=2 (sharded gradients, ZeRO stage 2)
+#   d12_O3_b32_zero3 the same with --shard-states=3 (sharded weights, ZeRO stage 3)
 #   tiny_O3_zero gpt2_tiny -O3 batch 16 x 256 with --shard-states: a sharded checkpoint
 #                resumed on 2 GPUs and on 1
 # and into BUILD/multi-gpu/test the data-parallel GPU test (test_gpu_comm: the FP8 reduction
@@ -48,6 +49,7 @@ zero="--gpus 2 --shard-states"
 "$BUILD/fp8c" build models/gpt2.model -O3 --batch 32 --seq 1024 $zero -o "$BIN/d12_O3_b32_zero"
 "$BUILD/fp8c" build models/gpt2_tiny.model -O3 --batch 16 --seq 256 $zero -o "$BIN/tiny_O3_zero"
 "$BUILD/fp8c" build models/gpt2.model -O3 --batch 32 --seq 1024 $zero=2 -o "$BIN/d12_O3_b32_zero2"
+"$BUILD/fp8c" build models/gpt2.model -O3 --batch 32 --seq 1024 $zero=3 -o "$BIN/d12_O3_b32_zero3"
 for b in "$BIN"/*; do strip --strip-debug "$b"; done
 # test_gpu_comm, its graphs and their modules (the GPU machine finds them through
 # FP8C_GPU_IR_DIR and FP8C_CACHE_DIR, which multi_gpu_check.sh sets)
@@ -58,7 +60,7 @@ if ldd "$BUILD/tests/gpu/test_gpu_comm" | grep -q libcmocka; then
          "tools/gpu/build_cmocka_static.sh first): not carried" >&2
 else
     cp "$BUILD"/tests/gpu/ir/gpt2_tiny_dp_*.ir "$BUILD"/tests/gpu/ir/gpt2_tiny_zero_*.ir \
-       "$BUILD"/tests/gpu/ir/gpt2_tiny_zero2_*.ir "$TEST/ir/"
+       "$BUILD"/tests/gpu/ir/gpt2_tiny_zero2_*.ir "$BUILD"/tests/gpu/ir/gpt2_tiny_zero3_*.ir "$TEST/ir/"
     cp "$BUILD/tests/gpu/test_gpu_comm" "$TEST/"
     strip --strip-debug "$TEST/test_gpu_comm"
     FP8C_TEST_COMPILE_ONLY=1 FP8C_GPU_IR_DIR="$TEST/ir" FP8C_CACHE_DIR="$TEST/cache" "$TEST/test_gpu_comm" | tail -1
@@ -70,6 +72,7 @@ for o in 1 3; do   # the per-GPU memory section 7 compares with what the GPUs ho
     "$BUILD/fp8c" plan models/gpt2.model -O$o --batch 32 --seq 1024 --gpus 2 > "$BUILD/multi-gpu/plan_d12_O${o}_b32.txt"
 done
 "$BUILD/fp8c" plan models/gpt2.model -O3 --batch 32 --seq 1024 $zero=2 > "$BUILD/multi-gpu/plan_d12_O3_b32_zero2.txt"
+"$BUILD/fp8c" plan models/gpt2.model -O3 --batch 32 --seq 1024 $zero=3 > "$BUILD/multi-gpu/plan_d12_O3_b32_zero3.txt"
 echo "git commit: $(git rev-parse --short HEAD)$(git diff --quiet -- cuda runtime compiler passes || echo ' (with local changes)')" > "$BUILD/multi-gpu/BUILD_INFO"
 du -sh "$BUILD/multi-gpu"
 echo "ready: carry $BUILD/multi-gpu, then run tools/gpu/multi_gpu_check.sh $BUILD (SECTIONS=5: the FP8" \
