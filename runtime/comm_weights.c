@@ -40,7 +40,13 @@
  * area of their own beside the step arena, counted in the plan's per-GPU peak (as stage 2's
  * gradient buffers are); the step arena still holds the quantize results the gathers
  * replace, so the figure is an upper bound. Positions are node indices of the scheduled
- * graph, as for the gradient buckets. */
+ * graph, as for the gradient buckets.
+ *
+ * cuda/exec_gather.c runs this plan on the GPUs: each gather a group of broadcasts of the
+ * owners' shards (per-tensor shards padded to groups are not ncclAllGather's equal pieces),
+ * at these positions on NCCL's stream; the readers resolved into the buffers. Where this
+ * plan gathers a per-use e4m3 quantize (-O3), the executor gathers the bf16 weight and runs
+ * the step's own quantize on it: the same bits, twice these bytes (docs/multi-gpu.md). */
 #include <stdlib.h>
 #include <string.h>
 
