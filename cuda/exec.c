@@ -67,7 +67,6 @@ static bool exec_map(const CudaExec *e, const void *p, CUdeviceptr *out) {
         /* --shard-states: the device holds this rank's shards only (exec_shard.c); =2: the
          * micro-step writes the gradients into bucket buffers (exec_grads.c) */
         if (e->shard_grads && exec_grads_map(e, c - hp, out)) return true;
-        if (e->shard_weights && exec_gather_map(e, c - hp, out)) return true;   /* =3: layer buffers */
         *out = e->shard ? exec_shard_map(e, c - hp) : e->persistent + (CUdeviceptr)(c - hp);
         return true;
     }
@@ -79,6 +78,9 @@ static bool exec_map(const CudaExec *e, const void *p, CUdeviceptr *out) {
 }
 
 bool exec_map_tensor(const CudaExec *e, const Tensor *t, CUdeviceptr *out) {
+    /* --shard-states=3: a gathered weight read by the forward or backward is in a layer
+     * buffer while its gather holds it (exec_gather.c) */
+    if (e->shard_weights && exec_gather_map(e, t, out)) return true;
     if (exec_map(e, t->data, out)) return true;
     rt_error("CUDA executor: tensor '%s' is not in the plan's arenas", t->name ? t->name : "unnamed");
     return false;
@@ -549,12 +551,12 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         /* a forward whose work its backward does in the micro-step runs its own launches here */
         const CuNodePlan *eval = e->plans[i].alone ? e->plans[i].alone : &e->plans[i];
         /* --shard-states=3: the lists read gathered weights in the layer buffers (exec_gather.c) */
-        exec_gather_at(e, GATHER_EVAL, i, e->lists[LIST_EVAL].n);
-        if (n->phase == PHASE_FORWARD && !exec_add_node(e, &e->lists[LIST_EVAL], n, eval)) goto fail;
-        exec_gather_at(e, GATHER_MICRO, i, e->lists[LIST_MICRO].n);
+        bool gathered = exec_gather_at(e, GATHER_EVAL, i, e->lists[LIST_EVAL].n);   /* its work the gather's */
+        if (n->phase == PHASE_FORWARD && !gathered && !exec_add_node(e, &e->lists[LIST_EVAL], n, eval)) goto fail;
+        gathered = exec_gather_at(e, GATHER_MICRO, i, e->lists[LIST_MICRO].n);
         if (!e->plans[i].n_launch) continue;
         e->map_grads = e->shard_grads;   /* the micro-step writes the bucket buffers */
-        bool added = n->phase == PHASE_UPDATE || exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i]);
+        bool added = n->phase == PHASE_UPDATE || gathered || exec_add_node(e, &e->lists[LIST_MICRO], n, &e->plans[i]);
         e->map_grads = false;
         exec_gather_at(e, -1, 0, 0);
         if (!added) goto fail;

@@ -112,18 +112,33 @@ typedef struct {
     CUdeviceptr shard;                    /* this rank's shard accumulator (persistent) */
 } ExecGrad;
 
-/* --shard-states=3 (exec_gather.c): what one gather brings into the layer buffers (a weight
- * or its FP8 copy, whole in the host arena at `at`, its shards rt_shard_of's over n elements
- * of eb bytes), and one gather of a layer in a phase with its places in the two lists that
- * run it. */
+/* --shard-states=3 (exec_gather.c): what one gather brings into the layer buffers, and one
+ * gather of a layer in a phase with its places in the two lists that run it. An item is a
+ * tensor whose readers read the buffer: a weight or its FP8 copy, gathered from the owners'
+ * shards as they keep them; or, where the forward quantizes a weight per tensor to e4m3
+ * (-O3), that QUANTIZE's result, which each owner makes of its shard with the scale of the
+ * ranks' largest amax (its QUANT_SCALE's place then copies that scale; the QUANTIZE's own
+ * launch runs over no elements, for the inverse scales it writes for the GEMMs). */
+enum { GATHER_EVAL, GATHER_MICRO, GATHER_LISTS };   /* LIST_EVAL, LIST_MICRO */
 typedef struct {
     int gather;                           /* index into e->gathers */
-    const Node *tensor;                   /* the PARAM or the weight_copy state */
-    int64_t at, bytes, eb;                /* the whole tensor in the host persistent arena */
+    const Node *tensor;                   /* the PARAM, the weight_copy state, or the QUANTIZE */
+    const char *host;                     /* its bytes in a host arena (persistent, or step) */
+    int64_t bytes, eb;
+    const Node *weight;                   /* the sharded tensor: tensor, or the QUANTIZE's PARAM */
+    int64_t weight_at, weight_eb;         /* in the host persistent arena */
     int64_t n, group;                     /* elements, shard group (its update's) */
     int64_t buf_at;                       /* its place among the buffers (e->gather_buf) */
+    /* e4m3 (-O3): the QUANT_SCALE, the item's amax and scale (f32) in the gather area, where
+     * in each list the scale is copied to the QUANT_SCALE's result, and the three argument
+     * blocks run on NCCL's stream (the shard's amax, the scale, the shard's quantize) */
+    const Node *scale;
+    int64_t scalars_at;
+    int scale_at[GATHER_LISTS];
+    CUfunction fn_amax, fn_scale, fn_quantize;
+    unsigned grid_amax, grid_quantize, block_amax, block_scale, block_quantize;
+    CkArgs amax_args, scale_args, quantize_args;
 } ExecGatherItem;
-enum { GATHER_EVAL, GATHER_MICRO, GATHER_LISTS };   /* LIST_EVAL, LIST_MICRO */
 typedef struct {
     Phase phase;
     int issue;                            /* node position: enqueued before its launches */
@@ -221,8 +236,10 @@ struct CudaExec {
     int64_t *gather_slot_at;              /* per buffer: its byte offset among all of them */
     int n_gather_slots;
     CUdeviceptr gather_buf;
+    int64_t gather_buf_bytes;             /* the buffers; then the gather area's scalars */
     int gather_list;                      /* resolving: GATHER_EVAL or _MICRO; -1 otherwise */
     int gather_node, gather_launch;       /* resolving: the node and the list's next launch */
+    bool gather_zeroed;                   /* resolving an e4m3 item's QUANTIZE (no elements) */
     const Node *gather_miss;              /* a node that read a gathered weight outside a gather */
     CUevent gather_ready;                 /* the executor's stream reached a gather's issue */
     bool eval_warm;                       /* the evaluation list ran once uncaptured */
@@ -338,15 +355,18 @@ void exec_grads_close(CudaExec *e);
  * exec_grads_layout, before the arenas are allocated (it reads the graph and the host mirror). */
 int64_t exec_gather_layout(CudaExec *e);
 /* Resolving list GATHER_EVAL or GATHER_MICRO: node `node`'s launches come next, from launch
- * `launch` on (every node, launches or not); list -1: resolving ends. */
-void exec_gather_at(CudaExec *e, int list, int node, int launch);
-/* The device address of byte off of the host persistent arena while a list is resolved:
- * inside a gathered weight, its place in the buffer of the gather that holds it for the node
- * being resolved (its phase's latest gather issued by then); false outside them. A read that
- * no gather holds is remembered (e->gather_miss) for exec_gather_check. */
-bool exec_gather_map(const CudaExec *e, int64_t off, CUdeviceptr *out);
+ * `launch` on (every node, launches or not); list -1: resolving ends. True when the node's
+ * launches are not to be added: an e4m3 item's QUANT_SCALE, whose place copies the scale. */
+bool exec_gather_at(CudaExec *e, int list, int node, int launch);
+/* The device address of tensor t while a list is resolved: inside a gathered weight or copy
+ * (its bytes, persistent), or a gathered quantize (the very tensor: step arena bytes serve
+ * other tensors at other times), its place in the buffer of the gather that holds it for the
+ * node being resolved (its phase's latest gather issued by then); false otherwise. A read
+ * that no gather holds is remembered (e->gather_miss) for exec_gather_check. */
+bool exec_gather_map(const CudaExec *e, const Tensor *t, CUdeviceptr *out);
 /* After the lists are resolved: every read inside a gather issued before it, every gather
- * issued, a buffer handed to a later gather only after the earlier one's last reader. */
+ * issued, a buffer handed to a later gather only after the earlier one's last reader; and
+ * the e4m3 items' QUANTIZE launches in the lists cut to no elements. */
 bool exec_gather_check(CudaExec *e);
 bool exec_gather_open(CudaExec *e);                          /* events; after exec_comm_open */
 /* Before launch i of list GATHER_EVAL or _MICRO: the gathers issued there, on NCCL's stream,

@@ -150,6 +150,11 @@ bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);
 enum { COMM_AMAX, COMM_QUANTIZE, COMM_SUM, COMM_REQUANTIZE, COMM_UNPACK, COMM_KERNELS };
 enum { COMM_THREADS = 256, COMM_MAX_BLOCKS = 1024 };   /* a block's threads; blocks a launch */
 bool cuda_plan_comm(const Node *n, Arena *a, CuNodePlan *out);
+/* The kernels of an e4m3 weight gather (--shard-states=3, kernels/ops.cuh's ck_gather_amax
+ * and ck_gather_scale) for QUANT_SCALE node n, per tensor, of a PARAM: the shard's amax, then
+ * the scale from the ranks' maximum, for the module's entry points; exec_gather.c fills the
+ * argument blocks. False for any other node. */
+bool cuda_plan_gather(const Node *n, Arena *a, CuNodePlan *out);
 /* The pass that leaves the block maxima of an amax=1 value (ops.def) where a GEMM's epilogue,
  * not the value's own kernel, writes it; false when n keeps none. */
 bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out);

@@ -85,8 +85,9 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
     /* distinct entry points, sorted by name so that the text does not depend on node order */
     /* the finite checks of gradient accumulators ride along (the training loop runs them), the
      * block maxima passes that GEMM epilogues may need (cuda_plan_epilogues), the launches
-     * of a forward that runs alone only in the evaluation phase (CuNodePlan.alone), and the
-     * kernels of an FP8 gradient reduction (cuda_plan_comm: the executor runs them per bucket) */
+     * of a forward that runs alone only in the evaluation phase (CuNodePlan.alone), the
+     * kernels of an FP8 gradient reduction (cuda_plan_comm: the executor runs them per bucket)
+     * and, with --shard-states=3, of the weights gathered in e4m3 (cuda_plan_gather) */
     CuNodePlan *checks = arena_alloc(a, sizeof *checks * (size_t)(g->n_nodes ? g->n_nodes : 1));
     int total = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -97,6 +98,8 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
             total += checks[i].n_launch;
         } else if (cuda_plan_comm(m, a, &checks[i])) {
             total += checks[i].n_launch;
+        } else if (rt_shard_stage(g) >= 3 && cuda_plan_gather(m, a, &checks[i])) {
+            total += checks[i].n_launch;   /* a weight gathered in e4m3 (exec_gather.c) */
         } else if ((m->t.role == ROLE_GRAD && m->t.fmt.elem != FMT_VOID && !ir_op_is_inplace(m->op) &&
                     cuda_plan_finite(m, a, &checks[i])) ||
                    cuda_plan_amax_pass(m, a, &checks[i])) {

@@ -334,6 +334,32 @@ bool cuda_plan_comm(const Node *n, Arena *a, CuNodePlan *out) {
     return true;
 }
 
+bool cuda_plan_gather(const Node *n, Arena *a, CuNodePlan *out) {
+    if (n->op != OP_QUANT_SCALE || n->in[0]->op != OP_PARAM ||
+        IR_IATTR(n, QUANT_SCALE, scaling) != SCALE_PER_TENSOR)
+        return false;
+    char why[256];
+    Spec s = spec_for(n, a, out, why, sizeof why);
+    const Node *w = n->in[0];
+    if (!check_io(&s, n, true)) return false;
+    unsigned blocks = grid_elem(ir_numel(&w->t));
+    if (blocks > PARTIAL_BLOCKS) blocks = PARTIAL_BLOCKS;
+    CuLaunch *l = spec_launch(&s, "gatheramax", blocks, ROW_THREADS, "ck_gather_amax<%s>(a)", fmt_arg(&s, &w->t));
+    arg_scratch(l, 0, 0, 1, 1);
+    arg_node(l, 1, w);
+    l->args.n_in = 1;
+    l->args.i[0] = blocks;
+    l->scratch = 0;
+    need_scratch(&s, (int64_t)blocks * 8);
+    l = spec_launch(&s, "gatherscale", 1, ROW_THREADS, "ck_gather_scale<%s>(a)", fmt_arg(&s, &n->t));
+    arg_node(l, 0, n);
+    arg_scratch(l, 1, 0, 1, 1);
+    l->args.n_in = 1;
+    l->args.i[1] = IR_IATTR(n, QUANT_SCALE, margin);
+    l->args.f[0] = num_elem_max((ElemType)IR_IATTR(n, QUANT_SCALE, elem));
+    return true;
+}
+
 /* Loop kernels of the kernel IR (cuda/cg_render.c): a thread per item in a grid-stride loop,
  * or a block per item. */
 bool cuda_cg_launch_shape(const CgKernel *k, unsigned *grid, unsigned *block) {

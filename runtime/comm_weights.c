@@ -44,9 +44,10 @@
  *
  * cuda/exec_gather.c runs this plan on the GPUs: each gather a group of broadcasts of the
  * owners' shards (per-tensor shards padded to groups are not ncclAllGather's equal pieces),
- * at these positions on NCCL's stream; the readers resolved into the buffers. Where this
- * plan gathers a per-use e4m3 quantize (-O3), the executor gathers the bf16 weight and runs
- * the step's own quantize on it: the same bits, twice these bytes (docs/multi-gpu.md). */
+ * at these positions on NCCL's stream; the readers resolved into the buffers. It gathers the
+ * forward's e4m3 quantizes as planned (amax, all-reduce, scale, the owners' quantize); the
+ * backward's quantizes write the transposed layouts too, so there it gathers the bf16 weight
+ * and runs the step's own quantize on it: the same bits, twice these bytes. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1138,6 +1138,22 @@ template <class Y, class X> __device__ void ck_quant_scale_tensor(const CkArgs &
     if (ck_last_block(a)) ck_quant_scale_final<Y>(a);
 }
 
+/* --shard-states=3 (cuda/exec_gather.c): a weight gathered in e4m3. Each rank finds its
+ * shard's amax (t[1]: the shard, X; the block maxima in scratch, the last block's maximum at
+ * t[0], one f32; i = {n_partials = the grid}), NCCL takes the ranks' maximum, which is the
+ * whole tensor's, and the scale is stored from it as ck_quant_scale_tensor stores it (t[0]:
+ * the scale, Y; t[1]: the amax, f32; i = {.., margin}, f = {max of elem}): every rank
+ * derives the unsharded QUANT_SCALE's bits. The last-block ticket is the gather's own: these
+ * run on NCCL's stream beside the step's kernels. */
+template <class X> __device__ void ck_gather_amax(const CkArgs &a) {
+    ck_reduce_partial<0, 1, X>(a);
+    if (ck_last_block(a)) {
+        float m = ck_partials_max(a);
+        if (threadIdx.x == 0) ((float *)a.t[0].p)[0] = m;
+    }
+}
+template <class Y> __device__ void ck_gather_scale(const CkArgs &a) { ck_store_scale<Y>(a, ((const float *)a.t[1].p)[0]); }
+
 /* AMAX_RECORD (history (H), x), final launch: shift the history, record amax at 0 */
 template <class H> __device__ void ck_amax_record_final(const CkArgs &a) {
     float m = ck_partials_max(a);

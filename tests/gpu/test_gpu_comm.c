@@ -39,7 +39,9 @@
  *     weights equal; with two micro-steps (another order of the sums, runtime/comm_grads.c)
  *     the ranks equal and the weights within 1e-3 of the unsharded run's.
  *   - sharded weights (--shard-states=3, cuda/exec_gather.c: each layer's weights gathered into
- *     layer buffers while the step runs, bf16 at -O0 and -O3, the e4m3 copies at -O1): with one
+ *     layer buffers while the step runs: bf16 at -O0, the e4m3 copies at -O1, at -O3 the
+ *     forward's e4m3 quantizes, made of the ranks' shards, and the bf16 weights in the
+ *     backward): with one
  *     micro-step and clipping off, rank 0's gathered arena is the unsharded run's bytes at -O0,
  *     -O1 and -O3, and every step's loss and a last evaluation's (the forward list, with its
  *     own gathers) are the unsharded run's on each rank; with two micro-steps, and with the
@@ -649,7 +651,8 @@ static void test_sharded_grads(void **state) {
  * micro-step and clipping off, rank 0's gathered arena (weights, copies, masters, states,
  * scales, histories) must be the unsharded run's, and each rank's losses (every step's and the
  * evaluation's, whose forward list gathers on its own) the unsharded run's, at -O0 (bf16
- * gathers), -O1 (the update's e4m3 copies) and -O3 (the bf16 weights the quantizes read).
+ * gathers), -O1 (the update's e4m3 copies) and -O3 (the forward's e4m3 quantizes, each
+ * owner's shard quantized with the scale of the ranks' largest amax; the backward's bf16).
  * Stage 3 sums the gradients and the norm as stage 2 does, so with two micro-steps, and with
  * the model's clipping on, it must end with stage 2's bytes. */
 static void test_sharded_weights(void **state) {

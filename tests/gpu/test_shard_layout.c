@@ -332,10 +332,14 @@ static void test_update_launches(void **state) {
  *   - each gather's items lie inside its buffer, apart, with the host offset's alignment, and
  *     the buffers take no more than the plan's figure beyond that alignment;
  *   - every operand of every launch of both lists that lies in a gathered tensor resolves into
- *     the buffer of the gather (per the plan, independently of the executor's choice) of its
- *     layer in the launch's phase issued latest before it, at the tensor's place there; the
- *     forward and the backward both read gathered weights (at -O3 the QUANTIZE of the weight
- *     reads the buffer: it quantizes the gathered bf16 weight), the evaluation list too;
+ *     the buffer of the gather (per the plan, independently of the executor's choices) of its
+ *     layer in the launch's phase issued latest before it, at the tensor's place there: the
+ *     plan's target (a copy, a bf16 weight, the forward's e4m3 quantize), but for the
+ *     backward's quantizes, which read the gathered bf16 weight; the forward, the backward and
+ *     the evaluation all read gathered tensors;
+ *   - at -O3 every forward gather carries e4m3 codes: no launch of the weight's QUANT_SCALE is
+ *     in either list (its place copies the gathered scale, after the gather's wait), and the
+ *     QUANTIZE's launches run over no elements;
  *   - exec_gather_check accepts the lists; and refuses them (the controls) when a gather is
  *     never issued (its readers then read no buffer) or when the next gather of the same
  *     phase is put into the buffer its predecessor's readers still read. */
@@ -344,23 +348,27 @@ typedef struct {
     bool quiet;   /* the controls: misplaced reads are what they expect */
 } GatherReads;
 
-/* The expected device address of host bytes p read by node i (phase ph), or 0 when p is not
- * in a gathered tensor; *bad when it is and no gather of the plan holds it there. */
-static CUdeviceptr expected_read(const CudaExec *e, const RtGatherPlan *gp, int i, Phase ph, bool eval, const void *p,
-                                 bool *bad) {
-    int64_t off = (const char *)p - (const char *)e->host.persistent;
+/* What the plan's item k puts in its buffer, as the executor is to gather it. */
+static const Node *plan_target(const RtGatherPlan *gp, int k) {
+    const RtGatherItem *it = &gp->items[k];
+    bool backward_quantize = it->target->op == OP_QUANTIZE && it->phase == PHASE_BACKWARD;
+    return backward_quantize ? gp->weights[it->weight].param : it->target;
+}
+
+/* The expected device address of node t's tensor (at byte offset) read by node i (phase ph),
+ * or 0 when it is not a gathered tensor; *bad when it is and no gather of the plan holds it
+ * there. A weight or copy is gathered bytes of the persistent arena; a quantize, the very
+ * tensor (its step-arena bytes serve others at other times). */
+static CUdeviceptr expected_read(const CudaExec *e, const RtGatherPlan *gp, int i, Phase ph, const Node *t, bool *bad) {
+    const char *c = t->t.data;
     for (int k = 0; k < e->n_gather_items; k++) {
         const ExecGatherItem *x = &e->gather_items[k];
-        if (off < x->at || off >= x->at + x->bytes) continue;
+        if (x->tensor->op == OP_QUANTIZE ? t != x->tensor : c < x->host || c >= x->host + x->bytes) continue;
         int best = -1;
         for (int j = 0; j < gp->n_gathers; j++)
-            if (gp->gathers[j].phase == ph && gp->gathers[j].issue <= i && (!eval || ph == PHASE_FORWARD)) {
+            if (gp->gathers[j].phase == ph && gp->gathers[j].issue <= i) {
                 bool holds = false;
-                for (int m = 0; m < gp->n_items; m++) {
-                    const RtGatherItem *it = &gp->items[m];
-                    const Node *t = it->target->op == OP_QUANTIZE ? gp->weights[it->weight].param : it->target;
-                    holds = holds || (it->gather == j && t == x->tensor);
-                }
+                for (int m = 0; m < gp->n_items; m++) holds = holds || (gp->items[m].gather == j && plan_target(gp, m) == x->tensor);
                 if (holds) best = j;
             }
         if (best < 0) {
@@ -370,11 +378,18 @@ static CUdeviceptr expected_read(const CudaExec *e, const RtGatherPlan *gp, int 
         for (int m = 0; m < e->n_gather_items; m++)
             if (e->gather_items[m].gather == best && e->gather_items[m].tensor == x->tensor)
                 return e->gather_buf + (CUdeviceptr)(e->gather_slot_at[gp->gathers[best].buffer] +
-                                                     e->gather_items[m].buf_at + (off - x->at));
+                                                     e->gather_items[m].buf_at + (c - x->host));
         *bad = true;
         return 0;
     }
     return 0;
+}
+
+/* whether node n is the QUANTIZE of an e4m3 item (its launch reads the weight over nothing) */
+static bool e4m3_quantize(const CudaExec *e, const Node *n) {
+    for (int k = 0; k < e->n_gather_items; k++)
+        if (e->gather_items[k].scale && e->gather_items[k].tensor == n) return true;
+    return false;
 }
 
 static void check_read(const CudaExec *e, const RtGatherPlan *gp, int i, bool eval, const Node *t, int64_t offset,
@@ -382,25 +397,30 @@ static void check_read(const CudaExec *e, const RtGatherPlan *gp, int i, bool ev
     if (!t || !t->t.data) return;
     const Node *n = e->g->nodes[i];
     bool bad = false;
-    CUdeviceptr want = expected_read(e, gp, i, n->phase, eval, (const char *)t->t.data, &bad);
+    CUdeviceptr want = expected_read(e, gp, i, n->phase, t, &bad);
+    if (bad && e4m3_quantize(e, n)) return;   /* the weight, read over no elements */
     if (!want && !bad) return;
     want += (CUdeviceptr)offset;
     r->reads++;
     r->quantize_reads += n->op == OP_QUANTIZE;
     r->eval_reads += eval;
     r->backward_reads += n->phase == PHASE_BACKWARD;
-    if ((bad || got != want) && !r->quiet) {
+    if ((bad || got != want) && !r->quiet)
         printf("    %s %%%d reads %s at %#llx, not %#llx\n", ir_op_info(n->op)->text, n->id,
                t->t.name ? t->t.name : "", (unsigned long long)got, (unsigned long long)want);
-    }
     r->wrong += bad || got != want;
 }
 
-/* The launches of plan p at node i into a list (eval or micro), resolved and checked. */
-static void resolve_node(CudaExec *e, const RtGatherPlan *gp, int i, const CuNodePlan *p, bool eval, int *n_launch,
+/* The launches of plan p at node i into list L (eval or micro), resolved and checked. */
+static void resolve_node(CudaExec *e, const RtGatherPlan *gp, int i, const CuNodePlan *p, bool eval, ExecList *L,
                          GatherReads *r) {
     for (int k = 0; k < p->n_launch; k++) {
         const CuLaunch *l = &p->launch[k];
+        ExecLaunch x;
+        memset(&x, 0, sizeof x);
+        x.kind = l->kind;
+        x.node = e->g->nodes[i];
+        x.fn = l->fn;
         bool ok = true;
         if (l->kind == CU_GEMM) {
             const CuRef *ops[] = {&l->gemm.a, &l->gemm.b, &l->gemm.c, &l->gemm.bias};
@@ -410,30 +430,31 @@ static void resolve_node(CudaExec *e, const RtGatherPlan *gp, int i, const CuNod
                 check_read(e, gp, i, eval, ops[o]->node, ops[o]->offset, d, r);
             }
         } else {
-            CkArgs a;
-            ok = exec_resolve(e, l, &a, 0);
+            ok = exec_resolve(e, l, &x.args, 0);
             for (int t = 0; t < CK_MAX_TENSORS; t++)
-                if (l->ref[t].node) check_read(e, gp, i, eval, l->ref[t].node, 0, (CUdeviceptr)(uintptr_t)a.t[t].p, r);
+                if (l->ref[t].node) check_read(e, gp, i, eval, l->ref[t].node, 0, (CUdeviceptr)(uintptr_t)x.args.t[t].p, r);
         }
-        r->wrong += !ok;
-        (*n_launch)++;
+        r->wrong += !ok || !list_push(L, &x);
     }
 }
 
-/* cuda_exec_open's loop over the nodes, for the two lists that read gathered weights */
+/* cuda_exec_open's loop over the nodes, for the two lists that read gathered tensors */
 static bool resolve_lists(CudaExec *e, const RtGatherPlan *gp, GatherReads *r) {
-    int n_eval = 0, n_micro = 0;
     e->gather_miss = NULL;
     for (int j = 0; j < e->n_gathers; j++)
         for (int l = 0; l < GATHER_LISTS; l++)
             e->gathers[j].issue_at[l] = e->gathers[j].read_from[l] = e->gathers[j].read_to[l] = -1;
+    for (int k = 0; k < e->n_gather_items; k++)
+        e->gather_items[k].scale_at[GATHER_EVAL] = e->gather_items[k].scale_at[GATHER_MICRO] = -1;
+    ExecList *ev = &e->lists[LIST_EVAL], *mi = &e->lists[LIST_MICRO];
+    ev->n = mi->n = 0;
     for (int i = 0; i < e->g->n_nodes; i++) {
         const Node *n = e->g->nodes[i];
-        exec_gather_at(e, GATHER_EVAL, i, n_eval);
-        if (n->phase == PHASE_FORWARD)
-            resolve_node(e, gp, i, e->plans[i].alone ? e->plans[i].alone : &e->plans[i], true, &n_eval, r);
-        exec_gather_at(e, GATHER_MICRO, i, n_micro);
-        if (n->phase != PHASE_UPDATE && e->plans[i].n_launch) resolve_node(e, gp, i, &e->plans[i], false, &n_micro, r);
+        bool taken = exec_gather_at(e, GATHER_EVAL, i, ev->n);
+        if (n->phase == PHASE_FORWARD && !taken)
+            resolve_node(e, gp, i, e->plans[i].alone ? e->plans[i].alone : &e->plans[i], true, ev, r);
+        taken = exec_gather_at(e, GATHER_MICRO, i, mi->n);
+        if (n->phase != PHASE_UPDATE && e->plans[i].n_launch && !taken) resolve_node(e, gp, i, &e->plans[i], false, mi, r);
         exec_gather_at(e, -1, 0, 0);
     }
     return exec_gather_check(e);
@@ -462,7 +483,7 @@ static void check_gathers(const char *name, int world, int rank) {
     assert_true(e->shard && e->persistent_alloc > 0);
     assert_true(exec_grads_layout(e) > 0);
     int64_t bytes = exec_gather_layout(e);
-    assert_true(e->shard_weights && bytes > 0);
+    assert_true(e->shard_weights && bytes > e->gather_buf_bytes);
     e->persistent = (CUdeviceptr)1 << 40;
     e->step = (CUdeviceptr)1 << 41;
     e->grad_buf = (CUdeviceptr)1 << 42;
@@ -484,34 +505,62 @@ static void check_gathers(const char *name, int world, int rank) {
             wrong += !listed || p.bytes != s.len * fmt_elem_bytes(ts[c]->t.fmt.elem);
         }
     }
-    /* the items in their buffers */
+    /* the items in their buffers; at -O3 the forward's items e4m3 codes */
     int64_t items_bytes = 0;
+    int e4m3 = 0, forward_quantizes = 0;
+    for (int k = 0; k < gp.n_items; k++)
+        forward_quantizes += gp.items[k].target->op == OP_QUANTIZE && gp.items[k].phase == PHASE_FORWARD;
     for (int k = 0; k < e->n_gather_items; k++) {
         const ExecGatherItem *x = &e->gather_items[k];
         const ExecGather *ga = &e->gathers[x->gather];
-        int64_t end = ga->buffer + 1 < e->n_gather_slots ? e->gather_slot_at[ga->buffer + 1] : bytes;
-        wrong += x->buf_at % 256 != x->at % 256 || e->gather_slot_at[ga->buffer] + x->buf_at + x->bytes > end;
+        int64_t end = ga->buffer + 1 < e->n_gather_slots ? e->gather_slot_at[ga->buffer + 1] : e->gather_buf_bytes;
+        const char *arena_at = x->scale ? (const char *)mem.step : (const char *)mem.persistent;
+        wrong += x->buf_at % 256 != (x->host - arena_at) % 256 || e->gather_slot_at[ga->buffer] + x->buf_at + x->bytes > end;
         for (int j = 0; j < k; j++) {
             const ExecGatherItem *y = &e->gather_items[j];
             wrong += y->gather == x->gather && x->buf_at < y->buf_at + y->bytes && y->buf_at < x->buf_at + x->bytes;
         }
         items_bytes += x->bytes;
+        e4m3 += x->scale != NULL;
+                wrong += x->scale && (x->eb != 1 || ga->phase != PHASE_FORWARD);
     }
     GatherReads r = {0};
     bool accepted = resolve_lists(e, &gp, &r);
-    printf("  %s, rank %d of %d: %d gathers of %d items (%lld bytes) in %d buffers of %lld bytes (the plan: %lld); "
-           "%d reads of gathered weights (%d in the evaluation, %d in the backward, %d by quantizes), %d wrong%s\n",
-           name, rank, world, e->n_gathers, e->n_gather_items, (long long)items_bytes, e->n_gather_slots,
-           (long long)bytes, (long long)sp.gather_buffer_bytes, r.reads, r.eval_reads, r.backward_reads,
-           r.quantize_reads, r.wrong + wrong, accepted ? "" : " (refused)");
+    /* e4m3: no QUANT_SCALE launched, its place the scale's copy after the wait; the QUANTIZE
+     * over no elements */
+    int zeroed = 0;
+    for (int k = 0; k < e->n_gather_items; k++) {
+        const ExecGatherItem *x = &e->gather_items[k];
+        if (!x->scale) continue;
+        const ExecGather *ga = &e->gathers[x->gather];
+        for (int l = 0; l < GATHER_LISTS; l++)
+            wrong += x->scale_at[l] < 0 || ga->read_from[l] < 0 || ga->read_from[l] > x->scale_at[l];
+        for (int l = LIST_EVAL; l <= LIST_MICRO; l++)
+            for (int i = 0; i < e->lists[l].n; i++) {
+                const ExecLaunch *y = &e->lists[l].l[i];
+                wrong += y->node == x->scale;
+                if (y->node == x->tensor) {
+                    zeroed++;
+                    wrong += y->args.t[0].n != 0 || y->args.t[1].n != 0;
+                }
+            }
+    }
+    printf("  %s, rank %d of %d: %d gathers of %d items (%d in e4m3 of the plan's %d forward quantizes; %lld bytes) "
+           "in %d buffers of %lld bytes (the plan: %lld); %d reads of gathered tensors (%d in the evaluation, %d in the "
+           "backward, %d by quantizes), %d quantize launches over no elements, %d wrong%s\n",
+           name, rank, world, e->n_gathers, e->n_gather_items, e4m3, forward_quantizes, (long long)items_bytes,
+           e->n_gather_slots, (long long)e->gather_buf_bytes, (long long)sp.gather_buffer_bytes, r.reads, r.eval_reads,
+           r.backward_reads, r.quantize_reads, zeroed, r.wrong + wrong, accepted ? "" : " (refused)");
     assert_int_equal(wrong + r.wrong, 0);
     assert_true(accepted);
     assert_true(r.reads > 0 && r.eval_reads > 0 && r.backward_reads > 0);
-    if (strstr(name, "_O3")) assert_true(r.quantize_reads > 0);
-    /* the plan's buffers, but for the alignment; at -O3 the forward's items are the bf16
-     * weights (2 bytes an element) where the plan counts their e4m3 quantizes (1 byte) */
+    assert_int_equal(e4m3, forward_quantizes);
+    if (strstr(name, "_O3")) assert_true(e4m3 > 0 && r.quantize_reads > 0);
+    assert_int_equal(zeroed, 2 * e4m3);   /* in the evaluation and in the micro-step */
+    /* the plan's buffers, but for the alignment; at -O3 the backward's items are the bf16
+     * weights (2 bytes an element) where the plan counts e4m3 quantizes of one layout */
     int64_t planned = sp.gather_buffer_bytes * (strstr(name, "_O3") ? 2 : 1);
-    assert_true(bytes <= planned + 256 * (int64_t)e->n_gather_items);
+    assert_true(e->gather_buf_bytes <= planned + 256 * (int64_t)e->n_gather_items);
     for (int j = 0; j < e->n_gathers; j++)   /* every gather read in the micro-step, after its issue */
         assert_true(e->gathers[j].read_from[GATHER_MICRO] >= e->gathers[j].issue_at[GATHER_MICRO] &&
                     e->gathers[j].issue_at[GATHER_MICRO] >= 0);
@@ -533,6 +582,8 @@ static void check_gathers(const char *name, int world, int rank) {
     GatherReads r3 = {0};
     assert_true(resolve_lists(e, &gp, &r3));
     rt_gather_plan_free(&gp);
+    free(e->lists[LIST_EVAL].l);
+    free(e->lists[LIST_MICRO].l);
     exec_gather_close(e);
     exec_grads_close(e);
     exec_shard_close(e);
