@@ -184,7 +184,7 @@ bool exec_gather_at(CudaExec *e, int list, int node, int launch) {
         ExecGather *ga = &e->gathers[x->gather];
         if (!x->scale || !in_list(ga, list)) continue;
         e->gather_zeroed = e->gather_zeroed || x->tensor == n;
-        if (!x->scale || x->scale != n || ga->issue_at[list] < 0) continue;
+        if (x->scale != n || ga->issue_at[list] < 0) continue;
         /* the QUANT_SCALE's place: the gathered scale copied into its result, a read */
         x->scale_at[list] = launch;
         if (ga->read_from[list] < 0) ga->read_from[list] = launch;
