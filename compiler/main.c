@@ -75,7 +75,7 @@ static const RtFlag fp8c_flags[] = {
     FLAG("shard-states", 0, RT_ARG_ATTACHED, "1|2|3", F_SHARD_STATES,
          "with --gpus N: each GPU keeps 1/N of the master weights and optimizer\n"
          "states (ZeRO stage 1, the default), =2 of the gradients too (stage 2),\n"
-         "=3 of the weights too, gathered per layer (stage 3; plan only)"),
+         "=3 of the weights too, gathered per layer (stage 3)"),
     FLAG("print-ir-after", 0, RT_ARG_VALUE, "PASS|all", F_PRINT_IR_AFTER, "the textual IR after a pass"),
     FLAG("print-ir-after-all", 0, RT_ARG_NONE, NULL, F_PRINT_IR_AFTER_ALL,
          "the textual IR after every pass"),

@@ -369,7 +369,7 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
     int64_t persistent = m->persistent - sp->saved;
     if (sp->stage >= 3)
         fprintf(out, "\ndata parallel over %d GPUs with sharded weights, state and gradients (--shard-states=3,\n"
-                     "ZeRO stage 3; planned, not yet built): the figures above are one GPU's whole step;\n"
+                     "ZeRO stage 3; not yet run on GPUs): the figures above are one GPU's whole step;\n"
                      "each GPU keeps 1/%d of %d weights (the GEMMs' matrices, gathered per layer while\n"
                      "the step runs) and of the gradient accumulators, master weights and optimizer states,\n"
                      "per tensor, on multiples of the codecs' groups (up to %lld elements); %d parameters,\n"
