@@ -28,7 +28,8 @@
  * (transposed=1), or the copy and its transpose in one cast-transpose launch. Neither can be
  * made of row-major shards without a transpose kernel, so the backward gathers the bf16
  * weight (the plan's e4m3 bytes twice) and runs the step's own quantize on it, with the
- * gathered scale; so does a forward quantize whose plan is not one kernel of its own.
+ * gathered scale; so does a forward quantize whose launch does more than quantize (a
+ * cast-transpose that also writes the transposed copy, as GPT-2 d12's c_fc and c_proj have).
  *
  * Addresses. The lists that run gathers (evaluation: the forward; the micro-step: forward and
  * backward) are resolved with e->gather_list set: a host address inside a gathered tensor
