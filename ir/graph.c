@@ -448,6 +448,7 @@ static const ChoiceRule choice_rules[] = {
     {"save.cheap", "0 1", 0, 0, 0},
     {"save.attention_inputs", "0 1", 0, 0, 0},
     {"cuda.pdl", "0 1", 0, 0, 0},
+    {"norm.prefetch", "0 1", 0, 0, 0},
     {"comm.overlap", "0 1", 0, 0, 0},
     {"comm.bucket_mb", NULL, 1, 1 << 20, 1},
     {"tune.device", NULL, 0, 16, 0},

@@ -621,6 +621,30 @@ static void test_attention_scales_plan(void **state) {
     }
 }
 
+/* norm.prefetch: a module-wide switch of the library (ops.cuh, ck_row_prefetch), set by a line
+ * before the library text only when the choice differs from the default; the entry points are
+ * the same, and the module compiles either way. */
+static void test_norm_prefetch_module(void **state) {
+    (void)state;
+    char path[4500], why[512];
+    snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
+    Arena *a = arena_new();
+    Graph *g = compile_model_choosing(a, path, 1, NULL, NULL);
+    assert_non_null(g);
+    CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+    int n_plain = 0, n_pf = 0;
+    char *plain = cuda_render_module(g, plans, a, &n_plain);
+    assert_true(strncmp(plain, "#define CK_NORM_PREFETCH", 24) != 0);
+    ir_set_choice(g, "norm.prefetch", "1");
+    char *pf = cuda_render_module(g, plans, a, &n_pf);
+    assert_true(!strncmp(pf, "#define CK_NORM_PREFETCH 1\n", 27));
+    assert_string_equal(pf + 27, plain);
+    assert_int_equal(n_pf, n_plain);
+    assert_module_compiles(g);
+    ir_set_choice(g, "norm.prefetch", "0");
+    arena_free(a);
+}
+
 /* GELU in cuBLASLt's epilogues (spec.c, gemm_gelu and epilogue_of). gpt2_tiny has one GELU a
  * layer, four layers:
  *  - -O0: each c_fc GEMM computes its GELU (GELU_AUX_BIAS: D the GELU, aux the bias add that the
@@ -995,6 +1019,7 @@ int main(void) {
                                        cmocka_unit_test(test_cast_transpose_plan),
                                        cmocka_unit_test(test_inverse_scales_plan),
                                        cmocka_unit_test(test_attention_scales_plan),
+                                       cmocka_unit_test(test_norm_prefetch_module),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_loss_one_pass_plan),
                                        cmocka_unit_test(test_loss_choices_plan),
