@@ -191,6 +191,9 @@ static void build_elementwise(void) {
     add_case("embedding", 0, op_v(OP_EMBEDDING, FMT_BF16, NULL, NULL, IN(table, tok)));
     add_case("rope", 1e-6, op_v(OP_ROPE, FMT_F32, I(D, 0), Fa(10000.0), IN(xf)));
     add_case("rope inverse bf16", 1e-2, op_v(OP_ROPE, FMT_BF16, I(D, 1), Fa(500000.0), IN(x)));
+    /* heads of 6: pairs that vectors of 8 would split, the element-wise path */
+    Node *x6 = leaf(FMT_BF16, 1, DIMS(B, T, 12));
+    add_case("rope heads of 6", 1e-2, op_v(OP_ROPE, FMT_BF16, I(6, 0), Fa(10000.0), IN(x6)));
     Node *c = op_v(OP_CONST, FMT_BF16, NULL, Fa(0.3), 0, NULL);
     ir_set_shape(c, 2, (const int64_t[]){T, C});
     add_case("const", 0, c);
