@@ -356,7 +356,7 @@ static int shard_collectives(const RtShardPlan *sp, const PlanComm *c, PlanColle
         out[k++] = (PlanCollective){"all_gather (weights)", "bf16", sp->sent_gather_weights};
     }
     if (sp->copy_bytes) out[k++] = (PlanCollective){"all_gather (FP8 copies)", "e4m3", sp->sent_gather_copies};
-    out[k++] = (PlanCollective){"all_reduce (norm, amax)", "f32", sp->sent_scalars};
+    out[k++] = (PlanCollective){"all_reduce (norm, amax)", "f64/f32", sp->sent_scalars};
     return k;
 }
 

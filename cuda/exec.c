@@ -478,6 +478,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
      * persistent one holds this rank's shards of the states and masters: exec_shard.c) */
     e->persistent_alloc = exec_shard_layout(e, cuda_nccl_active() ? cuda_nccl_world() : 1, cuda_nccl_rank());
     if (e->persistent_alloc < 0) goto fail;
+    e->aux_bytes += align_up(8 * e->n_norm_chunks);   /* the sharded norm's chunk sums */
     int64_t grad_buf_bytes = exec_grads_layout(e);   /* --shard-states=2: the bucket buffers */
     if (grad_buf_bytes < 0) goto fail;
     int64_t gather_buf_bytes = exec_gather_layout(e);   /* --shard-states=3: the layer buffers */
@@ -513,6 +514,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->ticket_off = 64;
     e->aux_used = ALIGN;
     if (e->descale_bytes && !aux_take(e, NULL, e->descale_bytes, &e->descales)) goto fail;
+    if (e->n_norm_chunks && !aux_take(e, NULL, 8 * e->n_norm_chunks, &e->norm_chunks)) goto fail;
 
     if (!CU_CHECK(CU(cuStreamCreate)(&e->stream, CU_STREAM_DEFAULT))) goto fail;
     if (!CU_CHECK(CU(cuMemsetD8Async)(e->aux, 0, ALIGN, e->stream))) goto fail;   /* flag, ticket */

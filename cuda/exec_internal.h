@@ -210,7 +210,9 @@ struct CudaExec {
     int n_shard_segs;
     int64_t persistent_alloc;             /* the device's persistent arena */
     int norm_end, upd_end;
-    CUdeviceptr *sqnorms;                 /* the SQNORM results, summed over the ranks */
+    CUdeviceptr norm_chunks;              /* every SQNORM's chunk sums (f64, ir.h), summed over the ranks */
+    int64_t n_norm_chunks;
+    bool *norm_final;                     /* per launch of the update list: a SQNORM's last */
     int n_sqnorms;
     ExecList shard_graph;                 /* the update with its collectives, captured */
     bool shard_warm;

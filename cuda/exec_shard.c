@@ -27,11 +27,17 @@
  * adds the same values in a fixed order every run. On two ranks a shard's sum is the one
  * addition the all-reduce makes, so the sharded run computes the unsharded run's bits. The
  * update list then runs in three pieces with collectives between them:
- *   1. the launches up to the last SQNORM, each SQNORM's first launch over this rank's shard
- *      of its (reduced) gradient; then an all-reduce (sum) of the sums of squares, one f32 a
- *      tensor, so every rank computes the same norm and clip coefficient. The sum is taken in
- *      another order than one rank's, so the norm may differ in its last bits from the
- *      unsharded run's; with clipping inactive (coefficient 1) nothing else depends on it.
+ *   1. the launches up to the last SQNORM but each SQNORM's last, each SQNORM's first launch
+ *      over this rank's shard of its (reduced) gradient; then an all-reduce (sum) of the
+ *      norm's chunk sums, f64; then the SQNORMs' last launches. A SQNORM sums the squares of
+ *      fixed chunks of IR_SQNORM_CHUNK elements (ir.h), a chunk's sum depending on its
+ *      elements alone, and then the chunks' sums in chunk order (ck_sqnorm_chunks,
+ *      ck_sqnorm_final). A shard starts on a chunk boundary (rt_shard_group), so this rank's
+ *      first launch writes exactly the whole tensor's sums of the chunks it owns, into its
+ *      slots of one buffer of every tensor's chunk sums that is zero elsewhere; the all-reduce
+ *      adds zeros to each slot but its owner's, which is exact in any order, so every rank
+ *      holds the unsharded run's chunk sums, and the last launch adds them as one GPU does.
+ *      The norm and the clip coefficient are then one GPU's bits, for any number of ranks.
  *   2. the launches up to the last update (ADAMW, LION, SGD), each update's kernel over its
  *      shard: its argument block's tensors start at the shard and hold its count (the codecs'
  *      side values from the shard's first group: a shard starts on a group boundary, so the
@@ -55,6 +61,9 @@
 #include "exec_internal.h"
 
 /* ---------------------------------------------------------------- the layout */
+
+/* the norm's chunks of a tensor of n elements (ir.h; an empty one has one, of nothing) */
+static int64_t chunks_of(int64_t n) { return n > 0 ? (n + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK : 1; }
 
 /* The byte range [lo, hi) of the host persistent arena that rank r keeps of sharded tensor t */
 static void tensor_range(const CudaExec *e, const ExecShardTensor *t, int r, int64_t *lo, int64_t *hi) {
@@ -97,6 +106,10 @@ int64_t exec_shard_layout(CudaExec *e, int world, int rank) {
     if (!e->shard) return e->host.persistent_bytes;
     e->shard_world = world;
     e->shard_rank = rank;
+    /* the norm's chunk sums, all-reduced in one buffer (exec.c puts it in aux) */
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i]->op == OP_SQNORM && g->nodes[i]->phase == PHASE_UPDATE)
+            e->n_norm_chunks += chunks_of(ir_numel(&g->nodes[i]->in[0]->t));
     /* --shard-states=3: the weights the step gathers (and their FP8 copies) are cut too */
     RtGatherPlan gp;
     if (!rt_gather_plan(g, world, &gp)) goto oom;
@@ -279,7 +292,6 @@ static int update_of(const CudaExec *e, const Node *n) {
 bool exec_shard_prepare(CudaExec *e) {
     if (!e->shard) return true;
     ExecList *L = &e->lists[LIST_UPDATE];
-    Graph *g = e->g;
     /* each update's gradient sum, whole tensors on the device */
     for (int k = 0; k < e->n_shard_updates; k++) {
         ExecShardUpdate *u = &e->shard_updates[k];
@@ -308,13 +320,13 @@ bool exec_shard_prepare(CudaExec *e) {
             return false;
         }
     }
-    /* the launches: each SQNORM's first over its gradient's shard, each update's first over
-     * its shard; the pieces end after the last of each */
+    /* the norm's chunk sums: each SQNORM's at its place in one buffer (in aux, exec_shard_layout) */
+    e->norm_final = calloc((size_t)(L->n ? L->n : 1), sizeof *e->norm_final);
+    if (!e->norm_final) return false;
+    /* the launches: each SQNORM's first over its gradient's shard, its last over the tensor's
+     * chunk sums, each update's first over its shard; the pieces end after the last of each */
     e->norm_end = e->upd_end = -1;
-    int n_sq = 0;
-    for (int i = 0; i < g->n_nodes; i++) n_sq += g->nodes[i]->op == OP_SQNORM && g->nodes[i]->phase == PHASE_UPDATE;
-    e->sqnorms = calloc((size_t)(n_sq ? n_sq : 1), sizeof *e->sqnorms);
-    if (!e->sqnorms) return false;
+    int64_t norm_at = 0;
     const Node *prev = NULL;
     for (int i = 0; i < L->n; i++) {
         ExecLaunch *x = &L->l[i];
@@ -331,8 +343,22 @@ bool exec_shard_prepare(CudaExec *e) {
                 return false;
             }
             e->norm_end = i + 1;
-            if (!first) continue;
             const Node *grad = n->in[0];
+            int64_t chunks = chunks_of(ir_numel(&grad->t));
+            if (!first) {   /* the last launch: the chunk sums added in order */
+                if (i + 1 < L->n && L->l[i + 1].node == n) {
+                    rt_error("CUDA executor: --shard-states: a gradient norm planned in more than two launches");
+                    return false;
+                }
+                if (x->args.i[0] != chunks) {
+                    rt_error("CUDA executor: --shard-states: a gradient norm's last launch adds %lld sums of %lld",
+                             (long long)x->args.i[0], (long long)chunks);
+                    return false;
+                }
+                x->args.scratch = (void *)(uintptr_t)(e->norm_chunks + (CUdeviceptr)((norm_at - chunks) * 8));
+                e->norm_final[i] = true;
+                continue;
+            }
             int k = -1;
             for (int j = 0; j < e->n_shard_updates && k < 0; j++)
                 if (e->shard_updates[j].node->in[1] == grad) k = j;
@@ -340,9 +366,21 @@ bool exec_shard_prepare(CudaExec *e) {
                 rt_error("CUDA executor: --shard-states: the norm of a gradient no update reads");
                 return false;
             }
-            if (!restrict_tensor(e, &x->args.t[1], grad, e->shard_updates[k].mine)) return false;
-            if (e->n_sqnorms >= n_sq) return false;
-            if (!exec_map_tensor(e, &n->t, &e->sqnorms[e->n_sqnorms++])) return false;
+            RtShard s = e->shard_updates[k].mine;
+            if (s.len && s.off % IR_SQNORM_CHUNK) {
+                rt_error("CUDA executor: --shard-states: the shard of '%s' starts inside a norm chunk",
+                         grad->t.name ? grad->t.name : "unnamed");
+                return false;
+            }
+            if (!restrict_tensor(e, &x->args.t[1], grad, s)) return false;
+            /* this rank's chunks, at their places among the tensor's */
+            x->args.scratch = (void *)(uintptr_t)(e->norm_chunks + (CUdeviceptr)((norm_at + s.off / IR_SQNORM_CHUNK) * 8));
+            int64_t warps = x->block >= 32 ? x->block / 32 : 1,
+                    blocks = (chunks_of(s.len) + warps - 1) / warps;   /* a warp a chunk */
+            if (blocks < 1) blocks = 1;
+            if (blocks < x->grid[0]) x->grid[0] = (unsigned)blocks;
+            norm_at += chunks;
+            e->n_sqnorms++;
             continue;
         }
         int k = update_of(e, n);
@@ -365,7 +403,15 @@ bool exec_shard_prepare(CudaExec *e) {
             x->args.t[copy].s = scale;
         }
     }
-    if (e->norm_end < 0 || e->upd_end < 0 || e->n_sqnorms != e->n_shard_updates) {
+    /* a reader of a norm in the first piece would run before the last launches (deferred) */
+    for (int i = 0; i < e->norm_end; i++)
+        for (int k = 0; k < L->l[i].node->n_in; k++)
+            if (L->l[i].node->op != OP_SQNORM && L->l[i].node->in[k]->op == OP_SQNORM) {
+                rt_error("CUDA executor: --shard-states: %s %%%d reads a gradient norm before all are summed",
+                         ir_op_info(L->l[i].node->op)->text, L->l[i].node->id);
+                return false;
+            }
+    if (e->norm_end < 0 || e->upd_end < 0 || e->n_sqnorms != e->n_shard_updates || norm_at != e->n_norm_chunks) {
         rt_error("CUDA executor: --shard-states: the update has %d gradient norms for %d updates",
                  e->n_sqnorms, e->n_shard_updates);
         return false;
@@ -397,11 +443,16 @@ bool exec_shard_reduce(CudaExec *e, int first, int count, CUstream stream) {
     return cuda_nccl_group(false) && ok;
 }
 
-static bool sum_sqnorms(CudaExec *e) {
-    if (!cuda_nccl_group(true)) return false;
-    bool ok = true;
-    for (int i = 0; ok && i < e->n_sqnorms; i++) ok = cuda_nccl_all_reduce_sum_f32(e->sqnorms[i], 1, e->stream);
-    return cuda_nccl_group(false) && ok;
+/* the first piece, the norm's chunk sums of every rank in every rank's buffer, the last launches */
+static bool launch_norms(CudaExec *e) {
+    ExecList *L = &e->lists[LIST_UPDATE];
+    if (!CU_CHECK(CU(cuMemsetD8Async)(e->norm_chunks, 0, (size_t)e->n_norm_chunks * 8, e->stream))) return false;
+    for (int i = 0; i < e->norm_end; i++)
+        if (!e->norm_final[i] && !exec_launch(e, &L->l[i])) return false;
+    if (e->n_norm_chunks && !cuda_nccl_all_reduce_sum_f64(e->norm_chunks, e->n_norm_chunks, e->stream)) return false;
+    for (int i = 0; i < e->norm_end; i++)
+        if (e->norm_final[i] && !exec_launch(e, &L->l[i])) return false;
+    return true;
 }
 
 /* the copies' amaxes agreed, the new weights and copies from their owners, the gradients zeroed */
@@ -441,7 +492,7 @@ static bool launch_range(CudaExec *e, int from, int to) {
 
 static bool launch_update(CudaExec *e, void *unused) {
     (void)unused;
-    return launch_range(e, 0, e->norm_end) && sum_sqnorms(e) && launch_range(e, e->norm_end, e->upd_end) &&
+    return launch_norms(e) && launch_range(e, e->norm_end, e->upd_end) &&
            gather_weights(e) && launch_range(e, e->upd_end, e->lists[LIST_UPDATE].n);
 }
 
@@ -495,7 +546,7 @@ void exec_shard_close(CudaExec *e) {
     free(e->shard_updates);
     free(e->shard_tensors);
     free(e->shard_segs);
-    free(e->sqnorms);
+    free(e->norm_final);
 }
 
 bool cuda_exec_sharded(const CudaExec *e) { return e->shard; }

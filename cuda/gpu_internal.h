@@ -134,6 +134,7 @@ bool cuda_nccl_reduce_sum_to(CUdeviceptr send, CUdeviceptr recv, int64_t count, 
 bool cuda_nccl_broadcast_bytes(CUdeviceptr buf, int64_t bytes, int root, CUstream stream);
 bool cuda_nccl_broadcast_bytes_to(CUdeviceptr send, CUdeviceptr recv, int64_t bytes, int root, CUstream stream);
 bool cuda_nccl_all_reduce_sum_f32(CUdeviceptr buf, int64_t count, CUstream stream);
+bool cuda_nccl_all_reduce_sum_f64(CUdeviceptr buf, int64_t count, CUstream stream);
 bool cuda_nccl_send_bytes(CUdeviceptr buf, int64_t bytes, int peer, CUstream stream);
 bool cuda_nccl_recv_bytes(CUdeviceptr buf, int64_t bytes, int peer, CUstream stream);
 bool cuda_nccl_sum_host(double *v, int n);          /* v[i] = sum over the ranks, n <= 16 */

@@ -364,6 +364,13 @@ bool cuda_nccl_all_reduce_sum_f32(CUdeviceptr buf, int64_t count, CUstream strea
     return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, ncclFloat32, ncclSum, nc_comm, (cudaStream_t)stream));
 }
 
+/* count f64 values summed over the ranks, in place (the gradient norm's chunk sums, each
+ * nonzero on one rank only: adding zeros is exact, so the sum is that rank's value) */
+bool cuda_nccl_all_reduce_sum_f64(CUdeviceptr buf, int64_t count, CUstream stream) {
+    void *p = (void *)(uintptr_t)buf;
+    return NC_CHECK(nc.ncclAllReduce(p, p, (size_t)count, ncclFloat64, ncclSum, nc_comm, (cudaStream_t)stream));
+}
+
 /* point to point, bytes (the save's gather of the states' shards to rank 0) */
 bool cuda_nccl_send_bytes(CUdeviceptr buf, int64_t bytes, int peer, CUstream stream) {
     return NC_CHECK(nc.ncclSend((const void *)(uintptr_t)buf, (size_t)bytes, ncclUint8, peer, nc_comm,

@@ -313,16 +313,23 @@ bool plan_reductions(Spec *s) {
     const Node *n = s->n;
     CuLaunch *l;
     switch (n->op) {
-    case OP_SQNORM: {
+    case OP_SQNORM: {   /* chunks of IR_SQNORM_CHUNK, a warp each, then their sums in order (ir.h) */
         if (!check_io(s, n, true)) return false;
-        l = plan_partials(s, true, 1, n->in[0]);
+        int64_t count = ir_numel(&n->in[0]->t), chunks = (count + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK;
+        if (chunks < 1) chunks = 1;
+        int64_t warps = ROW_THREADS / 32, blocks = (chunks + warps - 1) / warps;
+        l = spec_launch(s, "sqchunks", (unsigned)(blocks < PARTIAL_BLOCKS ? blocks : PARTIAL_BLOCKS), ROW_THREADS,
+                        "ck_sqnorm_chunks<%s>(a)", fmt_arg(s, &n->in[0]->t));
         args_result_inputs(l, n);
-        unsigned parts = l->grid[0];
+        l->scratch = 0;
+        l->batch = true;
+        l->args.i[0] = IR_SQNORM_CHUNK;
+        need_scratch(s, chunks * 8);
         l = spec_launch(s, "sqfinal", 1, ROW_THREADS, "ck_sqnorm_final<%s>(a)", fmt_arg(s, &n->t));
         args_result_inputs(l, n);
         l->scratch = 0;
         l->batch = true;
-        l->args.i[0] = parts;
+        l->args.i[0] = chunks;
         return true;
     }
     case OP_QUANT_SCALE: {

@@ -371,6 +371,13 @@ int64_t ir_attention_lse_offset(const Node *n);   /* bytes from the result's sta
  * a GPU kernel writes, IR_AMAX_PARTS f32 after the result; 0: it keeps none. */
 #define IR_AMAX_PARTS 1024
 bool ir_op_keeps_amax(OpKind op);   /* whether op has the attribute */
+/* SQNORM, the sum of squares behind the gradient norm, is taken over chunks of IR_SQNORM_CHUNK
+ * consecutive elements from the tensor's start, each chunk's sum in f64, the chunks' sums then
+ * added in chunk order: by the GPU kernels, the reference and the CPU backend (its
+ * REDUCE_CHUNK). With --shard-states every shard boundary falls on a chunk boundary
+ * (rt_shard_group), so the ranks' chunk sums are the whole tensor's and the norm does not
+ * depend on the number of GPUs (cuda/exec_shard.c). */
+#define IR_SQNORM_CHUNK 4096
 int64_t ir_amax_parts_offset(const Node *n);
 void ir_set_keeps_amax(Node *n);    /* n->op must have the attribute */
 bool ir_keeps_amax(const Node *n);  /* amax=1 (false for an op without the attribute) */

@@ -15,7 +15,10 @@
  * Shards are per tensor, not of one flat buffer: shard r of a parameter of n elements is
  * [r S, (r+1) S) clipped to n, with S = ceil(n / N) rounded up to the update's group. The
  * group is the least common multiple of what each tensor the update touches needs a boundary
- * to fall on: 128 for O2's e4m3 expand codec, 32 for O3's companded states (the side values
+ * to fall on and of the gradient norm's chunk (IR_SQNORM_CHUNK, 4096 elements: each rank then
+ * sums whole chunks of the gradient's squares, the same chunks one rank sums, so the norm and
+ * the clip coefficient do not depend on N): 128 for O2's e4m3 expand codec, 32 for O3's
+ * companded states, both dividing the chunk (the side values
  * are per group of consecutive elements, so a shard that starts on a group boundary owns
  * whole groups and encodes them exactly as the whole tensor would), 1 for f32, bf16, the split
  * master and a per-tensor scaled copy. A tensor scaled per row or per block would need its
@@ -60,10 +63,14 @@ static int update_tensors(const Node *u, const Tensor **out) {
     return k;
 }
 
+/* The gradient's norm is summed in chunks of IR_SQNORM_CHUNK elements (ir.h): starting from
+ * that unit puts every shard boundary on a chunk boundary, so each rank sums whole chunks and
+ * the norm is the same on any number of ranks. It is a multiple of the codecs' groups. */
 int64_t rt_shard_group(const Node *update) {
     const Tensor *ts[8];
     int k = update_tensors(update, ts);
-    int64_t g = 1, n = ir_numel(&update->in[0]->t);
+    int64_t g = IR_SQNORM_CHUNK, n = ir_numel(&update->in[0]->t);
+    if (g >= n) return n > 0 ? n : 1;
     for (int i = 0; i < k; i++) {
         int64_t u = rt_shard_unit(ts[i]);
         g = g / gcd64(g, u) * u;
@@ -148,7 +155,7 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
         p->updates++;
         if (!gw) p->weight_bytes += wb;
         p->grad_bytes += ir_numel(&u->in[1]->t) * fmt_elem_bytes(u->in[1]->t.fmt.elem);
-        p->norm_values++;
+        p->norm_values += (ir_numel(&u->in[1]->t) + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK;
         int at = ir_adamw_copy_index(u);
         if (at >= 0) {
             if (!gw) p->copy_bytes += ir_numel(&u->in[at]->t) * fmt_elem_bytes(u->in[at]->t.fmt.elem);
@@ -189,6 +196,6 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
     p->sent_reduce_scatter = p->grad_bytes * n1 / ranks;
     p->sent_gather_weights = p->weight_bytes * n1 / ranks;
     p->sent_gather_copies = p->copy_bytes * n1 / ranks;
-    p->sent_scalars = 2 * n1 * (int64_t)sizeof(float) * (p->norm_values + p->amax_values) / ranks;
+    p->sent_scalars = 2 * n1 * ((int64_t)sizeof(double) * p->norm_values + (int64_t)sizeof(float) * p->amax_values) / ranks;
     p->sent_gather_scalars = 2 * n1 * (int64_t)sizeof(float) * p->gather_amax_values / ranks;
 }

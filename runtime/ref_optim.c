@@ -16,15 +16,15 @@
  * ref_reduce_to_owner is a micro-step's sum into one rank's shard of an accumulator
  * (--shard-states=2, runtime/comm_grads.c), in the order documented there.
  *
- * SQNORM sums squares in f64 over fixed chunks and then adds the chunk sums in order, so the
- * result is the same for any thread count (though not bit-equal to one long serial sum). */
+ * SQNORM sums squares in f64 over the fixed chunks of ir.h (IR_SQNORM_CHUNK elements from the
+ * tensor's start) and then adds the chunk sums in order, as the GPU kernels do (each chunk in
+ * its own order there): the result is the same for any thread count, and for any split of the
+ * tensor on chunk boundaries, which is how --shard-states cuts it (rt_shard_group). */
 #include "ref_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { SQNORM_CHUNK = 1 << 16 };
 
 typedef struct {
     const float *x;
@@ -35,23 +35,33 @@ typedef struct {
 static void sqnorm_task(void *ctx, int64_t c)
 {
     SqJob *j = ctx;
-    int64_t lo = c * SQNORM_CHUNK, hi = lo + SQNORM_CHUNK < j->n ? lo + SQNORM_CHUNK : j->n;
+    int64_t lo = c * IR_SQNORM_CHUNK, hi = lo + IR_SQNORM_CHUNK < j->n ? lo + IR_SQNORM_CHUNK : j->n;
     double s = 0;
     for (int64_t i = lo; i < hi; i++) s += (double)j->x[i] * j->x[i];
     j->partial[c] = s;
 }
 
+void ref_sqnorm_chunks(const float *x, int64_t n, double *out)
+{
+    SqJob j = {.x = x, .n = n, .partial = out};
+    ref_parallel_for((n + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK, sqnorm_task, &j);
+}
+
+float ref_sqnorm_sum(const double *chunks, int64_t count)
+{
+    double s = 0;
+    for (int64_t c = 0; c < count; c++) s += chunks[c];
+    return (float)s;
+}
+
 void ref_sqnorm(const Node *n, const float *const *x, float *y)
 {
-    SqJob j = {.x = x[0], .n = ir_numel(&n->in[0]->t)};
-    int64_t chunks = (j.n + SQNORM_CHUNK - 1) / SQNORM_CHUNK;
-    j.partial = calloc((size_t)(chunks ? chunks : 1), sizeof(double));
-    IR_ASSERT(j.partial);
-    ref_parallel_for(chunks, sqnorm_task, &j);
-    double s = 0;
-    for (int64_t c = 0; c < chunks; c++) s += j.partial[c];
-    y[0] = (float)s;
-    free(j.partial);
+    int64_t count = ir_numel(&n->in[0]->t), chunks = (count + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK;
+    double *partial = calloc((size_t)(chunks ? chunks : 1), sizeof(double));
+    IR_ASSERT(partial);
+    ref_sqnorm_chunks(x[0], count, partial);
+    y[0] = ref_sqnorm_sum(partial, chunks);
+    free(partial);
 }
 
 void ref_clip_coef(const Node *n, const float *const *x, float *y)

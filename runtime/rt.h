@@ -537,7 +537,7 @@ typedef struct {
     int64_t saved;              /* bytes a GPU keeps fewer than one GPU (all roles) */
     int64_t group;              /* the largest shard group of a split update */
     int64_t weight_bytes, grad_bytes, copy_bytes;   /* whole, all updates together */
-    int norm_values, amax_values;   /* per-tensor scalars all-reduced: sums of squares, amaxes */
+    int norm_values, amax_values;   /* all-reduced: the norm's chunk sums (f64), the amaxes (f32) */
     int64_t sent_reduce_scatter, sent_gather_weights, sent_gather_copies, sent_scalars;
     int stage;                  /* 1, or 2: the gradient accumulators sharded too */
     int64_t grad_buffer_bytes;  /* stage 2: the backward's bucket buffers (rt_grad_slots) */
@@ -559,6 +559,11 @@ int rt_shard_stage(const Graph *g);             /* 0, 1 (--shard-states), 2 (=2)
  * acc's format) = slots[owner] + slots[owner+1] + ... (ranks mod N), each addition rounded to
  * acc's format: the documented order of comm_grads.c. */
 void ref_reduce_to_owner(const Tensor *acc, RtShard s, int owner, int ranks, void *const *slots, void *out);
+/* SQNORM as the reference takes it (ir.h): out[c] = the f64 sum of squares of chunk c of
+ * IR_SQNORM_CHUNK elements of x[0 .. n), and the chunks' sums added in order. A shard that
+ * starts on a chunk boundary gives the whole tensor's sums of its chunks (tests/test_shard.c). */
+void ref_sqnorm_chunks(const float *x, int64_t n, double *out);
+float ref_sqnorm_sum(const double *chunks, int64_t count);
 #define RT_GRAD_ALIGN 256       /* each gradient's place in a bucket buffer */
 typedef struct {
     int n_slots;                /* buffers */

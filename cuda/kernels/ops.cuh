@@ -1117,6 +1117,40 @@ template <int SQ, int X_AT, class X> __device__ void ck_reduce_partial(const CkA
     }
 }
 
+/* first launch of SQNORM: the sum of squares of each chunk of i[0] (IR_SQNORM_CHUNK)
+ * consecutive elements of x = t[1], in f64, to scratch[chunk]; a warp a chunk, the grid's warps
+ * taking chunks in turn. The additions within a chunk follow its elements' places in it: lane
+ * l adds the vectors l, l + 32, .. of CK_VEC elements in order (a square of a bf16 or f32 value
+ * is exact in f64, so a contracted multiply-add rounds as the addition alone), then the warp's
+ * fixed tree. Whether the vectors are loaded whole or element by element, and where the
+ * tensor starts, changes no bit: a chunk's sum depends on its elements only, so a shard of the
+ * tensor that starts on a chunk boundary (--shard-states, exec_shard.c) writes the whole
+ * tensor's sums of its chunks. */
+template <class X> __device__ void ck_sqnorm_chunks(const CkArgs &a) {
+    const CkTensor &x = a.t[1];
+    const i64 chunk = a.i[0], chunks = (x.n + chunk - 1) / chunk;
+    const int lane = threadIdx.x & 31;
+    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    const bool vec = X::vec_ok(x);
+    for (i64 c = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); c < chunks; c += warps) {
+        const i64 lo = c * chunk, hi = lo + chunk < x.n ? lo + chunk : x.n;
+        double s = 0;
+        for (i64 i = lo + (i64)lane * CK_VEC; i < hi; i += 32 * CK_VEC) {
+            float v[CK_VEC];
+            if (vec && i + CK_VEC <= hi) {
+                X::ld_vec(x, i, v);
+            } else {
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) v[j] = i + j < hi ? X::ld(x, i + j) : 0.0f;
+            }
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) s += (double)v[j] * v[j];
+        }
+        s = ck_warp_sum(s);
+        if (lane == 0) ((double *)a.scratch)[c] = s;
+    }
+}
+
 /* one block over the partials (read past L1: other blocks of the same launch may have
  * written them); i = {n_partials, ..} */
 static __device__ double ck_partials_sum(const CkArgs &a) {
@@ -1146,6 +1180,8 @@ static __device__ bool ck_last_block(const CkArgs &a) {
     return last;
 }
 
+/* SQNORM's last launch: the chunks' sums of ck_sqnorm_chunks added in a fixed order (each
+ * thread its chunks in order, then the block's tree), i = {chunks} */
 template <class Y> __device__ void ck_sqnorm_final(const CkArgs &a) {
     double s = ck_partials_sum(a);
     if (threadIdx.x == 0) Y::st(a.t[0], 0, (float)s);

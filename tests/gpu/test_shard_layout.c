@@ -220,7 +220,9 @@ static void test_grad_buffers(void **state) {
  * to the rank's shards. Checked: it accepts the compiler's update phase at -O1..-O3, every
  * update kernel's elementwise tensors start at the rank's shard on the device and count its
  * elements (a codec's side values from the shard's first group), the copy keeps its one
- * scale, and each SQNORM reads the shard of its gradient. */
+ * scale, and each SQNORM reads the shard of its gradient, which starts on a norm chunk, and
+ * writes its chunks' sums at their places among the tensor's, which its last launch (after
+ * the all-reduce) adds whole. */
 static void check_launches(const char *name, int world, int rank) {
     Arena *arena = arena_new();
     Graph *g = load_graph(arena, name);
@@ -261,6 +263,7 @@ static void check_launches(const char *name, int world, int rank) {
     }
     assert_true(exec_shard_prepare(e));
     int checked = 0, wrong = 0;
+    int64_t norm_at = 0;
     const Node *prev = NULL;
     for (int i = 0; i < e->lists[LIST_UPDATE].n; i++) {
         const ExecLaunch *x = &e->lists[LIST_UPDATE].l[i];
@@ -277,6 +280,15 @@ static void check_launches(const char *name, int world, int rank) {
         int at[12], count = 0;
         if (n->op == OP_SQNORM) {
             at[count++] = -1;   /* t[1]: the gradient */
+            /* its chunk sums at their places among the tensor's in the all-reduced buffer, the
+             * last launch over all of them, after the all-reduce */
+            int64_t chunks = (ir_numel(&n->in[0]->t) + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK;
+            wrong += s.len && s.off % IR_SQNORM_CHUNK;
+            wrong += (uintptr_t)x->args.scratch != e->norm_chunks + (CUdeviceptr)(8 * (norm_at + s.off / IR_SQNORM_CHUNK));
+            const ExecLaunch *last = &e->lists[LIST_UPDATE].l[i + 1];
+            wrong += last->node != n || !e->norm_final[i + 1] || last->args.i[0] != chunks ||
+                     (uintptr_t)last->args.scratch != e->norm_chunks + (CUdeviceptr)(8 * norm_at);
+            norm_at += chunks;
         } else {
             for (int j = 0; j < ir_update_lr_index(u); j++) at[count++] = j;
             if (ir_adamw_master_index(u) >= 0) at[count++] = ir_adamw_master_index(u);
@@ -307,6 +319,7 @@ static void check_launches(const char *name, int world, int rank) {
     assert_int_equal(wrong, 0);
     assert_true(checked > 3 * e->n_shard_updates);
     assert_int_equal(e->n_sqnorms, e->n_shard_updates);
+    assert_int_equal(norm_at, e->n_norm_chunks);
     free(e->lists[LIST_UPDATE].l);
     free(e->reduce);
     exec_shard_close(e);
