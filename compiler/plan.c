@@ -429,17 +429,19 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
         fprintf(out, "Each micro-step gathers every sharded layer twice, in the forward and again in the\n"
                      "backward, each layer prefetched while the one before it computes (%s in e4m3,\n"
                      "%s in bf16, whole)%s; it reduce-scatters %d gradients, %s (%s);\n"
-                     "each step gathers the %d whole parameters' new values and all-reduces one f32 a\n"
-                     "tensor for the gradient norm%s:\n",
+                     "each step gathers the %d whole parameters' new values and all-reduces the\n"
+                     "gradient norm's f64 sums of chunks of %d elements%s:\n",
                 human(sp->gathered_fp8, b1), human(sp->gathered_bf16, b2),
                 sp->gather_amax_values ? ",\nthe FP8 ones after an all-reduce (max) of each weight's amax in the forward" : "",
-                c->count, human(c->bytes, b3), c->formats, sp->whole_params,
+                c->count, human(c->bytes, b3), c->formats, sp->whole_params, IR_SQNORM_CHUNK,
                 sp->amax_values ? " and the FP8 copies' amaxes" : "");
     } else {
         fprintf(out, "Each %s reduce-scatters %d gradients, %s (%s), each step gathers the new\n"
-                     "weights%s, and all-reduces one f32 a tensor for the gradient norm%s:\n",
+                     "weights%s, and all-reduces the gradient norm's f64 sums of chunks of %d\n"
+                     "elements (the same on any number of GPUs)%s:\n",
                 sp->stage >= 2 ? "micro-step" : "step", c->count, human(c->bytes, b1), c->formats,
-                sp->copy_bytes ? " and their e4m3 copies" : "", sp->amax_values ? " and the weights' amaxes" : "");
+                sp->copy_bytes ? " and their e4m3 copies" : "", IR_SQNORM_CHUNK,
+                sp->amax_values ? " and the weights' amaxes" : "");
     }
     PlanCollective coll[8];
     int n_coll = shard_collectives(sp, c, coll);
