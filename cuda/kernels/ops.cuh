@@ -1130,9 +1130,9 @@ template <class X> __device__ void ck_sqnorm_chunks(const CkArgs &a) {
     const CkTensor &x = a.t[1];
     const i64 chunk = a.i[0], chunks = (x.n + chunk - 1) / chunk;
     const int lane = threadIdx.x & 31;
-    const i64 warps = (i64)gridDim.x * (blockDim.x >> 5);
+    const i64 warps = CK_BLOCKS * (blockDim.x >> 5);   /* this launch's (or batch item's) blocks */
     const bool vec = X::vec_ok(x);
-    for (i64 c = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); c < chunks; c += warps) {
+    for (i64 c = CK_BLOCK * (blockDim.x >> 5) + (threadIdx.x >> 5); c < chunks; c += warps) {
         const i64 lo = c * chunk, hi = lo + chunk < x.n ? lo + chunk : x.n;
         double s = 0;
         for (i64 i = lo + (i64)lane * CK_VEC; i < hi; i += 32 * CK_VEC) {
