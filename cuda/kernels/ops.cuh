@@ -1135,6 +1135,7 @@ template <class X> __device__ void ck_sqnorm_chunks(const CkArgs &a) {
     for (i64 c = CK_BLOCK * (blockDim.x >> 5) + (threadIdx.x >> 5); c < chunks; c += warps) {
         const i64 lo = c * chunk, hi = lo + chunk < x.n ? lo + chunk : x.n;
         double s = 0;
+        #pragma unroll 4   /* loads in flight; the additions keep their order */
         for (i64 i = lo + (i64)lane * CK_VEC; i < hi; i += 32 * CK_VEC) {
             float v[CK_VEC];
             if (vec && i + CK_VEC <= hi) {
