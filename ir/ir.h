@@ -373,8 +373,9 @@ int64_t ir_attention_lse_offset(const Node *n);   /* bytes from the result's sta
 bool ir_op_keeps_amax(OpKind op);   /* whether op has the attribute */
 /* SQNORM, the sum of squares behind the gradient norm, is taken over chunks of IR_SQNORM_CHUNK
  * consecutive elements from the tensor's start, each chunk's sum in f64, the chunks' sums then
- * added in chunk order: by the GPU kernels, the reference and the CPU backend (its
- * REDUCE_CHUNK). With --shard-states every shard boundary falls on a chunk boundary
+ * added in chunk order: by the GPU kernels of a data-parallel build (--gpus N; one GPU's build
+ * keeps its partial sums over the grid's blocks, cuda/spec_ops.c), the reference and the CPU
+ * backend (its REDUCE_CHUNK). With --shard-states every shard boundary falls on a chunk boundary
  * (rt_shard_group), so the ranks' chunk sums are the whole tensor's and the norm does not
  * depend on the number of GPUs (cuda/exec_shard.c). */
 #define IR_SQNORM_CHUNK 4096
