@@ -372,7 +372,7 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
                      "ZeRO stage 3; not yet run on GPUs): the figures above are one GPU's whole step;\n"
                      "each GPU keeps 1/%d of %d weights (the GEMMs' matrices, gathered per layer while\n"
                      "the step runs) and of the gradient accumulators, master weights and optimizer states,\n"
-                     "per tensor, on multiples of the codecs' groups (up to %lld elements); %d parameters,\n"
+                     "per tensor, on multiples of the norm's chunk (%lld elements); %d parameters,\n"
                      "%s, stay whole (%d vectors: norm weights and biases; %d matrices read by more\n"
                      "than a GEMM: embeddings)",
                 n, n, sp->gathered_weights, (long long)sp->group, sp->whole_params,
@@ -381,12 +381,12 @@ static void shard_text(const Graph *g, const MemSummary *m, const PlanComm *c, c
         fprintf(out, "\ndata parallel over %d GPUs with sharded state and gradients (--shard-states=2, ZeRO\n"
                      "stage 2): the figures above are one GPU's whole step; each GPU keeps the weights whole\n"
                      "and 1/%d of the gradient accumulators, master weights and optimizer states, per tensor,\n"
-                     "on multiples of the codecs' groups (up to %lld elements)", n, n, (long long)sp->group);
+                     "on multiples of the gradient norm's chunk (%lld elements)", n, n, (long long)sp->group);
     else
         fprintf(out, "\ndata parallel over %d GPUs with sharded state (--shard-states, ZeRO stage 1): the\n"
                      "figures above are one GPU's whole step; each GPU keeps the weights and gradients whole\n"
                      "and 1/%d of the master weights and optimizer states, per tensor, on multiples of the\n"
-                     "codecs' groups (up to %lld elements)", n, n, (long long)sp->group);
+                     "gradient norm's chunk (%lld elements)", n, n, (long long)sp->group);
     if (sp->whole_updates) fprintf(out, "; %d tensors too small to split stay whole on GPU 0", sp->whole_updates);
     fprintf(out, ":\n  %-24s %12s %10s\n", "category (per GPU)", "bytes", "per param");
     for (size_t k = 0; k < sizeof categories / sizeof categories[0]; k++) {

@@ -25,8 +25,9 @@
  * scales cut with it; none of the levels keeps such a state, and such an update is not split
  * (rank 0 owns it whole) rather than split wrongly. Per tensor keeps every kernel of the
  * update as it is (a shard is a contiguous run of its tensor's elements and of its side
- * values), and every per-tensor value the update needs is one small all-reduce: the weight's
- * amax for the FP8 copy's delayed scale (max) and the gradient's sum of squares for the norm.
+ * values), and what else the update needs of a whole tensor is a small all-reduce: the
+ * weight's amax for the FP8 copy's delayed scale (max) and the gradient's chunk sums of squares
+ * for the norm (a sum, one f64 a chunk, each nonzero on its owner only: cuda/exec_shard.c).
  *
  * The arithmetic is here, once, for the plan, the checkpoint's gather and scatter, the host
  * reference of the sharded update (ref_update_shard) and the executors. */
