@@ -605,7 +605,8 @@ template <int LN, class Y, class X, class W, class B> __device__ __forceinline__
  * their cycles waiting on loads at a third of the memory's bandwidth, with 28-30 warps an SM.
  * With the choice norm.prefetch (the module's CK_NORM_PREFETCH), a warp asks for a row it will
  * take later (prefetch.global.L2: no register, no wait) before it works on the one in hand,
- * so that row then comes from L2. A hint only: the values, and the results, are the same. */
+ * so that row then comes from L2. A hint only: the values, and the results, are the same. On
+ * an H200 it gained nothing (d12 and Llama 1.1B -O1, docs/tuning.md): off by default. */
 #ifndef CK_NORM_PREFETCH
 #define CK_NORM_PREFETCH CK_NORM_PREFETCH_DEFAULT
 #endif
