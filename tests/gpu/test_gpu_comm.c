@@ -624,6 +624,26 @@ static bool same_runs(const char *a, const char *b) {
     return same_file(x, y) && ok;
 }
 
+/* For each of three levels: gpt2_tiny's unsharded data-parallel step (run `whole`_LEVEL) and
+ * the step of graph `graph`_LEVEL (run `sharded`_LEVEL) on two ranks, clipping every step: the
+ * same bytes of every file they write (same_runs: rank 0's gathered arena, every rank's norms
+ * and losses). */
+static void sharded_equals_whole(const char *graph, const char *whole, const char *sharded, const char *what,
+                                 const char *const levels[3]) {
+    for (int k = 0; k < 3; k++) {
+        char dp[64], zero[64], dp_name[32], zero_name[32];
+        snprintf(dp, sizeof dp, "gpt2_tiny_dp_%s", levels[k]);
+        snprintf(zero, sizeof zero, "%s_%s", graph, levels[k]);
+        snprintf(dp_name, sizeof dp_name, "%s_%s", whole, levels[k]);
+        snprintf(zero_name, sizeof zero_name, "%s_%s", sharded, levels[k]);
+        printf("  %s: %s against the unsharded step, clipping every step\n", levels[k], what);
+        assert_true(run_world(dp, dp_name, 2, 1));
+        assert_true(run_world(zero, zero_name, 2, 1));
+        assert_true(clipped_every_step(dp_name));
+        assert_true(same_runs(dp_name, zero_name));
+    }
+}
+
 /* --shard-states against the unsharded step, with clipping active (every step's coefficient
  * about 1e-3 / the norm, so that it matters in every weight: Adam's eps is then no longer
  * negligible beside the clipped gradient). The gradient norm is summed over fixed chunks that
@@ -638,18 +658,7 @@ static void test_sharded_states(void **state) {
     if (!two_gpus()) return;
     max_norm = CLIP_ACTIVE;
     static const char *const levels[] = {"O1", "O2", "O3"};
-    for (int k = 0; k < 3; k++) {
-        char dp[64], zero[64], dp_name[32], zero_name[32];
-        snprintf(dp, sizeof dp, "gpt2_tiny_dp_%s", levels[k]);
-        snprintf(zero, sizeof zero, "gpt2_tiny_zero_%s", levels[k]);
-        snprintf(dp_name, sizeof dp_name, "whole_%s", levels[k]);
-        snprintf(zero_name, sizeof zero_name, "shard_%s", levels[k]);
-        printf("  %s: sharded states against the unsharded step, clipping every step\n", levels[k]);
-        assert_true(run_world(dp, dp_name, 2, 1));
-        assert_true(run_world(zero, zero_name, 2, 1));
-        assert_true(clipped_every_step(dp_name));
-        assert_true(same_runs(dp_name, zero_name));
-    }
+    sharded_equals_whole("gpt2_tiny_zero", "whole", "shard", "sharded states", levels);
     /* two micro-steps a rank; the reductions after the backward */
     assert_true(run_world("gpt2_tiny_dp_O1", "whole_a2", 2, 2));
     assert_true(run_world("gpt2_tiny_zero_O1", "shard_a2", 2, 2));
@@ -683,18 +692,7 @@ static void test_sharded_grads(void **state) {
     if (!two_gpus()) return;
     max_norm = CLIP_ACTIVE;
     static const char *const levels[] = {"O1", "O2", "O3"};
-    for (int k = 0; k < 3; k++) {
-        char dp[64], zero[64], dp_name[32], zero_name[32];
-        snprintf(dp, sizeof dp, "gpt2_tiny_dp_%s", levels[k]);
-        snprintf(zero, sizeof zero, "gpt2_tiny_zero2_%s", levels[k]);
-        snprintf(dp_name, sizeof dp_name, "whole2_%s", levels[k]);
-        snprintf(zero_name, sizeof zero_name, "grads_%s", levels[k]);
-        printf("  %s: sharded gradients against the unsharded step, clipping every step\n", levels[k]);
-        assert_true(run_world(dp, dp_name, 2, 1));
-        assert_true(run_world(zero, zero_name, 2, 1));
-        assert_true(clipped_every_step(dp_name));
-        assert_true(same_runs(dp_name, zero_name));
-    }
+    sharded_equals_whole("gpt2_tiny_zero2", "whole2", "grads", "sharded gradients", levels);
     /* two micro-steps a rank: each reduced into the shards, another order of the sums */
     assert_true(run_world("gpt2_tiny_dp_O1", "whole2_a2", 2, 2));
     assert_true(run_world("gpt2_tiny_zero2_O1", "grads_a2", 2, 2));
@@ -724,18 +722,7 @@ static void test_sharded_weights(void **state) {
     if (!two_gpus()) return;
     max_norm = CLIP_ACTIVE;
     static const char *const levels[] = {"O0", "O1", "O3"};
-    for (int k = 0; k < 3; k++) {
-        char dp[64], zero[64], dp_name[32], zero_name[32];
-        snprintf(dp, sizeof dp, "gpt2_tiny_dp_%s", levels[k]);
-        snprintf(zero, sizeof zero, "gpt2_tiny_zero3_%s", levels[k]);
-        snprintf(dp_name, sizeof dp_name, "whole3_%s", levels[k]);
-        snprintf(zero_name, sizeof zero_name, "weights_%s", levels[k]);
-        printf("  %s: sharded weights against the unsharded step, clipping every step\n", levels[k]);
-        assert_true(run_world(dp, dp_name, 2, 1));
-        assert_true(run_world(zero, zero_name, 2, 1));
-        assert_true(clipped_every_step(dp_name));
-        assert_true(same_runs(dp_name, zero_name));   /* the whole persistent arena, gathered to rank 0 */
-    }
+    sharded_equals_whole("gpt2_tiny_zero3", "whole3", "weights", "sharded weights", levels);
     /* two micro-steps a rank: stage 2's order of the sums, so stage 2's bytes */
     assert_true(run_world("gpt2_tiny_zero2_O1", "grads3_a2", 2, 2));
     assert_true(run_world("gpt2_tiny_zero3_O1", "weights_a2", 2, 2));

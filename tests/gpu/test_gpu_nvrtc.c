@@ -99,6 +99,21 @@ static void assert_module_compiles(const Graph *g) {
     cuda_binary_free(&bin);
 }
 
+/* models/MODEL.model at batch x seq and -O`level`, through the whole pipeline */
+static Graph *compile_shape(Arena *a, const char *model, int batch, int seq, int level) {
+    char path[4500];
+    snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, model);
+    BuildOptions o;
+    memset(&o, 0, sizeof o);
+    o.front.batch = batch;
+    o.front.seq = seq;
+    o.passes.opt_level = level;
+    diag_reset();
+    Graph *g = pipeline_compile(a, path, &o);
+    assert_true(g && !diag_error_count());
+    return g;
+}
+
 static void test_every_model_every_level(void **state) {
     (void)state;
     char dir[4096];
@@ -495,7 +510,7 @@ static InverseCount check_inverse_order(const Graph *g, const CuNodePlan *plans,
 
 static void test_inverse_scales_plan(void **state) {
     (void)state;
-    char why[512], path[4500];
+    char why[512];
     static const struct {
         const char *model;
         int batch, seq, level, folded, left;
@@ -505,15 +520,7 @@ static void test_inverse_scales_plan(void **state) {
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         Arena *a = arena_new();
-        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, cases[c].model);
-        BuildOptions o;
-        memset(&o, 0, sizeof o);
-        o.front.batch = cases[c].batch;
-        o.front.seq = cases[c].seq;
-        o.passes.opt_level = cases[c].level;
-        diag_reset();
-        Graph *g = pipeline_compile(a, path, &o);
-        assert_true(g && !diag_error_count());
+        Graph *g = compile_shape(a, cases[c].model, cases[c].batch, cases[c].seq, cases[c].level);
         CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
         InverseCount micro = check_inverse_order(g, plans, false), eval = check_inverse_order(g, plans, true);
         printf("  %s O%d batch %d x %d: %d GEMMs read scales an earlier launch made (%d in the evaluation), %d "
@@ -588,7 +595,7 @@ static int attention_scale_passes(const Graph *g, const CuNodePlan *plans) {
 
 static void test_attention_scales_plan(void **state) {
     (void)state;
-    char why[512], path[4500];
+    char why[512];
     static const struct {
         const char *model;
         int batch, seq, level, folded;
@@ -597,15 +604,7 @@ static void test_attention_scales_plan(void **state) {
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         Arena *a = arena_new();
-        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, cases[c].model);
-        BuildOptions o;
-        memset(&o, 0, sizeof o);
-        o.front.batch = cases[c].batch;
-        o.front.seq = cases[c].seq;
-        o.passes.opt_level = cases[c].level;
-        diag_reset();
-        Graph *g = pipeline_compile(a, path, &o);
-        assert_true(g && !diag_error_count());
+        Graph *g = compile_shape(a, cases[c].model, cases[c].batch, cases[c].seq, cases[c].level);
         CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
         int folded = check_attention_scales(g, plans), left = attention_scale_passes(g, plans);
         printf("  %s O%d batch %d x %d: %d attention scales made by the attention's launches, %d passes left\n",

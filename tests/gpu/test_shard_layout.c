@@ -129,6 +129,25 @@ static void test_layout(void **state) {
     check_graph("gpt2_tiny_zero3_O3");
 }
 
+/* A host-only executor of graph `name` as the set-up of a rank of `world` sees it before the layout:
+ * the graph read into `arena`, its memory bound on the host, the per-GPU plan of stage `stage`
+ * in *sp (checked), e->g and e->host filled. */
+static CudaExec *open_layout(Arena *arena, const char *name, int world, int stage, RtShardPlan *sp) {
+    Graph *g = load_graph(arena, name);
+    assert_non_null(g);
+    RtMemory mem;
+    assert_true(rt_memory_bind(g, &mem));
+    MemSummary m;
+    memplan_summarize(g, &m);
+    rt_shard_plan(g, m.by_role, world, sp);
+    assert_int_equal(sp->stage, stage);
+    CudaExec *e = calloc(1, sizeof *e);
+    assert_non_null(e);
+    e->g = g;
+    e->host = mem;
+    return e;
+}
+
 /* --shard-states=2 (exec_grads.c): the bucket buffers as the executor lays them out from its
  * launch plans, for every rank of 2 and 3. Checked: every gradient has a place in its bucket's
  * buffer, inside the buffers, aligned as its host offset is modulo 256, and no two gradients of
@@ -139,19 +158,10 @@ static void test_layout(void **state) {
  * accumulators in the persistent arena are this rank's shard only. */
 static void check_buffers(const char *name, int world, int rank) {
     Arena *arena = arena_new();
-    Graph *g = load_graph(arena, name);
-    assert_non_null(g);
-    RtMemory mem;
-    assert_true(rt_memory_bind(g, &mem));
-    MemSummary m;
-    memplan_summarize(g, &m);
     RtShardPlan sp;
-    rt_shard_plan(g, m.by_role, world, &sp);
-    assert_int_equal(sp.stage, 2);
-    CudaExec *e = calloc(1, sizeof *e);
-    assert_non_null(e);
-    e->g = g;
-    e->host = mem;
+    CudaExec *e = open_layout(arena, name, world, 2, &sp);
+    Graph *g = e->g;
+    RtMemory mem = e->host;
     char why[256] = "";
     e->plans = cuda_plan_graph(g, arena, why, sizeof why);
     assert_non_null(e->plans);
@@ -475,19 +485,10 @@ static bool resolve_lists(CudaExec *e, const RtGatherPlan *gp, GatherReads *r) {
 
 static void check_gathers(const char *name, int world, int rank) {
     Arena *arena = arena_new();
-    Graph *g = load_graph(arena, name);
-    assert_non_null(g);
-    RtMemory mem;
-    assert_true(rt_memory_bind(g, &mem));
-    MemSummary m;
-    memplan_summarize(g, &m);
     RtShardPlan sp;
-    rt_shard_plan(g, m.by_role, world, &sp);
-    assert_int_equal(sp.stage, 3);
-    CudaExec *e = calloc(1, sizeof *e);
-    assert_non_null(e);
-    e->g = g;
-    e->host = mem;
+    CudaExec *e = open_layout(arena, name, world, 3, &sp);
+    Graph *g = e->g;
+    RtMemory mem = e->host;
     char why[256] = "";
     CuNodePlan *node_plans = cuda_plan_graph(g, arena, why, sizeof why);
     assert_non_null(node_plans);
