@@ -960,15 +960,14 @@ static void fold_attention_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
         }
         int want = x->op == OP_ATTENTION ? 1 : 2;
         if (between || other || n_writers != want) continue;
-        CuLaunch *l = arena_alloc(a, sizeof *l * (size_t)xp->n_launch);
-        memcpy(l, xp->launch, sizeof *l * (size_t)xp->n_launch);
+        bool owned = false;   /* an attention has one result, so one scale: copied once */
+        CuLaunch *l = own_launches(xp, &owned, a);
         for (int k = 0; k < n_writers; k++) {
             CuLaunch *w = &l[writers[k]];
             arg_node(w, CK_MAX_TENSORS - 1, qs);
             w->args.f[1] = k == n_writers - 1 ? num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem)) : 0.0;
             w->args.f[2] = (double)IR_IATTR(qs, QUANT_SCALE, margin);
         }
-        xp->launch = l;
         xp->absorbed[xp->n_absorbed++] = qs;
         memset(p, 0, sizeof *p);
         p->node = qs;

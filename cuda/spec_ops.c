@@ -315,36 +315,33 @@ bool plan_reductions(Spec *s) {
     switch (n->op) {
     case OP_SQNORM: {
         if (!check_io(s, n, true)) return false;
+        int64_t parts;
         if (n->in[0]->op != OP_ALL_REDUCE) {
             /* one GPU's build: partial sums over the grid's blocks, then their sum */
             l = plan_partials(s, true, 1, n->in[0]);
             args_result_inputs(l, n);
-            unsigned parts = l->grid[0];
-            l = spec_launch(s, "sqfinal", 1, ROW_THREADS, "ck_sqnorm_final<%s>(a)", fmt_arg(s, &n->t));
+            parts = l->grid[0];
+        } else {
+            /* a data-parallel build (the gradient is its all_reduce's): chunks of
+             * IR_SQNORM_CHUNK, a warp each, then their sums in order (ir.h), so that a sharded
+             * step (exec_shard.c) and an unsharded one compute the same bits on any number of
+             * GPUs */
+            parts = (ir_numel(&n->in[0]->t) + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK;
+            if (parts < 1) parts = 1;
+            int64_t warps = ROW_THREADS / 32, blocks = (parts + warps - 1) / warps;
+            l = spec_launch(s, "sqchunks", (unsigned)(blocks < PARTIAL_BLOCKS ? blocks : PARTIAL_BLOCKS), ROW_THREADS,
+                            "ck_sqnorm_chunks<%s>(a)", fmt_arg(s, &n->in[0]->t));
             args_result_inputs(l, n);
             l->scratch = 0;
             l->batch = true;
-            l->args.i[0] = parts;
-            return true;
+            l->args.i[0] = IR_SQNORM_CHUNK;
+            need_scratch(s, parts * 8);
         }
-        /* a data-parallel build (the gradient is its all_reduce's): chunks of IR_SQNORM_CHUNK, a
-         * warp each, then their sums in order (ir.h), so that a sharded step (exec_shard.c) and
-         * an unsharded one compute the same bits on any number of GPUs */
-        int64_t count = ir_numel(&n->in[0]->t), chunks = (count + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK;
-        if (chunks < 1) chunks = 1;
-        int64_t warps = ROW_THREADS / 32, blocks = (chunks + warps - 1) / warps;
-        l = spec_launch(s, "sqchunks", (unsigned)(blocks < PARTIAL_BLOCKS ? blocks : PARTIAL_BLOCKS), ROW_THREADS,
-                        "ck_sqnorm_chunks<%s>(a)", fmt_arg(s, &n->in[0]->t));
-        args_result_inputs(l, n);
-        l->scratch = 0;
-        l->batch = true;
-        l->args.i[0] = IR_SQNORM_CHUNK;
-        need_scratch(s, chunks * 8);
         l = spec_launch(s, "sqfinal", 1, ROW_THREADS, "ck_sqnorm_final<%s>(a)", fmt_arg(s, &n->t));
         args_result_inputs(l, n);
         l->scratch = 0;
         l->batch = true;
-        l->args.i[0] = chunks;
+        l->args.i[0] = parts;
         return true;
     }
     case OP_QUANT_SCALE: {

@@ -597,8 +597,8 @@ template <int LN, class Y, class X, class W, class B> __device__ __forceinline__
 }
 
 /* a warp per row, striding by the grid's warps when the grid is capped (amax=1) */
-#define CK_ROWS_OF_WARP(r, R) for (i64 r = CK_ROW_OF_WARP; r < (R); r += (i64)gridDim.x * (blockDim.x >> 5))
 #define CK_ROW_STRIDE ((i64)gridDim.x * (blockDim.x >> 5))
+#define CK_ROWS_OF_WARP(r, R) for (i64 r = CK_ROW_OF_WARP; r < (R); r += CK_ROW_STRIDE)
 
 /* The norms run a warp per row, one row after another, and a row's statistics wait for all of
  * its loads: measured on an H200 (ncu, GPT-2 d12 -O1), the layernorm passes spent 42-49% of
@@ -813,10 +813,10 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
         if (HB) gb[i] = 0.0f;
     }
     __syncwarp();
-    for (i64 r = CK_ROW_OF_WARP; r < R; r += (i64)gridDim.x * warps) {
-        ck_row_prefetch<NV, X>(x, r + (i64)gridDim.x * warps, R, C);
-        ck_row_prefetch<NV, DY>(dy, r + (i64)gridDim.x * warps, R, C);
-        if (res) ck_row_prefetch<NV, RS>(a.t[4], r + (i64)gridDim.x * warps, R, C);
+    CK_ROWS_OF_WARP(r, R) {
+        ck_row_prefetch<NV, X>(x, r + CK_ROW_STRIDE, R, C);
+        ck_row_prefetch<NV, DY>(dy, r + CK_ROW_STRIDE, R, C);
+        if (res) ck_row_prefetch<NV, RS>(a.t[4], r + CK_ROW_STRIDE, R, C);
         /* x held in registers where its row is short or decoding it costs (a scaled FP8 copy);
          * otherwise read again in each pass (its row is in cache): registers for more warps */
         float xr[HOLD ? NV : 1][CK_VEC], s = 0.0f, sgf = 0.0f, sgxf = 0.0f;

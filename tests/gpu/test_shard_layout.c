@@ -148,6 +148,17 @@ static CudaExec *open_layout(Arena *arena, const char *name, int world, int stag
     return e;
 }
 
+/* what open_layout and the layout opened, closed: the executor's parts, the host memory, the
+ * graph's arena */
+static void close_layout(CudaExec *e, Arena *arena) {
+    exec_gather_close(e);
+    exec_grads_close(e);
+    exec_shard_close(e);
+    rt_memory_free(&e->host);
+    free(e);
+    arena_free(arena);
+}
+
 /* --shard-states=2 (exec_grads.c): the bucket buffers as the executor lays them out from its
  * launch plans, for every rank of 2 and 3. Checked: every gradient has a place in its bucket's
  * buffer, inside the buffers, aligned as its host offset is modulo 256, and no two gradients of
@@ -209,11 +220,7 @@ static void check_buffers(const char *name, int world, int rank) {
     assert_true(bytes <= sp.grad_buffer_bytes);
     if (cp.n_buckets > 2) assert_true(bytes < cp.bytes);
     rt_comm_plan_free(&cp);
-    exec_grads_close(e);
-    exec_shard_close(e);
-    free(e);
-    rt_memory_free(&mem);
-    arena_free(arena);
+    close_layout(e, arena);
 }
 
 static void test_grad_buffers(void **state) {
@@ -598,12 +605,7 @@ static void check_gathers(const char *name, int world, int rank) {
     rt_gather_plan_free(&gp);
     free(e->lists[LIST_EVAL].l);
     free(e->lists[LIST_MICRO].l);
-    exec_gather_close(e);
-    exec_grads_close(e);
-    exec_shard_close(e);
-    free(e);
-    rt_memory_free(&mem);
-    arena_free(arena);
+    close_layout(e, arena);
 }
 
 static void test_gathers(void **state) {
