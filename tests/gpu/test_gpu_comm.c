@@ -590,11 +590,11 @@ static void test_fp8_reduction(void **state) {
     assert_true(same_file("e5m2_overlap.0", "e5m2_serial.0"));
 }
 
-/* Whether every step of run DIR/NAME clipped: its gradient norms (NAME.norm) above
- * CLIP_ACTIVE, and finite. */
+/* Whether every step of run DIR/NAME clipped: its gradient norms (rank 0's, NAME.0.norm;
+ * same_runs compares every rank's) above CLIP_ACTIVE, and finite. */
 static bool clipped_every_step(const char *name) {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s.norm", dir, name);
+    snprintf(path, sizeof path, "%s/%s.0.norm", dir, name);
     int64_t n = 0;
     float *v = (float *)rt_read_file(path, &n);
     bool ok = v && n == STEPS * (int64_t)sizeof(float);
