@@ -439,7 +439,7 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             {"ce.exp2", "the loss's exponentials as ex2.approx", {"1", "0"}},
             {"cuda.pdl", "each kernel launched while the one before it ends (programmatic dependent launch)",
              {"0", "1"}},
-            {"norm.prefetch", "the norms' warps ask for their next rows early (prefetch into L2)", {"0", "1"}},
+            {"norm.stage", "the norms' rows staged through shared memory, the next one in flight", {"1", "0"}},
         };
         for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) {
             p = &out[n++];

@@ -22,8 +22,6 @@
  * t[0]; the slot count is ir.h's IR_AMAX_PARTS */
 #define CK_AMAX_AT (CK_MAX_IATTR - 1)
 #define CK_AMAX_PARTS 1024
-/* the choice norm.prefetch where a module does not set it (ops.cuh, ck_row_prefetch) */
-#define CK_NORM_PREFETCH_DEFAULT 0
 /* GEMMs whose dequantization scales one launch computes before its own work (ck_entry) */
 #define CK_MAX_INVERSE 4
 

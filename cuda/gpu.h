@@ -121,8 +121,8 @@ typedef struct CuNodePlan {
 
 /* The launches of node n (none for leaves and views). Returns false with a reason in why
  * when the GPU backend cannot run n (an op or format it has no kernel for). Launches live in
- * arena a. */
-bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len);
+ * arena a; g's choices are read (NULL: the defaults). */
+bool cuda_plan_node(const Graph *g, const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len);
 /* Plans every node of g; the first node that cannot run is reported in why. */
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len);
 /* Data parallel, comm.overlap (exec_comm.c): root[b] is the node whose launches write bucket

@@ -128,9 +128,6 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
         }
     qsort(lines, (size_t)n, sizeof *lines, compare_str);
     StrBuf t = {0};
-    /* the module-wide choices the library reads as macros (its default where not set) */
-    int64_t prefetch = ir_choice_int(g, "norm.prefetch", CK_NORM_PREFETCH_DEFAULT);
-    if (prefetch != CK_NORM_PREFETCH_DEFAULT) strbuf_printf(&t, "#define CK_NORM_PREFETCH %d\n", (int)prefetch);
     render_library(&t);
     strbuf_add(&t, "\n/* ---- entry points */\n");
     int unique = 0;

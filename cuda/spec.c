@@ -283,14 +283,14 @@ bool plan_node(Spec *s) {
 }
 
 /* an empty plan for n, and the spec that fills it */
-Spec spec_for(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
+Spec spec_for(const Graph *g, const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
     memset(out, 0, sizeof *out);
     out->node = n;
-    return (Spec){.arena = a, .n = n, .plan = out, .why = why, .why_len = why_len, .ce = CE_ROWS_DEFAULT};
+    return (Spec){.g = g, .arena = a, .n = n, .plan = out, .why = why, .why_len = why_len, .ce = CE_ROWS_DEFAULT};
 }
 
-bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
-    Spec s = spec_for(n, a, out, why, why_len);
+bool cuda_plan_node(const Graph *g, const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len) {
+    Spec s = spec_for(g, n, a, out, why, why_len);
     if (!plan_node(&s)) return false;
     if (ir_amax_parts_offset(n) && !s.amax_written) plan_amax_pass(&s, n);
     return true;
@@ -298,7 +298,7 @@ bool cuda_plan_node(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t 
 
 bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out) {
     char why[256];
-    Spec s = spec_for(n, a, out, why, sizeof why);
+    Spec s = spec_for(NULL, n, a, out, why, sizeof why);
     if (!ir_amax_parts_offset(n) || !spec_check_tensor(&s, &n->t, "the tensor")) return false;
     plan_amax_pass(&s, n);
     return true;
@@ -306,7 +306,7 @@ bool cuda_plan_amax_pass(const Node *n, Arena *a, CuNodePlan *out) {
 
 bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out) {
     char why[256];
-    Spec s = spec_for(n, a, out, why, sizeof why);
+    Spec s = spec_for(NULL, n, a, out, why, sizeof why);
     if (!spec_check_tensor(&s, &n->t, "the tensor")) return false;
     CuLaunch *l = spec_launch(&s, "finite", grid_elem(ir_numel(&n->t)), ELEM_THREADS,
                               "ck_all_finite<%s>(a)", fmt_arg(&s, &n->t));
@@ -321,7 +321,7 @@ bool cuda_plan_comm(const Node *n, Arena *a, CuNodePlan *out) {
     ElemType wire = (ElemType)IR_IATTR(n, ALL_REDUCE, wire);
     if (wire != FMT_E5M2 && wire != FMT_E4M3) return false;
     char why[256], w[16];
-    Spec s = spec_for(n, a, out, why, sizeof why);
+    Spec s = spec_for(NULL, n, a, out, why, sizeof why);
     snprintf(w, sizeof w, "%s", wire == FMT_E5M2 ? "FMT_E5M2" : "FMT_E4M3");
     static const char *const tags[COMM_KERNELS] = {"comm_amax", "comm_quantize", "comm_sum",
                                                    "comm_requantize", "comm_unpack"};
@@ -339,7 +339,7 @@ bool cuda_plan_gather(const Node *n, Arena *a, CuNodePlan *out) {
         IR_IATTR(n, QUANT_SCALE, scaling) != SCALE_PER_TENSOR)
         return false;
     char why[256];
-    Spec s = spec_for(n, a, out, why, sizeof why);
+    Spec s = spec_for(NULL, n, a, out, why, sizeof why);
     const Node *w = n->in[0];
     if (!check_io(&s, n, true)) return false;
     unsigned blocks = grid_elem(ir_numel(&w->t));

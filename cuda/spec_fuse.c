@@ -277,7 +277,7 @@ static void fuse_input_group_copies(const Graph *g, CuNodePlan *plans, Arena *a)
         if (!plans_own(&plans[yi]) || plans[yi].n_launch != 1 || !(q = input_group_copy(g, uses, plans, y))) continue;
         char why[256];
         CuNodePlan fused;
-        Spec s = spec_for(y, a, &fused, why, sizeof why);
+        Spec s = spec_for(g, y, a, &fused, why, sizeof why);
         s.input_copy = q;
         if (!plan_node(&s) || fused.n_launch != 1) continue;
         take_input_copy(&fused, q);
@@ -302,7 +302,7 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
         const Node *y = q->in[0];
         char why[256];
         CuNodePlan amax_only, through;
-        Spec s1 = spec_for(y, a, &amax_only, why, sizeof why), s2 = spec_for(y, a, &through, why, sizeof why);
+        Spec s1 = spec_for(g, y, a, &amax_only, why, sizeof why), s2 = spec_for(g, y, a, &through, why, sizeof why);
         s1.result = RESULT_AMAX_ONLY;
         s1.input_copy = input_copy_taken(&plans[y->index]);   /* fuse_input_group_copies */
         s2.result = RESULT_THROUGH;
@@ -429,7 +429,7 @@ static void fuse_cast_transposes(const Graph *g, CuNodePlan *plans, Arena *a) {
                 continue;
             char why[256];
             CuNodePlan fused;
-            Spec s = spec_for(y ? y : q, a, &fused, why, sizeof why);
+            Spec s = spec_for(g, y ? y : q, a, &fused, why, sizeof why);
             if (y) {
                 s.result = RESULT_THROUGH;
                 s.through = q;
@@ -513,7 +513,7 @@ static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
         if (acc && plans[acc->index].n_launch != 1) continue;
         char why[256];
         CuNodePlan fused;
-        Spec s = spec_for(q, a, &fused, why, sizeof why);
+        Spec s = spec_for(g, q, a, &fused, why, sizeof why);
         s.bias_grad = sum;
         s.bias_acc = acc;
         if (!plan_node(&s) || fused.n_launch != 2) continue;
@@ -562,7 +562,7 @@ static void fuse_group_quantizes(const Graph *g, CuNodePlan *plans, Arena *a) {
             continue;
         char why[256];
         CuNodePlan fused;
-        Spec s = spec_for(q, a, &fused, why, sizeof why);
+        Spec s = spec_for(g, q, a, &fused, why, sizeof why);
         s.group_scale = q->in[1];
         if (!plan_node(&s) || fused.n_launch != 1) continue;
         fused.absorbed[fused.n_absorbed++] = q->in[1];
@@ -597,7 +597,7 @@ static void fuse_ce_one_pass(const Graph *g, CuNodePlan *plans, Arena *a) {
         if (!clear) continue;
         char why[256];
         CuNodePlan fused;
-        Spec s = spec_for(b, a, &fused, why, sizeof why);
+        Spec s = spec_for(g, b, a, &fused, why, sizeof why);
         s.ce_forward = f;
         s.ce = ce_rows_chosen(g, b);
         if (!plan_node(&s) || fused.n_launch != 1) continue;
@@ -625,7 +625,7 @@ static void fuse_ce_lse(const Graph *g, CuNodePlan *plans, Arena *a) {
             continue;
         char why[256];
         CuNodePlan pf, pb;
-        Spec sf = spec_for(f, a, &pf, why, sizeof why), sb = spec_for(b, a, &pb, why, sizeof why);
+        Spec sf = spec_for(g, f, a, &pf, why, sizeof why), sb = spec_for(g, b, a, &pb, why, sizeof why);
         sf.ce_lse_at = sb.ce_lse_at = 8 * (rows_of(&f->in[0]->t) + 1);
         sf.ce = ce_rows_chosen(g, f), sb.ce = ce_rows_chosen(g, b);
         if (!plan_node(&sf) || !plan_node(&sb) || pf.n_launch != 2 || pb.n_launch != 2) continue;
@@ -782,7 +782,7 @@ static void fuse_norm_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
         if (at < 0) continue;
         char why[256];
         CuNodePlan fused;
-        Spec s = spec_for(g->nodes[at], a, &fused, why, sizeof why);
+        Spec s = spec_for(g, g->nodes[at], a, &fused, why, sizeof why);
         if (!plan_norm_grads(&s, &ng) || fused.n_launch != 2) continue;
         for (int k = 0; k < n; k++) {
             if (m[k]->index == at) continue;
@@ -797,7 +797,7 @@ static void fuse_norm_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
-        if (!cuda_plan_node(g->nodes[i], a, &plans[i], why, why_len)) return NULL;
+        if (!cuda_plan_node(g, g->nodes[i], a, &plans[i], why, why_len)) return NULL;
     plan_attention_choices(g, plans, a);
     plan_ce_choices(g, plans, a);
     fuse_group_quantizes(g, plans, a);

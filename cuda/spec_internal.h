@@ -67,6 +67,7 @@ static inline int ce_row_held(const Format *f, int64_t V, CeRows ce) {
 }
 
 typedef struct {
+    const Graph *g;   /* the node's graph, whose choices the plan reads; NULL: the defaults */
     Arena *arena;
     const Node *n;
     CuNodePlan *plan;
@@ -157,7 +158,7 @@ void plan_amax_pass(Spec *s, const Node *d);
 const char *producer_fmt(Spec *s);
 void producer_result(Spec *s, CuLaunch *l);
 bool plan_node(Spec *s);
-Spec spec_for(const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len);
+Spec spec_for(const Graph *g, const Node *n, Arena *a, CuNodePlan *out, char *why, size_t why_len);
 
 /* ---------------------------------------------------------------- spec_ops.c */
 

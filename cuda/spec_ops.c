@@ -450,6 +450,38 @@ static int row_vectors(int64_t C) {
  * capping them would spill the row. */
 static unsigned norm_min_blocks(unsigned threads, int nv) { return nv > 0 && nv <= 3 ? 32 / (threads / 32) : 0; }
 
+/* A norm's rows staged through shared memory (ops.cuh, CkStage): each warp copies the row it
+ * takes next by cp.async while it works on the one in hand, so that a row is always in flight
+ * (the choice norm.stage, per node, on unless 0). The kernels' ST: the bytes of a slot, a row of
+ * nv vectors of the widest of the `n` staged tensors ts, or 0 where the rows are not staged:
+ * no vector path, or a block's shared memory (`fixed` bytes of its own, and the rings,
+ * NORM_STAGE_SLOTS slots a warp and tensor) would leave room for fewer than two blocks an SM.
+ * A staged forward launch gives each warp NORM_STAGE_ROWS rows or more (a grid of fewer
+ * blocks), so that there is a next row to fetch; the fused backward keeps its grid, whose
+ * rows of a warp decide the order of its column sums. */
+enum { NORM_STAGE_SLOTS = 2, NORM_STAGE_ROWS = 4, SM_SHARED_MAX = 227 * 1024 };
+static int norm_stage(const Spec *s, const Node *site, int nv, unsigned threads, const Tensor *const *ts, int n,
+                      unsigned fixed) {
+    if (!nv || (s->g && !ir_choice_on(s->g, "norm.stage", site))) return 0;
+    int widest = 0;
+    for (int i = 0; i < n; i++) {
+        int b = fmt_elem_bytes(ts[i]->fmt.elem);
+        if (b != 1 && b != 2 && b != 4) return 0;
+        if (b > widest) widest = b;
+    }
+    int slot = nv * 32 * 8 * widest;
+    return 2 * (fixed + 1024 + (int64_t)(threads / 32) * n * NORM_STAGE_SLOTS * slot) <= SM_SHARED_MAX ? slot : 0;
+}
+static unsigned norm_stage_bytes(unsigned threads, int tensors, int slot) {
+    return threads / 32 * (unsigned)tensors * NORM_STAGE_SLOTS * (unsigned)slot;
+}
+/* norm_min_blocks, no more blocks than the shared memory of one (static and dynamic) lets an
+ * SM hold: bounds that ask for more would cap the registers for nothing */
+static unsigned norm_min_blocks_smem(unsigned threads, int nv, unsigned smem) {
+    unsigned b = norm_min_blocks(threads, nv), fit = smem ? SM_SHARED_MAX / (smem + 1024) : b;
+    return b < fit ? b : fit;
+}
+
 bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     const Node *bx = ng->bx, *y = ng->add ? ng->add : bx, *dy = bx->in[0], *x = bx->in[1];
     int64_t R = rows_of(&x->t), C = cols_of(&x->t);
@@ -458,12 +490,20 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     bool ln = bx->op == OP_LAYERNORM_BWD_X;
     int res = !ng->add ? 0 : ng->add->in[0] == bx ? 2 : 1;
     const Node *other = res ? ng->add->in[res == 1 ? 0 : 1] : NULL;
+    /* x, dy and the other term staged; without the other term where all three would not leave
+     * room for two blocks an SM (Llama's rows of 2048) */
+    const Tensor *staged[3] = {&x->t, &dy->t, other ? &other->t : NULL};
+    unsigned sums = (unsigned)(NORM_GRAD_THREADS / 32 * (ng->sum ? 2 : 1) * nv * 32 * 8 * 4);   /* each warp's */
+    int tensors = other ? 3 : 2, st = norm_stage(s, bx, nv, NORM_GRAD_THREADS, staged, tensors, sums);
+    if (!st && other) st = norm_stage(s, bx, nv, NORM_GRAD_THREADS, staged, tensors = 2, sums);
+    /* a warp a row, the grid capped (a warp then takes every P-th row): staged or not, the same
+     * rows of each warp, so the same order of the column sums and the same bits */
     int64_t P = (R + NORM_GRAD_THREADS / 32 - 1) / (NORM_GRAD_THREADS / 32);
     if (P > NORM_GRAD_BLOCKS) P = NORM_GRAD_BLOCKS;
     need_scratch(s, P * C * 4 * (ng->sum ? 2 : 1));
     CuLaunch *l = spec_launch(s, "normbwd", (unsigned)P, NORM_GRAD_THREADS,
-                              "ck_norm_bwd_fused<%d, %d, %d, %s, %s, %s, %s, %s, %s>(a)", ln, ng->sum != NULL, nv,
-                              fmt_arg(s, &y->t), fmt_arg(s, &dy->t), fmt_arg(s, &x->t), fmt_arg(s, &bx->in[2]->t),
+                              "ck_norm_bwd_fused<%d, %d, %d, %d, %s, %s, %s, %s, %s, %s>(a)", ln, ng->sum != NULL, nv,
+                              st, fmt_arg(s, &y->t), fmt_arg(s, &dy->t), fmt_arg(s, &x->t), fmt_arg(s, &bx->in[2]->t),
                               other ? fmt_arg(s, &other->t) : F32_ARG, fmt_arg(s, &bx->t));
     arg_node(l, 0, y);
     for (int k = 0; k < 3; k++) arg_node(l, 1 + k, bx->in[k]);
@@ -471,11 +511,12 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     arg_node(l, 5, bx);
     l->args.n_in = 5;
     l->scratch = 0;
-    l->smem = (unsigned)(NORM_GRAD_THREADS / 32 * (ng->sum ? 2 : 1) * nv * 32 * 8 * 4);   /* each warp's column sums */
-    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res;
+    /* each warp's column sums, then the rings of the staged rows */
+    l->smem = sums + (st ? norm_stage_bytes(NORM_GRAD_THREADS, tensors, st) : 0);
+    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res, l->args.i[3] = st ? tensors : 0;
     l->args.f[0] = ln ? IR_FATTR(bx, LAYERNORM_BWD_X, eps) : IR_FATTR(bx, RMSNORM_BWD_X, eps);
     arg_amax_parts(s, l, y);
-    l->min_blocks = norm_min_blocks(NORM_GRAD_THREADS, nv);
+    l->min_blocks = norm_min_blocks_smem(NORM_GRAD_THREADS, nv, l->smem);
     /* the columns: the weight's gradient (or its accumulator), then the bias's */
     const Node *tw = ng->acc_w ? ng->acc_w->in[0] : ng->bw, *tb = ng->acc_b ? ng->acc_b->in[0] : ng->sum;
     l = spec_launch(s, "normgrads", (unsigned)((C + 31) / 32), 1024, "ck_norm_grads_final<%d, %s, %s, %d, %s, %s>(a)",
@@ -516,29 +557,36 @@ bool plan_rows(Spec *s) {
             if (!nv || R % band || C % 16 || s->through->t.offset % 16 || s->transpose_to->t.offset % 16 ||
                 fmt_elem_bytes(s->through->t.fmt.elem) != 1)
                 return spec_fail(s, "a norm's rows that its transposing kernel does not take");
-            l = spec_launch(s, "normt", (unsigned)(R / band), ROW_THREADS, "ck_norm_t<%d, %d, %d, %s, %s, %s, %s, %s>(a)",
-                            ln, nv, band, fmt_arg(s, &n->t), fmt_arg(s, &s->through->t), fmt_arg(s, x),
-                            fmt_arg(s, &n->in[1]->t), ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+            const Tensor *staged[1] = {x};
+            int st = norm_stage(s, n, nv, ROW_THREADS, staged, 1, (unsigned)(band * (nv * 256 + 16)));
+            l = spec_launch(s, "normt", (unsigned)(R / band), ROW_THREADS,
+                            "ck_norm_t<%d, %d, %d, %d, %s, %s, %s, %s, %s>(a)", ln, nv, band, st, fmt_arg(s, &n->t),
+                            fmt_arg(s, &s->through->t), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
             args_result_inputs(l, n);
             arg_node(l, 0, s->through);
             arg_node(l, 1 + n->n_in, s->transpose_to);
             l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = 1 + n->n_in;
             l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
-            l->min_blocks = norm_min_blocks(ROW_THREADS, nv);
+            l->smem = st ? norm_stage_bytes(ROW_THREADS, 1, st) : 0;
+            l->min_blocks = norm_min_blocks_smem(ROW_THREADS, nv, l->smem + (unsigned)(band * (nv * 256 + 16)));
             return true;
         }
         const Node *q = s->input_copy;   /* x's group copy too (fuse_input_group_copies) */
         if (q && (q->in[0] != n->in[0] || s->result == RESULT_THROUGH))
             return spec_fail(s, "an input copy needs the norm's own pass");
+        const Tensor *staged[1] = {x};
+        int64_t rows = rows_of(x), per = ROW_THREADS / 32 * NORM_STAGE_ROWS;
+        int nv = row_vectors(cols_of(x)), st = q ? 0 : norm_stage(s, n, nv, ROW_THREADS, staged, 1, 0);
         if (q)
-            l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS,
-                            "ck_norm_group<%d, %d, %s, %s, %s, %s, %s>(a)", ln, row_vectors(cols_of(x)),
-                            producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+            l = spec_launch(s, "norm", grid_warp_rows(rows), ROW_THREADS, "ck_norm_group<%d, %d, %s, %s, %s, %s, %s>(a)",
+                            ln, nv, producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
                             ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG, fmt_arg(s, &q->t));
         else
-            l = spec_launch(s, "norm", grid_warp_rows(rows_of(x)), ROW_THREADS, "ck_norm<%d, %d, %s, %s, %s, %s>(a)",
-                            ln, row_vectors(cols_of(x)), producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
-                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+            l = spec_launch(s, "norm", st ? (unsigned)((rows + per - 1) / per) : grid_warp_rows(rows), ROW_THREADS,
+                            "ck_norm<%d, %d, %d, %s, %s, %s, %s>(a)", ln, nv, st, producer_fmt(s), fmt_arg(s, x),
+                            fmt_arg(s, &n->in[1]->t), ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+        l->smem = st ? norm_stage_bytes(ROW_THREADS, 1, st) : 0;
         args_result_inputs(l, n);
         if (q) {
             arg_node(l, 4, q);
@@ -550,7 +598,7 @@ bool plan_rows(Spec *s) {
         l->args.f[0] = IR_FATTR(n, LAYERNORM, eps);
         /* with the input copy the row's codes and scales take more registers than the
          * bounds leave (64 spilled 128 bytes a thread): no bounds there */
-        l->min_blocks = q ? 0 : norm_min_blocks(ROW_THREADS, row_vectors(cols_of(x)));
+        l->min_blocks = q ? 0 : norm_min_blocks_smem(ROW_THREADS, nv, l->smem);
         producer_result(s, l);
         return true;
     }
@@ -825,7 +873,7 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
             continue;
         char why[256];
         CuNodePlan wgp;
-        Spec s = spec_for(n, a, &wgp, why, sizeof why);
+        Spec s = spec_for(g, n, a, &wgp, why, sizeof why);
         s.attn_wgmma = true;
         s.attn_wgmma_bwd = ir_choice_on(g, "attn.wgmma_bwd", n);
         s.attn_fwd_pipe = ir_choice_int_at(g, "attn.fwd_pipeline", n, 0) == 1;
@@ -866,7 +914,7 @@ void plan_ce_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         if (ce.threads == dflt.threads && ce.exp2 == dflt.exp2 && ce.shared == dflt.shared) continue;
         char why[256];
         CuNodePlan chosen;
-        Spec s = spec_for(n, a, &chosen, why, sizeof why);
+        Spec s = spec_for(g, n, a, &chosen, why, sizeof why);
         s.ce = ce;
         if (!plan_node(&s)) continue;
         if (ir_amax_parts_offset(n) && !s.amax_written) plan_amax_pass(&s, n);   /* as cuda_plan_node */

@@ -412,7 +412,7 @@ typedef struct {
 static bool choice_per_node(const char *name)
 {
     return (!strncmp(name, "fuse.", 5) && strcmp(name, "fuse.members")) || !strncmp(name, "attn.", 5) ||
-           !strncmp(name, "ce.", 3);
+           !strncmp(name, "ce.", 3) || !strncmp(name, "norm.", 5);
 }
 
 static const ChoiceRule choice_rules[] = {
@@ -448,7 +448,7 @@ static const ChoiceRule choice_rules[] = {
     {"save.cheap", "0 1", 0, 0, 0},
     {"save.attention_inputs", "0 1", 0, 0, 0},
     {"cuda.pdl", "0 1", 0, 0, 0},
-    {"norm.prefetch", "0 1", 0, 0, 0},
+    {"norm.stage", "0 1", 0, 0, 0},
     {"comm.overlap", "0 1", 0, 0, 0},
     {"comm.bucket_mb", NULL, 1, 1 << 20, 1},
     {"tune.device", NULL, 0, 16, 0},

@@ -489,14 +489,16 @@ static __device__ __forceinline__ float ck_row_rstd(float q, i64 C, double eps) 
 
 /* x's part of row r held by this lane, and mean and rstd of the row (every lane gets them) */
 template <int LN, int NV, class X> __device__ __forceinline__ void ck_row_load_stats(
-    const CkTensor &x, i64 r, i64 C, double eps, float (&v)[NV][CK_VEC], float *mean, float *rstd) {
+    const CkTensor &x, i64 r, i64 C, double eps, float (&v)[NV][CK_VEC], float *mean, float *rstd,
+    const unsigned char *staged = nullptr) {
     int lane = threadIdx.x & 31;
     float s = 0;
     #pragma unroll
     for (int k = 0; k < NV; k++) {
         i64 c = ((i64)k * 32 + lane) * CK_VEC;
         if (c < C) {
-            X::ld_vec(x, r * C + c, v[k]);
+            if (staged) X::decode_vec(x, r * C + c, ((const typename X::Raw *)staged)[k * 32 + lane], v[k]);
+            else X::ld_vec(x, r * C + c, v[k]);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) s += v[k][j];
         }
@@ -600,33 +602,101 @@ template <int LN, class Y, class X, class W, class B> __device__ __forceinline__
 #define CK_ROW_STRIDE ((i64)gridDim.x * (blockDim.x >> 5))
 #define CK_ROWS_OF_WARP(r, R) for (i64 r = CK_ROW_OF_WARP; r < (R); r += CK_ROW_STRIDE)
 
-/* The norms run a warp per row, one row after another, and a row's statistics wait for all of
- * its loads: measured on an H200 (ncu, GPT-2 d12 -O1), the layernorm passes spent 42-49% of
- * their cycles waiting on loads at a third of the memory's bandwidth, with 28-30 warps an SM.
- * With the choice norm.prefetch (the module's CK_NORM_PREFETCH), a warp asks for a row it will
- * take later (prefetch.global.L2: no register, no wait) before it works on the one in hand,
- * so that row then comes from L2. A hint only: the values, and the results, are the same. On
- * an H200 it gained nothing (d12 and Llama 1.1B -O1, docs/tuning.md): off by default. */
-#ifndef CK_NORM_PREFETCH
-#define CK_NORM_PREFETCH CK_NORM_PREFETCH_DEFAULT
-#endif
-template <int NV, class X> static __device__ __forceinline__ void ck_row_prefetch(const CkTensor &x, i64 r, i64 R, i64 C) {
-    if (!CK_NORM_PREFETCH || r >= R || !x.p) return;
-    int lane = threadIdx.x & 31;
-    #pragma unroll
-    for (int k = 0; k < (NV > 0 ? NV : 1); k++) {
-        i64 c = ((i64)k * 32 + lane) * CK_VEC;
-        if (c < C)
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"((const char *)x.p + (r * C + c) * ElemBytes<X::elem>::n));
+/* ---------------------------------------------------------------- rows staged in shared memory
+ * A warp that loads a row into registers and then reduces it has that row's bytes in flight
+ * only until its loads return, and none while it computes: measured on an H200 (ncu, GPT-2
+ * d12 -O1), the norms waited on loads 42-49% of their cycles at 27-36% of the memory's
+ * bandwidth with 28-30 warps an SM, and a hint that brought the next row into L2 early
+ * (prefetch.global.L2) gained nothing. Staged, a warp copies the row it takes next into shared
+ * memory by cp.async (no registers held, nothing waited for) before it works on the one in
+ * hand, which its lanes then read from shared memory: each warp has a row in flight all the
+ * time. A lane copies exactly the vectors it reads later (vector k 32 + lane, the layout of
+ * ck_row_load_stats), so its own cp.async.wait_group is all the ordering needed, no barrier;
+ * and it reads a slot's values into registers before it copies into that slot again. Two
+ * slots a warp and tensor, in the launch's dynamic shared memory (spec_ops.c, norm_stage,
+ * sizes it the same way). The bytes decoded are those a load would read: the same results. */
+#define CK_STAGE_SLOTS 2
+/* A ring of CK_STAGE_SLOTS slots of SLOT bytes (at least NV 32 vectors of X: ck_stage_fits) */
+template <int NV, class X, int SLOT> struct CkStage {
+    unsigned char *ring;
+    __device__ __forceinline__ const unsigned char *slot(int k) const { return ring + k * SLOT; }
+    /* this lane's vectors of row r of x into slot k (nothing past R; no commit) */
+    __device__ __forceinline__ void fetch(const CkTensor &x, i64 r, i64 R, i64 C, int k) const {
+        if (r >= R) return;
+        int lane = threadIdx.x & 31;
+        unsigned to = (unsigned)__cvta_generic_to_shared(ring + k * SLOT);
+        #pragma unroll
+        for (int v = 0; v < NV; v++) {
+            i64 c = ((i64)v * 32 + lane) * CK_VEC;
+            if (c >= C) continue;
+            const char *src = (const char *)x.p + (r * C + c) * ElemBytes<X::elem>::n;
+            unsigned dst = to + (v * 32 + lane) * X::vbytes;
+            if (X::vbytes == 8) {
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+            } else {
+                #pragma unroll
+                for (int h = 0; h < X::vbytes / 16; h++)
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + 16 * h), "l"(src + 16 * h)
+                                 : "memory");
+            }
+        }
+    }
+    /* vector v of this lane from slot k, decoded as a load of element i of x decodes it */
+    __device__ __forceinline__ void read(const CkTensor &x, i64 i, int k, int v, float *out) const {
+        X::decode_vec(x, i, ((const typename X::Raw *)slot(k))[v * 32 + (threadIdx.x & 31)], out);
+    }
+};
+template <int NV, class X, int SLOT> __host__ __device__ constexpr bool ck_stage_fits() {
+    return SLOT >= NV * 32 * X::vbytes && SLOT % 16 == 0;
+}
+/* the copies fetched since the last commit, as one group (possibly empty: groups count rows) */
+static __device__ __forceinline__ void ck_stage_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* every group but the newest is in */
+static __device__ __forceinline__ void ck_stage_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+/* The ring of this warp for tensor t, in the dynamic shared memory from byte `at` on: the
+ * block's rings of tensor 0 (a ring a warp, CK_STAGE_SLOTS slots of SLOT bytes), then of
+ * tensor 1, .. (spec_ops.c, norm_stage, lays them out the same way) */
+template <int SLOT> static __device__ __forceinline__ unsigned char *ck_stage_ring(int at, int t) {
+    extern __shared__ __align__(16) unsigned char ck_stage_smem[];
+    int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    return ck_stage_smem + at + (i64)((t * warps + warp) * CK_STAGE_SLOTS) * SLOT;
+}
+
+/* f(r, v, mean, rstd) for rows r = first, first + step, .. below end and R, each from its
+ * staged copy, the next one fetched before f works on the one in hand (x's rows in vectors:
+ * ck_norm_vec_ok; the rings from byte 0 of the dynamic shared memory) */
+template <int LN, int NV, int SLOT, class X, class Fn> static __device__ __forceinline__ void ck_staged_rows(
+    const CkTensor &x, i64 first, i64 step, i64 end, i64 R, i64 C, double eps, Fn f) {
+    static_assert(ck_stage_fits<NV, X, SLOT>(), "a slot holds a row of whole vectors");
+    const CkStage<NV, X, SLOT> st{ck_stage_ring<SLOT>(0, 0)};
+    if (end > R) end = R;
+    st.fetch(x, first, end, C, 0);
+    ck_stage_commit();
+    int k = 0;
+    for (i64 r = first; r < end; r += step, k ^= 1) {
+        st.fetch(x, r + step, end, C, k ^ 1);
+        ck_stage_commit();
+        ck_stage_wait_prev();
+        float v[NV][CK_VEC], mean, rstd;
+        ck_row_load_stats<LN, NV, X>(x, r, C, eps, v, &mean, &rstd, st.slot(k));
+        f(r, v, mean, rstd);
     }
 }
 
-template <int LN, int NV, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
+/* ST: 0, or the rows staged through slots of ST bytes (the launch has the shared memory) */
+template <int LN, int NV, int ST, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
     float m = 0.0f;
-    CK_ROWS_OF_WARP(r, a.i[1]) {
-        ck_row_prefetch<NV, X>(a.t[1], r + CK_ROW_STRIDE, a.i[1], a.i[0]);
-        m = fmaxf(m, ck_norm_row<LN, NV, Y, X, W, B>(a, r));
-    }
+    bool staged = false;
+    if constexpr (ST > 0)
+        if ((staged = ck_norm_vec_ok<NV, Y, X, W, B, LN>(a))) {
+            i64 C = a.i[0];
+            ck_staged_rows<LN, NV, ST, X>(a.t[1], CK_ROW_OF_WARP, CK_ROW_STRIDE, a.i[1], a.i[1], C, a.f[0],
+                                          [&](i64 r, const float (&v)[NV][CK_VEC], float mean, float rstd) {
+                                              m = fmaxf(m, ck_norm_row_out<LN, NV, Y, W, B>(a, r, C, v, mean, rstd));
+                                          });
+        }
+    if (!staged) CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_row<LN, NV, Y, X, W, B>(a, r));
     ck_amax_out<Y>(a, m);
 }
 
@@ -639,7 +709,8 @@ template <int LN, int NV, class Y, class X, class W, class B> __device__ void ck
  * 16 (the next band's block writes the other half). Rows of the tile are PITCH bytes apart (16
  * more than a row: reading a column, the 32 lanes' bytes fall in 8 banks, four lanes a word).
  * R a multiple of BAND, C of 16 and at most NV x 256 with NV <= 8 (at most 41 KB of shared
- * memory at 32 rows, NV <= 5, 33 KB at 16); i = {C, R, the transposed copy's tensor},
+ * memory at 32 rows, NV <= 5, 33 KB at 16); with ST, each warp's rows are staged too
+ * (ck_staged_rows, in the dynamic shared memory); i = {C, R, the transposed copy's tensor},
  * f = {eps}. */
 template <class Y, class Q> struct CkTileSt {
     /* t.p: the tile, t.cols: C, t.ncg: the band's first row, t.group: PITCH */
@@ -664,7 +735,8 @@ template <class Y, class Q> struct CkTileSt {
     }
 };
 
-template <int LN, int NV, int BAND, class Y, class Q, class X, class W, class B> __device__ void ck_norm_t(const CkArgs &a) {
+template <int LN, int NV, int BAND, int ST, class Y, class Q, class X, class W, class B>
+__device__ void ck_norm_t(const CkArgs &a) {
     static_assert(BAND == 32 || BAND == 16, "a band is 32 or 16 rows");
     constexpr int PITCH = (NV > 0 ? NV : 1) * 32 * CK_VEC + 16;
     __shared__ __align__(16) unsigned char tile[BAND * PITCH];
@@ -675,12 +747,16 @@ template <int LN, int NV, int BAND, class Y, class Q, class X, class W, class B>
     b.t[0].ncg = r0;
     b.t[0].group = PITCH;
     constexpr int PER_WARP = BAND / 8;
-    int warp = threadIdx.x >> 5;
-    for (int k = 1; k < PER_WARP; k++) ck_row_prefetch<NV, X>(a.t[1], r0 + warp * PER_WARP + k, R, C);
-    for (int k = 0; k < PER_WARP; k++) {
-        i64 r = r0 + warp * PER_WARP + k;
-        if (r < R) ck_norm_row<LN, NV, CkTileSt<Y, Q>, X, W, B>(b, r);
-    }
+    i64 first = r0 + (threadIdx.x >> 5) * PER_WARP;
+    bool staged = false;
+    if constexpr (ST > 0)
+        if ((staged = ck_norm_vec_ok<NV, CkTileSt<Y, Q>, X, W, B, LN>(b)))
+            ck_staged_rows<LN, NV, ST, X>(a.t[1], first, 1, first + PER_WARP, R, C, a.f[0],
+                                          [&](i64 r, const float (&v)[NV][CK_VEC], float mean, float rstd) {
+                                              ck_norm_row_out<LN, NV, CkTileSt<Y, Q>, W, B>(b, r, C, v, mean, rstd);
+                                          });
+    if (!staged)
+        for (i64 r = first; r < first + PER_WARP && r < R; r++) ck_norm_row<LN, NV, CkTileSt<Y, Q>, X, W, B>(b, r);
     __syncthreads();
     unsigned char *y = (unsigned char *)a.t[0].p, *yt = (unsigned char *)a.t[a.i[2]].p;
     i64 vr = C / 16;
@@ -792,10 +868,13 @@ template <class T> static __device__ __forceinline__ void ck_ld8(const CkTensor 
  * Shared memory: warps x (1 + HB) x NV x 32 x CK_VEC floats, dynamic. Fixed order throughout: the same bits every
  * run. The spec fuses only rows that fit the lanes' registers (C a multiple of CK_VEC, at most
  * NV * 32 * CK_VEC).
+ * With ST (spec_ops.c), the rows of x and dy, and of the other term where i[3] is 3, are
+ * staged through slots of ST bytes after the sums (CkStage), the next row in flight.
  * t = {Y (the sum, or dx), dy, x, w, the other term (RES > 0), dx's tensor (its format)};
- * i = {C, R, RES: 0 none, 1 the other term is the ADD_N's first input, 2 its second};
+ * i = {C, R, RES: 0 none, 1 the other term is the ADD_N's first input, 2 its second, the
+ * tensors staged};
  * f = {eps}; scratch: f32 partials [gridDim.x][C] of the weight, then of the bias. */
-template <int LN, int HB, int NV, class Y, class DY, class X, class W, class RS, class BX>
+template <int LN, int HB, int NV, int ST, class Y, class DY, class X, class W, class RS, class BX>
 __device__ void ck_norm_bwd_fused(const CkArgs &a) {
     extern __shared__ float ck_norm_sums[];
     i64 C = a.i[0], R = a.i[1];
@@ -813,19 +892,32 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
         if (HB) gb[i] = 0.0f;
     }
     __syncwarp();
-    CK_ROWS_OF_WARP(r, R) {
-        ck_row_prefetch<NV, X>(x, r + CK_ROW_STRIDE, R, C);
-        ck_row_prefetch<NV, DY>(dy, r + CK_ROW_STRIDE, R, C);
-        if (res) ck_row_prefetch<NV, RS>(a.t[4], r + CK_ROW_STRIDE, R, C);
+    /* with ST, x, dy and the other term staged (rings after the sums, tensors 0, 1, 2) */
+    const int sums = warps * (1 + HB) * S * 4;
+    const CkStage<NV, X, ST> sx{ck_stage_ring<ST>(sums, 0)};
+    const CkStage<NV, DY, ST> sdy{ck_stage_ring<ST>(sums, 1)};
+    const CkStage<NV, RS, ST> sres{ck_stage_ring<ST>(sums, 2)};
+    bool stage_res = res && a.i[3] == 3;
+    /* row r, its vectors from slot `slot` of the rings, or from memory (slot < 0) */
+    auto row = [&](i64 r, int slot) {
+        auto ldx = [&](int k, i64 c, float *v) {
+            if (slot >= 0) sx.read(x, r * C + c, slot, k, v);
+            else ck_ld8<X>(x, r * C + c, v, vec);
+        };
+        auto lddy = [&](int k, i64 c, float *v) {
+            if (slot >= 0) sdy.read(dy, r * C + c, slot, k, v);
+            else ck_ld8<DY>(dy, r * C + c, v, vec);
+        };
         /* x held in registers where its row is short or decoding it costs (a scaled FP8 copy);
-         * otherwise read again in each pass (its row is in cache): registers for more warps */
+         * otherwise read again in each pass (its row is in cache, or staged): registers for
+         * more warps */
         float xr[HOLD ? NV : 1][CK_VEC], s = 0.0f, sgf = 0.0f, sgxf = 0.0f;
         #pragma unroll
         for (int k = 0; k < NV; k++) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
             float v[CK_VEC];
-            ck_ld8<X>(x, r * C + c, v, vec);
+            ldx(k, c, v);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
                 s += v[j];
@@ -843,7 +935,7 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
                 #pragma unroll
                 for (int j = 0; j < CK_VEC; j++) v[j] = xr[HOLD ? k : 0][j];
             } else {
-                ck_ld8<X>(x, r * C + c, v, vec);
+                ldx(k, c, v);
             }
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
@@ -857,13 +949,13 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
             float d[CK_VEC], wv[CK_VEC], v[CK_VEC];
-            ck_ld8<DY>(dy, r * C + c, d, vec);
+            lddy(k, c, d);
             ck_ld8<W>(w, c, wv, vec);
             if (HOLD) {
                 #pragma unroll
                 for (int j = 0; j < CK_VEC; j++) v[j] = xr[HOLD ? k : 0][j];
             } else {
-                ck_ld8<X>(x, r * C + c, v, vec);
+                ldx(k, c, v);
             }
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
@@ -880,15 +972,18 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
             i64 c = ((i64)k * 32 + lane) * CK_VEC;
             if (c >= C) continue;
             float d[CK_VEC], wv[CK_VEC], o[CK_VEC], out[CK_VEC], v[CK_VEC];
-            ck_ld8<DY>(dy, r * C + c, d, vec);
+            lddy(k, c, d);
             ck_ld8<W>(w, c, wv, vec);
             if (HOLD) {
                 #pragma unroll
                 for (int j = 0; j < CK_VEC; j++) v[j] = xr[HOLD ? k : 0][j];
             } else {
-                ck_ld8<X>(x, r * C + c, v, vec);
+                ldx(k, c, v);
             }
-            if (res) ck_ld8<RS>(a.t[4], r * C + c, o, vec);
+            if (res) {
+                if (slot >= 0 && stage_res) sres.read(a.t[4], r * C + c, slot, k, o);
+                else ck_ld8<RS>(a.t[4], r * C + c, o, vec);
+            }
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
                 float g = d[j] * wv[j], xh = (v[j] - mean) * rstd;
@@ -906,6 +1001,26 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
                 for (int j = 0; j < CK_VEC; j++) Y::st(a.t[0], r * C + c + j, out[j]);
             }
         }
+    };
+    static_assert(ST == 0 || (ck_stage_fits<NV, X, ST>() && ck_stage_fits<NV, DY, ST>()), "slots of whole rows");
+    /* the other term's rows fit the slots too where they are staged (spec_ops.c sizes them so) */
+    if (ST > 0 && vec && a.i[3] >= 2 && (!stage_res || NV * 32 * RS::vbytes <= ST)) {
+        auto fetch = [&](i64 r, int slot) {
+            sx.fetch(x, r, R, C, slot);
+            sdy.fetch(dy, r, R, C, slot);
+            if (stage_res) sres.fetch(a.t[4], r, R, C, slot);
+            ck_stage_commit();
+        };
+        int slot = 0;
+        fetch(CK_ROW_OF_WARP, 0);
+        CK_ROWS_OF_WARP(r, R) {
+            fetch(r + CK_ROW_STRIDE, slot ^ 1);
+            ck_stage_wait_prev();
+            row(r, slot);
+            slot ^= 1;
+        }
+    } else {
+        CK_ROWS_OF_WARP(r, R) row(r, -1);
     }
     __syncthreads();
     float *out_w = (float *)a.scratch + (i64)blockIdx.x * C, *out_b = (float *)a.scratch + ((i64)gridDim.x + blockIdx.x) * C;
@@ -1458,7 +1573,6 @@ template <int LN, int NV, class Y, class X, class W, class B, class Q> __device_
     bool vec = ck_norm_vec_ok<NV, Y, X, W, B, LN>(a) && ck_norm_group_vec_ok<NV, X, Q>(a);
     float m = 0.0f;
     CK_ROWS_OF_WARP(r, a.i[1]) {
-        ck_row_prefetch<NV, X>(a.t[1], r + CK_ROW_STRIDE, a.i[1], C);
         if (vec) {
             float v[N][CK_VEC], mean, rstd;
             ck_row_load_stats<LN, N, X>(a.t[1], r, C, a.f[0], v, &mean, &rstd);

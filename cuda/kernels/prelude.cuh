@@ -174,8 +174,12 @@ template <int E, int S, int SE = FMT_F32> struct F {
     /* A scale stored as E8M0 is a power of two, whose reciprocal is exact: each element is then
      * multiplied by it, with the quotient's bits (one correctly rounded operation on the same
      * real number), and a vector takes one reciprocal instead of CK_VEC divisions. */
+    typedef CkRaw<vbytes ? vbytes : 1> Raw;   /* one vector's bytes as stored */
     static __device__ __forceinline__ void ld_vec(const CkTensor &t, i64 i, float *v) {
-        CkRaw<vbytes ? vbytes : 1> r = ((const CkRaw<vbytes ? vbytes : 1> *)t.p)[i / CK_VEC];
+        decode_vec(t, i, ((const Raw *)t.p)[i / CK_VEC], v);
+    }
+    /* the vector at element i of t from its bytes r, read from t or from a copy of them */
+    static __device__ __forceinline__ void decode_vec(const CkTensor &t, i64 i, const Raw &r, float *v) {
         float s = S != SCALE_NONE ? ck_scale<S, SE>(t, i) : 1.0f;
         float rs = SE == FMT_E8M0 ? __frcp_rn(s) : 1.0f;
         #pragma unroll

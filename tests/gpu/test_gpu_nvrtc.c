@@ -620,27 +620,106 @@ static void test_attention_scales_plan(void **state) {
     }
 }
 
-/* norm.prefetch: a module-wide switch of the library (ops.cuh, ck_row_prefetch), set by a line
- * before the library text only when the choice differs from the default; the entry points are
- * the same, and the module compiles either way. */
-static void test_norm_prefetch_module(void **state) {
+/* The integer template argument k (0: the first) of a launch's call, "ck_norm<1, 3, 1536, F<..":
+ * -1 where it has no such argument */
+static long template_int(const char *body, int k) {
+    const char *p = strchr(body, '<');
+    for (int i = 0; p && i < k; i++) p = strchr(p + 1, ',');
+    if (!p) return -1;
+    char *end;
+    long v = strtol(p + 1, &end, 10);
+    return end == p + 1 ? -1 : v;
+}
+
+/* Each norm launch of gpt2_tiny -O1 (the layernorms' amax passes, their FP8 copies in both
+ * layouts, the fused backwards), its slot bytes ST and its dynamic shared memory: with
+ * norm.stage (the default) every one stages its rows, ST a row of x's vectors (128 columns,
+ * bf16: 512 bytes; the backward's rows of the widest of x, dy and the other term, all three
+ * staged) and the rings in its shared memory, the amax pass in a grid of 4 rows a warp; with
+ * norm.stage=0 none does; with norm.stage@ID=0 only that node's launches do not. The module
+ * compiles either way. Llama 1.1B's rows of 2048 stage too, the backward without the other
+ * term (all three would leave room for one block an SM); every staged launch leaves room for
+ * two blocks an SM. */
+typedef struct {
+    int launches, staged, bwd_tensors;   /* the most tensors a backward stages */
+} NormStages;
+static NormStages norm_stages(const Graph *g, const CuNodePlan *plans, const Node *only_off, int64_t rows) {
+    NormStages n = {0, 0, 0};
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < plans[i].n_launch; k++) {
+            const CuLaunch *l = &plans[i].launch[k];
+            bool plain = strstr(l->body, "ck_norm<") != NULL, band = strstr(l->body, "ck_norm_t<") != NULL,
+                 bwd = strstr(l->body, "ck_norm_bwd_fused<") != NULL, off = only_off && plans[i].node == only_off;
+            if (!plain && !band && !bwd) continue;
+            long nv = template_int(l->body, bwd ? 2 : 1), st = template_int(l->body, plain ? 2 : 3);
+            n.launches++;
+            if (st > 0) {
+                n.staged++;
+                assert_false(off);
+                assert_int_equal(st % (nv * 512), 0);   /* a row of bf16 (or wider) vectors */
+                unsigned sums = bwd ? (unsigned)(4 * (1 + template_int(l->body, 1)) * nv * 32 * 8 * 4) : 0;
+                unsigned tile = band ? (unsigned)(template_int(l->body, 2) * (nv * 256 + 16)) : 0;
+                int tensors = bwd ? (int)l->args.i[3] : 1;
+                if (bwd) {   /* x and dy, and the other term where there is one (the layers') */
+                    assert_true(tensors == 2 || tensors == 3);
+                    if (tensors > n.bwd_tensors) n.bwd_tensors = tensors;
+                }
+                assert_int_equal(l->smem, sums + 2 * (unsigned)st * (l->block / 32) * (unsigned)tensors);
+                assert_true(2 * (l->smem + tile + 1024) <= 227 * 1024);
+                if (plain) assert_int_equal(l->grid[0], (rows + 31) / 32);   /* 4 rows a warp, 8 warps */
+                if (bwd) assert_int_equal(l->grid[0], (rows + 3) / 4 < 1024 ? (rows + 3) / 4 : 1024);   /* unstaged's */
+            } else {
+                assert_int_equal(st, 0);
+                if (!bwd) assert_int_equal(l->smem, 0);
+            }
+        }
+    return n;
+}
+static void test_norm_stage_plan(void **state) {
     (void)state;
     char path[4500], why[512];
     snprintf(path, sizeof path, "%s/models/gpt2_tiny.model", FP8C_SOURCE_DIR);
     Arena *a = arena_new();
     Graph *g = compile_model_choosing(a, path, 1, NULL, NULL);
     assert_non_null(g);
-    CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
-    int n_plain = 0, n_pf = 0;
-    char *plain = cuda_render_module(g, plans, a, &n_plain);
-    assert_true(strncmp(plain, "#define CK_NORM_PREFETCH", 24) != 0);
-    ir_set_choice(g, "norm.prefetch", "1");
-    char *pf = cuda_render_module(g, plans, a, &n_pf);
-    assert_true(!strncmp(pf, "#define CK_NORM_PREFETCH 1\n", 27));
-    assert_string_equal(pf + 27, plain);
-    assert_int_equal(n_pf, n_plain);
+    NormStages on = norm_stages(g, cuda_plan_graph(g, a, why, sizeof why), NULL, 2 * 64);
+    /* 9 layernorms, each a backward; the 8 of the layers an amax pass and a copy, the last a
+     * bf16 value */
+    assert_int_equal(on.launches, 9 + 8 + 9);
+    assert_int_equal(on.staged, on.launches);
+    assert_int_equal(on.bwd_tensors, 3);
+    ir_set_choice(g, "norm.stage", "0");
+    NormStages off = norm_stages(g, cuda_plan_graph(g, a, why, sizeof why), NULL, 2 * 64);
+    assert_int_equal(off.launches, on.launches);
+    assert_int_equal(off.staged, 0);
     assert_module_compiles(g);
-    ir_set_choice(g, "norm.prefetch", "0");
+    ir_set_choice(g, "norm.stage", "1");
+    const Node *ln = NULL;
+    for (int i = 0; i < g->n_nodes && !ln; i++)
+        if (g->nodes[i]->op == OP_LAYERNORM) ln = g->nodes[i];
+    assert_non_null(ln);
+    char name[64];
+    snprintf(name, sizeof name, "norm.stage@%d", ln->id);
+    ir_set_choice(g, name, "0");
+    NormStages one = norm_stages(g, cuda_plan_graph(g, a, why, sizeof why), ln, 2 * 64);
+    assert_true(one.staged < on.staged && one.staged >= on.staged - 2);
+    arena_free(a);
+
+    a = arena_new();
+    snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
+    BuildOptions o;
+    memset(&o, 0, sizeof o);
+    o.front.batch = 4;
+    o.front.seq = 2048;
+    o.passes.opt_level = 1;
+    diag_reset();
+    g = pipeline_compile(a, path, &o);
+    assert_true(g && !diag_error_count());
+    NormStages llama = norm_stages(g, cuda_plan_graph(g, a, why, sizeof why), NULL, 4 * 2048);
+    printf("  llama O1 batch 4 x 2048: %d of %d norm launches staged, the backward's %d tensors\n", llama.staged,
+           llama.launches, llama.bwd_tensors);
+    assert_int_equal(llama.staged, llama.launches);
+    assert_int_equal(llama.bwd_tensors, 2);
     arena_free(a);
 }
 
@@ -1018,7 +1097,7 @@ int main(void) {
                                        cmocka_unit_test(test_cast_transpose_plan),
                                        cmocka_unit_test(test_inverse_scales_plan),
                                        cmocka_unit_test(test_attention_scales_plan),
-                                       cmocka_unit_test(test_norm_prefetch_module),
+                                       cmocka_unit_test(test_norm_stage_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_loss_one_pass_plan),
                                        cmocka_unit_test(test_loss_choices_plan),

@@ -39,8 +39,8 @@
  * kernel launched programmatically dependent (the choice cuda.pdl), and the step with
  * attention's result scales made by a pass of their own rather than by the attention's
  * launches (fuse.attention_scales=0: the same maximum, so the same scales), and the step of
- * the module whose norms prefetch their next rows (norm.prefetch=1: a hint, the same values),
- * each run twice (the second time from its CUDA graph). */
+ * the module whose norms read their rows straight from memory rather than staged through
+ * shared memory (norm.stage=0: the same bytes decoded, the same values), each run twice (the second time from its CUDA graph). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -231,14 +231,14 @@ static int check_graph(const char *path) {
         failures++;
         goto done;
     }
-    /* the module with the norms' prefetches (norm.prefetch=1), its own text: for the bit check
-     * below */
-    CudaBinary bin_pf;
-    ir_set_choice(g, "norm.prefetch", "1");
-    bool have_pf = cuda_compile_graph(g, &bin_pf, &skipped, why, sizeof why) && !skipped;
-    ir_set_choice(g, "norm.prefetch", "0");
-    if (!have_pf) {
-        printf("  %s: the module with norm.prefetch=1 did not compile: %s\n", path, why);
+    /* the module whose norms do not stage their rows (norm.stage=0), its own text: for the bit
+     * check below */
+    CudaBinary bin_unstaged;
+    ir_set_choice(g, "norm.stage", "0");
+    bool have_unstaged = cuda_compile_graph(g, &bin_unstaged, &skipped, why, sizeof why) && !skipped;
+    ir_set_choice(g, "norm.stage", "1");
+    if (!have_unstaged) {
+        printf("  %s: the module with norm.stage=0 did not compile: %s\n", path, why);
         cuda_binary_free(&bin);
         failures++;
         goto done;
@@ -246,13 +246,13 @@ static int check_graph(const char *path) {
     if (compile_only) {
         printf("  %s: %zu bytes of cubin%s\n", path, bin.cubin_size, bin.cached ? " (cached)" : "");
         cuda_binary_free(&bin);
-        cuda_binary_free(&bin_pf);
+        cuda_binary_free(&bin_unstaged);
         goto done;
     }
     CudaExec *e = cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size);
     if (!e) {
         cuda_binary_free(&bin);
-        cuda_binary_free(&bin_pf);
+        cuda_binary_free(&bin_unstaged);
         failures++;
         goto done;
     }
@@ -344,19 +344,19 @@ static int check_graph(const char *path) {
      * second run from its CUDA graph): every kernel launched programmatically dependent
      * (cuda.pdl=1: it may start while the launch before it ends, and waits for it in
      * ck_grid_wait); attention's result scales made by their own pass over the result again
-     * (fuse.attention_scales=0), not by the attention's launches; the norms asking for their
-     * next rows early (norm.prefetch=1, a module of its own) */
+     * (fuse.attention_scales=0), not by the attention's launches; the norms reading their rows
+     * straight from memory (norm.stage=0, a module of its own) */
     static const struct {
         const char *name, *value, *dflt;
     } same_bits[] = {
         {"cuda.pdl", "1", "0"},
         {"fuse.attention_scales", "0", "1"},
-        {"norm.prefetch", "1", "0"},
+        {"norm.stage", "0", "1"},
     };
     bool variants_same[3] = {ok, ok, ok};
     for (int v = 0; v < 3; v++) {
         ir_set_choice(g, same_bits[v].name, same_bits[v].value);
-        const CudaBinary *bv = v == 2 ? &bin_pf : &bin;
+        const CudaBinary *bv = v == 2 ? &bin_unstaged : &bin;
         CudaExec *ev = ok ? cuda_exec_open(g, &mem, bv->cubin, bv->cubin_size) : NULL;
         for (int run = 0; run < 2 && variants_same[v]; run++) {
             memcpy(mem.persistent, p0, pb);
@@ -371,9 +371,9 @@ static int check_graph(const char *path) {
         if (ev) cuda_exec_close(ev);
         ir_set_choice(g, same_bits[v].name, same_bits[v].dflt);
     }
-    bool pdl_same = variants_same[0], scales_same = variants_same[1], pf_same = variants_same[2];
+    bool pdl_same = variants_same[0], scales_same = variants_same[1], unstaged_same = variants_same[2];
     cuda_binary_free(&bin);
-    cuda_binary_free(&bin_pf);
+    cuda_binary_free(&bin_unstaged);
     if (!ok) {
         printf("  %s: the GPU step failed\n", path);
         failures++;
@@ -428,15 +428,16 @@ static int check_graph(const char *path) {
     bool fp8 = level > 0;
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 5e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
-                e_hist <= 0.1 && same && pdl_same && scales_same && pf_same;
+                e_hist <= 0.1 && same && pdl_same && scales_same && unstaged_same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
            "| update err %.2f | %d histories and scales err %.1e | deterministic %s, launched dependent %s, "
-           "attention scales by a pass %s, norms prefetching %s | "
+           "attention scales by a pass %s, norms unstaged %s | "
            "%d GEMM epilogues (GELU %d, "
            "into FP8 %d, GELU backward %d), %d batched launches%s\n",
            strrchr(path, '/') ? strrchr(path, '/') + 1 : path, level, loss_gpu, loss_ref, e_loss, n_grads, e_grad,
            e_bias, e_gn, e_upd, n_hist, e_hist, same ? "yes" : "NO", pdl_same ? "the same" : "NOT THE SAME",
-           scales_same ? "the same" : "NOT THE SAME", pf_same ? "the same" : "NOT THE SAME", epilogues, gelu, fp8_results, dgelu, batched,
+           scales_same ? "the same" : "NOT THE SAME", unstaged_same ? "the same" : "NOT THE SAME", epilogues, gelu,
+           fp8_results, dgelu, batched,
            pass ? "" : "  FAIL");
     if (!pass) failures++;
     if ((!pass || getenv("FP8C_TEST_VERBOSE")) && p_ref)
