@@ -706,15 +706,7 @@ static void test_norm_stage_plan(void **state) {
     arena_free(a);
 
     a = arena_new();
-    snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
-    BuildOptions o;
-    memset(&o, 0, sizeof o);
-    o.front.batch = 4;
-    o.front.seq = 2048;
-    o.passes.opt_level = 1;
-    diag_reset();
-    g = pipeline_compile(a, path, &o);
-    assert_true(g && !diag_error_count());
+    g = compile_shape(a, "llama", 4, 2048, 1);
     NormStages llama = norm_stages(g, cuda_plan_graph(g, a, why, sizeof why), NULL, 4 * 2048);
     printf("  llama O1 batch 4 x 2048: %d of %d norm launches staged, the backward's %d tensors\n", llama.staged,
            llama.launches, llama.bwd_tensors);
