@@ -516,7 +516,11 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res, l->args.i[3] = st ? tensors : 0;
     l->args.f[0] = ln ? IR_FATTR(bx, LAYERNORM_BWD_X, eps) : IR_FATTR(bx, RMSNORM_BWD_X, eps);
     arg_amax_parts(s, l, y);
-    l->min_blocks = norm_min_blocks_smem(NORM_GRAD_THREADS, nv, l->smem);
+    /* the bounds from what the body's arguments fix, the most shared memory a launch of it may
+     * take (three rings): launches of one body, with the other term and without, must ask
+     * the same (CuLaunch.min_blocks) */
+    unsigned most = sums + (st ? norm_stage_bytes(NORM_GRAD_THREADS, 3, st) : 0);
+    l->min_blocks = norm_min_blocks_smem(NORM_GRAD_THREADS, nv, most);
     /* the columns: the weight's gradient (or its accumulator), then the bias's */
     const Node *tw = ng->acc_w ? ng->acc_w->in[0] : ng->bw, *tb = ng->acc_b ? ng->acc_b->in[0] : ng->sum;
     l = spec_launch(s, "normgrads", (unsigned)((C + 31) / 32), 1024, "ck_norm_grads_final<%d, %s, %s, %d, %s, %s>(a)",

@@ -705,6 +705,29 @@ static void test_norm_stage_plan(void **state) {
     assert_true(one.staged < on.staged && one.staged >= on.staged - 2);
     arena_free(a);
 
+    /* every value in f32 (the Hugging Face checks' builds): the last layernorm's backward, with
+     * no other term, and the layers' have one body, so one set of launch bounds */
+    a = arena_new();
+    BuildOptions o;
+    memset(&o, 0, sizeof o);
+    o.front.batch = 2;
+    o.front.seq = 16;
+    const char *f32[2] = {"*=f32", "value:*=f32"};
+    o.passes.overrides = f32;
+    o.passes.n_overrides = 2;
+    diag_reset();
+    g = pipeline_compile(a, path, &o);
+    assert_true(g && !diag_error_count());
+    CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < plans[i].n_launch; k++)
+            for (int j = i; j < g->n_nodes; j++)
+                for (int m = j == i ? k + 1 : 0; m < plans[j].n_launch; m++)
+                    if (!strcmp(plans[i].launch[k].body, plans[j].launch[m].body))
+                        assert_int_equal(plans[i].launch[k].min_blocks, plans[j].launch[m].min_blocks);
+    assert_module_compiles(g);
+    arena_free(a);
+
     a = arena_new();
     g = compile_shape(a, "llama", 4, 2048, 1);
     NormStages llama = norm_stages(g, cuda_plan_graph(g, a, why, sizeof why), NULL, 4 * 2048);
