@@ -61,14 +61,21 @@ static bool count_piece(CudaExec *e, char *host, CUdeviceptr dev, int64_t bytes,
     return true;
 }
 
-static void check_graph(const char *name) {
-    Arena *arena = arena_new();
+/* Graph `name` read into `arena`, its memory bound on the host (*mem) and its plan summed up
+ * (*m): what every layout below starts from */
+static Graph *bound_graph(Arena *arena, const char *name, RtMemory *mem, MemSummary *m) {
     Graph *g = load_graph(arena, name);
     assert_non_null(g);
+    assert_true(rt_memory_bind(g, mem));
+    memplan_summarize(g, m);
+    return g;
+}
+
+static void check_graph(const char *name) {
+    Arena *arena = arena_new();
     RtMemory mem;
-    assert_true(rt_memory_bind(g, &mem));
     MemSummary m;
-    memplan_summarize(g, &m);
+    Graph *g = bound_graph(arena, name, &mem, &m);
     for (int world = 2; world <= 3; world++) {
         RtShardPlan sp;
         rt_shard_plan(g, m.by_role, world, &sp);
@@ -133,12 +140,9 @@ static void test_layout(void **state) {
  * the graph read into `arena`, its memory bound on the host, the per-GPU plan of stage `stage`
  * in *sp (checked), e->g and e->host filled. */
 static CudaExec *open_layout(Arena *arena, const char *name, int world, int stage, RtShardPlan *sp) {
-    Graph *g = load_graph(arena, name);
-    assert_non_null(g);
     RtMemory mem;
-    assert_true(rt_memory_bind(g, &mem));
     MemSummary m;
-    memplan_summarize(g, &m);
+    Graph *g = bound_graph(arena, name, &mem, &m);
     rt_shard_plan(g, m.by_role, world, sp);
     assert_int_equal(sp->stage, stage);
     CudaExec *e = calloc(1, sizeof *e);
