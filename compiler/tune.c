@@ -408,6 +408,7 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             {"fuse.bias_grads", "bias gradients summed inside the quantize of dy"},
             {"fuse.group_quantizes", "per-group scales made inside the quantize"},
             {"fuse.input_group_copies", "a GELU or SiLU writes its input's 1x16 group copy"},
+            {"fuse.inline_elementwise", "an activation or product computed by the kernel that reads it"},
             {"fuse.ce_one_pass", "the loss's forward and backward in one pass over the logits"},
             {"fuse.ce_lse", "the loss's backward reuses the forward's logsumexp"},
             {"fuse.norm_grads", "a norm's backward in one pass over its rows"},

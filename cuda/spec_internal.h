@@ -94,6 +94,12 @@ typedef struct {
     /* a GELU or SILU that also writes this QUANTIZE of its input into per-group scales, whose
      * fused launch (group_scale above) moves into the activation's (fuse_input_group_copies) */
     const Node *input_copy;
+    /* an elementwise producer computed inside this node's kernel instead of read
+     * (fuse_inline_elementwise): for ADD, SUB, MUL the activation (GELU, SILU) that input
+     * inline_slot is, read from its own input; for GELU_BWD, SILU_BWD the product (ADD, SUB,
+     * MUL) that input 0 is, computed from its two inputs */
+    const Node *inline_of;
+    int inline_slot;
     /* a CROSS_ENTROPY and the CROSS_ENTROPY_BWD right after it, of the same logits
      * (fuse_ce_lse): the forward leaves each row's logsumexp in the scratch at this byte
      * offset, and the backward reads it there instead of reading its row once more; 0: none */

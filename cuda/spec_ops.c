@@ -48,10 +48,23 @@ bool plan_elementwise(Spec *s) {
         if (!check_io(s, n, true)) return false;
         int64_t na = ir_numel(&n->in[0]->t), nb = ir_numel(&n->in[1]->t);
         if (nb == 0 || na % nb || na != count) return spec_fail(s, "cannot broadcast");
+        const char *in_fmt[2] = {fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t)};
+        const Node *act = s->inline_of;
+        if (act) {
+            /* input inline_slot computed from the activation's input (fuse_inline_elementwise) */
+            int k = s->inline_slot;
+            if (k < 0 || k > 1 || n->in[k] != act || (act->op != OP_GELU && act->op != OP_SILU) ||
+                act->n_in != 1 || ir_numel(&act->t) != count || ir_numel(&act->in[0]->t) != count ||
+                act->t.fmt.scaling != SCALE_NONE)
+                return spec_fail(s, "no activation to compute in place of input %d", k);
+            if (!spec_check_tensor(s, &act->in[0]->t, "the activation's input")) return false;
+            in_fmt[k] = arena_printf(s->arena, "CkAct<%s, %s, %s>", act->op == OP_GELU ? "OP_GELU" : "OP_SILU",
+                                     fmt_arg(s, &act->t), fmt_arg(s, &act->in[0]->t));
+        }
         l = spec_launch(s, "binary", grid_elem(count), ELEM_THREADS, "ck_binary<%s, %s, %s, %s>(a)",
-                        n->op == OP_ADD ? "OP_ADD" : n->op == OP_SUB ? "OP_SUB" : "OP_MUL", Y,
-                        fmt_arg(s, &n->in[0]->t), fmt_arg(s, &n->in[1]->t));
+                        n->op == OP_ADD ? "OP_ADD" : n->op == OP_SUB ? "OP_SUB" : "OP_MUL", Y, in_fmt[0], in_fmt[1]);
         args_result_inputs(l, n);
+        if (act) arg_node(l, 1 + s->inline_slot, act->in[0]);
         arg_amax_parts(s, l, n);
         return true;
     }
@@ -157,6 +170,27 @@ bool plan_elementwise(Spec *s) {
             l->args.n_in = n->n_in;
             arg_node(l, 1 + n->n_in, s->transpose_to);
             l->args.i[1] = 1 + n->n_in;
+            return true;
+        }
+        if (s->inline_of) {
+            /* dy computed from the product's inputs (fuse_inline_elementwise) */
+            const Node *d = s->inline_of;
+            bool two = n->op == OP_GELU_BWD || n->op == OP_SILU_BWD;
+            if (!two || n->in[0] != d || (d->op != OP_ADD && d->op != OP_SUB && d->op != OP_MUL) ||
+                d->t.fmt.scaling != SCALE_NONE || ir_numel(&d->t) != count || ir_numel(&d->in[0]->t) != count ||
+                ir_numel(&d->in[1]->t) != count || s->result != RESULT_STORED)
+                return spec_fail(s, "no product to compute in place of dy");
+            if (!check_io(s, d, false)) return false;
+            l = spec_launch(s, "unary", grid_elem(count), ELEM_THREADS, "ck_unary_bin<%s, %s, %s, %s, %s, %s, %s>(a)",
+                            op, d->op == OP_ADD ? "OP_ADD" : d->op == OP_SUB ? "OP_SUB" : "OP_MUL", Y,
+                            fmt_arg(s, &d->t), fmt_arg(s, &d->in[0]->t), fmt_arg(s, &d->in[1]->t),
+                            fmt_arg(s, &n->in[1]->t));
+            arg_node(l, 0, n);
+            arg_node(l, 1, d->in[0]);
+            arg_node(l, 2, d->in[1]);
+            arg_node(l, 3, n->in[1]);
+            l->args.n_in = 3;
+            arg_amax_parts(s, l, n);
             return true;
         }
         if (s->input_copy) {

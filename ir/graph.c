@@ -425,6 +425,7 @@ static const ChoiceRule choice_rules[] = {
     {"fuse.bias_grads", "0 1", 0, 0, 0},
     {"fuse.group_quantizes", "0 1", 0, 0, 0},
     {"fuse.input_group_copies", "0 1", 0, 0, 0},
+    {"fuse.inline_elementwise", "0 1", 0, 0, 0},
     {"layout.cast_transpose", "0 1", 0, 0, 0},
     {"fuse.ce_one_pass", "0 1", 0, 0, 0},
     {"fuse.ce_lse", "0 1", 0, 0, 0},

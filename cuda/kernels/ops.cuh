@@ -237,6 +237,59 @@ template <int OP, class Y, class X0, class X1> __device__ void ck_unary(const Ck
     ck_amax_out<Y>(a, m);
 }
 
+/* ---------------------------------------------------------------- an elementwise producer inside its reader
+ * Where an elementwise value is read only by other elementwise kernels, the readers may
+ * compute it from its own inputs instead of loading it (spec_fuse.c, fuse_inline_elementwise):
+ *   an activation inside a binary op   SwiGLU's silu(gate) * up reads gate and up, where the
+ *                                      silu's kernel wrote silu(gate) for the product to read;
+ *   a product inside an activation's   silu_bwd(dy * up, gate) reads dy, up and gate, where a
+ *   backward                           product's kernel wrote dy * up for it to read.
+ * The value is rounded to its own (unscaled) format exactly where its store would have
+ * rounded it, so the readers compute the bits of the unfused nodes. */
+
+/* Reads act(x) where a binary op's template reads an input: x's tensor stands in that input's
+ * slot, and each value is rounded to A, the activation's format, as its store would. */
+template <int OP, class A, class X> struct CkAct {
+    static __device__ __forceinline__ bool vec_ok(const CkTensor &t) { return X::vec_ok(t); }
+    static __device__ __forceinline__ float ld(const CkTensor &t, i64 i) {
+        return A::round(t, i, ck_unop<OP>(X::ld(t, i), 0.0f));
+    }
+    static __device__ __forceinline__ void ld_vec(const CkTensor &t, i64 i, float *v) {
+        X::ld_vec(t, i, v);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) v[j] = A::round(t, i + j, ck_unop<OP>(v[j], 0.0f));
+    }
+};
+
+/* GELU_BWD or SILU_BWD (dy, x) with dy = BOP(p, q) computed here, rounded to its format D:
+ * t[0] = y, t[1] = p, t[2] = q, t[3] = x, all of one size; amax as ck_unary */
+template <int OP, int BOP, class Y, class D, class P, class Q, class X> __device__ void ck_unary_bin(const CkArgs &a) {
+    float m = 0.0f;
+    if (Y::vec_ok(a.t[0]) && P::vec_ok(a.t[1]) && Q::vec_ok(a.t[2]) && X::vec_ok(a.t[3])) {
+        CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
+            float p[CK_VEC], q[CK_VEC], x[CK_VEC];
+            P::ld_vec(a.t[1], c * CK_VEC, p);
+            Q::ld_vec(a.t[2], c * CK_VEC, q);
+            X::ld_vec(a.t[3], c * CK_VEC, x);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                float dy = D::round(a.t[1], c * CK_VEC + j, ck_binop<BOP>(p[j], q[j]));
+                p[j] = ck_unop<OP>(dy, x[j]);
+                m = fmaxf(m, fabsf(p[j]));
+            }
+            Y::st_vec(a.t[0], c * CK_VEC, p);
+        }
+    } else {
+        CK_GRID_STRIDE(i, a.t[0].n) {
+            float dy = D::round(a.t[1], i, ck_binop<BOP>(P::ld(a.t[1], i), Q::ld(a.t[2], i)));
+            float v = ck_unop<OP>(dy, X::ld(a.t[3], i));
+            m = fmaxf(m, fabsf(v));
+            Y::st(a.t[0], i, v);
+        }
+    }
+    ck_amax_out<Y>(a, m);
+}
+
 /* CAST, RESHAPE, QUANTIZE (the store through Y's format is the quantization), ASSIGN
  * (t[0] = the state, t[1] = x), and format conversions around library GEMMs */
 template <class Y, class X> __device__ void ck_copy(const CkArgs &a) {

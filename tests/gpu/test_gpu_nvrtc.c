@@ -738,6 +738,79 @@ static void test_norm_stage_plan(void **state) {
     arena_free(a);
 }
 
+/* SwiGLU's elementwise producers inside their readers (spec_fuse.c, fuse_inline_elementwise),
+ * Llama 1.1B at batch 4 x 2048, -O1: each layer's silu(gate) runs no launch, and both products
+ * that read it (the forward's silu(gate) * up, the backward's dy * silu(gate)) compute it from
+ * gate; the backward's dy * up runs no launch, and the silu gradient computes it from dy and
+ * up. With fuse.inline_elementwise=0 every one of them is a launch of its own again, and
+ * both programs compile (a two-layer Llama at -O0 to -O3). */
+typedef struct {
+    int act_idle, act_read, prod_idle, prod_read;
+} InlineCount;
+
+static InlineCount count_inlined(const Graph *g, const CuNodePlan *plans) {
+    InlineCount c = {0};
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        const CuNodePlan *p = &plans[i];
+        const char *body = p->n_launch == 1 ? p->launch[0].body : "";
+        if (n->op == OP_SILU && p->n_launch == 0) c.act_idle++;
+        if (n->op == OP_MUL && strstr(body, "CkAct<OP_SILU")) c.act_read++;
+        if (n->op == OP_MUL && p->n_launch == 0 && n->phase == PHASE_BACKWARD) c.prod_idle++;
+        if (n->op == OP_SILU_BWD && strstr(body, "ck_unary_bin<OP_SILU_BWD, OP_MUL")) c.prod_read++;
+    }
+    return c;
+}
+
+static void test_inline_elementwise_plan(void **state) {
+    (void)state;
+    Arena *a = arena_new();
+    char why[512];
+    Graph *g = compile_shape(a, "llama", 4, 2048, 1);
+    InlineCount on = count_inlined(g, cuda_plan_graph(g, a, why, sizeof why));
+    ir_set_choice(g, "fuse.inline_elementwise", "0");
+    InlineCount off = count_inlined(g, cuda_plan_graph(g, a, why, sizeof why));
+    printf("  llama O1 batch 4 x 2048: %d silu idle, %d products reading gate; %d products idle, %d silu "
+           "gradients computing them (off: %d, %d, %d, %d)\n",
+           on.act_idle, on.act_read, on.prod_idle, on.prod_read, off.act_idle, off.act_read, off.prod_idle,
+           off.prod_read);
+    assert_int_equal(on.act_idle, 22);
+    assert_int_equal(on.act_read, 44);
+    assert_int_equal(on.prod_idle, 22);
+    assert_int_equal(on.prod_read, 22);
+    assert_int_equal(off.act_idle + off.act_read + off.prod_idle + off.prod_read, 0);
+    arena_free(a);
+
+    char path[4500];
+    snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
+    for (int level = 0; level <= 3; level++)
+        for (int k = 0; k < 2; k++) {
+            a = arena_new();
+            BuildOptions o;
+            memset(&o, 0, sizeof o);
+            static const Define defs[] = {{"layers", "2"},   {"dim", "128"},    {"heads", "2"},
+                                          {"kv_heads", "1"}, {"hidden", "320"}, {"vocab", "256"}};
+            o.front.defines = defs;
+            o.front.n_defines = 6;
+            o.front.batch = 2;
+            o.front.seq = 64;
+            o.passes.opt_level = level;
+            Choice c = {"fuse.inline_elementwise", k ? "0" : "1"};
+            o.choices = &c;
+            o.n_choices = 1;
+            diag_reset();
+            g = pipeline_compile(a, path, &o);
+            assert_true(g && !diag_error_count());
+            InlineCount n = count_inlined(g, cuda_plan_graph(g, a, why, sizeof why));
+            printf("  llama, 2 layers, O%d, fuse.inline_elementwise=%s: %d silu idle, %d products idle\n", level, c.value,
+                   n.act_idle, n.prod_idle);
+            if (k) assert_int_equal(n.act_idle + n.act_read + n.prod_idle + n.prod_read, 0);
+            else assert_int_equal(n.prod_idle, 2);
+            assert_module_compiles(g);
+            arena_free(a);
+        }
+}
+
 /* GELU in cuBLASLt's epilogues (spec.c, gemm_gelu and epilogue_of). gpt2_tiny has one GELU a
  * layer, four layers:
  *  - -O0: each c_fc GEMM computes its GELU (GELU_AUX_BIAS: D the GELU, aux the bias add that the
@@ -1113,6 +1186,7 @@ int main(void) {
                                        cmocka_unit_test(test_inverse_scales_plan),
                                        cmocka_unit_test(test_attention_scales_plan),
                                        cmocka_unit_test(test_norm_stage_plan),
+                                       cmocka_unit_test(test_inline_elementwise_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_loss_one_pass_plan),
                                        cmocka_unit_test(test_loss_choices_plan),

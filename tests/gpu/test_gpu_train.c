@@ -40,7 +40,10 @@
  * attention's result scales made by a pass of their own rather than by the attention's
  * launches (fuse.attention_scales=0: the same maximum, so the same scales), and the step of
  * the module whose norms read their rows straight from memory rather than staged through
- * shared memory (norm.stage=0: the same bytes decoded, the same values), each run twice (the second time from its CUDA graph). */
+ * shared memory (norm.stage=0: the same bytes decoded, the same values), and, where SwiGLU's silu
+ * and product run inside their readers, the step that runs them as kernels of their own
+ * (fuse.inline_elementwise=0: the values rounded where their stores would round them), each run
+ * twice (the second time from its CUDA graph). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -191,6 +194,28 @@ static int scramble_delayed_scales(Graph *g) {
     return n;
 }
 
+/* whether the GPU kernel program of g differs with choice `name` at `value` from `dflt` (left
+ * at dflt) */
+static bool program_changes(Graph *g, const char *name, const char *value, const char *dflt) {
+    char *text[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    bool ok = true;
+    for (int k = 0; k < 2; k++) {
+        ir_set_choice(g, name, k ? value : dflt);
+        Arena *a = arena_new();
+        FILE *f = open_memstream(&text[k], &len[k]);
+        char why[256];
+        ok = ok && f && cuda_print_program(g, a, f, why, sizeof why);
+        if (f) fclose(f);
+        arena_free(a);
+    }
+    ir_set_choice(g, name, dflt);
+    bool changed = ok && (len[0] != len[1] || memcmp(text[0], text[1], len[0]));
+    free(text[0]);
+    free(text[1]);
+    return changed;
+}
+
 static int check_graph(const char *path) {
     int64_t size;
     uint8_t *bytes = rt_read_file(path, &size);
@@ -243,16 +268,30 @@ static int check_graph(const char *path) {
         failures++;
         goto done;
     }
-    if (compile_only) {
-        printf("  %s: %zu bytes of cubin%s\n", path, bin.cubin_size, bin.cached ? " (cached)" : "");
+    /* where elementwise producers run inside their readers (fuse.inline_elementwise: SwiGLU's
+     * silu and product), the module that runs them as kernels of their own */
+    CudaBinary bin_apart;
+    bool inlines = program_changes(g, "fuse.inline_elementwise", "0", "1");
+    bool have_apart = !inlines;
+    if (inlines) {
+        ir_set_choice(g, "fuse.inline_elementwise", "0");
+        have_apart = cuda_compile_graph(g, &bin_apart, &skipped, why, sizeof why) && !skipped;
+        ir_set_choice(g, "fuse.inline_elementwise", "1");
+        if (!have_apart) printf("  %s: the module with fuse.inline_elementwise=0 did not compile: %s\n", path, why);
+    }
+    if (!have_apart || compile_only) {
+        if (compile_only) printf("  %s: %zu bytes of cubin%s\n", path, bin.cubin_size, bin.cached ? " (cached)" : "");
         cuda_binary_free(&bin);
         cuda_binary_free(&bin_unstaged);
+        if (inlines && have_apart) cuda_binary_free(&bin_apart);
+        failures += !have_apart;
         goto done;
     }
     CudaExec *e = cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size);
     if (!e) {
         cuda_binary_free(&bin);
         cuda_binary_free(&bin_unstaged);
+        if (inlines) cuda_binary_free(&bin_apart);
         failures++;
         goto done;
     }
@@ -345,18 +384,21 @@ static int check_graph(const char *path) {
      * (cuda.pdl=1: it may start while the launch before it ends, and waits for it in
      * ck_grid_wait); attention's result scales made by their own pass over the result again
      * (fuse.attention_scales=0), not by the attention's launches; the norms reading their rows
-     * straight from memory (norm.stage=0, a module of its own) */
+     * straight from memory (norm.stage=0, a module of its own); elementwise producers run as
+     * kernels of their own (fuse.inline_elementwise=0, a module of its own where it changes the
+     * program) */
     static const struct {
         const char *name, *value, *dflt;
     } same_bits[] = {
         {"cuda.pdl", "1", "0"},
         {"fuse.attention_scales", "0", "1"},
         {"norm.stage", "0", "1"},
+        {"fuse.inline_elementwise", "0", "1"},
     };
-    bool variants_same[3] = {ok, ok, ok};
-    for (int v = 0; v < 3; v++) {
+    bool variants_same[4] = {ok, ok, ok, ok};
+    for (int v = 0; v < 4; v++) {
         ir_set_choice(g, same_bits[v].name, same_bits[v].value);
-        const CudaBinary *bv = v == 2 ? &bin_unstaged : &bin;
+        const CudaBinary *bv = v == 2 ? &bin_unstaged : v == 3 && inlines ? &bin_apart : &bin;
         CudaExec *ev = ok ? cuda_exec_open(g, &mem, bv->cubin, bv->cubin_size) : NULL;
         for (int run = 0; run < 2 && variants_same[v]; run++) {
             memcpy(mem.persistent, p0, pb);
@@ -372,8 +414,10 @@ static int check_graph(const char *path) {
         ir_set_choice(g, same_bits[v].name, same_bits[v].dflt);
     }
     bool pdl_same = variants_same[0], scales_same = variants_same[1], unstaged_same = variants_same[2];
+    bool apart_same = variants_same[3];
     cuda_binary_free(&bin);
     cuda_binary_free(&bin_unstaged);
+    if (inlines) cuda_binary_free(&bin_apart);
     if (!ok) {
         printf("  %s: the GPU step failed\n", path);
         failures++;
@@ -428,15 +472,16 @@ static int check_graph(const char *path) {
     bool fp8 = level > 0;
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 5e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
-                e_hist <= 0.1 && same && pdl_same && scales_same && unstaged_same;
+                e_hist <= 0.1 && same && pdl_same && scales_same && unstaged_same && apart_same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
            "| update err %.2f | %d histories and scales err %.1e | deterministic %s, launched dependent %s, "
-           "attention scales by a pass %s, norms unstaged %s | "
+           "attention scales by a pass %s, norms unstaged %s, producers %s %s | "
            "%d GEMM epilogues (GELU %d, "
            "into FP8 %d, GELU backward %d), %d batched launches%s\n",
            strrchr(path, '/') ? strrchr(path, '/') + 1 : path, level, loss_gpu, loss_ref, e_loss, n_grads, e_grad,
            e_bias, e_gn, e_upd, n_hist, e_hist, same ? "yes" : "NO", pdl_same ? "the same" : "NOT THE SAME",
-           scales_same ? "the same" : "NOT THE SAME", unstaged_same ? "the same" : "NOT THE SAME", epilogues, gelu,
+           scales_same ? "the same" : "NOT THE SAME", unstaged_same ? "the same" : "NOT THE SAME",
+           inlines ? "apart" : "(none inlined)", apart_same ? "the same" : "NOT THE SAME", epilogues, gelu,
            fp8_results, dgelu, batched,
            pass ? "" : "  FAIL");
     if (!pass) failures++;
