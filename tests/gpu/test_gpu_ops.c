@@ -180,6 +180,9 @@ static void build_elementwise(void) {
     x8t->t.fmt = x8->t.fmt;
     add_case("transpose bf16", 0, op_v(OP_TRANSPOSE, FMT_BF16, NULL, NULL, IN(x)));
     add_case("slice", 0, op_v(OP_SLICE, FMT_BF16, I(2, D / 2, D), NULL, IN(x)));
+    /* whole vectors (ck_slice's vector path): columns from a multiple of 16, and positions */
+    add_case("slice, vectors", 0, op_v(OP_SLICE, FMT_BF16, I(2, C / 2, C / 2), NULL, IN(x)));
+    add_case("slice positions f32", 0, op_v(OP_SLICE, FMT_F32, I(1, T / 2, T - T / 2), NULL, IN(xf)));
     Node *sl = leaf(FMT_BF16, 1, DIMS(B, T, D));
     add_case("pad", 0, op_v(OP_PAD, FMT_BF16, I(2, C - D, C), NULL, IN(sl)));
     add_case("concat 3", 0, op_v(OP_CONCAT, FMT_F32, I(2), NULL, IN(x, xf, sl)));
