@@ -154,6 +154,10 @@ template <int S, int SE> static __device__ __forceinline__ float ck_scale(const 
 #define CK_VEC 8
 template <int N> struct alignas(N < 16 ? N : 16) CkRaw { unsigned char b[N]; };
 
+/* The vector that element i (never negative) starts: a shift, where i64's own division by
+ * CK_VEC would round toward zero for negative i and add three instructions a vector for it. */
+static __device__ __forceinline__ i64 ck_vec_index(i64 i) { return (i64)((unsigned long long)i / CK_VEC); }
+
 /* whether every CK_VEC-aligned vector of t lies under one scale of kind S */
 template <int S> static __device__ __forceinline__ bool ck_scale_vec_ok(const CkTensor &t) {
     if (S == SCALE_NONE || S == SCALE_PER_TENSOR) return true;
@@ -176,7 +180,7 @@ template <int E, int S, int SE = FMT_F32> struct F {
      * real number), and a vector takes one reciprocal instead of CK_VEC divisions. */
     typedef CkRaw<vbytes ? vbytes : 1> Raw;   /* one vector's bytes as stored */
     static __device__ __forceinline__ void ld_vec(const CkTensor &t, i64 i, float *v) {
-        decode_vec(t, i, ((const Raw *)t.p)[i / CK_VEC], v);
+        decode_vec(t, i, ((const Raw *)t.p)[ck_vec_index(i)], v);
     }
     /* the vector at element i of t from its bytes r, read from t or from a copy of them */
     static __device__ __forceinline__ void decode_vec(const CkTensor &t, i64 i, const Raw &r, float *v) {
@@ -196,7 +200,7 @@ template <int E, int S, int SE = FMT_F32> struct F {
         CkRaw<vbytes ? vbytes : 1> r;
         #pragma unroll
         for (int j = 0; j < CK_VEC; j++) Elem<E>::st(r.b, j, S != SCALE_NONE ? v[j] * s : v[j]);
-        ((CkRaw<vbytes ? vbytes : 1> *)t.p)[i / CK_VEC] = r;
+        ((CkRaw<vbytes ? vbytes : 1> *)t.p)[ck_vec_index(i)] = r;
     }
     /* scale s as a load of it from t's scale array reads it back after a store */
     static __device__ __forceinline__ float scale_round(float s) {
