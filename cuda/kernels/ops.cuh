@@ -689,15 +689,16 @@ template <int LN, class Y, class X, class W, class B> __device__ __forceinline__
 template <int NV, class X, int SLOT> struct CkStage {
     unsigned char *ring;
     __device__ __forceinline__ const unsigned char *slot(int k) const { return ring + k * SLOT; }
-    /* this lane's vectors of row r of x into slot k (nothing past R; no commit) */
-    __device__ __forceinline__ void fetch(const CkTensor &x, i64 r, i64 R, i64 C, int k) const {
+    /* this lane's vectors of row r of x into slot k (nothing past R; no commit); FULL: C is
+     * NV 32 vectors, every lane has all NV */
+    template <bool FULL = false> __device__ __forceinline__ void fetch(const CkTensor &x, i64 r, i64 R, i64 C, int k) const {
         if (r >= R) return;
         int lane = threadIdx.x & 31;
         unsigned to = (unsigned)__cvta_generic_to_shared(ring + k * SLOT);
         #pragma unroll
         for (int v = 0; v < NV; v++) {
             i64 c = ((i64)v * 32 + lane) * CK_VEC;
-            if (c >= C) continue;
+            if (!FULL && c >= C) continue;
             const char *src = (const char *)x.p + (r * C + c) * ElemBytes<X::elem>::n;
             unsigned dst = to + (v * 32 + lane) * X::vbytes;
             if (X::vbytes == 8) {
@@ -732,25 +733,182 @@ template <int SLOT> static __device__ __forceinline__ unsigned char *ck_stage_ri
     return ck_stage_smem + at + (i64)((t * warps + warp) * CK_STAGE_SLOTS) * SLOT;
 }
 
-/* f(r, v, mean, rstd) for rows r = first, first + step, .. below end and R, each from its
- * staged copy, the next one fetched before f works on the one in hand (x's rows in vectors:
- * ck_norm_vec_ok; the rings from byte 0 of the dynamic shared memory) */
-template <int LN, int NV, int SLOT, class X, class Fn> static __device__ __forceinline__ void ck_staged_rows(
-    const CkTensor &x, i64 first, i64 step, i64 end, i64 R, i64 C, double eps, Fn f) {
+/* ---------------------------------------------------------------- the staged forward's rows
+ * Once its bytes are staged, a row is instruction-bound: ncu on an H200 put the staged norms at
+ * 1.2 TB/s, a third of the memory's bandwidth. So the forward norms' staged path does per row
+ * only what the row needs; every value is computed by the same operations in the same order as
+ * ck_row_load_stats and ck_norm_row_out compute it, and every result bit is theirs.
+ *  - A lane's vectors of the weight (and LN's bias) are the same for every row: where they fit
+ *    beside the row (ck_norm_holds: short rows) the lane loads them once, as stored, before
+ *    the warp's first row, and decodes them per row (a bf16 element is one shift); elsewhere
+ *    it reads them per row, which costs fewer instructions than the registers would cost warps.
+ *  - Vectors are read whole (ck_raw_vec): copied as a struct of bytes, a bf16 weight and bias
+ *    vector came apart into 16 two-byte loads, and a staged vector into two shared loads.
+ *  - LN keeps x - mean, computed once for the squared deviations, in place of x: the result's
+ *    (x - mean) is the same operation on the same values.
+ *  - Rows of exactly NV 32 vectors (FULL: 768 at NV 3, Llama's 2048 at NV 8), the common case,
+ *    are a second instance of the loop with no column tests; C and eps are converted to f32
+ *    once, not per row.
+ *  - The FP8 tile of ck_norm_t is addressed from the row and column the loop has, not from a
+ *    64-bit division of the flat index (CkRowSt). */
+
+/* One vector's bytes, vector v of the array at p, read whole into r (filled in place: a Raw
+ * returned by value is rebuilt byte by byte, four instructions an element to decode bf16) */
+template <class X> static __device__ __forceinline__ void ck_raw_vec(const void *p, i64 v, typename X::Raw &r) {
+    if constexpr (X::vbytes && X::vbytes % 16 == 0) {
+        #pragma unroll
+        for (int h = 0; h < X::vbytes / 16; h++) ((uint4 *)&r)[h] = ((const uint4 *)p)[v * (X::vbytes / 16) + h];
+    } else if constexpr (X::vbytes == 8) {
+        *(uint2 *)&r = ((const uint2 *)p)[v];
+    } else {
+        r = ((const typename X::Raw *)p)[v];
+    }
+}
+
+/* Whether a lane of a staged forward norm holds its weight (and bias) vectors through its rows:
+ * their stored bytes cost NV (W's + B's) / 4 registers, on top of the row's NV CK_VEC values,
+ * and are held only where the two together stay within CK_NORM_HELD words: rows of up to 256
+ * (NV 1), and RMSNorm's of up to 512 with bf16 weights. Measured with ptxas (sm_90a), longer
+ * rows cannot afford them: d12's layernorm (NV 3, bf16, 24 words held) spilled 136 to 168
+ * bytes a thread under the 64 registers its bounds leave (spec_ops.c, norm_min_blocks), and
+ * Llama's RMSNorm (NV 8, 32 words) went from 120-127 registers to 176-187, one block of 256
+ * an SM instead of two. There the weights are read per row, two 16-byte loads a vector. */
+#define CK_NORM_HELD 24
+template <int LN, int NV, class W, class B> __host__ __device__ constexpr bool ck_norm_holds() {
+    return NV * CK_VEC + NV * (W::vbytes + (LN ? B::vbytes : 0)) / 4 <= CK_NORM_HELD;
+}
+
+/* A lane's vectors of a norm's weight (t[2]) and, for LN, bias (t[3]): held as stored where
+ * HOLD, else read per row; each decoded as ld_vec decodes it */
+template <int LN, int NV, bool HOLD, class W, class B> struct CkNormAffine {
+    typename W::Raw w[HOLD ? NV : 1];
+    typename B::Raw b[HOLD && LN ? NV : 1];
+    __device__ __forceinline__ void hold(const CkArgs &a, i64 C) {
+        if constexpr (HOLD) {
+            int lane = threadIdx.x & 31;
+            #pragma unroll
+            for (int k = 0; k < NV; k++) {
+                i64 c = ((i64)k * 32 + lane) * CK_VEC;
+                if (c >= C) continue;
+                ck_raw_vec<W>(a.t[2].p, ck_vec_index(c), w[k]);
+                if (LN) ck_raw_vec<B>(a.t[3].p, ck_vec_index(c), b[k]);
+            }
+        }
+    }
+    /* vector k of this lane, starting at column c */
+    __device__ __forceinline__ void get(const CkArgs &a, int k, i64 c, float *wv, float *bv) const {
+        if constexpr (HOLD) {
+            W::decode_vec(a.t[2], c, w[k], wv);
+            if (LN) B::decode_vec(a.t[3], c, b[k], bv);
+        } else {
+            typename W::Raw wr;
+            ck_raw_vec<W>(a.t[2].p, ck_vec_index(c), wr);
+            W::decode_vec(a.t[2], c, wr, wv);
+            if (LN) {
+                typename B::Raw br;
+                ck_raw_vec<B>(a.t[3].p, ck_vec_index(c), br);
+                B::decode_vec(a.t[3], c, br, bv);
+            }
+        }
+    }
+};
+
+/* Y::st_vec of the vector at column c of row r (CkRowSt<CkTileSt>: without the division) */
+template <class Y> struct CkRowSt {
+    static __device__ __forceinline__ void st(const CkTensor &t, i64 r, i64 C, i64 c, const float *v) {
+        Y::st_vec(t, r * C + c, v);
+    }
+};
+
+/* x's part of row r (its first element i0) from its staged bytes, as ck_row_load_stats reads
+ * it: LN leaves in v each value less the mean, RMSNorm the values; rstd for every lane. n and
+ * eps: C and eps in f32. */
+template <int LN, int NV, bool FULL, class X> static __device__ __forceinline__ void ck_staged_row_stats(
+    const CkTensor &x, i64 i0, i64 C, float n, float eps, const unsigned char *slot, float (&v)[NV][CK_VEC],
+    float *rstd) {
+    int lane = threadIdx.x & 31;
+    float s = 0;
+    #pragma unroll
+    for (int k = 0; k < NV; k++) {
+        i64 c = ((i64)k * 32 + lane) * CK_VEC;
+        if (!FULL && c >= C) continue;
+        typename X::Raw xr;
+        ck_raw_vec<X>(slot, k * 32 + lane, xr);
+        X::decode_vec(x, i0 + c, xr, v[k]);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) s += v[k][j];
+    }
+    float m = LN ? ck_warp_sum(s) / n : 0.0f, q = 0;
+    #pragma unroll
+    for (int k = 0; k < NV; k++) {
+        i64 c = ((i64)k * 32 + lane) * CK_VEC;
+        if (!FULL && c >= C) continue;
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) {
+            float d = v[k][j] - m;
+            q = fmaf(d, d, q);
+            if (LN) v[k][j] = d;
+        }
+    }
+    *rstd = 1.0f / sqrtf(ck_warp_sum(q) / n + eps);
+}
+
+/* the norm's results of row r from d (ck_staged_row_stats) as ck_norm_row_out finds them;
+ * returns the largest |result| before rounding */
+template <int LN, int NV, bool FULL, class Y, class Aff> static __device__ __forceinline__ float ck_staged_row_out(
+    const CkArgs &a, i64 r, i64 C, const float (&d)[NV][CK_VEC], float rstd, const Aff &aff) {
+    int lane = threadIdx.x & 31;
+    float m = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < NV; k++) {
+        i64 c = ((i64)k * 32 + lane) * CK_VEC;
+        if (!FULL && c >= C) continue;
+        float w[CK_VEC], bias[CK_VEC], out[CK_VEC];
+        aff.get(a, k, c, w, bias);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) {
+            float t = d[k][j] * rstd * w[j];
+            out[j] = LN ? t + bias[j] : t;
+            m = fmaxf(m, fabsf(out[j]));
+        }
+        CkRowSt<Y>::st(a.t[0], r, C, c, out);
+    }
+    return m;
+}
+
+/* Rows r = first, first + step, .. below end and R of a forward norm, each from its staged
+ * copy, the next one fetched before the warp works on the one in hand (x's rows in vectors:
+ * ck_norm_vec_ok; the rings from byte 0 of the dynamic shared memory); the results through Y
+ * into a.t[0]; returns the largest |result| */
+template <int LN, int NV, int SLOT, bool FULL, class Y, class X, class W, class B>
+static __device__ __forceinline__ float ck_staged_rows(const CkArgs &a, i64 first, i64 step, i64 end) {
     static_assert(ck_stage_fits<NV, X, SLOT>(), "a slot holds a row of whole vectors");
+    const CkTensor &x = a.t[1];
+    const i64 C = a.i[0], R = a.i[1];
+    const float n = (float)C, eps = (float)a.f[0];
+    CkNormAffine<LN, NV, ck_norm_holds<LN, NV, W, B>(), W, B> aff;
+    aff.hold(a, C);
     const CkStage<NV, X, SLOT> st{ck_stage_ring<SLOT>(0, 0)};
     if (end > R) end = R;
-    st.fetch(x, first, end, C, 0);
+    st.template fetch<FULL>(x, first, end, C, 0);
     ck_stage_commit();
+    float m = 0.0f;
     int k = 0;
     for (i64 r = first; r < end; r += step, k ^= 1) {
-        st.fetch(x, r + step, end, C, k ^ 1);
+        st.template fetch<FULL>(x, r + step, end, C, k ^ 1);
         ck_stage_commit();
         ck_stage_wait_prev();
-        float v[NV][CK_VEC], mean, rstd;
-        ck_row_load_stats<LN, NV, X>(x, r, C, eps, v, &mean, &rstd, st.slot(k));
-        f(r, v, mean, rstd);
+        float v[NV][CK_VEC], rstd;
+        ck_staged_row_stats<LN, NV, FULL, X>(x, r * C, C, n, eps, st.slot(k), v, &rstd);
+        m = fmaxf(m, ck_staged_row_out<LN, NV, FULL, Y>(a, r, C, v, rstd, aff));
     }
+    return m;
+}
+/* the same, the instance for C: rows of exactly NV 32 vectors test no columns */
+template <int LN, int NV, int SLOT, class Y, class X, class W, class B>
+static __device__ __forceinline__ float ck_staged_norm_rows(const CkArgs &a, i64 first, i64 step, i64 end) {
+    if (a.i[0] == (i64)NV * 32 * CK_VEC) return ck_staged_rows<LN, NV, SLOT, true, Y, X, W, B>(a, first, step, end);
+    return ck_staged_rows<LN, NV, SLOT, false, Y, X, W, B>(a, first, step, end);
 }
 
 /* ST: 0, or the rows staged through slots of ST bytes (the launch has the shared memory) */
@@ -758,13 +916,8 @@ template <int LN, int NV, int ST, class Y, class X, class W, class B> __device__
     float m = 0.0f;
     bool staged = false;
     if constexpr (ST > 0)
-        if ((staged = ck_norm_vec_ok<NV, Y, X, W, B, LN>(a))) {
-            i64 C = a.i[0];
-            ck_staged_rows<LN, NV, ST, X>(a.t[1], CK_ROW_OF_WARP, CK_ROW_STRIDE, a.i[1], a.i[1], C, a.f[0],
-                                          [&](i64 r, const float (&v)[NV][CK_VEC], float mean, float rstd) {
-                                              m = fmaxf(m, ck_norm_row_out<LN, NV, Y, W, B>(a, r, C, v, mean, rstd));
-                                          });
-        }
+        if ((staged = ck_norm_vec_ok<NV, Y, X, W, B, LN>(a)))
+            m = ck_staged_norm_rows<LN, NV, ST, Y, X, W, B>(a, CK_ROW_OF_WARP, CK_ROW_STRIDE, a.i[1]);
     if (!staged) CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_row<LN, NV, Y, X, W, B>(a, r));
     ck_amax_out<Y>(a, m);
 }
@@ -802,6 +955,20 @@ template <class Y, class Q> struct CkTileSt {
     static __device__ __forceinline__ float round(const CkTensor &t, i64 i, float v) {
         return Q::round(t, i, Y::round(t, i, v));
     }
+    /* st_vec at row r, column c (i = r C + c), whose tile address needs no division */
+    static __device__ __forceinline__ void st_row_vec(const CkTensor &t, i64 r, i64 c, const float *v) {
+        float q[CK_VEC];
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) q[j] = Y::round(t, r * t.cols + c + j, v[j]);
+        CkTensor u = t;
+        u.p = (unsigned char *)t.p + (r - t.ncg) * t.group + c;
+        Q::st_vec(u, 0, q);
+    }
+};
+template <class Y, class Q> struct CkRowSt<CkTileSt<Y, Q>> {
+    static __device__ __forceinline__ void st(const CkTensor &t, i64 r, i64, i64 c, const float *v) {
+        CkTileSt<Y, Q>::st_row_vec(t, r, c, v);
+    }
 };
 
 template <int LN, int NV, int BAND, int ST, class Y, class Q, class X, class W, class B>
@@ -820,10 +987,7 @@ __device__ void ck_norm_t(const CkArgs &a) {
     bool staged = false;
     if constexpr (ST > 0)
         if ((staged = ck_norm_vec_ok<NV, CkTileSt<Y, Q>, X, W, B, LN>(b)))
-            ck_staged_rows<LN, NV, ST, X>(a.t[1], first, 1, first + PER_WARP, R, C, a.f[0],
-                                          [&](i64 r, const float (&v)[NV][CK_VEC], float mean, float rstd) {
-                                              ck_norm_row_out<LN, NV, CkTileSt<Y, Q>, W, B>(b, r, C, v, mean, rstd);
-                                          });
+            ck_staged_norm_rows<LN, NV, ST, CkTileSt<Y, Q>, X, W, B>(b, first, 1, first + PER_WARP);
     if (!staged)
         for (i64 r = first; r < first + PER_WARP && r < R; r++) ck_norm_row<LN, NV, CkTileSt<Y, Q>, X, W, B>(b, r);
     __syncthreads();
