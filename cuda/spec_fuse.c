@@ -9,6 +9,8 @@
  *   bias gradients         summed in the transposing quantize of dy (fuse_bias_grads);
  *   group quantizes        per-group scales made in the quantize (fuse_group_quantizes);
  *   input group copies     an activation writes its input's group copy (fuse_input_group_copies);
+ *   elementwise producers  SwiGLU's silu and product computed by the kernels that read them
+ *                          (fuse_inline_elementwise);
  *   cast-transposes        a transposed FP8 copy written with the copy (fuse_cast_transposes);
  *   the loss               cross entropy's forward and backward in one pass over the
  *                          logits (fuse_ce_one_pass), or else the backward reads the
