@@ -882,14 +882,10 @@ static void fuse_inline_elementwise(const Graph *g, CuNodePlan *plans, Arena *a)
         if ((n->op == OP_GELU || n->op == OP_SILU) && n->n_in == 1 && inline_value(n) && plans_own(&plans[i]) &&
             plans[i].n_launch == 1 && fusion_on(g, "fuse.inline_elementwise", n))
             inline_activation(g, uses, plans, n, a);
-        if (n->op != OP_GELU_BWD && n->op != OP_SILU_BWD) continue;
-        const Node *d = n->in[0];
+        const Node *d = ir_inlined_product(g, n, uses);   /* its memory plan's lifetimes too */
         CuNodePlan fused;
-        if (!is_product(d) || d == n->in[1] || uses[d->index].n != 1 || !inline_value(d) ||
-            ir_numel(&d->t) != ir_numel(&n->t) || ir_numel(&d->in[0]->t) != ir_numel(&d->t) ||
-            ir_numel(&d->in[1]->t) != ir_numel(&d->t) || !plans_own(&plans[d->index]) ||
-            plans[d->index].n_launch != 1 || !plans_own(&plans[i]) || plans[i].n_launch != 1 ||
-            !fusion_on(g, "fuse.inline_elementwise", d) || !inline_input_holds(g, d->in[0], n) ||
+        if (!d || !inline_value(d) || !plans_own(&plans[d->index]) || plans[d->index].n_launch != 1 ||
+            !plans_own(&plans[i]) || plans[i].n_launch != 1 || !inline_input_holds(g, d->in[0], n) ||
             !inline_input_holds(g, d->in[1], n) || !plan_inlined(g, n, d, 0, a, &fused))
             continue;
         plans[i] = fused;

@@ -317,6 +317,17 @@ bool ir_quantize_may_rerun_producer(const Node *q, const Uses *uses)
     return true;
 }
 
+const Node *ir_inlined_product(const Graph *g, const Node *u, const Uses *uses)
+{
+    if ((u->op != OP_GELU_BWD && u->op != OP_SILU_BWD) || u->n_in != 2) return NULL;
+    const Node *d = u->in[0];
+    if ((d->op != OP_ADD && d->op != OP_SUB && d->op != OP_MUL) || d == u->in[1] || d->index < 0 ||
+        uses[d->index].n != 1 || ir_numel(&d->t) != ir_numel(&u->t) || ir_numel(&d->in[0]->t) != ir_numel(&d->t) ||
+        ir_numel(&d->in[1]->t) != ir_numel(&d->t) || !ir_choice_on(g, "fuse.inline_elementwise", d))
+        return NULL;
+    return d;
+}
+
 int64_t ir_storage_bytes(const Node *n)
 {
     int64_t lse = ir_attention_lse_offset(n);

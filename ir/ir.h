@@ -459,6 +459,11 @@ Uses *ir_fill_uses(const Graph *g);
  * place, from y's inputs, instead of storing y (cuda/spec_fuse.c); the memory plan keeps
  * those inputs alive until q for it (passes/memplan.c). */
 bool ir_quantize_may_rerun_producer(const Node *q, const Uses *uses);
+/* The product (ADD, SUB, MUL of same-sized operands) that activation gradient u (GELU_BWD,
+ * SILU_BWD) reads as its dy, where u alone reads it and the choice fuse.inline_elementwise is
+ * on at it: the GPU backend computes it inside u's kernel (cuda/spec_fuse.c), so its operands
+ * live until u (passes/memplan.c). NULL otherwise. */
+const Node *ir_inlined_product(const Graph *g, const Node *u, const Uses *uses);
 /* Whether n is a forward value made again in the backward instead of saved (passes/recompute.c
  * marks its copies so: an activation's role in the backward phase). Its bits must be the
  * forward's: a backend computes it as it computes the original (a GEMM's accumulation mode). */

@@ -78,21 +78,17 @@ static void extend_for_producer_reruns(const Graph *g, const Uses *uses, int *la
     }
 }
 
-/* An activation gradient (GELU_BWD, SILU_BWD) whose dy is a product (ADD, SUB, MUL of its
- * size) that nothing else reads: the GPU backend computes the product inside the activation
+/* An activation gradient (GELU_BWD, SILU_BWD) whose dy is a product that nothing else reads
+ * (ir_inlined_product): the GPU backend computes the product inside the activation
  * gradient's kernel (cuda/spec_fuse.c, fuse_inline_elementwise: SwiGLU's silu_bwd(dy * up,
  * gate)) and reads the product's operands there, so they live until then. On Llama 1.1B the
  * MLP's dy then outlives the up projection's gradient GEMMs, which run in between. The choice
  * fuse.inline_elementwise=0 (at the product) keeps the lifetimes as they were. */
 static void extend_for_inline_products(const Graph *g, const Uses *uses, int *last) {
     for (int i = 0; i < g->n_nodes; i++) {
-        const Node *u = g->nodes[i], *d = u->n_in == 2 ? u->in[0] : NULL;
-        if ((u->op != OP_GELU_BWD && u->op != OP_SILU_BWD) || !d || d == u->in[1] ||
-            (d->op != OP_ADD && d->op != OP_SUB && d->op != OP_MUL) || uses[d->index].n != 1 ||
-            ir_numel(&d->t) != ir_numel(&u->t) || !ir_choice_on(g, "fuse.inline_elementwise", d))
-            continue;
+        const Node *d = ir_inlined_product(g, g->nodes[i], uses);
+        if (!d) continue;
         for (int k = 0; k < 2; k++) {
-            if (ir_numel(&d->in[k]->t) != ir_numel(&d->t)) break;
             const Node *refs[2] = {d->in[k], d->in[k]->t.fmt.scale};
             for (int j = 0; j < 2; j++) {
                 if (!refs[j]) continue;

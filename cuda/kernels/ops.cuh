@@ -558,16 +558,14 @@ static __device__ __forceinline__ float ck_row_rstd(float q, i64 C, double eps) 
 
 /* x's part of row r held by this lane, and mean and rstd of the row (every lane gets them) */
 template <int LN, int NV, class X> __device__ __forceinline__ void ck_row_load_stats(
-    const CkTensor &x, i64 r, i64 C, double eps, float (&v)[NV][CK_VEC], float *mean, float *rstd,
-    const unsigned char *staged = nullptr) {
+    const CkTensor &x, i64 r, i64 C, double eps, float (&v)[NV][CK_VEC], float *mean, float *rstd) {
     int lane = threadIdx.x & 31;
     float s = 0;
     #pragma unroll
     for (int k = 0; k < NV; k++) {
         i64 c = ((i64)k * 32 + lane) * CK_VEC;
         if (c < C) {
-            if (staged) X::decode_vec(x, r * C + c, ((const typename X::Raw *)staged)[k * 32 + lane], v[k]);
-            else X::ld_vec(x, r * C + c, v[k]);
+            X::ld_vec(x, r * C + c, v[k]);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) s += v[k][j];
         }
