@@ -516,45 +516,82 @@ static unsigned norm_min_blocks_smem(unsigned threads, int nv, unsigned smem) {
     return b < fit ? b : fit;
 }
 
-bool plan_norm_grads(Spec *s, const NormGrads *ng) {
-    const Node *bx = ng->bx, *y = ng->add ? ng->add : bx, *dy = bx->in[0], *x = bx->in[1];
+/* The fused norm backward of long rows, a block a row (ops.cuh, ck_norm_bwd_block; the choice
+ * norm.bwd_block, per node, on unless 0): rows of more than NORM_BLOCK_COLS columns, whole
+ * vectors, at most NORM_BLOCK_VPT vectors a thread in blocks of up to 256 threads. Its vectors
+ * a thread, 0 where the row does not take it. A grid of NORM_BLOCK_GRID blocks (8 KB of
+ * partials per 1024 columns each), four of 256 threads an SM: 64 registers a thread. */
+enum { NORM_BLOCK_COLS = 1024, NORM_BLOCK_VPT = 4, NORM_BLOCK_GRID = 512 };
+static int norm_block_vpt(const Spec *s, const Node *site, int64_t C) {
+    if (C <= NORM_BLOCK_COLS || C % 8 || (s->g && !ir_choice_on(s->g, "norm.bwd_block", site))) return 0;
+    int64_t vpt = (C / 8 + 255) / 256;
+    return vpt <= NORM_BLOCK_VPT ? (int)vpt : 0;
+}
+
+/* The launch of a fused norm backward's rows, a block a row (vpt vectors a thread), and the
+ * count of its blocks, the partials' rows, at *P */
+static CuLaunch *norm_grads_block(Spec *s, const NormGrads *ng, int vpt, const char *fmts, int64_t *P) {
+    const Node *x = ng->bx->in[1];
     int64_t R = rows_of(&x->t), C = cols_of(&x->t);
-    int nv = row_vectors(C);
-    if (!nv) return spec_fail(s, "a norm row of %lld does not fit a warp's registers", (long long)C);
-    bool ln = bx->op == OP_LAYERNORM_BWD_X;
-    int res = !ng->add ? 0 : ng->add->in[0] == bx ? 2 : 1;
-    const Node *other = res ? ng->add->in[res == 1 ? 0 : 1] : NULL;
-    /* x, dy and the other term staged; without the other term where all three would not leave
-     * room for two blocks an SM (Llama's rows of 2048) */
+    unsigned threads = (unsigned)(((C / 8 + vpt - 1) / vpt + 31) / 32 * 32);
+    *P = R < NORM_BLOCK_GRID ? R : NORM_BLOCK_GRID;
+    need_scratch(s, *P * C * 4 * (ng->sum ? 2 : 1));
+    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)*P, threads, "ck_norm_bwd_block<%d, %d, %d, %s>(a)",
+                              ng->bx->op == OP_LAYERNORM_BWD_X, ng->sum != NULL, vpt, fmts);
+    l->min_blocks = vpt == 1 ? 1024 / threads : 0;
+    return l;
+}
+
+/* The same, a warp a row (ck_norm_bwd_fused): x, dy and the other term staged; without the
+ * other term where all three would not leave room for two blocks an SM (Llama's rows of 2048) */
+static CuLaunch *norm_grads_warps(Spec *s, const NormGrads *ng, int nv, const Node *other, const char *fmts,
+                                  int64_t *P) {
+    const Node *bx = ng->bx, *dy = bx->in[0], *x = bx->in[1];
+    int64_t R = rows_of(&x->t), C = cols_of(&x->t);
     const Tensor *staged[3] = {&x->t, &dy->t, other ? &other->t : NULL};
     unsigned sums = (unsigned)(NORM_GRAD_THREADS / 32 * (ng->sum ? 2 : 1) * nv * 32 * 8 * 4);   /* each warp's */
     int tensors = other ? 3 : 2, st = norm_stage(s, bx, nv, NORM_GRAD_THREADS, staged, tensors, sums);
     if (!st && other) st = norm_stage(s, bx, nv, NORM_GRAD_THREADS, staged, tensors = 2, sums);
     /* a warp a row, the grid capped (a warp then takes every P-th row): staged or not, the same
      * rows of each warp, so the same order of the column sums and the same bits */
-    int64_t P = (R + NORM_GRAD_THREADS / 32 - 1) / (NORM_GRAD_THREADS / 32);
-    if (P > NORM_GRAD_BLOCKS) P = NORM_GRAD_BLOCKS;
-    need_scratch(s, P * C * 4 * (ng->sum ? 2 : 1));
-    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)P, NORM_GRAD_THREADS,
-                              "ck_norm_bwd_fused<%d, %d, %d, %d, %s, %s, %s, %s, %s, %s>(a)", ln, ng->sum != NULL, nv,
-                              st, fmt_arg(s, &y->t), fmt_arg(s, &dy->t), fmt_arg(s, &x->t), fmt_arg(s, &bx->in[2]->t),
-                              other ? fmt_arg(s, &other->t) : F32_ARG, fmt_arg(s, &bx->t));
+    *P = (R + NORM_GRAD_THREADS / 32 - 1) / (NORM_GRAD_THREADS / 32);
+    if (*P > NORM_GRAD_BLOCKS) *P = NORM_GRAD_BLOCKS;
+    need_scratch(s, *P * C * 4 * (ng->sum ? 2 : 1));
+    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)*P, NORM_GRAD_THREADS,
+                              "ck_norm_bwd_fused<%d, %d, %d, %d, %s>(a)", bx->op == OP_LAYERNORM_BWD_X,
+                              ng->sum != NULL, nv, st, fmts);
+    /* each warp's column sums, then the rings of the staged rows */
+    l->smem = sums + (st ? norm_stage_bytes(NORM_GRAD_THREADS, tensors, st) : 0);
+    l->args.i[3] = st ? tensors : 0;
+    /* the bounds from what the body's arguments fix, the most shared memory a launch of it may
+     * take (three rings): launches of one body, with the other term and without, must ask
+     * the same (CuLaunch.min_blocks) */
+    unsigned most = sums + (st ? norm_stage_bytes(NORM_GRAD_THREADS, 3, st) : 0);
+    l->min_blocks = norm_min_blocks_smem(NORM_GRAD_THREADS, nv, most);
+    return l;
+}
+
+bool plan_norm_grads(Spec *s, const NormGrads *ng) {
+    const Node *bx = ng->bx, *y = ng->add ? ng->add : bx, *dy = bx->in[0], *x = bx->in[1];
+    int64_t R = rows_of(&x->t), C = cols_of(&x->t), P;
+    int nv = row_vectors(C), vpt = norm_block_vpt(s, bx, C);
+    if (!nv && !vpt) return spec_fail(s, "a norm row of %lld fits neither kernel of a norm's backward", (long long)C);
+    bool ln = bx->op == OP_LAYERNORM_BWD_X;
+    int res = !ng->add ? 0 : ng->add->in[0] == bx ? 2 : 1;
+    const Node *other = res ? ng->add->in[res == 1 ? 0 : 1] : NULL;
+    char fmts[256];
+    snprintf(fmts, sizeof fmts, "%s, %s, %s, %s, %s, %s", fmt_arg(s, &y->t), fmt_arg(s, &dy->t), fmt_arg(s, &x->t),
+             fmt_arg(s, &bx->in[2]->t), other ? fmt_arg(s, &other->t) : F32_ARG, fmt_arg(s, &bx->t));
+    CuLaunch *l = vpt ? norm_grads_block(s, ng, vpt, fmts, &P) : norm_grads_warps(s, ng, nv, other, fmts, &P);
     arg_node(l, 0, y);
     for (int k = 0; k < 3; k++) arg_node(l, 1 + k, bx->in[k]);
     if (other) arg_node(l, 4, other);
     arg_node(l, 5, bx);
     l->args.n_in = 5;
     l->scratch = 0;
-    /* each warp's column sums, then the rings of the staged rows */
-    l->smem = sums + (st ? norm_stage_bytes(NORM_GRAD_THREADS, tensors, st) : 0);
-    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res, l->args.i[3] = st ? tensors : 0;
+    l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res;
     l->args.f[0] = ln ? IR_FATTR(bx, LAYERNORM_BWD_X, eps) : IR_FATTR(bx, RMSNORM_BWD_X, eps);
     arg_amax_parts(s, l, y);
-    /* the bounds from what the body's arguments fix, the most shared memory a launch of it may
-     * take (three rings): launches of one body, with the other term and without, must ask
-     * the same (CuLaunch.min_blocks) */
-    unsigned most = sums + (st ? norm_stage_bytes(NORM_GRAD_THREADS, 3, st) : 0);
-    l->min_blocks = norm_min_blocks_smem(NORM_GRAD_THREADS, nv, most);
     /* the columns: the weight's gradient (or its accumulator), then the bias's */
     const Node *tw = ng->acc_w ? ng->acc_w->in[0] : ng->bw, *tb = ng->acc_b ? ng->acc_b->in[0] : ng->sum;
     l = spec_launch(s, "normgrads", (unsigned)((C + 31) / 32), 1024, "ck_norm_grads_final<%d, %s, %s, %d, %s, %s>(a)",

@@ -461,6 +461,7 @@ static const ChoiceRule choice_rules[] = {
     {"save.attention_inputs", "0 1", 0, 0, 0},
     {"cuda.pdl", "0 1", 0, 0, 0},
     {"norm.stage", "0 1", 0, 0, 0},
+    {"norm.bwd_block", "0 1", 0, 0, 0},
     {"comm.overlap", "0 1", 0, 0, 0},
     {"comm.bucket_mb", NULL, 1, 1 << 20, 1},
     {"tune.device", NULL, 0, 16, 0},

@@ -1268,6 +1268,158 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
     ck_amax_out<Y>(a, m);
 }
 
+/* A norm's whole backward for long rows, a block a row (spec_ops.c, plan_norm_grads; the
+ * choice norm.bwd_block). ck_norm_bwd_fused gives a row to a warp, so each lane holds NV
+ * vectors of the weight's column sums: for rows of 2048 (Llama 1.1B) they lived in shared
+ * memory, read and written once per element, with three warps an SM's worth of rows in
+ * flight, and the pass moved about 1.0 TB/s. Here the block's threads share a row, thread t
+ * taking vectors t, t + blockDim.x, .. (VPT of them), so that its columns are the same in every
+ * row and their sums stay in registers: VPT x CK_VEC floats (twice with a bias). A row's three
+ * sums (LayerNorm: the mean, then the squared deviations, then sum(g) and sum(g xhat); RMSNorm
+ * the last two) are block sums: each warp's shuffle sum, then every thread adds the warps'
+ * in order (the same bits every run). The next row's x and dy are loaded while this one is
+ * worked on, as stored. Block b leaves row b of the partials in scratch for ck_norm_grads_final, as
+ * ck_norm_bwd_fused does, and the other arguments are its own:
+ * t = {Y (the sum, or dx), dy, x, w, the other term (RES > 0), dx's tensor (its format)};
+ * i = {C, R, RES: 0 none, 1 the other term is the ADD_N's first input, 2 its second};
+ * f = {eps}; scratch: f32 partials [gridDim.x][C] of the weight, then of the bias. */
+template <int LN, int HB, int VPT, class Y, class DY, class X, class W, class RS, class BX>
+__device__ void ck_norm_bwd_block(const CkArgs &a) {
+    __shared__ float2 sums[3][32];
+    i64 C = a.i[0], R = a.i[1];
+    int res = (int)a.i[2];
+    const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
+    bool vec = DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0]) && (!res || RS::vec_ok(a.t[4]));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    /* the block's sum of (v.x, and with both v.y), every thread getting it; sum k of a row
+     * uses its own slots, so a slot is written again only after every thread read it */
+    auto block_sum = [&](int k, float2 v, bool both) {
+        v.x = ck_warp_sum(v.x);
+        if (both) v.y = ck_warp_sum(v.y);
+        if (lane == 0) sums[k][warp] = v;
+        __syncthreads();
+        float2 s = make_float2(0.0f, 0.0f);
+        for (int i = 0; i < warps; i++) {
+            s.x += sums[k][i].x;
+            if (both) s.y += sums[k][i].y;
+        }
+        return s;
+    };
+    auto column = [&](int k) { return ((i64)k * blockDim.x + threadIdx.x) * CK_VEC; };
+    float gw[VPT][CK_VEC], gb[HB ? VPT : 1][CK_VEC], xv[VPT][CK_VEC], dv[VPT][CK_VEC], m = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < VPT; k++)
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) {
+            gw[k][j] = 0.0f;
+            if (HB) gb[HB ? k : 0][j] = 0.0f;
+        }
+    /* the next row's x and dy as stored (a bf16 vector is four registers, eight decoded),
+     * fetched where vectors may be read whole; decoded into xv and dv when its turn comes */
+    typename X::Raw xn[VPT];
+    typename DY::Raw dn[VPT];
+    auto fetch = [&](i64 r) {
+        #pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            i64 c = column(k);
+            if (vec && r < R && c < C) {
+                ck_raw_vec<X>(x.p, ck_vec_index(r * C + c), xn[k]);
+                ck_raw_vec<DY>(dy.p, ck_vec_index(r * C + c), dn[k]);
+            }
+        }
+    };
+    fetch(blockIdx.x);
+    for (i64 r = blockIdx.x; r < R; r += gridDim.x) {
+        #pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            i64 c = column(k);
+            if (c >= C) continue;
+            if (vec) {
+                X::decode_vec(x, r * C + c, xn[k], xv[k]);
+                DY::decode_vec(dy, r * C + c, dn[k], dv[k]);
+            } else {
+                ck_ld8<X>(x, r * C + c, xv[k], false);
+                ck_ld8<DY>(dy, r * C + c, dv[k], false);
+            }
+        }
+        fetch(r + gridDim.x);
+        /* mean and rstd, two passes over the row held in registers as ck_row_load_stats */
+        float s = 0.0f, q = 0.0f, mean = 0.0f;
+        if (LN) {
+            #pragma unroll
+            for (int k = 0; k < VPT; k++)
+                if (column(k) < C)
+                    #pragma unroll
+                    for (int j = 0; j < CK_VEC; j++) s += xv[k][j];
+            mean = block_sum(0, make_float2(s, 0.0f), false).x / (float)C;
+        }
+        #pragma unroll
+        for (int k = 0; k < VPT; k++)
+            if (column(k) < C)
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) {
+                    float d = xv[k][j] - mean;
+                    q = fmaf(d, d, q);
+                }
+        float rstd = 1.0f / sqrtf(block_sum(1, make_float2(q, 0.0f), false).x / (float)C + (float)a.f[0]);
+        /* sum(g) and sum(g xhat) of the row, g = dy w; the columns' sums of dy xhat and dy */
+        float sgf = 0.0f, sgxf = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            i64 c = column(k);
+            if (c >= C) continue;
+            float wv[CK_VEC];
+            ck_ld8<W>(w, c, wv, vec);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                float g = dv[k][j] * wv[j], xh = (xv[k][j] - mean) * rstd;
+                sgf += g;
+                sgxf = fmaf(g, xh, sgxf);
+                gw[k][j] += dv[k][j] * xh;
+                if (HB) gb[HB ? k : 0][j] += dv[k][j];
+            }
+        }
+        float2 t = block_sum(2, make_float2(sgf, sgxf), true);
+        float mg = LN ? t.x / (float)C : 0.0f, mgx = t.y / (float)C;
+        #pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            i64 c = column(k);
+            if (c >= C) continue;
+            float wv[CK_VEC], o[CK_VEC], out[CK_VEC];
+            ck_ld8<W>(w, c, wv, vec);
+            if (res) ck_ld8<RS>(a.t[4], r * C + c, o, vec);
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                float g = dv[k][j] * wv[j], xh = (xv[k][j] - mean) * rstd;
+                out[j] = rstd * (g - mg - xh * mgx);
+                if (res) {
+                    double dx = BX::round(a.t[5], r * C + c + j, out[j]);
+                    out[j] = (float)(res == 1 ? (double)o[j] + dx : dx + (double)o[j]);
+                }
+                m = fmaxf(m, fabsf(out[j]));
+            }
+            if (vec) {
+                Y::st_vec(a.t[0], r * C + c, out);
+            } else {
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) Y::st(a.t[0], r * C + c + j, out[j]);
+            }
+        }
+    }
+    float *out_w = (float *)a.scratch + (i64)blockIdx.x * C, *out_b = (float *)a.scratch + ((i64)gridDim.x + blockIdx.x) * C;
+    #pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        i64 c = column(k);
+        if (c >= C) continue;
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) {
+            out_w[c + j] = gw[k][j];
+            if (HB) out_b[c + j] = gb[HB ? k : 0][j];
+        }
+    }
+    ck_amax_out<Y>(a, m);
+}
+
 /* The second launch of a fused norm backward: column c of the weight's (blockIdx.y 0: t[0],
  * t[1]) or the bias's (1: t[2], t[3]) gradient, the P blocks' partials added in order (32 lanes
  * a column, each over every 32nd block, then the lanes in order, in f64). ACC 0 stores it into

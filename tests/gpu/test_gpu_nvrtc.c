@@ -728,14 +728,108 @@ static void test_norm_stage_plan(void **state) {
     assert_module_compiles(g);
     arena_free(a);
 
+    /* Llama's backward takes a block a row by default (test_norm_block_plan), so its rows
+     * stage with norm.bwd_block=0 */
     a = arena_new();
     g = compile_shape(a, "llama", 4, 2048, 1);
+    ir_set_choice(g, "norm.bwd_block", "0");
     NormStages llama = norm_stages(g, cuda_plan_graph(g, a, why, sizeof why), NULL, 4 * 2048);
     printf("  llama O1 batch 4 x 2048: %d of %d norm launches staged, the backward's %d tensors\n", llama.staged,
            llama.launches, llama.bwd_tensors);
     assert_int_equal(llama.staged, llama.launches);
     assert_int_equal(llama.bwd_tensors, 2);
     arena_free(a);
+}
+
+/* The fused norm backward of rows over 1024 columns, a block a row (spec_ops.c,
+ * norm_grads_block; ck_norm_bwd_block). Per model: the normbwd launches a block a row, and
+ * those a warp a row, by default and with norm.bwd_block=0. Llama 1.1B at batch 4 x 2048
+ * -O1: all 45 (22 layers x 2 and the last) a block a row, a vector a thread (256 threads,
+ * rows of 2048), a grid of 512, launch bounds of four blocks an SM; with the choice off all
+ * 45 a warp a row. GPT-2 d12 (rows of 768): none. GPT-2 d48's rows of 1600 (LayerNorm, a
+ * bias: HB 1) in blocks of 224 threads; Llama 7B's rows of 4096 two vectors a thread. Each of
+ * those compiles (two layers each, -O1 and -O3: x an FP8 copy scaled per group). */
+typedef struct {
+    int block, warps;
+} NormBlocks;
+static NormBlocks norm_blocks(const Graph *g, const CuNodePlan *plans, int64_t rows, int ln, int vpt,
+                              unsigned threads) {
+    NormBlocks n = {0, 0};
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < plans[i].n_launch; k++) {
+            const CuLaunch *l = &plans[i].launch[k];
+            if (strstr(l->body, "ck_norm_bwd_fused<")) n.warps++;
+            if (!strstr(l->body, "ck_norm_bwd_block<")) continue;
+            n.block++;
+            assert_int_equal(template_int(l->body, 0), ln);
+            assert_int_equal(template_int(l->body, 1), ln);   /* LayerNorm has a bias */
+            assert_int_equal(template_int(l->body, 2), vpt);
+            assert_int_equal(l->block, threads);
+            assert_int_equal(l->grid[0], rows < 512 ? rows : 512);
+            assert_int_equal(l->smem, 0);
+            assert_int_equal(l->min_blocks, vpt == 1 ? 1024 / threads : 0);
+        }
+    return n;
+}
+static Graph *norm_model(Arena *a, const char *model, const Define *defs, int n_defs, int batch, int seq, int level,
+                         const char *block) {
+    char path[4500];
+    snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, model);
+    BuildOptions o;
+    memset(&o, 0, sizeof o);
+    o.front.defines = defs;
+    o.front.n_defines = n_defs;
+    o.front.batch = batch;
+    o.front.seq = seq;
+    o.passes.opt_level = level;
+    Choice c = {"norm.bwd_block", block};
+    o.choices = &c;
+    o.n_choices = 1;
+    diag_reset();
+    Graph *g = pipeline_compile(a, path, &o);
+    assert_true(g && !diag_error_count());
+    return g;
+}
+static void test_norm_block_plan(void **state) {
+    (void)state;
+    char why[512];
+    for (int k = 0; k < 2; k++) {
+        Arena *a = arena_new();
+        Graph *g = norm_model(a, "llama", NULL, 0, 4, 2048, 1, k ? "0" : "1");
+        NormBlocks n = norm_blocks(g, cuda_plan_graph(g, a, why, sizeof why), 4 * 2048, 0, 1, 256);
+        printf("  llama O1 batch 4 x 2048, norm.bwd_block=%d: %d backwards a block a row, %d a warp a row\n", !k,
+               n.block, n.warps);
+        assert_int_equal(n.block, k ? 0 : 45);
+        assert_int_equal(n.warps, k ? 45 : 0);
+        arena_free(a);
+    }
+    Arena *a = arena_new();
+    Graph *g = compile_shape(a, "gpt2", 32, 1024, 1);
+    NormBlocks d12 = norm_blocks(g, cuda_plan_graph(g, a, why, sizeof why), 32 * 1024, 1, 1, 0);
+    assert_int_equal(d12.block, 0);
+    assert_int_equal(d12.warps, 25);
+    arena_free(a);
+
+    static const Define d48[] = {{"layers", "2"}, {"dim", "1600"}, {"heads", "25"}};
+    static const Define l7b[] = {{"layers", "2"}, {"dim", "4096"}, {"heads", "32"}, {"kv_heads", "8"},
+                                 {"hidden", "11008"}, {"vocab", "512"}};
+    for (int level = 1; level <= 3; level += 2) {
+        a = arena_new();
+        g = norm_model(a, "gpt2", d48, 3, 2, 64, level, "1");
+        NormBlocks n = norm_blocks(g, cuda_plan_graph(g, a, why, sizeof why), 2 * 64, 1, 1, 224);
+        assert_int_equal(n.block, 5);
+        assert_int_equal(n.warps, 0);
+        assert_module_compiles(g);
+        arena_free(a);
+        a = arena_new();
+        g = norm_model(a, "llama", l7b, 6, 2, 64, level, "1");
+        n = norm_blocks(g, cuda_plan_graph(g, a, why, sizeof why), 2 * 64, 0, 2, 256);
+        printf("  O%d: d48's rows of 1600 and 7B's of 4096 a block a row, each compiled\n", level);
+        assert_int_equal(n.block, 5);
+        assert_int_equal(n.warps, 0);
+        assert_module_compiles(g);
+        arena_free(a);
+    }
 }
 
 /* SwiGLU's elementwise producers inside their readers (spec_fuse.c, fuse_inline_elementwise),
@@ -1186,6 +1280,7 @@ int main(void) {
                                        cmocka_unit_test(test_inverse_scales_plan),
                                        cmocka_unit_test(test_attention_scales_plan),
                                        cmocka_unit_test(test_norm_stage_plan),
+        cmocka_unit_test(test_norm_block_plan),
                                        cmocka_unit_test(test_inline_elementwise_plan),
                                        cmocka_unit_test(test_gelu_epilogue_plan),
                                        cmocka_unit_test(test_loss_one_pass_plan),

@@ -617,33 +617,54 @@ static void test_cast_transposes(void **s) {
  * The nodes of a norm's backward that read the same dy and x — the input gradient, the weight's
  * and the bias's gradients, and the ADD_N of the input gradient and another term — run as one
  * fused pass (spec_fuse.c, fuse_norm_grads): the other nodes' places run nothing. Run in
- * order, every result must match the reference: a LayerNorm of GPT-2's row length with its sum
- * (the other term first), and a Llama-length RMSNorm with no sum, over fresh rows. */
+ * order, every result must match the reference, over fresh rows: rows of up to 1024 take a
+ * warp each (ck_norm_bwd_fused), longer ones a block each (ck_norm_bwd_block, the choice
+ * norm.bwd_block) or, with the choice off for the node, a warp each again. A LayerNorm of
+ * GPT-2 d12's row length with its sum (the other term first); a Llama-length RMSNorm with no
+ * sum; a LayerNorm of GPT-2 d48's 1600 (200 vectors in blocks of 224 threads) with its sum
+ * (the other term second); an RMSNorm of 4096 (two vectors a thread) with a sum; the
+ * Llama-length RMSNorm with a sum, a warp a row. */
 typedef struct {
-    const char *name;
+    const char *name, *kernel;
     Node *members[4];   /* in schedule order */
     int n;
 } NormGroup;
-static NormGroup norm_groups[2];
+enum { NORM_GROUPS = 5 };
+static NormGroup norm_groups[NORM_GROUPS];
 
 static void build_norm_grads(void) {
     int64_t R = gt_int(1, 600);
-    int64_t C[2] = {768, 2048};
-    for (int k = 0; k < 2; k++) {
-        bool ln = k == 0;
-        Node *x = leaf(FMT_BF16, 2, DIMS(R, C[k])), *dy = leaf(FMT_BF16, 1, DIMS(R, C[k]));
-        Node *w = leaf(FMT_BF16, 1, DIMS(C[k]));
+    static const struct {
+        const char *name, *kernel;
+        int64_t C;
+        bool ln;
+        int sum;   /* 0: none, 1: the other term first, 2: second */
+        bool warps;
+    } shapes[NORM_GROUPS] = {
+        {"layernorm 768 backward + bias + sum", "ck_norm_bwd_fused<", 768, true, 1, false},
+        {"rmsnorm 2048 backward", "ck_norm_bwd_block<", 2048, false, 0, false},
+        {"layernorm 1600 backward + bias + sum", "ck_norm_bwd_block<", 1600, true, 2, false},
+        {"rmsnorm 4096 backward + sum", "ck_norm_bwd_block<", 4096, false, 1, false},
+        {"rmsnorm 2048 backward + sum, a warp a row", "ck_norm_bwd_fused<", 2048, false, 1, true},
+    };
+    for (int k = 0; k < NORM_GROUPS; k++) {
+        bool ln = shapes[k].ln;
+        int64_t C = shapes[k].C;
+        Node *x = leaf(FMT_BF16, 2, DIMS(R, C)), *dy = leaf(FMT_BF16, 1, DIMS(R, C));
+        Node *w = leaf(FMT_BF16, 1, DIMS(C));
         NormGroup *g = &norm_groups[k];
-        g->name = ln ? "layernorm backward + bias + sum, fused" : "rmsnorm backward, fused";
+        g->name = shapes[k].name, g->kernel = shapes[k].kernel;
         g->members[g->n++] = op_v(ln ? OP_LAYERNORM_BWD_W : OP_RMSNORM_BWD_W, FMT_BF16, NULL,
                                   Fa(ln ? 1e-5 : 1e-6), IN(dy, x));
         Node *bx = g->members[g->n++] = op_v(ln ? OP_LAYERNORM_BWD_X : OP_RMSNORM_BWD_X, FMT_BF16, NULL,
                                              Fa(ln ? 1e-5 : 1e-6), IN(dy, x, w));
-        if (ln) {
-            Node *other = leaf(FMT_BF16, 1, DIMS(R, C[k]));
-            g->members[g->n++] = op_v(OP_ADD_N, FMT_BF16, NULL, NULL, IN(other, bx));
-            g->members[g->n++] = op_v(OP_SUM_ROWS, FMT_F32, NULL, NULL, IN(dy));
+        if (shapes[k].sum) {
+            Node *other = leaf(FMT_BF16, 1, DIMS(R, C));
+            g->members[g->n++] = shapes[k].sum == 1 ? op_v(OP_ADD_N, FMT_BF16, NULL, NULL, IN(other, bx))
+                                                   : op_v(OP_ADD_N, FMT_BF16, NULL, NULL, IN(bx, other));
         }
+        if (ln) g->members[g->n++] = op_v(OP_SUM_ROWS, FMT_F32, NULL, NULL, IN(dy));
+        if (shapes[k].warps) ir_set_choice(graph, arena_printf(arena, "norm.bwd_block@%d", bx->id), "0");
     }
 }
 
@@ -654,19 +675,19 @@ static void test_norm_grads_fused(void **s) {
     CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
     assert_non_null(plans);
     int failed = 0;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < NORM_GROUPS; k++) {
         NormGroup *g = &norm_groups[k];
         int fused = 0;
         for (int i = 0; i < g->n; i++) {
             const CuNodePlan *p = &plans[g->members[i]->index];
-            for (int l = 0; l < p->n_launch; l++) fused += strstr(p->launch[l].body, "ck_norm_bwd_fused") != NULL;
+            for (int l = 0; l < p->n_launch; l++) fused += strstr(p->launch[l].body, g->kernel) != NULL;
         }
         /* the results: every member's but the input gradient's, which the sum took */
         Tensor *out[4];
         const char *what[4];
         int n_out = 0;
         for (int i = 0; i < g->n; i++)
-            if (!(g->members[i]->op == OP_LAYERNORM_BWD_X && g->n > 2)) {
+            if (i + 1 == g->n || g->members[i + 1]->op != OP_ADD_N) {
                 what[n_out] = ir_op_info(g->members[i]->op)->text;
                 out[n_out++] = &g->members[i]->t;
             }
@@ -681,7 +702,7 @@ static void test_norm_grads_fused(void **s) {
         }
         for (int i = 0; ok && i < g->n; i++) ref_exec_node(g->members[i]);
         bool pass = ok && fused == 1;
-        printf("  %-40s %s\n", g->name, fused == 1 ? "one fused pass" : "NOT FUSED  FAIL");
+        printf("  %-44s %s\n", g->name, fused == 1 ? g->kernel : "NOT FUSED AS EXPECTED  FAIL");
         for (int j = 0; ok && j < n_out; j++) {
             Tensor as_gpu = *out[j];
             as_gpu.data = gpu[j];
