@@ -257,7 +257,8 @@ static void fill_candidate(TuneCandidate *c, const Run *r, const Run *base, doub
     if (!c->ok) snprintf(c->note, sizeof c->note, "losses differ from the default's by %.3g", c->max_rel_diff);
 }
 
-/* The winner: the fastest ok candidate, if it beats the default by more than the noise. */
+/* The winner: the fastest ok candidate, if it beats the default by more than the noise
+ * (rt_tune_noise; the GEMM tuning mode checks only the candidates this can pick). */
 static void pick_winner(TunePoint *p)
 {
     const TuneCandidate *def = NULL, *best = NULL;
@@ -272,9 +273,8 @@ static void pick_winner(TunePoint *p)
         return;
     }
     if (!best || !def || best == def || def->median < 0) return;
-    double noise = fmax((def->max - def->min) / 2, (best->max - best->min) / 2);
-    noise = fmax(noise, 0.01 * def->median);
-    if (def->median - best->median > noise) snprintf(p->winner, sizeof p->winner, "%s", best->value);
+    TuneTime d = {def->median, def->min, def->max}, b = {best->median, best->min, best->max};
+    if (def->median - best->median > rt_tune_noise(d, b)) snprintf(p->winner, sizeof p->winner, "%s", best->value);
 }
 
 static void progress(const Tuner *t, const TunePoint *p, const TuneCandidate *c, int left)

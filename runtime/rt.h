@@ -276,6 +276,24 @@ int rt_st_dtype_bytes(const char *dtype);               /* 0: a dtype this runti
 bool rt_tune_apply(const Graph *g);
 /* Work per task of the CPU loop kernels (cpu_exec.c); FP8C_CPU_TASK_WORK overrides it. */
 void rt_cpu_set_task_work(int64_t work);
+/* A candidate's time in fp8c tune: the median of its runs and their spread; median < 0: not
+ * timed. The rule a winner must pass lives here because two programs apply it: fp8c tune
+ * picks winners by it (compiler/tune.c), and the binary's GEMM tuning mode (cuda/exec_gemm.c)
+ * checks only the candidates it lets win. */
+typedef struct {
+    double median, min, max;
+} TuneTime;
+/* How far below the default's median a candidate's must be for it to win: more than the
+ * larger half-spread of the two, and more than 1% of the default's median. */
+double rt_tune_noise(TuneTime dflt, TuneTime cand);
+/* The candidates of t[0..n) that can still win, fastest first (ties in t's order), into
+ * order[]; returns how many. fp8c tune takes the fastest candidate that passed its checks and
+ * lets it win when it beats the default by more than the noise: a candidate that does not
+ * beat the default by more than the default's part of the noise (its half-spread, 1% of its
+ * median) cannot win, whatever is found about the others. When the default failed its own
+ * checks (dflt_ok false) the fastest candidate that passes wins at any time: every timed one
+ * can. The default itself, if in t, is among them only then. */
+int rt_tune_could_win(TuneTime dflt, bool dflt_ok, const TuneTime *t, int n, int *order);
 
 /* ---------------------------------------------------------------- json.c
  * The runtime's JSON reader (config.json, a shard index, safetensors headers): a document

@@ -9,7 +9,12 @@
  * --threads still override them, which is also how the tuner times the candidates of one
  * binary without rebuilding it. A choice that does not apply here (a tile path this CPU lacks,
  * more threads than the pool allows) is said once and the default kept: the binary still
- * computes the same step, only slower than the record promised. */
+ * computes the same step, only slower than the record promised.
+ *
+ * The rule by which a measured candidate wins is here too (rt_tune_could_win), shared by fp8c
+ * tune, which picks the winners, and the binary's GEMM tuning mode, which spends its checks
+ * only on candidates the rule lets win. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,4 +56,29 @@ bool rt_tune_apply(const Graph *g)
     }
     if (work && !env_set("FP8C_CPU_TASK_WORK")) rt_cpu_set_task_work(work);
     return true;
+}
+
+/* ---------------------------------------------------------------- the winning rule */
+
+static double half_spread(TuneTime t) { return (t.max - t.min) / 2; }
+
+static double default_noise(TuneTime dflt) { return fmax(half_spread(dflt), 0.01 * dflt.median); }
+
+double rt_tune_noise(TuneTime dflt, TuneTime cand) { return fmax(default_noise(dflt), half_spread(cand)); }
+
+int rt_tune_could_win(TuneTime dflt, bool dflt_ok, const TuneTime *t, int n, int *order)
+{
+    int k = 0;
+    if (dflt_ok && dflt.median < 0) return 0;   /* an untimed default is never beaten */
+    for (int i = 0; i < n; i++) {
+        if (t[i].median < 0) continue;
+        if (dflt_ok && !(dflt.median - t[i].median > default_noise(dflt))) continue;
+        int at = k++;   /* insertion: n is a few dozen */
+        while (at > 0 && t[order[at - 1]].median > t[i].median) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = i;
+    }
+    return k;
 }

@@ -551,6 +551,26 @@ static void test_attention_y_point(void **state) {
     assert_true(peak[1] > peak[0]);
 }
 
+/* The rule on its own: fastest first, only what beats the default by more than its noise
+ * (half its spread, at least 1%), everything timed when the default failed its checks. */
+static void test_could_win(void **state) {
+    (void)state;
+    TuneTime dflt = {100, 96, 104};   /* noise 4 */
+    TuneTime t[] = {{100, 96, 104}, {95, 94, 96}, {90, 80, 120}, {97, 97, 97}, {-1, -1, -1}, {50, 49, 51}, {90, 89, 91}};
+    int order[8];
+    int n = rt_tune_could_win(dflt, true, t, 7, order);
+    assert_int_equal(n, 4);   /* 95.0 beats 100 by 5 > 4; 97 does not; the untimed never */
+    assert_int_equal(order[0], 5), assert_int_equal(order[1], 2), assert_int_equal(order[2], 6);
+    assert_int_equal(order[3], 1);
+    n = rt_tune_could_win(dflt, false, t, 7, order);
+    assert_int_equal(n, 6);
+    assert_int_equal(order[4], 3), assert_int_equal(order[5], 0);
+    TuneTime tight = {100, 100, 100};   /* 1% of the median */
+    TuneTime u[] = {{99, 99, 99}, {98.9, 98.9, 98.9}};
+    assert_int_equal(rt_tune_could_win(tight, true, u, 2, order), 1);
+    assert_int_equal(order[0], 1);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
@@ -561,6 +581,7 @@ int main(void) {
         cmocka_unit_test(test_edited_policy_refused),
         cmocka_unit_test(test_unwritable_output),
         cmocka_unit_test(test_list_candidates),  cmocka_unit_test(test_attention_y_point),
+        cmocka_unit_test(test_could_win),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
