@@ -117,13 +117,14 @@ const char *cache_flag_file(const char *word);
  * device, each with its candidates, their times and the winner. */
 #define TUNE_RECORD_FORMAT 1
 #define TUNE_MAX_CANDIDATES 48
+#define TUNE_MAX_POINTS 512     /* a record's points, as fp8c tune allocates them */
 #define TUNE_VALUE_LEN 160     /* a GEMM algorithm is 128 hex digits */
 
 typedef struct {
     char value[TUNE_VALUE_LEN];
     char label[96];            /* for people: a GEMM algorithm's id, tile and stages */
     double median, min, max;   /* step ms (a GEMM's: us); < 0: not measured */
-    double max_rel_diff;       /* against the default's result */
+    double max_rel_diff;       /* against the default's result; < 0: not compared */
     int64_t peak;              /* the memory plan's peak with it, bytes; 0: not built */
     bool ok;                   /* ran, agreed with the default within the tolerance, and fit */
     char note[128];            /* why not */
@@ -201,5 +202,9 @@ int tune_run(const TuneRequest *q);
  * of a --choice, one a line: what a machine without the device can compile ahead (the GPU
  * modules, cached). Measures nothing; returns the exit status. */
 int tune_list_candidates(const TuneRequest *q, FILE *out);
+/* Reads the GEMM report of a binary's tuning mode (FP8C_TUNE_GEMMS, cuda/exec_gemm.c) into r:
+ * its device, and a point per GEMM problem with its winner picked. r->points holds
+ * TUNE_MAX_POINTS. False after a message. */
+bool tune_gemm_report_read(const char *path, TuneRecord *r);
 
 #endif

@@ -26,9 +26,10 @@
  * The choice points (names as in the choice table, ir_choice; docs/tuning.md):
  *  - run-time choices, timed on one binary through the environment that overrides them:
  *    cpu.threads, cpu.tiles, cpu.task_work (runtime/tune.c);
- *  - on a GPU, the cuBLASLt algorithm of every GEMM problem: the binary's tuning mode (FP8C_TUNE_GEMMS=FILE,
- *    cuda/exec.c) times a wide heuristic list on the real operands, checks each algorithm's
- *    output against the default's, and reports them per GEMM;
+ *  - on a GPU, the cuBLASLt algorithm of every GEMM problem: the binary's tuning mode
+ *    (FP8C_TUNE_GEMMS=FILE, cuda/exec_gemm.c) times a wide heuristic list on the real operands,
+ *    then checks the output of those that could win here (rt_tune_could_win: determinism, and
+ *    the error against the default's), and reports them per GEMM, the unchecked ones not ok;
  *  - build-time choices, one binary per candidate: loss.chunks (passes/chunk_loss.c), where the
  *    level saves activations in FP8 whether attention's output is saved or its forward rerun
  *    in the backward (save.attention_y, passes/precision.c), cheap producers saved or made
@@ -62,7 +63,6 @@
 #include "rt.h"
 
 #define TUNE_MAX_STEPS 64
-#define TUNE_MAX_POINTS 512
 #define TUNE_MAX_CHOICES 1024
 #define TUNE_BUILD_POINTS 32   /* build_points' most */
 /* a build-time point's default reuses the default binary's latest timing if it is this recent */
@@ -221,10 +221,10 @@ static double loss_diff(const Run *base, const Run *r)
 
 static double elapsed(const Tuner *t) { return build_clock() - t->t0; }
 
-static TunePoint *add_point(Tuner *t, const char *name, const char *what, const char *dflt)
+static TunePoint *add_point(TuneRecord *r, const char *name, const char *what, const char *dflt)
 {
-    if (t->rec.n_points == TUNE_MAX_POINTS) return NULL;
-    TunePoint *p = &t->rec.points[t->rec.n_points++];
+    if (r->n_points == TUNE_MAX_POINTS) return NULL;
+    TunePoint *p = &r->points[r->n_points++];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
     snprintf(p->what, sizeof p->what, "%s", what);
@@ -330,7 +330,7 @@ static int env_points(const Tuner *t, EnvPoint *out)
 
 static void measure_env_point(Tuner *t, const char *bin, const EnvPoint *e, int *left)
 {
-    TunePoint *p = add_point(t, e->name, e->what, e->dflt);
+    TunePoint *p = add_point(&t->rec, e->name, e->what, e->dflt);
     if (!p) return;
     for (int i = 0; i < e->n; i++) {
         TuneCandidate *c = add_candidate(p, e->values[i]);
@@ -464,7 +464,7 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
 
 static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint *b, int *left)
 {
-    TunePoint *p = add_point(t, b->name, b->what, b->dflt);
+    TunePoint *p = add_point(&t->rec, b->name, b->what, b->dflt);
     if (!p) return;
     for (int i = 0; i < b->n; i++) {
         TuneCandidate *c = add_candidate(p, b->values[i]);
@@ -521,42 +521,34 @@ int tune_list_candidates(const TuneRequest *q, FILE *out)
 
 /* ---------------------------------------------------------------- GEMM algorithms (GPU) */
 
-/* The binary's tuning mode writes {"device": {...}, "gemms": [{"name", "what", "default",
- * "candidates": [{"value", "label", "median", "min", "max", "max_rel_diff", "ok"}]}]}
- * (cuda/exec.c), an entry per GEMM problem (gemm.KEY: every GEMM of the step with the same
- * shapes, types, layouts, epilogue and alignments). Each becomes a point; its winner is picked
- * as any other's. */
-static bool measure_gemms(Tuner *t, const char *bin)
+/* The binary's tuning mode writes {"device": {"description"}, "gemms": [{"name", "what",
+ * "default", "candidates": [{"value", "label", "median", "min", "max", "max_rel_diff", "ok",
+ * "note"}]}]} (cuda/exec_gemm.c), an entry per GEMM problem (gemm.KEY: every GEMM of the step
+ * with the same shapes, types, layouts, epilogue and alignments). Each becomes a point of r;
+ * its winner is picked as any other's. The mode times every candidate but checks (bits of two
+ * runs, error against the default) only those the winning rule could pick: the others come
+ * "ok": false, with no "max_rel_diff" (kept as < 0: not compared) and a note saying so. */
+bool tune_gemm_report_read(const char *path, TuneRecord *r)
 {
-    char *report = tune_path(t, "gemms.json");
-    if (!report) return false;
-    size_t n = strlen(report) + 32;
-    char *env = malloc(n);
-    snprintf(env, n, "FP8C_TUNE_GEMMS=%s", report);
-    const char *envs[] = {env};
-    Run r;
-    build_progress("tune: timing every GEMM's cuBLASLt algorithms (%.0f s so far)", elapsed(t));
-    bool ok = run_binary(t, bin, envs, 1, &r);
     Jv root;
     memset(&root, 0, sizeof root);
-    if (ok) ok = rt_json_read(report, &root);
-    const Jv *dev = ok ? rt_json_get(&root, "device") : NULL, *gemms = ok ? rt_json_get(&root, "gemms") : NULL;
+    if (!rt_json_read(path, &root)) return false;
+    const Jv *dev = rt_json_get(&root, "device"), *gemms = rt_json_get(&root, "gemms");
     const Jv *desc = rt_json_get(dev, "description");
-    if (ok && (!desc || desc->kind != JV_STR || !gemms || gemms->kind != JV_ARR)) {
-        fprintf(stderr, "fp8c: error: %s: the binary's GEMM report lacks \"device\" or \"gemms\"\n", bin);
-        ok = false;
+    if (!desc || desc->kind != JV_STR || !gemms || gemms->kind != JV_ARR) {
+        fprintf(stderr, "fp8c: error: %s: the binary's GEMM report lacks \"device\" or \"gemms\"\n", path);
+        rt_json_free(&root);
+        return false;
     }
-    if (ok) {
-        snprintf(t->rec.device_description, sizeof t->rec.device_description, "%s", desc->str);
-        tune_device_fingerprint(t->rec.device_description, t->rec.device_id);
-    }
-    for (int i = 0; ok && i < gemms->n; i++) {
+    snprintf(r->device_description, sizeof r->device_description, "%s", desc->str);
+    tune_device_fingerprint(r->device_description, r->device_id);
+    for (int i = 0; i < gemms->n; i++) {
         const Jv *gv = &gemms->items[i], *name = rt_json_get(gv, "name"), *what = rt_json_get(gv, "what");
         const Jv *dflt = rt_json_get(gv, "default"), *cands = rt_json_get(gv, "candidates");
         if (!name || name->kind != JV_STR || !dflt || dflt->kind != JV_STR || !cands || cands->kind != JV_ARR ||
             !ir_choice_name_ok(name->str) || !ir_choice_value_ok(dflt->str))
             continue;
-        TunePoint *p = add_point(t, name->str, what && what->kind == JV_STR ? what->str : "", dflt->str);
+        TunePoint *p = add_point(r, name->str, what && what->kind == JV_STR ? what->str : "", dflt->str);
         if (!p) break;
         p->per_gemm = true;
         p->measured = true;
@@ -565,21 +557,44 @@ static bool measure_gemms(Tuner *t, const char *bin)
             if (!val || val->kind != JV_STR || !ir_choice_value_ok(val->str)) continue;
             TuneCandidate *c = add_candidate(p, val->str);
             if (!c) continue;
-            const Jv *label = rt_json_get(cv, "label"), *okv = rt_json_get(cv, "ok");
+            const Jv *label = rt_json_get(cv, "label"), *okv = rt_json_get(cv, "ok"), *note = rt_json_get(cv, "note");
             if (label && label->kind == JV_STR) snprintf(c->label, sizeof c->label, "%s", label->str);
+            if (note && note->kind == JV_STR) snprintf(c->note, sizeof c->note, "%s", note->str);
             const Jv *x;
             if ((x = rt_json_get(cv, "median")) && x->kind == JV_NUM) c->median = x->num;
             if ((x = rt_json_get(cv, "min")) && x->kind == JV_NUM) c->min = x->num;
             if ((x = rt_json_get(cv, "max")) && x->kind == JV_NUM) c->max = x->num;
-            if ((x = rt_json_get(cv, "max_rel_diff")) && x->kind == JV_NUM) c->max_rel_diff = x->num;
-            c->ok = okv && okv->kind == JV_BOOL && okv->num != 0 && c->median >= 0;
+            x = rt_json_get(cv, "max_rel_diff");
+            c->max_rel_diff = x && x->kind == JV_NUM ? x->num : -1;
+            c->ok = okv && okv->kind == JV_BOOL && okv->num != 0 && c->median >= 0 && c->max_rel_diff >= 0;
         }
         pick_winner(p);   /* stored even when it is the default: the binary then times nothing */
     }
-    if (ok)
-        build_progress("tune: %d GEMMs timed on %s (%.0f s so far)", gemms->n, t->rec.device_description,
-                       elapsed(t));
     rt_json_free(&root);
+    return true;
+}
+
+/* The GEMM point: the default binary run once in its tuning mode (FP8C_TUNE_GEMMS), and its
+ * report read into the record. */
+static bool measure_gemms(Tuner *t, const char *bin)
+{
+    char *report = tune_path(t, "gemms.json");
+    if (!report) return false;
+    size_t n = strlen(report) + 32;
+    char *env = malloc(n);
+    if (!env) {
+        free(report);
+        return false;
+    }
+    snprintf(env, n, "FP8C_TUNE_GEMMS=%s", report);
+    const char *envs[] = {env};
+    Run r;
+    build_progress("tune: timing every GEMM's cuBLASLt algorithms (%.0f s so far)", elapsed(t));
+    int before = t->rec.n_points;
+    bool ok = run_binary(t, bin, envs, 1, &r) && tune_gemm_report_read(report, &t->rec);
+    if (ok)
+        build_progress("tune: %d GEMMs timed on %s (%.0f s so far)", t->rec.n_points - before,
+                       t->rec.device_description, elapsed(t));
     unlink(report);
     free(report);
     free(env);

@@ -268,7 +268,8 @@ bool tune_record_write(const TuneRecord *r, const char *path)
             json_ms(f, "median", c->median);
             json_ms(f, "min", c->min);
             json_ms(f, "max", c->max);
-            fprintf(f, ", \"max_rel_diff\": %.3g", c->max_rel_diff);
+            if (c->max_rel_diff >= 0) fprintf(f, ", \"max_rel_diff\": %.3g", c->max_rel_diff);
+            else fputs(", \"max_rel_diff\": null", f);
             if (c->peak > 0) fprintf(f, ", \"peak_mib\": %.1f", (double)c->peak / 1048576.0);
             fprintf(f, ", \"ok\": %s", c->ok ? "true" : "false");
             if (c->note[0]) {

@@ -8,7 +8,10 @@
  * model, fp8c version or device is refused with one line naming which (or, asked to, the
  * defaults are built); a malformed record is one line and a failed build; `fp8c plan --tune`
  * shows the winners beside the defaults; `fp8c tune --list-candidates` names the binaries tune
- * builds, for a machine that compiles ahead what another will measure.
+ * builds, for a machine that compiles ahead what another will measure. On a GPU the binary's
+ * GEMM tuning mode checks only the candidates the winning rule could pick (rt_tune_could_win):
+ * on reports made here, with no GPU, those checks pick the same winner as checking every
+ * candidate, and the unchecked ones reach the record as not ok, with a note and no error.
  *
  * The model is gpt2_tiny cut down to one narrow layer, built without GPU kernels; the record is
  * made once (setup) with a short budget and four steps a run. Records with chosen winners are
@@ -24,6 +27,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include "compiler.h"
 #include "rt.h"
 #include "test_files.h"
 
@@ -551,6 +555,76 @@ static void test_attention_y_point(void **state) {
     assert_true(peak[1] > peak[0]);
 }
 
+/* ---------------------------------------------------------------- the GEMM point's report */
+
+/* A report as the GEMM tuning mode writes it: one problem, its candidates' times, and per
+ * candidate "ok" (NULL: not checked, no max_rel_diff, a note). */
+typedef struct {
+    double median, min, max;
+    const char *ok;     /* "true", "false", or NULL: not checked */
+} ReportCand;
+
+static char *algo_hex(int i) {
+    static char hex[8][129];
+    char *h = hex[i % 8];
+    for (int k = 0; k < 128; k++) h[k] = "0123456789abcdef"[(i * 7 + k) % 16];
+    h[128] = 0;
+    return h;
+}
+
+static void write_report(const char *path, const ReportCand *c, int n) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"device\": {\"description\": \"NVIDIA H200; 132 SMs\"},\n  \"gemms\": [\n    {\"name\": "
+               "\"gemm.00000000deadbeef\", \"default\": \"%s\", \"candidates\": [", algo_hex(0));
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "%s\n      {\"value\": \"%s\", \"label\": \"algo %d\", \"median\": %.3f, \"min\": %.3f, \"max\": %.3f",
+                i ? "," : "", algo_hex(i), i, c[i].median, c[i].min, c[i].max);
+        if (c[i].ok) fprintf(f, ", \"max_rel_diff\": 0.001, \"ok\": %s}", c[i].ok);
+        else fputs(", \"ok\": false, \"note\": \"not checked: not faster than the default by more than the noise\"}", f);
+    }
+    fputs("], \"what\": \"matmul logits: bf16 x bf16 -> bf16, 1 GEMM of the step\"}\n  ]}\n", f);
+    fclose(f);
+}
+
+static const char *report_winner(const ReportCand *c, int n, TuneRecord *r) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/gemms.json", tmp_dir);
+    write_report(path, c, n);
+    memset(r, 0, sizeof *r);
+    r->points = calloc(TUNE_MAX_POINTS, sizeof *r->points);
+    assert_non_null(r->points);
+    assert_true(tune_gemm_report_read(path, r));
+    assert_int_equal(r->n_points, 1);
+    return r->points[0].winner;
+}
+
+/* Unchecked candidates are read as not ok and not compared, with the report's note, and the
+ * record says so: "max_rel_diff": null. */
+static void test_gemm_report_unchecked(void **state) {
+    (void)state;
+    ReportCand c[] = {{100, 99, 101, "true"}, {80, 79, 81, "true"}, {70, 69, 71, NULL}, {120, 118, 122, NULL}};
+    TuneRecord r;
+    const char *winner = report_winner(c, 4, &r);
+    const TunePoint *p = &r.points[0];
+    assert_string_equal(winner, algo_hex(1));   /* the unchecked faster one cannot win */
+    assert_true(p->per_gemm && p->measured);
+    assert_int_equal(p->n_cand, 4);
+    assert_true(p->cand[1].ok && p->cand[1].max_rel_diff > 0);
+    assert_false(p->cand[2].ok);
+    assert_true(p->cand[2].max_rel_diff < 0);
+    assert_non_null(strstr(p->cand[2].note, "not checked"));
+    assert_string_equal(r.device_description, "NVIDIA H200; 132 SMs");
+    snprintf(r.device_kind, sizeof r.device_kind, "cuda");
+    char path[512];
+    snprintf(path, sizeof path, "%s/gemm_record.json", tmp_dir);
+    assert_true(tune_record_write(&r, path));
+    char *text = slurp_path(path);
+    assert_non_null(strstr(text, "\"max_rel_diff\": null, \"ok\": false, \"note\": \"not checked"));
+    free(text);
+    free(r.points);
+}
+
 /* The rule on its own: fastest first, only what beats the default by more than its noise
  * (half its spread, at least 1%), everything timed when the default failed its checks. */
 static void test_could_win(void **state) {
@@ -571,6 +645,51 @@ static void test_could_win(void **state) {
     assert_int_equal(order[0], 1);
 }
 
+/* Checking only what could win, fastest first up to the first that passes, picks the winner
+ * that checking every candidate picks: random times and check outcomes, both reports read
+ * by fp8c tune's own reader and rule. */
+static void test_checks_pick_the_same_winner(void **state) {
+    (void)state;
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (int trial = 0; trial < 300; trial++) {
+        enum { N = 8 };
+        ReportCand all[N], few[N];
+        TuneTime t[N];
+        bool pass[N];
+        for (int i = 0; i < N; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            double med = 80 + (double)(x % 4000) / 100, half = (double)((x >> 16) % 300) / 100;
+            if ((x >> 32) % 7 == 0 && i) med = all[0].median;   /* ties with the default */
+            pass[i] = (x >> 40) % 3 != 0 || (i == 0 && (x >> 48) % 4 != 0);
+            all[i] = (ReportCand){med, med - half, med + half, pass[i] ? "true" : "false"};
+            /* as printed, as the mode decides */
+            char s[64];
+            snprintf(s, sizeof s, "%.3f", med);
+            t[i].median = strtod(s, NULL);
+            snprintf(s, sizeof s, "%.3f", med - half);
+            t[i].min = strtod(s, NULL);
+            snprintf(s, sizeof s, "%.3f", med + half);
+            t[i].max = strtod(s, NULL);
+            few[i] = all[i];
+            if (i) few[i].ok = NULL;
+        }
+        int order[N];
+        int n = rt_tune_could_win(t[0], pass[0], t, N, order);
+        for (int j = 0; j < n; j++) {
+            if (order[j] == 0) continue;
+            few[order[j]].ok = all[order[j]].ok;
+            if (pass[order[j]]) break;
+        }
+        TuneRecord a, b;
+        char want[TUNE_VALUE_LEN];
+        snprintf(want, sizeof want, "%s", report_winner(all, N, &a));
+        const char *got = report_winner(few, N, &b);
+        if (strcmp(want, got)) fail_msg("trial %d: checking every candidate picks %.8s, checking what could win %.8s",
+                                        trial, want, got);
+        free(a.points), free(b.points);
+    }
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const struct CMUnitTest tests[] = {
@@ -581,7 +700,8 @@ int main(void) {
         cmocka_unit_test(test_edited_policy_refused),
         cmocka_unit_test(test_unwritable_output),
         cmocka_unit_test(test_list_candidates),  cmocka_unit_test(test_attention_y_point),
-        cmocka_unit_test(test_could_win),
+        cmocka_unit_test(test_could_win),        cmocka_unit_test(test_gemm_report_unchecked),
+        cmocka_unit_test(test_checks_pick_the_same_winner),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
