@@ -29,6 +29,8 @@
     X(cuMemGetInfo_v2, CUresult, (size_t *, size_t *))                                       \
     X(cuMemAlloc_v2, CUresult, (CUdeviceptr *, size_t))                                      \
     X(cuMemFree_v2, CUresult, (CUdeviceptr))                                                 \
+    X(cuMemAllocHost_v2, CUresult, (void **, size_t))                                        \
+    X(cuMemFreeHost, CUresult, (void *))                                                     \
     X(cuMemcpyHtoD_v2, CUresult, (CUdeviceptr, const void *, size_t))                        \
     X(cuMemcpyDtoH_v2, CUresult, (void *, CUdeviceptr, size_t))                              \
     X(cuMemcpyDtoDAsync_v2, CUresult, (CUdeviceptr, CUdeviceptr, size_t, CUstream))          \
