@@ -451,15 +451,11 @@ static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, TuneBufs *b,
     int *order = malloc(sizeof *order * (size_t)nc);
     bool ok = cand && times && order && tune_save_d(e, b, x, bytes);
 
-    /* the reference: the default's D, twice; then every candidate timed */
+    /* the reference: the default's D, twice (decoded once a candidate needs it); then every
+     * candidate timed */
     GemmCheck def = {0};
     TuneTime def_time = {-1, -1, -1};
     ok = ok && gemm_check(e, x, &x->algo, b, NULL, 0, count, bytes, &def) && def.ran;
-    double scale = 0;
-    if (ok) {
-        num_decode(g->dtype, b->out, b->ref, count);
-        scale = ref_scale(b->ref, count);
-    }
     ok = ok && gemm_time(e, x, &x->algo, b, bytes, &def_time) && def_time.median >= 0;
     for (int c = 0; ok && c < nc; c++) {
         GemmCand *k = &cand[c];
@@ -473,13 +469,19 @@ static bool exec_tune_report_gemm(CudaExec *e, const ExecLaunch *x, TuneBufs *b,
     /* the checks, fastest first, of the candidates that could win, up to the first that passes */
     double tol = gemm_tolerance(g->dtype);
     int n_could = ok ? rt_tune_could_win(def_time, def.deterministic, times, nc, order) : 0;
-    bool passed = false;
+    bool passed = false, have_ref = false;
+    double scale = 0;
     for (int j = 0; ok && j < n_could; j++) {
         GemmCand *k = &cand[order[j]];
         if (k->is_default) continue;
         if (passed) {
             k->note = "not checked: a faster candidate passed the checks";
             continue;
+        }
+        if (!have_ref) {   /* b->out still holds the default's D: decoded only when needed */
+            num_decode(g->dtype, b->out, b->ref, count);
+            scale = ref_scale(b->ref, count);
+            have_ref = true;
         }
         ok = gemm_check(e, x, &x->cands[order[j]].algo, b, b->ref, scale, count, bytes, &k->check);
         k->checked = true;
