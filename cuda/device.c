@@ -28,9 +28,12 @@ static bool dev_probe(char *why, size_t why_len) {
 static bool dev_open(Graph *g, RtMemory *host) {
     dev_exec = cuda_exec_open(g, host, dev_cubin, dev_cubin_size);
     if (!dev_exec) return false;
-    int n = snprintf(dev_desc, sizeof dev_desc, "%s (cuda), %.2f GiB of device memory in use",
-                     cuda_exec_device_name(dev_exec),
-                     (double)cuda_exec_device_bytes(dev_exec) / (1 << 30));
+    double t[4];
+    cuda_exec_setup_times(dev_exec, t);
+    int n = snprintf(dev_desc, sizeof dev_desc, "%s (cuda), %.2f GiB of device memory in use; set up in %.1f s "
+                     "(plan %.1f, module %.1f, launch lists %.1f, upload %.1f)", cuda_exec_device_name(dev_exec),
+                     (double)cuda_exec_device_bytes(dev_exec) / (1 << 30), t[0] + t[1] + t[2] + t[3], t[0], t[1],
+                     t[2], t[3]);
     if (cuda_nccl_active() && n > 0 && (size_t)n < sizeof dev_desc) {
         int buckets = cuda_exec_buckets(dev_exec);
         char how[96] = "after the backward";

@@ -173,6 +173,9 @@ struct CudaExec {
     int n_epilogues;                      /* GEMMs in plans with a fused epilogue */
     int n_gelu, n_dgelu, n_fp8_results;   /* of them: GELU, GELU's backward, an FP8 D */
     ExecList lists[LIST_COUNT];
+    /* seconds of cuda_exec_open: planning and allocation, the module and cuBLASLt, the launch
+     * lists (with the GEMMs' set-ups), the arenas' upload (cuda_exec_setup_times) */
+    double setup_s[4];
     int *batch_run;                       /* per node: nodes in the batched run it starts, else 0 */
     int finite_flag_off;                  /* in aux */
     int ticket_off;                       /* in aux: the kernels' last-block counter */

@@ -273,6 +273,9 @@ int cuda_exec_buckets(const CudaExec *e);
 /* Device memory the executor holds: arenas and workspace. */
 int64_t cuda_exec_device_bytes(const CudaExec *e);
 const char *cuda_exec_device_name(const CudaExec *e);
+/* the seconds cuda_exec_open took: planning and allocation, loading the module and cuBLASLt,
+ * the launch lists with the GEMMs' set-ups, the upload of the arenas */
+void cuda_exec_setup_times(const CudaExec *e, double s[4]);
 
 /* ---------------------------------------------------------------- device.c */
 

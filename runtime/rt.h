@@ -681,6 +681,10 @@ typedef struct {
     void *persistent, *step;
     int64_t persistent_bytes, step_bytes;
     size_t persistent_mapped, step_mapped;   /* what rt_memory_free unmaps */
+    /* nothing has been written to the step arena since it was allocated (all zeros): a device
+     * zeroes its own copy instead of copying it (a training run, whose steps make every value
+     * there; a test that fills inputs there before the device opens leaves it false) */
+    bool step_blank;
 } RtMemory;
 bool rt_memory_bind(Graph *g, RtMemory *m);
 void rt_memory_free(RtMemory *m);

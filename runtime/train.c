@@ -785,6 +785,7 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
     if (removed)
         rt_note("%s: removed %d temp file%s left by interrupted saves", o->out, removed,
                 removed == 1 ? "" : "s");
+    double setup_t0 = train_now_ms();
     if (!rt_memory_bind(g, &mem)) goto out;
 
     Progress p = {.seed = o->seed};
@@ -795,6 +796,9 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
     } else {
         rt_init_params(g, o->seed);
     }
+    /* the steps make every value of the step arena: nothing above wrote to it */
+    mem.step_blank = true;
+    double state_ms = train_now_ms() - setup_t0;
     train_dev = rt_device_select(train_world > 1 && !strcmp(o->device, "auto") ? "cuda" : o->device);
     if (train_dev && train_world > 1 && !train_join(train_dev, o)) train_dev = NULL;
     if (!train_dev || !train_dev->open(g, &mem)) {
@@ -828,6 +832,8 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
             (long long)m.vocab, (long long)mem_bytes, (long long)mem.persistent_bytes,
             (long long)mem.step_bytes, (long long)train.n_tokens);
     if (train_dev != &rt_cpu_device) rt_note("device: %s", train_dev->describe());
+    rt_note("set-up: %.1f s, of which the training state %.1f s (parameters made or read, "
+            "optimizer states)", (train_now_ms() - setup_t0) / 1000, state_ms / 1000);
     if (train_world > 1)
         rt_note("data parallel over %d ranks: a step is %d sequences (%d ranks x batch %d x %d "
                 "micro-steps); rank 0 logs and writes checkpoints", train_world,
