@@ -56,6 +56,12 @@ typedef struct {
      * dequantization scales of a later per-tensor FP8 GEMM (spec_fuse.c, fold_inverse_scales) */
     const float *inv_from[2 * CK_MAX_INVERSE];
     float *inv_to[CK_MAX_INVERSE];
+    /* the last block stores the per-tensor scale of t[0] at scale_to (NULL: none) from the
+     * block maxima the launch leaves, max of the copy's element type scale_max, margin
+     * scale_margin (ops.cuh's ck_amax_out; spec_fuse.c, fold_amax_scales) */
+    float *scale_to;
+    double scale_max;
+    long long scale_margin;
 } CkArgs;
 
 /* A batched launch: one launch of a kernel over n argument blocks in device memory. Block b

@@ -106,6 +106,11 @@ bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr scratch
     }
     a->scratch = l->scratch >= 0 ? (void *)(uintptr_t)(scratch_base + (CUdeviceptr)l->scratch) : NULL;
     a->ticket = (unsigned *)(uintptr_t)(e->aux + (CUdeviceptr)e->ticket_off);
+    if (l->scale_to) {
+        CUdeviceptr p = 0;
+        if (!exec_map_tensor(e, &l->scale_to->t, &p)) return false;
+        a->scale_to = (float *)(uintptr_t)p;
+    }
     return true;
 }
 

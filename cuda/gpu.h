@@ -97,6 +97,9 @@ typedef struct {
     const Node *inv_from[2 * CK_MAX_INVERSE];
     int64_t inv_slot[CK_MAX_INVERSE];
     int n_inv;
+    /* the per-tensor scale (a QUANT_SCALE) that the launch's last block stores from its block
+     * maxima, args' scale_to (spec_fuse.c, fold_amax_scales); NULL: none */
+    const Node *scale_to;
     CuGemm gemm;
 } CuLaunch;
 

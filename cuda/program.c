@@ -137,6 +137,7 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
                     bytes += IR_AMAX_PARTS * 4;
                 }
                 for (int q = 0; q < CK_MAX_TENSORS; q++) add_node(seen, &n_seen, &bytes, l->ref[q].node);
+                add_node(seen, &n_seen, &bytes, l->scale_to);
                 const char *cut = strchr(l->fn, '_');
                 snprintf(name, sizeof name, "%.*s", cut ? (int)(cut - l->fn) : (int)strlen(l->fn), l->fn);
             }

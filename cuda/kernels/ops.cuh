@@ -80,7 +80,17 @@ template <class Y, class Q> struct CkThrough {
  * keeps the grid within them). The maximum is taken of the values before their rounding to
  * Y and rounded once: rounding is monotonic, so that is the maximum of the stored values.
  * i[CK_AMAX_AT]: the slots' byte offset from t[0], 0: none. Every thread of the block calls
- * it, after its last store. */
+ * it, after its last store.
+ *
+ * Where the scale's node would run right after this launch (spec_fuse.c, fold_amax_scales),
+ * the launch stores the scale itself: a.scale_to is set, each block takes a ticket after its
+ * slot (ck_last_block: a fence, then the count), and the block that finishes last reduces the
+ * slots and stores max(elem) / amax / 2^margin as ck_quant_scale_parts would. It reads the
+ * grid's slots only: the others hold zeros, which no maximum of |x| changes (fmaxf from 0 is
+ * exact and does not depend on the order), so the scale has the bits of the separate launch.
+ * A kernel that calls this must not take the ticket for anything else (one counter a launch),
+ * and its grid must be one-dimensional and not batched (gridDim.x is the ticket's count). */
+static __device__ void ck_amax_scale_out(const CkArgs &a, const float *parts);
 template <class Y> static __device__ void ck_amax_out(const CkArgs &a, float m) {
     if (!a.i[CK_AMAX_AT]) return;
     m = ck_block_max(m);
@@ -88,6 +98,7 @@ template <class Y> static __device__ void ck_amax_out(const CkArgs &a, float m) 
     if (threadIdx.x == 0) parts[CK_BLOCK] = Y::round(a.t[0], 0, m);
     if (CK_BLOCK == 0)
         for (i64 k = CK_BLOCKS + threadIdx.x; k < CK_AMAX_PARTS; k += blockDim.x) parts[k] = 0.0f;
+    if (a.scale_to) ck_amax_scale_out(a, parts);
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -1699,6 +1710,13 @@ template <class Y> static __device__ void ck_store_scale(const CkArgs &a, float 
     if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(amax) ? ck_scale_for(a.f[0], amax, a.i[1]) : 1.0f);
 }
 template <class Y> __device__ void ck_quant_scale_final(const CkArgs &a) { ck_store_scale<Y>(a, ck_partials_max(a)); }
+
+/* the scale of ck_amax_out's launch, by its last block (see there) */
+static __device__ void ck_amax_scale_out(const CkArgs &a, const float *parts) {
+    if (!ck_last_block(a)) return;
+    float amax = ck_partials_max(parts, CK_BLOCKS < CK_AMAX_PARTS ? CK_BLOCKS : CK_AMAX_PARTS);
+    if (threadIdx.x == 0) *a.scale_to = ck_amax_usable(amax) ? ck_scale_for(a.scale_max, amax, a.scale_margin) : 1.0f;
+}
 
 /* per-tensor QUANT_SCALE of a value whose producer left its block maxima (amax=1): one block
  * over the CK_AMAX_PARTS slots at byte i[CK_AMAX_AT] of t[1]; i = {.., margin}, f = {max} */
