@@ -424,6 +424,7 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             {"fuse.gemm_gelu", "GELU in the GEMM's epilogue"},
             {"fuse.inverse_scales", "a GEMM's dequantization scales computed by an earlier launch"},
             {"fuse.attention_scales", "attention's result scale computed by its own launches"},
+            {"fuse.amax_scales", "a per-tensor scale stored by the last block of its value's producer"},
         };
         for (size_t i = 0; i < sizeof fusions / sizeof *fusions; i++) {
             p = &out[n++];

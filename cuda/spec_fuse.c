@@ -1075,6 +1075,85 @@ static void fold_attention_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
     }
 }
 
+/* ---------------------------------------------------------------- scales from block maxima
+ * At -O1..-O3 most FP8 copies are scaled by their value's current amax, and the value's
+ * producer leaves its blocks' maxima (ck_amax_out) for a one-block launch that reduces them
+ * and stores the scale (ck_quant_scale_parts): 154 launches of a Llama 1.1B -O1 step, each a
+ * gap on the critical path of the step's serialized kernels. Where that launch would run
+ * right after the producer's, the producer's launch stores the scale from its last block (a
+ * ticket after each block's slot, ck_amax_out), and the scale's node runs nothing: the same
+ * maxima reduced by the same function, divided as ck_store_scale divides, so the same bits.
+ *
+ * Taken, as for attention's scales, where the scale is a plain f32 scalar whose node has no
+ * launch between its place and the producer's launch (the scale's bytes, born at its node, may
+ * be another value's until then, and only the producer's last block writes them, after every
+ * block's reads and stores), and where the launch that writes the maxima is the producer plan's
+ * last, or the launches after it in that plan touch none of the scale's bytes. The writing
+ * launch must be a one-dimensional kernel grid that no other launch is batched with and that
+ * takes the ticket for nothing else; a GEMM group's plan (the executor may run it unfused), a
+ * plan run alone in the evaluation (CuNodePlan.alone) and the update phase are passed over.
+ * The choice fuse.amax_scales=0 (per scale: @ID of the value) keeps the launch. */
+
+/* whether launch l reads or writes a byte of n (or might: a GEMM, a pointer table) */
+static bool launch_touches(const CuLaunch *l, const Node *n) {
+    if (l->kind != CU_KERNEL || l->table) return true;
+    for (int k = 0; k < CK_MAX_TENSORS; k++) {
+        const Node *r = l->ref[k].node;
+        if (r && (fuse_nodes_overlap(r, n) || (l->ref_scale[k] && fuse_nodes_overlap(r->t.fmt.scale, n)))) return true;
+    }
+    for (int k = 0; k < 2 * l->n_inv; k++)
+        if (l->inv_from[k] && fuse_nodes_overlap(l->inv_from[k], n)) return true;
+    return l->scale_to && fuse_nodes_overlap(l->scale_to, n);
+}
+
+/* the launch of plan p that writes x's block maxima and may store qs's scale too; -1: none */
+static int amax_scale_writer(const CuNodePlan *p, const Node *x, const Node *qs) {
+    int64_t at = ir_amax_parts_offset(x);
+    int w = -1;
+    for (int k = 0; k < p->n_launch; k++) {
+        const CuLaunch *l = &p->launch[k];
+        if (l->kind != CU_KERNEL || l->args.i[CK_AMAX_AT] != at || l->ref[0].node != x || l->ref[0].offset) continue;
+        if (w >= 0) return -1;   /* two launches leave maxima: neither has them all */
+        w = k;
+    }
+    if (w < 0) return -1;
+    const CuLaunch *l = &p->launch[w];
+    if (l->batch || l->grid[1] != 1 || l->scale_to) return -1;
+    for (int k = w + 1; k < p->n_launch; k++)
+        if (launch_touches(&p->launch[k], qs)) return -1;
+    return w;
+}
+
+static void fold_amax_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
+    bool *owned = arena_alloc(a, sizeof *owned * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    memset(owned, 0, sizeof *owned * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    for (int i = 1; i < g->n_nodes; i++) {
+        const Node *qs = g->nodes[i], *x = qs->op == OP_QUANT_SCALE ? qs->in[0] : NULL;
+        CuNodePlan *p = &plans[i];
+        if (!x || IR_IATTR(qs, QUANT_SCALE, scaling) != SCALE_PER_TENSOR || p->n_launch != 1 || p->n_absorbed ||
+            p->members || p->alone || strncmp(p->launch[0].body, "ck_quant_scale_parts<", 21) ||
+            qs->t.fmt.elem != FMT_F32 || qs->t.fmt.scaling != SCALE_NONE || qs->t.fmt.codec != CODEC_PLAIN ||
+            ir_numel(&qs->t) != 1 || qs->t.offset < 0 || !ir_amax_parts_offset(x) || qs->phase == PHASE_UPDATE ||
+            !fusion_on(g, "fuse.amax_scales", x))
+            continue;
+        int j = i - 1;   /* the launches right before the scale's: they must leave x's maxima */
+        while (j >= 0 && !plans[j].n_launch) j--;
+        if (j < 0) continue;
+        CuNodePlan *xp = &plans[j];
+        int w = amax_scale_writer(xp, x, qs);
+        if (w < 0 || xp->members || xp->alone || g->nodes[j]->phase != qs->phase || !plan_writes(xp, x) ||
+            xp->n_absorbed >= (int)(sizeof xp->absorbed / sizeof *xp->absorbed))
+            continue;
+        CuLaunch *l = &own_launches(xp, &owned[j], a)[w];
+        l->scale_to = qs;
+        l->args.scale_max = num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem));
+        l->args.scale_margin = IR_IATTR(qs, QUANT_SCALE, margin);
+        xp->absorbed[xp->n_absorbed++] = qs;
+        memset(p, 0, sizeof *p);
+        p->node = qs;
+    }
+}
+
 /* The bytes of the descale area the plans' GEMMs read (fold_inverse_scales). */
 int64_t cuda_plan_descale_bytes(const Graph *g, const CuNodePlan *plans) {
     int64_t bytes = 0;
@@ -1123,6 +1202,7 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
         plans[r] = fused;
     }
     fold_attention_scales(g, plans, a);
+    fold_amax_scales(g, plans, a);
     fold_inverse_scales(g, plans, a);
     return plans;
 }

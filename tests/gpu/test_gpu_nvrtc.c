@@ -620,6 +620,105 @@ static void test_attention_scales_plan(void **state) {
     }
 }
 
+/* Per-tensor scales stored by the last block of the launch that leaves their value's block
+ * maxima (spec_fuse.c, fold_amax_scales): per folded scale, the scale's node has no launch
+ * left and the producer's plan absorbed it; the launch carries the scale node, the largest
+ * value of the scale's element type and its margin, writes the value's maxima (t[0], its
+ * offset), runs a one-dimensional unbatched grid, and no launch runs between its plan and the
+ * scale's place. The qsparts launches left are counted too; switched off, every folded scale
+ * has its launch again. */
+typedef struct {
+    int folded, left;
+} AmaxScaleCount;
+
+static AmaxScaleCount check_amax_scales(const Graph *g, const CuNodePlan *plans) {
+    AmaxScaleCount n = {0, 0};
+    for (int i = 0; i < g->n_nodes; i++) {
+        const CuNodePlan *p = &plans[i];
+        for (int k = 0; k < p->n_launch; k++) {
+            const CuLaunch *l = &p->launch[k];
+            if (l->kind == CU_KERNEL && !strncmp(l->fn, "qsparts", 7)) n.left++;
+            const Node *qs = l->scale_to;
+            if (!qs) {
+                assert_null(l->args.scale_to);
+                continue;
+            }
+            assert_int_equal(qs->op, OP_QUANT_SCALE);
+            assert_int_equal(IR_IATTR(qs, QUANT_SCALE, scaling), SCALE_PER_TENSOR);
+            assert_true(qs->index > i && plans[qs->index].n_launch == 0);
+            for (int j = i + 1; j < qs->index; j++) assert_int_equal(plans[j].n_launch, 0);
+            bool absorbed = false;
+            for (int j = 0; j < p->n_absorbed; j++) absorbed |= p->absorbed[j] == qs;
+            assert_true(absorbed);
+            assert_ptr_equal(l->ref[0].node, qs->in[0]);
+            assert_int_equal(l->args.i[CK_AMAX_AT], ir_amax_parts_offset(qs->in[0]));
+            assert_true(l->args.scale_max == (double)num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem)));
+            assert_int_equal(l->args.scale_margin, IR_IATTR(qs, QUANT_SCALE, margin));
+            assert_true(l->grid[1] == 1 && !l->batch && !p->members && !p->alone);
+            n.folded++;
+        }
+    }
+    return n;
+}
+
+static void test_amax_scales_plan(void **state) {
+    (void)state;
+    char why[512];
+    static const struct {
+        const char *model;
+        int batch, seq, level, folded, left;
+    } cases[] = {
+        {"llama", 4, 2048, 1, 154, 0}, {"llama", 4, 2048, 3, 154, 0}, {"gpt2", 32, 1024, 1, 49, 23},
+        {"gpt2", 32, 1024, 3, 49, 23}, {"gpt2_tiny", 2, 64, 1, 17, 7},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Arena *a = arena_new();
+        Graph *g = compile_shape(a, cases[c].model, cases[c].batch, cases[c].seq, cases[c].level);
+        CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+        AmaxScaleCount on = check_amax_scales(g, plans);
+        ir_set_choice(g, "fuse.amax_scales", "0");
+        plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+        AmaxScaleCount off = check_amax_scales(g, plans);
+        printf("  %s O%d batch %d x %d: %d scales stored by their producer's launch, %d qsparts launches left "
+               "(off: %d)\n", cases[c].model, cases[c].level, cases[c].batch, cases[c].seq, on.folded, on.left, off.left);
+        assert_int_equal(off.folded, 0);
+        assert_int_equal(off.left, on.folded + on.left);
+        if (cases[c].folded >= 0) {
+            assert_int_equal(on.folded, cases[c].folded);
+            assert_int_equal(on.left, cases[c].left);
+        }
+        ir_set_choice(g, "fuse.amax_scales", "1");
+        arena_free(a);
+    }
+    /* every model at every level compiles either way (the kernels' code is the same: the scale
+     * is the launch's argument) */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/models", FP8C_SOURCE_DIR);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t len = strlen(de->d_name);
+        if (len < 7 || strcmp(de->d_name + len - 6, ".model")) continue;
+        char path[4500];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        for (int level = 0; level <= 3; level++)
+            for (int k = 0; k < 2; k++) {
+                Arena *a = arena_new();
+                Choice choice = {"fuse.amax_scales", k ? "0" : "1"};
+                Graph *g = compile_model_choosing(a, path, level, NULL, &choice);
+                assert_non_null(g);
+                AmaxScaleCount n = check_amax_scales(g, cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a));
+                if (k) assert_int_equal(n.folded, 0);
+                printf("  %-20s O%d fuse.amax_scales=%s: %d folded, %d qsparts left\n", de->d_name, level, choice.value,
+                       n.folded, n.left);
+                assert_module_compiles(g);
+                arena_free(a);
+            }
+    }
+    closedir(d);
+}
+
 /* The integer template argument k (0: the first) of a launch's call, "ck_norm<1, 3, 1536, F<..":
  * -1 where it has no such argument */
 static long template_int(const char *body, int k) {
@@ -1131,7 +1230,7 @@ static void test_fusion_switches(void **state) {
     static const char *const kinds[] = {"fuse.producer_quantizes", "fuse.bias_grads", "fuse.group_quantizes", "fuse.input_group_copies",
                                         "fuse.ce_one_pass", "fuse.ce_lse", "fuse.gemm_epilogues",
                                         "fuse.gemm_gelu", "fuse.cast_transposes", "fuse.inverse_scales",
-                                        "fuse.attention_scales"};
+                                        "fuse.attention_scales", "fuse.amax_scales"};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         int changed_at = -1;
         for (int level = 0; level <= 3 && changed_at < 0; level++) {
@@ -1279,6 +1378,7 @@ int main(void) {
                                        cmocka_unit_test(test_cast_transpose_plan),
                                        cmocka_unit_test(test_inverse_scales_plan),
                                        cmocka_unit_test(test_attention_scales_plan),
+                                       cmocka_unit_test(test_amax_scales_plan),
                                        cmocka_unit_test(test_norm_stage_plan),
         cmocka_unit_test(test_norm_block_plan),
                                        cmocka_unit_test(test_inline_elementwise_plan),
