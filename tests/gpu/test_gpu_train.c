@@ -42,8 +42,10 @@
  * the module whose norms read their rows straight from memory rather than staged through
  * shared memory (norm.stage=0: the same bytes decoded, the same values), and, where SwiGLU's silu
  * and product run inside their readers, the step that runs them as kernels of their own
- * (fuse.inline_elementwise=0: the values rounded where their stores would round them), each run
- * twice (the second time from its CUDA graph). */
+ * (fuse.inline_elementwise=0: the values rounded where their stores would round them), and the
+ * step whose per-tensor scales each take a launch over the block maxima again rather than the
+ * last block of the value's producer (fuse.amax_scales=0: the same maxima, the same division),
+ * each run twice (the second time from its CUDA graph). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -386,7 +388,8 @@ static int check_graph(const char *path) {
      * (fuse.attention_scales=0), not by the attention's launches; the norms reading their rows
      * straight from memory (norm.stage=0, a module of its own); elementwise producers run as
      * kernels of their own (fuse.inline_elementwise=0, a module of its own where it changes the
-     * program) */
+     * program); per-tensor scales made by a launch of their own from the block maxima
+     * (fuse.amax_scales=0), not by the producer's last block */
     static const struct {
         const char *name, *value, *dflt;
     } same_bits[] = {
@@ -394,9 +397,10 @@ static int check_graph(const char *path) {
         {"fuse.attention_scales", "0", "1"},
         {"norm.stage", "0", "1"},
         {"fuse.inline_elementwise", "0", "1"},
+        {"fuse.amax_scales", "0", "1"},
     };
-    bool variants_same[4] = {ok, ok, ok, ok};
-    for (int v = 0; v < 4; v++) {
+    bool variants_same[5] = {ok, ok, ok, ok, ok};
+    for (int v = 0; v < 5; v++) {
         ir_set_choice(g, same_bits[v].name, same_bits[v].value);
         const CudaBinary *bv = v == 2 ? &bin_unstaged : v == 3 && inlines ? &bin_apart : &bin;
         CudaExec *ev = ok ? cuda_exec_open(g, &mem, bv->cubin, bv->cubin_size) : NULL;
@@ -414,7 +418,7 @@ static int check_graph(const char *path) {
         ir_set_choice(g, same_bits[v].name, same_bits[v].dflt);
     }
     bool pdl_same = variants_same[0], scales_same = variants_same[1], unstaged_same = variants_same[2];
-    bool apart_same = variants_same[3];
+    bool apart_same = variants_same[3], folded_same = variants_same[4];
     cuda_binary_free(&bin);
     cuda_binary_free(&bin_unstaged);
     if (inlines) cuda_binary_free(&bin_apart);
@@ -472,16 +476,18 @@ static int check_graph(const char *path) {
     bool fp8 = level > 0;
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 5e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
-                e_hist <= 0.1 && same && pdl_same && scales_same && unstaged_same && apart_same;
+                e_hist <= 0.1 && same && pdl_same && scales_same && unstaged_same && apart_same &&
+                folded_same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
            "| update err %.2f | %d histories and scales err %.1e | deterministic %s, launched dependent %s, "
-           "attention scales by a pass %s, norms unstaged %s, producers %s %s | "
+           "attention scales by a pass %s, norms unstaged %s, producers %s %s, scales by their own launch %s | "
            "%d GEMM epilogues (GELU %d, "
            "into FP8 %d, GELU backward %d), %d batched launches%s\n",
            strrchr(path, '/') ? strrchr(path, '/') + 1 : path, level, loss_gpu, loss_ref, e_loss, n_grads, e_grad,
            e_bias, e_gn, e_upd, n_hist, e_hist, same ? "yes" : "NO", pdl_same ? "the same" : "NOT THE SAME",
            scales_same ? "the same" : "NOT THE SAME", unstaged_same ? "the same" : "NOT THE SAME",
-           inlines ? "apart" : "(none inlined)", apart_same ? "the same" : "NOT THE SAME", epilogues, gelu,
+           inlines ? "apart" : "(none inlined)", apart_same ? "the same" : "NOT THE SAME",
+           folded_same ? "the same" : "NOT THE SAME", epilogues, gelu,
            fp8_results, dgelu, batched,
            pass ? "" : "  FAIL");
     if (!pass) failures++;
