@@ -18,7 +18,13 @@
  * Each decides from the graph, its uses and the memory plan's offsets only, so the compiler
  * (which compiles the kernels) and the training binary (which launches them) plan the same.
  * cuda_plan_graph runs the per-node plans and then these; cuda_plan_epilogues is the phases'
- * view with the GEMM epilogues applied. */
+ * view with the GEMM epilogues applied, and then the scales that earlier launches make:
+ *   attention's scales     the attention's last block stores its result's scale
+ *                          (fold_attention_scales);
+ *   scales from maxima     the launch that leaves a value's block maxima stores its
+ *                          per-tensor scale from its last block (fold_amax_scales);
+ *   inverse scales         a GEMM's 1/s by the launch that writes its operand
+ *                          (fold_inverse_scales). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
