@@ -42,7 +42,8 @@ static EpilogueCount count_epilogues(Graph *g, Arena *a) {
             strstr(fused[i].launch[1].body, "ck_colsum_final"))
             n.bias_grads++;
         for (int k = 0; k < fused[i].n_launch; k++)
-            n.norm_grads += strstr(fused[i].launch[k].body, "ck_norm_bwd_fused") != NULL;
+            n.norm_grads += strstr(fused[i].launch[k].body, "ck_norm_bwd_fused") != NULL ||
+                            strstr(fused[i].launch[k].body, "ck_norm_bwd_block") != NULL;   /* rows over 1024 */
         if (!fused[i].members) continue;
         for (int k = 0; k < fused[i].n_launch; k++) {
             const CuGemm *gm = &fused[i].launch[k].gemm;
