@@ -153,7 +153,7 @@ bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out);
 enum { COMM_AMAX, COMM_QUANTIZE, COMM_SUM, COMM_REQUANTIZE, COMM_UNPACK, COMM_KERNELS };
 enum { COMM_THREADS = 256, COMM_MAX_BLOCKS = 1024 };   /* a block's threads; blocks a launch */
 bool cuda_plan_comm(const Node *n, Arena *a, CuNodePlan *out);
-/* The kernels of an e4m3 weight gather (--shard-states=3, kernels/ops.cuh's ck_gather_amax
+/* The kernels of an e4m3 weight gather (--shard-states=3, kernels/reduce.cuh's ck_gather_amax
  * and ck_gather_scale) for QUANT_SCALE node n, per tensor, of a PARAM: the shard's amax, then
  * the scale from the ranks' maximum, for the module's entry points; exec_gather.c fills the
  * argument blocks. False for any other node. */

@@ -231,7 +231,7 @@ static bool plans_own(const CuNodePlan *p) { return p->n_launch > 0 && !p->membe
  * At -O2 and -O3 the backward reads a GELU's (or SiLU's, or a norm's) input x from its copy
  * into 1x16 groups, which a quantize makes right before the activation reads x (its group
  * scales made in the same launch: fuse_group_quantizes). The activation's kernel writes that
- * copy itself from the vectors it reads (ops.cuh, ck_unary_group; a norm's from the rows it
+ * copy itself from the vectors it reads (reduce.cuh, ck_unary_group; a norm's from the rows it
  * reads, ck_norm_group): x is read from memory once instead of twice (GPT-2 d12 at batch 32:
  * 201 MB a layer for the GELU, 50 MB for each norm). The quantize's launch moves to the
  * activation's place, which
@@ -342,7 +342,7 @@ static void fuse_producer_quantizes(const Graph *g, CuNodePlan *plans, Arena *a)
  * backward, and the schedule may bring it up next to the quantize that makes the copy (GPT-2:
  * right after it, or after the GEMM that reads the copy). Where the transpose's bytes are
  * free from the quantize's place on, the quantize writes both layouts from the same 64 x 64
- * tiles in shared memory (ops.cuh, ck_quantize_t; TransformerEngine's cast-transpose), and the
+ * tiles in shared memory (gemm_io.cuh, ck_quantize_t; TransformerEngine's cast-transpose), and the
  * transpose runs nothing: the copy is not read back, one launch less. The quantize that writes
  * the transposed bytes may be
  *  - the transpose's input c itself: a plain quantize, or the second pass of a producer that
@@ -550,7 +550,7 @@ static void fuse_bias_grads(const Graph *g, CuNodePlan *plans, Arena *a) {
 
 /* A quantize into per-group (or 1 x 128 tile) scales, and the QUANT_SCALE that makes those
  * scales from the same x, run as one launch at the quantize's place: each group's scale is
- * stored and its elements quantized through it while x is in registers (ops.cuh,
+ * stored and its elements quantized through it while x is in registers (reduce.cuh,
  * ck_quantize_group), one read of x instead of two. The scale's place then runs nothing. It
  * may move later because nothing before the quantize reads it (every use of the scale is the
  * quantize or after it), the memory plan keeps its bytes from its own place on, and x, which
@@ -663,7 +663,7 @@ static void fuse_ce_lse(const Graph *g, CuNodePlan *plans, Arena *a) {
  * nine launches (d12 at batch 32: 0.25 ms a norm, 6 ms a step). Here they run as two: one pass
  * over the rows that makes dx, adds the other term, and leaves each block's column sums, and
  * one over those partials that stores the gradients or adds them into their accumulators
- * (ops.cuh, ck_norm_bwd_fused and ck_norm_grads_final; llm.c's layernorm_backward does the
+ * (norm.cuh, ck_norm_bwd_fused and ck_norm_grads_final; llm.c's layernorm_backward does the
  * same). dx is rounded to its own format before the sum, as the ADD_N would have read it, so
  * the input gradient has the bits of the unfused nodes; the column sums are added in another
  * (fixed) order, so the weights' gradients agree to rounding.

@@ -465,10 +465,10 @@ static void plan_colsum(Spec *s, int mode, int64_t R, int64_t C, const char *X, 
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
 }
 
-/* the vectors of CK_VEC elements a lane of a norm's warp holds of a row of C (ops.cuh's NV;
+/* the vectors of CK_VEC elements a lane of a norm's warp holds of a row of C (norm.cuh's NV;
  * 0: the row does not fit in registers and goes element by element) */
 static int row_vectors(int64_t C) {
-    enum { ROW_VECS_MAX = 8 };   /* ops.cuh's CK_ROW_VECS */
+    enum { ROW_VECS_MAX = 8 };   /* norm.cuh's CK_ROW_VECS */
     if (C % 8 || C > ROW_VECS_MAX * 32 * 8) return 0;
     return (int)((C + 32 * 8 - 1) / (32 * 8));
 }
@@ -484,7 +484,7 @@ static int row_vectors(int64_t C) {
  * capping them would spill the row. */
 static unsigned norm_min_blocks(unsigned threads, int nv) { return nv > 0 && nv <= 3 ? 32 / (threads / 32) : 0; }
 
-/* A norm's rows staged through shared memory (ops.cuh, CkStage): each warp copies the row it
+/* A norm's rows staged through shared memory (norm.cuh, CkStage): each warp copies the row it
  * takes next by cp.async while it works on the one in hand, so that a row is always in flight
  * (the choice norm.stage, per node, on unless 0). The kernels' ST: the bytes of a slot, a row of
  * nv vectors of the widest of the `n` staged tensors ts, or 0 where the rows are not staged:
@@ -516,7 +516,7 @@ static unsigned norm_min_blocks_smem(unsigned threads, int nv, unsigned smem) {
     return b < fit ? b : fit;
 }
 
-/* The fused norm backward of long rows, a block a row (ops.cuh, ck_norm_bwd_block; the choice
+/* The fused norm backward of long rows, a block a row (norm.cuh, ck_norm_bwd_block; the choice
  * norm.bwd_block, per node, on unless 0): rows of more than NORM_BLOCK_COLS columns, whole
  * vectors, at most NORM_BLOCK_VPT vectors a thread in blocks of up to 256 threads. Its vectors
  * a thread, 0 where the row does not take it. A grid of NORM_BLOCK_GRID blocks (8 KB of

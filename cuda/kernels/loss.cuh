@@ -8,7 +8,7 @@
  * read twice), how many threads share it and how its exponentials are taken decide the loss's
  * speed. Those are the choices ce.threads, ce.shared and ce.exp2 (cuda/spec_ops.c,
  * ce_rows_chosen); the fused and unfused launches follow the same choices, so that each gives
- * the other's bits. Included after ops.cuh, whose block reductions it uses. */
+ * the other's bits. Included after ops.cuh (and norm.cuh, reduce.cuh, gemm_io.cuh), whose block reductions it uses. */
 
 /* e^(x - m) for the values of a row against one m, the way the cross entropy's kernels take it
  * (the choice ce.exp2, spec_ops.c): EX2 = 0, expf(x - m), within an ulp or two of e^(x - m) and
