@@ -868,6 +868,8 @@ __device__ void ck_norm_bwd_block(const CkArgs &a) {
             float wv[CK_VEC], o[CK_VEC], out[CK_VEC];
             ck_ld8<W>(w, c, wv, vec);
             if (res) ck_ld8<RS>(a.t[4], r * C + c, o, vec);
+            /* dx as ck_norm_bwd_fused's last loop makes it; the two loops stay apart: as one
+             * inline function the rows of 2048 spilled 8 bytes a thread here (ptxas, sm_90a) */
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
                 float g = dv[k][j] * wv[j], xh = (xv[k][j] - mean) * rstd;
