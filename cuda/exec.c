@@ -410,10 +410,13 @@ static void fmt_gib(char *out, size_t len, int64_t bytes) {
     snprintf(out, len, "%.2f GiB", (double)bytes / (1 << 30));
 }
 
-static double exec_now_s(void) {
+/* the seconds since *since, which becomes now (cuda_exec_open's set-up times) */
+static double exec_lap_s(double *since) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+    double now = (double)t.tv_sec + 1e-9 * (double)t.tv_nsec, d = now - *since;
+    *since = now;
+    return d;
 }
 
 CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size_t cubin_size) {
@@ -425,7 +428,8 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     CudaExec *e = calloc(1, sizeof *e);
     int *micro_end = NULL;
     if (!e) return NULL;
-    double t0 = exec_now_s(), t1;
+    double lap = 0;
+    exec_lap_s(&lap);
     e->g = g;
     e->host = *host;
     e->arena = arena_new();
@@ -535,12 +539,11 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         rt_error("--device cuda: this binary carries no GPU kernels (built without NVRTC)");
         goto fail;
     }
-    e->setup_s[0] = (t1 = exec_now_s()) - t0;
+    e->setup_s[0] = exec_lap_s(&lap);
     if (!CU_CHECK(CU(cuModuleLoadData)(&e->module, cubin))) goto fail;
     if (!LT_CHECK(CU(cublasLtCreate)(&e->lt))) goto fail;
     e->have_lt = true;
-    e->setup_s[1] = exec_now_s() - t1;
-    t1 = exec_now_s();
+    e->setup_s[1] = exec_lap_s(&lap);
     cuda_device_description(e->desc, sizeof e->desc);
     const char *report = getenv("FP8C_TUNE_GEMMS");
     e->tune_report = report && *report ? report : NULL;
@@ -602,10 +605,9 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     if (e->n_unstored)
         rt_note("%d GEMM set-ups found no tuned algorithm for their problem: they run the heuristic's first",
                 e->n_unstored);
-    e->setup_s[2] = exec_now_s() - t1;
-    t1 = exec_now_s();
+    e->setup_s[2] = exec_lap_s(&lap);
     if (!cuda_exec_push_arenas(e)) goto fail;
-    e->setup_s[3] = exec_now_s() - t1;
+    e->setup_s[3] = exec_lap_s(&lap);
     return e;
 fail:
     free(micro_end);
