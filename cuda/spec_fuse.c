@@ -1039,14 +1039,19 @@ static bool attn_tc_result_launch(const CuLaunch *l) {
     return false;
 }
 
+/* whether a scale's node is one plain f32 value, which a kernel can store as a float */
+static bool plain_scalar(const Node *qs) {
+    return qs->t.fmt.elem == FMT_F32 && qs->t.fmt.scaling == SCALE_NONE && qs->t.fmt.codec == CODEC_PLAIN &&
+           ir_numel(&qs->t) == 1;
+}
+
 static void fold_attention_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
     for (int i = 1; i < g->n_nodes; i++) {
         const Node *qs = g->nodes[i], *x = qs->op == OP_QUANT_SCALE ? qs->in[0] : NULL;
         CuNodePlan *p = &plans[i];
         if (!x || (x->op != OP_ATTENTION && x->op != OP_ATTENTION_BWD) ||
             IR_IATTR(qs, QUANT_SCALE, scaling) != SCALE_PER_TENSOR || p->n_launch != 1 || p->n_absorbed ||
-            p->members || strncmp(p->launch[0].body, "ck_quant_scale_tensor<", 22) || qs->t.fmt.elem != FMT_F32 ||
-            qs->t.fmt.scaling != SCALE_NONE || qs->t.fmt.codec != CODEC_PLAIN || ir_numel(&qs->t) != 1 ||
+            p->members || strncmp(p->launch[0].body, "ck_quant_scale_tensor<", 22) || !plain_scalar(qs) ||
             x->index < 0 || x->index >= i || !fusion_on(g, "fuse.attention_scales", x))
             continue;
         CuNodePlan *xp = &plans[x->index];
@@ -1138,8 +1143,7 @@ static void fold_amax_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
         CuNodePlan *p = &plans[i];
         if (!x || IR_IATTR(qs, QUANT_SCALE, scaling) != SCALE_PER_TENSOR || p->n_launch != 1 || p->n_absorbed ||
             p->members || p->alone || strncmp(p->launch[0].body, "ck_quant_scale_parts<", 21) ||
-            qs->t.fmt.elem != FMT_F32 || qs->t.fmt.scaling != SCALE_NONE || qs->t.fmt.codec != CODEC_PLAIN ||
-            ir_numel(&qs->t) != 1 || qs->t.offset < 0 || !ir_amax_parts_offset(x) || qs->phase == PHASE_UPDATE ||
+            !plain_scalar(qs) || qs->t.offset < 0 || !ir_amax_parts_offset(x) || qs->phase == PHASE_UPDATE ||
             !fusion_on(g, "fuse.amax_scales", x))
             continue;
         int j = i - 1;   /* the launches right before the scale's: they must leave x's maxima */
