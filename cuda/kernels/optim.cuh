@@ -24,8 +24,12 @@
  * side values that are a group's maximum come out bit for bit (sqrtf is correctly rounded, and
  * the f32 square root of an f32 equals the f64 one rounded), k within a few f32 ulps, and a code
  * lands one step from the reference's only where the two straddle a rounding point
- * (tests/gpu/test_gpu_ops.c states the bounds). In f64, with a warp per 128 elements and a byte
- * a lane per access, the update of GPT-2 d12's states took 5.2 ms at -O3 on an H200. */
+ * (tests/gpu/test_gpu_ops.c states the bounds). The divisions of the codecs take no division
+ * instruction: a decode reads its code's table (ck_code_table_fill), an encode multiplies by
+ * its group's reciprocal and corrects (ck_div_by, ck_div_unit), with the division's rounding.
+ * In f64, with a warp per 128 elements and a byte a lane per access, the update of GPT-2 d12's
+ * states took 5.2 ms at -O3 on an H200; in f32 with a division per code, 2.0 ms, and Llama
+ * 1.1B's 17.8 ms (0.7 TB/s, bound by the divisions' instructions). */
 
 #define CK_EXPAND_RANGE 28672.0f   /* e4m3's normal range, 448 / 2^-6 */
 #define CK_EXPAND_K_MAX 16.0f
@@ -49,6 +53,50 @@ template <int LANES> static __device__ __forceinline__ float ck_lanes_min(float 
     return m;
 }
 
+/* The value of each of a coded state's 256 codes before its group's side values: z / (254 - |z|)
+ * (companding), z / (510 - z) (sqrt), |d| / 448 (range expansion). Each block fills the tables
+ * of its states once, with the f32 operations that decoding a byte did, so that a decode is a
+ * read of shared memory and a product, bit for bit as before. A division per element and state
+ * was most of the update's instructions: at -O3 it ran at 0.7 TB/s, bound by them. */
+#define CK_CODES 256
+template <int C> static __device__ __forceinline__ void ck_code_table_fill(float *tab) {
+    if (C == CODEC_PLAIN) return;
+    for (int q = threadIdx.x; q < CK_CODES; q += blockDim.x) {
+        float z = C == CODEC_COMPAND ? (float)(signed char)q : (float)q;
+        unsigned char b = (unsigned char)q;
+        tab[q] = C == CODEC_EXPAND ? fabsf(Elem<FMT_E4M3>::ld(&b, 0)) / 448.0f
+                 : C == CODEC_COMPAND ? z / (254.0f - fabsf(z))
+                                      : z / (510.0f - z);
+    }
+}
+
+/* a / d for 1 <= d <= 2 and |a| <= 2: the IEEE division's own fast path (the hardware's
+ * reciprocal, one Newton step, the quotient corrected by a fused multiply-add), which rounds as
+ * the division does for such operands down to |a| = 2^-100 (below, the quotient loses its last
+ * bits, and every code it feeds is zero); without the range check and slow path that the
+ * division adds for operands near the ends of the f32 range */
+static __device__ __forceinline__ float ck_div_unit(float a, float d) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    r = fmaf(r, fmaf(-d, r, 1.0f), r);
+    float q = a * r;
+    return fmaf(fmaf(-d, q, a), r, q);
+}
+
+/* x / c for the values of a group over its one divisor c, given rc = ck_recip(c): a product
+ * and its correction by a fused multiply-add (ck_div_unit's last steps), which round as the
+ * division does while c and |x| are at least 2^-100 and c at most 2^100, so that the residual
+ * is a normal number (Markstein's theorem for a correctly rounded 1 / c); the division itself
+ * elsewhere (rc = 0 says so for the whole group) */
+static __device__ __forceinline__ float ck_recip(float c) {
+    return c >= 0x1p-100f && c <= 0x1p100f ? 1.0f / c : 0.0f;
+}
+static __device__ __forceinline__ float ck_div_by(float x, float c, float rc) {
+    if (rc == 0.0f || !(fabsf(x) >= 0x1p-100f)) return x / c;
+    float q = x * rc;
+    return fmaf(fmaf(-c, q, x), rc, q);
+}
+
 /* 2^e, e in [-126, 127], from its bits */
 static __device__ __forceinline__ float ck_pow2i(int e) { return __int_as_float((e + 127) << 23); }
 
@@ -68,9 +116,9 @@ static __device__ __forceinline__ float ck_split_per_unit(float x, int b) {
  * bytes of elements < n (0 beyond) */
 static __device__ __forceinline__ void ck_ld8_bytes(const CkTensor &t, i64 i, i64 n, bool full, unsigned char *b) {
     if (full) {
-        CkRaw<8> r = ((const CkRaw<8> *)t.p)[i / 8];
+        uint2 r = ((const uint2 *)t.p)[i / 8];
         #pragma unroll
-        for (int j = 0; j < 8; j++) b[j] = r.b[j];
+        for (int j = 0; j < 8; j++) b[j] = (unsigned char)((j < 4 ? r.x : r.y) >> (8 * (j & 3)));
         return;
     }
     #pragma unroll
@@ -78,10 +126,10 @@ static __device__ __forceinline__ void ck_ld8_bytes(const CkTensor &t, i64 i, i6
 }
 static __device__ __forceinline__ void ck_st8_bytes(const CkTensor &t, i64 i, i64 n, bool full, const unsigned char *b) {
     if (full) {
-        CkRaw<8> r;
+        uint2 r = make_uint2(0u, 0u);
         #pragma unroll
-        for (int j = 0; j < 8; j++) r.b[j] = b[j];
-        ((CkRaw<8> *)t.p)[i / 8] = r;
+        for (int j = 0; j < 8; j++) (j < 4 ? r.x : r.y) |= (unsigned)b[j] << (8 * (j & 3));
+        ((uint2 *)t.p)[i / 8] = r;
         return;
     }
     #pragma unroll
@@ -89,9 +137,39 @@ static __device__ __forceinline__ void ck_st8_bytes(const CkTensor &t, i64 i, i6
         if (i + j < n) ((unsigned char *)t.p)[i + j] = b[j];
 }
 
-/* the 8 elements at i of a state (format X, or coded by C), those < n (0 beyond) */
+/* 8 two-byte values at element i (a multiple of 8): one 16-byte access where full, else those
+ * of elements < n (0 beyond) */
+static __device__ __forceinline__ void ck_ld8_u16(const CkTensor &t, i64 i, i64 n, bool full, unsigned short *h) {
+    if (full) {
+        uint4 r = ((const uint4 *)t.p)[i / 8];
+        unsigned w[4] = {r.x, r.y, r.z, r.w};
+        #pragma unroll
+        for (int j = 0; j < 8; j++) h[j] = (unsigned short)(w[j / 2] >> (16 * (j & 1)));
+        return;
+    }
+    #pragma unroll
+    for (int j = 0; j < 8; j++) h[j] = i + j < n ? ((const unsigned short *)t.p)[i + j] : 0;
+}
+static __device__ __forceinline__ void ck_st8_u16(const CkTensor &t, i64 i, i64 n, bool full, const unsigned short *h) {
+    if (full) {
+        uint4 r;
+        r.x = h[0] | (unsigned)h[1] << 16;
+        r.y = h[2] | (unsigned)h[3] << 16;
+        r.z = h[4] | (unsigned)h[5] << 16;
+        r.w = h[6] | (unsigned)h[7] << 16;
+        ((uint4 *)t.p)[i / 8] = r;
+        return;
+    }
+    #pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (i + j < n) ((unsigned short *)t.p)[i + j] = h[j];
+}
+
+/* the 8 elements at i of a state (format X, or coded by C through its code table tab), those
+ * < n (0 beyond) */
 template <int C, class X> static __device__ __forceinline__ void ck_state_ld8(const CkTensor &t, i64 i, i64 n,
-                                                                               bool full, float *x) {
+                                                                               bool full, float *x,
+                                                                               const float *tab = nullptr) {
     if (C == CODEC_PLAIN) {
         if (full && X::vec_ok(t)) {
             X::ld_vec(t, i, x);
@@ -113,22 +191,18 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_ld8(co
         float c = p[(i / 128) * 2], inv_k = 1.0f / p[(i / 128) * 2 + 1];
         #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float d = Elem<FMT_E4M3>::ld(q, j);
-            float a = c * ck_pow_fast(fabsf(d) / 448.0f, inv_k);
-            x[j] = signbit(d) ? -a : a;
+            float a = c * ck_pow_fast(tab[q[j]], inv_k);   /* e4m3's sign is the code's top bit */
+            x[j] = q[j] & 0x80 ? -a : a;
         }
     } else if (C == CODEC_COMPAND) {   /* amax z / (2 - |z|), z = q / 127 */
         float c = p[i / 32];
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float z = (float)(signed char)q[j];
-            x[j] = c * (z / (254.0f - fabsf(z)));
-        }
+        for (int j = 0; j < 8; j++) x[j] = c * tab[q[j]];
     } else {   /* CODEC_SQRT: (p z / (2 - z))^2, z = q / 255 */
         float c = p[i / 32];
         #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float z = (float)q[j], r = z / (510.0f - z) * c;
+            float r = tab[q[j]] * c;
             x[j] = r * r;
         }
     }
@@ -172,9 +246,10 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_st8(co
             p[(i / 128) * 2 + 1] = k;
         }
         bool finite = c > 0.0f && c < CK_INF;
+        float rc = ck_recip(c);
         #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float y = finite ? 448.0f * ck_pow_fast(fabsf(x[j]) / c, k) : 0.0f;
+            float y = finite ? 448.0f * ck_pow_fast(ck_div_by(fabsf(x[j]), c, rc), k) : 0.0f;
             Elem<FMT_E4M3>::st(q, j, signbit(x[j]) ? -y : y);
         }
     } else if (C == CODEC_COMPAND) {   /* groups of 32, 4 lanes: round(127 2y / (1 + |y|)), y = x / amax */
@@ -185,24 +260,28 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_st8(co
         float c = ck_lanes_absmax_nan<4>(m);
         if (lane % 4 == 0 && i < n) p[i / 32] = c;
         bool finite = c > 0.0f && c < CK_INF;
+        float rc = ck_recip(c);
         #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float y = finite ? x[j] / c : 0.0f;
-            q[j] = (unsigned char)(signed char)rintf(127.0f * (2.0f * y / (1.0f + fabsf(y))));
+            float y = finite ? ck_div_by(x[j], c, rc) : 0.0f;
+            q[j] = (unsigned char)(signed char)rintf(127.0f * ck_div_unit(2.0f * y, 1.0f + fabsf(y)));
         }
     } else {   /* CODEC_SQRT, groups of 32, 4 lanes: round(255 2y / (1 + y)), y = sqrt(v) / max sqrt(v); v > 0: >= 1 */
-        float m = 0.0f;
+        float m = 0.0f, sq[8];
         #pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (i + j < n) m = ck_absmax_nan(m, x[j] > 0.0f ? sqrtf(x[j]) : x[j] != x[j] ? CK_NAN : 0.0f);
+        for (int j = 0; j < 8; j++) {
+            sq[j] = x[j] > 0.0f ? sqrtf(x[j]) : x[j] != x[j] ? CK_NAN : 0.0f;
+            if (i + j < n) m = ck_absmax_nan(m, sq[j]);
+        }
         float c = ck_lanes_absmax_nan<4>(m);
         if (lane % 4 == 0 && i < n) p[i / 32] = c;
         bool finite = c > 0.0f && c < CK_INF;
+        float rc = ck_recip(c);
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             bool pos = finite && x[j] > 0.0f;
-            float y = pos ? sqrtf(x[j]) / c : 0.0f;
-            float r = 255.0f * (2.0f * y / (1.0f + y));
+            float y = pos ? ck_div_by(sq[j], c, rc) : 0.0f;
+            float r = 255.0f * ck_div_unit(2.0f * y, 1.0f + y);
             /* rint(r) < 1 exactly when r <= 0.5 (the tie rounds to the even 0) */
             q[j] = (unsigned char)(pos && r <= 0.5f ? 1.0f : rintf(r));
         }
@@ -217,12 +296,12 @@ template <int MK, class P, class W, int AT>
 static __device__ __forceinline__ void ck_update_w_ld8(const CkArgs &a, i64 i, i64 n, bool full, float *w) {
     if (MK == 2) {   /* w = hi + lo ulp(hi) / 256 (codec_split_decode) */
         unsigned char lo[8];
+        unsigned short hi[8];
         ck_ld8_bytes(a.t[AT], i, n, full, lo);
+        ck_ld8_u16(a.t[0], i, n, full, hi);
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            unsigned short hi = i + j < n ? ((const unsigned short *)a.t[0].p)[i + j] : 0;
-            w[j] = __uint_as_float((unsigned)hi << 16) + (float)(signed char)lo[j] * ck_split_unit(ck_split_b(hi));
-        }
+        for (int j = 0; j < 8; j++)
+            w[j] = __uint_as_float((unsigned)hi[j] << 16) + (float)(signed char)lo[j] * ck_split_unit(ck_split_b(hi[j]));
     } else if (MK == 1 && full) {
         W::ld_vec(a.t[AT], i, w);
     } else if (MK == 1) {
@@ -242,12 +321,13 @@ template <int MK, class P, class W, int AT>
 static __device__ __forceinline__ void ck_update_w_st8(const CkArgs &a, i64 i, i64 n, bool full, const float *w) {
     if (MK == 2) {
         unsigned char lo[8];
+        unsigned short hi[8];
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             __nv_bfloat16 hb = __float2bfloat16_rn(w[j]);
             unsigned short h = *(unsigned short *)&hb;
             float hf = __uint_as_float((unsigned)h << 16);
-            if (i + j < n) ((unsigned short *)a.t[0].p)[i + j] = h;
+            hi[j] = h;
             signed char l = 0;
             if (isfinite(hf)) {
                 float r = rintf(ck_split_per_unit(w[j] - hf, ck_split_b(h)));
@@ -255,6 +335,7 @@ static __device__ __forceinline__ void ck_update_w_st8(const CkArgs &a, i64 i, i
             }
             lo[j] = (unsigned char)l;
         }
+        ck_st8_u16(a.t[0], i, n, full, hi);
         ck_st8_bytes(a.t[AT], i, n, full, lo);
         return;
     }
@@ -284,6 +365,7 @@ template <class P, class G, class LR, class ST, class CL, class GS, int MC, clas
           int MK, class W, class CP, int COPY_AT>
 __device__ void ck_adamw_coded(const CkArgs &a) {
     __shared__ float k[4];   /* lr, gmul, 1 / bc1, 1 / bc2: in f64 once per block, kept in f32 */
+    __shared__ float mtab[MC == CODEC_PLAIN ? 1 : CK_CODES], vtab[VC == CODEC_PLAIN ? 1 : CK_CODES];
     float b1 = (float)a.f[0], b2 = (float)a.f[1], eps = (float)a.f[2], wd = (float)a.f[3];
     float c1 = (float)(1 - a.f[0]), c2 = (float)(1 - a.f[1]);
     if (threadIdx.x == 0) {
@@ -293,6 +375,8 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
         k[2] = (float)(1 / (1 - pow(a.f[0], step)));
         k[3] = (float)(1 / (1 - pow(a.f[1], step)));
     }
+    ck_code_table_fill<MC>(mtab);
+    ck_code_table_fill<VC>(vtab);
     __syncthreads();
     i64 n = a.t[0].n, chunks = (n + CK_CODED_CHUNK - 1) / CK_CODED_CHUNK;
     int lane = threadIdx.x & 31;
@@ -301,7 +385,8 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
     bool wide = n % 8 == 0 && G::vec_ok(a.t[1]) &&
                 (MC == CODEC_PLAIN || (unsigned long long)a.t[2].p % 8 == 0) &&
                 (VC == CODEC_PLAIN || (unsigned long long)a.t[3].p % 8 == 0) &&
-                (MK == 2 ? (unsigned long long)a.t[8].p % 8 == 0 : P::vec_ok(a.t[0])) &&
+                (MK == 2 ? (unsigned long long)a.t[8].p % 8 == 0 && (unsigned long long)a.t[0].p % 16 == 0
+                         : P::vec_ok(a.t[0])) &&
                 (MK != 1 || W::vec_ok(a.t[8]));
     float copy_max = 0.0f;
     for (i64 ch = warp; ch < chunks; ch += warps) {
@@ -309,8 +394,8 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
         bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
         float g[8], m[8], v[8], w[8];
         ck_state_ld8<CODEC_PLAIN, G>(a.t[1], i, n, full, g);   /* the gradient, a plain state's way */
-        ck_state_ld8<MC, M>(a.t[2], i, n, full, m);
-        ck_state_ld8<VC, V>(a.t[3], i, n, full, v);
+        ck_state_ld8<MC, M>(a.t[2], i, n, full, m, mtab);
+        ck_state_ld8<VC, V>(a.t[3], i, n, full, v, vtab);
         ck_update_w_ld8<MK, P, W, 8>(a, i, n, full, w);
         #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -356,19 +441,22 @@ template <int KIND, int NESTEROV, class P, class G, class LR, class CL, class GS
           class W, class CP, int COPY_AT>
 __device__ void ck_momentum_coded(const CkArgs &a) {
     __shared__ float k[2];   /* lr, gmul */
+    __shared__ float mtab[MC == CODEC_PLAIN ? 1 : CK_CODES];
     float b1 = (float)a.f[0], b2 = (float)a.f[1], wd = (float)a.f[2];
     float c1 = (float)(1 - a.f[0]), c2 = (float)(1 - a.f[1]);
     if (threadIdx.x == 0) {
         k[0] = LR::ld(a.t[3], 0);
         k[1] = (float)((double)GS::ld(a.t[6], 0) * (double)CL::ld(a.t[5], 0));
     }
+    ck_code_table_fill<MC>(mtab);
     __syncthreads();
     i64 n = a.t[0].n, chunks = (n + CK_CODED_CHUNK - 1) / CK_CODED_CHUNK;
     int lane = threadIdx.x & 31;
     i64 warp = (CK_BLOCK * blockDim.x + threadIdx.x) >> 5, warps = (CK_BLOCKS * blockDim.x) >> 5;
     bool wide = n % 8 == 0 && G::vec_ok(a.t[1]) &&
                 (MC == CODEC_PLAIN || (unsigned long long)a.t[2].p % 8 == 0) &&
-                (MK == 2 ? (unsigned long long)a.t[7].p % 8 == 0 : P::vec_ok(a.t[0])) &&
+                (MK == 2 ? (unsigned long long)a.t[7].p % 8 == 0 && (unsigned long long)a.t[0].p % 16 == 0
+                         : P::vec_ok(a.t[0])) &&
                 (MK != 1 || W::vec_ok(a.t[7]));
     float copy_max = 0.0f;
     for (i64 ch = warp; ch < chunks; ch += warps) {
@@ -376,7 +464,7 @@ __device__ void ck_momentum_coded(const CkArgs &a) {
         bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
         float g[8], m[8], w[8];
         ck_state_ld8<CODEC_PLAIN, G>(a.t[1], i, n, full, g);   /* the gradient, a plain state's way */
-        ck_state_ld8<MC, M>(a.t[2], i, n, full, m);
+        ck_state_ld8<MC, M>(a.t[2], i, n, full, m, mtab);
         ck_update_w_ld8<MK, P, W, 7>(a, i, n, full, w);
         #pragma unroll
         for (int j = 0; j < 8; j++) {
