@@ -191,7 +191,9 @@ template <int NV, class X, int SLOT> struct CkStage {
     }
     /* vector v of this lane from slot k, decoded as a load of element i of x decodes it */
     __device__ __forceinline__ void read(const CkTensor &x, i64 i, int k, int v, float *out) const {
-        X::decode_vec(x, i, ((const typename X::Raw *)slot(k))[v * 32 + (threadIdx.x & 31)], out);
+        typename X::Raw r;
+        ck_raw_vec<X>(slot(k), v * 32 + (threadIdx.x & 31), r);
+        X::decode_vec(x, i, r, out);
     }
 };
 template <int NV, class X, int SLOT> __host__ __device__ constexpr bool ck_stage_fits() {
@@ -220,8 +222,6 @@ template <int SLOT> static __device__ __forceinline__ unsigned char *ck_stage_ri
  *    beside the row (ck_norm_holds: short rows) the lane loads them once, as stored, before
  *    the warp's first row, and decodes them per row (a bf16 element is one shift); elsewhere
  *    it reads them per row, which costs fewer instructions than the registers would cost warps.
- *  - Vectors are read whole (ck_raw_vec): copied as a struct of bytes, a bf16 weight and bias
- *    vector came apart into 16 two-byte loads, and a staged vector into two shared loads.
  *  - LN keeps x - mean, computed once for the squared deviations, in place of x: the result's
  *    (x - mean) is the same operation on the same values.
  *  - Rows of exactly NV 32 vectors (FULL: 768 at NV 3, Llama's 2048 at NV 8), the common case,
@@ -229,19 +229,6 @@ template <int SLOT> static __device__ __forceinline__ unsigned char *ck_stage_ri
  *    once, not per row.
  *  - The FP8 tile of ck_norm_t is addressed from the row and column the loop has, not from a
  *    64-bit division of the flat index (CkRowSt). */
-
-/* One vector's bytes, vector v of the array at p, read whole into r (filled in place: a Raw
- * returned by value is rebuilt byte by byte, four instructions an element to decode bf16) */
-template <class X> static __device__ __forceinline__ void ck_raw_vec(const void *p, i64 v, typename X::Raw &r) {
-    if constexpr (X::vbytes && X::vbytes % 16 == 0) {
-        #pragma unroll
-        for (int h = 0; h < X::vbytes / 16; h++) ((uint4 *)&r)[h] = ((const uint4 *)p)[v * (X::vbytes / 16) + h];
-    } else if constexpr (X::vbytes == 8) {
-        *(uint2 *)&r = ((const uint2 *)p)[v];
-    } else {
-        r = ((const typename X::Raw *)p)[v];
-    }
-}
 
 /* Whether a lane of a staged forward norm holds its weight (and bias) vectors through its rows:
  * their stored bytes cost NV (W's + B's) / 4 registers, on top of the row's NV CK_VEC values,
