@@ -22,6 +22,10 @@
  * a task run serially. */
 typedef void (*RefTaskFn)(void *ctx, int64_t task);
 void ref_parallel_for(int64_t n_tasks, RefTaskFn fn, void *ctx);
+/* The same over elements: fn(ctx, lo, hi) for the ranges [0, chunk), [chunk, 2 chunk), .. of
+ * [0, n), the last one shorter. The ranges are fixed by chunk alone, never by the threads. */
+typedef void (*RefRangeFn)(void *ctx, int64_t lo, int64_t hi);
+void ref_parallel_ranges(int64_t n, int64_t chunk, RefRangeFn fn, void *ctx);
 
 /* ---------------------------------------------------------------- ref_tensor.c
  * (ref_load and ref_store are in rt.h) */

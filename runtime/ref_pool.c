@@ -32,7 +32,12 @@
  * balance uneven tasks such as causal attention rows by being taken from), hence a task must
  * own its outputs and compute each of them in a fixed order. Then the thread count changes
  * only speed. A parallel_for issued from inside a task (or while another is running) runs
- * serially. */
+ * serially.
+ *
+ * Most callers outside the executors' kernels walk one long array (a parameter being made, a
+ * state being cleared, a tensor converted): ref_parallel_ranges cuts [0, n) into fixed ranges
+ * and hands each to a function that is the serial loop over [lo, hi), so the serial pass and
+ * the parallel one are the same code. */
 #include "ref_internal.h"
 
 #include <pthread.h>
@@ -301,4 +306,24 @@ void ref_parallel_for(int64_t n_tasks, RefTaskFn fn, void *ctx)
         pthread_mutex_unlock(&pool.mu);
     }
     atomic_flag_clear(&running);
+}
+
+typedef struct {
+    int64_t n, chunk;
+    RefRangeFn fn;
+    void *ctx;
+} RangesJob;
+
+static void range_task(void *ctx, int64_t task)
+{
+    const RangesJob *j = ctx;
+    int64_t lo = task * j->chunk, hi = j->n - lo < j->chunk ? j->n : lo + j->chunk;
+    j->fn(j->ctx, lo, hi);
+}
+
+void ref_parallel_ranges(int64_t n, int64_t chunk, RefRangeFn fn, void *ctx)
+{
+    IR_ASSERT(chunk > 0);
+    RangesJob j = {.n = n, .chunk = chunk, .fn = fn, .ctx = ctx};
+    ref_parallel_for((n + chunk - 1) / chunk, range_task, &j);
 }
