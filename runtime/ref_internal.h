@@ -182,6 +182,7 @@ void ref_adamw_first_copy(Node *n);
 void ref_exp_nonpositive(double *x, int64_t n);   /* x[i] = exp(x[i]) for x[i] <= 0, 1 ulp */
 
 /* ---------------------------------------------------------------- ref_quant.c */
+float ref_amax(const float *x, int64_t n);   /* max |x[i]|, NaN skipped, 0 when none; threaded */
 void ref_quant_scale(const Node *n, const float *const *x, float *y);
 void ref_amax_record(Node *n);               /* in place */
 void ref_delayed_scale(Node *n);             /* in place */

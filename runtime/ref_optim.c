@@ -155,9 +155,7 @@ static void store_copy(const Node *n, const Tensor *param, Tensor *copy, Tensor 
 {
     if (ir_numel(amax_state) != 1) ref_die_node(n, "the copy's amax must be a scalar");
     float *w = ref_load(param);
-    float amax = 0;
-    int64_t count = ir_numel(param);
-    for (int64_t i = 0; i < count; i++) amax = fmaxf(amax, fabsf(w[i]));
+    float amax = ref_amax(w, ir_numel(param));
     ref_store(copy, w);
     if (amax_out) *amax_out = amax;
     else ref_store(amax_state, &amax);
@@ -206,8 +204,7 @@ void ref_adamw_first_copy(Node *n)
     if (scale->op != OP_DELAYED_SCALE || scale->in[1]->t.data != amax->data)
         ref_die_node(n, "the copy's scale is not made from its amax");
     float *w = ref_load(&n->in[A_PARAM]->t);
-    float m = 0;
-    for (int64_t i = 0, count = ir_numel(&n->in[A_PARAM]->t); i < count; i++) m = fmaxf(m, fabsf(w[i]));
+    float m = ref_amax(w, ir_numel(&n->in[A_PARAM]->t));
     free(w);
     ref_store(amax, &m);
     ref_delayed_scale(scale);

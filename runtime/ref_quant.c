@@ -23,6 +23,39 @@ static double scale_for(ElemType e, double amax, int64_t margin)
 
 static bool amax_usable(double amax) { return amax > 0 && isfinite(amax); }
 
+/* A whole tensor's amax is one pass over every weight, each update and at start-up, so it is
+ * split across the threads: each fixed chunk's maximum, then the maximum of those. A maximum
+ * that skips NaN does not depend on the order it is taken in (all values are >= +0 after
+ * fabsf, and fmaxf returns the other operand when one is NaN), so the result is the bytes of
+ * the serial loop for any thread count. */
+enum { AMAX_CHUNK = 1 << 16 };
+
+typedef struct {
+    const float *x;
+    float *partial;     /* per chunk */
+} AmaxJob;
+
+static void amax_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const AmaxJob *j = ctx;
+    float m = 0;
+    for (int64_t i = lo; i < hi; i++) m = fmaxf(m, fabsf(j->x[i]));
+    j->partial[lo / AMAX_CHUNK] = m;
+}
+
+float ref_amax(const float *x, int64_t n)
+{
+    int64_t chunks = (n + AMAX_CHUNK - 1) / AMAX_CHUNK;
+    float one, *partial = chunks > 1 ? malloc(sizeof(float) * (size_t)chunks) : &one;
+    IR_ASSERT(partial);
+    AmaxJob j = {.x = x, .partial = partial};
+    ref_parallel_ranges(n, AMAX_CHUNK, amax_range, &j);
+    float m = 0;
+    for (int64_t c = 0; c < chunks; c++) m = fmaxf(m, partial[c]);
+    if (partial != &one) free(partial);
+    return m;
+}
+
 /* (x) attrs elem, scaling, group, margin -> the scales, laid out as ref_scale_map says */
 void ref_quant_scale(const Node *n, const float *const *x, float *y)
 {
@@ -57,10 +90,8 @@ void ref_amax_record(Node *n)
     int64_t H = ir_numel(h), count = ir_numel(xt);
     if (H < 1) ref_die_node(n, "empty amax history");
     float *hist = ref_load(h), *x = ref_load(xt);
-    float amax = 0;
-    for (int64_t i = 0; i < count; i++) amax = fmaxf(amax, fabsf(x[i]));
     for (int64_t i = H - 1; i > 0; i--) hist[i] = hist[i - 1];
-    hist[0] = amax;
+    hist[0] = ref_amax(x, count);
     ref_store(h, hist);
     if (n->t.data && n->t.data != h->data) ref_store(&n->t, hist);
     free(hist);
@@ -94,8 +125,7 @@ void ref_delayed_scale(Node *n)
  * together are the bytes of the whole quantize. */
 float ref_shard_amax(const Tensor *w, RtShard s)
 {
-    float *x = ref_load(w), amax = 0;
-    for (int64_t i = s.off; i < s.off + s.len; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float *x = ref_load(w), amax = ref_amax(x + s.off, s.len);
     free(x);
     return amax;
 }
