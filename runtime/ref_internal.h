@@ -52,6 +52,10 @@ int64_t ref_scale_index(const RefScaleMap *m, int64_t r, int64_t c);
 /* A read-only f32 view of t: its own storage when that is plain f32 (no copy), else a decoded
  * copy returned through *owned for the caller to free. */
 const float *ref_load_view(const Tensor *t, float **owned);
+/* codec_split_encode and codec_split_decode (a bf16 weight hi and its i8 correction lo), on
+ * the threads */
+void ref_split_encode(const float *w, uint16_t *hi, int8_t *lo, int64_t n);
+void ref_split_decode(const uint16_t *hi, const int8_t *lo, float *w, int64_t n);
 
 /* ---------------------------------------------------------------- ref_gemm.c */
 /* C (M, N) = op(A) @ op(B) with f64 accumulation; A is (M, K) or, when ta, (K, M), row-major

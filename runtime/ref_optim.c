@@ -271,7 +271,7 @@ static void update_range(Node *n, int64_t off, int64_t len, float *copy_amax)
     if (split) {
         j.w = malloc(sizeof(float) * (size_t)(j.n ? j.n : 1));
         IR_ASSERT(j.w);
-        codec_split_decode(param->data, master->data, j.w, j.n);
+        ref_split_decode(param->data, master->data, j.w, j.n);
     } else {
         j.w = ref_load(master ? master : param);
     }
@@ -283,7 +283,7 @@ static void update_range(Node *n, int64_t off, int64_t len, float *copy_amax)
     if (vt) ref_store(vt, j.v);
     ref_store(grad, j.g);
     if (split) {
-        codec_split_encode(j.w, param->data, master->data, j.n);   /* hi = bf16(w) is the weight */
+        ref_split_encode(j.w, param->data, master->data, j.n);   /* hi = bf16(w) is the weight */
     } else {
         if (master) ref_store(master, j.w);
         ref_store(param, j.w);     /* through param's format: round(master) when there is one */

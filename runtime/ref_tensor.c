@@ -148,7 +148,11 @@ static float *scales_read(const Tensor *t, const RefScaleMap *m)
 /* ---------------------------------------------------------------- load and store */
 
 /* Conversions are elementwise and a training step converts every activation twice (stored,
- * then read), so they are split across the threads in fixed chunks like any other op. */
+ * then read), so they are split across the threads in fixed chunks like any other op. f32 to
+ * f32 is a copy, split too: into fresh arena pages (the first store of a master) the copy's
+ * cost is the kernel's page faults, which only more threads take faster. A group codec's
+ * chunk is whole groups (the chunk is a multiple of every codec's group), each with its side
+ * values, so chunks encode what the whole tensor would. */
 enum { CODEC_CHUNK = 1 << 15 };
 
 typedef struct {
@@ -218,12 +222,33 @@ static void codec_task(void *ctx, int64_t c)
 static void codec_run(ElemType e, const void *src, void *dst, int64_t n, bool encode)
 {
     CodecJob j = {.elem = e, .src = src, .dst = dst, .n = n, .encode = encode};
-    if (e == FMT_F32) {
-        if (encode) num_encode(e, src, dst, n);
-        else num_decode(e, src, dst, n);
-        return;
-    }
     ref_parallel_for((n + CODEC_CHUNK - 1) / CODEC_CHUNK, codec_task, &j);
+}
+
+/* An optimizer-state codec (ir/codecs.c) over whole groups: values to codes q and side values
+ * p (encode, from src), or back (decode, into dst). */
+typedef struct {
+    Codec codec;
+    const float *src;
+    float *dst;
+    void *q;
+    float *p;
+} GroupCodecJob;
+
+static void group_codec_range(void *ctx, int64_t lo, int64_t hi)
+{
+    const GroupCodecJob *j = ctx;
+    size_t eb = (size_t)fmt_elem_bytes(codec_elem(j->codec));
+    void *q = (char *)j->q + (size_t)lo * eb;
+    float *p = j->p + codec_param_count(j->codec, lo);
+    if (j->src) codec_encode(j->codec, j->src + lo, q, p, hi - lo);
+    else codec_decode(j->codec, q, p, j->dst + lo, hi - lo);
+}
+
+static void group_codec_run(GroupCodecJob *j, int64_t n)
+{
+    IR_ASSERT(CODEC_CHUNK % codec_group_size(j->codec) == 0);
+    ref_parallel_ranges(n, CODEC_CHUNK, group_codec_range, j);
 }
 
 /* dst = src * scale (store) or src / scale (load), element by element with its own scale;
@@ -274,7 +299,8 @@ float *ref_load(const Tensor *t)
     if (t->fmt.codec != CODEC_PLAIN) {
         Tensor *params = codec_params_tensor(t);
         IR_ASSERT(is_group_codec(t->fmt.codec));
-        codec_decode(t->fmt.codec, t->data, params->data, x, n);
+        GroupCodecJob j = {.codec = t->fmt.codec, .dst = x, .q = t->data, .p = params->data};
+        group_codec_run(&j, n);
         return x;
     }
     codec_run(t->fmt.elem, t->data, x, n, false);
@@ -295,7 +321,8 @@ void ref_store(Tensor *t, const float *x)
     check_bound(t);
     if (f->codec != CODEC_PLAIN) {
         Tensor *params = codec_params_tensor(t);
-        codec_encode(f->codec, x, t->data, params->data, n);
+        GroupCodecJob j = {.codec = f->codec, .src = x, .q = t->data, .p = params->data};
+        group_codec_run(&j, n);
         return;
     }
     if (!is_scaled(f)) {
@@ -310,6 +337,35 @@ void ref_store(Tensor *t, const float *x)
     codec_run(f->elem, q, t->data, n, true);
     free(q);
     free(s);
+}
+
+/* ---------------------------------------------------------------- split masters
+ * A split master's weights are its parameter's bf16 value plus the master's i8 correction
+ * (ir/codecs.c), each element on its own: split in fixed chunks like any conversion. */
+typedef struct {
+    float *w;
+    uint16_t *hi;
+    int8_t *lo;
+    bool encode;
+} SplitJob;
+
+static void split_range(void *ctx, int64_t a, int64_t b)
+{
+    const SplitJob *j = ctx;
+    if (j->encode) codec_split_encode(j->w + a, j->hi + a, j->lo + a, b - a);
+    else codec_split_decode(j->hi + a, j->lo + a, j->w + a, b - a);
+}
+
+void ref_split_encode(const float *w, uint16_t *hi, int8_t *lo, int64_t n)
+{
+    SplitJob j = {.w = (float *)w, .hi = hi, .lo = lo, .encode = true};   /* only read */
+    ref_parallel_ranges(n, CODEC_CHUNK, split_range, &j);
+}
+
+void ref_split_decode(const uint16_t *hi, const int8_t *lo, float *w, int64_t n)
+{
+    SplitJob j = {.w = w, .hi = (uint16_t *)hi, .lo = (int8_t *)lo, .encode = false};   /* only read */
+    ref_parallel_ranges(n, CODEC_CHUNK, split_range, &j);
 }
 
 /* A read-only f32 view of t: its own storage when that is plain f32 (no copy), else a decoded
