@@ -28,6 +28,7 @@
 
 #include "compiler.h"
 #include "rt.h"
+#include "test_state.h"
 
 static unsigned seed;
 
@@ -60,22 +61,6 @@ static uint8_t *state_made(Graph *g, uint64_t s, int threads, int64_t *bytes)
     return copy;
 }
 
-/* The tensor that holds the first byte where a and b differ, or NULL when none does. */
-static const char *where_differs(const Graph *g, const uint8_t *a, const uint8_t *b, int64_t bytes)
-{
-    int64_t at = -1;
-    for (int64_t k = 0; k < bytes && at < 0; k++)
-        if (a[k] != b[k]) at = k;
-    if (at < 0) return NULL;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const Node *n = g->nodes[i];
-        if (ir_role_is_persistent(n->t.role) && n->t.offset >= 0 && at >= n->t.offset &&
-            at < n->t.offset + rt_storage_bytes(n))
-            return n->t.name ? n->t.name : ir_role_name(n->t.role);
-    }
-    return "(padding)";
-}
-
 static void check_threads(const char *model, int level, const Define *defines, int n_defines)
 {
     Arena *a = arena_new();
@@ -86,12 +71,12 @@ static void check_threads(const char *model, int level, const Define *defines, i
     for (int threads = 2; threads <= 3; threads++) {
         uint8_t *many = state_made(g, seed, threads, &other);
         assert_int_equal(other, bytes);
-        const char *bad = where_differs(g, one, many, bytes);
+        const char *bad = state_where_differs(g, one, many, bytes);
         if (bad) fail_msg("%s -O%d: '%s' differs between 1 and %d threads", model, level, bad, threads);
         free(many);
     }
     uint8_t *reseeded = state_made(g, (uint64_t)seed + 1, 3, &other);
-    assert_non_null(where_differs(g, one, reseeded, bytes));
+    assert_non_null(state_where_differs(g, one, reseeded, bytes));
     free(reseeded);
     free(one);
     ref_set_threads(saved);

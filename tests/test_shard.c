@@ -54,6 +54,7 @@
 #include "rt.h"
 #include "test_files.h"
 #include "test_rng.h"
+#include "test_state.h"
 
 static unsigned seed;
 
@@ -290,22 +291,6 @@ static void snap_restore(Snap *s)
     memcpy(s->mem.step, s->s0, (size_t)s->mem.step_bytes);
 }
 
-/* The first persistent byte that differs, as the tensor that holds it. */
-static const char *where_differs(const Graph *g, const uint8_t *a, const uint8_t *b, int64_t bytes)
-{
-    int64_t at = -1;
-    for (int64_t k = 0; k < bytes && at < 0; k++)
-        if (a[k] != b[k]) at = k;
-    if (at < 0) return NULL;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const Node *n = g->nodes[i];
-        if (ir_role_is_persistent(n->t.role) && n->t.offset >= 0 && at >= n->t.offset &&
-            at < n->t.offset + rt_storage_bytes(n))
-            return n->t.name ? n->t.name : ir_role_name(n->t.role);
-    }
-    return "(padding)";
-}
-
 /* One step's update: whole, then sharded over `ranks` from the same state; both arenas equal. */
 static void check_update(int level, const char *optim, int ranks)
 {
@@ -330,7 +315,7 @@ static void check_update(int level, const char *optim, int ranks)
     memcpy(sw, s.mem.step, (size_t)s.mem.step_bytes);
     snap_restore(&s);
     run_update_sharded(g, ranks);
-    const char *bad = where_differs(g, pw, s.mem.persistent, s.mem.persistent_bytes);
+    const char *bad = state_where_differs(g, pw, s.mem.persistent, s.mem.persistent_bytes);
     if (bad) fail_msg("-O%d %s on %d ranks: %s differs from the whole update", level, optim, ranks, bad);
     if (memcmp(sw, s.mem.step, (size_t)s.mem.step_bytes))
         fail_msg("-O%d %s on %d ranks: the step arena differs from the whole update's", level, optim, ranks);
@@ -535,7 +520,7 @@ static void test_checkpoint_reshards(void **state)
             load(&r, path);
             run_step(&r, 3, resume[k]);
             assert_int_equal(r.mem.persistent_bytes, whole.mem.persistent_bytes);
-            const char *bad = where_differs(r.g, whole.mem.persistent, r.mem.persistent, r.mem.persistent_bytes);
+            const char *bad = state_where_differs(r.g, whole.mem.persistent, r.mem.persistent, r.mem.persistent_bytes);
             if (bad)
                 fail_msg("-O%d: saved on 2 ranks, resumed on %d: %s differs from three whole steps",
                          level, resume[k], bad);
@@ -757,7 +742,7 @@ static void check_stage2(int level, const char *optim, int ranks, int K)
     /* stage 1's order from the same state */
     snap_restore(&s);
     sums_whole(g, ranks, K, 2, true);
-    const char *other = where_differs(g, grads, s.mem.persistent, pb);
+    const char *other = state_where_differs(g, grads, s.mem.persistent, pb);
     if (K == 1 && ranks == 2 && other)
         fail_msg("-O%d on 2 ranks: the stage-2 sum of %s differs from stage 1's", level, other);
     if (K > 1 && !other)
@@ -766,12 +751,12 @@ static void check_stage2(int level, const char *optim, int ranks, int K)
     /* the ranks' way */
     snap_restore(&s);
     sums_sharded(g, ranks, K, 2);
-    const char *bad = where_differs(g, grads, s.mem.persistent, pb);
+    const char *bad = state_where_differs(g, grads, s.mem.persistent, pb);
     if (bad) fail_msg("-O%d %s on %d ranks, %d micro-steps: the sharded sum of %s differs", level, optim, ranks, K, bad);
     through_rank_buffers(g, ranks);
     run_update_sharded(g, ranks);
     through_rank_buffers(g, ranks);
-    bad = where_differs(g, pw, s.mem.persistent, pb);
+    bad = state_where_differs(g, pw, s.mem.persistent, pb);
     if (bad) fail_msg("-O%d %s on %d ranks, %d micro-steps: %s differs from the whole step", level, optim, ranks, K, bad);
     if (memcmp(sw, s.mem.step, (size_t)s.mem.step_bytes))
         fail_msg("-O%d %s on %d ranks: the step arena differs from the whole step's", level, optim, ranks);
