@@ -154,6 +154,7 @@ static void split_exact_range(void *ctx, int64_t from, int64_t to)
     const float *x = j->x;
     uint16_t *hi = j->hi;
     int8_t *lo = j->lo;
+    codec_split_encode(x + from, hi + from, lo + from, to - from);
     for (int64_t i = from; i < to; i++) {
         float w;
         codec_split_decode(&hi[i], &lo[i], &w, 1);
@@ -180,7 +181,6 @@ static void split_exact_range(void *ctx, int64_t from, int64_t to)
 
 static void split_encode_exact(const float *x, uint16_t *hi, int8_t *lo, int64_t n)
 {
-    ref_split_encode(x, hi, lo, n);
     ExactJob j = {.x = x, .hi = hi, .lo = lo};
     ref_parallel_ranges(n, INIT_CHUNK, split_exact_range, &j);
 }

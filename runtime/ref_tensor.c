@@ -159,7 +159,6 @@ typedef struct {
     ElemType elem;
     const void *src;
     void *dst;
-    int64_t n;
     bool encode;
 } CodecJob;
 
@@ -204,10 +203,10 @@ void ref_bf16_decode(const uint16_t *src, float *dst, int64_t n)
     }
 }
 
-static void codec_task(void *ctx, int64_t c)
+static void codec_range(void *ctx, int64_t lo, int64_t hi)
 {
     const CodecJob *j = ctx;
-    int64_t lo = c * CODEC_CHUNK, len = j->n - lo < CODEC_CHUNK ? j->n - lo : CODEC_CHUNK;
+    int64_t len = hi - lo;
     size_t eb = (size_t)fmt_elem_bytes(j->elem);
     if (j->elem == FMT_BF16 && j->encode)
         ref_bf16_encode((const float *)j->src + lo, (uint16_t *)j->dst + lo, len);
@@ -221,8 +220,8 @@ static void codec_task(void *ctx, int64_t c)
 
 static void codec_run(ElemType e, const void *src, void *dst, int64_t n, bool encode)
 {
-    CodecJob j = {.elem = e, .src = src, .dst = dst, .n = n, .encode = encode};
-    ref_parallel_for((n + CODEC_CHUNK - 1) / CODEC_CHUNK, codec_task, &j);
+    CodecJob j = {.elem = e, .src = src, .dst = dst, .encode = encode};
+    ref_parallel_ranges(n, CODEC_CHUNK, codec_range, &j);
 }
 
 /* An optimizer-state codec (ir/codecs.c) over whole groups: values to codes q and side values
