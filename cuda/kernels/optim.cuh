@@ -26,10 +26,13 @@
  * lands one step from the reference's only where the two straddle a rounding point
  * (tests/gpu/test_gpu_ops.c states the bounds). The divisions of the codecs take no division
  * instruction: a decode reads its code's table (ck_code_table_fill), an encode multiplies by
- * its group's reciprocal and corrects (ck_div_by, ck_div_unit), with the division's rounding.
+ * its group's reciprocal and corrects (ck_div_by8, ck_div_unit), with the division's rounding;
+ * the update's square roots and its division take their fast paths eight at a time
+ * (fastmath.cuh). A lane asks for all its bytes of a chunk before it decodes any (CkStateRaw).
  * In f64, with a warp per 128 elements and a byte a lane per access, the update of GPT-2 d12's
  * states took 5.2 ms at -O3 on an H200; in f32 with a division per code, 2.0 ms, and Llama
- * 1.1B's 17.8 ms (0.7 TB/s, bound by the divisions' instructions). */
+ * 1.1B's 17.8 ms (0.7 TB/s, bound by the divisions' instructions); with the codes' tables,
+ * 10.2 ms (1.3 TB/s: a memory latency per tensor of a chunk, one after the other). */
 
 #define CK_EXPAND_RANGE 28672.0f   /* e4m3's normal range, 448 / 2^-6 */
 #define CK_EXPAND_K_MAX 16.0f
@@ -70,33 +73,6 @@ template <int C> static __device__ __forceinline__ void ck_code_table_fill(float
     }
 }
 
-/* a / d for 1 <= d <= 2 and |a| <= 2: the IEEE division's own fast path (the hardware's
- * reciprocal, one Newton step, the quotient corrected by a fused multiply-add), which rounds as
- * the division does for such operands down to |a| = 2^-100 (below, the quotient loses its last
- * bits, and every code it feeds is zero); without the range check and slow path that the
- * division adds for operands near the ends of the f32 range */
-static __device__ __forceinline__ float ck_div_unit(float a, float d) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-    r = fmaf(r, fmaf(-d, r, 1.0f), r);
-    float q = a * r;
-    return fmaf(fmaf(-d, q, a), r, q);
-}
-
-/* x / c for the values of a group over its one divisor c, given rc = ck_recip(c): a product
- * and its correction by a fused multiply-add (ck_div_unit's last steps), which round as the
- * division does while c and |x| are at least 2^-100 and c at most 2^100, so that the residual
- * is a normal number (Markstein's theorem for a correctly rounded 1 / c); the division itself
- * elsewhere (rc = 0 says so for the whole group) */
-static __device__ __forceinline__ float ck_recip(float c) {
-    return c >= 0x1p-100f && c <= 0x1p100f ? 1.0f / c : 0.0f;
-}
-static __device__ __forceinline__ float ck_div_by(float x, float c, float rc) {
-    if (rc == 0.0f || !(fabsf(x) >= 0x1p-100f)) return x / c;
-    float q = x * rc;
-    return fmaf(fmaf(-c, q, x), rc, q);
-}
-
 /* 2^e, e in [-126, 127], from its bits */
 static __device__ __forceinline__ float ck_pow2i(int e) { return __int_as_float((e + 127) << 23); }
 
@@ -112,15 +88,14 @@ static __device__ __forceinline__ float ck_split_per_unit(float x, int b) {
     return x * ck_pow2i(71 - b / 2) * ck_pow2i(71 - (b - b / 2));
 }
 
-/* 8 raw bytes at element i (a multiple of 8) of t's storage: one load where full, else the
- * bytes of elements < n (0 beyond) */
-static __device__ __forceinline__ void ck_ld8_bytes(const CkTensor &t, i64 i, i64 n, bool full, unsigned char *b) {
-    if (full) {
-        uint2 r = ((const uint2 *)t.p)[i / 8];
-        #pragma unroll
-        for (int j = 0; j < 8; j++) b[j] = (unsigned char)((j < 4 ? r.x : r.y) >> (8 * (j & 3)));
-        return;
-    }
+/* 8 raw bytes at element i (a multiple of 8) of t's storage: a chunk read whole unpacks its one
+ * load (ck_unpack8_bytes), the others read the bytes of elements < n (0 beyond); stored back
+ * the same ways */
+static __device__ __forceinline__ void ck_unpack8_bytes(uint2 r, unsigned char *b) {
+    #pragma unroll
+    for (int j = 0; j < 8; j++) b[j] = (unsigned char)((j < 4 ? r.x : r.y) >> (8 * (j & 3)));
+}
+static __device__ __forceinline__ void ck_ld8_bytes(const CkTensor &t, i64 i, i64 n, unsigned char *b) {
     #pragma unroll
     for (int j = 0; j < 8; j++) b[j] = i + j < n ? ((const unsigned char *)t.p)[i + j] : 0;
 }
@@ -137,16 +112,14 @@ static __device__ __forceinline__ void ck_st8_bytes(const CkTensor &t, i64 i, i6
         if (i + j < n) ((unsigned char *)t.p)[i + j] = b[j];
 }
 
-/* 8 two-byte values at element i (a multiple of 8): one 16-byte access where full, else those
- * of elements < n (0 beyond) */
-static __device__ __forceinline__ void ck_ld8_u16(const CkTensor &t, i64 i, i64 n, bool full, unsigned short *h) {
-    if (full) {
-        uint4 r = ((const uint4 *)t.p)[i / 8];
-        unsigned w[4] = {r.x, r.y, r.z, r.w};
-        #pragma unroll
-        for (int j = 0; j < 8; j++) h[j] = (unsigned short)(w[j / 2] >> (16 * (j & 1)));
-        return;
-    }
+/* 8 two-byte values at element i (a multiple of 8): one 16-byte access for a chunk read whole,
+ * else those of elements < n (0 beyond) */
+static __device__ __forceinline__ void ck_unpack8_u16(uint4 r, unsigned short *h) {
+    unsigned w[4] = {r.x, r.y, r.z, r.w};
+    #pragma unroll
+    for (int j = 0; j < 8; j++) h[j] = (unsigned short)(w[j / 2] >> (16 * (j & 1)));
+}
+static __device__ __forceinline__ void ck_ld8_u16(const CkTensor &t, i64 i, i64 n, unsigned short *h) {
     #pragma unroll
     for (int j = 0; j < 8; j++) h[j] = i + j < n ? ((const unsigned short *)t.p)[i + j] : 0;
 }
@@ -165,47 +138,97 @@ static __device__ __forceinline__ void ck_st8_u16(const CkTensor &t, i64 i, i64 
         if (i + j < n) ((unsigned short *)t.p)[i + j] = h[j];
 }
 
-/* the 8 elements at i of a state (format X, or coded by C through its code table tab), those
- * < n (0 beyond) */
-template <int C, class X> static __device__ __forceinline__ void ck_state_ld8(const CkTensor &t, i64 i, i64 n,
-                                                                               bool full, float *x,
-                                                                               const float *tab = nullptr) {
+/* ---------------------------------------------------------------- one chunk's loads
+ * A lane's bytes of every tensor of a chunk are read first, all of them, and decoded after:
+ * a decode waits for its bytes, and a lane that decoded m before it asked for v and the weight
+ * paid a memory latency per tensor, one after the other (at -O3 three per chunk, where the
+ * codes' table reads waited for m's codes, then v's; Llama 1.1B's coded update moved 1.3 TB/s).
+ * CkStateRaw holds one state's bytes as stored; the members a format does not use cost nothing. */
+template <int C, class X> struct CkStateRaw {
+    typename X::Raw v;   /* a plain state's vector */
+    uint2 q;             /* a coded state's eight codes */
+    float c, k;          /* and its group's side values (k: range expansion's exponent) */
+};
+
+/* whether a state's chunks can be read whole (the chunk must also lie inside n, and for a coded
+ * state the kernel's `wide` checks the codes' alignment) */
+template <int C, class X> static __device__ __forceinline__ bool ck_state_fetch_ok(const CkTensor &t) {
+    return C != CODEC_PLAIN || X::vec_ok(t);
+}
+
+/* the bytes of the 8 elements at i (a chunk inside n) */
+template <int C, class X> static __device__ __forceinline__ void ck_state_fetch8(const CkTensor &t, i64 i,
+                                                                                  CkStateRaw<C, X> &r) {
     if (C == CODEC_PLAIN) {
-        if (full && X::vec_ok(t)) {
-            X::ld_vec(t, i, x);
-            return;
-        }
-        #pragma unroll
-        for (int j = 0; j < 8; j++) x[j] = i + j < n ? X::ld(t, i + j) : 0.0f;
+        ck_raw_vec<X>(t.p, ck_vec_index(i), r.v);
         return;
     }
-    unsigned char q[8];
-    ck_ld8_bytes(t, i, n, full, q);
-    if (i >= n) {   /* a lane past the end: nothing to decode (its side values do not exist) */
-        #pragma unroll
-        for (int j = 0; j < 8; j++) x[j] = 0.0f;
-        return;
-    }
+    r.q = ((const uint2 *)t.p)[i / 8];
     const float *p = (const float *)t.s;
+    if (C == CODEC_EXPAND) {
+        r.c = p[(i / 128) * 2];
+        r.k = p[(i / 128) * 2 + 1];
+    } else {
+        r.c = p[i / 32];
+    }
+}
+
+/* the 8 values of a state from its codes q and its group's side values c, k (coded by C through
+ * its code table tab) */
+template <int C> static __device__ __forceinline__ void ck_state_decode_codes(const unsigned char *q, float c,
+                                                                               float k, float *x, const float *tab) {
     if (C == CODEC_EXPAND) {   /* sign(d) c (|d| / 448)^(1/k) */
-        float c = p[(i / 128) * 2], inv_k = 1.0f / p[(i / 128) * 2 + 1];
+        float inv_k = 1.0f / k;
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             float a = c * ck_pow_fast(tab[q[j]], inv_k);   /* e4m3's sign is the code's top bit */
             x[j] = q[j] & 0x80 ? -a : a;
         }
     } else if (C == CODEC_COMPAND) {   /* amax z / (2 - |z|), z = q / 127 */
-        float c = p[i / 32];
         #pragma unroll
         for (int j = 0; j < 8; j++) x[j] = c * tab[q[j]];
     } else {   /* CODEC_SQRT: (p z / (2 - z))^2, z = q / 255 */
-        float c = p[i / 32];
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             float r = tab[q[j]] * c;
             x[j] = r * r;
         }
     }
+}
+
+template <int C, class X> static __device__ __forceinline__ void ck_state_decode8(const CkTensor &t, i64 i,
+                                                                                   const CkStateRaw<C, X> &r,
+                                                                                   float *x, const float *tab) {
+    if (C == CODEC_PLAIN) {
+        X::decode_vec(t, i, r.v, x);
+        return;
+    }
+    unsigned char q[8];
+    ck_unpack8_bytes(r.q, q);
+    ck_state_decode_codes<C>(q, r.c, r.k, x, tab);
+}
+
+/* the 8 elements at i of a state (format X, or coded by C through its code table tab), those
+ * < n (0 beyond): the path of a chunk that is not read whole */
+template <int C, class X> static __device__ __forceinline__ void ck_state_ld8(const CkTensor &t, i64 i, i64 n,
+                                                                               float *x, const float *tab = nullptr) {
+    if (C == CODEC_PLAIN) {
+        #pragma unroll
+        for (int j = 0; j < 8; j++) x[j] = i + j < n ? X::ld(t, i + j) : 0.0f;
+        return;
+    }
+    if (i >= n) {   /* a lane past the end: nothing to decode (its side values do not exist) */
+        #pragma unroll
+        for (int j = 0; j < 8; j++) x[j] = 0.0f;
+        return;
+    }
+    unsigned char q[8];
+    ck_ld8_bytes(t, i, n, q);
+    const float *p = (const float *)t.s;
+    if (C == CODEC_EXPAND)
+        ck_state_decode_codes<C>(q, p[(i / 128) * 2], p[(i / 128) * 2 + 1], x, tab);
+    else
+        ck_state_decode_codes<C>(q, p[i / 32], 0.0f, x, tab);
 }
 
 /* stores the 8 new values x at i of a state (format X, or encoded by C: the group's statistics
@@ -246,10 +269,13 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_st8(co
             p[(i / 128) * 2 + 1] = k;
         }
         bool finite = c > 0.0f && c < CK_INF;
-        float rc = ck_recip(c);
+        float ax[8], u[8];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) ax[j] = fabsf(x[j]);
+        ck_div_by8(ax, c, ck_recip(c), finite, u);
         #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float y = finite ? 448.0f * ck_pow_fast(ck_div_by(fabsf(x[j]), c, rc), k) : 0.0f;
+            float y = finite ? 448.0f * ck_pow_fast(u[j], k) : 0.0f;
             Elem<FMT_E4M3>::st(q, j, signbit(x[j]) ? -y : y);
         }
     } else if (C == CODEC_COMPAND) {   /* groups of 32, 4 lanes: round(127 2y / (1 + |y|)), y = x / amax */
@@ -260,27 +286,29 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_st8(co
         float c = ck_lanes_absmax_nan<4>(m);
         if (lane % 4 == 0 && i < n) p[i / 32] = c;
         bool finite = c > 0.0f && c < CK_INF;
-        float rc = ck_recip(c);
+        float y[8];
+        ck_div_by8(x, c, ck_recip(c), finite, y);
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float y = finite ? ck_div_by(x[j], c, rc) : 0.0f;
-            q[j] = (unsigned char)(signed char)rintf(127.0f * ck_div_unit(2.0f * y, 1.0f + fabsf(y)));
-        }
+        for (int j = 0; j < 8; j++)
+            q[j] = (unsigned char)(signed char)rintf(127.0f * ck_div_unit(2.0f * y[j], 1.0f + fabsf(y[j])));
     } else {   /* CODEC_SQRT, groups of 32, 4 lanes: round(255 2y / (1 + y)), y = sqrt(v) / max sqrt(v); v > 0: >= 1 */
-        float m = 0.0f, sq[8];
+        float m = 0.0f, pv[8], sq[8], u[8];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) pv[j] = x[j] > 0.0f ? x[j] : 0.0f;
+        ck_sqrt8(pv, sq);
         #pragma unroll
         for (int j = 0; j < 8; j++) {
-            sq[j] = x[j] > 0.0f ? sqrtf(x[j]) : x[j] != x[j] ? CK_NAN : 0.0f;
+            if (x[j] != x[j]) sq[j] = CK_NAN;
             if (i + j < n) m = ck_absmax_nan(m, sq[j]);
         }
         float c = ck_lanes_absmax_nan<4>(m);
         if (lane % 4 == 0 && i < n) p[i / 32] = c;
         bool finite = c > 0.0f && c < CK_INF;
-        float rc = ck_recip(c);
+        ck_div_by8(sq, c, ck_recip(c), finite, u);
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             bool pos = finite && x[j] > 0.0f;
-            float y = pos ? ck_div_by(sq[j], c, rc) : 0.0f;
+            float y = pos ? u[j] : 0.0f;
             float r = 255.0f * ck_div_unit(2.0f * y, 1.0f + y);
             /* rint(r) < 1 exactly when r <= 0.5 (the tie rounds to the even 0) */
             q[j] = (unsigned char)(pos && r <= 0.5f ? 1.0f : rintf(r));
@@ -291,24 +319,61 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_st8(co
 
 /* The weight of an update, eight elements at a time, for AdamW, Lion and SGD alike: from its
  * master t[AT] (MK 1: plain W; 2: split, bf16 hi in t[0] and the i8 lo in t[AT]) or from t[0]
- * (MK 0), and stored back the same way. */
+ * (MK 0), and stored back the same way. A chunk read whole fetches its bytes (CkWeightRaw)
+ * with the states' before any of them is decoded. */
+template <int MK, class P, class W> struct CkWeightRaw {
+    uint4 hi;              /* a split master's bf16 halves */
+    uint2 lo;              /* and its i8 corrections */
+    typename W::Raw w;     /* a master of its own */
+    typename P::Raw p;     /* no master: the parameter */
+};
 template <int MK, class P, class W, int AT>
-static __device__ __forceinline__ void ck_update_w_ld8(const CkArgs &a, i64 i, i64 n, bool full, float *w) {
-    if (MK == 2) {   /* w = hi + lo ulp(hi) / 256 (codec_split_decode) */
+static __device__ __forceinline__ void ck_update_w_fetch8(const CkArgs &a, i64 i, CkWeightRaw<MK, P, W> &r) {
+    if (MK == 2) {
+        r.hi = ((const uint4 *)a.t[0].p)[i / 8];
+        r.lo = ((const uint2 *)a.t[AT].p)[i / 8];
+    } else if (MK == 1) {
+        ck_raw_vec<W>(a.t[AT].p, ck_vec_index(i), r.w);
+    } else {
+        ck_raw_vec<P>(a.t[0].p, ck_vec_index(i), r.p);
+    }
+}
+
+/* w = hi + lo ulp(hi) / 256 (codec_split_decode) */
+static __device__ __forceinline__ void ck_split_decode8(const unsigned short *hi, const unsigned char *lo, float *w) {
+    #pragma unroll
+    for (int j = 0; j < 8; j++)
+        w[j] = __uint_as_float((unsigned)hi[j] << 16) + (float)(signed char)lo[j] * ck_split_unit(ck_split_b(hi[j]));
+}
+
+template <int MK, class P, class W, int AT>
+static __device__ __forceinline__ void ck_update_w_decode8(const CkArgs &a, i64 i, const CkWeightRaw<MK, P, W> &r,
+                                                           float *w) {
+    if (MK == 2) {
         unsigned char lo[8];
         unsigned short hi[8];
-        ck_ld8_bytes(a.t[AT], i, n, full, lo);
-        ck_ld8_u16(a.t[0], i, n, full, hi);
-        #pragma unroll
-        for (int j = 0; j < 8; j++)
-            w[j] = __uint_as_float((unsigned)hi[j] << 16) + (float)(signed char)lo[j] * ck_split_unit(ck_split_b(hi[j]));
-    } else if (MK == 1 && full) {
-        W::ld_vec(a.t[AT], i, w);
+        ck_unpack8_bytes(r.lo, lo);
+        ck_unpack8_u16(r.hi, hi);
+        ck_split_decode8(hi, lo, w);
+    } else if (MK == 1) {
+        W::decode_vec(a.t[AT], i, r.w, w);
+    } else {
+        P::decode_vec(a.t[0], i, r.p, w);
+    }
+}
+
+/* the weight of a chunk that is not read whole: the elements < n (0 beyond) */
+template <int MK, class P, class W, int AT>
+static __device__ __forceinline__ void ck_update_w_ld8(const CkArgs &a, i64 i, i64 n, float *w) {
+    if (MK == 2) {
+        unsigned char lo[8];
+        unsigned short hi[8];
+        ck_ld8_bytes(a.t[AT], i, n, lo);
+        ck_ld8_u16(a.t[0], i, n, hi);
+        ck_split_decode8(hi, lo, w);
     } else if (MK == 1) {
         #pragma unroll
         for (int j = 0; j < 8; j++) w[j] = i + j < n ? W::ld(a.t[AT], i + j) : 0.0f;
-    } else if (full) {
-        P::ld_vec(a.t[0], i, w);
     } else {
         #pragma unroll
         for (int j = 0; j < 8; j++) w[j] = i + j < n ? P::ld(a.t[0], i + j) : 0.0f;
@@ -328,12 +393,10 @@ static __device__ __forceinline__ void ck_update_w_st8(const CkArgs &a, i64 i, i
             unsigned short h = *(unsigned short *)&hb;
             float hf = __uint_as_float((unsigned)h << 16);
             hi[j] = h;
-            signed char l = 0;
-            if (isfinite(hf)) {
-                float r = rintf(ck_split_per_unit(w[j] - hf, ck_split_b(h)));
-                l = (signed char)(r > 127.0f ? 127.0f : r < -128.0f ? -128.0f : r);
-            }
-            lo[j] = (unsigned char)l;
+            /* computed for every element and kept where hi is finite: a select, not a branch each */
+            float r = rintf(ck_split_per_unit(w[j] - hf, ck_split_b(h)));
+            r = isfinite(hf) ? (r > 127.0f ? 127.0f : r < -128.0f ? -128.0f : r) : 0.0f;
+            lo[j] = (unsigned char)(signed char)r;
         }
         ck_st8_u16(a.t[0], i, n, full, hi);
         ck_st8_bytes(a.t[AT], i, n, full, lo);
@@ -388,24 +451,46 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
                 (MK == 2 ? (unsigned long long)a.t[8].p % 8 == 0 && (unsigned long long)a.t[0].p % 16 == 0
                          : P::vec_ok(a.t[0])) &&
                 (MK != 1 || W::vec_ok(a.t[8]));
+    bool fetch_ok = ck_state_fetch_ok<MC, M>(a.t[2]) && ck_state_fetch_ok<VC, V>(a.t[3]);
     float copy_max = 0.0f;
     for (i64 ch = warp; ch < chunks; ch += warps) {
         i64 i = ch * CK_CODED_CHUNK + lane * 8;
         bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
         float g[8], m[8], v[8], w[8];
-        ck_state_ld8<CODEC_PLAIN, G>(a.t[1], i, n, full, g);   /* the gradient, a plain state's way */
-        ck_state_ld8<MC, M>(a.t[2], i, n, full, m, mtab);
-        ck_state_ld8<VC, V>(a.t[3], i, n, full, v, vtab);
-        ck_update_w_ld8<MK, P, W, 8>(a, i, n, full, w);
+        if (full && fetch_ok) {   /* every tensor's bytes asked for, then decoded */
+            CkStateRaw<CODEC_PLAIN, G> gr;   /* the gradient, a plain state's way */
+            CkStateRaw<MC, M> mr;
+            CkStateRaw<VC, V> vr;
+            CkWeightRaw<MK, P, W> wr;
+            ck_state_fetch8(a.t[1], i, gr);
+            ck_state_fetch8(a.t[2], i, mr);
+            ck_state_fetch8(a.t[3], i, vr);
+            ck_update_w_fetch8<MK, P, W, 8>(a, i, wr);
+            ck_state_decode8(a.t[1], i, gr, g, nullptr);
+            ck_state_decode8(a.t[2], i, mr, m, mtab);
+            ck_state_decode8(a.t[3], i, vr, v, vtab);
+            ck_update_w_decode8<MK, P, W, 8>(a, i, wr, w);
+        } else {
+            ck_state_ld8<CODEC_PLAIN, G>(a.t[1], i, n, g);
+            ck_state_ld8<MC, M>(a.t[2], i, n, m, mtab);
+            ck_state_ld8<VC, V>(a.t[3], i, n, v, vtab);
+            ck_update_w_ld8<MK, P, W, 8>(a, i, n, w);
+        }
+        float mhat[8], vhat[8], den[8], step[8];
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             float gj = g[j] * k[1];
             m[j] = b1 * m[j] + c1 * gj;
             v[j] = b2 * v[j] + c2 * gj * gj;
-            float mhat = m[j] * k[2], vhat = v[j] * k[3];
-            w[j] -= k[0] * (mhat / (sqrtf(vhat) + eps) + wd * w[j]);
+            mhat[j] = m[j] * k[2], vhat[j] = v[j] * k[3];
             g[j] = 0.0f;
         }
+        ck_sqrt8(vhat, den);
+        #pragma unroll
+        for (int j = 0; j < 8; j++) den[j] += eps;
+        ck_div8(mhat, den, step);   /* mhat / (sqrt(vhat) + eps) */
+        #pragma unroll
+        for (int j = 0; j < 8; j++) w[j] -= k[0] * (step[j] + wd * w[j]);
         /* the lanes of a group re-encode it together: all of them have read it above */
         __syncwarp();
         ck_state_st8<MC, M>(a.t[2], i, n, full, m);
@@ -458,14 +543,27 @@ __device__ void ck_momentum_coded(const CkArgs &a) {
                 (MK == 2 ? (unsigned long long)a.t[7].p % 8 == 0 && (unsigned long long)a.t[0].p % 16 == 0
                          : P::vec_ok(a.t[0])) &&
                 (MK != 1 || W::vec_ok(a.t[7]));
+    bool fetch_ok = ck_state_fetch_ok<MC, M>(a.t[2]);
     float copy_max = 0.0f;
     for (i64 ch = warp; ch < chunks; ch += warps) {
         i64 i = ch * CK_CODED_CHUNK + lane * 8;
         bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
         float g[8], m[8], w[8];
-        ck_state_ld8<CODEC_PLAIN, G>(a.t[1], i, n, full, g);   /* the gradient, a plain state's way */
-        ck_state_ld8<MC, M>(a.t[2], i, n, full, m, mtab);
-        ck_update_w_ld8<MK, P, W, 7>(a, i, n, full, w);
+        if (full && fetch_ok) {   /* every tensor's bytes asked for, then decoded */
+            CkStateRaw<CODEC_PLAIN, G> gr;
+            CkStateRaw<MC, M> mr;
+            CkWeightRaw<MK, P, W> wr;
+            ck_state_fetch8(a.t[1], i, gr);
+            ck_state_fetch8(a.t[2], i, mr);
+            ck_update_w_fetch8<MK, P, W, 7>(a, i, wr);
+            ck_state_decode8(a.t[1], i, gr, g, nullptr);
+            ck_state_decode8(a.t[2], i, mr, m, mtab);
+            ck_update_w_decode8<MK, P, W, 7>(a, i, wr, w);
+        } else {
+            ck_state_ld8<CODEC_PLAIN, G>(a.t[1], i, n, g);
+            ck_state_ld8<MC, M>(a.t[2], i, n, m, mtab);
+            ck_update_w_ld8<MK, P, W, 7>(a, i, n, w);
+        }
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             float gj = g[j] * k[1];
