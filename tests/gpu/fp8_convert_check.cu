@@ -14,7 +14,7 @@
  * the canonical NaN drops), and the first few are printed.
  *
  * Exit status: 0 when everything matches, 1 on any mismatch, 2 when no GPU is usable.
- * Build (tests/gpu/run_fp8_check.sh --build does this):
+ * Build (tests/gpu/run_check.sh fp8_convert --build does this):
  *   gcc -O2 -std=c11 -Iir -c ir/numerics.c -o numerics.o
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tests/gpu/fp8_convert_check.cu
  *        numerics.o -o build-gpu/fp8_convert_check */
