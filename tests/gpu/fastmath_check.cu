@@ -11,8 +11,9 @@
  *             at each of 9 exponent pairs (the ends of the range and the middle), then 2^32
  *             random pairs over the whole range, against a / b
  *   div_by    ck_div_by8's product-and-correction, x / c with |x| <= c as a group's values are
- *             (x of at least 2^-100, c in [2^-100, 2^100], rc = ck_recip(c)): every significand
- *             of x against 4096 random c, then 2^32 random pairs, against x / c
+ *             (x of at least 2^-100, c in [2^-100, 2^100], rc = ck_recip(c), the quotient at
+ *             least 2^-125): every significand of x against 4096 random c, then 2^32 random
+ *             pairs, against x / c
  *   div_unit  ck_div_unit(a, d), d in [1, 2), 2^-100 <= |a| < 2: every significand of a
  *             against 4096 random d with a in [2^-100, 2^-99) and in [1, 2), then 2^32 random
  *             pairs, against a / d
@@ -104,7 +105,7 @@ template <int MODE> __global__ void check_div(Counts *c, int ea, int eb, uint64_
             float y[8], x[8] = {a, a, a, a, a, a, a, a};
             ck_div_by8(x, b, ck_recip(b), true, y);
             got = y[0];
-            ok = ck_recip(b) != 0.0f;
+            ok = ck_recip(b) != 0.0f && ck_div_by_ok(a, a * ck_recip(b));   /* else it divides */
         } else {
             got = ck_div_unit(a, b);
         }
