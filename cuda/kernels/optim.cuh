@@ -159,6 +159,19 @@ template <int C, class X> static __device__ __forceinline__ bool ck_state_fetch_
     return C != CODEC_PLAIN || X::vec_ok(t);
 }
 
+/* the side values of the group that holds element i of a coded state: c, and range
+ * expansion's k (groups of 128: two values each; companding and sqrt: c, groups of 32) */
+template <int C> static __device__ __forceinline__ void ck_state_side(const CkTensor &t, i64 i, float &c, float &k) {
+    const float *p = (const float *)t.s;
+    if (C == CODEC_EXPAND) {
+        c = p[(i / 128) * 2];
+        k = p[(i / 128) * 2 + 1];
+    } else {
+        c = p[i / 32];
+        k = 0.0f;
+    }
+}
+
 /* the bytes of the 8 elements at i (a chunk inside n) */
 template <int C, class X> static __device__ __forceinline__ void ck_state_fetch8(const CkTensor &t, i64 i,
                                                                                   CkStateRaw<C, X> &r) {
@@ -167,13 +180,7 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_fetch8
         return;
     }
     r.q = ((const uint2 *)t.p)[i / 8];
-    const float *p = (const float *)t.s;
-    if (C == CODEC_EXPAND) {
-        r.c = p[(i / 128) * 2];
-        r.k = p[(i / 128) * 2 + 1];
-    } else {
-        r.c = p[i / 32];
-    }
+    ck_state_side<C>(t, i, r.c, r.k);
 }
 
 /* the 8 values of a state from its codes q and its group's side values c, k (coded by C through
@@ -226,12 +233,10 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_ld8(co
         return;
     }
     unsigned char q[8];
+    float c, k;
     ck_ld8_bytes(t, i, n, q);
-    const float *p = (const float *)t.s;
-    if (C == CODEC_EXPAND)
-        ck_state_decode_codes<C>(q, p[(i / 128) * 2], p[(i / 128) * 2 + 1], x, tab);
-    else
-        ck_state_decode_codes<C>(q, p[i / 32], 0.0f, x, tab);
+    ck_state_side<C>(t, i, c, k);
+    ck_state_decode_codes<C>(q, c, k, x, tab);
 }
 
 /* stores the 8 new values x at i of a state (format X, or encoded by C: the group's statistics
