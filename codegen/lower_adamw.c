@@ -319,8 +319,8 @@ bool adamw_codecs_supported(const Node *n)
         if (gs[j - A_M] > C) C = gs[j - A_M];
     }
     if (C % gs[0] || C % gs[1]) return false;
-    int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
-    if (at_copy >= 0 && !format_is_plain(&n->in[at_copy + 2]->t.fmt)) return false;
+    int at_master = ir_adamw_master_index(n), at_amax = ir_update_amax_index(n);
+    if (at_amax >= 0 && !format_is_plain(&n->in[at_amax]->t.fmt)) return false;
     if (at_master >= 0 && n->in[at_master]->t.fmt.codec != CODEC_PLAIN) {
         const Format *f = &n->in[at_master]->t.fmt;
         return f->codec == CODEC_SPLIT && f->elem == FMT_I8 && f->scaling == SCALE_NONE &&
@@ -419,15 +419,16 @@ static void lower_adamw_update(Lower *L, Node *n)
     }
 }
 
-/* The update (AdamW, Lion or SGD), then, where it writes the weights' FP8 copy, their amax for
- * the next step's scale (in chunks, combined in order, as AMAX_RECORD does). */
+/* The update (AdamW, Lion or SGD), then, where it writes the weights' FP8 copy (or at O3 their
+ * amax alone), their amax for the next step's scale (in chunks, combined in order, as
+ * AMAX_RECORD does). */
 void lower_adamw(Lower *L, Node *n)
 {
     lower_adamw_update(L, n);
-    int at_copy = ir_adamw_copy_index(n);
-    if (at_copy < 0) return;
+    int at_amax = ir_update_amax_index(n);
+    if (at_amax < 0) return;
     int chunks, amax;
     int part = chunk_partials(L, n, n->in[A_PARAM], false, &chunks);
     CgKernel *k = combine_partials(L, n, part, chunks, false, &amax);
-    cg_store(k, cg_buf_tensor(k, n->in[at_copy + 2], false, true), ic(k, 0), amax, NONE, NONE);
+    cg_store(k, cg_buf_tensor(k, n->in[at_amax], false, true), ic(k, 0), amax, NONE, NONE);
 }

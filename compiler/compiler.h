@@ -193,6 +193,8 @@ typedef struct {
                                   (no attention, or activations not saved in FP8) */
     int attention_inputs_default;   /* save.attention_inputs's default at the level */
     int cheap_default;              /* save.cheap's default at the level */
+    int weight_amax_default;        /* scale.weight_amax's default, -1: not a point (the level
+                                       keeps FP8 weight copies, or none per use) */
     bool (*build)(void *ctx, const Choice *choices, int n, const char *out, int64_t *peak);
     void *ctx;
 } TuneRequest;

@@ -64,7 +64,7 @@
 
 #define TUNE_MAX_STEPS 64
 #define TUNE_MAX_CHOICES 1024
-#define TUNE_BUILD_POINTS 32   /* build_points' most */
+#define TUNE_BUILD_POINTS 40   /* build_points' most */
 /* a build-time point's default reuses the default binary's latest timing if it is this recent */
 #define TUNE_DEFAULT_FRESH_S 60.0
 
@@ -401,6 +401,12 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
      * transposed when read (passes/layout.c): both devices */
     switch_point(&out[n++], "layout.cast_transpose",
                  "a gradient's FP8 copy made in both layouts at once, not transposed when read", 1);
+    /* O3's per-use weight scales from the amax the update found, or a pass over each weight
+     * (passes/scaling.c): both devices, the same results */
+    if (q->weight_amax_default >= 0)
+        switch_point(&out[n++], "scale.weight_amax",
+                     "a weight's per-use scale from the amax its update found, not a pass over it",
+                     q->weight_amax_default);
     /* on the CPU, how many nodes one LLVM kernel's loop may hold (codegen/fuse.c) */
     if (!strcmp(q->device, "cpu")) {
         p = &out[n++];

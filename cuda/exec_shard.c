@@ -42,7 +42,8 @@
  *      shard: its argument block's tensors start at the shard and hold its count (the codecs'
  *      side values from the shard's first group: a shard starts on a group boundary, so the
  *      groups are the whole tensor's); then an all-reduce (max) of each FP8 weight copy's amax,
- *      so every rank's delayed scale agrees, and a group of broadcasts from each shard's owner
+ *      so every rank's delayed scale agrees (at O3 of each weight's amax, which the next
+ *      step's scales read), and a group of broadcasts from each shard's owner
  *      of the new bf16 weights and (O1/O2) the e4m3 copies, which every rank encoded with that
  *      same scale (at stage 3 only of the weights kept whole: a gathered weight stays as its
  *      owners' shards until the next step gathers it); and the gradient accumulators zeroed
@@ -311,9 +312,10 @@ bool exec_shard_prepare(CudaExec *e) {
             return false;
         if (at >= 0) {
             u->copy_eb = fmt_elem_bytes(n->in[at]->t.fmt.elem);
-            if (!exec_map_tensor(e, &n->in[at]->t, &u->copy) || !exec_map_tensor(e, &n->in[at + 2]->t, &u->amax))
-                return false;
+            if (!exec_map_tensor(e, &n->in[at]->t, &u->copy)) return false;
         }
+        int at_amax = ir_update_amax_index(n);   /* the copy's, or O3's weight amax alone */
+        if (at_amax >= 0 && !exec_map_tensor(e, &n->in[at_amax]->t, &u->amax)) return false;
         if (ir_numel(&n->in[0]->t) != u->n || ir_numel(acc) != u->n) {
             rt_error("CUDA executor: --shard-states: '%s' and its gradient differ in size",
                      n->in[0]->t.name ? n->in[0]->t.name : "unnamed");

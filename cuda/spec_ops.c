@@ -997,11 +997,11 @@ void plan_ce_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
     }
 }
 
-/* An update that writes the weights' FP8 copy leaves each block's largest |new weight| in its
- * scratch (the update launch `l`); one block then stores their maximum as the copy's amax
- * (ck_amax_record_final over a history of one). */
+/* An update that writes the weights' FP8 copy (or at O3 finds their amax alone) leaves each
+ * block's largest |new weight| in its scratch (the update launch `l`); one block then stores
+ * their maximum as the amax (ck_amax_record_final over a history of one). */
 static void plan_copy_amax(Spec *s, const Node *n, CuLaunch *l) {
-    const Node *amax = n->in[ir_adamw_copy_index(n) + 2];
+    const Node *amax = n->in[ir_update_amax_index(n)];
     unsigned parts = l->grid[0];
     l->scratch = 0;
     need_scratch(s, (int64_t)parts * 4);
@@ -1070,19 +1070,20 @@ bool plan_optimizer(Spec *s) {
         l->table = true;
         return true;
     case OP_ADAMW: {
-        int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
-        if (n->n_in - (at_copy >= 0 ? 3 : 0) != 8 + (at_master >= 0)) return spec_fail(s, "takes 8 or 9 inputs");
+        int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n), at_amax = ir_update_amax_index(n);
+        if (n->n_in - ir_update_tail(n) != 8 + (at_master >= 0)) return spec_fail(s, "takes 8 or 9 inputs");
         int64_t count = ir_numel(&n->in[0]->t);
         for (int i = 1; i < n->n_in && i != 4; i++)
             if (i < 4 && ir_numel(&n->in[i]->t) != count) return spec_fail(s, "input %d's size differs", i);
         const Node *mn = n->in[2], *vn = n->in[3], *wn = at_master >= 0 ? n->in[at_master] : NULL;
         const Node *cn = at_copy >= 0 ? n->in[at_copy] : NULL;
-        if (cn && (!spec_check_tensor(s, &cn->t, "the FP8 copy") || cn->t.fmt.scaling != SCALE_PER_TENSOR ||
-                   !spec_check_tensor(s, &n->in[at_copy + 2]->t, "the copy's amax")))
+        if ((cn && (!spec_check_tensor(s, &cn->t, "the FP8 copy") || cn->t.fmt.scaling != SCALE_PER_TENSOR)) ||
+            (at_amax >= 0 && !spec_check_tensor(s, &n->in[at_amax]->t, "the weights' amax")))
             return false;
-        /* the copy's template argument and its place: t[at_copy], after it the scale and amax */
+        /* the copy's template argument and its place: t[at_copy], after it the scale and amax;
+         * -1 where the update finds the weights' amax alone (copy=2) */
         const char *copy_arg = cn ? fmt_arg(s, &cn->t) : F32_ARG;
-        int copy_at = cn ? at_copy : 0;
+        int copy_at = cn ? at_copy : at_amax >= 0 ? -1 : 0;
         Codec mc = mn->t.fmt.codec, vc = vn->t.fmt.codec, wc = wn ? wn->t.fmt.codec : CODEC_PLAIN;
         if (mc == CODEC_PLAIN && vc == CODEC_PLAIN && wc == CODEC_PLAIN) {
             if (!check_io(s, n, false)) return false;
@@ -1099,7 +1100,7 @@ bool plan_optimizer(Spec *s) {
             args_inputs(l, n);
             l->batch = true;
             adamw_args(l, n);
-            if (cn) plan_copy_amax(s, n, l);
+            if (at_amax >= 0) plan_copy_amax(s, n, l);
             return true;
         }
         /* coded states: each one is plain, or a group codec with its side values */
@@ -1138,23 +1139,23 @@ bool plan_optimizer(Spec *s) {
         args_inputs(l, n);
         l->batch = true;
         adamw_args(l, n);
-        if (cn) plan_copy_amax(s, n, l);
+        if (at_amax >= 0) plan_copy_amax(s, n, l);
         return true;
     }
     case OP_LION: case OP_SGD: {
         /* one state, plain or coded, one kernel (ck_momentum_coded) */
-        int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
-        if (n->n_in - (at_copy >= 0 ? 3 : 0) != 7 + (at_master >= 0)) return spec_fail(s, "takes 7 or 8 inputs");
+        int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n), at_amax = ir_update_amax_index(n);
+        if (n->n_in - ir_update_tail(n) != 7 + (at_master >= 0)) return spec_fail(s, "takes 7 or 8 inputs");
         int64_t count = ir_numel(&n->in[0]->t);
         for (int i = 1; i < 3; i++)
             if (ir_numel(&n->in[i]->t) != count) return spec_fail(s, "input %d's size differs", i);
         const Node *mn = n->in[2], *wn = at_master >= 0 ? n->in[at_master] : NULL;
         const Node *cn = at_copy >= 0 ? n->in[at_copy] : NULL;
-        if (cn && (!spec_check_tensor(s, &cn->t, "the FP8 copy") || cn->t.fmt.scaling != SCALE_PER_TENSOR ||
-                   !spec_check_tensor(s, &n->in[at_copy + 2]->t, "the copy's amax")))
+        if ((cn && (!spec_check_tensor(s, &cn->t, "the FP8 copy") || cn->t.fmt.scaling != SCALE_PER_TENSOR)) ||
+            (at_amax >= 0 && !spec_check_tensor(s, &n->in[at_amax]->t, "the weights' amax")))
             return false;
         const char *copy_arg = cn ? fmt_arg(s, &cn->t) : F32_ARG;
-        int copy_at = cn ? at_copy : 0;
+        int copy_at = cn ? at_copy : at_amax >= 0 ? -1 : 0;   /* as AdamW's */
         const Format *f = &mn->t.fmt;
         Codec mc = f->codec;
         if (mc == CODEC_PLAIN ? !spec_check_tensor(s, &mn->t, "m")
@@ -1185,7 +1186,7 @@ bool plan_optimizer(Spec *s) {
         l->batch = true;
         UpdateHparams hp = ir_update_hparams(n);   /* SGD: b1 the momentum, b2 0 */
         l->args.f[0] = hp.b1, l->args.f[1] = hp.b2, l->args.f[2] = hp.wd;
-        if (cn) plan_copy_amax(s, n, l);
+        if (at_amax >= 0) plan_copy_amax(s, n, l);
         return true;
     }
     default: break;

@@ -438,6 +438,7 @@ static const ChoiceRule choice_rules[] = {
     {"fuse.input_group_copies", "0 1", 0, 0, 0},
     {"fuse.inline_elementwise", "0 1", 0, 0, 0},
     {"layout.cast_transpose", "0 1", 0, 0, 0},
+    {"scale.weight_amax", "0 1", 0, 0, 0},
     {"fuse.ce_one_pass", "0 1", 0, 0, 0},
     {"fuse.ce_lse", "0 1", 0, 0, 0},
     {"fuse.norm_grads", "0 1", 0, 0, 0},
@@ -712,17 +713,29 @@ UpdateHparams ir_update_hparams(const Node *n)
     return h;
 }
 
-/* copy is iattr 0 of every update op, so ADAMW's name reads it on LION and SGD too */
-int ir_adamw_copy_index(const Node *n)
+/* copy is iattr 0 of every update op, so ADAMW's name reads it on LION and SGD too: 1, the
+ * operands end (copy, scale, amax); 2, they end with the amax alone */
+int ir_update_tail(const Node *n)
 {
     IR_ASSERT(ir_op_is_update(n->op));
-    return IR_IATTR(n, ADAMW, copy) ? n->n_in - 3 : -1;
+    int64_t copy = IR_IATTR(n, ADAMW, copy);
+    return copy == 1 ? 3 : copy == 2 ? 1 : 0;
+}
+
+int ir_adamw_copy_index(const Node *n)
+{
+    return ir_update_tail(n) == 3 ? n->n_in - 3 : -1;
+}
+
+int ir_update_amax_index(const Node *n)
+{
+    return ir_update_tail(n) ? n->n_in - 1 : -1;
 }
 
 int ir_adamw_master_index(const Node *n)
 {
     int base = ir_update_lr_index(n) + 4;   /* lr, step, clip, grad_scale */
-    return n->n_in - (IR_IATTR(n, ADAMW, copy) ? 3 : 0) == base + 1 ? base : -1;
+    return n->n_in - ir_update_tail(n) == base + 1 ? base : -1;
 }
 
 bool ir_mutates_input(const Node *n, int i)
@@ -732,7 +745,7 @@ bool ir_mutates_input(const Node *n, int i)
     case OP_ALL_REDUCE: return i == 0;
     case OP_ADAMW: case OP_LION: case OP_SGD: {
         int c = ir_adamw_copy_index(n);
-        return i < ir_update_lr_index(n) || i == ir_adamw_master_index(n) || (c >= 0 && (i == c || i == c + 2));
+        return i < ir_update_lr_index(n) || i == ir_adamw_master_index(n) || i == c || i == ir_update_amax_index(n);
     }
     default: return false;
     }

@@ -400,9 +400,11 @@ typedef struct {
 UpdateHparams ir_update_hparams(const Node *n);
 int ir_update_lr_index(const Node *n);      /* 2 + ir_update_states */
 int ir_adamw_master_index(const Node *n);
-int ir_adamw_copy_index(const Node *n);
+int ir_adamw_copy_index(const Node *n);      /* the FP8 copy (copy=1), else -1 */
+int ir_update_amax_index(const Node *n);     /* the new weights' amax state (copy=1 or 2), else -1 */
+int ir_update_tail(const Node *n);           /* operands after the master: 3 (copy=1), 1 (copy=2), 0 */
 /* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,
- * master, FP8 copy and its amax). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
+ * master, FP8 copy, the amax state). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
  * every other reader of a mutated operand must run before n. */
 bool ir_mutates_input(const Node *n, int i);
 

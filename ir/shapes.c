@@ -393,16 +393,22 @@ static const char *infer_shape(Node *n, Arena *a)
         n->t.fmt = x->fmt;
         return NULL;
     case OP_ADAMW: case OP_LION: case OP_SGD: {
-        int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0, lr = ir_update_lr_index(n);
+        int64_t copy_attr = IR_IATTR(n, ADAMW, copy);
+        if (copy_attr < 0 || copy_attr > 2) return arena_printf(a, "%s: copy=%lld (0, 1 or 2)", info->text, (long long)copy_attr);
+        int copies = ir_update_tail(n), lr = ir_update_lr_index(n);
         if (n->n_in - copies != lr + 4 && n->n_in - copies != lr + 5)
             return arena_printf(a, "%s takes %d or %d operands%s, not %d", info->text, lr + 4, lr + 5,
-                                copies ? " and an FP8 copy's 3" : "", n->n_in);
+                                copies == 3 ? " and an FP8 copy's 3" : copies ? " and an amax state" : "", n->n_in);
         for (int i = 1; i < lr; i++)
             if ((err = check_same(n, a, 0, i, info->text))) return err;
         for (int i = lr; i < lr + 4; i++)
             if ((err = check_scalar(n, a, i, arena_printf(a, "%s's lr, step, clip and grad_scale", info->text)))) return err;
         int master = ir_adamw_master_index(n), copy = ir_adamw_copy_index(n);
         if (master >= 0 && (err = check_same(n, a, 0, master, arena_printf(a, "%s master", info->text)))) return err;
+        if (copies == 1 &&
+            ((err = check_scalar(n, a, n->n_in - 1, arena_printf(a, "%s's amax state", info->text))) ||
+             n->in[n->n_in - 1]->t.fmt.elem != FMT_F32))
+            return err ? err : arena_printf(a, "%s's amax state must be f32", info->text);
         if (copy >= 0) {
             const Format *f = &n->in[copy]->t.fmt;
             if ((err = check_same(n, a, 0, copy, arena_printf(a, "%s's FP8 copy", info->text)))) return err;

@@ -18,7 +18,8 @@
  * quantizes with the scale the forward found for the value where it has one (four bytes
  * kept), since the value and so its amax have not changed. Weights are quantized once per step
  * and the copy reused, except at O3 where no FP8 weight copy is kept across the step: each
- * use quantizes afresh.
+ * use quantizes afresh, through a scale made from the amax that the weight's update found
+ * (scale_from_update), so that no pass over a weight is left for its scale.
  *
  * quant_scale and quantize stay nodes of their own, so that the reference executor runs them
  * one by one; the kernel IR fuses a quantize with an elementwise producer read by nothing else,
@@ -233,6 +234,54 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
     return copy;
 }
 
+/* O3's per-use copies of weight p take their scale from the amax of p that p's update found
+ * as it wrote p, in place of a pass over p at each step's first use:
+ *     adamw(.., amax)                         copy=2: the new weights' amax into the state
+ *     s = quant_scale(amax)                   forward: max(elem) / amax / 2^margin
+ * The amax of a one-element tensor holding max |p| is that maximum, so s has the bits that
+ * quant_scale(p) would have had: the step computes the same thing with one read of p fewer.
+ * The state holds the amax of the weights as they are between updates; the runtime finds the
+ * first from the initial (or loaded) weights, and a checkpoint keeps it with the weights. Not
+ * where the update runs in the backward (--grad-release), nor where the weights are sharded
+ * and gathered per layer (--shard-states=3: the gather finds their amax, comm_weights.c), and
+ * only for current scaling per tensor; the choice scale.weight_amax=0 (a point of fp8c tune)
+ * keeps the passes. Gives the scale node, or NULL to quantize as usual. */
+static Node *scale_from_update(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node *mm)
+{
+    Graph *g = c->g;
+    if (!precision_level(g->opt_level)->weight_copies_per_use || rc.history > 0 || rc.static_scale > 0 ||
+        (c->opt && c->opt->shard_states >= 3) || !ir_choice_int(g, "scale.weight_amax", 1))
+        return NULL;
+    Node *u = update_of(g, p);
+    if (!u || IR_IATTR(u, ADAMW, copy) == 1) return NULL;
+    Node *amax;
+    if (IR_IATTR(u, ADAMW, copy) == 2) {
+        amax = u->in[ir_update_amax_index(u)];
+    } else {
+        amax = ir_leaf(g, OP_STATE, arena_printf(g->arena, "%s.amax", base_name(c, p)), ROLE_AMAX_HISTORY, FMT_F32, 0,
+                       NULL, p->loc);
+        amax->grad_of = p;
+        ir_move_before(g, amax, mm);
+        Node **in = arena_alloc(g->arena, sizeof(Node *) * (size_t)(u->n_in + 1));
+        memcpy(in, u->in, sizeof(Node *) * (size_t)u->n_in);
+        in[u->n_in] = amax;
+        u->in = in;
+        u->n_in += 1;
+        IR_IATTR(u, ADAMW, copy) = 2;
+        infer_or_die(g, u);
+        ir_move_to_end(g, u);   /* the updates that find an amax together: the GPU runs them as one batch */
+    }
+    Node *scale = ir_add1(g, OP_QUANT_SCALE, amax, p->loc);
+    IR_IATTR(scale, QUANT_SCALE, elem) = elem, IR_IATTR(scale, QUANT_SCALE, scaling) = SCALE_PER_TENSOR;
+    IR_IATTR(scale, QUANT_SCALE, margin) = rc.margin;
+    scale->phase = PHASE_FORWARD;
+    scale->t.role = ROLE_ACTIVATION;
+    scale->t.fmt = fmt_plain(FMT_F32);
+    infer_or_die(g, scale);
+    ir_move_before(g, scale, mm);
+    return scale;
+}
+
 static bool is_gradient(const Node *x)
 {
     return x->phase != PHASE_FORWARD && x->n_in > 0 && x->t.role == ROLE_GRAD_TEMP;
@@ -297,6 +346,8 @@ static Node *gemm_operand(Ctx *c, Node *mm, int i)
             fwd->t.fmt.history_max == !rc.recent)
             known_scale = fs;
     }
+    if (!q && !known_scale && x->op == OP_PARAM && sc == SCALE_PER_TENSOR && mm->phase == PHASE_FORWARD)
+        known_scale = scale_from_update(c, x, elem, rc, mm);
     if (!q) {
         q = emit_quantize(c, x, elem, sc, group, rc, FMT_F32, mm->phase, mm, known_scale);
         remember(c, (Quantized){x, elem, sc, group, mm->phase, q});

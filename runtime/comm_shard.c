@@ -158,10 +158,8 @@ void rt_shard_plan(const Graph *g, const int64_t *by_role, int ranks, RtShardPla
         p->grad_bytes += ir_numel(&u->in[1]->t) * fmt_elem_bytes(u->in[1]->t.fmt.elem);
         p->norm_values += (ir_numel(&u->in[1]->t) + IR_SQNORM_CHUNK - 1) / IR_SQNORM_CHUNK;
         int at = ir_adamw_copy_index(u);
-        if (at >= 0) {
-            if (!gw) p->copy_bytes += ir_numel(&u->in[at]->t) * fmt_elem_bytes(u->in[at]->t.fmt.elem);
-            p->amax_values++;
-        }
+        if (at >= 0 && !gw) p->copy_bytes += ir_numel(&u->in[at]->t) * fmt_elem_bytes(u->in[at]->t.fmt.elem);
+        if (ir_update_amax_index(u) >= 0) p->amax_values++;   /* the copy's, or O3's weight amax */
         if (group >= n && n > 0) p->whole_updates++;
         if (group > p->group) p->group = group < n ? group : p->group;
         if (!p->on) continue;

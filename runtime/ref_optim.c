@@ -4,8 +4,8 @@
  * These are the ops of the update phase (and ACCUMULATE, which ends each micro-step). Two kinds
  * of them write into their inputs: ACCUMULATE adds into the accumulator's storage, and an update
  * (ADAMW, LION, SGD) changes param, its states (AdamW: m, v; Lion, SGD: m) and master, and
- * zeroes the gradient (and, where the scaling pass gave it
- * the weight's FP8 copy, writes next step's copy and the weights' amax). They decode and encode
+ * zeroes the gradient (and, where the scaling pass gave it the weight's FP8 copy, writes next
+ * step's copy and the weights' amax; at O3, the weights' amax alone). They decode and encode
  * every one of those tensors through its own format, so an e4m3 Adam moment or a bf16 gradient
  * accumulator is rounded exactly where the GPU's fused update would round it; values inside
  * one update (the new m and v feeding the step) stay unrounded, as in registers.
@@ -150,13 +150,14 @@ static void update_task(void *ctx, int64_t c)
 /* The FP8 copy of the weights just stored, as the forward would quantize them (through the
  * copy's format and scale), and their amax for the next update's scale: into amax_state, or
  * (a shard's, which the ranks' maximum makes the tensor's) into *amax_out. */
+/* the new weights' amax (into amax_out, else the state), and their FP8 copy where there is one */
 static void store_copy(const Node *n, const Tensor *param, Tensor *copy, Tensor *amax_state,
                        float *amax_out)
 {
     if (ir_numel(amax_state) != 1) ref_die_node(n, "the copy's amax must be a scalar");
     float *w = ref_load(param);
     float amax = ref_amax(w, ir_numel(param));
-    ref_store(copy, w);
+    if (copy) ref_store(copy, w);
     if (amax_out) *amax_out = amax;
     else ref_store(amax_state, &amax);
     free(w);
@@ -197,8 +198,12 @@ static Tensor *shard_view(const Node *n, Tensor *t, int64_t off, int64_t len, Sh
 
 void ref_adamw_first_copy(Node *n)
 {
-    int at = ir_adamw_copy_index(n);
-    if (at < 0) return;
+    int at = ir_adamw_copy_index(n), at_amax = ir_update_amax_index(n);
+    if (at_amax < 0) return;
+    if (at < 0) {   /* copy=2: the amax alone */
+        store_copy(n, &n->in[A_PARAM]->t, NULL, &n->in[at_amax]->t, NULL);
+        return;
+    }
     Node *scale = n->in[at + 1];
     Tensor *amax = &n->in[at + 2]->t;
     if (scale->op != OP_DELAYED_SCALE || scale->in[1]->t.data != amax->data)
@@ -226,11 +231,11 @@ static double scalar_in(Node *n, int k)
  * or its format, then its FP8 copy). */
 static void update_range(Node *n, int64_t off, int64_t len, float *copy_amax)
 {
-    int copies = IR_IATTR(n, ADAMW, copy) ? 3 : 0, at_lr = ir_update_lr_index(n);
+    int copies = ir_update_tail(n), at_lr = ir_update_lr_index(n);
     bool adam = n->op == OP_ADAMW;
     if (n->n_in - copies != at_lr + 4 && n->n_in - copies != at_lr + 5)
-        ref_die_node(n, adam ? "takes (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax])"
-                             : "takes (param, grad, m, lr, step, clip, grad_scale[, master][, copy, scale, amax])");
+        ref_die_node(n, adam ? "takes (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax | , amax])"
+                             : "takes (param, grad, m, lr, step, clip, grad_scale[, master][, copy, scale, amax | , amax])");
     Tensor *param = &n->in[A_PARAM]->t, *grad = &n->in[A_GRAD]->t;
     Tensor *mt = &n->in[A_M]->t, *vt = adam ? &n->in[A_V]->t : NULL;
     int at_master = ir_adamw_master_index(n), at_copy = ir_adamw_copy_index(n);
@@ -288,7 +293,7 @@ static void update_range(Node *n, int64_t off, int64_t len, float *copy_amax)
         if (master) ref_store(master, j.w);
         ref_store(param, j.w);     /* through param's format: round(master) when there is one */
     }
-    if (copy) store_copy(n, param, copy, &n->in[at_copy + 2]->t, copy_amax);
+    if (copies) store_copy(n, param, copy, &n->in[ir_update_amax_index(n)]->t, copy_amax);
     free(j.w);
     free(j.g);
     free(j.m);

@@ -1328,7 +1328,7 @@ static int check_weight_copies(const Graph *g, bool expected)
         const Node *n = g->nodes[i];
         if (n->op == OP_QUANT_SCALE && n->in[0]->op == OP_PARAM && expected && IR_IATTR(n, QUANT_SCALE, scaling) == SCALE_PER_TENSOR)
             fail_msg("%%%d: a pass over weight %s remains", n->id, n->in[0]->t.name);
-        if (n->op == OP_ADAMW && IR_IATTR(n, ADAMW, copy)) {
+        if (n->op == OP_ADAMW && IR_IATTR(n, ADAMW, copy) == 1) {
             assert_true(expected);
             int c = ir_adamw_copy_index(n);
             const Node *copy = n->in[c], *scale = n->in[c + 1], *amax = n->in[c + 2];
@@ -1358,6 +1358,51 @@ static int check_weight_copies(const Graph *g, bool expected)
     return copies;
 }
 
+/* O3's per-use weight copies (scaling.c, scale_from_update): where expected, every per-tensor
+ * scale of a trained weight that a forward FP8 GEMM reads is quant_scale of a persistent f32
+ * amax state, which that weight's update (copy=2, no copy) writes; no such scale reads the
+ * weight itself, and the backward's copies of the weight take the forward's scale. Elsewhere
+ * no update has copy=2. Returns the number of weights so served. */
+static int check_weight_amaxes(const Graph *g, bool expected)
+{
+    int served = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (ir_op_is_update(n->op) && IR_IATTR(n, ADAMW, copy) == 2) {
+            assert_true(expected);
+            assert_int_equal(ir_adamw_copy_index(n), -1);
+            const Node *amax = n->in[ir_update_amax_index(n)];
+            assert_int_equal(amax->op, OP_STATE);
+            assert_true(ir_role_is_persistent(amax->t.role));
+            assert_int_equal(amax->t.fmt.elem, FMT_F32);
+            assert_int_equal(ir_numel(&amax->t), 1);
+            assert_ptr_equal(amax->grad_of, n->in[0]);
+            assert_true(ir_mutates_input(n, ir_update_amax_index(n)));
+            served++;
+        }
+        if (n->op != OP_MATMUL || !IR_IATTR(n, MATMUL, fp8)) continue;
+        for (int j = 0; j < 2; j++) {
+            const Node *x = n->in[j];
+            while (x->op == OP_TRANSPOSE) x = x->in[0];
+            if (x->op != OP_QUANTIZE || x->in[0]->op != OP_PARAM || x->t.fmt.scaling != SCALE_PER_TENSOR) continue;
+            const Node *s = x->t.fmt.scale;
+            assert_int_equal(s->op, OP_QUANT_SCALE);
+            if (!expected) continue;
+            if (s->in[0]->op == OP_PARAM)
+                fail_msg("%%%d: the scale of weight %s is a pass over it", s->id, s->in[0]->t.name);
+            assert_int_equal(s->phase, PHASE_FORWARD);
+            const Node *u = NULL;
+            for (int k = 0; k < g->n_nodes && !u; k++)
+                if (ir_op_is_update(g->nodes[k]->op) && g->nodes[k]->in[0] == x->in[0]) u = g->nodes[k];
+            assert_non_null(u);
+            assert_int_equal(IR_IATTR(u, ADAMW, copy), 2);
+            assert_ptr_equal(s->in[0], u->in[ir_update_amax_index(u)]);
+        }
+    }
+    if (expected) assert_true(served > 0);
+    return served;
+}
+
 static void test_pipeline_models(void **state)
 {
     (void)state;
@@ -1385,6 +1430,7 @@ static void test_pipeline_models(void **state)
             check_schedule(g);
             check_memplan(g);
             check_weight_copies(g, level == 1 || level == 2);
+            check_weight_amaxes(g, level == 3);   /* not with --grad-release (level 4) */
             /* FP8 levels: each layer's weight copies and saved inputs are transposed for dx and dW */
             int transposes = check_fp8_gemm_layouts(g);
             if (o.passes.opt_level == 0) assert_int_equal(transposes, 0);

@@ -267,8 +267,8 @@ static void run_update_sharded(Graph *g, int ranks)
             if (s.len) ref_update_shard(n, s.off, s.len, &a);
             amax = fmaxf(amax, a);
         }
-        int at = ir_adamw_copy_index(n);
-        if (at >= 0) ref_store(&n->in[at + 2]->t, &amax);
+        int at = ir_update_amax_index(n);
+        if (at >= 0) ref_store(&n->in[at]->t, &amax);
     }
 }
 

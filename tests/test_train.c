@@ -215,8 +215,9 @@ static void check_resume_exact(const char *opt) {
 
 /* Builds MODEL (models/NAME with DEFINES) at -O0 and -O1 with and without --choice CHOICE and
  * checks that three steps agree to the last bit. */
-static void check_choice_is_exact(const char *base, const char *choice, const char *name, const char *defines) {
-    for (int level = 0; level <= 1; level++) {
+static void check_choice_is_exact_at(const char *base, const char *choice, const char *name, const char *defines,
+                                     int lo, int hi) {
+    for (int level = lo; level <= hi; level++) {
         for (int v = 0; v < 2; v++) {
             const char *pick = v ? choice : base;   /* base NULL: the defaults */
             int rc = run("build", "%s build %s/models/%s -O%d %s %s %s%s -o %s/rc%d", fp8c, FP8C_SOURCE_DIR, name,
@@ -236,6 +237,10 @@ static void check_choice_is_exact(const char *base, const char *choice, const ch
         }
         printf("  %s -O%d: 3 steps the same with %s as with %s\n", name, level, choice, base ? base : "the defaults");
     }
+}
+
+static void check_choice_is_exact(const char *base, const char *choice, const char *name, const char *defines) {
+    check_choice_is_exact_at(base, choice, name, defines, 0, 1);
 }
 
 /* save.cheap=0 (passes/recompute.c) makes the backward compute again what it read saved: the
@@ -273,6 +278,18 @@ static void test_unfused_is_exact(void **state) {
 static void test_transpose_when_read_is_exact(void **state) {
     (void)state;
     check_choice_is_exact(NULL, "layout.cast_transpose=0", "gpt2_tiny.model", "");
+}
+
+/* O3's per-use weight scales from the amax each update finds as it writes the weights
+ * (scale.weight_amax=1, the default; passes/scaling.c) against a pass over each weight at its
+ * first use in the step (0): the amax of one value holding max |w| is that maximum, so every
+ * step agrees to the last bit, on GPT-2 and on a small Llama. (test_resume_exact_o3 resumes
+ * through a checkpoint, which holds the amax states with the weights.) */
+static void test_weight_amax_is_exact(void **state) {
+    (void)state;
+    check_choice_is_exact_at("scale.weight_amax=0", "scale.weight_amax=1", "gpt2_tiny.model", "", 3, 3);
+    check_choice_is_exact_at("scale.weight_amax=0", "scale.weight_amax=1", "llama.model",
+                             "-D layers=2 -D dim=64 -D heads=4 -D kv_heads=2 -D hidden=128 -D vocab=256", 3, 3);
 }
 
 static void test_resume_exact_o2(void **state) {
@@ -815,6 +832,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_recompute_attention_inputs_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unfused_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_transpose_when_read_is_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_weight_amax_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_restores_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_optimizers_loss_falls, setup, teardown),

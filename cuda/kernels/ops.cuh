@@ -465,12 +465,13 @@ template <class Y, class S> __device__ void ck_grad_norm(const CkArgs &a) {
 }
 
 /* AdamW's FP8 weight copy (COPY_AT > 0: the copy is t[COPY_AT], format CP): the weight as
- * stored, quantized through the copy's scale, and the block's largest |weight| so far in m */
+ * stored, quantized through the copy's scale, and the block's largest |weight| so far in m.
+ * COPY_AT < 0 (O3: copy=2): no copy, the largest |weight| alone. */
 template <int COPY_AT, class P, class CP>
 static __device__ __forceinline__ void ck_adamw_copy(const CkArgs &a, i64 i, float w, float &m) {
     if (!COPY_AT) return;
     float stored = P::round(a.t[0], i, w);
-    CP::st(a.t[COPY_AT], i, stored);
+    if (COPY_AT > 0) CP::st(a.t[COPY_AT > 0 ? COPY_AT : 0], i, stored);
     m = fmaxf(m, fabsf(stored));
 }
 

@@ -978,6 +978,15 @@ static void build_momentum_updates(Node *const *scal) {
                                   (long long)nc),
                      2e-5, op_v(op, FMT_VOID, lion ? NULL : I(0, cs_i >= 2), fa,
                                 IN(pc, gc, mc, scal[0], scal[1], scal[2], scal[3], wc)));
+            if (cd != CODEC_COMPAND) continue;
+            /* O3's split master with the new weights' amax (copy=2) */
+            Node *pa = leaf(FMT_BF16, 1, DIMS(nc)), *ga = leaf(FMT_BF16, 1, DIMS(nc));
+            Node *wa = leaf(FMT_I8, 60, DIMS(nc)), *amax_a = leaf(FMT_F32, 1, 0, NULL);
+            wa->t.fmt.codec = CODEC_SPLIT;
+            add_case(arena_printf(arena, "%s compand momentum, split master, weight amax, %lld", lion ? "lion" : "sgd",
+                                  (long long)nc),
+                     2e-5, op_v(op, FMT_VOID, lion ? I(2) : I(2, cs_i >= 2), fa,
+                                IN(pa, ga, mc, scal[0], scal[1], scal[2], scal[3], wa, amax_a)));
         }
     }
 }
@@ -1014,6 +1023,13 @@ static void build_optimizer(void) {
     fill_of(v3)->positive = true;
     add_case("adamw master, FP8 copy", 2e-5, op_v(OP_ADAMW, FMT_VOID, I(1), Fa(0.9, 0.95, 1e-8, 0.1),
              IN(p3, g3, m3, v3, scal[0], scal[1], scal[2], scal[3], w3, copy, cs, amax)));
+    /* O3's copy=2: no copy, the new weights' amax alone (the next step's per-use scales) */
+    Node *p4 = leaf(FMT_BF16, 1, DIMS(R, C)), *m4 = leaf(FMT_F32, 0.1f, DIMS(R, C));
+    Node *v4 = leaf(FMT_F32, 0.01f, DIMS(R, C)), *w4 = leaf(FMT_F32, 1, DIMS(R, C));
+    Node *g4 = leaf(FMT_BF16, 1, DIMS(R, C)), *amax4 = leaf(FMT_F32, 1, 0, NULL);
+    fill_of(v4)->positive = true;
+    add_case("adamw master, weight amax", 2e-5, op_v(OP_ADAMW, FMT_VOID, I(2), Fa(0.9, 0.95, 1e-8, 0.1),
+             IN(p4, g4, m4, v4, scal[0], scal[1], scal[2], scal[3], w4, amax4)));
     /* coded states (O2: range expansion; O3: companded m, sqrt v, split master), at a size of
      * any length (every access element by element) and at a multiple of 8 past a few chunks of
      * 256 (wide accesses, then a short last chunk) */
@@ -1046,6 +1062,13 @@ static void build_optimizer(void) {
             lo->t.fmt.codec = CODEC_SPLIT;
             add_case("adamw compand/sqrt, split master", 2e-5, op_v(OP_ADAMW, FMT_VOID, NULL, Fa(0.9, 0.95, 1e-8, 0.1),
                      IN(pc, gc, st[0], st[1], scal[0], scal[1], scal[2], scal[3], lo)));
+            /* as O3 has it: the update finds the new weights' amax too (copy=2) */
+            Node *lo2 = leaf(FMT_I8, 60, DIMS(nc)), *pc2 = leaf(FMT_BF16, 1, DIMS(nc));
+            Node *gc2 = leaf(FMT_BF16, 1, DIMS(nc)), *amax2 = leaf(FMT_F32, 1, 0, NULL);
+            lo2->t.fmt.codec = CODEC_SPLIT;
+            add_case("adamw compand/sqrt, split master, weight amax", 2e-5,
+                     op_v(OP_ADAMW, FMT_VOID, I(2), Fa(0.9, 0.95, 1e-8, 0.1),
+                          IN(pc2, gc2, st[0], st[1], scal[0], scal[1], scal[2], scal[3], lo2, amax2)));
         }
     }
     build_momentum_updates(scal);
