@@ -47,6 +47,13 @@
  * winners together still do not fit, each point's candidate of the smallest peak is taken
  * instead, and when even that set does not fit, one line says the smallest peak reached.
  *
+ * On a GPU a build-time candidate's binary spends most of its run making its training state
+ * on the host (GPT-2 1.5B: drawing 1.5 billion weights, encoding masters and states), which
+ * the GPU does not need: so while one candidate runs, the next one is built and started with
+ * --start-after, makes its state on all but two of the host's cores and waits; the file that
+ * lets it on the device is made once the one before it has ended. One binary on the GPU at a
+ * time, as before; the CPU's candidates, whose steps would share the host, run one by one.
+ *
  * Progress goes to stderr, a line per candidate: which point, how many are left, the time so
  * far. */
 #include "compiler.h"
@@ -76,6 +83,14 @@ typedef struct {
     double median, min, max;        /* over the steps after the warm-up */
 } Run;
 
+/* A started binary: its process, files, and (--start-after) the file that lets it on */
+typedef struct {
+    pid_t pid;                      /* 0: none */
+    char *log, *out, *gate, *bin;   /* bin: a candidate's own binary, removed at the end */
+    const char *point, *value;      /* the candidate it is (a started-ahead one) */
+    int64_t peak;
+} Started;
+
 typedef struct {
     const TuneRequest *q;
     char *dir, *data;
@@ -85,6 +100,7 @@ typedef struct {
     int64_t base_peak;              /* its memory plan's peak, bytes */
     Run recent;                     /* the default binary's latest timing, at recent_at s */
     double recent_at;
+    Started ahead;                  /* the next build-time candidate, started and waiting */
     TuneRecord rec;
 } Tuner;
 
@@ -127,30 +143,47 @@ static int compare_doubles(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Runs bin for the tuner's steps with env (NAME=VALUE strings) added; its output goes to a file
- * whose tail is shown when the run fails. On a GPU every run takes cuBLASLt's first heuristic
+/* Starts bin for the tuner's steps with env (NAME=VALUE strings) added; its output goes to a
+ * file whose tail is shown when the run fails. gated: with --start-after, to wait, its state
+ * made, until finish_binary lets it on the device. On a GPU every run takes cuBLASLt's first heuristic
  * algorithm for each GEMM (FP8C_CUDA_TUNE=0, a binary's default, set here against a user's
  * FP8C_CUDA_TUNE=1) unless env says otherwise: timing the GEMMs' candidates at start-up takes
  * seconds of each run and may pick other algorithms in each, so that a fusion's candidate
  * could win or lose by its GEMMs' luck. The
  * GEMM point measures the algorithms on its own (FP8C_TUNE_GEMMS), against that same first
  * choice, which is also what the record keeps where no algorithm wins. */
-static bool run_binary(Tuner *t, const char *bin, const char *const *env, int n_env, Run *r)
+static bool start_binary(Tuner *t, const char *bin, const char *const *env, int n_env, bool gated, Started *s)
 {
-    memset(r, 0, sizeof *r);
+    memset(s, 0, sizeof *s);
     char name[32];
-    snprintf(name, sizeof name, "run%d.log", t->n_runs);
-    char *log = tune_path(t, name);
-    snprintf(name, sizeof name, "run%d.out", t->n_runs++);
-    char *out = tune_path(t, name);
-    char steps[16];
+    int k = t->n_runs++;
+    snprintf(name, sizeof name, "run%d.log", k);
+    s->log = tune_path(t, name);
+    snprintf(name, sizeof name, "run%d.out", k);
+    s->out = tune_path(t, name);
+    if (gated) {
+        snprintf(name, sizeof name, "run%d.go", k);
+        s->gate = tune_path(t, name);
+    }
+    char steps[16], threads[24];
     snprintf(steps, sizeof steps, "%d", t->q->steps);
-    char *argv[] = {(char *)bin, "--data", t->data, "--steps", steps, "--log", log, "--eval-every", "0",
-                    "--eval-batches", "1", "--device", (char *)t->q->device, "--seed", "1", NULL};
+    char *argv[24] = {(char *)bin, "--data", t->data, "--steps", steps, "--log", s->log, "--eval-every", "0",
+                      "--eval-batches", "1", "--device", (char *)t->q->device, "--seed", "1"};
+    int argc = 15;
+    if (gated) {
+        /* it makes its state beside a running binary: two of the host's cores left to that one */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        snprintf(threads, sizeof threads, "%ld", cores > 4 ? cores - 2 : 1);
+        argv[argc++] = "--start-after";
+        argv[argc++] = s->gate;
+        argv[argc++] = "--threads";
+        argv[argc++] = threads;
+    }
+    argv[argc] = NULL;
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int fd = open(s->out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);
@@ -161,12 +194,29 @@ static bool run_binary(Tuner *t, const char *bin, const char *const *env, int n_
         execv(bin, argv);
         _exit(127);
     }
+    s->pid = pid > 0 ? pid : -1;
+    return pid > 0;
+}
+
+/* Lets a started binary on the device: makes its --start-after file. False if it cannot. */
+static bool let_on(Started *s)
+{
+    if (!s->gate || s->pid <= 0) return s->pid > 0;
+    FILE *go = fopen(s->gate, "w");
+    return go && fclose(go) == 0;
+}
+
+/* Lets a started binary on, waits for it, and reads its log into r. */
+static bool finish_binary(Tuner *t, Started *s, Run *r)
+{
+    memset(r, 0, sizeof *r);
     int status = 0;
-    bool ok = pid > 0;
-    while (ok && waitpid(pid, &status, 0) < 0)
+    bool ok = let_on(s);
+    if (!ok && s->pid > 0) kill(s->pid, SIGTERM);
+    while (s->pid > 0 && waitpid(s->pid, &status, 0) < 0)
         if (errno != EINTR) ok = false;
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    FILE *f = fopen(log, "r");
+    FILE *f = fopen(s->log, "r");
     char line[1024];
     while (f && r->n < TUNE_MAX_STEPS && fgets(line, sizeof line, f)) {
         const char *ms = strstr(line, "\"ms\":"), *loss = strstr(line, "\"loss\":");
@@ -187,20 +237,51 @@ static bool run_binary(Tuner *t, const char *bin, const char *const *env, int n_
         r->max = sorted[k - 1];
         r->ran = true;
     } else {
-        fprintf(stderr, "fp8c: tune: %s did not run (exit status %d); its last lines:\n", bin,
+        fprintf(stderr, "fp8c: tune: %s did not run (exit status %d); its last lines:\n", s->bin ? s->bin : "a binary",
                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-        FILE *o = fopen(out, "r");
+        FILE *o = fopen(s->out, "r");
         char tail[8][512];
         int n = 0;
         while (o && fgets(tail[n % 8], sizeof tail[0], o)) n++;
         for (int i = n > 8 ? n - 8 : 0; i < n; i++) fprintf(stderr, "  %s", tail[i % 8]);
         if (o) fclose(o);
     }
-    unlink(log);
-    unlink(out);
-    free(log);
-    free(out);
+    unlink(s->log);
+    unlink(s->out);
+    if (s->gate) unlink(s->gate);
+    if (s->bin) unlink(s->bin);
+    free(s->log);
+    free(s->out);
+    free(s->gate);
+    free(s->bin);
+    memset(s, 0, sizeof *s);
     return r->ran;
+}
+
+/* A started binary not to be run after all: ended, its files removed. */
+static void drop_binary(Started *s)
+{
+    if (s->pid > 0) {
+        kill(s->pid, SIGTERM);
+        while (waitpid(s->pid, NULL, 0) < 0 && errno == EINTR) {}
+    }
+    if (s->log) unlink(s->log);
+    if (s->out) unlink(s->out);
+    if (s->gate) unlink(s->gate);
+    if (s->bin) unlink(s->bin);
+    free(s->log);
+    free(s->out);
+    free(s->gate);
+    free(s->bin);
+    memset(s, 0, sizeof *s);
+}
+
+/* Runs bin for the tuner's steps with env (NAME=VALUE strings) added, at once. */
+static bool run_binary(Tuner *t, const char *bin, const char *const *env, int n_env, Run *r)
+{
+    Started s;
+    start_binary(t, bin, env, n_env, false, &s);
+    return finish_binary(t, &s, r);
 }
 
 /* The largest relative difference of r's losses from the default run's. */
@@ -469,8 +550,62 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
     return n;
 }
 
-static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint *b, int *left)
+/* Builds candidate `value` of point b into a binary of its own and starts it (gated: to wait
+ * for its turn once its state is made); false with a note in `note` where it is not run. */
+static bool start_candidate(Tuner *t, const BuildPoint *b, const char *value, bool gated, Started *s, char *note,
+                            size_t note_size)
 {
+    memset(s, 0, sizeof *s);
+    char name[64];
+    snprintf(name, sizeof name, "cand%d", t->n_runs++);
+    char *bin = tune_path(t, name);
+    Choice ch = {b->name, value};
+    int64_t peak = 0;
+    bool built = bin && t->q->build(t->q->ctx, &ch, 1, bin, &peak);
+    if (!built) snprintf(note, note_size, "did not build");
+    else if (!fits(t, peak)) snprintf(note, note_size, "not run: its peak is over the memory budget");
+    if (!built || !fits(t, peak)) {
+        if (bin) unlink(bin);
+        free(bin);
+        s->peak = peak;
+        return false;
+    }
+    start_binary(t, bin, NULL, 0, gated, s);
+    s->bin = bin;
+    s->point = b->name;
+    s->value = value;
+    s->peak = peak;
+    return true;
+}
+
+/* Whether candidates may start ahead: on a GPU, where two binaries' host state fits the host
+ * twice over (the base's whole memory plan standing in for its host mirror) */
+static bool ahead_ok(const Tuner *t)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return !strcmp(t->q->device, "cuda") && pages > 0 && page > 0 &&
+           4.0 * (double)t->base_peak <= (double)pages * (double)page;
+}
+
+/* Starts the build-time candidate after value vi of point bi (not a default), gated, while the
+ * one just let on runs: its state is made meanwhile. */
+static void start_ahead(Tuner *t, const BuildPoint *builds, int n_build, int bi, int vi)
+{
+    if (t->ahead.pid || !ahead_ok(t) || elapsed(t) > t->q->budget_s) return;
+    for (int b = bi; b < n_build; b++)
+        for (int i = b == bi ? vi + 1 : 0; i < builds[b].n; i++) {
+            if (!strcmp(builds[b].values[i], builds[b].dflt)) continue;
+            char note[64];
+            if (!start_candidate(t, &builds[b], builds[b].values[i], true, &t->ahead, note, sizeof note))
+                memset(&t->ahead, 0, sizeof t->ahead);   /* its turn builds it again and says why */
+            return;
+        }
+}
+
+static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint *builds, int n_build, int bi,
+                                int *left)
+{
+    const BuildPoint *b = &builds[bi];
     TunePoint *p = add_point(&t->rec, b->name, b->what, b->dflt);
     if (!p) return;
     for (int i = 0; i < b->n; i++) {
@@ -491,17 +626,24 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
             fill_candidate(c, &t->recent, &t->base, t->q->tolerance);
             c->peak = t->base_peak;
         } else {
-            char name[64];
-            snprintf(name, sizeof name, "cand%d", t->n_runs++);
-            char *bin = tune_path(t, name);
-            Choice ch = {b->name, b->values[i]};
+            Started s;
             Run r = {0};
-            if (!bin || !t->q->build(t->q->ctx, &ch, 1, bin, &c->peak)) snprintf(c->note, sizeof c->note, "did not build");
-            else if (!fits(t, c->peak)) snprintf(c->note, sizeof c->note, "not run: its peak is over the memory budget");
-            else run_binary(t, bin, NULL, 0, &r);
-            if (bin) unlink(bin);
-            free(bin);
-            if (!c->note[0]) fill_candidate(c, &r, &t->base, t->q->tolerance);
+            bool started;
+            if (t->ahead.pid && !strcmp(t->ahead.point, b->name) && !strcmp(t->ahead.value, b->values[i])) {
+                s = t->ahead;   /* started while the one before ran: its state is made */
+                memset(&t->ahead, 0, sizeof t->ahead);
+                started = true;
+            } else {
+                drop_binary(&t->ahead);   /* one started for another candidate (none in order) */
+                started = start_candidate(t, b, b->values[i], ahead_ok(t), &s, c->note, sizeof c->note);
+            }
+            c->peak = s.peak;
+            if (started) {
+                let_on(&s);
+                start_ahead(t, builds, n_build, bi, i);
+                finish_binary(t, &s, &r);
+                fill_candidate(c, &r, &t->base, t->q->tolerance);
+            }
         }
         if (c->ok && !fits(t, c->peak)) {
             c->ok = false;
@@ -683,7 +825,8 @@ int tune_run(const TuneRequest *q)
     for (int i = 0; i < n_env; i++) left += envs[i].n;
     for (int i = 0; i < n_build; i++) left += builds[i].n;
     for (int i = 0; i < n_env; i++) measure_env_point(&t, base_bin, &envs[i], &left);
-    for (int i = 0; i < n_build; i++) measure_build_point(&t, base_bin, &builds[i], &left);
+    for (int i = 0; i < n_build; i++) measure_build_point(&t, base_bin, builds, n_build, i, &left);
+    drop_binary(&t.ahead);   /* started ahead of a candidate the budget left unmeasured */
 
     /* the winners together */
     Choice *choices = calloc(TUNE_MAX_CHOICES, sizeof *choices);

@@ -82,6 +82,9 @@ static const RtFlag train_flags[] = {
                                    "ref: the reference executor (the ground truth, slow)"),
     INT32("threads", "N", threads, 1, RT_MAX_THREADS, "CPU threads (default: $FP8C_THREADS, else every online CPU;\n"
                                             "results are bit-identical for any count)"),
+    TEXT("start-after", "FILE", start_after, "make the training state, then wait until FILE exists before\n"
+                                            "opening the device (fp8c tune makes one candidate's state\n"
+                                            "while the one before it runs on the GPU)"),
     HEADING("data parallel (GPUs, NCCL; a binary built with fp8c build --gpus N)"),
     INT32("gpus", "N", gpus, 1, 1024, "N ranks on this host, one GPU and one process each, started by\n"
                                       "this binary; each reads its own share of every batch (global\n"

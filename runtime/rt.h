@@ -440,6 +440,7 @@ typedef struct {
     int rank, world_size;       /* world_size 0: not given (one) */
     const char *comm_file;
     double comm_timeout;        /* seconds a rank waits for the others (meeting, collectives) */
+    const char *start_after;    /* --start-after: wait for this file before opening the device */
 } TrainOptions;
 
 /* A resumed training run's settings, from its checkpoint's metadata (checkpoint.c): --lr,

@@ -406,6 +406,23 @@ static double train_now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* --start-after: fp8c tune makes a candidate's training state (seconds of host work for a
+ * large model) while the candidate before it runs, and lets it on the device by creating the
+ * file once that one has ended. The wait ends with the file, or with an error when the
+ * process that started this one is gone (nobody would create it). */
+static bool train_wait_for_file(const char *path) {
+    pid_t parent = getppid();
+    while (access(path, F_OK) != 0) {
+        if (getppid() != parent) {
+            rt_error("--start-after %s: the process that started this one has ended", path);
+            return false;
+        }
+        struct timespec pause = {0, 2000000};
+        nanosleep(&pause, NULL);
+    }
+    return true;
+}
+
 /* Mean forward loss over the fixed validation batches, leaving the training state as it was. */
 static double train_evaluate(Graph *g, const Model *m, const TokenData *val, int64_t batches,
                              int32_t *tok, int32_t *tgt) {
@@ -798,7 +815,9 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
     }
     /* the steps make every value of the step arena: nothing above wrote to it */
     mem.step_blank = true;
-    double state_ms = train_now_ms() - setup_t0;
+    double state_ms = train_now_ms() - setup_t0, waited_ms = train_now_ms();
+    if (o->start_after && !train_wait_for_file(o->start_after)) goto out;
+    waited_ms = train_now_ms() - waited_ms;
     train_dev = rt_device_select(train_world > 1 && !strcmp(o->device, "auto") ? "cuda" : o->device);
     if (train_dev && train_world > 1 && !train_join(train_dev, o)) train_dev = NULL;
     if (!train_dev || !train_dev->open(g, &mem)) {
@@ -833,7 +852,8 @@ int train_rank_run(Graph *g, const TrainOptions *opts) {
             (long long)mem.step_bytes, (long long)train.n_tokens);
     if (train_dev != &rt_cpu_device) rt_note("device: %s", train_dev->describe());
     rt_note("set-up: %.1f s, of which the training state %.1f s (parameters made or read, "
-            "optimizer states)", (train_now_ms() - setup_t0) / 1000, state_ms / 1000);
+            "optimizer states)", (train_now_ms() - setup_t0 - waited_ms) / 1000, state_ms / 1000);
+    if (o->start_after) rt_note("waited %.1f s for %s (--start-after)", waited_ms / 1000, o->start_after);
     if (train_world > 1)
         rt_note("data parallel over %d ranks: a step is %d sequences (%d ranks x batch %d x %d "
                 "micro-steps); rank 0 logs and writes checkpoints", train_world,

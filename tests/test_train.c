@@ -750,6 +750,29 @@ static void test_divergence_backs_off_delayed_scales(void **state) {
     assert_int_equal(halved, skipped);
 }
 
+/* --start-after FILE (fp8c tune starts a candidate ahead, to make its state while another one
+ * runs): the binary makes its training state, then waits for FILE before it opens the device;
+ * nothing is logged before (a second later the log is still absent), and it then trains as it
+ * would have. */
+static void test_start_after(void **state) {
+    (void)state;
+    build("-O1", "bin");
+    int rc = run("gate", "{ (sleep 1; test -e %s/w.jsonl && touch %s/early; touch %s/go) & "
+                 "%s/bin --data %s/data/gcide_sample.txt --steps 2 --eval-every 0 --seed %u --start-after %s/go "
+                 "--log %s/w.jsonl; status=$?; wait; exit $status; }",
+                 tmp_dir, tmp_dir, tmp_dir, tmp_dir, FP8C_SOURCE_DIR, seed, tmp_dir, tmp_dir);
+    if (rc != 0) fail_msg("--start-after run failed (%d):\n%s", rc, slurp("gate.out"));
+    char path[512];
+    snprintf(path, sizeof path, "%s/early", tmp_dir);
+    assert_int_equal(access(path, F_OK), -1);
+    char *lines[4];
+    assert_int_equal(log_lines("w.jsonl", lines, 4), 2);
+    for (int i = 0; i < 2; i++) free(lines[i]);
+    char *out = slurp("gate.out");
+    assert_non_null(strstr(out, "(--start-after)"));
+    free(out);
+}
+
 /* `fp8c train MODEL -- FLAGS`: built in a temp directory, run, its status passed through. */
 static void test_fp8c_train(void **state) {
     (void)state;
@@ -833,6 +856,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_unfused_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_transpose_when_read_is_exact, setup, teardown),
         cmocka_unit_test_setup_teardown(test_weight_amax_is_exact, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_start_after, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_exact_o3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resume_restores_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_optimizers_loss_falls, setup, teardown),
