@@ -198,6 +198,17 @@ static bool start_binary(Tuner *t, const char *bin, const char *const *env, int 
     return pid > 0;
 }
 
+/* A started binary's files removed and its names freed, once its process has ended. */
+static void forget_binary(Started *s)
+{
+    char *files[4] = {s->log, s->out, s->gate, s->bin};
+    for (int i = 0; i < 4; i++) {
+        if (files[i]) unlink(files[i]);
+        free(files[i]);
+    }
+    memset(s, 0, sizeof *s);
+}
+
 /* Lets a started binary on the device: makes its --start-after file. False if it cannot. */
 static bool let_on(Started *s)
 {
@@ -246,15 +257,7 @@ static bool finish_binary(Tuner *t, Started *s, Run *r)
         for (int i = n > 8 ? n - 8 : 0; i < n; i++) fprintf(stderr, "  %s", tail[i % 8]);
         if (o) fclose(o);
     }
-    unlink(s->log);
-    unlink(s->out);
-    if (s->gate) unlink(s->gate);
-    if (s->bin) unlink(s->bin);
-    free(s->log);
-    free(s->out);
-    free(s->gate);
-    free(s->bin);
-    memset(s, 0, sizeof *s);
+    forget_binary(s);
     return r->ran;
 }
 
@@ -265,15 +268,7 @@ static void drop_binary(Started *s)
         kill(s->pid, SIGTERM);
         while (waitpid(s->pid, NULL, 0) < 0 && errno == EINTR) {}
     }
-    if (s->log) unlink(s->log);
-    if (s->out) unlink(s->out);
-    if (s->gate) unlink(s->gate);
-    if (s->bin) unlink(s->bin);
-    free(s->log);
-    free(s->out);
-    free(s->gate);
-    free(s->bin);
-    memset(s, 0, sizeof *s);
+    forget_binary(s);
 }
 
 /* Runs bin for the tuner's steps with env (NAME=VALUE strings) added, at once. */
