@@ -195,6 +195,8 @@ typedef struct {
     int cheap_default;              /* save.cheap's default at the level */
     int weight_amax_default;        /* scale.weight_amax's default, -1: not a point (the level
                                        keeps FP8 weight copies, or none per use) */
+    int64_t state_bytes;            /* the defaults' persistent state in the memory plan: what a
+                                       GPU binary's host mirror fills (its step arena it does not) */
     bool (*build)(void *ctx, const Choice *choices, int n, const char *out, int64_t *peak);
     void *ctx;
 } TuneRequest;

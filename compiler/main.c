@@ -856,6 +856,7 @@ static int cmd_tune(Args *a)
                      .attention_inputs_default = !level->attention_inputs_remade,
                      .cheap_default = !level->cheap_remade,
                      .weight_amax_default = level->weight_copies_per_use ? 1 : -1,
+                     .state_bytes = g->persistent_bytes,
                      .build = tune_build, .ctx = a};
     return a->list_candidates ? tune_list_candidates(&q, stdout) : tune_run(&q);
 }

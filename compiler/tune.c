@@ -573,13 +573,15 @@ static bool start_candidate(Tuner *t, const BuildPoint *b, const char *value, bo
     return true;
 }
 
-/* Whether candidates may start ahead: on a GPU, where two binaries' host state fits the host
- * twice over (the base's whole memory plan standing in for its host mirror) */
+/* Whether candidates may start ahead: on a GPU, where two binaries' host state (the memory
+ * plan's persistent state: a GPU run's host mirror fills that, not its step arena) fits in
+ * half the host's memory. GPT-2 d48 -O1 (25 GB of state, a 41 GiB plan) on a 128 GiB host
+ * does; judged by its whole plan it did not, and its candidates ran one by one. */
 static bool ahead_ok(const Tuner *t)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return !strcmp(t->q->device, "cuda") && pages > 0 && page > 0 &&
-           4.0 * (double)t->base_peak <= (double)pages * (double)page;
+    double state = t->q->state_bytes > 0 ? (double)t->q->state_bytes : (double)t->base_peak;
+    return !strcmp(t->q->device, "cuda") && pages > 0 && page > 0 && 4.0 * state <= (double)pages * (double)page;
 }
 
 /* Starts the build-time candidate after value vi of point bi (not a default), gated, while the
