@@ -87,6 +87,7 @@ typedef struct {
 typedef struct {
     pid_t pid;                      /* 0: none */
     char *log, *out, *gate, *bin;   /* bin: a candidate's own binary, removed at the end */
+    bool on;                        /* let on the device (its gate made) */
     const char *point, *value;      /* the candidate it is (a started-ahead one) */
     int64_t peak;
 } Started;
@@ -169,7 +170,8 @@ static bool start_binary(Tuner *t, const char *bin, const char *const *env, int 
     snprintf(steps, sizeof steps, "%d", t->q->steps);
     char *argv[24] = {(char *)bin, "--data", t->data, "--steps", steps, "--log", s->log, "--eval-every", "0",
                       "--eval-batches", "1", "--device", (char *)t->q->device, "--seed", "1"};
-    int argc = 15;
+    int argc = 0;
+    while (argv[argc]) argc++;
     if (gated) {
         /* it makes its state beside a running binary: two of the host's cores left to that one */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -209,12 +211,14 @@ static void forget_binary(Started *s)
     memset(s, 0, sizeof *s);
 }
 
-/* Lets a started binary on the device: makes its --start-after file. False if it cannot. */
+/* Lets a started binary on the device: makes its --start-after file, once. False if it
+ * cannot. */
 static bool let_on(Started *s)
 {
-    if (!s->gate || s->pid <= 0) return s->pid > 0;
+    if (!s->gate || s->pid <= 0 || s->on) return s->pid > 0;
     FILE *go = fopen(s->gate, "w");
-    return go && fclose(go) == 0;
+    s->on = go && fclose(go) == 0;
+    return s->on;
 }
 
 /* Lets a started binary on, waits for it, and reads its log into r. */

@@ -182,6 +182,21 @@ static Node *update_of(Graph *g, const Node *p)
     return NULL;
 }
 
+/* Gives update u the operands that its copy attribute (ops.def: 1, the FP8 copy, its scale and
+ * amax; 2, the amax alone) says it ends with, and moves it to the end of the graph: the
+ * updates that write copies or amaxes together, which the GPU runs as one batch. */
+static void extend_update(Graph *g, Node *u, int copy, Node *const *extra, int n_extra)
+{
+    Node **in = arena_alloc(g->arena, sizeof(Node *) * (size_t)(u->n_in + n_extra));
+    memcpy(in, u->in, sizeof(Node *) * (size_t)u->n_in);
+    memcpy(in + u->n_in, extra, sizeof(Node *) * (size_t)n_extra);
+    u->in = in;
+    u->n_in += n_extra;
+    IR_IATTR(u, ADAMW, copy) = copy;
+    infer_or_die(g, u);
+    ir_move_to_end(g, u);
+}
+
 /* The FP8 copy of weight p that its update writes for the next step, in place of quantizing p
  * in every forward. The copy, its scale and the amax of the weights it was made from are
  * persistent:
@@ -223,14 +238,7 @@ static Node *optimizer_copy(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, Node
     infer_or_die(g, upd);
     ir_move_before(g, upd, first_update);   /* the scales first, the updates together after */
 
-    Node **in = arena_alloc(g->arena, sizeof(Node *) * (size_t)(u->n_in + 3));
-    memcpy(in, u->in, sizeof(Node *) * (size_t)u->n_in);
-    in[u->n_in] = copy, in[u->n_in + 1] = upd, in[u->n_in + 2] = amax;
-    u->in = in;
-    u->n_in += 3;
-    IR_IATTR(u, ADAMW, copy) = 1;
-    infer_or_die(g, u);
-    ir_move_to_end(g, u);   /* the updates that write copies together: the GPU runs them as one batch */
+    extend_update(g, u, 1, (Node *[]){copy, upd, amax}, 3);
     return copy;
 }
 
@@ -262,14 +270,7 @@ static Node *scale_from_update(Ctx *c, Node *p, ElemType elem, ScaleRecipe rc, N
                        NULL, p->loc);
         amax->grad_of = p;
         ir_move_before(g, amax, mm);
-        Node **in = arena_alloc(g->arena, sizeof(Node *) * (size_t)(u->n_in + 1));
-        memcpy(in, u->in, sizeof(Node *) * (size_t)u->n_in);
-        in[u->n_in] = amax;
-        u->in = in;
-        u->n_in += 1;
-        IR_IATTR(u, ADAMW, copy) = 2;
-        infer_or_die(g, u);
-        ir_move_to_end(g, u);   /* the updates that find an amax together: the GPU runs them as one batch */
+        extend_update(g, u, 2, &amax, 1);
     }
     Node *scale = ir_add1(g, OP_QUANT_SCALE, amax, p->loc);
     IR_IATTR(scale, QUANT_SCALE, elem) = elem, IR_IATTR(scale, QUANT_SCALE, scaling) = SCALE_PER_TENSOR;

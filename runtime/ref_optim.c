@@ -147,10 +147,10 @@ static void update_task(void *ctx, int64_t c)
     }
 }
 
-/* The FP8 copy of the weights just stored, as the forward would quantize them (through the
- * copy's format and scale), and their amax for the next update's scale: into amax_state, or
- * (a shard's, which the ranks' maximum makes the tensor's) into *amax_out. */
-/* the new weights' amax (into amax_out, else the state), and their FP8 copy where there is one */
+/* The amax of the weights just stored, for the next update's scale (or at O3 the next step's
+ * per-use scales): into amax_state, or (a shard's, which the ranks' maximum makes the
+ * tensor's) into *amax_out; and where there is one (copy), their FP8 copy as the forward would
+ * quantize them (through the copy's format and scale). */
 static void store_copy(const Node *n, const Tensor *param, Tensor *copy, Tensor *amax_state,
                        float *amax_out)
 {
