@@ -435,6 +435,7 @@ bool plan_reductions(Spec *s) {
         l = spec_launch(s, "dscale", 1, 32, "ck_delayed_scale<%s, %s>(a)", fmt_arg(s, &n->in[0]->t),
                         fmt_arg(s, &n->in[1]->t));
         args_inputs(l, n);
+        l->batch = true;   /* the update's run of them, one a weight copy, is one launch */
         l->args.i[0] = IR_IATTR(n, DELAYED_SCALE, use_max);
         l->args.i[1] = IR_IATTR(n, DELAYED_SCALE, margin);
         l->args.f[0] = num_elem_max((ElemType)IR_IATTR(n, DELAYED_SCALE, elem));

@@ -297,7 +297,7 @@ template <class H> __device__ void ck_amax_record_final(const CkArgs &a) {
 
 /* DELAYED_SCALE (scale state, history): i = {use_max, margin}, f = {max of elem} */
 template <class S, class H> __device__ void ck_delayed_scale(const CkArgs &a) {
-    if (blockIdx.x || threadIdx.x) return;
+    if (CK_BLOCK || threadIdx.x) return;
     double amax = H::ld(a.t[1], 0);
     if (a.i[0])
         for (i64 k = 1; k < a.t[1].n; k++) amax = fmax(amax, (double)H::ld(a.t[1], k));
