@@ -145,7 +145,10 @@ bool aux_take(CudaExec *e, const void *host, int64_t bytes, CUdeviceptr *out) {
 }
 
 bool exec_get_function(CudaExec *e, const Node *n, const char *fn, unsigned smem, CUfunction *f) {
-    if (!CU_CHECK(CU(cuModuleGetFunction)(f, e->module, fn))) {
+    /* the kernel is in one of the modules: a miss in the others is not an error */
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    for (int k = 0; k < e->n_modules && r == CUDA_ERROR_NOT_FOUND; k++) r = CU(cuModuleGetFunction)(f, e->modules[k], fn);
+    if (!CU_CHECK(r)) {
         rt_error("the binary's GPU module has no kernel %s for %s %%%d: rebuild it with this fp8c",
                  fn, ir_op_info(n->op)->text, n->id);
         return false;
@@ -540,7 +543,15 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         goto fail;
     }
     e->setup_s[0] = exec_lap_s(&lap);
-    if (!CU_CHECK(CU(cuModuleLoadData)(&e->module, cubin))) goto fail;
+    const void *cubins[CUDA_MAX_MODULES];
+    size_t cubin_sizes[CUDA_MAX_MODULES];
+    int n_cubins = cuda_module_set_split(cubin, cubin_size, cubins, cubin_sizes, CUDA_MAX_MODULES);
+    if (n_cubins < 1) {
+        rt_error("--device cuda: this binary's GPU kernels are damaged (a set of modules cut short)");
+        goto fail;
+    }
+    for (; e->n_modules < n_cubins; e->n_modules++)
+        if (!CU_CHECK(CU(cuModuleLoadData)(&e->modules[e->n_modules], cubins[e->n_modules]))) goto fail;
     if (!LT_CHECK(CU(cublasLtCreate)(&e->lt))) goto fail;
     e->have_lt = true;
     e->setup_s[1] = exec_lap_s(&lap);
@@ -636,7 +647,7 @@ void cuda_exec_close(CudaExec *e) {
         exec_gather_close(e);
         exec_shard_close(e);
         if (e->have_lt) CU(cublasLtDestroy)(e->lt);
-        if (e->module) CU(cuModuleUnload)(e->module);
+        for (int k = 0; k < e->n_modules; k++) CU(cuModuleUnload)(e->modules[k]);
         if (e->stream) CU(cuStreamDestroy_v2)(e->stream);
         if (e->persistent) CU(cuMemFree_v2)(e->persistent);
         if (e->step) CU(cuMemFree_v2)(e->step);

@@ -158,7 +158,8 @@ struct CudaExec {
     CUdevice dev;
     CUcontext ctx;
     CUstream stream;
-    CUmodule module;
+    CUmodule modules[CUDA_MAX_MODULES];   /* the binary's cubins (module_set.c) */
+    int n_modules;
     cublasLtHandle_t lt;
     bool have_ctx, have_lt;
     CUdeviceptr persistent, step;

@@ -175,6 +175,13 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
 /* The CUDA C module for the kernels plans use: the library text, then one extern "C"
  * function per distinct kernel. Returned in arena a; *n_kernels counts the functions. */
 char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int *n_kernels);
+/* The same kernels in CUDA_MODULE_PARTS modules, each the library text and every
+ * CUDA_MODULE_PARTS-th entry point in name order, for NVRTC to compile at the same time
+ * (nvrtc.c). The count is fixed, not the machine's cores, so that the texts (and the cache's
+ * keys) are the same wherever fp8c runs. */
+enum { CUDA_MODULE_PARTS = 4 };
+void cuda_render_module_parts(const Graph *g, const CuNodePlan *plans, Arena *a, char *parts[CUDA_MODULE_PARTS],
+                              int *n_kernels);
 /* The library text alone (prelude, ops, attention) with the enums it needs. */
 char *cuda_render_library(Arena *a);
 
@@ -206,6 +213,16 @@ void cuda_binary_free(CudaBinary *b);
 /* Plans and renders g and compiles the module. Returns false after a message on stderr when
  * NVRTC rejects it; *skipped (with a reason) when the graph has nodes the GPU cannot run. */
 bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *why, size_t why_len);
+
+/* ---------------------------------------------------------------- module_set.c
+ * The GPU kernels a training binary carries: one cubin, or several (cuda_render_module_parts)
+ * in one blob, "FP8CMODS", their count and sizes, then each cubin 16-byte aligned. */
+enum { CUDA_MAX_MODULES = 8 };
+/* The blob of n cubins, malloc'ed (*size its bytes); NULL when out of memory. */
+void *cuda_module_set_pack(const void *const *cubins, const size_t *sizes, int n, size_t *size);
+/* The cubins in blob (a set, or a single cubin: then itself): their count, at most max, and
+ * where each starts and its size; -1 when blob is a set that is cut short or malformed. */
+int cuda_module_set_split(const void *blob, size_t size, const void **cubins, size_t *sizes, int max);
 
 /* ---------------------------------------------------------------- loader.c */
 

@@ -7,7 +7,9 @@
  * (a second compilation for compute_90a, only to get PTX, cost NVRTC time for nothing).
  * Compiling the kernel library takes seconds, so results are cached under a key that hashes
  * the module text, the options and NVRTC's version: a rebuild of an unchanged model compiles
- * nothing.
+ * nothing. A graph's kernels compile in CUDA_MODULE_PARTS modules (render.c), each on a thread
+ * of its own and cached on its own, packed into one blob for the binary (module_set.c): a cold
+ * build on a few cores waits for the longest part, not for the whole module.
  *
  * Options: -std=c++17, --fmad=false (no contraction of a*b+c that the reference executor does
  * not do; the attention kernels ask for fused multiply-adds explicitly with fmaf), the
@@ -15,6 +17,7 @@
  * numbered source and NVRTC's log are printed: that is a compiler bug, and the two together
  * are what it takes to fix it. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,6 +227,21 @@ bool cuda_compile_source(const char *src, const char *name, CudaBinary *out) {
 #endif
 }
 
+/* One part of the graph's module, compiled on a thread of its own (cuda_compile_source: the
+ * cache, then NVRTC; distinct programs, distinct cache files). */
+typedef struct {
+    const char *src;
+    char name[300];
+    CudaBinary bin;
+    bool ok;
+} ModulePart;
+
+static void *compile_part(void *arg) {
+    ModulePart *p = arg;
+    p->ok = cuda_compile_source(p->src, p->name, &p->bin);
+    return NULL;
+}
+
 bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *why, size_t why_len) {
     memset(out, 0, sizeof *out);
     *skipped = false;
@@ -235,11 +253,51 @@ bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *wh
         return true;
     }
     int n_kernels = 0;
-    char *src = cuda_render_module(g, plans, a, &n_kernels);
-    char name[256];
-    snprintf(name, sizeof name, "%s.cu", g->model_name && *g->model_name ? g->model_name : "module");
-    bool ok = cuda_compile_source(src, name, out);
+    char *texts[CUDA_MODULE_PARTS];
+    cuda_render_module_parts(g, plans, a, texts, &n_kernels);
+    int n = n_kernels < CUDA_MODULE_PARTS ? (n_kernels > 0 ? n_kernels : 1) : CUDA_MODULE_PARTS;
+    ModulePart parts[CUDA_MODULE_PARTS];
+    pthread_t threads[CUDA_MODULE_PARTS];
+    bool threaded[CUDA_MODULE_PARTS] = {false};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int p = 0; p < n; p++) {
+        memset(&parts[p], 0, sizeof parts[p]);
+        parts[p].src = texts[p];
+        snprintf(parts[p].name, sizeof parts[p].name, "%s.%d.cu",
+                 g->model_name && *g->model_name ? g->model_name : "module", p);
+        threaded[p] = p > 0 && pthread_create(&threads[p], NULL, compile_part, &parts[p]) == 0;
+    }
+    for (int p = 0; p < n; p++)
+        if (!threaded[p]) compile_part(&parts[p]);
+    for (int p = 0; p < n; p++)
+        if (threaded[p]) pthread_join(threads[p], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    bool ok = true, cached = true;
+    const void *cubins[CUDA_MODULE_PARTS];
+    size_t sizes[CUDA_MODULE_PARTS], ptx_len = 0;
+    for (int p = 0; p < n; p++) {
+        ok = ok && parts[p].ok;
+        cached = cached && parts[p].bin.cached;
+        cubins[p] = parts[p].bin.cubin, sizes[p] = parts[p].bin.cubin_size;
+        ptx_len += parts[p].bin.ptx ? strlen(parts[p].bin.ptx) : 0;
+    }
+    if (ok) {
+        out->cubin = cuda_module_set_pack(cubins, sizes, n, &out->cubin_size);
+        out->ptx = malloc(ptx_len + 1);   /* the parts' PTX one after the other, for inspection */
+        if (out->ptx) {
+            out->ptx[0] = 0;
+            for (int p = 0; p < n; p++)
+                if (parts[p].bin.ptx) strcat(out->ptx, parts[p].bin.ptx);
+        }
+        ok = out->cubin != NULL;
+        if (!ok) fprintf(stderr, "fp8c: error: out of memory for the GPU kernels\n");
+    }
+    out->cached = cached;
+    out->seconds = cached ? 0 : (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     out->n_kernels = n_kernels;
+    for (int p = 0; p < n; p++) cuda_binary_free(&parts[p].bin);
+    if (!ok) cuda_binary_free(out);
     arena_free(a);
     return ok;
 }

@@ -1366,6 +1366,81 @@ static void test_fp8_comm_kernels(void **state) {
     }
 }
 
+/* The blob of several cubins a binary carries (module_set.c): what goes in comes out, byte for
+ * byte and 16-byte aligned; one cubin alone is itself; a set cut short, of another version
+ * or of more modules than the reader takes is refused, never read past its end. */
+static void test_module_set(void **state) {
+    (void)state;
+    enum { N = 3 };
+    static const size_t lens[N] = {1000, 17, 4096};
+    unsigned char *mods[N];
+    for (int k = 0; k < N; k++) {
+        mods[k] = malloc(lens[k]);
+        assert_non_null(mods[k]);
+        for (size_t i = 0; i < lens[k]; i++) mods[k][i] = (unsigned char)(31 * k + 7 * i + 1);
+    }
+    size_t size = 0;
+    unsigned char *set = cuda_module_set_pack((const void *const *)mods, lens, N, &size);
+    assert_non_null(set);
+    const void *got[CUDA_MAX_MODULES];
+    size_t got_sizes[CUDA_MAX_MODULES];
+    assert_int_equal(cuda_module_set_split(set, size, got, got_sizes, CUDA_MAX_MODULES), N);
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(got_sizes[k], lens[k]);
+        assert_memory_equal(got[k], mods[k], lens[k]);
+        assert_int_equal(((const unsigned char *)got[k] - set) % 16, 0);
+    }
+    /* one cubin (an ELF file) is taken whole */
+    assert_int_equal(cuda_module_set_split(mods[0], lens[0], got, got_sizes, CUDA_MAX_MODULES), 1);
+    assert_ptr_equal(got[0], mods[0]);
+    assert_int_equal(got_sizes[0], lens[0]);
+    /* cut short anywhere inside the last module, or inside the header: refused */
+    assert_int_equal(cuda_module_set_split(set, size - 16 - 16, got, got_sizes, CUDA_MAX_MODULES), -1);
+    assert_int_equal(cuda_module_set_split(set, 20, got, got_sizes, CUDA_MAX_MODULES), -1);
+    assert_int_equal(cuda_module_set_split(set, size, got, got_sizes, N - 1), -1);   /* more than max */
+    set[8] = 2;   /* another version */
+    assert_int_equal(cuda_module_set_split(set, size, got, got_sizes, CUDA_MAX_MODULES), -1);
+    free(set);
+    for (int k = 0; k < N; k++) free(mods[k]);
+
+    /* a graph's kernels: CUDA_MODULE_PARTS cubins, each kernel in exactly one of them */
+    Arena *a = arena_new();
+    Graph *g = tiny_model(a, 1, NULL);
+    CudaBinary bin;
+    bool skipped = false;
+    char why[512];
+    assert_true(cuda_compile_graph(g, &bin, &skipped, why, sizeof why));
+    assert_false(skipped);
+    int n = cuda_module_set_split(bin.cubin, bin.cubin_size, got, got_sizes, CUDA_MAX_MODULES);
+    assert_int_equal(n, bin.n_kernels < CUDA_MODULE_PARTS ? bin.n_kernels : CUDA_MODULE_PARTS);
+    for (int k = 0; k < n; k++) assert_memory_equal(got[k], "\x7f" "ELF", 4);
+    char *parts[CUDA_MODULE_PARTS];
+    int kernels = 0;
+    CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+    assert_non_null(plans);
+    cuda_render_module_parts(g, plans, a, parts, &kernels);
+    assert_int_equal(kernels, bin.n_kernels);
+    char *whole = cuda_render_module(g, plans, a, NULL);
+    int entries = 0;
+    for (int p = 0; p < CUDA_MODULE_PARTS; p++)
+        for (const char *e = strstr(parts[p], "extern \"C\" __global__"); e; e = strstr(e + 1, "extern \"C\" __global__")) {
+            const char *end = strchr(e, '\n');
+            assert_non_null(end);
+            char line[4096];
+            size_t len = (size_t)(end - e) < sizeof line - 1 ? (size_t)(end - e) : sizeof line - 1;
+            memcpy(line, e, len);
+            line[len] = 0;
+            assert_non_null(strstr(whole, line));
+            for (int q = 0; q < CUDA_MODULE_PARTS; q++)
+                if (q != p) assert_null(strstr(parts[q], line));
+            entries++;
+        }
+    assert_int_equal(entries, kernels);
+    printf("  gpt2_tiny -O1: %d kernels in %d modules\n", kernels, n);
+    cuda_binary_free(&bin);
+    arena_free(a);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (getenv("FP8C_TEST_FILTER")) cmocka_set_test_filter(getenv("FP8C_TEST_FILTER"));   /* one test by name */
@@ -1373,7 +1448,8 @@ int main(void) {
         printf("test_gpu_nvrtc: skipped: fp8c was built without NVRTC\n");
         return 0;
     }
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_fp8_comm_kernels),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_module_set),
+                                       cmocka_unit_test(test_fp8_comm_kernels),
                                        cmocka_unit_test(test_grouped_scales_plan),
                                        cmocka_unit_test(test_producer_quantize_plan),
                                        cmocka_unit_test(test_cast_transpose_plan),
