@@ -74,6 +74,8 @@
 #define TUNE_BUILD_POINTS 40   /* build_points' most */
 /* a build-time point's default reuses the default binary's latest timing if it is this recent */
 #define TUNE_DEFAULT_FRESH_S 60.0
+/* build-time candidates started ahead at most (ahead_count) */
+#define TUNE_AHEAD_MAX 3
 
 /* One timed run of a binary. */
 typedef struct {
@@ -101,7 +103,8 @@ typedef struct {
     int64_t base_peak;              /* its memory plan's peak, bytes */
     Run recent;                     /* the default binary's latest timing, at recent_at s */
     double recent_at;
-    Started ahead;                  /* the next build-time candidate, started and waiting */
+    Started ahead[TUNE_AHEAD_MAX];  /* the next build-time candidates in order, started and waiting */
+    int n_ahead, ahead_b, ahead_i;  /* how many; the point and value of the last */
     TuneRecord rec;
 } Tuner;
 
@@ -577,29 +580,48 @@ static bool start_candidate(Tuner *t, const BuildPoint *b, const char *value, bo
     return true;
 }
 
-/* Whether candidates may start ahead: on a GPU, where two binaries' host state (the memory
- * plan's persistent state: a GPU run's host mirror fills that, not its step arena) fits in
- * half the host's memory. GPT-2 d48 -O1 (25 GB of state, a 41 GiB plan) on a 128 GiB host
- * does; judged by its whole plan it did not, and its candidates ran one by one. */
-static bool ahead_ok(const Tuner *t)
+/* How many candidates may start ahead: on a GPU, as many as keep every started binary's host
+ * state (the memory plan's persistent state: a GPU run's host mirror fills that, not its step
+ * arena), the running one's included, within half the host's memory, at most TUNE_AHEAD_MAX.
+ * A candidate's set-up outlasts a short run: GPT-2 d48 -O1 (25 GB of state) took 20-27 s
+ * before its first step and 6 s of steps, so with one started ahead every other candidate
+ * waited for its own set-up; a 256 GiB host keeps three ahead, a 128 GiB one one. Judged by
+ * the whole plan (41 GiB) none started at all. */
+static int ahead_count(const Tuner *t)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     double state = t->q->state_bytes > 0 ? (double)t->q->state_bytes : (double)t->base_peak;
-    return !strcmp(t->q->device, "cuda") && pages > 0 && page > 0 && 4.0 * state <= (double)pages * (double)page;
+    if (strcmp(t->q->device, "cuda") || pages <= 0 || page <= 0 || state <= 0) return 0;
+    double fit = (double)pages * (double)page / 2 / state - 1;   /* beside the running one */
+    return fit < 0 ? 0 : fit > TUNE_AHEAD_MAX ? TUNE_AHEAD_MAX : (int)fit;
+}
+static bool ahead_ok(const Tuner *t) { return ahead_count(t) > 0; }
+
+/* Every binary started ahead stopped and forgotten. */
+static void drop_ahead(Tuner *t)
+{
+    for (int k = 0; k < t->n_ahead; k++) drop_binary(&t->ahead[k]);
+    t->n_ahead = 0;
 }
 
-/* Starts the build-time candidate after value vi of point bi (not a default), gated, while the
- * one just let on runs: its state is made meanwhile. */
+/* Starts the build-time candidates after value vi of point bi (defaults left out), gated,
+ * while the one just let on runs, until ahead_count are waiting: their state is made
+ * meanwhile. Those already waiting are the next in order; new ones go after the last. */
 static void start_ahead(Tuner *t, const BuildPoint *builds, int n_build, int bi, int vi)
 {
-    if (t->ahead.pid || !ahead_ok(t) || elapsed(t) > t->q->budget_s) return;
+    int most = ahead_count(t);
+    if (t->n_ahead) bi = t->ahead_b, vi = t->ahead_i;
     for (int b = bi; b < n_build; b++)
         for (int i = b == bi ? vi + 1 : 0; i < builds[b].n; i++) {
+            if (t->n_ahead >= most || elapsed(t) > t->q->budget_s) return;
             if (!strcmp(builds[b].values[i], builds[b].dflt)) continue;
             char note[64];
-            if (!start_candidate(t, &builds[b], builds[b].values[i], true, &t->ahead, note, sizeof note))
-                memset(&t->ahead, 0, sizeof t->ahead);   /* its turn builds it again and says why */
-            return;
+            Started *s = &t->ahead[t->n_ahead];
+            if (!start_candidate(t, &builds[b], builds[b].values[i], true, s, note, sizeof note)) {
+                memset(s, 0, sizeof *s);   /* its turn builds it again and says why */
+                return;
+            }
+            t->n_ahead++, t->ahead_b = b, t->ahead_i = i;
         }
 }
 
@@ -630,12 +652,13 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
             Started s;
             Run r = {0};
             bool started;
-            if (t->ahead.pid && !strcmp(t->ahead.point, b->name) && !strcmp(t->ahead.value, b->values[i])) {
-                s = t->ahead;   /* started while the one before ran: its state is made */
-                memset(&t->ahead, 0, sizeof t->ahead);
+            if (t->n_ahead && !strcmp(t->ahead[0].point, b->name) && !strcmp(t->ahead[0].value, b->values[i])) {
+                s = t->ahead[0];   /* started while those before ran: its state is made */
+                memmove(&t->ahead[0], &t->ahead[1], sizeof t->ahead[0] * (size_t)--t->n_ahead);
+                memset(&t->ahead[t->n_ahead], 0, sizeof t->ahead[0]);
                 started = true;
             } else {
-                drop_binary(&t->ahead);   /* one started for another candidate (none in order) */
+                drop_ahead(t);   /* started for other candidates (none in order) */
                 started = start_candidate(t, b, b->values[i], ahead_ok(t), &s, c->note, sizeof c->note);
             }
             c->peak = s.peak;
@@ -827,7 +850,7 @@ int tune_run(const TuneRequest *q)
     for (int i = 0; i < n_build; i++) left += builds[i].n;
     for (int i = 0; i < n_env; i++) measure_env_point(&t, base_bin, &envs[i], &left);
     for (int i = 0; i < n_build; i++) measure_build_point(&t, base_bin, builds, n_build, i, &left);
-    drop_binary(&t.ahead);   /* started ahead of a candidate the budget left unmeasured */
+    drop_ahead(&t);   /* started ahead of candidates the budget left unmeasured */
 
     /* the winners together */
     Choice *choices = calloc(TUNE_MAX_CHOICES, sizeof *choices);
