@@ -206,6 +206,10 @@ int tune_run(const TuneRequest *q);
  * of a --choice, one a line: what a machine without the device can compile ahead (the GPU
  * modules, cached). Measures nothing; returns the exit status. */
 int tune_list_candidates(const TuneRequest *q, FILE *out);
+/* How many build-time candidates tune_run starts ahead on `device`: as many as keep every
+ * started binary's host state (state_bytes each, the running one's included) within half of
+ * host_bytes, at most 3; 0 off the GPU. */
+int tune_ahead_count(const char *device, double host_bytes, double state_bytes);
 /* Reads the GEMM report of a binary's tuning mode (FP8C_TUNE_GEMMS, cuda/exec_gemm.c) into r:
  * its device, and a point per GEMM problem with its winner picked. r->points holds
  * TUNE_MAX_POINTS. False after a message. */

@@ -587,13 +587,17 @@ static bool start_candidate(Tuner *t, const BuildPoint *b, const char *value, bo
  * before its first step and 6 s of steps, so with one started ahead every other candidate
  * waited for its own set-up; a 256 GiB host keeps three ahead, a 128 GiB one one. Judged by
  * the whole plan (41 GiB) none started at all. */
+int tune_ahead_count(const char *device, double host_bytes, double state_bytes)
+{
+    if (strcmp(device, "cuda") || host_bytes <= 0 || state_bytes <= 0) return 0;
+    double fit = host_bytes / 2 / state_bytes - 1;   /* beside the running one */
+    return fit < 0 ? 0 : fit > TUNE_AHEAD_MAX ? TUNE_AHEAD_MAX : (int)fit;
+}
 static int ahead_count(const Tuner *t)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     double state = t->q->state_bytes > 0 ? (double)t->q->state_bytes : (double)t->base_peak;
-    if (strcmp(t->q->device, "cuda") || pages <= 0 || page <= 0 || state <= 0) return 0;
-    double fit = (double)pages * (double)page / 2 / state - 1;   /* beside the running one */
-    return fit < 0 ? 0 : fit > TUNE_AHEAD_MAX ? TUNE_AHEAD_MAX : (int)fit;
+    return pages > 0 && page > 0 ? tune_ahead_count(t->q->device, (double)pages * (double)page, state) : 0;
 }
 static bool ahead_ok(const Tuner *t) { return ahead_count(t) > 0; }
 

@@ -625,6 +625,23 @@ static void test_gemm_report_unchecked(void **state) {
     free(r.points);
 }
 
+/* Candidates started ahead on a GPU: every started binary's state, the running one's
+ * included, within half the host's memory, at most three; none on the CPU. GPT-2 d48 -O1's
+ * 24.58 GiB state: three on the 251 GiB host of two H200s, one on a 125 GiB host, none below
+ * four states' worth. */
+static void test_ahead_count(void **state) {
+    (void)state;
+    const double GiB = 1024.0 * 1024 * 1024, d48 = 24.58 * GiB;
+    assert_int_equal(tune_ahead_count("cuda", 251 * GiB, d48), 3);
+    assert_int_equal(tune_ahead_count("cuda", 125 * GiB, d48), 1);
+    assert_int_equal(tune_ahead_count("cuda", 4 * d48, d48), 1);
+    assert_int_equal(tune_ahead_count("cuda", 4 * d48 - 1, d48), 0);
+    assert_int_equal(tune_ahead_count("cuda", 6 * d48, d48), 2);
+    assert_int_equal(tune_ahead_count("cuda", 1000 * d48, d48), 3);
+    assert_int_equal(tune_ahead_count("cpu", 1000 * d48, d48), 0);
+    assert_int_equal(tune_ahead_count("cuda", 251 * GiB, 0), 0);
+}
+
 /* The rule on its own: fastest first, only what beats the default by more than its noise
  * (half its spread, at least 1%), everything timed when the default failed its checks. */
 static void test_could_win(void **state) {
@@ -701,6 +718,7 @@ int main(void) {
         cmocka_unit_test(test_unwritable_output),
         cmocka_unit_test(test_list_candidates),  cmocka_unit_test(test_attention_y_point),
         cmocka_unit_test(test_could_win),        cmocka_unit_test(test_gemm_report_unchecked),
+        cmocka_unit_test(test_ahead_count),
         cmocka_unit_test(test_checks_pick_the_same_winner),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
