@@ -42,18 +42,18 @@ typedef struct {
     bool write;
 } Span;
 
-static void span_add(Span *s, int *n, const Tensor *t, int owner, bool write) {
-    int64_t bytes = tensor_bytes(t);
-    if (!t->data || bytes <= 0) return;
-    s[(*n)++] = (Span){(uintptr_t)t->data, (uintptr_t)t->data + (uintptr_t)bytes, owner, write};
-    const Node *sc = t->fmt.scale;
-    if (sc && sc->t.data && tensor_bytes(&sc->t) > 0)
-        s[(*n)++] = (Span){(uintptr_t)sc->t.data, (uintptr_t)sc->t.data + (uintptr_t)tensor_bytes(&sc->t),
-                           owner, write};
+static void span_add(Span *s, int *n, const Node *x, int owner, bool write, CuStorageAt at) {
+    uintptr_t lo;
+    int64_t bytes = tensor_bytes(&x->t);
+    if (bytes <= 0 || !at(x, &lo)) return;
+    s[(*n)++] = (Span){lo, lo + (uintptr_t)bytes, owner, write};
+    const Node *sc = x->t.fmt.scale;
+    if (sc && tensor_bytes(&sc->t) > 0 && at(sc, &lo))
+        s[(*n)++] = (Span){lo, lo + (uintptr_t)tensor_bytes(&sc->t), owner, write};
 }
 
 /* whether no node of the run writes storage that another one reads or writes */
-static bool batch_independent(const Graph *g, int from, int count) {
+static bool batch_independent(const Graph *g, int from, int count, CuStorageAt at) {
     int cap = 0;
     for (int j = 0; j < count; j++) cap += 2 * (g->nodes[from + j]->n_in + 1);
     Span *s = malloc(sizeof *s * (size_t)(cap ? cap : 1));
@@ -61,8 +61,8 @@ static bool batch_independent(const Graph *g, int from, int count) {
     int n = 0;
     for (int j = 0; j < count; j++) {
         const Node *m = g->nodes[from + j];
-        span_add(s, &n, &m->t, j, true);
-        for (int i = 0; i < m->n_in; i++) span_add(s, &n, &m->in[i]->t, j, ir_mutates_input(m, i));
+        span_add(s, &n, m, j, true, at);
+        for (int i = 0; i < m->n_in; i++) span_add(s, &n, m->in[i], j, ir_mutates_input(m, i), at);
     }
     bool ok = true;
     for (int a = 0; ok && a < n; a++) {
@@ -79,35 +79,51 @@ int64_t batch_aux_bytes(int n_launch, int n) {
     return n_launch * (align_up((int64_t)sizeof(CkArgs) * n) + align_up(4 * (int64_t)(n + 1)));
 }
 
-/* The runs of the update: batch_run[i] = the length of the run node i starts (0: none). The
- * nodes between a run's members have no launches. Returns the aux bytes the runs need. */
+void cuda_batch_runs(const Graph *g, const CuNodePlan *plans, CuStorageAt at, int *run) {
+    memset(run, 0, sizeof *run * (size_t)g->n_nodes);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *n = g->nodes[i];
+        if (n->phase != PHASE_UPDATE || !batch_same_kernels(&plans[i], &plans[i])) continue;
+        int j = i + 1, members = 1;
+        while (j < g->n_nodes) {
+            const Node *m = g->nodes[j];
+            if (m->phase == PHASE_UPDATE && !plans[j].n_launch) {
+                j++;
+                continue;
+            }
+            if (m->phase != PHASE_UPDATE || m->op != n->op || !batch_same_kernels(&plans[i], &plans[j])) break;
+            members++;
+            j++;
+        }
+        if (members >= BATCH_MIN && batch_independent(g, i, j - i, at)) run[i] = j - i;
+        i = j - 1;
+    }
+}
+
+/* where a node's storage is in the executor: its address in the host's arenas, which the
+ * device's arenas mirror byte for byte */
+static bool host_storage_at(const Node *x, uintptr_t *lo) {
+    *lo = (uintptr_t)x->t.data;
+    return x->t.data != NULL;
+}
+
+/* The runs of the update (cuda_batch_runs) in e->batch_run; the aux bytes they need: each
+ * member's own scratch, and the argument blocks. */
 int64_t exec_find_batches(CudaExec *e) {
     const Graph *g = e->g;
     int64_t aux = 0;
     e->batch_run = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *e->batch_run);
     if (!e->batch_run) return -1;
+    cuda_batch_runs(g, e->plans, host_storage_at, e->batch_run);
     for (int i = 0; i < g->n_nodes; i++) {
-        const Node *n = g->nodes[i];
-        if (n->phase != PHASE_UPDATE || !batch_same_kernels(&e->plans[i], &e->plans[i])) continue;
-        int j = i + 1, members = 1;
-        int64_t scratch = align_up(e->plans[i].scratch_bytes);   /* each member's own */
-        while (j < g->n_nodes) {
-            const Node *m = g->nodes[j];
-            if (m->phase == PHASE_UPDATE && !e->plans[j].n_launch) {
-                j++;
-                continue;
-            }
-            if (m->phase != PHASE_UPDATE || m->op != n->op || !batch_same_kernels(&e->plans[i], &e->plans[j]))
-                break;
+        if (!e->batch_run[i]) continue;
+        int members = 0;
+        for (int j = i; j < i + e->batch_run[i]; j++) {
+            if (!e->plans[j].n_launch) continue;
             members++;
-            scratch += align_up(e->plans[j].scratch_bytes);
-            j++;
+            aux += align_up(e->plans[j].scratch_bytes);
         }
-        if (members >= BATCH_MIN && batch_independent(g, i, j - i)) {
-            e->batch_run[i] = j - i;
-            aux += scratch + batch_aux_bytes(e->plans[i].n_launch, members);
-        }
-        i = j - 1;
+        aux += batch_aux_bytes(e->plans[i].n_launch, members);
     }
     return aux;
 }

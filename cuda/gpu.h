@@ -165,10 +165,14 @@ uint64_t cuda_hash(uint64_t h, const void *data, size_t n);      /* FNV-1a, 64 b
 
 /* ---------------------------------------------------------------- program.c (compiler only) */
 /* The GPU kernel program of g as the training binary runs it (cuda_plan_graph, then
- * cuda_plan_epilogues; renumbers g): one line per launch, in launch order, with the nodes it
+ * cuda_plan_epilogues; renumbers g): one line per launch, in launch order (an update run
+ * that runs batched, cuda_batch_runs, one line a kernel), with the nodes it
  * computes, the bytes of the tensors it reads and writes, and the FLOPs of GEMMs and
  * attention; totals per phase. False with a reason in why when a node has no GPU kernel. */
 bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len);
+/* Where node x's bytes are in the memory plan (a CuStorageAt for cuda_batch_runs): its arena's
+ * offset, the step arena's placed after the persistent one's; none without storage. */
+bool cuda_plan_storage_at(const Node *x, uintptr_t *lo);
 
 /* ---------------------------------------------------------------- render.c */
 
@@ -296,6 +300,19 @@ const char *cuda_exec_device_name(const CudaExec *e);
 /* the seconds cuda_exec_open took: planning and allocation, loading the module and cuBLASLt,
  * the launch lists with the GEMMs' set-ups, the upload of the arenas */
 void cuda_exec_setup_times(const CudaExec *e, double s[4]);
+
+/* ---------------------------------------------------------------- exec_batch.c */
+
+/* Where node x's storage starts, in an address space where two nodes' bytes meet only if they
+ * share storage: false for one without storage. */
+typedef bool (*CuStorageAt)(const Node *x, uintptr_t *lo);
+/* The update's runs of nodes that run as one launch per kernel: consecutive update nodes of
+ * one op whose plans launch the same batchable kernels (spec.c's `batch`), at least two, none
+ * writing storage another one reads or writes. run[i] = the length of the run node i starts
+ * (nodes without launches inside it included), 0 where none starts. The executor tells
+ * storage apart by its arenas' addresses; `fp8c plan --kernels` by the memory plan's offsets
+ * (cuda_plan_storage_at): the same arenas, so the same runs. */
+void cuda_batch_runs(const Graph *g, const CuNodePlan *plans, CuStorageAt at, int *run);
 
 /* ---------------------------------------------------------------- device.c */
 

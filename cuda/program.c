@@ -10,8 +10,9 @@
  * lower bound on its memory traffic; of a producer's first pass that stores only its block
  * maxima, CkAmaxOnly, just those, and of the scale made from them, those again), and for GEMMs
  * and attention the floating-point operations
- * of their products. Totals per phase close the table, so a reader sees at once where a step's
- * bytes and FLOPs are. */
+ * of their products. The update's runs of small nodes that the executor batches (exec_batch.c)
+ * are one line per kernel, as they are one launch: "adamw x 580". Totals per phase close the
+ * table, so a reader sees at once where a step's bytes and FLOPs are. */
 #include <stdio.h>
 #include <string.h>
 
@@ -65,6 +66,41 @@ typedef struct {
     double bytes, flops;
 } PhaseTotal;
 
+/* The bytes one launch reads and writes (each tensor once), and its kernel's name: "cublasLt",
+ * or the library kernel's prefix ("adamw"). */
+static int64_t launch_bytes(const CuLaunch *l, char *name, size_t len) {
+    const Node *seen[CK_MAX_TENSORS + 8];
+    int n_seen = 0;
+    int64_t bytes = 0;
+    if (l->kind == CU_GEMM) {
+        const CuGemm *m = &l->gemm;
+        const CuRef *r[] = {&m->a, &m->b, &m->d, &m->c, &m->bias, &m->aux};
+        for (size_t q = 0; q < sizeof r / sizeof r[0]; q++) add_node(seen, &n_seen, &bytes, r[q]->node);
+        snprintf(name, len, "cublasLt");
+        return bytes;
+    }
+    /* a pass that stores only its block maxima writes those, not its result, and a scale made
+     * from them reads them, not the value they are the maxima of */
+    int parts = strstr(l->body, "CkAmaxOnly<") ? 0 : strstr(l->body, "ck_quant_scale_parts<") ? 1 : -1;
+    if (parts >= 0 && l->ref[parts].node) {
+        seen[n_seen++] = l->ref[parts].node;
+        bytes += IR_AMAX_PARTS * 4;
+    }
+    for (int q = 0; q < CK_MAX_TENSORS; q++) add_node(seen, &n_seen, &bytes, l->ref[q].node);
+    add_node(seen, &n_seen, &bytes, l->scale_to);
+    const char *cut = strchr(l->fn, '_');
+    snprintf(name, len, "%.*s", cut ? (int)(cut - l->fn) : (int)strlen(l->fn), l->fn);
+    return bytes;
+}
+
+/* An in-place result's bytes are its accumulator's (runtime/arenas.c binds them so). */
+bool cuda_plan_storage_at(const Node *x, uintptr_t *lo) {
+    while (ir_op_is_inplace(x->op)) x = x->in[0];
+    if (x->t.fmt.elem == FMT_VOID || x->t.offset < 0) return false;
+    *lo = (ir_role_is_persistent(x->t.role) ? 0 : (uintptr_t)1 << 60) + (uintptr_t)x->t.offset;
+    return true;
+}
+
 /* the graph's first ALL_REDUCE (they share one wire format) */
 static const Node *cp_first_reduce(const Graph *g) {
     for (int i = 0; i < g->n_nodes; i++)
@@ -76,6 +112,10 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
     CuNodePlan *node_plans = cuda_plan_graph(g, a, why, why_len);
     if (!node_plans) return false;
     CuNodePlan *plans = cuda_plan_epilogues(g, node_plans, a);
+    /* the executor batches the update's runs unless the states are sharded (exec.c) */
+    int *run = arena_alloc(a, sizeof *run * (size_t)(g->n_nodes ? g->n_nodes : 1));
+    if (rt_shard_states(g)) memset(run, 0, sizeof *run * (size_t)g->n_nodes);
+    else cuda_batch_runs(g, plans, cuda_plan_storage_at, run);
     PhaseTotal total[PHASE_COUNT];
     memset(total, 0, sizeof total);
     fprintf(out, "GPU kernel program (cuda, sm_90a): one line per launch, in launch order\n");
@@ -118,30 +158,23 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
         fused_ops(p, ops, sizeof ops);
         const Node *n = p->node ? p->node : g->nodes[i];
         Phase ph = n->phase;
+        int members = 1, last = i;   /* a batched run: its nodes with launches, its last node */
+        if (run[i]) {
+            last = i + run[i] - 1;
+            members = 0;
+            for (int m = i; m <= last; m++) members += plans[m].n_launch > 0;
+            size_t at = strlen(ops);
+            snprintf(ops + at, sizeof ops - at, " x %d", members);
+        }
         for (int j = 0; j < p->n_launch; j++) {
-            const CuLaunch *l = &p->launch[j];
-            const Node *seen[CK_MAX_TENSORS + 8];
-            int n_seen = 0;
             int64_t bytes = 0;
-            if (l->kind == CU_GEMM) {
-                const CuGemm *m = &l->gemm;
-                const CuRef *r[] = {&m->a, &m->b, &m->d, &m->c, &m->bias, &m->aux};
-                for (size_t q = 0; q < sizeof r / sizeof r[0]; q++) add_node(seen, &n_seen, &bytes, r[q]->node);
-                snprintf(name, sizeof name, "cublasLt");
-            } else {
-                /* a pass that stores only its block maxima writes those, not its result, and a
-                 * scale made from them reads them, not the value they are the maxima of */
-                int parts = strstr(l->body, "CkAmaxOnly<") ? 0 : strstr(l->body, "ck_quant_scale_parts<") ? 1 : -1;
-                if (parts >= 0 && l->ref[parts].node) {
-                    seen[n_seen++] = l->ref[parts].node;
-                    bytes += IR_AMAX_PARTS * 4;
+            double flops = 0;
+            for (int m = i; m <= last; m++)
+                if (plans[m].n_launch) {
+                    bytes += launch_bytes(&plans[m].launch[j], name, sizeof name);
+                    flops += launch_flops(&plans[m].launch[j]);
                 }
-                for (int q = 0; q < CK_MAX_TENSORS; q++) add_node(seen, &n_seen, &bytes, l->ref[q].node);
-                add_node(seen, &n_seen, &bytes, l->scale_to);
-                const char *cut = strchr(l->fn, '_');
-                snprintf(name, sizeof name, "%.*s", cut ? (int)(cut - l->fn) : (int)strlen(l->fn), l->fn);
-            }
-            double flops = launch_flops(l);
+            const CuLaunch *l = &p->launch[j];
             char gf[32] = "-";
             if (flops > 0) snprintf(gf, sizeof gf, "%.4g", flops / 1e9);
             fprintf(out, "%6d  %-8s  %-6s  %-9s  %-44.44s %10.1f %10s\n", ++k, ir_phase_name(ph),
@@ -164,6 +197,7 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
             total[PHASE_BACKWARD].launches++;
             total[PHASE_BACKWARD].bytes += (double)cp.buckets[b].bytes;
         }
+        i = last;   /* past a batched run */
     }
     rt_comm_plan_free(&cp);
     fprintf(out, "\n%-8s %9s %7s %12s %12s\n", "phase", "launches", "GEMMs", "GiB moved", "TFLOP");

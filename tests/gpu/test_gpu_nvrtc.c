@@ -1366,6 +1366,55 @@ static void test_fp8_comm_kernels(void **state) {
     }
 }
 
+/* The update's batched runs as `fp8c plan --kernels` finds them from the memory plan's offsets
+ * (cuda_batch_runs): at -O1 every weight copy's delayed scale is in one run and every AdamW in
+ * a run of its op; runs hold update nodes of one op only, at least two with launches; and the
+ * program's listing shows each run as one line a kernel, "delayed_scale x N". */
+static void test_update_batch_runs(void **state) {
+    (void)state;
+    Arena *a = arena_new();
+    Graph *g = compile_shape(a, "gpt2", 2, 64, 1);
+    char why[512];
+    CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+    assert_non_null(plans);
+    int *run = arena_alloc(a, sizeof *run * (size_t)g->n_nodes);
+    cuda_batch_runs(g, plans, cuda_plan_storage_at, run);
+    int scales = 0, adamw = 0, scale_runs = 0, in_runs_scales = 0, in_runs_adamw = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        scales += g->nodes[i]->op == OP_DELAYED_SCALE && plans[i].n_launch;
+        adamw += g->nodes[i]->op == OP_ADAMW && plans[i].n_launch;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!run[i]) continue;
+        int members = 0;
+        for (int m = i; m < i + run[i]; m++) {
+            assert_int_equal(g->nodes[m]->phase, PHASE_UPDATE);
+            if (!plans[m].n_launch) continue;
+            assert_int_equal(g->nodes[m]->op, g->nodes[i]->op);
+            members++;
+        }
+        assert_true(members >= 2);
+        scale_runs += g->nodes[i]->op == OP_DELAYED_SCALE;
+        if (g->nodes[i]->op == OP_DELAYED_SCALE) in_runs_scales += members;
+        if (g->nodes[i]->op == OP_ADAMW) in_runs_adamw += members;
+        i += run[i] - 1;
+    }
+    assert_int_equal(scales, 48);   /* four weights of each of 12 layers keep an FP8 copy */
+    assert_int_equal(scale_runs, 1);
+    assert_int_equal(in_runs_scales, scales);
+    assert_int_equal(in_runs_adamw, adamw);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    assert_true(cuda_print_program(g, a, f, why, sizeof why));
+    fclose(f);
+    assert_non_null(strstr(text, "delayed_scale x 48"));
+    printf("  GPT-2 -O1: %d delayed scales in one run, %d AdamW nodes in runs\n", scales, adamw);
+    free(text);
+    arena_free(a);
+}
+
 /* The blob of several cubins a binary carries (module_set.c): what goes in comes out, byte for
  * byte and 16-byte aligned; one cubin alone is itself; a set cut short, of another version
  * or of more modules than the reader takes is refused, never read past its end. */
@@ -1449,6 +1498,7 @@ int main(void) {
         return 0;
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_module_set),
+                                       cmocka_unit_test(test_update_batch_runs),
                                        cmocka_unit_test(test_fp8_comm_kernels),
                                        cmocka_unit_test(test_grouped_scales_plan),
                                        cmocka_unit_test(test_producer_quantize_plan),
