@@ -179,13 +179,14 @@ bool cuda_plan_storage_at(const Node *x, uintptr_t *lo);
 /* The CUDA C module for the kernels plans use: the library text, then one extern "C"
  * function per distinct kernel. Returned in arena a; *n_kernels counts the functions. */
 char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int *n_kernels);
-/* The same kernels in CUDA_MODULE_PARTS modules, each the library text and every
+/* The same kernels in up to CUDA_MODULE_PARTS modules, each the library text and every
  * CUDA_MODULE_PARTS-th entry point in name order, for NVRTC to compile at the same time
- * (nvrtc.c). The count is fixed, not the machine's cores, so that the texts (and the cache's
- * keys) are the same wherever fp8c runs. */
+ * (nvrtc.c); returns how many parts there are (fewer with fewer kernels, at least one). The
+ * count is fixed, not the machine's cores, so that the texts (and the cache's keys) are the
+ * same wherever fp8c runs. */
 enum { CUDA_MODULE_PARTS = 4 };
-void cuda_render_module_parts(const Graph *g, const CuNodePlan *plans, Arena *a, char *parts[CUDA_MODULE_PARTS],
-                              int *n_kernels);
+int cuda_render_module_parts(const Graph *g, const CuNodePlan *plans, Arena *a, char *parts[CUDA_MODULE_PARTS],
+                             int *n_kernels);
 /* The library text alone (prelude, ops, attention) with the enums it needs. */
 char *cuda_render_library(Arena *a);
 

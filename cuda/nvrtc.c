@@ -254,8 +254,7 @@ bool cuda_compile_graph(const Graph *g, CudaBinary *out, bool *skipped, char *wh
     }
     int n_kernels = 0;
     char *texts[CUDA_MODULE_PARTS];
-    cuda_render_module_parts(g, plans, a, texts, &n_kernels);
-    int n = n_kernels < CUDA_MODULE_PARTS ? (n_kernels > 0 ? n_kernels : 1) : CUDA_MODULE_PARTS;
+    int n = cuda_render_module_parts(g, plans, a, texts, &n_kernels);
     ModulePart parts[CUDA_MODULE_PARTS];
     pthread_t threads[CUDA_MODULE_PARTS];
     bool threaded[CUDA_MODULE_PARTS] = {false};

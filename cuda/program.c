@@ -158,10 +158,9 @@ bool cuda_print_program(Graph *g, Arena *a, FILE *out, char *why, size_t why_len
         fused_ops(p, ops, sizeof ops);
         const Node *n = p->node ? p->node : g->nodes[i];
         Phase ph = n->phase;
-        int members = 1, last = i;   /* a batched run: its nodes with launches, its last node */
+        int last = run[i] ? i + run[i] - 1 : i;   /* a batched run's last node */
         if (run[i]) {
-            last = i + run[i] - 1;
-            members = 0;
+            int members = 0;   /* its nodes with launches */
             for (int m = i; m <= last; m++) members += plans[m].n_launch > 0;
             size_t at = strlen(ops);
             snprintf(ops + at, sizeof ops - at, " x %d", members);

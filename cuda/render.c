@@ -163,11 +163,14 @@ char *cuda_render_module(const Graph *g, const CuNodePlan *plans, Arena *a, int 
  * attention passes, the norms), so each part takes its share of the expensive ones. Measured
  * on GPT-2 d12 -O2 (58 kernels, two cores of an AMD EPYC): the whole module 6.4 s of NVRTC,
  * its four parts 1.4 to 2.1 s each, 7.0 s in all. */
-void cuda_render_module_parts(const Graph *g, const CuNodePlan *plans, Arena *a, char *parts[CUDA_MODULE_PARTS],
-                              int *n_kernels) {
+int cuda_render_module_parts(const Graph *g, const CuNodePlan *plans, Arena *a, char *parts[CUDA_MODULE_PARTS],
+                             int *n_kernels) {
     int n;
     const char **lines = entry_points(g, plans, a, &n);
-    for (int p = 0; p < CUDA_MODULE_PARTS; p++) parts[p] = render_entries(lines, n, p, CUDA_MODULE_PARTS, a);
+    int n_parts = n < CUDA_MODULE_PARTS ? (n > 0 ? n : 1) : CUDA_MODULE_PARTS;
+    for (int p = 0; p < n_parts; p++) parts[p] = render_entries(lines, n, p, CUDA_MODULE_PARTS, a);
+    for (int p = n_parts; p < CUDA_MODULE_PARTS; p++) parts[p] = NULL;
     free(lines);
     if (n_kernels) *n_kernels = n;
+    return n_parts;
 }

@@ -1467,11 +1467,12 @@ static void test_module_set(void **state) {
     int kernels = 0;
     CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
     assert_non_null(plans);
-    cuda_render_module_parts(g, plans, a, parts, &kernels);
+    int n_parts = cuda_render_module_parts(g, plans, a, parts, &kernels);
+    assert_int_equal(n_parts, n);   /* the cubins the blob holds: one a part */
     assert_int_equal(kernels, bin.n_kernels);
     char *whole = cuda_render_module(g, plans, a, NULL);
     int entries = 0;
-    for (int p = 0; p < CUDA_MODULE_PARTS; p++)
+    for (int p = 0; p < n_parts; p++)
         for (const char *e = strstr(parts[p], "extern \"C\" __global__"); e; e = strstr(e + 1, "extern \"C\" __global__")) {
             const char *end = strchr(e, '\n');
             assert_non_null(end);
@@ -1480,7 +1481,7 @@ static void test_module_set(void **state) {
             memcpy(line, e, len);
             line[len] = 0;
             assert_non_null(strstr(whole, line));
-            for (int q = 0; q < CUDA_MODULE_PARTS; q++)
+            for (int q = 0; q < n_parts; q++)
                 if (q != p) assert_null(strstr(parts[q], line));
             entries++;
         }
