@@ -177,8 +177,8 @@ static bool start_binary(Tuner *t, const char *bin, const char *const *env, int 
     while (argv[argc]) argc++;
     if (gated) {
         /* it makes its state beside a running binary: two of the host's cores left to that one */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        snprintf(threads, sizeof threads, "%ld", cores > 4 ? cores - 2 : 1);
+        int cores = ref_cpu_count();
+        snprintf(threads, sizeof threads, "%d", cores > 4 ? cores - 2 : 1);
         argv[argc++] = "--start-after";
         argv[argc++] = s->gate;
         argv[argc++] = "--threads";
@@ -383,8 +383,7 @@ static int env_points(const Tuner *t, EnvPoint *out)
 {
     int n = 0;
     if (strcmp(t->q->device, "cpu")) return 0;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (cpus < 1) cpus = 1;
+    long cpus = ref_cpu_count();
     EnvPoint *p = &out[n++];
     *p = (EnvPoint){.name = "cpu.threads", .what = "threads of the CPU kernels and GEMMs", .env = "FP8C_THREADS"};
     snprintf(p->dflt, sizeof p->dflt, "%ld", cpus);

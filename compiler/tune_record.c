@@ -166,8 +166,7 @@ bool tune_cpu_description(char *out, size_t len)
         snprintf(key, sizeof key, " %s ", wanted[i]);
         if (strstr(flags, key)) at += (size_t)snprintf(out + at, len - at, " %s", wanted[i]);
     }
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (at < len) snprintf(out + at, len - at, "; %ld threads", cpus);
+    if (at < len) snprintf(out + at, len - at, "; %d threads", ref_cpu_count());
     return true;
 }
 

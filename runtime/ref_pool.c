@@ -38,9 +38,11 @@
  * state being cleared, a tensor converted): ref_parallel_ranges cuts [0, n) into fixed ranges
  * and hands each to a function that is the serial loop over [lo, hi), so the serial pass and
  * the parallel one are the same code. */
+#define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
 #include "ref_internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -200,8 +202,16 @@ static int threads_from_env(void)
         }
         return (int)v;
     }
+    int cpus = ref_cpu_count();
+    return cpus < MAX_THREADS ? cpus : MAX_THREADS;
+}
+
+int ref_cpu_count(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 1) return CPU_COUNT(&set);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    return cpus >= 1 ? (int)(cpus < MAX_THREADS ? cpus : MAX_THREADS) : 1;
+    return cpus >= 1 ? (int)cpus : 1;
 }
 
 static void pool_stop(void)

@@ -26,12 +26,16 @@ void ref_update_shard(Node *n, int64_t off, int64_t len, float *copy_amax);
 /* ref_tensor.c */
 float *ref_load(const Tensor *t);                      /* decoded f32 copy; free() it */
 void ref_store(Tensor *t, const float *x);             /* encode through t's format */
-/* Threads the executor uses: FP8C_THREADS, else the online CPUs. Results are bit-identical
- * whatever the count: work is split by output elements, each computed in a fixed order. At
- * most RT_MAX_THREADS (the pool's limit, and --threads' range). */
+/* Threads the executor uses: FP8C_THREADS, else the CPUs this process may run on
+ * (ref_cpu_count). Results are bit-identical whatever the count: work is split by output
+ * elements, each computed in a fixed order. At most RT_MAX_THREADS (the pool's limit, and
+ * --threads' range). */
 #define RT_MAX_THREADS 1024
 void ref_set_threads(int n);
 int ref_threads(void);
+/* The CPUs this process may run on: its affinity mask (taskset, a container's cpuset), not
+ * every online CPU, so that two jobs given halves of a host each use its own half; at least 1. */
+int ref_cpu_count(void);
 
 /* ---------------------------------------------------------------- cpu_gemm.c, cpu_exec.c
  * The CPU backend (docs/cpu-backend.md): the kernels `fp8c build` compiled through LLVM and
