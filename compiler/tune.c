@@ -51,8 +51,11 @@
  * on the host (GPT-2 1.5B: drawing 1.5 billion weights, encoding masters and states), which
  * the GPU does not need: so while one candidate runs, the next one is built and started with
  * --start-after, makes its state on all but two of the host's cores and waits; the file that
- * lets it on the device is made once the one before it has ended. One binary on the GPU at a
- * time, as before; the CPU's candidates, whose steps would share the host, run one by one.
+ * lets it on the device is made once the one before it has ended. A point's default that will
+ * need timing again by its turn is started ahead the same way (the default binary, queued in
+ * its place): set up from scratch, GPT-2 d48's default took 31-54 s a re-timing where a
+ * candidate started ahead took 6-8 s. One binary on the GPU at a time, as before; the CPU's
+ * candidates, whose steps would share the host, run one by one.
  *
  * Progress goes to stderr, a line per candidate: which point, how many are left, the time so
  * far. */
@@ -105,6 +108,8 @@ typedef struct {
     double recent_at;
     Started ahead[TUNE_AHEAD_MAX];  /* the next build-time candidates in order, started and waiting */
     int n_ahead, ahead_b, ahead_i;  /* how many; the point and value of the last */
+    const char *base_bin;           /* the default binary (a default's re-timing started ahead) */
+    double pace;                    /* seconds a run let on lasts, the latest; 0: none yet */
     TuneRecord rec;
 } Tuner;
 
@@ -607,9 +612,23 @@ static void drop_ahead(Tuner *t)
     t->n_ahead = 0;
 }
 
-/* Starts the build-time candidates after value vi of point bi (defaults left out), gated,
- * while the one just let on runs, until ahead_count are waiting: their state is made
- * meanwhile. Those already waiting are the next in order; new ones go after the last. */
+/* Whether a default reached after the runs now waiting will find the default binary's
+ * latest timing older than TUNE_DEFAULT_FRESH_S: each run ahead of it, the one on the device
+ * included, is taken to last as long as the latest did (t->pace), and a default waiting
+ * among them times it again when its turn comes. */
+static bool default_stale_at_turn(const Tuner *t)
+{
+    double now = elapsed(t), latest = t->recent_at;
+    for (int k = 0; k < t->n_ahead; k++)
+        if (!t->ahead[k].bin) latest = now + (k + 1) * t->pace;   /* a default's re-timing */
+    return now + (t->n_ahead + 1) * t->pace - latest > TUNE_DEFAULT_FRESH_S;
+}
+
+/* Starts the build-time candidates after value vi of point bi, gated, while the one just let
+ * on runs, until ahead_count are waiting: their state is made meanwhile. A point's default is
+ * among them where it will need timing again (default_stale_at_turn): the default binary,
+ * started like a candidate. Those already waiting are the next in order; new ones go after
+ * the last. */
 static void start_ahead(Tuner *t, const BuildPoint *builds, int n_build, int bi, int vi)
 {
     int most = ahead_count(t);
@@ -617,15 +636,46 @@ static void start_ahead(Tuner *t, const BuildPoint *builds, int n_build, int bi,
     for (int b = bi; b < n_build; b++)
         for (int i = b == bi ? vi + 1 : 0; i < builds[b].n; i++) {
             if (t->n_ahead >= most || elapsed(t) > t->q->budget_s) return;
-            if (!strcmp(builds[b].values[i], builds[b].dflt)) continue;
-            char note[64];
             Started *s = &t->ahead[t->n_ahead];
+            if (!strcmp(builds[b].values[i], builds[b].dflt)) {
+                if (default_stale_at_turn(t)) {
+                    start_binary(t, t->base_bin, NULL, 0, true, s);
+                    s->point = builds[b].name, s->value = builds[b].dflt, s->peak = t->base_peak;
+                    t->n_ahead++;
+                }
+                t->ahead_b = b, t->ahead_i = i;
+                continue;
+            }
+            char note[64];
             if (!start_candidate(t, &builds[b], builds[b].values[i], true, s, note, sizeof note)) {
                 memset(s, 0, sizeof *s);   /* its turn builds it again and says why */
                 return;
             }
             t->n_ahead++, t->ahead_b = b, t->ahead_i = i;
         }
+}
+
+/* The first waiting binary if it is value `value` of point `point`, taken off the queue into
+ * s; false where the queue starts with another (or is empty). */
+static bool take_ahead(Tuner *t, const char *point, const char *value, Started *s)
+{
+    if (!t->n_ahead || strcmp(t->ahead[0].point, point) || strcmp(t->ahead[0].value, value)) return false;
+    *s = t->ahead[0];   /* started while those before ran: its state is made */
+    memmove(&t->ahead[0], &t->ahead[1], sizeof t->ahead[0] * (size_t)--t->n_ahead);
+    memset(&t->ahead[t->n_ahead], 0, sizeof t->ahead[0]);
+    return true;
+}
+
+/* Lets s on the device, starts what can wait behind it, and reads its run into r. The length
+ * of a run that waited (its state made ahead) becomes the tuner's pace. */
+static void run_in_turn(Tuner *t, Started *s, bool waited, const BuildPoint *builds, int n_build, int bi, int vi,
+                        Run *r)
+{
+    double on_at = elapsed(t);
+    let_on(s);
+    start_ahead(t, builds, n_build, bi, vi);
+    finish_binary(t, s, r);
+    if (waited) t->pace = elapsed(t) - on_at;
 }
 
 static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint *builds, int n_build, int bi,
@@ -643,10 +693,14 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
             progress(t, p, c, *left);
             continue;
         } else if (!strcmp(b->values[i], b->dflt)) {
-            /* the default binary, timed again where its latest timing is older than
-             * TUNE_DEFAULT_FRESH_S */
-            if (elapsed(t) - t->recent_at > TUNE_DEFAULT_FRESH_S) {
-                run_binary(t, base_bin, NULL, 0, &t->recent);
+            /* the default binary, timed again where it was started ahead for that, or where
+             * its latest timing is older than TUNE_DEFAULT_FRESH_S */
+            Started s;
+            if (take_ahead(t, b->name, b->dflt, &s)) {
+                run_in_turn(t, &s, true, builds, n_build, bi, i, &t->recent);
+                t->recent_at = elapsed(t);
+            } else if (elapsed(t) - t->recent_at > TUNE_DEFAULT_FRESH_S) {
+                run_binary(t, base_bin, NULL, 0, &t->recent);   /* those waiting come after it */
                 t->recent_at = elapsed(t);
             }
             fill_candidate(c, &t->recent, &t->base, t->q->tolerance);
@@ -654,21 +708,14 @@ static void measure_build_point(Tuner *t, const char *base_bin, const BuildPoint
         } else {
             Started s;
             Run r = {0};
-            bool started;
-            if (t->n_ahead && !strcmp(t->ahead[0].point, b->name) && !strcmp(t->ahead[0].value, b->values[i])) {
-                s = t->ahead[0];   /* started while those before ran: its state is made */
-                memmove(&t->ahead[0], &t->ahead[1], sizeof t->ahead[0] * (size_t)--t->n_ahead);
-                memset(&t->ahead[t->n_ahead], 0, sizeof t->ahead[0]);
-                started = true;
-            } else {
+            bool waited = take_ahead(t, b->name, b->values[i], &s), started = waited;
+            if (!started) {
                 drop_ahead(t);   /* started for other candidates (none in order) */
                 started = start_candidate(t, b, b->values[i], ahead_ok(t), &s, c->note, sizeof c->note);
             }
             c->peak = s.peak;
             if (started) {
-                let_on(&s);
-                start_ahead(t, builds, n_build, bi, i);
-                finish_binary(t, &s, &r);
+                run_in_turn(t, &s, waited, builds, n_build, bi, i, &r);
                 fill_candidate(c, &r, &t->base, t->q->tolerance);
             }
         }
@@ -837,18 +884,25 @@ int tune_run(const TuneRequest *q)
     if (!fits(&t, t.base_peak))
         build_progress("tune: the defaults' memory plan peaks at %s, over the budget of %s",
                        size_of((double)t.base_peak).s, size_of(q->memory_budget).s);
+    t.base_bin = base_bin;
+    EnvPoint envs[8];
+    BuildPoint builds[TUNE_BUILD_POINTS];
+    int n_env = env_points(&t, envs), n_build = build_points(q, builds), left = 0;
+    /* the first build-time candidates make their state while the defaults run (GPT-2 d48
+     * -O2's first one waited 54 s for its own when started at its turn) */
+    start_ahead(&t, builds, n_build, 0, -1);
     if (!strcmp(q->device, "cuda") && !measure_gemms(&t, base_bin)) goto out;
     /* a first run warms what a first run warms (page cache, clocks, the driver), untimed */
-    if (!run_binary(&t, base_bin, NULL, 0, &t.base) || !run_binary(&t, base_bin, NULL, 0, &t.base)) goto out;
+    if (!run_binary(&t, base_bin, NULL, 0, &t.base)) goto out;
+    double before = elapsed(&t);
+    if (!run_binary(&t, base_bin, NULL, 0, &t.base)) goto out;
+    t.pace = elapsed(&t) - before;   /* with its set-up: more than a run that waited, until one has */
     rec->default_ms = t.base.median;
     t.recent = t.base;
     t.recent_at = elapsed(&t);
     build_progress("tune: defaults: %.2f ms a step (%.2f..%.2f) over %d steps; %.0f s", t.base.median,
                    t.base.min, t.base.max, t.base.n - q->warmup, elapsed(&t));
 
-    EnvPoint envs[8];
-    BuildPoint builds[TUNE_BUILD_POINTS];
-    int n_env = env_points(&t, envs), n_build = build_points(q, builds), left = 0;
     for (int i = 0; i < n_env; i++) left += envs[i].n;
     for (int i = 0; i < n_build; i++) left += builds[i].n;
     for (int i = 0; i < n_env; i++) measure_env_point(&t, base_bin, &envs[i], &left);
@@ -925,6 +979,7 @@ int tune_run(const TuneRequest *q)
             rec->n_points, rec->default_ms, rec->tuned_ms, rec->elapsed_s);
     status = 0;
 out:
+    drop_ahead(&t);   /* a run that failed with some started */
     if (base_bin) unlink(base_bin);
     if (tuned_bin) unlink(tuned_bin);
     if (t.data) unlink(t.data);
