@@ -87,6 +87,46 @@ bool exec_map_tensor(const CudaExec *e, const Tensor *t, CUdeviceptr *out) {
     return false;
 }
 
+/* The slot of RoPE's table for launch l's (T, head_dim, theta), found or added; -1 when
+ * EXEC_ROPE_TABLES are taken. */
+static int rope_slot(CudaExec *e, const CuLaunch *l) {
+    int64_t T = l->args.i[3], D = l->args.i[0];
+    double theta = l->args.f[0];
+    for (int k = 0; k < e->n_rope; k++)
+        if (e->rope[k].T == T && e->rope[k].D == D && e->rope[k].theta == theta) return k;
+    if (e->n_rope == EXEC_ROPE_TABLES) return -1;
+    e->rope[e->n_rope].T = T, e->rope[e->n_rope].D = D, e->rope[e->n_rope].theta = theta;
+    e->rope[e->n_rope].at = 0;
+    return e->n_rope++;
+}
+
+/* RoPE's table for launch l, in aux: made on the host the first time (the reference
+ * executor's formula, ref_attn.c, so the same f64 values), then shared. 0 on failure. */
+static CUdeviceptr rope_table(CudaExec *e, const CuLaunch *l) {
+    int k = rope_slot(e, l);
+    if (k < 0) {
+        rt_error("CUDA executor: more than %d RoPE tables", EXEC_ROPE_TABLES);
+        return 0;
+    }
+    if (e->rope[k].at) return e->rope[k].at;
+    int64_t T = e->rope[k].T, D = e->rope[k].D, pairs = T * (D / 2);
+    double *tab = malloc(sizeof *tab * (size_t)(2 * pairs));
+    if (!tab) {
+        rt_error("CUDA executor: out of host memory for a RoPE table");
+        return 0;
+    }
+    for (int64_t p = 0; p < T; p++)
+        for (int64_t i = 0; i < D / 2; i++) {
+            double ang = (double)p * pow(e->rope[k].theta, -2.0 * (double)i / (double)D);
+            tab[2 * (p * (D / 2) + i)] = cos(ang);
+            tab[2 * (p * (D / 2) + i) + 1] = sin(ang);
+        }
+    CUdeviceptr at = 0;
+    bool ok = aux_take(e, tab, (int64_t)sizeof *tab * 2 * pairs, &at);
+    free(tab);
+    return ok ? (e->rope[k].at = at) : 0;
+}
+
 bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr scratch_base) {
     *a = l->args;
     for (int k = 0; k < CK_MAX_TENSORS; k++) {
@@ -105,6 +145,7 @@ bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr scratch
         a->t[k].p = (void *)(uintptr_t)p;
     }
     a->scratch = l->scratch >= 0 ? (void *)(uintptr_t)(scratch_base + (CUdeviceptr)l->scratch) : NULL;
+    if (l->rope_table && !(a->scratch = (void *)(uintptr_t)rope_table(e, l))) return false;
     a->ticket = (unsigned *)(uintptr_t)(e->aux + (CUdeviceptr)e->ticket_off);
     if (l->scale_to) {
         CUdeviceptr p = 0;
@@ -482,11 +523,22 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     }
     e->descale_bytes = cuda_plan_descale_bytes(g, e->plans);
     int n_tables = 0;
+    int64_t rope_bytes = 0;
     for (int i = 0; i < g->n_nodes; i++)
         for (int k = 0; k < e->plans[i].n_launch; k++)
             if (e->plans[i].launch[k].table) n_tables += g->nodes[i]->n_in;
+    for (int i = 0; i < g->n_nodes; i++)   /* RoPE's tables, one per (T, head_dim, theta) */
+        for (int k = 0; k < e->node_plans[i].n_launch; k++) {
+            const CuLaunch *l = &e->node_plans[i].launch[k];
+            int had = e->n_rope, slot = l->rope_table ? rope_slot(e, l) : had;
+            if (slot < 0) {
+                rt_error("--device cuda: the graph's RoPEs need more than %d tables", EXEC_ROPE_TABLES);
+                goto fail;
+            }
+            if (e->n_rope > had) rope_bytes += align_up(16 * l->args.i[3] * (l->args.i[0] / 2));
+        }
     /* the phases' tables, and as much again for nodes run one at a time (tests) */
-    e->aux_bytes = align_up(ALIGN + 16 * (int64_t)n_tables + ALIGN * 64) + align_up(e->descale_bytes);
+    e->aux_bytes = align_up(ALIGN + 16 * (int64_t)n_tables + ALIGN * 64) + align_up(e->descale_bytes) + rope_bytes;
     int64_t batch_aux = exec_find_batches(e);
     if (batch_aux < 0) goto fail;
     /* and the batched finite checks of the gradients */

@@ -21,6 +21,7 @@
 #define GEMM_TUNE_RUNS 5
 #define GEMM_WIDE 32            /* algorithms the heuristic offers in the tuning mode */
 #define GEMM_TIMED_RUNS 7       /* timed runs of each in the tuning mode: median, min, max */
+#define EXEC_ROPE_TABLES 8      /* RoPE tables of distinct (T, head_dim, theta) a graph may have */
 #define GEMM_TUNE_AT_STEP 2     /* the micro-step whose GEMMs the tuning mode times */
 
 typedef struct {
@@ -169,6 +170,9 @@ struct CudaExec {
                                  launches (cuda_plan_descale_bytes) */
     int64_t descale_bytes;
     int64_t scratch_bytes, aux_bytes, aux_used;
+    /* RoPE's tables (CuLaunch.rope_table), one per (T, head_dim, theta), in aux */
+    struct { int64_t T, D; double theta; CUdeviceptr at; } rope[EXEC_ROPE_TABLES];
+    int n_rope;
     CuNodePlan *node_plans;               /* one node each (cuda_exec_run_node) */
     CuNodePlan *plans;                    /* the phases': GEMM epilogues fused */
     int n_epilogues;                      /* GEMMs in plans with a fused epilogue */

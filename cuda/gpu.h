@@ -89,6 +89,10 @@ typedef struct {
     bool ref_scale[CK_MAX_TENSORS];   /* ref i is a node whose scale array goes in t[i].s */
     int64_t scratch;        /* byte offset of args.scratch in the node's scratch, -1: none */
     bool table;             /* args.table: the node's scalar inputs 1.. (grad_norm) */
+    bool rope_table;        /* args.scratch: RoPE's (T, head_dim / 2) table of (cos, sin) in f64,
+                               for T = args.i[3], head_dim = args.i[0], theta = args.f[0]; made
+                               once on the host and kept in the executor's aux (exec.c), so
+                               every RoPE of the step reads the one table */
     bool batch;             /* its code reads the grid as CK_BLOCK / CK_BLOCKS: launches of it
                                for independent nodes may run as one (render.c's batch_ entry) */
     /* the dequantization scales this launch's block 0 writes first for later GEMMs (args'

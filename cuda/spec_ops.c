@@ -307,22 +307,18 @@ bool plan_elementwise(Spec *s) {
         if (y->rank < 2 || IR_IATTR(n, ROPE, head_dim) <= 0 || IR_IATTR(n, ROPE, head_dim) % 2 ||
             cols_of(y) % IR_IATTR(n, ROPE, head_dim))
             return spec_fail(s, "head_dim does not split the columns into even heads");
-        /* the (T, head_dim / 2) table of cos and sin, f64, then the rotation that reads it */
-        int64_t T = y->dims[y->rank - 2], pairs = T * (IR_IATTR(n, ROPE, head_dim) / 2);
-        need_scratch(s, pairs * 16);
-        for (int k = 0; k < 2; k++) {
-            l = k ? spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%s, %s>(a)", Y,
-                                fmt_arg(s, &n->in[0]->t))
-                  : spec_launch(s, "ropetab", grid_elem(pairs), ELEM_THREADS, "ck_rope_table<%s, %s>(a)", Y,
-                                fmt_arg(s, &n->in[0]->t));
-            args_result_inputs(l, n);
-            l->scratch = 0;
-            l->args.i[0] = IR_IATTR(n, ROPE, head_dim);
-            l->args.i[1] = IR_IATTR(n, ROPE, inverse);
-            l->args.i[2] = cols_of(y);
-            l->args.i[3] = T;
-            l->args.f[0] = IR_FATTR(n, ROPE, theta);
-        }
+        /* the rotation, reading the (T, head_dim / 2) table of cos and sin that the executor
+         * makes once for every RoPE of these sizes (rope_table: Llama 1.1B made it again in
+         * each of its 88 RoPEs a step, one launch each) */
+        l = spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%s, %s>(a)", Y,
+                        fmt_arg(s, &n->in[0]->t));
+        args_result_inputs(l, n);
+        l->rope_table = true;
+        l->args.i[0] = IR_IATTR(n, ROPE, head_dim);
+        l->args.i[1] = IR_IATTR(n, ROPE, inverse);
+        l->args.i[2] = cols_of(y);
+        l->args.i[3] = y->dims[y->rank - 2];
+        l->args.f[0] = IR_FATTR(n, ROPE, theta);
         return true;
     }
     default: break;

@@ -392,21 +392,12 @@ template <class Y, class T, class I> __device__ void ck_embedding(const CkArgs &
 }
 
 /* ROPE: i = {head_dim, inverse, C, T}, f = {theta}; over pairs (2j, 2j+1). The rotation of
- * pair k of position p depends on (p, k) alone: the first launch makes the T x head_dim / 2
- * table of cos and sin (f64, as the reference computes them) in the scratch, the second
- * rotates every head's pairs by reading it. Each pair used to compute its own pow, cos and sin
- * in f64, some 0.1 ms per launch on Llama 1.1B's q at batch 4 x 2048 (8.8 ms of its step); the
- * bits are the same. */
-template <class Y, class X> __device__ void ck_rope_table(const CkArgs &a) {
-    i64 D = a.i[0], T = a.i[3], K = D / 2;
-    double theta = a.f[0], *tab = (double *)a.scratch;
-    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < T * K; j += (i64)gridDim.x * blockDim.x) {
-        i64 p = j / K, k = j % K;
-        double ang = (double)p * pow(theta, -2.0 * (double)k / (double)D);
-        tab[2 * j] = cos(ang);
-        tab[2 * j + 1] = sin(ang);
-    }
-}
+ * pair k of position p depends on (p, k) alone: a.scratch holds the T x head_dim / 2 table of
+ * (cos, sin) in f64, which the executor makes once on the host with the reference's formula
+ * (cuda/exec.c, rope_table) for every RoPE of the step, and each head's pairs are rotated by
+ * reading it. Each pair used to compute its own pow, cos and sin in f64, some 0.1 ms per
+ * launch on Llama 1.1B's q at batch 4 x 2048 (8.8 ms of its step), and later each RoPE made
+ * the table again in a launch of its own (88 a step). */
 /* Where a head is whole vectors (D and C multiples of CK_VEC) and both tensors allow wide
  * loads, a thread takes a vector, four pairs of one head at one position, and finds the
  * position and pair once for them: the 64-bit divisions of the index took more time than the
