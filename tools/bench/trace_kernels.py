@@ -6,7 +6,9 @@ TRACE is what a training binary writes with FP8C_CUDA_TRACE=TRACE (a tab-separat
 launch of every run list: the list's number, the launch's index in it, the op, the kernel, the
 node, the tensor, the milliseconds of that launch timed alone). PLAN is what
 `fp8c plan MODEL FLAGS --kernels --device cuda` prints for the same build: a line per launch
-in launch order, with the bytes the plan gives it (MiB) and its FLOPs.
+in launch order, with the bytes the plan gives it (MiB: each tensor once, a lower bound where
+a kernel reads and writes the same tensor, as the update's AdamW does its states) and its
+FLOPs.
 
 A step runs a list of the micro-step's launches (the forward, then the backward) and a list of
 the update's; the trace numbers its lists in the order they ran, evaluation's included. The
