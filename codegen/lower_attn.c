@@ -20,22 +20,23 @@
 
 /* ---------------------------------------------------------------- rope and attention */
 
-/* Pairs (2i, 2i+1) of each head turn by p * theta^(-2i/D); the cos/sin table is computed here
- * in double, as the reference does, and rounded once to f32. */
+/* Pairs (2i, 2i+1) of each head turn by p * theta^(-2i/D); the cos/sin table is the
+ * reference's (ir_rope_table, f64), rounded once to f32. */
 void lower_rope(Lower *L, Node *n)
 {
     int64_t D = IR_IATTR(n, ROPE, head_dim), C = cols_of(&n->t), T = n->t.dims[n->t.rank - 2];
     int64_t R = rows_of(&n->t), half = D / 2;
     double sign = IR_IATTR(n, ROPE, inverse) ? -1.0 : 1.0, theta = IR_FATTR(n, ROPE, theta);
+    double *exact = malloc(sizeof(double) * (size_t)(T * D > 0 ? T * D : 1));
     float *cs = malloc(sizeof(float) * (size_t)(T * D > 0 ? T * D : 1));
-    IR_ASSERT(cs);
-    for (int64_t p = 0; p < T; p++)
-        for (int64_t i = 0; i < half; i++) {
-            double ang = (double)p * pow(theta, -2.0 * (double)i / (double)D);
-            cs[(p * half + i) * 2] = (float)cos(ang);
-            cs[(p * half + i) * 2 + 1] = (float)(sign * sin(ang));
-        }
+    IR_ASSERT(exact && cs);
+    ir_rope_table(T, D, theta, exact);
+    for (int64_t j = 0; j < T * half; j++) {
+        cs[2 * j] = (float)exact[2 * j];
+        cs[2 * j + 1] = (float)(sign * exact[2 * j + 1]);
+    }
     int table = cg_const_new(L->p, cs, T * D);
+    free(exact);
     free(cs);
     CgKernel *k = kernel(L, CG_KERNEL_LOOP, n, NULL);
     shape(k, CG_PAR_BLOCK, R, 6 * C);

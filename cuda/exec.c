@@ -100,8 +100,8 @@ static int rope_slot(CudaExec *e, const CuLaunch *l) {
     return e->n_rope++;
 }
 
-/* RoPE's table for launch l, in aux: made on the host the first time (the reference
- * executor's formula, ref_attn.c, so the same f64 values), then shared. 0 on failure. */
+/* RoPE's table for launch l, in aux: made on the host the first time (ir_rope_table, the
+ * reference executor's values), then shared. 0 on failure. */
 static CUdeviceptr rope_table(CudaExec *e, const CuLaunch *l) {
     int k = rope_slot(e, l);
     if (k < 0) {
@@ -115,12 +115,7 @@ static CUdeviceptr rope_table(CudaExec *e, const CuLaunch *l) {
         rt_error("CUDA executor: out of host memory for a RoPE table");
         return 0;
     }
-    for (int64_t p = 0; p < T; p++)
-        for (int64_t i = 0; i < D / 2; i++) {
-            double ang = (double)p * pow(e->rope[k].theta, -2.0 * (double)i / (double)D);
-            tab[2 * (p * (D / 2) + i)] = cos(ang);
-            tab[2 * (p * (D / 2) + i) + 1] = sin(ang);
-        }
+    ir_rope_table(T, D, e->rope[k].theta, tab);
     CUdeviceptr at = 0;
     bool ok = aux_take(e, tab, (int64_t)sizeof *tab * 2 * pairs, &at);
     free(tab);

@@ -8,6 +8,7 @@
 #include "ir.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
@@ -720,6 +721,16 @@ int ir_update_tail(const Node *n)
     IR_ASSERT(ir_op_is_update(n->op));
     int64_t copy = IR_IATTR(n, ADAMW, copy);
     return copy == 1 ? 3 : copy == 2 ? 1 : 0;
+}
+
+void ir_rope_table(int64_t T, int64_t head_dim, double theta, double *cs)
+{
+    for (int64_t p = 0; p < T; p++)
+        for (int64_t i = 0; i < head_dim / 2; i++) {
+            double ang = (double)p * pow(theta, -2.0 * (double)i / (double)head_dim);
+            cs[2 * (p * (head_dim / 2) + i)] = cos(ang);
+            cs[2 * (p * (head_dim / 2) + i) + 1] = sin(ang);
+        }
 }
 
 int ir_adamw_copy_index(const Node *n)

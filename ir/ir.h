@@ -403,6 +403,10 @@ int ir_adamw_master_index(const Node *n);
 int ir_adamw_copy_index(const Node *n);      /* the FP8 copy (copy=1), else -1 */
 int ir_update_amax_index(const Node *n);     /* the new weights' amax state (copy=1 or 2), else -1 */
 int ir_update_tail(const Node *n);           /* operands after the master: 3 (copy=1), 1 (copy=2), 0 */
+/* ROPE's rotations: for position p < T and pair i < head_dim / 2, cs[2 (p head_dim/2 + i)] =
+ * cos(p theta^(-2i/head_dim)) and the next element its sin, in f64. The one formula every
+ * backend's RoPE reads: the reference executor, the CPU kernels, the GPU executor's table. */
+void ir_rope_table(int64_t T, int64_t head_dim, double theta, double *cs);
 /* Whether n writes into its i-th operand's storage (ACCUMULATE: acc; ADAMW: param, grad, m, v,
  * master, FP8 copy, the amax state). A value after such a write is read through n (ACCUMULATE's result aliases acc), so
  * every other reader of a mutated operand must run before n. */

@@ -240,12 +240,7 @@ void ref_rope(const Node *n, const float *const *x, float *y)
     if (ir_numel(&n->in[0]->t) != ir_numel(t)) ref_die_node(n, "result is not x-shaped");
     double *cs = malloc(sizeof(double) * (size_t)(T * D > 0 ? T * D : 1));   /* (T, D/2) cos, sin */
     IR_ASSERT(cs);
-    for (int64_t p = 0; p < T; p++)
-        for (int64_t i = 0; i < D / 2; i++) {
-            double ang = (double)p * pow(theta, -2.0 * (double)i / (double)D);
-            cs[(p * (D / 2) + i) * 2] = cos(ang);
-            cs[(p * (D / 2) + i) * 2 + 1] = sign * sin(ang);
-        }
+    ir_rope_table(T, D, theta, cs);
     for (int64_t b = 0; b < B; b++)
         for (int64_t p = 0; p < T; p++) {
             const float *in = x[0] + (b * T + p) * C;
@@ -253,7 +248,7 @@ void ref_rope(const Node *n, const float *const *x, float *y)
             const double *row = cs + p * D;
             for (int64_t c = 0; c < C; c += 2) {
                 int64_t i = (c % D) / 2;
-                double co = row[2 * i], si = row[2 * i + 1], x0 = in[c], x1 = in[c + 1];
+                double co = row[2 * i], si = sign * row[2 * i + 1], x0 = in[c], x1 = in[c + 1];
                 out[c] = (float)(x0 * co - x1 * si);
                 out[c + 1] = (float)(x0 * si + x1 * co);
             }
