@@ -260,18 +260,21 @@ void rt_init_params(Graph *g, uint64_t seed)
 }
 
 /* The states that rt_init_params_from writes whole after clearing the others, by node index:
- * the parameters' masters and the updates' FP8 weight copies. Clearing them first, as zeros
- * read from an untouched arena, would map the shared zero page there, and writing the values
- * then takes a copy-on-write fault per page, each flushing the page from every CPU that runs
- * the process: on two cores a fifth of GPT-2 d12 -O2's set-up went to those faults, and each
- * added thread sends every fault more interrupts. */
-static bool *states_written_later(const Graph *g)
+ * the parameters' masters (master, from masters_by_param) and the updates' FP8 weight copies.
+ * Clearing them first, as zeros read from an untouched arena, would map the shared zero page
+ * there, and writing the values then takes a copy-on-write fault per page, each flushing the
+ * page from every CPU that runs the process: on two cores a fifth of GPT-2 d12 -O2's set-up
+ * went to those faults, and each added thread sends every fault more interrupts. */
+static bool *states_written_later(const Graph *g, Node *const *master)
 {
-    bool *later = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *later);
+    bool *later = calloc((size_t)(g->n_nodes > 0 ? g->n_nodes : 1), sizeof *later);
     IR_ASSERT(later);
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
-        if (n->op == OP_STATE && n->t.role == ROLE_MASTER && n->grad_of) later[i] = true;
+        if (master[i]) {
+            IR_ASSERT(master[i]->index >= 0 && master[i]->index < g->n_nodes && g->nodes[master[i]->index] == master[i]);
+            later[master[i]->index] = true;
+        }
         if (!ir_op_is_update(n->op)) continue;
         int at = ir_adamw_copy_index(n);
         if (at >= 0 && ir_update_amax_index(n) >= 0) {
@@ -286,7 +289,8 @@ static bool *states_written_later(const Graph *g)
 bool rt_init_params_from(Graph *g, uint64_t seed, RtParamValuesFn values, void *ctx)
 {
     /* state first: scale tensors must hold their 1 before scaled parameters are stored */
-    bool *later = states_written_later(g);
+    Node **master = masters_by_param(g);
+    bool *later = states_written_later(g, master);
     for (int i = 0; i < g->n_nodes; i++) {
         Node *s = g->nodes[i];
         if (s->op != OP_STATE || s->t.fmt.elem == FMT_VOID || s->t.fmt.codec == CODEC_SPLIT)
@@ -308,7 +312,6 @@ bool rt_init_params_from(Graph *g, uint64_t seed, RtParamValuesFn values, void *
         free(x);
     }
     free(later);
-    Node **master = masters_by_param(g);
     bool ok = true;
     for (int i = 0; i < g->n_nodes && ok; i++) {
         Node *p = g->nodes[i], *m = master[i];
