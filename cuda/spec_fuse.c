@@ -1023,7 +1023,8 @@ static void fold_inverse_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
 
 /* whether launch l is one of the tensor-core kernels that store attention's result: a
  * forward of MODE 0 ("ck_attn_wg_fwd<64, 0, ..": MODE 1, the backward's rerun of it, stores
- * only statistics), a dq or a dk/dv pass */
+ * only statistics), a dq or a dk/dv pass (which stores dq too where no dq pass runs:
+ * attn.dq_in_dkv) */
 static bool attn_tc_result_launch(const CuLaunch *l) {
     static const char *const fwd[] = {"ck_attn_tc_fwd<", "ck_attn_wg_fwd<", "ck_attn_wg_fwd_pipe<"};
     static const char *const bwd[] = {"ck_attn_tc_dq<", "ck_attn_wg_dq<", "ck_attn_tc_dkv<", "ck_attn_wg_dkv<"};
@@ -1070,7 +1071,10 @@ static void fold_attention_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
                 other = true;   /* the statistics (attnsaved, attnstat) are the only others */
             }
         }
-        int want = x->op == OP_ATTENTION ? 1 : 2;
+        /* the forward's one; the backward's dq and dk/dv passes, or the dk/dv pass alone */
+        bool dq_pass = false;
+        for (int k = 0; k < xp->n_launch; k++) dq_pass = dq_pass || strstr(xp->launch[k].body, "_dq<");
+        int want = x->op == OP_ATTENTION || !dq_pass ? 1 : 2;
         if (between || other || n_writers != want) continue;
         bool owned = false;   /* an attention has one result, so one scale: copied once */
         CuLaunch *l = own_launches(xp, &owned, a);

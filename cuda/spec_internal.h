@@ -124,6 +124,8 @@ typedef struct {
     int attn_head_group;
     /* parts of a dk/dv step's 64 queries (the choice attn.dkv_split: 1 or 2) */
     int attn_dkv_split;
+    /* dq computed by the dk/dv pass, no dq pass (the choice attn.dq_in_dkv; attn_wgmma.cuh, ONE) */
+    bool attn_dq_in_dkv;
 } Spec;
 
 static inline int64_t rows_of(const Tensor *t) {

@@ -875,13 +875,21 @@ bool plan_attention(Spec *s) {
         l->args.i[11] = ir_attention_lse_offset(n);
         return true;
     }
-    need_scratch(s, 2 * B * H * T * 4);
+    /* dq in the dk/dv pass (attn.dq_in_dkv=1; attn_wgmma.cuh, ONE): where one warpgroup owns 64
+     * keys at head dim 64 and the statistics pass, which zeroes its counters, is the light one
+     * over the saved y. The scratch holds, after lse and Dt, a counter per (b, h, 64 queries)
+     * and one for the blocks' numbers, then the f32 sums of dq (B, H, T, 64). Off by default:
+     * slower on an H200 at every shape measured (attn_wgmma.cuh) */
+    bool one = s->attn_wgmma && s->attn_wgmma_bwd && s->attn_dq_in_dkv && D == 64 && s->attn_dkv_wgs == 1 &&
+               tc && ysaved && ir_attention_lse_offset(ysaved);
+    int64_t counters = ((B * H * ((T + 63) / 64) + 1) * 4 + 255) / 256 * 256;
+    need_scratch(s, 2 * B * H * T * 4 + (one ? counters + B * H * T * 64 * 4 : 0));
     if (ysaved && ir_attention_lse_offset(ysaved)) {
         /* the forward stored lse after y: the statistics are Dt = dy . y and a copy */
         /* as ck_attn_stat_lanes: 32 / lanes rows per warp, 8 warps */
         int64_t lanes = D % 8 == 0 && 32 % (D / 8) == 0 ? D / 8 : 32, rows = 8 * (32 / lanes);
         l = spec_launch(s, "attnsaved", (unsigned)((B * T * H + rows - 1) / rows), 256,
-                        "ck_attn_saved_stats<%s, %s>(a)", DY, fmt_arg(s, &ysaved->t));
+                        "ck_attn_saved_stats<%s, %s, %d>(a)", DY, fmt_arg(s, &ysaved->t), one);
         attn_args(l, n, packed, sz);
         arg_node(l, 5, ysaved);
         l->args.i[11] = ir_attention_lse_offset(ysaved);
@@ -914,18 +922,20 @@ bool plan_attention(Spec *s) {
         dkv_smem = (unsigned)(1024 + 2 * dkv_rows * D * 2 + 4 * step + 4 * 64 * 4);
     }
     const char *bwd_hg = wg_bwd ? hg : "";
-    l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dq, Y, DY, Q, K, V, bwd_hg);
-    l->smem = dq_smem;
-    l->scratch = 0;
-    attn_args(l, n, packed, sz);
+    if (!one) {
+        l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dq, Y, DY, Q, K, V, bwd_hg);
+        l->smem = dq_smem;
+        l->scratch = 0;
+        attn_args(l, n, packed, sz);
+    }
     /* a dk/dv step in two parts of 32 queries (attn.dkv_split=2) holds fewer registers: at one
      * warpgroup a block, three blocks an SM where the whole step's 170 registers allow two */
     char split[32] = "";
     bool halves = wg_bwd && s->attn_dkv_split == 2;
-    if (halves) snprintf(split, sizeof split, ", %d, 2", s->attn_head_group);
+    if (halves || one) snprintf(split, sizeof split, ", %d, %d, %d", s->attn_head_group, halves ? 2 : 1, one);
     l = spec_launch(s, "attndkv", dkv_blocks, dkv_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dkv, Y, DY, Q, K, V,
-                    halves ? split : bwd_hg);
-    l->smem = dkv_smem;
+                    halves || one ? split : bwd_hg);
+    l->smem = dkv_smem + (one ? 64 * 64 * 2 + 64 * 64 * 4 : 0);   /* ONE: the step's dS^T, the part waiting */
     if (halves && s->attn_dkv_wgs == 1 && D == 64) l->min_blocks = 3;
     l->scratch = 0;
     attn_args(l, n, packed, sz);
@@ -954,6 +964,7 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         int64_t group = ir_choice_int_at(g, "attn.head_group", n, 0);
         s.attn_head_group = group > 0 && group <= 1024 ? (int)group : 0;
         s.attn_dkv_split = ir_choice_int_at(g, "attn.dkv_split", n, 2) == 1 ? 1 : 2;
+        s.attn_dq_in_dkv = ir_choice_int_at(g, "attn.dq_in_dkv", n, 0) == 1;
         if (plan_attention(&s)) plans[i] = wgp;
     }
 }

@@ -57,9 +57,14 @@ static __device__ __forceinline__ int ck_attn_stat_lanes(long long D) {
 /* The backward's statistics from the forward's (attention_bwd reading y): lse as the forward
  * stored it after y (t[5], i[11] bytes on), and Dt = dy . y per row and head, into scratch as
  * ck_attn_fwd's MODE 1 puts them. ck_attn_stat_lanes lanes per (b, t, h); i as the
- * attention's. */
-template <class DY, class YS> __device__ void ck_attn_saved_stats(const CkArgs &a) {
+ * attention's. ZERO: the dk/dv pass computes dq too (attn_wgmma.cuh, ONE), and its counters,
+ * B H ceil(T / 64) + 1 of them after Dt, start at zero. */
+template <class DY, class YS, int ZERO = 0> __device__ void ck_attn_saved_stats(const CkArgs &a) {
     i64 B = a.i[0], T = a.i[1], H = a.i[2], D = a.i[4];
+    if (ZERO) {
+        i64 at = CK_BLOCK * blockDim.x + threadIdx.x;
+        if (at <= B * H * ((T + 63) / 64)) ((unsigned *)((float *)a.scratch + 2 * B * H * T))[at] = 0u;
+    }
     int per = ck_attn_stat_lanes(D), lane = threadIdx.x & 31, sub = lane % per;
     i64 r = (CK_BLOCK * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / per) + lane / per;
     bool live = r < B * T * H;

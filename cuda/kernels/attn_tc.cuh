@@ -410,9 +410,8 @@ static __device__ __forceinline__ void ck_attn_dq_store(const CkArgs &a, const f
 }
 template <int D, class Y>
 static __device__ __forceinline__ void ck_attn_dkv_store(const CkArgs &a, const float (*dk)[4], const float (*dv)[4],
-                                                         i64 b, i64 g, int key0, int tig, int Ti) {
+                                                         i64 b, i64 g, int key0, int tig, int Ti, float big = 0.0f) {
     i64 T = a.i[1], H = a.i[2], Hkv = a.i[3], ycols = (H + 2 * Hkv) * D;
-    float big = 0.0f;
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
 #pragma unroll

@@ -155,6 +155,13 @@ static __device__ __forceinline__ void ck_wg_ss32(float *d, unsigned long long d
                  : CK_F16(d, 0)
                  : "l"(da), "l"(db), "r"(acc));
 }
+/* d (64 x 64, f32) = (acc ? d : 0) + A B: A and B MN-major descriptors (both read transposed) */
+static __device__ __forceinline__ void ck_wg_ss64_mn(float *d, unsigned long long da, unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " CK_D32 ", %32, %33, p, 1, 1, 1, 1;\n}\n"
+                 : CK_F16(d, 0), CK_F16(d, 16)
+                 : "l"(da), "l"(db), "r"(acc));
+}
 template <int N>
 static __device__ __forceinline__ void ck_wg_ss(float *d, unsigned long long da, unsigned long long db, int acc) {
     static_assert(N == 32 || N == 64, "m64nNk16 for N = 32 or 64");
@@ -408,7 +415,8 @@ __device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
  *
  * The backward keeps attn_tc's split into two passes, each output written by one block in a
  * fixed order (so results repeat bit for bit, with no atomics and no f32 dq buffer), and moves
- * both onto warpgroup MMA with the forward's tile layout. The passes recompute S and dP that
+ * both onto warpgroup MMA with the forward's tile layout (a single pass with dq summed in a
+ * fixed order follows the dk/dv pass below, measured slower). The passes recompute S and dP that
  * the other also computes (seven tile products where FlashAttention's single pass with atomic
  * dq adds takes five); what they gain is that every product is a wgmma over swizzled tiles:
  *
@@ -557,22 +565,137 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
     ck_attn_dq_store<D, Y>(a, dq, b, h, row0, tig, Ti);
 }
 
+/* ---------------------------------------------------------------- dq in the dk/dv pass
+ *
+ * With ONE (the choice attn.dq_in_dkv) the dk/dv pass computes dq too and no dq pass runs: five
+ * tile products where the two passes take seven. Each step's dS^T (64 keys x 64 queries, the A
+ * operand of dK += dS^T Q) is also stored, as bf16, into a 128-byte-swizzled tile with the
+ * keys as rows; read through a transposed descriptor it is dS, the A operand of
+ *   dQ_part = dS K        m64n64k16 x 4, both operands MN-major (dS's queries and K's head dim
+ *                         are contiguous), the accumulator rows the step's 64 queries,
+ * the part of the query tile's dq that this block's 64 keys give. The parts of one query tile
+ * come from the blocks of the keys at and before it and are summed in a fixed order, so that
+ * dq repeats bit for bit: the diagonal block's first (it stores its part into an f32 buffer in
+ * the scratch), then the block of the keys before it, each adding its part to the sum, down to
+ * the block of keys 0, which adds the last part and stores dq through Y. A counter per (batch,
+ * head, query tile), zeroed by the statistics pass before, says how many parts are in; a block
+ * waits for its turn (thread 0 with an acquiring load, then the block's barrier), adds, and
+ * hands on (the block's barrier, then thread 0's releasing store of the count, as CUTLASS's
+ * semaphores do). A step's part waits in shared memory and is added during the next step,
+ * after its first products are issued, so that the sums' round trips to L2 run under them.
+ *
+ * The order costs no waiting: block kb meets query tile qt at its step qt - kb, one step after
+ * block kb + 1 met it, so blocks that run side by side never wait for one another. The blocks
+ * of a (batch, kv head) are numbered together, the one with the fewest steps first, and a
+ * block takes its number when it starts (a counter after the others, as CUB's single-pass scan
+ * numbers its tiles), not from blockIdx: every block a block waits for started before it, so
+ * none waits for one that has no place to run, whatever order the GPU starts blocks in.
+ * Grouped-query heads walk their query heads in the same order in every block of a kv head,
+ * so the argument holds head by head.
+ * Taken where one warpgroup owns 64 keys at head dim 64 and the statistics come from the saved
+ * y (spec_ops.c); the f32 buffer is (B, H, T, 64), 4 bytes a value of q.
+ *
+ * Measured on an H200 it loses (docs/results.md, "(m)"): a traced GPT-2 d12 -O1 step's dk/dv
+ * pass took 15.45 ms where the two passes take 6.99 + 3.85, and Llama 1.1B's step 137 ms
+ * against 103 (its blocks walk eight query heads, and the blocks with the most steps start
+ * last). Each step reads and writes 32 KiB of f32 sums in L2, twice the bytes of the step's q
+ * and dy tiles, and adding the part a step later, under the next products, changed nothing:
+ * the sums' traffic, not their latency, is the cost. So attn.dq_in_dkv is 0 by default and
+ * not among fp8c tune's candidates; blocks of more keys (fewer sums a key) are what could
+ * change that. */
+
+/* ONE's scratch after lse and Dt: the counters (B H nq u32, then the blocks'), then the f32
+ * sums (B H T 64) */
+static __device__ __forceinline__ unsigned *ck_attn_dq_counters(const CkArgs &a) {
+    return (unsigned *)((float *)a.scratch + 2 * a.i[0] * a.i[2] * a.i[1]);
+}
+static __device__ __forceinline__ float *ck_attn_dq_sums(const CkArgs &a) {
+    i64 B = a.i[0], T = a.i[1], H = a.i[2], counters = B * H * ((T + 63) / 64) + 1;
+    return (float *)((char *)ck_attn_dq_counters(a) + ((counters * 4 + 255) & ~(i64)255));
+}
+
+/* This block's part of dq for query tile qt of head hh, from key block kb, added in the order
+ * above; the last part stores dq into q's columns of the packed gradient. The part is the
+ * thread's accumulator fragment (rows row0, row0 + 8 of the tile, columns 8 n + 2 tig), its
+ * element 4 n + i in shared memory at word (4 n + i) 128 + threadIdx.x of stash. Returns the
+ * largest |dq| it stored (0 where it was not the last). Every thread of the block calls it. */
+template <class Y>
+static __device__ __forceinline__ float ck_attn_dq_part(const CkArgs &a, const float *stash, i64 b, i64 hh, int qt,
+                                                        int kb, int row0, int tig, int Ti) {
+    i64 T = a.i[1], H = a.i[2], Hkv = a.i[3], ycols = (H + 2 * Hkv) * 64;
+    int before = qt - kb;   /* parts in ahead of this one */
+    unsigned *count = ck_attn_dq_counters(a) + (b * H + hh) * ((T + 63) / 64) + qt;
+    if (before > 0) {
+        if (threadIdx.x == 0) {
+            unsigned seen;
+            for (;;) {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(count) : "memory");
+                if (seen == (unsigned)before) break;
+                __nanosleep(64);
+            }
+        }
+        __syncthreads();
+    }
+    float *sum = ck_attn_dq_sums(a) + (b * H + hh) * T * 64;
+    float big = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + r * 8, col = n * 8 + tig * 2;
+            if (row >= Ti) continue;
+            const float *part = stash + (4 * n + 2 * r) * 128 + threadIdx.x;
+            float2 *at = (float2 *)(sum + (i64)row * 64 + col), v = make_float2(part[0], part[128]);
+            if (before > 0) {
+                float2 s = __ldcg(at);
+                v = make_float2(s.x + v.x, s.y + v.y);
+            }
+            if (kb > 0) {
+                __stcg(at, v);
+            } else {
+                i64 i = (b * T + row) * ycols + hh * 64 + col;
+                Y::st(a.t[0], i, v.x);
+                Y::st(a.t[0], i + 1, v.y);
+                big = fmaxf(big, fmaxf(fabsf(v.x), fabsf(v.y)));
+            }
+        }
+    if (kb > 0) {   /* hand on: every thread's sums before the count */
+        __syncthreads();
+        if (threadIdx.x == 0)
+            asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(count), "r"((unsigned)before + 1) : "memory");
+    }
+    return big;
+}
+
 /* dk, dv: one block per (b, kv head, 64 WGS keys), over the heads of the group and the 64-query
- * tiles at and after the keys; t[1..4] = dy, q, k, v; lse and Dt in the scratch */
-template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int SPLIT = 1>
+ * tiles at and after the keys; t[1..4] = dy, q, k, v; lse and Dt in the scratch (and with ONE,
+ * dq: above) */
+template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int SPLIT = 1, int ONE = 0>
 __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
     static_assert(SPLIT == 1 || SPLIT == 2, "a step of 64 queries, whole or in two parts");
+    static_assert(!ONE || (WGS == 1 && D == 64), "dq in the dk/dv pass: 64 keys a block, head dim 64");
     constexpr int NQ = 64 / SPLIT;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     typedef CkWgBwd<D, WGS> L;
     unsigned sK = (ck_smem(smem_raw) + 1023u) & ~1023u, sV = sK + L::WHOLE;
     unsigned sQY = sV + L::WHOLE;   /* [buffer][q, dy] tiles */
     float *sStat = (float *)(smem_raw + (sQY + 4 * L::TILE - ck_smem(smem_raw)));   /* [buffer][lse, Dt][64] */
+    unsigned sDS = sQY + 4 * L::TILE + 4 * L::STEP * 4;   /* ONE: the step's dS^T (64 x 64 bf16), 1024-aligned */
+    float *sDQ = (float *)(smem_raw + (sDS + 64 * 64 * 2 - ck_smem(smem_raw)));   /* ONE: the part waiting */
+    int pend_hh = -1, pend_qt = 0;   /* ONE: the head and query tile of the part waiting, if any */
     i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], grp = H / Hkv;
     float scale = (float)a.f[0], scale2 = scale * CK_LOG2E;   /* scores in base 2 */
     i64 bg, kt;
-    ck_attn_order(blockIdx.x, B * Hkv, (T + L::ROWS - 1) / L::ROWS, HG, bg, kt);
+    if constexpr (ONE) {   /* a kv head's blocks together, the fewest steps first, numbered as they start */
+        __shared__ unsigned started;
+        i64 nkt = (T + 63) / 64;
+        if (threadIdx.x == 0) started = atomicAdd(ck_attn_dq_counters(a) + B * H * nkt, 1u);
+        __syncthreads();
+        bg = (i64)started / nkt, kt = nkt - 1 - (i64)started % nkt;
+    } else {
+        ck_attn_order(blockIdx.x, B * Hkv, (T + L::ROWS - 1) / L::ROWS, HG, bg, kt);
+    }
     i64 b = bg / Hkv, g = bg % Hkv;
     int k0 = (int)kt * L::ROWS, Ti = (int)T;
     int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
@@ -592,7 +715,7 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     ck_wg_load<D, L::ROWS, L::THREADS>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
     stage(0, 0);
 
-    float dk[D / 8][4], dv[D / 8][4];
+    float dk[D / 8][4], dv[D / 8][4], dq_big = 0.0f;
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
 #pragma unroll
@@ -638,6 +761,12 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
                 ck_wg_ss<NQ>(&dpt[0][0], ck_wg_desc(sV + mine, 16, 1024), ck_wg_desc(sDY + tile, 16, 1024), kk > 0);
             }
             ck_wg_commit();
+            if constexpr (ONE)   /* the last step's part of dq, while S^T and dP^T run */
+                if (part == 0 && pend_hh >= 0) {
+                    dq_big = fmaxf(dq_big, ck_attn_dq_part<Y>(a, sDQ, b, pend_hh, pend_qt, (int)kt,
+                                                              pend_qt * 64 + warp * 16 + gid, tig, Ti));
+                    pend_hh = -1;
+                }
             ck_wg_wait_but_last();
             ck_wg_hold<NQ / 2>(&st[0][0]);
 
@@ -682,6 +811,13 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
                 for (int i = 0; i < 4; i++) ds[i] = st[n][i] * (dpt[n][i] - (i & 1 ? dtq.y : dtq.x)) * scale;
                 df[n >> 1][(n & 1) * 2] = ck_pack(ds[0], ds[1]);
                 df[n >> 1][(n & 1) * 2 + 1] = ck_pack(ds[2], ds[3]);
+                if constexpr (ONE) {   /* dS^T into the swizzled tile: row key, queries along it */
+                    int r = warp * 16 + gid, c = part * NQ + n * 8 + tig * 2;
+                    unsigned at = sDS + ck_wg_chunk<64>(r, c >> 3) + (c & 7) * 2;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(df[n >> 1][(n & 1) * 2]));
+                    at = sDS + ck_wg_chunk<64>(r + 8, c >> 3) + (c & 7) * 2;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(df[n >> 1][(n & 1) * 2 + 1]));
+                }
             }
 
             /* dK += dS^T Q: Q as an MN-major B operand */
@@ -696,6 +832,29 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
             ck_wg_hold<D / 2>(&dv[0][0]);
             ck_wg_hold<D / 2>(&dk[0][0]);
         }
+        if constexpr (ONE) {
+            /* dQ_part = dS K: dS^T's tile and K read transposed, a k-step 16 keys (2048 bytes) on */
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* dS^T, to wgmma */
+            __syncthreads();
+            float dq[8][4];
+            ck_wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                ck_wg_ss64_mn(&dq[0][0], ck_wg_desc(sDS + kk * 16 * 128, 64 * 128, 1024),
+                              ck_wg_desc(sK + kk * 16 * 128, L::ROWS * 128, 1024), kk > 0);
+            ck_wg_commit();
+            ck_wg_wait();
+            ck_wg_hold<32>(&dq[0][0]);
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) sDQ[(4 * n + i) * 128 + threadIdx.x] = dq[n][i];
+            pend_hh = (int)(g * grp + it / nq), pend_qt = q0 >> 6;
+        }
     }
-    ck_attn_dkv_store<D, Y>(a, dk, dv, b, g, key0, tig, Ti);
+    if constexpr (ONE)
+        if (pend_hh >= 0)
+            dq_big = fmaxf(dq_big, ck_attn_dq_part<Y>(a, sDQ, b, pend_hh, pend_qt, (int)kt,
+                                                      pend_qt * 64 + warp * 16 + gid, tig, Ti));
+    ck_attn_dkv_store<D, Y>(a, dk, dv, b, g, key0, tig, Ti, dq_big);
 }

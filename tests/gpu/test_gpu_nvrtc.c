@@ -1314,6 +1314,43 @@ static void test_attention_wgmma_choice(void **state) {
     }
 }
 
+/* attn.dq_in_dkv=1: GPT-2's and Llama's (grouped-query) attention backward at -O1 run no dq
+ * pass, their dk/dv pass computes dq (its template's last argument 1) after a statistics pass
+ * that zeroes its counters, every other launch stays as it was, and the module compiles. */
+static void test_attention_dq_in_dkv_choice(void **state) {
+    (void)state;
+    static const char *const models[] = {"gpt2", "llama"};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        Arena *a = arena_new();
+        char path[4500];
+        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, models[m]);
+        Graph *g = compile_model_choosing(a, path, 1, NULL, NULL);
+        assert_non_null(g);
+        char *two = program_text(g, a);
+        assert_non_null(strstr(two, "ck_attn_wg_dq<"));
+        ir_set_choice(g, "attn.dq_in_dkv", "1");
+        char *one = program_text(g, a);
+        assert_null(strstr(one, "ck_attn_wg_dq<"));
+        int changed = 0;   /* program_text: a line a node, its launches in it */
+        char *save_two = NULL, *save_one = NULL;
+        char *lt = strtok_r(two, "\n", &save_two), *lo = strtok_r(one, "\n", &save_one);
+        for (; lt && lo; lt = strtok_r(NULL, "\n", &save_two), lo = strtok_r(NULL, "\n", &save_one)) {
+            if (!strcmp(lt, lo)) continue;
+            assert_non_null(strstr(lt, "ck_attn_wg_dq<"));
+            assert_non_null(strstr(lo, "ck_attn_wg_dkv<"));
+            assert_non_null(strstr(lo, "ck_attn_saved_stats<"));
+            const char *end = strstr(strstr(lo, "ck_attn_wg_dkv<"), ">(a)");
+            assert_true(end && !strncmp(end - 3, ", 1", 3));
+            changed++;
+        }
+        assert_true(!lt && !lo);
+        assert_true(changed > 0);
+        assert_module_compiles(g);
+        printf("  attn.dq_in_dkv=1: %s -O1, %d attention backwards without a dq pass\n", models[m], changed);
+        arena_free(a);
+    }
+}
+
 /* The kernels of the FP8 gradient reduction (kernels/comm.cuh): a data-parallel build with
  * comm:grad=e5m2 or e4m3 puts its five entry points in the module, for bf16 gradients (-O1)
  * and f32 ones (-O0), and NVRTC compiles them; without the rule there are none. */
@@ -1515,6 +1552,7 @@ int main(void) {
                                        cmocka_unit_test(test_loss_choices_plan),
                                        cmocka_unit_test(test_fusion_switches),
                                        cmocka_unit_test(test_attention_wgmma_choice),
+                                       cmocka_unit_test(test_attention_dq_in_dkv_choice),
                                        cmocka_unit_test(test_optimizers_every_level),
                                        cmocka_unit_test(test_every_model_every_level)};
     return cmocka_run_group_tests(tests, NULL, NULL);

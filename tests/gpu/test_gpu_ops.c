@@ -1149,6 +1149,11 @@ typedef struct {
 } PipeTwin;
 static PipeTwin pipe_twins[16];
 static int n_pipe_twins;
+/* At head dim 64, with the forward's statistics saved, the dk/dv pass may compute dq too, its
+ * parts summed in a fixed order (the choice attn.dq_in_dkv=1): each such backward has a twin
+ * planned so, a case of its own against the reference, which must also repeat bit for bit. */
+static Node *dq_in_dkv_nodes[8];
+static int n_dq_in_dkv;
 
 static void build_attention(void) {
     group_now = "attention";
@@ -1238,6 +1243,16 @@ static void build_attention(void) {
                 }
                 assert_true(n_pipe_twins < (int)(sizeof pipe_twins / sizeof *pipe_twins));
                 pipe_twins[n_pipe_twins++] = (PipeTwin){twin, sites[k]};
+                if (sites[k]->op != OP_ATTENTION_BWD || !lse) continue;
+                /* the dk/dv steps whole in one configuration, in two parts in the others */
+                Node *one = add_case(arena_printf(arena, "%s, dq in dk/dv", bw), tol,
+                                     op_v(OP_ATTENTION_BWD, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in,
+                                          sites[k]->in));
+                ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", one->id), "1");
+                ir_set_choice(graph, arena_printf(arena, "attn.dq_in_dkv@%d", one->id), "1");
+                ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", one->id), n_dq_in_dkv ? "2" : "1");
+                assert_true(n_dq_in_dkv < (int)(sizeof dq_in_dkv_nodes / sizeof *dq_in_dkv_nodes));
+                dq_in_dkv_nodes[n_dq_in_dkv++] = one;
             }
         }
     }
@@ -1613,6 +1628,56 @@ static void test_attention(void **s) {
     run_group("attention");
 }
 
+/* dq_in_dkv_nodes: planned with no dq pass and a dk/dv pass that computes dq (its template's
+ * last argument 1), and the same bits from two runs (the parts of dq are summed in a fixed
+ * order; test_attention compared them with the reference) */
+static void test_attention_dq_in_dkv(void **s) {
+    (void)s;
+    assert_true(n_dq_in_dkv > 0);
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < n_dq_in_dkv; k++) {
+        Node *n = dq_in_dkv_nodes[k];
+        const CuNodePlan *p = &plans[n->index];
+        bool planned = !plan_runs(p, "ck_attn_wg_dq<") && !plan_runs(p, "ck_attn_tc_dq<");
+        for (int l = 0; l < p->n_launch && planned; l++) {
+            const char *body = p->launch[l].body;
+            if (strncmp(body, "ck_attn_wg_dkv<", 15)) continue;
+            const char *end = strstr(body, ">(a)");
+            planned = end && end - body > 3 && !strncmp(end - 3, ", 1", 3);
+        }
+        planned = planned && plan_runs(p, "ck_attn_wg_dkv<");
+        Tensor *out[8];
+        int n_out = outputs_of(n, out);
+        unsigned char *got[2][8] = {{0}};
+        bool ok = planned;
+        int64_t differ = 0, bytes = 0;
+        for (int t = 0; ok && t < 2; t++) {
+            for (int j = 0; j < n_out; j++) memset(out[j]->data, 0xFF, (size_t)gt_bytes(out[j]));
+            ok = cuda_exec_push(exec, out, n_out) && cuda_exec_run_node(exec, n) && cuda_exec_pull(exec, out, n_out);
+            for (int j = 0; ok && j < n_out; j++) {
+                got[t][j] = malloc((size_t)gt_bytes(out[j]));
+                memcpy(got[t][j], out[j]->data, (size_t)gt_bytes(out[j]));
+            }
+        }
+        for (int j = 0; ok && j < n_out; j++) {
+            bytes += gt_bytes(out[j]);
+            for (int64_t i = 0; i < gt_bytes(out[j]); i++) differ += got[0][j][i] != got[1][j][i];
+        }
+        for (int t = 0; t < 2; t++)
+            for (int j = 0; j < 8; j++) free(got[t][j]);
+        bool pass = ok && differ == 0;
+        printf("  %-60s %lld bytes, %lld differ between runs%s\n", n->t.name, (long long)bytes, (long long)differ,
+               pass ? "" : planned ? "  FAIL" : "  FAIL (not planned as expected)");
+        failed += !pass;
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d backwards with dq in the dk/dv pass failed", failed);
+}
+
 /* pipe_twins: the same bits with and without the pipelined forward (each output of the node:
  * y, or dq, dk, dv; their planned kernels checked too) */
 static void test_attention_pipeline(void **s) {
@@ -1705,6 +1770,7 @@ int main(void) {
         cmocka_unit_test(test_optimizer),
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_pipeline),
+        cmocka_unit_test(test_attention_dq_in_dkv),
         cmocka_unit_test(test_amax_parts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
