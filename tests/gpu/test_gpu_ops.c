@@ -1628,6 +1628,34 @@ static void test_attention(void **s) {
     run_group("attention");
 }
 
+/* Runs nodes[0], then nodes[1] (one node twice, or twins over the same inputs), each with its
+ * outputs set to 0xFF first, and counts in *differ the bytes of their outputs that differ, of
+ * *bytes; false where a run failed or the two have different outputs. */
+static bool runs_differ(Node *const nodes[2], int64_t *bytes, int64_t *differ) {
+    Tensor *out[2][8];
+    int n_out[2];
+    unsigned char *got[2][8] = {{0}};
+    for (int t = 0; t < 2; t++) n_out[t] = outputs_of(nodes[t], out[t]);
+    bool ok = n_out[0] == n_out[1];
+    for (int t = 0; ok && t < 2; t++) {
+        for (int j = 0; j < n_out[t]; j++) memset(out[t][j]->data, 0xFF, (size_t)gt_bytes(out[t][j]));
+        ok = cuda_exec_push(exec, out[t], n_out[t]) && cuda_exec_run_node(exec, nodes[t]) &&
+             cuda_exec_pull(exec, out[t], n_out[t]);
+        for (int j = 0; ok && j < n_out[t]; j++) {
+            got[t][j] = malloc((size_t)gt_bytes(out[t][j]));
+            memcpy(got[t][j], out[t][j]->data, (size_t)gt_bytes(out[t][j]));
+        }
+    }
+    *bytes = *differ = 0;
+    for (int j = 0; ok && j < n_out[0]; j++) {
+        *bytes += gt_bytes(out[0][j]);
+        for (int64_t i = 0; i < gt_bytes(out[0][j]); i++) *differ += got[0][j][i] != got[1][j][i];
+    }
+    for (int t = 0; t < 2; t++)
+        for (int j = 0; j < 8; j++) free(got[t][j]);
+    return ok;
+}
+
 /* dq_in_dkv_nodes: planned with no dq pass and a dk/dv pass that computes dq (its template's
  * last argument 1), and the same bits from two runs (the parts of dq are summed in a fixed
  * order; test_attention compared them with the reference) */
@@ -1650,25 +1678,9 @@ static void test_attention_dq_in_dkv(void **s) {
             planned = end && end - body > 3 && !strncmp(end - 3, ", 1", 3);
         }
         planned = planned && plan_runs(p, "ck_attn_wg_dkv<");
-        Tensor *out[8];
-        int n_out = outputs_of(n, out);
-        unsigned char *got[2][8] = {{0}};
-        bool ok = planned;
+        Node *twice[2] = {n, n};
         int64_t differ = 0, bytes = 0;
-        for (int t = 0; ok && t < 2; t++) {
-            for (int j = 0; j < n_out; j++) memset(out[j]->data, 0xFF, (size_t)gt_bytes(out[j]));
-            ok = cuda_exec_push(exec, out, n_out) && cuda_exec_run_node(exec, n) && cuda_exec_pull(exec, out, n_out);
-            for (int j = 0; ok && j < n_out; j++) {
-                got[t][j] = malloc((size_t)gt_bytes(out[j]));
-                memcpy(got[t][j], out[j]->data, (size_t)gt_bytes(out[j]));
-            }
-        }
-        for (int j = 0; ok && j < n_out; j++) {
-            bytes += gt_bytes(out[j]);
-            for (int64_t i = 0; i < gt_bytes(out[j]); i++) differ += got[0][j][i] != got[1][j][i];
-        }
-        for (int t = 0; t < 2; t++)
-            for (int j = 0; j < 8; j++) free(got[t][j]);
+        bool ok = planned && runs_differ(twice, &bytes, &differ);
         bool pass = ok && differ == 0;
         printf("  %-60s %lld bytes, %lld differ between runs%s\n", n->t.name, (long long)bytes, (long long)differ,
                pass ? "" : planned ? "  FAIL" : "  FAIL (not planned as expected)");
@@ -1693,28 +1705,8 @@ static void test_attention_pipeline(void **s) {
         bool planned = plan_runs(&plans[nodes[1]->index], "ck_attn_wg_") &&
                        !plan_runs(&plans[nodes[1]->index], "ck_attn_wg_fwd_pipe<") &&
                        (nodes[0]->op != OP_ATTENTION || plan_runs(&plans[nodes[0]->index], "ck_attn_wg_fwd_pipe<"));
-        Tensor *out[2][8];
-        int n_out[2];
         int64_t differ = 0, bytes = 0;
-        bool ok = planned;
-        for (int t = 0; t < 2; t++) n_out[t] = outputs_of(nodes[t], out[t]);
-        ok = ok && n_out[0] == n_out[1];
-        unsigned char *got[2][8] = {{0}};
-        for (int t = 0; ok && t < 2; t++) {
-            for (int j = 0; j < n_out[t]; j++) memset(out[t][j]->data, 0xFF, (size_t)gt_bytes(out[t][j]));
-            ok = cuda_exec_push(exec, out[t], n_out[t]) && cuda_exec_run_node(exec, nodes[t]) &&
-                 cuda_exec_pull(exec, out[t], n_out[t]);
-            for (int j = 0; ok && j < n_out[t]; j++) {
-                got[t][j] = malloc((size_t)gt_bytes(out[t][j]));
-                memcpy(got[t][j], out[t][j]->data, (size_t)gt_bytes(out[t][j]));
-            }
-        }
-        for (int j = 0; ok && j < n_out[0]; j++) {
-            bytes += gt_bytes(out[0][j]);
-            for (int64_t i = 0; i < gt_bytes(out[0][j]); i++) differ += got[0][j][i] != got[1][j][i];
-        }
-        for (int t = 0; t < 2; t++)
-            for (int j = 0; j < 8; j++) free(got[t][j]);
+        bool ok = planned && runs_differ(nodes, &bytes, &differ);
         bool pass = ok && differ == 0;
         printf("  %-60s %lld bytes, %lld differ%s\n", nodes[0]->t.name, (long long)bytes, (long long)differ,
                pass ? "" : planned ? "  FAIL" : "  FAIL (not planned as expected)");
