@@ -514,7 +514,7 @@ static const char *const graph_names[] = {"gpt2_tiny_dp_O1", "gpt2_tiny_dp_seria
                                           "gpt2_tiny_dp_O2", "gpt2_tiny_zero_O2", "gpt2_tiny_dp_O3",
                                           "gpt2_tiny_zero_O3", "gpt2_tiny_zero2_O1", "gpt2_tiny_zero2_O2",
                                           "gpt2_tiny_zero2_O3", "gpt2_tiny_zero3_O0", "gpt2_tiny_zero3_O1",
-                                          "gpt2_tiny_zero3_O3"};
+                                          "gpt2_tiny_zero3_O3", "gpt2_tiny_dp_passes_O3"};
 enum { N_GRAPHS = sizeof graph_names / sizeof graph_names[0] };
 
 /* Two GPUs and NCCL here? Asked in a child: CUDA must not start in this process. The child
@@ -627,15 +627,15 @@ static bool same_runs(const char *a, const char *b, bool replicated) {
     return same_file(x, y) && ok;
 }
 
-/* For each of three levels: gpt2_tiny's unsharded data-parallel step (run `whole`_LEVEL) and
- * the step of graph `graph`_LEVEL (run `sharded`_LEVEL) on two ranks, clipping every step: the
- * same bytes of every file they write (same_runs: rank 0's gathered arena, every rank's norms
- * and losses). */
-static void sharded_equals_whole(const char *graph, const char *whole, const char *sharded, const char *what,
-                                 const char *const levels[3], bool replicated) {
+/* For each of three levels: gpt2_tiny's unsharded data-parallel step (graph `dp`_LEVEL, run
+ * `whole`_LEVEL) and the step of graph `graph`_LEVEL (run `sharded`_LEVEL) on two ranks,
+ * clipping every step: the same bytes of every file they write (same_runs: rank 0's gathered
+ * arena, every rank's norms and losses). */
+static void sharded_equals_whole(const char *const dps[3], const char *graph, const char *whole, const char *sharded,
+                                 const char *what, const char *const levels[3], bool replicated) {
     for (int k = 0; k < 3; k++) {
         char dp[64], zero[64], dp_name[32], zero_name[32];
-        snprintf(dp, sizeof dp, "gpt2_tiny_dp_%s", levels[k]);
+        snprintf(dp, sizeof dp, "%s_%s", dps[k], levels[k]);
         snprintf(zero, sizeof zero, "%s_%s", graph, levels[k]);
         snprintf(dp_name, sizeof dp_name, "%s_%s", whole, levels[k]);
         snprintf(zero_name, sizeof zero_name, "%s_%s", sharded, levels[k]);
@@ -661,7 +661,8 @@ static void test_sharded_states(void **state) {
     if (!two_gpus()) return;
     max_norm = CLIP_ACTIVE;
     static const char *const levels[] = {"O1", "O2", "O3"};
-    sharded_equals_whole("gpt2_tiny_zero", "whole", "shard", "sharded states", levels, true);
+    static const char *const dps[] = {"gpt2_tiny_dp", "gpt2_tiny_dp", "gpt2_tiny_dp"};
+    sharded_equals_whole(dps, "gpt2_tiny_zero", "whole", "shard", "sharded states", levels, true);
     /* two micro-steps a rank; the reductions after the backward */
     assert_true(run_world("gpt2_tiny_dp_O1", "whole_a2", 2, 2));
     assert_true(run_world("gpt2_tiny_zero_O1", "shard_a2", 2, 2));
@@ -695,7 +696,8 @@ static void test_sharded_grads(void **state) {
     if (!two_gpus()) return;
     max_norm = CLIP_ACTIVE;
     static const char *const levels[] = {"O1", "O2", "O3"};
-    sharded_equals_whole("gpt2_tiny_zero2", "whole2", "grads", "sharded gradients", levels, true);
+    static const char *const dps[] = {"gpt2_tiny_dp", "gpt2_tiny_dp", "gpt2_tiny_dp"};
+    sharded_equals_whole(dps, "gpt2_tiny_zero2", "whole2", "grads", "sharded gradients", levels, true);
     /* two micro-steps a rank: each reduced into the shards, another order of the sums */
     assert_true(run_world("gpt2_tiny_dp_O1", "whole2_a2", 2, 2));
     assert_true(run_world("gpt2_tiny_zero2_O1", "grads_a2", 2, 2));
@@ -718,14 +720,18 @@ static void test_sharded_grads(void **state) {
  * step's and the evaluation's, whose forward list gathers on its own) must be the unsharded
  * run's, at -O0 (bf16 gathers), -O1 (the update's e4m3 copies) and -O3 (the forward's e4m3
  * quantizes, each owner's shard quantized with the scale of the ranks' largest amax; the
- * backward's bf16). Stage 3 sums the gradients as stage 2 does, so with two micro-steps it
- * must end with stage 2's bytes. */
+ * backward's bf16). At -O3 the unsharded step compared is the one that finds each per-use
+ * scale by a pass over the weight (scale.weight_amax=0), as stage 3 does: the amax the update
+ * found (the default) is a persistent value a weight more in its arena, with the same bits of
+ * every scale. Stage 3 sums the gradients as stage 2 does, so with two micro-steps it must end
+ * with stage 2's bytes. */
 static void test_sharded_weights(void **state) {
     (void)state;
     if (!two_gpus()) return;
     max_norm = CLIP_ACTIVE;
     static const char *const levels[] = {"O0", "O1", "O3"};
-    sharded_equals_whole("gpt2_tiny_zero3", "whole3", "weights", "sharded weights", levels, false);
+    static const char *const dps[] = {"gpt2_tiny_dp", "gpt2_tiny_dp", "gpt2_tiny_dp_passes"};
+    sharded_equals_whole(dps, "gpt2_tiny_zero3", "whole3", "weights", "sharded weights", levels, false);
     /* two micro-steps a rank: stage 2's order of the sums, so stage 2's bytes */
     assert_true(run_world("gpt2_tiny_zero2_O1", "grads3_a2", 2, 2));
     assert_true(run_world("gpt2_tiny_zero3_O1", "weights_a2", 2, 2));
