@@ -18,6 +18,12 @@ update that follows it with the plan's update lines; a launch whose op is not am
 line's ends the run with a line saying which (another build's trace). Printed: per kernel (the
 plan's name; `gemm` for cuBLASLt), the launches, milliseconds, GiB the plan counts and
 GB/s, largest time first, and the step's sums.
+
+A launch timed alone includes its launch: the host records an event, launches, records another,
+and waits, so even a launch that does nothing takes some microseconds (on an H200 about 6: a
+one-block scale launch). The last column is the GB/s with that floor taken off each launch:
+--floor MS, by default the shortest launch of the step. It is what the kernel's own bytes and
+time say; inside a CUDA graph launches are cheaper than alone, but not free.
 """
 import argparse, collections, sys
 
@@ -52,6 +58,8 @@ def main():
     ap.add_argument("plan")
     ap.add_argument("--step", type=int, default=2, help="which step's lists (1 is the first)")
     ap.add_argument("--top", type=int, default=40, help="kernels printed at most")
+    ap.add_argument("--floor", type=float, default=None,
+                    help="ms of a launch that does nothing (default: the step's shortest launch)")
     a = ap.parse_args()
     plan = read_plan(a.plan)
     micro = [p for p in plan if p[0] != "update"]
@@ -83,12 +91,16 @@ def main():
         a_[2] += mib
         total_ms += ms
         total_mib += mib
+    floor = a.floor if a.floor is not None else min(ms for _, (op, fn, ms) in pairs)
     print(f"step {a.step} (trace lists {first} and {first + 2}): {len(pairs)} launches, "
-          f"{total_ms:.2f} ms timed alone, {total_mib / 1024:.1f} GiB by the plan")
-    print(f"{'kernel':14s} {'launches':>8s} {'ms':>9s} {'GiB':>8s} {'GB/s':>7s}")
+          f"{total_ms:.2f} ms timed alone, {total_mib / 1024:.1f} GiB by the plan; "
+          f"a launch's floor {floor * 1000:.1f} us ({len(pairs) * floor:.2f} ms of the step)")
+    print(f"{'kernel':14s} {'launches':>8s} {'ms':>9s} {'GiB':>8s} {'GB/s':>7s} {'less floor':>10s}")
+
+    def rate(mib, ms):
+        return f"{mib * 1.048576 / ms:7.0f}" if ms > 0 and mib > 0 else "      -"
     for kernel, (n, ms, mib) in sorted(agg.items(), key=lambda x: -x[1][1])[:a.top]:
-        gbs = f"{mib * 1.048576 / ms:7.0f}" if ms > 0 and mib > 0 else "      -"
-        print(f"{kernel:14s} {n:8d} {ms:9.2f} {mib / 1024:8.2f} {gbs}")
+        print(f"{kernel:14s} {n:8d} {ms:9.2f} {mib / 1024:8.2f} {rate(mib, ms)} {rate(mib, ms - n * floor):>10s}")
 
 
 if __name__ == "__main__":
