@@ -485,8 +485,11 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     }
     /* timed or synchronized launches stay whole: a launch that starts early would blur both */
     e->pdl = ir_choice_int(g, "cuda.pdl", 0) == 1 && !e->profile && !e->sync_each;
-    const char *fa = getenv("FP8C_CUDA_FAST_ACCUM");
-    e->fast_accum_all = fa && !strcmp(fa, "all");
+    /* the gradient GEMMs' accumulation is the binary's (cuda.grad_fast_accum), not the
+     * environment's: say so to whoever still sets the variable that chose it */
+    if (getenv("FP8C_CUDA_FAST_ACCUM"))
+        rt_note("FP8C_CUDA_FAST_ACCUM is no longer read: the gradient GEMMs' fast accumulation is "
+                "built in with --choice cuda.grad_fast_accum=1 (docs/tuning.md)");
     if (!CU_CHECK(CU(cuDeviceGet)(&e->dev, cuda_device_ordinal())) || !CU_CHECK(CU(cuDevicePrimaryCtxRetain)(&e->ctx, e->dev)))
         goto fail;
     e->have_ctx = true;

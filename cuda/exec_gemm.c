@@ -629,7 +629,7 @@ static bool exec_setup_gemm_of(CudaExec *e, const CuLaunch *l, ExecLaunch *x, bo
                                                               sizeof amax)))
         return false;
     bool per_tensor = g->scale_a == CU_SCALE_TENSOR && g->scale_b == CU_SCALE_TENSOR;
-    if (g->fast_accum || (e->fast_accum_all && g->scales >= 0 && per_tensor)) {
+    if (g->fast_accum) {
         int8_t fast = 1;
         if (!LT_CHECK(CU(cublasLtMatmulDescSetAttribute)(x->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)))
             return false;

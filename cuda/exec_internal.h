@@ -187,7 +187,6 @@ struct CudaExec {
     bool graphs, sync_each, profile;
     bool pdl;   /* the choice cuda.pdl: kernels launched programmatically dependent (exec_launch) */
     bool tune;                            /* time the heuristic's candidates (set-up only) */
-    bool fast_accum_all;                  /* FP8C_CUDA_FAST_ACCUM=all: gradient GEMMs too */
     TunedGemm *tuned;
     int n_tuned, cap_tuned;
     ExecReduce *reduce;                   /* the gradients to sum (several ranks only), in the */

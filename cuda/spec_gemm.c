@@ -162,8 +162,11 @@ bool plan_matmul(Spec *s, const GemmEpilogue *ep) {
         g.atype = B->t.fmt.elem, g.btype = A->t.fmt.elem;
         /* as TransformerEngine does: forward products accumulate in the tensor cores' fast
          * mode, gradients (long sums over tokens, small values) with f32 promotion; a forward
-         * GEMM made again in the backward (save.attention_inputs=0) as the forward made it */
-        g.fast_accum = (n->phase == PHASE_FORWARD || ir_is_recomputed(n)) && !grouped;
+         * GEMM made again in the backward (save.attention_inputs=0) as the forward made it.
+         * The choice cuda.grad_fast_accum=1 takes the gradients' per-tensor products into the
+         * fast mode too (not tuned: it changes what the gradients sum, not only how fast) */
+        bool grads_fast = s->g && ir_choice_int(s->g, "cuda.grad_fast_accum", 0) == 1;
+        g.fast_accum = (n->phase == PHASE_FORWARD || ir_is_recomputed(n) || grads_fast) && !grouped;
         g.lda = K, g.ldb = K;
         g.scale_a = (CuScaleMode)mode_a, g.scale_b = (CuScaleMode)mode_b;
         g.scales = at;

@@ -464,6 +464,7 @@ static const ChoiceRule choice_rules[] = {
     {"save.cheap", "0 1", 0, 0, 0},
     {"save.attention_inputs", "0 1", 0, 0, 0},
     {"cuda.pdl", "0 1", 0, 0, 0},
+    {"cuda.grad_fast_accum", "0 1", 0, 0, 0},
     {"norm.stage", "0 1", 0, 0, 0},
     {"norm.bwd_block", "0 1", 0, 0, 0},
     {"comm.overlap", "0 1", 0, 0, 0},

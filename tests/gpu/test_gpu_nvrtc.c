@@ -297,6 +297,42 @@ static void test_grouped_scales_plan(void **state) {
     assert_int_equal(row.decoded, 17);
 }
 
+/* The FP8 GEMMs of gpt2_tiny -O1 in Hopper's fast accumulation: forward ones, and with
+ * cuda.grad_fast_accum=1 the gradients' too, each GEMM launch's flag as the plan sets it */
+static void count_fast(bool grads, int *fwd, int *bwd, int *bwd_all) {
+    Arena *a = arena_new();
+    char why[512];
+    Graph *g = tiny_model(a, 1, NULL);
+    if (grads) ir_set_choice(g, "cuda.grad_fast_accum", "1");
+    CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+    assert_non_null(plans);
+    *fwd = *bwd = *bwd_all = 0;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < plans[i].n_launch; k++) {
+            const CuLaunch *l = &plans[i].launch[k];
+            if (l->kind != CU_GEMM || l->gemm.scales < 0) continue;
+            bool forward = g->nodes[i]->phase == PHASE_FORWARD;
+            *fwd += forward && l->gemm.fast_accum;
+            *bwd += !forward && l->gemm.fast_accum;
+            *bwd_all += !forward;
+        }
+    arena_free(a);
+}
+
+static void test_grad_fast_accum_choice(void **state) {
+    (void)state;
+    int fwd0, bwd0, all0, fwd1, bwd1, all1;
+    count_fast(false, &fwd0, &bwd0, &all0);
+    count_fast(true, &fwd1, &bwd1, &all1);
+    printf("  gpt2_tiny -O1: %d forward FP8 GEMMs fast; of %d gradient ones %d by default, %d with "
+           "cuda.grad_fast_accum=1\n", fwd0, all0, bwd0, bwd1);
+    assert_true(fwd0 > 0 && all0 > 0);
+    assert_int_equal(bwd0, 0);
+    assert_int_equal(fwd1, fwd0);
+    assert_int_equal(all1, all0);
+    assert_int_equal(bwd1, all1);   /* every gradient GEMM of -O1 is per tensor */
+}
+
 /* Producers fused with the quantize of their value (spec.c, fuse_producer_quantizes): the
  * producer's plan stores only block maxima (CkAmaxOnly), its quantize's plan runs the same
  * kernel into the FP8 copy (CkThrough), reading the producer's own inputs. In gpt2_tiny every
@@ -1553,6 +1589,7 @@ int main(void) {
                                        cmocka_unit_test(test_fusion_switches),
                                        cmocka_unit_test(test_attention_wgmma_choice),
                                        cmocka_unit_test(test_attention_dq_in_dkv_choice),
+                                       cmocka_unit_test(test_grad_fast_accum_choice),
                                        cmocka_unit_test(test_optimizers_every_level),
                                        cmocka_unit_test(test_every_model_every_level)};
     return cmocka_run_group_tests(tests, NULL, NULL);
