@@ -575,22 +575,31 @@ static void test_init_gpt2(void **state) {
 
 static void test_init_llama(void **state) {
     (void)state;
-    Model m;
-    make_llama(&m);
-    write_llama(&m, tmp("llama"), H);
-    build("llama.model", llama_defs, f32_flags, "l");
     int32_t tok[B * T], tgt[B * T];
     step0_batch(seed, tok, tgt);
-    double want = llama_loss(&m, tok, tgt, false), wrong = llama_loss(&m, tok, tgt, true);
+    /* The comparison must be sharp enough to see a RoPE convention mixed up: the wrong
+     * convention's loss must lie well outside the tolerance check_close holds the right one to.
+     * On a random model the gap is a sum over the batch's tokens of changes of either sign, and
+     * now and then it nearly cancels: with make_llama's q, k (std 0.5) and head (0.6) it was 281
+     * to 11495 tolerances over 13 seeds and 5.2 on another. A model whose gap is under 20
+     * tolerances is drawn again (at most 8 draws), so that every run's check can tell the two
+     * conventions apart. */
+    Model m;
+    double want = 0, wrong = 0;
+    int draws = 0;
+    for (; draws < 8; draws++) {
+        make_llama(&m);
+        want = llama_loss(&m, tok, tgt, false), wrong = llama_loss(&m, tok, tgt, true);
+        if (fabs(wrong - want) > 20 * TOL * fabs(want)) break;
+        model_free(&m);
+    }
+    print_message("llama with pairwise RoPE on HF's weights: %.9g (%.1f times the tolerance away; "
+                  "the model drawn %d time%s)\n", wrong, fabs(wrong - want) / (TOL * fabs(want)),
+                  draws + (draws < 8), draws ? "s" : "");
+    assert_true(draws < 8);
+    write_llama(&m, tmp("llama"), H);
+    build("llama.model", llama_defs, f32_flags, "l");
     check_close("llama", init_loss("l", tmp("llama"), seed), want);
-    /* the comparison is sharp enough to see a RoPE convention mixed up: the wrong convention's
-     * loss lies well outside the tolerance check_close holds the right one to. The gap varies
-     * with the seed; make_llama's q, k (std 0.5) and head (0.6) are large enough that attention
-     * and the predictions are far from uniform: 281 to 11495 times the tolerance over 13 seeds
-     * (with 0.3 and 0.2, 3.9 to 2300, and a bound of 4 failed once) */
-    print_message("llama with pairwise RoPE on HF's weights: %.9g (%.1f times the tolerance away)\n", wrong,
-                  fabs(wrong - want) / (TOL * fabs(want)));
-    assert_true(fabs(wrong - want) > 20 * TOL * fabs(want));
     /* tie_word_embeddings: no lm_head.weight in the file, the head is the embedding */
     W *head = &m.w[m.n - 1];
     assert_string_equal(head->name, "lm_head.weight");
