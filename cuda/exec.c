@@ -100,6 +100,9 @@ static int rope_slot(CudaExec *e, const CuLaunch *l) {
     return e->n_rope++;
 }
 
+/* the bytes of the (T, head_dim / 2) table of (cos, sin) in f64 */
+static int64_t rope_table_bytes(int64_t T, int64_t head_dim) { return 2 * (int64_t)sizeof(double) * T * (head_dim / 2); }
+
 /* RoPE's table for launch l, in aux: made on the host the first time (ir_rope_table, the
  * reference executor's values), then shared. 0 on failure. */
 static CUdeviceptr rope_table(CudaExec *e, const CuLaunch *l) {
@@ -109,15 +112,15 @@ static CUdeviceptr rope_table(CudaExec *e, const CuLaunch *l) {
         return 0;
     }
     if (e->rope[k].at) return e->rope[k].at;
-    int64_t T = e->rope[k].T, D = e->rope[k].D, pairs = T * (D / 2);
-    double *tab = malloc(sizeof *tab * (size_t)(2 * pairs));
+    int64_t T = e->rope[k].T, D = e->rope[k].D, bytes = rope_table_bytes(T, D);
+    double *tab = malloc((size_t)bytes);
     if (!tab) {
         rt_error("CUDA executor: out of host memory for a RoPE table");
         return 0;
     }
     ir_rope_table(T, D, e->rope[k].theta, tab);
     CUdeviceptr at = 0;
-    bool ok = aux_take(e, tab, (int64_t)sizeof *tab * 2 * pairs, &at);
+    bool ok = aux_take(e, tab, bytes, &at);
     free(tab);
     return ok ? (e->rope[k].at = at) : 0;
 }
@@ -533,7 +536,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
                 rt_error("--device cuda: the graph's RoPEs need more than %d tables", EXEC_ROPE_TABLES);
                 goto fail;
             }
-            if (e->n_rope > had) rope_bytes += align_up(16 * l->args.i[3] * (l->args.i[0] / 2));
+            if (e->n_rope > had) rope_bytes += align_up(rope_table_bytes(l->args.i[3], l->args.i[0]));
         }
     /* the phases' tables, and as much again for nodes run one at a time (tests) */
     e->aux_bytes = align_up(ALIGN + 16 * (int64_t)n_tables + ALIGN * 64) + align_up(e->descale_bytes) + rope_bytes;

@@ -140,7 +140,8 @@ static void clear_bytes(unsigned char *p, int64_t n)
  * its own, so every whole group of zeros has the codes and side values of one, and only a
  * shorter last group may differ. The codes go through clear_bytes where they are zero bytes
  * (they are, for every codec: zero maps to code 0), the side values are copied group by group.
- * Encoding GPT-2 d12's -O2 moments element by element took a quarter of its set-up. */
+ * Encoding GPT-2 d12's -O2 moments element by element took a quarter of its set-up. False,
+ * with nothing stored, for a codec whose zero is not code 0: the caller encodes each element. */
 typedef struct {
     float *p;                   /* the side values */
     const float *one;           /* those of a whole group of zeros */
@@ -153,7 +154,7 @@ static void params_range(void *ctx, int64_t lo, int64_t hi)
     for (int64_t k = lo; k < hi; k++) memcpy(j->p + k * j->per_group, j->one, sizeof *j->one * (size_t)j->per_group);
 }
 
-static void store_codec_zeros(Tensor *t)
+static bool store_codec_zeros(Tensor *t)
 {
     Codec c = t->fmt.codec;
     int g = codec_group_size(c), np = codec_params_per_group(c);
@@ -175,13 +176,9 @@ static void store_codec_zeros(Tensor *t)
         ParamsJob j = {.p = pt->data, .one = one, .per_group = np};
         ref_parallel_ranges(groups - 1, INIT_CHUNK, params_range, &j);
         memcpy((float *)pt->data + (groups - 1) * np, last, sizeof *last * (size_t)np);
-    } else {   /* a codec whose zero is not code 0: each element encoded */
-        float *x = alloc_values(n);
-        fill_values(x, n, 0.0f);
-        ref_store(t, x);
-        free(x);
     }
     free(zeros), free(one), free(last), free(codes);
+    return zero_codes;
 }
 
 /* A split master from a value read from a file. Such a value is often itself a split master's
@@ -301,10 +298,7 @@ bool rt_init_params_from(Graph *g, uint64_t seed, RtParamValuesFn values, void *
             clear_bytes(s->t.data, ir_numel(&s->t) * fmt_elem_bytes(s->t.fmt.elem));
             continue;
         }
-        if (s->t.role != ROLE_SCALE && ir_numel(&s->t) > 0) {
-            store_codec_zeros(&s->t);
-            continue;
-        }
+        if (s->t.role != ROLE_SCALE && ir_numel(&s->t) > 0 && store_codec_zeros(&s->t)) continue;
         int64_t n = ir_numel(&s->t);
         float *x = alloc_values(n);
         fill_values(x, n, s->t.role == ROLE_SCALE ? 1.0f : 0.0f);
