@@ -207,13 +207,18 @@ static __device__ float ck_partials_max(const CkArgs &a) { return ck_partials_ma
 
 /* Whether this block is the last of the launch to finish, after the partial result it wrote
  * (thread 0) is visible to all: blocks take tickets from a.ticket, and the last one sets it
- * back to zero for the next launch. */
+ * back to zero for the next launch. The ticket is an acquire-release add at GPU scope: its
+ * release orders the block's writes (thread 0's, and through the barrier the others') before
+ * the ticket, its acquire makes the last block see every earlier block's: what a sequentially
+ * consistent fence (__threadfence) before a plain add did, without ordering everything else
+ * the thread has in flight. */
 static __device__ bool ck_last_block(const CkArgs &a) {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(a.ticket, 1u) == gridDim.x - 1;
+        unsigned ticket;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(ticket) : "l"(a.ticket) : "memory");
+        last = ticket == gridDim.x - 1;
         if (last) atomicExch(a.ticket, 0u);
     }
     __syncthreads();
