@@ -925,6 +925,9 @@ bool plan_attention(Spec *s) {
     if (!one) {
         l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dq, Y, DY, Q, K, V, bwd_hg);
         l->smem = dq_smem;
+        /* two blocks of two warpgroups an SM: at most 128 registers a thread (uncapped, NVRTC
+         * takes 141 at D 64, and one block an SM) */
+        if (wg_bwd && s->attn_dq_wgs == 2) l->min_blocks = 2;
         l->scratch = 0;
         attn_args(l, n, packed, sz);
     }

@@ -235,6 +235,20 @@ template <class Y> static __device__ void ck_attn_scale_out(const CkArgs &a, flo
         ck_amax_usable(amax) ? ck_scale_for(a.f[CK_ATTN_SCALE_MAX], amax, (i64)a.f[CK_ATTN_SCALE_MARGIN]) : 1.0f;
 }
 
+/* Elements i and i + 1 of t: one four-byte store where t is plain bf16 and element i is at a
+ * multiple of four bytes (a thread's two adjacent columns of an accumulator fragment), two
+ * stores otherwise; the same bits either way (round to nearest even). */
+template <class Y> static __device__ __forceinline__ void ck_st_pair(const CkTensor &t, i64 i, float v0, float v1) {
+    if constexpr (Y::elem == FMT_BF16 && Y::scaling == SCALE_NONE) {
+        if ((((size_t)t.p >> 1) + (size_t)i) % 2 == 0 && (size_t)t.p % 2 == 0) {
+            *(unsigned *)((__nv_bfloat16 *)t.p + i) = ck_pack(v0, v1);
+            return;
+        }
+    }
+    Y::st(t, i, v0);
+    Y::st(t, i + 1, v1);
+}
+
 /* The end of a forward for a warp's 16 rows (the accumulator layout of ck_softmax_tile): MODE 0
  * stores y = O / l and, with lse (i[11]), each row's logsumexp after y (and, folded, y's scale:
  * ck_attn_scale_out); MODE 1 (t[1] = dy) leaves in the scratch each row's logsumexp and
@@ -243,17 +257,19 @@ template <int D, int MODE, class Y, class DY>
 static __device__ __forceinline__ void ck_attn_fwd_finish(const CkArgs &a, const float (*o)[4], const float *m,
                                                           const float *l, i64 b, i64 h, int row0, int tig, int Ti) {
     i64 B = a.i[0], T = a.i[1], H = a.i[2];
+    /* 1 / l once a row (l >= 1 where the row is before T: its largest term is 2^0) */
+    float inv[2] = {row0 < Ti ? 1.0f / l[0] : 0.0f, row0 + 8 < Ti ? 1.0f / l[1] : 0.0f};
     if (MODE == 0) {
         float big = 0.0f;
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
-                float v = o[n][i] / l[i >> 1];
+            for (int r = 0; r < 2; r++) {
+                int row = row0 + r * 8, col = n * 8 + tig * 2;
+                float v0 = o[n][2 * r] * inv[r], v1 = o[n][2 * r + 1] * inv[r];
                 if (row < Ti) {
-                    Y::st(a.t[0], (b * T + row) * H * D + h * D + col, v);
-                    big = fmaxf(big, fabsf(v));
+                    ck_st_pair<Y>(a.t[0], (b * T + row) * H * D + h * D + col, v0, v1);
+                    big = fmaxf(big, fmaxf(fabsf(v0), fabsf(v1)));
                 }
             }
         if (a.i[11])
@@ -272,7 +288,7 @@ static __device__ __forceinline__ void ck_attn_fwd_finish(const CkArgs &a, const
         for (int i = 0; i < 4; i++) {
             int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
             if (row < Ti)
-                dsum[i >> 1] = fmaf(DY::ld(a.t[1], (b * T + row) * H * D + h * D + col), o[n][i] / l[i >> 1], dsum[i >> 1]);
+                dsum[i >> 1] = fmaf(DY::ld(a.t[1], (b * T + row) * H * D + h * D + col), o[n][i] * inv[i >> 1], dsum[i >> 1]);
         }
     float *lse = (float *)a.scratch, *dd = lse + B * H * T;
 #pragma unroll
@@ -399,11 +415,11 @@ static __device__ __forceinline__ void ck_attn_dq_store(const CkArgs &a, const f
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int row = row0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + r * 8, col = n * 8 + tig * 2;
             if (row < Ti) {
-                Y::st(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][i]);
-                big = fmaxf(big, fabsf(dq[n][i]));
+                ck_st_pair<Y>(a.t[0], (b * T + row) * ycols + h * D + col, dq[n][2 * r], dq[n][2 * r + 1]);
+                big = fmaxf(big, fmaxf(fabsf(dq[n][2 * r]), fabsf(dq[n][2 * r + 1])));
             }
         }
     ck_attn_scale_out<Y>(a, big);
@@ -415,12 +431,13 @@ static __device__ __forceinline__ void ck_attn_dkv_store(const CkArgs &a, const 
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int key = key0 + (i >> 1) * 8, col = n * 8 + tig * 2 + (i & 1);
+        for (int r = 0; r < 2; r++) {
+            int key = key0 + r * 8, col = n * 8 + tig * 2;
             if (key < Ti) {
-                Y::st(a.t[0], (b * T + key) * ycols + H * D + g * D + col, dk[n][i]);
-                Y::st(a.t[0], (b * T + key) * ycols + (H + Hkv) * D + g * D + col, dv[n][i]);
-                big = fmaxf(big, fmaxf(fabsf(dk[n][i]), fabsf(dv[n][i])));
+                const float *k2 = &dk[n][2 * r], *v2 = &dv[n][2 * r];
+                ck_st_pair<Y>(a.t[0], (b * T + key) * ycols + H * D + g * D + col, k2[0], k2[1]);
+                ck_st_pair<Y>(a.t[0], (b * T + key) * ycols + (H + Hkv) * D + g * D + col, v2[0], v2[1]);
+                big = fmaxf(big, fmaxf(fmaxf(fabsf(k2[0]), fabsf(k2[1])), fmaxf(fabsf(v2[0]), fabsf(v2[1]))));
             }
         }
     ck_attn_scale_out<Y>(a, big);

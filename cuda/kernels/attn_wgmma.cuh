@@ -72,22 +72,31 @@ static __device__ __forceinline__ unsigned ck_wg_chunk(int r, int c) {
 }
 
 /* Rows [t0, t0 + R) of one head (D bf16 columns from col0, rows stride apart) into the
- * swizzled tile at shared address dst, zeros past T; asynchronous until ck_cp_wait. As
- * ck_tc_load, a base that is not 16-byte aligned takes element copies. */
-template <int D, int R, int NT = CK_WG_THREADS>
-static __device__ __forceinline__ void ck_wg_load(unsigned dst, const CkTensor &x, i64 b, i64 T, i64 t0,
-                                                  i64 stride, i64 col0) {
+ * swizzled tile at shared address dst, zeros past T, by NT threads of which the caller is tid;
+ * asynchronous until ck_cp_wait. As ck_tc_load, a base that is not 16-byte aligned takes
+ * element copies. */
+template <int D, int R, int NT>
+static __device__ __forceinline__ void ck_wg_load_by(int tid, unsigned dst, const CkTensor &x, i64 b, i64 T, i64 t0,
+                                                     i64 stride, i64 col0) {
     const __nv_bfloat16 *p = (const __nv_bfloat16 *)x.p;
     bool vec = ((size_t)p & 15) == 0;
-    const int CH = D / 8;   /* 16-byte chunks per row */
+    const int CH = D / 8, STEP = NT / CH;   /* 16-byte chunks a row; rows a step of NT threads */
+    static_assert(NT % CH == 0, "a thread copies the same chunk of every row it copies");
+    /* the thread's chunk c of rows r0, r0 + STEP, ..: one address made, then a step added (rows
+     * past T copy nothing, from the tensor's start). The step is made here each call (the empty
+     * asm), or the compiler keeps the multiples of it for every k in registers across a
+     * kernel's loop of loads: 17 more registers in the dq pass, a block an SM fewer. */
+    const int r0 = tid / CH, c = tid % CH;
+    const __nv_bfloat16 *src = p + (b * T + t0 + r0) * stride + col0 + c * 8;
+    i64 step = (i64)STEP * stride;
+    asm volatile("" : "+l"(step));
 #pragma unroll
-    for (int k = 0; k < R * CH / NT; k++) {
-        int e = threadIdx.x + k * NT, r = e / CH, c = e - r * CH;
+    for (int k = 0; k < R / STEP; k++, src += step) {
+        int r = r0 + k * STEP;
         bool in = t0 + r < T;
-        const __nv_bfloat16 *src = p + (b * T + (in ? t0 + r : 0)) * stride + col0 + c * 8;
         unsigned to = dst + ck_wg_chunk<R>(r, c);
         if (vec) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(in ? 16 : 0));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(in ? src : p), "r"(in ? 16 : 0));
         } else {
             for (int j = 0; j < 8; j += 2) {
                 __nv_bfloat162 v = in ? __halves2bfloat162(src[j], src[j + 1]) : __float2bfloat162_rn(0.0f);
@@ -95,6 +104,13 @@ static __device__ __forceinline__ void ck_wg_load(unsigned dst, const CkTensor &
             }
         }
     }
+}
+
+/* the same, loaded by the NT threads of the block (thread index tid = threadIdx.x) */
+template <int D, int R, int NT = CK_WG_THREADS>
+static __device__ __forceinline__ void ck_wg_load(unsigned dst, const CkTensor &x, i64 b, i64 T, i64 t0,
+                                                  i64 stride, i64 col0) {
+    ck_wg_load_by<D, R, NT>((int)threadIdx.x, dst, x, b, T, t0, stride, col0);
 }
 
 /* A shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): bits 0-13 the start
@@ -654,8 +670,7 @@ static __device__ __forceinline__ float ck_attn_dq_part(const CkArgs &a, const f
                 __stcg(at, v);
             } else {
                 i64 i = (b * T + row) * ycols + hh * 64 + col;
-                Y::st(a.t[0], i, v.x);
-                Y::st(a.t[0], i + 1, v.y);
+                ck_st_pair<Y>(a.t[0], i, v.x, v.y);
                 big = fmaxf(big, fmaxf(fabsf(v.x), fabsf(v.y)));
             }
         }
