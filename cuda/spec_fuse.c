@@ -1017,24 +1017,32 @@ static void fold_inverse_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
  * Taken where the scale is a plain f32 scalar made by the pass, right after the attention in
  * the schedule (no launch between them: the scale's bytes, born at its node, may be another
  * value's until then, and only the attention's last block writes them, after every read of
- * the launch), and the attention runs on the tensor-core kernels (attn_tc.cuh, attn_wgmma.cuh;
- * the CUDA-core ones of other formats keep the pass). The choice fuse.attention_scales=0 (per
- * scale: @ID of the attention) keeps the pass. */
+ * the launch), and the attention runs on the tensor-core kernels (attn_tc.cuh, attn_wgmma.cuh,
+ * attn_ws.cuh; the CUDA-core ones of other formats keep the pass). The choice
+ * fuse.attention_scales=0 (per scale: @ID of the attention) keeps the pass. */
 
 /* whether launch l is one of the tensor-core kernels that store attention's result: a
- * forward of MODE 0 ("ck_attn_wg_fwd<64, 0, ..": MODE 1, the backward's rerun of it, stores
- * only statistics), a dq or a dk/dv pass (which stores dq too where no dq pass runs:
- * attn.dq_in_dkv) */
+ * forward of MODE 0 ("ck_attn_wg_fwd<64, 0, ..", "ck_attn_ws_fwd<64, 3, 0, ..": MODE 1, the
+ * backward's rerun of it, stores only statistics), a dq or a dk/dv pass (which stores dq too
+ * where no dq pass runs: attn.dq_in_dkv) */
 static bool attn_tc_result_launch(const CuLaunch *l) {
-    static const char *const fwd[] = {"ck_attn_tc_fwd<", "ck_attn_wg_fwd<", "ck_attn_wg_fwd_pipe<"};
+    /* the forwards, with the number of template arguments before MODE (D; D and WGS) */
+    static const struct { const char *name; int before; } fwd[] = {
+        {"ck_attn_tc_fwd<", 1}, {"ck_attn_wg_fwd<", 1}, {"ck_attn_wg_fwd_pipe<", 1}, {"ck_attn_ws_fwd<", 2}};
     static const char *const bwd[] = {"ck_attn_tc_dq<", "ck_attn_wg_dq<", "ck_attn_tc_dkv<", "ck_attn_wg_dkv<"};
     if (l->kind != CU_KERNEL) return false;
     for (size_t k = 0; k < sizeof bwd / sizeof *bwd; k++)
         if (!strncmp(l->body, bwd[k], strlen(bwd[k]))) return true;
     for (size_t k = 0; k < sizeof fwd / sizeof *fwd; k++) {
-        size_t at = strlen(fwd[k]);
-        if (strncmp(l->body, fwd[k], at)) continue;
-        while (l->body[at] >= '0' && l->body[at] <= '9') at++;   /* D */
+        size_t at = strlen(fwd[k].name);
+        if (strncmp(l->body, fwd[k].name, at)) continue;
+        for (int arg = 0; arg < fwd[k].before; arg++) {
+            if (arg) {
+                if (strncmp(l->body + at, ", ", 2)) return false;
+                at += 2;
+            }
+            while (l->body[at] >= '0' && l->body[at] <= '9') at++;
+        }
         return !strncmp(l->body + at, ", 0,", 4);
     }
     return false;

@@ -115,6 +115,9 @@ typedef struct {
     /* at head dim 64, with its softmax overlapped with its P V product (the choice
      * attn.fwd_pipeline=1, off by default: ck_attn_wg_fwd_pipe) */
     bool attn_fwd_pipe;
+    /* loaded by a producer warpgroup into a ring of tiles for this many consumer warpgroups, 0
+     * for none (the choice attn.fwd_ws: ck_attn_ws_fwd) */
+    int attn_fwd_ws;
     /* and whose backward's dq and dk/dv passes do too (the choice attn.wgmma_bwd, on unless 0) */
     bool attn_wgmma_bwd;
     /* warpgroups of 64 rows a block of those passes (the choices attn.dq_rows, attn.dkv_rows) */

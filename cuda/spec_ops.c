@@ -862,15 +862,33 @@ bool plan_attention(Spec *s) {
      * Not the default: on an H200 it took 3.41 ms of a d12 -O1 step's forward against 3.23,
      * and Llama -O1's step 112.65 ms against 111.93 (docs/results.md) */
     if (wg && D == 64 && s->attn_fwd_pipe) fwd = "ck_attn_wg_fwd_pipe", fwd_smem = (unsigned)(1024 + 128 * D * 2 + 5 * 64 * D * 2);
+    /* a producer warpgroup and a ring of k, v tiles (attn.fwd_ws = 2 or 3 consumer warpgroups;
+     * attn_ws.cuh): 128 (WGS + 1) threads, one block an SM (at most 16 warps an SM keep 128
+     * registers a thread), shared memory as CkWs<D, WGS> (q, the slots: four at D 64, three
+     * at 128; the barriers). Slower on an H200 than ck_attn_wg_fwd, so off by default */
+    unsigned fwd_min_blocks = wg ? 2 : 0;
+    char fwd_name[48];
+    bool ws = wg && s->attn_fwd_ws;   /* the name then holds the template's first two arguments */
+    if (ws) {
+        int64_t stages = D == 64 ? 4 : 3, wgs = s->attn_fwd_ws, rows = 64 * wgs;
+        snprintf(fwd_name, sizeof fwd_name, "ck_attn_ws_fwd<%lld, %lld", (long long)D, (long long)wgs);
+        fwd = fwd_name, fwd_threads = (unsigned)(128 * (wgs + 1)), fwd_min_blocks = 1;
+        fwd_blocks = (unsigned)(B * H * ((T + rows - 1) / rows));
+        fwd_smem = (unsigned)(1024 + rows * D * 2 + stages * 2 * 64 * D * 2 + (1 + 2 * stages) * 8);
+    }
     /* the wgmma kernels' block order (attn.head_group): a last template argument */
     char hg[16] = "";
     if (wg && s->attn_head_group) snprintf(hg, sizeof hg, ", %d", s->attn_head_group);
     CuLaunch *l;
     if (!bwd) {
-        l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s<%lld, 0, %s, %s, %s, %s, %s%s>(a)", fwd,
-                        (long long)D, Y, Q, K, V, F32_ARG, hg);
+        if (ws)
+            l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s, 0, %s, %s, %s, %s, %s%s>(a)", fwd, Y, Q, K, V,
+                            F32_ARG, hg);
+        else
+            l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s<%lld, 0, %s, %s, %s, %s, %s%s>(a)", fwd,
+                            (long long)D, Y, Q, K, V, F32_ARG, hg);
         l->smem = fwd_smem;
-        l->min_blocks = wg ? 2 : 0;
+        l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
         l->args.i[11] = ir_attention_lse_offset(n);
         return true;
@@ -894,10 +912,14 @@ bool plan_attention(Spec *s) {
         arg_node(l, 5, ysaved);
         l->args.i[11] = ir_attention_lse_offset(ysaved);
     } else {
-        l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s<%lld, 1, %s, %s, %s, %s, %s%s>(a)", fwd,
-                        (long long)D, F32_ARG, Q, K, V, DY, hg);
+        if (ws)
+            l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s, 1, %s, %s, %s, %s, %s%s>(a)", fwd, F32_ARG,
+                            Q, K, V, DY, hg);
+        else
+            l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s<%lld, 1, %s, %s, %s, %s, %s%s>(a)", fwd,
+                            (long long)D, F32_ARG, Q, K, V, DY, hg);
         l->smem = fwd_smem;
-        l->min_blocks = wg ? 2 : 0;
+        l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
     }
     l->scratch = 0;
@@ -962,6 +984,8 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.attn_wgmma = true;
         s.attn_wgmma_bwd = ir_choice_on(g, "attn.wgmma_bwd", n);
         s.attn_fwd_pipe = ir_choice_int_at(g, "attn.fwd_pipeline", n, 0) == 1;
+        int64_t ws = ir_choice_int_at(g, "attn.fwd_ws", n, 0);
+        s.attn_fwd_ws = ws == 2 || ws == 3 ? (int)ws : 0;
         s.attn_dq_wgs = ir_choice_int_at(g, "attn.dq_rows", n, 128) == 64 ? 1 : 2;
         s.attn_dkv_wgs = ir_choice_int_at(g, "attn.dkv_rows", n, 64) == 128 ? 2 : 1;
         int64_t group = ir_choice_int_at(g, "attn.head_group", n, 0);

@@ -1387,6 +1387,55 @@ static void test_attention_dq_in_dkv_choice(void **state) {
     }
 }
 
+/* attn.fwd_ws=3 or 2: GPT-2's and Llama's (grouped-query) attention forwards at -O1 and -O3
+ * run on the warp-specialized kernel with that many consumer warpgroups and a producer
+ * warpgroup (128 threads each); every other launch stays as it was, and the module compiles. */
+static void test_attention_fwd_ws_choice(void **state) {
+    (void)state;
+    static const char *const models[] = {"gpt2", "llama"};
+    static const char *const wgs[] = {"3", "2"};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+        for (int level = 1; level <= 3; level += 2)
+            for (size_t w = 0; w < sizeof wgs / sizeof *wgs; w++) {
+                Arena *a = arena_new();
+                char path[4500], kernel[64];
+                snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, models[m]);
+                snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<64, %s, ", wgs[w]);
+                Graph *g = compile_model_choosing(a, path, level, NULL, NULL);
+                assert_non_null(g);
+                char *plain = program_text(g, a);
+                ir_set_choice(g, "attn.fwd_ws", wgs[w]);
+                char *ws = program_text(g, a);
+                int changed = 0;   /* program_text: a line a node, its launches in it */
+                char *save_p = NULL, *save_w = NULL;
+                char *lp = strtok_r(plain, "\n", &save_p), *lw = strtok_r(ws, "\n", &save_w);
+                for (; lp && lw; lp = strtok_r(NULL, "\n", &save_p), lw = strtok_r(NULL, "\n", &save_w)) {
+                    if (!strcmp(lp, lw)) continue;
+                    assert_non_null(strstr(lp, "ck_attn_wg_fwd<"));
+                    assert_null(strstr(lw, "ck_attn_wg_fwd<"));
+                    assert_non_null(strstr(lw, kernel));
+                    changed++;
+                }
+                assert_true(!lp && !lw);
+                assert_true(changed > 0);
+                char why[512];
+                CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+                assert_non_null(plans);
+                int launches = 0;
+                for (int i = 0; i < g->n_nodes; i++)
+                    for (int k = 0; k < plans[i].n_launch; k++)
+                        if (strstr(plans[i].launch[k].body, "ck_attn_ws_fwd<")) {
+                            assert_int_equal(plans[i].launch[k].block, 128 * (atoi(wgs[w]) + 1));
+                            launches++;
+                        }
+                assert_int_equal(launches, changed);
+                assert_module_compiles(g);
+                printf("  attn.fwd_ws=%s: %s -O%d, %d attention nodes on the warp-specialized forward\n", wgs[w],
+                       models[m], level, changed);
+                arena_free(a);
+            }
+}
+
 /* The kernels of the FP8 gradient reduction (kernels/comm.cuh): a data-parallel build with
  * comm:grad=e5m2 or e4m3 puts its five entry points in the module, for bf16 gradients (-O1)
  * and f32 ones (-O0), and NVRTC compiles them; without the rule there are none. */
@@ -1589,6 +1638,7 @@ int main(void) {
                                        cmocka_unit_test(test_fusion_switches),
                                        cmocka_unit_test(test_attention_wgmma_choice),
                                        cmocka_unit_test(test_attention_dq_in_dkv_choice),
+                                       cmocka_unit_test(test_attention_fwd_ws_choice),
                                        cmocka_unit_test(test_grad_fast_accum_choice),
                                        cmocka_unit_test(test_optimizers_every_level),
                                        cmocka_unit_test(test_every_model_every_level)};

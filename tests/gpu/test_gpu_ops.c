@@ -33,7 +33,7 @@
 #include "gpu_test.h"
 #include "coded_check.h"
 
-enum { MAX_CASES = 192 };
+enum { MAX_CASES = 256 };
 
 typedef struct {
     const char *name;
@@ -1154,6 +1154,16 @@ static int n_pipe_twins;
  * planned so, a case of its own against the reference, which must also repeat bit for bit. */
 static Node *dq_in_dkv_nodes[8];
 static int n_dq_in_dkv;
+/* The forward with a producer warpgroup (the choice attn.fwd_ws = its consumer warpgroups): each
+ * such attention and backward (which reruns the forward) is a case of its own against the
+ * reference, and must run that kernel. */
+typedef struct {
+    Node *node;
+    int64_t D;
+    int wgs;
+} WsCase;
+static WsCase ws_nodes[32];
+static int n_ws_nodes;
 
 static void build_attention(void) {
     group_now = "attention";
@@ -1224,17 +1234,34 @@ static void build_attention(void) {
                 assert_true(n_wgmma_nodes < (int)(sizeof wgmma_nodes / sizeof *wgmma_nodes));
                 wgmma_nodes[n_wgmma_nodes++] = sites[k];
                 ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", sites[k]->id), "1");
+                ir_set_choice(graph, arena_printf(arena, "attn.fwd_ws@%d", sites[k]->id), "0");
                 if (lse) {
                     ir_set_choice(graph, arena_printf(arena, "attn.head_group@%d", sites[k]->id), "3");
                     ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", sites[k]->id), "2");
                 } else {
                     ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", sites[k]->id), "1");
                 }
+                /* the forward (and the backward's rerun of it) with a producer warpgroup
+                 * (attn.fwd_ws): its own case against the reference, at head dim 64 with three
+                 * and two consumer warpgroups, at 128 with two */
+                for (int wgs = D == 64 ? 3 : 2; wgs >= 2; wgs--) {
+                    if (sites[k]->op == OP_ATTENTION_BWD && (lse || wgs != (D == 64 ? 3 : 2))) break;
+                    Node *ws = add_case(arena_printf(arena, "%s%s, producer warpgroup, %d consumers",
+                                                     sites[k]->op == OP_ATTENTION ? fw : bw, how, wgs),
+                                        tol, op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in,
+                                                  sites[k]->in));
+                    ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", ws->id), "1");
+                    ir_set_choice(graph, arena_printf(arena, "attn.fwd_ws@%d", ws->id),
+                                  arena_printf(arena, "%d", wgs));
+                    assert_true(n_ws_nodes < (int)(sizeof ws_nodes / sizeof *ws_nodes));
+                    ws_nodes[n_ws_nodes++] = (WsCase){ws, D, wgs};
+                }
                 if (D != 64) continue;
                 Node *twin = op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in, sites[k]->in);
                 twin->t.name = arena_printf(arena, "%s, pipelined", sites[k]->t.name);
                 ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", twin->id), "1");
                 ir_set_choice(graph, arena_printf(arena, "attn.fwd_pipeline@%d", twin->id), "1");
+                ir_set_choice(graph, arena_printf(arena, "attn.fwd_ws@%d", twin->id), "0");
                 if (lse) {   /* as its plain twin's, so that only the pipeline differs */
                     ir_set_choice(graph, arena_printf(arena, "attn.head_group@%d", twin->id), "3");
                     ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", twin->id), "2");
@@ -1690,6 +1717,35 @@ static void test_attention_dq_in_dkv(void **s) {
     if (failed) fail_msg("%d backwards with dq in the dk/dv pass failed", failed);
 }
 
+/* ws_nodes: planned on the forward with a producer warpgroup and that many consumer warpgroups
+ * (for a backward, its rerun of the forward), and the same bits from two runs (test_attention
+ * compared them with the reference) */
+static void test_attention_producer_warp(void **s) {
+    (void)s;
+    assert_true(n_ws_nodes > 0);
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < n_ws_nodes; k++) {
+        Node *n = ws_nodes[k].node;
+        const CuNodePlan *p = &plans[n->index];
+        char kernel[64];
+        snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<%lld, %d,", (long long)ws_nodes[k].D, ws_nodes[k].wgs);
+        bool planned = plan_runs(p, kernel) && !plan_runs(p, "ck_attn_wg_fwd<");
+        Node *twice[2] = {n, n};
+        int64_t differ = 0, bytes = 0;
+        bool ok = planned && runs_differ(twice, &bytes, &differ);
+        bool pass = ok && differ == 0;
+        printf("  %-70s %lld bytes, %lld differ between runs%s\n", n->t.name, (long long)bytes, (long long)differ,
+               pass ? "" : planned ? "  FAIL" : "  FAIL (not planned as expected)");
+        failed += !pass;
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d attentions with a producer warpgroup failed", failed);
+}
+
 /* pipe_twins: the same bits with and without the pipelined forward (each output of the node:
  * y, or dq, dk, dv; their planned kernels checked too) */
 static void test_attention_pipeline(void **s) {
@@ -1763,6 +1819,7 @@ int main(void) {
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_pipeline),
         cmocka_unit_test(test_attention_dq_in_dkv),
+        cmocka_unit_test(test_attention_producer_warp),
         cmocka_unit_test(test_amax_parts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

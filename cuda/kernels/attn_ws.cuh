@@ -1,0 +1,235 @@
+/* attn_ws.cuh — the attention forward with a producer warpgroup (warp specialization).
+ *
+ * ck_attn_wg_fwd (attn_wgmma.cuh) has every thread load: at the top of each 64-key step all
+ * 256 threads wait for their copies of the tile, meet at a barrier and issue the next tile's
+ * copies, so the block's two warpgroups start every step together and one tile is in flight.
+ * Here the loading is a warpgroup's own work. A block is WGS consumer warpgroups (64 query rows
+ * each: 192 rows at WGS 3, 128 at 2) and one producer warpgroup, one block an SM (16 warps an
+ * SM at WGS 3, the most that keep 128 registers a thread). The producer copies Q and then the
+ * K and V tiles into a ring of STAGES slots, as far ahead as the ring allows; the consumers
+ * take the tiles in order and hand each slot back when all are done with it. Nothing makes
+ * the warpgroups wait for each other, so one's softmax may run while another's products are
+ * on the tensor cores.
+ *
+ * The hand-over is two arrays of shared-memory barriers (mbarrier), each passing through
+ * phases 0, 1, 0, ... as its arrivals complete:
+ *   full[s]   128 arrivals, one per producer thread: its copies of the tile in slot s landed;
+ *   empty[s]  4 WGS arrivals, one per consumer warp: the warp's products have read slot s.
+ * Tile j sits in slot j % STAGES and is the (j / STAGES)-th use of it, so a consumer waits for
+ * phase parity (j / STAGES) & 1 of full[s], and the producer, before it reuses the slot for
+ * tile j, for parity (j / STAGES - 1) & 1 of empty[s]. A consumer whose rows end before the
+ * last tile (the upper warpgroups of a diagonal block, or rows past T) still waits for each
+ * tile and hands it back, so that every phase of empty[s] gets its arrivals in order.
+ *
+ * The copies are cp.async, and each producer thread, once it has issued a tile's, arrives on
+ * full[s] through cp.async.mbarrier.arrive.noinc: the arrival happens when its copies have
+ * landed, and the thread goes on to the next tile at once. They are writes through the
+ * generic proxy, and wgmma reads shared memory through the async proxy, so a consumer fences
+ * the two (fence.proxy.async) after its wait and before its products read the tile.
+ *
+ * Measured on an H200 it is slower than ck_attn_wg_fwd, so the choice attn.fwd_ws is 0 by
+ * default and not among fp8c tune's candidates (docs/results.md "(n)"): a GPT-2 d12 -O1 step's
+ * forwards took 3.36 ms at WGS 3 and 3.75 at WGS 2 against 2.84, Llama 1.1B's 5.75 against
+ * 5.68. Three versions were measured. A producer warp that waited for its own copies before
+ * arriving kept one tile in flight and doubled the forward's time; with arrivals on landing,
+ * one warp could not issue the copies as fast as three warpgroups use them (ncu: the
+ * consumers' waits on full[s] held two fifths of the kernel's stall samples); a producer warpgroup feeds them, but
+ * three consumer warpgroups an SM overlap less than ck_attn_wg_fwd's two blocks of two. What
+ * FlashAttention-3 has and this has not is TMA: one thread's instruction a tile instead of a
+ * warpgroup's 16-byte copies, which needs a tensor map made on the host for each operand.
+ *
+ * The products, the tile layout (128-byte swizzle, attn_wgmma.cuh) and the outputs are
+ * ck_attn_wg_fwd's. The softmax differs in one rounding: each probability is
+ * 2^(s scale log2(e) - m) with the scaling and the subtraction in one fused multiply-add
+ * (ck_ws_softmax_tile), where ck_softmax_tile rounds s scale log2(e) first; the row maximum
+ * is taken over the raw scores, which scaling by a positive number keeps in order, so m and
+ * the logsumexp stored for the backward are the same values. Results repeat bit for bit. */
+
+template <int D, int WGS> struct CkWs {
+    enum {
+        THREADS = 128 * (WGS + 1),                 /* WGS consumer warpgroups, then the producer's */
+        BM = 64 * WGS,                             /* query rows of a block */
+        BN = 64,                                   /* keys of a tile */
+        STAGES = D == 64 ? 4 : 3,                  /* k, v slots of the ring */
+        Q_BYTES = BM * D * 2,
+        TILE = BN * D * 2,                         /* one k or v tile */
+        BARS = Q_BYTES + STAGES * 2 * TILE,        /* the barriers, from the aligned start */
+        SMEM = 1024 + BARS + (1 + 2 * STAGES) * 8  /* slack to align to 1024; q; slots; barriers */
+    };
+};
+
+static __device__ __forceinline__ void ck_mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* arrive (release: the caller's earlier accesses happen before the phase completes) */
+static __device__ __forceinline__ void ck_mbar_arrive(unsigned bar) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/* wait until the phase of parity `parity` has completed (acquire) */
+static __device__ __forceinline__ void ck_mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+/* an arrival on the barrier once every cp.async the thread has issued so far has landed; the
+ * barrier's count includes it (.noinc), and the thread goes on at once */
+static __device__ __forceinline__ void ck_mbar_arrive_copies(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+/* ck_softmax_tile with the scaling fused into the exponent's argument (see the head of the
+ * file); the same fragment layout, masks and outputs */
+static __device__ __forceinline__ void ck_ws_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
+                                                          int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
+                                                          float *corr) {
+    if (edge)
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
+                if (col > row || col >= Ti) s[n][i] = -CK_INF;
+            }
+    float mx[2] = {-CK_INF, -CK_INF};
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+    float neg[2];   /* -max in base 2, 0 for a row with nothing unmasked yet */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        float mnew = fmaxf(m[r], mx[r] * scale2);
+        float muse = mnew == -CK_INF ? 0.0f : mnew;
+        corr[r] = ck_ex2(m[r] - muse);
+        m[r] = mnew;
+        neg[r] = -muse;
+    }
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        float p0 = ck_ex2(fmaf(s[n][0], scale2, neg[0])), p1 = ck_ex2(fmaf(s[n][1], scale2, neg[0]));
+        float p2 = ck_ex2(fmaf(s[n][2], scale2, neg[1])), p3 = ck_ex2(fmaf(s[n][3], scale2, neg[1]));
+        rs[0] += p0 + p1;
+        rs[1] += p2 + p3;
+        pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
+        pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p2, p3);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+        l[r] = l[r] * corr[r] + rs[r];
+    }
+}
+
+/* MODE 0: y = attention(q, k, v) (and lse after y when i[11]); MODE 1 (t[1] = dy): lse and Dt
+ * into scratch. Arguments as ck_attn_wg_fwd's; one block per (b, h, 64 WGS query rows), the
+ * heaviest tiles first (ck_attn_order). */
+template <int D, int WGS, int MODE, class Y, class Q, class K, class V, class DY, int HG = 0>
+__device__ void ck_attn_ws_fwd(const CkArgs &a) {
+    static_assert(D == 64 || D == 128, "the warp-specialized forward takes head dims 64 and 128");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    typedef CkWs<D, WGS> L;
+    unsigned sQ = (ck_smem(smem_raw) + 1023u) & ~1023u;   /* swizzle atoms start at multiples of 1024 */
+    unsigned sKV = sQ + L::Q_BYTES;                        /* [slot][k, v] tiles */
+    unsigned qbar = sQ + L::BARS, full = qbar + 8, empty = full + 8 * L::STAGES;
+    i64 B = a.i[0], T = a.i[1], H = a.i[2], Hkv = a.i[3], n_qt = (T + L::BM - 1) / L::BM, bh, heavy;
+    ck_attn_order(blockIdx.x, B * H, n_qt, HG, bh, heavy);
+    const i64 b = bh / H, h = bh % H, g = h / (H / Hkv);
+    const int q0 = (int)(n_qt - 1 - heavy) * L::BM, Ti = (int)T, tig = threadIdx.x & 3;
+    const int n_kt = ((q0 + L::BM - 1 < Ti - 1 ? q0 + L::BM - 1 : Ti - 1) >> 6) + 1;   /* the block's key tiles */
+    float scale2 = (float)a.f[0] * CK_LOG2E;   /* scores in base 2 */
+    const CkTensor &tq = a.t[MODE + 1], &tk = a.t[MODE + 2], &tv = a.t[MODE + 3];
+    if (threadIdx.x == 0) {
+        ck_mbar_init(qbar, 128);
+        for (int s = 0; s < L::STAGES; s++) ck_mbar_init(full + 8 * s, 128), ck_mbar_init(empty + 8 * s, 4 * WGS);
+    }
+    __syncthreads();
+
+    if (threadIdx.x >= 128 * WGS) {
+        /* the producer: Q, then tile j into slot j % STAGES once every warpgroup gave it back;
+         * each tile announced when its copies (one group a tile) have landed */
+        int pt = threadIdx.x - 128 * WGS;
+        ck_wg_load_by<D, L::BM, 128>(pt, sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
+        ck_mbar_arrive_copies(qbar);
+        for (int j = 0; j < n_kt; j++) {
+            int s = j % L::STAGES;
+            if (j >= L::STAGES) ck_mbar_wait(empty + 8 * s, (unsigned)((j / L::STAGES - 1) & 1));
+            unsigned sK = sKV + s * 2 * L::TILE;
+            ck_wg_load_by<D, L::BN, 128>(pt, sK, tk, b, T, j * 64, a.i[7], a.i[8] + g * D);
+            ck_wg_load_by<D, L::BN, 128>(pt, sK + L::TILE, tv, b, T, j * 64, a.i[9], a.i[10] + g * D);
+            ck_mbar_arrive_copies(full + 8 * s);
+        }
+        ck_cp_wait();   /* nothing of the block's in flight when it ends */
+        /* the block's reductions at the end need every thread: none of the producer's rows is
+         * before T, so it stores nothing */
+        float o[D / 8][4] = {}, m[2] = {0.0f, 0.0f}, l[2] = {1.0f, 1.0f};
+        ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, Ti, tig, Ti);
+        return;
+    }
+    {
+        /* a consumer warpgroup: its 64 rows from `rows`, the thread's rows row0 and row0 + 8,
+         * its key tiles (none when its rows are all past T) */
+        const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+        const int rows = q0 + wg * 64, wg_last = rows + 63 < Ti - 1 ? rows + 63 : Ti - 1;
+        const int wg_kt = rows < Ti ? (wg_last >> 6) + 1 : 0;
+        const int row0 = rows + warp * 16 + (lane >> 2);
+        float o[D / 8][4], m[2] = {-CK_INF, -CK_INF}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        ck_mbar_wait(qbar, 0);
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* the copies, to wgmma */
+        for (int j = 0; j < n_kt; j++) {
+            int s = j % L::STAGES;
+            ck_mbar_wait(full + 8 * s, (unsigned)((j / L::STAGES) & 1));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            if (j < wg_kt) {   /* else every key of the tile is after every row of the warpgroup */
+                unsigned sK = sKV + s * 2 * L::TILE, sV = sK + L::TILE;
+                int k0 = j * 64;
+
+                /* S = Q K^T, 64 x 64 per warpgroup, as ck_attn_wg_fwd */
+                float sc[8][4];
+                ck_wg_hold<32>(&sc[0][0]);
+                ck_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    unsigned qa = sQ + (kk >> 2) * L::BM * 128 + wg * 64 * 128 + (kk & 3) * 32;
+                    unsigned ka = sK + (kk >> 2) * L::BN * 128 + (kk & 3) * 32;
+                    ck_wg_ss64(&sc[0][0], ck_wg_desc(qa, 16, 1024), ck_wg_desc(ka, 16, 1024), kk > 0);
+                }
+                ck_wg_commit();
+                ck_wg_wait();
+                ck_wg_hold<32>(&sc[0][0]);
+
+                unsigned pf[4][4];
+                float corr[2];
+                ck_ws_softmax_tile(sc, scale2, k0 + 63 > rows || k0 + 64 > Ti, k0, row0, tig, Ti, m, l, pf, corr);
+
+                /* O = O corr + P V */
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) {
+                    o[n][0] *= corr[0], o[n][1] *= corr[0];
+                    o[n][2] *= corr[1], o[n][3] *= corr[1];
+                }
+                ck_wg_hold<D / 2>(&o[0][0]);
+                ck_wg_hold<16>(&pf[0][0]);
+                ck_wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    ck_wg_rs<D>(&o[0][0], pf[kk], ck_wg_desc(sV + kk * 16 * 128, L::BN * 128, 1024));
+                ck_wg_commit();
+                ck_wg_wait();
+                ck_wg_hold<D / 2>(&o[0][0]);
+            }
+            __syncwarp();
+            if (lane == 0) ck_mbar_arrive(empty + 8 * s);   /* the warp is done with slot s */
+        }
+        ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
+    }
+}
