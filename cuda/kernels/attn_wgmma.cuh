@@ -45,9 +45,10 @@
  * block at D 128) for the same reason across blocks. Heavy blocks (late query tiles) are
  * numbered first, as in attn_tc.
  *
- * Not done here (yet): a producer warp with TMA and mbarriers instead of cp.async and
- * __syncthreads, and the S of tile j + 1 issued before the softmax of tile j within a
- * warpgroup. The backward's two passes follow at the end of the file. Precision is attn_tc's: P rounded to bf16 as an operand, row sums of the
+ * attn_ws.cuh has the loads in a producer warpgroup and the warpgroups apart, through
+ * mbarriers (the choice attn.fwd_ws; slower with cp.async copies, so off); ck_attn_wg_fwd_pipe
+ * below issues the S of tile j + 1 before the softmax of tile j. The backward's two passes
+ * follow at the end of the file. Precision is attn_tc's: P rounded to bf16 as an operand, row sums of the
  * f32 values, f32 accumulation, a fixed order (results repeat bit for bit). Used when q, k, v
  * are plain bf16, D is 64 or 128 and the choice attn.wgmma is on (cuda/spec_ops.c); the
  * binary's target is sm_90a (cuda/nvrtc.c), which wgmma needs. */
