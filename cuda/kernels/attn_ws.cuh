@@ -39,7 +39,9 @@
  * warpgroup's 16-byte copies, which needs a tensor map made on the host for each operand.
  *
  * The products, the tile layout (128-byte swizzle, attn_wgmma.cuh) and the outputs are
- * ck_attn_wg_fwd's. The softmax differs in one rounding: each probability is
+ * ck_attn_wg_fwd's. The consumer's tile repeats ck_attn_wg_fwd's code rather than sharing a
+ * function with it: with the two in one function NVRTC gave ck_attn_wg_fwd other code (123
+ * registers, not the 120 measured), which only a GPU could say is as fast. The softmax differs in one rounding: each probability is
  * 2^(s scale log2(e) - m) with the scaling and the subtraction in one fused multiply-add
  * (ck_ws_softmax_tile), where ck_softmax_tile rounds s scale log2(e) first; the row maximum
  * is taken over the raw scores, which scaling by a positive number keeps in order, so m and

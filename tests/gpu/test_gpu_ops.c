@@ -1683,6 +1683,17 @@ static bool runs_differ(Node *const nodes[2], int64_t *bytes, int64_t *differ) {
     return ok;
 }
 
+/* Whether node n, planned as its test expects (planned), gives the same bytes from two runs;
+ * a line says what was seen. */
+static bool repeats(Node *n, bool planned) {
+    Node *twice[2] = {n, n};
+    int64_t differ = 0, bytes = 0;
+    bool pass = planned && runs_differ(twice, &bytes, &differ) && differ == 0;
+    printf("  %-70s %lld bytes, %lld differ between runs%s\n", n->t.name, (long long)bytes, (long long)differ,
+           pass ? "" : planned ? "  FAIL" : "  FAIL (not planned as expected)");
+    return pass;
+}
+
 /* dq_in_dkv_nodes: planned with no dq pass and a dk/dv pass that computes dq (its template's
  * last argument 1), and the same bits from two runs (the parts of dq are summed in a fixed
  * order; test_attention compared them with the reference) */
@@ -1705,13 +1716,7 @@ static void test_attention_dq_in_dkv(void **s) {
             planned = end && end - body > 3 && !strncmp(end - 3, ", 1", 3);
         }
         planned = planned && plan_runs(p, "ck_attn_wg_dkv<");
-        Node *twice[2] = {n, n};
-        int64_t differ = 0, bytes = 0;
-        bool ok = planned && runs_differ(twice, &bytes, &differ);
-        bool pass = ok && differ == 0;
-        printf("  %-60s %lld bytes, %lld differ between runs%s\n", n->t.name, (long long)bytes, (long long)differ,
-               pass ? "" : planned ? "  FAIL" : "  FAIL (not planned as expected)");
-        failed += !pass;
+        failed += !repeats(n, planned);
     }
     arena_free(pa);
     if (failed) fail_msg("%d backwards with dq in the dk/dv pass failed", failed);
@@ -1733,14 +1738,7 @@ static void test_attention_producer_warp(void **s) {
         const CuNodePlan *p = &plans[n->index];
         char kernel[64];
         snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<%lld, %d,", (long long)ws_nodes[k].D, ws_nodes[k].wgs);
-        bool planned = plan_runs(p, kernel) && !plan_runs(p, "ck_attn_wg_fwd<");
-        Node *twice[2] = {n, n};
-        int64_t differ = 0, bytes = 0;
-        bool ok = planned && runs_differ(twice, &bytes, &differ);
-        bool pass = ok && differ == 0;
-        printf("  %-70s %lld bytes, %lld differ between runs%s\n", n->t.name, (long long)bytes, (long long)differ,
-               pass ? "" : planned ? "  FAIL" : "  FAIL (not planned as expected)");
-        failed += !pass;
+        failed += !repeats(n, plan_runs(p, kernel) && !plan_runs(p, "ck_attn_wg_fwd<"));
     }
     arena_free(pa);
     if (failed) fail_msg("%d attentions with a producer warpgroup failed", failed);
