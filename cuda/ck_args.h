@@ -47,6 +47,8 @@ typedef struct {
     double f[CK_MAX_FATTR];       /* float attributes */
     void *scratch;                /* this launch's scratch in the workspace (device) */
     const float *const *table;    /* variadic scalar inputs (grad_norm), device */
+    const void *tmaps;            /* TMA tensor maps of some operands, 128 bytes each (device;
+                                     CuLaunch.tma) */
     unsigned *ticket;             /* a counter at zero, for the block that finishes last (device) */
     int n_in;
     unsigned grid_base;           /* batched launches: this block's first block in the launch */

@@ -202,6 +202,35 @@ bool exec_get_function(CudaExec *e, const Node *n, const char *fn, unsigned smem
            CU_CHECK(CU(cuFuncSetAttribute)(*f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem));
 }
 
+/* The TMA tensor maps launch l's kernel reads its operands t[tma_first ..] through (CuLaunch.tma):
+ * made by the driver on the host from the operands' device addresses, then kept in aux, where
+ * args.tmaps points. Each is a 3-D bf16 view, the row width (elements), T rows a batch and B
+ * batches, read in boxes of 64 x 64 (a row of 128 bytes) with the 128-byte swizzle, so that
+ * rows past T come in as zeros and a box lands in shared memory in the layout wgmma's
+ * descriptors name (attn_ws.cuh). */
+static bool exec_tensor_maps(CudaExec *e, const CuLaunch *l, CkArgs *a) {
+    CUtensorMap maps[4];
+    if (l->tma > (int)(sizeof maps / sizeof *maps)) {
+        rt_error("CUDA executor: a launch asks for %d tensor maps", l->tma);
+        return false;
+    }
+    cuuint64_t B = (cuuint64_t)a->i[0], T = (cuuint64_t)a->i[1];
+    for (int k = 0; k < l->tma; k++) {
+        cuuint64_t width = (cuuint64_t)a->i[l->tma_stride + 2 * k];
+        cuuint64_t dims[3] = {width, T, B}, strides[2] = {width * 2, T * width * 2};
+        cuuint32_t box[3] = {64, 64, 1}, step[3] = {1, 1, 1};
+        if (!CU_CHECK(CU(cuTensorMapEncodeTiled)(&maps[k], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, a->t[l->tma_first + k].p,
+                                                  dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)))
+            return false;
+    }
+    CUdeviceptr at = 0;
+    if (!aux_take(e, maps, (int64_t)sizeof *maps * l->tma, &at)) return false;
+    a->tmaps = (const void *)(uintptr_t)at;
+    return true;
+}
+
 static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, ExecLaunch *x) {
     memset(x, 0, sizeof *x);
     x->kind = l->kind;
@@ -223,6 +252,7 @@ static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, E
         }
         x->args.inv_to[k] = (float *)(uintptr_t)(e->descales + (CUdeviceptr)l->inv_slot[k]);
     }
+    if (l->tma && !exec_tensor_maps(e, l, &x->args)) return false;
     if (l->table) {
         /* the scalar inputs' device addresses, in aux */
         int count = n->n_in - 1;
@@ -528,6 +558,8 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     for (int i = 0; i < g->n_nodes; i++)
         for (int k = 0; k < e->plans[i].n_launch; k++)
             if (e->plans[i].launch[k].table) n_tables += g->nodes[i]->n_in;
+    for (int i = 0; i < g->n_nodes; i++)   /* TMA tensor maps: 128 bytes each, room for 256 */
+        for (int k = 0; k < e->plans[i].n_launch; k++) n_tables += 16 * e->plans[i].launch[k].tma;
     for (int i = 0; i < g->n_nodes; i++)   /* RoPE's tables, one per (T, head_dim, theta) */
         for (int k = 0; k < e->node_plans[i].n_launch; k++) {
             const CuLaunch *l = &e->node_plans[i].launch[k];

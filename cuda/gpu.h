@@ -89,6 +89,10 @@ typedef struct {
     bool ref_scale[CK_MAX_TENSORS];   /* ref i is a node whose scale array goes in t[i].s */
     int64_t scratch;        /* byte offset of args.scratch in the node's scratch, -1: none */
     bool table;             /* args.table: the node's scalar inputs 1.. (grad_norm) */
+    /* args.tmaps: tma TMA tensor maps, of args.t[tma_first ..]: each a 3-D bf16 view (its row
+     * width, T rows a batch, B batches; T and B from args.i[1], i[0]; the row width
+     * args.i[tma_stride + 2 k]) read in 64 x 64 boxes, 128-byte swizzled (attn_ws.cuh) */
+    int tma, tma_first, tma_stride;
     bool rope_table;        /* args.scratch: RoPE's (T, head_dim / 2) table of (cos, sin) in f64,
                                for T = args.i[3], head_dim = args.i[0], theta = args.f[0]; made
                                once on the host and kept in the executor's aux (exec.c), so

@@ -57,7 +57,11 @@
     X(cuStreamWaitEvent, CUresult, (CUstream, CUevent, unsigned))                           \
     X(cuEventSynchronize, CUresult, (CUevent))                                               \
     X(cuEventElapsedTime, CUresult, (float *, CUevent, CUevent))                             \
-    X(cuEventDestroy_v2, CUresult, (CUevent))
+    X(cuEventDestroy_v2, CUresult, (CUevent))                                                \
+    X(cuTensorMapEncodeTiled, CUresult, (CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,     \
+                                         const cuuint64_t *, const cuuint64_t *, const cuuint32_t *, \
+                                         const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle, \
+                                         CUtensorMapL2promotion, CUtensorMapFloatOOBfill))
 
 #define LT_FUNCS(X)                                                                          \
     X(cublasLtCreate, cublasStatus_t, (cublasLtHandle_t *))                                  \

@@ -118,6 +118,8 @@ typedef struct {
     /* loaded by a producer warpgroup into a ring of tiles for this many consumer warpgroups, 0
      * for none (the choice attn.fwd_ws: ck_attn_ws_fwd) */
     int attn_fwd_ws;
+    /* with attn_fwd_ws, the producer's loads by TMA (the choice attn.fwd_tma) */
+    int attn_fwd_tma;
     /* and whose backward's dq and dk/dv passes do too (the choice attn.wgmma_bwd, on unless 0) */
     bool attn_wgmma_bwd;
     /* warpgroups of 64 rows a block of those passes (the choices attn.dq_rows, attn.dkv_rows) */

@@ -865,13 +865,16 @@ bool plan_attention(Spec *s) {
     /* a producer warpgroup and a ring of k, v tiles (attn.fwd_ws = 2 or 3 consumer warpgroups;
      * attn_ws.cuh): 128 (WGS + 1) threads, one block an SM (at most 16 warps an SM keep 128
      * registers a thread), shared memory as CkWs<D, WGS> (q, the slots: four at D 64, three
-     * at 128; the barriers). Slower on an H200 than ck_attn_wg_fwd, so off by default */
+     * at 128; the barriers). Slower on an H200 than ck_attn_wg_fwd, so off by default. With
+     * attn.fwd_tma=1 one producer thread loads by TMA through tensor maps of q, k and v that
+     * the executor makes (CuLaunch.tma; not yet run on a GPU) */
     unsigned fwd_min_blocks = wg ? 2 : 0;
     char fwd_name[48];
     bool ws = wg && s->attn_fwd_ws;   /* the name then holds the template's first two arguments */
     if (ws) {
         int64_t stages = D == 64 ? 4 : 3, wgs = s->attn_fwd_ws, rows = 64 * wgs;
-        snprintf(fwd_name, sizeof fwd_name, "ck_attn_ws_fwd<%lld, %lld", (long long)D, (long long)wgs);
+        snprintf(fwd_name, sizeof fwd_name, "ck_attn_ws_fwd<%lld, %lld, %d", (long long)D, (long long)wgs,
+                 s->attn_fwd_tma);
         fwd = fwd_name, fwd_threads = (unsigned)(128 * (wgs + 1)), fwd_min_blocks = 1;
         fwd_blocks = (unsigned)(B * H * ((T + rows - 1) / rows));
         fwd_smem = (unsigned)(1024 + rows * D * 2 + stages * 2 * 64 * D * 2 + (1 + 2 * stages) * 8);
@@ -891,6 +894,7 @@ bool plan_attention(Spec *s) {
         l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
         l->args.i[11] = ir_attention_lse_offset(n);
+        if (ws && s->attn_fwd_tma) l->tma = 3, l->tma_first = 1, l->tma_stride = 5;   /* q, k, v; widths i[5, 7, 9] */
         return true;
     }
     /* dq in the dk/dv pass (attn.dq_in_dkv=1; attn_wgmma.cuh, ONE): where one warpgroup owns 64
@@ -921,6 +925,7 @@ bool plan_attention(Spec *s) {
         l->smem = fwd_smem;
         l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
+        if (ws && s->attn_fwd_tma) l->tma = 3, l->tma_first = 2, l->tma_stride = 5;   /* after dy */
     }
     l->scratch = 0;
     /* the dq and dk/dv passes on warpgroup MMA (attn_wgmma.cuh; the choice attn.wgmma_bwd):
@@ -986,6 +991,7 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.attn_fwd_pipe = ir_choice_int_at(g, "attn.fwd_pipeline", n, 0) == 1;
         int64_t ws = ir_choice_int_at(g, "attn.fwd_ws", n, 0);
         s.attn_fwd_ws = ws == 2 || ws == 3 ? (int)ws : 0;
+        s.attn_fwd_tma = ir_choice_int_at(g, "attn.fwd_tma", n, 0) == 1;
         s.attn_dq_wgs = ir_choice_int_at(g, "attn.dq_rows", n, 128) == 64 ? 1 : 2;
         s.attn_dkv_wgs = ir_choice_int_at(g, "attn.dkv_rows", n, 64) == 128 ? 2 : 1;
         int64_t group = ir_choice_int_at(g, "attn.head_group", n, 0);

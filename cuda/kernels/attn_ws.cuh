@@ -130,10 +130,63 @@ static __device__ __forceinline__ void ck_ws_softmax_tile(float (*s)[4], float s
     }
 }
 
+/* TMA (attn.fwd_tma): a.tmaps holds the tensor maps of q, k and v that the executor made
+ * (cuda/exec.c, exec_tensor_maps: a 3-D view of width, T rows, B batches, 64 x 64 boxes with
+ * the 128-byte swizzle, rows past T read as zeros). One thread issues a box's copy, the
+ * hardware writes the box in the layout the descriptors name and counts its bytes on the
+ * barrier, which the thread told to expect them (mbarrier expect_tx). The maps are in global
+ * memory, written by the host before the launch; a proxy fence makes them the tensor-map
+ * proxy's before the first copy. Not yet run on a GPU. */
+static __device__ __forceinline__ void ck_mbar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void ck_tma_box(unsigned dst, const void *map, int x, int y, int z, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];\n" ::"r"(dst),
+                 "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar)
+                 : "memory");
+}
+/* rows [t0, t0 + R) of the head whose columns start at col into the swizzled tile at dst: a
+ * box for each 64 rows and each 64 columns (a column block of R rows, as ck_wg_chunk) */
+template <int D, int R>
+static __device__ __forceinline__ void ck_tma_tile(unsigned dst, const void *map, int col, int t0, int b, unsigned bar) {
+#pragma unroll
+    for (int cb = 0; cb < D / 64; cb++)
+#pragma unroll
+        for (int rb = 0; rb < R / 64; rb++) ck_tma_box(dst + cb * R * 128 + rb * 64 * 128, map, col + cb * 64, t0 + rb * 64, b, bar);
+}
+/* The producer's first warp, whole, so that it stays converged for the block's barriers at
+ * the end; its first lane (leader) issues. */
+template <int D, int WGS>
+static __device__ void ck_ws_produce_tma(const CkArgs &a, unsigned sQ, unsigned sKV, unsigned qbar, unsigned full,
+                                         unsigned empty, i64 b, i64 h, i64 g, int q0, int n_kt, bool leader) {
+    typedef CkWs<D, WGS> L;
+    const char *maps = (const char *)a.tmaps;   /* q, k, v */
+    if (leader) {
+        for (int k = 0; k < 3; k++)
+            asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(maps + 128 * k) : "memory");
+        ck_mbar_expect(qbar, L::Q_BYTES);
+        ck_tma_tile<D, L::BM>(sQ, maps, (int)(a.i[6] + h * D), q0, (int)b, qbar);
+    }
+    for (int j = 0; j < n_kt; j++) {
+        int s = j % L::STAGES;
+        if (j >= L::STAGES) ck_mbar_wait(empty + 8 * s, (unsigned)((j / L::STAGES - 1) & 1));
+        if (leader) {
+            unsigned sK = sKV + s * 2 * L::TILE;
+            ck_mbar_expect(full + 8 * s, 2 * L::TILE);
+            ck_tma_tile<D, L::BN>(sK, maps + 128, (int)(a.i[8] + g * D), j * 64, (int)b, full + 8 * s);
+            ck_tma_tile<D, L::BN>(sK + L::TILE, maps + 256, (int)(a.i[10] + g * D), j * 64, (int)b, full + 8 * s);
+        }
+        __syncwarp();
+    }
+}
+
 /* MODE 0: y = attention(q, k, v) (and lse after y when i[11]); MODE 1 (t[1] = dy): lse and Dt
  * into scratch. Arguments as ck_attn_wg_fwd's; one block per (b, h, 64 WGS query rows), the
- * heaviest tiles first (ck_attn_order). */
-template <int D, int WGS, int MODE, class Y, class Q, class K, class V, class DY, int HG = 0>
+ * heaviest tiles first (ck_attn_order). TMA: the producer's loads by one thread (above). */
+template <int D, int WGS, int TMA, int MODE, class Y, class Q, class K, class V, class DY, int HG = 0>
 __device__ void ck_attn_ws_fwd(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "the warp-specialized forward takes head dims 64 and 128");
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -149,8 +202,9 @@ __device__ void ck_attn_ws_fwd(const CkArgs &a) {
     float scale2 = (float)a.f[0] * CK_LOG2E;   /* scores in base 2 */
     const CkTensor &tq = a.t[MODE + 1], &tk = a.t[MODE + 2], &tv = a.t[MODE + 3];
     if (threadIdx.x == 0) {
-        ck_mbar_init(qbar, 128);
-        for (int s = 0; s < L::STAGES; s++) ck_mbar_init(full + 8 * s, 128), ck_mbar_init(empty + 8 * s, 4 * WGS);
+        const unsigned fills = TMA ? 1 : 128;   /* the producer's arrivals a tile: one thread's, or each */
+        ck_mbar_init(qbar, fills);
+        for (int s = 0; s < L::STAGES; s++) ck_mbar_init(full + 8 * s, fills), ck_mbar_init(empty + 8 * s, 4 * WGS);
     }
     __syncthreads();
 
@@ -158,17 +212,21 @@ __device__ void ck_attn_ws_fwd(const CkArgs &a) {
         /* the producer: Q, then tile j into slot j % STAGES once every warpgroup gave it back;
          * each tile announced when its copies (one group a tile) have landed */
         int pt = threadIdx.x - 128 * WGS;
-        ck_wg_load_by<D, L::BM, 128>(pt, sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
-        ck_mbar_arrive_copies(qbar);
-        for (int j = 0; j < n_kt; j++) {
-            int s = j % L::STAGES;
-            if (j >= L::STAGES) ck_mbar_wait(empty + 8 * s, (unsigned)((j / L::STAGES - 1) & 1));
-            unsigned sK = sKV + s * 2 * L::TILE;
-            ck_wg_load_by<D, L::BN, 128>(pt, sK, tk, b, T, j * 64, a.i[7], a.i[8] + g * D);
-            ck_wg_load_by<D, L::BN, 128>(pt, sK + L::TILE, tv, b, T, j * 64, a.i[9], a.i[10] + g * D);
-            ck_mbar_arrive_copies(full + 8 * s);
+        if (TMA) {
+            if (pt < 32) ck_ws_produce_tma<D, WGS>(a, sQ, sKV, qbar, full, empty, b, h, g, q0, n_kt, pt == 0);
+        } else {
+            ck_wg_load_by<D, L::BM, 128>(pt, sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
+            ck_mbar_arrive_copies(qbar);
+            for (int j = 0; j < n_kt; j++) {
+                int s = j % L::STAGES;
+                if (j >= L::STAGES) ck_mbar_wait(empty + 8 * s, (unsigned)((j / L::STAGES - 1) & 1));
+                unsigned sK = sKV + s * 2 * L::TILE;
+                ck_wg_load_by<D, L::BN, 128>(pt, sK, tk, b, T, j * 64, a.i[7], a.i[8] + g * D);
+                ck_wg_load_by<D, L::BN, 128>(pt, sK + L::TILE, tv, b, T, j * 64, a.i[9], a.i[10] + g * D);
+                ck_mbar_arrive_copies(full + 8 * s);
+            }
+            ck_cp_wait();   /* nothing of the block's in flight when it ends */
         }
-        ck_cp_wait();   /* nothing of the block's in flight when it ends */
         /* the block's reductions at the end need every thread: none of the producer's rows is
          * before T, so it stores nothing */
         float o[D / 8][4] = {}, m[2] = {0.0f, 0.0f}, l[2] = {1.0f, 1.0f};

@@ -1389,7 +1389,9 @@ static void test_attention_dq_in_dkv_choice(void **state) {
 
 /* attn.fwd_ws=3 or 2: GPT-2's and Llama's (grouped-query) attention forwards at -O1 and -O3
  * run on the warp-specialized kernel with that many consumer warpgroups and a producer
- * warpgroup (128 threads each); every other launch stays as it was, and the module compiles. */
+ * warpgroup (128 threads each); every other launch stays as it was, and the module compiles;
+ * with attn.fwd_tma=1 too, each such launch asks the executor for three tensor maps, and its
+ * module compiles. */
 static void test_attention_fwd_ws_choice(void **state) {
     (void)state;
     static const char *const models[] = {"gpt2", "llama"};
@@ -1400,7 +1402,7 @@ static void test_attention_fwd_ws_choice(void **state) {
                 Arena *a = arena_new();
                 char path[4500], kernel[64];
                 snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, models[m]);
-                snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<64, %s, ", wgs[w]);
+                snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<64, %s, 0, ", wgs[w]);
                 Graph *g = compile_model_choosing(a, path, level, NULL, NULL);
                 assert_non_null(g);
                 char *plain = program_text(g, a);
@@ -1429,6 +1431,20 @@ static void test_attention_fwd_ws_choice(void **state) {
                             launches++;
                         }
                 assert_int_equal(launches, changed);
+                assert_module_compiles(g);
+                /* with attn.fwd_tma=1 the same launches load by TMA: three tensor maps each */
+                ir_set_choice(g, "attn.fwd_tma", "1");
+                snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<64, %s, 1, ", wgs[w]);
+                plans = cuda_plan_graph(g, a, why, sizeof why);
+                assert_non_null(plans);
+                int tma = 0;
+                for (int i = 0; i < g->n_nodes; i++)
+                    for (int k = 0; k < plans[i].n_launch; k++)
+                        if (strstr(plans[i].launch[k].body, kernel)) {
+                            assert_int_equal(plans[i].launch[k].tma, 3);
+                            tma++;
+                        }
+                assert_int_equal(tma, changed);
                 assert_module_compiles(g);
                 printf("  attn.fwd_ws=%s: %s -O%d, %d attention nodes on the warp-specialized forward\n", wgs[w],
                        models[m], level, changed);

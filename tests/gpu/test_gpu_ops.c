@@ -1160,9 +1160,9 @@ static int n_dq_in_dkv;
 typedef struct {
     Node *node;
     int64_t D;
-    int wgs;
+    int wgs, tma;   /* consumer warpgroups; the producer's loads by TMA (attn.fwd_tma) */
 } WsCase;
-static WsCase ws_nodes[32];
+static WsCase ws_nodes[48];
 static int n_ws_nodes;
 
 static void build_attention(void) {
@@ -1243,19 +1243,24 @@ static void build_attention(void) {
                 }
                 /* the forward (and the backward's rerun of it) with a producer warpgroup
                  * (attn.fwd_ws): its own case against the reference, at head dim 64 with three
-                 * and two consumer warpgroups, at 128 with two */
-                for (int wgs = D == 64 ? 3 : 2; wgs >= 2; wgs--) {
-                    if (sites[k]->op == OP_ATTENTION_BWD && (lse || wgs != (D == 64 ? 3 : 2))) break;
-                    Node *ws = add_case(arena_printf(arena, "%s%s, producer warpgroup, %d consumers",
-                                                     sites[k]->op == OP_ATTENTION ? fw : bw, how, wgs),
-                                        tol, op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in,
-                                                  sites[k]->in));
-                    ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", ws->id), "1");
-                    ir_set_choice(graph, arena_printf(arena, "attn.fwd_ws@%d", ws->id),
-                                  arena_printf(arena, "%d", wgs));
-                    assert_true(n_ws_nodes < (int)(sizeof ws_nodes / sizeof *ws_nodes));
-                    ws_nodes[n_ws_nodes++] = (WsCase){ws, D, wgs};
-                }
+                 * and two consumer warpgroups, at 128 with two; the first of them also with
+                 * the producer's loads by TMA (attn.fwd_tma) */
+                for (int wgs = D == 64 ? 3 : 2; wgs >= 2; wgs--)
+                    for (int tma = 0; tma < 2; tma++) {
+                        bool first = wgs == (D == 64 ? 3 : 2);
+                        if ((sites[k]->op == OP_ATTENTION_BWD && (lse || !first)) || (tma && !first)) break;
+                        Node *ws = add_case(arena_printf(arena, "%s%s, producer warpgroup%s, %d consumers",
+                                                         sites[k]->op == OP_ATTENTION ? fw : bw, how,
+                                                         tma ? " (TMA)" : "", wgs),
+                                            tol, op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr,
+                                                      sites[k]->n_in, sites[k]->in));
+                        ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", ws->id), "1");
+                        ir_set_choice(graph, arena_printf(arena, "attn.fwd_ws@%d", ws->id),
+                                      arena_printf(arena, "%d", wgs));
+                        ir_set_choice(graph, arena_printf(arena, "attn.fwd_tma@%d", ws->id), tma ? "1" : "0");
+                        assert_true(n_ws_nodes < (int)(sizeof ws_nodes / sizeof *ws_nodes));
+                        ws_nodes[n_ws_nodes++] = (WsCase){ws, D, wgs, tma};
+                    }
                 if (D != 64) continue;
                 Node *twin = op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in, sites[k]->in);
                 twin->t.name = arena_printf(arena, "%s, pipelined", sites[k]->t.name);
@@ -1737,7 +1742,8 @@ static void test_attention_producer_warp(void **s) {
         Node *n = ws_nodes[k].node;
         const CuNodePlan *p = &plans[n->index];
         char kernel[64];
-        snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<%lld, %d,", (long long)ws_nodes[k].D, ws_nodes[k].wgs);
+        snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<%lld, %d, %d,", (long long)ws_nodes[k].D, ws_nodes[k].wgs,
+                 ws_nodes[k].tma);
         failed += !repeats(n, plan_runs(p, kernel) && !plan_runs(p, "ck_attn_wg_fwd<"));
     }
     arena_free(pa);
