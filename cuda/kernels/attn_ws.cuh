@@ -33,19 +33,22 @@
  * 5.68. Three versions were measured. A producer warp that waited for its own copies before
  * arriving kept one tile in flight and doubled the forward's time; with arrivals on landing,
  * one warp could not issue the copies as fast as three warpgroups use them (ncu: the
- * consumers' waits on full[s] held two fifths of the kernel's stall samples); a producer warpgroup feeds them, but
- * three consumer warpgroups an SM overlap less than ck_attn_wg_fwd's two blocks of two. What
- * FlashAttention-3 has and this has not is TMA: one thread's instruction a tile instead of a
- * warpgroup's 16-byte copies, which needs a tensor map made on the host for each operand.
+ * consumers' waits on full[s] held two fifths of the kernel's stall samples); a producer
+ * warpgroup feeds them, but three consumer warpgroups an SM overlap less than
+ * ck_attn_wg_fwd's two blocks of two. What FlashAttention-3 has besides is TMA: one thread's
+ * instruction a tile instead of a warpgroup's 16-byte copies, through a tensor map made on the
+ * host for each operand. With attn.fwd_tma (below) the producer loads so; that version has
+ * not run on a GPU yet.
  *
  * The products, the tile layout (128-byte swizzle, attn_wgmma.cuh) and the outputs are
  * ck_attn_wg_fwd's. The consumer's tile repeats ck_attn_wg_fwd's code rather than sharing a
  * function with it: with the two in one function NVRTC gave ck_attn_wg_fwd other code (123
- * registers, not the 120 measured), which only a GPU could say is as fast. The softmax differs in one rounding: each probability is
- * 2^(s scale log2(e) - m) with the scaling and the subtraction in one fused multiply-add
- * (ck_ws_softmax_tile), where ck_softmax_tile rounds s scale log2(e) first; the row maximum
- * is taken over the raw scores, which scaling by a positive number keeps in order, so m and
- * the logsumexp stored for the backward are the same values. Results repeat bit for bit. */
+ * registers, not the 120 measured), which only a GPU could say is as fast. The softmax
+ * differs in one rounding: each probability is 2^(s scale log2(e) - m) with the scaling and
+ * the subtraction in one fused multiply-add (ck_ws_softmax_tile), where ck_softmax_tile rounds
+ * s scale log2(e) first; the row maximum is taken over the raw scores, which scaling by a
+ * positive number keeps in order, so m and the logsumexp stored for the backward are the same
+ * values. Results repeat bit for bit. */
 
 template <int D, int WGS> struct CkWs {
     enum {
