@@ -556,10 +556,11 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     int n_tables = 0;
     int64_t rope_bytes = 0;
     for (int i = 0; i < g->n_nodes; i++)
-        for (int k = 0; k < e->plans[i].n_launch; k++)
-            if (e->plans[i].launch[k].table) n_tables += g->nodes[i]->n_in;
-    for (int i = 0; i < g->n_nodes; i++)   /* TMA tensor maps: 128 bytes each, room for 256 */
-        for (int k = 0; k < e->plans[i].n_launch; k++) n_tables += 16 * e->plans[i].launch[k].tma;
+        for (int k = 0; k < e->plans[i].n_launch; k++) {
+            const CuLaunch *l = &e->plans[i].launch[k];
+            if (l->table) n_tables += g->nodes[i]->n_in;
+            n_tables += 16 * l->tma;   /* TMA tensor maps: 128 bytes each, room for 256 */
+        }
     for (int i = 0; i < g->n_nodes; i++)   /* RoPE's tables, one per (T, head_dim, theta) */
         for (int k = 0; k < e->node_plans[i].n_launch; k++) {
             const CuLaunch *l = &e->node_plans[i].launch[k];

@@ -869,13 +869,14 @@ bool plan_attention(Spec *s) {
      * attn.fwd_tma=1 one producer thread loads by TMA through tensor maps of q, k and v that
      * the executor makes (CuLaunch.tma; not yet run on a GPU) */
     unsigned fwd_min_blocks = wg ? 2 : 0;
-    char fwd_name[48];
-    bool ws = wg && s->attn_fwd_ws;   /* the name then holds the template's first two arguments */
+    char fwd_head[64];   /* the forward's name and its template arguments before MODE */
+    snprintf(fwd_head, sizeof fwd_head, "%s<%lld", fwd, (long long)D);
+    bool ws = wg && s->attn_fwd_ws;
     if (ws) {
         int64_t stages = D == 64 ? 4 : 3, wgs = s->attn_fwd_ws, rows = 64 * wgs;
-        snprintf(fwd_name, sizeof fwd_name, "ck_attn_ws_fwd<%lld, %lld, %d", (long long)D, (long long)wgs,
+        snprintf(fwd_head, sizeof fwd_head, "ck_attn_ws_fwd<%lld, %lld, %d", (long long)D, (long long)wgs,
                  s->attn_fwd_tma);
-        fwd = fwd_name, fwd_threads = (unsigned)(128 * (wgs + 1)), fwd_min_blocks = 1;
+        fwd_threads = (unsigned)(128 * (wgs + 1)), fwd_min_blocks = 1;
         fwd_blocks = (unsigned)(B * H * ((T + rows - 1) / rows));
         fwd_smem = (unsigned)(1024 + rows * D * 2 + stages * 2 * 64 * D * 2 + (1 + 2 * stages) * 8);
     }
@@ -884,12 +885,8 @@ bool plan_attention(Spec *s) {
     if (wg && s->attn_head_group) snprintf(hg, sizeof hg, ", %d", s->attn_head_group);
     CuLaunch *l;
     if (!bwd) {
-        if (ws)
-            l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s, 0, %s, %s, %s, %s, %s%s>(a)", fwd, Y, Q, K, V,
-                            F32_ARG, hg);
-        else
-            l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s<%lld, 0, %s, %s, %s, %s, %s%s>(a)", fwd,
-                            (long long)D, Y, Q, K, V, F32_ARG, hg);
+        l = spec_launch(s, "attn", fwd_blocks, fwd_threads, "%s, 0, %s, %s, %s, %s, %s%s>(a)", fwd_head, Y, Q, K, V,
+                        F32_ARG, hg);
         l->smem = fwd_smem;
         l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
@@ -916,12 +913,8 @@ bool plan_attention(Spec *s) {
         arg_node(l, 5, ysaved);
         l->args.i[11] = ir_attention_lse_offset(ysaved);
     } else {
-        if (ws)
-            l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s, 1, %s, %s, %s, %s, %s%s>(a)", fwd, F32_ARG,
-                            Q, K, V, DY, hg);
-        else
-            l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s<%lld, 1, %s, %s, %s, %s, %s%s>(a)", fwd,
-                            (long long)D, F32_ARG, Q, K, V, DY, hg);
+        l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s, 1, %s, %s, %s, %s, %s%s>(a)", fwd_head, F32_ARG,
+                        Q, K, V, DY, hg);
         l->smem = fwd_smem;
         l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
