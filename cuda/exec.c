@@ -240,6 +240,11 @@ static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, E
     if (!exec_get_function(e, n, l->fn, l->smem, &x->f)) return false;
     x->grid[0] = l->grid[0];
     x->grid[1] = l->grid[1];
+    if (l->per_sm) {
+        int sms = 0;
+        if (!CU_CHECK(CU(cuDeviceGetAttribute)(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, e->dev))) return false;
+        if (sms > 0 && (uint64_t)sms * l->per_sm < x->grid[0]) x->grid[0] = (unsigned)sms * l->per_sm;
+    }
     x->block = l->block;
     x->smem = l->smem;
     if (!exec_resolve(e, l, &x->args, e->scratch)) return false;

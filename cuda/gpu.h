@@ -81,6 +81,8 @@ typedef struct {
     char fn[64];            /* the module's function */
     char body[512];         /* what it calls: "ck_binary<OP_ADD, F<2, 0>, ..>(a)" */
     unsigned grid[2], block, smem;
+    unsigned per_sm;        /* > 0: at most this many blocks an SM of the device run it (the
+                               executor caps grid[0]): a kernel whose blocks walk the work */
     unsigned min_blocks;    /* blocks an SM must hold at once (__launch_bounds__'s second
                                argument: caps the registers a thread; 0: no bound); one
                                value for every launch of a body, which names the function */

@@ -18,16 +18,17 @@ enum { ELEM_THREADS = 256, ELEM_MAX_BLOCKS = 4096, ROW_THREADS = 256, PARTIAL_BL
 
 /* How a cross entropy's row blocks run, forward and backward alike (the backward recomputes the
  * forward's logsumexp where it does not read it, and must get the same bits): the choices
- * ce.threads, ce.exp2 and ce.shared (ce_rows_chosen, spec_ops.c; docs/tuning.md). */
+ * ce.threads, ce.exp2, ce.shared and ce.ring (ce_rows_chosen, spec_ops.c; docs/tuning.md). */
 typedef struct {
     unsigned threads;   /* a block's, for rows of 16384 logits or more (shorter ones: ROW_THREADS) */
     bool exp2;          /* exponentials as ex2.approx (loss.cuh, CkExpFrom<1>), else expf */
     bool shared;        /* the one pass may hold a row in shared memory (ck_ce_fused) */
+    bool ring;          /* ... and a block two rows, one in flight (ck_ce_ring) */
 } CeRows;
 /* On an H200 (GPT-2 d12 at batch 32, 25 chunks of the loss, the one pass): 4.00 ms a step at
  * 1024 threads with expf, 3.38 with ex2, 3.10 at 512 with expf, 2.47 at 512 with ex2 (the row
  * in shared memory), 3.15 with the row read twice, 3.46 at 256 with ex2 (docs/results.md). */
-#define CE_ROWS_DEFAULT ((CeRows){.threads = 512, .exp2 = true, .shared = true})
+#define CE_ROWS_DEFAULT ((CeRows){.threads = 512, .exp2 = true, .shared = true, .ring = true})
 
 /* Threads of a cross entropy's row blocks. A chunk of the loss is some 500 to 1300 rows of the
  * vocabulary's 50304 logits: at 256 threads a row (rows read twice, from L2 the second time),
@@ -56,14 +57,15 @@ static inline int ce_row_vectors(const Format *f, int64_t V, unsigned threads) {
 
 /* Where the one pass keeps a row between its logsumexp and its gradient (ck_ce_fused's NV):
  * in registers where ce_row_vectors allows; else, with ce.shared, in shared memory where the
- * row takes at most CE_SHARED_ROW_MAX bytes, so that two blocks share an SM (228 KiB a Hopper
- * SM, less 1 KiB a block that the hardware keeps and the half KiB of the block's reductions:
- * GPT-2's bf16 rows of 98 KiB, Llama 2's of 62 KiB); else 0, read twice. */
-enum { CE_ROW_SHARED = -1, CE_SHARED_ROW_MAX = 110 * 1024 };
+ * row takes at most CE_SHARED_ROW_MAX bytes (228 KiB a Hopper SM, less 1 KiB a block that the
+ * hardware keeps and the half KiB of the block's reductions: GPT-2's bf16 rows of 98 KiB,
+ * Llama 2's of 62 KiB): with ce.ring two rows a block, a block an SM that walks its rows
+ * (CE_ROW_RING), else a row a block and two blocks an SM (CE_ROW_SHARED); else 0, read twice. */
+enum { CE_ROW_SHARED = -1, CE_ROW_RING = -2, CE_SHARED_ROW_MAX = 110 * 1024 };
 static inline int ce_row_held(const Format *f, int64_t V, CeRows ce) {
     int nv = ce_row_vectors(f, V, ce_row_threads(ce, V)), bytes = ce_row_bytes(f);
     if (nv > 0 || !ce.shared || !bytes || V % 8) return nv;
-    return V * bytes <= CE_SHARED_ROW_MAX ? CE_ROW_SHARED : 0;
+    return V * bytes > CE_SHARED_ROW_MAX ? 0 : ce.ring ? CE_ROW_RING : CE_ROW_SHARED;
 }
 
 typedef struct {

@@ -741,6 +741,9 @@ bool plan_rows(Spec *s) {
             if (held == CE_ROW_SHARED) {   /* the row, and two blocks an SM in the registers */
                 l->smem = (unsigned)(V * ce_row_bytes(&lg->fmt));
                 l->min_blocks = threads <= 512 ? 2 : 0;
+            } else if (held == CE_ROW_RING) {   /* two rows, a block an SM */
+                l->smem = (unsigned)(2 * V * ce_row_bytes(&lg->fmt));
+                l->per_sm = 1;
             }
             return true;
         }
@@ -1002,13 +1005,16 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
  *    Below 1024 the one pass holds a GPT-2 row in shared memory, two blocks an SM (ce_row_held).
  *  - ce.exp2: 1 (the default) takes the exponentials as ex2.approx (CkExpFrom<1>), 0 expf.
  *  - ce.shared: 0 keeps rows out of shared memory (read twice, the second time from L2 mostly),
- *    to be measured against it; 1 (the default) lets ce_row_held put them there. */
+ *    to be measured against it; 1 (the default) lets ce_row_held put them there.
+ *  - ce.ring: 1 (the default) has the one pass hold two rows a block in shared memory, one
+ *    block an SM walking its rows (ck_ce_ring); 0 a row a block, two blocks an SM. */
 CeRows ce_rows_chosen(const Graph *g, const Node *n) {
     CeRows ce = CE_ROWS_DEFAULT;
     int64_t threads = ir_choice_int_at(g, "ce.threads", n, ce.threads);
     if (threads >= 64 && threads <= 1024 && threads % 32 == 0) ce.threads = (unsigned)threads;
     ce.exp2 = ir_choice_int_at(g, "ce.exp2", n, ce.exp2) != 0;
     ce.shared = ir_choice_int_at(g, "ce.shared", n, ce.shared) != 0;
+    ce.ring = ir_choice_int_at(g, "ce.ring", n, ce.ring) != 0;
     return ce;
 }
 
@@ -1020,7 +1026,8 @@ void plan_ce_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         const Node *n = g->nodes[i];
         if (n->op != OP_CROSS_ENTROPY && n->op != OP_CROSS_ENTROPY_BWD) continue;
         CeRows ce = ce_rows_chosen(g, n);
-        if (ce.threads == dflt.threads && ce.exp2 == dflt.exp2 && ce.shared == dflt.shared) continue;
+        if (ce.threads == dflt.threads && ce.exp2 == dflt.exp2 && ce.shared == dflt.shared && ce.ring == dflt.ring)
+            continue;
         char why[256];
         CuNodePlan chosen;
         Spec s = spec_for(g, n, a, &chosen, why, sizeof why);

@@ -462,6 +462,7 @@ static const ChoiceRule choice_rules[] = {
     {"ce.threads", NULL, 64, 1024, 32},
     {"ce.exp2", "0 1", 0, 0, 0},
     {"ce.shared", "0 1", 0, 0, 0},
+    {"ce.ring", "0 1", 0, 0, 0},
     {"save.attention_y", "0 1", 0, 0, 0},
     {"save.cheap", "0 1", 0, 0, 0},
     {"save.attention_inputs", "0 1", 0, 0, 0},

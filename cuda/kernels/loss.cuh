@@ -242,11 +242,12 @@ template <class T> static __device__ __forceinline__ int ck_ce_valid(const CkTen
     }
     return valid;
 }
-/* thread 0: row r's loss into the scratch, then a ticket; whether this block took the last */
+/* thread 0: row r's loss into the scratch, then a ticket; whether this row was the last of
+ * the R to be done */
 static __device__ __forceinline__ bool ck_ce_row_done(const CkArgs &a, i64 r, double loss) {
     ((double *)a.scratch)[r] = loss;
     __threadfence();
-    bool last = atomicAdd(a.ticket, 1u) == gridDim.x - 1;
+    bool last = atomicAdd(a.ticket, 1u) == (unsigned)a.i[1] - 1;
     if (last) atomicExch(a.ticket, 0u);
     return last;
 }
@@ -259,7 +260,84 @@ static __device__ __forceinline__ void ck_copy16_async(void *dst, const void *sr
                  : "memory");
 }
 
+/* NV = CK_ROW_RING: a block takes rows blockIdx.x, + gridDim.x, .. (a grid of one block an
+ * SM: the executor caps it, CuLaunch.per_sm) and holds two of them in shared memory, the next
+ * row's copies in flight while it works on the one in hand. With a row a block (CK_ROW_SHARED)
+ * a block's copies, its reductions and its stores follow one another, and the SM's other block
+ * is all that overlaps them: ncu on an H200 put d12's one pass at 52% of the memory's
+ * bandwidth. Each row's values go through the same operations in the same order as there. */
+enum { CK_ROW_RING = -2 };
+template <int EX2, class Y, class L, class T, class DL, class YL> __device__ void ck_ce_ring(const CkArgs &a) {
+    const CkTensor &dy = a.t[0], &l = a.t[2], &tg = a.t[3];
+    i64 V = a.i[0], R = a.i[1];
+    typedef CkHeld<L::elem> H;
+    enum { W = H::words ? H::words : 4 };   /* 32-bit words of a held vector */
+    __shared__ bool last;
+    extern __shared__ uint4 ck_row_held[];   /* two rows as loaded, (V / 8, W / 4) each */
+    bool vec = H::words && L::scaling == SCALE_NONE && L::vec_ok(l) && Y::vec_ok(dy) && V % CK_VEC == 0;
+    int nvec = (int)(V / CK_VEC), chunks = nvec * (W / 4);
+    /* row r's copies into buffer k as one group (an empty one past R or without vectors) */
+    auto fetch = [&](i64 r, int k) {
+        if (vec && r < R) {
+            const uint4 *row = (const uint4 *)l.p + r * chunks;
+            for (int q = threadIdx.x; q < chunks; q += blockDim.x) ck_copy16_async(&ck_row_held[k * chunks + q], row + q);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    if (threadIdx.x == 0) last = false;
+    fetch(blockIdx.x, 0);
+    float coef = ck_ce_coef<DL>(a, ck_ce_valid<T>(tg, R));   /* (its barriers: last is set) */
+    int k = 0;
+    for (i64 r = blockIdx.x; r < R; r += gridDim.x, k ^= 1) {
+        float t = T::ld(tg, r);
+        i64 ti = (i64)t;
+        bool hit = t >= 0.0f && ti < V && t == floorf(t);
+        float xt = hit && threadIdx.x == 0 ? L::ld(l, r * V + ti) : 0.0f;   /* before the row's stores */
+        fetch(r + gridDim.x, k ^ 1);   /* the buffer the last row used: every thread is past it */
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        __syncthreads();
+        const uint4 *held = ck_row_held + k * chunks;
+        if (t < 0.0f) {   /* an ignored row: no loss, no gradient */
+            if (threadIdx.x == 0) last |= ck_ce_row_done(a, r, CK_NAN);
+            for (i64 c = threadIdx.x; c < V; c += blockDim.x) Y::st(dy, r * V + c, 0.0f);
+        } else if (vec) {
+            int tq = ti < V ? (int)ti : -1;
+            float m = -CK_INF;
+            double s = 0;
+            #pragma unroll 4
+            for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
+                float v[CK_VEC];
+                ck_held_vec<H, W>(held, q, v);
+                ck_lse_fold<EX2>(m, s, v, CK_VEC);
+            }
+            double lse = ck_lse_block(m, s);
+            if (threadIdx.x == 0) last |= ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
+            CkExpFrom<EX2> e((float)lse);
+            #pragma unroll 4
+            for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
+                float v[CK_VEC];
+                ck_held_vec<H, W>(held, q, v);
+                ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
+                Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
+            }
+        } else {   /* read twice, as ck_ce_fused's last way */
+            double lse = ck_row_lse<EX2, L>(l, r, V);
+            if (threadIdx.x == 0) last |= ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
+            CkExpFrom<EX2> e((float)lse);
+            for (i64 c = threadIdx.x; c < V; c += blockDim.x)
+                Y::st(dy, r * V + c, coef * (e(L::ld(l, r * V + c)) - (c == ti ? 1.0f : 0.0f)));
+        }
+        __syncthreads();   /* every thread is done with buffer k before the next row's copies */
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (last) ck_ce_mean<YL, T>(a.t[4], tg, (const double *)a.scratch, R);
+}
+
 template <int NV, int EX2, class Y, class L, class T, class DL, class YL> __device__ void ck_ce_fused(const CkArgs &a) {
+    if constexpr (NV == CK_ROW_RING) {
+        ck_ce_ring<EX2, Y, L, T, DL, YL>(a);
+        return;
+    }
     const CkTensor &dy = a.t[0], &l = a.t[2], &tg = a.t[3];
     i64 V = a.i[0], R = a.i[1], r = blockIdx.x;
     __shared__ bool last;   /* the block that wrote the last row loss takes the mean */

@@ -1165,8 +1165,8 @@ static char *program_text(Graph *g, Arena *a) {
 
 /* GPT-2's loss in chunks (chunk_loss.c) at every level: each chunk's cross entropy and its
  * backward run as one pass over the logits (fuse_ce_one_pass), by default (CE_ROWS_DEFAULT) in
- * blocks of 512 threads holding the 50304 bf16 logits of a row in shared memory, with ex2; the
- * forward keeps its own launches for the evaluation phase. */
+ * blocks of 512 threads holding two rows of 50304 bf16 logits in shared memory, a block an SM
+ * walking its rows, with ex2; the forward keeps its own launches for the evaluation phase. */
 static void test_loss_one_pass_plan(void **state) {
     (void)state;
     char path[4500];
@@ -1185,9 +1185,10 @@ static void test_loss_one_pass_plan(void **state) {
             const CuNodePlan *b = &plans[i], *f = &plans[i - 1];
             assert_int_equal(g->nodes[i - 1]->op, OP_CROSS_ENTROPY);
             assert_int_equal(b->n_launch, 1);
-            assert_non_null(strstr(b->launch[0].body, "ck_ce_fused<-1, 1, F<FMT_BF16, SCALE_NONE>, F<FMT_BF16, SCALE_NONE>"));
+            assert_non_null(strstr(b->launch[0].body, "ck_ce_fused<-2, 1, F<FMT_BF16, SCALE_NONE>, F<FMT_BF16, SCALE_NONE>"));
             assert_int_equal(b->launch[0].block, 512);
-            assert_int_equal(b->launch[0].smem, 50304 * 2);
+            assert_int_equal(b->launch[0].smem, 2 * 50304 * 2);
+            assert_int_equal(b->launch[0].per_sm, 1);
             assert_int_equal(f->n_launch, 0);
             assert_non_null(f->alone);
             assert_int_equal(f->alone->n_launch, 2);
@@ -1199,31 +1200,34 @@ static void test_loss_one_pass_plan(void **state) {
     }
 }
 
-/* The loss's choices (ce.threads, ce.exp2, ce.shared; spec_ops.c, ce_rows_chosen), one per loss
- * chunk of GPT-2 at -O1 through their "@ID" forms, so that one module holds every variant and
- * compiles: 512 threads with the row in shared memory and ex2 (98 KiB of it, two blocks an SM),
- * 256 read twice, 1024 in registers with ex2, and 512 with ex2 unfused (the forward's rows and
- * the backward's gradient); the forward runs as its backward does. */
+/* The loss's choices (ce.threads, ce.exp2, ce.shared, ce.ring; spec_ops.c, ce_rows_chosen), one
+ * per loss chunk of GPT-2 at -O1 through their "@ID" forms, so that one module holds every
+ * variant and compiles: 512 threads with two rows a block in shared memory and ex2 (196 KiB,
+ * a block an SM, walking its rows), 512 with the row in shared memory (98 KiB, two blocks an
+ * SM), 256 read twice, 1024 in registers with ex2, and 512 with ex2 unfused (the forward's rows
+ * and the backward's gradient); the forward runs as its backward does. */
 static void test_loss_choices_plan(void **state) {
     (void)state;
     char path[4500];
     snprintf(path, sizeof path, "%s/models/gpt2.model", FP8C_SOURCE_DIR);
-    Choice chunks = {"loss.chunks", "4"};
+    Choice chunks = {"loss.chunks", "8"};
     Arena *a = arena_new();
     Graph *g = compile_model_choosing(a, path, 1, NULL, &chunks);
     assert_non_null(g);
+    enum { N = 5 };
     static const struct {
-        const char *threads, *exp2, *shared, *one_pass;
+        const char *threads, *exp2, *shared, *ring, *one_pass;
         const char *body;   /* the backward's last launch starts so */
-        unsigned block, smem;
-    } want[4] = {
-        {"512", "1", "1", "1", "ck_ce_fused<-1, 1, F<FMT_BF16, SCALE_NONE>", 512, 50304 * 2},
-        {"256", "0", "0", "1", "ck_ce_fused<0, 0, F<FMT_BF16, SCALE_NONE>", 256, 0},
-        {"1024", "1", "1", "1", "ck_ce_fused<7, 1, F<FMT_BF16, SCALE_NONE>", 1024, 0},
-        {"512", "1", "1", "0", "ck_ce_bwd<1, F<FMT_BF16, SCALE_NONE>", 512, 0},
+        unsigned block, smem, per_sm;
+    } want[N] = {
+        {"512", "1", "1", "1", "1", "ck_ce_fused<-2, 1, F<FMT_BF16, SCALE_NONE>", 512, 2 * 50304 * 2, 1},
+        {"512", "1", "1", "0", "1", "ck_ce_fused<-1, 1, F<FMT_BF16, SCALE_NONE>", 512, 50304 * 2, 0},
+        {"256", "0", "0", "1", "1", "ck_ce_fused<0, 0, F<FMT_BF16, SCALE_NONE>", 256, 0, 0},
+        {"1024", "1", "1", "1", "1", "ck_ce_fused<7, 1, F<FMT_BF16, SCALE_NONE>", 1024, 0, 0},
+        {"512", "1", "1", "1", "0", "ck_ce_bwd<1, F<FMT_BF16, SCALE_NONE>", 512, 0, 0},
     };
     int k = 0;
-    for (int i = 1; i < g->n_nodes && k < 4; i++) {
+    for (int i = 1; i < g->n_nodes && k < N; i++) {
         const Node *b = g->nodes[i], *f = g->nodes[i - 1];
         if (b->op != OP_CROSS_ENTROPY_BWD) continue;
         for (int j = 0; j < 2; j++) {
@@ -1231,23 +1235,26 @@ static void test_loss_choices_plan(void **state) {
             ir_set_choice(g, arena_printf(a, "ce.threads@%d", n->id), want[k].threads);
             ir_set_choice(g, arena_printf(a, "ce.exp2@%d", n->id), want[k].exp2);
             ir_set_choice(g, arena_printf(a, "ce.shared@%d", n->id), want[k].shared);
+            ir_set_choice(g, arena_printf(a, "ce.ring@%d", n->id), want[k].ring);
         }
         ir_set_choice(g, arena_printf(a, "fuse.ce_one_pass@%d", b->id), want[k].one_pass);
         k++;
     }
-    assert_int_equal(k, 4);
+    assert_int_equal(k, N);
     char why[256];
     CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
     assert_non_null(plans);
     k = 0;
-    for (int i = 1; i < g->n_nodes; i++) {
+    for (int i = 1; i < g->n_nodes && k < N; i++) {
         if (g->nodes[i]->op != OP_CROSS_ENTROPY_BWD) continue;
         const CuNodePlan *b = &plans[i], *f = &plans[i - 1];
         const CuLaunch *l = &b->launch[b->n_launch - 1];
-        printf("  chunk %d: %s, %u threads, %u bytes of shared memory\n", k, l->body, l->block, l->smem);
+        printf("  chunk %d: %s, %u threads, %u bytes of shared memory, %u blocks an SM at most\n", k, l->body,
+               l->block, l->smem, l->per_sm);
         assert_non_null(strstr(l->body, want[k].body));
         assert_int_equal(l->block, want[k].block);
         assert_int_equal(l->smem, want[k].smem);
+        assert_int_equal(l->per_sm, want[k].per_sm);
         const CuNodePlan *fw = f->n_launch ? f : f->alone;   /* the forward's own launches */
         assert_non_null(fw);
         assert_int_equal(fw->launch[0].block, want[k].block);

@@ -205,9 +205,9 @@ static void build_elementwise(void) {
 /* A cross entropy and its backward right after it (fuse_ce_one_pass), and a twin pair of the
  * same inputs with the one pass switched off at its backward, whose backward reads the
  * forward's logsumexps (fuse_ce_lse): test_ce_one_pass wants the twin's bits. All four nodes
- * take the same loss choices (ce.threads, ce.exp2, ce.shared through their "@ID" forms; NULL
+ * take the same loss choices (ce.threads, ce.exp2, ce.shared, ce.ring through their "@ID" forms; NULL
  * keeps a default), as a build's global choice gives them. */
-typedef enum { CE_IN_REGISTERS, CE_IN_SHARED, CE_READ_TWICE } CeHeld;
+typedef enum { CE_IN_REGISTERS, CE_IN_SHARED, CE_READ_TWICE, CE_IN_RING } CeHeld;
 typedef struct {
     const char *name;
     Node *f, *b, *f2, *b2;
@@ -217,13 +217,14 @@ static CePair ce_pairs[24];
 static int n_ce_pairs;
 
 typedef struct {
-    const char *threads, *exp2, *shared;
+    const char *threads, *exp2, *shared, *ring;
 } CeChoice;
-static const CeChoice ce_default = {NULL, NULL, NULL};
+static const CeChoice ce_default = {NULL, NULL, NULL, NULL};
 
 static void ce_choose(const Node *n, CeChoice c) {
-    const char *names[3] = {"ce.threads", "ce.exp2", "ce.shared"}, *values[3] = {c.threads, c.exp2, c.shared};
-    for (int k = 0; k < 3; k++)
+    const char *names[4] = {"ce.threads", "ce.exp2", "ce.shared", "ce.ring"};
+    const char *values[4] = {c.threads, c.exp2, c.shared, c.ring};
+    for (int k = 0; k < 4; k++)
         if (values[k]) ir_set_choice(graph, arena_printf(arena, "%s@%d", names[k], n->id), values[k]);
 }
 
@@ -246,7 +247,7 @@ static void ce_pair_chosen(const char *name, ElemType e, int64_t R, int64_t V, C
 /* a pair in blocks of 1024 threads with expf (ce.threads=1024, ce.exp2=0): held in registers
  * where the row fits, else read twice */
 static void ce_pair(const char *name, ElemType e, int64_t R, int64_t V, bool held, Node *dl) {
-    static const CeChoice ce_1024 = {"1024", "0", NULL};
+    static const CeChoice ce_1024 = {"1024", "0", NULL, NULL};
     ce_pair_chosen(name, e, R, V, held ? CE_IN_REGISTERS : CE_READ_TWICE, dl, ce_1024);
 }
 
@@ -298,26 +299,32 @@ static void build_rows(void) {
     ce_pair("50304 f32 logits", FMT_F32, RV, 50304, false, dl);
     ce_pair("50257 logits", FMT_BF16, RV, 50257, false, dl);
     ce_pair("many rows", FMT_BF16, RM, VM, true, dl);
-    /* the loss's choices: smaller blocks with the row in shared memory (at most 110 KiB: GPT-2's
-     * bf16 rows, Llama 2's, f32 rows of 20000) or read twice (ce.shared=0, f32 rows of 50304,
-     * rows not in whole vectors), ex2.approx for the exponentials in each way of holding a row;
+    /* the loss's choices: smaller blocks with rows in shared memory (at most 110 KiB a row:
+     * GPT-2's bf16 rows, Llama 2's, f32 rows of 20000), two a block that walks its rows (the
+     * default, ce.ring) or one (ce.ring=0), or read twice (ce.shared=0, f32 rows of 50304, rows
+     * not in whole vectors), ex2.approx for the exponentials in each way of holding a row;
      * rows under 16384 logits keep 256 threads and their registers (1000) or are read twice,
-     * one a load (77); over a thousand rows of 16392 (blocks of 256 count the targets in steps) */
-    CeChoice s512x = {"512", "1", NULL}, s256 = {"256", NULL, NULL}, s256x = {"256", "1", NULL};
-    CeChoice l2_512x = {"512", "1", "0"}, r1024x = {"1024", "1", NULL};
+     * one a load (77); over a thousand rows of 16392 (blocks of 256 count the targets in steps;
+     * in a ring, each block walks several rows, ignored ones among them) */
+    CeChoice s512x = {"512", "1", NULL, NULL}, s256 = {"256", NULL, NULL, NULL}, s256x = {"256", "1", NULL, NULL};
+    CeChoice o512x = {"512", "1", NULL, "0"}, o256x = {"256", "1", NULL, "0"};
+    CeChoice l2_512x = {"512", "1", "0", NULL}, r1024x = {"1024", "1", NULL, NULL};
     int64_t RS = gt_int(1025, 1600);
-    ce_pair_chosen("50304 logits, the default", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, ce_default);
-    ce_pair_chosen("50304 logits, 512 shared ex2", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, s512x);
-    ce_pair_chosen("50304 logits, 256 shared", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, s256);
+    ce_pair_chosen("50304 logits, the default", FMT_BF16, RV, 50304, CE_IN_RING, dl, ce_default);
+    ce_pair_chosen("50304 logits, 512 shared ex2", FMT_BF16, RV, 50304, CE_IN_RING, dl, s512x);
+    ce_pair_chosen("50304 logits, 512 a row ex2", FMT_BF16, RV, 50304, CE_IN_SHARED, dl, o512x);
+    ce_pair_chosen("50304 logits, 256 shared", FMT_BF16, RV, 50304, CE_IN_RING, dl, s256);
     ce_pair_chosen("50304 logits, 512 twice ex2", FMT_BF16, RV, 50304, CE_READ_TWICE, dl, l2_512x);
     ce_pair_chosen("50304 logits, 1024 ex2", FMT_BF16, RV, 50304, CE_IN_REGISTERS, dl, r1024x);
-    ce_pair_chosen("32000 logits, 256 shared ex2", FMT_BF16, RV, 32000, CE_IN_SHARED, dl, s256x);
-    ce_pair_chosen("20000 f32 logits, 512 shared ex2", FMT_F32, RV, 20000, CE_IN_SHARED, dl, s512x);
+    ce_pair_chosen("32000 logits, 256 shared ex2", FMT_BF16, RV, 32000, CE_IN_RING, dl, s256x);
+    ce_pair_chosen("20000 f32 logits, 512 shared ex2", FMT_F32, RV, 20000, CE_IN_RING, dl, s512x);
+    ce_pair_chosen("20000 f32 logits, 512 a row ex2", FMT_F32, RV, 20000, CE_IN_SHARED, dl, o512x);
     ce_pair_chosen("50304 f32 logits, 512 ex2", FMT_F32, RV, 50304, CE_READ_TWICE, dl, s512x);
     ce_pair_chosen("50257 logits, 512 ex2", FMT_BF16, RV, 50257, CE_READ_TWICE, dl, s512x);
     ce_pair_chosen("1000 logits, ex2", FMT_BF16, R, 1000, CE_IN_REGISTERS, dl, s512x);
     ce_pair_chosen("77 f32 logits, ex2", FMT_F32, R, 77, CE_READ_TWICE, dl, s512x);
-    ce_pair_chosen("many rows, 256 shared ex2", FMT_BF16, RS, 16392, CE_IN_SHARED, dl, s256x);
+    ce_pair_chosen("many rows, 256 shared ex2", FMT_BF16, RS, 16392, CE_IN_RING, dl, s256x);
+    ce_pair_chosen("many rows, 256 a row ex2", FMT_BF16, RS, 16392, CE_IN_SHARED, dl, o256x);
     /* long f32 rows (80 and 128 KB), backwards on their own */
     Node *tgt20 = ids(20000, 0.1, DIMS(RV)), *tgt32 = ids(32768, 0.1, DIMS(RV));
     Node *l20 = leaf(FMT_F32, 3, DIMS(RV, 20000)), *l32 = leaf(FMT_F32, 3, DIMS(RV, 32768));
@@ -1546,7 +1553,10 @@ static void test_rows(void **s) { (void)s; run_group("rows"); }
 
 /* where the one pass of the launch body `body` keeps a row (ck_ce_fused's NV) */
 static CeHeld ce_held_of(const char *body) {
-    return strstr(body, "ck_ce_fused<-1,") ? CE_IN_SHARED : strstr(body, "ck_ce_fused<0,") ? CE_READ_TWICE : CE_IN_REGISTERS;
+    return strstr(body, "ck_ce_fused<-2,")   ? CE_IN_RING
+           : strstr(body, "ck_ce_fused<-1,") ? CE_IN_SHARED
+           : strstr(body, "ck_ce_fused<0,")  ? CE_READ_TWICE
+                                             : CE_IN_REGISTERS;
 }
 
 /* How many of ce_pairs are not planned as one pass holding the row where they should (each
@@ -1598,7 +1608,8 @@ static void test_ce_one_pass(void **s) {
                     !memcmp(gpu[1], gpu[3], (size_t)gt_bytes(out[1]));
         if (ok) ref_exec_node(p->f), ref_exec_node(p->b);
         bool pass = ok && fused && held == p->held && twin && same;
-        static const char *const where[] = {" in registers", " in shared memory", " read twice"};
+        static const char *const where[] = {" in registers", " in shared memory", " read twice",
+                                            " in a ring of two rows"};
         printf("  %-40s %s%s, %s%s\n", p->name, fused ? "one pass" : "NOT FUSED", fused ? where[held] : "",
                same ? "the unfused bits" : "NOT THE UNFUSED BITS", pass ? "" : "  FAIL");
         for (int j = 0; ok && j < 2; j++) {
