@@ -32,16 +32,20 @@ template <int EX2> struct CkExpFrom {
 
 /* One pass over a row for its log-sum-exp: each thread keeps the largest value it has seen, m,
  * and the sum of exp(x - m) over its values, brought to a new m when a larger value comes
- * (s exp(m_old - m_new)); the block then brings every thread's sum to the row's maximum and adds
- * them. A row of GPT-2's 50304 logits is then read once, eight elements a load where the row
- * allows, instead of once for the maximum and again for the sum. The sum differs from the
- * two-pass sum by the rounding of the rescalings (relative 1e-7). As in the reference, a NaN
- * or +inf logit makes the row's result NaN and a -inf logit adds nothing. */
+ * (s exp(m_old - m_new), the exponential taken as the row's others are: CkExpFrom); the block
+ * then brings every thread's sum to the row's maximum and adds them. A row of GPT-2's 50304
+ * logits is then read once, eight elements a load where the row allows, instead of once for
+ * the maximum and again for the sum. The sum differs from the two-pass sum by the rounding of
+ * the rescalings (relative 1e-7 each with expf, 1e-6 with ex2.approx: as much as one term's).
+ * The rescaling was an f64 exp, whose software sequence (its multiply-adds in f64 and their
+ * constants moved through uniform registers) made a fifth of the one pass's instructions on
+ * GPT-2's rows (ncu, an H200), where the pass is bound by its instructions. As in the
+ * reference, a NaN or +inf logit makes the row's result NaN and a -inf logit adds nothing. */
 template <int EX2> static __device__ __forceinline__ void ck_lse_fold(float &m, double &s, const float *v, int n) {
     float mx = m;
     for (int j = 0; j < n; j++) mx = fmaxf(mx, v[j]);
     if (mx > m) {
-        s *= exp((double)m - mx);
+        s *= (double)CkExpFrom<EX2>(mx)(m);   /* e^(m - mx); 0 where m is -inf */
         m = mx;
     }
     CkExpFrom<EX2> e(m);
