@@ -197,9 +197,21 @@ static __device__ __forceinline__ float ck_exp2_sfu(float x) {
     return y;
 }
 
+/* 1/x by the SFU (rcp.approx.ftz: within an ulp; 0 for +inf, and for x past 2^126 a result
+ * under 2^-126 that flushes to 0). __fdividef's quotient is this reciprocal times the dividend,
+ * after a test and two multiplications that keep a divisor past 2^126 in range: with fmad off
+ * those were three of some twenty instructions a value in the cast-transpose that computes
+ * GELU from its input (ncu: instruction-bound, 78% of the issue slots busy). A divisor past
+ * 2^126 gives 0 both ways. */
+static __device__ __forceinline__ float ck_rcp_sfu(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* GELU as x / (1 + e^(-2u)) with GELU's u = sqrt(2 / pi) (x + 0.044715 x^3): the logistic
  * of 2u is (1 + tanh(u)) / 2, so this is the reference's tanh form (ref_ops.c, in f64)
- * without the tanh. One ex2 and one fast division (1 + e lies in [1, inf]; past 2^126 the
+ * without the tanh. One ex2 and one reciprocal (1 + e lies in [1, inf]; past 2^126 the
  * quotient is 0, where the GELU is below 2^-126 |x|), and no cancellation: where tanh(u) is
  * near -1, 1 + tanh lost the low bits of the GELU of a negative x that this keeps. The tanh
  * form (an exp, a division, 1 - e, 1 + e, copysign, then 1 + t and 0.5 x) took 17 f32
@@ -213,13 +225,13 @@ static __device__ __forceinline__ float ck_gelu_exp2(float x, float x2) {
 
 /* GELU, SILU: (x); GELU_BWD, SILU_BWD: (dy, x) */
 template <int OP> static __device__ __forceinline__ float ck_unop(float x0, float x1) {
-    if (OP == OP_GELU) return __fdividef(x0, 1.0f + ck_gelu_exp2(x0, x0 * x0));
+    if (OP == OP_GELU) return x0 * ck_rcp_sfu(1.0f + ck_gelu_exp2(x0, x0 * x0));
     if (OP == OP_GELU_BWD) {
         /* d/dx x s(x) = s + x s' with s = (1 + tanh(u)) / 2: s' = 2 s (1 - s) u', and
          * 1 - s = e s (no cancellation where s is near 1); e at most 2^125 keeps s normal and
          * e s finite (the true s is smaller still there: x below -9) */
         float v = x1, v2 = v * v, e = fminf(ck_gelu_exp2(v, v2), 0x1p125f);
-        float s = __fdividef(1.0f, 1.0f + e), du = CK_GELU_C + (3.0f * CK_GELU_C * CK_GELU_A) * v2;
+        float s = ck_rcp_sfu(1.0f + e), du = CK_GELU_C + (3.0f * CK_GELU_C * CK_GELU_A) * v2;
         return x0 * (s + 2.0f * v * (s * (e * s)) * du);
     }
     if (OP == OP_SILU) return x0 / (1.0f + expf(-x0));
