@@ -243,13 +243,13 @@ bool plan_elementwise(Spec *s) {
                 l->scratch = 0;
                 need_scratch(s, P * C * 8);
                 if (acc) {
-                    l = spec_launch(s, "colacc", (unsigned)((C + 31) / 32), 256, "ck_colsum_final_acc<%s, %s>(a)",
+                    l = spec_launch(s, "colacc", (unsigned)((C + 31) / 32), CK_COLSUM_THREADS, "ck_colsum_final_acc<%s, %s>(a)",
                                     fmt_arg(s, &acc->in[0]->t), fmt_arg(s, &b->t));
                     arg_node(l, 0, acc->in[0]);
                     arg_node(l, 1, b);
                     l->args.n_in = 1;
                 } else {
-                    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), 256, "ck_colsum_final<0, %s>(a)",
+                    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), CK_COLSUM_THREADS, "ck_colsum_final<0, %s>(a)",
                                     fmt_arg(s, &b->t));
                     args_result_inputs(l, b);
                 }
@@ -455,7 +455,7 @@ static void plan_colsum(Spec *s, int mode, int64_t R, int64_t C, const char *X, 
     args_result_inputs(l, n);
     l->scratch = 0;
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
-    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), 256, "ck_colsum_final<%d, %s>(a)", mode,
+    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), CK_COLSUM_THREADS, "ck_colsum_final<%d, %s>(a)", mode,
                     fmt_arg(s, &n->t));
     args_result_inputs(l, n);
     l->scratch = 0;

@@ -61,22 +61,26 @@ template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const C
     }
 }
 
-/* second launch: grid ceil(C/32), 256 threads as 32 columns x 8 lanes; lane l adds the
- * partials p = l, l + 8, .. in order, then the 8 lanes are added in order.
- * y[c] = sum over p of part[p][c]; i = {C, R, P} */
+/* second launch: grid ceil(C/32), CK_COLSUM_THREADS threads as 32 columns x 32 lanes; lane l
+ * adds the partials p = l, l + 32, .. in order, then the 32 lanes are added in order.
+ * y[c] = sum over p of part[p][c]; i = {C, R, P}. With 8 lanes a column (256 threads), GPT-2
+ * d12's 25 launches a step (512 partials of up to 3072 columns: 96 blocks) took 16 us each
+ * for 12 MB, a lane's 64 loads one after another. */
 template <int MODE> static __device__ bool ck_colsum_total(const CkArgs &a, i64 *col, double *total) {
-    __shared__ double acc[8][33];
+    __shared__ double acc[32][33];
     i64 C = a.i[0], R = a.i[1], P = a.i[2];
     const double *part = (const double *)a.scratch + (MODE == 1 ? 2 * R : 0);
     int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     i64 c = (i64)blockIdx.x * 32 + tx;
     double s = 0;
-    if (c < C)
-        for (i64 p = ty; p < P; p += 8) s += part[p * C + c];
+    if (c < C) {
+        #pragma unroll 4
+        for (i64 p = ty; p < P; p += 32) s += part[p * C + c];
+    }
     acc[ty][tx] = s;
     __syncthreads();
     if (ty != 0 || c >= C) return false;
-    for (int l = 1; l < 8; l++) s += acc[l][tx];
+    for (int l = 1; l < 32; l++) s += acc[l][tx];
     *col = c, *total = s;
     return true;
 }
