@@ -98,16 +98,26 @@ template <int OP, class Y, class X0, class X1> struct CkLdUnary {
 
 /* BGRAD: the tile's column sums of x, for the sum over rows that a bias gradient is (spec.c,
  * fuse_bias_grads): four quarters of 16 rows each summed in order in f64, then the quarters in
- * order, stored as partial blockIdx.y of column c in scratch (ck_colsum_final's layout). */
+ * order, stored as partial blockIdx.y of column c in scratch (ck_colsum_final's layout). The
+ * values come from `vals`, the tile's values as the quantize loaded them (row r - r0, column
+ * c - c0), or where it is NULL from x again. Read again, by single loads from L2 with their
+ * 64-bit addresses, they made half the instructions of d12's backward cast-transposes, which
+ * are bound by their instructions (ncu, an H200). */
+#define CK_QT_VALS_PITCH 68   /* floats a row of vals: 16-byte rows, a column read without conflicts */
 template <int BGRAD, class L>
-static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, i64 R, i64 C, i64 r0, i64 c0) {
+static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, i64 R, i64 C, i64 r0, i64 c0,
+                                                      const float *vals) {
     if (!BGRAD) return;
     __shared__ double part[4][64];
     int col = threadIdx.x & 63, quarter = threadIdx.x >> 6;   /* 256 threads */
     i64 c = c0 + col, lo = r0 + quarter * 16, hi = lo + 16 < R ? lo + 16 : R;
     double s = 0;
-    if (c < C)
+    if (c < C && vals) {
+        const float *v = vals + (lo - r0) * CK_QT_VALS_PITCH + col;
+        for (i64 r = lo; r < hi; r++, v += CK_QT_VALS_PITCH) s += *v;
+    } else if (c < C) {
         for (i64 r = lo; r < hi; r++) s += L::ld(a, r * C + c);
+    }
     part[quarter][col] = s;
     __syncthreads();
     if (quarter == 0 && c < C)
@@ -123,6 +133,7 @@ static __device__ __forceinline__ void ck_tile_colsum(const CkArgs &a, i64 R, i6
  * column sums of x (ck_tile_colsum). */
 template <class Y, class L, int BGRAD> __device__ void ck_quantize_t(const CkArgs &a) {
     __shared__ unsigned tile[64][17];
+    __shared__ __align__(16) float vals[BGRAD ? 64 * CK_QT_VALS_PITCH : 4];   /* BGRAD: the tile's values */
     unsigned char *bytes = (unsigned char *)tile;
     const CkTensor &x = a.t[1];
     i64 R = x.rows, C = x.cols;
@@ -141,6 +152,10 @@ template <class Y, class L, int BGRAD> __device__ void ck_quantize_t(const CkArg
             if (r >= R || c >= C) continue;
             float v[CK_VEC];
             L::ld_vec(a, r * C + c, v);
+            if (BGRAD) {
+                float4 *at = (float4 *)(vals + row * CK_QT_VALS_PITCH + g * 8);
+                at[0] = make_float4(v[0], v[1], v[2], v[3]), at[1] = make_float4(v[4], v[5], v[6], v[7]);
+            }
             union {
                 CkRaw<8> raw;
                 unsigned w[2];
@@ -152,7 +167,7 @@ template <class Y, class L, int BGRAD> __device__ void ck_quantize_t(const CkArg
         }
         __syncthreads();
         ck_tile_store_t(tile, yt, R, C, r0, c0);
-        ck_tile_colsum<BGRAD, L>(a, R, C, r0, c0);
+        ck_tile_colsum<BGRAD, L>(a, R, C, r0, c0, vals);
         return;
     }
     for (int k = threadIdx.x; k < 64 * 64; k += blockDim.x) {
@@ -169,7 +184,7 @@ template <class Y, class L, int BGRAD> __device__ void ck_quantize_t(const CkArg
         i64 c = c0 + orow, r = r0 + ocol;
         if (c < C && r < R) yt[c * R + r] = bytes[ocol * 68 + orow];
     }
-    ck_tile_colsum<BGRAD, L>(a, R, C, r0, c0);
+    ck_tile_colsum<BGRAD, L>(a, R, C, r0, c0, NULL);
 }
 
 __device__ void ck_transpose_b1(const CkArgs &a) {
