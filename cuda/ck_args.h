@@ -24,8 +24,6 @@
 #define CK_AMAX_PARTS 1024
 /* GEMMs whose dequantization scales one launch computes before its own work (ck_entry) */
 #define CK_MAX_INVERSE 4
-/* the threads of a column sum's last launch (reduce.cuh, ck_colsum_total: 32 columns x 32) */
-#define CK_COLSUM_THREADS 1024
 
 typedef struct {
     void *p;                /* element data (device) */

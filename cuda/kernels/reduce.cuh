@@ -61,26 +61,28 @@ template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const C
     }
 }
 
-/* second launch: grid ceil(C/32), CK_COLSUM_THREADS threads as 32 columns x 32 lanes; lane l
- * adds the partials p = l, l + 32, .. in order, then the 32 lanes are added in order.
- * y[c] = sum over p of part[p][c]; i = {C, R, P}. With 8 lanes a column (256 threads), GPT-2
- * d12's 25 launches a step (512 partials of up to 3072 columns: 96 blocks) took 16 us each
- * for 12 MB, a lane's 64 loads one after another. */
+/* second launch: grid ceil(C/32), blocks of 32 columns x L lanes (L = blockDim.x / 32, at most
+ * 32; spec_ops.c, colsum_threads); lane l adds the partials p = l, l + L, .. in order, then the
+ * L lanes are added in order. y[c] = sum over p of part[p][c]; i = {C, R, P}. With 8 lanes
+ * for every P, GPT-2 d12's 25 launches a step (512 partials of up to 3072 columns: 96
+ * blocks) took 16 us each for 12 MB, a lane's 64 loads one after another. */
 template <int MODE> static __device__ bool ck_colsum_total(const CkArgs &a, i64 *col, double *total) {
     __shared__ double acc[32][33];
     i64 C = a.i[0], R = a.i[1], P = a.i[2];
     const double *part = (const double *)a.scratch + (MODE == 1 ? 2 * R : 0);
-    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, lanes = blockDim.x >> 5;
     i64 c = (i64)blockIdx.x * 32 + tx;
     double s = 0;
     if (c < C) {
         #pragma unroll 4
-        for (i64 p = ty; p < P; p += 32) s += part[p * C + c];
+        for (i64 p = ty; p < P; p += lanes) s += part[p * C + c];
     }
-    acc[ty][tx] = s;
-    __syncthreads();
+    if (lanes > 1) {
+        acc[ty][tx] = s;
+        __syncthreads();
+    }
     if (ty != 0 || c >= C) return false;
-    for (int l = 1; l < 32; l++) s += acc[l][tx];
+    for (int l = 1; l < lanes; l++) s += acc[l][tx];
     *col = c, *total = s;
     return true;
 }
