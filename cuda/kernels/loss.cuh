@@ -264,6 +264,35 @@ static __device__ __forceinline__ void ck_copy16_async(void *dst, const void *sr
                  : "memory");
 }
 
+/* Row r held in shared memory as loaded (`held`, its nvec vectors; ck_held_vec): its
+ * log-sum-exp, its loss (thread 0, ck_ce_row_done: whether the row was the last, for thread 0)
+ * and its gradient into t[0]; tq the target's place (-1: outside the row). Every thread of the
+ * block calls it (the log-sum-exp's block reductions). */
+template <int EX2, class H, int W, class Y>
+static __device__ __forceinline__ bool ck_ce_held_row(const CkArgs &a, const uint4 *held, int nvec, i64 r, int tq,
+                                                      bool hit, float xt, float coef) {
+    i64 V = a.i[0];
+    float m = -CK_INF;
+    double s = 0;
+    #pragma unroll 4
+    for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
+        float v[CK_VEC];
+        ck_held_vec<H, W>(held, q, v);
+        ck_lse_fold<EX2>(m, s, v, CK_VEC);
+    }
+    double lse = ck_lse_block(m, s);
+    bool last = threadIdx.x == 0 && ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
+    CkExpFrom<EX2> e((float)lse);
+    #pragma unroll 4
+    for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
+        float v[CK_VEC];
+        ck_held_vec<H, W>(held, q, v);
+        ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
+        Y::st_vec(a.t[0], r * V + (i64)q * CK_VEC, v);
+    }
+    return last;
+}
+
 /* NV = CK_ROW_RING: a block takes rows blockIdx.x, + gridDim.x, .. (a grid of one block an
  * SM: the executor caps it, CuLaunch.per_sm) and holds two of them in shared memory, the next
  * row's copies in flight while it works on the one in hand. With a row a block (CK_ROW_SHARED)
@@ -305,25 +334,8 @@ template <int EX2, class Y, class L, class T, class DL, class YL> __device__ voi
             if (threadIdx.x == 0) last |= ck_ce_row_done(a, r, CK_NAN);
             for (i64 c = threadIdx.x; c < V; c += blockDim.x) Y::st(dy, r * V + c, 0.0f);
         } else if (vec) {
-            int tq = ti < V ? (int)ti : -1;
-            float m = -CK_INF;
-            double s = 0;
-            #pragma unroll 4
-            for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
-                float v[CK_VEC];
-                ck_held_vec<H, W>(held, q, v);
-                ck_lse_fold<EX2>(m, s, v, CK_VEC);
-            }
-            double lse = ck_lse_block(m, s);
-            if (threadIdx.x == 0) last |= ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
-            CkExpFrom<EX2> e((float)lse);
-            #pragma unroll 4
-            for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
-                float v[CK_VEC];
-                ck_held_vec<H, W>(held, q, v);
-                ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
-                Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
-            }
+            bool done = ck_ce_held_row<EX2, H, W, Y>(a, held, nvec, r, ti < V ? (int)ti : -1, hit, xt, coef);
+            if (threadIdx.x == 0) last |= done;
         } else {   /* read twice, as ck_ce_fused's last way */
             double lse = ck_row_lse<EX2, L>(l, r, V);
             if (threadIdx.x == 0) last |= ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
@@ -403,24 +415,8 @@ template <int NV, int EX2, class Y, class L, class T, class DL, class YL> __devi
         float coef = ck_ce_coef<DL>(a, ck_ce_valid<T>(tg, R));
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         __syncthreads();
-        float m = -CK_INF;
-        double s = 0;
-        #pragma unroll 4
-        for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
-            float v[CK_VEC];
-            ck_held_vec<H, W>(ck_row_held, q, v);
-            ck_lse_fold<EX2>(m, s, v, CK_VEC);
-        }
-        double lse = ck_lse_block(m, s);
-        if (threadIdx.x == 0) last = ck_ce_row_done(a, r, hit ? lse - xt : (double)CK_NAN);
-        CkExpFrom<EX2> e((float)lse);
-        #pragma unroll 4
-        for (int q = threadIdx.x; q < nvec; q += blockDim.x) {
-            float v[CK_VEC];
-            ck_held_vec<H, W>(ck_row_held, q, v);
-            ck_ce_grad_vec<EX2>(v, tq - q * CK_VEC, coef, e);
-            Y::st_vec(dy, r * V + (i64)q * CK_VEC, v);
-        }
+        bool done = ck_ce_held_row<EX2, H, W, Y>(a, ck_row_held, nvec, r, tq, hit, xt, coef);
+        if (threadIdx.x == 0) last = done;
     } else {
         float coef = ck_ce_coef<DL>(a, ck_ce_valid<T>(tg, R));   /* (its barriers: xt is read) */
         double lse = ck_row_lse<EX2, L>(l, r, V);
