@@ -15,12 +15,12 @@
 
 #include "spec_internal.h"
 
-/* The threads of a column sum's last launch over P partials (reduce.cuh, ck_colsum_total): 32
- * columns a block, 32 lanes a column where there are at least 32 partials to add, 8 where
- * there are 8, else one (a lane per partial adds nothing in parallel: GPT-2 d48's sum over 8
- * rows of the position embedding's gradient, 1.6M columns of one partial, took four times as
- * long in blocks of 1024 as in blocks of 256). */
-static unsigned colsum_threads(int64_t P) { return 32 * (P >= 32 ? 32 : P >= 8 ? 8 : 1); }
+/* The lanes a column of a column sum's last launch over P partials (reduce.cuh,
+ * ck_colsum_total; blocks of 32 columns): 32 where there are at least 32 partials to add, 8
+ * where there are 8, else one (lanes with no partials add nothing in parallel: GPT-2 d48's
+ * sum over 8 rows of the position embedding's gradient, 1.6M columns of one partial each,
+ * took four times as long in blocks of 32 lanes as in blocks of 8). */
+static int colsum_lanes(int64_t P) { return P >= 32 ? 32 : P >= 8 ? 8 : 1; }
 
 /* ck_quantize_t into the 1-byte per-tensor (or unscaled) q, a 64 x 64 tile a block, x read
  * through the loader ld (CkLd, CkLdUnary); t[0] = q, the caller adds the rest */
@@ -250,14 +250,15 @@ bool plan_elementwise(Spec *s) {
                 l->scratch = 0;
                 need_scratch(s, P * C * 8);
                 if (acc) {
-                    l = spec_launch(s, "colacc", (unsigned)((C + 31) / 32), colsum_threads(P), "ck_colsum_final_acc<%s, %s>(a)",
-                                    fmt_arg(s, &acc->in[0]->t), fmt_arg(s, &b->t));
+                    l = spec_launch(s, "colacc", (unsigned)((C + 31) / 32), 32 * colsum_lanes(P),
+                                    "ck_colsum_final_acc<%d, %s, %s>(a)", colsum_lanes(P), fmt_arg(s, &acc->in[0]->t),
+                                    fmt_arg(s, &b->t));
                     arg_node(l, 0, acc->in[0]);
                     arg_node(l, 1, b);
                     l->args.n_in = 1;
                 } else {
-                    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), colsum_threads(P), "ck_colsum_final<0, %s>(a)",
-                                    fmt_arg(s, &b->t));
+                    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), 32 * colsum_lanes(P),
+                                    "ck_colsum_final<0, %d, %s>(a)", colsum_lanes(P), fmt_arg(s, &b->t));
                     args_result_inputs(l, b);
                 }
                 l->scratch = 0;
@@ -462,8 +463,8 @@ static void plan_colsum(Spec *s, int mode, int64_t R, int64_t C, const char *X, 
     args_result_inputs(l, n);
     l->scratch = 0;
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;
-    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), colsum_threads(P), "ck_colsum_final<%d, %s>(a)", mode,
-                    fmt_arg(s, &n->t));
+    l = spec_launch(s, "colfinal", (unsigned)((C + 31) / 32), 32 * colsum_lanes(P), "ck_colsum_final<%d, %d, %s>(a)",
+                    mode, colsum_lanes(P), fmt_arg(s, &n->t));
     args_result_inputs(l, n);
     l->scratch = 0;
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = P;

@@ -61,44 +61,45 @@ template <int MODE, class X, class X2> __device__ void ck_colsum_partial(const C
     }
 }
 
-/* second launch: grid ceil(C/32), blocks of 32 columns x L lanes (L = blockDim.x / 32, at most
- * 32; spec_ops.c, colsum_threads); lane l adds the partials p = l, l + L, .. in order, then the
- * L lanes are added in order. y[c] = sum over p of part[p][c]; i = {C, R, P}. With 8 lanes
- * for every P, GPT-2 d12's 25 launches a step (512 partials of up to 3072 columns: 96
- * blocks) took 16 us each for 12 MB, a lane's 64 loads one after another. */
-template <int MODE> static __device__ bool ck_colsum_total(const CkArgs &a, i64 *col, double *total) {
-    __shared__ double acc[32][33];
+/* second launch: grid ceil(C/32), blocks of 32 columns x LANES lanes (1, 8 or 32: spec_ops.c,
+ * colsum_lanes); lane l adds the partials p = l, l + LANES, .. in order, then the LANES lanes
+ * are added in order. y[c] = sum over p of part[p][c]; i = {C, R, P}. With 8 lanes for every
+ * P, GPT-2 d12's 25 launches a step (512 partials of up to 3072 columns: 96 blocks) took 16
+ * us each for 12 MB, a lane's 64 loads one after another. LANES is a template argument: read
+ * from the block at run time, it made d12's bias sums 40% slower (results.md "(o)"). */
+template <int MODE, int LANES> static __device__ bool ck_colsum_total(const CkArgs &a, i64 *col, double *total) {
+    __shared__ double acc[LANES][33];
     i64 C = a.i[0], R = a.i[1], P = a.i[2];
     const double *part = (const double *)a.scratch + (MODE == 1 ? 2 * R : 0);
-    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, lanes = blockDim.x >> 5;
+    int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     i64 c = (i64)blockIdx.x * 32 + tx;
     double s = 0;
     if (c < C) {
         #pragma unroll 4
-        for (i64 p = ty; p < P; p += lanes) s += part[p * C + c];
+        for (i64 p = ty; p < P; p += LANES) s += part[p * C + c];
     }
-    if (lanes > 1) {
+    if (LANES > 1) {
         acc[ty][tx] = s;
         __syncthreads();
     }
     if (ty != 0 || c >= C) return false;
-    for (int l = 1; l < lanes; l++) s += acc[l][tx];
+    for (int l = 1; l < LANES; l++) s += acc[l][tx];
     *col = c, *total = s;
     return true;
 }
-template <int MODE, class Y> __device__ void ck_colsum_final(const CkArgs &a) {
+template <int MODE, int LANES, class Y> __device__ void ck_colsum_final(const CkArgs &a) {
     i64 c;
     double s;
-    if (ck_colsum_total<MODE>(a, &c, &s)) Y::st(a.t[0], c, (float)s);
+    if (ck_colsum_total<MODE, LANES>(a, &c, &s)) Y::st(a.t[0], c, (float)s);
 }
 
 /* The sum of a bias gradient, rounded as its own format S stores it (t[1]), added into its
  * accumulator (t[0], format A) as ck_accumulate adds: the sum and its accumulation in the
  * launch after a quantize that summed the tiles (spec.c, fuse_bias_grads). i = {C, R, P} */
-template <class A, class S> __device__ void ck_colsum_final_acc(const CkArgs &a) {
+template <int LANES, class A, class S> __device__ void ck_colsum_final_acc(const CkArgs &a) {
     i64 c;
     double s;
-    if (ck_colsum_total<0>(a, &c, &s)) A::st(a.t[0], c, A::ld(a.t[0], c) + S::round(a.t[1], c, (float)s));
+    if (ck_colsum_total<0, LANES>(a, &c, &s)) A::st(a.t[0], c, A::ld(a.t[0], c) + S::round(a.t[1], c, (float)s));
 }
 
 /* SOFTMAX (x) / SOFTMAX_BWD (dy, y): one block per row; i = {C} */
