@@ -163,13 +163,11 @@ static __device__ __forceinline__ void ck_tc_load(__nv_bfloat16 *s, const CkTens
  * where `edge` (the tile meets the diagonal or T), masked; the running max m and sum l are
  * updated, P = 2^(s - max) is packed into pf as the bf16 A operand of P V (k-chunk n / 2), and
  * corr is the factor that rescales O. */
-static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
-                                                       int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
-                                                       float *corr) {
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) s[n][i] *= scale2;
+/* The tile's masking where `edge` (keys past the row or past T to -inf) and each of the two
+ * rows' largest value among the thread's (ck_softmax_tile and attn_ws.cuh's
+ * ck_ws_softmax_tile; the quad's maximum is theirs to take) */
+static __device__ __forceinline__ void ck_tile_mask_max(float (*s)[4], bool edge, int k0, int row0, int tig, int Ti,
+                                                        float *mx) {
     if (edge)
 #pragma unroll
         for (int n = 0; n < 8; n++)
@@ -178,11 +176,42 @@ static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scal
                 int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
                 if (col > row || col >= Ti) s[n][i] = -CK_INF;
             }
-    float mx[2] = {-CK_INF, -CK_INF};
+    mx[0] = mx[1] = -CK_INF;
 #pragma unroll
     for (int n = 0; n < 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+}
+
+/* n-block n's probabilities of the two rows (p0, p1 of row0; p2, p3 of row0 + 8): into the
+ * thread's row sums rs and, packed to bf16, into pf as P V's A operand */
+static __device__ __forceinline__ void ck_tile_keep_p(int n, float p0, float p1, float p2, float p3, float *rs,
+                                                      unsigned (*pf)[4]) {
+    rs[0] += p0 + p1;
+    rs[1] += p2 + p3;
+    pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
+    pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p2, p3);
+}
+
+/* the quad's row sums rs into the running sums l, rescaled by corr */
+static __device__ __forceinline__ void ck_tile_sum_rows(float *rs, float *l, const float *corr) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
+        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
+        l[r] = l[r] * corr[r] + rs[r];
+    }
+}
+
+static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
+                                                       int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
+                                                       float *corr) {
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[n][i] *= scale2;
+    float mx[2];
+    ck_tile_mask_max(s, edge, k0, row0, tig, Ti, mx);
     float muse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -198,17 +227,9 @@ static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scal
     for (int n = 0; n < 8; n++) {
         float p0 = ck_ex2(s[n][0] - muse[0]), p1 = ck_ex2(s[n][1] - muse[0]);
         float p2 = ck_ex2(s[n][2] - muse[1]), p3 = ck_ex2(s[n][3] - muse[1]);
-        rs[0] += p0 + p1;
-        rs[1] += p2 + p3;
-        pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
-        pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p2, p3);
+        ck_tile_keep_p(n, p0, p1, p2, p3, rs, pf);
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-        l[r] = l[r] * corr[r] + rs[r];
-    }
+    ck_tile_sum_rows(rs, l, corr);
 }
 
 /* The per-tensor scale of the result, computed by the launches that write it (spec_fuse.c,

@@ -206,6 +206,43 @@ static __device__ __forceinline__ void ck_wg_rs(float *d, const unsigned *a, uns
     }
 }
 
+/* S = Q K^T for warpgroup wg (64 x 64, f32): its 64 rows of the Q tile of BM rows at sQ against
+ * the 64 keys at sK, both in the swizzled layout above; k-step kk is column block kk / 4, 32
+ * bytes a step in it. The forwards of this file and attn_ws.cuh's consumers. */
+template <int D, int BM>
+static __device__ __forceinline__ void ck_wg_qk(float (*s)[4], unsigned sQ, unsigned sK, int wg) {
+    ck_wg_hold<32>(&s[0][0]);
+    ck_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        unsigned qa = sQ + (kk >> 2) * BM * 128 + wg * 64 * 128 + (kk & 3) * 32;
+        unsigned ka = sK + (kk >> 2) * 64 * 128 + (kk & 3) * 32;
+        ck_wg_ss64(&s[0][0], ck_wg_desc(qa, 16, 1024), ck_wg_desc(ka, 16, 1024), kk > 0);
+    }
+    ck_wg_commit();
+    ck_wg_wait();
+    ck_wg_hold<32>(&s[0][0]);
+}
+
+/* O = O corr + P V: P the packed bf16 A operand (ck_softmax_tile's pf), V the 64 keys' tile at
+ * sV; k-step kk is keys 16 kk.., 2048 bytes on; LBO the next 64 columns */
+template <int D>
+static __device__ __forceinline__ void ck_wg_pv(float (*o)[4], unsigned (*pf)[4], const float *corr, unsigned sV) {
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        o[n][0] *= corr[0], o[n][1] *= corr[0];
+        o[n][2] *= corr[1], o[n][3] *= corr[1];
+    }
+    ck_wg_hold<D / 2>(&o[0][0]);
+    ck_wg_hold<16>(&pf[0][0]);
+    ck_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) ck_wg_rs<D>(&o[0][0], pf[kk], ck_wg_desc(sV + kk * 16 * 128, 64 * 128, 1024));
+    ck_wg_commit();
+    ck_wg_wait();
+    ck_wg_hold<D / 2>(&o[0][0]);
+}
+
 /* Which (batch, head) and which of its tiles block `blk` takes, among n_bh heads of n_t tiles
  * each; k = 0 is the head's heaviest tile (the caller maps it: the last query tile of a causal
  * forward or dq pass, the first key tile of a dk/dv pass). HG = 0: the heaviest tile of every
@@ -284,40 +321,15 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
         unsigned sK = sKV + (j & 1) * 2 * L::KV_BYTES, sV = sK + L::KV_BYTES;
         int k0 = j * 64;
 
-        /* S = Q K^T, 64 x 64 per warpgroup; k-step kk is column block kk / 4, 32 bytes a step in it */
         float s[8][4];
-        ck_wg_hold<32>(&s[0][0]);
-        ck_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            unsigned qa = sQ + (kk >> 2) * L::BM * 128 + wg * 64 * 128 + (kk & 3) * 32;
-            unsigned ka = sK + (kk >> 2) * L::BN * 128 + (kk & 3) * 32;
-            ck_wg_ss64(&s[0][0], ck_wg_desc(qa, 16, 1024), ck_wg_desc(ka, 16, 1024), kk > 0);
-        }
-        ck_wg_commit();
-        ck_wg_wait();
-        ck_wg_hold<32>(&s[0][0]);
+        ck_wg_qk<D, L::BM>(s, sQ, sK, wg);
 
         /* online softmax on the fragments; the mask only where the tile meets the diagonal or T */
         unsigned pf[4][4];
         float corr[2];
         ck_softmax_tile(s, scale2, k0 + 63 > rows || k0 + 64 > Ti, k0, row0, tig, Ti, m, l, pf, corr);
 
-        /* O = O corr + P V: k-step kk is keys 16 kk.., 2048 bytes on; LBO the next 64 columns */
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            o[n][0] *= corr[0], o[n][1] *= corr[0];
-            o[n][2] *= corr[1], o[n][3] *= corr[1];
-        }
-        ck_wg_hold<D / 2>(&o[0][0]);
-        ck_wg_hold<16>(&pf[0][0]);
-        ck_wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            ck_wg_rs<D>(&o[0][0], pf[kk], ck_wg_desc(sV + kk * 16 * 128, L::BN * 128, 1024));
-        ck_wg_commit();
-        ck_wg_wait();
-        ck_wg_hold<D / 2>(&o[0][0]);
+        ck_wg_pv<D>(o, pf, corr, sV);
     }
 
     ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);

@@ -42,11 +42,12 @@
  * WGS 3 and 3.70 at WGS 2 against the default's 2.82, Llama's 5.69 against 5.64 (results.md
  * "(o)"). The loads were not what held the consumers back; their own overlap is.
  *
- * The products, the tile layout (128-byte swizzle, attn_wgmma.cuh) and the outputs are
- * ck_attn_wg_fwd's. The consumer's tile repeats ck_attn_wg_fwd's code rather than sharing a
- * function with it: with the two in one function NVRTC gave ck_attn_wg_fwd other code (123
- * registers, not the 120 measured), which only a GPU could say is as fast. The softmax
- * differs in one rounding: each probability is 2^(s scale log2(e) - m) with the scaling and
+ * The products (ck_wg_qk, ck_wg_pv), the tile layout (128-byte swizzle, attn_wgmma.cuh) and
+ * the outputs are ck_attn_wg_fwd's. Its whole tile as one function shared with
+ * ck_attn_wg_fwd gave that kernel other code (123 registers, not the 120 measured); the two
+ * products and the softmax's masking and sums as functions give every attention kernel the
+ * machine code it had (the same bytes, compared in the cubins). The softmax differs in one
+ * rounding: each probability is 2^(s scale log2(e) - m) with the scaling and
  * the subtraction in one fused multiply-add (ck_ws_softmax_tile), where ck_softmax_tile rounds
  * s scale log2(e) first; the row maximum is taken over the raw scores, which scaling by a
  * positive number keeps in order, so m and the logsumexp stored for the backward are the same
@@ -93,19 +94,8 @@ static __device__ __forceinline__ void ck_mbar_arrive_copies(unsigned bar) {
 static __device__ __forceinline__ void ck_ws_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
                                                           int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
                                                           float *corr) {
-    if (edge)
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
-                if (col > row || col >= Ti) s[n][i] = -CK_INF;
-            }
-    float mx[2] = {-CK_INF, -CK_INF};
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+    float mx[2];
+    ck_tile_mask_max(s, edge, k0, row0, tig, Ti, mx);
     float neg[2];   /* -max in base 2, 0 for a row with nothing unmasked yet */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -122,17 +112,9 @@ static __device__ __forceinline__ void ck_ws_softmax_tile(float (*s)[4], float s
     for (int n = 0; n < 8; n++) {
         float p0 = ck_ex2(fmaf(s[n][0], scale2, neg[0])), p1 = ck_ex2(fmaf(s[n][1], scale2, neg[0]));
         float p2 = ck_ex2(fmaf(s[n][2], scale2, neg[1])), p3 = ck_ex2(fmaf(s[n][3], scale2, neg[1]));
-        rs[0] += p0 + p1;
-        rs[1] += p2 + p3;
-        pf[n >> 1][(n & 1) * 2] = ck_pack(p0, p1);
-        pf[n >> 1][(n & 1) * 2 + 1] = ck_pack(p2, p3);
+        ck_tile_keep_p(n, p0, p1, p2, p3, rs, pf);
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 1);
-        rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], 2);
-        l[r] = l[r] * corr[r] + rs[r];
-    }
+    ck_tile_sum_rows(rs, l, corr);
 }
 
 /* TMA (attn.fwd_tma): a.tmaps holds the tensor maps of q, k and v that the executor made
@@ -258,39 +240,12 @@ __device__ void ck_attn_ws_fwd(const CkArgs &a) {
                 unsigned sK = sKV + s * 2 * L::TILE, sV = sK + L::TILE;
                 int k0 = j * 64;
 
-                /* S = Q K^T, 64 x 64 per warpgroup, as ck_attn_wg_fwd */
                 float sc[8][4];
-                ck_wg_hold<32>(&sc[0][0]);
-                ck_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < D / 16; kk++) {
-                    unsigned qa = sQ + (kk >> 2) * L::BM * 128 + wg * 64 * 128 + (kk & 3) * 32;
-                    unsigned ka = sK + (kk >> 2) * L::BN * 128 + (kk & 3) * 32;
-                    ck_wg_ss64(&sc[0][0], ck_wg_desc(qa, 16, 1024), ck_wg_desc(ka, 16, 1024), kk > 0);
-                }
-                ck_wg_commit();
-                ck_wg_wait();
-                ck_wg_hold<32>(&sc[0][0]);
-
+                ck_wg_qk<D, L::BM>(sc, sQ, sK, wg);
                 unsigned pf[4][4];
                 float corr[2];
                 ck_ws_softmax_tile(sc, scale2, k0 + 63 > rows || k0 + 64 > Ti, k0, row0, tig, Ti, m, l, pf, corr);
-
-                /* O = O corr + P V */
-#pragma unroll
-                for (int n = 0; n < D / 8; n++) {
-                    o[n][0] *= corr[0], o[n][1] *= corr[0];
-                    o[n][2] *= corr[1], o[n][3] *= corr[1];
-                }
-                ck_wg_hold<D / 2>(&o[0][0]);
-                ck_wg_hold<16>(&pf[0][0]);
-                ck_wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    ck_wg_rs<D>(&o[0][0], pf[kk], ck_wg_desc(sV + kk * 16 * 128, L::BN * 128, 1024));
-                ck_wg_commit();
-                ck_wg_wait();
-                ck_wg_hold<D / 2>(&o[0][0]);
+                ck_wg_pv<D>(o, pf, corr, sV);
             }
             __syncwarp();
             if (lane == 0) ck_mbar_arrive(empty + 8 * s);   /* the warp is done with slot s */
