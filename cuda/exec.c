@@ -240,11 +240,7 @@ static bool exec_prepare_launch(CudaExec *e, const Node *n, const CuLaunch *l, E
     if (!exec_get_function(e, n, l->fn, l->smem, &x->f)) return false;
     x->grid[0] = l->grid[0];
     x->grid[1] = l->grid[1];
-    if (l->per_sm) {
-        int sms = 0;
-        if (!CU_CHECK(CU(cuDeviceGetAttribute)(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, e->dev))) return false;
-        if (sms > 0 && (uint64_t)sms * l->per_sm < x->grid[0]) x->grid[0] = (unsigned)sms * l->per_sm;
-    }
+    if (l->per_sm && e->sms > 0 && (uint64_t)e->sms * l->per_sm < x->grid[0]) x->grid[0] = (unsigned)e->sms * l->per_sm;
     x->block = l->block;
     x->smem = l->smem;
     if (!exec_resolve(e, l, &x->args, e->scratch)) return false;
@@ -536,6 +532,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     int major = 0, minor = 0;
     CU(cuDeviceGetAttribute)(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, e->dev);
     CU(cuDeviceGetAttribute)(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, e->dev);
+    CU(cuDeviceGetAttribute)(&e->sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, e->dev);
     if (major != 9 || minor != 0) {
         rt_error("--device cuda: %s has compute capability %d.%d; the kernels are built for "
                  "sm_90a (H100, H200)", e->name, major, minor);

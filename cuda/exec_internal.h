@@ -157,6 +157,7 @@ struct CudaExec {
     RtMemory host;
     Arena *arena;
     CUdevice dev;
+    int sms;                              /* its multiprocessors (CuLaunch.per_sm) */
     CUcontext ctx;
     CUstream stream;
     CUmodule modules[CUDA_MAX_MODULES];   /* the binary's cubins (module_set.c) */
