@@ -524,9 +524,9 @@ static unsigned norm_min_blocks_smem(unsigned threads, int nv, unsigned smem) {
 /* The fused norm backward of long rows, a block a row (norm.cuh, ck_norm_bwd_block; the choice
  * norm.bwd_block, per node, on unless 0): rows of more than NORM_BLOCK_COLS columns, whole
  * vectors, at most NORM_BLOCK_VPT vectors a thread in blocks of up to 256 threads. Its vectors
- * a thread, 0 where the row does not take it. A grid of NORM_BLOCK_GRID blocks (8 KB of
- * partials per 1024 columns each), four of 256 threads an SM: 64 registers a thread. */
-enum { NORM_BLOCK_COLS = 1024, NORM_BLOCK_VPT = 4, NORM_BLOCK_GRID = 512 };
+ * a thread, 0 where the row does not take it. Rows of 768 (GPT-2 d12) take it too since a
+ * row costs one block sum: measured against a warp a row in docs/results.md "(p)". */
+enum { NORM_BLOCK_COLS = 512, NORM_BLOCK_VPT = 4, NORM_BLOCK_SMS = 128 };
 static int norm_block_vpt(const Spec *s, const Node *site, int64_t C) {
     if (C <= NORM_BLOCK_COLS || C % 8 || (s->g && !ir_choice_on(s->g, "norm.bwd_block", site))) return 0;
     int64_t vpt = (C / 8 + 255) / 256;
@@ -539,11 +539,19 @@ static CuLaunch *norm_grads_block(Spec *s, const NormGrads *ng, int vpt, const c
     const Node *x = ng->bx->in[1];
     int64_t R = rows_of(&x->t), C = cols_of(&x->t);
     unsigned threads = (unsigned)(((C / 8 + vpt - 1) / vpt + 31) / 32 * 32);
-    *P = R < NORM_BLOCK_GRID ? R : NORM_BLOCK_GRID;
+    /* A vector a thread: launch bounds of 32 warps an SM, 64 registers a thread; 28 for the
+     * short rows' blocks of three warps (rows of 768), which spilled 72 bytes a thread at 64.
+     * The grid: as many blocks as 128 SMs hold at once, each taking every P-th row, and no
+     * more than the result's block maxima have slots (arg_amax_parts would cap the grid below
+     * the partials' count P). */
+    unsigned blocks = vpt == 1 ? (threads >= 128 ? 1024 : 896) / threads : 0;
+    int64_t grid = NORM_BLOCK_SMS * (blocks ? blocks : 4);
+    if (grid > CK_AMAX_PARTS) grid = CK_AMAX_PARTS;
+    *P = R < grid ? R : grid;
     need_scratch(s, *P * C * 4 * (ng->sum ? 2 : 1));
     CuLaunch *l = spec_launch(s, "normbwd", (unsigned)*P, threads, "ck_norm_bwd_block<%d, %d, %d, %s>(a)",
                               ng->bx->op == OP_LAYERNORM_BWD_X, ng->sum != NULL, vpt, fmts);
-    l->min_blocks = vpt == 1 ? 1024 / threads : 0;
+    l->min_blocks = blocks;
     return l;
 }
 

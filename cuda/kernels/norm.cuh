@@ -741,37 +741,56 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
  * memory, read and written once per element, with three warps an SM's worth of rows in
  * flight, and the pass moved about 1.0 TB/s. Here the block's threads share a row, thread t
  * taking vectors t, t + blockDim.x, .. (VPT of them), so that its columns are the same in every
- * row and their sums stay in registers: VPT x CK_VEC floats (twice with a bias). A row's three
- * sums (LayerNorm: the mean, then the squared deviations, then sum(g) and sum(g xhat); RMSNorm
- * the last two) are block sums: each warp's shuffle sum, then every thread adds the warps'
- * in order (the same bits every run). The next row's x and dy are loaded while this one is
- * worked on, as stored. Block b leaves row b of the partials in scratch for ck_norm_grads_final, as
- * ck_norm_bwd_fused does, and the other arguments are its own:
+ * row and their sums stay in registers: VPT x CK_VEC floats (twice with a bias).
+ *
+ * A thread holds only a vector or two of a row, so what a row costs besides its elements
+ * decides the pass: each block sum is a warp's shuffles, a barrier and every warp's part read
+ * back. With the mean, the squared deviations and then sum(g), sum(g xhat) as three block sums
+ * (and seven f32 divisions), ncu put d48's pass (rows of 1600) at 91 instructions an element
+ * and 55% of the issue slots, 1.5 TB/s. So a row takes one block sum, of four values at once:
+ * sum(x - K), sum((x - K)^2), sum(g) and sum(g (x - K)), with K the row's first element, from
+ * which
+ *   mean = K + sum(x - K) / C,   var = sum((x - K)^2) / C - (mean - K)^2,
+ *   sum(g xhat) = rstd (sum(g (x - K)) - (mean - K) sum(g)).
+ * The shift keeps the subtraction's loss small: no element lies further from the mean than
+ * sqrt(C var), so var loses at most a factor C (2^11 for rows of 2048) of f32's 2^-24, and a
+ * typical row far less (the tests hold dx to a bf16 rounding of the reference's f64). RMSNorm
+ * takes sum(x^2) and sum(g x) alone. The four sums go through a warp as a reduce-scatter (six
+ * shuffles, not twenty: each lane keeps one of the four sums after two rounds) into a slot of
+ * the row's parity, so the next row's sums never overwrite one still being read: one barrier
+ * a row. Every sum adds in a fixed order: the same bits every run.
+ *
+ * The next row's x, dy, its first element and the other term are loaded while this one is
+ * worked on, as stored. Block b leaves row b of the partials in scratch for
+ * ck_norm_grads_final, as ck_norm_bwd_fused does, and the other arguments are its own:
  * t = {Y (the sum, or dx), dy, x, w, the other term (RES > 0), dx's tensor (its format)};
  * i = {C, R, RES: 0 none, 1 the other term is the ADD_N's first input, 2 its second};
  * f = {eps}; scratch: f32 partials [gridDim.x][C] of the weight, then of the bias. */
+/* The warp's sums of a lane's four values v into the block's slots at `slot` (4 floats a
+ * warp): after the reduce-scatter, lanes 8q .. 8q + 7 all hold the warp's sum of component q,
+ * each from the same additions (an exchange adds the same two values in either lane). */
+static __device__ __forceinline__ void ck_warp_sums4_to(float4 v, float *slot) {
+    int lane = threadIdx.x & 31;
+    bool hi = lane & 16, h8 = lane & 8;
+    float k0 = hi ? v.z : v.x, k1 = hi ? v.w : v.y;   /* kept: x, y below lane 16; z, w from it */
+    float g0 = hi ? v.x : v.z, g1 = hi ? v.y : v.w;
+    k0 += __shfl_xor_sync(0xffffffffu, g0, 16);
+    k1 += __shfl_xor_sync(0xffffffffu, g1, 16);
+    float k = h8 ? k1 : k0, g = h8 ? k0 : k1;
+    k += __shfl_xor_sync(0xffffffffu, g, 8);
+    #pragma unroll
+    for (int o = 4; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
+    if ((lane & 7) == 0) slot[(threadIdx.x >> 5) * 4 + (lane >> 3)] = k;
+}
 template <int LN, int HB, int VPT, class Y, class DY, class X, class W, class RS, class BX>
 __device__ void ck_norm_bwd_block(const CkArgs &a) {
-    __shared__ float2 sums[3][32];
+    __shared__ __align__(16) float sums[2][32 * 4];
     i64 C = a.i[0], R = a.i[1];
     int res = (int)a.i[2];
     const CkTensor &dy = a.t[1], &x = a.t[2], &w = a.t[3];
     bool vec = DY::vec_ok(dy) && X::vec_ok(x) && W::vec_ok(w) && Y::vec_ok(a.t[0]) && (!res || RS::vec_ok(a.t[4]));
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    /* the block's sum of (v.x, and with both v.y), every thread getting it; sum k of a row
-     * uses its own slots, so a slot is written again only after every thread read it */
-    auto block_sum = [&](int k, float2 v, bool both) {
-        v.x = ck_warp_sum(v.x);
-        if (both) v.y = ck_warp_sum(v.y);
-        if (lane == 0) sums[k][warp] = v;
-        __syncthreads();
-        float2 s = make_float2(0.0f, 0.0f);
-        for (int i = 0; i < warps; i++) {
-            s.x += sums[k][i].x;
-            if (both) s.y += sums[k][i].y;
-        }
-        return s;
-    };
+    int warps = blockDim.x >> 5;
+    const float inv_c = 1.0f / (float)C;
     auto column = [&](int k) { return ((i64)k * blockDim.x + threadIdx.x) * CK_VEC; };
     float gw[VPT][CK_VEC], gb[HB ? VPT : 1][CK_VEC], xv[VPT][CK_VEC], dv[VPT][CK_VEC], m = 0.0f;
     #pragma unroll
@@ -781,22 +800,36 @@ __device__ void ck_norm_bwd_block(const CkArgs &a) {
             gw[k][j] = 0.0f;
             if (HB) gb[HB ? k : 0][j] = 0.0f;
         }
-    /* the next row's x and dy as stored (a bf16 vector is four registers, eight decoded),
-     * fetched where vectors may be read whole; decoded into xv and dv when its turn comes */
-    typename X::Raw xn[VPT];
+    /* the next row's x and dy as stored (a bf16 vector is four registers, eight decoded), and
+     * the first word of its first vector (its first element), fetched where vectors may be read
+     * whole; decoded when its turn comes */
+    typename X::Raw xn[VPT], kn = {};
     typename DY::Raw dn[VPT];
     auto fetch = [&](i64 r) {
+        if (!vec || r >= R) return;
+        if (LN) *(unsigned *)&kn = *(const unsigned *)((const char *)x.p + r * C * ElemBytes<X::elem>::n);
         #pragma unroll
         for (int k = 0; k < VPT; k++) {
             i64 c = column(k);
-            if (vec && r < R && c < C) {
+            if (c < C) {
                 ck_raw_vec<X>(x.p, ck_vec_index(r * C + c), xn[k]);
                 ck_raw_vec<DY>(dy.p, ck_vec_index(r * C + c), dn[k]);
             }
         }
     };
     fetch(blockIdx.x);
-    for (i64 r = blockIdx.x; r < R; r += gridDim.x) {
+    int parity = 0;
+    for (i64 r = blockIdx.x; r < R; r += gridDim.x, parity ^= 1) {
+        float shift = 0.0f;
+        if (LN) {
+            if (vec) {
+                float kv[CK_VEC];
+                X::decode_vec(x, r * C, kn, kv);
+                shift = kv[0];
+            } else {
+                shift = X::ld(x, r * C);
+            }
+        }
         #pragma unroll
         for (int k = 0; k < VPT; k++) {
             i64 c = column(k);
@@ -810,27 +843,8 @@ __device__ void ck_norm_bwd_block(const CkArgs &a) {
             }
         }
         fetch(r + gridDim.x);
-        /* mean and rstd, two passes over the row held in registers as ck_row_load_stats */
-        float s = 0.0f, q = 0.0f, mean = 0.0f;
-        if (LN) {
-            #pragma unroll
-            for (int k = 0; k < VPT; k++)
-                if (column(k) < C)
-                    #pragma unroll
-                    for (int j = 0; j < CK_VEC; j++) s += xv[k][j];
-            mean = block_sum(0, make_float2(s, 0.0f), false).x / (float)C;
-        }
-        #pragma unroll
-        for (int k = 0; k < VPT; k++)
-            if (column(k) < C)
-                #pragma unroll
-                for (int j = 0; j < CK_VEC; j++) {
-                    float d = xv[k][j] - mean;
-                    q = fmaf(d, d, q);
-                }
-        float rstd = 1.0f / sqrtf(block_sum(1, make_float2(q, 0.0f), false).x / (float)C + (float)a.f[0]);
-        /* sum(g) and sum(g xhat) of the row, g = dy w; the columns' sums of dy xhat and dy */
-        float sgf = 0.0f, sgxf = 0.0f;
+        /* the row's four sums about its first element (RMSNorm: about 0, no sum(x), no sum(g)) */
+        float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         #pragma unroll
         for (int k = 0; k < VPT; k++) {
             i64 c = column(k);
@@ -839,27 +853,37 @@ __device__ void ck_norm_bwd_block(const CkArgs &a) {
             ck_ld8<W>(w, c, wv, vec);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
-                float g = dv[k][j] * wv[j], xh = (xv[k][j] - mean) * rstd;
-                sgf += g;
-                sgxf = fmaf(g, xh, sgxf);
-                gw[k][j] += dv[k][j] * xh;
-                if (HB) gb[HB ? k : 0][j] += dv[k][j];
+                float d = xv[k][j] - shift, g = dv[k][j] * wv[j];
+                if (LN) t.x += d, t.z += g;
+                t.y = fmaf(d, d, t.y);
+                t.w = fmaf(g, d, t.w);
             }
         }
-        float2 t = block_sum(2, make_float2(sgf, sgxf), true);
-        float mg = LN ? t.x / (float)C : 0.0f, mgx = t.y / (float)C;
+        ck_warp_sums4_to(t, sums[parity]);
+        __syncthreads();
+        t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int i = 0; i < warps; i++) {
+            float4 p = ((const float4 *)sums[parity])[i];
+            t.x += p.x, t.y += p.y, t.z += p.z, t.w += p.w;
+        }
+        float dm = LN ? t.x * inv_c : 0.0f;   /* mean - K */
+        float var = fmaxf(t.y * inv_c - dm * dm, 0.0f);
+        float rstd = rsqrtf(var + (float)a.f[0]), mean = shift + dm;
+        float mg = LN ? t.z * inv_c : 0.0f, mgx = rstd * fmaf(-dm, t.z, t.w) * inv_c;
         #pragma unroll
         for (int k = 0; k < VPT; k++) {
             i64 c = column(k);
             if (c >= C) continue;
             float wv[CK_VEC], o[CK_VEC], out[CK_VEC];
             ck_ld8<W>(w, c, wv, vec);
-            if (res) ck_ld8<RS>(a.t[4], r * C + c, o, vec);
-            /* dx as ck_norm_bwd_fused's last loop makes it; the two loops stay apart: as one
-             * inline function the rows of 2048 spilled 8 bytes a thread here (ptxas, sm_90a) */
+            if (res) {
+                ck_ld8<RS>(a.t[4], r * C + c, o, vec);
+            }
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
                 float g = dv[k][j] * wv[j], xh = (xv[k][j] - mean) * rstd;
+                gw[k][j] = fmaf(dv[k][j], xh, gw[k][j]);
+                if (HB) gb[HB ? k : 0][j] += dv[k][j];
                 out[j] = rstd * (g - mg - xh * mgx);
                 if (res) {
                     double dx = BX::round(a.t[5], r * C + c + j, out[j]);

@@ -624,23 +624,26 @@ static void test_cast_transposes(void **s) {
  * The nodes of a norm's backward that read the same dy and x — the input gradient, the weight's
  * and the bias's gradients, and the ADD_N of the input gradient and another term — run as one
  * fused pass (spec_fuse.c, fuse_norm_grads): the other nodes' places run nothing. Run in
- * order, every result must match the reference, over fresh rows: rows of up to 1024 take a
+ * order, every result must match the reference, over fresh rows: rows of up to 512 take a
  * warp each (ck_norm_bwd_fused), longer ones a block each (ck_norm_bwd_block, the choice
- * norm.bwd_block) or, with the choice off for the node, a warp each again. A LayerNorm of
- * GPT-2 d12's row length with its sum (the other term first); a Llama-length RMSNorm with no
- * sum; a LayerNorm of GPT-2 d48's 1600 (200 vectors in blocks of 224 threads) with its sum
- * (the other term second); an RMSNorm of 4096 (two vectors a thread) with a sum; the
- * Llama-length RMSNorm with a sum, a warp a row. */
+ * norm.bwd_block) or, with the choice off for the node, a warp each again. A LayerNorm of 384
+ * with its sum (the other term first); GPT-2 d12's 768 (blocks of 96 threads) with its sum,
+ * and again a warp a row with the other term second; a Llama-length RMSNorm with no sum; a
+ * LayerNorm of GPT-2 d48's 1600 (200 vectors in blocks of 224 threads) with its sum (the
+ * other term second); an RMSNorm of 4096 (two vectors a thread) with a sum; the Llama-length
+ * RMSNorm with a sum, a warp a row. */
 typedef struct {
     const char *name, *kernel;
     Node *members[4];   /* in schedule order */
     int n;
 } NormGroup;
-enum { NORM_GROUPS = 5 };
+enum { NORM_GROUPS = 7 };
 static NormGroup norm_groups[NORM_GROUPS];
 
 static void build_norm_grads(void) {
-    int64_t R = gt_int(1, 600);
+    /* more rows than a grid of blocks a row has blocks (1024 at most): blocks take two rows
+     * or three, whose block sums alternate between two slots */
+    int64_t R = gt_int(1200, 3000);
     static const struct {
         const char *name, *kernel;
         int64_t C;
@@ -648,7 +651,9 @@ static void build_norm_grads(void) {
         int sum;   /* 0: none, 1: the other term first, 2: second */
         bool warps;
     } shapes[NORM_GROUPS] = {
-        {"layernorm 768 backward + bias + sum", "ck_norm_bwd_fused<", 768, true, 1, false},
+        {"layernorm 384 backward + bias + sum", "ck_norm_bwd_fused<", 384, true, 1, false},
+        {"layernorm 768 backward + bias + sum", "ck_norm_bwd_block<", 768, true, 1, false},
+        {"layernorm 768 backward + bias + sum, a warp a row", "ck_norm_bwd_fused<", 768, true, 2, true},
         {"rmsnorm 2048 backward", "ck_norm_bwd_block<", 2048, false, 0, false},
         {"layernorm 1600 backward + bias + sum", "ck_norm_bwd_block<", 1600, true, 2, false},
         {"rmsnorm 4096 backward + sum", "ck_norm_bwd_block<", 4096, false, 1, false},
