@@ -31,29 +31,46 @@ template <int BYTES> __device__ void ck_transpose(const CkArgs &a) {
         if (c0 + k < C && r0 + tx < R) out[(c0 + k) * R + r0 + tx] = tile[tx][k];
 }
 
+/* A 16 x 4 block of bytes transposed: the word at col[0] and the 15 below it, `pitch` words
+ * apart (rows of bytes, four columns a word), into o[j], the 16 bytes of column j (o[j][i]
+ * holds rows 4i .. 4i + 3): sixteen word loads and 32 byte permutes, where gathering a byte at
+ * a time takes a load, a shift and an or for each byte. */
+static __device__ __forceinline__ void ck_bytes_t16x4(const unsigned *col, int pitch, unsigned (&o)[4][4]) {
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned a0 = col[(4 * i) * pitch], a1 = col[(4 * i + 1) * pitch];
+        unsigned a2 = col[(4 * i + 2) * pitch], a3 = col[(4 * i + 3) * pitch];
+        unsigned lo01 = __byte_perm(a0, a1, 0x5140), hi01 = __byte_perm(a0, a1, 0x7362);
+        unsigned lo23 = __byte_perm(a2, a3, 0x5140), hi23 = __byte_perm(a2, a3, 0x7362);
+        o[0][i] = __byte_perm(lo01, lo23, 0x5410), o[1][i] = __byte_perm(lo01, lo23, 0x7632);
+        o[2][i] = __byte_perm(hi01, hi23, 0x5410), o[3][i] = __byte_perm(hi01, hi23, 0x7632);
+    }
+}
+
 /* The same for 1-byte elements (the FP8 operands of the backward GEMMs), where a thread per
  * byte would leave the bandwidth idle: 64 x 64 tiles, each thread moving 4-byte words (rows
  * and columns multiples of 4; single bytes otherwise); 256 threads. Both global reads and
  * writes go a row at a time (16 threads, 64 bytes); the tile's rows are 65 bytes apart, so the
  * transposed reads of one warp fall in different banks. */
 /* rows and columns multiples of 16 (the FP8 GEMM operands): 16-byte global loads and stores,
- * a thread taking a quarter of a tile row; the tile's rows are 68 bytes apart (at most two
- * threads of a warp on one bank either way) */
+ * a load taking a quarter of a tile row; the tile's rows are 68 bytes apart (the loads' words:
+ * at most two threads of a warp on one bank) */
 /* the 64 x 64 byte tile (rows of 68 bytes in shared memory) at (r0, c0) of an (R, C) matrix,
- * written transposed into out (C, R), 16 bytes a thread (R and C multiples of 16) */
+ * written transposed into out (C, R), 16 bytes a store (R and C multiples of 16). A thread
+ * takes a word column w of the tile (its columns 4w .. 4w + 3) over 16 rows and stores four
+ * output rows of 16 bytes (ck_bytes_t16x4). Gathered a byte at a time, the transposed store
+ * took about a third of the cast-transposes' instructions, and those kernels are bound by
+ * their instructions (ncu, an H200). A warp's 32 word reads fall in 32 banks (rows 17 words
+ * apart). */
 static __device__ void ck_tile_store_t(const unsigned (*tile)[17], unsigned char *out, i64 R, i64 C, i64 r0, i64 c0) {
-    const unsigned char *bytes = (const unsigned char *)tile;
-    for (int k = threadIdx.x; k < 64 * 4; k += blockDim.x) {
-        int orow = k >> 2, q = k & 3;   /* output row c0 + orow, columns r0 + 16 q .. + 15 */
-        if (c0 + orow >= C || r0 + q * 16 >= R) continue;
-        unsigned w[4];
+    for (int k = threadIdx.x; k < 16 * 4; k += blockDim.x) {
+        int w = k & 15, q = k >> 4;   /* the tile's columns 4w .. 4w + 3, its rows 16q .. 16q + 15 */
+        if (c0 + 4 * w >= C || r0 + q * 16 >= R) continue;
+        unsigned o[4][4];
+        ck_bytes_t16x4(&tile[q * 16][w], 17, o);
         #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            w[j] = 0;
-            #pragma unroll
-            for (int b = 0; b < 4; b++) w[j] |= (unsigned)bytes[(q * 16 + j * 4 + b) * 68 + orow] << (8 * b);
-        }
-        *(uint4 *)(out + (c0 + orow) * R + r0 + q * 16) = make_uint4(w[0], w[1], w[2], w[3]);
+        for (int j = 0; j < 4; j++)
+            *(uint4 *)(out + (c0 + 4 * w + j) * R + r0 + q * 16) = make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
     }
 }
 
