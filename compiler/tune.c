@@ -543,7 +543,7 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             {"cuda.pdl", "each kernel launched while the one before it ends (programmatic dependent launch)",
              {"0", "1"}},
             {"norm.stage", "the norms' rows staged through shared memory, the next one in flight", {"1", "0"}},
-            {"norm.bwd_block", "a norm backward's rows of over 1024 columns a block each (0: a warp each)", {"1", "0"}},
+            {"norm.bwd_block", "a norm backward's rows of over 512 columns a block each (0: a warp each)", {"1", "0"}},
         };
         for (size_t i = 0; i < sizeof kernels / sizeof *kernels; i++) {
             p = &out[n++];
