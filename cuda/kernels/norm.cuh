@@ -760,8 +760,9 @@ __device__ void ck_norm_bwd_fused(const CkArgs &a) {
  * the row's parity, so the next row's sums never overwrite one still being read: one barrier
  * a row. Every sum adds in a fixed order: the same bits every run.
  *
- * The next row's x, dy, its first element and the other term are loaded while this one is
- * worked on, as stored. Block b leaves row b of the partials in scratch for
+ * The next row's x, dy and first element are loaded while this one is worked on, as stored;
+ * the other term is read when dx is made (fetched ahead too, its registers spilled at rows
+ * of 768 to 2048, ptxas sm_90a). Block b leaves row b of the partials in scratch for
  * ck_norm_grads_final, as ck_norm_bwd_fused does, and the other arguments are its own:
  * t = {Y (the sum, or dx), dy, x, w, the other term (RES > 0), dx's tensor (its format)};
  * i = {C, R, RES: 0 none, 1 the other term is the ADD_N's first input, 2 its second};
@@ -876,9 +877,7 @@ __device__ void ck_norm_bwd_block(const CkArgs &a) {
             if (c >= C) continue;
             float wv[CK_VEC], o[CK_VEC], out[CK_VEC];
             ck_ld8<W>(w, c, wv, vec);
-            if (res) {
-                ck_ld8<RS>(a.t[4], r * C + c, o, vec);
-            }
+            if (res) ck_ld8<RS>(a.t[4], r * C + c, o, vec);
             #pragma unroll
             for (int j = 0; j < CK_VEC; j++) {
                 float g = dv[k][j] * wv[j], xh = (xv[k][j] - mean) * rstd;
