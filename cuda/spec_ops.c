@@ -533,44 +533,41 @@ static int norm_block_vpt(const Spec *s, const Node *site, int64_t C) {
     return vpt <= NORM_BLOCK_VPT ? (int)vpt : 0;
 }
 
-/* The launch of a fused norm backward's rows, a block a row (vpt vectors a thread), and the
- * count of its blocks, the partials' rows, at *P */
-static CuLaunch *norm_grads_block(Spec *s, const NormGrads *ng, int vpt, const char *fmts, int64_t *P) {
+/* The launch of a fused norm backward's rows, a block a row (vpt vectors a thread) */
+static CuLaunch *norm_grads_block(Spec *s, const NormGrads *ng, int vpt, const char *fmts) {
     const Node *x = ng->bx->in[1];
     int64_t R = rows_of(&x->t), C = cols_of(&x->t);
     unsigned threads = (unsigned)(((C / 8 + vpt - 1) / vpt + 31) / 32 * 32);
     /* A vector a thread: launch bounds of 32 warps an SM, 64 registers a thread; 28 for the
      * short rows' blocks of three warps (rows of 768), which spilled 72 bytes a thread at 64.
-     * The grid: as many blocks as 128 SMs hold at once, each taking every P-th row, and no
-     * more than the result's block maxima have slots (arg_amax_parts would cap the grid below
-     * the partials' count P). */
+     * The grid: as many blocks as 128 SMs hold at once, each taking every gridDim.x-th row,
+     * and no more than a result's block maxima have slots, so that the norms with them and
+     * those without run the same grid (d12's rows: 1024 blocks of the 1152). */
     unsigned blocks = vpt == 1 ? (threads >= 128 ? 1024 : 896) / threads : 0;
     int64_t grid = NORM_BLOCK_SMS * (blocks ? blocks : 4);
     if (grid > CK_AMAX_PARTS) grid = CK_AMAX_PARTS;
-    *P = R < grid ? R : grid;
-    need_scratch(s, *P * C * 4 * (ng->sum ? 2 : 1));
-    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)*P, threads, "ck_norm_bwd_block<%d, %d, %d, %s>(a)",
-                              ng->bx->op == OP_LAYERNORM_BWD_X, ng->sum != NULL, vpt, fmts);
+    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)(R < grid ? R : grid), threads,
+                              "ck_norm_bwd_block<%d, %d, %d, %s>(a)", ng->bx->op == OP_LAYERNORM_BWD_X,
+                              ng->sum != NULL, vpt, fmts);
     l->min_blocks = blocks;
     return l;
 }
 
 /* The same, a warp a row (ck_norm_bwd_fused): x, dy and the other term staged; without the
  * other term where all three would not leave room for two blocks an SM (Llama's rows of 2048) */
-static CuLaunch *norm_grads_warps(Spec *s, const NormGrads *ng, int nv, const Node *other, const char *fmts,
-                                  int64_t *P) {
+static CuLaunch *norm_grads_warps(Spec *s, const NormGrads *ng, int nv, const Node *other, const char *fmts) {
     const Node *bx = ng->bx, *dy = bx->in[0], *x = bx->in[1];
-    int64_t R = rows_of(&x->t), C = cols_of(&x->t);
+    int64_t R = rows_of(&x->t);
     const Tensor *staged[3] = {&x->t, &dy->t, other ? &other->t : NULL};
     unsigned sums = (unsigned)(NORM_GRAD_THREADS / 32 * (ng->sum ? 2 : 1) * nv * 32 * 8 * 4);   /* each warp's */
     int tensors = other ? 3 : 2, st = norm_stage(s, bx, nv, NORM_GRAD_THREADS, staged, tensors, sums);
     if (!st && other) st = norm_stage(s, bx, nv, NORM_GRAD_THREADS, staged, tensors = 2, sums);
-    /* a warp a row, the grid capped (a warp then takes every P-th row): staged or not, the same
-     * rows of each warp, so the same order of the column sums and the same bits */
-    *P = (R + NORM_GRAD_THREADS / 32 - 1) / (NORM_GRAD_THREADS / 32);
-    if (*P > NORM_GRAD_BLOCKS) *P = NORM_GRAD_BLOCKS;
-    need_scratch(s, *P * C * 4 * (ng->sum ? 2 : 1));
-    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)*P, NORM_GRAD_THREADS,
+    /* a warp a row, the grid capped (a warp then steps over the rows by the grid's warps):
+     * staged or not, the same rows of each warp, so the same order of the column sums and the
+     * same bits */
+    int64_t grid = (R + NORM_GRAD_THREADS / 32 - 1) / (NORM_GRAD_THREADS / 32);
+    if (grid > NORM_GRAD_BLOCKS) grid = NORM_GRAD_BLOCKS;
+    CuLaunch *l = spec_launch(s, "normbwd", (unsigned)grid, NORM_GRAD_THREADS,
                               "ck_norm_bwd_fused<%d, %d, %d, %d, %s>(a)", bx->op == OP_LAYERNORM_BWD_X,
                               ng->sum != NULL, nv, st, fmts);
     /* each warp's column sums, then the rings of the staged rows */
@@ -586,7 +583,7 @@ static CuLaunch *norm_grads_warps(Spec *s, const NormGrads *ng, int nv, const No
 
 bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     const Node *bx = ng->bx, *y = ng->add ? ng->add : bx, *dy = bx->in[0], *x = bx->in[1];
-    int64_t R = rows_of(&x->t), C = cols_of(&x->t), P;
+    int64_t R = rows_of(&x->t), C = cols_of(&x->t);
     int nv = row_vectors(C), vpt = norm_block_vpt(s, bx, C);
     if (!nv && !vpt) return spec_fail(s, "a norm row of %lld fits neither kernel of a norm's backward", (long long)C);
     bool ln = bx->op == OP_LAYERNORM_BWD_X;
@@ -595,7 +592,7 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     char fmts[256];
     snprintf(fmts, sizeof fmts, "%s, %s, %s, %s, %s, %s", fmt_arg(s, &y->t), fmt_arg(s, &dy->t), fmt_arg(s, &x->t),
              fmt_arg(s, &bx->in[2]->t), other ? fmt_arg(s, &other->t) : F32_ARG, fmt_arg(s, &bx->t));
-    CuLaunch *l = vpt ? norm_grads_block(s, ng, vpt, fmts, &P) : norm_grads_warps(s, ng, nv, other, fmts, &P);
+    CuLaunch *l = vpt ? norm_grads_block(s, ng, vpt, fmts) : norm_grads_warps(s, ng, nv, other, fmts);
     arg_node(l, 0, y);
     for (int k = 0; k < 3; k++) arg_node(l, 1 + k, bx->in[k]);
     if (other) arg_node(l, 4, other);
@@ -605,6 +602,10 @@ bool plan_norm_grads(Spec *s, const NormGrads *ng) {
     l->args.i[0] = C, l->args.i[1] = R, l->args.i[2] = res;
     l->args.f[0] = ln ? IR_FATTR(bx, LAYERNORM_BWD_X, eps) : IR_FATTR(bx, RMSNORM_BWD_X, eps);
     arg_amax_parts(s, l, y);
+    /* each block leaves a row of partials: P, the grid as launched (arg_amax_parts may have
+     * capped it at the block maxima's slots; the blocks stride over the rows either way) */
+    int64_t P = l->grid[0];
+    need_scratch(s, P * C * 4 * (ng->sum ? 2 : 1));
     /* the columns: the weight's gradient (or its accumulator), then the bias's */
     const Node *tw = ng->acc_w ? ng->acc_w->in[0] : ng->bw, *tb = ng->acc_b ? ng->acc_b->in[0] : ng->sum;
     l = spec_launch(s, "normgrads", (unsigned)((C + 31) / 32), 1024, "ck_norm_grads_final<%d, %s, %s, %d, %s, %s>(a)",
