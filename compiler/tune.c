@@ -538,6 +538,8 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             {"attn.dkv_rows", "keys of a block of the attention's dk/dv pass", {"64", "128"}},
             {"attn.head_group", "heads whose attention blocks run together (0: heaviest first)", {"0", "32"}},
             {"attn.dkv_split", "parts of a dk/dv step's 64 queries (2: three blocks an SM)", {"2", "1"}},
+            {"attn.dkv_parts", "blocks a key tile's dk/dv steps are cut into (0: the balance rule)",
+             {"0", "1", "2", "4"}},
             {"ce.threads", "threads of the loss's row blocks", {"512", "1024", "256"}},
             {"ce.exp2", "the loss's exponentials as ex2.approx", {"1", "0"}},
             {"cuda.pdl", "each kernel launched while the one before it ends (programmatic dependent launch)",

@@ -133,6 +133,9 @@ typedef struct {
     int attn_dkv_split;
     /* dq computed by the dk/dv pass, no dq pass (the choice attn.dq_in_dkv; attn_wgmma.cuh, ONE) */
     bool attn_dq_in_dkv;
+    /* blocks a key tile's dk/dv steps are cut into, 0 for the balance rule (the choice
+     * attn.dkv_parts; attn_wgmma.cuh, PARTS) */
+    int attn_dkv_parts;
 } Spec;
 
 static inline int64_t rows_of(const Tensor *t) {

@@ -826,6 +826,29 @@ static void attn_args(CuLaunch *l, const Node *n, bool packed, const int64_t *sz
     l->args.f[0] = IR_FATTR(n, ATTENTION, scale);
 }
 
+/* The parts of a wgmma dk/dv block's steps (attn_wgmma.cuh, PARTS): the choice
+ * attn.dkv_parts where set, else the balance rule. A block of key tile kt walks the group's
+ * query heads over the query tiles at and after it; its blocks run heaviest first on
+ * ATTN_PLAN_SMS SMs, three blocks an SM (two where a step is whole, one for blocks of two
+ * warpgroups). The pass takes at least as long as its longest block, so the rule halves the
+ * blocks until the longest has at most half the steps that each place on the GPU gets on
+ * average, at most eight parts. Llama 1.1B at 4 x 2048 takes 4 (its longest block 256 steps
+ * whole, 171 a place on average; a simulation of the heaviest-first order put the pass at 0.67
+ * of its work's balance whole, 0.97 in four parts); GPT-2 d12 and d48, whose heads are their own
+ * groups and whose longest blocks take 16 steps, take 1. */
+enum { ATTN_PLAN_SMS = 132 };
+static int dkv_parts(const Spec *s, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+    if (s->attn_dkv_parts) return s->attn_dkv_parts;
+    int64_t rows = 64 * s->attn_dkv_wgs, n_kt = (T + rows - 1) / rows, grp = H / Hkv, steps = 0;
+    for (int64_t kt = 0; kt < n_kt; kt++) steps += grp * ((T - kt * rows + 63) / 64);
+    int64_t per_sm = s->attn_dkv_wgs == 2 ? 1 : s->attn_dkv_split == 2 && D == 64 ? 3 : 2;
+    double place = (double)(B * Hkv * steps) / (double)(ATTN_PLAN_SMS * per_sm);
+    int64_t longest = grp * ((T + 63) / 64);
+    int parts = 1;
+    while (parts < 8 && (double)longest / parts > place / 2) parts *= 2;
+    return parts;
+}
+
 bool plan_attention(Spec *s) {
     const Node *n = s->n;
     if (!check_io(s, n, true)) return false;
@@ -922,7 +945,15 @@ bool plan_attention(Spec *s) {
     bool one = s->attn_wgmma && s->attn_wgmma_bwd && s->attn_dq_in_dkv && D == 64 && s->attn_dkv_wgs == 1 &&
                tc && ysaved && ir_attention_lse_offset(ysaved);
     int64_t counters = ((B * H * ((T + 63) / 64) + 1) * 4 + 255) / 256 * 256;
-    need_scratch(s, 2 * B * H * T * 4 + (one ? counters + B * H * T * 64 * 4 : 0));
+    /* a key tile's dk/dv steps in parts (attn.dkv_parts; attn_wgmma.cuh, PARTS): after lse and
+     * Dt, a ticket per key tile (B Hkv ceil(T / 64), zeroed by the dq pass), then each part's
+     * f32 sums of dk and dv, D floats a thread */
+    bool wg_bwd = tc && s->attn_wgmma && s->attn_wgmma_bwd && (D == 64 || D == 128);
+    int parts = wg_bwd && !one ? dkv_parts(s, B, T, H, Hkv, D) : 1;
+    int64_t tickets = (B * Hkv * ((T + 63) / 64) * 4 + 255) / 256 * 256;
+    int64_t dkv_tiles = B * Hkv * ((T + 64 * s->attn_dkv_wgs - 1) / (64 * s->attn_dkv_wgs));
+    need_scratch(s, 2 * B * H * T * 4 + (one ? counters + B * H * T * 64 * 4 : 0) +
+                        (parts > 1 ? tickets + dkv_tiles * parts * D * 128 * s->attn_dkv_wgs * 4 : 0));
     if (ysaved && ir_attention_lse_offset(ysaved)) {
         /* the forward stored lse after y: the statistics are Dt = dy . y and a copy */
         /* as ck_attn_stat_lanes: 32 / lanes rows per warp, 8 warps */
@@ -945,7 +976,6 @@ bool plan_attention(Spec *s) {
      * blocks of WGS warpgroups (128 WGS threads) own 64 WGS query rows (dq) or keys (dk/dv);
      * shared memory as CkWgBwd<D, WGS> (1 KiB of alignment slack, the block's two whole tiles,
      * the stepped pair twice, for dk/dv their lse and Dt twice) */
-    bool wg_bwd = wg && s->attn_wgmma_bwd;
     char dq[64], dkv[64];
     snprintf(dq, sizeof dq, "%s<%lld", tc ? "ck_attn_tc_dq" : "ck_attn_dq", (long long)D);
     snprintf(dkv, sizeof dkv, "%s<%lld", tc ? "ck_attn_tc_dkv" : "ck_attn_dkv", (long long)D);
@@ -957,13 +987,16 @@ bool plan_attention(Spec *s) {
         snprintf(dkv, sizeof dkv, "ck_attn_wg_dkv<%lld, %d", (long long)D, s->attn_dkv_wgs);
         dq_threads = (unsigned)(2 * dq_rows), dkv_threads = (unsigned)(2 * dkv_rows);
         dq_blocks = (unsigned)(B * H * ((T + dq_rows - 1) / dq_rows));
-        dkv_blocks = (unsigned)(B * Hkv * ((T + dkv_rows - 1) / dkv_rows));
+        dkv_blocks = (unsigned)(B * Hkv * ((T + dkv_rows - 1) / dkv_rows) * parts);
         dq_smem = (unsigned)(1024 + 2 * dq_rows * D * 2 + 4 * step);
         dkv_smem = (unsigned)(1024 + 2 * dkv_rows * D * 2 + 4 * step + 4 * 64 * 4);
     }
     const char *bwd_hg = wg_bwd ? hg : "";
     if (!one) {
-        l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dq, Y, DY, Q, K, V, bwd_hg);
+        char dq_tail[32];   /* with parts, the dq pass zeroes the dk/dv pass's tickets (ZERO) */
+        if (parts > 1) snprintf(dq_tail, sizeof dq_tail, ", %d, 1", s->attn_head_group);
+        l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dq, Y, DY, Q, K, V,
+                        parts > 1 ? dq_tail : bwd_hg);
         l->smem = dq_smem;
         /* two blocks of two warpgroups an SM: at most 128 registers a thread (uncapped, NVRTC
          * takes 141 at D 64, and one block an SM) */
@@ -973,11 +1006,14 @@ bool plan_attention(Spec *s) {
     }
     /* a dk/dv step in two parts of 32 queries (attn.dkv_split=2) holds fewer registers: at one
      * warpgroup a block, three blocks an SM where the whole step's 170 registers allow two */
-    char split[32] = "";
+    char split[48] = "";
     bool halves = wg_bwd && s->attn_dkv_split == 2;
-    if (halves || one) snprintf(split, sizeof split, ", %d, %d, %d", s->attn_head_group, halves ? 2 : 1, one);
+    if (parts > 1)
+        snprintf(split, sizeof split, ", %d, %d, 0, %d", s->attn_head_group, halves ? 2 : 1, parts);
+    else if (halves || one)
+        snprintf(split, sizeof split, ", %d, %d, %d", s->attn_head_group, halves ? 2 : 1, one);
     l = spec_launch(s, "attndkv", dkv_blocks, dkv_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dkv, Y, DY, Q, K, V,
-                    halves || one ? split : bwd_hg);
+                    halves || one || parts > 1 ? split : bwd_hg);
     l->smem = dkv_smem + (one ? 64 * 64 * 2 + 64 * 64 * 4 : 0);   /* ONE: the step's dS^T, the part waiting */
     if (halves && s->attn_dkv_wgs == 1 && D == 64) l->min_blocks = 3;
     l->scratch = 0;
@@ -1011,6 +1047,8 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.attn_head_group = group > 0 && group <= 1024 ? (int)group : 0;
         s.attn_dkv_split = ir_choice_int_at(g, "attn.dkv_split", n, 2) == 1 ? 1 : 2;
         s.attn_dq_in_dkv = ir_choice_int_at(g, "attn.dq_in_dkv", n, 0) == 1;
+        int64_t parts = ir_choice_int_at(g, "attn.dkv_parts", n, 0);
+        s.attn_dkv_parts = parts >= 1 && parts <= 8 ? (int)parts : 0;
         if (plan_attention(&s)) plans[i] = wgp;
     }
 }

@@ -459,6 +459,7 @@ static const ChoiceRule choice_rules[] = {
     {"attn.head_group", NULL, 0, 1024, 1},
     {"attn.dkv_split", "1 2", 0, 0, 0},
     {"attn.dq_in_dkv", "0 1", 0, 0, 0},
+    {"attn.dkv_parts", NULL, 0, 8, 1},
     {"ce.threads", NULL, 64, 1024, 32},
     {"ce.exp2", "0 1", 0, 0, 0},
     {"ce.shared", "0 1", 0, 0, 0},

@@ -485,9 +485,18 @@ template <int D, int WGS> struct CkWgBwd {
     };
 };
 
-/* dq: one block per (b, h, 64 WGS query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch */
-template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0>
+/* the dk/dv pass's tickets, one per key tile (B Hkv ceil(T / 64) at most), after lse and Dt in
+ * the scratch (its PARTS, below) */
+static __device__ __forceinline__ unsigned *ck_attn_dkv_tickets(const CkArgs &a) {
+    return (unsigned *)((float *)a.scratch + 2 * a.i[0] * a.i[2] * a.i[1]);
+}
+
+/* dq: one block per (b, h, 64 WGS query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch.
+ * ZERO: block 0 also zeroes the dk/dv pass's tickets, which that pass, run next, takes. */
+template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int ZERO = 0>
 __device__ void ck_attn_wg_dq(const CkArgs &a) {
+    if (ZERO && blockIdx.x == 0)
+        for (i64 t = threadIdx.x; t < a.i[0] * a.i[3] * ((a.i[1] + 63) / 64); t += 128 * WGS) ck_attn_dkv_tickets(a)[t] = 0u;
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     typedef CkWgBwd<D, WGS> L;
@@ -695,14 +704,78 @@ static __device__ __forceinline__ float ck_attn_dq_part(const CkArgs &a, const f
     return big;
 }
 
+/* ---------------------------------------------------------------- a key tile's steps in parts
+ *
+ * A dk/dv block of a grouped-query attention walks every query head of its group: at Llama
+ * 1.1B's 4 x 2048 (32 heads, 4 kv heads) the block of keys 0-63 takes 8 x 32 steps and the
+ * block of the last keys 8, and the 512 blocks' longest is 1.5 times the work that each of the
+ * 396 places on the GPU (three blocks an SM) gets on average: with the heaviest first, the
+ * pass ends a third of its time with SMs running out of blocks. With PARTS (the choice
+ * attn.dkv_parts) a key tile's steps are cut into PARTS runs of nearly equal length, one block
+ * each (the parts of a tile numbered together, after the heavier tiles' parts), and every
+ * block's dk and dv are the sums of its run only. Each block stores its sums (f32, in the
+ * accumulator's layout: value e of thread t at e THREADS + t, so a warp's stores are whole
+ * lines) into the tile's slot in the scratch, fences, and takes the tile's ticket; the block
+ * that takes the last one adds the PARTS slots in part order, its own from registers, and
+ * stores dk and dv as a block of the whole tile would. So the result does not depend on which
+ * part finishes last: the same bits in every run. The tickets are zeroed by the dq pass, which
+ * runs before (ck_attn_wg_dq's ZERO); the f32 slots hold 8 D bytes a key and part, read back
+ * from L2 by the last block. On an H200 Llama 1.1B -O1's dk/dv passes took 12.20 ms a step
+ * whole and 9.86 in four parts (the rule's choice for it; two parts 10.07, eight 10.62), the
+ * step 100.57 / 100.03 -> 98.28 / 98.25 ms in alternating runs (docs/results.md "(q)"). */
+
+/* after the tickets, the parts' f32 sums */
+static __device__ __forceinline__ float *ck_attn_dkv_sums(const CkArgs &a) {
+    i64 tickets = a.i[0] * a.i[3] * ((a.i[1] + 63) / 64);
+    return (float *)((char *)ck_attn_dkv_tickets(a) + ((tickets * 4 + 255) & ~(i64)255));
+}
+
+/* This block's dk and dv sums (part `part` of key tile `tile`) into the tile's slot; true in the
+ * block that took the last ticket, with dk and dv then the sums of all parts in part order.
+ * Every thread of the block calls it. */
+template <int D, int THREADS, int PARTS>
+static __device__ __forceinline__ bool ck_attn_dkv_gather(const CkArgs &a, float (*dk)[4], float (*dv)[4], i64 tile,
+                                                          int part) {
+    __shared__ unsigned ticket;
+    float *slot = ck_attn_dkv_sums(a) + tile * PARTS * D * THREADS;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __stcg(slot + ((i64)part * D + 4 * n + i) * THREADS + threadIdx.x, dk[n][i]);
+            __stcg(slot + ((i64)part * D + D / 2 + 4 * n + i) * THREADS + threadIdx.x, dv[n][i]);
+        }
+    __threadfence();   /* my sums, before the ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(ck_attn_dkv_tickets(a) + tile, 1u);
+    __syncthreads();
+    if (ticket != PARTS - 1) return false;
+    __threadfence();   /* the other parts' sums, after their tickets */
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float k = dk[n][i], v = dv[n][i], sk = 0.0f, sv = 0.0f;
+            for (int p = 0; p < PARTS; p++) {
+                float pk = p == part ? k : __ldcg(slot + ((i64)p * D + 4 * n + i) * THREADS + threadIdx.x);
+                float pv = p == part ? v : __ldcg(slot + ((i64)p * D + D / 2 + 4 * n + i) * THREADS + threadIdx.x);
+                sk = p ? sk + pk : pk, sv = p ? sv + pv : pv;
+            }
+            dk[n][i] = sk, dv[n][i] = sv;
+        }
+    return true;
+}
+
 /* dk, dv: one block per (b, kv head, 64 WGS keys), over the heads of the group and the 64-query
- * tiles at and after the keys; t[1..4] = dy, q, k, v; lse and Dt in the scratch (and with ONE,
- * dq: above) */
-template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int SPLIT = 1, int ONE = 0>
+ * tiles at and after the keys (with PARTS, one part of those steps: above); t[1..4] = dy, q,
+ * k, v; lse and Dt in the scratch (and with ONE, dq: above) */
+template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int SPLIT = 1, int ONE = 0,
+          int PARTS = 1>
 __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
     static_assert(SPLIT == 1 || SPLIT == 2, "a step of 64 queries, whole or in two parts");
     static_assert(!ONE || (WGS == 1 && D == 64), "dq in the dk/dv pass: 64 keys a block, head dim 64");
+    static_assert(PARTS >= 1 && PARTS <= 8 && (PARTS == 1 || !ONE), "a key tile's steps in 1 to 8 parts, not with ONE");
     constexpr int NQ = 64 / SPLIT;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     typedef CkWgBwd<D, WGS> L;
@@ -722,13 +795,15 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
         __syncthreads();
         bg = (i64)started / nkt, kt = nkt - 1 - (i64)started % nkt;
     } else {
-        ck_attn_order(blockIdx.x, B * Hkv, (T + L::ROWS - 1) / L::ROWS, HG, bg, kt);
+        ck_attn_order(blockIdx.x / PARTS, B * Hkv, (T + L::ROWS - 1) / L::ROWS, HG, bg, kt);
     }
     i64 b = bg / Hkv, g = bg % Hkv;
     int k0 = (int)kt * L::ROWS, Ti = (int)T;
     int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     int keys = k0 + wg * 64, key0 = keys + warp * 16 + gid;   /* the warpgroup's, this thread's */
     int nq = (Ti - k0 + 63) / 64, total = (int)grp * nq;   /* (head, query tile) steps */
+    const int part = (int)(blockIdx.x % PARTS);   /* the block's part of the steps: [first, end) */
+    int first = part * total / PARTS, end = (part + 1) * total / PARTS;
 
     /* q, dy, lse and Dt of step `it` into buffer `buf` */
     auto stage = [&](int it, int buf) {
@@ -741,18 +816,18 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     };
     ck_wg_load<D, L::ROWS, L::THREADS>(sK, a.t[3], b, T, k0, a.i[7], a.i[8] + g * D);
     ck_wg_load<D, L::ROWS, L::THREADS>(sV, a.t[4], b, T, k0, a.i[9], a.i[10] + g * D);
-    stage(0, 0);
+    if (first < end) stage(first, first & 1);
 
     float dk[D / 8][4], dv[D / 8][4], dq_big = 0.0f;
 #pragma unroll
     for (int n = 0; n < D / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[n][i] = dv[n][i] = 0.0f;
-    for (int it = 0; it < total; it++) {
+    for (int it = first; it < end; it++) {
         ck_cp_wait();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* my writes, to wgmma */
         __syncthreads();   /* step it is in, and both warpgroups are done with buffer (it + 1) & 1 */
-        if (it + 1 < total) stage(it + 1, (it + 1) & 1);
+        if (it + 1 < end) stage(it + 1, (it + 1) & 1);
         int q0 = k0 + (it % nq) * 64;
         if (keys >= Ti || q0 + 63 < keys) continue;   /* no key, or every query before every key */
         unsigned sQ = sQY + (it & 1) * 2 * L::TILE, sDY = sQ + L::TILE;
@@ -884,5 +959,10 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
         if (pend_hh >= 0)
             dq_big = fmaxf(dq_big, ck_attn_dq_part<Y>(a, sDQ, b, pend_hh, pend_qt, (int)kt,
                                                       pend_qt * 64 + warp * 16 + gid, tig, Ti));
+    if constexpr (PARTS > 1)
+        if (!ck_attn_dkv_gather<D, L::THREADS, PARTS>(a, dk, dv, blockIdx.x / PARTS, (int)(blockIdx.x % PARTS))) {
+            ck_attn_scale_out<Y>(a, 0.0f);   /* every block counts towards the last one */
+            return;
+        }
     ck_attn_dkv_store<D, Y>(a, dk, dv, b, g, key0, tig, Ti, dq_big);
 }

@@ -1397,6 +1397,114 @@ static void test_attention_dq_in_dkv_choice(void **state) {
     }
 }
 
+/* The last integer template argument of a launch's body ("..., 4>(a)"), -1 where none */
+static long last_template_int(const char *body) {
+    const char *end = strstr(body, ">(a)"), *p = end;
+    while (p && p > body && p[-1] >= '0' && p[-1] <= '9') p--;
+    return p && p < end ? strtol(p, NULL, 10) : -1;
+}
+
+/* A key tile's dk/dv steps in parts (attn.dkv_parts; spec_ops.c's dkv_parts, attn_wgmma.cuh's
+ * PARTS). Llama 1.1B at batch 4 x 2048 -O1, by the balance rule: every attention backward's
+ * dk/dv pass in 4 parts, a grid of 4 x 4 kv heads x 32 key tiles x 4, after a dq pass that
+ * zeroes the tickets (its ZERO, 1), with scratch for lse and Dt, the tickets and the parts'
+ * sums; with attn.dkv_parts=1, the 512 blocks and the dq pass of before. GPT-2 d12 at 32 x
+ * 1024 and d48's shape at 8 x 1024 whole by the rule (their longest blocks take 16 steps).
+ * A two-layer Llama with 2 and 8 parts compiles. */
+static int dkv_parts_planned(const Graph *g, const CuNodePlan *plans, unsigned grid, int parts) {
+    int found = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i]->op != OP_ATTENTION_BWD) continue;
+        const CuLaunch *dq = NULL, *dkv = NULL;
+        for (int k = 0; k < plans[i].n_launch; k++) {
+            if (strstr(plans[i].launch[k].body, "ck_attn_wg_dq<")) dq = &plans[i].launch[k];
+            if (strstr(plans[i].launch[k].body, "ck_attn_wg_dkv<")) dkv = &plans[i].launch[k];
+        }
+        assert_non_null(dq);
+        assert_non_null(dkv);
+        assert_int_equal(dkv->grid[0], grid);
+        if (parts > 1) {
+            assert_int_equal(last_template_int(dkv->body), parts);
+            assert_int_equal(last_template_int(dq->body), 1);
+        } else {
+            /* no PARTS argument: the split's template ends ", 2, 0" (dkv_split 2, no ONE) */
+            const char *end = strstr(dkv->body, ">(a)");
+            assert_true(end && !strncmp(end - 6, ", 2, 0", 6));
+        }
+        found++;
+    }
+    return found;
+}
+static void test_attention_dkv_parts(void **state) {
+    (void)state;
+    char why[512];
+    static const char *const llama_parts[] = {NULL, "1"};
+    for (int k = 0; k < 2; k++) {
+        Arena *a = arena_new();
+        char path[4500];
+        snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
+        BuildOptions o;
+        memset(&o, 0, sizeof o);
+        o.front.batch = 4;
+        o.front.seq = 2048;
+        o.passes.opt_level = 1;
+        Choice c = {"attn.dkv_parts", llama_parts[k]};
+        o.choices = llama_parts[k] ? &c : NULL;
+        o.n_choices = llama_parts[k] ? 1 : 0;
+        diag_reset();
+        Graph *g = pipeline_compile(a, path, &o);
+        assert_true(g && !diag_error_count());
+        CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+        assert_non_null(plans);
+        int parts = k ? 1 : 4, found = dkv_parts_planned(g, plans, 4 * 4 * 32 * parts, parts);
+        assert_int_equal(found, 22);
+        for (int i = 0; i < g->n_nodes && !k; i++) {
+            if (g->nodes[i]->op != OP_ATTENTION_BWD) continue;
+            /* lse and Dt (2 B H T floats), 256-byte aligned tickets, 4 parts of 64 x 64 x 2 floats a tile */
+            int64_t need = 2 * 4 * 32 * 2048 * 4 + (4 * 4 * 32 * 4 + 255) / 256 * 256 + 4 * 4 * 32 * 4 * 64 * 128 * 4;
+            assert_true(plans[i].scratch_bytes >= need);
+        }
+        printf("  llama O1 batch 4 x 2048, attn.dkv_parts %s: %d dk/dv passes in %d parts\n",
+               llama_parts[k] ? llama_parts[k] : "by the rule", found, parts);
+        arena_free(a);
+    }
+    Arena *a = arena_new();
+    Graph *g = compile_shape(a, "gpt2", 32, 1024, 1);
+    assert_int_equal(dkv_parts_planned(g, cuda_plan_graph(g, a, why, sizeof why), 32 * 12 * 16, 1), 12);
+    arena_free(a);
+    static const Define d48[] = {{"layers", "2"}, {"dim", "1600"}, {"heads", "25"}};
+    a = arena_new();
+    g = norm_model(a, "gpt2", d48, 3, 8, 1024, 1, "1");
+    assert_int_equal(dkv_parts_planned(g, cuda_plan_graph(g, a, why, sizeof why), 8 * 25 * 16, 1), 2);
+    arena_free(a);
+    static const Define two[] = {{"layers", "2"}};
+    static const char *const forced[] = {"2", "8"};
+    for (int k = 0; k < 2; k++) {
+        a = arena_new();
+        char path[4500];
+        snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
+        BuildOptions o;
+        memset(&o, 0, sizeof o);
+        o.front.defines = two;
+        o.front.n_defines = 1;
+        o.front.batch = 2;
+        o.front.seq = 200;
+        o.passes.opt_level = 1;
+        Choice c = {"attn.dkv_parts", forced[k]};
+        o.choices = &c;
+        o.n_choices = 1;
+        diag_reset();
+        g = pipeline_compile(a, path, &o);
+        assert_true(g && !diag_error_count());
+        int parts = k ? 8 : 2;
+        /* 2 x 4 kv heads x 4 key tiles of 64 (T 200) */
+        assert_int_equal(dkv_parts_planned(g, cuda_plan_graph(g, a, why, sizeof why), 2 * 4 * 4 * parts, parts), 2);
+        assert_module_compiles(g);
+        printf("  a two-layer llama, attn.dkv_parts=%d: compiled\n", parts);
+        arena_free(a);
+    }
+}
+
 /* attn.fwd_ws=3 or 2: GPT-2's and Llama's (grouped-query) attention forwards at -O1 and -O3
  * run on the warp-specialized kernel with that many consumer warpgroups and a producer
  * warpgroup (128 threads each); every other launch stays as it was, and the module compiles;
@@ -1664,6 +1772,7 @@ int main(void) {
                                        cmocka_unit_test(test_fusion_switches),
                                        cmocka_unit_test(test_attention_wgmma_choice),
                                        cmocka_unit_test(test_attention_dq_in_dkv_choice),
+                                       cmocka_unit_test(test_attention_dkv_parts),
                                        cmocka_unit_test(test_attention_fwd_ws_choice),
                                        cmocka_unit_test(test_grad_fast_accum_choice),
                                        cmocka_unit_test(test_optimizers_every_level),

@@ -1166,6 +1166,17 @@ static int n_pipe_twins;
  * planned so, a case of its own against the reference, which must also repeat bit for bit. */
 static Node *dq_in_dkv_nodes[8];
 static int n_dq_in_dkv;
+/* The dk/dv pass with each key tile's steps in parts (the choice attn.dkv_parts), the parts'
+ * sums added in a fixed order: each wgmma backward has such a twin, a case of its own against
+ * the reference, which must also repeat bit for bit; 8 parts where the backward reruns the
+ * forward (more parts than a short key tile has steps: some parts take none), 3 where it reads
+ * the forward's statistics. */
+typedef struct {
+    Node *node;
+    int parts;
+} PartsCase;
+static PartsCase dkv_parts_nodes[16];
+static int n_dkv_parts;
 /* The forward with a producer warpgroup (the choice attn.fwd_ws = its consumer warpgroups): each
  * such attention and backward (which reruns the forward) is a case of its own against the
  * reference, and must run that kernel. */
@@ -1273,6 +1284,19 @@ static void build_attention(void) {
                         assert_true(n_ws_nodes < (int)(sizeof ws_nodes / sizeof *ws_nodes));
                         ws_nodes[n_ws_nodes++] = (WsCase){ws, D, wgs, tma};
                     }
+                if (sites[k]->op == OP_ATTENTION_BWD) {
+                    int parts = lse ? 3 : 8;
+                    Node *cut = add_case(arena_printf(arena, "%s%s, dk/dv in %d parts", bw, how, parts), tol,
+                                         op_v(OP_ATTENTION_BWD, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in,
+                                              sites[k]->in));
+                    ir_set_choice(graph, arena_printf(arena, "attn.wgmma@%d", cut->id), "1");
+                    ir_set_choice(graph, arena_printf(arena, "attn.fwd_ws@%d", cut->id), "0");
+                    ir_set_choice(graph, arena_printf(arena, "attn.dkv_split@%d", cut->id), lse ? "2" : "1");
+                    ir_set_choice(graph, arena_printf(arena, "attn.dkv_parts@%d", cut->id),
+                                  arena_printf(arena, "%d", parts));
+                    assert_true(n_dkv_parts < (int)(sizeof dkv_parts_nodes / sizeof *dkv_parts_nodes));
+                    dkv_parts_nodes[n_dkv_parts++] = (PartsCase){cut, parts};
+                }
                 if (D != 64) continue;
                 Node *twin = op_v(sites[k]->op, e, sites[k]->iattr, sites[k]->fattr, sites[k]->n_in, sites[k]->in);
                 twin->t.name = arena_printf(arena, "%s, pipelined", sites[k]->t.name);
@@ -1743,6 +1767,34 @@ static void test_attention_dq_in_dkv(void **s) {
     if (failed) fail_msg("%d backwards with dq in the dk/dv pass failed", failed);
 }
 
+/* dkv_parts_nodes: planned with the dk/dv pass in that many parts (its template's last
+ * argument) after a dq pass that zeroes the tickets (its last argument 1), and the same bits
+ * from two runs (test_attention compared them with the reference) */
+static void test_attention_dkv_parts(void **s) {
+    (void)s;
+    assert_true(n_dkv_parts > 0);
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < n_dkv_parts; k++) {
+        const CuNodePlan *p = &plans[dkv_parts_nodes[k].node->index];
+        char dkv[16], dq[16];
+        snprintf(dkv, sizeof dkv, ", %d>(a)", dkv_parts_nodes[k].parts);
+        snprintf(dq, sizeof dq, ", 1>(a)");
+        bool planned_dkv = false, planned_dq = false;
+        for (int l = 0; l < p->n_launch; l++) {
+            const char *body = p->launch[l].body;
+            if (!strncmp(body, "ck_attn_wg_dkv<", 15)) planned_dkv = strstr(body, dkv) != NULL;
+            if (!strncmp(body, "ck_attn_wg_dq<", 14)) planned_dq = strstr(body, dq) != NULL;
+        }
+        failed += !repeats(dkv_parts_nodes[k].node, planned_dkv && planned_dq);
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d backwards with the dk/dv steps in parts failed", failed);
+}
+
 /* ws_nodes: planned on the forward with a producer warpgroup and that many consumer warpgroups
  * (for a backward, its rerun of the forward), and the same bits from two runs (test_attention
  * compared them with the reference) */
@@ -1839,6 +1891,7 @@ int main(void) {
         cmocka_unit_test(test_gemm),        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_pipeline),
         cmocka_unit_test(test_attention_dq_in_dkv),
+        cmocka_unit_test(test_attention_dkv_parts),
         cmocka_unit_test(test_attention_producer_warp),
         cmocka_unit_test(test_amax_parts),
     };
