@@ -40,6 +40,9 @@ Node *memplan_alias_of(const Node *n)
 {
     /* ACCUMULATE, AMAX_RECORD, DELAYED_SCALE: the result is the updated first operand */
     if (ir_op_is_inplace(n->op)) return n->t.fmt.elem == FMT_VOID ? NULL : n->in[0];
+    /* a sum in the storage of one of its terms (mark_in_place_sums) */
+    if (n->op == OP_ADD_N && IR_IATTR(n, ADD_N, in_place) > 0 && IR_IATTR(n, ADD_N, in_place) <= n->n_in)
+        return n->in[IR_IATTR(n, ADD_N, in_place) - 1];
     if (n->op != OP_RESHAPE) return NULL;
     Node *x = n->in[0];
     const Format *a = &x->t.fmt, *b = &n->t.fmt;
@@ -95,6 +98,44 @@ static void extend_for_inline_products(const Graph *g, const Uses *uses, int *la
                 int x = alias_root((Node *)refs[j])->index;
                 if (i > last[x]) last[x] = i;
             }
+        }
+    }
+}
+
+/* Whether value s can take c's storage: the same plain format (no scale, no block maxima
+ * after it), the same bytes, both in the step arena. */
+static bool storage_fits(const Node *c, const Node *s)
+{
+    const Format *a = &c->t.fmt, *b = &s->t.fmt;
+    return a->elem == b->elem && a->scaling == SCALE_NONE && b->scaling == SCALE_NONE && a->codec == CODEC_PLAIN &&
+           b->codec == CODEC_PLAIN && !a->scale && !b->scale && !a->amax && !b->amax && c->t.bytes == s->t.bytes &&
+           c->t.bytes > 0 && c->op != OP_INPUT && c->op != OP_PARAM && c->t.role != ROLE_OUTPUT &&
+           s->t.role != ROLE_OUTPUT && !ir_role_is_persistent(alias_root((Node *)c)->t.role) &&
+           !ir_role_is_persistent(s->t.role);
+}
+
+/* A sum of two terms s = add_n(c, p), where p is a GEMM's product and c an earlier value, each
+ * read by s alone, takes c's storage (ADD_N's in_place). The GPU backend computes such a sum in
+ * p's GEMM (C = c, D = s), which it can only where s lands on no operand of the GEMM: given
+ * bytes of its own, s took the bytes of a transposed weight that died at the GEMM in 42 of
+ * Llama 1.1B's 43 sums of input gradients at -O1 (the q, k, v projections' and the MLP's), and
+ * those GEMMs ran plain, each sum a launch of its own. On c's bytes it never does (c is live
+ * while the GEMM runs), and it needs no bytes of its own. Every kernel of a sum reads each
+ * element of its terms before it writes that element of the result. */
+static void mark_in_place_sums(Graph *g, const Uses *uses)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        Node *s = g->nodes[i];
+        if (s->op != OP_ADD_N) continue;
+        IR_IATTR(s, ADD_N, in_place) = 0;
+        if (s->n_in != 2 || s->in[0] == s->in[1]) continue;
+        for (int k = 0; k < 2; k++) {
+            Node *c = s->in[k], *p = s->in[1 - k];
+            if (p->op != OP_MATMUL || c->index > p->index || uses[p->index].n != 1 || uses[c->index].n != 1 ||
+                !storage_fits(c, s))
+                continue;
+            IR_IATTR(s, ADD_N, in_place) = k + 1;
+            break;
         }
     }
 }
@@ -302,6 +343,8 @@ bool pass_memplan(Graph *g, const PassOptions *opt)
         t->bytes = ir_storage_bytes(g->nodes[i]);
         t->offset = -1;
     }
+    Uses *uses = ir_fill_uses(g);
+    mark_in_place_sums(g, uses);
 
     /* persistent arena: in order, aligned */
     int64_t persistent = 0;
@@ -338,7 +381,6 @@ bool pass_memplan(Graph *g, const PassOptions *opt)
      * reads the chain's result, and write the GELU's value, or under delayed scaling the
      * value's FP8 copy (whose amax record and quantize are then all that read the GELU):
      * the operands are then read until those too. */
-    Uses *uses = ir_fill_uses(g);
     for (int i = 0; i < n; i++) {
         Node *m = g->nodes[i];
         if (m->op != OP_MATMUL || m->phase != PHASE_FORWARD) continue;
