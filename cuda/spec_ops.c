@@ -950,10 +950,12 @@ bool plan_attention(Spec *s) {
      * f32 sums of dk and dv, D floats a thread */
     bool wg_bwd = tc && s->attn_wgmma && s->attn_wgmma_bwd && (D == 64 || D == 128);
     int parts = wg_bwd && !one ? dkv_parts(s, B, T, H, Hkv, D) : 1;
-    int64_t tickets = (B * Hkv * ((T + 63) / 64) * 4 + 255) / 256 * 256;
-    int64_t dkv_tiles = B * Hkv * ((T + 64 * s->attn_dkv_wgs - 1) / (64 * s->attn_dkv_wgs));
-    need_scratch(s, 2 * B * H * T * 4 + (one ? counters + B * H * T * 64 * 4 : 0) +
-                        (parts > 1 ? tickets + dkv_tiles * parts * D * 128 * s->attn_dkv_wgs * 4 : 0));
+    int64_t sums = 0;
+    if (parts > 1) {
+        int64_t tickets = (B * Hkv * ((T + 63) / 64) * 4 + 255) / 256 * 256, rows = 64 * s->attn_dkv_wgs;
+        sums = tickets + B * Hkv * ((T + rows - 1) / rows) * parts * D * 2 * rows * 4;
+    }
+    need_scratch(s, 2 * B * H * T * 4 + (one ? counters + B * H * T * 64 * 4 : 0) + sums);
     if (ysaved && ir_attention_lse_offset(ysaved)) {
         /* the forward stored lse after y: the statistics are Dt = dy . y and a copy */
         /* as ck_attn_stat_lanes: 32 / lanes rows per warp, 8 warps */
