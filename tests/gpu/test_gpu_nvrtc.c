@@ -910,8 +910,10 @@ static NormBlocks norm_blocks(const Graph *g, const CuNodePlan *plans, int64_t r
         }
     return n;
 }
-static Graph *norm_model(Arena *a, const char *model, const Define *defs, int n_defs, int batch, int seq, int level,
-                         const char *block) {
+/* models/MODEL.model with the defines, at batch x seq and -Olevel, with the choice NAME=VALUE
+ * (none where value is NULL), asserted to compile */
+static Graph *shaped_model(Arena *a, const char *model, const Define *defs, int n_defs, int batch, int seq, int level,
+                           const char *name, const char *value) {
     char path[4500];
     snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, model);
     BuildOptions o;
@@ -921,13 +923,17 @@ static Graph *norm_model(Arena *a, const char *model, const Define *defs, int n_
     o.front.batch = batch;
     o.front.seq = seq;
     o.passes.opt_level = level;
-    Choice c = {"norm.bwd_block", block};
-    o.choices = &c;
-    o.n_choices = 1;
+    Choice c = {name, value};
+    o.choices = value ? &c : NULL;
+    o.n_choices = value ? 1 : 0;
     diag_reset();
     Graph *g = pipeline_compile(a, path, &o);
     assert_true(g && !diag_error_count());
     return g;
+}
+static Graph *norm_model(Arena *a, const char *model, const Define *defs, int n_defs, int batch, int seq, int level,
+                         const char *block) {
+    return shaped_model(a, model, defs, n_defs, batch, seq, level, "norm.bwd_block", block);
 }
 static void test_norm_block_plan(void **state) {
     (void)state;
@@ -1441,19 +1447,7 @@ static void test_attention_dkv_parts(void **state) {
     static const char *const llama_parts[] = {NULL, "1"};
     for (int k = 0; k < 2; k++) {
         Arena *a = arena_new();
-        char path[4500];
-        snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
-        BuildOptions o;
-        memset(&o, 0, sizeof o);
-        o.front.batch = 4;
-        o.front.seq = 2048;
-        o.passes.opt_level = 1;
-        Choice c = {"attn.dkv_parts", llama_parts[k]};
-        o.choices = llama_parts[k] ? &c : NULL;
-        o.n_choices = llama_parts[k] ? 1 : 0;
-        diag_reset();
-        Graph *g = pipeline_compile(a, path, &o);
-        assert_true(g && !diag_error_count());
+        Graph *g = shaped_model(a, "llama", NULL, 0, 4, 2048, 1, "attn.dkv_parts", llama_parts[k]);
         CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
         assert_non_null(plans);
         int parts = k ? 1 : 4, found = dkv_parts_planned(g, plans, 4 * 4 * 32 * parts, parts);
@@ -1474,28 +1468,14 @@ static void test_attention_dkv_parts(void **state) {
     arena_free(a);
     static const Define d48[] = {{"layers", "2"}, {"dim", "1600"}, {"heads", "25"}};
     a = arena_new();
-    g = norm_model(a, "gpt2", d48, 3, 8, 1024, 1, "1");
+    g = shaped_model(a, "gpt2", d48, 3, 8, 1024, 1, NULL, NULL);
     assert_int_equal(dkv_parts_planned(g, cuda_plan_graph(g, a, why, sizeof why), 8 * 25 * 16, 1), 2);
     arena_free(a);
     static const Define two[] = {{"layers", "2"}};
     static const char *const forced[] = {"2", "8"};
     for (int k = 0; k < 2; k++) {
         a = arena_new();
-        char path[4500];
-        snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
-        BuildOptions o;
-        memset(&o, 0, sizeof o);
-        o.front.defines = two;
-        o.front.n_defines = 1;
-        o.front.batch = 2;
-        o.front.seq = 200;
-        o.passes.opt_level = 1;
-        Choice c = {"attn.dkv_parts", forced[k]};
-        o.choices = &c;
-        o.n_choices = 1;
-        diag_reset();
-        g = pipeline_compile(a, path, &o);
-        assert_true(g && !diag_error_count());
+        g = shaped_model(a, "llama", two, 1, 2, 200, 1, "attn.dkv_parts", forced[k]);
         int parts = k ? 8 : 2;
         /* 2 x 4 kv heads x 4 key tiles of 64 (T 200) */
         assert_int_equal(dkv_parts_planned(g, cuda_plan_graph(g, a, why, sizeof why), 2 * 4 * 4 * parts, parts), 2);
