@@ -36,6 +36,14 @@ enum { MEM_ALIGN = 256 };
 
 static int64_t align_up(int64_t x) { return (x + MEM_ALIGN - 1) / MEM_ALIGN * MEM_ALIGN; }
 
+/* Whether two formats store the same plain elements (no scaling, no codec, no scale or amax
+ * tensor beside them): one value's bytes read as the other's */
+static bool plain_alike(const Format *a, const Format *b)
+{
+    return a->elem == b->elem && a->scaling == SCALE_NONE && b->scaling == SCALE_NONE && a->codec == CODEC_PLAIN &&
+           b->codec == CODEC_PLAIN && !a->scale && !b->scale && !a->amax && !b->amax;
+}
+
 Node *memplan_alias_of(const Node *n)
 {
     /* ACCUMULATE, AMAX_RECORD, DELAYED_SCALE: the result is the updated first operand */
@@ -45,10 +53,7 @@ Node *memplan_alias_of(const Node *n)
         return n->in[IR_IATTR(n, ADD_N, in_place) - 1];
     if (n->op != OP_RESHAPE) return NULL;
     Node *x = n->in[0];
-    const Format *a = &x->t.fmt, *b = &n->t.fmt;
-    bool plain = a->scaling == SCALE_NONE && b->scaling == SCALE_NONE && a->codec == CODEC_PLAIN &&
-                 b->codec == CODEC_PLAIN && !a->scale && !b->scale && !a->amax && !b->amax;
-    if (!plain || a->elem != b->elem) return NULL;
+    if (!plain_alike(&x->t.fmt, &n->t.fmt)) return NULL;
     if (ir_role_is_persistent(x->t.role) != ir_role_is_persistent(n->t.role)) return NULL;
     return x;
 }
@@ -106,10 +111,7 @@ static void extend_for_inline_products(const Graph *g, const Uses *uses, int *la
  * after it), the same bytes, both in the step arena. */
 static bool storage_fits(const Node *c, const Node *s)
 {
-    const Format *a = &c->t.fmt, *b = &s->t.fmt;
-    return a->elem == b->elem && a->scaling == SCALE_NONE && b->scaling == SCALE_NONE && a->codec == CODEC_PLAIN &&
-           b->codec == CODEC_PLAIN && !a->scale && !b->scale && !a->amax && !b->amax && c->t.bytes == s->t.bytes &&
-           c->t.bytes > 0 && c->op != OP_INPUT && c->op != OP_PARAM && c->t.role != ROLE_OUTPUT &&
+    return plain_alike(&c->t.fmt, &s->t.fmt) && c->t.bytes == s->t.bytes && c->t.bytes > 0 && c->op != OP_INPUT && c->op != OP_PARAM && c->t.role != ROLE_OUTPUT &&
            s->t.role != ROLE_OUTPUT && !ir_role_is_persistent(alias_root((Node *)c)->t.role) &&
            !ir_role_is_persistent(s->t.role);
 }

@@ -485,10 +485,14 @@ template <int D, int WGS> struct CkWgBwd {
     };
 };
 
-/* the dk/dv pass's tickets, one per key tile (B Hkv ceil(T / 64) at most), after lse and Dt in
- * the scratch (its PARTS, below) */
-static __device__ __forceinline__ unsigned *ck_attn_dkv_tickets(const CkArgs &a) {
+/* The counters after lse and Dt in the scratch, of one of two kinds (a backward takes one or
+ * neither): the dk/dv pass's ONE (a counter per (b, h, 64 queries), then the blocks' numbers)
+ * or its PARTS (a ticket per key tile, ck_attn_dkv_tickets of them at most); both below. */
+static __device__ __forceinline__ unsigned *ck_attn_counters(const CkArgs &a) {
     return (unsigned *)((float *)a.scratch + 2 * a.i[0] * a.i[2] * a.i[1]);
+}
+static __device__ __forceinline__ i64 ck_attn_dkv_tickets(const CkArgs &a) {
+    return a.i[0] * a.i[3] * ((a.i[1] + 63) / 64);
 }
 
 /* dq: one block per (b, h, 64 WGS query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch.
@@ -496,7 +500,7 @@ static __device__ __forceinline__ unsigned *ck_attn_dkv_tickets(const CkArgs &a)
 template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int ZERO = 0>
 __device__ void ck_attn_wg_dq(const CkArgs &a) {
     if (ZERO && blockIdx.x == 0)
-        for (i64 t = threadIdx.x; t < a.i[0] * a.i[3] * ((a.i[1] + 63) / 64); t += 128 * WGS) ck_attn_dkv_tickets(a)[t] = 0u;
+        for (i64 t = threadIdx.x; t < ck_attn_dkv_tickets(a); t += 128 * WGS) ck_attn_counters(a)[t] = 0u;
     static_assert(D == 64 || D == 128, "wgmma attention takes head dims 64 and 128");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     typedef CkWgBwd<D, WGS> L;
@@ -642,14 +646,10 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
  * not among fp8c tune's candidates; blocks of more keys (fewer sums a key) are what could
  * change that. */
 
-/* ONE's scratch after lse and Dt: the counters (B H nq u32, then the blocks'), then the f32
- * sums (B H T 64) */
-static __device__ __forceinline__ unsigned *ck_attn_dq_counters(const CkArgs &a) {
-    return (unsigned *)((float *)a.scratch + 2 * a.i[0] * a.i[2] * a.i[1]);
-}
+/* ONE's scratch after its counters (B H nq u32, then the blocks'): the f32 sums (B H T 64) */
 static __device__ __forceinline__ float *ck_attn_dq_sums(const CkArgs &a) {
     i64 B = a.i[0], T = a.i[1], H = a.i[2], counters = B * H * ((T + 63) / 64) + 1;
-    return (float *)((char *)ck_attn_dq_counters(a) + ((counters * 4 + 255) & ~(i64)255));
+    return (float *)((char *)ck_attn_counters(a) + ((counters * 4 + 255) & ~(i64)255));
 }
 
 /* This block's part of dq for query tile qt of head hh, from key block kb, added in the order
@@ -662,7 +662,7 @@ static __device__ __forceinline__ float ck_attn_dq_part(const CkArgs &a, const f
                                                         int kb, int row0, int tig, int Ti) {
     i64 T = a.i[1], H = a.i[2], Hkv = a.i[3], ycols = (H + 2 * Hkv) * 64;
     int before = qt - kb;   /* parts in ahead of this one */
-    unsigned *count = ck_attn_dq_counters(a) + (b * H + hh) * ((T + 63) / 64) + qt;
+    unsigned *count = ck_attn_counters(a) + (b * H + hh) * ((T + 63) / 64) + qt;
     if (before > 0) {
         if (threadIdx.x == 0) {
             unsigned seen;
@@ -726,8 +726,7 @@ static __device__ __forceinline__ float ck_attn_dq_part(const CkArgs &a, const f
 
 /* after the tickets, the parts' f32 sums */
 static __device__ __forceinline__ float *ck_attn_dkv_sums(const CkArgs &a) {
-    i64 tickets = a.i[0] * a.i[3] * ((a.i[1] + 63) / 64);
-    return (float *)((char *)ck_attn_dkv_tickets(a) + ((tickets * 4 + 255) & ~(i64)255));
+    return (float *)((char *)ck_attn_counters(a) + ((ck_attn_dkv_tickets(a) * 4 + 255) & ~(i64)255));
 }
 
 /* This block's dk and dv sums (part `part` of key tile `tile`) into the tile's slot; true in the
@@ -747,7 +746,7 @@ static __device__ __forceinline__ bool ck_attn_dkv_gather(const CkArgs &a, float
         }
     __threadfence();   /* my sums, before the ticket */
     __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(ck_attn_dkv_tickets(a) + tile, 1u);
+    if (threadIdx.x == 0) ticket = atomicAdd(ck_attn_counters(a) + tile, 1u);
     __syncthreads();
     if (ticket != PARTS - 1) return false;
     __threadfence();   /* the other parts' sums, after their tickets */
@@ -791,7 +790,7 @@ __device__ void ck_attn_wg_dkv(const CkArgs &a) {
     if constexpr (ONE) {   /* a kv head's blocks together, the fewest steps first, numbered as they start */
         __shared__ unsigned started;
         i64 nkt = (T + 63) / 64;
-        if (threadIdx.x == 0) started = atomicAdd(ck_attn_dq_counters(a) + B * H * nkt, 1u);
+        if (threadIdx.x == 0) started = atomicAdd(ck_attn_counters(a) + B * H * nkt, 1u);
         __syncthreads();
         bg = (i64)started / nkt, kt = nkt - 1 - (i64)started % nkt;
     } else {
