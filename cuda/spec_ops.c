@@ -666,15 +666,20 @@ bool plan_rows(Spec *s) {
             return spec_fail(s, "an input copy needs the norm's own pass");
         const Tensor *staged[1] = {x};
         int64_t rows = rows_of(x), per = ROW_THREADS / 32 * NORM_STAGE_ROWS;
-        int nv = row_vectors(cols_of(x)), st = q ? 0 : norm_stage(s, n, nv, ROW_THREADS, staged, 1, 0);
+        /* with the copy, staged only where the copy's groups are whole vectors of a row
+         * (reduce.cuh, ck_norm_group_vec_ok): the kernel's other path reads x itself */
+        int64_t G = q ? (q->t.fmt.scaling == SCALE_PER_GROUP ? q->t.fmt.group : 128) : 0;
+        bool group_vectors = !q || (G % 8 == 0 && G / 8 <= 32 && !((G / 8) & (G / 8 - 1)) && cols_of(x) % G == 0);
+        int nv = row_vectors(cols_of(x)), st = group_vectors ? norm_stage(s, n, nv, ROW_THREADS, staged, 1, 0) : 0;
+        unsigned grid = st ? (unsigned)((rows + per - 1) / per) : grid_warp_rows(rows);
         if (q)
-            l = spec_launch(s, "norm", grid_warp_rows(rows), ROW_THREADS, "ck_norm_group<%d, %d, %s, %s, %s, %s, %s>(a)",
-                            ln, nv, producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+            l = spec_launch(s, "norm", grid, ROW_THREADS, "ck_norm_group<%d, %d, %d, %s, %s, %s, %s, %s>(a)", ln, nv, st,
+                            producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
                             ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG, fmt_arg(s, &q->t));
         else
-            l = spec_launch(s, "norm", st ? (unsigned)((rows + per - 1) / per) : grid_warp_rows(rows), ROW_THREADS,
-                            "ck_norm<%d, %d, %d, %s, %s, %s, %s>(a)", ln, nv, st, producer_fmt(s), fmt_arg(s, x),
-                            fmt_arg(s, &n->in[1]->t), ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+            l = spec_launch(s, "norm", grid, ROW_THREADS, "ck_norm<%d, %d, %d, %s, %s, %s, %s>(a)", ln, nv, st,
+                            producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
         l->smem = st ? norm_stage_bytes(ROW_THREADS, 1, st) : 0;
         args_result_inputs(l, n);
         if (q) {

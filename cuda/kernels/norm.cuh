@@ -287,10 +287,10 @@ template <class Y> struct CkRowSt {
 
 /* x's part of row r (its first element i0) from its staged bytes, as ck_row_load_stats reads
  * it: LN leaves in v each value less the mean, RMSNorm the values; rstd for every lane. n and
- * eps: C and eps in f32. */
-template <int LN, int NV, bool FULL, class X> static __device__ __forceinline__ void ck_staged_row_stats(
+ * eps: C and eps in f32. read(v) sees the row's values as read, before any is changed. */
+template <int LN, int NV, bool FULL, class X, class Read> static __device__ __forceinline__ void ck_staged_row_stats(
     const CkTensor &x, i64 i0, i64 C, float n, float eps, const unsigned char *slot, float (&v)[NV][CK_VEC],
-    float *rstd) {
+    float *rstd, const Read &read) {
     int lane = threadIdx.x & 31;
     float s = 0;
     #pragma unroll
@@ -303,6 +303,7 @@ template <int LN, int NV, bool FULL, class X> static __device__ __forceinline__ 
         #pragma unroll
         for (int j = 0; j < CK_VEC; j++) s += v[k][j];
     }
+    read(v);
     float m = LN ? ck_warp_sum(s) / n : 0.0f, q = 0;
     #pragma unroll
     for (int k = 0; k < NV; k++) {
@@ -341,11 +342,17 @@ template <int LN, int NV, bool FULL, class Y, class Aff> static __device__ __for
     return m;
 }
 
+/* What a staged forward norm does with a row's values as read, before its statistics: nothing
+ * here; reduce.cuh's CkRowGroupCopy writes the input's copy into per-group scales from them. */
+struct CkNoRowCopy {
+    template <int NV> static __device__ __forceinline__ void row(const CkArgs &, i64, i64, const float (&)[NV][CK_VEC]) {}
+};
+
 /* Rows r = first, first + step, .. below end and R of a forward norm, each from its staged
  * copy, the next one fetched before the warp works on the one in hand (x's rows in vectors:
  * ck_norm_vec_ok; the rings from byte 0 of the dynamic shared memory); the results through Y
- * into a.t[0]; returns the largest |result| */
-template <int LN, int NV, int SLOT, bool FULL, class Y, class X, class W, class B>
+ * into a.t[0], each row's values as read through Copy; returns the largest |result| */
+template <int LN, int NV, int SLOT, bool FULL, class Y, class X, class W, class B, class Copy>
 static __device__ __forceinline__ float ck_staged_rows(const CkArgs &a, i64 first, i64 step, i64 end) {
     static_assert(ck_stage_fits<NV, X, SLOT>(), "a slot holds a row of whole vectors");
     const CkTensor &x = a.t[1];
@@ -364,16 +371,17 @@ static __device__ __forceinline__ float ck_staged_rows(const CkArgs &a, i64 firs
         ck_stage_commit();
         ck_stage_wait_prev();
         float v[NV][CK_VEC], rstd;
-        ck_staged_row_stats<LN, NV, FULL, X>(x, r * C, C, n, eps, st.slot(k), v, &rstd);
+        ck_staged_row_stats<LN, NV, FULL, X>(x, r * C, C, n, eps, st.slot(k), v, &rstd,
+                                             [&](const float (&raw)[NV][CK_VEC]) { Copy::row(a, r, C, raw); });
         m = fmaxf(m, ck_staged_row_out<LN, NV, FULL, Y>(a, r, C, v, rstd, aff));
     }
     return m;
 }
 /* the same, the instance for C: rows of exactly NV 32 vectors test no columns */
-template <int LN, int NV, int SLOT, class Y, class X, class W, class B>
+template <int LN, int NV, int SLOT, class Y, class X, class W, class B, class Copy = CkNoRowCopy>
 static __device__ __forceinline__ float ck_staged_norm_rows(const CkArgs &a, i64 first, i64 step, i64 end) {
-    if (a.i[0] == (i64)NV * 32 * CK_VEC) return ck_staged_rows<LN, NV, SLOT, true, Y, X, W, B>(a, first, step, end);
-    return ck_staged_rows<LN, NV, SLOT, false, Y, X, W, B>(a, first, step, end);
+    if (a.i[0] == (i64)NV * 32 * CK_VEC) return ck_staged_rows<LN, NV, SLOT, true, Y, X, W, B, Copy>(a, first, step, end);
+    return ck_staged_rows<LN, NV, SLOT, false, Y, X, W, B, Copy>(a, first, step, end);
 }
 
 /* ST: 0, or the rows staged through slots of ST bytes (the launch has the shared memory) */

@@ -506,14 +506,30 @@ template <class X, class Q> __device__ __forceinline__ void ck_row_group_copy(co
     }
 }
 
+/* a staged norm's row (norm.cuh, ck_staged_rows) into its input's copy, as above */
+template <class Q> struct CkRowGroupCopy {
+    template <int NV> static __device__ __forceinline__ void row(const CkArgs &a, i64 r, i64 C, const float (&v)[NV][CK_VEC]) {
+        ck_row_group_store<NV, Q>(a, r, C, v);
+    }
+};
+
 /* LAYERNORM / RMSNORM (as ck_norm) that also writes its input's copy into per-group scales
  * (t[4]; spec_fuse.c, fuse_input_group_copies) from the row it holds: x is read once for
- * both. i = {C, R, margin, group, .., amax at}, f = {eps, max of Q's elem}. */
-template <int LN, int NV, class Y, class X, class W, class B, class Q> __device__ void ck_norm_group(const CkArgs &a) {
+ * both. ST: 0, or the rows staged through slots of ST bytes, as ck_norm's (the copy from the
+ * values as staged: the same bits). Unstaged, Llama 1.1B's RMSNorm with its copy took 0.059
+ * ms a launch where the staged one without it took 0.019 (H200, docs/results.md "(q)").
+ * i = {C, R, margin, group, .., amax at}, f = {eps, max of Q's elem}. */
+template <int LN, int NV, int ST, class Y, class X, class W, class B, class Q> __device__ void ck_norm_group(const CkArgs &a) {
     constexpr int N = NV > 0 ? NV : 1;
     i64 C = a.i[0];
     bool vec = ck_norm_vec_ok<NV, Y, X, W, B, LN>(a) && ck_norm_group_vec_ok<NV, X, Q>(a);
     float m = 0.0f;
+    if constexpr (ST > 0)
+        if (vec) {
+            m = ck_staged_norm_rows<LN, NV, ST, Y, X, W, B, CkRowGroupCopy<Q>>(a, CK_ROW_OF_WARP, CK_ROW_STRIDE, a.i[1]);
+            ck_amax_out<Y>(a, m);
+            return;
+        }
     CK_ROWS_OF_WARP(r, a.i[1]) {
         if (vec) {
             float v[N][CK_VEC], mean, rstd;

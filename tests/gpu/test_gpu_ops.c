@@ -810,24 +810,31 @@ static void test_quantize_group_fused(void **s) {
  * (spec_fuse.c, fuse_input_group_copies): the quantize runs nothing, the activation's launch
  * writes the copy, its scales and its own result. The copy and scales must be the
  * reference's bytes, the result within the bf16 bound: whole-vector groups (shuffles across
- * lanes), 1 x 128 tiles, and rows whose last group is short (a group a thread or lane). */
+ * lanes), 1 x 128 tiles, and rows whose last group is short (a group a thread or lane). A
+ * norm whose rows are whole vectors stages them through shared memory (spec_ops.c,
+ * norm_stage: the launch has dynamic shared memory); rows of exactly a warp's vectors (768,
+ * 2048) take the staged loop without column tests. */
 typedef struct {
     const char *name;
     Node *scale, *q, *y;
+    bool staged;   /* a norm expected to stage its rows */
 } InputCopy;
-static InputCopy input_copies[6];
+enum { N_INPUT_COPIES = 8 };
+static InputCopy input_copies[N_INPUT_COPIES];
 
 static void build_input_copies(void) {
     int64_t R = gt_int(1, 300);
-    struct { const char *name; OpKind op; Scaling kind; int G; int64_t C; ElemType se; } p[6] = {
-        {"gelu, group 16, e8m0 scales", OP_GELU, SCALE_PER_GROUP, 16, 16 * gt_int(1, 100), FMT_E8M0},
-        {"silu, 1x128 tiles, f32 scales", OP_SILU, SCALE_TILE_1x128, 128, 128 * gt_int(1, 8), FMT_F32},
-        {"gelu, group 16, short last group", OP_GELU, SCALE_PER_GROUP, 16, 16 * gt_int(1, 40) + 8, FMT_E8M0},
-        {"layernorm, group 16 (rows in registers)", OP_LAYERNORM, SCALE_PER_GROUP, 16, 16 * gt_int(1, 48), FMT_E8M0},
-        {"rmsnorm, 1x128 tiles", OP_RMSNORM, SCALE_TILE_1x128, 128, 128 * gt_int(1, 6), FMT_F32},
-        {"layernorm, short last group", OP_LAYERNORM, SCALE_PER_GROUP, 16, 16 * gt_int(1, 40) + 8, FMT_E8M0},
+    struct { const char *name; OpKind op; Scaling kind; int G; int64_t C; ElemType se; bool staged; } p[N_INPUT_COPIES] = {
+        {"gelu, group 16, e8m0 scales", OP_GELU, SCALE_PER_GROUP, 16, 16 * gt_int(1, 100), FMT_E8M0, false},
+        {"silu, 1x128 tiles, f32 scales", OP_SILU, SCALE_TILE_1x128, 128, 128 * gt_int(1, 8), FMT_F32, false},
+        {"gelu, group 16, short last group", OP_GELU, SCALE_PER_GROUP, 16, 16 * gt_int(1, 40) + 8, FMT_E8M0, false},
+        {"layernorm, group 16 (staged rows)", OP_LAYERNORM, SCALE_PER_GROUP, 16, 16 * gt_int(1, 48), FMT_E8M0, true},
+        {"rmsnorm, 1x128 tiles (staged rows)", OP_RMSNORM, SCALE_TILE_1x128, 128, 128 * gt_int(1, 6), FMT_F32, true},
+        {"layernorm, short last group", OP_LAYERNORM, SCALE_PER_GROUP, 16, 16 * gt_int(1, 40) + 8, FMT_E8M0, false},
+        {"layernorm, group 16, rows of 768", OP_LAYERNORM, SCALE_PER_GROUP, 16, 768, FMT_E8M0, true},
+        {"rmsnorm, group 16, rows of 2048", OP_RMSNORM, SCALE_PER_GROUP, 16, 2048, FMT_E8M0, true},
     };
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < N_INPUT_COPIES; k++) {
         Node *x = leaf(FMT_BF16, 3, DIMS(R, p[k].C));
         Node *sc = op_v(OP_QUANT_SCALE, p[k].se, I(FMT_E4M3, p[k].kind, p[k].G, 1), NULL, IN(x));
         Node *q = op_v(OP_QUANTIZE, FMT_E4M3, NULL, NULL, IN(x, sc));
@@ -845,7 +852,7 @@ static void build_input_copies(void) {
                 y = op_v(OP_RMSNORM, FMT_BF16, NULL, Fa(1e-6), IN(x, w));
             }
         }
-        input_copies[k] = (InputCopy){p[k].name, sc, q, y};
+        input_copies[k] = (InputCopy){p[k].name, sc, q, y, p[k].staged};
     }
 }
 
@@ -856,11 +863,12 @@ static void test_input_copies(void **s) {
     CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
     assert_non_null(plans);
     int failed = 0;
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < N_INPUT_COPIES; k++) {
         InputCopy *c = &input_copies[k];
         const CuNodePlan *pq = &plans[c->q->index], *py = &plans[c->y->index];
         bool fused = pq->n_launch == 0 && plans[c->scale->index].n_launch == 0 && py->n_launch == 1 &&
-                     (strstr(py->launch[0].body, "ck_unary_group<") || strstr(py->launch[0].body, "ck_norm_group<"));
+                     (strstr(py->launch[0].body, "ck_unary_group<") || strstr(py->launch[0].body, "ck_norm_group<")) &&
+                     (py->launch[0].smem > 0) == c->staged;
         Tensor *out[3] = {&c->q->t, &c->scale->t, &c->y->t};
         int64_t nb[3];
         unsigned char *gpu[3];
@@ -890,7 +898,8 @@ static void test_input_copies(void **s) {
         }
         bool pass = ok && fused && !bad[0] && !bad[1] && err >= 0 && err <= 1e-2;
         printf("  %-42s [%lld x %lld] %s, code bytes differing %lld, scale bytes differing %lld, result err %.2e%s\n",
-               c->name, (long long)c->q->t.dims[0], (long long)c->q->t.dims[1], fused ? "one launch" : "NOT FUSED",
+               c->name, (long long)c->q->t.dims[0], (long long)c->q->t.dims[1],
+               fused ? (c->staged ? "one staged launch" : "one launch") : "NOT PLANNED AS EXPECTED",
                (long long)bad[0], (long long)bad[1], err, pass ? "" : "  FAIL");
         failed += !pass;
         for (int j = 0; j < 3; j++) free(gpu[j]);
@@ -1872,13 +1881,16 @@ int main(void) {
         for (int k = 0; plans && k < N_CAST_T; k++) fused += cast_t_fused(plans, &cast_t[k]);
         printf("cast-transposes planned as one launch: %d of %d\n", fused, N_CAST_T);
         int copies = 0;
-        for (int k = 0; plans && k < 6; k++)
-            copies += plans[input_copies[k].q->index].n_launch == 0 && plans[input_copies[k].y->index].n_launch == 1;
-        printf("input group copies written by their reader: %d of 6\n", copies);
+        for (int k = 0; plans && k < N_INPUT_COPIES; k++) {
+            const CuNodePlan *py = &plans[input_copies[k].y->index];
+            copies += plans[input_copies[k].q->index].n_launch == 0 && py->n_launch == 1 &&
+                      (py->launch[0].smem > 0) == input_copies[k].staged;
+        }
+        printf("input group copies written by their reader: %d of %d\n", copies, N_INPUT_COPIES);
         arena_free(pa);
         int unplanned = wgmma_unplanned(), misplanned = ce_pairs_misplanned();
         printf("cross-entropy pairs planned as expected: %d of %d\n", n_ce_pairs - misplanned, n_ce_pairs);
-        return fused == N_CAST_T && !unplanned && !misplanned ? 0 : 1;
+        return fused == N_CAST_T && copies == N_INPUT_COPIES && !unplanned && !misplanned ? 0 : 1;
     }
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
