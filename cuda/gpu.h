@@ -124,7 +124,7 @@ typedef struct CuNodePlan {
     /* the other fusions (a producer writing its quantize, a cast-transpose summing a bias
      * gradient, a quantize making its group scales): the nodes whose work these launches do
      * besides `node`'s, for listings only */
-    const Node *absorbed[5];
+    const Node *absorbed[6];
     int n_absorbed;
     /* a node whose work a later node's launches do in the micro-step (a cross entropy whose
      * backward computes it: fuse_ce_one_pass), with no launches here: its own launches, for
