@@ -38,7 +38,7 @@ Graph *pipeline_compile(Arena *a, const char *path, const BuildOptions *o)
     if (!run_named(g, "autodiff", o, &stop)) return NULL;
     if (!run_named(g, "optimizer", o, &stop)) return NULL;
     if (!run_named(g, "release", o, &stop)) return NULL;   /* only with --grad-release */
-    if (!run_named(g, "recompute", o, &stop)) return NULL;   /* only with save.cheap=0 or save.attention_inputs=0 */
+    if (!run_named(g, "recompute", o, &stop)) return NULL;   /* only with save.cheap=0, save.activations=0 or save.attention_inputs=0 */
     if (!run_named(g, "dce", o, &stop)) return NULL;
 
     /* precision: a format for every tensor, then scales and quantization where formats change */

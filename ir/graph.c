@@ -466,6 +466,7 @@ static const ChoiceRule choice_rules[] = {
     {"ce.ring", "0 1", 0, 0, 0},
     {"save.attention_y", "0 1", 0, 0, 0},
     {"save.cheap", "0 1", 0, 0, 0},
+    {"save.activations", "0 1", 0, 0, 0},
     {"save.attention_inputs", "0 1", 0, 0, 0},
     {"cuda.pdl", "0 1", 0, 0, 0},
     {"cuda.grad_fast_accum", "0 1", 0, 0, 0},

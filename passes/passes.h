@@ -73,6 +73,9 @@ typedef struct {
                                      * again with their GEMMs (passes/recompute.c) */
     bool cheap_remade;              /* norms' and elementwise ops' outputs not saved: the
                                      * backward makes them again (passes/recompute.c) */
+    bool activations_remade;        /* an activation that the backward reads only in
+                                     * elementwise products (SwiGLU's silu(gate)) not saved:
+                                     * the products make it from its input's saved copy */
 } PrecisionLevel;
 enum { PRECISION_LEVELS = 4 };      /* -O0..-O3 */
 const PrecisionLevel *precision_level(int opt_level);
@@ -82,6 +85,9 @@ bool precision_attention_inputs_saved(const Graph *g);
 /* Whether norms' and elementwise ops' outputs that the backward reads are saved: the choice
  * save.cheap, else the level's default (not at -O0, whose backward makes them again). */
 bool precision_cheap_saved(const Graph *g);
+/* Whether a GELU's or SiLU's output that the backward reads only in elementwise products is
+ * saved: the choice save.activations, else the level's default (not at -O2 and -O3). */
+bool precision_activations_saved(const Graph *g);
 
 
 /* Which of a linear layer's three GEMMs mm is, and the name gemm: rules match it by (its

@@ -404,7 +404,7 @@ static const PrecisionLevel levels[PRECISION_LEVELS] = {
     {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_F32, .master_codec = CODEC_PLAIN,
      .adam_m = FMT_GROUPED(FMT_E4M3, CODEC_EXPAND, 128),
      .adam_v = FMT_GROUPED(FMT_E4M3, CODEC_EXPAND, 128), .fp8_gemms = true, .fp8_saved = true,
-     .attention_y_kept = true},
+     .attention_y_kept = true, .activations_remade = true},
     /* O3: FlashOptim: companded 8-bit states in groups of 32, bf16 + i8 split master; weights
      * quantized at every use, no FP8 copy kept across the step; attention's output saved and
      * its q, k, v made again in the backward (less memory and less time than the other way
@@ -412,7 +412,8 @@ static const PrecisionLevel levels[PRECISION_LEVELS] = {
     {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_I8, .master_codec = CODEC_SPLIT,
      .adam_m = FMT_GROUPED(FMT_I8, CODEC_COMPAND, 32),
      .adam_v = FMT_GROUPED(FMT_U8, CODEC_SQRT, 32), .fp8_gemms = true, .fp8_saved = true,
-     .weight_copies_per_use = true, .attention_y_kept = true, .attention_inputs_remade = true},
+     .weight_copies_per_use = true, .attention_y_kept = true, .attention_inputs_remade = true,
+     .activations_remade = true},
 };
 
 const PrecisionLevel *precision_level(int opt_level)
@@ -430,6 +431,11 @@ bool precision_attention_inputs_saved(const Graph *g)
 bool precision_cheap_saved(const Graph *g)
 {
     return ir_choice_int(g, "save.cheap", !precision_level(g->opt_level)->cheap_remade) != 0;
+}
+
+bool precision_activations_saved(const Graph *g)
+{
+    return ir_choice_int(g, "save.activations", !precision_level(g->opt_level)->activations_remade) != 0;
 }
 
 /* Per-group parameters of a codec'd state live in a persistent f32 tensor next to it:
