@@ -8,7 +8,8 @@
  *   producer quantizes     a norm or GELU writes its own FP8 copy (fuse_producer_quantizes);
  *   bias gradients         summed in the transposing quantize of dy (fuse_bias_grads);
  *   group quantizes        per-group scales made in the quantize (fuse_group_quantizes);
- *   input group copies     an activation writes its input's group copy (fuse_input_group_copies);
+ *   input group copies     an activation writes its input's group copy (fuse_input_group_copies),
+ *                          a product its two inputs' (fuse_product_group_copies);
  *   elementwise producers  SwiGLU's silu and product computed by the kernels that read them
  *                          (fuse_inline_elementwise);
  *   cast-transposes        a transposed FP8 copy written with the copy (fuse_cast_transposes);
@@ -240,18 +241,22 @@ static bool plans_own(const CuNodePlan *p) { return p->n_launch > 0 && !p->membe
  * x holds its value up to the activation, which reads it. (A GELU that a GEMM's epilogue
  * computes, gemm_gelu, follows the GEMM directly, so its input has no quantize before it.)
  * The bytes are those of the two launches. */
-static const Node *input_group_copy(const Graph *g, const Uses *uses, const CuNodePlan *plans, const Node *y) {
-    bool act = (y->op == OP_GELU || y->op == OP_SILU) && y->n_in == 1;
-    if (!act && y->op != OP_LAYERNORM && y->op != OP_RMSNORM) return NULL;
-    const Node *x = y->in[0];
+/* whether q is a group copy (a QUANTIZE of x whose one launch also makes its scales) that a
+ * reader of x may write instead */
+static bool group_copy_of(const Graph *g, const CuNodePlan *plans, const Node *q, const Node *x) {
+    if (q->op != OP_QUANTIZE || q->in[0] != x || q->n_in != 2 || q->index < 0) return false;
+    const CuNodePlan *pq = &plans[q->index];
+    return pq->n_launch == 1 && pq->n_absorbed == 1 && pq->absorbed[0] == q->in[1] && !pq->members &&
+           !strncmp(pq->launch[0].fn, "qgroup", 6) && fusion_on(g, "fuse.input_group_copies", q);
+}
+
+/* the group copy of x before y that y's launch may write instead, or NULL */
+static const Node *group_copy_before(const Graph *g, const Uses *uses, const CuNodePlan *plans, const Node *x,
+                                     const Node *y) {
     const Uses *ux = &uses[x->index];
     for (int i = 0; i < ux->n; i++) {
         const Node *q = ux->list[i];
-        if (q->op != OP_QUANTIZE || q->in[0] != x || q->n_in != 2 || q->index < 0 || q->index >= y->index) continue;
-        const CuNodePlan *pq = &plans[q->index];
-        if (pq->n_launch != 1 || pq->n_absorbed != 1 || pq->absorbed[0] != q->in[1] || pq->members ||
-            strncmp(pq->launch[0].fn, "qgroup", 6) || !fusion_on(g, "fuse.input_group_copies", q))
-            continue;
+        if (!group_copy_of(g, plans, q, x) || q->index >= y->index) continue;
         bool read_early = false;
         const Node *made[2] = {q, q->in[1]};
         for (int k = 0; k < 2; k++) {
@@ -262,6 +267,12 @@ static const Node *input_group_copy(const Graph *g, const Uses *uses, const CuNo
         if (!read_early) return q;
     }
     return NULL;
+}
+
+static const Node *input_group_copy(const Graph *g, const Uses *uses, const CuNodePlan *plans, const Node *y) {
+    bool act = (y->op == OP_GELU || y->op == OP_SILU) && y->n_in == 1;
+    if (!act && y->op != OP_LAYERNORM && y->op != OP_RMSNORM) return NULL;
+    return group_copy_before(g, uses, plans, y->in[0], y);
 }
 
 /* the input copy an activation's plan took (fuse_input_group_copies), or NULL */
@@ -397,12 +408,12 @@ static bool same_copy(const Node *a, const Node *b) {
            ir_numel(&a->t) == ir_numel(&b->t) && rows_of(&a->t) == rows_of(&b->t);
 }
 
-/* Whether t's bytes, written at q's place instead of t's, are left alone until t's place: by
- * every node whose work runs in between (its own, what its plan absorbed, the GEMM groups
- * that run there: group[k], fuse_plan's), and by what the writing launch reads (q's inputs,
- * or the producer's where it computes q's value: its own value is never stored then). */
-static bool transpose_bytes_free(const Graph *g, const CuNodePlan *plans, const int *group, const Node *q,
-                                 const Node *producer, const Node *t) {
+/* Whether t's bytes, written at q's place instead of t's (later), are left alone until t's
+ * place: by every node whose work runs in between (its own, what its plan absorbed, the GEMM
+ * groups that run there: group[k], fuse_plan's), and by what the writing launch reads (q's
+ * inputs, or the producer's where it computes q's value: its own value is never stored then). */
+static bool bytes_free_early(const Graph *g, const CuNodePlan *plans, const int *group, const Node *q,
+                             const Node *producer, const Node *t) {
     int qi = q->index, ti = t->index;
     Bytes b = bytes_of(t);
     if (bytes_overlap(q, b) || (producer ? touches(producer, b, false) : touches(q, b, false))) return false;
@@ -444,7 +455,7 @@ static void fuse_cast_transposes(const Graph *g, CuNodePlan *plans, Arena *a) {
                 if (same_copy(g->nodes[j], c)) cand[0] = g->nodes[j];
         for (int k = 0; k < 2; k++) {
             const Node *q = cand[k], *y;
-            if (!q || !cast_transposable(&plans[q->index], q, &y) || !transpose_bytes_free(g, plans, group, q, y, t))
+            if (!q || !cast_transposable(&plans[q->index], q, &y) || !bytes_free_early(g, plans, group, q, y, t))
                 continue;
             char why[256];
             CuNodePlan fused;
@@ -900,6 +911,94 @@ static void fuse_inline_elementwise(const Graph *g, CuNodePlan *plans, Arena *a)
     }
 }
 
+/* ---------------------------------------------------------------- a product writing its inputs' group copies
+ *
+ * At -O2 and -O3 a SwiGLU's backward reads gate and up from their 1x16 group copies (silu_bwd
+ * reads gate; dy * up and dy * silu(gate) read up and gate: passes/recompute.c, save.activations).
+ * Unfused, the forward reads each twice: SiLU's kernel reads gate and writes silu(gate) and
+ * gate's copy (fuse_input_group_copies), up's quantize reads up, and the product reads
+ * silu(gate) and up. Here the product computes silu from gate (as fuse_inline_elementwise
+ * does) and writes both inputs' copies from the vectors it reads (reduce.cuh,
+ * ck_binary_group): Llama 1.1B at batch 4 x 2048, 622 -> 358 MiB of traffic a layer. Taken for
+ * any ADD, SUB or MUL of two inputs of its size where an input (or, for an activation that
+ * only this product reads, the activation's input) has a group copy that the product may
+ * write: the first reader of the input after the copy's place (a norm before the product
+ * writes it from its row: fuse_input_group_copies), or a copy placed after the product whose
+ * bytes and scales' bytes nothing touches from the product's place to its own
+ * (bytes_free_early). Under the choices fuse.input_group_copies (the copy's @ID) and
+ * fuse.inline_elementwise (the activation's); the bytes are those of the unfused launches. */
+
+/* whether a node other than `except` reads x strictly between positions lo and hi */
+static bool read_between(const Uses *uses, const Node *x, int lo, int hi, const Node *except) {
+    const Uses *u = &uses[x->index];
+    for (int k = 0; k < u->n; k++)
+        if (u->list[k] != except && u->list[k]->index > lo && u->list[k]->index < hi) return true;
+    return false;
+}
+
+/* the copy of input x (stored as read; act: an activation y computes from x, or NULL) that
+ * product y may write, or NULL */
+static const Node *product_copy(const Graph *g, const Uses *uses, const CuNodePlan *plans, const int *group,
+                                const Node *x, const Node *y, const Node *act) {
+    const Node *q = group_copy_before(g, uses, plans, x, y);
+    if (q) return read_between(uses, x, q->index, y->index, act) ? NULL : q;
+    const Uses *ux = &uses[x->index];
+    for (int i = 0; i < ux->n; i++) {
+        q = ux->list[i];
+        const Node *sc = q->in[1];
+        if (!group_copy_of(g, plans, q, x) || q->index <= y->index || sc->index <= y->index ||
+            !bytes_free_early(g, plans, group, y, act, q) || !bytes_free_early(g, plans, group, y, act, sc) ||
+            (act && touches(y, bytes_of(q), false)) || (act && touches(y, bytes_of(sc), false)))
+            continue;
+        return q;
+    }
+    return NULL;
+}
+
+static void fuse_product_group_copies(const Graph *g, CuNodePlan *plans, Arena *a) {
+    Uses *uses = uses_by_position(g);
+    if (!uses) return;
+    int *group = fuse_plan(g, a);
+    for (int yi = 0; yi < g->n_nodes; yi++) {
+        const Node *y = g->nodes[yi];
+        if (!is_product(y) || y->n_in != 2 || !plans_own(&plans[yi]) || plans[yi].n_launch != 1 ||
+            ir_numel(&y->in[0]->t) != ir_numel(&y->t) || ir_numel(&y->in[1]->t) != ir_numel(&y->t))
+            continue;
+        const Node *act = NULL, *stored[2] = {y->in[0], y->in[1]};
+        int slot = -1;
+        for (int k = 0; k < 2 && !act; k++) {
+            const Node *x = y->in[k];
+            if ((x->op == OP_GELU || x->op == OP_SILU) && x->n_in == 1 && y->in[1 - k] != x && inline_value(x) &&
+                plans_own(&plans[x->index]) && plans[x->index].n_launch == 1 && uses[x->index].n == 1 &&
+                ir_numel(&x->in[0]->t) == ir_numel(&y->t) && inline_input_holds(g, x->in[0], y) &&
+                fusion_on(g, "fuse.inline_elementwise", x))
+                act = x, slot = k, stored[k] = x->in[0];
+        }
+        const Node *q[2] = {product_copy(g, uses, plans, group, stored[0], y, act),
+                            product_copy(g, uses, plans, group, stored[1], y, act)};
+        if (!q[0] && !q[1]) continue;
+        char why[256];
+        CuNodePlan fused;
+        Spec s = spec_for(g, y, a, &fused, why, sizeof why);
+        s.inline_of = act;
+        s.inline_slot = slot;
+        s.product_copies[0] = q[0], s.product_copies[1] = q[1];
+        if (!plan_node(&s) || fused.n_launch != 1) continue;
+        if (act) {
+            fused.absorbed[fused.n_absorbed++] = act;
+            memset(&plans[act->index], 0, sizeof plans[0]);
+            plans[act->index].node = act;
+        }
+        for (int k = 0; k < 2; k++) {
+            if (!q[k]) continue;
+            take_input_copy(&fused, q[k]);
+            memset(&plans[q[k]->index], 0, sizeof plans[0]);
+            plans[q[k]->index].node = q[k];
+        }
+        plans[yi] = fused;
+    }
+}
+
 CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len) {
     CuNodePlan *plans = arena_alloc(a, sizeof *plans * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++)
@@ -907,6 +1006,7 @@ CuNodePlan *cuda_plan_graph(const Graph *g, Arena *a, char *why, size_t why_len)
     plan_attention_choices(g, plans, a);
     plan_ce_choices(g, plans, a);
     fuse_group_quantizes(g, plans, a);
+    fuse_product_group_copies(g, plans, a);
     fuse_input_group_copies(g, plans, a);
     fuse_inline_elementwise(g, plans, a);
     fuse_producer_quantizes(g, plans, a);

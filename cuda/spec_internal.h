@@ -96,6 +96,10 @@ typedef struct {
     /* a GELU or SILU that also writes this QUANTIZE of its input into per-group scales, whose
      * fused launch (group_scale above) moves into the activation's (fuse_input_group_copies) */
     const Node *input_copy;
+    /* an ADD, SUB or MUL that also writes these QUANTIZEs into per-group scales of its two
+     * inputs as stored (for an input computed inside it, inline_of below: the activation's
+     * input), NULL where an input has none (fuse_product_group_copies) */
+    const Node *product_copies[2];
     /* an elementwise producer computed inside this node's kernel instead of read
      * (fuse_inline_elementwise): for ADD, SUB, MUL the activation (GELU, SILU) that input
      * inline_slot is, read from its own input; for GELU_BWD, SILU_BWD the product (ADD, SUB,

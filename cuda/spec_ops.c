@@ -68,10 +68,40 @@ bool plan_elementwise(Spec *s) {
             in_fmt[k] = arena_printf(s->arena, "CkAct<%s, %s, %s>", act->op == OP_GELU ? "OP_GELU" : "OP_SILU",
                                      fmt_arg(s, &act->t), fmt_arg(s, &act->in[0]->t));
         }
-        l = spec_launch(s, "binary", grid_elem(count), ELEM_THREADS, "ck_binary<%s, %s, %s, %s>(a)",
-                        n->op == OP_ADD ? "OP_ADD" : n->op == OP_SUB ? "OP_SUB" : "OP_MUL", Y, in_fmt[0], in_fmt[1]);
+        const char *op = n->op == OP_ADD ? "OP_ADD" : n->op == OP_SUB ? "OP_SUB" : "OP_MUL";
+        const Node *const *qs = s->product_copies;
+        if (!qs[0] && !qs[1]) {
+            l = spec_launch(s, "binary", grid_elem(count), ELEM_THREADS, "ck_binary<%s, %s, %s, %s>(a)", op, Y,
+                            in_fmt[0], in_fmt[1]);
+            args_result_inputs(l, n);
+            if (act) arg_node(l, 1 + s->inline_slot, act->in[0]);
+            arg_amax_parts(s, l, n);
+            return true;
+        }
+        /* each input's copy into per-group scales too (fuse_product_group_copies), as qgroup's
+         * launches (QUANTIZE with its QUANT_SCALE) would write them */
+        const char *copy_fmt[2] = {"CkNoCopy", "CkNoCopy"};
+        for (int k = 0; k < 2; k++) {
+            const Node *q = qs[k], *stored = act && k == s->inline_slot ? act->in[0] : n->in[k];
+            if (!q) continue;
+            if (q->op != OP_QUANTIZE || q->n_in != 2 || q->in[0] != stored || ir_numel(&stored->t) != count ||
+                (q->t.fmt.scaling != SCALE_PER_GROUP && q->t.fmt.scaling != SCALE_TILE_1x128) ||
+                q->in[1]->op != OP_QUANT_SCALE || s->result != RESULT_STORED)
+                return spec_fail(s, "no group copy of input %d to write", k);
+            copy_fmt[k] = fmt_arg(s, &q->t);
+        }
+        l = spec_launch(s, "binary", grid_elem(count), ELEM_THREADS, "ck_binary_group<%s, %s, %s, %s, %s, %s>(a)", op, Y,
+                        in_fmt[0], in_fmt[1], copy_fmt[0], copy_fmt[1]);
         args_result_inputs(l, n);
         if (act) arg_node(l, 1 + s->inline_slot, act->in[0]);
+        for (int k = 0; k < 2; k++) {
+            if (!qs[k]) continue;
+            const Node *sc = qs[k]->in[1];
+            arg_node(l, 3 + k, qs[k]);
+            l->args.i[1 + 2 * k] = IR_IATTR(sc, QUANT_SCALE, margin);
+            l->args.i[2 + 2 * k] = l->args.t[3 + k].group;
+            l->args.f[k] = num_elem_max((ElemType)IR_IATTR(sc, QUANT_SCALE, elem));
+        }
         arg_amax_parts(s, l, n);
         return true;
     }

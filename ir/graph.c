@@ -329,6 +329,20 @@ const Node *ir_inlined_product(const Graph *g, const Node *u, const Uses *uses)
     return d;
 }
 
+const Node *ir_inlined_activation(const Graph *g, const Node *y, const Uses *uses)
+{
+    if ((y->op != OP_ADD && y->op != OP_SUB && y->op != OP_MUL) || y->n_in != 2 || y->in[0] == y->in[1]) return NULL;
+    for (int k = 0; k < 2; k++) {
+        const Node *x = y->in[k];
+        if ((x->op == OP_GELU || x->op == OP_SILU) && x->n_in == 1 && x->index >= 0 && uses[x->index].n == 1 &&
+            x->t.fmt.scaling == SCALE_NONE && ir_numel(&x->t) == ir_numel(&y->t) &&
+            ir_numel(&y->in[1 - k]->t) == ir_numel(&y->t) && ir_numel(&x->in[0]->t) == ir_numel(&y->t) &&
+            ir_choice_on(g, "fuse.inline_elementwise", x))
+            return x;
+    }
+    return NULL;
+}
+
 int64_t ir_storage_bytes(const Node *n)
 {
     int64_t lse = ir_attention_lse_offset(n);

@@ -470,6 +470,12 @@ bool ir_quantize_may_rerun_producer(const Node *q, const Uses *uses);
  * on at it: the GPU backend computes it inside u's kernel (cuda/spec_fuse.c), so its operands
  * live until u (passes/memplan.c). NULL otherwise. */
 const Node *ir_inlined_product(const Graph *g, const Node *u, const Uses *uses);
+/* The activation (GELU, SILU of one same-sized input, unscaled) that product y (ADD, SUB,
+ * MUL of same-sized operands) reads, where y alone reads it and the choice
+ * fuse.inline_elementwise is on at it: the GPU backend may compute it inside y's kernel from
+ * its input (cuda/spec_fuse.c), so that input lives until y (passes/memplan.c). NULL
+ * otherwise (and where y reads two such, the first). */
+const Node *ir_inlined_activation(const Graph *g, const Node *y, const Uses *uses);
 /* Whether n is a forward value made again in the backward instead of saved (passes/recompute.c
  * marks its copies so: an activation's role in the backward phase). Its bits must be the
  * forward's: a backend computes it as it computes the original (a GEMM's accumulation mode). */

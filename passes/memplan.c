@@ -94,19 +94,16 @@ static void extend_for_producer_reruns(const Graph *g, const Uses *uses, int *la
  * gradient's kernel (cuda/spec_fuse.c, fuse_inline_elementwise: SwiGLU's silu_bwd(dy * up,
  * gate)) and reads the product's operands there, so they live until then. On Llama 1.1B the
  * MLP's dy then outlives the up projection's gradient GEMMs, which run in between. The choice
- * fuse.inline_elementwise=0 (at the product) keeps the lifetimes as they were. */
+ * fuse.inline_elementwise=0 (at the product) keeps the lifetimes as they were. The same for
+ * an activation that only a product reads (ir_inlined_activation): the product may compute it
+ * from the activation's input (SwiGLU's silu(gate) * up at -O2 and -O3, where gate's value is
+ * otherwise dead after the SiLU: the backward reads its FP8 copy), which then lives until the
+ * product. */
 static void extend_for_inline_products(const Graph *g, const Uses *uses, int *last) {
     for (int i = 0; i < g->n_nodes; i++) {
-        const Node *d = ir_inlined_product(g, g->nodes[i], uses);
-        if (!d) continue;
-        for (int k = 0; k < 2; k++) {
-            const Node *refs[2] = {d->in[k], d->in[k]->t.fmt.scale};
-            for (int j = 0; j < 2; j++) {
-                if (!refs[j]) continue;
-                int x = alias_root((Node *)refs[j])->index;
-                if (i > last[x]) last[x] = i;
-            }
-        }
+        const Node *d = ir_inlined_product(g, g->nodes[i], uses), *act = ir_inlined_activation(g, g->nodes[i], uses);
+        for (int k = 0; d && k < 2; k++) live_until(d->in[k], i, last);
+        if (act) live_until(act->in[0], i, last);
     }
 }
 

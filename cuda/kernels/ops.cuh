@@ -288,6 +288,21 @@ template <int OP, class A, class X> struct CkAct {
     }
 };
 
+/* What a binary op's input slot of read class A holds in memory, and the value the op reads
+ * from it: the value itself, or for CkAct<OP, A, X> the activation's input x (what a group
+ * copy of that input is made of), from which the op computes act(x) rounded to A, as
+ * CkAct's loads do (reduce.cuh, ck_binary_group). */
+template <class A> struct CkSource {
+    using X = A;
+    static __device__ __forceinline__ float value(const CkTensor &, i64, float v) { return v; }
+};
+template <int OP, class A, class X0> struct CkSource<CkAct<OP, A, X0>> {
+    using X = X0;
+    static __device__ __forceinline__ float value(const CkTensor &t, i64 i, float v) {
+        return A::round(t, i, ck_unop<OP>(v, 0.0f));
+    }
+};
+
 /* GELU_BWD or SILU_BWD (dy, x) with dy = BOP(p, q) computed here, rounded to its format D:
  * t[0] = y, t[1] = p, t[2] = q, t[3] = x, all of one size; amax as ck_unary */
 template <int OP, int BOP, class Y, class D, class P, class Q, class X> __device__ void ck_unary_bin(const CkArgs &a) {

@@ -462,6 +462,83 @@ template <int OP, class Y, class X, class Q> __device__ void ck_unary_group(cons
     ck_amax_out<Y>(a, m);
 }
 
+/* ---------------------------------------------------------------- a product writing its inputs' group copies
+ * ADD, SUB or MUL of two inputs of one size (as ck_binary; A may be CkAct, an activation
+ * computed from its input) that also writes each input's copy into per-group scales
+ * (spec_fuse.c, fuse_product_group_copies): SwiGLU's silu(gate) * up writes gate's and up's
+ * 1x16 copies, which the backward reads, from the vectors it reads, as qgroup's launches would
+ * write them. QA, QB: the copies' formats, or CkNoCopy where that input has none. t[0] = y,
+ * t[1], t[2] the inputs as stored (an activation's input in its slot), t[3], t[4] the copies;
+ * i = {.., margin A, group A, margin B, group B, .., amax at}, f = {max of QA's elem, QB's}. */
+struct CkNoCopy {};
+template <class Q> struct CkHasCopy { static constexpr bool v = true; };
+template <> struct CkHasCopy<CkNoCopy> { static constexpr bool v = false; };
+
+/* vector c (its values v, in range where live) into copy q, the group's lanes taking its
+ * largest |v| by shuffles (every lane of the warp calls it: ck_group_vectors' loop) */
+template <class Q> static __device__ __forceinline__ void ck_vec_group_store(const CkTensor &q, const CkGroupQ &gq, i64 c,
+                                                                           const float *v, bool live) {
+    int L = (int)(gq.G / CK_VEC), lane = threadIdx.x & 31;
+    float m = 0.0f;
+    if (live)
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(v[j]));
+    for (int o = L / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float sc = ck_group_scale_of(gq, m);
+    if (!live) return;
+    if ((lane & (L - 1)) == 0) Elem<Q::scale_elem>::st((void *)q.s, c / L, sc);
+    Q::st_vec_scaled(q, c * CK_VEC, v, Q::scale_round(sc));
+}
+
+/* whether input slot x (stored as X) takes the vector path with its copy q (Q, or none) */
+template <class X, class Q> static __device__ __forceinline__ bool ck_copy_vec_ok(const CkTensor &x, const CkTensor &q,
+                                                                                const CkGroupQ &gq) {
+    if constexpr (CkHasCopy<Q>::v) return ck_group_vec_ok<X>(x, gq.G) && Q::vec_ok(q);
+    return X::vec_ok(x);
+}
+
+template <int OP, class Y, class A, class B, class QA, class QB> __device__ void ck_binary_group(const CkArgs &a) {
+    using XA = typename CkSource<A>::X;
+    using XB = typename CkSource<B>::X;
+    const CkTensor &xa = a.t[1], &xb = a.t[2], &qa = a.t[3], &qb = a.t[4];
+    const CkGroupQ ga = ck_group_q<0, 1>(a), gb = ck_group_q<1, 3>(a);
+    i64 n = a.t[0].n;
+    float m = 0.0f;
+    if (Y::vec_ok(a.t[0]) && ck_copy_vec_ok<XA, QA>(xa, qa, ga) && ck_copy_vec_ok<XB, QB>(xb, qb, gb)) {
+        i64 nv = n / CK_VEC;
+        int lane = threadIdx.x & 31;
+        for (i64 c = CK_BLOCK * blockDim.x + threadIdx.x; c - lane < nv; c += CK_BLOCKS * blockDim.x) {
+            bool live = c < nv;
+            float x[CK_VEC], y[CK_VEC];
+            if (live) {
+                XA::ld_vec(xa, c * CK_VEC, x);
+                XB::ld_vec(xb, c * CK_VEC, y);
+            }
+            if constexpr (CkHasCopy<QA>::v) ck_vec_group_store<QA>(qa, ga, c, x, live);
+            if constexpr (CkHasCopy<QB>::v) ck_vec_group_store<QB>(qb, gb, c, y, live);
+            if (!live) continue;
+            #pragma unroll
+            for (int j = 0; j < CK_VEC; j++) {
+                i64 i = c * CK_VEC + j;
+                x[j] = ck_binop<OP>(CkSource<A>::value(xa, i, x[j]), CkSource<B>::value(xb, i, y[j]));
+                m = fmaxf(m, fabsf(x[j]));
+            }
+            Y::st_vec(a.t[0], c * CK_VEC, x);
+        }
+    } else {
+        if constexpr (CkHasCopy<QA>::v)
+            CK_GRID_STRIDE(k, xa.rows * ((xa.cols + ga.G - 1) / ga.G)) ck_group_store<QA, XA>(ga, xa, qa, k);
+        if constexpr (CkHasCopy<QB>::v)
+            CK_GRID_STRIDE(k, xb.rows * ((xb.cols + gb.G - 1) / gb.G)) ck_group_store<QB, XB>(gb, xb, qb, k);
+        CK_GRID_STRIDE(i, n) {
+            float v = ck_binop<OP>(A::ld(xa, i), B::ld(xb, i));
+            m = fmaxf(m, fabsf(v));
+            Y::st(a.t[0], i, v);
+        }
+    }
+    ck_amax_out<Y>(a, m);
+}
+
 /* A norm's input row r into its copy Q (t[4]) in groups of G = i[3] with their scales
  * (margin i[2], f[1] the max of Q's elem): the bytes of ck_quantize_group. From the row's
  * vectors in registers (ck_norm_row's layout: lane l holds vectors l, l + 32, ..) where

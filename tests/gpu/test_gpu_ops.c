@@ -909,6 +909,113 @@ static void test_input_copies(void **s) {
     if (failed) fail_msg("%d activations writing their input's group copy differ from the reference", failed);
 }
 
+/* ---------------------------------------------------------------- a product writing its inputs' group copies
+ * An ADD, SUB or MUL whose inputs (or, for an activation that only it reads, the activation's
+ * input) have quantizes into per-group scales writes those copies itself (spec_fuse.c,
+ * fuse_product_group_copies): SwiGLU's silu(gate) * up with gate's copy before the SiLU and
+ * up's after the product, as Llama's -O3 schedule has them; both inputs in 1 x 128 tiles; one
+ * input's copy only; and rows whose last group is short (the element-at-a-time path). The
+ * copies and scales must be the reference's bytes, the product within the bf16 bound. */
+typedef struct {
+    const char *name;
+    Node *act, *scale[2], *q[2], *y;
+} ProductCopy;
+enum { N_PRODUCT_COPIES = 4 };
+static ProductCopy product_copies[N_PRODUCT_COPIES];
+
+/* the group copy of x: its QUANT_SCALE and QUANTIZE */
+static void group_copy(Node *x, Scaling kind, int G, ElemType se, Node **scale, Node **q) {
+    *scale = op_v(OP_QUANT_SCALE, se, I(FMT_E4M3, kind, G, 1), NULL, IN(x));
+    *q = op_v(OP_QUANTIZE, FMT_E4M3, NULL, NULL, IN(x, *scale));
+    (*q)->t.fmt.scaling = kind, (*q)->t.fmt.group = kind == SCALE_PER_GROUP ? G : 0;
+    (*q)->t.fmt.recipe = RECIPE_CURRENT, (*q)->t.fmt.scale = *scale;
+}
+
+static void build_product_copies(void) {
+    int64_t R = gt_int(1, 300);
+    struct {
+        const char *name; OpKind op, act; Scaling kind; int G; int64_t C; ElemType se; bool copy[2];
+    } p[N_PRODUCT_COPIES] = {
+        {"silu(gate) * up, group 16 (SwiGLU)", OP_MUL, OP_SILU, SCALE_PER_GROUP, 16, 16 * gt_int(1, 100), FMT_E8M0, {true, true}},
+        {"a * b, 1x128 tiles, f32 scales", OP_MUL, OP_CONST, SCALE_TILE_1x128, 128, 128 * gt_int(1, 8), FMT_F32, {true, true}},
+        {"gelu(x) + b, x's copy only", OP_ADD, OP_GELU, SCALE_PER_GROUP, 16, 16 * gt_int(1, 100), FMT_E8M0, {true, false}},
+        {"a - b, b's copy, short last group", OP_SUB, OP_CONST, SCALE_PER_GROUP, 16, 16 * gt_int(1, 40) + 8, FMT_E8M0, {false, true}},
+    };
+    for (int k = 0; k < N_PRODUCT_COPIES; k++) {
+        ProductCopy *c = &product_copies[k];
+        memset(c, 0, sizeof *c);
+        c->name = p[k].name;
+        Node *x[2] = {leaf(FMT_BF16, 3, DIMS(R, p[k].C)), leaf(FMT_BF16, 3, DIMS(R, p[k].C))}, *in0 = x[0];
+        if (p[k].copy[0]) group_copy(x[0], p[k].kind, p[k].G, p[k].se, &c->scale[0], &c->q[0]);
+        if (p[k].act != OP_CONST) in0 = c->act = op_v(p[k].act, FMT_BF16, NULL, NULL, IN(x[0]));
+        c->y = op_v(p[k].op, FMT_BF16, NULL, NULL, IN(in0, x[1]));
+        /* the second input's copy after the product: the product writes it early */
+        if (p[k].copy[1]) group_copy(x[1], p[k].kind, p[k].G, p[k].se, &c->scale[1], &c->q[1]);
+    }
+}
+
+static void test_product_copies(void **s) {
+    (void)s;
+    Arena *pa = arena_new();
+    char why[256];
+    CuNodePlan *plans = cuda_plan_graph(graph, pa, why, sizeof why);
+    assert_non_null(plans);
+    int failed = 0;
+    for (int k = 0; k < N_PRODUCT_COPIES; k++) {
+        ProductCopy *c = &product_copies[k];
+        const CuNodePlan *py = &plans[c->y->index];
+        bool fused = py->n_launch == 1 && strstr(py->launch[0].body, "ck_binary_group<") &&
+                     (!c->act || plans[c->act->index].n_launch == 0);
+        Tensor *out[5];
+        int n_out = 0;
+        for (int j = 0; j < 2; j++) {
+            if (!c->q[j]) continue;
+            fused &= plans[c->q[j]->index].n_launch == 0 && plans[c->scale[j]->index].n_launch == 0;
+            out[n_out++] = &c->q[j]->t;
+            out[n_out++] = &c->scale[j]->t;
+        }
+        out[n_out++] = &c->y->t;
+        int64_t nb[5];
+        unsigned char *gpu[5];
+        for (int j = 0; j < n_out; j++) {
+            nb[j] = gt_bytes(out[j]);
+            gpu[j] = malloc((size_t)nb[j]);
+            memset(out[j]->data, 0xFF, (size_t)nb[j]);   /* poisoned: every byte must be written */
+        }
+        /* every node in graph order: the fused launch at the product's place, the others empty */
+        Node *order[6] = {c->scale[0], c->q[0], c->act, c->y, c->scale[1], c->q[1]};
+        bool ok = cuda_exec_push(exec, out, n_out);
+        for (int j = 0; j < 6 && ok; j++)
+            if (order[j]) ok = cuda_exec_run_node(exec, order[j]);
+        ok = ok && cuda_exec_pull(exec, out, n_out);
+        int64_t bad = 0;
+        double err = -1;
+        if (ok) {
+            for (int j = 0; j < n_out; j++) memcpy(gpu[j], out[j]->data, (size_t)nb[j]);
+            for (int j = 0; j < 6; j++)
+                if (order[j]) ref_exec_node(order[j]);
+            for (int j = 0; j < n_out - 1; j++)
+                for (int64_t i = 0; i < nb[j]; i++) bad += gpu[j][i] != ((unsigned char *)out[j]->data)[i];
+            Tensor y_gpu = c->y->t;
+            y_gpu.data = gpu[n_out - 1];
+            float *a = ref_load(&y_gpu), *r = ref_load(&c->y->t);
+            double max_abs;
+            err = gt_norm_error(a, r, ir_numel(&c->y->t), &max_abs);
+            free(a);
+            free(r);
+        }
+        bool pass = ok && fused && !bad && err >= 0 && err <= 1e-2;
+        printf("  %-40s [%lld x %lld] %s, copy and scale bytes differing %lld, result err %.2e%s\n", c->name,
+               (long long)c->y->t.dims[0], (long long)c->y->t.dims[1], fused ? "one launch" : "NOT FUSED",
+               (long long)bad, err, pass ? "" : "  FAIL");
+        failed += !pass;
+        for (int j = 0; j < n_out; j++) free(gpu[j]);
+        if (!cuda_exec_push(exec, out, n_out)) failed++;
+    }
+    arena_free(pa);
+    if (failed) fail_msg("%d products writing their inputs' group copies differ from the reference", failed);
+}
+
 static bool run_amax_pair(const AmaxPair *c) {
     Tensor *t[2] = {&c->producer->t, &c->scale->t};
     int64_t nb = gt_bytes(t[0]);
@@ -1377,6 +1484,7 @@ static int setup(void **state) {
     build_quant_transposed();
     build_quant_group_fused();
     build_input_copies();
+    build_product_copies();
     build_cast_transposes();
     build_norm_grads();
     build_attention();
@@ -1863,7 +1971,7 @@ int main(void) {
         graph = ir_graph_new(arena);
         graph->model_name = "gpu_ops";
         build_elementwise(), build_rows(), build_quant(), build_amax(), build_optimizer(), build_gemm(),
-            build_quant_transposed(), build_quant_group_fused(), build_input_copies(), build_cast_transposes(), build_norm_grads(),
+            build_quant_transposed(), build_quant_group_fused(), build_input_copies(), build_product_copies(), build_cast_transposes(), build_norm_grads(),
             build_attention();
         /* the memory plan too: the fusions it allows launch kernels of their own */
         if (!rt_memory_bind(graph, &mem)) return 1;
@@ -1887,16 +1995,26 @@ int main(void) {
                       (py->launch[0].smem > 0) == input_copies[k].staged;
         }
         printf("input group copies written by their reader: %d of %d\n", copies, N_INPUT_COPIES);
+        int products = 0;
+        for (int k = 0; plans && k < N_PRODUCT_COPIES; k++) {
+            const ProductCopy *c = &product_copies[k];
+            bool one = plans[c->y->index].n_launch == 1 && strstr(plans[c->y->index].launch[0].body, "ck_binary_group<") &&
+                       (!c->act || !plans[c->act->index].n_launch);
+            for (int j = 0; j < 2; j++) one &= !c->q[j] || !plans[c->q[j]->index].n_launch;
+            products += one;
+        }
+        printf("products writing their inputs' group copies: %d of %d\n", products, N_PRODUCT_COPIES);
         arena_free(pa);
         int unplanned = wgmma_unplanned(), misplanned = ce_pairs_misplanned();
         printf("cross-entropy pairs planned as expected: %d of %d\n", n_ce_pairs - misplanned, n_ce_pairs);
-        return fused == N_CAST_T && copies == N_INPUT_COPIES && !unplanned && !misplanned ? 0 : 1;
+        return fused == N_CAST_T && copies == N_INPUT_COPIES && products == N_PRODUCT_COPIES && !unplanned && !misplanned ? 0 : 1;
     }
     gt_require_gpu("test_gpu_ops");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_rows), cmocka_unit_test(test_ce_one_pass),
         cmocka_unit_test(test_scaling),     cmocka_unit_test(test_quantize_transposed),
         cmocka_unit_test(test_quantize_group_fused), cmocka_unit_test(test_input_copies),
+        cmocka_unit_test(test_product_copies),
         cmocka_unit_test(test_cast_transposes),
         cmocka_unit_test(test_norm_grads_fused),
         cmocka_unit_test(test_optimizer),
