@@ -76,7 +76,14 @@ LIMIT_S=${LIMIT_S:-540}
 RUN_S=${RUN_S:-160}
 START=$SECONDS
 mkdir -p "$OUT"
-pack() { tar cJf "$OUT.tar.xz.tmp" --exclude=corpus.txt -C "$(dirname "$OUT")" "$(basename "$OUT")" && mv "$OUT.tar.xz.tmp" "$OUT.tar.xz"; }
+# The logs packed so far; runs still going change their logs as tar reads them (its status 1, which
+# under set -e ended the script and with it the runs): what was read is kept, the next pack has more.
+pack() {
+    local rc=0
+    tar cJf "$OUT.tar.xz.tmp" --warning=no-file-changed --exclude=corpus.txt -C "$(dirname "$OUT")" \
+        "$(basename "$OUT")" || rc=$?
+    if [ "$rc" -le 1 ]; then mv "$OUT.tar.xz.tmp" "$OUT.tar.xz"; fi
+}
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 corpus=$OUT/corpus.txt
 [ -f "$corpus" ] || gunzip -c "$DIR/data/corpus.txt.gz" > "$corpus"
