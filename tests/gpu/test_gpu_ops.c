@@ -858,6 +858,47 @@ static void build_input_copies(void) {
     }
 }
 
+/* Runs `nodes` (graph order; the plans that fusion emptied run nothing) on the GPU and then on
+ * the reference executor, from the same inputs, their outputs out[] poisoned first (every byte
+ * must be written). bad[j]: the bytes of out[j] that differ from the reference's, for all but
+ * the last; *err: the last output's normalized error. The reference's outputs go back to the
+ * device for the cases after. False where a GPU call failed. */
+static bool run_against_ref(Node *const *nodes, int n_nodes, Tensor *const *out, int n_out, int64_t *bad,
+                            double *err) {
+    int64_t nb[8];
+    unsigned char *gpu[8];
+    assert_true(n_out <= 8);
+    for (int j = 0; j < n_out; j++) {
+        nb[j] = gt_bytes(out[j]);
+        gpu[j] = malloc((size_t)nb[j]);
+        memset(out[j]->data, 0xFF, (size_t)nb[j]);
+    }
+    bool ok = cuda_exec_push(exec, out, n_out);
+    for (int j = 0; j < n_nodes && ok; j++)
+        if (nodes[j]) ok = cuda_exec_run_node(exec, nodes[j]);
+    ok = ok && cuda_exec_pull(exec, out, n_out);
+    *err = -1;
+    if (ok) {
+        for (int j = 0; j < n_out; j++) memcpy(gpu[j], out[j]->data, (size_t)nb[j]);
+        for (int j = 0; j < n_nodes; j++)
+            if (nodes[j]) ref_exec_node(nodes[j]);
+        for (int j = 0; j < n_out - 1; j++) {
+            bad[j] = 0;
+            for (int64_t i = 0; i < nb[j]; i++) bad[j] += gpu[j][i] != ((unsigned char *)out[j]->data)[i];
+        }
+        Tensor y_gpu = *out[n_out - 1];
+        y_gpu.data = gpu[n_out - 1];
+        float *a = ref_load(&y_gpu), *r = ref_load(out[n_out - 1]);
+        double max_abs;
+        *err = gt_norm_error(a, r, ir_numel(out[n_out - 1]), &max_abs);
+        free(a);
+        free(r);
+        ok = cuda_exec_push(exec, out, n_out);
+    }
+    for (int j = 0; j < n_out; j++) free(gpu[j]);
+    return ok;
+}
+
 static void test_input_copies(void **s) {
     (void)s;
     Arena *pa = arena_new();
@@ -872,40 +913,16 @@ static void test_input_copies(void **s) {
                      (strstr(py->launch[0].body, "ck_unary_group<") || strstr(py->launch[0].body, "ck_norm_group<")) &&
                      (py->launch[0].smem > 0) == c->staged;
         Tensor *out[3] = {&c->q->t, &c->scale->t, &c->y->t};
-        int64_t nb[3];
-        unsigned char *gpu[3];
-        for (int j = 0; j < 3; j++) {
-            nb[j] = gt_bytes(out[j]);
-            gpu[j] = malloc((size_t)nb[j]);
-            memset(out[j]->data, 0xFF, (size_t)nb[j]);   /* poisoned: every byte must be written */
-        }
-        bool ok = cuda_exec_push(exec, out, 3) && cuda_exec_run_node(exec, c->scale) &&
-                  cuda_exec_run_node(exec, c->q) && cuda_exec_run_node(exec, c->y) && cuda_exec_pull(exec, out, 3);
+        Node *nodes[3] = {c->scale, c->q, c->y};
         int64_t bad[2] = {0, 0};
-        double err = -1;
-        if (ok) {
-            for (int j = 0; j < 3; j++) memcpy(gpu[j], out[j]->data, (size_t)nb[j]);
-            ref_exec_node(c->scale);
-            ref_exec_node(c->q);
-            ref_exec_node(c->y);
-            for (int j = 0; j < 2; j++)
-                for (int64_t i = 0; i < nb[j]; i++) bad[j] += gpu[j][i] != ((unsigned char *)out[j]->data)[i];
-            Tensor y_gpu = *out[2];
-            y_gpu.data = gpu[2];
-            float *a = ref_load(&y_gpu), *r = ref_load(out[2]);
-            double max_abs;
-            err = gt_norm_error(a, r, ir_numel(out[2]), &max_abs);
-            free(a);
-            free(r);
-        }
+        double err;
+        bool ok = run_against_ref(nodes, 3, out, 3, bad, &err);
         bool pass = ok && fused && !bad[0] && !bad[1] && err >= 0 && err <= 1e-2;
         printf("  %-42s [%lld x %lld] %s, code bytes differing %lld, scale bytes differing %lld, result err %.2e%s\n",
                c->name, (long long)c->q->t.dims[0], (long long)c->q->t.dims[1],
                fused ? (c->staged ? "one staged launch" : "one launch") : "NOT PLANNED AS EXPECTED",
                (long long)bad[0], (long long)bad[1], err, pass ? "" : "  FAIL");
         failed += !pass;
-        for (int j = 0; j < 3; j++) free(gpu[j]);
-        if (!cuda_exec_push(exec, out, 3)) failed++;
     }
     arena_free(pa);
     if (failed) fail_msg("%d activations writing their input's group copy differ from the reference", failed);
@@ -977,42 +994,17 @@ static void test_product_copies(void **s) {
             out[n_out++] = &c->scale[j]->t;
         }
         out[n_out++] = &c->y->t;
-        int64_t nb[5];
-        unsigned char *gpu[5];
-        for (int j = 0; j < n_out; j++) {
-            nb[j] = gt_bytes(out[j]);
-            gpu[j] = malloc((size_t)nb[j]);
-            memset(out[j]->data, 0xFF, (size_t)nb[j]);   /* poisoned: every byte must be written */
-        }
         /* every node in graph order: the fused launch at the product's place, the others empty */
         Node *order[6] = {c->scale[0], c->q[0], c->act, c->y, c->scale[1], c->q[1]};
-        bool ok = cuda_exec_push(exec, out, n_out);
-        for (int j = 0; j < 6 && ok; j++)
-            if (order[j]) ok = cuda_exec_run_node(exec, order[j]);
-        ok = ok && cuda_exec_pull(exec, out, n_out);
-        int64_t bad = 0;
-        double err = -1;
-        if (ok) {
-            for (int j = 0; j < n_out; j++) memcpy(gpu[j], out[j]->data, (size_t)nb[j]);
-            for (int j = 0; j < 6; j++)
-                if (order[j]) ref_exec_node(order[j]);
-            for (int j = 0; j < n_out - 1; j++)
-                for (int64_t i = 0; i < nb[j]; i++) bad += gpu[j][i] != ((unsigned char *)out[j]->data)[i];
-            Tensor y_gpu = c->y->t;
-            y_gpu.data = gpu[n_out - 1];
-            float *a = ref_load(&y_gpu), *r = ref_load(&c->y->t);
-            double max_abs;
-            err = gt_norm_error(a, r, ir_numel(&c->y->t), &max_abs);
-            free(a);
-            free(r);
-        }
-        bool pass = ok && fused && !bad && err >= 0 && err <= 1e-2;
+        int64_t bad[4] = {0, 0, 0, 0}, total = 0;
+        double err;
+        bool ok = run_against_ref(order, 6, out, n_out, bad, &err);
+        for (int j = 0; j < n_out - 1; j++) total += bad[j];
+        bool pass = ok && fused && !total && err >= 0 && err <= 1e-2;
         printf("  %-40s [%lld x %lld] %s, copy and scale bytes differing %lld, result err %.2e%s\n", c->name,
                (long long)c->y->t.dims[0], (long long)c->y->t.dims[1], fused ? "one launch" : "NOT FUSED",
-               (long long)bad, err, pass ? "" : "  FAIL");
+               (long long)total, err, pass ? "" : "  FAIL");
         failed += !pass;
-        for (int j = 0; j < n_out; j++) free(gpu[j]);
-        if (!cuda_exec_push(exec, out, n_out)) failed++;
     }
     arena_free(pa);
     if (failed) fail_msg("%d products writing their inputs' group copies differ from the reference", failed);
