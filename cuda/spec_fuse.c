@@ -1122,13 +1122,14 @@ static void fold_inverse_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
  * fuse.attention_scales=0 (per scale: @ID of the attention) keeps the pass. */
 
 /* whether launch l is one of the tensor-core kernels that store attention's result: a
- * forward of MODE 0 ("ck_attn_wg_fwd<64, 0, ..", "ck_attn_ws_fwd<64, 3, 0, 0, ..": MODE 1, the
+ * forward of MODE 0 ("ck_attn_wg_fwd<64, 0, ..", "ck_attn_ws_fwd<64, 3, 0, 64, 0, 0, ..": MODE 1, the
  * backward's rerun of it, stores only statistics), a dq or a dk/dv pass (which stores dq too
  * where no dq pass runs: attn.dq_in_dkv) */
 static bool attn_tc_result_launch(const CuLaunch *l) {
-    /* the forwards, with the number of template arguments before MODE (D; D, WGS and TMA) */
+    /* the forwards, with the number of template arguments before MODE (D; D, WGS, TMA, KEYS
+     * and PIPE) */
     static const struct { const char *name; int before; } fwd[] = {
-        {"ck_attn_tc_fwd<", 1}, {"ck_attn_wg_fwd<", 1}, {"ck_attn_wg_fwd_pipe<", 1}, {"ck_attn_ws_fwd<", 3}};
+        {"ck_attn_tc_fwd<", 1}, {"ck_attn_wg_fwd<", 1}, {"ck_attn_wg_fwd_pipe<", 1}, {"ck_attn_ws_fwd<", 5}};
     static const char *const bwd[] = {"ck_attn_tc_dq<", "ck_attn_wg_dq<", "ck_attn_tc_dkv<", "ck_attn_wg_dkv<"};
     if (l->kind != CU_KERNEL) return false;
     for (size_t k = 0; k < sizeof bwd / sizeof *bwd; k++)

@@ -122,10 +122,12 @@ typedef struct {
      * attn.fwd_pipeline=1, off by default: ck_attn_wg_fwd_pipe) */
     bool attn_fwd_pipe;
     /* loaded by a producer warpgroup into a ring of tiles for this many consumer warpgroups, 0
-     * for none (the choice attn.fwd_ws: ck_attn_ws_fwd) */
+     * for none, -1 where the choice attn.fwd_ws is not set (ck_attn_ws_fwd; plan_attention
+     * decides with the key tiles) */
     int attn_fwd_ws;
-    /* with attn_fwd_ws, the producer's loads by TMA (the choice attn.fwd_tma) */
-    int attn_fwd_tma;
+    /* with a producer, its loads by TMA (the choice attn.fwd_tma; -1: not set) and the keys of
+     * a tile, 64 or 128 (the choice attn.fwd_keys) */
+    int attn_fwd_tma, attn_fwd_keys;
     /* and whose backward's dq and dk/dv passes do too (the choice attn.wgmma_bwd, on unless 0) */
     bool attn_wgmma_bwd;
     /* warpgroups of 64 rows a block of those passes (the choices attn.dq_rows, attn.dkv_rows) */

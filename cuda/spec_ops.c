@@ -949,14 +949,26 @@ bool plan_attention(Spec *s) {
     unsigned fwd_min_blocks = wg ? 2 : 0;
     char fwd_head[64];   /* the forward's name and its template arguments before MODE */
     snprintf(fwd_head, sizeof fwd_head, "%s<%lld", fwd, (long long)D);
-    bool ws = wg && s->attn_fwd_ws;
+    /* Key tiles of 128 (attn.fwd_keys=128; at head dim 64 only) run on the producer
+     * warpgroup's forward, with three consumer warpgroups and TMA loads where attn.fwd_ws and
+     * attn.fwd_tma do not say otherwise. On an H200 Llama 1.1B's forwards (T 2048, 32 heads on
+     * 4) took 4.93 ms a step so against 5.62 with the default kernel; GPT-2's (T 1024) were
+     * slower, d12 2.90 against 2.81 and d48 6.35 against 6.23 (docs/results.md, "(s)"). Not
+     * yet a default: a rule by T waits for the GPU tests of that form at T 2048. */
+    int64_t keys = s->attn_fwd_keys == 128 ? 128 : 64;
+    if (D != 64) keys = 64;
+    int wgs = s->attn_fwd_ws >= 0 ? s->attn_fwd_ws : keys == 128 ? 3 : 0;
+    int tma = s->attn_fwd_tma >= 0 ? s->attn_fwd_tma : keys == 128;
+    if (!wgs) keys = 64;
+    bool ws = wg && wgs;
     if (ws) {
-        int64_t stages = D == 64 ? 4 : 3, wgs = s->attn_fwd_ws, rows = 64 * wgs;
-        snprintf(fwd_head, sizeof fwd_head, "ck_attn_ws_fwd<%lld, %lld, %d", (long long)D, (long long)wgs,
-                 s->attn_fwd_tma);
+        /* pipelined with attn.fwd_pipeline; the ring as CkWs<D, WGS, KEYS> */
+        int64_t stages = D * keys <= 4096 ? 4 : 3, rows = 64 * wgs;
+        snprintf(fwd_head, sizeof fwd_head, "ck_attn_ws_fwd<%lld, %d, %d, %lld, %d", (long long)D, wgs, tma,
+                 (long long)keys, s->attn_fwd_pipe ? 1 : 0);
         fwd_threads = (unsigned)(128 * (wgs + 1)), fwd_min_blocks = 1;
         fwd_blocks = (unsigned)(B * H * ((T + rows - 1) / rows));
-        fwd_smem = (unsigned)(1024 + rows * D * 2 + stages * 2 * 64 * D * 2 + (1 + 2 * stages) * 8);
+        fwd_smem = (unsigned)(1024 + rows * D * 2 + stages * 2 * keys * D * 2 + (1 + 2 * stages) * 8);
     }
     /* the wgmma kernels' block order (attn.head_group): a last template argument */
     char hg[16] = "";
@@ -969,7 +981,7 @@ bool plan_attention(Spec *s) {
         l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
         l->args.i[11] = ir_attention_lse_offset(n);
-        if (ws && s->attn_fwd_tma) l->tma = 3, l->tma_first = 1, l->tma_stride = 5;   /* q, k, v; widths i[5, 7, 9] */
+        if (ws && tma) l->tma = 3, l->tma_first = 1, l->tma_stride = 5;   /* q, k, v; widths i[5, 7, 9] */
         return true;
     }
     /* dq in the dk/dv pass (attn.dq_in_dkv=1; attn_wgmma.cuh, ONE): where one warpgroup owns 64
@@ -1006,7 +1018,7 @@ bool plan_attention(Spec *s) {
         l->smem = fwd_smem;
         l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
-        if (ws && s->attn_fwd_tma) l->tma = 3, l->tma_first = 2, l->tma_stride = 5;   /* after dy */
+        if (ws && tma) l->tma = 3, l->tma_first = 2, l->tma_stride = 5;   /* after dy */
     }
     l->scratch = 0;
     /* the dq and dk/dv passes on warpgroup MMA (attn_wgmma.cuh; the choice attn.wgmma_bwd):
@@ -1075,9 +1087,11 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.attn_wgmma = true;
         s.attn_wgmma_bwd = ir_choice_on(g, "attn.wgmma_bwd", n);
         s.attn_fwd_pipe = ir_choice_int_at(g, "attn.fwd_pipeline", n, 0) == 1;
-        int64_t ws = ir_choice_int_at(g, "attn.fwd_ws", n, 0);
-        s.attn_fwd_ws = ws == 2 || ws == 3 ? (int)ws : 0;
-        s.attn_fwd_tma = ir_choice_int_at(g, "attn.fwd_tma", n, 0) == 1;
+        int64_t ws = ir_choice_int_at(g, "attn.fwd_ws", n, -1);
+        s.attn_fwd_ws = ws == 2 || ws == 3 ? (int)ws : ws == 0 ? 0 : -1;
+        int64_t tma = ir_choice_int_at(g, "attn.fwd_tma", n, -1);
+        s.attn_fwd_tma = tma == 0 || tma == 1 ? (int)tma : -1;
+        s.attn_fwd_keys = (int)ir_choice_int_at(g, "attn.fwd_keys", n, 64);
         s.attn_dq_wgs = ir_choice_int_at(g, "attn.dq_rows", n, 128) == 64 ? 1 : 2;
         s.attn_dkv_wgs = ir_choice_int_at(g, "attn.dkv_rows", n, 64) == 128 ? 2 : 1;
         int64_t group = ir_choice_int_at(g, "attn.head_group", n, 0);

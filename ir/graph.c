@@ -467,6 +467,7 @@ static const ChoiceRule choice_rules[] = {
     {"attn.fwd_pipeline", "0 1", 0, 0, 0},
     {"attn.fwd_ws", "0 2 3", 0, 0, 0},
     {"attn.fwd_tma", "0 1", 0, 0, 0},
+    {"attn.fwd_keys", "64 128", 0, 0, 0},
     {"attn.wgmma_bwd", "0 1", 0, 0, 0},
     {"attn.dq_rows", "64 128", 0, 0, 0},
     {"attn.dkv_rows", "64 128", 0, 0, 0},

@@ -164,13 +164,14 @@ static __device__ __forceinline__ void ck_tc_load(__nv_bfloat16 *s, const CkTens
  * updated, P = 2^(s - max) is packed into pf as the bf16 A operand of P V (k-chunk n / 2), and
  * corr is the factor that rescales O. */
 /* The tile's masking where `edge` (keys past the row or past T to -inf) and each of the two
- * rows' largest value among the thread's (ck_softmax_tile and attn_ws.cuh's
- * ck_ws_softmax_tile; the quad's maximum is theirs to take) */
+ * rows' largest value among the thread's, over NB n-blocks of 8 keys (ck_softmax_tile and
+ * attn_ws.cuh's ck_ws_softmax_tile; the quad's maximum is theirs to take) */
+template <int NB = 8>
 static __device__ __forceinline__ void ck_tile_mask_max(float (*s)[4], bool edge, int k0, int row0, int tig, int Ti,
                                                         float *mx) {
     if (edge)
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+        for (int n = 0; n < NB; n++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 int col = k0 + n * 8 + tig * 2 + (i & 1), row = row0 + (i >> 1) * 8;
@@ -178,7 +179,7 @@ static __device__ __forceinline__ void ck_tile_mask_max(float (*s)[4], bool edge
             }
     mx[0] = mx[1] = -CK_INF;
 #pragma unroll
-    for (int n = 0; n < 8; n++)
+    for (int n = 0; n < NB; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
 }
@@ -203,15 +204,9 @@ static __device__ __forceinline__ void ck_tile_sum_rows(float *rs, float *l, con
     }
 }
 
-static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
-                                                       int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
+/* ck_softmax_tile's part after the mask, from the thread's row maxima mx (of s, already in base 2) */
+static __device__ __forceinline__ void ck_softmax_rows(float (*s)[4], float *mx, float *m, float *l, unsigned (*pf)[4],
                                                        float *corr) {
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) s[n][i] *= scale2;
-    float mx[2];
-    ck_tile_mask_max(s, edge, k0, row0, tig, Ti, mx);
     float muse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -230,6 +225,36 @@ static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scal
         ck_tile_keep_p(n, p0, p1, p2, p3, rs, pf);
     }
     ck_tile_sum_rows(rs, l, corr);
+}
+
+static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
+                                                       int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
+                                                       float *corr) {
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[n][i] *= scale2;
+    float mx[2];
+    ck_tile_mask_max(s, edge, k0, row0, tig, Ti, mx);
+    ck_softmax_rows(s, mx, m, l, pf, corr);
+}
+
+/* The mask without a branch (the pipelined walks, attn_wgmma.cuh and attn_ws.cuh): key k0 + c
+ * of row r is kept where c <= min(r, T - 1) - k0; lim[r] is that bound less the thread's first
+ * column 2 tig, so each element is one comparison with a constant and a select, and a tile
+ * that meets neither the diagonal nor T keeps every key: the -inf that ck_tile_mask_max puts,
+ * in the same places. (ptxas serializes a warpgroup's products where a branch it cannot prove
+ * uniform falls between a product's issue and its wait.) */
+template <int NB>
+static __device__ __forceinline__ void ck_tile_mask_lim_max(float (*s)[4], const int *lim, float *mx) {
+    mx[0] = mx[1] = -CK_INF;
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s[n][i] = n * 8 + (i & 1) > lim[i >> 1] ? -CK_INF : s[n][i];
+            mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+        }
 }
 
 /* The per-tensor scale of the result, computed by the launches that write it (spec_fuse.c,

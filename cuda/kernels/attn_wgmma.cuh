@@ -179,10 +179,18 @@ static __device__ __forceinline__ void ck_wg_ss64_mn(float *d, unsigned long lon
                  : CK_F16(d, 0), CK_F16(d, 16)
                  : "l"(da), "l"(db), "r"(acc));
 }
+/* d (64 x 128, f32) = (acc ? d : 0) + A B: A and B K-major descriptors (a key tile of 128) */
+static __device__ __forceinline__ void ck_wg_ss128(float *d, unsigned long long da, unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " CK_D64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : CK_F16(d, 0), CK_F16(d, 16), CK_F16(d, 32), CK_F16(d, 48)
+                 : "l"(da), "l"(db), "r"(acc));
+}
 template <int N>
 static __device__ __forceinline__ void ck_wg_ss(float *d, unsigned long long da, unsigned long long db, int acc) {
-    static_assert(N == 32 || N == 64, "m64nNk16 for N = 32 or 64");
-    if constexpr (N == 64) ck_wg_ss64(d, da, db, acc);
+    static_assert(N == 32 || N == 64 || N == 128, "m64nNk16 for N = 32, 64 or 128");
+    if constexpr (N == 128) ck_wg_ss128(d, da, db, acc);
+    else if constexpr (N == 64) ck_wg_ss64(d, da, db, acc);
     else ck_wg_ss32(d, da, db, acc);
 }
 
@@ -206,39 +214,53 @@ static __device__ __forceinline__ void ck_wg_rs(float *d, const unsigned *a, uns
     }
 }
 
-/* S = Q K^T for warpgroup wg (64 x 64, f32): its 64 rows of the Q tile of BM rows at sQ against
- * the 64 keys at sK, both in the swizzled layout above; k-step kk is column block kk / 4, 32
- * bytes a step in it. The forwards of this file and attn_ws.cuh's consumers. */
-template <int D, int BM>
-static __device__ __forceinline__ void ck_wg_qk(float (*s)[4], unsigned sQ, unsigned sK, int wg) {
-    ck_wg_hold<32>(&s[0][0]);
+/* S = Q K^T for warpgroup wg (64 x BN, f32): its 64 rows of the Q tile of BM rows at sQ against
+ * the BN keys at sK, both in the swizzled layout above; k-step kk is column block kk / 4, 32
+ * bytes a step in it. Issued and committed; ck_wg_qk waits for it. The forwards of this file
+ * and attn_ws.cuh's consumers. */
+template <int D, int BM, int BN = 64>
+static __device__ __forceinline__ void ck_wg_qk_issue(float (*s)[4], unsigned sQ, unsigned sK, int wg) {
+    ck_wg_hold<BN / 2>(&s[0][0]);
     ck_wg_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         unsigned qa = sQ + (kk >> 2) * BM * 128 + wg * 64 * 128 + (kk & 3) * 32;
-        unsigned ka = sK + (kk >> 2) * 64 * 128 + (kk & 3) * 32;
-        ck_wg_ss64(&s[0][0], ck_wg_desc(qa, 16, 1024), ck_wg_desc(ka, 16, 1024), kk > 0);
+        unsigned ka = sK + (kk >> 2) * BN * 128 + (kk & 3) * 32;
+        ck_wg_ss<BN>(&s[0][0], ck_wg_desc(qa, 16, 1024), ck_wg_desc(ka, 16, 1024), kk > 0);
     }
     ck_wg_commit();
+}
+template <int D, int BM, int BN = 64>
+static __device__ __forceinline__ void ck_wg_qk(float (*s)[4], unsigned sQ, unsigned sK, int wg) {
+    ck_wg_qk_issue<D, BM, BN>(s, sQ, sK, wg);
     ck_wg_wait();
-    ck_wg_hold<32>(&s[0][0]);
+    ck_wg_hold<BN / 2>(&s[0][0]);
 }
 
-/* O = O corr + P V: P the packed bf16 A operand (ck_softmax_tile's pf), V the 64 keys' tile at
- * sV; k-step kk is keys 16 kk.., 2048 bytes on; LBO the next 64 columns */
+/* O = O corr + P V: P the packed bf16 A operand (ck_softmax_tile's pf), V the BN keys' tile at
+ * sV; k-step kk is keys 16 kk.., 2048 bytes on; LBO the next 64 columns. The issue alone
+ * (ck_wg_pv_issue) leaves the product running until a wait. */
+template <int D, int BN = 64>
+static __device__ __forceinline__ void ck_wg_pv_issue(float (*o)[4], unsigned (*pf)[4], unsigned sV) {
+    ck_wg_hold<D / 2>(&o[0][0]);
+    ck_wg_hold<BN / 4>(&pf[0][0]);
+    ck_wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) ck_wg_rs<D>(&o[0][0], pf[kk], ck_wg_desc(sV + kk * 16 * 128, BN * 128, 1024));
+    ck_wg_commit();
+}
 template <int D>
-static __device__ __forceinline__ void ck_wg_pv(float (*o)[4], unsigned (*pf)[4], const float *corr, unsigned sV) {
+static __device__ __forceinline__ void ck_wg_scale_rows(float (*o)[4], const float *corr) {
 #pragma unroll
     for (int n = 0; n < D / 8; n++) {
         o[n][0] *= corr[0], o[n][1] *= corr[0];
         o[n][2] *= corr[1], o[n][3] *= corr[1];
     }
-    ck_wg_hold<D / 2>(&o[0][0]);
-    ck_wg_hold<16>(&pf[0][0]);
-    ck_wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) ck_wg_rs<D>(&o[0][0], pf[kk], ck_wg_desc(sV + kk * 16 * 128, 64 * 128, 1024));
-    ck_wg_commit();
+}
+template <int D, int BN = 64>
+static __device__ __forceinline__ void ck_wg_pv(float (*o)[4], unsigned (*pf)[4], const float *corr, unsigned sV) {
+    ck_wg_scale_rows<D>(o, corr);
+    ck_wg_pv_issue<D, BN>(o, pf, sV);
     ck_wg_wait();
     ck_wg_hold<D / 2>(&o[0][0]);
 }
@@ -339,13 +361,21 @@ __device__ void ck_attn_wg_fwd(const CkArgs &a) {
  * (FlashAttention-3's intra-warpgroup pipelining; the choice attn.fwd_pipeline): in step j a
  * warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for S_j alone, computes
  * the softmax of tile j while the tensor cores still run P_{j-1} V_{j-1}, then waits for that
- * product and rescales O by tile j's correction; P_j V_j is issued in step j + 1 (one step
- * more at the end). O takes the same products in the same order as in ck_attn_wg_fwd, so the
- * results are its bits. P_{j-1} stays in registers while its product runs (wgmma reads its A
- * operand from them), so the softmax writes P_j into a second set. V_{j-1} is read one step
- * later than K_{j-1}, so the V tiles rotate through three buffers and the K tiles through two:
- * the loads of tile j + 1, issued at the top of step j, go where K_{j-1} and V_{j-2} were,
- * which every warpgroup finished with in step j - 1. Shared memory: CkWgPipe. */
+ * product and rescales O by tile j's correction; P_j V_j is issued in step j + 1, and the
+ * warpgroup's last one after its walk. O takes the same products in the same order as in
+ * ck_attn_wg_fwd, so the results are its bits. P_{j-1} stays in registers while its product
+ * runs (wgmma reads its A operand from them), so the softmax writes P_j into a second set.
+ * V_{j-1} is read one step later than K_{j-1}, so the V tiles rotate through three buffers and
+ * the K tiles through two: the loads of tile j + 1, issued at the top of step j, go where
+ * K_{j-1} and V_{j-2} were, which every warpgroup finished with in step j - 1.
+ *
+ * Nothing in a step branches (ck_wg_pipe_step): where a branch that ptxas cannot prove uniform
+ * falls between a product's issue and its wait, ptxas serializes the warpgroup's products
+ * (its warning C7518), and the overlap is gone. The first version of this kernel, with the
+ * mask and the first and last steps under conditions, was so serialized; it measured slower
+ * than ck_attn_wg_fwd (docs/results.md, 2026-11-29 (j)). So every step runs the same code:
+ * the mask by a bound a row (ck_tile_mask_lim_max), and step 0's P V of P = 0 (zeros in the
+ * A registers) against the Q tile, which adds +0 to O = 0. Shared memory: CkWgPipe. */
 struct CkWgPipe {
     enum {
         BM = 128, BN = 64, D = 64,
@@ -354,6 +384,35 @@ struct CkWgPipe {
         SMEM = 1024 + Q_BYTES + 5 * TILE   /* slack; q; k twice; v three times */
     };
 };
+
+/* One step of ck_attn_wg_fwd_pipe's walk: S_j and P_{j-1} V_{j-1} issued together, tile j's
+ * softmax (ck_softmax_tile's rounding: the scores scaled first) while the second runs, then
+ * O rescaled and P_j kept in pp */
+template <int D, int BM>
+static __device__ __forceinline__ void ck_wg_pipe_step(float (*o)[4], unsigned (*pp)[4], unsigned sQ, unsigned sK,
+                                                       unsigned sVprev, int wg, float scale2, const int *lim,
+                                                       float *m, float *l) {
+    float sc[8][4], corr[2], mx[2];
+    unsigned pf[4][4];
+    ck_wg_qk_issue<D, BM>(sc, sQ, sK, wg);
+    ck_wg_pv_issue<D>(o, pp, sVprev);
+    ck_wg_wait_but_last();
+    ck_wg_hold<32>(&sc[0][0]);
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) sc[n][i] *= scale2;
+    ck_tile_mask_lim_max<8>(sc, lim, mx);
+    ck_softmax_rows(sc, mx, m, l, pf, corr);
+    ck_wg_wait();
+    ck_wg_hold<D / 2>(&o[0][0]);
+    ck_wg_hold<16>(&pp[0][0]);
+    ck_wg_scale_rows<D>(o, corr);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) pp[k][i] = pf[k][i];
+}
 
 template <int D, int MODE, class Y, class Q, class K, class V, class DY, int HG = 0>
 __device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
@@ -366,76 +425,43 @@ __device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
     float scale2 = (float)a.f[0] * CK_LOG2E;
     const CkWgFwdPlace at(a, HG);
     const i64 b = at.b, h = at.h, g = at.g;
-    const int q0 = at.q0, Ti = at.Ti, wg = at.wg, rows = at.rows, row0 = at.row0, tig = at.tig;
+    const int Ti = at.Ti, wg = at.wg, row0 = at.row0, tig = at.tig;
     const int n_kt = at.n_kt, wg_kt = at.wg_kt;
     const CkTensor &tq = a.t[MODE + 1], &tk = a.t[MODE + 2], &tv = a.t[MODE + 3];
-    ck_wg_load<D, L::BM>(sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
+    ck_wg_load<D, L::BM>(sQ, tq, b, T, at.q0, a.i[5], a.i[6] + h * D);
     ck_wg_load<D, L::BN>(sK0, tk, b, T, 0, a.i[7], a.i[8] + g * D);
     ck_wg_load<D, L::BN>(sV0, tv, b, T, 0, a.i[9], a.i[10] + g * D);
 
     float o[D / 8][4], m[2] = {-CK_INF, -CK_INF}, l[2] = {0.0f, 0.0f};
+    unsigned pp[4][4];   /* P_{j-1}: the A operand of the product in flight */
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    unsigned pp[4][4];   /* P_{j-1}: the A operand of the product in flight */
-    for (int j = 0; j <= n_kt; j++) {
-        if (j < n_kt) {
-            ck_cp_wait();
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            __syncthreads();   /* tile j is in; K_{j-1} and V_{j-2} are free */
-            if (j + 1 < n_kt) {
-                ck_wg_load<D, L::BN>(sK0 + ((j + 1) & 1) * L::TILE, tk, b, T, (j + 1) * 64, a.i[7], a.i[8] + g * D);
-                ck_wg_load<D, L::BN>(sV0 + ((j + 1) % 3) * L::TILE, tv, b, T, (j + 1) * 64, a.i[9], a.i[10] + g * D);
-            }
+#pragma unroll
+    for (int k = 0; k < 4; k++) pp[k][0] = pp[k][1] = pp[k][2] = pp[k][3] = 0u;
+    const int rmax[2] = {row0 < Ti - 1 ? row0 : Ti - 1, row0 + 8 < Ti - 1 ? row0 + 8 : Ti - 1};
+    /* the warpgroup's last P V, of tile wg_kt - 1 */
+    auto drain = [&]() {
+        ck_wg_pv_issue<D>(o, pp, sV0 + ((wg_kt - 1) % 3) * L::TILE);
+        ck_wg_wait();
+        ck_wg_hold<D / 2>(&o[0][0]);
+    };
+    for (int j = 0; j < n_kt; j++) {
+        ck_cp_wait();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();   /* tile j is in; K_{j-1} and V_{j-2} are free */
+        if (j + 1 < n_kt) {
+            ck_wg_load<D, L::BN>(sK0 + ((j + 1) & 1) * L::TILE, tk, b, T, (j + 1) * 64, a.i[7], a.i[8] + g * D);
+            ck_wg_load<D, L::BN>(sV0 + ((j + 1) % 3) * L::TILE, tv, b, T, (j + 1) * 64, a.i[9], a.i[10] + g * D);
         }
-        bool do_s = j < wg_kt, do_pv = j >= 1 && j - 1 < wg_kt;
-        if (!do_s && !do_pv) continue;
-        float s[8][4];
-        if (do_s) {
-            unsigned sK = sK0 + (j & 1) * L::TILE;
-            ck_wg_hold<32>(&s[0][0]);
-            ck_wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
-                unsigned qa = sQ + wg * 64 * 128 + kk * 32, ka = sK + kk * 32;
-                ck_wg_ss64(&s[0][0], ck_wg_desc(qa, 16, 1024), ck_wg_desc(ka, 16, 1024), kk > 0);
-            }
-            ck_wg_commit();
-        }
-        if (do_pv) {
-            unsigned sV = sV0 + ((j - 1) % 3) * L::TILE;
-            ck_wg_hold<D / 2>(&o[0][0]);
-            ck_wg_hold<16>(&pp[0][0]);
-            ck_wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                ck_wg_rs<D>(&o[0][0], pp[kk], ck_wg_desc(sV + kk * 16 * 128, L::BN * 128, 1024));
-            ck_wg_commit();
-        }
-        if (do_s) {
-            if (do_pv) ck_wg_wait_but_last();
-            else ck_wg_wait();
-            ck_wg_hold<32>(&s[0][0]);
-            unsigned pf[4][4];
-            float corr[2];
-            int k0 = j * 64;
-            ck_softmax_tile(s, scale2, k0 + 63 > rows || k0 + 64 > Ti, k0, row0, tig, Ti, m, l, pf, corr);
-            if (do_pv) ck_wg_wait();
-            ck_wg_hold<D / 2>(&o[0][0]);
-            ck_wg_hold<16>(&pp[0][0]);
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                o[n][0] *= corr[0], o[n][1] *= corr[0];
-                o[n][2] *= corr[1], o[n][3] *= corr[1];
-            }
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) pp[k][i] = pf[k][i];
-        } else {
-            ck_wg_wait();
-            ck_wg_hold<D / 2>(&o[0][0]);
+        if (j < wg_kt) {
+            int k0 = j * 64, lim[2] = {rmax[0] - k0 - 2 * tig, rmax[1] - k0 - 2 * tig};
+            ck_wg_pipe_step<D, L::BM>(o, pp, sQ, sK0 + (j & 1) * L::TILE, j > 0 ? sV0 + ((j - 1) % 3) * L::TILE : sQ, wg,
+                                      scale2, lim, m, l);
+        } else if (j == wg_kt && j > 0) {
+            drain();
         }
     }
+    if (wg_kt == n_kt && n_kt > 0) drain();
 
     ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
 }

@@ -42,6 +42,14 @@
  * WGS 3 and 3.70 at WGS 2 against the default's 2.82, Llama's 5.69 against 5.64 (results.md
  * "(o)"). The loads were not what held the consumers back; their own overlap is.
  *
+ * Two more forms (the choices attn.fwd_keys and attn.fwd_pipeline), both right and the same
+ * bytes run to run (test_gpu_ops): key tiles of 128 (KEYS), the consumers taking the registers
+ * the producer gives back (setmaxnreg: 160 a consumer thread at WGS 3 with TMA), where Llama
+ * 1.1B's forwards (T 2048) took 4.93 ms a step against the default's 5.62 and GPT-2's (T 1024)
+ * were slower (d12 2.90 against 2.81); and each consumer's products overlapped with its
+ * softmax (PIPE, ck_ws_pipe_step), slower in every form measured (d12 3.26 ms at KEYS 128,
+ * 3.37 at 64; Llama 5.72). docs/results.md "(s)".
+ *
  * The products (ck_wg_qk, ck_wg_pv), the tile layout (128-byte swizzle, attn_wgmma.cuh) and
  * the outputs are ck_attn_wg_fwd's. Its whole tile as one function shared with
  * ck_attn_wg_fwd gave that kernel other code (123 registers, not the 120 measured); the two
@@ -53,12 +61,12 @@
  * positive number keeps in order, so m and the logsumexp stored for the backward are the same
  * values. Results repeat bit for bit. */
 
-template <int D, int WGS> struct CkWs {
+template <int D, int WGS, int KEYS = 64> struct CkWs {
     enum {
         THREADS = 128 * (WGS + 1),                 /* WGS consumer warpgroups, then the producer's */
         BM = 64 * WGS,                             /* query rows of a block */
-        BN = 64,                                   /* keys of a tile */
-        STAGES = D == 64 ? 4 : 3,                  /* k, v slots of the ring */
+        BN = KEYS,                                 /* keys of a tile: 64 or 128 */
+        STAGES = D * KEYS <= 4096 ? 4 : 3,         /* k, v slots of the ring */
         Q_BYTES = BM * D * 2,
         TILE = BN * D * 2,                         /* one k or v tile */
         BARS = Q_BYTES + STAGES * 2 * TILE,        /* the barriers, from the aligned start */
@@ -90,12 +98,11 @@ static __device__ __forceinline__ void ck_mbar_arrive_copies(unsigned bar) {
 }
 
 /* ck_softmax_tile with the scaling fused into the exponent's argument (see the head of the
- * file); the same fragment layout, masks and outputs */
-static __device__ __forceinline__ void ck_ws_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
-                                                          int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
-                                                          float *corr) {
-    float mx[2];
-    ck_tile_mask_max(s, edge, k0, row0, tig, Ti, mx);
+ * file); the same fragment layout, masks and outputs. ck_ws_softmax_rows is its part after the
+ * mask, from the thread's row maxima mx. */
+template <int NB>
+static __device__ __forceinline__ void ck_ws_softmax_rows(float (*s)[4], float *mx, float scale2, float *m, float *l,
+                                                          unsigned (*pf)[4], float *corr) {
     float neg[2];   /* -max in base 2, 0 for a row with nothing unmasked yet */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -109,12 +116,20 @@ static __device__ __forceinline__ void ck_ws_softmax_tile(float (*s)[4], float s
     }
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
+    for (int n = 0; n < NB; n++) {
         float p0 = ck_ex2(fmaf(s[n][0], scale2, neg[0])), p1 = ck_ex2(fmaf(s[n][1], scale2, neg[0]));
         float p2 = ck_ex2(fmaf(s[n][2], scale2, neg[1])), p3 = ck_ex2(fmaf(s[n][3], scale2, neg[1]));
         ck_tile_keep_p(n, p0, p1, p2, p3, rs, pf);
     }
     ck_tile_sum_rows(rs, l, corr);
+}
+template <int NB = 8>
+static __device__ __forceinline__ void ck_ws_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
+                                                          int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
+                                                          float *corr) {
+    float mx[2];
+    ck_tile_mask_max<NB>(s, edge, k0, row0, tig, Ti, mx);
+    ck_ws_softmax_rows<NB>(s, mx, scale2, m, l, pf, corr);
 }
 
 /* TMA (attn.fwd_tma): a.tmaps holds the tensor maps of q, k and v that the executor made
@@ -146,10 +161,10 @@ static __device__ __forceinline__ void ck_tma_tile(unsigned dst, const void *map
 }
 /* The producer's first warp, whole, so that it stays converged for the block's barriers at
  * the end; its first lane (leader) issues. */
-template <int D, int WGS>
+template <int D, int WGS, int KEYS>
 static __device__ void ck_ws_produce_tma(const CkArgs &a, unsigned sQ, unsigned sKV, unsigned qbar, unsigned full,
                                          unsigned empty, i64 b, i64 h, i64 g, int q0, int n_kt, bool leader) {
-    typedef CkWs<D, WGS> L;
+    typedef CkWs<D, WGS, KEYS> L;
     const char *maps = (const char *)a.tmaps;   /* q, k, v */
     if (leader) {
         for (int k = 0; k < 3; k++)
@@ -163,21 +178,79 @@ static __device__ void ck_ws_produce_tma(const CkArgs &a, unsigned sQ, unsigned 
         if (leader) {
             unsigned sK = sKV + s * 2 * L::TILE;
             ck_mbar_expect(full + 8 * s, 2 * L::TILE);
-            ck_tma_tile<D, L::BN>(sK, maps + 128, (int)(a.i[8] + g * D), j * 64, (int)b, full + 8 * s);
-            ck_tma_tile<D, L::BN>(sK + L::TILE, maps + 256, (int)(a.i[10] + g * D), j * 64, (int)b, full + 8 * s);
+            ck_tma_tile<D, L::BN>(sK, maps + 128, (int)(a.i[8] + g * D), j * L::BN, (int)b, full + 8 * s);
+            ck_tma_tile<D, L::BN>(sK + L::TILE, maps + 256, (int)(a.i[10] + g * D), j * L::BN, (int)b, full + 8 * s);
         }
         __syncwarp();
     }
 }
 
+/* Registers (setmaxnreg): the block starts with the launch's even share, 128 a thread at
+ * WGS 3 (512 threads), 168 at WGS 2; the producer gives most of its share back at once
+ * (24 with TMA, where one lane issues; 40 where its warpgroup makes the copies' addresses)
+ * and the consumers take it, so that a key tile of 128 (S 64 values a thread, P and the
+ * previous P 32 each, O 32 at D 64) fits without spilling. */
+template <int WGS, int TMA> struct CkWsRegs {
+    enum {
+        START = (65536 / (128 * (WGS + 1))) / 8 * 8 > 255 ? 248 : (65536 / (128 * (WGS + 1))) / 8 * 8,
+        PRODUCER = TMA ? 24 : 40,
+        CONSUMER = ((START * (WGS + 1) - PRODUCER) / WGS / 8 * 8) > 240 ? 240 : (START * (WGS + 1) - PRODUCER) / WGS / 8 * 8
+    };
+};
+template <int N> static __device__ __forceinline__ void ck_regs_give() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> static __device__ __forceinline__ void ck_regs_take() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* One pipelined step of a consumer warpgroup (ck_attn_ws_fwd with PIPE): S_j = Q K_j^T and
+ * O += P_{j-1} V_{j-1} issued together, tile j's softmax while the second runs (masked by lim,
+ * ck_tile_mask_lim_max), then O rescaled and P_j kept in pp for the next step. The caller
+ * hands back tile j - 1's slot. Nothing in it branches: ptxas serializes a warpgroup's
+ * products where a branch it cannot prove uniform falls between a product's issue and its
+ * wait. */
+template <int D, int BM, int BN>
+static __device__ __forceinline__ void ck_ws_pipe_step(float (*o)[4], unsigned (*pp)[4], unsigned sQ, unsigned sK,
+                                                       unsigned sVprev, int wg, float scale2, const int *lim,
+                                                       float *m, float *l) {
+    float sc[BN / 8][4];
+    unsigned pf[BN / 16][4];
+    float corr[2], mx[2];
+    ck_wg_qk_issue<D, BM, BN>(sc, sQ, sK, wg);
+    ck_wg_pv_issue<D, BN>(o, pp, sVprev);
+    ck_wg_wait_but_last();
+    ck_wg_hold<BN / 2>(&sc[0][0]);
+    ck_tile_mask_lim_max<BN / 8>(sc, lim, mx);
+    ck_ws_softmax_rows<BN / 8>(sc, mx, scale2, m, l, pf, corr);
+    ck_wg_wait();
+    ck_wg_hold<D / 2>(&o[0][0]);
+    ck_wg_hold<BN / 4>(&pp[0][0]);
+    ck_wg_scale_rows<D>(o, corr);
+#pragma unroll
+    for (int k = 0; k < BN / 16; k++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) pp[k][i] = pf[k][i];
+}
+
 /* MODE 0: y = attention(q, k, v) (and lse after y when i[11]); MODE 1 (t[1] = dy): lse and Dt
  * into scratch. Arguments as ck_attn_wg_fwd's; one block per (b, h, 64 WGS query rows), the
- * heaviest tiles first (ck_attn_order). TMA: the producer's loads by one thread (above). */
-template <int D, int WGS, int TMA, int MODE, class Y, class Q, class K, class V, class DY, int HG = 0>
+ * heaviest tiles first (ck_attn_order). TMA: the producer's loads by one thread (above). KEYS:
+ * the keys of a tile, 64 or 128 (at D 64). PIPE: each consumer warpgroup overlaps its products
+ * with its softmax as ck_attn_wg_fwd_pipe does (FlashAttention-3's intra-warpgroup
+ * pipelining): in step j it issues S_j = Q K_j^T and O += P_{j-1} V_{j-1}, waits for S_j alone,
+ * takes tile j's softmax while P_{j-1} V_{j-1} runs, then waits for that product, hands tile
+ * j - 1's slot back and rescales O; the last P V is issued after the walk. The products and
+ * their order are the unpipelined ones, so the results are the same bits. */
+template <int D, int WGS, int TMA, int KEYS, int PIPE, int MODE, class Y, class Q, class K, class V, class DY,
+          int HG = 0>
 __device__ void ck_attn_ws_fwd(const CkArgs &a) {
     static_assert(D == 64 || D == 128, "the warp-specialized forward takes head dims 64 and 128");
+    static_assert(KEYS == 64 || (KEYS == 128 && D == 64), "key tiles of 64, or of 128 at head dim 64");
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    typedef CkWs<D, WGS> L;
+    typedef CkWs<D, WGS, KEYS> L;
+    typedef CkWsRegs<WGS, TMA> R;
+    const int BN = L::BN, NB = BN / 8;
     unsigned sQ = (ck_smem(smem_raw) + 1023u) & ~1023u;   /* swizzle atoms start at multiples of 1024 */
     unsigned sKV = sQ + L::Q_BYTES;                        /* [slot][k, v] tiles */
     unsigned qbar = sQ + L::BARS, full = qbar + 8, empty = full + 8 * L::STAGES;
@@ -185,7 +258,7 @@ __device__ void ck_attn_ws_fwd(const CkArgs &a) {
     ck_attn_order(blockIdx.x, B * H, n_qt, HG, bh, heavy);
     const i64 b = bh / H, h = bh % H, g = h / (H / Hkv);
     const int q0 = (int)(n_qt - 1 - heavy) * L::BM, Ti = (int)T, tig = threadIdx.x & 3;
-    const int n_kt = ((q0 + L::BM - 1 < Ti - 1 ? q0 + L::BM - 1 : Ti - 1) >> 6) + 1;   /* the block's key tiles */
+    const int n_kt = (q0 + L::BM - 1 < Ti - 1 ? q0 + L::BM - 1 : Ti - 1) / BN + 1;   /* the block's key tiles */
     float scale2 = (float)a.f[0] * CK_LOG2E;   /* scores in base 2 */
     const CkTensor &tq = a.t[MODE + 1], &tk = a.t[MODE + 2], &tv = a.t[MODE + 3];
     if (threadIdx.x == 0) {
@@ -196,11 +269,12 @@ __device__ void ck_attn_ws_fwd(const CkArgs &a) {
     __syncthreads();
 
     if (threadIdx.x >= 128 * WGS) {
+        ck_regs_give<R::PRODUCER>();
         /* the producer: Q, then tile j into slot j % STAGES once every warpgroup gave it back;
          * each tile announced when its copies (one group a tile) have landed */
         int pt = threadIdx.x - 128 * WGS;
         if (TMA) {
-            if (pt < 32) ck_ws_produce_tma<D, WGS>(a, sQ, sKV, qbar, full, empty, b, h, g, q0, n_kt, pt == 0);
+            if (pt < 32) ck_ws_produce_tma<D, WGS, KEYS>(a, sQ, sKV, qbar, full, empty, b, h, g, q0, n_kt, pt == 0);
         } else {
             ck_wg_load_by<D, L::BM, 128>(pt, sQ, tq, b, T, q0, a.i[5], a.i[6] + h * D);
             ck_mbar_arrive_copies(qbar);
@@ -208,8 +282,8 @@ __device__ void ck_attn_ws_fwd(const CkArgs &a) {
                 int s = j % L::STAGES;
                 if (j >= L::STAGES) ck_mbar_wait(empty + 8 * s, (unsigned)((j / L::STAGES - 1) & 1));
                 unsigned sK = sKV + s * 2 * L::TILE;
-                ck_wg_load_by<D, L::BN, 128>(pt, sK, tk, b, T, j * 64, a.i[7], a.i[8] + g * D);
-                ck_wg_load_by<D, L::BN, 128>(pt, sK + L::TILE, tv, b, T, j * 64, a.i[9], a.i[10] + g * D);
+                ck_wg_load_by<D, L::BN, 128>(pt, sK, tk, b, T, j * BN, a.i[7], a.i[8] + g * D);
+                ck_wg_load_by<D, L::BN, 128>(pt, sK + L::TILE, tv, b, T, j * BN, a.i[9], a.i[10] + g * D);
                 ck_mbar_arrive_copies(full + 8 * s);
             }
             ck_cp_wait();   /* nothing of the block's in flight when it ends */
@@ -220,35 +294,67 @@ __device__ void ck_attn_ws_fwd(const CkArgs &a) {
         ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, Ti, tig, Ti);
         return;
     }
+    ck_regs_take<R::CONSUMER>();
     {
         /* a consumer warpgroup: its 64 rows from `rows`, the thread's rows row0 and row0 + 8,
          * its key tiles (none when its rows are all past T) */
         const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
         const int rows = q0 + wg * 64, wg_last = rows + 63 < Ti - 1 ? rows + 63 : Ti - 1;
-        const int wg_kt = rows < Ti ? (wg_last >> 6) + 1 : 0;
+        const int wg_kt = rows < Ti ? wg_last / BN + 1 : 0;
         const int row0 = rows + warp * 16 + (lane >> 2);
         float o[D / 8][4], m[2] = {-CK_INF, -CK_INF}, l[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         ck_mbar_wait(qbar, 0);
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* the copies, to wgmma */
-        for (int j = 0; j < n_kt; j++) {
-            int s = j % L::STAGES;
-            ck_mbar_wait(full + 8 * s, (unsigned)((j / L::STAGES) & 1));
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            if (j < wg_kt) {   /* else every key of the tile is after every row of the warpgroup */
-                unsigned sK = sKV + s * 2 * L::TILE, sV = sK + L::TILE;
-                int k0 = j * 64;
-
-                float sc[8][4];
-                ck_wg_qk<D, L::BM>(sc, sQ, sK, wg);
-                unsigned pf[4][4];
-                float corr[2];
-                ck_ws_softmax_tile(sc, scale2, k0 + 63 > rows || k0 + 64 > Ti, k0, row0, tig, Ti, m, l, pf, corr);
-                ck_wg_pv<D>(o, pf, corr, sV);
-            }
+        /* the warp is done with slot s */
+        auto give_back = [&](int s) {
             __syncwarp();
-            if (lane == 0) ck_mbar_arrive(empty + 8 * s);   /* the warp is done with slot s */
+            if (lane == 0) ck_mbar_arrive(empty + 8 * s);
+        };
+        auto take = [&](int j) {
+            ck_mbar_wait(full + 8 * (j % L::STAGES), (unsigned)((j / L::STAGES) & 1));
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        };
+        auto k_at = [&](int j) { return sKV + (j % L::STAGES) * 2 * L::TILE; };
+        auto edge = [&](int k0) { return k0 + BN - 1 > rows || k0 + BN > Ti; };
+        int j = 0;
+        if (!PIPE) {
+            for (; j < wg_kt; j++) {
+                take(j);
+                float sc[NB][4];
+                unsigned pf[NB / 2][4];
+                float corr[2];
+                ck_wg_qk<D, L::BM, BN>(sc, sQ, k_at(j), wg);
+                ck_ws_softmax_tile<NB>(sc, scale2, edge(j * BN), j * BN, row0, tig, Ti, m, l, pf, corr);
+                ck_wg_pv<D, BN>(o, pf, corr, k_at(j) + L::TILE);
+                give_back(j % L::STAGES);
+            }
+        } else if (wg_kt > 0) {
+            /* Every step the same code, tile 0's included: its P V is of P = 0 (pp zeros) against
+             * the Q tile (finite values), which adds +0 to O = 0, so O's bits are those of the
+             * unpipelined walk. The last P V follows the walk. */
+            unsigned pp[NB / 2][4];   /* P_{j-1}, the A operand of the product in flight */
+#pragma unroll
+            for (int k = 0; k < NB / 2; k++) pp[k][0] = pp[k][1] = pp[k][2] = pp[k][3] = 0u;
+            const int rmax[2] = {row0 < Ti - 1 ? row0 : Ti - 1, row0 + 8 < Ti - 1 ? row0 + 8 : Ti - 1};
+            for (; j < wg_kt; j++) {
+                take(j);
+                int k0 = j * BN, lim[2] = {rmax[0] - k0 - 2 * tig, rmax[1] - k0 - 2 * tig};
+                ck_ws_pipe_step<D, L::BM, BN>(o, pp, sQ, k_at(j), j > 0 ? k_at(j - 1) + L::TILE : sQ, wg, scale2, lim,
+                                              m, l);
+                if (j > 0) give_back((j - 1) % L::STAGES);
+            }
+            ck_wg_pv_issue<D, BN>(o, pp, k_at(wg_kt - 1) + L::TILE);
+            ck_wg_wait();
+            ck_wg_hold<D / 2>(&o[0][0]);
+            give_back((wg_kt - 1) % L::STAGES);
+        }
+        /* the tiles after every row of the warpgroup: taken and handed back, so that every
+         * phase of their slots' empty barriers gets its arrivals */
+        for (; j < n_kt; j++) {
+            take(j);
+            give_back(j % L::STAGES);
         }
         ck_attn_fwd_finish<D, MODE, Y, DY>(a, o, m, l, b, h, row0, tig, Ti);
     }

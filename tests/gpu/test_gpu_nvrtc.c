@@ -1489,7 +1489,7 @@ static void test_attention_dkv_parts(void **state) {
  * run on the warp-specialized kernel with that many consumer warpgroups and a producer
  * warpgroup (128 threads each); every other launch stays as it was, and the module compiles;
  * with attn.fwd_tma=1 too, each such launch asks the executor for three tensor maps, and its
- * module compiles. */
+ * module compiles; so it does with key tiles of 128, pipelined (attn.fwd_keys, attn.fwd_pipeline). */
 static void test_attention_fwd_ws_choice(void **state) {
     (void)state;
     static const char *const models[] = {"gpt2", "llama"};
@@ -1544,10 +1544,58 @@ static void test_attention_fwd_ws_choice(void **state) {
                         }
                 assert_int_equal(tma, changed);
                 assert_module_compiles(g);
+                /* with attn.fwd_keys=128 and attn.fwd_pipeline=1: key tiles of 128, pipelined */
+                ir_set_choice(g, "attn.fwd_keys", "128");
+                ir_set_choice(g, "attn.fwd_pipeline", "1");
+                snprintf(kernel, sizeof kernel, "ck_attn_ws_fwd<64, %s, 1, 128, 1, ", wgs[w]);
+                plans = cuda_plan_graph(g, a, why, sizeof why);
+                assert_non_null(plans);
+                int keys = 0;
+                for (int i = 0; i < g->n_nodes; i++)
+                    for (int k = 0; k < plans[i].n_launch; k++) keys += strstr(plans[i].launch[k].body, kernel) != NULL;
+                assert_int_equal(keys, changed);
+                assert_module_compiles(g);
                 printf("  attn.fwd_ws=%s: %s -O%d, %d attention nodes on the warp-specialized forward\n", wgs[w],
                        models[m], level, changed);
                 arena_free(a);
             }
+}
+
+/* attn.fwd_keys=128 on Llama at T 2048: every attention forward (and the backward's rerun of
+ * it, at -O3) on the producer warpgroup's kernel with key tiles of 128, three consumer
+ * warpgroups and TMA loads where attn.fwd_ws and attn.fwd_tma are not set, its result's scale
+ * still folded in (no scale pass left), and the module compiles; by default ck_attn_wg_fwd. */
+static void test_attention_fwd_keys_choice(void **state) {
+    (void)state;
+    static const struct { int level; const char *keys; bool ws; } cases[] = {
+        {1, "128", true}, {3, "128", true}, {1, NULL, false}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Arena *a = arena_new();
+        Graph *g = compile_shape(a, "llama", 1, 2048, cases[c].level);
+        if (cases[c].keys) ir_set_choice(g, "attn.fwd_keys", cases[c].keys);
+        char why[512];
+        CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
+        assert_non_null(plans);
+        int ws = 0, wg = 0;
+        for (int i = 0; i < g->n_nodes; i++)
+            for (int k = 0; k < plans[i].n_launch; k++) {
+                const CuLaunch *l = &plans[i].launch[k];
+                if (strstr(l->body, "ck_attn_ws_fwd<64, 3, 1, 128, 0, ")) {
+                    assert_int_equal(l->block, 512);
+                    assert_int_equal(l->tma, 3);
+                    ws++;
+                }
+                wg += strstr(l->body, "ck_attn_wg_fwd<") != NULL;
+            }
+        int folded = check_attention_scales(g, plans);
+        printf("  llama T 2048 -O%d%s%s: %d forwards on key tiles of 128, %d on ck_attn_wg_fwd, %d scales folded\n",
+               cases[c].level, cases[c].keys ? ", attn.fwd_keys=" : "", cases[c].keys ? cases[c].keys : "", ws, wg,
+               folded);
+        assert_true(cases[c].ws ? ws > 0 && wg == 0 : ws == 0 && wg > 0);
+        if (cases[c].level == 1) assert_int_equal(folded, 22);
+        if (c == 0) assert_module_compiles(g);
+        arena_free(a);
+    }
 }
 
 /* The kernels of the FP8 gradient reduction (kernels/comm.cuh): a data-parallel build with
@@ -1754,6 +1802,7 @@ int main(void) {
                                        cmocka_unit_test(test_attention_dq_in_dkv_choice),
                                        cmocka_unit_test(test_attention_dkv_parts),
                                        cmocka_unit_test(test_attention_fwd_ws_choice),
+                                       cmocka_unit_test(test_attention_fwd_keys_choice),
                                        cmocka_unit_test(test_grad_fast_accum_choice),
                                        cmocka_unit_test(test_optimizers_every_level),
                                        cmocka_unit_test(test_every_model_every_level)};
