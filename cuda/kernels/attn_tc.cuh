@@ -204,24 +204,29 @@ static __device__ __forceinline__ void ck_tile_sum_rows(float *rs, float *l, con
     }
 }
 
-/* ck_softmax_tile's part after the mask, from the thread's row maxima mx (of s, already in base 2) */
-static __device__ __forceinline__ void ck_softmax_rows(float (*s)[4], float *mx, float *m, float *l, unsigned (*pf)[4],
-                                                       float *corr) {
+/* ck_softmax_tile's part after the mask, from the thread's row maxima mx, over NB n-blocks.
+ * FUSED = false: s and mx are already in base 2; true (attn_ws.cuh's rounding): they are raw
+ * scores, and each probability takes the scaling and the subtraction in one multiply-add. */
+template <int NB = 8, bool FUSED = false>
+static __device__ __forceinline__ void ck_softmax_rows(float (*s)[4], float *mx, float scale2, float *m, float *l,
+                                                       unsigned (*pf)[4], float *corr) {
     float muse[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        float mnew = fmaxf(m[r], mx[r]);
+        float mnew = fmaxf(m[r], FUSED ? mx[r] * scale2 : mx[r]);
         muse[r] = mnew == -CK_INF ? 0.0f : mnew;
         corr[r] = ck_ex2(m[r] - muse[r]);
         m[r] = mnew;
     }
     float rs[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < 8; n++) {
-        float p0 = ck_ex2(s[n][0] - muse[0]), p1 = ck_ex2(s[n][1] - muse[0]);
-        float p2 = ck_ex2(s[n][2] - muse[1]), p3 = ck_ex2(s[n][3] - muse[1]);
+    for (int n = 0; n < NB; n++) {
+        float p0 = FUSED ? ck_ex2(fmaf(s[n][0], scale2, -muse[0])) : ck_ex2(s[n][0] - muse[0]);
+        float p1 = FUSED ? ck_ex2(fmaf(s[n][1], scale2, -muse[0])) : ck_ex2(s[n][1] - muse[0]);
+        float p2 = FUSED ? ck_ex2(fmaf(s[n][2], scale2, -muse[1])) : ck_ex2(s[n][2] - muse[1]);
+        float p3 = FUSED ? ck_ex2(fmaf(s[n][3], scale2, -muse[1])) : ck_ex2(s[n][3] - muse[1]);
         ck_tile_keep_p(n, p0, p1, p2, p3, rs, pf);
     }
     ck_tile_sum_rows(rs, l, corr);
@@ -236,7 +241,7 @@ static __device__ __forceinline__ void ck_softmax_tile(float (*s)[4], float scal
         for (int i = 0; i < 4; i++) s[n][i] *= scale2;
     float mx[2];
     ck_tile_mask_max(s, edge, k0, row0, tig, Ti, mx);
-    ck_softmax_rows(s, mx, m, l, pf, corr);
+    ck_softmax_rows(s, mx, scale2, m, l, pf, corr);
 }
 
 /* The mask without a branch (the pipelined walks, attn_wgmma.cuh and attn_ws.cuh): key k0 + c

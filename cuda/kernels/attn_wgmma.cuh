@@ -385,31 +385,33 @@ struct CkWgPipe {
     };
 };
 
-/* One step of ck_attn_wg_fwd_pipe's walk: S_j and P_{j-1} V_{j-1} issued together, tile j's
- * softmax (ck_softmax_tile's rounding: the scores scaled first) while the second runs, then
- * O rescaled and P_j kept in pp */
-template <int D, int BM>
+/* One step of a pipelined walk (ck_attn_wg_fwd_pipe; attn_ws.cuh's consumers with FUSED): S_j
+ * and P_{j-1} V_{j-1} issued together, tile j's softmax (masked by lim) while the second runs,
+ * then O rescaled and P_j kept in pp. FUSED = false rounds as ck_softmax_tile (the scores
+ * scaled first), true as ck_ws_softmax_tile. Nothing in it branches (above). */
+template <int D, int BM, int BN = 64, bool FUSED = false>
 static __device__ __forceinline__ void ck_wg_pipe_step(float (*o)[4], unsigned (*pp)[4], unsigned sQ, unsigned sK,
                                                        unsigned sVprev, int wg, float scale2, const int *lim,
                                                        float *m, float *l) {
-    float sc[8][4], corr[2], mx[2];
-    unsigned pf[4][4];
-    ck_wg_qk_issue<D, BM>(sc, sQ, sK, wg);
-    ck_wg_pv_issue<D>(o, pp, sVprev);
+    float sc[BN / 8][4], corr[2], mx[2];
+    unsigned pf[BN / 16][4];
+    ck_wg_qk_issue<D, BM, BN>(sc, sQ, sK, wg);
+    ck_wg_pv_issue<D, BN>(o, pp, sVprev);
     ck_wg_wait_but_last();
-    ck_wg_hold<32>(&sc[0][0]);
+    ck_wg_hold<BN / 2>(&sc[0][0]);
+    if (!FUSED)
 #pragma unroll
-    for (int n = 0; n < 8; n++)
+        for (int n = 0; n < BN / 8; n++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) sc[n][i] *= scale2;
-    ck_tile_mask_lim_max<8>(sc, lim, mx);
-    ck_softmax_rows(sc, mx, m, l, pf, corr);
+            for (int i = 0; i < 4; i++) sc[n][i] *= scale2;
+    ck_tile_mask_lim_max<BN / 8>(sc, lim, mx);
+    ck_softmax_rows<BN / 8, FUSED>(sc, mx, scale2, m, l, pf, corr);
     ck_wg_wait();
     ck_wg_hold<D / 2>(&o[0][0]);
-    ck_wg_hold<16>(&pp[0][0]);
+    ck_wg_hold<BN / 4>(&pp[0][0]);
     ck_wg_scale_rows<D>(o, corr);
 #pragma unroll
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < BN / 16; k++)
 #pragma unroll
         for (int i = 0; i < 4; i++) pp[k][i] = pf[k][i];
 }

@@ -47,7 +47,7 @@
  * the producer gives back (setmaxnreg: 160 a consumer thread at WGS 3 with TMA), where Llama
  * 1.1B's forwards (T 2048) took 4.93 ms a step against the default's 5.62 and GPT-2's (T 1024)
  * were slower (d12 2.90 against 2.81); and each consumer's products overlapped with its
- * softmax (PIPE, ck_ws_pipe_step), slower in every form measured (d12 3.26 ms at KEYS 128,
+ * softmax (PIPE, ck_wg_pipe_step), slower in every form measured (d12 3.26 ms at KEYS 128,
  * 3.37 at 64; Llama 5.72). docs/results.md "(s)".
  *
  * The products (ck_wg_qk, ck_wg_pv), the tile layout (128-byte swizzle, attn_wgmma.cuh) and
@@ -98,38 +98,14 @@ static __device__ __forceinline__ void ck_mbar_arrive_copies(unsigned bar) {
 }
 
 /* ck_softmax_tile with the scaling fused into the exponent's argument (see the head of the
- * file); the same fragment layout, masks and outputs. ck_ws_softmax_rows is its part after the
- * mask, from the thread's row maxima mx. */
-template <int NB>
-static __device__ __forceinline__ void ck_ws_softmax_rows(float (*s)[4], float *mx, float scale2, float *m, float *l,
-                                                          unsigned (*pf)[4], float *corr) {
-    float neg[2];   /* -max in base 2, 0 for a row with nothing unmasked yet */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        float mnew = fmaxf(m[r], mx[r] * scale2);
-        float muse = mnew == -CK_INF ? 0.0f : mnew;
-        corr[r] = ck_ex2(m[r] - muse);
-        m[r] = mnew;
-        neg[r] = -muse;
-    }
-    float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < NB; n++) {
-        float p0 = ck_ex2(fmaf(s[n][0], scale2, neg[0])), p1 = ck_ex2(fmaf(s[n][1], scale2, neg[0]));
-        float p2 = ck_ex2(fmaf(s[n][2], scale2, neg[1])), p3 = ck_ex2(fmaf(s[n][3], scale2, neg[1]));
-        ck_tile_keep_p(n, p0, p1, p2, p3, rs, pf);
-    }
-    ck_tile_sum_rows(rs, l, corr);
-}
+ * file); the same fragment layout, masks and outputs */
 template <int NB = 8>
 static __device__ __forceinline__ void ck_ws_softmax_tile(float (*s)[4], float scale2, bool edge, int k0, int row0,
                                                           int tig, int Ti, float *m, float *l, unsigned (*pf)[4],
                                                           float *corr) {
     float mx[2];
     ck_tile_mask_max<NB>(s, edge, k0, row0, tig, Ti, mx);
-    ck_ws_softmax_rows<NB>(s, mx, scale2, m, l, pf, corr);
+    ck_softmax_rows<NB, true>(s, mx, scale2, m, l, pf, corr);
 }
 
 /* TMA (attn.fwd_tma): a.tmaps holds the tensor maps of q, k and v that the executor made
@@ -202,35 +178,6 @@ template <int N> static __device__ __forceinline__ void ck_regs_give() {
 }
 template <int N> static __device__ __forceinline__ void ck_regs_take() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-/* One pipelined step of a consumer warpgroup (ck_attn_ws_fwd with PIPE): S_j = Q K_j^T and
- * O += P_{j-1} V_{j-1} issued together, tile j's softmax while the second runs (masked by lim,
- * ck_tile_mask_lim_max), then O rescaled and P_j kept in pp for the next step. The caller
- * hands back tile j - 1's slot. Nothing in it branches: ptxas serializes a warpgroup's
- * products where a branch it cannot prove uniform falls between a product's issue and its
- * wait. */
-template <int D, int BM, int BN>
-static __device__ __forceinline__ void ck_ws_pipe_step(float (*o)[4], unsigned (*pp)[4], unsigned sQ, unsigned sK,
-                                                       unsigned sVprev, int wg, float scale2, const int *lim,
-                                                       float *m, float *l) {
-    float sc[BN / 8][4];
-    unsigned pf[BN / 16][4];
-    float corr[2], mx[2];
-    ck_wg_qk_issue<D, BM, BN>(sc, sQ, sK, wg);
-    ck_wg_pv_issue<D, BN>(o, pp, sVprev);
-    ck_wg_wait_but_last();
-    ck_wg_hold<BN / 2>(&sc[0][0]);
-    ck_tile_mask_lim_max<BN / 8>(sc, lim, mx);
-    ck_ws_softmax_rows<BN / 8>(sc, mx, scale2, m, l, pf, corr);
-    ck_wg_wait();
-    ck_wg_hold<D / 2>(&o[0][0]);
-    ck_wg_hold<BN / 4>(&pp[0][0]);
-    ck_wg_scale_rows<D>(o, corr);
-#pragma unroll
-    for (int k = 0; k < BN / 16; k++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) pp[k][i] = pf[k][i];
 }
 
 /* MODE 0: y = attention(q, k, v) (and lse after y when i[11]); MODE 1 (t[1] = dy): lse and Dt
@@ -341,8 +288,8 @@ __device__ void ck_attn_ws_fwd(const CkArgs &a) {
             for (; j < wg_kt; j++) {
                 take(j);
                 int k0 = j * BN, lim[2] = {rmax[0] - k0 - 2 * tig, rmax[1] - k0 - 2 * tig};
-                ck_ws_pipe_step<D, L::BM, BN>(o, pp, sQ, k_at(j), j > 0 ? k_at(j - 1) + L::TILE : sQ, wg, scale2, lim,
-                                              m, l);
+                ck_wg_pipe_step<D, L::BM, BN, true>(o, pp, sQ, k_at(j), j > 0 ? k_at(j - 1) + L::TILE : sQ, wg, scale2,
+                                                    lim, m, l);
                 if (j > 0) give_back((j - 1) % L::STAGES);
             }
             ck_wg_pv_issue<D, BN>(o, pp, k_at(wg_kt - 1) + L::TILE);
