@@ -518,6 +518,7 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             {"fuse.inverse_scales", "a GEMM's dequantization scales computed by an earlier launch"},
             {"fuse.attention_scales", "attention's result scale computed by its own launches"},
             {"fuse.amax_scales", "a per-tensor scale stored by the last block of its value's producer"},
+            {"fuse.state_scales", "a weight copy's scale made from the stored amax by the copy itself"},
         };
         for (size_t i = 0; i < sizeof fusions / sizeof *fusions; i++) {
             p = &out[n++];
@@ -533,6 +534,8 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
             {"attn.wgmma", "the attention forward on warpgroup MMA", {"1", "0"}},
             {"attn.fwd_pipeline", "the wgmma forward's softmax overlapped with its P V product (head dim 64)",
              {"0", "1"}},
+            {"attn.fwd_keys", "key tiles of the attention forward (128: a producer warpgroup, three consumers, TMA)",
+             {"64", "128"}},
             {"attn.wgmma_bwd", "the attention backward's dq and dk/dv passes on warpgroup MMA", {"1", "0"}},
             {"attn.dq_rows", "query rows of a block of the attention's dq pass", {"128", "64"}},
             {"attn.dkv_rows", "keys of a block of the attention's dk/dv pass", {"64", "128"}},

@@ -60,10 +60,15 @@ typedef struct {
     float *inv_to[CK_MAX_INVERSE];
     /* the last block stores the per-tensor scale of t[0] at scale_to (NULL: none) from the
      * block maxima the launch leaves, max of the copy's element type scale_max, margin
-     * scale_margin (ops.cuh's ck_amax_out; spec_fuse.c, fold_amax_scales) */
+     * scale_margin (ops.cuh's ck_amax_out; spec_fuse.c, fold_amax_scales); or, with
+     * scale_amax, block 0 stores the scale made from that amax */
     float *scale_to;
     double scale_max;
     long long scale_margin;
+    /* not NULL: the launch makes the scale at scale_to itself, from the one f32 amax here, and
+     * every block uses the value it computes (prelude.cuh's ck_state_scale; spec_fuse.c,
+     * fold_state_scales); block 0 stores it at scale_to */
+    const float *scale_amax;
 } CkArgs;
 
 /* A batched launch: one launch of a kernel over n argument blocks in device memory. Block b

@@ -150,6 +150,11 @@ bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr scratch
         if (!exec_map_tensor(e, &l->scale_to->t, &p)) return false;
         a->scale_to = (float *)(uintptr_t)p;
     }
+    if (l->scale_amax) {
+        CUdeviceptr p = 0;
+        if (!exec_map_tensor(e, &l->scale_amax->t, &p)) return false;
+        a->scale_amax = (const float *)(uintptr_t)p;
+    }
     return true;
 }
 

@@ -110,6 +110,9 @@ typedef struct {
     /* the per-tensor scale (a QUANT_SCALE) that the launch's last block stores from its block
      * maxima, args' scale_to (spec_fuse.c, fold_amax_scales); NULL: none */
     const Node *scale_to;
+    /* with scale_to: the amax (a persistent f32 scalar) the launch makes that scale from itself,
+     * args' scale_amax (spec_fuse.c, fold_state_scales); NULL: none */
+    const Node *scale_amax;
     CuGemm gemm;
 } CuLaunch;
 

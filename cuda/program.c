@@ -88,6 +88,7 @@ static int64_t launch_bytes(const CuLaunch *l, char *name, size_t len) {
     }
     for (int q = 0; q < CK_MAX_TENSORS; q++) add_node(seen, &n_seen, &bytes, l->ref[q].node);
     add_node(seen, &n_seen, &bytes, l->scale_to);
+    add_node(seen, &n_seen, &bytes, l->scale_amax);
     const char *cut = strchr(l->fn, '_');
     snprintf(name, len, "%.*s", cut ? (int)(cut - l->fn) : (int)strlen(l->fn), l->fn);
     return bytes;

@@ -24,6 +24,8 @@
  *                          (fold_attention_scales);
  *   scales from maxima     the launch that leaves a value's block maxima stores its
  *                          per-tensor scale from its last block (fold_amax_scales);
+ *   scales from an amax    a copy makes the scale it quantizes by from the stored amax
+ *                          (fold_state_scales);
  *   inverse scales         a GEMM's 1/s by the launch that writes its operand
  *                          (fold_inverse_scales). */
 #include <stdarg.h>
@@ -1078,8 +1080,12 @@ static void fold_inverse_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
             const Node *qn = g->nodes[j];
             if (!q->n_launch) continue;   /* its work is done elsewhere (or is none) */
             if (qn->phase == PHASE_UPDATE || (gn->phase == PHASE_FORWARD && qn->phase != PHASE_FORWARD)) break;
-            if (plan_writes(q, scale[0]) || plan_writes(q, scale[1]) ||
-                (q->alone && (plan_writes(q->alone, scale[0]) || plan_writes(q->alone, scale[1]))))
+            /* a plan that writes a scale has it only after its launches, unless block 0 makes
+             * it first (fold_state_scales: the copy's one launch, ck_entry) */
+            bool made = q->n_launch == 1 && q->launch[0].scale_amax &&
+                        (q->launch[0].scale_to == scale[0] || q->launch[0].scale_to == scale[1]);
+            if (!made && (plan_writes(q, scale[0]) || plan_writes(q, scale[1]) ||
+                          (q->alone && (plan_writes(q->alone, scale[0]) || plan_writes(q->alone, scale[1])))))
                 break;
             if (!plan_writes(q, operand[0]) && !plan_writes(q, operand[1])) continue;
             int last = q->n_launch - 1;
@@ -1227,7 +1233,7 @@ static bool launch_touches(const CuLaunch *l, const Node *n) {
     }
     for (int k = 0; k < 2 * l->n_inv; k++)
         if (l->inv_from[k] && fuse_nodes_overlap(l->inv_from[k], n)) return true;
-    return l->scale_to && fuse_nodes_overlap(l->scale_to, n);
+    return (l->scale_to && fuse_nodes_overlap(l->scale_to, n)) || (l->scale_amax && fuse_nodes_overlap(l->scale_amax, n));
 }
 
 /* the launch of plan p that writes x's block maxima and may store qs's scale too; -1: none */
@@ -1272,6 +1278,88 @@ static void fold_amax_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
         l->args.scale_max = num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem));
         l->args.scale_margin = IR_IATTR(qs, QUANT_SCALE, margin);
         xp->absorbed[xp->n_absorbed++] = qs;
+        memset(p, 0, sizeof *p);
+        p->node = qs;
+    }
+}
+
+/* ---------------------------------------------------------------- scales from stored maxima
+ * -O3 keeps no weight in e4m3: the forward quantizes each weight per use, per tensor, by the
+ * scale of the amax the last update found (a persistent f32 scalar), and that scale is a
+ * QUANT_SCALE of the one stored value: a launch of one block a weight, 154 of a Llama 1.1B
+ * -O3 step, each a gap between the kernels around it. Where the first launch after the
+ * scale's place that touches the scale's bytes is the copy quantized by it, the copy makes
+ * the scale itself: every block computes it from the amax (ck_state_scale, the division
+ * ck_quant_scale_tensor makes: the same bits), block 0 stores it for the launches after (the
+ * backward's copies; the GEMMs' inverse scales, which fold_inverse_scales may then give the
+ * same block 0, and ck_entry takes from the value it made), and the scale's node runs
+ * nothing. The store moves later, not earlier: the scale's bytes are its own from its node on
+ * (the memory plan), nothing between reads them, and only the update writes the amax.
+ *
+ * Taken where the scale is a plain f32 scalar of a plain f32 scalar that lives across steps,
+ * made by ck_quant_scale_tensor outside the update; the copy is a QUANTIZE scaled per tensor
+ * by that node, in the same phase, its plan one unbatched launch of its own (ck_copy, or
+ * ck_quantize_t where it writes the transposed copy too: GPT-2 d12's weights); and no
+ * launch between touches the scale (a GEMM: its operands, their scales, C, D, bias and aux).
+ * Not where the states are sharded (--shard-states), whose weights and amaxes the executor
+ * moves between ranks. The choice fuse.state_scales=0 (per scale: @ID of the amax) keeps the
+ * launch. */
+
+static bool node_touches(const Node *r, const Node *n) {
+    return r && (fuse_nodes_overlap(r, n) || (r->t.fmt.scale && fuse_nodes_overlap(r->t.fmt.scale, n)));
+}
+
+/* whether plan p's launches (or those it runs alone in the evaluation) read or write a byte of n */
+static bool plan_touches(const CuNodePlan *p, const Node *n) {
+    for (int k = 0; k < p->n_launch; k++) {
+        const CuLaunch *l = &p->launch[k];
+        if (l->kind == CU_KERNEL && launch_touches(l, n)) return true;
+        if (l->kind != CU_GEMM) continue;
+        const CuGemm *m = &l->gemm;
+        const CuRef *r[] = {&m->a, &m->b, &m->d, &m->c, &m->bias, &m->aux, &m->dscale};
+        for (size_t q = 0; q < sizeof r / sizeof *r; q++)
+            if (node_touches(r[q]->node, n)) return true;
+    }
+    return p->alone && plan_touches(p->alone, n);
+}
+
+/* the plan of the copy that may make scale qs (at i) itself, or NULL */
+static CuNodePlan *state_scale_copy(const Graph *g, CuNodePlan *plans, const Node *qs, int i) {
+    for (int j = i + 1; j < g->n_nodes; j++) {
+        CuNodePlan *p = &plans[j];
+        const Node *q = g->nodes[j];
+        if (q->phase == PHASE_UPDATE) return NULL;
+        if (!p->n_launch || !plan_touches(p, qs)) continue;
+        bool copy = q->phase == qs->phase && q->op == OP_QUANTIZE && q->in[1] == qs && q->t.fmt.scale == qs &&
+                    q->t.fmt.scaling == SCALE_PER_TENSOR && p->node == q && p->n_launch == 1 && !p->members &&
+                    !p->alone && p->launch[0].kind == CU_KERNEL &&
+                    (!strncmp(p->launch[0].body, "ck_copy<", 8) || !strncmp(p->launch[0].body, "ck_quantize_t<", 14)) &&
+                    !p->launch[0].batch && !p->launch[0].scale_to && !p->launch[0].n_inv &&
+                    p->n_absorbed < (int)(sizeof p->absorbed / sizeof *p->absorbed);
+        return copy ? p : NULL;
+    }
+    return NULL;
+}
+
+static void fold_state_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
+    if (rt_shard_stage(g)) return;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const Node *qs = g->nodes[i], *amax = qs->op == OP_QUANT_SCALE ? qs->in[0] : NULL;
+        CuNodePlan *p = &plans[i];
+        if (!amax || IR_IATTR(qs, QUANT_SCALE, scaling) != SCALE_PER_TENSOR || p->n_launch != 1 || p->n_absorbed ||
+            p->members || p->alone || strncmp(p->launch[0].body, "ck_quant_scale_tensor<", 22) || !plain_scalar(qs) ||
+            !plain_scalar(amax) || !ir_role_is_persistent(amax->t.role) || qs->t.offset < 0 || amax->t.offset < 0 ||
+            qs->phase == PHASE_UPDATE || !fusion_on(g, "fuse.state_scales", amax))
+            continue;
+        CuNodePlan *cp = state_scale_copy(g, plans, qs, i);
+        if (!cp) continue;
+        bool owned = false;
+        CuLaunch *l = own_launches(cp, &owned, a);
+        l->scale_to = qs;
+        l->scale_amax = amax;
+        l->args.scale_max = num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem));
+        l->args.scale_margin = IR_IATTR(qs, QUANT_SCALE, margin);
+        cp->absorbed[cp->n_absorbed++] = qs;
         memset(p, 0, sizeof *p);
         p->node = qs;
     }
@@ -1326,6 +1414,7 @@ CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a
     }
     fold_attention_scales(g, plans, a);
     fold_amax_scales(g, plans, a);
+    fold_state_scales(g, plans, a);
     fold_inverse_scales(g, plans, a);
     return plans;
 }

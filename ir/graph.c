@@ -462,6 +462,7 @@ static const ChoiceRule choice_rules[] = {
     {"fuse.inverse_scales", "0 1", 0, 0, 0},
     {"fuse.attention_scales", "0 1", 0, 0, 0},
     {"fuse.amax_scales", "0 1", 0, 0, 0},
+    {"fuse.state_scales", "0 1", 0, 0, 0},
     {"fuse.members", NULL, 0, 64, 1},
     {"attn.wgmma", "0 1", 0, 0, 0},
     {"attn.fwd_pipeline", "0 1", 0, 0, 0},

@@ -158,6 +158,7 @@ template <class Y, class L, int BGRAD> __device__ void ck_quantize_t(const CkArg
     unsigned char *y = (unsigned char *)a.t[0].p;
     unsigned char *yt = a.i[1] ? (unsigned char *)a.t[a.i[1]].p : y + a.i[0];
     CkTensor local = a.t[0];   /* Y's scale, stored into a register or shared memory */
+    if (a.scale_amax) local.s = NULL, local.sconst = ck_state_scale(a);   /* a scale it makes (ck_entry) */
     /* local's element 0 stands for any element: one scale for the whole tensor */
     bool wide = (Y::scaling == SCALE_NONE || Y::scaling == SCALE_PER_TENSOR) && C % 16 == 0 && R % 16 == 0 &&
                 (unsigned long long)y % 16 == 0 && (unsigned long long)yt % 16 == 0 && L::vec_ok(a) &&

@@ -335,15 +335,17 @@ template <int OP, int BOP, class Y, class D, class P, class Q, class X> __device
 /* CAST, RESHAPE, QUANTIZE (the store through Y's format is the quantization), ASSIGN
  * (t[0] = the state, t[1] = x), and format conversions around library GEMMs */
 template <class Y, class X> __device__ void ck_copy(const CkArgs &a) {
-    if (Y::vec_ok(a.t[0]) && X::vec_ok(a.t[1])) {
-        CK_GRID_STRIDE(c, a.t[0].n / CK_VEC) {
+    CkTensor y = a.t[0];
+    if (a.scale_amax) y.s = NULL, y.sconst = ck_state_scale(a);   /* a scale it makes (ck_entry) */
+    if (Y::vec_ok(y) && X::vec_ok(a.t[1])) {
+        CK_GRID_STRIDE(c, y.n / CK_VEC) {
             float v[CK_VEC];
             X::ld_vec(a.t[1], c * CK_VEC, v);
-            Y::st_vec(a.t[0], c * CK_VEC, v);
+            Y::st_vec(y, c * CK_VEC, v);
         }
         return;
     }
-    CK_GRID_STRIDE(i, a.t[0].n) Y::st(a.t[0], i, X::ld(a.t[1], i));
+    CK_GRID_STRIDE(i, y.n) Y::st(y, i, X::ld(a.t[1], i));
 }
 
 /* SLICE, PAD: i = {outer, len_y, len_x, inner, start}. A slice keeps, of each of the outer

@@ -292,15 +292,35 @@ static __device__ float ck_block_max(float v) {
  * before it reads anything. Launched without, the wait returns at once. */
 static __device__ __forceinline__ void ck_grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-/* The entry of a launch that is not batched: the wait, then, in block 0, the reciprocals of
- * the scales of the GEMMs that fold_inverse_scales (spec_fuse.c) gave it (the division
- * ck_inv_scales makes: the same bits), before the kernel's own work. */
+static __device__ __forceinline__ bool ck_amax_usable(double amax) { return amax > 0 && isfinite(amax); }
+
+/* max(elem) / amax / 2^margin, computed in f64 and rounded once (ref_quant.c) */
+static __device__ __forceinline__ float ck_scale_for(double fmax, double amax, i64 margin) {
+    return (float)(fmax / amax * ldexp(1.0, -(int)margin));   /* x / 2^m, exactly: one division */
+}
+
+/* The per-tensor scale that a launch with a.scale_amax makes for its own use (spec_fuse.c,
+ * fold_state_scales): the value ck_quant_scale_tensor stores for a QUANT_SCALE of the one f32
+ * at scale_amax (its |x|, folded into 0 as a maximum is: a NaN gives 1), with the largest
+ * value scale_max of the copy's element type and margin scale_margin. */
+static __device__ __forceinline__ float ck_state_scale(const CkArgs &a) {
+    float amax = fmaxf(0.0f, fabsf(*a.scale_amax));
+    return ck_amax_usable(amax) ? ck_scale_for(a.scale_max, amax, a.scale_margin) : 1.0f;
+}
+
+/* The entry of a launch that is not batched: the wait, then, in block 0, the scale the launch
+ * makes from a stored amax (stored at scale_to, for the launches after it), and the
+ * reciprocals of the scales of the GEMMs that fold_inverse_scales (spec_fuse.c) gave it (the
+ * division ck_inv_scales makes: the same bits; of the scale made here, from its value), before
+ * the kernel's own work. */
 static __device__ __forceinline__ void ck_entry(const CkArgs &a) {
     ck_grid_wait();
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 2 * CK_MAX_INVERSE) {
         float *to = a.inv_to[threadIdx.x >> 1];
         const float *s = a.inv_from[threadIdx.x];
-        if (to && s) to[16 * (threadIdx.x & 1)] = 1.0f / s[0];
+        bool made = a.scale_amax && s == a.scale_to;
+        if (to && s) to[16 * (threadIdx.x & 1)] = 1.0f / (made ? ck_state_scale(a) : s[0]);
+        if (a.scale_amax && threadIdx.x == 0) *a.scale_to = ck_state_scale(a);
     }
 }
 

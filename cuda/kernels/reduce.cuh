@@ -239,13 +239,6 @@ template <class Y> __device__ void ck_sqnorm_final(const CkArgs &a) {
     if (threadIdx.x == 0) Y::st(a.t[0], 0, (float)s);
 }
 
-static __device__ __forceinline__ bool ck_amax_usable(double amax) { return amax > 0 && isfinite(amax); }
-
-/* max(elem) / amax / 2^margin, computed in f64 and rounded once (ref_quant.c) */
-static __device__ __forceinline__ float ck_scale_for(double fmax, double amax, i64 margin) {
-    return (float)(fmax / amax * ldexp(1.0, -(int)margin));   /* x / 2^m, exactly: one division */
-}
-
 /* per-tensor QUANT_SCALE, final launch: i = {n_partials, margin}, f = {max of elem} */
 template <class Y> static __device__ void ck_store_scale(const CkArgs &a, float amax) {
     if (threadIdx.x == 0) Y::st(a.t[0], 0, ck_amax_usable(amax) ? ck_scale_for(a.f[0], amax, a.i[1]) : 1.0f);

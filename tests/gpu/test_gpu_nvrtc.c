@@ -512,6 +512,7 @@ static InverseCount check_inverse_order(const Graph *g, const CuNodePlan *plans,
         const CuNodePlan *p = eval && plans[i].alone ? plans[i].alone : &plans[i];
         for (int k = 0; k < p->n_launch; k++) {
             const CuLaunch *l = &p->launch[k];
+            if (l->scale_amax) writes[l->scale_to->index]++;   /* block 0 makes it first (ck_entry) */
             for (int j = 0; j < l->n_inv; j++) {
                 int64_t slot = l->inv_slot[j] / 128;
                 assert_true(l->inv_slot[j] % 128 == 0 && l->inv_slot[j] + 128 <= bytes);
@@ -531,10 +532,13 @@ static InverseCount check_inverse_order(const Graph *g, const CuNodePlan *plans,
             }
             n.folded++;
         }
-        /* this plan's writes count after its launches' reads (a hook never writes its scales) */
+        /* this plan's writes count after its launches' reads (a hook writes none of its scales
+         * but the one it makes from an amax, above) */
         if (p->n_launch) {
             writes[p->node->index]++;
-            for (int k = 0; k < p->n_absorbed; k++) writes[p->absorbed[k]->index]++;
+            for (int k = 0; k < p->n_absorbed; k++)
+                if (!(p->n_launch == 1 && p->launch[0].scale_to == p->absorbed[k] && p->launch[0].scale_amax))
+                    writes[p->absorbed[k]->index]++;
             for (int k = 0; k < p->n_members; k++)
                 if (p->members[k] != p->node) writes[p->members[k]->index]++;
         }
@@ -676,10 +680,8 @@ static AmaxScaleCount check_amax_scales(const Graph *g, const CuNodePlan *plans)
             const CuLaunch *l = &p->launch[k];
             if (l->kind == CU_KERNEL && !strncmp(l->fn, "qsparts", 7)) n.left++;
             const Node *qs = l->scale_to;
-            if (!qs) {
-                assert_null(l->args.scale_to);
-                continue;
-            }
+            if (!qs) assert_null(l->args.scale_to);
+            if (!qs || l->scale_amax) continue;   /* none, or made from an amax (check_state_scales) */
             assert_int_equal(qs->op, OP_QUANT_SCALE);
             assert_int_equal(IR_IATTR(qs, QUANT_SCALE, scaling), SCALE_PER_TENSOR);
             assert_true(qs->index > i && plans[qs->index].n_launch == 0);
@@ -754,6 +756,104 @@ static void test_amax_scales_plan(void **state) {
             }
     }
     closedir(d);
+}
+
+/* Per-tensor scales of a stored amax made by the copy they scale (spec_fuse.c,
+ * fold_state_scales): per folded scale, the scale's node has no launch left and the copy's
+ * plan absorbed it; the launch is the plan's only one, a ck_copy or ck_quantize_t of a
+ * QUANTIZE scaled by that node, carrying the amax (a persistent f32 scalar, the scale's
+ * input), the largest value of the scale's element type and its margin; no launch between
+ * the scale's place and the copy's names the scale among its tensors or their scales, and
+ * none of the update runs between. The ck_quant_scale_tensor launches of such scales left are
+ * counted too; switched off, every folded scale has its launch again. */
+typedef struct {
+    int folded, left;
+} StateScaleCount;
+
+static bool launch_names(const CuLaunch *l, const Node *x) {
+    if (l->kind == CU_GEMM) {
+        const CuRef *r[] = {&l->gemm.a, &l->gemm.b, &l->gemm.c, &l->gemm.d, &l->gemm.bias, &l->gemm.aux};
+        for (size_t q = 0; q < sizeof r / sizeof *r; q++)
+            if (r[q]->node && (r[q]->node == x || r[q]->node->t.fmt.scale == x)) return true;
+        return false;
+    }
+    for (int k = 0; k < CK_MAX_TENSORS; k++)
+        if (l->ref[k].node && (l->ref[k].node == x || (l->ref_scale[k] && l->ref[k].node->t.fmt.scale == x)))
+            return true;
+    for (int k = 0; k < 2 * l->n_inv; k++)
+        if (l->inv_from[k] == x) return true;
+    return l->scale_to == x;
+}
+
+static StateScaleCount check_state_scales(const Graph *g, const CuNodePlan *plans) {
+    StateScaleCount n = {0, 0};
+    for (int i = 0; i < g->n_nodes; i++) {
+        const CuNodePlan *p = &plans[i];
+        const Node *m = g->nodes[i];
+        if (m->op == OP_QUANT_SCALE && p->n_launch == 1 && !strncmp(p->launch[0].body, "ck_quant_scale_tensor<", 22) &&
+            ir_numel(&m->in[0]->t) == 1 && ir_role_is_persistent(m->in[0]->t.role))
+            n.left++;
+        for (int k = 0; k < p->n_launch; k++) {
+            const CuLaunch *l = &p->launch[k];
+            if (!l->scale_amax) {
+                assert_null(l->args.scale_amax);
+                continue;
+            }
+            const Node *qs = l->scale_to;
+            assert_non_null(qs);
+            assert_int_equal(qs->op, OP_QUANT_SCALE);
+            assert_int_equal(IR_IATTR(qs, QUANT_SCALE, scaling), SCALE_PER_TENSOR);
+            assert_ptr_equal(l->scale_amax, qs->in[0]);
+            assert_true(ir_numel(&qs->in[0]->t) == 1 && qs->in[0]->t.fmt.elem == FMT_F32 &&
+                        ir_role_is_persistent(qs->in[0]->t.role));
+            assert_true(qs->index < i && plans[qs->index].n_launch == 0);
+            assert_true(p->n_launch == 1 && !p->members && !l->batch);
+            assert_true(!strncmp(l->body, "ck_copy<", 8) || !strncmp(l->body, "ck_quantize_t<", 14));
+            assert_int_equal(p->node->op, OP_QUANTIZE);
+            assert_ptr_equal(p->node->t.fmt.scale, qs);
+            assert_ptr_equal(l->ref[0].node, p->node);
+            assert_int_equal(p->node->phase, qs->phase);
+            bool absorbed = false;
+            for (int j = 0; j < p->n_absorbed; j++) absorbed |= p->absorbed[j] == qs;
+            assert_true(absorbed);
+            assert_true(l->args.scale_max == (double)num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem)));
+            assert_int_equal(l->args.scale_margin, IR_IATTR(qs, QUANT_SCALE, margin));
+            for (int j = qs->index + 1; j < i; j++) {
+                assert_int_not_equal(g->nodes[j]->phase, PHASE_UPDATE);
+                const CuNodePlan *b = plans[j].alone ? plans[j].alone : &plans[j];
+                for (int h = 0; h < plans[j].n_launch; h++) assert_false(launch_names(&plans[j].launch[h], qs));
+                for (int h = 0; h < b->n_launch; h++) assert_false(launch_names(&b->launch[h], qs));
+            }
+            n.folded++;
+        }
+    }
+    return n;
+}
+
+static void test_state_scales_plan(void **state) {
+    (void)state;
+    char why[512];
+    static const struct {
+        const char *model;
+        int batch, seq, level, folded;
+    } cases[] = {
+        {"gpt2", 32, 1024, 3, 48}, {"llama", 4, 2048, 3, 154}, {"llama", 4, 2048, 1, 0}, {"gpt2_tiny", 2, 64, 3, 16},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        Arena *a = arena_new();
+        Graph *g = compile_shape(a, cases[c].model, cases[c].batch, cases[c].seq, cases[c].level);
+        StateScaleCount on = check_state_scales(g, cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a));
+        ir_set_choice(g, "fuse.state_scales", "0");
+        StateScaleCount off = check_state_scales(g, cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a));
+        printf("  %s O%d batch %d x %d: %d scales made by the copies they scale, %d launches left (off: %d)\n",
+               cases[c].model, cases[c].level, cases[c].batch, cases[c].seq, on.folded, on.left, off.left);
+        assert_int_equal(on.folded, cases[c].folded);
+        assert_int_equal(off.folded, 0);
+        assert_int_equal(off.left, on.folded + on.left);
+        ir_set_choice(g, "fuse.state_scales", "1");
+        if (!strcmp(cases[c].model, "gpt2_tiny")) assert_module_compiles(g);
+        arena_free(a);
+    }
 }
 
 /* The integer template argument k (0: the first) of a launch's call, "ck_norm<1, 3, 1536, F<..":
@@ -1791,6 +1891,7 @@ int main(void) {
                                        cmocka_unit_test(test_inverse_scales_plan),
                                        cmocka_unit_test(test_attention_scales_plan),
                                        cmocka_unit_test(test_amax_scales_plan),
+                                       cmocka_unit_test(test_state_scales_plan),
                                        cmocka_unit_test(test_norm_stage_plan),
         cmocka_unit_test(test_norm_block_plan),
                                        cmocka_unit_test(test_inline_elementwise_plan),

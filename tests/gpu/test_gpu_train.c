@@ -45,7 +45,9 @@
  * (fuse.inline_elementwise=0: the values rounded where their stores would round them), and the
  * step whose per-tensor scales each take a launch over the block maxima again rather than the
  * last block of the value's producer (fuse.amax_scales=0: the same maxima, the same division),
- * each run twice (the second time from its CUDA graph). */
+ * and, where copies make the scale they quantize by from a stored amax (-O3's weights), the
+ * step whose scales take launches of their own (fuse.state_scales=0: the same division of the
+ * same amax), each run twice (the second time from its CUDA graph). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -281,12 +283,24 @@ static int check_graph(const char *path) {
         ir_set_choice(g, "fuse.inline_elementwise", "1");
         if (!have_apart) printf("  %s: the module with fuse.inline_elementwise=0 did not compile: %s\n", path, why);
     }
-    if (!have_apart || compile_only) {
+    /* where copies make their scales from a stored amax (fuse.state_scales: -O3's weights),
+     * the module whose scales take launches of their own */
+    CudaBinary bin_states;
+    bool states = program_changes(g, "fuse.state_scales", "0", "1");
+    bool have_states = !states;
+    if (states) {
+        ir_set_choice(g, "fuse.state_scales", "0");
+        have_states = cuda_compile_graph(g, &bin_states, &skipped, why, sizeof why) && !skipped;
+        ir_set_choice(g, "fuse.state_scales", "1");
+        if (!have_states) printf("  %s: the module with fuse.state_scales=0 did not compile: %s\n", path, why);
+    }
+    if (!have_apart || !have_states || compile_only) {
         if (compile_only) printf("  %s: %zu bytes of cubin%s\n", path, bin.cubin_size, bin.cached ? " (cached)" : "");
         cuda_binary_free(&bin);
         cuda_binary_free(&bin_unstaged);
         if (inlines && have_apart) cuda_binary_free(&bin_apart);
-        failures += !have_apart;
+        if (states && have_states) cuda_binary_free(&bin_states);
+        failures += !have_apart || !have_states;
         goto done;
     }
     CudaExec *e = cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size);
@@ -294,6 +308,7 @@ static int check_graph(const char *path) {
         cuda_binary_free(&bin);
         cuda_binary_free(&bin_unstaged);
         if (inlines) cuda_binary_free(&bin_apart);
+        if (states) cuda_binary_free(&bin_states);
         failures++;
         goto done;
     }
@@ -389,7 +404,9 @@ static int check_graph(const char *path) {
      * straight from memory (norm.stage=0, a module of its own); elementwise producers run as
      * kernels of their own (fuse.inline_elementwise=0, a module of its own where it changes the
      * program); per-tensor scales made by a launch of their own from the block maxima
-     * (fuse.amax_scales=0), not by the producer's last block */
+     * (fuse.amax_scales=0), not by the producer's last block; the scales of stored amaxes made
+     * by launches of their own (fuse.state_scales=0, a module of its own where it changes the
+     * program), not by the copies they scale */
     static const struct {
         const char *name, *value, *dflt;
     } same_bits[] = {
@@ -398,11 +415,15 @@ static int check_graph(const char *path) {
         {"norm.stage", "0", "1"},
         {"fuse.inline_elementwise", "0", "1"},
         {"fuse.amax_scales", "0", "1"},
+        {"fuse.state_scales", "0", "1"},
     };
-    bool variants_same[5] = {ok, ok, ok, ok, ok};
-    for (int v = 0; v < 5; v++) {
+    bool variants_same[6] = {ok, ok, ok, ok, ok, ok};
+    for (int v = 0; v < 6; v++) {
         ir_set_choice(g, same_bits[v].name, same_bits[v].value);
-        const CudaBinary *bv = v == 2 ? &bin_unstaged : v == 3 && inlines ? &bin_apart : &bin;
+        const CudaBinary *bv = v == 2                ? &bin_unstaged
+                               : v == 3 && inlines  ? &bin_apart
+                               : v == 5 && states   ? &bin_states
+                                                    : &bin;
         CudaExec *ev = ok ? cuda_exec_open(g, &mem, bv->cubin, bv->cubin_size) : NULL;
         for (int run = 0; run < 2 && variants_same[v]; run++) {
             memcpy(mem.persistent, p0, pb);
@@ -418,10 +439,11 @@ static int check_graph(const char *path) {
         ir_set_choice(g, same_bits[v].name, same_bits[v].dflt);
     }
     bool pdl_same = variants_same[0], scales_same = variants_same[1], unstaged_same = variants_same[2];
-    bool apart_same = variants_same[3], folded_same = variants_same[4];
+    bool apart_same = variants_same[3], folded_same = variants_same[4], states_same = variants_same[5];
     cuda_binary_free(&bin);
     cuda_binary_free(&bin_unstaged);
     if (inlines) cuda_binary_free(&bin_apart);
+    if (states) cuda_binary_free(&bin_states);
     if (!ok) {
         printf("  %s: the GPU step failed\n", path);
         failures++;
@@ -477,17 +499,19 @@ static int check_graph(const char *path) {
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 5e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
                 e_hist <= 0.1 && same && pdl_same && scales_same && unstaged_same && apart_same &&
-                folded_same;
+                folded_same && states_same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
            "| update err %.2f | %d histories and scales err %.1e | deterministic %s, launched dependent %s, "
-           "attention scales by a pass %s, norms unstaged %s, producers %s %s, scales by their own launch %s | "
+           "attention scales by a pass %s, norms unstaged %s, producers %s %s, scales by their own launch %s, "
+           "amaxes' scales by their own launch %s | "
            "%d GEMM epilogues (GELU %d, "
            "into FP8 %d, GELU backward %d), %d batched launches%s\n",
            strrchr(path, '/') ? strrchr(path, '/') + 1 : path, level, loss_gpu, loss_ref, e_loss, n_grads, e_grad,
            e_bias, e_gn, e_upd, n_hist, e_hist, same ? "yes" : "NO", pdl_same ? "the same" : "NOT THE SAME",
            scales_same ? "the same" : "NOT THE SAME", unstaged_same ? "the same" : "NOT THE SAME",
            inlines ? "apart" : "(none inlined)", apart_same ? "the same" : "NOT THE SAME",
-           folded_same ? "the same" : "NOT THE SAME", epilogues, gelu,
+           folded_same ? "the same" : "NOT THE SAME", states ? (states_same ? "the same" : "NOT THE SAME") : "(none)",
+           epilogues, gelu,
            fp8_results, dgelu, batched,
            pass ? "" : "  FAIL");
     if (!pass) failures++;
