@@ -331,6 +331,7 @@ bool plan_elementwise(Spec *s) {
         l->args.i[2] = x->dims[axis];
         l->args.i[3] = inner;
         l->args.i[4] = IR_IATTR(n, SLICE, start);
+        arg_amax_parts(s, l, n);
         return true;
     }
     case OP_EMBEDDING:
@@ -357,6 +358,7 @@ bool plan_elementwise(Spec *s) {
         l->args.i[2] = cols_of(y);
         l->args.i[3] = y->dims[y->rank - 2];
         l->args.f[0] = IR_FATTR(n, ROPE, theta);
+        arg_amax_parts(s, l, n);
         return true;
     }
     default: break;

@@ -258,23 +258,32 @@ int64_t ir_attention_lse_offset(const Node *n)
     return (ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) + 15) / 16 * 16;
 }
 
-bool ir_op_keeps_amax(OpKind op)
+/* the place of op's integer attribute amax (ops.def), -1 where it has none: the ops that have
+ * it hold it at different places (first for the elementwise and norm ops, after the others
+ * for SLICE and ROPE), so these three find it by name for all of them: they are its accessors */
+static int amax_index(OpKind op)
 {
     const OpInfo *info = ir_op_info(op);
-    return info->n_iattr > 0 && strcmp(info->iattr_names[0], "amax") == 0;
+    for (int k = 0; k < info->n_iattr; k++)
+        if (strcmp(info->iattr_names[k], "amax") == 0) return k;
+    return -1;
 }
 
-/* amax is the first integer attribute of every op that has it (ops.def), so these two read
- * and write it by place for all of them: they are its accessors. */
+bool ir_op_keeps_amax(OpKind op)
+{
+    return amax_index(op) >= 0;
+}
+
 void ir_set_keeps_amax(Node *n)
 {
     IR_ASSERT(ir_op_keeps_amax(n->op));
-    n->iattr[0] = 1;
+    n->iattr[amax_index(n->op)] = 1;
 }
 
 bool ir_keeps_amax(const Node *n)
 {
-    return ir_op_keeps_amax(n->op) && n->iattr[0];
+    int k = amax_index(n->op);
+    return k >= 0 && n->iattr[k];
 }
 
 static int64_t result_bytes(const Node *n) { return ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem); }

@@ -390,11 +390,11 @@ typedef struct {
     const char *name;
     Node *producer, *scale;
 } AmaxPair;
-static AmaxPair amax_pairs[16];
+static AmaxPair amax_pairs[20];
 static int n_amax_pairs;
 
 static void amax_pair(const char *name, Node *p, ElemType e) {
-    assert_true(n_amax_pairs < 16);
+    assert_true(n_amax_pairs < 20);
     ir_set_keeps_amax(p);
     p->t.name = name;
     Node *q = op_v(OP_QUANT_SCALE, FMT_F32, I(e, SCALE_PER_TENSOR, 0, 0), NULL, IN(p));
@@ -428,6 +428,16 @@ static void build_amax(void) {
     Node *many[23];
     for (int i = 0; i < 23; i++) many[i] = i % 2 ? x : y;
     amax_pair("add_n 23 (a pass after it)", op_v(OP_ADD_N, FMT_BF16, NULL, NULL, 23, many), FMT_E5M2);
+    /* a grouped-query attention's backward: dv sliced out of the packed dq|dk|dv (whole
+     * vectors, and odd columns: the scalar path), dk rotated back by RoPE (vectors, and heads
+     * of 6: the scalar path) */
+    int64_t Tq = gt_int(2, 300), Dh = 8 * gt_int(1, 8);
+    Node *dqkv = leaf(FMT_BF16, 2, DIMS(Tq, 6 * Dh));
+    amax_pair("slice dv of dq|dk|dv", op_v(OP_SLICE, FMT_BF16, I(1, 5 * Dh, Dh), NULL, IN(dqkv)), FMT_E5M2);
+    amax_pair("slice, odd columns", op_v(OP_SLICE, FMT_BF16, I(1, 1, Co - 2), NULL, IN(xo)), FMT_E5M2);
+    Node *dk = leaf(FMT_BF16, 3, DIMS(2, Tq, 2 * Dh)), *dk6 = leaf(FMT_BF16, 3, DIMS(2, Tq, 12));
+    amax_pair("rope inverse (dk)", op_v(OP_ROPE, FMT_BF16, I(Dh, 1), Fa(10000.0), IN(dk)), FMT_E5M2);
+    amax_pair("rope inverse, heads of 6", op_v(OP_ROPE, FMT_BF16, I(6, 1), Fa(10000.0), IN(dk6)), FMT_E5M2);
 }
 
 /* ---------------------------------------------------------------- transposed copies
