@@ -126,7 +126,7 @@ typedef struct {
      * decides with the key tiles) */
     int attn_fwd_ws;
     /* with a producer, its loads by TMA (the choice attn.fwd_tma; -1: not set) and the keys of
-     * a tile, 64 or 128 (the choice attn.fwd_keys) */
+     * a tile, 64 or 128 (the choice attn.fwd_keys; -1: not set, plan_attention's rule) */
     int attn_fwd_tma, attn_fwd_keys;
     /* and whose backward's dq and dk/dv passes do too (the choice attn.wgmma_bwd, on unless 0) */
     bool attn_wgmma_bwd;

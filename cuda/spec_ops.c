@@ -954,10 +954,11 @@ bool plan_attention(Spec *s) {
     /* Key tiles of 128 (attn.fwd_keys=128; at head dim 64 only) run on the producer
      * warpgroup's forward, with three consumer warpgroups and TMA loads where attn.fwd_ws and
      * attn.fwd_tma do not say otherwise. On an H200 Llama 1.1B's forwards (T 2048, 32 heads on
-     * 4) took 4.93 ms a step so against 5.62 with the default kernel; GPT-2's (T 1024) were
-     * slower, d12 2.90 against 2.81 and d48 6.35 against 6.23 (docs/results.md, "(s)"). Not
-     * yet a default: a rule by T waits for the GPU tests of that form at T 2048. */
-    int64_t keys = s->attn_fwd_keys == 128 ? 128 : 64;
+     * 4) took 4.93 ms a step so against 5.62 with the default kernel, and its steps were 0.3 to
+     * 0.6 ms shorter in alternating runs in two calls; GPT-2's (T 1024) were slower, d12 2.90
+     * against 2.81 and d48 6.35 against 6.23 (docs/results.md, "(s)", "(t)"). The rule, where
+     * the choice is not given: tiles of 128 from T 2048 on. */
+    int64_t keys = s->attn_fwd_keys == 128 || (s->attn_fwd_keys < 0 && T >= 2048) ? 128 : 64;
     if (D != 64) keys = 64;
     int wgs = s->attn_fwd_ws >= 0 ? s->attn_fwd_ws : keys == 128 ? 3 : 0;
     int tma = s->attn_fwd_tma >= 0 ? s->attn_fwd_tma : keys == 128;
@@ -1093,7 +1094,7 @@ void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a) {
         s.attn_fwd_ws = ws == 2 || ws == 3 ? (int)ws : ws == 0 ? 0 : -1;
         int64_t tma = ir_choice_int_at(g, "attn.fwd_tma", n, -1);
         s.attn_fwd_tma = tma == 0 || tma == 1 ? (int)tma : -1;
-        s.attn_fwd_keys = (int)ir_choice_int_at(g, "attn.fwd_keys", n, 64);
+        s.attn_fwd_keys = (int)ir_choice_int_at(g, "attn.fwd_keys", n, -1);   /* -1: the rule's */
         s.attn_dq_wgs = ir_choice_int_at(g, "attn.dq_rows", n, 128) == 64 ? 1 : 2;
         s.attn_dkv_wgs = ir_choice_int_at(g, "attn.dkv_rows", n, 64) == 128 ? 2 : 1;
         int64_t group = ir_choice_int_at(g, "attn.head_group", n, 0);

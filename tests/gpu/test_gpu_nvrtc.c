@@ -1664,14 +1664,16 @@ static void test_attention_fwd_ws_choice(void **state) {
 /* attn.fwd_keys=128 on Llama at T 2048: every attention forward (and the backward's rerun of
  * it, at -O3) on the producer warpgroup's kernel with key tiles of 128, three consumer
  * warpgroups and TMA loads where attn.fwd_ws and attn.fwd_tma are not set, its result's scale
- * still folded in (no scale pass left), and the module compiles; by default ck_attn_wg_fwd. */
+ * still folded in (no scale pass left), and the module compiles. Not set, the rule's: the same
+ * at T 2048, ck_attn_wg_fwd at T 1024; attn.fwd_keys=64 keeps ck_attn_wg_fwd at T 2048. */
 static void test_attention_fwd_keys_choice(void **state) {
     (void)state;
-    static const struct { int level; const char *keys; bool ws; } cases[] = {
-        {1, "128", true}, {3, "128", true}, {1, NULL, false}};
+    static const struct { int level, seq; const char *keys; bool ws; } cases[] = {
+        {1, 2048, "128", true}, {3, 2048, "128", true}, {1, 2048, NULL, true}, {3, 2048, NULL, true},
+        {1, 2048, "64", false}, {1, 1024, NULL, false}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         Arena *a = arena_new();
-        Graph *g = compile_shape(a, "llama", 1, 2048, cases[c].level);
+        Graph *g = compile_shape(a, "llama", 1, cases[c].seq, cases[c].level);
         if (cases[c].keys) ir_set_choice(g, "attn.fwd_keys", cases[c].keys);
         char why[512];
         CuNodePlan *plans = cuda_plan_epilogues(g, cuda_plan_graph(g, a, why, sizeof why), a);
@@ -1688,9 +1690,9 @@ static void test_attention_fwd_keys_choice(void **state) {
                 wg += strstr(l->body, "ck_attn_wg_fwd<") != NULL;
             }
         int folded = check_attention_scales(g, plans);
-        printf("  llama T 2048 -O%d%s%s: %d forwards on key tiles of 128, %d on ck_attn_wg_fwd, %d scales folded\n",
-               cases[c].level, cases[c].keys ? ", attn.fwd_keys=" : "", cases[c].keys ? cases[c].keys : "", ws, wg,
-               folded);
+        printf("  llama T %d -O%d%s%s: %d forwards on key tiles of 128, %d on ck_attn_wg_fwd, %d scales folded\n",
+               cases[c].seq, cases[c].level, cases[c].keys ? ", attn.fwd_keys=" : "", cases[c].keys ? cases[c].keys : "",
+               ws, wg, folded);
         assert_true(cases[c].ws ? ws > 0 && wg == 0 : ws == 0 && wg > 0);
         if (cases[c].level == 1) assert_int_equal(folded, 22);
         if (c == 0) assert_module_compiles(g);

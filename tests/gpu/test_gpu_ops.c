@@ -1466,6 +1466,15 @@ static void build_attention(void) {
             }
         }
     }
+    /* no choice set at T 2048: plan_attention's rule takes key tiles of 128 on the producer
+     * warpgroup (three consumers, TMA), as for Llama 1.1B's forwards */
+    int64_t T = 2048, H = 4, Hkv = 2, D = 64;
+    Node *q = leaf(FMT_BF16, 1, DIMS(1, T, H * D)), *k = leaf(FMT_BF16, 1, DIMS(1, T, Hkv * D));
+    Node *v = leaf(FMT_BF16, 1, DIMS(1, T, Hkv * D));
+    Node *y = add_case("attention T2048 H4/2 D64 bf16, lse saved, the rule's key tiles", 1e-2,
+                       op_v(OP_ATTENTION, FMT_BF16, I(H, Hkv, 1), Fa(1.0 / sqrt((double)D)), IN(q, k, v)));
+    assert_true(n_ws_nodes < (int)(sizeof ws_nodes / sizeof *ws_nodes));
+    ws_nodes[n_ws_nodes++] = (WsCase){y, D, 3, 1, 128, 0};
 }
 
 /* ---------------------------------------------------------------- data */
