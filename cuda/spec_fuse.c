@@ -1254,6 +1254,17 @@ static int amax_scale_writer(const CuNodePlan *p, const Node *x, const Node *qs)
     return w;
 }
 
+/* launch l of plan taker stores the per-tensor scale qs (scale_to, with its element type's
+ * largest value and its margin), and qs's own plan p runs nothing */
+static void hand_scale(CuLaunch *l, CuNodePlan *taker, CuNodePlan *p, const Node *qs) {
+    l->scale_to = qs;
+    l->args.scale_max = num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem));
+    l->args.scale_margin = IR_IATTR(qs, QUANT_SCALE, margin);
+    taker->absorbed[taker->n_absorbed++] = qs;
+    memset(p, 0, sizeof *p);
+    p->node = qs;
+}
+
 static void fold_amax_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
     bool *owned = arena_alloc(a, sizeof *owned * (size_t)(g->n_nodes ? g->n_nodes : 1));
     memset(owned, 0, sizeof *owned * (size_t)(g->n_nodes ? g->n_nodes : 1));
@@ -1273,13 +1284,7 @@ static void fold_amax_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
         if (w < 0 || xp->members || xp->alone || g->nodes[j]->phase != qs->phase || !plan_writes(xp, x) ||
             xp->n_absorbed >= (int)(sizeof xp->absorbed / sizeof *xp->absorbed))
             continue;
-        CuLaunch *l = &own_launches(xp, &owned[j], a)[w];
-        l->scale_to = qs;
-        l->args.scale_max = num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem));
-        l->args.scale_margin = IR_IATTR(qs, QUANT_SCALE, margin);
-        xp->absorbed[xp->n_absorbed++] = qs;
-        memset(p, 0, sizeof *p);
-        p->node = qs;
+        hand_scale(&own_launches(xp, &owned[j], a)[w], xp, p, qs);
     }
 }
 
@@ -1355,13 +1360,8 @@ static void fold_state_scales(const Graph *g, CuNodePlan *plans, Arena *a) {
         if (!cp) continue;
         bool owned = false;
         CuLaunch *l = own_launches(cp, &owned, a);
-        l->scale_to = qs;
         l->scale_amax = amax;
-        l->args.scale_max = num_elem_max((ElemType)IR_IATTR(qs, QUANT_SCALE, elem));
-        l->args.scale_margin = IR_IATTR(qs, QUANT_SCALE, margin);
-        cp->absorbed[cp->n_absorbed++] = qs;
-        memset(p, 0, sizeof *p);
-        p->node = qs;
+        hand_scale(l, cp, p, qs);
     }
 }
 

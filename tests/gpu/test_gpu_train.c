@@ -220,6 +220,20 @@ static bool program_changes(Graph *g, const char *name, const char *value, const
     return changed;
 }
 
+/* Where switching fusion `name` off (0, from 1) changes g's kernel program (*changed), its
+ * module in *bin; false, after a line, where that module does not compile. */
+static bool variant_module(Graph *g, const char *path, const char *name, CudaBinary *bin, bool *changed) {
+    *changed = program_changes(g, name, "0", "1");
+    if (!*changed) return true;
+    char why[512] = "";
+    bool skipped = false;
+    ir_set_choice(g, name, "0");
+    bool ok = cuda_compile_graph(g, bin, &skipped, why, sizeof why) && !skipped;
+    ir_set_choice(g, name, "1");
+    if (!ok) printf("  %s: the module with %s=0 did not compile: %s\n", path, name, why);
+    return ok;
+}
+
 static int check_graph(const char *path) {
     int64_t size;
     uint8_t *bytes = rt_read_file(path, &size);
@@ -273,27 +287,13 @@ static int check_graph(const char *path) {
         goto done;
     }
     /* where elementwise producers run inside their readers (fuse.inline_elementwise: SwiGLU's
-     * silu and product), the module that runs them as kernels of their own */
-    CudaBinary bin_apart;
-    bool inlines = program_changes(g, "fuse.inline_elementwise", "0", "1");
-    bool have_apart = !inlines;
-    if (inlines) {
-        ir_set_choice(g, "fuse.inline_elementwise", "0");
-        have_apart = cuda_compile_graph(g, &bin_apart, &skipped, why, sizeof why) && !skipped;
-        ir_set_choice(g, "fuse.inline_elementwise", "1");
-        if (!have_apart) printf("  %s: the module with fuse.inline_elementwise=0 did not compile: %s\n", path, why);
-    }
-    /* where copies make their scales from a stored amax (fuse.state_scales: -O3's weights),
-     * the module whose scales take launches of their own */
-    CudaBinary bin_states;
-    bool states = program_changes(g, "fuse.state_scales", "0", "1");
-    bool have_states = !states;
-    if (states) {
-        ir_set_choice(g, "fuse.state_scales", "0");
-        have_states = cuda_compile_graph(g, &bin_states, &skipped, why, sizeof why) && !skipped;
-        ir_set_choice(g, "fuse.state_scales", "1");
-        if (!have_states) printf("  %s: the module with fuse.state_scales=0 did not compile: %s\n", path, why);
-    }
+     * silu and product), the module that runs them as kernels of their own; where copies make
+     * their scales from a stored amax (fuse.state_scales: -O3's weights), the module whose
+     * scales take launches of their own */
+    CudaBinary bin_apart, bin_states;
+    bool inlines, states;
+    bool have_apart = variant_module(g, path, "fuse.inline_elementwise", &bin_apart, &inlines);
+    bool have_states = variant_module(g, path, "fuse.state_scales", &bin_states, &states);
     if (!have_apart || !have_states || compile_only) {
         if (compile_only) printf("  %s: %zu bytes of cubin%s\n", path, bin.cubin_size, bin.cached ? " (cached)" : "");
         cuda_binary_free(&bin);
