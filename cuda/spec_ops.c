@@ -323,8 +323,8 @@ bool plan_elementwise(Spec *s) {
         int64_t outer = 1, inner = 1;
         for (int i = 0; i < axis; i++) outer *= y->dims[i];
         for (int i = axis + 1; i < y->rank; i++) inner *= y->dims[i];
-        l = spec_launch(s, "slice", grid_elem(count), ELEM_THREADS, "ck_slice<%d, %s, %s>(a)",
-                        n->op == OP_PAD, Y, fmt_arg(s, x));
+        l = spec_launch(s, "slice", grid_elem(count), ELEM_THREADS, "ck_slice<%d, %d, %s, %s>(a)",
+                        n->op == OP_PAD, ir_keeps_amax(n), Y, fmt_arg(s, x));
         args_result_inputs(l, n);
         l->args.i[0] = outer;
         l->args.i[1] = y->dims[axis];
@@ -349,8 +349,8 @@ bool plan_elementwise(Spec *s) {
         /* the rotation, reading the (T, head_dim / 2) table of cos and sin that the executor
          * makes once for every RoPE of these sizes (rope_table: Llama 1.1B made it again in
          * each of its 88 RoPEs a step, one launch each) */
-        l = spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%s, %s>(a)", Y,
-                        fmt_arg(s, &n->in[0]->t));
+        l = spec_launch(s, "rope", grid_elem(count / 2), ELEM_THREADS, "ck_rope<%d, %s, %s>(a)", ir_keeps_amax(n),
+                        Y, fmt_arg(s, &n->in[0]->t));
         args_result_inputs(l, n);
         l->rope_table = true;
         l->args.i[0] = IR_IATTR(n, ROPE, head_dim);

@@ -354,21 +354,23 @@ template <class Y, class X> __device__ void ck_copy(const CkArgs &a) {
  * for it: an element at a time, the 64-bit divisions of the index took longer than the copy
  * (Llama 1.1B's backward splits attention's packed dq|dk|dv into three, 66 launches a step,
  * 2.0 ms of a traced step at 0.9 TB/s). The same values either way. */
-template <int PADDING, class Y, class X> __device__ void ck_slice(const CkArgs &a) {
+template <int PADDING, int AMAX, class Y, class X> __device__ void ck_slice(const CkArgs &a) {
     i64 ly = a.i[1], lx = a.i[2], inner = a.i[3], start = a.i[4];
     i64 piece = ly * inner, row = lx * inner, at = start * inner;
-    float m = 0.0f;   /* a slice with amax=1 leaves its block maxima (ck_amax_out) */
+    float m = 0.0f;   /* AMAX (ops.def's amax=1): its block maxima (ck_amax_out) */
     if (!PADDING && piece % CK_VEC == 0 && row % CK_VEC == 0 && at % CK_VEC == 0 && Y::vec_ok(a.t[0]) &&
         X::vec_ok(a.t[1])) {
         CK_GRID_STRIDE(v, a.t[0].n / CK_VEC) {
             i64 e = v * CK_VEC, o = e / piece;
             float x[CK_VEC];
             X::ld_vec(a.t[1], o * row + at + (e - o * piece), x);
-            #pragma unroll
-            for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(x[j]));
+            if (AMAX) {
+                #pragma unroll
+                for (int j = 0; j < CK_VEC; j++) m = fmaxf(m, fabsf(x[j]));
+            }
             Y::st_vec(a.t[0], e, x);
         }
-        ck_amax_out<Y>(a, m);
+        if (AMAX) ck_amax_out<Y>(a, m);
         return;
     }
     CK_GRID_STRIDE(i, a.t[0].n) {
@@ -380,10 +382,10 @@ template <int PADDING, class Y, class X> __device__ void ck_slice(const CkArgs &
         } else {
             v = X::ld(a.t[1], (o * lx + start + l) * inner + in);
         }
-        m = fmaxf(m, fabsf(v));
+        if (AMAX) m = fmaxf(m, fabsf(v));
         Y::st(a.t[0], i, v);
     }
-    ck_amax_out<Y>(a, m);
+    if (AMAX) ck_amax_out<Y>(a, m);
 }
 
 /* CONCAT: i = {outer, len_y, inner, len_x of input 0, 1, ..} */
@@ -438,11 +440,11 @@ template <class Y, class T, class I> __device__ void ck_embedding(const CkArgs &
  * position and pair once for them: the 64-bit divisions of the index took more time than the
  * rope's memory (Llama 1.1B at 4 x 2048: 3.0 ms of a traced step in 88 launches). The same
  * f64 products per pair, so the same bits. */
-template <class Y, class X> __device__ void ck_rope(const CkArgs &a) {
+template <int AMAX, class Y, class X> __device__ void ck_rope(const CkArgs &a) {
     i64 D = a.i[0], C = a.i[2], T = a.i[3];
     double sign = a.i[1] ? -1.0 : 1.0;
     const double *tab = (const double *)a.scratch;
-    float m = 0.0f;   /* a RoPE with amax=1 leaves its block maxima (ck_amax_out) */
+    float m = 0.0f;   /* AMAX (ops.def's amax=1): its block maxima (ck_amax_out) */
     if (D % CK_VEC == 0 && C % CK_VEC == 0 && X::vec_ok(a.t[1]) && Y::vec_ok(a.t[0])) {
         CK_GRID_STRIDE(v, a.t[0].n / CK_VEC) {
             i64 e = v * CK_VEC, c = e % C, p = (e / C) % T, k = (c % D) / 2;
@@ -454,11 +456,11 @@ template <class Y, class X> __device__ void ck_rope(const CkArgs &a) {
                 double co = cs[2 * q], si = sign * cs[2 * q + 1], x0 = x[2 * q], x1 = x[2 * q + 1];
                 y[2 * q] = (float)(x0 * co - x1 * si);
                 y[2 * q + 1] = (float)(x0 * si + x1 * co);
-                m = fmaxf(m, fmaxf(fabsf(y[2 * q]), fabsf(y[2 * q + 1])));
+                if (AMAX) m = fmaxf(m, fmaxf(fabsf(y[2 * q]), fabsf(y[2 * q + 1])));
             }
             Y::st_vec(a.t[0], e, y);
         }
-        ck_amax_out<Y>(a, m);
+        if (AMAX) ck_amax_out<Y>(a, m);
         return;
     }
     CK_GRID_STRIDE(j, a.t[0].n / 2) {
@@ -467,11 +469,11 @@ template <class Y, class X> __device__ void ck_rope(const CkArgs &a) {
         double co = cs[0], si = sign * cs[1];
         double x0 = X::ld(a.t[1], e), x1 = X::ld(a.t[1], e + 1);
         float y0 = (float)(x0 * co - x1 * si), y1 = (float)(x0 * si + x1 * co);
-        m = fmaxf(m, fmaxf(fabsf(y0), fabsf(y1)));
+        if (AMAX) m = fmaxf(m, fmaxf(fabsf(y0), fabsf(y1)));
         Y::st(a.t[0], e, y0);
         Y::st(a.t[0], e + 1, y1);
     }
-    ck_amax_out<Y>(a, m);
+    if (AMAX) ck_amax_out<Y>(a, m);
 }
 
 /* ACCUMULATE: t[0] = the accumulator, updated in place; t[1] = g */
