@@ -55,12 +55,12 @@ typedef struct {
     unsigned grid_size;           /* batched launches: its blocks (0: the whole grid) */
     int pad_;
     /* block 0 first writes 1 / inv_from[2 j + k][0] at inv_to[j][16 k] (a NULL skips it): the
-     * dequantization scales of a later per-tensor FP8 GEMM (spec_fuse.c, fold_inverse_scales) */
+     * dequantization scales of a later per-tensor FP8 GEMM (spec_scales.c, fold_inverse_scales) */
     const float *inv_from[2 * CK_MAX_INVERSE];
     float *inv_to[CK_MAX_INVERSE];
     /* the last block stores the per-tensor scale of t[0] at scale_to (NULL: none) from the
      * block maxima the launch leaves, max of the copy's element type scale_max, margin
-     * scale_margin (ops.cuh's ck_amax_out; spec_fuse.c, fold_amax_scales); or, with
+     * scale_margin (ops.cuh's ck_amax_out; spec_scales.c, fold_amax_scales); or, with
      * scale_amax, block 0 stores the scale made from that amax */
     float *scale_to;
     double scale_max;

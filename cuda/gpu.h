@@ -108,10 +108,10 @@ typedef struct {
     int64_t inv_slot[CK_MAX_INVERSE];
     int n_inv;
     /* the per-tensor scale (a QUANT_SCALE) that the launch's last block stores from its block
-     * maxima, args' scale_to (spec_fuse.c, fold_amax_scales); NULL: none */
+     * maxima, args' scale_to (spec_scales.c, fold_amax_scales); NULL: none */
     const Node *scale_to;
     /* with scale_to: the amax (a persistent f32 scalar) the launch makes that scale from itself,
-     * args' scale_amax (spec_fuse.c, fold_state_scales); NULL: none */
+     * args' scale_amax (spec_scales.c, fold_state_scales); NULL: none */
     const Node *scale_amax;
     CuGemm gemm;
 } CuLaunch;
@@ -154,7 +154,7 @@ bool cuda_comm_bucket_roots(const Graph *g, const CuNodePlan *plans, const RtCom
 CuNodePlan *cuda_plan_epilogues(Graph *g, const CuNodePlan *node_plans, Arena *a);
 /* The bytes of the descale area that the GEMMs of plans (cuda_plan_epilogues') read their
  * per-tensor dequantization scales from, where an earlier launch computes them (CkArgs'
- * inv_from, inv_to; spec_fuse.c's fold_inverse_scales). */
+ * inv_from, inv_to; spec_scales.c's fold_inverse_scales). */
 int64_t cuda_plan_descale_bytes(const Graph *g, const CuNodePlan *plans);
 /* The check the training loop runs on gradient accumulators: one launch that sets the int
  * at its scratch when n's tensor holds a NaN or an infinity. */

@@ -7,7 +7,8 @@
  * the kernel program's groups (producers writing their FP8 copies, bias gradients in the
  * quantize of dy, per-group scales in their quantize, the loss's forward and backward in one
  * pass or its logsumexp, GEMM epilogues)
- * and cuda_plan_graph / cuda_plan_epilogues, which run them. Spec is the state of one node's
+ * and cuda_plan_graph / cuda_plan_epilogues, which run them; spec_scales.c the scales that
+ * launches around them make (spec_fold_scales). Spec is the state of one node's
  * plan while it is built. Internal to cuda/: nothing outside includes it. */
 #ifndef FP8C_SPEC_INTERNAL_H
 #define FP8C_SPEC_INTERNAL_H
@@ -211,6 +212,12 @@ typedef struct {
  * CK_AMAX_PARTS blocks (the rows of partials; the slots of the result's block maxima) */
 enum { NORM_GRAD_THREADS = 128, NORM_GRAD_BLOCKS = 1024 };
 bool plan_norm_grads(Spec *s, const NormGrads *ng);
+
+/* ---------------------------------------------------------------- spec_scales.c */
+
+/* The per-tensor scales (and GEMMs' reciprocal scales) that the phases' plans can have
+ * launches around them make, each scale's own launch then gone; after the GEMM epilogues. */
+void spec_fold_scales(const Graph *g, CuNodePlan *plans, Arena *a);
 
 /* ---------------------------------------------------------------- spec_gemm.c */
 

@@ -86,7 +86,7 @@ template <class Y, class Q> struct CkThrough {
  * i[CK_AMAX_AT]: the slots' byte offset from t[0], 0: none. Every thread of the block calls
  * it, after its last store.
  *
- * Where the scale's node would run right after this launch (spec_fuse.c, fold_amax_scales),
+ * Where the scale's node would run right after this launch (spec_scales.c, fold_amax_scales),
  * the launch stores the scale itself: a.scale_to is set, each block takes a ticket after its
  * slot (ck_last_block: a fence, then the count), and the block that finishes last reduces the
  * slots and stores max(elem) / amax / 2^margin as ck_quant_scale_parts would. It reads the

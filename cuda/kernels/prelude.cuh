@@ -310,7 +310,7 @@ static __device__ __forceinline__ float ck_state_scale(const CkArgs &a) {
 
 /* The entry of a launch that is not batched: the wait, then, in block 0, the scale the launch
  * makes from a stored amax (stored at scale_to, for the launches after it), and the
- * reciprocals of the scales of the GEMMs that fold_inverse_scales (spec_fuse.c) gave it (the
+ * reciprocals of the scales of the GEMMs that fold_inverse_scales (spec_scales.c) gave it (the
  * division ck_inv_scales makes: the same bits; of the scale made here, from its value), before
  * the kernel's own work. */
 static __device__ __forceinline__ void ck_entry(const CkArgs &a) {

@@ -584,7 +584,7 @@ static void test_inverse_scales_plan(void **state) {
     }
 }
 
-/* Attention's result scale made by its own launches (spec_fuse.c, fold_attention_scales): per
+/* Attention's result scale made by its own launches (spec_scales.c, fold_attention_scales): per
  * folded scale, the scale's node has no launch left; the attention's plan absorbed it, and its
  * launches that store the result (the forward's one; the backward's dq pass, then its dk/dv
  * pass) carry the scale in t[11], the margin in f[2], and the largest value of the element
@@ -662,7 +662,7 @@ static void test_attention_scales_plan(void **state) {
 }
 
 /* Per-tensor scales stored by the last block of the launch that leaves their value's block
- * maxima (spec_fuse.c, fold_amax_scales): per folded scale, the scale's node has no launch
+ * maxima (spec_scales.c, fold_amax_scales): per folded scale, the scale's node has no launch
  * left and the producer's plan absorbed it; the launch carries the scale node, the largest
  * value of the scale's element type and its margin, writes the value's maxima (t[0], its
  * offset), runs a one-dimensional unbatched grid, and no launch runs between its plan and the
