@@ -2,7 +2,8 @@
  *
  * spec.c plans each node (cuda_plan_node: the argument block, the launches and their library
  * templates) and holds the helpers every plan uses; spec_ops.c the plans of the op families
- * that run library kernels (elementwise, reductions, rows, attention, the optimizer);
+ * that run library kernels (elementwise, reductions, rows, the optimizer); spec_attn.c
+ * attention's;
  * spec_gemm.c the cuBLASLt GEMM; spec_fuse.c what the backend fuses across nodes on top of
  * the kernel program's groups (producers writing their FP8 copies, bias gradients in the
  * quantize of dy, per-group scales in their quantize, the loss's forward and backward in one
@@ -190,9 +191,7 @@ Spec spec_for(const Graph *g, const Node *n, Arena *a, CuNodePlan *out, char *wh
 bool plan_elementwise(Spec *s);
 bool plan_reductions(Spec *s);
 bool plan_rows(Spec *s);
-bool plan_attention(Spec *s);
-/* Plans again, on warpgroup MMA, the attentions of g where the choice attn.wgmma is on. */
-void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a);
+
 /* The loss's choices for cross entropy n (ce.threads, ce.exp2, ce.shared), and the cross
  * entropies of g planned again where they differ from CE_ROWS_DEFAULT. */
 CeRows ce_rows_chosen(const Graph *g, const Node *n);
@@ -212,6 +211,12 @@ typedef struct {
  * CK_AMAX_PARTS blocks (the rows of partials; the slots of the result's block maxima) */
 enum { NORM_GRAD_THREADS = 128, NORM_GRAD_BLOCKS = 1024 };
 bool plan_norm_grads(Spec *s, const NormGrads *ng);
+
+/* ---------------------------------------------------------------- spec_attn.c */
+
+bool plan_attention(Spec *s);
+/* Plans again, on warpgroup MMA, the attentions of g where the choice attn.wgmma is on. */
+void plan_attention_choices(const Graph *g, CuNodePlan *plans, Arena *a);
 
 /* ---------------------------------------------------------------- spec_scales.c */
 
