@@ -41,7 +41,7 @@
  * barrier that publishes the tile. A warpgroup skips the key tiles wholly above its rows (the
  * last one of the lower half of a causal block). The two warpgroups are independent between
  * barriers, so one's softmax overlaps the other's tensor-core work, and two blocks share an SM
- * (cuda/spec_ops.c bounds the launch so: 128 registers a thread, 97 KiB of shared memory a
+ * (cuda/spec_attn.c bounds the launch so: 128 registers a thread, 97 KiB of shared memory a
  * block at D 128) for the same reason across blocks. Heavy blocks (late query tiles) are
  * numbered first, as in attn_tc.
  *
@@ -50,12 +50,12 @@
  * below issues the S of tile j + 1 before the softmax of tile j. The backward's two passes
  * follow at the end of the file. Precision is attn_tc's: P rounded to bf16 as an operand, row sums of the
  * f32 values, f32 accumulation, a fixed order (results repeat bit for bit). Used when q, k, v
- * are plain bf16, D is 64 or 128 and the choice attn.wgmma is on (cuda/spec_ops.c); the
+ * are plain bf16, D is 64 or 128 and the choice attn.wgmma is on (cuda/spec_attn.c); the
  * binary's target is sm_90a (cuda/nvrtc.c), which wgmma needs. */
 
 #define CK_WG_THREADS 256   /* two warpgroups, 64 query rows each */
 
-/* shared memory, in bytes; cuda/spec_ops.c computes the same size */
+/* shared memory, in bytes; cuda/spec_attn.c computes the same size */
 template <int D> struct CkWg {
     enum {
         BM = 128,                          /* query rows of a block */
@@ -497,7 +497,7 @@ __device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
  * and dV stay in registers over the whole walk (190 registers a thread at D 64), so a dk/dv
  * block of two warpgroups runs alone on its SM; with one warpgroup a block, two blocks share
  * it and drift apart, at the price of loading each Q and dY tile twice as often (from L2).
- * spec_ops.c takes WGS from the choices attn.dq_rows and attn.dkv_rows. Masks, rounding (P and
+ * spec_attn.c takes WGS from the choices attn.dq_rows and attn.dkv_rows. Masks, rounding (P and
  * dS to bf16 as operands) and the statistics read are attn_tc's; only the order of the f32
  * sums inside a product differs. */
 
@@ -663,7 +663,7 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
  * Grouped-query heads walk their query heads in the same order in every block of a kv head,
  * so the argument holds head by head.
  * Taken where one warpgroup owns 64 keys at head dim 64 and the statistics come from the saved
- * y (spec_ops.c); the f32 buffer is (B, H, T, 64), 4 bytes a value of q.
+ * y (spec_attn.c); the f32 buffer is (B, H, T, 64), 4 bytes a value of q.
  *
  * Measured on an H200 it loses (docs/results.md, "(m)"): a traced GPT-2 d12 -O1 step's dk/dv
  * pass took 15.45 ms where the two passes take 6.99 + 3.85, and Llama 1.1B's step 137 ms

@@ -1510,7 +1510,7 @@ static long last_template_int(const char *body) {
     return p && p < end ? strtol(p, NULL, 10) : -1;
 }
 
-/* A key tile's dk/dv steps in parts (attn.dkv_parts; spec_ops.c's dkv_parts, attn_wgmma.cuh's
+/* A key tile's dk/dv steps in parts (attn.dkv_parts; spec_attn.c's dkv_parts, attn_wgmma.cuh's
  * PARTS). Llama 1.1B at batch 4 x 2048 -O1, by the balance rule: every attention backward's
  * dk/dv pass in 4 parts, a grid of 4 x 4 kv heads x 32 key tiles x 4, after a dq pass that
  * zeroes the tickets (its ZERO, 1), with scratch for lse and Dt, the tickets and the parts'
