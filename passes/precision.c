@@ -397,9 +397,10 @@ static const PrecisionLevel levels[PRECISION_LEVELS] = {
      * where PyTorch's does: docs/precision.md) */
     {.param = FMT_BF16, .grad = FMT_F32, .master = FMT_F32, .master_codec = CODEC_PLAIN,
      .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN, .cheap_remade = true},
-    /* O1: FP8 GEMMs (e4m3 forward, e5m2 gradients), bf16 gradients */
+    /* O1: FP8 GEMMs (e4m3 forward, e5m2 gradients), bf16 gradients; SwiGLU's silu(gate) made
+     * again in the backward's product from gate, which it keeps anyway (docs/precision.md) */
     {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_F32, .master_codec = CODEC_PLAIN,
-     .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN, .fp8_gemms = true},
+     .adam_m = FMT_F32_PLAIN, .adam_v = FMT_F32_PLAIN, .fp8_gemms = true, .activations_remade = true},
     /* O2: COAT: FP8 states with dynamic range expansion in groups of 128, FP8 saved values */
     {.param = FMT_BF16, .grad = FMT_BF16, .master = FMT_F32, .master_codec = CODEC_PLAIN,
      .adam_m = FMT_GROUPED(FMT_E4M3, CODEC_EXPAND, 128),
