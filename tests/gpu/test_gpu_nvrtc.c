@@ -980,9 +980,9 @@ static void test_norm_stage_plan(void **state) {
 /* The fused norm backward of rows over 1024 columns, a block a row (spec_ops.c,
  * norm_grads_block; ck_norm_bwd_block). Per model: the normbwd launches a block a row, and
  * those a warp a row, by default and with norm.bwd_block=0. Llama 1.1B at batch 4 x 2048
- * -O1: all 45 (22 layers x 2 and the last) a block a row, a vector a thread (256 threads,
- * rows of 2048), a grid of 512, launch bounds of four blocks an SM; with the choice off all
- * 45 a warp a row. GPT-2 d12's 25 (rows of 768) in blocks of 96 threads, nine an SM, a grid
+ * -O1: the 44 fused of its 45 (22 layers x 2 and the last) a block a row, a vector a thread
+ * (256 threads, rows of 2048), a grid of 512, launch bounds of four blocks an SM; with the
+ * choice off all 44 a warp a row. GPT-2 d12's 25 (rows of 768) in blocks of 96 threads, nine an SM, a grid
  * of 1024 (the block maxima's slots). GPT-2 d48's rows of 1600 (LayerNorm, a bias: HB 1) in blocks of 224 threads; Llama
  * 7B's rows of 4096 two vectors a thread. Each of those compiles (two layers each, -O1 and
  * -O3: x an FP8 copy scaled per group). */
@@ -1044,8 +1044,11 @@ static void test_norm_block_plan(void **state) {
         NormBlocks n = norm_blocks(g, cuda_plan_graph(g, a, why, sizeof why), 4 * 2048, 0, 1, 256);
         printf("  llama O1 batch 4 x 2048, norm.bwd_block=%d: %d backwards a block a row, %d a warp a row\n", !k,
                n.block, n.warps);
-        assert_int_equal(n.block, k ? 0 : 45);
-        assert_int_equal(n.warps, k ? 45 : 0);
+        /* 44 of the 45 norm backwards fused: the first of the backward runs unfused, since the
+         * memory plan lays its sum with the residual's gradient partly over its dy (which
+         * fuse_norm_grads refuses: the one pass would write rows it has yet to read) */
+        assert_int_equal(n.block, k ? 0 : 44);
+        assert_int_equal(n.warps, k ? 44 : 0);
         arena_free(a);
     }
     Arena *a = arena_new();
