@@ -66,7 +66,7 @@ typedef struct {
     double scale_max;
     long long scale_margin;
     /* not NULL: the launch makes the scale at scale_to itself, from the one f32 amax here, and
-     * every block uses the value it computes (prelude.cuh's ck_state_scale; spec_fuse.c,
+     * every block uses the value it computes (prelude.cuh's ck_state_scale; spec_scales.c,
      * fold_state_scales); block 0 stores it at scale_to */
     const float *scale_amax;
 } CkArgs;

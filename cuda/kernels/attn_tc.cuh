@@ -262,7 +262,7 @@ static __device__ __forceinline__ void ck_tile_mask_lim_max(float (*s)[4], const
         }
 }
 
-/* The per-tensor scale of the result, computed by the launches that write it (spec_fuse.c,
+/* The per-tensor scale of the result, computed by the launches that write it (spec_scales.c,
  * fold_attention_scales), so that no pass over the result reads it again for its amax. Where
  * t[CK_ATTN_SCALE] is set, each block folds the largest |value| it stored (m: the thread's,
  * before rounding; rounding is monotonic, so rounding the maximum gives the maximum of the

@@ -299,7 +299,7 @@ static __device__ __forceinline__ float ck_scale_for(double fmax, double amax, i
     return (float)(fmax / amax * ldexp(1.0, -(int)margin));   /* x / 2^m, exactly: one division */
 }
 
-/* The per-tensor scale that a launch with a.scale_amax makes for its own use (spec_fuse.c,
+/* The per-tensor scale that a launch with a.scale_amax makes for its own use (spec_scales.c,
  * fold_state_scales): the value ck_quant_scale_tensor stores for a QUANT_SCALE of the one f32
  * at scale_amax (its |x|, folded into 0 as a maximum is: a NaN gives 1), with the largest
  * value scale_max of the copy's element type and margin scale_margin. */

@@ -485,7 +485,7 @@ static void test_cast_transpose_plan(void **state) {
     }
 }
 
-/* A GEMM's dequantization scales computed by an earlier launch (spec_fuse.c,
+/* A GEMM's dequantization scales computed by an earlier launch (spec_scales.c,
  * fold_inverse_scales), checked by running the plans' launch order on the host: the launches
  * of the micro-step (every forward and backward node, in order) and of the evaluation (the
  * forward nodes, each with its plan or the one it runs alone). Every node counts the
@@ -758,7 +758,7 @@ static void test_amax_scales_plan(void **state) {
     closedir(d);
 }
 
-/* Per-tensor scales of a stored amax made by the copy they scale (spec_fuse.c,
+/* Per-tensor scales of a stored amax made by the copy they scale (spec_scales.c,
  * fold_state_scales): per folded scale, the scale's node has no launch left and the copy's
  * plan absorbed it; the launch is the plan's only one, a ck_copy or ck_quantize_t of a
  * QUANTIZE scaled by that node, carrying the amax (a persistent f32 scalar, the scale's
