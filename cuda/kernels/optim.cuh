@@ -35,7 +35,9 @@
  * 10.2 ms (a memory latency per tensor of a chunk, one after the other); with the loads first
  * and the fast paths eight at a time, 8.9 ms, the same bits. ncu then counts 208 instructions
  * an element, issued at 3.1 a cycle, the integer and logic pipe 72% busy and DRAM 29%: what
- * is left to gain is in instructions. */
+ * is left to gain is in instructions. -O2's range expansion took 229 an element (Llama 1.1B:
+ * 10.65 ms); with its logarithms in the code table, one test a lane where a branch an element
+ * was, and the weight's copy in one store, 201 (9.36 ms), the same bits. */
 
 #define CK_EXPAND_RANGE 28672.0f   /* e4m3's normal range, 448 / 2^-6 */
 #define CK_EXPAND_K_MAX 16.0f
@@ -45,6 +47,13 @@
  * exp2 of the product, within a few ulps of f32 (about 1e-6 relative where e log2 y reaches
  * -10, the smallest a range-expanded element gets), a sixtieth of an e4m3 step */
 static __device__ __forceinline__ float ck_pow_fast(float y, float e) { return exp2f(e * __log2f(y)); }
+/* the same from l = __log2f(y), which a code table holds */
+static __device__ __forceinline__ float ck_pow_fast_log2(float l, float e) { return exp2f(e * l); }
+
+/* -x where the code's top bit (an e4m3 sign) is set: the sign bit flipped, as negation does */
+static __device__ __forceinline__ float ck_code_sign(float x, unsigned char q) {
+    return __uint_as_float(__float_as_uint(x) ^ ((unsigned)(q & 0x80) << 24));
+}
 
 /* NaN wins (codec_absmax) */
 static __device__ __forceinline__ float ck_absmax_nan(float m, float a) { return (a > m || a != a) ? a : m; }
@@ -60,17 +69,19 @@ template <int LANES> static __device__ __forceinline__ float ck_lanes_min(float 
 }
 
 /* The value of each of a coded state's 256 codes before its group's side values: z / (254 - |z|)
- * (companding), z / (510 - z) (sqrt), |d| / 448 (range expansion). Each block fills the tables
- * of its states once, with the f32 operations that decoding a byte did, so that a decode is a
- * read of shared memory and a product, bit for bit as before. A division per element and state
- * was most of the update's instructions: at -O3 it ran at 0.7 TB/s, bound by them. */
+ * (companding), z / (510 - z) (sqrt), log2(|d| / 448) (range expansion, through lg2.approx as
+ * ck_pow_fast takes it). Each block fills the tables of its states once, with the f32
+ * operations that decoding a byte did, so that a decode is a read of shared memory and a
+ * product (range expansion: and one exp2), bit for bit as before. A division per element and
+ * state was most of the update's instructions: at -O3 it ran at 0.7 TB/s, bound by them; the
+ * logarithm of range expansion's decode was four more a code, its denormal scaling included. */
 #define CK_CODES 256
 template <int C> static __device__ __forceinline__ void ck_code_table_fill(float *tab) {
     if (C == CODEC_PLAIN) return;
     for (int q = threadIdx.x; q < CK_CODES; q += blockDim.x) {
         float z = C == CODEC_COMPAND ? (float)(signed char)q : (float)q;
         unsigned char b = (unsigned char)q;
-        tab[q] = C == CODEC_EXPAND ? fabsf(Elem<FMT_E4M3>::ld(&b, 0)) / 448.0f
+        tab[q] = C == CODEC_EXPAND ? __log2f(fabsf(Elem<FMT_E4M3>::ld(&b, 0)) / 448.0f)
                  : C == CODEC_COMPAND ? z / (254.0f - fabsf(z))
                                       : z / (510.0f - z);
     }
@@ -187,13 +198,11 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_fetch8
  * its code table tab) */
 template <int C> static __device__ __forceinline__ void ck_state_decode_codes(const unsigned char *q, float c,
                                                                                float k, float *x, const float *tab) {
-    if (C == CODEC_EXPAND) {   /* sign(d) c (|d| / 448)^(1/k) */
+    if (C == CODEC_EXPAND) {   /* sign(d) c (|d| / 448)^(1/k), tab holding log2(|d| / 448) */
         float inv_k = 1.0f / k;
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float a = c * ck_pow_fast(tab[q[j]], inv_k);   /* e4m3's sign is the code's top bit */
-            x[j] = q[j] & 0x80 ? -a : a;
-        }
+        for (int j = 0; j < 8; j++)   /* e4m3's sign is the code's top bit */
+            x[j] = ck_code_sign(c * ck_pow_fast_log2(tab[q[j]], inv_k), q[j]);
     } else if (C == CODEC_COMPAND) {   /* amax z / (2 - |z|), z = q / 127 */
         #pragma unroll
         for (int j = 0; j < 8; j++) x[j] = c * tab[q[j]];
@@ -281,11 +290,18 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_st8(co
         #pragma unroll
         for (int j = 0; j < 8; j++) ax[j] = fabsf(x[j]);
         ck_div_by8(ax, c, ck_recip(c), finite, u);
-        #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float y = finite ? 448.0f * ck_pow_fast(u[j], k) : 0.0f;
-            Elem<FMT_E4M3>::st(q, j, signbit(x[j]) ? -y : y);
+        /* one test a lane, not a branch an element (the group's c is the lane's): signed zeros
+         * where the group is not finite */
+        if (finite) {
+            #pragma unroll
+            for (int j = 0; j < 8; j++) u[j] = 448.0f * ck_pow_fast(u[j], k);
+        } else {
+            #pragma unroll
+            for (int j = 0; j < 8; j++) u[j] = 0.0f;
         }
+        #pragma unroll
+        for (int j = 0; j < 8; j++)   /* x's sign on y >= 0, as signbit(x) ? -y : y */
+            Elem<FMT_E4M3>::st(q, j, __uint_as_float(__float_as_uint(u[j]) | (__float_as_uint(x[j]) & 0x80000000u)));
     } else if (C == CODEC_COMPAND) {   /* groups of 32, 4 lanes: round(127 2y / (1 + |y|)), y = x / amax */
         float m = 0.0f;
         #pragma unroll
@@ -455,6 +471,40 @@ static __device__ __forceinline__ void ck_chunk_ld8(const CkArgs &a, i64 i, i64 
     }
 }
 
+/* The weight's FP8 copy (or, COPY_AT < 0, its largest |weight| alone) of the eight new weights
+ * w at i, as ck_adamw_copy stores them one by one: where the chunk is read whole and the copy
+ * is scaled per tensor, through its scale s (loaded once a launch) in one 8-byte store, where
+ * eight byte stores, each with its scale's load and its bounds test, took some fifteen
+ * instructions an element. */
+template <int COPY_AT, class P, class CP> static __device__ __forceinline__ bool ck_copy8_ok(const CkArgs &a) {
+    if constexpr (COPY_AT > 0)
+        return (CP::scaling == SCALE_PER_TENSOR || CP::scaling == SCALE_NONE) && CP::vec_ok(a.t[COPY_AT]);
+    return COPY_AT < 0;
+}
+template <int COPY_AT, class P, class CP> static __device__ __forceinline__ float ck_copy8_scale(const CkArgs &a) {
+    if constexpr (COPY_AT > 0)
+        if (CP::scaling == SCALE_PER_TENSOR) return ck_scale<CP::scaling, CP::scale_elem>(a.t[COPY_AT], 0);
+    return 1.0f;
+}
+template <int COPY_AT, class P, class CP>
+static __device__ __forceinline__ void ck_adamw_copy8(const CkArgs &a, i64 i, i64 n, bool whole, float s, const float *w,
+                                                      float &m) {
+    if constexpr (COPY_AT == 0) return;
+    if (whole) {
+        float stored[8];
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            stored[j] = P::round(a.t[0], i + j, w[j]);
+            m = fmaxf(m, fabsf(stored[j]));
+        }
+        if constexpr (COPY_AT > 0) CP::st_vec_scaled(a.t[COPY_AT], i, stored, s);
+        return;
+    }
+    #pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (i + j < n) ck_adamw_copy<COPY_AT, P, CP>(a, i + j, w[j], m);
+}
+
 /* ADAMW (param, grad, m, v, lr, step, clip, grad_scale[, master][, copy, scale, amax]) with any
  * state codecs: MC, VC the codecs of m and v (CODEC_PLAIN: through their formats M, V); MK the
  * master: 0 none, 1 plain (format W), 2 split; the copy as in ck_adamw. A warp per 256
@@ -487,7 +537,8 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
                          : P::vec_ok(a.t[0])) &&
                 (MK != 1 || W::vec_ok(a.t[8]));
     bool fetch_ok = ck_state_fetch_ok<MC, M>(a.t[2]) && ck_state_fetch_ok<VC, V>(a.t[3]);
-    float copy_max = 0.0f;
+    bool copy8 = ck_copy8_ok<COPY_AT, P, CP>(a);
+    float copy_max = 0.0f, copy_scale = ck_copy8_scale<COPY_AT, P, CP>(a);
     for (i64 ch = warp; ch < chunks; ch += warps) {
         i64 i = ch * CK_CODED_CHUNK + lane * 8;
         bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
@@ -520,9 +571,7 @@ __device__ void ck_adamw_coded(const CkArgs &a) {
                 if (i + j < n) G::st(a.t[1], i + j, 0.0f);
         }
         ck_update_w_st8<MK, P, W, 8>(a, i, n, full, w);
-        #pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (i + j < n) ck_adamw_copy<COPY_AT, P, CP>(a, i + j, w[j], copy_max);
+        ck_adamw_copy8<COPY_AT, P, CP>(a, i, n, full && copy8, copy_scale, w, copy_max);
     }
     ck_adamw_copy_amax<COPY_AT>(a, copy_max);
 }
@@ -561,7 +610,8 @@ __device__ void ck_momentum_coded(const CkArgs &a) {
                          : P::vec_ok(a.t[0])) &&
                 (MK != 1 || W::vec_ok(a.t[7]));
     bool fetch_ok = ck_state_fetch_ok<MC, M>(a.t[2]);
-    float copy_max = 0.0f;
+    bool copy8 = ck_copy8_ok<COPY_AT, P, CP>(a);
+    float copy_max = 0.0f, copy_scale = ck_copy8_scale<COPY_AT, P, CP>(a);
     for (i64 ch = warp; ch < chunks; ch += warps) {
         i64 i = ch * CK_CODED_CHUNK + lane * 8;
         bool full = wide && ch * CK_CODED_CHUNK + CK_CODED_CHUNK <= n;
@@ -593,9 +643,7 @@ __device__ void ck_momentum_coded(const CkArgs &a) {
                 if (i + j < n) G::st(a.t[1], i + j, 0.0f);
         }
         ck_update_w_st8<MK, P, W, 7>(a, i, n, full, w);
-        #pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (i + j < n) ck_adamw_copy<COPY_AT, P, CP>(a, i + j, w[j], copy_max);
+        ck_adamw_copy8<COPY_AT, P, CP>(a, i, n, full && copy8, copy_scale, w, copy_max);
     }
     ck_adamw_copy_amax<COPY_AT>(a, copy_max);
 }
