@@ -64,12 +64,12 @@ static void render_library(StrBuf *t) {
     render_enums(t);
     strbuf_add(t, cuda_text_ck_args);
     strbuf_add(t, cuda_text_prelude);
+    strbuf_add(t, cuda_text_fastmath);   /* self-contained; reduce.cuh's group scales use it */
     strbuf_add(t, cuda_text_ops);
     strbuf_add(t, cuda_text_norm);
     strbuf_add(t, cuda_text_reduce);
     strbuf_add(t, cuda_text_gemm_io);
     strbuf_add(t, cuda_text_loss);
-    strbuf_add(t, cuda_text_fastmath);
     strbuf_add(t, cuda_text_optim);
     strbuf_add(t, cuda_text_attn);
     strbuf_add(t, cuda_text_attn_tc);

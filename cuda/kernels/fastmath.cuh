@@ -116,3 +116,13 @@ static __device__ __forceinline__ void ck_div_by8(const float *x, float c, float
         for (int j = 0; j < 8; j++) y[j] = ck_div_by(x[j], c, rc);
     }
 }
+
+/* ---------------------------------------------------------------- a group's scale
+ * max / m rounded to f32, for a group's largest |x|, m, and the largest value max of the copy's
+ * format: what prelude.cuh's ck_scale_for computes at margin 0 in f64 and rounds to f32, a
+ * division and an ldexp in f64 (some thirty instructions) where a writer of 1 x 16 groups needs
+ * one every 16 elements. f32's own correctly rounded quotient is the same bits for max an f32
+ * (e4m3's 448, e5m2's 57344): a quotient of two 24-bit numbers rounded to 53 bits and then to 24
+ * rounds as if once (53 >= 2 x 24 + 2), overflow to infinity included; fastmath_check.cu checks
+ * every positive f32 m against the f64 expression. */
+static __device__ __forceinline__ float ck_group_quotient(float max, float m) { return __fdiv_rn(max, m); }

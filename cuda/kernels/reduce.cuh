@@ -325,12 +325,17 @@ template <class Y, class X> __device__ void ck_quant_scale_row(const CkArgs &a) 
 struct CkGroupQ {
     double fmax;
     i64 margin, G;
+    float fmax32;   /* fmax where it is an f32 and the margin 0, else 0 (ck_group_scale_of) */
 };
 template <int F, int I> static __device__ __forceinline__ CkGroupQ ck_group_q(const CkArgs &a) {
-    return CkGroupQ{a.f[F], a.i[I], a.i[I + 1]};
+    float f = (float)a.f[F];
+    return CkGroupQ{a.f[F], a.i[I], a.i[I + 1], (double)f == a.f[F] && a.i[I] == 0 ? f : 0.0f};
 }
-/* a group's scale from its largest |x|, m (1 for none usable) */
+/* a group's scale from its largest |x|, m (1 for none usable): ck_scale_for's, through f32's
+ * own division where the margin is 0 and the largest value an f32 (ck_group_quotient, the
+ * same bits) */
 static __device__ __forceinline__ float ck_group_scale_of(const CkGroupQ &gq, float m) {
+    if (gq.fmax32 != 0.0f) return m > 0.0f && m < CK_INF ? ck_group_quotient(gq.fmax32, m) : 1.0f;
     return ck_amax_usable(m) ? ck_scale_for(gq.fmax, m, gq.margin) : 1.0f;
 }
 

@@ -17,8 +17,12 @@
  *   div_unit  ck_div_unit(a, d), d in [1, 2), 2^-100 <= |a| < 2: every significand of a
  *             against 4096 random d with a in [2^-100, 2^-99) and in [1, 2), then 2^32 random
  *             pairs, against a / d
+ *   group     ck_group_quotient(max, m), max 448 and 57344, against ck_scale_for's f64 at margin
+ *             0, (float)(max / (double)m): every positive f32 m, the subnormals, the largest
+ *             values (infinite quotients) and infinity included
  * A zero is not among the operands: the functions return it unchanged, as the division and the
- * square root do. Exit status: 0 when everything matches, 1 on any mismatch, 2 when no GPU is
+ * square root do. Arguments name the checks to run (sqrt div div_by div_unit group; none: all).
+ * Exit status: 0 when everything matches, 1 on any mismatch, 2 when no GPU is
  * usable. Build (tests/gpu/run_check.sh fastmath --build does this):
  *   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a --fmad=false tests/gpu/fastmath_check.cu */
 #include <cuda_runtime.h>
@@ -119,6 +123,21 @@ template <int MODE> __global__ void check_div(Counts *c, int ea, int eb, uint64_
     atomicAdd(&c->fast, fast);
 }
 
+/* every positive f32 bit pattern from 1 up to infinity's (n of them from base), for max */
+__global__ void check_group(Counts *c, float max, uint64_t base, uint64_t n) {
+    unsigned long long checked = 0;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+        unsigned bits = (unsigned)(base + i);
+        if (bits == 0 || bits > 0x7f800000u) continue;
+        float m = __uint_as_float(bits);
+        float want = (float)((double)max / (double)m * ldexp(1.0, 0));   /* ck_scale_for, margin 0 */
+        checked++;
+        note(c, __float_as_uint(ck_group_quotient(max, m)) == __float_as_uint(want), max, m);
+    }
+    atomicAdd(&c->checked, checked);
+    atomicAdd(&c->fast, checked);
+}
+
 static int failures;
 
 static bool cuda_ok(cudaError_t e, const char *what) {
@@ -144,7 +163,25 @@ static void report(const char *name, Counts *dev) {
     cudaMemset(dev, 0, sizeof h);
 }
 
-int main(void) {
+static int n_wanted;
+static char **wanted;
+static bool want(const char *name) {
+    for (int i = 0; i < n_wanted; i++)
+        if (!strcmp(wanted[i], name)) return true;
+    return n_wanted == 0;
+}
+
+int main(int argc, char **argv) {
+    n_wanted = argc - 1, wanted = argv + 1;
+    for (int i = 0; i < n_wanted; i++) {
+        static const char *const names[] = {"sqrt", "div", "div_by", "div_unit", "group"};
+        bool known = false;
+        for (const char *n : names) known |= !strcmp(wanted[i], n);
+        if (!known) {
+            fprintf(stderr, "fastmath_check: no check '%s' (sqrt div div_by div_unit group)\n", wanted[i]);
+            return 2;
+        }
+    }
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         fprintf(stderr, "fastmath_check: no usable GPU\n");
@@ -156,33 +193,48 @@ int main(void) {
     const unsigned grid = 132 * 16, block = 256;
     const uint64_t every_sig = (uint64_t)1 << 35;   /* 2^23 significands x 4096 */
 
-    for (int h = 0; h < 4; h++) check_sqrt<<<grid, block>>>(c, (uint64_t)h << 30, (uint64_t)1 << 30);
-    if (!cuda_ok(cudaDeviceSynchronize(), "sqrt")) return 2;
-    report("sqrt: every f32", c);
+    if (want("sqrt")) {
+        for (int h = 0; h < 4; h++) check_sqrt<<<grid, block>>>(c, (uint64_t)h << 30, (uint64_t)1 << 30);
+        if (!cuda_ok(cudaDeviceSynchronize(), "sqrt")) return 2;
+        report("sqrt: every f32", c);
+    }
 
     const int ends[3] = {-60, 0, 59};
-    for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++) check_div<0><<<grid, block>>>(c, ends[i], ends[j], every_sig, 11 + 3 * i + j);
-    if (!cuda_ok(cudaDeviceSynchronize(), "div")) return 2;
-    report("div: every significand, 9 exponent pairs", c);
-    check_div<0><<<grid, block>>>(c, -127, 0, (uint64_t)1 << 32, 1);
-    if (!cuda_ok(cudaDeviceSynchronize(), "div random")) return 2;
-    report("div: random pairs", c);
+    if (want("div")) {
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) check_div<0><<<grid, block>>>(c, ends[i], ends[j], every_sig, 11 + 3 * i + j);
+        if (!cuda_ok(cudaDeviceSynchronize(), "div")) return 2;
+        report("div: every significand, 9 exponent pairs", c);
+        check_div<0><<<grid, block>>>(c, -127, 0, (uint64_t)1 << 32, 1);
+        if (!cuda_ok(cudaDeviceSynchronize(), "div random")) return 2;
+        report("div: random pairs", c);
+    }
 
     const int xc[3][2] = {{-100, -100}, {-100, 99}, {0, 0}};
-    for (int i = 0; i < 3; i++) check_div<1><<<grid, block>>>(c, xc[i][0], xc[i][1], every_sig, 31 + i);
-    if (!cuda_ok(cudaDeviceSynchronize(), "div_by")) return 2;
-    report("div_by: every significand, 3 exponent pairs", c);
-    check_div<1><<<grid, block>>>(c, -127, 0, (uint64_t)1 << 32, 2);
-    if (!cuda_ok(cudaDeviceSynchronize(), "div_by random")) return 2;
-    report("div_by: random pairs, |x| <= c", c);
+    if (want("div_by")) {
+        for (int i = 0; i < 3; i++) check_div<1><<<grid, block>>>(c, xc[i][0], xc[i][1], every_sig, 31 + i);
+        if (!cuda_ok(cudaDeviceSynchronize(), "div_by")) return 2;
+        report("div_by: every significand, 3 exponent pairs", c);
+        check_div<1><<<grid, block>>>(c, -127, 0, (uint64_t)1 << 32, 2);
+        if (!cuda_ok(cudaDeviceSynchronize(), "div_by random")) return 2;
+        report("div_by: random pairs, |x| <= c", c);
+    }
 
-    for (int e = -100; e <= 0; e += 100) check_div<2><<<grid, block>>>(c, e, 0, every_sig, 141 + e);
-    if (!cuda_ok(cudaDeviceSynchronize(), "div_unit")) return 2;
-    report("div_unit: every significand, a at 2^-100 and 1", c);
-    check_div<2><<<grid, block>>>(c, -127, 0, (uint64_t)1 << 32, 3);
-    if (!cuda_ok(cudaDeviceSynchronize(), "div_unit random")) return 2;
-    report("div_unit: random pairs", c);
+    if (want("div_unit")) {
+        for (int e = -100; e <= 0; e += 100) check_div<2><<<grid, block>>>(c, e, 0, every_sig, 141 + e);
+        if (!cuda_ok(cudaDeviceSynchronize(), "div_unit")) return 2;
+        report("div_unit: every significand, a at 2^-100 and 1", c);
+        check_div<2><<<grid, block>>>(c, -127, 0, (uint64_t)1 << 32, 3);
+        if (!cuda_ok(cudaDeviceSynchronize(), "div_unit random")) return 2;
+        report("div_unit: random pairs", c);
+    }
+
+    for (float max : {448.0f, 57344.0f}) {
+        if (!want("group")) break;
+        for (int h = 0; h < 2; h++) check_group<<<grid, block>>>(c, max, (uint64_t)h << 30, (uint64_t)1 << 30);
+        if (!cuda_ok(cudaDeviceSynchronize(), "group")) return 2;
+        report(max == 448.0f ? "group: every positive f32, max 448" : "group: every positive f32, max 57344", c);
+    }
 
     printf("%s\n", failures ? "MISMATCH" : "all bit-identical");
     return failures ? 1 : 0;
