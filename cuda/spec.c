@@ -308,7 +308,10 @@ bool cuda_plan_finite(const Node *n, Arena *a, CuNodePlan *out) {
     char why[256];
     Spec s = spec_for(NULL, n, a, out, why, sizeof why);
     if (!spec_check_tensor(&s, &n->t, "the tensor")) return false;
-    CuLaunch *l = spec_launch(&s, "finite", grid_elem(ir_numel(&n->t)), ELEM_THREADS,
+    /* a thread for some 32 elements (ck_all_finite's four vectors in flight): a block each
+     * 256 elements made a batched check of Llama 1.1B's gradients a third of a million
+     * blocks, 1.09 ms on an H200 where the gradient's squared norm reads them in 0.70 */
+    CuLaunch *l = spec_launch(&s, "finite", grid_elem((ir_numel(&n->t) + 31) / 32), ELEM_THREADS,
                               "ck_all_finite<%s>(a)", fmt_arg(&s, &n->t));
     arg_node(l, 0, n);
     l->scratch = 0;
