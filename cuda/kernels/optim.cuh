@@ -43,12 +43,12 @@
 #define CK_EXPAND_K_MAX 16.0f
 #define CK_CODED_CHUNK 256         /* elements a warp takes at a time */
 
+/* y^e from l = __log2f(y) (a code table holds it): exp2 of the product */
+static __device__ __forceinline__ float ck_pow_fast_log2(float l, float e) { return exp2f(e * l); }
 /* y^e for y >= 0, e > 0 (0 at y = 0) through the special-function unit: lg2.approx, then
  * exp2 of the product, within a few ulps of f32 (about 1e-6 relative where e log2 y reaches
  * -10, the smallest a range-expanded element gets), a sixtieth of an e4m3 step */
-static __device__ __forceinline__ float ck_pow_fast(float y, float e) { return exp2f(e * __log2f(y)); }
-/* the same from l = __log2f(y), which a code table holds */
-static __device__ __forceinline__ float ck_pow_fast_log2(float l, float e) { return exp2f(e * l); }
+static __device__ __forceinline__ float ck_pow_fast(float y, float e) { return ck_pow_fast_log2(__log2f(y), e); }
 
 /* -x where the code's top bit (an e4m3 sign) is set: the sign bit flipped, as negation does */
 static __device__ __forceinline__ float ck_code_sign(float x, unsigned char q) {
@@ -300,8 +300,7 @@ template <int C, class X> static __device__ __forceinline__ void ck_state_st8(co
             for (int j = 0; j < 8; j++) u[j] = 0.0f;
         }
         #pragma unroll
-        for (int j = 0; j < 8; j++)   /* x's sign on y >= 0, as signbit(x) ? -y : y */
-            Elem<FMT_E4M3>::st(q, j, __uint_as_float(__float_as_uint(u[j]) | (__float_as_uint(x[j]) & 0x80000000u)));
+        for (int j = 0; j < 8; j++) Elem<FMT_E4M3>::st(q, j, copysignf(u[j], x[j]));   /* u >= 0: signbit(x) ? -u : u */
     } else if (C == CODEC_COMPAND) {   /* groups of 32, 4 lanes: round(127 2y / (1 + |y|)), y = x / amax */
         float m = 0.0f;
         #pragma unroll
