@@ -145,6 +145,7 @@ bool exec_resolve(CudaExec *e, const CuLaunch *l, CkArgs *a, CUdeviceptr scratch
     a->scratch = l->scratch >= 0 ? (void *)(uintptr_t)(scratch_base + (CUdeviceptr)l->scratch) : NULL;
     if (l->rope_table && !(a->scratch = (void *)(uintptr_t)rope_table(e, l))) return false;
     a->ticket = (unsigned *)(uintptr_t)(e->aux + (CUdeviceptr)e->ticket_off);
+    if (l->check_flag) a->t[2].p = (void *)(uintptr_t)(e->aux + (CUdeviceptr)e->finite_flag_off);
     if (l->scale_to) {
         CUdeviceptr p = 0;
         if (!exec_map_tensor(e, &l->scale_to->t, &p)) return false;
@@ -410,6 +411,7 @@ static bool launch_list(CudaExec *e, void *list) {
 }
 
 static bool exec_run_list(CudaExec *e, ExecList *L) {
+    if (L != &e->lists[LIST_NORMS]) e->touched++;
     if (e->tune_report && L == &e->lists[LIST_MICRO] && ++e->micro_runs == GEMM_TUNE_AT_STEP)
         return exec_run_tuning(e, L);
     if (e->profile) return exec_run_profiled(e, L);
@@ -624,6 +626,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     e->grad_buf = e->aux + (CUdeviceptr)align_up(e->aux_bytes);
     e->gather_buf = e->grad_buf + (CUdeviceptr)align_up(grad_buf_bytes);
     e->finite_flag_off = 0;
+    e->norms_check = -1;
     e->ticket_off = 64;
     e->aux_used = ALIGN;
     if (e->descale_bytes && !aux_take(e, NULL, e->descale_bytes, &e->descales)) goto fail;
@@ -670,6 +673,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
      * sums may leave: exec_comm.c) */
     micro_end = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *micro_end);
     if (!micro_end) goto fail;
+    bool norms_lead = !e->shard;   /* the update's SQNORMs so far lead it (LIST_NORMS) */
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         micro_end[i] = e->lists[LIST_MICRO].n;
@@ -687,10 +691,15 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
         if (!added) goto fail;
         micro_end[i] = e->lists[LIST_MICRO].n;
         if (n->phase != PHASE_UPDATE) continue;
+        /* the norms before the update's first node other than a norm or a delayed scale (which
+         * reads and writes scales and amax histories only, so it may run after them); a
+         * batched run is of one op */
+        norms_lead = norms_lead && (n->op == OP_SQNORM || n->op == OP_DELAYED_SCALE);
+        ExecList *U = &e->lists[norms_lead && n->op == OP_SQNORM ? LIST_NORMS : LIST_UPDATE];
         if (batches && !e->shard && e->batch_run[i]) {   /* sharded: a launch per node (exec_shard.c) */
-            if (!exec_add_run(e, &e->lists[LIST_UPDATE], i)) goto fail;
+            if (!exec_add_run(e, U, i)) goto fail;
             i += e->batch_run[i] - 1;
-        } else if (!exec_add_node(e, &e->lists[LIST_UPDATE], n, &e->plans[i])) {
+        } else if (!exec_add_node(e, U, n, &e->plans[i])) {
             goto fail;
         }
     }
@@ -768,8 +777,10 @@ bool cuda_exec_run_phase(CudaExec *e, Phase p) {
         return ok;
     }
     if (reduce) cuda_nccl_arm("the update with its gradient all-reduce");
-    bool ok = (!reduce || exec_run_reduce(e)) && exec_run_list(e, &e->lists[LIST_UPDATE]) &&
-              exec_finish(e, "update");
+    /* the norms, unless the finite check ran them on these gradients */
+    bool norms_done = e->norms_ran == e->touched + 1u;
+    bool ok = (!reduce || exec_run_reduce(e)) && (norms_done || exec_run_list(e, &e->lists[LIST_NORMS])) &&
+              exec_run_list(e, &e->lists[LIST_UPDATE]) && exec_finish(e, "update");
     if (reduce) cuda_nccl_disarm();
     return ok;
 }
@@ -781,6 +792,7 @@ bool cuda_exec_run_micro_step(CudaExec *e) {
 }
 
 bool cuda_exec_run_node(CudaExec *e, const Node *n) {
+    e->touched++;
     for (int i = 0; i < e->g->n_nodes; i++) {
         if (e->g->nodes[i] != n) continue;
         int64_t aux_at = e->aux_used;
@@ -817,6 +829,7 @@ static bool piece_zero(CudaExec *e, char *host, CUdeviceptr dev, int64_t bytes, 
 }
 
 bool cuda_exec_push(CudaExec *e, Tensor *const *ts, int n) {
+    e->touched++;
     if (!cuda_exec_sync(e)) return false;
     for (int i = 0; i < n; i++)
         if (!exec_pieces(e, ts[i]->name, ts[i]->data, tensor_bytes(ts[i]), piece_push, NULL)) return false;
@@ -831,6 +844,7 @@ bool cuda_exec_pull(CudaExec *e, Tensor *const *ts, int n) {
 }
 
 bool cuda_exec_push_arenas(CudaExec *e) {
+    e->touched++;
     if (!cuda_exec_sync(e)) return false;
     if (e->host.persistent_bytes && !exec_pieces(e, "the persistent arena", e->host.persistent, e->host.persistent_bytes, piece_push, NULL))
         return false;
@@ -844,17 +858,60 @@ bool cuda_exec_push_arenas(CudaExec *e) {
 }
 
 bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n) {
+    e->touched++;
     for (int i = 0; i < n; i++)
         if (!exec_pieces(e, ts[i]->name, ts[i]->data, tensor_bytes(ts[i]), piece_zero, NULL)) return false;
     return cuda_exec_sync(e);
 }
 
-/* The checks of all tensors into one flag, batched where they share a kernel; the list is
- * built (and captured) for the first set of tensors asked about, which is the training loop's
+/* Whether the update's leading SQNORMs (LIST_NORMS, as cuda_exec_open put them there: delayed
+ * scales may come between them) read
+ * exactly the storage of ts, each tensor once: then their sums are the tensors' finite check. */
+static bool norms_cover(CudaExec *e, Tensor *const *ts, int n) {
+    CUdeviceptr *want = malloc(sizeof *want * (size_t)(n ? n : 1));
+    bool *seen = calloc((size_t)(n ? n : 1), sizeof *seen);
+    bool ok = want && seen && e->lists[LIST_NORMS].n > 0;
+    for (int i = 0; ok && i < n; i++) ok = exec_map_tensor(e, ts[i], &want[i]);
+    int covered = 0;
+    for (int k = 0; ok && k < e->g->n_nodes; k++) {
+        const Node *x = e->g->nodes[k];
+        if (x->phase != PHASE_UPDATE || !e->plans[k].n_launch || x->op == OP_DELAYED_SCALE) continue;
+        if (x->op != OP_SQNORM) break;   /* past the leading ones */
+        CUdeviceptr p;
+        int at = -1;
+        ok = exec_map_tensor(e, &x->in[0]->t, &p);
+        for (int i = 0; ok && i < n && at < 0; i++)
+            if (want[i] == p && tensor_bytes(ts[i]) == tensor_bytes(&x->in[0]->t)) at = i;
+        ok = ok && at >= 0 && !seen[at];
+        if (ok) seen[at] = true, covered++;
+    }
+    ok = ok && covered == n;
+    free(want);
+    free(seen);
+    return ok;
+}
+
+/* The checks of all tensors into one flag. On one GPU, where the update's gradient norms read
+ * exactly these tensors, the check runs them (LIST_NORMS: their f64 sums are finite exactly
+ * when every element is, ck_sqnorm_final) and the update that follows does not run them
+ * again: one pass over the gradients fewer a step (Llama 1.1B: 2.2 GB). Otherwise the
+ * checks of their own (ck_all_finite), batched where they share a kernel; that list is built
+ * (and captured) for the first set of tensors asked about, which is the training loop's
  * gradient list every step. */
 bool cuda_exec_all_finite(CudaExec *e, Tensor *const *ts, int n, bool *finite) {
     ExecList *L = &e->lists[LIST_FINITE];
     CUdeviceptr flag = e->aux + (CUdeviceptr)e->finite_flag_off;
+    if (e->norms_check < 0) e->norms_check = !e->shard && !e->n_reduce && n && norms_cover(e, ts, n);
+    if (e->norms_check) {
+        int bad = 0;
+        if (!CU_CHECK(CU(cuMemsetD8Async)(flag, 0, sizeof bad, e->stream)) ||
+            !exec_run_list(e, &e->lists[LIST_NORMS]) || !exec_finish(e, "gradient check") ||
+            !CU_CHECK(CU(cuMemcpyDtoH_v2)(&bad, flag, sizeof bad)))
+            return false;
+        e->norms_ran = e->touched + 1u;
+        *finite = bad == 0;
+        return true;
+    }
     if (!L->n && n) {
         CuNodePlan *plans = arena_alloc(e->arena, sizeof *plans * (size_t)n);
         BatchItem *it = malloc(sizeof *it * (size_t)n);

@@ -327,6 +327,7 @@ static bool exec_run_last(CudaExec *e) {
 
 bool cuda_exec_run_last_micro_step(CudaExec *e) {
     if (!e->overlap) return cuda_exec_run_micro_step(e);
+    e->touched++;   /* the gradients change (cuda_exec_all_finite) */
     cuda_nccl_arm("the last micro-step with its gradient all-reduce");
     bool ok = exec_run_last(e) && exec_finish(e, "micro-step");
     cuda_nccl_disarm();

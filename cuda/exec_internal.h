@@ -67,7 +67,11 @@ typedef struct {
     bool captured;
 } ExecList;
 
-enum { LIST_EVAL, LIST_MICRO, LIST_UPDATE, LIST_FINITE, LIST_COUNT };
+/* The update's leading gradient norms (SQNORM; delayed scales may come between them, which go
+ * to LIST_UPDATE) are a list of their own, LIST_NORMS, run before LIST_UPDATE, where the update
+ * is one list (not sharded): on one GPU the gradients' finite check runs them, their
+ * last launches setting its flag, and the update after it runs the rest (cuda_exec_all_finite) */
+enum { LIST_EVAL, LIST_MICRO, LIST_UPDATE, LIST_FINITE, LIST_NORMS, LIST_COUNT };
 
 /* A gradient summed over the ranks (an ALL_REDUCE node, comm.c): by NCCL, in its bucket
  * while the last micro-step's backward runs, or at the start of the update (exec_comm.c). */
@@ -184,6 +188,12 @@ struct CudaExec {
     double setup_s[4];
     int *batch_run;                       /* per node: nodes in the batched run it starts, else 0 */
     int finite_flag_off;                  /* in aux */
+    int norms_check;                      /* LIST_NORMS is the finite check of the gradients asked
+                                             about (1), is not (0), not yet known (-1) */
+    unsigned touched;                     /* counts what may change the gradients: runs of the
+                                             other lists, pushes, zeroings */
+    unsigned norms_ran;                   /* `touched` when the check last ran LIST_NORMS, + 1
+                                             (0: never), so the update need not run them again */
     int ticket_off;                       /* in aux: the kernels' last-block counter */
     bool graphs, sync_each, profile;
     bool pdl;   /* the choice cuda.pdl: kernels launched programmatically dependent (exec_launch) */

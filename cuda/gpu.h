@@ -99,6 +99,9 @@ typedef struct {
                                for T = args.i[3], head_dim = args.i[0], theta = args.f[0]; made
                                once on the host and kept in the executor's aux (exec.c), so
                                every RoPE of the step reads the one table */
+    bool check_flag;        /* args.t[2]: the executor's flag of the gradients' finite check,
+                               which the launch sets where it finds a value not finite
+                               (SQNORM's last launch; exec.c, cuda_exec_all_finite) */
     bool batch;             /* its code reads the grid as CK_BLOCK / CK_BLOCKS: launches of it
                                for independent nodes may run as one (render.c's batch_ entry) */
     /* the dequantization scales this launch's block 0 writes first for later GEMMs (args'

@@ -411,6 +411,7 @@ bool plan_reductions(Spec *s) {
         args_result_inputs(l, n);
         l->scratch = 0;
         l->batch = true;
+        l->check_flag = true;   /* the gradient's finite check, from the f64 sum */
         l->args.i[0] = parts;
         return true;
     }

@@ -233,10 +233,16 @@ static __device__ bool ck_last_block(const CkArgs &a) {
 }
 
 /* SQNORM's last launch: the chunks' sums of ck_sqnorm_chunks added in a fixed order (each
- * thread its chunks in order, then the block's tree), i = {chunks} */
+ * thread its chunks in order, then the block's tree), i = {chunks}. It is also the gradient's
+ * finite check (t[2], where the executor gives its flag: CuLaunch.check_flag): the squares
+ * and their sums are f64, in which no bf16, f16 or f32 value's square nor a sum of 2^64 of
+ * them overflows, so the sum is finite exactly when every element is, as ck_all_finite
+ * finds; the f32 it stores may still overflow, which the check does not look at. */
 template <class Y> __device__ void ck_sqnorm_final(const CkArgs &a) {
     double s = ck_partials_sum(a);
-    if (threadIdx.x == 0) Y::st(a.t[0], 0, (float)s);
+    if (threadIdx.x != 0) return;
+    Y::st(a.t[0], 0, (float)s);
+    if (a.t[2].p && !isfinite(s)) atomicOr((int *)a.t[2].p, 1);
 }
 
 /* per-tensor QUANT_SCALE, final launch: i = {n_partials, margin}, f = {max of elem} */

@@ -1513,6 +1513,44 @@ static long last_template_int(const char *body) {
     return p && p < end ? strtol(p, NULL, 10) : -1;
 }
 
+/* Every gradient norm (SQNORM) of GPT-2's and Llama's update at -O1 ends in a launch that sets
+ * the executor's finite-check flag (CuLaunch.check_flag, ck_sqnorm_final), and the update
+ * starts with them (delayed scales aside): the executor runs them as the gradients' check
+ * (cuda_exec_all_finite). */
+static void test_sqnorm_finite_check(void **state) {
+    (void)state;
+    static const char *const models[] = {"gpt2", "llama"};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        Arena *a = arena_new();
+        char path[4500], why[512];
+        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, models[m]);
+        Graph *g = compile_model_choosing(a, path, 1, NULL, NULL);
+        assert_non_null(g);
+        CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+        assert_non_null(plans);
+        int norms = 0, grads = 0;
+        bool leading = true;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *n = g->nodes[i];
+            if (n->t.role == ROLE_GRAD && n->op != OP_ACCUMULATE && ir_role_is_persistent(n->t.role)) grads++;
+            if (n->phase != PHASE_UPDATE || !plans[i].n_launch || n->op == OP_DELAYED_SCALE) continue;
+            if (n->op != OP_SQNORM) {
+                leading = false;
+                continue;
+            }
+            assert_true(leading);
+            const CuLaunch *last = &plans[i].launch[plans[i].n_launch - 1];
+            assert_true(last->check_flag);
+            assert_non_null(strstr(last->body, "ck_sqnorm_final<"));
+            for (int k = 0; k + 1 < plans[i].n_launch; k++) assert_false(plans[i].launch[k].check_flag);
+            norms++;
+        }
+        assert_int_equal(norms, grads);
+        printf("  %s -O1: %d gradient norms lead the update, each its gradient's finite check\n", models[m], norms);
+        arena_free(a);
+    }
+}
+
 /* A key tile's dk/dv steps in parts (attn.dkv_parts; spec_attn.c's dkv_parts, attn_wgmma.cuh's
  * PARTS). Llama 1.1B at batch 4 x 2048 -O1, by the balance rule: every attention backward's
  * dk/dv pass in 4 parts, a grid of 4 x 4 kv heads x 32 key tiles x 4, after a dq pass that
@@ -1907,6 +1945,7 @@ int main(void) {
                                        cmocka_unit_test(test_attention_wgmma_choice),
                                        cmocka_unit_test(test_attention_dq_in_dkv_choice),
                                        cmocka_unit_test(test_attention_dkv_parts),
+                                       cmocka_unit_test(test_sqnorm_finite_check),
                                        cmocka_unit_test(test_attention_fwd_ws_choice),
                                        cmocka_unit_test(test_attention_fwd_keys_choice),
                                        cmocka_unit_test(test_grad_fast_accum_choice),

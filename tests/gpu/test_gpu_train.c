@@ -35,8 +35,9 @@
  * the scaled value, is off by a factor of 2 to 16. Measured on an H200 (2026-11-26) with the
  * backward's scales drawn as well, from 1/4 to 16: the delayed-scaling graph's histories and
  * scales 2.9e-2, but a bias gradient 0.26 off (flushed gradients). Determinism is bit for bit: the same step from the same
- * bytes gives the same loss and the same persistent state, and so does the step with every
- * kernel launched programmatically dependent (the choice cuda.pdl), and the step with
+ * bytes gives the same loss and the same persistent state, and so does the step with the
+ * gradients' finite check before its update (which then leaves out the norms the check ran),
+ * the step with every kernel launched programmatically dependent (the choice cuda.pdl), and the step with
  * attention's result scales made by a pass of their own rather than by the attention's
  * launches (fuse.attention_scales=0: the same maximum, so the same scales), and the step of
  * the module whose norms read their rows straight from memory rather than staged through
@@ -359,6 +360,20 @@ static int check_graph(const char *path) {
     ok = ok && cuda_exec_run_phase(e, PHASE_UPDATE) && cuda_exec_pull(e, pers, n_pers);
     bool same = ok && memcmp(&loss_again, &loss_gpu, sizeof loss_gpu) == 0 &&
                 memcmp(mem.persistent, p_gpu, pb) == 0;
+    /* the same step with the gradients' finite check before its update, as training runs it
+     * (on one GPU the check runs the update's gradient norms, which the update then leaves
+     * out): finite, and the same bits */
+    memcpy(mem.persistent, p0, pb);
+    memcpy(mem.step, s0, sb);
+    bool step_finite = false;
+    ok = ok && cuda_exec_push_arenas(e) && cuda_exec_run_micro_step(e) &&
+         cuda_exec_all_finite(e, grads, n_grads, &step_finite) && cuda_exec_run_phase(e, PHASE_UPDATE) &&
+         cuda_exec_pull(e, pers, n_pers);
+    if (ok && (!step_finite || memcmp(mem.persistent, p_gpu, pb) != 0)) {
+        printf("  %s: with the finite check before it, the step says finite %d and %s\n", path, step_finite,
+               memcmp(mem.persistent, p_gpu, pb) ? "ends in other bytes" : "ends in the same bytes");
+        failures++;
+    }
     /* the update's one-node-per-parameter launches run batched (FP8C_CUDA_BATCH=0: not) */
     int batched = cuda_exec_batched_launches(e);
     if (n_grads > 2 && !getenv("FP8C_CUDA_BATCH") && batched == 0) {
