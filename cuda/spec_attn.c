@@ -4,7 +4,7 @@
  * the CUDA-core kernels (attn.cuh) for any format and head size, the tensor-core ones for bf16
  * at head dims 64 and 128 (attn_tc.cuh's mma.sync, attn_wgmma.cuh's warpgroup MMA, attn_ws.cuh's
  * producer warpgroup), the backward as its statistics, a dq pass and a dk/dv pass (or dq in the
- * dk/dv pass), with the rules that choose among them where the choices (attn.*, docs/tuning.md)
+ * dk/dv pass; on warpgroup MMA the dq pass makes the statistics from the saved y), with the rules that choose among them where the choices (attn.*, docs/tuning.md)
  * are not set: key tiles of 128 from T 2048 on, the dk/dv pass of a grouped-query attention in
  * parts by a balance rule. plan_attention_choices plans the attentions again on warpgroup MMA
  * with the choices each node reads. What the kernels do and why is in their files and in
@@ -171,24 +171,30 @@ bool plan_attention(Spec *s) {
         sums = tickets + B * Hkv * ((T + rows - 1) / rows) * parts * D * 2 * rows * 4;
     }
     need_scratch(s, 2 * B * H * T * 4 + (one ? counters + B * H * T * 64 * 4 : 0) + sums);
-    if (ysaved && ir_attention_lse_offset(ysaved)) {
-        /* the forward stored lse after y: the statistics are Dt = dy . y and a copy */
-        /* as ck_attn_stat_lanes: 32 / lanes rows per warp, 8 warps */
+    /* where the forward stored lse after y, the statistics are Dt = dy . y and a copy of lse:
+     * the wgmma dq pass makes them for its rows as it starts (ck_attn_row_stats_y) and stores
+     * them for the dk/dv pass, one launch and a pass over dy fewer; otherwise a light pass of
+     * their own (32 / lanes rows a warp, 8 warps, as ck_attn_stat_lanes) does, or, without the
+     * saved y, the forward run again */
+    bool y_stats = ysaved && ir_attention_lse_offset(ysaved);
+    bool stats_in_dq = y_stats && wg_bwd && !one;
+    if (y_stats && !stats_in_dq) {
         int64_t lanes = D % 8 == 0 && 32 % (D / 8) == 0 ? D / 8 : 32, rows = 8 * (32 / lanes);
         l = spec_launch(s, "attnsaved", (unsigned)((B * T * H + rows - 1) / rows), 256,
                         "ck_attn_saved_stats<%s, %s, %d>(a)", DY, fmt_arg(s, &ysaved->t), one);
         attn_args(l, n, packed, sz);
         arg_node(l, 5, ysaved);
         l->args.i[11] = ir_attention_lse_offset(ysaved);
-    } else {
+        l->scratch = 0;
+    } else if (!y_stats) {
         l = spec_launch(s, "attnstat", fwd_blocks, fwd_threads, "%s, 1, %s, %s, %s, %s, %s%s>(a)", fwd_head, F32_ARG,
                         Q, K, V, DY, hg);
         l->smem = fwd_smem;
         l->min_blocks = fwd_min_blocks;
         attn_args(l, n, packed, sz);
         if (ws && tma) l->tma = 3, l->tma_first = 2, l->tma_stride = 5;   /* after dy */
+        l->scratch = 0;
     }
-    l->scratch = 0;
     /* the dq and dk/dv passes on warpgroup MMA (attn_wgmma.cuh; the choice attn.wgmma_bwd):
      * blocks of WGS warpgroups (128 WGS threads) own 64 WGS query rows (dq) or keys (dk/dv);
      * shared memory as CkWgBwd<D, WGS> (1 KiB of alignment slack, the block's two whole tiles,
@@ -210,16 +216,26 @@ bool plan_attention(Spec *s) {
     }
     const char *bwd_hg = wg_bwd ? hg : "";
     if (!one) {
-        char dq_tail[32];   /* with parts, the dq pass zeroes the dk/dv pass's tickets (ZERO) */
-        if (parts > 1) snprintf(dq_tail, sizeof dq_tail, ", %d, 1", s->attn_head_group);
+        /* with parts, the dq pass zeroes the dk/dv pass's tickets (ZERO); with the statistics,
+         * it reads the saved y in its format (YS) */
+        char dq_tail[96];
+        if (stats_in_dq)
+            snprintf(dq_tail, sizeof dq_tail, ", %d, %d, %s", s->attn_head_group, parts > 1,
+                     fmt_arg(s, &ysaved->t));
+        else if (parts > 1)
+            snprintf(dq_tail, sizeof dq_tail, ", %d, 1", s->attn_head_group);
         l = spec_launch(s, "attndq", dq_blocks, dq_threads, "%s, %s, %s, %s, %s, %s%s>(a)", dq, Y, DY, Q, K, V,
-                        parts > 1 ? dq_tail : bwd_hg);
+                        stats_in_dq || parts > 1 ? dq_tail : bwd_hg);
         l->smem = dq_smem;
         /* two blocks of two warpgroups an SM: at most 128 registers a thread (uncapped, NVRTC
          * takes 141 at D 64, and one block an SM) */
         if (wg_bwd && s->attn_dq_wgs == 2) l->min_blocks = 2;
         l->scratch = 0;
         attn_args(l, n, packed, sz);
+        if (stats_in_dq) {
+            arg_node(l, 5, ysaved);
+            l->args.i[11] = ir_attention_lse_offset(ysaved);
+        }
     }
     /* a dk/dv step in two parts of 32 queries (attn.dkv_split=2) holds fewer registers: at one
      * warpgroup a block, three blocks an SM where the whole step's 170 registers allow two */

@@ -479,7 +479,9 @@ __device__ void ck_attn_wg_fwd_pipe(const CkArgs &a) {
  *
  *   dq  (ck_attn_wg_dq): a block of WGS warpgroups owns 64 WGS query rows (128, as the
  *       forward, or 64) and walks the 64-key tiles up to its diagonal with K and V
- *       double-buffered:
+ *       double-buffered. Where the forward's y and logsumexp are kept, it first makes its
+ *       rows' statistics (Dt = dy . y, while its first tiles load) and stores them with lse
+ *       for the dk/dv pass, so that no statistics pass runs before it:
  *         S = Q K^T, dP = dY V^T   two m64n64k16 chains, both operands K-major descriptors;
  *         dS = P (dP - Dt) scale   on the accumulator fragments, P = 2^(S scale log2 e - lse);
  *         dQ += dS K               dS as the register A operand, K as an MN-major B operand
@@ -523,9 +525,91 @@ static __device__ __forceinline__ i64 ck_attn_dkv_tickets(const CkArgs &a) {
     return a.i[0] * a.i[3] * ((a.i[1] + 63) / 64);
 }
 
-/* dq: one block per (b, h, 64 WGS query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch.
+/* The statistics of a thread's two rows (row0, row0 + 8: ck_attn_row_stats's) from the
+ * forward's y (t[5]) and the logsumexp it stored i[11] bytes after y: Dt = dy . y, summed in
+ * the order ck_attn_saved_stats sums it (D / 8 lanes of eight elements, halves folded: lane
+ * tig of a quad holds those lanes' sums tig + 4 j and folds them before the quad's two
+ * shuffles), so that Dt has the same bits as that pass's. fetch() issues the loads of y (as
+ * stored) and lse as the block's tiles start loading; finish(), once the block's dY tile is
+ * in shared memory, reads dy there (bf16, as the tile holds it), adds, and the quad's first
+ * lane stores both rows' lse and Dt into the scratch for the dk/dv pass, which runs next. Where
+ * y cannot be read in vectors, finish() reads it an element at a time. */
+struct CkNoY;   /* no saved y: the statistics pass filled the scratch */
+template <class YS> struct CkHasY { enum { v = 1 }; };
+template <> struct CkHasY<CkNoY> { enum { v = 0 }; };
+template <int D, int ROWS, class YS> struct CkRowsY {
+    static constexpr int PER = D / CK_VEC, NC = PER / 4;   /* ck_attn_saved_stats's lanes; this lane's */
+    static_assert(PER * CK_VEC == D && NC >= 1 && (NC & (NC - 1)) == 0, "whole vectors, a power of two a lane");
+    typename YS::Raw y[2][NC];
+    float l[2];
+    bool vec;
+    __device__ __forceinline__ i64 base(const CkArgs &a, i64 b, i64 h, int row) const {
+        return (b * a.i[1] + row) * a.i[2] * D + h * D;
+    }
+    __device__ __forceinline__ void fetch(const CkArgs &a, i64 b, i64 h, int row0, int tig, int Ti) {
+        const float *lse_y = (const float *)((const char *)a.t[5].p + a.i[11]);
+        vec = YS::vec_ok(a.t[5]);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + r * 8;
+            l[r] = row < Ti ? lse_y[(b * a.i[2] + h) * a.i[1] + row] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < NC; j++)
+                if (vec && row < Ti) ck_raw_vec<YS>(a.t[5].p, ck_vec_index(base(a, b, h, row) + (tig + 4 * j) * CK_VEC), y[r][j]);
+        }
+    }
+    /* lr0: the thread's first row in the tile at sDY (ROWS rows, 128-byte swizzled) */
+    __device__ __forceinline__ void finish(const CkArgs &a, i64 b, i64 h, int row0, int tig, int Ti, unsigned sDY,
+                                           int lr0, float *ls, float *dt) const {
+        i64 B = a.i[0], T = a.i[1], H = a.i[2];
+        float *lse = (float *)a.scratch, *dd = lse + B * H * T;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + r * 8;
+            float s[NC];
+#pragma unroll
+            for (int j = 0; j < NC; j++) {
+                int sub = tig + 4 * j;
+                s[j] = 0.0f;
+                if (row >= Ti) continue;
+                unsigned w[4];
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                             : "r"(sDY + ck_wg_chunk<ROWS>(lr0 + r * 8, sub)));
+                float u[CK_VEC], v[CK_VEC];
+#pragma unroll
+                for (int k = 0; k < CK_VEC; k++) u[k] = __uint_as_float(k & 1 ? w[k / 2] & 0xffff0000u : w[k / 2] << 16);
+                if (vec) {
+                    YS::decode_vec(a.t[5], base(a, b, h, row) + sub * CK_VEC, y[r][j], v);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < CK_VEC; k++) v[k] = YS::ld(a.t[5], base(a, b, h, row) + sub * CK_VEC + k);
+                }
+#pragma unroll
+                for (int k = 0; k < CK_VEC; k++) s[j] = fmaf(u[k], v[k], s[j]);
+            }
+#pragma unroll
+            for (int w = NC / 2; w >= 1; w /= 2)
+#pragma unroll
+                for (int j = 0; j < w; j++) s[j] += s[j + w];
+            s[0] += __shfl_xor_sync(0xffffffffu, s[0], 2);
+            s[0] += __shfl_xor_sync(0xffffffffu, s[0], 1);
+            ls[r] = l[r] * CK_LOG2E;   /* base 2 */
+            dt[r] = s[0];
+            if (row < Ti && tig == 0) {
+                i64 at = (b * H + h) * T + row;
+                lse[at] = l[r], dd[at] = s[0];
+            }
+        }
+    }
+};
+
+template <int D, int ROWS> struct CkRowsY<D, ROWS, CkNoY> {};
+
+/* dq: one block per (b, h, 64 WGS query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch,
+ * or (YS, the saved y's format) made here from y (t[5]) and stored there for the dk/dv pass.
  * ZERO: block 0 also zeroes the dk/dv pass's tickets, which that pass, run next, takes. */
-template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int ZERO = 0>
+template <int D, int WGS, class Y, class DY, class Q, class K, class V, int HG = 0, int ZERO = 0, class YS = CkNoY>
 __device__ void ck_attn_wg_dq(const CkArgs &a) {
     if (ZERO && blockIdx.x == 0)
         for (i64 t = threadIdx.x; t < ck_attn_dkv_tickets(a); t += 128 * WGS) ck_attn_counters(a)[t] = 0u;
@@ -553,10 +637,19 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
     ck_wg_load<D, L::STEP, L::THREADS>(sKV, a.t[3], b, T, 0, a.i[7], a.i[8] + g * D);
     ck_wg_load<D, L::STEP, L::THREADS>(sKV + L::TILE, a.t[4], b, T, 0, a.i[9], a.i[10] + g * D);
     float ls[2], dt[2];
-    ck_attn_row_stats(a, b, h, row0, Ti, ls, dt);
+    CkRowsY<D, L::ROWS, YS> ys;   /* with the saved y: its rows as the tiles load, Dt after (below) */
+    if constexpr (CkHasY<YS>::v)
+        ys.fetch(a, b, h, row0, tig, Ti);
+    else
+        ck_attn_row_stats(a, b, h, row0, Ti, ls, dt);
     float dq[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+    if constexpr (CkHasY<YS>::v) {   /* the first tiles are in, dY with them (the loop waits again: at once) */
+        ck_cp_wait();
+        __syncthreads();
+        ys.finish(a, b, h, row0, tig, Ti, sDY, wg * 64 + warp * 16 + gid, ls, dt);
+    }
     for (int j = 0; j < n_kt; j++) {
         ck_cp_wait();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   /* my writes, to wgmma */

@@ -1513,6 +1513,15 @@ static long last_template_int(const char *body) {
     return p && p < end ? strtol(p, NULL, 10) : -1;
 }
 
+/* Whether a dq pass's body zeroes the dk/dv pass's tickets: its ZERO argument 1, the last
+ * argument or the one before the saved y's format (YS) */
+static bool dq_zeroes_tickets(const char *body) {
+    if (last_template_int(body) == 1) return true;
+    const char *ys = NULL;   /* the last format argument, ", F<..>" */
+    for (const char *p = strstr(body, ", F<"); p; p = strstr(p + 1, ", F<")) ys = p;
+    return ys && ys - body > 3 && !strncmp(ys - 3, ", 1", 3) && strchr(ys, '>') == strstr(ys, ">>(a)");
+}
+
 /* Every gradient norm (SQNORM) of GPT-2's and Llama's update at -O1 ends in a launch that sets
  * the executor's finite-check flag (CuLaunch.check_flag, ck_sqnorm_final), and the update
  * starts with them (delayed scales aside): the executor runs them as the gradients' check
@@ -1551,10 +1560,55 @@ static void test_sqnorm_finite_check(void **state) {
     }
 }
 
+/* The attention backward's statistics where the forward kept y and its logsumexp: GPT-2's and
+ * Llama's (grouped-query) at -O1 are made by the wgmma dq pass (y as its t[5], the logsumexp's
+ * offset after y as i[11], y's format as the template's last argument), and no statistics pass
+ * runs; with attn.wgmma_bwd=0 the mma.sync passes read them from the light pass again. */
+static void test_attention_stats_in_dq(void **state) {
+    (void)state;
+    static const char *const models[] = {"gpt2", "llama"};
+    for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+        Arena *a = arena_new();
+        char path[4500], why[512];
+        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, models[m]);
+        Graph *g = compile_model_choosing(a, path, 1, NULL, NULL);
+        assert_non_null(g);
+        CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
+        assert_non_null(plans);
+        int found = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const Node *n = g->nodes[i];
+            if (n->op != OP_ATTENTION_BWD) continue;
+            assert_true(ir_attention_bwd_reads_y(n));
+            const Node *y = n->in[n->n_in - 1];
+            assert_true(ir_attention_lse_offset(y) > 0);
+            const CuLaunch *dq = NULL;
+            for (int k = 0; k < plans[i].n_launch; k++) {
+                assert_null(strstr(plans[i].launch[k].body, "ck_attn_saved_stats<"));
+                if (strstr(plans[i].launch[k].body, "ck_attn_wg_dq<")) dq = &plans[i].launch[k];
+            }
+            assert_non_null(dq);
+            assert_ptr_equal(dq->ref[5].node, y);
+            assert_int_equal(dq->args.i[11], ir_attention_lse_offset(y));
+            assert_int_equal(last_template_int(dq->body), -1);   /* ends with y's format */
+            found++;
+        }
+        assert_true(found > 0);
+        assert_module_compiles(g);
+        ir_set_choice(g, "attn.wgmma_bwd", "0");
+        char *tc = program_text(g, a);
+        assert_non_null(strstr(tc, "ck_attn_saved_stats<"));
+        assert_null(strstr(tc, "ck_attn_wg_dq<"));
+        free(tc);
+        printf("  %s -O1: %d attention backwards make their statistics in the dq pass\n", models[m], found);
+        arena_free(a);
+    }
+}
+
 /* A key tile's dk/dv steps in parts (attn.dkv_parts; spec_attn.c's dkv_parts, attn_wgmma.cuh's
  * PARTS). Llama 1.1B at batch 4 x 2048 -O1, by the balance rule: every attention backward's
  * dk/dv pass in 4 parts, a grid of 4 x 4 kv heads x 32 key tiles x 4, after a dq pass that
- * zeroes the tickets (its ZERO, 1), with scratch for lse and Dt, the tickets and the parts'
+ * zeroes the tickets (its ZERO, 1: dq_zeroes_tickets), with scratch for lse and Dt, the tickets and the parts'
  * sums; with attn.dkv_parts=1, the 512 blocks and the dq pass of before. GPT-2 d12 at 32 x
  * 1024 and d48's shape at 8 x 1024 whole by the rule (their longest blocks take 16 steps).
  * A two-layer Llama with 2 and 8 parts compiles. */
@@ -1572,7 +1626,7 @@ static int dkv_parts_planned(const Graph *g, const CuNodePlan *plans, unsigned g
         assert_int_equal(dkv->grid[0], grid);
         if (parts > 1) {
             assert_int_equal(last_template_int(dkv->body), parts);
-            assert_int_equal(last_template_int(dq->body), 1);
+            assert_true(dq_zeroes_tickets(dq->body));
         } else {
             /* no PARTS argument: the split's template ends ", 2, 0" (dkv_split 2, no ONE) */
             const char *end = strstr(dkv->body, ">(a)");
@@ -1945,6 +1999,7 @@ int main(void) {
                                        cmocka_unit_test(test_attention_wgmma_choice),
                                        cmocka_unit_test(test_attention_dq_in_dkv_choice),
                                        cmocka_unit_test(test_attention_dkv_parts),
+                                       cmocka_unit_test(test_attention_stats_in_dq),
                                        cmocka_unit_test(test_sqnorm_finite_check),
                                        cmocka_unit_test(test_attention_fwd_ws_choice),
                                        cmocka_unit_test(test_attention_fwd_keys_choice),
