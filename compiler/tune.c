@@ -74,7 +74,7 @@
 
 #define TUNE_MAX_STEPS 64
 #define TUNE_MAX_CHOICES 1024
-#define TUNE_BUILD_POINTS 40   /* build_points' most */
+#define TUNE_BUILD_POINTS 48   /* build_points' most */
 /* a build-time point's default reuses the default binary's latest timing if it is this recent */
 #define TUNE_DEFAULT_FRESH_S 60.0
 /* build-time candidates started ahead at most (ahead_count) */
@@ -506,6 +506,7 @@ static int build_points(const TuneRequest *q, BuildPoint *out)
         static const struct { const char *name, *what; } fusions[] = {
             {"fuse.producer_quantizes", "a layernorm or GELU writes its FP8 copy itself"},
             {"fuse.cast_transposes", "an FP8 copy's transposed copy written by its quantize"},
+            {"fuse.norm_stats", "a norm's FP8 copy in both layouts by tiles, from the row statistics its pass kept"},
             {"fuse.bias_grads", "bias gradients summed inside the quantize of dy"},
             {"fuse.group_quantizes", "per-group scales made inside the quantize"},
             {"fuse.input_group_copies", "a GELU or SiLU writes its input's 1x16 group copy"},

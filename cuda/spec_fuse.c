@@ -12,7 +12,9 @@
  *                          a product its two inputs' (fuse_product_group_copies);
  *   elementwise producers  SwiGLU's silu and product computed by the kernels that read them
  *                          (fuse_inline_elementwise);
- *   cast-transposes        a transposed FP8 copy written with the copy (fuse_cast_transposes);
+ *   cast-transposes        a transposed FP8 copy written with the copy (fuse_cast_transposes),
+ *                          a norm's by tiles from the row statistics its first pass kept
+ *                          (norm_stats_kept, "fuse.norm_stats");
  *   the loss               cross entropy's forward and backward in one pass over the
  *                          logits (fuse_ce_one_pass), or else the backward reads the
  *                          forward's logsumexp (fuse_ce_lse).
@@ -434,6 +436,34 @@ static bool cast_transposable(const CuNodePlan *pq, const Node *q, const Node **
            y->op == OP_LAYERNORM || y->op == OP_RMSNORM;
 }
 
+/* A norm y whose own pass stores only its block maxima (fuse_producer_quantizes' amax-only
+ * plan, with or without its input's group copy) keeps its rows' statistics in its result's unused storage
+ * (Spec.row_stats: *stats, its plan again with them), so that the pass that writes its FP8
+ * copy q in both layouts (and t, the transpose) takes 64 x 64 tiles of the value from x and
+ * the statistics (CkLdNorm) instead of bands of whole rows (ck_norm_t): a tile holds no row
+ * whole, and a band of rows held 16 to 32 rows' bytes and their reductions in a block of two
+ * an SM (Llama 1.1B's rows of 2048: 127 registers a thread, 98 KiB of shared memory). Where
+ * y's bytes are apart from q's and t's (the one launch reads the statistics and writes
+ * those), and the choice fuse.norm_stats is on. */
+static bool norm_stats_kept(const Graph *g, const CuNodePlan *plans, Arena *a, const Node *y, const Node *q,
+                            const Node *t, CuNodePlan *stats) {
+    const CuNodePlan *p = &plans[y->index];
+    const Node *copy = input_copy_taken(p);   /* fuse_input_group_copies */
+    if ((y->op != OP_LAYERNORM && y->op != OP_RMSNORM) || !fusion_on(g, "fuse.norm_stats", y) || p->n_launch != 1 ||
+        p->members || p->n_absorbed != (copy ? 2 : 0) || !strstr(p->launch[0].body, "CkAmaxOnly<") ||
+        (strncmp(p->launch[0].body, "ck_norm<", 8) && strncmp(p->launch[0].body, "ck_norm_group<", 14)) ||
+        y->t.offset < 0 || fuse_nodes_overlap(y, q) || fuse_nodes_overlap(y, t))
+        return false;
+    char why[256];
+    Spec s = spec_for(g, y, a, stats, why, sizeof why);
+    s.result = RESULT_AMAX_ONLY;
+    s.row_stats = true;
+    s.input_copy = copy;
+    if (!plan_node(&s) || !s.amax_written || stats->n_launch != 1) return false;
+    if (copy) take_input_copy(stats, copy);
+    return true;
+}
+
 static void fuse_cast_transposes(const Graph *g, CuNodePlan *plans, Arena *a) {
     Uses *uses = uses_by_position(g);
     if (!uses) return;
@@ -453,14 +483,20 @@ static void fuse_cast_transposes(const Graph *g, CuNodePlan *plans, Arena *a) {
             if (!q || !cast_transposable(&plans[q->index], q, &y) || !bytes_free_early(g, plans, group, q, y, t))
                 continue;
             char why[256];
-            CuNodePlan fused;
-            Spec s = spec_for(g, y ? y : q, a, &fused, why, sizeof why);
-            if (y) {
-                s.result = RESULT_THROUGH;
-                s.through = q;
+            CuNodePlan fused, stats;
+            bool kept = y && norm_stats_kept(g, plans, a, y, q, t, &stats), planned = false;
+            for (int tiles = kept; tiles >= 0 && !planned; tiles--) {   /* the tiles, else bands */
+                Spec s = spec_for(g, y ? y : q, a, &fused, why, sizeof why);
+                if (y) {
+                    s.result = RESULT_THROUGH;
+                    s.through = q;
+                    s.stats_of = tiles ? y : NULL;
+                }
+                s.transpose_to = t;
+                planned = plan_node(&s) && fused.n_launch == 1;
+                if (planned && tiles) plans[y->index] = stats;
             }
-            s.transpose_to = t;
-            if (!plan_node(&s) || fused.n_launch != 1) continue;
+            if (!planned) continue;
             fused.node = q;
             if (y) fused.absorbed[fused.n_absorbed++] = y;
             if (q != c) fused.absorbed[fused.n_absorbed++] = c;

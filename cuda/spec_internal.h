@@ -92,6 +92,12 @@ typedef struct {
      * writes the result of this TRANSPOSE of the copy, from the same tiles
      * (fuse_cast_transposes) */
     const Node *transpose_to;
+    /* a norm's rows' statistics (fuse_cast_transposes, fuse.norm_stats): row_stats, its
+     * RESULT_AMAX_ONLY pass keeps them in its result's storage (norm.cuh, CkRowStats);
+     * stats_of, the norm whose kept statistics its RESULT_THROUGH pass with transpose_to reads
+     * (64 x 64 tiles, gemm_io.cuh's CkLdNorm) */
+    bool row_stats;
+    const Node *stats_of;
     /* a QUANTIZE into per-group scales that also makes them: the QUANT_SCALE (of the same x)
      * whose launch moves here (fuse_group_quantizes) */
     const Node *group_scale;

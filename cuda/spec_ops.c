@@ -671,6 +671,22 @@ bool plan_rows(Spec *s) {
     case OP_LAYERNORM: case OP_RMSNORM: {
         const Tensor *x = &n->in[0]->t;
         bool ln = n->op == OP_LAYERNORM;
+        if (s->result == RESULT_THROUGH && s->transpose_to && s->stats_of) {
+            /* the FP8 copy in both layouts by 64 x 64 tiles from the rows' kept statistics
+             * (fuse_cast_transposes, fuse.norm_stats) */
+            int64_t R = rows_of(x), C = cols_of(x);
+            if (C % 16 || R % 16 || s->through->t.offset % 16 || s->transpose_to->t.offset % 16)
+                return spec_fail(s, "a norm's rows that its tiles do not take");
+            const char *ld = arena_printf(s->arena, "CkLdNorm<%d, %s, %s, %s, %s>", ln, fmt_arg(s, &n->t), fmt_arg(s, x),
+                                          fmt_arg(s, &n->in[1]->t), ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+            if (!(l = quantize_t_launch(s, s->through, ld, 0))) return false;
+            for (int i = 0; i < n->n_in; i++) arg_node(l, 1 + i, n->in[i]);
+            l->args.n_in = n->n_in;
+            arg_node(l, 1 + n->n_in, s->transpose_to);
+            arg_node(l, 2 + n->n_in, s->stats_of);
+            l->args.i[1] = 1 + n->n_in, l->args.i[2] = 2 + n->n_in;
+            return true;
+        }
         if (s->result == RESULT_THROUGH && s->transpose_to) {
             /* the FP8 copy in both layouts, a band of rows a block (fuse_cast_transposes): 32
              * rows up to 1280 columns, 16 up to 2048 (ck_norm_t's shared memory) */
@@ -697,6 +713,9 @@ bool plan_rows(Spec *s) {
         const Node *q = s->input_copy;   /* x's group copy too (fuse_input_group_copies) */
         if (q && (q->in[0] != n->in[0] || s->result == RESULT_THROUGH))
             return spec_fail(s, "an input copy needs the norm's own pass");
+        if (s->row_stats && (s->result != RESULT_AMAX_ONLY || ir_numel(&n->t) * fmt_elem_bytes(n->t.fmt.elem) <
+                                                                  rows_of(x) * 8))
+            return spec_fail(s, "row statistics are kept by a norm's pass that stores only its maxima");
         const Tensor *staged[1] = {x};
         int64_t rows = rows_of(x), per = ROW_THREADS / 32 * NORM_STAGE_ROWS;
         /* with the copy, staged only where the copy's groups are whole vectors of a row
@@ -706,13 +725,13 @@ bool plan_rows(Spec *s) {
         int nv = row_vectors(cols_of(x)), st = group_vectors ? norm_stage(s, n, nv, ROW_THREADS, staged, 1, 0) : 0;
         unsigned grid = st ? (unsigned)((rows + per - 1) / per) : grid_warp_rows(rows);
         if (q)
-            l = spec_launch(s, "norm", grid, ROW_THREADS, "ck_norm_group<%d, %d, %d, %s, %s, %s, %s, %s>(a)", ln, nv, st,
-                            producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
-                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG, fmt_arg(s, &q->t));
+            l = spec_launch(s, "norm", grid, ROW_THREADS, "ck_norm_group<%d, %d, %d, %s, %s, %s, %s, %s%s>(a)", ln, nv,
+                            st, producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
+                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG, fmt_arg(s, &q->t), s->row_stats ? ", CkRowStats" : "");
         else
-            l = spec_launch(s, "norm", grid, ROW_THREADS, "ck_norm<%d, %d, %d, %s, %s, %s, %s>(a)", ln, nv, st,
+            l = spec_launch(s, "norm", grid, ROW_THREADS, "ck_norm<%d, %d, %d, %s, %s, %s, %s%s>(a)", ln, nv, st,
                             producer_fmt(s), fmt_arg(s, x), fmt_arg(s, &n->in[1]->t),
-                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG);
+                            ln ? fmt_arg(s, &n->in[2]->t) : F32_ARG, s->row_stats ? ", CkRowStats" : "");
         l->smem = st ? norm_stage_bytes(ROW_THREADS, 1, st) : 0;
         args_result_inputs(l, n);
         if (q) {

@@ -457,6 +457,7 @@ static const ChoiceRule choice_rules[] = {
     {"cpu.task_work", NULL, 1, INT64_C(1) << 40, 1},
     {"fuse.producer_quantizes", "0 1", 0, 0, 0},
     {"fuse.cast_transposes", "0 1", 0, 0, 0},
+    {"fuse.norm_stats", "0 1", 0, 0, 0},
     {"fuse.bias_grads", "0 1", 0, 0, 0},
     {"fuse.group_quantizes", "0 1", 0, 0, 0},
     {"fuse.input_group_copies", "0 1", 0, 0, 0},

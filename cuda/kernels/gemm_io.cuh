@@ -94,6 +94,10 @@ template <class X> struct CkLd {
     static __device__ __forceinline__ bool vec_ok(const CkArgs &a) { return X::vec_ok(a.t[1]); }
     static __device__ __forceinline__ float ld(const CkArgs &a, i64 i) { return X::ld(a.t[1], i); }
     static __device__ __forceinline__ void ld_vec(const CkArgs &a, i64 i, float *v) { X::ld_vec(a.t[1], i, v); }
+    /* the vector at row r, column c of the (R, C) value (ck_quantize_t's wide path) */
+    static __device__ __forceinline__ void ld_row_vec(const CkArgs &a, i64 r, i64 c, i64 C, float *v) {
+        ld_vec(a, r * C + c, v);
+    }
 };
 template <int OP, class Y, class X0, class X1> struct CkLdUnary {
     static constexpr bool two = OP == OP_GELU_BWD || OP == OP_SILU_BWD;
@@ -110,6 +114,45 @@ template <int OP, class Y, class X0, class X1> struct CkLdUnary {
         if (two) X1::ld_vec(a.t[2], i, x1);
         #pragma unroll
         for (int j = 0; j < CK_VEC; j++) v[j] = Y::round(a.t[0], i + j, ck_unop<OP>(v[j], two ? x1[j] : 0.0f));
+    }
+    static __device__ __forceinline__ void ld_row_vec(const CkArgs &a, i64 r, i64 c, i64 C, float *v) {
+        ld_vec(a, r * C + c, v);
+    }
+};
+
+/* A norm's value computed from its input x (t[1]), weight (t[2]), LN's bias (t[3]) and each
+ * row's statistics as the norm's own pass kept them (norm.cuh, CkRowStats: (mean, rstd) as
+ * float pair r of t[i[2]]), rounded to Y, the norm's own format: the value of the norm's row
+ * kernels from the same operations in the same order, LN's (x - mean) rstd w + b, RMSNorm's
+ * x rstd w, each rounded apart (no contraction), as those kernels compute them. Used where the
+ * norm's FP8 copy is written in both layouts by 64 x 64 tiles (spec_fuse.c,
+ * fuse_cast_transposes), which hold no row whole: the row statistics are what a tile needs. */
+template <int LN, class Y, class X, class W, class B> struct CkLdNorm {
+    static __device__ __forceinline__ bool vec_ok(const CkArgs &a) {
+        return X::vec_ok(a.t[1]) && W::vec_ok(a.t[2]) && (!LN || B::vec_ok(a.t[3])) && a.t[1].cols % CK_VEC == 0;
+    }
+    static __device__ __forceinline__ float value(float x, float2 st, float w, float b) {
+        float t = __fmul_rn(__fmul_rn(LN ? __fsub_rn(x, st.x) : x, st.y), w);
+        return LN ? __fadd_rn(t, b) : t;
+    }
+    static __device__ __forceinline__ float ld(const CkArgs &a, i64 i) {
+        i64 C = a.t[1].cols, r = i / C, c = i - r * C;
+        float2 st = ((const float2 *)a.t[a.i[2]].p)[r];
+        float v = value(X::ld(a.t[1], i), st, W::ld(a.t[2], c), LN ? B::ld(a.t[3], c) : 0.0f);
+        return Y::round(a.t[0], i, v);
+    }
+    static __device__ __forceinline__ void ld_row_vec(const CkArgs &a, i64 r, i64 c, i64 C, float *v) {
+        float2 st = ((const float2 *)a.t[a.i[2]].p)[r];
+        float w[CK_VEC], b[CK_VEC];
+        X::ld_vec(a.t[1], r * C + c, v);
+        W::ld_vec(a.t[2], c, w);
+        if (LN) B::ld_vec(a.t[3], c, b);
+        #pragma unroll
+        for (int j = 0; j < CK_VEC; j++) v[j] = Y::round(a.t[0], r * C + c + j, value(v[j], st, w[j], LN ? b[j] : 0.0f));
+    }
+    static __device__ __forceinline__ void ld_vec(const CkArgs &a, i64 i, float *v) {
+        i64 C = a.t[1].cols, r = i / C;
+        ld_row_vec(a, r, i - r * C, C, v);
     }
 };
 
@@ -169,7 +212,7 @@ template <class Y, class L, int BGRAD> __device__ void ck_quantize_t(const CkArg
             i64 r = r0 + row, c = c0 + g * 8;
             if (r >= R || c >= C) continue;
             float v[CK_VEC];
-            L::ld_vec(a, r * C + c, v);
+            L::ld_row_vec(a, r, c, C, v);
             if (BGRAD) {
                 float4 *at = (float4 *)(vals + row * CK_QT_VALS_PITCH + g * 8);
                 at[0] = make_float4(v[0], v[1], v[2], v[3]), at[1] = make_float4(v[4], v[5], v[6], v[7]);

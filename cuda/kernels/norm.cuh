@@ -24,6 +24,24 @@
  * with a third of the warps an SM can hold, and the norms latency-bound.
  * LAYERNORM (x, w, b) / RMSNORM (x, w): i = {C, R}, f = {eps} */
 #define CK_ROW_VECS 8
+
+/* What a forward norm does with a row's values as read, before its statistics (row: nothing
+ * here; reduce.cuh's CkRowGroupCopy writes the input's copy into per-group scales from them),
+ * and with its statistics (stats: nothing here; CkRowStats keeps them). */
+struct CkNoRowCopy {
+    template <int NV> static __device__ __forceinline__ void row(const CkArgs &, i64, i64, const float (&)[NV][CK_VEC]) {}
+    static __device__ __forceinline__ void stats(const CkArgs &, i64, float, float) {}
+};
+
+/* A norm that keeps each row's statistics for a later pass over its rows (the FP8 copy in both
+ * layouts, gemm_io.cuh's CkLdNorm: spec_fuse.c, fuse_cast_transposes): the mean (0 for
+ * RMSNorm) and 1 / sqrt(var + eps) of row r as (f32, f32) at float pair r of the result's own
+ * storage, which the norm does not otherwise write (CkAmaxOnly), by the row's first lane. */
+struct CkRowStats : CkNoRowCopy {
+    static __device__ __forceinline__ void stats(const CkArgs &a, i64 r, float mean, float rstd) {
+        if ((threadIdx.x & 31) == 0) ((float2 *)a.t[0].p)[r] = make_float2(mean, rstd);
+    }
+};
 #define CK_ROW_OF_WARP ((i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5))
 
 /* A row's mean from the lanes' partial sums s of its C elements, and its 1 / sqrt(var + eps)
@@ -115,27 +133,34 @@ template <int NV, class Y, class X, class W, class B, int LN> __device__ __force
            (!LN || B::vec_ok(a.t[3]));
 }
 
-template <int LN, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row_scalar(const CkArgs &a, i64 r);
+template <int LN, class Y, class X, class W, class B, class Stats = CkNoRowCopy>
+__device__ __forceinline__ float ck_norm_row_scalar(const CkArgs &a, i64 r);
 
-/* row r of LAYERNORM / RMSNORM; returns the largest |result| before rounding */
-template <int LN, int NV, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row(const CkArgs &a, i64 r) {
+/* row r of LAYERNORM / RMSNORM; returns the largest |result| before rounding. Stats (a
+ * CkNoRowCopy) sees the statistics of the vector path; the element path's are f64, and its
+ * f32 rounding of them (what Stats sees there) need not give its results. */
+template <int LN, int NV, class Y, class X, class W, class B, class Stats = CkNoRowCopy>
+__device__ __forceinline__ float ck_norm_row(const CkArgs &a, i64 r) {
     i64 C = a.i[0];
     if (ck_norm_vec_ok<NV, Y, X, W, B, LN>(a)) {
         float v[NV > 0 ? NV : 1][CK_VEC], mean, rstd;
         ck_row_load_stats<LN, (NV > 0 ? NV : 1), X>(a.t[1], r, C, a.f[0], v, &mean, &rstd);
+        Stats::stats(a, r, mean, rstd);
         return ck_norm_row_out<LN, (NV > 0 ? NV : 1), Y, W, B>(a, r, C, v, mean, rstd);
     }
-    return ck_norm_row_scalar<LN, Y, X, W, B>(a, r);
+    return ck_norm_row_scalar<LN, Y, X, W, B, Stats>(a, r);
 }
 
 /* row r of LAYERNORM / RMSNORM an element at a time, statistics in f64 (any row and format) */
-template <int LN, class Y, class X, class W, class B> __device__ __forceinline__ float ck_norm_row_scalar(const CkArgs &a, i64 r) {
+template <int LN, class Y, class X, class W, class B, class Stats>
+__device__ __forceinline__ float ck_norm_row_scalar(const CkArgs &a, i64 r) {
     i64 C = a.i[0];
     int lane = threadIdx.x & 31;
     const CkTensor &x = a.t[1], &y = a.t[0];
     float m = 0.0f;
     double mean, rstd;
     ck_row_stats<LN, X>(x, r, C, a.f[0], &mean, &rstd);
+    Stats::stats(a, r, (float)mean, (float)rstd);
     for (i64 c = lane; c < C; c += 32) {
         double t = (X::ld(x, r * C + c) - mean) * rstd * W::ld(a.t[2], c);
         if (LN) t += B::ld(a.t[3], c);
@@ -290,7 +315,7 @@ template <class Y> struct CkRowSt {
  * eps: C and eps in f32. read(v) sees the row's values as read, before any is changed. */
 template <int LN, int NV, bool FULL, class X, class Read> static __device__ __forceinline__ void ck_staged_row_stats(
     const CkTensor &x, i64 i0, i64 C, float n, float eps, const unsigned char *slot, float (&v)[NV][CK_VEC],
-    float *rstd, const Read &read) {
+    float *mean, float *rstd, const Read &read) {
     int lane = threadIdx.x & 31;
     float s = 0;
     #pragma unroll
@@ -316,6 +341,7 @@ template <int LN, int NV, bool FULL, class X, class Read> static __device__ __fo
             if (LN) v[k][j] = d;
         }
     }
+    *mean = m;
     *rstd = 1.0f / sqrtf(ck_warp_sum(q) / n + eps);
 }
 
@@ -342,11 +368,6 @@ template <int LN, int NV, bool FULL, class Y, class Aff> static __device__ __for
     return m;
 }
 
-/* What a staged forward norm does with a row's values as read, before its statistics: nothing
- * here; reduce.cuh's CkRowGroupCopy writes the input's copy into per-group scales from them. */
-struct CkNoRowCopy {
-    template <int NV> static __device__ __forceinline__ void row(const CkArgs &, i64, i64, const float (&)[NV][CK_VEC]) {}
-};
 
 /* Rows r = first, first + step, .. below end and R of a forward norm, each from its staged
  * copy, the next one fetched before the warp works on the one in hand (x's rows in vectors:
@@ -370,9 +391,10 @@ static __device__ __forceinline__ float ck_staged_rows(const CkArgs &a, i64 firs
         st.template fetch<FULL>(x, r + step, end, C, k ^ 1);
         ck_stage_commit();
         ck_stage_wait_prev();
-        float v[NV][CK_VEC], rstd;
-        ck_staged_row_stats<LN, NV, FULL, X>(x, r * C, C, n, eps, st.slot(k), v, &rstd,
+        float v[NV][CK_VEC], mean, rstd;
+        ck_staged_row_stats<LN, NV, FULL, X>(x, r * C, C, n, eps, st.slot(k), v, &mean, &rstd,
                                              [&](const float (&raw)[NV][CK_VEC]) { Copy::row(a, r, C, raw); });
+        Copy::stats(a, r, mean, rstd);
         m = fmaxf(m, ck_staged_row_out<LN, NV, FULL, Y>(a, r, C, v, rstd, aff));
     }
     return m;
@@ -384,14 +406,16 @@ static __device__ __forceinline__ float ck_staged_norm_rows(const CkArgs &a, i64
     return ck_staged_rows<LN, NV, SLOT, false, Y, X, W, B, Copy>(a, first, step, end);
 }
 
-/* ST: 0, or the rows staged through slots of ST bytes (the launch has the shared memory) */
-template <int LN, int NV, int ST, class Y, class X, class W, class B> __device__ void ck_norm(const CkArgs &a) {
+/* ST: 0, or the rows staged through slots of ST bytes (the launch has the shared memory);
+ * Stats: CkNoRowCopy, or CkRowStats where a later pass reads the rows' statistics */
+template <int LN, int NV, int ST, class Y, class X, class W, class B, class Stats = CkNoRowCopy>
+__device__ void ck_norm(const CkArgs &a) {
     float m = 0.0f;
     bool staged = false;
     if constexpr (ST > 0)
         if ((staged = ck_norm_vec_ok<NV, Y, X, W, B, LN>(a)))
-            m = ck_staged_norm_rows<LN, NV, ST, Y, X, W, B>(a, CK_ROW_OF_WARP, CK_ROW_STRIDE, a.i[1]);
-    if (!staged) CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_row<LN, NV, Y, X, W, B>(a, r));
+            m = ck_staged_norm_rows<LN, NV, ST, Y, X, W, B, Stats>(a, CK_ROW_OF_WARP, CK_ROW_STRIDE, a.i[1]);
+    if (!staged) CK_ROWS_OF_WARP(r, a.i[1]) m = fmaxf(m, ck_norm_row<LN, NV, Y, X, W, B, Stats>(a, r));
     ck_amax_out<Y>(a, m);
 }
 

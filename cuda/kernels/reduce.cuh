@@ -587,10 +587,14 @@ template <class X, class Q> __device__ __forceinline__ void ck_row_group_copy(co
     }
 }
 
-/* a staged norm's row (norm.cuh, ck_staged_rows) into its input's copy, as above */
-template <class Q> struct CkRowGroupCopy {
+/* a staged norm's row (norm.cuh, ck_staged_rows) into its input's copy, as above; its
+ * statistics to Stats (norm.cuh: CkNoRowCopy, CkRowStats) */
+template <class Q, class Stats = CkNoRowCopy> struct CkRowGroupCopy {
     template <int NV> static __device__ __forceinline__ void row(const CkArgs &a, i64 r, i64 C, const float (&v)[NV][CK_VEC]) {
         ck_row_group_store<NV, Q>(a, r, C, v);
+    }
+    static __device__ __forceinline__ void stats(const CkArgs &a, i64 r, float mean, float rstd) {
+        Stats::stats(a, r, mean, rstd);
     }
 };
 
@@ -599,15 +603,17 @@ template <class Q> struct CkRowGroupCopy {
  * both. ST: 0, or the rows staged through slots of ST bytes, as ck_norm's (the copy from the
  * values as staged: the same bits). Unstaged, Llama 1.1B's RMSNorm with its copy took 0.059
  * ms a launch where the staged one without it took 0.019 (H200, docs/results.md "(q)").
- * i = {C, R, margin, group, .., amax at}, f = {eps, max of Q's elem}. */
-template <int LN, int NV, int ST, class Y, class X, class W, class B, class Q> __device__ void ck_norm_group(const CkArgs &a) {
+ * i = {C, R, margin, group, .., amax at}, f = {eps, max of Q's elem}. Stats: as ck_norm's. */
+template <int LN, int NV, int ST, class Y, class X, class W, class B, class Q, class Stats = CkNoRowCopy>
+__device__ void ck_norm_group(const CkArgs &a) {
     constexpr int N = NV > 0 ? NV : 1;
     i64 C = a.i[0];
     bool vec = ck_norm_vec_ok<NV, Y, X, W, B, LN>(a) && ck_norm_group_vec_ok<NV, X, Q>(a);
     float m = 0.0f;
     if constexpr (ST > 0)
         if (vec) {
-            m = ck_staged_norm_rows<LN, NV, ST, Y, X, W, B, CkRowGroupCopy<Q>>(a, CK_ROW_OF_WARP, CK_ROW_STRIDE, a.i[1]);
+            m = ck_staged_norm_rows<LN, NV, ST, Y, X, W, B, CkRowGroupCopy<Q, Stats>>(a, CK_ROW_OF_WARP, CK_ROW_STRIDE,
+                                                                                   a.i[1]);
             ck_amax_out<Y>(a, m);
             return;
         }
@@ -615,11 +621,12 @@ template <int LN, int NV, int ST, class Y, class X, class W, class B, class Q> _
         if (vec) {
             float v[N][CK_VEC], mean, rstd;
             ck_row_load_stats<LN, N, X>(a.t[1], r, C, a.f[0], v, &mean, &rstd);
+            Stats::stats(a, r, mean, rstd);
             ck_row_group_store<N, Q>(a, r, C, v);
             m = fmaxf(m, ck_norm_row_out<LN, N, Y, W, B>(a, r, C, v, mean, rstd));
         } else {
             ck_row_group_copy<X, Q>(a, r, C);
-            m = fmaxf(m, ck_norm_row_scalar<LN, Y, X, W, B>(a, r));
+            m = fmaxf(m, ck_norm_row_scalar<LN, Y, X, W, B, Stats>(a, r));
         }
     }
     ck_amax_out<Y>(a, m);

@@ -356,9 +356,11 @@ static void test_producer_quantize_plan(void **state) {
             const Node *n = g->nodes[i];
             if (plan_calls(&plans[i], "CkAmaxOnly<")) lone++;
             /* a GELU's or a norm's copy may be written with its transposed copy
-             * (fuse_cast_transposes: CkLdUnary, ck_norm_t) */
+             * (fuse_cast_transposes: CkLdUnary, CkLdNorm, ck_norm_t) */
             bool norm_t = plan_calls(&plans[i], "ck_norm_t<");
-            if (!plan_calls(&plans[i], "CkThrough<") && !plan_calls(&plans[i], "CkLdUnary<") && !norm_t) continue;
+            if (!plan_calls(&plans[i], "CkThrough<") && !plan_calls(&plans[i], "CkLdUnary<") &&
+                !plan_calls(&plans[i], "CkLdNorm<") && !norm_t)
+                continue;
             const Node *y = n->in[0];
             assert_int_equal(n->op, OP_QUANTIZE);
             assert_true(plan_calls(&plans[y->index], "CkAmaxOnly<"));
@@ -384,18 +386,21 @@ static void test_producer_quantize_plan(void **state) {
 /* Transposed FP8 copies written by the launch that writes the copy (spec_fuse.c,
  * fuse_cast_transposes): the plan of the TRANSPOSE and, where two quantizes make the same
  * bytes, of the second runs nothing, and the first's one launch (ck_quantize_t, or ck_norm_t
- * for a norm writing its copy) writes the transpose's tensor (its argument i[1] or i[2]).
+ * for a norm writing its copy by bands of rows) writes the transpose's tensor (its argument
+ * i[1] or i[2]). A norm's copy is written by ck_quantize_t's tiles from the statistics its
+ * amax pass kept (CkLdNorm, CkRowStats: that pass's own storage, t[i[2]]), by bands with
+ * fuse.norm_stats=0.
  * Where the schedule puts the transposes depends on the sizes: in GPT-2 d12 at batch 32 x
  * 1024 -O1 each layer's transposes of the attention output's copy (made twice), of the GELU's
  * and of the two layernorms' (producers writing their own copies) come right after the
  * copies, 48 in all; in gpt2_tiny at batch 2 x 64 the backward's quantizes of the attention
  * outputs (-O1) and of the weights (-O3, 16) write theirs, and -O2 none. */
 typedef struct {
-    int fused, gelus, norms, twice, left;
+    int fused, gelus, norms, tiles, twice, left;   /* norms: by bands of rows; tiles: norms' by tiles */
 } CastCount;
 
 static CastCount count_cast_transposes(const Graph *g, const CuNodePlan *plans) {
-    CastCount n = {0, 0, 0, 0, 0};
+    CastCount n = {0, 0, 0, 0, 0, 0};
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *q = g->nodes[i], *t = NULL;
         if (q->op == OP_TRANSPOSE && plans[i].n_launch) n.left++;
@@ -419,6 +424,13 @@ static CastCount count_cast_transposes(const Graph *g, const CuNodePlan *plans) 
         }
         n.gelus += plan_calls(&plans[i], "CkLdUnary<OP_GELU");
         n.norms += plan_calls(&plans[i], "ck_norm_t<");
+        if (plan_calls(&plans[i], "CkLdNorm<")) {   /* the statistics the norm's own pass keeps */
+            const Node *y = q->in[0];
+            assert_ptr_equal(l->ref[l->args.i[2]].node, y);
+            assert_int_equal(plans[y->index].n_launch, 1);
+            assert_non_null(strstr(plans[y->index].launch[0].body, ", CkRowStats>(a)"));
+            n.tiles++;
+        }
         n.fused++;
     }
     return n;
@@ -441,15 +453,22 @@ static void test_cast_transpose_plan(void **state) {
     assert_non_null(plans);
     CastCount d12 = count_cast_transposes(g, plans);
     printf("  gpt2 d12 O1 batch 32 x 1024: %d transposes written with their copy (%d by a GELU, %d by a "
-           "layernorm, %d by a first quantize of the same bytes), %d left\n", d12.fused, d12.gelus, d12.norms,
-           d12.twice, d12.left);
+           "layernorm's tiles, %d by a first quantize of the same bytes), %d left\n", d12.fused, d12.gelus,
+           d12.tiles, d12.twice, d12.left);
     assert_int_equal(d12.fused, 48);
     assert_int_equal(d12.gelus, 12);
-    assert_int_equal(d12.norms, 24);
+    assert_int_equal(d12.tiles, 24);
+    assert_int_equal(d12.norms, 0);
     assert_int_equal(d12.twice, 12);
+    ir_set_choice(g, "fuse.norm_stats", "0");   /* the bands of rows */
+    d12 = count_cast_transposes(g, cuda_plan_graph(g, a, why, sizeof why));
+    assert_int_equal(d12.fused, 48);
+    assert_int_equal(d12.tiles, 0);
+    assert_int_equal(d12.norms, 24);
+    printf("  fuse.norm_stats=0: %d by a layernorm's bands\n", d12.norms);
     arena_free(a);
-    /* Llama's rows of 2048 take bands of 16 rows (ck_norm_t): each layer's two RMSNorms write
-     * their copies in both layouts too */
+    /* Llama's RMSNorms write their copies in both layouts too: by tiles, and with
+     * fuse.norm_stats=0 by bands of 16 rows of 2048 (ck_norm_t) */
     a = arena_new();
     snprintf(path, sizeof path, "%s/models/llama.model", FP8C_SOURCE_DIR);
     o.front.batch = 4;
@@ -460,9 +479,15 @@ static void test_cast_transpose_plan(void **state) {
     plans = cuda_plan_graph(g, a, why, sizeof why);
     assert_non_null(plans);
     CastCount llama = count_cast_transposes(g, plans);
-    printf("  llama O1 batch 4 x 2048: %d transposes written with their copy (%d by an RMSNorm), %d left\n",
-           llama.fused, llama.norms, llama.left);
+    printf("  llama O1 batch 4 x 2048: %d transposes written with their copy (%d by an RMSNorm's tiles), %d left\n",
+           llama.fused, llama.tiles, llama.left);
+    assert_int_equal(llama.tiles, 44);
+    assert_module_compiles(g);
+    ir_set_choice(g, "fuse.norm_stats", "0");
+    plans = cuda_plan_graph(g, a, why, sizeof why);
+    llama = count_cast_transposes(g, plans);
     assert_int_equal(llama.norms, 44);
+    assert_int_equal(llama.tiles, 0);
     for (int i = 0; i < g->n_nodes; i++)
         if (plan_calls(&plans[i], "ck_norm_t<")) assert_non_null(strstr(plans[i].launch[0].body, ", 8, 16, "));
     arena_free(a);
@@ -477,8 +502,9 @@ static void test_cast_transpose_plan(void **state) {
         plans = cuda_plan_graph(g, a, why, sizeof why);
         assert_non_null(plans);
         CastCount n = count_cast_transposes(g, plans);
-        printf("  gpt2_tiny O%d: %d transposes written with their copy (%d by a GELU, %d by a layernorm, %d by a "
-               "first quantize of the same bytes), %d left\n", level, n.fused, n.gelus, n.norms, n.twice, n.left);
+        printf("  gpt2_tiny O%d: %d transposes written with their copy (%d by a GELU, %d by a layernorm's bands, "
+               "%d by its tiles, %d by a first quantize of the same bytes), %d left\n", level, n.fused, n.gelus,
+               n.norms, n.tiles, n.twice, n.left);
         assert_int_equal(n.fused, expect[level]);
         assert_module_compiles(g);
         arena_free(a);
@@ -872,8 +898,8 @@ static long template_int(const char *body, int k) {
  * norm.stage (the default) every one stages its rows, ST a row of x's vectors (128 columns,
  * bf16: 512 bytes; the backward's rows of the widest of x, dy and the other term, all three
  * staged) and the rings in its shared memory, the amax pass in a grid of 4 rows a warp; with
- * norm.stage=0 none does; with norm.stage@ID=0 only that node's launches do not. The module
- * compiles either way. Llama 1.1B's rows of 2048 stage too, the backward without the other
+ * norm.stage=0 none does; with norm.stage@ID=0 only that node's launches do not (the copies
+ * by bands of rows: fuse.norm_stats=0). The module compiles either way. Llama 1.1B's rows of 2048 stage too, the backward without the other
  * term (all three would leave room for one block an SM); every staged launch leaves room for
  * two blocks an SM. */
 typedef struct {
@@ -918,6 +944,7 @@ static void test_norm_stage_plan(void **state) {
     Arena *a = arena_new();
     Graph *g = compile_model_choosing(a, path, 1, NULL, NULL);
     assert_non_null(g);
+    ir_set_choice(g, "fuse.norm_stats", "0");   /* the copies by bands of rows (ck_norm_t), staged too */
     NormStages on = norm_stages(g, cuda_plan_graph(g, a, why, sizeof why), NULL, 2 * 64);
     /* 9 layernorms, each a backward; the 8 of the layers an amax pass and a copy, the last a
      * bf16 value */
@@ -1385,7 +1412,7 @@ static void test_fusion_switches(void **state) {
     (void)state;
     static const char *const kinds[] = {"fuse.producer_quantizes", "fuse.bias_grads", "fuse.group_quantizes", "fuse.input_group_copies",
                                         "fuse.ce_one_pass", "fuse.ce_lse", "fuse.gemm_epilogues",
-                                        "fuse.gemm_gelu", "fuse.cast_transposes", "fuse.inverse_scales",
+                                        "fuse.gemm_gelu", "fuse.cast_transposes", "fuse.norm_stats", "fuse.inverse_scales",
                                         "fuse.attention_scales", "fuse.amax_scales"};
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         int changed_at = -1;

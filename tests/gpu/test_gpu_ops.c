@@ -503,8 +503,9 @@ static void test_quantize_transposed(void **s) {
  * (16-byte path), the second of two quantizes of the same value through the same scale (the
  * first writes both; an odd shape, element path), a GELU and a layernorm that write their
  * own copy (fuse_producer_quantizes: the block maxima first, then the copy computed from the
- * inputs; the layernorm in bands of 32 rows), and an RMSNorm of rows longer than 1280 (bands
- * of 16 rows).
+ * inputs; the layernorm's by 64 x 64 tiles from the row statistics its first pass kept), and
+ * an RMSNorm of rows longer than 1280 (tiles too); the same two norms again with the choice
+ * fuse.norm_stats=0, by bands of 32 and 16 rows (ck_norm_t).
  * The copy must be the reference's bytes (for the GELU, whose value the GPU computes in f32,
  * within the FP8 bound of a computed value, its scale within 1e-2), the transposed copy
  * exactly the copy's bytes transposed. */
@@ -514,8 +515,9 @@ typedef struct {
     int n_run;
     Node *copy, *t;   /* the copy that the fused launch writes, the TRANSPOSE */
     Node *scale;      /* made by the case (the GELU's), or NULL */
+    const char *fn;   /* the fused launch's kernel: quantt, or normt (bands of rows) */
 } CastT;
-#define N_CAST_T 5
+#define N_CAST_T 7
 static CastT cast_t[N_CAST_T];
 
 static Node *per_tensor_copy(Node *x, Node *sc, ElemType e) {
@@ -533,18 +535,18 @@ static void build_cast_transposes(void) {
     int64_t R = 16 * gt_int(2, 40), C = 16 * gt_int(2, 40);
     Node *x = leaf(FMT_BF16, 1, DIMS(R, C)), *st = scales(0, 0, 1);
     Node *q = per_tensor_copy(x, st, FMT_E4M3);
-    cast_t[0] = (CastT){"quantize + transpose", {q, transpose_of(q)}, 2, q, NULL, NULL};
+    cast_t[0] = (CastT){"quantize + transpose", {q, transpose_of(q)}, 2, q, NULL, NULL, NULL};
     cast_t[0].t = cast_t[0].run[1];
     int64_t Ro = 2 * gt_int(1, 60) + 1, Co = 2 * gt_int(1, 60) + 1;
     Node *xo = leaf(FMT_BF16, 1, DIMS(Ro, Co)), *so = scales(0, 0, 1);
     Node *q1 = per_tensor_copy(xo, so, FMT_E5M2), *q2 = per_tensor_copy(xo, so, FMT_E5M2), *t2 = transpose_of(q2);
-    cast_t[1] = (CastT){"two quantizes + transpose, odd shape", {q1, q2, t2}, 3, q1, t2, NULL};
+    cast_t[1] = (CastT){"two quantizes + transpose, odd shape", {q1, q2, t2}, 3, q1, t2, NULL, NULL};
     Node *h = leaf(FMT_BF16, 2, DIMS(R, 3 * C));
     Node *y = op_v(OP_GELU, FMT_BF16, NULL, NULL, IN(h));
     ir_set_keeps_amax(y);
     Node *sy = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(y));
     Node *qy = per_tensor_copy(y, sy, FMT_E4M3), *ty = transpose_of(qy);
-    cast_t[2] = (CastT){"gelu's copy + transpose", {y, sy, qy, ty}, 4, qy, ty, sy};
+    cast_t[2] = (CastT){"gelu's copy + transpose", {y, sy, qy, ty}, 4, qy, ty, sy, NULL};
     /* a layernorm writing its copy: bands of 32 rows, rows of whole vectors */
     int64_t Rn = 32 * gt_int(1, 40), Cn = 16 * gt_int(1, 80);
     Node *xn = leaf(FMT_BF16, 2, DIMS(Rn, Cn)), *wn = leaf(FMT_BF16, 1, DIMS(Cn)), *bn = leaf(FMT_BF16, 1, DIMS(Cn));
@@ -552,7 +554,7 @@ static void build_cast_transposes(void) {
     ir_set_keeps_amax(yn);
     Node *sn = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yn));
     Node *qn = per_tensor_copy(yn, sn, FMT_E4M3), *tn = transpose_of(qn);
-    cast_t[3] = (CastT){"layernorm's copy + transpose", {yn, sn, qn, tn}, 4, qn, tn, sn};
+    cast_t[3] = (CastT){"layernorm's copy + transpose", {yn, sn, qn, tn}, 4, qn, tn, sn, NULL};
     /* rows longer than 1280 (Llama's 2048, GPT-2 d48's 1600): bands of 16 rows, here an odd
      * number of them */
     int64_t Rw = 16 * (2 * gt_int(1, 20) + 1), Cw = 16 * gt_int(81, 128);
@@ -561,8 +563,26 @@ static void build_cast_transposes(void) {
     ir_set_keeps_amax(yw);
     Node *sw = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yw));
     Node *qw = per_tensor_copy(yw, sw, FMT_E4M3), *tw = transpose_of(qw);
-    cast_t[4] = (CastT){"rmsnorm's copy + transpose, long rows", {yw, sw, qw, tw}, 4, qw, tw, sw};
-    for (int k = 0; k < N_CAST_T; k++) cast_t[k].copy->t.name = cast_t[k].name;
+    cast_t[4] = (CastT){"rmsnorm's copy + transpose, long rows", {yw, sw, qw, tw}, 4, qw, tw, sw, NULL};
+    /* the two norms again, by bands of rows */
+    Node *xn2 = leaf(FMT_BF16, 2, DIMS(Rn, Cn)), *wn2 = leaf(FMT_BF16, 1, DIMS(Cn)), *bn2 = leaf(FMT_BF16, 1, DIMS(Cn));
+    Node *yn2 = op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(xn2, wn2, bn2));
+    ir_set_keeps_amax(yn2);
+    Node *sn2 = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yn2));
+    Node *qn2 = per_tensor_copy(yn2, sn2, FMT_E4M3), *tn2 = transpose_of(qn2);
+    cast_t[5] = (CastT){"layernorm's copy + transpose, bands", {yn2, sn2, qn2, tn2}, 4, qn2, tn2, sn2, NULL};
+    Node *xw2 = leaf(FMT_BF16, 2, DIMS(Rw, Cw)), *ww2 = leaf(FMT_BF16, 1, DIMS(Cw));
+    Node *yw2 = op_v(OP_RMSNORM, FMT_BF16, NULL, Fa(1e-5), IN(xw2, ww2));
+    ir_set_keeps_amax(yw2);
+    Node *sw2 = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yw2));
+    Node *qw2 = per_tensor_copy(yw2, sw2, FMT_E4M3), *tw2 = transpose_of(qw2);
+    cast_t[6] = (CastT){"rmsnorm's copy + transpose, long rows, bands", {yw2, sw2, qw2, tw2}, 4, qw2, tw2, sw2, NULL};
+    for (int k = 0; k < 2; k++)
+        ir_set_choice(graph, arena_printf(arena, "fuse.norm_stats@%d", (k ? yw2 : yn2)->id), "0");
+    for (int k = 0; k < N_CAST_T; k++) {
+        cast_t[k].copy->t.name = cast_t[k].name;
+        cast_t[k].fn = k >= 5 ? "normt" : "quantt";
+    }
 }
 
 /* one quantt launch, at the copy's place; nothing at the transpose's (or the second copy's) */
@@ -573,8 +593,7 @@ static bool cast_t_fused(const CuNodePlan *plans, const CastT *c) {
             c->run[i]->op != OP_LAYERNORM && c->run[i]->op != OP_RMSNORM)
             launches += plans[c->run[i]->index].n_launch;
     const CuNodePlan *pq = &plans[c->copy->index];
-    return launches == 0 && pq->n_launch == 1 &&
-           (!strncmp(pq->launch[0].fn, "quantt", 6) || !strncmp(pq->launch[0].fn, "normt", 5));
+    return launches == 0 && pq->n_launch == 1 && !strncmp(pq->launch[0].fn, c->fn, strlen(c->fn));
 }
 
 static void test_cast_transposes(void **s) {

@@ -48,7 +48,10 @@
  * last block of the value's producer (fuse.amax_scales=0: the same maxima, the same division),
  * and, where copies make the scale they quantize by from a stored amax (-O3's weights), the
  * step whose scales take launches of their own (fuse.state_scales=0: the same division of the
- * same amax), each run twice (the second time from its CUDA graph). */
+ * same amax), and, where norms write their FP8 copies in both layouts by tiles from the row
+ * statistics their own pass kept, the step whose copies take bands of whole rows again
+ * (fuse.norm_stats=0: the same statistics, the same operations), each run twice (the second
+ * time from its CUDA graph). */
 #include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -291,17 +294,19 @@ static int check_graph(const char *path) {
      * silu and product), the module that runs them as kernels of their own; where copies make
      * their scales from a stored amax (fuse.state_scales: -O3's weights), the module whose
      * scales take launches of their own */
-    CudaBinary bin_apart, bin_states;
-    bool inlines, states;
+    CudaBinary bin_apart, bin_states, bin_bands;
+    bool inlines, states, bands;
     bool have_apart = variant_module(g, path, "fuse.inline_elementwise", &bin_apart, &inlines);
     bool have_states = variant_module(g, path, "fuse.state_scales", &bin_states, &states);
-    if (!have_apart || !have_states || compile_only) {
+    bool have_bands = variant_module(g, path, "fuse.norm_stats", &bin_bands, &bands);
+    if (!have_apart || !have_states || !have_bands || compile_only) {
         if (compile_only) printf("  %s: %zu bytes of cubin%s\n", path, bin.cubin_size, bin.cached ? " (cached)" : "");
         cuda_binary_free(&bin);
         cuda_binary_free(&bin_unstaged);
         if (inlines && have_apart) cuda_binary_free(&bin_apart);
         if (states && have_states) cuda_binary_free(&bin_states);
-        failures += !have_apart || !have_states;
+        if (bands && have_bands) cuda_binary_free(&bin_bands);
+        failures += !have_apart || !have_states || !have_bands;
         goto done;
     }
     CudaExec *e = cuda_exec_open(g, &mem, bin.cubin, bin.cubin_size);
@@ -310,6 +315,7 @@ static int check_graph(const char *path) {
         cuda_binary_free(&bin_unstaged);
         if (inlines) cuda_binary_free(&bin_apart);
         if (states) cuda_binary_free(&bin_states);
+        if (bands) cuda_binary_free(&bin_bands);
         failures++;
         goto done;
     }
@@ -421,7 +427,9 @@ static int check_graph(const char *path) {
      * program); per-tensor scales made by a launch of their own from the block maxima
      * (fuse.amax_scales=0), not by the producer's last block; the scales of stored amaxes made
      * by launches of their own (fuse.state_scales=0, a module of its own where it changes the
-     * program), not by the copies they scale */
+     * program), not by the copies they scale; norms' FP8 copies in both layouts by bands of
+     * whole rows (fuse.norm_stats=0, a module of its own where it changes the program), not by
+     * tiles from the statistics the norm's own pass kept */
     static const struct {
         const char *name, *value, *dflt;
     } same_bits[] = {
@@ -431,13 +439,15 @@ static int check_graph(const char *path) {
         {"fuse.inline_elementwise", "0", "1"},
         {"fuse.amax_scales", "0", "1"},
         {"fuse.state_scales", "0", "1"},
+        {"fuse.norm_stats", "0", "1"},
     };
-    bool variants_same[6] = {ok, ok, ok, ok, ok, ok};
-    for (int v = 0; v < 6; v++) {
+    bool variants_same[7] = {ok, ok, ok, ok, ok, ok, ok};
+    for (int v = 0; v < 7; v++) {
         ir_set_choice(g, same_bits[v].name, same_bits[v].value);
         const CudaBinary *bv = v == 2                ? &bin_unstaged
                                : v == 3 && inlines  ? &bin_apart
                                : v == 5 && states   ? &bin_states
+                               : v == 6 && bands    ? &bin_bands
                                                     : &bin;
         CudaExec *ev = ok ? cuda_exec_open(g, &mem, bv->cubin, bv->cubin_size) : NULL;
         for (int run = 0; run < 2 && variants_same[v]; run++) {
@@ -455,10 +465,12 @@ static int check_graph(const char *path) {
     }
     bool pdl_same = variants_same[0], scales_same = variants_same[1], unstaged_same = variants_same[2];
     bool apart_same = variants_same[3], folded_same = variants_same[4], states_same = variants_same[5];
+    bool bands_same = variants_same[6];
     cuda_binary_free(&bin);
     cuda_binary_free(&bin_unstaged);
     if (inlines) cuda_binary_free(&bin_apart);
     if (states) cuda_binary_free(&bin_states);
+    if (bands) cuda_binary_free(&bin_bands);
     if (!ok) {
         printf("  %s: the GPU step failed\n", path);
         failures++;
@@ -514,11 +526,11 @@ static int check_graph(const char *path) {
     bool pass = e_loss <= (fp8 ? 2e-3 : 1e-3) && e_gn <= (fp8 ? 5e-2 : 1e-3) &&
                 e_grad <= (fp8 ? 0.15 : 2e-2) && e_bias <= 0.25 && e_upd <= (fp8 ? 0.5 : 0.25) &&
                 e_hist <= 0.1 && same && pdl_same && scales_same && unstaged_same && apart_same &&
-                folded_same && states_same;
+                folded_same && states_same && bands_same;
     printf("  %-28s O%d loss gpu %.6f ref %.6f (err %.1e) | %d grads err %.1e, worst 1-D %.1e | grad norm err %.1e "
            "| update err %.2f | %d histories and scales err %.1e | deterministic %s, launched dependent %s, "
            "attention scales by a pass %s, norms unstaged %s, producers %s %s, scales by their own launch %s, "
-           "amaxes' scales by their own launch %s | "
+           "amaxes' scales by their own launch %s, norms' copies by bands %s | "
            "%d GEMM epilogues (GELU %d, "
            "into FP8 %d, GELU backward %d), %d batched launches%s\n",
            strrchr(path, '/') ? strrchr(path, '/') + 1 : path, level, loss_gpu, loss_ref, e_loss, n_grads, e_grad,
@@ -526,6 +538,7 @@ static int check_graph(const char *path) {
            scales_same ? "the same" : "NOT THE SAME", unstaged_same ? "the same" : "NOT THE SAME",
            inlines ? "apart" : "(none inlined)", apart_same ? "the same" : "NOT THE SAME",
            folded_same ? "the same" : "NOT THE SAME", states ? (states_same ? "the same" : "NOT THE SAME") : "(none)",
+           bands ? (bands_same ? "the same" : "NOT THE SAME") : "(none)",
            epilogues, gelu,
            fp8_results, dgelu, batched,
            pass ? "" : "  FAIL");
