@@ -1549,6 +1549,17 @@ static bool dq_zeroes_tickets(const char *body) {
     return ys && ys - body > 3 && !strncmp(ys - 3, ", 1", 3) && strchr(ys, '>') == strstr(ys, ">>(a)");
 }
 
+/* models/MODEL.model at -O1 (default shapes) in *g and its CUDA plans */
+static CuNodePlan *o1_plans(Arena *a, const char *model, Graph **g) {
+    char path[4500], why[512];
+    snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, model);
+    *g = compile_model_choosing(a, path, 1, NULL, NULL);
+    assert_non_null(*g);
+    CuNodePlan *plans = cuda_plan_graph(*g, a, why, sizeof why);
+    assert_non_null(plans);
+    return plans;
+}
+
 /* Every gradient norm (SQNORM) of GPT-2's and Llama's update at -O1 ends in a launch that sets
  * the executor's finite-check flag (CuLaunch.check_flag, ck_sqnorm_final), and the update
  * starts with them (delayed scales aside): the executor runs them as the gradients' check
@@ -1558,12 +1569,8 @@ static void test_sqnorm_finite_check(void **state) {
     static const char *const models[] = {"gpt2", "llama"};
     for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
         Arena *a = arena_new();
-        char path[4500], why[512];
-        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, models[m]);
-        Graph *g = compile_model_choosing(a, path, 1, NULL, NULL);
-        assert_non_null(g);
-        CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
-        assert_non_null(plans);
+        Graph *g;
+        CuNodePlan *plans = o1_plans(a, models[m], &g);
         int norms = 0, grads = 0;
         bool leading = true;
         for (int i = 0; i < g->n_nodes; i++) {
@@ -1596,12 +1603,8 @@ static void test_attention_stats_in_dq(void **state) {
     static const char *const models[] = {"gpt2", "llama"};
     for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
         Arena *a = arena_new();
-        char path[4500], why[512];
-        snprintf(path, sizeof path, "%s/models/%s.model", FP8C_SOURCE_DIR, models[m]);
-        Graph *g = compile_model_choosing(a, path, 1, NULL, NULL);
-        assert_non_null(g);
-        CuNodePlan *plans = cuda_plan_graph(g, a, why, sizeof why);
-        assert_non_null(plans);
+        Graph *g;
+        CuNodePlan *plans = o1_plans(a, models[m], &g);
         int found = 0;
         for (int i = 0; i < g->n_nodes; i++) {
             const Node *n = g->nodes[i];

@@ -531,6 +531,18 @@ static Node *transpose_of(Node *q) {
     return t;
 }
 
+/* A norm (LN: a layernorm with its bias, else an RMSNorm) of fresh (R, C) rows writing its FP8
+ * copy, whose transpose the case checks */
+static CastT norm_cast_t(const char *name, bool ln, int64_t R, int64_t C) {
+    Node *x = leaf(FMT_BF16, 2, DIMS(R, C)), *w = leaf(FMT_BF16, 1, DIMS(C));
+    Node *y = ln ? op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(x, w, leaf(FMT_BF16, 1, DIMS(C))))
+                 : op_v(OP_RMSNORM, FMT_BF16, NULL, Fa(1e-5), IN(x, w));
+    ir_set_keeps_amax(y);
+    Node *s = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(y));
+    Node *q = per_tensor_copy(y, s, FMT_E4M3), *t = transpose_of(q);
+    return (CastT){name, {y, s, q, t}, 4, q, t, s, NULL};
+}
+
 static void build_cast_transposes(void) {
     int64_t R = 16 * gt_int(2, 40), C = 16 * gt_int(2, 40);
     Node *x = leaf(FMT_BF16, 1, DIMS(R, C)), *st = scales(0, 0, 1);
@@ -547,38 +559,18 @@ static void build_cast_transposes(void) {
     Node *sy = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(y));
     Node *qy = per_tensor_copy(y, sy, FMT_E4M3), *ty = transpose_of(qy);
     cast_t[2] = (CastT){"gelu's copy + transpose", {y, sy, qy, ty}, 4, qy, ty, sy, NULL};
-    /* a layernorm writing its copy: bands of 32 rows, rows of whole vectors */
+    /* a layernorm writing its copy: rows of whole vectors, a multiple of 32 (the bands' rows) */
     int64_t Rn = 32 * gt_int(1, 40), Cn = 16 * gt_int(1, 80);
-    Node *xn = leaf(FMT_BF16, 2, DIMS(Rn, Cn)), *wn = leaf(FMT_BF16, 1, DIMS(Cn)), *bn = leaf(FMT_BF16, 1, DIMS(Cn));
-    Node *yn = op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(xn, wn, bn));
-    ir_set_keeps_amax(yn);
-    Node *sn = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yn));
-    Node *qn = per_tensor_copy(yn, sn, FMT_E4M3), *tn = transpose_of(qn);
-    cast_t[3] = (CastT){"layernorm's copy + transpose", {yn, sn, qn, tn}, 4, qn, tn, sn, NULL};
+    cast_t[3] = norm_cast_t("layernorm's copy + transpose", true, Rn, Cn);
     /* rows longer than 1280 (Llama's 2048, GPT-2 d48's 1600): bands of 16 rows, here an odd
      * number of them */
     int64_t Rw = 16 * (2 * gt_int(1, 20) + 1), Cw = 16 * gt_int(81, 128);
-    Node *xw = leaf(FMT_BF16, 2, DIMS(Rw, Cw)), *ww = leaf(FMT_BF16, 1, DIMS(Cw));
-    Node *yw = op_v(OP_RMSNORM, FMT_BF16, NULL, Fa(1e-5), IN(xw, ww));
-    ir_set_keeps_amax(yw);
-    Node *sw = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yw));
-    Node *qw = per_tensor_copy(yw, sw, FMT_E4M3), *tw = transpose_of(qw);
-    cast_t[4] = (CastT){"rmsnorm's copy + transpose, long rows", {yw, sw, qw, tw}, 4, qw, tw, sw, NULL};
+    cast_t[4] = norm_cast_t("rmsnorm's copy + transpose, long rows", false, Rw, Cw);
     /* the two norms again, by bands of rows */
-    Node *xn2 = leaf(FMT_BF16, 2, DIMS(Rn, Cn)), *wn2 = leaf(FMT_BF16, 1, DIMS(Cn)), *bn2 = leaf(FMT_BF16, 1, DIMS(Cn));
-    Node *yn2 = op_v(OP_LAYERNORM, FMT_BF16, NULL, Fa(1e-5), IN(xn2, wn2, bn2));
-    ir_set_keeps_amax(yn2);
-    Node *sn2 = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yn2));
-    Node *qn2 = per_tensor_copy(yn2, sn2, FMT_E4M3), *tn2 = transpose_of(qn2);
-    cast_t[5] = (CastT){"layernorm's copy + transpose, bands", {yn2, sn2, qn2, tn2}, 4, qn2, tn2, sn2, NULL};
-    Node *xw2 = leaf(FMT_BF16, 2, DIMS(Rw, Cw)), *ww2 = leaf(FMT_BF16, 1, DIMS(Cw));
-    Node *yw2 = op_v(OP_RMSNORM, FMT_BF16, NULL, Fa(1e-5), IN(xw2, ww2));
-    ir_set_keeps_amax(yw2);
-    Node *sw2 = op_v(OP_QUANT_SCALE, FMT_F32, I(FMT_E4M3, SCALE_PER_TENSOR, 0, 0), NULL, IN(yw2));
-    Node *qw2 = per_tensor_copy(yw2, sw2, FMT_E4M3), *tw2 = transpose_of(qw2);
-    cast_t[6] = (CastT){"rmsnorm's copy + transpose, long rows, bands", {yw2, sw2, qw2, tw2}, 4, qw2, tw2, sw2, NULL};
-    for (int k = 0; k < 2; k++)
-        ir_set_choice(graph, arena_printf(arena, "fuse.norm_stats@%d", (k ? yw2 : yn2)->id), "0");
+    cast_t[5] = norm_cast_t("layernorm's copy + transpose, bands", true, Rn, Cn);
+    cast_t[6] = norm_cast_t("rmsnorm's copy + transpose, long rows, bands", false, Rw, Cw);
+    for (int k = 5; k < 7; k++)
+        ir_set_choice(graph, arena_printf(arena, "fuse.norm_stats@%d", cast_t[k].run[0]->id), "0");
     for (int k = 0; k < N_CAST_T; k++) {
         cast_t[k].copy->t.name = cast_t[k].name;
         cast_t[k].fn = k >= 5 ? "normt" : "quantt";
