@@ -674,6 +674,7 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
     micro_end = calloc((size_t)(g->n_nodes ? g->n_nodes : 1), sizeof *micro_end);
     if (!micro_end) goto fail;
     bool norms_lead = !e->shard;   /* the update's SQNORMs so far lead it (LIST_NORMS) */
+    e->norm_nodes = arena_alloc(e->arena, sizeof *e->norm_nodes * (size_t)(g->n_nodes ? g->n_nodes : 1));
     for (int i = 0; i < g->n_nodes; i++) {
         const Node *n = g->nodes[i];
         micro_end[i] = e->lists[LIST_MICRO].n;
@@ -695,10 +696,14 @@ CudaExec *cuda_exec_open(Graph *g, const RtMemory *host, const void *cubin, size
          * reads and writes scales and amax histories only, so it may run after them); a
          * batched run is of one op */
         norms_lead = norms_lead && (n->op == OP_SQNORM || n->op == OP_DELAYED_SCALE);
-        ExecList *U = &e->lists[norms_lead && n->op == OP_SQNORM ? LIST_NORMS : LIST_UPDATE];
-        if (batches && !e->shard && e->batch_run[i]) {   /* sharded: a launch per node (exec_shard.c) */
+        bool norm = norms_lead && n->op == OP_SQNORM;
+        ExecList *U = &e->lists[norm ? LIST_NORMS : LIST_UPDATE];
+        int run = batches && !e->shard ? e->batch_run[i] : 0;   /* sharded: a launch per node (exec_shard.c) */
+        for (int j = i; norm && j < i + (run ? run : 1); j++)
+            if (e->plans[j].n_launch) e->norm_nodes[e->n_norm_nodes++] = g->nodes[j];
+        if (run) {
             if (!exec_add_run(e, U, i)) goto fail;
-            i += e->batch_run[i] - 1;
+            i += run - 1;
         } else if (!exec_add_node(e, U, n, &e->plans[i])) {
             goto fail;
         }
@@ -864,28 +869,23 @@ bool cuda_exec_zero(CudaExec *e, Tensor *const *ts, int n) {
     return cuda_exec_sync(e);
 }
 
-/* Whether the update's leading SQNORMs (LIST_NORMS, as cuda_exec_open put them there: delayed
- * scales may come between them) read
- * exactly the storage of ts, each tensor once: then their sums are the tensors' finite check. */
+/* Whether the SQNORMs of LIST_NORMS (cuda_exec_open's norm_nodes) read exactly the storage of
+ * ts, each tensor once: then their sums are the tensors' finite check. */
 static bool norms_cover(CudaExec *e, Tensor *const *ts, int n) {
     CUdeviceptr *want = malloc(sizeof *want * (size_t)(n ? n : 1));
     bool *seen = calloc((size_t)(n ? n : 1), sizeof *seen);
-    bool ok = want && seen && e->lists[LIST_NORMS].n > 0;
+    bool ok = want && seen && e->n_norm_nodes == n;
     for (int i = 0; ok && i < n; i++) ok = exec_map_tensor(e, ts[i], &want[i]);
-    int covered = 0;
-    for (int k = 0; ok && k < e->g->n_nodes; k++) {
-        const Node *x = e->g->nodes[k];
-        if (x->phase != PHASE_UPDATE || !e->plans[k].n_launch || x->op == OP_DELAYED_SCALE) continue;
-        if (x->op != OP_SQNORM) break;   /* past the leading ones */
+    for (int k = 0; ok && k < e->n_norm_nodes; k++) {
+        const Node *x = e->norm_nodes[k];
         CUdeviceptr p;
         int at = -1;
         ok = exec_map_tensor(e, &x->in[0]->t, &p);
         for (int i = 0; ok && i < n && at < 0; i++)
             if (want[i] == p && tensor_bytes(ts[i]) == tensor_bytes(&x->in[0]->t)) at = i;
         ok = ok && at >= 0 && !seen[at];
-        if (ok) seen[at] = true, covered++;
+        if (ok) seen[at] = true;
     }
-    ok = ok && covered == n;
     free(want);
     free(seen);
     return ok;

@@ -188,6 +188,8 @@ struct CudaExec {
     double setup_s[4];
     int *batch_run;                       /* per node: nodes in the batched run it starts, else 0 */
     int finite_flag_off;                  /* in aux */
+    const Node **norm_nodes;              /* the SQNORMs in LIST_NORMS, in order */
+    int n_norm_nodes;
     int norms_check;                      /* LIST_NORMS is the finite check of the gradients asked
                                              about (1), is not (0), not yet known (-1) */
     unsigned touched;                     /* counts what may change the gradients: runs of the

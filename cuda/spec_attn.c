@@ -4,9 +4,10 @@
  * the CUDA-core kernels (attn.cuh) for any format and head size, the tensor-core ones for bf16
  * at head dims 64 and 128 (attn_tc.cuh's mma.sync, attn_wgmma.cuh's warpgroup MMA, attn_ws.cuh's
  * producer warpgroup), the backward as its statistics, a dq pass and a dk/dv pass (or dq in the
- * dk/dv pass; on warpgroup MMA the dq pass makes the statistics from the saved y), with the rules that choose among them where the choices (attn.*, docs/tuning.md)
- * are not set: key tiles of 128 from T 2048 on, the dk/dv pass of a grouped-query attention in
- * parts by a balance rule. plan_attention_choices plans the attentions again on warpgroup MMA
+ * dk/dv pass; on warpgroup MMA the dq pass makes the statistics from the saved y), with the
+ * rules that choose among them where the choices (attn.*, docs/tuning.md) are not set: key
+ * tiles of 128 from T 2048 on, the dk/dv pass of a grouped-query attention in parts by a
+ * balance rule. plan_attention_choices plans the attentions again on warpgroup MMA
  * with the choices each node reads. What the kernels do and why is in their files and in
  * docs/gpu-backend.md. */
 #include <stdio.h>
@@ -172,7 +173,7 @@ bool plan_attention(Spec *s) {
     }
     need_scratch(s, 2 * B * H * T * 4 + (one ? counters + B * H * T * 64 * 4 : 0) + sums);
     /* where the forward stored lse after y, the statistics are Dt = dy . y and a copy of lse:
-     * the wgmma dq pass makes them for its rows as it starts (ck_attn_row_stats_y) and stores
+     * the wgmma dq pass makes them for its rows as it starts (attn_wgmma.cuh, CkRowsY) and stores
      * them for the dk/dv pass, one launch and a pass over dy fewer; otherwise a light pass of
      * their own (32 / lanes rows a warp, 8 warps, as ck_attn_stat_lanes) does, or, without the
      * saved y, the forward run again */

@@ -531,13 +531,14 @@ static __device__ __forceinline__ i64 ck_attn_dkv_tickets(const CkArgs &a) {
  * tig of a quad holds those lanes' sums tig + 4 j and folds them before the quad's two
  * shuffles), so that Dt has the same bits as that pass's. fetch() issues the loads of y (as
  * stored) and lse as the block's tiles start loading; finish(), once the block's dY tile is
- * in shared memory, reads dy there (bf16, as the tile holds it), adds, and the quad's first
+ * in shared memory, reads dy there (its bytes as the tile holds them, decoded as DY decodes
+ * a vector, so as ck_attn_saved_stats reads it), adds, and the quad's first
  * lane stores both rows' lse and Dt into the scratch for the dk/dv pass, which runs next. Where
  * y cannot be read in vectors, finish() reads it an element at a time. */
 struct CkNoY;   /* no saved y: the statistics pass filled the scratch */
 template <class YS> struct CkHasY { enum { v = 1 }; };
 template <> struct CkHasY<CkNoY> { enum { v = 0 }; };
-template <int D, int ROWS, class YS> struct CkRowsY {
+template <int D, int ROWS, class DY, class YS> struct CkRowsY {
     static constexpr int PER = D / CK_VEC, NC = PER / 4;   /* ck_attn_saved_stats's lanes; this lane's */
     static_assert(PER * CK_VEC == D && NC >= 1 && (NC & (NC - 1)) == 0, "whole vectors, a power of two a lane");
     typename YS::Raw y[2][NC];
@@ -572,13 +573,14 @@ template <int D, int ROWS, class YS> struct CkRowsY {
                 int sub = tig + 4 * j;
                 s[j] = 0.0f;
                 if (row >= Ti) continue;
-                unsigned w[4];
+                static_assert(sizeof(typename DY::Raw) == 16, "a chunk of the dY tile is one vector of dy");
+                typename DY::Raw dr;
+                unsigned *w = (unsigned *)&dr;
                 asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                              : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
                              : "r"(sDY + ck_wg_chunk<ROWS>(lr0 + r * 8, sub)));
                 float u[CK_VEC], v[CK_VEC];
-#pragma unroll
-                for (int k = 0; k < CK_VEC; k++) u[k] = __uint_as_float(k & 1 ? w[k / 2] & 0xffff0000u : w[k / 2] << 16);
+                DY::decode_vec(a.t[1], base(a, b, h, row) + sub * CK_VEC, dr, u);
                 if (vec) {
                     YS::decode_vec(a.t[5], base(a, b, h, row) + sub * CK_VEC, y[r][j], v);
                 } else {
@@ -604,7 +606,7 @@ template <int D, int ROWS, class YS> struct CkRowsY {
     }
 };
 
-template <int D, int ROWS> struct CkRowsY<D, ROWS, CkNoY> {};
+template <int D, int ROWS, class DY> struct CkRowsY<D, ROWS, DY, CkNoY> {};
 
 /* dq: one block per (b, h, 64 WGS query rows); t[1..4] = dy, q, k, v; lse and Dt in the scratch,
  * or (YS, the saved y's format) made here from y (t[5]) and stored there for the dk/dv pass.
@@ -637,7 +639,7 @@ __device__ void ck_attn_wg_dq(const CkArgs &a) {
     ck_wg_load<D, L::STEP, L::THREADS>(sKV, a.t[3], b, T, 0, a.i[7], a.i[8] + g * D);
     ck_wg_load<D, L::STEP, L::THREADS>(sKV + L::TILE, a.t[4], b, T, 0, a.i[9], a.i[10] + g * D);
     float ls[2], dt[2];
-    CkRowsY<D, L::ROWS, YS> ys;   /* with the saved y: its rows as the tiles load, Dt after (below) */
+    CkRowsY<D, L::ROWS, DY, YS> ys;   /* with the saved y: its rows as the tiles load, Dt after (below) */
     if constexpr (CkHasY<YS>::v)
         ys.fetch(a, b, h, row0, tig, Ti);
     else

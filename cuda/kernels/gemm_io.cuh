@@ -150,10 +150,6 @@ template <int LN, class Y, class X, class W, class B> struct CkLdNorm {
         #pragma unroll
         for (int j = 0; j < CK_VEC; j++) v[j] = Y::round(a.t[0], r * C + c + j, value(v[j], st, w[j], LN ? b[j] : 0.0f));
     }
-    static __device__ __forceinline__ void ld_vec(const CkArgs &a, i64 i, float *v) {
-        i64 C = a.t[1].cols, r = i / C;
-        ld_row_vec(a, r, i - r * C, C, v);
-    }
 };
 
 /* BGRAD: the tile's column sums of x, for the sum over rows that a bias gradient is (spec.c,
